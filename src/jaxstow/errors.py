@@ -1,0 +1,108 @@
+"""Every error jaxstow raises on purpose.
+
+Each message names the file (when there is one), the leaf path inside the tree and what was expected, so that a
+failure can be acted on without a debugger.
+
+>>> import jaxstow
+>>> try:
+...     jaxstow.save("never-written.jxs", {"act": lambda x: x})
+... except jaxstow.errors.UnsaveableObjectError as error:
+...     print(error)
+cannot save leaf 'act' of never-written.jxs: <function <lambda> ...> is neither data nor registered; register it with jaxstow.saveable(obj, name=...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "CheckpointError",
+    "CorruptFileError",
+    "FormatError",
+    "JaxstowError",
+    "StructureMismatchError",
+    "TruncatedFileError",
+    "UnknownNameError",
+    "UnsaveableObjectError",
+]
+
+
+def _where(file: str | None, path: str | None) -> str:
+    parts = []
+    if path is not None:
+        parts.append(f"leaf {path!r}")
+    if file is not None:
+        parts.append(f"{'of ' if parts else ''}{file}")
+    return " ".join(parts)
+
+
+class JaxstowError(Exception):
+    """Base class of jaxstow's errors; ``file`` and ``path`` say where the problem is."""
+
+    def __init__(self, message: str, *, file: str | None = None, path: str | None = None) -> None:
+        super().__init__(message)
+        self.file = file
+        self.path = path
+
+
+class FormatError(JaxstowError, ValueError):
+    """A file is not a valid jaxstow, safetensors or npz file, or its header contradicts itself."""
+
+    def __init__(self, problem: str, *, file: str | None = None, path: str | None = None) -> None:
+        where = _where(file, path)
+        super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
+
+
+class CorruptFileError(FormatError):
+    """A leaf's bytes do not match the checksum recorded when it was written."""
+
+
+class TruncatedFileError(CorruptFileError):
+    """A file ends before the data its header promises."""
+
+
+class UnsaveableObjectError(JaxstowError, TypeError):
+    """A leaf is neither data nor an object registered with :func:`jaxstow.saveable`."""
+
+    def __init__(self, obj: object, *, file: str | None = None, path: str = "") -> None:
+        super().__init__(
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is neither data nor registered; "
+            "register it with jaxstow.saveable(obj, name=...)",
+            file=file,
+            path=path,
+        )
+        self.obj = obj
+
+
+class UnknownNameError(JaxstowError, LookupError):
+    """A file names an object that is not registered in this process, so it cannot be rebuilt."""
+
+    def __init__(self, name: str, *, file: str | None = None, path: str | None = None, hint: str = "") -> None:
+        where = _where(file, path)
+        super().__init__(
+            f"{where + ': ' if where else ''}the file names {name!r}, which is not registered in this process; "
+            f"register it with jaxstow.saveable(obj, name={name!r}) before loading{hint}",
+            file=file,
+            path=path,
+        )
+        self.name = name
+
+    def __str__(self) -> str:  # LookupError would quote the message otherwise
+        return str(self.args[0])
+
+
+class StructureMismatchError(JaxstowError, ValueError):
+    """Loading into a ``like`` tree failed; ``problems`` lists every mismatch, one per leaf path."""
+
+    def __init__(self, problems: Sequence[str], *, file: str | None = None) -> None:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        super().__init__(
+            f"{file or 'the source'} does not fit the given structure ({len(problems)} problem"
+            f"{'s' if len(problems) != 1 else ''}):\n{lines}",
+            file=file,
+        )
+        self.problems = list(problems)
+
+
+class CheckpointError(JaxstowError):
+    """A checkpoint directory cannot be used as asked (missing step, existing step, held lock, ...)."""

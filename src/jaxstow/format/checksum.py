@@ -1,0 +1,31 @@
+"""Checksums of leaf bytes: xxh3-64, as 16 hex digits.
+
+>>> import numpy as np
+>>> from jaxstow.format.checksum import checksum
+>>> checksum(np.zeros(4, np.float32))
+'d0a66a65c7528968'
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+__all__ = ["ZERO_CHECKSUM", "checksum", "checksum_bytes"]
+
+ZERO_CHECKSUM = "0" * 16
+
+
+def checksum_bytes(data: bytes | memoryview) -> str:
+    """The xxh3-64 of raw bytes."""
+    return xxhash.xxh3_64_hexdigest(data)
+
+
+def checksum(array: np.ndarray) -> str:
+    """The xxh3-64 of a C-contiguous array's bytes."""
+    return xxhash.xxh3_64_hexdigest(as_bytes(array))
+
+
+def as_bytes(array: np.ndarray) -> memoryview:
+    """A C-contiguous array's bytes, without a copy (any dtype, including bfloat16 and int4)."""
+    return memoryview(array.reshape(-1).view(np.uint8))

@@ -1,0 +1,86 @@
+"""Opening a file as the right container (native safetensors or npz) and checking its manifest.
+
+>>> import io, numpy as np
+>>> from jaxstow.format.container import open_container, write_container
+>>> buffer = io.BytesIO()
+>>> write_container(buffer, "native", [("w", np.zeros(2))], None)
+>>> _ = buffer.seek(0)
+>>> type(open_container(buffer)).__name__
+'NativeReader'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, BinaryIO, Literal, Protocol
+
+import numpy as np
+
+from jaxstow.errors import FormatError
+from jaxstow.format.native import NativeReader, write_native
+from jaxstow.format.npz import NpzReader, write_npz
+from jaxstow.format.reading import TensorSlot, Verify
+from jaxstow.storage import ReadSource, open_source
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Container", "container_kind", "open_container", "write_container"]
+
+FORMAT_NAME = "jaxstow"
+FORMAT_VERSION = 1
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+Kind = Literal["native", "npz"]
+
+
+class Container(Protocol):
+    """What the loaders need of a file: its manifest, its tensors and a way to read them."""
+
+    file: str
+    manifest: dict[str, Any] | None
+    slots: dict[str, TensorSlot]
+
+    def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def container_kind(target: str | os.PathLike[str] | BinaryIO) -> Kind:
+    """The container a save writes: npz for a ``.npz`` name, native otherwise."""
+    name = os.fspath(target) if isinstance(target, str | os.PathLike) else str(getattr(target, "name", ""))
+    return "npz" if name.lower().endswith(".npz") else "native"
+
+
+def write_container(
+    sink: BinaryIO, kind: Kind, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None
+) -> None:
+    """Write tensors and manifest in the given container."""
+    (write_npz if kind == "npz" else write_native)(sink, tensors, manifest)
+
+
+def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Container:
+    """Open a file (path, file object or source) as the container its first bytes announce."""
+    source = target if hasattr(target, "read_into") else open_source(target)  # type: ignore[arg-type]
+    try:
+        magic = source.read(0, 4) if source.size >= 4 else b""
+        reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
+        _check_manifest(reader)
+    except BaseException:
+        source.close()
+        raise
+    return reader
+
+
+def _check_manifest(reader: Container) -> None:
+    manifest = reader.manifest
+    if manifest is None:
+        return
+    if manifest.get("format") != FORMAT_NAME:
+        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=reader.file)
+    version = manifest.get("version")
+    if type(version) is not int or version > FORMAT_VERSION:
+        raise FormatError(
+            f"format version {version!r} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow",
+            file=reader.file,
+        )
+    if not isinstance(manifest.get("leaves"), list):
+        raise FormatError("the manifest has no list of leaves", file=reader.file)

@@ -1,0 +1,168 @@
+"""The native container: a valid safetensors file whose metadata carries the jaxstow manifest.
+
+Layout: an 8-byte little-endian header length, a JSON header padded with spaces so that the data region starts on a
+4096-byte boundary, then the data region with no holes. Tensors are ordered by item size, largest first, so each is
+naturally aligned. ``__metadata__`` is written last in the header and ends with ``jaxstow_header_xxh3``, the
+checksum of the header text with that value zeroed, so that a flipped byte in the header is caught too.
+
+>>> import io, numpy as np
+>>> from jaxstow.format.native import NativeReader, write_native
+>>> buffer = io.BytesIO()
+>>> write_native(buffer, [("w", np.arange(3, dtype=np.float32))], {"format": "jaxstow"})
+>>> _ = buffer.seek(0)
+>>> from jaxstow.storage import open_source
+>>> reader = NativeReader(open_source(buffer))
+>>> reader.manifest, reader.read(["w"])["w"]
+({'format': 'jaxstow'}, array([0., 1., 2.], dtype=float32))
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from jaxstow.errors import FormatError, TruncatedFileError
+from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
+from jaxstow.format.dtypes import dtype_from_code, safetensors_code
+from jaxstow.format.reading import TensorSlot, Verify, read_slots
+from jaxstow.storage import ReadSource
+
+__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "NativeReader", "write_native"]
+
+DATA_ALIGNMENT = 4096
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+_HASH_KEY = "jaxstow_header_xxh3"
+_HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
+
+
+def write_native(sink: BinaryIO, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> None:
+    """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once."""
+    ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
+    header: dict[str, Any] = {}
+    offset = 0
+    for name, array in ordered:
+        code = safetensors_code(array.dtype)
+        shape = list(array.shape) if code is not None else [array.nbytes]
+        header[name] = {"dtype": code or "U8", "shape": shape, "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    if manifest is not None:
+        header["__metadata__"] = {"jaxstow": json.dumps(manifest, separators=(",", ":")), _HASH_KEY: ZERO_CHECKSUM}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if manifest is not None:
+        text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
+    padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
+    sink.write(struct.pack("<Q", padded))
+    sink.write(text.ljust(padded, b" "))
+    for _, array in ordered:
+        if array.nbytes:
+            sink.write(as_bytes(array))
+
+
+def _stored_dtype(array: np.ndarray) -> np.dtype:
+    return array.dtype if safetensors_code(array.dtype) is not None else np.dtype(np.uint8)
+
+
+@dataclass(frozen=True)
+class _Header:
+    slots: dict[str, TensorSlot]
+    metadata: dict[str, str]
+
+
+class NativeReader:
+    """Reads a safetensors file, with or without a jaxstow manifest; validates the header before allocating."""
+
+    def __init__(self, source: ReadSource) -> None:
+        self.source = source
+        self.file = source.name
+        header = self._read_header()
+        self.slots = header.slots
+        self.metadata = header.metadata
+        self.manifest: dict[str, Any] | None = None
+        if "jaxstow" in self.metadata:
+            self.manifest = self._parse_manifest(self.metadata["jaxstow"])
+
+    def _read_header(self) -> _Header:
+        size = self.source.size
+        if size < 8:
+            raise TruncatedFileError(
+                f"{self.source.describe_size()} is too short for a safetensors header", file=self.file
+            )
+        (length,) = struct.unpack("<Q", self.source.read(0, 8))
+        if length > MAX_HEADER_BYTES:
+            raise FormatError(f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=self.file)
+        if 8 + length > size:
+            raise TruncatedFileError(
+                f"the header claims {length} bytes but the file has only {size - 8} after the length", file=self.file
+            )
+        self._raw_header = self.source.read(8, length)
+        try:
+            header = json.loads(self._raw_header)
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise FormatError(f"the header is not valid JSON ({error})", file=self.file) from None
+        if not isinstance(header, dict):
+            raise FormatError("the header is not a JSON object", file=self.file)
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise FormatError("__metadata__ must map strings to strings", file=self.file)
+        data_start = 8 + length
+        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}
+        return _Header(slots, metadata)
+
+    def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
+        if not isinstance(info, dict):
+            raise FormatError(f"malformed tensor entry {info!r}", file=self.file, path=name)
+        dtype = dtype_from_code(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+        if dtype is None:
+            raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name)
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(n) is int for n in offsets)
+            or not 0 <= offsets[0] <= offsets[1]
+        ):
+            raise FormatError(f"malformed data_offsets {offsets!r}", file=self.file, path=name)
+        begin, end = offsets
+        expected = math.prod(shape) * dtype.itemsize
+        if end - begin != expected:
+            raise FormatError(
+                f"shape {shape} of {dtype} needs {expected} bytes, but data_offsets span {end - begin}",
+                file=self.file,
+                path=name,
+            )
+        if data_start + end > self.source.size:
+            raise TruncatedFileError(
+                f"the data ends at byte {data_start + end} but the file has only {self.source.size} bytes",
+                file=self.file,
+                path=name,
+            )
+        return TensorSlot(name, dtype, tuple(shape), data_start + begin)
+
+    def _parse_manifest(self, text: str) -> dict[str, Any]:
+        stripped = self._raw_header.rstrip(b" ")
+        recorded = stripped[-_HASH_TAIL + 1 : -3].decode("ascii", "replace")
+        zeroed = stripped[: -_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
+        if recorded != self.metadata.get(_HASH_KEY) or checksum_bytes(zeroed) != recorded:
+            raise FormatError("the header's checksum does not match: the header is corrupt", file=self.file)
+        try:
+            manifest = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise FormatError(f"the jaxstow manifest is not valid JSON ({error})", file=self.file) from None
+        if not isinstance(manifest, dict):
+            raise FormatError("the jaxstow manifest is not a JSON object", file=self.file)
+        return manifest
+
+    def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
+        """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""
+        return read_slots(self.source, [self.slots[name] for name in names], verify)
+
+    def close(self) -> None:
+        self.source.close()

@@ -1,0 +1,225 @@
+"""Names for objects that are not data: functions, classes, sentinels.
+
+A file never stores code. It stores a *name*, and loading looks the name up here. Names come from three places,
+searched in this order:
+
+1. objects registered with :func:`saveable` (by you);
+2. the public namespaces of jax, numpy, equinox, flax and optax (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
+   the module-level objects inside those libraries (such as the lambda that ``equinox.nn.MLP`` uses by default);
+3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
+
+Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
+
+>>> import jax, jaxstow
+>>> from jaxstow import registry
+>>> registry.name_of(jax.nn.relu)
+'jax.nn.relu'
+>>> @jaxstow.saveable(name="my_project.swish")
+... def swish(x):
+...     return x * jax.nn.sigmoid(x)
+>>> registry.lookup("my_project.swish") is swish
+True
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from jaxstow.errors import UnknownNameError
+
+__all__ = ["KNOWN_LIBRARIES", "lookup", "name_of", "saveable"]
+
+T = TypeVar("T")
+
+#: Libraries whose objects are known without registration. Order matters: earlier public names win.
+KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax")
+
+_PUBLIC_NAMESPACES = (
+    "jax",
+    "jax.nn",
+    "jax.nn.initializers",
+    "jax.numpy",
+    "jax.lax",
+    "jax.random",
+    "jax.scipy.special",
+    "jax.tree_util",
+    "jax.dtypes",
+    "numpy",
+    "ml_dtypes",
+    "equinox",
+    "equinox.nn",
+    "flax.linen",
+    "flax.nnx",
+    "flax.struct",
+    "flax.core",
+    "optax",
+    "optax.tree_utils",
+)
+
+_BUILTINS: dict[str, object] = {
+    "builtins.dict": dict,
+    "builtins.list": list,
+    "builtins.tuple": tuple,
+    "builtins.NoneType": type(None),
+    "collections.OrderedDict": collections.OrderedDict,
+    "collections.defaultdict": collections.defaultdict,
+}
+
+_registered: dict[str, object] = {}
+_registered_names: dict[int, str] = {}
+
+
+class _LibraryIndex:
+    """Names of the known libraries' objects, rebuilt whenever more modules have been imported."""
+
+    def __init__(self) -> None:
+        self._seen_modules = -1
+        self.by_name: dict[str, object] = {}
+        self.by_id: dict[int, str] = {}
+
+    def refresh(self) -> None:
+        if len(sys.modules) == self._seen_modules:
+            return
+        self._seen_modules = len(sys.modules)
+        by_name: dict[str, object] = dict(_BUILTINS)
+        by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
+        for module_name in _PUBLIC_NAMESPACES:
+            module = sys.modules.get(module_name)
+            if module is not None:
+                self._index(module_name, module, by_name, by_id, public_only=True)
+        for module_name, module in sorted(sys.modules.items()):
+            if module_name.partition(".")[0] in KNOWN_LIBRARIES and isinstance(module, types.ModuleType):
+                self._index(module_name, module, by_name, by_id, public_only=False)
+        self.by_name, self.by_id = by_name, by_id
+
+    @staticmethod
+    def _index(
+        module_name: str,
+        module: types.ModuleType,
+        by_name: dict[str, object],
+        by_id: dict[int, str],
+        *,
+        public_only: bool,
+    ) -> None:
+        for attribute, obj in list(vars(module).items()):
+            if attribute.startswith("__") or (public_only and attribute.startswith("_")):
+                continue
+            if not _is_nameable(obj):
+                continue
+            name = f"{module_name}.{attribute}"
+            by_name.setdefault(name, obj)
+            by_id.setdefault(id(obj), name)
+
+
+def _is_nameable(obj: object) -> bool:
+    """Whether a module attribute is a non-data object worth a name (functions, classes, sentinels)."""
+    if isinstance(obj, types.ModuleType | bool | int | float | complex | str | bytes | tuple | list | dict | set):
+        return False
+    if obj is None or isinstance(obj, type) or callable(obj):
+        return obj is not None
+    return type(obj).__module__.partition(".")[0] in KNOWN_LIBRARIES
+
+
+_libraries = _LibraryIndex()
+
+
+def _default_name(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(
+            f"{obj!r} has no importable module.qualname (a lambda or a local object); "
+            "give it an explicit name: jaxstow.saveable(obj, name='package.thing')"
+        )
+    return f"{module}.{qualname}"
+
+
+@overload
+def saveable(obj: T, *, name: str | None = None) -> T: ...
+@overload
+def saveable(obj: None = None, *, name: str | None = None) -> Callable[[T], T]: ...
+def saveable(obj: Any = None, *, name: str | None = None) -> Any:
+    """Register a function, class or other non-data object under a name, so that trees holding it can be saved.
+
+    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator, ``@saveable`` or
+    ``@saveable(name="pkg.fn")``. Named functions and classes default to ``module.qualname``; a lambda needs a name.
+    Re-registering a name for a different object warns and the newer object wins.
+
+    >>> import jax.numpy as jnp, jaxstow
+    >>> relu6 = jaxstow.saveable(lambda x: jnp.clip(x, 0, 6), name="examples.relu6")
+    >>> jaxstow.registry.name_of(relu6)
+    'examples.relu6'
+    """
+    if obj is None:
+        return lambda target: saveable(target, name=name)
+    key = name if name is not None else _default_name(obj)
+    if not key or not isinstance(key, str):
+        raise ValueError(f"a registered name must be a non-empty string, not {key!r}")
+    previous = _registered.get(key)
+    if previous is not None and previous is not obj:
+        warnings.warn(
+            f"jaxstow.saveable: the name {key!r} was registered for {previous!r} and now names {obj!r}",
+            stacklevel=2,
+        )
+        _registered_names.pop(id(previous), None)
+    _registered[key] = obj
+    _registered_names[id(obj)] = key
+    return obj
+
+
+def name_of(obj: object) -> str | None:
+    """The name under which ``obj`` is saved, or ``None`` when it is neither registered nor known."""
+    name = _registered_names.get(id(obj))
+    if name is not None:
+        return name
+    _libraries.refresh()
+    return _libraries.by_id.get(id(obj))
+
+
+def type_name(cls: type) -> str:
+    """The name of a pytree node type: registered or known if it is, else its ``module.qualname``."""
+    return name_of(cls) or _default_name(cls)
+
+
+def lookup(name: str, *, node_type: bool = False, file: str | None = None, path: str | None = None) -> object:
+    """The object a saved name stands for; raises :class:`UnknownNameError` when this process has none.
+
+    With ``node_type=True`` a ``module.qualname`` of an already-imported module is accepted too; the caller must then
+    check that the class really is a registered pytree node before using it.
+    """
+    if name in _registered:
+        return _registered[name]
+    _libraries.refresh()
+    if name in _libraries.by_name:
+        return _libraries.by_name[name]
+    if node_type:
+        found = _find_imported(name)
+        if isinstance(found, type):
+            return found
+    root = name.partition(".")[0]
+    hint = ""
+    if root in KNOWN_LIBRARIES and root not in sys.modules:
+        hint = f"; it belongs to {root}, which is not imported in this process: import {root} first"
+    raise UnknownNameError(name, file=file, path=path, hint=hint)
+
+
+def _find_imported(name: str) -> object | None:
+    """Resolve ``module.qualname`` against modules already imported, without importing anything."""
+    parts = name.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:split]))
+        if module is None:
+            continue
+        obj: object = module
+        for attribute in parts[split:]:
+            namespace = vars(obj) if isinstance(obj, types.ModuleType | type) else {}
+            if attribute not in namespace:
+                return None
+            obj = namespace[attribute]
+        return obj
+    return None

@@ -1,0 +1,171 @@
+"""Where bytes live: local files written atomically, and readable sources with random access.
+
+A save to a path writes a temporary file in the same folder, fsyncs it, renames it over the final name and fsyncs the
+folder, so a crash leaves either the old file or the new one, never a torn one.
+
+>>> import os, tempfile
+>>> from jaxstow.storage import atomic_write, open_source
+>>> folder = tempfile.mkdtemp()
+>>> with atomic_write(os.path.join(folder, "x.bin")) as sink:
+...     _ = sink.write(b"hello")
+>>> source = open_source(os.path.join(folder, "x.bin"))
+>>> source.size, bytes(source.read(1, 4))
+(5, b'ello')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+from collections.abc import Iterator
+from typing import BinaryIO, Protocol
+
+from jaxstow.errors import TruncatedFileError
+
+__all__ = ["TEMPORARY_MARKER", "ReadSource", "atomic_write", "fsync_directory", "open_source"]
+
+#: Part of the name of every temporary file or folder jaxstow writes; readers and listings skip such names.
+TEMPORARY_MARKER = ".jaxstow-tmp-"
+
+_WRITE_BUFFER = 1 << 20
+
+
+def temporary_sibling(path: str) -> str:
+    """A fresh temporary name in the folder of ``path``."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}{TEMPORARY_MARKER}{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def fsync_directory(folder: str) -> None:
+    """Make a rename or a deletion in ``folder`` durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder."""
+    final = os.fspath(path)
+    temporary = temporary_sibling(final)
+    sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
+    try:
+        yield sink
+        sink.flush()
+        os.fsync(sink.fileno())
+        sink.close()
+        os.replace(temporary, final)
+        fsync_directory(os.path.dirname(os.path.abspath(final)))
+    except BaseException:
+        sink.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
+class ReadSource(Protocol):
+    """Random-access bytes: a local file, a file object or an object in a store."""
+
+    name: str
+    size: int
+    parallel: bool  # whether several threads may read at once
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the bytes at ``offset``; raise :class:`TruncatedFileError` if the source ends first."""
+
+    def read(self, offset: int, length: int) -> bytes:
+        """The ``length`` bytes at ``offset``."""
+
+    def close(self) -> None:
+        """Release the source."""
+
+    def describe_size(self) -> str:
+        """The size in words, for error messages."""
+
+
+class _ReadSourceBase:
+    name: str
+    size: int
+    parallel = False
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        raise NotImplementedError
+
+    def read(self, offset: int, length: int) -> bytes:
+        buffer = bytearray(length)
+        self.read_into(offset, memoryview(buffer))
+        return bytes(buffer)
+
+    def _truncated(self, offset: int, wanted: int, got: int) -> TruncatedFileError:
+        return TruncatedFileError(
+            f"the file ends after {self.size} bytes, but {wanted} bytes were expected at offset {offset} "
+            f"(only {got} there)",
+            file=self.name,
+        )
+
+    def describe_size(self) -> str:
+        """The size, and a hint when a file object was left at its end."""
+        return f"{self.size} bytes"
+
+
+class LocalFile(_ReadSourceBase):
+    """A local file read with ``pread``, safe to share between threads."""
+
+    parallel = True
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+        self._descriptor = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._descriptor).st_size
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        buffer = buffer.cast("B")
+        done = 0
+        while done < len(buffer):
+            count = os.preadv(self._descriptor, [buffer[done:]], offset + done)
+            if count == 0:
+                raise self._truncated(offset, len(buffer), done)
+            done += count
+
+    def close(self) -> None:
+        os.close(self._descriptor)
+
+
+class FileObject(_ReadSourceBase):
+    """A seekable binary file object, such as ``io.BytesIO`` or an open file."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.name = str(getattr(file, "name", type(file).__name__))
+        self._file = file
+        self._start = file.tell()
+        self.size = file.seek(0, io.SEEK_END) - self._start
+
+    def describe_size(self) -> str:
+        if self.size == 0 and self._start > 0:
+            return f"0 bytes after position {self._start} (was the file object left at its end? seek(0) before loading)"
+        return f"{self.size} bytes"
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        buffer = buffer.cast("B")
+        self._file.seek(self._start + offset)
+        done = 0
+        while done < len(buffer):
+            count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
+            if not count:
+                raise self._truncated(offset, len(buffer), done)
+            done += count
+
+    def close(self) -> None:
+        """The caller owns the file object: it stays open, back at the position it had, ready to be read again."""
+        self._file.seek(self._start)
+
+
+def open_source(target: str | os.PathLike[str] | BinaryIO) -> ReadSource:
+    """A :class:`ReadSource` for a path or a seekable binary file object."""
+    if isinstance(target, str | os.PathLike):
+        return LocalFile(os.fspath(target))
+    return FileObject(target)

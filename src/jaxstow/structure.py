@@ -1,0 +1,200 @@
+"""A pytree's skeleton as JSON and back, so that a whole model can be rebuilt without a template.
+
+The skeleton is jax's own tree structure: every node's type (by its registered name, see :mod:`jaxstow.registry`),
+its auxiliary data (static fields and hyperparameters) and its children. Values that are not arrays, such as a
+layer's width or its activation function, are written as tagged JSON:
+
+>>> import jax
+>>> from jaxstow.structure import decode_treedef, decode_value, encode_treedef, encode_value
+>>> encode_value((3, 0.5, float("nan"), jax.nn.relu))
+{'tuple': [3, {'float': '0.5'}, {'float': 'nan'}, {'ref': 'jax.nn.relu'}]}
+>>> decode_value(encode_value(jax.nn.relu)) is jax.nn.relu
+True
+>>> treedef = jax.tree_util.tree_structure({"a": [1, None], "b": (2,)})
+>>> encode_treedef(treedef)
+{'dict': [['a', {'list': ['*', None]}], ['b', {'tuple': ['*']}]]}
+>>> decode_treedef(encode_treedef(treedef)) == treedef
+True
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from jaxstow import registry
+from jaxstow.errors import FormatError, UnsaveableObjectError
+from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
+
+__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+
+_LEAF = jax.tree_util.tree_structure(0)
+_NONE = jax.tree_util.tree_structure(None)
+_REGISTRY = jax.tree_util.default_registry
+
+JSON = Any
+
+
+def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
+    """A non-array value (scalar, string, container, dtype, registered object) as tagged JSON."""
+    if obj is None or isinstance(obj, bool | str):
+        return obj
+    if isinstance(obj, int) and type(obj) is int:
+        return obj
+    if type(obj) is float:
+        return {"float": repr(obj)}
+    if type(obj) is complex:
+        return {"complex": [repr(obj.real), repr(obj.imag)]}
+    if type(obj) is bytes:
+        return {"bytes": base64.b64encode(obj).decode("ascii")}
+    if type(obj) is tuple:
+        return {"tuple": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+    if type(obj) is list:
+        return {"list": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+    if type(obj) is dict:
+        return {
+            "dict": [
+                [encode_value(key, path=path, file=file), encode_value(value, path=f"{path}/{key}", file=file)]
+                for key, value in obj.items()
+            ]
+        }
+    if isinstance(obj, np.dtype):
+        return {"dtype": _dtype_name(obj, path=path, file=file)}
+    if isinstance(obj, np.generic) and not isinstance(obj, np.void):
+        dtype = _dtype_name(obj.dtype, path=path, file=file)
+        return {"npscalar": dtype, "bytes": base64.b64encode(np.asarray(obj).tobytes()).decode("ascii")}
+    if isinstance(obj, PyTreeDef):
+        return {"treedef": encode_treedef(obj, path=path, file=file)}
+    name = registry.name_of(obj)
+    if name is None:
+        raise UnsaveableObjectError(obj, file=file, path=path)
+    return {"ref": name}
+
+
+def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
+    name = name_of_dtype(dtype)
+    if name is None:
+        raise UnsaveableObjectError(dtype, file=file, path=path)
+    return name
+
+
+def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
+    """The value :func:`encode_value` wrote; names are looked up in the registry, nothing is imported or run."""
+    if data is None or isinstance(data, bool | str | int):
+        return data
+    if isinstance(data, dict) and len(data) in (1, 2):
+        tag = next(iter(data))
+        if tag == "float" and isinstance(data[tag], str):
+            return _parse_float(data[tag], path=path, file=file)
+        if tag == "complex":
+            real, imag = data[tag]
+            return complex(_parse_float(real, path=path, file=file), _parse_float(imag, path=path, file=file))
+        if tag == "bytes":
+            return base64.b64decode(data[tag], validate=True)
+        if tag == "tuple":
+            return tuple(decode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(data[tag]))
+        if tag == "list":
+            return [decode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(data[tag])]
+        if tag == "dict":
+            return {
+                decode_value(key, path=path, file=file): decode_value(value, path=f"{path}/{key}", file=file)
+                for key, value in data[tag]
+            }
+        if tag == "dtype":
+            return _parse_dtype(data[tag], path=path, file=file)
+        if tag == "npscalar":
+            dtype = _parse_dtype(data[tag], path=path, file=file)
+            raw = base64.b64decode(data["bytes"], validate=True)
+            if len(raw) != dtype.itemsize:
+                raise FormatError(f"a {dtype} scalar needs {dtype.itemsize} bytes, not {len(raw)}", file=file, path=path)
+            return np.frombuffer(raw, dtype=dtype)[0]
+        if tag == "treedef":
+            return decode_treedef(data[tag], path=path, file=file)
+        if tag == "ref" and isinstance(data[tag], str):
+            return registry.lookup(data[tag], file=file, path=path)
+    raise FormatError(f"unreadable value {data!r} in the structure", file=file, path=path)
+
+
+def _parse_float(text: str, *, path: str, file: str | None) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise FormatError(f"{text!r} is not a float", file=file, path=path) from None
+
+
+def _parse_dtype(name: str, *, path: str, file: str | None) -> np.dtype:
+    dtype = dtype_from_name(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+    return dtype
+
+
+def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = None) -> JSON:
+    """A jax tree structure as JSON: ``"*"`` for a leaf, ``None`` for ``None``, tagged nodes for the rest."""
+    node_data = treedef.node_data()
+    if node_data is None:
+        return "*"
+    node_type, aux = node_data
+    children = treedef.children()
+    if node_type is type(None):
+        return None
+    if node_type in (tuple, list):
+        return {node_type.__name__: [encode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(children)]}
+    if node_type is dict:
+        return {
+            "dict": [
+                [encode_value(key, path=path, file=file), encode_treedef(child, path=f"{path}/{key}", file=file)]
+                for key, child in zip(aux, children, strict=True)
+            ]
+        }
+    try:
+        name = registry.type_name(node_type)
+    except ValueError:
+        raise UnsaveableObjectError(node_type, file=file, path=path) from None
+    return {
+        "node": name,
+        "aux": encode_value(aux, path=path, file=file),
+        "children": [encode_treedef(child, path=f"{path}/{i}", file=file) for i, child in enumerate(children)],
+    }
+
+
+def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
+    """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed."""
+    if data == "*":
+        return _LEAF
+    if data is None:
+        return _NONE
+    if isinstance(data, dict):
+        if "tuple" in data or "list" in data:
+            node_type: type = tuple if "tuple" in data else list
+            items = data[node_type.__name__]
+            children = [decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(items)]
+            return _make(node_type, None, children, path=path, file=file)
+        if "dict" in data:
+            keys = [decode_value(key, path=path, file=file) for key, _ in data["dict"]]
+            children = [decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"])]
+            return _make(dict, keys, children, path=path, file=file)
+        if isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
+            node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
+            if not isinstance(node_type_obj, type):
+                raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
+            aux = decode_value(data.get("aux"), path=path, file=file)
+            children = [decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(data["children"])]
+            return _make(node_type_obj, aux, children, path=path, file=file)
+    raise FormatError(f"unreadable structure node {data!r}", file=file, path=path)
+
+
+def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
+    try:
+        return PyTreeDef.from_node_data_and_children(_REGISTRY, (node_type, aux), children)
+    except (TypeError, ValueError) as error:
+        raise FormatError(
+            f"{node_type.__module__}.{node_type.__qualname__} is not a registered pytree node type here "
+            f"(register it with jax.tree_util before loading): {error}",
+            file=file,
+            path=path,
+        ) from None
