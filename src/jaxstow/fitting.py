@@ -28,6 +28,7 @@ from jaxstow import registry
 from jaxstow.errors import StructureMismatchError
 from jaxstow.format.container import Container
 from jaxstow.format.leaves import StoredLeaf
+from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.restore import read_stored, stored_leaves, to_output
 from jaxstow.structure import decode_value
 from jaxstow.tree import flatten_with_paths
@@ -42,6 +43,8 @@ def _describe(leaf: Any) -> str:
         return f"key<{jax.random.key_impl(leaf)}>{list(leaf.shape)}"
     if isinstance(leaf, jax.Array | np.ndarray | np.generic):
         return f"{leaf.dtype}{list(np.shape(leaf))}"
+    if is_tensor(leaf):
+        return f"torch {tensor_to_numpy(leaf).dtype}{list(leaf.shape)}"
     if isinstance(leaf, _SCALARS) or leaf is None:
         return f"{type(leaf).__name__} {leaf!r}"
     return registry.name_of(leaf) or repr(leaf)
@@ -50,6 +53,8 @@ def _describe(leaf: Any) -> str:
 def _describe_stored(leaf: StoredLeaf) -> str:
     if leaf.kind == "key":
         return f"key<{leaf.impl}>{list(leaf.shape[:-1])}"
+    if leaf.kind == "torch":
+        return f"torch {leaf.dtype}{list(leaf.shape)}"
     return f"{leaf.dtype}{list(leaf.shape)}"
 
 
@@ -89,6 +94,11 @@ def _problem(path: str, wanted: Any, file_leaves: _FileLeaves) -> str | None:
             and stored.kind in ("array", "npscalar")
             and stored.dtype == np.dtype(wanted.dtype)
             and stored.shape == tuple(np.shape(wanted))
+        )
+    elif is_tensor(wanted):
+        array = tensor_to_numpy(wanted)
+        fits = (
+            stored is not None and stored.kind == "torch" and (stored.dtype, stored.shape) == (array.dtype, array.shape)
         )
     elif stored is not None:
         fits = False
@@ -134,6 +144,8 @@ def fit_into(container: Container, like: Any, *, as_numpy: bool) -> Any:
         if isinstance(value, np.ndarray) and isinstance(leaf, jax.Array) and not as_numpy
     ]
     shardings = [wanted[i].sharding for i in to_jax]
-    for i, placed in zip(to_jax, to_output([values[i] for i in to_jax], as_numpy=False, shardings=shardings), strict=True):
+    for i, placed in zip(
+        to_jax, to_output([values[i] for i in to_jax], as_numpy=False, shardings=shardings), strict=True
+    ):
         values[i] = placed
     return treedef.unflatten(values)

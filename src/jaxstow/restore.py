@@ -22,6 +22,7 @@ from jaxstow.errors import CorruptFileError, FormatError
 from jaxstow.format.checksum import checksum
 from jaxstow.format.container import Container
 from jaxstow.format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
+from jaxstow.format.torch_leaves import tensor_from_numpy
 from jaxstow.structure import decode_treedef
 
 __all__ = ["load_flat", "read_stored", "rebuild", "stored_leaves", "to_output"]
@@ -61,7 +62,7 @@ def stored_leaves(container: Container) -> dict[str, StoredLeaf]:
     assert container.manifest is not None
     out: dict[str, StoredLeaf] = {}
     for entry in container.manifest["leaves"]:
-        if isinstance(entry, dict) and entry.get("kind") in ("array", "npscalar", "key"):
+        if isinstance(entry, dict) and entry.get("kind") in ("array", "npscalar", "key", "torch"):
             leaf = stored_leaf_from_entry(entry, file=container.file)
             _check_slot(container, leaf)
             out[leaf.path] = leaf
@@ -73,7 +74,9 @@ def stored_leaves(container: Container) -> dict[str, StoredLeaf]:
 def _check_slot(container: Container, leaf: StoredLeaf) -> None:
     slot = container.slots.get(leaf.path)
     if slot is None:
-        raise FormatError("the manifest lists this leaf but the file holds no tensor for it", file=container.file, path=leaf.path)
+        raise FormatError(
+            "the manifest lists this leaf but the file holds no tensor for it", file=container.file, path=leaf.path
+        )
     exact = slot.dtype == leaf.dtype and slot.shape == leaf.shape
     raw = slot.dtype == np.uint8 and slot.shape == (leaf.nbytes,)
     if not (exact or raw):
@@ -105,6 +108,8 @@ def read_stored(container: Container, leaves: Sequence[StoredLeaf]) -> dict[str,
             array = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
         if leaf.kind == "npscalar":
             out[leaf.path] = array[()]
+        elif leaf.kind == "torch":
+            out[leaf.path] = tensor_from_numpy(array, file=container.file, path=leaf.path)
         elif leaf.kind == "key":
             out[leaf.path] = jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
         else:

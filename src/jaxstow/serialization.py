@@ -14,34 +14,14 @@
 
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import Any
 
-import numpy as np
-
-from jaxstow.errors import FormatError
 from jaxstow.fitting import fit_into
-from jaxstow.format.checksum import checksum
-from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, open_container, write_container
-from jaxstow.format.leaves import EncodedLeaf, encode_leaf
+from jaxstow.format.container import open_container
 from jaxstow.restore import load_flat, rebuild
-from jaxstow.storage import atomic_write
-from jaxstow.structure import encode_treedef
-from jaxstow.tree import flatten_with_paths
+from jaxstow.snapshot import PathOrFile, display_name, snapshot
 
 __all__ = ["load", "load_metadata", "save"]
-
-PathOrFile = str | os.PathLike[str] | BinaryIO
-_PARALLEL_HASH_BYTES = 32 << 20
-
-
-def _display_name(target: Any) -> str:
-    if isinstance(target, str | os.PathLike):
-        return os.fspath(target)
-    return str(getattr(target, "name", f"<{type(target).__name__}>"))
 
 
 def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None) -> None:
@@ -57,56 +37,7 @@ def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
-    file = _display_name(path_or_file)
-    tensors, manifest = _encode(tree, metadata, file=file)
-    kind = container_kind(path_or_file)
-    if isinstance(path_or_file, str | os.PathLike):
-        with atomic_write(path_or_file) as sink:
-            write_container(sink, kind, tensors, manifest)
-    else:
-        write_container(path_or_file, kind, tensors, manifest)
-        path_or_file.flush()
-
-
-def _encode(tree: Any, metadata: dict[str, Any] | None, *, file: str) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]:
-    if metadata is not None:
-        try:
-            json.dumps(metadata, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"metadata for {file} must be a JSON-able dict: {error}") from None
-    paths, leaves, treedef = flatten_with_paths(tree)
-    seen: dict[str, int] = {}
-    for index, path in enumerate(paths):
-        if path in seen:
-            raise FormatError(
-                f"leaves {seen[path]} and {index} of the tree both have the path {path!r}; rename a key so that "
-                "every leaf has its own path",
-                file=file,
-                path=path,
-            )
-        seen[path] = index
-    encoded = [encode_leaf(path, leaf, file=file) for path, leaf in zip(paths, leaves, strict=True)]
-    stored = [leaf for leaf in encoded if leaf.array is not None]
-    _add_checksums(stored)
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "structure": encode_treedef(treedef, file=file),
-        "leaves": [leaf.entry for leaf in encoded],
-        "metadata": metadata,
-    }
-    return [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None], manifest
-
-
-def _add_checksums(stored: Sequence[EncodedLeaf]) -> None:
-    arrays = [leaf.array for leaf in stored if leaf.array is not None]
-    if sum(array.nbytes for array in arrays) > _PARALLEL_HASH_BYTES:
-        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            digests = list(pool.map(checksum, arrays))
-    else:
-        digests = [checksum(array) for array in arrays]
-    for leaf, digest in zip(stored, digests, strict=True):
-        leaf.entry["xxh3"] = digest
+    snapshot(tree, metadata=metadata, file=display_name(path_or_file)).write(path_or_file)
 
 
 def load(path_or_file: PathOrFile, like: Any = None, *, as_numpy: bool = False) -> Any:

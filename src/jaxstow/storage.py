@@ -20,7 +20,7 @@ import io
 import os
 import secrets
 from collections.abc import Iterator
-from typing import BinaryIO, Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from jaxstow.errors import TruncatedFileError
 
@@ -67,6 +67,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         raise
 
 
+@runtime_checkable
 class ReadSource(Protocol):
     """Random-access bytes: a local file, a file object or an object in a store."""
 
@@ -164,8 +165,10 @@ class FileObject(_ReadSourceBase):
         self._file.seek(self._start)
 
 
-def open_source(target: str | os.PathLike[str] | BinaryIO) -> ReadSource:
-    """A :class:`ReadSource` for a path or a seekable binary file object."""
+def open_source(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> ReadSource:
+    """A :class:`ReadSource` for a path or a seekable binary file object (a source is returned as it is)."""
+    if isinstance(target, ReadSource):
+        return target
     if isinstance(target, str | os.PathLike):
         return LocalFile(os.fspath(target))
     return FileObject(target)

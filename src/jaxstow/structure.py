@@ -110,7 +110,9 @@ def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
             dtype = _parse_dtype(data[tag], path=path, file=file)
             raw = base64.b64decode(data["bytes"], validate=True)
             if len(raw) != dtype.itemsize:
-                raise FormatError(f"a {dtype} scalar needs {dtype.itemsize} bytes, not {len(raw)}", file=file, path=path)
+                raise FormatError(
+                    f"a {dtype} scalar needs {dtype.itemsize} bytes, not {len(raw)}", file=file, path=path
+                )
             return np.frombuffer(raw, dtype=dtype)[0]
         if tag == "treedef":
             return decode_treedef(data[tag], path=path, file=file)
@@ -176,12 +178,16 @@ def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> Py
             return _make(node_type, None, children, path=path, file=file)
         if "dict" in data:
             keys = [decode_value(key, path=path, file=file) for key, _ in data["dict"]]
-            children = [decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"])]
+            children = [
+                decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"], strict=True)
+            ]
             return _make(dict, keys, children, path=path, file=file)
         if isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
             node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
             if not isinstance(node_type_obj, type):
-                raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
+                raise FormatError(
+                    f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path
+                )
             aux = decode_value(data.get("aux"), path=path, file=file)
             children = [decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(data["children"])]
             return _make(node_type_obj, aux, children, path=path, file=file)

@@ -27,11 +27,11 @@ def key_to_str(key: Any) -> str:
     if isinstance(key, SequenceKey):
         return str(key.idx)
     if isinstance(key, GetAttrKey):
-        return key.name
+        return str(key.name)
     if isinstance(key, FlattenedIndexKey):
         return str(key.key)
     name = getattr(key, "name", None)
-    return str(name if name is not None else getattr(key, "key", key))
+    return str(name) if name is not None else str(getattr(key, "key", key))
 
 
 def path_to_str(path: Sequence[Any]) -> str:

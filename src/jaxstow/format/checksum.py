@@ -28,4 +28,4 @@ def checksum(array: np.ndarray) -> str:
 
 def as_bytes(array: np.ndarray) -> memoryview:
     """A C-contiguous array's bytes, without a copy (any dtype, including bfloat16 and int4)."""
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data

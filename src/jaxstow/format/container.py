@@ -59,7 +59,7 @@ def write_container(
 
 def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Container:
     """Open a file (path, file object or source) as the container its first bytes announce."""
-    source = target if hasattr(target, "read_into") else open_source(target)  # type: ignore[arg-type]
+    source = open_source(target)
     try:
         magic = source.read(0, 4) if source.size >= 4 else b""
         reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)

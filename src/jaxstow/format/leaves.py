@@ -1,6 +1,6 @@
 """Leaves as the file stores them, and back.
 
-Every leaf of a tree becomes one manifest entry. Arrays (jax or numpy), numpy scalars and typed PRNG keys are
+Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
 *stored leaves*: their bytes go to the data region, checksummed. Everything else (Python scalars, strings, registered
 functions) is a *value* kept in the manifest as tagged JSON.
 
@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxstow.errors import FormatError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
+from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.structure import decode_value, encode_value
 
 __all__ = ["EncodedLeaf", "StoredLeaf", "decode_value_entry", "encode_leaf", "stored_leaf_from_entry"]
@@ -48,6 +49,9 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
             return EncodedLeaf({**_array_entry(path, "key", data, file=file), "impl": impl}, data)
         data = _host_array(leaf, path=path, file=file)
         return EncodedLeaf(_array_entry(path, "array", data, file=file), data)
+    if is_tensor(leaf):
+        data = _host_array(tensor_to_numpy(leaf), path=path, file=file)
+        return EncodedLeaf(_array_entry(path, "torch", data, file=file), data)
     if isinstance(leaf, np.ndarray):
         data = _host_array(leaf, path=path, file=file)
         return EncodedLeaf(_array_entry(path, "array", data, file=file), data)

@@ -117,12 +117,15 @@ class NativeReader:
     def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
         if not isinstance(info, dict):
             raise FormatError(f"malformed tensor entry {info!r}", file=self.file, path=name)
-        dtype = dtype_from_code(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+        code = info.get("dtype")
+        dtype = dtype_from_code(code) if isinstance(code, str) else None
         if dtype is None:
             raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
-            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name)
+            raise FormatError(
+                f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name
+            )
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
@@ -149,7 +152,7 @@ class NativeReader:
     def _parse_manifest(self, text: str) -> dict[str, Any]:
         stripped = self._raw_header.rstrip(b" ")
         recorded = stripped[-_HASH_TAIL + 1 : -3].decode("ascii", "replace")
-        zeroed = stripped[: -_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
+        zeroed = stripped[:-_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
         if recorded != self.metadata.get(_HASH_KEY) or checksum_bytes(zeroed) != recorded:
             raise FormatError("the header's checksum does not match: the header is corrupt", file=self.file)
         try:

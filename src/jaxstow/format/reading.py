@@ -79,7 +79,7 @@ Verify = Callable[[str, np.ndarray], None]
 def _read_run(source: ReadSource, run: list[TensorSlot], verify: Verify | None) -> dict[str, np.ndarray]:
     start = run[0].offset
     buffer = aligned_empty(run[-1].offset + run[-1].nbytes - start)
-    source.read_into(start, memoryview(buffer))
+    source.read_into(start, buffer.data)
     out = {}
     for slot in run:
         begin = slot.offset - start
@@ -90,9 +90,7 @@ def _read_run(source: ReadSource, run: list[TensorSlot], verify: Verify | None) 
     return out
 
 
-def read_slots(
-    source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None
-) -> dict[str, np.ndarray]:
+def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
     """Read every slot; large reads run on several threads when the source allows it.
 
     ``verify(name, raw_bytes)`` is called on each tensor's bytes, on the thread that read them.
