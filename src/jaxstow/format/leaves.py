@@ -69,7 +69,7 @@ def _host_array(leaf: Any, *, path: str, file: str | None) -> np.ndarray:
             array = array.astype(native)
         else:
             raise UnsaveableObjectError(leaf, file=file, path=path)
-    return np.ascontiguousarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
 
 
 def _array_entry(path: str, kind: str, data: np.ndarray, *, file: str | None) -> Entry:

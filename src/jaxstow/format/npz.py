@@ -33,13 +33,13 @@ from jaxstow.storage import ReadSource
 __all__ = ["MANIFEST_MEMBER", "NpzReader", "write_npz"]
 
 MANIFEST_MEMBER = "__jaxstow__"
-_NUMPY_KINDS = "biufc"
+_NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, KeyError)
 
 
 def _numpy_native(array: np.ndarray) -> np.ndarray:
-    return array if array.dtype.kind in _NUMPY_KINDS else array.reshape(-1).view(np.uint8)
+    return array if array.dtype in _NUMPY_DTYPES else array.reshape(-1).view(np.uint8)
 
 
 def write_npz(sink: BinaryIO, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> None:
@@ -118,7 +118,7 @@ class NpzReader:
                 shape, _, dtype = read_header(member)
         except _ZIP_ERRORS as error:
             raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
-        if dtype.hasobject or dtype.kind not in _NUMPY_KINDS:
+        if dtype.newbyteorder("=") not in _NUMPY_DTYPES:
             raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
         return TensorSlot(name, dtype.newbyteorder("="), tuple(shape), 0)
 
@@ -128,7 +128,8 @@ class NpzReader:
                 array = np.lib.format.read_array(member, allow_pickle=False)
         except _ZIP_ERRORS as error:
             raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
-        return np.ascontiguousarray(array.astype(array.dtype.newbyteorder("="), copy=False))
+        native = array.astype(array.dtype.newbyteorder("="), copy=False)
+        return native if native.flags.c_contiguous else native.copy(order="C")
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, checked by ``verify`` when given."""

@@ -1,0 +1,159 @@
+"""Every kind of leaf round-trips through both containers with its dtype, shape and Python type."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jaxstow
+
+DTYPES = [
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128", "bfloat16",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e4m3b11fnuz",
+    "int4", "uint4",
+]  # fmt: skip
+SUFFIXES = ["model.jxs", "model.npz"]
+
+
+def _dtype(name: str) -> np.dtype:
+    return np.dtype(getattr(np, name)) if hasattr(np, name) else np.dtype(getattr(ml_dtypes, name))
+
+
+def _sample(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    dtype = _dtype(name)
+    values = np.arange(math.prod(shape)).reshape(shape) % 7
+    if dtype == np.bool_:
+        return (values % 2).astype(bool)
+    if dtype.kind == "c":
+        return (values + 1j * values).astype(dtype)
+    return values.astype(dtype)
+
+
+def _roundtrip(tmp_path, tree, suffix="model.jxs", **load_options):
+    path = tmp_path / suffix
+    jaxstow.save(path, tree)
+    return jaxstow.load(path, **load_options)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.parametrize("name", DTYPES)
+def test_every_dtype_round_trips_as_jax_and_numpy(tmp_path, name, suffix):
+    tree = {"matrix": _sample(name, (3, 5)), "scalar": np.asarray(_sample(name, ())), "empty": _sample(name, (0, 4))}
+    as_numpy = _roundtrip(tmp_path, tree, suffix, as_numpy=True)
+    as_jax = jaxstow.load(tmp_path / suffix)
+    for key, expected in tree.items():
+        got = as_numpy[key]
+        assert isinstance(got, np.ndarray) and got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.tobytes() == expected.tobytes()
+        on_device = jnp.asarray(expected)  # 64-bit types follow jax's x64 setting, as everywhere in jax
+        assert isinstance(as_jax[key], jax.Array) and as_jax[key].dtype == on_device.dtype
+        assert np.asarray(as_jax[key]).tobytes() == np.asarray(on_device).tobytes()
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_jax_arrays_of_every_dtype_round_trip(tmp_path, name):
+    tree = {"matrix": jnp.asarray(_sample(name, (2, 3))), "scalar": jnp.asarray(_sample(name, ()))}
+    restored = _roundtrip(tmp_path, tree)
+    for key, expected in tree.items():
+        assert restored[key].dtype == expected.dtype and restored[key].shape == expected.shape
+        assert np.asarray(restored[key]).tobytes() == np.asarray(expected).tobytes()
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_numpy_scalars_keep_their_type(tmp_path, suffix):
+    tree = [np.float32(1.5), np.int64(-3), np.bool_(True), np.complex64(1 - 2j), ml_dtypes.bfloat16(0.25)]
+    restored = _roundtrip(tmp_path, tree, suffix)
+    for got, expected in zip(restored, tree, strict=True):
+        assert type(got) is type(expected) and got == expected
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+def test_typed_prng_keys_round_trip(tmp_path, impl):
+    keys = {"one": jax.random.key(3, impl=impl), "many": jax.random.split(jax.random.key(4, impl=impl), 5)}
+    restored = _roundtrip(tmp_path, keys)
+    for name, key in keys.items():
+        assert restored[name].dtype == key.dtype and restored[name].shape == key.shape
+        assert jnp.array_equal(jax.random.key_data(restored[name]), jax.random.key_data(key))
+        assert jnp.array_equal(jax.random.normal(restored[name].reshape(-1)[0]), jax.random.normal(key.reshape(-1)[0]))
+
+
+def test_python_values_keep_their_type_including_nan(tmp_path):
+    hyper = {
+        "int": 3, "big": 2**80, "neg": -7, "float": 0.1, "nan": float("nan"), "inf": float("-inf"),
+        "bool": True, "complex": 1 + 2j, "str": "héllo", "none": None, "bytes": b"\x00\xff",
+    }  # fmt: skip
+    restored = _roundtrip(tmp_path, hyper)
+    assert set(restored) == set(hyper)
+    for key, expected in hyper.items():
+        got = restored[key]
+        assert type(got) is type(expected), key
+        assert got == expected or (key == "nan" and math.isnan(got)), key
+
+
+def test_containers_round_trip_with_their_types(tmp_path):
+    import collections
+
+    Point = collections.namedtuple("Point", "x y")
+    jaxstow.saveable(Point, name="tests.Point")
+    tree = {
+        "list": [1, (2.0, None), []],
+        "tuple": (),
+        "dict": {},
+        "int_keys": {0: jnp.ones(2), 1: "one"},
+        "point": Point(jnp.zeros(3), 4),
+        "ordered": collections.OrderedDict([("b", 1), ("a", 2)]),
+        "none": None,
+    }
+    restored = _roundtrip(tmp_path, tree)
+    assert restored["list"] == [1, (2.0, None), []] and restored["tuple"] == () and restored["dict"] == {}
+    assert list(restored["int_keys"]) == [0, 1] and restored["int_keys"][1] == "one"
+    assert type(restored["point"]) is Point and restored["point"].y == 4
+    assert type(restored["ordered"]) is collections.OrderedDict and list(restored["ordered"]) == ["b", "a"]
+    assert restored["none"] is None
+
+
+def test_a_bare_array_and_an_empty_tree_round_trip(tmp_path):
+    assert jnp.array_equal(_roundtrip(tmp_path, jnp.arange(4)), jnp.arange(4))
+    assert _roundtrip(tmp_path, {}) == {}
+    assert _roundtrip(tmp_path, None) is None
+
+
+def test_big_endian_numpy_arrays_are_stored_in_native_order(tmp_path):
+    big = np.arange(4, dtype=">i4")
+    restored = _roundtrip(tmp_path, {"x": big}, as_numpy=True)
+    assert restored["x"].dtype == np.int32 and restored["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_large_arrays_are_restored_aligned_so_jax_adopts_them(tmp_path):
+    restored = _roundtrip(tmp_path, {"w": np.ones((1024, 1024), np.float32)}, as_numpy=True)
+    assert restored["w"].ctypes.data % 64 == 0
+
+
+def test_file_objects_round_trip_and_can_be_read_twice():
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"w": jnp.arange(3.0)})
+    buffer.seek(0)
+    first = jaxstow.load(buffer)
+    second = jaxstow.load(buffer)
+    assert jnp.array_equal(first["w"], second["w"])
+
+
+def test_metadata_is_kept_and_must_be_json(tmp_path):
+    jaxstow.save(tmp_path / "m.jxs", {"w": jnp.ones(1)}, metadata={"step": 3, "tags": ["a"]})
+    assert jaxstow.load_metadata(tmp_path / "m.jxs") == {"step": 3, "tags": ["a"]}
+    with pytest.raises(TypeError, match="JSON"):
+        jaxstow.save(tmp_path / "bad.jxs", {}, metadata={"when": object()})
+    assert not (tmp_path / "bad.jxs").exists()
+
+
+def test_two_leaves_with_one_path_are_refused(tmp_path):
+    with pytest.raises(jaxstow.errors.FormatError, match="both have the path 'a/b'"):
+        jaxstow.save(tmp_path / "x.jxs", {"a/b": jnp.ones(1), "a": {"b": jnp.ones(1)}})
+    assert not (tmp_path / "x.jxs").exists()
