@@ -197,7 +197,7 @@ def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> Py
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
     try:
         return PyTreeDef.from_node_data_and_children(_REGISTRY, (node_type, aux), children)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RuntimeError) as error:
         raise FormatError(
             f"{node_type.__module__}.{node_type.__qualname__} is not a registered pytree node type here "
             f"(register it with jax.tree_util before loading): {error}",

@@ -1,0 +1,176 @@
+"""The checkpointer a :class:`~jaxstow.train.Trainer` uses unless it is given another: one file per kept epoch.
+
+>>> import os, tempfile
+>>> import jax.numpy as jnp
+>>> from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+>>> folder = tempfile.mkdtemp()
+>>> args = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder, period=2)
+>>> checkpointer = DefaultCheckpointer(args)
+>>> for epoch in range(4):
+...     state = Checkpoint(module_interface_state={"w": jnp.full(2, epoch)}, trainer_state={"last_epoch": epoch})
+...     path = checkpointer.save(state, epoch)
+>>> checkpointer.save(state, 3, force=True) == os.path.join(folder, "checkpoint_3.safetensors")
+True
+>>> checkpointer.save_model(state.module_interface_state, 3) == os.path.join(folder, "checkpoint_model_3.safetensors")
+True
+>>> sorted(os.listdir(folder))
+['checkpoint_0.safetensors', 'checkpoint_2.safetensors', 'checkpoint_3.safetensors',
+ 'checkpoint_model_3.safetensors']
+>>> checkpointer.load().trainer_state
+{'last_epoch': 3}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from jaxstow.errors import CheckpointError
+from jaxstow.serialization import load, save
+from jaxstow.train.checkpointer import AbstractCheckpointer
+from jaxstow.train.files import FileNames
+from jaxstow.train.state import Checkpoint
+
+__all__ = ["DefaultCheckpointer", "DefaultCheckpointerArguments"]
+
+PathLike = str | os.PathLike[str]
+
+
+def _checkpoints_in_cwd() -> str:
+    return os.path.join(os.getcwd(), "checkpoints")
+
+
+@dataclasses.dataclass
+class DefaultCheckpointerArguments:
+    """How a :class:`DefaultCheckpointer` behaves.
+
+    Attributes:
+        checkpoint: whether to write anything at all; ``False`` turns every save, forced or not, into a no-op.
+        delete_existing_checkpoints: delete this checkpointer's own files (its prefix and extension) from
+            ``save_dir`` and ``model_state_save_dir`` when it is made; other files are left alone.
+        period: keep the checkpoint of every index that is a multiple of ``period`` (a positive integer).
+        save_dir: folder of the checkpoints, made when first needed; ``./checkpoints`` of the current folder at the
+            time the arguments are made.
+        model_state_save_dir: folder of the model files written by ``save_model``; ``None`` or ``""`` writes none.
+        load_dir: folder to resume from; ``None`` starts from scratch.
+        load_filename: a file in ``load_dir`` to resume from; without it, the checkpoint with the largest index there.
+        file_prefix: files are named ``{file_prefix}_{index}.{file_ext}`` and ``{file_prefix}_model_{index}.{file_ext}``.
+        file_ext: the extension, without its dot. ``npz`` writes numpy archives, anything else the native format (a
+            safetensors file).
+        log_level: level of the checkpointer's logger (``"DEBUG"``, ``"INFO"``, ``"WARNING"``, ...).
+    """
+
+    checkpoint: bool = True
+    delete_existing_checkpoints: bool = False
+    period: int = 1
+    save_dir: PathLike = dataclasses.field(default_factory=_checkpoints_in_cwd)
+    model_state_save_dir: PathLike | None = dataclasses.field(default_factory=_checkpoints_in_cwd)
+    load_dir: PathLike | None = None
+    load_filename: str | None = None
+    file_prefix: str = "checkpoint"
+    file_ext: str = "safetensors"
+    log_level: str = "INFO"
+
+
+class DefaultCheckpointer(AbstractCheckpointer):
+    """Writes ``{prefix}_{index}.{ext}`` every ``period`` indices and ``{prefix}_model_{index}.{ext}`` on request,
+    through :func:`jaxstow.save`; resumes from a named file or from the checkpoint with the largest index.
+
+    Every write is atomic, so saving an index again replaces its file and a crash never leaves a torn one.
+    """
+
+    def __init__(self, args: DefaultCheckpointerArguments | None = None) -> None:
+        self.args = args if args is not None else DefaultCheckpointerArguments()
+        _check(self.args)
+        self.names = FileNames(self.args.file_prefix, self.args.file_ext)
+        self.logger = logging.getLogger(__name__)
+        self.logger.setLevel(self.args.log_level.upper())
+        if self.args.delete_existing_checkpoints:
+            self._delete_own_files()
+
+    def save(self, checkpoint_state: Checkpoint, index: int, force: bool = False) -> str | None:
+        """Write ``checkpoint_state`` to ``save_dir`` if checkpointing is on and ``index`` is a multiple of the
+        period or ``force`` is set; the path written, or ``None``."""
+        if not self.args.checkpoint or (index % self.args.period != 0 and not force):
+            return None
+        return self._write(self.args.save_dir, self.names.checkpoint(index), checkpoint_state)
+
+    def save_model(self, model_state: object, index: int) -> str | None:
+        """Write the module's state to ``model_state_save_dir`` if checkpointing is on and that folder is set; the
+        path written, or ``None``. Model files are never taken as checkpoints to resume from."""
+        if not self.args.checkpoint or not self.args.model_state_save_dir:
+            return None
+        return self._write(self.args.model_state_save_dir, self.names.model(index), model_state)
+
+    def load(self) -> Checkpoint:
+        """The checkpoint at ``load_dir/load_filename``, else the latest in ``load_dir``, else ``Checkpoint()``."""
+        path = self._resume_path()
+        if path is None:
+            return Checkpoint()
+        checkpoint = load(path)
+        if not isinstance(checkpoint, Checkpoint):
+            raise CheckpointError(
+                f"{path} holds a {type(checkpoint).__name__}, not a jaxstow.train.Checkpoint; resume from a file "
+                "written by save(), not by save_model()",
+                file=path,
+            )
+        self.logger.info("resumed from %s", path)
+        return checkpoint
+
+    def _write(self, folder: PathLike, name: str, tree: object) -> str:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, name)
+        save(path, tree)
+        self.logger.info("saved %s", path)
+        return path
+
+    def _resume_path(self) -> str | None:
+        load_dir = self.args.load_dir
+        if load_dir is None:
+            self.logger.info("no load_dir: starting from scratch")
+            return None
+        if self.args.load_filename is not None:
+            path = os.path.join(load_dir, self.args.load_filename)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"{path}: load_filename names no file in load_dir")
+            return path
+        found = self.names.find(load_dir)
+        if not found:
+            self.logger.warning(
+                "no checkpoint %s in %s: starting from scratch", self.names.checkpoint("<index>"), load_dir
+            )
+            return None
+        return found[max(found)]
+
+    def _delete_own_files(self) -> None:
+        doomed = list(self.names.find(self.args.save_dir).values())
+        if self.args.model_state_save_dir:
+            doomed += self.names.find(self.args.model_state_save_dir, model=True).values()
+        for path in doomed:
+            os.remove(path)
+            self.logger.info("deleted %s", path)
+
+
+def _check(args: DefaultCheckpointerArguments) -> None:
+    """Refuse arguments that cannot work, before anything is written or deleted."""
+    if isinstance(args.period, bool) or not isinstance(args.period, int) or args.period <= 0:
+        raise ValueError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
+    if args.log_level.upper() not in logging.getLevelNamesMapping():
+        raise ValueError(
+            f"DefaultCheckpointerArguments.log_level must be one of {sorted(logging.getLevelNamesMapping())}, "
+            f"not {args.log_level!r}"
+        )
+    if args.load_filename is not None and args.load_dir is None:
+        raise ValueError(
+            f"DefaultCheckpointerArguments.load_filename={args.load_filename!r} needs load_dir, the folder it is in"
+        )
+    if (
+        args.delete_existing_checkpoints
+        and args.load_dir is not None
+        and os.path.realpath(args.load_dir) == os.path.realpath(args.save_dir)
+    ):
+        raise ValueError(
+            f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete the checkpoints in {args.load_dir}, "
+            "which is also load_dir, before they are resumed from; unset one of them"
+        )

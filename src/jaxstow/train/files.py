@@ -1,0 +1,59 @@
+"""The names of a checkpointer's files: ``{prefix}_{index}.{ext}`` for checkpoints, ``{prefix}_model_{index}.{ext}``
+for model files, and finding them again in a folder.
+
+A name matches exactly or not at all: another prefix, another extension, a model file among checkpoints or a
+temporary file of a save in progress is never taken for one of this checkpointer's files.
+
+>>> import os, tempfile
+>>> from jaxstow.train.files import FileNames
+>>> names = FileNames(prefix="run", ext="pt")
+>>> names.checkpoint(12), names.model(12)
+('run_12.pt', 'run_model_12.pt')
+>>> folder = tempfile.mkdtemp()
+>>> for name in ["run_2.pt", "run_10.pt", "run_model_11.pt", "run_9.xpt", "run_3.pt.bak", "other_7.pt"]:
+...     open(os.path.join(folder, name), "wb").close()
+>>> sorted(names.find(folder))
+[2, 10]
+>>> sorted(names.find(folder, model=True))
+[11]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+__all__ = ["FileNames"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FileNames:
+    """How a checkpointer names its files, given its ``prefix`` and its extension ``ext`` (without the dot)."""
+
+    prefix: str
+    ext: str
+
+    def checkpoint(self, index: int) -> str:
+        """The name of the checkpoint saved under ``index``."""
+        return f"{self.prefix}_{index}.{self.ext}"
+
+    def model(self, index: int) -> str:
+        """The name of the model file saved under ``index``."""
+        return f"{self.prefix}_model_{index}.{self.ext}"
+
+    def _pattern(self, *, model: bool) -> re.Pattern[str]:
+        infix = "_model" if model else ""
+        return re.compile(rf"{re.escape(self.prefix)}{infix}_(-?\d+){re.escape('.' + self.ext)}")
+
+    def find(self, folder: str | os.PathLike[str], *, model: bool = False) -> dict[int, str]:
+        """The checkpoints (or model files) in ``folder``, as ``{index: path}``; empty if the folder does not exist."""
+        if not os.path.isdir(folder):
+            return {}
+        pattern = self._pattern(model=model)
+        found = {}
+        for entry in os.scandir(folder):
+            match = pattern.fullmatch(entry.name)
+            if match is not None and entry.is_file():
+                found[int(match.group(1))] = entry.path
+        return found

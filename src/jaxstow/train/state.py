@@ -1,0 +1,59 @@
+"""What a training checkpoint holds, and the protocol of everything whose state goes into one.
+
+A :class:`Checkpoint` is a pytree, saved through the core like any other tree: no pickle, and it comes back as a
+``Checkpoint`` with every state in it rebuilt (arrays, equinox modules, optax states, torch tensors, Python scalars).
+
+>>> import io, jax.numpy as jnp, jaxstow
+>>> from jaxstow.train import Checkpoint
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, Checkpoint(module_interface_state={"w": jnp.ones(2)}, trainer_state={"last_epoch": 4}))
+>>> _ = buffer.seek(0)
+>>> jaxstow.load(buffer)
+Checkpoint(module_interface_state={'w': Array([1., 1.], dtype=float32)}, trainer_state={'last_epoch': 4},
+           trainer_backend_state=None)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+
+from jaxstow.registry import saveable
+
+__all__ = ["Checkpoint", "Stateful"]
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """An object whose state a checkpoint keeps: the module, the trainer and the trainer's backend.
+
+    ``get_state()`` returns a pytree of arrays, tensors and scalars (anything :func:`jaxstow.save` takes);
+    ``update_state(state)`` receives that same tree, as loaded back from a checkpoint, and restores the object.
+    """
+
+    def get_state(self) -> Any: ...
+
+    def update_state(self, state: Any) -> None: ...
+
+
+@dataclasses.dataclass
+class Checkpoint:
+    """The states a :class:`~jaxstow.train.Trainer` saves and restores; ``None`` marks a state not kept.
+
+    ``Checkpoint()`` is the empty checkpoint: a checkpointer returns it when there is nothing to resume from.
+    """
+
+    module_interface_state: Any = None
+    trainer_state: Any = None
+    trainer_backend_state: Any = None
+
+
+jax.tree_util.register_dataclass(
+    Checkpoint,
+    data_fields=[field.name for field in dataclasses.fields(Checkpoint)],
+    meta_fields=[],
+)
+# A stable name, so that files keep loading wherever the class lives.
+saveable(Checkpoint, name="jaxstow.train.Checkpoint")

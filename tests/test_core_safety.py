@@ -1,0 +1,195 @@
+"""Crash safety, corruption detection, header validation, interoperability and deterministic bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
+from jaxstow.storage import TEMPORARY_MARKER
+
+TREE = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.int8), "depth": 3}
+
+
+def _data_start(path) -> int:
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+    return 8 + length
+
+
+def test_a_save_killed_midway_leaves_the_old_file_intact(tmp_path):
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, {"version": 1, "w": np.zeros(4, np.float32)})
+    before = path.read_bytes()
+    writer = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(
+                """
+                import sys, numpy as np, jaxstow
+                big = {f"layer{i}": np.full(16 << 20, i, np.float32) for i in range(16)}  # 1 GiB
+                while True:
+                    jaxstow.save(sys.argv[1], {"version": 2, **big})
+                """
+            ),
+            str(path),
+        ]
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the temporary file is being written
+            partial = [p for p in tmp_path.iterdir() if TEMPORARY_MARKER in p.name]
+            if partial and partial[0].stat().st_size > 64 << 20:
+                break
+            time.sleep(0.01)
+        else:
+            pytest.fail("the writer never started writing")
+        os.kill(writer.pid, signal.SIGKILL)
+    finally:
+        writer.wait()
+    assert path.read_bytes() == before
+    restored = jaxstow.load(path)
+    assert restored["version"] == 1 and restored["w"].shape == (4,)
+
+
+def test_a_failed_save_leaves_no_file_behind(tmp_path):
+    with pytest.raises(TypeError):
+        jaxstow.save(tmp_path / "x.jxs", {"bad": object()})
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", ["jxs", "npz"])
+def test_a_flipped_data_byte_names_the_leaf(tmp_path, suffix):
+    path = tmp_path / f"model.{suffix}"
+    jaxstow.save(path, {"w": np.arange(1000, dtype=np.float32), "b": np.ones(3, np.float32)})
+    data = bytearray(path.read_bytes())
+    w_bytes = np.arange(1000, dtype=np.float32).tobytes()
+    at = bytes(data).index(w_bytes) + 1000
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match=rf"leaf 'w' of .*model.{suffix}: .*(checksum|CRC)"):
+        jaxstow.load(path)
+
+
+def test_a_flipped_header_byte_is_detected(tmp_path):
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, TREE)
+    data = bytearray(path.read_bytes())
+    at = bytes(data).index(b"depth") + 1  # a byte of the manifest's text: still valid JSON, wrong meaning
+    data[at] ^= 0x02
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match="header's checksum"):
+        jaxstow.load(path)
+
+
+@pytest.mark.parametrize("keep", [0, 5, 100, -1])
+def test_a_truncated_file_is_detected(tmp_path, keep):
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, TREE)
+    data = path.read_bytes()
+    path.write_bytes(data[:keep] if keep >= 0 else data[:-1])
+    with pytest.raises(TruncatedFileError, match="model.jxs"):
+        jaxstow.load(path)
+
+
+def test_a_truncated_npz_is_detected(tmp_path):
+    path = tmp_path / "model.npz"
+    jaxstow.save(path, TREE)
+    path.write_bytes(path.read_bytes()[:-30])
+    with pytest.raises(CorruptFileError, match="model.npz"):
+        jaxstow.load(path)
+
+
+def _forge(path, header: dict, data: bytes = b"") -> None:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ({"x": {"dtype": "F32", "shape": [1 << 40, 1 << 20], "data_offsets": [0, 4]}}, "needs"),
+        ({"x": {"dtype": "F32", "shape": [1 << 30], "data_offsets": [0, 4 << 30]}}, "file has only"),
+        ({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}}, "non-negative"),
+        ({"x": {"dtype": "O", "shape": [1], "data_offsets": [0, 8]}}, "unknown safetensors dtype"),
+        ({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 0]}}, "malformed data_offsets"),
+    ],
+)
+def test_header_numbers_are_validated_before_allocation(tmp_path, header, message):
+    _forge(tmp_path / "forged.safetensors", header, b"\x00" * 8)
+    with pytest.raises(FormatError, match=message):
+        jaxstow.load(tmp_path / "forged.safetensors")
+
+
+def test_a_huge_header_length_is_refused_without_reading_it(tmp_path):
+    (tmp_path / "f.safetensors").write_bytes(struct.pack("<Q", 1 << 62) + b"{}")
+    with pytest.raises(FormatError, match="exceeds the limit"):
+        jaxstow.load(tmp_path / "f.safetensors")
+
+
+def test_the_native_file_is_a_valid_safetensors_file(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "model.safetensors"
+    jaxstow.save(
+        path, {"w": jnp.arange(6.0).reshape(2, 3), "bf": jnp.ones(2, jnp.bfloat16), "i4": jnp.ones(3, jnp.int4)}
+    )
+    with safe_open(path, framework="flax") as file:
+        assert sorted(file.keys()) == ["bf", "i4", "w"]
+        assert jnp.array_equal(file.get_tensor("w"), jnp.arange(6.0).reshape(2, 3))
+        assert file.get_tensor("bf").dtype == jnp.bfloat16
+        manifest = json.loads(file.metadata()["jaxstow"])
+    assert manifest["format"] == "jaxstow" and manifest["version"] == 1
+    assert _data_start(path) % 4096 == 0
+
+
+def test_plain_safetensors_and_npz_files_load(tmp_path):
+    from safetensors.numpy import save_file
+
+    arrays = {"a.weight": np.ones((2, 2), np.float32), "b": np.arange(3, dtype=np.int64)}
+    save_file(arrays, tmp_path / "plain.safetensors")
+    np.savez(tmp_path / "plain.npz", **arrays)
+    for name in ("plain.safetensors", "plain.npz"):
+        flat = jaxstow.load(tmp_path / name, as_numpy=True)
+        assert sorted(flat) == ["a.weight", "b"] and np.array_equal(flat["b"], arrays["b"])
+        fitted = jaxstow.load(
+            tmp_path / name, like={"a.weight": np.zeros((2, 2), np.float32), "b": np.zeros(3, np.int64)}
+        )
+        assert np.array_equal(fitted["a.weight"], arrays["a.weight"])
+
+
+def test_an_npz_with_pickled_objects_is_refused(tmp_path):
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(FormatError, match="object arrays are never loaded"):
+        jaxstow.load(tmp_path / "objects.npz")
+
+
+def test_bytes_are_identical_across_processes_and_hash_seeds(tmp_path):
+    script = textwrap.dedent(
+        """
+        import sys, jax, jax.numpy as jnp, equinox as eqx, jaxstow
+        model = eqx.nn.MLP(3, 2, 4, 2, key=jax.random.key(0))
+        tree = {"model": model, "names": {"zeta": 1, "alpha": "a", "mid": (1.5, None)}, "set": {f"k{i}": i for i in range(50)}}
+        jaxstow.save(sys.argv[1], tree, metadata={"run": "x", "b": 1, "a": 2})
+        """
+    )
+    outputs = []
+    for seed in ("1", "12345"):
+        path = tmp_path / f"model-{seed}.jxs"
+        subprocess.run(
+            [sys.executable, "-c", script, str(path)], check=True, env={**os.environ, "PYTHONHASHSEED": seed}
+        )
+        outputs.append(path.read_bytes())
+    assert outputs[0] == outputs[1]
