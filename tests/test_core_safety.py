@@ -100,7 +100,7 @@ def test_a_truncated_file_is_detected(tmp_path, keep):
     jaxstow.save(path, TREE)
     data = path.read_bytes()
     path.write_bytes(data[:keep] if keep >= 0 else data[:-1])
-    with pytest.raises(TruncatedFileError, match="model.jxs"):
+    with pytest.raises(TruncatedFileError, match=r"model\.jxs"):
         jaxstow.load(path)
 
 
@@ -108,7 +108,7 @@ def test_a_truncated_npz_is_detected(tmp_path):
     path = tmp_path / "model.npz"
     jaxstow.save(path, TREE)
     path.write_bytes(path.read_bytes()[:-30])
-    with pytest.raises(CorruptFileError, match="model.npz"):
+    with pytest.raises(CorruptFileError, match=r"model\.npz"):
         jaxstow.load(path)
 
 
