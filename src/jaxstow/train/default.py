@@ -84,7 +84,6 @@ class DefaultCheckpointer(AbstractCheckpointer):
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
         self.names = FileNames(self.args.file_prefix, self.args.file_ext)
-        self.logger = logging.getLogger(__name__)
         self.logger.setLevel(self.args.log_level.upper())
         if self.args.delete_existing_checkpoints:
             self._delete_own_files()
@@ -138,7 +137,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
         found = self.names.find(load_dir)
         if not found:
             self.logger.warning(
-                "no checkpoint %s in %s: starting from scratch", self.names.checkpoint("<index>"), load_dir
+                "no checkpoint %s in %s: starting from scratch", self.names.checkpoint_pattern, load_dir
             )
             return None
         return found[max(found)]
@@ -154,7 +153,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
 def _check(args: DefaultCheckpointerArguments) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
-    if isinstance(args.period, bool) or not isinstance(args.period, int) or args.period <= 0:
+    if not isinstance(args.period, int) or args.period <= 0:
         raise ValueError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
     if args.log_level.upper() not in logging.getLevelNamesMapping():
         raise ValueError(

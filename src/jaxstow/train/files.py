@@ -42,6 +42,11 @@ class FileNames:
         """The name of the model file saved under ``index``."""
         return f"{self.prefix}_model_{index}.{self.ext}"
 
+    @property
+    def checkpoint_pattern(self) -> str:
+        """The checkpoints' names, for messages: ``{prefix}_<index>.{ext}``."""
+        return f"{self.prefix}_<index>.{self.ext}"
+
     def _pattern(self, *, model: bool) -> re.Pattern[str]:
         infix = "_model" if model else ""
         return re.compile(rf"{re.escape(self.prefix)}{infix}_(-?\d+){re.escape('.' + self.ext)}")

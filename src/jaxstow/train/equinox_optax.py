@@ -1,0 +1,113 @@
+"""The ready module interface for JAX: an equinox model trained by an optax optimiser.
+
+>>> import equinox as eqx, jax, jax.numpy as jnp, optax
+>>> from jaxstow.train import EquinoxOptaxModule
+>>> def loss_fn(model, batch):
+...     x, y = batch
+...     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+>>> def data(epoch):
+...     x = jax.random.normal(jax.random.key(epoch), (8, 2))
+...     return [(x, x.sum(axis=1, keepdims=True))]
+>>> module = EquinoxOptaxModule(eqx.nn.Linear(2, 1, key=jax.random.key(0)), optax.sgd(0.1), loss_fn, data)
+>>> losses = [module.train_step(batch) for epoch in range(20) for batch in module.train_data(epoch)]
+>>> losses[-1] < losses[0] / 10
+True
+>>> sorted(module.get_state())
+['model', 'opt_state']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import equinox as eqx
+import jax
+import optax
+
+from jaxstow.tree import flatten_with_paths
+
+__all__ = ["EquinoxOptaxModule"]
+
+
+@eqx.filter_jit
+def _train_step(
+    model: eqx.Module,
+    opt_state: optax.OptState,
+    batch: Any,
+    optimizer: optax.GradientTransformation,
+    loss_fn: Callable[[Any, Any], jax.Array],
+) -> tuple[eqx.Module, optax.OptState, jax.Array]:
+    loss, grads = eqx.filter_value_and_grad(loss_fn)(model, batch)
+    updates, opt_state = optimizer.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+    return eqx.apply_updates(model, updates), opt_state, loss
+
+
+class EquinoxOptaxModule:
+    """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
+
+    The step is compiled once with ``equinox.filter_jit``. The state is ``{"model": ..., "opt_state": ...}``: the
+    whole model with its hyperparameters and the optimiser's state, so a checkpoint restores both without a template.
+    The data must be a function of the epoch alone for a resumed run to repeat an uninterrupted one exactly.
+    """
+
+    def __init__(
+        self,
+        model: eqx.Module,
+        optimizer: optax.GradientTransformation,
+        loss_fn: Callable[[Any, Any], jax.Array],
+        data: Callable[[int], Iterable[Any]],
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.data = data
+        self.opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
+
+    def train_data(self, epoch: int) -> Iterable[Any]:
+        """``data(epoch)``."""
+        return self.data(epoch)
+
+    def train_step(self, batch: Any) -> float:
+        """One gradient step of ``optimizer`` on ``loss_fn(model, batch)``; returns the loss before the step."""
+        self.model, self.opt_state, loss = _train_step(self.model, self.opt_state, batch, self.optimizer, self.loss_fn)
+        return float(loss)
+
+    def get_state(self) -> dict[str, Any]:
+        """``{"model": the model, "opt_state": the optimiser's state}``."""
+        return {"model": self.model, "opt_state": self.opt_state}
+
+    def update_state(self, state: dict[str, Any]) -> None:
+        """Take the model and optimiser state of a checkpoint; their arrays must have this module's shapes and dtypes."""
+        for name in ("model", "opt_state"):
+            _check_same_arrays(name, getattr(self, name), state[name])
+        self.model, self.opt_state = state["model"], state["opt_state"]
+
+
+def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
+    """Raise if ``found`` is not ``expected``'s kind of tree, with arrays of the same shapes and dtypes."""
+    expected_leaves, expected_structure = _arrays_by_path(expected)
+    found_leaves, found_structure = _arrays_by_path(found)
+    if expected_structure != found_structure:
+        missing, unexpected = (
+            sorted(expected_leaves.keys() - found_leaves.keys()),
+            sorted(found_leaves.keys() - expected_leaves.keys()),
+        )
+        detail = (
+            f"missing arrays {missing}, unexpected arrays {unexpected}"
+            if missing or unexpected
+            else "its static fields or hyperparameters differ"
+        )
+        raise ValueError(f"the checkpoint's {name!r} is not built like this module's: {detail}")
+    problems = [
+        f"{path}: expected {expected_leaves[path]}, found {found_leaves[path]}"
+        for path in expected_leaves
+        if expected_leaves[path] != found_leaves[path]
+    ]
+    if problems:
+        raise ValueError(f"the checkpoint's {name!r} does not fit this module's: " + "; ".join(problems))
+
+
+def _arrays_by_path(tree: Any) -> tuple[dict[str, str], Any]:
+    paths, leaves, structure = flatten_with_paths(eqx.filter(tree, eqx.is_array))
+    return {path: f"{leaf.dtype}{list(leaf.shape)}" for path, leaf in zip(paths, leaves, strict=True)}, structure

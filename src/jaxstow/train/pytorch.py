@@ -1,0 +1,71 @@
+"""The ready module interface for PyTorch: an ``nn.Module`` trained by a ``torch.optim`` optimiser.
+
+Nothing here imports torch: the module only calls methods of the objects it is given, so ``import jaxstow.train``
+works without torch installed.
+
+>>> import torch
+>>> from jaxstow.train import TorchModule
+>>> _ = torch.manual_seed(0)
+>>> model = torch.nn.Linear(2, 1)
+>>> def loss_fn(model, batch):
+...     x, y = batch
+...     return torch.nn.functional.mse_loss(model(x), y)
+>>> def data(epoch):
+...     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(epoch))
+...     return [(x, x.sum(dim=1, keepdim=True))]
+>>> module = TorchModule(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, data)
+>>> losses = [module.train_step(batch) for epoch in range(20) for batch in module.train_data(epoch)]
+>>> losses[-1] < losses[0] / 10
+True
+>>> sorted(module.get_state())
+['model', 'optimizer']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["TorchModule"]
+
+
+class TorchModule:
+    """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
+
+    The state is ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``; jaxstow saves its tensors
+    without pickle and loads them back as tensors. The data must be a function of the epoch alone (seed any shuffling
+    with the epoch) for a resumed run to repeat an uninterrupted one exactly.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        loss_fn: Callable[[Any, Any], Any],
+        data: Callable[[int], Iterable[Any]],
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.data = data
+
+    def train_data(self, epoch: int) -> Iterable[Any]:
+        """``data(epoch)``."""
+        return self.data(epoch)
+
+    def train_step(self, batch: Any) -> float:
+        """Zero the gradients, back-propagate ``loss_fn(model, batch)`` and step the optimiser; returns the loss."""
+        self.optimizer.zero_grad()
+        loss = self.loss_fn(self.model, batch)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.item())
+
+    def get_state(self) -> dict[str, Any]:
+        """``{"model": the model's state dict, "optimizer": the optimiser's state dict}``."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def update_state(self, state: dict[str, Any]) -> None:
+        """Load the model's and the optimiser's state dicts (``load_state_dict`` checks names and shapes)."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
