@@ -25,8 +25,8 @@ the :class:`DefaultCheckpointer` with :class:`DefaultCheckpointerArguments`. Che
 >>> sorted(train.Trainer(module(), arguments(epochs=3)).train())
 [2]
 >>> sorted(os.listdir(folder))
-['checkpoint_0.safetensors', 'checkpoint_1.safetensors', 'checkpoint_2.safetensors',
- 'checkpoint_model_1.safetensors', 'checkpoint_model_2.safetensors']
+['checkpoint_0.jxs', 'checkpoint_1.jxs', 'checkpoint_2.jxs',
+ 'checkpoint_model_1.jxs', 'checkpoint_model_2.jxs']
 """
 
 from __future__ import annotations

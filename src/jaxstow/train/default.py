@@ -9,13 +9,13 @@
 >>> for epoch in range(4):
 ...     state = Checkpoint(module_interface_state={"w": jnp.full(2, epoch)}, trainer_state={"last_epoch": epoch})
 ...     path = checkpointer.save(state, epoch)
->>> checkpointer.save(state, 3, force=True) == os.path.join(folder, "checkpoint_3.safetensors")
+>>> checkpointer.save(state, 3, force=True) == os.path.join(folder, "checkpoint_3.jxs")
 True
->>> checkpointer.save_model(state.module_interface_state, 3) == os.path.join(folder, "checkpoint_model_3.safetensors")
+>>> checkpointer.save_model(state.module_interface_state, 3) == os.path.join(folder, "checkpoint_model_3.jxs")
 True
 >>> sorted(os.listdir(folder))
-['checkpoint_0.safetensors', 'checkpoint_2.safetensors', 'checkpoint_3.safetensors',
- 'checkpoint_model_3.safetensors']
+['checkpoint_0.jxs', 'checkpoint_2.jxs', 'checkpoint_3.jxs',
+ 'checkpoint_model_3.jxs']
 >>> checkpointer.load().trainer_state
 {'last_epoch': 3}
 """
@@ -69,7 +69,7 @@ class DefaultCheckpointerArguments:
     load_dir: PathLike | None = None
     load_filename: str | None = None
     file_prefix: str = "checkpoint"
-    file_ext: str = "safetensors"
+    file_ext: str = "jxs"
     log_level: str = "INFO"
 
 
