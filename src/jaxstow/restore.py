@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError
-from jaxstow.format.checksum import checksum
+from jaxstow.format.checksum import checksum_bytes
 from jaxstow.format.container import Container
 from jaxstow.format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow.format.torch_leaves import tensor_from_numpy
@@ -91,11 +91,11 @@ def read_stored(container: Container, leaves: Sequence[StoredLeaf]) -> dict[str,
     """Read and verify stored leaves; arrays come back as numpy, numpy scalars and PRNG keys as themselves."""
     expected = {leaf.path: leaf.checksum for leaf in leaves}
 
-    def verify(name: str, raw: np.ndarray) -> None:
+    def verify(name: str, data: memoryview) -> None:
         wanted = expected.get(name)
-        if wanted is not None and checksum(raw) != wanted:
+        if wanted is not None and (found := checksum_bytes(data)) != wanted:
             raise CorruptFileError(
-                f"checksum mismatch (expected xxh3 {wanted}, found {checksum(raw)}): the file is corrupt",
+                f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",
                 file=container.file,
                 path=name,
             )

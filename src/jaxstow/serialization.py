@@ -18,6 +18,7 @@ from typing import Any
 
 from jaxstow.fitting import fit_into
 from jaxstow.format.container import open_container
+from jaxstow.gcpause import with_gc_paused
 from jaxstow.restore import load_flat, rebuild
 from jaxstow.snapshot import PathOrFile, display_name, snapshot
 
@@ -40,6 +41,7 @@ def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None
     snapshot(tree, metadata=metadata, file=display_name(path_or_file)).write(path_or_file)
 
 
+@with_gc_paused
 def load(path_or_file: PathOrFile, like: Any = None, *, as_numpy: bool = False) -> Any:
     """Load a file written by :func:`save`, by safetensors or by ``numpy.savez``.
 

@@ -30,6 +30,7 @@ from jaxstow.errors import FormatError
 from jaxstow.format.checksum import checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
+from jaxstow.gcpause import with_gc_paused
 from jaxstow.storage import atomic_write
 from jaxstow.structure import encode_treedef
 from jaxstow.tree import flatten_with_paths
@@ -65,6 +66,7 @@ class Snapshot:
     def _arrays(self) -> list[np.ndarray]:
         return [leaf.array for leaf in self.leaves if leaf.array is not None]
 
+    @with_gc_paused
     def write(self, path_or_file: PathOrFile) -> None:
         """Checksum the leaves and write the file; a path is written atomically, a file object as it is."""
         stored = self._stored()
@@ -79,6 +81,7 @@ class Snapshot:
             path_or_file.flush()
 
 
+@with_gc_paused
 def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = False, file: str = "") -> Snapshot:
     """Freeze ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
 

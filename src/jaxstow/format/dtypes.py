@@ -12,10 +12,12 @@ dtype(bfloat16)
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import ml_dtypes
 import numpy as np
 
-__all__ = ["SAFETENSORS_CODES", "dtype_from_code", "dtype_from_name", "safetensors_code"]
+__all__ = ["SAFETENSORS_CODES", "dtype_from_code", "dtype_from_name", "is_shape", "name_of_dtype", "safetensors_code"]
 
 _NAMES = (
     "bool",
@@ -76,7 +78,14 @@ def safetensors_code(dtype: np.dtype) -> str | None:
     return _CODE_OF.get(np.dtype(dtype))
 
 
+_NAME_OF = {dtype: name for name, dtype in _DTYPES.items()}
+
+
 def name_of_dtype(dtype: np.dtype) -> str | None:
-    """The table's name for ``dtype``, or ``None`` when jaxstow cannot store it (object, string, structured)."""
-    name = np.dtype(dtype).name
-    return name if _DTYPES.get(name) == np.dtype(dtype) else None
+    """The table's name for ``dtype``, or ``None`` when jaxstow cannot store it (object, string, big-endian, ...)."""
+    return _NAME_OF.get(dtype)
+
+
+def is_shape(value: object) -> TypeGuard[list[int]]:
+    """Whether a decoded JSON value is a valid shape: a list of non-negative integers (not bools)."""
+    return type(value) is list and (not value or (set(map(type, value)) == {int} and min(value) >= 0))

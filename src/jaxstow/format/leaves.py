@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow.errors import FormatError, UnsaveableObjectError
-from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
+from jaxstow.format.dtypes import dtype_from_name, is_shape, name_of_dtype
 from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.structure import decode_value, encode_value
 
@@ -104,7 +104,7 @@ def stored_leaf_from_entry(entry: Any, *, file: str) -> StoredLeaf:
     if dtype is None:
         raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+    if not is_shape(shape):
         raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
     checksum = entry.get("xxh3")
     if checksum is not None and not isinstance(checksum, str):

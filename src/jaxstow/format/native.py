@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxstow.errors import FormatError, TruncatedFileError
 from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
-from jaxstow.format.dtypes import dtype_from_code, safetensors_code
+from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.storage import ReadSource
 
@@ -122,14 +122,14 @@ class NativeReader:
         if dtype is None:
             raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+        if not is_shape(shape):
             raise FormatError(
                 f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name
             )
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or not all(type(n) is int for n in offsets)
+            or set(map(type, offsets)) != {int}
             or not 0 <= offsets[0] <= offsets[1]
         ):
             raise FormatError(f"malformed data_offsets {offsets!r}", file=self.file, path=name)

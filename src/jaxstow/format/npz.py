@@ -137,7 +137,7 @@ class NpzReader:
         for name in names:
             array = self._load(name)
             if verify is not None:
-                verify(name, array.reshape(-1).view(np.uint8))
+                verify(name, as_bytes(array))
             out[name] = array
         return out
 

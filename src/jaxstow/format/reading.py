@@ -73,7 +73,7 @@ def _runs(slots: Sequence[TensorSlot]) -> list[list[TensorSlot]]:
     return runs
 
 
-Verify = Callable[[str, np.ndarray], None]
+Verify = Callable[[str, memoryview], None]
 
 
 def _read_run(source: ReadSource, run: list[TensorSlot], verify: Verify | None) -> dict[str, np.ndarray]:
@@ -81,19 +81,19 @@ def _read_run(source: ReadSource, run: list[TensorSlot], verify: Verify | None) 
     buffer = aligned_empty(run[-1].offset + run[-1].nbytes - start)
     source.read_into(start, buffer.data)
     out = {}
+    data = buffer.data
     for slot in run:
         begin = slot.offset - start
-        raw = buffer[begin : begin + slot.nbytes]
         if verify is not None:
-            verify(slot.name, raw)
-        out[slot.name] = raw.view(slot.dtype).reshape(slot.shape)
+            verify(slot.name, data[begin : begin + slot.nbytes])
+        out[slot.name] = buffer[begin : begin + slot.nbytes].view(slot.dtype).reshape(slot.shape)
     return out
 
 
 def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
     """Read every slot; large reads run on several threads when the source allows it.
 
-    ``verify(name, raw_bytes)`` is called on each tensor's bytes, on the thread that read them.
+    ``verify(name, data)`` is called with each tensor's bytes, on the thread that read them.
     """
     runs = _runs(slots)
     out: dict[str, np.ndarray] = {}
