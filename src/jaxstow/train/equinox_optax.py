@@ -85,27 +85,20 @@ class EquinoxOptaxModule:
 
 
 def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
-    """Raise if ``found`` is not ``expected``'s kind of tree, with arrays of the same shapes and dtypes."""
-    expected_leaves, expected_structure = _arrays_by_path(expected)
-    found_leaves, found_structure = _arrays_by_path(found)
-    if expected_structure != found_structure:
-        missing, unexpected = (
-            sorted(expected_leaves.keys() - found_leaves.keys()),
-            sorted(found_leaves.keys() - expected_leaves.keys()),
-        )
-        detail = (
-            f"missing arrays {missing}, unexpected arrays {unexpected}"
-            if missing or unexpected
-            else "its static fields or hyperparameters differ"
-        )
-        raise ValueError(f"the checkpoint's {name!r} is not built like this module's: {detail}")
-    problems = [
-        f"{path}: expected {expected_leaves[path]}, found {found_leaves[path]}"
-        for path in expected_leaves
-        if expected_leaves[path] != found_leaves[path]
+    """Raise if ``found`` is not built like ``expected``, with arrays of the same paths, shapes and dtypes."""
+    expected_arrays, expected_structure = _arrays_by_path(expected)
+    found_arrays, found_structure = _arrays_by_path(found)
+    problems = [f"missing array {path}" for path in expected_arrays if path not in found_arrays]
+    problems += [f"unexpected array {path}" for path in found_arrays if path not in expected_arrays]
+    problems += [
+        f"{path} is {found_arrays[path]}, expected {wanted}"
+        for path, wanted in expected_arrays.items()
+        if path in found_arrays and found_arrays[path] != wanted
     ]
+    if not problems and found_structure != expected_structure:
+        problems.append("its static fields or hyperparameters differ")
     if problems:
-        raise ValueError(f"the checkpoint's {name!r} does not fit this module's: " + "; ".join(problems))
+        raise ValueError(f"the checkpoint's {name!r} does not fit this module's: {'; '.join(problems)}")
 
 
 def _arrays_by_path(tree: Any) -> tuple[dict[str, str], Any]:

@@ -1,0 +1,48 @@
+"""The ready module interfaces refuse a checkpoint of another model with an error naming what differs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from jaxstow.train import EquinoxOptaxModule
+
+
+def _module(width: int, dtype: Any = jnp.float32) -> EquinoxOptaxModule:
+    model = eqx.nn.MLP(2, 1, width_size=width, depth=1, key=jax.random.key(0), dtype=dtype)
+    return EquinoxOptaxModule(model, optax.sgd(0.1), lambda model, batch: jnp.zeros(()), lambda epoch: [])
+
+
+def test_equinox_module_takes_a_state_of_the_same_model() -> None:
+    module, other = _module(4), _module(4)
+    other.model = eqx.tree_at(lambda m: m.layers[0].bias, other.model, jnp.ones(4))
+    module.update_state(other.get_state())
+    assert module.model is other.model and module.opt_state is other.opt_state
+
+
+@pytest.mark.parametrize(
+    ("other", "message"),
+    [
+        (
+            lambda: _module(8),
+            r"'model' does not fit this module's: layers/0/weight is float32\[8, 2\], expected float32\[4, 2\]",
+        ),
+        (lambda: _module(4, jnp.float16), r"layers/0/bias is float16\[4\], expected float32\[4\]"),
+    ],
+)
+def test_equinox_module_refuses_a_state_of_another_model(other: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _module(4).update_state(other().get_state())
+
+
+def test_equinox_module_refuses_a_pytorch_state() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"'model' does not fit this module's: missing array layers/0/weight; missing array layers/0/bias",
+    ):
+        _module(4).update_state({"model": {"0.weight": None}, "opt_state": ()})

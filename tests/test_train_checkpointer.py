@@ -1,0 +1,158 @@
+"""DefaultCheckpointer: when it saves, what it names its files, what it resumes from, and what it refuses."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import CheckpointError
+from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+
+
+def _args(folder: Path, **overrides: Any) -> DefaultCheckpointerArguments:
+    return DefaultCheckpointerArguments(
+        **{"save_dir": folder, "model_state_save_dir": folder, "load_dir": folder, **overrides}
+    )
+
+
+def _state(epoch: int) -> Checkpoint:
+    return Checkpoint(
+        module_interface_state={"w": np.full(2, epoch, np.float32)},
+        trainer_state={"last_epoch": epoch},
+        trainer_backend_state={"global_step": 10 * epoch},
+    )
+
+
+def _touch(folder: Path, *names: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"not a checkpoint")
+
+
+def test_period_2_saves_multiples_of_2_and_force_saves_any_index(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path, period=2))
+    written = {epoch: checkpointer.save(_state(epoch), epoch) for epoch in range(5)}
+    assert written == {
+        epoch: str(tmp_path / f"checkpoint_{epoch}.jxs") if epoch % 2 == 0 else None for epoch in range(5)
+    }
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_0.jxs", "checkpoint_2.jxs", "checkpoint_4.jxs"]
+    assert checkpointer.save(_state(1), 1, force=True) == str(tmp_path / "checkpoint_1.jxs")
+    assert jaxstow.load(tmp_path / "checkpoint_1.jxs").trainer_state == {"last_epoch": 1}
+
+
+def test_checkpoint_false_saves_nothing_even_when_forced(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path / "run", checkpoint=False))
+    assert checkpointer.save(_state(0), 0) is None
+    assert checkpointer.save(_state(1), 1, force=True) is None
+    assert checkpointer.save_model({"w": np.ones(2)}, 1) is None
+    assert not (tmp_path / "run").exists()
+
+
+def test_saving_an_index_twice_leaves_one_file_holding_the_second_state(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path))
+    checkpointer.save(_state(3), 3)
+    checkpointer.save(_state(4), 3, force=True)
+    assert os.listdir(tmp_path) == ["checkpoint_3.jxs"]
+    assert jaxstow.load(tmp_path / "checkpoint_3.jxs").trainer_state == {"last_epoch": 4}
+
+
+def test_save_makes_its_folders_and_the_state_comes_back_whole(tmp_path: Path) -> None:
+    args = _args(tmp_path / "checkpoints", model_state_save_dir=tmp_path / "models")
+    checkpointer = DefaultCheckpointer(args)
+    checkpointer.save(_state(2), 2)
+    assert checkpointer.save_model({"w": np.ones(2)}, 2) == str(tmp_path / "models" / "checkpoint_model_2.jxs")
+    loaded = checkpointer.load()
+    assert isinstance(loaded, Checkpoint)
+    assert loaded.trainer_state == {"last_epoch": 2} and loaded.trainer_backend_state == {"global_step": 20}
+    np.testing.assert_array_equal(loaded.module_interface_state["w"], [2.0, 2.0])
+
+
+def test_load_takes_the_largest_index_and_never_a_model_file_or_a_lookalike(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path, file_ext="pt"))
+    for epoch in (2, 9, 10):
+        checkpointer.save(_state(epoch), epoch)
+    checkpointer.save_model({"w": np.ones(2)}, 50)
+    _touch(tmp_path, "checkpoint_60.xpt", "checkpoint_61.pt.bak", "other_70.pt", "checkpoint_71pt", "checkpoint_x.pt")
+    assert checkpointer.load().trainer_state == {"last_epoch": 10}
+
+
+def test_load_filename_overrides_the_latest(tmp_path: Path) -> None:
+    writer = DefaultCheckpointer(_args(tmp_path))
+    for epoch in range(3):
+        writer.save(_state(epoch), epoch)
+    reader = DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_1.jxs"))
+    assert reader.load().trainer_state == {"last_epoch": 1}
+
+
+@pytest.mark.parametrize("load_dir", ["empty", "missing", None])
+def test_empty_missing_and_unconfigured_load_dirs_give_an_empty_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, load_dir: str | None
+) -> None:
+    (tmp_path / "empty").mkdir()
+    _touch(tmp_path / "empty", "checkpoint_model_3.jxs", "notes.txt")
+    checkpointer = DefaultCheckpointer(_args(tmp_path, load_dir=None if load_dir is None else tmp_path / load_dir))
+    with caplog.at_level(logging.INFO, logger="jaxstow.train"):
+        assert checkpointer.load() == Checkpoint()
+    assert "starting from scratch" in caplog.text
+
+
+def test_a_missing_load_filename_and_a_model_file_are_errors_naming_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"checkpoint_7\.jxs"):
+        DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_7.jxs")).load()
+    DefaultCheckpointer(_args(tmp_path)).save_model({"w": np.ones(2)}, 4)
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint_model_4\.jxs holds a dict, not a jaxstow\.train\.Checkpoint"
+    ):
+        DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_model_4.jxs")).load()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"period": 0}, "period must be a positive integer, not 0"),
+        ({"period": -2}, "period must be a positive integer, not -2"),
+        ({"log_level": "LOUD"}, "log_level must be one of"),
+        ({"load_dir": None, "load_filename": "checkpoint_1.jxs"}, "needs load_dir"),
+        ({"delete_existing_checkpoints": True}, "would delete the checkpoints"),
+    ],
+)
+def test_unworkable_arguments_are_refused_at_construction(
+    tmp_path: Path, overrides: dict[str, Any], message: str
+) -> None:
+    _touch(tmp_path, "checkpoint_1.jxs")
+    with pytest.raises(ValueError, match=message):
+        DefaultCheckpointer(_args(tmp_path, **overrides))
+    assert os.listdir(tmp_path) == ["checkpoint_1.jxs"]
+
+
+def test_delete_existing_checkpoints_deletes_only_this_checkpointers_files(tmp_path: Path) -> None:
+    saves, models = tmp_path / "saves", tmp_path / "models"
+    strangers = ["other_1.jxs", "checkpoint_1.npz", "checkpoint_1.jxs.bak", "notes.txt", "checkpoint_best.jxs"]
+    _touch(saves, "checkpoint_0.jxs", "checkpoint_12.jxs", *strangers)
+    _touch(models, "checkpoint_model_12.jxs", *strangers)
+    DefaultCheckpointer(_args(saves, model_state_save_dir=models, load_dir=None, delete_existing_checkpoints=True))
+    assert sorted(os.listdir(saves)) == sorted(strangers)
+    assert sorted(os.listdir(models)) == sorted(strangers)
+
+
+def test_npz_extension_writes_numpy_archives(tmp_path: Path) -> None:
+    DefaultCheckpointer(_args(tmp_path, file_ext="npz")).save(_state(1), 1)
+    with np.load(tmp_path / "checkpoint_1.npz", allow_pickle=False) as archive:
+        np.testing.assert_array_equal(archive["module_interface_state/w"], [1.0, 1.0])
+    assert DefaultCheckpointer(_args(tmp_path, file_ext="npz")).load().trainer_state == {"last_epoch": 1}
+
+
+def test_default_folders_follow_the_working_directory_when_the_arguments_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        args = DefaultCheckpointerArguments()
+        assert args.save_dir == args.model_state_save_dir == str(tmp_path / name / "checkpoints")
