@@ -1,0 +1,371 @@
+"""``CheckpointManager``: the numbered steps of a run, kept by policy, saved in the background, safe against crashes.
+
+A directory (local path or fsspec URL) holds one folder per committed step::
+
+    <directory>/<step>/params.safetensors     one jaxstow file per item; jaxstow.load opens each on its own
+    <directory>/<step>/opt_state.safetensors
+    <directory>/<step>/checkpoint.json        step, time, metrics, metadata, files; written last
+    <directory>/.jaxstow.lock                 the writer's process and host, while it writes
+
+>>> import tempfile, jax.numpy as jnp
+>>> from jaxstow import CheckpointManager
+>>> with CheckpointManager(tempfile.mkdtemp(), keep_last=2) as manager:
+...     for step in range(4):
+...         manager.save(step, {"params": {"w": jnp.full(2, step)}, "epoch": step // 2}, metrics={"loss": 1 / (1 + step)})
+...     print(manager.steps(), manager.metrics(3), manager.restore())
+[2, 3] {'loss': 0.25} {'epoch': 1, 'params': {'w': Array([3, 3], dtype=int32)}}
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Literal, TypeAlias, cast
+
+import jax
+import numpy as np
+
+from jaxstow.checkpoint.lock import Lock, lock_store
+from jaxstow.checkpoint.naming import StepNames
+from jaxstow.checkpoint.policy import KeepPolicy
+from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_metadata, check_metrics
+from jaxstow.checkpoint.store import Store, open_store
+from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
+from jaxstow.errors import CheckpointError
+from jaxstow.serialization import load
+
+__all__ = ["CheckpointManager"]
+
+logger = logging.getLogger(__name__)
+
+#: The item name of a step saved as one tree rather than a dict of named items.
+SINGLE_ITEM = "state"
+_ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_EXTENSION = ".safetensors"
+
+Sharding: TypeAlias = jax.sharding.Sharding | jax.Device
+
+
+def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
+    """Named items (a dict with string keys) or one tree; the flag says which."""
+    if not (isinstance(items, dict) and all(isinstance(name, str) for name in items)):
+        return {SINGLE_ITEM: items}, True
+    bad = [name for name in items if not _ITEM_NAME.fullmatch(name)]
+    if bad:
+        raise ValueError(
+            f"item names become file names, so they may hold only letters, digits, '_' and '-'; {bad!r} do not "
+            "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
+        )
+    return dict(items), False
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise TypeError(f"a step must be a non-negative integer, not {step!r}")
+    return int(step)
+
+
+def _place(tree: Any, sharding: Sharding) -> Any:
+    """``tree`` with every numpy array put on ``sharding`` (a device or a sharding), in one batch."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [index for index, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
+    placed = jax.device_put([leaves[index] for index in arrays], [sharding] * len(arrays))
+    for index, array in zip(arrays, placed, strict=True):
+        leaves[index] = array
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+class CheckpointManager:
+    """Saves and restores the numbered steps of a run in ``directory`` (a path or an fsspec URL such as ``s3://...``).
+
+    Keep policies combine: the latest ``keep_last`` steps, every step divisible by ``keep_every``, and the
+    ``keep_best`` steps by the metric ``metric`` (lowest first with ``mode="min"``, highest with ``"max"``). The newest
+    step is kept until a newer one is committed; older steps are deleted only after a save has committed. With no
+    policy every step is kept.
+
+    With ``async_save`` (the default), :meth:`save` returns once the arrays are held on the host and the files are
+    written on a background thread, one save at a time; an error there is raised, with its cause, by the next
+    :meth:`save`, :meth:`wait`, :meth:`close` or the end of a ``with`` block. Reads (:meth:`steps`, :meth:`restore`,
+    ...) first wait for the save in flight, so they see every save made before them. ``progress=True`` draws a progress
+    bar (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger. ``storage_options`` go to fsspec.
+
+    The first save takes the directory's lock (a second writer gets a :class:`~jaxstow.errors.CheckpointError` naming
+    the first; the lock of a dead writer is taken over) and removes what interrupted saves left. Reading takes no lock,
+    so another process may restore while this one writes.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        keep_best: int | None = None,
+        metric: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        async_save: bool = True,
+        progress: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self._policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode)
+        if progress:
+            require_progress_bar()
+        self._store: Store = open_store(directory, marker=RECORD_NAME, storage_options=storage_options)
+        self._progress = progress
+        self._names = StepNames("%d")
+        self._writer = BackgroundWriter(asynchronous=async_save)
+        self._lock: Lock | None = None
+        self._records: dict[int, StepRecord] = {}
+        self._closed = False
+
+    @property
+    def directory(self) -> str:
+        """The directory, as given (a path or a URL)."""
+        return self._store.location
+
+    @property
+    def policy(self) -> KeepPolicy:
+        return self._policy
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({self.directory!r}, {self._policy})"
+
+    # -- saving ---------------------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        items: Any,
+        *,
+        metrics: Mapping[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        force: bool = False,
+        copy: bool = False,
+    ) -> None:
+        """Save ``items`` as ``step``: a dict of named pytrees (one file each) or any other pytree (one file).
+
+        ``metrics`` (numbers, e.g. ``{"loss": 0.1}``) rank steps for ``keep_best`` and come back from
+        :meth:`metrics`; ``metadata`` is any JSON-able dict, back from :meth:`metadata`. A step that exists raises a
+        :class:`~jaxstow.errors.CheckpointError` unless ``force=True``, which replaces it atomically. ``copy=True``
+        copies the arrays before returning, for numpy buffers that the caller changes in place.
+        """
+        if self._closed:
+            raise CheckpointError(f"the checkpoint manager of {self.directory} is closed")
+        step = _check_step(step)
+        named, single = _split_items(items)
+        checked_metrics = check_metrics(metrics, step=step)
+        if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
+            raise ValueError(
+                f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
+                f"metrics={{{self._policy.metric!r}: ...}}"
+            )
+        checked_metadata = check_metadata(metadata, step=step)
+        self._writer.wait()
+        if self._lock is None:
+            self._take_lock()
+        exists = step in self._committed_steps()
+        if exists and not force:
+            raise CheckpointError(
+                f"step {step} already exists in {self.directory}; pass force=True to replace it", file=self._url(step)
+            )
+        frozen = {
+            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION)) for name, tree in named.items()
+        }
+        job = functools.partial(self._write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        self._writer.submit(job, what=f"saving step {step} to {self.directory}")
+
+    def _take_lock(self) -> None:
+        self._lock = lock_store(self._store)
+        removed = self._store.cleanup(lambda name: self._names.step(name) is not None)
+        if removed:
+            logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
+
+    def _write(
+        self,
+        step: int,
+        frozen: dict[str, Frozen],
+        single: bool,
+        metrics: Metrics | None,
+        metadata: dict[str, Any] | None,
+        replace: bool,
+    ) -> None:
+        """The background half of a save: snapshot, write every item, commit, then apply the keep policy."""
+        snapshots = {name: item.snapshot() for name, item in frozen.items()}
+        total = sum(snapshot.nbytes for snapshot in snapshots.values())
+        progress = Progress(f"step {step} of {self.directory}", total=total, bar=self._progress)
+        staging = self._store.stage(self._names.name(step), replace=replace)
+        try:
+            files = {}
+            for name, snapshot in snapshots.items():
+                with staging.open(name + _EXTENSION) as (stored, sink):
+                    snapshot.write(progress.sink(sink))
+                files[name] = stored
+            record = StepRecord(step, files, single, metrics, metadata)
+            staging.commit(record.to_json())
+        except BaseException:
+            staging.abort()
+            raise
+        self._records[step] = record
+        progress.finish()
+        self._prune()
+
+    def _prune(self) -> None:
+        steps = self._committed_steps()
+        values = (
+            {step: self._record(step).metric(cast(str, self._policy.metric)) for step in steps}
+            if self._policy.ranks
+            else {}
+        )
+        for step in self._policy.to_delete(steps, values):
+            self._store.delete(self._names.name(step))
+            self._records.pop(step, None)
+            logger.info("%s: deleted step %d (keep policy)", self.directory, step)
+
+    # -- reading --------------------------------------------------------------------------------------------------
+
+    def _url(self, step: int, *parts: str) -> str:
+        return self._store.url(self._names.name(step), *parts)
+
+    def _committed_steps(self) -> list[int]:
+        return self._names.steps(self._store.committed())
+
+    def _record(self, step: int) -> StepRecord:
+        """A step's record; cached while this manager is the writer (no one else can replace it then)."""
+        record = self._records.get(step)
+        if record is None:
+            where = self._url(step, RECORD_NAME)
+            record = StepRecord.from_json(self._store.read_marker(self._names.name(step)), where=where)
+            if record.step != step:
+                raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+            if self._lock is not None:
+                self._records[step] = record
+        return record
+
+    def steps(self) -> list[int]:
+        """The committed steps, in increasing order (waits for the save in flight)."""
+        self._writer.idle()
+        return self._committed_steps()
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None`` if there is none."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def _existing(self, step: int | None) -> int:
+        steps = self.steps()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"{self.directory} holds no committed step to restore")
+            return steps[-1]
+        step = _check_step(step)
+        if step not in steps:
+            raise CheckpointError(f"step {step} is not in {self.directory}; its committed steps are {steps}")
+        return step
+
+    def metrics(self, step: int) -> dict[str, float | None] | None:
+        """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
+        return self._record(self._existing(step)).metrics
+
+    def metadata(self, step: int) -> dict[str, Any] | None:
+        """The metadata saved with ``step``."""
+        return self._record(self._existing(step)).metadata
+
+    def items(self, step: int) -> list[str] | None:
+        """The names of the items of ``step``, or ``None`` if it was saved as one tree."""
+        record = self._record(self._existing(step))
+        return None if record.single else sorted(record.files)
+
+    def restore(
+        self,
+        step: int | None = None,
+        like: Any = None,
+        *,
+        items: Sequence[str] | None = None,
+        as_numpy: bool = False,
+        sharding: Sharding | None = None,
+    ) -> Any:
+        """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
+
+        Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
+        fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
+        named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
+        only the named ones. Arrays come back as ``jax.Array``, as numpy with ``as_numpy=True``, or on ``sharding`` (a
+        ``jax.Device`` or ``jax.sharding.Sharding``).
+        """
+        step = self._existing(step)
+        record = self._record(step)
+        host = as_numpy or sharding is not None
+        if record.single:
+            if items is not None:
+                raise CheckpointError(
+                    f"step {step} of {self.directory} was saved as one tree, not as named items: restore it without "
+                    "items=",
+                    file=self._url(step),
+                )
+            tree = self._load(step, record, SINGLE_ITEM, like, as_numpy=host)
+        else:
+            names = self._chosen_items(step, record, items, like)
+            likes = like or {}
+            tree = {name: self._load(step, record, name, likes.get(name), as_numpy=host) for name in names}
+        return tree if sharding is None else _place(tree, sharding)
+
+    def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
+        saved = sorted(record.files)
+        if isinstance(items, str):
+            raise TypeError(f"items must be a list of item names, such as [{items!r}], not a string")
+        names = saved if items is None else list(items)
+        unknown = [name for name in names if name not in record.files]
+        if unknown:
+            raise CheckpointError(f"step {step} of {self.directory} has no item {unknown} (its items: {saved})")
+        if like is None:
+            return names
+        if not isinstance(like, Mapping):
+            raise TypeError(
+                f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
+                f"rebuild an item), not {type(like).__name__}"
+            )
+        missing = [name for name in names if name not in like]
+        extra = [name for name in like if name not in names]
+        problems = [f"it has no entry for {missing}"] if missing else []
+        problems += [f"it has entries for {extra}, which are not restored"] if extra else []
+        if problems:
+            raise CheckpointError(
+                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Pass "
+                "items=[...] to restore only some items, or None in like to rebuild an item from its file",
+                file=self._url(step),
+            )
+        return names
+
+    def _load(self, step: int, record: StepRecord, item: str, like: Any, *, as_numpy: bool) -> Any:
+        source = self._store.source(self._names.name(step), record.files[item])
+        return load(cast(Any, source), like, as_numpy=as_numpy)
+
+    # -- lifetime -------------------------------------------------------------------------------------------------
+
+    def wait(self) -> None:
+        """Wait for the save in flight; raise its error (with the original as ``__cause__``) if it failed."""
+        self._writer.wait()
+
+    def close(self) -> None:
+        """Finish the save in flight, release the lock and raise the save's error, if any (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._writer.close()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
