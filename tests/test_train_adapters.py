@@ -34,6 +34,7 @@ def test_equinox_module_takes_a_state_of_the_same_model() -> None:
         ),
         (lambda: _module(4, jnp.float16), r"layers/0/bias is float16\[4\], expected float32\[4\]"),
     ],
+    ids=["wider", "float16"],
 )
 def test_equinox_module_refuses_a_state_of_another_model(other: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -53,7 +53,7 @@ class DefaultCheckpointerArguments:
         save_dir: folder of the checkpoints, made when first needed; ``./checkpoints`` of the current folder at the
             time the arguments are made.
         model_state_save_dir: folder of the model files written by ``save_model``; ``None`` or ``""`` writes none.
-        load_dir: folder to resume from; ``None`` starts from scratch.
+        load_dir: folder to resume from; ``None`` or ``""`` starts from scratch.
         load_filename: a file in ``load_dir`` to resume from; without it, the checkpoint with the largest index there.
         file_prefix: files are named ``{file_prefix}_{index}.{file_ext}`` and ``{file_prefix}_model_{index}.{file_ext}``.
         file_ext: the extension, without its dot. ``npz`` writes numpy archives, anything else the native format (a
@@ -126,10 +126,10 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
     def _resume_path(self) -> str | None:
         load_dir = self.args.load_dir
-        if load_dir is None:
+        if not load_dir:
             self.logger.info("no load_dir: starting from scratch")
             return None
-        if self.args.load_filename is not None:
+        if self.args.load_filename:
             path = os.path.join(load_dir, self.args.load_filename)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path}: load_filename names no file in load_dir")
@@ -160,13 +160,13 @@ def _check(args: DefaultCheckpointerArguments) -> None:
             f"DefaultCheckpointerArguments.log_level must be one of {sorted(logging.getLevelNamesMapping())}, "
             f"not {args.log_level!r}"
         )
-    if args.load_filename is not None and args.load_dir is None:
+    if args.load_filename and not args.load_dir:
         raise ValueError(
             f"DefaultCheckpointerArguments.load_filename={args.load_filename!r} needs load_dir, the folder it is in"
         )
     if (
         args.delete_existing_checkpoints
-        and args.load_dir is not None
+        and args.load_dir
         and os.path.realpath(args.load_dir) == os.path.realpath(args.save_dir)
     ):
         raise ValueError(
