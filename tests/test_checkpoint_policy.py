@@ -1,0 +1,98 @@
+"""Keep policies, alone and combined, on real checkpoint directories; step names."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import pytest
+
+from jaxstow import CheckpointManager
+from jaxstow.checkpoint import KeepPolicy
+from jaxstow.checkpoint.naming import StepNames
+
+
+def _run(directory, steps, losses=None, **policy) -> list[int]:
+    """Save ``steps`` in order (with their ``losses``) under ``policy``; returns the steps on disk afterwards."""
+    with CheckpointManager(directory, **policy) as manager:
+        for step in steps:
+            metrics = None if losses is None else {"loss": losses[step]}
+            manager.save(step, {"w": jnp.full(2, step)}, metrics=metrics)
+        listed = manager.steps()
+    on_disk = sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+    assert listed == on_disk
+    return on_disk
+
+
+def test_no_policy_keeps_everything(tmp_path):
+    assert _run(tmp_path, range(6)) == [0, 1, 2, 3, 4, 5]
+
+
+def test_keep_last(tmp_path):
+    assert _run(tmp_path, range(10), keep_last=3) == [7, 8, 9]
+
+
+def test_keep_last_counts_step_numbers_not_save_order(tmp_path):
+    # Objax's sequence: a lower step saved late is dropped once two higher ones exist.
+    assert _run(tmp_path, [1, 5, 3, 10, 7], keep_last=2) == [7, 10]
+
+
+def test_keep_every(tmp_path):
+    # Every 4th step forever, plus the newest one until a newer one is committed.
+    assert _run(tmp_path, range(1, 11), keep_every=4) == [4, 8, 10]
+
+
+LOSSES = {0: 5.0, 1: 3.0, 2: 0.5, 3: 4.0, 4: 0.7, 5: 2.0, 6: 6.0, 7: 1.0, 8: 9.0, 9: 8.0}
+
+
+def test_keep_best_min(tmp_path):
+    # The two lowest losses, and the newest step (which is the worst one).
+    assert _run(tmp_path, range(10), LOSSES, keep_best=2, metric="loss") == [2, 4, 9]
+
+
+def test_keep_best_max(tmp_path):
+    assert _run(tmp_path, range(9), LOSSES, keep_best=2, metric="loss", mode="max") == [6, 8]
+
+
+def test_policies_combine(tmp_path):
+    kept = _run(tmp_path, range(10), LOSSES, keep_last=2, keep_every=5, keep_best=1, metric="loss")
+    assert kept == [0, 2, 5, 8, 9]
+
+
+def test_newest_step_survives_until_a_newer_one_commits(tmp_path):
+    with CheckpointManager(tmp_path, keep_best=1, metric="loss") as manager:
+        manager.save(0, {"w": jnp.ones(1)}, metrics={"loss": 0.1})
+        manager.save(1, {"w": jnp.ones(1)}, metrics={"loss": 0.9})
+        assert manager.steps() == [0, 1]  # 1 is worse but newest
+        manager.save(2, {"w": jnp.ones(1)}, metrics={"loss": 0.8})
+        assert manager.steps() == [0, 2]  # 1 goes only once 2 is committed
+
+
+def test_policy_applies_to_steps_of_earlier_runs(tmp_path):
+    _run(tmp_path, range(5))
+    assert _run(tmp_path, [5], keep_last=2) == [4, 5]
+
+
+def test_many_saves_leave_exactly_keep_last(tmp_path):
+    assert _run(tmp_path, range(100), keep_last=3) == [97, 98, 99]
+
+
+def test_keep_policy_ranking_rules():
+    policy = KeepPolicy(keep_best=2, metric="loss")
+    # Missing and NaN values rank last; ties go to the newer step.
+    assert policy.keep([1, 2, 3, 4, 5], {1: None, 2: float("nan"), 3: 0.5, 4: 0.5, 5: None}) == {3, 4, 5}
+    assert policy.keep([1, 2, 3, 4], {1: 0.5, 2: 0.5, 3: 0.5, 4: 0.9}) == {2, 3, 4}
+    assert policy.to_delete([], {}) == []
+    with pytest.raises(ValueError, match='mode must be "min" or "max"'):
+        KeepPolicy(keep_last=1, mode="lowest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="keep_every must be a positive integer"):
+        KeepPolicy(keep_every=True)
+
+
+def test_step_names():
+    names = StepNames("%d")
+    assert names.steps(["10", "9", "010", "x", "-1", "3.5", ".4.jaxstow-tmp-1-aa", "7"]) == [7, 9, 10]
+    assert StepNames("ckpt-%05d.jxs").steps(["ckpt-00012.jxs", "ckpt-12.jxs", "ckpt-00012.npz"]) == [12]
+    for bad in ("%s", "%d-%d", "no field", "%d%%"):
+        with pytest.raises(ValueError, match="exactly one integer field"):
+            StepNames(bad)
