@@ -30,7 +30,7 @@ __all__ = [
 def _where(file: str | None, path: str | None) -> str:
     parts = []
     if path is not None:
-        parts.append(f"leaf {path!r}")
+        parts.append(f"leaf {path!r}" if path else "the root of the tree")
     if file is not None:
         parts.append(f"{'of ' if parts else ''}{file}")
     return " ".join(parts)
@@ -77,11 +77,11 @@ class UnsaveableObjectError(JaxstowError, TypeError):
 class UnknownNameError(JaxstowError, LookupError):
     """A file names an object that is not registered in this process, so it cannot be rebuilt."""
 
-    def __init__(self, name: str, *, file: str | None = None, path: str | None = None, hint: str = "") -> None:
+    def __init__(self, name: str, *, file: str | None = None, path: str | None = None, advice: str = "") -> None:
         where = _where(file, path)
+        advice = advice or f"register it with jaxstow.saveable(obj, name={name!r}) before loading"
         super().__init__(
-            f"{where + ': ' if where else ''}the file names {name!r}, which is not registered in this process; "
-            f"register it with jaxstow.saveable(obj, name={name!r}) before loading{hint}",
+            f"{where + ': ' if where else ''}the file names {name!r}, which is not registered in this process; {advice}",
             file=file,
             path=path,
         )

@@ -202,10 +202,13 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
         if isinstance(found, type):
             return found
     root = name.partition(".")[0]
-    hint = ""
+    advice = ""
     if root in KNOWN_LIBRARIES and root not in sys.modules:
-        hint = f"; it belongs to {root}, which is not imported in this process: import {root} first"
-    raise UnknownNameError(name, file=file, path=path, hint=hint)
+        advice = f"it belongs to {root}, which is not imported in this process: import {root} first"
+    elif root == "jaxstow":
+        module = name.rpartition(".")[0]
+        advice = f"it is defined by {module}: import {module} first"
+    raise UnknownNameError(name, file=file, path=path, advice=advice)
 
 
 def _find_imported(name: str) -> object | None:

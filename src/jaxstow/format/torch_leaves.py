@@ -53,7 +53,7 @@ def tensor_from_numpy(array: np.ndarray, *, file: str | None = None, path: str |
     """A tensor sharing ``array``'s memory."""
     torch = _torch()
     if torch is None:
-        raise UnknownNameError("torch.Tensor", file=file, path=path, hint="; import torch first")
+        raise UnknownNameError("torch.Tensor", file=file, path=path, advice="import torch first")
     name = array.dtype.name
     if name in _VIA_INTEGER:
         integer, _ = _VIA_INTEGER[name]
