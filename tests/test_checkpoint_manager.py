@@ -101,7 +101,9 @@ def test_partial_items(tmp_path):
         assert sorted(only) == ["epoch", "params"] and only["epoch"] == 7
         fitted = manager.restore(items=["params"], like={"params": _train_state(5)["params"]})
         _assert_same(fitted["params"], state["params"])
-        with pytest.raises(CheckpointError, match=r"no item \['ema'\] \(its items: \['epoch', 'opt_state', 'params', 'rng'\]"):
+        with pytest.raises(
+            CheckpointError, match=r"no item \['ema'\] \(its items: \['epoch', 'opt_state', 'params', 'rng'\]"
+        ):
             manager.restore(items=["ema"])
         with pytest.raises(TypeError, match=r"a list of item names, such as \['params'\]"):
             manager.restore(items="params")

@@ -43,7 +43,9 @@ def test_empty_folder_restores_nothing(tmp_path):
 def test_missing_index_raises_file_not_found(tmp_path):
     ckpt = Checkpoint(tmp_path, keep_ckpts=3)
     ckpt.save(_tree(2), 2)
-    with pytest.raises(FileNotFoundError, match=r"no checkpoint 4 in .*0000000004\.npz does not exist \(indices: \[2\]\)"):
+    with pytest.raises(
+        FileNotFoundError, match=r"no checkpoint 4 in .*0000000004\.npz does not exist \(indices: \[2\]\)"
+    ):
         ckpt.restore(idx=4)
 
 
@@ -70,7 +72,11 @@ def test_subclass_overriding_names(tmp_path):
     ckpt = NativeCheckpoint(tmp_path, keep_ckpts=2)
     for idx in (1, 2, 3):
         ckpt.save(_tree(idx), idx)
-    assert sorted(os.listdir(tmp_path / "weights")) == [".jaxstow.lock", "step-000002.safetensors", "step-000003.safetensors"]
+    assert sorted(os.listdir(tmp_path / "weights")) == [
+        ".jaxstow.lock",
+        "step-000002.safetensors",
+        "step-000003.safetensors",
+    ]
     tree, idx, path = ckpt.restore()
     assert idx == 3 and path.endswith("step-000003.safetensors")
     # A safetensors file with the jaxstow manifest: the tree comes back whole.

@@ -1,0 +1,122 @@
+"""Checkpoints on fsspec URLs: ``memory://`` and a real S3 server (SeaweedFS on the loopback interface)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import fsspec
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.checkpoint.lock import LOCK_NAME, Holder
+from jaxstow.errors import CheckpointError, CorruptFileError
+from jaxstow.remote import RemoteSource
+
+
+@pytest.fixture(params=["memory", "s3"])
+def remote(request) -> tuple[str, dict]:
+    """A fresh URL (and its storage options) on each kind of store."""
+    name = f"run-{uuid.uuid4().hex[:8]}"
+    if request.param == "memory":
+        return f"memory://jaxstow-tests/{name}", {}
+    server = request.getfixturevalue("s3_server")
+    return server.url(name), server.storage_options
+
+
+def _files(url: str, options: dict) -> list[str]:
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs.invalidate_cache()
+    return sorted(path.removeprefix(root.rstrip("/") + "/") for path in fs.find(root))
+
+
+def test_round_trip(remote):
+    url, options = remote
+    state = {"params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3, jnp.bfloat16)}, "epoch": 4}
+    with CheckpointManager(url, keep_last=2, storage_options=options) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {**state, "epoch": step}, metrics={"loss": 1.0 / step})
+        assert manager.steps() == [2, 3] and manager.metrics(3) == {"loss": 1 / 3}
+        restored = manager.restore()
+        fitted = manager.restore(2, like={"params": state["params"], "epoch": 0})
+        numpy_only = manager.restore(items=["params"], as_numpy=True)
+    np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
+    assert restored["params"]["b"].dtype == jnp.bfloat16 and restored["epoch"] == 3 and fitted["epoch"] == 2
+    assert isinstance(numpy_only["params"]["w"], np.ndarray)
+    assert _files(url, options) == [
+        "2/checkpoint.json",
+        "2/epoch.safetensors",
+        "2/params.safetensors",
+        "3/checkpoint.json",
+        "3/epoch.safetensors",
+        "3/params.safetensors",
+    ]
+    # Each item file is a jaxstow file that loads on its own, read by byte ranges.
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    source = RemoteSource(fs, f"{root}/3/params.safetensors", name=f"{url}/3/params.safetensors")
+    assert jaxstow.load(source, as_numpy=True)["w"].shape == (2, 3)
+
+
+def test_force_replaces_a_committed_step(remote):
+    url, options = remote
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(7, {"w": jnp.zeros(4)})
+        manager.wait()
+        with pytest.raises(CheckpointError, match="step 7 already exists"):
+            manager.save(7, {"w": jnp.ones(4)})
+        manager.save(7, {"w": jnp.ones(4)}, force=True)
+        np.testing.assert_array_equal(manager.restore(7)["w"], np.ones(4))
+    files = _files(url, options)
+    assert len(files) == 2 and files[0] == "7/checkpoint.json" and files[1].startswith("7/w.")
+
+
+def test_unfinished_uploads_are_never_listed_and_are_removed_by_the_next_writer(remote):
+    url, options = remote
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, {"w": jnp.ones(2)})
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    # What a writer killed in the middle of uploads leaves: step 2 without its record, an orphan file in step 1.
+    fs.pipe_file(f"{root}/2/w.safetensors", b"half an upload")
+    fs.pipe_file(f"{root}/1/w.1234abcd.safetensors", b"a replacement never committed")
+    with CheckpointManager(url, storage_options=options) as manager:
+        assert manager.steps() == [1]
+        manager.save(3, {"w": jnp.full(2, 3.0)})
+        assert manager.steps() == [1, 3]
+    assert _files(url, options) == ["1/checkpoint.json", "1/w.safetensors", "3/checkpoint.json", "3/w.safetensors"]
+
+
+def test_corrupt_object_is_caught(remote):
+    url, options = remote
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, {"w": jnp.arange(1000.0)})
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    data = bytearray(fs.cat_file(f"{root}/1/w.safetensors"))
+    data[-1] ^= 0xFF
+    fs.pipe_file(f"{root}/1/w.safetensors", bytes(data))
+    with pytest.raises(CorruptFileError, match=r"/1/w\.safetensors: checksum mismatch"):
+        CheckpointManager(url, storage_options=options).restore()
+
+
+def test_lock_object(remote):
+    url, options = remote
+    first = CheckpointManager(url, storage_options=options)
+    first.save(0, {"w": jnp.ones(1)})
+    second = CheckpointManager(url, storage_options=options)
+    with pytest.raises(
+        CheckpointError, match=rf"being written by another checkpoint manager .*delete {url}/{LOCK_NAME}"
+    ):
+        second.save(1, {"w": jnp.ones(1)})
+    first.close()
+    assert LOCK_NAME not in " ".join(_files(url, options))
+    # The lock of a process of this host that no longer runs is taken over.
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = Holder(int(finished.stdout), Holder.me().host, "2020-01-01T00:00:00+00:00", "feed")
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs.pipe_file(f"{root}/{LOCK_NAME}", dead.to_json())
+    second.save(1, {"w": jnp.ones(1)})
+    second.close()
+    assert CheckpointManager(url, storage_options=options).steps() == [0, 1]
