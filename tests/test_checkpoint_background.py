@@ -87,7 +87,7 @@ def test_unsaveable_leaf_surfaces_at_wait(tmp_path):
     with CheckpointManager(tmp_path) as manager:
         manager.save(0, {"w": jnp.ones(2)})
         manager.save(1, {"w": jnp.ones(2), "act": {"f": lambda x: x}})
-        with pytest.raises(CheckpointError, match="saving step 1 to .* failed in the background") as caught:
+        with pytest.raises(CheckpointError, match=r"saving step 1 to .* failed in the background") as caught:
             manager.wait()
         assert isinstance(caught.value.__cause__, UnsaveableObjectError)
         assert "cannot save leaf 'f'" in str(caught.value)

@@ -128,7 +128,7 @@ def test_existing_step_needs_force_which_replaces_it(tmp_path):
     with CheckpointManager(tmp_path) as manager:
         manager.save(5, {"w": jnp.zeros(3)}, metrics={"loss": 2.0})
         manager.wait()
-        with pytest.raises(CheckpointError, match="step 5 already exists in .*; pass force=True to replace it"):
+        with pytest.raises(CheckpointError, match=r"step 5 already exists in .*; pass force=True to replace it"):
             manager.save(5, {"w": jnp.ones(3)})
         np.testing.assert_array_equal(manager.restore(5)["w"], np.zeros(3))
         manager.save(5, {"w": jnp.ones(3), "b": jnp.ones(1)}, metrics={"loss": 1.0}, force=True)
@@ -210,10 +210,12 @@ def test_copy_protects_numpy_buffers_changed_in_place(tmp_path):
 
 def test_progress_is_logged_and_drawn(tmp_path, caplog, capsys):
     pytest.importorskip("tqdm")
-    with caplog.at_level(logging.INFO, logger="jaxstow"):
-        with CheckpointManager(tmp_path, keep_last=1, progress=True) as manager:
-            manager.save(0, {"w": jnp.ones(1000)})
-            manager.save(1, {"w": jnp.ones(1000)})
+    with (
+        caplog.at_level(logging.INFO, logger="jaxstow"),
+        CheckpointManager(tmp_path, keep_last=1, progress=True) as manager,
+    ):
+        manager.save(0, {"w": jnp.ones(1000)})
+        manager.save(1, {"w": jnp.ones(1000)})
     messages = [record.getMessage() for record in caplog.records]
     assert any("step 0 of" in message and "saving 4.00 kB of arrays" in message for message in messages)
     assert any("step 1 of" in message and "written in" in message for message in messages)
