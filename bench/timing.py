@@ -3,10 +3,12 @@
 Peak memory is the kernel's own high-water mark of the process's resident set (``VmHWM``), reset to the current
 resident set just before each run by writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0). A run's peak is
 ``VmHWM`` after it minus ``VmRSS`` before it: every byte the run touched at its worst moment, however short, and not a
-sample that can miss a spike. Resident pages of memory-mapped files count too, as the kernel counts them.
+sample that can miss a spike. Resident pages of memory-mapped files count too, as the kernel counts them. CPU seconds
+(user + system, all threads) are reported beside wall-clock time: on a shared machine they show the work a method
+does even when other processes slow its clock.
 
->>> seconds, peak = measure(lambda: bytearray(64 << 20))
->>> seconds > 0, peak >= 64 << 20
+>>> sample = measure(lambda: bytearray(64 << 20))
+>>> sample.seconds > 0, sample.peak_bytes >= 64 << 20
 (True, True)
 >>> print(format_table(["a", "b"], [["x", "1.0"], ["yy", "22.5"]]))
 a      b
@@ -17,15 +19,18 @@ yy  22.5
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
+import resource
 import shutil
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
-__all__ = ["format_table", "fsync_path", "measure", "median", "remove", "warm_cache"]
+__all__ = ["Sample", "format_table", "fsync_path", "measure", "median", "remove", "warm_cache"]
 
 _READ_CHUNK = 16 << 20
 
@@ -38,23 +43,45 @@ def _status_bytes(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def measure(run: Callable[[], object], inspect: Callable[[object], None] | None = None) -> tuple[float, int]:
-    """Seconds taken by ``run()`` and the peak of resident memory above what the process held before it.
+class Sample(NamedTuple):
+    """One measured run: wall-clock seconds, CPU seconds of all the process's threads, peak resident growth."""
+
+    seconds: float
+    cpu_seconds: float
+    peak_bytes: int
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _release_free_memory() -> None:
+    """Hand the allocator's free pages back to the system, so that a run's allocations count in its peak instead of
+    reusing pages that an earlier run (or a tree let go of) left resident in the allocator."""
+    gc.collect()
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+def measure(run: Callable[[], object], inspect: Callable[[object], None] | None = None) -> Sample:
+    """Time ``run()`` and the peak of resident memory above what the process held before it.
 
     ``inspect``, if given, is called on the result after the measurement, before the result is let go.
     """
-    gc.collect()
+    _release_free_memory()
     with open("/proc/self/clear_refs", "w") as clear:
         clear.write("5")
     before = _status_bytes("VmRSS")
+    cpu = _cpu_seconds()
     start = time.perf_counter()
     result = run()
-    seconds = time.perf_counter() - start
-    peak = _status_bytes("VmHWM") - before
+    sample = Sample(time.perf_counter() - start, _cpu_seconds() - cpu, _status_bytes("VmHWM") - before)
     if inspect is not None:
         inspect(result)
     del result
-    return seconds, peak
+    return sample
 
 
 def median(values: Sequence[float]) -> float:
