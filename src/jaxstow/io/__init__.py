@@ -1,0 +1,50 @@
+"""Save and checkpoint chains: samples leave a jit-compiled loop for the host, in blocks.
+
+Saving consists of two parts. A *data collector* serializes the samples and writes them to disk and/or keeps them
+in memory (:class:`MemoryCollector`, :class:`HDF5Collector`, or any :class:`DataCollector` of your own). A
+*saving strategy* connects it to the jit-compiled function: :func:`save` streams the kept samples to the collector,
+:func:`no_save` keeps them in device memory instead. Both return ``(init_save, save, postprocess_save)``.
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxstow import io
+>>> init_save, save, postprocess_save = io.save(io.MemoryCollector())
+>>> states = [init_save({"x": jnp.zeros(())}, None, io.scheduler.static_information(samples_collected=None))
+...           for chain in range(2)]
+>>> states = jax.tree.map(lambda *s: jnp.stack(s), *states)
+>>> keep = jnp.array([[True, True, False], [False, True, False]])    # per chain, per step
+>>> def run(state, keep):
+...     def step(state, i):
+...         return save(state, keep[i], {"x": i.astype(jnp.float32)})
+...     return jax.lax.scan(step, state, jnp.arange(3))[0]
+>>> [chain["samples"]["x"] for chain in postprocess_save(jax.jit(jax.vmap(run))(states, keep), None)]
+[array([0., 1.], dtype=float32), array([1.], dtype=float32)]
+"""
+
+from jaxstow import scheduler
+from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
+from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
+from jaxstow.io.errors import CollectorError, SampleCountError
+from jaxstow.io.hdf5 import HDF5Collector
+from jaxstow.io.memory import MemoryCollector
+from jaxstow.io.no_save import DeviceSamples, no_save
+from jaxstow.io.saving import Saving, SavingState, save
+
+__all__ = [
+    "Checkpoint",
+    "CollectorError",
+    "DataCollector",
+    "DataLoader",
+    "DeviceSamples",
+    "HDF5Collector",
+    "MemoryCollector",
+    "SampleCountError",
+    "Saving",
+    "SavingState",
+    "dict_to_pytree",
+    "no_save",
+    "pytree_dict_keys",
+    "pytree_to_dict",
+    "register_dictionize_rule",
+    "save",
+    "scheduler",
+]

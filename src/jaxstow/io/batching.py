@@ -1,0 +1,118 @@
+"""In-jit helpers shared by the saving strategies: sample checks, row writes, and chains under ``jax.vmap``.
+
+A saving state may carry leading *chain* dimensions: none for a single chain, one per ``vmap`` around ``save``.
+The step functions are written once for any chain shape. :func:`chain_polymorphic` makes ``vmap`` call them with
+the mapped axis as one more chain dimension, instead of batching their insides, so that a decision such as "is
+any chain's buffer full?" stays a single scalar (``vmap`` cannot batch a ``cond`` that calls the host).
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxstow.io.batching import write_rows
+>>> buffer = jnp.zeros((2, 3))                       # two chains, three rows each
+>>> write_rows(buffer, jnp.array([0, 2]), jnp.array([5.0, 7.0]))
+Array([[5., 0., 0.],
+       [0., 0., 7.]], dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_batching import custom_vmap
+
+from jaxstow.tree import flatten_with_paths
+
+__all__ = ["chain_polymorphic", "conform", "keep_flags", "row_spec", "spec_of", "token_spec", "write_rows"]
+
+State = TypeVar("State")
+
+
+def _shape_dtype(shape: tuple[int, ...], dtype: Any) -> Any:
+    return jax.ShapeDtypeStruct(shape, dtype)  # type: ignore[no-untyped-call]
+
+
+def spec_of(tree: Any) -> Any:
+    """``tree`` with every leaf replaced by its shape and dtype."""
+    return jax.tree.map(lambda leaf: _shape_dtype(np.shape(leaf), jnp.result_type(leaf)), tree)
+
+
+def row_spec(buffer: Any, chain_ndim: int) -> Any:
+    """The spec of one sample stored in ``buffer``, whose leaves are ``(*chains, rows, *leaf)``."""
+    return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[chain_ndim + 1 :], leaf.dtype), buffer)
+
+
+def token_spec(chains: tuple[int, ...]) -> Any:
+    """The spec of the int32 token that a host callback answers with, one per chain."""
+    return _shape_dtype(chains, jnp.int32)
+
+
+def conform(value: Any, spec: Any, *, what: str) -> Any:
+    """``value`` checked against ``spec`` (structure and shapes) and cast to its dtypes.
+
+    Python numbers and weakly typed values take the spec's dtype; any other dtype must match.
+    """
+    paths, leaves, treedef = flatten_with_paths(value)
+    specs, spec_treedef = jax.tree.flatten(spec)
+    if treedef != spec_treedef:
+        raise ValueError(f"the {what} has the structure {treedef}, expected {spec_treedef}")
+    out = []
+    for path, leaf, wanted in zip(paths, leaves, specs, strict=True):
+        dtype = jnp.result_type(leaf)
+        weak = isinstance(leaf, bool | int | float | complex) or getattr(leaf, "weak_type", False)
+        if np.shape(leaf) != wanted.shape or not (weak or dtype == wanted.dtype):
+            raise ValueError(
+                f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)}"
+            )
+        out.append(jnp.asarray(leaf, wanted.dtype))
+    return treedef.unflatten(out)
+
+
+def keep_flags(keep: Any, chains: tuple[int, ...]) -> jax.Array:
+    """``keep`` as one boolean per chain."""
+    flags = jnp.asarray(keep, jnp.bool_)
+    if flags.shape != chains:
+        raise ValueError(f"keep must be one boolean per chain (shape {chains}), got shape {flags.shape}")
+    return flags
+
+
+def write_rows(buffer: Any, rows: jax.Array, values: Any) -> Any:
+    """Write each chain's value into its row of the buffer.
+
+    ``rows`` has the chain shape; each buffer leaf is ``(*chains, rows, *leaf)`` and each value ``(*chains, *leaf)``.
+    """
+    chains = rows.shape
+    if not chains:
+        return jax.tree.map(
+            lambda stack, value: jax.lax.dynamic_update_index_in_dim(stack, value, rows, 0), buffer, values
+        )
+    index = (*(jnp.asarray(axis) for axis in np.indices(chains)), rows)
+    return jax.tree.map(lambda stack, value: stack.at[index].set(value), buffer, values)
+
+
+def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callable[..., State]:
+    """Wrap ``step(state, *operands) -> state``, written for any chain shape, so that ``vmap`` adds a chain axis.
+
+    Under ``vmap`` the state must be mapped (one saving state per chain); operands that are not mapped are shared by
+    all chains.
+    """
+    wrapped = custom_vmap(step)
+
+    def rule(axis_size: int, in_batched: list[Any], state: State, *operands: Any) -> tuple[State, Any]:
+        if not all(jax.tree.leaves(in_batched[0])):
+            raise ValueError(
+                f"under jax.vmap, the {state_name} must be mapped along with the samples: call init_save once per "
+                "chain and stack the states, e.g. jax.tree.map(lambda *s: jnp.stack(s), *states)"
+            )
+
+        def broadcast(leaf: Any, mapped: bool) -> Any:
+            return leaf if mapped else jnp.broadcast_to(jnp.asarray(leaf), (axis_size, *np.shape(leaf)))
+
+        operands = jax.tree.map(broadcast, operands, tuple(in_batched[1:]))
+        out = wrapped(state, *operands)
+        return out, jax.tree.map(lambda _: True, out)
+
+    wrapped.def_vmap(rule)
+    return wrapped  # type: ignore[return-value]

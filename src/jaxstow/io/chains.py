@@ -1,0 +1,128 @@
+"""What the built-in collectors keep per chain: the sample layout, the rows received, resumed checkpoints.
+
+>>> import jax.numpy as jnp
+>>> from jaxstow.io.chains import SampleLayout
+>>> layout = SampleLayout.of({"w": jnp.zeros((2, 3)), "stats": [jnp.float32(0.0)]})
+>>> layout.names
+['stats/list_element_0', 'w']
+>>> layout.shapes, layout.dtypes
+([(), (2, 3)], [dtype('float32'), dtype('float32')])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+import jaxstow
+from jaxstow.io.collector import Checkpoint, DataLoader
+from jaxstow.io.dictionize import pytree_dict_keys
+from jaxstow.tree import flatten_with_paths
+
+__all__ = ["ChainBook", "SampleLayout", "read_checkpoint", "remove_checkpoint", "write_checkpoint"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleLayout:
+    """The leaves of a sample: their names (dict keys joined by ``/``), shapes and dtypes, in leaf order."""
+
+    treedef: PyTreeDef
+    names: list[str]
+    shapes: list[tuple[int, ...]]
+    dtypes: list[np.dtype[Any]]
+
+    @classmethod
+    def of(cls, sample: Any) -> SampleLayout:
+        """The layout of ``sample``, whose leaves must be arrays or numbers."""
+        if sample is None:
+            raise ValueError("a collector needs init_sample to know the structure, shapes and dtypes of the samples")
+        paths, leaves, treedef = flatten_with_paths(sample)
+        shapes, dtypes = [], []
+        for path, leaf in zip(paths, leaves, strict=True):
+            dtype = getattr(leaf, "dtype", None)
+            if dtype is None and isinstance(leaf, bool | int | float | complex):
+                dtype = jnp.asarray(leaf).dtype
+            if dtype is None or jnp.issubdtype(dtype, jax.dtypes.prng_key):
+                raise TypeError(
+                    f"sample leaf {path!r} is {leaf!r}; samples must be arrays or numbers "
+                    "(store a PRNG key as jax.random.key_data(key))"
+                )
+            shapes.append(tuple(int(size) for size in np.shape(leaf)))
+            dtypes.append(np.dtype(dtype))
+        names = ["/".join(str(key) for key in keys) for keys in pytree_dict_keys(sample)]
+        return cls(treedef, names, shapes, dtypes)
+
+
+class ChainBook:
+    """Per chain: the sample layout, how many rows have arrived, the checkpoint resumed from; and the data loader."""
+
+    def __init__(self) -> None:
+        self.layouts: list[SampleLayout] = []
+        self.ends: list[int] = []
+        self.resumed: dict[int, Checkpoint] = {}
+        self.data_loader: DataLoader | None = None
+
+    def add(self, layout: SampleLayout, resumed: Checkpoint | None) -> int:
+        """Register a chain (continuing from ``resumed`` if given) and return its id."""
+        chain_id = len(self.layouts)
+        self.layouts.append(layout)
+        self.ends.append(0 if resumed is None else resumed.sample_count)
+        if resumed is not None:
+            self.resumed[chain_id] = resumed
+        return chain_id
+
+    def received(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> int:
+        """Note that rows ``first, ...`` of ``values`` arrived (checking their shapes); return the end of the block."""
+        layout = self.layouts[chain_id]
+        rows = len(values[0]) if values else 0
+        for name, shape, value in zip(layout.names, layout.shapes, values, strict=True):
+            if value.shape != (rows, *shape):
+                raise ValueError(
+                    f"chain {chain_id}: block for leaf {name!r} has shape {value.shape}, expected {(rows, *shape)}"
+                )
+        end = first + rows
+        self.ends[chain_id] = max(self.ends[chain_id], end)
+        return end
+
+    def with_loader_state(self, chain_id: int, checkpoint: Checkpoint) -> Checkpoint:
+        """``checkpoint`` with the registered data loader's current state for the chain."""
+        if self.data_loader is None:
+            return checkpoint
+        return checkpoint._replace(data_loader_state=self.data_loader.save_state(chain_id))
+
+    def resume(self) -> dict[int, Checkpoint]:
+        """Give the data loader back its checkpointed states; the resumed checkpoints by chain id."""
+        if self.data_loader is not None:
+            for chain_id, checkpoint in self.resumed.items():
+                if checkpoint.data_loader_state is not None:
+                    self.data_loader.load_state(chain_id, checkpoint.data_loader_state)
+        return dict(self.resumed)
+
+
+def write_checkpoint(path: str, checkpoint: Checkpoint, samples: dict[str, np.ndarray] | None = None) -> None:
+    """Write ``checkpoint`` (and optionally the samples kept so far) to ``path`` atomically."""
+    jaxstow.save(path, {"checkpoint": checkpoint._asdict(), "samples": samples})
+
+
+def read_checkpoint(path: str) -> tuple[Checkpoint, dict[str, np.ndarray] | None] | None:
+    """The checkpoint stored at ``path`` and its samples, or ``None`` if there is no file."""
+    if not os.path.exists(path):
+        return None
+    record = jaxstow.load(path)
+    checkpoint = Checkpoint(**record["checkpoint"])
+    samples = record["samples"]
+    return checkpoint, None if samples is None else {name: np.asarray(array) for name, array in samples.items()}
+
+
+def remove_checkpoint(path: str) -> None:
+    """Delete the checkpoint at ``path``, if any: the run it belongs to is complete."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,116 @@
+"""The data collector interface: where the samples of a run go, and where its checkpoints live.
+
+:func:`jaxstow.io.save` drives a collector. Per chain it calls :meth:`~DataCollector.register_chain` once, then
+:meth:`~DataCollector.save` with whole blocks of samples (in any order, each with the index of its first sample),
+:meth:`~DataCollector.checkpoint` every ``checkpoint_every`` steps, and at the end
+:meth:`~DataCollector.finalize` and :meth:`~DataCollector.finished`. A collector of your own only has to
+implement these methods:
+
+>>> import numpy as np
+>>> import jax.numpy as jnp
+>>> from jaxstow import io
+>>> class BlockLog(io.DataCollector):
+...     def __init__(self):
+...         self.blocks = []
+...     def register_data_loader(self, data_loader): pass
+...     def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None):
+...         return 0
+...     def save(self, chain_id, first, values):
+...         self.blocks.append((first, len(values[0])))
+...     def checkpoint(self, chain_id, checkpoint): pass
+...     def finalize(self, chain_id): pass
+...     def finished(self, chain_id): return self.blocks
+...     def resume(self): return {}
+>>> init_save, save, postprocess_save = io.save(BlockLog(), block_size=4)
+>>> state = init_save(jnp.zeros(2), None, io.scheduler.static_information(samples_collected=10))
+>>> for step in range(10):
+...     state, _ = save(state, True, jnp.full(2, step))
+>>> postprocess_save(state, None)["samples"]
+[(0, 4), (4, 4), (8, 2)]
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from jaxstow.scheduler import static_information as StaticInformation
+
+__all__ = ["Checkpoint", "DataCollector", "DataLoader"]
+
+
+class Checkpoint(NamedTuple):
+    """A chain's state after ``step`` calls of ``save``, enough to continue the run from there.
+
+    ``sample_count`` samples were kept up to this step; ``solver_state`` has the structure of the ``init_checkpoint``
+    given to ``init_save``; ``scheduler_state`` is what ``save`` was given (or ``None``); ``data_loader_state`` is
+    what the registered data loader's ``save_state`` returned (or ``None``).
+    """
+
+    step: int
+    sample_count: int
+    solver_state: Any
+    scheduler_state: Any = None
+    data_loader_state: Any = None
+
+
+class DataLoader(Protocol):
+    """A host-side data loader whose position can be checkpointed with the chains it feeds."""
+
+    def save_state(self, chain_id: int) -> Any:
+        """The loader's state for ``chain_id``, as a pytree that :func:`jaxstow.save` can write."""
+
+    def load_state(self, chain_id: int, data: Any) -> None:
+        """Go back to a state returned by :meth:`save_state`."""
+
+
+class DataCollector(abc.ABC):
+    """Collects sampled data and data loader states."""
+
+    @abc.abstractmethod
+    def register_data_loader(self, data_loader: DataLoader) -> None:
+        """Register a data loader whose state is checkpointed with the chains."""
+
+    @abc.abstractmethod
+    def register_chain(
+        self,
+        init_sample: Any = None,
+        init_checkpoint: Any = None,
+        static_information: StaticInformation | None = None,
+    ) -> int:
+        """Register a chain to save samples from and return its id.
+
+        ``init_sample`` determines the structure, shapes and dtypes of the samples; ``init_checkpoint`` those of the
+        solver state to checkpoint; ``static_information`` the number of samples the chain will keep, if known.
+        A collector that holds a checkpoint of this chain continues from it (see :meth:`resume`).
+        """
+
+    @abc.abstractmethod
+    def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+        """Store a block of samples: ``values`` holds one array per leaf of the sample (in ``jax.tree.leaves``
+        order), whose rows are the samples ``first, first + 1, ...`` of the chain.
+
+        Blocks may arrive in any order. The arrays are only valid during the call: copy what you keep.
+        """
+
+    @abc.abstractmethod
+    def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
+        """Called every ``checkpoint_every`` steps, after the blocks of every sample the checkpoint counts.
+
+        Once the checkpoint is stored, those samples and the checkpoint must survive a crash together.
+        """
+
+    @abc.abstractmethod
+    def finalize(self, chain_id: int) -> None:
+        """Called after the run: wait for all writing of the chain to be finished."""
+
+    @abc.abstractmethod
+    def finished(self, chain_id: int) -> Any:
+        """The chain's samples as the collector holds them, after :meth:`finalize`."""
+
+    @abc.abstractmethod
+    def resume(self) -> Mapping[int, Checkpoint]:
+        """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""

@@ -1,0 +1,212 @@
+"""Pytrees as plain dicts of dicts, with one rule per node type.
+
+A rule turns a node into ``(key, child)`` pairs. Rules exist for dicts, lists (``list_element_0``, ...), tuples,
+namedtuples (by field name), equinox Modules (by field name) and flax ``FrozenDict``; register more with
+:func:`register_dictionize_rule`. The collectors name stored leaves by these keys.
+
+>>> from collections import namedtuple
+>>> from jaxstow import io
+>>> Point = namedtuple("Point", ["y", "x"])
+>>> io.pytree_to_dict({"p": Point(y=1.0, x=2.0), "ws": (3.0,)})
+{'p': {'y': 1.0, 'x': 2.0}, 'ws': {'list_element_0': 3.0}}
+>>> io.pytree_dict_keys({"p": Point(y=1.0, x=2.0), "ws": (3.0,)})
+[('p', 'y'), ('p', 'x'), ('ws', 'list_element_0')]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from jaxstow.errors import StructureMismatchError
+from jaxstow.tree import key_to_str
+
+__all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
+
+Rule = Callable[[Any], Iterable[tuple[Any, Any]]]
+Keys = tuple[Any, ...]
+
+_rules: dict[type, Rule] = {}
+
+
+def register_dictionize_rule(type: type) -> Callable[[Rule], Rule]:
+    """Decorator to define the rule that transforms a pytree node of ``type`` into a dict.
+
+    A rule accepts a node and returns an iterable of ``(key, value)`` pairs, one per child of the node in jax's
+    flattening order. The rule of the most specific registered base class of a node applies.
+
+    >>> from jaxstow import io
+    >>> from jax.tree_util import register_pytree_node
+    >>>
+    >>> class SomeClass:
+    ...   def __init__(self, value):
+    ...     self._value = value
+    >>>
+    >>> # Do not forget to register the class as jax pytree node
+    >>> register_pytree_node(SomeClass,
+    ...                      lambda sc: (sc._value, None),
+    ...                      lambda _, data: SomeClass(value=data))
+    >>>
+    >>> # Now define a rule to transform the class into a dict
+    >>> @io.register_dictionize_rule(SomeClass)
+    ... def some_class_to_dict(instance_of_some_class):
+    ...   return [("this_is_the_key", instance_of_some_class._value)]
+    >>>
+    >>> some_class = SomeClass({'a': 0.0, 'b': 0.5})
+    >>> some_class_as_dict = io.pytree_to_dict(some_class)
+    >>>
+    >>> print(some_class_as_dict)
+    {'this_is_the_key': {'a': 0.0, 'b': 0.5}}
+    """
+
+    def register(rule: Rule) -> Rule:
+        if type in _rules:
+            raise ValueError(f"a dictionize rule for {type.__module__}.{type.__qualname__} is already registered")
+        _rules[type] = rule
+        return rule
+
+    return register
+
+
+def _rule_for(node: Any) -> Rule:
+    for attempt in range(2):
+        for cls in type(node).__mro__:
+            rule = _rules.get(cls)
+            if rule is not None:
+                return rule
+        if attempt == 0:
+            _register_library_rules()
+    name = type(node).__qualname__
+    raise TypeError(
+        f"cannot turn a {name} node into a dict: register a rule with @jaxstow.io.register_dictionize_rule({name})"
+    )
+
+
+def pytree_to_dict(tree: Any) -> Any:
+    """Constructs a dictionary from a pytree.
+
+    Transforms each node of a pytree to a dict by applying the registered rules; leaves stay as they are.
+
+    >>> from jaxstow import io
+    >>> some_tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
+    >>> as_dict = io.pytree_to_dict(some_tree)
+    >>> print(as_dict)
+    {'a': 0.0, 'b': {'b1': {'list_element_0': 0.0, 'list_element_1': 0.1}, 'b2': 0.0}}
+    """
+    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)):
+        return tree
+    if not jax.tree_util.tree_leaves(tree):
+        return {}
+    as_dict: dict[Any, Any] = {}
+    for key, child in _rule_for(tree)(tree):
+        if key in as_dict:
+            raise ValueError(f"the dictionize rule for {type(tree).__qualname__} gives two children the key {key!r}")
+        as_dict[key] = pytree_to_dict(child)
+    return as_dict
+
+
+def pytree_dict_keys(tree: Any) -> list[Keys]:
+    """Returns a list of keys to access the leaves of the tree.
+
+    The i-th tuple holds the keys that lead to the i-th leaf of ``jax.tree_util.tree_leaves(tree)`` in
+    ``pytree_to_dict(tree)``.
+
+    >>> from jax.tree_util import tree_leaves  # jax.tree_leaves is gone from current JAX
+    >>> from jaxstow import io
+    >>> pytree = {"a": [0.0, 1.0], "b": 2.0}
+    >>> pytree_as_dict = io.pytree_to_dict(pytree)
+    >>> pytree_leaves = tree_leaves(pytree_as_dict)
+    >>> pytree_keys = io.pytree_dict_keys(pytree_as_dict)
+    >>> print(pytree_leaves)
+    [0.0, 1.0, 2.0]
+    >>> print(pytree_keys)
+    [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
+    """
+    treedef: PyTreeDef = jax.tree_util.tree_structure(tree)
+    numbered = pytree_to_dict(treedef.unflatten(range(treedef.num_leaves)))
+    found: dict[int, Keys] = {}
+
+    def walk(node: Any, keys: Keys) -> None:
+        if isinstance(node, dict):
+            for key, child in node.items():
+                walk(child, (*keys, key))
+        elif isinstance(node, int):
+            found[node] = keys
+
+    walk(numbered, ())
+    if len(found) != treedef.num_leaves:
+        raise ValueError(
+            f"the dictionize rules account for {len(found)} of the {treedef.num_leaves} leaves of {treedef}; "
+            "a rule must return every child of its node"
+        )
+    return [found[index] for index in range(treedef.num_leaves)]
+
+
+def dict_to_pytree(pytree_as_dict: dict[Any, Any], target: Any) -> Any:
+    """Restores the original tree structure given by the target from a dict.
+
+    Works on subtrees too, as long as the subtree of the dict matches the subtree of the target. Every missing
+    entry is reported at once.
+
+    >>> from jaxstow import io
+    >>> some_tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
+    >>> as_dict = io.pytree_to_dict(some_tree)
+    >>> sub_pytree = io.dict_to_pytree(as_dict['b'], some_tree['b'])
+    >>> print(sub_pytree)
+    {'b1': [0.0, 0.1], 'b2': 0.0}
+    """
+    leaves, problems = [], []
+    for keys in pytree_dict_keys(target):
+        node: Any = pytree_as_dict
+        for depth, key in enumerate(keys):
+            if not isinstance(node, dict) or key not in node:
+                where = "/".join(str(k) for k in keys[:depth]) or "the top level"
+                problems.append(f"{'/'.join(str(k) for k in keys)!r}: no key {key!r} at {where}")
+                break
+            node = node[key]
+        leaves.append(node)
+    if problems:
+        raise StructureMismatchError(problems, file="the dict")
+    treedef: PyTreeDef = jax.tree_util.tree_structure(target)
+    return treedef.unflatten(leaves)
+
+
+@register_dictionize_rule(dict)
+def _dict_to_dict(node: dict[Any, Any]) -> Iterable[tuple[Any, Any]]:
+    return node.items()
+
+
+@register_dictionize_rule(list)
+def _list_to_dict(node: list[Any]) -> Iterable[tuple[Any, Any]]:
+    return ((f"list_element_{index}", value) for index, value in enumerate(node))
+
+
+@register_dictionize_rule(tuple)
+def _tuple_to_dict(node: tuple[Any, ...]) -> Iterable[tuple[Any, Any]]:
+    if hasattr(node, "_fields"):
+        return zip(node._fields, node, strict=True)
+    return _list_to_dict(list(node))
+
+
+def _keyed_children(node: Any) -> Iterable[tuple[Any, Any]]:
+    """A node's children, each under its own jax key (field name or dict key)."""
+    children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda child: child is not node)
+    return [(key_to_str(path[0]), child) for path, child in children]
+
+
+# Rules for node types of optional libraries, registered once the library has been imported.
+_LIBRARY_RULES: tuple[tuple[str, str, Rule], ...] = (
+    ("equinox", "Module", _keyed_children),
+    ("flax.core.frozen_dict", "FrozenDict", _keyed_children),
+)
+
+
+def _register_library_rules() -> None:
+    for module_name, attribute, rule in _LIBRARY_RULES:
+        node_type = getattr(sys.modules.get(module_name), attribute, None)
+        if isinstance(node_type, type) and node_type not in _rules:
+            _rules[node_type] = rule

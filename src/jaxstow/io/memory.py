@@ -1,0 +1,114 @@
+"""``MemoryCollector``: the samples of every chain in numpy arrays in RAM.
+
+>>> import jax, jax.numpy as jnp
+>>> from jaxstow import io
+>>> init_save, save, postprocess_save = io.save(io.MemoryCollector())
+>>> state = init_save({"x": jnp.zeros(2)}, None, io.scheduler.static_information(samples_collected=None))
+>>> def step(state, i):
+...     return save(state, i % 3 == 0, {"x": jnp.full(2, i, jnp.float32)})
+>>> state, _ = jax.lax.scan(step, state, jnp.arange(7))
+>>> postprocess_save(state, None)["samples"]["x"][:, 0]
+array([0., 3., 6.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import jaxstow
+from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
+from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
+from jaxstow.scheduler import static_information as StaticInformation
+
+__all__ = ["MemoryCollector"]
+
+
+class MemoryCollector(DataCollector):
+    """Stores samples entirely in RAM (numpy arrays).
+
+    The RAM is usually larger than the device memory and thus allows to store a greater number of samples. Storage
+    is allocated for ``samples_collected`` samples per chain and grows if more arrive (or when the number is
+    ``None``); :meth:`finished` returns exactly the samples kept.
+
+    With ``save_dir``, :meth:`finalize` also writes one ``chain_{id}.npz`` per chain whose keys are the sample's
+    dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``. A checkpoint
+    holds the samples kept so far, so its cost grows with them; for long checkpointed runs prefer the
+    :class:`~jaxstow.io.HDF5Collector`.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
+        self._save_dir = None if save_dir is None else os.fspath(save_dir)
+        self._chains = ChainBook()
+        self._samples: list[list[np.ndarray]] = []
+
+    def _path(self, chain_id: int, suffix: str) -> str | None:
+        return None if self._save_dir is None else os.path.join(self._save_dir, f"chain_{chain_id}{suffix}")
+
+    def register_data_loader(self, data_loader: DataLoader) -> None:
+        """Register a data loader whose state is checkpointed with the chains."""
+        self._chains.data_loader = data_loader
+
+    def register_chain(
+        self,
+        init_sample: Any = None,
+        init_checkpoint: Any = None,
+        static_information: StaticInformation | None = None,
+    ) -> int:
+        """Register a chain; with a checkpoint of it in ``save_dir``, continue from there."""
+        layout = SampleLayout.of(init_sample)
+        capacity = (static_information.samples_collected if static_information is not None else None) or 0
+        self._samples.append(
+            [np.empty((capacity, *shape), dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
+        )
+        path = self._path(len(self._samples) - 1, ".checkpoint.jxs")
+        stored = None if path is None else read_checkpoint(path)
+        chain_id = self._chains.add(layout, None if stored is None else stored[0])
+        if stored is not None and stored[1] is not None:
+            self.save(chain_id, 0, [stored[1][name] for name in layout.names])
+        return chain_id
+
+    def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+        """Copy a block of samples into the chain's arrays, growing them if needed."""
+        end = self._chains.received(chain_id, first, values)
+        arrays = self._samples[chain_id]
+        for leaf, (array, value) in enumerate(zip(arrays, values, strict=True)):
+            if end > len(array):
+                grown = np.empty((max(end, 2 * len(array)), *array.shape[1:]), array.dtype)
+                grown[: len(array)] = array
+                arrays[leaf] = array = grown
+            array[first:end] = value
+
+    def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
+        """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
+        path = self._path(chain_id, ".checkpoint.jxs")
+        if path is None:
+            raise ValueError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        names = self._chains.layouts[chain_id].names
+        count = checkpoint.sample_count
+        samples = {name: array[:count] for name, array in zip(names, self._samples[chain_id], strict=True)}
+        write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples)
+
+    def finalize(self, chain_id: int) -> None:
+        """With ``save_dir``, write ``chain_{id}.npz`` and remove the chain's checkpoint: the run is complete."""
+        path = self._path(chain_id, ".npz")
+        if path is None:
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        names = self._chains.layouts[chain_id].names
+        end = self._chains.ends[chain_id]
+        jaxstow.save(path, {name: array[:end] for name, array in zip(names, self._samples[chain_id], strict=True)})
+        remove_checkpoint(os.path.join(os.path.dirname(path), f"chain_{chain_id}.checkpoint.jxs"))
+
+    def finished(self, chain_id: int) -> Any:
+        """The chain's samples in the structure of the sample, as numpy arrays of the samples kept."""
+        end = self._chains.ends[chain_id]
+        return self._chains.layouts[chain_id].treedef.unflatten([array[:end] for array in self._samples[chain_id]])
+
+    def resume(self) -> Mapping[int, Checkpoint]:
+        """Restore the data loader's state; the checkpoints the registered chains continue from."""
+        return self._chains.resume()

@@ -1,0 +1,113 @@
+"""``jaxstow.io.no_save``: keep the samples of a jit-compiled run in device memory and return them."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
+from jaxstow.io.errors import SampleCountError
+from jaxstow.io.saving import Saving
+from jaxstow.scheduler import static_information as StaticInformation
+
+__all__ = ["DeviceSamples", "no_save"]
+
+
+class DeviceSamples(NamedTuple):
+    """The saving state of :func:`no_save`: the samples kept so far, on the device.
+
+    Each leaf of ``samples`` has ``samples_collected + 1`` rows; the last one receives the samples that do not fit,
+    so that they never overwrite a kept one.
+    """
+
+    samples: Any
+    sample_count: jax.Array
+
+
+def no_save() -> Saving:
+    """Does not save the data on the host but returns it instead.
+
+    If the samples are small, collection on the device is possible; its size is fixed when the run is compiled, so
+    ``static_information.samples_collected`` must be given. Works under ``jax.vmap`` with a different ``keep`` per
+    chain; ``postprocess_save`` then returns a list with one result per chain.
+
+    Save keep every second element of a 5 element scan
+
+    >>> import jax.numpy as jnp
+    >>> from jax.lax import scan
+    >>> from jaxstow import io, scheduler
+    >>>
+    >>> init_save, save, postprocess_save = io.no_save()
+    >>>
+    >>> def update(saving_state, it):
+    ...   saving_state = save(saving_state, jnp.mod(it, 2) == 0, {'iteration': it})
+    ...   return saving_state
+    >>>
+    >>> # The information about the number of collected samples must be defined
+    >>> # before the run
+    >>> static_information = scheduler.static_information(samples_collected=3)
+    >>>
+    >>> # The saving function must now the form of the sample which should be saved
+    >>> saving_state = init_save({'iteration': jnp.array(0)}, None, static_information)
+    >>> final_state, _ = scan(update, saving_state, jnp.arange(5))
+    >>>
+    >>> saved_samples = postprocess_save(final_state, None)
+    >>> print(saved_samples)
+    {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': Array([0, 2, 4], dtype=int32)}}
+    """
+    return _init, _save, _postprocess
+
+
+def _init(
+    init_sample: Any, init_checkpoint: Any = None, static_information: StaticInformation | None = None
+) -> DeviceSamples:
+    """The empty device storage for ``samples_collected`` samples (``init_checkpoint`` is unused)."""
+    del init_checkpoint
+    capacity = None if static_information is None else static_information.samples_collected
+    if capacity is None:
+        raise ValueError(
+            "no_save keeps the samples in device memory, whose size is fixed at compile time: give "
+            "scheduler.static_information(samples_collected=N), or stream them with io.save(io.MemoryCollector())"
+        )
+    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity + 1, *leaf.shape), leaf.dtype), spec_of(init_sample))
+    return DeviceSamples(samples, jnp.zeros((), jnp.int32))
+
+
+def _save(
+    saving_state: DeviceSamples, keep: Any, sample: Any, scheduler_state: Any = None, solver_state: Any = None
+) -> tuple[DeviceSamples, None]:
+    """Store ``sample`` if ``keep`` (``scheduler_state`` and ``solver_state`` are unused)."""
+    del scheduler_state, solver_state
+    chain_ndim = np.ndim(saving_state.sample_count)
+    sample = conform(sample, row_spec(saving_state.samples, chain_ndim), what="sample")
+    capacity = jax.tree.leaves(saving_state.samples)[0].shape[chain_ndim] - 1
+    row = jnp.minimum(saving_state.sample_count, capacity)
+    samples = write_rows(saving_state.samples, row, sample)
+    count = saving_state.sample_count + keep_flags(keep, np.shape(saving_state.sample_count)).astype(jnp.int32)
+    return DeviceSamples(samples, count), None
+
+
+def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:
+    """The kept samples per chain, as device arrays (``solver_state`` is unused)."""
+    del solver_state
+    counts = np.asarray(saving_state.sample_count)
+    capacity = jax.tree.leaves(saving_state.samples)[0].shape[counts.ndim] - 1
+    chains = list(np.ndindex(counts.shape))
+    overflows = [
+        (number, int(counts[index]), capacity) for number, index in enumerate(chains) if counts[index] > capacity
+    ]
+    if overflows:
+        raise SampleCountError(
+            overflows, f"no_save kept only the first {capacity} of each chain on the device; declare the right number"
+        )
+    results = [
+        {
+            "sample_count": jnp.asarray(int(counts[index])),
+            "samples": jax.tree.map(lambda leaf, index=index: leaf[index][: int(counts[index])], saving_state.samples),
+        }
+        for index in chains
+    ]
+    return results[0] if counts.ndim == 0 else results

@@ -1,0 +1,309 @@
+"""``jaxstow.io.save``: stream the samples of a jit-compiled run to a data collector on the host, in blocks.
+
+The saving state carries a device buffer of ``block_size`` samples per chain. ``save`` writes each sample into it
+(counting it only if ``keep`` is true); when a chain's buffer is full, every chain's buffered samples go to the
+host in one ``io_callback`` that also carries each chain's id and the index of its block's first sample, so the
+collector can place blocks that arrive in any order. Every ``checkpoint_every`` steps the buffers are sent along
+with the solver state, which the collector checkpoints. ``postprocess_save`` sends the rest and waits for the
+collector; an error inside the collector surfaces there, with its cause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+from jax.tree_util import PyTreeDef
+
+from jaxstow.io.batching import chain_polymorphic, conform, keep_flags, row_spec, spec_of, token_spec, write_rows
+from jaxstow.io.collector import Checkpoint, DataCollector
+from jaxstow.io.errors import CollectorError, SampleCountError
+from jaxstow.io.memory import MemoryCollector
+from jaxstow.scheduler import static_information as StaticInformation
+
+__all__ = ["Saving", "SavingState", "save"]
+
+#: Size of a chain's device buffer when ``block_size`` is not given: about this many bytes of samples.
+BLOCK_BYTES = 1 << 20
+_MAX_BLOCK = 1 << 16
+
+InitSave = Callable[..., Any]
+Save = Callable[..., tuple[Any, None]]
+PostprocessSave = Callable[..., Any]
+Saving = tuple[InitSave, Save, PostprocessSave]
+
+
+class SavingState(NamedTuple):
+    """The device side of :func:`save` for one chain (or, stacked, for several).
+
+    Every field has the chains' shape, except ``buffer``: the sample's structure with leaves
+    ``(*chains, block_size, *leaf)``.
+    """
+
+    chain_id: jax.Array
+    buffer: Any
+    fill: jax.Array  # rows of the buffer holding kept samples not yet sent
+    sample_count: jax.Array  # samples kept since the start of the run
+    step: jax.Array  # calls of save since the start of the run
+    token: jax.Array  # the host's last answer; orders the callbacks
+
+
+def save(
+    data_collector: DataCollector | None = None, checkpoint_every: int = 0, *, block_size: int | None = None
+) -> Saving:
+    """Initializes asynchronous saving of samples and checkpoints.
+
+    Accepted samples are sent to the host in blocks and processed there by ``data_collector`` (by default a
+    :class:`~jaxstow.io.MemoryCollector`), which keeps device memory small and makes the samples visible while the
+    run goes on. What ``postprocess_save`` returns as ``'samples'`` depends on the collector: numpy arrays for the
+    memory collector, the datasets for the HDF5 collector.
+
+    Returns ``(init_save, save, postprocess_save)``:
+
+    - ``init_save(init_sample, init_checkpoint, static_information)``, outside jit, registers a chain and returns
+      its saving state. If the collector holds a checkpoint of this chain, the state continues from it.
+    - ``save(saving_state, keep, sample, scheduler_state=None, solver_state=None)``, inside jit, returns
+      ``(saving_state, None)``. Under ``jax.vmap`` every chain needs its own saving state: call ``init_save`` once
+      per chain and stack the states; ``keep`` may differ between chains.
+    - ``postprocess_save(saving_state, solver_state)``, outside jit, returns ``{'sample_count': n, 'samples': ...}``
+      (a list of those, in chain order, for stacked states).
+
+    ``checkpoint_every=n`` checkpoints ``solver_state`` (with the structure of ``init_checkpoint``) and
+    ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
+    ``block_size`` is the number of samples per chain buffered on the device (by default about 1 MiB of them).
+
+    >>> import jax.numpy as jnp
+    >>> from jax.lax import scan
+    >>> from jaxstow import io, scheduler
+    >>>
+    >>> dc = io.MemoryCollector()
+    >>> init_save, save, postprocess_save = io.save(dc)
+    >>>
+    >>> def update(saving_state, it):
+    ...   saving_state = save(saving_state, jnp.mod(it, 2) == 0, {'iteration': it})
+    ...   return saving_state
+    >>>
+    >>> # The information about the number of collected samples must be defined
+    >>> # before the run
+    >>> static_information = scheduler.static_information(samples_collected=3)
+    >>>
+    >>> # The saving function must now the form of the sample which should be saved
+    >>> saving_state = init_save({'iteration': jnp.array(0)}, {}, static_information)
+    >>> final_state, _ = scan(update, saving_state, jnp.arange(5))
+    >>>
+    >>> saved_samples = postprocess_save(final_state, None)
+    >>> print(saved_samples)
+    {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': array([0, 2, 4], dtype=int32)}}
+    """
+    if checkpoint_every < 0:
+        raise ValueError(f"checkpoint_every must be 0 (never) or a number of steps, got {checkpoint_every}")
+    if block_size is not None and block_size < 1:
+        raise ValueError(f"block_size must be at least 1, got {block_size}")
+    streaming = _Streaming(
+        MemoryCollector() if data_collector is None else data_collector, checkpoint_every, block_size
+    )
+    return streaming.init, streaming.save, streaming.postprocess
+
+
+def _sample_bytes(spec: Any) -> int:
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
+
+
+def _is_key(leaf: Any) -> bool:
+    return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
+
+
+class _Streaming:
+    """One saving strategy: the collector, its chains' declared sample counts, and the failures met on the host."""
+
+    def __init__(self, collector: DataCollector, checkpoint_every: int, block_size: int | None) -> None:
+        self.collector = collector
+        self.checkpoint_every = checkpoint_every
+        self.block_size = block_size
+        self.declared: dict[int, int | None] = {}
+        self.failures: dict[int, tuple[str, Exception]] = {}
+        self.checkpoint_spec: Any = None
+        self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
+        self._step = chain_polymorphic(self._chains_step, state_name="saving state")
+
+    # -- outside jit ---------------------------------------------------------------------------------------------
+
+    def init(
+        self, init_sample: Any, init_checkpoint: Any = None, static_information: StaticInformation | None = None
+    ) -> SavingState:
+        """Register a chain with the collector and return its saving state."""
+        information = StaticInformation() if static_information is None else static_information
+        spec = spec_of(init_sample)
+        checkpoint_spec = spec_of(init_checkpoint)
+        checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
+        if self.declared and checkpoint_treedef != jax.tree.structure(self.checkpoint_spec):
+            raise ValueError("every chain of one saving strategy needs an init_checkpoint of the same structure")
+        chain_id = self.collector.register_chain(
+            init_sample=init_sample, init_checkpoint=init_checkpoint, static_information=information
+        )
+        self.declared[chain_id] = information.samples_collected
+        self.checkpoint_spec = checkpoint_spec
+        self.key_impls = [
+            jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in jax.tree.leaves(init_checkpoint)
+        ]
+        resumed = self.collector.resume().get(chain_id)
+        if resumed is not None:
+            conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
+        rows = self.block_size or max(1, min(_MAX_BLOCK, BLOCK_BYTES // max(1, _sample_bytes(spec))))
+        return SavingState(
+            chain_id=jnp.asarray(chain_id, jnp.int32),
+            buffer=jax.tree.map(lambda leaf: jnp.zeros((rows, *leaf.shape), leaf.dtype), spec),
+            fill=jnp.zeros((), jnp.int32),
+            sample_count=jnp.asarray(0 if resumed is None else resumed.sample_count, jnp.int32),
+            step=jnp.asarray(0 if resumed is None else resumed.step, jnp.int32),
+            token=jnp.zeros((), jnp.int32),
+        )
+
+    def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
+        """Send the buffered rest, wait for the collector and return the samples (``solver_state`` is unused)."""
+        del solver_state
+        state = jax.device_get(saving_state)
+        leaves = jax.tree.leaves(state.buffer)
+        chains = list(np.ndindex(np.shape(state.chain_id)))
+        for index in chains:
+            chain_id, rows = int(state.chain_id[index]), int(state.fill[index])
+            first = int(state.sample_count[index]) - rows
+            if rows:
+                self._deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
+        for index in chains:
+            chain_id = int(state.chain_id[index])
+            self._attempt(chain_id, f"finalizing chain {chain_id}", self.collector.finalize, chain_id)
+        self._raise_failures(int(state.chain_id[index]) for index in chains)
+        counts = {int(state.chain_id[index]): int(state.sample_count[index]) for index in chains}
+        overflows = [
+            (chain_id, count, declared)
+            for chain_id, count in counts.items()
+            if (declared := self.declared.get(chain_id)) is not None and count > declared
+        ]
+        if overflows:
+            raise SampleCountError(
+                overflows,
+                f"all of them were passed to the {type(self.collector).__name__}; declare the right number, or "
+                "samples_collected=None when it is not known in advance",
+            )
+        results = [
+            {"sample_count": jnp.asarray(count), "samples": self.collector.finished(chain_id)}
+            for chain_id, count in counts.items()
+        ]
+        return results[0] if np.ndim(state.chain_id) == 0 else results
+
+    def _raise_failures(self, chain_ids: Any) -> None:
+        for chain_id in chain_ids:
+            failure = self.failures.pop(chain_id, None)
+            if failure is not None:
+                what, error = failure
+                raise CollectorError(f"{type(self.collector).__name__} failed while {what}: {error}") from error
+
+    # -- inside jit ----------------------------------------------------------------------------------------------
+
+    def save(
+        self,
+        saving_state: SavingState,
+        keep: Any,
+        sample: Any,
+        scheduler_state: Any = None,
+        solver_state: Any = None,
+    ) -> tuple[SavingState, None]:
+        """Buffer ``sample`` if ``keep``; send full buffers (and checkpoints) to the host."""
+        sample = conform(sample, row_spec(saving_state.buffer, np.ndim(saving_state.chain_id)), what="sample")
+        keep = keep_flags(keep, np.shape(saving_state.chain_id))
+        checkpoint = None
+        if self.checkpoint_every:
+            solver = conform(solver_state, self.checkpoint_spec, what="solver state")
+            solver = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, solver)
+            checkpoint = (solver, scheduler_state)
+        return self._step(saving_state, keep, sample, checkpoint), None
+
+    def _chains_step(self, state: SavingState, keep: jax.Array, sample: Any, checkpoint: Any) -> SavingState:
+        buffer = write_rows(state.buffer, state.fill, sample)
+        kept = keep.astype(jnp.int32)
+        fill, count, step = state.fill + kept, state.sample_count + kept, state.step + 1
+        block_size = jax.tree.leaves(buffer)[0].shape[fill.ndim]
+        full = jnp.any(fill == block_size)
+        answer = token_spec(state.token.shape)
+        blocks = (state.chain_id, count - fill, fill, buffer)
+
+        def send(operands: Any) -> Any:
+            return io_callback(self._receive, answer, *operands[:2])
+
+        def send_with_checkpoint(operands: Any) -> Any:
+            return io_callback(self._receive, answer, *operands)
+
+        def wait(operands: Any) -> Any:
+            return operands[0]
+
+        if checkpoint is None:
+            flush = full
+            token = jax.lax.cond(full, send, wait, (state.token, blocks))
+        else:
+            due = jnp.any(step % self.checkpoint_every == 0)
+            flush = full | due
+            branch = jnp.where(due, 2, full.astype(jnp.int32))
+            token = jax.lax.switch(
+                branch, [wait, send, send_with_checkpoint], (state.token, blocks, (step, count, *checkpoint))
+            )
+        return SavingState(state.chain_id, buffer, jnp.where(flush, 0, fill), count, step, token)
+
+    # -- on the host ---------------------------------------------------------------------------------------------
+
+    def _receive(self, token: Any, blocks: Any, checkpoint: Any = None) -> np.ndarray:
+        """The callback: hand each chain's block (and checkpoint) to the collector; answer with the token."""
+        chain_ids, firsts, fills = (np.asarray(part) for part in blocks[:3])
+        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(blocks[3])]
+        for index in np.ndindex(chain_ids.shape):
+            rows = int(fills[index])
+            if rows:
+                self._deliver(int(chain_ids[index]), int(firsts[index]), [leaf[index][:rows] for leaf in leaves])
+        if checkpoint is not None:
+            self._checkpoint(chain_ids, checkpoint)
+        return np.asarray(token, np.int32)
+
+    def _checkpoint(self, chain_ids: np.ndarray, checkpoint: Any) -> None:
+        steps, counts, solver, scheduler = checkpoint
+        solver_leaves = jax.tree.leaves(jax.device_get(solver))
+        solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
+        scheduler = jax.device_get(scheduler)
+        for index in np.ndindex(chain_ids.shape):
+            chain_id = int(chain_ids[index])
+            state = solver_treedef.unflatten(
+                [
+                    np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
+                    for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
+                ]
+            )
+            record = Checkpoint(
+                step=int(steps[index]),
+                sample_count=int(counts[index]),
+                solver_state=state,
+                scheduler_state=jax.tree.map(lambda leaf, index=index: np.array(leaf[index]), scheduler),
+            )
+            self._attempt(
+                chain_id,
+                f"checkpointing chain {chain_id} at step {record.step}",
+                self.collector.checkpoint,
+                chain_id,
+                record,
+            )
+
+    def _deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+        rows = len(values[0]) if values else 0
+        what = f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
+        self._attempt(chain_id, what, self.collector.save, chain_id, first, values)
+
+    def _attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
+        """Run a collector call unless the chain failed before; remember the first failure."""
+        if chain_id in self.failures:
+            return
+        try:
+            action(*args)
+        except Exception as error:
+            self.failures[chain_id] = (what, error)
