@@ -10,7 +10,8 @@ For each tree, in one process and in turns (so that the machine's load falls on 
 - the raw limit (T1): every leaf written with ``ndarray.tofile`` into one file, then fsync.
 
 *blocked* is how long ``save`` keeps the caller; *durable* is from the call until the checkpoint is on disk. Every save
-gets fresh arrays (the tree plus one, computed before the clock starts), as a training step would. Blocked times are
+gets fresh arrays (the tree plus one, computed before the clock starts), as a training step would, and starts on a
+quiet machine state: garbage collected, dirty pages flushed (``os.sync``); each checkpoint is deleted after its timing. Blocked times are
 compared by their medians. Write speed on a shared disk varies several-fold from one run to the next, so durable times
 are compared by the best run of each method, the closest estimate of what each can do; medians are shown beside them.
 Then 100 checkpoints of T2 with ``keep_last=3`` must leave exactly 3 steps on disk.
@@ -19,6 +20,7 @@ Then 100 checkpoints of T2 with ``keep_last=3`` must leave exactly 3 steps on di
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -66,7 +68,7 @@ class Timings:
 
 class JaxstowSaver:
     def __init__(self, folder: str) -> None:
-        self.manager = CheckpointManager(folder, keep_last=1)
+        self.manager = CheckpointManager(folder)
 
     def save(self, step: int, tree: Tree) -> tuple[float, float]:
         start = time.perf_counter()
@@ -74,6 +76,9 @@ class JaxstowSaver:
         blocked = time.perf_counter() - start
         self.manager.wait()
         return blocked, time.perf_counter() - start
+
+    def discard(self, step: int) -> None:
+        self.manager.delete(step)
 
     def close(self) -> None:
         self.manager.close()
@@ -85,7 +90,7 @@ class OrbaxSaver:
 
         self.ocp = ocp
         self.folder = folder
-        options = ocp.CheckpointManagerOptions(max_to_keep=1, enable_async_checkpointing=True)
+        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
         self.manager = ocp.CheckpointManager(folder, options=options)
 
     def save(self, step: int, tree: Tree) -> tuple[float, float]:
@@ -95,6 +100,9 @@ class OrbaxSaver:
         self.manager.wait_until_finished()
         fsync_path(os.path.join(self.folder, str(step)))
         return blocked, time.perf_counter() - start
+
+    def discard(self, step: int) -> None:
+        self.manager.delete(step)
 
     def close(self) -> None:
         self.manager.close()
@@ -106,16 +114,17 @@ class RawSaver:
         self.folder = folder
 
     def save(self, step: int, tree: Tree) -> tuple[float, float]:
-        path = os.path.join(self.folder, f"{step}.raw")
         start = time.perf_counter()
-        with open(path, "wb") as file:
+        with open(os.path.join(self.folder, f"{step}.raw"), "wb") as file:
             for leaf in jax.tree.leaves(tree):
                 np.asarray(leaf).tofile(file)
             file.flush()
             os.fsync(file.fileno())
         seconds = time.perf_counter() - start
-        remove(path)
         return seconds, seconds
+
+    def discard(self, step: int) -> None:
+        remove(os.path.join(self.folder, f"{step}.raw"))
 
     def close(self) -> None:
         pass
@@ -133,12 +142,16 @@ def compare(name: str, tree: Tree, folder: str) -> Timings:
     warm = {"w": jax.numpy.ones(8)}
     for saver in savers.values():
         saver.save(0, warm)  # threads, imports and compilations of each library, outside the figures
+        saver.discard(0)
     print(f"{name}: {len(jax.tree.leaves(tree))} leaves, {tree_nbytes(tree) / 1e9:.2f} GB", flush=True)
     for run in range(max(runs.values())):
         for method, saver in savers.items():
             if run < runs[method]:
                 tree = jax.block_until_ready(jax.tree.map(bump, tree))
+                gc.collect()
+                os.sync()
                 timings.add(method, *saver.save(run + 1, tree))
+                saver.discard(run + 1)
     for saver in savers.values():
         saver.close()
     return timings

@@ -139,6 +139,17 @@ def test_existing_step_needs_force_which_replaces_it(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if TEMPORARY_MARKER in name]
 
 
+def test_delete(tmp_path):
+    with CheckpointManager(tmp_path, keep_last=5) as manager:
+        for step in range(3):
+            manager.save(step, {"w": jnp.full(1, step)})
+        manager.delete(1)
+        assert manager.steps() == [0, 2]
+        with pytest.raises(CheckpointError, match=r"step 1 is not in .*; its committed steps are \[0, 2\]"):
+            manager.delete(1)
+    assert sorted(os.listdir(tmp_path)) == ["0", "2"]
+
+
 def test_missing_steps_and_bad_arguments(tmp_path):
     with CheckpointManager(tmp_path / "run") as manager:
         assert manager.steps() == [] and manager.latest_step() is None

@@ -153,8 +153,7 @@ class CheckpointManager:
         :class:`~jaxstow.errors.CheckpointError` unless ``force=True``, which replaces it atomically. ``copy=True``
         copies the arrays before returning, for numpy buffers that the caller changes in place.
         """
-        if self._closed:
-            raise CheckpointError(f"the checkpoint manager of {self.directory} is closed")
+        self._check_open()
         step = _check_step(step)
         named, single = _split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
@@ -177,6 +176,21 @@ class CheckpointManager:
         }
         job = functools.partial(self._write, step, frozen, single, checked_metrics, checked_metadata, exists)
         self._writer.submit(job, what=f"saving step {step} to {self.directory}")
+
+    def delete(self, step: int) -> None:
+        """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
+        self._check_open()
+        self._writer.wait()
+        if self._lock is None:
+            self._take_lock()
+        step = self._existing(step)
+        self._store.delete(self._names.name(step))
+        self._records.pop(step, None)
+        logger.info("%s: deleted step %d", self.directory, step)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CheckpointError(f"the checkpoint manager of {self.directory} is closed")
 
     def _take_lock(self) -> None:
         self._lock = lock_store(self._store)
