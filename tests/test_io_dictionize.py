@@ -1,0 +1,96 @@
+"""Pytrees as dicts of dicts: the rules, key order, library node types, and errors."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, namedtuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax.core import FrozenDict
+
+from jaxstow import io
+from jaxstow.errors import StructureMismatchError
+
+Stats = namedtuple("Stats", ["zeta", "alpha"])  # fields deliberately not in sorted order
+
+
+def test_keys_follow_the_leaf_order_of_the_original_tree() -> None:
+    tree = {"stats": Stats(zeta=1.0, alpha=2.0), "layers": [float(i) for i in range(12)]}
+    keys = io.pytree_dict_keys(tree)
+    leaves = jax.tree.leaves(tree)
+    as_dict = io.pytree_to_dict(tree)
+    for key, leaf in zip(keys, leaves, strict=True):
+        node = as_dict
+        for part in key:
+            node = node[part]
+        assert node == leaf
+    assert keys[0] == ("layers", "list_element_0") and keys[11] == ("layers", "list_element_11")
+    assert keys[12:] == [("stats", "zeta"), ("stats", "alpha")]
+
+
+def test_dict_to_pytree_inverts_pytree_to_dict() -> None:
+    tree = (Stats(zeta=jnp.ones(2), alpha=[3.0, {"deep": 4}]), OrderedDict(b=5.0, a=6.0))
+    restored = io.dict_to_pytree(io.pytree_to_dict(tree), tree)
+    assert jax.tree.structure(restored) == jax.tree.structure(tree)
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_dict_to_pytree_names_every_missing_key() -> None:
+    target = {"a": 0.0, "b": {"b1": [0.0, 0.1]}}
+    with pytest.raises(StructureMismatchError) as raised:
+        io.dict_to_pytree({"a": 1.0, "b": {"b1": {"list_element_0": 2.0}}}, target)
+    assert raised.value.problems == ["'b/b1/list_element_1': no key 'list_element_1' at b/b1"]
+    with pytest.raises(StructureMismatchError, match="'a': no key 'a' at the top level"):
+        io.dict_to_pytree({"b": {}}, {"a": 0.0})
+
+
+def test_equinox_modules_and_flax_frozen_dicts_by_field_and_key() -> None:
+    linear = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+    assert io.pytree_dict_keys(linear) == [("weight",), ("bias",)]
+    assert io.pytree_dict_keys({"model": linear, "params": FrozenDict({"w": 1.0, "b": 2.0})}) == [
+        ("model", "weight"),
+        ("model", "bias"),
+        ("params", "b"),
+        ("params", "w"),
+    ]
+    restored = io.dict_to_pytree(io.pytree_to_dict(linear), linear)
+    assert isinstance(restored, eqx.nn.Linear) and restored.in_features == 3
+    np.testing.assert_array_equal(restored.weight, linear.weight)
+
+
+def test_the_most_specific_rule_applies_and_rules_register_once() -> None:
+    class Pair(tuple):  # a tuple subclass, registered as its own pytree node
+        pass
+
+    jax.tree_util.register_pytree_node(Pair, lambda pair: (tuple(pair), None), lambda _, children: Pair(children))
+
+    @io.register_dictionize_rule(Pair)
+    def pair_to_dict(pair: Pair):
+        return zip(("first", "second"), pair, strict=True)
+
+    assert io.pytree_to_dict(Pair((1.0, 2.0))) == {"first": 1.0, "second": 2.0}
+    with pytest.raises(ValueError, match="already registered"):
+        io.register_dictionize_rule(Pair)(pair_to_dict)
+
+
+def test_unknown_node_types_and_incomplete_rules_are_errors() -> None:
+    class Box:
+        def __init__(self, a, b):
+            self.a, self.b = a, b
+
+    jax.tree_util.register_pytree_node(Box, lambda box: ((box.a, box.b), None), lambda _, c: Box(*c))
+    with pytest.raises(TypeError, match=r"cannot turn a .*Box node into a dict: register a rule"):
+        io.pytree_to_dict({"box": Box(1.0, 2.0)})
+
+    io.register_dictionize_rule(Box)(lambda box: [("a", box.a)])  # forgets b
+    with pytest.raises(ValueError, match="account for 1 of the 2 leaves"):
+        io.pytree_dict_keys(Box(1.0, 2.0))
+
+
+def test_empty_subtrees_and_single_leaves() -> None:
+    assert io.pytree_to_dict({"a": [None], "b": 1.0}) == {"a": {}, "b": 1.0}
+    assert io.pytree_dict_keys(jnp.zeros(3)) == [()]

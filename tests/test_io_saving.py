@@ -1,0 +1,291 @@
+"""Saving samples from inside jit: every strategy and collector against the scan's own outputs.
+
+A 15-step scan emits its sample at every step as a stacked output and also hands it to ``save`` with a keep flag
+drawn from a Bernoulli distribution; whatever the strategy, the saved samples must be exactly the outputs at the
+kept steps, for one chain and for several under ``vmap`` with a keep list per chain.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import namedtuple
+from typing import Any
+
+import equinox as eqx
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io, scheduler
+
+STEPS = 15
+Stats = namedtuple("Stats", ["step", "energy"])
+
+
+def _sample(x: jax.Array, t: jax.Array) -> dict[str, Any]:
+    return {"x": x, "stats": Stats(step=t, energy=jnp.sum(x**2))}
+
+
+INIT_SAMPLE = _sample(jnp.zeros(3), jnp.int32(0))
+
+
+def _scan(save, saving_state, x0, keep):
+    """15 steps of a small deterministic chain; returns the saving state and every step's sample."""
+
+    def step(carry, keep_t):
+        saving_state, x, t = carry
+        x = 0.7 * x + jnp.sin(t + jnp.arange(3.0))
+        sample = _sample(x, t)
+        saving_state, _ = save(saving_state, keep_t, sample)
+        return (saving_state, x, t + 1), sample
+
+    (saving_state, _, _), outputs = jax.lax.scan(step, (saving_state, x0, jnp.int32(0)), keep)
+    return saving_state, outputs
+
+
+def _keep_list(seed: int, shape: tuple[int, ...]) -> jax.Array:
+    keep = jax.random.bernoulli(jax.random.key(seed), 0.5, shape)
+    assert int(keep.sum(axis=-1).min()) > 0 and int(keep.sum(axis=-1).max()) < STEPS  # a real mix at every chain
+    return keep
+
+
+def _as_numpy(tree: Any) -> Any:
+    return jax.tree.map(lambda leaf: np.asarray(leaf[:]), tree)
+
+
+def _assert_trees_equal(got: Any, want: Any) -> None:
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+class Strategy:
+    """A saving strategy under test, with what it needs to read its samples back."""
+
+    def __init__(self, kind: str, tmp_path: Any, block_size: int | None = 4) -> None:
+        self.kind = kind
+        self.file = None
+        if kind == "no_save":
+            self.collector = None
+            self.triple = io.no_save()
+            return
+        if kind == "memory":
+            self.collector = io.MemoryCollector(save_dir=tmp_path / "npz")
+        else:
+            self.file = h5py.File(tmp_path / "samples.h5", "w")
+            self.collector = io.HDF5Collector(self.file)
+        self.triple = io.save(self.collector, block_size=block_size)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+@pytest.fixture(params=["no_save", "memory", "hdf5"])
+def strategy(request, tmp_path):
+    made = Strategy(request.param, tmp_path)
+    yield made
+    made.close()
+
+
+def test_one_chain_saves_exactly_the_kept_outputs(strategy) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    keep = _keep_list(0, (STEPS,))
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=int(keep.sum())))
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    result = postprocess_save(state, None)
+
+    want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+    assert int(result["sample_count"]) == int(keep.sum())
+    _assert_trees_equal(_as_numpy(result["samples"]), want)
+    if strategy.kind == "hdf5":  # the layout of the reference: /chain~{id}/<dict keys>, plus sample_count
+        assert set(strategy.file["/chain~0"]) == {"x", "stats"}
+        assert set(strategy.file["/chain~0/stats"]) == {"step", "energy"}
+        np.testing.assert_array_equal(strategy.file["/chain~0/stats/energy"][:], want["stats"].energy)
+        assert strategy.file["/chain~0"].attrs["sample_count"] == int(keep.sum())
+    if strategy.kind == "memory":  # with save_dir: chain_0.npz, keys joined by "/"
+        with np.load(strategy.collector._save_dir + "/chain_0.npz") as npz:
+            np.testing.assert_array_equal(npz["stats/step"], want["stats"].step)
+            np.testing.assert_array_equal(npz["x"], want["x"])
+
+
+@pytest.mark.parametrize("chains", [(3,), (2, 2)], ids=["vmap", "vmap-of-vmap"])
+def test_chains_under_vmap_each_save_their_own_kept_outputs(strategy, chains) -> None:
+    if len(chains) == 2 and strategy.kind != "memory":
+        pytest.skip("nested vmap is covered once")
+    init_save, save, postprocess_save = strategy.triple
+    count = int(np.prod(chains))
+    keep = _keep_list(1, (count, STEPS))
+    information = scheduler.static_information(samples_collected=STEPS)
+    states = [init_save(INIT_SAMPLE, None, information) for _ in range(count)]
+    states = jax.tree.map(lambda *leaves: jnp.stack(leaves).reshape(*chains, *leaves[0].shape), *states)
+    x0 = jnp.arange(count * 3.0).reshape(*chains, 3)
+
+    run = functools.partial(_scan, save)
+    for _ in chains:
+        run = jax.vmap(run)
+    states, outputs = jax.jit(run)(states, x0, keep.reshape(*chains, STEPS))
+    results = postprocess_save(states, None)
+
+    assert len(results) == count
+    flat_outputs = jax.tree.map(lambda leaf: np.asarray(leaf).reshape(count, *leaf.shape[len(chains) :]), outputs)
+    for chain, result in enumerate(results):
+        mask = np.asarray(keep[chain])
+        assert int(result["sample_count"]) == mask.sum()
+        _assert_trees_equal(
+            _as_numpy(result["samples"]), jax.tree.map(lambda leaf, c=chain, m=mask: leaf[c][m], flat_outputs)
+        )
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_unknown_sample_count_grows_storage(kind, tmp_path) -> None:
+    strategy = Strategy(kind, tmp_path, block_size=2)
+    init_save, save, postprocess_save = strategy.triple
+    keep = _keep_list(2, (STEPS,))
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=None))
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.ones(3), keep)
+    result = postprocess_save(state, None)
+    want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+    _assert_trees_equal(_as_numpy(result["samples"]), want)
+    if kind == "hdf5":
+        assert strategy.file["/chain~0/x"].shape == (int(keep.sum()), 3)
+        assert strategy.file["/chain~0/x"].maxshape == (None, 3)
+    strategy.close()
+
+
+def test_fewer_samples_than_declared_leave_no_padding(strategy) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    keep = jnp.arange(STEPS) % 4 == 0
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=50))
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    result = postprocess_save(state, None)
+    assert int(result["sample_count"]) == 4
+    np.testing.assert_array_equal(_as_numpy(result["samples"])["x"], np.asarray(outputs["x"])[::4])
+    if strategy.kind == "hdf5":
+        assert strategy.file["/chain~0/x"].shape == (4, 3)
+
+
+def test_more_samples_than_declared_is_a_clear_error_after_the_run(strategy) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    keep = jnp.arange(STEPS) < 5
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=3))
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    with pytest.raises(io.SampleCountError, match=r"chain 0 kept 5 samples, but .* samples_collected=3") as raised:
+        postprocess_save(state, None)
+    assert raised.value.overflows == [(0, 5, 3)]
+    if strategy.kind == "hdf5":  # nothing dropped: every kept sample is in the file
+        np.testing.assert_array_equal(strategy.file["/chain~0/x"][:], np.asarray(outputs["x"])[:5])
+    if strategy.kind == "memory":
+        np.testing.assert_array_equal(strategy.collector.finished(0)["x"], np.asarray(outputs["x"])[:5])
+
+
+def test_default_block_size_and_a_block_per_sample(tmp_path) -> None:
+    keep = _keep_list(3, (STEPS,))
+    want = None
+    for block_size in (None, 1):
+        init_save, save, postprocess_save = io.save(io.MemoryCollector(), block_size=block_size)
+        state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+        state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+        want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+        _assert_trees_equal(_as_numpy(postprocess_save(state, None)["samples"]), want)
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_collectors_place_blocks_that_arrive_in_any_order(kind, tmp_path) -> None:
+    file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None
+    collector = io.HDF5Collector(file) if file is not None else io.MemoryCollector()
+    sample = {"w": np.zeros((2, 2), np.float32), "n": np.int64(0)}
+    chain = collector.register_chain(sample, None, scheduler.static_information(samples_collected=None))
+    rows = {"w": np.arange(40.0, dtype=np.float32).reshape(10, 2, 2), "n": np.arange(10, dtype=np.int64)}
+    blocks = [(0, 3), (3, 4), (4, 9), (9, 10)]
+    random.Random(0).shuffle(blocks)
+    for first, end in blocks:
+        collector.save(chain, first, [rows["n"][first:end], rows["w"][first:end]])
+    collector.finalize(chain)
+    _assert_trees_equal(_as_numpy(collector.finished(chain)), rows)
+    if file is not None:
+        file.close()
+
+
+def test_an_equinox_module_as_the_sample(tmp_path) -> None:
+    model = eqx.nn.Linear(2, 3, key=jax.random.key(0))
+    with h5py.File(tmp_path / "models.h5", "w") as file:
+        init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=2)
+        state = init_save(model, None, scheduler.static_information(samples_collected=5))
+
+        def step(state, scale):
+            return save(state, True, jax.tree.map(lambda leaf: leaf * scale, model))
+
+        state, _ = jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(5.0)))(state)
+        samples = postprocess_save(state, None)["samples"]
+        assert isinstance(samples, eqx.nn.Linear)
+        assert set(file["/chain~0"]) == {"weight", "bias"}
+        np.testing.assert_array_equal(file["/chain~0/bias"][3], 3 * np.asarray(model.bias))
+
+
+def test_a_collector_error_surfaces_in_postprocess_with_its_cause() -> None:
+    class DiskFull(io.MemoryCollector):
+        def save(self, chain_id, first, values):
+            if first >= 4:
+                raise OSError(28, "No space left on device")
+            super().save(chain_id, first, values)
+
+    init_save, save, postprocess_save = io.save(DiskFull(), block_size=4)
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    state, _ = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), jnp.ones(STEPS, bool))
+    with pytest.raises(
+        io.CollectorError, match=r"DiskFull failed while saving samples 4\.\.7 of chain 0: .*No space"
+    ) as raised:
+        postprocess_save(state, None)
+    assert isinstance(raised.value.__cause__, OSError)
+
+
+def test_a_closed_hdf5_file_surfaces_in_postprocess(tmp_path) -> None:
+    file = h5py.File(tmp_path / "closed.h5", "w")
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(file))  # one block holds the whole run
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    state, _ = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), jnp.ones(STEPS, bool))
+    file.close()
+    with pytest.raises(io.CollectorError, match="HDF5Collector failed while") as raised:
+        postprocess_save(state, None)
+    assert raised.value.__cause__ is not None
+
+
+def test_checkpoints_need_somewhere_to_go() -> None:
+    init_save, save, postprocess_save = io.save(io.MemoryCollector(), checkpoint_every=5)
+    solver = {"x": jnp.zeros(3)}
+    state = init_save(INIT_SAMPLE, solver, scheduler.static_information(samples_collected=None))
+
+    def step(state, t):
+        return save(state, True, _sample(jnp.zeros(3), t), solver_state=solver)
+
+    state, _ = jax.lax.scan(step, state, jnp.arange(STEPS))
+    with pytest.raises(io.CollectorError, match=r"checkpointing chain 0 at step 5: .*give it a save_dir"):
+        postprocess_save(state, None)
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path) -> None:
+    path = tmp_path / "done.h5"
+    with h5py.File(path, "w") as file:
+        init_save, _, postprocess_save = io.save(io.HDF5Collector(file))
+        postprocess_save(init_save(INIT_SAMPLE, None, scheduler.static_information()), None)
+    with h5py.File(path, "a") as file, pytest.raises(FileExistsError, match=r"finished run at /chain~0"):
+        io.HDF5Collector(file).register_chain(INIT_SAMPLE, None, scheduler.static_information())
+
+
+def test_misuse_is_reported_clearly() -> None:
+    init_save, save, _ = io.save(io.MemoryCollector())
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    with pytest.raises(ValueError, match=r"sample leaf 'x' is float32\[4\], expected float32\[3\]"):
+        save(state, True, _sample(jnp.zeros(4), jnp.int32(0)))
+    with pytest.raises(ValueError, match="one boolean per chain"):
+        save(state, jnp.ones(2, bool), _sample(jnp.zeros(3), jnp.int32(0)))
+    shared = functools.partial(_scan, save, state)  # one saving state for every chain: not allowed
+    with pytest.raises(ValueError, match="call init_save once per chain and stack the states"):
+        jax.vmap(shared)(jnp.zeros((2, 3)), jnp.ones((2, STEPS), bool))
+    with pytest.raises(ValueError, match="samples_collected=N"):
+        io.no_save()[0](INIT_SAMPLE, None, scheduler.static_information())
