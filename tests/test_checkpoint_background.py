@@ -64,14 +64,19 @@ def _obey_permission_bits() -> None:
 
 def test_read_only_folder_mid_run(tmp_path):
     folder = str(tmp_path)
-    result = subprocess.run(
-        [sys.executable, __file__, folder],
-        preexec_fn=_obey_permission_bits if os.geteuid() == 0 else None,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    try:
+        result = subprocess.run(
+            [sys.executable, __file__, folder],
+            preexec_fn=_obey_permission_bits if os.geteuid() == 0 else None,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
+        pytest.skip(
+            f"running as root without the right to drop CAP_DAC_OVERRIDE (CAP_SETPCAP), so chmod stops nothing: {error}"
+        )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     root = os.path.join(folder, "run")
