@@ -174,6 +174,19 @@ def test_missing_steps_and_bad_arguments(tmp_path):
         manager.save(9, {"w": jnp.ones(1)})
 
 
+def test_damaged_record_is_named(tmp_path):
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(3, {"w": jnp.ones(1)})
+    (tmp_path / "3" / "checkpoint.json").write_text('{"step": 3, "files": {"w": "../../etc/passwd"}}')
+    with pytest.raises(jaxstow.errors.FormatError, match=r"3/checkpoint\.json: record version None"):
+        CheckpointManager(tmp_path).restore()
+    (tmp_path / "3" / "checkpoint.json").write_text(
+        '{"record_version": 1, "step": 3, "time": 0, "single": false, "files": {"w": "../../etc/passwd"}}'
+    )
+    with pytest.raises(jaxstow.errors.FormatError, match="lacks a field or has one of the wrong type"):
+        CheckpointManager(tmp_path).restore()
+
+
 def test_non_finite_metrics_are_kept_as_null(tmp_path):
     with CheckpointManager(tmp_path) as manager:
         manager.save(0, {"w": jnp.ones(1)}, metrics={"loss": float("nan"), "acc": np.float32(0.5), "n": jnp.array(3)})
