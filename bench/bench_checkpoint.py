@@ -2,7 +2,8 @@
 
 Run from the repository root: ``python bench/bench_checkpoint.py`` (``--trees T1`` or ``--trees T2`` for part of it).
 
-For each tree, in one process and in turns (so that the machine's load falls on all alike):
+For each tree, in one process and in turns, each method first in its turn (so that the machine's load falls on all
+alike):
 
 - jaxstow: ``CheckpointManager(async_save=True).save(step, tree)`` then ``wait()``;
 - orbax: ``ocp.CheckpointManager`` with ``enable_async_checkpointing=True``, ``save(step, args=StandardSave(tree))`` then
@@ -39,7 +40,7 @@ from trees import make_t1, make_t2, tree_nbytes
 
 from jaxstow import CheckpointManager
 
-RUNS = {"T1": {"jaxstow": 5, "orbax": 4, "raw limit": 5}, "T2": {"jaxstow": 5, "orbax": 2}}
+RUNS = {"T1": {"jaxstow": 8, "orbax": 4, "raw limit": 8}, "T2": {"jaxstow": 5, "orbax": 2}}
 MANY = 100
 KEEP = 3
 
@@ -144,8 +145,10 @@ def compare(name: str, tree: Tree, folder: str) -> Timings:
         saver.save(0, warm)  # threads, imports and compilations of each library, outside the figures
         saver.discard(0)
     print(f"{name}: {len(jax.tree.leaves(tree))} leaves, {tree_nbytes(tree) / 1e9:.2f} GB", flush=True)
+    methods = list(savers)
     for run in range(max(runs.values())):
-        for method, saver in savers.items():
+        for method in methods[run % len(methods) :] + methods[: run % len(methods)]:  # each method goes first in turn
+            saver = savers[method]
             if run < runs[method]:
                 tree = jax.block_until_ready(jax.tree.map(bump, tree))
                 gc.collect()
