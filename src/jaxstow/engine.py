@@ -29,7 +29,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, cast
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxstow.errors import CheckpointError
@@ -78,7 +77,8 @@ def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
 
 
 def _is_plain_array(leaf: Any) -> bool:
-    return isinstance(leaf, jax.Array) and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    """A JAX array of a numpy dtype: not a typed PRNG key or another extended dtype, which numpy cannot hold."""
+    return isinstance(leaf, jax.Array) and isinstance(leaf.dtype, np.dtype)
 
 
 def _hold_on_host(leaves: list[Any]) -> list[Any]:

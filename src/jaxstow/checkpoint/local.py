@@ -1,7 +1,8 @@
 """Folders in a local directory, each made visible whole by one atomic rename.
 
 A folder is written under a temporary name (it holds :data:`~jaxstow.storage.TEMPORARY_MARKER`, so no listing shows
-it), every file fsynced, its marker written last, then renamed to its final name and the directory fsynced. A crash
+it), every file fsynced, its marker written last, the folder fsynced, then renamed to its final name and the directory
+fsynced. A crash
 leaves either the old state or the new one, plus a temporary folder that :func:`remove_leftovers` deletes later.
 Replacing a committed folder swaps the two folders in one step (``renameat2`` with ``RENAME_EXCHANGE``).
 
@@ -28,19 +29,13 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from jaxstow.errors import CheckpointError
-from jaxstow.storage import (
-    TEMPORARY_MARKER,
-    ReadSource,
-    atomic_write,
-    fsync_directory,
-    open_source,
-    temporary_sibling,
-)
+from jaxstow.storage import TEMPORARY_MARKER, ReadSource, fsync_directory, open_source, temporary_sibling
 
 __all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
+_WRITE_BUFFER = 1 << 20
 
 
 def remove_leftovers(directory: str) -> list[str]:
@@ -131,7 +126,10 @@ class LocalStore:
 
 
 class LocalStaging:
-    """A folder being written under a temporary name; :meth:`commit` renames it into place."""
+    """A folder being written under a temporary name; :meth:`commit` renames it into place.
+
+    Files in it are written in place and fsynced; the folder itself is fsynced once, at commit, before the rename.
+    """
 
     def __init__(self, store: LocalStore, name: str, *, replace: bool) -> None:
         self._store = store
@@ -143,13 +141,16 @@ class LocalStaging:
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
         """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink."""
-        with atomic_write(os.path.join(self._temporary, file)) as sink:
+        with open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink:
             yield file, sink
+            sink.flush()
+            os.fsync(sink.fileno())
 
     def commit(self, marker: bytes) -> None:
         """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename."""
-        with atomic_write(os.path.join(self._temporary, self._store.marker)) as sink:
+        with self.open(self._store.marker) as (_, sink):
             sink.write(marker)
+        fsync_directory(self._temporary)
         if self._replace:
             _exchange(self._temporary, self._final)
             fsync_directory(self._store.root)
