@@ -51,6 +51,9 @@ class Frozen:
             return
         leaves, self._treedef = jax.tree_util.tree_flatten(tree)
         self._leaves = _hold_on_host(leaves)
+        # Typed PRNG keys stay JAX arrays (they keep their kind in the file); a host view of their data keeps a
+        # later donation from reusing their buffers all the same.
+        self._guards = [np.asarray(jax.random.key_data(leaf)) for leaf in leaves if _is_key(leaf)]
 
     def snapshot(self) -> Snapshot:
         """The tree's :class:`~jaxstow.snapshot.Snapshot`; errors in the tree (an unsaveable leaf) surface here."""
@@ -79,6 +82,14 @@ def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
 def _is_plain_array(leaf: Any) -> bool:
     """A JAX array of a numpy dtype: not a typed PRNG key or another extended dtype, which numpy cannot hold."""
     return isinstance(leaf, jax.Array) and isinstance(leaf.dtype, np.dtype)
+
+
+def _is_key(leaf: Any) -> bool:
+    return (
+        isinstance(leaf, jax.Array)
+        and not isinstance(leaf.dtype, np.dtype)
+        and jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key)
+    )
 
 
 def _hold_on_host(leaves: list[Any]) -> list[Any]:
