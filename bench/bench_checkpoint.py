@@ -11,10 +11,11 @@ alike):
 - the raw limit (T1): every leaf written with ``ndarray.tofile`` into one file, then fsync.
 
 *blocked* is how long ``save`` keeps the caller; *durable* is from the call until the checkpoint is on disk. Every save
-gets fresh arrays (the tree plus one, computed before the clock starts), as a training step would, and starts on a
-quiet machine state: garbage collected, dirty pages flushed (``os.sync``); each checkpoint is deleted after its timing. Blocked times are
-compared by their medians. Write speed on a shared disk varies several-fold from one run to the next, so durable times
-are compared by the best run of each method, the closest estimate of what each can do; medians are shown beside them.
+gets fresh arrays (the tree plus one, computed before the clock starts), as a training step would, and starts from a
+quiet state: garbage collected, dirty pages flushed (``os.sync``), a second's pause; each checkpoint is deleted after
+its timing. Blocked times are compared by their medians. Write speed on a shared disk varies several-fold from one run
+to the next, so durable times are compared by the best run of each method, the closest estimate of what each can do;
+medians are shown beside them.
 Then 100 checkpoints of T2 with ``keep_last=3`` must leave exactly 3 steps on disk.
 """
 
@@ -42,6 +43,7 @@ from jaxstow import CheckpointManager
 
 RUNS = {"T1": {"jaxstow": 8, "orbax": 4, "raw limit": 8}, "T2": {"jaxstow": 5, "orbax": 2}}
 MANY = 100
+SETTLE_SECONDS = 1.0  # after os.sync, for the disk to finish what the previous run left (deletions)
 KEEP = 3
 
 Tree = Any
@@ -153,6 +155,7 @@ def compare(name: str, tree: Tree, folder: str) -> Timings:
                 tree = jax.block_until_ready(jax.tree.map(bump, tree))
                 gc.collect()
                 os.sync()
+                time.sleep(SETTLE_SECONDS)
                 timings.add(method, *saver.save(run + 1, tree))
                 saver.discard(run + 1)
     for saver in savers.values():
