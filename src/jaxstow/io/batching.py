@@ -1,4 +1,4 @@
-"""In-jit helpers shared by the saving strategies: sample checks, row writes, and chains under ``jax.vmap``.
+"""Helpers shared by the saving strategies: sample checks, row writes, block sizes, and chains under ``jax.vmap``.
 
 A saving state may carry leading *chain* dimensions: none for a single chain, one per ``vmap`` around ``save``.
 The step functions are written once for any chain shape. :func:`chain_polymorphic` makes ``vmap`` call them with
@@ -25,7 +25,16 @@ from jax.custom_batching import custom_vmap
 
 from jaxstow.tree import flatten_with_paths
 
-__all__ = ["chain_polymorphic", "conform", "keep_flags", "row_spec", "spec_of", "token_spec", "write_rows"]
+__all__ = [
+    "chain_polymorphic",
+    "conform",
+    "keep_flags",
+    "power_of_two_rows",
+    "row_spec",
+    "spec_of",
+    "token_spec",
+    "write_rows",
+]
 
 State = TypeVar("State")
 
@@ -68,6 +77,12 @@ def conform(value: Any, spec: Any, *, what: str) -> Any:
             )
         out.append(jnp.asarray(leaf, wanted.dtype))
     return treedef.unflatten(out)
+
+
+def power_of_two_rows(budget_bytes: int, row_bytes: int, most: int) -> int:
+    """The largest power of two of rows, at most ``most``, whose bytes fit in ``budget_bytes`` (at least one row)."""
+    fitting = max(1, min(most, budget_bytes // max(1, row_bytes)))
+    return 1 << (fitting.bit_length() - 1)
 
 
 def keep_flags(keep: Any, chains: tuple[int, ...]) -> jax.Array:

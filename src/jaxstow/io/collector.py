@@ -93,7 +93,8 @@ class DataCollector(abc.ABC):
         """Store a block of samples: ``values`` holds one array per leaf of the sample (in ``jax.tree.leaves``
         order), whose rows are the samples ``first, first + 1, ...`` of the chain.
 
-        Blocks may arrive in any order. The arrays are only valid during the call: copy what you keep.
+        Blocks may arrive in any order. The arrays are read-only and nothing changes them later: a collector may keep
+        them without copying.
         """
 
     @abc.abstractmethod

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow.io.batching import power_of_two_rows
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
 from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
 from jaxstow.io.writer import BackgroundWriter
@@ -37,7 +38,9 @@ from jaxstow.scheduler import static_information as StaticInformation
 __all__ = ["HDF5Collector"]
 
 _CHUNK_BYTES = 1 << 20
-_MAX_CHUNK_ROWS = 4096
+_MAX_CHUNK_ROWS = (
+    4096  # chunks hold a power of two of rows, like the blocks of io.save, so that full blocks fill whole chunks
+)
 _DISK_DRIVERS = ("sec2", "stdio", "direct")
 
 
@@ -84,6 +87,7 @@ class HDF5Collector(DataCollector):
             raise ImportError("HDF5Collector needs h5py: pip install 'jaxstow[h5py]'") from error
         if not isinstance(file, h5py.File):
             raise TypeError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
+        self._h5py = h5py
         self._file = file
         self._compression = compression
         if checkpoint_dir is not None:
@@ -142,8 +146,8 @@ class HDF5Collector(DataCollector):
             del self._file[group]  # interrupted before its first checkpoint: start again
         datasets = []
         for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-            row_bytes = max(1, int(np.prod(shape)) * dtype.itemsize)
-            rows = max(1, min(_CHUNK_BYTES // row_bytes, capacity or _MAX_CHUNK_ROWS, _MAX_CHUNK_ROWS))
+            most = min(capacity or _MAX_CHUNK_ROWS, _MAX_CHUNK_ROWS)
+            rows = power_of_two_rows(_CHUNK_BYTES, int(np.prod(shape)) * dtype.itemsize, most)
             datasets.append(
                 self._file.create_dataset(
                     self._dataset_name(chain_id, name),
@@ -174,15 +178,15 @@ class HDF5Collector(DataCollector):
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing (one hyperslab per dataset)."""
         end = self._chains.received(chain_id, first, values)
-        copies = [np.array(value) for value in values]
-        self._writer.submit(functools.partial(self._write, self._datasets[chain_id], first, end, copies))
+        self._writer.submit(functools.partial(self._write, self._datasets[chain_id], first, end, values))
 
-    @staticmethod
-    def _write(datasets: list[Any], first: int, end: int, values: list[np.ndarray]) -> None:
+    def _write(self, datasets: list[Any], first: int, end: int, values: Sequence[np.ndarray]) -> None:
         for dataset, value in zip(datasets, values, strict=True):
             if len(dataset) < end:
                 dataset.resize(max(end, 2 * len(dataset)), axis=0)
-            dataset[first:end] = value
+            rows = dataset.id.get_space()  # the hyperslab of the block, written without h5py's slicing machinery
+            rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
+            dataset.id.write(self._h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
     def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
         """Queue the checkpoint: after the blocks before it are written and flushed to disk, commit it atomically."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -17,10 +18,10 @@ __all__ = ["DeviceSamples", "no_save"]
 
 
 class DeviceSamples(NamedTuple):
-    """The saving state of :func:`no_save`: the samples kept so far, on the device.
+    """The saving state of :func:`no_save`: room for ``samples_collected`` samples on the device, and their count.
 
-    Each leaf of ``samples`` has ``samples_collected + 1`` rows; the last one receives the samples that do not fit,
-    so that they never overwrite a kept one.
+    Samples beyond the room are not stored; ``postprocess_save`` raises a :class:`~jaxstow.io.SampleCountError`
+    if any of them was kept.
     """
 
     samples: Any
@@ -31,8 +32,10 @@ def no_save() -> Saving:
     """Does not save the data on the host but returns it instead.
 
     If the samples are small, collection on the device is possible; its size is fixed when the run is compiled, so
-    ``static_information.samples_collected`` must be given. Works under ``jax.vmap`` with a different ``keep`` per
-    chain; ``postprocess_save`` then returns a list with one result per chain.
+    ``static_information.samples_collected`` must be given. Donate the saving state to the jit-compiled run
+    (``jax.jit(run, donate_argnums=...)``) so that the samples are written in place rather than into a copy. Works
+    under ``jax.vmap`` with a different ``keep`` per chain; ``postprocess_save`` then returns a list with one result
+    per chain.
 
     Save keep every second element of a 5 element scan
 
@@ -67,12 +70,13 @@ def _init(
     """The empty device storage for ``samples_collected`` samples (``init_checkpoint`` is unused)."""
     del init_checkpoint
     capacity = None if static_information is None else static_information.samples_collected
-    if capacity is None:
+    if capacity is None or capacity < 1:
         raise ValueError(
             "no_save keeps the samples in device memory, whose size is fixed at compile time: give "
-            "scheduler.static_information(samples_collected=N), or stream them with io.save(io.MemoryCollector())"
+            "scheduler.static_information(samples_collected=N) with N >= 1, or stream them with "
+            f"io.save(io.MemoryCollector()) (got samples_collected={capacity})"
         )
-    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity + 1, *leaf.shape), leaf.dtype), spec_of(init_sample))
+    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec_of(init_sample))
     return DeviceSamples(samples, jnp.zeros((), jnp.int32))
 
 
@@ -83,9 +87,16 @@ def _save(
     del scheduler_state, solver_state
     chain_ndim = np.ndim(saving_state.sample_count)
     sample = conform(sample, row_spec(saving_state.samples, chain_ndim), what="sample")
-    capacity = jax.tree.leaves(saving_state.samples)[0].shape[chain_ndim] - 1
-    row = jnp.minimum(saving_state.sample_count, capacity)
-    samples = write_rows(saving_state.samples, row, sample)
+    capacity = jax.tree.leaves(saving_state.samples)[0].shape[chain_ndim]
+    room = saving_state.sample_count < capacity
+    last = (slice(None),) * chain_ndim + (capacity - 1,)
+
+    def unless_full(new: jax.Array, stack: jax.Array) -> jax.Array:
+        """Once the room is full, the last row takes its own value again: later samples must not replace it."""
+        return jnp.where(room.reshape(room.shape + (1,) * (new.ndim - chain_ndim)), new, stack[last])
+
+    sample = jax.tree.map(unless_full, sample, saving_state.samples)
+    samples = write_rows(saving_state.samples, jnp.minimum(saving_state.sample_count, capacity - 1), sample)
     count = saving_state.sample_count + keep_flags(keep, np.shape(saving_state.sample_count)).astype(jnp.int32)
     return DeviceSamples(samples, count), None
 
@@ -94,20 +105,27 @@ def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:
     """The kept samples per chain, as device arrays (``solver_state`` is unused)."""
     del solver_state
     counts = np.asarray(saving_state.sample_count)
-    capacity = jax.tree.leaves(saving_state.samples)[0].shape[counts.ndim] - 1
+    capacity = jax.tree.leaves(saving_state.samples)[0].shape[counts.ndim]
     chains = list(np.ndindex(counts.shape))
     overflows = [
         (number, int(counts[index]), capacity) for number, index in enumerate(chains) if counts[index] > capacity
     ]
     if overflows:
         raise SampleCountError(
-            overflows, f"no_save kept only the first {capacity} of each chain on the device; declare the right number"
+            overflows, f"no_save has room for {capacity} per chain on the device; declare the right number"
         )
     results = [
         {
             "sample_count": jnp.asarray(int(counts[index])),
-            "samples": jax.tree.map(lambda leaf, index=index: leaf[index][: int(counts[index])], saving_state.samples),
+            "samples": jax.tree.map(
+                functools.partial(_kept, index=index, count=int(counts[index])), saving_state.samples
+            ),
         }
         for index in chains
     ]
     return results[0] if counts.ndim == 0 else results
+
+
+def _kept(leaf: jax.Array, *, index: tuple[int, ...], count: int) -> jax.Array:
+    """The first ``count`` samples of the chain at ``index``, in one indexing operation (none if it is all of them)."""
+    return leaf if not index and count == len(leaf) else leaf[(*index, slice(0, count))]

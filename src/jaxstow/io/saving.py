@@ -19,7 +19,16 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
-from jaxstow.io.batching import chain_polymorphic, conform, keep_flags, row_spec, spec_of, token_spec, write_rows
+from jaxstow.io.batching import (
+    chain_polymorphic,
+    conform,
+    keep_flags,
+    power_of_two_rows,
+    row_spec,
+    spec_of,
+    token_spec,
+    write_rows,
+)
 from jaxstow.io.collector import Checkpoint, DataCollector
 from jaxstow.io.errors import CollectorError, SampleCountError
 from jaxstow.io.memory import MemoryCollector
@@ -27,7 +36,8 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
 
-#: Size of a chain's device buffer when ``block_size`` is not given: about this many bytes of samples.
+#: Size of a chain's device buffer when ``block_size`` is not given: at most this many bytes of samples, in a power
+#: of two rows (so that full blocks line up with the HDF5 collector's chunks).
 BLOCK_BYTES = 1 << 20
 _MAX_BLOCK = 1 << 16
 
@@ -46,10 +56,15 @@ class SavingState(NamedTuple):
 
     chain_id: jax.Array
     buffer: Any
-    fill: jax.Array  # rows of the buffer holding kept samples not yet sent
-    sample_count: jax.Array  # samples kept since the start of the run
-    step: jax.Array  # calls of save since the start of the run
+    sent: jax.Array  # samples kept and sent to the host since the start of the run
+    fill: jax.Array  # samples kept since then, in the first rows of the buffer
+    step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
     token: jax.Array  # the host's last answer; orders the callbacks
+
+    @property
+    def sample_count(self) -> jax.Array:
+        """The samples kept since the start of the run."""
+        return self.sent + self.fill
 
 
 def save(
@@ -74,7 +89,9 @@ def save(
 
     ``checkpoint_every=n`` checkpoints ``solver_state`` (with the structure of ``init_checkpoint``) and
     ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
-    ``block_size`` is the number of samples per chain buffered on the device (by default about 1 MiB of them).
+    Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
+    updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the device (by default a power of two, up to 1 MiB of
+    them).
 
     >>> import jax.numpy as jnp
     >>> from jax.lax import scan
@@ -153,12 +170,12 @@ class _Streaming:
         resumed = self.collector.resume().get(chain_id)
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
-        rows = self.block_size or max(1, min(_MAX_BLOCK, BLOCK_BYTES // max(1, _sample_bytes(spec))))
+        rows = self.block_size or power_of_two_rows(BLOCK_BYTES, _sample_bytes(spec), _MAX_BLOCK)
         return SavingState(
             chain_id=jnp.asarray(chain_id, jnp.int32),
             buffer=jax.tree.map(lambda leaf: jnp.zeros((rows, *leaf.shape), leaf.dtype), spec),
+            sent=jnp.asarray(0 if resumed is None else resumed.sample_count, jnp.int32),
             fill=jnp.zeros((), jnp.int32),
-            sample_count=jnp.asarray(0 if resumed is None else resumed.sample_count, jnp.int32),
             step=jnp.asarray(0 if resumed is None else resumed.step, jnp.int32),
             token=jnp.zeros((), jnp.int32),
         )
@@ -170,15 +187,14 @@ class _Streaming:
         leaves = jax.tree.leaves(state.buffer)
         chains = list(np.ndindex(np.shape(state.chain_id)))
         for index in chains:
-            chain_id, rows = int(state.chain_id[index]), int(state.fill[index])
-            first = int(state.sample_count[index]) - rows
+            chain_id, first, rows = int(state.chain_id[index]), int(state.sent[index]), int(state.fill[index])
             if rows:
                 self._deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
         for index in chains:
             chain_id = int(state.chain_id[index])
             self._attempt(chain_id, f"finalizing chain {chain_id}", self.collector.finalize, chain_id)
         self._raise_failures(int(state.chain_id[index]) for index in chains)
-        counts = {int(state.chain_id[index]): int(state.sample_count[index]) for index in chains}
+        counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
             (chain_id, count, declared)
             for chain_id, count in counts.items()
@@ -224,51 +240,52 @@ class _Streaming:
         return self._step(saving_state, keep, sample, checkpoint), None
 
     def _chains_step(self, state: SavingState, keep: jax.Array, sample: Any, checkpoint: Any) -> SavingState:
+        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch.
         buffer = write_rows(state.buffer, state.fill, sample)
-        kept = keep.astype(jnp.int32)
-        fill, count, step = state.fill + kept, state.sample_count + kept, state.step + 1
-        block_size = jax.tree.leaves(buffer)[0].shape[fill.ndim]
-        full = jnp.any(fill == block_size)
+        fill = state.fill + keep.astype(jnp.int32)
+        full = jnp.any(fill == jax.tree.leaves(buffer)[0].shape[fill.ndim])
         answer = token_spec(state.token.shape)
-        blocks = (state.chain_id, count - fill, fill, buffer)
 
-        def send(operands: Any) -> Any:
-            return io_callback(self._receive, answer, *operands[:2])
+        def wait(token: jax.Array, blocks: Any, *_: Any) -> Any:
+            return token, blocks[1], blocks[2]
 
-        def send_with_checkpoint(operands: Any) -> Any:
-            return io_callback(self._receive, answer, *operands)
+        def send(token: jax.Array, blocks: Any, *checkpoint: Any) -> Any:
+            token = io_callback(self._receive, answer, token, blocks, *checkpoint)
+            sent, fill = blocks[1:3]
+            return token, sent + fill, jnp.zeros_like(fill)
 
-        def wait(operands: Any) -> Any:
-            return operands[0]
+        def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
+            return send(token, blocks)
 
         if checkpoint is None:
-            flush = full
-            token = jax.lax.cond(full, send, wait, (state.token, blocks))
+            step = state.step
+            token, sent, fill = jax.lax.cond(full, send, wait, state.token, (state.chain_id, state.sent, fill, buffer))
         else:
+            step = state.step + 1
             due = jnp.any(step % self.checkpoint_every == 0)
-            flush = full | due
+            blocks = (state.chain_id, state.sent, fill, buffer)
             branch = jnp.where(due, 2, full.astype(jnp.int32))
-            token = jax.lax.switch(
-                branch, [wait, send, send_with_checkpoint], (state.token, blocks, (step, count, *checkpoint))
+            token, sent, fill = jax.lax.switch(
+                branch, [wait, send_blocks_only, send], state.token, blocks, (step, *checkpoint)
             )
-        return SavingState(state.chain_id, buffer, jnp.where(flush, 0, fill), count, step, token)
+        return SavingState(state.chain_id, buffer, sent, fill, step, token)
 
     # -- on the host ---------------------------------------------------------------------------------------------
 
     def _receive(self, token: Any, blocks: Any, checkpoint: Any = None) -> np.ndarray:
         """The callback: hand each chain's block (and checkpoint) to the collector; answer with the token."""
-        chain_ids, firsts, fills = (np.asarray(part) for part in blocks[:3])
+        chain_ids, firsts, fills = (np.asarray(part) for part in blocks[:3])  # a block's first sample: those sent
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(blocks[3])]
         for index in np.ndindex(chain_ids.shape):
             rows = int(fills[index])
             if rows:
                 self._deliver(int(chain_ids[index]), int(firsts[index]), [leaf[index][:rows] for leaf in leaves])
         if checkpoint is not None:
-            self._checkpoint(chain_ids, checkpoint)
+            self._checkpoint(chain_ids, firsts + fills, checkpoint)
         return np.asarray(token, np.int32)
 
-    def _checkpoint(self, chain_ids: np.ndarray, checkpoint: Any) -> None:
-        steps, counts, solver, scheduler = checkpoint
+    def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
+        steps, solver, scheduler = checkpoint
         solver_leaves = jax.tree.leaves(jax.device_get(solver))
         solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
         scheduler = jax.device_get(scheduler)

@@ -1,0 +1,260 @@
+"""Issue 3 benchmark: samples leaving a jit-compiled scan through ``jaxstow.io``, against keeping them on the device.
+
+Run from the repository root: ``python bench/bench_io.py`` (``--rounds N`` to change the number of rounds).
+
+A scan of 10,000 steps produces one sample ``{'w': float32[1000], 's': float32[]}`` per step and keeps every one.
+The baseline is the cheapest way to keep them: the scan returns them as stacked outputs on the device. Against it:
+``no_save`` (a device buffer in the saving state), ``io.save`` with a ``MemoryCollector`` and with an
+``HDF5Collector`` (blocks of samples sent to the host during the run), the original design's one ``io_callback``
+per sample, and the scan keeping nothing at all (the ceiling). Then the same with 8 chains under ``vmap``
+(1,250 steps each, so again 10,000 samples).
+
+Compilation is excluded: each method is compiled ahead of time, then the clock covers the compiled run and, for the
+saving strategies, ``init_save`` before it (which allocates their storage, as the stacked scan allocates its outputs)
+and ``postprocess_save`` after it (which sends the last samples and waits until the collector holds them all; the
+HDF5 file is flushed, not fsynced). Two warm-up rounds are not counted, and 1 GiB of memory is touched once at
+the start (see ``back_memory``). Every run's last sample is checked against the others'. Methods run in rounds,
+every method once per round, so that a change in the load of this shared machine falls on all alike. The table gives
+samples per second from the best and the median wall time of the rounds, and from the median CPU time of the process
+(all its threads: the HDF5 writer's work counts even where it overlaps the scan), each also as a ratio to the stacked
+baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import io_callback
+
+from jaxstow import io, scheduler
+
+SAMPLES = 10_000
+CHAINS = 8
+DIM = 1000
+TARGET = 0.9
+WARMUP = 2
+
+Go = Callable[[], np.ndarray]  # one timed run; returns the last sample of every chain, to be checked
+Prepare = Callable[[], tuple[Go, Callable[[], None]]]  # sets a run up, untimed: its timed part and its cleanup
+
+
+def model(w: jax.Array, t: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The work of one step, and the sample it produces."""
+    w = 0.999 * w + 0.001 * jnp.cos(w + t)
+    return w, {"w": w, "s": jnp.sum(w)}
+
+
+INIT_SAMPLE = {"w": jnp.zeros(DIM), "s": jnp.float32(0.0)}
+
+
+def _scan(body: Callable[..., Any], carry: Any, steps: int) -> Any:
+    return jax.lax.scan(body, carry, jnp.arange(steps, dtype=jnp.float32))
+
+
+def _chained(fun: Callable[..., Any], chains: int) -> Callable[..., Any]:
+    return jax.vmap(fun) if chains > 1 else fun
+
+
+def _w0(chains: int) -> jax.Array:
+    return jnp.zeros((chains, DIM)) if chains > 1 else jnp.zeros(DIM)
+
+
+def _nothing(w: jax.Array, steps: int) -> jax.Array:
+    """Keeps no sample: only the final state, which is the last sample."""
+    return _scan(lambda w, t: (model(w, t)[0], None), w, steps)[0][..., None, :]
+
+
+def _stacked(w: jax.Array, steps: int) -> jax.Array:
+    """Keeps every sample as a stacked output of the scan."""
+    return _scan(model, w, steps)[1]
+
+
+def on_device(run: Callable[[jax.Array, int], Any], chains: int, steps: int) -> Prepare:
+    """A scan that keeps its samples on the device (or none); compiled once."""
+    compiled = jax.jit(_chained(functools.partial(run, steps=steps), chains)).lower(_w0(chains)).compile()
+
+    def go() -> np.ndarray:
+        kept = jax.block_until_ready(compiled(_w0(chains)))
+        last = kept["w"][..., -1, :] if isinstance(kept, dict) else kept[..., -1, :]
+        return np.asarray(last).reshape(chains, DIM)
+
+    return lambda: (go, lambda: None)
+
+
+def strategy(make: Callable[[], tuple[io.Saving, Callable[[], None]]], chains: int, steps: int) -> Prepare:
+    """A saving strategy: ``make`` returns a fresh ``(init_save, save, postprocess_save)`` and its cleanup.
+
+    Every run gets a new strategy (and collector), compiled before the clock starts against the shapes of a saving
+    state made by a throwaway twin; the clock then covers ``init_save``, the run and ``postprocess_save``. The saving
+    state is donated to the run, as the strategies' documentation advises.
+    """
+    information = scheduler.static_information(samples_collected=steps)
+
+    def states(init_save: Callable[..., Any]) -> Any:
+        made = [init_save(INIT_SAMPLE, None, information) for _ in range(chains)]
+        return jax.tree.map(lambda *leaves: jnp.stack(leaves), *made) if chains > 1 else made[0]
+
+    shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), states(make()[0][0]))
+
+    def prepare() -> tuple[Go, Callable[[], None]]:
+        (init_save, save, postprocess_save), cleanup = make()
+
+        def run(state, w):
+            def body(carry, t):
+                state, w = carry
+                w, sample = model(w, t)
+                state, _ = save(state, True, sample)
+                return (state, w), None
+
+            return _scan(body, (state, w), steps)[0][0]
+
+        compiled = jax.jit(_chained(run, chains), donate_argnums=0).lower(shapes, _w0(chains)).compile()
+
+        def go() -> np.ndarray:
+            result = postprocess_save(compiled(states(init_save), _w0(chains)), None)
+            return np.stack([chain["samples"]["w"][-1] for chain in (result if chains > 1 else [result])])
+
+        return go, cleanup
+
+    return prepare
+
+
+def _no_save() -> tuple[io.Saving, Callable[[], None]]:
+    return io.no_save(), lambda: None
+
+
+def _memory() -> tuple[io.Saving, Callable[[], None]]:
+    return io.save(io.MemoryCollector()), lambda: None
+
+
+def _hdf5(folder: str) -> tuple[io.Saving, Callable[[], None]]:
+    path = os.path.join(folder, "samples.h5")
+    file = h5py.File(path, "w")
+
+    def cleanup() -> None:
+        file.close()
+        os.unlink(path)
+
+    return io.save(io.HDF5Collector(file)), cleanup
+
+
+def per_sample_callback(steps: int) -> Prepare:
+    """The original design: one host callback per kept sample (here into preallocated numpy arrays)."""
+    stored = {"w": np.empty((steps, DIM), np.float32), "s": np.empty(steps, np.float32)}
+
+    def receive(index, sample):
+        stored["w"][int(index)] = sample["w"]
+        stored["s"][int(index)] = sample["s"]
+        return np.int32(0)
+
+    def run(w):
+        def body(carry, t):
+            w, count = carry
+            w, sample = model(w, t)
+            jax.lax.cond(
+                True, lambda: io_callback(receive, jax.ShapeDtypeStruct((), jnp.int32), count, sample), lambda: count
+            )
+            return (w, count + 1), None
+
+        return _scan(body, (w, jnp.int32(0)), steps)[0]
+
+    compiled = jax.jit(run).lower(_w0(1)).compile()
+
+    def go() -> np.ndarray:
+        jax.block_until_ready(compiled(_w0(1)))
+        return stored["w"][-1:].copy()
+
+    return lambda: (go, lambda: None)
+
+
+def back_memory(size: int = 1 << 30) -> None:
+    """Touch ``size`` bytes once, then free them.
+
+    In a virtual machine the first touch of memory the guest has never used is far slower than later touches (about
+    100 ms instead of 4 ms for 40 MB here), and it would fall on whichever method happens to need new memory first.
+    """
+    np.ones(size, np.uint8)
+
+
+def measure(methods: dict[str, Prepare], rounds: int) -> dict[str, list[tuple[float, float]]]:
+    """``(wall, cpu)`` seconds of each method's timed part, round by round (after two warm-up rounds)."""
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
+    reference = None
+    for _ in range(rounds + WARMUP):
+        for name, prepare in methods.items():
+            go, cleanup = prepare()
+            wall, cpu = time.perf_counter(), time.process_time()
+            last = go()
+            times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+            cleanup()
+            reference = last if reference is None else reference
+            np.testing.assert_array_equal(last, reference, err_msg=f"{name} did not keep the samples of the others")
+    return {name: values[WARMUP:] for name, values in times.items()}
+
+
+def table(title: str, times: dict[str, list[tuple[float, float]]], samples: int, baseline: str) -> list[str]:
+    rates = {
+        name: (
+            samples / min(wall for wall, _ in values),
+            samples / statistics.median(wall for wall, _ in values),
+            samples / statistics.median(cpu for _, cpu in values),
+        )
+        for name, values in times.items()
+    }
+    base = rates[baseline]
+    header = ("best wall", "median wall", "median CPU")
+    lines = [
+        title,
+        f"  {'samples/s':<44}" + "".join(f"{h:>13}" for h in header) + "".join(f"{h + ' ratio':>19}" for h in header),
+    ]
+    for name, rate in rates.items():
+        lines.append(
+            f"  {name:<44}"
+            + "".join(f"{value:>13,.0f}" for value in rate)
+            + "".join(f"{value / reference:>18.2f}x" for value, reference in zip(rate, base, strict=True))
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    back_memory()
+    folder = tempfile.mkdtemp(prefix="jaxstow-bench-io-")
+    baseline = "scan, stacked outputs (baseline)"
+    report = []
+    for chains in (1, CHAINS):
+        steps = SAMPLES // chains
+        methods: dict[str, Prepare] = {
+            "scan, keeps nothing": on_device(_nothing, chains, steps),
+            baseline: on_device(_stacked, chains, steps),
+            "io.no_save": strategy(_no_save, chains, steps),
+            "io.save + MemoryCollector": strategy(_memory, chains, steps),
+            "io.save + HDF5Collector": strategy(functools.partial(_hdf5, folder), chains, steps),
+        }
+        if chains == 1:
+            methods["one io_callback per sample (original design)"] = per_sample_callback(steps)
+        times = measure(methods, args.rounds)
+        title = f"{chains} chain{'s under vmap' if chains > 1 else ''}, {steps:,} steps each: {SAMPLES:,} samples"
+        report += [*table(title, times, SAMPLES, baseline), ""]
+    os.rmdir(folder)
+
+    print(f"jax {jax.__version__}, {os.cpu_count()} cores, {args.rounds} rounds; target: each strategy >= {TARGET}x")
+    print(*report, sep="\n")
+
+
+if __name__ == "__main__":
+    main()
