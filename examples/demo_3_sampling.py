@@ -100,10 +100,8 @@ def main() -> None:
             for chain, result in enumerate(results):
                 w, b = result["samples"]["w"][:], result["samples"]["b"][:]
                 means.append(np.append(w.mean(axis=0), b.mean()))
-                began = np.round(np.asarray(starts["w"][chain]), 1)
-                print(
-                    f"  chain {chain}: {np.round(means[-1], 2)} from {int(result['sample_count'])} samples (started at w = {began})"
-                )
+                count, began = int(result["sample_count"]), np.round(np.asarray(starts["w"][chain]), 1)
+                print(f"  chain {chain}: {np.round(means[-1], 2)} from {count} samples (started at w = {began})")
             spread = np.ptp(np.array(means), axis=0).max()
             error = np.abs(np.mean(means, axis=0) - truth).max()
             print(f"  the chains agree to within {spread:.2f}; their mean is within {error:.2f} of the true parameters")

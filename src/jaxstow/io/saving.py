@@ -90,8 +90,8 @@ def save(
     ``checkpoint_every=n`` checkpoints ``solver_state`` (with the structure of ``init_checkpoint``) and
     ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
     Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
-    updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the device (by default a power of two, up to 1 MiB of
-    them).
+    updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the
+    device (by default a power of two of them, at most 1 MiB).
 
     >>> import jax.numpy as jnp
     >>> from jax.lax import scan

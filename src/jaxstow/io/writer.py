@@ -16,7 +16,7 @@ raised: division by zero
 
 from __future__ import annotations
 
-import queue
+import collections
 import threading
 from collections.abc import Callable
 
@@ -24,38 +24,63 @@ __all__ = ["BackgroundWriter"]
 
 
 class BackgroundWriter:
-    """Runs submitted jobs in order on a daemon thread, at most ``max_pending`` waiting at a time.
+    """Runs submitted jobs in order on a thread of its own, with at most ``max_pending`` waiting at a time.
 
-    After a job fails, later jobs are dropped (so that :meth:`submit` never blocks for ever) and :meth:`submit`
-    and :meth:`wait` raise the failure.
+    The thread starts with the first job and ends after ``linger`` seconds without one. After a job fails, later
+    jobs are dropped (so that :meth:`submit` never blocks for ever) and :meth:`submit` and :meth:`wait` raise the
+    failure.
     """
 
-    def __init__(self, name: str, max_pending: int = 8) -> None:
-        self._jobs: queue.Queue[Callable[[], object]] = queue.Queue(max_pending)
+    def __init__(self, name: str, max_pending: int = 8, linger: float = 1.0) -> None:
+        self._name = name
+        self._max_pending = max_pending
+        self._linger = linger
+        self._jobs: collections.deque[Callable[[], object]] = collections.deque()
+        self._running = False  # a job is being run
+        self._thread_alive = False
         self._error: Exception | None = None
-        threading.Thread(target=self._run, name=name, daemon=True).start()
+        self._changed = threading.Condition()
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
+            with self._changed:
+                if not self._jobs:
+                    self._changed.wait(self._linger)
+                if not self._jobs:
+                    self._thread_alive = False
+                    return
+                job = self._jobs.popleft()
+                self._running = True
+                self._changed.notify_all()
             try:
                 if self._error is None:
                     job()
             except Exception as error:
                 self._error = error
             finally:
-                self._jobs.task_done()
+                with self._changed:
+                    self._running = False
+                    self._changed.notify_all()
 
     def _raise_failure(self) -> None:
         if self._error is not None:
             raise self._error
 
     def submit(self, job: Callable[[], object]) -> None:
-        """Queue ``job``; raise the failure of an earlier job instead, if there was one."""
-        self._raise_failure()
-        self._jobs.put(job)
+        """Queue ``job``, waiting while too many are queued; raise the failure of an earlier job instead, if any."""
+        with self._changed:
+            self._raise_failure()
+            while len(self._jobs) >= self._max_pending:
+                self._changed.wait()
+            self._jobs.append(job)
+            self._changed.notify_all()
+            if not self._thread_alive:
+                self._thread_alive = True
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def wait(self) -> None:
         """Wait until every queued job has run; raise the first failure, if any."""
-        self._jobs.join()
+        with self._changed:
+            while self._jobs or self._running:
+                self._changed.wait()
         self._raise_failure()
