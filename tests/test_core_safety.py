@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -193,3 +194,38 @@ def test_bytes_are_identical_across_processes_and_hash_seeds(tmp_path):
         )
         outputs.append(path.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+class _Unseekable(io.RawIOBase):
+    """A write-only stream, like a pipe or an upload."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, chunk) -> int:
+        self.data += chunk
+        return memoryview(chunk).nbytes
+
+
+@pytest.mark.parametrize("target", ["model.jxs", "model.npz", "bytesio", "unseekable"])
+def test_large_trees_hashed_while_written_carry_true_checksums(tmp_path, target):
+    tree = {f"w{i}": np.full((3 << 20) + i, i, np.float32) for i in range(4)}  # 48 MiB: hashed on other threads
+    if target == "bytesio":
+        sink = io.BytesIO()
+        jaxstow.save(sink, tree)
+        data = bytearray(sink.getvalue())
+    elif target == "unseekable":
+        sink = _Unseekable()
+        jaxstow.save(sink, tree)
+        data = sink.data
+    else:
+        jaxstow.save(tmp_path / target, tree)
+        data = bytearray((tmp_path / target).read_bytes())
+    restored = jaxstow.load(io.BytesIO(bytes(data)), as_numpy=True)
+    assert all(np.array_equal(restored[k], v) for k, v in tree.items())
+    data[bytes(data).index(np.full(1024, 3, np.float32).tobytes()) + 5] ^= 0xFF
+    with pytest.raises(CorruptFileError, match=r"leaf 'w3'.*(checksum|CRC)"):
+        jaxstow.load(io.BytesIO(bytes(data)))

@@ -254,3 +254,12 @@ class _CountingSink:
 
     def flush(self) -> None:
         self._file.flush()
+
+    def seekable(self) -> bool:
+        return bool(getattr(self._file, "seekable", lambda: False)())
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()

@@ -21,6 +21,7 @@ from jaxstow.format.container import open_container
 from jaxstow.gcpause import with_gc_paused
 from jaxstow.restore import load_flat, rebuild
 from jaxstow.snapshot import PathOrFile, display_name, snapshot
+from jaxstow.storage import ReadSource
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -42,7 +43,7 @@ def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None
 
 
 @with_gc_paused
-def load(path_or_file: PathOrFile, like: Any = None, *, as_numpy: bool = False) -> Any:
+def load(path_or_file: PathOrFile | ReadSource, like: Any = None, *, as_numpy: bool = False) -> Any:
     """Load a file written by :func:`save`, by safetensors or by ``numpy.savez``.
 
     Without ``like`` the whole tree is rebuilt from the file: containers, registered dataclasses, equinox modules with
@@ -70,7 +71,7 @@ def load(path_or_file: PathOrFile, like: Any = None, *, as_numpy: bool = False) 
         container.close()
 
 
-def load_metadata(path_or_file: PathOrFile) -> dict[str, Any] | None:
+def load_metadata(path_or_file: PathOrFile | ReadSource) -> dict[str, Any] | None:
     """The ``metadata`` dict saved with a file, read from its header alone."""
     container = open_container(path_or_file)
     try:

@@ -18,8 +18,10 @@ included, can then run on a background thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -27,7 +29,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow.errors import FormatError
-from jaxstow.format.checksum import checksum
+from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
@@ -68,17 +70,20 @@ class Snapshot:
 
     @with_gc_paused
     def write(self, path_or_file: PathOrFile) -> None:
-        """Checksum the leaves and write the file; a path is written atomically, a file object as it is."""
+        """Write the file, checksums included; a path is written atomically, a file object as it is.
+
+        Large trees are checksummed on other threads while their bytes are being written.
+        """
         stored = self._stored()
-        _add_checksums(stored)
         tensors = [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None]
         kind = container_kind(path_or_file)
-        if isinstance(path_or_file, str | os.PathLike):
-            with atomic_write(path_or_file) as sink:
-                write_container(sink, kind, tensors, self.manifest)
-        else:
-            write_container(path_or_file, kind, tensors, self.manifest)
-            path_or_file.flush()
+        with _checksums(stored) as complete:
+            if isinstance(path_or_file, str | os.PathLike):
+                with atomic_write(path_or_file) as sink:
+                    write_container(sink, kind, tensors, self.manifest, complete)
+            else:
+                write_container(path_or_file, kind, tensors, self.manifest, complete)
+                path_or_file.flush()
 
 
 @with_gc_paused
@@ -120,12 +125,32 @@ def _check_unique(paths: list[str], *, file: str) -> None:
         seen[path] = index
 
 
-def _add_checksums(stored: list[EncodedLeaf]) -> None:
+@contextlib.contextmanager
+def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None]]:
+    """Yield ``complete()``, which fills each entry's ``xxh3`` (placeholders until then).
+
+    Small trees are hashed at once. Large ones are hashed by a pool that starts now, in a few batches of leaves,
+    so that hashing overlaps the writing; ``complete()`` waits for it.
+    """
     arrays: list[np.ndarray] = [leaf.array for leaf in stored if leaf.array is not None]
-    if sum(array.nbytes for array in arrays) > _PARALLEL_HASH_BYTES:
-        with ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
-            digests = list(pool.map(checksum, arrays))
-    else:
-        digests = [checksum(array) for array in arrays]
-    for leaf, digest in zip(stored, digests, strict=True):
-        leaf.entry["xxh3"] = digest
+
+    def fill(digests: list[str]) -> None:
+        for leaf, digest in zip(stored, digests, strict=True):
+            leaf.entry["xxh3"] = digest
+
+    if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
+        fill([checksum(array) for array in arrays])
+        yield lambda: None
+        return
+    for leaf in stored:
+        leaf.entry["xxh3"] = ZERO_CHECKSUM
+    workers = min(4, os.cpu_count() or 1)
+    batches = [arrays[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(lambda batch: [checksum(array) for array in batch], batch) for batch in batches]
+
+        def complete() -> None:
+            results = [future.result() for future in futures]
+            fill([results[i % workers][i // workers] for i in range(len(arrays))])
+
+        yield complete

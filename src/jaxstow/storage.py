@@ -24,7 +24,7 @@ from typing import BinaryIO, Protocol, runtime_checkable
 
 from jaxstow.errors import TruncatedFileError
 
-__all__ = ["TEMPORARY_MARKER", "ReadSource", "atomic_write", "fsync_directory", "open_source"]
+__all__ = ["TEMPORARY_MARKER", "ReadSource", "atomic_write", "fsync_directory", "open_source", "temporary_sibling"]
 
 #: Part of the name of every temporary file or folder jaxstow writes; readers and listings skip such names.
 TEMPORARY_MARKER = ".jaxstow-tmp-"

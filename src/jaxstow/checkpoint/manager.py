@@ -356,7 +356,7 @@ class CheckpointManager:
 
     def _load(self, step: int, record: StepRecord, item: str, like: Any, *, as_numpy: bool) -> Any:
         source = self._store.source(self._names.name(step), record.files[item])
-        return load(cast(Any, source), like, as_numpy=as_numpy)
+        return load(source, like, as_numpy=as_numpy)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Literal, Protocol
 import numpy as np
 
 from jaxstow.errors import FormatError
-from jaxstow.format.native import NativeReader, write_native
+from jaxstow.format.native import Complete, NativeReader, write_native
 from jaxstow.format.npz import NpzReader, write_npz
 from jaxstow.format.reading import TensorSlot, Verify
 from jaxstow.storage import ReadSource, open_source
@@ -51,10 +51,14 @@ def container_kind(target: str | os.PathLike[str] | BinaryIO) -> Kind:
 
 
 def write_container(
-    sink: BinaryIO, kind: Kind, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None
+    sink: BinaryIO,
+    kind: Kind,
+    tensors: Sequence[tuple[str, np.ndarray]],
+    manifest: dict[str, Any] | None,
+    complete: Complete | None = None,
 ) -> None:
-    """Write tensors and manifest in the given container."""
-    (write_npz if kind == "npz" else write_native)(sink, tensors, manifest)
+    """Write tensors and manifest in the given container; ``complete()`` finishes the manifest in place."""
+    (write_npz if kind == "npz" else write_native)(sink, tensors, manifest, complete)
 
 
 def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Container:

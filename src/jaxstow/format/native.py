@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -33,17 +33,52 @@ from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.storage import ReadSource
 
-__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "NativeReader", "write_native"]
+__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "write_native"]
 
 DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 
+#: Finishes a manifest in place; see :func:`write_native`.
+Complete = Callable[[], None]
 
-def write_native(sink: BinaryIO, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> None:
-    """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once."""
+
+def write_native(
+    sink: BinaryIO,
+    tensors: Sequence[tuple[str, np.ndarray]],
+    manifest: dict[str, Any] | None,
+    complete: Complete | None = None,
+) -> None:
+    """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once.
+
+    ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
+    they have the same length as the placeholders they replace). On a seekable sink the header is written first with
+    the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
+    """
     ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
+    patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
+    if complete is not None and not patch_later:
+        complete()
+    start = sink.tell() if patch_later else 0
+    header = _header(ordered, manifest)
+    sink.write(header)
+    for _, array in ordered:
+        if array.nbytes:
+            sink.write(as_bytes(array))
+    if patch_later and complete is not None:
+        complete()
+        final = _header(ordered, manifest)
+        if len(final) != len(header):
+            raise AssertionError("the completed manifest changed the header's length")
+        end = sink.tell()
+        sink.seek(start)
+        sink.write(final)
+        sink.seek(end)
+
+
+def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> bytes:
+    """The length prefix and the padded JSON header of a file holding ``ordered``."""
     header: dict[str, Any] = {}
     offset = 0
     for name, array in ordered:
@@ -57,11 +92,7 @@ def write_native(sink: BinaryIO, tensors: Sequence[tuple[str, np.ndarray]], mani
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
     padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
-    sink.write(struct.pack("<Q", padded))
-    sink.write(text.ljust(padded, b" "))
-    for _, array in ordered:
-        if array.nbytes:
-            sink.write(as_bytes(array))
+    return struct.pack("<Q", padded) + text.ljust(padded, b" ")
 
 
 def _stored_dtype(array: np.ndarray) -> np.dtype:

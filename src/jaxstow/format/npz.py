@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -42,19 +42,29 @@ def _numpy_native(array: np.ndarray) -> np.ndarray:
     return array if array.dtype in _NUMPY_DTYPES else array.reshape(-1).view(np.uint8)
 
 
-def write_npz(sink: BinaryIO, tensors: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> None:
-    """Write ``tensors`` and the manifest as an uncompressed npz, streaming each array once."""
+def write_npz(
+    sink: BinaryIO,
+    tensors: Sequence[tuple[str, np.ndarray]],
+    manifest: dict[str, Any] | None,
+    complete: Callable[[], None] | None = None,
+) -> None:
+    """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz."""
     with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
-        members = list(tensors)
+        for name, array in tensors:
+            _write_member(archive, name, array)
+        if complete is not None:
+            complete()
         if manifest is not None:
             text = json.dumps(manifest, separators=(",", ":")).encode("utf-8")
-            members.append((MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8)))
-        for name, array in members:
-            stored = _numpy_native(array)
-            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array_header_2_0(member, np.lib.format.header_data_from_array_1_0(stored))
-                if stored.nbytes:
-                    member.write(as_bytes(stored))
+            _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
+
+
+def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
+    stored = _numpy_native(array)
+    with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+        np.lib.format.write_array_header_2_0(member, np.lib.format.header_data_from_array_1_0(stored))
+        if stored.nbytes:
+            member.write(as_bytes(stored))
 
 
 class _SourceFile(io.RawIOBase):
