@@ -157,6 +157,18 @@ def test_unknown_sample_count_grows_storage(kind, tmp_path) -> None:
     strategy.close()
 
 
+def test_hdf5_compression(tmp_path) -> None:
+    with h5py.File(tmp_path / "compressed.h5", "w") as file:
+        init_save, save, postprocess_save = io.save(io.HDF5Collector(file, compression="gzip"), block_size=4)
+        keep = _keep_list(4, (STEPS,))
+        state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=None))
+        state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.ones(3), keep)
+        result = postprocess_save(state, None)
+        assert file["/chain~0/x"].compression == "gzip"
+        want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+        _assert_trees_equal(_as_numpy(result["samples"]), want)
+
+
 def test_fewer_samples_than_declared_leave_no_padding(strategy) -> None:
     init_save, save, postprocess_save = strategy.triple
     keep = jnp.arange(STEPS) % 4 == 0

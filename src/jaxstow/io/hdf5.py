@@ -42,6 +42,7 @@ _MAX_CHUNK_ROWS = (
     4096  # chunks hold a power of two of rows, like the blocks of io.save, so that full blocks fill whole chunks
 )
 _DISK_DRIVERS = ("sec2", "stdio", "direct")
+_DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
 
 class HDF5Collector(DataCollector):
@@ -201,7 +202,7 @@ class HDF5Collector(DataCollector):
 
     def _commit(self, path: str, record: Checkpoint) -> None:
         self._file.flush()
-        if self._file.driver in _DISK_DRIVERS:
+        if self._file.driver in _DESCRIPTOR_DRIVERS:
             os.fsync(self._file.id.get_vfd_handle())
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_checkpoint(path, record)

@@ -26,6 +26,8 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["MemoryCollector"]
 
+_CHECKPOINT = ".checkpoint.jxs"
+
 
 class MemoryCollector(DataCollector):
     """Stores samples entirely in RAM (numpy arrays).
@@ -64,7 +66,7 @@ class MemoryCollector(DataCollector):
         self._samples.append(
             [np.empty((capacity, *shape), dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
         )
-        path = self._path(len(self._samples) - 1, ".checkpoint.jxs")
+        path = self._path(len(self._samples) - 1, _CHECKPOINT)
         stored = None if path is None else read_checkpoint(path)
         chain_id = self._chains.add(layout, None if stored is None else stored[0])
         if stored is not None and stored[1] is not None:
@@ -84,7 +86,7 @@ class MemoryCollector(DataCollector):
 
     def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
-        path = self._path(chain_id, ".checkpoint.jxs")
+        path = self._path(chain_id, _CHECKPOINT)
         if path is None:
             raise ValueError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -95,14 +97,14 @@ class MemoryCollector(DataCollector):
 
     def finalize(self, chain_id: int) -> None:
         """With ``save_dir``, write ``chain_{id}.npz`` and remove the chain's checkpoint: the run is complete."""
-        path = self._path(chain_id, ".npz")
-        if path is None:
+        path, checkpoint_path = self._path(chain_id, ".npz"), self._path(chain_id, _CHECKPOINT)
+        if path is None or checkpoint_path is None:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
         names = self._chains.layouts[chain_id].names
         end = self._chains.ends[chain_id]
         jaxstow.save(path, {name: array[:end] for name, array in zip(names, self._samples[chain_id], strict=True)})
-        remove_checkpoint(os.path.join(os.path.dirname(path), f"chain_{chain_id}.checkpoint.jxs"))
+        remove_checkpoint(checkpoint_path)
 
     def finished(self, chain_id: int) -> Any:
         """The chain's samples in the structure of the sample, as numpy arrays of the samples kept."""
