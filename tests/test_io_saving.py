@@ -113,10 +113,13 @@ def test_one_chain_saves_exactly_the_kept_outputs(strategy) -> None:
             np.testing.assert_array_equal(npz["x"], want["x"])
 
 
-@pytest.mark.parametrize("chains", [(3,), (2, 2)], ids=["vmap", "vmap-of-vmap"])
+@pytest.mark.parametrize(
+    ("strategy", "chains"),
+    [("no_save", (3,)), ("memory", (3,)), ("hdf5", (3,)), ("memory", (2, 2))],
+    ids=["no_save-vmap", "memory-vmap", "hdf5-vmap", "memory-vmap-of-vmap"],
+    indirect=["strategy"],
+)
 def test_chains_under_vmap_each_save_their_own_kept_outputs(strategy, chains) -> None:
-    if len(chains) == 2 and strategy.kind != "memory":
-        pytest.skip("nested vmap is covered once")
     init_save, save, postprocess_save = strategy.triple
     count = int(np.prod(chains))
     keep = _keep_list(1, (count, STEPS))
