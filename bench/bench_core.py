@@ -50,6 +50,7 @@ RUNS = {"T1": 3, "T2": 5}
 BUDGET_SECONDS = {"T1": 45.0, "T2": 20.0}  # once a method's rounds have taken this long, it runs no more
 SAVE_HEADROOM_MIB = 64
 MIB = 1 << 20
+WARM_MARGIN_BYTES = 256 * MIB  # each run starts with twice the tree and this much memory freshly touched
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ class Runner:
         self.expected = fingerprint(self.tree)
         self.likes = {"numpy": jax.tree.map(np.asarray, self.tree), "jax": self.tree}
         self.target = str(folder / f"{tree_name}-{method.name.replace(' ', '-')}")
+        self.warm_bytes = 2 * self.expected[1] + WARM_MARGIN_BYTES
 
     def run(self, command: str) -> dict[str, Any]:
         """Run one command: ``save``, ``warm`` (read the file once), ``numpy``, ``jax`` (restores) or ``remove``."""
@@ -281,11 +283,12 @@ class Runner:
 
     def save(self) -> Sample:
         remove(self.target)
-        return measure(lambda: self.method.save(self.target, self.tree))
+        return measure(lambda: self.method.save(self.target, self.tree), warm_bytes=self.warm_bytes)
 
     def restore(self, operation: str) -> Sample:
         restore = self.method.to_numpy if operation == "numpy" else self.method.to_jax
-        return measure(restore(self.target, self.likes[operation]), inspect=self._checker(operation))
+        thunk = restore(self.target, self.likes[operation])
+        return measure(thunk, inspect=self._checker(operation), warm_bytes=self.warm_bytes)
 
     def _checker(self, operation: str) -> Callable[[Any], None]:
         leaf_type = np.ndarray if operation == "numpy" else jax.Array
@@ -465,6 +468,13 @@ def targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[bool, s
     return checks
 
 
+def revision() -> str:
+    """The commit of the working tree, so that a table can be traced to the code it measured."""
+    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).parent, capture_output=True,
+                          text=True, check=False)
+    return done.stdout.strip() or "an unknown commit"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", nargs="+", choices=list(TREES), default=list(TREES))
@@ -477,10 +487,12 @@ def main() -> None:
         return
     methods = sorted(set(args.methods) | {"raw limit", "jaxstow", "safetensors", "orbax"}, key=list(METHODS).index)
     started = time.perf_counter()
-    print(f"jaxstow benchmark: jax {jax.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, "
+    print(f"jaxstow benchmark at {revision()}: jax {jax.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f}")
     print("Restores are warm-cache for every method (each file is read once before its restores; dropping the page "
           "cache needs root).")
+    print("Memory is warm too: before each run, twice the tree's size is touched and freed, as this VM hands free pages "
+          "back to its host within seconds and touching them again costs ~3 s/GiB.")
     print("peak MiB: the largest growth of resident memory during one run (kernel high-water mark); a restore's "
           "includes the restored tree.")
     print("cpu s: the median of the runs' CPU seconds, all threads; it shows a method's work when other processes "
