@@ -177,15 +177,32 @@ class HDF5Collector(DataCollector):
         return datasets
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
-        """Queue a block of samples for writing (one hyperslab per dataset)."""
+        """Queue a block of samples for writing."""
         end = self._chains.received(chain_id, first, values)
         self._writer.submit(functools.partial(self._write, self._datasets[chain_id], first, end, values))
 
     def _write(self, datasets: list[Any], first: int, end: int, values: Sequence[np.ndarray]) -> None:
+        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs."""
         for dataset, value in zip(datasets, values, strict=True):
             if len(dataset) < end:
                 dataset.resize(max(end, 2 * len(dataset)), axis=0)
-            rows = dataset.id.get_space()  # the hyperslab of the block, written without h5py's slicing machinery
+            chunk = dataset.chunks[0]
+            head, tail = end, end
+            if dataset.id.get_create_plist().get_nfilters() == 0:  # raw chunks only where no filter transforms them
+                head = min(end, -(-first // chunk) * chunk)
+                tail = max(head, end // chunk * chunk)
+            self._write_rows(dataset, first, value[: head - first])
+            for start in range(head, tail, chunk):
+                offset = (start, *(0 for _ in value.shape[1:]))
+                dataset.id.write_direct_chunk(
+                    offset, np.ascontiguousarray(value[start - first : start - first + chunk])
+                )
+            self._write_rows(dataset, tail, value[tail - first :])
+
+    def _write_rows(self, dataset: Any, first: int, value: np.ndarray) -> None:
+        """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
+        if len(value):
+            rows = dataset.id.get_space()
             rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
             dataset.id.write(self._h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
