@@ -229,11 +229,13 @@ def table(title: str, times: dict[str, list[tuple[float, float]]], samples: int,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
     back_memory()
     folder = tempfile.mkdtemp(prefix="jaxstow-bench-io-")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"measuring (load average before: {load})...")
     baseline = "scan, stacked outputs (baseline)"
     report = []
     for chains in (1, CHAINS):
@@ -252,7 +254,9 @@ def main() -> None:
         report += [*table(title, times, SAMPLES, baseline), ""]
     os.rmdir(folder)
 
-    print(f"jax {jax.__version__}, {os.cpu_count()} cores, {args.rounds} rounds; target: each strategy >= {TARGET}x")
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"jax {jax.__version__}, {os.cpu_count()} cores (load average {load}), {args.rounds} rounds")
+    print(f"target: each strategy >= {TARGET}x the samples/s of the stacked baseline")
     print(*report, sep="\n")
 
 
