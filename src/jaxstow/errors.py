@@ -17,9 +17,11 @@ from collections.abc import Sequence
 
 __all__ = [
     "CheckpointError",
+    "CollectorError",
     "CorruptFileError",
     "FormatError",
     "JaxstowError",
+    "SampleCountError",
     "StructureMismatchError",
     "TruncatedFileError",
     "UnknownNameError",
@@ -106,3 +108,25 @@ class StructureMismatchError(JaxstowError, ValueError):
 
 class CheckpointError(JaxstowError):
     """A checkpoint directory cannot be used as asked (missing step, existing step, held lock, ...)."""
+
+
+class CollectorError(JaxstowError, RuntimeError):
+    """A data collector failed during a run (disk full, closed file, ...); the collector's exception is the cause."""
+
+
+class SampleCountError(JaxstowError, ValueError):
+    """Chains kept more samples than ``static_information.samples_collected`` declared.
+
+    ``overflows`` lists ``(chain, kept, declared)``; ``advice`` says what became of the extra samples and what to do.
+
+    >>> print(SampleCountError([(0, 7, 5)], "declare the right number"))
+    chain 0 kept 7 samples, but static_information declared samples_collected=5; declare the right number
+    """
+
+    def __init__(self, overflows: Sequence[tuple[int, int, int]], advice: str) -> None:
+        chains = "; ".join(
+            f"chain {chain} kept {kept} samples, but static_information declared samples_collected={declared}"
+            for chain, kept, declared in overflows
+        )
+        super().__init__(f"{chains}; {advice}")
+        self.overflows = list(overflows)

@@ -21,9 +21,9 @@ in memory (:class:`MemoryCollector`, :class:`HDF5Collector`, or any :class:`Data
 """
 
 from jaxstow import scheduler
+from jaxstow.errors import CollectorError, SampleCountError
 from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
-from jaxstow.io.errors import CollectorError, SampleCountError
 from jaxstow.io.hdf5 import HDF5Collector
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.no_save import DeviceSamples, no_save

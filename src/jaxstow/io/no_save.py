@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow.errors import SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.errors import SampleCountError
 from jaxstow.io.saving import Saving
 from jaxstow.scheduler import static_information as StaticInformation
 

@@ -19,6 +19,7 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
+from jaxstow.errors import CollectorError, SampleCountError
 from jaxstow.io.batching import (
     chain_polymorphic,
     conform,
@@ -30,7 +31,6 @@ from jaxstow.io.batching import (
     write_rows,
 )
 from jaxstow.io.collector import Checkpoint, DataCollector
-from jaxstow.io.errors import CollectorError, SampleCountError
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.scheduler import static_information as StaticInformation
 
