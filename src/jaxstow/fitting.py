@@ -66,7 +66,8 @@ class _FileLeaves:
         self.values: dict[str, Any] = {}
         if container.manifest is None:
             self.stored = {
-                name: StoredLeaf(name, "array", slot.dtype, slot.shape, None) for name, slot in container.slots.items()
+                name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
+                for name, slot in container.slots.items()
             }
             return
         self.stored = stored_leaves(container)

@@ -126,11 +126,11 @@ def _check_unique(paths: list[str], *, file: str) -> None:
 
 
 @contextlib.contextmanager
-def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None]]:
-    """Yield ``complete()``, which fills each entry's ``xxh3`` (placeholders until then).
+def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None] | None]:
+    """Fill each entry's ``xxh3``: at once for small trees (yields ``None``), or in the background (yields ``complete``).
 
-    Small trees are hashed at once. Large ones are hashed by a pool that starts now, in a few batches of leaves,
-    so that hashing overlaps the writing; ``complete()`` waits for it.
+    Large trees are hashed by a pool that starts now, in a few batches of leaves, so that hashing overlaps the
+    writing; their entries hold placeholders until ``complete()``, which waits for the pool.
     """
     arrays: list[np.ndarray] = [leaf.array for leaf in stored if leaf.array is not None]
 
@@ -140,7 +140,7 @@ def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None]]:
 
     if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
         fill([checksum(array) for array in arrays])
-        yield lambda: None
+        yield None
         return
     for leaf in stored:
         leaf.entry["xxh3"] = ZERO_CHECKSUM

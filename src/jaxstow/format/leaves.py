@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,8 +79,7 @@ def _array_entry(path: str, kind: str, data: np.ndarray, *, file: str | None) ->
     return {"path": path, "kind": kind, "dtype": dtype, "shape": list(data.shape)}
 
 
-@dataclass(frozen=True)
-class StoredLeaf:
+class StoredLeaf(NamedTuple):
     """A validated manifest entry of a stored leaf."""
 
     path: str
@@ -88,7 +87,7 @@ class StoredLeaf:
     dtype: np.dtype
     shape: tuple[int, ...]
     checksum: str | None
-    impl: str | None = None
+    impl: str | None
 
     @property
     def nbytes(self) -> int:

@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,10 +30,10 @@ __all__ = ["ALIGNMENT", "TensorSlot", "aligned_empty", "read_slots"]
 ALIGNMENT = 64
 _SMALL = 1 << 20  # tensors below this are coalesced
 _RUN = 16 << 20  # the most bytes one coalesced read fetches
+_PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool starts
 
 
-@dataclass(frozen=True)
-class TensorSlot:
+class TensorSlot(NamedTuple):
     """Where one tensor's bytes lie in a source, and how they are laid out."""
 
     name: str
@@ -97,7 +97,8 @@ def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify |
     """
     runs = _runs(slots)
     out: dict[str, np.ndarray] = {}
-    workers = min(len(runs), os.cpu_count() or 1, 4) if source.parallel else 1
+    parallel = source.parallel and sum(slot.nbytes for slot in slots) >= _PARALLEL_BYTES
+    workers = min(len(runs), os.cpu_count() or 1, 4) if parallel else 1
     if workers <= 1:
         for run in runs:
             out.update(_read_run(source, run, verify))
