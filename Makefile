@@ -18,6 +18,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench examples
+	$(PY) -m ruff format --check src tests bench examples
 	$(PY) -m mypy
 
 test: lint

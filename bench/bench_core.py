@@ -237,8 +237,12 @@ METHODS = {
     method.name: method
     for method in (
         Method("raw limit", durable(raw_write), raw_to_numpy, raw_to_jax),
-        Method("jaxstow", jaxstow_write, simple(lambda p, _: jaxstow.load(p, as_numpy=True)),
-               simple(lambda p, _: ready(jaxstow.load(p)))),
+        Method(
+            "jaxstow",
+            jaxstow_write,
+            simple(lambda p, _: jaxstow.load(p, as_numpy=True)),
+            simple(lambda p, _: ready(jaxstow.load(p))),
+        ),
         Method("safetensors", durable(safetensors_write), simple(safetensors_read), simple(safetensors_read_flax)),
         Method("np.savez", durable(savez_write), simple(savez_read), to_device(savez_read)),
         Method("equinox", durable(equinox_write), simple(equinox_read), simple(equinox_read)),
@@ -297,10 +301,13 @@ class Runner:
             found = fingerprint(restored)
             wrong_types = {type(leaf).__name__ for leaf in jax.tree.leaves(restored) if not isinstance(leaf, leaf_type)}
             if found[:2] != self.expected[:2] or not np.isclose(found[2], self.expected[2], rtol=1e-9) or wrong_types:
-                raise AssertionError(f"restored (leaves, bytes, head sum) {found} with leaf types {wrong_types or 'ok'}, "
-                                     f"saved {self.expected}")
+                raise AssertionError(
+                    f"restored (leaves, bytes, head sum) {found} with leaf types {wrong_types or 'ok'}, "
+                    f"saved {self.expected}"
+                )
 
         return check
+
 
 def serve(tree_name: str, method: Method, folder: Path) -> None:
     """The worker process: one JSON line on stdout for each command on stdin (save, warm, numpy, jax, remove)."""
@@ -329,7 +336,9 @@ class Worker:
     def __init__(self, tree_name: str, method_name: str, folder: Path) -> None:
         self.log = tempfile.TemporaryFile("w+")  # noqa: SIM115 - closed in close()
         command = [sys.executable, __file__, "--serve", tree_name, method_name, str(folder)]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+        )
 
     def ask(self, command: str | None = None) -> dict[str, Any]:
         """Send a command (none: wait for the worker to be ready) and return its reply."""
@@ -383,14 +392,16 @@ def run_tree(tree_name: str, names: list[str], folder: Path) -> dict[str, dict[s
             worker.close()
     for name in names:
         if "error" not in results[name]:
-            results[name].update({
-                operation: {
-                    "seconds": [sample["seconds"] for sample in runs],
-                    "cpu": [sample["cpu_seconds"] for sample in runs],
-                    "peak": max(sample["peak_bytes"] for sample in runs),
+            results[name].update(
+                {
+                    operation: {
+                        "seconds": [sample["seconds"] for sample in runs],
+                        "cpu": [sample["cpu_seconds"] for sample in runs],
+                        "peak": max(sample["peak_bytes"] for sample in runs),
+                    }
+                    for operation, runs in samples[name].items()
                 }
-                for operation, runs in samples[name].items()
-            })
+            )
     return results
 
 
@@ -420,17 +431,19 @@ def table(results: dict[str, dict[str, Any]], operation: str) -> str:
             rows.append([name, *["-"] * 7, f"failed: {result['error']}"])
             continue
         measured, gbps = result[operation], speed(result, operation)
-        rows.append([
-            name,
-            str(len(measured["seconds"])),
-            f"{median_seconds(result, operation):.3f}",
-            f"{median(measured['cpu']):.3f}",
-            f"{gbps:.2f}",
-            f"{gbps / limit:.2f}",
-            f"{gbps / orbax:.1f}",
-            f"{measured['peak'] / MIB:.0f}",
-            "",
-        ])
+        rows.append(
+            [
+                name,
+                str(len(measured["seconds"])),
+                f"{median_seconds(result, operation):.3f}",
+                f"{median(measured['cpu']):.3f}",
+                f"{gbps:.2f}",
+                f"{gbps / limit:.2f}",
+                f"{gbps / orbax:.1f}",
+                f"{measured['peak'] / MIB:.0f}",
+                "",
+            ]
+        )
     headers = ["method", "runs", "median s", "cpu s", "GB/s", "x limit", "x orbax", "peak MiB", ""]
     return format_table(headers, rows)
 
@@ -442,7 +455,9 @@ def targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[bool, s
     """Issue 2's targets, each as (passed, what was measured); a failed method fails its targets."""
     checks: list[tuple[bool, str]] = []
 
-    def versus(tree: str, operation: str, other: str, factor: float, other_operation: str = "", detail: str = "") -> None:
+    def versus(
+        tree: str, operation: str, other: str, factor: float, other_operation: str = "", detail: str = ""
+    ) -> None:
         ratio = speed(results[tree]["jaxstow"], operation) / speed(results[tree][other], other_operation or operation)
         label = f"{tree} {SHORT[operation]} >= {factor:g}x {other}"
         if other_operation:
@@ -457,21 +472,32 @@ def targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[bool, s
     if "T2" in results:
         t2 = results["T2"]
         for operation in OPERATIONS:
-            ours, peer, orbax = (median_seconds(t2[method], operation) for method in ("jaxstow", "safetensors", "orbax"))
+            ours, peer, orbax = (
+                median_seconds(t2[method], operation) for method in ("jaxstow", "safetensors", "orbax")
+            )
             versus("T2", operation, "safetensors", 1, detail=f" ({ours:.3f} s vs {peer:.3f} s)")
             versus("T2", operation, "orbax", 200, detail=f" (orbax {orbax:.2f} s)")
     for tree, tree_results in results.items():
         saved = tree_results["jaxstow"]
         peak = saved["save"]["peak"] / MIB if "error" not in saved else float("nan")
-        checks.append((peak <= SAVE_HEADROOM_MIB, f"{tree} save peak memory <= {SAVE_HEADROOM_MIB} MiB beyond the "
-                                                  f"tree: {peak:.0f} MiB"))
+        checks.append(
+            (
+                peak <= SAVE_HEADROOM_MIB,
+                f"{tree} save peak memory <= {SAVE_HEADROOM_MIB} MiB beyond the tree: {peak:.0f} MiB",
+            )
+        )
     return checks
 
 
 def revision() -> str:
     """The commit of the working tree, so that a table can be traced to the code it measured."""
-    done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).parent, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        ["git", "describe", "--always", "--dirty"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return done.stdout.strip() or "an unknown commit"
 
 
@@ -487,16 +513,26 @@ def main() -> None:
         return
     methods = sorted(set(args.methods) | {"raw limit", "jaxstow", "safetensors", "orbax"}, key=list(METHODS).index)
     started = time.perf_counter()
-    print(f"jaxstow benchmark at {revision()}: jax {jax.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, "
-          f"load average {os.getloadavg()[0]:.1f}")
-    print("Restores are warm-cache for every method (each file is read once before its restores; dropping the page "
-          "cache needs root).")
-    print("Memory is warm too: before each run, twice the tree's size is touched and freed, as this VM hands free pages "
-          "back to its host within seconds and touching them again costs ~3 s/GiB.")
-    print("peak MiB: the largest growth of resident memory during one run (kernel high-water mark); a restore's "
-          "includes the restored tree.")
-    print("cpu s: the median of the runs' CPU seconds, all threads; it shows a method's work when other processes "
-          "share the cores.")
+    print(
+        f"jaxstow benchmark at {revision()}: jax {jax.__version__}, numpy {np.__version__}, {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        "Restores are warm-cache for every method (each file is read once before its restores; dropping the page "
+        "cache needs root)."
+    )
+    print(
+        "Memory is warm too: before each run, twice the tree's size is touched and freed, as this VM hands free pages "
+        "back to its host within seconds and touching them again costs ~3 s/GiB."
+    )
+    print(
+        "peak MiB: the largest growth of resident memory during one run (kernel high-water mark); a restore's "
+        "includes the restored tree."
+    )
+    print(
+        "cpu s: the median of the runs' CPU seconds, all threads; it shows a method's work when other processes "
+        "share the cores."
+    )
     results: dict[str, dict[str, dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="jaxstow-bench-", dir="/tmp") as folder:
         for tree_name in args.trees:

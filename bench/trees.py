@@ -26,7 +26,16 @@ _MODEL, _HIDDEN, _VOCAB, _POSITIONS, _BLOCKS = 2048, 8192, 12_000, 1024, 5
 _T2_GROUPS, _T2_MODULES = 40, 25
 # Ten leaves per T2 module, cycling through 1, 1.5, 3 and 4 KiB of float32.
 _T2_SHAPES: tuple[tuple[int, ...], ...] = (
-    (256,), (16, 24), (24, 32), (32, 32), (256,), (16, 24), (24, 32), (32, 32), (256,), (32, 32)
+    (256,),
+    (16, 24),
+    (24, 32),
+    (32, 32),
+    (256,),
+    (16, 24),
+    (24, 32),
+    (32, 32),
+    (256,),
+    (32, 32),
 )
 
 Tree = dict[str, "Tree | jax.Array"]
