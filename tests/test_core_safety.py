@@ -229,3 +229,16 @@ def test_large_trees_hashed_while_written_carry_true_checksums(tmp_path, target)
     data[bytes(data).index(np.full(1024, 3, np.float32).tobytes()) + 5] ^= 0xFF
     with pytest.raises(CorruptFileError, match=r"leaf 'w3'.*(checksum|CRC)"):
         jaxstow.load(io.BytesIO(bytes(data)))
+
+
+def test_a_manifest_that_contradicts_its_tensor_is_refused(tmp_path):
+    from jaxstow.snapshot import snapshot
+
+    frozen = snapshot({"w": np.ones(3, np.float32), "b": np.ones(4, np.uint8)})
+    frozen.leaves[0].entry.update(dtype="bfloat16", shape=[2])  # 'b' is uint8[4]: the raw bytes of a bfloat16[2]
+    frozen.write(tmp_path / "raw.jxs")
+    assert jaxstow.load(tmp_path / "raw.jxs", as_numpy=True)["b"].dtype.name == "bfloat16"
+    frozen.leaves[1].entry.update(dtype="int32")  # 'w' is float32[3]
+    frozen.write(tmp_path / "forged.jxs")
+    with pytest.raises(FormatError, match=r"leaf 'w'.*says int32\[3\] but the tensor is float32\[3\]"):
+        jaxstow.load(tmp_path / "forged.jxs")

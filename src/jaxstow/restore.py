@@ -65,29 +65,14 @@ def stored_leaves(container: Container) -> dict[str, StoredLeaf]:
     assert container.manifest is not None
     out: dict[str, StoredLeaf] = {}
     for entry in container.manifest["leaves"]:
-        if isinstance(entry, dict) and entry.get("kind") in ("array", "npscalar", "key", "torch"):
-            leaf = stored_leaf_from_entry(entry, file=container.file)
-            _check_slot(container, leaf)
-            out[leaf.path] = leaf
-        elif not (isinstance(entry, dict) and entry.get("kind") == "value" and isinstance(entry.get("path"), str)):
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
             raise FormatError(f"malformed manifest entry {entry!r}", file=container.file)
+        kind = entry.get("kind")
+        if kind in ("array", "npscalar", "key", "torch"):
+            out[entry["path"]] = stored_leaf_from_entry(entry, container.slots.get(entry["path"]), file=container.file)
+        elif kind != "value":
+            raise FormatError(f"unknown leaf kind {kind!r}", file=container.file, path=entry["path"])
     return out
-
-
-def _check_slot(container: Container, leaf: StoredLeaf) -> None:
-    slot = container.slots.get(leaf.path)
-    if slot is None:
-        raise FormatError(
-            "the manifest lists this leaf but the file holds no tensor for it", file=container.file, path=leaf.path
-        )
-    exact = slot.dtype == leaf.dtype and slot.shape == leaf.shape
-    raw = slot.dtype == np.uint8 and slot.shape == (leaf.nbytes,)
-    if not (exact or raw):
-        raise FormatError(
-            f"the manifest says {leaf.dtype}{list(leaf.shape)} but the tensor is {slot.dtype}{list(slot.shape)}",
-            file=container.file,
-            path=leaf.path,
-        )
 
 
 def read_stored(container: Container, leaves: Sequence[StoredLeaf]) -> dict[str, Any]:

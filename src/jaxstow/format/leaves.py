@@ -24,6 +24,7 @@ import numpy as np
 
 from jaxstow.errors import FormatError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow.format.reading import TensorSlot
 from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.structure import decode_value, encode_value
 
@@ -94,26 +95,44 @@ class StoredLeaf(NamedTuple):
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def stored_leaf_from_entry(entry: Any, *, file: str) -> StoredLeaf:
-    """Check one manifest entry of a stored leaf; every number is validated before it is trusted."""
-    path = entry.get("path") if isinstance(entry, dict) else None
-    if not isinstance(path, str):
-        raise FormatError(f"malformed manifest entry {entry!r}", file=file)
-    dtype = dtype_from_name(entry.get("dtype")) if isinstance(entry.get("dtype"), str) else None
-    if dtype is None:
-        raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
-    shape = entry.get("shape")
-    if not is_shape(shape):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) -> StoredLeaf:
+    """Check one manifest entry of a stored leaf against the tensor ``slot`` that holds it.
+
+    Every number is validated before it is trusted; the tensor holds the leaf either exactly (same dtype and shape)
+    or as raw bytes (``uint8`` of the leaf's size).
+    """
+    path = entry["path"]
+    if slot is None:
+        raise FormatError("the manifest lists this leaf but the file holds no tensor for it", file=file, path=path)
+    name, shape = entry.get("dtype"), entry.get("shape")
+    if name == name_of_dtype(slot.dtype) and shape == list(slot.shape):  # stored exactly: the slot is validated
+        dtype, dims = slot.dtype, slot.shape
+    else:
+        dtype, dims = _raw_leaf_layout(entry, slot, file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not isinstance(checksum, str):
         raise FormatError(f"malformed checksum {checksum!r}", file=file, path=path)
     impl = entry.get("impl")
     if entry["kind"] == "key" and not isinstance(impl, str):
         raise FormatError("a PRNG key entry needs its implementation name", file=file, path=path)
-    if entry["kind"] == "npscalar" and shape:
-        raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
-    return StoredLeaf(path, entry["kind"], dtype, tuple(shape), checksum, impl)
+    if entry["kind"] == "npscalar" and dims:
+        raise FormatError(f"a numpy scalar has shape [], not {list(dims)}", file=file, path=path)
+    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl)
+
+
+def _raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape of a leaf stored as raw bytes, after checking that the slot holds exactly its bytes."""
+    path, name, shape = entry["path"], entry.get("dtype"), entry.get("shape")
+    dtype = dtype_from_name(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+    if not is_shape(shape):
+        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    if not (slot.dtype == np.uint8 and slot.shape == (math.prod(shape) * dtype.itemsize,)):
+        raise FormatError(
+            f"the manifest says {dtype}{shape} but the tensor is {slot.dtype}{list(slot.shape)}", file=file, path=path
+        )
+    return dtype, tuple(shape)
 
 
 def decode_value_entry(entry: Entry, *, file: str) -> Any:

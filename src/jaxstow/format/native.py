@@ -178,7 +178,7 @@ class NativeReader:
                 file=self.file,
                 path=name,
             )
-        return TensorSlot(name, dtype, tuple(shape), data_start + begin)
+        return TensorSlot(name, dtype, tuple(shape), data_start + begin, expected)
 
     def _parse_manifest(self, text: str) -> dict[str, Any]:
         stripped = self._raw_header.rstrip(b" ")

@@ -130,7 +130,7 @@ class NpzReader:
             raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
         if dtype.newbyteorder("=") not in _NUMPY_DTYPES:
             raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
-        return TensorSlot(name, dtype.newbyteorder("="), tuple(shape), 0)
+        return TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
 
     def _load(self, name: str) -> np.ndarray:
         try:

@@ -7,7 +7,7 @@ without a copy. Small tensors that lie next to each other are fetched with one r
 >>> from jaxstow.format.reading import TensorSlot, aligned_empty, read_slots
 >>> from jaxstow.storage import open_source
 >>> source = open_source(io.BytesIO(np.arange(4, dtype=np.int32).tobytes()))
->>> read_slots(source, [TensorSlot("x", np.dtype(np.int32), (2,), 8)])["x"]
+>>> read_slots(source, [TensorSlot.at("x", np.dtype(np.int32), (2,), 8)])["x"]
 array([2, 3], dtype=int32)
 >>> aligned_empty(10).ctypes.data % 64
 0
@@ -34,16 +34,18 @@ _PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool st
 
 
 class TensorSlot(NamedTuple):
-    """Where one tensor's bytes lie in a source, and how they are laid out."""
+    """Where one tensor's bytes lie in a source, and how they are laid out; make one with :meth:`at`."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
     offset: int
+    nbytes: int
 
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.dtype.itemsize
+    @classmethod
+    def at(cls, name: str, dtype: np.dtype, shape: tuple[int, ...], offset: int) -> TensorSlot:
+        """The slot of a tensor of ``dtype`` and ``shape`` starting at ``offset``."""
+        return cls(name, dtype, shape, offset, math.prod(shape) * dtype.itemsize)
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
