@@ -1,4 +1,4 @@
-"""Issue 4 benchmark: CheckpointManager's async saves against orbax's, and against the raw write limit.
+"""Checkpoint benchmark: CheckpointManager's async saves against orbax's, and against the raw write limit.
 
 Run from the repository root: ``python bench/bench_checkpoint.py`` (``--trees T1`` or ``--trees T2`` for part of it).
 

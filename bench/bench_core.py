@@ -1,4 +1,4 @@
-"""Issue 2 benchmark: jaxstow against its peers and the raw limit, saving and restoring trees T1 and T2.
+"""Core benchmark: jaxstow against its peers and the raw limit, saving and restoring trees T1 and T2.
 
 Run from the repository root: ``python bench/bench_core.py`` (``--trees T2``, ``--methods h5py``: part of it;
 the raw limit, jaxstow, safetensors and orbax always run, as the targets need them).
@@ -452,7 +452,7 @@ SHORT = {"save": "save", "numpy": "restore to numpy", "jax": "restore to jax"}
 
 
 def targets(results: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[bool, str]]:
-    """Issue 2's targets, each as (passed, what was measured); a failed method fails its targets."""
+    """The core's targets, each as (passed, what was measured); a failed method fails its targets."""
     checks: list[tuple[bool, str]] = []
 
     def versus(

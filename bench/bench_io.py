@@ -1,4 +1,4 @@
-"""Issue 3 benchmark: samples leaving a jit-compiled scan through ``jaxstow.io``, against keeping them on the device.
+"""Sample-saving benchmark: samples leaving a jit-compiled scan through ``jaxstow.io``, against keeping them on the device.
 
 Run from the repository root: ``python bench/bench_io.py`` (``--rounds N`` to change the number of rounds).
 

@@ -1,4 +1,4 @@
-"""The benchmark trees of issue 2, shared by every benchmark script.
+"""The benchmark trees T1 and T2, shared by every benchmark script.
 
 - T1: 64 float32 leaves, about 1.1 GB, shaped like a small transformer (an embedding, five blocks of attention, MLP and
   norms, a final norm), in nested dicts.
