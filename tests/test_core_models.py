@@ -264,3 +264,13 @@ def test_like_keeps_numpy_leaves_numpy_and_places_jax_leaves(tmp_path):
     restored = jaxstow.load(tmp_path / "w.jxs", like={"a": np.zeros(2, np.float32), "b": jnp.zeros(2)})
     assert type(restored["a"]) is np.ndarray and isinstance(restored["b"], jax.Array)
     assert restored["b"].sharding == jnp.zeros(2).sharding
+
+
+@pytest.mark.parametrize(
+    "name", ["jax._src.pickle_util.loads", "jax._src.clusters.mpi4py_cluster.find_spec", "os.system"]
+)
+def test_internals_and_foreign_functions_have_no_name(name):
+    import jax._src.pickle_util  # noqa: F401  (imported, so only the rule can refuse it)
+
+    with pytest.raises(UnknownNameError):
+        jaxstow.registry.lookup(name)

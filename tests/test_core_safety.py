@@ -242,3 +242,32 @@ def test_a_manifest_that_contradicts_its_tensor_is_refused(tmp_path):
     frozen.write(tmp_path / "forged.jxs")
     with pytest.raises(FormatError, match=r"leaf 'w'.*says int32\[3\] but the tensor is float32\[3\]"):
         jaxstow.load(tmp_path / "forged.jxs")
+
+
+def test_an_npz_member_promising_more_than_it_holds_is_refused_before_allocation():
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive, archive.open("w.npy", "w") as member:
+        np.lib.format.write_array_header_1_0(member, {"descr": "<f8", "fortran_order": False, "shape": (1 << 40,)})
+        member.write(b"\0" * 64)
+    buffer.seek(0)
+    with pytest.raises(CorruptFileError, match=r"leaf 'w'.*promises float64\[1099511627776\]"):
+        jaxstow.load(buffer)
+
+
+def test_compressed_npz_files_load(tmp_path):
+    np.savez_compressed(tmp_path / "c.npz", a=np.arange(1000.0), b=np.zeros((3, 3), np.int16))
+    restored = jaxstow.load(tmp_path / "c.npz", as_numpy=True)
+    assert np.array_equal(restored["a"], np.arange(1000.0)) and restored["b"].shape == (3, 3)
+
+
+@pytest.mark.parametrize("value", [{"complex": 5}, {"bytes": 5}, {"float": "x"}, {"tuple": 3}, {"npscalar": "float32"}])
+def test_malformed_values_in_a_manifest_raise_format_errors(tmp_path, value):
+    from jaxstow.snapshot import snapshot
+
+    frozen = snapshot({"v": 1})
+    frozen.leaves[0].entry["value"] = value
+    frozen.write(tmp_path / "forged.jxs")
+    with pytest.raises(FormatError, match="leaf 'v'"):
+        jaxstow.load(tmp_path / "forged.jxs")

@@ -5,7 +5,8 @@ searched in this order:
 
 1. objects registered with :func:`saveable` (by you);
 2. the public namespaces of jax, numpy, equinox, flax and optax (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
-   the module-level objects inside those libraries (such as the lambda that ``equinox.nn.MLP`` uses by default);
+   the module-level objects that equinox, flax and optax define in their own modules (such as the lambda that
+   ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not reachable by name;
 3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
 
 Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 #: Libraries whose objects are known without registration. Order matters: earlier public names win.
 KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax")
+#: Libraries whose private modules are searched too, for defaults that are not in their public namespaces.
+_SEARCHED_INSIDE = ("equinox", "flax", "optax")
 
 _PUBLIC_NAMESPACES = (
     "jax",
@@ -93,7 +96,7 @@ class _LibraryIndex:
             if module is not None:
                 self._index(module_name, module, by_name, by_id, public_only=True)
         for module_name, module in sorted(sys.modules.items()):
-            if module_name.partition(".")[0] in KNOWN_LIBRARIES and isinstance(module, types.ModuleType):
+            if module_name.partition(".")[0] in _SEARCHED_INSIDE and isinstance(module, types.ModuleType):
                 self._index(module_name, module, by_name, by_id, public_only=False)
         self.by_name, self.by_id = by_name, by_id
 
@@ -109,7 +112,7 @@ class _LibraryIndex:
         for attribute, obj in list(vars(module).items()):
             if attribute.startswith("__") or (public_only and attribute.startswith("_")):
                 continue
-            if not _is_nameable(obj):
+            if not _is_nameable(obj) or (not public_only and not _defined_in_known_library(obj)):
                 continue
             name = f"{module_name}.{attribute}"
             by_name.setdefault(name, obj)
@@ -123,6 +126,17 @@ def _is_nameable(obj: object) -> bool:
     if obj is None or isinstance(obj, type) or callable(obj):
         return obj is not None
     return type(obj).__module__.partition(".")[0] in KNOWN_LIBRARIES
+
+
+def _defined_in_known_library(obj: object) -> bool:
+    """Whether a library-internal object was defined by that kind of library (not imported into it from elsewhere).
+
+    Only the public namespaces may name objects from other modules; a private module's ``from pickle import loads``
+    does not make ``loads`` loadable.
+    """
+    owner = obj if isinstance(obj, type) or callable(obj) else type(obj)
+    module = getattr(owner, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in _SEARCHED_INSIDE
 
 
 _libraries = _LibraryIndex()

@@ -20,6 +20,7 @@ True
 from __future__ import annotations
 
 import base64
+import binascii
 from typing import Any
 
 import jax
@@ -27,7 +28,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow import registry
-from jaxstow.errors import FormatError, UnsaveableObjectError
+from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
 
 __all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
@@ -84,6 +85,15 @@ def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
 
 def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
     """The value :func:`encode_value` wrote; names are looked up in the registry, nothing is imported or run."""
+    try:
+        return _decode_value(data, path=path, file=file)
+    except JaxstowError:
+        raise
+    except (TypeError, ValueError, KeyError, binascii.Error) as error:
+        raise FormatError(f"unreadable value {data!r} in the structure ({error})", file=file, path=path) from None
+
+
+def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
     if data is None or isinstance(data, bool | str | int):
         return data
     if isinstance(data, dict) and len(data) in (1, 2):

@@ -35,6 +35,7 @@ __all__ = ["MANIFEST_MEMBER", "NpzReader", "write_npz"]
 MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+_MAX_INFLATION = 1032  # deflate's largest ratio of output to input
 _ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, KeyError)
 
 
@@ -108,9 +109,11 @@ class NpzReader:
             members = {info.filename[: -len(".npy")]: info for info in self._archive.infolist()}
         except _ZIP_ERRORS as error:
             raise CorruptFileError(f"not a readable npz archive ({error})", file=self.file) from None
+        self._members = members
         self.metadata: dict[str, str] = {}
         self.manifest: dict[str, Any] | None = None
         if MANIFEST_MEMBER in members:
+            self._slot(MANIFEST_MEMBER)  # its size is checked before it is read
             text = self._load(MANIFEST_MEMBER).tobytes()
             try:
                 self.manifest = json.loads(text)
@@ -126,11 +129,31 @@ class NpzReader:
                 if read_header is None:
                     raise ValueError(f"npy format version {version} is not supported")
                 shape, _, dtype = read_header(member)
+                header_bytes = member.tell()
         except _ZIP_ERRORS as error:
             raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
         if dtype.newbyteorder("=") not in _NUMPY_DTYPES:
             raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
-        return TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
+        slot = TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
+        self._check_size(slot, header_bytes)
+        return slot
+
+    def _check_size(self, slot: TensorSlot, header_bytes: int) -> None:
+        """Refuse a member whose header promises other than the bytes it holds, before anything is allocated."""
+        info = self._members[slot.name]
+        if info.file_size != header_bytes + slot.nbytes:
+            raise CorruptFileError(
+                f"the npy header promises {slot.dtype}{list(slot.shape)} ({slot.nbytes} bytes) but the member holds "
+                f"{info.file_size - header_bytes}",
+                file=self.file,
+                path=slot.name,
+            )
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > _MAX_INFLATION * max(info.compress_size, 1):
+            raise CorruptFileError(
+                f"the member claims to inflate {info.compress_size} bytes to {info.file_size}, more than deflate can",
+                file=self.file,
+                path=slot.name,
+            )
 
     def _load(self, name: str) -> np.ndarray:
         try:
