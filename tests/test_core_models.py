@@ -186,7 +186,7 @@ def test_a_name_unknown_at_load_raises_a_clear_error(tmp_path):
 
 
 def test_loading_never_constructs_an_unregistered_class(tmp_path):
-    """A file naming an imported class that is not a pytree node (here subprocess.Popen) is refused, not run."""
+    """A file naming an imported class of a forbidden module (here subprocess.Popen) is refused, not run."""
     from jaxstow.snapshot import snapshot
 
     frozen = snapshot({"w": jnp.ones(1)})
@@ -196,7 +196,7 @@ def test_loading_never_constructs_an_unregistered_class(tmp_path):
         "children": ["*"],
     }
     frozen.write(tmp_path / "evil.jxs")
-    with pytest.raises(jaxstow.errors.FormatError, match="not a registered pytree node type"):
+    with pytest.raises(jaxstow.errors.RefusedNameError, match=r"'subprocess.Popen'.*name policy"):
         jaxstow.load(tmp_path / "evil.jxs")
     assert not (tmp_path / "owned").exists()
 

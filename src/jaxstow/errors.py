@@ -21,6 +21,7 @@ __all__ = [
     "CorruptFileError",
     "FormatError",
     "JaxstowError",
+    "RefusedNameError",
     "SampleCountError",
     "StructureMismatchError",
     "TruncatedFileError",
@@ -91,6 +92,21 @@ class UnknownNameError(JaxstowError, LookupError):
 
     def __str__(self) -> str:  # LookupError would quote the message otherwise
         return str(self.args[0])
+
+
+class RefusedNameError(UnknownNameError):
+    """A file names an object that jaxstow's name policy never rebuilds (I/O, code execution, allocation on request)."""
+
+    def __init__(self, name: str, reason: str, *, file: str | None = None, path: str | None = None) -> None:
+        where = _where(file, path)
+        JaxstowError.__init__(
+            self,
+            f"{where + ': ' if where else ''}the file names {name!r}, which jaxstow's name policy refuses: {reason}",
+            file=file,
+            path=path,
+        )
+        self.name = name
+        self.reason = reason
 
 
 class StructureMismatchError(JaxstowError, ValueError):

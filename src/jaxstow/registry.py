@@ -31,7 +31,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
-from jaxstow.errors import UnknownNameError
+from jaxstow.errors import RefusedNameError, UnknownNameError
+from jaxstow.name_policy import POLICY, refusal
 
 __all__ = ["KNOWN_LIBRARIES", "lookup", "name_of", "saveable"]
 
@@ -84,6 +85,7 @@ class _LibraryIndex:
         self._seen_modules = -1
         self.by_name: dict[str, object] = {}
         self.by_id: dict[int, str] = {}
+        self.refused: dict[str, str] = {}  # names the name policy refuses, and why
 
     def refresh(self) -> None:
         if len(sys.modules) == self._seen_modules:
@@ -91,14 +93,15 @@ class _LibraryIndex:
         self._seen_modules = len(sys.modules)
         by_name: dict[str, object] = dict(_BUILTINS)
         by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
+        refused: dict[str, str] = {}
         for module_name in _PUBLIC_NAMESPACES:
             module = sys.modules.get(module_name)
             if module is not None:
-                self._index(module_name, module, by_name, by_id, public_only=True)
+                self._index(module_name, module, by_name, by_id, refused, public_only=True)
         for module_name, module in sorted(sys.modules.items()):
             if module_name.partition(".")[0] in _SEARCHED_INSIDE and isinstance(module, types.ModuleType):
-                self._index(module_name, module, by_name, by_id, public_only=False)
-        self.by_name, self.by_id = by_name, by_id
+                self._index(module_name, module, by_name, by_id, refused, public_only=False)
+        self.by_name, self.by_id, self.refused = by_name, by_id, refused
 
     @staticmethod
     def _index(
@@ -106,6 +109,7 @@ class _LibraryIndex:
         module: types.ModuleType,
         by_name: dict[str, object],
         by_id: dict[int, str],
+        refused: dict[str, str],
         *,
         public_only: bool,
     ) -> None:
@@ -115,6 +119,10 @@ class _LibraryIndex:
             if not _is_nameable(obj) or (not public_only and not _defined_in_known_library(obj)):
                 continue
             name = f"{module_name}.{attribute}"
+            reason = refusal(name, obj)
+            if reason is not None:
+                refused.setdefault(name, reason)
+                continue
             by_name.setdefault(name, obj)
             by_id.setdefault(id(obj), name)
 
@@ -211,9 +219,14 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
     _libraries.refresh()
     if name in _libraries.by_name:
         return _libraries.by_name[name]
+    if name in _libraries.refused:
+        raise RefusedNameError(name, f"{_libraries.refused[name]}; {POLICY}", file=file, path=path)
     if node_type:
         found = _find_imported(name)
         if isinstance(found, type):
+            reason = refusal(name, found)
+            if reason is not None:
+                raise RefusedNameError(name, f"{reason}; {POLICY}", file=file, path=path)
             return found
     root = name.partition(".")[0]
     advice = ""

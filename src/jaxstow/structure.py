@@ -36,6 +36,17 @@ __all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
+#: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
+_DECODE_ERRORS = (
+    TypeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+    binascii.Error,
+)
 
 JSON = Any
 
@@ -89,8 +100,8 @@ def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
         return _decode_value(data, path=path, file=file)
     except JaxstowError:
         raise
-    except (TypeError, ValueError, KeyError, binascii.Error) as error:
-        raise FormatError(f"unreadable value {data!r} in the structure ({error})", file=file, path=path) from None
+    except _DECODE_ERRORS as error:
+        raise FormatError(f"unreadable value {_short(data)} in the structure ({error})", file=file, path=path) from None
 
 
 def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
@@ -128,7 +139,7 @@ def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
             return decode_treedef(data[tag], path=path, file=file)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
-    raise FormatError(f"unreadable value {data!r} in the structure", file=file, path=path)
+    raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
 
 
 def _parse_float(text: str, *, path: str, file: str | None) -> float:
@@ -175,33 +186,59 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
-    """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed."""
+    """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
+
+    Every node is checked before it is built, and the whole structure is unflattened once with placeholder leaves,
+    so that a node type refusing its auxiliary data is a :class:`FormatError` here rather than a builtin error later.
+    """
+    try:
+        treedef = _decode_treedef(data, path=path, file=file)
+        treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
+    except JaxstowError:
+        raise
+    except Exception as error:  # a node type's own unflatten may raise anything on data it never wrote
+        raise FormatError(
+            f"the structure cannot be rebuilt ({type(error).__name__}: {error})", file=file, path=path
+        ) from None
+    return treedef
+
+
+_PLACEHOLDER = object()
+
+
+def _short(data: JSON) -> str:
+    text = repr(data)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _decode_treedef(data: JSON, *, path: str, file: str | None) -> PyTreeDef:
     if data == "*":
         return _LEAF
     if data is None:
         return _NONE
-    if isinstance(data, dict):
-        if "tuple" in data or "list" in data:
-            node_type: type = tuple if "tuple" in data else list
-            items = data[node_type.__name__]
-            children = [decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(items)]
-            return _make(node_type, None, children, path=path, file=file)
-        if "dict" in data:
-            keys = [decode_value(key, path=path, file=file) for key, _ in data["dict"]]
-            children = [
-                decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"], strict=True)
-            ]
-            return _make(dict, keys, children, path=path, file=file)
-        if isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
-            node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
-            if not isinstance(node_type_obj, type):
-                raise FormatError(
-                    f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path
-                )
-            aux = decode_value(data.get("aux"), path=path, file=file)
-            children = [decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(data["children"])]
-            return _make(node_type_obj, aux, children, path=path, file=file)
-    raise FormatError(f"unreadable structure node {data!r}", file=file, path=path)
+    if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
+        node_type: type = tuple if "tuple" in data else list
+        items = data[node_type.__name__]
+        children = [_decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(items)]
+        return _make(node_type, None, children, path=path, file=file)
+    if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
+        keys = [decode_value(key, path=path, file=file) for key, _ in data["dict"]]
+        children = [
+            _decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"], strict=True)
+        ]
+        return _make(dict, keys, children, path=path, file=file)
+    if isinstance(data, dict) and isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
+        node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
+        if not isinstance(node_type_obj, type):
+            raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
+        aux = decode_value(data.get("aux"), path=path, file=file)
+        children = [_decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(data["children"])]
+        return _make(node_type_obj, aux, children, path=path, file=file)
+    raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
+
+
+def _is_pair_list(data: JSON) -> bool:
+    return isinstance(data, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in data)
 
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:

@@ -17,7 +17,8 @@ from typing import Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import CorruptFileError
+from jaxstow.format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest
 from jaxstow.format.native import Complete, NativeReader, write_native
 from jaxstow.format.npz import NpzReader, write_npz
 from jaxstow.format.reading import TensorSlot, Verify
@@ -25,8 +26,6 @@ from jaxstow.storage import ReadSource, open_source
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Container", "container_kind", "open_container", "write_container"]
 
-FORMAT_NAME = "jaxstow"
-FORMAT_VERSION = 1
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 Kind = Literal["native", "npz"]
@@ -75,16 +74,14 @@ def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Co
 
 
 def _check_manifest(reader: Container) -> None:
-    manifest = reader.manifest
-    if manifest is None:
+    """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
+    if reader.manifest is None:
         return
-    if manifest.get("format") != FORMAT_NAME:
-        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=reader.file)
-    version = manifest.get("version")
-    if type(version) is not int or version > FORMAT_VERSION:
-        raise FormatError(
-            f"format version {version!r} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow",
+    leaves = check_manifest(reader.manifest, file=reader.file)["leaves"]
+    stored = {entry["path"] for entry in leaves if entry["kind"] != "value"}
+    if stored != reader.slots.keys():
+        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
+        raise CorruptFileError(
+            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
             file=reader.file,
         )
-    if not isinstance(manifest.get("leaves"), list):
-        raise FormatError("the manifest has no list of leaves", file=reader.file)

@@ -21,15 +21,17 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow.errors import FormatError, TruncatedFileError
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
+from jaxstow.format.bounded_json import parse_json
 from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
 from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
+from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.storage import ReadSource
 
@@ -39,6 +41,8 @@ DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
+_JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
+_MAX_HEADER_DEPTH = 8  # safetensors headers are three levels deep
 
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]
@@ -99,6 +103,30 @@ def _stored_dtype(array: np.ndarray) -> np.dtype:
     return array.dtype if safetensors_code(array.dtype) is not None else np.dtype(np.uint8)
 
 
+def _check_header_checksum(raw: bytes, *, file: str) -> None:
+    """Refuse a jaxstow header whose text does not match the checksum it ends with (any change, keys included)."""
+    stripped = raw.rstrip(b" ")
+    recorded = stripped[-_HASH_TAIL + 1 : -3]
+    zeroed = stripped[:-_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
+    intact = stripped[-_HASH_TAIL:] == b'"' + recorded + b'"}}' and checksum_bytes(zeroed).encode() == recorded
+    if not intact:
+        raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
+
+
+def _check_tiling(slots: Iterable[TensorSlot], data_start: int, *, file: str) -> None:
+    """Tensors must fill the data region without overlaps or holes, as safetensors requires."""
+    end = data_start
+    for slot in sorted(slots, key=lambda slot: (slot.offset, slot.nbytes)):
+        if slot.offset != end:
+            raise FormatError(
+                f"the tensor starts at byte {slot.offset}, but the previous one ends at {end} (tensors must not "
+                "overlap or leave holes)",
+                file=file,
+                path=slot.name,
+            )
+        end += slot.nbytes
+
+
 @dataclass(frozen=True)
 class _Header:
     slots: dict[str, TensorSlot]
@@ -106,7 +134,12 @@ class _Header:
 
 
 class NativeReader:
-    """Reads a safetensors file, with or without a jaxstow manifest; validates the header before allocating."""
+    """Reads a safetensors file, with or without a jaxstow manifest; validates the header before allocating.
+
+    A header that shows any sign of having been written by jaxstow (its manifest key, its checksum key or the
+    manifest's format name) must pass the header checksum, so a damaged key never turns a jaxstow file into a plain
+    safetensors file: any damage is a :class:`CorruptFileError`.
+    """
 
     def __init__(self, source: ReadSource) -> None:
         self.source = source
@@ -116,7 +149,9 @@ class NativeReader:
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
         if "jaxstow" in self.metadata:
-            self.manifest = self._parse_manifest(self.metadata["jaxstow"])
+            self.manifest = parse_json(
+                self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH
+            )
 
     def _read_header(self) -> _Header:
         size = self.source.size
@@ -125,25 +160,41 @@ class NativeReader:
                 f"{self.source.describe_size()} is too short for a safetensors header", file=self.file
             )
         (length,) = struct.unpack("<Q", self.source.read(0, 8))
+        if size == 8 or self.source.read(8, 1) != b"{":
+            raise FormatError(
+                f"not a jaxstow, safetensors or npz file (it starts with {self._start()!r})", file=self.file
+            )
         if length > MAX_HEADER_BYTES:
-            raise FormatError(f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=self.file)
+            raise CorruptFileError(
+                f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=self.file
+            )
         if 8 + length > size:
             raise TruncatedFileError(
                 f"the header claims {length} bytes but the file has only {size - 8} after the length", file=self.file
             )
-        self._raw_header = self.source.read(8, length)
-        try:
-            header = json.loads(self._raw_header)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise FormatError(f"the header is not valid JSON ({error})", file=self.file) from None
+        raw = self.source.read(8, length)
+        claimed = any(mark in raw for mark in _JAXSTOW_MARKS)
+        if claimed:
+            _check_header_checksum(raw, file=self.file)
+        error = CorruptFileError if claimed else FormatError
+        header = parse_json(raw, what="the header", file=self.file, max_depth=_MAX_HEADER_DEPTH, error=error)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise FormatError("__metadata__ must map strings to strings", file=self.file)
+        if claimed and set(metadata) != {"jaxstow", _HASH_KEY}:
+            raise CorruptFileError(
+                f"the header's metadata keys {sorted(metadata)} are not jaxstow's: the header is corrupt",
+                file=self.file,
+            )
         data_start = 8 + length
         slots = {name: self._slot(name, info, data_start) for name, info in header.items()}
+        _check_tiling(slots.values(), data_start, file=self.file)
         return _Header(slots, metadata)
+
+    def _start(self) -> bytes:
+        return self.source.read(0, min(self.source.size, 16))
 
     def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
         if not isinstance(info, dict):
@@ -179,20 +230,6 @@ class NativeReader:
                 path=name,
             )
         return TensorSlot(name, dtype, tuple(shape), data_start + begin, expected)
-
-    def _parse_manifest(self, text: str) -> dict[str, Any]:
-        stripped = self._raw_header.rstrip(b" ")
-        recorded = stripped[-_HASH_TAIL + 1 : -3].decode("ascii", "replace")
-        zeroed = stripped[:-_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
-        if recorded != self.metadata.get(_HASH_KEY) or checksum_bytes(zeroed) != recorded:
-            raise FormatError("the header's checksum does not match: the header is corrupt", file=self.file)
-        try:
-            manifest = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise FormatError(f"the jaxstow manifest is not valid JSON ({error})", file=self.file) from None
-        if not isinstance(manifest, dict):
-            raise FormatError("the jaxstow manifest is not a JSON object", file=self.file)
-        return manifest
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""

@@ -25,8 +25,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow.errors import CorruptFileError, FormatError
+from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
+from jaxstow.format.bounded_json import parse_json
 from jaxstow.format.checksum import as_bytes
+from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.reading import TensorSlot, Verify
 from jaxstow.storage import ReadSource
 
@@ -36,7 +38,6 @@ MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _MAX_INFLATION = 1032  # deflate's largest ratio of output to input
-_ZIP_ERRORS = (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, KeyError)
 
 
 def _numpy_native(array: np.ndarray) -> np.ndarray:
@@ -49,7 +50,12 @@ def write_npz(
     manifest: dict[str, Any] | None,
     complete: Callable[[], None] | None = None,
 ) -> None:
-    """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz."""
+    """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz.
+
+    Leaf names a zip member cannot hold faithfully are refused before anything is written.
+    """
+    for name, _ in tensors:
+        _check_member_name(name)
     with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in tensors:
             _write_member(archive, name, array)
@@ -58,6 +64,24 @@ def write_npz(
         if manifest is not None:
             text = json.dumps(manifest, separators=(",", ":")).encode("utf-8")
             _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
+
+
+def _check_member_name(name: str) -> None:
+    """Refuse a leaf name that would not come back as itself from a zip member name (or would name the manifest)."""
+    parts = name.split("/")
+    problems = {
+        "it holds a NUL character": "\0" in name,
+        "it holds a backslash": "\\" in name,
+        "it is absolute": name.startswith("/"),
+        "it has a '.' or '..' component": "." in parts or ".." in parts,
+        f"{MANIFEST_MEMBER!r} is the manifest's member": name == MANIFEST_MEMBER,
+    }
+    for problem, found in problems.items():
+        if found:
+            raise FormatError(
+                f"an npz archive cannot hold this leaf name: {problem}; rename the key or save to the native format",
+                path=name,
+            )
 
 
 def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
@@ -99,27 +123,46 @@ class _SourceFile(io.RawIOBase):
 
 
 class NpzReader:
-    """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles."""
+    """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles.
+
+    Members are found only through the central directory (``zipfile`` checks each local header's name against it),
+    every member is read to its end so that its CRC-32 is checked, and any anomaly of the archive is a
+    :class:`CorruptFileError` or :class:`FormatError` naming the file.
+    """
 
     def __init__(self, source: ReadSource) -> None:
         self.source = source
         self.file = source.name
         try:
             self._archive = zipfile.ZipFile(io.BufferedReader(_SourceFile(source), 1 << 20))
-            members = {info.filename[: -len(".npy")]: info for info in self._archive.infolist()}
-        except _ZIP_ERRORS as error:
-            raise CorruptFileError(f"not a readable npz archive ({error})", file=self.file) from None
-        self._members = members
+            infos = self._archive.infolist()
+        except JaxstowError:
+            raise
+        except Exception as error:  # zipfile raises many kinds on damaged archives
+            raise CorruptFileError(
+                f"not a readable npz archive ({type(error).__name__}: {error})", file=self.file
+            ) from None
+        self._members = self._index(infos)
         self.metadata: dict[str, str] = {}
         self.manifest: dict[str, Any] | None = None
-        if MANIFEST_MEMBER in members:
+        if MANIFEST_MEMBER in self._members:
             self._slot(MANIFEST_MEMBER)  # its size is checked before it is read
             text = self._load(MANIFEST_MEMBER).tobytes()
-            try:
-                self.manifest = json.loads(text)
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise FormatError(f"the jaxstow manifest is not valid JSON ({error})", file=self.file) from None
-        self.slots = {name: self._slot(name) for name in members if name != MANIFEST_MEMBER}
+            self.manifest = parse_json(
+                text, what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH, error=CorruptFileError
+            )
+        self.slots = {name: self._slot(name) for name in self._members if name != MANIFEST_MEMBER}
+
+    def _index(self, infos: list[zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                raise FormatError(f"the member {info.filename!r} is not an .npy array", file=self.file)
+            name = info.filename[: -len(".npy")]
+            if name in members:
+                raise CorruptFileError("the archive holds this member twice", file=self.file, path=name)
+            members[name] = info
+        return members
 
     def _slot(self, name: str) -> TensorSlot:
         try:
@@ -130,8 +173,12 @@ class NpzReader:
                     raise ValueError(f"npy format version {version} is not supported")
                 shape, _, dtype = read_header(member)
                 header_bytes = member.tell()
-        except _ZIP_ERRORS as error:
-            raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
+        except JaxstowError:
+            raise
+        except Exception as error:  # zipfile's and numpy's header parsing raise many kinds on damaged members
+            raise CorruptFileError(
+                f"unreadable npy member ({type(error).__name__}: {error})", file=self.file, path=name
+            ) from None
         if dtype.newbyteorder("=") not in _NUMPY_DTYPES:
             raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
         slot = TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
@@ -159,8 +206,14 @@ class NpzReader:
         try:
             with self._archive.open(f"{name}.npy") as member:
                 array = np.lib.format.read_array(member, allow_pickle=False)
-        except _ZIP_ERRORS as error:
-            raise CorruptFileError(f"unreadable npy member ({error})", file=self.file, path=name) from None
+                if member.read(1):  # reaching the end is also what makes zipfile check the CRC-32
+                    raise ValueError("the member holds more bytes than its array")
+        except JaxstowError:
+            raise
+        except Exception as error:  # a bad CRC, a damaged deflate stream, a header that changed since _slot
+            raise CorruptFileError(
+                f"unreadable npy member ({type(error).__name__}: {error})", file=self.file, path=name
+            ) from None
         native = array.astype(array.dtype.newbyteorder("="), copy=False)
         return native if native.flags.c_contiguous else native.copy(order="C")
 

@@ -1,0 +1,114 @@
+"""The jaxstow manifest's schema, checked field by field (type, range, depth) before anything uses it.
+
+A file that passes is safe to hand to the loaders: every leaf entry is a dict with a unique string path and a known
+kind; stored leaves have a known dtype, a valid shape and a well-formed checksum; PRNG keys name an implementation
+this jax has, with the key data's shape.
+
+>>> from jaxstow.format.manifest import check_manifest
+>>> manifest = {"format": "jaxstow", "version": 1, "structure": "*", "metadata": None,
+...             "leaves": [{"path": "", "kind": "value", "value": 3}]}
+>>> check_manifest(manifest, file="f.jxs") is manifest
+True
+>>> check_manifest({**manifest, "version": "1.1"}, file="f.jxs")
+Traceback (most recent call last):
+...
+jaxstow.errors.FormatError: f.jxs: malformed format version '1.1' (expected a positive integer)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxstow.errors import FormatError
+from jaxstow.format.dtypes import dtype_from_name, is_shape
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_DEPTH", "check_manifest"]
+
+FORMAT_NAME = "jaxstow"
+FORMAT_VERSION = 1
+#: The deepest JSON nesting a manifest may have (about 60 levels of a tree).
+MAX_MANIFEST_DEPTH = 256
+
+_STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
+_CHECKSUM = re.compile(r"[0-9a-f]{16}")
+_IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+
+def check_manifest(manifest: Any, *, file: str) -> dict[str, Any]:
+    """``manifest`` if it is a well-formed jaxstow manifest; a :class:`FormatError` naming the field otherwise."""
+    if not isinstance(manifest, dict):
+        raise FormatError("the jaxstow manifest is not a JSON object", file=file)
+    if manifest.get("format") != FORMAT_NAME:
+        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=file)
+    version = manifest.get("version")
+    if type(version) is not int or version < 1:
+        raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"format version {version} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow", file=file
+        )
+    leaves = manifest.get("leaves")
+    if not isinstance(leaves, list):
+        raise FormatError("the manifest has no list of leaves", file=file)
+    if "structure" not in manifest:
+        raise FormatError("the manifest has no structure", file=file)
+    if not isinstance(manifest.get("metadata"), dict | None):
+        raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+    seen: set[str] = set()
+    for index, entry in enumerate(leaves):
+        _check_entry(entry, index, file=file)
+        if entry["path"] in seen:
+            raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
+        seen.add(entry["path"])
+    return manifest
+
+
+def _check_entry(entry: Any, index: int, *, file: str) -> None:
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
+        raise FormatError(f"manifest entry {index} is not an object with a string path", file=file)
+    path, kind = entry["path"], entry.get("kind")
+    if kind == "value":
+        if "value" not in entry:
+            raise FormatError("a value entry has no value", file=file, path=path)
+        return
+    if kind not in _STORED_KINDS:
+        raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
+    dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
+    if dtype is None:
+        raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
+    shape = entry.get("shape")
+    if not is_shape(shape):
+        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    checksum = entry.get("xxh3")
+    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
+        raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
+    if kind == "npscalar" and shape:
+        raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
+    if kind == "key":
+        _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+
+
+def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
+    key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
+    if key_shape is None:
+        raise FormatError(f"unknown PRNG key implementation {impl!r}", file=file, path=path)
+    if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
+        raise FormatError(
+            f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",
+            file=file,
+            path=path,
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _key_data_shape(impl: str) -> tuple[int, ...] | None:
+    """The trailing shape of one key's data for a PRNG implementation jax knows, or ``None``."""
+    try:
+        return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
+    except (TypeError, ValueError, KeyError):
+        return None
