@@ -10,7 +10,7 @@ included, can then run on a background thread.
 >>> frozen.nbytes
 8
 >>> buffer = io.BytesIO()
->>> frozen.write(buffer)
+>>> _ = frozen.write(buffer)
 >>> _ = buffer.seek(0)
 >>> jaxstow.load(buffer, as_numpy=True)
 {'w': array([1., 1.], dtype=float32)}
@@ -69,10 +69,11 @@ class Snapshot:
         return [leaf.array for leaf in self.leaves if leaf.array is not None]
 
     @with_gc_paused
-    def write(self, path_or_file: PathOrFile) -> None:
+    def write(self, path_or_file: PathOrFile) -> str | None:
         """Write the file, checksums included; a path is written atomically, a file object as it is.
 
-        Large trees are checksummed on other threads while their bytes are being written.
+        Large trees are checksummed on other threads while their bytes are being written. Returns the header's
+        checksum of a native file (``None`` for npz), which a checkpoint's record keeps.
         """
         stored = self._stored()
         tensors = [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None]
@@ -80,10 +81,10 @@ class Snapshot:
         with _checksums(stored) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
-                    write_container(sink, kind, tensors, self.manifest, complete)
-            else:
-                write_container(path_or_file, kind, tensors, self.manifest, complete)
-                path_or_file.flush()
+                    return write_container(sink, kind, tensors, self.manifest, complete)
+            header_checksum = write_container(path_or_file, kind, tensors, self.manifest, complete)
+            path_or_file.flush()
+            return header_checksum
 
 
 @with_gc_paused

@@ -32,10 +32,17 @@ import numpy as np
 from jaxstow.checkpoint.lock import Lock, lock_store
 from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.policy import KeepPolicy
-from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_metadata, check_metrics
+from jaxstow.checkpoint.record import (
+    RECORD_NAME,
+    Metrics,
+    StepRecord,
+    check_item_files,
+    check_metadata,
+    check_metrics,
+)
 from jaxstow.checkpoint.store import Store, open_store
 from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, JaxstowError
 from jaxstow.serialization import load
 
 __all__ = ["CheckpointManager"]
@@ -213,12 +220,14 @@ class CheckpointManager:
         progress = Progress(f"step {step} of {self.directory}", total=total, bar=self._progress)
         staging = self._store.stage(self._names.name(step), replace=replace)
         try:
-            files = {}
+            files, headers = {}, {}
             for name, snapshot in snapshots.items():
                 with staging.open(name + _EXTENSION) as (stored, sink):
-                    snapshot.write(progress.sink(sink))
+                    header = snapshot.write(progress.sink(sink))
                 files[name] = stored
-            record = StepRecord(step, files, single, metrics, metadata)
+                if header is not None:
+                    headers[name] = header
+            record = StepRecord(step, files, single, metrics, metadata, headers=headers)
             staging.commit(record.to_json())
         except BaseException:
             staging.abort()
@@ -229,11 +238,7 @@ class CheckpointManager:
 
     def _prune(self) -> None:
         steps = self._committed_steps()
-        values = (
-            {step: self._record(step).metric(cast(str, self._policy.metric)) for step in steps}
-            if self._policy.ranks
-            else {}
-        )
+        values = {step: self._ranking_value(step) for step in steps} if self._policy.ranks else {}
         for step in self._policy.to_delete(steps, values):
             self._store.delete(self._names.name(step))
             self._records.pop(step, None)
@@ -248,16 +253,62 @@ class CheckpointManager:
         return self._names.steps(self._store.committed())
 
     def _record(self, step: int) -> StepRecord:
-        """A step's record; cached while this manager is the writer (no one else can replace it then)."""
+        """A step's record, its item files checked; cached while this manager is the writer (no one else can
+        replace it then)."""
         record = self._records.get(step)
         if record is None:
-            where = self._url(step, RECORD_NAME)
-            record = StepRecord.from_json(self._store.read_marker(self._names.name(step)), where=where)
-            if record.step != step:
-                raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+            record = self._read_record(step, check_files=True)
             if self._lock is not None:
                 self._records[step] = record
         return record
+
+    def _read_record(self, step: int, *, check_files: bool) -> StepRecord:
+        """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too."""
+        name = self._names.name(step)
+        where = self._url(step, RECORD_NAME)
+        try:
+            data = self._store.read_marker(name)
+        except FileNotFoundError:
+            raise CheckpointError(f"step {step} has no {RECORD_NAME} any more", file=where) from None
+        record = StepRecord.from_json(data, where=where)
+        if record.step != step:
+            raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+        if check_files:
+            check_item_files(record, functools.partial(self._store.source, name), functools.partial(self._url, step))
+        return record
+
+    def _ranking_value(self, step: int) -> float | None:
+        """The metric ``keep_best`` ranks ``step`` by; a step whose record is damaged ranks last."""
+        try:
+            record = self._records.get(step) or self._read_record(step, check_files=False)
+        except JaxstowError:
+            return None
+        return record.metric(cast(str, self._policy.metric))
+
+    def damaged_steps(self) -> dict[int, str]:
+        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
+
+        A step is damaged when its ``checkpoint.json`` was changed, an item file is missing or an item file's header
+        is not the one recorded. (Damage to the data of an item is found when it is restored, by its checksums.)
+        """
+        self._writer.idle()
+        damaged = {}
+        for step in self._committed_steps():
+            try:
+                self._read_record(step, check_files=True)
+            except JaxstowError as error:
+                damaged[step] = str(error)
+        return damaged
+
+    def latest_intact_step(self) -> int | None:
+        """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``.
+
+        ``restore()`` never falls back on its own: a damaged latest step raises. To fall back, ask for it:
+        ``manager.restore(manager.latest_intact_step())``.
+        """
+        damaged = self.damaged_steps()
+        intact = [step for step in self._committed_steps() if step not in damaged]
+        return intact[-1] if intact else None
 
     def steps(self) -> list[int]:
         """The committed steps, in increasing order (waits for the save in flight)."""

@@ -1,9 +1,17 @@
 """``checkpoint.json``: what a committed step holds, written last into the step's folder.
 
+The record carries the checksum of its own text (``record_xxh3``, computed with that value zeroed) and the header
+checksum of each item file, so a changed byte in the record, a missing item file or an item file replaced by
+another is an error naming the step and the file, never a restore of something else.
+
 >>> from jaxstow.checkpoint.record import StepRecord
 >>> record = StepRecord(step=3, files={"params": "params.safetensors"}, single=False, metrics={"loss": 0.25})
 >>> StepRecord.from_json(record.to_json(), where="3/checkpoint.json").metrics
 {'loss': 0.25}
+>>> StepRecord.from_json(record.to_json().replace(b"0.25", b"0.35"), where="3/checkpoint.json")
+Traceback (most recent call last):
+...
+jaxstow.errors.CorruptFileError: 3/checkpoint.json: the record's checksum does not match: the record is corrupt
 """
 
 from __future__ import annotations
@@ -11,20 +19,27 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jaxstow
-from jaxstow.errors import FormatError
-from jaxstow.format.container import FORMAT_VERSION
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError
+from jaxstow.format.bounded_json import parse_json
+from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes
+from jaxstow.format.container import FORMAT_VERSION, open_container
+from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
+from jaxstow.storage import ReadSource
 
-__all__ = ["RECORD_NAME", "StepRecord", "check_metadata", "check_metrics"]
+__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
 
 #: The name of the record in a step's folder.
 RECORD_NAME = "checkpoint.json"
-_RECORD_VERSION = 1
+_RECORD_VERSION = 2  # 2: the record's own checksum and each item's header checksum
+_CHECKSUM_KEY = "record_xxh3"
+_CHECKSUM = re.compile(r"[0-9a-f]{16}")
 
 Metrics = dict[str, float | None]
 
@@ -69,7 +84,10 @@ def _is_plain_name(name: object) -> bool:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """A committed step: its item files, whether it is one tree or named items, its metrics and metadata."""
+    """A committed step: its item files, whether it is one tree or named items, its metrics and metadata.
+
+    ``headers`` maps each item to its file's header checksum (``None`` in records of jaxstow before version 2).
+    """
 
     step: int
     files: dict[str, str]
@@ -77,6 +95,7 @@ class StepRecord:
     metrics: Metrics | None = None
     metadata: dict[str, Any] | None = None
     time: float = field(default_factory=time.time)
+    headers: dict[str, str] | None = None
 
     def metric(self, name: str) -> float | None:
         return None if self.metrics is None else self.metrics.get(name)
@@ -86,40 +105,97 @@ class StepRecord:
             "step": self.step,
             "time": round(self.time, 3),
             "files": self.files,
+            "headers": self.headers,
             "single": self.single,
             "metrics": self.metrics,
             "metadata": self.metadata,
             "library": f"jaxstow {jaxstow.__version__}",
             "record_version": _RECORD_VERSION,
             "format_version": FORMAT_VERSION,
+            _CHECKSUM_KEY: ZERO_CHECKSUM,
         }
-        return json.dumps(record, indent=1, allow_nan=False).encode()
+        text = json.dumps(record, indent=1, allow_nan=False).encode()
+        return text.replace(_checksum_field(ZERO_CHECKSUM), _checksum_field(checksum_bytes(text)))
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
-        """Parse and check a record; ``where`` names it in errors."""
-        try:
-            record = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise FormatError(f"the step record is not valid JSON ({error})", file=where) from None
+        """Parse and check a record; ``where`` names it in errors. Any change to a record is a :class:`FormatError`."""
+        record = parse_json(
+            data, what="the step record", file=where, max_depth=MAX_MANIFEST_DEPTH, error=CorruptFileError
+        )
         version = record.get("record_version") if isinstance(record, dict) else None
-        if type(version) is not int or version > _RECORD_VERSION:
+        if type(version) is not int or version < 1:
+            raise CorruptFileError(f"record version {version!r} is malformed (expected a positive integer)", file=where)
+        if version > _RECORD_VERSION:
             raise FormatError(
-                f"record version {version!r} is not one this jaxstow reads ({_RECORD_VERSION}); upgrade jaxstow",
+                f"the record was written by {record.get('library', 'a newer jaxstow')!s:.40} (record version "
+                f"{version}); this jaxstow {jaxstow.__version__} reads versions up to {_RECORD_VERSION}: upgrade jaxstow",
                 file=where,
             )
+        if version >= 2:
+            _check_record_checksum(data, record.get(_CHECKSUM_KEY), where=where)
         step, files, single = record.get("step"), record.get("files"), record.get("single")
-        metrics, metadata = record.get("metrics"), record.get("metadata")
+        metrics, metadata, headers = record.get("metrics"), record.get("metadata"), record.get("headers")
         valid = (
             type(step) is int
             and isinstance(files, dict)
             and all(isinstance(k, str) and _is_plain_name(v) for k, v in files.items())
             and isinstance(single, bool)
             and (not single or len(files) == 1)
-            and (metrics is None or isinstance(metrics, dict))
+            and (metrics is None or _is_metrics(metrics))
             and (metadata is None or isinstance(metadata, dict))
+            and (headers is None or (isinstance(headers, dict) and headers.keys() == files.keys()))
             and isinstance(record.get("time"), numbers.Real)
         )
         if not valid:
-            raise FormatError("the step record lacks a field or has one of the wrong type", file=where)
-        return cls(step, files, single, metrics, metadata, float(record["time"]))
+            raise CorruptFileError("the step record lacks a field or has one of the wrong type", file=where)
+        return cls(step, files, single, metrics, metadata, float(record["time"]), headers)
+
+
+def _checksum_field(value: str) -> bytes:
+    return f'"{_CHECKSUM_KEY}": "{value}"'.encode()
+
+
+def _check_record_checksum(data: bytes, recorded: Any, *, where: str) -> None:
+    intact = (
+        isinstance(recorded, str)
+        and _CHECKSUM.fullmatch(recorded) is not None
+        and data.count(_checksum_field(recorded)) == 1
+        and checksum_bytes(data.replace(_checksum_field(recorded), _checksum_field(ZERO_CHECKSUM))) == recorded
+    )
+    if not intact:
+        raise CorruptFileError("the record's checksum does not match: the record is corrupt", file=where)
+
+
+def _is_metrics(metrics: Any) -> bool:
+    return isinstance(metrics, dict) and all(
+        isinstance(value, int | float | None) and not isinstance(value, bool) for value in metrics.values()
+    )
+
+
+def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource], where: Callable[[str], str]) -> None:
+    """Check that every item file of a step exists and has the header its record names.
+
+    ``open_item(file)`` opens an item file; ``where(file)`` names it in errors. A missing file is a
+    :class:`CheckpointError`, a damaged header or a file that is not the one the record names a
+    :class:`CorruptFileError`.
+    """
+    for item, file in sorted(record.files.items()):
+        try:
+            source = open_item(file)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"step {record.step} lists the item {item!r}, but its file is missing", file=where(file)
+            ) from None
+        reader = open_container(source)
+        try:
+            found = getattr(reader, "header_checksum", None)
+        finally:
+            reader.close()
+        expected = None if record.headers is None else record.headers[item]
+        if expected is not None and found != expected:
+            raise CorruptFileError(
+                f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "
+                f"expects {expected}: the file is not the one that was saved",
+                file=where(file),
+            )

@@ -55,9 +55,15 @@ def write_container(
     tensors: Sequence[tuple[str, np.ndarray]],
     manifest: dict[str, Any] | None,
     complete: Complete | None = None,
-) -> None:
-    """Write tensors and manifest in the given container; ``complete()`` finishes the manifest in place."""
-    (write_npz if kind == "npz" else write_native)(sink, tensors, manifest, complete)
+) -> str | None:
+    """Write tensors and manifest in the given container; ``complete()`` finishes the manifest in place.
+
+    Returns the native header's checksum (``None`` for npz or without a manifest).
+    """
+    if kind == "npz":
+        write_npz(sink, tensors, manifest, complete)
+        return None
+    return write_native(sink, tensors, manifest, complete)
 
 
 def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Container:

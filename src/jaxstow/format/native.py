@@ -8,7 +8,7 @@ checksum of the header text with that value zeroed, so that a flipped byte in th
 >>> import io, numpy as np
 >>> from jaxstow.format.native import NativeReader, write_native
 >>> buffer = io.BytesIO()
->>> write_native(buffer, [("w", np.arange(3, dtype=np.float32))], {"format": "jaxstow"})
+>>> header_checksum = write_native(buffer, [("w", np.arange(3, dtype=np.float32))], {"format": "jaxstow"})
 >>> _ = buffer.seek(0)
 >>> from jaxstow.storage import open_source
 >>> reader = NativeReader(open_source(buffer))
@@ -53,12 +53,13 @@ def write_native(
     tensors: Sequence[tuple[str, np.ndarray]],
     manifest: dict[str, Any] | None,
     complete: Complete | None = None,
-) -> None:
+) -> str | None:
     """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once.
 
     ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
+    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest.
     """
     ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
@@ -79,6 +80,8 @@ def write_native(
         sink.seek(start)
         sink.write(final)
         sink.seek(end)
+        header = final
+    return None if manifest is None else header.rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
 
 
 def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> bytes:
@@ -148,6 +151,8 @@ class NativeReader:
         self.slots = header.slots
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
+        #: The header's checksum, checked against the header text (``None`` for a file without a manifest).
+        self.header_checksum = self.metadata.get(_HASH_KEY)
         if "jaxstow" in self.metadata:
             self.manifest = parse_json(
                 self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH
