@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test bench reliability lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +17,8 @@ demo: $(STAMP)
 	@for script in examples/demo_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench examples
-	$(PY) -m ruff format --check src tests bench examples
+	$(PY) -m ruff check src tests bench examples reliability
+	$(PY) -m ruff format --check src tests bench examples reliability
 	$(PY) -m mypy
 
 test: lint
@@ -26,6 +26,11 @@ test: lint
 
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
+
+# Attacks and crashes at full size (byte flips, fuzzed headers, SIGKILLs, a full disk, ...): the table of what was
+# detected and what was lost. `make test` runs a small slice of each probe.
+reliability: $(STAMP)
+	$(PY) -m reliability.run
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -76,7 +76,7 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
         if "value" not in entry:
             raise FormatError("a value entry has no value", file=file, path=path)
         return
-    if kind not in _STORED_KINDS:
+    if not isinstance(kind, str) or kind not in _STORED_KINDS:
         raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
     dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
     if dtype is None:

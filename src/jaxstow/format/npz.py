@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
@@ -38,6 +39,13 @@ MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 _MAX_INFLATION = 1032  # deflate's largest ratio of output to input
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory: signature, disks, counts, size, offset, comment length
+_EOCD_SIGNATURE = b"PK\x05\x06"
+_EOCD_SEARCH = _EOCD.size + 0xFFFF  # the record ends the file, followed by a comment of at most 65535 bytes
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")
+_ZIP64_LOCATOR_SIGNATURE = b"PK\x06\x07"
+_ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
+_ZIP64_EOCD_SIGNATURE = b"PK\x06\x06"
 
 
 def _numpy_native(array: np.ndarray) -> np.ndarray:
@@ -123,6 +131,24 @@ class _SourceFile(io.RawIOBase):
         return count
 
 
+def _declared_members(source: ReadSource) -> int | None:
+    """The member count that the end-of-central-directory record declares (``zipfile`` stops reading the directory
+    where its declared size ends, so a damaged length field could otherwise hide the members after it)."""
+    tail_size = min(source.size, _EOCD_SEARCH)
+    tail = source.read(source.size - tail_size, tail_size)
+    at = tail.rfind(_EOCD_SIGNATURE)
+    if at < 0 or at + _EOCD.size > len(tail):
+        return None
+    count = _EOCD.unpack_from(tail, at)[4]
+    locator = at - _ZIP64_LOCATOR.size
+    if count == 0xFFFF and locator >= 0 and tail[locator : locator + 4] == _ZIP64_LOCATOR_SIGNATURE:
+        record = _ZIP64_LOCATOR.unpack_from(tail, locator)[2]
+        if record + _ZIP64_EOCD.size <= source.size:
+            fields = _ZIP64_EOCD.unpack(source.read(record, _ZIP64_EOCD.size))
+            count = fields[7] if fields[0] == _ZIP64_EOCD_SIGNATURE else count
+    return int(count)
+
+
 class NpzReader:
     """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles.
 
@@ -144,6 +170,12 @@ class NpzReader:
                 f"not a readable npz archive ({type(error).__name__}: {error})", file=self.file
             ) from None
         self._members = self._index(infos)
+        declared = _declared_members(source)
+        if declared != len(infos):
+            raise CorruptFileError(
+                f"the central directory declares {declared} members but {len(infos)} could be read from it",
+                file=self.file,
+            )
         self.metadata: dict[str, str] = {}
         self.manifest: dict[str, Any] | None = None
         if MANIFEST_MEMBER in self._members:
