@@ -185,7 +185,7 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
             source = open_item(file)
         except FileNotFoundError:
             raise CheckpointError(
-                f"step {record.step} lists the item {item!r}, but its file is missing", file=where(file)
+                f"{where(file)}: step {record.step} lists the item {item!r}, but its file is missing", file=where(file)
             ) from None
         reader = open_container(source)
         try:

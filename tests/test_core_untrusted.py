@@ -1,0 +1,318 @@
+"""Untrusted files and faults: foreign files, damaged and crafted headers, npz anomalies, the name policy, checkpoint
+records, temporary files of failed saves."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+import textwrap
+import zipfile
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, JaxstowError, RefusedNameError
+from jaxstow.snapshot import snapshot
+from jaxstow.storage import TEMPORARY_MARKER
+from reliability.forge import forge_native, split_native
+
+TREE = {"w": np.arange(6, dtype=np.float32), "depth": 3, "act": jax.nn.relu}
+
+
+def _saved(tmp_path, tree=TREE, name="model.jxs") -> bytes:
+    jaxstow.save(tmp_path / name, tree)
+    return (tmp_path / name).read_bytes()
+
+
+def _forged(tmp_path, edit) -> str:
+    """A native file whose manifest ``edit`` changed; its header checksum is valid."""
+    frozen = snapshot(TREE)
+    edit(frozen.manifest)
+    path = tmp_path / "forged.jxs"
+    frozen.write(path)
+    return str(path)
+
+
+# -- what a file is -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [os.urandom(5000), pickle.dumps({"a": 1}), b"\x93NUMPY\x01\x00v\x00{'descr': '<f8'}" + b" " * 200],
+    ids=["random bytes", "pickle", "npy"],
+)
+def test_a_foreign_file_is_named_as_such(tmp_path, content):
+    path = tmp_path / "foreign.bin"
+    path.write_bytes(content)
+    with pytest.raises(FormatError, match=r"foreign\.bin: not a jaxstow, safetensors or npz file"):
+        jaxstow.load(path)
+
+
+@pytest.mark.parametrize("key", [b'"jaxstow":"', b'"jaxstow_header_xxh3":"', b'"__metadata__":'])
+def test_every_flip_in_a_metadata_key_is_a_corrupt_file(tmp_path, key):
+    original = _saved(tmp_path)
+    start = original.index(key) + 1
+    for position in range(start, start + len(key) - 4):
+        for bit in range(8):
+            damaged = bytearray(original)
+            damaged[position] ^= 1 << bit
+            with pytest.raises(CorruptFileError, match="header"):
+                jaxstow.load(io.BytesIO(bytes(damaged)))
+
+
+def test_a_malformed_version_is_malformed_and_a_newer_one_newer(tmp_path):
+    with pytest.raises(FormatError, match=r"malformed format version '1\.1'"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version="1.1")))
+    with pytest.raises(FormatError, match="format version 2 is newer than this jaxstow reads"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=2)))
+
+
+# -- crafted headers ------------------------------------------------------------------------------------------------
+
+
+def test_deep_nesting_is_refused_before_parsing(tmp_path):
+    path = tmp_path / "deep.safetensors"
+    header = b"{" + b'"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(FormatError, match="nests 100001 levels deep"):
+        jaxstow.load(path)
+    tensors, manifest, data = split_native(_saved(tmp_path))
+    deep = manifest.replace('"metadata":null', '"metadata":' + "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(FormatError, match="the jaxstow manifest nests"):
+        jaxstow.load(io.BytesIO(forge_native(tensors, deep, data)))
+
+
+def test_an_integer_of_5000_digits_is_a_format_error(tmp_path):
+    tensors, manifest, data = split_native(_saved(tmp_path))
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)  # only to write the forged file; loading runs under the usual limit
+    try:
+        tensors["w"]["data_offsets"][1] = int("9" * 5000)
+        forged = forge_native(tensors, manifest, data)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    with pytest.raises(CorruptFileError, match="the header is not valid JSON"):
+        jaxstow.load(io.BytesIO(forged))
+
+
+@pytest.mark.parametrize(
+    "structure", [{"dict": 5}, {"dict": [1, 2]}, {"tuple": 3}, {"node": "jax.nn.relu", "children": []}]
+)
+def test_structure_entries_of_the_wrong_type_are_format_errors(tmp_path, structure):
+    with pytest.raises(FormatError):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(structure=structure)))
+
+
+@pytest.mark.parametrize(
+    ("impl", "message"), [("bogus", "unknown PRNG key implementation"), ("rbg", "stored as uint32")]
+)
+def test_a_key_with_a_bad_implementation_is_a_format_error(tmp_path, impl, message):
+    frozen = snapshot({"key": jax.random.key(0)})
+    frozen.manifest["leaves"][0]["impl"] = impl
+    frozen.write(tmp_path / "key.jxs")
+    with pytest.raises(FormatError, match=rf"leaf 'key'.*{message}"):
+        jaxstow.load(tmp_path / "key.jxs")
+
+
+# -- npz ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a\0b", "a\\b", "../x", "/abs", "a/./b", "__jaxstow__"])
+def test_leaf_names_an_npz_cannot_hold_are_refused_at_save(tmp_path, name):
+    with pytest.raises(FormatError, match=re.escape(f"leaf {name!r}: an npz archive cannot hold this leaf name")):
+        jaxstow.save(tmp_path / "x.npz", {name: np.ones(2)})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_leaf_names_round_trip_where_the_format_can_hold_them(tmp_path):
+    tree = {"a\0b": np.ones(2, np.float32), "c\\d": np.zeros(1, np.int8)}
+    assert probes_same(jaxstow.load(io.BytesIO(_saved(tmp_path, tree)), as_numpy=True), tree)
+    nested = {"a": {"b": np.ones(2, np.float32)}, "a/b ": np.zeros(1, np.int8)}
+    assert probes_same(jaxstow.load(io.BytesIO(_saved(tmp_path, nested, "n.npz")), as_numpy=True), nested)
+
+
+def probes_same(a, b) -> bool:
+    from reliability.probes import same
+
+    return same(a, b)
+
+
+def test_every_flip_in_the_central_directory_is_detected_or_harmless(tmp_path):
+    original = _saved(tmp_path, TREE, "model.npz")
+    reference = jaxstow.load(io.BytesIO(original), as_numpy=True)
+    directory = original.index(b"PK\x01\x02")
+    for position in range(directory, len(original)):
+        for bit in range(0, 8, 3):
+            damaged = bytearray(original)
+            damaged[position] ^= 1 << bit
+            try:
+                restored = jaxstow.load(io.BytesIO(bytes(damaged)), as_numpy=True)
+            except JaxstowError:
+                continue
+            assert probes_same(restored, reference), f"byte {position} bit {bit}"
+
+
+def test_zip_anomalies_are_corrupt_files(tmp_path):
+    original = _saved(tmp_path, TREE, "model.npz")
+    directory = original.index(b"PK\x01\x02")
+    for offset, value in [(8, 1), (10, 99), (6, 0xFF)]:  # encrypted, compression method 99, version 255
+        damaged = bytearray(original)
+        damaged[directory + offset] = value
+        with pytest.raises(CorruptFileError, match=r"model|BytesIO"):
+            jaxstow.load(io.BytesIO(bytes(damaged)))
+    hidden = bytearray(original)  # a comment length that swallows the next entries of the directory
+    hidden[directory + 32] = 0x7F
+    with pytest.raises(CorruptFileError):
+        jaxstow.load(io.BytesIO(bytes(hidden)))
+
+
+def test_a_plain_npz_with_a_member_that_is_not_an_array_is_refused(tmp_path):
+    with zipfile.ZipFile(tmp_path / "odd.npz", "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    with pytest.raises(FormatError, match=r"odd\.npz: the member 'readme.txt' is not an \.npy array"):
+        jaxstow.load(tmp_path / "odd.npz")
+
+
+# -- the name policy ------------------------------------------------------------------------------------------------
+
+
+def test_a_model_naming_numpy_savetxt_is_refused_at_load_and_harms_nothing(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    model = eqx.nn.MLP(2, 2, 4, 1, activation=jax.tree_util.Partial(jnp.tanh), key=jax.random.key(0))
+    jaxstow.save(tmp_path / "model.jxs", model)
+    assert jaxstow.load(tmp_path / "model.jxs").activation.func is jnp.tanh  # partials over allowed functions load
+    frozen = snapshot(eqx.tree_at(lambda m: m.activation, model, jax.tree_util.Partial(jnp.tanh, str(victim))))
+    tanh = json.dumps(jaxstow.registry.name_of(jnp.tanh))
+    text = json.dumps(frozen.manifest).replace(tanh, '"numpy.savetxt"')
+    frozen.manifest.clear()
+    frozen.manifest.update(json.loads(text))
+    frozen.write(tmp_path / "evil.jxs")
+    with pytest.raises(RefusedNameError, match=r"'numpy.savetxt', which jaxstow's name policy refuses"):
+        jaxstow.load(tmp_path / "evil.jxs")
+    assert victim.read_text() == "precious"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "numpy.savetxt", "numpy.load", "numpy.save", "numpy.fromfile", "numpy.memmap", "numpy.zeros", "jax.numpy.load",
+        "jax.numpy.empty", "jax.nn.initializers.normal", "jax.random.normal", "equinox.tree_deserialise_leaves",
+        "flax.serialization.from_bytes",
+    ],
+)  # fmt: skip
+def test_names_that_read_write_or_allocate_are_refused(name):
+    import flax.serialization  # noqa: F401  (imported, so only the policy can refuse it)
+
+    with pytest.raises(RefusedNameError, match="name policy"):
+        jaxstow.registry.lookup(name)
+    with pytest.raises(jaxstow.errors.UnsaveableObjectError):
+        jaxstow.save(io.BytesIO(), {"f": jaxstow.registry._find_imported(name)})
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["jax.nn.relu", "jax.numpy.tanh", "numpy.exp", "jax.numpy.bfloat16", "numpy.float32", "optax.ScaleByAdamState"],
+)
+def test_pure_functions_and_classes_are_allowed(name):
+    import optax  # noqa: F401
+
+    assert jaxstow.registry.lookup(name) is not None
+
+
+def test_a_registered_object_is_the_users_choice():
+    jaxstow.saveable(np.save, name="tests.numpy_save_on_purpose")
+    assert jaxstow.registry.lookup("tests.numpy_save_on_purpose") is np.save
+
+
+# -- saves that fail ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", ["jxs", "npz"])
+def test_a_save_beyond_the_file_size_limit_removes_its_temporary_file(tmp_path, suffix):
+    """A real write error from the kernel (EFBIG under RLIMIT_FSIZE): the flush in close() fails again."""
+    path = tmp_path / f"model.{suffix}"
+    jaxstow.save(path, {"w": np.zeros(10, np.float32)})
+    before = path.read_bytes()
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys, numpy as np, jaxstow
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        try:
+            jaxstow.save(sys.argv[1], {"w": np.ones(1 << 20, np.float32)})
+        except OSError as error:
+            print("failed", error.errno)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("failed"), result.stdout + result.stderr
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_the_next_save_removes_temporary_files_of_dead_writers_only(tmp_path):
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    jaxstow.save(tmp_path / "model.jxs", TREE)
+    [name] = os.listdir(tmp_path)
+    from jaxstow.storage import temporary_sibling
+
+    mine = temporary_sibling(str(tmp_path / "model.jxs"))
+    theirs = mine.replace(f"{TEMPORARY_MARKER}{os.getpid()}-", f"{TEMPORARY_MARKER}{dead}-")
+    for path in (mine, theirs):
+        open(path, "wb").close()
+    jaxstow.save(tmp_path / "model.jxs", TREE)
+    assert sorted(os.listdir(tmp_path)) == sorted([name, os.path.basename(mine)])
+
+
+# -- checkpoint records ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def run(tmp_path):
+    with jaxstow.CheckpointManager(tmp_path) as manager:
+        for step in (1, 2):
+            manager.save(step, {"p": {"w": np.full(3, step, np.float32)}, "o": np.ones(2)}, metrics={"loss": 0.125})
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("old", "new"), [(b"0.125", b"0.135"), (b'"p"', b'"q"'), (b'"p.safetensors"', b'"q.safetensors"')]
+)
+def test_a_changed_record_is_a_corrupt_file_naming_the_step(run, old, new):
+    record = run / "2" / "checkpoint.json"
+    record.write_bytes(record.read_bytes().replace(old, new, 1))
+    manager = jaxstow.CheckpointManager(run)
+    with pytest.raises(CorruptFileError, match=r"/2/checkpoint\.json: the record's checksum does not match"):
+        manager.restore()
+    assert list(manager.damaged_steps()) == [2]
+    assert manager.latest_intact_step() == 1
+    assert manager.restore(manager.latest_intact_step(), as_numpy=True)["p"]["w"].tolist() == [1, 1, 1]
+
+
+def test_a_missing_or_swapped_item_file_is_named(run):
+    os.replace(run / "1" / "o.safetensors", run / "2" / "o.safetensors")
+    manager = jaxstow.CheckpointManager(run)
+    with pytest.raises(CheckpointError, match=r"/1/o\.safetensors: step 1 lists the item 'o', but its file is missing"):
+        manager.metrics(1)
+    (run / "2" / "p.safetensors").write_bytes((run / "1" / "p.safetensors").read_bytes())
+    with pytest.raises(CorruptFileError, match=r"/2/p\.safetensors: the header of item 'p' of step 2 has checksum"):
+        manager.restore(2)
+    assert sorted(manager.damaged_steps()) == [1, 2] and manager.latest_intact_step() is None
+
+
+def test_a_record_from_a_newer_jaxstow_names_its_version(run):
+    record = run / "2" / "checkpoint.json"
+    text = record.read_text().replace('"record_version": 2', '"record_version": 3')
+    record.write_text(text.replace(f'"jaxstow {jaxstow.__version__}"', '"jaxstow 9.1.0"'))
+    with pytest.raises(FormatError, match=r"written by jaxstow 9\.1\.0 \(record version 3\).*upgrade jaxstow"):
+        jaxstow.CheckpointManager(run).metrics(2)
