@@ -402,6 +402,7 @@ def killed_checkpoint_saves(trials: int, rng: random.Random) -> Result:
     """``CheckpointManager.save`` SIGKILLed at a random moment; every listed step must restore whole, none may be
     damaged, and the next manager's save must leave no temporary folder."""
     result = Result("SIGKILL during CheckpointManager.save")
+    left = 0
     with tempfile.TemporaryDirectory() as root, _forker() as forker:
         step = 0
         for _ in range(trials):
@@ -414,11 +415,13 @@ def killed_checkpoint_saves(trials: int, rng: random.Random) -> Result:
                 if not kill_target.is_whole(reader.restore(committed, as_numpy=True)["params"]):
                     problems.append(f"step {committed} is torn")
             step = max([step, *reader.steps()]) + 1
+            left += len(_temporaries(root))
             with jaxstow.CheckpointManager(root, keep_last=2) as manager:
                 manager.save(step, {"params": kill_target.tree(step)})
             if _temporaries(root):
                 problems.append(f"temporary entries left after the next save: {_temporaries(root)}")
             result.add("lost" if problems else "harmless", "; ".join(problems))
+    result.notes.insert(0, f"{left} unfinished steps found after kills, all removed by the next manager")
     return result
 
 

@@ -5,9 +5,12 @@ searched in this order:
 
 1. objects registered with :func:`saveable` (by you);
 2. the public namespaces of jax, numpy, equinox, flax and optax (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
-   the module-level objects that equinox, flax and optax define in their own modules (such as the lambda that
+   the module-level objects that equinox, flax and optax define in their own modules (such as the function that
    ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not reachable by name;
 3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
+
+Library objects (2 and 3) pass :mod:`jaxstow.name_policy` first: only pure functions and classes are nameable, and a
+file naming anything else (``numpy.savetxt``, ``os.system``) raises :class:`~jaxstow.errors.RefusedNameError`.
 
 Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
 

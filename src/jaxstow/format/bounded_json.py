@@ -35,8 +35,8 @@ def json_depth(text: bytes | str) -> int:
     """The deepest nesting of arrays and objects in JSON text (brackets inside strings do not count)."""
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
     codes = np.frombuffer(_STRING.sub(b'""', data), np.uint8)
-    steps = np.isin(codes, _OPEN).astype(np.int32) - np.isin(codes, _CLOSE).astype(np.int32)
-    return int(np.cumsum(steps).max(initial=0))
+    steps = np.isin(codes, _OPEN).view(np.int8) - np.isin(codes, _CLOSE).view(np.int8)
+    return int(np.cumsum(steps, dtype=np.int32).max(initial=0))
 
 
 def parse_json(

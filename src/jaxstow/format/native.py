@@ -35,7 +35,7 @@ from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.storage import ReadSource
 
-__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "write_native"]
+__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "header_checksum", "write_native"]
 
 DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -81,7 +81,7 @@ def write_native(
         sink.write(final)
         sink.seek(end)
         header = final
-    return None if manifest is None else header.rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
+    return None if manifest is None else header[8:].rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
 
 
 def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> bytes:
@@ -104,6 +104,44 @@ def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] 
 
 def _stored_dtype(array: np.ndarray) -> np.dtype:
     return array.dtype if safetensors_code(array.dtype) is not None else np.dtype(np.uint8)
+
+
+def _raw_header(source: ReadSource) -> bytes:
+    """The header text of a safetensors file (padding included), after checking that the file can be one."""
+    size = source.size
+    if size < 8:
+        raise TruncatedFileError(f"{source.describe_size()} is too short for a safetensors header", file=source.name)
+    (length,) = struct.unpack("<Q", source.read(0, 8))
+    if size == 8 or source.read(8, 1) != b"{":
+        start = source.read(0, min(size, 16))
+        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {start!r})", file=source.name)
+    if length > MAX_HEADER_BYTES:
+        raise CorruptFileError(
+            f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
+        )
+    if 8 + length > size:
+        raise TruncatedFileError(
+            f"the header claims {length} bytes but the file has only {size - 8} after the length", file=source.name
+        )
+    return source.read(8, length)
+
+
+def header_checksum(source: ReadSource) -> str:
+    """The checksum a jaxstow file's header ends with, checked against the header text without parsing it.
+
+    >>> import io, numpy as np
+    >>> from jaxstow.storage import open_source
+    >>> buffer = io.BytesIO()
+    >>> written = write_native(buffer, [("w", np.zeros(2))], {"format": "jaxstow"})
+    >>> _ = buffer.seek(0)
+    >>> header_checksum(open_source(buffer)) == written
+    True
+    """
+    raw = _raw_header(source)
+    if not any(mark in raw for mark in _JAXSTOW_MARKS):
+        raise FormatError("not a jaxstow file: its header has no jaxstow manifest", file=source.name)
+    _check_header_checksum(raw, file=source.name)
+    return raw.rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
 
 
 def _check_header_checksum(raw: bytes, *, file: str) -> None:
@@ -151,33 +189,14 @@ class NativeReader:
         self.slots = header.slots
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
-        #: The header's checksum, checked against the header text (``None`` for a file without a manifest).
-        self.header_checksum = self.metadata.get(_HASH_KEY)
         if "jaxstow" in self.metadata:
             self.manifest = parse_json(
                 self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH
             )
 
     def _read_header(self) -> _Header:
-        size = self.source.size
-        if size < 8:
-            raise TruncatedFileError(
-                f"{self.source.describe_size()} is too short for a safetensors header", file=self.file
-            )
-        (length,) = struct.unpack("<Q", self.source.read(0, 8))
-        if size == 8 or self.source.read(8, 1) != b"{":
-            raise FormatError(
-                f"not a jaxstow, safetensors or npz file (it starts with {self._start()!r})", file=self.file
-            )
-        if length > MAX_HEADER_BYTES:
-            raise CorruptFileError(
-                f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=self.file
-            )
-        if 8 + length > size:
-            raise TruncatedFileError(
-                f"the header claims {length} bytes but the file has only {size - 8} after the length", file=self.file
-            )
-        raw = self.source.read(8, length)
+        raw = _raw_header(self.source)
+        length = len(raw)
         claimed = any(mark in raw for mark in _JAXSTOW_MARKS)
         if claimed:
             _check_header_checksum(raw, file=self.file)
@@ -197,9 +216,6 @@ class NativeReader:
         slots = {name: self._slot(name, info, data_start) for name, info in header.items()}
         _check_tiling(slots.values(), data_start, file=self.file)
         return _Header(slots, metadata)
-
-    def _start(self) -> bytes:
-        return self.source.read(0, min(self.source.size, 16))
 
     def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
         if not isinstance(info, dict):
