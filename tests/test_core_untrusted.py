@@ -79,16 +79,31 @@ def test_a_malformed_version_is_malformed_and_a_newer_one_newer(tmp_path):
 # -- crafted headers ------------------------------------------------------------------------------------------------
 
 
-def test_deep_nesting_is_refused_before_parsing(tmp_path):
+def test_deep_nesting_is_a_format_error(tmp_path):
     path = tmp_path / "deep.safetensors"
     header = b"{" + b'"a":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     path.write_bytes(len(header).to_bytes(8, "little") + header)
-    with pytest.raises(FormatError, match="nests 100001 levels deep"):
+    with pytest.raises(FormatError, match=r"deep\.safetensors: the header is not valid JSON \(maximum recursion depth"):
         jaxstow.load(path)
     tensors, manifest, data = split_native(_saved(tmp_path))
     deep = manifest.replace('"metadata":null', '"metadata":' + "[" * 100_000 + "]" * 100_000)
-    with pytest.raises(FormatError, match="the jaxstow manifest nests"):
+    with pytest.raises(FormatError, match="the jaxstow manifest is not valid JSON"):
         jaxstow.load(io.BytesIO(forge_native(tensors, deep, data)))
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list"])
+def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
+    from jaxstow.structure import MAX_DEPTH
+
+    levels = MAX_DEPTH + 50  # valid JSON that json.loads parses, deeper than the decoders recurse
+    nested = f'{{"{kind}":[' * levels + "%s" + "]}" * levels
+    manifest = '{"format":"jaxstow","version":1,"metadata":null,"structure":%s,"leaves":[%s]}'
+    for text in (
+        manifest % (nested % '"*"', '{"path":"","kind":"value","value":1}'),
+        manifest % ('"*"', '{"path":"","kind":"value","value":%s}' % (nested % "1")),
+    ):
+        with pytest.raises(FormatError, match=f"nests deeper than {MAX_DEPTH} levels"):
+            jaxstow.load(io.BytesIO(forge_native({}, text)))
 
 
 def test_an_integer_of_5000_digits_is_a_format_error(tmp_path):

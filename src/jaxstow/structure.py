@@ -31,11 +31,13 @@ from jaxstow import registry
 from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
 
-__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["MAX_DEPTH", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
+#: The deepest nesting of nodes and values a file's structure may have; deeper files are refused before recursing.
+MAX_DEPTH = 200
 #: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
 _DECODE_ERRORS = (
     TypeError,
@@ -96,15 +98,21 @@ def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
 
 def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
     """The value :func:`encode_value` wrote; names are looked up in the registry, nothing is imported or run."""
+    return _decode_checked(data, path=path, file=file, depth=0)
+
+
+def _decode_checked(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise FormatError(f"the structure nests deeper than {MAX_DEPTH} levels", file=file, path=path)
     try:
-        return _decode_value(data, path=path, file=file)
+        return _decode_value(data, path=path, file=file, depth=depth)
     except JaxstowError:
         raise
     except _DECODE_ERRORS as error:
         raise FormatError(f"unreadable value {_short(data)} in the structure ({error})", file=file, path=path) from None
 
 
-def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
+def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
     if data is None or isinstance(data, bool | str | int):
         return data
     if isinstance(data, dict) and len(data) in (1, 2):
@@ -117,12 +125,20 @@ def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
         if tag == "bytes":
             return base64.b64decode(data[tag], validate=True)
         if tag == "tuple":
-            return tuple(decode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(data[tag]))
+            return tuple(
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 1)
+                for i, item in enumerate(data[tag])
+            )
         if tag == "list":
-            return [decode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(data[tag])]
+            return [
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 1)
+                for i, item in enumerate(data[tag])
+            ]
         if tag == "dict":
             return {
-                decode_value(key, path=path, file=file): decode_value(value, path=f"{path}/{key}", file=file)
+                _decode_checked(key, path=path, file=file, depth=depth + 1): _decode_checked(
+                    value, path=f"{path}/{key}", file=file, depth=depth + 1
+                )
                 for key, value in data[tag]
             }
         if tag == "dtype":
@@ -136,7 +152,7 @@ def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
                 )
             return np.frombuffer(raw, dtype=dtype)[0]
         if tag == "treedef":
-            return decode_treedef(data[tag], path=path, file=file)
+            return _checked_treedef(data[tag], path=path, file=file, depth=depth + 1)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
     raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
@@ -188,11 +204,16 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
     """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
 
-    Every node is checked before it is built, and the whole structure is unflattened once with placeholder leaves,
-    so that a node type refusing its auxiliary data is a :class:`FormatError` here rather than a builtin error later.
+    Every node is checked before it is built, nesting is bounded by :data:`MAX_DEPTH`, and the whole structure is
+    unflattened once with placeholder leaves, so that a node type refusing its auxiliary data is a
+    :class:`FormatError` here rather than a builtin error later.
     """
+    return _checked_treedef(data, path=path, file=file, depth=0)
+
+
+def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
     try:
-        treedef = _decode_treedef(data, path=path, file=file)
+        treedef = _decode_treedef(data, path=path, file=file, depth=depth)
         treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
     except JaxstowError:
         raise
@@ -211,7 +232,9 @@ def _short(data: JSON) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
-def _decode_treedef(data: JSON, *, path: str, file: str | None) -> PyTreeDef:
+def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    if depth > MAX_DEPTH:
+        raise FormatError(f"the structure nests deeper than {MAX_DEPTH} levels", file=file, path=path)
     if data == "*":
         return _LEAF
     if data is None:
@@ -219,20 +242,23 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None) -> PyTreeDef:
     if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
         node_type: type = tuple if "tuple" in data else list
         items = data[node_type.__name__]
-        children = [_decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(items)]
+        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 1) for i, c in enumerate(items)]
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
-        keys = [decode_value(key, path=path, file=file) for key, _ in data["dict"]]
+        keys = [_decode_checked(key, path=path, file=file, depth=depth + 1) for key, _ in data["dict"]]
         children = [
-            _decode_treedef(c, path=f"{path}/{k}", file=file) for k, (_, c) in zip(keys, data["dict"], strict=True)
+            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 1)
+            for k, (_, c) in zip(keys, data["dict"], strict=True)
         ]
         return _make(dict, keys, children, path=path, file=file)
     if isinstance(data, dict) and isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
         node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
         if not isinstance(node_type_obj, type):
             raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
-        aux = decode_value(data.get("aux"), path=path, file=file)
-        children = [_decode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(data["children"])]
+        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
+        children = [
+            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 1) for i, c in enumerate(data["children"])
+        ]
         return _make(node_type_obj, aux, children, path=path, file=file)
     raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
 

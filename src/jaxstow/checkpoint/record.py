@@ -27,11 +27,10 @@ from typing import Any
 
 import jaxstow
 from jaxstow.errors import CheckpointError, CorruptFileError, FormatError
-from jaxstow.format.bounded_json import parse_json
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes
 from jaxstow.format.container import FORMAT_VERSION
-from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.native import header_checksum
+from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
@@ -121,9 +120,7 @@ class StepRecord:
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
         """Parse and check a record; ``where`` names it in errors. Any change to a record is a :class:`FormatError`."""
-        record = parse_json(
-            data, what="the step record", file=where, max_depth=MAX_MANIFEST_DEPTH, error=CorruptFileError
-        )
+        record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
         if type(version) is not int or version < 1:
             raise CorruptFileError(f"record version {version!r} is malformed (expected a positive integer)", file=where)

@@ -27,12 +27,10 @@ import numpy as np
 from jaxstow.errors import FormatError
 from jaxstow.format.dtypes import dtype_from_name, is_shape
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_MANIFEST_DEPTH", "check_manifest"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "check_manifest"]
 
 FORMAT_NAME = "jaxstow"
 FORMAT_VERSION = 1
-#: The deepest JSON nesting a manifest may have (about 60 levels of a tree).
-MAX_MANIFEST_DEPTH = 256
 
 _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")

@@ -28,11 +28,10 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
-from jaxstow.format.bounded_json import parse_json
 from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
 from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
-from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
+from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
 
 __all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "header_checksum", "write_native"]
@@ -42,7 +41,6 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 _JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
-_MAX_HEADER_DEPTH = 8  # safetensors headers are three levels deep
 
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]
@@ -190,9 +188,7 @@ class NativeReader:
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
         if "jaxstow" in self.metadata:
-            self.manifest = parse_json(
-                self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH
-            )
+            self.manifest = parse_json(self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file)
 
     def _read_header(self) -> _Header:
         raw = _raw_header(self.source)
@@ -201,7 +197,7 @@ class NativeReader:
         if claimed:
             _check_header_checksum(raw, file=self.file)
         error = CorruptFileError if claimed else FormatError
-        header = parse_json(raw, what="the header", file=self.file, max_depth=_MAX_HEADER_DEPTH, error=error)
+        header = parse_json(raw, what="the header", file=self.file, error=error)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
         metadata = header.pop("__metadata__", None) or {}

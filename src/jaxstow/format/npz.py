@@ -27,10 +27,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
-from jaxstow.format.bounded_json import parse_json
 from jaxstow.format.checksum import as_bytes
-from jaxstow.format.manifest import MAX_MANIFEST_DEPTH
 from jaxstow.format.reading import TensorSlot, Verify
+from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
 
 __all__ = ["MANIFEST_MEMBER", "NpzReader", "write_npz"]
@@ -181,9 +180,7 @@ class NpzReader:
         if MANIFEST_MEMBER in self._members:
             self._slot(MANIFEST_MEMBER)  # its size is checked before it is read
             text = self._load(MANIFEST_MEMBER).tobytes()
-            self.manifest = parse_json(
-                text, what="the jaxstow manifest", file=self.file, max_depth=MAX_MANIFEST_DEPTH, error=CorruptFileError
-            )
+            self.manifest = parse_json(text, what="the jaxstow manifest", file=self.file, error=CorruptFileError)
         self.slots = {name: self._slot(name) for name in self._members if name != MANIFEST_MEMBER}
 
     def _index(self, infos: list[zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
