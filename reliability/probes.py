@@ -278,17 +278,19 @@ def _dump(value: Any, rng: random.Random) -> str:
 def fuzzed_headers(trials: int, rng: random.Random, *, time_limit: float = 1.0) -> Result:
     """Headers and manifests changed at random (types, ranges, depth, names, syntax), each with a valid checksum.
 
-    Every load must end in a jaxstow error or a tree, within ``time_limit`` seconds and allocating no more than a
-    small multiple of the file's size (Python objects for the parsed JSON; never what a header asks for).
+    Every load (half rebuilt from the file, half fitted into the original structure) must end in a jaxstow error or a
+    tree, within ``time_limit`` seconds and allocating no more than a small multiple of the file's size (Python
+    objects for the parsed JSON; never what a header asks for).
     """
-    tensors, manifest_text, data = split_native(_saved_bytes(".jxs", sample_tree()))
+    like = sample_tree()
+    tensors, manifest_text, data = split_native(_saved_bytes(".jxs", like))
     assert manifest_text is not None
     manifest = json.loads(manifest_text)
     result = Result("fuzzed headers (valid checksums)")
     worst_ratio, worst_peak = 0.0, 0
     tracemalloc.start()
     try:
-        for _ in range(trials):
+        for trial in range(trials):
             forged_manifest, forged_tensors = copy.deepcopy(manifest), copy.deepcopy(tensors)
             for _ in range(rng.randint(1, 3)):
                 _mutate(forged_tensors if rng.random() < 0.2 else forged_manifest, rng)
@@ -299,7 +301,8 @@ def fuzzed_headers(trials: int, rng: random.Random, *, time_limit: float = 1.0) 
             file = forge_native(forged_tensors, text, data)
             tracemalloc.reset_peak()
             started = time.perf_counter()
-            outcome, note = _attempt_any(lambda file=file: jaxstow.load(io.BytesIO(file), as_numpy=True))
+            target = like if trial % 2 else None  # rebuilt from the file, or fitted into a structure
+            outcome, note = _attempt_any(lambda f=file, t=target: jaxstow.load(io.BytesIO(f), t, as_numpy=True))
             elapsed = time.perf_counter() - started
             peak = tracemalloc.get_traced_memory()[1]
             worst_ratio, worst_peak = max(worst_ratio, peak / len(file)), max(worst_peak, peak)
