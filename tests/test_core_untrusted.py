@@ -148,11 +148,21 @@ def test_leaf_names_an_npz_cannot_hold_are_refused_at_save(tmp_path, name):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_leaf_named_like_the_safetensors_metadata_is_refused_at_save(tmp_path):
+    with pytest.raises(FormatError, match="leaf '__metadata__': a safetensors file cannot hold a tensor named"):
+        jaxstow.save(tmp_path / "x.jxs", {"__metadata__": np.ones(2)})
+    assert list(tmp_path.iterdir()) == []
+    jaxstow.save(tmp_path / "x.jxs", {"__metadata__": 3})  # a value, not a tensor: the manifest holds it
+    assert jaxstow.load(tmp_path / "x.jxs") == {"__metadata__": 3}
+
+
 def test_leaf_names_round_trip_where_the_format_can_hold_them(tmp_path):
     tree = {"a\0b": np.ones(2, np.float32), "c\\d": np.zeros(1, np.int8)}
     assert probes_same(jaxstow.load(io.BytesIO(_saved(tmp_path, tree)), as_numpy=True), tree)
-    nested = {"a": {"b": np.ones(2, np.float32)}, "a/b ": np.zeros(1, np.int8)}
+    nested = {"a": {"b": np.ones(2, np.float32)}, "a/b ": np.zeros(1, np.int8), "c": {"": np.ones(1, np.int8)}}
     assert probes_same(jaxstow.load(io.BytesIO(_saved(tmp_path, nested, "n.npz")), as_numpy=True), nested)
+    root = np.arange(3, dtype=np.int16)  # a bare array: the member named ".npy"
+    assert probes_same(jaxstow.load(io.BytesIO(_saved(tmp_path, root, "r.npz")), as_numpy=True), root)
 
 
 def probes_same(a, b) -> bool:

@@ -57,8 +57,12 @@ def write_native(
     ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
-    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest.
+    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest. A tensor
+    named ``__metadata__`` (the header's own key) is refused before anything is written.
     """
+    for name, _ in tensors:
+        if name == "__metadata__":
+            raise FormatError("a safetensors file cannot hold a tensor named '__metadata__'; rename the key", path=name)
     ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
     if complete is not None and not patch_later:
