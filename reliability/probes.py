@@ -14,6 +14,7 @@ lost trials are described in ``notes``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import io
@@ -53,6 +54,7 @@ __all__ = [
     "fuzzed_headers",
     "killed_checkpoint_saves",
     "killed_saves",
+    "odd_trees",
     "read_only_folders",
     "same",
     "two_writers",
@@ -100,6 +102,8 @@ def _same_leaf(x: Any, y: Any) -> bool:
         )
     if isinstance(x, np.ndarray | np.generic | jax.Array):
         return x.dtype == y.dtype and np.shape(x) == np.shape(y) and np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    if isinstance(x, float | complex):
+        return repr(x) == repr(y)  # NaN equals NaN, -0.0 differs from 0.0
     return bool(x == y)
 
 
@@ -202,6 +206,61 @@ def flips_checkpoint(trials: int, rng: random.Random) -> Result:
             result.add(outcome, f"{name} byte {position}: {note}")
             with open(os.path.join(folder, name), "wb") as file:
                 file.write(data)
+    return result
+
+
+# -- odd trees -------------------------------------------------------------------------------------------------------
+
+_ODD_KEYS = ("", "/", "a/b", "..", ".", "\0", "\\", "__jaxstow__", "__metadata__", "é", "\ud800", "x" * 300, "0")
+_Pair = collections.namedtuple("_Pair", "first second")
+
+
+def _odd_leaf(rng: random.Random) -> Any:
+    return rng.choice(
+        [
+            0, -0.0, float("nan"), float("inf"), 2**80, 1e-320, True, None, "", "s\0", "\ud800x", b"\0\xff", 1 + 2j,
+            np.ones(2, np.float32), np.zeros((0, 3)), np.array(1.5), np.float16(2), np.int64(2**62), np.bool_(True),
+            np.ones(3).astype(ml_dtypes.bfloat16), np.ones(3).astype(ml_dtypes.int4), np.complex64(1j),
+            jax.random.key(1), jax.nn.relu,
+        ]
+    )  # fmt: skip
+
+
+def _odd_tree(rng: random.Random, depth: int = 0) -> Any:
+    choice = rng.random()
+    if depth > 3 or choice < 0.4:
+        return _odd_leaf(rng)
+    if choice < 0.55:
+        return {key: _odd_tree(rng, depth + 1) for key in rng.sample(_ODD_KEYS, rng.randint(0, 3))}
+    if choice < 0.6:
+        return {key: _odd_tree(rng, depth + 1) for key in rng.sample([0, -1, 2**70, 7], rng.randint(0, 3))}
+    if choice < 0.75:
+        return [_odd_tree(rng, depth + 1) for _ in range(rng.randint(0, 3))]
+    if choice < 0.9:
+        return tuple(_odd_tree(rng, depth + 1) for _ in range(rng.randint(0, 3)))
+    return _Pair(_odd_tree(rng, depth + 1), _odd_tree(rng, depth + 1))
+
+
+def odd_trees(trials: int, rng: random.Random) -> Result:
+    """Trees with odd keys and leaves (NUL, separators, ``..``, lone surrogates, NaN, -0.0, huge integers, every
+    dtype) saved as ``.jxs`` and ``.npz``: each must be refused at save with a jaxstow error or come back identical;
+    never saved and then unreadable."""
+    result = Result("odd trees saved and loaded")
+    for trial in range(trials):
+        tree = _odd_tree(rng)
+        sink = io.BytesIO()
+        sink.name = ("odd.jxs", "odd.npz")[trial % 2]
+        try:
+            jaxstow.save(sink, tree)
+        except JaxstowError:
+            result.add("detected")
+            continue
+        except Exception as error:
+            result.add("lost", f"save raised {type(error).__name__}: {str(error)[:120]}")
+            continue
+        sink.seek(0)
+        outcome, note = _attempt(lambda source=sink: jaxstow.load(source, as_numpy=True), tree)
+        result.add("lost" if outcome == "detected" else outcome, note or f"saved, then refused: {sink.name}")
     return result
 
 

@@ -141,7 +141,7 @@ def test_a_key_with_a_bad_implementation_is_a_format_error(tmp_path, impl, messa
 # -- npz ------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["a\0b", "a\\b", "../x", "/abs", "a/./b", "__jaxstow__"])
+@pytest.mark.parametrize("name", ["a\0b", "a\\b", "../x", "/abs", "a/./b", "__jaxstow__", "\ud800"])
 def test_leaf_names_an_npz_cannot_hold_are_refused_at_save(tmp_path, name):
     with pytest.raises(FormatError, match=re.escape(f"leaf {name!r}: an npz archive cannot hold this leaf name")):
         jaxstow.save(tmp_path / "x.npz", {name: np.ones(2)})

@@ -16,6 +16,7 @@ from reliability import probes
         (probes.flips_npz, 150),
         (probes.flips_checkpoint, 150),
         (probes.fuzzed_headers, 400),
+        (probes.odd_trees, 200),
         (probes.killed_saves, 3),
         (probes.killed_checkpoint_saves, 3),
         (probes.disk_full, 3),

@@ -83,6 +83,7 @@ def _check_member_name(name: str) -> None:
         "it is absolute": name.startswith("/"),
         "it has a '.' or '..' component": "." in parts or ".." in parts,
         f"{MANIFEST_MEMBER!r} is the manifest's member": name == MANIFEST_MEMBER,
+        "it is not valid Unicode (a lone surrogate)": not _encodable(name),
     }
     for problem, found in problems.items():
         if found:
@@ -90,6 +91,14 @@ def _check_member_name(name: str) -> None:
                 f"an npz archive cannot hold this leaf name: {problem}; rename the key or save to the native format",
                 path=name,
             )
+
+
+def _encodable(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:
