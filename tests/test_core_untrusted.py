@@ -93,17 +93,35 @@ def test_deep_nesting_is_a_format_error(tmp_path):
 
 @pytest.mark.parametrize("kind", ["tuple", "list"])
 def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
-    from jaxstow.structure import MAX_DEPTH
+    from jaxstow.format.manifest import MAX_NESTING
 
-    levels = MAX_DEPTH + 50  # valid JSON that json.loads parses, deeper than the decoders recurse
+    levels = MAX_NESTING // 2 + 20  # valid JSON that json.loads parses, deeper than the decoders recurse
     nested = f'{{"{kind}":[' * levels + "%s" + "]}" * levels
     manifest = '{"format":"jaxstow","version":1,"metadata":null,"structure":%s,"leaves":[%s]}'
     for text in (
         manifest % (nested % '"*"', '{"path":"","kind":"value","value":1}'),
         manifest % ('"*"', '{"path":"","kind":"value","value":%s}' % (nested % "1")),
     ):
-        with pytest.raises(FormatError, match=f"nests deeper than {MAX_DEPTH} levels"):
+        with pytest.raises(FormatError, match=f"nests deeper than {MAX_NESTING} JSON levels"):
             jaxstow.load(io.BytesIO(forge_native({}, text)))
+
+
+@pytest.mark.parametrize("suffix", ["jxs", "npz"])
+def test_a_tree_too_deep_to_load_is_refused_at_save_and_one_level_less_round_trips(tmp_path, suffix):
+    from jaxstow.format.manifest import MAX_NESTING
+
+    def nested(levels):
+        tree = np.ones(1, np.float32)
+        for _ in range(levels):
+            tree = [tree]
+        return tree
+
+    deepest = MAX_NESTING // 2  # a list node is two JSON levels
+    jaxstow.save(tmp_path / f"ok.{suffix}", nested(deepest))
+    assert probes_same(jaxstow.load(tmp_path / f"ok.{suffix}", as_numpy=True), nested(deepest))
+    with pytest.raises(FormatError, match=f"the structure nests {MAX_NESTING + 2} JSON levels deep"):
+        jaxstow.save(tmp_path / f"deep.{suffix}", nested(deepest + 1))
+    assert not (tmp_path / f"deep.{suffix}").exists()
 
 
 def test_an_integer_of_5000_digits_is_a_format_error(tmp_path):

@@ -30,14 +30,13 @@ from jax.tree_util import PyTreeDef
 from jaxstow import registry
 from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
+from jaxstow.format.manifest import MAX_NESTING
 
-__all__ = ["MAX_DEPTH", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
-#: The deepest nesting of nodes and values a file's structure may have; deeper files are refused before recursing.
-MAX_DEPTH = 200
 #: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
 _DECODE_ERRORS = (
     TypeError,
@@ -102,8 +101,8 @@ def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
 
 
 def _decode_checked(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
-    if depth > MAX_DEPTH:
-        raise FormatError(f"the structure nests deeper than {MAX_DEPTH} levels", file=file, path=path)
+    if depth > MAX_NESTING:
+        raise FormatError(f"the structure nests deeper than {MAX_NESTING} JSON levels", file=file, path=path)
     try:
         return _decode_value(data, path=path, file=file, depth=depth)
     except JaxstowError:
@@ -126,18 +125,18 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return base64.b64decode(data[tag], validate=True)
         if tag == "tuple":
             return tuple(
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 1)
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
                 for i, item in enumerate(data[tag])
             )
         if tag == "list":
             return [
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 1)
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
                 for i, item in enumerate(data[tag])
             ]
         if tag == "dict":
             return {
-                _decode_checked(key, path=path, file=file, depth=depth + 1): _decode_checked(
-                    value, path=f"{path}/{key}", file=file, depth=depth + 1
+                _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
+                    value, path=f"{path}/{key}", file=file, depth=depth + 3
                 )
                 for key, value in data[tag]
             }
@@ -204,7 +203,8 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
     """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
 
-    Every node is checked before it is built, nesting is bounded by :data:`MAX_DEPTH`, and the whole structure is
+    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow.format.manifest.MAX_NESTING`
+    (``depth`` counts the JSON levels around a node, as a save counts them), and the whole structure is
     unflattened once with placeholder leaves, so that a node type refusing its auxiliary data is a
     :class:`FormatError` here rather than a builtin error later.
     """
@@ -233,8 +233,8 @@ def _short(data: JSON) -> str:
 
 
 def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
-    if depth > MAX_DEPTH:
-        raise FormatError(f"the structure nests deeper than {MAX_DEPTH} levels", file=file, path=path)
+    if depth > MAX_NESTING:
+        raise FormatError(f"the structure nests deeper than {MAX_NESTING} JSON levels", file=file, path=path)
     if data == "*":
         return _LEAF
     if data is None:
@@ -242,12 +242,12 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
     if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
         node_type: type = tuple if "tuple" in data else list
         items = data[node_type.__name__]
-        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 1) for i, c in enumerate(items)]
+        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
-        keys = [_decode_checked(key, path=path, file=file, depth=depth + 1) for key, _ in data["dict"]]
+        keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
         children = [
-            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 1)
+            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 3)
             for k, (_, c) in zip(keys, data["dict"], strict=True)
         ]
         return _make(dict, keys, children, path=path, file=file)
@@ -257,7 +257,7 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
             raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
         aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
         children = [
-            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 1) for i, c in enumerate(data["children"])
+            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(data["children"])
         ]
         return _make(node_type_obj, aux, children, path=path, file=file)
     raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)

@@ -27,10 +27,13 @@ import numpy as np
 from jaxstow.errors import FormatError
 from jaxstow.format.dtypes import dtype_from_name, is_shape
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "check_manifest"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting"]
 
 FORMAT_NAME = "jaxstow"
 FORMAT_VERSION = 1
+#: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
+#: refuses deeper files before its decoders recurse that far.
+MAX_NESTING = 400
 
 _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
@@ -64,6 +67,43 @@ def check_manifest(manifest: Any, *, file: str) -> dict[str, Any]:
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
     return manifest
+
+
+def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
+    """Refuse, before anything is written, a manifest whose structure or values nest deeper than :data:`MAX_NESTING`.
+
+    >>> from jaxstow.format.manifest import check_nesting
+    >>> deep = "*"
+    >>> for _ in range(250):
+    ...     deep = {"list": [deep]}
+    >>> check_nesting({"structure": deep, "leaves": []})
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.FormatError: the root of the tree: the structure nests 500 JSON levels deep; a jaxstow file holds at most 400
+    """
+    parts = [("", "the structure", manifest.get("structure"))]
+    values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
+    parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
+    for path, what, part in parts:
+        depth = _nesting(part)
+        if depth > MAX_NESTING:
+            raise FormatError(
+                f"{what} nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}",
+                file=file,
+                path=path,
+            )
+
+
+def _nesting(value: Any) -> int:
+    """The most JSON containers around any part of ``value``."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is not None:
+            deepest = max(deepest, depth + 1) if children else deepest
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _check_entry(entry: Any, index: int, *, file: str) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
 from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
 from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
+from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
@@ -58,11 +59,14 @@ def write_native(
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
     Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest. A tensor
-    named ``__metadata__`` (the header's own key) is refused before anything is written.
+    named ``__metadata__`` (the header's own key) and a manifest nested too deeply to be read back are refused before
+    anything is written.
     """
     for name, _ in tensors:
         if name == "__metadata__":
             raise FormatError("a safetensors file cannot hold a tensor named '__metadata__'; rename the key", path=name)
+    if manifest is not None:
+        check_nesting(manifest)
     ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
     if complete is not None and not patch_later:

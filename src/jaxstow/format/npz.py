@@ -28,6 +28,7 @@ import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
 from jaxstow.format.checksum import as_bytes
+from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify
 from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
@@ -59,11 +60,14 @@ def write_npz(
 ) -> None:
     """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz.
 
-    Leaf names a zip member cannot hold faithfully are refused before anything is written. Every member carries its
+    Leaf names a zip member cannot hold faithfully, and a manifest nested too deeply to be read back, are refused
+    before anything is written. Every member carries its
     CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
     """
     for name, _ in tensors:
         _check_member_name(name)
+    if manifest is not None:
+        check_nesting(manifest)
     with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in tensors:
             _write_member(archive, name, array)
