@@ -264,7 +264,18 @@ def test_names_that_read_write_or_allocate_are_refused(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["jax.nn.relu", "jax.numpy.tanh", "numpy.exp", "jax.numpy.bfloat16", "numpy.float32", "optax.ScaleByAdamState"],
+    [
+        "jax.nn.relu",
+        "jax.numpy.tanh",
+        "numpy.exp",
+        "jax.numpy.ravel",
+        "numpy.mean",
+        "jax.numpy.bfloat16",
+        "numpy.float32",
+        "optax.ScaleByAdamState",
+        "jax.scipy.special.erf",
+        "equinox.nn.Lambda",
+    ],
 )
 def test_pure_functions_and_classes_are_allowed(name):
     import optax  # noqa: F401

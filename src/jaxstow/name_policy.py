@@ -4,7 +4,9 @@ A loaded model calls what its file names (an activation, a partial over a functi
 So beyond the objects you register with :func:`jaxstow.saveable`, a file may name only:
 
 - activation and math functions: everything in ``jax.nn`` (but not ``jax.nn.initializers``), ``jax.scipy.special``,
-  numpy's and jax.numpy's elementwise functions (ufuncs, and the jax.numpy functions whose numpy namesake is one);
+  numpy's and jax.numpy's elementwise functions (ufuncs, and the jax.numpy functions whose numpy namesake is one),
+  and their reductions and layout functions that take no size (``sum``, ``mean``, ``max``, ``ravel``,
+  ``transpose``, ``where``, ``clip``, ``einsum``, ...);
 - scalar types (``numpy.float32``, ``jax.numpy.bfloat16``, ``ml_dtypes.float8_e4m3fn``) and
   ``jax.tree_util.Partial``;
 - the classes and functions of equinox, flax and optax (modules, optimiser states, their default activations),
@@ -54,6 +56,17 @@ _HARMFUL_WORDS = (
     "debug", "breakpoint", "import", "exec", "eval", "io", "tabulate", "summary",
 )  # fmt: skip
 _SCALAR_META = type(jnp.float32)
+#: numpy and jax.numpy functions that are not ufuncs but are as pure: reductions and layout changes, none of which
+#: takes a size to allocate.
+_ARRAY_FUNCTIONS = frozenset(
+    {
+        "sum", "mean", "max", "min", "prod", "std", "var", "median", "average", "argmax", "argmin", "amax", "amin",
+        "all", "any", "nansum", "nanmean", "nanmax", "nanmin", "nanprod", "nanstd", "nanvar", "cumsum", "cumprod",
+        "ravel", "reshape", "transpose", "squeeze", "expand_dims", "moveaxis", "swapaxes", "flip", "fliplr", "flipud",
+        "where", "clip", "dot", "vdot", "inner", "einsum", "tensordot", "concatenate", "stack", "hstack", "vstack",
+        "sort", "argsort", "round", "around", "nan_to_num", "real", "imag", "angle",
+    }
+)  # fmt: skip
 _ALLOWED_NUMERIC_PREFIXES = ("jax.nn.", "jax.scipy.special.")
 
 
@@ -99,4 +112,6 @@ def _is_pure_numeric(name: str, obj: object) -> bool:
     if name.startswith(_ALLOWED_NUMERIC_PREFIXES) and not name.startswith("jax.nn.initializers."):
         return callable(obj) and not isinstance(obj, types.ModuleType)
     module, _, attribute = name.rpartition(".")
+    if module in ("numpy", "jax.numpy") and attribute in _ARRAY_FUNCTIONS:
+        return callable(obj)
     return module == "jax.numpy" and isinstance(getattr(np, attribute, None), np.ufunc)
