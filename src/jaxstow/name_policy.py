@@ -21,7 +21,7 @@ Nothing that reads, writes, imports, executes or allocates on request is ever na
 >>> refusal("jax.nn.relu", jax.nn.relu) is None, refusal("numpy.tanh", np.tanh) is None
 (True, True)
 >>> refusal("numpy.savetxt", np.savetxt)
-'numpy.savetxt is not an elementwise function, a scalar type or an activation'
+'numpy.savetxt is not an activation, an elementwise or reducing function or a scalar type'
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ __all__ = ["FORBIDDEN_MODULES", "POLICY", "refusal"]
 
 #: One line naming the policy, for error messages.
 POLICY = (
-    "a file may name only pure functions and classes (jax.nn activations, elementwise numpy and jax.numpy functions, "
-    "scalar types, equinox/flax/optax classes) and objects registered with jaxstow.saveable"
+    "a file may name only pure functions and classes (jax.nn activations, elementwise and reducing numpy and "
+    "jax.numpy functions, scalar types, equinox/flax/optax classes) and objects registered with jaxstow.saveable"
 )
 
 #: Modules whose objects are never named, whatever library re-exports them.
@@ -77,12 +77,8 @@ def refusal(name: str, obj: object) -> str | None:
         if module.partition(".")[0] in FORBIDDEN_MODULES:
             return f"{name} comes from {module.partition('.')[0]}, which a file may never name"
     root = name.partition(".")[0]
-    if root in _NUMERIC_LIBRARIES:
-        return (
-            None
-            if _is_pure_numeric(name, obj)
-            else (f"{name} is not an elementwise function, a scalar type or an activation")
-        )
+    if root in _NUMERIC_LIBRARIES and not _is_pure_numeric(name, obj):
+        return f"{name} is not an activation, an elementwise or reducing function or a scalar type"
     if root in _MODEL_LIBRARIES:
         words = [part.lower() for part in (*defined_in.split("."), *name.split("."))]
         harmful = next((word for word in _HARMFUL_WORDS for part in words if _names_word(part, word)), None)
