@@ -119,7 +119,8 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
-        """Parse and check a record; ``where`` names it in errors. Any change to a record is a :class:`FormatError`."""
+        """Parse and check a record; ``where`` names it in errors. Any change to a record is a
+        :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming that version."""
         record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
         if type(version) is not int or version < 1:
@@ -142,7 +143,7 @@ class StepRecord:
             and (not single or len(files) == 1)
             and (metrics is None or _is_metrics(metrics))
             and (metadata is None or isinstance(metadata, dict))
-            and (headers is None or (isinstance(headers, dict) and headers.keys() == files.keys()))
+            and (headers is None or _is_headers(headers, files))
             and isinstance(record.get("time"), numbers.Real)
         )
         if not valid:
@@ -163,6 +164,12 @@ def _check_record_checksum(data: bytes, recorded: Any, *, where: str) -> None:
     )
     if not intact:
         raise CorruptFileError("the record's checksum does not match: the record is corrupt", file=where)
+
+
+def _is_headers(headers: Any, files: dict[str, Any]) -> bool:
+    return isinstance(headers, dict) and all(
+        item in files and isinstance(value, str) and _CHECKSUM.fullmatch(value) for item, value in headers.items()
+    )
 
 
 def _is_metrics(metrics: Any) -> bool:
@@ -190,7 +197,7 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
             found = header_checksum(source)
         finally:
             source.close()
-        expected = None if record.headers is None else record.headers[item]
+        expected = None if record.headers is None else record.headers.get(item)
         if expected is not None and found != expected:
             raise CorruptFileError(
                 f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "
