@@ -184,7 +184,7 @@ def test_leaf_names_round_trip_where_the_format_can_hold_them(tmp_path):
 
 
 def probes_same(a, b) -> bool:
-    from reliability.probes import same
+    from reliability.outcomes import same
 
     return same(a, b)
 
