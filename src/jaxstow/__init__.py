@@ -12,16 +12,20 @@ import importlib
 from typing import Any
 
 from jaxstow import errors, registry
+from jaxstow.read.reader import LeafInfo, Reader, open
 from jaxstow.registry import saveable
 from jaxstow.serialization import load, load_metadata, save
 
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
+    "LeafInfo",
+    "Reader",
     "errors",
     "io",
     "load",
     "load_metadata",
+    "open",
     "registry",
     "save",
     "saveable",

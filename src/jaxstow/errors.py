@@ -21,7 +21,11 @@ __all__ = [
     "CorruptFileError",
     "FormatError",
     "JaxstowError",
+    "RequestError",
     "SampleCountError",
+    "SelectionError",
+    "ShardingError",
+    "SliceError",
     "StructureMismatchError",
     "TruncatedFileError",
     "UnknownNameError",
@@ -104,6 +108,29 @@ class StructureMismatchError(JaxstowError, ValueError):
             file=file,
         )
         self.problems = list(problems)
+
+
+class RequestError(JaxstowError, ValueError):
+    """A restore asked for something the file cannot give: a slice out of bounds, a pattern matching nothing, ..."""
+
+    def __init__(self, problem: str, *, file: str | None = None, path: str | None = None) -> None:
+        where = _where(file, path)
+        super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
+
+
+class SliceError(RequestError, IndexError):
+    """An index does not select a part of a stored array (out of bounds, or not made of integers and slices)."""
+
+
+class SelectionError(RequestError, LookupError):
+    """A ``select`` pattern matches no leaf of the file."""
+
+    def __str__(self) -> str:  # LookupError would quote the message otherwise
+        return str(self.args[0])
+
+
+class ShardingError(RequestError):
+    """A leaf cannot be placed on the sharding given for it (its shape does not divide, or the devices are missing)."""
 
 
 class CheckpointError(JaxstowError):

@@ -1,0 +1,109 @@
+"""Where restored arrays land: one sharding or device for all, a pytree of them, or a function of each leaf.
+
+>>> import jax, numpy as np
+>>> from jaxstow.read.placement import resolve_shardings
+>>> cpu = jax.devices("cpu")[0]
+>>> arrays = {0: ("b", (2,), np.dtype("f4")), 1: ("w", (3,), np.dtype("f4"))}
+>>> resolve_shardings({"w": cpu, "b": None}, {"b": 0, "w": 1}, arrays)
+{1: CpuDevice(id=0)}
+>>> resolve_shardings(lambda path, shape, dtype: cpu if shape[0] > 2 else None, {"b": 0, "w": 1}, arrays)
+{0: None, 1: CpuDevice(id=0)}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow.errors import ShardingError
+
+__all__ = ["ShardingSpec", "check_fits", "place", "resolve_shardings"]
+
+#: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
+#: or a function ``(path, shape, dtype) -> sharding``.
+ShardingSpec = Any
+
+_ADOPT_BYTES = 1 << 16  # from this size on, arrays are handed to jax in one batch rather than copied
+
+
+def _is_placement(obj: Any) -> bool:
+    return isinstance(obj, jax.sharding.Sharding | jax.Device)
+
+
+def resolve_shardings(
+    spec: ShardingSpec,
+    index_tree: Any,
+    arrays: Mapping[int, tuple[str, tuple[int, ...], np.dtype]],
+    *,
+    file: str | None = None,
+) -> dict[int, Any]:
+    """The placement of each array from ``sharding=``: ``arrays`` maps positions to ``(path, shape, dtype)``, and
+    ``index_tree`` is the restored tree with every leaf replaced by its position (leaves that are not positions, such
+    as leaves left unread, get nothing)."""
+    if spec is None:
+        return {}
+    if _is_placement(spec):
+        return dict.fromkeys(arrays, spec)
+    if callable(spec):
+        return {i: _call(spec, path, shape, dtype, file) for i, (path, shape, dtype) in arrays.items()}
+    try:
+        broadcast = jax.tree.broadcast(spec, index_tree, is_leaf=lambda x: x is None or _is_placement(x))
+    except (ValueError, TypeError) as error:
+        raise ShardingError(f"sharding= is not a prefix of the restored tree: {error}", file=file) from None
+    positions = jax.tree.leaves(index_tree)
+    placements = jax.tree.leaves(broadcast, is_leaf=lambda x: x is None or _is_placement(x))
+    out: dict[int, Any] = {}
+    for position, placement in zip(positions, placements, strict=True):
+        if position in arrays and placement is not None:
+            if not _is_placement(placement):
+                raise ShardingError(
+                    f"sharding= holds {placement!r} here, not a jax sharding, a device or None",
+                    file=file,
+                    path=arrays[position][0],
+                )
+            out[position] = placement
+    return out
+
+
+def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype: np.dtype, file: str | None) -> Any:
+    placement = function(path, shape, dtype)
+    if placement is not None and not _is_placement(placement):
+        raise ShardingError(
+            f"the sharding function returned {placement!r}, not a jax sharding, a device or None", file=file, path=path
+        )
+    return placement
+
+
+def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path: str) -> None:
+    """Raise :class:`ShardingError` naming the leaf if an array of ``shape`` cannot be laid out on ``placement``."""
+    if placement is None or isinstance(placement, jax.Device):
+        return
+    try:
+        placement.shard_shape(shape)
+    except Exception as error:  # jax raises several types here (IndivisibleError, IndexError, ValueError)
+        raise ShardingError(
+            f"shape {list(shape)} cannot be laid out on {placement}: {error}", file=file, path=path
+        ) from None
+
+
+def place(arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> list[jax.Array]:
+    """Numpy arrays as ``jax.Array``s on their placements (``None``: the default device).
+
+    Large arrays go in one ``device_put`` batch, which adopts 64-byte-aligned host buffers on CPU without a copy;
+    small ones are copied by ``jnp.asarray``, which costs less per array than a batch entry.
+    """
+    out: list[Any] = list(arrays)
+    placed = [i for i, placement in enumerate(placements) if placement is not None]
+    default = [i for i, array in enumerate(arrays) if placements[i] is None and array.nbytes >= _ADOPT_BYTES]
+    for batch, where in ((placed, [placements[i] for i in placed]), (default, None)):
+        if batch:
+            for i, array in zip(batch, jax.device_put([arrays[i] for i in batch], where), strict=True):
+                out[i] = array
+    small = set(range(len(arrays))) - set(placed) - set(default)
+    for i in small:
+        out[i] = jnp.asarray(arrays[i])
+    return out

@@ -1,0 +1,234 @@
+"""Restoring a tree from an opened file: rebuilt from the file alone, or fitted into a ``like`` tree.
+
+Both are one plan: which stored leaves to read (all, those ``select`` names, or those ``like`` holds), what each
+becomes (numpy, ``jax.Array`` on a sharding, a cast), all checked from the header before any data is read. It is all
+or nothing: any problem raises before a tree is returned.
+
+>>> import io, jax, jax.numpy as jnp, jaxstow
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"params": {"w": jnp.ones(2), "b": jnp.zeros(1)}, "opt": {"mu": jnp.zeros(2)}})
+>>> _ = buffer.seek(0)
+>>> jaxstow.load(buffer, select=["params/w"])
+{'params': {'w': Array([1., 1.], dtype=float32)}}
+>>> _ = buffer.seek(0)
+>>> like = {"params": {"w": jax.ShapeDtypeStruct((2,), jnp.bfloat16)}}
+>>> jaxstow.load(buffer, like=like, partial=True, cast=True)
+{'params': {'w': Array([1, 1], dtype=bfloat16)}}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxstow.errors import RequestError, StructureMismatchError
+from jaxstow.format.leaves import StoredLeaf, decode_value_entry
+from jaxstow.format.torch_leaves import tensor_from_numpy
+from jaxstow.read.placement import ShardingSpec, check_fits, place, resolve_shardings
+from jaxstow.read.reader import Reader
+from jaxstow.read.selection import Selection
+from jaxstow.read.targets import Target, castable, describe_stored, target_of
+from jaxstow.structure import decode_value
+from jaxstow.tree import flatten_with_paths
+
+__all__ = ["restore"]
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+
+
+class _Skipped:
+    """Stands for a leaf that was not restored, while the tree is rebuilt and pruned."""
+
+    def __repr__(self) -> str:
+        return "<not restored>"
+
+
+_SKIPPED = _Skipped()
+
+
+def restore(
+    reader: Reader,
+    like: Any = None,
+    *,
+    as_numpy: bool = False,
+    sharding: ShardingSpec = None,
+    partial: bool = False,
+    select: str | Sequence[str] | None = None,
+    cast: bool = False,
+) -> Any:
+    """The tree in ``reader``'s file, rebuilt or fitted into ``like``; see :func:`jaxstow.load` for the options."""
+    if as_numpy and sharding is not None:
+        raise RequestError("as_numpy=True gives numpy arrays, which have no sharding: pass one or the other")
+    if like is None:
+        if partial or cast:
+            raise RequestError(
+                "partial= and cast= work with like=...; without a template, choose leaves with select=[...]",
+                file=reader.file,
+            )
+        return _rebuild(reader, as_numpy=as_numpy, sharding=sharding, select=select)
+    if select is not None:
+        raise RequestError(
+            "select= chooses leaves without a template; with like=..., pass partial=True", file=reader.file
+        )
+    return _fit(reader, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast)
+
+
+def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
+    paths = reader.paths
+    chosen = set(Selection(select).choose(paths, file=reader.file) if select is not None else paths)
+    treedef = reader.treedef()
+    positions = [i if path in chosen else _SKIPPED for i, path in enumerate(paths)]
+    index_tree = _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
+    stored = [reader.stored[path] for path in paths if path in chosen and path in reader.stored]
+    arrays = {
+        i: (path, _shape(reader.stored[path]), reader.stored[path].dtype)
+        for i, path in enumerate(paths)
+        if path in chosen and path in reader.stored and reader.stored[path].kind in ("array", "key")
+    }
+    placements = _placements(reader, sharding, index_tree, arrays)
+    data = reader.read_stored(stored)
+    values: list[Any] = [
+        _SKIPPED
+        if path not in chosen
+        else data[path]
+        if path in data
+        else decode_value_entry(reader.value_entries[path], file=reader.file)
+        for path in paths
+    ]
+    _to_devices(values, list(arrays), placements, as_numpy=as_numpy)
+    tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
+    return _prune(tree) if select is not None else tree
+
+
+def _shape(leaf: StoredLeaf) -> tuple[int, ...]:
+    return leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
+
+
+def _placements(
+    reader: Reader, sharding: ShardingSpec, index_tree: Any, arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]]
+) -> dict[int, Any]:
+    """Each restored array's placement from ``sharding=``, checked to fit before anything is read."""
+    placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
+    for i, placement in placements.items():
+        check_fits(placement, arrays[i][1], file=reader.file, path=arrays[i][0])
+    return placements
+
+
+def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[int, Any], *, as_numpy: bool) -> None:
+    """Put the numpy arrays at ``positions`` of ``values`` on their devices, in place (unless ``as_numpy``); PRNG keys
+    there, already on a device, move to their placement."""
+    if as_numpy:
+        return
+    arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
+    for i, placed in zip(arrays, place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
+        values[i] = placed
+    for i in positions:
+        if isinstance(values[i], jax.Array) and placements.get(i) is not None and i not in arrays:
+            values[i] = jax.device_put(values[i], placements[i])
+
+
+def _prune(tree: Any) -> Any:
+    """``tree`` without the leaves not restored: dropped from dicts, ``None`` elsewhere; a node left with none of its
+    leaves is dropped as a whole."""
+    if tree is _SKIPPED:
+        return _SKIPPED
+    if type(tree) is dict:
+        kept = {key: pruned for key, value in tree.items() if (pruned := _prune(value)) is not _SKIPPED}
+        return kept if kept or not tree else _SKIPPED
+    leaves = jax.tree.leaves(tree)
+    if leaves and all(leaf is _SKIPPED for leaf in leaves):
+        return _SKIPPED
+    return jax.tree.map(lambda leaf: None if leaf is _SKIPPED else leaf, tree)
+
+
+def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool) -> Any:
+    paths, wanted, treedef = flatten_with_paths(like)
+    targets = [target_of(leaf) for leaf in wanted]
+    problems = [
+        problem
+        for path, target in zip(paths, targets, strict=True)
+        if (problem := _problem(reader, path, target, cast=cast)) is not None
+    ]
+    if not partial:
+        expected = set(paths)
+        problems += [
+            f"{path!r}: in the file but not in the structure ({_describe_file_leaf(reader, path)}); pass partial=True "
+            "to leave it unread"
+            for path in reader.paths
+            if path not in expected
+        ]
+    if problems:
+        raise StructureMismatchError(problems, file=reader.file)
+
+    arrays = {
+        i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+        if target.output in ("jax", "key")
+    }
+    placements = _placements(reader, sharding, treedef.unflatten(range(len(paths))), arrays) if sharding else {}
+    for i in arrays:
+        if sharding is None and targets[i].sharding is not None:
+            placements[i] = targets[i].sharding
+    stored = [reader.stored[path] for path, target in zip(paths, targets, strict=True) if target.output != "value"]
+    data = reader.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
+    data.update(reader.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
+    values = [
+        _output(reader, path, target, data, as_numpy=as_numpy) for path, target in zip(paths, targets, strict=True)
+    ]
+    _to_devices(values, list(arrays), placements, as_numpy=as_numpy)
+    return treedef.unflatten(values)
+
+
+def _output(reader: Reader, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:
+    """The restored leaf at ``path`` in the form ``target`` asks for."""
+    if target.output == "value":
+        return decode_value_entry(reader.value_entries[path], file=reader.file)
+    value = data[path]
+    if target.output == "key":
+        return value
+    if target.dtype is not None and value.dtype != target.dtype:
+        value = value.astype(target.dtype)
+    if target.output == "torch" and not as_numpy:
+        return tensor_from_numpy(np.ascontiguousarray(value), file=reader.file, path=path)
+    if target.output == "npscalar":
+        return value[()]
+    return value
+
+
+def _describe_file_leaf(reader: Reader, path: str) -> str:
+    if path in reader.stored:
+        return describe_stored(reader.stored[path])
+    return Target("value", value=decode_value_entry(reader.value_entries[path], file=reader.file)).describe()
+
+
+def _problem(reader: Reader, path: str, target: Target, *, cast: bool) -> str | None:
+    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
+    if path not in reader:
+        return f"{path!r}: missing from the file (expected {target.describe()})"
+    stored = reader.stored.get(path)
+    if target.output == "value":
+        if stored is None:
+            value = decode_value(reader.value_entries[path].get("value"), path=path, file=reader.file)
+            wanted = target.value
+            if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
+                return None
+        return f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
+    mismatch = f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
+    if stored is None:
+        return mismatch
+    if target.output == "key":
+        fits = stored.kind == "key" and stored.impl == target.impl and _shape(stored) == target.shape
+        return None if fits else mismatch
+    if stored.kind == "key" or stored.shape != target.shape:
+        return mismatch
+    assert target.dtype is not None
+    if stored.dtype == target.dtype:
+        return None
+    if castable(stored.dtype, target.dtype):
+        return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if cast:
+        return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
+    return mismatch
