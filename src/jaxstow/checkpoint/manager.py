@@ -24,19 +24,21 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, cast
 
-import jax
 import numpy as np
 
 from jaxstow.checkpoint.lock import Lock, lock_store
 from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.policy import KeepPolicy
 from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_metadata, check_metrics
+from jaxstow.checkpoint.restoring import restore_items
 from jaxstow.checkpoint.store import Store, open_store
 from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
 from jaxstow.errors import CheckpointError
-from jaxstow.serialization import load
+from jaxstow.read.placement import ShardingSpec
+from jaxstow.read.reader import open as open_file
+from jaxstow.storage import ReadSource
 
 __all__ = ["CheckpointManager"]
 
@@ -46,8 +48,6 @@ logger = logging.getLogger(__name__)
 SINGLE_ITEM = "state"
 _ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _EXTENSION = ".safetensors"
-
-Sharding: TypeAlias = jax.sharding.Sharding | jax.Device
 
 
 def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
@@ -67,16 +67,6 @@ def _check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise TypeError(f"a step must be a non-negative integer, not {step!r}")
     return int(step)
-
-
-def _place(tree: Any, sharding: Sharding) -> Any:
-    """``tree`` with every numpy array put on ``sharding`` (a device or a sharding), in one batch."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    arrays = [index for index, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
-    placed = jax.device_put([leaves[index] for index in arrays], [sharding] * len(arrays))
-    for index, array in zip(arrays, placed, strict=True):
-        leaves[index] = array
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class CheckpointManager:
@@ -300,19 +290,23 @@ class CheckpointManager:
         *,
         items: Sequence[str] | None = None,
         as_numpy: bool = False,
-        sharding: Sharding | None = None,
+        sharding: ShardingSpec = None,
+        partial: bool = False,
+        select: str | Sequence[str] | None = None,
+        cast: bool = False,
     ) -> Any:
         """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
 
         Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
         fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
         named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. Arrays come back as ``jax.Array``, as numpy with ``as_numpy=True``, or on ``sharding`` (a
-        ``jax.Device`` or ``jax.sharding.Sharding``).
+        only the named ones. ``as_numpy``, ``sharding``, ``partial``, ``select`` and ``cast`` work as in
+        :func:`jaxstow.load`; with named items, paths start with the item's name (``select=["params/**"]``), and a
+        ``sharding`` dict keyed by item names gives each item its own.
         """
         step = self._existing(step)
         record = self._record(step)
-        host = as_numpy or sharding is not None
+        options = {"as_numpy": as_numpy, "partial": partial, "cast": cast}
         if record.single:
             if items is not None:
                 raise CheckpointError(
@@ -320,12 +314,11 @@ class CheckpointManager:
                     "items=",
                     file=self._url(step),
                 )
-            tree = self._load(step, record, SINGLE_ITEM, like, as_numpy=host)
-        else:
-            names = self._chosen_items(step, record, items, like)
-            likes = like or {}
-            tree = {name: self._load(step, record, name, likes.get(name), as_numpy=host) for name in names}
-        return tree if sharding is None else _place(tree, sharding)
+            with open_file(self._source(step, record, SINGLE_ITEM)) as reader:
+                return reader.load(like, sharding=sharding, select=select, **options)
+        names = self._chosen_items(step, record, items, like)
+        sources = {name: self._source(step, record, name) for name in names}
+        return restore_items(sources, like or {}, select=select, sharding=sharding, where=self._url(step), **options)
 
     def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         saved = sorted(record.files)
@@ -354,9 +347,8 @@ class CheckpointManager:
             )
         return names
 
-    def _load(self, step: int, record: StepRecord, item: str, like: Any, *, as_numpy: bool) -> Any:
-        source = self._store.source(self._names.name(step), record.files[item])
-        return load(source, like, as_numpy=as_numpy)
+    def _source(self, step: int, record: StepRecord, item: str) -> ReadSource:
+        return self._store.source(self._names.name(step), record.files[item])
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxstow.errors import ShardingError
 
-__all__ = ["ShardingSpec", "check_fits", "place", "resolve_shardings"]
+__all__ = ["ShardingSpec", "check_fits", "is_placement", "place", "resolve_shardings"]
 
 #: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
 #: or a function ``(path, shape, dtype) -> sharding``.
@@ -30,7 +30,8 @@ ShardingSpec = Any
 _ADOPT_BYTES = 1 << 16  # from this size on, arrays are handed to jax in one batch rather than copied
 
 
-def _is_placement(obj: Any) -> bool:
+def is_placement(obj: Any) -> bool:
+    """Whether ``obj`` says where one array goes: a jax sharding or a device."""
     return isinstance(obj, jax.sharding.Sharding | jax.Device)
 
 
@@ -46,20 +47,20 @@ def resolve_shardings(
     as leaves left unread, get nothing)."""
     if spec is None:
         return {}
-    if _is_placement(spec):
+    if is_placement(spec):
         return dict.fromkeys(arrays, spec)
     if callable(spec):
         return {i: _call(spec, path, shape, dtype, file) for i, (path, shape, dtype) in arrays.items()}
     try:
-        broadcast = jax.tree.broadcast(spec, index_tree, is_leaf=lambda x: x is None or _is_placement(x))
+        broadcast = jax.tree.broadcast(spec, index_tree, is_leaf=lambda x: x is None or is_placement(x))
     except (ValueError, TypeError) as error:
         raise ShardingError(f"sharding= is not a prefix of the restored tree: {error}", file=file) from None
     positions = jax.tree.leaves(index_tree)
-    placements = jax.tree.leaves(broadcast, is_leaf=lambda x: x is None or _is_placement(x))
+    placements = jax.tree.leaves(broadcast, is_leaf=lambda x: x is None or is_placement(x))
     out: dict[int, Any] = {}
     for position, placement in zip(positions, placements, strict=True):
         if position in arrays and placement is not None:
-            if not _is_placement(placement):
+            if not is_placement(placement):
                 raise ShardingError(
                     f"sharding= holds {placement!r} here, not a jax sharding, a device or None",
                     file=file,
@@ -71,7 +72,7 @@ def resolve_shardings(
 
 def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype: np.dtype, file: str | None) -> Any:
     placement = function(path, shape, dtype)
-    if placement is not None and not _is_placement(placement):
+    if placement is not None and not is_placement(placement):
         raise ShardingError(
             f"the sharding function returned {placement!r}, not a jax sharding, a device or None", file=file, path=path
         )
