@@ -4,9 +4,9 @@
 >>> from jaxstow.read.placement import resolve_shardings
 >>> cpu = jax.devices("cpu")[0]
 >>> arrays = {0: ("b", (2,), np.dtype("f4")), 1: ("w", (3,), np.dtype("f4"))}
->>> resolve_shardings({"w": cpu, "b": None}, {"b": 0, "w": 1}, arrays)
+>>> resolve_shardings({"w": cpu, "b": None}, lambda: {"b": 0, "w": 1}, arrays)
 {1: CpuDevice(id=0)}
->>> resolve_shardings(lambda path, shape, dtype: cpu if shape[0] > 2 else None, {"b": 0, "w": 1}, arrays)
+>>> resolve_shardings(lambda path, shape, dtype: cpu if shape[0] > 2 else None, lambda: {"b": 0, "w": 1}, arrays)
 {0: None, 1: CpuDevice(id=0)}
 """
 
@@ -37,25 +37,26 @@ def is_placement(obj: Any) -> bool:
 
 def resolve_shardings(
     spec: ShardingSpec,
-    index_tree: Any,
+    index_tree: Callable[[], Any],
     arrays: Mapping[int, tuple[str, tuple[int, ...], np.dtype]],
     *,
     file: str | None = None,
 ) -> dict[int, Any]:
     """The placement of each array from ``sharding=``: ``arrays`` maps positions to ``(path, shape, dtype)``, and
-    ``index_tree`` is the restored tree with every leaf replaced by its position (leaves that are not positions, such
-    as leaves left unread, get nothing)."""
+    ``index_tree()`` gives the restored tree with every leaf replaced by its position (leaves that are not positions,
+    such as leaves left unread, get nothing); it is called only when ``spec`` is a tree."""
     if spec is None:
         return {}
     if is_placement(spec):
         return dict.fromkeys(arrays, spec)
     if callable(spec):
         return {i: _call(spec, path, shape, dtype, file) for i, (path, shape, dtype) in arrays.items()}
+    positions_tree = index_tree()
     try:
-        broadcast = jax.tree.broadcast(spec, index_tree, is_leaf=lambda x: x is None or is_placement(x))
+        broadcast = jax.tree.broadcast(spec, positions_tree, is_leaf=lambda x: x is None or is_placement(x))
     except (ValueError, TypeError) as error:
         raise ShardingError(f"sharding= is not a prefix of the restored tree: {error}", file=file) from None
-    positions = jax.tree.leaves(index_tree)
+    positions = jax.tree.leaves(positions_tree)
     placements = jax.tree.leaves(broadcast, is_leaf=lambda x: x is None or is_placement(x))
     out: dict[int, Any] = {}
     for position, placement in zip(positions, placements, strict=True):

@@ -18,7 +18,7 @@ or nothing: any problem raises before a tree is returned.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -81,7 +81,10 @@ def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: 
     chosen = set(Selection(select).choose(paths, file=reader.file) if select is not None else paths)
     treedef = reader.treedef()
     positions = [i if path in chosen else _SKIPPED for i, path in enumerate(paths)]
-    index_tree = _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
+
+    def index_tree() -> Any:
+        return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
+
     stored = [reader.stored[path] for path in paths if path in chosen and path in reader.stored]
     arrays = {
         i: (path, _shape(reader.stored[path]), reader.stored[path].dtype)
@@ -108,9 +111,13 @@ def _shape(leaf: StoredLeaf) -> tuple[int, ...]:
 
 
 def _placements(
-    reader: Reader, sharding: ShardingSpec, index_tree: Any, arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]]
+    reader: Reader,
+    sharding: ShardingSpec,
+    index_tree: Callable[[], Any],
+    arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]],
 ) -> dict[int, Any]:
-    """Each restored array's placement from ``sharding=``, checked to fit before anything is read."""
+    """Each restored array's placement from ``sharding=``, checked to fit before anything is read; ``index_tree()``
+    gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree."""
     placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
     for i, placement in placements.items():
         check_fits(placement, arrays[i][1], file=reader.file, path=arrays[i][0])
@@ -168,7 +175,7 @@ def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, p
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
         if target.output in ("jax", "key")
     }
-    placements = _placements(reader, sharding, treedef.unflatten(range(len(paths))), arrays) if sharding else {}
+    placements = _placements(reader, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
