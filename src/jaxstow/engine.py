@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from jaxstow.errors import CheckpointError
+from jaxstow.format.leaves import is_sharded
 from jaxstow.snapshot import Snapshot, snapshot
 
 __all__ = ["BackgroundWriter", "Frozen", "Progress", "format_bytes", "freeze", "require_progress_bar"]
@@ -93,12 +94,13 @@ def _is_key(leaf: Any) -> bool:
 
 
 def _hold_on_host(leaves: list[Any]) -> list[Any]:
-    """Leaves with every plain JAX array replaced by its host array; transfers from accelerators overlap."""
+    """Leaves with every plain JAX array on one device replaced by its host array; transfers from accelerators
+    overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard."""
     if jax.default_backend() != "cpu":
         for leaf in leaves:
             if _is_plain_array(leaf):
                 leaf.copy_to_host_async()
-    return [np.asarray(leaf) if _is_plain_array(leaf) else leaf for leaf in leaves]
+    return [np.asarray(leaf) if _is_plain_array(leaf) and not is_sharded(leaf) else leaf for leaf in leaves]
 
 
 class BackgroundWriter:

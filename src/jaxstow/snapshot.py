@@ -60,13 +60,10 @@ class Snapshot:
     @property
     def nbytes(self) -> int:
         """Bytes of array data the file will hold."""
-        return sum(array.nbytes for array in self._arrays())
+        return sum(array.nbytes for _, array, _ in self._tensors())
 
-    def _stored(self) -> list[EncodedLeaf]:
-        return [leaf for leaf in self.leaves if leaf.array is not None]
-
-    def _arrays(self) -> list[np.ndarray]:
-        return [leaf.array for leaf in self.leaves if leaf.array is not None]
+    def _tensors(self) -> list[tuple[str, np.ndarray, dict[str, Any]]]:
+        return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
     @with_gc_paused
     def write(self, path_or_file: PathOrFile) -> None:
@@ -74,10 +71,10 @@ class Snapshot:
 
         Large trees are checksummed on other threads while their bytes are being written.
         """
-        stored = self._stored()
-        tensors = [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None]
+        pieces = self._tensors()
+        tensors = [(name, array) for name, array, _ in pieces]
         kind = container_kind(path_or_file)
-        with _checksums(stored) as complete:
+        with _checksums(pieces) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
                     write_container(sink, kind, tensors, self.manifest, complete)
@@ -101,7 +98,14 @@ def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = 
     _check_unique(paths, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
     if copy:
-        encoded = [EncodedLeaf(leaf.entry, None if leaf.array is None else leaf.array.copy()) for leaf in encoded]
+        encoded = [
+            EncodedLeaf(
+                leaf.entry,
+                None if leaf.array is None else leaf.array.copy(),
+                tuple(shard._replace(array=shard.array.copy()) for shard in leaf.shards),
+            )
+            for leaf in encoded
+        ]
     manifest = {
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
@@ -126,24 +130,25 @@ def _check_unique(paths: list[str], *, file: str) -> None:
 
 
 @contextlib.contextmanager
-def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None] | None]:
-    """Fill each entry's ``xxh3``: at once for small trees (yields ``None``), or in the background (yields ``complete``).
+def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
+    """Fill the ``xxh3`` of each tensor's entry: at once for small trees (yields ``None``), or in the background
+    (yields ``complete``).
 
-    Large trees are hashed by a pool that starts now, in a few batches of leaves, so that hashing overlaps the
+    Large trees are hashed by a pool that starts now, in a few batches of tensors, so that hashing overlaps the
     writing; their entries hold placeholders until ``complete()``, which waits for the pool.
     """
-    arrays: list[np.ndarray] = [leaf.array for leaf in stored if leaf.array is not None]
+    arrays = [array for _, array, _ in pieces]
 
     def fill(digests: list[str]) -> None:
-        for leaf, digest in zip(stored, digests, strict=True):
-            leaf.entry["xxh3"] = digest
+        for (_, _, entry), digest in zip(pieces, digests, strict=True):
+            entry["xxh3"] = digest
 
     if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
         fill([checksum(array) for array in arrays])
         yield None
         return
-    for leaf in stored:
-        leaf.entry["xxh3"] = ZERO_CHECKSUM
+    for _, _, entry in pieces:
+        entry["xxh3"] = ZERO_CHECKSUM
     workers = min(4, os.cpu_count() or 1)
     batches = [arrays[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:

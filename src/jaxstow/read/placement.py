@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,13 +22,16 @@ import numpy as np
 
 from jaxstow.errors import ShardingError
 
-__all__ = ["ShardingSpec", "check_fits", "is_placement", "place", "resolve_shardings"]
+__all__ = ["ShardingSpec", "check_fits", "is_placement", "place", "resolve_shardings", "saved_sharding"]
 
 #: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
-#: or a function ``(path, shape, dtype) -> sharding``.
+#: a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding each sharded leaf was saved with.
 ShardingSpec = Any
 
-_ADOPT_BYTES = 1 << 16  # from this size on, arrays are handed to jax in one batch rather than copied
+_ADOPT_BYTES = 1 << 16
+_partition_spec: Callable[..., Any] = (
+    jax.sharding.PartitionSpec
+)  # from this size on, arrays are handed to jax in one batch rather than copied
 
 
 def is_placement(obj: Any) -> bool:
@@ -78,6 +82,23 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
             f"the sharding function returned {placement!r}, not a jax sharding, a device or None", file=file, path=path
         )
     return placement
+
+
+def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
+    """The sharding a leaf was saved with, on this process's first devices; an error if there are too few."""
+    mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
+    count = math.prod(mesh_shape)
+    devices = jax.devices()
+    if count > len(devices):
+        raise ShardingError(
+            f"the leaf was saved on a mesh {dict(zip(axes, mesh_shape, strict=True))} of {count} devices, but this "
+            f"process sees {len(devices)}; pass sharding= to lay it out on the devices there are",
+            file=file,
+            path=path,
+        )
+    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes))
+    parts = [tuple(part) if isinstance(part, list) else part for part in spec]
+    return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
 
 
 def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path: str) -> None:

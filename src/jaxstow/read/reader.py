@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import math
 import mmap as mmap_module
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,8 +35,18 @@ from jaxstow.format.checksum import checksum_bytes
 from jaxstow.format.container import Container, open_container
 from jaxstow.format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow.format.native import NativeReader
+from jaxstow.format.reading import aligned_empty
+from jaxstow.format.shards import (
+    Box,
+    ShardedLeaf,
+    Stored,
+    StoredShard,
+    check_coverage,
+    intersect,
+    sharded_leaf_from_entry,
+)
 from jaxstow.format.torch_leaves import tensor_from_numpy
-from jaxstow.read.slicing import parse_index, read_box
+from jaxstow.read.slicing import full_box, parse_index, read_box
 from jaxstow.remote import RemoteSource, local_path
 from jaxstow.storage import LocalFile, ReadSource
 from jaxstow.structure import decode_treedef
@@ -100,21 +111,27 @@ class Reader(Mapping[str, Any]):
     restores the tree, or a part of it, as :func:`jaxstow.load` does.
     """
 
-    def __init__(self, container: Container, *, mmap: bool = False) -> None:
-        self.file = container.file
-        self.container = container
-        manifest = container.manifest
+    def __init__(self, containers: Container | Sequence[Container], *, mmap: bool = False) -> None:
+        self.containers = [containers] if not isinstance(containers, Sequence) else list(containers)
+        self.container = self.containers[0]
+        self.file = self.container.file
+        manifest = self.container.manifest
         self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
-        self.stored: dict[str, StoredLeaf] = {}
+        self.stored: dict[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
         if manifest is None:
-            self.paths = sorted(container.slots)
+            self.paths = sorted(self.container.slots)
             self.stored = {
                 name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
-                for name, slot in container.slots.items()
+                for name, slot in self.container.slots.items()
             }
         else:
             self.paths = [self._index(entry) for entry in manifest["leaves"]]
+        for source, part in enumerate(self.containers[1:], start=1):
+            self._merge_shards(source, part)
+        for leaf in self.stored.values():
+            if isinstance(leaf, ShardedLeaf):
+                check_coverage(leaf, file=self.file)
         self._map = self._memory_map() if mmap else None
 
     def _index(self, entry: Any) -> str:
@@ -126,11 +143,34 @@ class Reader(Mapping[str, Any]):
             raise FormatError("the manifest lists this leaf twice", file=self.file, path=path)
         if kind in _STORED_KINDS:
             self.stored[path] = stored_leaf_from_entry(entry, self.container.slots.get(path), file=self.file)
+        elif kind == "sharded":
+            self.stored[path] = sharded_leaf_from_entry(entry, self.container.slots, source=0, file=self.file)
         elif kind == "value":
             self.value_entries[path] = entry
         else:
             raise FormatError(f"unknown leaf kind {kind!r}", file=self.file, path=path)
         return path
+
+    def _merge_shards(self, source: int, part: Container) -> None:
+        """Add the shards that another file of the same tree holds (it lists sharded leaves only)."""
+        entries = part.manifest.get("leaves") if part.manifest else None
+        if not isinstance(entries, list):
+            raise FormatError("a part of a sharded tree needs a manifest listing its shards", file=part.file)
+        for entry in entries:
+            path = entry.get("path") if isinstance(entry, dict) else None
+            known = self.stored.get(path) if isinstance(path, str) else None
+            if not isinstance(known, ShardedLeaf) or entry.get("kind") != "sharded":
+                raise FormatError(
+                    f"holds shards of {path!r}, which {self.file} does not list as a sharded leaf", file=part.file
+                )
+            extra = sharded_leaf_from_entry(entry, part.slots, source=source, file=part.file)
+            if (extra.dtype, extra.shape) != (known.dtype, known.shape):
+                raise FormatError(
+                    f"has {extra.dtype}{list(extra.shape)} where {self.file} has {known.dtype}{list(known.shape)}",
+                    file=part.file,
+                    path=path,
+                )
+            self.stored[known.path] = known._replace(shards=known.shards + extra.shards)
 
     def _memory_map(self) -> mmap_module.mmap:
         source = getattr(self.container, "source", None)
@@ -211,21 +251,51 @@ class Reader(Mapping[str, Any]):
         """
         self._check_path(path)
         leaf = self.stored.get(path)
-        if leaf is None or leaf.kind not in ("array", "npscalar", "torch"):
+        if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
             kind = "a value" if leaf is None else f"a {leaf.kind}"
             raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
         box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
+        return np.asarray(self.read_box(path, box)[rest])
+
+    def read_box(self, path: str, box: Box) -> np.ndarray:
+        """The elements of ``box`` (start and stop along every axis) of the array at ``path``: only the bytes they
+        take are read, and the whole leaf (or a whole shard) is verified against its checksum when read."""
+        leaf = self.stored[path]
+        if isinstance(leaf, ShardedLeaf):
+            return self._read_sharded(leaf, box)
         within = tuple(slice(start, stop) for start, stop in box)
-        if box == tuple((0, n) for n in leaf.shape) or not isinstance(self.container, NativeReader):
+        if box == full_box(leaf.shape) or not isinstance(self.container, NativeReader):
             part: np.ndarray = self.read_arrays([leaf])[path][within]
         elif self._map is not None:
             part = self._mapped(leaf)[within]
         else:
             slot = self.container.slots[path]
             part = read_box(self.container.source, slot.offset, leaf.dtype, leaf.shape, box)
-        return np.asarray(part[rest])
+        return part
 
-    def read_stored(self, leaves: Sequence[StoredLeaf]) -> dict[str, Any]:
+    def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
+        """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""
+        extent = tuple(stop - start for start, stop in box)
+        out = aligned_empty(math.prod(extent) * leaf.dtype.itemsize).view(leaf.dtype).reshape(extent)
+        for shard in leaf.shards:
+            overlap = intersect(shard.box, box)
+            if overlap is None:
+                continue
+            inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(overlap, shard.box, strict=True))
+            part = self._read_shard(leaf, shard, inner)
+            out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(overlap, box, strict=True))] = part
+        return out
+
+    def _read_shard(self, leaf: ShardedLeaf, shard: StoredShard, inner: Box) -> np.ndarray:
+        container = self.containers[shard.source]
+        if inner == full_box(shard.shape) or not isinstance(container, NativeReader):
+            raw = container.read([shard.tensor], lambda _, data: self._verify(leaf.path, data, shard.checksum))
+            whole = raw[shard.tensor].reshape(-1).view(np.uint8).view(leaf.dtype).reshape(shard.shape)
+            return whole[tuple(slice(start, stop) for start, stop in inner)]
+        slot = container.slots[shard.tensor]
+        return read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner)
+
+    def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
         """Whole stored leaves, verified: arrays as numpy, numpy scalars, PRNG keys and torch tensors as themselves."""
         arrays = self.read_arrays(leaves)
         out: dict[str, Any] = {}
@@ -241,24 +311,31 @@ class Reader(Mapping[str, Any]):
                 out[leaf.path] = array
         return out
 
-    def read_arrays(self, leaves: Sequence[StoredLeaf]) -> dict[str, np.ndarray]:
+    def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
         """The bytes of whole stored leaves as numpy arrays of their true dtype and shape, verified."""
-        if self._map is not None:
+        if self._map is not None and not any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
             out = {}
             for leaf in leaves:
                 view = self._mapped(leaf)
                 self._verify(leaf.path, view.reshape(-1).view(np.uint8).data, leaf.checksum)
                 out[leaf.path] = view
             return out
+        sharded = {
+            leaf.path: self._read_sharded(leaf, full_box(leaf.shape))
+            for leaf in leaves
+            if isinstance(leaf, ShardedLeaf)
+        }
+        leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
         expected = {leaf.path: leaf.checksum for leaf in leaves}
         arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self._verify(n, d, expected[n]))
+        arrays.update(sharded)
         for leaf in leaves:
             array = arrays[leaf.path]
             if array.dtype != leaf.dtype or array.shape != leaf.shape:
                 arrays[leaf.path] = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
         return arrays
 
-    def _mapped(self, leaf: StoredLeaf) -> np.ndarray:
+    def _mapped(self, leaf: Stored) -> np.ndarray:
         assert self._map is not None
         slot = self.container.slots[leaf.path]
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)

@@ -25,9 +25,10 @@ import jax
 import numpy as np
 
 from jaxstow.errors import RequestError, StructureMismatchError
-from jaxstow.format.leaves import StoredLeaf, decode_value_entry
+from jaxstow.format.leaves import decode_value_entry
+from jaxstow.format.shards import Box, ShardedLeaf, Stored
 from jaxstow.format.torch_leaves import tensor_from_numpy
-from jaxstow.read.placement import ShardingSpec, check_fits, place, resolve_shardings
+from jaxstow.read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow.read.reader import Reader
 from jaxstow.read.selection import Selection
 from jaxstow.read.targets import Target, castable, describe_stored, target_of
@@ -85,28 +86,38 @@ def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: 
     def index_tree() -> Any:
         return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
 
-    stored = [reader.stored[path] for path in paths if path in chosen and path in reader.stored]
     arrays = {
         i: (path, _shape(reader.stored[path]), reader.stored[path].dtype)
         for i, path in enumerate(paths)
-        if path in chosen and path in reader.stored and reader.stored[path].kind in ("array", "key")
+        if path in chosen and path in reader.stored and reader.stored[path].kind in ("array", "key", "sharded")
     }
     placements = _placements(reader, sharding, index_tree, arrays)
-    data = reader.read_stored(stored)
+    by_ranges = _read_by_ranges(reader, paths, placements)
+    data = reader.read_stored(
+        [
+            reader.stored[path]
+            for i, path in enumerate(paths)
+            if path in chosen and path in reader.stored and i not in by_ranges
+        ]
+    )
     values: list[Any] = [
         _SKIPPED
         if path not in chosen
         else data[path]
         if path in data
+        else None
+        if i in by_ranges
         else decode_value_entry(reader.value_entries[path], file=reader.file)
-        for path in paths
+        for i, path in enumerate(paths)
     ]
-    _to_devices(values, list(arrays), placements, as_numpy=as_numpy)
+    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
+    for i in by_ranges:
+        values[i] = _from_ranges(reader, paths[i], placements[i], None)
     tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
     return _prune(tree) if select is not None else tree
 
 
-def _shape(leaf: StoredLeaf) -> tuple[int, ...]:
+def _shape(leaf: Stored) -> tuple[int, ...]:
     return leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
 
 
@@ -118,7 +129,14 @@ def _placements(
 ) -> dict[int, Any]:
     """Each restored array's placement from ``sharding=``, checked to fit before anything is read; ``index_tree()``
     gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree."""
-    placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
+    if isinstance(sharding, str) and sharding == "saved":
+        placements = {
+            i: saved_sharding(leaf.sharding, file=reader.file, path=path)
+            for i, (path, _, _) in arrays.items()
+            if isinstance(leaf := reader.stored.get(path), ShardedLeaf) and leaf.sharding is not None
+        }
+    else:
+        placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
     for i, placement in placements.items():
         check_fits(placement, arrays[i][1], file=reader.file, path=arrays[i][0])
     return placements
@@ -179,14 +197,52 @@ def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, p
     for i in arrays:
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
-    stored = [reader.stored[path] for path, target in zip(paths, targets, strict=True) if target.output != "value"]
+    by_ranges = set() if as_numpy else _read_by_ranges(reader, paths, placements)
+    stored = [
+        reader.stored[path]
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+        if target.output != "value" and i not in by_ranges
+    ]
     data = reader.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
     data.update(reader.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
     values = [
-        _output(reader, path, target, data, as_numpy=as_numpy) for path, target in zip(paths, targets, strict=True)
+        None if i in by_ranges else _output(reader, path, target, data, as_numpy=as_numpy)
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
     ]
-    _to_devices(values, list(arrays), placements, as_numpy=as_numpy)
+    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
+    for i in by_ranges:
+        values[i] = _from_ranges(reader, paths[i], placements[i], targets[i].dtype)
     return treedef.unflatten(values)
+
+
+def _read_by_ranges(reader: Reader, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:
+    """The sharded leaves bound for several devices: each device's part is read on its own, by byte ranges."""
+    return {
+        i
+        for i, placement in placements.items()
+        if isinstance(reader.stored.get(paths[i]), ShardedLeaf)
+        and isinstance(placement, jax.sharding.Sharding)
+        and (len(placement.device_set) > 1 or not placement.is_fully_addressable)
+    }
+
+
+def _from_ranges(reader: Reader, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
+    """A sharded leaf laid out on ``placement``, each device's box read from the shards that overlap it."""
+    leaf = reader.stored[path]
+    parts: dict[Box, np.ndarray] = {}
+
+    def part(index: tuple[slice, ...] | None) -> np.ndarray:
+        slices = index or tuple(slice(None) for _ in leaf.shape)
+        box: Box = tuple(
+            (start, stop)
+            for start, stop, _ in (axis.indices(size) for axis, size in zip(slices, leaf.shape, strict=True))
+        )
+        if box not in parts:  # replicas of a box are read once
+            data = reader.read_box(path, box)
+            parts[box] = data if dtype is None or data.dtype == dtype else data.astype(dtype)
+        return parts[box]
+
+    return jax.make_array_from_callback(leaf.shape, placement, part)
 
 
 def _output(reader: Reader, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:

@@ -27,12 +27,10 @@ import numpy as np
 
 from jaxstow.errors import SliceError
 from jaxstow.format.reading import aligned_empty
+from jaxstow.format.shards import Box
 from jaxstow.storage import ReadSource
 
 __all__ = ["Box", "box_nbytes", "full_box", "parse_index", "read_box"]
-
-#: ``(start, stop)`` along every axis.
-Box = tuple[tuple[int, int], ...]
 
 _OVER_READ = 1.05  # read whole rows at once when that reads at most this much more than needed
 _MANY_RUNS = 1 << 16  # past this many ranges of under 4 KiB each, whole rows are read instead

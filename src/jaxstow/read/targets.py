@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxstow import registry
-from jaxstow.format.leaves import StoredLeaf
+from jaxstow.format.shards import Stored
 from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 
 __all__ = ["Target", "castable", "describe_stored", "target_of"]
@@ -88,7 +88,7 @@ def _sharding_of(leaf: Any) -> Any:
     return getattr(leaf, "sharding", None)
 
 
-def describe_stored(leaf: StoredLeaf) -> str:
+def describe_stored(leaf: Stored) -> str:
     """A stored leaf as messages show it."""
     if leaf.kind == "key":
         return f"key<{leaf.impl}>{list(leaf.shape[:-1])}"
