@@ -43,12 +43,13 @@ logger = logging.getLogger(__name__)
 class Frozen:
     """A tree held for a later :func:`~jaxstow.snapshot.snapshot`: its structure and its leaves, arrays on the host."""
 
-    def __init__(self, tree: Any, *, copy: bool, file: str) -> None:
+    def __init__(self, tree: Any, *, copy: bool, file: str, part: int | None = None) -> None:
         self._file = file
+        self._part = part
         self._ready: Snapshot | None = None
         if copy:
             # Copies are taken now; the core's snapshot already knows how to copy every kind of stored leaf.
-            self._ready = snapshot(tree, copy=True, file=file)
+            self._ready = snapshot(tree, copy=True, file=file, part=part)
             return
         leaves, self._treedef = jax.tree_util.tree_flatten(tree)
         self._leaves = _hold_on_host(leaves)
@@ -60,14 +61,16 @@ class Frozen:
         """The tree's :class:`~jaxstow.snapshot.Snapshot`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is not None:
             return self._ready
-        return snapshot(jax.tree_util.tree_unflatten(self._treedef, self._leaves), file=self._file)
+        tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
+        return snapshot(tree, file=self._file, part=self._part)
 
 
-def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
+def freeze(tree: Any, *, copy: bool = False, file: str = "", part: int | None = None) -> Frozen:
     """Hold ``tree`` for a background save; only this part has to run on the caller's thread.
 
     JAX arrays are immutable: without ``copy`` they are held as host views, with no copy on CPU. ``copy=True`` copies
-    every array now, for trees whose numpy buffers the caller will change. ``file`` names the destination in errors.
+    every array now, for trees whose numpy buffers the caller will change. ``file`` names the destination in errors;
+    ``part`` is this process's share of a tree saved by several (see :func:`~jaxstow.snapshot.snapshot`).
 
     >>> import numpy as np
     >>> from jaxstow.engine import freeze
@@ -77,7 +80,7 @@ def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
     >>> frozen.snapshot().leaves[0].array
     array([0., 0.])
     """
-    return Frozen(tree, copy=copy, file=file)
+    return Frozen(tree, copy=copy, file=file, part=part)
 
 
 def _is_plain_array(leaf: Any) -> bool:

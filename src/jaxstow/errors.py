@@ -130,7 +130,8 @@ class SelectionError(RequestError, LookupError):
 
 
 class ShardingError(RequestError):
-    """A leaf cannot be placed on the sharding given for it (its shape does not divide, or the devices are missing)."""
+    """A sharded leaf cannot be saved or placed as asked (a shape that does not divide, devices that are missing, an
+    array spanning several processes given to a one-file save)."""
 
 
 class CheckpointError(JaxstowError):

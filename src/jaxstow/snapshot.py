@@ -19,6 +19,7 @@ included, can then run on a background thread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -26,9 +27,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import jax
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
@@ -56,6 +58,7 @@ class Snapshot:
 
     leaves: list[EncodedLeaf]
     manifest: dict[str, Any]
+    digest: str = ""  # the tree's structure, leaf paths, dtypes and shapes, hashed: the same in every process
 
     @property
     def nbytes(self) -> int:
@@ -84,10 +87,19 @@ class Snapshot:
 
 
 @with_gc_paused
-def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = False, file: str = "") -> Snapshot:
+def snapshot(
+    tree: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+    copy: bool = False,
+    file: str = "",
+    part: int | None = None,
+) -> Snapshot:
     """Freeze ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
 
-    ``file`` names the destination in error messages.
+    ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
+    saved by several processes: process 0's holds the whole structure and every leaf but the shards of other
+    processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
         try:
@@ -96,6 +108,8 @@ def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = 
             raise TypeError(f"metadata for {file or 'the file'} must be a JSON-able dict: {error}") from None
     paths, leaves, treedef = flatten_with_paths(tree)
     _check_unique(paths, file=file)
+    if part is None:
+        _check_addressable(paths, leaves, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
     if copy:
         encoded = [
@@ -106,14 +120,43 @@ def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = 
             )
             for leaf in encoded
         ]
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "structure": encode_treedef(treedef, file=file or None),
-        "leaves": [leaf.entry for leaf in encoded],
-        "metadata": metadata,
-    }
-    return Snapshot(encoded, manifest)
+    structure = encode_treedef(treedef, file=file or None)
+    digest = _digest(structure, [leaf.entry for leaf in encoded])
+    if part:
+        encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "part": part,
+            "leaves": [leaf.entry for leaf in encoded],
+        }
+    else:
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "structure": structure,
+            "leaves": [leaf.entry for leaf in encoded],
+            "metadata": metadata,
+        }
+    return Snapshot(encoded, manifest, digest)
+
+
+def _check_addressable(paths: list[str], leaves: list[Any], *, file: str) -> None:
+    for path, leaf in zip(paths, leaves, strict=True):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            raise ShardingError(
+                f"the array spans several processes ({leaf.sharding}), and one file holds what one process has: "
+                "save it from every process with jaxstow.CheckpointManager, which writes each process's shards and "
+                "commits them together",
+                file=file or None,
+                path=path,
+            )
+
+
+def _digest(structure: Any, entries: list[dict[str, Any]]) -> str:
+    """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
+    summary = [structure, [[entry["path"], entry["kind"], entry.get("dtype"), entry.get("shape")] for entry in entries]]
+    return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:

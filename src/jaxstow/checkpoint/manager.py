@@ -31,13 +31,15 @@ import numpy as np
 from jaxstow.checkpoint.lock import Lock, lock_store
 from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.policy import KeepPolicy
+from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_metadata, check_metrics
 from jaxstow.checkpoint.restoring import restore_items
+from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.store import Store, open_store
 from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
 from jaxstow.errors import CheckpointError
 from jaxstow.read.placement import ShardingSpec
-from jaxstow.read.reader import open as open_file
+from jaxstow.read.reader import open_parts
 from jaxstow.storage import ReadSource
 
 __all__ = ["CheckpointManager"]
@@ -100,6 +102,7 @@ class CheckpointManager:
         async_save: bool = True,
         progress: bool = False,
         storage_options: dict[str, Any] | None = None,
+        process_timeout: float = 600.0,
     ) -> None:
         self._policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode)
         if progress:
@@ -111,6 +114,8 @@ class CheckpointManager:
         self._lock: Lock | None = None
         self._records: dict[int, StepRecord] = {}
         self._closed = False
+        self._processes = Processes(self._store.location, timeout=process_timeout)
+        self._saves = 0
 
     @property
     def directory(self) -> str:
@@ -154,26 +159,32 @@ class CheckpointManager:
             )
         checked_metadata = check_metadata(metadata, step=step)
         self._writer.wait()
-        if self._lock is None:
+        if self._lock is None and self._processes.index == 0:
             self._take_lock()
         exists = step in self._committed_steps()
         if exists and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it", file=self._url(step)
             )
+        part = self._processes.index if self._processes.many else None
         frozen = {
-            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION)) for name, tree in named.items()
+            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
+            for name, tree in named.items()
         }
-        job = functools.partial(self._write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        self._saves += 1
+        write = self._write_shared if self._processes.many else self._write
+        job = functools.partial(write, step, frozen, single, checked_metrics, checked_metadata, exists)
         self._writer.submit(job, what=f"saving step {step} to {self.directory}")
 
     def delete(self, step: int) -> None:
         """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
         self._check_open()
         self._writer.wait()
+        step = self._existing(step)
+        if self._processes.index != 0:  # process 0 deletes for all
+            return
         if self._lock is None:
             self._take_lock()
-        step = self._existing(step)
         self._store.delete(self._names.name(step))
         self._records.pop(step, None)
         logger.info("%s: deleted step %d", self.directory, step)
@@ -216,6 +227,36 @@ class CheckpointManager:
         self._records[step] = record
         progress.finish()
         self._prune()
+
+    def _write_shared(
+        self,
+        step: int,
+        frozen: dict[str, Frozen],
+        single: bool,
+        metrics: Metrics | None,
+        metadata: dict[str, Any] | None,
+        replace: bool,
+    ) -> None:
+        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
+        progress = Progress(f"step {step} of {self.directory}", total=0, bar=self._progress)
+        record = save_shared(
+            self._processes,
+            self._store,
+            key=f"save{self._saves}",
+            step=step,
+            folder=self._names.name(step),
+            items=frozen,
+            extension=_EXTENSION,
+            single=single,
+            metrics=metrics,
+            metadata=metadata,
+            replace=replace,
+            progress=progress,
+        )
+        progress.finish()
+        if record is not None:
+            self._records[step] = record
+            self._prune()
 
     def _prune(self) -> None:
         steps = self._committed_steps()
@@ -314,10 +355,10 @@ class CheckpointManager:
                     "items=",
                     file=self._url(step),
                 )
-            with open_file(self._source(step, record, SINGLE_ITEM)) as reader:
+            with open_parts(self._sources(step, record, SINGLE_ITEM)) as reader:
                 return reader.load(like, sharding=sharding, select=select, **options)
         names = self._chosen_items(step, record, items, like)
-        sources = {name: self._source(step, record, name) for name in names}
+        sources = {name: self._sources(step, record, name) for name in names}
         return restore_items(sources, like or {}, select=select, sharding=sharding, where=self._url(step), **options)
 
     def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
@@ -347,8 +388,9 @@ class CheckpointManager:
             )
         return names
 
-    def _source(self, step: int, record: StepRecord, item: str) -> ReadSource:
-        return self._store.source(self._names.name(step), record.files[item])
+    def _sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
+        """The files of ``item``: one, or one per process that saved the step."""
+        return [self._store.source(self._names.name(step), file) for file in record.item_files(item)]
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

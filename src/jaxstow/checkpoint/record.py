@@ -69,7 +69,11 @@ def _is_plain_name(name: object) -> bool:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """A committed step: its item files, whether it is one tree or named items, its metrics and metadata."""
+    """A committed step: its item files, whether it is one tree or named items, its metrics and metadata.
+
+    A step saved by several processes has, for each item, process 0's file in ``files`` and the other processes'
+    files (their shards) in ``parts``.
+    """
 
     step: int
     files: dict[str, str]
@@ -77,6 +81,11 @@ class StepRecord:
     metrics: Metrics | None = None
     metadata: dict[str, Any] | None = None
     time: float = field(default_factory=time.time)
+    parts: dict[str, list[str]] = field(default_factory=dict)
+
+    def item_files(self, item: str) -> list[str]:
+        """Every file of ``item``: process 0's first."""
+        return [self.files[item], *self.parts.get(item, [])]
 
     def metric(self, name: str) -> float | None:
         return None if self.metrics is None else self.metrics.get(name)
@@ -89,6 +98,7 @@ class StepRecord:
             "single": self.single,
             "metrics": self.metrics,
             "metadata": self.metadata,
+            **({"parts": self.parts} if self.parts else {}),
             "library": f"jaxstow {jaxstow.__version__}",
             "record_version": _RECORD_VERSION,
             "format_version": FORMAT_VERSION,
@@ -109,7 +119,7 @@ class StepRecord:
                 file=where,
             )
         step, files, single = record.get("step"), record.get("files"), record.get("single")
-        metrics, metadata = record.get("metrics"), record.get("metadata")
+        metrics, metadata, parts = record.get("metrics"), record.get("metadata"), record.get("parts", {})
         valid = (
             type(step) is int
             and isinstance(files, dict)
@@ -119,7 +129,12 @@ class StepRecord:
             and (metrics is None or isinstance(metrics, dict))
             and (metadata is None or isinstance(metadata, dict))
             and isinstance(record.get("time"), numbers.Real)
+            and isinstance(parts, dict)
+            and all(
+                item in files and isinstance(names, list) and all(map(_is_plain_name, names))
+                for item, names in parts.items()
+            )
         )
         if not valid:
             raise FormatError("the step record lacks a field or has one of the wrong type", file=where)
-        return cls(step, files, single, metrics, metadata, float(record["time"]))
+        return cls(step, files, single, metrics, metadata, float(record["time"]), parts)

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxstow.read.placement import ShardingSpec, is_placement
-from jaxstow.read.reader import Reader, open
+from jaxstow.read.reader import Reader, open_parts
 from jaxstow.read.selection import Selection
 
 __all__ = ["restore_items"]
@@ -37,10 +37,14 @@ def restore_items(
     where: str,
     **options: Any,
 ) -> dict[str, Any]:
-    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow.storage.ReadSource`) restored, fitted
-    into ``likes[name]`` where there is one; ``options`` go to :meth:`jaxstow.Reader.load`."""
+    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow.storage.ReadSource`, or a list of them
+    for an item saved by several processes) restored, fitted into ``likes[name]`` where there is one; ``options`` go
+    to :meth:`jaxstow.Reader.load`."""
     with contextlib.ExitStack() as stack:
-        readers: dict[str, Reader] = {name: stack.enter_context(open(source)) for name, source in sources.items()}
+        readers: dict[str, Reader] = {
+            name: stack.enter_context(open_parts(source if isinstance(source, list) else [source]))
+            for name, source in sources.items()
+        }
         chosen = _spread_selection(select, readers, where=where)
         return {
             name: reader.load(

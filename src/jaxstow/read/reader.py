@@ -51,7 +51,7 @@ from jaxstow.remote import RemoteSource, local_path
 from jaxstow.storage import LocalFile, ReadSource
 from jaxstow.structure import decode_treedef
 
-__all__ = ["LeafInfo", "Reader", "open"]
+__all__ = ["LeafInfo", "Reader", "open", "open_parts"]
 
 _STORED_KINDS = ("array", "npscalar", "key", "torch")
 _shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
@@ -100,6 +100,19 @@ def open(
                 "is a folder, not a file (open a checkpoint folder with jaxstow.CheckpointManager)", file=source
             )
     return Reader(open_container(source), mmap=mmap)
+
+
+def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]) -> Reader:
+    """One tree saved in several files, one per process: the first holds the structure, the others more shards."""
+    containers: list[Container] = []
+    try:
+        for target in targets:
+            containers.append(open_container(target))
+        return Reader(containers)
+    except BaseException:
+        for container in containers:
+            container.close()
+        raise
 
 
 class Reader(Mapping[str, Any]):
@@ -363,7 +376,8 @@ class Reader(Mapping[str, Any]):
             with contextlib.suppress(BufferError):  # views still in use keep the mapping alive until they go
                 self._map.close()
             self._map = None
-        self.container.close()
+        for container in self.containers:
+            container.close()
 
     def __enter__(self) -> Reader:
         return self
