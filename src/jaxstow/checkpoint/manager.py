@@ -390,7 +390,13 @@ class CheckpointManager:
 
     def _sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
         """The files of ``item``: one, or one per process that saved the step."""
-        return [self._store.source(self._names.name(step), file) for file in record.item_files(item)]
+        try:
+            return [self._store.source(self._names.name(step), file) for file in record.item_files(item)]
+        except FileNotFoundError as error:
+            raise CheckpointError(
+                f"step {step} lists the file {os.path.basename(str(error.filename))!r} of item {item!r}, which is missing",
+                file=self._url(step),
+            ) from None
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 
