@@ -132,6 +132,10 @@ class LocalFile(_ReadSourceBase):
                 raise self._truncated(offset, len(buffer), done)
             done += count
 
+    def fileno(self) -> int:
+        """The open file descriptor, for positional reads."""
+        return self._descriptor
+
     def close(self) -> None:
         os.close(self._descriptor)
 

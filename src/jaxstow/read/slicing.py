@@ -21,6 +21,7 @@ array([[ 8,  9],
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from jaxstow.errors import SliceError
 from jaxstow.format.reading import aligned_empty
 from jaxstow.format.shards import Box
-from jaxstow.storage import ReadSource
+from jaxstow.storage import LocalFile, ReadSource
 
 __all__ = ["Box", "box_nbytes", "full_box", "parse_index", "read_box"]
 
@@ -118,9 +119,21 @@ def read_box(source: ReadSource, offset: int, dtype: np.dtype, shape: tuple[int,
         rows = read_box(source, offset, dtype, shape, ((box[0]), *full_box(shape[1:])))
         out.view(dtype).reshape(extent)[...] = rows[(slice(None), *(slice(a, b) for a, b in box[1:]))]
         return out.view(dtype).reshape(extent)
-    data = out.data
-    for position, leading in enumerate(np.ndindex(*extent[:last])):
-        start = offset + box[last][0] * strides[last]
-        start += sum((box[axis][0] + i) * strides[axis] for axis, i in enumerate(leading))
-        source.read_into(start, data[position * run_bytes : (position + 1) * run_bytes])
+    leading = np.indices(extent[:last]).reshape(last, -1)
+    starts = (
+        offset
+        + box[last][0] * strides[last]
+        + sum((box[axis][0] + leading[axis]) * strides[axis] for axis in range(last))
+    )
+    _read_runs(source, starts.tolist(), run_bytes, out.data)
     return out.view(dtype).reshape(extent)
+
+
+def _read_runs(source: ReadSource, starts: list[int], run_bytes: int, data: memoryview) -> None:
+    """Read ``run_bytes`` at each of ``starts`` into consecutive parts of ``data``; one system call each on a local
+    file."""
+    descriptor = source.fileno() if isinstance(source, LocalFile) else None
+    for position, start in enumerate(starts):
+        part = data[position * run_bytes : (position + 1) * run_bytes]
+        if descriptor is None or os.preadv(descriptor, [part], start) != run_bytes:
+            source.read_into(start, part)
