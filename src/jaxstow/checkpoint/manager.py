@@ -115,7 +115,6 @@ class CheckpointManager:
         self._records: dict[int, StepRecord] = {}
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
-        self._saves = 0
 
     @property
     def directory(self) -> str:
@@ -171,9 +170,10 @@ class CheckpointManager:
             name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
             for name, tree in named.items()
         }
-        self._saves += 1
         write = self._write_shared if self._processes.many else self._write
         job = functools.partial(write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        if self._processes.many:
+            job = functools.partial(job, key=self._processes.next_save())
         self._writer.submit(job, what=f"saving step {step} to {self.directory}")
 
     def delete(self, step: int) -> None:
@@ -236,13 +236,15 @@ class CheckpointManager:
         metrics: Metrics | None,
         metadata: dict[str, Any] | None,
         replace: bool,
+        *,
+        key: str,
     ) -> None:
         """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
         progress = Progress(f"step {step} of {self.directory}", total=0, bar=self._progress)
         record = save_shared(
             self._processes,
             self._store,
-            key=f"save{self._saves}",
+            key=key,
             step=step,
             folder=self._names.name(step),
             items=frozen,

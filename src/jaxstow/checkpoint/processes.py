@@ -13,6 +13,7 @@ In a single process there is nothing to exchange.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from typing import Any
 
 import jax
@@ -20,6 +21,10 @@ import jax
 from jaxstow.errors import CheckpointError
 
 __all__ = ["Processes"]
+
+# Saves made so far to each folder by this process, across managers: every process makes the same saves in the same
+# order, so the n-th save has the same name everywhere without a message.
+_saves: dict[str, itertools.count[int]] = {}
 
 
 class Processes:
@@ -39,6 +44,10 @@ class Processes:
                 raise CheckpointError(
                     f"jax sees {self.count} processes but no jax.distributed client: call jax.distributed.initialize()"
                 )
+
+    def next_save(self) -> str:
+        """A name for the next save to this folder, the same in every process, never used before in this run."""
+        return f"save{next(_saves.setdefault(self._prefix, itertools.count(1)))}"
 
     @property
     def many(self) -> bool:

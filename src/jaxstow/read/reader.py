@@ -299,18 +299,37 @@ class Reader(Mapping[str, Any]):
             if overlap is None:
                 continue
             inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(overlap, shard.box, strict=True))
-            part = self._read_shard(leaf, shard, inner)
-            out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(overlap, box, strict=True))] = part
+            region = out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(overlap, box, strict=True))]
+            if region.flags.c_contiguous:  # read straight into place (row blocks are)
+                self._read_shard(leaf, shard, inner, into=region)
+            else:
+                region[...] = self._read_shard(leaf, shard, inner)
         return out
 
-    def _read_shard(self, leaf: ShardedLeaf, shard: StoredShard, inner: Box) -> np.ndarray:
+    def _read_shard(
+        self, leaf: ShardedLeaf, shard: StoredShard, inner: Box, into: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given); a whole
+        shard is verified against its checksum."""
         container = self.containers[shard.source]
-        if inner == full_box(shard.shape) or not isinstance(container, NativeReader):
+        whole = inner == full_box(shard.shape)
+        if not isinstance(container, NativeReader):
             raw = container.read([shard.tensor], lambda _, data: self._verify(leaf.path, data, shard.checksum))
-            whole = raw[shard.tensor].reshape(-1).view(np.uint8).view(leaf.dtype).reshape(shard.shape)
-            return whole[tuple(slice(start, stop) for start, stop in inner)]
+            part = (
+                raw[shard.tensor]
+                .reshape(-1)
+                .view(np.uint8)
+                .view(leaf.dtype)
+                .reshape(shard.shape)[tuple(slice(start, stop) for start, stop in inner)]
+            )
+            if into is not None:
+                into[...] = part
+            return part
         slot = container.slots[shard.tensor]
-        return read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner)
+        part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
+        if whole:
+            self._verify(leaf.path, part.reshape(-1).view(np.uint8).data, shard.checksum)
+        return part
 
     def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
         """Whole stored leaves, verified: arrays as numpy, numpy scalars, PRNG keys and torch tensors as themselves."""

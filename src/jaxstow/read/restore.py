@@ -18,6 +18,7 @@ or nothing: any problem raises before a tree is returned.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -38,6 +39,7 @@ from jaxstow.tree import flatten_with_paths
 __all__ = ["restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
+_TOGETHER = 1.05  # the boxes of a process's devices are read as one when their bounding box is at most this much more
 
 
 class _Skipped:
@@ -227,22 +229,44 @@ def _read_by_ranges(reader: Reader, paths: Sequence[str], placements: dict[int, 
 
 
 def _from_ranges(reader: Reader, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
-    """A sharded leaf laid out on ``placement``, each device's box read from the shards that overlap it."""
+    """A sharded leaf laid out on ``placement``: the boxes of this process's devices read from the shards that
+    overlap them, together when their bounding box holds little else (then whole shards are read, and verified)."""
     leaf = reader.stored[path]
+    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
+    bound: Box = tuple(
+        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes)) for axis in range(len(leaf.shape))
+    )
+    together = _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
+    whole = _cast(reader.read_box(path, bound), dtype) if together else None
     parts: dict[Box, np.ndarray] = {}
 
     def part(index: tuple[slice, ...] | None) -> np.ndarray:
-        slices = index or tuple(slice(None) for _ in leaf.shape)
-        box: Box = tuple(
-            (start, stop)
-            for start, stop, _ in (axis.indices(size) for axis, size in zip(slices, leaf.shape, strict=True))
-        )
+        box = _box(index, leaf.shape)
         if box not in parts:  # replicas of a box are read once
-            data = reader.read_box(path, box)
-            parts[box] = data if dtype is None or data.dtype == dtype else data.astype(dtype)
+            if whole is not None:
+                parts[box] = whole[
+                    tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
+                ]
+            else:
+                parts[box] = _cast(reader.read_box(path, box), dtype)
         return parts[box]
 
     return jax.make_array_from_callback(leaf.shape, placement, part)
+
+
+def _box(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Box:
+    slices = index or tuple(slice(None) for _ in shape)
+    return tuple(
+        (start, stop) for start, stop, _ in (axis.indices(size) for axis, size in zip(slices, shape, strict=True))
+    )
+
+
+def _volume(box: Box) -> int:
+    return math.prod(stop - start for start, stop in box)
+
+
+def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
 
 
 def _output(reader: Reader, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:

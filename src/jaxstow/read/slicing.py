@@ -97,13 +97,22 @@ def parse_index(
     return tuple(box), tuple(rest)
 
 
-def read_box(source: ReadSource, offset: int, dtype: np.dtype, shape: tuple[int, ...], box: Box) -> np.ndarray:
+def read_box(
+    source: ReadSource,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Box,
+    *,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
     """The elements of ``box`` of the row-major array of ``dtype`` and ``shape`` stored at ``offset``.
 
-    The result is a new 64-byte-aligned array of the box's shape.
+    The result is ``into`` (a C-contiguous array of the box's shape and ``dtype``) filled, or a new 64-byte-aligned
+    array.
     """
     extent = tuple(stop - start for start, stop in box)
-    out = aligned_empty(math.prod(extent) * dtype.itemsize)
+    out = aligned_empty(math.prod(extent) * dtype.itemsize) if into is None else into.reshape(-1).view(np.uint8)
     if out.size == 0:
         return out.view(dtype).reshape(extent)
     strides = [math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape))]
@@ -116,7 +125,7 @@ def read_box(source: ReadSource, offset: int, dtype: np.dtype, shape: tuple[int,
     runs = math.prod(extent[:last])
     rows_bytes = extent[0] * strides[0]
     if rows_bytes <= _OVER_READ * out.nbytes or (runs > _MANY_RUNS and run_bytes < _SMALL_RUN):
-        rows = read_box(source, offset, dtype, shape, ((box[0]), *full_box(shape[1:])))
+        rows = read_box(source, offset, dtype, shape, (box[0], *full_box(shape[1:])))
         out.view(dtype).reshape(extent)[...] = rows[(slice(None), *(slice(a, b) for a, b in box[1:]))]
         return out.view(dtype).reshape(extent)
     leading = np.indices(extent[:last]).reshape(last, -1)
