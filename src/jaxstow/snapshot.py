@@ -33,6 +33,7 @@ from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
+from jaxstow.progress import Bar, counted
 from jaxstow.storage import atomic_write
 from jaxstow.structure import encode_treedef
 from jaxstow.tree import flatten_with_paths
@@ -69,10 +70,11 @@ class Snapshot:
         return [leaf.array for leaf in self.leaves if leaf.array is not None]
 
     @with_gc_paused
-    def write(self, path_or_file: PathOrFile) -> None:
+    def write(self, path_or_file: PathOrFile, *, bar: Bar | None = None) -> None:
         """Write the file, checksums included; a path is written atomically, a file object as it is.
 
-        Large trees are checksummed on other threads while their bytes are being written.
+        Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
+        on ``bar``, a :class:`~jaxstow.progress.Bar`, when one is given.
         """
         stored = self._stored()
         tensors = [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None]
@@ -80,9 +82,9 @@ class Snapshot:
         with _checksums(stored) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
-                    write_container(sink, kind, tensors, self.manifest, complete)
+                    write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
             else:
-                write_container(path_or_file, kind, tensors, self.manifest, complete)
+                write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
                 path_or_file.flush()
 
 
@@ -110,6 +112,10 @@ def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = 
         "metadata": metadata,
     }
     return Snapshot(encoded, manifest)
+
+
+def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
+    return sink if bar is None else counted(sink, bar)
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:

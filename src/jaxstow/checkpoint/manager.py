@@ -34,8 +34,9 @@ from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.policy import KeepPolicy
 from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_metadata, check_metrics
 from jaxstow.checkpoint.store import Store, open_store
-from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
+from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze
 from jaxstow.errors import CheckpointError
+from jaxstow.progress import require_progress_bar
 from jaxstow.serialization import load
 
 __all__ = ["CheckpointManager"]
