@@ -21,6 +21,7 @@ __all__ = [
     "CorruptFileError",
     "FormatError",
     "JaxstowError",
+    "PathError",
     "SampleCountError",
     "StructureMismatchError",
     "TruncatedFileError",
@@ -53,6 +54,16 @@ class FormatError(JaxstowError, ValueError):
     def __init__(self, problem: str, *, file: str | None = None, path: str | None = None) -> None:
         where = _where(file, path)
         super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
+
+
+class PathError(JaxstowError, OSError):
+    """A path cannot be used as asked: a folder where a file is expected, a missing file or folder."""
+
+    def __init__(self, problem: str, *, file: str) -> None:
+        super().__init__(f"{file}: {problem}", file=file)
+
+    def __str__(self) -> str:  # OSError would format its arguments otherwise
+        return str(self.args[0])
 
 
 class CorruptFileError(FormatError):

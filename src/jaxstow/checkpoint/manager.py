@@ -18,6 +18,7 @@ A directory (local path or fsspec URL) holds one folder per committed step::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -219,7 +220,7 @@ class CheckpointManager:
                 with staging.open(name + _EXTENSION) as (stored, sink):
                     snapshot.write(progress.sink(sink))
                 files[name] = stored
-            record = StepRecord(step, files, single, metrics, metadata)
+            record = StepRecord(step, files, single, metrics, metadata, keep_policy=dataclasses.asdict(self._policy))
             staging.commit(record.to_json())
         except BaseException:
             staging.abort()

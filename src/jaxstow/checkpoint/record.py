@@ -77,6 +77,7 @@ class StepRecord:
     metrics: Metrics | None = None
     metadata: dict[str, Any] | None = None
     time: float = field(default_factory=time.time)
+    keep_policy: dict[str, Any] | None = None  # the writer's keep rules, for `jaxstow ls`
 
     def metric(self, name: str) -> float | None:
         return None if self.metrics is None else self.metrics.get(name)
@@ -89,6 +90,7 @@ class StepRecord:
             "single": self.single,
             "metrics": self.metrics,
             "metadata": self.metadata,
+            "keep_policy": self.keep_policy,
             "library": f"jaxstow {jaxstow.__version__}",
             "record_version": _RECORD_VERSION,
             "format_version": FORMAT_VERSION,
@@ -109,7 +111,7 @@ class StepRecord:
                 file=where,
             )
         step, files, single = record.get("step"), record.get("files"), record.get("single")
-        metrics, metadata = record.get("metrics"), record.get("metadata")
+        metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
         valid = (
             type(step) is int
             and isinstance(files, dict)
@@ -118,8 +120,9 @@ class StepRecord:
             and (not single or len(files) == 1)
             and (metrics is None or isinstance(metrics, dict))
             and (metadata is None or isinstance(metadata, dict))
+            and (keep_policy is None or isinstance(keep_policy, dict))
             and isinstance(record.get("time"), numbers.Real)
         )
         if not valid:
             raise FormatError("the step record lacks a field or has one of the wrong type", file=where)
-        return cls(step, files, single, metrics, metadata, float(record["time"]))
+        return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy)
