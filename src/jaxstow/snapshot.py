@@ -19,7 +19,6 @@ included, can then run on a background thread.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,11 +27,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, MetadataError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
+from jaxstow.jsonable import json_problem
 from jaxstow.progress import Bar, counted
 from jaxstow.storage import atomic_write
 from jaxstow.structure import encode_treedef
@@ -95,10 +95,11 @@ def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = 
     ``file`` names the destination in error messages.
     """
     if metadata is not None:
-        try:
-            json.dumps(metadata, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"metadata for {file or 'the file'} must be a JSON-able dict: {error}") from None
+        problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+        if problem is not None:
+            raise MetadataError(
+                f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
+            )
     paths, leaves, treedef = flatten_with_paths(tree)
     _check_unique(paths, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]

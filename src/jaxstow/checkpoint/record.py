@@ -14,11 +14,12 @@ import numbers
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import jaxstow
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, MetadataError
 from jaxstow.format.container import FORMAT_VERSION
+from jaxstow.jsonable import json_problem
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_metadata", "check_metrics"]
 
@@ -53,13 +54,10 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     """``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise."""
     if metadata is None:
         return None
-    try:
-        if not isinstance(metadata, dict):
-            raise TypeError(f"a dict, not {type(metadata).__name__}")
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"metadata of step {step} must be a JSON-able dict: {error}") from None
-    return metadata
+    problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+    if problem is not None:
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
+    return cast(dict[str, Any], metadata)
 
 
 def _is_plain_name(name: object) -> bool:
