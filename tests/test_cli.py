@@ -298,3 +298,26 @@ def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
     text = drawn.decode()
     assert "┃" in text or "│" in text  # rich's box drawing
     assert "layers/0/weight" in text
+
+
+def test_ls_and_verify_a_folder_on_s3(s3_server):
+    url = s3_server.url("cli-run")
+    with CheckpointManager(url, keep_last=2, storage_options=s3_server.storage_options) as manager:
+        for step in range(3):
+            manager.save(step, {"w": jnp.full(64, step, jnp.float32)}, metrics={"loss": 1.0 / (step + 1)})
+    env = {**os.environ, "FSSPEC_S3": json.dumps(s3_server.storage_options)}  # fsspec's own configuration
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jaxstow", *args], capture_output=True, text=True, env=env, timeout=300
+        )
+
+    listed = command("ls", url)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:-1]] == ["1", "2"]
+    verified = command("verify", url)
+    assert verified.returncode == 0, verified.stderr
+    assert f"ok       {url}/2/w.safetensors: 1 checksum, 256 B read" in verified.stdout
+    inspected = command("inspect", f"{url}/2/w.safetensors")
+    assert "(root)  float32  (64,)  256 B" in inspected.stdout, inspected.stderr
+    assert "loss" not in inspected.stdout  # metrics live in the step record, not in the file

@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     for report in reports:
         if not report.damage:
             note = "" if report.checksums else " (no checksums: not written by jaxstow)"
-            print(f"ok       {report.file}: {report.checksums} checksums, {format_bytes(report.nbytes)} read{note}")
+            checksums = f"{report.checksums} checksum{'s' if report.checksums != 1 else ''}"
+            print(f"ok       {report.file}: {checksums}, {format_bytes(report.nbytes)} read{note}")
         for item in report.damage:
             print(f"DAMAGED  {item}")
     files = f"{len(reports)} file{'s' if len(reports) != 1 else ''}"
