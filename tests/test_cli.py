@@ -187,7 +187,8 @@ def test_convert_npz_safetensors_and_a_torch_state_dict_to_jaxstow(tmp_path):
     from safetensors.numpy import save_file
 
     np.savez(tmp_path / "a.npz", w=np.arange(4.0), b=np.ones(2, np.int32))
-    jaxstow_command("convert", tmp_path / "a.npz", tmp_path / "a.jxs", check=0)
+    done = jaxstow_command("convert", tmp_path / "a.npz", tmp_path / "a.jxs", "--progress", check=0)
+    assert f"saving {tmp_path / 'a.jxs'}" in done.stderr  # the progress bar
     restored = jaxstow.load(tmp_path / "a.jxs", as_numpy=True)
     np.testing.assert_array_equal(restored["w"], np.arange(4.0))
     assert restored["b"].dtype == np.int32
@@ -254,6 +255,16 @@ def test_convert_jaxstow_to_plain_safetensors_and_npz(tmp_path, model_file):
     done = jaxstow_command("convert", tmp_path / "bf16.jxs", tmp_path / "bf16.npz", check=2)
     assert f"leaf 'x' of {tmp_path / 'bf16.npz'}: bfloat16 has no npz dtype" in done.stderr
     assert not (tmp_path / "bf16.npz").exists()
+
+
+def test_convert_points_from_a_checkpoint_folder_to_its_files(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(4, {"params": {"w": jnp.ones(2)}})
+    done = jaxstow_command("convert", tmp_path / "run", tmp_path / "out.jxs", check=2)
+    assert (
+        f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {tmp_path}/run/4/params"
+        in done.stderr
+    )
 
 
 def test_convert_jaxstow_between_containers_keeps_the_whole_tree(tmp_path, model_file):

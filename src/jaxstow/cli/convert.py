@@ -28,7 +28,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow.cli.files import describe, is_folder, open_file, open_source_at, read_arrays
+from jaxstow.checkpoint.record import RECORD_NAME
+from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.format.container import Container, Kind, write_container
 from jaxstow.format.dtypes import safetensors_code
@@ -130,8 +131,14 @@ def _to_numpy(tree: Any) -> Any:
 
 def _read_orbax(src: str) -> Any:
     path = local_path(src)
-    if path is not None and os.path.exists(os.path.join(path, "checkpoint.json")):
+    if path is not None and os.path.exists(os.path.join(path, RECORD_NAME)):
         raise JaxstowError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
+    steps = checkpoint_steps(src)
+    if steps:
+        example = steps[-1].url(sorted(steps[-1].record.files.values())[0])
+        raise JaxstowError(
+            f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
+        )
     try:
         import orbax.checkpoint as ocp
     except ImportError as error:
