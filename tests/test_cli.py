@@ -261,10 +261,12 @@ def test_convert_points_from_a_checkpoint_folder_to_its_files(tmp_path):
     with CheckpointManager(tmp_path / "run") as manager:
         manager.save(4, {"params": {"w": jnp.ones(2)}})
     done = jaxstow_command("convert", tmp_path / "run", tmp_path / "out.jxs", check=2)
-    assert (
-        f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {tmp_path}/run/4/params"
-        in done.stderr
-    )
+    message = f"{tmp_path / 'run'}: is a jaxstow checkpoint folder: convert one of its item files instead, such as "
+    assert message + f"{tmp_path}/run/4/params.safetensors" in done.stderr
+    (tmp_path / "empty").mkdir()
+    for command in ("ls", "verify"):
+        done = jaxstow_command(command, tmp_path / "empty", check=2)
+        assert f"{tmp_path / 'empty'}: holds no committed checkpoint step" in done.stderr
 
 
 def test_convert_jaxstow_between_containers_keeps_the_whole_tree(tmp_path, model_file):

@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxstow.checkpoint.record import RECORD_NAME
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
-from jaxstow.errors import FormatError, JaxstowError
+from jaxstow.errors import FormatError, PathError
 from jaxstow.format.container import Container, Kind, write_container
 from jaxstow.format.dtypes import safetensors_code
 from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
@@ -132,11 +132,11 @@ def _to_numpy(tree: Any) -> Any:
 def _read_orbax(src: str) -> Any:
     path = local_path(src)
     if path is not None and os.path.exists(os.path.join(path, RECORD_NAME)):
-        raise JaxstowError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
+        raise PathError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
     steps = checkpoint_steps(src)
     if steps:
         example = steps[-1].url(sorted(steps[-1].record.files.values())[0])
-        raise JaxstowError(
+        raise PathError(
             f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
         )
     try:

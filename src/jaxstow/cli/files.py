@@ -25,7 +25,7 @@ import numpy as np
 from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.record import RECORD_NAME, StepRecord
 from jaxstow.checkpoint.store import Store, open_store
-from jaxstow.errors import CorruptFileError, JaxstowError, PathError
+from jaxstow.errors import CorruptFileError, FormatError, PathError
 from jaxstow.format.checksum import checksum_bytes
 from jaxstow.format.container import Container, open_container
 from jaxstow.format.dtypes import name_of_dtype
@@ -226,6 +226,6 @@ def checkpoint_steps(folder: str) -> list[Step]:
         where = store.url(name, RECORD_NAME)
         record = StepRecord.from_json(store.read_marker(name), where=where)
         if record.step != step:
-            raise JaxstowError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+            raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
         steps.append(Step(record, store, name))
     return steps

@@ -26,7 +26,7 @@ from typing import Any
 from jaxstow.checkpoint.policy import KeepPolicy
 from jaxstow.cli.files import Step, checkpoint_steps
 from jaxstow.cli.output import Table, print_json
-from jaxstow.errors import JaxstowError
+from jaxstow.errors import PathError
 from jaxstow.progress import format_bytes
 
 __all__ = ["add", "keep_policy", "run"]
@@ -47,7 +47,7 @@ def add(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     steps = checkpoint_steps(args.folder)
     if not steps:
-        raise JaxstowError("holds no committed checkpoint step", file=args.folder)
+        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.folder)
     policy = keep_policy(steps[-1])
     metric = None if policy is None else policy.metric
     reasons = (

@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
-from jaxstow.errors import FormatError, JaxstowError
+from jaxstow.errors import FormatError, PathError
 from jaxstow.progress import bar, format_bytes
 from jaxstow.storage import ReadSource
 
@@ -55,9 +55,7 @@ def run(args: argparse.Namespace) -> int:
     if is_folder(args.target):
         steps = checkpoint_steps(args.target)
         if not steps:
-            raise JaxstowError(
-                "holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.target
-            )
+            raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.target)
         reports = [
             verify_file(step.source(item), step.url(step.record.files[item]), progress=args.progress)
             for step in steps
