@@ -134,3 +134,16 @@ def test_a_module_from_an_installed_package_in_a_fresh_process(tmp_path):
     assert (
         "tinymodels, which is installed but not imported in this process: import tinymodels first" in forgotten.stderr
     )
+
+
+def test_a_file_can_rebuild_only_flax_graph_records():
+    from jaxstow.errors import FormatError
+    from jaxstow.structure import decode_value
+
+    with pytest.raises(FormatError, match=r"'os\.system' is not an object jaxstow rebuilds from its fields"):
+        decode_value({"object": "os.system", "fields": [["command", "echo never run"]]}, file="evil.jxs")
+    fields = [["type", {"nodetype": "subprocess.Popen"}], ["index", 0], ["outer_index", None]]
+    with pytest.raises(FormatError, match=r"'subprocess\.Popen' is not a flax nnx node or variable type"):
+        decode_value({"object": "flax.nnx.graphlib.NodeDef", "fields": fields}, file="evil.jxs")
+    with pytest.raises(FormatError, match=r"cannot rebuild flax\.nnx\.graphlib\.NodeRef from its fields"):
+        decode_value({"object": "flax.nnx.graphlib.NodeRef", "fields": [["shell", "rm -rf /"]]}, file="evil.jxs")
