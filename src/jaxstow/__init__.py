@@ -44,6 +44,10 @@ _LAZY = {
 }
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'jaxstow' has no attribute {name!r}")

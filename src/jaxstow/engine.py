@@ -20,22 +20,22 @@ thread, which hands any error back to the caller at the next :meth:`~BackgroundW
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import jax
 import numpy as np
 
 from jaxstow.errors import CheckpointError
 from jaxstow.format.leaves import is_sharded
+from jaxstow.progress import Bar, counted, format_bytes
 from jaxstow.snapshot import Snapshot, snapshot
 
-__all__ = ["BackgroundWriter", "Frozen", "Progress", "format_bytes", "freeze", "require_progress_bar"]
+__all__ = ["BackgroundWriter", "Frozen", "Progress", "freeze"]
 
 logger = logging.getLogger(__name__)
 
@@ -177,26 +177,6 @@ def _logged(job: Callable[[], None], what: str) -> None:
         raise
 
 
-def require_progress_bar() -> None:
-    """Raise a clear :class:`ImportError` when the optional ``tqdm`` package, which draws progress bars, is missing."""
-    if importlib.util.find_spec("tqdm") is None:
-        raise ImportError("a progress bar needs the optional tqdm package: pip install 'jaxstow[progress]'")
-
-
-def format_bytes(count: float) -> str:
-    """A byte count for people.
-
-    >>> from jaxstow.engine import format_bytes
-    >>> format_bytes(512), format_bytes(1_113_731_072)
-    ('512 B', '1.11 GB')
-    """
-    for unit in ("B", "kB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
-
-
 class Progress:
     """Progress of one job that writes ``total`` bytes of arrays (plus headers): logged, and drawn as a bar if ``bar``.
 
@@ -213,58 +193,23 @@ class Progress:
 
     def __init__(self, what: str, *, total: int, bar: bool = False) -> None:
         self.what = what
-        self.total = total
-        self.written = 0
         self._start = time.perf_counter()
-        self._bar: Any = None
-        if bar:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, unit="B", unit_scale=True, desc=what, leave=False)
+        self._bar = Bar(total, what, enabled=bar)
         logger.info("%s: saving %s of arrays", what, format_bytes(total))
+
+    @property
+    def written(self) -> int:
+        """Bytes written so far."""
+        return self._bar.done
 
     def sink(self, file: BinaryIO) -> BinaryIO:
         """``file``, with every write counted."""
-        return cast(BinaryIO, _CountingSink(file, self))
-
-    def advance(self, count: int) -> None:
-        self.written += count
-        if self._bar is not None:
-            self._bar.update(count)
+        return counted(file, self._bar)
 
     def finish(self) -> float:
         """Log the end of the job; returns its duration in seconds."""
         seconds = time.perf_counter() - self._start
-        if self._bar is not None:
-            self._bar.total = self.written  # the files' headers come on top of the arrays' bytes
-            self._bar.close()
+        self._bar.close()
         rate = format_bytes(self.written / seconds) if seconds > 0 else "-"
         logger.info("%s: done, %s written in %.2f s (%s/s)", self.what, format_bytes(self.written), seconds, rate)
         return seconds
-
-
-class _CountingSink:
-    """A write-only file that passes every write on and counts it."""
-
-    def __init__(self, file: BinaryIO, progress: Progress) -> None:
-        self._file = file
-        self._progress = progress
-        self.name = getattr(file, "name", "")
-
-    def write(self, data: Any) -> int:
-        written = self._file.write(data)
-        count = memoryview(data).nbytes if written is None else written
-        self._progress.advance(count)
-        return count
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def seekable(self) -> bool:
-        return bool(getattr(self._file, "seekable", lambda: False)())
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()

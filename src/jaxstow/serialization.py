@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jaxstow.gcpause import with_gc_paused
+from jaxstow.progress import bar as progress_bar
 from jaxstow.read.placement import ShardingSpec
 from jaxstow.read.reader import open
 from jaxstow.snapshot import PathOrFile, display_name, snapshot
@@ -26,12 +27,15 @@ from jaxstow.storage import ReadSource
 __all__ = ["load", "load_metadata", "save"]
 
 
-def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None) -> None:
+def save(
+    path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool = False
+) -> None:
     """Save a pytree, with its structure, to a file name or a binary file object.
 
     A name ending in ``.npz`` gets an npz archive; any other name gets the native format, a safetensors file with the
     jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a file object is written as is.
-    ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`).
+    ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`). ``progress=True``
+    draws a progress bar of the bytes written, their rate and the time left (needs ``tqdm``).
 
     >>> import jax.numpy as jnp, jaxstow, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "weights.npz")
@@ -39,7 +43,10 @@ def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
-    snapshot(tree, metadata=metadata, file=display_name(path_or_file)).write(path_or_file)
+    name = display_name(path_or_file)
+    frozen = snapshot(tree, metadata=metadata, file=name)
+    with progress_bar(frozen.nbytes, f"saving {name}", enabled=progress) as bar:
+        frozen.write(path_or_file, bar=bar)
 
 
 @with_gc_paused

@@ -30,11 +30,13 @@ from typing import Any, BinaryIO
 import jax
 import numpy as np
 
-from jaxstow.errors import FormatError, ShardingError
+from jaxstow.errors import FormatError, MetadataError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
+from jaxstow.jsonable import json_problem
+from jaxstow.progress import Bar, counted
 from jaxstow.storage import atomic_write
 from jaxstow.structure import encode_treedef
 from jaxstow.tree import flatten_with_paths
@@ -69,10 +71,11 @@ class Snapshot:
         return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
     @with_gc_paused
-    def write(self, path_or_file: PathOrFile) -> None:
+    def write(self, path_or_file: PathOrFile, *, bar: Bar | None = None) -> None:
         """Write the file, checksums included; a path is written atomically, a file object as it is.
 
-        Large trees are checksummed on other threads while their bytes are being written.
+        Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
+        on ``bar``, a :class:`~jaxstow.progress.Bar`, when one is given.
         """
         pieces = self._tensors()
         tensors = [(name, array) for name, array, _ in pieces]
@@ -80,9 +83,9 @@ class Snapshot:
         with _checksums(pieces) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
-                    write_container(sink, kind, tensors, self.manifest, complete)
+                    write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
             else:
-                write_container(path_or_file, kind, tensors, self.manifest, complete)
+                write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
                 path_or_file.flush()
 
 
@@ -102,10 +105,11 @@ def snapshot(
     processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
-        try:
-            json.dumps(metadata, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"metadata for {file or 'the file'} must be a JSON-able dict: {error}") from None
+        problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+        if problem is not None:
+            raise MetadataError(
+                f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
+            )
     paths, leaves, treedef = flatten_with_paths(tree)
     _check_unique(paths, file=file)
     if part is None:
@@ -157,6 +161,10 @@ def _digest(structure: Any, entries: list[dict[str, Any]]) -> str:
     """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
     summary = [structure, [[entry["path"], entry["kind"], entry.get("dtype"), entry.get("shape")] for entry in entries]]
     return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
+    return sink if bar is None else counted(sink, bar)
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:

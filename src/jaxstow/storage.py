@@ -22,7 +22,7 @@ import secrets
 from collections.abc import Iterator
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from jaxstow.errors import TruncatedFileError
+from jaxstow.errors import PathError, TruncatedFileError
 
 __all__ = ["TEMPORARY_MARKER", "ReadSource", "atomic_write", "fsync_directory", "open_source", "temporary_sibling"]
 
@@ -51,6 +51,11 @@ def fsync_directory(folder: str) -> None:
 def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder."""
     final = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(final))
+    if not os.path.isdir(folder):
+        raise PathError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
+    if os.path.isdir(final):
+        raise PathError("cannot write it: it is a folder", file=final)
     temporary = temporary_sibling(final)
     sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
     try:
@@ -174,5 +179,25 @@ def open_source(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> ReadS
     if isinstance(target, ReadSource):
         return target
     if isinstance(target, str | os.PathLike):
-        return LocalFile(os.fspath(target))
+        path = os.fspath(target)
+        if os.path.isdir(path):
+            raise PathError(_folder_problem(path), file=path)
+        return LocalFile(path)
     return FileObject(target)
+
+
+def _folder_problem(path: str) -> str:
+    """Why a folder cannot be loaded as a file, and what opens it if it is a checkpoint folder."""
+    from jaxstow.checkpoint.record import RECORD_NAME
+
+    if os.path.isfile(os.path.join(path, RECORD_NAME)):
+        parent, step = os.path.split(os.path.abspath(path))
+        return (
+            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
+            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
+        )
+    with os.scandir(path) as entries:
+        steps = any(entry.is_dir() and os.path.isfile(os.path.join(entry.path, RECORD_NAME)) for entry in entries)
+    if steps:
+        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
+    return "is a folder, not a file"

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from jaxstow import registry
+from jaxstow import registry, static_objects
 from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
 
@@ -71,9 +71,14 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     if isinstance(obj, PyTreeDef):
         return {"treedef": encode_treedef(obj, path=path, file=file)}
     name = registry.name_of(obj)
-    if name is None:
+    if name is not None:
+        return {"ref": name}
+    rebuildable = static_objects.encode(
+        obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
+    )
+    if rebuildable is None:
         raise UnsaveableObjectError(obj, file=file, path=path)
-    return {"ref": name}
+    return rebuildable
 
 
 def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
@@ -128,6 +133,9 @@ def _decode_value(data: JSON, *, path: str, file: str | None) -> Any:
             return decode_treedef(data[tag], path=path, file=file)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
+        if tag == "object":
+            fields = lambda value, field: decode_value(value, path=f"{path}/{field}", file=file)  # noqa: E731
+            return static_objects.decode(data, fields, file=file, path=path)
     raise FormatError(f"unreadable value {data!r} in the structure", file=file, path=path)
 
 

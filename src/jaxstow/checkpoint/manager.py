@@ -18,6 +18,7 @@ A directory (local path or fsspec URL) holds one folder per committed step::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -36,8 +37,9 @@ from jaxstow.checkpoint.record import RECORD_NAME, Metrics, StepRecord, check_me
 from jaxstow.checkpoint.restoring import restore_items
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.store import Store, open_store
-from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
+from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze
 from jaxstow.errors import CheckpointError
+from jaxstow.progress import require_progress_bar
 from jaxstow.read.placement import ShardingSpec
 from jaxstow.read.reader import open_parts
 from jaxstow.storage import ReadSource
@@ -219,7 +221,7 @@ class CheckpointManager:
                 with staging.open(name + _EXTENSION) as (stored, sink):
                     snapshot.write(progress.sink(sink))
                 files[name] = stored
-            record = StepRecord(step, files, single, metrics, metadata)
+            record = StepRecord(step, files, single, metrics, metadata, keep_policy=dataclasses.asdict(self._policy))
             staging.commit(record.to_json())
         except BaseException:
             staging.abort()
@@ -254,6 +256,7 @@ class CheckpointManager:
             metadata=metadata,
             replace=replace,
             progress=progress,
+            keep_policy=dataclasses.asdict(self._policy),
         )
         progress.finish()
         if record is not None:

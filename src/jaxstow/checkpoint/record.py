@@ -14,11 +14,12 @@ import numbers
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import jaxstow
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, MetadataError
 from jaxstow.format.container import FORMAT_VERSION
+from jaxstow.jsonable import json_problem
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_metadata", "check_metrics"]
 
@@ -53,13 +54,10 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     """``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise."""
     if metadata is None:
         return None
-    try:
-        if not isinstance(metadata, dict):
-            raise TypeError(f"a dict, not {type(metadata).__name__}")
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"metadata of step {step} must be a JSON-able dict: {error}") from None
-    return metadata
+    problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+    if problem is not None:
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
+    return cast(dict[str, Any], metadata)
 
 
 def _is_plain_name(name: object) -> bool:
@@ -81,6 +79,7 @@ class StepRecord:
     metrics: Metrics | None = None
     metadata: dict[str, Any] | None = None
     time: float = field(default_factory=time.time)
+    keep_policy: dict[str, Any] | None = None  # the writer's keep rules, for `jaxstow ls`
     parts: dict[str, list[str]] = field(default_factory=dict)
 
     def item_files(self, item: str) -> list[str]:
@@ -98,6 +97,7 @@ class StepRecord:
             "single": self.single,
             "metrics": self.metrics,
             "metadata": self.metadata,
+            "keep_policy": self.keep_policy,
             **({"parts": self.parts} if self.parts else {}),
             "library": f"jaxstow {jaxstow.__version__}",
             "record_version": _RECORD_VERSION,
@@ -119,7 +119,8 @@ class StepRecord:
                 file=where,
             )
         step, files, single = record.get("step"), record.get("files"), record.get("single")
-        metrics, metadata, parts = record.get("metrics"), record.get("metadata"), record.get("parts", {})
+        metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
+        parts = record.get("parts", {})
         valid = (
             type(step) is int
             and isinstance(files, dict)
@@ -128,6 +129,7 @@ class StepRecord:
             and (not single or len(files) == 1)
             and (metrics is None or isinstance(metrics, dict))
             and (metadata is None or isinstance(metadata, dict))
+            and (keep_policy is None or isinstance(keep_policy, dict))
             and isinstance(record.get("time"), numbers.Real)
             and isinstance(parts, dict)
             and all(
@@ -137,4 +139,4 @@ class StepRecord:
         )
         if not valid:
             raise FormatError("the step record lacks a field or has one of the wrong type", file=where)
-        return cls(step, files, single, metrics, metadata, float(record["time"]), parts)
+        return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy, parts)

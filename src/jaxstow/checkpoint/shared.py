@@ -43,6 +43,7 @@ def save_shared(
     metadata: dict[str, Any] | None,
     replace: bool,
     progress: Progress,
+    keep_policy: dict[str, Any] | None = None,
 ) -> StepRecord | None:
     """Write this process's files of ``step`` and take part in its commit; process 0 returns the committed record.
 
@@ -77,7 +78,7 @@ def save_shared(
         _check_agreement(summaries, step=step, where=where)
         files = summary["files"]
         parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
-        record = StepRecord(step, files, single, metrics, metadata, parts=parts)
+        record = StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts)
         staging.commit(record.to_json())
     except BaseException as error:
         _give_up(processes, key, staging, str(error))

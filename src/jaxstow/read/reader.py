@@ -129,6 +129,12 @@ class Reader(Mapping[str, Any]):
         self.container = self.containers[0]
         self.file = self.container.file
         manifest = self.container.manifest
+        if manifest is not None and manifest.get("part"):
+            raise FormatError(
+                f"holds only the shards of process {manifest.get('part')} of a tree saved by several processes: "
+                "restore it with the step's other files (jaxstow.CheckpointManager.restore)",
+                file=self.file,
+            )
         self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
         self.stored: dict[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
