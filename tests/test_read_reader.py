@@ -12,7 +12,7 @@ import pytest
 from counting import CountingSource
 
 import jaxstow
-from jaxstow.errors import CorruptFileError, FormatError, RequestError, SliceError
+from jaxstow.errors import CorruptFileError, PathError, RequestError, SliceError
 from jaxstow.remote import RemoteSource
 from jaxstow.storage import open_source
 
@@ -148,7 +148,7 @@ def test_npz_files_open_lazily_too(tmp_path):
 
 
 def test_a_folder_is_not_a_file(tmp_path):
-    with pytest.raises(FormatError, match="is a folder, not a file") as raised:
+    with pytest.raises(PathError, match="is a folder") as raised:
         jaxstow.open(tmp_path)
     assert raised.value.file == str(tmp_path)
 

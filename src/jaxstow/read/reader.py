@@ -95,10 +95,6 @@ def open(
         source = RemoteSource(fs, remote, name=os.fspath(target))
     elif isinstance(target, str | os.PathLike):
         source = local_path(target)
-        if os.path.isdir(source):  # type: ignore[arg-type]
-            raise FormatError(
-                "is a folder, not a file (open a checkpoint folder with jaxstow.CheckpointManager)", file=source
-            )
     return Reader(open_container(source), mmap=mmap)
 
 
