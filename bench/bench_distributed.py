@@ -74,6 +74,7 @@ def main() -> None:
         f"{save_vs_orbax:.2f}x orbax (>= 3: {'PASS' if save_vs_orbax >= 3 else 'MISS'})"
     )
     print(f"restore onto another mesh: {restore_vs_orbax:.2f}x orbax's speed")
+    print(f"checkpoint.json: {reports[0]['record_bytes']} bytes for {args.processes} processes")
     for report in reports:
         ratio = report["read"] / report["needed"]
         print(

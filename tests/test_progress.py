@@ -30,3 +30,21 @@ def test_counted_writes_add_up_to_the_file(tmp_path):
     with progress.bar(frozen.nbytes, "saving", enabled=False) as bar:
         frozen.write(path, bar=bar)
     assert bar.done == os.path.getsize(path) > frozen.nbytes == 5003 * 4
+
+
+def test_load_draws_the_bytes_read(tmp_path, capsys):
+    jaxstow.save(tmp_path / "big.jxs", {"w": jnp.ones((1024, 1024)), "b": jnp.zeros(3)})
+    capsys.readouterr()
+    restored = jaxstow.load(tmp_path / "big.jxs", progress=True)
+    drawn = capsys.readouterr().err
+    assert "loading" in drawn and "4.19M/4.19M" in drawn and "B/s]" in drawn
+    assert restored["w"].shape == (1024, 1024)
+
+
+def test_checkpoint_restores_draw_when_the_manager_does(tmp_path, capsys):
+    with jaxstow.CheckpointManager(tmp_path / "run", progress=True) as manager:
+        manager.save(1, {"params": {"w": jnp.ones((512, 512))}})
+        manager.wait()
+        capsys.readouterr()
+        manager.restore()
+    assert "1.05M/1.05M" in capsys.readouterr().err

@@ -59,6 +59,7 @@ def load(
     partial: bool = False,
     select: str | Sequence[str] | None = None,
     cast: bool = False,
+    progress: bool = False,
 ) -> Any:
     """Load a file written by :func:`save`, by safetensors or by ``numpy.savez`` (a path, a file object or a URL).
 
@@ -76,7 +77,9 @@ def load(
     kinds (float to float, int widening).
 
     ``sharding`` places the arrays: one ``jax.sharding.Sharding`` or device for all, a pytree prefix of them
-    (``None`` for the default), or a function ``(path, shape, dtype) -> sharding``; it overrides ``like``'s shardings.
+    (``None`` for the default), a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding
+    each sharded leaf was saved with; it overrides ``like``'s shardings. ``progress=True`` draws a progress bar of
+    the bytes read (needs ``tqdm``); the total counts every stored leaf, so a partial restore ends short of it.
 
     >>> import io, jax, jax.numpy as jnp, jaxstow
     >>> buffer = io.BytesIO()
@@ -86,7 +89,9 @@ def load(
     Array([1., 1.], dtype=float32)
     """
     with open(path_or_file) as reader:
-        return reader.load(like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast)
+        return reader.load(
+            like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast, progress=progress
+        )
 
 
 def load_metadata(path_or_file: PathOrFile | ReadSource) -> dict[str, Any] | None:

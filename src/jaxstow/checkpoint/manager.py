@@ -346,13 +346,14 @@ class CheckpointManager:
         Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
         fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
         named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. ``as_numpy``, ``sharding``, ``partial``, ``select`` and ``cast`` work as in
+        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. ``as_numpy``,
+        ``sharding``, ``partial``, ``select`` and ``cast`` work as in
         :func:`jaxstow.load`; with named items, paths start with the item's name (``select=["params/**"]``), and a
         ``sharding`` dict keyed by item names gives each item its own.
         """
         step = self._existing(step)
         record = self._record(step)
-        options = {"as_numpy": as_numpy, "partial": partial, "cast": cast}
+        options = {"as_numpy": as_numpy, "partial": partial, "cast": cast, "progress": self._progress}
         if record.single:
             if items is not None:
                 raise CheckpointError(

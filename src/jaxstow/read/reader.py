@@ -57,6 +57,10 @@ _STORED_KINDS = ("array", "npscalar", "key", "torch")
 _shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
 
 
+def _ignore(nbytes: int) -> None:
+    del nbytes
+
+
 class LeafInfo(NamedTuple):
     """One leaf of a file: its path, its kind (``array``, ``npscalar``, ``key``, ``torch`` or ``value``), and for
     stored leaves their dtype, shape and size in bytes (a PRNG key's shape leaves out its key data)."""
@@ -148,6 +152,8 @@ class Reader(Mapping[str, Any]):
             if isinstance(leaf, ShardedLeaf):
                 check_coverage(leaf, file=self.file)
         self._map = self._memory_map() if mmap else None
+        #: Called with the number of bytes of each leaf or box read (a progress bar's ``update``).
+        self.on_read: Callable[[int], None] = _ignore
 
     def _index(self, entry: Any) -> str:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
@@ -276,6 +282,7 @@ class Reader(Mapping[str, Any]):
         """The elements of ``box`` (start and stop along every axis) of the array at ``path``: only the bytes they
         take are read, and the whole leaf (or a whole shard) is verified against its checksum when read."""
         leaf = self.stored[path]
+        self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
         if isinstance(leaf, ShardedLeaf):
             return self._read_sharded(leaf, box)
         within = tuple(slice(start, stop) for start, stop in box)
@@ -358,6 +365,8 @@ class Reader(Mapping[str, Any]):
                 self._verify(leaf.path, view.reshape(-1).view(np.uint8).data, leaf.checksum)
                 out[leaf.path] = view
             return out
+        for leaf in leaves:
+            self.on_read(leaf.nbytes)
         sharded = {
             leaf.path: self._read_sharded(leaf, full_box(leaf.shape))
             for leaf in leaves

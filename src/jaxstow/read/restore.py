@@ -29,6 +29,7 @@ from jaxstow.errors import RequestError, StructureMismatchError
 from jaxstow.format.leaves import decode_value_entry
 from jaxstow.format.shards import Box, ShardedLeaf, Stored
 from jaxstow.format.torch_leaves import tensor_from_numpy
+from jaxstow.progress import bar as progress_bar
 from jaxstow.read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow.read.reader import Reader
 from jaxstow.read.selection import Selection
@@ -61,8 +62,27 @@ def restore(
     partial: bool = False,
     select: str | Sequence[str] | None = None,
     cast: bool = False,
+    progress: bool = False,
 ) -> Any:
     """The tree in ``reader``'s file, rebuilt or fitted into ``like``; see :func:`jaxstow.load` for the options."""
+    if not progress:
+        return _restore(reader, like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast)
+    total = sum(leaf.nbytes for leaf in reader.stored.values())
+    with progress_bar(total, f"loading {reader.file}", enabled=True) as bar:
+        reader.on_read = bar.update
+        return _restore(reader, like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast)
+
+
+def _restore(
+    reader: Reader,
+    like: Any,
+    *,
+    as_numpy: bool,
+    sharding: ShardingSpec,
+    partial: bool,
+    select: str | Sequence[str] | None,
+    cast: bool,
+) -> Any:
     if as_numpy and sharding is not None:
         raise RequestError("as_numpy=True gives numpy arrays, which have no sharding: pass one or the other")
     if like is None:
