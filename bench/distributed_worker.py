@@ -131,7 +131,7 @@ figures.update({name: statistics.median(values) for name, values in restores.ite
 # The distinct boxes this process's devices hold after the restore (replicas on several of its devices count once).
 boxes = {str(index) for index in other.addressable_devices_indices_map((SIDE, SIDE)).values()}
 needed = len(boxes) * int(np.prod(other.shard_shape((SIDE, SIDE)))) * 4 * LEAVES
-print(
-    json.dumps({"process": me, "figures": figures, "read": read, "needed": needed, "bytes": LEAVES * SIDE * SIDE * 4})
-)
+record = os.path.join(folder, "jaxstow", "1", "checkpoint.json")
+report = {"process": me, "figures": figures, "read": read, "needed": needed, "bytes": LEAVES * SIDE * SIDE * 4}
+print(json.dumps({**report, "record_bytes": os.path.getsize(record) if me == 0 else 0}))
 jax.distributed.shutdown()
