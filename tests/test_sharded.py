@@ -135,3 +135,19 @@ def test_checkpoints_keep_sharded_arrays_async(tmp_path, tree):
         restored = manager.restore(sharding="saved")
     _same(restored["params"], tree)
     assert restored["params"]["w"].sharding.spec == P("data", "model")
+
+
+def test_the_command_line_verifies_each_shard(tmp_path, tree):
+    import subprocess
+    import sys
+
+    jaxstow.save(tmp_path / "t.jxs", tree)
+    verify = [sys.executable, "-m", "jaxstow", "verify", str(tmp_path / "t.jxs")]
+    assert subprocess.run(verify, capture_output=True, text=True).returncode == 0
+    with jaxstow.open(tmp_path / "t.jxs") as reader:
+        offset = reader.container.slots["b@8:16"].offset
+    with open(tmp_path / "t.jxs", "r+b") as file:
+        file.seek(offset)
+        file.write(b"\x01")
+    damaged = subprocess.run(verify, capture_output=True, text=True)
+    assert damaged.returncode == 1 and "leaf 'b'" in damaged.stdout
