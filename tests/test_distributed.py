@@ -116,6 +116,30 @@ def test_processes_that_disagree_on_the_step_commit_nothing(tmp_path):
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
 
 
+def test_processes_that_save_other_trees_commit_nothing(tmp_path):
+    folder = tmp_path / "run"
+    reports = _reports(_start("other-tree", 2, 2, folder))
+    assert "process 1 saved other trees than process 0 for the items ['meta']" in reports[0]["error"]
+    assert "not committed" in reports[1]["error"]
+    assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
+
+
+def test_a_missing_file_of_another_process_is_named(saved_by_two, tmp_path):
+    import shutil
+
+    from jaxstow import CheckpointManager
+    from jaxstow.errors import CheckpointError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved_by_two, copy, ignore=shutil.ignore_patterns(".jaxstow.lock"))
+    (copy / "2" / "params.p1.safetensors").unlink()
+    with CheckpointManager(copy) as manager, pytest.raises(CheckpointError) as raised:
+        manager.restore(2)
+    assert "params.p1.safetensors" in str(raised.value) and "step 2" in str(raised.value)
+    with CheckpointManager(copy) as manager:
+        assert int(manager.restore(1)["meta"]["count"]) == 1
+
+
 def test_one_file_of_an_array_spanning_processes_is_refused(tmp_path):
     worker = tmp_path / "one_file.py"
     worker.write_text(

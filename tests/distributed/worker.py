@@ -3,7 +3,8 @@ DEVICES PORT FOLDER``.
 
 ``save`` saves steps 1 and 2 of a tree sharded over a global mesh of every process's devices (step 2 with a
 ``--kill-at`` pause for a SIGKILL); ``restore`` restores step 2 on a mesh of this run's devices (or, in one process with
-``--no-target``, whole arrays on one CPU) and checks every value; ``disagree`` saves another step in process 1.
+``--no-target``, whole arrays on one CPU) and checks every value; ``disagree`` saves another step in process 1,
+``other-tree`` another tree.
 Each prints one JSON line of what it saw. ``FOLDER`` may be a URL, with fsspec options as JSON in
 ``JAXSTOW_STORAGE_OPTIONS``.
 """
@@ -17,7 +18,7 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("action", choices=["save", "restore", "disagree"])
+parser.add_argument("action", choices=["save", "restore", "disagree", "other-tree"])
 parser.add_argument("process", type=int)
 parser.add_argument("count", type=int)
 parser.add_argument("devices", type=int)
@@ -82,7 +83,7 @@ def bytes_read() -> int:
 
 
 report: dict = {"process": args.process}
-if args.action in ("save", "disagree"):
+if args.action in ("save", "disagree", "other-tree"):
     with CheckpointManager(args.folder, process_timeout=30, storage_options=OPTIONS) as manager:
         manager.save(1, sharded_state(1))
         manager.wait()
@@ -91,7 +92,10 @@ if args.action in ("save", "disagree"):
             time.sleep(args.pause_before_commit)
         step = 3 if args.action == "disagree" and args.process == 1 else 2
         try:
-            manager.save(step, sharded_state(2))
+            state = sharded_state(2)
+            if args.action == "other-tree" and args.process == 1:
+                state["meta"]["extra"] = np.float32(1)
+            manager.save(step, state)
             manager.wait()
             report["steps"] = manager.steps()
         except Exception as error:
