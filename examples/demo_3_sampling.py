@@ -2,7 +2,9 @@
 
 A stochastic-gradient Langevin sampler, written in plain JAX, samples the posterior of a Bayesian logistic
 regression on synthetic data. Four chains run at once under ``jax.vmap`` inside one ``jax.jit``; every kept sample
-leaves the device through ``jaxstow.io.save`` and lands in an HDF5 file while the chains run.
+leaves the device through ``jaxstow.io.save`` and lands in an HDF5 file while the chains run. The file then goes to
+ArviZ with ``jaxstow.io.to_inference_data``: a summary (means, R-hat, effective sample sizes) and a trace plot,
+written to ``examples/out/sampling_trace.png``.
 
 Run: python examples/demo_3_sampling.py
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import warnings
 
 import h5py
 import jax
@@ -20,6 +23,13 @@ import numpy as np
 
 from jaxstow import io
 
+warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")  # ArviZ announces its 1.0 refactor
+import arviz as az  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # draws to files, with no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
 CHAINS = 4
 STEPS = 4000
 BURN_IN = 1000
@@ -27,6 +37,7 @@ THIN = 10
 BATCH = 64
 STEP_SIZE = 2e-3
 TRUE = {"w": jnp.array([1.5, -2.0, 0.5]), "b": jnp.float32(0.3)}
+PLOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "sampling_trace.png")
 
 
 def make_data(key: jax.Array, count: int = 1000) -> tuple[jax.Array, jax.Array]:
@@ -107,6 +118,15 @@ def main() -> None:
             print(f"  the chains agree to within {spread:.2f}; their mean is within {error:.2f} of the true parameters")
             if spread > 0.2 or error > 0.5:
                 raise SystemExit("the sampler did not find the posterior")
+
+        idata = io.to_inference_data(path)  # every chain, with chain and draw dimensions
+        print(f"ArviZ: {dict(idata.posterior.sizes)}")
+        print(az.summary(idata).to_string())
+        az.plot_trace(idata, compact=False)
+        plt.tight_layout()
+        os.makedirs(os.path.dirname(PLOT), exist_ok=True)
+        plt.savefig(PLOT, dpi=80)
+        print(f"trace plot written to {PLOT}")
 
 
 if __name__ == "__main__":

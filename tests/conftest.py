@@ -19,6 +19,12 @@ from typing import Any
 
 import pytest
 
+# Scripts that the tests start as processes of their own, not test modules.
+collect_ignore = ["distributed"]
+
+# Four CPU devices, so that shardings over several devices are tested for real; set before jax starts.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
 
 @dataclass(frozen=True)
 class S3Server:

@@ -249,7 +249,8 @@ def test_a_model_naming_numpy_savetxt_is_refused_at_load_and_harms_nothing(tmp_p
     "name",
     [
         "numpy.savetxt", "numpy.load", "numpy.save", "numpy.fromfile", "numpy.memmap", "numpy.zeros", "jax.numpy.load",
-        "jax.numpy.empty", "jax.nn.initializers.normal", "jax.random.normal", "equinox.tree_deserialise_leaves",
+        "jax.numpy.empty", "jax.nn.initializers.normal", "jax.random.normal", "jax.lax.full", "jax.lax.while_loop",
+        "equinox.tree_deserialise_leaves",
         "flax.serialization.from_bytes",
     ],
 )  # fmt: skip
@@ -275,6 +276,7 @@ def test_names_that_read_write_or_allocate_are_refused(name):
         "optax.ScaleByAdamState",
         "jax.scipy.special.erf",
         "equinox.nn.Lambda",
+        "jax.lax.dot_general",
     ],
 )
 def test_pure_functions_and_classes_are_allowed(name):

@@ -12,16 +12,20 @@ import importlib
 from typing import Any
 
 from jaxstow import errors, registry
+from jaxstow.read.reader import LeafInfo, Reader, open
 from jaxstow.registry import saveable
 from jaxstow.serialization import load, load_metadata, save
 
 __all__ = [
     "Checkpoint",
     "CheckpointManager",
+    "LeafInfo",
+    "Reader",
     "errors",
     "io",
     "load",
     "load_metadata",
+    "open",
     "registry",
     "save",
     "saveable",
@@ -38,6 +42,10 @@ _LAZY = {
     "scheduler": ("jaxstow.scheduler", None),
     "train": ("jaxstow.train", None),
 }
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def __getattr__(name: str) -> Any:

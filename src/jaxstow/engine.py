@@ -20,21 +20,22 @@ thread, which hands any error back to the caller at the next :meth:`~BackgroundW
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO
 
 import jax
 import numpy as np
 
 from jaxstow.errors import CheckpointError
+from jaxstow.format.leaves import is_sharded
+from jaxstow.progress import Bar, counted, format_bytes
 from jaxstow.snapshot import Snapshot, snapshot
 
-__all__ = ["BackgroundWriter", "Frozen", "Progress", "format_bytes", "freeze", "require_progress_bar"]
+__all__ = ["BackgroundWriter", "Frozen", "Progress", "freeze"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,12 +43,13 @@ logger = logging.getLogger(__name__)
 class Frozen:
     """A tree held for a later :func:`~jaxstow.snapshot.snapshot`: its structure and its leaves, arrays on the host."""
 
-    def __init__(self, tree: Any, *, copy: bool, file: str) -> None:
+    def __init__(self, tree: Any, *, copy: bool, file: str, part: int | None = None) -> None:
         self._file = file
+        self._part = part
         self._ready: Snapshot | None = None
         if copy:
             # Copies are taken now; the core's snapshot already knows how to copy every kind of stored leaf.
-            self._ready = snapshot(tree, copy=True, file=file)
+            self._ready = snapshot(tree, copy=True, file=file, part=part)
             return
         leaves, self._treedef = jax.tree_util.tree_flatten(tree)
         self._leaves = _hold_on_host(leaves)
@@ -59,14 +61,16 @@ class Frozen:
         """The tree's :class:`~jaxstow.snapshot.Snapshot`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is not None:
             return self._ready
-        return snapshot(jax.tree_util.tree_unflatten(self._treedef, self._leaves), file=self._file)
+        tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
+        return snapshot(tree, file=self._file, part=self._part)
 
 
-def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
+def freeze(tree: Any, *, copy: bool = False, file: str = "", part: int | None = None) -> Frozen:
     """Hold ``tree`` for a background save; only this part has to run on the caller's thread.
 
     JAX arrays are immutable: without ``copy`` they are held as host views, with no copy on CPU. ``copy=True`` copies
-    every array now, for trees whose numpy buffers the caller will change. ``file`` names the destination in errors.
+    every array now, for trees whose numpy buffers the caller will change. ``file`` names the destination in errors;
+    ``part`` is this process's share of a tree saved by several (see :func:`~jaxstow.snapshot.snapshot`).
 
     >>> import numpy as np
     >>> from jaxstow.engine import freeze
@@ -76,7 +80,7 @@ def freeze(tree: Any, *, copy: bool = False, file: str = "") -> Frozen:
     >>> frozen.snapshot().leaves[0].array
     array([0., 0.])
     """
-    return Frozen(tree, copy=copy, file=file)
+    return Frozen(tree, copy=copy, file=file, part=part)
 
 
 def _is_plain_array(leaf: Any) -> bool:
@@ -93,12 +97,13 @@ def _is_key(leaf: Any) -> bool:
 
 
 def _hold_on_host(leaves: list[Any]) -> list[Any]:
-    """Leaves with every plain JAX array replaced by its host array; transfers from accelerators overlap."""
+    """Leaves with every plain JAX array on one device replaced by its host array; transfers from accelerators
+    overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard."""
     if jax.default_backend() != "cpu":
         for leaf in leaves:
             if _is_plain_array(leaf):
                 leaf.copy_to_host_async()
-    return [np.asarray(leaf) if _is_plain_array(leaf) else leaf for leaf in leaves]
+    return [np.asarray(leaf) if _is_plain_array(leaf) and not is_sharded(leaf) else leaf for leaf in leaves]
 
 
 class BackgroundWriter:
@@ -172,26 +177,6 @@ def _logged(job: Callable[[], None], what: str) -> None:
         raise
 
 
-def require_progress_bar() -> None:
-    """Raise a clear :class:`ImportError` when the optional ``tqdm`` package, which draws progress bars, is missing."""
-    if importlib.util.find_spec("tqdm") is None:
-        raise ImportError("a progress bar needs the optional tqdm package: pip install 'jaxstow[progress]'")
-
-
-def format_bytes(count: float) -> str:
-    """A byte count for people.
-
-    >>> from jaxstow.engine import format_bytes
-    >>> format_bytes(512), format_bytes(1_113_731_072)
-    ('512 B', '1.11 GB')
-    """
-    for unit in ("B", "kB", "MB", "GB"):
-        if count < 1000 or unit == "GB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.2f} {unit}"
-        count /= 1000
-    raise AssertionError("unreachable")
-
-
 class Progress:
     """Progress of one job that writes ``total`` bytes of arrays (plus headers): logged, and drawn as a bar if ``bar``.
 
@@ -208,58 +193,23 @@ class Progress:
 
     def __init__(self, what: str, *, total: int, bar: bool = False) -> None:
         self.what = what
-        self.total = total
-        self.written = 0
         self._start = time.perf_counter()
-        self._bar: Any = None
-        if bar:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=total, unit="B", unit_scale=True, desc=what, leave=False)
+        self._bar = Bar(total, what, enabled=bar)
         logger.info("%s: saving %s of arrays", what, format_bytes(total))
+
+    @property
+    def written(self) -> int:
+        """Bytes written so far."""
+        return self._bar.done
 
     def sink(self, file: BinaryIO) -> BinaryIO:
         """``file``, with every write counted."""
-        return cast(BinaryIO, _CountingSink(file, self))
-
-    def advance(self, count: int) -> None:
-        self.written += count
-        if self._bar is not None:
-            self._bar.update(count)
+        return counted(file, self._bar)
 
     def finish(self) -> float:
         """Log the end of the job; returns its duration in seconds."""
         seconds = time.perf_counter() - self._start
-        if self._bar is not None:
-            self._bar.total = self.written  # the files' headers come on top of the arrays' bytes
-            self._bar.close()
+        self._bar.close()
         rate = format_bytes(self.written / seconds) if seconds > 0 else "-"
         logger.info("%s: done, %s written in %.2f s (%s/s)", self.what, format_bytes(self.written), seconds, rate)
         return seconds
-
-
-class _CountingSink:
-    """A write-only file that passes every write on and counts it."""
-
-    def __init__(self, file: BinaryIO, progress: Progress) -> None:
-        self._file = file
-        self._progress = progress
-        self.name = getattr(file, "name", "")
-
-    def write(self, data: Any) -> int:
-        written = self._file.write(data)
-        count = memoryview(data).nbytes if written is None else written
-        self._progress.advance(count)
-        return count
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def seekable(self) -> bool:
-        return bool(getattr(self._file, "seekable", lambda: False)())
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._file.seek(offset, whence)
-
-    def tell(self) -> int:
-        return self._file.tell()

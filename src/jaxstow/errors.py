@@ -13,7 +13,10 @@ cannot save leaf 'act' of never-written.jxs: <function <lambda> ...> is neither 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import io
+import socket
+import types
+from collections.abc import Iterator, Sequence
 
 __all__ = [
     "CheckpointError",
@@ -21,8 +24,14 @@ __all__ = [
     "CorruptFileError",
     "FormatError",
     "JaxstowError",
+    "MetadataError",
+    "PathError",
     "RefusedNameError",
+    "RequestError",
     "SampleCountError",
+    "SelectionError",
+    "ShardingError",
+    "SliceError",
     "StructureMismatchError",
     "TruncatedFileError",
     "UnknownNameError",
@@ -56,6 +65,20 @@ class FormatError(JaxstowError, ValueError):
         super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
 
 
+class MetadataError(JaxstowError, TypeError):
+    """Metadata that strict JSON cannot hold unchanged (NaN, numpy scalars, sets, ...); the message names the key."""
+
+
+class PathError(JaxstowError, OSError):
+    """A path cannot be used as asked: a folder where a file is expected, a missing file or folder."""
+
+    def __init__(self, problem: str, *, file: str) -> None:
+        super().__init__(f"{file}: {problem}", file=file)
+
+    def __str__(self) -> str:  # OSError would format its arguments otherwise
+        return str(self.args[0])
+
+
 class CorruptFileError(FormatError):
     """A leaf's bytes do not match the checksum recorded when it was written."""
 
@@ -69,12 +92,26 @@ class UnsaveableObjectError(JaxstowError, TypeError):
 
     def __init__(self, obj: object, *, file: str | None = None, path: str = "") -> None:
         super().__init__(
-            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is neither data nor registered; "
-            "register it with jaxstow.saveable(obj, name=...)",
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {_unsaveable_advice(obj)}",
             file=file,
             path=path,
         )
         self.obj = obj
+
+
+def _unsaveable_advice(obj: object) -> str:
+    """What to do about an object that is neither data nor registered: register it only where that helps."""
+    if isinstance(obj, set | frozenset):
+        return "a set, which has no order to save: save sorted(...) or list(...) of it instead"
+    if isinstance(obj, io.IOBase | socket.socket | types.ModuleType) or type(obj).__module__ == "_thread":
+        return "a resource of this process (an open file, a lock, a module), which cannot be saved: save its name or contents"
+    if isinstance(obj, types.GeneratorType | types.AsyncGeneratorType | types.CoroutineType) or (
+        isinstance(obj, Iterator) and not callable(obj)
+    ):
+        return "an iterator, whose values are not there to save: save list(...) of it instead"
+    if isinstance(obj, bytearray | memoryview):
+        return "a mutable buffer: save bytes(...) of it instead"
+    return "neither data nor registered; register it with jaxstow.saveable(obj, name=...)"
 
 
 class UnknownNameError(JaxstowError, LookupError):
@@ -120,6 +157,30 @@ class StructureMismatchError(JaxstowError, ValueError):
             file=file,
         )
         self.problems = list(problems)
+
+
+class RequestError(JaxstowError, ValueError):
+    """A restore asked for something the file cannot give: a slice out of bounds, a pattern matching nothing, ..."""
+
+    def __init__(self, problem: str, *, file: str | None = None, path: str | None = None) -> None:
+        where = _where(file, path)
+        super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
+
+
+class SliceError(RequestError, IndexError):
+    """An index does not select a part of a stored array (out of bounds, or not made of integers and slices)."""
+
+
+class SelectionError(RequestError, LookupError):
+    """A ``select`` pattern matches no leaf of the file."""
+
+    def __str__(self) -> str:  # LookupError would quote the message otherwise
+        return str(self.args[0])
+
+
+class ShardingError(RequestError):
+    """A sharded leaf cannot be saved or placed as asked (a shape that does not divide, devices that are missing, an
+    array spanning several processes given to a one-file save)."""
 
 
 class CheckpointError(JaxstowError):

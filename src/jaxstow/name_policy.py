@@ -6,7 +6,8 @@ So beyond the objects you register with :func:`jaxstow.saveable`, a file may nam
 - activation and math functions: everything in ``jax.nn`` (but not ``jax.nn.initializers``), ``jax.scipy.special``,
   numpy's and jax.numpy's elementwise functions (ufuncs, and the jax.numpy functions whose numpy namesake is one),
   and their reductions and layout functions that take no size (``sum``, ``mean``, ``max``, ``ravel``,
-  ``transpose``, ``where``, ``clip``, ``einsum``, ...);
+  ``transpose``, ``where``, ``clip``, ``einsum``, ...), and jax.lax's arithmetic, ``dot_general``, convolutions,
+  reductions and layout functions (not its constructors, collectives or control flow);
 - scalar types (``numpy.float32``, ``jax.numpy.bfloat16``, ``ml_dtypes.float8_e4m3fn``) and
   ``jax.tree_util.Partial``;
 - the classes and functions of equinox, flax and optax (modules, optimiser states, their default activations),
@@ -67,6 +68,19 @@ _ARRAY_FUNCTIONS = frozenset(
         "sort", "argsort", "round", "around", "nan_to_num", "real", "imag", "angle",
     }
 )  # fmt: skip
+#: jax.lax functions that allocate by a size, communicate, run control flow or reach the host; the rest of jax.lax
+#: (arithmetic, ``dot_general``, convolutions, reductions, layout) is as pure as numpy's ufuncs.
+_LAX_EXCLUDED = frozenset(
+    {
+        "after_all", "broadcast", "broadcast_in_dim", "broadcast_like", "broadcast_to_rank", "broadcasted_iota",
+        "create_token", "empty", "full", "full_like", "iota", "pad", "tile", "rng_bit_generator", "rng_uniform",
+        "psend", "precv", "ppermute", "pshuffle", "all_gather", "all_to_all", "ragged_all_to_all", "psum", "pmean",
+        "pmax", "pmin", "psum_scatter", "pswapaxes", "pbroadcast", "pcast", "axis_index", "axis_size",
+        "platform_dependent", "composite", "dce_sink", "optimization_barrier", "with_sharding_constraint",
+        "shape_as_value", "stage", "custom_linear_solve", "custom_root", "cond", "switch", "while_loop", "fori_loop",
+        "scan", "map", "associative_scan", "reduce", "reduce_window", "scatter_apply",
+    }
+)  # fmt: skip
 _ALLOWED_NUMERIC_PREFIXES = ("jax.nn.", "jax.scipy.special.")
 
 
@@ -108,6 +122,8 @@ def _is_pure_numeric(name: str, obj: object) -> bool:
     if name.startswith(_ALLOWED_NUMERIC_PREFIXES) and not name.startswith("jax.nn.initializers."):
         return callable(obj) and not isinstance(obj, types.ModuleType)
     module, _, attribute = name.rpartition(".")
+    if module == "jax.lax":
+        return callable(obj) and attribute not in _LAX_EXCLUDED
     if module in ("numpy", "jax.numpy") and attribute in _ARRAY_FUNCTIONS:
         return callable(obj)
     return module == "jax.numpy" and isinstance(getattr(np, attribute, None), np.ufunc)

@@ -28,6 +28,7 @@ True
 from __future__ import annotations
 
 import collections
+import importlib.util
 import sys
 import types
 import warnings
@@ -235,10 +236,22 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
     advice = ""
     if root in KNOWN_LIBRARIES and root not in sys.modules:
         advice = f"it belongs to {root}, which is not imported in this process: import {root} first"
+    elif root not in sys.modules and _installed(root):
+        advice = f"it belongs to {root}, which is installed but not imported in this process: import {root} first"
+        if not node_type:
+            advice += f", and register the object as it was when saved: jaxstow.saveable(obj, name={name!r})"
     elif root == "jaxstow":
         module = name.rpartition(".")[0]
         advice = f"it is defined by {module}: import {module} first"
     raise UnknownNameError(name, file=file, path=path, advice=advice)
+
+
+def _installed(module: str) -> bool:
+    """Whether a top-level module can be imported (found on the path), without importing it."""
+    try:
+        return bool(module.isidentifier()) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _find_imported(name: str) -> object | None:

@@ -83,11 +83,16 @@ class RemoteSource:
 
 
 def _marked_files(marker: bytes, *, where: str) -> set[str]:
+    """The files a marker lists: its ``"files"``, and the files of other processes under ``"parts"``."""
     try:
-        files = json.loads(marker)["files"]
-    except (ValueError, KeyError, TypeError) as error:
+        record = json.loads(marker)
+        files, parts = record["files"], record.get("parts") or {}
+        names = set(files.values() if isinstance(files, dict) else files)
+        for part_files in parts.values():
+            names.update(part_files)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise FormatError(f"the marker is not a JSON object with a 'files' entry ({error})", file=where) from None
-    return set(files.values() if isinstance(files, dict) else files)
+    return names
 
 
 class RemoteStore:
@@ -137,9 +142,10 @@ class RemoteStore:
     def source(self, name: str, file: str) -> RemoteSource:
         return RemoteSource(self.fs, self.path(name, file), name=self.url(name, file))
 
-    def stage(self, name: str, *, replace: bool) -> RemoteStaging:
-        """Start writing folder ``name``; ``replace`` when a committed folder of that name is to be replaced."""
-        return RemoteStaging(self, name, replace=replace)
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> RemoteStaging:
+        """Start writing folder ``name``; ``replace`` when a committed folder of that name is to be replaced. With the
+        ``token`` of another process's staging, write into that same folder."""
+        return RemoteStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
         """Delete a committed folder: its marker first, so that it is never seen half deleted."""
@@ -181,12 +187,21 @@ def _remove_tree(fs: Any, path: str) -> None:
 class RemoteStaging:
     """A folder being written to a :class:`RemoteStore`; :meth:`commit` writes its marker."""
 
-    def __init__(self, store: RemoteStore, name: str, *, replace: bool) -> None:
+    def __init__(self, store: RemoteStore, name: str, *, replace: bool, token: str | None = None) -> None:
         self._store = store
         self._name = name
         # New files of a replaced folder get fresh names, so the committed ones stay intact until the marker switches.
-        self._generation = secrets.token_hex(4) if replace else None
+        # Processes writing one folder together share the fresh names through the token of the first.
+        if token is not None:
+            self._generation = token or None
+        else:
+            self._generation = secrets.token_hex(4) if replace else None
         self._written: list[str] = []
+
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`RemoteStore.stage` to write into this same folder."""
+        return self._generation or ""
 
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:

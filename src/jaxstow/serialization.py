@@ -14,24 +14,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from jaxstow.fitting import fit_into
-from jaxstow.format.container import open_container
 from jaxstow.gcpause import with_gc_paused
-from jaxstow.restore import load_flat, rebuild
+from jaxstow.progress import bar as progress_bar
+from jaxstow.read.placement import ShardingSpec
+from jaxstow.read.reader import open
 from jaxstow.snapshot import PathOrFile, display_name, snapshot
 from jaxstow.storage import ReadSource
 
 __all__ = ["load", "load_metadata", "save"]
 
 
-def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None) -> None:
+def save(
+    path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool = False
+) -> None:
     """Save a pytree, with its structure, to a file name or a binary file object.
 
     A name ending in ``.npz`` gets an npz archive; any other name gets the native format, a safetensors file with the
     jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a file object is written as is.
-    ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`).
+    ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`). ``progress=True``
+    draws a progress bar of the bytes written, their rate and the time left (needs ``tqdm``).
 
     >>> import jax.numpy as jnp, jaxstow, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "weights.npz")
@@ -39,43 +43,58 @@ def save(path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
-    snapshot(tree, metadata=metadata, file=display_name(path_or_file)).write(path_or_file)
+    name = display_name(path_or_file)
+    frozen = snapshot(tree, metadata=metadata, file=name)
+    with progress_bar(frozen.nbytes, f"saving {name}", enabled=progress) as bar:
+        frozen.write(path_or_file, bar=bar)
 
 
 @with_gc_paused
-def load(path_or_file: PathOrFile | ReadSource, like: Any = None, *, as_numpy: bool = False) -> Any:
-    """Load a file written by :func:`save`, by safetensors or by ``numpy.savez``.
+def load(
+    path_or_file: PathOrFile | ReadSource,
+    like: Any = None,
+    *,
+    as_numpy: bool = False,
+    sharding: ShardingSpec = None,
+    partial: bool = False,
+    select: str | Sequence[str] | None = None,
+    cast: bool = False,
+    progress: bool = False,
+) -> Any:
+    """Load a file written by :func:`save`, by safetensors or by ``numpy.savez`` (a path, a file object or a URL).
 
     Without ``like`` the whole tree is rebuilt from the file: containers, registered dataclasses, equinox modules with
     their hyperparameters, optax states; Python scalars and strings keep their type, arrays come back as ``jax.Array``
     (numpy with ``as_numpy=True``). A file without a jaxstow manifest loads as a flat dict of its tensors.
+    ``select=["params/**"]`` restores only the leaves whose paths match (``*`` within a segment, ``**`` across
+    segments); the others are never read.
 
-    With ``like``, the file's leaves are fitted into ``like``'s structure. It is all or nothing: any missing,
-    unexpected or mismatched leaf raises one :class:`~jaxstow.errors.StructureMismatchError` listing every problem.
+    With ``like``, the file's leaves are fitted into ``like``'s structure. ``like``'s leaves may be arrays (jax or
+    numpy) or ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``, ``eqx.filter_eval_shape``, ``nnx.eval_shape``), each
+    landing on its own sharding. It is all or nothing: any missing, unexpected or mismatched leaf raises one
+    :class:`~jaxstow.errors.StructureMismatchError` listing every problem. ``partial=True`` leaves the file's leaves
+    that ``like`` lacks unread; ``cast=True`` converts each leaf to its target's dtype where no value is lost between
+    kinds (float to float, int widening).
 
-    >>> import io, jax.numpy as jnp, jaxstow
+    ``sharding`` places the arrays: one ``jax.sharding.Sharding`` or device for all, a pytree prefix of them
+    (``None`` for the default), a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding
+    each sharded leaf was saved with; it overrides ``like``'s shardings. ``progress=True`` draws a progress bar of
+    the bytes read (needs ``tqdm``); the total counts every stored leaf, so a partial restore ends short of it.
+
+    >>> import io, jax, jax.numpy as jnp, jaxstow
     >>> buffer = io.BytesIO()
     >>> jaxstow.save(buffer, {"w": jnp.ones(2), "b": jnp.zeros(1)})
     >>> _ = buffer.seek(0)
-    >>> jaxstow.load(buffer, like={"w": jnp.zeros(2), "b": jnp.ones(1)})["w"]
+    >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32), "b": jnp.ones(1)})["w"]
     Array([1., 1.], dtype=float32)
     """
-    container = open_container(path_or_file)
-    try:
-        if like is not None:
-            return fit_into(container, like, as_numpy=as_numpy)
-        if container.manifest is None:
-            return load_flat(container, as_numpy=as_numpy)
-        return rebuild(container, as_numpy=as_numpy)
-    finally:
-        container.close()
+    with open(path_or_file) as reader:
+        return reader.load(
+            like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast, progress=progress
+        )
 
 
 def load_metadata(path_or_file: PathOrFile | ReadSource) -> dict[str, Any] | None:
     """The ``metadata`` dict saved with a file, read from its header alone."""
-    container = open_container(path_or_file)
-    try:
-        manifest = container.manifest or {}
-        return manifest.get("metadata")
-    finally:
-        container.close()
+    with open(path_or_file) as reader:
+        return reader.metadata

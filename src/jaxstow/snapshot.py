@@ -19,6 +19,7 @@ included, can then run on a background thread.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -26,13 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import jax
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, MetadataError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
+from jaxstow.jsonable import json_problem
+from jaxstow.progress import Bar, counted
 from jaxstow.storage import atomic_write
 from jaxstow.structure import encode_treedef
 from jaxstow.tree import flatten_with_paths
@@ -56,61 +60,112 @@ class Snapshot:
 
     leaves: list[EncodedLeaf]
     manifest: dict[str, Any]
+    digest: str = ""  # the tree's structure, leaf paths, dtypes and shapes, hashed: the same in every process
 
     @property
     def nbytes(self) -> int:
         """Bytes of array data the file will hold."""
-        return sum(array.nbytes for array in self._arrays())
+        return sum(array.nbytes for _, array, _ in self._tensors())
 
-    def _stored(self) -> list[EncodedLeaf]:
-        return [leaf for leaf in self.leaves if leaf.array is not None]
-
-    def _arrays(self) -> list[np.ndarray]:
-        return [leaf.array for leaf in self.leaves if leaf.array is not None]
+    def _tensors(self) -> list[tuple[str, np.ndarray, dict[str, Any]]]:
+        return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
     @with_gc_paused
-    def write(self, path_or_file: PathOrFile) -> str | None:
+    def write(self, path_or_file: PathOrFile, *, bar: Bar | None = None) -> str | None:
         """Write the file, checksums included; a path is written atomically, a file object as it is.
 
-        Large trees are checksummed on other threads while their bytes are being written. Returns the header's
-        checksum of a native file (``None`` for npz), which a checkpoint's record keeps.
+        Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
+        on ``bar``, a :class:`~jaxstow.progress.Bar`, when one is given. Returns the header's checksum of a native
+        file (``None`` for npz), which a checkpoint's record keeps.
         """
-        stored = self._stored()
-        tensors = [(leaf.entry["path"], leaf.array) for leaf in stored if leaf.array is not None]
+        pieces = self._tensors()
+        tensors = [(name, array) for name, array, _ in pieces]
         kind = container_kind(path_or_file)
-        with _checksums(stored) as complete:
+        with _checksums(pieces) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
-                    return write_container(sink, kind, tensors, self.manifest, complete)
-            header_checksum = write_container(path_or_file, kind, tensors, self.manifest, complete)
+                    return write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
+            header_checksum = write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
             path_or_file.flush()
             return header_checksum
 
 
 @with_gc_paused
-def snapshot(tree: Any, *, metadata: dict[str, Any] | None = None, copy: bool = False, file: str = "") -> Snapshot:
+def snapshot(
+    tree: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+    copy: bool = False,
+    file: str = "",
+    part: int | None = None,
+) -> Snapshot:
     """Freeze ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
 
-    ``file`` names the destination in error messages.
+    ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
+    saved by several processes: process 0's holds the whole structure and every leaf but the shards of other
+    processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
-        try:
-            json.dumps(metadata, allow_nan=False)
-        except (TypeError, ValueError) as error:
-            raise TypeError(f"metadata for {file or 'the file'} must be a JSON-able dict: {error}") from None
+        problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+        if problem is not None:
+            raise MetadataError(
+                f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
+            )
     paths, leaves, treedef = flatten_with_paths(tree)
     _check_unique(paths, file=file)
+    if part is None:
+        _check_addressable(paths, leaves, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
     if copy:
-        encoded = [EncodedLeaf(leaf.entry, None if leaf.array is None else leaf.array.copy()) for leaf in encoded]
-    manifest = {
-        "format": FORMAT_NAME,
-        "version": FORMAT_VERSION,
-        "structure": encode_treedef(treedef, file=file or None),
-        "leaves": [leaf.entry for leaf in encoded],
-        "metadata": metadata,
-    }
-    return Snapshot(encoded, manifest)
+        encoded = [
+            EncodedLeaf(
+                leaf.entry,
+                None if leaf.array is None else leaf.array.copy(),
+                tuple(shard._replace(array=shard.array.copy()) for shard in leaf.shards),
+            )
+            for leaf in encoded
+        ]
+    structure = encode_treedef(treedef, file=file or None)
+    digest = _digest(structure, [leaf.entry for leaf in encoded])
+    if part:
+        encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "part": part,
+            "leaves": [leaf.entry for leaf in encoded],
+        }
+    else:
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "structure": structure,
+            "leaves": [leaf.entry for leaf in encoded],
+            "metadata": metadata,
+        }
+    return Snapshot(encoded, manifest, digest)
+
+
+def _check_addressable(paths: list[str], leaves: list[Any], *, file: str) -> None:
+    for path, leaf in zip(paths, leaves, strict=True):
+        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+            raise ShardingError(
+                f"the array spans several processes ({leaf.sharding}), and one file holds what one process has: "
+                "save it from every process with jaxstow.CheckpointManager, which writes each process's shards and "
+                "commits them together",
+                file=file or None,
+                path=path,
+            )
+
+
+def _digest(structure: Any, entries: list[dict[str, Any]]) -> str:
+    """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
+    summary = [structure, [[entry["path"], entry["kind"], entry.get("dtype"), entry.get("shape")] for entry in entries]]
+    return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
+    return sink if bar is None else counted(sink, bar)
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:
@@ -127,24 +182,25 @@ def _check_unique(paths: list[str], *, file: str) -> None:
 
 
 @contextlib.contextmanager
-def _checksums(stored: list[EncodedLeaf]) -> Iterator[Callable[[], None] | None]:
-    """Fill each entry's ``xxh3``: at once for small trees (yields ``None``), or in the background (yields ``complete``).
+def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
+    """Fill the ``xxh3`` of each tensor's entry: at once for small trees (yields ``None``), or in the background
+    (yields ``complete``).
 
-    Large trees are hashed by a pool that starts now, in a few batches of leaves, so that hashing overlaps the
+    Large trees are hashed by a pool that starts now, in a few batches of tensors, so that hashing overlaps the
     writing; their entries hold placeholders until ``complete()``, which waits for the pool.
     """
-    arrays: list[np.ndarray] = [leaf.array for leaf in stored if leaf.array is not None]
+    arrays = [array for _, array, _ in pieces]
 
     def fill(digests: list[str]) -> None:
-        for leaf, digest in zip(stored, digests, strict=True):
-            leaf.entry["xxh3"] = digest
+        for (_, _, entry), digest in zip(pieces, digests, strict=True):
+            entry["xxh3"] = digest
 
     if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
         fill([checksum(array) for array in arrays])
         yield None
         return
-    for leaf in stored:
-        leaf.entry["xxh3"] = ZERO_CHECKSUM
+    for _, _, entry in pieces:
+        entry["xxh3"] = ZERO_CHECKSUM
     workers = min(4, os.cpu_count() or 1)
     batches = [arrays[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:

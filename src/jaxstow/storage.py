@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Iterator
 from typing import BinaryIO, Protocol, runtime_checkable
 
-from jaxstow.errors import TruncatedFileError
+from jaxstow.errors import PathError, TruncatedFileError
 
 __all__ = [
     "TEMPORARY_MARKER",
@@ -112,7 +112,12 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     previous file as it was. Temporary files that killed saves left in the folder are removed first.
     """
     final = os.fspath(path)
-    remove_dead_leftovers(os.path.dirname(os.path.abspath(final)))
+    folder = os.path.dirname(os.path.abspath(final))
+    if not os.path.isdir(folder):
+        raise PathError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
+    if os.path.isdir(final):
+        raise PathError("cannot write it: it is a folder", file=final)
+    remove_dead_leftovers(folder)
     temporary = temporary_sibling(final)
     sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
     try:
@@ -195,6 +200,10 @@ class LocalFile(_ReadSourceBase):
                 raise self._truncated(offset, len(buffer), done)
             done += count
 
+    def fileno(self) -> int:
+        """The open file descriptor, for positional reads."""
+        return self._descriptor
+
     def close(self) -> None:
         os.close(self._descriptor)
 
@@ -233,5 +242,25 @@ def open_source(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> ReadS
     if isinstance(target, ReadSource):
         return target
     if isinstance(target, str | os.PathLike):
-        return LocalFile(os.fspath(target))
+        path = os.fspath(target)
+        if os.path.isdir(path):
+            raise PathError(_folder_problem(path), file=path)
+        return LocalFile(path)
     return FileObject(target)
+
+
+def _folder_problem(path: str) -> str:
+    """Why a folder cannot be loaded as a file, and what opens it if it is a checkpoint folder."""
+    from jaxstow.checkpoint.record import RECORD_NAME
+
+    if os.path.isfile(os.path.join(path, RECORD_NAME)):
+        parent, step = os.path.split(os.path.abspath(path))
+        return (
+            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
+            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
+        )
+    with os.scandir(path) as entries:
+        steps = any(entry.is_dir() and os.path.isfile(os.path.join(entry.path, RECORD_NAME)) for entry in entries)
+    if steps:
+        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
+    return "is a folder, not a file"

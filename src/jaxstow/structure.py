@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from jaxstow import registry
+from jaxstow import registry, static_objects
 from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow.format.manifest import MAX_NESTING
@@ -83,9 +83,14 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     if isinstance(obj, PyTreeDef):
         return {"treedef": encode_treedef(obj, path=path, file=file)}
     name = registry.name_of(obj)
-    if name is None:
+    if name is not None:
+        return {"ref": name}
+    rebuildable = static_objects.encode(
+        obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
+    )
+    if rebuildable is None:
         raise UnsaveableObjectError(obj, file=file, path=path)
-    return {"ref": name}
+    return rebuildable
 
 
 def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
@@ -154,6 +159,11 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return _checked_treedef(data[tag], path=path, file=file, depth=depth + 1)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
+        if tag == "object":
+            fields = lambda value, field: _decode_checked(  # noqa: E731
+                value, path=f"{path}/{field}", file=file, depth=depth + 3
+            )
+            return static_objects.decode(data, fields, file=file, path=path)
     raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
 
 

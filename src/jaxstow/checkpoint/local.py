@@ -108,9 +108,10 @@ class LocalStore:
     def source(self, name: str, file: str) -> ReadSource:
         return open_source(self.path(name, file))
 
-    def stage(self, name: str, *, replace: bool) -> LocalStaging:
-        """Start writing folder ``name`` under a temporary name; ``replace`` swaps it with the committed one."""
-        return LocalStaging(self, name, replace=replace)
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
+        """Start writing folder ``name`` under a temporary name; ``replace`` swaps it with the committed one. With the
+        ``token`` of another process's staging, write into that same folder."""
+        return LocalStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
         """Delete a committed folder: renamed to a temporary name first, so that no one sees it half deleted."""
@@ -131,12 +132,22 @@ class LocalStaging:
     Files in it are written in place and fsynced; the folder itself is fsynced once, at commit, before the rename.
     """
 
-    def __init__(self, store: LocalStore, name: str, *, replace: bool) -> None:
+    def __init__(self, store: LocalStore, name: str, *, replace: bool, token: str | None = None) -> None:
         self._store = store
         self._final = store.path(name)
         self._replace = replace
-        self._temporary = temporary_sibling(self._final)
-        os.mkdir(self._temporary)
+        if token is None:
+            self._temporary = temporary_sibling(self._final)
+            os.mkdir(self._temporary)
+        else:  # another process made it
+            self._temporary = os.path.join(store.root, os.path.basename(token))
+            if not os.path.isdir(self._temporary):
+                raise CheckpointError(f"the folder {self._temporary} that process 0 made for step {name} is not here")
+
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`LocalStore.stage` to write into this same folder."""
+        return os.path.basename(self._temporary)
 
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:

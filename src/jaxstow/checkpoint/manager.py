@@ -18,20 +18,21 @@ A directory (local path or fsspec URL) holds one folder per committed step::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, TypeAlias, cast
+from typing import Any, Literal, cast
 
-import jax
 import numpy as np
 
 from jaxstow.checkpoint.lock import Lock, lock_store
 from jaxstow.checkpoint.naming import StepNames
 from jaxstow.checkpoint.policy import KeepPolicy
+from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.record import (
     RECORD_NAME,
     Metrics,
@@ -40,10 +41,15 @@ from jaxstow.checkpoint.record import (
     check_metadata,
     check_metrics,
 )
+from jaxstow.checkpoint.restoring import restore_items
+from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.store import Store, open_store
-from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze, require_progress_bar
+from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze
 from jaxstow.errors import CheckpointError, JaxstowError
-from jaxstow.serialization import load
+from jaxstow.progress import require_progress_bar
+from jaxstow.read.placement import ShardingSpec
+from jaxstow.read.reader import open_parts
+from jaxstow.storage import ReadSource
 
 __all__ = ["CheckpointManager"]
 
@@ -53,8 +59,6 @@ logger = logging.getLogger(__name__)
 SINGLE_ITEM = "state"
 _ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
 _EXTENSION = ".safetensors"
-
-Sharding: TypeAlias = jax.sharding.Sharding | jax.Device
 
 
 def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
@@ -74,16 +78,6 @@ def _check_step(step: Any) -> int:
     if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
         raise TypeError(f"a step must be a non-negative integer, not {step!r}")
     return int(step)
-
-
-def _place(tree: Any, sharding: Sharding) -> Any:
-    """``tree`` with every numpy array put on ``sharding`` (a device or a sharding), in one batch."""
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    arrays = [index for index, leaf in enumerate(leaves) if isinstance(leaf, np.ndarray)]
-    placed = jax.device_put([leaves[index] for index in arrays], [sharding] * len(arrays))
-    for index, array in zip(arrays, placed, strict=True):
-        leaves[index] = array
-    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 class CheckpointManager:
@@ -117,6 +111,7 @@ class CheckpointManager:
         async_save: bool = True,
         progress: bool = False,
         storage_options: dict[str, Any] | None = None,
+        process_timeout: float = 600.0,
     ) -> None:
         self._policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode)
         if progress:
@@ -128,6 +123,7 @@ class CheckpointManager:
         self._lock: Lock | None = None
         self._records: dict[int, StepRecord] = {}
         self._closed = False
+        self._processes = Processes(self._store.location, timeout=process_timeout)
 
     @property
     def directory(self) -> str:
@@ -171,26 +167,33 @@ class CheckpointManager:
             )
         checked_metadata = check_metadata(metadata, step=step)
         self._writer.wait()
-        if self._lock is None:
+        if self._lock is None and self._processes.index == 0:
             self._take_lock()
         exists = step in self._committed_steps()
         if exists and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it", file=self._url(step)
             )
+        part = self._processes.index if self._processes.many else None
         frozen = {
-            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION)) for name, tree in named.items()
+            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
+            for name, tree in named.items()
         }
-        job = functools.partial(self._write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        write = self._write_shared if self._processes.many else self._write
+        job = functools.partial(write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        if self._processes.many:
+            job = functools.partial(job, key=self._processes.next_save())
         self._writer.submit(job, what=f"saving step {step} to {self.directory}")
 
     def delete(self, step: int) -> None:
         """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
         self._check_open()
         self._writer.wait()
+        step = self._existing(step)
+        if self._processes.index != 0:  # process 0 deletes for all
+            return
         if self._lock is None:
             self._take_lock()
-        step = self._existing(step)
         self._store.delete(self._names.name(step))
         self._records.pop(step, None)
         logger.info("%s: deleted step %d", self.directory, step)
@@ -227,7 +230,9 @@ class CheckpointManager:
                 files[name] = stored
                 if header is not None:
                     headers[name] = header
-            record = StepRecord(step, files, single, metrics, metadata, headers=headers)
+            record = StepRecord(
+                step, files, single, metrics, metadata, keep_policy=dataclasses.asdict(self._policy), headers=headers
+            )
             staging.commit(record.to_json())
         except BaseException:
             staging.abort()
@@ -235,6 +240,39 @@ class CheckpointManager:
         self._records[step] = record
         progress.finish()
         self._prune()
+
+    def _write_shared(
+        self,
+        step: int,
+        frozen: dict[str, Frozen],
+        single: bool,
+        metrics: Metrics | None,
+        metadata: dict[str, Any] | None,
+        replace: bool,
+        *,
+        key: str,
+    ) -> None:
+        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
+        progress = Progress(f"step {step} of {self.directory}", total=0, bar=self._progress)
+        record = save_shared(
+            self._processes,
+            self._store,
+            key=key,
+            step=step,
+            folder=self._names.name(step),
+            items=frozen,
+            extension=_EXTENSION,
+            single=single,
+            metrics=metrics,
+            metadata=metadata,
+            replace=replace,
+            progress=progress,
+            keep_policy=dataclasses.asdict(self._policy),
+        )
+        progress.finish()
+        if record is not None:
+            self._records[step] = record
+            self._prune()
 
     def _prune(self) -> None:
         steps = self._committed_steps()
@@ -351,19 +389,24 @@ class CheckpointManager:
         *,
         items: Sequence[str] | None = None,
         as_numpy: bool = False,
-        sharding: Sharding | None = None,
+        sharding: ShardingSpec = None,
+        partial: bool = False,
+        select: str | Sequence[str] | None = None,
+        cast: bool = False,
     ) -> Any:
         """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
 
         Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
         fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
         named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. Arrays come back as ``jax.Array``, as numpy with ``as_numpy=True``, or on ``sharding`` (a
-        ``jax.Device`` or ``jax.sharding.Sharding``).
+        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. ``as_numpy``,
+        ``sharding``, ``partial``, ``select`` and ``cast`` work as in
+        :func:`jaxstow.load`; with named items, paths start with the item's name (``select=["params/**"]``), and a
+        ``sharding`` dict keyed by item names gives each item its own.
         """
         step = self._existing(step)
         record = self._record(step)
-        host = as_numpy or sharding is not None
+        options = {"as_numpy": as_numpy, "partial": partial, "cast": cast, "progress": self._progress}
         if record.single:
             if items is not None:
                 raise CheckpointError(
@@ -371,12 +414,11 @@ class CheckpointManager:
                     "items=",
                     file=self._url(step),
                 )
-            tree = self._load(step, record, SINGLE_ITEM, like, as_numpy=host)
-        else:
-            names = self._chosen_items(step, record, items, like)
-            likes = like or {}
-            tree = {name: self._load(step, record, name, likes.get(name), as_numpy=host) for name in names}
-        return tree if sharding is None else _place(tree, sharding)
+            with open_parts(self._sources(step, record, SINGLE_ITEM)) as reader:
+                return reader.load(like, sharding=sharding, select=select, **options)
+        names = self._chosen_items(step, record, items, like)
+        sources = {name: self._sources(step, record, name) for name in names}
+        return restore_items(sources, like or {}, select=select, sharding=sharding, where=self._url(step), **options)
 
     def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         saved = sorted(record.files)
@@ -405,9 +447,15 @@ class CheckpointManager:
             )
         return names
 
-    def _load(self, step: int, record: StepRecord, item: str, like: Any, *, as_numpy: bool) -> Any:
-        source = self._store.source(self._names.name(step), record.files[item])
-        return load(source, like, as_numpy=as_numpy)
+    def _sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
+        """The files of ``item``: one, or one per process that saved the step."""
+        try:
+            return [self._store.source(self._names.name(step), file) for file in record.item_files(item)]
+        except FileNotFoundError as error:
+            raise CheckpointError(
+                f"step {step} lists the file {os.path.basename(str(error.filename))!r} of item {item!r}, which is missing",
+                file=self._url(step),
+            ) from None
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

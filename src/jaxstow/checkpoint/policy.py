@@ -51,19 +51,36 @@ class KeepPolicy:
 
     def keep(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> set[int]:
         """The steps to keep; ``metrics`` maps steps to their metric (``None`` or NaN ranks last)."""
-        if not steps:
-            return set()
+        return {step for step, rules in self.reasons(steps, metrics).items() if rules}
+
+    def reasons(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> dict[int, list[str]]:
+        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"best 1 by loss"``, ``"newest"``).
+
+        A step with no rule is one the policy deletes.
+
+        >>> from jaxstow.checkpoint.policy import KeepPolicy
+        >>> KeepPolicy(keep_last=1, keep_every=10).reasons([10, 15, 20], {})
+        {10: ['every 10'], 15: [], 20: ['last 1', 'every 10']}
+        """
         ordered = sorted(steps)
+        reasons: dict[int, list[str]] = {step: [] for step in ordered}
+        if not ordered:
+            return reasons
         if self.keep_last is None and self.keep_every is None and self.keep_best is None:
-            return set(ordered)
-        kept = {ordered[-1]}
+            return {step: ["no keep rule"] for step in ordered}
         if self.keep_last is not None:
-            kept.update(ordered[-self.keep_last :])
+            for step in ordered[-self.keep_last :]:
+                reasons[step].append(f"last {self.keep_last}")
         if self.keep_every is not None:
-            kept.update(step for step in ordered if step % self.keep_every == 0)
+            for step in ordered:
+                if step % self.keep_every == 0:
+                    reasons[step].append(f"every {self.keep_every}")
         if self.keep_best is not None:
-            kept.update(sorted(ordered, key=lambda step: self._rank(metrics.get(step), step))[: self.keep_best])
-        return kept
+            for step in sorted(ordered, key=lambda step: self._rank(metrics.get(step), step))[: self.keep_best]:
+                reasons[step].append(f"best {self.keep_best} by {self.metric}")
+        if not reasons[ordered[-1]]:
+            reasons[ordered[-1]].append("newest")
+        return reasons
 
     def to_delete(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> list[int]:
         """The steps that no rule keeps, oldest first."""

@@ -23,14 +23,15 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import jaxstow
-from jaxstow.errors import CheckpointError, CorruptFileError, FormatError
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes
 from jaxstow.format.container import FORMAT_VERSION
 from jaxstow.format.native import header_checksum
 from jaxstow.format.untrusted_json import parse_json
+from jaxstow.jsonable import json_problem
 from jaxstow.storage import ReadSource
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
@@ -68,13 +69,10 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     """``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise."""
     if metadata is None:
         return None
-    try:
-        if not isinstance(metadata, dict):
-            raise TypeError(f"a dict, not {type(metadata).__name__}")
-        json.dumps(metadata, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise TypeError(f"metadata of step {step} must be a JSON-able dict: {error}") from None
-    return metadata
+    problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+    if problem is not None:
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
+    return cast(dict[str, Any], metadata)
 
 
 def _is_plain_name(name: object) -> bool:
@@ -86,7 +84,9 @@ def _is_plain_name(name: object) -> bool:
 class StepRecord:
     """A committed step: its item files, whether it is one tree or named items, its metrics and metadata.
 
-    ``headers`` maps each item to its file's header checksum (``None`` in records of jaxstow before version 2).
+    A step saved by several processes has, for each item, process 0's file in ``files`` and the other processes'
+    files (their shards) in ``parts``. ``headers`` maps each item to the header checksum of its file in ``files``
+    (``None`` in records of jaxstow before version 2).
     """
 
     step: int
@@ -95,7 +95,13 @@ class StepRecord:
     metrics: Metrics | None = None
     metadata: dict[str, Any] | None = None
     time: float = field(default_factory=time.time)
+    keep_policy: dict[str, Any] | None = None  # the writer's keep rules, for `jaxstow ls`
+    parts: dict[str, list[str]] = field(default_factory=dict)
     headers: dict[str, str] | None = None
+
+    def item_files(self, item: str) -> list[str]:
+        """Every file of ``item``: process 0's first."""
+        return [self.files[item], *self.parts.get(item, [])]
 
     def metric(self, name: str) -> float | None:
         return None if self.metrics is None else self.metrics.get(name)
@@ -109,6 +115,8 @@ class StepRecord:
             "single": self.single,
             "metrics": self.metrics,
             "metadata": self.metadata,
+            "keep_policy": self.keep_policy,
+            **({"parts": self.parts} if self.parts else {}),
             "library": f"jaxstow {jaxstow.__version__}",
             "record_version": _RECORD_VERSION,
             "format_version": FORMAT_VERSION,
@@ -134,7 +142,8 @@ class StepRecord:
         if version >= 2:
             _check_record_checksum(data, record.get(_CHECKSUM_KEY), where=where)
         step, files, single = record.get("step"), record.get("files"), record.get("single")
-        metrics, metadata, headers = record.get("metrics"), record.get("metadata"), record.get("headers")
+        metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
+        parts, headers = record.get("parts", {}), record.get("headers")
         valid = (
             type(step) is int
             and isinstance(files, dict)
@@ -143,12 +152,18 @@ class StepRecord:
             and (not single or len(files) == 1)
             and (metrics is None or _is_metrics(metrics))
             and (metadata is None or isinstance(metadata, dict))
+            and (keep_policy is None or isinstance(keep_policy, dict))
             and (headers is None or _is_headers(headers, files))
             and isinstance(record.get("time"), numbers.Real)
+            and isinstance(parts, dict)
+            and all(
+                item in files and isinstance(names, list) and all(map(_is_plain_name, names))
+                for item, names in parts.items()
+            )
         )
         if not valid:
             raise CorruptFileError("the step record lacks a field or has one of the wrong type", file=where)
-        return cls(step, files, single, metrics, metadata, float(record["time"]), headers)
+        return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy, parts, headers)
 
 
 def _checksum_field(value: str) -> bytes:
@@ -186,7 +201,7 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
     :class:`CheckpointError`, a damaged header or a file that is not the one the record names a
     :class:`CorruptFileError`.
     """
-    for item, file in sorted(record.files.items()):
+    for item, file in sorted((name, file) for name in record.files for file in record.item_files(name)):
         try:
             source = open_item(file)
         except FileNotFoundError:
@@ -197,7 +212,7 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
             found = header_checksum(source)
         finally:
             source.close()
-        expected = None if record.headers is None else record.headers.get(item)
+        expected = None if record.headers is None or file != record.files[item] else record.headers.get(item)
         if expected is not None and found != expected:
             raise CorruptFileError(
                 f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "

@@ -38,6 +38,11 @@ class Staging(Protocol):
         """Remove what was written; committed folders stay as they were."""
         ...
 
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`Store.stage` to write into this same folder."""
+        ...
+
 
 class Store(Protocol):
     """Named folders, each committed by its marker."""
@@ -55,7 +60,7 @@ class Store(Protocol):
 
     def source(self, name: str, file: str) -> ReadSource: ...
 
-    def stage(self, name: str, *, replace: bool) -> Staging: ...
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> Staging: ...
 
     def delete(self, name: str) -> None: ...
 

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Literal, Protocol
 import numpy as np
 
 from jaxstow.errors import CorruptFileError
-from jaxstow.format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest
+from jaxstow.format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest, tensor_names
 from jaxstow.format.native import Complete, NativeReader, write_native
 from jaxstow.format.npz import NpzReader, write_npz
 from jaxstow.format.reading import TensorSlot, Verify
@@ -83,8 +83,7 @@ def _check_manifest(reader: Container) -> None:
     """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
     if reader.manifest is None:
         return
-    leaves = check_manifest(reader.manifest, file=reader.file)["leaves"]
-    stored = {entry["path"] for entry in leaves if entry["kind"] != "value"}
+    stored = tensor_names(check_manifest(reader.manifest, file=reader.file))
     if stored != reader.slots.keys():
         missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
         raise CorruptFileError(

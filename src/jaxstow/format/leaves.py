@@ -28,22 +28,52 @@ from jaxstow.format.reading import TensorSlot
 from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.structure import decode_value, encode_value
 
-__all__ = ["EncodedLeaf", "StoredLeaf", "decode_value_entry", "encode_leaf", "stored_leaf_from_entry"]
+__all__ = [
+    "EncodedLeaf",
+    "EncodedShard",
+    "StoredLeaf",
+    "decode_value_entry",
+    "encode_leaf",
+    "is_sharded",
+    "stored_leaf_from_entry",
+]
 
 Entry = dict[str, Any]
 
 
+class EncodedShard(NamedTuple):
+    """One stored shard of a sharded array: its entry in the leaf's ``shards`` list and its bytes."""
+
+    entry: Entry
+    array: np.ndarray
+
+
 @dataclass(frozen=True)
 class EncodedLeaf:
-    """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array."""
+    """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array; a sharded
+    array has its distinct shards instead."""
 
     entry: Entry
     array: np.ndarray | None = None
+    shards: tuple[EncodedShard, ...] = ()
+
+    def tensors(self) -> list[tuple[str, np.ndarray, Entry]]:
+        """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
+        if self.array is not None:
+            return [(self.entry["path"], self.array, self.entry)]
+        return [(shard.entry["tensor"], shard.array, shard.entry) for shard in self.shards]
+
+
+def is_sharded(leaf: Any) -> bool:
+    """Whether ``leaf`` is a ``jax.Array`` laid out over several devices (or not all held by this process)."""
+    return isinstance(leaf, jax.Array) and (len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable)
 
 
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
     if isinstance(leaf, jax.Array):
+        if is_sharded(leaf) and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            return _encode_sharded(path, leaf, file=file)
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             data = _host_array(jax.random.key_data(leaf), path=path, file=file)
             impl = str(jax.random.key_impl(leaf))
@@ -60,6 +90,31 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         data = _host_array(np.asarray(leaf), path=path, file=file)
         return EncodedLeaf(_array_entry(path, "npscalar", data, file=file), data)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
+
+
+def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:
+    """A sharded array as its distinct shards held here (replica 0 of each), each with its box in the whole array."""
+    shards = []
+    for shard in leaf.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        box = [[*index.indices(size)[:2]] for index, size in zip(shard.index, leaf.shape, strict=True)]
+        data = _host_array(shard.data, path=path, file=file)
+        name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
+        shards.append(EncodedShard({"tensor": name, "box": box}, data))
+    shards.sort(key=lambda shard: shard.entry["box"])
+    entry = {**_array_entry(path, "sharded", np.empty(0, leaf.dtype), file=file), "shape": list(leaf.shape)}
+    entry["shards"] = [shard.entry for shard in shards]
+    entry["sharding"] = describe_sharding(leaf.sharding)
+    return EncodedLeaf(entry, None, tuple(shards))
+
+
+def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
+    """A named sharding as JSON (mesh shape, axis names, partition spec); ``None`` for shardings without a mesh."""
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
+    return {"mesh": list(sharding.mesh.devices.shape), "axes": list(sharding.mesh.axis_names), "spec": spec}
 
 
 def _host_array(leaf: Any, *, path: str, file: str | None) -> np.ndarray:
@@ -108,7 +163,7 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
     if name == name_of_dtype(slot.dtype) and shape == list(slot.shape):  # stored exactly: the slot is validated
         dtype, dims = slot.dtype, slot.shape
     else:
-        dtype, dims = _raw_leaf_layout(entry, slot, file=file)
+        dtype, dims = raw_leaf_layout(entry, slot, file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not isinstance(checksum, str):
         raise FormatError(f"malformed checksum {checksum!r}", file=file, path=path)
@@ -120,7 +175,7 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
     return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl)
 
 
-def _raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:
+def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:
     """The dtype and shape of a leaf stored as raw bytes, after checking that the slot holds exactly its bytes."""
     path, name, shape = entry["path"], entry.get("dtype"), entry.get("shape")
     dtype = dtype_from_name(name) if isinstance(name, str) else None

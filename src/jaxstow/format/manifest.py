@@ -27,7 +27,7 @@ import numpy as np
 from jaxstow.errors import FormatError
 from jaxstow.format.dtypes import dtype_from_name, is_shape
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
 FORMAT_NAME = "jaxstow"
 FORMAT_VERSION = 1
@@ -56,7 +56,10 @@ def check_manifest(manifest: Any, *, file: str) -> dict[str, Any]:
     leaves = manifest.get("leaves")
     if not isinstance(leaves, list):
         raise FormatError("the manifest has no list of leaves", file=file)
-    if "structure" not in manifest:
+    part = manifest.get("part")
+    if part is not None and not (type(part) is int and part >= 1):
+        raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
+    if "structure" not in manifest and part is None:  # a part of a sharded tree holds only shards
         raise FormatError("the manifest has no structure", file=file)
     if not isinstance(manifest.get("metadata"), dict | None):
         raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
@@ -114,7 +117,7 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
         if "value" not in entry:
             raise FormatError("a value entry has no value", file=file, path=path)
         return
-    if not isinstance(kind, str) or kind not in _STORED_KINDS:
+    if not isinstance(kind, str) or kind not in _STORED_KINDS | {"sharded"}:
         raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
     dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
     if dtype is None:
@@ -125,10 +128,35 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
     checksum = entry.get("xxh3")
     if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
         raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
+    if kind == "sharded":
+        _check_shards(entry.get("shards"), file=file, path=path)
     if kind == "npscalar" and shape:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
         _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+
+
+def _check_shards(shards: Any, *, file: str, path: str) -> None:
+    """The shards' tensor names and checksums (their boxes are checked against the shape where they are read)."""
+    if not isinstance(shards, list):
+        raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
+    for shard in shards:
+        checksum = shard.get("xxh3") if isinstance(shard, dict) else None
+        if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
+            checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
+        ):
+            raise FormatError(f"malformed shard {shard!r}", file=file, path=path)
+
+
+def tensor_names(manifest: dict[str, Any]) -> set[str]:
+    """The names of the tensors a checked manifest's leaves are stored in (a sharded leaf's shards each have one)."""
+    names: set[str] = set()
+    for entry in manifest["leaves"]:
+        if entry["kind"] == "sharded":
+            names.update(shard["tensor"] for shard in entry["shards"])
+        elif entry["kind"] != "value":
+            names.add(entry["path"])
+    return names
 
 
 def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:

@@ -25,6 +25,7 @@ from jaxstow.errors import CollectorError, SampleCountError
 from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
 from jaxstow.io.hdf5 import HDF5Collector
+from jaxstow.io.inference_data import to_inference_data
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.no_save import DeviceSamples, no_save
 from jaxstow.io.saving import Saving, SavingState, save
@@ -47,4 +48,5 @@ __all__ = [
     "register_dictionize_rule",
     "save",
     "scheduler",
+    "to_inference_data",
 ]

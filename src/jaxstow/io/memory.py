@@ -47,6 +47,11 @@ class MemoryCollector(DataCollector):
         self._chains = ChainBook()
         self._samples: list[list[np.ndarray]] = []
 
+    @property
+    def chain_count(self) -> int:
+        """The number of chains registered."""
+        return len(self._samples)
+
     def _path(self, chain_id: int, suffix: str) -> str | None:
         return None if self._save_dir is None else os.path.join(self._save_dir, f"chain_{chain_id}{suffix}")
 

@@ -1,0 +1,124 @@
+"""One step saved by every process of a ``jax.distributed`` run: each writes its own files, process 0 commits.
+
+All of it runs in each process's background save, so asynchronous saves overlap training everywhere:
+
+1. process 0 opens the step's staging folder and sends its token; the others write into the same folder;
+2. every process writes its file of each item (process 0: the structure and every leaf but the other processes'
+   shards; process ``k``: ``item.pk.safetensors`` with its own shards, replica 0 only, so each shard is written once
+   in all) and sends one summary: the step, the tree's digest, its files, or its error;
+3. process 0 receives every summary, checks that all processes saved the same step of the same tree, writes
+   ``checkpoint.json`` listing every file and commits; it sends the outcome, which the others wait for, so an error
+   anywhere, or a process that never reports, leaves no committed step and reaches every process.
+
+Each process sends two small messages per save whatever the size of the tree: the commit path is O(processes).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jaxstow.checkpoint.processes import Processes
+from jaxstow.checkpoint.record import Metrics, StepRecord
+from jaxstow.checkpoint.store import Staging, Store
+from jaxstow.engine import Frozen, Progress
+from jaxstow.errors import CheckpointError
+
+__all__ = ["save_shared"]
+
+_COMMITTED = "committed"
+
+
+def save_shared(
+    processes: Processes,
+    store: Store,
+    *,
+    key: str,
+    step: int,
+    folder: str,
+    items: dict[str, Frozen],
+    extension: str,
+    single: bool,
+    metrics: Metrics | None,
+    metadata: dict[str, Any] | None,
+    replace: bool,
+    progress: Progress,
+    keep_policy: dict[str, Any] | None = None,
+) -> StepRecord | None:
+    """Write this process's files of ``step`` and take part in its commit; process 0 returns the committed record.
+
+    ``key`` names this save in the messages, the same in every process.
+    """
+    me = processes.index
+    where = store.url(folder)
+    if me == 0:
+        staging = store.stage(folder, replace=replace)
+        processes.send(f"{key}/staging", staging.token)
+    else:
+        token = processes.receive(f"{key}/staging", sender=0, what=f"the folder of step {step} ({where})")
+        staging = store.stage(folder, replace=replace, token=token)
+    try:
+        summary = _write_files(staging, me, step, items, extension, progress)
+    except BaseException as error:
+        processes.send(f"{key}/done/{me}", json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        if me == 0:
+            _give_up(processes, key, staging, f"process 0 failed: {error}")
+        raise
+    processes.send(f"{key}/done/{me}", json.dumps(summary))
+    if me != 0:
+        outcome = processes.receive(f"{key}/outcome", sender=0, what=f"the commit of step {step} ({where})")
+        if outcome != _COMMITTED:
+            raise CheckpointError(f"step {step} was not committed: {outcome}", file=where)
+        return None
+    try:
+        summaries = [summary] + [
+            json.loads(processes.receive(f"{key}/done/{k}", sender=k, what=f"its files of step {step} ({where})"))
+            for k in range(1, processes.count)
+        ]
+        _check_agreement(summaries, step=step, where=where)
+        files = summary["files"]
+        parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
+        record = StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts)
+        staging.commit(record.to_json())
+    except BaseException as error:
+        _give_up(processes, key, staging, str(error))
+        raise
+    processes.send(f"{key}/outcome", _COMMITTED)
+    return record
+
+
+def _write_files(
+    staging: Staging, me: int, step: int, items: dict[str, Frozen], extension: str, progress: Progress
+) -> dict[str, Any]:
+    files, digests = {}, {}
+    for name, item in items.items():
+        snapshot = item.snapshot()
+        with staging.open(f"{name}{f'.p{me}' if me else ''}{extension}") as (stored, sink):
+            snapshot.write(progress.sink(sink))
+        files[name], digests[name] = stored, snapshot.digest
+    return {"step": step, "files": files, "digests": digests}
+
+
+def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) -> None:
+    """Raise naming every process that failed or saved another step or another tree than process 0."""
+    problems = []
+    first = summaries[0]
+    for index, summary in enumerate(summaries):
+        if "error" in summary:
+            problems.append(f"process {index} failed: {summary['error']}")
+        elif summary.get("step") != step:
+            problems.append(f"process {index} saved step {summary.get('step')}, process 0 step {step}")
+        elif summary.get("digests") != first["digests"]:
+            differing = sorted(
+                name
+                for name in {*first["digests"], *summary.get("digests", {})}
+                if first["digests"].get(name) != summary.get("digests", {}).get(name)
+            )
+            problems.append(f"process {index} saved other trees than process 0 for the items {differing}")
+    if problems:
+        raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems), file=where)
+
+
+def _give_up(processes: Processes, key: str, staging: Staging, reason: str) -> None:
+    staging.abort()
+    processes.send(f"{key}/outcome", reason)

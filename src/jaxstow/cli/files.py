@@ -1,0 +1,220 @@
+"""What the commands read: a file's leaves (from its header), their stored arrays, and the steps of a folder.
+
+Every command goes through these few functions, so that they read local paths and fsspec URLs alike.
+
+>>> import os, tempfile, jax.numpy as jnp, jaxstow
+>>> from jaxstow.cli.files import describe, open_file
+>>> path = os.path.join(tempfile.mkdtemp(), "model.jxs")
+>>> jaxstow.save(path, {"w": jnp.ones((2, 3)), "depth": 2})
+>>> with open_file(path) as reader:
+...     [(leaf.path, leaf.dtype, leaf.shape, leaf.nbytes) for leaf in describe(reader)]
+[('depth', 'int', None, 0), ('w', 'float32', (2, 3), 24)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import jax
+import numpy as np
+
+from jaxstow.checkpoint.naming import StepNames
+from jaxstow.checkpoint.record import RECORD_NAME, StepRecord
+from jaxstow.checkpoint.store import Store, open_store
+from jaxstow.errors import CorruptFileError, FormatError, PathError
+from jaxstow.format.dtypes import name_of_dtype
+from jaxstow.format.shards import ShardedLeaf
+from jaxstow.format.torch_leaves import tensor_to_numpy
+from jaxstow.read.reader import Reader, open_parts
+from jaxstow.remote import RemoteSource, local_path
+from jaxstow.storage import ReadSource, open_source
+
+__all__ = [
+    "Leaf",
+    "Step",
+    "checkpoint_steps",
+    "describe",
+    "file_size",
+    "is_folder",
+    "open_file",
+    "open_source_at",
+    "read_arrays",
+    "verify_checksums",
+]
+
+
+def is_folder(target: str) -> bool:
+    """Whether ``target`` (a path or an fsspec URL) is a folder."""
+    path = local_path(target)
+    if path is not None:
+        return os.path.isdir(path)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(target)
+    return bool(fs.isdir(root))
+
+
+def open_source_at(target: str) -> ReadSource:
+    """A random-access source for a local path or an fsspec URL; a folder or a missing file raises a PathError."""
+    if is_folder(target):
+        raise PathError(
+            "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
+        )
+    path = local_path(target)
+    if path is not None:
+        if not os.path.exists(path):
+            raise PathError("no such file", file=target)
+        return open_source(path)
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(target)
+    if not fs.exists(root):
+        raise PathError("no such file", file=target)
+    return RemoteSource(fs, root, name=target)
+
+
+@contextlib.contextmanager
+def open_file(target: str | ReadSource | Sequence[ReadSource]) -> Iterator[Reader]:
+    """A lazy reader of a jaxstow, safetensors or npz file (or of the files of one item saved by several processes),
+    closed when the block ends."""
+    if isinstance(target, Sequence) and not isinstance(target, str):
+        reader = open_parts(target)
+    else:
+        reader = open_parts([open_source_at(target) if isinstance(target, str) else target])
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
+def file_size(reader: Reader) -> int:
+    """The size of the reader's files in bytes."""
+    return sum(int(cast(Any, container).source.size) for container in reader.containers)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One leaf as a file describes it: its path, what it is and how big.
+
+    ``kind`` is ``"array"``, ``"npscalar"``, ``"key"``, ``"torch"`` or ``"sharded"`` for stored leaves and
+    ``"value"`` for the rest; stored leaves have a numpy ``dtype`` name, a ``shape`` and ``nbytes``, values their
+    Python type as ``dtype`` and their tagged JSON as ``value``. ``checksum`` is the recorded xxh3, if any (a sharded
+    leaf has one per shard).
+    """
+
+    path: str
+    kind: str
+    dtype: str
+    shape: tuple[int, ...] | None
+    nbytes: int
+    value: Any = None
+    checksum: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.kind != "value"
+
+
+def describe(reader: Reader) -> list[Leaf]:
+    """Every leaf of the file, from its header alone, in the file's leaf order (plain files: sorted names)."""
+    leaves = []
+    for path in reader.paths:
+        if path in reader.stored:
+            leaf = reader.stored[path]
+            dtype = name_of_dtype(leaf.dtype) or str(leaf.dtype)
+            leaves.append(Leaf(path, leaf.kind, dtype, leaf.shape, leaf.nbytes, checksum=leaf.checksum))
+        else:
+            value = reader.value_entries[path].get("value")
+            leaves.append(Leaf(path, "value", value_type(value), None, 0, value=value))
+    return leaves
+
+
+def value_type(value: Any) -> str:
+    """The type of a value leaf, from its tagged JSON: ``int``, ``str``, ``float``, ``ref`` (a named object)...
+
+    >>> from jaxstow.cli.files import value_type
+    >>> value_type(3), value_type({"float": "0.5"}), value_type({"ref": "jax.nn.relu"}), value_type(None)
+    ('int', 'float', 'ref', 'None')
+    """
+    if value is None:
+        return "None"
+    if isinstance(value, bool | int | str):
+        return type(value).__name__
+    if isinstance(value, dict) and value:
+        return str(next(iter(value)))
+    return type(value).__name__
+
+
+def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:
+    """The stored leaves' data as numpy arrays (PRNG keys as their key data), checked against their checksums."""
+    values = reader.read_stored([reader.stored[leaf.path] for leaf in leaves])
+    return {path: _as_numpy(value) for path, value in values.items()}
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, jax.Array):
+        return np.asarray(jax.random.key_data(value))
+    if isinstance(value, np.ndarray | np.generic):
+        return np.asarray(value)
+    return tensor_to_numpy(value)
+
+
+def verify_checksums(reader: Reader, on_read: Callable[[int], None]) -> tuple[int, list[CorruptFileError]]:
+    """Read every stored leaf and compare it with its recorded checksums; returns the count checked and the damage.
+
+    ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums.
+    """
+    checked, damage = 0, []
+    for leaf in reader.stored.values():
+        sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
+        checked += sum(checksum is not None for checksum in sums)
+        try:
+            reader.read_arrays([leaf])
+        except CorruptFileError as error:
+            damage.append(error)
+        on_read(leaf.nbytes)
+    return checked, damage
+
+
+@dataclass(frozen=True)
+class Step:
+    """A committed step of a checkpoint folder: its record, and where its files are."""
+
+    record: StepRecord
+    store: Store
+    name: str
+
+    def url(self, file: str) -> str:
+        return self.store.url(self.name, file)
+
+    def sources(self, item: str) -> list[ReadSource]:
+        """The files of ``item``: one, or one per process that saved the step."""
+        return [self.store.source(self.name, file) for file in self.record.item_files(item)]
+
+    def size(self) -> int:
+        """Bytes of the step's item files."""
+        total = 0
+        for item in self.record.files:
+            for source in self.sources(item):
+                total += source.size
+                source.close()
+        return total
+
+
+def checkpoint_steps(folder: str) -> list[Step]:
+    """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
+    store = open_store(folder, marker=RECORD_NAME)
+    names = StepNames("%d")
+    steps = []
+    for step in names.steps(store.committed()):
+        name = names.name(step)
+        where = store.url(name, RECORD_NAME)
+        record = StepRecord.from_json(store.read_marker(name), where=where)
+        if record.step != step:
+            raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+        steps.append(Step(record, store, name))
+    return steps

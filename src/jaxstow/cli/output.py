@@ -1,0 +1,79 @@
+"""Tables and lines for people, JSON for scripts: rich tables in a terminal, plain aligned text otherwise.
+
+>>> from jaxstow.cli.output import Table
+>>> table = Table(["path", "dtype", "size"], right=["size"])
+>>> table.add("w", "float32", "24 B")
+>>> table.add("layers/0/bias", "float32", "8 B")
+>>> print(table.plain())
+path           dtype    size
+w              float32  24 B
+layers/0/bias  float32   8 B
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Table", "print_json", "styled_terminal"]
+
+
+def styled_terminal() -> bool:
+    """Whether standard output is a terminal that rich can draw on (rich is an optional dependency)."""
+    if not sys.stdout.isatty():
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Table:
+    """Rows of text under named columns; ``right`` names the columns aligned to the right (numbers)."""
+
+    def __init__(self, columns: Sequence[str], *, right: Sequence[str] = (), title: str | None = None) -> None:
+        self.columns = list(columns)
+        self.right = set(right)
+        self.title = title
+        self.rows: list[list[str]] = []
+
+    def add(self, *cells: object) -> None:
+        if len(cells) != len(self.columns):
+            raise ValueError(f"a row needs {len(self.columns)} cells, not {len(cells)}")
+        self.rows.append(["" if cell is None else str(cell) for cell in cells])
+
+    def plain(self) -> str:
+        """The table as aligned text, two spaces between columns, no trailing spaces."""
+        widths = [max([len(column), *(len(row[i]) for row in self.rows)]) for i, column in enumerate(self.columns)]
+        lines = [] if self.title is None else [self.title]
+        for row in [self.columns, *self.rows]:
+            cells = [
+                cell.rjust(width) if column in self.right and row is not self.columns else cell.ljust(width)
+                for cell, width, column in zip(row, widths, self.columns, strict=True)
+            ]
+            lines.append("  ".join(cells).rstrip())
+        return "\n".join(lines)
+
+    def show(self) -> None:
+        """Print the table: drawn by rich in a terminal, as plain text otherwise."""
+        if not styled_terminal():
+            print(self.plain())
+            return
+        from rich.console import Console
+        from rich.table import Table as RichTable
+
+        drawn = RichTable(title=self.title, title_justify="left", header_style="bold")
+        for column in self.columns:
+            drawn.add_column(column, justify="right" if column in self.right else "left", overflow="fold")
+        for row in self.rows:
+            drawn.add_row(*row)
+        Console().print(drawn)
+
+
+def print_json(data: Any) -> None:
+    """Print ``data`` as indented JSON."""
+    json.dump(data, sys.stdout, indent=2)
+    sys.stdout.write("\n")

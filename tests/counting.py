@@ -1,0 +1,30 @@
+"""A real source that counts the bytes read through it, to check that a restore reads only what it needs."""
+
+from __future__ import annotations
+
+from jaxstow.storage import ReadSource
+
+
+class CountingSource:
+    """Wraps a :class:`~jaxstow.storage.ReadSource` and adds up the bytes of every read."""
+
+    def __init__(self, source: ReadSource) -> None:
+        self.inner = source
+        self.name = source.name
+        self.size = source.size
+        self.parallel = source.parallel
+        self.bytes_read = 0
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        self.bytes_read += buffer.nbytes
+        self.inner.read_into(offset, buffer)
+
+    def read(self, offset: int, length: int) -> bytes:
+        self.bytes_read += length
+        return self.inner.read(offset, length)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def describe_size(self) -> str:
+        return self.inner.describe_size()

@@ -1,0 +1,133 @@
+"""One process of a ``jax.distributed`` run, started by the multi-process tests: ``worker.py ACTION PROCESS COUNT
+DEVICES PORT FOLDER``.
+
+``save`` saves steps 1 and 2 of a tree sharded over a global mesh of every process's devices (step 2 with a
+``--kill-at`` pause for a SIGKILL); ``restore`` restores step 2 on a mesh of this run's devices (or, in one process with
+``--no-target``, whole arrays on one CPU) and checks every value; ``disagree`` saves another step in process 1,
+``other-tree`` another tree.
+Each prints one JSON line of what it saw. ``FOLDER`` may be a URL, with fsspec options as JSON in
+``JAXSTOW_STORAGE_OPTIONS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("action", choices=["save", "restore", "disagree", "other-tree"])
+parser.add_argument("process", type=int)
+parser.add_argument("count", type=int)
+parser.add_argument("devices", type=int)
+parser.add_argument("port", type=int)
+parser.add_argument("folder")
+parser.add_argument("--no-target", action="store_true")
+parser.add_argument("--pause-before-commit", type=float, default=0.0)
+args = parser.parse_args()
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+if args.count > 1:
+    jax.distributed.initialize(
+        f"127.0.0.1:{args.port}", num_processes=args.count, process_id=args.process, heartbeat_timeout_seconds=10
+    )
+
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from jaxstow import CheckpointManager  # noqa: E402
+
+ROWS, COLUMNS = 512, 384
+OPTIONS = json.loads(os.environ.get("JAXSTOW_STORAGE_OPTIONS", "null"))
+
+
+def expected(step: int) -> dict[str, np.ndarray]:
+    """The values saved at ``step``: the same in every process, whatever the layout."""
+    base = np.arange(ROWS * COLUMNS, dtype=np.float32).reshape(ROWS, COLUMNS) + 1000 * step
+    return {"w": base, "b": base[0] * 2, "r": base[:8, 0].copy(), "count": np.int32(step)}
+
+
+def global_mesh() -> jax.sharding.Mesh:
+    count = len(jax.devices())
+    return jax.make_mesh((2, count // 2) if count > 1 else (1, 1), ("data", "model"))
+
+
+def layouts(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
+    return {
+        "w": NamedSharding(mesh, P("data", "model")),  # every shard distinct
+        "b": NamedSharding(mesh, P("model")),  # partially replicated
+        "r": NamedSharding(mesh, P()),  # replicated everywhere
+    }
+
+
+def sharded_state(step: int) -> dict:
+    values, shardings = expected(step), layouts(global_mesh())
+    state = {
+        name: jax.make_array_from_callback(
+            values[name].shape, shardings[name], lambda index, name=name: values[name][index]
+        )
+        for name in shardings
+    }
+    return {"params": state, "meta": {"count": values["count"]}}
+
+
+def bytes_read() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+report: dict = {"process": args.process}
+if args.action in ("save", "disagree", "other-tree"):
+    with CheckpointManager(args.folder, process_timeout=30, storage_options=OPTIONS) as manager:
+        manager.save(1, sharded_state(1))
+        manager.wait()
+        if args.pause_before_commit:
+            print(json.dumps({"process": args.process, "saved": 1}), flush=True)
+            time.sleep(args.pause_before_commit)
+        step = 3 if args.action == "disagree" and args.process == 1 else 2
+        try:
+            state = sharded_state(2)
+            if args.action == "other-tree" and args.process == 1:
+                state["meta"]["extra"] = np.float32(1)
+            manager.save(step, state)
+            manager.wait()
+            report["steps"] = manager.steps()
+        except Exception as error:
+            report["error"] = f"{type(error).__name__}: {error}"
+else:
+    mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    target = {
+        "params": {
+            "w": NamedSharding(mesh, P("x")) if ROWS % len(jax.devices()) == 0 else None,
+            "b": NamedSharding(mesh, P()),
+            "r": NamedSharding(mesh, P("x")) if 8 % len(jax.devices()) == 0 else None,
+        },
+        "meta": None,
+    }
+    with CheckpointManager(args.folder, storage_options=OPTIONS) as manager:
+        manager.restore(1, sharding=None if args.no_target else target)  # every code path loaded before measuring
+        before = bytes_read()
+        state = manager.restore(sharding=None if args.no_target else target)
+        after = bytes_read()
+    want = expected(2)
+    held = 0
+    for name in ("w", "b", "r"):
+        array = state["params"][name]
+        for shard in array.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), want[name][shard.index])
+            held += shard.data.nbytes
+        if args.no_target:
+            assert len(array.devices()) == 1
+            np.testing.assert_array_equal(np.asarray(array), want[name])
+    assert int(state["meta"]["count"]) == 2
+    report.update(bytes_read=after - before, bytes_held=held, steps=manager.steps())
+print(json.dumps(report), flush=True)
+if args.count > 1:
+    jax.distributed.shutdown()
+sys.exit(0)

@@ -1,0 +1,338 @@
+"""The ``jaxstow`` command, run for real (``python -m jaxstow``) in subprocesses on real files and folders."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.cli import main
+
+
+def jaxstow_command(*args: object, check: int | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m jaxstow ARGS``; ``check`` is the exit status expected."""
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    if check is not None:
+        assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def _data_start(path) -> int:
+    with open(path, "rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+    return 8 + length
+
+
+def _flip_byte(path, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    model = eqx.nn.MLP(3, 2, width_size=8, depth=1, activation=jax.nn.gelu, key=jax.random.key(0))
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, model, metadata={"epoch": 3, "note": "first run"})
+    return path
+
+
+def test_inspect_shows_the_tree_totals_and_metadata(model_file):
+    out = jaxstow_command("inspect", model_file, check=0).stdout
+    assert out.startswith(f"{model_file}: jaxstow file (format 1), ")
+    assert "structure: equinox.nn.MLP" in out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("path"))
+    assert header.split() == ["path", "dtype", "shape", "size", "value"]
+    assert any(line.split()[:4] == ["layers/0/weight", "float32", "(8,", "3)"] for line in lines)
+    assert any(line.split() == ["activation", "ref", "jax.nn.gelu"] for line in lines)
+    assert "6 leaves: 4 arrays (200 B), 2 values" in out  # (8*3 + 8 + 2*8 + 2) float32
+    assert 'metadata: {"epoch": 3, "note": "first run"}' in out
+
+
+def test_inspect_json_is_for_scripts(model_file):
+    report = json.loads(jaxstow_command("inspect", "--json", model_file, check=0).stdout)
+    assert report["format"] == "jaxstow" and report["version"] == 1 and report["metadata"]["epoch"] == 3
+    assert report["file_bytes"] == os.path.getsize(model_file) and report["array_bytes"] == 200
+    weight = next(leaf for leaf in report["leaves"] if leaf["path"] == "layers/0/weight")
+    assert weight == {**weight, "kind": "array", "dtype": "float32", "shape": [8, 3], "nbytes": 96}
+    assert len(weight["xxh3"]) == 16
+
+
+def test_inspect_reads_plain_files_and_file_urls(tmp_path):
+    from safetensors.numpy import save_file
+
+    save_file({"emb": np.zeros((4, 2), np.float16)}, str(tmp_path / "plain.safetensors"))
+    out = jaxstow_command("inspect", f"file://{tmp_path}/plain.safetensors", check=0).stdout
+    assert ": safetensors file, " in out and "emb   float16  (4, 2)  16 B" in out and "metadata" not in out
+    np.savez(tmp_path / "plain.npz", a=np.arange(3))
+    assert "a     int64  (3,)   24 B" in jaxstow_command("inspect", tmp_path / "plain.npz", check=0).stdout
+
+
+def test_inspect_reads_fsspec_urls(capsys):
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.open("memory://cli-test/remote.jxs", "wb") as file:
+        jaxstow.save(file, {"w": jnp.ones(3)}, metadata={"where": "memory"})
+    assert main(["inspect", "memory://cli-test/remote.jxs"]) == 0
+    out = capsys.readouterr().out
+    assert "w     float32  (3,)   12 B" in out and 'metadata: {"where": "memory"}' in out
+
+
+def test_inspect_refuses_a_folder_and_a_missing_file_clearly(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"w": jnp.ones(2)})
+    done = jaxstow_command("inspect", tmp_path / "run", check=2)
+    assert f"{tmp_path / 'run'}: is a folder, not a file" in done.stderr and "jaxstow ls" in done.stderr
+    done = jaxstow_command("inspect", tmp_path / "nothing.jxs", check=2)
+    assert f"{tmp_path / 'nothing.jxs'}: no such file" in done.stderr
+
+
+def test_verify_a_file_and_name_the_corrupt_leaf(tmp_path):
+    path = tmp_path / "w.jxs"
+    jaxstow.save(path, {"big": np.arange(1000, dtype=np.float32), "small": np.ones(4, np.int8)})
+    out = jaxstow_command("verify", path, check=0).stdout
+    assert f"ok       {path}: 2 checksums, 4.00 kB read" in out and "1 file intact" in out
+    _flip_byte(path, _data_start(path) + 100)  # inside 'big', the first (largest item size) tensor
+    done = jaxstow_command("verify", path, check=1)
+    assert f"DAMAGED  leaf 'big' of {path}: checksum mismatch" in done.stdout
+    assert "'small'" not in done.stdout and "1 of 1 file damaged" in done.stdout
+    report = json.loads(jaxstow_command("verify", "--json", path, check=1).stdout)
+    assert report["intact"] is False and report["files"][0]["damage"][0]["leaf"] == "big"
+
+
+def test_verify_a_damaged_header(tmp_path):
+    path = tmp_path / "w.jxs"
+    jaxstow.save(path, {"w": np.ones(4, np.float32)})
+    _flip_byte(path, 20)
+    done = jaxstow_command("verify", path, check=1)
+    assert f"DAMAGED  {path}: " in done.stdout and "header" in done.stdout
+
+
+def test_verify_every_step_of_a_checkpoint_folder(tmp_path):
+    run = tmp_path / "run"
+    with CheckpointManager(run) as manager:
+        for step in range(3):
+            manager.save(step, {"params": {"w": jnp.full(256, step, jnp.float32)}, "opt": {"mu": jnp.zeros(8)}})
+    out = jaxstow_command("verify", run, check=0).stdout
+    assert out.count("ok ") == 6 and "6 files intact" in out
+    damaged = run / "1" / "params.safetensors"
+    _flip_byte(damaged, _data_start(damaged) + 7)
+    done = jaxstow_command("verify", run, "--progress", check=1)
+    assert f"DAMAGED  leaf 'w' of {damaged}: checksum mismatch" in done.stdout
+    assert "1 of 6 files damaged" in done.stdout
+    assert f"verifying {run}/0/opt.safetensors" in done.stderr  # the progress bar, on stderr
+
+
+def test_diff_names_every_kind_of_difference(tmp_path):
+    a, b, same = tmp_path / "a.jxs", tmp_path / "b.jxs", tmp_path / "same.jxs"
+    tree = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.zeros(3, np.float32), "lr": 0.1, "old": 1}
+    jaxstow.save(a, tree)
+    jaxstow.save(same, tree)
+    changed = {**tree, "w": tree["w"] + np.array([0, 0, 0.25, 0, 0, -2], np.float32).reshape(2, 3), "lr": 0.2}
+    changed["b"] = np.zeros(4, np.float32)
+    del changed["old"]
+    changed["new"] = np.ones(2, ml_dtypes.bfloat16)
+    jaxstow.save(b, changed)
+    out = jaxstow_command("diff", a, b, check=1).stdout.splitlines()
+    assert out[1:6] == [
+        "b     shape (3,) -> (4,)",
+        "lr    value 0.1 -> 0.2",
+        "new   only in B",
+        "old   only in A",
+        "w     values differ: 2 of 6 elements, max |A - B| = 2",
+    ]
+    assert out[-1] == "5 of 5 leaves differ"
+    assert jaxstow_command("diff", a, same, check=0).stdout == "the same: 4 leaves\n"
+    report = json.loads(jaxstow_command("diff", "--json", a, b, check=1).stdout)
+    assert {item["kind"] for item in report["differences"]} == {"shape", "value", "only in A", "only in B", "values"}
+
+
+def test_ls_shows_steps_metrics_and_the_rule_that_keeps_each(tmp_path):
+    run = tmp_path / "run"
+    with CheckpointManager(run, keep_last=2, keep_every=10, keep_best=1, metric="loss") as manager:
+        for step, loss in [(5, 0.9), (10, 0.8), (15, 0.1), (20, 0.5), (25, 0.6), (30, 0.7)]:
+            manager.save(step, {"params": {"w": jnp.ones(100)}}, metrics={"loss": loss, "acc": 1 - loss})
+    out = jaxstow_command("ls", run, check=0).stdout.splitlines()
+    assert out[0].split() == ["step", "time", "size", "metrics", "kept", "by"]
+    rows = {int(line.split()[0]): line for line in out[1:-1]}
+    assert sorted(rows) == [10, 15, 20, 25, 30]
+    assert rows[10].endswith("every 10") and rows[15].endswith("best 1 by loss")
+    assert rows[20].endswith("every 10") and rows[25].endswith("last 2")
+    assert rows[30].endswith("last 2, every 10") and "loss=0.7 acc=0.3" in rows[30]
+    assert out[-1].startswith("5 steps, ") and out[-1].endswith("keep_last=2, keep_every=10, keep_best=1 by loss (min)")
+    listing = json.loads(jaxstow_command("ls", "--json", run, check=0).stdout)
+    assert [step["step"] for step in listing["steps"]] == [10, 15, 20, 25, 30]
+    assert listing["steps"][0]["bytes"] == os.path.getsize(run / "10" / "params.safetensors")
+    assert listing["keep_policy"]["keep_last"] == 2
+
+
+def test_convert_npz_safetensors_and_a_torch_state_dict_to_jaxstow(tmp_path):
+    torch = pytest.importorskip("torch")
+    from safetensors.numpy import save_file
+
+    np.savez(tmp_path / "a.npz", w=np.arange(4.0), b=np.ones(2, np.int32))
+    done = jaxstow_command("convert", tmp_path / "a.npz", tmp_path / "a.jxs", "--progress", check=0)
+    assert f"saving {tmp_path / 'a.jxs'}" in done.stderr  # the progress bar
+    restored = jaxstow.load(tmp_path / "a.jxs", as_numpy=True)
+    np.testing.assert_array_equal(restored["w"], np.arange(4.0))
+    assert restored["b"].dtype == np.int32
+
+    save_file({"emb": np.full((2, 2), 3, np.float16)}, str(tmp_path / "s.safetensors"))
+    out = jaxstow_command("convert", tmp_path / "s.safetensors", tmp_path / "s.jxs", check=0).stdout
+    assert "(safetensors) -> " in out and "(jaxstow): 1 leaf" in out
+    assert jaxstow.load(tmp_path / "s.jxs", as_numpy=True)["emb"].dtype == np.float16
+
+    layer = torch.nn.Linear(3, 2)
+    layer.to(torch.bfloat16)
+    torch.save(layer.state_dict(), tmp_path / "linear.pt")
+    out = jaxstow_command("convert", tmp_path / "linear.pt", tmp_path / "linear.jxs", check=0).stdout
+    assert "(pytorch) -> " in out and ": 2 leaves" in out
+    weights = jaxstow.load(tmp_path / "linear.jxs", as_numpy=True)
+    assert weights["weight"].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(weights["weight"].astype(np.float32), layer.weight.float().detach().numpy())
+
+
+class _Payload:
+    """An object whose unpickling would run code: creating a marker folder."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_convert_never_unpickles_objects_from_a_torch_file(tmp_path):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "code-ran"
+    torch.save({"w": torch.ones(2), "evil": _Payload(str(marker))}, tmp_path / "evil.pt")
+    done = jaxstow_command("convert", tmp_path / "evil.pt", tmp_path / "evil.jxs", check=2)
+    assert "not a PyTorch file of tensors that loads without unpickling objects" in done.stderr
+    assert not marker.exists() and not (tmp_path / "evil.jxs").exists()
+
+
+def test_convert_an_orbax_checkpoint(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    tree = {"params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3, jnp.bfloat16)}, "step": 7}
+    ocp.PyTreeCheckpointer().save(tmp_path / "orbax", tree)
+    out = jaxstow_command("convert", tmp_path / "orbax", tmp_path / "from_orbax.jxs", check=0).stdout
+    assert "(orbax) -> " in out and ": 3 leaves" in out
+    restored = jaxstow.load(tmp_path / "from_orbax.jxs", as_numpy=True)
+    np.testing.assert_array_equal(restored["params"]["w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    assert restored["params"]["b"].dtype == ml_dtypes.bfloat16 and int(restored["step"]) == 7
+
+
+def test_convert_jaxstow_to_plain_safetensors_and_npz(tmp_path, model_file):
+    from safetensors.numpy import load_file
+
+    done = jaxstow_command("convert", model_file, tmp_path / "plain.safetensors", check=0)
+    assert "have no place in a safetensors file" in done.stderr and "'activation'" in done.stderr
+    plain = load_file(str(tmp_path / "plain.safetensors"))
+    model = jaxstow.load(model_file, as_numpy=True)
+    np.testing.assert_array_equal(plain["layers/0/weight"], model.layers[0].weight)
+    jaxstow_command("convert", model_file, tmp_path / "plain.npz", check=0)
+    with np.load(tmp_path / "plain.npz", allow_pickle=False) as archive:
+        np.testing.assert_array_equal(archive["layers/1/bias"], model.layers[1].bias)
+        assert "__jaxstow__" not in archive.files
+
+    jaxstow.save(tmp_path / "bf16.jxs", {"x": jnp.ones(2, jnp.bfloat16)})
+    done = jaxstow_command("convert", tmp_path / "bf16.jxs", tmp_path / "bf16.npz", check=2)
+    assert f"leaf 'x' of {tmp_path / 'bf16.npz'}: bfloat16 has no npz dtype" in done.stderr
+    assert not (tmp_path / "bf16.npz").exists()
+
+
+def test_convert_points_from_a_checkpoint_folder_to_its_files(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(4, {"params": {"w": jnp.ones(2)}})
+    done = jaxstow_command("convert", tmp_path / "run", tmp_path / "out.jxs", check=2)
+    message = f"{tmp_path / 'run'}: is a jaxstow checkpoint folder: convert one of its item files instead, such as "
+    assert message + f"{tmp_path}/run/4/params.safetensors" in done.stderr
+    (tmp_path / "empty").mkdir()
+    for command in ("ls", "verify"):
+        done = jaxstow_command(command, tmp_path / "empty", check=2)
+        assert f"{tmp_path / 'empty'}: holds no committed checkpoint step" in done.stderr
+
+
+def test_convert_jaxstow_between_containers_keeps_the_whole_tree(tmp_path, model_file):
+    jaxstow_command("convert", model_file, tmp_path / "model.npz", "--to", "jaxstow", check=0)
+    model, again = jaxstow.load(model_file), jaxstow.load(tmp_path / "model.npz")
+    assert again.activation is jax.nn.gelu and again.width_size == 8
+    np.testing.assert_array_equal(again.layers[0].weight, model.layers[0].weight)
+    assert jaxstow.load_metadata(tmp_path / "model.npz") == {"epoch": 3, "note": "first run"}
+
+
+def test_help_of_every_command(capsys):
+    out = jaxstow_command("--help", check=0).stdout
+    for command in ("inspect", "verify", "diff", "ls", "convert"):
+        assert command in out
+        with pytest.raises(SystemExit) as exited:  # the same parser, in this process: one interpreter start is enough
+            main([command, "--help"])
+        assert exited.value.code == 0 and f"usage: jaxstow {command}" in capsys.readouterr().out
+
+
+def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
+    pytest.importorskip("rich")
+    controller, terminal = pty.openpty()
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "jaxstow", "inspect", str(model_file)],
+            stdout=terminal,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
+            timeout=300,
+            check=True,
+        )
+        os.close(terminal)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal is closed once everything is read
+                break
+            if not chunk:
+                break
+            drawn += chunk
+    finally:
+        os.close(controller)
+    text = drawn.decode()
+    assert "┃" in text or "│" in text  # rich's box drawing
+    assert "layers/0/weight" in text
+
+
+def test_ls_and_verify_a_folder_on_s3(s3_server):
+    url = s3_server.url("cli-run")
+    with CheckpointManager(url, keep_last=2, storage_options=s3_server.storage_options) as manager:
+        for step in range(3):
+            manager.save(step, {"w": jnp.full(64, step, jnp.float32)}, metrics={"loss": 1.0 / (step + 1)})
+    env = {**os.environ, "FSSPEC_S3": json.dumps(s3_server.storage_options)}  # fsspec's own configuration
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jaxstow", *args], capture_output=True, text=True, env=env, timeout=300
+        )
+
+    listed = command("ls", url)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[0] for line in listed.stdout.splitlines()[1:-1]] == ["1", "2"]
+    verified = command("verify", url)
+    assert verified.returncode == 0, verified.stderr
+    assert f"ok       {url}/2/w.safetensors: 1 checksum, 256 B read" in verified.stdout
+    inspected = command("inspect", f"{url}/2/w.safetensors")
+    assert "(root)  float32  (64,)  256 B" in inspected.stdout, inspected.stderr
+    assert "loss" not in inspected.stdout  # metrics live in the step record, not in the file

@@ -1,0 +1,104 @@
+"""What a new user runs into: folders given as files, missing folders, metadata that is not JSON, unsaveable objects."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.errors import JaxstowError, MetadataError, PathError, UnsaveableObjectError
+from jaxstow.storage import TEMPORARY_MARKER
+
+
+def test_a_folder_given_to_load_is_named(tmp_path):
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(PathError, match=f"^{tmp_path / 'plain'}: is a folder, not a file$"):
+        jaxstow.load(tmp_path / "plain")
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(3, {"w": jnp.ones(2)})
+    with pytest.raises(
+        PathError, match=r"is a checkpoint folder, not a file: restore it with jaxstow\.CheckpointManager"
+    ):
+        jaxstow.load(tmp_path / "run")
+    with pytest.raises(PathError, match=r"step 3 of a checkpoint folder.*CheckpointManager\('.*run'\)\.restore\(3\)"):
+        jaxstow.load(tmp_path / "run" / "3")
+    with pytest.raises(PathError, match="is a folder"):
+        jaxstow.load_metadata(tmp_path / "plain")
+
+
+def test_a_missing_folder_at_save_names_the_users_path(tmp_path):
+    target = tmp_path / "no" / "such" / "model.jxs"
+    with pytest.raises(PathError) as caught:
+        jaxstow.save(target, {"w": jnp.ones(2)})
+    assert (
+        str(caught.value) == f"{target}: cannot write it: the folder {target.parent} does not exist (create it first)"
+    )
+    assert TEMPORARY_MARKER not in str(caught.value) and isinstance(caught.value, OSError)
+    (tmp_path / "taken.jxs").mkdir()
+    with pytest.raises(PathError, match=r"taken\.jxs: cannot write it: it is a folder"):
+        jaxstow.save(tmp_path / "taken.jxs", {"w": jnp.ones(2)})
+    assert os.listdir(tmp_path) == ["taken.jxs"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "message"),
+    [
+        ({"loss": float("nan")}, "key 'loss': nan is not a JSON number"),
+        ({"run": {"best": [1.0, float("inf")]}}, "key 'run/best/1': inf is not a JSON number"),
+        (
+            {"step": np.int64(7)},
+            r"key 'step': np.int64\(7\) is a numpy int64, not a JSON value \(convert it with .item\(\)\)",
+        ),
+        ({"tags": {"a", "b"}}, "key 'tags': .* of type set is not a JSON value"),
+        ({3: "three"}, "the key 3 is not a string"),
+        (["not", "a", "dict"], "a dict, not list"),
+    ],
+)
+def test_metadata_that_is_not_json_names_the_key(tmp_path, metadata, message):
+    with pytest.raises(MetadataError, match=message) as caught:
+        jaxstow.save(tmp_path / "m.jxs", {"w": jnp.ones(1)}, metadata=metadata)
+    assert isinstance(caught.value, JaxstowError) and str(tmp_path / "m.jxs") in str(caught.value)
+    assert not (tmp_path / "m.jxs").exists()
+    with CheckpointManager(tmp_path / "run") as manager, pytest.raises(MetadataError, match=message):
+        manager.save(1, {"w": jnp.ones(1)}, metadata=metadata)
+
+
+def _generator():
+    yield 1
+
+
+@pytest.mark.parametrize(
+    ("leaf", "advice"),
+    [
+        ({1, 2}, "a set, which has no order to save: save sorted"),
+        (_generator(), "an iterator, whose values are not there to save: save list"),
+        (iter([1, 2]), "an iterator"),
+        (threading.Lock(), "a resource of this process"),
+        (bytearray(b"ab"), "a mutable buffer: save bytes"),
+    ],
+)
+def test_registering_is_advised_only_where_it_helps(tmp_path, leaf, advice):
+    with pytest.raises(UnsaveableObjectError, match=advice) as caught:
+        jaxstow.save(tmp_path / "x.jxs", {"leaf": leaf})
+    assert "saveable" not in str(caught.value)
+
+
+def test_an_open_file_is_not_to_be_registered(tmp_path):
+    with open(tmp_path / "notes.txt", "w") as file, pytest.raises(UnsaveableObjectError) as caught:
+        jaxstow.save(tmp_path / "x.jxs", {"log": file})
+    assert "a resource of this process" in str(caught.value) and "saveable" not in str(caught.value)
+    with pytest.raises(UnsaveableObjectError, match=r"register it with jaxstow\.saveable"):
+        jaxstow.save(tmp_path / "x.jxs", {"act": lambda x: x})
+
+
+def test_the_public_names_of_the_package():
+    listed = dir(jaxstow)
+    assert {"CheckpointManager", "Checkpoint", "io", "train", "save", "load", "saveable", "errors"} <= set(listed)
+    assert set(jaxstow.__all__) <= set(listed)
+    internals = {"snapshot", "engine", "storage", "structure", "serialization", "restore", "fitting", "gcpause"}
+    assert not internals & set(jaxstow.__all__)

@@ -1,0 +1,91 @@
+"""ArviZ: the samples of every chain, from results, a MemoryCollector or an HDF5Collector's file, as InferenceData."""
+
+from __future__ import annotations
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io
+from jaxstow.errors import JaxstowError
+
+az = pytest.importorskip("arviz")
+
+CHAINS, STEPS = 3, 40
+
+
+def _run(collector, keep_every=(1, 1, 1)):
+    """CHAINS chains under vmap; chain c keeps every keep_every[c]-th step; sample = offset + step."""
+    init_save, save, postprocess_save = io.save(collector, block_size=8)
+    sample = {"theta": jnp.zeros(2), "layer": {"bias": jnp.float32(0.0)}}
+    states = [init_save(sample, None, io.scheduler.static_information(samples_collected=None)) for _ in range(CHAINS)]
+    states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+
+    def chain(state, offset, every):
+        def step(state, i):
+            value = offset + i.astype(jnp.float32)
+            return save(state, i % every == 0, {"theta": jnp.stack([value, -value]), "layer": {"bias": value}})
+
+        return jax.lax.scan(step, state, jnp.arange(STEPS))[0]
+
+    offsets = 1000.0 * jnp.arange(CHAINS)
+    return postprocess_save(jax.jit(jax.vmap(chain))(states, offsets, jnp.array(keep_every)), None)
+
+
+def _expected_theta():
+    return np.stack([np.stack([1000.0 * c + np.arange(STEPS), -(1000.0 * c + np.arange(STEPS))], -1) for c in range(3)])
+
+
+def test_all_chains_of_postprocess_save_become_chain_and_draw():
+    collector = io.MemoryCollector()
+    idata = io.to_inference_data(_run(collector))
+    assert dict(idata.posterior.sizes) == {"chain": 3, "draw": STEPS, "theta_dim_0": 2}
+    np.testing.assert_array_equal(idata.posterior["theta"].values, _expected_theta())
+    np.testing.assert_array_equal(idata.posterior["layer.bias"].values, _expected_theta()[..., 0])
+    from_collector = io.to_inference_data(collector)
+    np.testing.assert_array_equal(from_collector.posterior["theta"].values, _expected_theta())
+
+
+def test_one_chain_is_one_chain_not_hundreds():
+    results = _run(io.MemoryCollector())
+    idata = io.to_inference_data(results[1])
+    assert (idata.posterior.sizes["chain"], idata.posterior.sizes["draw"]) == (1, STEPS)
+    np.testing.assert_array_equal(idata.posterior["theta"].values[0], _expected_theta()[1])
+
+
+def test_an_hdf5_collectors_file_by_path_or_open(tmp_path):
+    path = tmp_path / "samples.h5"
+    with h5py.File(path, "w") as file:
+        _run(io.HDF5Collector(file))
+        opened = io.to_inference_data(file)
+    by_path = io.to_inference_data(path)
+    for idata in (opened, by_path):
+        assert idata.posterior.sizes["chain"] == 3
+        np.testing.assert_array_equal(idata.posterior["theta"].values, _expected_theta())
+    summary = az.summary(by_path, var_names=["layer.bias"])
+    np.testing.assert_allclose(summary["mean"].iloc[0], np.mean(_expected_theta()[..., 0]), rtol=1e-6)
+    assert {"mean", "sd", "r_hat", "ess_bulk"} <= set(summary.columns)
+
+
+def test_chains_of_different_lengths_need_truncate():
+    results = _run(io.MemoryCollector(), keep_every=(1, 2, 4))
+    with pytest.raises(JaxstowError, match=r"different numbers of samples \(\[40, 20, 10\]\).*truncate=True"):
+        io.to_inference_data(results)
+    idata = io.to_inference_data(results, truncate=True, dims={"theta": ["sign"]}, coords={"sign": ["+", "-"]})
+    assert dict(idata.posterior.sizes) == {"chain": 3, "draw": 10, "sign": 2}
+    np.testing.assert_array_equal(idata.posterior["theta"].values[2, :, 0], 2000.0 + 4 * np.arange(10))
+
+
+def test_files_and_objects_that_hold_no_samples(tmp_path):
+    with h5py.File(tmp_path / "other.h5", "w") as file:
+        file["x"] = np.ones(3)
+    with pytest.raises(JaxstowError, match=r"other.h5: holds no /chain~\{id\} group"):
+        io.to_inference_data(tmp_path / "other.h5")
+    with h5py.File(tmp_path / "unfinished.h5", "w") as file:
+        file["chain~0/theta"] = np.ones((3, 2))
+    with pytest.raises(JaxstowError, match="chain 0 has no sample_count: its run did not finish"):
+        io.to_inference_data(tmp_path / "unfinished.h5")
+    with pytest.raises(TypeError, match="not ndarray"):
+        io.to_inference_data(np.ones((4, 100)))

@@ -1,0 +1,181 @@
+"""``jaxstow.open``: a file read lazily, one leaf or one slice at a time, from disk, memory maps and object stores."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from counting import CountingSource
+
+import jaxstow
+from jaxstow.errors import CorruptFileError, PathError, RequestError, SliceError
+from jaxstow.remote import RemoteSource
+from jaxstow.storage import open_source
+
+BIG = np.arange(256 * 1024, dtype=np.float32).reshape(512, 512)
+
+
+def _tree():
+    return {
+        "big": BIG,
+        "cube": np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6),
+        "half": jnp.arange(6, dtype=jnp.bfloat16),
+        "scalar": np.float64(2.5),
+        "key": jax.random.key(3),
+        "name": "run",
+    }
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "tree.jxs"
+    jaxstow.save(path, _tree(), metadata={"epoch": 2})
+    return path
+
+
+def test_header_facts_without_reading_data(saved):
+    source = CountingSource(open_source(str(saved)))
+    with jaxstow.open(source) as reader:
+        assert reader.paths == ["big", "cube", "half", "key", "name", "scalar"] and len(reader) == 6
+        assert reader.metadata == {"epoch": 2} and "cube" in reader and "nope" not in reader
+        assert reader.info("big") == jaxstow.LeafInfo("big", "array", np.dtype(np.float32), (512, 512), BIG.nbytes)
+        assert reader.info("key").shape == () and reader.info("key").kind == "key"
+        assert reader.info("half").dtype == jnp.bfloat16 and reader.info("name").kind == "value"
+    assert source.bytes_read < 8192
+
+
+def test_one_leaf_reads_only_its_bytes(saved):
+    source = CountingSource(open_source(str(saved)))
+    with jaxstow.open(source) as reader:
+        header = source.bytes_read
+        np.testing.assert_array_equal(reader["cube"], _tree()["cube"])
+        assert source.bytes_read - header == 4 * 5 * 6 * 2
+        assert reader["name"] == "run" and reader["scalar"] == np.float64(2.5)
+        assert jnp.issubdtype(reader["key"].dtype, jax.dtypes.prng_key)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        np.s_[10:20],
+        np.s_[10:20, :],
+        np.s_[:, 100:104],
+        np.s_[5],
+        np.s_[-1, -3:],
+        np.s_[::-7, 3],
+        np.s_[..., 7],
+        np.s_[100:0:-9, 1:400:50],
+        np.s_[3:3],
+    ],
+)
+def test_slices_match_numpy(saved, index):
+    with jaxstow.open(saved) as reader:
+        np.testing.assert_array_equal(reader.read("big", index), BIG[index])
+
+
+def test_slices_of_three_axes(saved):
+    cube = _tree()["cube"]
+    with jaxstow.open(saved) as reader:
+        for index in (np.s_[1:3, 2, ::2], np.s_[:, :, 4], np.s_[-1], np.s_[..., 1:2, :]):
+            np.testing.assert_array_equal(reader.read("cube", index), cube[index])
+
+
+def test_a_slice_reads_only_the_byte_ranges_it_needs(saved):
+    source = CountingSource(open_source(str(saved)))
+    with jaxstow.open(source) as reader:
+        start = source.bytes_read
+        reader.read("big", np.s_[10:20])
+        assert source.bytes_read - start == 10 * 512 * 4
+        start = source.bytes_read
+        reader.read("big", np.s_[:, 0:64])
+        assert source.bytes_read - start == 512 * 64 * 4
+
+
+def test_bad_slices_name_the_leaf_and_the_file(saved):
+    with jaxstow.open(saved) as reader:
+        with pytest.raises(SliceError, match=r"index 512 is out of bounds for axis 0 of shape \[512, 512\]") as raised:
+            reader.read("big", 512)
+        assert raised.value.path == "big" and raised.value.file == str(saved)
+        with pytest.raises(SliceError, match=r"only integers, slices and '\.\.\.'"):
+            reader.read("big", np.s_[[1, 2]])
+        with pytest.raises(SliceError, match="has 3 axes"):
+            reader.read("big", np.s_[1, 2, 3])
+        with pytest.raises(SliceError, match="only arrays can be read by slices"):
+            reader.read("name", 0)
+        with pytest.raises(RequestError, match="no leaf 'bigg'"):
+            reader["bigg"]
+
+
+def test_whole_leaves_are_verified_and_slices_read_around_damage(saved):
+    with jaxstow.open(saved) as reader:
+        offset = reader.container.slots["big"].offset
+    with open(saved, "r+b") as file:
+        file.seek(offset + 4 * 600)  # inside row 1 of big
+        file.write(b"\xff")
+    with jaxstow.open(saved) as reader:
+        with pytest.raises(CorruptFileError, match="checksum mismatch") as raised:
+            reader["big"]
+        assert raised.value.path == "big"
+        np.testing.assert_array_equal(reader.read("big", np.s_[2:4]), BIG[2:4])
+        np.testing.assert_array_equal(reader["cube"], _tree()["cube"])
+
+
+def test_memory_mapped_views(saved):
+    with jaxstow.open(saved, mmap=True) as reader:
+        view = reader["big"]
+        part = reader.read("big", np.s_[7, 3:9])
+        np.testing.assert_array_equal(view, BIG)
+        np.testing.assert_array_equal(part, BIG[7, 3:9])
+        assert not view.flags.writeable and not view.flags.owndata
+        assert reader["half"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(view[1], BIG[1])  # views outlive the reader
+
+
+def test_memory_maps_need_a_local_native_file(saved):
+    with pytest.raises(RequestError, match="mmap=True needs a local native"):
+        jaxstow.open(io.BytesIO(saved.read_bytes()), mmap=True)
+
+
+def test_npz_files_open_lazily_too(tmp_path):
+    np.savez(tmp_path / "plain.npz", a=np.arange(10.0), b=np.ones((3, 3), np.int32))
+    with jaxstow.open(tmp_path / "plain.npz") as reader:
+        assert reader.paths == ["a", "b"] and reader.info("b").shape == (3, 3)
+        np.testing.assert_array_equal(reader.read("a", np.s_[2:5]), np.arange(10.0)[2:5])
+
+
+def test_a_folder_is_not_a_file(tmp_path):
+    with pytest.raises(PathError, match="is a folder") as raised:
+        jaxstow.open(tmp_path)
+    assert raised.value.file == str(tmp_path)
+
+
+def test_memory_url():
+    import fsspec
+
+    url = f"memory://jaxstow-read-{os.getpid()}/tree.jxs"
+    with fsspec.open(url, "wb") as sink:
+        jaxstow.save(sink, _tree())
+    with jaxstow.open(url) as reader:
+        np.testing.assert_array_equal(reader.read("big", np.s_[1:3, :5]), BIG[1:3, :5])
+
+
+def test_ranged_reads_on_a_real_s3_server(s3_server):
+    import fsspec
+
+    url = s3_server.url("read", "tree.jxs")
+    with fsspec.open(url, "wb", **s3_server.storage_options) as sink:
+        jaxstow.save(sink, _tree())
+    with jaxstow.open(url, storage_options=s3_server.storage_options) as reader:
+        assert reader.info("big").shape == (512, 512)
+        np.testing.assert_array_equal(reader.read("big", np.s_[100:110, 8:16]), BIG[100:110, 8:16])
+        np.testing.assert_array_equal(reader["cube"], _tree()["cube"])
+    fs, path = fsspec.core.url_to_fs(url, **s3_server.storage_options)
+    source = CountingSource(RemoteSource(fs, path, name=url))
+    with jaxstow.open(source) as reader:
+        start = source.bytes_read
+        reader.read("big", np.s_[100:110])
+        assert source.bytes_read - start == 10 * 512 * 4

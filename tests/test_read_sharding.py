@@ -1,0 +1,129 @@
+"""Restored arrays placed on shardings over four CPU devices: one for all, a tree of them, or a function."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.errors import ShardingError
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    assert len(jax.devices()) >= 4, "tests/conftest.py asks for four CPU devices"
+    return jax.make_mesh((2, 2), ("data", "model"))
+
+
+def _state():
+    return {
+        "params": {"w": jnp.arange(64.0).reshape(8, 8), "b": jnp.arange(8.0)},
+        "opt": {"mu": jnp.ones((4, 6)), "count": jnp.array(3)},
+        "odd": jnp.arange(3.0),
+        "step": 5,
+    }
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "state.jxs"
+    jaxstow.save(path, _state())
+    return path
+
+
+def _check(restored, expected=None):
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(expected or _state()), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_one_sharding_for_every_array(saved, mesh):
+    replicated = NamedSharding(mesh, P())
+    restored = jaxstow.load(saved, sharding=replicated)
+    _check(restored)
+    assert all(leaf.sharding == replicated for leaf in jax.tree.leaves(restored) if isinstance(leaf, jax.Array))
+
+
+def test_a_leaf_its_sharding_cannot_hold_is_named(saved, mesh):
+    rows = NamedSharding(mesh, P("data", "model"))
+    with pytest.raises(ShardingError) as raised:
+        jaxstow.load(saved, sharding=rows)
+    message = str(raised.value)
+    assert raised.value.path in ("odd", "opt/count", "params/b") and raised.value.file == str(saved)
+    assert "cannot be laid out on NamedSharding" in message
+
+
+def test_a_tree_prefix_of_shardings(saved, mesh):
+    by_rows = NamedSharding(mesh, P("data"))
+    spec = {
+        "params": {"w": NamedSharding(mesh, P("data", "model")), "b": by_rows},
+        "opt": by_rows,
+        "odd": None,
+        "step": None,
+    }
+    spec["opt"] = {"mu": by_rows, "count": NamedSharding(mesh, P())}
+    restored = jaxstow.load(saved, sharding=spec)
+    _check(restored)
+    assert restored["params"]["w"].sharding == spec["params"]["w"]
+    assert {shard.data.shape for shard in restored["params"]["w"].addressable_shards} == {(4, 4)}
+    assert restored["opt"]["mu"].sharding == by_rows and restored["odd"].devices() == {jax.devices()[0]}
+
+
+def test_a_sharding_function_of_path_shape_and_dtype(saved, mesh):
+    seen = []
+
+    def choose(path, shape, dtype):
+        seen.append((path, shape, dtype))
+        return NamedSharding(mesh, P("data")) if shape and shape[0] % 2 == 0 else None
+
+    restored = jaxstow.load(saved, sharding=choose)
+    _check(restored)
+    assert sorted(seen) == [
+        ("odd", (3,), np.dtype(np.float32)),
+        ("opt/count", (), np.dtype(np.int32)),
+        ("opt/mu", (4, 6), np.dtype(np.float32)),
+        ("params/b", (8,), np.dtype(np.float32)),
+        ("params/w", (8, 8), np.dtype(np.float32)),
+    ]
+    assert restored["params"]["b"].sharding == NamedSharding(mesh, P("data"))
+
+
+def test_not_a_prefix_or_not_a_sharding(saved, mesh):
+    with pytest.raises(ShardingError, match="not a prefix of the restored tree"):
+        jaxstow.load(saved, sharding={"params": None})
+    with pytest.raises(ShardingError, match="not a jax sharding, a device or None") as raised:
+        jaxstow.load(saved, sharding=lambda path, shape, dtype: "gpu:0")
+    assert raised.value.path is not None
+
+
+def test_like_leaves_bring_their_shardings(saved, mesh):
+    sharded = NamedSharding(mesh, P(None, "model"))
+    like = jax.tree.map(lambda x: x, _state())
+    like["params"]["w"] = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=sharded)
+    like["opt"]["mu"] = jax.device_put(jnp.zeros((4, 6)), NamedSharding(mesh, P("data")))
+    restored = jaxstow.load(saved, like=like)
+    _check(restored)
+    assert restored["params"]["w"].sharding == sharded
+    assert restored["opt"]["mu"].sharding == NamedSharding(mesh, P("data"))
+    override = jaxstow.load(saved, like=like, sharding=NamedSharding(mesh, P()))
+    assert override["params"]["w"].sharding == NamedSharding(mesh, P())
+
+
+def test_checkpoint_items_with_their_own_shardings(tmp_path, mesh):
+    state = _state()
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": state["params"], "opt": state["opt"]})
+        restored = manager.restore(
+            sharding={"params": NamedSharding(mesh, P("data")), "opt": None}, select=["params/**"]
+        )
+        chosen = manager.restore(
+            sharding=lambda path, shape, dtype: NamedSharding(mesh, P()) if path.startswith("opt/") else None
+        )
+    assert list(restored) == ["params"] and restored["params"]["w"].sharding == NamedSharding(mesh, P("data"))
+    _check(restored["params"], state["params"])
+    assert chosen["opt"]["mu"].sharding == NamedSharding(mesh, P())
+    assert chosen["params"]["w"].devices() == {jax.devices()[0]}
