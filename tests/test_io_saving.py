@@ -238,14 +238,14 @@ def test_default_block_size_and_a_block_per_sample(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
-def test_collectors_place_blocks_that_arrive_in_any_order(kind, tmp_path) -> None:
+def test_collectors_place_blocks_that_arrive_in_any_order_or_twice(kind, tmp_path) -> None:
     file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None
     collector = io.HDF5Collector(file) if file is not None else io.MemoryCollector()
     sample = {"w": np.zeros((2, 2), np.float32), "n": np.int64(0)}
     chain = collector.register_chain(sample, None, scheduler.static_information(samples_collected=12))
     rows = {"w": np.arange(96.0, dtype=np.float32).reshape(24, 2, 2), "n": np.arange(24, dtype=np.int64)}
     # HDF5 chunks of 8 rows here: blocks that start and end inside chunks, cover whole ones, and outgrow the 12
-    blocks = [(0, 3), (3, 19), (19, 20), (20, 24)]
+    blocks = [(0, 3), (3, 19), (19, 20), (20, 24), (3, 19), (19, 20)]  # two of them delivered twice
     random.Random(0).shuffle(blocks)
     for first, end in blocks:
         collector.save(chain, first, [rows["n"][first:end], rows["w"][first:end]])

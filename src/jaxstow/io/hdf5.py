@@ -37,7 +37,7 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["HDF5Collector"]
 
-_CHUNK_BYTES = 1 << 20
+_CHUNK_BYTES = 4 << 20
 _MAX_CHUNK_ROWS = (
     4096  # chunks hold a power of two of rows, like the blocks of io.save, so that full blocks fill whole chunks
 )
