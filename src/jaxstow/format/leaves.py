@@ -15,7 +15,6 @@ functions) is a *value* kept in the manifest as tagged JSON.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -33,8 +32,7 @@ __all__ = ["EncodedLeaf", "StoredLeaf", "decode_value_entry", "encode_leaf", "st
 Entry = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class EncodedLeaf:
+class EncodedLeaf(NamedTuple):
     """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array."""
 
     entry: Entry
@@ -44,40 +42,34 @@ class EncodedLeaf:
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
     if isinstance(leaf, jax.Array):
-        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            data = _host_array(jax.random.key_data(leaf), path=path, file=file)
-            impl = str(jax.random.key_impl(leaf))
-            return EncodedLeaf({**_array_entry(path, "key", data, file=file), "impl": impl}, data)
-        data = _host_array(leaf, path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "array", data, file=file), data)
+        # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
+        if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            stored = _stored(path, "key", jax.random.key_data(leaf), file=file)
+            stored.entry["impl"] = str(jax.random.key_impl(leaf))
+            return stored
+        return _stored(path, "array", leaf, file=file)
     if is_tensor(leaf):
-        data = _host_array(tensor_to_numpy(leaf), path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "torch", data, file=file), data)
+        return _stored(path, "torch", tensor_to_numpy(leaf), file=file)
     if isinstance(leaf, np.ndarray):
-        data = _host_array(leaf, path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "array", data, file=file), data)
+        return _stored(path, "array", leaf, file=file)
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
-        data = _host_array(np.asarray(leaf), path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "npscalar", data, file=file), data)
+        return _stored(path, "npscalar", leaf, file=file)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
 
 
-def _host_array(leaf: Any, *, path: str, file: str | None) -> np.ndarray:
+def _stored(path: str, kind: str, leaf: Any, *, file: str | None) -> EncodedLeaf:
+    """A stored leaf: its bytes on the host, C-contiguous and in native byte order, and its entry."""
     array = np.asarray(leaf)
-    if name_of_dtype(array.dtype) is None:
-        native = array.dtype.newbyteorder("=")
-        if array.dtype.byteorder not in "=|" and name_of_dtype(native) is not None:
-            array = array.astype(native)
-        else:
-            raise UnsaveableObjectError(leaf, file=file, path=path)
-    return array if array.flags.c_contiguous else array.copy(order="C")
-
-
-def _array_entry(path: str, kind: str, data: np.ndarray, *, file: str | None) -> Entry:
-    dtype = name_of_dtype(data.dtype)
+    dtype = name_of_dtype(array.dtype)
     if dtype is None:
-        raise UnsaveableObjectError(data, file=file, path=path)
-    return {"path": path, "kind": kind, "dtype": dtype, "shape": list(data.shape)}
+        native = array.dtype.newbyteorder("=")
+        dtype = name_of_dtype(native) if array.dtype.byteorder not in "=|" else None
+        if dtype is None:
+            raise UnsaveableObjectError(leaf, file=file, path=path)
+        array = array.astype(native)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    return EncodedLeaf({"path": path, "kind": kind, "dtype": dtype, "shape": list(array.shape)}, array)
 
 
 class StoredLeaf(NamedTuple):
