@@ -44,20 +44,20 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
     if isinstance(leaf, jax.Array):
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            stored = _stored(path, "key", jax.random.key_data(leaf), file=file)
+            stored = _stored(path, "key", jax.random.key_data(leaf), file)
             stored.entry["impl"] = str(jax.random.key_impl(leaf))
             return stored
-        return _stored(path, "array", leaf, file=file)
+        return _stored(path, "array", leaf, file)
     if is_tensor(leaf):
-        return _stored(path, "torch", tensor_to_numpy(leaf), file=file)
+        return _stored(path, "torch", tensor_to_numpy(leaf), file)
     if isinstance(leaf, np.ndarray):
-        return _stored(path, "array", leaf, file=file)
+        return _stored(path, "array", leaf, file)
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
-        return _stored(path, "npscalar", leaf, file=file)
+        return _stored(path, "npscalar", leaf, file)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
 
 
-def _stored(path: str, kind: str, leaf: Any, *, file: str | None) -> EncodedLeaf:
+def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
     """A stored leaf: its bytes on the host, C-contiguous and in native byte order, and its entry."""
     array = np.asarray(leaf)
     dtype = name_of_dtype(array.dtype)

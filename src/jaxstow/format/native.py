@@ -43,6 +43,8 @@ _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 #: Compact JSON; headers and manifests are trees of fresh dicts and lists, never circular, so that check is skipped.
 _JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
+_BATCH_BYTES = 1 << 20
+
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]
 
@@ -67,9 +69,7 @@ def write_native(
     start = sink.tell() if patch_later else 0
     header = _header(ordered, manifest, codes)
     sink.write(header)
-    for _, array in ordered:
-        if array.nbytes:
-            sink.write(raw_buffer(array))
+    _write_arrays(sink, [array for _, array in ordered])
     if patch_later and complete is not None:
         complete()
         final = _header(ordered, manifest, codes)
@@ -79,6 +79,28 @@ def write_native(
         sink.seek(start)
         sink.write(final)
         sink.seek(end)
+
+
+def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
+    """Write the arrays' bytes back to back: small ones joined into batches of about ``_BATCH_BYTES``, each one
+    write, large ones as they are (a join costs less than a write call per small array)."""
+    batch: list[memoryview] = []
+    batched = 0
+    for array in arrays:
+        nbytes = array.nbytes
+        if nbytes >= _BATCH_BYTES:
+            if batch:
+                sink.write(b"".join(batch))
+                batch, batched = [], 0
+            sink.write(raw_buffer(array))
+        elif nbytes:
+            batch.append(raw_buffer(array))
+            batched += nbytes
+            if batched >= _BATCH_BYTES:
+                sink.write(b"".join(batch))
+                batch, batched = [], 0
+    if batch:
+        sink.write(b"".join(batch))
 
 
 def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None, codes: _Codes) -> bytes:
