@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q --no-deps flarejax
 	touch $(STAMP)
 
 demo: $(STAMP)

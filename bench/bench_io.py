@@ -17,7 +17,8 @@ the start (see ``back_memory``). Every run's last sample is checked against the 
 every method once per round, so that a change in the load of this shared machine falls on all alike. The table gives
 samples per second from the best and the median wall time of the rounds, and from the median CPU time of the process
 (all its threads: the HDF5 writer's work counts even where it overlaps the scan), each also as a ratio to the stacked
-baseline.
+baseline. The targets (``MemoryCollector`` >= 0.9x, ``HDF5Collector`` >= 0.85x the baseline, for 1 and for 8 chains)
+are judged on the best wall time, the one least disturbed by the other work of a shared machine.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from jaxstow import io, scheduler
 SAMPLES = 10_000
 CHAINS = 8
 DIM = 1000
-TARGET = 0.9
+#: The least samples/s of each collector, as a ratio to the stacked baseline (best wall time of the rounds).
+TARGETS = {"io.save + MemoryCollector": 0.9, "io.save + HDF5Collector": 0.85}
 WARMUP = 2
 
 Go = Callable[[], np.ndarray]  # one timed run; returns the last sample of every chain, to be checked
@@ -203,8 +205,9 @@ def measure(methods: dict[str, Prepare], rounds: int) -> dict[str, list[tuple[fl
     return {name: values[WARMUP:] for name, values in times.items()}
 
 
-def table(title: str, times: dict[str, list[tuple[float, float]]], samples: int, baseline: str) -> list[str]:
-    rates = {
+def rates_of(times: dict[str, list[tuple[float, float]]], samples: int) -> dict[str, tuple[float, float, float]]:
+    """Samples per second of each method: from the best and the median wall time, and from the median CPU time."""
+    return {
         name: (
             samples / min(wall for wall, _ in values),
             samples / statistics.median(wall for wall, _ in values),
@@ -212,6 +215,18 @@ def table(title: str, times: dict[str, list[tuple[float, float]]], samples: int,
         )
         for name, values in times.items()
     }
+
+
+def verdicts(title: str, rates: dict[str, tuple[float, float, float]], baseline: str) -> list[str]:
+    """One line per target: the collector's best-wall ratio to the baseline, and whether it passes."""
+    lines = []
+    for name, target in TARGETS.items():
+        ratio = rates[name][0] / rates[baseline][0]
+        lines.append(f"  {title}: {name} {ratio:.2f}x >= {target}x: {'pass' if ratio >= target else 'FAIL'}")
+    return lines
+
+
+def table(title: str, rates: dict[str, tuple[float, float, float]], baseline: str) -> list[str]:
     base = rates[baseline]
     header = ("best wall", "median wall", "median CPU")
     lines = [
@@ -237,7 +252,8 @@ def main() -> None:
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"measuring (load average before: {load})...")
     baseline = "scan, stacked outputs (baseline)"
-    report = []
+    report: list[str] = []
+    passes: list[str] = []
     for chains in (1, CHAINS):
         steps = SAMPLES // chains
         methods: dict[str, Prepare] = {
@@ -249,15 +265,17 @@ def main() -> None:
         }
         if chains == 1:
             methods["one io_callback per sample (original design)"] = per_sample_callback(steps)
-        times = measure(methods, args.rounds)
+        rates = rates_of(measure(methods, args.rounds), SAMPLES)
         title = f"{chains} chain{'s under vmap' if chains > 1 else ''}, {steps:,} steps each: {SAMPLES:,} samples"
-        report += [*table(title, times, SAMPLES, baseline), ""]
+        report += [*table(title, rates, baseline), ""]
+        passes += verdicts(f"{chains} chain{'s' if chains > 1 else ''}", rates, baseline)
     os.rmdir(folder)
 
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"jax {jax.__version__}, {os.cpu_count()} cores (load average {load}), {args.rounds} rounds")
-    print(f"target: each strategy >= {TARGET}x the samples/s of the stacked baseline")
     print(*report, sep="\n")
+    print("targets (samples/s from the best wall time, as a ratio to the stacked baseline):")
+    print(*passes, sep="\n")
 
 
 if __name__ == "__main__":

@@ -113,6 +113,34 @@ def test_one_chain_saves_exactly_the_kept_outputs(strategy) -> None:
             np.testing.assert_array_equal(npz["x"], want["x"])
 
 
+@pytest.mark.parametrize("integer", [int, np.int64, jnp.int32], ids=["python", "numpy", "jax"])
+def test_samples_collected_may_be_a_python_numpy_or_jax_integer(strategy, integer) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    keep = _keep_list(0, (STEPS,))
+    count = jnp.sum(keep) if integer is jnp.int32 else integer(int(keep.sum()))  # jnp.sum: as jax_sgmc's tests write it
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=count))
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    result = postprocess_save(state, None)
+    assert int(result["sample_count"]) == int(keep.sum())
+    want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+    _assert_trees_equal(_as_numpy(result["samples"]), want)
+
+
+@pytest.mark.parametrize(
+    ("count", "error", "message"),
+    [
+        (2.0, TypeError, "must be an integer"),
+        (jnp.float32(2), TypeError, "must be an integer"),
+        (jnp.array([1, 2]), TypeError, "must be an integer"),
+        (True, TypeError, "not a bool"),
+        (-1, ValueError, "at least 0"),
+    ],
+)
+def test_samples_collected_that_is_no_count_is_refused(count, error, message) -> None:
+    with pytest.raises(error, match=message):
+        scheduler.static_information(samples_collected=count)
+
+
 @pytest.mark.parametrize(
     ("strategy", "chains"),
     [("no_save", (3,)), ("memory", (3,)), ("hdf5", (3,)), ("memory", (2, 2))],
@@ -210,14 +238,14 @@ def test_default_block_size_and_a_block_per_sample(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
-def test_collectors_place_blocks_that_arrive_in_any_order(kind, tmp_path) -> None:
+def test_collectors_place_blocks_that_arrive_in_any_order_or_twice(kind, tmp_path) -> None:
     file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None
     collector = io.HDF5Collector(file) if file is not None else io.MemoryCollector()
     sample = {"w": np.zeros((2, 2), np.float32), "n": np.int64(0)}
     chain = collector.register_chain(sample, None, scheduler.static_information(samples_collected=12))
     rows = {"w": np.arange(96.0, dtype=np.float32).reshape(24, 2, 2), "n": np.arange(24, dtype=np.int64)}
     # HDF5 chunks of 8 rows here: blocks that start and end inside chunks, cover whole ones, and outgrow the 12
-    blocks = [(0, 3), (3, 19), (19, 20), (20, 24)]
+    blocks = [(0, 3), (3, 19), (19, 20), (20, 24), (3, 19), (19, 20)]  # two of them delivered twice
     random.Random(0).shuffle(blocks)
     for first, end in blocks:
         collector.save(chain, first, [rows["n"][first:end], rows["w"][first:end]])

@@ -107,9 +107,33 @@ def test_a_missing_load_filename_and_a_model_file_are_errors_naming_the_file(tmp
         DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_7.jxs")).load()
     DefaultCheckpointer(_args(tmp_path)).save_model({"w": np.ones(2)}, 4)
     with pytest.raises(
-        CheckpointError, match=r"checkpoint_model_4\.jxs holds a dict, not a jaxstow\.train\.Checkpoint"
+        CheckpointError,
+        match=r"checkpoint_model_4\.jxs holds a dict with the keys \['w'\], not a jaxstow\.train\.Checkpoint or a dict "
+        r"of its fields",
     ):
         DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_model_4.jxs")).load()
+
+
+def test_a_file_holding_the_dict_of_a_checkpoints_fields_resumes_like_a_checkpoint(tmp_path: Path) -> None:
+    jaxstow.save(tmp_path / "checkpoint_7.jxs", vars(_state(7)))
+    jaxstow.save(tmp_path / "checkpoint_8.jxs", {"trainer_state": {"last_epoch": 8}})
+    loaded = DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_7.jxs")).load()
+    assert isinstance(loaded, Checkpoint)
+    assert loaded.trainer_state == {"last_epoch": 7} and loaded.trainer_backend_state == {"global_step": 70}
+    np.testing.assert_array_equal(loaded.module_interface_state["w"], [7.0, 7.0])
+    assert DefaultCheckpointer(_args(tmp_path)).load() == Checkpoint(trainer_state={"last_epoch": 8})
+    jaxstow.save(tmp_path / "checkpoint_9.jxs", {"trainer_state": {"last_epoch": 9}, "epoch": 9})
+    with pytest.raises(
+        CheckpointError, match=r"checkpoint_9\.jxs holds a dict with the keys \['epoch', 'trainer_state'\]"
+    ):
+        DefaultCheckpointer(_args(tmp_path)).load()
+
+
+def test_get_latest_file_gives_the_largest_index_or_nothing(tmp_path: Path) -> None:
+    _touch(tmp_path, "run_3.pt", "run_12.pt", "run_model_40.pt", "run_50.pt.bak")
+    assert DefaultCheckpointer.get_latest_file(tmp_path, "run", "pt") == str(tmp_path / "run_12.pt")
+    assert DefaultCheckpointer.get_latest_file(tmp_path, "other", "pt") == ""
+    assert DefaultCheckpointer.get_latest_file(tmp_path / "missing", "run") == ""
 
 
 @pytest.mark.parametrize(

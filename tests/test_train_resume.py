@@ -121,7 +121,7 @@ def test_a_run_resumed_in_a_new_process_ends_like_an_uninterrupted_one(framework
         "checkpoint_model_4.jxs",
     }
     last = jaxstow.load(tmp_path / "checkpoint_4.jxs")
-    assert last.trainer_state == {"last_epoch": 4}
+    assert last.trainer_state == {"last_epoch": 4, "optimizers": [], "schedulers": []}
     assert last.trainer_backend_state == {"global_step": EPOCHS * BATCHES}
 
     uninterrupted = _trainer(framework, EPOCHS, tmp_path / "uninterrupted", resume=False, checkpoint=False)

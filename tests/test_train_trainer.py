@@ -15,22 +15,25 @@ from jaxstow.train import (
     Checkpoint,
     DefaultCheckpointer,
     DefaultCheckpointerArguments,
+    ModuleInterface,
     SingleProcess,
     Trainer,
     TrainerArguments,
 )
 
+NO_OPTIMIZERS = {"optimizers": [], "schedulers": []}
 
-class Counter:
+
+class Counter(ModuleInterface):
     """A module interface without arrays: counts its steps; the loss of a step is the count after it."""
 
     def __init__(self, count: int = 0, batches: int = 2) -> None:
         self.count, self.batches = count, batches
 
-    def train_data(self, epoch: int) -> range:
+    def get_train_dataloader(self, sampler: Any, batch_size: int) -> range:
         return range(self.batches)
 
-    def train_step(self, batch: int) -> float:
+    def train_step(self, global_step: int, batch: int, device: Any) -> float:
         self.count += 1
         return float(self.count)
 
@@ -49,7 +52,7 @@ class Recorder(AbstractCheckpointer):
         self.calls: list[tuple[Any, ...]] = []
 
     def save(self, checkpoint_state: Checkpoint, index: int, force: bool = False) -> None:
-        assert checkpoint_state.trainer_state == {"last_epoch": index}
+        assert checkpoint_state.trainer_state == {"last_epoch": index, **NO_OPTIMIZERS}
         self.calls.append(("save", index, force, checkpoint_state.module_interface_state["count"]))
 
     def save_model(self, model_state: Any, index: int) -> None:
@@ -64,7 +67,7 @@ def test_train_saves_after_every_epoch_then_forces_a_save_and_saves_the_model() 
     recorder = Recorder()
     trainer = Trainer(Counter(), TrainerArguments(epochs=3), checkpointer=recorder)
     assert recorder.calls == [("load",)]
-    assert trainer.train() == {0: 1.5, 1: 3.5, 2: 5.5}
+    assert trainer.train() == {0: [[1.0, 2.0]], 1: [[3.0, 4.0]], 2: [[5.0, 6.0]]}
     assert recorder.calls[1:] == [
         ("save", 0, False, 2),
         ("save", 1, False, 4),
@@ -79,7 +82,7 @@ def test_construction_restores_the_module_the_trainer_and_the_backend() -> None:
     recorder = Recorder(resume)
     trainer = Trainer(Counter(), TrainerArguments(epochs=5), checkpointer=recorder)
     assert (trainer.module.count, trainer.last_epoch, trainer.trainer_backend.get_state()) == (7, 2, {"global_step": 6})
-    assert trainer.train() == {3: 8.5, 4: 10.5}
+    assert trainer.train() == {3: [[8.0, 9.0]], 4: [[10.0, 11.0]]}
     assert recorder.calls[1:] == [
         ("save", 3, False, 9),
         ("save", 4, False, 11),
@@ -113,7 +116,7 @@ def test_a_checkpointer_must_load_a_checkpoint() -> None:
 
 def test_an_epoch_without_batches_is_an_error() -> None:
     trainer = Trainer(Counter(batches=0), TrainerArguments(epochs=1), checkpointer=Recorder())
-    with pytest.raises(ValueError, match=r"Counter\.train_data\(0\) gave no batches"):
+    with pytest.raises(ValueError, match=r"the train data loader of Counter gave no batches"):
         trainer.train()
 
 
@@ -148,3 +151,133 @@ def test_importing_jaxstow_train_imports_no_optional_framework() -> None:
     code = "import sys, jaxstow.train; print(sorted({'equinox', 'optax', 'torch'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+class Validated(Counter):
+    """A counter with two validation sets, recording every callback it hears."""
+
+    def __init__(self) -> None:
+        super().__init__(batches=4)
+        self.heard: list[tuple[Any, ...]] = []
+
+    def get_val_dataloaders(self, sampler: Any, batch_size: int) -> dict[str, list[int]]:
+        return {"small": [batch_size], "large": [10 * batch_size, 20 * batch_size]}
+
+    def val_step(self, global_step: int, batch: int, device: Any) -> tuple[int, int]:
+        return global_step, batch
+
+    def on_begin_train_epoch(self, global_step: Any, epoch: int) -> None:
+        self.heard.append(("begin", global_step, epoch))
+
+    def on_end_train_step(self, global_step: Any, *outputs: Any) -> None:
+        self.heard.append(("step", global_step, *outputs))
+
+    def on_end_val_epoch(self, global_step: Any, *outputs: Any, key: str = "default") -> None:
+        self.heard.append(("val", key, *outputs))
+
+    def on_end_train_epoch(self, global_step: Any, *outputs: Any) -> None:
+        self.heard.append(("epoch", global_step, *outputs))
+
+    def on_end_train(self, global_step: Any) -> None:
+        self.heard.append(("end", global_step))
+
+
+def test_gradient_accumulation_validation_and_callbacks_in_order() -> None:
+    module = Validated()
+    args = TrainerArguments(epochs=1, train_batch_size=4, gpu_batch_size_limit=2, val_batch_size=3)
+    trainer = Trainer(module, args, checkpointer=Recorder())
+    assert (trainer.train_step_batch_size, trainer.gradient_accumulation, trainer.estimated_global_steps_per_epoch) == (
+        2,
+        2,
+        3,
+    )
+    assert trainer.train() == {0: [[1.0, 2.0, 3.0, 4.0]]}
+    assert module.heard == [
+        ("begin", 0, 0),
+        ("step", 1, [1.0, 2.0]),
+        ("step", 2, [3.0, 4.0]),
+        ("val", "small", [2], [3]),
+        ("val", "large", [2, 2], [30, 60]),
+        ("epoch", 2, [1.0, 2.0, 3.0, 4.0]),
+        ("end", 2),
+    ]
+    assert trainer.trainer_backend.get_state() == {"global_step": 2}
+
+
+def test_optimizers_and_schedulers_of_the_module_are_checkpointed_by_the_trainer(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    class Regression(ModuleInterface):
+        """A PyMarlin-style module: its state is the model's, its optimiser and scheduler are the trainer's to keep."""
+
+        def __init__(self) -> None:
+            torch.manual_seed(0)
+            self.model = torch.nn.Linear(2, 1)
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
+
+        def get_optimizers_schedulers(self, estimated_global_steps_per_epoch: int, epochs: int) -> Any:
+            scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=estimated_global_steps_per_epoch)
+            self.scheduler = scheduler
+            return [self.optimizer], [scheduler]
+
+        def get_train_dataloader(self, sampler: Any, batch_size: int) -> list[Any]:
+            x = torch.arange(6.0).reshape(3, 1, 2)
+            return list(zip(x, x.sum(dim=-1, keepdim=True), strict=True))
+
+        def train_step(self, global_step: int, batch: Any, device: Any) -> float:
+            x, y = batch
+            self.optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(self.model(x), y)
+            loss.backward()
+            self.optimizer.step()
+            self.scheduler.step()
+            return loss.item()
+
+        def get_state(self) -> Any:
+            return self.model.state_dict()
+
+        def update_state(self, state: Any) -> None:
+            self.model.load_state_dict(state)
+
+    def arguments(epochs: int) -> TrainerArguments:
+        checkpoints = DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=None, load_dir=tmp_path)
+        return TrainerArguments(epochs=epochs, checkpointer_args=checkpoints)
+
+    first = Trainer(Regression(), arguments(epochs=2))
+    assert first.estimated_global_steps_per_epoch == 4
+    first.train()
+    resumed = Trainer(Regression(), arguments(epochs=3))
+    assert resumed.last_epoch == 1
+    assert resumed.schedulers[0].state_dict() == first.schedulers[0].state_dict()
+    momentum = resumed.optimizers[0].state_dict()["state"][0]["momentum_buffer"]
+    assert torch.equal(momentum, first.optimizers[0].state_dict()["state"][0]["momentum_buffer"])
+    nothing_kept = DefaultCheckpointerArguments(checkpoint=False, load_dir=None)
+    uninterrupted = Trainer(Regression(), TrainerArguments(epochs=3, checkpointer_args=nothing_kept))
+    uninterrupted.train()
+    resumed.train()
+    for name, tensor in uninterrupted.module.get_state().items():
+        assert torch.equal(resumed.module.get_state()[name], tensor)
+
+
+def test_only_the_main_process_saves(tmp_path: Path) -> None:
+    recorder = Recorder()
+    args = TrainerArguments(epochs=2)
+    args.distributed_training_args.global_rank = 1
+    Trainer(Counter(), args, checkpointer=recorder).train()
+    assert recorder.calls == [("load",)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"train_batch_size": 1, "world_size": 2}, r"share of train_batch_size \(0\)"),
+        ({"gpu_batch_size_limit": 0}, r"gpu_batch_size_limit \(0\) must both be at least 1"),
+    ],
+)
+def test_batch_sizes_that_cannot_work_are_refused(overrides: dict[str, int], message: str) -> None:
+    args = TrainerArguments(epochs=1)
+    args.distributed_training_args.world_size = overrides.pop("world_size", 1)
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    with pytest.raises(ValueError, match=message):
+        Trainer(Counter(), args, checkpointer=Recorder())

@@ -38,7 +38,7 @@ __all__ = ["FORBIDDEN_MODULES", "POLICY", "refusal"]
 #: One line naming the policy, for error messages.
 POLICY = (
     "a file may name only pure functions and classes (jax.nn activations, elementwise and reducing numpy and "
-    "jax.numpy functions, scalar types, equinox/flax/optax classes) and objects registered with jaxstow.saveable"
+    "jax.numpy functions, scalar types, equinox/flax/optax/flarejax classes) and objects registered with jaxstow.saveable"
 )
 
 #: Modules whose objects are never named, whatever library re-exports them.
@@ -51,7 +51,7 @@ FORBIDDEN_MODULES = frozenset(
     }
 )  # fmt: skip
 _NUMERIC_LIBRARIES = frozenset({"jax", "numpy", "ml_dtypes"})
-_MODEL_LIBRARIES = frozenset({"equinox", "flax", "optax"})
+_MODEL_LIBRARIES = frozenset({"equinox", "flax", "optax", "flarejax"})
 _HARMFUL_WORDS = (
     "serial", "save", "load", "checkpoint", "restore", "file", "open", "write", "read", "print", "callback",
     "debug", "breakpoint", "import", "exec", "eval", "io", "tabulate", "summary",

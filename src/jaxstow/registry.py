@@ -4,15 +4,19 @@ A file never stores code. It stores a *name*, and loading looks the name up here
 searched in this order:
 
 1. objects registered with :func:`saveable` (by you);
-2. the public namespaces of jax, numpy, equinox, flax and optax (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
-   the module-level objects that equinox, flax and optax define in their own modules (such as the function that
-   ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not reachable by name;
+2. the public namespaces of jax, numpy, equinox, flax, optax and flarejax (``jax.nn.relu``,
+   ``optax.ScaleByAdamState``), and the module-level objects that equinox, flax, optax and flarejax define in their
+   own modules (such as the lambda that ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not
+   reachable by name;
 3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
 
 Library objects (2 and 3) pass :mod:`jaxstow.name_policy` first: only pure functions and classes are nameable, and a
 file naming anything else (``numpy.savetxt``, ``os.system``) raises :class:`~jaxstow.errors.RefusedNameError`.
 
 Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
+
+Instances of a class registered with :func:`saveable` that is not a pytree are saved by their attributes and rebuilt
+without calling ``__init__`` (see :func:`attribute_class_name`).
 
 >>> import jax, jaxstow
 >>> from jaxstow import registry
@@ -38,14 +42,17 @@ from typing import Any, TypeVar, overload
 from jaxstow.errors import RefusedNameError, UnknownNameError
 from jaxstow.name_policy import POLICY, refusal
 
-__all__ = ["KNOWN_LIBRARIES", "lookup", "name_of", "saveable"]
+__all__ = ["KNOWN_LIBRARIES", "attribute_class_name", "lookup", "name_of", "saveable"]
 
 T = TypeVar("T")
 
 #: Libraries whose objects are known without registration. Order matters: earlier public names win.
-KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax")
+KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax", "flarejax")
 #: Libraries whose private modules are searched too, for defaults that are not in their public namespaces.
-_SEARCHED_INSIDE = ("equinox", "flax", "optax")
+_SEARCHED_INSIDE = ("equinox", "flax", "optax", "flarejax")
+#: Plain classes of the known libraries saved by their attributes, as if registered with ``saveable``: the keys that
+#: flarejax modules keep in their tree structure.
+_ATTRIBUTE_CLASSES = frozenset({"flarejax.AttrLookup", "flarejax.ItemLookup", "flarejax.PathLookup"})
 
 _PUBLIC_NAMESPACES = (
     "jax",
@@ -67,6 +74,9 @@ _PUBLIC_NAMESPACES = (
     "flax.core",
     "optax",
     "optax.tree_utils",
+    "flarejax",
+    "flarejax.net",
+    "flarejax.opt",
 )
 
 _BUILTINS: dict[str, object] = {
@@ -205,6 +215,29 @@ def name_of(obj: object) -> str | None:
         return name
     _libraries.refresh()
     return _libraries.by_id.get(id(obj))
+
+
+def attribute_class_name(cls: type) -> str | None:
+    """The name of a class whose instances are saved by their attributes, or ``None`` for any other class.
+
+    Those are the classes registered with :func:`saveable` and a few plain classes of the known libraries. An instance
+    is saved as its class's name and its attributes (``__dict__`` and ``__slots__``), and loaded by setting them on
+    an instance made without calling ``__init__``.
+
+    >>> import jaxstow
+    >>> @jaxstow.saveable(name="examples.Schedule")
+    ... class Schedule:
+    ...     def __init__(self, steps):
+    ...         self.steps = steps
+    >>> jaxstow.registry.attribute_class_name(Schedule), jaxstow.registry.attribute_class_name(dict)
+    ('examples.Schedule', None)
+    """
+    name = _registered_names.get(id(cls))
+    if name is None:
+        name = name_of(cls)
+        if name not in _ATTRIBUTE_CLASSES:
+            return None
+    return name if isinstance(cls, type) else None
 
 
 def type_name(cls: type) -> str:

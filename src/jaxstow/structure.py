@@ -2,7 +2,8 @@
 
 The skeleton is jax's own tree structure: every node's type (by its registered name, see :mod:`jaxstow.registry`),
 its auxiliary data (static fields and hyperparameters) and its children. Values that are not arrays, such as a
-layer's width or its activation function, are written as tagged JSON:
+layer's width or its activation function, are written as tagged JSON; an instance of a plain class registered with
+:func:`~jaxstow.saveable` is written as its class's name and its attributes:
 
 >>> import jax
 >>> from jaxstow.structure import decode_treedef, decode_value, encode_treedef, encode_value
@@ -88,9 +89,46 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     rebuildable = static_objects.encode(
         obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
     )
-    if rebuildable is None:
+    if rebuildable is not None:
+        return rebuildable
+    class_name = registry.attribute_class_name(type(obj))
+    if class_name is None:
         raise UnsaveableObjectError(obj, file=file, path=path)
-    return rebuildable
+    return {
+        "object": class_name,
+        "attrs": [[key, encode_value(value, path=f"{path}/{key}", file=file)] for key, value in _attributes(obj)],
+    }
+
+
+def _attributes(obj: object) -> list[tuple[str, Any]]:
+    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
+    found = sorted(getattr(obj, "__dict__", {}).items())
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                found.append((slot, getattr(obj, slot)))
+    return found
+
+
+def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:
+    """An instance of the class ``name`` (saved by its attributes), made without calling ``__init__``."""
+    if not isinstance(name, str):
+        raise FormatError(f"unreadable class name {_short(name)} in the structure", file=file, path=path)
+    cls = registry.lookup(name, file=file, path=path)
+    if not isinstance(cls, type) or registry.attribute_class_name(cls) != name:
+        raise FormatError(
+            f"{name!r} names no class whose instances are saved by their attributes", file=file, path=path
+        )
+    obj: object = cls.__new__(cls)  # type: ignore[call-overload]
+    for pair in attrs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise FormatError(f"unreadable value {_short(pair)} in the structure", file=file, path=path)
+        key, value = pair
+        if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
+            raise FormatError(f"{key!r} cannot be an attribute of a {name} instance", file=file, path=path)
+        object.__setattr__(obj, key, _decode_checked(value, path=f"{path}/{key}", file=file, depth=depth + 3))
+    return obj
 
 
 def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
@@ -159,6 +197,8 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return _checked_treedef(data[tag], path=path, file=file, depth=depth + 1)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
+        if tag == "object" and isinstance(data.get("attrs"), list):
+            return _rebuild_object(data[tag], data["attrs"], path=path, file=file, depth=depth)
         if tag == "object":
             fields = lambda value, field: _decode_checked(  # noqa: E731
                 value, path=f"{path}/{field}", file=file, depth=depth + 3

@@ -36,7 +36,7 @@ def key_to_str(key: Any) -> str:
 
 def path_to_str(path: Sequence[Any]) -> str:
     """A jax key path as text: ``(DictKey('dense'), DictKey('kernel'))`` -> ``'dense/kernel'``."""
-    return "/".join(key_to_str(key) for key in path)
+    return "/".join([str(key.key) if type(key) is DictKey else key_to_str(key) for key in path])
 
 
 def flatten_with_paths(tree: Any) -> tuple[list[str], list[Any], PyTreeDef]:

@@ -15,7 +15,6 @@ functions) is a *value* kept in the manifest as tagged JSON.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import jax
@@ -48,8 +47,7 @@ class EncodedShard(NamedTuple):
     array: np.ndarray
 
 
-@dataclass(frozen=True)
-class EncodedLeaf:
+class EncodedLeaf(NamedTuple):
     """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array; a sharded
     array has its distinct shards instead."""
 
@@ -72,23 +70,20 @@ def is_sharded(leaf: Any) -> bool:
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
     if isinstance(leaf, jax.Array):
-        if is_sharded(leaf) and not jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
+        if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            stored = _stored(path, "key", jax.random.key_data(leaf), file)
+            stored.entry["impl"] = str(jax.random.key_impl(leaf))
+            return stored
+        if is_sharded(leaf):
             return _encode_sharded(path, leaf, file=file)
-        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            data = _host_array(jax.random.key_data(leaf), path=path, file=file)
-            impl = str(jax.random.key_impl(leaf))
-            return EncodedLeaf({**_array_entry(path, "key", data, file=file), "impl": impl}, data)
-        data = _host_array(leaf, path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "array", data, file=file), data)
+        return _stored(path, "array", leaf, file)
     if is_tensor(leaf):
-        data = _host_array(tensor_to_numpy(leaf), path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "torch", data, file=file), data)
+        return _stored(path, "torch", tensor_to_numpy(leaf), file)
     if isinstance(leaf, np.ndarray):
-        data = _host_array(leaf, path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "array", data, file=file), data)
+        return _stored(path, "array", leaf, file)
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
-        data = _host_array(np.asarray(leaf), path=path, file=file)
-        return EncodedLeaf(_array_entry(path, "npscalar", data, file=file), data)
+        return _stored(path, "npscalar", leaf, file)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
 
 
@@ -99,11 +94,12 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
         if shard.replica_id != 0:
             continue
         box = [[*index.indices(size)[:2]] for index, size in zip(shard.index, leaf.shape, strict=True)]
-        data = _host_array(shard.data, path=path, file=file)
+        data, _ = _host_array(shard.data, path=path, file=file)
         name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
         shards.append(EncodedShard({"tensor": name, "box": box}, data))
     shards.sort(key=lambda shard: shard.entry["box"])
-    entry = {**_array_entry(path, "sharded", np.empty(0, leaf.dtype), file=file), "shape": list(leaf.shape)}
+    _, dtype = _host_array(np.empty(0, leaf.dtype), path=path, file=file)
+    entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
     return EncodedLeaf(entry, None, tuple(shards))
@@ -117,22 +113,25 @@ def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
     return {"mesh": list(sharding.mesh.devices.shape), "axes": list(sharding.mesh.axis_names), "spec": spec}
 
 
-def _host_array(leaf: Any, *, path: str, file: str | None) -> np.ndarray:
+def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
+    """A stored leaf: its bytes on the host and its entry."""
+    array, dtype = _host_array(leaf, path=path, file=file)
+    return EncodedLeaf({"path": path, "kind": kind, "dtype": dtype, "shape": list(array.shape)}, array)
+
+
+def _host_array(leaf: Any, *, path: str, file: str | None) -> tuple[np.ndarray, str]:
+    """``leaf``'s bytes on the host, C-contiguous and in native byte order, and the name of its dtype."""
     array = np.asarray(leaf)
-    if name_of_dtype(array.dtype) is None:
-        native = array.dtype.newbyteorder("=")
-        if array.dtype.byteorder not in "=|" and name_of_dtype(native) is not None:
-            array = array.astype(native)
-        else:
-            raise UnsaveableObjectError(leaf, file=file, path=path)
-    return array if array.flags.c_contiguous else array.copy(order="C")
-
-
-def _array_entry(path: str, kind: str, data: np.ndarray, *, file: str | None) -> Entry:
-    dtype = name_of_dtype(data.dtype)
+    dtype = name_of_dtype(array.dtype)
     if dtype is None:
-        raise UnsaveableObjectError(data, file=file, path=path)
-    return {"path": path, "kind": kind, "dtype": dtype, "shape": list(data.shape)}
+        native = array.dtype.newbyteorder("=")
+        dtype = name_of_dtype(native) if array.dtype.byteorder not in "=|" else None
+        if dtype is None:
+            raise UnsaveableObjectError(leaf, file=file, path=path)
+        array = array.astype(native)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    return array, dtype
 
 
 class StoredLeaf(NamedTuple):

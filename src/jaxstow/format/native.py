@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
-from jaxstow.format.checksum import ZERO_CHECKSUM, as_bytes, checksum_bytes
+from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
 from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
@@ -42,6 +42,11 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 _JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
+
+#: Compact JSON; headers and manifests are trees of fresh dicts and lists, never circular, so that check is skipped.
+_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
+_BATCH_BYTES = 1 << 20
 
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]
@@ -67,19 +72,18 @@ def write_native(
             raise FormatError("a safetensors file cannot hold a tensor named '__metadata__'; rename the key", path=name)
     if manifest is not None:
         check_nesting(manifest)
-    ordered = sorted(tensors, key=lambda item: -_stored_dtype(item[1]).itemsize)
+    codes = _Codes()
+    ordered = sorted(tensors, key=lambda item: -codes.stored_itemsize(item[1].dtype))
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
     if complete is not None and not patch_later:
         complete()
     start = sink.tell() if patch_later else 0
-    header = _header(ordered, manifest)
+    header = _header(ordered, manifest, codes)
     sink.write(header)
-    for _, array in ordered:
-        if array.nbytes:
-            sink.write(as_bytes(array))
+    _write_arrays(sink, [array for _, array in ordered])
     if patch_later and complete is not None:
         complete()
-        final = _header(ordered, manifest)
+        final = _header(ordered, manifest, codes)
         if len(final) != len(header):
             raise AssertionError("the completed manifest changed the header's length")
         end = sink.tell()
@@ -90,26 +94,64 @@ def write_native(
     return None if manifest is None else header[8:].rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
 
 
-def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None) -> bytes:
+def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
+    """Write the arrays' bytes back to back: small ones joined into batches of about ``_BATCH_BYTES``, each one
+    write, large ones as they are (a join costs less than a write call per small array)."""
+    batch: list[memoryview] = []
+    batched = 0
+    for array in arrays:
+        nbytes = array.nbytes
+        if nbytes >= _BATCH_BYTES:
+            if batch:
+                sink.write(b"".join(batch))
+                batch, batched = [], 0
+            sink.write(raw_buffer(array))
+        elif nbytes:
+            batch.append(raw_buffer(array))
+            batched += nbytes
+            if batched >= _BATCH_BYTES:
+                sink.write(b"".join(batch))
+                batch, batched = [], 0
+    if batch:
+        sink.write(b"".join(batch))
+
+
+def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None, codes: _Codes) -> bytes:
     """The length prefix and the padded JSON header of a file holding ``ordered``."""
     header: dict[str, Any] = {}
     offset = 0
     for name, array in ordered:
-        code = safetensors_code(array.dtype)
-        shape = list(array.shape) if code is not None else [array.nbytes]
-        header[name] = {"dtype": code or "U8", "shape": shape, "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
+        code, nbytes = codes.code(array.dtype), array.nbytes
+        header[name] = {
+            "dtype": code or "U8",
+            "shape": list(array.shape) if code is not None else [nbytes],
+            "data_offsets": [offset, offset + nbytes],
+        }
+        offset += nbytes
     if manifest is not None:
-        header["__metadata__"] = {"jaxstow": json.dumps(manifest, separators=(",", ":")), _HASH_KEY: ZERO_CHECKSUM}
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        header["__metadata__"] = {"jaxstow": _JSON.encode(manifest), _HASH_KEY: ZERO_CHECKSUM}
+    text = _JSON.encode(header).encode("utf-8")
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
     padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
     return struct.pack("<Q", padded) + text.ljust(padded, b" ")
 
 
-def _stored_dtype(array: np.ndarray) -> np.dtype:
-    return array.dtype if safetensors_code(array.dtype) is not None else np.dtype(np.uint8)
+class _Codes:
+    """The safetensors code of each dtype met in one write (``None``: stored as raw bytes), looked up once each."""
+
+    def __init__(self) -> None:
+        self._codes: dict[np.dtype, str | None] = {}
+
+    def code(self, dtype: np.dtype) -> str | None:
+        try:
+            return self._codes[dtype]
+        except KeyError:
+            return self._codes.setdefault(dtype, safetensors_code(dtype))
+
+    def stored_itemsize(self, dtype: np.dtype) -> int:
+        """The item size of the dtype the file stores ``dtype`` as."""
+        return dtype.itemsize if self.code(dtype) is not None else 1
 
 
 def _raw_header(source: ReadSource) -> bytes:

@@ -93,8 +93,9 @@ class DataCollector(abc.ABC):
         """Store a block of samples: ``values`` holds one array per leaf of the sample (in ``jax.tree.leaves``
         order), whose rows are the samples ``first, first + 1, ...`` of the chain.
 
-        Blocks may arrive in any order. The arrays are read-only and nothing changes them later: a collector may keep
-        them without copying.
+        Blocks may arrive in any order, and a block may arrive more than once: store it at its rows, so that a second
+        delivery changes nothing. The arrays are read-only and nothing changes them later: a collector may keep them
+        without copying.
         """
 
     @abc.abstractmethod

@@ -37,6 +37,8 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["HDF5Collector"]
 
+#: At most this many bytes per chunk. A chain's last chunk is written whole however few of its rows are kept (8 chains
+#: of 1,250 samples of 4 KB fill a 62 MiB file with 4 MiB chunks, 39 MiB with these), so chunks stay small.
 _CHUNK_BYTES = 1 << 20
 _MAX_CHUNK_ROWS = (
     4096  # chunks hold a power of two of rows, like the blocks of io.save, so that full blocks fill whole chunks

@@ -2,8 +2,10 @@
 
 The saving state carries a device buffer of ``block_size`` samples per chain. ``save`` writes each sample into it
 (counting it only if ``keep`` is true); when a chain's buffer is full, every chain's buffered samples go to the
-host in one ``io_callback`` that also carries each chain's id and the index of its block's first sample, so the
-collector can place blocks that arrive in any order. Every ``checkpoint_every`` steps the buffers are sent along
+host in one host callback that also carries each chain's id and the index of its block's first sample, so the
+collector can place blocks that arrive in any order (or twice: a block lands at its own rows). That makes delivering
+blocks free of side effects, so it is a ``pure_callback``, which costs nothing at the steps that send no block; an
+``io_callback``, whose side-effect machinery runs at every step, is used only with checkpoints. Every ``checkpoint_every`` steps the buffers are sent along
 with the solver state, which the collector checkpoints. ``postprocess_save`` sends the rest and waits for the
 collector; an error inside the collector surfaces there, with its cause.
 """
@@ -38,7 +40,7 @@ __all__ = ["Saving", "SavingState", "save"]
 
 #: Size of a chain's device buffer when ``block_size`` is not given: at most this many bytes of samples, in a power
 #: of two rows (so that full blocks line up with the HDF5 collector's chunks).
-BLOCK_BYTES = 1 << 20
+BLOCK_BYTES = 4 << 20
 _MAX_BLOCK = 1 << 16
 
 InitSave = Callable[..., Any]
@@ -91,7 +93,7 @@ def save(
     ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
     Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
     updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the
-    device (by default a power of two of them, at most 1 MiB).
+    device (by default a power of two of them, at most 4 MiB).
 
     >>> import jax.numpy as jnp
     >>> from jax.lax import scan
@@ -250,7 +252,12 @@ class _Streaming:
             return token, blocks[1], blocks[2]
 
         def send(token: jax.Array, blocks: Any, *checkpoint: Any) -> Any:
-            token = io_callback(self._receive, answer, token, blocks, *checkpoint)
+            if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
+                token = io_callback(self._receive, answer, token, blocks, *checkpoint)
+            else:
+                # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
+                # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
+                token = jax.pure_callback(self._receive, answer, token, blocks, vmap_method="sequential")
             sent, fill = blocks[1:3]
             return token, sent + fill, jnp.zeros_like(fill)
 

@@ -1,8 +1,8 @@
 """``jaxstow.train``: the checkpointer contract of a training loop, a default checkpointer, and a resumable trainer.
 
-A :class:`Trainer` trains a module interface (a train step over the batches of each epoch, and the module's state)
-for a number of epochs. When it is made, it asks its checkpointer for the checkpoint to resume from; after every
-epoch it asks it to save one. Write your own checkpointer by subclassing :class:`AbstractCheckpointer`, or configure
+A :class:`Trainer` trains a :class:`ModuleInterface` (its data loaders, its train and validation steps, its state and
+its callbacks) on a :class:`TrainerBackend` for a number of epochs, with PyMarlin's contract. When it is made, it asks
+its checkpointer for the checkpoint to resume from; after every epoch it asks it to save one. Write your own checkpointer by subclassing :class:`AbstractCheckpointer`, or configure
 the :class:`DefaultCheckpointer` with :class:`DefaultCheckpointerArguments`. Checkpoints are saved by
 :func:`jaxstow.save`, without pickle, for JAX models (:class:`EquinoxOptaxModule`) and PyTorch ones
 (:class:`TorchModule`) alike. Neither equinox, optax nor torch is imported until it is used.
@@ -34,22 +34,25 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jaxstow.train.backend import SingleProcess, TrainerBackend
+from jaxstow.train.arguments import DistributedTrainingArguments, TrainerArguments
+from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.default import DefaultCheckpointer, DefaultCheckpointerArguments
-from jaxstow.train.module import ModuleInterface
+from jaxstow.train.module import CallbackInterface, ModuleInterface
 from jaxstow.train.pytorch import TorchModule
 from jaxstow.train.state import Checkpoint, Stateful
-from jaxstow.train.trainer import Trainer, TrainerArguments
+from jaxstow.train.trainer import Trainer
 
 if TYPE_CHECKING:
     from jaxstow.train.equinox_optax import EquinoxOptaxModule
 
 __all__ = [
     "AbstractCheckpointer",
+    "CallbackInterface",
     "Checkpoint",
     "DefaultCheckpointer",
     "DefaultCheckpointerArguments",
+    "DistributedTrainingArguments",
     "EquinoxOptaxModule",
     "ModuleInterface",
     "SingleProcess",
@@ -58,6 +61,7 @@ __all__ = [
     "Trainer",
     "TrainerArguments",
     "TrainerBackend",
+    "TrainerBackendArguments",
 ]
 
 

@@ -26,11 +26,10 @@ import dataclasses
 import logging
 import os
 
-from jaxstow.errors import CheckpointError
 from jaxstow.serialization import load, save
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
-from jaxstow.train.state import Checkpoint
+from jaxstow.train.state import Checkpoint, as_checkpoint
 
 __all__ = ["DefaultCheckpointer", "DefaultCheckpointerArguments"]
 
@@ -83,10 +82,14 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def __init__(self, args: DefaultCheckpointerArguments | None = None) -> None:
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
-        self.names = FileNames(self.args.file_prefix, self.args.file_ext)
         self.logger.setLevel(self.args.log_level.upper())
         if self.args.delete_existing_checkpoints:
             self._delete_own_files()
+
+    @property
+    def names(self) -> FileNames:
+        """How this checkpointer names its files, from the current ``file_prefix`` and ``file_ext``."""
+        return FileNames(self.args.file_prefix, self.args.file_ext)
 
     def save(self, checkpoint_state: Checkpoint, index: int, force: bool = False) -> str | None:
         """Write ``checkpoint_state`` to ``save_dir`` if checkpointing is on and ``index`` is a multiple of the
@@ -107,13 +110,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
         path = self._resume_path()
         if path is None:
             return Checkpoint()
-        checkpoint = load(path)
-        if not isinstance(checkpoint, Checkpoint):
-            raise CheckpointError(
-                f"{path} holds a {type(checkpoint).__name__}, not a jaxstow.train.Checkpoint; resume from a file "
-                "written by save(), not by save_model()",
-                file=path,
-            )
+        checkpoint = as_checkpoint(load(path), file=path)
         self.logger.info("resumed from %s", path)
         return checkpoint
 
@@ -134,13 +131,28 @@ class DefaultCheckpointer(AbstractCheckpointer):
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"{path}: load_filename names no file in load_dir")
             return path
-        found = self.names.find(load_dir)
-        if not found:
+        latest = self.get_latest_file(load_dir, self.args.file_prefix, self.args.file_ext)
+        if not latest:
             self.logger.warning(
                 "no checkpoint %s in %s: starting from scratch", self.names.checkpoint_pattern, load_dir
             )
             return None
-        return found[max(found)]
+        return latest
+
+    @staticmethod
+    def get_latest_file(load_dir: PathLike, file_prefix: str, file_ext: str = "pt") -> str:
+        """The path of the checkpoint ``{file_prefix}_{index}.{file_ext}`` with the largest index in ``load_dir``, or
+        ``""`` when there is none (model files and other names are never taken).
+
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> for name in ["run_2.pt", "run_10.pt", "run_model_11.pt"]:
+        ...     open(os.path.join(folder, name), "wb").close()
+        >>> DefaultCheckpointer.get_latest_file(folder, "run", "pt") == os.path.join(folder, "run_10.pt")
+        True
+        """
+        found = FileNames(file_prefix, file_ext).find(load_dir)
+        return found[max(found)] if found else ""
 
     def _delete_own_files(self) -> None:
         doomed = list(self.names.find(self.args.save_dir).values())

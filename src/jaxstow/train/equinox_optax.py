@@ -9,7 +9,10 @@
 ...     x = jax.random.normal(jax.random.key(epoch), (8, 2))
 ...     return [(x, x.sum(axis=1, keepdims=True))]
 >>> module = EquinoxOptaxModule(eqx.nn.Linear(2, 1, key=jax.random.key(0)), optax.sgd(0.1), loss_fn, data)
->>> losses = [module.train_step(batch) for epoch in range(20) for batch in module.train_data(epoch)]
+>>> losses = []
+>>> for epoch in range(20):
+...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
+...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
 >>> losses[-1] < losses[0] / 10
 True
 >>> sorted(module.get_state())
@@ -25,6 +28,7 @@ import equinox as eqx
 import jax
 import optax
 
+from jaxstow.train.module import ModuleInterface
 from jaxstow.tree import flatten_with_paths
 
 __all__ = ["EquinoxOptaxModule"]
@@ -43,7 +47,7 @@ def _train_step(
     return eqx.apply_updates(model, updates), opt_state, loss
 
 
-class EquinoxOptaxModule:
+class EquinoxOptaxModule(ModuleInterface):
     """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
 
     The step is compiled once with ``equinox.filter_jit``. The state is ``{"model": ..., "opt_state": ...}``: the
@@ -62,13 +66,18 @@ class EquinoxOptaxModule:
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.data = data
+        self.epoch = 0
         self.opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
 
-    def train_data(self, epoch: int) -> Iterable[Any]:
-        """``data(epoch)``."""
-        return self.data(epoch)
+    def on_begin_train_epoch(self, global_step: Any, epoch: int) -> None:
+        """Note the epoch whose batches :meth:`get_train_dataloader` gives next."""
+        self.epoch = epoch
 
-    def train_step(self, batch: Any) -> float:
+    def get_train_dataloader(self, sampler: Any, batch_size: int) -> Iterable[Any]:
+        """``data(epoch)`` of the current epoch (the batches are ``data``'s own; ``batch_size`` is not used)."""
+        return self.data(self.epoch)
+
+    def train_step(self, global_step: int, batch: Any, device: Any = None) -> float:
         """One gradient step of ``optimizer`` on ``loss_fn(model, batch)``; returns the loss before the step."""
         self.model, self.opt_state, loss = _train_step(self.model, self.opt_state, batch, self.optimizer, self.loss_fn)
         return float(loss)

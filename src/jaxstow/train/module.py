@@ -1,17 +1,20 @@
-"""What a :class:`~jaxstow.train.Trainer` asks of the thing it trains.
+"""What a :class:`~jaxstow.train.Trainer` asks of the thing it trains: PyMarlin's module interface.
 
-A module interface gives the batches of an epoch, takes one optimisation step on a batch, and hands over its state
-for checkpoints. Any object with these four methods will do; :class:`~jaxstow.train.EquinoxOptaxModule` and
-:class:`~jaxstow.train.TorchModule` are ready ones.
+A module gives the trainer its data loaders (any iterables of batches), takes one training or validation step on a
+batch, hands over its state for checkpoints, and hears about the progress of training through callbacks. Subclass
+:class:`ModuleInterface` and implement :meth:`~ModuleInterface.get_train_dataloader`,
+:meth:`~ModuleInterface.train_step`, :meth:`~ModuleInterface.get_state` and :meth:`~ModuleInterface.update_state`;
+the rest is optional. :class:`~jaxstow.train.EquinoxOptaxModule` and :class:`~jaxstow.train.TorchModule` are ready
+ones.
 
 >>> from jaxstow.train import ModuleInterface
->>> class Mean:
+>>> class Mean(ModuleInterface):
 ...     '''Learns the mean of the numbers it is shown.'''
 ...     def __init__(self):
 ...         self.estimate, self.seen = 0.0, 0
-...     def train_data(self, epoch):
+...     def get_train_dataloader(self, sampler, batch_size):
 ...         return [1.0, 2.0, 3.0]
-...     def train_step(self, batch):
+...     def train_step(self, global_step, batch, device):
 ...         self.seen += 1
 ...         self.estimate += (batch - self.estimate) / self.seen
 ...         return abs(batch - self.estimate)
@@ -19,32 +22,90 @@ for checkpoints. Any object with these four methods will do; :class:`~jaxstow.tr
 ...         return {"estimate": self.estimate, "seen": self.seen}
 ...     def update_state(self, state):
 ...         self.estimate, self.seen = state["estimate"], state["seen"]
->>> isinstance(Mean(), ModuleInterface)
-True
+>>> module = Mean()
+>>> [module.train_step(step, batch, None) for step, batch in enumerate(module.get_train_dataloader(None, 1))]
+[0.0, 0.5, 1.0]
+>>> module.get_optimizers_schedulers(estimated_global_steps_per_epoch=3, epochs=1)
+([], [])
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol, runtime_checkable
+import abc
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from jaxstow.train.state import Stateful
+__all__ = ["CallbackInterface", "ModuleInterface"]
 
-__all__ = ["ModuleInterface"]
+DataLoader = Iterable[Any]
 
 
-@runtime_checkable
-class ModuleInterface(Stateful, Protocol):
-    """The model, its optimiser and its data, as the trainer sees them.
+class CallbackInterface:
+    """Hooks the trainer and its backend call as training goes on; each does nothing unless overridden.
 
-    ``get_state()`` must hold everything that the next steps depend on (parameters, optimiser state, random keys),
-    so that a run resumed from a checkpoint continues exactly as if it had never stopped.
+    ``*outputs`` are the collated outputs of the steps: one list per value a step returns (the first is the loss),
+    holding that value of every step, in order.
     """
 
-    def train_data(self, epoch: int) -> Iterable[Any]:
-        """The batches of epoch ``epoch``, in order; the same epoch must give the same batches in every process."""
-        ...
+    def on_begin_train_epoch(self, global_step: Any, epoch: int) -> None:
+        """Before the training steps of ``epoch`` (and before its train data loader is asked for)."""
 
-    def train_step(self, batch: Any) -> float:
-        """One optimisation step on ``batch``; returns its loss."""
-        ...
+    def on_end_train_step(self, global_step: Any, *train_step_outputs: Any) -> None:
+        """After each global step, with the outputs of its train steps (several with gradient accumulation)."""
+
+    def on_end_train_epoch(self, global_step: Any, *train_step_collated_outputs: Any) -> None:
+        """After the training steps and the validation of an epoch, with the epoch's collated train outputs."""
+
+    def on_end_val_epoch(self, global_step: Any, *val_step_collated_outputs: Any, key: str = "default") -> None:
+        """After validating on the data loader ``key``, with its collated validation outputs."""
+
+    def on_end_train(self, global_step: Any) -> None:
+        """After the last epoch, once the final checkpoint and model are saved."""
+
+
+class ModuleInterface(CallbackInterface, abc.ABC):
+    """The model, its optimisation and its data, as the trainer sees them.
+
+    ``get_state()`` must hold everything that the next steps depend on (parameters, optimiser state, random keys),
+    unless it is kept by the optimisers of :meth:`get_optimizers_schedulers`, so that a run resumed from a checkpoint
+    continues exactly as if it had never stopped.
+    """
+
+    def get_optimizers_schedulers(
+        self, estimated_global_steps_per_epoch: int, epochs: int
+    ) -> tuple[Sequence[Any], Sequence[Any]]:
+        """The optimisers and learning-rate schedulers whose ``state_dict()`` the trainer checkpoints in its own state.
+
+        Called once, when the trainer is made. JAX modules keep their optimiser state in :meth:`get_state` and return
+        ``([], [])``, the default.
+        """
+        return [], []
+
+    @abc.abstractmethod
+    def get_train_dataloader(self, sampler: Any, batch_size: int) -> DataLoader:
+        """The batches of the coming epoch, in order; called at the start of every epoch.
+
+        ``batch_size`` is the trainer's ``train_step_batch_size``; ``sampler`` is the backend's ``train_sampler``
+        (``None``: take the data in order). Its length, when it has one, gives the trainer's
+        ``estimated_global_steps_per_epoch``.
+        """
+
+    def get_val_dataloaders(self, sampler: Any, batch_size: int) -> DataLoader | Mapping[str, DataLoader] | None:
+        """The validation data: one data loader, a dict of them by name, or ``None`` (the default) for none."""
+        return None
+
+    @abc.abstractmethod
+    def train_step(self, global_step: int, batch: Any, device: Any) -> Any:
+        """One optimisation step on ``batch``; returns its loss, or a tuple whose first value is the loss."""
+
+    def val_step(self, global_step: int, batch: Any, device: Any) -> Any:
+        """One validation step on ``batch``; returns a value or a tuple of values to collate."""
+        raise NotImplementedError(f"{type(self).__name__} gives validation data but does not implement val_step")
+
+    @abc.abstractmethod
+    def get_state(self) -> Any:
+        """The module's state: a pytree :func:`jaxstow.save` takes (arrays, tensors, models, scalars)."""
+
+    @abc.abstractmethod
+    def update_state(self, state: Any) -> None:
+        """Restore the module from a tree :meth:`get_state` returned, as loaded back from a checkpoint."""

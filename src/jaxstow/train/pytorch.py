@@ -14,7 +14,10 @@ works without torch installed.
 ...     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(epoch))
 ...     return [(x, x.sum(dim=1, keepdim=True))]
 >>> module = TorchModule(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, data)
->>> losses = [module.train_step(batch) for epoch in range(20) for batch in module.train_data(epoch)]
+>>> losses = []
+>>> for epoch in range(20):
+...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
+...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
 >>> losses[-1] < losses[0] / 10
 True
 >>> sorted(module.get_state())
@@ -26,10 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from jaxstow.train.module import ModuleInterface
+
 __all__ = ["TorchModule"]
 
 
-class TorchModule:
+class TorchModule(ModuleInterface):
     """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
 
     The state is ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``; jaxstow saves its tensors
@@ -48,12 +53,17 @@ class TorchModule:
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.data = data
+        self.epoch = 0
 
-    def train_data(self, epoch: int) -> Iterable[Any]:
-        """``data(epoch)``."""
-        return self.data(epoch)
+    def on_begin_train_epoch(self, global_step: Any, epoch: int) -> None:
+        """Note the epoch whose batches :meth:`get_train_dataloader` gives next."""
+        self.epoch = epoch
 
-    def train_step(self, batch: Any) -> float:
+    def get_train_dataloader(self, sampler: Any, batch_size: int) -> Iterable[Any]:
+        """``data(epoch)`` of the current epoch (the batches are ``data``'s own; ``batch_size`` is not used)."""
+        return self.data(self.epoch)
+
+    def train_step(self, global_step: int, batch: Any, device: Any = None) -> float:
         """Zero the gradients, back-propagate ``loss_fn(model, batch)`` and step the optimiser; returns the loss."""
         self.optimizer.zero_grad()
         loss = self.loss_fn(self.model, batch)

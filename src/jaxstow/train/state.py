@@ -2,6 +2,8 @@
 
 A :class:`Checkpoint` is a pytree, saved through the core like any other tree: no pickle, and it comes back as a
 ``Checkpoint`` with every state in it rebuilt (arrays, equinox modules, optax states, torch tensors, Python scalars).
+A file holding the plain dict of its fields (``checkpoint.__dict__``, as PyMarlin writes them) is a checkpoint too:
+:func:`as_checkpoint` turns what such a file loads back into into a ``Checkpoint``.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow.train import Checkpoint
@@ -20,9 +22,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from jaxstow.errors import CheckpointError
 from jaxstow.registry import saveable
 
-__all__ = ["Checkpoint", "Stateful"]
+__all__ = ["Checkpoint", "Stateful", "as_checkpoint"]
 
 
 @runtime_checkable
@@ -57,3 +60,24 @@ jax.tree_util.register_dataclass(
 )
 # A stable name, so that files keep loading wherever the class lives.
 saveable(Checkpoint, name="jaxstow.train.Checkpoint")
+
+
+_FIELDS = tuple(field.name for field in dataclasses.fields(Checkpoint))
+
+
+def as_checkpoint(loaded: Any, *, file: str) -> Checkpoint:
+    """``loaded`` as a :class:`Checkpoint`: itself, or one made from a dict of its fields; ``file`` names it in errors.
+
+    >>> as_checkpoint({"trainer_state": {"last_epoch": 2}}, file="run_2.pt")
+    Checkpoint(module_interface_state=None, trainer_state={'last_epoch': 2}, trainer_backend_state=None)
+    """
+    if isinstance(loaded, Checkpoint):
+        return loaded
+    if isinstance(loaded, dict) and loaded and set(loaded) <= set(_FIELDS):
+        return Checkpoint(**loaded)
+    found = f"a dict with the keys {sorted(map(str, loaded))}" if isinstance(loaded, dict) else type(loaded).__name__
+    raise CheckpointError(
+        f"{file} holds {found}, not a jaxstow.train.Checkpoint or a dict of its fields {list(_FIELDS)}; resume from "
+        "a file written by save(), not by save_model()",
+        file=file,
+    )

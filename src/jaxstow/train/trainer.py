@@ -1,14 +1,15 @@
-"""A resumable training loop: epochs of a module, a checkpoint after each, and a restart where the last one left off.
+"""A resumable training loop with PyMarlin's contract: epochs of a module, a checkpoint after each, and a restart where
+the last one left off.
 
->>> import os, tempfile
->>> from jaxstow.train import DefaultCheckpointerArguments, Trainer, TrainerArguments
->>> class Counter:
-...     '''Counts its steps; its loss is the count.'''
+>>> import tempfile
+>>> from jaxstow.train import DefaultCheckpointerArguments, ModuleInterface, Trainer, TrainerArguments
+>>> class Counter(ModuleInterface):
+...     '''Counts its steps; the loss of a step is the count after it.'''
 ...     def __init__(self):
 ...         self.count = 0
-...     def train_data(self, epoch):
+...     def get_train_dataloader(self, sampler, batch_size):
 ...         return range(2)
-...     def train_step(self, batch):
+...     def train_step(self, global_step, batch, device):
 ...         self.count += 1
 ...         return float(self.count)
 ...     def get_state(self):
@@ -20,51 +21,42 @@
 ...     checkpoints = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder)
 ...     return TrainerArguments(epochs=epochs, checkpointer_args=checkpoints)
 >>> Trainer(Counter(), arguments(epochs=2)).train()
-{0: 1.5, 1: 3.5}
+{0: [[1.0, 2.0]], 1: [[3.0, 4.0]]}
 >>> resumed = Trainer(Counter(), arguments(epochs=4))
->>> resumed.last_epoch, resumed.module.count
-(1, 4)
+>>> resumed.last_epoch, resumed.module.count, resumed.global_steps_finished
+(1, 4, 4)
 >>> resumed.train()
-{2: 5.5, 3: 7.5}
+{2: [[5.0, 6.0]], 3: [[7.0, 8.0]]}
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from jaxstow.train.backend import SingleProcess, TrainerBackend
+from jaxstow.train.arguments import TrainerArguments, step_batch_size
+from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
-from jaxstow.train.default import DefaultCheckpointer, DefaultCheckpointerArguments
+from jaxstow.train.default import DefaultCheckpointer
 from jaxstow.train.module import ModuleInterface
 from jaxstow.train.state import Checkpoint
 
-__all__ = ["Trainer", "TrainerArguments"]
+__all__ = ["Trainer"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class TrainerArguments:
-    """How long a :class:`Trainer` trains, and how its default checkpointer keeps checkpoints.
-
-    Attributes:
-        epochs: the total number of epochs of the run, counting those done before a resume.
-        checkpointer_args: the arguments of the :class:`~jaxstow.train.DefaultCheckpointer` made when the trainer is
-            given no checkpointer.
-    """
-
-    epochs: int = 1
-    checkpointer_args: DefaultCheckpointerArguments = dataclasses.field(default_factory=DefaultCheckpointerArguments)
-
-
 class Trainer:
-    """Trains ``module`` for ``args.epochs`` epochs, resuming from the checkpoint its checkpointer loads.
+    """Trains ``module`` for ``args.epochs`` epochs on ``trainer_backend``, resuming from the checkpoint that
+    ``checkpointer`` loads.
 
-    Making a trainer calls ``checkpointer.load()`` and restores the module, the trainer (its ``last_epoch``) and the
-    backend from each state the checkpoint holds. :meth:`train` then runs the epochs after ``last_epoch``. Subclasses
-    that keep more state override :meth:`get_state` and :meth:`update_state`.
+    Making a trainer asks the checkpointer for the checkpoint to resume from and restores the module, the trainer
+    (its ``last_epoch`` and its optimisers' and schedulers' states) and the backend from each state the checkpoint
+    holds; it gets the module's optimisers and schedulers and makes the backend ready (``init``). :meth:`train` then
+    runs the epochs after ``last_epoch``, validating after each. The default backend is :class:`SingleProcess`, the
+    default checkpointer a :class:`DefaultCheckpointer` of ``args.checkpointer_args``. Subclasses that keep more
+    state override :meth:`get_state` and :meth:`update_state`.
     """
 
     def __init__(
@@ -80,27 +72,106 @@ class Trainer:
         self.checkpointer = (
             checkpointer if checkpointer is not None else DefaultCheckpointer(self.args.checkpointer_args)
         )
+        checkpoint = self.checkpointer.load()
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(
+                f"{type(self.checkpointer).__name__}.load() returned a {type(checkpoint).__name__}; it must return a "
+                "jaxstow.train.Checkpoint (Checkpoint() when there is nothing to resume from)"
+            )
+        if checkpoint.module_interface_state is not None:
+            self.module.update_state(checkpoint.module_interface_state)
+        self.optimizers, self.schedulers = self.module.get_optimizers_schedulers(
+            self.estimated_global_steps_per_epoch, self.args.epochs
+        )
         self.last_epoch = -1
-        self._restore(self.checkpointer.load())
+        if checkpoint.trainer_state is not None:
+            self.update_state(checkpoint.trainer_state)
+        self.trainer_backend.init(
+            TrainerBackendArguments(
+                module=self.module,
+                optimizers=self.optimizers,
+                schedulers=self.schedulers,
+                gradient_accumulation=self.gradient_accumulation,
+            )
+        )
+        if checkpoint.trainer_backend_state is not None:
+            self.trainer_backend.update_state(checkpoint.trainer_backend_state)
+        logger.info(
+            "train steps of %s samples (gradient accumulation %s), validation steps of %s, about %s global steps "
+            "per epoch",
+            self.train_step_batch_size,
+            self.gradient_accumulation,
+            self.val_step_batch_size,
+            self.estimated_global_steps_per_epoch,
+        )
 
-    def train(self) -> dict[int, float]:
-        """Run the epochs from ``last_epoch + 1`` to ``args.epochs - 1``; returns each one's mean loss.
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def train(self) -> dict[int, list[list[Any]]]:
+        """Train and validate the epochs from ``last_epoch + 1`` to ``args.epochs - 1``; returns each one's collated
+        train outputs (``outputs[0]`` holds the losses of its steps).
 
         After every epoch the checkpointer is asked to ``save(state, index=epoch)``; after the last one, to save with
-        ``force=True`` and to ``save_model`` the module's state. A run with no epoch left trains and saves nothing.
+        ``force=True`` and to ``save_model`` the module's state, then ``module.on_end_train`` is called. A run with
+        no epoch left trains and saves nothing.
         """
-        losses: dict[int, float] = {}
-        for epoch in range(self.last_epoch + 1, self.args.epochs):
-            losses[epoch] = self.trainer_backend.train_epoch(self.module, epoch)
+        first = self.last_epoch + 1
+        if first >= self.args.epochs:
+            logger.info("no epoch left to train: %d of %d are done", first, self.args.epochs)
+            return {}
+        logger.info(
+            "training epochs %d to %d, about %s global steps each",
+            first,
+            self.args.epochs - 1,
+            self.estimated_global_steps_per_epoch,
+        )
+        outputs: dict[int, list[list[Any]]] = {}
+        for epoch in range(first, self.args.epochs):
+            self.module.on_begin_train_epoch(self.global_steps_finished, epoch)
+            outputs[epoch] = self.train_epoch()
+            self.validate()
+            self.module.on_end_train_epoch(self.global_steps_finished, *outputs[epoch])
             self.last_epoch = epoch
-            logger.info("epoch %d: mean loss %.6g", epoch, losses[epoch])
-            self.checkpointer.save(self.checkpoint_state(), epoch)
-        if not losses:
-            logger.info("no epoch left to train: %d of %d are done", self.last_epoch + 1, self.args.epochs)
-            return losses
-        self.checkpointer.save(self.checkpoint_state(), self.last_epoch, force=True)
-        self.checkpointer.save_model(self.module.get_state(), self.last_epoch)
-        return losses
+            logger.info("epoch %d done, %s global steps so far", epoch, self.global_steps_finished)
+            self.save_checkpoint()
+        self.save_checkpoint(force=True)
+        self.save_model_checkpoint()
+        self.module.on_end_train(self.global_steps_finished)
+        return outputs
+
+    def train_epoch(self) -> list[list[Any]]:
+        """Train on the module's train data loader; the collated outputs of its steps."""
+        dataloader = self.module.get_train_dataloader(
+            sampler=self.trainer_backend.train_sampler, batch_size=self.train_step_batch_size
+        )
+        return self.trainer_backend.train_dl(dataloader, self.module)
+
+    def validate(self) -> list[list[Any]] | None:
+        """Validate on each of the module's validation data loaders, calling ``on_end_val_epoch`` after each; the
+        collated outputs of the last one, or ``None`` when the module has no validation data."""
+        dataloaders = self.module.get_val_dataloaders(
+            sampler=self.trainer_backend.val_sampler, batch_size=self.val_step_batch_size
+        )
+        if dataloaders is None:
+            return None
+        named = dataloaders if isinstance(dataloaders, Mapping) else {"default": dataloaders}
+        outputs = None
+        for key, dataloader in named.items():
+            outputs = self.trainer_backend.validate_dl(dataloader)
+            self.module.on_end_val_epoch(self.global_steps_finished, *outputs, key=key)
+        return outputs
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+
+    def save_checkpoint(self, force: bool = False) -> None:
+        """Hand the checkpointer the states of the module, the trainer and the backend (on the main process only)."""
+        if self.is_main_process:
+            self.checkpointer.save(self.checkpoint_state(), self.last_epoch, force)
+
+    def save_model_checkpoint(self) -> None:
+        """Hand the checkpointer the module's state alone (on the main process only)."""
+        if self.is_main_process:
+            self.checkpointer.save_model(self.module.get_state(), self.last_epoch)
 
     def checkpoint_state(self) -> Checkpoint:
         """The states of the module, the trainer and the backend, as they are now."""
@@ -111,22 +182,61 @@ class Trainer:
         )
 
     def get_state(self) -> dict[str, Any]:
-        """The trainer's own state: ``{"last_epoch": the last epoch finished}``."""
-        return {"last_epoch": self.last_epoch}
+        """The trainer's own state: the last epoch finished and the ``state_dict()`` of each optimiser and scheduler."""
+        return {
+            "last_epoch": self.last_epoch,
+            "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+            "schedulers": [scheduler.state_dict() for scheduler in self.schedulers],
+        }
 
     def update_state(self, state: dict[str, Any]) -> None:
-        """Restore the trainer's own state from :meth:`get_state`'s tree."""
+        """Restore the trainer's own state from :meth:`get_state`'s tree (optimisers and schedulers in order)."""
         self.last_epoch = int(state["last_epoch"])
+        for kind, objects in (("optimizers", self.optimizers), ("schedulers", self.schedulers)):
+            for obj, saved in zip(objects, state.get(kind, []), strict=False):
+                obj.load_state_dict(saved)
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
-                f"{type(self.checkpointer).__name__}.load() returned a {type(checkpoint).__name__}; it must return a "
-                "jaxstow.train.Checkpoint (Checkpoint() when there is nothing to resume from)"
-            )
-        if checkpoint.module_interface_state is not None:
-            self.module.update_state(checkpoint.module_interface_state)
-        if checkpoint.trainer_state is not None:
-            self.update_state(checkpoint.trainer_state)
-        if checkpoint.trainer_backend_state is not None:
-            self.trainer_backend.update_state(checkpoint.trainer_backend_state)
+    # -- sizes ---------------------------------------------------------------------------------------------------
+
+    @property
+    def is_main_process(self) -> bool:
+        """Whether this process writes checkpoints: global rank 0."""
+        return bool(self.args.distributed_training_args.global_rank == 0)
+
+    @property
+    def pergpu_global_batch_size(self) -> int:
+        """This process's share of the global batch ``train_batch_size``."""
+        return self.args.train_batch_size // self.args.distributed_training_args.world_size
+
+    @property
+    def train_step_batch_size(self) -> int:
+        """The batch of one train step: this process's share, split to fit ``gpu_batch_size_limit``."""
+        return step_batch_size(self.pergpu_global_batch_size, limit=self.args.gpu_batch_size_limit)
+
+    @property
+    def gradient_accumulation(self) -> int:
+        """Train steps per global step, so that a global step covers ``train_batch_size`` samples."""
+        return self.pergpu_global_batch_size // self.train_step_batch_size
+
+    @property
+    def val_step_batch_size(self) -> int:
+        """The batch of one validation step: ``val_batch_size``."""
+        return self.args.val_batch_size
+
+    @property
+    def global_steps_finished(self) -> Any:
+        """Global steps taken so far, resumed runs included, as the backend counts them."""
+        return self.trainer_backend.get_global_steps_completed()
+
+    @property
+    def estimated_global_steps_per_epoch(self) -> int:
+        """At most how many global steps an epoch takes: the train data loader's length over the processes and the
+        gradient accumulation, plus one; ``0`` when the module gives no train data loader or one without a length.
+        """
+        dataloader = self.module.get_train_dataloader(sampler=None, batch_size=self.train_step_batch_size)
+        try:
+            batches = len(dataloader)  # type: ignore[arg-type]
+        except TypeError:
+            return 0
+        world_size = self.args.distributed_training_args.world_size
+        return batches // (world_size * self.gradient_accumulation) + 1

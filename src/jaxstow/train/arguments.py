@@ -1,0 +1,69 @@
+"""How long a :class:`~jaxstow.train.Trainer` trains, on how many processes, and in batches of what size.
+
+The global batch (``train_batch_size``) is shared by the ``world_size`` processes; each process's share is split
+into step batches no larger than ``gpu_batch_size_limit``, and a global step accumulates the gradients of
+``gradient_accumulation`` of them:
+
+>>> from jaxstow.train.arguments import step_batch_size
+>>> step_batch_size(6, limit=1000), step_batch_size(6, limit=3), step_batch_size(12, limit=5)
+(6, 3, 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxstow.train.default import DefaultCheckpointerArguments
+
+__all__ = ["DistributedTrainingArguments", "TrainerArguments", "step_batch_size"]
+
+
+@dataclasses.dataclass
+class DistributedTrainingArguments:
+    """Where this process stands among those training together: ``world_size`` processes in all, this one being
+    ``global_rank`` (``local_rank`` on its host). Only the process of global rank 0 writes checkpoints."""
+
+    world_size: int = 1
+    global_rank: int = 0
+    local_rank: int = 0
+
+
+@dataclasses.dataclass
+class TrainerArguments:
+    """How a :class:`~jaxstow.train.Trainer` trains.
+
+    Attributes:
+        epochs: the total number of epochs of the run, counting those done before a resume.
+        train_batch_size: the global batch of a training step, over all processes.
+        gpu_batch_size_limit: the largest batch one step may take on a device.
+        val_batch_size: the batch of a validation step.
+        checkpointer_args: the arguments of the :class:`~jaxstow.train.DefaultCheckpointer` made when the trainer is
+            given no checkpointer.
+        distributed_training_args: the processes training together; one by default.
+    """
+
+    epochs: int = 1
+    train_batch_size: int = 1
+    gpu_batch_size_limit: int = 512
+    val_batch_size: int = 1
+    checkpointer_args: DefaultCheckpointerArguments = dataclasses.field(default_factory=DefaultCheckpointerArguments)
+    distributed_training_args: DistributedTrainingArguments = dataclasses.field(
+        default_factory=DistributedTrainingArguments
+    )
+
+
+def step_batch_size(batch_size: int, *, limit: int) -> int:
+    """The batch of one train step: ``batch_size`` itself if it fits in ``limit``, else ``limit`` if it divides it,
+    else ``batch_size`` halved until it fits."""
+    if batch_size < 1 or limit < 1:
+        raise ValueError(
+            f"a process's share of train_batch_size ({batch_size}) and gpu_batch_size_limit ({limit}) must both be "
+            "at least 1: raise train_batch_size or use fewer processes"
+        )
+    if batch_size <= limit:
+        return batch_size
+    if batch_size % limit == 0:
+        return limit
+    while batch_size > limit:
+        batch_size //= 2
+    return batch_size

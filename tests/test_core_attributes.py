@@ -1,0 +1,97 @@
+"""Plain Python classes registered with ``saveable``: saved by their attributes, rebuilt without ``__init__``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import FormatError, UnsaveableObjectError
+from jaxstow.structure import decode_value
+
+INIT_CALLS: list[str] = []
+
+
+@jaxstow.saveable(name="tests.Schedule")
+class Schedule:
+    """A plain class whose ``__init__`` must not run on load."""
+
+    def __init__(self, steps: int, name: str) -> None:
+        INIT_CALLS.append(name)
+        self.steps = steps
+        self.name = name
+        self.milestones = [steps // 2, (0.1, None)]
+
+
+@jaxstow.saveable(name="tests.Slotted")
+class Slotted:
+    __slots__ = ("rate", "unset")
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+
+@jaxstow.saveable(name="tests.Frozen")
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    key: str
+    inner: Schedule | None = None
+
+
+class Unregistered:
+    def __init__(self) -> None:
+        self.x = 1
+
+
+def test_an_instance_comes_back_with_its_attributes_and_without_calling_init(tmp_path: Path) -> None:
+    tree = {"schedule": Schedule(10, "warmup"), "w": jnp.ones(3)}
+    jaxstow.save(tmp_path / "run.jxs", tree)
+    INIT_CALLS.clear()
+    loaded = jaxstow.load(tmp_path / "run.jxs")
+    assert INIT_CALLS == []
+    schedule = loaded["schedule"]
+    assert type(schedule) is Schedule
+    assert vars(schedule) == {"steps": 10, "name": "warmup", "milestones": [5, (0.1, None)]}
+    np.testing.assert_array_equal(loaded["w"], np.ones(3))
+
+
+def test_slots_frozen_dataclasses_and_nesting(tmp_path: Path) -> None:
+    tree = {"slotted": Slotted(0.5), "frozen": Frozen("a", Schedule(4, "inner"))}
+    jaxstow.save(tmp_path / "run.npz", tree)
+    loaded = jaxstow.load(tmp_path / "run.npz")
+    assert loaded["slotted"].rate == 0.5 and not hasattr(loaded["slotted"], "unset")
+    frozen = loaded["frozen"]
+    assert type(frozen) is Frozen and frozen.key == "a" and frozen.inner.steps == 4
+    assert hash(frozen) == hash(Frozen("a", frozen.inner))
+
+
+def test_an_unregistered_class_is_refused_naming_the_file_and_the_leaf(tmp_path: Path) -> None:
+    with pytest.raises(UnsaveableObjectError, match=r"leaf 'config' of .*run\.jxs.*jaxstow\.saveable"):
+        jaxstow.save(tmp_path / "run.jxs", {"config": Unregistered(), "w": jnp.ones(1)})
+    assert not (tmp_path / "run.jxs").exists()
+
+
+def test_an_attribute_that_is_not_a_value_is_refused_with_its_path(tmp_path: Path) -> None:
+    schedule = Schedule(3, "x")
+    schedule.steps = Unregistered()  # type: ignore[assignment]
+    with pytest.raises(UnsaveableObjectError, match=r"leaf 'sched/steps'"):
+        jaxstow.save(tmp_path / "run.jxs", {"sched": schedule})
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"object": "builtins.dict", "attrs": []}, "names no class whose instances are saved by their attributes"),
+        ({"object": "jax.nn.relu", "attrs": []}, "names no class whose instances are saved by their attributes"),
+        ({"object": "tests.Schedule", "attrs": [["__class__", {"ref": "tests.Frozen"}]]}, "cannot be an attribute"),
+        ({"object": "tests.Schedule", "attrs": [[3, 1]]}, "cannot be an attribute"),
+        ({"object": "tests.Schedule", "attrs": [["steps"]]}, "unreadable value"),
+    ],
+)
+def test_a_file_cannot_make_other_objects_or_set_special_attributes(data: dict, message: str) -> None:
+    with pytest.raises(FormatError, match=message):
+        decode_value(data, path="leaf", file="crafted.jxs")
