@@ -140,6 +140,22 @@ def test_a_missing_file_of_another_process_is_named(saved_by_two, tmp_path):
         assert int(manager.restore(1)["meta"]["count"]) == 1
 
 
+def test_a_file_of_another_process_replaced_by_another_steps_is_damage(saved_by_two, tmp_path):
+    import shutil
+
+    from jaxstow import CheckpointManager
+    from jaxstow.errors import CorruptFileError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved_by_two, copy, ignore=shutil.ignore_patterns(".jaxstow.lock"))
+    shutil.copyfile(copy / "1" / "params.p1.safetensors", copy / "2" / "params.p1.safetensors")
+    with CheckpointManager(copy) as manager:
+        assert list(manager.damaged_steps()) == [2]
+        with pytest.raises(CorruptFileError, match="not the one that was saved") as raised:
+            manager.restore(2)
+        assert "params.p1.safetensors" in str(raised.value)
+
+
 def test_one_file_of_an_array_spanning_processes_is_refused(tmp_path):
     worker = tmp_path / "one_file.py"
     worker.write_text(

@@ -229,7 +229,7 @@ class CheckpointManager:
                     header = snapshot.write(progress.sink(sink))
                 files[name] = stored
                 if header is not None:
-                    headers[name] = header
+                    headers[stored] = header
             record = StepRecord(
                 step, files, single, metrics, metadata, keep_policy=dataclasses.asdict(self._policy), headers=headers
             )

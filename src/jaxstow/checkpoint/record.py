@@ -85,8 +85,8 @@ class StepRecord:
     """A committed step: its item files, whether it is one tree or named items, its metrics and metadata.
 
     A step saved by several processes has, for each item, process 0's file in ``files`` and the other processes'
-    files (their shards) in ``parts``. ``headers`` maps each item to the header checksum of its file in ``files``
-    (``None`` in records of jaxstow before version 2).
+    files (their shards) in ``parts``. ``headers`` maps each file of the step (``files`` and ``parts`` alike) to the
+    checksum of its header (``None`` in records of jaxstow before version 2).
     """
 
     step: int
@@ -153,13 +153,13 @@ class StepRecord:
             and (metrics is None or _is_metrics(metrics))
             and (metadata is None or isinstance(metadata, dict))
             and (keep_policy is None or isinstance(keep_policy, dict))
-            and (headers is None or _is_headers(headers, files))
             and isinstance(record.get("time"), numbers.Real)
             and isinstance(parts, dict)
             and all(
                 item in files and isinstance(names, list) and all(map(_is_plain_name, names))
                 for item, names in parts.items()
             )
+            and (headers is None or _is_headers(headers, files, parts))
         )
         if not valid:
             raise CorruptFileError("the step record lacks a field or has one of the wrong type", file=where)
@@ -181,9 +181,10 @@ def _check_record_checksum(data: bytes, recorded: Any, *, where: str) -> None:
         raise CorruptFileError("the record's checksum does not match: the record is corrupt", file=where)
 
 
-def _is_headers(headers: Any, files: dict[str, Any]) -> bool:
+def _is_headers(headers: Any, files: dict[str, Any], parts: Any) -> bool:
+    names = {*files.values(), *(name for names in parts.values() for name in names)}
     return isinstance(headers, dict) and all(
-        item in files and isinstance(value, str) and _CHECKSUM.fullmatch(value) for item, value in headers.items()
+        file in names and isinstance(value, str) and _CHECKSUM.fullmatch(value) for file, value in headers.items()
     )
 
 
@@ -212,7 +213,7 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
             found = header_checksum(source)
         finally:
             source.close()
-        expected = None if record.headers is None or file != record.files[item] else record.headers.get(item)
+        expected = None if record.headers is None else record.headers.get(file)
         if expected is not None and found != expected:
             raise CorruptFileError(
                 f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "

@@ -78,7 +78,10 @@ def save_shared(
         _check_agreement(summaries, step=step, where=where)
         files = summary["files"]
         parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
-        record = StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts)
+        headers = {file: header for other in summaries for file, header in other["headers"].items()}
+        record = StepRecord(
+            step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts, headers=headers
+        )
         staging.commit(record.to_json())
     except BaseException as error:
         _give_up(processes, key, staging, str(error))
@@ -90,13 +93,15 @@ def save_shared(
 def _write_files(
     staging: Staging, me: int, step: int, items: dict[str, Frozen], extension: str, progress: Progress
 ) -> dict[str, Any]:
-    files, digests = {}, {}
+    files, digests, headers = {}, {}, {}
     for name, item in items.items():
         snapshot = item.snapshot()
         with staging.open(f"{name}{f'.p{me}' if me else ''}{extension}") as (stored, sink):
-            snapshot.write(progress.sink(sink))
+            header = snapshot.write(progress.sink(sink))
         files[name], digests[name] = stored, snapshot.digest
-    return {"step": step, "files": files, "digests": digests}
+        if header is not None:
+            headers[stored] = header
+    return {"step": step, "files": files, "digests": digests, "headers": headers}
 
 
 def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) -> None:
