@@ -27,13 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import jax
 import numpy as np
 
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
-from jaxstow.format.leaves import EncodedLeaf, encode_leaf
+from jaxstow.format.leaves import EncodedLeaf, encode_leaf, is_sharded
 from jaxstow.gcpause import with_gc_paused
 from jaxstow.jsonable import json_problem
 from jaxstow.progress import Bar, counted
@@ -148,7 +147,7 @@ def snapshot(
 
 def _check_addressable(paths: list[str], leaves: list[Any], *, file: str) -> None:
     for path, leaf in zip(paths, leaves, strict=True):
-        if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        if is_sharded(leaf) and not leaf.is_fully_addressable:
             raise ShardingError(
                 f"the array spans several processes ({leaf.sharding}), and one file holds what one process has: "
                 "save it from every process with jaxstow.CheckpointManager, which writes each process's shards and "

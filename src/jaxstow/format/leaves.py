@@ -64,7 +64,9 @@ class EncodedLeaf(NamedTuple):
 
 def is_sharded(leaf: Any) -> bool:
     """Whether ``leaf`` is a ``jax.Array`` laid out over several devices (or not all held by this process)."""
-    return isinstance(leaf, jax.Array) and (len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable)
+    if not isinstance(leaf, jax.Array) or type(leaf.sharding) is jax.sharding.SingleDeviceSharding:
+        return False  # an array on one device is on one of this process's devices
+    return len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable
 
 
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:

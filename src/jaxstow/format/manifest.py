@@ -98,14 +98,17 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
 
 
 def _nesting(value: Any) -> int:
-    """The most JSON containers around any part of ``value``."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is not None:
-            deepest = max(deepest, depth + 1) if children else deepest
-            stack.extend((child, depth + 1) for child in children)
+    """The most JSON containers around any part of ``value`` (an empty container holds no part), level by level."""
+    deepest, level = 0, [value]
+    while level:
+        inner: list[Any] = []
+        for node in level:
+            if isinstance(node, dict):
+                inner.extend(node.values())
+            elif isinstance(node, list):
+                inner.extend(node)
+        deepest += bool(inner)
+        level = inner
     return deepest
 
 
