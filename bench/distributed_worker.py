@@ -1,6 +1,6 @@
 """One process of ``bench_distributed.py``: ``distributed_worker.py PROCESS COUNT DEVICES PORT FOLDER MIB``.
 
-Builds a tree of float32 matrices (``MIB`` MiB in all) sharded over a global mesh of every process's devices, then
+Builds a tree of random float32 matrices (``MIB`` MiB in all) sharded over a global mesh of every process's devices, then
 times (median of 3 interleaved rounds), between barriers so that the slowest process sets the figure: jaxstow's save (durable: fsync), orbax's
 save (``StandardCheckpointer``, then an fsync of its files), the raw limit (each process writes the bytes of its
 replica-0 shards with ``tofile`` and fsyncs them), and the restores of both onto a mesh of another shape. Prints one
@@ -64,10 +64,17 @@ def timed(name: str, run) -> float:
 
 mesh = jax.make_mesh((2, len(jax.devices()) // 2), ("data", "model"))
 saved = NamedSharding(mesh, P("data", "model"))
+
+
+def random_shard(leaf: int, index: tuple[slice, ...]) -> np.ndarray:
+    """The shard at ``index`` of leaf ``leaf``: random, so that no method gains by compressing it."""
+    starts = [part.indices(SIDE)[0] for part in index]
+    shape = [len(range(*part.indices(SIDE))) for part in index]
+    return np.random.default_rng([leaf, *starts]).standard_normal(shape, np.float32)
+
+
 tree = {
-    f"layer{i}": jax.make_array_from_callback(
-        (SIDE, SIDE), saved, lambda index, i=i: np.full((SIDE, SIDE), i, np.float32)[index]
-    )
+    f"layer{i}": jax.make_array_from_callback((SIDE, SIDE), saved, lambda index, i=i: random_shard(i, index))
     for i in range(LEAVES)
 }
 other = NamedSharding(jax.make_mesh((len(jax.devices()),), ("x",)), P(None, "x"))
