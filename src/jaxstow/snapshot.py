@@ -59,7 +59,9 @@ class Snapshot:
 
     leaves: list[EncodedLeaf]
     manifest: dict[str, Any]
-    digest: str = ""  # the tree's structure, leaf paths, dtypes and shapes, hashed: the same in every process
+    #: For a part of a tree saved by several processes: its structure, leaf paths, dtypes and shapes, hashed, which is
+    #: the same in every process saving the same tree.
+    digest: str = ""
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +127,7 @@ def snapshot(
             for leaf in encoded
         ]
     structure = encode_treedef(treedef, file=file or None)
-    digest = _digest(structure, [leaf.entry for leaf in encoded])
+    digest = "" if part is None else _digest(structure, [leaf.entry for leaf in encoded])
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
         manifest = {
