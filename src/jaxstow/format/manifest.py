@@ -36,6 +36,7 @@ FORMAT_VERSION = 1
 MAX_NESTING = 400
 
 _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
+_ARRAY_KINDS = _STORED_KINDS | {"sharded"}
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 
@@ -120,7 +121,7 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
         if "value" not in entry:
             raise FormatError("a value entry has no value", file=file, path=path)
         return
-    if not isinstance(kind, str) or kind not in _STORED_KINDS | {"sharded"}:
+    if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
         raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
     dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
     if dtype is None:
