@@ -8,10 +8,13 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 README = Path(__file__).parents[1] / "README.md"
 
 
+# Other tests register the README's activation too; registering it again is what the README's reader does.
+@pytest.mark.filterwarnings("ignore:jaxstow.saveable. the name 'my_project.swish'")
 def test_the_saving_and_restoring_examples_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     monkeypatch.chdir(tmp_path)
