@@ -10,14 +10,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxstow import registry
+
 README = Path(__file__).parents[1] / "README.md"
 
 
-# Other tests register the README's activation too; registering it again is what the README's reader does.
+# Other tests and doctests register the README's activation too; registering it again is what a reader does.
 @pytest.mark.filterwarnings("ignore:jaxstow.saveable. the name 'my_project.swish'")
 def test_the_saving_and_restoring_examples_run(tmp_path, monkeypatch):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     monkeypatch.chdir(tmp_path)
+    for table in ("_registered", "_registered_names"):  # what the README registers is forgotten afterwards
+        monkeypatch.setattr(registry, table, dict(getattr(registry, table)))
     names: dict = {}
     for block in blocks[:2]:  # "Saving and loading", then "Restoring anything onto anything"
         exec(compile(block, str(README), "exec"), names)
