@@ -19,6 +19,7 @@ included, can then run on a background thread.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -32,7 +33,7 @@ import numpy as np
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
-from jaxstow.format.leaves import EncodedLeaf, encode_leaf, is_sharded
+from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
 from jaxstow.jsonable import json_problem
 from jaxstow.progress import Bar, counted
@@ -66,8 +67,9 @@ class Snapshot:
     @property
     def nbytes(self) -> int:
         """Bytes of array data the file will hold."""
-        return sum(array.nbytes for _, array, _ in self._tensors())
+        return sum(array.nbytes for _, array, _ in self._tensors)
 
+    @functools.cached_property
     def _tensors(self) -> list[tuple[str, np.ndarray, dict[str, Any]]]:
         return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
@@ -79,7 +81,7 @@ class Snapshot:
         on ``bar``, a :class:`~jaxstow.progress.Bar`, when one is given. Returns the header's checksum of a native
         file (``None`` for npz), which a checkpoint's record keeps.
         """
-        pieces = self._tensors()
+        pieces = self._tensors
         tensors = [(name, array) for name, array, _ in pieces]
         kind = container_kind(path_or_file)
         with _checksums(pieces) as complete:
@@ -114,9 +116,9 @@ def snapshot(
             )
     paths, leaves, treedef = flatten_with_paths(tree)
     _check_unique(paths, file=file)
-    if part is None:
-        _check_addressable(paths, leaves, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
+    if part is None:
+        _check_addressable(encoded, leaves, file=file)
     if copy:
         encoded = [
             EncodedLeaf(
@@ -147,15 +149,15 @@ def snapshot(
     return Snapshot(encoded, manifest, digest)
 
 
-def _check_addressable(paths: list[str], leaves: list[Any], *, file: str) -> None:
-    for path, leaf in zip(paths, leaves, strict=True):
-        if is_sharded(leaf) and not leaf.is_fully_addressable:
+def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:
+    for encoded_leaf, leaf in zip(encoded, leaves, strict=True):
+        if encoded_leaf.entry["kind"] == "sharded" and not leaf.is_fully_addressable:
             raise ShardingError(
                 f"the array spans several processes ({leaf.sharding}), and one file holds what one process has: "
                 "save it from every process with jaxstow.CheckpointManager, which writes each process's shards and "
                 "commits them together",
                 file=file or None,
-                path=path,
+                path=encoded_leaf.entry["path"],
             )
 
 

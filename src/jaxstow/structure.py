@@ -230,12 +230,21 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
     children = treedef.children()
     if node_type is type(None):
         return None
+    # Most children are leaves: they are answered here, without a call or a path.
     if node_type in (tuple, list):
-        return {node_type.__name__: [encode_treedef(c, path=f"{path}/{i}", file=file) for i, c in enumerate(children)]}
+        return {
+            node_type.__name__: [
+                "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+                for i, child in enumerate(children)
+            ]
+        }
     if node_type is dict:
         return {
             "dict": [
-                [encode_value(key, path=path, file=file), encode_treedef(child, path=f"{path}/{key}", file=file)]
+                [
+                    key if type(key) is str else encode_value(key, path=path, file=file),
+                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{key}", file=file),
+                ]
                 for key, child in zip(aux, children, strict=True)
             ]
         }
@@ -246,8 +255,15 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
     return {
         "node": name,
         "aux": encode_value(aux, path=path, file=file),
-        "children": [encode_treedef(child, path=f"{path}/{i}", file=file) for i, child in enumerate(children)],
+        "children": [
+            "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+            for i, child in enumerate(children)
+        ],
     }
+
+
+def _is_leaf(treedef: PyTreeDef) -> bool:
+    return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:

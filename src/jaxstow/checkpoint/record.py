@@ -29,8 +29,8 @@ import jaxstow
 from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes
 from jaxstow.format.container import FORMAT_VERSION
+from jaxstow.format.json_text import parse_json
 from jaxstow.format.native import header_checksum
-from jaxstow.format.untrusted_json import parse_json
 from jaxstow.jsonable import json_problem
 from jaxstow.storage import ReadSource
 

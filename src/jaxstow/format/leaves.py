@@ -62,15 +62,26 @@ class EncodedLeaf(NamedTuple):
         return [(shard.entry["tensor"], shard.array, shard.entry) for shard in self.shards]
 
 
+_ONE_DEVICE = jax.sharding.SingleDeviceSharding
+
+
 def is_sharded(leaf: Any) -> bool:
     """Whether ``leaf`` is a ``jax.Array`` laid out over several devices (or not all held by this process)."""
-    if not isinstance(leaf, jax.Array) or type(leaf.sharding) is jax.sharding.SingleDeviceSharding:
+    if not isinstance(leaf, jax.Array) or type(leaf.sharding) is _ONE_DEVICE:
         return False  # an array on one device is on one of this process's devices
     return len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable
 
 
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
+    if type(leaf) is np.ndarray or (isinstance(leaf, jax.Array) and type(leaf.sharding) is _ONE_DEVICE):
+        # The common case first, in as few steps as possible: an array on the host or on one device, whose bytes the
+        # file stores as they are.
+        dtype = name_of_dtype(leaf.dtype)
+        if dtype is not None:
+            array = np.asarray(leaf)
+            if array.flags.c_contiguous:
+                return EncodedLeaf({"path": path, "kind": "array", "dtype": dtype, "shape": list(array.shape)}, array)
     if isinstance(leaf, jax.Array):
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):

@@ -18,7 +18,6 @@ checksum of the header text with that value zeroed, so that a flipped byte in th
 
 from __future__ import annotations
 
-import json
 import math
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -30,9 +29,9 @@ import numpy as np
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow.format.dtypes import dtype_from_code, is_shape, safetensors_code
+from jaxstow.format.json_text import dump_json, parse_json
 from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
-from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
 
 __all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "header_checksum", "write_native"]
@@ -42,9 +41,6 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 _JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
-
-#: Compact JSON; headers and manifests are trees of fresh dicts and lists, never circular, so that check is skipped.
-_JSON = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 _BATCH_BYTES = 1 << 20
 
@@ -129,8 +125,8 @@ def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] 
         }
         offset += nbytes
     if manifest is not None:
-        header["__metadata__"] = {"jaxstow": _JSON.encode(manifest), _HASH_KEY: ZERO_CHECKSUM}
-    text = _JSON.encode(header).encode("utf-8")
+        header["__metadata__"] = {"jaxstow": dump_json(manifest).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
+    text = dump_json(header)
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
     padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
@@ -247,7 +243,7 @@ class NativeReader:
         if claimed:
             _check_header_checksum(raw, file=self.file)
         error = CorruptFileError if claimed else FormatError
-        header = parse_json(raw, what="the header", file=self.file, error=error)
+        header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
         metadata = header.pop("__metadata__", None) or {}

@@ -18,7 +18,6 @@ array([1, 1], dtype=int8)
 from __future__ import annotations
 
 import io
-import json
 import struct
 import zipfile
 from collections.abc import Callable, Sequence
@@ -28,9 +27,9 @@ import numpy as np
 
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
 from jaxstow.format.checksum import as_bytes
+from jaxstow.format.json_text import dump_json, parse_json
 from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify
-from jaxstow.format.untrusted_json import parse_json
 from jaxstow.storage import ReadSource
 
 __all__ = ["MANIFEST_MEMBER", "NpzReader", "write_npz"]
@@ -74,7 +73,7 @@ def write_npz(
         if complete is not None:
             complete()
         if manifest is not None:
-            text = json.dumps(manifest, separators=(",", ":")).encode("utf-8")
+            text = dump_json(manifest)
             _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
 
 
