@@ -152,7 +152,10 @@ def test_the_native_file_is_a_valid_safetensors_file(tmp_path):
         assert jnp.array_equal(file.get_tensor("w"), jnp.arange(6.0).reshape(2, 3))
         assert file.get_tensor("bf").dtype == jnp.bfloat16
         manifest = json.loads(file.metadata()["jaxstow"])
-    assert manifest["format"] == "jaxstow" and manifest["version"] == 1
+    assert manifest["format"] == "jaxstow" and manifest["version"] == 2
+    entries = {entry["path"]: entry for entry in manifest["leaves"]}
+    assert "dtype" not in entries["w"] and "dtype" not in entries["bf"]  # as their tensors hold them
+    assert entries["i4"]["dtype"] == "int4" and entries["i4"]["shape"] == [3]  # stored as raw bytes
     assert _data_start(path) % 4096 == 0
 
 
@@ -238,7 +241,7 @@ def test_a_manifest_that_contradicts_its_tensor_is_refused(tmp_path):
     frozen.leaves[0].entry.update(dtype="bfloat16", shape=[2])  # 'b' is uint8[4]: the raw bytes of a bfloat16[2]
     frozen.write(tmp_path / "raw.jxs")
     assert jaxstow.load(tmp_path / "raw.jxs", as_numpy=True)["b"].dtype.name == "bfloat16"
-    frozen.leaves[1].entry.update(dtype="int32")  # 'w' is float32[3]
+    frozen.leaves[1].entry.update(dtype="int32", shape=[3])  # 'w' is float32[3]
     frozen.write(tmp_path / "forged.jxs")
     with pytest.raises(FormatError, match=r"leaf 'w'.*says int32\[3\] but the tensor is float32\[3\]"):
         jaxstow.load(tmp_path / "forged.jxs")

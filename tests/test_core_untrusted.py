@@ -72,8 +72,22 @@ def test_every_flip_in_a_metadata_key_is_a_corrupt_file(tmp_path, key):
 def test_a_malformed_version_is_malformed_and_a_newer_one_newer(tmp_path):
     with pytest.raises(FormatError, match=r"malformed format version '1\.1'"):
         jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version="1.1")))
-    with pytest.raises(FormatError, match="format version 2 is newer than this jaxstow reads"):
-        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=2)))
+    with pytest.raises(FormatError, match="format version 3 is newer than this jaxstow reads"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=3)))
+
+
+def test_a_version_1_file_that_describes_every_leaf_loads(tmp_path):
+    def as_version_1(manifest):
+        manifest["version"] = 1
+        manifest["leaves"][-1].update(dtype="float32", shape=[6])  # 'w', whose entry version 2 leaves to its tensor
+
+    restored = jaxstow.load(_forged(tmp_path, as_version_1), as_numpy=True)
+    assert restored["w"].tolist() == TREE["w"].tolist() and restored["depth"] == 3
+
+
+def test_an_entry_with_only_half_of_its_layout_is_malformed(tmp_path):
+    with pytest.raises(FormatError, match=r"leaf 'w'.*a shape must be a list of non-negative integers, not None"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest["leaves"][-1].update(dtype="float32")))
 
 
 # -- crafted headers ------------------------------------------------------------------------------------------------

@@ -32,7 +32,13 @@ import numpy as np
 
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 from jaxstow.format.checksum import ZERO_CHECKSUM, checksum
-from jaxstow.format.container import FORMAT_NAME, FORMAT_VERSION, container_kind, write_container
+from jaxstow.format.container import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    container_kind,
+    describe_raw_leaves,
+    write_container,
+)
 from jaxstow.format.leaves import EncodedLeaf, encode_leaf
 from jaxstow.gcpause import with_gc_paused
 from jaxstow.jsonable import json_problem
@@ -84,6 +90,7 @@ class Snapshot:
         pieces = self._tensors
         tensors = [(name, array) for name, array, _ in pieces]
         kind = container_kind(path_or_file)
+        describe_raw_leaves(kind, pieces)
         with _checksums(pieces) as complete:
             if isinstance(path_or_file, str | os.PathLike):
                 with atomic_write(path_or_file) as sink:
@@ -129,7 +136,7 @@ def snapshot(
             for leaf in encoded
         ]
     structure = encode_treedef(treedef, file=file or None)
-    digest = "" if part is None else _digest(structure, [leaf.entry for leaf in encoded])
+    digest = "" if part is None else _digest(structure, encoded)
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
         manifest = {
@@ -161,10 +168,17 @@ def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: s
             )
 
 
-def _digest(structure: Any, entries: list[dict[str, Any]]) -> str:
+def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
     """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
-    summary = [structure, [[entry["path"], entry["kind"], entry.get("dtype"), entry.get("shape")] for entry in entries]]
+    summary = [structure, [[leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)] for leaf in leaves]]
     return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _layout(leaf: EncodedLeaf) -> list[Any]:
+    """A leaf's dtype and shape: its array's, or its entry's (sharded arrays)."""
+    if leaf.array is not None:
+        return [str(leaf.array.dtype), list(leaf.array.shape)]
+    return [leaf.entry.get("dtype"), leaf.entry.get("shape")]
 
 
 def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:

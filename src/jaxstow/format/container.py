@@ -18,13 +18,24 @@ from typing import Any, BinaryIO, Literal, Protocol
 import numpy as np
 
 from jaxstow.errors import CorruptFileError
+from jaxstow.format.dtypes import name_of_dtype
 from jaxstow.format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest, tensor_names
 from jaxstow.format.native import Complete, NativeReader, write_native
+from jaxstow.format.native import stores_exactly as native_stores_exactly
 from jaxstow.format.npz import NpzReader, write_npz
+from jaxstow.format.npz import stores_exactly as npz_stores_exactly
 from jaxstow.format.reading import TensorSlot, Verify
 from jaxstow.storage import ReadSource, open_source
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Container", "container_kind", "open_container", "write_container"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "Container",
+    "container_kind",
+    "describe_raw_leaves",
+    "open_container",
+    "write_container",
+]
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
@@ -66,6 +77,23 @@ def write_container(
     return write_native(sink, tensors, manifest, complete)
 
 
+def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dict[str, Any]]]) -> None:
+    """Give the entry of each stored leaf whose bytes ``kind`` stores raw (as ``uint8``) the leaf's dtype and shape,
+    which its tensor does not tell; ``tensors`` are (name, bytes, entry) of a snapshot.
+
+    >>> import ml_dtypes, numpy as np
+    >>> entries = [{"path": "a", "kind": "array"}, {"path": "b", "kind": "array"}]
+    >>> arrays = [np.zeros(2, np.float32), np.zeros(2, ml_dtypes.int4)]
+    >>> describe_raw_leaves("native", [(entry["path"], array, entry) for entry, array in zip(entries, arrays)])
+    >>> entries
+    [{'path': 'a', 'kind': 'array'}, {'path': 'b', 'kind': 'array', 'dtype': 'int4', 'shape': [2]}]
+    """
+    stores_exactly = native_stores_exactly if kind == "native" else npz_stores_exactly
+    for name, array, entry in tensors:
+        if entry.get("path") == name and not stores_exactly(array.dtype):  # a shard's dtype is its leaf's
+            entry["dtype"], entry["shape"] = name_of_dtype(array.dtype), list(array.shape)
+
+
 def open_container(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Container:
     """Open a file (path, file object or source) as the container its first bytes announce."""
     source = open_source(target)
@@ -83,7 +111,7 @@ def _check_manifest(reader: Container) -> None:
     """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
     if reader.manifest is None:
         return
-    stored = tensor_names(check_manifest(reader.manifest, file=reader.file))
+    stored = tensor_names(check_manifest(reader.manifest, reader.slots, file=reader.file))
     if stored != reader.slots.keys():
         missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
         raise CorruptFileError(

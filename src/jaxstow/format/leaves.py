@@ -1,13 +1,15 @@
 """Leaves as the file stores them, and back.
 
 Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
-*stored leaves*: their bytes go to the data region, checksummed. Everything else (Python scalars, strings, registered
+*stored leaves*: their bytes go to the data region, checksummed; their dtype and shape are their tensor's (the
+container adds them to the entry where it stores the bytes raw, see
+:func:`~jaxstow.format.container.describe_raw_leaves`). Everything else (Python scalars, strings, registered
 functions) is a *value* kept in the manifest as tagged JSON.
 
 >>> import jax, numpy as np
 >>> from jaxstow.format.leaves import encode_leaf
 >>> encode_leaf("w", np.ones((2, 3), np.float32)).entry
-{'path': 'w', 'kind': 'array', 'dtype': 'float32', 'shape': [2, 3]}
+{'path': 'w', 'kind': 'array'}
 >>> encode_leaf("act", jax.nn.relu).entry
 {'path': 'act', 'kind': 'value', 'value': {'ref': 'jax.nn.relu'}}
 """
@@ -74,14 +76,13 @@ def is_sharded(leaf: Any) -> bool:
 
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
-    if type(leaf) is np.ndarray or (isinstance(leaf, jax.Array) and type(leaf.sharding) is _ONE_DEVICE):
-        # The common case first, in as few steps as possible: an array on the host or on one device, whose bytes the
-        # file stores as they are.
-        dtype = name_of_dtype(leaf.dtype)
-        if dtype is not None:
-            array = np.asarray(leaf)
-            if array.flags.c_contiguous:
-                return EncodedLeaf({"path": path, "kind": "array", "dtype": dtype, "shape": list(array.shape)}, array)
+    # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
+    # file stores.
+    on_one_device = type(leaf) is np.ndarray or (isinstance(leaf, jax.Array) and type(leaf.sharding) is _ONE_DEVICE)
+    if on_one_device and name_of_dtype(leaf.dtype) is not None:
+        array = np.asarray(leaf)
+        if array.flags.c_contiguous:
+            return EncodedLeaf({"path": path, "kind": "array"}, array)
     if isinstance(leaf, jax.Array):
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
@@ -128,8 +129,8 @@ def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
     """A stored leaf: its bytes on the host and its entry."""
-    array, dtype = _host_array(leaf, path=path, file=file)
-    return EncodedLeaf({"path": path, "kind": kind, "dtype": dtype, "shape": list(array.shape)}, array)
+    array, _ = _host_array(leaf, path=path, file=file)
+    return EncodedLeaf({"path": path, "kind": kind}, array)
 
 
 def _host_array(leaf: Any, *, path: str, file: str | None) -> tuple[np.ndarray, str]:

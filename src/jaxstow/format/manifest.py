@@ -4,12 +4,18 @@ A file that passes is safe to hand to the loaders: every leaf entry is a dict wi
 kind; stored leaves have a known dtype, a valid shape and a well-formed checksum; PRNG keys name an implementation
 this jax has, with the key data's shape.
 
+A stored leaf's entry gives its dtype and shape only where its tensor does not hold it exactly (raw bytes); without
+them (format version 2) the leaf is as its tensor is, and checking fills them in from the tensor.
+
+>>> import numpy as np
 >>> from jaxstow.format.manifest import check_manifest
->>> manifest = {"format": "jaxstow", "version": 1, "structure": "*", "metadata": None,
-...             "leaves": [{"path": "", "kind": "value", "value": 3}]}
->>> check_manifest(manifest, file="f.jxs") is manifest
-True
->>> check_manifest({**manifest, "version": "1.1"}, file="f.jxs")
+>>> from jaxstow.format.reading import TensorSlot
+>>> slots = {"w": TensorSlot.at("w", np.dtype(np.float32), (2, 3), 0)}
+>>> manifest = {"format": "jaxstow", "version": 2, "structure": {"dict": [["w", "*"]]}, "metadata": None,
+...             "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]}
+>>> check_manifest(manifest, slots, file="f.jxs")["leaves"]
+[{'path': 'w', 'kind': 'array', 'xxh3': 'd0a66a65c7528968', 'dtype': 'float32', 'shape': [2, 3]}]
+>>> check_manifest({**manifest, "version": "1.1"}, slots, file="f.jxs")
 Traceback (most recent call last):
 ...
 jaxstow.errors.FormatError: f.jxs: malformed format version '1.1' (expected a positive integer)
@@ -19,18 +25,21 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
 from jaxstow.errors import FormatError
-from jaxstow.format.dtypes import dtype_from_name, is_shape
+from jaxstow.format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow.format.reading import TensorSlot
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
 FORMAT_NAME = "jaxstow"
-FORMAT_VERSION = 1
+#: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
+FORMAT_VERSION = 2
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
@@ -41,8 +50,10 @@ _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 
-def check_manifest(manifest: Any, *, file: str) -> dict[str, Any]:
-    """``manifest`` if it is a well-formed jaxstow manifest; a :class:`FormatError` naming the field otherwise."""
+def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
+    """``manifest`` if it is a well-formed jaxstow manifest of a file holding the tensors ``slots`` (checked already),
+    with the dtype and shape of leaves stored as their tensors filled in; a :class:`FormatError` naming the field
+    otherwise."""
     if not isinstance(manifest, dict):
         raise FormatError("the jaxstow manifest is not a JSON object", file=file)
     if manifest.get("format") != FORMAT_NAME:
@@ -66,7 +77,7 @@ def check_manifest(manifest: Any, *, file: str) -> dict[str, Any]:
         raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
     seen: set[str] = set()
     for index, entry in enumerate(leaves):
-        _check_entry(entry, index, file=file)
+        _check_entry(entry, index, slots, file=file)
         if entry["path"] in seen:
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
@@ -113,7 +124,7 @@ def _nesting(value: Any) -> int:
     return deepest
 
 
-def _check_entry(entry: Any, index: int, *, file: str) -> None:
+def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, file: str) -> None:
     if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
         raise FormatError(f"manifest entry {index} is not an object with a string path", file=file)
     path, kind = entry["path"], entry.get("kind")
@@ -123,12 +134,15 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
         return
     if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
         raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
-    dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
-    if dtype is None:
-        raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
-    shape = entry.get("shape")
-    if not is_shape(shape):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    if "dtype" in entry or "shape" in entry or kind == "sharded":
+        dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
+        if dtype is None:
+            raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
+        shape = entry.get("shape")
+        if not is_shape(shape):
+            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    else:
+        dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
         raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
@@ -138,6 +152,19 @@ def _check_entry(entry: Any, index: int, *, file: str) -> None:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
         _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+
+
+def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
+    """The dtype and shape of a leaf stored exactly as its tensor, written into its entry."""
+    if slot is None:
+        raise FormatError(
+            "the manifest lists this leaf but the file holds no tensor for it", file=file, path=entry["path"]
+        )
+    name = name_of_dtype(slot.dtype)
+    if name is None:
+        raise FormatError(f"the tensor's dtype {slot.dtype} is not one jaxstow stores", file=file, path=entry["path"])
+    entry["dtype"], entry["shape"] = name, list(slot.shape)
+    return slot.dtype, entry["shape"]
 
 
 def _check_shards(shards: Any, *, file: str, path: str) -> None:

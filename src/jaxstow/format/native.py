@@ -34,7 +34,15 @@ from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify, read_slots
 from jaxstow.storage import ReadSource
 
-__all__ = ["DATA_ALIGNMENT", "MAX_HEADER_BYTES", "Complete", "NativeReader", "header_checksum", "write_native"]
+__all__ = [
+    "DATA_ALIGNMENT",
+    "MAX_HEADER_BYTES",
+    "Complete",
+    "NativeReader",
+    "header_checksum",
+    "stores_exactly",
+    "write_native",
+]
 
 DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -88,6 +96,11 @@ def write_native(
         sink.seek(end)
         header = final
     return None if manifest is None else header[8:].rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
+
+
+def stores_exactly(dtype: np.dtype) -> bool:
+    """Whether the native container stores ``dtype`` as it is (otherwise as raw bytes, ``U8``)."""
+    return safetensors_code(dtype) is not None
 
 
 def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:

@@ -32,7 +32,7 @@ from jaxstow.format.manifest import check_nesting
 from jaxstow.format.reading import TensorSlot, Verify
 from jaxstow.storage import ReadSource
 
-__all__ = ["MANIFEST_MEMBER", "NpzReader", "write_npz"]
+__all__ = ["MANIFEST_MEMBER", "NpzReader", "stores_exactly", "write_npz"]
 
 MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
@@ -47,8 +47,13 @@ _ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")
 _ZIP64_EOCD_SIGNATURE = b"PK\x06\x06"
 
 
+def stores_exactly(dtype: np.dtype) -> bool:
+    """Whether an npz member stores ``dtype`` as it is (otherwise as raw bytes, ``uint8``)."""
+    return dtype in _NUMPY_DTYPES
+
+
 def _numpy_native(array: np.ndarray) -> np.ndarray:
-    return array if array.dtype in _NUMPY_DTYPES else array.reshape(-1).view(np.uint8)
+    return array if stores_exactly(array.dtype) else array.reshape(-1).view(np.uint8)
 
 
 def write_npz(
