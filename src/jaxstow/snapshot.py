@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+import jax
 import numpy as np
 
 from jaxstow.errors import FormatError, MetadataError, ShardingError
@@ -44,7 +45,7 @@ from jaxstow.gcpause import with_gc_paused
 from jaxstow.jsonable import json_problem
 from jaxstow.progress import Bar, counted
 from jaxstow.storage import atomic_write
-from jaxstow.structure import encode_treedef
+from jaxstow.structure import container_paths, encode_treedef
 from jaxstow.tree import flatten_with_paths
 
 __all__ = ["PathOrFile", "Snapshot", "display_name", "snapshot"]
@@ -121,7 +122,11 @@ def snapshot(
             raise MetadataError(
                 f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
             )
-    paths, leaves, treedef = flatten_with_paths(tree)
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    structure = encode_treedef(treedef, file=file or None)
+    paths = container_paths(structure)
+    if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
+        paths, leaves, _ = flatten_with_paths(tree)
     _check_unique(paths, file=file)
     encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
     if part is None:
@@ -135,7 +140,6 @@ def snapshot(
             )
             for leaf in encoded
         ]
-    structure = encode_treedef(treedef, file=file or None)
     digest = "" if part is None else _digest(structure, encoded)
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]

@@ -33,7 +33,7 @@ from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
 from jaxstow.format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow.format.manifest import MAX_NESTING
 
-__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["container_paths", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
@@ -264,6 +264,41 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
 
 def _is_leaf(treedef: PyTreeDef) -> bool:
     return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
+
+
+def container_paths(structure: JSON) -> list[str] | None:
+    """The leaf paths (as :func:`jaxstow.tree.path_to_str` writes them) of an encoded structure made only of dicts with
+    plain keys, lists, tuples and ``None``; ``None`` for a structure with other nodes, whose children jax names.
+
+    >>> container_paths(encode_treedef(jax.tree_util.tree_structure({"a": [1, None, {"b": 2}], "c": 3})))
+    ['a/0', 'a/2/b', 'c']
+    >>> container_paths("*")
+    ['']
+    """
+    paths: list[str] = []
+    pending: list[tuple[str, JSON]] = [("", structure)]  # depth first, in leaf order: the next node last
+    while pending:
+        path, node = pending.pop()
+        if node == "*":
+            paths.append(path)
+            continue
+        if node is None:
+            continue
+        if not isinstance(node, dict) or len(node) != 1:
+            return None
+        [(tag, children)] = node.items()
+        if tag == "dict":
+            names = [key for key, _ in children]
+            if any(isinstance(name, dict) for name in names):  # keys tagged as floats, tuples, ...
+                return None
+            children = [child for _, child in children]
+        elif tag in ("list", "tuple"):
+            names = list(range(len(children)))
+        else:
+            return None
+        prefix = f"{path}/" if path else ""
+        pending.extend((f"{prefix}{name}", child) for name, child in zip(names[::-1], children[::-1], strict=True))
+    return paths
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:

@@ -77,7 +77,8 @@ def write_native(
     if manifest is not None:
         check_nesting(manifest)
     codes = _Codes()
-    ordered = sorted(tensors, key=lambda item: -codes.stored_itemsize(item[1].dtype))
+    itemsizes = {codes.stored_itemsize(dtype) for dtype in {array.dtype for _, array in tensors}}
+    ordered = sorted(tensors, key=lambda item: -codes.stored_itemsize(item[1].dtype)) if len(itemsizes) > 1 else tensors
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
     if complete is not None and not patch_later:
         complete()
@@ -133,8 +134,8 @@ def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] 
         code, nbytes = codes.code(array.dtype), array.nbytes
         header[name] = {
             "dtype": code or "U8",
-            "shape": list(array.shape) if code is not None else [nbytes],
-            "data_offsets": [offset, offset + nbytes],
+            "shape": array.shape if code is not None else (nbytes,),
+            "data_offsets": (offset, offset + nbytes),
         }
         offset += nbytes
     if manifest is not None:
