@@ -27,6 +27,7 @@ from jaxstow.storage import ReadSource
 __all__ = ["load", "load_metadata", "save"]
 
 
+@with_gc_paused
 def save(
     path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool = False
 ) -> None:

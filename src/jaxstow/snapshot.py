@@ -190,6 +190,8 @@ def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:
+    if len(set(paths)) == len(paths):
+        return
     seen: dict[str, int] = {}
     for index, path in enumerate(paths):
         if path in seen:
