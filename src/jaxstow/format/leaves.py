@@ -16,7 +16,6 @@ functions) is a *value* kept in the manifest as tagged JSON.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, NamedTuple
 
@@ -68,12 +67,6 @@ class EncodedLeaf(NamedTuple):
 _ONE_DEVICE = jax.sharding.SingleDeviceSharding
 
 
-@functools.cache
-def _is_jax_array(leaf_type: type) -> bool:
-    """``issubclass(leaf_type, jax.Array)``, looked up once per type (``isinstance`` checks on jax.Array are slow)."""
-    return issubclass(leaf_type, jax.Array)
-
-
 def is_sharded(leaf: Any) -> bool:
     """Whether ``leaf`` is a ``jax.Array`` laid out over several devices (or not all held by this process)."""
     if not isinstance(leaf, jax.Array) or type(leaf.sharding) is _ONE_DEVICE:
@@ -85,7 +78,7 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
     # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
     # file stores.
-    on_one_device = type(leaf) is np.ndarray or (_is_jax_array(type(leaf)) and type(leaf.sharding) is _ONE_DEVICE)
+    on_one_device = type(leaf) is np.ndarray or (isinstance(leaf, jax.Array) and type(leaf.sharding) is _ONE_DEVICE)
     if on_one_device and name_of_dtype(leaf.dtype) is not None:
         array = np.asarray(leaf)
         if array.flags.c_contiguous:
