@@ -12,8 +12,9 @@ per sample, and the scan keeping nothing at all (the ceiling). Then the same wit
 Compilation is excluded: each method is compiled ahead of time, then the clock covers the compiled run and, for the
 saving strategies, ``init_save`` before it (which allocates their storage, as the stacked scan allocates its outputs)
 and ``postprocess_save`` after it (which sends the last samples and waits until the collector holds them all; the
-HDF5 file is flushed, not fsynced). Two warm-up rounds are not counted, and 1 GiB of memory is touched once at
-the start (see ``back_memory``). Every run's last sample is checked against the others'. Methods run in rounds,
+HDF5 file is flushed, not fsynced). Two warm-up rounds are not counted, and just before each run 256 MiB of memory
+are touched and freed (see ``timing.warm_memory``), so that every run finds the memory it allocates backed by the
+host, whatever the run before it did. Every run's last sample is checked against the others'. Methods run in rounds,
 every method once per round, so that a change in the load of this shared machine falls on all alike. The table gives
 samples per second from the best and the median wall time of the rounds, and from the median CPU time of the process
 (all its threads: the HDF5 writer's work counts even where it overlaps the scan), each also as a ratio to the stacked
@@ -27,16 +28,21 @@ import argparse
 import functools
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
+from timing import warm_memory
 
 from jaxstow import io, scheduler
 
@@ -46,6 +52,8 @@ DIM = 1000
 #: The least samples/s of each collector, as a ratio to the stacked baseline (best wall time of the rounds).
 TARGETS = {"io.save + MemoryCollector": 0.9, "io.save + HDF5Collector": 0.85}
 WARMUP = 2
+#: Memory touched and freed before each run: several times what any method allocates (40 MB of samples).
+WARM_BYTES = 256 << 20
 
 Go = Callable[[], np.ndarray]  # one timed run; returns the last sample of every chain, to be checked
 Prepare = Callable[[], tuple[Go, Callable[[], None]]]  # sets a run up, untimed: its timed part and its cleanup
@@ -107,7 +115,9 @@ def strategy(make: Callable[[], tuple[io.Saving, Callable[[], None]]], chains: i
         made = [init_save(INIT_SAMPLE, None, information) for _ in range(chains)]
         return jax.tree.map(lambda *leaves: jnp.stack(leaves), *made) if chains > 1 else made[0]
 
-    shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), states(make()[0][0]))
+    (twin_init, _, _), twin_cleanup = make()
+    shapes = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), states(twin_init))
+    twin_cleanup()
 
     def prepare() -> tuple[Go, Callable[[], None]]:
         (init_save, save, postprocess_save), cleanup = make()
@@ -180,15 +190,6 @@ def per_sample_callback(steps: int) -> Prepare:
     return lambda: (go, lambda: None)
 
 
-def back_memory(size: int = 1 << 30) -> None:
-    """Touch ``size`` bytes once, then free them.
-
-    In a virtual machine the first touch of memory the guest has never used is far slower than later touches (about
-    100 ms instead of 4 ms for 40 MB here), and it would fall on whichever method happens to need new memory first.
-    """
-    np.ones(size, np.uint8)
-
-
 def measure(methods: dict[str, Prepare], rounds: int) -> dict[str, list[tuple[float, float]]]:
     """``(wall, cpu)`` seconds of each method's timed part, round by round (after two warm-up rounds)."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
@@ -196,6 +197,7 @@ def measure(methods: dict[str, Prepare], rounds: int) -> dict[str, list[tuple[fl
     for _ in range(rounds + WARMUP):
         for name, prepare in methods.items():
             go, cleanup = prepare()
+            warm_memory(WARM_BYTES)
             wall, cpu = time.perf_counter(), time.process_time()
             last = go()
             times[name].append((time.perf_counter() - wall, time.process_time() - cpu))
@@ -247,7 +249,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
 
-    back_memory()
     folder = tempfile.mkdtemp(prefix="jaxstow-bench-io-")
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"measuring (load average before: {load})...")

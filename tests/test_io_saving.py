@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import functools
 import random
+import subprocess
+import sys
+import textwrap
+import threading
 from collections import namedtuple
 from typing import Any
 
@@ -270,6 +274,58 @@ def test_an_equinox_module_as_the_sample(tmp_path) -> None:
         assert isinstance(samples, eqx.nn.Linear)
         assert set(file["/chain~0"]) == {"weight", "bias"}
         np.testing.assert_array_equal(file["/chain~0/bias"][3], 3 * np.asarray(model.bias))
+
+
+class Gated(io.MemoryCollector):
+    """A memory collector that stores nothing until the test opens its gate."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def save(self, chain_id, first, values):
+        self.gate.wait()
+        super().save(chain_id, first, values)
+
+
+@pytest.mark.timeout(60)
+def test_the_run_goes_on_while_the_collector_is_busy() -> None:
+    collector = Gated()
+    init_save, save, postprocess_save = io.save(collector, block_size=4)
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    keep = jnp.ones(STEPS, bool)
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    finished = threading.Thread(target=jax.block_until_ready, args=(state,))
+    finished.start()
+    finished.join(timeout=30)
+    assert not finished.is_alive(), "the run waited for a collector that stored nothing yet"
+    collector.gate.set()
+    samples = postprocess_save(state, None)["samples"]
+    _assert_trees_equal(samples, _as_numpy(outputs))
+
+
+def test_blocks_queued_when_a_program_ends_still_reach_the_collector(tmp_path) -> None:
+    log = tmp_path / "blocks.txt"
+    program = textwrap.dedent(
+        f"""
+        import time, jax, jax.numpy as jnp
+        from jaxstow import io, scheduler
+
+        class Slow(io.MemoryCollector):
+            def save(self, chain_id, first, values):
+                time.sleep(0.05)
+                with open({str(log)!r}, "a") as log:
+                    log.write(f"{{first}}\\n")
+
+        init_save, save, _ = io.save(Slow(), block_size=2)
+        state = init_save(jnp.zeros(3), None, scheduler.static_information(samples_collected=None))
+        step = lambda state, t: (save(state, True, jnp.full(3, t, jnp.float32))[0], None)
+        jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(20))[0])(state))
+        """  # the run is abandoned with blocks still queued: postprocess_save is never called
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().split() == [str(first) for first in range(0, 20, 2)]
 
 
 def test_a_collector_error_surfaces_in_postprocess_with_its_cause() -> None:

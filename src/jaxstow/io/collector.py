@@ -95,7 +95,8 @@ class DataCollector(abc.ABC):
 
         Blocks may arrive in any order, and a block may arrive more than once: store it at its rows, so that a second
         delivery changes nothing. The arrays are read-only and nothing changes them later: a collector may keep them
-        without copying.
+        without copying. :func:`jaxstow.io.save` calls this from a thread of its own, one block at a time, while the
+        run goes on; :meth:`checkpoint`, :meth:`finalize` and :meth:`finished` come after the blocks before them.
         """
 
     @abc.abstractmethod

@@ -5,13 +5,18 @@ The saving state carries a device buffer of ``block_size`` samples per chain. ``
 host in one host callback that also carries each chain's id and the index of its block's first sample, so the
 collector can place blocks that arrive in any order (or twice: a block lands at its own rows). That makes delivering
 blocks free of side effects, so it is a ``pure_callback``, which costs nothing at the steps that send no block; an
-``io_callback``, whose side-effect machinery runs at every step, is used only with checkpoints. Every ``checkpoint_every`` steps the buffers are sent along
-with the solver state, which the collector checkpoints. ``postprocess_save`` sends the rest and waits for the
-collector; an error inside the collector surfaces there, with its cause.
+``io_callback``, whose side-effect machinery runs at every step, is used only with checkpoints. Every
+``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector checkpoints.
+
+The callback only queues what it received: a thread of the strategy's own hands the blocks (and checkpoints) to the
+collector, in order, while the jit-compiled run goes on, so the collector's copying or writing never holds the run
+up. ``postprocess_save`` waits for that thread, sends the rest and waits for the collector; an error inside the
+collector surfaces there, with its cause.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -34,6 +39,7 @@ from jaxstow.io.batching import (
 )
 from jaxstow.io.collector import Checkpoint, DataCollector
 from jaxstow.io.memory import MemoryCollector
+from jaxstow.io.writer import BackgroundWriter
 from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
@@ -42,6 +48,8 @@ __all__ = ["Saving", "SavingState", "save"]
 #: of two rows (so that full blocks line up with the HDF5 collector's chunks).
 BLOCK_BYTES = 4 << 20
 _MAX_BLOCK = 1 << 16
+#: At most this many callbacks' blocks wait for the collector; a callback beyond them waits until one is delivered.
+_PENDING_DELIVERIES = 4
 
 InitSave = Callable[..., Any]
 Save = Callable[..., tuple[Any, None]]
@@ -148,6 +156,7 @@ class _Streaming:
         self.checkpoint_spec: Any = None
         self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
         self._step = chain_polymorphic(self._chains_step, state_name="saving state")
+        self._deliveries = BackgroundWriter(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
 
@@ -185,7 +194,8 @@ class _Streaming:
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
         """Send the buffered rest, wait for the collector and return the samples (``solver_state`` is unused)."""
         del solver_state
-        state = jax.device_get(saving_state)
+        state = jax.device_get(saving_state)  # the run is over: every block it sent is queued
+        self._deliveries.wait()
         leaves = jax.tree.leaves(state.buffer)
         chains = list(np.ndindex(np.shape(state.chain_id)))
         for index in chains:
@@ -252,13 +262,15 @@ class _Streaming:
             return token, blocks[1], blocks[2]
 
         def send(token: jax.Array, blocks: Any, *checkpoint: Any) -> Any:
+            chain_id, sent, fill, buffer = blocks
+            # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
+            numbers = jnp.stack([token, chain_id, sent, fill])
             if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-                token = io_callback(self._receive, answer, token, blocks, *checkpoint)
+                token = io_callback(self._receive, answer, numbers, buffer, *checkpoint)
             else:
                 # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
                 # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = jax.pure_callback(self._receive, answer, token, blocks, vmap_method="sequential")
-            sent, fill = blocks[1:3]
+                token = jax.pure_callback(self._receive, answer, numbers, buffer, vmap_method="sequential")
             return token, sent + fill, jnp.zeros_like(fill)
 
         def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
@@ -279,17 +291,31 @@ class _Streaming:
 
     # -- on the host ---------------------------------------------------------------------------------------------
 
-    def _receive(self, token: Any, blocks: Any, checkpoint: Any = None) -> np.ndarray:
-        """The callback: hand each chain's block (and checkpoint) to the collector; answer with the token."""
-        chain_ids, firsts, fills = (np.asarray(part) for part in blocks[:3])  # a block's first sample: those sent
-        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(blocks[3])]
+    def _receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
+        """The callback: queue the blocks for the collector and answer with the token at once.
+
+        ``numbers`` holds the token, and each chain's id, samples sent before its block and rows in its block.
+        A checkpoint is taken before the callback returns, after every block before it: the host's state (a data
+        loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
+        """
+        token, *blocks = np.asarray(numbers, np.int32)
+        if checkpoint is None:
+            self._deliveries.submit(functools.partial(self._hand_over, blocks, buffer, None))
+        else:
+            self._deliveries.wait()
+            self._hand_over(blocks, buffer, checkpoint)
+        return np.asarray(token)
+
+    def _hand_over(self, blocks: list[np.ndarray], buffer: Any, checkpoint: Any) -> None:
+        """Hand each chain's block (and checkpoint) to the collector, on the deliveries' thread."""
+        chain_ids, firsts, fills = blocks  # a block's first sample: the samples sent before it
+        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         for index in np.ndindex(chain_ids.shape):
-            rows = int(fills[index])
-            if rows:
-                self._deliver(int(chain_ids[index]), int(firsts[index]), [leaf[index][:rows] for leaf in leaves])
+            count = int(fills[index])
+            if count:
+                self._deliver(int(chain_ids[index]), int(firsts[index]), [leaf[index][:count] for leaf in leaves])
         if checkpoint is not None:
             self._checkpoint(chain_ids, firsts + fills, checkpoint)
-        return np.asarray(token, np.int32)
 
     def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
         steps, solver, scheduler = checkpoint

@@ -16,11 +16,18 @@ raised: division by zero
 
 from __future__ import annotations
 
+import atexit
 import collections
+import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 
 __all__ = ["BackgroundWriter"]
+
+#: Writers whose thread is alive. The thread is a daemon, so that an idle writer never keeps a process from
+#: ending; its queued jobs are run before the interpreter shuts down (see :func:`_finish_queued_jobs`).
+_live: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
 
 
 class BackgroundWriter:
@@ -28,7 +35,8 @@ class BackgroundWriter:
 
     The thread starts with the first job and ends after ``linger`` seconds without one. After a job fails, later
     jobs are dropped (so that :meth:`submit` never blocks for ever) and :meth:`submit` and :meth:`wait` raise the
-    failure.
+    failure. Jobs still queued when the program ends are run before the interpreter shuts down, so none is cut off
+    in the middle.
     """
 
     def __init__(self, name: str, max_pending: int = 8, linger: float = 1.0) -> None:
@@ -76,6 +84,7 @@ class BackgroundWriter:
             self._changed.notify_all()
             if not self._thread_alive:
                 self._thread_alive = True
+                _live.add(self)
                 threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def wait(self) -> None:
@@ -84,3 +93,15 @@ class BackgroundWriter:
             while self._jobs or self._running:
                 self._changed.wait()
         self._raise_failure()
+
+
+@atexit.register
+def _finish_queued_jobs() -> None:
+    """Let every writer run its queued jobs to their end while the interpreter can still run them.
+
+    Daemon threads are stopped wherever they are when the interpreter shuts down, which inside a native library
+    can abort the process. A failure was the caller's to collect; here it is left alone.
+    """
+    for writer in list(_live):
+        with contextlib.suppress(Exception):
+            writer.wait()
