@@ -95,3 +95,21 @@ def test_an_attribute_that_is_not_a_value_is_refused_with_its_path(tmp_path: Pat
 def test_a_file_cannot_make_other_objects_or_set_special_attributes(data: dict, message: str) -> None:
     with pytest.raises(FormatError, match=message):
         decode_value(data, path="leaf", file="crafted.jxs")
+
+
+@jaxstow.saveable("tests.Counter")  # FlareJax's form: the name as the only argument
+class Counter:
+    def __init__(self, start: int) -> None:
+        self.count = start
+
+
+def test_the_flarejax_forms_of_saveable_and_save(tmp_path: Path) -> None:
+    assert jaxstow.registry.name_of(Counter) == "tests.Counter"
+    with pytest.raises(TypeError, match="names twice"):
+        jaxstow.saveable("tests.Twice", name="tests.Twice")
+    counter = Counter(3)
+    jaxstow.save(counter, tmp_path / "counter.jxs")  # FlareJax's order: the tree, then the path
+    jaxstow.save(tmp_path / "kept.jxs", "a string tree")  # a path first is a path, whatever the second argument is
+    loaded = jaxstow.load(tmp_path / "counter.jxs")
+    assert type(loaded) is Counter and loaded.count == 3
+    assert jaxstow.load(tmp_path / "kept.jxs") == "a string tree"

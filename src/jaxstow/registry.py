@@ -176,21 +176,34 @@ def _default_name(obj: object) -> str:
 
 
 @overload
+def saveable(obj: str, *, name: None = None) -> Callable[[T], T]: ...
+@overload
 def saveable(obj: T, *, name: str | None = None) -> T: ...
 @overload
 def saveable(obj: None = None, *, name: str | None = None) -> Callable[[T], T]: ...
 def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     """Register a function, class or other non-data object under a name, so that trees holding it can be saved.
 
-    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator, ``@saveable`` or
-    ``@saveable(name="pkg.fn")``. Named functions and classes default to ``module.qualname``; a lambda needs a name.
+    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator, ``@saveable``, ``@saveable(name="pkg.fn")``
+    or, as FlareJax writes it, ``@saveable("pkg.fn")`` (a string is data, never something to register, so a string
+    given first is the name). Named functions and classes default to ``module.qualname``; a lambda needs a name.
     Re-registering a name for a different object warns and the newer object wins.
 
     >>> import jax.numpy as jnp, jaxstow
     >>> relu6 = jaxstow.saveable(lambda x: jnp.clip(x, 0, 6), name="examples.relu6")
     >>> jaxstow.registry.name_of(relu6)
     'examples.relu6'
+    >>> @jaxstow.saveable("examples.Scale")
+    ... class Scale:
+    ...     def __init__(self, factor):
+    ...         self.factor = factor
+    >>> jaxstow.registry.name_of(Scale)
+    'examples.Scale'
     """
+    if isinstance(obj, str):
+        if name is not None:
+            raise TypeError(f"saveable({obj!r}, name={name!r}) names twice: give the name once")
+        return lambda target: saveable(target, name=obj)
     if obj is None:
         return lambda target: saveable(target, name=name)
     key = name if name is not None else _default_name(obj)

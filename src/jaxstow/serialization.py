@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +37,9 @@ def save(
     A name ending in ``.npz`` gets an npz archive; any other name gets the native format, a safetensors file with the
     jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a file object is written as is.
     ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`). ``progress=True``
-    draws a progress bar of the bytes written, their rate and the time left (needs ``tqdm``).
+    draws a progress bar of the bytes written, their rate and the time left (needs ``tqdm``). FlareJax's order,
+    ``save(tree, path)``, is taken too: when the first argument is neither a path nor a file and the second is a path,
+    they are read the other way round.
 
     >>> import jax.numpy as jnp, jaxstow, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "weights.npz")
@@ -44,6 +47,8 @@ def save(
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
+    if not _is_destination(path_or_file) and isinstance(tree, str | os.PathLike):
+        path_or_file, tree = tree, path_or_file
     name = display_name(path_or_file)
     frozen = snapshot(tree, metadata=metadata, file=name)
     with progress_bar(frozen.nbytes, f"saving {name}", enabled=progress) as bar:
@@ -93,6 +98,11 @@ def load(
         return reader.load(
             like, as_numpy=as_numpy, sharding=sharding, partial=partial, select=select, cast=cast, progress=progress
         )
+
+
+def _is_destination(target: Any) -> bool:
+    """Whether ``target`` is something to save to: a path or a writable file object."""
+    return isinstance(target, str | os.PathLike) or callable(getattr(target, "write", None))
 
 
 def load_metadata(path_or_file: PathOrFile | ReadSource) -> dict[str, Any] | None:
