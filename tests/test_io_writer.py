@@ -1,4 +1,4 @@
-"""The HDF5 collector's background writer: order, back pressure, failures, and an idle thread that goes away."""
+"""The background writer of the HDF5 collector and of io.save's deliveries: order, back pressure, failures, idle threads."""
 
 from __future__ import annotations
 

@@ -294,21 +294,21 @@ class _Streaming:
     def _receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
         """The callback: queue the blocks for the collector and answer with the token at once.
 
-        ``numbers`` holds the token, and each chain's id, samples sent before its block and rows in its block.
+        ``numbers`` holds the token, and each chain's id, samples sent before its block and rows in its block; the
+        token only orders the callbacks, so the answer need not wait for the numbers to reach the host.
         A checkpoint is taken before the callback returns, after every block before it: the host's state (a data
         loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
         """
-        token, *blocks = np.asarray(numbers, np.int32)
         if checkpoint is None:
-            self._deliveries.submit(functools.partial(self._hand_over, blocks, buffer, None))
+            self._deliveries.submit(functools.partial(self._hand_over, numbers, buffer, None))
         else:
             self._deliveries.wait()
-            self._hand_over(blocks, buffer, checkpoint)
-        return np.asarray(token)
+            self._hand_over(numbers, buffer, checkpoint)
+        return np.zeros(numbers.shape[1:], np.int32)
 
-    def _hand_over(self, blocks: list[np.ndarray], buffer: Any, checkpoint: Any) -> None:
+    def _hand_over(self, numbers: Any, buffer: Any, checkpoint: Any) -> None:
         """Hand each chain's block (and checkpoint) to the collector, on the deliveries' thread."""
-        chain_ids, firsts, fills = blocks  # a block's first sample: the samples sent before it
+        _, chain_ids, firsts, fills = np.asarray(numbers)  # a block's first sample: the samples sent before it
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         for index in np.ndindex(chain_ids.shape):
             count = int(fills[index])
