@@ -241,6 +241,17 @@ def test_default_block_size_and_a_block_per_sample(tmp_path) -> None:
         _assert_trees_equal(_as_numpy(postprocess_save(state, None)["samples"]), want)
 
 
+def test_without_jit_blocks_reach_the_collector_all_the_same(strategy) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    keep = _keep_list(4, (STEPS,))
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    with jax.disable_jit():
+        state, outputs = _scan(save, state, jnp.zeros(3), keep)
+        result = postprocess_save(state, None)
+    want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+    _assert_trees_equal(_as_numpy(result["samples"]), want)
+
+
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
 def test_collectors_place_blocks_that_arrive_in_any_order_or_twice(kind, tmp_path) -> None:
     file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None

@@ -4,8 +4,9 @@ The saving state carries a device buffer of ``block_size`` samples per chain. ``
 (counting it only if ``keep`` is true); when a chain's buffer is full, every chain's buffered samples go to the
 host in one host callback that also carries each chain's id and the index of its block's first sample, so the
 collector can place blocks that arrive in any order (or twice: a block lands at its own rows). That makes delivering
-blocks free of side effects, so it is a ``pure_callback``, which costs nothing at the steps that send no block; an
-``io_callback``, whose side-effect machinery runs at every step, is used only with checkpoints. Every
+blocks free of side effects, so it is a callback like ``pure_callback`` (:mod:`jaxstow.io.host_block`, which spares
+the block a copy), costing nothing at the steps that send no block; an ``io_callback``, whose side-effect machinery
+runs at every step, is used only with checkpoints. Every
 ``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector checkpoints.
 
 The callback only queues what it received: a thread of the strategy's own hands the blocks (and checkpoints) to the
@@ -38,6 +39,7 @@ from jaxstow.io.batching import (
     write_rows,
 )
 from jaxstow.io.collector import Checkpoint, DataCollector
+from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.writer import BackgroundWriter
 from jaxstow.scheduler import static_information as StaticInformation
@@ -270,7 +272,7 @@ class _Streaming:
             else:
                 # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
                 # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = jax.pure_callback(self._receive, answer, numbers, buffer, vmap_method="sequential")
+                token = send_block(self._receive_block, numbers, jax.tree.leaves(buffer))
             return token, sent + fill, jnp.zeros_like(fill)
 
         def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
@@ -305,6 +307,9 @@ class _Streaming:
             self._deliveries.wait()
             self._hand_over(numbers, buffer, checkpoint)
         return np.zeros(numbers.shape[1:], np.int32)
+
+    def _receive_block(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        return self._receive(numbers, leaves)
 
     def _hand_over(self, numbers: Any, buffer: Any, checkpoint: Any) -> None:
         """Hand each chain's block (and checkpoint) to the collector, on the deliveries' thread."""
