@@ -257,10 +257,11 @@ def test_collectors_place_blocks_that_arrive_in_any_order_or_twice(kind, tmp_pat
     file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None
     collector = io.HDF5Collector(file) if file is not None else io.MemoryCollector()
     sample = {"w": np.zeros((2, 2), np.float32), "n": np.int64(0)}
-    chain = collector.register_chain(sample, None, scheduler.static_information(samples_collected=12))
-    rows = {"w": np.arange(96.0, dtype=np.float32).reshape(24, 2, 2), "n": np.arange(24, dtype=np.int64)}
-    # HDF5 chunks of 8 rows here: blocks that start and end inside chunks, cover whole ones, and outgrow the 12
-    blocks = [(0, 3), (3, 19), (19, 20), (20, 24), (3, 19), (19, 20)]  # two of them delivered twice
+    chain = collector.register_chain(sample, None, scheduler.static_information(samples_collected=64))
+    rows = {"w": np.arange(288.0, dtype=np.float32).reshape(72, 2, 2), "n": np.arange(72, dtype=np.int64)}
+    # HDF5 chunks of 8 rows here (an eighth of 64): blocks that start and end inside chunks, cover whole ones, and
+    # outgrow the 64 declared
+    blocks = [(0, 3), (3, 19), (19, 20), (20, 72), (3, 19), (19, 20)]  # two of them delivered twice
     random.Random(0).shuffle(blocks)
     for first, end in blocks:
         collector.save(chain, first, [rows["n"][first:end], rows["w"][first:end]])

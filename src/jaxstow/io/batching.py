@@ -26,10 +26,12 @@ from jax.custom_batching import custom_vmap
 from jaxstow.tree import flatten_with_paths
 
 __all__ = [
+    "BLOCKS_PER_RUN",
+    "BLOCK_BYTES",
+    "block_rows",
     "chain_polymorphic",
     "conform",
     "keep_flags",
-    "power_of_two_rows",
     "row_spec",
     "spec_of",
     "token_spec",
@@ -37,6 +39,14 @@ __all__ = [
 ]
 
 State = TypeVar("State")
+
+#: At most this many bytes of samples in a block: what :func:`jaxstow.io.save` sends to the host per chain in one
+#: callback, and the HDF5 collector's chunk. A block that fits in a core's cache leaves the device buffer and lands in
+#: the collector fastest.
+BLOCK_BYTES = 1 << 20
+#: A block holds at most this share of the samples a chain declares, so that the host's work on most of them
+#: overlaps the run instead of waiting for its end (at most twice as many callbacks as this, however few samples).
+BLOCKS_PER_RUN = 8
 
 
 def _shape_dtype(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -79,9 +89,17 @@ def conform(value: Any, spec: Any, *, what: str) -> Any:
     return treedef.unflatten(out)
 
 
-def power_of_two_rows(budget_bytes: int, row_bytes: int, most: int) -> int:
-    """The largest power of two of rows, at most ``most``, whose bytes fit in ``budget_bytes`` (at least one row)."""
-    fitting = max(1, min(most, budget_bytes // max(1, row_bytes)))
+def block_rows(sample_bytes: int, samples_collected: int | None, most: int) -> int:
+    """Rows in a block of samples: the largest power of two of them that fits in :data:`BLOCK_BYTES` and, when the
+    chain declares how many samples it keeps, in ``1 / BLOCKS_PER_RUN`` of them; at most ``most``, at least one.
+
+    >>> block_rows(4004, 10_000, 1 << 16), block_rows(4004, 1_250, 1 << 16), block_rows(4, None, 4096)
+    (256, 128, 4096)
+    """
+    fitting = min(most, BLOCK_BYTES // max(1, sample_bytes))
+    if samples_collected:
+        fitting = min(fitting, samples_collected // BLOCKS_PER_RUN)
+    fitting = max(1, fitting)
     return 1 << (fitting.bit_length() - 1)
 
 

@@ -5,8 +5,8 @@
 >>> layout = SampleLayout.of({"w": jnp.zeros((2, 3)), "stats": [jnp.float32(0.0)]})
 >>> layout.names
 ['stats/list_element_0', 'w']
->>> layout.shapes, layout.dtypes
-([(), (2, 3)], [dtype('float32'), dtype('float32')])
+>>> layout.shapes, layout.dtypes, layout.row_bytes
+([(), (2, 3)], [dtype('float32'), dtype('float32')], 28)
 """
 
 from __future__ import annotations
@@ -59,6 +59,11 @@ class SampleLayout:
             dtypes.append(np.dtype(dtype))
         names = ["/".join(str(key) for key in keys) for keys in pytree_dict_keys(sample)]
         return cls(treedef, names, shapes, dtypes)
+
+    @property
+    def row_bytes(self) -> int:
+        """The bytes of one sample."""
+        return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in zip(self.shapes, self.dtypes, strict=True))
 
 
 class ChainBook:

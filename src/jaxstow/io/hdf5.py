@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow.io.batching import power_of_two_rows
+from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
 from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
 from jaxstow.io.writer import BackgroundWriter
@@ -37,12 +37,10 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["HDF5Collector"]
 
-#: At most this many bytes per chunk. A chain's last chunk is written whole however few of its rows are kept (8 chains
-#: of 1,250 samples of 4 KB fill a 62 MiB file with 4 MiB chunks, 39 MiB with these), so chunks stay small.
-_CHUNK_BYTES = 1 << 20
-_MAX_CHUNK_ROWS = (
-    4096  # chunks hold a power of two of rows, like the blocks of io.save, so that full blocks fill whole chunks
-)
+#: At most this many rows per chunk. Every leaf's chunks hold the rows of one block of ``io.save`` (a power of two, at
+#: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
+#: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
+_MAX_CHUNK_ROWS = 4096
 _DISK_DRIVERS = ("sec2", "stdio", "direct")
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
@@ -148,9 +146,8 @@ class HDF5Collector(DataCollector):
                 )
             del self._file[group]  # interrupted before its first checkpoint: start again
         datasets = []
+        rows = block_rows(layout.row_bytes, capacity, _MAX_CHUNK_ROWS)
         for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-            most = min(capacity or _MAX_CHUNK_ROWS, _MAX_CHUNK_ROWS)
-            rows = power_of_two_rows(_CHUNK_BYTES, int(np.prod(shape)) * dtype.itemsize, most)
             datasets.append(
                 self._file.create_dataset(
                     self._dataset_name(chain_id, name),

@@ -29,10 +29,10 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow.errors import CollectorError, SampleCountError
 from jaxstow.io.batching import (
+    block_rows,
     chain_polymorphic,
     conform,
     keep_flags,
-    power_of_two_rows,
     row_spec,
     spec_of,
     token_spec,
@@ -46,9 +46,7 @@ from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
 
-#: Size of a chain's device buffer when ``block_size`` is not given: at most this many bytes of samples, in a power
-#: of two rows (so that full blocks line up with the HDF5 collector's chunks).
-BLOCK_BYTES = 4 << 20
+#: At most this many rows in a chain's device buffer when ``block_size`` is not given (see ``batching.block_rows``).
 _MAX_BLOCK = 1 << 16
 #: At most this many callbacks' blocks wait for the collector; a callback beyond them waits until one is delivered.
 _PENDING_DELIVERIES = 4
@@ -103,7 +101,8 @@ def save(
     ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
     Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
     updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the
-    device (by default a power of two of them, at most 4 MiB).
+    device (by default a power of two of them, at most 1 MiB and an eighth of ``samples_collected``, the same rows
+    as the HDF5 collector's chunks).
 
     >>> import jax.numpy as jnp
     >>> from jax.lax import scan
@@ -183,7 +182,7 @@ class _Streaming:
         resumed = self.collector.resume().get(chain_id)
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
-        rows = self.block_size or power_of_two_rows(BLOCK_BYTES, _sample_bytes(spec), _MAX_BLOCK)
+        rows = self.block_size or block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
         return SavingState(
             chain_id=jnp.asarray(chain_id, jnp.int32),
             buffer=jax.tree.map(lambda leaf: jnp.zeros((rows, *leaf.shape), leaf.dtype), spec),
