@@ -36,6 +36,7 @@ __all__ = [
     "TruncatedFileError",
     "UnknownNameError",
     "UnsaveableObjectError",
+    "VariableMismatchError",
 ]
 
 
@@ -157,6 +158,13 @@ class StructureMismatchError(JaxstowError, ValueError):
             file=file,
         )
         self.problems = list(problems)
+
+
+class VariableMismatchError(StructureMismatchError, AssertionError):
+    """Loading into Objax variables failed: a variable has no stored value, or one of another shape or dtype.
+
+    Also an ``AssertionError``, which Objax raises when a value does not fit its variable.
+    """
 
 
 class RequestError(JaxstowError, ValueError):

@@ -9,7 +9,7 @@
 """
 
 from jaxstow.checkpoint.manager import CheckpointManager
-from jaxstow.checkpoint.objax import Checkpoint
+from jaxstow.checkpoint.numbered import Checkpoint
 from jaxstow.checkpoint.policy import KeepPolicy
 
 __all__ = ["Checkpoint", "CheckpointManager", "KeepPolicy"]

@@ -1,8 +1,9 @@
-"""``Checkpoint``: Objax's checkpointing API, on the manager's step naming, keep policy, lock and cleanup.
+"""``Checkpoint``: Objax's checkpointing API for JAX trees, on the manager's step naming, keep policy, lock and cleanup.
 
 ``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42. Saving keeps the ``keep_ckpts`` highest indices; stray
 files in the folder are ignored. Unlike Objax, :meth:`Checkpoint.restore` returns the restored tree (JAX trees are
-values, not variables to assign), with its index and path.
+values, not variables to assign), with its index and path; :class:`jaxstow.objax.Checkpoint` is the same for Objax's
+variable collections, with Objax's signatures.
 
 >>> import tempfile, jax.numpy as jnp
 >>> from jaxstow import Checkpoint
@@ -74,21 +75,39 @@ class Checkpoint:
             return []
         return self._names.steps(fnmatch.filter(names, self.FILE_MATCH))
 
-    def restore(self, like: Any = None, idx: int | None = None) -> tuple[Any, int, str]:
-        """Restore checkpoint ``idx`` (the latest by default): returns ``(tree, idx, path)``.
+    @classmethod
+    def checkpoint_idx(cls, filename: str) -> int:
+        """The index of the checkpoint file ``filename`` (a path or a name)."""
+        idx = StepNames(cls.FILE_FORMAT).step(os.path.basename(filename))
+        if idx is None:
+            raise ValueError(f"{filename} is not a checkpoint file name (made by {cls.FILE_FORMAT!r})")
+        return idx
 
-        An empty folder restores nothing: ``(like, 0, "")``. A missing ``idx`` raises :class:`FileNotFoundError`.
+    def find(self, idx: int | None = None) -> tuple[int, str]:
+        """The index and path of checkpoint ``idx`` (the latest by default), or ``(0, "")`` if there is none.
+
+        A missing ``idx`` raises :class:`FileNotFoundError`.
         """
         if idx is None:
             indices = self.indices()
             if not indices:
-                return like, 0, ""
+                return 0, ""
             idx = indices[-1]
         path = self.path(idx)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"no checkpoint {idx} in {self.directory}: {path} does not exist (indices: {self.indices()})"
             )
+        return idx, path
+
+    def restore(self, like: Any = None, idx: int | None = None) -> tuple[Any, int, str]:
+        """Restore checkpoint ``idx`` (the latest by default): returns ``(tree, idx, path)``.
+
+        An empty folder restores nothing: ``(like, 0, "")``. A missing ``idx`` raises :class:`FileNotFoundError`.
+        """
+        idx, path = self.find(idx)
+        if not path:
+            return like, 0, ""
         logger.info("restoring %s", path)
         return type(self).LOAD_FN(path, like), idx, path
 

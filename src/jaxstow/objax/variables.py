@@ -1,0 +1,137 @@
+"""Objax's ``save_var_collection`` / ``load_var_collection``: the variables of Objax modules, by name.
+
+An Objax ``VarCollection`` maps names such as ``'(Linear).w'`` to variables whose ``value`` is an array and whose
+``assign`` replaces it; a ``TrainRef`` stands for the variable in its ``ref``. Saving writes each variable once (the
+first name it goes by) as a jaxstow file of ``{name: value}``: atomically when given a file name, at the current
+position of a file object. Loading assigns each variable of the collection the value stored under one of its names
+(after ``renamer``), ignoring stored variables the collection lacks. It reads jaxstow files and also Objax's own
+``.npz`` files (``names`` plus ``0``, ``1``, ...), so checkpoints written by Objax load as they are.
+
+Loading is all or nothing: every variable is checked before any is assigned, and a variable with no stored value
+or with a value of another shape or dtype raises one :class:`~jaxstow.errors.VariableMismatchError` listing every
+problem (a ``ValueError`` and, as Objax raises on a shape mismatch, an ``AssertionError``).
+
+Nothing here imports Objax; anything shaped like its variables works:
+
+>>> import io, jax.numpy as jnp
+>>> from jaxstow.objax import load_var_collection, save_var_collection
+>>> class Var:
+...     def __init__(self, value):
+...         self.value = value
+...     def assign(self, value, check=True):
+...         self.value = value
+>>> buffer = io.BytesIO()
+>>> save_var_collection(buffer, {"(Linear).w": Var(jnp.ones(2)), "(Linear).b": Var(jnp.zeros(1))})
+>>> _ = buffer.seek(0)
+>>> fresh = {"(Linear).w": Var(jnp.zeros(2)), "(Linear).b": Var(jnp.ones(1))}
+>>> load_var_collection(buffer, fresh)
+>>> fresh["(Linear).w"].value
+Array([1., 1.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import zipfile
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow.errors import VariableMismatchError
+from jaxstow.format.npz import MANIFEST_MEMBER
+from jaxstow.serialization import load, save
+from jaxstow.snapshot import PathOrFile, display_name
+
+__all__ = ["load_var_collection", "save_var_collection"]
+
+#: A name of the file -> the name the collection knows it by.
+Renamer = Callable[[str], str]
+
+
+def _target(variable: Any) -> Any:
+    """The variable that holds the value: a ``TrainRef``'s ``ref``, any other variable itself."""
+    return getattr(variable, "ref", variable)
+
+
+def _by_variable(collection: Mapping[str, Any]) -> dict[int, tuple[Any, list[str]]]:
+    """Each distinct variable of ``collection`` (by identity), with every name it goes by, in order."""
+    variables: dict[int, tuple[Any, list[str]]] = {}
+    for name, variable in collection.items():
+        target = _target(variable)
+        variables.setdefault(id(target), (target, []))[1].append(name)
+    return variables
+
+
+def save_var_collection(file: PathOrFile, vc: Mapping[str, Any]) -> None:
+    """Save the values of the variables of ``vc``, each once, under the first name it goes by."""
+    save(file, {names[0]: variable.value for variable, names in _by_variable(vc).values()})
+
+
+def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Renamer | None = None) -> None:
+    """Assign every variable of ``vc`` its value from ``file``; ``renamer`` maps the file's names to ``vc``'s."""
+    stored = _read_objax_archive(file)
+    if stored is None:
+        stored = load(file, as_numpy=True)
+        if not isinstance(stored, dict) or not all(isinstance(value, np.ndarray) for value in stored.values()):
+            raise VariableMismatchError(
+                ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
+            )
+    rename = renamer or (lambda name: name)
+    values = {rename(name): value for name, value in stored.items()}
+    assignments, problems = [], []
+    for variable, names in _by_variable(vc).values():
+        name = next((name for name in names if name in values), None)
+        if name is None:
+            problems.append(f"{' = '.join(map(repr, names))}: no stored value")
+            continue
+        value, expected = values[name], variable.value
+        if value.shape != expected.shape or value.dtype != expected.dtype:
+            problems.append(f"{name!r}: stored {_describe(value)}, the variable holds {_describe(expected)}")
+        assignments.append((variable, value))
+    if problems:
+        unused = sorted(set(values) - {name for _, names in _by_variable(vc).values() for name in names})
+        if unused:
+            problems.append(f"stored but not in the collection (renamed?): {', '.join(map(repr, unused))}")
+        raise VariableMismatchError(problems, file=display_name(file))
+    for variable, value in assignments:
+        variable.assign(jnp.asarray(value), check=False)
+
+
+def _describe(array: Any) -> str:
+    return f"{np.dtype(array.dtype)}{list(array.shape)}"
+
+
+def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
+    """The variables of a file in Objax's own layout, or ``None`` for any other file (a file object is left where
+    it was)."""
+    with _kept_position(file) as readable:
+        if not zipfile.is_zipfile(readable):
+            return None
+        with zipfile.ZipFile(readable) as archive:
+            members = set(archive.namelist())
+        if "names.npy" not in members or f"{MANIFEST_MEMBER}.npy" in members:
+            return None
+    with _kept_position(file) as readable, np.load(readable, allow_pickle=False) as archive:
+        names = archive["names"]
+        if names.ndim != 1 or members != {"names.npy", *(f"{index}.npy" for index in range(len(names)))}:
+            raise VariableMismatchError(
+                ["an Objax archive holds `names` and one array per name, `0` to `len(names) - 1`"],
+                file=display_name(file),
+            )
+        return {str(name): archive[str(index)] for index, name in enumerate(names)}
+
+
+@contextlib.contextmanager
+def _kept_position(file: PathOrFile) -> Iterator[str | BinaryIO]:
+    """``file`` to read: a path as a string, a file object as it is, put back where it was afterwards."""
+    if isinstance(file, str | os.PathLike):
+        yield os.fspath(file)
+        return
+    start = file.tell()
+    try:
+        yield file
+    finally:
+        file.seek(start)

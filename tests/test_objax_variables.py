@@ -1,0 +1,132 @@
+"""``jaxstow.objax`` with Objax's own modules: files Objax wrote, all-or-nothing loads, renaming, checkpoints."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import objax
+import pytest
+
+import jaxstow
+from jaxstow import objax as objax_io
+from jaxstow.errors import VariableMismatchError
+
+
+def _mlp(hidden: int = 3, layers: int = 2) -> objax.Module:
+    sizes = [2, *([hidden] * (layers - 1)), 4]
+    return objax.nn.Sequential([objax.nn.Linear(n_in, n_out) for n_in, n_out in itertools.pairwise(sizes)])
+
+
+def _values(module: objax.Module) -> dict[str, np.ndarray]:
+    return {name: np.asarray(var.value) for name, var in module.vars().items()}
+
+
+def _assert_same(a: objax.Module, b: objax.Module) -> None:
+    want, got = _values(a), _values(b)
+    assert want.keys() == got.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_a_file_objax_wrote_loads_into_objax_modules(tmp_path) -> None:
+    source, target = _mlp(), _mlp()
+    path = str(tmp_path / "objax.npz")
+    objax.io.save_var_collection(path, source.vars())  # Objax's own writer: names plus 0, 1, ...
+    with np.load(path) as archive:
+        assert sorted(archive.files) == ["0", "1", "2", "3", "names"]
+    objax_io.load_var_collection(path, target.vars())
+    _assert_same(source, target)
+
+
+def test_a_saved_collection_is_a_jaxstow_file_of_its_values_by_name(tmp_path) -> None:
+    module = _mlp()
+    path = tmp_path / "vars.jxs"
+    objax_io.save_var_collection(path, module.vars())
+    loaded = jaxstow.load(path, as_numpy=True)
+    assert loaded.keys() == _values(module).keys()
+    np.testing.assert_array_equal(loaded["(Sequential)[0](Linear).w"], _values(module)["(Sequential)[0](Linear).w"])
+
+
+def test_a_failed_load_assigns_nothing_and_lists_every_problem() -> None:
+    source, target = _mlp(hidden=3, layers=2), _mlp(hidden=5, layers=3)
+    before = _values(target)
+    buffer = io.BytesIO()
+    objax_io.save_var_collection(buffer, source.vars())
+    buffer.seek(0)
+    with pytest.raises(VariableMismatchError) as caught:
+        objax_io.load_var_collection(buffer, target.vars())
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, AssertionError)
+    message = str(caught.value)
+    assert message.startswith("<BytesIO> does not fit")
+    assert "'(Sequential)[0](Linear).w': stored float32[2, 3], the variable holds float32[2, 5]" in message
+    assert "'(Sequential)[2](Linear).b': no stored value" in message
+    for name, value in _values(target).items():  # (Sequential)[1](Linear).b fits, and is not assigned either
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_a_dtype_mismatch_is_refused() -> None:
+    module = _mlp()
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {name: np.asarray(value, np.float16) for name, value in _values(module).items()})
+    buffer.seek(0)
+    with pytest.raises(VariableMismatchError, match=r"stored float16\[2, 3\], the variable holds float32\[2, 3\]"):
+        objax_io.load_var_collection(buffer, module.vars())
+
+
+def test_stored_variables_the_collection_lacks_are_ignored_and_names_are_renamed(tmp_path) -> None:
+    big, small = _mlp(layers=3), _mlp(layers=3)
+    path = tmp_path / "big.npz"
+    objax_io.save_var_collection(path, big.vars().rename(objax.util.Renamer({"(Sequential)": "(Net)"})))
+    part = objax.ModuleList([small[0]])  # one layer of three: the file's other layers are left alone
+    objax_io.load_var_collection(path, part.vars(), renamer=objax.util.Renamer({"(Net)": "(ModuleList)"}))
+    np.testing.assert_array_equal(small[0].w.value, big[0].w.value)
+    assert not np.array_equal(small[1].w.value, big[1].w.value)
+
+
+def test_a_file_that_is_no_variable_collection_is_refused(tmp_path) -> None:
+    path = tmp_path / "tree.jxs"
+    jaxstow.save(path, {"layer": {"w": jnp.ones(2)}})
+    with pytest.raises(VariableMismatchError, match=r"(?s)tree\.jxs .*the file holds no variable collection"):
+        objax_io.load_var_collection(path, _mlp().vars())
+
+
+def test_an_objax_archive_with_a_missing_value_is_refused(tmp_path) -> None:
+    path = tmp_path / "broken.npz"
+    np.savez(path, names=np.array(["(Linear).w", "(Linear).b"]), **{"0": np.ones((2, 4), np.float32)})
+    with pytest.raises(VariableMismatchError, match="one array per name"):
+        objax_io.load_var_collection(path, objax.nn.Linear(2, 4).vars())
+
+
+def test_the_checkpoint_keeps_the_latest_and_restores_any(tmp_path, capsys) -> None:
+    modules = [_mlp() for _ in range(4)]
+    ckpt = objax_io.Checkpoint(tmp_path, keep_ckpts=2)
+    for idx, module in enumerate(modules[:3], start=1):
+        ckpt.save(module.vars(), idx)
+    assert sorted(name for name in os.listdir(tmp_path / "ckpt") if name.endswith(".npz")) == [
+        "0000000002.npz",
+        "0000000003.npz",
+    ]
+    target = modules[3]
+    assert ckpt.restore(target.vars()) == (3, os.path.join(tmp_path, "ckpt", "0000000003.npz"))
+    _assert_same(modules[2], target)
+    assert ckpt.restore(target.vars(), idx=2)[0] == 2
+    _assert_same(modules[1], target)
+    assert capsys.readouterr().out.splitlines()[0] == f"Resuming from {tmp_path}/ckpt/0000000003.npz"
+    assert ckpt.checkpoint_idx("/runs/ckpt/0000000042.npz") == 42
+    with pytest.raises(FileNotFoundError, match="no checkpoint 1 in"):
+        ckpt.restore(target.vars(), idx=1)
+
+
+def test_an_empty_checkpoint_folder_restores_nothing(tmp_path, capsys) -> None:
+    module = _mlp()
+    before = _values(module)
+    assert objax_io.Checkpoint(tmp_path, keep_ckpts=2).restore(module.vars()) == (0, "")
+    assert capsys.readouterr().out == "No checkpoints found. Skipping restoring variables.\n"
+    after = _values(module)
+    assert all(np.array_equal(after[name], before[name]) for name in before)
+    with pytest.raises(TypeError, match="variable collection"):
+        objax_io.Checkpoint(tmp_path, keep_ckpts=2, verbose=False).save(module, 1)
