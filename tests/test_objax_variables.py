@@ -51,6 +51,23 @@ def test_a_saved_collection_is_a_jaxstow_file_of_its_values_by_name(tmp_path) ->
     np.testing.assert_array_equal(loaded["(Sequential)[0](Linear).w"], _values(module)["(Sequential)[0](Linear).w"])
 
 
+def test_a_model_with_its_optimizer_and_step_counter_round_trips() -> None:
+    def trained(seed: int) -> objax.Module:
+        objax.random.DEFAULT_GENERATOR.seed(seed)
+        model = _mlp()
+        opt = objax.optimizer.Adam(model.vars())
+        opt.step.assign(jnp.asarray(seed + 7, jnp.uint32), check=False)
+        return objax.ModuleList([model, opt])
+
+    source, target = trained(1), trained(2)
+    buffer = io.BytesIO()
+    objax_io.save_var_collection(buffer, source.vars())
+    buffer.seek(0)
+    objax_io.load_var_collection(buffer, target.vars())
+    _assert_same(source, target)
+    assert target[1].step.value.dtype == jnp.uint32 and int(target[1].step.value) == 8
+
+
 def test_a_failed_load_assigns_nothing_and_lists_every_problem() -> None:
     source, target = _mlp(hidden=3, layers=2), _mlp(hidden=5, layers=3)
     before = _values(target)

@@ -75,7 +75,7 @@ def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Rename
     stored = _read_objax_archive(file)
     if stored is None:
         stored = load(file, as_numpy=True)
-        if not isinstance(stored, dict) or not all(isinstance(value, np.ndarray) for value in stored.values()):
+        if not isinstance(stored, dict) or not all(isinstance(value, np.ndarray | np.generic) for value in stored.values()):
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
             )
