@@ -276,29 +276,35 @@ def container_paths(structure: JSON) -> list[str] | None:
     ['']
     """
     paths: list[str] = []
-    pending: list[tuple[str, JSON]] = [("", structure)]  # depth first, in leaf order: the next node last
-    while pending:
-        path, node = pending.pop()
-        if node == "*":
-            paths.append(path)
-            continue
-        if node is None:
-            continue
-        if not isinstance(node, dict) or len(node) != 1:
-            return None
-        [(tag, children)] = node.items()
-        if tag == "dict":
-            names = [key for key, _ in children]
-            if any(isinstance(name, dict) for name in names):  # keys tagged as floats, tuples, ...
-                return None
-            children = [child for _, child in children]
-        elif tag in ("list", "tuple"):
-            names = list(range(len(children)))
-        else:
-            return None
-        prefix = f"{path}/" if path else ""
-        pending.extend((f"{prefix}{name}", child) for name, child in zip(names[::-1], children[::-1], strict=True))
-    return paths
+    return paths if _collect_paths(structure, "", paths) else None
+
+
+def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
+    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
+    not a container :func:`container_paths` can name."""
+    if node == "*":
+        paths.append(path)
+        return True
+    if node is None:
+        return True
+    if not isinstance(node, dict) or len(node) != 1:
+        return False
+    [(tag, children)] = node.items()
+    if tag == "dict":
+        named = children
+        if any(isinstance(name, dict) for name, _ in named):  # keys tagged as floats, tuples, ...
+            return False
+    elif tag in ("list", "tuple"):
+        named = enumerate(children)
+    else:
+        return False
+    prefix = f"{path}/" if path else ""
+    for name, child in named:
+        if child == "*":  # most children are leaves: answered here, without a call
+            paths.append(f"{prefix}{name}")
+        elif not _collect_paths(child, f"{prefix}{name}", paths):
+            return False
+    return True
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
