@@ -75,7 +75,8 @@ def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Rename
     stored = _read_objax_archive(file)
     if stored is None:
         stored = load(file, as_numpy=True)
-        if not isinstance(stored, dict) or not all(isinstance(value, np.ndarray | np.generic) for value in stored.values()):
+        flat = isinstance(stored, dict) and all(isinstance(value, np.ndarray | np.generic) for value in stored.values())
+        if not flat:
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
             )
