@@ -89,8 +89,11 @@ def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dic
     [{'path': 'a', 'kind': 'array'}, {'path': 'b', 'kind': 'array', 'dtype': 'int4', 'shape': [2]}]
     """
     stores_exactly = native_stores_exactly if kind == "native" else npz_stores_exactly
+    raw = {dtype for dtype in {array.dtype for _, array, _ in tensors} if not stores_exactly(dtype)}
+    if not raw:
+        return
     for name, array, entry in tensors:
-        if entry.get("path") == name and not stores_exactly(array.dtype):  # a shard's dtype is its leaf's
+        if array.dtype in raw and entry.get("path") == name:  # a shard's dtype is its leaf's
             entry["dtype"], entry["shape"] = name_of_dtype(array.dtype), list(array.shape)
 
 

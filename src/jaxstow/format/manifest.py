@@ -115,6 +115,8 @@ def _nesting(value: Any) -> int:
     while level:
         inner: list[Any] = []
         for node in level:
+            if type(node) is str:  # most parts of a structure are its leaves, "*"
+                continue
             if isinstance(node, dict):
                 inner.extend(node.values())
             elif isinstance(node, list):
