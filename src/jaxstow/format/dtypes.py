@@ -88,4 +88,4 @@ def name_of_dtype(dtype: np.dtype) -> str | None:
 
 def is_shape(value: object) -> TypeGuard[list[int]]:
     """Whether a decoded JSON value is a valid shape: a list of non-negative integers (not bools)."""
-    return type(value) is list and (not value or (set(map(type, value)) == {int} and min(value) >= 0))
+    return type(value) is list and all(type(size) is int and size >= 0 for size in value)

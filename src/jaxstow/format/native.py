@@ -288,7 +288,8 @@ class NativeReader:
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2
-            or set(map(type, offsets)) != {int}
+            or type(offsets[0]) is not int
+            or type(offsets[1]) is not int
             or not 0 <= offsets[0] <= offsets[1]
         ):
             raise FormatError(f"malformed data_offsets {offsets!r}", file=self.file, path=name)
