@@ -252,6 +252,51 @@ def test_without_jit_blocks_reach_the_collector_all_the_same(strategy) -> None:
     _assert_trees_equal(_as_numpy(result["samples"]), want)
 
 
+class _CountingCollector(io.MemoryCollector):
+    """A memory collector that records every block handed to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: list[tuple[int, int, int]] = []
+
+    def save(self, chain_id: int, first: int, values: Any) -> None:
+        self.blocks.append((chain_id, first, len(values[0])))
+        super().save(chain_id, first, values)
+
+
+def test_chains_sharded_over_devices_deliver_each_block_once() -> None:
+    collector = _CountingCollector()
+    init_save, save, postprocess_save = io.save(collector, block_size=4)
+    states = [init_save({"x": jnp.zeros(3)}, None, scheduler.static_information(samples_collected=16)) for _ in "ab"]
+    state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    mesh = jax.make_mesh((2,), ("chains",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("chains")))
+
+    def step(state, i):
+        sample = {"x": jnp.full((2, 3), i, jnp.float32) + 100 * state.chain_id[:, None]}
+        return jax.vmap(lambda s, x: save(s, True, x)[0])(state, sample), None
+
+    results = postprocess_save(jax.jit(lambda s: jax.lax.scan(step, s, jnp.arange(16))[0])(state), None)
+    assert sorted(collector.blocks) == [(chain, first, 4) for chain in (0, 1) for first in (0, 4, 8, 12)]
+    for chain, result in enumerate(results):
+        np.testing.assert_array_equal(result["samples"]["x"][:, 0], np.arange(16) + 100 * chain)
+
+
+def test_chains_declaring_different_counts_still_stack() -> None:
+    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+    sample = {"w": jnp.zeros(1000)}  # 4 KB: the declared counts below would give blocks of 128 and 2 rows
+    counts = (1024, 20)
+    states = [init_save(sample, None, scheduler.static_information(samples_collected=n)) for n in counts]
+    state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+
+    def step(state, i):
+        return jax.vmap(lambda s: save(s, i < 20, {"w": jnp.full(1000, i, jnp.float32)})[0])(state), None
+
+    results = postprocess_save(jax.jit(lambda s: jax.lax.scan(step, s, jnp.arange(20))[0])(state), None)
+    for result in results:
+        np.testing.assert_array_equal(result["samples"]["w"][:, 0], np.arange(20))
+
+
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
 def test_collectors_place_blocks_that_arrive_in_any_order_or_twice(kind, tmp_path) -> None:
     file = h5py.File(tmp_path / "blocks.h5", "w") if kind == "hdf5" else None

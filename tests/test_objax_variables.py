@@ -6,6 +6,7 @@ import io
 import itertools
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import objax
@@ -107,8 +108,30 @@ def test_stored_variables_the_collection_lacks_are_ignored_and_names_are_renamed
 def test_a_file_that_is_no_variable_collection_is_refused(tmp_path) -> None:
     path = tmp_path / "tree.jxs"
     jaxstow.save(path, {"layer": {"w": jnp.ones(2)}})
+    with pytest.raises(VariableMismatchError, match=r"(?s)tree\.jxs .*'layer': stored dict, not an array"):
+        objax_io.load_var_collection(path, _mlp().vars())
+    jaxstow.save(path, [jnp.ones(2)])
     with pytest.raises(VariableMismatchError, match=r"(?s)tree\.jxs .*the file holds no variable collection"):
         objax_io.load_var_collection(path, _mlp().vars())
+
+
+def test_a_variable_holding_a_typed_prng_key_round_trips() -> None:
+    class Var:
+        def __init__(self, value):
+            self.value = value
+
+        def assign(self, value, check=True):
+            self.value = value
+
+    buffer = io.BytesIO()
+    objax_io.save_var_collection(buffer, {"(Rng).key": Var(jax.random.key(7))})
+    buffer.seek(0)
+    target = {"(Rng).key": Var(jax.random.key(0))}
+    objax_io.load_var_collection(buffer, target)
+    assert jax.random.key_impl(target["(Rng).key"].value) == jax.random.key_impl(jax.random.key(7))
+    np.testing.assert_array_equal(
+        jax.random.key_data(target["(Rng).key"].value), jax.random.key_data(jax.random.key(7))
+    )
 
 
 def test_an_objax_archive_with_a_missing_value_is_refused(tmp_path) -> None:

@@ -4,7 +4,8 @@
 copies a block of samples a second time on the host. :func:`send_block` is the same callback without that step: a
 primitive lowered, as ``pure_callback`` is, to XLA's Python host callback, whose function receives the numpy arrays
 XLA made. Like ``pure_callback`` it is free of side effects for XLA, so it costs nothing at the steps of a loop that
-do not call it; its answer orders the calls.
+do not call it, and in a computation sharded over several devices it runs once, on one of them; its answer orders
+the calls.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -29,6 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
 from jax.interpreters import mlir
+
+try:  # pins the callback to one device of a sharded computation, as pure_callback does; it would run on each
+    from jax._src.callback import _callback_op_sharding as _one_device_sharding
+except ImportError:  # a jax without it: the callback runs on every device, delivering each block once per device
+    _one_device_sharding = None  # type: ignore[assignment]
 
 __all__ = ["send_block"]
 
@@ -55,6 +61,9 @@ def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
 
 
 def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
+    sharding = None
+    if _one_device_sharding is not None:
+        sharding = _one_device_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
     results, _, _ = mlir.emit_python_callback(
         ctx,
         lambda *arrays: (receive(*arrays),),
@@ -64,6 +73,7 @@ def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
         ctx.avals_out,
         has_side_effect=False,
         returns_token=False,
+        sharding=sharding,
     )
     return results
 

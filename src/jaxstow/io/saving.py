@@ -101,8 +101,9 @@ def save(
     ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
     Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
     updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the
-    device (by default a power of two of them, at most 1 MiB and an eighth of ``samples_collected``, the same rows
-    as the HDF5 collector's chunks).
+    device (by default a power of two of them, at most 1 MiB and an eighth of the first chain's
+    ``samples_collected``, the same rows as the HDF5 collector's chunks; every chain gets the same, so that their
+    states stack).
 
     >>> import jax.numpy as jnp
     >>> from jax.lax import scan
@@ -182,7 +183,9 @@ class _Streaming:
         resumed = self.collector.resume().get(chain_id)
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
-        rows = self.block_size or block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
+        if self.block_size is None:  # chosen once: the chains' states stack only if their buffers have one shape
+            self.block_size = block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
+        rows = self.block_size
         return SavingState(
             chain_id=jnp.asarray(chain_id, jnp.int32),
             buffer=jax.tree.map(lambda leaf: jnp.zeros((rows, *leaf.shape), leaf.dtype), spec),

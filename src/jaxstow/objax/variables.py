@@ -37,6 +37,7 @@ import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -74,11 +75,16 @@ def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Rename
     """Assign every variable of ``vc`` its value from ``file``; ``renamer`` maps the file's names to ``vc``'s."""
     stored = _read_objax_archive(file)
     if stored is None:
-        stored = load(file, as_numpy=True)
-        flat = isinstance(stored, dict) and all(isinstance(value, np.ndarray | np.generic) for value in stored.values())
-        if not flat:
+        stored = load(file, as_numpy=True)  # typed PRNG keys come back as jax arrays
+        if not isinstance(stored, dict):
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
+            )
+        others = [name for name, value in stored.items() if not isinstance(value, np.ndarray | np.generic | jax.Array)]
+        if others:
+            raise VariableMismatchError(
+                [f"{name!r}: stored {type(stored[name]).__name__}, not an array" for name in others],
+                file=display_name(file),
             )
     rename = renamer or (lambda name: name)
     values = {rename(name): value for name, value in stored.items()}
@@ -102,7 +108,7 @@ def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Rename
 
 
 def _describe(array: Any) -> str:
-    return f"{np.dtype(array.dtype)}{list(array.shape)}"
+    return f"{array.dtype}{list(array.shape)}"
 
 
 def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
