@@ -15,10 +15,11 @@ and ``postprocess_save`` after it (which sends the last samples and waits until 
 HDF5 file is flushed, not fsynced). Two warm-up rounds are not counted, and just before each run 256 MiB of memory
 are touched and freed (see ``timing.warm_memory``), so that every run finds the memory it allocates backed by the
 host, whatever the run before it did. Every run's last sample is checked against the others'. Methods run in rounds,
-every method once per round, so that a change in the load of this shared machine falls on all alike. The table gives
-samples per second from the best and the median wall time of the rounds, and from the median CPU time of the process
-(all its threads: the HDF5 writer's work counts even where it overlaps the scan), each also as a ratio to the stacked
-baseline; and the paired ratio: in each round, the baseline's wall time over the method's, the median of the rounds.
+every method once per round in a shuffled order, so that a change in the load of this shared machine falls on all
+alike and no method always follows the same other one. The table gives samples per second from the best and the
+median wall time of the rounds, and from the median CPU time of the process (all its threads: the HDF5 writer's work
+counts even where it overlaps the scan), each also as a ratio to the stacked baseline; and the paired ratio: in each
+round, the baseline's wall time over the method's, the median of the rounds.
 The targets (``MemoryCollector`` >= 0.9x, ``HDF5Collector`` >= 0.85x the baseline, for 1 and for 8 chains) are judged
 on the paired ratio: a method and the baseline run seconds apart in each round, so that the load of this shared
 machine, which can slow every run of a phase by a third, falls on both sides of each ratio.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -195,12 +197,14 @@ def per_sample_callback(steps: int) -> Prepare:
 
 
 def measure(methods: dict[str, Prepare], rounds: int) -> Times:
-    """``(wall, cpu)`` seconds of each method's timed part, round by round (after two warm-up rounds)."""
+    """``(wall, cpu)`` seconds of each method's timed part, round by round (after two warm-up rounds); each round
+    runs the methods in an order of its own, shuffled with a fixed seed."""
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
     reference = None
+    shuffler = random.Random(0)
     for _ in range(rounds + WARMUP):
-        for name, prepare in methods.items():
-            go, cleanup = prepare()
+        for name in shuffler.sample(list(methods), len(methods)):
+            go, cleanup = methods[name]()
             warm_memory(WARM_BYTES)
             wall, cpu = time.perf_counter(), time.process_time()
             last = go()
