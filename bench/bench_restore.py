@@ -70,7 +70,9 @@ def _orbax_abstract(path: str, abstract: Any) -> Any:
 
 def bench_t1(folder: Path, rounds: int) -> list[list[str]]:
     tree = make_t1()
-    flat = {jaxstow.tree.path_to_str(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)}
+    flat = {
+        jaxstow._format.keypaths.path_to_str(path): leaf for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    }
     sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), tree)
     ours, theirs, orbax_dir, raw = folder / "t1.jxs", folder / "t1.safetensors", folder / "t1.orbax", folder / "t1.raw"
@@ -133,7 +135,8 @@ def bench_t1(folder: Path, rounds: int) -> list[list[str]]:
 def bench_t2(folder: Path, rounds: int) -> list[list[str]]:
     tree = make_t2()
     flat = {
-        jaxstow.tree.path_to_str(path): np.asarray(leaf) for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        jaxstow._format.keypaths.path_to_str(path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
     }
     ours, theirs = folder / "t2.jxs", folder / "t2.safetensors"
     jaxstow.save(ours, tree)

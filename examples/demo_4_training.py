@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from jaxstow import CheckpointManager
-from jaxstow.storage import TEMPORARY_MARKER
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 
 STEPS = 300
 SAVE_EVERY = 10

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 import jaxstow
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import JaxstowError
-from jaxstow.storage import TEMPORARY_MARKER
 from reliability import kill_target
 from reliability.outcomes import Result, attempt, same
 

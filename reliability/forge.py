@@ -13,8 +13,8 @@ import json
 import struct
 from typing import Any
 
-from jaxstow.format.checksum import ZERO_CHECKSUM, checksum_bytes
-from jaxstow.format.native import DATA_ALIGNMENT
+from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes
+from jaxstow._format.native import DATA_ALIGNMENT
 
 __all__ = ["forge_native", "split_native"]
 

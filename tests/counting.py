@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from jaxstow.storage import ReadSource
+from jaxstow._format.source import ReadSource
 
 
 class CountingSource:
-    """Wraps a :class:`~jaxstow.storage.ReadSource` and adds up the bytes of every read."""
+    """Wraps a :class:`~jaxstow._format.source.ReadSource` and adds up the bytes of every read."""
 
     def __init__(self, source: ReadSource) -> None:
         self.inner = source

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import CheckpointManager
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError, UnsaveableObjectError
-from jaxstow.storage import TEMPORARY_MARKER
 
 
 def _read_only_scenario(folder: str) -> dict:

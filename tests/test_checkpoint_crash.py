@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from jaxstow import CheckpointManager
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError
-from jaxstow.storage import TEMPORARY_MARKER
 
 KILLS = 24
 

@@ -15,8 +15,8 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError, StructureMismatchError
-from jaxstow.storage import TEMPORARY_MARKER
 
 
 def _train_state(seed: int = 0) -> dict:

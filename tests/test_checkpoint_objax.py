@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import Checkpoint
+from jaxstow.objax import TreeCheckpoint as Checkpoint
 from jaxstow.errors import CheckpointError
 
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import CheckpointManager
+from jaxstow._steps.names import StepNames
 from jaxstow.checkpoint import KeepPolicy
-from jaxstow.checkpoint.naming import StepNames
 
 
 def _run(directory, steps, losses=None, **policy) -> list[int]:

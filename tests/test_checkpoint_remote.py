@@ -13,9 +13,9 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager
-from jaxstow.checkpoint.lock import LOCK_NAME, Holder
+from jaxstow._storage.lock import LOCK_NAME, Holder
+from jaxstow._storage.remote import RemoteSource
 from jaxstow.errors import CheckpointError, CorruptFileError
-from jaxstow.remote import RemoteSource
 
 
 @pytest.fixture(params=["memory", "s3"])

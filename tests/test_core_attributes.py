@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._format.skeleton import decode_value
 from jaxstow.errors import FormatError, UnsaveableObjectError
-from jaxstow.structure import decode_value
 
 INIT_CALLS: list[str] = []
 
@@ -104,7 +104,7 @@ class Counter:
 
 
 def test_the_flarejax_forms_of_saveable_and_save(tmp_path: Path) -> None:
-    assert jaxstow.registry.name_of(Counter) == "tests.Counter"
+    assert jaxstow._names.registry.name_of(Counter) == "tests.Counter"
     with pytest.raises(TypeError, match="names twice"):
         jaxstow.saveable("tests.Twice", name="tests.Twice")
     counter = Counter(3)

@@ -152,7 +152,7 @@ def test_saveable_needs_a_name_for_a_lambda_and_warns_on_renaming():
     jaxstow.saveable(first, name="tests.renamed")
     with pytest.warns(UserWarning, match="tests.renamed"):
         jaxstow.saveable(second, name="tests.renamed")
-    assert jaxstow.registry.lookup("tests.renamed") is second
+    assert jaxstow._names.registry.lookup("tests.renamed") is second
 
 
 @jaxstow.saveable
@@ -161,8 +161,8 @@ def scaled(x):
 
 
 def test_saveable_as_decorator_defaults_to_module_qualname():
-    assert jaxstow.registry.name_of(scaled) == f"{__name__}.scaled"
-    assert jaxstow.registry.lookup(f"{__name__}.scaled") is scaled
+    assert jaxstow._names.registry.name_of(scaled) == f"{__name__}.scaled"
+    assert jaxstow._names.registry.lookup(f"{__name__}.scaled") is scaled
 
 
 def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -187,9 +187,9 @@ def test_a_name_unknown_at_load_raises_a_clear_error(tmp_path):
 
 def test_loading_never_constructs_an_unregistered_class(tmp_path):
     """A file naming an imported class of a forbidden module (here subprocess.Popen) is refused, not run."""
-    from jaxstow.snapshot import snapshot
+    from jaxstow._write.encoded import encode_tree
 
-    frozen = snapshot({"w": jnp.ones(1)})
+    frozen = encode_tree({"w": jnp.ones(1)})
     frozen.manifest["structure"] = {
         "node": "subprocess.Popen",
         "aux": {"list": ["touch", str(tmp_path / "owned")]},
@@ -273,4 +273,4 @@ def test_internals_and_foreign_functions_have_no_name(name):
     import jax._src.pickle_util  # noqa: F401  (imported, so only the rule can refuse it)
 
     with pytest.raises(UnknownNameError):
-        jaxstow.registry.lookup(name)
+        jaxstow._names.registry.lookup(name)

@@ -137,8 +137,8 @@ def test_a_module_from_an_installed_package_in_a_fresh_process(tmp_path):
 
 
 def test_a_file_can_rebuild_only_flax_graph_records():
+    from jaxstow._format.skeleton import decode_value
     from jaxstow.errors import FormatError, RefusedNameError
-    from jaxstow.structure import decode_value
 
     with pytest.raises(FormatError, match=r"'os\.system' is not an object jaxstow rebuilds from its fields"):
         decode_value({"object": "os.system", "fields": [["command", "echo never run"]]}, file="evil.jxs")

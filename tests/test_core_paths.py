@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxstow.snapshot import snapshot
-from jaxstow.structure import container_paths, encode_treedef
-from jaxstow.tree import flatten_with_paths
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.skeleton import container_paths, encode_treedef
+from jaxstow._write.encoded import encode_tree
 
 Point = collections.namedtuple("Point", ["x", "y"])
 TREES = {
@@ -33,10 +33,10 @@ FOREIGN = {
 def test_plain_containers_give_jaxs_paths(tree):
     structure = encode_treedef(jax.tree_util.tree_structure(tree))
     assert container_paths(structure) == flatten_with_paths(tree)[0]
-    assert [leaf.entry["path"] for leaf in snapshot(tree).leaves] == flatten_with_paths(tree)[0]
+    assert [leaf.entry["path"] for leaf in encode_tree(tree).leaves] == flatten_with_paths(tree)[0]
 
 
 @pytest.mark.parametrize("tree", FOREIGN.values(), ids=FOREIGN.keys())
 def test_other_nodes_leave_the_paths_to_jax(tree):
     assert container_paths(encode_treedef(jax.tree_util.tree_structure(tree))) is None
-    assert [leaf.entry["path"] for leaf in snapshot(tree).leaves] == flatten_with_paths(tree)[0]
+    assert [leaf.entry["path"] for leaf in encode_tree(tree).leaves] == flatten_with_paths(tree)[0]

@@ -11,8 +11,8 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import JaxstowError, MetadataError, PathError, UnsaveableObjectError
-from jaxstow.storage import TEMPORARY_MARKER
 
 
 def test_a_folder_given_to_load_is_named(tmp_path):
@@ -97,8 +97,21 @@ def test_an_open_file_is_not_to_be_registered(tmp_path):
 
 
 def test_the_public_names_of_the_package():
-    listed = dir(jaxstow)
-    assert {"CheckpointManager", "Checkpoint", "io", "train", "save", "load", "saveable", "errors"} <= set(listed)
-    assert set(jaxstow.__all__) <= set(listed)
-    internals = {"snapshot", "engine", "storage", "structure", "serialization", "restore", "fitting", "gcpause"}
-    assert not internals & set(jaxstow.__all__)
+    public = {"CheckpointManager", "io", "train", "objax", "save", "load", "open", "saveable", "errors", "Reader"}
+    assert public <= set(dir(jaxstow)) == set(jaxstow.__all__)
+    assert not [name for name in dir(jaxstow) if name.startswith("_") and name != "__version__"]
+    for name in jaxstow.__all__:
+        assert getattr(jaxstow, name) is not None
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (lambda: jaxstow.Checkpoint, lambda: jaxstow.objax.TreeCheckpoint),
+        (lambda: jaxstow.checkpoint.Checkpoint, lambda: jaxstow.objax.TreeCheckpoint),
+        (lambda: jaxstow.io.Checkpoint, lambda: jaxstow.io.ChainCheckpoint),
+    ],
+)
+def test_moved_names_still_work_and_say_where_they_went(old, new):
+    with pytest.warns(DeprecationWarning, match="has moved: use jaxstow"):
+        assert old() is new()

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
-from jaxstow.storage import TEMPORARY_MARKER
 
 TREE = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.int8), "depth": 3}
 
@@ -235,9 +235,9 @@ def test_large_trees_hashed_while_written_carry_true_checksums(tmp_path, target)
 
 
 def test_a_manifest_that_contradicts_its_tensor_is_refused(tmp_path):
-    from jaxstow.snapshot import snapshot
+    from jaxstow._write.encoded import encode_tree
 
-    frozen = snapshot({"w": np.ones(3, np.float32), "b": np.ones(4, np.uint8)})
+    frozen = encode_tree({"w": np.ones(3, np.float32), "b": np.ones(4, np.uint8)})
     frozen.leaves[0].entry.update(dtype="bfloat16", shape=[2])  # 'b' is uint8[4]: the raw bytes of a bfloat16[2]
     frozen.write(tmp_path / "raw.jxs")
     assert jaxstow.load(tmp_path / "raw.jxs", as_numpy=True)["b"].dtype.name == "bfloat16"
@@ -267,9 +267,9 @@ def test_compressed_npz_files_load(tmp_path):
 
 @pytest.mark.parametrize("value", [{"complex": 5}, {"bytes": 5}, {"float": "x"}, {"tuple": 3}, {"npscalar": "float32"}])
 def test_malformed_values_in_a_manifest_raise_format_errors(tmp_path, value):
-    from jaxstow.snapshot import snapshot
+    from jaxstow._write.encoded import encode_tree
 
-    frozen = snapshot({"v": 1})
+    frozen = encode_tree({"v": 1})
     frozen.leaves[0].entry["value"] = value
     frozen.write(tmp_path / "forged.jxs")
     with pytest.raises(FormatError, match="leaf 'v'"):

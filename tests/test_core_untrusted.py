@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._write.encoded import encode_tree
 from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, JaxstowError, RefusedNameError
-from jaxstow.snapshot import snapshot
-from jaxstow.storage import TEMPORARY_MARKER
 from reliability.forge import forge_native, split_native
 
 TREE = {"w": np.arange(6, dtype=np.float32), "depth": 3, "act": jax.nn.relu}
@@ -35,7 +35,7 @@ def _saved(tmp_path, tree=TREE, name="model.jxs") -> bytes:
 
 def _forged(tmp_path, edit) -> str:
     """A native file whose manifest ``edit`` changed; its header checksum is valid."""
-    frozen = snapshot(TREE)
+    frozen = encode_tree(TREE)
     edit(frozen.manifest)
     path = tmp_path / "forged.jxs"
     frozen.write(path)
@@ -107,7 +107,7 @@ def test_deep_nesting_is_a_format_error(tmp_path):
 
 @pytest.mark.parametrize("kind", ["tuple", "list"])
 def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
-    from jaxstow.format.manifest import MAX_NESTING
+    from jaxstow._format.manifest import MAX_NESTING
 
     levels = MAX_NESTING // 2 + 20  # valid JSON that json.loads parses, deeper than the decoders recurse
     nested = f'{{"{kind}":[' * levels + "%s" + "]}" * levels
@@ -122,7 +122,7 @@ def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
 
 @pytest.mark.parametrize("suffix", ["jxs", "npz"])
 def test_a_tree_too_deep_to_load_is_refused_at_save_and_one_level_less_round_trips(tmp_path, suffix):
-    from jaxstow.format.manifest import MAX_NESTING
+    from jaxstow._format.manifest import MAX_NESTING
 
     def nested(levels):
         tree = np.ones(1, np.float32)
@@ -163,7 +163,7 @@ def test_structure_entries_of_the_wrong_type_are_format_errors(tmp_path, structu
     ("impl", "message"), [("bogus", "unknown PRNG key implementation"), ("rbg", "stored as uint32")]
 )
 def test_a_key_with_a_bad_implementation_is_a_format_error(tmp_path, impl, message):
-    frozen = snapshot({"key": jax.random.key(0)})
+    frozen = encode_tree({"key": jax.random.key(0)})
     frozen.manifest["leaves"][0]["impl"] = impl
     frozen.write(tmp_path / "key.jxs")
     with pytest.raises(FormatError, match=rf"leaf 'key'.*{message}"):
@@ -248,8 +248,8 @@ def test_a_model_naming_numpy_savetxt_is_refused_at_load_and_harms_nothing(tmp_p
     model = eqx.nn.MLP(2, 2, 4, 1, activation=jax.tree_util.Partial(jnp.tanh), key=jax.random.key(0))
     jaxstow.save(tmp_path / "model.jxs", model)
     assert jaxstow.load(tmp_path / "model.jxs").activation.func is jnp.tanh  # partials over allowed functions load
-    frozen = snapshot(eqx.tree_at(lambda m: m.activation, model, jax.tree_util.Partial(jnp.tanh, str(victim))))
-    tanh = json.dumps(jaxstow.registry.name_of(jnp.tanh))
+    frozen = encode_tree(eqx.tree_at(lambda m: m.activation, model, jax.tree_util.Partial(jnp.tanh, str(victim))))
+    tanh = json.dumps(jaxstow._names.registry.name_of(jnp.tanh))
     text = json.dumps(frozen.manifest).replace(tanh, '"numpy.savetxt"')
     frozen.manifest.clear()
     frozen.manifest.update(json.loads(text))
@@ -272,9 +272,9 @@ def test_names_that_read_write_or_allocate_are_refused(name):
     import flax.serialization  # noqa: F401  (imported, so only the policy can refuse it)
 
     with pytest.raises(RefusedNameError, match="name policy"):
-        jaxstow.registry.lookup(name)
+        jaxstow._names.registry.lookup(name)
     with pytest.raises(jaxstow.errors.UnsaveableObjectError):
-        jaxstow.save(io.BytesIO(), {"f": jaxstow.registry._find_imported(name)})
+        jaxstow.save(io.BytesIO(), {"f": jaxstow._names.registry._find_imported(name)})
 
 
 @pytest.mark.parametrize(
@@ -296,12 +296,12 @@ def test_names_that_read_write_or_allocate_are_refused(name):
 def test_pure_functions_and_classes_are_allowed(name):
     import optax  # noqa: F401
 
-    assert jaxstow.registry.lookup(name) is not None
+    assert jaxstow._names.registry.lookup(name) is not None
 
 
 def test_a_registered_object_is_the_users_choice():
     jaxstow.saveable(np.save, name="tests.numpy_save_on_purpose")
-    assert jaxstow.registry.lookup("tests.numpy_save_on_purpose") is np.save
+    assert jaxstow._names.registry.lookup("tests.numpy_save_on_purpose") is np.save
 
 
 # -- saves that fail ------------------------------------------------------------------------------------------------
@@ -334,7 +334,7 @@ def test_the_next_save_removes_temporary_files_of_dead_writers_only(tmp_path):
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
     jaxstow.save(tmp_path / "model.jxs", TREE)
     [name] = os.listdir(tmp_path)
-    from jaxstow.storage import temporary_sibling
+    from jaxstow._storage.atomic import temporary_sibling
 
     mine = temporary_sibling(str(tmp_path / "model.jxs"))
     theirs = mine.replace(f"{TEMPORARY_MARKER}{os.getpid()}-", f"{TEMPORARY_MARKER}{dead}-")

@@ -12,9 +12,9 @@ import pytest
 from counting import CountingSource
 
 import jaxstow
+from jaxstow._storage.opening import open_source
+from jaxstow._storage.remote import RemoteSource
 from jaxstow.errors import CorruptFileError, PathError, RequestError, SliceError
-from jaxstow.remote import RemoteSource
-from jaxstow.storage import open_source
 
 BIG = np.arange(256 * 1024, dtype=np.float32).reshape(512, 512)
 

@@ -10,8 +10,8 @@ import pytest
 from counting import CountingSource
 
 import jaxstow
+from jaxstow._storage.opening import open_source
 from jaxstow.errors import RequestError, SelectionError, StructureMismatchError
-from jaxstow.storage import open_source
 
 
 def _state():

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxstow import registry
+from jaxstow._names import registry
 
 README = Path(__file__).parents[1] / "README.md"
 

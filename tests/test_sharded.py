@@ -103,7 +103,7 @@ def test_the_saved_sharding_needs_its_devices(tmp_path):
     with jaxstow.open(tmp_path / "t.jxs") as reader:
         leaf = reader.stored["w"]
     wide = leaf.sharding | {"mesh": [8]}
-    from jaxstow.read.placement import saved_sharding
+    from jaxstow._read.placement import saved_sharding
 
     with pytest.raises(ShardingError, match="of 8 devices, but this process sees 4"):
         saved_sharding(wide, file="t.jxs", path="w")

@@ -1,4 +1,18 @@
-"""jaxstow: save, checkpoint and stream JAX state.
+"""jaxstow: save, checkpoint and stream JAX state, safely and fast.
+
+A jaxstow file is a valid safetensors file whose header also holds the tree's structure, so a whole model (arrays,
+hyperparameters, activation functions, optimizer state) comes back from the file alone, without pickle and without a
+template; nothing in a file can run code. The entry points:
+
+- :func:`save` and :func:`load`: a pytree to a file (atomic, checksummed) and back, rebuilt or fitted into ``like``;
+- :func:`open`: a file read lazily, leaf by leaf or slice by slice (:class:`Reader`);
+- :func:`saveable`: names for the functions and classes a file may refer to;
+- :class:`CheckpointManager`: the numbered steps of a training run, saved in the background, kept by policy;
+- :mod:`jaxstow.io`: samples streamed out of jit-compiled loops to collectors (HDF5, memory).
+
+The faces of other libraries' APIs are :mod:`jaxstow.train` (a trainer's checkpointer contract) and
+:mod:`jaxstow.objax` (Objax's ``objax.io``); the ``jaxstow`` command looks into files and folders. Every error is a
+:class:`jaxstow.errors.JaxstowError`. The README has the full guide.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> buffer = io.BytesIO()
@@ -9,48 +23,62 @@
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jaxstow import errors, registry
-from jaxstow.read.reader import LeafInfo, Reader, open
-from jaxstow.registry import saveable
-from jaxstow.serialization import load, load_metadata, save
+from jaxstow import errors
+from jaxstow._names.registry import saveable
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.reader import LeafInfo, Reader, open
+from jaxstow._save_load import load, load_metadata, save
+from jaxstow._util.deprecation import moved
+from jaxstow._version import __version__
+
+if TYPE_CHECKING:
+    from jaxstow import checkpoint, io, objax, train
+    from jaxstow.checkpoint import CheckpointManager
+    from jaxstow.io import scheduler
 
 __all__ = [
-    "Checkpoint",
     "CheckpointManager",
     "LeafInfo",
+    "LoadOptions",
     "Reader",
+    "__version__",
+    "checkpoint",
     "errors",
     "io",
     "load",
     "load_metadata",
+    "objax",
     "open",
-    "registry",
     "save",
     "saveable",
     "scheduler",
     "train",
 ]
-__version__ = "0.1.0"
 
-# Faces with heavier dependencies are imported on first use.
-_LAZY = {
-    "Checkpoint": ("jaxstow.checkpoint", "Checkpoint"),
+# The faces with more to import load on first use.
+_FACES = {
     "CheckpointManager": ("jaxstow.checkpoint", "CheckpointManager"),
+    "checkpoint": ("jaxstow.checkpoint", None),
     "io": ("jaxstow.io", None),
-    "scheduler": ("jaxstow.scheduler", None),
+    "objax": ("jaxstow.objax", None),
+    "scheduler": ("jaxstow.io.scheduler", None),  # jax_sgmc's ``from jax_sgmc import io, scheduler``
     "train": ("jaxstow.train", None),
 }
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted(__all__)
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'jaxstow' has no attribute {name!r}")
-    module_name, attribute = _LAZY[name]
-    module = importlib.import_module(module_name)
-    return module if attribute is None else getattr(module, attribute)
+    if name in _FACES:
+        module_name, attribute = _FACES[name]
+        module = importlib.import_module(module_name)
+        return module if attribute is None else getattr(module, attribute)
+    if name == "Checkpoint":
+        return moved("jaxstow.Checkpoint", "jaxstow.objax", "TreeCheckpoint")
+    if name == "registry":
+        return moved("jaxstow.registry", "jaxstow._names.registry", use="jaxstow.saveable to register an object")
+    raise AttributeError(f"module 'jaxstow' has no attribute {name!r}")

@@ -25,6 +25,7 @@ __all__ = [
     "FormatError",
     "JaxstowError",
     "MetadataError",
+    "MissingDependencyError",
     "PathError",
     "RefusedNameError",
     "RequestError",
@@ -77,6 +78,13 @@ class PathError(JaxstowError, OSError):
         super().__init__(f"{file}: {problem}", file=file)
 
     def __str__(self) -> str:  # OSError would format its arguments otherwise
+        return str(self.args[0])
+
+
+class MissingDependencyError(JaxstowError, ImportError):
+    """A feature needs an optional package that is not installed; the message names the extra that installs it."""
+
+    def __str__(self) -> str:  # ImportError would show only its name otherwise
         return str(self.args[0])
 
 

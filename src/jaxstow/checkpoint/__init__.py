@@ -1,4 +1,4 @@
-"""Checkpoints of training runs: :class:`CheckpointManager` and Objax's :class:`Checkpoint`.
+"""Checkpoints of training runs: :class:`CheckpointManager`, its steps kept by a :class:`KeepPolicy`.
 
 >>> import tempfile, jax.numpy as jnp
 >>> from jaxstow.checkpoint import CheckpointManager
@@ -8,8 +8,16 @@
 100 {'w': array([1., 1.], dtype=float32)}
 """
 
-from jaxstow.checkpoint.manager import CheckpointManager
-from jaxstow.checkpoint.numbered import Checkpoint
-from jaxstow.checkpoint.policy import KeepPolicy
+from typing import Any
 
-__all__ = ["Checkpoint", "CheckpointManager", "KeepPolicy"]
+from jaxstow._steps.keep import KeepPolicy
+from jaxstow._util.deprecation import moved
+from jaxstow.checkpoint.manager import CheckpointManager
+
+__all__ = ["CheckpointManager", "KeepPolicy"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Checkpoint":
+        return moved("jaxstow.checkpoint.Checkpoint", "jaxstow.objax", "TreeCheckpoint")
+    raise AttributeError(f"module 'jaxstow.checkpoint' has no attribute {name!r}")

@@ -25,15 +25,16 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, cast
+from typing import Any, Literal, Unpack, cast
 
 import numpy as np
 
-from jaxstow.checkpoint.lock import Lock, lock_store
-from jaxstow.checkpoint.naming import StepNames
-from jaxstow.checkpoint.policy import KeepPolicy
-from jaxstow.checkpoint.processes import Processes
-from jaxstow.checkpoint.record import (
+from jaxstow._format.source import ReadSource
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.reader import open_parts
+from jaxstow._steps.keep import KeepPolicy
+from jaxstow._steps.names import StepNames
+from jaxstow._steps.record import (
     RECORD_NAME,
     Metrics,
     StepRecord,
@@ -41,15 +42,16 @@ from jaxstow.checkpoint.record import (
     check_metadata,
     check_metrics,
 )
+from jaxstow._storage.lock import Lock, lock_store
+from jaxstow._storage.store import Store, open_store
+from jaxstow._util.progress import require_progress_bar
+from jaxstow._write.background import BackgroundWriter
+from jaxstow._write.held import HeldTree, hold
+from jaxstow._write.save_report import SaveReport
+from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.restoring import restore_items
 from jaxstow.checkpoint.shared import save_shared
-from jaxstow.checkpoint.store import Store, open_store
-from jaxstow.engine import BackgroundWriter, Frozen, Progress, freeze
 from jaxstow.errors import CheckpointError, JaxstowError
-from jaxstow.progress import require_progress_bar
-from jaxstow.read.placement import ShardingSpec
-from jaxstow.read.reader import open_parts
-from jaxstow.storage import ReadSource
 
 __all__ = ["CheckpointManager"]
 
@@ -175,12 +177,12 @@ class CheckpointManager:
                 f"step {step} already exists in {self.directory}; pass force=True to replace it", file=self._url(step)
             )
         part = self._processes.index if self._processes.many else None
-        frozen = {
-            name: freeze(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
+        held = {
+            name: hold(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
             for name, tree in named.items()
         }
         write = self._write_shared if self._processes.many else self._write
-        job = functools.partial(write, step, frozen, single, checked_metrics, checked_metadata, exists)
+        job = functools.partial(write, step, held, single, checked_metrics, checked_metadata, exists)
         if self._processes.many:
             job = functools.partial(job, key=self._processes.next_save())
         self._writer.submit(job, what=f"saving step {step} to {self.directory}")
@@ -211,22 +213,22 @@ class CheckpointManager:
     def _write(
         self,
         step: int,
-        frozen: dict[str, Frozen],
+        held: dict[str, HeldTree],
         single: bool,
         metrics: Metrics | None,
         metadata: dict[str, Any] | None,
         replace: bool,
     ) -> None:
-        """The background half of a save: snapshot, write every item, commit, then apply the keep policy."""
-        snapshots = {name: item.snapshot() for name, item in frozen.items()}
-        total = sum(snapshot.nbytes for snapshot in snapshots.values())
-        progress = Progress(f"step {step} of {self.directory}", total=total, bar=self._progress)
+        """The background half of a save: encode, write every item, commit, then apply the keep policy."""
+        encoded = {name: item.encode() for name, item in held.items()}
+        total = sum(tree.nbytes for tree in encoded.values())
+        progress = SaveReport(f"step {step} of {self.directory}", total=total, bar=self._progress)
         staging = self._store.stage(self._names.name(step), replace=replace)
         try:
             files, headers = {}, {}
-            for name, snapshot in snapshots.items():
+            for name, tree in encoded.items():
                 with staging.open(name + _EXTENSION) as (stored, sink):
-                    header = snapshot.write(progress.sink(sink))
+                    header = tree.write(progress.sink(sink))
                 files[name] = stored
                 if header is not None:
                     headers[stored] = header
@@ -244,7 +246,7 @@ class CheckpointManager:
     def _write_shared(
         self,
         step: int,
-        frozen: dict[str, Frozen],
+        held: dict[str, HeldTree],
         single: bool,
         metrics: Metrics | None,
         metadata: dict[str, Any] | None,
@@ -253,14 +255,14 @@ class CheckpointManager:
         key: str,
     ) -> None:
         """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
-        progress = Progress(f"step {step} of {self.directory}", total=0, bar=self._progress)
+        progress = SaveReport(f"step {step} of {self.directory}", total=0, bar=self._progress)
         record = save_shared(
             self._processes,
             self._store,
             key=key,
             step=step,
             folder=self._names.name(step),
-            items=frozen,
+            items=held,
             extension=_EXTENSION,
             single=single,
             metrics=metrics,
@@ -388,25 +390,20 @@ class CheckpointManager:
         like: Any = None,
         *,
         items: Sequence[str] | None = None,
-        as_numpy: bool = False,
-        sharding: ShardingSpec = None,
-        partial: bool = False,
-        select: str | Sequence[str] | None = None,
-        cast: bool = False,
+        **options: Unpack[LoadOptions],
     ) -> Any:
         """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
 
         Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
         fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
         named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. ``as_numpy``,
-        ``sharding``, ``partial``, ``select`` and ``cast`` work as in
-        :func:`jaxstow.load`; with named items, paths start with the item's name (``select=["params/**"]``), and a
+        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. The options are
+        those of :func:`jaxstow.load` (:class:`jaxstow.LoadOptions`); with named items, paths start with the item's name (``select=["params/**"]``), and a
         ``sharding`` dict keyed by item names gives each item its own.
         """
         step = self._existing(step)
         record = self._record(step)
-        options = {"as_numpy": as_numpy, "partial": partial, "cast": cast, "progress": self._progress}
+        options.setdefault("progress", self._progress)
         if record.single:
             if items is not None:
                 raise CheckpointError(
@@ -415,10 +412,10 @@ class CheckpointManager:
                     file=self._url(step),
                 )
             with open_parts(self._sources(step, record, SINGLE_ITEM)) as reader:
-                return reader.load(like, sharding=sharding, select=select, **options)
+                return reader.load(like, **options)
         names = self._chosen_items(step, record, items, like)
         sources = {name: self._sources(step, record, name) for name in names}
-        return restore_items(sources, like or {}, select=select, sharding=sharding, where=self._url(step), **options)
+        return restore_items(sources, like or {}, where=self._url(step), **options)
 
     def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         saved = sorted(record.files)

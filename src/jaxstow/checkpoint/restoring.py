@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
-from jaxstow.read.placement import ShardingSpec, is_placement
-from jaxstow.read.reader import Reader, open_parts
-from jaxstow.read.selection import Selection
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.placement import ShardingSpec, is_placement
+from jaxstow._read.reader import Reader, open_parts
+from jaxstow._read.selection import Selection
 
 __all__ = ["restore_items"]
 
@@ -32,14 +33,13 @@ def restore_items(
     sources: Mapping[str, Any],
     likes: Mapping[str, Any],
     *,
-    select: str | Sequence[str] | None = None,
-    sharding: ShardingSpec = None,
     where: str,
-    **options: Any,
+    **options: Unpack[LoadOptions],
 ) -> dict[str, Any]:
-    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow.storage.ReadSource`, or a list of them
+    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, or a list of them
     for an item saved by several processes) restored, fitted into ``likes[name]`` where there is one; ``options`` go
-    to :meth:`jaxstow.Reader.load`."""
+    to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over the items."""
+    select = options.get("select")
     with contextlib.ExitStack() as stack:
         readers: dict[str, Reader] = {
             name: stack.enter_context(open_parts(source if isinstance(source, list) else [source]))
@@ -47,9 +47,7 @@ def restore_items(
         }
         chosen = _spread_selection(select, readers, where=where)
         return {
-            name: reader.load(
-                likes.get(name), select=chosen.get(name), sharding=_item_sharding(sharding, name), **options
-            )
+            name: reader.load(likes.get(name), **_item_options(options, name, chosen))
             for name, reader in readers.items()
             if select is None or name in chosen
         }
@@ -72,6 +70,14 @@ def _spread_selection(
 def _literal(path: str) -> str:
     """A pattern that matches ``path`` itself, whatever characters it holds."""
     return "".join(f"[{char}]" if char in "*?[" else char for char in path)
+
+
+def _item_options(options: LoadOptions, name: str, chosen: Mapping[str, list[str]]) -> LoadOptions:
+    """The options of one item: its share of the selection, and its own sharding."""
+    item = options.copy()
+    item["select"] = chosen.get(name)
+    item["sharding"] = _item_sharding(options.get("sharding"), name)
+    return item
 
 
 def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:

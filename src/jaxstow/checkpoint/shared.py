@@ -18,10 +18,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jaxstow._steps.record import Metrics, StepRecord
+from jaxstow._storage.store import Staging, Store
+from jaxstow._write.held import HeldTree
+from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint.processes import Processes
-from jaxstow.checkpoint.record import Metrics, StepRecord
-from jaxstow.checkpoint.store import Staging, Store
-from jaxstow.engine import Frozen, Progress
 from jaxstow.errors import CheckpointError
 
 __all__ = ["save_shared"]
@@ -36,13 +37,13 @@ def save_shared(
     key: str,
     step: int,
     folder: str,
-    items: dict[str, Frozen],
+    items: dict[str, HeldTree],
     extension: str,
     single: bool,
     metrics: Metrics | None,
     metadata: dict[str, Any] | None,
     replace: bool,
-    progress: Progress,
+    progress: SaveReport,
     keep_policy: dict[str, Any] | None = None,
 ) -> StepRecord | None:
     """Write this process's files of ``step`` and take part in its commit; process 0 returns the committed record.
@@ -91,14 +92,14 @@ def save_shared(
 
 
 def _write_files(
-    staging: Staging, me: int, step: int, items: dict[str, Frozen], extension: str, progress: Progress
+    staging: Staging, me: int, step: int, items: dict[str, HeldTree], extension: str, progress: SaveReport
 ) -> dict[str, Any]:
     files, digests, headers = {}, {}, {}
     for name, item in items.items():
-        snapshot = item.snapshot()
+        encoded = item.encode()
         with staging.open(f"{name}{f'.p{me}' if me else ''}{extension}") as (stored, sink):
-            header = snapshot.write(progress.sink(sink))
-        files[name], digests[name] = stored, snapshot.digest
+            header = encoded.write(progress.sink(sink))
+        files[name], digests[name] = stored, encoded.digest
         if header is not None:
             headers[stored] = header
     return {"step": step, "files": files, "digests": digests, "headers": headers}

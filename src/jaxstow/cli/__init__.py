@@ -16,7 +16,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import jaxstow
+from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, inspect, ls, verify
 from jaxstow.errors import JaxstowError
 
@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     top = parser()
     args = top.parse_args(argv)
     if args.version:
-        print(f"jaxstow {jaxstow.__version__}")
+        print(f"jaxstow {__version__}")
         return 0
     if args.command is None:
         top.print_help()

@@ -28,18 +28,18 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow.checkpoint.record import RECORD_NAME
+from jaxstow._format.container import Kind, write_container
+from jaxstow._format.dtypes import safetensors_code
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
+from jaxstow._read.reader import Reader
+from jaxstow._save_load import save
+from jaxstow._steps.record import RECORD_NAME
+from jaxstow._storage.atomic import atomic_write
+from jaxstow._storage.paths import local_path
+from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
 from jaxstow.errors import FormatError, PathError
-from jaxstow.format.container import Kind, write_container
-from jaxstow.format.dtypes import safetensors_code
-from jaxstow.format.torch_leaves import is_tensor, tensor_to_numpy
-from jaxstow.progress import bar, counted, format_bytes
-from jaxstow.read.reader import Reader
-from jaxstow.remote import local_path
-from jaxstow.serialization import save
-from jaxstow.storage import atomic_write
-from jaxstow.tree import flatten_with_paths
 
 __all__ = ["add", "run", "source_kind"]
 
@@ -227,9 +227,9 @@ def _write(dst: str, write: Callable[[str], None]) -> None:
     if path is not None:
         write(path)
         return
-    import fsspec
+    from jaxstow._storage.remote import url_filesystem
 
-    fs, root = fsspec.core.url_to_fs(dst)
+    fs, root = url_filesystem(dst)
     with tempfile.TemporaryDirectory() as folder:
         staged = os.path.join(folder, os.path.basename(root))
         write(staged)
@@ -243,9 +243,9 @@ def _local_copy(src: str) -> Iterator[str]:
     if path is not None:
         yield path
         return
-    import fsspec
+    from jaxstow._storage.remote import url_filesystem
 
-    fs, root = fsspec.core.url_to_fs(src)
+    fs, root = url_filesystem(src)
     with tempfile.TemporaryDirectory() as folder:
         copy = os.path.join(folder, os.path.basename(root))
         fs.get_file(root, copy)

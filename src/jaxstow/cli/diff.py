@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._read.reader import Reader
 from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
 from jaxstow.cli.output import Table, print_json
-from jaxstow.read.reader import Reader
 
 __all__ = ["add", "compare_arrays", "differences", "run"]
 

@@ -22,16 +22,17 @@ from typing import Any, cast
 import jax
 import numpy as np
 
-from jaxstow.checkpoint.naming import StepNames
-from jaxstow.checkpoint.record import RECORD_NAME, StepRecord
-from jaxstow.checkpoint.store import Store, open_store
+from jaxstow._format.dtypes import name_of_dtype
+from jaxstow._format.shards import ShardedLeaf
+from jaxstow._format.source import ReadSource
+from jaxstow._format.torch_leaves import tensor_to_numpy
+from jaxstow._read.reader import Reader, open_parts
+from jaxstow._steps.names import StepNames
+from jaxstow._steps.record import RECORD_NAME, StepRecord
+from jaxstow._storage.opening import open_source
+from jaxstow._storage.paths import local_path
+from jaxstow._storage.store import Store, open_store
 from jaxstow.errors import CorruptFileError, FormatError, PathError
-from jaxstow.format.dtypes import name_of_dtype
-from jaxstow.format.shards import ShardedLeaf
-from jaxstow.format.torch_leaves import tensor_to_numpy
-from jaxstow.read.reader import Reader, open_parts
-from jaxstow.remote import RemoteSource, local_path
-from jaxstow.storage import ReadSource, open_source
 
 __all__ = [
     "Leaf",
@@ -52,9 +53,9 @@ def is_folder(target: str) -> bool:
     path = local_path(target)
     if path is not None:
         return os.path.isdir(path)
-    import fsspec
+    from jaxstow._storage.remote import url_filesystem
 
-    fs, root = fsspec.core.url_to_fs(target)
+    fs, root = url_filesystem(target)
     return bool(fs.isdir(root))
 
 
@@ -69,9 +70,9 @@ def open_source_at(target: str) -> ReadSource:
         if not os.path.exists(path):
             raise PathError("no such file", file=target)
         return open_source(path)
-    import fsspec
+    from jaxstow._storage.remote import RemoteSource, url_filesystem
 
-    fs, root = fsspec.core.url_to_fs(target)
+    fs, root = url_filesystem(target)
     if not fs.exists(root):
         raise PathError("no such file", file=target)
     return RemoteSource(fs, root, name=target)

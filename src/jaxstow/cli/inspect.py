@@ -24,11 +24,11 @@ import argparse
 import json
 from typing import Any
 
+from jaxstow._format.npz import NpzReader
+from jaxstow._read.reader import Reader
+from jaxstow._util.progress import format_bytes
 from jaxstow.cli.files import Leaf, describe, file_size, open_file
 from jaxstow.cli.output import Table, print_json
-from jaxstow.format.npz import NpzReader
-from jaxstow.progress import format_bytes
-from jaxstow.read.reader import Reader
 
 __all__ = ["add", "run", "summary"]
 

@@ -23,11 +23,11 @@ import argparse
 import datetime
 from typing import Any
 
-from jaxstow.checkpoint.policy import KeepPolicy
+from jaxstow._steps.keep import KeepPolicy
+from jaxstow._util.progress import format_bytes
 from jaxstow.cli.files import Step, checkpoint_steps
 from jaxstow.cli.output import Table, print_json
 from jaxstow.errors import PathError
-from jaxstow.progress import format_bytes
 
 __all__ = ["add", "keep_policy", "run"]
 

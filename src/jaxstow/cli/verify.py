@@ -18,11 +18,11 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxstow._format.source import ReadSource
+from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
 from jaxstow.errors import FormatError, PathError
-from jaxstow.progress import bar, format_bytes
-from jaxstow.storage import ReadSource
 
 __all__ = ["FileReport", "add", "run", "verify_file"]
 

@@ -20,9 +20,12 @@ in memory (:class:`MemoryCollector`, :class:`HDF5Collector`, or any :class:`Data
 [array([0., 1.], dtype=float32), array([1.], dtype=float32)]
 """
 
-from jaxstow import scheduler
+from typing import Any
+
+from jaxstow._util.deprecation import moved
 from jaxstow.errors import CollectorError, SampleCountError
-from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
+from jaxstow.io import scheduler
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
 from jaxstow.io.hdf5 import HDF5Collector
 from jaxstow.io.inference_data import to_inference_data
@@ -31,7 +34,7 @@ from jaxstow.io.no_save import DeviceSamples, no_save
 from jaxstow.io.saving import Saving, SavingState, save
 
 __all__ = [
-    "Checkpoint",
+    "ChainCheckpoint",
     "CollectorError",
     "DataCollector",
     "DataLoader",
@@ -50,3 +53,9 @@ __all__ = [
     "scheduler",
     "to_inference_data",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Checkpoint":
+        return moved("jaxstow.io.Checkpoint", "jaxstow.io", "ChainCheckpoint")
+    raise AttributeError(f"module 'jaxstow.io' has no attribute {name!r}")

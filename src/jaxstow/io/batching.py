@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_batching import custom_vmap
 
-from jaxstow.tree import flatten_with_paths
+from jaxstow._format.keypaths import flatten_with_paths
 
 __all__ = [
     "BLOCKS_PER_RUN",

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-import jaxstow
-from jaxstow.io.collector import Checkpoint, DataLoader
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._save_load import load, save
+from jaxstow.io.collector import ChainCheckpoint, DataLoader
 from jaxstow.io.dictionize import pytree_dict_keys
-from jaxstow.tree import flatten_with_paths
 
 __all__ = ["ChainBook", "SampleLayout", "read_checkpoint", "remove_checkpoint", "write_checkpoint"]
 
@@ -72,10 +72,10 @@ class ChainBook:
     def __init__(self) -> None:
         self.layouts: list[SampleLayout] = []
         self.ends: list[int] = []
-        self.resumed: dict[int, Checkpoint] = {}
+        self.resumed: dict[int, ChainCheckpoint] = {}
         self.data_loader: DataLoader | None = None
 
-    def add(self, layout: SampleLayout, resumed: Checkpoint | None) -> int:
+    def add(self, layout: SampleLayout, resumed: ChainCheckpoint | None) -> int:
         """Register a chain (continuing from ``resumed`` if given) and return its id."""
         chain_id = len(self.layouts)
         self.layouts.append(layout)
@@ -97,13 +97,13 @@ class ChainBook:
         self.ends[chain_id] = max(self.ends[chain_id], end)
         return end
 
-    def with_loader_state(self, chain_id: int, checkpoint: Checkpoint) -> Checkpoint:
+    def with_loader_state(self, chain_id: int, checkpoint: ChainCheckpoint) -> ChainCheckpoint:
         """``checkpoint`` with the registered data loader's current state for the chain."""
         if self.data_loader is None:
             return checkpoint
         return checkpoint._replace(data_loader_state=self.data_loader.save_state(chain_id))
 
-    def resume(self) -> dict[int, Checkpoint]:
+    def resume(self) -> dict[int, ChainCheckpoint]:
         """Give the data loader back its checkpointed states; the resumed checkpoints by chain id."""
         if self.data_loader is not None:
             for chain_id, checkpoint in self.resumed.items():
@@ -112,17 +112,17 @@ class ChainBook:
         return dict(self.resumed)
 
 
-def write_checkpoint(path: str, checkpoint: Checkpoint, samples: dict[str, np.ndarray] | None = None) -> None:
+def write_checkpoint(path: str, checkpoint: ChainCheckpoint, samples: dict[str, np.ndarray] | None = None) -> None:
     """Write ``checkpoint`` (and optionally the samples kept so far) to ``path`` atomically."""
-    jaxstow.save(path, {"checkpoint": checkpoint._asdict(), "samples": samples})
+    save(path, {"checkpoint": checkpoint._asdict(), "samples": samples})
 
 
-def read_checkpoint(path: str) -> tuple[Checkpoint, dict[str, np.ndarray] | None] | None:
+def read_checkpoint(path: str) -> tuple[ChainCheckpoint, dict[str, np.ndarray] | None] | None:
     """The checkpoint stored at ``path`` and its samples, or ``None`` if there is no file."""
     if not os.path.exists(path):
         return None
-    record = jaxstow.load(path)
-    checkpoint = Checkpoint(**record["checkpoint"])
+    record = load(path)
+    checkpoint = ChainCheckpoint(**record["checkpoint"])
     samples = record["samples"]
     return checkpoint, None if samples is None else {name: np.asarray(array) for name, array in samples.items()}
 

@@ -37,12 +37,12 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from jaxstow.scheduler import static_information as StaticInformation
+from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["Checkpoint", "DataCollector", "DataLoader"]
+__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader"]
 
 
-class Checkpoint(NamedTuple):
+class ChainCheckpoint(NamedTuple):
     """A chain's state after ``step`` calls of ``save``, enough to continue the run from there.
 
     ``sample_count`` samples were kept up to this step; ``solver_state`` has the structure of the ``init_checkpoint``
@@ -100,7 +100,7 @@ class DataCollector(abc.ABC):
         """
 
     @abc.abstractmethod
-    def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
+    def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Called every ``checkpoint_every`` steps, after the blocks of every sample the checkpoint counts.
 
         Once the checkpoint is stored, those samples and the checkpoint must survive a crash together.
@@ -115,5 +115,5 @@ class DataCollector(abc.ABC):
         """The chain's samples as the collector holds them, after :meth:`finalize`."""
 
     @abc.abstractmethod
-    def resume(self) -> Mapping[int, Checkpoint]:
+    def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""

@@ -22,8 +22,8 @@ from typing import Any
 import jax
 from jax.tree_util import PyTreeDef
 
+from jaxstow._format.keypaths import key_to_str
 from jaxstow.errors import StructureMismatchError
-from jaxstow.tree import key_to_str
 
 __all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
 

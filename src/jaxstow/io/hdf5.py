@@ -31,9 +31,9 @@ import numpy as np
 
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
-from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
+from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.writer import BackgroundWriter
-from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["HDF5Collector"]
 
@@ -205,7 +205,7 @@ class HDF5Collector(DataCollector):
             rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
             dataset.id.write(self._h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
-    def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
+    def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Queue the checkpoint: after the blocks before it are written and flushed to disk, commit it atomically."""
         path = self._checkpoint_path(chain_id)
         if path is None:
@@ -216,7 +216,7 @@ class HDF5Collector(DataCollector):
         record = self._chains.with_loader_state(chain_id, checkpoint)
         self._writer.submit(functools.partial(self._commit, path, record))
 
-    def _commit(self, path: str, record: Checkpoint) -> None:
+    def _commit(self, path: str, record: ChainCheckpoint) -> None:
         self._file.flush()
         if self._file.driver in _DESCRIPTOR_DRIVERS:
             os.fsync(self._file.id.get_vfd_handle())
@@ -239,7 +239,7 @@ class HDF5Collector(DataCollector):
         """The chain's datasets, in the structure of the sample (read them with ``[:]``)."""
         return self._chains.layouts[chain_id].treedef.unflatten(self._datasets[chain_id])
 
-    def resume(self) -> Mapping[int, Checkpoint]:
+    def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
 

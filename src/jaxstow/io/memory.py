@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-import jaxstow
+from jaxstow._save_load import save
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
-from jaxstow.io.collector import Checkpoint, DataCollector, DataLoader
-from jaxstow.scheduler import static_information as StaticInformation
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
+from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["MemoryCollector"]
 
@@ -89,7 +89,7 @@ class MemoryCollector(DataCollector):
                 arrays[leaf] = array = grown
             array[first:end] = value
 
-    def checkpoint(self, chain_id: int, checkpoint: Checkpoint) -> None:
+    def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
         path = self._path(chain_id, _CHECKPOINT)
         if path is None:
@@ -108,7 +108,7 @@ class MemoryCollector(DataCollector):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         names = self._chains.layouts[chain_id].names
         end = self._chains.ends[chain_id]
-        jaxstow.save(path, {name: array[:end] for name, array in zip(names, self._samples[chain_id], strict=True)})
+        save(path, {name: array[:end] for name, array in zip(names, self._samples[chain_id], strict=True)})
         remove_checkpoint(checkpoint_path)
 
     def finished(self, chain_id: int) -> Any:
@@ -116,6 +116,6 @@ class MemoryCollector(DataCollector):
         end = self._chains.ends[chain_id]
         return self._chains.layouts[chain_id].treedef.unflatten([array[:end] for array in self._samples[chain_id]])
 
-    def resume(self) -> Mapping[int, Checkpoint]:
+    def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()

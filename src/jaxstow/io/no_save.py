@@ -12,7 +12,7 @@ import numpy as np
 from jaxstow.errors import SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
 from jaxstow.io.saving import Saving
-from jaxstow.scheduler import static_information as StaticInformation
+from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["DeviceSamples", "no_save"]
 

@@ -38,11 +38,11 @@ from jaxstow.io.batching import (
     token_spec,
     write_rows,
 )
-from jaxstow.io.collector import Checkpoint, DataCollector
+from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
+from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.writer import BackgroundWriter
-from jaxstow.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
 
@@ -337,7 +337,7 @@ class _Streaming:
                     for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
                 ]
             )
-            record = Checkpoint(
+            record = ChainCheckpoint(
                 step=int(steps[index]),
                 sample_count=int(counts[index]),
                 solver_state=state,

@@ -3,7 +3,7 @@
 ``save(vc, idx)`` writes the collection's values to ``logdir/ckpt/0000000042.npz`` (for ``idx=42``) and keeps the
 ``keep_ckpts`` latest; ``restore(vc, idx=None)`` assigns the variables from the latest checkpoint (or ``idx``) and
 returns ``(idx, path)``, ``(0, "")`` when there is none. Files, folder lock and cleanup are those of
-:class:`jaxstow.Checkpoint`, its counterpart for JAX trees.
+:class:`jaxstow.objax.TreeCheckpoint`, its counterpart for JAX trees.
 
 >>> import tempfile, jax.numpy as jnp
 >>> from jaxstow.objax import Checkpoint
@@ -26,7 +26,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from jaxstow.checkpoint.numbered import Checkpoint as TreeCheckpoint
+from jaxstow.objax.tree_checkpoint import TreeCheckpoint
 from jaxstow.objax.variables import load_var_collection, save_var_collection
 
 __all__ = ["Checkpoint"]

@@ -41,10 +41,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow._format.npz import MANIFEST_MEMBER
+from jaxstow._save_load import load, save
+from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow.errors import VariableMismatchError
-from jaxstow.format.npz import MANIFEST_MEMBER
-from jaxstow.serialization import load, save
-from jaxstow.snapshot import PathOrFile, display_name
 
 __all__ = ["load_var_collection", "save_var_collection"]
 

@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import os
 
-from jaxstow.serialization import load, save
+from jaxstow._save_load import load, save
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
 from jaxstow.train.state import Checkpoint, as_checkpoint

@@ -28,8 +28,8 @@ import equinox as eqx
 import jax
 import optax
 
+from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow.train.module import ModuleInterface
-from jaxstow.tree import flatten_with_paths
 
 __all__ = ["EquinoxOptaxModule"]
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import jax
 
+from jaxstow._names.registry import saveable
 from jaxstow.errors import CheckpointError
-from jaxstow.registry import saveable
 
 __all__ = ["Checkpoint", "Stateful", "as_checkpoint"]
 

@@ -1,0 +1,123 @@
+"""Opening a file as the right container (native safetensors or npz) and checking its manifest.
+
+>>> import io, numpy as np
+>>> from jaxstow._format.container import open_container, write_container
+>>> buffer = io.BytesIO()
+>>> write_container(buffer, "native", [("w", np.zeros(2))], None)
+>>> _ = buffer.seek(0)
+>>> from jaxstow._storage.opening import open_source
+>>> type(open_container(open_source(buffer))).__name__
+'NativeReader'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, BinaryIO, Literal, Protocol
+
+import numpy as np
+
+from jaxstow._format.dtypes import name_of_dtype
+from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest, tensor_names
+from jaxstow._format.native import Complete, NativeReader, write_native
+from jaxstow._format.native import stores_exactly as native_stores_exactly
+from jaxstow._format.npz import NpzReader, write_npz
+from jaxstow._format.npz import stores_exactly as npz_stores_exactly
+from jaxstow._format.reading import TensorSlot, Verify
+from jaxstow._format.source import ReadSource
+from jaxstow.errors import CorruptFileError
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "Container",
+    "container_kind",
+    "describe_raw_leaves",
+    "open_container",
+    "write_container",
+]
+
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+Kind = Literal["native", "npz"]
+
+
+class Container(Protocol):
+    """What the loaders need of a file: its manifest, its tensors and a way to read them."""
+
+    file: str
+    manifest: dict[str, Any] | None
+    slots: dict[str, TensorSlot]
+
+    def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]: ...
+
+    def close(self) -> None: ...
+
+
+def container_kind(target: str | os.PathLike[str] | BinaryIO) -> Kind:
+    """The container a save writes: npz for a ``.npz`` name, native otherwise."""
+    name = os.fspath(target) if isinstance(target, str | os.PathLike) else str(getattr(target, "name", ""))
+    return "npz" if name.lower().endswith(".npz") else "native"
+
+
+def write_container(
+    sink: BinaryIO,
+    kind: Kind,
+    tensors: Sequence[tuple[str, np.ndarray]],
+    manifest: dict[str, Any] | None,
+    complete: Complete | None = None,
+) -> str | None:
+    """Write tensors and manifest in the given container; ``complete()`` finishes the manifest in place.
+
+    Returns the native header's checksum (``None`` for npz or without a manifest).
+    """
+    if kind == "npz":
+        write_npz(sink, tensors, manifest, complete)
+        return None
+    return write_native(sink, tensors, manifest, complete)
+
+
+def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dict[str, Any]]]) -> None:
+    """Give the entry of each stored leaf whose bytes ``kind`` stores raw (as ``uint8``) the leaf's dtype and shape,
+    which its tensor does not tell; ``tensors`` are (name, bytes, entry) of a snapshot.
+
+    >>> import ml_dtypes, numpy as np
+    >>> entries = [{"path": "a", "kind": "array"}, {"path": "b", "kind": "array"}]
+    >>> arrays = [np.zeros(2, np.float32), np.zeros(2, ml_dtypes.int4)]
+    >>> describe_raw_leaves("native", [(entry["path"], array, entry) for entry, array in zip(entries, arrays)])
+    >>> entries
+    [{'path': 'a', 'kind': 'array'}, {'path': 'b', 'kind': 'array', 'dtype': 'int4', 'shape': [2]}]
+    """
+    stores_exactly = native_stores_exactly if kind == "native" else npz_stores_exactly
+    raw = {dtype for dtype in {array.dtype for _, array, _ in tensors} if not stores_exactly(dtype)}
+    if not raw:
+        return
+    for name, array, entry in tensors:
+        if array.dtype in raw and entry.get("path") == name:  # a shard's dtype is its leaf's
+            entry["dtype"], entry["shape"] = name_of_dtype(array.dtype), list(array.shape)
+
+
+def open_container(source: ReadSource) -> Container:
+    """Open a source as the container its first bytes announce; the container owns the source (closed on failure)."""
+    try:
+        magic = source.read(0, 4) if source.size >= 4 else b""
+        reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
+        _check_manifest(reader)
+    except BaseException:
+        source.close()
+        raise
+    return reader
+
+
+def _check_manifest(reader: Container) -> None:
+    """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
+    if reader.manifest is None:
+        return
+    stored = tensor_names(check_manifest(reader.manifest, reader.slots, file=reader.file))
+    if stored != reader.slots.keys():
+        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
+        raise CorruptFileError(
+            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
+            file=reader.file,
+        )

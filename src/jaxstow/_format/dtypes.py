@@ -1,0 +1,91 @@
+"""The dtype table: jaxstow's dtype names, their numpy dtypes and their safetensors codes.
+
+Dtypes that safetensors has no code for (int4, most float8 variants, complex128, ...) are stored as raw bytes
+(``U8``) and the manifest keeps their true dtype.
+
+>>> from jaxstow._format.dtypes import dtype_from_name, safetensors_code
+>>> dtype_from_name("bfloat16")
+dtype(bfloat16)
+>>> safetensors_code(dtype_from_name("bfloat16")), safetensors_code(dtype_from_name("int4"))
+('BF16', None)
+"""
+
+from __future__ import annotations
+
+from typing import TypeGuard
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["SAFETENSORS_CODES", "dtype_from_code", "dtype_from_name", "is_shape", "name_of_dtype", "safetensors_code"]
+
+_NAMES = (
+    "bool",
+    "int8", "int16", "int32", "int64",
+    "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64",
+    "complex64", "complex128",
+    "bfloat16",
+    "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn", "float8_e4m3fnuz",
+    "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+    "float4_e2m1fn",
+    "int2", "int4", "uint2", "uint4",
+)  # fmt: skip
+
+_DTYPES: dict[str, np.dtype] = {}
+for _name in _NAMES:
+    _found = getattr(ml_dtypes, _name, None) if not hasattr(np, _name) else getattr(np, _name)
+    if _found is not None:
+        _DTYPES[_name] = np.dtype(_found)
+
+#: safetensors dtype codes and the dtypes they stand for.
+SAFETENSORS_CODES: dict[str, np.dtype] = {
+    code: _DTYPES[name]
+    for code, name in {
+        "BOOL": "bool",
+        "U8": "uint8",
+        "I8": "int8",
+        "U16": "uint16",
+        "I16": "int16",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "U32": "uint32",
+        "I32": "int32",
+        "F32": "float32",
+        "U64": "uint64",
+        "I64": "int64",
+        "F64": "float64",
+        "C64": "complex64",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E4M3": "float8_e4m3fn",
+    }.items()
+}
+_CODE_OF = {dtype: code for code, dtype in SAFETENSORS_CODES.items()}
+
+
+def dtype_from_name(name: str) -> np.dtype | None:
+    """The dtype a manifest names, or ``None`` for a name outside the table (never an object dtype)."""
+    return _DTYPES.get(name)
+
+
+def dtype_from_code(code: str) -> np.dtype | None:
+    """The dtype of a safetensors code, or ``None`` for an unknown code."""
+    return SAFETENSORS_CODES.get(code)
+
+
+def safetensors_code(dtype: np.dtype) -> str | None:
+    """The safetensors code that stores ``dtype`` as it is, or ``None`` when it must be stored as raw bytes."""
+    return _CODE_OF.get(np.dtype(dtype))
+
+
+_NAME_OF = {dtype: name for name, dtype in _DTYPES.items()}
+
+
+def name_of_dtype(dtype: np.dtype) -> str | None:
+    """The table's name for ``dtype``, or ``None`` when jaxstow cannot store it (object, string, big-endian, ...)."""
+    return _NAME_OF.get(dtype)
+
+
+def is_shape(value: object) -> TypeGuard[list[int]]:
+    """Whether a decoded JSON value is a valid shape: a list of non-negative integers (not bools)."""
+    return type(value) is list and all(type(size) is int and size >= 0 for size in value)

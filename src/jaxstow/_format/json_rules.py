@@ -1,0 +1,48 @@
+"""Whether a value survives a trip through strict JSON unchanged, and if not, which key spoils it.
+
+>>> import numpy as np
+>>> from jaxstow._format.json_rules import json_problem
+>>> json_problem({"epoch": 3, "lr": 0.1, "tags": ["a", "b"]}) is None
+True
+>>> json_problem({"run": {"loss": float("nan")}})
+"key 'run/loss': nan is not a JSON number (JSON has no NaN or infinity)"
+>>> json_problem({"step": np.int64(7)})
+"key 'step': np.int64(7) is a numpy int64, not a JSON value (convert it with .item())"
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+__all__ = ["json_problem"]
+
+
+def json_problem(value: Any, key: str = "") -> str | None:
+    """What keeps ``value`` from being strict JSON, naming the key path (``'run/loss'``), or ``None`` if nothing."""
+    where = f"key {key!r}: " if key else ""
+    if value is None or isinstance(value, str | bool) or type(value) is int:
+        return None
+    if type(value) is float:
+        return None if math.isfinite(value) else f"{where}{value!r} is not a JSON number (JSON has no NaN or infinity)"
+    if type(value) in (list, tuple):
+        for index, item in enumerate(value):
+            problem = json_problem(item, f"{key}/{index}" if key else str(index))
+            if problem is not None:
+                return problem
+        return None
+    if type(value) is dict:
+        for name, item in value.items():
+            if not isinstance(name, str):
+                return f"{where}the key {name!r} is not a string (JSON object keys are strings)"
+            problem = json_problem(item, f"{key}/{name}" if key else name)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, np.generic):
+        return f"{where}{value!r} is a numpy {value.dtype}, not a JSON value (convert it with .item())"
+    if isinstance(value, np.ndarray):
+        return f"{where}an array of shape {value.shape} is not a JSON value (convert it with .tolist())"
+    return f"{where}{value!r} of type {type(value).__name__} is not a JSON value"

@@ -1,0 +1,69 @@
+"""JSON text of headers and manifests: written compactly and fast, parsed from untrusted bytes safely.
+
+:func:`dump_json` writes with orjson, and with the standard library whatever orjson cannot write exactly (integers
+beyond 64 bits, strings with lone surrogates). :func:`parse_json` turns every failure into a jaxstow error, never a
+builtin one: ``json.loads`` refuses integers of more than 4,300 digits with a bare ``ValueError`` and a text nested
+100,000 levels deep with ``RecursionError`` (its C parser guards its own stack). Code that walks a parsed value
+recursively bounds its depth itself (see :mod:`jaxstow._format.skeleton`).
+
+>>> from jaxstow._format.json_text import dump_json, parse_json
+>>> dump_json({"a": [1, 0.5, "é"]}).decode()
+'{"a":[1,0.5,"é"]}'
+>>> dump_json({"a": [1, 2**70]})
+b'{"a":[1,1180591620717411303424]}'
+>>> parse_json(b'{"a": [1, 2]}', what="the header", file="f.jxs")
+{'a': [1, 2]}
+>>> parse_json(b"[" * 100_000, what="the header", file="f.jxs")
+Traceback (most recent call last):
+...
+jaxstow.errors.FormatError: f.jxs: the header is not valid JSON (maximum recursion depth exceeded...)
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+
+from jaxstow.errors import FormatError
+
+__all__ = ["dump_json", "parse_json"]
+
+#: Compact; the values written are trees of fresh dicts and lists, never circular, so that check is skipped.
+_STANDARD = json.JSONEncoder(separators=(",", ":"), check_circular=False)
+
+
+def dump_json(value: Any) -> bytes:
+    """Compact UTF-8 JSON of strict-JSON ``value`` (string keys; floats finite), which :func:`parse_json` reads back
+    equal."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits or a string it cannot encode as UTF-8
+        return _STANDARD.encode(value).encode("ascii")
+
+
+def parse_json(
+    text: bytes | str,
+    *,
+    what: str,
+    file: str | None,
+    error: type[FormatError] = FormatError,
+    exact_integers: bool = True,
+) -> Any:
+    """Parse ``text``; anything but valid JSON raises ``error`` naming ``what`` and ``file``.
+
+    ``exact_integers=False`` parses several times faster but reads integers beyond 64 bits as floats: it suits a
+    text whose checks refuse a float wherever an integer belongs (a safetensors header), not one that may hold
+    arbitrary Python integers (a manifest's values). Whatever the fast parser refuses is parsed again by the standard
+    library, which is the judge.
+    """
+    if not exact_integers:
+        try:
+            return orjson.loads(text)
+        except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below
+            pass
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
+        raise error(f"{what} is not valid JSON ({problem})", file=file) from None

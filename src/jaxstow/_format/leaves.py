@@ -1,0 +1,208 @@
+"""Leaves as the file stores them, and back.
+
+Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
+*stored leaves*: their bytes go to the data region, checksummed; their dtype and shape are their tensor's (the
+container adds them to the entry where it stores the bytes raw, see
+:func:`~jaxstow._format.container.describe_raw_leaves`). Everything else (Python scalars, strings, registered
+functions) is a *value* kept in the manifest as tagged JSON.
+
+>>> import jax, numpy as np
+>>> from jaxstow._format.leaves import encode_leaf
+>>> encode_leaf("w", np.ones((2, 3), np.float32)).entry
+{'path': 'w', 'kind': 'array'}
+>>> encode_leaf("act", jax.nn.relu).entry
+{'path': 'act', 'kind': 'value', 'value': {'ref': 'jax.nn.relu'}}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.reading import TensorSlot
+from jaxstow._format.skeleton import decode_value, encode_value
+from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
+from jaxstow.errors import FormatError, UnsaveableObjectError
+
+__all__ = [
+    "EncodedLeaf",
+    "EncodedShard",
+    "StoredLeaf",
+    "decode_value_entry",
+    "encode_leaf",
+    "is_sharded",
+    "stored_leaf_from_entry",
+]
+
+Entry = dict[str, Any]
+
+
+class EncodedShard(NamedTuple):
+    """One stored shard of a sharded array: its entry in the leaf's ``shards`` list and its bytes."""
+
+    entry: Entry
+    array: np.ndarray
+
+
+class EncodedLeaf(NamedTuple):
+    """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array; a sharded
+    array has its distinct shards instead."""
+
+    entry: Entry
+    array: np.ndarray | None = None
+    shards: tuple[EncodedShard, ...] = ()
+
+    def tensors(self) -> list[tuple[str, np.ndarray, Entry]]:
+        """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
+        if self.array is not None:
+            return [(self.entry["path"], self.array, self.entry)]
+        return [(shard.entry["tensor"], shard.array, shard.entry) for shard in self.shards]
+
+
+_ONE_DEVICE = jax.sharding.SingleDeviceSharding
+
+
+def is_sharded(leaf: Any) -> bool:
+    """Whether ``leaf`` is a ``jax.Array`` laid out over several devices (or not all held by this process)."""
+    if not isinstance(leaf, jax.Array) or type(leaf.sharding) is _ONE_DEVICE:
+        return False  # an array on one device is on one of this process's devices
+    return len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable
+
+
+def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
+    """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
+    # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
+    # file stores.
+    on_one_device = type(leaf) is np.ndarray or (isinstance(leaf, jax.Array) and type(leaf.sharding) is _ONE_DEVICE)
+    if on_one_device and name_of_dtype(leaf.dtype) is not None:
+        array = np.asarray(leaf)
+        if array.flags.c_contiguous:
+            return EncodedLeaf({"path": path, "kind": "array"}, array)
+    if isinstance(leaf, jax.Array):
+        # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
+        if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            stored = _stored(path, "key", jax.random.key_data(leaf), file)
+            stored.entry["impl"] = str(jax.random.key_impl(leaf))
+            return stored
+        if is_sharded(leaf):
+            return _encode_sharded(path, leaf, file=file)
+        return _stored(path, "array", leaf, file)
+    if is_tensor(leaf):
+        return _stored(path, "torch", tensor_to_numpy(leaf), file)
+    if isinstance(leaf, np.ndarray):
+        return _stored(path, "array", leaf, file)
+    if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
+        return _stored(path, "npscalar", leaf, file)
+    return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
+
+
+def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:
+    """A sharded array as its distinct shards held here (replica 0 of each), each with its box in the whole array."""
+    shards = []
+    for shard in leaf.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        box = [[*index.indices(size)[:2]] for index, size in zip(shard.index, leaf.shape, strict=True)]
+        data, _ = _host_array(shard.data, path=path, file=file)
+        name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
+        shards.append(EncodedShard({"tensor": name, "box": box}, data))
+    shards.sort(key=lambda shard: shard.entry["box"])
+    _, dtype = _host_array(np.empty(0, leaf.dtype), path=path, file=file)
+    entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
+    entry["shards"] = [shard.entry for shard in shards]
+    entry["sharding"] = describe_sharding(leaf.sharding)
+    return EncodedLeaf(entry, None, tuple(shards))
+
+
+def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
+    """A named sharding as JSON (mesh shape, axis names, partition spec); ``None`` for shardings without a mesh."""
+    if not isinstance(sharding, jax.sharding.NamedSharding):
+        return None
+    spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
+    return {"mesh": list(sharding.mesh.devices.shape), "axes": list(sharding.mesh.axis_names), "spec": spec}
+
+
+def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
+    """A stored leaf: its bytes on the host and its entry."""
+    array, _ = _host_array(leaf, path=path, file=file)
+    return EncodedLeaf({"path": path, "kind": kind}, array)
+
+
+def _host_array(leaf: Any, *, path: str, file: str | None) -> tuple[np.ndarray, str]:
+    """``leaf``'s bytes on the host, C-contiguous and in native byte order, and the name of its dtype."""
+    array = np.asarray(leaf)
+    dtype = name_of_dtype(array.dtype)
+    if dtype is None:
+        native = array.dtype.newbyteorder("=")
+        dtype = name_of_dtype(native) if array.dtype.byteorder not in "=|" else None
+        if dtype is None:
+            raise UnsaveableObjectError(leaf, file=file, path=path)
+        array = array.astype(native)
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")
+    return array, dtype
+
+
+class StoredLeaf(NamedTuple):
+    """A validated manifest entry of a stored leaf."""
+
+    path: str
+    kind: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    checksum: str | None
+    impl: str | None
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) -> StoredLeaf:
+    """Check one manifest entry of a stored leaf against the tensor ``slot`` that holds it.
+
+    Every number is validated before it is trusted; the tensor holds the leaf either exactly (same dtype and shape)
+    or as raw bytes (``uint8`` of the leaf's size).
+    """
+    path = entry["path"]
+    if slot is None:
+        raise FormatError("the manifest lists this leaf but the file holds no tensor for it", file=file, path=path)
+    name, shape = entry.get("dtype"), entry.get("shape")
+    if name == name_of_dtype(slot.dtype) and shape == list(slot.shape):  # stored exactly: the slot is validated
+        dtype, dims = slot.dtype, slot.shape
+    else:
+        dtype, dims = raw_leaf_layout(entry, slot, file=file)
+    checksum = entry.get("xxh3")
+    if checksum is not None and not isinstance(checksum, str):
+        raise FormatError(f"malformed checksum {checksum!r}", file=file, path=path)
+    impl = entry.get("impl")
+    if entry["kind"] == "key" and not isinstance(impl, str):
+        raise FormatError("a PRNG key entry needs its implementation name", file=file, path=path)
+    if entry["kind"] == "npscalar" and dims:
+        raise FormatError(f"a numpy scalar has shape [], not {list(dims)}", file=file, path=path)
+    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl)
+
+
+def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape of a leaf stored as raw bytes, after checking that the slot holds exactly its bytes."""
+    path, name, shape = entry["path"], entry.get("dtype"), entry.get("shape")
+    dtype = dtype_from_name(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+    if not is_shape(shape):
+        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    if not (slot.dtype == np.uint8 and slot.shape == (math.prod(shape) * dtype.itemsize,)):
+        raise FormatError(
+            f"the manifest says {dtype}{shape} but the tensor is {slot.dtype}{list(slot.shape)}", file=file, path=path
+        )
+    return dtype, tuple(shape)
+
+
+def decode_value_entry(entry: Entry, *, file: str) -> Any:
+    """The Python value of a ``value`` entry."""
+    return decode_value(entry.get("value"), path=entry["path"], file=file)

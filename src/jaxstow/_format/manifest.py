@@ -1,0 +1,213 @@
+"""The jaxstow manifest's schema, checked field by field (type, range, depth) before anything uses it.
+
+A file that passes is safe to hand to the loaders: every leaf entry is a dict with a unique string path and a known
+kind; stored leaves have a known dtype, a valid shape and a well-formed checksum; PRNG keys name an implementation
+this jax has, with the key data's shape.
+
+A stored leaf's entry gives its dtype and shape only where its tensor does not hold it exactly (raw bytes); without
+them (format version 2) the leaf is as its tensor is, and checking fills them in from the tensor.
+
+>>> import numpy as np
+>>> from jaxstow._format.manifest import check_manifest
+>>> from jaxstow._format.reading import TensorSlot
+>>> slots = {"w": TensorSlot.at("w", np.dtype(np.float32), (2, 3), 0)}
+>>> manifest = {"format": "jaxstow", "version": 2, "structure": {"dict": [["w", "*"]]}, "metadata": None,
+...             "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]}
+>>> check_manifest(manifest, slots, file="f.jxs")["leaves"]
+[{'path': 'w', 'kind': 'array', 'xxh3': 'd0a66a65c7528968', 'dtype': 'float32', 'shape': [2, 3]}]
+>>> check_manifest({**manifest, "version": "1.1"}, slots, file="f.jxs")
+Traceback (most recent call last):
+...
+jaxstow.errors.FormatError: f.jxs: malformed format version '1.1' (expected a positive integer)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.reading import TensorSlot
+from jaxstow.errors import FormatError
+
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
+
+FORMAT_NAME = "jaxstow"
+#: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
+FORMAT_VERSION = 2
+#: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
+#: refuses deeper files before its decoders recurse that far.
+MAX_NESTING = 400
+
+_STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
+_ARRAY_KINDS = _STORED_KINDS | {"sharded"}
+_CHECKSUM = re.compile(r"[0-9a-f]{16}")
+_IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+
+
+def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
+    """``manifest`` if it is a well-formed jaxstow manifest of a file holding the tensors ``slots`` (checked already),
+    with the dtype and shape of leaves stored as their tensors filled in; a :class:`FormatError` naming the field
+    otherwise."""
+    if not isinstance(manifest, dict):
+        raise FormatError("the jaxstow manifest is not a JSON object", file=file)
+    if manifest.get("format") != FORMAT_NAME:
+        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=file)
+    version = manifest.get("version")
+    if type(version) is not int or version < 1:
+        raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
+    if version > FORMAT_VERSION:
+        raise FormatError(
+            f"format version {version} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow", file=file
+        )
+    leaves = manifest.get("leaves")
+    if not isinstance(leaves, list):
+        raise FormatError("the manifest has no list of leaves", file=file)
+    part = manifest.get("part")
+    if part is not None and not (type(part) is int and part >= 1):
+        raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
+    if "structure" not in manifest and part is None:  # a part of a sharded tree holds only shards
+        raise FormatError("the manifest has no structure", file=file)
+    if not isinstance(manifest.get("metadata"), dict | None):
+        raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+    seen: set[str] = set()
+    for index, entry in enumerate(leaves):
+        _check_entry(entry, index, slots, file=file)
+        if entry["path"] in seen:
+            raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
+        seen.add(entry["path"])
+    return manifest
+
+
+def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
+    """Refuse, before anything is written, a manifest whose structure or values nest deeper than :data:`MAX_NESTING`.
+
+    >>> from jaxstow._format.manifest import check_nesting
+    >>> deep = "*"
+    >>> for _ in range(250):
+    ...     deep = {"list": [deep]}
+    >>> check_nesting({"structure": deep, "leaves": []})
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.FormatError: the root of the tree: the structure nests 500 JSON levels deep; a jaxstow file holds at most 400
+    """
+    parts = [("", "the structure", manifest.get("structure"))]
+    values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
+    parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
+    for path, what, part in parts:
+        depth = _nesting(part)
+        if depth > MAX_NESTING:
+            raise FormatError(
+                f"{what} nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}",
+                file=file,
+                path=path,
+            )
+
+
+def _nesting(value: Any) -> int:
+    """The most JSON containers around any part of ``value`` (an empty container holds no part), level by level."""
+    deepest, level = 0, [value]
+    while level:
+        inner: list[Any] = []
+        for node in level:
+            if type(node) is str:  # most parts of a structure are its leaves, "*"
+                continue
+            if isinstance(node, dict):
+                inner.extend(node.values())
+            elif isinstance(node, list):
+                inner.extend(node)
+        deepest += bool(inner)
+        level = inner
+    return deepest
+
+
+def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, file: str) -> None:
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
+        raise FormatError(f"manifest entry {index} is not an object with a string path", file=file)
+    path, kind = entry["path"], entry.get("kind")
+    if kind == "value":
+        if "value" not in entry:
+            raise FormatError("a value entry has no value", file=file, path=path)
+        return
+    if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
+        raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
+    if "dtype" in entry or "shape" in entry or kind == "sharded":
+        dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
+        if dtype is None:
+            raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
+        shape = entry.get("shape")
+        if not is_shape(shape):
+            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    else:
+        dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
+    checksum = entry.get("xxh3")
+    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
+        raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
+    if kind == "sharded":
+        _check_shards(entry.get("shards"), file=file, path=path)
+    if kind == "npscalar" and shape:
+        raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
+    if kind == "key":
+        _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+
+
+def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
+    """The dtype and shape of a leaf stored exactly as its tensor, written into its entry."""
+    if slot is None:
+        raise FormatError(
+            "the manifest lists this leaf but the file holds no tensor for it", file=file, path=entry["path"]
+        )
+    name = name_of_dtype(slot.dtype)
+    if name is None:
+        raise FormatError(f"the tensor's dtype {slot.dtype} is not one jaxstow stores", file=file, path=entry["path"])
+    entry["dtype"], entry["shape"] = name, list(slot.shape)
+    return slot.dtype, entry["shape"]
+
+
+def _check_shards(shards: Any, *, file: str, path: str) -> None:
+    """The shards' tensor names and checksums (their boxes are checked against the shape where they are read)."""
+    if not isinstance(shards, list):
+        raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
+    for shard in shards:
+        checksum = shard.get("xxh3") if isinstance(shard, dict) else None
+        if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
+            checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
+        ):
+            raise FormatError(f"malformed shard {shard!r}", file=file, path=path)
+
+
+def tensor_names(manifest: dict[str, Any]) -> set[str]:
+    """The names of the tensors a checked manifest's leaves are stored in (a sharded leaf's shards each have one)."""
+    names: set[str] = set()
+    for entry in manifest["leaves"]:
+        if entry["kind"] == "sharded":
+            names.update(shard["tensor"] for shard in entry["shards"])
+        elif entry["kind"] != "value":
+            names.add(entry["path"])
+    return names
+
+
+def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
+    key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
+    if key_shape is None:
+        raise FormatError(f"unknown PRNG key implementation {impl!r}", file=file, path=path)
+    if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
+        raise FormatError(
+            f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",
+            file=file,
+            path=path,
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _key_data_shape(impl: str) -> tuple[int, ...] | None:
+    """The trailing shape of one key's data for a PRNG implementation jax knows, or ``None``."""
+    try:
+        return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
+    except (TypeError, ValueError, KeyError):
+        return None

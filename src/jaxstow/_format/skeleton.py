@@ -1,0 +1,386 @@
+"""A pytree's skeleton as JSON and back, so that a whole model can be rebuilt without a template.
+
+The skeleton is jax's own tree structure: every node's type (by its registered name, see :mod:`jaxstow._names.registry`),
+its auxiliary data (static fields and hyperparameters) and its children. Values that are not arrays, such as a
+layer's width or its activation function, are written as tagged JSON; an instance of a plain class registered with
+:func:`~jaxstow.saveable` is written as its class's name and its attributes:
+
+>>> import jax
+>>> from jaxstow._format.skeleton import decode_treedef, decode_value, encode_treedef, encode_value
+>>> encode_value((3, 0.5, float("nan"), jax.nn.relu))
+{'tuple': [3, {'float': '0.5'}, {'float': 'nan'}, {'ref': 'jax.nn.relu'}]}
+>>> decode_value(encode_value(jax.nn.relu)) is jax.nn.relu
+True
+>>> treedef = jax.tree_util.tree_structure({"a": [1, None], "b": (2,)})
+>>> encode_treedef(treedef)
+{'dict': [['a', {'list': ['*', None]}], ['b', {'tuple': ['*']}]]}
+>>> decode_treedef(encode_treedef(treedef)) == treedef
+True
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
+from jaxstow._format.manifest import MAX_NESTING
+from jaxstow._names import registry, static_objects
+from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
+
+__all__ = ["container_paths", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+
+_LEAF = jax.tree_util.tree_structure(0)
+_NONE = jax.tree_util.tree_structure(None)
+_REGISTRY = jax.tree_util.default_registry
+#: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
+_DECODE_ERRORS = (
+    TypeError,
+    ValueError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    OverflowError,
+    RecursionError,
+    binascii.Error,
+)
+
+JSON = Any
+
+
+def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
+    """A non-array value (scalar, string, container, dtype, registered object) as tagged JSON."""
+    if obj is None or isinstance(obj, bool | str):
+        return obj
+    if isinstance(obj, int) and type(obj) is int:
+        return obj
+    if type(obj) is float:
+        return {"float": repr(obj)}
+    if type(obj) is complex:
+        return {"complex": [repr(obj.real), repr(obj.imag)]}
+    if type(obj) is bytes:
+        return {"bytes": base64.b64encode(obj).decode("ascii")}
+    if type(obj) is tuple:
+        return {"tuple": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+    if type(obj) is list:
+        return {"list": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+    if type(obj) is dict:
+        return {
+            "dict": [
+                [encode_value(key, path=path, file=file), encode_value(value, path=f"{path}/{key}", file=file)]
+                for key, value in obj.items()
+            ]
+        }
+    if isinstance(obj, np.dtype):
+        return {"dtype": _dtype_name(obj, path=path, file=file)}
+    if isinstance(obj, np.generic) and not isinstance(obj, np.void):
+        dtype = _dtype_name(obj.dtype, path=path, file=file)
+        return {"npscalar": dtype, "bytes": base64.b64encode(np.asarray(obj).tobytes()).decode("ascii")}
+    if isinstance(obj, PyTreeDef):
+        return {"treedef": encode_treedef(obj, path=path, file=file)}
+    name = registry.name_of(obj)
+    if name is not None:
+        return {"ref": name}
+    rebuildable = static_objects.encode(
+        obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
+    )
+    if rebuildable is not None:
+        return rebuildable
+    class_name = registry.attribute_class_name(type(obj))
+    if class_name is None:
+        raise UnsaveableObjectError(obj, file=file, path=path)
+    return {
+        "object": class_name,
+        "attrs": [[key, encode_value(value, path=f"{path}/{key}", file=file)] for key, value in _attributes(obj)],
+    }
+
+
+def _attributes(obj: object) -> list[tuple[str, Any]]:
+    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
+    found = sorted(getattr(obj, "__dict__", {}).items())
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
+                found.append((slot, getattr(obj, slot)))
+    return found
+
+
+def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:
+    """An instance of the class ``name`` (saved by its attributes), made without calling ``__init__``."""
+    if not isinstance(name, str):
+        raise FormatError(f"unreadable class name {_short(name)} in the structure", file=file, path=path)
+    cls = registry.lookup(name, file=file, path=path)
+    if not isinstance(cls, type) or registry.attribute_class_name(cls) != name:
+        raise FormatError(
+            f"{name!r} names no class whose instances are saved by their attributes", file=file, path=path
+        )
+    obj: object = cls.__new__(cls)  # type: ignore[call-overload]
+    for pair in attrs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise FormatError(f"unreadable value {_short(pair)} in the structure", file=file, path=path)
+        key, value = pair
+        if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
+            raise FormatError(f"{key!r} cannot be an attribute of a {name} instance", file=file, path=path)
+        object.__setattr__(obj, key, _decode_checked(value, path=f"{path}/{key}", file=file, depth=depth + 3))
+    return obj
+
+
+def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
+    name = name_of_dtype(dtype)
+    if name is None:
+        raise UnsaveableObjectError(dtype, file=file, path=path)
+    return name
+
+
+def decode_value(data: JSON, *, path: str = "", file: str | None = None) -> Any:
+    """The value :func:`encode_value` wrote; names are looked up in the registry, nothing is imported or run."""
+    return _decode_checked(data, path=path, file=file, depth=0)
+
+
+def _decode_checked(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
+    if depth > MAX_NESTING:
+        raise FormatError(f"the structure nests deeper than {MAX_NESTING} JSON levels", file=file, path=path)
+    try:
+        return _decode_value(data, path=path, file=file, depth=depth)
+    except JaxstowError:
+        raise
+    except _DECODE_ERRORS as error:
+        raise FormatError(f"unreadable value {_short(data)} in the structure ({error})", file=file, path=path) from None
+
+
+def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
+    if data is None or isinstance(data, bool | str | int):
+        return data
+    if isinstance(data, dict) and len(data) in (1, 2):
+        tag = next(iter(data))
+        if tag == "float" and isinstance(data[tag], str):
+            return _parse_float(data[tag], path=path, file=file)
+        if tag == "complex":
+            real, imag = data[tag]
+            return complex(_parse_float(real, path=path, file=file), _parse_float(imag, path=path, file=file))
+        if tag == "bytes":
+            return base64.b64decode(data[tag], validate=True)
+        if tag == "tuple":
+            return tuple(
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
+                for i, item in enumerate(data[tag])
+            )
+        if tag == "list":
+            return [
+                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
+                for i, item in enumerate(data[tag])
+            ]
+        if tag == "dict":
+            return {
+                _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
+                    value, path=f"{path}/{key}", file=file, depth=depth + 3
+                )
+                for key, value in data[tag]
+            }
+        if tag == "dtype":
+            return _parse_dtype(data[tag], path=path, file=file)
+        if tag == "npscalar":
+            dtype = _parse_dtype(data[tag], path=path, file=file)
+            raw = base64.b64decode(data["bytes"], validate=True)
+            if len(raw) != dtype.itemsize:
+                raise FormatError(
+                    f"a {dtype} scalar needs {dtype.itemsize} bytes, not {len(raw)}", file=file, path=path
+                )
+            return np.frombuffer(raw, dtype=dtype)[0]
+        if tag == "treedef":
+            return _checked_treedef(data[tag], path=path, file=file, depth=depth + 1)
+        if tag == "ref" and isinstance(data[tag], str):
+            return registry.lookup(data[tag], file=file, path=path)
+        if tag == "object" and isinstance(data.get("attrs"), list):
+            return _rebuild_object(data[tag], data["attrs"], path=path, file=file, depth=depth)
+        if tag == "object":
+            fields = lambda value, field: _decode_checked(  # noqa: E731
+                value, path=f"{path}/{field}", file=file, depth=depth + 3
+            )
+            return static_objects.decode(data, fields, file=file, path=path)
+    raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
+
+
+def _parse_float(text: str, *, path: str, file: str | None) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise FormatError(f"{text!r} is not a float", file=file, path=path) from None
+
+
+def _parse_dtype(name: str, *, path: str, file: str | None) -> np.dtype:
+    dtype = dtype_from_name(name) if isinstance(name, str) else None
+    if dtype is None:
+        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+    return dtype
+
+
+def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = None) -> JSON:
+    """A jax tree structure as JSON: ``"*"`` for a leaf, ``None`` for ``None``, tagged nodes for the rest."""
+    node_data = treedef.node_data()
+    if node_data is None:
+        return "*"
+    node_type, aux = node_data
+    children = treedef.children()
+    if node_type is type(None):
+        return None
+    # Most children are leaves: they are answered here, without a call or a path.
+    if node_type in (tuple, list):
+        return {
+            node_type.__name__: [
+                "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+                for i, child in enumerate(children)
+            ]
+        }
+    if node_type is dict:
+        return {
+            "dict": [
+                [
+                    key if type(key) is str else encode_value(key, path=path, file=file),
+                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{key}", file=file),
+                ]
+                for key, child in zip(aux, children, strict=True)
+            ]
+        }
+    try:
+        name = registry.type_name(node_type)
+    except ValueError:
+        raise UnsaveableObjectError(node_type, file=file, path=path) from None
+    return {
+        "node": name,
+        "aux": encode_value(aux, path=path, file=file),
+        "children": [
+            "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+            for i, child in enumerate(children)
+        ],
+    }
+
+
+def _is_leaf(treedef: PyTreeDef) -> bool:
+    return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
+
+
+def container_paths(structure: JSON) -> list[str] | None:
+    """The leaf paths (as :func:`jaxstow._format.keypaths.path_to_str` writes them) of an encoded structure made only of dicts with
+    plain keys, lists, tuples and ``None``; ``None`` for a structure with other nodes, whose children jax names.
+
+    >>> container_paths(encode_treedef(jax.tree_util.tree_structure({"a": [1, None, {"b": 2}], "c": 3})))
+    ['a/0', 'a/2/b', 'c']
+    >>> container_paths("*")
+    ['']
+    """
+    paths: list[str] = []
+    return paths if _collect_paths(structure, "", paths) else None
+
+
+def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
+    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
+    not a container :func:`container_paths` can name."""
+    if node == "*":
+        paths.append(path)
+        return True
+    if node is None:
+        return True
+    if not isinstance(node, dict) or len(node) != 1:
+        return False
+    [(tag, children)] = node.items()
+    if tag == "dict":
+        named = children
+        if any(isinstance(name, dict) for name, _ in named):  # keys tagged as floats, tuples, ...
+            return False
+    elif tag in ("list", "tuple"):
+        named = enumerate(children)
+    else:
+        return False
+    prefix = f"{path}/" if path else ""
+    for name, child in named:
+        if child == "*":  # most children are leaves: answered here, without a call
+            paths.append(f"{prefix}{name}")
+        elif not _collect_paths(child, f"{prefix}{name}", paths):
+            return False
+    return True
+
+
+def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
+    """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
+
+    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow._format.manifest.MAX_NESTING`
+    (``depth`` counts the JSON levels around a node, as a save counts them), and the whole structure is
+    unflattened once with placeholder leaves, so that a node type refusing its auxiliary data is a
+    :class:`FormatError` here rather than a builtin error later.
+    """
+    return _checked_treedef(data, path=path, file=file, depth=0)
+
+
+def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    try:
+        treedef = _decode_treedef(data, path=path, file=file, depth=depth)
+        treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
+    except JaxstowError:
+        raise
+    except Exception as error:  # a node type's own unflatten may raise anything on data it never wrote
+        raise FormatError(
+            f"the structure cannot be rebuilt ({type(error).__name__}: {error})", file=file, path=path
+        ) from None
+    return treedef
+
+
+_PLACEHOLDER = object()
+
+
+def _short(data: JSON) -> str:
+    text = repr(data)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    if depth > MAX_NESTING:
+        raise FormatError(f"the structure nests deeper than {MAX_NESTING} JSON levels", file=file, path=path)
+    if data == "*":
+        return _LEAF
+    if data is None:
+        return _NONE
+    if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
+        node_type: type = tuple if "tuple" in data else list
+        items = data[node_type.__name__]
+        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
+        return _make(node_type, None, children, path=path, file=file)
+    if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
+        keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
+        children = [
+            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 3)
+            for k, (_, c) in zip(keys, data["dict"], strict=True)
+        ]
+        return _make(dict, keys, children, path=path, file=file)
+    if isinstance(data, dict) and isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
+        node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
+        if not isinstance(node_type_obj, type):
+            raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
+        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
+        children = [
+            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(data["children"])
+        ]
+        return _make(node_type_obj, aux, children, path=path, file=file)
+    raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
+
+
+def _is_pair_list(data: JSON) -> bool:
+    return isinstance(data, list) and all(isinstance(pair, list) and len(pair) == 2 for pair in data)
+
+
+def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
+    try:
+        return PyTreeDef.from_node_data_and_children(_REGISTRY, (node_type, aux), children)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise FormatError(
+            f"{node_type.__module__}.{node_type.__qualname__} is not a registered pytree node type here "
+            f"(register it with jax.tree_util before loading): {error}",
+            file=file,
+            path=path,
+        ) from None

@@ -1,0 +1,317 @@
+"""Names for objects that are not data: functions, classes, sentinels.
+
+A file never stores code. It stores a *name*, and loading looks the name up here. Names come from three places,
+searched in this order:
+
+1. objects registered with :func:`saveable` (by you);
+2. the public namespaces of jax, numpy, equinox, flax, optax and flarejax (``jax.nn.relu``,
+   ``optax.ScaleByAdamState``), and the module-level objects that equinox, flax, optax and flarejax define in their
+   own modules (such as the lambda that ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not
+   reachable by name;
+3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
+
+Library objects (2 and 3) pass :mod:`jaxstow._names.policy` first: only pure functions and classes are nameable, and a
+file naming anything else (``numpy.savetxt``, ``os.system``) raises :class:`~jaxstow.errors.RefusedNameError`.
+
+Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
+
+Instances of a class registered with :func:`saveable` that is not a pytree are saved by their attributes and rebuilt
+without calling ``__init__`` (see :func:`attribute_class_name`).
+
+>>> import jax, jaxstow
+>>> from jaxstow._names import registry
+>>> registry.name_of(jax.nn.relu)
+'jax.nn.relu'
+>>> @jaxstow.saveable(name="my_project.swish")
+... def swish(x):
+...     return x * jax.nn.sigmoid(x)
+>>> registry.lookup("my_project.swish") is swish
+True
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import sys
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
+
+from jaxstow._names.policy import POLICY, refusal
+from jaxstow.errors import RefusedNameError, UnknownNameError
+
+__all__ = ["KNOWN_LIBRARIES", "attribute_class_name", "lookup", "name_of", "saveable"]
+
+T = TypeVar("T")
+
+#: Libraries whose objects are known without registration. Order matters: earlier public names win.
+KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax", "flarejax")
+#: Libraries whose private modules are searched too, for defaults that are not in their public namespaces.
+_SEARCHED_INSIDE = ("equinox", "flax", "optax", "flarejax")
+#: Plain classes of the known libraries saved by their attributes, as if registered with ``saveable``: the keys that
+#: flarejax modules keep in their tree structure.
+_ATTRIBUTE_CLASSES = frozenset({"flarejax.AttrLookup", "flarejax.ItemLookup", "flarejax.PathLookup"})
+
+_PUBLIC_NAMESPACES = (
+    "jax",
+    "jax.nn",
+    "jax.nn.initializers",
+    "jax.numpy",
+    "jax.lax",
+    "jax.random",
+    "jax.scipy.special",
+    "jax.tree_util",
+    "jax.dtypes",
+    "numpy",
+    "ml_dtypes",
+    "equinox",
+    "equinox.nn",
+    "flax.linen",
+    "flax.nnx",
+    "flax.struct",
+    "flax.core",
+    "optax",
+    "optax.tree_utils",
+    "flarejax",
+    "flarejax.net",
+    "flarejax.opt",
+)
+
+_BUILTINS: dict[str, object] = {
+    "builtins.dict": dict,
+    "builtins.list": list,
+    "builtins.tuple": tuple,
+    "builtins.NoneType": type(None),
+    "collections.OrderedDict": collections.OrderedDict,
+    "collections.defaultdict": collections.defaultdict,
+}
+
+_registered: dict[str, object] = {}
+_registered_names: dict[int, str] = {}
+
+
+class _LibraryIndex:
+    """Names of the known libraries' objects, rebuilt whenever more modules have been imported."""
+
+    def __init__(self) -> None:
+        self._seen_modules = -1
+        self.by_name: dict[str, object] = {}
+        self.by_id: dict[int, str] = {}
+        self.refused: dict[str, str] = {}  # names the name policy refuses, and why
+
+    def refresh(self) -> None:
+        if len(sys.modules) == self._seen_modules:
+            return
+        self._seen_modules = len(sys.modules)
+        by_name: dict[str, object] = dict(_BUILTINS)
+        by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
+        refused: dict[str, str] = {}
+        for module_name in _PUBLIC_NAMESPACES:
+            module = sys.modules.get(module_name)
+            if module is not None:
+                self._index(module_name, module, by_name, by_id, refused, public_only=True)
+        for module_name, module in sorted(sys.modules.items()):
+            if module_name.partition(".")[0] in _SEARCHED_INSIDE and isinstance(module, types.ModuleType):
+                self._index(module_name, module, by_name, by_id, refused, public_only=False)
+        self.by_name, self.by_id, self.refused = by_name, by_id, refused
+
+    @staticmethod
+    def _index(
+        module_name: str,
+        module: types.ModuleType,
+        by_name: dict[str, object],
+        by_id: dict[int, str],
+        refused: dict[str, str],
+        *,
+        public_only: bool,
+    ) -> None:
+        for attribute, obj in list(vars(module).items()):
+            if attribute.startswith("__") or (public_only and attribute.startswith("_")):
+                continue
+            if not _is_nameable(obj) or (not public_only and not _defined_in_known_library(obj)):
+                continue
+            name = f"{module_name}.{attribute}"
+            reason = refusal(name, obj)
+            if reason is not None:
+                refused.setdefault(name, reason)
+                continue
+            by_name.setdefault(name, obj)
+            by_id.setdefault(id(obj), name)
+
+
+def _is_nameable(obj: object) -> bool:
+    """Whether a module attribute is a non-data object worth a name (functions, classes, sentinels)."""
+    if isinstance(obj, types.ModuleType | bool | int | float | complex | str | bytes | tuple | list | dict | set):
+        return False
+    if obj is None or isinstance(obj, type) or callable(obj):
+        return obj is not None
+    return type(obj).__module__.partition(".")[0] in KNOWN_LIBRARIES
+
+
+def _defined_in_known_library(obj: object) -> bool:
+    """Whether a library-internal object was defined by that kind of library (not imported into it from elsewhere).
+
+    Only the public namespaces may name objects from other modules; a private module's ``from pickle import loads``
+    does not make ``loads`` loadable.
+    """
+    owner = obj if isinstance(obj, type) or callable(obj) else type(obj)
+    module = getattr(owner, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in _SEARCHED_INSIDE
+
+
+_libraries = _LibraryIndex()
+
+
+def _default_name(obj: object) -> str:
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError(
+            f"{obj!r} has no importable module.qualname (a lambda or a local object); "
+            "give it an explicit name: jaxstow.saveable(obj, name='package.thing')"
+        )
+    return f"{module}.{qualname}"
+
+
+@overload
+def saveable(obj: str, *, name: None = None) -> Callable[[T], T]: ...
+@overload
+def saveable(obj: T, *, name: str | None = None) -> T: ...
+@overload
+def saveable(obj: None = None, *, name: str | None = None) -> Callable[[T], T]: ...
+def saveable(obj: Any = None, *, name: str | None = None) -> Any:
+    """Register a function, class or other non-data object under a name, so that trees holding it can be saved.
+
+    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator, ``@saveable``, ``@saveable(name="pkg.fn")``
+    or, as FlareJax writes it, ``@saveable("pkg.fn")`` (a string is data, never something to register, so a string
+    given first is the name). Named functions and classes default to ``module.qualname``; a lambda needs a name.
+    Re-registering a name for a different object warns and the newer object wins.
+
+    >>> import jax.numpy as jnp, jaxstow
+    >>> relu6 = jaxstow.saveable(lambda x: jnp.clip(x, 0, 6), name="examples.relu6")
+    >>> jaxstow._names.registry.name_of(relu6)
+    'examples.relu6'
+    >>> @jaxstow.saveable("examples.Scale")
+    ... class Scale:
+    ...     def __init__(self, factor):
+    ...         self.factor = factor
+    >>> jaxstow._names.registry.name_of(Scale)
+    'examples.Scale'
+    """
+    if isinstance(obj, str):
+        if name is not None:
+            raise TypeError(f"saveable({obj!r}, name={name!r}) names twice: give the name once")
+        return lambda target: saveable(target, name=obj)
+    if obj is None:
+        return lambda target: saveable(target, name=name)
+    key = name if name is not None else _default_name(obj)
+    if not key or not isinstance(key, str):
+        raise ValueError(f"a registered name must be a non-empty string, not {key!r}")
+    previous = _registered.get(key)
+    if previous is not None and previous is not obj:
+        warnings.warn(
+            f"jaxstow.saveable: the name {key!r} was registered for {previous!r} and now names {obj!r}",
+            stacklevel=2,
+        )
+        _registered_names.pop(id(previous), None)
+    _registered[key] = obj
+    _registered_names[id(obj)] = key
+    return obj
+
+
+def name_of(obj: object) -> str | None:
+    """The name under which ``obj`` is saved, or ``None`` when it is neither registered nor known."""
+    name = _registered_names.get(id(obj))
+    if name is not None:
+        return name
+    _libraries.refresh()
+    return _libraries.by_id.get(id(obj))
+
+
+def attribute_class_name(cls: type) -> str | None:
+    """The name of a class whose instances are saved by their attributes, or ``None`` for any other class.
+
+    Those are the classes registered with :func:`saveable` and a few plain classes of the known libraries. An instance
+    is saved as its class's name and its attributes (``__dict__`` and ``__slots__``), and loaded by setting them on
+    an instance made without calling ``__init__``.
+
+    >>> import jaxstow
+    >>> @jaxstow.saveable(name="examples.Schedule")
+    ... class Schedule:
+    ...     def __init__(self, steps):
+    ...         self.steps = steps
+    >>> jaxstow._names.registry.attribute_class_name(Schedule), jaxstow._names.registry.attribute_class_name(dict)
+    ('examples.Schedule', None)
+    """
+    name = _registered_names.get(id(cls))
+    if name is None:
+        name = name_of(cls)
+        if name not in _ATTRIBUTE_CLASSES:
+            return None
+    return name if isinstance(cls, type) else None
+
+
+def type_name(cls: type) -> str:
+    """The name of a pytree node type: registered or known if it is, else its ``module.qualname``."""
+    return name_of(cls) or _default_name(cls)
+
+
+def lookup(name: str, *, node_type: bool = False, file: str | None = None, path: str | None = None) -> object:
+    """The object a saved name stands for; raises :class:`UnknownNameError` when this process has none.
+
+    With ``node_type=True`` a ``module.qualname`` of an already-imported module is accepted too; the caller must then
+    check that the class really is a registered pytree node before using it.
+    """
+    if name in _registered:
+        return _registered[name]
+    _libraries.refresh()
+    if name in _libraries.by_name:
+        return _libraries.by_name[name]
+    if name in _libraries.refused:
+        raise RefusedNameError(name, f"{_libraries.refused[name]}; {POLICY}", file=file, path=path)
+    if node_type:
+        found = _find_imported(name)
+        if isinstance(found, type):
+            reason = refusal(name, found)
+            if reason is not None:
+                raise RefusedNameError(name, f"{reason}; {POLICY}", file=file, path=path)
+            return found
+    root = name.partition(".")[0]
+    advice = ""
+    if root in KNOWN_LIBRARIES and root not in sys.modules:
+        advice = f"it belongs to {root}, which is not imported in this process: import {root} first"
+    elif root not in sys.modules and _installed(root):
+        advice = f"it belongs to {root}, which is installed but not imported in this process: import {root} first"
+        if not node_type:
+            advice += f", and register the object as it was when saved: jaxstow.saveable(obj, name={name!r})"
+    elif root == "jaxstow":
+        module = name.rpartition(".")[0]
+        advice = f"it is defined by {module}: import {module} first"
+    raise UnknownNameError(name, file=file, path=path, advice=advice)
+
+
+def _installed(module: str) -> bool:
+    """Whether a top-level module can be imported (found on the path), without importing it."""
+    try:
+        return bool(module.isidentifier()) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _find_imported(name: str) -> object | None:
+    """Resolve ``module.qualname`` against modules already imported, without importing anything."""
+    parts = name.split(".")
+    for split in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:split]))
+        if module is None:
+            continue
+        obj: object = module
+        for attribute in parts[split:]:
+            namespace = vars(obj) if isinstance(obj, types.ModuleType | type) else {}
+            if attribute not in namespace:
+                return None
+            obj = namespace[attribute]
+        return obj
+    return None

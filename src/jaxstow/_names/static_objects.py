@@ -1,0 +1,119 @@
+"""Static objects of known libraries that a structure can hold, rebuilt from their fields: flax nnx's graph definitions.
+
+A flax nnx ``Module`` or ``Optimizer`` keeps static data in its pytree structure (which attributes are nodes, as a
+``HashableMapping``), and ``nnx.split`` returns a ``GraphDef``, a tree of frozen dataclasses. Such objects are not
+data and have no name of their own, so :mod:`jaxstow._format.skeleton` stores them as their type's name and their fields,
+and rebuilds them by calling the type with those fields. Only the types listed here are ever called, and only when
+their library is imported; the classes they refer to (a node's type) must be flax node or variable types.
+
+>>> import jax, jaxstow
+>>> from flax import nnx
+>>> model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
+>>> graphdef, state = nnx.split(model)
+>>> import io
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"graphdef": graphdef, "state": state})
+>>> _ = buffer.seek(0)
+>>> restored = jaxstow.load(buffer)
+>>> restored["graphdef"] == graphdef, nnx.merge(restored["graphdef"], restored["state"])(jax.numpy.ones(2)).shape
+(True, (3,))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from jaxstow._names import registry
+from jaxstow.errors import FormatError, UnknownNameError, UnsaveableObjectError
+
+__all__ = ["REBUILDABLE", "decode", "encode"]
+
+#: The types rebuilt from their fields, by ``module.qualname``.
+REBUILDABLE = (
+    "flax.typing.HashableMapping",
+    "flax.nnx.graphlib.GraphDef",
+    "flax.nnx.graphlib.NodeDef",
+    "flax.nnx.graphlib.VariableDef",
+    "flax.nnx.graphlib.NodeRef",
+    "flax.nnx.graphlib.Static",
+    "flax.nnx.graphlib.ArrayRefDef",
+    "flax.nnx.graphlib.IndexesPytreeDef",
+)
+
+JSON = Any
+_TYPE_TAG = "nodetype"
+
+
+def _imported(name: str) -> Any:
+    """The object ``module.qualname`` names in an imported module, or ``None``; nothing is imported."""
+    module_name, _, attribute = name.rpartition(".")
+    module = sys.modules.get(module_name)
+    return None if module is None else getattr(module, attribute, None)
+
+
+def _name_of_type(cls: type) -> str | None:
+    for name in REBUILDABLE:
+        if _imported(name) is cls:
+            return name
+    return None
+
+
+def encode(obj: Any, encode_value: Callable[[Any, str], JSON], *, file: str | None, path: str) -> JSON | None:
+    """``obj`` as ``{"object": type name, "fields": [[field, value], ...]}``, or ``None`` if it is not rebuildable.
+
+    ``encode_value(value, field)`` encodes a field's value; classes (a node's type) are stored by their name.
+    """
+    name = _name_of_type(type(obj))
+    if name is None:
+        return None
+    if name == "flax.typing.HashableMapping":
+        fields: dict[str, Any] = {"mapping": dict(obj)}
+    elif dataclasses.is_dataclass(obj):
+        fields = {field.name: getattr(obj, field.name) for field in dataclasses.fields(obj) if field.init}
+    else:
+        fields = obj._asdict()
+    encoded = []
+    for field, value in fields.items():
+        if isinstance(value, type) and registry.name_of(value) is None:  # a node type of the user's
+            try:
+                encoded.append([field, {_TYPE_TAG: registry.type_name(value)}])
+            except ValueError:  # a class with no module.qualname (defined inside a function)
+                raise UnsaveableObjectError(value, file=file, path=f"{path}/{field}") from None
+        else:
+            encoded.append([field, encode_value(value, field)])
+    return {"object": name, "fields": encoded}
+
+
+def decode(data: JSON, decode_value: Callable[[JSON, str], Any], *, file: str | None, path: str) -> Any:
+    """The object :func:`encode` described; ``decode_value(value, field)`` decodes a field's value."""
+    name, fields = data.get("object"), data.get("fields")
+    if name not in REBUILDABLE or not isinstance(fields, list):
+        raise FormatError(f"{name!r} is not an object jaxstow rebuilds from its fields", file=file, path=path)
+    cls = _imported(name)
+    if cls is None:
+        library = name.partition(".")[0]
+        raise UnknownNameError(name, file=file, path=path, advice=f"import {library} first")
+    kwargs = {}
+    for field, value in fields:
+        if isinstance(value, dict) and set(value) == {_TYPE_TAG}:
+            kwargs[field] = _node_type(value[_TYPE_TAG], file=file, path=f"{path}/{field}")
+        else:
+            kwargs[field] = decode_value(value, field)
+    try:
+        return cls(**kwargs)
+    except TypeError as error:
+        raise FormatError(f"cannot rebuild {name} from its fields ({error})", file=file, path=path) from None
+
+
+def _node_type(name: str, *, file: str | None, path: str) -> type:
+    """A flax node or variable type named in a graph definition; nothing else is accepted."""
+    found = registry.lookup(name, node_type=True, file=file, path=path)
+    graphlib, variables = sys.modules.get("flax.nnx.graphlib"), sys.modules.get("flax.nnx.variablelib")
+    if graphlib is None or variables is None:
+        raise UnknownNameError(name, file=file, path=path, advice="import flax first")
+    if isinstance(found, type) and (graphlib.is_node_type(found) or issubclass(found, variables.Variable)):
+        return found
+    raise FormatError(f"{name!r} is not a flax nnx node or variable type", file=file, path=path)

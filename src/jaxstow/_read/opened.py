@@ -1,0 +1,371 @@
+"""A file opened lazily: its leaves by path, read on demand, verified against their checksums.
+
+:class:`OpenedFile` holds what the header says (paths, kinds, dtypes, shapes, the structure) and reads whole leaves,
+slices of leaves (by byte ranges) or the boxes of sharded leaves. Restoring a tree from it is
+:mod:`jaxstow._read.restore`'s job; :class:`jaxstow.Reader` joins the two.
+
+>>> import io, jax.numpy as jnp, jaxstow
+>>> from jaxstow._read.opened import OpenedFile
+>>> from jaxstow._format.container import open_container
+>>> from jaxstow._storage.opening import open_source
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"w": jnp.arange(3.0), "depth": 2})
+>>> _ = buffer.seek(0)
+>>> with OpenedFile(open_container(open_source(buffer))) as opened:
+...     print(opened.paths, opened["w"], opened.info("depth").kind)
+['depth', 'w'] [0. 1. 2.] value
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import math
+import mmap as mmap_module
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, NamedTuple, Self
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from jaxstow._format.checksum import checksum_bytes
+from jaxstow._format.container import Container
+from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
+from jaxstow._format.native import NativeReader
+from jaxstow._format.reading import aligned_empty
+from jaxstow._format.shards import (
+    Box,
+    ShardedLeaf,
+    Stored,
+    StoredShard,
+    check_coverage,
+    intersect,
+    sharded_leaf_from_entry,
+)
+from jaxstow._format.skeleton import decode_treedef
+from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.slicing import full_box, parse_index, read_box
+from jaxstow._storage.sources import LocalFile
+from jaxstow.errors import CorruptFileError, FormatError, RequestError, SliceError
+
+__all__ = ["LeafInfo", "OpenedFile"]
+
+_STORED_KINDS = ("array", "npscalar", "key", "torch")
+_shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
+
+
+def _ignore(nbytes: int) -> None:
+    del nbytes
+
+
+class LeafInfo(NamedTuple):
+    """One leaf of a file: its path, its kind (``array``, ``npscalar``, ``key``, ``torch`` or ``value``), and for
+    stored leaves their dtype, shape and size in bytes (a PRNG key's shape leaves out its key data)."""
+
+    path: str
+    kind: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+    nbytes: int
+
+
+class OpenedFile(Mapping[str, Any]):
+    """A file's leaves by path, read on demand; a context manager that closes the file.
+
+    ``reader[path]`` reads one whole leaf (verified against its checksum); :meth:`read` reads one slice of an array,
+    touching only the bytes it needs (a slice of a leaf is not verified: its checksum covers the whole leaf);
+    :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves, usable as ``like``.
+    """
+
+    def __init__(self, containers: Container | Sequence[Container], *, mmap: bool = False) -> None:
+        self.containers = [containers] if not isinstance(containers, Sequence) else list(containers)
+        self.container = self.containers[0]
+        self.file = self.container.file
+        manifest = self.container.manifest
+        if manifest is not None and manifest.get("part"):
+            raise FormatError(
+                f"holds only the shards of process {manifest.get('part')} of a tree saved by several processes: "
+                "restore it with the step's other files (jaxstow.CheckpointManager.restore)",
+                file=self.file,
+            )
+        self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
+        self.stored: dict[str, Stored] = {}
+        self.value_entries: dict[str, dict[str, Any]] = {}
+        if manifest is None:
+            self.paths = sorted(self.container.slots)
+            self.stored = {
+                name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
+                for name, slot in self.container.slots.items()
+            }
+        else:
+            self.paths = [self._index(entry) for entry in manifest["leaves"]]
+        for source, part in enumerate(self.containers[1:], start=1):
+            self._merge_shards(source, part)
+        for leaf in self.stored.values():
+            if isinstance(leaf, ShardedLeaf):
+                check_coverage(leaf, file=self.file)
+        self._map = self._memory_map() if mmap else None
+        #: Called with the number of bytes of each leaf or box read (a progress bar's ``update``).
+        self.on_read: Callable[[int], None] = _ignore
+
+    def _index(self, entry: Any) -> str:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
+            raise FormatError(f"malformed manifest entry {entry!r}", file=self.file)
+        path: str = entry["path"]
+        kind = entry.get("kind")
+        if path in self.stored or path in self.value_entries:
+            raise FormatError("the manifest lists this leaf twice", file=self.file, path=path)
+        if kind in _STORED_KINDS:
+            self.stored[path] = stored_leaf_from_entry(entry, self.container.slots.get(path), file=self.file)
+        elif kind == "sharded":
+            self.stored[path] = sharded_leaf_from_entry(entry, self.container.slots, source=0, file=self.file)
+        elif kind == "value":
+            self.value_entries[path] = entry
+        else:
+            raise FormatError(f"unknown leaf kind {kind!r}", file=self.file, path=path)
+        return path
+
+    def _merge_shards(self, source: int, part: Container) -> None:
+        """Add the shards that another file of the same tree holds (it lists sharded leaves only)."""
+        entries = part.manifest.get("leaves") if part.manifest else None
+        if not isinstance(entries, list):
+            raise FormatError("a part of a sharded tree needs a manifest listing its shards", file=part.file)
+        for entry in entries:
+            path = entry.get("path") if isinstance(entry, dict) else None
+            known = self.stored.get(path) if isinstance(path, str) else None
+            if not isinstance(known, ShardedLeaf) or entry.get("kind") != "sharded":
+                raise FormatError(
+                    f"holds shards of {path!r}, which {self.file} does not list as a sharded leaf", file=part.file
+                )
+            extra = sharded_leaf_from_entry(entry, part.slots, source=source, file=part.file)
+            if (extra.dtype, extra.shape) != (known.dtype, known.shape):
+                raise FormatError(
+                    f"has {extra.dtype}{list(extra.shape)} where {self.file} has {known.dtype}{list(known.shape)}",
+                    file=part.file,
+                    path=path,
+                )
+            self.stored[known.path] = known._replace(shards=known.shards + extra.shards)
+
+    def _memory_map(self) -> mmap_module.mmap:
+        source = getattr(self.container, "source", None)
+        if not (isinstance(self.container, NativeReader) and isinstance(source, LocalFile)):
+            raise RequestError("mmap=True needs a local native (.jxs or safetensors) file", file=self.file)
+        with builtins.open(source.name, "rb") as handle:
+            return mmap_module.mmap(handle.fileno(), 0, access=mmap_module.ACCESS_READ)
+
+    # The mapping of paths to leaves.
+
+    def __getitem__(self, path: str) -> Any:
+        self._check_path(path)
+        if path in self.value_entries:
+            return decode_value_entry(self.value_entries[path], file=self.file)
+        return self.read_stored([self.stored[path]])[path]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.stored or path in self.value_entries
+
+    def _check_path(self, path: str) -> None:
+        if path not in self:
+            shown = ", ".join(self.paths[:8]) + (", ..." if len(self.paths) > 8 else "")
+            raise RequestError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)
+
+    # What the header says.
+
+    def info(self, path: str) -> LeafInfo:
+        """The kind, dtype, shape and size of the leaf at ``path``, from the header alone."""
+        self._check_path(path)
+        if path in self.value_entries:
+            return LeafInfo(path, "value", None, None, 0)
+        leaf = self.stored[path]
+        shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
+        return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
+
+    def treedef(self) -> PyTreeDef | None:
+        """The saved tree structure; ``None`` for a file without a jaxstow manifest (it holds a flat dict)."""
+        manifest = self.container.manifest
+        if manifest is None:
+            return None
+        treedef = decode_treedef(manifest.get("structure"), file=self.file)
+        if treedef.num_leaves != len(self.paths):
+            raise FormatError(
+                f"the structure has {treedef.num_leaves} leaves but the manifest lists {len(self.paths)}",
+                file=self.file,
+            )
+        return treedef
+
+    @property
+    def abstract(self) -> Any:
+        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf and plain values as they are."""
+        leaves = [self._abstract_leaf(path) for path in self.paths]
+        treedef = self.treedef()
+        return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
+
+    def _abstract_leaf(self, path: str) -> Any:
+        if path in self.value_entries:
+            return decode_value_entry(self.value_entries[path], file=self.file)
+        leaf = self.stored[path]
+        if leaf.kind == "key":
+            data = _shape_dtype(leaf.shape, leaf.dtype)
+            key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
+            return _shape_dtype(key.shape, key.dtype)
+        return _shape_dtype(leaf.shape, leaf.dtype)
+
+    # Reading.
+
+    def read(self, path: str, index: Any = ...) -> np.ndarray:
+        """The part ``index`` (integers, slices, ``...``) of the array at ``path``, reading only the bytes it needs.
+
+        With ``index=...`` the whole leaf is read and verified against its checksum.
+        """
+        self._check_path(path)
+        leaf = self.stored.get(path)
+        if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
+            kind = "a value" if leaf is None else f"a {leaf.kind}"
+            raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
+        box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
+        return np.asarray(self.read_box(path, box)[rest])
+
+    def read_box(self, path: str, box: Box) -> np.ndarray:
+        """The elements of ``box`` (start and stop along every axis) of the array at ``path``: only the bytes they
+        take are read, and the whole leaf (or a whole shard) is verified against its checksum when read."""
+        leaf = self.stored[path]
+        self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
+        if isinstance(leaf, ShardedLeaf):
+            return self._read_sharded(leaf, box)
+        within = tuple(slice(start, stop) for start, stop in box)
+        if box == full_box(leaf.shape) or not isinstance(self.container, NativeReader):
+            part: np.ndarray = self.read_arrays([leaf])[path][within]
+        elif self._map is not None:
+            part = self._mapped(leaf)[within]
+        else:
+            slot = self.container.slots[path]
+            part = read_box(self.container.source, slot.offset, leaf.dtype, leaf.shape, box)
+        return part
+
+    def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
+        """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""
+        for shard in leaf.shards:  # a box within one shard, as device boxes on the saved layout are: no assembly
+            if intersect(shard.box, box) == box:
+                inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(box, shard.box, strict=True))
+                return self._read_shard(leaf, shard, inner)
+        extent = tuple(stop - start for start, stop in box)
+        out = aligned_empty(math.prod(extent) * leaf.dtype.itemsize).view(leaf.dtype).reshape(extent)
+        for shard in leaf.shards:
+            overlap = intersect(shard.box, box)
+            if overlap is None:
+                continue
+            inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(overlap, shard.box, strict=True))
+            region = out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(overlap, box, strict=True))]
+            if region.flags.c_contiguous:  # read straight into place (row blocks are)
+                self._read_shard(leaf, shard, inner, into=region)
+            else:
+                region[...] = self._read_shard(leaf, shard, inner)
+        return out
+
+    def _read_shard(
+        self, leaf: ShardedLeaf, shard: StoredShard, inner: Box, into: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given); a whole
+        shard is verified against its checksum."""
+        container = self.containers[shard.source]
+        whole = inner == full_box(shard.shape)
+        if not isinstance(container, NativeReader):
+            raw = container.read([shard.tensor], lambda _, data: self._verify(leaf.path, data, shard.checksum))
+            part = (
+                raw[shard.tensor]
+                .reshape(-1)
+                .view(np.uint8)
+                .view(leaf.dtype)
+                .reshape(shard.shape)[tuple(slice(start, stop) for start, stop in inner)]
+            )
+            if into is not None:
+                into[...] = part
+            return part
+        slot = container.slots[shard.tensor]
+        part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
+        if whole:
+            self._verify(leaf.path, part.reshape(-1).view(np.uint8).data, shard.checksum)
+        return part
+
+    def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
+        """Whole stored leaves, verified: arrays as numpy, numpy scalars, PRNG keys and torch tensors as themselves."""
+        arrays = self.read_arrays(leaves)
+        out: dict[str, Any] = {}
+        for leaf in leaves:
+            array = arrays[leaf.path]
+            if leaf.kind == "npscalar":
+                out[leaf.path] = array[()]
+            elif leaf.kind == "torch":
+                out[leaf.path] = tensor_from_numpy(array, file=self.file, path=leaf.path)
+            elif leaf.kind == "key":
+                out[leaf.path] = jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
+            else:
+                out[leaf.path] = array
+        return out
+
+    def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
+        """The bytes of whole stored leaves as numpy arrays of their true dtype and shape, verified."""
+        if self._map is not None and not any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
+            out = {}
+            for leaf in leaves:
+                view = self._mapped(leaf)
+                self._verify(leaf.path, view.reshape(-1).view(np.uint8).data, leaf.checksum)
+                out[leaf.path] = view
+            return out
+        for leaf in leaves:
+            self.on_read(leaf.nbytes)
+        sharded = {
+            leaf.path: self._read_sharded(leaf, full_box(leaf.shape))
+            for leaf in leaves
+            if isinstance(leaf, ShardedLeaf)
+        }
+        leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
+        expected = {leaf.path: leaf.checksum for leaf in leaves}
+        arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self._verify(n, d, expected[n]))
+        arrays.update(sharded)
+        for leaf in leaves:
+            array = arrays[leaf.path]
+            if array.dtype != leaf.dtype or array.shape != leaf.shape:
+                arrays[leaf.path] = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
+        return arrays
+
+    def _mapped(self, leaf: Stored) -> np.ndarray:
+        assert self._map is not None
+        slot = self.container.slots[leaf.path]
+        view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
+        return view.view(leaf.dtype).reshape(leaf.shape)
+
+    def _verify(self, path: str, data: memoryview, wanted: str | None) -> None:
+        if wanted is not None and (found := checksum_bytes(data)) != wanted:
+            raise CorruptFileError(
+                f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",
+                file=self.file,
+                path=path,
+            )
+
+    # Closing.
+
+    def close(self) -> None:
+        """Release the file (a file object given by the caller stays open)."""
+        if self._map is not None:
+            with contextlib.suppress(BufferError):  # views still in use keep the mapping alive until they go
+                self._map.close()
+            self._map = None
+        for container in self.containers:
+            container.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

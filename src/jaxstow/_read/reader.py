@@ -1,0 +1,97 @@
+"""``jaxstow.open``: a file opened lazily; only its header is read until a leaf is asked for.
+
+>>> import io, jax.numpy as jnp, numpy as np, jaxstow
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"w": jnp.arange(12.0).reshape(4, 3), "name": "mlp"}, metadata={"step": 3})
+>>> _ = buffer.seek(0)
+>>> with jaxstow.open(buffer) as reader:
+...     print(reader.paths, reader.metadata)
+...     print(reader.info("w"))
+...     print(reader.read("w", np.s_[1:3, 0]))
+...     print(reader.abstract)
+['name', 'w'] {'step': 3}
+LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
+[3. 6.]
+{'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, BinaryIO, Unpack
+
+from jaxstow._format.container import Container, open_container
+from jaxstow._format.source import ReadSource
+from jaxstow._read.opened import LeafInfo, OpenedFile
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.restore import restore
+from jaxstow._steps.record import folder_problem
+from jaxstow._storage.opening import open_source
+from jaxstow._storage.paths import local_path
+from jaxstow.errors import PathError
+
+__all__ = ["LeafInfo", "Reader", "open", "open_parts"]
+
+
+class Reader(OpenedFile):
+    """A file's leaves by path, read on demand; a context manager that closes the file.
+
+    ``reader[path]`` reads one whole leaf (verified against its checksum); :meth:`read` reads one slice of an array,
+    touching only the bytes it needs (a slice of a leaf is not verified: its checksum covers the whole leaf);
+    :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves, usable as ``like``; :meth:`load`
+    restores the tree, or a part of it, as :func:`jaxstow.load` does.
+    """
+
+    def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
+        """The tree, or a part of it, as :func:`jaxstow.load` restores it (same options, see :class:`LoadOptions`)."""
+        return restore(self, like, **options)
+
+    def __repr__(self) -> str:
+        return f"<jaxstow.Reader {self.file}: {len(self.paths)} leaves>"
+
+
+def open(
+    target: str | os.PathLike[str] | BinaryIO | ReadSource,
+    *,
+    mmap: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> Reader:
+    """Open a jaxstow, safetensors or npz file lazily, from a path, a binary file object or an fsspec URL.
+
+    Only the header is read until a leaf is asked for. With ``mmap=True`` (local native files), leaves come back as
+    read-only numpy views of the memory-mapped file, and nothing is copied. ``storage_options`` go to fsspec.
+
+    >>> import os, tempfile, jax.numpy as jnp, jaxstow
+    >>> path = os.path.join(tempfile.mkdtemp(), "w.jxs")
+    >>> jaxstow.save(path, {"w": jnp.ones((1000, 4))})
+    >>> with jaxstow.open(path, mmap=True) as reader:
+    ...     view = reader["w"]
+    ...     print(view.shape, view.flags.writeable)
+    (1000, 4) False
+    """
+    return Reader(open_container(_source(target, storage_options)), mmap=mmap)
+
+
+def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]) -> Reader:
+    """One tree saved in several files, one per process: the first holds the structure, the others more shards."""
+    containers: list[Container] = []
+    try:
+        for target in targets:
+            containers.append(open_container(_source(target)))
+        return Reader(containers)
+    except BaseException:
+        for container in containers:
+            container.close()
+        raise
+
+
+def _source(
+    target: str | os.PathLike[str] | BinaryIO | ReadSource, storage_options: dict[str, Any] | None = None
+) -> ReadSource:
+    """The source to read; a local folder raises a :class:`PathError` that says how to restore a checkpoint folder."""
+    if isinstance(target, str | os.PathLike):
+        path = local_path(target)
+        if path is not None and os.path.isdir(path):
+            raise PathError(folder_problem(path), file=path)
+    return open_source(target, storage_options=storage_options)

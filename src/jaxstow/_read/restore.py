@@ -1,0 +1,344 @@
+"""Restoring a tree from an opened file: rebuilt from the file alone, or fitted into a ``like`` tree.
+
+Both are one plan: which stored leaves to read (all, those ``select`` names, or those ``like`` holds), what each
+becomes (numpy, ``jax.Array`` on a sharding, a cast), all checked from the header before any data is read. It is all
+or nothing: any problem raises before a tree is returned.
+
+>>> import io, jax, jax.numpy as jnp, jaxstow
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"params": {"w": jnp.ones(2), "b": jnp.zeros(1)}, "opt": {"mu": jnp.zeros(2)}})
+>>> _ = buffer.seek(0)
+>>> jaxstow.load(buffer, select=["params/w"])
+{'params': {'w': Array([1., 1.], dtype=float32)}}
+>>> _ = buffer.seek(0)
+>>> like = {"params": {"w": jax.ShapeDtypeStruct((2,), jnp.bfloat16)}}
+>>> jaxstow.load(buffer, like=like, partial=True, cast=True)
+{'params': {'w': Array([1, 1], dtype=bfloat16)}}
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Unpack
+
+import jax
+import numpy as np
+
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.leaves import decode_value_entry
+from jaxstow._format.shards import Box, ShardedLeaf, Stored
+from jaxstow._format.skeleton import decode_value
+from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.opened import OpenedFile as Reader
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
+from jaxstow._read.selection import Selection
+from jaxstow._read.targets import Target, castable, describe_stored, target_of
+from jaxstow._util.progress import bar as progress_bar
+from jaxstow.errors import RequestError, StructureMismatchError
+
+__all__ = ["restore"]
+
+_SCALARS = (bool, int, float, complex, str, bytes)
+_TOGETHER = 1.05  # the boxes of a process's devices are read as one when their bounding box is at most this much more
+
+
+class _Skipped:
+    """Stands for a leaf that was not restored, while the tree is rebuilt and pruned."""
+
+    def __repr__(self) -> str:
+        return "<not restored>"
+
+
+_SKIPPED = _Skipped()
+
+
+def restore(reader: Reader, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
+    """The tree in ``reader``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options."""
+
+    def run() -> Any:
+        return _restore(
+            reader,
+            like,
+            as_numpy=options.get("as_numpy", False),
+            sharding=options.get("sharding"),
+            partial=options.get("partial", False),
+            select=options.get("select"),
+            cast=options.get("cast", False),
+        )
+
+    if not options.get("progress", False):
+        return run()
+    total = sum(leaf.nbytes for leaf in reader.stored.values())
+    with progress_bar(total, f"loading {reader.file}", enabled=True) as bar:
+        reader.on_read = bar.update
+        return run()
+
+
+def _restore(
+    reader: Reader,
+    like: Any,
+    *,
+    as_numpy: bool,
+    sharding: ShardingSpec,
+    partial: bool,
+    select: str | Sequence[str] | None,
+    cast: bool,
+) -> Any:
+    if as_numpy and sharding is not None:
+        raise RequestError("as_numpy=True gives numpy arrays, which have no sharding: pass one or the other")
+    if like is None:
+        if partial or cast:
+            raise RequestError(
+                "partial= and cast= work with like=...; without a template, choose leaves with select=[...]",
+                file=reader.file,
+            )
+        return _rebuild(reader, as_numpy=as_numpy, sharding=sharding, select=select)
+    if select is not None:
+        raise RequestError(
+            "select= chooses leaves without a template; with like=..., pass partial=True", file=reader.file
+        )
+    return _fit(reader, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast)
+
+
+def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
+    paths = reader.paths
+    chosen = set(Selection(select).choose(paths, file=reader.file) if select is not None else paths)
+    treedef = reader.treedef()
+    positions = [i if path in chosen else _SKIPPED for i, path in enumerate(paths)]
+
+    def index_tree() -> Any:
+        return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
+
+    arrays = {
+        i: (path, _shape(reader.stored[path]), reader.stored[path].dtype)
+        for i, path in enumerate(paths)
+        if path in chosen and path in reader.stored and reader.stored[path].kind in ("array", "key", "sharded")
+    }
+    placements = _placements(reader, sharding, index_tree, arrays)
+    by_ranges = _read_by_ranges(reader, paths, placements)
+    data = reader.read_stored(
+        [
+            reader.stored[path]
+            for i, path in enumerate(paths)
+            if path in chosen and path in reader.stored and i not in by_ranges
+        ]
+    )
+    values: list[Any] = [
+        _SKIPPED
+        if path not in chosen
+        else data[path]
+        if path in data
+        else None
+        if i in by_ranges
+        else decode_value_entry(reader.value_entries[path], file=reader.file)
+        for i, path in enumerate(paths)
+    ]
+    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
+    for i in by_ranges:
+        values[i] = _from_ranges(reader, paths[i], placements[i], None)
+    tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
+    return _prune(tree) if select is not None else tree
+
+
+def _shape(leaf: Stored) -> tuple[int, ...]:
+    return leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
+
+
+def _placements(
+    reader: Reader,
+    sharding: ShardingSpec,
+    index_tree: Callable[[], Any],
+    arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]],
+) -> dict[int, Any]:
+    """Each restored array's placement from ``sharding=``, checked to fit before anything is read; ``index_tree()``
+    gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree."""
+    if isinstance(sharding, str) and sharding == "saved":
+        placements = {
+            i: saved_sharding(leaf.sharding, file=reader.file, path=path)
+            for i, (path, _, _) in arrays.items()
+            if isinstance(leaf := reader.stored.get(path), ShardedLeaf) and leaf.sharding is not None
+        }
+    else:
+        placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
+    for i, placement in placements.items():
+        check_fits(placement, arrays[i][1], file=reader.file, path=arrays[i][0])
+    return placements
+
+
+def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[int, Any], *, as_numpy: bool) -> None:
+    """Put the numpy arrays at ``positions`` of ``values`` on their devices, in place (unless ``as_numpy``); PRNG keys
+    there, already on a device, move to their placement."""
+    if as_numpy:
+        return
+    arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
+    for i, placed in zip(arrays, place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
+        values[i] = placed
+    for i in positions:
+        if isinstance(values[i], jax.Array) and placements.get(i) is not None and i not in arrays:
+            values[i] = jax.device_put(values[i], placements[i])
+
+
+def _prune(tree: Any) -> Any:
+    """``tree`` without the leaves not restored: dropped from dicts, ``None`` elsewhere; a node left with none of its
+    leaves is dropped as a whole."""
+    if tree is _SKIPPED:
+        return _SKIPPED
+    if type(tree) is dict:
+        kept = {key: pruned for key, value in tree.items() if (pruned := _prune(value)) is not _SKIPPED}
+        return kept if kept or not tree else _SKIPPED
+    leaves = jax.tree.leaves(tree)
+    if leaves and all(leaf is _SKIPPED for leaf in leaves):
+        return _SKIPPED
+    return jax.tree.map(lambda leaf: None if leaf is _SKIPPED else leaf, tree)
+
+
+def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool) -> Any:
+    paths, wanted, treedef = flatten_with_paths(like)
+    targets = [target_of(leaf) for leaf in wanted]
+    problems = [
+        problem
+        for path, target in zip(paths, targets, strict=True)
+        if (problem := _problem(reader, path, target, cast=cast)) is not None
+    ]
+    if not partial:
+        expected = set(paths)
+        problems += [
+            f"{path!r}: in the file but not in the structure ({_describe_file_leaf(reader, path)}); pass partial=True "
+            "to leave it unread"
+            for path in reader.paths
+            if path not in expected
+        ]
+    if problems:
+        raise StructureMismatchError(problems, file=reader.file)
+
+    arrays = {
+        i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+        if target.output in ("jax", "key")
+    }
+    placements = _placements(reader, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
+    for i in arrays:
+        if sharding is None and targets[i].sharding is not None:
+            placements[i] = targets[i].sharding
+    by_ranges = set() if as_numpy else _read_by_ranges(reader, paths, placements)
+    stored = [
+        reader.stored[path]
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+        if target.output != "value" and i not in by_ranges
+    ]
+    data = reader.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
+    data.update(reader.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
+    values = [
+        None if i in by_ranges else _output(reader, path, target, data, as_numpy=as_numpy)
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+    ]
+    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
+    for i in by_ranges:
+        values[i] = _from_ranges(reader, paths[i], placements[i], targets[i].dtype)
+    return treedef.unflatten(values)
+
+
+def _read_by_ranges(reader: Reader, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:
+    """The sharded leaves bound for several devices: each device's part is read on its own, by byte ranges."""
+    return {
+        i
+        for i, placement in placements.items()
+        if isinstance(reader.stored.get(paths[i]), ShardedLeaf)
+        and isinstance(placement, jax.sharding.Sharding)
+        and (len(placement.device_set) > 1 or not placement.is_fully_addressable)
+    }
+
+
+def _from_ranges(reader: Reader, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
+    """A sharded leaf laid out on ``placement``: the boxes of this process's devices read from the shards that
+    overlap them, together when their bounding box holds little else (then whole shards are read, and verified)."""
+    leaf = reader.stored[path]
+    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
+    bound: Box = tuple(
+        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes)) for axis in range(len(leaf.shape))
+    )
+    together = _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
+    whole = _cast(reader.read_box(path, bound), dtype) if together else None
+    parts: dict[Box, np.ndarray] = {}
+
+    def part(index: tuple[slice, ...] | None) -> np.ndarray:
+        box = _box(index, leaf.shape)
+        if box not in parts:  # replicas of a box are read once
+            if whole is not None:
+                parts[box] = whole[
+                    tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
+                ]
+            else:
+                parts[box] = _cast(reader.read_box(path, box), dtype)
+        return parts[box]
+
+    return jax.make_array_from_callback(leaf.shape, placement, part)
+
+
+def _box(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Box:
+    slices = index or tuple(slice(None) for _ in shape)
+    return tuple(
+        (start, stop) for start, stop, _ in (axis.indices(size) for axis, size in zip(slices, shape, strict=True))
+    )
+
+
+def _volume(box: Box) -> int:
+    return math.prod(stop - start for start, stop in box)
+
+
+def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
+    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+
+
+def _output(reader: Reader, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:
+    """The restored leaf at ``path`` in the form ``target`` asks for."""
+    if target.output == "value":
+        return decode_value_entry(reader.value_entries[path], file=reader.file)
+    value = data[path]
+    if target.output == "key":
+        return value
+    if target.dtype is not None and value.dtype != target.dtype:
+        value = value.astype(target.dtype)
+    if target.output == "torch" and not as_numpy:
+        return tensor_from_numpy(np.ascontiguousarray(value), file=reader.file, path=path)
+    if target.output == "npscalar":
+        return value[()]
+    return value
+
+
+def _describe_file_leaf(reader: Reader, path: str) -> str:
+    if path in reader.stored:
+        return describe_stored(reader.stored[path])
+    return Target("value", value=decode_value_entry(reader.value_entries[path], file=reader.file)).describe()
+
+
+def _problem(reader: Reader, path: str, target: Target, *, cast: bool) -> str | None:
+    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
+    if path not in reader:
+        return f"{path!r}: missing from the file (expected {target.describe()})"
+    stored = reader.stored.get(path)
+    if target.output == "value":
+        if stored is None:
+            value = decode_value(reader.value_entries[path].get("value"), path=path, file=reader.file)
+            wanted = target.value
+            if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
+                return None
+        return f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
+    mismatch = f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
+    if stored is None:
+        return mismatch
+    if target.output == "key":
+        fits = stored.kind == "key" and stored.impl == target.impl and _shape(stored) == target.shape
+        return None if fits else mismatch
+    if stored.kind == "key" or stored.shape != target.shape:
+        return mismatch
+    assert target.dtype is not None
+    if stored.dtype == target.dtype:
+        return None
+    if castable(stored.dtype, target.dtype):
+        return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if cast:
+        return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
+    return mismatch

@@ -1,0 +1,149 @@
+"""A part of a stored array read by byte ranges, never the whole array first.
+
+A stored array is row-major, so the box ``[10:20, :]`` of a matrix is one range of bytes, and ``[:, 2:4]`` is one
+short range per row. :func:`parse_index` turns a numpy-style index into the box to read plus what is left to apply to
+it (steps, dropped axes); :func:`read_box` reads the box with as few reads as it can, exactly the bytes it needs
+unless a dense neighbourhood is cheaper to read at once.
+
+>>> import io, numpy as np
+>>> from jaxstow._read.slicing import parse_index, read_box
+>>> from jaxstow._storage.opening import open_source
+>>> array = np.arange(24, dtype=np.int32).reshape(4, 6)
+>>> source = open_source(io.BytesIO(array.tobytes()))
+>>> box, rest = parse_index(np.s_[1:3, 2:4], array.shape)
+>>> box
+((1, 3), (2, 4))
+>>> read_box(source, 0, array.dtype, array.shape, box)[rest]
+array([[ 8,  9],
+       [14, 15]], dtype=int32)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from jaxstow._format.reading import aligned_empty
+from jaxstow._format.shards import Box
+from jaxstow._format.source import ReadSource
+from jaxstow._storage.sources import LocalFile
+from jaxstow.errors import SliceError
+
+__all__ = ["Box", "box_nbytes", "full_box", "parse_index", "read_box"]
+
+_OVER_READ = 1.05  # read whole rows at once when that reads at most this much more than needed
+_MANY_RUNS = 1 << 16  # past this many ranges of under 4 KiB each, whole rows are read instead
+_SMALL_RUN = 4096
+
+
+def full_box(shape: tuple[int, ...]) -> Box:
+    """The box of a whole array."""
+    return tuple((0, n) for n in shape)
+
+
+def box_nbytes(box: Box, itemsize: int) -> int:
+    """How many bytes the elements of ``box`` take."""
+    return math.prod(stop - start for start, stop in box) * itemsize
+
+
+def parse_index(
+    index: Any, shape: tuple[int, ...], *, file: str | None = None, path: str | None = None
+) -> tuple[Box, tuple[Any, ...]]:
+    """The box that ``index`` touches, and the index that picks the result out of that box.
+
+    ``index`` is what numpy takes between brackets, limited to integers, slices (any step) and one ``...``.
+    """
+    items = index if isinstance(index, tuple) else (index,)
+    if sum(item is Ellipsis for item in items) > 1:
+        raise SliceError(f"an index can hold one '...', not {index!r}", file=file, path=path)
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        fill = len(shape) - (len(items) - 1)
+        items = (*items[:at], *(slice(None),) * max(fill, 0), *items[at + 1 :])
+    if len(items) > len(shape):
+        raise SliceError(
+            f"index {index!r} has {len(items)} axes but the array has shape {list(shape)}", file=file, path=path
+        )
+    items = (*items, *(slice(None),) * (len(shape) - len(items)))
+    box: list[tuple[int, int]] = []
+    rest: list[Any] = []
+    for axis, (item, size) in enumerate(zip(items, shape, strict=True)):
+        if isinstance(item, int | np.integer) and not isinstance(item, bool):
+            position = int(item) + size if item < 0 else int(item)
+            if not 0 <= position < size:
+                raise SliceError(
+                    f"index {int(item)} is out of bounds for axis {axis} of shape {list(shape)}", file=file, path=path
+                )
+            box.append((position, position + 1))
+            rest.append(0)
+        elif isinstance(item, slice):
+            chosen = range(*item.indices(size))
+            if not chosen:
+                box.append((0, 0))
+                rest.append(slice(None))
+                continue
+            low, high = min(chosen[0], chosen[-1]), max(chosen[0], chosen[-1]) + 1
+            stop = chosen[-1] - low + (1 if chosen.step > 0 else -1)
+            box.append((low, high))
+            rest.append(slice(chosen[0] - low, stop if stop >= 0 else None, chosen.step))
+        else:
+            raise SliceError(
+                f"index {index!r}: only integers, slices and '...' select a part of a stored array, not {item!r}",
+                file=file,
+                path=path,
+            )
+    return tuple(box), tuple(rest)
+
+
+def read_box(
+    source: ReadSource,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Box,
+    *,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
+    """The elements of ``box`` of the row-major array of ``dtype`` and ``shape`` stored at ``offset``.
+
+    The result is ``into`` (a C-contiguous array of the box's shape and ``dtype``) filled, or a new 64-byte-aligned
+    array.
+    """
+    extent = tuple(stop - start for start, stop in box)
+    out = aligned_empty(math.prod(extent) * dtype.itemsize) if into is None else into.reshape(-1).view(np.uint8)
+    if out.size == 0:
+        return out.view(dtype).reshape(extent)
+    strides = [math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape))]
+    partial_axes = [axis for axis, (start, stop) in enumerate(box) if (start, stop) != (0, shape[axis])]
+    if not partial_axes or partial_axes == [0]:  # whole rows of the first axis: one range
+        source.read_into(offset + (box[0][0] * strides[0] if box else 0), out.data)
+        return out.view(dtype).reshape(extent)
+    last = partial_axes[-1]
+    run_bytes = extent[last] * strides[last]
+    runs = math.prod(extent[:last])
+    rows_bytes = extent[0] * strides[0]
+    if rows_bytes <= _OVER_READ * out.nbytes or (runs > _MANY_RUNS and run_bytes < _SMALL_RUN):
+        rows = read_box(source, offset, dtype, shape, (box[0], *full_box(shape[1:])))
+        out.view(dtype).reshape(extent)[...] = rows[(slice(None), *(slice(a, b) for a, b in box[1:]))]
+        return out.view(dtype).reshape(extent)
+    leading = np.indices(extent[:last]).reshape(last, -1)
+    starts = (
+        offset
+        + box[last][0] * strides[last]
+        + sum((box[axis][0] + leading[axis]) * strides[axis] for axis in range(last))
+    )
+    _read_runs(source, starts.tolist(), run_bytes, out.data)
+    return out.view(dtype).reshape(extent)
+
+
+def _read_runs(source: ReadSource, starts: list[int], run_bytes: int, data: memoryview) -> None:
+    """Read ``run_bytes`` at each of ``starts`` into consecutive parts of ``data``; one system call each on a local
+    file."""
+    descriptor = source.fileno() if isinstance(source, LocalFile) else None
+    for position, start in enumerate(starts):
+        part = data[position * run_bytes : (position + 1) * run_bytes]
+        if descriptor is None or os.preadv(descriptor, [part], start) != run_bytes:
+            source.read_into(start, part)

@@ -1,0 +1,94 @@
+"""Which steps a checkpoint directory keeps: the latest k, every n-th, the best k by a metric, combined.
+
+A step is kept if any rule keeps it, and the newest step is always kept, so that a run can resume from it until a
+newer one is committed. With no rule at all, every step is kept.
+
+>>> from jaxstow._steps.keep import KeepPolicy
+>>> policy = KeepPolicy(keep_last=2, keep_every=10, keep_best=1, metric="loss")
+>>> steps = [5, 10, 15, 20, 25, 30]
+>>> losses = {5: 0.9, 10: 0.5, 15: 0.1, 20: 0.3, 25: 0.4, 30: 0.6}
+>>> sorted(policy.keep(steps, losses)), policy.to_delete(steps, losses)
+([10, 15, 20, 25, 30], [5])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["KeepPolicy"]
+
+
+def _check_count(name: str, value: int | None) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+
+
+@dataclass(frozen=True)
+class KeepPolicy:
+    """Retention rules; ``metric`` names the value that ``keep_best`` ranks by, lowest first when ``mode="min"``."""
+
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_best: int | None = None
+    metric: str | None = None
+    mode: Literal["min", "max"] = "min"
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every", "keep_best"):
+            _check_count(name, getattr(self, name))
+        if self.mode not in ("min", "max"):
+            raise ValueError(f'mode must be "min" or "max", not {self.mode!r}')
+        if self.keep_best is not None and not self.metric:
+            raise ValueError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
+
+    @property
+    def ranks(self) -> bool:
+        """Whether the policy needs each step's metric."""
+        return self.keep_best is not None
+
+    def keep(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> set[int]:
+        """The steps to keep; ``metrics`` maps steps to their metric (``None`` or NaN ranks last)."""
+        return {step for step, rules in self.reasons(steps, metrics).items() if rules}
+
+    def reasons(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> dict[int, list[str]]:
+        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"best 1 by loss"``, ``"newest"``).
+
+        A step with no rule is one the policy deletes.
+
+        >>> from jaxstow._steps.keep import KeepPolicy
+        >>> KeepPolicy(keep_last=1, keep_every=10).reasons([10, 15, 20], {})
+        {10: ['every 10'], 15: [], 20: ['last 1', 'every 10']}
+        """
+        ordered = sorted(steps)
+        reasons: dict[int, list[str]] = {step: [] for step in ordered}
+        if not ordered:
+            return reasons
+        if self.keep_last is None and self.keep_every is None and self.keep_best is None:
+            return {step: ["no keep rule"] for step in ordered}
+        if self.keep_last is not None:
+            for step in ordered[-self.keep_last :]:
+                reasons[step].append(f"last {self.keep_last}")
+        if self.keep_every is not None:
+            for step in ordered:
+                if step % self.keep_every == 0:
+                    reasons[step].append(f"every {self.keep_every}")
+        if self.keep_best is not None:
+            for step in sorted(ordered, key=lambda step: self._rank(metrics.get(step), step))[: self.keep_best]:
+                reasons[step].append(f"best {self.keep_best} by {self.metric}")
+        if not reasons[ordered[-1]]:
+            reasons[ordered[-1]].append("newest")
+        return reasons
+
+    def to_delete(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> list[int]:
+        """The steps that no rule keeps, oldest first."""
+        kept = self.keep(steps, metrics)
+        return [step for step in sorted(steps) if step not in kept]
+
+    def _rank(self, value: float | None, step: int) -> tuple[bool, float, int]:
+        """Sort key: steps without a usable value last; ties go to the newer step."""
+        if value is None or math.isnan(value):
+            return (True, 0.0, -step)
+        return (False, value if self.mode == "min" else -value, -step)

@@ -1,0 +1,238 @@
+"""``checkpoint.json``: what a committed step holds, written last into the step's folder.
+
+The record carries the checksum of its own text (``record_xxh3``, computed with that value zeroed) and the header
+checksum of each item file, so a changed byte in the record, a missing item file or an item file replaced by
+another is an error naming the step and the file, never a restore of something else.
+
+>>> from jaxstow._steps.record import StepRecord
+>>> record = StepRecord(step=3, files={"params": "params.safetensors"}, single=False, metrics={"loss": 0.25})
+>>> StepRecord.from_json(record.to_json(), where="3/checkpoint.json").metrics
+{'loss': 0.25}
+>>> StepRecord.from_json(record.to_json().replace(b"0.25", b"0.35"), where="3/checkpoint.json")
+Traceback (most recent call last):
+...
+jaxstow.errors.CorruptFileError: 3/checkpoint.json: the record's checksum does not match: the record is corrupt
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes
+from jaxstow._format.container import FORMAT_VERSION
+from jaxstow._format.json_rules import json_problem
+from jaxstow._format.json_text import parse_json
+from jaxstow._format.native import header_checksum
+from jaxstow._format.source import ReadSource
+from jaxstow._version import __version__
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
+
+__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics", "folder_problem"]
+
+#: The name of the record in a step's folder.
+RECORD_NAME = "checkpoint.json"
+_RECORD_VERSION = 2  # 2: the record's own checksum and each item's header checksum
+_CHECKSUM_KEY = "record_xxh3"
+_CHECKSUM = re.compile(r"[0-9a-f]{16}")
+
+Metrics = dict[str, float | None]
+
+
+def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | None:
+    """Metrics as stored: a dict of names to floats; NaN and infinities become ``None`` (strict JSON has none)."""
+    if metrics is None:
+        return None
+    if not isinstance(metrics, Mapping):
+        raise TypeError(f"metrics of step {step} must be a dict of names to numbers, not {type(metrics).__name__}")
+    out: Metrics = {}
+    for name, value in metrics.items():
+        if not isinstance(name, str):
+            raise TypeError(f"metric names of step {step} must be strings, not {name!r}")
+        try:
+            number = None if isinstance(value, bool | str | bytes) else float(value)
+        except (TypeError, ValueError):
+            number = None
+        if number is None:
+            raise TypeError(f"metric {name!r} of step {step} must be a number, not {value!r}")
+        out[name] = number if math.isfinite(number) else None
+    return out
+
+
+def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
+    """``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise."""
+    if metadata is None:
+        return None
+    problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+    if problem is not None:
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
+    return cast(dict[str, Any], metadata)
+
+
+def _is_plain_name(name: object) -> bool:
+    """Whether ``name`` is a file name inside the step's folder, never a path out of it."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A committed step: its item files, whether it is one tree or named items, its metrics and metadata.
+
+    A step saved by several processes has, for each item, process 0's file in ``files`` and the other processes'
+    files (their shards) in ``parts``. ``headers`` maps each file of the step (``files`` and ``parts`` alike) to the
+    checksum of its header (``None`` in records of jaxstow before version 2).
+    """
+
+    step: int
+    files: dict[str, str]
+    single: bool
+    metrics: Metrics | None = None
+    metadata: dict[str, Any] | None = None
+    time: float = field(default_factory=time.time)
+    keep_policy: dict[str, Any] | None = None  # the writer's keep rules, for `jaxstow ls`
+    parts: dict[str, list[str]] = field(default_factory=dict)
+    headers: dict[str, str] | None = None
+
+    def item_files(self, item: str) -> list[str]:
+        """Every file of ``item``: process 0's first."""
+        return [self.files[item], *self.parts.get(item, [])]
+
+    def metric(self, name: str) -> float | None:
+        return None if self.metrics is None else self.metrics.get(name)
+
+    def to_json(self) -> bytes:
+        record = {
+            "step": self.step,
+            "time": round(self.time, 3),
+            "files": self.files,
+            "headers": self.headers,
+            "single": self.single,
+            "metrics": self.metrics,
+            "metadata": self.metadata,
+            "keep_policy": self.keep_policy,
+            **({"parts": self.parts} if self.parts else {}),
+            "library": f"jaxstow {__version__}",
+            "record_version": _RECORD_VERSION,
+            "format_version": FORMAT_VERSION,
+            _CHECKSUM_KEY: ZERO_CHECKSUM,
+        }
+        text = json.dumps(record, indent=1, allow_nan=False).encode()
+        return text.replace(_checksum_field(ZERO_CHECKSUM), _checksum_field(checksum_bytes(text)))
+
+    @classmethod
+    def from_json(cls, data: bytes, *, where: str) -> StepRecord:
+        """Parse and check a record; ``where`` names it in errors. Any change to a record is a
+        :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming that version."""
+        record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
+        version = record.get("record_version") if isinstance(record, dict) else None
+        if type(version) is not int or version < 1:
+            raise CorruptFileError(f"record version {version!r} is malformed (expected a positive integer)", file=where)
+        if version > _RECORD_VERSION:
+            raise FormatError(
+                f"the record was written by {record.get('library', 'a newer jaxstow')!s:.40} (record version "
+                f"{version}); this jaxstow {__version__} reads versions up to {_RECORD_VERSION}: upgrade jaxstow",
+                file=where,
+            )
+        if version >= 2:
+            _check_record_checksum(data, record.get(_CHECKSUM_KEY), where=where)
+        step, files, single = record.get("step"), record.get("files"), record.get("single")
+        metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
+        parts, headers = record.get("parts", {}), record.get("headers")
+        valid = (
+            type(step) is int
+            and isinstance(files, dict)
+            and all(isinstance(k, str) and _is_plain_name(v) for k, v in files.items())
+            and isinstance(single, bool)
+            and (not single or len(files) == 1)
+            and (metrics is None or _is_metrics(metrics))
+            and (metadata is None or isinstance(metadata, dict))
+            and (keep_policy is None or isinstance(keep_policy, dict))
+            and isinstance(record.get("time"), numbers.Real)
+            and isinstance(parts, dict)
+            and all(
+                item in files and isinstance(names, list) and all(map(_is_plain_name, names))
+                for item, names in parts.items()
+            )
+            and (headers is None or _is_headers(headers, files, parts))
+        )
+        if not valid:
+            raise CorruptFileError("the step record lacks a field or has one of the wrong type", file=where)
+        return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy, parts, headers)
+
+
+def _checksum_field(value: str) -> bytes:
+    return f'"{_CHECKSUM_KEY}": "{value}"'.encode()
+
+
+def _check_record_checksum(data: bytes, recorded: Any, *, where: str) -> None:
+    intact = (
+        isinstance(recorded, str)
+        and _CHECKSUM.fullmatch(recorded) is not None
+        and data.count(_checksum_field(recorded)) == 1
+        and checksum_bytes(data.replace(_checksum_field(recorded), _checksum_field(ZERO_CHECKSUM))) == recorded
+    )
+    if not intact:
+        raise CorruptFileError("the record's checksum does not match: the record is corrupt", file=where)
+
+
+def _is_headers(headers: Any, files: dict[str, Any], parts: Any) -> bool:
+    names = {*files.values(), *(name for names in parts.values() for name in names)}
+    return isinstance(headers, dict) and all(
+        file in names and isinstance(value, str) and _CHECKSUM.fullmatch(value) for file, value in headers.items()
+    )
+
+
+def _is_metrics(metrics: Any) -> bool:
+    return isinstance(metrics, dict) and all(
+        isinstance(value, int | float | None) and not isinstance(value, bool) for value in metrics.values()
+    )
+
+
+def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource], where: Callable[[str], str]) -> None:
+    """Check that every item file of a step exists and has the header its record names (its checksum is compared,
+    and checked against the header's text; the data is checked when it is restored).
+
+    ``open_item(file)`` opens an item file; ``where(file)`` names it in errors. A missing file is a
+    :class:`CheckpointError`, a damaged header or a file that is not the one the record names a
+    :class:`CorruptFileError`.
+    """
+    for item, file in sorted((name, file) for name in record.files for file in record.item_files(name)):
+        try:
+            source = open_item(file)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"{where(file)}: step {record.step} lists the item {item!r}, but its file is missing", file=where(file)
+            ) from None
+        try:
+            found = header_checksum(source)
+        finally:
+            source.close()
+        expected = None if record.headers is None else record.headers.get(file)
+        if expected is not None and found != expected:
+            raise CorruptFileError(
+                f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "
+                f"expects {expected}: the file is not the one that was saved",
+                file=where(file),
+            )
+
+
+def folder_problem(path: str) -> str:
+    """Why a folder cannot be loaded as a file, and what restores it if it is a checkpoint folder or one of its steps."""
+    if os.path.isfile(os.path.join(path, RECORD_NAME)):
+        parent, step = os.path.split(os.path.abspath(path))
+        return (
+            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
+            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
+        )
+    with os.scandir(path) as entries:
+        steps = any(entry.is_dir() and os.path.isfile(os.path.join(entry.path, RECORD_NAME)) for entry in entries)
+    if steps:
+        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
+    return "is a folder, not a file"

@@ -1,0 +1,125 @@
+"""Local files written all or nothing, and the temporary names that make it so.
+
+A save to a path writes a temporary file in the same folder, fsyncs it, renames it over the final name and fsyncs the
+folder, so a crash leaves either the old file or the new one, never a torn one.
+
+>>> import os, tempfile
+>>> from jaxstow._storage.atomic import atomic_write
+>>> folder = tempfile.mkdtemp()
+>>> with atomic_write(os.path.join(folder, "x.bin")) as sink:
+...     _ = sink.write(b"hello")
+>>> open(os.path.join(folder, "x.bin"), "rb").read(), os.listdir(folder)
+(b'hello', ['x.bin'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import socket
+import zlib
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from jaxstow.errors import PathError
+
+__all__ = ["TEMPORARY_MARKER", "atomic_write", "fsync_directory", "remove_dead_leftovers", "temporary_sibling"]
+
+#: Part of the name of every temporary file or folder jaxstow writes; readers and listings skip such names.
+TEMPORARY_MARKER = ".jaxstow-tmp-"
+
+_WRITE_BUFFER = 1 << 20
+
+
+_HOST = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+_TEMPORARY_FILE = re.compile(re.escape(TEMPORARY_MARKER) + r"(\d+)-([0-9a-f]{8})-[0-9a-f]{8}$")
+
+
+def temporary_sibling(path: str) -> str:
+    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host."""
+    folder, name = os.path.split(os.path.abspath(path))
+    return os.path.join(folder, f".{name}{TEMPORARY_MARKER}{os.getpid()}-{_HOST}-{secrets.token_hex(4)}")
+
+
+def remove_dead_leftovers(folder: str) -> list[str]:
+    """Delete the temporary files in ``folder`` whose writer, a process of this host, no longer runs; their names.
+
+    A killed save cannot clean up after itself; the next save into the same folder does. Files of live processes,
+    of other hosts and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone.
+
+    >>> import os, subprocess, sys, tempfile
+    >>> from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling
+    >>> folder = tempfile.mkdtemp()
+    >>> dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout
+    >>> mine = temporary_sibling(os.path.join(folder, "model.jxs"))
+    >>> theirs = mine.replace(f"-tmp-{os.getpid()}-", f"-tmp-{int(dead)}-")
+    >>> for path in (mine, theirs):
+    ...     open(path, "wb").close()
+    >>> remove_dead_leftovers(folder) == [os.path.basename(theirs)], os.listdir(folder) == [os.path.basename(mine)]
+    (True, True)
+    """
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = _TEMPORARY_FILE.search(entry.name)
+        if match is None or match[2] != _HOST or _running(int(match[1])) or entry.is_dir(follow_symlinks=False):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it runs, as another user
+        return True
+    return True
+
+
+def fsync_directory(folder: str) -> None:
+    """Make a rename or a deletion in ``folder`` durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder.
+
+    Any failure (disk full, I/O error, an exception in the block, Ctrl-C) removes the temporary file and leaves the
+    previous file as it was. Temporary files that killed saves left in the folder are removed first.
+    """
+    final = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(final))
+    if not os.path.isdir(folder):
+        raise PathError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
+    if os.path.isdir(final):
+        raise PathError("cannot write it: it is a folder", file=final)
+    remove_dead_leftovers(folder)
+    temporary = temporary_sibling(final)
+    sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
+    try:
+        yield sink
+        sink.flush()
+        os.fsync(sink.fileno())
+        sink.close()
+        os.replace(temporary, final)
+        fsync_directory(os.path.dirname(os.path.abspath(final)))
+    except BaseException:
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            sink.close()
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -1,0 +1,177 @@
+"""Folders in a local directory, each made visible whole by one atomic rename.
+
+A folder is written under a temporary name (it holds :data:`~jaxstow._storage.atomic.TEMPORARY_MARKER`, so no listing shows
+it), every file fsynced, its marker written last, the folder fsynced, then renamed to its final name and the directory
+fsynced. A crash
+leaves either the old state or the new one, plus a temporary folder that :func:`remove_leftovers` deletes later.
+Replacing a committed folder swaps the two folders in one step (``renameat2`` with ``RENAME_EXCHANGE``).
+
+>>> import os, tempfile
+>>> from jaxstow._storage.folders import LocalStore
+>>> store = LocalStore(tempfile.mkdtemp(), marker="done.json")
+>>> staging = store.stage("1", replace=False)
+>>> with staging.open("a.bin") as (stored, sink):
+...     _ = sink.write(b"data")
+>>> store.committed(), len(os.listdir(store.root))
+([], 1)
+>>> staging.commit(b'{"files": ["a.bin"]}')
+>>> store.committed(), sorted(os.listdir(store.path("1")))
+(['1'], ['a.bin', 'done.json'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from typing import BinaryIO
+
+from jaxstow._format.source import ReadSource
+from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, temporary_sibling
+from jaxstow._storage.opening import open_source
+from jaxstow.errors import CheckpointError
+
+__all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_WRITE_BUFFER = 1 << 20
+
+
+def remove_leftovers(directory: str) -> list[str]:
+    """Delete the temporary files and folders that interrupted writes left in ``directory``; returns their names.
+
+    Only the directory's writer may call this (it holds the lock): the temporary names of a live write look the same.
+    """
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for entry in entries:
+        if TEMPORARY_MARKER in entry.name:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+def _exchange(first: str, second: str) -> None:
+    """Swap two paths atomically (Linux ``renameat2``); a clear error where the system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        raise CheckpointError(f"cannot replace {second} atomically: this system has no renameat2(RENAME_EXCHANGE)")
+    result = renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), _RENAME_EXCHANGE)
+    if result != 0:
+        code = ctypes.get_errno()
+        raise CheckpointError(f"cannot replace {second} atomically with {first}: {os.strerror(code)}")
+
+
+class LocalStore:
+    """Folders in the local directory ``root``, each committed by one rename once its ``marker`` file is written."""
+
+    def __init__(self, root: str, *, marker: str) -> None:
+        self.root = root
+        self.location = root
+        self.marker = marker
+
+    def path(self, *parts: str) -> str:
+        return os.path.join(self.root, *parts)
+
+    def url(self, *parts: str) -> str:
+        """The path of ``parts`` under the root, for messages."""
+        return self.path(*parts)
+
+    def ensure(self) -> None:
+        os.makedirs(self.root, exist_ok=True)
+
+    def committed(self) -> list[str]:
+        """Names of the committed folders: not temporary, and holding their marker."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            entry.name
+            for entry in entries
+            if TEMPORARY_MARKER not in entry.name
+            and entry.is_dir()
+            and os.path.isfile(os.path.join(entry.path, self.marker))
+        )
+
+    def read_marker(self, name: str) -> bytes:
+        with open(self.path(name, self.marker), "rb") as file:
+            return file.read()
+
+    def source(self, name: str, file: str) -> ReadSource:
+        return open_source(self.path(name, file))
+
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
+        """Start writing folder ``name`` under a temporary name; ``replace`` swaps it with the committed one. With the
+        ``token`` of another process's staging, write into that same folder."""
+        return LocalStaging(self, name, replace=replace, token=token)
+
+    def delete(self, name: str) -> None:
+        """Delete a committed folder: renamed to a temporary name first, so that no one sees it half deleted."""
+        doomed = temporary_sibling(self.path(name))
+        os.rename(self.path(name), doomed)
+        fsync_directory(self.root)
+        shutil.rmtree(doomed)
+
+    def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
+        """Remove temporary leftovers. Committed folders appear by rename only, so ``owns`` has nothing to add here."""
+        del owns
+        return remove_leftovers(self.root)
+
+
+class LocalStaging:
+    """A folder being written under a temporary name; :meth:`commit` renames it into place.
+
+    Files in it are written in place and fsynced; the folder itself is fsynced once, at commit, before the rename.
+    """
+
+    def __init__(self, store: LocalStore, name: str, *, replace: bool, token: str | None = None) -> None:
+        self._store = store
+        self._final = store.path(name)
+        self._replace = replace
+        if token is None:
+            self._temporary = temporary_sibling(self._final)
+            os.mkdir(self._temporary)
+        else:  # another process made it
+            self._temporary = os.path.join(store.root, os.path.basename(token))
+            if not os.path.isdir(self._temporary):
+                raise CheckpointError(f"the folder {self._temporary} that process 0 made for step {name} is not here")
+
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`LocalStore.stage` to write into this same folder."""
+        return os.path.basename(self._temporary)
+
+    @contextlib.contextmanager
+    def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
+        """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink."""
+        with open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink:
+            yield file, sink
+            sink.flush()
+            os.fsync(sink.fileno())
+
+    def commit(self, marker: bytes) -> None:
+        """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename."""
+        with self.open(self._store.marker) as (_, sink):
+            sink.write(marker)
+        fsync_directory(self._temporary)
+        if self._replace:
+            _exchange(self._temporary, self._final)
+            fsync_directory(self._store.root)
+            shutil.rmtree(self._temporary)  # now the replaced folder
+        else:
+            os.rename(self._temporary, self._final)
+            fsync_directory(self._store.root)
+
+    def abort(self) -> None:
+        """Remove the temporary folder; nothing committed is touched."""
+        shutil.rmtree(self._temporary, ignore_errors=True)

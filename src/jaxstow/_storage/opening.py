@@ -1,0 +1,46 @@
+"""What a user names a file with, opened for reading: a path, a ``file://`` URL, an fsspec URL or a file object.
+
+fsspec is imported only when a URL other than ``file://`` is given.
+
+>>> import os, tempfile
+>>> from jaxstow._storage.opening import open_source
+>>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
+>>> with open(path, "wb") as file:
+...     _ = file.write(b"hello")
+>>> source = open_source(path)
+>>> source.size, bytes(source.read(1, 4))
+(5, b'ello')
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, BinaryIO
+
+from jaxstow._format.source import ReadSource
+from jaxstow._storage.paths import local_path
+from jaxstow._storage.sources import FileObject, LocalFile
+from jaxstow.errors import PathError
+
+__all__ = ["open_source"]
+
+
+def open_source(
+    target: str | os.PathLike[str] | BinaryIO | ReadSource, *, storage_options: dict[str, Any] | None = None
+) -> ReadSource:
+    """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is).
+
+    ``storage_options`` go to fsspec for a URL. A folder raises :class:`~jaxstow.errors.PathError`.
+    """
+    if isinstance(target, ReadSource):
+        return target
+    if not isinstance(target, str | os.PathLike):
+        return FileObject(target)
+    path = local_path(target)
+    if path is None:
+        from jaxstow._storage.remote import open_remote_source
+
+        return open_remote_source(os.fspath(target), storage_options=storage_options)
+    if os.path.isdir(path):
+        raise PathError("is a folder, not a file", file=path)
+    return LocalFile(path)

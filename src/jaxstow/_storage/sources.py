@@ -1,0 +1,101 @@
+"""Local sources of random-access bytes: files read with ``pread``, and binary file objects.
+
+>>> import io
+>>> from jaxstow._storage.sources import FileObject
+>>> source = FileObject(io.BytesIO(b"hello"))
+>>> source.size, bytes(source.read(1, 4))
+(5, b'ello')
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import BinaryIO
+
+from jaxstow.errors import TruncatedFileError
+
+__all__ = ["FileObject", "LocalFile", "SourceBase"]
+
+
+class SourceBase:
+    """What every source shares: ``read`` through ``read_into``, and the errors of a source that ends too soon."""
+
+    name: str
+    size: int
+    parallel = False
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        raise NotImplementedError
+
+    def read(self, offset: int, length: int) -> bytes:
+        buffer = bytearray(length)
+        self.read_into(offset, memoryview(buffer))
+        return bytes(buffer)
+
+    def _truncated(self, offset: int, wanted: int, got: int) -> TruncatedFileError:
+        return TruncatedFileError(
+            f"the file ends after {self.size} bytes, but {wanted} bytes were expected at offset {offset} "
+            f"(only {got} there)",
+            file=self.name,
+        )
+
+    def describe_size(self) -> str:
+        """The size, and a hint when a file object was left at its end."""
+        return f"{self.size} bytes"
+
+
+class LocalFile(SourceBase):
+    """A local file read with ``pread``, safe to share between threads."""
+
+    parallel = True
+
+    def __init__(self, path: str) -> None:
+        self.name = path
+        self._descriptor = os.open(path, os.O_RDONLY)
+        self.size = os.fstat(self._descriptor).st_size
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        buffer = buffer.cast("B")
+        done = 0
+        while done < len(buffer):
+            count = os.preadv(self._descriptor, [buffer[done:]], offset + done)
+            if count == 0:
+                raise self._truncated(offset, len(buffer), done)
+            done += count
+
+    def fileno(self) -> int:
+        """The open file descriptor, for positional reads."""
+        return self._descriptor
+
+    def close(self) -> None:
+        os.close(self._descriptor)
+
+
+class FileObject(SourceBase):
+    """A seekable binary file object, such as ``io.BytesIO`` or an open file."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self.name = str(getattr(file, "name", type(file).__name__))
+        self._file = file
+        self._start = file.tell()
+        self.size = file.seek(0, io.SEEK_END) - self._start
+
+    def describe_size(self) -> str:
+        if self.size == 0 and self._start > 0:
+            return f"0 bytes after position {self._start} (was the file object left at its end? seek(0) before loading)"
+        return f"{self.size} bytes"
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        buffer = buffer.cast("B")
+        self._file.seek(self._start + offset)
+        done = 0
+        while done < len(buffer):
+            count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
+            if not count:
+                raise self._truncated(offset, len(buffer), done)
+            done += count
+
+    def close(self) -> None:
+        """The caller owns the file object: it stays open, back at the position it had, ready to be read again."""
+        self._file.seek(self._start)

@@ -1,0 +1,81 @@
+"""Where a checkpoint directory lives: one interface over local folders and fsspec URLs.
+
+A *store* holds named folders; a folder is *committed* once its marker is written, and only committed folders are
+listed. Locally a folder becomes visible by one atomic rename (:mod:`jaxstow._storage.folders`); on object stores by
+its marker, written last (:mod:`jaxstow._storage.remote`).
+
+>>> from jaxstow._storage.store import open_store
+>>> type(open_store("runs/a", marker="m.json")).__name__, type(open_store("memory://runs/a", marker="m.json")).__name__
+('LocalStore', 'RemoteStore')
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, BinaryIO, Protocol
+
+from jaxstow._format.source import ReadSource
+from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.paths import local_path
+
+__all__ = ["Staging", "Store", "open_store"]
+
+
+class Staging(Protocol):
+    """A folder being written; invisible until :meth:`commit`."""
+
+    def open(self, file: str) -> AbstractContextManager[tuple[str, BinaryIO]]:
+        """Write ``file``; yields the name it is stored under and a sink."""
+        ...
+
+    def commit(self, marker: bytes) -> None:
+        """Write the marker, a JSON object whose ``"files"`` lists the stored files; the folder becomes visible."""
+        ...
+
+    def abort(self) -> None:
+        """Remove what was written; committed folders stay as they were."""
+        ...
+
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`Store.stage` to write into this same folder."""
+        ...
+
+
+class Store(Protocol):
+    """Named folders, each committed by its marker."""
+
+    location: str
+    marker: str
+
+    def url(self, *parts: str) -> str: ...
+
+    def ensure(self) -> None: ...
+
+    def committed(self) -> list[str]: ...
+
+    def read_marker(self, name: str) -> bytes: ...
+
+    def source(self, name: str, file: str) -> ReadSource: ...
+
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> Staging: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def cleanup(self, owns: Callable[[str], bool]) -> list[str]: ...
+
+
+def open_store(
+    directory: str | os.PathLike[str], *, marker: str, storage_options: dict[str, Any] | None = None
+) -> Store:
+    """The store for a local path, a ``file://`` URL or any other fsspec URL (with its ``storage_options``)."""
+    path = local_path(directory)
+    if path is not None:
+        if storage_options:
+            raise ValueError(f"storage_options are for fsspec URLs, not for the local path {path!r}")
+        return LocalStore(path, marker=marker)
+    from jaxstow._storage.remote import RemoteStore
+
+    return RemoteStore(os.fspath(directory), marker=marker, storage_options=storage_options)

@@ -1,0 +1,229 @@
+"""A tree encoded for writing: its manifest and its leaves' host arrays, ready to be written now or later.
+
+Encoding is the only part of a save that must happen on the caller's thread: it flattens the tree, encodes
+its structure and brings the arrays to the host (zero-copy for CPU arrays, which are immutable). Writing, checksums
+included, can then run on a background thread.
+
+>>> import io, jax.numpy as jnp, jaxstow
+>>> from jaxstow._write.encoded import encode_tree
+>>> encoded = encode_tree({"w": jnp.ones(2)}, metadata={"step": 1})
+>>> encoded.nbytes
+8
+>>> buffer = io.BytesIO()
+>>> _ = encoded.write(buffer)
+>>> _ = buffer.seek(0)
+>>> jaxstow.load(buffer, as_numpy=True)
+{'w': array([1., 1.], dtype=float32)}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import jax
+import numpy as np
+
+from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
+from jaxstow._format.container import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    container_kind,
+    describe_raw_leaves,
+    write_container,
+)
+from jaxstow._format.json_rules import json_problem
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.leaves import EncodedLeaf, encode_leaf
+from jaxstow._format.skeleton import container_paths, encode_treedef
+from jaxstow._storage.atomic import atomic_write
+from jaxstow._storage.paths import PathOrFile
+from jaxstow._util.gc_pause import with_gc_paused
+from jaxstow._util.progress import Bar, counted
+from jaxstow.errors import FormatError, MetadataError, ShardingError
+
+__all__ = ["EncodedTree", "encode_tree"]
+
+_PARALLEL_HASH_BYTES = 32 << 20
+
+
+@dataclass
+class EncodedTree:
+    """A tree's manifest and host arrays; :meth:`write` turns them into a file."""
+
+    leaves: list[EncodedLeaf]
+    manifest: dict[str, Any]
+    #: For a part of a tree saved by several processes: its structure, leaf paths, dtypes and shapes, hashed, which is
+    #: the same in every process saving the same tree.
+    digest: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of array data the file will hold."""
+        return sum(array.nbytes for _, array, _ in self._tensors)
+
+    @functools.cached_property
+    def _tensors(self) -> list[tuple[str, np.ndarray, dict[str, Any]]]:
+        return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
+
+    @with_gc_paused
+    def write(self, path_or_file: PathOrFile, *, bar: Bar | None = None) -> str | None:
+        """Write the file, checksums included; a path is written atomically, a file object as it is.
+
+        Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
+        on ``bar``, a :class:`~jaxstow._util.progress.Bar`, when one is given. Returns the header's checksum of a native
+        file (``None`` for npz), which a checkpoint's record keeps.
+        """
+        pieces = self._tensors
+        tensors = [(name, array) for name, array, _ in pieces]
+        kind = container_kind(path_or_file)
+        describe_raw_leaves(kind, pieces)
+        with _checksums(pieces) as complete:
+            if isinstance(path_or_file, str | os.PathLike):
+                with atomic_write(path_or_file) as sink:
+                    return write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
+            header_checksum = write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
+            path_or_file.flush()
+            return header_checksum
+
+
+@with_gc_paused
+def encode_tree(
+    tree: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+    copy: bool = False,
+    file: str = "",
+    part: int | None = None,
+) -> EncodedTree:
+    """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
+
+    ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
+    saved by several processes: process 0's holds the whole structure and every leaf but the shards of other
+    processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
+    """
+    if metadata is not None:
+        problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+        if problem is not None:
+            raise MetadataError(
+                f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
+            )
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    structure = encode_treedef(treedef, file=file or None)
+    paths = container_paths(structure)
+    if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
+        paths, leaves, _ = flatten_with_paths(tree)
+    _check_unique(paths, file=file)
+    encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
+    if part is None:
+        _check_addressable(encoded, leaves, file=file)
+    if copy:
+        encoded = [
+            EncodedLeaf(
+                leaf.entry,
+                None if leaf.array is None else leaf.array.copy(),
+                tuple(shard._replace(array=shard.array.copy()) for shard in leaf.shards),
+            )
+            for leaf in encoded
+        ]
+    digest = "" if part is None else _digest(structure, encoded)
+    if part:
+        encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "part": part,
+            "leaves": [leaf.entry for leaf in encoded],
+        }
+    else:
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "structure": structure,
+            "leaves": [leaf.entry for leaf in encoded],
+            "metadata": metadata,
+        }
+    return EncodedTree(encoded, manifest, digest)
+
+
+def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:
+    for encoded_leaf, leaf in zip(encoded, leaves, strict=True):
+        if encoded_leaf.entry["kind"] == "sharded" and not leaf.is_fully_addressable:
+            raise ShardingError(
+                f"the array spans several processes ({leaf.sharding}), and one file holds what one process has: "
+                "save it from every process with jaxstow.CheckpointManager, which writes each process's shards and "
+                "commits them together",
+                file=file or None,
+                path=encoded_leaf.entry["path"],
+            )
+
+
+def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
+    """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
+    summary = [structure, [[leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)] for leaf in leaves]]
+    return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _layout(leaf: EncodedLeaf) -> list[Any]:
+    """A leaf's dtype and shape: its array's, or its entry's (sharded arrays)."""
+    if leaf.array is not None:
+        return [str(leaf.array.dtype), list(leaf.array.shape)]
+    return [leaf.entry.get("dtype"), leaf.entry.get("shape")]
+
+
+def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
+    return sink if bar is None else counted(sink, bar)
+
+
+def _check_unique(paths: list[str], *, file: str) -> None:
+    if len(set(paths)) == len(paths):
+        return
+    seen: dict[str, int] = {}
+    for index, path in enumerate(paths):
+        if path in seen:
+            raise FormatError(
+                f"leaves {seen[path]} and {index} of the tree both have the path {path!r}; rename a key so that "
+                "every leaf has its own path",
+                file=file or None,
+                path=path,
+            )
+        seen[path] = index
+
+
+@contextlib.contextmanager
+def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
+    """Fill the ``xxh3`` of each tensor's entry: at once for small trees (yields ``None``), or in the background
+    (yields ``complete``).
+
+    Large trees are hashed by a pool that starts now, in a few batches of tensors, so that hashing overlaps the
+    writing; their entries hold placeholders until ``complete()``, which waits for the pool.
+    """
+    arrays = [array for _, array, _ in pieces]
+
+    def fill(digests: list[str]) -> None:
+        for (_, _, entry), digest in zip(pieces, digests, strict=True):
+            entry["xxh3"] = digest
+
+    if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
+        fill([checksum(array) for array in arrays])
+        yield None
+        return
+    for _, _, entry in pieces:
+        entry["xxh3"] = ZERO_CHECKSUM
+    workers = min(4, os.cpu_count() or 1)
+    batches = [arrays[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        futures = [pool.submit(lambda batch: [checksum(array) for array in batch], batch) for batch in batches]
+
+        def complete() -> None:
+            results = [future.result() for future in futures]
+            fill([results[i % workers][i // workers] for i in range(len(arrays))])
+
+        yield complete

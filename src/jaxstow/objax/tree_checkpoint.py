@@ -1,0 +1,122 @@
+"""``TreeCheckpoint``: Objax's checkpointing API for JAX trees, on the manager's step naming, keep policy, lock and cleanup.
+
+``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42. Saving keeps the ``keep_ckpts`` highest indices; stray
+files in the folder are ignored. Unlike Objax, :meth:`Checkpoint.restore` returns the restored tree (JAX trees are
+values, not variables to assign), with its index and path; :class:`jaxstow.objax.Checkpoint` is the same for Objax's
+variable collections, with Objax's signatures.
+
+>>> import tempfile, jax.numpy as jnp
+>>> from jaxstow.objax import TreeCheckpoint
+>>> ckpt = TreeCheckpoint(logdir=tempfile.mkdtemp(), keep_ckpts=2)
+>>> for idx in (1, 5, 3, 10, 7):
+...     ckpt.save({"b": jnp.full(1, idx)}, idx=idx)
+>>> tree, idx, path = ckpt.restore()
+>>> idx, path.rsplit("/", 2)[1:], tree["b"]
+(10, ['ckpt', '0000000010.npz'], Array([10], dtype=int32))
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from jaxstow._save_load import load, save
+from jaxstow._steps.keep import KeepPolicy
+from jaxstow._steps.names import StepNames
+from jaxstow._storage.folders import remove_leftovers
+from jaxstow._storage.lock import LocalLock
+
+__all__ = ["TreeCheckpoint"]
+
+logger = logging.getLogger(__name__)
+
+
+class TreeCheckpoint:
+    """Keeps the ``keep_ckpts`` latest checkpoints of a run in ``logdir/DIR_NAME``, one file per index.
+
+    The class constants can be overridden in a subclass: ``DIR_NAME`` (the folder), ``FILE_MATCH`` (a glob that
+    checkpoint files match), ``FILE_FORMAT`` (the file name of an index), ``SAVE_FN(path, tree)`` and
+    ``LOAD_FN(path, like) -> tree`` (wrap functions in ``staticmethod``). The first save takes the folder's writer
+    lock, as :class:`~jaxstow.CheckpointManager` does, and removes what interrupted saves left.
+    """
+
+    DIR_NAME: ClassVar[str] = "ckpt"
+    FILE_MATCH: ClassVar[str] = "*.npz"
+    FILE_FORMAT: ClassVar[str] = "%010d.npz"
+    LOAD_FN: ClassVar[Callable[[str, Any], Any]] = staticmethod(load)
+    SAVE_FN: ClassVar[Callable[[str, Any], None]] = staticmethod(save)
+
+    def __init__(self, logdir: str | os.PathLike[str], keep_ckpts: int, makedir: bool = True) -> None:
+        self.logdir = os.fspath(logdir)
+        self.keep_ckpts = keep_ckpts
+        self._policy = KeepPolicy(keep_last=keep_ckpts)
+        self._names = StepNames(self.FILE_FORMAT)
+        self._lock: LocalLock | None = None
+        if makedir:
+            os.makedirs(self.directory, exist_ok=True)
+
+    @property
+    def directory(self) -> str:
+        """The folder of the checkpoint files, ``logdir/DIR_NAME``."""
+        return os.path.join(self.logdir, self.DIR_NAME)
+
+    def path(self, idx: int) -> str:
+        """The file of index ``idx``."""
+        return os.path.join(self.directory, self._names.name(idx))
+
+    def indices(self) -> list[int]:
+        """The indices of the checkpoints in the folder, in increasing order."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return self._names.steps(fnmatch.filter(names, self.FILE_MATCH))
+
+    @classmethod
+    def checkpoint_idx(cls, filename: str) -> int:
+        """The index of the checkpoint file ``filename`` (a path or a name)."""
+        idx = StepNames(cls.FILE_FORMAT).step(os.path.basename(filename))
+        if idx is None:
+            raise ValueError(f"{filename} is not a checkpoint file name (made by {cls.FILE_FORMAT!r})")
+        return idx
+
+    def find(self, idx: int | None = None) -> tuple[int, str]:
+        """The index and path of checkpoint ``idx`` (the latest by default), or ``(0, "")`` if there is none.
+
+        A missing ``idx`` raises :class:`FileNotFoundError`.
+        """
+        if idx is None:
+            indices = self.indices()
+            if not indices:
+                return 0, ""
+            idx = indices[-1]
+        path = self.path(idx)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"no checkpoint {idx} in {self.directory}: {path} does not exist (indices: {self.indices()})"
+            )
+        return idx, path
+
+    def restore(self, like: Any = None, idx: int | None = None) -> tuple[Any, int, str]:
+        """Restore checkpoint ``idx`` (the latest by default): returns ``(tree, idx, path)``.
+
+        An empty folder restores nothing: ``(like, 0, "")``. A missing ``idx`` raises :class:`FileNotFoundError`.
+        """
+        idx, path = self.find(idx)
+        if not path:
+            return like, 0, ""
+        logger.info("restoring %s", path)
+        return type(self).LOAD_FN(path, like), idx, path
+
+    def save(self, tree: Any, idx: int) -> None:
+        """Save ``tree`` as checkpoint ``idx`` (atomically), then delete all but the ``keep_ckpts`` latest."""
+        if self._lock is None:
+            os.makedirs(self.directory, exist_ok=True)
+            self._lock = LocalLock(self.directory)
+            remove_leftovers(self.directory)
+        type(self).SAVE_FN(self.path(idx), tree)
+        for old in self._policy.to_delete(self.indices(), {}):
+            os.remove(self.path(old))
