@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BARE := .venv-bare
 
-.PHONY: demo test bench reliability lint clean
+.PHONY: demo test test-bare bench reliability lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -22,8 +23,20 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests bench examples reliability
 	$(PY) -m mypy
 
-test: lint
+test: lint test-bare
 	$(PY) -m pytest -n 2  # two workers: the suite takes about 3 minutes on 2 cores
+
+# A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
+# built now, and tests/required_only runs against that copy.
+$(BARE)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(BARE)
+	$(BARE)/bin/python -m pip install -q --upgrade pip
+	$(BARE)/bin/python -m pip install -q . pytest
+	touch $@
+
+test-bare: $(BARE)/.installed
+	$(BARE)/bin/python -m pip install -q --no-deps --force-reinstall .
+	cd tests/required_only && ../../$(BARE)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null .
 
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
@@ -34,4 +47,4 @@ reliability: $(STAMP)
 	$(PY) -m reliability.run
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(BARE) build *.egg-info

@@ -22,7 +22,6 @@ import numpy as np
 import optax
 
 from jaxstow import CheckpointManager
-from jaxstow._storage.atomic import TEMPORARY_MARKER
 
 STEPS = 300
 SAVE_EVERY = 10
@@ -101,9 +100,9 @@ def main() -> None:
         child.stdout.close()
         assert child.returncode == -signal.SIGKILL, f"the training process ended on its own ({child.returncode})"
         print(f"2. killed with SIGKILL after it reported step {KILL_AFTER}")
-        leftovers = [name for name in os.listdir(folder) if TEMPORARY_MARKER in name]
         reader = CheckpointManager(folder)
         steps = reader.steps()
+        leftovers = sorted(set(os.listdir(folder)) - {str(step) for step in steps} - {".jaxstow.lock"})
         print(f"   committed steps on disk: {steps}; losses: {[round(reader.metrics(s)['loss'], 4) for s in steps]}")
         if leftovers:
             print(f"   an unfinished save left {leftovers}: never listed, removed when the next writer starts")

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.objax import TreeCheckpoint as Checkpoint
 from jaxstow.errors import CheckpointError
+from jaxstow.objax import TreeCheckpoint as Checkpoint
 
 
 def _tree(idx: int) -> dict:

@@ -1,1 +1,3 @@
-"""The read path: plans what to read from a file, reads it (whole leaves or byte ranges), fits and places it."""
+"""The read path: a file opened lazily (its leaves by path), slices read by byte ranges, a restore planned from the
+header (targets, casts, selections, shardings) and then read. It imports the layers below it and never the write path
+or a face."""

@@ -14,17 +14,17 @@ and costs nothing, so callers use it unconditionally. :func:`counted` wraps a fi
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections.abc import Iterator
 from typing import Any, BinaryIO, cast
+
+from jaxstow._util.optional import require
 
 __all__ = ["Bar", "bar", "counted", "format_bytes", "require_progress_bar"]
 
 
 def require_progress_bar() -> None:
-    """Raise a clear :class:`ImportError` when the optional ``tqdm`` package, which draws progress bars, is missing."""
-    if importlib.util.find_spec("tqdm") is None:
-        raise ImportError("a progress bar needs the optional tqdm package: pip install 'jaxstow[progress]'")
+    """Raise :class:`~jaxstow.errors.MissingDependencyError` when ``tqdm``, which draws progress bars, is missing."""
+    require("tqdm", extra="progress", purpose="a progress bar")
 
 
 def format_bytes(count: float) -> str:

@@ -27,9 +27,6 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Unpack, cast
 
-import numpy as np
-
-from jaxstow._format.source import ReadSource
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import open_parts
 from jaxstow._steps.keep import KeepPolicy
@@ -38,7 +35,6 @@ from jaxstow._steps.record import (
     RECORD_NAME,
     Metrics,
     StepRecord,
-    check_item_files,
     check_metadata,
     check_metrics,
 )
@@ -51,7 +47,8 @@ from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.restoring import restore_items
 from jaxstow.checkpoint.shared import save_shared
-from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.checkpoint.step_folder import StepFolder, check_step
+from jaxstow.errors import CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -74,12 +71,6 @@ def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
             "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
         )
     return dict(items), False
-
-
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise TypeError(f"a step must be a non-negative integer, not {step!r}")
-    return int(step)
 
 
 class CheckpointManager:
@@ -121,9 +112,9 @@ class CheckpointManager:
         self._store: Store = open_store(directory, marker=RECORD_NAME, storage_options=storage_options)
         self._progress = progress
         self._names = StepNames("%d")
+        self._folder = StepFolder(self._store, self._names)
         self._writer = BackgroundWriter(asynchronous=async_save)
         self._lock: Lock | None = None
-        self._records: dict[int, StepRecord] = {}
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
 
@@ -159,7 +150,7 @@ class CheckpointManager:
         copies the arrays before returning, for numpy buffers that the caller changes in place.
         """
         self._check_open()
-        step = _check_step(step)
+        step = check_step(step)
         named, single = _split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
@@ -197,7 +188,7 @@ class CheckpointManager:
         if self._lock is None:
             self._take_lock()
         self._store.delete(self._names.name(step))
-        self._records.pop(step, None)
+        self._folder.forget(step)
         logger.info("%s: deleted step %d", self.directory, step)
 
     def _check_open(self) -> None:
@@ -206,6 +197,7 @@ class CheckpointManager:
 
     def _take_lock(self) -> None:
         self._lock = lock_store(self._store)
+        self._folder.cache = True  # no one else can replace a step now
         removed = self._store.cleanup(lambda name: self._names.step(name) is not None)
         if removed:
             logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
@@ -239,7 +231,7 @@ class CheckpointManager:
         except BaseException:
             staging.abort()
             raise
-        self._records[step] = record
+        self._folder.remember(record)
         progress.finish()
         self._prune()
 
@@ -273,57 +265,28 @@ class CheckpointManager:
         )
         progress.finish()
         if record is not None:
-            self._records[step] = record
+            self._folder.remember(record)
             self._prune()
 
     def _prune(self) -> None:
         steps = self._committed_steps()
-        values = {step: self._ranking_value(step) for step in steps} if self._policy.ranks else {}
+        metric = cast(str, self._policy.metric)
+        values = {step: self._folder.ranking_value(step, metric) for step in steps} if self._policy.ranks else {}
         for step in self._policy.to_delete(steps, values):
             self._store.delete(self._names.name(step))
-            self._records.pop(step, None)
+            self._folder.forget(step)
             logger.info("%s: deleted step %d (keep policy)", self.directory, step)
 
     # -- reading --------------------------------------------------------------------------------------------------
 
     def _url(self, step: int, *parts: str) -> str:
-        return self._store.url(self._names.name(step), *parts)
+        return self._folder.url(step, *parts)
 
     def _committed_steps(self) -> list[int]:
-        return self._names.steps(self._store.committed())
+        return self._folder.committed()
 
     def _record(self, step: int) -> StepRecord:
-        """A step's record, its item files checked; cached while this manager is the writer (no one else can
-        replace it then)."""
-        record = self._records.get(step)
-        if record is None:
-            record = self._read_record(step, check_files=True)
-            if self._lock is not None:
-                self._records[step] = record
-        return record
-
-    def _read_record(self, step: int, *, check_files: bool) -> StepRecord:
-        """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too."""
-        name = self._names.name(step)
-        where = self._url(step, RECORD_NAME)
-        try:
-            data = self._store.read_marker(name)
-        except FileNotFoundError:
-            raise CheckpointError(f"step {step} has no {RECORD_NAME} any more", file=where) from None
-        record = StepRecord.from_json(data, where=where)
-        if record.step != step:
-            raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
-        if check_files:
-            check_item_files(record, functools.partial(self._store.source, name), functools.partial(self._url, step))
-        return record
-
-    def _ranking_value(self, step: int) -> float | None:
-        """The metric ``keep_best`` ranks ``step`` by; a step whose record is damaged ranks last."""
-        try:
-            record = self._records.get(step) or self._read_record(step, check_files=False)
-        except JaxstowError:
-            return None
-        return record.metric(cast(str, self._policy.metric))
+        return self._folder.record(step)
 
     def damaged_steps(self) -> dict[int, str]:
         """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
@@ -332,13 +295,7 @@ class CheckpointManager:
         is not the one recorded. (Damage to the data of an item is found when it is restored, by its checksums.)
         """
         self._writer.idle()
-        damaged = {}
-        for step in self._committed_steps():
-            try:
-                self._read_record(step, check_files=True)
-            except JaxstowError as error:
-                damaged[step] = str(error)
-        return damaged
+        return self._folder.damaged()
 
     def latest_intact_step(self) -> int | None:
         """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``.
@@ -361,15 +318,8 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def _existing(self, step: int | None) -> int:
-        steps = self.steps()
-        if step is None:
-            if not steps:
-                raise CheckpointError(f"{self.directory} holds no committed step to restore")
-            return steps[-1]
-        step = _check_step(step)
-        if step not in steps:
-            raise CheckpointError(f"step {step} is not in {self.directory}; its committed steps are {steps}")
-        return step
+        self._writer.idle()
+        return self._folder.existing(step)
 
     def metrics(self, step: int) -> dict[str, float | None] | None:
         """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
@@ -411,48 +361,11 @@ class CheckpointManager:
                     "items=",
                     file=self._url(step),
                 )
-            with open_parts(self._sources(step, record, SINGLE_ITEM)) as reader:
+            with open_parts(self._folder.sources(step, record, SINGLE_ITEM)) as reader:
                 return reader.load(like, **options)
-        names = self._chosen_items(step, record, items, like)
-        sources = {name: self._sources(step, record, name) for name in names}
+        names = self._folder.chosen_items(step, record, items, like)
+        sources = {name: self._folder.sources(step, record, name) for name in names}
         return restore_items(sources, like or {}, where=self._url(step), **options)
-
-    def _chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
-        saved = sorted(record.files)
-        if isinstance(items, str):
-            raise TypeError(f"items must be a list of item names, such as [{items!r}], not a string")
-        names = saved if items is None else list(items)
-        unknown = [name for name in names if name not in record.files]
-        if unknown:
-            raise CheckpointError(f"step {step} of {self.directory} has no item {unknown} (its items: {saved})")
-        if like is None:
-            return names
-        if not isinstance(like, Mapping):
-            raise TypeError(
-                f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
-                f"rebuild an item), not {type(like).__name__}"
-            )
-        missing = [name for name in names if name not in like]
-        extra = [name for name in like if name not in names]
-        problems = [f"it has no entry for {missing}"] if missing else []
-        problems += [f"it has entries for {extra}, which are not restored"] if extra else []
-        if problems:
-            raise CheckpointError(
-                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Pass "
-                "items=[...] to restore only some items, or None in like to rebuild an item from its file",
-                file=self._url(step),
-            )
-        return names
-
-    def _sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
-        """The files of ``item``: one, or one per process that saved the step."""
-        try:
-            return [self._store.source(self._names.name(step), file) for file in record.item_files(item)]
-        except FileNotFoundError as error:
-            raise CheckpointError(
-                f"step {step} lists the file {os.path.basename(str(error.filename))!r} of item {item!r}, which is missing",
-                file=self._url(step),
-            ) from None
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from jaxstow._save_load import save
 from jaxstow._steps.record import RECORD_NAME
 from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.paths import local_path
+from jaxstow._util.optional import require
 from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
 from jaxstow.errors import FormatError, PathError
@@ -110,10 +111,7 @@ def _is_torch_zip(src: str) -> bool:
 
 
 def _read_torch(src: str) -> Any:
-    try:
-        import torch
-    except ImportError as error:
-        raise ImportError(f"reading the PyTorch file {src} needs torch: pip install 'jaxstow[torch]'") from error
+    torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {src}")
     with _local_copy(src) as path:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -140,10 +138,7 @@ def _read_orbax(src: str) -> Any:
         raise PathError(
             f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
         )
-    try:
-        import orbax.checkpoint as ocp
-    except ImportError as error:
-        raise ImportError(f"reading the orbax checkpoint {src} needs orbax: pip install 'jaxstow[orbax]'") from error
+    ocp = require("orbax.checkpoint", extra="orbax", purpose=f"reading the orbax checkpoint {src}")
     try:
         tree = ocp.PyTreeCheckpointer().restore(os.path.abspath(path) if path is not None else src)
     except (FileNotFoundError, ValueError) as error:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._util.optional import require
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
@@ -82,10 +83,7 @@ class HDF5Collector(DataCollector):
         compression: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        try:
-            import h5py
-        except ImportError as error:
-            raise ImportError("HDF5Collector needs h5py: pip install 'jaxstow[h5py]'") from error
+        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         if not isinstance(file, h5py.File):
             raise TypeError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
         self._h5py = h5py

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io.dictionize import pytree_dict_keys
 from jaxstow.io.memory import MemoryCollector
@@ -62,10 +63,7 @@ def to_inference_data(
     >>> dict(io.to_inference_data(one_chain).posterior.sizes)
     {'chain': 1, 'draw': 4}
     """
-    try:
-        import arviz
-    except ImportError as error:
-        raise ImportError("to_inference_data needs ArviZ: pip install 'jaxstow[arviz]'") from error
+    arviz = require("arviz", extra="arviz", purpose="to_inference_data")
     chains = _chains_of(samples)
     if not chains:
         raise JaxstowError("there are no chains to convert: the source holds no samples")
@@ -82,8 +80,7 @@ def _chains_of(samples: Any) -> Chains:
     if isinstance(samples, MemoryCollector):
         return [_variables(samples.finished(chain)) for chain in range(samples.chain_count)]
     if isinstance(samples, str | os.PathLike):
-        import h5py
-
+        h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {os.fspath(samples)}")
         with h5py.File(samples, "r") as file:
             return _hdf5_chains(file, name=os.fspath(samples))
     if type(samples).__module__.startswith("h5py"):

@@ -1,0 +1,161 @@
+"""The committed steps of a checkpoint directory, as read back: their records (checksummed), item files and items.
+
+>>> import tempfile, jax.numpy as jnp
+>>> from jaxstow import CheckpointManager
+>>> from jaxstow._steps.names import StepNames
+>>> from jaxstow._steps.record import RECORD_NAME
+>>> from jaxstow._storage.store import open_store
+>>> from jaxstow.checkpoint.step_folder import StepFolder
+>>> directory = tempfile.mkdtemp()
+>>> with CheckpointManager(directory) as manager:
+...     manager.save(3, {"params": {"w": jnp.ones(2)}}, metrics={"loss": 0.5})
+>>> folder = StepFolder(open_store(directory, marker=RECORD_NAME), StepNames("%d"))
+>>> folder.committed(), folder.record(3).metrics, folder.damaged()
+([3], {'loss': 0.5}, {})
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxstow._format.source import ReadSource
+from jaxstow._steps.names import StepNames
+from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_files
+from jaxstow._storage.store import Store
+from jaxstow.errors import CheckpointError, JaxstowError
+
+__all__ = ["StepFolder", "check_step"]
+
+
+def check_step(step: Any) -> int:
+    """``step`` as an ``int``, if it is a non-negative integer."""
+    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
+        raise TypeError(f"a step must be a non-negative integer, not {step!r}")
+    return int(step)
+
+
+class StepFolder:
+    """The committed steps in ``store``, whose folders ``names`` names.
+
+    Records are checked when read; with ``cache=True`` (set while this process holds the directory's lock, so that no
+    one else can replace a step) each is read once.
+    """
+
+    def __init__(self, store: Store, names: StepNames) -> None:
+        self.store = store
+        self.names = names
+        self.cache = False
+        self._records: dict[int, StepRecord] = {}
+
+    def url(self, step: int, *parts: str) -> str:
+        """Where ``step`` (or a file in it) is, for messages."""
+        return self.store.url(self.names.name(step), *parts)
+
+    def committed(self) -> list[int]:
+        """The committed steps, in increasing order."""
+        return self.names.steps(self.store.committed())
+
+    def existing(self, step: int | None) -> int:
+        """``step`` if it is committed, or the latest committed step for ``None``."""
+        steps = self.committed()
+        if step is None:
+            if not steps:
+                raise CheckpointError(f"{self.store.location} holds no committed step to restore")
+            return steps[-1]
+        step = check_step(step)
+        if step not in steps:
+            raise CheckpointError(f"step {step} is not in {self.store.location}; its committed steps are {steps}")
+        return step
+
+    def remember(self, record: StepRecord) -> None:
+        """Keep the record of a step this process has just committed."""
+        if self.cache:
+            self._records[record.step] = record
+
+    def forget(self, step: int) -> None:
+        """Drop the record of a deleted step."""
+        self._records.pop(step, None)
+
+    def record(self, step: int) -> StepRecord:
+        """A step's record, its item files checked."""
+        record = self._records.get(step)
+        if record is None:
+            record = self.read_record(step, check_files=True)
+            self.remember(record)
+        return record
+
+    def read_record(self, step: int, *, check_files: bool) -> StepRecord:
+        """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too."""
+        name = self.names.name(step)
+        where = self.url(step, RECORD_NAME)
+        try:
+            data = self.store.read_marker(name)
+        except FileNotFoundError:
+            raise CheckpointError(f"step {step} has no {RECORD_NAME} any more", file=where) from None
+        record = StepRecord.from_json(data, where=where)
+        if record.step != step:
+            raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+        if check_files:
+            check_item_files(record, functools.partial(self.store.source, name), functools.partial(self.url, step))
+        return record
+
+    def ranking_value(self, step: int, metric: str) -> float | None:
+        """The value of ``metric`` that ``keep_best`` ranks ``step`` by; a step whose record is damaged ranks last."""
+        try:
+            record = self._records.get(step) or self.read_record(step, check_files=False)
+        except JaxstowError:
+            return None
+        return record.metric(metric)
+
+    def damaged(self) -> dict[int, str]:
+        """The committed steps whose record or item files' headers are not as committed, each with the reason."""
+        damaged = {}
+        for step in self.committed():
+            try:
+                self.read_record(step, check_files=True)
+            except JaxstowError as error:
+                damaged[step] = str(error)
+        return damaged
+
+    def sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
+        """The files of ``item``: one, or one per process that saved the step."""
+        try:
+            return [self.store.source(self.names.name(step), file) for file in record.item_files(item)]
+        except FileNotFoundError as error:
+            raise CheckpointError(
+                f"step {step} lists the file {os.path.basename(str(error.filename))!r} of item {item!r}, which is missing",
+                file=self.url(step),
+            ) from None
+
+    def chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
+        """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""
+        saved = sorted(record.files)
+        if isinstance(items, str):
+            raise TypeError(f"items must be a list of item names, such as [{items!r}], not a string")
+        names = saved if items is None else list(items)
+        unknown = [name for name in names if name not in record.files]
+        if unknown:
+            raise CheckpointError(f"step {step} of {self.store.location} has no item {unknown} (its items: {saved})")
+        if like is None:
+            return names
+        if not isinstance(like, Mapping):
+            raise TypeError(
+                f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
+                f"rebuild an item), not {type(like).__name__}"
+            )
+        missing = [name for name in names if name not in like]
+        extra = [name for name in like if name not in names]
+        problems = [f"it has no entry for {missing}"] if missing else []
+        problems += [f"it has entries for {extra}, which are not restored"] if extra else []
+        if problems:
+            raise CheckpointError(
+                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Pass "
+                "items=[...] to restore only some items, or None in like to rebuild an item from its file",
+                file=self.url(step),
+            )
+        return names
