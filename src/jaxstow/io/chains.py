@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,10 +24,20 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._save_load import load, save
+from jaxstow.errors import StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
 from jaxstow.io.dictionize import pytree_dict_keys
 
-__all__ = ["ChainBook", "SampleLayout", "read_checkpoint", "remove_checkpoint", "write_checkpoint"]
+__all__ = [
+    "ChainBook",
+    "SampleLayout",
+    "read_checkpoint",
+    "read_checkpoints",
+    "remove_checkpoint",
+    "restore_checkpoint",
+    "write_checkpoint",
+    "write_checkpoints",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,19 +122,61 @@ class ChainBook:
         return dict(self.resumed)
 
 
+def _stored(checkpoint: ChainCheckpoint) -> dict[str, Any]:
+    """A checkpoint as it is written: the solver state as its list of leaves (its structure is the run's)."""
+    return {**checkpoint._asdict(), "solver_state": jax.tree.leaves(checkpoint.solver_state)}
+
+
 def write_checkpoint(path: str, checkpoint: ChainCheckpoint, samples: dict[str, np.ndarray] | None = None) -> None:
     """Write ``checkpoint`` (and optionally the samples kept so far) to ``path`` atomically."""
-    save(path, {"checkpoint": checkpoint._asdict(), "samples": samples})
+    save(path, {"checkpoint": _stored(checkpoint), "samples": samples})
 
 
-def read_checkpoint(path: str) -> tuple[ChainCheckpoint, dict[str, np.ndarray] | None] | None:
-    """The checkpoint stored at ``path`` and its samples, or ``None`` if there is no file."""
+def write_checkpoints(path: str, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
+    """Write the checkpoints of several chains to ``path`` atomically, as one file."""
+    save(path, {"chains": {chain_id: _stored(checkpoint) for chain_id, checkpoint in checkpoints.items()}})
+
+
+def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | None] | None:
+    """The checkpoint record stored at ``path`` by :func:`write_checkpoint` and its samples, or ``None``."""
     if not os.path.exists(path):
         return None
     record = load(path)
-    checkpoint = ChainCheckpoint(**record["checkpoint"])
     samples = record["samples"]
-    return checkpoint, None if samples is None else {name: np.asarray(array) for name, array in samples.items()}
+    return record["checkpoint"], None if samples is None else {name: np.asarray(a) for name, a in samples.items()}
+
+
+def read_checkpoints(path: str) -> dict[int, dict[str, Any]]:
+    """The checkpoint records stored at ``path`` by :func:`write_checkpoints`, by chain id (none if no file)."""
+    if not os.path.exists(path):
+        return {}
+    return {int(chain_id): record for chain_id, record in load(path)["chains"].items()}
+
+
+def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id: int, file: str) -> ChainCheckpoint:
+    """A stored record as a :class:`ChainCheckpoint` whose solver state has the structure of ``init_checkpoint``.
+
+    A stored state with other leaves, shapes or dtypes raises a :class:`~jaxstow.errors.StructureMismatchError`
+    naming ``file`` and every leaf that differs: nothing is resumed from it.
+    """
+    paths, wanted, treedef = flatten_with_paths(init_checkpoint)
+    stored = list(record["solver_state"])
+    what = f"checkpointed solver state of chain {chain_id}"
+    if len(stored) != len(wanted):
+        problems = [f"{what} has {len(stored)} leaves, the run's has {len(wanted)} ({', '.join(paths) or 'none'})"]
+    else:
+        problems = [
+            f"{what} leaf {path!r} is {_kind(leaf)}, expected {_kind(want)}"
+            for path, leaf, want in zip(paths, stored, wanted, strict=True)
+            if _kind(leaf) != _kind(want)
+        ]
+    if problems:
+        raise StructureMismatchError(problems, file=file)
+    return ChainCheckpoint(**{**record, "solver_state": treedef.unflatten(stored)})
+
+
+def _kind(leaf: Any) -> str:
+    return f"{jnp.result_type(leaf)}{list(np.shape(leaf))}"
 
 
 def remove_checkpoint(path: str) -> None:

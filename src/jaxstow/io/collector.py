@@ -106,6 +106,16 @@ class DataCollector(abc.ABC):
         Once the checkpoint is stored, those samples and the checkpoint must survive a crash together.
         """
 
+    def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
+        """The checkpoints of several chains taken at the same step (those of one ``vmap``), by chain id.
+
+        :func:`jaxstow.io.save` calls this rather than :meth:`checkpoint`. By default it calls :meth:`checkpoint`
+        for each chain; a collector that can store them all at once, so that a crash never leaves some chains at
+        one checkpoint and others at the one before, overrides it (the :class:`~jaxstow.io.HDF5Collector` does).
+        """
+        for chain_id, checkpoint in checkpoints.items():
+            self.checkpoint(chain_id, checkpoint)
+
     @abc.abstractmethod
     def finalize(self, chain_id: int) -> None:
         """Called after the run: wait for all writing of the chain to be finished."""

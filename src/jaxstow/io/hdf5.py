@@ -3,7 +3,13 @@
 The file holds one dataset per leaf of the sample at ``/chain~{id}/<keys>`` (the keys of
 :func:`~jaxstow.io.pytree_to_dict` joined by ``/``), of shape ``(samples, *leaf)`` and the leaf's dtype. Datasets
 are chunked and resizable: they grow as blocks arrive and are trimmed to the samples kept when the run ends, when
-``/chain~{id}`` also gets the attribute ``sample_count``.
+``/chain~{id}`` also gets the attribute ``sample_count``. The dataset ``/draws_done`` holds, per chain, how many samples
+are written so far.
+
+Other processes can read the file while the run goes on, through HDF5's single-writer/multi-reader mode: open it
+with ``libver="latest"``, register every chain (``init_save``), then set ``file.swmr_mode = True``. Each block is then
+flushed to the file before ``/draws_done`` counts it, so a reader that opens the file with ``swmr=True`` (or
+:func:`jaxstow.io.to_inference_data`, or ``jaxstow watch``) sees the samples up to that count, never a torn block.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -30,8 +36,16 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.errors import StructureMismatchError
 from jaxstow.io.batching import block_rows
-from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
+from jaxstow.io.chains import (
+    ChainBook,
+    SampleLayout,
+    read_checkpoints,
+    remove_checkpoint,
+    restore_checkpoint,
+    write_checkpoints,
+)
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.writer import BackgroundWriter
@@ -43,6 +57,8 @@ __all__ = ["HDF5Collector"]
 #: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
 _MAX_CHUNK_ROWS = 4096
 _DISK_DRIVERS = ("sec2", "stdio", "direct")
+#: The dataset that counts, per chain, the samples written to the file so far.
+DRAWS_DONE = "draws_done"
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
 
@@ -53,12 +69,16 @@ class HDF5Collector(DataCollector):
     viewed with any HDF5 viewer. Writing happens on a background thread; :meth:`finalize` waits for it.
     ``compression`` is passed to ``h5py`` (``"gzip"``, ``"lzf"``, ...).
 
-    Checkpoints are jaxstow files named ``<file name>.chain~{id}.checkpoint.jxs`` in ``checkpoint_dir`` (by default
-    the file's folder). At every checkpoint the file is flushed to disk before the checkpoint is committed, and the
+    Checkpoints of every chain go to one jaxstow file, ``<file name>.checkpoint.jxs`` in ``checkpoint_dir`` (by
+    default the file's folder), replaced atomically at each checkpoint, so that the chains of a ``vmap`` always resume
+    from the same step. At every checkpoint the file is flushed to disk before the checkpoint is committed, and the
     collector holds the file's HDF5 metadata in memory between flushes, so that a crash leaves the file as it was at
-    the last checkpoint. (With ``compression``, HDF5 may move a chunk that was rewritten after the checkpoint; resuming
-    after a crash is then not guaranteed.) Open the file in mode ``"a"`` to resume: a chain with a checkpoint
-    continues from it, a chain that was interrupted before its first checkpoint starts again.
+    the last checkpoint (or, in SWMR mode, at the last block it published: rows past the checkpoint are written
+    again when the run resumes). (With ``compression``, HDF5 may move a chunk that was rewritten after the checkpoint;
+    resuming after a crash is then not guaranteed.) Open the file in mode ``"a"`` to resume: a chain with a
+    checkpoint continues from it, a chain that was interrupted before its first checkpoint starts again. A file that
+    holds other samples (other variables, shapes or dtypes) raises a :class:`~jaxstow.errors.StructureMismatchError`
+    naming each of them, as does a checkpoint of another solver state, before anything is written.
 
     >>> import tempfile
     >>> tf = tempfile.TemporaryFile()
@@ -97,17 +117,22 @@ class HDF5Collector(DataCollector):
             self._checkpoint_dir = None
         self._chains = ChainBook()
         self._datasets: list[list[Any]] = []
+        self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
+        self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
+        self._published: list[int] = []  # per chain: the samples /draws_done counts
+        self._finalized: set[int] = set()
         self._writer = BackgroundWriter(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         _hold_metadata_in_memory(file)
 
     def _group(self, chain_id: int) -> str:
         return f"/chain~{chain_id}"
 
-    def _checkpoint_path(self, chain_id: int) -> str | None:
+    @property
+    def checkpoint_path(self) -> str | None:
+        """Where the checkpoints of the chains go (``None`` for a file that is not on disk, without a folder)."""
         if self._checkpoint_dir is None:
             return None
-        name = f"{os.path.basename(self._file.filename)}.chain~{chain_id}.checkpoint.jxs"
-        return os.path.join(self._checkpoint_dir, name)
+        return os.path.join(self._checkpoint_dir, f"{os.path.basename(self._file.filename)}.checkpoint.jxs")
 
     def register_data_loader(self, data_loader: DataLoader) -> None:
         """Register a data loader whose state is checkpointed with the chains."""
@@ -122,21 +147,59 @@ class HDF5Collector(DataCollector):
         """Create the chain's datasets, or reopen them to continue from the chain's checkpoint."""
         layout = SampleLayout.of(init_sample)
         chain_id = len(self._datasets)
-        path = self._checkpoint_path(chain_id)
-        stored = None if path is None else read_checkpoint(path)
-        if stored is None:
+        path = self.checkpoint_path
+        if self._stored is None:
+            self._stored = {} if path is None else read_checkpoints(path)
+        record = self._stored.get(chain_id)
+        resumed = None
+        if record is not None and path is not None:
+            resumed = restore_checkpoint(record, init_checkpoint, chain_id=chain_id, file=path)
+        if resumed is None:
             capacity = static_information.samples_collected if static_information is not None else None
             self._datasets.append(self._create(chain_id, layout, capacity or 0))
-            return self._chains.add(layout, None)
-        self._datasets.append(self._reopen(chain_id, layout, stored[0].sample_count))
-        return self._chains.add(layout, stored[0])
+        else:
+            self._datasets.append(self._reopen(chain_id, layout, resumed.sample_count))
+            self._latest[chain_id] = resumed
+        self._published.append(0 if resumed is None else resumed.sample_count)
+        self._count_draws(chain_id)
+        return self._chains.add(layout, resumed)
 
     def _dataset_name(self, chain_id: int, name: str) -> str:
         return f"{self._group(chain_id)}/{name}" if name else self._group(chain_id)
 
+    def _layout_problems(self, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
+        """How the chain's datasets in the file differ from ``layout`` (and from holding ``rows`` samples)."""
+        h5py = self._h5py
+        group = self._file[self._group(chain_id)]
+        held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
+        if isinstance(group, h5py.Group):
+            group.visititems(lambda name, item: held.update({name: item}) if isinstance(item, h5py.Dataset) else None)
+        problems = []
+        for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
+            dataset_name, dataset = self._dataset_name(chain_id, name), held.pop(name, None)
+            wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
+            if dataset is None:
+                problems.append(f"{dataset_name}: the run samples {wanted}, the file does not hold it")
+            elif dataset.shape[1:] != shape or dataset.dtype != dtype:
+                found = f"{dataset.dtype}{list(dataset.shape)}"
+                problems.append(f"{dataset_name}: the file holds {found}, the run samples {wanted}")
+            elif len(dataset) < rows:
+                problems.append(f"{dataset_name}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
+        problems += [
+            f"{self._dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not "
+            "sample it"
+            for name, item in held.items()
+        ]
+        return problems
+
     def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
         group = self._group(chain_id)
         if group in self._file:
+            problems = self._layout_problems(chain_id, layout)
+            if problems:
+                raise StructureMismatchError(
+                    [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
+                )
             if "sample_count" in self._file[group].attrs:
                 raise FileExistsError(
                     f"{self._file.filename} already holds the samples of a finished run at {group}; "
@@ -159,28 +222,35 @@ class HDF5Collector(DataCollector):
         return datasets
 
     def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
-        datasets = []
-        for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-            dataset_name = self._dataset_name(chain_id, name)
-            dataset = self._file.get(dataset_name)
-            found = "nothing" if dataset is None else f"{dataset.dtype}{list(dataset.shape)}"
-            if dataset is None or dataset.shape[1:] != shape or dataset.dtype != dtype or len(dataset) < sample_count:
-                raise ValueError(
-                    f"{self._file.filename}: the checkpoint of chain {chain_id} counts {sample_count} samples, so "
-                    f"{dataset_name} should be {dtype}[{sample_count}+, {', '.join(map(str, shape))}], but the file "
-                    f"has {found}; delete {self._checkpoint_path(chain_id)} to start the chain again"
-                )
-            datasets.append(dataset)
-        return datasets
+        group = self._group(chain_id)
+        problems = self._layout_problems(chain_id, layout, sample_count) if group in self._file else [f"{group}: missing"]
+        if problems:
+            raise StructureMismatchError(
+                [*problems, f"the checkpoint {self.checkpoint_path} belongs to another file or run: delete it to start "
+                 "the chains again"],
+                file=self._file.filename,
+            )
+        if "sample_count" in self._file[group].attrs:  # finished, but not every chain was: the run goes on
+            del self._file[group].attrs["sample_count"]
+        return [self._file[self._dataset_name(chain_id, name)] for name in layout.names]
+
+    def _count_draws(self, chain_id: int) -> None:
+        """Set the chain's entry of ``/draws_done`` to the samples published (creating or growing the dataset)."""
+        counts = self._file.get(DRAWS_DONE)
+        if counts is None:
+            counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+        if len(counts) <= chain_id:
+            counts.resize(chain_id + 1, axis=0)
+        counts[chain_id] = self._published[chain_id]
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""
         end = self._chains.received(chain_id, first, values)
-        self._writer.submit(functools.partial(self._write, self._datasets[chain_id], first, end, values))
+        self._writer.submit(functools.partial(self._write, chain_id, first, end, values))
 
-    def _write(self, datasets: list[Any], first: int, end: int, values: Sequence[np.ndarray]) -> None:
-        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs."""
-        for dataset, value in zip(datasets, values, strict=True):
+    def _write(self, chain_id: int, first: int, end: int, values: Sequence[np.ndarray]) -> None:
+        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs; publish them."""
+        for dataset, value in zip(self._datasets[chain_id], values, strict=True):
             if len(dataset) < end:
                 dataset.resize(max(end, 2 * len(dataset)), axis=0)
             chunk = dataset.chunks[0]
@@ -195,6 +265,17 @@ class HDF5Collector(DataCollector):
                     offset, np.ascontiguousarray(value[start - first : start - first + chunk])
                 )
             self._write_rows(dataset, tail, value[tail - first :])
+        self._publish(chain_id, end)
+
+    def _publish(self, chain_id: int, end: int) -> None:
+        """Count rows up to ``end`` in ``/draws_done``; in SWMR mode, only once they are in the file."""
+        live = self._file.swmr_mode
+        if live:
+            self._file.flush()  # the rows reach the file before the count that shows them to readers
+        self._published[chain_id] = max(self._published[chain_id], end)
+        self._count_draws(chain_id)
+        if live:
+            self._file.flush()
 
     def _write_rows(self, dataset: Any, first: int, value: np.ndarray) -> None:
         """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
@@ -204,34 +285,47 @@ class HDF5Collector(DataCollector):
             dataset.id.write(self._h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
-        """Queue the checkpoint: after the blocks before it are written and flushed to disk, commit it atomically."""
-        path = self._checkpoint_path(chain_id)
+        """Queue the chain's checkpoint (see :meth:`checkpoint_chains`)."""
+        self.checkpoint_chains({chain_id: checkpoint})
+
+    def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
+        """Queue the checkpoints: after the blocks before them are written and flushed to disk, commit them, with the
+        latest checkpoint of every other chain, atomically in one file."""
+        path = self.checkpoint_path
         if path is None:
             raise ValueError(
                 f"the HDF5 file {self._file.filename} is not on disk, so checkpoints cannot go next to it: "
                 "give HDF5Collector a checkpoint_dir"
             )
-        record = self._chains.with_loader_state(chain_id, checkpoint)
-        self._writer.submit(functools.partial(self._commit, path, record))
+        records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
+        self._writer.submit(functools.partial(self._commit, path, records))
 
-    def _commit(self, path: str, record: ChainCheckpoint) -> None:
+    def _commit(self, path: str, records: dict[int, ChainCheckpoint]) -> None:
         self._file.flush()
         if self._file.driver in _DESCRIPTOR_DRIVERS:
             os.fsync(self._file.id.get_vfd_handle())
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_checkpoint(path, record)
+        self._latest.update(records)
+        write_checkpoints(path, self._latest)
 
     def finalize(self, chain_id: int) -> None:
-        """Wait for the writes, trim the datasets to the samples kept, record ``sample_count``, flush."""
+        """Wait for the writes, trim the datasets to the samples kept, record ``sample_count``, flush.
+
+        The checkpoints are removed once every registered chain is finalized: a run killed in between resumes.
+        """
         self._writer.wait()
         end = self._chains.ends[chain_id]
         for dataset in self._datasets[chain_id]:
             dataset.resize(end, axis=0)
+        self._published[chain_id] = end
+        self._count_draws(chain_id)
         self._file[self._group(chain_id)].attrs["sample_count"] = end
         self._file.flush()
-        path = self._checkpoint_path(chain_id)
-        if path is not None:
+        self._finalized.add(chain_id)
+        path = self.checkpoint_path
+        if path is not None and len(self._finalized) == len(self._datasets):
             remove_checkpoint(path)
+            self._latest.clear()
 
     def finished(self, chain_id: int) -> Any:
         """The chain's datasets, in the structure of the sample (read them with ``[:]``)."""

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from jaxstow._save_load import save
-from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
+from jaxstow.io.chains import (
+    ChainBook,
+    SampleLayout,
+    read_checkpoint,
+    remove_checkpoint,
+    restore_checkpoint,
+    write_checkpoint,
+)
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.scheduler import static_information as StaticInformation
 
@@ -71,9 +78,13 @@ class MemoryCollector(DataCollector):
         self._samples.append(
             [np.empty((capacity, *shape), dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
         )
-        path = self._path(len(self._samples) - 1, _CHECKPOINT)
+        chain_id = len(self._samples) - 1
+        path = self._path(chain_id, _CHECKPOINT)
         stored = None if path is None else read_checkpoint(path)
-        chain_id = self._chains.add(layout, None if stored is None else stored[0])
+        resumed = None
+        if stored is not None and path is not None:
+            resumed = restore_checkpoint(stored[0], init_checkpoint, chain_id=chain_id, file=path)
+        self._chains.add(layout, resumed)
         if stored is not None and stored[1] is not None:
             self.save(chain_id, 0, [stored[1][name] for name in layout.names])
         return chain_id

@@ -329,27 +329,28 @@ class _Streaming:
         solver_leaves = jax.tree.leaves(jax.device_get(solver))
         solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
         scheduler = jax.device_get(scheduler)
+        records = {}
         for index in np.ndindex(chain_ids.shape):
-            chain_id = int(chain_ids[index])
             state = solver_treedef.unflatten(
                 [
                     np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
                     for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
                 ]
             )
-            record = ChainCheckpoint(
+            records[int(chain_ids[index])] = ChainCheckpoint(
                 step=int(steps[index]),
                 sample_count=int(counts[index]),
                 solver_state=state,
                 scheduler_state=jax.tree.map(lambda leaf, index=index: np.array(leaf[index]), scheduler),
             )
-            self._attempt(
-                chain_id,
-                f"checkpointing chain {chain_id} at step {record.step}",
-                self.collector.checkpoint,
-                chain_id,
-                record,
-            )
+        live = {chain_id: record for chain_id, record in records.items() if chain_id not in self.failures}
+        if not live:
+            return
+        try:  # the chains of one step together: a collector may store them all at once
+            self.collector.checkpoint_chains(live)
+        except Exception as error:
+            for chain_id, record in live.items():
+                self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)
 
     def _deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         rows = len(values[0]) if values else 0

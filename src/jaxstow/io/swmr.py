@@ -1,0 +1,170 @@
+"""HDF5 files written by one process while others read them: HDF5's single-writer/multi-reader (SWMR) mode.
+
+A file created with ``libver="latest"`` starts with a version 3 superblock whose *consistency flags* say whether a
+writer has it open, and whether in SWMR mode. A writer in SWMR mode (``file.swmr_mode = True``, after every dataset
+is created) keeps the file readable at every moment by readers that open it with ``swmr=True``; a plain reader, or
+a second writer, is refused while the flags are set. A writer that is killed leaves the flags set: HDF5's ``h5clear``
+tool clears them, and so does :func:`clear_stale_writer`, which a run does once it holds the run's lock (so it knows
+the writer is gone).
+
+>>> import os, tempfile, h5py
+>>> from jaxstow.io.swmr import open_for_reading, read_superblock
+>>> path = os.path.join(tempfile.mkdtemp(), "live.h5")
+>>> writer = h5py.File(path, "w", libver="latest")
+>>> writer["x"] = [1.0, 2.0]
+>>> writer.swmr_mode = True
+>>> read_superblock(path).writer
+'a writer in SWMR mode'
+>>> with open_for_reading(path) as reader:          # another process could do the same
+...     reader["x"][:]
+array([1., 2.])
+>>> writer.close()
+>>> read_superblock(path).writer is None
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+from typing import Any
+
+from jaxstow._util.optional import require
+from jaxstow.errors import FormatError
+
+__all__ = ["Superblock", "clear_stale_writer", "lookup3", "open_for_reading", "read_superblock"]
+
+_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: The consistency flags of a version 3 superblock: open for writing, and in SWMR mode.
+WRITE_ACCESS = 0x01
+SWMR_WRITE = 0x04
+_MASK = 0xFFFFFFFF
+
+
+@dataclasses.dataclass(frozen=True)
+class Superblock:
+    """Where a file's superblock is, its version, its consistency flags and (versions 2 and 3) its end of file."""
+
+    offset: int
+    version: int
+    flags: int
+    offset_size: int
+
+    @property
+    def writer(self) -> str | None:
+        """Who the flags say has the file open for writing, or ``None``."""
+        if self.version < 3 or not self.flags & (WRITE_ACCESS | SWMR_WRITE):
+            return None
+        return "a writer in SWMR mode" if self.flags & SWMR_WRITE else "a writer not in SWMR mode"
+
+    @property
+    def size(self) -> int:
+        """The superblock's bytes before its checksum (versions 2 and 3)."""
+        return 12 + 4 * self.offset_size
+
+
+def read_superblock(path: str | os.PathLike[str]) -> Superblock:
+    """The superblock of the HDF5 file at ``path`` (looked for at 0, 512, 1024, ... as HDF5 does)."""
+    name = os.fspath(path)
+    with open(name, "rb") as file:
+        end = os.fstat(file.fileno()).st_size
+        offset = 0
+        while offset + 12 <= end:
+            head = os.pread(file.fileno(), 12, offset)
+            if head[:8] == _SIGNATURE:
+                version, offset_size = head[8], head[9]
+                flags = head[11] if version >= 2 else 0
+                return Superblock(offset, version, flags, offset_size)
+            offset = 512 if offset == 0 else 2 * offset
+    raise FormatError("is not an HDF5 file: no HDF5 signature at 0, 512, 1024, ...", file=name)
+
+
+def open_for_reading(path: str | os.PathLike[str]) -> Any:
+    """``h5py.File`` open for reading, in SWMR mode where the file allows it, so that a live writer may go on.
+
+    A file whose writer is not in SWMR mode cannot be read until that writer closes it (or enters SWMR mode):
+    that raises a :class:`~jaxstow.errors.FormatError` saying so.
+    """
+    name = os.fspath(path)
+    h5py = require("h5py", extra="h5py", purpose=f"reading {name}")
+    superblock = read_superblock(name)
+    if superblock.writer == "a writer not in SWMR mode":
+        raise FormatError(
+            "is open for writing by a writer not in SWMR mode (or one that was killed before entering it), so no "
+            "other process can read it yet; runs of jaxstow.io enter SWMR mode as soon as their chains are registered",
+            file=name,
+        )
+    return h5py.File(name, "r", swmr=superblock.version >= 3)
+
+
+def clear_stale_writer(path: str | os.PathLike[str]) -> bool:
+    """Clear the consistency flags a killed writer left in the superblock (what ``h5clear -s`` does).
+
+    The end of file it records is raised to the file's size, as ``h5clear --increment=0`` does, so that nothing the
+    killed writer placed beyond it is overwritten. Only call this when no writer has the file open. Returns whether
+    the flags were set.
+    """
+    name = os.fspath(path)
+    superblock = read_superblock(name)
+    if superblock.writer is None:
+        return False
+    if superblock.offset_size != 8:
+        raise FormatError(f"has {superblock.offset_size}-byte addresses; jaxstow clears only 8-byte ones", file=name)
+    with open(name, "r+b") as file:
+        block = bytearray(os.pread(file.fileno(), superblock.size + 4, superblock.offset))
+        stored = struct.unpack_from("<I", block, superblock.size)[0]
+        if stored != lookup3(bytes(block[: superblock.size])):
+            raise FormatError("has a superblock whose checksum does not match: the file is damaged", file=name)
+        end_of_file = 12 + 2 * superblock.offset_size  # after base address and superblock extension address
+        recorded = struct.unpack_from("<Q", block, end_of_file)[0]
+        struct.pack_into("<Q", block, end_of_file, max(recorded, os.fstat(file.fileno()).st_size - superblock.offset))
+        block[11] = 0
+        struct.pack_into("<I", block, superblock.size, lookup3(bytes(block[: superblock.size])))
+        os.pwrite(file.fileno(), bytes(block), superblock.offset)
+        os.fsync(file.fileno())
+    return True
+
+
+def _rotate(value: int, bits: int) -> int:
+    return ((value << bits) | (value >> (32 - bits))) & _MASK
+
+
+def lookup3(data: bytes, initial: int = 0) -> int:
+    """Bob Jenkins' lookup3 hash (``hashlittle``), HDF5's checksum of its metadata.
+
+    >>> hex(lookup3(b"Four score and seven years ago"))
+    '0x17770551'
+    """
+    a = b = c = (0xDEADBEEF + len(data) + initial) & _MASK
+    rest = len(data)
+    position = 0
+    while rest > 12:
+        x, y, z = struct.unpack_from("<3I", data, position)
+        a, b, c = (a + x) & _MASK, (b + y) & _MASK, (c + z) & _MASK
+        a = ((a - c) & _MASK) ^ _rotate(c, 4)
+        c = (c + b) & _MASK
+        b = ((b - a) & _MASK) ^ _rotate(a, 6)
+        a = (a + c) & _MASK
+        c = ((c - b) & _MASK) ^ _rotate(b, 8)
+        b = (b + a) & _MASK
+        a = ((a - c) & _MASK) ^ _rotate(c, 16)
+        c = (c + b) & _MASK
+        b = ((b - a) & _MASK) ^ _rotate(a, 19)
+        a = (a + c) & _MASK
+        c = ((c - b) & _MASK) ^ _rotate(b, 4)
+        b = (b + a) & _MASK
+        rest -= 12
+        position += 12
+    if rest == 0:
+        return c
+    x, y, z = struct.unpack("<3I", data[position:] + bytes(12 - rest))
+    a, b, c = (a + x) & _MASK, (b + y) & _MASK, (c + z) & _MASK
+    c = ((c ^ b) - _rotate(b, 14)) & _MASK
+    a = ((a ^ c) - _rotate(c, 11)) & _MASK
+    b = ((b ^ a) - _rotate(a, 25)) & _MASK
+    c = ((c ^ b) - _rotate(b, 16)) & _MASK
+    a = ((a ^ c) - _rotate(c, 4)) & _MASK
+    b = ((b ^ a) - _rotate(a, 14)) & _MASK
+    c = ((c ^ b) - _rotate(b, 24)) & _MASK
+    return c
