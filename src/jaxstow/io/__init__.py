@@ -24,13 +24,14 @@ from typing import Any
 
 from jaxstow._util.deprecation import moved
 from jaxstow.errors import CollectorError, SampleCountError
-from jaxstow.io import scheduler
+from jaxstow.io import blackjax, numpyro, scheduler
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
 from jaxstow.io.hdf5 import HDF5Collector
 from jaxstow.io.inference_data import to_inference_data
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.no_save import DeviceSamples, no_save
+from jaxstow.io.runs import run_chains
 from jaxstow.io.saving import Saving, SavingState, save
 
 __all__ = [
@@ -44,11 +45,14 @@ __all__ = [
     "SampleCountError",
     "Saving",
     "SavingState",
+    "blackjax",
     "dict_to_pytree",
     "no_save",
+    "numpyro",
     "pytree_dict_keys",
     "pytree_to_dict",
     "register_dictionize_rule",
+    "run_chains",
     "save",
     "scheduler",
     "to_inference_data",

@@ -3,7 +3,8 @@
 :func:`to_inference_data` takes what ``postprocess_save`` returns (a list with one result per chain, or one chain's
 result), a :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector`, and
 stacks the chains itself, so that one chain's samples never pass for many chains. Each leaf of the sample becomes a
-variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``).
+variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). A file whose run is still going on (read in SWMR mode, from any process) gives the
+samples every chain has written so far.
 
 >>> import jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -24,7 +25,6 @@ array([2., 3., 4., 5., 6.], dtype=float32)
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,13 +32,12 @@ import jax
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, JaxstowError
+from jaxstow.errors import JaxstowError
 from jaxstow.io.dictionize import pytree_dict_keys
+from jaxstow.io.live import read_draws
 from jaxstow.io.memory import MemoryCollector
 
 __all__ = ["to_inference_data"]
-
-_CHAIN_GROUP = re.compile(r"chain~(\d+)")
 
 Chains = list[dict[str, np.ndarray]]
 
@@ -55,7 +54,8 @@ def to_inference_data(
     ``samples`` is what ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
     :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector` (a path or an
     open ``h5py.File``). Chains that kept different numbers of samples raise an error, unless ``truncate=True`` cuts
-    every chain to the shortest. ``coords`` and ``dims`` go to ``arviz.from_dict``.
+    every chain to the shortest; the file of a run that is still going on is read as far as every chain has
+    written (see :func:`jaxstow.io.live.read_draws`). ``coords`` and ``dims`` go to ``arviz.from_dict``.
 
     >>> import numpy as np
     >>> from jaxstow import io
@@ -64,10 +64,10 @@ def to_inference_data(
     {'chain': 1, 'draw': 4}
     """
     arviz = require("arviz", extra="arviz", purpose="to_inference_data")
-    chains = _chains_of(samples)
+    chains, running = _chains_of(samples)
     if not chains:
         raise JaxstowError("there are no chains to convert: the source holds no samples")
-    posterior = _stack(chains, truncate=truncate)
+    posterior = _stack(chains, truncate=truncate or running)
     return arviz.from_dict(
         posterior=posterior,
         coords=dict(coords) if coords is not None else None,
@@ -75,20 +75,17 @@ def to_inference_data(
     )
 
 
-def _chains_of(samples: Any) -> Chains:
-    """Every chain's variables (name -> array of draws), in chain order."""
+def _chains_of(samples: Any) -> tuple[Chains, bool]:
+    """Every chain's variables (name -> array of draws), in chain order; and whether their run is still going on."""
     if isinstance(samples, MemoryCollector):
-        return [_variables(samples.finished(chain)) for chain in range(samples.chain_count)]
-    if isinstance(samples, str | os.PathLike):
-        h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {os.fspath(samples)}")
-        with h5py.File(samples, "r") as file:
-            return _hdf5_chains(file, name=os.fspath(samples))
-    if type(samples).__module__.startswith("h5py"):
-        return _hdf5_chains(samples, name=str(getattr(samples, "filename", samples)))
+        return [_variables(samples.finished(chain)) for chain in range(samples.chain_count)], False
+    if isinstance(samples, str | os.PathLike) or type(samples).__module__.startswith("h5py"):
+        draws = read_draws(samples)
+        return draws.chains, not draws.finished
     if isinstance(samples, Mapping) and "samples" in samples:
-        return [_variables(samples["samples"])]
+        return [_variables(samples["samples"])], False
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
-        return [_variables(chain["samples"]) for chain in samples]
+        return [_variables(chain["samples"]) for chain in samples], False
     raise TypeError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
@@ -99,37 +96,6 @@ def _variables(tree: Any) -> dict[str, np.ndarray]:
     """A chain's samples as variables named by their dict keys joined with ``.``; datasets are read whole."""
     names = [".".join(str(key) for key in keys) for keys in pytree_dict_keys(tree)]
     return {name: np.asarray(leaf[()]) for name, leaf in zip(names, jax.tree.leaves(tree), strict=True)}
-
-
-def _hdf5_chains(file: Any, *, name: str) -> Chains:
-    """The chains of an HDF5Collector's file: its ``/chain~{id}`` groups, in the order of their ids."""
-    import h5py
-
-    groups = sorted(
-        (int(match.group(1)), group)
-        for key, group in file.items()
-        if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(group, h5py.Group)
-    )
-    if not groups:
-        raise FormatError("holds no /chain~{id} group: it was not written by an HDF5Collector", file=name)
-    chains = []
-    for chain, group in groups:
-        variables: dict[str, np.ndarray] = {}
-
-        def collect(path: str, item: Any, variables: dict[str, np.ndarray] = variables) -> None:
-            if isinstance(item, h5py.Dataset):
-                variables[path.replace("/", ".")] = item[()]
-
-        group.visititems(collect)
-        count = group.attrs.get("sample_count")
-        if count is None:
-            raise FormatError(
-                f"chain {chain} has no sample_count: its run did not finish (postprocess_save was not called)",
-                file=name,
-                path=group.name,
-            )
-        chains.append({key: value[: int(count)] for key, value in variables.items()})
-    return chains
 
 
 def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:

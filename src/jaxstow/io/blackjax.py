@@ -1,0 +1,138 @@
+"""blackjax samplers run over several chains inside ``jit``, every kept draw streamed to an HDF5 file that checkpoints
+the run, resumes it after a kill and can be read while it goes on (see :func:`jaxstow.io.run_chains`).
+
+>>> import functools, os, tempfile, blackjax, jax, jax.numpy as jnp
+>>> from jaxstow import io
+>>> def logdensity(position):                     # a correlated normal in two dimensions
+...     return -0.5 * (position["x"] ** 2 + (position["y"] - position["x"]) ** 2 / 0.1)
+>>> path = os.path.join(tempfile.mkdtemp(), "normal.h5")
+>>> draws = io.blackjax.sample(
+...     path,
+...     functools.partial(blackjax.nuts, logdensity),             # the algorithm, given the warm-up's parameters
+...     {"x": jnp.zeros(4), "y": jnp.zeros(4)},                   # 4 chains
+...     jax.random.key(0),
+...     num_samples=200,
+...     warmup=blackjax.window_adaptation(blackjax.nuts, logdensity),
+...     num_warmup=100,
+...     checkpoint_every=50,
+... )
+>>> draws["x"].shape
+(4, 200)
+>>> import h5py
+>>> with h5py.File(path) as file:                 # the warm-up's results are kept with the run
+...     file["warmup/step_size"].shape, file["warmup/inverse_mass_matrix"].shape
+((4,), (4, 2))
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow.io.runs import run_chains
+
+__all__ = ["sample"]
+
+
+def sample(
+    path: str | os.PathLike[str],
+    algorithm: Any,
+    positions: Any,
+    key: jax.Array,
+    *,
+    num_samples: int,
+    checkpoint_every: int = 100,
+    thin: int = 1,
+    warmup: Any = None,
+    num_warmup: int = 0,
+    step_args: Callable[[jax.Array, jax.Array], tuple[Any, ...]] | None = None,
+    draw: Callable[[Any, Any], Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Run a blackjax algorithm on every chain for ``num_samples`` steps, streaming every ``thin``-th draw to ``path``.
+
+    - ``algorithm``: a blackjax ``SamplingAlgorithm`` (``blackjax.nuts(logdensity, step_size, inverse_mass_matrix)``,
+      ``blackjax.sgld(grad_estimator)``, ...), or, with ``warmup``, a function of the warm-up's parameters that returns
+      one (``functools.partial(blackjax.nuts, logdensity)``).
+    - ``positions``: the chains' initial positions, a pytree whose leaves have a leading axis of chains.
+    - ``key``: the run's PRNG key (typed or raw); the warm-up and each chain get keys split from it.
+    - ``warmup``: a blackjax adaptation (``blackjax.window_adaptation(blackjax.nuts, logdensity)``), run for
+      ``num_warmup`` steps on every chain (under ``vmap``, in one compiled call) before sampling. Its parameters
+      (step size, inverse mass matrix) are checkpointed with the chains and saved in the file's ``/warmup`` group.
+    - ``step_args(key, t)``: more arguments of ``algorithm.step`` for each chain at step ``t``, such as a minibatch
+      and a step size for the stochastic-gradient algorithms (``blackjax.sgld``: ``(minibatch, step_size)``).
+    - ``draw(state, info)``: what each kept step stores (by default the state's ``position``, or the state itself
+      when it has none, as for ``blackjax.sgld``).
+
+    The run is checkpointed every ``checkpoint_every`` steps; called again after a kill it continues from the last
+    checkpoint (a kill during the warm-up runs the warm-up again, with the same result), and the draws equal those of
+    an uninterrupted run bit for bit. Returns the draws, ``{name: (chains, draws, ...)}``.
+    """
+    if not jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))  # a raw key of the default implementation
+    impl = str(jax.random.key_impl(key))
+    chains = _chain_count(positions)
+    warm_key, chain_key = jax.random.split(key)
+    chain_keys = jax.random.key_data(jax.random.split(chain_key, chains))  # carried as raw data: checkpointed
+
+    def wrap(keys: jax.Array) -> jax.Array:
+        return jax.random.wrap_key_data(keys, impl=impl)
+
+    def start() -> Any:
+        if warmup is None:
+            return jax.vmap(algorithm.init)(positions), {}, chain_keys
+
+        def adapt(key: jax.Array, position: Any) -> Any:
+            (state, parameters), _ = warmup.run(key, position, num_warmup)
+            return state, {name: value for name, value in parameters.items() if isinstance(value, jax.Array)}
+
+        states, parameters = jax.vmap(adapt)(jax.random.split(warm_key, chains), positions)
+        return states, parameters, chain_keys
+
+    def one_chain(state: Any, parameters: Any, key: jax.Array, t: jax.Array) -> tuple[Any, Any]:
+        kernel = algorithm(**parameters) if warmup is not None else algorithm
+        key, args_key = jax.random.split(wrap(key))
+        out = kernel.step(key, state, *(step_args(args_key, t) if step_args is not None else ()))
+        state, info = (out, None) if jax.tree.structure(out) == jax.tree.structure(state) else out
+        if draw is not None:
+            return state, draw(state, info)
+        return state, getattr(state, "position", state)
+
+    def step(state: Any, t: jax.Array) -> tuple[Any, Any, jax.Array]:
+        states, parameters, keys = state
+        keys, step_keys = jnp.moveaxis(jax.random.key_data(jax.vmap(jax.random.split)(wrap(keys))), 1, 0)
+        states, draws = jax.vmap(one_chain, in_axes=(0, 0, 0, None))(states, parameters, step_keys, t)
+        return (states, parameters, keys), draws, jnp.full((chains,), t % thin == 0)
+
+    return run_chains(
+        path,
+        start,
+        step,
+        num_steps=num_samples,
+        checkpoint_every=checkpoint_every,
+        draws_per_chain=math.ceil(num_samples / thin),
+        identity={
+            "sampler": "blackjax",
+            "key": np.asarray(jax.random.key_data(key)).tolist(),
+            "key_impl": impl,
+            "num_warmup": num_warmup if warmup is not None else 0,
+            "num_samples": num_samples,
+            "thin": thin,
+        },
+        warmup=(lambda state: state[1]) if warmup is not None else None,
+    )
+
+
+def _chain_count(positions: Any) -> int:
+    sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree.leaves(positions)}
+    if len(sizes) != 1 or None in sizes:
+        raise ValueError(
+            "positions must be a pytree whose every leaf has the same leading axis, one entry per chain "
+            f"(got leading sizes {sorted(map(str, sizes))})"
+        )
+    return int(sizes.pop())  # type: ignore[arg-type]

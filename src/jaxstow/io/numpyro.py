@@ -1,0 +1,96 @@
+"""numpyro's MCMC run with its kernel stepped inside ``jit``, every kept draw streamed to an HDF5 file under numpyro's
+site names, checkpointed, resumed after a kill and readable while it goes on (see :func:`jaxstow.io.run_chains`).
+
+>>> import os, tempfile, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
+>>> from numpyro.infer import MCMC, NUTS
+>>> from jaxstow import io
+>>> def model(y):
+...     mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+...     sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+...     numpyro.deterministic("precision", 1 / sigma**2)
+...     numpyro.sample("y", dist.Normal(mu, sigma), obs=y)
+>>> mcmc = MCMC(NUTS(model), num_warmup=100, num_samples=100, num_chains=2, chain_method="vectorized",
+...             progress_bar=False)
+>>> path = os.path.join(tempfile.mkdtemp(), "normal.h5")
+>>> draws = io.numpyro.run(mcmc, path, jax.random.key(0), model_args=(jnp.array([1.2, 0.8, 1.1, 0.9]),))
+>>> sorted(draws), draws["mu"].shape                # numpyro's sites, deterministic ones included
+(['mu', 'precision', 'sigma'], (2, 100))
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow.io.runs import run_chains
+
+__all__ = ["run"]
+
+
+def run(
+    mcmc: Any,
+    path: str | os.PathLike[str],
+    rng_key: jax.Array,
+    *,
+    model_args: tuple[Any, ...] = (),
+    model_kwargs: Mapping[str, Any] | None = None,
+    init_params: Any = None,
+    checkpoint_every: int = 100,
+) -> dict[str, np.ndarray]:
+    """Run ``mcmc`` (a ``numpyro.infer.MCMC``) as ``mcmc.run(rng_key, *model_args, **model_kwargs)`` would, streaming
+    its draws to ``path``.
+
+    ``mcmc``'s kernel (``NUTS``, ``HMC``, any kernel whose state numpyro vectorizes), ``num_warmup``,
+    ``num_samples``, ``num_chains`` and ``thinning`` are used; the chains always run vectorized (``vmap``), as with
+    ``chain_method="vectorized"``. Every step is one call of the kernel's ``sample`` inside a jit-compiled
+    ``lax.scan``; the kept draws are the constrained values of the model's sites and its deterministic sites, under
+    numpyro's names. The kernel's whole state (positions, PRNG keys, the warm-up's adaptation state, the iteration)
+    is checkpointed every ``checkpoint_every`` steps, warm-up included; the step size and inverse mass matrix the
+    warm-up ends with are saved in the file's ``/warmup`` group. Called again after a kill, the run continues from
+    its last checkpoint with draws bit for bit those of an uninterrupted run. Returns ``{site: (chains, draws, ...)}``.
+    """
+    kernel = mcmc.sampler
+    num_warmup, num_samples, chains, thinning = mcmc.num_warmup, mcmc.num_samples, mcmc.num_chains, mcmc.thinning
+    kwargs = dict(model_kwargs or {})
+    raw = jax.random.key_data(rng_key) if jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key) else rng_key
+    raw = jnp.asarray(raw, jnp.uint32)
+    initial = kernel.init(jax.random.split(raw, chains), num_warmup, init_params, model_args, kwargs)  # vectorized
+    constrain = jax.vmap(kernel.postprocess_fn(model_args, kwargs))
+
+    def step(state: Any, t: jax.Array) -> tuple[Any, Any, jax.Array]:
+        state = kernel.sample(state, model_args, kwargs)
+        keep = (t >= num_warmup) & ((t - num_warmup) % thinning == 0)
+        return state, constrain(state.z), jnp.full((chains,), keep)
+
+    def warmup(state: Any) -> dict[str, jax.Array]:
+        adapted = state.adapt_state
+        matrices = adapted.inverse_mass_matrix
+        if not isinstance(matrices, Mapping):  # a model given as a potential function: one matrix
+            matrices = {("z",): matrices}
+        return {
+            "step_size": adapted.step_size,
+            **{f"inverse_mass_matrix/{','.join(sites)}": matrix for sites, matrix in matrices.items()},
+        }
+
+    return run_chains(
+        path,
+        lambda: initial,
+        step,
+        num_steps=num_warmup + num_samples,
+        checkpoint_every=checkpoint_every,
+        draws_per_chain=-(-num_samples // thinning),
+        identity={
+            "sampler": f"numpyro.{type(kernel).__name__}",
+            "key": np.asarray(raw).tolist(),
+            "num_warmup": num_warmup,
+            "num_samples": num_samples,
+            "thinning": thinning,
+        },
+        warmup=warmup,
+        warmup_steps=num_warmup,
+    )

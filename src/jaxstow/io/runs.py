@@ -1,0 +1,289 @@
+"""Resumable sampling runs: every chain stepped inside ``jit``, each kept draw streamed to an HDF5 file, the sampler's
+state checkpointed with the draws, and a run killed at any moment continued by the same call.
+
+:func:`run_chains` drives any sampler given as one step of all its chains; :mod:`jaxstow.io.blackjax` and
+:mod:`jaxstow.io.numpyro` build that step for blackjax and numpyro. The run's steps are cut into segments that end
+at every ``checkpoint_every``-th step (and where the warm-up ends); each segment is one call of a jit-compiled
+``lax.scan`` whose last step checkpoints, through :func:`jaxstow.io.save`, the state of every chain together with
+the draws kept so far. A run started again with the same call continues from its last checkpoint and runs the same
+compiled segments on the same states, so its draws are bit for bit those of a run that was never interrupted, and
+rows written after the checkpoint are written again at the same places, never twice. The file is in HDF5's SWMR
+mode while the run goes on: other processes read the draws so far (``jaxstow watch``, :func:`~jaxstow.io.to_inference_data`).
+
+>>> import os, tempfile, jax, jax.numpy as jnp
+>>> from jaxstow import io
+>>> def start():                                   # two chains of a random walk, the keys as raw key data
+...     return {"x": jnp.zeros(2), "key": jax.random.key_data(jax.random.split(jax.random.key(0), 2))}
+>>> def step(state, t):
+...     keys = jax.vmap(jax.random.split)(state["key"])
+...     x = state["x"] + jax.vmap(jax.random.normal)(keys[:, 1])
+...     return {"x": x, "key": keys[:, 0]}, {"x": x}, jnp.ones(2, bool)
+>>> path = os.path.join(tempfile.mkdtemp(), "walk.h5")
+>>> draws = io.run_chains(path, start, step, num_steps=50, checkpoint_every=20)
+>>> draws["x"].shape                               # (chains, draws)
+(2, 50)
+>>> again = io.run_chains(path, start, step, num_steps=50, checkpoint_every=20)   # finished: read, not run
+>>> bool((again["x"] == draws["x"]).all())
+True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxstow._util.optional import require
+from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.io.collector import ChainCheckpoint
+from jaxstow.io.hdf5 import HDF5Collector
+from jaxstow.io.live import read_draws
+from jaxstow.io.saving import save
+from jaxstow.io.scheduler import static_information
+from jaxstow.io.swmr import clear_stale_writer, read_superblock
+
+__all__ = ["run_chains"]
+
+#: The root attribute that records what started the run: compared when it is continued.
+RUN_ATTRIBUTE = "jaxstow_run"
+#: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
+WARMUP_GROUP = "warmup"
+
+Step = Callable[[Any, jax.Array], tuple[Any, Any, jax.Array]]
+
+
+def run_chains(
+    path: str | os.PathLike[str],
+    start: Callable[[], Any],
+    step: Step,
+    *,
+    num_steps: int,
+    checkpoint_every: int,
+    draws_per_chain: int | None = None,
+    identity: Mapping[str, Any] | None = None,
+    warmup: Callable[[Any], Mapping[str, jax.Array]] | None = None,
+    warmup_steps: int = 0,
+) -> dict[str, np.ndarray]:
+    """Run every chain ``num_steps`` steps, streaming the kept draws into the HDF5 file ``path``; return the draws.
+
+    - ``start()`` returns the state of every chain, stacked (leading axis: the chains), with PRNG keys as raw key
+      data (``jax.random.key_data``). It is called only when the run starts, not when it is continued.
+    - ``step(state, t)`` advances every chain by step ``t`` (an int32 from 0) and returns ``(state, draws, keep)``:
+      the draws of every chain (a pytree, leading axis the chains) and whether each chain keeps them.
+    - ``checkpoint_every``: the state is checkpointed with the draws after every ``checkpoint_every`` steps (and
+      when the run starts); ``draws_per_chain``, if known, sizes the file and the blocks of draws.
+    - ``identity``: JSON values that make this run this run (a seed, a model's name, ...). They are recorded in the
+      file with the number of chains, of steps and ``checkpoint_every``; continuing with other values raises a
+      :class:`~jaxstow.errors.CheckpointError` naming the file, the value and both settings, before anything is
+      written. Draws of other variables or shapes, or a state of another structure, raise a
+      :class:`~jaxstow.errors.StructureMismatchError` naming each of them.
+    - ``warmup(state)`` returns results to keep with the run (a step size, a mass matrix: arrays with a leading
+      axis of chains), read from the state after ``warmup_steps`` steps; they are written to ``/warmup/<name>``.
+
+    Returns ``{variable: array}`` shaped ``(chains, draws, ...)``, the variables named by the draws' dict keys
+    joined with ``.``. A finished run is read from its file, not run again. One process at a time writes a run: a
+    second one gets a :class:`~jaxstow.errors.CheckpointError` naming the first.
+    """
+    name = os.fspath(path)
+    h5py = require("h5py", extra="h5py", purpose="run_chains")
+    if checkpoint_every < 1 or num_steps < 0:
+        raise ValueError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
+    start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
+    state_spec = jax.eval_shape(start)
+    chains = _chain_count(state_spec)
+    draw_spec = jax.eval_shape(step, state_spec, jax.ShapeDtypeStruct((), jnp.int32))[1]
+    warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
+    record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
+    record = json.loads(json.dumps(record))  # as it reads back from the file
+    with _run_lock(name) as killed:
+        if os.path.exists(name) and _continued(name, record, killed=killed):
+            return _stacked(name)
+        with h5py.File(name, "a", libver="latest") as file:
+            if RUN_ATTRIBUTE not in file.attrs:
+                file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
+                for key, spec in warmup_spec.items():
+                    file.create_dataset(f"{WARMUP_GROUP}/{key}", shape=spec.shape, dtype=spec.dtype)
+            _sample(file, start, step, state_spec, draw_spec, chains, num_steps, checkpoint_every,
+                    draws_per_chain, warmup, warmup_steps)
+    return _stacked(name)
+
+
+def _sample(
+    file: Any,
+    start: Callable[[], Any],
+    step: Step,
+    state_spec: Any,
+    draw_spec: Any,
+    chains: int,
+    num_steps: int,
+    checkpoint_every: int,
+    draws_per_chain: int | None,
+    warmup: Callable[[Any], Mapping[str, jax.Array]] | None,
+    warmup_steps: int,
+) -> None:
+    collector = HDF5Collector(file)
+    init_save, save_draws, postprocess_save = save(collector, checkpoint_every=checkpoint_every)
+    information = static_information(samples_collected=draws_per_chain)
+    per_chain = [
+        init_save(_chain_spec(draw_spec), _chain_spec(state_spec), information) for _ in range(chains)
+    ]
+    saving = jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_chain)
+    file.swmr_mode = True  # every dataset exists: from now on other processes may read the file
+    resumed = collector.resume()
+    if resumed:
+        state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(resumed[i].solver_state for i in range(chains)))
+        done = int(per_chain[0].step)
+    else:
+        state = start()
+        done = 0
+        host = jax.device_get(state)
+        collector.checkpoint_chains(
+            {i: ChainCheckpoint(0, 0, jax.tree.map(lambda leaf, i=i: leaf[i], host)) for i in range(chains)}
+        )
+
+    def segment(saving: Any, state: Any, steps: jax.Array) -> tuple[Any, Any]:
+        def one(carry: tuple[Any, Any], t: jax.Array) -> tuple[tuple[Any, Any], None]:
+            saving, state = carry
+            state, draws, keep = step(state, t)
+            saving, _ = jax.vmap(save_draws)(saving, keep, draws, None, state)
+            return (saving, state), None
+
+        return jax.lax.scan(one, (saving, state), steps)[0]
+
+    run = jax.jit(segment, donate_argnums=(0, 1))
+    if warmup is not None and done >= warmup_steps:
+        _write_warmup(file, warmup(state))
+    for begin, end in _segments(done, num_steps, checkpoint_every, warmup_steps):
+        saving, state = run(saving, state, jnp.arange(begin, end, dtype=jnp.int32))
+        if warmup is not None and end == warmup_steps:
+            _write_warmup(file, warmup(state))
+    postprocess_save(saving, None)
+
+
+def _segments(done: int, num_steps: int, every: int, warmup_steps: int) -> Iterator[tuple[int, int]]:
+    """The segments ``[begin, end)`` from ``done``: they end at each multiple of ``every`` and where warm-up ends.
+
+    >>> list(_segments(0, 10, 4, 6)), list(_segments(8, 10, 4, 6))
+    ([(0, 4), (4, 6), (6, 8), (8, 10)], [(8, 10)])
+    """
+    begin = done
+    while begin < num_steps:
+        end = min(num_steps, (begin // every + 1) * every)
+        if begin < warmup_steps < end:
+            end = warmup_steps
+        yield begin, end
+        begin = end
+
+
+def _write_warmup(file: Any, results: Mapping[str, jax.Array]) -> None:
+    for key, value in results.items():
+        file[f"{WARMUP_GROUP}/{key}"][...] = np.asarray(value)
+    file.flush()
+
+
+def _chain_count(spec: Any) -> int:
+    leaves = jax.tree.leaves(spec)
+    if not leaves or any(np.ndim(leaf) == 0 for leaf in leaves):
+        raise ValueError("start() must return a state whose every leaf has a leading axis of chains")
+    for leaf in leaves:
+        if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            raise TypeError(
+                "the state holds a typed PRNG key: carry it as jax.random.key_data(key), and wrap it again with "
+                "jax.random.wrap_key_data inside step, so that it can be checkpointed"
+            )
+    counts = {leaf.shape[0] for leaf in leaves}
+    if len(counts) != 1:
+        raise ValueError(f"every leaf of the state needs the same leading axis of chains, got sizes {sorted(counts)}")
+    return counts.pop()
+
+
+def _chain_spec(spec: Any) -> Any:
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), spec)
+
+
+def _continued(name: str, record: Mapping[str, Any], *, killed: bool) -> bool:
+    """Check that the file at ``name`` holds this run; whether it is finished (then its checkpoint is removed).
+
+    ``killed``: the run's previous writer was killed (it left its lock file), so the writer flags it left in the
+    file are stale and are cleared.
+    """
+    h5py = require("h5py", extra="h5py", purpose="run_chains")
+    writer = read_superblock(name).writer
+    if writer is not None and not killed:
+        raise CheckpointError(
+            f"{name} is open for writing by {writer} that is not a run of jaxstow.io (or by a program that was "
+            "killed): it is left as it is. If no program writes it, clear its flags with `h5clear -s` and call again",
+            file=name,
+        )
+    if writer is not None:
+        clear_stale_writer(name)
+    with h5py.File(name, "r") as file:
+        text = file.attrs.get(RUN_ATTRIBUTE)
+        if text is None:
+            raise CheckpointError(
+                f"{name} exists but holds no run of jaxstow.io (no {RUN_ATTRIBUTE} attribute): it is left as it "
+                "is; write the run to another file",
+                file=name,
+            )
+        saved = json.loads(text)
+        for key in sorted(set(saved) | set(record)):
+            if saved.get(key) != record.get(key):
+                raise CheckpointError(
+                    f"{name} holds a run started with {key}={saved.get(key)!r}, but this call gives "
+                    f"{key}={record.get(key)!r}; continue it with the arguments it was started with, or write this "
+                    "run to another file (nothing was written)",
+                    file=name,
+                    path=key,
+                )
+    try:
+        finished = read_draws(name).finished
+    except JaxstowError:  # no chain registered yet: the run starts again
+        return False
+    if finished:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{name}.checkpoint.jxs")
+    return finished
+
+
+def _stacked(name: str) -> dict[str, np.ndarray]:
+    draws = read_draws(name)
+    if len(set(draws.done)) > 1:
+        raise JaxstowError(f"{name}: the chains kept different numbers of draws ({draws.done})", file=name)
+    return {key: np.stack([chain[key] for chain in draws.chains]) for key in draws.chains[0]}
+
+
+@contextlib.contextmanager
+def _run_lock(name: str) -> Iterator[bool]:
+    """Hold ``<name>.lock``, an ``flock`` that the kernel releases when this process ends, however it ends.
+
+    Yields whether a previous writer left the lock file behind: it was killed.
+    """
+    lock_path = f"{name}.lock"
+    folder = os.path.dirname(os.path.abspath(name))
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{name}: the folder {folder} does not exist", file=name)
+    killed = os.path.exists(lock_path)
+    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 200, 0).decode(errors="replace").strip()
+            raise CheckpointError(
+                f"{name} is being written by another run ({holder or 'a process'}); one process at a time writes a "
+                "run, any number may read it",
+                file=name,
+            ) from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"process {os.getpid()}".encode(), 0)
+        yield killed
+        os.unlink(lock_path)
+    finally:
+        os.close(descriptor)
