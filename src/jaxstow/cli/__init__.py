@@ -17,12 +17,12 @@ import sys
 from collections.abc import Sequence
 
 from jaxstow._version import __version__
-from jaxstow.cli import convert, diff, inspect, ls, verify
+from jaxstow.cli import convert, diff, inspect, ls, verify, watch
 from jaxstow.errors import JaxstowError
 
 __all__ = ["main"]
 
-_COMMANDS = (inspect, verify, diff, ls, convert)
+_COMMANDS = (inspect, verify, diff, ls, convert, watch)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -59,7 +59,9 @@ def run(
     kwargs = dict(model_kwargs or {})
     raw = jax.random.key_data(rng_key) if jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key) else rng_key
     raw = jnp.asarray(raw, jnp.uint32)
-    initial = kernel.init(jax.random.split(raw, chains), num_warmup, init_params, model_args, kwargs)  # vectorized
+    initial = jax.jit(lambda keys: kernel.init(keys, num_warmup, init_params, model_args, kwargs))(
+        jax.random.split(raw, chains)
+    )  # vectorized; traced and compiled as one program rather than op by op
     constrain = jax.vmap(kernel.postprocess_fn(model_args, kwargs))
 
     def step(state: Any, t: jax.Array) -> tuple[Any, Any, jax.Array]:

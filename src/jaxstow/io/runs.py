@@ -3,11 +3,14 @@ state checkpointed with the draws, and a run killed at any moment continued by t
 
 :func:`run_chains` drives any sampler given as one step of all its chains; :mod:`jaxstow.io.blackjax` and
 :mod:`jaxstow.io.numpyro` build that step for blackjax and numpyro. The run's steps are cut into segments that end
-at every ``checkpoint_every``-th step (and where the warm-up ends); each segment is one call of a jit-compiled
-``lax.scan`` whose last step checkpoints, through :func:`jaxstow.io.save`, the state of every chain together with
-the draws kept so far. A run started again with the same call continues from its last checkpoint and runs the same
-compiled segments on the same states, so its draws are bit for bit those of a run that was never interrupted, and
-rows written after the checkpoint are written again at the same places, never twice. The file is in HDF5's SWMR
+at every ``checkpoint_every``-th step (and where the warm-up ends). Each segment is a jit-compiled ``lax.scan`` of
+the sampler alone, which keeps the segment's draws on the device (at most 16 MiB of them: longer segments are cut),
+then a jit-compiled ``lax.scan`` that hands them to :func:`jaxstow.io.save`, whose last step checkpoints the state of
+every chain together with the draws kept so far. The sampler's program holds no host callback, so JAX's persistent
+compilation cache (``jax.config.update("jax_compilation_cache_dir", ...)``) can keep it for the next process. A run
+started again with the same call continues from its last checkpoint and runs the same compiled segments on the same
+states, so its draws are bit for bit those of a run that was never interrupted, and rows written after the
+checkpoint are written again at the same places, never twice. The file is in HDF5's SWMR
 mode while the run goes on: other processes read the draws so far (``jaxstow watch``, :func:`~jaxstow.io.to_inference_data`).
 
 >>> import os, tempfile, jax, jax.numpy as jnp
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -55,6 +59,8 @@ __all__ = ["run_chains"]
 RUN_ATTRIBUTE = "jaxstow_run"
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
+#: At most this many bytes of draws (of every chain) are held on the device between the sampler and ``io.save``.
+_DEVICE_ROWS_BYTES = 16 << 20
 
 Step = Callable[[Any, jax.Array], tuple[Any, Any, jax.Array]]
 
@@ -96,21 +102,24 @@ def run_chains(
     if checkpoint_every < 1 or num_steps < 0:
         raise ValueError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
-    state_spec = jax.eval_shape(start)
+    state_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), jax.eval_shape(start))
     chains = _chain_count(state_spec)
-    draw_spec = jax.eval_shape(step, state_spec, jax.ShapeDtypeStruct((), jnp.int32))[1]
+    run = jax.jit(functools.partial(_sample_rows, step), donate_argnums=0)
+    steps = jax.ShapeDtypeStruct((checkpoint_every,), jnp.int32)
+    drawn = jax.eval_shape(run, state_spec, steps)[1][0]  # traced once: for the draws' shapes, and for the run
+    draw_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), drawn)
     warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
     with _run_lock(name) as killed:
         if os.path.exists(name) and _continued(name, record, killed=killed):
             return _stacked(name)
-        with h5py.File(name, "a", libver="latest") as file:
+        with h5py.File(name, "a", libver="latest", locking=False) as file:  # the run's lock keeps other writers out
             if RUN_ATTRIBUTE not in file.attrs:
                 file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
                 for key, spec in warmup_spec.items():
                     file.create_dataset(f"{WARMUP_GROUP}/{key}", shape=spec.shape, dtype=spec.dtype)
-            _sample(file, start, step, state_spec, draw_spec, chains, num_steps, checkpoint_every,
+            _sample(file, start, run, state_spec, draw_spec, chains, num_steps, checkpoint_every,
                     draws_per_chain, warmup, warmup_steps)
     return _stacked(name)
 
@@ -118,7 +127,7 @@ def run_chains(
 def _sample(
     file: Any,
     start: Callable[[], Any],
-    step: Step,
+    run: Callable[[Any, jax.Array], tuple[Any, Any]],
     state_spec: Any,
     draw_spec: Any,
     chains: int,
@@ -148,34 +157,49 @@ def _sample(
             {i: ChainCheckpoint(0, 0, jax.tree.map(lambda leaf, i=i: leaf[i], host)) for i in range(chains)}
         )
 
-    def segment(saving: Any, state: Any, steps: jax.Array) -> tuple[Any, Any]:
-        def one(carry: tuple[Any, Any], t: jax.Array) -> tuple[tuple[Any, Any], None]:
-            saving, state = carry
-            state, draws, keep = step(state, t)
-            saving, _ = jax.vmap(save_draws)(saving, keep, draws, None, state)
-            return (saving, state), None
+    def stream_rows(saving: Any, rows: Any, state: Any) -> Any:
+        """Each step's draws to ``io.save``; its checkpoint, due at a segment's last step, takes ``state``."""
 
-        return jax.lax.scan(one, (saving, state), steps)[0]
+        def one(saving: Any, row: Any) -> tuple[Any, None]:
+            draws, keep = row
+            return jax.vmap(save_draws)(saving, keep, draws, None, state)[0], None
 
-    run = jax.jit(segment, donate_argnums=(0, 1))
+        return jax.lax.scan(one, saving, rows)[0]
+
+    stream = jax.jit(stream_rows, donate_argnums=0)
+    state = _strong(state)  # as every segment leaves it: the same compiled segments for a fresh and a continued run
     if warmup is not None and done >= warmup_steps:
         _write_warmup(file, warmup(state))
-    for begin, end in _segments(done, num_steps, checkpoint_every, warmup_steps):
-        saving, state = run(saving, state, jnp.arange(begin, end, dtype=jnp.int32))
+    rows = max(1, min(checkpoint_every, _DEVICE_ROWS_BYTES // max(1, _bytes(draw_spec))))
+    for begin, end in _segments(done, num_steps, checkpoint_every, rows, warmup_steps):
+        state, drawn = run(state, jnp.arange(begin, end, dtype=jnp.int32))
+        saving = stream(saving, drawn, state)
         if warmup is not None and end == warmup_steps:
             _write_warmup(file, warmup(state))
     postprocess_save(saving, None)
 
 
-def _segments(done: int, num_steps: int, every: int, warmup_steps: int) -> Iterator[tuple[int, int]]:
-    """The segments ``[begin, end)`` from ``done``: they end at each multiple of ``every`` and where warm-up ends.
+def _sample_rows(step: Step, state: Any, steps: jax.Array) -> tuple[Any, Any]:
+    """The sampler alone, with no callback in it: a compilation cache can keep it across processes."""
 
-    >>> list(_segments(0, 10, 4, 6)), list(_segments(8, 10, 4, 6))
-    ([(0, 4), (4, 6), (6, 8), (8, 10)], [(8, 10)])
+    def one(state: Any, t: jax.Array) -> tuple[Any, Any]:
+        state, draws, keep = step(state, t)
+        return _strong(state), (draws, keep)  # the types a segment starts with, whatever step returns
+
+    return jax.lax.scan(one, state, steps)
+
+
+def _segments(done: int, num_steps: int, every: int, rows: int, warmup_steps: int) -> Iterator[tuple[int, int]]:
+    """The segments ``[begin, end)`` from ``done``: they end at each multiple of ``every``, ``rows`` steps after
+    one at most, and where the warm-up ends; their ends depend on where they are, not on where the run started.
+
+    >>> list(_segments(0, 10, 4, 4, 6)), list(_segments(8, 10, 4, 4, 6)), list(_segments(0, 9, 4, 3, 0))
+    ([(0, 4), (4, 6), (6, 8), (8, 10)], [(8, 10)], [(0, 3), (3, 4), (4, 7), (7, 8), (8, 9)])
     """
     begin = done
     while begin < num_steps:
-        end = min(num_steps, (begin // every + 1) * every)
+        interval = begin // every * every
+        end = min(num_steps, interval + every, interval + ((begin - interval) // rows + 1) * rows)
         if begin < warmup_steps < end:
             end = warmup_steps
         yield begin, end
@@ -186,6 +210,15 @@ def _write_warmup(file: Any, results: Mapping[str, jax.Array]) -> None:
     for key, value in results.items():
         file[f"{WARMUP_GROUP}/{key}"][...] = np.asarray(value)
     file.flush()
+
+
+def _bytes(spec: Any) -> int:
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
+
+
+def _strong(state: Any) -> Any:
+    """``state`` without weak types (which would give a segment another compiled program, maybe other results)."""
+    return jax.tree.map(lambda leaf: jnp.asarray(leaf, jnp.result_type(leaf)), state)
 
 
 def _chain_count(spec: Any) -> int:

@@ -326,6 +326,7 @@ class _Streaming:
 
     def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
         steps, solver, scheduler = checkpoint
+        steps = np.asarray(steps)  # on the host: a JAX operation inside a callback can deadlock the run
         solver_leaves = jax.tree.leaves(jax.device_get(solver))
         solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
         scheduler = jax.device_get(scheduler)

@@ -1,0 +1,155 @@
+"""``jaxstow watch FILE``: a sampling run's HDF5 file while the run goes on, refreshed until it ends or Ctrl-C.
+
+Per chain the draws written so far; per variable (each element of an array) the mean, R-hat and bulk effective
+sample size over the draws every chain has (ArviZ's diagnostics). The file is read in HDF5's SWMR mode, from any
+process, as :func:`jaxstow.io.run_chains` and the blackjax and numpyro adapters write it (or an
+:class:`~jaxstow.io.HDF5Collector` whose file is in SWMR mode). ``--once`` prints once and exits, for scripts.
+
+>>> import os, tempfile, numpy as np
+>>> from jaxstow import io
+>>> from jaxstow.cli import main
+>>> def start():                                # two chains that disagree: R-hat says so
+...     return {"x": np.array([0.0, 10.0], np.float32)}
+>>> def step(state, t):
+...     x = state["x"] + np.sin(t.astype(np.float32))
+...     return {"x": x}, {"x": x, "t": np.stack([t, t])}, np.ones(2, bool)
+>>> path = os.path.join(tempfile.mkdtemp(), "run.h5")
+>>> _ = io.run_chains(path, start, step, num_steps=40, checkpoint_every=10)
+>>> main(["watch", path, "--once"])
+/.../run.h5: finished, 2 chains
+chain  draws  state
+0         40  finished
+1         40  finished
+variable   mean  r_hat  ess_bulk
+t          19.5  1.000        ...
+x         5.584  ...
+0
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+import warnings
+from typing import Any
+
+import numpy as np
+
+from jaxstow._util.optional import require
+from jaxstow.cli.output import Table
+from jaxstow.errors import JaxstowError
+from jaxstow.io.live import FileDraws, read_draws
+
+__all__ = ["add", "report", "run"]
+
+_CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+
+
+def add(commands: Any) -> None:
+    parser = commands.add_parser(
+        "watch",
+        help="a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS",
+        description="Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) "
+        "and print, refreshing, per chain the draws written so far and per variable the mean, R-hat and bulk "
+        "effective sample size (ArviZ's diagnostics), until the run ends or Ctrl-C.",
+    )
+    parser.add_argument("file", help="the run's HDF5 file")
+    parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    parser.add_argument("--json", action="store_true", help="print each refresh as one line of JSON, for scripts")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    clear = sys.stdout.isatty() and not args.json and not args.once
+    try:
+        while True:
+            try:
+                current = report(args.file)
+            except (JaxstowError, OSError) as error:
+                if args.once:
+                    raise
+                current = {"file": args.file, "state": f"waiting: {error}", "chains": [], "variables": []}
+            if clear:
+                sys.stdout.write(_CLEAR)
+            _show(current, as_json=args.json)
+            if args.once or current["state"] == "finished":
+                return 0
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def report(path: str) -> dict[str, Any]:
+    """What ``watch`` shows: the run's state, per chain its draws, per variable element mean, R-hat and bulk ESS."""
+    draws = read_draws(path)
+    return {
+        "file": path,
+        "state": "finished" if draws.finished else "running",
+        "time": datetime.datetime.now().isoformat(timespec="seconds"),
+        "chains": [
+            {"chain": chain, "draws": done, "finished": draws.finished or None}
+            for chain, done in enumerate(draws.done)
+        ],
+        "variables": _diagnostics(draws),
+    }
+
+
+def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
+    """Mean, R-hat and bulk ESS of every element of every variable, over the draws that every chain has."""
+    common = min(draws.done)
+    if common == 0:
+        return []
+    posterior = {name: np.stack([chain[name][:common] for chain in draws.chains]) for name in draws.chains[0]}
+    rows = []
+    diagnose = len(draws.chains) > 1 and common >= 4  # ArviZ's R-hat and ESS need two chains of four draws
+    if diagnose:
+        arviz = require("arviz", extra="arviz", purpose="jaxstow watch's R-hat and effective sample sizes")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # few draws, constant draws: NaN, shown as '-'
+            data = arviz.from_dict(posterior=posterior)
+            rhat, ess = arviz.rhat(data), arviz.ess(data, method="bulk")
+    for name, values in posterior.items():
+        means = values.reshape(values.shape[0] * values.shape[1], -1).mean(axis=0, dtype=np.float64)
+        shape = values.shape[2:]
+        for flat, index in enumerate(np.ndindex(*shape)):
+            label = f"{name}[{','.join(map(str, index))}]" if shape else name
+            row = {"variable": label, "mean": float(means[flat]), "r_hat": None, "ess_bulk": None}
+            if diagnose:
+                row["r_hat"] = _number(rhat[name].values[index])
+                row["ess_bulk"] = _number(ess[name].values[index])
+            rows.append(row)
+    return rows
+
+
+def _number(value: Any) -> float | None:
+    number = float(value)
+    return None if math.isnan(number) else number
+
+
+def _show(current: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(current), flush=True)  # one line per refresh
+        return
+    chains = current["chains"]
+    print(f"{current['file']}: {current['state']}" + (f", {len(chains)} chains" if chains else ""))
+    if not chains:
+        return
+    table = Table(["chain", "draws", "state"], right=["draws"])
+    for chain in chains:
+        table.add(chain["chain"], chain["draws"], "finished" if chain["finished"] else "running")
+    table.show()
+    variables = Table(["variable", "mean", "r_hat", "ess_bulk"], right=["mean", "r_hat", "ess_bulk"])
+    for row in current["variables"]:
+        variables.add(
+            row["variable"],
+            f"{row['mean']:.4g}",
+            "-" if row["r_hat"] is None else f"{row['r_hat']:.3f}",
+            "-" if row["ess_bulk"] is None else f"{row['ess_bulk']:.0f}",
+        )
+    variables.show()

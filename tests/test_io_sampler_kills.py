@@ -1,0 +1,169 @@
+"""Real blackjax and numpyro runs in real processes, killed with SIGKILL at random moments and started again.
+
+Each sampler runs eight schools on 4 chains into an HDF5 file through its adapter. A process is started, killed at a
+random moment after the run committed a new checkpoint, started again with the same call, and so on; the last one
+finishes. The draws must then be bit for bit those of a run that was never interrupted, and the file must show no
+trace of the kills. Meanwhile this process reads the file as the runs write it, in HDF5's SWMR mode, and checks
+that what it reads is a prefix of the final draws (never a torn block). The processes come from a ``multiprocessing``
+fork server that has already imported JAX, numpyro and jaxstow, and the uninterrupted run goes on beside
+the killed ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import multiprocessing
+import os
+import random
+import signal
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import jaxstow.io.live
+from jaxstow import io
+from jaxstow.errors import JaxstowError
+
+# Not imported here: importing blackjax starts JAX's backend, whose threads a forked process would lack.
+if importlib.util.find_spec("blackjax") is None or importlib.util.find_spec("numpyro") is None:
+    pytest.skip("needs blackjax and numpyro (pip install 'jaxstow[blackjax,numpyro]')", allow_module_level=True)
+
+KILLS = 5
+Y = [28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0]
+SIGMA = [15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0]
+
+
+def blackjax_run(path: str) -> dict[str, np.ndarray]:
+    """NUTS with fixed parameters on eight schools (non-centred), 4 chains."""
+    import blackjax
+    import jax
+    import jax.numpy as jnp
+    from jax.scipy import stats
+
+    y, sigma = jnp.array(Y), jnp.array(SIGMA)
+
+    def logdensity(p: dict[str, jax.Array]) -> jax.Array:
+        tau = jnp.exp(p["log_tau"])
+        theta = p["mu"] + tau * p["eta"]
+        prior = stats.norm.logpdf(p["mu"], 0, 5) + stats.cauchy.logpdf(tau, 0, 5) + p["log_tau"]
+        return prior + stats.norm.logpdf(p["eta"]).sum() + stats.norm.logpdf(y, theta, sigma).sum()
+
+    nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
+    positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
+    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=4000, checkpoint_every=200)
+
+
+def numpyro_run(path: str) -> dict[str, np.ndarray]:
+    """numpyro's HMC with step-size and mass-matrix adaptation on eight schools (centred), 4 chains."""
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+    from numpyro.infer import HMC, MCMC
+
+    def model(sigma: jax.Array, y: jax.Array) -> None:
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        with numpyro.plate("school", len(Y)):
+            theta = numpyro.sample("theta", dist.Normal(mu, tau))
+            numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+    mcmc = MCMC(HMC(model, num_steps=8, trajectory_length=None), num_warmup=1000, num_samples=3000, num_chains=4, progress_bar=False)
+    return io.numpyro.run(
+        mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=200
+    )
+
+
+RUNS = {"blackjax": blackjax_run, "numpyro": numpyro_run}
+
+
+#: Quicker to compile (each process compiles its sampler anew), and the same in every process, the uninterrupted one
+#: included: the draws of one compiled program are compared.
+FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def _run(kind: str, path: str) -> None:
+    import jax
+
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {FAST_COMPILE}"  # before JAX starts its backend
+    # The sampler's compiled segments, kept for the processes after the first (the streaming part is compiled anew).
+    jax.config.update("jax_compilation_cache_dir", os.path.join(os.path.dirname(path), "jax-cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    RUNS[kind](path)
+
+
+@pytest.fixture(scope="module")
+def processes() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["jax", "jax.numpy", "h5py", "numpyro", "jaxstow.io", __name__])
+    return context
+
+
+def _checkpoint_mark(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(f"{path}.checkpoint.jxs")
+    except FileNotFoundError:
+        return None
+    return status.st_ino, status.st_mtime_ns
+
+
+def _read_while_running(path: str, seen: list[Any]) -> None:
+    """What a reader in another process gets now: the draws so far, kept to check against the final ones."""
+    try:
+        seen.append(jaxstow.io.live.read_draws(path))
+    except (JaxstowError, OSError):  # no file yet, or its writer not yet in SWMR mode
+        pass
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", sorted(RUNS))
+def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_run(kind, processes, tmp_path):
+    reference = processes.Process(target=_run, args=(kind, str(tmp_path / "uninterrupted.h5")))
+    reference.start()
+    path = str(tmp_path / "killed.h5")
+    moments = random.Random(kind)
+    seen: list[Any] = []
+    kills = 0
+    while True:
+        process = processes.Process(target=_run, args=(kind, path))
+        before = _checkpoint_mark(path)
+        process.start()
+        began = time.monotonic()
+        while process.is_alive() and _checkpoint_mark(path) in (before, None):
+            _read_while_running(path, seen)
+            time.sleep(0.01)
+        print(kind, "first checkpoint after", time.monotonic() - began, flush=True)
+        if kills == KILLS:
+            process.join()
+            print(kind, "finished after", time.monotonic() - began, flush=True)
+            break
+        deadline = time.monotonic() + moments.uniform(0.0, 0.4)
+        while time.monotonic() < deadline and process.is_alive():
+            _read_while_running(path, seen)
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+        if process.exitcode == -signal.SIGKILL:
+            kills += 1
+        else:
+            raise AssertionError(f"the run ended with {process.exitcode} before it could be killed")
+    assert process.exitcode == 0
+    reference.join()
+    assert reference.exitcode == 0
+
+    expected = functools.partial(RUNS[kind])(str(tmp_path / "uninterrupted.h5"))  # finished: read from its file
+    got = RUNS[kind](path)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    assert not os.path.exists(f"{path}.checkpoint.jxs") and not os.path.exists(f"{path}.lock")
+
+    assert seen, "the file was never read while the run went on"
+    for draws in seen:  # every read while the run went on: the same draws as at the end, up to what was written
+        for chain, (variables, done) in enumerate(zip(draws.chains, draws.done, strict=True)):
+            for name, values in variables.items():
+                np.testing.assert_array_equal(values, got[name][chain, :done], err_msg=f"{name} of chain {chain}")
