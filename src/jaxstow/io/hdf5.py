@@ -50,7 +50,7 @@ from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.writer import BackgroundWriter
 
-__all__ = ["HDF5Collector"]
+__all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
 
 #: At most this many rows per chunk. Every leaf's chunks hold the rows of one block of ``io.save`` (a power of two, at
 #: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
@@ -124,15 +124,12 @@ class HDF5Collector(DataCollector):
         self._writer = BackgroundWriter(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         _hold_metadata_in_memory(file)
 
-    def _group(self, chain_id: int) -> str:
-        return f"/chain~{chain_id}"
-
     @property
     def checkpoint_path(self) -> str | None:
         """Where the checkpoints of the chains go (``None`` for a file that is not on disk, without a folder)."""
         if self._checkpoint_dir is None:
             return None
-        return os.path.join(self._checkpoint_dir, f"{os.path.basename(self._file.filename)}.checkpoint.jxs")
+        return checkpoint_path(self._file.filename, self._checkpoint_dir)
 
     def register_data_loader(self, data_loader: DataLoader) -> None:
         """Register a data loader whose state is checkpointed with the chains."""
@@ -164,38 +161,10 @@ class HDF5Collector(DataCollector):
         self._count_draws(chain_id)
         return self._chains.add(layout, resumed)
 
-    def _dataset_name(self, chain_id: int, name: str) -> str:
-        return f"{self._group(chain_id)}/{name}" if name else self._group(chain_id)
-
-    def _layout_problems(self, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
-        """How the chain's datasets in the file differ from ``layout`` (and from holding ``rows`` samples)."""
-        h5py = self._h5py
-        group = self._file[self._group(chain_id)]
-        held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
-        if isinstance(group, h5py.Group):
-            group.visititems(lambda name, item: held.update({name: item}) if isinstance(item, h5py.Dataset) else None)
-        problems = []
-        for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-            dataset_name, dataset = self._dataset_name(chain_id, name), held.pop(name, None)
-            wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
-            if dataset is None:
-                problems.append(f"{dataset_name}: the run samples {wanted}, the file does not hold it")
-            elif dataset.shape[1:] != shape or dataset.dtype != dtype:
-                found = f"{dataset.dtype}{list(dataset.shape)}"
-                problems.append(f"{dataset_name}: the file holds {found}, the run samples {wanted}")
-            elif len(dataset) < rows:
-                problems.append(f"{dataset_name}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
-        problems += [
-            f"{self._dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not "
-            "sample it"
-            for name, item in held.items()
-        ]
-        return problems
-
     def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
-        group = self._group(chain_id)
+        group = _group(chain_id)
         if group in self._file:
-            problems = self._layout_problems(chain_id, layout)
+            problems = layout_problems(self._file, chain_id, layout)
             if problems:
                 raise StructureMismatchError(
                     [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
@@ -211,7 +180,7 @@ class HDF5Collector(DataCollector):
         for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
             datasets.append(
                 self._file.create_dataset(
-                    self._dataset_name(chain_id, name),
+                    _dataset_name(chain_id, name),
                     shape=(capacity, *shape),
                     maxshape=(None, *shape),
                     chunks=(rows, *shape),
@@ -222,8 +191,8 @@ class HDF5Collector(DataCollector):
         return datasets
 
     def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
-        group = self._group(chain_id)
-        problems = self._layout_problems(chain_id, layout, sample_count) if group in self._file else [f"{group}: missing"]
+        group = _group(chain_id)
+        problems = layout_problems(self._file, chain_id, layout, sample_count) if group in self._file else [f"{group}: missing"]
         if problems:
             raise StructureMismatchError(
                 [*problems, f"the checkpoint {self.checkpoint_path} belongs to another file or run: delete it to start "
@@ -232,7 +201,7 @@ class HDF5Collector(DataCollector):
             )
         if "sample_count" in self._file[group].attrs:  # finished, but not every chain was: the run goes on
             del self._file[group].attrs["sample_count"]
-        return [self._file[self._dataset_name(chain_id, name)] for name in layout.names]
+        return [self._file[_dataset_name(chain_id, name)] for name in layout.names]
 
     def _count_draws(self, chain_id: int) -> None:
         """Set the chain's entry of ``/draws_done`` to the samples published (creating or growing the dataset)."""
@@ -319,7 +288,7 @@ class HDF5Collector(DataCollector):
             dataset.resize(end, axis=0)
         self._published[chain_id] = end
         self._count_draws(chain_id)
-        self._file[self._group(chain_id)].attrs["sample_count"] = end
+        self._file[_group(chain_id)].attrs["sample_count"] = end
         self._file.flush()
         self._finalized.add(chain_id)
         path = self.checkpoint_path
@@ -334,6 +303,44 @@ class HDF5Collector(DataCollector):
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
+
+
+def checkpoint_path(filename: str, folder: str | None = None) -> str:
+    """The checkpoint file of an HDF5 file's chains: ``<file name>.checkpoint.jxs`` in ``folder`` (or beside it)."""
+    folder = os.path.dirname(os.path.abspath(filename)) if folder is None else folder
+    return os.path.join(folder, f"{os.path.basename(filename)}.checkpoint.jxs")
+
+
+def _group(chain_id: int) -> str:
+    return f"/chain~{chain_id}"
+
+
+def _dataset_name(chain_id: int, name: str) -> str:
+    return f"{_group(chain_id)}/{name}" if name else _group(chain_id)
+
+
+def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
+    """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples)."""
+    h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+    group = file[_group(chain_id)]
+    held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
+    if isinstance(group, h5py.Group):
+        group.visititems(lambda name, item: held.update({name: item}) if isinstance(item, h5py.Dataset) else None)
+    problems = []
+    for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
+        dataset_name, dataset = _dataset_name(chain_id, name), held.pop(name, None)
+        wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
+        if dataset is None:
+            problems.append(f"{dataset_name}: the run samples {wanted}, the file does not hold it")
+        elif dataset.shape[1:] != shape or dataset.dtype != dtype:
+            problems.append(f"{dataset_name}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}")
+        elif len(dataset) < rows:
+            problems.append(f"{dataset_name}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
+    problems += [
+        f"{_dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not sample it"
+        for name, item in held.items()
+    ]
+    return problems
 
 
 def _hold_metadata_in_memory(file: Any) -> None:

@@ -45,13 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.errors import CheckpointError, JaxstowError, StructureMismatchError
+from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
-from jaxstow.io.hdf5 import HDF5Collector
+from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.live import read_draws
 from jaxstow.io.saving import save
 from jaxstow.io.scheduler import static_information
-from jaxstow.io.swmr import clear_stale_writer, read_superblock
+from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
 __all__ = ["run_chains"]
 
@@ -112,8 +113,10 @@ def run_chains(
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
     with _run_lock(name) as killed:
-        if os.path.exists(name) and _continued(name, record, killed=killed):
-            return _stacked(name)
+        if os.path.exists(name):
+            if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), killed=killed):
+                return _stacked(name)
+            clear_stale_writer(name)  # the flags a killed writer left (only such a one: see _continued)
         with h5py.File(name, "a", libver="latest", locking=False) as file:  # the run's lock keeps other writers out
             if RUN_ATTRIBUTE not in file.attrs:
                 file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
@@ -241,13 +244,13 @@ def _chain_spec(spec: Any) -> Any:
     return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), spec)
 
 
-def _continued(name: str, record: Mapping[str, Any], *, killed: bool) -> bool:
-    """Check that the file at ``name`` holds this run; whether it is finished (then its checkpoint is removed).
+def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec: Any, *, killed: bool) -> bool:
+    """Check, before writing anything, that the file at ``name`` holds this run, with the draws and checkpointed
+    states of this run; whether it is finished (then its checkpoint is removed).
 
     ``killed``: the run's previous writer was killed (it left its lock file), so the writer flags it left in the
-    file are stale and are cleared.
+    file are stale: they are cleared if the file cannot be read otherwise.
     """
-    h5py = require("h5py", extra="h5py", purpose="run_chains")
     writer = read_superblock(name).writer
     if writer is not None and not killed:
         raise CheckpointError(
@@ -255,9 +258,9 @@ def _continued(name: str, record: Mapping[str, Any], *, killed: bool) -> bool:
             "killed): it is left as it is. If no program writes it, clear its flags with `h5clear -s` and call again",
             file=name,
         )
-    if writer is not None:
+    if writer == "a writer not in SWMR mode":  # killed before it registered its chains: unreadable until cleared
         clear_stale_writer(name)
-    with h5py.File(name, "r") as file:
+    with open_for_reading(name) as file:
         text = file.attrs.get(RUN_ATTRIBUTE)
         if text is None:
             raise CheckpointError(
@@ -275,13 +278,27 @@ def _continued(name: str, record: Mapping[str, Any], *, killed: bool) -> bool:
                     file=name,
                     path=key,
                 )
+        stored = read_checkpoints(checkpoint_path(name))
+        for chain, checkpoint in stored.items():
+            restore_checkpoint(checkpoint, state_spec, chain_id=chain, file=checkpoint_path(name))
+        layout = SampleLayout.of(draw_spec)
+        problems = [
+            problem
+            for chain in range(record["chains"])
+            if f"chain~{chain}" in file
+            for problem in layout_problems(file, chain, layout, stored.get(chain, {}).get("sample_count", 0))
+        ]
+        if problems:
+            raise StructureMismatchError(
+                [*problems, "the run's draws are not those the file holds: write this run to another file"], file=name
+            )
     try:
         finished = read_draws(name).finished
     except JaxstowError:  # no chain registered yet: the run starts again
         return False
     if finished:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{name}.checkpoint.jxs")
+            os.unlink(checkpoint_path(name))
     return finished
 
 
@@ -296,13 +313,18 @@ def _stacked(name: str) -> dict[str, np.ndarray]:
 def _run_lock(name: str) -> Iterator[bool]:
     """Hold ``<name>.lock``, an ``flock`` that the kernel releases when this process ends, however it ends.
 
-    Yields whether a previous writer left the lock file behind: it was killed.
+    Yields whether a previous writer left the lock file behind: it was killed. A call that fails leaves the lock
+    file as it found it.
     """
     lock_path = f"{name}.lock"
     folder = os.path.dirname(os.path.abspath(name))
     if not os.path.isdir(folder):
         raise CheckpointError(f"{name}: the folder {folder} does not exist", file=name)
-    killed = os.path.exists(lock_path)
+    try:
+        with open(lock_path, "rb") as left:
+            previous: bytes | None = left.read()
+    except FileNotFoundError:
+        previous = None
     descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
@@ -316,7 +338,15 @@ def _run_lock(name: str) -> Iterator[bool]:
             ) from None
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"process {os.getpid()}".encode(), 0)
-        yield killed
+        try:
+            yield previous is not None
+        except BaseException:
+            if previous is None:
+                os.unlink(lock_path)
+            else:
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, previous, 0)
+            raise
         os.unlink(lock_path)
     finally:
         os.close(descriptor)

@@ -1,0 +1,256 @@
+"""``io.run_chains`` and ``jaxstow watch``: a run's file read from other processes while it goes on, and bad input.
+
+The sampler is a random walk in plain JAX (quick to compile); the runs that must be interrupted run in processes of
+a ``multiprocessing`` fork server that has imported JAX and jaxstow, and are killed with SIGKILL. Every refused call
+must leave the run's files byte for byte as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io
+from jaxstow.cli import main
+from jaxstow.errors import CheckpointError, FormatError, StructureMismatchError
+
+STEPS = 10_000
+EVERY = 250
+
+
+def walk(seed: int = 0, chains: int = 2, velocity: bool = False, wide: bool = False) -> tuple[Any, Any]:
+    """``start`` and ``step`` of a random walk per chain (with a velocity in its state, or a second variable drawn)."""
+
+    def start() -> dict[str, jax.Array]:
+        state = {"x": jnp.zeros(chains), "key": jax.random.key_data(jax.random.split(jax.random.key(seed), chains))}
+        return {**state, "v": jnp.zeros(chains)} if velocity else state
+
+    def step(state: dict[str, jax.Array], t: jax.Array) -> tuple[Any, Any, jax.Array]:
+        keys = jax.vmap(jax.random.split)(state["key"])
+        x = 0.95 * state["x"] + jax.vmap(jax.random.normal)(keys[:, 1])
+        draws = {"x": x, "t": jnp.full(chains, t)}
+        if wide:
+            draws["x2"] = x**2
+        return {**state, "x": x, "key": keys[:, 0]}, draws, jnp.ones(chains, bool)
+
+    return start, step
+
+
+def run(path: str, seed: int = 0, chains: int = 2, velocity: bool = False, wide: bool = False) -> Any:
+    return io.run_chains(
+        path, *walk(seed, chains, velocity, wide), num_steps=STEPS, checkpoint_every=EVERY, identity={"seed": seed}
+    )
+
+
+@pytest.fixture(scope="module")
+def processes() -> multiprocessing.context.ForkServerContext:
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["jax", "jax.numpy", "h5py", "jaxstow.io", __name__])
+    return context
+
+
+def _checkpoint_mark(path: str) -> Any:
+    try:
+        return os.stat(f"{path}.checkpoint.jxs").st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _killed_after_a_checkpoint(processes: Any, path: str) -> None:
+    """Start ``run(path)`` in a process and kill it once it has checkpointed past its start."""
+    process = processes.Process(target=run, args=(path,))
+    process.start()
+    seen = []
+    while len(seen) < 3:  # the checkpoint of the start, then two more
+        assert process.is_alive(), "the run ended before it could be killed"
+        mark = _checkpoint_mark(path)
+        if mark is not None and mark not in seen:
+            seen.append(mark)
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+
+
+def _fingerprint(folder: Path) -> dict[str, str]:
+    return {item.name: hashlib.sha256(item.read_bytes()).hexdigest() for item in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def killed_run(processes, tmp_path_factory) -> Path:
+    """The folder of a run killed midway: its file, its checkpoint and the lock file it left."""
+    folder = tmp_path_factory.mktemp("killed")
+    _killed_after_a_checkpoint(processes, str(folder / "walk.h5"))
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"seed": 1}, r"walk.h5 holds a run started with seed=0, but this call gives seed=1"),
+        ({"chains": 3}, r"walk.h5 holds a run started with chains=2, but this call gives chains=3"),
+        (
+            {"velocity": True},
+            r"walk.h5.checkpoint.jxs does not fit .*\n  - checkpointed solver state of chain 0 has 2 leaves, the "
+            r"run's has 3 \(key, v, x\)",
+        ),
+        ({"wide": True}, r"walk.h5 does not fit .*\n  - /chain~0/x2: the run samples float32\[\*\], the file does not"),
+    ],
+)
+def test_a_call_that_does_not_continue_the_run_is_refused_and_writes_nothing(killed_run, change, message):
+    before = _fingerprint(killed_run)
+    error = CheckpointError if set(change) & {"seed", "chains"} else StructureMismatchError
+    with pytest.raises(error, match=message) as raised:
+        run(str(killed_run / "walk.h5"), **change)
+    assert raised.value.file is not None and raised.value.file.startswith(str(killed_run / "walk.h5"))
+    assert _fingerprint(killed_run) == before
+
+
+def test_the_killed_run_continues_to_the_draws_of_an_uninterrupted_run(killed_run, tmp_path):
+    draws = run(str(killed_run / "walk.h5"))
+    expected = run(str(tmp_path / "uninterrupted.h5"))
+    for name in expected:
+        np.testing.assert_array_equal(draws[name], expected[name])
+    np.testing.assert_array_equal(draws["t"][0], np.arange(STEPS))  # every step once: none twice, none lost
+    assert sorted(os.listdir(killed_run)) == ["walk.h5"]
+
+
+def test_files_that_hold_no_such_run_are_left_alone(tmp_path):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as file:
+        file["chain~0/theta"] = np.ones((3, 2))
+    before = _fingerprint(tmp_path)
+    with pytest.raises(CheckpointError, match=r"other.h5 exists but holds no run of jaxstow.io"):
+        run(str(other))
+    (tmp_path / "not-hdf5.h5").write_bytes(b"just bytes" * 100)
+    with pytest.raises(FormatError, match=r"not-hdf5.h5: is not an HDF5 file"):
+        run(str(tmp_path / "not-hdf5.h5"))
+    assert _fingerprint(tmp_path) == {**before, "not-hdf5.h5": _fingerprint(tmp_path)["not-hdf5.h5"]}
+
+    with h5py.File(tmp_path / "open.h5", "w", libver="latest"):  # another program writes it
+        with pytest.raises(CheckpointError, match=r"open.h5 is open for writing by a writer not in SWMR mode"):
+            run(str(tmp_path / "open.h5"))
+
+
+def test_an_hdf5_collector_refuses_a_file_of_other_samples_naming_each_variable(tmp_path):
+    path = tmp_path / "samples.h5"
+    with h5py.File(path, "w") as file:
+        init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
+        state = init_save({"w": jnp.zeros(3), "b": 0.0}, None, io.scheduler.static_information())
+        postprocess_save(save(state, True, {"w": jnp.ones(3), "b": 1.0})[0], None)
+    before = _fingerprint(tmp_path)
+    with h5py.File(path, "a") as file, pytest.raises(StructureMismatchError) as raised:
+        io.HDF5Collector(file).register_chain({"w": jnp.zeros(4), "c": 0}, None, io.scheduler.static_information())
+    problems = raised.value.problems
+    assert "/chain~0/w: the file holds float32[1, 3], the run samples float32[*, 4]" in problems
+    assert "/chain~0/c: the run samples int32[*], the file does not hold it" in problems
+    assert "/chain~0/b: the file holds float32[1], the run does not sample it" in problems
+    assert raised.value.file == str(path)
+    assert _fingerprint(tmp_path) == before
+
+
+def test_one_writer_at_a_time(processes, tmp_path):
+    path = str(tmp_path / "walk.h5")
+    process = processes.Process(target=run, args=(path,))
+    process.start()
+    try:
+        while _checkpoint_mark(path) is None:
+            assert process.is_alive()
+            time.sleep(0.01)
+        with pytest.raises(CheckpointError, match=r"walk.h5 is being written by another run \(process \d+\)"):
+            run(path)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+
+
+def _watch(path: str, *options: str, block_rich: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    blocker = (
+        "import importlib.abc, sys\n"
+        "class Blocker(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'rich':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Blocker())\n"
+    )
+    script = (blocker if block_rich else "") + "import sys; from jaxstow.cli import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", script, "watch", path, *options], capture_output=True, text=True, timeout=120, **kwargs
+    )
+
+
+def test_other_processes_read_the_draws_so_far_while_the_run_goes_on(processes, tmp_path):
+    path = str(tmp_path / "walk.h5")
+    process = processes.Process(target=run, args=(path,))
+    process.start()
+    marks = {None}
+    while len(marks) < 3:  # the checkpoint of the start, then another
+        assert process.is_alive()
+        marks.add(_checkpoint_mark(path))
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGSTOP)  # the run holds still, wherever it is, while it is read
+    try:
+        idata = io.to_inference_data(path)  # this process reads while the run writes
+        watched = _watch(path, "--once", "--json")
+        plain = _watch(path, "--once", block_rich=True)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    process.join()
+    assert process.exitcode == 0
+    final = run(path)
+
+    draws = idata.posterior.sizes["draw"]
+    assert 0 < draws < STEPS
+    np.testing.assert_array_equal(idata.posterior["x"].values, final["x"][:, :draws])
+    assert watched.returncode == 0, watched.stderr
+    report = json.loads(watched.stdout)
+    assert report["state"] == "running" and [chain["draws"] for chain in report["chains"]] == [draws, draws]
+    assert [row["variable"] for row in report["variables"]] == ["t", "x"]
+    assert report["variables"][0]["mean"] == (draws - 1) / 2  # t = 0, 1, ... over the draws so far
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.startswith(f"{path}: running, 2 chains\nchain  draws  state\n0  ")
+    assert "\nvariable  " in plain.stdout and "r_hat  ess_bulk\n" in plain.stdout
+
+
+def test_watch_refreshes_until_ctrl_c_and_says_what_is_missing(killed_run, tmp_path):
+    missing = _watch(str(tmp_path / "none.h5"), "--once")
+    assert missing.returncode == 2 and "none.h5" in missing.stderr
+    path = str(killed_run / "walk.h5")  # a run whose writer was killed: it never ends
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "jaxstow", "watch", path, "--interval", "0.1"], stdout=subprocess.PIPE, text=True
+    )
+    assert watcher.stdout is not None
+    headers = 0
+    while headers < 2:
+        line = watcher.stdout.readline()
+        assert line, "watch ended by itself"
+        headers += line == f"{path}: running, 2 chains\n"
+    watcher.send_signal(signal.SIGINT)
+    watcher.communicate(timeout=60)
+    assert watcher.returncode == 0
+
+
+def test_watch_and_to_inference_data_of_a_finished_run(tmp_path, capsys):
+    path = str(tmp_path / "walk.h5")
+    final = io.run_chains(path, *walk(), num_steps=60, checkpoint_every=25)
+    assert main(["watch", path, "--json"]) == 0  # a finished run: printed once, then watch ends
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "finished" and [chain["draws"] for chain in report["chains"]] == [60, 60]
+    x = next(row for row in report["variables"] if row["variable"] == "x")
+    assert x["mean"] == pytest.approx(float(np.mean(final["x"])), rel=1e-5)
+    assert x["r_hat"] is not None and x["ess_bulk"] is not None
+    np.testing.assert_array_equal(io.to_inference_data(path).posterior["x"].values, final["x"])
+    assert os.listdir(tmp_path) == ["walk.h5"]
