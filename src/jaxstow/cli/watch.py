@@ -5,14 +5,14 @@ sample size over the draws every chain has (ArviZ's diagnostics). The file is re
 process, as :func:`jaxstow.io.run_chains` and the blackjax and numpyro adapters write it (or an
 :class:`~jaxstow.io.HDF5Collector` whose file is in SWMR mode). ``--once`` prints once and exits, for scripts.
 
->>> import os, tempfile, numpy as np
+>>> import os, tempfile, jax.numpy as jnp
 >>> from jaxstow import io
 >>> from jaxstow.cli import main
->>> def start():                                # two chains that disagree: R-hat says so
-...     return {"x": np.array([0.0, 10.0], np.float32)}
+>>> def start():                                # two chains that wander: R-hat says so
+...     return {"x": jnp.array([0.0, 10.0])}
 >>> def step(state, t):
-...     x = state["x"] + np.sin(t.astype(np.float32))
-...     return {"x": x}, {"x": x, "t": np.stack([t, t])}, np.ones(2, bool)
+...     x = state["x"] + jnp.sin(t)
+...     return {"x": x}, {"x": x, "t": jnp.stack([t, t])}, jnp.ones(2, bool)
 >>> path = os.path.join(tempfile.mkdtemp(), "run.h5")
 >>> _ = io.run_chains(path, start, step, num_steps=40, checkpoint_every=10)
 >>> main(["watch", path, "--once"])
@@ -20,9 +20,9 @@ process, as :func:`jaxstow.io.run_chains` and the blackjax and numpyro adapters 
 chain  draws  state
 0         40  finished
 1         40  finished
-variable   mean  r_hat  ess_bulk
-t          19.5  1.000        ...
-x         5.584  ...
+variable  mean   r_hat  ess_bulk
+t          19.5  1.820         3
+x         5.895  1.810         4
 0
 """
 
