@@ -99,6 +99,14 @@ class DataCollector(abc.ABC):
         run goes on; :meth:`checkpoint`, :meth:`finalize` and :meth:`finished` come after the blocks before them.
         """
 
+    def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
+        """Blocks of several chains at once, by chain id: ``(first, values)`` as :meth:`save` takes them.
+
+        By default one :meth:`save` per chain; a collector that stores them better together overrides it.
+        """
+        for chain_id, (first, values) in blocks.items():
+            self.save(chain_id, first, values)
+
     @abc.abstractmethod
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Called every ``checkpoint_every`` steps, after the blocks of every sample the checkpoint counts.

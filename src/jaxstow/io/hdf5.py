@@ -158,7 +158,7 @@ class HDF5Collector(DataCollector):
             self._datasets.append(self._reopen(chain_id, layout, resumed.sample_count))
             self._latest[chain_id] = resumed
         self._published.append(0 if resumed is None else resumed.sample_count)
-        self._count_draws(chain_id)
+        self._count_draws()
         return self._chains.add(layout, resumed)
 
     def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
@@ -203,22 +203,39 @@ class HDF5Collector(DataCollector):
             del self._file[group].attrs["sample_count"]
         return [self._file[_dataset_name(chain_id, name)] for name in layout.names]
 
-    def _count_draws(self, chain_id: int) -> None:
-        """Set the chain's entry of ``/draws_done`` to the samples published (creating or growing the dataset)."""
+    def _count_draws(self) -> None:
+        """Set ``/draws_done`` to the samples published of every chain (creating or growing the dataset)."""
         counts = self._file.get(DRAWS_DONE)
         if counts is None:
             counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
-        if len(counts) <= chain_id:
-            counts.resize(chain_id + 1, axis=0)
-        counts[chain_id] = self._published[chain_id]
+        if len(counts) < len(self._published):
+            counts.resize(len(self._published), axis=0)
+        counts[: len(self._published)] = self._published
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""
-        end = self._chains.received(chain_id, first, values)
-        self._writer.submit(functools.partial(self._write, chain_id, first, end, values))
+        self.save_chains({chain_id: (first, values)})
 
-    def _write(self, chain_id: int, first: int, end: int, values: Sequence[np.ndarray]) -> None:
-        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs; publish them."""
+    def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
+        """Queue blocks of several chains, written together and then counted in ``/draws_done`` at once."""
+        ends = {chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()}
+        self._writer.submit(functools.partial(self._write, dict(blocks), ends))
+
+    def _write(self, blocks: dict[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
+        """Write each chain's rows; then count them in ``/draws_done`` (in SWMR mode, once they are in the file)."""
+        for chain_id, (first, values) in blocks.items():
+            self._write_block(chain_id, first, ends[chain_id], values)
+        live = self._file.swmr_mode
+        if live:
+            self._file.flush()  # the rows reach the file before the counts that show them to readers
+        for chain_id, end in ends.items():
+            self._published[chain_id] = max(self._published[chain_id], end)
+        self._count_draws()
+        if live:
+            self._file.flush()
+
+    def _write_block(self, chain_id: int, first: int, end: int, values: Sequence[np.ndarray]) -> None:
+        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs."""
         for dataset, value in zip(self._datasets[chain_id], values, strict=True):
             if len(dataset) < end:
                 dataset.resize(max(end, 2 * len(dataset)), axis=0)
@@ -234,17 +251,6 @@ class HDF5Collector(DataCollector):
                     offset, np.ascontiguousarray(value[start - first : start - first + chunk])
                 )
             self._write_rows(dataset, tail, value[tail - first :])
-        self._publish(chain_id, end)
-
-    def _publish(self, chain_id: int, end: int) -> None:
-        """Count rows up to ``end`` in ``/draws_done``; in SWMR mode, only once they are in the file."""
-        live = self._file.swmr_mode
-        if live:
-            self._file.flush()  # the rows reach the file before the count that shows them to readers
-        self._published[chain_id] = max(self._published[chain_id], end)
-        self._count_draws(chain_id)
-        if live:
-            self._file.flush()
 
     def _write_rows(self, dataset: Any, first: int, value: np.ndarray) -> None:
         """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
@@ -287,7 +293,7 @@ class HDF5Collector(DataCollector):
         for dataset in self._datasets[chain_id]:
             dataset.resize(end, axis=0)
         self._published[chain_id] = end
-        self._count_draws(chain_id)
+        self._count_draws()
         self._file[_group(chain_id)].attrs["sample_count"] = end
         self._file.flush()
         self._finalized.add(chain_id)

@@ -3,15 +3,17 @@ state checkpointed with the draws, and a run killed at any moment continued by t
 
 :func:`run_chains` drives any sampler given as one step of all its chains; :mod:`jaxstow.io.blackjax` and
 :mod:`jaxstow.io.numpyro` build that step for blackjax and numpyro. The run's steps are cut into segments that end
-at every ``checkpoint_every``-th step (and where the warm-up ends). Each segment is a jit-compiled ``lax.scan`` of
-the sampler alone, which keeps the segment's draws on the device (at most 16 MiB of them: longer segments are cut),
-then a jit-compiled ``lax.scan`` that hands them to :func:`jaxstow.io.save`, whose last step checkpoints the state of
-every chain together with the draws kept so far. The sampler's program holds no host callback, so JAX's persistent
-compilation cache (``jax.config.update("jax_compilation_cache_dir", ...)``) can keep it for the next process. A run
-started again with the same call continues from its last checkpoint and runs the same compiled segments on the same
-states, so its draws are bit for bit those of a run that was never interrupted, and rows written after the
-checkpoint are written again at the same places, never twice. The file is in HDF5's SWMR
-mode while the run goes on: other processes read the draws so far (``jaxstow watch``, :func:`~jaxstow.io.to_inference_data`).
+at every ``checkpoint_every``-th step (and where the warm-up ends). Each segment is one call of a jit-compiled
+``lax.scan`` of the sampler that returns the segment's draws (at most 16 MiB of them: longer segments are cut).
+While the next segment runs, the host hands the kept draws to an :class:`~jaxstow.io.HDF5Collector`, which writes
+them on a thread of its own, and, at the end of every ``checkpoint_every``-th step, the state of every chain: the
+collector commits that checkpoint, in one file for all chains, once the draws it counts are flushed to disk. The
+sampler's program holds no host callback, so JAX's persistent compilation cache
+(``jax.config.update("jax_compilation_cache_dir", ...)``) can keep it for the next process. A run started again with
+the same call continues from its last checkpoint and runs the same compiled segments on the same states, so its draws
+are bit for bit those of a run that was never interrupted, and rows written after the checkpoint are written again
+at the same places, never twice. The file is in HDF5's SWMR mode while the run goes on: other processes read the
+draws so far (``jaxstow watch``, :func:`~jaxstow.io.to_inference_data`).
 
 >>> import os, tempfile, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -50,7 +52,6 @@ from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.live import read_draws
-from jaxstow.io.saving import save
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
@@ -105,10 +106,10 @@ def run_chains(
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
     state_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), jax.eval_shape(start))
     chains = _chain_count(state_spec)
-    run = jax.jit(functools.partial(_sample_rows, step), donate_argnums=0)
+    run = jax.jit(functools.partial(_sample_rows, step))  # not donated: a segment's state is checkpointed later
     steps = jax.ShapeDtypeStruct((checkpoint_every,), jnp.int32)
     drawn = jax.eval_shape(run, state_spec, steps)[1][0]  # traced once: for the draws' shapes, and for the run
-    draw_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), drawn)
+    draw_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[:1] + leaf.shape[2:], leaf.dtype), drawn)
     warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
@@ -141,55 +142,75 @@ def _sample(
     warmup_steps: int,
 ) -> None:
     collector = HDF5Collector(file)
-    init_save, save_draws, postprocess_save = save(collector, checkpoint_every=checkpoint_every)
     information = static_information(samples_collected=draws_per_chain)
-    per_chain = [
-        init_save(_chain_spec(draw_spec), _chain_spec(state_spec), information) for _ in range(chains)
-    ]
-    saving = jax.tree.map(lambda *leaves: jnp.stack(leaves), *per_chain)
+    for _ in range(chains):
+        collector.register_chain(_chain_spec(draw_spec), _chain_spec(state_spec), information)
     file.swmr_mode = True  # every dataset exists: from now on other processes may read the file
     resumed = collector.resume()
     if resumed:
         state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(resumed[i].solver_state for i in range(chains)))
-        done = int(per_chain[0].step)
+        done, counts = resumed[0].step, [resumed[i].sample_count for i in range(chains)]
     else:
-        state = start()
-        done = 0
-        host = jax.device_get(state)
-        collector.checkpoint_chains(
-            {i: ChainCheckpoint(0, 0, jax.tree.map(lambda leaf, i=i: leaf[i], host)) for i in range(chains)}
-        )
-
-    def stream_rows(saving: Any, rows: Any, state: Any) -> Any:
-        """Each step's draws to ``io.save``; its checkpoint, due at a segment's last step, takes ``state``."""
-
-        def one(saving: Any, row: Any) -> tuple[Any, None]:
-            draws, keep = row
-            return jax.vmap(save_draws)(saving, keep, draws, None, state)[0], None
-
-        return jax.lax.scan(one, saving, rows)[0]
-
-    stream = jax.jit(stream_rows, donate_argnums=0)
+        state, done, counts = start(), 0, [0] * chains
+        _hand_over(collector, counts, 0, None, state)
     state = _strong(state)  # as every segment leaves it: the same compiled segments for a fresh and a continued run
     if warmup is not None and done >= warmup_steps:
         _write_warmup(file, warmup(state))
-    rows = max(1, min(checkpoint_every, _DEVICE_ROWS_BYTES // max(1, _bytes(draw_spec))))
+    rows = max(1, min(checkpoint_every, _DEVICE_ROWS_BYTES // max(1, _bytes(draw_spec))))  # every chain's draws
+    finished = None
     for begin, end in _segments(done, num_steps, checkpoint_every, rows, warmup_steps):
         state, drawn = run(state, jnp.arange(begin, end, dtype=jnp.int32))
-        saving = stream(saving, drawn, state)
+        if finished is not None:  # the segment before this one, while this one runs
+            _hand_over(collector, counts, *finished, checkpoint_every=checkpoint_every)
+        finished = (begin, drawn, state)
         if warmup is not None and end == warmup_steps:
             _write_warmup(file, warmup(state))
-    postprocess_save(saving, None)
+    if finished is not None:
+        _hand_over(collector, counts, *finished, checkpoint_every=checkpoint_every)
+    for chain in range(chains):
+        collector.finalize(chain)
+
+
+def _hand_over(
+    collector: HDF5Collector, counts: list[int], begin: int, drawn: Any, state: Any, *, checkpoint_every: int = 1
+) -> None:
+    """Give the collector a segment's kept draws, each chain's after those it holds; at every ``checkpoint_every``-th
+    step, checkpoint every chain's state with them (``drawn`` is ``None`` for the state a run starts with)."""
+    steps = 0
+    if drawn is not None:
+        draws, keep = jax.device_get(drawn)  # waits for the segment; leaves (chains, steps, ...)
+        steps = keep.shape[1]
+        leaves = jax.tree.leaves(draws)
+        blocks = {}
+        for chain, count in enumerate(counts):
+            rows = keep[chain]
+            kept = steps if rows.all() else int(rows.sum())
+            if kept:
+                blocks[chain] = (count, [leaf[chain] if kept == steps else leaf[chain][rows] for leaf in leaves])
+                counts[chain] += kept
+        if blocks:
+            collector.save_chains(blocks)
+    end = begin + steps
+    if end % checkpoint_every == 0:
+        host = jax.device_get(state)
+        collector.checkpoint_chains(
+            {
+                chain: ChainCheckpoint(end, count, jax.tree.map(lambda leaf, chain=chain: leaf[chain], host))
+                for chain, count in enumerate(counts)
+            }
+        )
 
 
 def _sample_rows(step: Step, state: Any, steps: jax.Array) -> tuple[Any, Any]:
-    """The sampler alone, with no callback in it: a compilation cache can keep it across processes."""
+    """A segment: the sampler's steps, the draws and keep flags stacked (no host callback: a compilation cache can
+    keep the program for the next process)."""
 
     def one(state: Any, t: jax.Array) -> tuple[Any, Any]:
         state, draws, keep = step(state, t)
         return _strong(state), (draws, keep)  # the types a segment starts with, whatever step returns
 
-    return jax.lax.scan(one, state, steps)
+    state, drawn = jax.lax.scan(one, state, steps)
+    return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), drawn)  # each chain's rows contiguous
 
 
 def _segments(done: int, num_steps: int, every: int, rows: int, warmup_steps: int) -> Iterator[tuple[int, int]]:

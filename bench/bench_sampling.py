@@ -1,0 +1,241 @@
+"""Sampling-run benchmark: a blackjax run streamed to HDF5 and checkpointed, against the same sampler keeping its draws
+on the device; and how long a reader in another process takes to get the draws so far while the run goes on.
+
+Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds).
+
+Two workloads, every step's draw kept:
+
+- NUTS on eight schools (non-centred, 10 parameters), 4 chains, step size 0.4 and a unit mass matrix;
+- SGLD on a Bayesian logistic regression with 100 parameters (1,000 points, minibatches of 32), 8 chains.
+
+The baseline is the sampler in one jit-compiled ``lax.scan`` over all its steps (every chain under ``vmap``), the
+draws stacked on the device, compiled ahead. The streamed run is ``io.blackjax.sample`` into a new HDF5 file: the draws
+go to the file in blocks while the run goes on, and the chains' state is checkpointed with them (flushed and fsynced)
+every ``checkpoint_every`` steps. It compiles its programs at each call: JAX's persistent compilation cache (in a
+temporary folder, warmed by a first call) gives it the sampler's program, and what remains of the call's fixed cost
+(tracing the sampler, compiling the program that streams, creating the file) is measured with the rest. Each method
+runs at two lengths, N and 2N steps; the *marginal* ratio (streamed(2N) - streamed(N)) / (device(2N) - device(N))
+is the cost of streaming and checkpointing per step, the fixed costs cancelled (in wall time, and in CPU time of the
+process, every thread counted: the writer's work shows even where it overlaps the sampler's); the *whole-call* ratio
+is at 2N, the fixed costs included.
+Methods run in rounds, every run once per round in a shuffled order (fixed seed), and the table gives the medians of
+the rounds; each round's ratios pair runs seconds apart, so that the load of this shared machine falls on both sides.
+
+The reader is another process that calls ``jaxstow.io.live.read_draws`` (what ``io.to_inference_data`` and
+``jaxstow watch`` read) in a loop while the NUTS run writes its file; the table gives the median and the slowest read
+and the draws per chain the reads returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import blackjax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy import stats
+from timing import format_table
+
+from jaxstow import io
+
+Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+#: The most the streamed run may cost per step, as a share of the sampler's own time.
+TARGET = 0.05
+
+READER = """
+import json, sys, time
+from jaxstow.io.live import read_draws
+path, times, done = sys.argv[1], [], []
+while True:
+    start = time.perf_counter()
+    try:
+        draws = read_draws(path)
+    except Exception:  # no file yet, or its chains not yet registered
+        time.sleep(0.01)
+        continue
+    times.append(time.perf_counter() - start)
+    done.append(min(draws.done))
+    if draws.finished:
+        break
+    time.sleep(0.05)
+print(json.dumps({"times": times, "done": done}))
+"""
+
+
+class Workload:
+    """A blackjax algorithm on some chains, its step arguments, and the baseline that keeps the draws on the device."""
+
+    def __init__(self, name: str, algorithm: Any, positions: Any, every: int, step_args: Any = None) -> None:
+        self.name, self.algorithm, self.positions, self.every, self.step_args = name, algorithm, positions, every, step_args
+        self.chains = len(jax.tree.leaves(positions)[0])
+        self.compiled: dict[int, Any] = {}
+
+    def streamed(self, path: str, steps: int) -> dict[str, np.ndarray]:
+        return io.blackjax.sample(
+            path, self.algorithm, self.positions, jax.random.key(0), num_samples=steps,
+            checkpoint_every=self.every, step_args=self.step_args,
+        )  # fmt: skip
+
+    def on_device(self, steps: int) -> Any:
+        """The same steps as the streamed run's, in one scan that stacks the positions."""
+        if steps not in self.compiled:
+
+            def run(positions: Any, key: jax.Array) -> Any:
+                states = jax.vmap(self.algorithm.init)(positions)
+                keys = jax.random.split(jax.random.split(key)[1], self.chains)
+
+                def one(state: Any, key: jax.Array, t: jax.Array) -> Any:
+                    key, args_key = jax.random.split(key)
+                    args = self.step_args(args_key, t) if self.step_args is not None else ()
+                    out = self.algorithm.step(key, state, *args)
+                    return out if jax.tree.structure(out) == jax.tree.structure(state) else out[0]
+
+                def step(carry: Any, t: jax.Array) -> Any:
+                    states, keys = carry
+                    keys, step_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+                    states = jax.vmap(one, in_axes=(0, 0, None))(states, step_keys, t)
+                    return (states, keys), getattr(states, "position", states)
+
+                return jax.lax.scan(step, (states, keys), jnp.arange(steps))[1]
+
+            self.compiled[steps] = jax.jit(run).lower(self.positions, jax.random.key(0)).compile()
+        return jax.block_until_ready(self.compiled[steps](self.positions, jax.random.key(0)))
+
+
+def eight_schools() -> Workload:
+    def logdensity(p: dict[str, jax.Array]) -> jax.Array:
+        tau = jnp.exp(p["log_tau"])
+        theta = p["mu"] + tau * p["eta"]
+        prior = stats.norm.logpdf(p["mu"], 0, 5) + stats.cauchy.logpdf(tau, 0, 5) + p["log_tau"]
+        return prior + stats.norm.logpdf(p["eta"]).sum() + stats.norm.logpdf(Y, theta, SIGMA).sum()
+
+    nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
+    positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
+    return Workload("NUTS, eight schools, 4 chains", nuts, positions, every=2000)
+
+
+def logistic_regression() -> Workload:
+    features, points, batch = 100, 1000, 32
+    x = jax.random.normal(jax.random.key(1), (points, features))
+    y = (x @ jax.random.normal(jax.random.key(2), (features,)) > 0).astype(jnp.float32)
+
+    def loglikelihood(w: jax.Array, batch_: tuple[jax.Array, jax.Array]) -> jax.Array:
+        xs, ys = batch_
+        logits = xs @ w
+        return jnp.sum(ys * jax.nn.log_sigmoid(logits) + (1 - ys) * jax.nn.log_sigmoid(-logits))
+
+    gradient = blackjax.sgmcmc.gradients.grad_estimator(lambda w: -0.5 * jnp.sum(w**2), loglikelihood, points)
+
+    def step_args(key: jax.Array, t: jax.Array) -> tuple[Any, float]:
+        rows = jax.random.randint(key, (batch,), 0, points)
+        return (x[rows], y[rows]), 1e-4
+
+    return Workload(
+        "SGLD, logistic regression (100 parameters), 8 chains",
+        blackjax.sgld(gradient),
+        jnp.zeros((8, features)),
+        every=5000,
+        step_args=step_args,
+    )
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _round(workload: Workload, lengths: tuple[int, int], folder: str, order: random.Random) -> dict[Any, float]:
+    runs = [(kind, steps) for kind in ("device", "streamed") for steps in lengths]
+    order.shuffle(runs)
+    seconds = {}
+    for kind, steps in runs:
+        path = os.path.join(folder, f"run-{time.monotonic_ns()}.h5")
+        start, cpu = time.perf_counter(), _cpu_seconds()
+        got = workload.on_device(steps) if kind == "device" else workload.streamed(path, steps)
+        seconds[kind, steps] = time.perf_counter() - start
+        seconds[kind, steps, "cpu"] = _cpu_seconds() - cpu
+        if kind == "streamed":
+            want = workload.on_device(steps)
+            for name, leaf in zip(sorted(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_array_equal(got[name], np.moveaxis(np.asarray(leaf), 0, 1), err_msg=name)
+            os.unlink(path)
+    return seconds
+
+
+def bench(workload: Workload, lengths: tuple[int, int], rounds: int, folder: str) -> list[str]:
+    order = random.Random(0)
+    _round(workload, lengths, folder, order)  # compiles the baseline, fills the compilation cache: not counted
+    measured = [_round(workload, lengths, folder, order) for _ in range(rounds)]
+    short, long = lengths
+
+    def marginal(r: dict[Any, float], *cpu: str) -> float:
+        return (r["streamed", long, *cpu] - r["streamed", short, *cpu]) / (r["device", long, *cpu] - r["device", short, *cpu])
+
+    per_step = statistics.median(marginal(r) for r in measured) - 1
+    return [
+        workload.name,
+        f"{long:,}",
+        f"{statistics.median(r['device', long] for r in measured):.2f} s",
+        f"{statistics.median(r['streamed', long] for r in measured):.2f} s",
+        f"{statistics.median(r['streamed', long] / r['device', long] for r in measured):.2f}x",
+        f"{per_step:+.1%} ({'met' if per_step <= TARGET else 'missed'})",
+        f"{statistics.median(marginal(r, 'cpu') for r in measured) - 1:+.1%}",
+    ]
+
+
+def reader_latency(folder: str) -> list[str]:
+    """Read the draws so far from another process while a NUTS run writes them."""
+    workload = eight_schools()
+    path = os.path.join(folder, "read-while-running.h5")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), *sys.path])}
+    reader = subprocess.Popen([sys.executable, "-c", READER, path], stdout=subprocess.PIPE, text=True, env=env)
+    workload.every = 200
+    workload.streamed(path, 40_000)
+    report = json.loads(reader.communicate(timeout=600)[0])
+    times = report["times"]
+    return [
+        f"{len(times)}",
+        f"{statistics.median(times) * 1e3:.1f} ms",
+        f"{max(times) * 1e3:.1f} ms",
+        f"{report['done'][0]:,} .. {report['done'][-1]:,}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        jax.config.update("jax_compilation_cache_dir", os.path.join(folder, "jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        rows = [
+            bench(eight_schools(), (20_000, 40_000), args.rounds, folder),
+            bench(logistic_regression(), (40_000, 80_000), args.rounds, folder),
+        ]
+        headers = ["workload", "steps", "on device", "streamed", "whole call", "per step (wall)", "per step (CPU)"]
+        print(f"streamed and checkpointed to HDF5 vs draws kept on the device (median of {args.rounds} rounds)")
+        print(format_table(headers, rows))
+        print()
+        print("a reader in another process, while a NUTS run (4 chains, 40,000 steps) writes its file")
+        print(format_table(["reads", "median read", "slowest read", "draws per chain read"], [reader_latency(folder)]))
+
+
+if __name__ == "__main__":
+    functools.partial(main)()
