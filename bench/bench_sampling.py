@@ -86,6 +86,7 @@ class Workload:
         self.name, self.algorithm, self.positions, self.every, self.step_args = name, algorithm, positions, every, step_args
         self.chains = len(jax.tree.leaves(positions)[0])
         self.compiled: dict[int, Any] = {}
+        self.expected: dict[int, list[np.ndarray]] = {}  # the device run's draws, (chains, draws, ...) per leaf
 
     def streamed(self, path: str, steps: int) -> dict[str, np.ndarray]:
         return io.blackjax.sample(
@@ -128,7 +129,7 @@ def eight_schools() -> Workload:
 
     nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
     positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
-    return Workload("NUTS, eight schools, 4 chains", nuts, positions, every=2000)
+    return Workload("NUTS, eight schools, 4 chains", nuts, positions, every=5000)
 
 
 def logistic_regression() -> Workload:
@@ -151,7 +152,7 @@ def logistic_regression() -> Workload:
         "SGLD, logistic regression (100 parameters), 8 chains",
         blackjax.sgld(gradient),
         jnp.zeros((8, features)),
-        every=5000,
+        every=20_000,
         step_args=step_args,
     )
 
@@ -164,6 +165,7 @@ def _cpu_seconds() -> float:
 def _round(workload: Workload, lengths: tuple[int, int], folder: str, order: random.Random) -> dict[Any, float]:
     runs = [(kind, steps) for kind in ("device", "streamed") for steps in lengths]
     order.shuffle(runs)
+    runs.sort(key=lambda run: run[0] == "streamed" and run[1] not in workload.expected)  # checked against a device run
     seconds = {}
     for kind, steps in runs:
         path = os.path.join(folder, f"run-{time.monotonic_ns()}.h5")
@@ -171,10 +173,11 @@ def _round(workload: Workload, lengths: tuple[int, int], folder: str, order: ran
         got = workload.on_device(steps) if kind == "device" else workload.streamed(path, steps)
         seconds[kind, steps] = time.perf_counter() - start
         seconds[kind, steps, "cpu"] = _cpu_seconds() - cpu
-        if kind == "streamed":
-            want = workload.on_device(steps)
-            for name, leaf in zip(sorted(got), jax.tree.leaves(want), strict=True):
-                np.testing.assert_array_equal(got[name], np.moveaxis(np.asarray(leaf), 0, 1), err_msg=name)
+        if kind == "device":
+            workload.expected[steps] = [np.moveaxis(np.asarray(leaf), 0, 1) for leaf in jax.tree.leaves(got)]
+        else:
+            for name, want in zip(sorted(got), workload.expected[steps], strict=True):
+                np.testing.assert_array_equal(got[name], want, err_msg=name)  # the same draws, bit for bit
             os.unlink(path)
     return seconds
 
@@ -220,7 +223,7 @@ def reader_latency(folder: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         jax.config.update("jax_compilation_cache_dir", os.path.join(folder, "jax-cache"))

@@ -47,7 +47,7 @@ def sample(
     key: jax.Array,
     *,
     num_samples: int,
-    checkpoint_every: int = 100,
+    checkpoint_every: int = 1000,
     thin: int = 1,
     warmup: Any = None,
     num_warmup: int = 0,
@@ -67,7 +67,7 @@ def sample(
     - ``step_args(key, t)``: more arguments of ``algorithm.step`` for each chain at step ``t``, such as a minibatch
       and a step size for the stochastic-gradient algorithms (``blackjax.sgld``: ``(minibatch, step_size)``).
     - ``draw(state, info)``: what each kept step stores (by default the state's ``position``, or the state itself
-      when it has none, as for ``blackjax.sgld``).
+      when it has none, as for ``blackjax.sgld``; a position that is one array is stored as ``"position"``).
 
     The run is checkpointed every ``checkpoint_every`` steps; called again after a kill it continues from the last
     checkpoint (a kill during the warm-up runs the warm-up again, with the same result), and the draws equal those of
@@ -101,7 +101,8 @@ def sample(
         state, info = (out, None) if jax.tree.structure(out) == jax.tree.structure(state) else out
         if draw is not None:
             return state, draw(state, info)
-        return state, getattr(state, "position", state)
+        position = getattr(state, "position", state)
+        return state, {"position": position} if isinstance(position, jax.Array) else position
 
     def step(state: Any, t: jax.Array) -> tuple[Any, Any, jax.Array]:
         states, parameters, keys = state

@@ -40,7 +40,7 @@ def run(
     model_args: tuple[Any, ...] = (),
     model_kwargs: Mapping[str, Any] | None = None,
     init_params: Any = None,
-    checkpoint_every: int = 100,
+    checkpoint_every: int = 1000,
 ) -> dict[str, np.ndarray]:
     """Run ``mcmc`` (a ``numpyro.infer.MCMC``) as ``mcmc.run(rng_key, *model_args, **model_kwargs)`` would, streaming
     its draws to ``path``.

@@ -61,7 +61,7 @@ __all__ = ["run_chains"]
 RUN_ATTRIBUTE = "jaxstow_run"
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
-#: At most this many bytes of draws (of every chain) are held on the device between the sampler and ``io.save``.
+#: At most this many bytes of draws (of every chain) wait on the device for the host to hand them to the collector.
 _DEVICE_ROWS_BYTES = 16 << 20
 
 Step = Callable[[Any, jax.Array], tuple[Any, Any, jax.Array]]

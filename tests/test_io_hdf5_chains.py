@@ -1,0 +1,127 @@
+"""The HDF5 collector's checkpoints of several chains, its count of written draws, and the superblock of a killed
+writer; and the blackjax adapter with a stochastic-gradient sampler (step arguments, thinning)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import io
+from jaxstow.errors import FormatError
+from jaxstow.io.live import read_draws
+from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
+
+SAMPLE = {"x": np.zeros(2, np.float32)}
+STATE = {"position": np.zeros(2, np.float32), "key": np.zeros(2, np.uint32)}
+
+
+def _collector(file: h5py.File, chains: int = 2) -> io.HDF5Collector:
+    collector = io.HDF5Collector(file)
+    for _ in range(chains):
+        collector.register_chain(SAMPLE, STATE, io.scheduler.static_information(samples_collected=8))
+    return collector
+
+
+def _block(chain: int, first: int, rows: int) -> list[np.ndarray]:
+    return [np.full((rows, 2), 10 * chain + first, np.float32) + np.arange(rows, dtype=np.float32)[:, None]]
+
+
+def test_the_chains_of_one_step_are_checkpointed_together_and_resume_after_a_partial_finalize(tmp_path):
+    path = tmp_path / "samples.h5"
+    with h5py.File(path, "w", libver="latest") as file:
+        collector = _collector(file)
+        file.swmr_mode = True
+        collector.save_chains({0: (0, _block(0, 0, 4)), 1: (0, _block(1, 0, 4))})
+        state = {**STATE, "position": np.ones(2, np.float32)}
+        collector.checkpoint_chains({0: io.ChainCheckpoint(4, 4, state), 1: io.ChainCheckpoint(4, 4, state)})
+        collector.finalize(0)  # the process ends here, before the other chain is finalized
+        assert read_draws(str(path)).done == [4, 4]
+    stored = jaxstow.load(f"{path}.checkpoint.jxs")["chains"]
+    assert sorted(stored) == [0, 1] and stored[1]["step"] == 4 and stored[1]["sample_count"] == 4
+
+    with h5py.File(path, "a", libver="latest") as file:  # the same run, started again
+        collector = _collector(file)
+        resumed = collector.resume()
+        assert [resumed[chain].step for chain in (0, 1)] == [4, 4]
+        np.testing.assert_array_equal(resumed[1].solver_state["position"], np.ones(2))
+        assert "sample_count" not in file["chain~0"].attrs  # finished, but the run was not: it goes on
+        collector.save_chains({0: (4, _block(0, 4, 2)), 1: (4, _block(1, 4, 2))})
+        collector.finalize(0)
+        assert os.path.exists(f"{path}.checkpoint.jxs"), "removed before every chain was finalized"
+        collector.finalize(1)
+    assert not os.path.exists(f"{path}.checkpoint.jxs")
+    draws = read_draws(str(path))
+    assert draws.finished and draws.done == [6, 6]
+    np.testing.assert_array_equal(draws.chains[1]["x"][:, 0], [10, 11, 12, 13, 14, 15])
+
+
+def test_a_killed_writers_flags_are_cleared_and_what_it_wrote_is_read(tmp_path):
+    path = tmp_path / "killed.h5"
+    writer = textwrap.dedent(
+        f"""
+        import os, signal, h5py, numpy as np
+        file = h5py.File({str(path)!r}, "w", libver="latest")
+        file.create_dataset("x", data=np.arange(10.0), maxshape=(None,), chunks=(4,))
+        file.swmr_mode = True
+        file["x"].resize(12, axis=0)
+        file["x"][10:] = 7.0
+        file.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    assert subprocess.run([sys.executable, "-c", writer]).returncode == -signal.SIGKILL
+    assert read_superblock(path).writer == "a writer in SWMR mode"
+    with open_for_reading(path) as file:  # a reader needs no clearing
+        np.testing.assert_array_equal(file["x"][:], [*range(10), 7, 7])
+    with pytest.raises(OSError, match="already open for write"):
+        h5py.File(path, "a")
+    assert clear_stale_writer(path) and read_superblock(path).writer is None
+    with h5py.File(path, "a") as file:  # what h5clear -s makes possible
+        file["x"][0] = -1.0
+    assert not clear_stale_writer(path)
+    (tmp_path / "short.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
+    with pytest.raises(FormatError, match="short.h5: is not an HDF5 file"):
+        read_superblock(tmp_path / "short.h5")
+
+
+def test_blackjax_sgld_with_minibatches_and_thinning(tmp_path):
+    blackjax = pytest.importorskip("blackjax")
+    x = jax.random.normal(jax.random.key(1), (200, 3))
+    y = x @ jnp.array([1.0, -2.0, 0.5]) + 0.1 * jax.random.normal(jax.random.key(2), (200,))
+
+    def loglikelihood(w, batch):
+        xs, ys = batch
+        return -0.5 * jnp.sum((ys - xs @ w) ** 2)
+
+    gradient = blackjax.sgmcmc.gradients.grad_estimator(lambda w: -0.5 * jnp.sum(w**2), loglikelihood, 200)
+
+    def step_args(key, t):
+        rows = jax.random.randint(key, (20,), 0, 200)
+        return (x[rows], y[rows]), 1e-3
+
+    sample = functools.partial(
+        io.blackjax.sample,
+        algorithm=blackjax.sgld(gradient),
+        positions=jnp.zeros((3, 3)),
+        key=jax.random.key(0),
+        num_samples=3000,
+        thin=10,
+        checkpoint_every=500,
+        step_args=step_args,
+    )
+    draws = sample(str(tmp_path / "sgld.h5"))  # 3 chains, every 10th of 3000 steps
+    assert list(draws) == ["position"] and draws["position"].shape == (3, 300, 3)
+    np.testing.assert_allclose(draws["position"][:, 150:].mean(axis=(0, 1)), [1.0, -2.0, 0.5], atol=0.05)
+    again = sample(str(tmp_path / "sgld.h5"))  # finished: read from the file
+    np.testing.assert_array_equal(again["position"], draws["position"])
