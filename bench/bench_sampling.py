@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +82,13 @@ class Workload:
     """A blackjax algorithm on some chains, its step arguments, and the baseline that keeps the draws on the device."""
 
     def __init__(self, name: str, algorithm: Any, positions: Any, every: int, step_args: Any = None) -> None:
-        self.name, self.algorithm, self.positions, self.every, self.step_args = name, algorithm, positions, every, step_args
+        self.name, self.algorithm, self.positions, self.every, self.step_args = (
+            name,
+            algorithm,
+            positions,
+            every,
+            step_args,
+        )
         self.chains = len(jax.tree.leaves(positions)[0])
         self.compiled: dict[int, Any] = {}
         self.expected: dict[int, list[np.ndarray]] = {}  # the device run's draws, (chains, draws, ...) per leaf
@@ -189,7 +194,9 @@ def bench(workload: Workload, lengths: tuple[int, int], rounds: int, folder: str
     short, long = lengths
 
     def marginal(r: dict[Any, float], *cpu: str) -> float:
-        return (r["streamed", long, *cpu] - r["streamed", short, *cpu]) / (r["device", long, *cpu] - r["device", short, *cpu])
+        return (r["streamed", long, *cpu] - r["streamed", short, *cpu]) / (
+            r["device", long, *cpu] - r["device", short, *cpu]
+        )
 
     per_step = statistics.median(marginal(r) for r in measured) - 1
     return [

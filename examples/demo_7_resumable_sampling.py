@@ -116,7 +116,7 @@ def main() -> None:
     for name in expected:
         if got[name].shape != expected[name].shape or not np.array_equal(got[name], expected[name]):
             raise SystemExit(f"the resumed run's {name} differs from the uninterrupted run's")
-    print(f"4. the draws equal those of the uninterrupted run bit for bit: {({k: v.shape for k, v in got.items()})}")
+    print(f"4. the draws equal those of the uninterrupted run bit for bit: { ({k: v.shape for k, v in got.items()}) }")
 
     warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")  # ArviZ announces its 1.0 refactor
     import arviz as az

@@ -91,7 +91,7 @@ def test_a_killed_writers_flags_are_cleared_and_what_it_wrote_is_read(tmp_path):
         file["x"][0] = -1.0
     assert not clear_stale_writer(path)
     (tmp_path / "short.h5").write_bytes(b"\x89HDF\r\n\x1a\n")
-    with pytest.raises(FormatError, match="short.h5: is not an HDF5 file"):
+    with pytest.raises(FormatError, match=r"short\.h5: is not an HDF5 file"):
         read_superblock(tmp_path / "short.h5")
 
 

@@ -142,9 +142,11 @@ def test_files_that_hold_no_such_run_are_left_alone(tmp_path):
         run(str(tmp_path / "not-hdf5.h5"))
     assert _fingerprint(tmp_path) == {**before, "not-hdf5.h5": _fingerprint(tmp_path)["not-hdf5.h5"]}
 
-    with h5py.File(tmp_path / "open.h5", "w", libver="latest"):  # another program writes it
-        with pytest.raises(CheckpointError, match=r"open.h5 is open for writing by a writer not in SWMR mode"):
-            run(str(tmp_path / "open.h5"))
+    with (
+        h5py.File(tmp_path / "open.h5", "w", libver="latest"),  # another program writes it
+        pytest.raises(CheckpointError, match=r"open.h5 is open for writing by a writer not in SWMR mode"),
+    ):
+        run(str(tmp_path / "open.h5"))
 
 
 def test_an_hdf5_collector_refuses_a_file_of_other_samples_naming_each_variable(tmp_path):

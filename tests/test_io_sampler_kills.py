@@ -11,6 +11,7 @@ the killed ones.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import multiprocessing
@@ -71,7 +72,13 @@ def numpyro_run(path: str) -> dict[str, np.ndarray]:
             theta = numpyro.sample("theta", dist.Normal(mu, tau))
             numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
 
-    mcmc = MCMC(HMC(model, num_steps=8, trajectory_length=None), num_warmup=1000, num_samples=7000, num_chains=4, progress_bar=False)
+    mcmc = MCMC(
+        HMC(model, num_steps=8, trajectory_length=None),
+        num_warmup=1000,
+        num_samples=7000,
+        num_chains=4,
+        progress_bar=False,
+    )
     return io.numpyro.run(
         mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=250
     )
@@ -112,10 +119,8 @@ def _checkpoint_mark(path: str) -> tuple[int, int] | None:
 
 def _read_while_running(path: str, seen: list[Any]) -> None:
     """What a reader in another process gets now: the draws so far, kept to check against the final ones."""
-    try:
+    with contextlib.suppress(JaxstowError, OSError):  # no file yet, or its writer not yet in SWMR mode
         seen.append(jaxstow.io.live.read_draws(path))
-    except (JaxstowError, OSError):  # no file yet, or its writer not yet in SWMR mode
-        pass
 
 
 @pytest.mark.timeout(300)

@@ -93,8 +93,7 @@ def report(path: str) -> dict[str, Any]:
         "state": "finished" if draws.finished else "running",
         "time": datetime.datetime.now().isoformat(timespec="seconds"),
         "chains": [
-            {"chain": chain, "draws": done, "finished": draws.finished or None}
-            for chain, done in enumerate(draws.done)
+            {"chain": chain, "draws": done, "finished": draws.finished or None} for chain, done in enumerate(draws.done)
         ],
         "variables": _diagnostics(draws),
     }

@@ -34,6 +34,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.tree_util import PyTreeDef
 
 from jaxstow.io.runs import run_chains
 
@@ -81,7 +82,8 @@ def sample(
     chain_keys = jax.random.key_data(jax.random.split(chain_key, chains))  # carried as raw data: checkpointed
 
     def wrap(keys: jax.Array) -> jax.Array:
-        return jax.random.wrap_key_data(keys, impl=impl)
+        wrapped: jax.Array = jax.random.wrap_key_data(keys, impl=impl)
+        return wrapped
 
     def start() -> Any:
         if warmup is None:
@@ -98,7 +100,8 @@ def sample(
         kernel = algorithm(**parameters) if warmup is not None else algorithm
         key, args_key = jax.random.split(wrap(key))
         out = kernel.step(key, state, *(step_args(args_key, t) if step_args is not None else ()))
-        state, info = (out, None) if jax.tree.structure(out) == jax.tree.structure(state) else out
+        returned: PyTreeDef = jax.tree.structure(out)
+        state, info = (out, None) if returned == jax.tree.structure(state) else out  # SG-MCMC returns the state
         if draw is not None:
             return state, draw(state, info)
         position = getattr(state, "position", state)

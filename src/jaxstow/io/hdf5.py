@@ -192,11 +192,18 @@ class HDF5Collector(DataCollector):
 
     def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
         group = _group(chain_id)
-        problems = layout_problems(self._file, chain_id, layout, sample_count) if group in self._file else [f"{group}: missing"]
+        problems = (
+            layout_problems(self._file, chain_id, layout, sample_count)
+            if group in self._file
+            else [f"{group}: missing"]
+        )
         if problems:
             raise StructureMismatchError(
-                [*problems, f"the checkpoint {self.checkpoint_path} belongs to another file or run: delete it to start "
-                 "the chains again"],
+                [
+                    *problems,
+                    f"the checkpoint {self.checkpoint_path} belongs to another file or run: delete it to start "
+                    "the chains again",
+                ],
                 file=self._file.filename,
             )
         if "sample_count" in self._file[group].attrs:  # finished, but not every chain was: the run goes on
@@ -218,7 +225,9 @@ class HDF5Collector(DataCollector):
 
     def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
         """Queue blocks of several chains, written together and then counted in ``/draws_done`` at once."""
-        ends = {chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()}
+        ends = {
+            chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()
+        }
         self._writer.submit(functools.partial(self._write, dict(blocks), ends))
 
     def _write(self, blocks: dict[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
@@ -339,7 +348,9 @@ def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 
         if dataset is None:
             problems.append(f"{dataset_name}: the run samples {wanted}, the file does not hold it")
         elif dataset.shape[1:] != shape or dataset.dtype != dtype:
-            problems.append(f"{dataset_name}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}")
+            problems.append(
+                f"{dataset_name}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}"
+            )
         elif len(dataset) < rows:
             problems.append(f"{dataset_name}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
     problems += [

@@ -27,6 +27,7 @@ rows up to it, never shows a torn block.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from typing import Any
@@ -91,7 +92,7 @@ def _read(file: Any, *, name: str) -> FileDraws:
             count = counts[chain]
         datasets = {"": item} if isinstance(item, h5py.Dataset) else {}
         if isinstance(item, h5py.Group):
-            item.visititems(lambda key, node: datasets.update({key: node}) if isinstance(node, h5py.Dataset) else None)
+            item.visititems(functools.partial(_collect, datasets, h5py.Dataset))
         variables = {}
         for key, dataset in datasets.items():
             if following:
@@ -100,3 +101,8 @@ def _read(file: Any, *, name: str) -> FileDraws:
         chains.append(variables)
         done.append(int(count))
     return FileDraws(chains, done, finished)
+
+
+def _collect(datasets: dict[str, Any], kind: type, key: str, node: Any) -> None:
+    if isinstance(node, kind):
+        datasets[key] = node

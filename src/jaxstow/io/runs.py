@@ -48,6 +48,7 @@ import numpy as np
 
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, JaxstowError, StructureMismatchError
+from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
@@ -104,12 +105,12 @@ def run_chains(
     if checkpoint_every < 1 or num_steps < 0:
         raise ValueError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
-    state_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype), jax.eval_shape(start))
+    state_spec = spec_of(jax.eval_shape(start))  # without weak types, as _strong leaves the state
     chains = _chain_count(state_spec)
     run = jax.jit(functools.partial(_sample_rows, step))  # not donated: a segment's state is checkpointed later
-    steps = jax.ShapeDtypeStruct((checkpoint_every,), jnp.int32)
+    steps = spec_of(np.arange(checkpoint_every, dtype=np.int32))
     drawn = jax.eval_shape(run, state_spec, steps)[1][0]  # traced once: for the draws' shapes, and for the run
-    draw_spec = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[:1] + leaf.shape[2:], leaf.dtype), drawn)
+    draw_spec = jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[:1] + leaf.shape[2:], leaf.dtype), drawn)
     warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
@@ -123,8 +124,19 @@ def run_chains(
                 file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
                 for key, spec in warmup_spec.items():
                     file.create_dataset(f"{WARMUP_GROUP}/{key}", shape=spec.shape, dtype=spec.dtype)
-            _sample(file, start, run, state_spec, draw_spec, chains, num_steps, checkpoint_every,
-                    draws_per_chain, warmup, warmup_steps)
+            _sample(
+                file,
+                start,
+                run,
+                state_spec,
+                draw_spec,
+                chains,
+                num_steps,
+                checkpoint_every,
+                draws_per_chain,
+                warmup,
+                warmup_steps,
+            )
     return _stacked(name)
 
 
@@ -258,11 +270,11 @@ def _chain_count(spec: Any) -> int:
     counts = {leaf.shape[0] for leaf in leaves}
     if len(counts) != 1:
         raise ValueError(f"every leaf of the state needs the same leading axis of chains, got sizes {sorted(counts)}")
-    return counts.pop()
+    return int(counts.pop())
 
 
 def _chain_spec(spec: Any) -> Any:
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), spec)
+    return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[1:], leaf.dtype), spec)
 
 
 def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec: Any, *, killed: bool) -> bool:

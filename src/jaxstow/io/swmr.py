@@ -167,4 +167,4 @@ def lookup3(data: bytes, initial: int = 0) -> int:
     a = ((a ^ c) - _rotate(c, 4)) & _MASK
     b = ((b ^ a) - _rotate(a, 14)) & _MASK
     c = ((c ^ b) - _rotate(b, 24)) & _MASK
-    return c
+    return int(c)
