@@ -54,7 +54,7 @@ def blackjax_run(path: str) -> dict[str, np.ndarray]:
 
     nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
     positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
-    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=6000, checkpoint_every=250)
+    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=8000, checkpoint_every=250)
 
 
 def numpyro_run(path: str) -> dict[str, np.ndarray]:
@@ -75,7 +75,7 @@ def numpyro_run(path: str) -> dict[str, np.ndarray]:
     mcmc = MCMC(
         HMC(model, num_steps=8, trajectory_length=None),
         num_warmup=1000,
-        num_samples=7000,
+        num_samples=16000,
         num_chains=4,
         progress_bar=False,
     )
@@ -123,6 +123,17 @@ def _read_while_running(path: str, seen: list[Any]) -> None:
         seen.append(jaxstow.io.live.read_draws(path))
 
 
+def _follow(path: str, seen: list[Any], done: Any, process: Any = None) -> None:
+    """Wait until ``done()``, reading the file now and then; ``process`` must not end meanwhile."""
+    polls = 0
+    while not done():
+        assert process is None or process.is_alive(), "the run ended before it could be killed: give it more steps"
+        if polls % 20 == 0:
+            _read_while_running(path, seen)
+        polls += 1
+        time.sleep(0.005)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", sorted(RUNS))
 def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_run(kind, processes, tmp_path):
@@ -135,23 +146,16 @@ def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_
         process = processes.Process(target=_run, args=(kind, path))
         before = _checkpoint_mark(path)
         process.start()
-        while _checkpoint_mark(path) in (before, None):  # the run is past its start: it has checkpointed anew
-            assert process.is_alive(), f"the run ended with {process.exitcode} before it checkpointed"
-            _read_while_running(path, seen)
-            time.sleep(0.05)
-        deadline = time.monotonic() + moments.uniform(0.0, 0.25)  # somewhere in the next few checkpoint intervals
-        while time.monotonic() < deadline:
-            _read_while_running(path, seen)
-            time.sleep(0.05)
-        assert process.is_alive(), "the run ended before it could be killed: it needs more steps"
+        # Past its start (it has checkpointed anew), then somewhere in the next few checkpoint intervals.
+        _follow(path, seen, lambda before=before: _checkpoint_mark(path) not in (before, None), process)
+        deadline = time.monotonic() + moments.uniform(0.0, 0.1)
+        _follow(path, seen, lambda deadline=deadline: time.monotonic() >= deadline, process)
         os.kill(process.pid, signal.SIGKILL)
         process.join()
         assert process.exitcode == -signal.SIGKILL
     process = processes.Process(target=_run, args=(kind, path))
     process.start()
-    while process.is_alive():
-        _read_while_running(path, seen)
-        time.sleep(0.05)
+    _follow(path, seen, lambda process=process: not process.is_alive())
     assert process.exitcode == 0
     reference.join()
     assert reference.exitcode == 0
