@@ -16,8 +16,10 @@ temporary folder, warmed by a first call) gives it the sampler's program, and wh
 (tracing the sampler, compiling the program that streams, creating the file) is measured with the rest. Each method
 runs at two lengths, N and 2N steps; the *marginal* ratio (streamed(2N) - streamed(N)) / (device(2N) - device(N))
 is the cost of streaming and checkpointing per step, the fixed costs cancelled (in wall time, and in CPU time of the
-process, every thread counted: the writer's work shows even where it overlaps the sampler's); the *whole-call* ratio
-is at 2N, the fixed costs included.
+process, every thread counted: the writer's work shows even where it overlaps the sampler's); *host CPU* is the CPU
+time of the Python threads (handing the draws over, writing them, checkpointing) per step of the streamed run, as a
+share of the device run's CPU time per step: the work streaming adds, which the load of other processes on this
+shared machine does not change as it changes wall times. The *whole-call* ratio is at 2N, the fixed costs included.
 Methods run in rounds, every run once per round in a shuffled order (fixed seed), and the table gives the medians of
 the rounds; each round's ratios pair runs seconds apart, so that the load of this shared machine falls on both sides.
 
@@ -57,6 +59,7 @@ Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
 SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
 #: The most the streamed run may cost per step, as a share of the sampler's own time.
 TARGET = 0.05
+_TICKS = os.sysconf("SC_CLK_TCK")
 
 READER = """
 import json, sys, time
@@ -167,6 +170,22 @@ def _cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _host_cpu_seconds() -> float:
+    """CPU seconds of this process's threads that are not XLA's (whose names start with ``tf_``): the Python
+    threads, which hand the draws over and write them."""
+    total = 0.0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm, open(f"/proc/self/task/{task}/stat") as stat:
+                if comm.read().startswith("tf_"):
+                    continue
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _TICKS
+    return total
+
+
 def _round(workload: Workload, lengths: tuple[int, int], folder: str, order: random.Random) -> dict[Any, float]:
     runs = [(kind, steps) for kind in ("device", "streamed") for steps in lengths]
     order.shuffle(runs)
@@ -174,10 +193,11 @@ def _round(workload: Workload, lengths: tuple[int, int], folder: str, order: ran
     seconds = {}
     for kind, steps in runs:
         path = os.path.join(folder, f"run-{time.monotonic_ns()}.h5")
-        start, cpu = time.perf_counter(), _cpu_seconds()
+        start, cpu, host = time.perf_counter(), _cpu_seconds(), _host_cpu_seconds()
         got = workload.on_device(steps) if kind == "device" else workload.streamed(path, steps)
         seconds[kind, steps] = time.perf_counter() - start
         seconds[kind, steps, "cpu"] = _cpu_seconds() - cpu
+        seconds[kind, steps, "host"] = _host_cpu_seconds() - host
         if kind == "device":
             workload.expected[steps] = [np.moveaxis(np.asarray(leaf), 0, 1) for leaf in jax.tree.leaves(got)]
         else:
@@ -199,6 +219,11 @@ def bench(workload: Workload, lengths: tuple[int, int], rounds: int, folder: str
         )
 
     per_step = statistics.median(marginal(r) for r in measured) - 1
+    host = [
+        (r["streamed", long, "host"] - r["streamed", short, "host"])
+        / (r["device", long, "cpu"] - r["device", short, "cpu"])
+        for r in measured
+    ]
     return [
         workload.name,
         f"{long:,}",
@@ -207,6 +232,7 @@ def bench(workload: Workload, lengths: tuple[int, int], rounds: int, folder: str
         f"{statistics.median(r['streamed', long] / r['device', long] for r in measured):.2f}x",
         f"{per_step:+.1%} ({'met' if per_step <= TARGET else 'missed'})",
         f"{statistics.median(marginal(r, 'cpu') for r in measured) - 1:+.1%}",
+        f"{statistics.median(host):.1%}",
     ]
 
 
@@ -239,7 +265,7 @@ def main() -> None:
             bench(eight_schools(), (20_000, 40_000), args.rounds, folder),
             bench(logistic_regression(), (40_000, 80_000), args.rounds, folder),
         ]
-        headers = ["workload", "steps", "on device", "streamed", "whole call", "per step (wall)", "per step (CPU)"]
+        headers = ["workload", "steps", "on device", "streamed", "whole call", "per step: wall", "CPU", "host CPU"]
         print(f"streamed and checkpointed to HDF5 vs draws kept on the device (median of {args.rounds} rounds)")
         print(format_table(headers, rows))
         print()
