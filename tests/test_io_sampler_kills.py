@@ -44,13 +44,10 @@ def blackjax_run(path: str) -> dict[str, np.ndarray]:
     import jax.numpy as jnp
     from jax.scipy import stats
 
-    y, sigma = jnp.array(Y), jnp.array(SIGMA)
-
-    def logdensity(p: dict[str, jax.Array]) -> jax.Array:
+    def logdensity(p: dict[str, jax.Array]) -> jax.Array:  # tau ~ HalfCauchy(5) as log(tau); theta = mu + tau eta
         tau = jnp.exp(p["log_tau"])
-        theta = p["mu"] + tau * p["eta"]
-        prior = stats.norm.logpdf(p["mu"], 0, 5) + stats.cauchy.logpdf(tau, 0, 5) + p["log_tau"]
-        return prior + stats.norm.logpdf(p["eta"]).sum() + stats.norm.logpdf(y, theta, sigma).sum()
+        prior = stats.cauchy.logpdf(tau, 0, 5) + p["log_tau"] - p["mu"] ** 2 / 50 - jnp.sum(p["eta"] ** 2) / 2
+        return prior + jnp.sum(stats.norm.logpdf(jnp.array(Y), p["mu"] + tau * p["eta"], jnp.array(SIGMA)))
 
     nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
     positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}

@@ -136,35 +136,27 @@ def lookup3(data: bytes, initial: int = 0) -> int:
     >>> hex(lookup3(b"Four score and seven years ago"))
     '0x17770551'
     """
-    a = b = c = (0xDEADBEEF + len(data) + initial) & _MASK
+    state = [(0xDEADBEEF + len(data) + initial) & _MASK] * 3  # a, b, c
     rest = len(data)
     position = 0
     while rest > 12:
-        x, y, z = struct.unpack_from("<3I", data, position)
-        a, b, c = (a + x) & _MASK, (b + y) & _MASK, (c + z) & _MASK
-        a = ((a - c) & _MASK) ^ _rotate(c, 4)
-        c = (c + b) & _MASK
-        b = ((b - a) & _MASK) ^ _rotate(a, 6)
-        a = (a + c) & _MASK
-        c = ((c - b) & _MASK) ^ _rotate(b, 8)
-        b = (b + a) & _MASK
-        a = ((a - c) & _MASK) ^ _rotate(c, 16)
-        c = (c + b) & _MASK
-        b = ((b - a) & _MASK) ^ _rotate(a, 19)
-        a = (a + c) & _MASK
-        c = ((c - b) & _MASK) ^ _rotate(b, 4)
-        b = (b + a) & _MASK
+        _add(state, struct.unpack_from("<3I", data, position))
+        for index, bits in enumerate((4, 6, 8, 16, 19, 4)):  # mix(a, b, c)
+            target, source = index % 3, (index + 2) % 3
+            state[target] = ((state[target] - state[source]) & _MASK) ^ _rotate(state[source], bits)
+            state[source] = (state[source] + state[(target + 1) % 3]) & _MASK
         rest -= 12
         position += 12
     if rest == 0:
-        return c
-    x, y, z = struct.unpack("<3I", data[position:] + bytes(12 - rest))
-    a, b, c = (a + x) & _MASK, (b + y) & _MASK, (c + z) & _MASK
-    c = ((c ^ b) - _rotate(b, 14)) & _MASK
-    a = ((a ^ c) - _rotate(c, 11)) & _MASK
-    b = ((b ^ a) - _rotate(a, 25)) & _MASK
-    c = ((c ^ b) - _rotate(b, 16)) & _MASK
-    a = ((a ^ c) - _rotate(c, 4)) & _MASK
-    b = ((b ^ a) - _rotate(a, 14)) & _MASK
-    c = ((c ^ b) - _rotate(b, 24)) & _MASK
-    return int(c)
+        return state[2]
+    _add(state, struct.unpack("<3I", data[position:] + bytes(12 - rest)))
+    for index, bits in enumerate((14, 11, 25, 16, 4, 14, 24)):  # final(a, b, c)
+        target = (2 + index) % 3
+        source = (target + 2) % 3
+        state[target] = ((state[target] ^ state[source]) - _rotate(state[source], bits)) & _MASK
+    return state[2]
+
+
+def _add(state: list[int], words: tuple[int, ...]) -> None:
+    for index, word in enumerate(words):
+        state[index] = (state[index] + word) & _MASK
