@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,16 +23,16 @@ import jax
 import numpy as np
 
 from jaxstow._format.dtypes import name_of_dtype
-from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.source import ReadSource
 from jaxstow._format.torch_leaves import tensor_to_numpy
 from jaxstow._read.reader import Reader, open_parts
+from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.store import Store, open_store
-from jaxstow.errors import CorruptFileError, FormatError, PathError
+from jaxstow.errors import FormatError, PathError
 
 __all__ = [
     "Leaf",
@@ -162,23 +162,6 @@ def _as_numpy(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray | np.generic):
         return np.asarray(value)
     return tensor_to_numpy(value)
-
-
-def verify_checksums(reader: Reader, on_read: Callable[[int], None]) -> tuple[int, list[CorruptFileError]]:
-    """Read every stored leaf and compare it with its recorded checksums; returns the count checked and the damage.
-
-    ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums.
-    """
-    checked, damage = 0, []
-    for leaf in reader.stored.values():
-        sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
-        checked += sum(checksum is not None for checksum in sums)
-        try:
-            reader.read_arrays([leaf])
-        except CorruptFileError as error:
-            damage.append(error)
-        on_read(leaf.nbytes)
-    return checked, damage
 
 
 @dataclass(frozen=True)

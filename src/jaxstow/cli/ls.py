@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         else policy.reasons(
             [step.record.step for step in steps],
             {step.record.step: step.record.metric(metric) for step in steps} if metric else {},
+            {step.record.step: step.record.time for step in steps},
         )
     )
     rows: list[dict[str, Any]] = [
@@ -101,5 +102,6 @@ def keep_policy(step: Step) -> KeepPolicy | None:
 def _describe(policy: KeepPolicy) -> str:
     rules = [f"keep_last={policy.keep_last}"] if policy.keep_last else []
     rules += [f"keep_every={policy.keep_every}"] if policy.keep_every else []
+    rules += [f"keep_every_seconds={policy.interval:g}"] if policy.interval else []
     rules += [f"keep_best={policy.keep_best} by {policy.metric} ({policy.mode})"] if policy.keep_best else []
     return ", ".join(rules) or "none (every step is kept)"
