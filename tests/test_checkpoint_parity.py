@@ -31,16 +31,16 @@ PREEMPTED = Path(__file__).parent / "distributed" / "preempted.py"
 def test_steps_may_be_python_numpy_or_jax_integers(tmp_path):
     model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
     optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
-    optimizer.step.value += 7
+    optimizer.step[...] += 7
     with CheckpointManager(tmp_path) as manager:
-        manager.save(optimizer.step.value, {"params": nnx.state(model)})  # a 0-d uint32 jax array
+        manager.save(optimizer.step[...], {"params": nnx.state(model)})  # a 0-d uint32 jax array
         manager.save(np.int64(8), {"params": nnx.state(model)})
         manager.save(jnp.asarray(9), {"params": nnx.state(model)})
         for bad in (9.0, jnp.asarray(10.0), True, -1, np.arange(2), "11"):
             with pytest.raises(TypeError, match="a step must be a non-negative integer"):
                 manager.save(bad, {"params": nnx.state(model)})
         assert manager.steps() == [7, 8, 9] and manager.latest_step() == 9
-        assert manager.restore(jnp.asarray(7, jnp.int8))["params"]["kernel"].value.shape == (2, 3)
+        assert manager.restore(jnp.asarray(7, jnp.int8))["params"]["kernel"][...].shape == (2, 3)
 
 
 def _orbax_saves(directory: Path, steps: range, interval: int) -> list[int]:

@@ -99,9 +99,9 @@ class TruncatedFileError(CorruptFileError):
 class UnsaveableObjectError(JaxstowError, TypeError):
     """A leaf is neither data nor an object registered with :func:`jaxstow.saveable`."""
 
-    def __init__(self, obj: object, *, file: str | None = None, path: str = "") -> None:
+    def __init__(self, obj: object, *, file: str | None = None, path: str = "", advice: str | None = None) -> None:
         super().__init__(
-            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {_unsaveable_advice(obj)}",
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {advice or _unsaveable_advice(obj)}",
             file=file,
             path=path,
         )

@@ -120,11 +120,14 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
 
 
 def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
-    """A named sharding as JSON (mesh shape, axis names, partition spec); ``None`` for shardings without a mesh."""
+    """A named sharding as JSON (mesh shape, axis names and types, partition spec); ``None`` for shardings without a
+    mesh."""
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return None
     spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
-    return {"mesh": list(sharding.mesh.devices.shape), "axes": list(sharding.mesh.axis_names), "spec": spec}
+    mesh = sharding.mesh
+    types = [kind.name for kind in mesh.axis_types]
+    return {"mesh": list(mesh.devices.shape), "axes": list(mesh.axis_names), "axis_types": types, "spec": spec}
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:

@@ -21,10 +21,23 @@ from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError
 
-__all__ = ["Box", "ShardedLeaf", "Stored", "StoredShard", "check_coverage", "intersect", "sharded_leaf_from_entry"]
+__all__ = [
+    "AXIS_TYPES",
+    "Box",
+    "ShardedLeaf",
+    "Stored",
+    "StoredShard",
+    "check_coverage",
+    "intersect",
+    "sharded_leaf_from_entry",
+]
 
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
+
+
+#: The mesh axis types a sharding description may name (``jax.sharding.AxisType``); files without them mean ``Auto``.
+AXIS_TYPES = ("Auto", "Explicit", "Manual")
 
 
 class StoredShard(NamedTuple):
@@ -121,11 +134,15 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     if not isinstance(sharding, dict):
         return False
     mesh, axes, spec = sharding.get("mesh"), sharding.get("axes"), sharding.get("spec")
+    types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)
         and len(axes) == len(mesh)
+        and isinstance(types, list)
+        and len(types) == len(axes)
+        and all(kind in AXIS_TYPES for kind in types)
         and isinstance(spec, list)
         and len(spec) <= ndim
         and all(

@@ -22,18 +22,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import os
 from typing import Any
 
 import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
-from jaxstow._names import registry, static_objects
-from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
+from jaxstow._names import partials, registry, static_objects
+from jaxstow._names.advice import unsaveable_advice
+from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError
 
-__all__ = ["container_paths", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
@@ -66,13 +70,13 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     if type(obj) is bytes:
         return {"bytes": base64.b64encode(obj).decode("ascii")}
     if type(obj) is tuple:
-        return {"tuple": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+        return {"tuple": [encode_value(item, path=join(path, i), file=file) for i, item in enumerate(obj)]}
     if type(obj) is list:
-        return {"list": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+        return {"list": [encode_value(item, path=join(path, i), file=file) for i, item in enumerate(obj)]}
     if type(obj) is dict:
         return {
             "dict": [
-                [encode_value(key, path=path, file=file), encode_value(value, path=f"{path}/{key}", file=file)]
+                [encode_value(key, path=path, file=file), encode_value(value, path=join(path, key), file=file)]
                 for key, value in obj.items()
             ]
         }
@@ -86,17 +90,18 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     name = registry.name_of(obj)
     if name is not None:
         return {"ref": name}
-    rebuildable = static_objects.encode(
-        obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
-    )
+    part = lambda value, field: encode_value(value, path=join(path, field), file=file)  # noqa: E731
+    if type(obj) is functools.partial:
+        return partials.encode(obj, part, file=file, path=path)
+    rebuildable = static_objects.encode(obj, part, file=file, path=path)
     if rebuildable is not None:
         return rebuildable
     class_name = registry.attribute_class_name(type(obj))
     if class_name is None:
-        raise UnsaveableObjectError(obj, file=file, path=path)
+        raise UnsaveableObjectError(obj, file=file, path=path, advice=unsaveable_advice(obj))
     return {
         "object": class_name,
-        "attrs": [[key, encode_value(value, path=f"{path}/{key}", file=file)] for key, value in _attributes(obj)],
+        "attrs": [[key, encode_value(value, path=join(path, key), file=file)] for key, value in _attributes(obj)],
     }
 
 
@@ -127,7 +132,7 @@ def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None
         key, value = pair
         if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
             raise FormatError(f"{key!r} cannot be an attribute of a {name} instance", file=file, path=path)
-        object.__setattr__(obj, key, _decode_checked(value, path=f"{path}/{key}", file=file, depth=depth + 3))
+        object.__setattr__(obj, key, _decode_checked(value, path=join(path, key), file=file, depth=depth + 3))
     return obj
 
 
@@ -168,18 +173,18 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return base64.b64decode(data[tag], validate=True)
         if tag == "tuple":
             return tuple(
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
+                _decode_checked(item, path=join(path, i), file=file, depth=depth + 2)
                 for i, item in enumerate(data[tag])
             )
         if tag == "list":
             return [
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
+                _decode_checked(item, path=join(path, i), file=file, depth=depth + 2)
                 for i, item in enumerate(data[tag])
             ]
         if tag == "dict":
             return {
                 _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
-                    value, path=f"{path}/{key}", file=file, depth=depth + 3
+                    value, path=join(path, key), file=file, depth=depth + 3
                 )
                 for key, value in data[tag]
             }
@@ -199,10 +204,10 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return registry.lookup(data[tag], file=file, path=path)
         if tag == "object" and isinstance(data.get("attrs"), list):
             return _rebuild_object(data[tag], data["attrs"], path=path, file=file, depth=depth)
+        fields = lambda value, field: _decode_checked(value, path=join(path, field), file=file, depth=depth + 3)  # noqa: E731
+        if tag == "partial":
+            return partials.decode(data, fields, file=file, path=path)
         if tag == "object":
-            fields = lambda value, field: _decode_checked(  # noqa: E731
-                value, path=f"{path}/{field}", file=file, depth=depth + 3
-            )
             return static_objects.decode(data, fields, file=file, path=path)
     raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
 
@@ -234,7 +239,7 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
     if node_type in (tuple, list):
         return {
             node_type.__name__: [
-                "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+                "*" if _is_leaf(child) else encode_treedef(child, path=join(path, i), file=file)
                 for i, child in enumerate(children)
             ]
         }
@@ -243,7 +248,7 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
             "dict": [
                 [
                     key if type(key) is str else encode_value(key, path=path, file=file),
-                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{key}", file=file),
+                    "*" if _is_leaf(child) else encode_treedef(child, path=join(path, key), file=file),
                 ]
                 for key, child in zip(aux, children, strict=True)
             ]
@@ -252,59 +257,22 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
         name = registry.type_name(node_type)
     except ValueError:
         raise UnsaveableObjectError(node_type, file=file, path=path) from None
-    return {
-        "node": name,
-        "aux": encode_value(aux, path=path, file=file),
-        "children": [
-            "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
-            for i, child in enumerate(children)
-        ],
-    }
+    count = len(children)
+    try:
+        encoded_aux = encode_value(aux, path=path, file=file)
+    except JaxstowError as error:  # named after the attribute that holds the value, not its place in aux
+        raise renamed(error, path, lambda parts: aux_path(node_type, aux, count, parts)) from None
+    encoded_children = []
+    for i, child in enumerate(children):
+        try:
+            encoded_children.append("*" if _is_leaf(child) else encode_treedef(child, path=join(path, i), file=file))
+        except JaxstowError as error:
+            raise renamed_child(error, path, node_type, aux, count, i) from None
+    return {"node": name, "aux": encoded_aux, "children": encoded_children}
 
 
 def _is_leaf(treedef: PyTreeDef) -> bool:
     return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
-
-
-def container_paths(structure: JSON) -> list[str] | None:
-    """The leaf paths (as :func:`jaxstow._format.keypaths.path_to_str` writes them) of an encoded structure made only of dicts with
-    plain keys, lists, tuples and ``None``; ``None`` for a structure with other nodes, whose children jax names.
-
-    >>> container_paths(encode_treedef(jax.tree_util.tree_structure({"a": [1, None, {"b": 2}], "c": 3})))
-    ['a/0', 'a/2/b', 'c']
-    >>> container_paths("*")
-    ['']
-    """
-    paths: list[str] = []
-    return paths if _collect_paths(structure, "", paths) else None
-
-
-def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
-    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
-    not a container :func:`container_paths` can name."""
-    if node == "*":
-        paths.append(path)
-        return True
-    if node is None:
-        return True
-    if not isinstance(node, dict) or len(node) != 1:
-        return False
-    [(tag, children)] = node.items()
-    if tag == "dict":
-        named = children
-        if any(isinstance(name, dict) for name, _ in named):  # keys tagged as floats, tuples, ...
-            return False
-    elif tag in ("list", "tuple"):
-        named = enumerate(children)
-    else:
-        return False
-    prefix = f"{path}/" if path else ""
-    for name, child in named:
-        if child == "*":  # most children are leaves: answered here, without a call
-            paths.append(f"{prefix}{name}")
-        elif not _collect_paths(child, f"{prefix}{name}", paths):
-            return False
-    return True
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
@@ -349,12 +317,12 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
     if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
         node_type: type = tuple if "tuple" in data else list
         items = data[node_type.__name__]
-        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
+        children = [_decode_treedef(c, path=join(path, i), file=file, depth=depth + 2) for i, c in enumerate(items)]
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
         keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
         children = [
-            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 3)
+            _decode_treedef(c, path=join(path, k), file=file, depth=depth + 3)
             for k, (_, c) in zip(keys, data["dict"], strict=True)
         ]
         return _make(dict, keys, children, path=path, file=file)
@@ -362,12 +330,40 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
         node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
         if not isinstance(node_type_obj, type):
             raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
-        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
-        children = [
-            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(data["children"])
-        ]
-        return _make(node_type_obj, aux, children, path=path, file=file)
+        return _decode_node(node_type_obj, data, path=path, file=file, depth=depth)
     raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
+
+
+def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    """A custom node; a problem inside it is named after the node's attribute, not its place in the structure."""
+    count = len(data["children"])
+    decode_aux = functools.partial(_decode_checked, path=path, file=file, depth=depth + 1)
+    try:
+        aux = decode_aux(data.get("aux"))
+    except JaxstowError as error:  # found again with a marker in place of the failing value, to name its attribute
+        marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
+
+        def rename(parts: list[str]) -> list[str] | None:
+            try:
+                marked = decode_aux(replace_json(data.get("aux"), parts, marker))
+            except (JaxstowError, LookupError):
+                return None
+            return aux_path(node_type, marked, count, parts)
+
+        note = (
+            f"; or restore into a live {node_type.__name__} with like= (jaxstow.load(path, like=...)), whose own value "
+            "is used here"
+            if type(error) is UnknownNameError
+            else ""
+        )
+        raise renamed(error, path, rename, note=note) from None
+    children = []
+    for i, child in enumerate(data["children"]):
+        try:
+            children.append(_decode_treedef(child, path=join(path, i), file=file, depth=depth + 2))
+        except JaxstowError as error:
+            raise renamed_child(error, path, node_type, aux, count, i) from None
+    return _make(node_type, aux, children, path=path, file=file)
 
 
 def _is_pair_list(data: JSON) -> bool:

@@ -85,7 +85,8 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
 
 
 def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
-    """The sharding a leaf was saved with, on this process's first devices; an error if there are too few."""
+    """The sharding a leaf was saved with (its mesh's axis types included), on this process's first devices; an error
+    if there are too few."""
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
     devices = jax.devices()
@@ -96,7 +97,8 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
             file=file,
             path=path,
         )
-    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes))
+    types = tuple(getattr(jax.sharding.AxisType, kind) for kind in description.get("axis_types", ["Auto"] * len(axes)))
+    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes), axis_types=types)
     parts = [tuple(part) if isinstance(part, list) else part for part in spec]
     return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
 
