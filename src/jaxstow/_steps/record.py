@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -35,7 +34,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._version import __version__
 from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
 
-__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics", "folder_problem"]
+__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
 
 #: The name of the record in a step's folder.
 RECORD_NAME = "checkpoint.json"
@@ -221,18 +220,3 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
                 f"expects {expected}: the file is not the one that was saved",
                 file=where(file),
             )
-
-
-def folder_problem(path: str) -> str:
-    """Why a folder cannot be loaded as a file, and what restores it if it is a checkpoint folder or one of its steps."""
-    if os.path.isfile(os.path.join(path, RECORD_NAME)):
-        parent, step = os.path.split(os.path.abspath(path))
-        return (
-            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
-            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
-        )
-    with os.scandir(path) as entries:
-        steps = any(entry.is_dir() and os.path.isfile(os.path.join(entry.path, RECORD_NAME)) for entry in entries)
-    if steps:
-        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
-    return "is a folder, not a file"

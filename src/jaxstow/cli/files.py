@@ -25,6 +25,7 @@ import numpy as np
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
 from jaxstow._format.torch_leaves import tensor_to_numpy
+from jaxstow._read.foreign import folder_problem, recognise
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
@@ -61,11 +62,13 @@ def is_folder(target: str) -> bool:
 
 def open_source_at(target: str) -> ReadSource:
     """A random-access source for a local path or an fsspec URL; a folder or a missing file raises a PathError."""
+    path = local_path(target)
     if is_folder(target):
+        if path is not None and recognise(path).name.startswith("orbax"):
+            raise PathError(folder_problem(path), file=target)
         raise PathError(
             "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
         )
-    path = local_path(target)
     if path is not None:
         if not os.path.exists(path):
             raise PathError("no such file", file=target)
