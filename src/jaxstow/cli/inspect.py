@@ -84,7 +84,7 @@ def summary(container: Reader) -> dict[str, Any]:
     """What ``inspect`` shows, as a JSON-able dict."""
     leaves = describe(container)
     manifest = container.container.manifest
-    container_name = "npz" if isinstance(container, NpzReader) else "safetensors"
+    container_name = "npz" if isinstance(container.container, NpzReader) else "safetensors"
     kind = {"npz": "jaxstow-npz", "safetensors": "jaxstow"}[container_name] if manifest is not None else container_name
     return {
         "file": container.file,
