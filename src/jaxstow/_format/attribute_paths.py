@@ -29,7 +29,7 @@ from jaxstow._format.keypaths import key_to_str
 from jaxstow._names import static_objects
 from jaxstow.errors import JaxstowError
 
-__all__ = ["aux_path", "child_name", "join", "renamed", "renamed_child", "replace_json"]
+__all__ = ["attributes", "aux_path", "child_name", "join", "renamed", "renamed_child", "replace_json"]
 
 E = TypeVar("E", bound=JaxstowError)
 _LEAF = jax.tree_util.tree_structure(0)
@@ -84,9 +84,9 @@ def aux_path(node_type: type, aux: Any, count: int, segments: Sequence[str]) -> 
     built = _built(node_type, aux, count)
     if built is None:
         return None
-    attributes = _attributes(built[0])
+    held = attributes(built[0])
     for depth in range(len(chain) - 1, 0, -1):  # the deepest value an attribute holds
-        for name, value in attributes:
+        for name, value in held:
             if value is chain[depth]:
                 return [name, *segments[depth:]]
     return None
@@ -110,14 +110,15 @@ def _key(mapping: Mapping[Any, Any], segment: str) -> Any:
     return next((key for key in mapping if str(key) == segment), None)
 
 
-def _attributes(obj: object) -> list[tuple[str, Any]]:
-    found = list(getattr(obj, "__dict__", {}).items())
+def attributes(obj: object) -> list[tuple[str, Any]]:
+    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
+    found = sorted(getattr(obj, "__dict__", {}).items())
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
             if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
                 found.append((slot, getattr(obj, slot)))
-    return [(name, value) for name, value in found if not name.startswith("__")]
+    return found
 
 
 def replace_json(data: Any, segments: Sequence[str], replacement: Any) -> Any:

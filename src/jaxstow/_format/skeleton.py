@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
+from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
@@ -101,19 +101,8 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
         raise UnsaveableObjectError(obj, file=file, path=path, advice=unsaveable_advice(obj))
     return {
         "object": class_name,
-        "attrs": [[key, encode_value(value, path=join(path, key), file=file)] for key, value in _attributes(obj)],
+        "attrs": [[key, encode_value(value, path=join(path, key), file=file)] for key, value in attributes(obj)],
     }
-
-
-def _attributes(obj: object) -> list[tuple[str, Any]]:
-    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
-    found = sorted(getattr(obj, "__dict__", {}).items())
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                found.append((slot, getattr(obj, slot)))
-    return found
 
 
 def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:

@@ -23,30 +23,25 @@ import datetime
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
-from jaxstow._steps.record import (
-    RECORD_NAME,
-    Metrics,
-    check_metadata,
-    check_metrics,
-)
+from jaxstow._steps.record import RECORD_NAME, StepRecord, check_metadata, check_metrics
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.store import Store, open_store
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
-from jaxstow._write.held import HeldTree, hold
+from jaxstow._write.held import hold
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.reading import StepReading
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
-from jaxstow.checkpoint.writing import EXTENSION, split_items, write_step
+from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
 from jaxstow.errors import CheckpointError
 
 __all__ = ["CheckpointManager"]
@@ -178,11 +173,23 @@ class CheckpointManager(StepReading):
             name: hold(tree, copy=copy, file=self._url(step, name + EXTENSION), part=part)
             for name, tree in named.items()
         }
-        write = self._write_shared if self._processes.many else self._write
-        job = functools.partial(write, step, held, single, checked_metrics, checked_metadata, exists)
+        content = StepContent(step, held, single, checked_metrics, checked_metadata)
+        write: Callable[[], StepRecord | None]
         if self._processes.many:
-            job = functools.partial(job, key=self._processes.next_save())
-        self._writer.submit(job, what=f"saving step {step} to {self.directory}")
+            write = functools.partial(self._write_shared, content, exists, key=self._processes.next_save())
+        else:
+            keep_policy = dataclasses.asdict(self._policy)
+            folder = self._names.name(step)
+            write = functools.partial(
+                write_step,
+                self._store,
+                folder,
+                content,
+                replace=exists,
+                keep_policy=keep_policy,
+                progress=self._progress,
+            )
+        self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
         self._schedule.saved(step)
 
     def delete(self, step: int) -> None:
@@ -210,63 +217,33 @@ class CheckpointManager(StepReading):
         if removed:
             logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
 
-    def _write(
-        self,
-        step: int,
-        held: dict[str, HeldTree],
-        single: bool,
-        metrics: Metrics | None,
-        metadata: dict[str, Any] | None,
-        replace: bool,
-    ) -> None:
-        """The background half of a save: encode, write every item, commit, then apply the keep policy."""
-        record = write_step(
-            self._store,
-            self._names.name(step),
-            step,
-            held,
-            single,
-            metrics,
-            metadata,
-            replace=replace,
-            keep_policy=dataclasses.asdict(self._policy),
-            progress=self._progress,
-        )
-        self._folder.remember(record)
-        self._prune()
+    def _committed(self, record: StepRecord | None) -> None:
+        """After the background half of a save: remember the step this process committed, apply the keep policy."""
+        if record is not None:
+            self._folder.remember(record)
+            self._prune()
 
-    def _write_shared(
-        self,
-        step: int,
-        held: dict[str, HeldTree],
-        single: bool,
-        metrics: Metrics | None,
-        metadata: dict[str, Any] | None,
-        replace: bool,
-        *,
-        key: str,
-    ) -> None:
-        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
-        progress = SaveReport(f"step {step} of {self.directory}", total=0, bar=self._progress)
+    def _write_shared(self, content: StepContent, replace: bool, *, key: str) -> StepRecord | None:
+        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`); the
+        committed record in process 0."""
+        progress = SaveReport(f"step {content.step} of {self.directory}", total=0, bar=self._progress)
         record = save_shared(
             self._processes,
             self._store,
             key=key,
-            step=step,
-            folder=self._names.name(step),
-            items=held,
+            step=content.step,
+            folder=self._names.name(content.step),
+            items=content.held,
             extension=EXTENSION,
-            single=single,
-            metrics=metrics,
-            metadata=metadata,
+            single=content.single,
+            metrics=content.metrics,
+            metadata=content.metadata,
             replace=replace,
             progress=progress,
             keep_policy=dataclasses.asdict(self._policy),
         )
         progress.finish()
-        if record is not None:
-            self._folder.remember(record)
-            self._prune()
+        return record
 
     def _prune(self) -> None:
         steps = self._committed_steps()

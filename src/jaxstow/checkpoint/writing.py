@@ -4,19 +4,20 @@ with its record.
 >>> import tempfile, numpy as np
 >>> from jaxstow._steps.record import RECORD_NAME
 >>> from jaxstow._storage.store import open_store
->>> from jaxstow._util.progress import bar
 >>> from jaxstow._write.held import hold
->>> from jaxstow.checkpoint.writing import split_items, write_step
+>>> from jaxstow.checkpoint.writing import StepContent, split_items, write_step
 >>> store = open_store(tempfile.mkdtemp(), marker=RECORD_NAME)
 >>> named, single = split_items({"params": {"w": np.ones(2)}})
 >>> items = {name: hold(tree, copy=False, file=name) for name, tree in named.items()}
->>> write_step(store, "7", 7, items, single, None, None, replace=False, keep_policy=None, progress=False).files
+>>> content = StepContent(7, items, single, metrics=None, metadata=None)
+>>> write_step(store, "7", content, replace=False, keep_policy=None, progress=False).files
 {'params': 'params.safetensors'}
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from jaxstow._steps.record import Metrics, StepRecord
@@ -24,7 +25,7 @@ from jaxstow._storage.store import Store
 from jaxstow._write.held import HeldTree
 from jaxstow._write.save_report import SaveReport
 
-__all__ = ["EXTENSION", "SINGLE_ITEM", "split_items", "write_step"]
+__all__ = ["EXTENSION", "SINGLE_ITEM", "StepContent", "split_items", "write_step"]
 
 #: The item name of a step saved as one tree rather than a dict of named items.
 SINGLE_ITEM = "state"
@@ -46,22 +47,30 @@ def split_items(items: Any) -> tuple[dict[str, Any], bool]:
     return dict(items), False
 
 
+@dataclass(frozen=True)
+class StepContent:
+    """What one save writes as a step: its items held on the host, whether they are one tree, metrics and metadata."""
+
+    step: int
+    held: dict[str, HeldTree]
+    single: bool
+    metrics: Metrics | None
+    metadata: dict[str, Any] | None
+
+
 def write_step(
     store: Store,
     folder: str,
-    step: int,
-    held: dict[str, HeldTree],
-    single: bool,
-    metrics: Metrics | None,
-    metadata: dict[str, Any] | None,
+    content: StepContent,
     *,
     replace: bool,
     keep_policy: dict[str, Any] | None,
     progress: bool,
 ) -> StepRecord:
-    """Encode and write every item of ``step`` into its staging folder, then commit it with its record (written last);
+    """Encode and write every item of a step into its staging folder, then commit it with its record (written last);
     a failure removes the staging folder. Returns the committed record."""
-    encoded = {name: item.encode() for name, item in held.items()}
+    step = content.step
+    encoded = {name: item.encode() for name, item in content.held.items()}
     total = sum(tree.nbytes for tree in encoded.values())
     report = SaveReport(f"step {step} of {store.location}", total=total, bar=progress)
     staging = store.stage(folder, replace=replace)
@@ -73,7 +82,9 @@ def write_step(
             files[name] = stored
             if header is not None:
                 headers[stored] = header
-        record = StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, headers=headers)
+        record = StepRecord(
+            step, files, content.single, content.metrics, content.metadata, keep_policy=keep_policy, headers=headers
+        )
         staging.commit(record.to_json())
     except BaseException:
         staging.abort()
