@@ -41,6 +41,8 @@ def join(path: str, *keys: object) -> str:
     >>> join("", "opt", 2), join("opt", "tx")
     ('opt/2', 'opt/tx')
     """
+    if len(keys) == 1:  # the common case, on every node of a structure
+        return f"{path}/{keys[0]}" if path else str(keys[0])
     return "/".join([path, *map(str, keys)] if path else map(str, keys))
 
 
@@ -144,9 +146,16 @@ def replace_json(data: Any, segments: Sequence[str], replacement: Any) -> Any:
     raise LookupError(f"nothing at {segment!r} in the structure")
 
 
-def renamed_child(error: E, prefix: str, node_type: type, aux: Any, count: int, index: int) -> E:
-    """``error``, raised inside child ``index`` of the node at ``prefix``, with that child named by its key."""
-    return renamed(error, prefix, lambda parts: [child_name(node_type, aux, count, index), *parts[1:]])
+def renamed_child(error: E, prefix: str, node_type: type, aux: Any, count: int) -> E:
+    """``error``, raised inside a child of the node at ``prefix`` (its path goes on with the child's index), with that
+    child named by its key."""
+
+    def rename(parts: list[str]) -> list[str] | None:
+        if not parts[0].isdigit() or int(parts[0]) >= count:
+            return None
+        return [child_name(node_type, aux, count, int(parts[0])), *parts[1:]]
+
+    return renamed(error, prefix, rename)
 
 
 def renamed(error: E, prefix: str, rename: Callable[[list[str]], list[str] | None], *, note: str = "") -> E:

@@ -69,14 +69,15 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
         return {"complex": [repr(obj.real), repr(obj.imag)]}
     if type(obj) is bytes:
         return {"bytes": base64.b64encode(obj).decode("ascii")}
+    prefix = f"{path}/" if path else ""
     if type(obj) is tuple:
-        return {"tuple": [encode_value(item, path=join(path, i), file=file) for i, item in enumerate(obj)]}
+        return {"tuple": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
     if type(obj) is list:
-        return {"list": [encode_value(item, path=join(path, i), file=file) for i, item in enumerate(obj)]}
+        return {"list": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
     if type(obj) is dict:
         return {
             "dict": [
-                [encode_value(key, path=path, file=file), encode_value(value, path=join(path, key), file=file)]
+                [encode_value(key, path=path, file=file), encode_value(value, path=f"{prefix}{key}", file=file)]
                 for key, value in obj.items()
             ]
         }
@@ -160,23 +161,8 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return complex(_parse_float(real, path=path, file=file), _parse_float(imag, path=path, file=file))
         if tag == "bytes":
             return base64.b64decode(data[tag], validate=True)
-        if tag == "tuple":
-            return tuple(
-                _decode_checked(item, path=join(path, i), file=file, depth=depth + 2)
-                for i, item in enumerate(data[tag])
-            )
-        if tag == "list":
-            return [
-                _decode_checked(item, path=join(path, i), file=file, depth=depth + 2)
-                for i, item in enumerate(data[tag])
-            ]
-        if tag == "dict":
-            return {
-                _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
-                    value, path=join(path, key), file=file, depth=depth + 3
-                )
-                for key, value in data[tag]
-            }
+        if tag in ("tuple", "list", "dict"):
+            return _decode_container(tag, data[tag], path=path, file=file, depth=depth)
         if tag == "dtype":
             return _parse_dtype(data[tag], path=path, file=file)
         if tag == "npscalar":
@@ -199,6 +185,23 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
         if tag == "object":
             return static_objects.decode(data, fields, file=file, path=path)
     raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
+
+
+def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, depth: int) -> Any:
+    """A tuple, list or dict of values."""
+    prefix = f"{path}/" if path else ""
+    if tag == "tuple":
+        return tuple(
+            _decode_checked(item, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, item in enumerate(items)
+        )
+    if tag == "list":
+        return [_decode_checked(item, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, item in enumerate(items)]
+    return {
+        _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
+            value, path=f"{prefix}{key}", file=file, depth=depth + 3
+        )
+        for key, value in items
+    }
 
 
 def _parse_float(text: str, *, path: str, file: str | None) -> float:
@@ -225,10 +228,11 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
     if node_type is type(None):
         return None
     # Most children are leaves: they are answered here, without a call or a path.
+    prefix = f"{path}/" if path else ""
     if node_type in (tuple, list):
         return {
             node_type.__name__: [
-                "*" if _is_leaf(child) else encode_treedef(child, path=join(path, i), file=file)
+                "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{i}", file=file)
                 for i, child in enumerate(children)
             ]
         }
@@ -237,7 +241,7 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
             "dict": [
                 [
                     key if type(key) is str else encode_value(key, path=path, file=file),
-                    "*" if _is_leaf(child) else encode_treedef(child, path=join(path, key), file=file),
+                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{key}", file=file),
                 ]
                 for key, child in zip(aux, children, strict=True)
             ]
@@ -251,12 +255,13 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
         encoded_aux = encode_value(aux, path=path, file=file)
     except JaxstowError as error:  # named after the attribute that holds the value, not its place in aux
         raise renamed(error, path, lambda parts: aux_path(node_type, aux, count, parts)) from None
-    encoded_children = []
-    for i, child in enumerate(children):
-        try:
-            encoded_children.append("*" if _is_leaf(child) else encode_treedef(child, path=join(path, i), file=file))
-        except JaxstowError as error:
-            raise renamed_child(error, path, node_type, aux, count, i) from None
+    try:
+        encoded_children = [
+            "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{i}", file=file)
+            for i, child in enumerate(children)
+        ]
+    except JaxstowError as error:  # named after the child's key, not its place among the children
+        raise renamed_child(error, path, node_type, aux, count) from None
     return {"node": name, "aux": encoded_aux, "children": encoded_children}
 
 
@@ -306,12 +311,14 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
     if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
         node_type: type = tuple if "tuple" in data else list
         items = data[node_type.__name__]
-        children = [_decode_treedef(c, path=join(path, i), file=file, depth=depth + 2) for i, c in enumerate(items)]
+        prefix = f"{path}/" if path else ""
+        children = [_decode_treedef(c, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
         keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
+        prefix = f"{path}/" if path else ""
         children = [
-            _decode_treedef(c, path=join(path, k), file=file, depth=depth + 3)
+            _decode_treedef(c, path=f"{prefix}{k}", file=file, depth=depth + 3)
             for k, (_, c) in zip(keys, data["dict"], strict=True)
         ]
         return _make(dict, keys, children, path=path, file=file)
@@ -326,33 +333,44 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
 def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
     """A custom node; a problem inside it is named after the node's attribute, not its place in the structure."""
     count = len(data["children"])
-    decode_aux = functools.partial(_decode_checked, path=path, file=file, depth=depth + 1)
     try:
-        aux = decode_aux(data.get("aux"))
-    except JaxstowError as error:  # found again with a marker in place of the failing value, to name its attribute
-        marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
-
-        def rename(parts: list[str]) -> list[str] | None:
-            try:
-                marked = decode_aux(replace_json(data.get("aux"), parts, marker))
-            except (JaxstowError, LookupError):
-                return None
-            return aux_path(node_type, marked, count, parts)
-
-        note = (
-            f"; or restore into a live {node_type.__name__} with like= (jaxstow.load(path, like=...)), whose own value "
-            "is used here"
-            if type(error) is UnknownNameError
-            else ""
-        )
-        raise renamed(error, path, rename, note=note) from None
-    children = []
-    for i, child in enumerate(data["children"]):
-        try:
-            children.append(_decode_treedef(child, path=join(path, i), file=file, depth=depth + 2))
-        except JaxstowError as error:
-            raise renamed_child(error, path, node_type, aux, count, i) from None
+        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
+    except JaxstowError as error:
+        raise _in_aux(error, node_type, data, path=path, file=file, depth=depth) from None
+    prefix = f"{path}/" if path else ""
+    try:
+        children = [
+            _decode_treedef(child, path=f"{prefix}{i}", file=file, depth=depth + 2)
+            for i, child in enumerate(data["children"])
+        ]
+    except JaxstowError as error:
+        raise renamed_child(error, path, node_type, aux, count) from None
     return _make(node_type, aux, children, path=path, file=file)
+
+
+def _in_aux(
+    error: JaxstowError, node_type: type, data: JSON, *, path: str, file: str | None, depth: int
+) -> JaxstowError:
+    """An error in a node's auxiliary data, named after the attribute that holds the failing value (found by decoding
+    the data again with a marker in its place); an unknown name there is avoided by restoring with ``like``."""
+    marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
+
+    def rename(parts: list[str]) -> list[str] | None:
+        try:
+            marked = _decode_checked(
+                replace_json(data.get("aux"), parts, marker), path=path, file=file, depth=depth + 1
+            )
+        except (JaxstowError, LookupError):
+            return None
+        return aux_path(node_type, marked, len(data["children"]), parts)
+
+    note = (
+        f"; or restore into a live {node_type.__name__} with like= (jaxstow.load(path, like=...)), whose own value "
+        "is used here"
+        if type(error) is UnknownNameError
+        else ""
+    )
+    return renamed(error, path, rename, note=note)
 
 
 def _is_pair_list(data: JSON) -> bool:
