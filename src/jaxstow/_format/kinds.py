@@ -82,6 +82,10 @@ def file_kind(source: ReadSource) -> Kind:
     head = source.read(0, min(source.size, 16))
     if head[:4] in _ZIP:
         return _zip_kind(source)
+    if len(head) >= 9 and head[8:9] == b"{":  # first: a safetensors header's length may begin like anything
+        (length,) = struct.unpack("<Q", head[:8])
+        if 8 + length <= source.size:
+            return KINDS["jaxstow" if _has_manifest(source.read(8, min(length, 1 << 20))) else "safetensors"]
     if head.startswith(_TORCH_LEGACY):
         return KINDS["torch-legacy"]
     if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
@@ -90,10 +94,6 @@ def file_kind(source: ReadSource) -> Kind:
         return KINDS["equinox" if _npy_follows(source, _npy_end(source, 0)) else "npy"]
     if len(head) >= 2 and head[0] in _MSGPACK_MAPS and head[1] in _MSGPACK_STRINGS:
         return KINDS["flax"]
-    if len(head) >= 9 and head[8:9] == b"{":
-        (length,) = struct.unpack("<Q", head[:8])
-        if 8 + length <= source.size:
-            return KINDS["jaxstow" if _has_manifest(source.read(8, min(length, 1 << 20))) else "safetensors"]
     return KINDS["unknown"]
 
 

@@ -47,7 +47,8 @@ class SaveSchedule:
             self._newest, self._known = (steps[-1] if steps else None), True
         if self._newest is not None and step <= self._newest:
             return False
-        return self._newest is None or step % self.save_every == 0 or self.reached_preemption(step)
+        preempted = self.reached_preemption(step)  # asked at every step, as jax's sync protocol needs
+        return preempted or self._newest is None or step % self.save_every == 0
 
     @staticmethod
     def reached_preemption(step: int) -> bool:
