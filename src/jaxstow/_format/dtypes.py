@@ -32,11 +32,19 @@ _NAMES = (
     "int2", "int4", "uint2", "uint4",
 )  # fmt: skip
 
-_DTYPES: dict[str, np.dtype] = {}
-for _name in _NAMES:
-    _found = getattr(ml_dtypes, _name, None) if not hasattr(np, _name) else getattr(np, _name)
-    if _found is not None:
-        _DTYPES[_name] = np.dtype(_found)
+
+def _dtype_named(name: str) -> np.dtype | None:
+    """numpy's dtype of that name, or ml_dtypes' (whose newer dtypes an older ml_dtypes lacks: ``None``)."""
+    found = getattr(ml_dtypes, name, None)
+    if found is not None:
+        return np.dtype(found)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
+_DTYPES: dict[str, np.dtype] = {name: dtype for name in _NAMES if (dtype := _dtype_named(name)) is not None}
 
 #: safetensors dtype codes and the dtypes they stand for.
 SAFETENSORS_CODES: dict[str, np.dtype] = {

@@ -36,6 +36,7 @@ __all__ = [
     "decode_value_entry",
     "encode_leaf",
     "is_sharded",
+    "key_impl_name",
     "stored_leaf_from_entry",
 ]
 
@@ -87,7 +88,7 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             stored = _stored(path, "key", jax.random.key_data(leaf), file)
-            stored.entry["impl"] = str(jax.random.key_impl(leaf))
+            stored.entry["impl"] = key_impl_name(leaf.dtype)
             return stored
         if is_sharded(leaf):
             return _encode_sharded(path, leaf, file=file)
@@ -99,6 +100,12 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
         return _stored(path, "npscalar", leaf, file)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
+
+
+def key_impl_name(dtype: Any) -> str:
+    """The registered name of a PRNG key dtype's implementation (``threefry2x32``, ``rbg``, ``unsafe_rbg``), which
+    ``jax.random.key`` takes back; older jax prints an implementation by a shorter tag (``fry``) it does not take."""
+    return str(dtype._impl.name)
 
 
 def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:

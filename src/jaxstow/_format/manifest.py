@@ -48,6 +48,8 @@ _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _ARRAY_KINDS = _STORED_KINDS | {"sharded"}
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+#: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
+_IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
@@ -153,7 +155,8 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
     if kind == "npscalar" and shape:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
-        _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+        entry["impl"] = _IMPL_TAGS.get(entry.get("impl"), entry.get("impl"))
+        _check_key(entry["impl"], dtype, shape, file=file, path=path)
 
 
 def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
