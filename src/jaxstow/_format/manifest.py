@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, NewerFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
@@ -64,8 +64,8 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     if type(version) is not int or version < 1:
         raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
     if version > FORMAT_VERSION:
-        raise FormatError(
-            f"format version {version} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow", file=file
+        raise NewerFormatError(
+            f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
     leaves = manifest.get("leaves")
     if not isinstance(leaves, list):

@@ -27,7 +27,6 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
 from jaxstow.cli.files import Step, checkpoint_steps
 from jaxstow.cli.output import Table, print_json
-from jaxstow.errors import PathError
 
 __all__ = ["add", "keep_policy", "run"]
 
@@ -46,8 +45,6 @@ def add(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     steps = checkpoint_steps(args.folder)
-    if not steps:
-        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.folder)
     policy = keep_policy(steps[-1])
     metric = None if policy is None else policy.metric
     reasons = (
