@@ -17,7 +17,15 @@ from typing import TypeGuard
 import ml_dtypes
 import numpy as np
 
-__all__ = ["SAFETENSORS_CODES", "dtype_from_code", "dtype_from_name", "is_shape", "name_of_dtype", "safetensors_code"]
+__all__ = [
+    "SAFETENSORS_CODES",
+    "dtype_from_code",
+    "dtype_from_name",
+    "is_shape",
+    "name_of_dtype",
+    "safetensors_code",
+    "shape_problem",
+]
 
 _NAMES = (
     "bool",
@@ -97,3 +105,34 @@ def name_of_dtype(dtype: np.dtype) -> str | None:
 def is_shape(value: object) -> TypeGuard[list[int]]:
     """Whether a decoded JSON value is a valid shape: a list of non-negative integers (not bools)."""
     return type(value) is list and all(type(size) is int and size >= 0 for size in value)
+
+
+#: numpy's bounds on an array: its bytes, with every axis of size 0 counted as 1 (numpy refuses a larger shape even
+#: when it holds nothing), and its number of axes (32 before numpy 2).
+_MAX_ARRAY_BYTES = 2**63 - 1
+_MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def shape_problem(value: object, dtype: np.dtype) -> str | None:
+    """What makes a decoded JSON value no shape of an array of ``dtype`` (``None`` if it is one): not a list of
+    non-negative integers, more axes than numpy has, or more bytes than any array holds.
+
+    >>> import numpy as np
+    >>> from jaxstow._format.dtypes import shape_problem
+    >>> shape_problem([0, 4], np.dtype(np.float32)) is None
+    True
+    >>> shape_problem([0, 2**62], np.dtype(np.float32))
+    'shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it'
+    """
+    if not is_shape(value):
+        return f"a shape must be a list of non-negative integers, not {value!r}"
+    if len(value) > _MAX_AXES:
+        return f"a shape of {len(value)} axes has more than the {_MAX_AXES} an array can have"
+    nbytes = dtype.itemsize
+    for size in value:
+        nbytes *= max(size, 1)
+        if nbytes > _MAX_ARRAY_BYTES:
+            return (
+                f"shape {value} of {dtype} spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it"
+            )
+    return None

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, shape_problem
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError, NewerFormatError
 
@@ -143,8 +143,9 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if dtype is None:
             raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
         shape = entry.get("shape")
-        if not is_shape(shape):
-            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+        problem = shape_problem(shape, dtype)
+        if problem is not None:
+            raise FormatError(problem, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
@@ -155,8 +156,10 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
     if kind == "npscalar" and shape:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
-        entry["impl"] = _IMPL_TAGS.get(entry.get("impl"), entry.get("impl"))
-        _check_key(entry["impl"], dtype, shape, file=file, path=path)
+        impl = entry.get("impl")
+        if isinstance(impl, str):
+            entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
+        _check_key(impl, dtype, shape, file=file, path=path)
 
 
 def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
