@@ -24,6 +24,7 @@ from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
+from jaxstow.errors import ArgumentError
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -49,6 +50,8 @@ def save(
     """
     if not _is_destination(path_or_file) and isinstance(tree, str | os.PathLike):
         path_or_file, tree = tree, path_or_file
+    if not _is_destination(path_or_file):
+        raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     name = display_name(path_or_file)
     encoded = encode_tree(tree, metadata=metadata, file=name)
     with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:

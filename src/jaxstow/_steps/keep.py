@@ -18,12 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from jaxstow.errors import ArgumentError
+
 __all__ = ["KeepPolicy"]
 
 
 def _check_count(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+        raise ArgumentError(f"{name} must be a positive integer or None, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,9 @@ class KeepPolicy:
         for name in ("keep_last", "keep_every", "keep_best"):
             _check_count(name, getattr(self, name))
         if self.mode not in ("min", "max"):
-            raise ValueError(f'mode must be "min" or "max", not {self.mode!r}')
+            raise ArgumentError(f'mode must be "min" or "max", not {self.mode!r}')
         if self.keep_best is not None and not self.metric:
-            raise ValueError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
+            raise ArgumentError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
 
     @property
     def ranks(self) -> bool:

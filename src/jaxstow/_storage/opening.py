@@ -49,6 +49,10 @@ def open_source(
         from jaxstow._storage.remote import open_remote_source
 
         return open_remote_source(os.fspath(target), storage_options=storage_options)
+    if storage_options:
+        raise ArgumentError(
+            f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
+        )
     if os.path.isdir(path):
         raise IsAFolderError("is a folder, not a file", file=path)
     return LocalFile(path)

@@ -48,7 +48,7 @@ from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.restoring import restore_items
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -66,7 +66,7 @@ def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
         return {SINGLE_ITEM: items}, True
     bad = [name for name in items if not _ITEM_NAME.fullmatch(name)]
     if bad:
-        raise ValueError(
+        raise ArgumentError(
             f"item names become file names, so they may hold only letters, digits, '_' and '-'; {bad!r} do not "
             "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
         )
@@ -154,7 +154,7 @@ class CheckpointManager:
         named, single = _split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
-            raise ValueError(
+            raise ArgumentError(
                 f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
                 f"metrics={{{self._policy.metric!r}: ...}}"
             )

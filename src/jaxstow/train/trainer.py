@@ -35,6 +35,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from jaxstow.errors import ArgumentError
 from jaxstow.train.arguments import TrainerArguments, step_batch_size
 from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
@@ -66,6 +67,8 @@ class Trainer:
         trainer_backend: TrainerBackend | None = None,
         checkpointer: AbstractCheckpointer | None = None,
     ) -> None:
+        if not isinstance(module, ModuleInterface):
+            raise ArgumentError(f"a Trainer trains a jaxstow.train.ModuleInterface, not {type(module).__name__}")
         self.module = module
         self.args = args if args is not None else TrainerArguments()
         self.trainer_backend: TrainerBackend = trainer_backend if trainer_backend is not None else SingleProcess()
@@ -74,7 +77,7 @@ class Trainer:
         )
         checkpoint = self.checkpointer.load()
         if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
+            raise ArgumentError(
                 f"{type(self.checkpointer).__name__}.load() returned a {type(checkpoint).__name__}; it must return a "
                 "jaxstow.train.Checkpoint (Checkpoint() when there is nothing to resume from)"
             )
