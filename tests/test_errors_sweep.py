@@ -132,7 +132,6 @@ CASES: dict[str, Case] = {
     "io: to_inference_data of a number": lambda w: jio.to_inference_data(5),
     # train
     "train: period 0": lambda w: train.DefaultCheckpointer(train.DefaultCheckpointerArguments(period=0)),
-    "train: a trainer of no module": lambda w: train.Trainer(5, train.TrainerArguments(epochs=1)),
     "train: load_filename of no file": lambda w: train.DefaultCheckpointer(
         train.DefaultCheckpointerArguments(load_dir=str(w), load_filename="nope.jxs")
     ).load(),

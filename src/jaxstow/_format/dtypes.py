@@ -17,6 +17,8 @@ from typing import TypeGuard
 import ml_dtypes
 import numpy as np
 
+from jaxstow.errors import FormatError
+
 __all__ = [
     "SAFETENSORS_CODES",
     "dtype_from_code",
@@ -24,7 +26,7 @@ __all__ = [
     "is_shape",
     "name_of_dtype",
     "safetensors_code",
-    "shape_problem",
+    "checked_shape",
 ]
 
 _NAMES = (
@@ -45,7 +47,7 @@ def _dtype_named(name: str) -> np.dtype | None:
     """numpy's dtype of that name, or ml_dtypes' (whose newer dtypes an older ml_dtypes lacks: ``None``)."""
     found = getattr(ml_dtypes, name, None)
     if found is not None:
-        return np.dtype(found)
+        return np.dtype(found)  # type: ignore[no-any-return]
     try:
         return np.dtype(name)
     except TypeError:
@@ -113,26 +115,32 @@ _MAX_ARRAY_BYTES = 2**63 - 1
 _MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
-def shape_problem(value: object, dtype: np.dtype) -> str | None:
-    """What makes a decoded JSON value no shape of an array of ``dtype`` (``None`` if it is one): not a list of
-    non-negative integers, more axes than numpy has, or more bytes than any array holds.
+def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> list[int]:
+    """A decoded JSON value as the shape of an array of ``dtype``; a :class:`FormatError` naming the leaf if it is not
+    a list of non-negative integers, has more axes than numpy has, or spans more bytes than any array holds.
 
     >>> import numpy as np
-    >>> from jaxstow._format.dtypes import shape_problem
-    >>> shape_problem([0, 4], np.dtype(np.float32)) is None
-    True
-    >>> shape_problem([0, 2**62], np.dtype(np.float32))
-    'shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it'
+    >>> from jaxstow._format.dtypes import checked_shape
+    >>> checked_shape([0, 4], np.dtype(np.float32), file="f.jxs", path="w")
+    [0, 4]
+    >>> checked_shape([0, 2**62], np.dtype(np.float32), file="f.jxs", path="w")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.FormatError: leaf 'w' of f.jxs: shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it
     """
     if not is_shape(value):
-        return f"a shape must be a list of non-negative integers, not {value!r}"
+        raise FormatError(f"a shape must be a list of non-negative integers, not {value!r}", file=file, path=path)
     if len(value) > _MAX_AXES:
-        return f"a shape of {len(value)} axes has more than the {_MAX_AXES} an array can have"
+        raise FormatError(
+            f"a shape of {len(value)} axes has more than the {_MAX_AXES} an array can have", file=file, path=path
+        )
     nbytes = dtype.itemsize
     for size in value:
         nbytes *= max(size, 1)
         if nbytes > _MAX_ARRAY_BYTES:
-            return (
-                f"shape {value} of {dtype} spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it"
+            raise FormatError(
+                f"shape {value} of {dtype} spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it",
+                file=file,
+                path=path,
             )
-    return None
+    return value

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, shape_problem
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -201,9 +201,7 @@ def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dt
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
         raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
-    problem = shape_problem(shape, dtype)
-    if problem is not None:
-        raise FormatError(problem, file=file, path=path)
+    shape = checked_shape(shape, dtype, file=file, path=path)
     if not (slot.dtype == np.uint8 and slot.shape == (math.prod(shape) * dtype.itemsize,)):
         raise FormatError(
             f"the manifest says {dtype}{shape} but the tensor is {slot.dtype}{list(slot.shape)}", file=file, path=path

@@ -31,7 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, shape_problem
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError, NewerFormatError
 
@@ -143,9 +143,7 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if dtype is None:
             raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
         shape = entry.get("shape")
-        problem = shape_problem(shape, dtype)
-        if problem is not None:
-            raise FormatError(problem, file=file, path=path)
+        shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")

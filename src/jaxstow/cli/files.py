@@ -45,6 +45,7 @@ __all__ = [
     "Leaf",
     "Step",
     "checkpoint_steps",
+    "committed_steps",
     "describe",
     "file_size",
     "is_folder",
@@ -235,8 +236,7 @@ class Step:
 
 
 def checkpoint_steps(folder: str) -> list[Step]:
-    """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first; a
-    folder without any raises a :class:`~jaxstow.errors.PathError`."""
+    """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
     require_folder(folder)
     store = open_store(folder, marker=RECORD_NAME)
     names = StepNames("%d")
@@ -248,6 +248,12 @@ def checkpoint_steps(folder: str) -> list[Step]:
         if record.step != step:
             raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
         steps.append(Step(record, store, name))
+    return steps
+
+
+def committed_steps(folder: str) -> list[Step]:
+    """:func:`checkpoint_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
+    steps = checkpoint_steps(folder)
     if not steps:
         raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=folder)
     return steps

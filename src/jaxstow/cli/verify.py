@@ -20,7 +20,7 @@ from typing import Any
 
 from jaxstow._format.source import ReadSource
 from jaxstow._util.progress import bar, format_bytes
-from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, verify_checksums
+from jaxstow.cli.files import committed_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
 from jaxstow.errors import CorruptFileError
 
@@ -63,7 +63,7 @@ def _note(report: FileReport) -> str:
 
 def run(args: argparse.Namespace) -> int:
     if is_folder(args.target):
-        steps = checkpoint_steps(args.target)
+        steps = committed_steps(args.target)
         reports = [
             verify_file(step.sources(item), step.url(step.record.files[item]), progress=args.progress)
             for step in steps

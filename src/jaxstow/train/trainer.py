@@ -67,8 +67,6 @@ class Trainer:
         trainer_backend: TrainerBackend | None = None,
         checkpointer: AbstractCheckpointer | None = None,
     ) -> None:
-        if not isinstance(module, ModuleInterface):
-            raise ArgumentError(f"a Trainer trains a jaxstow.train.ModuleInterface, not {type(module).__name__}")
         self.module = module
         self.args = args if args is not None else TrainerArguments()
         self.trainer_backend: TrainerBackend = trainer_backend if trainer_backend is not None else SingleProcess()
