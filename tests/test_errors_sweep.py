@@ -62,6 +62,14 @@ def _scan_without_solver_state(where):
     return jax.lax.scan(step, state, jnp.arange(4.0))
 
 
+def _like_on_an_abstract_mesh(where):
+    rows = jax.sharding.NamedSharding(
+        jax.make_mesh((2,), ("d",), devices=jax.devices()[:2]), jax.sharding.PartitionSpec("d")
+    )
+    w = jax.device_put(jnp.zeros((2, 3), jnp.float32), rows)
+    return jaxstow.load(where / "w.jxs", like=jax.eval_shape(lambda: {"w": w, "step": 0}))  # shardings of no devices
+
+
 CASES: dict[str, Case] = {
     # jaxstow.save / load / load_metadata / open
     "save into a missing folder": lambda w: jaxstow.save(w / "no" / "such" / "x.jxs", {"a": 1}),
@@ -81,6 +89,7 @@ CASES: dict[str, Case] = {
     "load with a select matching nothing": lambda w: jaxstow.load(w / "w.jxs", select=["nothing/**"]),
     "load with an unknown option": lambda w: jaxstow.load(w / "w.jxs", as_nunpy=True),
     "load with a sharding that is none": lambda w: jaxstow.load(w / "w.jxs", sharding="everywhere"),
+    "load onto the abstract mesh of eval_shape": _like_on_an_abstract_mesh,
     "load_metadata of a missing file": lambda w: jaxstow.load_metadata(w / "nope.jxs"),
     "open a missing file": lambda w: jaxstow.open(w / "nope.jxs"),
     "open a missing URL": lambda w: jaxstow.open("memory://jaxstow-sweep/nope.jxs"),

@@ -223,6 +223,7 @@ def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, p
     for i in arrays:
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
+            check_fits(placements[i], arrays[i][1], file=reader.file, path=arrays[i][0])
     by_ranges = set() if as_numpy else _read_by_ranges(reader, paths, placements)
     stored = [
         reader.stored[path]
