@@ -35,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
         prog="jaxstow",
         description="Look into jaxstow, safetensors and npz files and checkpoint folders; check, compare, convert.",
         epilog="Paths may be fsspec URLs (s3://..., gs://..., file://...). Exit status: 0 all well, 1 damage or "
-        "differences found, 2 error.",
+        "differences found, 2 an error (one line on stderr), 141 a pipe closed early.",
     )
     top.add_argument("--version", action="store_true", help="print the version of jaxstow and exit")
     commands = top.add_subparsers(title="commands", dest="command", metavar="COMMAND")
