@@ -85,7 +85,8 @@ _NAMES = (
 )  # fmt: skip
 _ODD_VALUES: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 3, 2**31, 2**63, -(2**63), 0.5, "", "*", "x" * 40, "float32", "U8", "F32",
-    "threefry2x32", "value", "array", "key", [], {}, [1, 2], [-1], [0, -5], [[]], {"dict": 5}, {"dict": [1, 2]},
+    "threefry2x32", "value", "array", "key", [], {}, [1, 2], [-1], [0, -5], [[]], [0, 2**62], [2**62, 0, 4],
+    [0, 2**63], [3_037_000_500, 3_037_000_500], [0, 2**40, 2**40], [1] * 70, {"dict": 5}, {"dict": [1, 2]},
     {"dict": [[1, 2, 3]]}, {"tuple": 3}, {"list": [[]]}, {"float": "x"}, {"float": 5}, {"complex": 5},
     {"complex": ["1", "2", "3"]}, {"npscalar": "float32", "bytes": "AAAA"}, {"npscalar": "object", "bytes": ""},
     {"bytes": "!!"}, {"dtype": "object"}, {"treedef": 5}, {"treedef": {"node": "builtins.dict"}},

@@ -29,7 +29,7 @@ from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
-from jaxstow.errors import RequestError
+from jaxstow.errors import ArgumentError
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -55,6 +55,8 @@ def save(
     """
     if not _is_destination(path_or_file) and isinstance(tree, str | os.PathLike):
         path_or_file, tree = tree, path_or_file
+    if not _is_destination(path_or_file):
+        raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     name = display_name(path_or_file)
     encoded = encode_tree(tree, metadata=metadata, file=name)
     with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
@@ -98,7 +100,7 @@ def load(
     """
     if from_format is not None:
         if isinstance(path_or_file, ReadSource):
-            raise TypeError("from_format reads a path, a URL or a file object")
+            raise ArgumentError("from_format reads a path, a URL or a file object")
         return _load_foreign(path_or_file, like, from_format, options)
     with open(path_or_file) as reader:
         return reader.load(like, **options)
@@ -110,7 +112,7 @@ def _load_foreign(target: PathOrFile, like: Any, from_format: str, options: Load
     if from_format == "equinox":
         other = sorted(set(options) - {"as_numpy", "progress"})
         if other:
-            raise RequestError(f"from_format='equinox' reads into like, without the options {other}")
+            raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
         as_numpy = options.get("as_numpy", False)
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
     buffer = io.BytesIO()

@@ -31,9 +31,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, NewerFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
@@ -48,6 +48,8 @@ _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _ARRAY_KINDS = _STORED_KINDS | {"sharded"}
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+#: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
+_IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
@@ -62,8 +64,8 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     if type(version) is not int or version < 1:
         raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
     if version > FORMAT_VERSION:
-        raise FormatError(
-            f"format version {version} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow", file=file
+        raise NewerFormatError(
+            f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
     leaves = manifest.get("leaves")
     if not isinstance(leaves, list):
@@ -141,8 +143,7 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if dtype is None:
             raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
         shape = entry.get("shape")
-        if not is_shape(shape):
-            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+        shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
@@ -153,7 +154,10 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
     if kind == "npscalar" and shape:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
-        _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+        impl = entry.get("impl")
+        if isinstance(impl, str):
+            entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
+        _check_key(impl, dtype, shape, file=file, path=path)
 
 
 def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:

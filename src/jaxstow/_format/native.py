@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
-from jaxstow._format.dtypes import dtype_from_code, is_shape, safetensors_code
+from jaxstow._format.dtypes import checked_shape, dtype_from_code, safetensors_code
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
@@ -281,10 +281,7 @@ class NativeReader:
         if dtype is None:
             raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not is_shape(shape):
-            raise FormatError(
-                f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name
-            )
+        shape = checked_shape(shape, dtype, file=self.file, path=name)
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2

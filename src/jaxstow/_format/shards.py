@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError
@@ -88,8 +88,7 @@ def sharded_leaf_from_entry(entry: Entry, slots: Mapping[str, TensorSlot], *, so
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
         raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
-    if not is_shape(shape):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    shape = checked_shape(shape, dtype, file=file, path=path)
     if not isinstance(shards, list):
         raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
     sharding = entry.get("sharding")

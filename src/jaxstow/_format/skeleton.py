@@ -42,6 +42,8 @@ __all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
+#: ``PyTreeDef.from_node_data_and_children`` (jax 0.4.36 and newer; ``make_...`` before).
+_FROM_NODE_DATA = getattr(PyTreeDef, "from_node_data_and_children", None) or PyTreeDef.make_from_node_data_and_children
 #: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
 _DECODE_ERRORS = (
     TypeError,
@@ -379,7 +381,7 @@ def _is_pair_list(data: JSON) -> bool:
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
     try:
-        return PyTreeDef.from_node_data_and_children(_REGISTRY, (node_type, aux), children)
+        return _FROM_NODE_DATA(_REGISTRY, (node_type, aux), children)
     except (TypeError, ValueError, RuntimeError) as error:
         raise FormatError(
             f"{node_type.__module__}.{node_type.__qualname__} is not a registered pytree node type here "

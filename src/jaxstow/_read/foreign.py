@@ -41,7 +41,7 @@ from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import display_name, local_path
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError
 
 __all__ = ["DESCRIBED", "FROM_FORMATS", "advice", "folder_problem", "pointed", "read_foreign", "recognise"]
 
@@ -158,13 +158,13 @@ def read_foreign(target: str | os.PathLike[str] | BinaryIO, from_format: str, *,
     """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
     ``"equinox"`` the tree of ``like`` with the stream's arrays."""
     if from_format not in FROM_FORMATS:
-        raise ValueError(f"from_format must be one of {FROM_FORMATS}, not {from_format!r}")
+        raise ArgumentError(f"from_format must be one of {FROM_FORMATS}, not {from_format!r}")
     name = display_name(target)
     if from_format == "orbax":
         return _read_orbax(target, name)
     if from_format == "equinox":
         if like is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"an equinox stream stores leaves without their structure: pass like=, the model {name} was saved "
                 "from (or an abstract copy of it)"
             )
@@ -183,7 +183,7 @@ def _binary(target: str | os.PathLike[str] | BinaryIO) -> Iterator[BinaryIO]:
     path = local_path(target)
     if path is not None:
         if os.path.isdir(path):
-            raise PathError(folder_problem(path), file=path)
+            raise IsAFolderError(folder_problem(path), file=path)
         with open(path, "rb") as file:
             yield file
         return
@@ -268,7 +268,7 @@ def _read_equinox(file: BinaryIO, name: str, like: Any) -> Any:
 
 def _read_orbax(target: str | os.PathLike[str] | BinaryIO, name: str) -> Any:
     if not isinstance(target, str | os.PathLike):
-        raise TypeError("an orbax checkpoint is a folder: give its path, not a file object")
+        raise ArgumentError("an orbax checkpoint is a folder: give its path, not a file object")
     path = local_path(target)
     where = os.path.abspath(path) if path is not None else os.fspath(target)
     kind = folder_kind(lambda entry: _listing(where, entry)) if path is not None else KINDS["orbax"]

@@ -103,10 +103,21 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
     return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
 
 
+#: The mesh of a sharding that names no devices (``jax.sharding.AbstractMesh``, where this jax has it).
+_ABSTRACT_MESH: Any = getattr(jax.sharding, "AbstractMesh", ())
+
+
 def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path: str) -> None:
     """Raise :class:`ShardingError` naming the leaf if an array of ``shape`` cannot be laid out on ``placement``."""
     if placement is None or isinstance(placement, jax.Device):
         return
+    if isinstance(getattr(placement, "mesh", None), _ABSTRACT_MESH):
+        raise ShardingError(
+            f"its sharding {placement} has an abstract mesh, which names no devices (jax.eval_shape gives such "
+            "shardings): pass sharding=... or a like whose shardings are on devices",
+            file=file,
+            path=path,
+        )
     try:
         placement.shard_shape(shape)
     except Exception as error:  # jax raises several types here (IndivisibleError, IndexError, ValueError)

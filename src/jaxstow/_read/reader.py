@@ -29,7 +29,7 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import FormatError, IsAFolderError
 
 __all__ = ["LeafInfo", "Reader", "open", "open_parts"]
 
@@ -99,9 +99,9 @@ def _opened(target: str | os.PathLike[str] | BinaryIO | ReadSource, source: Read
 def _source(
     target: str | os.PathLike[str] | BinaryIO | ReadSource, storage_options: dict[str, Any] | None = None
 ) -> ReadSource:
-    """The source to read; a local folder raises a :class:`PathError` that says how to restore a checkpoint folder."""
+    """The source to read; a local folder raises a :class:`~jaxstow.errors.IsAFolderError` that says how to restore a checkpoint folder."""
     if isinstance(target, str | os.PathLike):
         path = local_path(target)
         if path is not None and os.path.isdir(path):
-            raise PathError(folder_problem(path), file=path)
+            raise IsAFolderError(folder_problem(path), file=path)
     return open_source(target, storage_options=storage_options)

@@ -25,12 +25,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from jaxstow.errors import ArgumentError
+
 __all__ = ["KeepPolicy"]
 
 
 def _check_count(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+        raise ArgumentError(f"{name} must be a positive integer or None, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -57,13 +59,13 @@ class KeepPolicy:
         elif interval is not None and (
             isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < math.inf
         ):
-            raise ValueError(
+            raise ArgumentError(
                 f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
             )
         if self.mode not in ("min", "max"):
-            raise ValueError(f'mode must be "min" or "max", not {self.mode!r}')
+            raise ArgumentError(f'mode must be "min" or "max", not {self.mode!r}')
         if self.keep_best is not None and not self.metric:
-            raise ValueError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
+            raise ArgumentError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
 
     @property
     def ranks(self) -> bool:

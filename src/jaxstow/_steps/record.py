@@ -32,7 +32,7 @@ from jaxstow._format.json_text import parse_json
 from jaxstow._format.native import header_checksum
 from jaxstow._format.source import ReadSource
 from jaxstow._version import __version__
-from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
 
@@ -50,17 +50,17 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
     if metrics is None:
         return None
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics of step {step} must be a dict of names to numbers, not {type(metrics).__name__}")
+        raise ArgumentError(f"metrics of step {step} must be a dict of names to numbers, not {type(metrics).__name__}")
     out: Metrics = {}
     for name, value in metrics.items():
         if not isinstance(name, str):
-            raise TypeError(f"metric names of step {step} must be strings, not {name!r}")
+            raise ArgumentError(f"metric names of step {step} must be strings, not {name!r}")
         try:
             number = None if isinstance(value, bool | str | bytes) else float(value)
         except (TypeError, ValueError):
             number = None
         if number is None:
-            raise TypeError(f"metric {name!r} of step {step} must be a number, not {value!r}")
+            raise ArgumentError(f"metric {name!r} of step {step} must be a number, not {value!r}")
         out[name] = number if math.isfinite(number) else None
     return out
 

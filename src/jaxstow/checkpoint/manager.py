@@ -42,7 +42,7 @@ from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -155,7 +155,7 @@ class CheckpointManager(StepReading):
         named, single = split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
-            raise ValueError(
+            raise ArgumentError(
                 f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
                 f"metrics={{{self._policy.metric!r}: ...}}"
             )

@@ -22,6 +22,7 @@ from jaxstow._util.progress import require_progress_bar
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.errors import ArgumentError
 
 __all__ = ["StepReading"]
 
@@ -96,7 +97,7 @@ class StepReading:
         of it are left out; ``None`` if no step has one."""
         metric = metric or self._policy.metric
         if metric is None:
-            raise ValueError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
+            raise ArgumentError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
         values = {step: self._record(step).metric(metric) for step in self.steps()}
         return KeepPolicy(keep_best=1, metric=metric, mode=mode or self._policy.mode).best(values)
 

@@ -36,7 +36,7 @@ from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import CheckpointError, FormatError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError
 
 __all__ = ["Restored", "Verify", "check_verify", "damaged", "newest_intact", "restore_newest_intact", "step_damage"]
 
@@ -56,7 +56,7 @@ class Restored:
 
 def check_verify(verify: str) -> Verify:
     if verify not in ("headers", "data"):
-        raise ValueError(f'verify must be "data" (every leaf read and checked) or "headers", not {verify!r}')
+        raise ArgumentError(f'verify must be "data" (every leaf read and checked) or "headers", not {verify!r}')
     return verify  # type: ignore[return-value]
 
 

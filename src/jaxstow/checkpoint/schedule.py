@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jaxstow.errors import ArgumentError
+
 __all__ = ["SaveSchedule"]
 
 
@@ -26,7 +28,7 @@ class SaveSchedule:
 
     def __init__(self, save_every: int = 1) -> None:
         if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
-            raise ValueError(f"save_every must be a positive integer, not {save_every!r}")
+            raise ArgumentError(f"save_every must be a positive integer, not {save_every!r}")
         self.save_every = save_every
         self._newest: int | None = None
         self._known = False

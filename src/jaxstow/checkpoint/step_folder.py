@@ -26,7 +26,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_files
 from jaxstow._storage.store import Store
-from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
 
 __all__ = ["StepFolder", "check_step"]
 
@@ -44,7 +44,7 @@ def check_step(step: Any) -> int:
     except TypeError:  # floats, bools, arrays with elements or of another kind, tracers
         number = None
     if number is None or number < 0:
-        raise TypeError(
+        raise ArgumentError(
             f"a step must be a non-negative integer (Python, numpy or a 0-d jax integer array), not {step!r}"
         )
     return number
@@ -137,7 +137,7 @@ class StepFolder:
         """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""
         saved = sorted(record.files)
         if isinstance(items, str):
-            raise TypeError(f"items must be a list of item names, such as [{items!r}], not a string")
+            raise ArgumentError(f"items must be a list of item names, such as [{items!r}], not a string")
         names = saved if items is None else list(items)
         unknown = [name for name in names if name not in record.files]
         if unknown:
@@ -145,7 +145,7 @@ class StepFolder:
         if like is None:
             return names
         if not isinstance(like, Mapping):
-            raise TypeError(
+            raise ArgumentError(
                 f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
                 f"rebuild an item), not {type(like).__name__}"
             )
@@ -154,9 +154,11 @@ class StepFolder:
         problems = [f"it has no entry for {missing}"] if missing else []
         problems += [f"it has entries for {extra}, which are not restored"] if extra else []
         if problems:
+            works = ", ".join(f"{name!r}: ..." for name in names)
             raise CheckpointError(
-                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Pass "
-                "items=[...] to restore only some items, or None in like to rebuild an item from its file",
+                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Give "
+                f"like one entry per item restored, like={{{works}}} (None rebuilds an item from its file), or "
+                "name the items to restore with items=[...]",
                 file=self.url(step),
             )
         return names

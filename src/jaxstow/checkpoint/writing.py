@@ -24,6 +24,7 @@ from jaxstow._steps.record import Metrics, StepRecord
 from jaxstow._storage.store import Store
 from jaxstow._write.held import HeldTree
 from jaxstow._write.save_report import SaveReport
+from jaxstow.errors import ArgumentError
 
 __all__ = ["EXTENSION", "SINGLE_ITEM", "StepContent", "split_items", "write_step"]
 
@@ -40,7 +41,7 @@ def split_items(items: Any) -> tuple[dict[str, Any], bool]:
         return {SINGLE_ITEM: items}, True
     bad = [name for name in items if not _ITEM_NAME.fullmatch(name)]
     if bad:
-        raise ValueError(
+        raise ArgumentError(
             f"item names become file names, so they may hold only letters, digits, '_' and '-'; {bad!r} do not "
             "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
         )

@@ -33,51 +33,79 @@ from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.store import Store, open_store
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import (
+    FormatError,
+    IsAFolderError,
+    NotAFolderError,
+    PathError,
+    PathNotFoundError,
+)
 
 __all__ = [
     "Leaf",
     "Step",
     "checkpoint_steps",
+    "committed_steps",
     "describe",
     "file_size",
     "is_folder",
+    "kind_of_path",
     "open_file",
     "open_source_at",
     "read_arrays",
+    "require_folder",
     "verify_checksums",
 ]
 
 
-def is_folder(target: str) -> bool:
-    """Whether ``target`` (a path or an fsspec URL) is a folder."""
+def kind_of_path(target: str) -> str | None:
+    """What ``target`` (a path or an fsspec URL) is: ``"folder"``, ``"file"``, or ``None`` when nothing is there."""
     path = local_path(target)
     if path is not None:
-        return os.path.isdir(path)
-    from jaxstow._storage.remote import url_filesystem
+        return "folder" if os.path.isdir(path) else "file" if os.path.exists(path) else None
+    from jaxstow._storage.remote import storage_errors, url_filesystem
 
     fs, root = url_filesystem(target)
-    return bool(fs.isdir(root))
+    with storage_errors(target):
+        info = fs.info(root) if fs.exists(root) else None
+    if info is None:
+        return None
+    return "folder" if info.get("type") == "directory" else "file"
+
+
+def is_folder(target: str) -> bool:
+    """Whether ``target`` (a path or an fsspec URL) is a folder."""
+    return kind_of_path(target) == "folder"
+
+
+def require_folder(target: str) -> None:
+    """Raise a :class:`~jaxstow.errors.PathError` unless ``target`` is a folder."""
+    kind = kind_of_path(target)
+    if kind is None:
+        raise PathNotFoundError("no such folder", file=target)
+    if kind != "folder":
+        raise NotAFolderError(
+            "is a file, not a checkpoint folder (for a file, use `jaxstow inspect` or `jaxstow verify`)", file=target
+        )
 
 
 def open_source_at(target: str) -> ReadSource:
     """A random-access source for a local path or an fsspec URL; a folder or a missing file raises a PathError."""
+    kind = kind_of_path(target)
     path = local_path(target)
-    if is_folder(target):
+    if kind == "folder":
         if path is not None and recognise(path).name.startswith("orbax"):
-            raise PathError(folder_problem(path), file=target)
-        raise PathError(
+            raise IsAFolderError(folder_problem(path), file=target)
+        raise IsAFolderError(
             "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
         )
+    if kind is None:
+        raise PathNotFoundError("no such file", file=target)
     if path is not None:
-        if not os.path.exists(path):
-            raise PathError("no such file", file=target)
         return open_source(path)
     from jaxstow._storage.remote import RemoteSource, url_filesystem
 
     fs, root = url_filesystem(target)
-    if not fs.exists(root):
-        raise PathError("no such file", file=target)
     return RemoteSource(fs, root, name=target)
 
 
@@ -194,6 +222,7 @@ class Step:
 
 def checkpoint_steps(folder: str) -> list[Step]:
     """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
+    require_folder(folder)
     store = open_store(folder, marker=RECORD_NAME)
     names = StepNames("%d")
     steps = []
@@ -204,4 +233,12 @@ def checkpoint_steps(folder: str) -> list[Step]:
         if record.step != step:
             raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
         steps.append(Step(record, store, name))
+    return steps
+
+
+def committed_steps(folder: str) -> list[Step]:
+    """:func:`checkpoint_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
+    steps = checkpoint_steps(folder)
+    if not steps:
+        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=folder)
     return steps

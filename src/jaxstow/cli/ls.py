@@ -25,9 +25,8 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, checkpoint_steps
+from jaxstow.cli.files import Step, committed_steps
 from jaxstow.cli.output import Table, print_json
-from jaxstow.errors import PathError
 
 __all__ = ["add", "keep_policy", "run"]
 
@@ -45,9 +44,7 @@ def add(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    steps = checkpoint_steps(args.folder)
-    if not steps:
-        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.folder)
+    steps = committed_steps(args.folder)
     policy = keep_policy(steps[-1])
     metric = None if policy is None else policy.metric
     reasons = (

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.errors import ArgumentError
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import ChainBook, SampleLayout, read_checkpoint, remove_checkpoint, write_checkpoint
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
@@ -85,7 +86,7 @@ class HDF5Collector(DataCollector):
     ) -> None:
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         if not isinstance(file, h5py.File):
-            raise TypeError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
+            raise ArgumentError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
         self._h5py = h5py
         self._file = file
         self._compression = compression

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, JaxstowError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError
 from jaxstow.io.dictionize import pytree_dict_keys
 from jaxstow.io.memory import MemoryCollector
 
@@ -89,7 +89,7 @@ def _chains_of(samples: Any) -> Chains:
         return [_variables(samples["samples"])]
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
         return [_variables(chain["samples"]) for chain in samples]
-    raise TypeError(
+    raise ArgumentError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
     )
