@@ -107,9 +107,10 @@ def test_load_open_and_inspect_name_the_format_and_what_reads_it(files, capsys, 
             attempt(path)
         assert str(caught.value).startswith(f"{path}: is ") and label in str(caught.value)
         assert expected in str(caught.value), str(caught.value)
-    assert main(["inspect", path]) == 2
-    err = capsys.readouterr().err
-    assert label in err and expected in err
+    for command in ("inspect", "verify"):  # an error (status 2), never damage (status 1)
+        assert main([command, path]) == 2
+        err = capsys.readouterr().err
+        assert label in err and expected in err
     if files[name].is_file():  # a file object is named too, with the call for a file object
         with open(path, "rb") as file, pytest.raises(FormatError, match=label):
             jaxstow.load(file)

@@ -240,5 +240,9 @@ def committed_steps(folder: str) -> list[Step]:
     """:func:`checkpoint_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = checkpoint_steps(folder)
     if not steps:
-        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=folder)
+        path = local_path(folder)
+        foreign = folder_problem(path) if path is not None else "is a folder"
+        if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
+            foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)"
+        raise PathError(foreign, file=folder)
     return steps

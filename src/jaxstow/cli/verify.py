@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxstow._format.source import ReadSource
+from jaxstow._read.foreign import pointed
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import committed_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
@@ -113,5 +114,7 @@ def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progr
                 report.damage.extend(damage)
             report.nbytes = read.done
     except CorruptFileError as error:
+        if not isinstance(target, list) and (foreign := pointed(error, target)) is not error:
+            raise foreign from None  # another library's file: not damage, and verify cannot read it
         report.damage.append(error)
     return report
