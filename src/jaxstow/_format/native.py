@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -32,6 +32,7 @@ from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_table import slot_table
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
 
 __all__ = [
@@ -228,7 +229,7 @@ def _check_tiling(slots: Iterable[TensorSlot], data_start: int, *, file: str) ->
 
 @dataclass(frozen=True)
 class _Header:
-    slots: dict[str, TensorSlot]
+    slots: Mapping[str, TensorSlot]
     metadata: dict[str, str]
 
 
@@ -269,7 +270,10 @@ class NativeReader:
                 file=self.file,
             )
         data_start = 8 + length
-        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}
+        table = slot_table(header, data_start=data_start, file_size=self.source.size)
+        if table is not None:
+            return _Header(table, metadata)
+        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}  # names what is wrong
         _check_tiling(slots.values(), data_start, file=self.file)
         return _Header(slots, metadata)
 
