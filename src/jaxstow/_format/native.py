@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
+from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.dtypes import dtype_from_code, is_shape, safetensors_code
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
@@ -140,7 +141,7 @@ def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] 
         }
         offset += nbytes
     if manifest is not None:
-        header["__metadata__"] = {"jaxstow": dump_json(manifest).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
+        header["__metadata__"] = {"jaxstow": dump_json(columnar(manifest)).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
     text = dump_json(header)
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
@@ -248,6 +249,7 @@ class NativeReader:
         self.slots = header.slots
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
+        self.columns: LeafColumns | None = None
         if "jaxstow" in self.metadata:
             self.manifest = parse_json(self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file)
 
