@@ -3,8 +3,8 @@
 A leaf's tensor is named by its path, and a leaf stored as its tensor is (dtype and shape) needs nothing more than its
 kind and its checksum. So a version 3 manifest lists the leaves as columns: ``paths`` (every leaf, in the tree's leaf
 order), ``kinds`` (one letter per leaf: ``a`` array, ``n`` numpy scalar, ``k`` PRNG key, ``t`` torch tensor, ``s``
-sharded array, ``v`` value), ``xxh3`` (the 16 hex digits of each leaf of kind ``a``, ``n``, ``k`` or ``t``, joined in
-leaf order) and ``details``, keyed by leaf index, for the few leaves that need more: a value, a key's implementation, a
+sharded array, ``v`` value), ``xxh3`` (the checksum, 16 hex digits, of each leaf of kind ``a``, ``n``, ``k`` or ``t``,
+in leaf order) and ``details``, keyed by leaf index, for the few leaves that need more: a value, a key's implementation, a
 sharded array's shards, the true dtype and shape of a leaf stored as raw bytes.
 
 The columns are checked as wholes (types, lengths, letters, hex digits, unique paths); each detail is checked as a
@@ -16,7 +16,7 @@ version 2 entry is. In memory a manifest being written keeps its entries (``leav
 >>> manifest = columnar({"format": "jaxstow", "version": 3, "structure": "*", "metadata": None,
 ...     "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]})
 >>> manifest
-{'format': 'jaxstow', 'version': 3, 'structure': '*', 'metadata': None, 'paths': ['w'], 'kinds': 'a', 'xxh3': 'd0a66a65c7528968', 'details': {}}
+{'format': 'jaxstow', 'version': 3, 'structure': '*', 'metadata': None, 'paths': ['w'], 'kinds': 'a', 'xxh3': ['d0a66a65c7528968'], 'details': {}}
 >>> columns = check_columns(manifest, {"w": TensorSlot.at("w", np.dtype(np.float32), (2,), 0)}, file="f.jxs")
 >>> columns.checksum(0), columns.tensor_names()
 ('d0a66a65c7528968', {'w'})
@@ -63,7 +63,7 @@ def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
     kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])
     out["paths"] = [entry["path"] for entry in leaves]
     out["kinds"] = kinds
-    out["xxh3"] = "".join([entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED])
+    out["xxh3"] = [entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED]
     out["details"] = {
         str(i): {key: value for key, value in entry.items() if key not in ("path", "kind", "xxh3")}
         for i, (entry, kind) in enumerate(zip(leaves, kinds, strict=True))
@@ -76,7 +76,7 @@ class LeafColumns:
     """A checked version 3 manifest's leaves: the columns, and the detail of each leaf that has one as a version 2
     entry (with its path and kind), checked."""
 
-    def __init__(self, paths: list[str], kinds: str, checksums: str, entries: dict[int, dict[str, Any]]) -> None:
+    def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
         self.paths = paths
         self.kinds = kinds
         self.checksums = checksums
@@ -87,13 +87,7 @@ class LeafColumns:
 
     def checksum(self, index: int) -> str:
         """The checksum of the stored leaf at ``index``."""
-        start = 16 * int(self._rank[index])
-        return self.checksums[start : start + 16]
-
-    def checksum_list(self) -> list[str]:
-        """The checksums of the stored leaves, in leaf order."""
-        text = self.checksums
-        return [text[start : start + 16] for start in range(0, len(text), 16)]
+        return self.checksums[int(self._rank[index])]
 
     def stored_paths(self) -> list[str]:
         return list(itertools.compress(self.paths, self.stored.tolist()))
@@ -119,7 +113,13 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
             f"the manifest's kinds must be a string of one letter per leaf from 'anktsv', not {shown!r}", file=file
         )
     stored = sum(kinds.count(letter) for letter in CHECKSUMMED)
-    if not (isinstance(checksums, str) and len(checksums) == 16 * stored and _HEX.fullmatch(checksums)):
+    if not (
+        isinstance(checksums, list)
+        and len(checksums) == stored
+        and set(map(type, checksums)) <= {str}
+        and set(map(len, checksums)) <= {16}
+        and _HEX.fullmatch("".join(checksums))
+    ):
         raise FormatError(
             f"the manifest's xxh3 must be 16 hex digits for each of its {stored} stored leaves", file=file
         )

@@ -12,7 +12,6 @@ True
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import jax
@@ -55,11 +54,11 @@ def _container(data: Any, depth: int) -> Any:
     if type(items) is not list:
         raise _NotPlain
     if tag == "dict":
-        if not all(type(pair) is list and len(pair) == 2 for pair in items):
+        if not (set(map(type, items)) <= {list} and set(map(len, items)) <= {2}):
             raise _NotPlain
-        keys = [key for key, _ in items]
+        keys = [pair[0] for pair in items]
         kinds = set(map(type, keys))
-        if not (kinds <= {str} or kinds <= {int}) or any(a >= b for a, b in itertools.pairwise(keys)):
+        if not (kinds <= {str} or kinds <= {int}) or keys != sorted(keys) or len(set(keys)) != len(keys):
             raise _NotPlain
         return {key: _PLACEHOLDER if child == "*" else _container(child, depth + 3) for key, child in items}
     if tag in ("list", "tuple"):

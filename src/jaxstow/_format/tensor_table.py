@@ -21,7 +21,7 @@ True
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, KeysView, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,9 @@ class SlotTable(Mapping[str, TensorSlot]):
 
     def __contains__(self, name: object) -> bool:
         return name in self.index
+
+    def keys(self) -> KeysView[str]:
+        return self.index.keys()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names)

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from xxhash import xxh3_64_hexdigest
 
-from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.columns import KIND_NAMES, LeafColumns
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry
 from jaxstow._format.reading import TensorSlot, read_tensors
@@ -101,10 +101,10 @@ def read_all(opened: OpenedFile) -> list[Any] | None:
     leaves = {k: opened.stored[columns.paths[i]] for k, i in special}
     for k, leaf in leaves.items():  # leaves stored as raw bytes have their dtype and shape in their details
         dtypes[k], shapes[k] = leaf.dtype, leaf.shape
-    checksums = columns.checksum_list()
+    checksums = columns.checksums
 
     def check(k: int, data: memoryview) -> None:
-        if (found := checksum_bytes(data)) != checksums[k]:
+        if (found := xxh3_64_hexdigest(data)) != checksums[k]:
             raise CorruptFileError(
                 f"checksum mismatch (expected xxh3 {checksums[k]}, found {found}): the file is corrupt",
                 file=opened.file,
