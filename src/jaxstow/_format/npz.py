@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow._format.checksum import as_bytes
+from jaxstow._format.checksum import as_bytes, checksum_bytes
 from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
@@ -272,7 +272,7 @@ class NpzReader:
         for name in names:
             array = self._load(name)
             if verify is not None:
-                verify(name, as_bytes(array))
+                verify(name, checksum_bytes(as_bytes(array)))
             out[name] = array
         return out
 

@@ -16,12 +16,13 @@ array([2, 3], dtype=int32)
 from __future__ import annotations
 
 import math
-import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
+from xxhash import xxh3_64_hexdigest
 
 from jaxstow._format.source import ReadSource
 
@@ -31,6 +32,8 @@ ALIGNMENT = 64
 _SMALL = 1 << 20  # tensors below this are coalesced
 _RUN = 16 << 20  # the most bytes one coalesced read fetches
 _PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool starts
+_PIECE = 16 << 20  # reads in parallel fetch at most this much each
+_READERS = 8  # threads reading in parallel: measured on a cold disk, 8 reach 3.5x the speed of one (1 GB/s here)
 
 
 class TensorSlot(NamedTuple):
@@ -74,33 +77,62 @@ def _runs(offsets: np.ndarray, nbytes: np.ndarray) -> list[np.ndarray]:
     return np.split(order, np.flatnonzero(breaks)[1:])
 
 
-Verify = Callable[[str, memoryview], None]
-#: ``check(i, data)`` is called with the bytes of the ``i``-th tensor asked for, on the thread that read them.
-Check = Callable[[int, memoryview], None]
+#: ``verify(name, digest)`` gets the xxh3 of each tensor read, to compare with the checksum it expects.
+Verify = Callable[[str, str], None]
+_Columns = tuple[np.ndarray, np.ndarray, Sequence[np.dtype], Sequence[Sequence[int]]]
 
 
-def _read_run(source: ReadSource, run: np.ndarray, columns: _Columns, check: Check | None) -> list[np.ndarray]:
-    offsets, nbytes, dtypes, shapes = columns
+def _span(run: np.ndarray, columns: _Columns) -> tuple[int, int]:
+    """Where a run's bytes start in the source, and how many there are."""
+    offsets, nbytes = columns[0], columns[1]
     start = int(offsets[run[0]])
-    size = int(offsets[run[-1]] + nbytes[run[-1]]) - start
-    buffer = aligned_empty(size)
-    source.read_into(start, buffer.data)
+    return start, int(offsets[run[-1]] + nbytes[run[-1]]) - start
+
+
+def _cut(buffer: np.ndarray, run: np.ndarray, columns: _Columns, digests: list[str] | None) -> list[np.ndarray]:
+    """The tensors of a run read into ``buffer``, as arrays over it; their digests into ``digests``."""
+    offsets, nbytes, dtypes, shapes = columns
     if len(run) == 1:  # most often a large tensor in a buffer of its own
         i = int(run[0])
-        if check is not None:
-            check(i, buffer.data)
+        if digests is not None:
+            digests[i] = xxh3_64_hexdigest(buffer.data)
         return [buffer.view(dtypes[i]).reshape(shapes[i])]
     out = []
     data = buffer.data
     ndarray = np.ndarray
+    start = int(offsets[run[0]])
     for i, begin, length in zip(run.tolist(), (offsets[run] - start).tolist(), nbytes[run].tolist(), strict=True):
-        if check is not None:
-            check(i, data[begin : begin + length])
+        if digests is not None:
+            digests[i] = xxh3_64_hexdigest(data[begin : begin + length])
         out.append(ndarray(shapes[i], dtypes[i], buffer, begin))
     return out
 
 
-_Columns = tuple[np.ndarray, np.ndarray, Sequence[np.dtype], Sequence[Sequence[int]]]
+def _read_in_parallel(
+    source: ReadSource, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
+) -> list[list[np.ndarray]]:
+    """Read the runs in pieces of at most ``_PIECE`` bytes on ``_READERS`` threads (a disk serves several requests at
+    once several times faster than one), each run cut and hashed by the thread that reads its last piece."""
+    spans = [_span(run, columns) for run in runs]
+    buffers = [aligned_empty(size) for _, size in spans]
+    pieces = [(r, at) for r, (_, size) in enumerate(spans) for at in range(0, max(size, 1), _PIECE)]
+    left = [max(1, -(-size // _PIECE)) for _, size in spans]
+    parts: list[list[np.ndarray]] = [[] for _ in runs]
+    lock = threading.Lock()
+
+    def read(piece: tuple[int, int]) -> None:
+        r, at = piece
+        source.read_into(spans[r][0] + at, buffers[r].data[at : at + _PIECE])
+        with lock:
+            left[r] -= 1
+            last = left[r] == 0
+        if last:
+            parts[r] = _cut(buffers[r], runs[r], columns, digests)
+
+    with ThreadPoolExecutor(min(_READERS, len(pieces)), thread_name_prefix="jaxstow-read") as pool:
+        for _ in pool.map(read, pieces):
+            pass
+    return parts
 
 
 def read_tensors(
@@ -109,21 +141,25 @@ def read_tensors(
     nbytes: np.ndarray,
     dtypes: Sequence[np.dtype],
     shapes: Sequence[Sequence[int]],
-    check: Check | None = None,
+    digests: list[str] | None = None,
 ) -> list[np.ndarray]:
     """The tensors at ``offsets`` (each ``nbytes`` long, of its dtype and shape), in the order given; large reads run
-    on several threads when the source allows it. ``check(i, data)`` sees each tensor's bytes."""
+    on several threads when the source allows it. ``digests``, when given, receives each tensor's xxh3."""
     offsets, nbytes = np.asarray(offsets, np.int64), np.asarray(nbytes, np.int64)
     columns = (offsets, nbytes, dtypes, shapes)
     runs = _runs(offsets, nbytes)
     out: list[np.ndarray] = [None] * len(offsets)  # type: ignore[list-item]
-    parallel = source.parallel and int(nbytes.sum()) >= _PARALLEL_BYTES
-    workers = min(len(runs), os.cpu_count() or 1, 4) if parallel else 1
-    if workers <= 1:
-        parts = [_read_run(source, run, columns, check) for run in runs]
+    if digests is not None:
+        digests[:] = [""] * len(offsets)
+    if source.parallel and int(nbytes.sum()) >= _PARALLEL_BYTES:
+        parts = _read_in_parallel(source, runs, columns, digests)
     else:
-        with ThreadPoolExecutor(workers) as pool:
-            parts = list(pool.map(lambda run: _read_run(source, run, columns, check), runs))
+        parts = []
+        for run in runs:
+            start, size = _span(run, columns)
+            buffer = aligned_empty(size)
+            source.read_into(start, buffer.data)
+            parts.append(_cut(buffer, run, columns, digests))
     for run, part in zip(runs, parts, strict=True):
         for i, array in zip(run.tolist(), part, strict=True):
             out[i] = array
@@ -131,14 +167,17 @@ def read_tensors(
 
 
 def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
-    """Read every slot, as :func:`read_tensors` does; ``verify(name, data)`` sees each tensor's bytes."""
-    check = None if verify is None else lambda i, data: verify(slots[i].name, data)
+    """Read every slot, as :func:`read_tensors` does; ``verify(name, digest)`` gets each tensor's xxh3."""
+    digests: list[str] | None = None if verify is None else []
     arrays = read_tensors(
         source,
         np.array([slot.offset for slot in slots], np.int64),
         np.array([slot.nbytes for slot in slots], np.int64),
         [slot.dtype for slot in slots],
         [slot.shape for slot in slots],
-        check,
+        digests,
     )
+    if verify is not None and digests is not None:
+        for slot, digest in zip(slots, digests, strict=True):
+            verify(slot.name, digest)
     return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

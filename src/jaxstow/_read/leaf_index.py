@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from xxhash import xxh3_64_hexdigest
 
 from jaxstow._format.columns import KIND_NAMES, LeafColumns
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry
@@ -101,19 +100,17 @@ def read_all(opened: OpenedFile) -> list[Any] | None:
     leaves = {k: opened.stored[columns.paths[i]] for k, i in special}
     for k, leaf in leaves.items():  # leaves stored as raw bytes have their dtype and shape in their details
         dtypes[k], shapes[k] = leaf.dtype, leaf.shape
-    checksums = columns.checksums
-
-    def check(k: int, data: memoryview) -> None:
-        if (found := xxh3_64_hexdigest(data)) != checksums[k]:
-            raise CorruptFileError(
-                f"checksum mismatch (expected xxh3 {checksums[k]}, found {found}): the file is corrupt",
-                file=opened.file,
-                path=paths[k],
-            )
-
     nbytes = slots.nbytes[rows]
     opened.on_read(int(nbytes.sum()))
-    arrays: list[Any] = read_tensors(source, slots.offsets[rows], nbytes, dtypes, shapes, check)
+    digests: list[str] = []
+    arrays: list[Any] = read_tensors(source, slots.offsets[rows], nbytes, dtypes, shapes, digests)
+    if digests != columns.checksums:
+        k = next(k for k, (found, wanted) in enumerate(zip(digests, columns.checksums, strict=True)) if found != wanted)
+        raise CorruptFileError(
+            f"checksum mismatch (expected xxh3 {columns.checksums[k]}, found {digests[k]}): the file is corrupt",
+            file=opened.file,
+            path=paths[k],
+        )
     for k, leaf in leaves.items():
         arrays[k] = opened.as_leaf(leaf, arrays[k])
     if len(positions) == len(columns.paths):

@@ -302,7 +302,7 @@ class OpenedFile(Mapping[str, Any]):
         container = self.containers[shard.source]
         whole = inner == full_box(shard.shape)
         if not isinstance(container, NativeReader):
-            raw = container.read([shard.tensor], lambda _, data: self._verify(leaf.path, data, shard.checksum))
+            raw = container.read([shard.tensor], lambda _, found: self._verify(leaf.path, found, shard.checksum))
             part = (
                 raw[shard.tensor]
                 .reshape(-1)
@@ -316,7 +316,7 @@ class OpenedFile(Mapping[str, Any]):
         slot = container.slots[shard.tensor]
         part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
         if whole:
-            self._verify(leaf.path, part.reshape(-1).view(np.uint8).data, shard.checksum)
+            self._verify(leaf.path, checksum_bytes(part.reshape(-1).view(np.uint8).data), shard.checksum)
         return part
 
     def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
@@ -345,7 +345,7 @@ class OpenedFile(Mapping[str, Any]):
             out = {}
             for leaf in leaves:
                 view = self._mapped(leaf)
-                self._verify(leaf.path, view.reshape(-1).view(np.uint8).data, leaf.checksum)
+                self._verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
                 out[leaf.path] = view
             return out
         for leaf in leaves:
@@ -371,8 +371,8 @@ class OpenedFile(Mapping[str, Any]):
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
         return view.view(leaf.dtype).reshape(leaf.shape)
 
-    def _verify(self, path: str, data: memoryview, wanted: str | None) -> None:
-        if wanted is not None and (found := checksum_bytes(data)) != wanted:
+    def _verify(self, path: str, found: str, wanted: str | None) -> None:
+        if wanted is not None and found != wanted:
             raise CorruptFileError(
                 f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",
                 file=self.file,
