@@ -33,7 +33,7 @@ _SMALL = 1 << 20  # tensors below this are coalesced
 _RUN = 16 << 20  # the most bytes one coalesced read fetches
 _PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool starts
 _PIECE = 16 << 20  # reads in parallel fetch at most this much each
-_READERS = 8  # threads reading in parallel: measured on a cold disk, 8 reach 3.5x the speed of one (1 GB/s here)
+_READERS = 4  # threads reading in parallel: on a cold disk 4 reach 3.5x the speed of one, as many as 8 or 16 do
 
 
 class TensorSlot(NamedTuple):
