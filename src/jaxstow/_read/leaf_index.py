@@ -16,6 +16,7 @@ whole restore reads every leaf by columns, with no Python object per leaf but th
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,10 @@ class StoredLeaves(MutableMapping[str, Stored]):
         self._columns = columns
         self._slots = slots
         self._made = made
-        self._index = dict(zip(columns.paths, range(len(columns.paths)), strict=True))
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:  # made when a leaf is first asked for: a whole restore never asks
+        return dict(zip(self._columns.paths, range(len(self._columns.paths)), strict=True))
 
     def __getitem__(self, path: str) -> Stored:
         leaf = self._made.get(path)
