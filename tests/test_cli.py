@@ -55,7 +55,7 @@ def model_file(tmp_path):
 
 def test_inspect_shows_the_tree_totals_and_metadata(model_file):
     out = jaxstow_command("inspect", model_file, check=0).stdout
-    assert out.startswith(f"{model_file}: jaxstow (format 2), ")
+    assert out.startswith(f"{model_file}: jaxstow (format 3), ")
     assert "structure: equinox.nn.MLP" in out
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("path"))
@@ -68,7 +68,7 @@ def test_inspect_shows_the_tree_totals_and_metadata(model_file):
 
 def test_inspect_json_is_for_scripts(model_file):
     report = json.loads(jaxstow_command("inspect", "--json", model_file, check=0).stdout)
-    assert report["format"] == "jaxstow" and report["version"] == 2 and report["metadata"]["epoch"] == 3
+    assert report["format"] == "jaxstow" and report["version"] == 3 and report["metadata"]["epoch"] == 3
     assert report["file_bytes"] == os.path.getsize(model_file) and report["array_bytes"] == 200
     weight = next(leaf for leaf in report["leaves"] if leaf["path"] == "layers/0/weight")
     assert weight == {**weight, "kind": "array", "dtype": "float32", "shape": [8, 3], "nbytes": 96}

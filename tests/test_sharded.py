@@ -118,7 +118,7 @@ def test_shards_that_do_not_cover_the_array_are_refused(tmp_path, mesh):
     jaxstow.save(tmp_path / "t.jxs", {"w": jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("data")))})
     with jaxstow.open(tmp_path / "t.jxs") as reader:
         container = reader.container
-        entry = container.manifest["leaves"][0]
+        entry = container.columns.entries[0]
         entry["shards"] = entry["shards"][:1]
         with pytest.raises(FormatError, match="do not cover the array of shape"):
             jaxstow.Reader(container)

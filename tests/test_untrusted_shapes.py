@@ -24,13 +24,24 @@ def _saved(tree) -> tuple[dict, dict, bytes]:
     return tensors, json.loads(manifest), data
 
 
+def _one_leaf(manifest: dict, version: int, entry: dict) -> dict:
+    """``manifest`` of a one-leaf tree, its leaf described by ``entry`` (version 2) or by its columns (version 3)."""
+    common = {key: manifest[key] for key in ("format", "structure", "metadata")}
+    if version == 2:
+        return {**common, "version": 2, "leaves": [{"path": "w", "xxh3": manifest["xxh3"][0], **entry}]}
+    kind = {"array": "a", "sharded": "s"}[entry["kind"]]
+    details = {key: value for key, value in entry.items() if key != "kind"}
+    xxh3 = [] if kind == "s" else manifest["xxh3"]
+    return {**common, "version": 3, "paths": ["w"], "kinds": kind, "xxh3": xxh3, "details": {"0": details}}
+
+
+@pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("shape", OVERFLOWING)
 @pytest.mark.parametrize("as_numpy", [True, False])
-def test_a_raw_leaf_whose_shape_overflows(shape, as_numpy):
+def test_a_raw_leaf_whose_shape_overflows(shape, as_numpy, version):
     tensors, manifest, data = _saved({"w": np.zeros(0, "complex128")})  # complex128 is stored as raw bytes
-    (entry,) = manifest["leaves"]
-    entry["shape"] = shape
-    forged = forge_native(tensors, json.dumps(manifest), data)
+    forged_manifest = _one_leaf(manifest, version, {"kind": "array", "dtype": "complex128", "shape": shape})
+    forged = forge_native(tensors, json.dumps(forged_manifest), data)
     with pytest.raises(FormatError, match="leaf 'w'") as raised:
         jaxstow.load(io.BytesIO(forged), as_numpy=as_numpy)
     assert "2**63 bytes" in str(raised.value) or "axes" in str(raised.value)
@@ -47,9 +58,10 @@ def test_a_safetensors_tensor_whose_shape_overflows(shape):
         jaxstow.open(io.BytesIO(forged))
 
 
-def test_a_sharded_leaf_whose_global_shape_overflows():
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_sharded_leaf_whose_global_shape_overflows(version):
     tensors, manifest, data = _saved({"w": np.zeros((0, 4), np.float32)})
-    (entry,) = manifest["leaves"]
-    entry.update(kind="sharded", dtype="float32", shape=[0, 2**62], shards=[])
+    entry = {"kind": "sharded", "dtype": "float32", "shape": [0, 2**62], "shards": []}
+    forged = forge_native(tensors, json.dumps(_one_leaf(manifest, version, entry)), data)
     with pytest.raises(FormatError, match="leaf 'w'"):
-        jaxstow.load(io.BytesIO(forge_native(tensors, json.dumps(manifest), data)), as_numpy=True)
+        jaxstow.load(io.BytesIO(forged), as_numpy=True)

@@ -20,6 +20,8 @@ import numpy as np
 from jaxstow.errors import FormatError
 
 __all__ = [
+    "MAX_ARRAY_BYTES",
+    "MAX_AXES",
     "SAFETENSORS_CODES",
     "dtype_from_code",
     "dtype_from_name",
@@ -111,8 +113,9 @@ def is_shape(value: object) -> TypeGuard[list[int]]:
 
 #: numpy's bounds on an array: its bytes, with every axis of size 0 counted as 1 (numpy refuses a larger shape even
 #: when it holds nothing), and its number of axes (32 before numpy 2).
-_MAX_ARRAY_BYTES = 2**63 - 1
-_MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+#: The most bytes and axes a numpy array can have.
+MAX_ARRAY_BYTES = 2**63 - 1
+MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
 
 
 def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> list[int]:
@@ -130,14 +133,14 @@ def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> li
     """
     if not is_shape(value):
         raise FormatError(f"a shape must be a list of non-negative integers, not {value!r}", file=file, path=path)
-    if len(value) > _MAX_AXES:
+    if len(value) > MAX_AXES:
         raise FormatError(
-            f"a shape of {len(value)} axes has more than the {_MAX_AXES} an array can have", file=file, path=path
+            f"a shape of {len(value)} axes has more than the {MAX_AXES} an array can have", file=file, path=path
         )
     nbytes = dtype.itemsize
     for size in value:
         nbytes *= max(size, 1)
-        if nbytes > _MAX_ARRAY_BYTES:
+        if nbytes > MAX_ARRAY_BYTES:
             raise FormatError(
                 f"shape {value} of {dtype} spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it",
                 file=file,

@@ -39,7 +39,8 @@ __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "ch
 
 FORMAT_NAME = "jaxstow"
 #: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
-FORMAT_VERSION = 2
+#: 3: the leaves are columns (paths, kinds, checksums) with details only where a leaf needs them.
+FORMAT_VERSION = 3
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
@@ -67,9 +68,6 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise NewerFormatError(
             f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
-    leaves = manifest.get("leaves")
-    if not isinstance(leaves, list):
-        raise FormatError("the manifest has no list of leaves", file=file)
     part = manifest.get("part")
     if part is not None and not (type(part) is int and part >= 1):
         raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
@@ -77,6 +75,11 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise FormatError("the manifest has no structure", file=file)
     if not isinstance(manifest.get("metadata"), dict | None):
         raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+    if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
+        return manifest
+    leaves = manifest.get("leaves")
+    if not isinstance(leaves, list):
+        raise FormatError("the manifest has no list of leaves", file=file)
     seen: set[str] = set()
     for index, entry in enumerate(leaves):
         _check_entry(entry, index, slots, file=file)
@@ -101,6 +104,10 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     parts = [("", "the structure", manifest.get("structure"))]
     values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
     parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
+    details, paths = manifest.get("details", {}), manifest.get("paths", [])  # a version 3 manifest read from a file
+    parts += [
+        (paths[int(index)], "the value", detail["value"]) for index, detail in details.items() if "value" in detail
+    ]
     for path, what, part in parts:
         depth = _nesting(part)
         if depth > MAX_NESTING:

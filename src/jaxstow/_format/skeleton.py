@@ -31,6 +31,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
+from jaxstow._format.containers import plain_treedef
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
@@ -283,6 +284,9 @@ def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> Py
 
 
 def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    plain = plain_treedef(data, depth)
+    if plain is not None:  # dicts, lists, tuples and None only: built at once by jax itself
+        return plain
     try:
         treedef = _decode_treedef(data, path=path, file=file, depth=depth)
         treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
