@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BARE := .venv-bare
 
-.PHONY: demo test test-bare bench reliability lint clean
+.PHONY: demo test test-bare test-matrix bench reliability lint clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,23 @@ test-bare: $(BARE)/.installed
 	$(BARE)/bin/python -m pip install -q --no-deps --force-reinstall .
 	cd tests/required_only && ../../$(BARE)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null .
 
+# Both ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
+# newest release the index serves; each venv runs the core tests. The venvs are kept, so a second run only tests.
+.venv-%/.installed: pyproject.toml tests/versions.py
+	rm -rf .venv-$*
+	$(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install -q --upgrade pip
+	$(PYTHON) tests/versions.py requirements $* > .venv-$*/requirements.txt
+	.venv-$*/bin/python -m pip install -q -r .venv-$*/requirements.txt
+	touch $@
+
+test-matrix: .venv-lowest/.installed .venv-newest/.installed
+	@for end in lowest newest; do \
+		echo "== $$end: $$(.venv-$$end/bin/python tests/versions.py report)"; \
+		PYTHONPATH=src .venv-$$end/bin/python -m pytest -n 2 -p no:cacheprovider $$($(PYTHON) tests/versions.py tests) \
+			|| exit 1; \
+	done
+
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
@@ -47,4 +64,4 @@ reliability: $(STAMP)
 	$(PY) -m reliability.run
 
 clean:
-	rm -rf $(VENV) $(BARE) build *.egg-info
+	rm -rf $(VENV) $(BARE) .venv-lowest .venv-newest build *.egg-info

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 import jaxstow
+from jaxstow._format.columns import CHECKSUMMED, KIND_NAMES
 from jaxstow.errors import JaxstowError
 from reliability.forge import forge_native, split_native
 from reliability.outcomes import Result, attempt, attempt_any, sample_tree, saved_bytes
@@ -85,7 +86,8 @@ _NAMES = (
 )  # fmt: skip
 _ODD_VALUES: tuple[Any, ...] = (
     None, True, False, 0, -1, 1, 3, 2**31, 2**63, -(2**63), 0.5, "", "*", "x" * 40, "float32", "U8", "F32",
-    "threefry2x32", "value", "array", "key", [], {}, [1, 2], [-1], [0, -5], [[]], {"dict": 5}, {"dict": [1, 2]},
+    "threefry2x32", "value", "array", "key", [], {}, [1, 2], [-1], [0, -5], [[]], [0, 2**62], [2**62, 0, 4],
+    [0, 2**63], [3_037_000_500, 3_037_000_500], [0, 2**40, 2**40], [1] * 70, {"dict": 5}, {"dict": [1, 2]},
     {"dict": [[1, 2, 3]]}, {"tuple": 3}, {"list": [[]]}, {"float": "x"}, {"float": 5}, {"complex": 5},
     {"complex": ["1", "2", "3"]}, {"npscalar": "float32", "bytes": "AAAA"}, {"npscalar": "object", "bytes": ""},
     {"bytes": "!!"}, {"dtype": "object"}, {"treedef": 5}, {"treedef": {"node": "builtins.dict"}},
@@ -126,9 +128,9 @@ def _mutate(node: Any, rng: random.Random) -> None:
     elif action < 0.75 and isinstance(container, dict):
         del container[key]
     elif action < 0.85 and isinstance(container, dict):
-        container[rng.choice(["path", "kind", "dtype", "shape", "xxh3", "impl", "value", "dict", "x"])] = container.pop(
-            key
-        )
+        container[
+            rng.choice(["path", "kind", "dtype", "shape", "xxh3", "impl", "value", "dict", "paths", "kinds", "x"])
+        ] = container.pop(key)
     elif isinstance(container, list):
         container.insert(rng.randrange(len(container) + 1), copy.deepcopy(container[key]))
     else:
@@ -145,8 +147,22 @@ def _dump(value: Any, rng: random.Random) -> str:
     )
 
 
+def _as_version_2(manifest: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 manifest as version 2 wrote it: one entry per leaf, so that both readers are attacked."""
+    checksums = iter(manifest["xxh3"])
+    entries = []
+    for index, (path, letter) in enumerate(zip(manifest["paths"], manifest["kinds"], strict=True)):
+        entry = {"path": path, "kind": KIND_NAMES[letter], **manifest["details"].get(str(index), {})}
+        if letter in CHECKSUMMED:
+            entry["xxh3"] = next(checksums)
+        entries.append(entry)
+    columns = ("paths", "kinds", "xxh3", "details")
+    return {**{key: value for key, value in manifest.items() if key not in columns}, "version": 2, "leaves": entries}
+
+
 def fuzzed_headers(trials: int, rng: random.Random, *, time_limit: float = 1.0) -> Result:
     """Headers and manifests changed at random (types, ranges, depth, names, syntax), each with a valid checksum.
+    Half the trials start from the manifest as this version writes it (columns), half from a version 2 manifest.
 
     Every load (half rebuilt from the file, half fitted into the original structure) must end in a jaxstow error or a
     tree, within ``time_limit`` seconds and allocating no more than a small multiple of the file's size (Python
@@ -155,16 +171,18 @@ def fuzzed_headers(trials: int, rng: random.Random, *, time_limit: float = 1.0) 
     like = sample_tree()
     tensors, manifest_text, data = split_native(saved_bytes(".jxs", like))
     assert manifest_text is not None
-    manifest = json.loads(manifest_text)
+    manifests = [json.loads(manifest_text)]
+    manifests.append(_as_version_2(manifests[0]))
     result = Result("fuzzed headers (valid checksums)")
     worst_ratio, worst_peak = 0.0, 0
-    original = forge_native(tensors, manifest_text, data)
-    for target in (None, like):  # warm up: jax's caches are filled once, not by a file
-        jaxstow.load(io.BytesIO(original), target, as_numpy=True)
+    for manifest in manifests:
+        original = forge_native(tensors, json.dumps(manifest), data)
+        for target in (None, like):  # warm up: jax's caches are filled once, not by a file; both versions load
+            jaxstow.load(io.BytesIO(original), target, as_numpy=True)
     tracemalloc.start()
     try:
         for trial in range(trials):
-            forged_manifest, forged_tensors = copy.deepcopy(manifest), copy.deepcopy(tensors)
+            forged_manifest, forged_tensors = copy.deepcopy(manifests[trial // 2 % 2]), copy.deepcopy(tensors)
             for _ in range(rng.randint(1, 3)):
                 _mutate(forged_tensors if rng.random() < 0.2 else forged_manifest, rng)
             text = _dump(forged_manifest, rng)

@@ -55,7 +55,7 @@ def model_file(tmp_path):
 
 def test_inspect_shows_the_tree_totals_and_metadata(model_file):
     out = jaxstow_command("inspect", model_file, check=0).stdout
-    assert out.startswith(f"{model_file}: jaxstow file (format 2), ")
+    assert out.startswith(f"{model_file}: jaxstow (format 3), ")
     assert "structure: equinox.nn.MLP" in out
     lines = out.splitlines()
     header = next(line for line in lines if line.startswith("path"))
@@ -68,7 +68,7 @@ def test_inspect_shows_the_tree_totals_and_metadata(model_file):
 
 def test_inspect_json_is_for_scripts(model_file):
     report = json.loads(jaxstow_command("inspect", "--json", model_file, check=0).stdout)
-    assert report["format"] == "jaxstow" and report["version"] == 2 and report["metadata"]["epoch"] == 3
+    assert report["format"] == "jaxstow" and report["version"] == 3 and report["metadata"]["epoch"] == 3
     assert report["file_bytes"] == os.path.getsize(model_file) and report["array_bytes"] == 200
     weight = next(leaf for leaf in report["leaves"] if leaf["path"] == "layers/0/weight")
     assert weight == {**weight, "kind": "array", "dtype": "float32", "shape": [8, 3], "nbytes": 96}
@@ -80,7 +80,7 @@ def test_inspect_reads_plain_files_and_file_urls(tmp_path):
 
     save_file({"emb": np.zeros((4, 2), np.float16)}, str(tmp_path / "plain.safetensors"))
     out = jaxstow_command("inspect", f"file://{tmp_path}/plain.safetensors", check=0).stdout
-    assert ": safetensors file, " in out and "emb   float16  (4, 2)  16 B" in out and "metadata" not in out
+    assert ": plain safetensors, " in out and "emb   float16  (4, 2)  16 B" in out and "metadata" not in out
     np.savez(tmp_path / "plain.npz", a=np.arange(3))
     assert "a     int64  (3,)   24 B" in jaxstow_command("inspect", tmp_path / "plain.npz", check=0).stdout
 
@@ -195,14 +195,14 @@ def test_convert_npz_safetensors_and_a_torch_state_dict_to_jaxstow(tmp_path):
 
     save_file({"emb": np.full((2, 2), 3, np.float16)}, str(tmp_path / "s.safetensors"))
     out = jaxstow_command("convert", tmp_path / "s.safetensors", tmp_path / "s.jxs", check=0).stdout
-    assert "(safetensors) -> " in out and "(jaxstow): 1 leaf" in out
+    assert "(plain safetensors) -> " in out and "(jaxstow): 1 leaf" in out
     assert jaxstow.load(tmp_path / "s.jxs", as_numpy=True)["emb"].dtype == np.float16
 
     layer = torch.nn.Linear(3, 2)
     layer.to(torch.bfloat16)
     torch.save(layer.state_dict(), tmp_path / "linear.pt")
     out = jaxstow_command("convert", tmp_path / "linear.pt", tmp_path / "linear.jxs", check=0).stdout
-    assert "(pytorch) -> " in out and ": 2 leaves" in out
+    assert "(PyTorch zip) -> " in out and ": 2 leaves" in out
     weights = jaxstow.load(tmp_path / "linear.jxs", as_numpy=True)
     assert weights["weight"].dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(weights["weight"].astype(np.float32), layer.weight.float().detach().numpy())
@@ -232,7 +232,7 @@ def test_convert_an_orbax_checkpoint(tmp_path):
     tree = {"params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3, jnp.bfloat16)}, "step": 7}
     ocp.PyTreeCheckpointer().save(tmp_path / "orbax", tree)
     out = jaxstow_command("convert", tmp_path / "orbax", tmp_path / "from_orbax.jxs", check=0).stdout
-    assert "(orbax) -> " in out and ": 3 leaves" in out
+    assert "(orbax checkpoint) -> " in out and ": 3 leaves" in out
     restored = jaxstow.load(tmp_path / "from_orbax.jxs", as_numpy=True)
     np.testing.assert_array_equal(restored["params"]["w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
     assert restored["params"]["b"].dtype == ml_dtypes.bfloat16 and int(restored["step"]) == 7

@@ -23,7 +23,7 @@ SUFFIXES = ["model.jxs", "model.npz"]
 
 
 def _dtype(name: str) -> np.dtype:
-    return np.dtype(getattr(np, name)) if hasattr(np, name) else np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(getattr(ml_dtypes, name, name))  # numpy 1.x has no np.bool: a name numpy takes
 
 
 def _sample(name: str, shape: tuple[int, ...]) -> np.ndarray:

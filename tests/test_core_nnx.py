@@ -74,7 +74,9 @@ def test_an_optimizer_continues_exactly(tmp_path):
 def test_an_optimizer_names_its_unregistered_transformation(tmp_path):
     model = Classifier(4, rngs=nnx.Rngs(1))
     optimizer = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
-    with pytest.raises(UnsaveableObjectError, match=r"GradientTransformation.*register it with jaxstow\.saveable"):
+    with pytest.raises(
+        UnsaveableObjectError, match=r"leaf 'tx' .*GradientTransformation.*register it where it is made"
+    ):
         jaxstow.save(tmp_path / "opt.jxs", optimizer)
 
 

@@ -53,7 +53,7 @@ def _forged(tmp_path, edit) -> str:
 def test_a_foreign_file_is_named_as_such(tmp_path, content):
     path = tmp_path / "foreign.bin"
     path.write_bytes(content)
-    with pytest.raises(FormatError, match=r"foreign\.bin: not a jaxstow, safetensors or npz file"):
+    with pytest.raises(FormatError, match=r"foreign\.bin: (is an? [^:]*, )?not a jaxstow, safetensors or npz file"):
         jaxstow.load(path)
 
 
@@ -72,8 +72,8 @@ def test_every_flip_in_a_metadata_key_is_a_corrupt_file(tmp_path, key):
 def test_a_malformed_version_is_malformed_and_a_newer_one_newer(tmp_path):
     with pytest.raises(FormatError, match=r"malformed format version '1\.1'"):
         jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version="1.1")))
-    with pytest.raises(FormatError, match="format version 3 is newer than this jaxstow reads"):
-        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=3)))
+    with pytest.raises(FormatError, match="format 4 is newer than this jaxstow"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=4)))
 
 
 def test_a_version_1_file_that_describes_every_leaf_loads(tmp_path):
@@ -248,12 +248,13 @@ def test_a_model_naming_numpy_savetxt_is_refused_at_load_and_harms_nothing(tmp_p
     model = eqx.nn.MLP(2, 2, 4, 1, activation=jax.tree_util.Partial(jnp.tanh), key=jax.random.key(0))
     jaxstow.save(tmp_path / "model.jxs", model)
     assert jaxstow.load(tmp_path / "model.jxs").activation.func is jnp.tanh  # partials over allowed functions load
-    frozen = encode_tree(eqx.tree_at(lambda m: m.activation, model, jax.tree_util.Partial(jnp.tanh, str(victim))))
+    jaxstow.save(
+        tmp_path / "evil.jxs", eqx.tree_at(lambda m: m.activation, model, jax.tree_util.Partial(jnp.tanh, str(victim)))
+    )
+    tensors, text, data = split_native((tmp_path / "evil.jxs").read_bytes())
     tanh = json.dumps(jaxstow._names.registry.name_of(jnp.tanh))
-    text = json.dumps(frozen.manifest).replace(tanh, '"numpy.savetxt"')
-    frozen.manifest.clear()
-    frozen.manifest.update(json.loads(text))
-    frozen.write(tmp_path / "evil.jxs")
+    assert text is not None and tanh in text
+    (tmp_path / "evil.jxs").write_bytes(forge_native(tensors, text.replace(tanh, '"numpy.savetxt"'), data))
     with pytest.raises(RefusedNameError, match=r"'numpy.savetxt', which jaxstow's name policy refuses"):
         jaxstow.load(tmp_path / "evil.jxs")
     assert victim.read_text() == "precious"

@@ -48,7 +48,12 @@ def test_distinct_shards_are_stored_once_with_their_layout(tmp_path, tree):
         ]
         assert sorted(name for name in slots if name.startswith("b@")) == ["b@0:8", "b@8:16"]  # two replicas each
         assert [name for name in slots if name.startswith("r@")] == ["r@0:4"]
-        assert w.sharding == {"mesh": [2, 2], "axes": ["data", "model"], "spec": ["data", "model"]}
+        assert w.sharding == {
+            "mesh": [2, 2],
+            "axes": ["data", "model"],
+            "axis_types": ["Explicit", "Explicit"],
+            "spec": ["data", "model"],
+        }
         assert reader.stored["h"].sharding["spec"] == [None, ["data", "model"]]
         assert sum(slot.nbytes for slot in slots.values()) == sum(array.nbytes for array in tree.values())
         np.testing.assert_array_equal(reader.read("w", np.s_[14:18, 6:10]), np.asarray(tree["w"])[14:18, 6:10])
@@ -113,7 +118,7 @@ def test_shards_that_do_not_cover_the_array_are_refused(tmp_path, mesh):
     jaxstow.save(tmp_path / "t.jxs", {"w": jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("data")))})
     with jaxstow.open(tmp_path / "t.jxs") as reader:
         container = reader.container
-        entry = container.manifest["leaves"][0]
+        entry = container.columns.entries[0]
         entry["shards"] = entry["shards"][:1]
         with pytest.raises(FormatError, match="do not cover the array of shape"):
             jaxstow.Reader(container)

@@ -14,16 +14,22 @@
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Unpack
 
+import jax
+import numpy as np
+
 from jaxstow._format.source import ReadSource
+from jaxstow._read.foreign import read_foreign
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import open
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
+from jaxstow.errors import ArgumentError
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -49,6 +55,8 @@ def save(
     """
     if not _is_destination(path_or_file) and isinstance(tree, str | os.PathLike):
         path_or_file, tree = tree, path_or_file
+    if not _is_destination(path_or_file):
+        raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     name = display_name(path_or_file)
     encoded = encode_tree(tree, metadata=metadata, file=name)
     with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
@@ -56,7 +64,13 @@ def save(
 
 
 @with_gc_paused
-def load(path_or_file: PathOrFile | ReadSource, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
+def load(
+    path_or_file: PathOrFile | ReadSource,
+    like: Any = None,
+    *,
+    from_format: str | None = None,
+    **options: Unpack[LoadOptions],
+) -> Any:
     """Load a file written by :func:`save`, by safetensors or by ``numpy.savez`` (a path, a file object or a URL).
 
     Without ``like`` the whole tree is rebuilt from the file: containers, registered dataclasses, equinox modules with
@@ -71,6 +85,12 @@ def load(path_or_file: PathOrFile | ReadSource, like: Any = None, **options: Unp
     The options (``as_numpy``, ``sharding``, ``partial``, ``select``, ``cast``, ``progress``) are those of
     :class:`jaxstow.LoadOptions`.
 
+    A file of another library raises a :class:`~jaxstow.errors.FormatError` that names it and what reads it.
+    ``from_format`` reads it, into memory, then as above: ``"torch"`` (a ``torch.save`` state dict, through
+    ``torch.load(weights_only=True)``), ``"flax"`` (flax msgpack, as nested dicts), ``"orbax"`` (an orbax checkpoint
+    folder or a step of its ``CheckpointManager``, every item) and ``"equinox"`` (a ``tree_serialise_leaves`` stream,
+    read into ``like``; of the options only ``as_numpy``).
+
     >>> import io, jax, jax.numpy as jnp, jaxstow
     >>> buffer = io.BytesIO()
     >>> jaxstow.save(buffer, {"w": jnp.ones(2), "b": jnp.zeros(1)})
@@ -78,7 +98,28 @@ def load(path_or_file: PathOrFile | ReadSource, like: Any = None, **options: Unp
     >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32), "b": jnp.ones(1)})["w"]
     Array([1., 1.], dtype=float32)
     """
+    if from_format is not None:
+        if isinstance(path_or_file, ReadSource):
+            raise ArgumentError("from_format reads a path, a URL or a file object")
+        return _load_foreign(path_or_file, like, from_format, options)
     with open(path_or_file) as reader:
+        return reader.load(like, **options)
+
+
+def _load_foreign(target: PathOrFile, like: Any, from_format: str, options: LoadOptions) -> Any:
+    """A file of another library, read into memory, then restored as a jaxstow file is (equinox: into ``like``)."""
+    tree = read_foreign(target, from_format, like=like)
+    if from_format == "equinox":
+        other = sorted(set(options) - {"as_numpy", "progress"})
+        if other:
+            raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
+        as_numpy = options.get("as_numpy", False)
+        return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
+    buffer = io.BytesIO()
+    buffer.name = display_name(target)  # type: ignore[misc]  # named as the file in errors
+    save(buffer, tree)
+    buffer.seek(0)
+    with open(buffer) as reader:
         return reader.load(like, **options)
 
 

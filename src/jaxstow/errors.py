@@ -19,20 +19,26 @@ import types
 from collections.abc import Iterator, Sequence
 
 __all__ = [
+    "ArgumentError",
     "CheckpointError",
     "CollectorError",
     "CorruptFileError",
     "FormatError",
+    "IsAFolderError",
     "JaxstowError",
     "MetadataError",
     "MissingDependencyError",
+    "NewerFormatError",
+    "NotAFolderError",
     "PathError",
+    "PathNotFoundError",
     "RefusedNameError",
     "RequestError",
     "SampleCountError",
     "SelectionError",
     "ShardingError",
     "SliceError",
+    "StorageError",
     "StructureMismatchError",
     "TruncatedFileError",
     "UnknownNameError",
@@ -67,12 +73,50 @@ class FormatError(JaxstowError, ValueError):
         super().__init__(f"{where}: {problem}" if where else problem, file=file, path=path)
 
 
+class NewerFormatError(FormatError):
+    """A file written by a newer jaxstow, in a format version this one does not read: upgrade jaxstow."""
+
+
+class ArgumentError(JaxstowError, ValueError, TypeError):
+    """An argument jaxstow cannot use: of the wrong type, out of range, or at odds with the other arguments.
+
+    The message names the argument, says what it takes and, where one helps, the call that works. Also a
+    ``ValueError`` and a ``TypeError``, which code written against the builtins may catch.
+    """
+
+
 class MetadataError(JaxstowError, TypeError):
     """Metadata that strict JSON cannot hold unchanged (NaN, numpy scalars, sets, ...); the message names the key."""
 
 
 class PathError(JaxstowError, OSError):
     """A path cannot be used as asked: a folder where a file is expected, a missing file or folder."""
+
+    def __init__(self, problem: str, *, file: str) -> None:
+        super().__init__(f"{file}: {problem}", file=file)
+        self.filename = file
+
+    def __str__(self) -> str:  # OSError would format its arguments otherwise
+        return str(self.args[0])
+
+
+class PathNotFoundError(PathError, FileNotFoundError):
+    """A file or folder that does not exist (also a ``FileNotFoundError``)."""
+
+
+class IsAFolderError(PathError, IsADirectoryError):
+    """A folder where a file is expected (also an ``IsADirectoryError``)."""
+
+
+class NotAFolderError(PathError, NotADirectoryError):
+    """A file where a folder is expected (also a ``NotADirectoryError``)."""
+
+
+class StorageError(JaxstowError, OSError):
+    """The storage behind a path or URL failed or refused: missing credentials, a server out of reach, no permission.
+
+    The message names the path or URL and what the storage said; the storage's own exception is the cause.
+    """
 
     def __init__(self, problem: str, *, file: str) -> None:
         super().__init__(f"{file}: {problem}", file=file)
@@ -99,9 +143,9 @@ class TruncatedFileError(CorruptFileError):
 class UnsaveableObjectError(JaxstowError, TypeError):
     """A leaf is neither data nor an object registered with :func:`jaxstow.saveable`."""
 
-    def __init__(self, obj: object, *, file: str | None = None, path: str = "") -> None:
+    def __init__(self, obj: object, *, file: str | None = None, path: str = "", advice: str | None = None) -> None:
         super().__init__(
-            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {_unsaveable_advice(obj)}",
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {advice or _unsaveable_advice(obj)}",
             file=file,
             path=path,
         )

@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 
+from jaxstow._format.columns import COLUMNAR_VERSION, LeafColumns, check_columns
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest, tensor_names
 from jaxstow._format.native import Complete, NativeReader, write_native
@@ -48,7 +49,11 @@ class Container(Protocol):
 
     file: str
     manifest: dict[str, Any] | None
-    slots: dict[str, TensorSlot]
+    #: The leaves of a version 3 manifest, set when the manifest is checked.
+    columns: LeafColumns | None
+
+    @property
+    def slots(self) -> Mapping[str, TensorSlot]: ...
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]: ...
 
@@ -114,7 +119,12 @@ def _check_manifest(reader: Container) -> None:
     """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
     if reader.manifest is None:
         return
-    stored = tensor_names(check_manifest(reader.manifest, reader.slots, file=reader.file))
+    manifest = check_manifest(reader.manifest, reader.slots, file=reader.file)
+    if manifest["version"] >= COLUMNAR_VERSION:
+        reader.columns = check_columns(manifest, reader.slots, file=reader.file)
+        stored = reader.columns.tensor_names()
+    else:
+        stored = tensor_names(manifest)
     if stored != reader.slots.keys():
         missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
         raise CorruptFileError(

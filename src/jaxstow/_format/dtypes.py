@@ -17,7 +17,19 @@ from typing import TypeGuard
 import ml_dtypes
 import numpy as np
 
-__all__ = ["SAFETENSORS_CODES", "dtype_from_code", "dtype_from_name", "is_shape", "name_of_dtype", "safetensors_code"]
+from jaxstow.errors import FormatError
+
+__all__ = [
+    "MAX_ARRAY_BYTES",
+    "MAX_AXES",
+    "SAFETENSORS_CODES",
+    "dtype_from_code",
+    "dtype_from_name",
+    "is_shape",
+    "name_of_dtype",
+    "safetensors_code",
+    "checked_shape",
+]
 
 _NAMES = (
     "bool",
@@ -32,11 +44,19 @@ _NAMES = (
     "int2", "int4", "uint2", "uint4",
 )  # fmt: skip
 
-_DTYPES: dict[str, np.dtype] = {}
-for _name in _NAMES:
-    _found = getattr(ml_dtypes, _name, None) if not hasattr(np, _name) else getattr(np, _name)
-    if _found is not None:
-        _DTYPES[_name] = np.dtype(_found)
+
+def _dtype_named(name: str) -> np.dtype | None:
+    """numpy's dtype of that name, or ml_dtypes' (whose newer dtypes an older ml_dtypes lacks: ``None``)."""
+    found = getattr(ml_dtypes, name, None)
+    if found is not None:
+        return np.dtype(found)  # type: ignore[no-any-return]
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
+_DTYPES: dict[str, np.dtype] = {name: dtype for name in _NAMES if (dtype := _dtype_named(name)) is not None}
 
 #: safetensors dtype codes and the dtypes they stand for.
 SAFETENSORS_CODES: dict[str, np.dtype] = {
@@ -89,3 +109,41 @@ def name_of_dtype(dtype: np.dtype) -> str | None:
 def is_shape(value: object) -> TypeGuard[list[int]]:
     """Whether a decoded JSON value is a valid shape: a list of non-negative integers (not bools)."""
     return type(value) is list and all(type(size) is int and size >= 0 for size in value)
+
+
+#: numpy's bounds on an array: its bytes, with every axis of size 0 counted as 1 (numpy refuses a larger shape even
+#: when it holds nothing), and its number of axes (32 before numpy 2).
+#: The most bytes and axes a numpy array can have.
+MAX_ARRAY_BYTES = 2**63 - 1
+MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+
+
+def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> list[int]:
+    """A decoded JSON value as the shape of an array of ``dtype``; a :class:`FormatError` naming the leaf if it is not
+    a list of non-negative integers, has more axes than numpy has, or spans more bytes than any array holds.
+
+    >>> import numpy as np
+    >>> from jaxstow._format.dtypes import checked_shape
+    >>> checked_shape([0, 4], np.dtype(np.float32), file="f.jxs", path="w")
+    [0, 4]
+    >>> checked_shape([0, 2**62], np.dtype(np.float32), file="f.jxs", path="w")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.FormatError: leaf 'w' of f.jxs: shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it
+    """
+    if not is_shape(value):
+        raise FormatError(f"a shape must be a list of non-negative integers, not {value!r}", file=file, path=path)
+    if len(value) > MAX_AXES:
+        raise FormatError(
+            f"a shape of {len(value)} axes has more than the {MAX_AXES} an array can have", file=file, path=path
+        )
+    nbytes = dtype.itemsize
+    for size in value:
+        nbytes *= max(size, 1)
+        if nbytes > MAX_ARRAY_BYTES:
+            raise FormatError(
+                f"shape {value} of {dtype} spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it",
+                file=file,
+                path=path,
+            )
+    return value

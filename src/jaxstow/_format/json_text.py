@@ -34,6 +34,16 @@ __all__ = ["dump_json", "parse_json"]
 _STANDARD = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 
 
+#: Maps every digit to ``1`` and every other byte to ``0``: a run of 19 digits is then a substring search.
+_DIGIT_MARKS = bytes(49 if 48 <= byte <= 57 else 48 for byte in range(256))
+_LONG_RUN = b"1" * 19
+
+
+def _long_digit_run(text: bytes | str) -> bool:
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return _LONG_RUN in data.translate(_DIGIT_MARKS)
+
+
 def dump_json(value: Any) -> bytes:
     """Compact UTF-8 JSON of strict-JSON ``value`` (string keys; floats finite), which :func:`parse_json` reads back
     equal."""
@@ -53,12 +63,12 @@ def parse_json(
 ) -> Any:
     """Parse ``text``; anything but valid JSON raises ``error`` naming ``what`` and ``file``.
 
-    ``exact_integers=False`` parses several times faster but reads integers beyond 64 bits as floats: it suits a
-    text whose checks refuse a float wherever an integer belongs (a safetensors header), not one that may hold
-    arbitrary Python integers (a manifest's values). Whatever the fast parser refuses is parsed again by the standard
-    library, which is the judge.
+    The fast parser (orjson) reads integers beyond 64 bits as floats, so a text that may hold arbitrary Python
+    integers (a manifest's values) goes to it only when it has no run of 19 digits; ``exact_integers=False`` sends
+    any text to it, for a text whose checks refuse a float wherever an integer belongs (a safetensors header).
+    Whatever the fast parser refuses is parsed again by the standard library, which is the judge.
     """
-    if not exact_integers:
+    if not exact_integers or not _long_digit_run(text):  # without 19 digits in a row, every integer fits 64 bits
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below

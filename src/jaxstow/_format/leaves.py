@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -36,6 +36,7 @@ __all__ = [
     "decode_value_entry",
     "encode_leaf",
     "is_sharded",
+    "key_impl_name",
     "stored_leaf_from_entry",
 ]
 
@@ -87,7 +88,7 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             stored = _stored(path, "key", jax.random.key_data(leaf), file)
-            stored.entry["impl"] = str(jax.random.key_impl(leaf))
+            stored.entry["impl"] = key_impl_name(leaf.dtype)
             return stored
         if is_sharded(leaf):
             return _encode_sharded(path, leaf, file=file)
@@ -99,6 +100,12 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
         return _stored(path, "npscalar", leaf, file)
     return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
+
+
+def key_impl_name(dtype: Any) -> str:
+    """The registered name of a PRNG key dtype's implementation (``threefry2x32``, ``rbg``, ``unsafe_rbg``), which
+    ``jax.random.key`` takes back; older jax prints an implementation by a shorter tag (``fry``) it does not take."""
+    return str(dtype._impl.name)
 
 
 def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:
@@ -120,11 +127,14 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
 
 
 def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
-    """A named sharding as JSON (mesh shape, axis names, partition spec); ``None`` for shardings without a mesh."""
+    """A named sharding as JSON (mesh shape, axis names and types, partition spec); ``None`` for shardings without a
+    mesh."""
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return None
     spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
-    return {"mesh": list(sharding.mesh.devices.shape), "axes": list(sharding.mesh.axis_names), "spec": spec}
+    mesh = sharding.mesh
+    types = [kind.name for kind in mesh.axis_types]
+    return {"mesh": list(mesh.devices.shape), "axes": list(mesh.axis_names), "axis_types": types, "spec": spec}
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
@@ -194,8 +204,7 @@ def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dt
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
         raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
-    if not is_shape(shape):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    shape = checked_shape(shape, dtype, file=file, path=path)
     if not (slot.dtype == np.uint8 and slot.shape == (math.prod(shape) * dtype.itemsize,)):
         raise FormatError(
             f"the manifest says {dtype}{shape} but the tensor is {slot.dtype}{list(slot.shape)}", file=file, path=path

@@ -31,15 +31,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, NewerFormatError
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
 FORMAT_NAME = "jaxstow"
 #: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
-FORMAT_VERSION = 2
+#: 3: the leaves are columns (paths, kinds, checksums) with details only where a leaf needs them.
+FORMAT_VERSION = 3
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
@@ -48,6 +49,8 @@ _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _ARRAY_KINDS = _STORED_KINDS | {"sharded"}
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+#: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
+_IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
@@ -62,12 +65,9 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     if type(version) is not int or version < 1:
         raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
     if version > FORMAT_VERSION:
-        raise FormatError(
-            f"format version {version} is newer than this jaxstow reads ({FORMAT_VERSION}); upgrade jaxstow", file=file
+        raise NewerFormatError(
+            f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
-    leaves = manifest.get("leaves")
-    if not isinstance(leaves, list):
-        raise FormatError("the manifest has no list of leaves", file=file)
     part = manifest.get("part")
     if part is not None and not (type(part) is int and part >= 1):
         raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
@@ -75,6 +75,11 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise FormatError("the manifest has no structure", file=file)
     if not isinstance(manifest.get("metadata"), dict | None):
         raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+    if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
+        return manifest
+    leaves = manifest.get("leaves")
+    if not isinstance(leaves, list):
+        raise FormatError("the manifest has no list of leaves", file=file)
     seen: set[str] = set()
     for index, entry in enumerate(leaves):
         _check_entry(entry, index, slots, file=file)
@@ -99,6 +104,10 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     parts = [("", "the structure", manifest.get("structure"))]
     values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
     parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
+    details, paths = manifest.get("details", {}), manifest.get("paths", [])  # a version 3 manifest read from a file
+    parts += [
+        (paths[int(index)], "the value", detail["value"]) for index, detail in details.items() if "value" in detail
+    ]
     for path, what, part in parts:
         depth = _nesting(part)
         if depth > MAX_NESTING:
@@ -141,8 +150,7 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if dtype is None:
             raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
         shape = entry.get("shape")
-        if not is_shape(shape):
-            raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+        shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
@@ -153,7 +161,10 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
     if kind == "npscalar" and shape:
         raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
     if kind == "key":
-        _check_key(entry.get("impl"), dtype, shape, file=file, path=path)
+        impl = entry.get("impl")
+        if isinstance(impl, str):
+            entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
+        _check_key(impl, dtype, shape, file=file, path=path)
 
 
 def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:

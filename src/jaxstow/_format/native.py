@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
-from jaxstow._format.dtypes import dtype_from_code, is_shape, safetensors_code
+from jaxstow._format.columns import LeafColumns, columnar
+from jaxstow._format.dtypes import checked_shape, dtype_from_code, safetensors_code
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_table import slot_table
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
 
 __all__ = [
@@ -139,7 +141,7 @@ def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] 
         }
         offset += nbytes
     if manifest is not None:
-        header["__metadata__"] = {"jaxstow": dump_json(manifest).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
+        header["__metadata__"] = {"jaxstow": dump_json(columnar(manifest)).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
     text = dump_json(header)
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
@@ -228,7 +230,7 @@ def _check_tiling(slots: Iterable[TensorSlot], data_start: int, *, file: str) ->
 
 @dataclass(frozen=True)
 class _Header:
-    slots: dict[str, TensorSlot]
+    slots: Mapping[str, TensorSlot]
     metadata: dict[str, str]
 
 
@@ -247,6 +249,7 @@ class NativeReader:
         self.slots = header.slots
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
+        self.columns: LeafColumns | None = None
         if "jaxstow" in self.metadata:
             self.manifest = parse_json(self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file)
 
@@ -269,7 +272,10 @@ class NativeReader:
                 file=self.file,
             )
         data_start = 8 + length
-        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}
+        table = slot_table(header, data_start=data_start, file_size=self.source.size)
+        if table is not None:
+            return _Header(table, metadata)
+        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}  # names what is wrong
         _check_tiling(slots.values(), data_start, file=self.file)
         return _Header(slots, metadata)
 
@@ -281,10 +287,7 @@ class NativeReader:
         if dtype is None:
             raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
-        if not is_shape(shape):
-            raise FormatError(
-                f"a shape must be a list of non-negative integers, not {shape!r}", file=self.file, path=name
-            )
+        shape = checked_shape(shape, dtype, file=self.file, path=name)
         if (
             not isinstance(offsets, list)
             or len(offsets) != 2

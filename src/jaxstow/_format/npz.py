@@ -25,7 +25,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow._format.checksum import as_bytes
+from jaxstow._format.checksum import as_bytes, checksum_bytes
+from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify
@@ -78,7 +79,7 @@ def write_npz(
         if complete is not None:
             complete()
         if manifest is not None:
-            text = dump_json(manifest)
+            text = dump_json(columnar(manifest))
             _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
 
 
@@ -194,6 +195,7 @@ class NpzReader:
             )
         self.metadata: dict[str, str] = {}
         self.manifest: dict[str, Any] | None = None
+        self.columns: LeafColumns | None = None
         if MANIFEST_MEMBER in self._members:
             self._slot(MANIFEST_MEMBER)  # its size is checked before it is read
             text = self._load(MANIFEST_MEMBER).tobytes()
@@ -270,7 +272,7 @@ class NpzReader:
         for name in names:
             array = self._load(name)
             if verify is not None:
-                verify(name, as_bytes(array))
+                verify(name, checksum_bytes(as_bytes(array)))
             out[name] = array
         return out
 

@@ -16,21 +16,27 @@ array([2, 3], dtype=int32)
 from __future__ import annotations
 
 import math
-import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
+from xxhash import xxh3_64_hexdigest
 
 from jaxstow._format.source import ReadSource
 
-__all__ = ["ALIGNMENT", "TensorSlot", "aligned_empty", "read_slots"]
+__all__ = ["ALIGNMENT", "TensorSlot", "aligned_empty", "read_slots", "read_tensors"]
 
 ALIGNMENT = 64
 _SMALL = 1 << 20  # tensors below this are coalesced
 _RUN = 16 << 20  # the most bytes one coalesced read fetches
 _PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool starts
+_PIECE = 8 << 20  # reads in parallel fetch at most this much each
+#: Threads reading in parallel. Measured here: a cold disk serves 16 readers of 8 MiB pieces 1.7 GB/s, 8 readers of 16
+#: MiB 1.05 GB/s, one 0.3 GB/s; from the page cache, on two busy cores, 16 readers match one ``readinto`` and 4 reach
+#: 0.8x of it.
+_READERS = 16
 
 
 class TensorSlot(NamedTuple):
@@ -55,57 +61,126 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
-def _runs(slots: Sequence[TensorSlot]) -> list[list[TensorSlot]]:
-    """Group slots into reads: each large slot alone, adjacent small slots together."""
-    runs: list[list[TensorSlot]] = []
-    current: list[TensorSlot] = []
-    for slot in sorted(slots, key=lambda s: s.offset):
-        if slot.nbytes >= _SMALL:
-            runs.append([slot])
-            continue
-        if current and (
-            slot.offset != current[-1].offset + current[-1].nbytes
-            or slot.offset + slot.nbytes - current[0].offset > _RUN
-        ):
-            runs.append(current)
-            current = []
-        current.append(slot)
-    if current:
-        runs.append(current)
-    return runs
+def _runs(offsets: np.ndarray, nbytes: np.ndarray) -> list[np.ndarray]:
+    """Group tensors (by index) into reads: each large tensor alone, neighbouring small ones together, at most about
+    ``_RUN`` bytes a read; vectorised, so that ten thousand small tensors cost no Python loop here."""
+    order = np.argsort(offsets, kind="stable")
+    if not len(order):
+        return []
+    starts, sizes = offsets[order], nbytes[order]
+    small = sizes < _SMALL
+    ends = starts + sizes
+    breaks = np.ones(len(order), bool)
+    if len(order) > 1:
+        # A run goes on while tensors are small and each starts where the one before it ends.
+        breaks[1:] = ~small[1:] | ~small[:-1] | (starts[1:] != ends[:-1])
+    first = np.maximum.accumulate(np.where(breaks, starts, 0))
+    if len(order) > 1:  # and is cut every _RUN bytes
+        breaks[1:] |= (starts[1:] - first[1:]) // _RUN != (starts[:-1] - first[:-1]) // _RUN
+    return np.split(order, np.flatnonzero(breaks)[1:])
 
 
-Verify = Callable[[str, memoryview], None]
+#: ``verify(name, digest)`` gets the xxh3 of each tensor read, to compare with the checksum it expects.
+Verify = Callable[[str, str], None]
+_Columns = tuple[np.ndarray, np.ndarray, Sequence[np.dtype], Sequence[Sequence[int]]]
 
 
-def _read_run(source: ReadSource, run: list[TensorSlot], verify: Verify | None) -> dict[str, np.ndarray]:
-    start = run[0].offset
-    buffer = aligned_empty(run[-1].offset + run[-1].nbytes - start)
-    source.read_into(start, buffer.data)
-    out = {}
+def _span(run: np.ndarray, columns: _Columns) -> tuple[int, int]:
+    """Where a run's bytes start in the source, and how many there are."""
+    offsets, nbytes = columns[0], columns[1]
+    start = int(offsets[run[0]])
+    return start, int(offsets[run[-1]] + nbytes[run[-1]]) - start
+
+
+def _cut(buffer: np.ndarray, run: np.ndarray, columns: _Columns, digests: list[str] | None) -> list[np.ndarray]:
+    """The tensors of a run read into ``buffer``, as arrays over it; their digests into ``digests``."""
+    offsets, nbytes, dtypes, shapes = columns
+    if len(run) == 1:  # most often a large tensor in a buffer of its own
+        i = int(run[0])
+        if digests is not None:
+            digests[i] = xxh3_64_hexdigest(buffer.data)
+        return [buffer.view(dtypes[i]).reshape(shapes[i])]
+    out = []
     data = buffer.data
-    for slot in run:
-        begin = slot.offset - start
-        if verify is not None:
-            verify(slot.name, data[begin : begin + slot.nbytes])
-        out[slot.name] = buffer[begin : begin + slot.nbytes].view(slot.dtype).reshape(slot.shape)
+    ndarray = np.ndarray
+    start = int(offsets[run[0]])
+    for i, begin, length in zip(run.tolist(), (offsets[run] - start).tolist(), nbytes[run].tolist(), strict=True):
+        if digests is not None:
+            digests[i] = xxh3_64_hexdigest(data[begin : begin + length])
+        out.append(ndarray(shapes[i], dtypes[i], buffer, begin))
+    return out
+
+
+def _read_in_parallel(
+    source: ReadSource, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
+) -> list[list[np.ndarray]]:
+    """Read the runs in pieces of at most ``_PIECE`` bytes on ``_READERS`` threads (a disk serves several requests at
+    once several times faster than one), each run cut and hashed by the thread that reads its last piece."""
+    spans = [_span(run, columns) for run in runs]
+    buffers = [aligned_empty(size) for _, size in spans]
+    pieces = [(r, at) for r, (_, size) in enumerate(spans) for at in range(0, max(size, 1), _PIECE)]
+    left = [max(1, -(-size // _PIECE)) for _, size in spans]
+    parts: list[list[np.ndarray]] = [[] for _ in runs]
+    lock = threading.Lock()
+
+    def read(piece: tuple[int, int]) -> None:
+        r, at = piece
+        source.read_into(spans[r][0] + at, buffers[r].data[at : at + _PIECE])
+        with lock:
+            left[r] -= 1
+            last = left[r] == 0
+        if last:
+            parts[r] = _cut(buffers[r], runs[r], columns, digests)
+
+    with ThreadPoolExecutor(min(_READERS, len(pieces)), thread_name_prefix="jaxstow-read") as pool:
+        for _ in pool.map(read, pieces):
+            pass
+    return parts
+
+
+def read_tensors(
+    source: ReadSource,
+    offsets: np.ndarray,
+    nbytes: np.ndarray,
+    dtypes: Sequence[np.dtype],
+    shapes: Sequence[Sequence[int]],
+    digests: list[str] | None = None,
+) -> list[np.ndarray]:
+    """The tensors at ``offsets`` (each ``nbytes`` long, of its dtype and shape), in the order given; large reads run
+    on several threads when the source allows it. ``digests``, when given, receives each tensor's xxh3."""
+    offsets, nbytes = np.asarray(offsets, np.int64), np.asarray(nbytes, np.int64)
+    columns = (offsets, nbytes, dtypes, shapes)
+    runs = _runs(offsets, nbytes)
+    out: list[np.ndarray] = [None] * len(offsets)  # type: ignore[list-item]
+    if digests is not None:
+        digests[:] = [""] * len(offsets)
+    if source.parallel and int(nbytes.sum()) >= _PARALLEL_BYTES:
+        parts = _read_in_parallel(source, runs, columns, digests)
+    else:
+        parts = []
+        for run in runs:
+            start, size = _span(run, columns)
+            buffer = aligned_empty(size)
+            source.read_into(start, buffer.data)
+            parts.append(_cut(buffer, run, columns, digests))
+    for run, part in zip(runs, parts, strict=True):
+        for i, array in zip(run.tolist(), part, strict=True):
+            out[i] = array
     return out
 
 
 def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
-    """Read every slot; large reads run on several threads when the source allows it.
-
-    ``verify(name, data)`` is called with each tensor's bytes, on the thread that read them.
-    """
-    runs = _runs(slots)
-    out: dict[str, np.ndarray] = {}
-    parallel = source.parallel and sum(slot.nbytes for slot in slots) >= _PARALLEL_BYTES
-    workers = min(len(runs), os.cpu_count() or 1, 4) if parallel else 1
-    if workers <= 1:
-        for run in runs:
-            out.update(_read_run(source, run, verify))
-        return out
-    with ThreadPoolExecutor(workers) as pool:
-        for part in pool.map(lambda run: _read_run(source, run, verify), runs):
-            out.update(part)
-    return out
+    """Read every slot, as :func:`read_tensors` does; ``verify(name, digest)`` gets each tensor's xxh3."""
+    digests: list[str] | None = None if verify is None else []
+    arrays = read_tensors(
+        source,
+        np.array([slot.offset for slot in slots], np.int64),
+        np.array([slot.nbytes for slot in slots], np.int64),
+        [slot.dtype for slot in slots],
+        [slot.shape for slot in slots],
+        digests,
+    )
+    if verify is not None and digests is not None:
+        for slot, digest in zip(slots, digests, strict=True):
+            verify(slot.name, digest)
+    return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}

@@ -16,15 +16,28 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError
 
-__all__ = ["Box", "ShardedLeaf", "Stored", "StoredShard", "check_coverage", "intersect", "sharded_leaf_from_entry"]
+__all__ = [
+    "AXIS_TYPES",
+    "Box",
+    "ShardedLeaf",
+    "Stored",
+    "StoredShard",
+    "check_coverage",
+    "intersect",
+    "sharded_leaf_from_entry",
+]
 
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
+
+
+#: The mesh axis types a sharding description may name (``jax.sharding.AxisType``); files without them mean ``Auto``.
+AXIS_TYPES = ("Auto", "Explicit", "Manual")
 
 
 class StoredShard(NamedTuple):
@@ -75,8 +88,7 @@ def sharded_leaf_from_entry(entry: Entry, slots: Mapping[str, TensorSlot], *, so
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
         raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
-    if not is_shape(shape):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {shape!r}", file=file, path=path)
+    shape = checked_shape(shape, dtype, file=file, path=path)
     if not isinstance(shards, list):
         raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
     sharding = entry.get("sharding")
@@ -121,11 +133,15 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     if not isinstance(sharding, dict):
         return False
     mesh, axes, spec = sharding.get("mesh"), sharding.get("axes"), sharding.get("spec")
+    types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)
         and len(axes) == len(mesh)
+        and isinstance(types, list)
+        and len(types) == len(axes)
+        and all(kind in AXIS_TYPES for kind in types)
         and isinstance(spec, list)
         and len(spec) <= ndim
         and all(

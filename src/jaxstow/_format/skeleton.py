@@ -22,22 +22,29 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import os
 from typing import Any
 
 import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
+from jaxstow._format.containers import plain_treedef
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
-from jaxstow._names import registry, static_objects
-from jaxstow.errors import FormatError, JaxstowError, UnsaveableObjectError
+from jaxstow._names import partials, registry, static_objects
+from jaxstow._names.advice import unsaveable_advice
+from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError
 
-__all__ = ["container_paths", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
+#: ``PyTreeDef.from_node_data_and_children`` (jax 0.4.36 and newer; ``make_...`` before).
+_FROM_NODE_DATA = getattr(PyTreeDef, "from_node_data_and_children", None) or PyTreeDef.make_from_node_data_and_children
 #: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
 _DECODE_ERRORS = (
     TypeError,
@@ -65,14 +72,15 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
         return {"complex": [repr(obj.real), repr(obj.imag)]}
     if type(obj) is bytes:
         return {"bytes": base64.b64encode(obj).decode("ascii")}
+    prefix = f"{path}/" if path else ""
     if type(obj) is tuple:
-        return {"tuple": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+        return {"tuple": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
     if type(obj) is list:
-        return {"list": [encode_value(item, path=f"{path}/{i}", file=file) for i, item in enumerate(obj)]}
+        return {"list": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
     if type(obj) is dict:
         return {
             "dict": [
-                [encode_value(key, path=path, file=file), encode_value(value, path=f"{path}/{key}", file=file)]
+                [encode_value(key, path=path, file=file), encode_value(value, path=f"{prefix}{key}", file=file)]
                 for key, value in obj.items()
             ]
         }
@@ -86,29 +94,19 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     name = registry.name_of(obj)
     if name is not None:
         return {"ref": name}
-    rebuildable = static_objects.encode(
-        obj, lambda value, field: encode_value(value, path=f"{path}/{field}", file=file), file=file, path=path
-    )
+    part = lambda value, field: encode_value(value, path=join(path, field), file=file)  # noqa: E731
+    if type(obj) is functools.partial:
+        return partials.encode(obj, part, file=file, path=path)
+    rebuildable = static_objects.encode(obj, part, file=file, path=path)
     if rebuildable is not None:
         return rebuildable
     class_name = registry.attribute_class_name(type(obj))
     if class_name is None:
-        raise UnsaveableObjectError(obj, file=file, path=path)
+        raise UnsaveableObjectError(obj, file=file, path=path, advice=unsaveable_advice(obj))
     return {
         "object": class_name,
-        "attrs": [[key, encode_value(value, path=f"{path}/{key}", file=file)] for key, value in _attributes(obj)],
+        "attrs": [[key, encode_value(value, path=join(path, key), file=file)] for key, value in attributes(obj)],
     }
-
-
-def _attributes(obj: object) -> list[tuple[str, Any]]:
-    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
-    found = sorted(getattr(obj, "__dict__", {}).items())
-    for cls in type(obj).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                found.append((slot, getattr(obj, slot)))
-    return found
 
 
 def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:
@@ -127,7 +125,7 @@ def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None
         key, value = pair
         if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
             raise FormatError(f"{key!r} cannot be an attribute of a {name} instance", file=file, path=path)
-        object.__setattr__(obj, key, _decode_checked(value, path=f"{path}/{key}", file=file, depth=depth + 3))
+        object.__setattr__(obj, key, _decode_checked(value, path=join(path, key), file=file, depth=depth + 3))
     return obj
 
 
@@ -166,23 +164,8 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return complex(_parse_float(real, path=path, file=file), _parse_float(imag, path=path, file=file))
         if tag == "bytes":
             return base64.b64decode(data[tag], validate=True)
-        if tag == "tuple":
-            return tuple(
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
-                for i, item in enumerate(data[tag])
-            )
-        if tag == "list":
-            return [
-                _decode_checked(item, path=f"{path}/{i}", file=file, depth=depth + 2)
-                for i, item in enumerate(data[tag])
-            ]
-        if tag == "dict":
-            return {
-                _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
-                    value, path=f"{path}/{key}", file=file, depth=depth + 3
-                )
-                for key, value in data[tag]
-            }
+        if tag in ("tuple", "list", "dict"):
+            return _decode_container(tag, data[tag], path=path, file=file, depth=depth)
         if tag == "dtype":
             return _parse_dtype(data[tag], path=path, file=file)
         if tag == "npscalar":
@@ -199,12 +182,29 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return registry.lookup(data[tag], file=file, path=path)
         if tag == "object" and isinstance(data.get("attrs"), list):
             return _rebuild_object(data[tag], data["attrs"], path=path, file=file, depth=depth)
+        fields = lambda value, field: _decode_checked(value, path=join(path, field), file=file, depth=depth + 3)  # noqa: E731
+        if tag == "partial":
+            return partials.decode(data, fields, file=file, path=path)
         if tag == "object":
-            fields = lambda value, field: _decode_checked(  # noqa: E731
-                value, path=f"{path}/{field}", file=file, depth=depth + 3
-            )
             return static_objects.decode(data, fields, file=file, path=path)
     raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
+
+
+def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, depth: int) -> Any:
+    """A tuple, list or dict of values."""
+    prefix = f"{path}/" if path else ""
+    if tag == "tuple":
+        return tuple(
+            _decode_checked(item, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, item in enumerate(items)
+        )
+    if tag == "list":
+        return [_decode_checked(item, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, item in enumerate(items)]
+    return {
+        _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
+            value, path=f"{prefix}{key}", file=file, depth=depth + 3
+        )
+        for key, value in items
+    }
 
 
 def _parse_float(text: str, *, path: str, file: str | None) -> float:
@@ -231,10 +231,11 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
     if node_type is type(None):
         return None
     # Most children are leaves: they are answered here, without a call or a path.
+    prefix = f"{path}/" if path else ""
     if node_type in (tuple, list):
         return {
             node_type.__name__: [
-                "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+                "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{i}", file=file)
                 for i, child in enumerate(children)
             ]
         }
@@ -243,7 +244,7 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
             "dict": [
                 [
                     key if type(key) is str else encode_value(key, path=path, file=file),
-                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{key}", file=file),
+                    "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{key}", file=file),
                 ]
                 for key, child in zip(aux, children, strict=True)
             ]
@@ -252,59 +253,23 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
         name = registry.type_name(node_type)
     except ValueError:
         raise UnsaveableObjectError(node_type, file=file, path=path) from None
-    return {
-        "node": name,
-        "aux": encode_value(aux, path=path, file=file),
-        "children": [
-            "*" if _is_leaf(child) else encode_treedef(child, path=f"{path}/{i}", file=file)
+    count = len(children)
+    try:
+        encoded_aux = encode_value(aux, path=path, file=file)
+    except JaxstowError as error:  # named after the attribute that holds the value, not its place in aux
+        raise renamed(error, path, lambda parts: aux_path(node_type, aux, count, parts)) from None
+    try:
+        encoded_children = [
+            "*" if _is_leaf(child) else encode_treedef(child, path=f"{prefix}{i}", file=file)
             for i, child in enumerate(children)
-        ],
-    }
+        ]
+    except JaxstowError as error:  # named after the child's key, not its place among the children
+        raise renamed_child(error, path, node_type, aux, count) from None
+    return {"node": name, "aux": encoded_aux, "children": encoded_children}
 
 
 def _is_leaf(treedef: PyTreeDef) -> bool:
     return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
-
-
-def container_paths(structure: JSON) -> list[str] | None:
-    """The leaf paths (as :func:`jaxstow._format.keypaths.path_to_str` writes them) of an encoded structure made only of dicts with
-    plain keys, lists, tuples and ``None``; ``None`` for a structure with other nodes, whose children jax names.
-
-    >>> container_paths(encode_treedef(jax.tree_util.tree_structure({"a": [1, None, {"b": 2}], "c": 3})))
-    ['a/0', 'a/2/b', 'c']
-    >>> container_paths("*")
-    ['']
-    """
-    paths: list[str] = []
-    return paths if _collect_paths(structure, "", paths) else None
-
-
-def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
-    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
-    not a container :func:`container_paths` can name."""
-    if node == "*":
-        paths.append(path)
-        return True
-    if node is None:
-        return True
-    if not isinstance(node, dict) or len(node) != 1:
-        return False
-    [(tag, children)] = node.items()
-    if tag == "dict":
-        named = children
-        if any(isinstance(name, dict) for name, _ in named):  # keys tagged as floats, tuples, ...
-            return False
-    elif tag in ("list", "tuple"):
-        named = enumerate(children)
-    else:
-        return False
-    prefix = f"{path}/" if path else ""
-    for name, child in named:
-        if child == "*":  # most children are leaves: answered here, without a call
-            paths.append(f"{prefix}{name}")
-        elif not _collect_paths(child, f"{prefix}{name}", paths):
-            return False
-    return True
 
 
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
@@ -319,6 +284,9 @@ def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> Py
 
 
 def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    plain = plain_treedef(data, depth)
+    if plain is not None:  # dicts, lists, tuples and None only: built at once by jax itself
+        return plain
     try:
         treedef = _decode_treedef(data, path=path, file=file, depth=depth)
         treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
@@ -349,12 +317,14 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
     if isinstance(data, dict) and len(data) == 1 and isinstance(data.get("tuple", data.get("list")), list):
         node_type: type = tuple if "tuple" in data else list
         items = data[node_type.__name__]
-        children = [_decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
+        prefix = f"{path}/" if path else ""
+        children = [_decode_treedef(c, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, c in enumerate(items)]
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
         keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
+        prefix = f"{path}/" if path else ""
         children = [
-            _decode_treedef(c, path=f"{path}/{k}", file=file, depth=depth + 3)
+            _decode_treedef(c, path=f"{prefix}{k}", file=file, depth=depth + 3)
             for k, (_, c) in zip(keys, data["dict"], strict=True)
         ]
         return _make(dict, keys, children, path=path, file=file)
@@ -362,12 +332,51 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
         node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
         if not isinstance(node_type_obj, type):
             raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
-        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
-        children = [
-            _decode_treedef(c, path=f"{path}/{i}", file=file, depth=depth + 2) for i, c in enumerate(data["children"])
-        ]
-        return _make(node_type_obj, aux, children, path=path, file=file)
+        return _decode_node(node_type_obj, data, path=path, file=file, depth=depth)
     raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
+
+
+def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
+    """A custom node; a problem inside it is named after the node's attribute, not its place in the structure."""
+    count = len(data["children"])
+    try:
+        aux = _decode_checked(data.get("aux"), path=path, file=file, depth=depth + 1)
+    except JaxstowError as error:
+        raise _in_aux(error, node_type, data, path=path, file=file, depth=depth) from None
+    prefix = f"{path}/" if path else ""
+    try:
+        children = [
+            _decode_treedef(child, path=f"{prefix}{i}", file=file, depth=depth + 2)
+            for i, child in enumerate(data["children"])
+        ]
+    except JaxstowError as error:
+        raise renamed_child(error, path, node_type, aux, count) from None
+    return _make(node_type, aux, children, path=path, file=file)
+
+
+def _in_aux(
+    error: JaxstowError, node_type: type, data: JSON, *, path: str, file: str | None, depth: int
+) -> JaxstowError:
+    """An error in a node's auxiliary data, named after the attribute that holds the failing value (found by decoding
+    the data again with a marker in its place); an unknown name there is avoided by restoring with ``like``."""
+    marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
+
+    def rename(parts: list[str]) -> list[str] | None:
+        try:
+            marked = _decode_checked(
+                replace_json(data.get("aux"), parts, marker), path=path, file=file, depth=depth + 1
+            )
+        except (JaxstowError, LookupError):
+            return None
+        return aux_path(node_type, marked, len(data["children"]), parts)
+
+    note = (
+        f"; or restore into a live {node_type.__name__} with like= (jaxstow.load(path, like=...)), whose own value "
+        "is used here"
+        if type(error) is UnknownNameError
+        else ""
+    )
+    return renamed(error, path, rename, note=note)
 
 
 def _is_pair_list(data: JSON) -> bool:
@@ -376,7 +385,7 @@ def _is_pair_list(data: JSON) -> bool:
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
     try:
-        return PyTreeDef.from_node_data_and_children(_REGISTRY, (node_type, aux), children)
+        return _FROM_NODE_DATA(_REGISTRY, (node_type, aux), children)
     except (TypeError, ValueError, RuntimeError) as error:
         raise FormatError(
             f"{node_type.__module__}.{node_type.__qualname__} is not a registered pytree node type here "

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from jaxstow._names.policy import POLICY, refusal
-from jaxstow.errors import RefusedNameError, UnknownNameError
+from jaxstow.errors import ArgumentError, RefusedNameError, UnknownNameError
 
 __all__ = ["KNOWN_LIBRARIES", "attribute_class_name", "lookup", "name_of", "saveable"]
 
@@ -168,7 +168,7 @@ def _default_name(obj: object) -> str:
     module = getattr(obj, "__module__", None)
     qualname = getattr(obj, "__qualname__", None)
     if not module or not qualname or "<" in qualname:
-        raise ValueError(
+        raise ArgumentError(
             f"{obj!r} has no importable module.qualname (a lambda or a local object); "
             "give it an explicit name: jaxstow.saveable(obj, name='package.thing')"
         )
@@ -202,13 +202,13 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     """
     if isinstance(obj, str):
         if name is not None:
-            raise TypeError(f"saveable({obj!r}, name={name!r}) names twice: give the name once")
+            raise ArgumentError(f"saveable({obj!r}, name={name!r}) names twice: give the name once")
         return lambda target: saveable(target, name=obj)
     if obj is None:
         return lambda target: saveable(target, name=name)
     key = name if name is not None else _default_name(obj)
     if not key or not isinstance(key, str):
-        raise ValueError(f"a registered name must be a non-empty string, not {key!r}")
+        raise ArgumentError(f"a registered name must be a non-empty string, not {key!r}")
     previous = _registered.get(key)
     if previous is not None and previous is not obj:
         warnings.warn(

@@ -29,7 +29,7 @@ from typing import Any
 from jaxstow._names import registry
 from jaxstow.errors import FormatError, UnknownNameError, UnsaveableObjectError
 
-__all__ = ["REBUILDABLE", "decode", "encode"]
+__all__ = ["REBUILDABLE", "decode", "encode", "graph_path"]
 
 #: The types rebuilt from their fields, by ``module.qualname``.
 REBUILDABLE = (
@@ -117,3 +117,48 @@ def _node_type(name: str, *, file: str | None, path: str) -> type:
     if isinstance(found, type) and (graphlib.is_node_type(found) or issubclass(found, variables.Variable)):
         return found
     raise FormatError(f"{name!r} is not a flax nnx node or variable type", file=file, path=path)
+
+
+def graph_path(graphdef: Any, segments: list[str]) -> list[str] | None:
+    """A place inside a graph definition (``attributes/16/1/value``: the value of its 17th attribute) as the attribute
+    path it stands for (``model/linear/use_bias``); ``None`` if ``graphdef`` is not one or the place is elsewhere.
+
+    >>> import optax
+    >>> from flax import nnx
+    >>> graphdef, _ = nnx.split(nnx.Optimizer(nnx.Linear(2, 3, rngs=nnx.Rngs(0)), optax.sgd(0.1), wrt=nnx.Param))
+    >>> index = [key for key, _ in graphdef.attributes].index("tx")
+    >>> graph_path(graphdef, ["attributes", str(index), "1", "value"])
+    ['tx']
+    """
+    if _name_of_type(type(graphdef)) != "flax.nnx.graphlib.GraphDef" or segments[:1] != ["attributes"]:
+        return None
+    paths = _attribute_paths(graphdef.nodes, graphdef.attributes)
+    if len(segments) < 2 or not segments[1].isdigit() or int(segments[1]) >= len(paths):
+        return None
+    rest = segments[2:]
+    rest = rest[1:] if rest[:1] == ["1"] else rest  # the attribute's value, not its key
+    rest = rest[1:] if rest[:1] == ["value"] else rest  # a static attribute's value
+    return [*paths[int(segments[1])].split("/"), *rest]
+
+
+def _attribute_paths(nodes: Any, attributes: Any) -> list[str]:
+    """The path of each attribute of a graph definition: its nodes and attributes are listed depth first, each node
+    followed by its ``num_attributes`` attributes, and an attribute that is a node by that node's."""
+    remaining = iter(nodes)
+    root = next(remaining, None)
+    stack = [("", getattr(root, "num_attributes", 0))]
+    paths = []
+    for key, value in attributes:
+        while stack and stack[-1][1] == 0:
+            stack.pop()
+        if not stack:
+            break
+        prefix, left = stack[-1]
+        stack[-1] = (prefix, left - 1)
+        path = f"{prefix}/{key}" if prefix else str(key)
+        paths.append(path)
+        if type(value).__name__ == "NodeAttr":
+            count = getattr(next(remaining, None), "num_attributes", None)
+            if isinstance(count, int) and count > 0:
+                stack.append((path, count))
+    return paths

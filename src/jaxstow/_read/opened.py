@@ -22,7 +22,7 @@ import builtins
 import contextlib
 import math
 import mmap as mmap_module
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any, NamedTuple, Self
 
@@ -31,6 +31,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
+from jaxstow._format.columns import LeafColumns
 from jaxstow._format.container import Container
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
@@ -46,6 +47,7 @@ from jaxstow._format.shards import (
 )
 from jaxstow._format.skeleton import decode_treedef
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.leaf_index import StoredLeaves
 from jaxstow._read.slicing import full_box, parse_index, read_box
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CorruptFileError, FormatError, RequestError, SliceError
@@ -91,7 +93,7 @@ class OpenedFile(Mapping[str, Any]):
                 file=self.file,
             )
         self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
-        self.stored: dict[str, Stored] = {}
+        self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
         if manifest is None:
             self.paths = sorted(self.container.slots)
@@ -99,16 +101,35 @@ class OpenedFile(Mapping[str, Any]):
                 name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
                 for name, slot in self.container.slots.items()
             }
+        elif self.container.columns is not None:
+            self.paths = self._index_columns(self.container.columns)
         else:
             self.paths = [self._index(entry) for entry in manifest["leaves"]]
         for source, part in enumerate(self.containers[1:], start=1):
             self._merge_shards(source, part)
-        for leaf in self.stored.values():
+        for leaf in self.stored.described() if isinstance(self.stored, StoredLeaves) else self.stored.values():
             if isinstance(leaf, ShardedLeaf):
                 check_coverage(leaf, file=self.file)
         self._map = self._memory_map() if mmap else None
+        self._treedef: PyTreeDef | None = None
         #: Called with the number of bytes of each leaf or box read (a progress bar's ``update``).
         self.on_read: Callable[[int], None] = _ignore
+
+    def _index_columns(self, columns: LeafColumns) -> list[str]:
+        """Index a version 3 file: only the leaves with details are described now, the others when asked for."""
+        made: dict[str, Stored] = {}
+        for entry in columns.entries.values():
+            if entry["kind"] == "value":
+                self.value_entries[entry["path"]] = entry
+            else:
+                made[entry["path"]] = self._describe(entry)
+        self.stored = StoredLeaves(columns, self.container.slots, made)
+        return columns.paths
+
+    def _describe(self, entry: dict[str, Any]) -> Stored:
+        if entry["kind"] == "sharded":
+            return sharded_leaf_from_entry(entry, self.container.slots, source=0, file=self.file)
+        return stored_leaf_from_entry(entry, self.container.slots.get(entry["path"]), file=self.file)
 
     def _index(self, entry: Any) -> str:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
@@ -117,10 +138,8 @@ class OpenedFile(Mapping[str, Any]):
         kind = entry.get("kind")
         if path in self.stored or path in self.value_entries:
             raise FormatError("the manifest lists this leaf twice", file=self.file, path=path)
-        if kind in _STORED_KINDS:
-            self.stored[path] = stored_leaf_from_entry(entry, self.container.slots.get(path), file=self.file)
-        elif kind == "sharded":
-            self.stored[path] = sharded_leaf_from_entry(entry, self.container.slots, source=0, file=self.file)
+        if kind in _STORED_KINDS or kind == "sharded":
+            self.stored[path] = self._describe(entry)
         elif kind == "value":
             self.value_entries[path] = entry
         else:
@@ -130,6 +149,8 @@ class OpenedFile(Mapping[str, Any]):
     def _merge_shards(self, source: int, part: Container) -> None:
         """Add the shards that another file of the same tree holds (it lists sharded leaves only)."""
         entries = part.manifest.get("leaves") if part.manifest else None
+        if part.columns is not None:
+            entries = list(part.columns.entries.values())
         if not isinstance(entries, list):
             raise FormatError("a part of a sharded tree needs a manifest listing its shards", file=part.file)
         for entry in entries:
@@ -193,12 +214,15 @@ class OpenedFile(Mapping[str, Any]):
         manifest = self.container.manifest
         if manifest is None:
             return None
+        if self._treedef is not None:
+            return self._treedef
         treedef = decode_treedef(manifest.get("structure"), file=self.file)
         if treedef.num_leaves != len(self.paths):
             raise FormatError(
                 f"the structure has {treedef.num_leaves} leaves but the manifest lists {len(self.paths)}",
                 file=self.file,
             )
+        self._treedef = treedef
         return treedef
 
     @property
@@ -278,7 +302,7 @@ class OpenedFile(Mapping[str, Any]):
         container = self.containers[shard.source]
         whole = inner == full_box(shard.shape)
         if not isinstance(container, NativeReader):
-            raw = container.read([shard.tensor], lambda _, data: self._verify(leaf.path, data, shard.checksum))
+            raw = container.read([shard.tensor], lambda _, found: self._verify(leaf.path, found, shard.checksum))
             part = (
                 raw[shard.tensor]
                 .reshape(-1)
@@ -292,24 +316,28 @@ class OpenedFile(Mapping[str, Any]):
         slot = container.slots[shard.tensor]
         part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
         if whole:
-            self._verify(leaf.path, part.reshape(-1).view(np.uint8).data, shard.checksum)
+            self._verify(leaf.path, checksum_bytes(part.reshape(-1).view(np.uint8).data), shard.checksum)
         return part
 
     def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
         """Whole stored leaves, verified: arrays as numpy, numpy scalars, PRNG keys and torch tensors as themselves."""
         arrays = self.read_arrays(leaves)
-        out: dict[str, Any] = {}
-        for leaf in leaves:
-            array = arrays[leaf.path]
-            if leaf.kind == "npscalar":
-                out[leaf.path] = array[()]
-            elif leaf.kind == "torch":
-                out[leaf.path] = tensor_from_numpy(array, file=self.file, path=leaf.path)
-            elif leaf.kind == "key":
-                out[leaf.path] = jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
-            else:
-                out[leaf.path] = array
-        return out
+        return {leaf.path: self.as_leaf(leaf, arrays[leaf.path]) for leaf in leaves}
+
+    def as_leaf(self, leaf: Stored, array: np.ndarray) -> Any:
+        """A stored leaf's array as the leaf it was: an array, a numpy scalar, a PRNG key or a torch tensor."""
+        if leaf.kind == "npscalar":
+            return array[()]
+        if leaf.kind == "torch":
+            return tensor_from_numpy(array, file=self.file, path=leaf.path)
+        if leaf.kind == "key":
+            return jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
+        return array
+
+    @property
+    def memory_mapped(self) -> bool:
+        """Whether leaves are read from a memory map of the file."""
+        return self._map is not None
 
     def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
         """The bytes of whole stored leaves as numpy arrays of their true dtype and shape, verified."""
@@ -317,7 +345,7 @@ class OpenedFile(Mapping[str, Any]):
             out = {}
             for leaf in leaves:
                 view = self._mapped(leaf)
-                self._verify(leaf.path, view.reshape(-1).view(np.uint8).data, leaf.checksum)
+                self._verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
                 out[leaf.path] = view
             return out
         for leaf in leaves:
@@ -343,8 +371,8 @@ class OpenedFile(Mapping[str, Any]):
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
         return view.view(leaf.dtype).reshape(leaf.shape)
 
-    def _verify(self, path: str, data: memoryview, wanted: str | None) -> None:
-        if wanted is not None and (found := checksum_bytes(data)) != wanted:
+    def _verify(self, path: str, found: str, wanted: str | None) -> None:
+        if wanted is not None and found != wanted:
             raise CorruptFileError(
                 f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",
                 file=self.file,

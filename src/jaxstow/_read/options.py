@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from jaxstow._read.placement import ShardingSpec
+from jaxstow.errors import ArgumentError
 
-__all__ = ["LoadOptions"]
+__all__ = ["LoadOptions", "check_options"]
 
 
 class LoadOptions(TypedDict, total=False):
@@ -37,3 +38,18 @@ class LoadOptions(TypedDict, total=False):
     select: str | Sequence[str] | None
     cast: bool
     progress: bool
+
+
+def check_options(options: dict[str, object]) -> None:
+    """Refuse an option that :class:`LoadOptions` does not define (a misspelt one would be ignored otherwise).
+
+    >>> from jaxstow._read.options import check_options
+    >>> check_options({"as_nunpy": True})
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, progress, select, sharding
+    """
+    for name in options:
+        if name not in LoadOptions.__annotations__:
+            known = ", ".join(sorted(LoadOptions.__annotations__))
+            raise ArgumentError(f"unknown load option {name!r}; the options are {known}")

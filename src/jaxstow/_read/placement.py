@@ -85,7 +85,8 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
 
 
 def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
-    """The sharding a leaf was saved with, on this process's first devices; an error if there are too few."""
+    """The sharding a leaf was saved with (its mesh's axis types included), on this process's first devices; an error
+    if there are too few."""
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
     devices = jax.devices()
@@ -96,15 +97,27 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
             file=file,
             path=path,
         )
-    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes))
+    types = tuple(getattr(jax.sharding.AxisType, kind) for kind in description.get("axis_types", ["Auto"] * len(axes)))
+    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes), axis_types=types)
     parts = [tuple(part) if isinstance(part, list) else part for part in spec]
     return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
+
+
+#: The mesh of a sharding that names no devices (``jax.sharding.AbstractMesh``, where this jax has it).
+_ABSTRACT_MESH: Any = getattr(jax.sharding, "AbstractMesh", ())
 
 
 def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path: str) -> None:
     """Raise :class:`ShardingError` naming the leaf if an array of ``shape`` cannot be laid out on ``placement``."""
     if placement is None or isinstance(placement, jax.Device):
         return
+    if isinstance(getattr(placement, "mesh", None), _ABSTRACT_MESH):
+        raise ShardingError(
+            f"its sharding {placement} has an abstract mesh, which names no devices (jax.eval_shape gives such "
+            "shardings): pass sharding=... or a like whose shardings are on devices",
+            file=file,
+            path=path,
+        )
     try:
         placement.shard_shape(shape)
     except Exception as error:  # jax raises several types here (IndivisibleError, IndexError, ValueError)

@@ -23,13 +23,13 @@ from typing import Any, BinaryIO, Unpack
 
 from jaxstow._format.container import Container, open_container
 from jaxstow._format.source import ReadSource
+from jaxstow._read.foreign import folder_problem, pointed
 from jaxstow._read.opened import LeafInfo, OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
-from jaxstow._steps.record import folder_problem
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
-from jaxstow.errors import PathError
+from jaxstow.errors import FormatError, IsAFolderError
 
 __all__ = ["LeafInfo", "Reader", "open", "open_parts"]
 
@@ -57,7 +57,9 @@ def open(
     mmap: bool = False,
     storage_options: dict[str, Any] | None = None,
 ) -> Reader:
-    """Open a jaxstow, safetensors or npz file lazily, from a path, a binary file object or an fsspec URL.
+    """Open a jaxstow, safetensors or npz file lazily, from a path, a binary file object or an fsspec URL; a file of
+    another library (PyTorch, pickle, equinox, flax, orbax) raises a :class:`~jaxstow.errors.FormatError` that names
+    it and the call that reads it.
 
     Only the header is read until a leaf is asked for. With ``mmap=True`` (local native files), leaves come back as
     read-only numpy views of the memory-mapped file, and nothing is copied. ``storage_options`` go to fsspec.
@@ -70,7 +72,7 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
-    return Reader(open_container(_source(target, storage_options)), mmap=mmap)
+    return Reader(_opened(target, _source(target, storage_options)), mmap=mmap)
 
 
 def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]) -> Reader:
@@ -78,7 +80,7 @@ def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]
     containers: list[Container] = []
     try:
         for target in targets:
-            containers.append(open_container(_source(target)))
+            containers.append(_opened(target, _source(target)))
         return Reader(containers)
     except BaseException:
         for container in containers:
@@ -86,12 +88,20 @@ def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]
         raise
 
 
+def _opened(target: str | os.PathLike[str] | BinaryIO | ReadSource, source: ReadSource) -> Container:
+    """The container of ``source``; a file of another library is named, with the call that reads it."""
+    try:
+        return open_container(source)
+    except FormatError as error:
+        raise pointed(error, target) from error.__cause__
+
+
 def _source(
     target: str | os.PathLike[str] | BinaryIO | ReadSource, storage_options: dict[str, Any] | None = None
 ) -> ReadSource:
-    """The source to read; a local folder raises a :class:`PathError` that says how to restore a checkpoint folder."""
+    """The source to read; a local folder raises a :class:`~jaxstow.errors.IsAFolderError` that says how to restore a checkpoint folder."""
     if isinstance(target, str | os.PathLike):
         path = local_path(target)
         if path is not None and os.path.isdir(path):
-            raise PathError(folder_problem(path), file=path)
+            raise IsAFolderError(folder_problem(path), file=path)
     return open_source(target, storage_options=storage_options)

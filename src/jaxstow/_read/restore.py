@@ -30,8 +30,9 @@ from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.leaf_index import read_all
 from jaxstow._read.opened import OpenedFile as Reader
-from jaxstow._read.options import LoadOptions
+from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
 from jaxstow._read.targets import Target, castable, describe_stored, target_of
@@ -56,6 +57,7 @@ _SKIPPED = _Skipped()
 
 def restore(reader: Reader, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
     """The tree in ``reader``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options."""
+    check_options(dict(options))
 
     def run() -> Any:
         return _restore(
@@ -103,6 +105,12 @@ def _restore(
 
 
 def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
+    everything = read_all(reader) if select is None and sharding is None else None
+    if everything is not None:  # the whole tree of a version 3 file, read by columns
+        treedef = reader.treedef()
+        numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
+        _to_devices(everything, numpy_leaves, {}, as_numpy=as_numpy)
+        return dict(zip(reader.paths, everything, strict=True)) if treedef is None else treedef.unflatten(everything)
     paths = reader.paths
     chosen = set(Selection(select).choose(paths, file=reader.file) if select is not None else paths)
     treedef = reader.treedef()
@@ -222,6 +230,7 @@ def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, p
     for i in arrays:
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
+            check_fits(placements[i], arrays[i][1], file=reader.file, path=arrays[i][0])
     by_ranges = set() if as_numpy else _read_by_ranges(reader, paths, placements)
     stored = [
         reader.stored[path]

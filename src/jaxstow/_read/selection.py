@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-from jaxstow.errors import SelectionError
+from jaxstow.errors import ArgumentError, SelectionError
 
 __all__ = ["Selection"]
 
@@ -40,9 +40,11 @@ class Selection:
     """A set of path patterns; a path is selected when any of them matches it."""
 
     def __init__(self, patterns: str | Sequence[str]) -> None:
-        self.patterns = [patterns] if isinstance(patterns, str) else list(patterns)
-        if not all(isinstance(pattern, str) for pattern in self.patterns):
-            raise TypeError(f"select takes path patterns (strings), not {patterns!r}")
+        self.patterns = (
+            [patterns] if isinstance(patterns, str) else list(patterns) if isinstance(patterns, Sequence) else []
+        )
+        if not self.patterns or not all(isinstance(pattern, str) for pattern in self.patterns):
+            raise ArgumentError(f"select takes path patterns (strings), not {patterns!r}")
         self._compiled = [_compile(pattern) for pattern in self.patterns]
 
     def matches(self, path: str) -> bool:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxstow._format.leaves import key_impl_name
 from jaxstow._format.shards import Stored
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._names import registry
@@ -66,7 +67,7 @@ def _is_key_dtype(dtype: Any) -> bool:
 def target_of(leaf: Any) -> Target:
     """The request a ``like`` leaf makes."""
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and _is_key_dtype(leaf.dtype):
-        return Target("key", shape=tuple(leaf.shape), sharding=_sharding_of(leaf), impl=_key_impl_name(leaf.dtype))
+        return Target("key", shape=tuple(leaf.shape), sharding=_sharding_of(leaf), impl=key_impl_name(leaf.dtype))
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
         return Target("jax", np.dtype(leaf.dtype), tuple(leaf.shape), _sharding_of(leaf))
     if isinstance(leaf, np.ndarray):
@@ -77,11 +78,6 @@ def target_of(leaf: Any) -> Target:
         array = tensor_to_numpy(leaf)
         return Target("torch", array.dtype, array.shape)
     return Target("value", value=leaf)
-
-
-def _key_impl_name(dtype: Any) -> str:
-    """The name of the PRNG implementation of a key dtype, as ``jax.random.key_impl`` prints it."""
-    return str(dtype._impl.name)
 
 
 def _sharding_of(leaf: Any) -> Any:

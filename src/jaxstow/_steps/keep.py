@@ -1,4 +1,4 @@
-"""Which steps a checkpoint directory keeps: the latest k, every n-th, the best k by a metric, combined.
+"""Which steps a checkpoint directory keeps: the latest k, every n-th, one per time interval, the best k by a metric.
 
 A step is kept if any rule keeps it, and the newest step is always kept, so that a run can resume from it until a
 newer one is committed. With no rule at all, every step is kept.
@@ -9,52 +9,91 @@ newer one is committed. With no rule at all, every step is kept.
 >>> losses = {5: 0.9, 10: 0.5, 15: 0.1, 20: 0.3, 25: 0.4, 30: 0.6}
 >>> sorted(policy.keep(steps, losses)), policy.to_delete(steps, losses)
 ([10, 15, 20, 25, 30], [5])
+
+``keep_every_seconds`` keeps the oldest step, then each step saved at least that long after the last one it kept:
+
+>>> hourly = KeepPolicy(keep_last=1, keep_every_seconds=3600)
+>>> hourly.to_delete([1, 2, 3, 4], {}, times={1: 0.0, 2: 1800.0, 3: 3700.0, 4: 4000.0})
+[2]
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
+
+from jaxstow.errors import ArgumentError
 
 __all__ = ["KeepPolicy"]
 
 
 def _check_count(name: str, value: int | None) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+        raise ArgumentError(f"{name} must be a positive integer or None, not {value!r}")
 
 
 @dataclass(frozen=True)
 class KeepPolicy:
-    """Retention rules; ``metric`` names the value that ``keep_best`` ranks by, lowest first when ``mode="min"``."""
+    """Retention rules; ``metric`` names the value that ``keep_best`` ranks by, lowest first when ``mode="min"``.
+
+    ``keep_every_seconds`` (seconds, or a ``datetime.timedelta``, stored as seconds) keeps one step per interval of
+    save time, as orbax's ``keep_time_interval`` does.
+    """
 
     keep_last: int | None = None
     keep_every: int | None = None
     keep_best: int | None = None
     metric: str | None = None
     mode: Literal["min", "max"] = "min"
+    keep_every_seconds: float | datetime.timedelta | None = None
 
     def __post_init__(self) -> None:
         for name in ("keep_last", "keep_every", "keep_best"):
             _check_count(name, getattr(self, name))
+        interval = self.keep_every_seconds
+        if isinstance(interval, datetime.timedelta):
+            object.__setattr__(self, "keep_every_seconds", interval.total_seconds())
+        elif interval is not None and (
+            isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < math.inf
+        ):
+            raise ArgumentError(
+                f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
+            )
         if self.mode not in ("min", "max"):
-            raise ValueError(f'mode must be "min" or "max", not {self.mode!r}')
+            raise ArgumentError(f'mode must be "min" or "max", not {self.mode!r}')
         if self.keep_best is not None and not self.metric:
-            raise ValueError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
+            raise ArgumentError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
 
     @property
     def ranks(self) -> bool:
         """Whether the policy needs each step's metric."""
         return self.keep_best is not None
 
-    def keep(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> set[int]:
-        """The steps to keep; ``metrics`` maps steps to their metric (``None`` or NaN ranks last)."""
-        return {step for step, rules in self.reasons(steps, metrics).items() if rules}
+    @property
+    def times(self) -> bool:
+        """Whether the policy needs the time each step was saved."""
+        return self.keep_every_seconds is not None
 
-    def reasons(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> dict[int, list[str]]:
-        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"best 1 by loss"``, ``"newest"``).
+    @property
+    def interval(self) -> float | None:
+        """``keep_every_seconds`` in seconds."""
+        return cast(float | None, self.keep_every_seconds)
+
+    def keep(
+        self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
+    ) -> set[int]:
+        """The steps to keep; ``metrics`` maps steps to their metric (``None`` or NaN ranks last), ``times`` to the
+        time they were saved (in seconds; a step without one is kept by no time rule)."""
+        return {step for step, rules in self.reasons(steps, metrics, times).items() if rules}
+
+    def reasons(
+        self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
+    ) -> dict[int, list[str]]:
+        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"every 3600 s"``, ``"best 1 by loss"``,
+        ``"newest"``).
 
         A step with no rule is one the policy deletes.
 
@@ -66,7 +105,7 @@ class KeepPolicy:
         reasons: dict[int, list[str]] = {step: [] for step in ordered}
         if not ordered:
             return reasons
-        if self.keep_last is None and self.keep_every is None and self.keep_best is None:
+        if self.keep_last is None and self.keep_every is None and self.keep_best is None and not self.times:
             return {step: ["no keep rule"] for step in ordered}
         if self.keep_last is not None:
             for step in ordered[-self.keep_last :]:
@@ -75,6 +114,9 @@ class KeepPolicy:
             for step in ordered:
                 if step % self.keep_every == 0:
                     reasons[step].append(f"every {self.keep_every}")
+        if self.interval is not None:
+            for step in _one_per_interval(ordered, times or {}, self.interval):
+                reasons[step].append(f"every {self.interval:g} s")
         if self.keep_best is not None:
             for step in sorted(ordered, key=lambda step: self._rank(metrics.get(step), step))[: self.keep_best]:
                 reasons[step].append(f"best {self.keep_best} by {self.metric}")
@@ -82,9 +124,20 @@ class KeepPolicy:
             reasons[ordered[-1]].append("newest")
         return reasons
 
-    def to_delete(self, steps: Sequence[int], metrics: Mapping[int, float | None]) -> list[int]:
+    def best(self, metrics: Mapping[int, float | None]) -> int | None:
+        """The step with the best metric (the newest of equals), or ``None`` if no step has a usable one.
+
+        >>> KeepPolicy(keep_best=1, metric="loss", mode="max").best({1: 0.5, 2: None, 3: 0.7, 4: float("nan")})
+        3
+        """
+        usable = [step for step, value in metrics.items() if value is not None and not math.isnan(value)]
+        return min(usable, key=lambda step: self._rank(metrics[step], step)) if usable else None
+
+    def to_delete(
+        self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
+    ) -> list[int]:
         """The steps that no rule keeps, oldest first."""
-        kept = self.keep(steps, metrics)
+        kept = self.keep(steps, metrics, times)
         return [step for step in sorted(steps) if step not in kept]
 
     def _rank(self, value: float | None, step: int) -> tuple[bool, float, int]:
@@ -92,3 +145,13 @@ class KeepPolicy:
         if value is None or math.isnan(value):
             return (True, 0.0, -step)
         return (False, value if self.mode == "min" else -value, -step)
+
+
+def _one_per_interval(steps: Sequence[int], times: Mapping[int, float], interval: float) -> list[int]:
+    """The oldest step with a time, then each step saved at least ``interval`` seconds after the last one taken."""
+    taken: list[int] = []
+    for step in steps:
+        time = times.get(step)
+        if time is not None and (not taken or time - times[taken[-1]] >= interval):
+            taken.append(step)
+    return taken

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import math
 import numbers
-import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -33,9 +32,9 @@ from jaxstow._format.json_text import parse_json
 from jaxstow._format.native import header_checksum
 from jaxstow._format.source import ReadSource
 from jaxstow._version import __version__
-from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, MetadataError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError
 
-__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics", "folder_problem"]
+__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
 
 #: The name of the record in a step's folder.
 RECORD_NAME = "checkpoint.json"
@@ -51,17 +50,17 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
     if metrics is None:
         return None
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics of step {step} must be a dict of names to numbers, not {type(metrics).__name__}")
+        raise ArgumentError(f"metrics of step {step} must be a dict of names to numbers, not {type(metrics).__name__}")
     out: Metrics = {}
     for name, value in metrics.items():
         if not isinstance(name, str):
-            raise TypeError(f"metric names of step {step} must be strings, not {name!r}")
+            raise ArgumentError(f"metric names of step {step} must be strings, not {name!r}")
         try:
             number = None if isinstance(value, bool | str | bytes) else float(value)
         except (TypeError, ValueError):
             number = None
         if number is None:
-            raise TypeError(f"metric {name!r} of step {step} must be a number, not {value!r}")
+            raise ArgumentError(f"metric {name!r} of step {step} must be a number, not {value!r}")
         out[name] = number if math.isfinite(number) else None
     return out
 
@@ -221,18 +220,3 @@ def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource],
                 f"expects {expected}: the file is not the one that was saved",
                 file=where(file),
             )
-
-
-def folder_problem(path: str) -> str:
-    """Why a folder cannot be loaded as a file, and what restores it if it is a checkpoint folder or one of its steps."""
-    if os.path.isfile(os.path.join(path, RECORD_NAME)):
-        parent, step = os.path.split(os.path.abspath(path))
-        return (
-            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
-            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
-        )
-    with os.scandir(path) as entries:
-        steps = any(entry.is_dir() and os.path.isfile(os.path.join(entry.path, RECORD_NAME)) for entry in entries)
-    if steps:
-        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
-    return "is a folder, not a file"

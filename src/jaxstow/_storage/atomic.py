@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from jaxstow.errors import PathError
+from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError
 
 __all__ = ["TEMPORARY_MARKER", "atomic_write", "fsync_directory", "remove_dead_leftovers", "temporary_sibling"]
 
@@ -104,12 +104,15 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     final = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(final))
     if not os.path.isdir(folder):
-        raise PathError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
+        raise PathNotFoundError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
     if os.path.isdir(final):
-        raise PathError("cannot write it: it is a folder", file=final)
+        raise IsAFolderError("cannot write it: it is a folder", file=final)
     remove_dead_leftovers(folder)
     temporary = temporary_sibling(final)
-    sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
+    try:
+        sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
+    except PermissionError as error:
+        raise PathError(f"cannot write it: {error.strerror} in the folder {folder}", file=final) from None
     try:
         yield sink
         sink.flush()

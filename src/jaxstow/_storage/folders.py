@@ -31,7 +31,7 @@ from typing import BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, temporary_sibling
 from jaxstow._storage.opening import open_source
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, NotAFolderError, PathError
 
 __all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
 
@@ -87,7 +87,15 @@ class LocalStore:
         return self.path(*parts)
 
     def ensure(self) -> None:
-        os.makedirs(self.root, exist_ok=True)
+        """Create the folder; a file in its place or a folder that may not be written raises a PathError."""
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except FileExistsError:
+            raise NotAFolderError("is a file, not a folder for checkpoints", file=self.root) from None
+        except NotADirectoryError:
+            raise NotAFolderError("cannot be a folder: a part of its path is a file", file=self.root) from None
+        except OSError as error:
+            raise PathError(f"cannot make the folder: {error.strerror or error}", file=self.root) from error
 
     def committed(self) -> list[str]:
         """Names of the committed folders: not temporary, and holding their marker."""

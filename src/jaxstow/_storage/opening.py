@@ -14,13 +14,14 @@ fsspec is imported only when a URL other than ``file://`` is given.
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.paths import display_name, local_path
 from jaxstow._storage.sources import FileObject, LocalFile
-from jaxstow.errors import PathError
+from jaxstow.errors import ArgumentError, IsAFolderError
 
 __all__ = ["open_source"]
 
@@ -30,17 +31,28 @@ def open_source(
 ) -> ReadSource:
     """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is).
 
-    ``storage_options`` go to fsspec for a URL. A folder raises :class:`~jaxstow.errors.PathError`.
+    ``storage_options`` go to fsspec for a URL. A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing
+    file :class:`~jaxstow.errors.PathNotFoundError`.
     """
     if isinstance(target, ReadSource):
         return target
     if not isinstance(target, str | os.PathLike):
+        if isinstance(target, io.TextIOBase):
+            raise ArgumentError(f"{display_name(target)} is open in text mode: open it with open(..., 'rb')")
+        if not all(callable(getattr(target, method, None)) for method in ("readinto", "seek", "tell")):
+            raise ArgumentError(
+                f"expected a path, a URL or a seekable binary file object to read, not {type(target).__name__}"
+            )
         return FileObject(target)
     path = local_path(target)
     if path is None:
         from jaxstow._storage.remote import open_remote_source
 
         return open_remote_source(os.fspath(target), storage_options=storage_options)
+    if storage_options:
+        raise ArgumentError(
+            f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
+        )
     if os.path.isdir(path):
-        raise PathError("is a folder, not a file", file=path)
+        raise IsAFolderError("is a folder, not a file", file=path)
     return LocalFile(path)

@@ -33,19 +33,50 @@ from typing import Any, BinaryIO
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.sources import SourceBase
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, MissingDependencyError
+from jaxstow.errors import FormatError, JaxstowError, MissingDependencyError, PathNotFoundError, StorageError
 
-__all__ = ["RemoteSource", "RemoteStaging", "RemoteStore", "open_remote_source", "url_filesystem"]
+__all__ = ["RemoteSource", "RemoteStaging", "RemoteStore", "open_remote_source", "storage_errors", "url_filesystem"]
+
+
+@contextlib.contextmanager
+def storage_errors(url: str) -> Iterator[None]:
+    """Turn what fsspec and a store's client raise (missing credentials, a server out of reach, a refused request)
+    into jaxstow errors naming ``url``: a missing object is a :class:`PathNotFoundError`, the rest a
+    :class:`StorageError` whose cause is the client's exception.
+
+    >>> from jaxstow._storage.remote import storage_errors
+    >>> with storage_errors("s3://bucket/model.jxs"):
+    ...     raise ConnectionRefusedError(111, "Connection refused")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.StorageError: s3://bucket/model.jxs: the storage failed: ConnectionRefusedError: [Errno 111] Connection refused
+    """
+    try:
+        yield
+    except JaxstowError:
+        raise
+    except FileNotFoundError:
+        raise PathNotFoundError("no such file or folder", file=url) from None
+    except Exception as error:
+        text = f"{type(error).__name__}: {error}".replace("\n", " ")
+        hint = (
+            "; give credentials in storage_options or in fsspec's configuration (FSSPEC_S3_KEY, FSSPEC_S3_SECRET)"
+            if "credentials" in text.lower()
+            else ""
+        )
+        raise StorageError(f"the storage failed: {text}{hint}", file=url) from error
 
 
 def url_filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec file system of ``url`` and the path in it; a missing package names the extra that installs it."""
     fsspec = require("fsspec", extra="fsspec", purpose=f"reading or writing {url}")
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
-    except ImportError as error:  # the protocol's own package (s3fs, gcsfs, ...) is missing
-        extra = "s3" if url.startswith(("s3://", "s3a://")) else "fsspec"
-        raise MissingDependencyError(f"{url}: {error} (pip install 'jaxstow[{extra}]')") from error
+        with storage_errors(url):
+            fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except StorageError as error:
+        if isinstance(error.__cause__, ImportError):  # the protocol's own package (s3fs, gcsfs, ...) is missing
+            raise MissingDependencyError(f"{url}: {error.__cause__} (pip install 'jaxstow[fsspec]')") from None
+        raise
     return fs, path
 
 
@@ -64,10 +95,12 @@ class RemoteSource(SourceBase):
         self.name = name
         self._fs = fs
         self._path = path
-        self.size = int(fs.size(path))
+        with storage_errors(name):
+            self.size = int(fs.size(path))
 
     def read(self, offset: int, length: int) -> bytes:
-        data = bytes(self._fs.cat_file(self._path, start=offset, end=offset + length)) if length else b""
+        with storage_errors(self.name):
+            data = bytes(self._fs.cat_file(self._path, start=offset, end=offset + length)) if length else b""
         if len(data) != length:
             raise self._truncated(offset, length, len(data))
         return data
@@ -116,13 +149,15 @@ class RemoteStore:
 
     def ensure(self) -> None:
         """Create the root (a no-op on stores without folders)."""
-        self.fs.makedirs(self.root, exist_ok=True)
+        with storage_errors(self.location):
+            self.fs.makedirs(self.root, exist_ok=True)
 
     def _files(self) -> list[str]:
         """Every file under the root, as paths relative to it, fresh from the store."""
         self.fs.invalidate_cache(self.root)
         try:
-            found = self.fs.find(self.root)
+            with storage_errors(self.location):
+                found = self.fs.find(self.root)
         except FileNotFoundError:
             return []
         prefix = self.root + "/"
@@ -135,7 +170,8 @@ class RemoteStore:
         )
 
     def read_marker(self, name: str) -> bytes:
-        return bytes(self.fs.cat_file(self.path(name, self.marker)))
+        with storage_errors(self.url(name, self.marker)):
+            return bytes(self.fs.cat_file(self.path(name, self.marker)))
 
     def source(self, name: str, file: str) -> RemoteSource:
         return RemoteSource(self.fs, self.path(name, file), name=self.url(name, file))
@@ -147,8 +183,9 @@ class RemoteStore:
 
     def delete(self, name: str) -> None:
         """Delete a committed folder: its marker first, so that it is never seen half deleted."""
-        self.fs.rm(self.path(name, self.marker))
-        _remove_tree(self.fs, self.path(name))
+        with storage_errors(self.url(name)):
+            self.fs.rm(self.path(name, self.marker))
+            _remove_tree(self.fs, self.path(name))
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove what unfinished writes left (folders that ``owns`` without a marker, files no marker lists).
@@ -215,13 +252,14 @@ class RemoteStaging:
     def commit(self, marker: bytes) -> None:
         """Write the marker, which makes the folder visible (and, on replacing, switches to the new files)."""
         store = self._store
-        store.fs.pipe_file(store.path(self._name, store.marker), marker)
-        if self._generation is not None:
-            keep = {*_marked_files(marker, where=store.url(self._name, store.marker)), store.marker}
-            store.fs.invalidate_cache(store.path(self._name))
-            for path in store.fs.find(store.path(self._name)):
-                if path.rsplit("/", 1)[-1] not in keep:
-                    store.fs.rm(path)
+        with storage_errors(store.url(self._name)):
+            store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            if self._generation is not None:
+                keep = {*_marked_files(marker, where=store.url(self._name, store.marker)), store.marker}
+                store.fs.invalidate_cache(store.path(self._name))
+                for path in store.fs.find(store.path(self._name)):
+                    if path.rsplit("/", 1)[-1] not in keep:
+                        store.fs.rm(path)
 
     def abort(self) -> None:
         """Remove what this write uploaded; a committed folder it was to replace stays as it was."""

@@ -13,7 +13,7 @@ import io
 import os
 from typing import BinaryIO
 
-from jaxstow.errors import TruncatedFileError
+from jaxstow.errors import PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
 
@@ -52,7 +52,12 @@ class LocalFile(SourceBase):
 
     def __init__(self, path: str) -> None:
         self.name = path
-        self._descriptor = os.open(path, os.O_RDONLY)
+        try:
+            self._descriptor = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise PathNotFoundError("no such file", file=path) from None
+        except OSError as error:
+            raise PathError(f"cannot open it: {error.strerror or error}", file=path) from error
         self.size = os.fstat(self._descriptor).st_size
 
     def read_into(self, offset: int, buffer: memoryview) -> None:

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, Protocol
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.paths import local_path
+from jaxstow.errors import ArgumentError
 
 __all__ = ["Staging", "Store", "open_store"]
 
@@ -74,7 +75,9 @@ def open_store(
     path = local_path(directory)
     if path is not None:
         if storage_options:
-            raise ValueError(f"storage_options are for fsspec URLs, not for the local path {path!r}")
+            raise ArgumentError(
+                f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
+            )
         return LocalStore(path, marker=marker)
     from jaxstow._storage.remote import RemoteStore
 

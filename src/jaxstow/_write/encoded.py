@@ -40,9 +40,9 @@ from jaxstow._format.container import (
     write_container,
 )
 from jaxstow._format.json_rules import json_problem
-from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf
-from jaxstow._format.skeleton import container_paths, encode_treedef
+from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.paths import PathOrFile
 from jaxstow._util.gc_pause import with_gc_paused

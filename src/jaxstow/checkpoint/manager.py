@@ -19,67 +19,45 @@ A directory (local path or fsspec URL) holds one folder per committed step::
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import logging
 import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, Literal, Unpack, cast
+from typing import Any, Literal
 
-from jaxstow._read.options import LoadOptions
-from jaxstow._read.reader import open_parts
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
-from jaxstow._steps.record import (
-    RECORD_NAME,
-    Metrics,
-    StepRecord,
-    check_metadata,
-    check_metrics,
-)
+from jaxstow._steps.record import RECORD_NAME, StepRecord, check_metadata, check_metrics
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.store import Store, open_store
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
-from jaxstow._write.held import HeldTree, hold
+from jaxstow._write.held import hold
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint.processes import Processes
-from jaxstow.checkpoint.restoring import restore_items
+from jaxstow.checkpoint.reading import StepReading
+from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
-from jaxstow.errors import CheckpointError
+from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
-#: The item name of a step saved as one tree rather than a dict of named items.
-SINGLE_ITEM = "state"
-_ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
-_EXTENSION = ".safetensors"
 
-
-def _split_items(items: Any) -> tuple[dict[str, Any], bool]:
-    """Named items (a dict with string keys) or one tree; the flag says which."""
-    if not (isinstance(items, dict) and all(isinstance(name, str) for name in items)):
-        return {SINGLE_ITEM: items}, True
-    bad = [name for name in items if not _ITEM_NAME.fullmatch(name)]
-    if bad:
-        raise ValueError(
-            f"item names become file names, so they may hold only letters, digits, '_' and '-'; {bad!r} do not "
-            "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
-        )
-    return dict(items), False
-
-
-class CheckpointManager:
+class CheckpointManager(StepReading):
     """Saves and restores the numbered steps of a run in ``directory`` (a path or an fsspec URL such as ``s3://...``).
 
-    Keep policies combine: the latest ``keep_last`` steps, every step divisible by ``keep_every``, and the
-    ``keep_best`` steps by the metric ``metric`` (lowest first with ``mode="min"``, highest with ``"max"``). The newest
-    step is kept until a newer one is committed; older steps are deleted only after a save has committed. With no
-    policy every step is kept.
+    Keep policies combine: the latest ``keep_last`` steps, every step divisible by ``keep_every``, one step per
+    ``keep_every_seconds`` of save time (seconds or a ``datetime.timedelta``), and the ``keep_best`` steps by the
+    metric ``metric`` (lowest first with ``mode="min"``, highest with ``"max"``). The newest step is kept until a newer
+    one is committed; older steps are deleted only after a save has committed. With no policy every step is kept.
+    ``save_every`` is what :meth:`should_save` asks of a step (every step by default); :meth:`save` saves whatever it
+    is given.
 
     With ``async_save`` (the default), :meth:`save` returns once the arrays are held on the host and the files are
     written on a background thread, one save at a time; an error there is raised, with its cause, by the next
@@ -101,27 +79,24 @@ class CheckpointManager:
         keep_best: int | None = None,
         metric: str | None = None,
         mode: Literal["min", "max"] = "min",
+        keep_every_seconds: float | datetime.timedelta | None = None,
+        save_every: int = 1,
         async_save: bool = True,
         progress: bool = False,
         storage_options: dict[str, Any] | None = None,
         process_timeout: float = 600.0,
     ) -> None:
-        self._policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode)
+        policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
+        self._schedule = SaveSchedule(save_every)
         if progress:
             require_progress_bar()
         self._store: Store = open_store(directory, marker=RECORD_NAME, storage_options=storage_options)
-        self._progress = progress
         self._names = StepNames("%d")
-        self._folder = StepFolder(self._store, self._names)
+        super().__init__(StepFolder(self._store, self._names), policy, progress=progress)
         self._writer = BackgroundWriter(asynchronous=async_save)
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
-
-    @property
-    def directory(self) -> str:
-        """The directory, as given (a path or a URL)."""
-        return self._store.location
 
     @property
     def policy(self) -> KeepPolicy:
@@ -130,7 +105,32 @@ class CheckpointManager:
     def __repr__(self) -> str:
         return f"CheckpointManager({self.directory!r}, {self._policy})"
 
+    def _settle(self) -> None:
+        self._writer.idle()
+
     # -- saving ---------------------------------------------------------------------------------------------------
+
+    def should_save(self, step: int) -> bool:
+        """Whether ``step`` is one to save: after the newest step saved, the first of a run, every ``save_every``-th,
+        or the step at which every process of a ``jax.distributed`` run reached jax's preemption sync point (see
+        :meth:`reached_preemption`; call this at every step in every process). It never waits for a save in flight.
+
+        >>> import tempfile
+        >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
+        ...     for step in range(1, 25):
+        ...         if manager.should_save(step):
+        ...             manager.save(step, {"step": step})
+        ...     print(manager.steps())
+        [1, 10, 20]
+        """
+        return self._schedule.should_save(check_step(step), committed=self._folder.committed)
+
+    def reached_preemption(self, step: int) -> bool:
+        """Whether every process of a ``jax.distributed`` run has reached the preemption sync point at ``step``: after
+        a preemption notice (SIGTERM by default) to any process, jax picks a step every process reaches, and this is
+        ``True`` there, so that all save it before they are stopped (jax's
+        ``multihost_utils.reached_preemption_sync_point``). ``False`` in a single process."""
+        return self._schedule.reached_preemption(check_step(step))
 
     def save(
         self,
@@ -142,7 +142,8 @@ class CheckpointManager:
         force: bool = False,
         copy: bool = False,
     ) -> None:
-        """Save ``items`` as ``step``: a dict of named pytrees (one file each) or any other pytree (one file).
+        """Save ``items`` as ``step`` (a Python, numpy or 0-d jax integer): a dict of named pytrees (one file each) or
+        any other pytree (one file).
 
         ``metrics`` (numbers, e.g. ``{"loss": 0.1}``) rank steps for ``keep_best`` and come back from
         :meth:`metrics`; ``metadata`` is any JSON-able dict, back from :meth:`metadata`. A step that exists raises a
@@ -151,10 +152,10 @@ class CheckpointManager:
         """
         self._check_open()
         step = check_step(step)
-        named, single = _split_items(items)
+        named, single = split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
-            raise ValueError(
+            raise ArgumentError(
                 f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
                 f"metrics={{{self._policy.metric!r}: ...}}"
             )
@@ -169,20 +170,34 @@ class CheckpointManager:
             )
         part = self._processes.index if self._processes.many else None
         held = {
-            name: hold(tree, copy=copy, file=self._url(step, name + _EXTENSION), part=part)
+            name: hold(tree, copy=copy, file=self._url(step, name + EXTENSION), part=part)
             for name, tree in named.items()
         }
-        write = self._write_shared if self._processes.many else self._write
-        job = functools.partial(write, step, held, single, checked_metrics, checked_metadata, exists)
+        content = StepContent(step, held, single, checked_metrics, checked_metadata)
+        write: Callable[[], StepRecord | None]
         if self._processes.many:
-            job = functools.partial(job, key=self._processes.next_save())
-        self._writer.submit(job, what=f"saving step {step} to {self.directory}")
+            write = functools.partial(self._write_shared, content, exists, key=self._processes.next_save())
+        else:
+            keep_policy = dataclasses.asdict(self._policy)
+            folder = self._names.name(step)
+            write = functools.partial(
+                write_step,
+                self._store,
+                folder,
+                content,
+                replace=exists,
+                keep_policy=keep_policy,
+                progress=self._progress,
+            )
+        self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
+        self._schedule.saved(step)
 
     def delete(self, step: int) -> None:
         """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
         self._check_open()
         self._writer.wait()
         step = self._existing(step)
+        self._schedule.forget()
         if self._processes.index != 0:  # process 0 deletes for all
             return
         if self._lock is None:
@@ -202,170 +217,45 @@ class CheckpointManager:
         if removed:
             logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
 
-    def _write(
-        self,
-        step: int,
-        held: dict[str, HeldTree],
-        single: bool,
-        metrics: Metrics | None,
-        metadata: dict[str, Any] | None,
-        replace: bool,
-    ) -> None:
-        """The background half of a save: encode, write every item, commit, then apply the keep policy."""
-        encoded = {name: item.encode() for name, item in held.items()}
-        total = sum(tree.nbytes for tree in encoded.values())
-        progress = SaveReport(f"step {step} of {self.directory}", total=total, bar=self._progress)
-        staging = self._store.stage(self._names.name(step), replace=replace)
-        try:
-            files, headers = {}, {}
-            for name, tree in encoded.items():
-                with staging.open(name + _EXTENSION) as (stored, sink):
-                    header = tree.write(progress.sink(sink))
-                files[name] = stored
-                if header is not None:
-                    headers[stored] = header
-            record = StepRecord(
-                step, files, single, metrics, metadata, keep_policy=dataclasses.asdict(self._policy), headers=headers
-            )
-            staging.commit(record.to_json())
-        except BaseException:
-            staging.abort()
-            raise
-        self._folder.remember(record)
-        progress.finish()
-        self._prune()
+    def _committed(self, record: StepRecord | None) -> None:
+        """After the background half of a save: remember the step this process committed, apply the keep policy."""
+        if record is not None:
+            self._folder.remember(record)
+            self._prune()
 
-    def _write_shared(
-        self,
-        step: int,
-        held: dict[str, HeldTree],
-        single: bool,
-        metrics: Metrics | None,
-        metadata: dict[str, Any] | None,
-        replace: bool,
-        *,
-        key: str,
-    ) -> None:
-        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`)."""
-        progress = SaveReport(f"step {step} of {self.directory}", total=0, bar=self._progress)
+    def _write_shared(self, content: StepContent, replace: bool, *, key: str) -> StepRecord | None:
+        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`); the
+        committed record in process 0."""
+        progress = SaveReport(f"step {content.step} of {self.directory}", total=0, bar=self._progress)
         record = save_shared(
             self._processes,
             self._store,
             key=key,
-            step=step,
-            folder=self._names.name(step),
-            items=held,
-            extension=_EXTENSION,
-            single=single,
-            metrics=metrics,
-            metadata=metadata,
+            step=content.step,
+            folder=self._names.name(content.step),
+            items=content.held,
+            extension=EXTENSION,
+            single=content.single,
+            metrics=content.metrics,
+            metadata=content.metadata,
             replace=replace,
             progress=progress,
             keep_policy=dataclasses.asdict(self._policy),
         )
         progress.finish()
-        if record is not None:
-            self._folder.remember(record)
-            self._prune()
+        return record
 
     def _prune(self) -> None:
         steps = self._committed_steps()
-        metric = cast(str, self._policy.metric)
-        values = {step: self._folder.ranking_value(step, metric) for step in steps} if self._policy.ranks else {}
-        for step in self._policy.to_delete(steps, values):
+        policy = self._policy
+        records = {step: self._folder.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
+        metric = policy.metric or ""
+        values = {step: record.metric(metric) if record else None for step, record in records.items()}
+        times = {step: record.time for step, record in records.items() if record is not None}
+        for step in policy.to_delete(steps, values, times):
             self._store.delete(self._names.name(step))
             self._folder.forget(step)
             logger.info("%s: deleted step %d (keep policy)", self.directory, step)
-
-    # -- reading --------------------------------------------------------------------------------------------------
-
-    def _url(self, step: int, *parts: str) -> str:
-        return self._folder.url(step, *parts)
-
-    def _committed_steps(self) -> list[int]:
-        return self._folder.committed()
-
-    def _record(self, step: int) -> StepRecord:
-        return self._folder.record(step)
-
-    def damaged_steps(self) -> dict[int, str]:
-        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
-
-        A step is damaged when its ``checkpoint.json`` was changed, an item file is missing or an item file's header
-        is not the one recorded. (Damage to the data of an item is found when it is restored, by its checksums.)
-        """
-        self._writer.idle()
-        return self._folder.damaged()
-
-    def latest_intact_step(self) -> int | None:
-        """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``.
-
-        ``restore()`` never falls back on its own: a damaged latest step raises. To fall back, ask for it:
-        ``manager.restore(manager.latest_intact_step())``.
-        """
-        damaged = self.damaged_steps()
-        intact = [step for step in self._committed_steps() if step not in damaged]
-        return intact[-1] if intact else None
-
-    def steps(self) -> list[int]:
-        """The committed steps, in increasing order (waits for the save in flight)."""
-        self._writer.idle()
-        return self._committed_steps()
-
-    def latest_step(self) -> int | None:
-        """The newest committed step, or ``None`` if there is none."""
-        steps = self.steps()
-        return steps[-1] if steps else None
-
-    def _existing(self, step: int | None) -> int:
-        self._writer.idle()
-        return self._folder.existing(step)
-
-    def metrics(self, step: int) -> dict[str, float | None] | None:
-        """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
-        return self._record(self._existing(step)).metrics
-
-    def metadata(self, step: int) -> dict[str, Any] | None:
-        """The metadata saved with ``step``."""
-        return self._record(self._existing(step)).metadata
-
-    def items(self, step: int) -> list[str] | None:
-        """The names of the items of ``step``, or ``None`` if it was saved as one tree."""
-        record = self._record(self._existing(step))
-        return None if record.single else sorted(record.files)
-
-    def restore(
-        self,
-        step: int | None = None,
-        like: Any = None,
-        *,
-        items: Sequence[str] | None = None,
-        **options: Unpack[LoadOptions],
-    ) -> Any:
-        """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
-
-        Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
-        fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
-        named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. The options are
-        those of :func:`jaxstow.load` (:class:`jaxstow.LoadOptions`); with named items, paths start with the item's name (``select=["params/**"]``), and a
-        ``sharding`` dict keyed by item names gives each item its own.
-        """
-        step = self._existing(step)
-        record = self._record(step)
-        options.setdefault("progress", self._progress)
-        if record.single:
-            if items is not None:
-                raise CheckpointError(
-                    f"step {step} of {self.directory} was saved as one tree, not as named items: restore it without "
-                    "items=",
-                    file=self._url(step),
-                )
-            with open_parts(self._folder.sources(step, record, SINGLE_ITEM)) as reader:
-                return reader.load(like, **options)
-        names = self._folder.chosen_items(step, record, items, like)
-        sources = {name: self._folder.sources(step, record, name) for name in names}
-        return restore_items(sources, like or {}, where=self._url(step), **options)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""Restoring the named items of one step together: ``select`` patterns and shardings spread over the items.
+"""Restoring one step: its one tree, or its named items together, with ``select`` patterns and shardings spread over
+the items.
 
 Paths in a step with named items start with the item's name (``params/dense/kernel``), so ``select=["params/**"]``
 restores only the ``params`` item, and a sharding function sees the same paths. A ``sharding=`` dict whose keys are
@@ -25,8 +26,11 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.selection import Selection
+from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.writing import SINGLE_ITEM
+from jaxstow.errors import CheckpointError
 
-__all__ = ["restore_items"]
+__all__ = ["restore_items", "restore_step"]
 
 
 def restore_items(
@@ -88,3 +92,20 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
     if callable(sharding):
         return lambda path, shape, dtype: sharding(f"{name}/{path}", shape, dtype)
     return sharding
+
+
+def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
+    """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items."""
+    record = folder.record(step)
+    if record.single:
+        if items is not None:
+            raise CheckpointError(
+                f"step {step} of {folder.store.location} was saved as one tree, not as named items: restore it "
+                "without items=",
+                file=folder.url(step),
+            )
+        with open_parts(folder.sources(step, record, SINGLE_ITEM)) as reader:
+            return reader.load(like, **options)
+    names = folder.chosen_items(step, record, items, like)
+    sources = {name: folder.sources(step, record, name) for name in names}
+    return restore_items(sources, like or {}, where=folder.url(step), **options)

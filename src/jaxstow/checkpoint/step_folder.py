@@ -10,33 +10,44 @@
 >>> with CheckpointManager(directory) as manager:
 ...     manager.save(3, {"params": {"w": jnp.ones(2)}}, metrics={"loss": 0.5})
 >>> folder = StepFolder(open_store(directory, marker=RECORD_NAME), StepNames("%d"))
->>> folder.committed(), folder.record(3).metrics, folder.damaged()
-([3], {'loss': 0.5}, {})
+>>> folder.committed(), folder.record(3).metrics
+([3], {'loss': 0.5})
 """
 
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-import numpy as np
 
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_files
 from jaxstow._storage.store import Store
-from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
 
 __all__ = ["StepFolder", "check_step"]
 
 
 def check_step(step: Any) -> int:
-    """``step`` as an ``int``, if it is a non-negative integer."""
-    if isinstance(step, bool) or not isinstance(step, int | np.integer) or step < 0:
-        raise TypeError(f"a step must be a non-negative integer, not {step!r}")
-    return int(step)
+    """``step`` as an ``int``: a non-negative Python, numpy or jax integer, or a 0-d integer array such as
+    ``nnx.Optimizer.step``'s value.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> check_step(3), check_step(np.int64(4)), check_step(jnp.asarray(5, jnp.uint32))
+    (3, 4, 5)
+    """
+    try:
+        number = None if isinstance(step, bool) else operator.index(step)
+    except TypeError:  # floats, bools, arrays with elements or of another kind, tracers
+        number = None
+    if number is None or number < 0:
+        raise ArgumentError(
+            f"a step must be a non-negative integer (Python, numpy or a 0-d jax integer array), not {step!r}"
+        )
+    return number
 
 
 class StepFolder:
@@ -104,23 +115,13 @@ class StepFolder:
             check_item_files(record, functools.partial(self.store.source, name), functools.partial(self.url, step))
         return record
 
-    def ranking_value(self, step: int, metric: str) -> float | None:
-        """The value of ``metric`` that ``keep_best`` ranks ``step`` by; a step whose record is damaged ranks last."""
+    def unchecked_record(self, step: int) -> StepRecord | None:
+        """A step's record as the keep policy reads it (checksummed, its files unchecked), or ``None`` if it is
+        damaged: such a step ranks last and has no time."""
         try:
-            record = self._records.get(step) or self.read_record(step, check_files=False)
+            return self._records.get(step) or self.read_record(step, check_files=False)
         except JaxstowError:
             return None
-        return record.metric(metric)
-
-    def damaged(self) -> dict[int, str]:
-        """The committed steps whose record or item files' headers are not as committed, each with the reason."""
-        damaged = {}
-        for step in self.committed():
-            try:
-                self.read_record(step, check_files=True)
-            except JaxstowError as error:
-                damaged[step] = str(error)
-        return damaged
 
     def sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
         """The files of ``item``: one, or one per process that saved the step."""
@@ -136,7 +137,7 @@ class StepFolder:
         """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""
         saved = sorted(record.files)
         if isinstance(items, str):
-            raise TypeError(f"items must be a list of item names, such as [{items!r}], not a string")
+            raise ArgumentError(f"items must be a list of item names, such as [{items!r}], not a string")
         names = saved if items is None else list(items)
         unknown = [name for name in names if name not in record.files]
         if unknown:
@@ -144,7 +145,7 @@ class StepFolder:
         if like is None:
             return names
         if not isinstance(like, Mapping):
-            raise TypeError(
+            raise ArgumentError(
                 f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
                 f"rebuild an item), not {type(like).__name__}"
             )
@@ -153,9 +154,11 @@ class StepFolder:
         problems = [f"it has no entry for {missing}"] if missing else []
         problems += [f"it has entries for {extra}, which are not restored"] if extra else []
         if problems:
+            works = ", ".join(f"{name!r}: ..." for name in names)
             raise CheckpointError(
-                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Pass "
-                "items=[...] to restore only some items, or None in like to rebuild an item from its file",
+                f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Give "
+                f"like one entry per item restored, like={{{works}}} (None rebuilds an item from its file), or "
+                "name the items to restore with items=[...]",
                 file=self.url(step),
             )
         return names

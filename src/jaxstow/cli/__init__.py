@@ -2,7 +2,10 @@
 
 ``jaxstow inspect``, ``verify``, ``diff``, ``ls`` and ``convert`` take local paths and fsspec URLs alike (an
 ``s3://`` URL takes its credentials from fsspec's configuration, e.g. ``FSSPEC_S3_*`` environment variables).
-Exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` finds differences, 2 on an error.
+Exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` finds differences, 2 on an error, which is
+one line on stderr, never a traceback (a missing file, missing credentials, a server out of reach, a file of a newer
+format). A reader that closes the pipe early (``jaxstow inspect f | head``) ends the command quietly, with status 141
+as a shell reports a pipe closed early.
 
 >>> from jaxstow.cli import main
 >>> main(["--version"])
@@ -13,6 +16,7 @@ jaxstow 0.1.0
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -20,7 +24,7 @@ from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, inspect, ls, verify, watch
 from jaxstow.errors import JaxstowError
 
-__all__ = ["main"]
+__all__ = ["describe", "main"]
 
 _COMMANDS = (inspect, verify, diff, ls, convert, watch)
 
@@ -31,7 +35,7 @@ def parser() -> argparse.ArgumentParser:
         prog="jaxstow",
         description="Look into jaxstow, safetensors and npz files and checkpoint folders; check, compare, convert.",
         epilog="Paths may be fsspec URLs (s3://..., gs://..., file://...). Exit status: 0 all well, 1 damage or "
-        "differences found, 2 error.",
+        "differences found, 2 an error (one line on stderr), 141 a pipe closed early.",
     )
     top.add_argument("--version", action="store_true", help="print the version of jaxstow and exit")
     commands = top.add_subparsers(title="commands", dest="command", metavar="COMMAND")
@@ -52,7 +56,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         status: int = args.run(args)
-    except (JaxstowError, ImportError, OSError) as error:
-        print(f"jaxstow {args.command}: {error}", file=sys.stderr)
+        sys.stdout.flush()  # here, so that a closed pipe is met while it can still be answered quietly
+    except BrokenPipeError:
+        _discard_output()
+        return _CLOSED_PIPE
+    except KeyboardInterrupt:
+        print(f"jaxstow {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # a user's input never ends in a traceback: one line, exit status 2
+        print(f"jaxstow {args.command}: {describe(error)}", file=sys.stderr)
         return 2
     return status
+
+
+#: The exit status of a command whose reader closed the pipe early (128 + SIGPIPE, as shells report it).
+_CLOSED_PIPE = 141
+
+
+def describe(error: BaseException) -> str:
+    """An error as one line: jaxstow's and the operating system's own messages as they are, anything else with the
+    name of its type.
+
+    >>> from jaxstow.cli import describe
+    >>> from jaxstow.errors import StructureMismatchError
+    >>> describe(StructureMismatchError(["leaf 'w': missing", "leaf 'b': float32[3] vs int32[3]"], file="f.jxs"))
+    "f.jxs does not fit the given structure (2 problems): - leaf 'w': missing - leaf 'b': float32[3] vs int32[3]"
+    >>> describe(KeyError("w"))
+    "KeyError: 'w'"
+    """
+    text = str(error) if isinstance(error, JaxstowError | OSError) else f"{type(error).__name__}: {error}"
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _discard_output() -> None:
+    """Point standard output at the null device, so that flushing it at exit does not fail again."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured output): nothing will be flushed
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)

@@ -1,17 +1,21 @@
-"""``jaxstow convert SRC DST``: npz, safetensors, PyTorch state dicts and orbax checkpoints to jaxstow; and back.
+"""``jaxstow convert SRC DST``: the files of other libraries to jaxstow (npz, safetensors, PyTorch, flax msgpack,
+orbax), an orbax manager folder to a jaxstow checkpoint folder; and jaxstow to plain safetensors or npz.
 
 Sources: a jaxstow, safetensors or npz file; a PyTorch file written by ``torch.save`` (read with
-``torch.load(weights_only=True)``, which refuses to unpickle anything but tensors and plain containers); an orbax
-checkpoint folder (read through orbax, an optional dependency). The destination's format follows its name:
-``.safetensors`` and ``.npz`` get plain files that other tools read (the arrays under their leaf paths), any other
-name a jaxstow file; ``--to`` chooses otherwise (``--to jaxstow`` for a jaxstow npz).
+``torch.load(weights_only=True)``, which refuses to unpickle anything but tensors and plain containers); a flax
+msgpack file (``flax.serialization.to_bytes``, read as nested dicts); an orbax checkpoint folder or one step of an
+orbax ``CheckpointManager`` (every item; read through orbax, an optional dependency); a whole orbax
+``CheckpointManager`` folder, which becomes a jaxstow checkpoint folder with the same steps and metrics. The
+destination's format follows its name: ``.safetensors`` and ``.npz`` get plain files that other tools read (the arrays
+under their leaf paths), any other name a jaxstow file; ``--to`` chooses otherwise (``--to jaxstow`` for a jaxstow
+npz). Warnings and log lines of the libraries read are kept out of the output.
 
 >>> import os, tempfile, numpy as np
 >>> from jaxstow.cli import main
 >>> folder = tempfile.mkdtemp()
 >>> np.savez(os.path.join(folder, "weights.npz"), w=np.ones(3, np.float32))
 >>> main(["convert", os.path.join(folder, "weights.npz"), os.path.join(folder, "weights.jxs")])
-/.../weights.npz (npz) -> /.../weights.jxs (jaxstow): 1 leaf, 4.11 kB
+/.../weights.npz (npz from numpy) -> /.../weights.jxs (jaxstow): 1 leaf, 4.11 kB
 0
 """
 
@@ -21,30 +25,29 @@ import argparse
 import os
 import sys
 import tempfile
-import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow._format.container import Kind, write_container
+from jaxstow._format.container import Kind as ContainerKind
+from jaxstow._format.container import write_container
 from jaxstow._format.dtypes import safetensors_code
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
+from jaxstow._format.kinds import KINDS, Kind
+from jaxstow._read import orbax_steps
+from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
-from jaxstow._steps.record import RECORD_NAME
 from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.paths import local_path
-from jaxstow._util.optional import require
 from jaxstow._util.progress import bar, counted, format_bytes
+from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
 from jaxstow.errors import FormatError, PathError
 
 __all__ = ["add", "run", "source_kind"]
 
-_TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
 _FORMATS = ("jaxstow", "safetensors", "npz")
 _NUMPY_CODES = "?bhilqBHILQefdFD"
 
@@ -52,14 +55,16 @@ _NUMPY_CODES = "?bhilqBHILQefdFD"
 def add(commands: Any) -> None:
     parser = commands.add_parser(
         "convert",
-        help="npz, safetensors, PyTorch state dicts and orbax checkpoints to jaxstow; jaxstow to safetensors or npz",
+        help="npz, safetensors, PyTorch, flax msgpack and orbax files and folders to jaxstow; jaxstow to safetensors "
+        "or npz",
         description="Convert SRC to DST. SRC: a jaxstow, safetensors or npz file, a PyTorch file (read with "
-        "torch.load(weights_only=True), never unpickling other objects) or an orbax checkpoint folder (needs "
-        "orbax-checkpoint). DST: a plain safetensors or npz file for a name ending in .safetensors or .npz, a "
-        "jaxstow file for any other name.",
+        "torch.load(weights_only=True), never unpickling other objects), a flax msgpack file, an orbax checkpoint "
+        "folder or a step of an orbax CheckpointManager (needs orbax-checkpoint), or a whole orbax CheckpointManager "
+        "folder, which becomes a jaxstow checkpoint folder DST with the same steps and metrics. DST: a plain "
+        "safetensors or npz file for a name ending in .safetensors or .npz, a jaxstow file for any other name.",
     )
     parser.add_argument("src", metavar="SRC", help="the file or folder to read (a path or an fsspec URL)")
-    parser.add_argument("dst", metavar="DST", help="the file to write (a path or an fsspec URL)")
+    parser.add_argument("dst", metavar="DST", help="the file (or checkpoint folder) to write (a path or an fsspec URL)")
     parser.add_argument("--to", choices=_FORMATS, help="the format of DST, if not the one its name implies")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written")
     parser.set_defaults(run=run)
@@ -67,85 +72,103 @@ def add(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     target = args.to or _format_of(args.dst)
-    kind = source_kind(args.src)
-    if kind in ("pytorch", "orbax"):
-        tree = _read_torch(args.src) if kind == "pytorch" else _read_orbax(args.src)
-        tensors, values = _tree_tensors(tree)
-        if target == "jaxstow":
-            _write(args.dst, lambda path: save(path, tree, progress=args.progress))
-            count = len(tensors) + len(values)
+    with orbax_steps.quiet():
+        kind = source_kind(args.src)
+        if kind.name == "orbax-manager":
+            if target != "jaxstow":
+                raise PathError(
+                    f"is {DESCRIBED[kind.name]}: it converts into a jaxstow checkpoint folder", file=args.src
+                )
+            steps = _convert_manager(args.src, args.dst, progress=args.progress)
+            print(
+                f"{args.src} ({kind.label}) -> {args.dst} (jaxstow checkpoint folder): {steps} step{'s' * (steps != 1)}"
+            )
+            return 0
+        if kind.name == "orbax-step":
+            path = os.path.abspath(local_path(args.src) or args.src)
+            tree, metrics = orbax_steps.read_step(path)
+            metadata = {"orbax_step": orbax_steps.step_number(os.path.basename(path)), "metrics": metrics}
+            count = _write_tree(args.dst, target, tree, metadata, progress=args.progress)
+        elif kind.reader in ("torch", "flax", "orbax"):
+            tree = read_foreign(args.src, kind.reader, like=None)
+            count = _write_tree(args.dst, target, tree, None, progress=args.progress)
+        elif kind.foreign:  # read only with a template (equinox) or never (pickle)
+            raise FormatError(
+                f"is {DESCRIBED[kind.name]}, which jaxstow convert cannot read: {advice(kind, args.src)}", file=args.src
+            )
         else:
-            count = _write_plain(args.dst, target, tensors, values, progress=args.progress)
-    else:
-        with open_file(args.src) as container:
-            count = _convert_container(container, args.dst, target, progress=args.progress)
-            kind = "jaxstow" if container.container.manifest is not None else kind
+            with open_file(args.src) as container:
+                count = _convert_container(container, args.dst, target, progress=args.progress)
     size = _size(args.dst)
-    print(f"{args.src} ({kind}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
+    print(f"{args.src} ({kind.label}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
     return 0
+
+
+def source_kind(src: str) -> Kind:
+    """What ``src`` is: a file of a kind jaxstow reads or converts, an orbax folder; a jaxstow checkpoint folder (or
+    one of its steps) raises a :class:`PathError` that points to its item files."""
+    if not is_folder(src):
+        kind = recognise(src if local_path(src) is not None else open_source_at(src))
+        return KINDS["safetensors"] if kind.name == "unknown" else kind  # its header's error says what is wrong
+    if local_path(src) is None:
+        return KINDS["orbax"]  # a folder at a URL: orbax reads it, or says why not
+    kind = recognise(src)
+    if kind.name == "jaxstow-step":
+        raise PathError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
+    if kind.name == "jaxstow-folder":
+        steps = checkpoint_steps(src)
+        example = steps[-1].url(sorted(steps[-1].record.files.values())[0])
+        raise PathError(
+            f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
+        )
+    return kind if kind.name.startswith("orbax") else KINDS["orbax"]
+
+
+def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:
+    tensors, values = _tree_tensors(tree)
+    if target == "jaxstow":
+        _write(dst, lambda path: save(path, tree, metadata=metadata, progress=progress))
+        return len(tensors) + len(values)
+    return _write_plain(dst, target, tensors, values, progress=progress)
+
+
+def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
+    """Every step of an orbax CheckpointManager folder saved as the same step of a jaxstow checkpoint folder, with
+    its items and metrics (a step of the one item ``default`` as one tree, as orbax restores it)."""
+    folder = os.path.abspath(local_path(src) or src)
+    steps = orbax_steps.manager_steps(folder)
+    with CheckpointManager(dst, progress=progress) as manager:
+        for step, name in steps:
+            tree, metrics = orbax_steps.read_step(os.path.join(folder, name))
+            numbers, other = _numbers(metrics)
+            if other:
+                print(
+                    f"note: step {step}: metrics that are not numbers are left out: {', '.join(other)}", file=sys.stderr
+                )
+            manager.save(step, tree, metrics=numbers, metadata={"orbax_metrics": metrics} if other else None)
+    return len(steps)
+
+
+def _numbers(metrics: Any, prefix: str = "") -> tuple[dict[str, float], list[str]]:
+    """The numbers among ``metrics`` (nested dicts flattened to ``a/b``), and the names of the rest."""
+    numbers: dict[str, float] = {}
+    other: list[str] = []
+    for name, value in (metrics or {}).items() if isinstance(metrics, dict) else ():
+        key = f"{prefix}{name}"
+        if isinstance(value, dict):
+            inner, rest = _numbers(value, f"{key}/")
+            numbers.update(inner)
+            other += rest
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            numbers[key] = float(value)
+        else:
+            other.append(key)
+    return numbers, other
 
 
 def _format_of(dst: str) -> str:
     name = dst.lower()
     return "safetensors" if name.endswith(".safetensors") else "npz" if name.endswith(".npz") else "jaxstow"
-
-
-def source_kind(src: str) -> str:
-    """What ``src`` holds: ``"orbax"`` (a folder), ``"pytorch"``, ``"npz"`` or ``"safetensors"`` (jaxstow included)."""
-    if is_folder(src):
-        return "orbax"
-    source = open_source_at(src)
-    try:
-        head = source.read(0, min(source.size, 4))
-    finally:
-        source.close()
-    if src.lower().endswith(_TORCH_SUFFIXES) or head[:1] == b"\x80" or (head == b"PK\x03\x04" and _is_torch_zip(src)):
-        return "pytorch"
-    return "npz" if head.startswith(b"PK") else "safetensors"
-
-
-def _is_torch_zip(src: str) -> bool:
-    """Whether a zip archive is a ``torch.save`` file (it holds ``<name>/data.pkl``) rather than an npz."""
-    with _local_copy(src) as path, zipfile.ZipFile(path) as archive:
-        return any(name.endswith("/data.pkl") for name in archive.namelist())
-
-
-def _read_torch(src: str) -> Any:
-    torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {src}")
-    with _local_copy(src) as path:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torch raises its unpickler's errors for anything but plain tensors
-            raise FormatError(
-                f"not a PyTorch file of tensors that loads without unpickling objects ({error})", file=src
-            ) from None
-    return _to_numpy(dict(state) if isinstance(state, dict) else state)
-
-
-def _to_numpy(tree: Any) -> Any:
-    import jax
-
-    return jax.tree.map(lambda leaf: tensor_to_numpy(leaf) if is_tensor(leaf) else leaf, tree)
-
-
-def _read_orbax(src: str) -> Any:
-    path = local_path(src)
-    if path is not None and os.path.exists(os.path.join(path, RECORD_NAME)):
-        raise PathError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
-    steps = checkpoint_steps(src)
-    if steps:
-        example = steps[-1].url(sorted(steps[-1].record.files.values())[0])
-        raise PathError(
-            f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
-        )
-    ocp = require("orbax.checkpoint", extra="orbax", purpose=f"reading the orbax checkpoint {src}")
-    try:
-        tree = ocp.PyTreeCheckpointer().restore(os.path.abspath(path) if path is not None else src)
-    except (FileNotFoundError, ValueError) as error:
-        raise FormatError(f"not an orbax checkpoint folder that orbax can restore ({error})", file=src) from None
-    import jax
-
-    return jax.tree.map(np.asarray, tree)
 
 
 def _convert_container(container: Reader, dst: str, target: str, *, progress: bool) -> int:
@@ -164,7 +187,7 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
         _write(dst, lambda path: save(path, dict(tensors), progress=progress))
         return len(tensors)
     manifest = container.container.manifest  # the same bytes: the manifest, checksums included, still holds
-    container_kind: Kind = "npz" if dst.lower().endswith(".npz") else "native"
+    container_kind: ContainerKind = "npz" if dst.lower().endswith(".npz") else "native"
     _write_raw(dst, lambda sink: write_container(sink, container_kind, tensors, manifest), tensors, progress=progress)
     return len(leaves)
 
@@ -199,7 +222,7 @@ def _write_plain(
             f"note: {len(values)} leaves that are not arrays ({shown}) have no place in a {target} file",
             file=sys.stderr,
         )
-    kind: Kind = "npz" if target == "npz" else "native"
+    kind: ContainerKind = "npz" if target == "npz" else "native"
     _write_raw(dst, lambda sink: write_container(sink, kind, tensors, None), tensors, progress=progress)
     return len(tensors)
 
@@ -229,22 +252,6 @@ def _write(dst: str, write: Callable[[str], None]) -> None:
         staged = os.path.join(folder, os.path.basename(root))
         write(staged)
         fs.put_file(staged, root)
-
-
-@contextmanager
-def _local_copy(src: str) -> Iterator[str]:
-    """A local path holding ``src``: itself, or a downloaded copy of a URL."""
-    path = local_path(src)
-    if path is not None:
-        yield path
-        return
-    from jaxstow._storage.remote import url_filesystem
-
-    fs, root = url_filesystem(src)
-    with tempfile.TemporaryDirectory() as folder:
-        copy = os.path.join(folder, os.path.basename(root))
-        fs.get_file(root, copy)
-        yield copy
 
 
 def _size(dst: str) -> str:

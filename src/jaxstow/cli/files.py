@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,58 +23,89 @@ import jax
 import numpy as np
 
 from jaxstow._format.dtypes import name_of_dtype
-from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.source import ReadSource
 from jaxstow._format.torch_leaves import tensor_to_numpy
+from jaxstow._read.foreign import folder_problem, recognise
 from jaxstow._read.reader import Reader, open_parts
+from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.store import Store, open_store
-from jaxstow.errors import CorruptFileError, FormatError, PathError
+from jaxstow.errors import (
+    FormatError,
+    IsAFolderError,
+    NotAFolderError,
+    PathError,
+    PathNotFoundError,
+)
 
 __all__ = [
     "Leaf",
     "Step",
     "checkpoint_steps",
+    "committed_steps",
     "describe",
     "file_size",
     "is_folder",
+    "kind_of_path",
     "open_file",
     "open_source_at",
     "read_arrays",
+    "require_folder",
     "verify_checksums",
 ]
 
 
-def is_folder(target: str) -> bool:
-    """Whether ``target`` (a path or an fsspec URL) is a folder."""
+def kind_of_path(target: str) -> str | None:
+    """What ``target`` (a path or an fsspec URL) is: ``"folder"``, ``"file"``, or ``None`` when nothing is there."""
     path = local_path(target)
     if path is not None:
-        return os.path.isdir(path)
-    from jaxstow._storage.remote import url_filesystem
+        return "folder" if os.path.isdir(path) else "file" if os.path.exists(path) else None
+    from jaxstow._storage.remote import storage_errors, url_filesystem
 
     fs, root = url_filesystem(target)
-    return bool(fs.isdir(root))
+    with storage_errors(target):
+        info = fs.info(root) if fs.exists(root) else None
+    if info is None:
+        return None
+    return "folder" if info.get("type") == "directory" else "file"
+
+
+def is_folder(target: str) -> bool:
+    """Whether ``target`` (a path or an fsspec URL) is a folder."""
+    return kind_of_path(target) == "folder"
+
+
+def require_folder(target: str) -> None:
+    """Raise a :class:`~jaxstow.errors.PathError` unless ``target`` is a folder."""
+    kind = kind_of_path(target)
+    if kind is None:
+        raise PathNotFoundError("no such folder", file=target)
+    if kind != "folder":
+        raise NotAFolderError(
+            "is a file, not a checkpoint folder (for a file, use `jaxstow inspect` or `jaxstow verify`)", file=target
+        )
 
 
 def open_source_at(target: str) -> ReadSource:
     """A random-access source for a local path or an fsspec URL; a folder or a missing file raises a PathError."""
-    if is_folder(target):
-        raise PathError(
+    kind = kind_of_path(target)
+    path = local_path(target)
+    if kind == "folder":
+        if path is not None and recognise(path).name.startswith("orbax"):
+            raise IsAFolderError(folder_problem(path), file=target)
+        raise IsAFolderError(
             "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
         )
-    path = local_path(target)
+    if kind is None:
+        raise PathNotFoundError("no such file", file=target)
     if path is not None:
-        if not os.path.exists(path):
-            raise PathError("no such file", file=target)
         return open_source(path)
     from jaxstow._storage.remote import RemoteSource, url_filesystem
 
     fs, root = url_filesystem(target)
-    if not fs.exists(root):
-        raise PathError("no such file", file=target)
     return RemoteSource(fs, root, name=target)
 
 
@@ -164,23 +195,6 @@ def _as_numpy(value: Any) -> np.ndarray:
     return tensor_to_numpy(value)
 
 
-def verify_checksums(reader: Reader, on_read: Callable[[int], None]) -> tuple[int, list[CorruptFileError]]:
-    """Read every stored leaf and compare it with its recorded checksums; returns the count checked and the damage.
-
-    ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums.
-    """
-    checked, damage = 0, []
-    for leaf in reader.stored.values():
-        sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
-        checked += sum(checksum is not None for checksum in sums)
-        try:
-            reader.read_arrays([leaf])
-        except CorruptFileError as error:
-            damage.append(error)
-        on_read(leaf.nbytes)
-    return checked, damage
-
-
 @dataclass(frozen=True)
 class Step:
     """A committed step of a checkpoint folder: its record, and where its files are."""
@@ -208,6 +222,7 @@ class Step:
 
 def checkpoint_steps(folder: str) -> list[Step]:
     """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
+    require_folder(folder)
     store = open_store(folder, marker=RECORD_NAME)
     names = StepNames("%d")
     steps = []
@@ -218,4 +233,16 @@ def checkpoint_steps(folder: str) -> list[Step]:
         if record.step != step:
             raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
         steps.append(Step(record, store, name))
+    return steps
+
+
+def committed_steps(folder: str) -> list[Step]:
+    """:func:`checkpoint_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
+    steps = checkpoint_steps(folder)
+    if not steps:
+        path = local_path(folder)
+        foreign = folder_problem(path) if path is not None else "is a folder"
+        if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
+            foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)"
+        raise PathError(foreign, file=folder)
     return steps

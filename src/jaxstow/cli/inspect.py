@@ -7,7 +7,7 @@ Only the header is read, so inspecting a large file is instant.
 >>> path = os.path.join(tempfile.mkdtemp(), "model.jxs")
 >>> jaxstow.save(path, {"w": jnp.ones((2, 3)), "b": jnp.zeros(3), "depth": 2}, metadata={"epoch": 3})
 >>> main(["inspect", path])
-/.../model.jxs: jaxstow file (format 2), 4.13 kB
+/.../model.jxs: jaxstow (format 3), 4.13 kB
 structure: dict
 path   dtype    shape   size  value
 b      float32  (3,)    12 B
@@ -24,6 +24,7 @@ import argparse
 import json
 from typing import Any
 
+from jaxstow._format.kinds import KINDS
 from jaxstow._format.npz import NpzReader
 from jaxstow._read.reader import Reader
 from jaxstow._util.progress import format_bytes
@@ -38,7 +39,8 @@ def add(commands: Any) -> None:
         "inspect",
         help="the tree of a file: path, dtype, shape and size of every leaf, totals, metadata",
         description="Show the tree of a jaxstow, safetensors or npz file from its header: every leaf's path, dtype, "
-        "shape and size (values such as hyperparameters with their value), the totals and the user's metadata.",
+        "shape and size (values such as hyperparameters with their value), the totals and the user's metadata. A "
+        "file or folder of another library (PyTorch, pickle, equinox, flax, orbax) is named, with what reads it.",
     )
     parser.add_argument("file", help="a jaxstow, safetensors or npz file (a path or an fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print the same as JSON, for scripts")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(report)
         return 0
     version = f" (format {report['version']})" if report["version"] is not None else ""
-    print(f"{report['file']}: {report['format']} file{version}, {format_bytes(report['file_bytes'])}")
+    print(f"{report['file']}: {report['format']}{version}, {format_bytes(report['file_bytes'])}")
     if report["structure"] is not None:
         print(f"structure: {report['structure']}")
     leaves = report["leaves"]
@@ -82,10 +84,11 @@ def summary(container: Reader) -> dict[str, Any]:
     """What ``inspect`` shows, as a JSON-able dict."""
     leaves = describe(container)
     manifest = container.container.manifest
-    container_name = "npz" if isinstance(container, NpzReader) else "safetensors"
+    container_name = "npz" if isinstance(container.container, NpzReader) else "safetensors"
+    kind = {"npz": "jaxstow-npz", "safetensors": "jaxstow"}[container_name] if manifest is not None else container_name
     return {
         "file": container.file,
-        "format": "jaxstow" if manifest is not None else container_name,
+        "format": KINDS[kind].label,
         "container": container_name,
         "version": None if manifest is None else manifest.get("version"),
         "file_bytes": file_size(container),

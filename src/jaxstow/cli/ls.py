@@ -25,9 +25,8 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, checkpoint_steps
+from jaxstow.cli.files import Step, committed_steps
 from jaxstow.cli.output import Table, print_json
-from jaxstow.errors import PathError
 
 __all__ = ["add", "keep_policy", "run"]
 
@@ -45,9 +44,7 @@ def add(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    steps = checkpoint_steps(args.folder)
-    if not steps:
-        raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.folder)
+    steps = committed_steps(args.folder)
     policy = keep_policy(steps[-1])
     metric = None if policy is None else policy.metric
     reasons = (
@@ -56,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         else policy.reasons(
             [step.record.step for step in steps],
             {step.record.step: step.record.metric(metric) for step in steps} if metric else {},
+            {step.record.step: step.record.time for step in steps},
         )
     )
     rows: list[dict[str, Any]] = [
@@ -101,5 +99,6 @@ def keep_policy(step: Step) -> KeepPolicy | None:
 def _describe(policy: KeepPolicy) -> str:
     rules = [f"keep_last={policy.keep_last}"] if policy.keep_last else []
     rules += [f"keep_every={policy.keep_every}"] if policy.keep_every else []
+    rules += [f"keep_every_seconds={policy.interval:g}"] if policy.interval else []
     rules += [f"keep_best={policy.keep_best} by {policy.metric} ({policy.mode})"] if policy.keep_best else []
     return ", ".join(rules) or "none (every step is kept)"

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxstow._format.source import ReadSource
+from jaxstow._read.foreign import pointed
 from jaxstow._util.progress import bar, format_bytes
-from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, verify_checksums
+from jaxstow.cli.files import committed_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import CorruptFileError
 
 __all__ = ["FileReport", "add", "run", "verify_file"]
 
@@ -43,19 +44,27 @@ def add(commands: Any) -> None:
 
 @dataclass
 class FileReport:
-    """What verifying one file found."""
+    """What verifying one file found; ``manifest`` is whether jaxstow wrote it (its header has a checksum too)."""
 
     file: str
     checksums: int = 0
     nbytes: int = 0
-    damage: list[FormatError] = field(default_factory=list)
+    manifest: bool = False
+    damage: list[CorruptFileError] = field(default_factory=list)
+
+
+def _note(report: FileReport) -> str:
+    """What an intact file's line adds: why it has no checksums, if it has none."""
+    if report.checksums:
+        return ""
+    if report.manifest:
+        return " (no arrays; its header's checksum matches)"
+    return " (no checksums: not written by jaxstow)"
 
 
 def run(args: argparse.Namespace) -> int:
     if is_folder(args.target):
-        steps = checkpoint_steps(args.target)
-        if not steps:
-            raise PathError("holds no committed checkpoint step (is it a CheckpointManager folder?)", file=args.target)
+        steps = committed_steps(args.target)
         reports = [
             verify_file(step.sources(item), step.url(step.record.files[item]), progress=args.progress)
             for step in steps
@@ -82,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         return 1 if damaged else 0
     for report in reports:
         if not report.damage:
-            note = "" if report.checksums else " (no checksums: not written by jaxstow)"
+            note = _note(report)
             checksums = f"{report.checksums} checksum{'s' if report.checksums != 1 else ''}"
             print(f"ok       {report.file}: {checksums}, {format_bytes(report.nbytes)} read{note}")
         for item in report.damage:
@@ -93,15 +102,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool = False) -> FileReport:
-    """Verify one file; a header that cannot be read counts as damage to the whole file."""
+    """Verify one file; a damaged header counts as damage to the whole file. A file that is not one jaxstow reads
+    (another format, a newer format version) is an error, not damage."""
     report = FileReport(name)
     try:
         with open_file(target) as reader:
+            report.manifest = reader.container.manifest is not None
             total = sum(leaf.nbytes for leaf in describe(reader))
             with bar(total, f"verifying {name}", enabled=progress) as read:
                 report.checksums, damage = verify_checksums(reader, read.update)
                 report.damage.extend(damage)
             report.nbytes = read.done
-    except FormatError as error:
+    except CorruptFileError as error:
+        if not isinstance(target, list) and (foreign := pointed(error, target)) is not error:
+            raise foreign from None  # another library's file: not damage, and verify cannot read it
         report.damage.append(error)
     return report

@@ -24,6 +24,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow.errors import ArgumentError
 
 __all__ = [
     "BLOCKS_PER_RUN",
@@ -68,21 +69,24 @@ def token_spec(chains: tuple[int, ...]) -> Any:
     return _shape_dtype(chains, jnp.int32)
 
 
-def conform(value: Any, spec: Any, *, what: str) -> Any:
-    """``value`` checked against ``spec`` (structure and shapes) and cast to its dtypes.
+def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
+    """``value`` checked against ``spec`` (structure and shapes) and cast to its dtypes; ``hint`` says what to do
+    when the structure differs.
 
     Python numbers and weakly typed values take the spec's dtype; any other dtype must match.
     """
     paths, leaves, treedef = flatten_with_paths(value)
     specs, spec_treedef = jax.tree.flatten(spec)
     if treedef != spec_treedef:
-        raise ValueError(f"the {what} has the structure {treedef}, expected {spec_treedef}")
+        raise ArgumentError(
+            f"the {what} has the structure {treedef}, expected {spec_treedef}{'; ' + hint if hint else ''}"
+        )
     out = []
     for path, leaf, wanted in zip(paths, leaves, specs, strict=True):
         dtype = jnp.result_type(leaf)
         weak = isinstance(leaf, bool | int | float | complex) or getattr(leaf, "weak_type", False)
         if np.shape(leaf) != wanted.shape or not (weak or dtype == wanted.dtype):
-            raise ValueError(
+            raise ArgumentError(
                 f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)}"
             )
         out.append(jnp.asarray(leaf, wanted.dtype))
@@ -107,7 +111,7 @@ def keep_flags(keep: Any, chains: tuple[int, ...]) -> jax.Array:
     """``keep`` as one boolean per chain."""
     flags = jnp.asarray(keep, jnp.bool_)
     if flags.shape != chains:
-        raise ValueError(f"keep must be one boolean per chain (shape {chains}), got shape {flags.shape}")
+        raise ArgumentError(f"keep must be one boolean per chain (shape {chains}), got shape {flags.shape}")
     return flags
 
 

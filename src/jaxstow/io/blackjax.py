@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow.errors import ArgumentError
 from jaxstow.io.runs import run_chains
 
 __all__ = ["sample"]
@@ -135,7 +136,7 @@ def sample(
 def _chain_count(positions: Any) -> int:
     sizes = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree.leaves(positions)}
     if len(sizes) != 1 or None in sizes:
-        raise ValueError(
+        raise ArgumentError(
             "positions must be a pytree whose every leaf has the same leading axis, one entry per chain "
             f"(got leading sizes {sorted(map(str, sizes))})"
         )

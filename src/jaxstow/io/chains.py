@@ -24,7 +24,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._save_load import load, save
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import ArgumentError, StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
 from jaxstow.io.dictionize import pytree_dict_keys
 
@@ -53,7 +53,7 @@ class SampleLayout:
     def of(cls, sample: Any) -> SampleLayout:
         """The layout of ``sample``, whose leaves must be arrays or numbers."""
         if sample is None:
-            raise ValueError("a collector needs init_sample to know the structure, shapes and dtypes of the samples")
+            raise ArgumentError("a collector needs init_sample to know the structure, shapes and dtypes of the samples")
         paths, leaves, treedef = flatten_with_paths(sample)
         shapes, dtypes = [], []
         for path, leaf in zip(paths, leaves, strict=True):
@@ -61,7 +61,7 @@ class SampleLayout:
             if dtype is None and isinstance(leaf, bool | int | float | complex):
                 dtype = jnp.asarray(leaf).dtype
             if dtype is None or jnp.issubdtype(dtype, jax.dtypes.prng_key):
-                raise TypeError(
+                raise ArgumentError(
                     f"sample leaf {path!r} is {leaf!r}; samples must be arrays or numbers "
                     "(store a PRNG key as jax.random.key_data(key))"
                 )
@@ -100,7 +100,7 @@ class ChainBook:
         rows = len(values[0]) if values else 0
         for name, shape, value in zip(layout.names, layout.shapes, values, strict=True):
             if value.shape != (rows, *shape):
-                raise ValueError(
+                raise ArgumentError(
                     f"chain {chain_id}: block for leaf {name!r} has shape {value.shape}, expected {(rows, *shape)}"
                 )
         end = first + rows

@@ -23,7 +23,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import key_to_str
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import ArgumentError, StructureMismatchError
 
 __all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
 
@@ -81,7 +81,7 @@ def _rule_for(node: Any) -> Rule:
         if attempt == 0:
             _register_library_rules()
     name = type(node).__qualname__
-    raise TypeError(
+    raise ArgumentError(
         f"cannot turn a {name} node into a dict: register a rule with @jaxstow.io.register_dictionize_rule({name})"
     )
 

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import ArgumentError, StructureMismatchError
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
     ChainBook,
@@ -105,7 +105,7 @@ class HDF5Collector(DataCollector):
     ) -> None:
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         if not isinstance(file, h5py.File):
-            raise TypeError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
+            raise ArgumentError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
         self._h5py = h5py
         self._file = file
         self._compression = compression
@@ -277,7 +277,7 @@ class HDF5Collector(DataCollector):
         latest checkpoint of every other chain, atomically in one file."""
         path = self.checkpoint_path
         if path is None:
-            raise ValueError(
+            raise ArgumentError(
                 f"the HDF5 file {self._file.filename} is not on disk, so checkpoints cannot go next to it: "
                 "give HDF5Collector a checkpoint_dir"
             )

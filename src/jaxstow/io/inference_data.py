@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import JaxstowError
+from jaxstow.errors import ArgumentError, JaxstowError
 from jaxstow.io.dictionize import pytree_dict_keys
 from jaxstow.io.live import read_draws
 from jaxstow.io.memory import MemoryCollector
@@ -86,7 +86,7 @@ def _chains_of(samples: Any) -> tuple[Chains, bool]:
         return [_variables(samples["samples"])], False
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
         return [_variables(chain["samples"]) for chain in samples], False
-    raise TypeError(
+    raise ArgumentError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
     )

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._save_load import save
+from jaxstow.errors import ArgumentError
 from jaxstow.io.chains import (
     ChainBook,
     SampleLayout,
@@ -104,7 +105,7 @@ class MemoryCollector(DataCollector):
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
         path = self._path(chain_id, _CHECKPOINT)
         if path is None:
-            raise ValueError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
+            raise ArgumentError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         names = self._chains.layouts[chain_id].names
         count = checkpoint.sample_count

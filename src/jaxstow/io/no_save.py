@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow.errors import SampleCountError
+from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
@@ -71,7 +71,7 @@ def _init(
     del init_checkpoint
     capacity = None if static_information is None else static_information.samples_collected
     if capacity is None or capacity < 1:
-        raise ValueError(
+        raise ArgumentError(
             "no_save keeps the samples in device memory, whose size is fixed at compile time: give "
             "scheduler.static_information(samples_collected=N) with N >= 1, or stream them with "
             f"io.save(io.MemoryCollector()) (got samples_collected={capacity})"

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, JaxstowError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError, StructureMismatchError
 from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
@@ -103,7 +103,7 @@ def run_chains(
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose="run_chains")
     if checkpoint_every < 1 or num_steps < 0:
-        raise ValueError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
+        raise ArgumentError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
     state_spec = spec_of(jax.eval_shape(start))  # without weak types, as _strong leaves the state
     chains = _chain_count(state_spec)
@@ -260,16 +260,18 @@ def _strong(state: Any) -> Any:
 def _chain_count(spec: Any) -> int:
     leaves = jax.tree.leaves(spec)
     if not leaves or any(np.ndim(leaf) == 0 for leaf in leaves):
-        raise ValueError("start() must return a state whose every leaf has a leading axis of chains")
+        raise ArgumentError("start() must return a state whose every leaf has a leading axis of chains")
     for leaf in leaves:
         if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            raise TypeError(
+            raise ArgumentError(
                 "the state holds a typed PRNG key: carry it as jax.random.key_data(key), and wrap it again with "
                 "jax.random.wrap_key_data inside step, so that it can be checkpointed"
             )
     counts = {leaf.shape[0] for leaf in leaves}
     if len(counts) != 1:
-        raise ValueError(f"every leaf of the state needs the same leading axis of chains, got sizes {sorted(counts)}")
+        raise ArgumentError(
+            f"every leaf of the state needs the same leading axis of chains, got sizes {sorted(counts)}"
+        )
     return int(counts.pop())
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
-from jaxstow.errors import CollectorError, SampleCountError
+from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
     chain_polymorphic,
@@ -129,9 +129,9 @@ def save(
     {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': array([0, 2, 4], dtype=int32)}}
     """
     if checkpoint_every < 0:
-        raise ValueError(f"checkpoint_every must be 0 (never) or a number of steps, got {checkpoint_every}")
+        raise ArgumentError(f"checkpoint_every must be 0 (never) or a number of steps, got {checkpoint_every}")
     if block_size is not None and block_size < 1:
-        raise ValueError(f"block_size must be at least 1, got {block_size}")
+        raise ArgumentError(f"block_size must be at least 1, got {block_size}")
     streaming = _Streaming(
         MemoryCollector() if data_collector is None else data_collector, checkpoint_every, block_size
     )
@@ -171,7 +171,7 @@ class _Streaming:
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
         if self.declared and checkpoint_treedef != jax.tree.structure(self.checkpoint_spec):
-            raise ValueError("every chain of one saving strategy needs an init_checkpoint of the same structure")
+            raise ArgumentError("every chain of one saving strategy needs an init_checkpoint of the same structure")
         chain_id = self.collector.register_chain(
             init_sample=init_sample, init_checkpoint=init_checkpoint, static_information=information
         )
@@ -250,7 +250,13 @@ class _Streaming:
         keep = keep_flags(keep, np.shape(saving_state.chain_id))
         checkpoint = None
         if self.checkpoint_every:
-            solver = conform(solver_state, self.checkpoint_spec, what="solver state")
+            solver = conform(
+                solver_state,
+                self.checkpoint_spec,
+                what="solver state",
+                hint="checkpoint_every checkpoints the solver state: pass it to every save, "
+                "save(saving_state, keep, sample, solver_state=state), with the structure of init_checkpoint",
+            )
             solver = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, solver)
             checkpoint = (solver, scheduler_state)
         return self._step(saving_state, keep, sample, checkpoint), None

@@ -16,6 +16,8 @@ from __future__ import annotations
 import operator
 from typing import Any, NamedTuple
 
+from jaxstow.errors import ArgumentError
+
 __all__ = ["static_information"]
 
 
@@ -41,14 +43,14 @@ def _count(samples_collected: Any) -> int | None:
     if samples_collected is None:
         return None
     if isinstance(samples_collected, bool):
-        raise TypeError("samples_collected must be an integer or None, not a bool")
+        raise ArgumentError("samples_collected must be an integer or None, not a bool")
     try:
         count = operator.index(samples_collected)
     except TypeError:
-        raise TypeError(
+        raise ArgumentError(
             f"samples_collected must be an integer (Python, numpy or a 0-d jax integer array) or None, "
             f"not {samples_collected!r}"
         ) from None
     if count < 0:
-        raise ValueError(f"samples_collected must be at least 0, not {count}")
+        raise ArgumentError(f"samples_collected must be at least 0, not {count}")
     return count

@@ -26,6 +26,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from jaxstow.errors import ArgumentError
 from jaxstow.objax.tree_checkpoint import TreeCheckpoint
 from jaxstow.objax.variables import load_var_collection, save_var_collection
 
@@ -69,4 +70,4 @@ class Checkpoint(TreeCheckpoint):
 
 def _check_collection(vc: Any) -> None:
     if not isinstance(vc, Mapping):
-        raise TypeError(f"a Checkpoint saves and restores a variable collection (module.vars()), not {type(vc)}")
+        raise ArgumentError(f"a Checkpoint saves and restores a variable collection (module.vars()), not {type(vc)}")

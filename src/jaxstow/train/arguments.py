@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxstow.errors import ArgumentError
 from jaxstow.train.default import DefaultCheckpointerArguments
 
 __all__ = ["DistributedTrainingArguments", "TrainerArguments", "step_batch_size"]
@@ -56,7 +57,7 @@ def step_batch_size(batch_size: int, *, limit: int) -> int:
     """The batch of one train step: ``batch_size`` itself if it fits in ``limit``, else ``limit`` if it divides it,
     else ``batch_size`` halved until it fits."""
     if batch_size < 1 or limit < 1:
-        raise ValueError(
+        raise ArgumentError(
             f"a process's share of train_batch_size ({batch_size}) and gpu_batch_size_limit ({limit}) must both be "
             "at least 1: raise train_batch_size or use fewer processes"
         )

@@ -33,6 +33,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from jaxstow.errors import ArgumentError
 from jaxstow.train.module import CallbackInterface, ModuleInterface
 
 __all__ = ["SingleProcess", "TrainerBackend", "TrainerBackendArguments"]
@@ -110,7 +111,7 @@ class SingleProcess(TrainerBackend):
     def init(self, args: TrainerBackendArguments) -> None:
         """Keep the module and the step settings to train with."""
         if not isinstance(args.gradient_accumulation, int) or args.gradient_accumulation < 1:
-            raise ValueError(f"gradient_accumulation must be a positive integer, not {args.gradient_accumulation!r}")
+            raise ArgumentError(f"gradient_accumulation must be a positive integer, not {args.gradient_accumulation!r}")
         self._args = args
 
     @property

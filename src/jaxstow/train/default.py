@@ -27,6 +27,7 @@ import logging
 import os
 
 from jaxstow._save_load import load, save
+from jaxstow.errors import ArgumentError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
 from jaxstow.train.state import Checkpoint, as_checkpoint
@@ -129,7 +130,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
         if self.args.load_filename:
             path = os.path.join(load_dir, self.args.load_filename)
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path}: load_filename names no file in load_dir")
+                raise PathNotFoundError("load_filename names no file in load_dir", file=path)
             return path
         latest = self.get_latest_file(load_dir, self.args.file_prefix, self.args.file_ext)
         if not latest:
@@ -166,14 +167,14 @@ class DefaultCheckpointer(AbstractCheckpointer):
 def _check(args: DefaultCheckpointerArguments) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
     if not isinstance(args.period, int) or args.period <= 0:
-        raise ValueError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
+        raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
     if args.log_level.upper() not in logging.getLevelNamesMapping():
-        raise ValueError(
+        raise ArgumentError(
             f"DefaultCheckpointerArguments.log_level must be one of {sorted(logging.getLevelNamesMapping())}, "
             f"not {args.log_level!r}"
         )
     if args.load_filename and not args.load_dir:
-        raise ValueError(
+        raise ArgumentError(
             f"DefaultCheckpointerArguments.load_filename={args.load_filename!r} needs load_dir, the folder it is in"
         )
     if (
@@ -181,7 +182,7 @@ def _check(args: DefaultCheckpointerArguments) -> None:
         and args.load_dir
         and os.path.realpath(args.load_dir) == os.path.realpath(args.save_dir)
     ):
-        raise ValueError(
+        raise ArgumentError(
             f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete the checkpoints in {args.load_dir}, "
             "which is also load_dir, before they are resumed from; unset one of them"
         )

@@ -35,6 +35,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from jaxstow.errors import ArgumentError
 from jaxstow.train.arguments import TrainerArguments, step_batch_size
 from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
@@ -74,7 +75,7 @@ class Trainer:
         )
         checkpoint = self.checkpointer.load()
         if not isinstance(checkpoint, Checkpoint):
-            raise TypeError(
+            raise ArgumentError(
                 f"{type(self.checkpointer).__name__}.load() returned a {type(checkpoint).__name__}; it must return a "
                 "jaxstow.train.Checkpoint (Checkpoint() when there is nothing to resume from)"
             )

@@ -1,0 +1,159 @@
+"""Format version 3's manifest: the leaves as columns, saying only what the safetensors header does not.
+
+A leaf's tensor is named by its path, and a leaf stored as its tensor is (dtype and shape) needs nothing more than its
+kind and its checksum. So a version 3 manifest lists the leaves as columns: ``paths`` (every leaf, in the tree's leaf
+order), ``kinds`` (one letter per leaf: ``a`` array, ``n`` numpy scalar, ``k`` PRNG key, ``t`` torch tensor, ``s``
+sharded array, ``v`` value), ``xxh3`` (the checksum, 16 hex digits, of each leaf of kind ``a``, ``n``, ``k`` or ``t``,
+in leaf order) and ``details``, keyed by leaf index, for the few leaves that need more: a value, a key's implementation, a
+sharded array's shards, the true dtype and shape of a leaf stored as raw bytes.
+
+The columns are checked as wholes (types, lengths, letters, hex digits, unique paths); each detail is checked as a
+version 2 entry is. In memory a manifest being written keeps its entries (``leaves``) until the header is written.
+
+>>> from jaxstow._format.columns import check_columns, columnar
+>>> from jaxstow._format.reading import TensorSlot
+>>> import numpy as np
+>>> manifest = columnar({"format": "jaxstow", "version": 3, "structure": "*", "metadata": None,
+...     "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]})
+>>> manifest
+{'format': 'jaxstow', 'version': 3, 'structure': '*', 'metadata': None, 'paths': ['w'], 'kinds': 'a', 'xxh3': ['d0a66a65c7528968'], 'details': {}}
+>>> columns = check_columns(manifest, {"w": TensorSlot.at("w", np.dtype(np.float32), (2,), 0)}, file="f.jxs")
+>>> columns.checksum(0), columns.tensor_names()
+('d0a66a65c7528968', {'w'})
+>>> check_columns({**manifest, "kinds": "x"}, {}, file="f.jxs")
+Traceback (most recent call last):
+...
+jaxstow.errors.FormatError: f.jxs: the manifest's kinds must be a string of one letter per leaf from 'anktsv', not 'x'
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jaxstow._format.manifest import _check_entry
+from jaxstow._format.reading import TensorSlot
+from jaxstow.errors import FormatError
+
+__all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "columnar"]
+
+#: The first format version whose manifest holds columns.
+COLUMNAR_VERSION = 3
+KIND_LETTERS = {"array": "a", "npscalar": "n", "key": "k", "torch": "t", "sharded": "s", "value": "v"}
+KIND_NAMES = {letter: kind for kind, letter in KIND_LETTERS.items()}
+#: The kinds of leaf whose bytes are one tensor named by the leaf's path, each with a checksum in ``xxh3``.
+CHECKSUMMED = "ankt"
+_COLUMN_KEYS = ("paths", "kinds", "xxh3", "details")
+_HEX = re.compile(r"[0-9a-f]*")
+_INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
+_LETTER_CODES = np.frombuffer(CHECKSUMMED.encode("ascii"), np.uint8)
+
+
+def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as a version 3 file holds it: its ``leaves`` entries turned into columns (any other manifest as
+    it is)."""
+    leaves = manifest.get("leaves")
+    if manifest.get("version") != COLUMNAR_VERSION or not isinstance(leaves, list):
+        return manifest
+    out = {key: value for key, value in manifest.items() if key != "leaves"}
+    kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])
+    out["paths"] = [entry["path"] for entry in leaves]
+    out["kinds"] = kinds
+    out["xxh3"] = [entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED]
+    out["details"] = {
+        str(i): {key: value for key, value in entry.items() if key not in ("path", "kind", "xxh3")}
+        for i, (entry, kind) in enumerate(zip(leaves, kinds, strict=True))
+        if len(entry) > 2 + (kind in CHECKSUMMED)
+    }
+    return out
+
+
+class LeafColumns:
+    """A checked version 3 manifest's leaves: the columns, and the detail of each leaf that has one as a version 2
+    entry (with its path and kind), checked."""
+
+    def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
+        self.paths = paths
+        self.kinds = kinds
+        self.checksums = checksums
+        self.entries = entries
+        codes = np.frombuffer(kinds.encode("ascii"), np.uint8)
+        self.stored = np.isin(codes, _LETTER_CODES)  # the leaves stored as one tensor named by their path
+        self._rank = np.cumsum(self.stored) - 1  # each such leaf's place in ``checksums``
+
+    def checksum(self, index: int) -> str:
+        """The checksum of the stored leaf at ``index``."""
+        return self.checksums[int(self._rank[index])]
+
+    def stored_paths(self) -> list[str]:
+        return list(itertools.compress(self.paths, self.stored.tolist()))
+
+    def tensor_names(self) -> set[str]:
+        """The names of the tensors the leaves are stored in (a sharded leaf's shards each have one)."""
+        names = set(self.stored_paths())
+        for entry in self.entries.values():
+            if entry["kind"] == "sharded":
+                names.update(shard["tensor"] for shard in entry["shards"])
+        return names
+
+
+def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
+    """The leaves of a version 3 manifest whose other fields :func:`~jaxstow._format.manifest.check_manifest`
+    checked, every column and detail checked against the file's tensors ``slots``."""
+    paths, kinds, checksums, details = (manifest.get(key) for key in _COLUMN_KEYS)
+    if not (isinstance(paths, list) and set(map(type, paths)) <= {str}):
+        raise FormatError("the manifest's paths must be a list of strings", file=file)
+    if not (isinstance(kinds, str) and len(kinds) == len(paths) and set(kinds) <= set(KIND_NAMES)):
+        shown = kinds if not isinstance(kinds, str) or len(kinds) <= 40 else kinds[:40] + "..."
+        raise FormatError(
+            f"the manifest's kinds must be a string of one letter per leaf from 'anktsv', not {shown!r}", file=file
+        )
+    stored = sum(kinds.count(letter) for letter in CHECKSUMMED)
+    if not (
+        isinstance(checksums, list)
+        and len(checksums) == stored
+        and set(map(type, checksums)) <= {str}
+        and set(map(len, checksums)) <= {16}
+        and _HEX.fullmatch("".join(checksums))
+    ):
+        raise FormatError(
+            f"the manifest's xxh3 must be 16 hex digits for each of its {stored} stored leaves", file=file
+        )
+    if len(set(paths)) != len(paths):
+        seen: set[str] = set()
+        twice = next(path for path in paths if path in seen or seen.add(path))  # type: ignore[func-returns-value]
+        raise FormatError("the manifest lists this leaf twice", file=file, path=twice)
+    if not isinstance(details, dict):
+        raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
+    columns = LeafColumns(paths, kinds, checksums, {})
+    entries = columns.entries
+    for key, detail in details.items():
+        index = int(key) if _INDEX.fullmatch(key) else len(paths)
+        if index >= len(paths) or not isinstance(detail, dict):
+            raise FormatError(
+                f"malformed detail {key!r} of the manifest (expected a leaf index and an object)", file=file
+            )
+        entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
+        if kinds[index] in CHECKSUMMED:
+            entry["xxh3"] = columns.checksum(index)
+        _check_entry(entry, index, slots, file=file)
+        entries[index] = entry
+    for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards")):
+        start = kinds.find(letter)
+        while start >= 0:
+            if start not in entries or needs not in entries[start]:
+                raise FormatError(
+                    f"a {KIND_NAMES[letter]} leaf needs its {needs} in the details", file=file, path=paths[start]
+                )
+            start = kinds.find(letter, start + 1)
+    start = kinds.find("n")
+    while start >= 0:
+        if start not in entries and paths[start] in slots and slots[paths[start]].shape:
+            shape = list(slots[paths[start]].shape)
+            raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=paths[start])
+        start = kinds.find("n", start + 1)
+    return columns

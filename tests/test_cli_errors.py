@@ -1,0 +1,148 @@
+"""The ``jaxstow`` command on a user's mistakes: one line on stderr and exit status 2, never a traceback; status 1
+only for damage or differences; a closed pipe ends quietly. Run for real (``python -m jaxstow``) in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager
+from reliability.forge import forge_native, split_native
+
+#: No credentials from this machine's files or its cloud metadata service: only what a test gives.
+_NO_CLOUD = {
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_MAX_ATTEMPTS": "1",
+}
+
+
+def jaxstow_command(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "FSSPEC_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxstow", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**clean, **_NO_CLOUD, **(env or {})},
+    )
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], command: str, *expected: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"jaxstow {command}: "), done.stderr
+    for text in expected:
+        assert text in lines[0], (text, lines[0])
+    assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+@pytest.fixture
+def files(tmp_path):
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.arange(6, dtype=np.float32), "step": 3})
+    (tmp_path / "random.bin").write_bytes(os.urandom(100))
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"w": jnp.ones(2)})
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("command", "names", "expected"),
+    [
+        ("inspect", ["nothing.jxs"], "nothing.jxs: no such file"),
+        ("inspect", ["run"], "run: is a folder, not a file"),
+        ("inspect", ["random.bin"], "random.bin: not a jaxstow, safetensors or npz file"),
+        ("verify", ["nothing.jxs"], "nothing.jxs: no such file"),
+        ("verify", ["random.bin"], "random.bin: not a jaxstow, safetensors or npz file"),
+        ("diff", ["model.jxs", "nothing.jxs"], "nothing.jxs: no such file"),
+        ("ls", ["nothing"], "nothing: no such folder"),
+        ("ls", ["model.jxs"], "model.jxs: is a file, not a checkpoint folder"),
+        ("ls", ["empty"], "empty: holds no committed checkpoint step"),
+    ],
+)
+def test_a_mistake_is_one_line_and_status_2(files, command, names, expected):
+    (files / "empty").mkdir()
+    assert_one_line_error(jaxstow_command(command, *(files / name for name in names)), command, f"{files}/{expected}")
+
+
+def test_a_newer_format_is_an_error_not_damage(tmp_path):
+    tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
+    assert manifest is not None
+    newer = tmp_path / "newer.jxs"
+    newer.write_bytes(forge_native(tensors, manifest.replace('"version":3', '"version":4'), data))
+    message = f"{newer}: cannot read: format 4 is newer than this jaxstow (3); upgrade jaxstow"
+    for command in ("verify", "inspect"):
+        assert_one_line_error(jaxstow_command(command, newer), command, message)
+    with pytest.raises(jaxstow.errors.NewerFormatError, match="format 4 is newer than this jaxstow"):
+        jaxstow.load(newer)
+
+
+def jaxstow_bytes(tree) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, tree)
+    return buffer.getvalue()
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    path = tmp_path / "wide.jxs"
+    jaxstow.save(path, {f"leaf{i:04d}": np.zeros(2, np.float32) for i in range(3000)})  # a table of ~150 kB
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "jaxstow", "inspect", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    first = reader.stdout.readline()  # as `| head -1` does: read a line, then close the pipe
+    reader.stdout.close()
+    errors = reader.stderr.read()
+    assert reader.wait(timeout=300) == 141
+    assert first.startswith(str(path).encode()) and errors == b""
+
+
+def test_no_checksums_only_for_files_that_have_none(tmp_path):
+    from safetensors.numpy import save_file
+
+    values = tmp_path / "step.jxs"
+    jaxstow.save(values, {"step": 7, "lr": 0.5})  # what a manager writes for a step counter: values only
+    out = jaxstow_command("verify", values)
+    assert out.returncode == 0 and f"ok       {values}: 0 checksums, 0 B read (no arrays; its header's" in out.stdout
+    plain = tmp_path / "plain.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(plain))
+    out = jaxstow_command("verify", plain)
+    assert out.returncode == 0 and "(no checksums: not written by jaxstow)" in out.stdout
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_unreachable_server_is_one_line(files):
+    pytest.importorskip("s3fs")
+    endpoint = json.dumps({"endpoint_url": f"http://127.0.0.1:{_closed_port()}", "key": "k", "secret": "s"})
+    for command in ("inspect", "ls", "verify"):
+        done = jaxstow_command(command, "s3://bucket/model.jxs", env={"FSSPEC_S3": endpoint})
+        assert_one_line_error(done, command, "s3://bucket/model.jxs: ")
+
+
+def test_missing_credentials_are_one_line(s3_server):
+    url = s3_server.url("no-credentials", "model.jxs")
+    fsspec = pytest.importorskip("fsspec")
+    with fsspec.open(url, "wb", **s3_server.storage_options) as file:  # written with credentials
+        jaxstow.save(file, {"w": np.ones(2)})
+    endpoint = json.dumps({"client_kwargs": {"endpoint_url": s3_server.endpoint}})
+    done = jaxstow_command("inspect", url, env={"FSSPEC_S3": endpoint})
+    assert_one_line_error(done, "inspect", url)
+    assert "credentials" in done.stderr.lower()

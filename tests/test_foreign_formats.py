@@ -1,0 +1,286 @@
+"""Files and folders of other libraries, made by those libraries here: PyTorch (zip and legacy), pickle, equinox's
+``tree_serialise_leaves``, flax's msgpack, orbax checkpoints, manager steps and manager folders. ``jaxstow.load``,
+``jaxstow.open`` and ``jaxstow inspect`` name each and the call that reads it; ``from_format`` and ``jaxstow convert``
+read those that can be read safely; nothing from a file is ever run, and no warning of another library reaches the
+command line's output."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.cli import main
+from jaxstow.errors import FormatError, JaxstowError, PathError, StructureMismatchError
+
+torch = pytest.importorskip("torch")
+ocp = pytest.importorskip("orbax.checkpoint")
+serialization = pytest.importorskip("flax.serialization")
+
+
+def _state_dict():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    return {"weight": layer.weight.detach().clone(), "bias": layer.bias.detach().to(torch.bfloat16)}
+
+
+def _mlp(seed: int = 0):
+    return eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(seed))
+
+
+def _flax_params():
+    return {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3), "bias": jnp.zeros(3, jnp.bfloat16)}}
+
+
+def _orbax_quietly(function):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return function()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """One real file or folder of each kind, written by its own library."""
+    folder = tmp_path_factory.mktemp("foreign")
+    paths = {name: folder / name for name in ("net.pt", "legacy.pt", "data.pkl", "model.eqx", "params.msgpack")}
+    torch.save(_state_dict(), paths["net.pt"])
+    torch.save(_state_dict(), paths["legacy.pt"], _use_new_zipfile_serialization=False)
+    paths["data.pkl"].write_bytes(pickle.dumps({"w": np.ones(2)}))
+    eqx.tree_serialise_leaves(paths["model.eqx"], _mlp())
+    paths["params.msgpack"].write_bytes(serialization.to_bytes(_flax_params()))
+    mesh = jax.make_mesh((4,), ("x",))
+    tree = {"w": jax.device_put(jnp.arange(8.0), NamedSharding(mesh, P("x"))), "step": 7}
+    paths["orbax"] = folder / "orbax"
+    _orbax_quietly(lambda: ocp.StandardCheckpointer().save(paths["orbax"], tree) or ocp.StandardCheckpointer().close())
+    paths["run"] = folder / "run"
+    options = ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics["loss"], best_mode="min")
+
+    def manager_run():
+        with ocp.CheckpointManager(paths["run"], options=options) as manager:
+            for step in (10, 20, 30):
+                items = ocp.args.Composite(
+                    state=ocp.args.StandardSave({"w": np.full(3, step, np.float32), "b": jnp.ones(2)}),
+                    extra=ocp.args.JsonSave({"epoch": step // 10, "note": "orbax"}),
+                )
+                manager.save(step, args=items, metrics={"loss": 1.0 / step})
+            manager.wait_until_finished()
+
+    _orbax_quietly(manager_run)
+    paths["run/20"] = paths["run"] / "20"
+    return paths
+
+
+LABELS = [
+    ("net.pt", "PyTorch zip", "jaxstow.load('{path}', from_format='torch')"),
+    ("legacy.pt", "PyTorch legacy", "jaxstow.load('{path}', from_format='torch')"),
+    ("data.pkl", "pickle", "jaxstow never unpickles"),
+    ("model.eqx", "equinox tree_serialise_leaves stream", "jaxstow.load('{path}', like=model, from_format='equinox')"),
+    ("params.msgpack", "flax msgpack", "jaxstow.load('{path}', from_format='flax')"),
+    ("orbax", "orbax checkpoint", "jaxstow.load('{path}', from_format='orbax')"),
+    ("run/20", "orbax manager step", "jaxstow.load('{path}', from_format='orbax')"),
+    ("run", "orbax manager folder", "`jaxstow convert {path} {path}-jaxstow`"),
+]
+
+
+@pytest.mark.parametrize(("name", "label", "call"), LABELS, ids=[name for name, _, _ in LABELS])
+def test_load_open_and_inspect_name_the_format_and_what_reads_it(files, capsys, name, label, call):
+    path = str(files[name])
+    expected = call.format(path=path)
+    for attempt in (jaxstow.load, jaxstow.open, jaxstow.load_metadata):
+        with pytest.raises((FormatError, PathError)) as caught:
+            attempt(path)
+        assert str(caught.value).startswith(f"{path}: is ") and label in str(caught.value)
+        assert expected in str(caught.value), str(caught.value)
+    for command in ("inspect", "verify"):  # an error (status 2), never damage (status 1)
+        assert main([command, path]) == 2
+        err = capsys.readouterr().err
+        assert label in err and expected in err
+    if files[name].is_file():  # a file object is named too, with the call for a file object
+        with open(path, "rb") as file, pytest.raises(FormatError, match=label):
+            jaxstow.load(file)
+
+
+@pytest.mark.parametrize(
+    ("make", "label"),
+    [
+        (lambda path: jaxstow.save(path / "a.jxs", {"w": np.ones(2)}) or path / "a.jxs", "jaxstow"),
+        (lambda path: jaxstow.save(path / "a.npz", {"w": np.ones(2)}) or path / "a.npz", "npz from jaxstow"),
+        (lambda path: np.savez(path / "b.npz", w=np.ones(2)) or path / "b.npz", "npz from numpy"),
+        (
+            lambda path: (
+                __import__("safetensors.numpy").numpy.save_file({"w": np.ones(2)}, str(path / "c.st")) or path / "c.st"
+            ),
+            "plain safetensors",
+        ),
+    ],
+    ids=["jaxstow", "jaxstow-npz", "numpy-npz", "safetensors"],
+)
+def test_inspect_labels_the_files_it_reads_exactly(tmp_path, capsys, make, label):
+    path = make(tmp_path)
+    assert main(["inspect", "--json", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["format"] == label
+
+
+def test_pytorch_state_dicts_load_through_weights_only(files):
+    expected = _state_dict()
+    for name in ("net.pt", "legacy.pt"):
+        loaded = jaxstow.load(files[name], from_format="torch", as_numpy=True)
+        np.testing.assert_array_equal(loaded["weight"], expected["weight"].numpy())
+        assert loaded["bias"].dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(loaded["bias"].astype(np.float32), expected["bias"].float().numpy())
+    like = {"weight": jax.ShapeDtypeStruct((2, 3), jnp.float32), "bias": jax.ShapeDtypeStruct((2,), jnp.bfloat16)}
+    fitted = jaxstow.load(files["net.pt"], like, from_format="torch")
+    assert isinstance(fitted["weight"], jax.Array) and fitted["bias"].dtype == jnp.bfloat16
+    with pytest.raises(StructureMismatchError, match="'bias': in the file but not in the structure"):
+        jaxstow.load(files["net.pt"], {"weight": like["weight"]}, from_format="torch")
+
+
+class _Payload:
+    """An object whose unpickling would run code: creating a marker folder."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_no_code_of_a_file_is_run(tmp_path):
+    marker = tmp_path / "code-ran"
+    torch.save({"w": torch.ones(2), "evil": _Payload(str(marker))}, tmp_path / "evil.pt")
+    (tmp_path / "evil.pkl").write_bytes(pickle.dumps(_Payload(str(marker))))
+    with pytest.raises(FormatError, match="not a PyTorch file of tensors that loads without unpickling objects"):
+        jaxstow.load(tmp_path / "evil.pt", from_format="torch")
+    for name in ("evil.pt", "evil.pkl"):
+        with pytest.raises(FormatError):
+            jaxstow.load(tmp_path / name)
+        assert main(["inspect", str(tmp_path / name)]) == 2
+    assert not marker.exists()
+
+
+def test_flax_msgpack_loads_as_nested_dicts_chunked_arrays_included(tmp_path, monkeypatch):
+    loaded = jaxstow.load(io.BytesIO(serialization.to_bytes(_flax_params())), from_format="flax", as_numpy=True)
+    np.testing.assert_array_equal(loaded["dense"]["kernel"], _flax_params()["dense"]["kernel"])
+    assert loaded["dense"]["bias"].dtype == ml_dtypes.bfloat16
+    scalars = {"step": np.int64(7), "lr": 0.5, "z": 1 + 2j, "name": "adam", "big": np.arange(100, dtype=np.int32)}
+    monkeypatch.setattr(serialization, "MAX_CHUNK_SIZE", 64)  # flax then writes "big" in chunks of 16 elements
+    (tmp_path / "chunked.msgpack").write_bytes(serialization.to_bytes(scalars))
+    loaded = jaxstow.load(tmp_path / "chunked.msgpack", from_format="flax", as_numpy=True)
+    assert loaded["step"] == 7 and loaded["lr"] == 0.5 and loaded["z"] == 1 + 2j and loaded["name"] == "adam"
+    np.testing.assert_array_equal(loaded["big"], np.arange(100, dtype=np.int32))
+    assert serialization.msgpack_restore((tmp_path / "chunked.msgpack").read_bytes())["big"].shape == (100,)
+
+
+def _packed_array(shape, dtype: str, buffer: bytes, code: int = 1) -> bytes:
+    msgpack = pytest.importorskip("msgpack")
+    return msgpack.packb({"w": msgpack.ExtType(code, msgpack.packb((shape, dtype, buffer)))})
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (_packed_array((2,), "float32", b"\0" * 8, code=99), "a msgpack extension of type 99"),
+        (_packed_array((2,), "object", b"\0" * 16), "unknown dtype b'object'"),
+        (_packed_array((2,), "<f4", b"\0" * 8), "unknown dtype b'<f4'"),
+        (_packed_array((3,), "float32", b"\0" * 8), "cannot reshape"),
+        (_packed_array((-1,), "float32", b"\0" * 8), "or shape"),
+        (b"\x82\xa1w", "not a flax msgpack file"),
+    ],
+    ids=["unknown-extension", "object-dtype", "numpy-spelling", "short-buffer", "negative-shape", "truncated"],
+)
+def test_crafted_msgpack_is_a_format_error(data, problem):
+    with pytest.raises(FormatError, match=problem):
+        jaxstow.load(io.BytesIO(data), from_format="flax")
+
+
+def test_equinox_streams_load_into_like(files):
+    expected = _mlp()
+    for like in (_mlp(seed=1), eqx.filter_eval_shape(_mlp, 1)):
+        loaded = jaxstow.load(files["model.eqx"], like, from_format="equinox")
+        for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_array_equal(got, want)
+    as_numpy = jaxstow.load(files["model.eqx"], _mlp(seed=1), from_format="equinox", as_numpy=True)
+    assert isinstance(as_numpy.layers[0].weight, np.ndarray)
+    with pytest.raises(ValueError, match="pass like="):
+        jaxstow.load(files["model.eqx"], from_format="equinox")
+    with pytest.raises(FormatError, match="holds more than like's leaves"):
+        jaxstow.load(files["model.eqx"], (expected.layers[0].weight, expected.layers[0].bias), from_format="equinox")
+    with pytest.raises(FormatError, match="does not fit like"):
+        jaxstow.load(files["model.eqx"], eqx.nn.MLP(3, 2, 8, 3, key=jax.random.key(0)), from_format="equinox")
+    with pytest.raises(JaxstowError, match="without the options"):
+        jaxstow.load(files["model.eqx"], _mlp(seed=1), from_format="equinox", select=["layers/**"])
+
+
+def test_orbax_checkpoints_and_manager_steps_load_through_orbax(files):
+    checkpoint = jaxstow.load(files["orbax"], from_format="orbax", as_numpy=True)
+    assert checkpoint["step"] == 7 and checkpoint["w"].tolist() == list(range(8))  # saved over 4 devices
+    step = jaxstow.load(files["run/20"], from_format="orbax", as_numpy=True)
+    assert step["extra"] == {"epoch": 2, "note": "orbax"} and step["state"]["w"].tolist() == [20.0] * 3
+    with pytest.raises(FormatError, match="is an orbax manager folder, of several steps"):
+        jaxstow.load(files["run"], from_format="orbax")
+    with pytest.raises(ValueError, match="from_format must be one of"):
+        jaxstow.load(files["orbax"], from_format="tensorflow")
+
+
+def _convert(*args: object) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxstow", "convert", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_convert_an_orbax_manager_folder_into_a_checkpoint_folder_with_its_steps_and_metrics(files, tmp_path):
+    done = _convert(files["run"], tmp_path / "run")
+    assert done.stderr == ""  # no warning of orbax or absl
+    assert (
+        done.stdout.strip()
+        == f"{files['run']} (orbax manager folder) -> {tmp_path / 'run'} (jaxstow checkpoint folder): 3 steps"
+    )
+    theirs = _orbax_quietly(lambda: ocp.CheckpointManager(files["run"]))
+    with CheckpointManager(tmp_path / "run") as ours:
+        assert ours.steps() == list(theirs.all_steps()) == [10, 20, 30]
+        for step in ours.steps():
+            assert ours.metrics(step) == theirs.metrics(step) == {"loss": 1.0 / step}
+            restored = ours.restore(step, as_numpy=True)
+            assert restored["extra"] == {"epoch": step // 10, "note": "orbax"}
+            assert restored["state"]["w"].tolist() == [float(step)] * 3
+        assert ours.best_step("loss") == theirs.best_step() == 30
+    theirs.close()
+
+
+def test_convert_a_manager_step_every_item_and_other_files(files, tmp_path, capsys):
+    done = _convert(files["run/20"], tmp_path / "step.jxs")
+    assert done.stderr == "" and "(orbax manager step) -> " in done.stdout and ": 4 leaves" in done.stdout
+    assert jaxstow.load_metadata(tmp_path / "step.jxs") == {"orbax_step": 20, "metrics": {"loss": 0.05}}
+    assert jaxstow.load(tmp_path / "step.jxs")["extra"]["note"] == "orbax"
+    for name, label in [
+        ("orbax", "orbax checkpoint"),
+        ("legacy.pt", "PyTorch legacy"),
+        ("params.msgpack", "flax msgpack"),
+    ]:
+        done = _convert(files[name], tmp_path / f"{name}.jxs")
+        assert done.stderr == "" and f"({label}) -> " in done.stdout
+    np.testing.assert_array_equal(
+        jaxstow.load(tmp_path / "params.msgpack.jxs", as_numpy=True)["dense"]["kernel"],
+        _flax_params()["dense"]["kernel"],
+    )
+    for name in ("model.eqx", "data.pkl"):
+        assert main(["convert", str(files[name]), str(tmp_path / "x.jxs")]) == 2
+        assert "jaxstow convert cannot read" in capsys.readouterr().err and not (tmp_path / "x.jxs").exists()
