@@ -1,20 +1,53 @@
-"""What the format layer reads from: random-access bytes with a name and a size.
+"""What the format layer reads from: random-access bytes with a name and a size, and how to read them in parallel.
 
 The storage layer provides the sources (local files, file objects, objects in a store); the containers, readers and
-record checks of this layer only ever see this protocol.
+record checks of this layer only ever see this protocol. A source that serves several reads at once says how in its
+:class:`Parallel`: pieces of at most ``piece`` bytes, ``readers`` at a time, on one pool of threads shared by every
+source read the same way (so that several files read together still have ``readers`` reads in flight, not more).
 
 >>> import io
->>> from jaxstow._format.source import ReadSource
+>>> from jaxstow._format.source import Parallel, ReadSource
 >>> from jaxstow._storage.opening import open_source
 >>> isinstance(open_source(io.BytesIO(b"abc")), ReadSource)
 True
+>>> plan = Parallel(readers=4, piece=1 << 20, threshold=4 << 20)
+>>> plan.pool() is plan.pool(), plan.pool()._max_workers
+(True, 4)
 """
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ReadSource"]
+__all__ = ["Parallel", "ReadSource"]
+
+
+class Parallel:
+    """How a source is read in parallel: ``readers`` reads at once of at most ``piece`` bytes each, for reads of at
+    least ``threshold`` bytes (smaller ones run on the caller's thread, faster than a hand-over)."""
+
+    def __init__(self, *, readers: int, piece: int, threshold: int) -> None:
+        self.readers = readers
+        self.piece = piece
+        self.threshold = threshold
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def pool(self) -> ThreadPoolExecutor:
+        """The shared pool of ``readers`` threads, made on first use (and again in a forked child, which has none of
+        its parent's threads)."""
+        with self._lock:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(self.readers, thread_name_prefix="jaxstow-read")
+                self._pid = os.getpid()
+            return self._pool
+
+    def __repr__(self) -> str:
+        return f"Parallel(readers={self.readers}, piece={self.piece}, threshold={self.threshold})"
 
 
 @runtime_checkable
@@ -23,7 +56,10 @@ class ReadSource(Protocol):
 
     name: str
     size: int
-    parallel: bool  # whether several threads may read at once
+
+    @property
+    def parallel(self) -> Parallel | None:
+        """How several threads read it at once; ``None``: one read at a time."""
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` with the bytes at ``offset``; raise :class:`~jaxstow.errors.TruncatedFileError` if the source ends first."""

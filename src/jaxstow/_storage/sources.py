@@ -13,6 +13,8 @@ import io
 import os
 from typing import BinaryIO
 
+from jaxstow._format.reading import LOCAL_DISK
+from jaxstow._format.source import Parallel
 from jaxstow.errors import PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
@@ -23,7 +25,7 @@ class SourceBase:
 
     name: str
     size: int
-    parallel = False
+    parallel: Parallel | None = None
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         raise NotImplementedError
@@ -48,7 +50,7 @@ class SourceBase:
 class LocalFile(SourceBase):
     """A local file read with ``pread``, safe to share between threads."""
 
-    parallel = True
+    parallel = LOCAL_DISK
 
     def __init__(self, path: str) -> None:
         self.name = path

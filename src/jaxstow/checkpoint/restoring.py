@@ -1,6 +1,10 @@
 """Restoring one step: its one tree, or its named items together, with ``select`` patterns and shardings spread over
 the items.
 
+The step's files are opened side by side (on an object store, one request each for the first bytes, which hold the
+header) and its items restored side by side, their reads sharing the pool of their source: a step of many small
+items keeps as many requests in flight as one large file.
+
 Paths in a step with named items start with the item's name (``params/dense/kernel``), so ``select=["params/**"]``
 restores only the ``params`` item, and a sharding function sees the same paths. A ``sharding=`` dict whose keys are
 item names gives each item its own placement.
@@ -20,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Unpack
 
+from jaxstow._format.source import ReadSource
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
@@ -30,7 +36,9 @@ from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError
 
-__all__ = ["restore_items", "restore_step"]
+__all__ = ["open_readers", "restore_items", "restore_step"]
+
+_ITEMS = 16  # items restored at once
 
 
 def restore_items(
@@ -45,16 +53,35 @@ def restore_items(
     to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over the items."""
     select = options.get("select")
     with contextlib.ExitStack() as stack:
-        readers: dict[str, Reader] = {
-            name: stack.enter_context(open_parts(source if isinstance(source, list) else [source]))
-            for name, source in sources.items()
-        }
+        readers = open_readers(stack, sources)
         chosen = _spread_selection(select, readers, where=where)
-        return {
-            name: reader.load(likes.get(name), **_item_options(options, name, chosen))
-            for name, reader in readers.items()
-            if select is None or name in chosen
-        }
+        names = [name for name in readers if select is None or name in chosen]
+        if len(names) <= 1:
+            return {name: readers[name].load(likes.get(name), **_item_options(options, name, chosen)) for name in names}
+        with ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
+            futures = {
+                name: pool.submit(readers[name].load, likes.get(name), **_item_options(options, name, chosen))
+                for name in names
+            }
+            wait(futures.values())
+        return {name: future.result() for name, future in futures.items()}
+
+
+def open_readers(stack: contextlib.ExitStack, sources: Mapping[str, Any]) -> dict[str, Reader]:
+    """A reader of each item of ``sources`` (as :func:`restore_items` takes them), closed when ``stack`` closes; the
+    sources of items not yet opened when one fails are closed too."""
+    readers: dict[str, Reader] = {}
+    items = [(name, source if isinstance(source, list) else [source]) for name, source in sources.items()]
+    for index, (name, targets) in enumerate(items):
+        try:
+            readers[name] = stack.enter_context(open_parts(targets))
+        except BaseException:  # open_parts closed the failing item's sources
+            for _, later in items[index + 1 :]:
+                for target in later:
+                    if isinstance(target, ReadSource):
+                        target.close()
+            raise
+    return readers
 
 
 def _spread_selection(
@@ -96,7 +123,7 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
 
 def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
     """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items."""
-    record = folder.record(step)
+    record = folder.checked_record(step)
     if record.single:
         if items is not None:
             raise CheckpointError(
@@ -104,8 +131,7 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
                 "without items=",
                 file=folder.url(step),
             )
-        with open_parts(folder.sources(step, record, SINGLE_ITEM)) as reader:
+        with open_parts(folder.open_files(record, [SINGLE_ITEM])[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
-    sources = {name: folder.sources(step, record, name) for name in names}
-    return restore_items(sources, like or {}, where=folder.url(step), **options)
+    return restore_items(folder.open_files(record, names), like or {}, where=folder.url(step), **options)
