@@ -133,6 +133,18 @@ class LocalStore:
         fsync_directory(self.root)
         shutil.rmtree(doomed)
 
+    def files(self) -> list[str]:
+        """The names of the files directly in the root (not temporary ones, not hidden ones such as the lock)."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        return sorted(entry.name for entry in entries if entry.is_file() and not entry.name.startswith("."))
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly in the root."""
+        os.remove(self.path(name))
+
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove temporary leftovers. Committed folders appear by rename only, so ``owns`` has nothing to add here."""
         del owns

@@ -129,6 +129,15 @@ class RemoteStore:
             self.fs.rm(self.path(name, self.marker))
             _remove_tree(self.fs, self.path(name))
 
+    def files(self) -> list[str]:
+        """The names of the files directly under the root (not temporary ones, not hidden ones such as the lock)."""
+        return sorted(rel for rel in self._files() if "/" not in rel and not rel.startswith("."))
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly under the root."""
+        with storage_errors(self.url(name)):
+            self.fs.rm(self.path(name))
+
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove what unfinished writes left (folders that ``owns`` without a marker, files no marker lists, and on S3
         unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead writers').

@@ -70,6 +70,14 @@ class Store(Protocol):
 
     def delete(self, name: str) -> None: ...
 
+    def files(self) -> list[str]:
+        """The names of the files directly in the root (not temporary ones, not the lock)."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly in the root."""
+        ...
+
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]: ...
 
 

@@ -61,14 +61,15 @@ class Transfer:
 
 
 class Pace:
-    """Requests spaced so that their bytes flow at ``rate`` bytes per second: each request waits until the bytes of
-    the ones before it have had their time, then goes (a request is counted when it starts).
+    """Requests spaced so that their bytes flow at no more than ``rate`` bytes per second: a request goes once the
+    time its own bytes and those of every request before it take at ``rate`` has passed since the pace began (or
+    since the last request, after a pause: unused time is not saved up), so there is no burst above the rate.
 
     >>> pace = Pace(1000.0)
     >>> start = time.monotonic()
     >>> for _ in range(3):
     ...     pace.wait(100)
-    >>> 0.19 < time.monotonic() - start < 0.3
+    >>> 0.29 < time.monotonic() - start < 0.4
     True
     """
 
@@ -80,10 +81,9 @@ class Pace:
     def wait(self, nbytes: int) -> None:
         with self._lock:
             now = time.monotonic()
-            start = max(now, self._next)
-            self._next = start + nbytes / self.rate
-        if start > now:
-            time.sleep(start - now)
+            self._next = max(now, self._next) + nbytes / self.rate
+            until = self._next
+        time.sleep(until - now)
 
 
 class Lanes:
