@@ -78,11 +78,11 @@ def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None
     newer = tmp_path / "newer.jxs"
-    newer.write_bytes(forge_native(tensors, manifest.replace('"version":2', '"version":3'), data))
-    message = f"{newer}: cannot read: format 3 is newer than this jaxstow (2); upgrade jaxstow"
+    newer.write_bytes(forge_native(tensors, manifest.replace('"version":3', '"version":4'), data))
+    message = f"{newer}: cannot read: format 4 is newer than this jaxstow (3); upgrade jaxstow"
     for command in ("verify", "inspect"):
         assert_one_line_error(jaxstow_command(command, newer), command, message)
-    with pytest.raises(jaxstow.errors.NewerFormatError, match="format 3 is newer than this jaxstow"):
+    with pytest.raises(jaxstow.errors.NewerFormatError, match="format 4 is newer than this jaxstow"):
         jaxstow.load(newer)
 
 
