@@ -146,7 +146,7 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     its items and metrics (a step of the one item ``default`` as one tree, as orbax restores it)."""
     folder = os.path.abspath(local_path(src) or src)
     steps = orbax_steps.manager_steps(folder)
-    settings = storage()
+    settings = storage(dst)
     with CheckpointManager(
         dst, progress=progress, storage_options=settings.options, transfer=settings.transfer
     ) as manager:
@@ -241,7 +241,7 @@ def _write_plain(
 
 def _save(dst: str, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool) -> None:
     """``jaxstow.save`` to ``dst``, a path or a URL reached as the command's storage options say."""
-    settings = storage()
+    settings = storage(dst)
     save(dst, tree, metadata=metadata, progress=progress, storage_options=settings.options, transfer=settings.transfer)
 
 
@@ -250,7 +250,7 @@ def _write_raw(
 ) -> None:
     """Write ``dst`` (a path or a URL) all or nothing with ``write(sink)``."""
     total = sum(array.nbytes for _, array in tensors)
-    with bar(total, f"writing {dst}", enabled=progress) as written, atomic_sink(dst, storage()) as sink:
+    with bar(total, f"writing {dst}", enabled=progress) as written, atomic_sink(dst, storage(dst)) as sink:
         write(counted(sink, written))
 
 

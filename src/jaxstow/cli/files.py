@@ -70,8 +70,11 @@ __all__ = [
 _STORAGE: contextvars.ContextVar[StorageSettings | None] = contextvars.ContextVar("storage", default=None)
 
 
-def storage() -> StorageSettings:
-    """How the running command reaches URLs: its ``--storage-options`` and ``--transfer``."""
+def storage(target: str | None = None) -> StorageSettings:
+    """How the running command reaches URLs: its ``--storage-options`` and ``--transfer`` (for ``target``, a local
+    path, none: one command may read a URL and write a local file)."""
+    if target is not None and local_path(target) is not None:
+        return StorageSettings()
     return _STORAGE.get() or StorageSettings()
 
 
@@ -281,7 +284,7 @@ class Step:
 def checkpoint_steps(folder: str) -> list[Step]:
     """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
     require_folder(folder)
-    store = open_store(folder, marker=RECORD_NAME, settings=storage())
+    store = open_store(folder, marker=RECORD_NAME, settings=storage(folder))
     names = StepNames("%d")
     steps = []
     for step in names.steps(store.committed()):
