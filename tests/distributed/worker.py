@@ -96,6 +96,14 @@ def pause(seconds: float, what: str) -> None:
         time.sleep(60 if args.process == args.stall else seconds)
 
 
+def leave() -> None:
+    """End without jax's shutdown barrier, which a stopped or dead process would hold up; process 0, which hosts
+    the coordination service, stays a while so that the others can still receive what it sent."""
+    if args.process == 0:
+        time.sleep(30)
+    os._exit(0)
+
+
 def bytes_read() -> int:
     with open("/proc/self/io") as io:
         return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
@@ -145,7 +153,7 @@ else:
                 ),
                 flush=True,
             )
-            os._exit(0)  # the others may be stopped or dead: no shutdown barrier to wait for
+            leave()
         after = bytes_read()
     want = expected(2)
     held = 0
@@ -161,7 +169,7 @@ else:
     report.update(bytes_read=after - before, bytes_held=held, steps=manager.steps())
 print(json.dumps(report), flush=True)
 if "error" in report and args.stall >= 0:
-    os._exit(0)  # a process is stalled: no shutdown barrier to wait for
+    leave()
 if args.count > 1:
     jax.distributed.shutdown()
 sys.exit(0)
