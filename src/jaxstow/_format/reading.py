@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from xxhash import xxh3_64_hexdigest
 
-from jaxstow._format.source import Parallel, ReadSource
+from jaxstow._format.source import Parallel, ReadSource, in_pool
 
 __all__ = [
     "ALIGNMENT",
@@ -137,10 +137,10 @@ def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> Non
 
 def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
     """Fill ``buffer`` with the bytes at ``offset``: in pieces on the source's pool when it is large enough, else in
-    one read. Call it from a thread that is not one of the pool's."""
+    one read (always one read on a thread of a pool, which must not wait for its own pool)."""
     buffer = buffer.cast("B")
     plan = source.parallel
-    if plan is None or len(buffer) < plan.threshold:
+    if plan is None or len(buffer) < plan.threshold or in_pool():
         source.read_into(offset, buffer)
         return
     pieces = [(offset + at, buffer[at : at + plan.piece]) for at in range(0, len(buffer), plan.piece)]

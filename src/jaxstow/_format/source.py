@@ -22,7 +22,18 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Parallel", "ReadSource"]
+__all__ = ["Parallel", "ReadSource", "in_pool"]
+
+_threads = threading.local()
+
+
+def in_pool() -> bool:
+    """Whether this thread is one of a :class:`Parallel`'s pool (whose jobs must not wait for the pool)."""
+    return getattr(_threads, "pooled", False)
+
+
+def _mark_pooled() -> None:
+    _threads.pooled = True
 
 
 class Parallel:
@@ -42,7 +53,9 @@ class Parallel:
         its parent's threads)."""
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
-                self._pool = ThreadPoolExecutor(self.readers, thread_name_prefix="jaxstow-read")
+                self._pool = ThreadPoolExecutor(
+                    self.readers, thread_name_prefix="jaxstow-read", initializer=_mark_pooled
+                )
                 self._pid = os.getpid()
             return self._pool
 
