@@ -150,3 +150,20 @@ def test_without_recoverability_the_error_comes_before_jax_ends_the_run(tmp_path
         _end(processes)
     assert all(f"process {VICTIM} did not report" in report["error"] for report in survivors), survivors
     assert _steps(folder) == ["1"]
+
+
+def test_a_damaged_step_moves_every_process_to_the_step_before(saved, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved, copy, ignore=shutil.ignore_patterns(".jaxstow.lock"))
+    damaged = copy / "2" / "params.p1.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[20] ^= 1  # in the header of a file every process reads
+    damaged.write_bytes(bytes(data))
+    processes = _start("restore", copy, "--fallback")
+    try:
+        reports = [_line(process, 120) for process in processes]
+    finally:
+        _end(processes)
+    assert [report.get("restored") for report in reports] == [1, 1, 1], reports

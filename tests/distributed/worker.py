@@ -4,7 +4,8 @@ DEVICES PORT FOLDER``.
 ``save`` saves steps 1 and 2 of a tree sharded over a global mesh of every process's devices (with
 ``--pause-before-commit``, a pause between them, announced by a line, for a signal); ``restore`` restores step 1, then
 step 2 on a mesh of this run's devices (or, in one process with ``--no-target``, whole arrays on one CPU) and checks
-every value (with ``--pause-before-restore``, a pause between them, announced by a line); ``disagree`` saves another
+every value (with ``--pause-before-restore``, a pause between them, announced by a line; with ``--fallback``, the
+newest intact step); ``disagree`` saves another
 step in process 1, ``other-tree`` another tree. ``--stall K`` makes process K pause for a minute instead, alive but
 silent; ``--recoverable`` sets ``jax_enable_recoverability``, so that a dead peer does not end the others.
 Each prints one JSON line of what it saw (with ``seconds``, the time the save or restore of step 2 took, and ``error``
@@ -33,6 +34,7 @@ parser.add_argument("--stall", type=int, default=-1)
 parser.add_argument("--process-timeout", type=float, default=30.0)
 parser.add_argument("--heartbeat", type=int, default=10)
 parser.add_argument("--recoverable", action="store_true")
+parser.add_argument("--fallback", action="store_true")
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
@@ -145,7 +147,7 @@ else:
         before = bytes_read()
         start = time.monotonic()
         try:
-            state = manager.restore(sharding=None if args.no_target else target)
+            state = manager.restore(sharding=None if args.no_target else target, fallback=args.fallback)
         except Exception as error:
             print(
                 json.dumps(
@@ -155,7 +157,8 @@ else:
             )
             leave()
         after = bytes_read()
-    want = expected(2)
+    assert manager.restored is not None
+    want = expected(manager.restored.step)
     held = 0
     for name in ("w", "b", "r"):
         array = state["params"][name]
@@ -165,8 +168,8 @@ else:
         if args.no_target:
             assert len(array.devices()) == 1
             np.testing.assert_array_equal(np.asarray(array), want[name])
-    assert int(state["meta"]["count"]) == 2
-    report.update(bytes_read=after - before, bytes_held=held, steps=manager.steps())
+    assert int(state["meta"]["count"]) == manager.restored.step
+    report.update(bytes_read=after - before, bytes_held=held, steps=manager.steps(), restored=manager.restored.step)
 print(json.dumps(report), flush=True)
 if "error" in report and args.stall >= 0:
     leave()

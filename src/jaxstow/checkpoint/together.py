@@ -6,11 +6,15 @@ never read. A restore is therefore an exchange, each wait bounded by the process
 
 1. process 0 picks the step (the latest committed one, or the one asked for) and, with ``fallback``, the older ones
    to try after it, and sends the list; the others wait for it;
-2. every process restores the step and reports ``ok`` or what went wrong; every process waits for every report;
+2. every process restores the step and reports ``ok`` or what went wrong to process 0, which waits for every report
+   (up to the timeout) and sends one verdict, which the others wait for (a grace longer, so that the verdict, which
+   names a missing process, reaches them first);
 3. if all are ``ok``, every process returns its tree. Otherwise every process raises a
    :class:`~jaxstow.errors.CheckpointError` naming the step and each process that failed, or did not report (stalled,
    died, never called ``restore``); with ``fallback``, damage found by any process moves all of them to the next
    older step together.
+
+As for a save, each process sends one message per step tried and reads one or two: O(processes) in all.
 """
 
 from __future__ import annotations
@@ -51,25 +55,51 @@ def restore_together(
     skipped: dict[int, str] = {}
     for step in steps:
         tree, report, error = _attempt(folder, step, restore, fallback=fallback)
-        processes.send(f"{key}/{step}/{processes.index}", report)
-        if error is not None and report.startswith(_FAILED):
-            raise error  # this process's own error; the others learn of it from its report
-        reports = processes.gather(
-            {k: f"{key}/{step}/{k}" for k in processes.others}, what=f"its restore of step {step} ({where})"
-        )
-        reports[processes.index] = report
-        failed = {k: found for k, found in sorted(reports.items()) if found != _OK}
-        if not failed:
+        if processes.index != 0:
+            processes.send(f"{key}/{step}/{processes.index}", report)
+            if error is not None and report.startswith(_FAILED):
+                raise error  # this process's own error; the others learn of it from process 0's verdict
+        verdict = _verdict(processes, key, step, report, where=where)
+        if verdict == _OK:
             return cast(T, tree), Restored(step, skipped)
-        reasons = "; ".join(f"process {k} {found}" for k, found in failed.items())
-        if not fallback or any(found.startswith(_FAILED) for found in failed.values()):
-            raise CheckpointError(f"step {step} was not restored in every process ({reasons})", file=where)
-        skipped[step] = reasons
-        logger.warning("%s: step %d is damaged, skipped: %s", where, step, reasons)
+        if error is not None and report.startswith(_FAILED):
+            raise error
+        if not verdict.startswith(_DAMAGE):
+            raise CheckpointError(
+                f"step {step} was not restored in every process ({verdict.removeprefix(_FAILED)})", file=where
+            )
+        skipped[step] = verdict.removeprefix(_DAMAGE)
+        logger.warning("%s: step %d is damaged, skipped: %s", where, step, skipped[step])
     reasons = "; ".join(f"step {step}: {problem}" for step, problem in skipped.items())
     raise CheckpointError(
         f"{where} holds no step that restores intact in every process" + (f" ({reasons})" if reasons else "")
     )
+
+
+def _verdict(processes: Processes, key: str, step: int, report: str, *, where: str) -> str:
+    """Process 0 gathers every process's report on ``step`` and sends the verdict: ``ok``, the damage found (to try
+    an older step), or what failed; the others wait for it."""
+    if processes.index != 0:
+        return processes.receive(
+            f"{key}/{step}/verdict",
+            sender=0,
+            what=f"the outcome of the restore of step {step} ({where})",
+            timeout=processes.timeout + processes.grace,
+        )
+    try:
+        reports = processes.gather(
+            {k: f"{key}/{step}/{k}" for k in processes.others}, what=f"its restore of step {step} ({where})"
+        )
+    except CheckpointError as error:
+        verdict = _FAILED + str(error)
+    else:
+        reports[0] = report
+        failed = {k: found for k, found in sorted(reports.items()) if found != _OK}
+        reasons = "; ".join(f"process {k} {found}" for k, found in failed.items())
+        fatal = any(found.startswith(_FAILED) for found in failed.values())
+        verdict = _OK if not failed else (_FAILED if fatal else _DAMAGE) + reasons
+    processes.send(f"{key}/{step}/verdict", verdict)
+    return verdict
 
 
 def _agree_on_steps(
