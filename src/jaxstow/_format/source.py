@@ -17,12 +17,13 @@ True
 
 from __future__ import annotations
 
+import io
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Parallel", "ReadSource", "in_pool"]
+__all__ = ["Parallel", "ReadSource", "SourceFile", "in_pool"]
 
 _threads = threading.local()
 
@@ -85,3 +86,33 @@ class ReadSource(Protocol):
 
     def describe_size(self) -> str:
         """The size in words, for error messages."""
+
+
+class SourceFile(io.RawIOBase):
+    """A read-only, seekable file object over a :class:`ReadSource` (for ``zipfile``, or as the body of a request)."""
+
+    def __init__(self, source: ReadSource) -> None:
+        self._source = source
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._position
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._source.size}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        count = max(0, min(len(view), self._source.size - self._position))
+        if count:
+            self._source.read_into(self._position, view[:count])
+        self._position += count
+        return count

@@ -14,8 +14,8 @@ signs them again.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
-import io
 import itertools
 import os
 import threading
@@ -25,9 +25,10 @@ from typing import Any
 
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Lanes, Transfer, lanes
+from jaxstow._util.optional import require
 from jaxstow.errors import PathNotFoundError, StorageError
 
-__all__ = ["HEAD_BYTES", "S3Bucket", "S3Object", "ViewsReader", "is_s3"]
+__all__ = ["HEAD_BYTES", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_errors"]
 
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
@@ -55,8 +56,8 @@ def _client(fs: Any, requests: int) -> Any:
 
 
 def _new_client(fs: Any, requests: int) -> Any:
-    import botocore.config
-    import botocore.session
+    config_module = require("botocore.config", extra="s3", purpose="reading and writing s3:// objects")
+    session_module = require("botocore.session", extra="s3", purpose="reading and writing s3:// objects")
 
     client_kwargs = dict(fs.client_kwargs)
     init = {
@@ -74,30 +75,28 @@ def _new_client(fs: Any, requests: int) -> Any:
     config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 2 * requests + 4)
     config["s3"] = {"payload_signing_enabled": False, **config.get("s3", {})}
     if fs.anon:
-        from botocore import UNSIGNED
-
         secret = {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
         init = {name: value for name, value in init.items() if name not in secret}
         client_kwargs = {name: value for name, value in client_kwargs.items() if name not in secret}
-        config["signature_version"] = UNSIGNED
-    session = botocore.session.Session(**fs.kwargs)
-    return session.create_client("s3", config=botocore.config.Config(**config), **init, **client_kwargs)
+        config["signature_version"] = require("botocore", extra="s3", purpose="anonymous s3:// access").UNSIGNED
+    session = session_module.Session(**fs.kwargs)
+    return session.create_client("s3", config=config_module.Config(**config), **init, **client_kwargs)
 
 
 @contextlib.contextmanager
 def s3_errors(url: str) -> Iterator[None]:
     """A missing object or bucket as :class:`PathNotFoundError`, any other failure of a request as
     :class:`StorageError`, both naming ``url``."""
-    import botocore.exceptions
+    botocore = require("botocore.exceptions", extra="s3", purpose="reading and writing s3:// objects")
 
     try:
         yield
-    except botocore.exceptions.ClientError as error:
+    except botocore.ClientError as error:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
             raise PathNotFoundError("no such file or folder", file=url) from None
         raise StorageError(f"the storage failed: {error}", file=url) from error
-    except botocore.exceptions.BotoCoreError as error:
+    except botocore.BotoCoreError as error:
         raise StorageError(f"the storage failed: {type(error).__name__}: {error}", file=url) from error
 
 
@@ -259,40 +258,29 @@ class S3Object(SourceBase):
         """Nothing to release: the connections belong to the shared client."""
 
 
-class ViewsReader(io.RawIOBase):
-    """Buffers read one after another as one file, with no copy until a piece is read: the body of a request."""
+class ViewsSource(SourceBase):
+    """Buffers one after another, read as one source with no copy until a piece is read (the body of a request is
+    a :class:`~jaxstow._format.source.SourceFile` over it)."""
 
     def __init__(self, views: Sequence[memoryview]) -> None:
+        self.name = "<parts>"
         self._views = list(views)
-        self._ends = list(itertools.accumulate(len(view) for view in self._views))
-        self.size = self._ends[-1] if self._ends else 0
-        self._position = 0
+        self._starts = [0, *itertools.accumulate(len(view) for view in self._views)]
+        self.size = self._starts[-1]
 
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self.size}[whence]
-        self._position = min(max(base + offset, 0), self.size)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        target = memoryview(buffer).cast("B")
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        target = buffer.cast("B")
         done = 0
-        for view, end in zip(self._views, self._ends, strict=True):
-            if done == len(target) or self._position >= self.size:
-                break
-            if self._position >= end:
-                continue
-            start = self._position - (end - len(view))
-            count = min(end - self._position, len(target) - done)
-            target[done : done + count] = view[start : start + count]
+        index = bisect.bisect_right(self._starts, offset) - 1
+        while done < len(target):
+            if index >= len(self._views):
+                raise self._truncated(offset, len(target), done)
+            view, start = self._views[index], self._starts[index]
+            within = offset + done - start
+            count = min(len(view) - within, len(target) - done)
+            target[done : done + count] = view[within : within + count]
             done += count
-            self._position += count
-        return done
+            index += 1
+
+    def close(self) -> None:
+        """The buffers belong to their writer."""

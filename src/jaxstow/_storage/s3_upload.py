@@ -17,7 +17,8 @@ import threading
 from concurrent.futures import Future, wait
 from typing import Any
 
-from jaxstow._storage.s3 import S3Bucket, ViewsReader, s3_errors
+from jaxstow._format.source import SourceFile
+from jaxstow._storage.s3 import S3Bucket, ViewsSource, s3_errors
 from jaxstow.errors import StorageError
 
 __all__ = ["S3Upload"]
@@ -106,17 +107,17 @@ class S3Upload:
         self._parts.append(future)
 
     def _upload_part(self, number: int, views: list[memoryview]) -> dict[str, Any]:
-        body = ViewsReader(views)
+        source = ViewsSource(views)
         if self._lanes.write_pace is not None:
-            self._lanes.write_pace.wait(body.size)
+            self._lanes.write_pace.wait(source.size)
         with s3_errors(self.name):
             answer = self._bucket.client.upload_part(
                 Bucket=self._bucket.bucket,
                 Key=self._key,
                 UploadId=self._upload_id,
                 PartNumber=number,
-                Body=body,
-                ContentLength=body.size,
+                Body=SourceFile(source),
+                ContentLength=source.size,
                 **self._bucket.extra("UploadPart"),
             )
         part = {"PartNumber": number, "ETag": answer["ETag"]}
@@ -178,15 +179,15 @@ class S3Upload:
         self.complete()
 
     def _put_whole(self, views: list[memoryview]) -> dict[str, Any]:
-        body = ViewsReader(views)
+        source = ViewsSource(views)
         if self._lanes.write_pace is not None:
-            self._lanes.write_pace.wait(body.size)
+            self._lanes.write_pace.wait(source.size)
         with s3_errors(self.name):
             self._bucket.client.put_object(
                 Bucket=self._bucket.bucket,
                 Key=self._key,
-                Body=body,
-                ContentLength=body.size,
+                Body=SourceFile(source),
+                ContentLength=source.size,
                 **self._bucket.extra("PutObject"),
             )
         return {}
