@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, runtime_checkable
 
@@ -77,6 +78,9 @@ class ReadSource(Protocol):
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         """Fill ``buffer`` with the bytes at ``offset``; raise :class:`~jaxstow.errors.TruncatedFileError` if the source ends first."""
+
+    def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on (one request where the source can)."""
 
     def read(self, offset: int, length: int) -> bytes:
         """The ``length`` bytes at ``offset``."""

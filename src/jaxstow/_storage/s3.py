@@ -118,29 +118,32 @@ class S3Bucket:
         members = self.client.meta.service_model.operation_model(operation).input_shape.members
         return {name: value for name, value in self._extra.items() if name in members}
 
-    def get_into(self, key: str, offset: int, view: memoryview, *, url: str, version: str | None = None) -> int:
-        """Read the bytes at ``offset`` into ``view`` with one ranged GET (taken up again where a broken connection
-        cut it); returns how many there were (fewer at the end of the object)."""
+    def get_into(
+        self, key: str, offset: int, views: Sequence[memoryview], *, url: str, version: str | None = None
+    ) -> int:
+        """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET (taken up again where
+        a broken connection cut it); returns how many there were (fewer at the end of the object)."""
         done = 0
         with self.lanes.reading:
             if self.lanes.read_pace is not None:
-                self.lanes.read_pace.wait(len(view))
+                self.lanes.read_pace.wait(sum(len(view) for view in views))
             for _ in range(_ATTEMPTS - 1):
                 try:
-                    return done + self._get(key, offset + done, view[done:], url=url, version=version)
+                    return done + self._get(key, offset + done, _after(views, done), url=url, version=version)
                 except _Partial as partial:
                     done += partial.count
             try:
-                return done + self._get(key, offset + done, view[done:], url=url, version=version)
+                return done + self._get(key, offset + done, _after(views, done), url=url, version=version)
             except _Partial as partial:
                 cause = partial.__cause__
                 raise StorageError(f"the storage failed: {type(cause).__name__}: {cause}", file=url) from cause
 
-    def _get(self, key: str, offset: int, view: memoryview, *, url: str, version: str | None) -> int:
+    def _get(self, key: str, offset: int, views: list[memoryview], *, url: str, version: str | None) -> int:
+        length = sum(len(view) for view in views)
         arguments: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": key,
-            "Range": f"bytes={offset}-{offset + len(view) - 1}",
+            "Range": f"bytes={offset}-{offset + length - 1}",
         }
         if version:
             arguments["VersionId"] = version
@@ -151,7 +154,7 @@ class S3Bucket:
                 if getattr(error, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
                     return 0  # the range starts at or past the end
                 raise
-        return _read_body(body, view)
+        return _read_body(body, views)
 
     def size(self, key: str, *, url: str, version: str | None = None) -> int:
         """The object's size, from a HEAD request."""
@@ -166,7 +169,9 @@ class S3Bucket:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Range": f"bytes=0-{length - 1}"}
         if version:
             arguments["VersionId"] = version
-        with s3_errors(url):
+        if self.lanes.read_pace is not None:
+            self.lanes.read_pace.wait(length)
+        with s3_errors(url):  # not counted in the requests in flight: a few KiB, to start the large ones sooner
             try:
                 response = self.client.get_object(**arguments, **self.extra("GetObject"))
             except Exception as error:
@@ -212,18 +217,35 @@ class _Partial(Exception):
         self.count = count
 
 
-def _read_body(body: Any, view: memoryview) -> int:
-    """Read a GET's body into ``view``: from the socket straight into it through http.client (urllib3's own
-    ``readinto`` reads into a new buffer and copies), then give the connection back to the pool."""
+def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
+    """``views`` without their first ``count`` bytes."""
+    rest = []
+    for view in views:
+        if count >= len(view):
+            count -= len(view)
+            continue
+        rest.append(view[count:])
+        count = 0
+    return rest
+
+
+def _read_body(body: Any, views: Sequence[memoryview]) -> int:
+    """Read a GET's body into ``views``, one after another: from the socket straight into them through http.client
+    (urllib3's own ``readinto`` reads into a new buffer and copies), then give the connection back to the pool."""
     raw = getattr(body, "_raw_stream", None)
     stream = getattr(raw, "_fp", None) or body
     done = 0
     try:
-        while done < len(view):
-            count = stream.readinto(view[done:])
-            if not count:
+        for view in views:
+            filled = 0
+            while filled < len(view):
+                count = stream.readinto(view[filled:])
+                if not count:
+                    break
+                filled += count
+            done += filled
+            if filled < len(view):
                 break
-            done += count
     except Exception as error:
         body.close()
         raise _Partial(done) from error
@@ -246,13 +268,20 @@ class S3Object(SourceBase):
         self._head, self.size = bucket.head(key, HEAD_BYTES, url=name, version=version)
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
-        buffer = buffer.cast("B")
-        if offset + len(buffer) <= len(self._head):
-            buffer[:] = self._head[offset : offset + len(buffer)]
+        self.read_scatter(offset, [buffer])
+
+    def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: one request."""
+        views = [buffer.cast("B") for buffer in buffers]
+        wanted = sum(len(view) for view in views)
+        if offset + wanted <= len(self._head):
+            for view in views:
+                view[:] = self._head[offset : offset + len(view)]
+                offset += len(view)
             return
-        got = self._bucket.get_into(self._key, offset, buffer, url=self.name, version=self._version) if buffer else 0
-        if got != len(buffer):
-            raise self._truncated(offset, len(buffer), got)
+        got = self._bucket.get_into(self._key, offset, views, url=self.name, version=self._version) if wanted else 0
+        if got != wanted:
+            raise self._truncated(offset, wanted, got)
 
     def close(self) -> None:
         """Nothing to release: the connections belong to the shared client."""

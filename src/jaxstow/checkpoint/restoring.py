@@ -23,6 +23,7 @@ item names gives each item its own placement.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Unpack
@@ -48,10 +49,13 @@ def restore_items(
     where: str,
     **options: Unpack[LoadOptions],
 ) -> dict[str, Any]:
-    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, or a list of them
-    for an item saved by several processes) restored, fitted into ``likes[name]`` where there is one; ``options`` go
-    to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over the items."""
+    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, a list of them
+    for an item saved by several processes, or a function that opens them) restored, fitted into ``likes[name]``
+    where there is one; ``options`` go to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over
+    the items. Without ``select`` each item is opened and restored on its own thread, as soon as one is free."""
     select = options.get("select")
+    if select is None and len(sources) > 1:
+        return _side_by_side(sources, likes, options)
     with contextlib.ExitStack() as stack:
         readers = open_readers(stack, sources)
         chosen = _spread_selection(select, readers, where=where)
@@ -67,11 +71,31 @@ def restore_items(
         return {name: future.result() for name, future in futures.items()}
 
 
+def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
+    """Every item opened and restored on its own thread; the first error, in the items' order, is raised once all
+    have ended."""
+
+    def restore(name: str) -> Any:
+        with open_parts(_targets(sources[name])) as reader:
+            return reader.load(likes.get(name), **_item_options(options, name, {}))
+
+    with ThreadPoolExecutor(min(len(sources), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
+        futures = {name: pool.submit(restore, name) for name in sources}
+        wait(futures.values())
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _targets(source: Any) -> list[Any]:
+    """An item's files: a function's that opens them, a list, or one."""
+    opened = source() if callable(source) else source
+    return opened if isinstance(opened, list) else [opened]
+
+
 def open_readers(stack: contextlib.ExitStack, sources: Mapping[str, Any]) -> dict[str, Reader]:
     """A reader of each item of ``sources`` (as :func:`restore_items` takes them), closed when ``stack`` closes; the
     sources of items not yet opened when one fails are closed too."""
     readers: dict[str, Reader] = {}
-    items = [(name, source if isinstance(source, list) else [source]) for name, source in sources.items()]
+    items = [(name, _targets(source)) for name, source in sources.items()]
     for index, (name, targets) in enumerate(items):
         try:
             readers[name] = stack.enter_context(open_parts(targets))
@@ -134,4 +158,5 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
         with open_parts(folder.open_files(record, [SINGLE_ITEM])[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
-    return restore_items(folder.open_files(record, names), like or {}, where=folder.url(step), **options)
+    openers = {name: functools.partial(folder.open_item, record, name) for name in names}
+    return restore_items(openers, like or {}, where=folder.url(step), **options)

@@ -150,6 +150,8 @@ class StepFolder:
                 raise
             return source
 
+        if len(wanted) == 1:
+            return {items[0]: [open_checked(*wanted[0])]}
         with ThreadPoolExecutor(max(1, min(len(wanted), _OPENING)), thread_name_prefix="jaxstow-open") as pool:
             futures = [pool.submit(open_checked, item, file) for item, file in wanted]
             wait(futures)
@@ -163,6 +165,10 @@ class StepFolder:
         for (item, _), future in zip(wanted, futures, strict=True):
             opened[item].append(future.result())
         return opened
+
+    def open_item(self, record: StepRecord, item: str) -> list[ReadSource]:
+        """The files of one item, opened and checked as :meth:`open_files` does."""
+        return self.open_files(record, [item])[item]
 
     def chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""
