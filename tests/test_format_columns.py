@@ -12,6 +12,7 @@ import pytest
 import jaxstow
 from jaxstow._format import reading
 from jaxstow._format.reading import read_tensors
+from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_table import SlotTable, slot_table
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import CorruptFileError, FormatError
@@ -118,9 +119,7 @@ def test_a_flipped_byte_among_many_small_leaves_names_its_leaf(tmp_path):
 
 
 def test_reads_in_parallel_pieces_and_coalesced_runs_give_every_tensor_and_its_digest(tmp_path, monkeypatch):
-    monkeypatch.setattr(reading, "_PIECE", 4096)
     monkeypatch.setattr(reading, "_RUN", 3000)
-    monkeypatch.setattr(reading, "_PARALLEL_BYTES", 0)
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal(size).astype(np.float32) for size in (0, 5, 3000, 700, 1, 20_000, 0, 64)]
     path = tmp_path / "data.bin"
@@ -129,6 +128,7 @@ def test_reads_in_parallel_pieces_and_coalesced_runs_give_every_tensor_and_its_d
     order = [5, 0, 2, 7, 1, 6, 3, 4]  # any order
     digests: list[str] = []
     source = open_source(path)
+    source.parallel = Parallel(readers=4, piece=4096, threshold=0)
     try:
         got = read_tensors(
             source,

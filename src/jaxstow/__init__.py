@@ -6,6 +6,8 @@ template; nothing in a file can run code. The entry points:
 
 - :func:`save` and :func:`load`: a pytree to a file (atomic, checksummed) and back, rebuilt or fitted into ``like``;
 - :func:`open`: a file read lazily, leaf by leaf or slice by slice (:class:`Reader`);
+- :class:`Transfer`: requests in flight, their size and a bandwidth cap for files on object stores (any entry point
+  takes a path or an fsspec URL, with ``storage_options=``);
 - :func:`saveable`: names for the functions and classes a file may refer to;
 - :class:`CheckpointManager`: the numbered steps of a training run, saved in the background, kept by policy;
 - :mod:`jaxstow.io`: samples streamed out of jit-compiled loops to collectors (HDF5, memory).
@@ -30,6 +32,7 @@ from jaxstow._names.registry import saveable
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import LeafInfo, Reader, open
 from jaxstow._save_load import load, load_metadata, save
+from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved
 from jaxstow._version import __version__
 
@@ -43,6 +46,7 @@ __all__ = [
     "LeafInfo",
     "LoadOptions",
     "Reader",
+    "Transfer",
     "__version__",
     "checkpoint",
     "errors",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from typing import Any, Unpack
 
 import jax
@@ -26,6 +27,8 @@ from jaxstow._read.foreign import read_foreign
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import open
 from jaxstow._storage.paths import PathOrFile, display_name
+from jaxstow._storage.settings import storage_settings
+from jaxstow._storage.transfer import Transfer
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
@@ -36,16 +39,25 @@ __all__ = ["load", "load_metadata", "save"]
 
 @with_gc_paused
 def save(
-    path_or_file: PathOrFile, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool = False
+    path_or_file: PathOrFile,
+    tree: Any,
+    *,
+    metadata: dict[str, Any] | None = None,
+    progress: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    transfer: Transfer | None = None,
 ) -> None:
-    """Save a pytree, with its structure, to a file name or a binary file object.
+    """Save a pytree, with its structure, to a file name, an fsspec URL or a binary file object.
 
     A name ending in ``.npz`` gets an npz archive; any other name gets the native format, a safetensors file with the
-    jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a file object is written as is.
-    ``metadata`` is a JSON-able dict kept with the file (read it back with :func:`load_metadata`). ``progress=True``
-    draws a progress bar of the bytes written, their rate and the time left (needs ``tqdm``). FlareJax's order,
-    ``save(tree, path)``, is taken too: when the first argument is neither a path nor a file and the second is a path,
-    they are read the other way round.
+    jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a URL too, in the store's terms:
+    on ``s3://`` a multipart upload, parts sent in parallel, that the object appears from only once complete (a failed
+    save leaves the previous object and no upload behind), on other stores a temporary object moved into place. A file
+    object is written as is. ``metadata`` is a JSON-able dict kept with the file (read it back with
+    :func:`load_metadata`). ``progress=True`` draws a progress bar of the bytes written, their rate and the time left
+    (needs ``tqdm``). For a URL, ``storage_options`` go to fsspec and ``transfer`` (a :class:`jaxstow.Transfer`) sets
+    the parts in flight, their size and a bandwidth cap. FlareJax's order, ``save(tree, path)``, is taken too: when
+    the first argument is neither a path nor a file and the second is a path, they are read the other way round.
 
     >>> import jax.numpy as jnp, jaxstow, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "weights.npz")
@@ -57,10 +69,11 @@ def save(
         path_or_file, tree = tree, path_or_file
     if not _is_destination(path_or_file):
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
+    settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
     encoded = encode_tree(tree, metadata=metadata, file=name)
     with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
-        encoded.write(path_or_file, bar=bar)
+        encoded.write(path_or_file, bar=bar, settings=settings)
 
 
 @with_gc_paused
@@ -69,6 +82,9 @@ def load(
     like: Any = None,
     *,
     from_format: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    transfer: Transfer | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
     **options: Unpack[LoadOptions],
 ) -> Any:
     """Load a file written by :func:`save`, by safetensors or by ``numpy.savez`` (a path, a file object or a URL).
@@ -91,6 +107,9 @@ def load(
     folder or a step of its ``CheckpointManager``, every item) and ``"equinox"`` (a ``tree_serialise_leaves`` stream,
     read into ``like``; of the options only ``as_numpy``).
 
+    A URL is read as :func:`jaxstow.open` reads it: ``storage_options`` to fsspec, ``transfer`` for the requests in
+    flight (their size, a bandwidth cap), ``cache_dir`` for a local copy used again while it matches.
+
     >>> import io, jax, jax.numpy as jnp, jaxstow
     >>> buffer = io.BytesIO()
     >>> jaxstow.save(buffer, {"w": jnp.ones(2), "b": jnp.zeros(1)})
@@ -101,14 +120,16 @@ def load(
     if from_format is not None:
         if isinstance(path_or_file, ReadSource):
             raise ArgumentError("from_format reads a path, a URL or a file object")
-        return _load_foreign(path_or_file, like, from_format, options)
-    with open(path_or_file) as reader:
+        return _load_foreign(path_or_file, like, from_format, options, storage_options)
+    with open(path_or_file, storage_options=storage_options, transfer=transfer, cache_dir=cache_dir) as reader:
         return reader.load(like, **options)
 
 
-def _load_foreign(target: PathOrFile, like: Any, from_format: str, options: LoadOptions) -> Any:
+def _load_foreign(
+    target: PathOrFile, like: Any, from_format: str, options: LoadOptions, storage_options: Mapping[str, Any] | None
+) -> Any:
     """A file of another library, read into memory, then restored as a jaxstow file is (equinox: into ``like``)."""
-    tree = read_foreign(target, from_format, like=like)
+    tree = read_foreign(target, from_format, like=like, storage_options=storage_options)
     if from_format == "equinox":
         other = sorted(set(options) - {"as_numpy", "progress"})
         if other:
@@ -128,7 +149,13 @@ def _is_destination(target: Any) -> bool:
     return isinstance(target, str | os.PathLike) or callable(getattr(target, "write", None))
 
 
-def load_metadata(path_or_file: PathOrFile | ReadSource) -> dict[str, Any] | None:
-    """The ``metadata`` dict saved with a file, read from its header alone."""
-    with open(path_or_file) as reader:
+def load_metadata(
+    path_or_file: PathOrFile | ReadSource,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    transfer: Transfer | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any] | None:
+    """The ``metadata`` dict saved with a file, read from its header alone (a URL as :func:`load` reads it)."""
+    with open(path_or_file, storage_options=storage_options, transfer=transfer, cache_dir=cache_dir) as reader:
         return reader.metadata

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxstow._format.npz import MANIFEST_MEMBER, _SourceFile
-from jaxstow._format.source import ReadSource
+from jaxstow._format.npz import MANIFEST_MEMBER
+from jaxstow._format.source import ReadSource, SourceFile
 
 __all__ = ["KINDS", "Kind", "file_kind", "folder_kind"]
 
@@ -99,7 +99,7 @@ def file_kind(source: ReadSource) -> Kind:
 
 def _zip_kind(source: ReadSource) -> Kind:
     try:
-        with zipfile.ZipFile(_SourceFile(source)) as archive:
+        with zipfile.ZipFile(SourceFile(source)) as archive:
             names = archive.namelist()
     except Exception:  # zipfile raises many kinds on a damaged archive
         return KINDS["unknown"]

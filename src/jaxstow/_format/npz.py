@@ -30,7 +30,7 @@ from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify
-from jaxstow._format.source import ReadSource
+from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
 
 __all__ = ["MANIFEST_MEMBER", "NpzReader", "stores_exactly", "write_npz"]
@@ -118,36 +118,6 @@ def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> Non
             member.write(as_bytes(stored))
 
 
-class _SourceFile(io.RawIOBase):
-    """A read-only, seekable file object over a :class:`ReadSource`, for ``zipfile``."""
-
-    def __init__(self, source: ReadSource) -> None:
-        self._source = source
-        self._position = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._position
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._position, io.SEEK_END: self._source.size}[whence]
-        self._position = max(0, base + offset)
-        return self._position
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        count = max(0, min(len(view), self._source.size - self._position))
-        if count:
-            self._source.read_into(self._position, view[:count])
-        self._position += count
-        return count
-
-
 def _declared_members(source: ReadSource) -> int | None:
     """The member count that the end-of-central-directory record declares (``zipfile`` stops reading the directory
     where its declared size ends, so a damaged length field could otherwise hide the members after it)."""
@@ -178,7 +148,7 @@ class NpzReader:
         self.source = source
         self.file = source.name
         try:
-            self._archive = zipfile.ZipFile(io.BufferedReader(_SourceFile(source), 1 << 20))
+            self._archive = zipfile.ZipFile(io.BufferedReader(SourceFile(source), 1 << 20))
             infos = self._archive.infolist()
         except JaxstowError:
             raise

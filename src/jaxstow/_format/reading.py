@@ -1,7 +1,9 @@
 """Reading tensors from a source fast: aligned buffers, small tensors coalesced, large ones read in parallel.
 
 Each large tensor is read straight into its own 64-byte-aligned buffer, which ``jax.device_put`` on CPU adopts
-without a copy. Small tensors that lie next to each other are fetched with one read and handed out as views.
+without a copy. Small tensors that lie next to each other are fetched with one read and handed out as views. A source
+that serves several reads at once (its :class:`~jaxstow._format.source.Parallel`) gets large reads as pieces on its
+shared pool: a local disk 16 at a time, an object store as many requests as its transfer settings allow.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.reading import TensorSlot, aligned_empty, read_slots
@@ -15,28 +17,36 @@ array([2, 3], dtype=int32)
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import NamedTuple
 
 import numpy as np
 from xxhash import xxh3_64_hexdigest
 
-from jaxstow._format.source import ReadSource
+from jaxstow._format.source import Parallel, ReadSource, in_pool
 
-__all__ = ["ALIGNMENT", "TensorSlot", "aligned_empty", "read_slots", "read_tensors"]
+__all__ = [
+    "ALIGNMENT",
+    "LOCAL_DISK",
+    "TensorSlot",
+    "aligned_empty",
+    "read_range",
+    "read_slots",
+    "read_tensors",
+    "run_all",
+]
 
 ALIGNMENT = 64
 _SMALL = 1 << 20  # tensors below this are coalesced
 _RUN = 16 << 20  # the most bytes one coalesced read fetches
-_PARALLEL_BYTES = 32 << 20  # below this, one thread reads faster than a pool starts
-_PIECE = 8 << 20  # reads in parallel fetch at most this much each
-#: Threads reading in parallel. Measured here: a cold disk serves 16 readers of 8 MiB pieces 1.7 GB/s, 8 readers of 16
-#: MiB 1.05 GB/s, one 0.3 GB/s; from the page cache, on two busy cores, 16 readers match one ``readinto`` and 4 reach
-#: 0.8x of it.
-_READERS = 16
+#: How local files are read in parallel. Measured here: a cold disk serves 16 readers of 8 MiB pieces 1.7 GB/s, 8
+#: readers of 16 MiB 1.05 GB/s, one 0.3 GB/s; from the page cache, on two busy cores, 16 readers match one
+#: ``readinto`` and 4 reach 0.8x of it. Below 32 MiB one thread reads faster than the pieces are handed out.
+LOCAL_DISK = Parallel(readers=16, piece=8 << 20, threshold=32 << 20)
 
 
 class TensorSlot(NamedTuple):
@@ -111,30 +121,60 @@ def _cut(buffer: np.ndarray, run: np.ndarray, columns: _Columns, digests: list[s
     return out
 
 
+def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> None:
+    """Run every job on ``pool`` and wait for all; the first failure cancels the jobs not yet started and is raised
+    once the running ones have ended (so no thread writes into a buffer after its reader gave up)."""
+    futures: list[Future[None]] = [pool.submit(job) for job in jobs]
+    try:
+        for future in futures:
+            future.result()
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        wait(futures)
+        raise
+
+
+def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
+    """Fill ``buffer`` with the bytes at ``offset``: in pieces on the source's pool when it is large enough, else in
+    one read (always one read on a thread of a pool, which must not wait for its own pool)."""
+    buffer = buffer.cast("B")
+    plan = source.parallel
+    if plan is None or len(buffer) < plan.threshold or in_pool():
+        source.read_into(offset, buffer)
+        return
+    pieces = [(offset + at, buffer[at : at + plan.piece]) for at in range(0, len(buffer), plan.piece)]
+    run_all(plan.pool(), [functools.partial(source.read_into, at, part) for at, part in pieces])
+
+
 def _read_in_parallel(
-    source: ReadSource, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
+    source: ReadSource, plan: Parallel, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
 ) -> list[list[np.ndarray]]:
-    """Read the runs in pieces of at most ``_PIECE`` bytes on ``_READERS`` threads (a disk serves several requests at
-    once several times faster than one), each run cut and hashed by the thread that reads its last piece."""
+    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool (a disk or a store serves several
+    requests at once several times faster than one), each run cut and hashed by the thread that reads its last
+    piece."""
     spans = [_span(run, columns) for run in runs]
     buffers = [aligned_empty(size) for _, size in spans]
-    pieces = [(r, at) for r, (_, size) in enumerate(spans) for at in range(0, max(size, 1), _PIECE)]
-    left = [max(1, -(-size // _PIECE)) for _, size in spans]
+    left = [max(1, -(-size // plan.piece)) for _, size in spans]
     parts: list[list[np.ndarray]] = [[] for _ in runs]
     lock = threading.Lock()
 
-    def read(piece: tuple[int, int]) -> None:
-        r, at = piece
-        source.read_into(spans[r][0] + at, buffers[r].data[at : at + _PIECE])
+    def read(r: int, at: int) -> None:
+        source.read_into(spans[r][0] + at, buffers[r].data[at : at + plan.piece])
         with lock:
             left[r] -= 1
             last = left[r] == 0
         if last:
             parts[r] = _cut(buffers[r], runs[r], columns, digests)
 
-    with ThreadPoolExecutor(min(_READERS, len(pieces)), thread_name_prefix="jaxstow-read") as pool:
-        for _ in pool.map(read, pieces):
-            pass
+    run_all(
+        plan.pool(),
+        [
+            functools.partial(read, r, at)
+            for r, (_, size) in enumerate(spans)
+            for at in range(0, max(size, 1), plan.piece)
+        ],
+    )
     return parts
 
 
@@ -154,14 +194,15 @@ def read_tensors(
     out: list[np.ndarray] = [None] * len(offsets)  # type: ignore[list-item]
     if digests is not None:
         digests[:] = [""] * len(offsets)
-    if source.parallel and int(nbytes.sum()) >= _PARALLEL_BYTES:
-        parts = _read_in_parallel(source, runs, columns, digests)
+    plan = source.parallel
+    if plan is not None and int(nbytes.sum()) >= plan.threshold:
+        parts = _read_in_parallel(source, plan, runs, columns, digests)
     else:
         parts = []
         for run in runs:
             start, size = _span(run, columns)
             buffer = aligned_empty(size)
-            source.read_into(start, buffer.data)
+            read_range(source, start, buffer.data)
             parts.append(_cut(buffer, run, columns, digests))
     for run, part in zip(runs, parts, strict=True):
         for i, array in zip(run.tolist(), part, strict=True):

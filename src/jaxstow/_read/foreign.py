@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -154,9 +154,15 @@ def folder_problem(path: str) -> str:
     return f"is {DESCRIBED[kind.name]}, not a file: {advice(kind, path)}"
 
 
-def read_foreign(target: str | os.PathLike[str] | BinaryIO, from_format: str, *, like: Any) -> Any:
+def read_foreign(
+    target: str | os.PathLike[str] | BinaryIO,
+    from_format: str,
+    *,
+    like: Any,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Any:
     """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
-    ``"equinox"`` the tree of ``like`` with the stream's arrays."""
+    ``"equinox"`` the tree of ``like`` with the stream's arrays (``storage_options`` go to fsspec for a URL)."""
     if from_format not in FROM_FORMATS:
         raise ArgumentError(f"from_format must be one of {FROM_FORMATS}, not {from_format!r}")
     name = display_name(target)
@@ -168,14 +174,14 @@ def read_foreign(target: str | os.PathLike[str] | BinaryIO, from_format: str, *,
                 f"an equinox stream stores leaves without their structure: pass like=, the model {name} was saved "
                 "from (or an abstract copy of it)"
             )
-        with _binary(target) as file:
+        with _binary(target, storage_options) as file:
             return _read_equinox(file, name, like)
-    with _binary(target) as file:
+    with _binary(target, storage_options) as file:
         return _read_torch(file, name) if from_format == "torch" else _read_flax(file.read(), name)
 
 
 @contextlib.contextmanager
-def _binary(target: str | os.PathLike[str] | BinaryIO) -> Iterator[BinaryIO]:
+def _binary(target: str | os.PathLike[str] | BinaryIO, storage_options: Mapping[str, Any] | None) -> Iterator[BinaryIO]:
     """A seekable binary file for a path, a URL or a file object."""
     if not isinstance(target, str | os.PathLike):
         yield target
@@ -189,7 +195,7 @@ def _binary(target: str | os.PathLike[str] | BinaryIO) -> Iterator[BinaryIO]:
         return
     from jaxstow._storage.remote import url_filesystem
 
-    fs, root = url_filesystem(os.fspath(target))
+    fs, root = url_filesystem(os.fspath(target), storage_options)
     with fs.open(root, "rb") as file:
         yield file
 

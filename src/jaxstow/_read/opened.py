@@ -35,19 +35,11 @@ from jaxstow._format.columns import LeafColumns
 from jaxstow._format.container import Container
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
-from jaxstow._format.reading import aligned_empty
-from jaxstow._format.shards import (
-    Box,
-    ShardedLeaf,
-    Stored,
-    StoredShard,
-    check_coverage,
-    intersect,
-    sharded_leaf_from_entry,
-)
+from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.leaf_index import StoredLeaves
+from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, parse_index, read_box
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CorruptFileError, FormatError, RequestError, SliceError
@@ -276,48 +268,10 @@ class OpenedFile(Mapping[str, Any]):
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
         """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""
-        for shard in leaf.shards:  # a box within one shard, as device boxes on the saved layout are: no assembly
-            if intersect(shard.box, box) == box:
-                inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(box, shard.box, strict=True))
-                return self._read_shard(leaf, shard, inner)
-        extent = tuple(stop - start for start, stop in box)
-        out = aligned_empty(math.prod(extent) * leaf.dtype.itemsize).view(leaf.dtype).reshape(extent)
-        for shard in leaf.shards:
-            overlap = intersect(shard.box, box)
-            if overlap is None:
-                continue
-            inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(overlap, shard.box, strict=True))
-            region = out[tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(overlap, box, strict=True))]
-            if region.flags.c_contiguous:  # read straight into place (row blocks are)
-                self._read_shard(leaf, shard, inner, into=region)
-            else:
-                region[...] = self._read_shard(leaf, shard, inner)
-        return out
-
-    def _read_shard(
-        self, leaf: ShardedLeaf, shard: StoredShard, inner: Box, into: np.ndarray | None = None
-    ) -> np.ndarray:
-        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given); a whole
-        shard is verified against its checksum."""
-        container = self.containers[shard.source]
-        whole = inner == full_box(shard.shape)
-        if not isinstance(container, NativeReader):
-            raw = container.read([shard.tensor], lambda _, found: self._verify(leaf.path, found, shard.checksum))
-            part = (
-                raw[shard.tensor]
-                .reshape(-1)
-                .view(np.uint8)
-                .view(leaf.dtype)
-                .reshape(shard.shape)[tuple(slice(start, stop) for start, stop in inner)]
-            )
-            if into is not None:
-                into[...] = part
-            return part
-        slot = container.slots[shard.tensor]
-        part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
-        if whole:
-            self._verify(leaf.path, checksum_bytes(part.reshape(-1).view(np.uint8).data), shard.checksum)
-        return part
+        reads = ShardReads(self.containers, self._verify)
+        assembled = reads.box(leaf, box)
+        reads.run()
+        return assembled()
 
     def read_stored(self, leaves: Sequence[Stored]) -> dict[str, Any]:
         """Whole stored leaves, verified: arrays as numpy, numpy scalars, PRNG keys and torch tensors as themselves."""
@@ -350,11 +304,10 @@ class OpenedFile(Mapping[str, Any]):
             return out
         for leaf in leaves:
             self.on_read(leaf.nbytes)
-        sharded = {
-            leaf.path: self._read_sharded(leaf, full_box(leaf.shape))
-            for leaf in leaves
-            if isinstance(leaf, ShardedLeaf)
-        }
+        reads = ShardReads(self.containers, self._verify)
+        planned = {leaf.path: reads.box(leaf, full_box(leaf.shape)) for leaf in leaves if isinstance(leaf, ShardedLeaf)}
+        reads.run()
+        sharded = {path: assembled() for path, assembled in planned.items()}
         leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
         expected = {leaf.path: leaf.checksum for leaf in leaves}
         arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self._verify(n, d, expected[n]))

@@ -18,7 +18,7 @@ LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Unpack
 
 from jaxstow._format.container import Container, open_container
@@ -29,6 +29,8 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
+from jaxstow._storage.settings import StorageSettings, storage_settings
+from jaxstow._storage.transfer import Transfer
 from jaxstow.errors import FormatError, IsAFolderError
 
 __all__ = ["LeafInfo", "Reader", "open", "open_parts"]
@@ -55,14 +57,19 @@ def open(
     target: str | os.PathLike[str] | BinaryIO | ReadSource,
     *,
     mmap: bool = False,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    transfer: Transfer | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
 ) -> Reader:
     """Open a jaxstow, safetensors or npz file lazily, from a path, a binary file object or an fsspec URL; a file of
     another library (PyTorch, pickle, equinox, flax, orbax) raises a :class:`~jaxstow.errors.FormatError` that names
     it and the call that reads it.
 
     Only the header is read until a leaf is asked for. With ``mmap=True`` (local native files), leaves come back as
-    read-only numpy views of the memory-mapped file, and nothing is copied. ``storage_options`` go to fsspec.
+    read-only numpy views of the memory-mapped file, and nothing is copied. For a URL, ``storage_options`` go to
+    fsspec (its configuration, such as ``FSSPEC_S3_*`` environment variables, fills in the rest), ``transfer`` (a
+    :class:`jaxstow.Transfer`) sets the requests in flight, their size and a bandwidth cap, and ``cache_dir`` keeps
+    a local copy of the file, used again while its header checksum matches the file's in the store.
 
     >>> import os, tempfile, jax.numpy as jnp, jaxstow
     >>> path = os.path.join(tempfile.mkdtemp(), "w.jxs")
@@ -72,11 +79,13 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
-    return Reader(_opened(target, _source(target, storage_options)), mmap=mmap)
+    settings = storage_settings(storage_options, transfer, cache_dir)
+    return Reader(_opened(target, _source(target, settings)), mmap=mmap)
 
 
 def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]) -> Reader:
-    """One tree saved in several files, one per process: the first holds the structure, the others more shards."""
+    """One tree saved in several files, one per process: the first holds the structure, the others more shards. The
+    sources among ``targets`` belong to the reader from now on: closed with it, or at once if opening fails."""
     containers: list[Container] = []
     try:
         for target in targets:
@@ -85,6 +94,9 @@ def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]
     except BaseException:
         for container in containers:
             container.close()
+        for target in targets[len(containers) + 1 :]:
+            if isinstance(target, ReadSource):
+                target.close()
         raise
 
 
@@ -93,15 +105,16 @@ def _opened(target: str | os.PathLike[str] | BinaryIO | ReadSource, source: Read
     try:
         return open_container(source)
     except FormatError as error:
-        raise pointed(error, target) from error.__cause__
+        remote = isinstance(target, str | os.PathLike) and local_path(target) is None
+        raise pointed(error, source if remote else target) from error.__cause__
 
 
 def _source(
-    target: str | os.PathLike[str] | BinaryIO | ReadSource, storage_options: dict[str, Any] | None = None
+    target: str | os.PathLike[str] | BinaryIO | ReadSource, settings: StorageSettings | None = None
 ) -> ReadSource:
     """The source to read; a local folder raises a :class:`~jaxstow.errors.IsAFolderError` that says how to restore a checkpoint folder."""
     if isinstance(target, str | os.PathLike):
         path = local_path(target)
         if path is not None and os.path.isdir(path):
             raise IsAFolderError(folder_problem(path), file=path)
-    return open_source(target, storage_options=storage_options)
+    return open_source(target, settings)

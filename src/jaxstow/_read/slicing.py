@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.reading import aligned_empty
+from jaxstow._format.reading import aligned_empty, read_range
 from jaxstow._format.shards import Box
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.sources import LocalFile
@@ -119,7 +119,7 @@ def read_box(
     strides = [math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape))]
     partial_axes = [axis for axis, (start, stop) in enumerate(box) if (start, stop) != (0, shape[axis])]
     if not partial_axes or partial_axes == [0]:  # whole rows of the first axis: one range
-        source.read_into(offset + (box[0][0] * strides[0] if box else 0), out.data)
+        read_range(source, offset + (box[0][0] * strides[0] if box else 0), out.data)
         return out.view(dtype).reshape(extent)
     last = partial_axes[-1]
     run_bytes = extent[last] * strides[last]

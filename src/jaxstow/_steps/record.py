@@ -21,7 +21,7 @@ import math
 import numbers
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -34,7 +34,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._version import __version__
 from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError
 
-__all__ = ["RECORD_NAME", "StepRecord", "check_item_files", "check_metadata", "check_metrics"]
+__all__ = ["RECORD_NAME", "StepRecord", "check_item_header", "check_metadata", "check_metrics", "missing_item_file"]
 
 #: The name of the record in a step's folder.
 RECORD_NAME = "checkpoint.json"
@@ -194,29 +194,20 @@ def _is_metrics(metrics: Any) -> bool:
     )
 
 
-def check_item_files(record: StepRecord, open_item: Callable[[str], ReadSource], where: Callable[[str], str]) -> None:
-    """Check that every item file of a step exists and has the header its record names (its checksum is compared,
-    and checked against the header's text; the data is checked when it is restored).
+def check_item_header(record: StepRecord, item: str, file: str, source: ReadSource, where: str) -> None:
+    """Check that an item file of a step has the header its record names (its checksum is compared, and checked
+    against the header's text; the data is checked when it is restored): a damaged header or a file that is not the
+    one the record names is a :class:`CorruptFileError` naming ``where``."""
+    found = header_checksum(source)
+    expected = None if record.headers is None else record.headers.get(file)
+    if expected is not None and found != expected:
+        raise CorruptFileError(
+            f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "
+            f"expects {expected}: the file is not the one that was saved",
+            file=where,
+        )
 
-    ``open_item(file)`` opens an item file; ``where(file)`` names it in errors. A missing file is a
-    :class:`CheckpointError`, a damaged header or a file that is not the one the record names a
-    :class:`CorruptFileError`.
-    """
-    for item, file in sorted((name, file) for name in record.files for file in record.item_files(name)):
-        try:
-            source = open_item(file)
-        except FileNotFoundError:
-            raise CheckpointError(
-                f"{where(file)}: step {record.step} lists the item {item!r}, but its file is missing", file=where(file)
-            ) from None
-        try:
-            found = header_checksum(source)
-        finally:
-            source.close()
-        expected = None if record.headers is None else record.headers.get(file)
-        if expected is not None and found != expected:
-            raise CorruptFileError(
-                f"the header of item {item!r} of step {record.step} has checksum {found}, but the step's record "
-                f"expects {expected}: the file is not the one that was saved",
-                file=where(file),
-            )
+
+def missing_item_file(record: StepRecord, item: str, where: str) -> CheckpointError:
+    """The error of an item file that a step's record lists but that is not there."""
+    return CheckpointError(f"{where}: step {record.step} lists the item {item!r}, but its file is missing", file=where)

@@ -115,7 +115,10 @@ class LocalStore:
         with open(self.path(name, self.marker), "rb") as file:
             return file.read()
 
-    def source(self, name: str, file: str) -> ReadSource:
+    def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
+        """The file ``file`` of folder ``name`` (``header``, its expected header checksum, is for caches of remote
+        files: a local file is read where it is)."""
+        del header
         return open_source(self.path(name, file))
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
@@ -129,6 +132,18 @@ class LocalStore:
         os.rename(self.path(name), doomed)
         fsync_directory(self.root)
         shutil.rmtree(doomed)
+
+    def files(self) -> list[str]:
+        """The names of the files directly in the root (not temporary ones, not hidden ones such as the lock)."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        return sorted(entry.name for entry in entries if entry.is_file() and not entry.name.startswith("."))
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly in the root."""
+        os.remove(self.path(name))
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove temporary leftovers. Committed folders appear by rename only, so ``owns`` has nothing to add here."""
@@ -146,6 +161,8 @@ class LocalStaging:
         self._store = store
         self._final = store.path(name)
         self._replace = replace
+        self._joined = token is not None
+        self._written: list[str] = []
         if token is None:
             self._temporary = temporary_sibling(self._final)
             os.mkdir(self._temporary)
@@ -162,10 +179,14 @@ class LocalStaging:
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
         """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink."""
+        self._written.append(file)
         with open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink:
             yield file, sink
             sink.flush()
             os.fsync(sink.fileno())
+
+    def complete(self) -> None:
+        """Nothing to wait for: each file is written and fsynced when its block ends."""
 
     def commit(self, marker: bytes) -> None:
         """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename."""
@@ -181,5 +202,11 @@ class LocalStaging:
             fsync_directory(self._store.root)
 
     def abort(self) -> None:
-        """Remove the temporary folder; nothing committed is touched."""
-        shutil.rmtree(self._temporary, ignore_errors=True)
+        """Remove the temporary folder (joined through another process's token: only this one's files); nothing
+        committed is touched."""
+        if not self._joined:
+            shutil.rmtree(self._temporary, ignore_errors=True)
+            return
+        for file in self._written:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(self._temporary, file))

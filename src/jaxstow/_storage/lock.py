@@ -38,7 +38,7 @@ from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from jaxstow._storage.remote import RemoteStore
+    from jaxstow._storage.remote_store import RemoteStore
 
 __all__ = ["LOCK_NAME", "Holder", "LocalLock", "Lock", "RemoteLock", "lock_store"]
 
@@ -188,7 +188,7 @@ def lock_store(store: Store) -> Lock:
     store.ensure()
     if isinstance(store, LocalStore):
         return LocalLock(store.root)
-    from jaxstow._storage.remote import RemoteStore  # loaded already: the store is one
+    from jaxstow._storage.remote_store import RemoteStore  # loaded already: the store is one
 
     if isinstance(store, RemoteStore):
         return RemoteLock(store)

@@ -16,23 +16,33 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.paths import display_name, local_path
+from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import FileObject, LocalFile
 from jaxstow.errors import ArgumentError, IsAFolderError
 
-__all__ = ["open_source"]
+__all__ = ["open_source", "refuse_options"]
+
+
+def refuse_options(path: str, settings: StorageSettings) -> None:
+    """Storage options given with a local path are a mistake (they would be ignored): an ArgumentError. The transfer
+    settings and the cache are for URLs and do nothing for a local path."""
+    if settings.options:
+        raise ArgumentError(
+            f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
+        )
 
 
 def open_source(
-    target: str | os.PathLike[str] | BinaryIO | ReadSource, *, storage_options: dict[str, Any] | None = None
+    target: str | os.PathLike[str] | BinaryIO | ReadSource, settings: StorageSettings | None = None
 ) -> ReadSource:
     """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is).
 
-    ``storage_options`` go to fsspec for a URL. A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing
-    file :class:`~jaxstow.errors.PathNotFoundError`.
+    ``settings`` say how a URL is reached (fsspec's storage options, the transfer, a local cache). A folder raises
+    :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
     """
     if isinstance(target, ReadSource):
         return target
@@ -48,11 +58,8 @@ def open_source(
     if path is None:
         from jaxstow._storage.remote import open_remote_source
 
-        return open_remote_source(os.fspath(target), storage_options=storage_options)
-    if storage_options:
-        raise ArgumentError(
-            f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
-        )
+        return open_remote_source(os.fspath(target), settings)
+    refuse_options(path, settings or StorageSettings())
     if os.path.isdir(path):
         raise IsAFolderError("is a folder, not a file", file=path)
     return LocalFile(path)

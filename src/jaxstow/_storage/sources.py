@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from typing import BinaryIO
 
+from jaxstow._format.reading import LOCAL_DISK
+from jaxstow._format.source import Parallel
 from jaxstow.errors import PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
@@ -23,10 +26,16 @@ class SourceBase:
 
     name: str
     size: int
-    parallel = False
+    parallel: Parallel | None = None
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         raise NotImplementedError
+
+    def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: one read each here."""
+        for buffer in buffers:
+            self.read_into(offset, buffer)
+            offset += buffer.nbytes
 
     def read(self, offset: int, length: int) -> bytes:
         buffer = bytearray(length)
@@ -48,7 +57,7 @@ class SourceBase:
 class LocalFile(SourceBase):
     """A local file read with ``pread``, safe to share between threads."""
 
-    parallel = True
+    parallel = LOCAL_DISK
 
     def __init__(self, path: str) -> None:
         self.name = path
@@ -68,6 +77,21 @@ class LocalFile(SourceBase):
             if count == 0:
                 raise self._truncated(offset, len(buffer), done)
             done += count
+
+    def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls."""
+        views = [buffer.cast("B") for buffer in buffers if buffer.nbytes]
+        wanted = sum(len(view) for view in views)
+        done = 0
+        while views:
+            count = os.preadv(self._descriptor, views, offset + done)
+            if count == 0:
+                raise self._truncated(offset, wanted, done)
+            done += count
+            while views and count >= len(views[0]):
+                count -= len(views.pop(0))
+            if views:
+                views[0] = views[0][count:]
 
     def fileno(self) -> int:
         """The open file descriptor, for positional reads."""

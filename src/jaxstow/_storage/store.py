@@ -2,7 +2,7 @@
 
 A *store* holds named folders; a folder is *committed* once its marker is written, and only committed folders are
 listed. Locally a folder becomes visible by one atomic rename (:mod:`jaxstow._storage.folders`); on object stores by
-its marker, written last (:mod:`jaxstow._storage.remote`).
+its marker, written last (:mod:`jaxstow._storage.remote_store`).
 
 >>> from jaxstow._storage.store import open_store
 >>> type(open_store("runs/a", marker="m.json")).__name__, type(open_store("memory://runs/a", marker="m.json")).__name__
@@ -14,12 +14,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, BinaryIO, Protocol
+from typing import BinaryIO, Protocol
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.opening import refuse_options
 from jaxstow._storage.paths import local_path
-from jaxstow.errors import ArgumentError
+from jaxstow._storage.settings import StorageSettings
 
 __all__ = ["Staging", "Store", "open_store"]
 
@@ -29,6 +30,10 @@ class Staging(Protocol):
 
     def open(self, file: str) -> AbstractContextManager[tuple[str, BinaryIO]]:
         """Write ``file``; yields the name it is stored under and a sink."""
+        ...
+
+    def complete(self) -> None:
+        """Wait until every file written so far is stored (uploads finish in the background)."""
         ...
 
     def commit(self, marker: bytes) -> None:
@@ -59,26 +64,30 @@ class Store(Protocol):
 
     def read_marker(self, name: str) -> bytes: ...
 
-    def source(self, name: str, file: str) -> ReadSource: ...
+    def source(self, name: str, file: str, header: str | None = None) -> ReadSource: ...
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> Staging: ...
 
     def delete(self, name: str) -> None: ...
 
+    def files(self) -> list[str]:
+        """The names of the files directly in the root (not temporary ones, not the lock)."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly in the root."""
+        ...
+
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]: ...
 
 
-def open_store(
-    directory: str | os.PathLike[str], *, marker: str, storage_options: dict[str, Any] | None = None
-) -> Store:
-    """The store for a local path, a ``file://`` URL or any other fsspec URL (with its ``storage_options``)."""
+def open_store(directory: str | os.PathLike[str], *, marker: str, settings: StorageSettings | None = None) -> Store:
+    """The store for a local path, a ``file://`` URL or any other fsspec URL (reached as ``settings`` say)."""
+    settings = settings or StorageSettings()
     path = local_path(directory)
     if path is not None:
-        if storage_options:
-            raise ArgumentError(
-                f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
-            )
+        refuse_options(path, settings)
         return LocalStore(path, marker=marker)
-    from jaxstow._storage.remote import RemoteStore
+    from jaxstow._storage.remote_store import RemoteStore
 
-    return RemoteStore(os.fspath(directory), marker=marker, storage_options=storage_options)
+    return RemoteStore(os.fspath(directory), marker=marker, settings=settings)

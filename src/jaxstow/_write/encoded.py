@@ -43,8 +43,9 @@ from jaxstow._format.json_rules import json_problem
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf
 from jaxstow._format.skeleton import encode_treedef
-from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.paths import PathOrFile
+from jaxstow._storage.settings import StorageSettings
+from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import Bar, counted
 from jaxstow.errors import FormatError, MetadataError, ShardingError
@@ -74,8 +75,11 @@ class EncodedTree:
         return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
     @with_gc_paused
-    def write(self, path_or_file: PathOrFile, *, bar: Bar | None = None) -> str | None:
-        """Write the file, checksums included; a path is written atomically, a file object as it is.
+    def write(
+        self, path_or_file: PathOrFile, *, bar: Bar | None = None, settings: StorageSettings | None = None
+    ) -> str | None:
+        """Write the file, checksums included; a path or a URL (reached as ``settings`` say) is written atomically, a
+        file object as it is.
 
         Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
         on ``bar``, a :class:`~jaxstow._util.progress.Bar`, when one is given. Returns the header's checksum of a native
@@ -87,7 +91,7 @@ class EncodedTree:
         describe_raw_leaves(kind, pieces)
         with _checksums(pieces) as complete:
             if isinstance(path_or_file, str | os.PathLike):
-                with atomic_write(path_or_file) as sink:
+                with atomic_sink(path_or_file, settings) as sink:
                     return write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
             header_checksum = write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
             path_or_file.flush()

@@ -31,7 +31,9 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_metadata, check_metrics
 from jaxstow._storage.lock import Lock, lock_store
+from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
+from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
@@ -63,7 +65,14 @@ class CheckpointManager(StepReading):
     written on a background thread, one save at a time; an error there is raised, with its cause, by the next
     :meth:`save`, :meth:`wait`, :meth:`close` or the end of a ``with`` block. Reads (:meth:`steps`, :meth:`restore`,
     ...) first wait for the save in flight, so they see every save made before them. ``progress=True`` draws a progress
-    bar (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger. ``storage_options`` go to fsspec.
+    bar (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
+
+    A URL ``directory`` (``s3://bucket/run``, any fsspec URL) is reached with ``storage_options`` (to fsspec, whose
+    configuration and environment variables fill in the rest); ``transfer`` (a :class:`jaxstow.Transfer`) sets the
+    requests in flight, their size and a bandwidth cap of every upload and restore; ``cache_dir`` keeps a local copy
+    of each file restored, read again instead of the store while its header checksum is the one the step's record
+    names. Under ``jax.distributed``, every wait of a save or restore on the other processes is bounded by
+    ``process_timeout`` seconds (see :meth:`save` and :meth:`restore`).
 
     The first save takes the directory's lock (a second writer gets a :class:`~jaxstow.errors.CheckpointError` naming
     the first; the lock of a dead writer is taken over) and removes what interrupted saves left. Reading takes no lock,
@@ -83,20 +92,24 @@ class CheckpointManager(StepReading):
         save_every: int = 1,
         async_save: bool = True,
         progress: bool = False,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        transfer: Transfer | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
         process_timeout: float = 600.0,
     ) -> None:
         policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
         self._schedule = SaveSchedule(save_every)
         if progress:
             require_progress_bar()
-        self._store: Store = open_store(directory, marker=RECORD_NAME, storage_options=storage_options)
+        settings = storage_settings(storage_options, transfer, cache_dir)
+        self._store: Store = open_store(directory, marker=RECORD_NAME, settings=settings)
         self._names = StepNames("%d")
         super().__init__(StepFolder(self._store, self._names), policy, progress=progress)
         self._writer = BackgroundWriter(asynchronous=async_save)
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
+        self._together = self._processes
 
     @property
     def policy(self) -> KeepPolicy:
@@ -176,7 +189,7 @@ class CheckpointManager(StepReading):
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
         write: Callable[[], StepRecord | None]
         if self._processes.many:
-            write = functools.partial(self._write_shared, content, exists, key=self._processes.next_save())
+            write = functools.partial(self._write_shared, content, exists, key=self._processes.next_exchange("save"))
         else:
             keep_policy = dataclasses.asdict(self._policy)
             folder = self._names.name(step)

@@ -20,8 +20,10 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import require_progress_bar
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.together import restore_together
 from jaxstow.errors import ArgumentError
 
 __all__ = ["StepReading"]
@@ -37,6 +39,8 @@ class StepReading:
         self._progress = progress
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
         self.restored: recovery.Restored | None = None
+        #: The processes that restore together, in a ``jax.distributed`` run.
+        self._together: Processes | None = None
 
     @property
     def directory(self) -> str:
@@ -139,8 +143,27 @@ class StepReading:
         ``fallback=True`` restores the newest step (from ``step`` down) whose record, headers and restored data check:
         a damaged step is skipped, with a warning on the ``jaxstow`` logger that names it and the damage. Afterwards
         :attr:`restored` tells which step was restored and which were skipped, and why.
+
+        Under ``jax.distributed`` call it in every process, as :meth:`save`: process 0 picks the step, and every
+        process restores it or every process raises a :class:`~jaxstow.errors.CheckpointError` naming the step and
+        each process that failed or did not report within the manager's ``process_timeout``
+        (:mod:`jaxstow.checkpoint.together`).
         """
         options.setdefault("progress", self._progress)
+        if self._together is not None and self._together.many:
+
+            def choose() -> list[int]:
+                newest = self._existing(step)
+                return [older for older in reversed(self._committed_steps()) if older <= newest]
+
+            tree, self.restored = restore_together(
+                self._together,
+                self._folder,
+                choose,
+                lambda chosen: restore_step(self._folder, chosen, like, items, options),
+                fallback=fallback,
+            )
+            return tree
         if not fallback:
             chosen = self._existing(step)
             tree = restore_step(self._folder, chosen, like, items, options)

@@ -31,10 +31,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar
 
-from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import bar, format_bytes
+from jaxstow.checkpoint.restoring import open_readers
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import ArgumentError, CheckpointError, FormatError
 
@@ -63,7 +63,7 @@ def check_verify(verify: str) -> Verify:
 def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool) -> str | None:
     """Why ``step`` cannot be restored as saved, or ``None`` if it is intact (as far as ``verify`` checks)."""
     try:
-        record = folder.read_record(step, check_files=True)
+        record = folder.read_record(step, check_files=verify == "headers")
         if verify == "data":
             return _data_damage(folder, record, progress=progress)
     except (FormatError, CheckpointError) as error:  # a damaged record or header, a missing file
@@ -75,9 +75,7 @@ def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> s
     """Read every leaf of every item of a step; the first damage found (and how much more there is), or ``None``."""
     step = record.step
     with contextlib.ExitStack() as stack:
-        readers: list[Reader] = [
-            stack.enter_context(open_parts(folder.sources(step, record, item))) for item in sorted(record.files)
-        ]
+        readers = list(open_readers(stack, folder.open_files(record, sorted(record.files))).values())
         total = sum(leaf.nbytes for reader in readers for leaf in reader.stored.values())
         damage = []
         with bar(total, f"verifying step {step} of {folder.store.location}", enabled=progress) as read:

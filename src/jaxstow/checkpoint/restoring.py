@@ -1,6 +1,10 @@
 """Restoring one step: its one tree, or its named items together, with ``select`` patterns and shardings spread over
 the items.
 
+The step's files are opened side by side (on an object store, one request each for the first bytes, which hold the
+header) and its items restored side by side, their reads sharing the pool of their source: a step of many small
+items keeps as many requests in flight as one large file.
+
 Paths in a step with named items start with the item's name (``params/dense/kernel``), so ``select=["params/**"]``
 restores only the ``params`` item, and a sharding function sees the same paths. A ``sharding=`` dict whose keys are
 item names gives each item its own placement.
@@ -19,9 +23,12 @@ item names gives each item its own placement.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Unpack
 
+from jaxstow._format.source import ReadSource
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
@@ -30,7 +37,9 @@ from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError
 
-__all__ = ["restore_items", "restore_step"]
+__all__ = ["open_readers", "restore_items", "restore_step"]
+
+_ITEMS = 16  # items restored at once
 
 
 def restore_items(
@@ -40,21 +49,63 @@ def restore_items(
     where: str,
     **options: Unpack[LoadOptions],
 ) -> dict[str, Any]:
-    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, or a list of them
-    for an item saved by several processes) restored, fitted into ``likes[name]`` where there is one; ``options`` go
-    to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over the items."""
+    """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, a list of them
+    for an item saved by several processes, or a function that opens them) restored, fitted into ``likes[name]``
+    where there is one; ``options`` go to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over
+    the items. Without ``select`` each item is opened and restored on its own thread, as soon as one is free."""
     select = options.get("select")
+    if select is None and len(sources) > 1:
+        return _side_by_side(sources, likes, options)
     with contextlib.ExitStack() as stack:
-        readers: dict[str, Reader] = {
-            name: stack.enter_context(open_parts(source if isinstance(source, list) else [source]))
-            for name, source in sources.items()
-        }
+        readers = open_readers(stack, sources)
         chosen = _spread_selection(select, readers, where=where)
-        return {
-            name: reader.load(likes.get(name), **_item_options(options, name, chosen))
-            for name, reader in readers.items()
-            if select is None or name in chosen
-        }
+        names = [name for name in readers if select is None or name in chosen]
+        if len(names) <= 1:
+            return {name: readers[name].load(likes.get(name), **_item_options(options, name, chosen)) for name in names}
+        with ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
+            futures = {
+                name: pool.submit(readers[name].load, likes.get(name), **_item_options(options, name, chosen))
+                for name in names
+            }
+            wait(futures.values())
+        return {name: future.result() for name, future in futures.items()}
+
+
+def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
+    """Every item opened and restored on its own thread; the first error, in the items' order, is raised once all
+    have ended."""
+
+    def restore(name: str) -> Any:
+        with open_parts(_targets(sources[name])) as reader:
+            return reader.load(likes.get(name), **_item_options(options, name, {}))
+
+    with ThreadPoolExecutor(min(len(sources), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
+        futures = {name: pool.submit(restore, name) for name in sources}
+        wait(futures.values())
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _targets(source: Any) -> list[Any]:
+    """An item's files: a function's that opens them, a list, or one."""
+    opened = source() if callable(source) else source
+    return opened if isinstance(opened, list) else [opened]
+
+
+def open_readers(stack: contextlib.ExitStack, sources: Mapping[str, Any]) -> dict[str, Reader]:
+    """A reader of each item of ``sources`` (as :func:`restore_items` takes them), closed when ``stack`` closes; the
+    sources of items not yet opened when one fails are closed too."""
+    readers: dict[str, Reader] = {}
+    items = [(name, _targets(source)) for name, source in sources.items()]
+    for index, (name, targets) in enumerate(items):
+        try:
+            readers[name] = stack.enter_context(open_parts(targets))
+        except BaseException:  # open_parts closed the failing item's sources
+            for _, later in items[index + 1 :]:
+                for target in later:
+                    if isinstance(target, ReadSource):
+                        target.close()
+            raise
+    return readers
 
 
 def _spread_selection(
@@ -96,7 +147,7 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
 
 def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
     """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items."""
-    record = folder.record(step)
+    record = folder.checked_record(step)
     if record.single:
         if items is not None:
             raise CheckpointError(
@@ -104,8 +155,8 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
                 "without items=",
                 file=folder.url(step),
             )
-        with open_parts(folder.sources(step, record, SINGLE_ITEM)) as reader:
+        with open_parts(folder.open_files(record, [SINGLE_ITEM])[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
-    sources = {name: folder.sources(step, record, name) for name in names}
-    return restore_items(sources, like or {}, where=folder.url(step), **options)
+    openers = {name: functools.partial(folder.open_item, record, name) for name in names}
+    return restore_items(openers, like or {}, where=folder.url(step), **options)

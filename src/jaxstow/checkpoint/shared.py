@@ -10,7 +10,10 @@ All of it runs in each process's background save, so asynchronous saves overlap 
    ``checkpoint.json`` listing every file and commits; it sends the outcome, which the others wait for, so an error
    anywhere, or a process that never reports, leaves no committed step and reaches every process.
 
-Each process sends two small messages per save whatever the size of the tree: the commit path is O(processes).
+Each process sends two small messages per save whatever the size of the tree: the commit path is O(processes). Every
+wait is bounded by the processes' timeout: process 0 gives up on the summaries at one deadline and names every
+process missing; the others wait for its outcome a grace longer (:attr:`Processes.grace`), so that the outcome they
+raise names the process that was missing, or, if process 0 itself is gone, they name it.
 """
 
 from __future__ import annotations
@@ -60,22 +63,30 @@ def save_shared(
         staging = store.stage(folder, replace=replace, token=token)
     try:
         summary = _write_files(staging, me, step, items, extension, progress)
+        staging.complete()
     except BaseException as error:
         processes.send(f"{key}/done/{me}", json.dumps({"error": f"{type(error).__name__}: {error}"}))
         if me == 0:
             _give_up(processes, key, staging, f"process 0 failed: {error}")
+        else:
+            staging.abort()
         raise
     processes.send(f"{key}/done/{me}", json.dumps(summary))
     if me != 0:
-        outcome = processes.receive(f"{key}/outcome", sender=0, what=f"the commit of step {step} ({where})")
+        outcome = processes.receive(
+            f"{key}/outcome",
+            sender=0,
+            what=f"the commit of step {step} ({where})",
+            timeout=processes.timeout + processes.grace,
+        )
         if outcome != _COMMITTED:
             raise CheckpointError(f"step {step} was not committed: {outcome}", file=where)
         return None
     try:
-        summaries = [summary] + [
-            json.loads(processes.receive(f"{key}/done/{k}", sender=k, what=f"its files of step {step} ({where})"))
-            for k in range(1, processes.count)
-        ]
+        reports = processes.gather(
+            {k: f"{key}/done/{k}" for k in processes.others}, what=f"its files of step {step} ({where})"
+        )
+        summaries = [summary] + [json.loads(reports[k]) for k in processes.others]
         _check_agreement(summaries, step=step, where=where)
         files = summary["files"]
         parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}

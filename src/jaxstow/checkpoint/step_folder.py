@@ -16,17 +16,19 @@
 
 from __future__ import annotations
 
-import functools
 import operator
-import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.names import StepNames
-from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_files
+from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
 from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
+
+#: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
+_OPENING = 16
 
 __all__ = ["StepFolder", "check_step"]
 
@@ -112,8 +114,14 @@ class StepFolder:
         if record.step != step:
             raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
         if check_files:
-            check_item_files(record, functools.partial(self.store.source, name), functools.partial(self.url, step))
+            for sources in self.open_files(record, sorted(record.files)).values():
+                for source in sources:
+                    source.close()
         return record
+
+    def checked_record(self, step: int) -> StepRecord:
+        """A step's record, its own checksum checked (its files are checked as :meth:`open_files` opens them)."""
+        return self._records.get(step) or self.read_record(step, check_files=False)
 
     def unchecked_record(self, step: int) -> StepRecord | None:
         """A step's record as the keep policy reads it (checksummed, its files unchecked), or ``None`` if it is
@@ -123,15 +131,44 @@ class StepFolder:
         except JaxstowError:
             return None
 
-    def sources(self, step: int, record: StepRecord, item: str) -> list[ReadSource]:
-        """The files of ``item``: one, or one per process that saved the step."""
-        try:
-            return [self.store.source(self.names.name(step), file) for file in record.item_files(item)]
-        except FileNotFoundError as error:
-            raise CheckpointError(
-                f"step {step} lists the file {os.path.basename(str(error.filename))!r} of item {item!r}, which is missing",
-                file=self.url(step),
-            ) from None
+    def open_files(self, record: StepRecord, items: Sequence[str]) -> dict[str, list[ReadSource]]:
+        """The files of ``items`` (each one file, or one per process that saved the step), opened side by side and
+        each checked against the header checksum the record names; a missing file is a CheckpointError naming it."""
+        name = self.names.name(record.step)
+        wanted = [(item, file) for item in items for file in record.item_files(item)]
+
+        def open_checked(item: str, file: str) -> ReadSource:
+            where = self.url(record.step, file)
+            try:
+                source = self.store.source(name, file, (record.headers or {}).get(file))
+            except FileNotFoundError:
+                raise missing_item_file(record, item, where) from None
+            try:
+                check_item_header(record, item, file, source, where)
+            except BaseException:
+                source.close()
+                raise
+            return source
+
+        if len(wanted) == 1:
+            return {items[0]: [open_checked(*wanted[0])]}
+        with ThreadPoolExecutor(max(1, min(len(wanted), _OPENING)), thread_name_prefix="jaxstow-open") as pool:
+            futures = [pool.submit(open_checked, item, file) for item, file in wanted]
+            wait(futures)
+        failed = [future for future in futures if future.exception() is not None]
+        if failed:
+            for future in futures:
+                if future.exception() is None:
+                    future.result().close()
+            raise failed[0].exception()  # type: ignore[misc]
+        opened: dict[str, list[ReadSource]] = {item: [] for item in items}
+        for (item, _), future in zip(wanted, futures, strict=True):
+            opened[item].append(future.result())
+        return opened
+
+    def open_item(self, record: StepRecord, item: str) -> list[ReadSource]:
+        """The files of one item, opened and checked as :meth:`open_files` does."""
+        return self.open_files(record, [item])[item]
 
     def chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""

@@ -1,7 +1,10 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
 
-``jaxstow inspect``, ``verify``, ``diff``, ``ls`` and ``convert`` take local paths and fsspec URLs alike (an
-``s3://`` URL takes its credentials from fsspec's configuration, e.g. ``FSSPEC_S3_*`` environment variables).
+``jaxstow inspect``, ``verify``, ``diff``, ``ls`` and ``convert`` take local paths and fsspec URLs alike, with
+``--storage-options JSON`` (fsspec's options; its configuration and environment variables, such as ``FSSPEC_S3_*``
+and ``AWS_*``, fill in the rest) and ``--transfer JSON`` (requests in flight, their size, a bandwidth cap);
+``jaxstow uploads`` lists, and with ``--abort`` aborts, the unfinished uploads that killed saves left on S3;
+``jaxstow watch`` follows a sampling run's HDF5 file while the run goes on.
 Exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` finds differences, 2 on an error, which is
 one line on stderr, never a traceback (a missing file, missing credentials, a server out of reach, a file of a newer
 format). A reader that closes the pipe early (``jaxstow inspect f | head``) ends the command quietly, with status 141
@@ -21,12 +24,13 @@ import sys
 from collections.abc import Sequence
 
 from jaxstow._version import __version__
-from jaxstow.cli import convert, diff, inspect, ls, verify, watch
+from jaxstow.cli import convert, diff, inspect, ls, uploads, verify, watch
+from jaxstow.cli.files import use_storage_arguments
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
 
-_COMMANDS = (inspect, verify, diff, ls, convert, watch)
+_COMMANDS = (inspect, verify, diff, ls, convert, uploads, watch)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top.print_help()
         return 2
     try:
+        use_storage_arguments(args)
         status: int = args.run(args)
         sys.stdout.flush()  # here, so that a closed pipe is met while it can still be answered quietly
     except BrokenPipeError:

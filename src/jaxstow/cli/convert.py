@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -39,11 +38,20 @@ from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
-from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.paths import local_path
+from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.checkpoint import CheckpointManager
-from jaxstow.cli.files import checkpoint_steps, describe, is_folder, open_file, open_source_at, read_arrays
+from jaxstow.cli.files import (
+    add_storage_arguments,
+    checkpoint_steps,
+    describe,
+    is_folder,
+    open_file,
+    open_source_at,
+    read_arrays,
+    storage,
+)
 from jaxstow.errors import FormatError, PathError
 
 __all__ = ["add", "run", "source_kind"]
@@ -67,6 +75,7 @@ def add(commands: Any) -> None:
     parser.add_argument("dst", metavar="DST", help="the file (or checkpoint folder) to write (a path or an fsspec URL)")
     parser.add_argument("--to", choices=_FORMATS, help="the format of DST, if not the one its name implies")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written")
+    add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 
@@ -127,7 +136,7 @@ def source_kind(src: str) -> Kind:
 def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:
     tensors, values = _tree_tensors(tree)
     if target == "jaxstow":
-        _write(dst, lambda path: save(path, tree, metadata=metadata, progress=progress))
+        _save(dst, tree, metadata=metadata, progress=progress)
         return len(tensors) + len(values)
     return _write_plain(dst, target, tensors, values, progress=progress)
 
@@ -137,7 +146,10 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     its items and metrics (a step of the one item ``default`` as one tree, as orbax restores it)."""
     folder = os.path.abspath(local_path(src) or src)
     steps = orbax_steps.manager_steps(folder)
-    with CheckpointManager(dst, progress=progress) as manager:
+    settings = storage(dst)
+    with CheckpointManager(
+        dst, progress=progress, storage_options=settings.options, transfer=settings.transfer
+    ) as manager:
         for step, name in steps:
             tree, metrics = orbax_steps.read_step(os.path.join(folder, name))
             numbers, other = _numbers(metrics)
@@ -175,7 +187,7 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
     leaves = describe(container)
     if target == "jaxstow" and any(leaf.kind == "sharded" for leaf in leaves):  # shards become whole arrays
         tree = container.load(as_numpy=True)
-        _write(dst, lambda path: save(path, tree, progress=progress))
+        _save(dst, tree, progress=progress)
         return len(leaves)
     stored = [leaf for leaf in leaves if leaf.stored]
     arrays = read_arrays(container, stored)
@@ -184,7 +196,7 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
         values = [leaf.path for leaf in leaves if not leaf.stored]
         return _write_plain(dst, target, tensors, values, progress=progress)
     if container.container.manifest is None:
-        _write(dst, lambda path: save(path, dict(tensors), progress=progress))
+        _save(dst, dict(tensors), progress=progress)
         return len(tensors)
     manifest = container.container.manifest  # the same bytes: the manifest, checksums included, still holds
     container_kind: ContainerKind = "npz" if dst.lower().endswith(".npz") else "native"
@@ -227,31 +239,19 @@ def _write_plain(
     return len(tensors)
 
 
+def _save(dst: str, tree: Any, *, metadata: dict[str, Any] | None = None, progress: bool) -> None:
+    """``jaxstow.save`` to ``dst``, a path or a URL reached as the command's storage options say."""
+    settings = storage(dst)
+    save(dst, tree, metadata=metadata, progress=progress, storage_options=settings.options, transfer=settings.transfer)
+
+
 def _write_raw(
     dst: str, write: Callable[[BinaryIO], object], tensors: list[tuple[str, np.ndarray]], *, progress: bool
 ) -> None:
+    """Write ``dst`` (a path or a URL) all or nothing with ``write(sink)``."""
     total = sum(array.nbytes for _, array in tensors)
-
-    def to_path(path: str) -> None:
-        with bar(total, f"writing {dst}", enabled=progress) as written, atomic_write(path) as sink:
-            write(counted(sink, written))
-
-    _write(dst, to_path)
-
-
-def _write(dst: str, write: Callable[[str], None]) -> None:
-    """Write ``dst`` with ``write(path)``: in place for a local path, uploaded from a temporary file for a URL."""
-    path = local_path(dst)
-    if path is not None:
-        write(path)
-        return
-    from jaxstow._storage.remote import url_filesystem
-
-    fs, root = url_filesystem(dst)
-    with tempfile.TemporaryDirectory() as folder:
-        staged = os.path.join(folder, os.path.basename(root))
-        write(staged)
-        fs.put_file(staged, root)
+    with bar(total, f"writing {dst}", enabled=progress) as written, atomic_sink(dst, storage(dst)) as sink:
+        write(counted(sink, written))
 
 
 def _size(dst: str) -> str:

@@ -1,6 +1,7 @@
 """What the commands read: a file's leaves (from its header), their stored arrays, and the steps of a folder.
 
-Every command goes through these few functions, so that they read local paths and fsspec URLs alike.
+Every command goes through these few functions, so that they read local paths and fsspec URLs alike, each URL
+reached as the command's ``--storage-options`` and ``--transfer`` say (:func:`storage`, set once per command).
 
 >>> import os, tempfile, jax.numpy as jnp, jaxstow
 >>> from jaxstow.cli.files import describe, open_file
@@ -13,7 +14,10 @@ Every command goes through these few functions, so that they read local paths an
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import contextvars
+import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,8 +36,11 @@ from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import local_path
+from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.store import Store, open_store
+from jaxstow._storage.transfer import Transfer
 from jaxstow.errors import (
+    ArgumentError,
     FormatError,
     IsAFolderError,
     NotAFolderError,
@@ -44,6 +51,7 @@ from jaxstow.errors import (
 __all__ = [
     "Leaf",
     "Step",
+    "add_storage_arguments",
     "checkpoint_steps",
     "committed_steps",
     "describe",
@@ -54,8 +62,60 @@ __all__ = [
     "open_source_at",
     "read_arrays",
     "require_folder",
+    "storage",
+    "use_storage_arguments",
     "verify_checksums",
 ]
+
+_STORAGE: contextvars.ContextVar[StorageSettings | None] = contextvars.ContextVar("storage", default=None)
+
+
+def storage(target: str | None = None) -> StorageSettings:
+    """How the running command reaches URLs: its ``--storage-options`` and ``--transfer`` (for ``target``, a local
+    path, none: one command may read a URL and write a local file)."""
+    if target is not None and local_path(target) is not None:
+        return StorageSettings()
+    return _STORAGE.get() or StorageSettings()
+
+
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of every command about URLs."""
+    parser.add_argument(
+        "--storage-options",
+        metavar="JSON",
+        help='fsspec options for URLs, as JSON (e.g. \'{"key": "...", "secret": "...", "client_kwargs": '
+        '{"endpoint_url": "http://127.0.0.1:8333"}}\'); fsspec\'s configuration and environment variables '
+        "(FSSPEC_S3_*, AWS_*) fill in the rest",
+    )
+    parser.add_argument(
+        "--transfer",
+        metavar="JSON",
+        help='how files on object stores move, as JSON: {"requests": 16, "part_size": 16777216, '
+        '"max_bytes_per_second": null} (jaxstow.Transfer)',
+    )
+
+
+def use_storage_arguments(args: argparse.Namespace) -> None:
+    """Set :func:`storage` from a command's ``--storage-options`` and ``--transfer``."""
+    options = _json_option(getattr(args, "storage_options", None), "--storage-options")
+    transfer_fields = _json_option(getattr(args, "transfer", None), "--transfer")
+    try:
+        transfer = Transfer(**transfer_fields) if transfer_fields is not None else None
+    except TypeError as error:
+        raise ArgumentError(f"--transfer: {error} (its fields: requests, part_size, max_bytes_per_second)") from None
+    _STORAGE.set(storage_settings(options, transfer, None))
+
+
+def _json_option(text: str | None, flag: str) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise ArgumentError(f"{flag} must be a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise ArgumentError(f"{flag} must be a JSON object, not {type(value).__name__}")
+    return value
 
 
 def kind_of_path(target: str) -> str | None:
@@ -65,7 +125,7 @@ def kind_of_path(target: str) -> str | None:
         return "folder" if os.path.isdir(path) else "file" if os.path.exists(path) else None
     from jaxstow._storage.remote import storage_errors, url_filesystem
 
-    fs, root = url_filesystem(target)
+    fs, root = url_filesystem(target, storage().options)
     with storage_errors(target):
         info = fs.info(root) if fs.exists(root) else None
     if info is None:
@@ -103,10 +163,11 @@ def open_source_at(target: str) -> ReadSource:
         raise PathNotFoundError("no such file", file=target)
     if path is not None:
         return open_source(path)
-    from jaxstow._storage.remote import RemoteSource, url_filesystem
+    from jaxstow._storage.remote import object_source, url_filesystem
 
-    fs, root = url_filesystem(target)
-    return RemoteSource(fs, root, name=target)
+    settings = storage()
+    fs, root = url_filesystem(target, settings.options)
+    return object_source(fs, root, name=target, transfer=settings.transfer)
 
 
 @contextlib.contextmanager
@@ -223,7 +284,7 @@ class Step:
 def checkpoint_steps(folder: str) -> list[Step]:
     """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
     require_folder(folder)
-    store = open_store(folder, marker=RECORD_NAME)
+    store = open_store(folder, marker=RECORD_NAME, settings=storage(folder))
     names = StepNames("%d")
     steps = []
     for step in names.steps(store.committed()):

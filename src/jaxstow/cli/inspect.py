@@ -28,7 +28,7 @@ from jaxstow._format.kinds import KINDS
 from jaxstow._format.npz import NpzReader
 from jaxstow._read.reader import Reader
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Leaf, describe, file_size, open_file
+from jaxstow.cli.files import Leaf, add_storage_arguments, describe, file_size, open_file
 from jaxstow.cli.output import Table, print_json
 
 __all__ = ["add", "run", "summary"]
@@ -44,6 +44,7 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("file", help="a jaxstow, safetensors or npz file (a path or an fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print the same as JSON, for scripts")
+    add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 

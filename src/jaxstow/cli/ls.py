@@ -25,7 +25,7 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, committed_steps
+from jaxstow.cli.files import Step, add_storage_arguments, committed_steps
 from jaxstow.cli.output import Table, print_json
 
 __all__ = ["add", "keep_policy", "run"]
@@ -40,6 +40,7 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("folder", help="a checkpoint folder (a path or an fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print the steps as JSON, for scripts")
+    add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 

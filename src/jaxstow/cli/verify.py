@@ -21,7 +21,7 @@ from typing import Any
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
 from jaxstow._util.progress import bar, format_bytes
-from jaxstow.cli.files import committed_steps, describe, is_folder, open_file, verify_checksums
+from jaxstow.cli.files import add_storage_arguments, committed_steps, describe, is_folder, open_file, verify_checksums
 from jaxstow.cli.output import print_json
 from jaxstow.errors import CorruptFileError
 
@@ -39,6 +39,7 @@ def add(commands: Any) -> None:
     parser.add_argument("target", metavar="FILE|FOLDER", help="a file or a checkpoint folder (a path or an fsspec URL)")
     parser.add_argument("--json", action="store_true", help="print a JSON report, for scripts")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes read (needs tqdm)")
+    add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 

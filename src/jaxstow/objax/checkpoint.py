@@ -37,16 +37,23 @@ class Checkpoint(TreeCheckpoint):
     """Keeps the ``keep_ckpts`` latest checkpoints of a variable collection in ``logdir/DIR_NAME``.
 
     ``verbose`` prints which checkpoint is restored, as Objax does. The class constants are Objax's:
-    ``DIR_NAME``, ``FILE_MATCH``, ``FILE_FORMAT``, ``SAVE_FN(file, vc)`` and ``LOAD_FN(file, vc)``.
+    ``DIR_NAME``, ``FILE_MATCH``, ``FILE_FORMAT``, ``SAVE_FN(file, vc)`` and ``LOAD_FN(file, vc)``. ``logdir`` may
+    be an fsspec URL, reached with ``storage_options``, as for :class:`~jaxstow.objax.TreeCheckpoint`.
     """
 
     LOAD_FN: ClassVar[Callable[[str, Any], Any]] = staticmethod(load_var_collection)
     SAVE_FN: ClassVar[Callable[[str, Any], None]] = staticmethod(save_var_collection)
 
     def __init__(
-        self, logdir: str | os.PathLike[str], keep_ckpts: int, makedir: bool = True, verbose: bool = True
+        self,
+        logdir: str | os.PathLike[str],
+        keep_ckpts: int,
+        makedir: bool = True,
+        verbose: bool = True,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(logdir, keep_ckpts, makedir)
+        super().__init__(logdir, keep_ckpts, makedir, storage_options=storage_options)
         self.verbose = verbose
 
     def restore(self, vc: Any = None, idx: int | None = None) -> tuple[int, str]:  # type: ignore[override]
@@ -59,7 +66,7 @@ class Checkpoint(TreeCheckpoint):
         if self.verbose:
             print(f"Resuming from {path}" if path else "No checkpoints found. Skipping restoring variables.")
         if path:
-            type(self).LOAD_FN(path, vc)
+            self._function(type(self).LOAD_FN)(path, vc)
         return idx, path
 
     def save(self, vc: Any, idx: int) -> None:

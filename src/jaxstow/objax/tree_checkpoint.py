@@ -1,7 +1,8 @@
 """``TreeCheckpoint``: Objax's checkpointing API for JAX trees, on the manager's step naming, keep policy, lock and cleanup.
 
 ``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42. Saving keeps the ``keep_ckpts`` highest indices; stray
-files in the folder are ignored. Unlike Objax, :meth:`Checkpoint.restore` returns the restored tree (JAX trees are
+files in the folder are ignored. ``logdir`` may be an fsspec URL (``s3://bucket/run``), reached with
+``storage_options``: each file is saved all or nothing in the store's terms, as :func:`jaxstow.save` does. Unlike Objax, :meth:`Checkpoint.restore` returns the restored tree (JAX trees are
 values, not variables to assign), with its index and path; :class:`jaxstow.objax.Checkpoint` is the same for Objax's
 variable collections, with Objax's signatures.
 
@@ -18,18 +19,24 @@ variable collections, with Objax's signatures.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from jaxstow._save_load import load, save
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
-from jaxstow._storage.folders import remove_leftovers
-from jaxstow._storage.lock import LocalLock
+from jaxstow._storage.lock import Lock, lock_store
+from jaxstow._storage.paths import local_path
+from jaxstow._storage.settings import storage_settings
+from jaxstow._storage.store import Store, open_store
+from jaxstow.objax.variables import load_var_collection, save_var_collection
 
 __all__ = ["TreeCheckpoint"]
+
+_TAKE_OPTIONS = (load, save, load_var_collection, save_var_collection)
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +47,9 @@ class TreeCheckpoint:
     The class constants can be overridden in a subclass: ``DIR_NAME`` (the folder), ``FILE_MATCH`` (a glob that
     checkpoint files match), ``FILE_FORMAT`` (the file name of an index), ``SAVE_FN(path, tree)`` and
     ``LOAD_FN(path, like) -> tree`` (wrap functions in ``staticmethod``). The first save takes the folder's writer
-    lock, as :class:`~jaxstow.CheckpointManager` does, and removes what interrupted saves left.
+    lock, as :class:`~jaxstow.CheckpointManager` does, and removes what interrupted saves left. ``storage_options``
+    go to fsspec for a URL ``logdir`` (jaxstow's own save and load functions get them; others must reach the store
+    themselves, for instance through fsspec's environment variables).
     """
 
     DIR_NAME: ClassVar[str] = "ckpt"
@@ -49,31 +58,40 @@ class TreeCheckpoint:
     LOAD_FN: ClassVar[Callable[[str, Any], Any]] = staticmethod(load)
     SAVE_FN: ClassVar[Callable[[str, Any], None]] = staticmethod(save)
 
-    def __init__(self, logdir: str | os.PathLike[str], keep_ckpts: int, makedir: bool = True) -> None:
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str],
+        keep_ckpts: int,
+        makedir: bool = True,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
         self.logdir = os.fspath(logdir)
         self.keep_ckpts = keep_ckpts
+        self.storage_options = storage_options
         self._policy = KeepPolicy(keep_last=keep_ckpts)
         self._names = StepNames(self.FILE_FORMAT)
-        self._lock: LocalLock | None = None
+        self._store: Store = open_store(
+            self.directory, marker="", settings=storage_settings(storage_options, None, None)
+        )
+        self._lock: Lock | None = None
         if makedir:
-            os.makedirs(self.directory, exist_ok=True)
+            self._store.ensure()
 
     @property
     def directory(self) -> str:
         """The folder of the checkpoint files, ``logdir/DIR_NAME``."""
+        if local_path(self.logdir) is None:
+            return f"{self.logdir.rstrip('/')}/{self.DIR_NAME}"
         return os.path.join(self.logdir, self.DIR_NAME)
 
     def path(self, idx: int) -> str:
         """The file of index ``idx``."""
-        return os.path.join(self.directory, self._names.name(idx))
+        return self._store.url(self._names.name(idx))
 
     def indices(self) -> list[int]:
         """The indices of the checkpoints in the folder, in increasing order."""
-        try:
-            names = os.listdir(self.directory)
-        except FileNotFoundError:
-            return []
-        return self._names.steps(fnmatch.filter(names, self.FILE_MATCH))
+        return self._names.steps(fnmatch.filter(self._store.files(), self.FILE_MATCH))
 
     @classmethod
     def checkpoint_idx(cls, filename: str) -> int:
@@ -94,7 +112,7 @@ class TreeCheckpoint:
                 return 0, ""
             idx = indices[-1]
         path = self.path(idx)
-        if not os.path.isfile(path):
+        if self._names.name(idx) not in self._store.files():
             raise FileNotFoundError(
                 f"no checkpoint {idx} in {self.directory}: {path} does not exist (indices: {self.indices()})"
             )
@@ -109,14 +127,19 @@ class TreeCheckpoint:
         if not path:
             return like, 0, ""
         logger.info("restoring %s", path)
-        return type(self).LOAD_FN(path, like), idx, path
+        return self._function(type(self).LOAD_FN)(path, like), idx, path
 
     def save(self, tree: Any, idx: int) -> None:
         """Save ``tree`` as checkpoint ``idx`` (atomically), then delete all but the ``keep_ckpts`` latest."""
         if self._lock is None:
-            os.makedirs(self.directory, exist_ok=True)
-            self._lock = LocalLock(self.directory)
-            remove_leftovers(self.directory)
-        type(self).SAVE_FN(self.path(idx), tree)
+            self._lock = lock_store(self._store)
+            self._store.cleanup(lambda name: False)
+        self._function(type(self).SAVE_FN)(self.path(idx), tree)
         for old in self._policy.to_delete(self.indices(), {}):
-            os.remove(self.path(old))
+            self._store.remove(self._names.name(old))
+
+    def _function(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, given the storage options if it is one of jaxstow's (which take them)."""
+        if self.storage_options and function in _TAKE_OPTIONS:
+            return functools.partial(function, storage_options=self.storage_options)
+        return function

@@ -43,7 +43,7 @@ import numpy as np
 
 from jaxstow._format.npz import MANIFEST_MEMBER
 from jaxstow._save_load import load, save
-from jaxstow._storage.paths import PathOrFile, display_name
+from jaxstow._storage.paths import PathOrFile, display_name, local_path
 from jaxstow.errors import VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]
@@ -66,16 +66,26 @@ def _by_variable(collection: Mapping[str, Any]) -> dict[int, tuple[Any, list[str
     return variables
 
 
-def save_var_collection(file: PathOrFile, vc: Mapping[str, Any]) -> None:
-    """Save the values of the variables of ``vc``, each once, under the first name it goes by."""
-    save(file, {names[0]: variable.value for variable, names in _by_variable(vc).values()})
+def save_var_collection(
+    file: PathOrFile, vc: Mapping[str, Any], *, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Save the values of the variables of ``vc``, each once, under the first name it goes by (``file`` may be an
+    fsspec URL, reached with ``storage_options``)."""
+    tree = {names[0]: variable.value for variable, names in _by_variable(vc).values()}
+    save(file, tree, storage_options=storage_options)
 
 
-def load_var_collection(file: PathOrFile, vc: Mapping[str, Any], renamer: Renamer | None = None) -> None:
+def load_var_collection(
+    file: PathOrFile,
+    vc: Mapping[str, Any],
+    renamer: Renamer | None = None,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> None:
     """Assign every variable of ``vc`` its value from ``file``; ``renamer`` maps the file's names to ``vc``'s."""
     stored = _read_objax_archive(file)
     if stored is None:
-        stored = load(file, as_numpy=True)  # typed PRNG keys come back as jax arrays
+        stored = load(file, as_numpy=True, storage_options=storage_options)  # typed PRNG keys come back as jax arrays
         if not isinstance(stored, dict):
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
@@ -114,6 +124,8 @@ def _describe(array: Any) -> str:
 def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
     """The variables of a file in Objax's own layout, or ``None`` for any other file (a file object is left where
     it was)."""
+    if isinstance(file, str | os.PathLike) and local_path(file) is None:
+        return None  # a URL: Objax wrote local files only
     with _kept_position(file) as readable:
         if not zipfile.is_zipfile(readable):
             return None

@@ -1,0 +1,256 @@
+"""Folders of files under one fsspec URL, committed by a marker written last.
+
+Object stores have no atomic rename, so a folder of files is made visible the other way round: its files are uploaded
+first and its *marker*, a small JSON object whose ``"files"`` lists the folder's files, is written last. A folder
+without its marker is unfinished and is never listed; files that a marker does not list are leftovers. Replacing a
+committed folder uploads the new files under fresh names and switches to them by overwriting the marker, a single PUT.
+
+The files of a folder upload side by side: each file's parts go to the transfer's shared lanes as they are written,
+and the folder waits for all of them only before its marker (:meth:`RemoteStaging.complete`), so a step of many
+small items has as many requests in flight as one large file. Unfinished multipart uploads under the root (a killed
+writer's) are aborted by :meth:`RemoteStore.cleanup`, which the directory's writer runs once it holds the lock.
+
+>>> import json, jaxstow, jax.numpy as jnp
+>>> from jaxstow._storage.remote_store import RemoteStore
+>>> store = RemoteStore("memory://jaxstow-doc/runs", marker="done.json")
+>>> staging = store.stage("1", replace=False)
+>>> with staging.open("weights.safetensors") as (stored, sink):
+...     jaxstow.save(sink, {"w": jnp.arange(3.0)})
+>>> store.committed()
+[]
+>>> staging.commit(json.dumps({"files": [stored]}).encode())
+>>> store.committed()
+['1']
+>>> jaxstow.load(store.source("1", stored), as_numpy=True)
+{'w': array([0., 1., 2.], dtype=float32)}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import secrets
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
+
+from jaxstow._format.source import ReadSource
+from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
+from jaxstow._storage.settings import StorageSettings
+from jaxstow._storage.sinks import object_upload
+from jaxstow.errors import FormatError
+
+__all__ = ["RemoteStaging", "RemoteStore"]
+
+
+def _marked_files(marker: bytes, *, where: str) -> set[str]:
+    """The files a marker lists: its ``"files"``, and the files of other processes under ``"parts"``."""
+    try:
+        record = json.loads(marker)
+        files, parts = record["files"], record.get("parts") or {}
+        names = set(files.values() if isinstance(files, dict) else files)
+        for part_files in parts.values():
+            names.update(part_files)
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise FormatError(f"the marker is not a JSON object with a 'files' entry ({error})", file=where) from None
+    return names
+
+
+class RemoteStore:
+    """Folders under one fsspec URL, each committed by its ``marker`` object written last.
+
+    The settings' options go to fsspec (``{"key": ..., "secret": ..., "client_kwargs": {"endpoint_url": ...}}`` for
+    an S3-compatible server); their transfer says how files move, their ``cache_dir`` where copies are kept.
+    """
+
+    def __init__(self, url: str, *, marker: str, settings: StorageSettings | None = None) -> None:
+        self.settings = settings or StorageSettings()
+        self.fs, root = url_filesystem(url, self.settings.options)
+        self.root = root.rstrip("/")
+        self.location = url.rstrip("/")
+        self.marker = marker
+
+    def path(self, *parts: str) -> str:
+        """The file system path of ``parts`` under the root."""
+        return "/".join((self.root, *parts))
+
+    def url(self, *parts: str) -> str:
+        """The URL of ``parts`` under the root, for messages."""
+        return "/".join((self.location, *parts))
+
+    def ensure(self) -> None:
+        """Create the root (a no-op on stores without folders)."""
+        with storage_errors(self.location):
+            self.fs.makedirs(self.root, exist_ok=True)
+
+    def _files(self) -> list[str]:
+        """Every file under the root, as paths relative to it, fresh from the store."""
+        self.fs.invalidate_cache(self.root)
+        try:
+            with storage_errors(self.location):
+                found = self.fs.find(self.root)
+        except FileNotFoundError:
+            return []
+        prefix = self.root + "/"
+        return [path.removeprefix(prefix) for path in found if path.startswith(prefix)]
+
+    def committed(self) -> list[str]:
+        """Names of the folders whose marker is present."""
+        return sorted(
+            {rel.split("/")[0] for rel in self._files() if rel.endswith("/" + self.marker) and rel.count("/") == 1}
+        )
+
+    def read_marker(self, name: str) -> bytes:
+        with storage_errors(self.url(name, self.marker)):
+            return bytes(self.fs.cat_file(self.path(name, self.marker)))
+
+    def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
+        """The file ``file`` of folder ``name``; with a cache, its local copy (used without asking the store when its
+        header checksum is ``header``)."""
+        url = self.url(name, file)
+        opener = functools.partial(
+            object_source, self.fs, self.path(name, file), name=url, transfer=self.settings.transfer
+        )
+        if self.settings.cache_dir is None:
+            return opener()
+        from jaxstow._storage.cache import cached_source
+
+        return cached_source(self.settings.cache_dir, url, opener, header)
+
+    def stage(self, name: str, *, replace: bool, token: str | None = None) -> RemoteStaging:
+        """Start writing folder ``name``; ``replace`` when a committed folder of that name is to be replaced. With the
+        ``token`` of another process's staging, write into that same folder."""
+        return RemoteStaging(self, name, replace=replace, token=token)
+
+    def delete(self, name: str) -> None:
+        """Delete a committed folder: its marker first, so that it is never seen half deleted."""
+        with storage_errors(self.url(name)):
+            self.fs.rm(self.path(name, self.marker))
+            _remove_tree(self.fs, self.path(name))
+
+    def files(self) -> list[str]:
+        """The names of the files directly under the root (not temporary ones, not hidden ones such as the lock)."""
+        return sorted(rel for rel in self._files() if "/" not in rel and not rel.startswith("."))
+
+    def remove(self, name: str) -> None:
+        """Delete the file ``name`` directly under the root."""
+        with storage_errors(self.url(name)):
+            self.fs.rm(self.path(name))
+
+    def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
+        """Remove what unfinished writes left (folders that ``owns`` without a marker, files no marker lists, and on S3
+        unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead writers').
+
+        Returns the removed paths, relative to the root.
+        """
+        removed = [f"{key} (an unfinished upload)" for key in self._abort_uploads()]
+        by_folder: dict[str, list[str]] = {}
+        for rel in self._files():
+            folder, _, rest = rel.partition("/")
+            if rest:
+                by_folder.setdefault(folder, []).append(rest)
+            elif TEMPORARY_MARKER in folder:
+                self.fs.rm(self.path(folder))
+                removed.append(folder)
+        for folder, files in by_folder.items():
+            if self.marker in files:
+                listed = _marked_files(self.read_marker(folder), where=self.url(folder, self.marker))
+                for file in files:
+                    if file != self.marker and file not in listed:
+                        self.fs.rm(self.path(folder, file))
+                        removed.append(f"{folder}/{file}")
+            elif owns(folder) or TEMPORARY_MARKER in folder:
+                _remove_tree(self.fs, self.path(folder))
+                removed.append(folder)
+        return removed
+
+    def _abort_uploads(self) -> list[str]:
+        """Abort the unfinished multipart uploads under the root (S3 only); their keys, relative to the root."""
+        from jaxstow._storage.s3 import S3Bucket, is_s3
+
+        if not is_s3(self.fs):
+            return []
+        bucket_name, prefix, _ = self.fs.split_path(self.root)
+        bucket = S3Bucket(self.fs, bucket_name, self.settings.transfer)
+        uploads = bucket.unfinished_uploads(f"{prefix}/" if prefix else "", url=self.location)
+        bucket.abort_uploads(uploads, url=self.location)
+        return [str(upload["Key"]).removeprefix(f"{prefix}/") for upload in uploads]
+
+
+def _remove_tree(fs: Any, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
+
+
+class RemoteStaging:
+    """A folder being written to a :class:`RemoteStore`; :meth:`commit` writes its marker."""
+
+    def __init__(self, store: RemoteStore, name: str, *, replace: bool, token: str | None = None) -> None:
+        self._store = store
+        self._name = name
+        # New files of a replaced folder get fresh names, so the committed ones stay intact until the marker switches.
+        # Processes writing one folder together share the fresh names through the token of the first.
+        self._joined = token is not None
+        if token is not None:
+            self._generation = token or None
+        else:
+            self._generation = secrets.token_hex(4) if replace else None
+        self._written: list[str] = []
+        self._uploads: list[Any] = []
+
+    @property
+    def token(self) -> str:
+        """What another process passes to :meth:`RemoteStore.stage` to write into this same folder."""
+        return self._generation or ""
+
+    @contextlib.contextmanager
+    def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
+        """Write ``file``; yields the name it is stored under and a sink to write to."""
+        stored = file
+        if self._generation is not None:
+            stem, dot, extension = file.partition(".")
+            stored = f"{stem}.{self._generation}{dot}{extension}"
+        self._written.append(stored)
+        store = self._store
+        url = store.url(self._name, stored)
+        upload = object_upload(
+            store.fs, store.path(self._name, stored), url=url, transfer=store.settings.transfer, whole=False
+        )
+        self._uploads.append(upload)
+        yield stored, upload
+        with storage_errors(url):
+            upload.finish()
+
+    def complete(self) -> None:
+        """Wait until every file opened so far is in the store."""
+        uploads, self._uploads = self._uploads, []
+        for upload in uploads:
+            with storage_errors(upload.name):
+                upload.complete()
+
+    def commit(self, marker: bytes) -> None:
+        """Write the marker, which makes the folder visible (and, on replacing, switches to the new files)."""
+        store = self._store
+        self.complete()
+        with storage_errors(store.url(self._name)):
+            store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            if self._generation is not None:
+                keep = {*_marked_files(marker, where=store.url(self._name, store.marker)), store.marker}
+                store.fs.invalidate_cache(store.path(self._name))
+                for path in store.fs.find(store.path(self._name)):
+                    if path.rsplit("/", 1)[-1] not in keep:
+                        store.fs.rm(path)
+
+    def abort(self) -> None:
+        """Remove what this write uploaded (joined through another process's token: only its own files); a
+        committed folder it was to replace stays as it was."""
+        for upload in self._uploads:
+            upload.abort()
+        self._uploads = []
+        if self._generation is None and not self._joined:
+            _remove_tree(self._store.fs, self._store.path(self._name))
+            return
+        for stored in self._written:
+            with contextlib.suppress(FileNotFoundError):
+                self._store.fs.rm(self._store.path(self._name, stored))

@@ -1,0 +1,207 @@
+"""One object uploaded to S3 all or nothing: in parts, many at once, and visible only when :meth:`S3Upload.commit`
+completes it.
+
+What is written is cut into parts of the transfer's ``part_size`` without being copied (the parts are views of the
+buffers written, which the writer leaves untouched until the upload ends), handed to the shared upload pool and sent
+``requests`` at a time; a writer that gets ahead waits for a free slot, so no more than ``requests`` parts are ever
+held. An object that fits in one part is one PUT at commit. Any failure, or :meth:`S3Upload.abort`, aborts the
+multipart upload, whose parts the server then deletes: the object never appears torn, and nothing is left behind. A
+process killed mid-upload cannot abort; what it left is an unfinished upload, with no object, which the next save to
+the same key aborts (see :func:`jaxstow._storage.sinks.object_sink`) and ``jaxstow uploads --abort`` lists and aborts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from concurrent.futures import Future, wait
+from typing import Any
+
+from jaxstow._format.source import SourceFile
+from jaxstow._storage.s3 import S3Bucket, ViewsSource, s3_errors
+from jaxstow.errors import StorageError
+
+__all__ = ["S3Upload"]
+
+_MAX_PART = 5 << 30  # S3's largest part
+_GROWTH = 1000  # parts of one size before the size doubles: 10,000 parts hold 1023 x 1000 x part_size
+
+
+class S3Upload:
+    """A write-only binary sink whose bytes become the object ``key`` of ``bucket`` at :meth:`commit`."""
+
+    def __init__(self, bucket: S3Bucket, key: str, *, url: str) -> None:
+        self.name = url
+        self._bucket = bucket
+        self._key = key
+        self._lanes = bucket.lanes
+        self._pending: list[memoryview] = []
+        self._pending_bytes = 0
+        self._written = 0
+        self._upload_id: str | None = None
+        self._parts: list[Future[dict[str, Any]]] = []
+        self._failed = threading.Event()
+        self.closed = False
+
+    # The file protocol, as far as a writer uses it.
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._written
+
+    def flush(self) -> None:
+        """Nothing to do: parts go as soon as they are full."""
+
+    def write(self, data: Any) -> int:
+        """Take ``data`` (kept as a view: leave it unchanged until the upload ends) and send every full part."""
+        if self._failed.is_set():
+            self._raise_failure()
+        view = memoryview(data).cast("B")
+        if view.nbytes:
+            self._pending.append(view)
+            self._pending_bytes += view.nbytes
+            self._written += view.nbytes
+        while self._pending_bytes >= self._part_size():
+            self._send(self._take(self._part_size()))
+        return view.nbytes
+
+    # The parts.
+
+    def _part_size(self) -> int:
+        return min(self._lanes.transfer.part_size << (len(self._parts) // _GROWTH), _MAX_PART)
+
+    def _take(self, size: int) -> list[memoryview]:
+        """The first ``size`` pending bytes, as views."""
+        taken: list[memoryview] = []
+        left = size
+        while left:
+            view = self._pending[0]
+            if view.nbytes <= left:
+                taken.append(self._pending.pop(0))
+                left -= view.nbytes
+            else:
+                taken.append(view[:left])
+                self._pending[0] = view[left:]
+                left = 0
+        self._pending_bytes -= size
+        return taken
+
+    def _send(self, views: list[memoryview]) -> None:
+        if self._upload_id is None:
+            with s3_errors(self.name):
+                self._upload_id = self._bucket.client.create_multipart_upload(
+                    Bucket=self._bucket.bucket, Key=self._key, **self._bucket.extra("CreateMultipartUpload")
+                )["UploadId"]
+        self._lanes.uploading.acquire()
+        if self._failed.is_set():
+            self._lanes.uploading.release()
+            self._raise_failure()
+        number = len(self._parts) + 1
+        future = self._lanes.uploads().submit(self._upload_part, number, views)
+        future.add_done_callback(self._part_done)
+        self._parts.append(future)
+
+    def _upload_part(self, number: int, views: list[memoryview]) -> dict[str, Any]:
+        source = ViewsSource(views)
+        if self._lanes.write_pace is not None:
+            self._lanes.write_pace.wait(source.size)
+        with s3_errors(self.name):
+            answer = self._bucket.client.upload_part(
+                Bucket=self._bucket.bucket,
+                Key=self._key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=SourceFile(source),
+                ContentLength=source.size,
+                **self._bucket.extra("UploadPart"),
+            )
+        part = {"PartNumber": number, "ETag": answer["ETag"]}
+        part.update({name: value for name, value in answer.items() if name.startswith("Checksum")})
+        return part
+
+    def _part_done(self, future: Future[dict[str, Any]]) -> None:
+        self._lanes.uploading.release()
+        if future.cancelled() or future.exception() is not None:
+            self._failed.set()
+
+    def _raise_failure(self) -> None:
+        for future in self._parts:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise StorageError(f"uploading it failed: {future.exception()}", file=self.name) from future.exception()
+        raise StorageError("uploading it failed", file=self.name)
+
+    # The end.
+
+    def finish(self) -> None:
+        """Send what is left (the last part, or the whole object as one PUT) without waiting for it."""
+        try:
+            if self._upload_id is None:
+                views = self._take(self._pending_bytes)
+                self._lanes.uploading.acquire()
+                future = self._lanes.uploads().submit(self._put_whole, views)
+                future.add_done_callback(self._part_done)
+                self._parts.append(future)
+            elif self._pending_bytes:
+                self._send(self._take(self._pending_bytes))
+        except BaseException:
+            self.abort()
+            raise
+
+    def complete(self) -> None:
+        """Wait for the parts sent, then make the object appear whole (the completion of the multipart upload)."""
+        try:
+            wait(self._parts)
+            if self._failed.is_set():
+                self._raise_failure()
+            if self._upload_id is not None:
+                parts = [future.result() for future in self._parts]
+                with s3_errors(self.name):
+                    self._bucket.client.complete_multipart_upload(
+                        Bucket=self._bucket.bucket,
+                        Key=self._key,
+                        UploadId=self._upload_id,
+                        MultipartUpload={"Parts": parts},
+                        **self._bucket.extra("CompleteMultipartUpload"),
+                    )
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+
+    def commit(self) -> None:
+        """:meth:`finish`, then :meth:`complete`: the object is there when this returns."""
+        self.finish()
+        self.complete()
+
+    def _put_whole(self, views: list[memoryview]) -> dict[str, Any]:
+        source = ViewsSource(views)
+        if self._lanes.write_pace is not None:
+            self._lanes.write_pace.wait(source.size)
+        with s3_errors(self.name):
+            self._bucket.client.put_object(
+                Bucket=self._bucket.bucket,
+                Key=self._key,
+                Body=SourceFile(source),
+                ContentLength=source.size,
+                **self._bucket.extra("PutObject"),
+            )
+        return {}
+
+    def abort(self) -> None:
+        """Stop: parts not yet sent are dropped, the multipart upload is aborted (idempotent; never raises for a
+        server that cannot be reached, whose upload then stays unfinished)."""
+        self.closed = True
+        for future in self._parts:
+            future.cancel()
+        wait(self._parts)
+        self._pending.clear()
+        if self._upload_id is not None:
+            upload = {"Key": self._key, "UploadId": self._upload_id}
+            self._upload_id = None
+            with contextlib.suppress(StorageError):
+                self._bucket.abort_uploads([upload], url=self.name)

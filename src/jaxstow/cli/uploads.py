@@ -1,0 +1,79 @@
+"""``jaxstow uploads URL``: the unfinished multipart uploads under an ``s3://`` prefix, and ``--abort`` to end them.
+
+A save to S3 that fails aborts its own upload; a process killed mid-save cannot, and leaves an unfinished upload (its
+parts are stored, and billed, but no object appears). The next save to the same key, and a checkpoint manager taking
+over its directory, abort such uploads themselves; this command finds and aborts those left anywhere else. An upload
+still being written looks the same: ``--older-than SECONDS`` spares the recent ones.
+
+Exit status 0; 2 on an error (a URL that is not ``s3://``, a server out of reach).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from typing import Any
+
+from jaxstow.cli.files import add_storage_arguments, storage
+from jaxstow.cli.output import Table, print_json
+from jaxstow.errors import ArgumentError
+
+__all__ = ["add", "run"]
+
+
+def add(commands: Any) -> None:
+    parser = commands.add_parser(
+        "uploads",
+        help="unfinished multipart uploads under an s3:// prefix (what killed saves left); --abort ends them",
+        description="List the multipart uploads under an s3:// prefix that were neither completed nor aborted: "
+        "processes killed while saving leave them (their parts take space; no object appears). --abort aborts "
+        "them; an upload still being written looks the same, so --older-than spares the recent ones.",
+    )
+    parser.add_argument("url", metavar="URL", help="an s3:// prefix: a bucket, a folder or a file")
+    parser.add_argument("--abort", action="store_true", help="abort the uploads listed")
+    parser.add_argument(
+        "--older-than", type=float, default=0.0, metavar="SECONDS", help="only uploads started this long ago or more"
+    )
+    parser.add_argument("--json", action="store_true", help="print the uploads as JSON, for scripts")
+    add_storage_arguments(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from jaxstow._storage.remote import url_filesystem
+    from jaxstow._storage.s3 import S3Bucket, is_s3
+
+    settings = storage()
+    fs, path = url_filesystem(args.url, settings.options)
+    if not is_s3(fs):
+        raise ArgumentError(f"{args.url}: only s3:// stores have multipart uploads to list")
+    bucket_name, prefix, _ = fs.split_path(path)
+    bucket = S3Bucket(fs, bucket_name, settings.transfer)
+    now = datetime.datetime.now(datetime.UTC)
+    found = [
+        upload
+        for upload in bucket.unfinished_uploads(prefix, url=args.url)
+        if (now - upload["Initiated"]).total_seconds() >= args.older_than
+    ]
+    if args.abort:
+        bucket.abort_uploads(found, url=args.url)
+    rows = [
+        {
+            "key": f"s3://{bucket_name}/{upload['Key']}",
+            "upload_id": upload["UploadId"],
+            "started": upload["Initiated"].isoformat(timespec="seconds"),
+            "age_seconds": round((now - upload["Initiated"]).total_seconds()),
+        }
+        for upload in found
+    ]
+    done = "aborted" if args.abort else "unfinished"
+    if args.json:
+        print_json({"url": args.url, done: rows})
+        return 0
+    if rows:
+        table = Table(["key", "started", "age", "upload id"], right=["age"])
+        for row in rows:
+            table.add(row["key"], row["started"], f"{row['age_seconds']} s", row["upload_id"])
+        table.show()
+    print(f"{len(rows)} upload{'s' if len(rows) != 1 else ''} {done} under {args.url}")
+    return 0

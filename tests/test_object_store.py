@@ -1,0 +1,359 @@
+"""Files and checkpoints on a real S3 server (SeaweedFS on the loopback interface): every entry point with URLs and
+storage options, saves that appear whole or not at all (a save killed with SIGKILL mid-upload included), the local
+cache, the bandwidth cap and the memory a transfer takes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import botocore.session
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import CheckpointManager, Transfer
+from jaxstow.errors import CheckpointError, CorruptFileError, PathNotFoundError
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The server, a fresh prefix on it, and a plain botocore client to look at what is stored."""
+    client = botocore.session.get_session().create_client(
+        "s3",
+        endpoint_url=s3_server.endpoint,
+        aws_access_key_id="jaxstow",
+        aws_secret_access_key="jaxstow",
+        region_name="us-east-1",
+    )
+    return s3_server, f"t-{uuid.uuid4().hex[:8]}", client
+
+
+def _unfinished(client, bucket: str, prefix: str) -> list[str]:
+    return [upload["Key"] for upload in client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])]
+
+
+def _exists(client, bucket: str, key: str) -> bool:
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except client.exceptions.ClientError:
+        return False
+    return True
+
+
+def _tree(mib: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"w{i}": rng.standard_normal(MiB // 4, dtype=np.float32) for i in range(mib)}
+
+
+def test_every_entry_point_takes_a_url_and_storage_options(s3):
+    server, prefix, _ = s3
+    options = server.storage_options
+    url = server.url(prefix, "model.jxs")
+    tree = {"w": np.arange(6.0, dtype=np.float32).reshape(2, 3), "depth": 2}
+    jaxstow.save(url, tree, metadata={"epoch": 1}, storage_options=options)
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["depth"] == 2
+    assert jaxstow.load_metadata(url, storage_options=options) == {"epoch": 1}
+    with jaxstow.open(url, storage_options=options) as reader:
+        np.testing.assert_array_equal(reader.read("w", np.s_[1]), tree["w"][1])
+    with CheckpointManager(server.url(prefix, "run"), storage_options=options, keep_last=1) as manager:
+        manager.save(1, {"params": {"w": jnp.ones(3)}})
+        manager.save(2, {"params": {"w": jnp.full(3, 2.0)}})
+        assert manager.steps() == [2] and float(manager.restore()["params"]["w"][0]) == 2.0
+    objax_dir = server.url(prefix, "objax")
+    checkpoint = jaxstow.objax.TreeCheckpoint(objax_dir, keep_ckpts=2, storage_options=options)
+    for idx in (1, 2, 3):
+        checkpoint.save({"b": jnp.full(2, idx)}, idx)
+    restored, idx, path = checkpoint.restore()
+    assert (idx, path, int(restored["b"][0]), checkpoint.indices()) == (
+        3,
+        f"{objax_dir}/ckpt/0000000003.npz",
+        3,
+        [2, 3],
+    )
+
+    class Var:
+        def __init__(self, value):
+            self.value = value
+
+        def assign(self, value, check=True):
+            self.value = value
+
+    variables_dir = server.url(prefix, "objax-variables")
+    variables = jaxstow.objax.Checkpoint(variables_dir, keep_ckpts=1, verbose=False, storage_options=options)
+    variables.save({"(Linear).w": Var(jnp.ones(2))}, 5)
+    fresh = {"(Linear).w": Var(jnp.zeros(2))}
+    assert variables.restore(fresh) == (5, f"{variables_dir}/ckpt/0000000005.npz")
+    assert float(fresh["(Linear).w"].value[0]) == 1.0
+
+
+def test_environment_variables_reach_the_store(s3):
+    server, prefix, _ = s3
+    url = server.url(prefix, "env.jxs")
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, jaxstow
+        jaxstow.save({url!r}, {{"w": np.arange(3.0)}})
+        print(jaxstow.load({url!r}, as_numpy=True)["w"].tolist())
+        """
+    )
+    clean = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "FSSPEC_"))}
+    fsspec_env = {"FSSPEC_S3_KEY": "jaxstow", "FSSPEC_S3_SECRET": "jaxstow", "FSSPEC_S3_ENDPOINT_URL": server.endpoint}
+    aws_env = {"AWS_ACCESS_KEY_ID": "jaxstow", "AWS_SECRET_ACCESS_KEY": "jaxstow", "AWS_ENDPOINT_URL": server.endpoint}
+    for extra in (fsspec_env, aws_env):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**clean, **extra, "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull},
+        )
+        assert done.returncode == 0 and done.stdout.strip() == "[0.0, 1.0, 2.0]", done.stderr[-2000:]
+
+
+def test_an_interrupted_save_leaves_the_previous_object_and_no_upload(s3):
+    server, prefix, client = s3
+    url = server.url(prefix, "model.jxs")
+    options = server.storage_options
+    jaxstow.save(url, {"v": np.ones(4)}, storage_options=options)
+    slow = Transfer(part_size=5 * MiB, requests=2, max_bytes_per_second=10 * MiB)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 1.5)  # a few parts in
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            jaxstow.save(url, _tree(40), storage_options=options, transfer=slow)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [1.0] * 4
+    assert _unfinished(client, server.bucket, prefix) == []
+
+
+_KILLED_SAVE = """
+import sys, numpy as np, jaxstow
+rng = np.random.default_rng(0)
+tree = {f"w{i}": rng.standard_normal(1 << 18, dtype=np.float32) for i in range(60)}
+options = {"key": "jaxstow", "secret": "jaxstow", "client_kwargs": {"endpoint_url": sys.argv[2]}}
+slow = jaxstow.Transfer(part_size=5 << 20, requests=2, max_bytes_per_second=10 << 20)
+if sys.argv[3] == "file":
+    jaxstow.save(sys.argv[1], tree, storage_options=options, transfer=slow)
+else:
+    with jaxstow.CheckpointManager(sys.argv[1], storage_options=options, transfer=slow) as manager:
+        manager.save(1, {"small": np.ones(2)})
+        manager.wait()
+        manager.save(2, {"big": tree})
+"""
+
+
+def _kill_mid_upload(client, bucket: str, prefix: str, url: str, endpoint: str, kind: str) -> None:
+    """Start a slow save of 60 MiB and SIGKILL it once an upload under ``prefix`` has a part stored."""
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, url, endpoint, kind])
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+            if uploads and client.list_parts(Bucket=bucket, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"]).get(
+                "Parts"
+            ):
+                break
+            assert writer.poll() is None, "the save ended before it could be killed"
+            time.sleep(0.05)
+        else:
+            raise AssertionError("no upload started")
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+
+
+def test_a_save_killed_mid_upload_leaves_the_previous_object_and_the_next_save_aborts_its_upload(s3):
+    server, prefix, client = s3
+    key = f"{prefix}/model.jxs"
+    url = server.url(prefix, "model.jxs")
+    options = server.storage_options
+    jaxstow.save(url, {"v": np.ones(4)}, storage_options=options)
+    _kill_mid_upload(client, server.bucket, prefix, url, server.endpoint, "file")
+    # What a SIGKILL leaves: the previous object, whole, and one unfinished upload that no one can complete.
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [1.0] * 4
+    assert _unfinished(client, server.bucket, prefix) == [key]
+    jaxstow.save(url, {"v": np.zeros(2)}, storage_options=options)  # the next save to the key aborts it
+    assert _unfinished(client, server.bucket, prefix) == []
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [0.0, 0.0]
+
+
+def test_a_new_manager_aborts_the_uploads_a_killed_one_left(s3):
+    server, prefix, client = s3
+    url = server.url(prefix, "run")
+    _kill_mid_upload(client, server.bucket, prefix, url, server.endpoint, "manager")
+    assert len(_unfinished(client, server.bucket, prefix)) == 1
+    with CheckpointManager(url, storage_options=server.storage_options) as manager:
+        assert manager.steps() == [1]
+        manager.save(3, {"small": np.zeros(2)})
+    assert _unfinished(client, server.bucket, prefix) == []
+    assert not _exists(client, server.bucket, f"{prefix}/run/2/checkpoint.json")
+
+
+def test_jaxstow_uploads_lists_and_aborts_unfinished_uploads(s3):
+    server, prefix, client = s3
+    key = f"{prefix}/left/model.jxs"
+    upload = client.create_multipart_upload(Bucket=server.bucket, Key=key)["UploadId"]
+    client.upload_part(Bucket=server.bucket, Key=key, UploadId=upload, PartNumber=1, Body=b"x" * MiB)
+    options = ["--storage-options", json.dumps(server.storage_options)]
+
+    def command(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "jaxstow", "uploads", server.url(prefix), *options, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    listed = command("--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout)["unfinished"][0]["key"] == f"s3://{server.bucket}/{key}"
+    assert "0 uploads aborted" in command("--abort", "--older-than", "3600").stdout  # too recent
+    assert "1 upload aborted" in command("--abort").stdout
+    assert _unfinished(client, server.bucket, prefix) == []
+
+
+def test_a_cached_file_is_read_from_the_local_disk_while_its_header_matches(s3, tmp_path):
+    server, prefix, client = s3
+    url, key = server.url(prefix, "model.jxs"), f"{prefix}/model.jxs"
+    options = server.storage_options
+    jaxstow.save(url, {"w": np.arange(1000.0)}, storage_options=options)
+    assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"][5] == 5.0
+    data = bytearray(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+    data[-8:] = np.full(1, -1.0).tobytes()  # the last value changed in the store, the header kept
+    client.put_object(Bucket=server.bucket, Key=key, Body=bytes(data))
+    with pytest.raises(CorruptFileError):
+        jaxstow.load(url, storage_options=options)
+    assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"][-1] == 999.0
+    jaxstow.save(url, {"w": np.zeros(3)}, storage_options=options)  # another header: fetched again
+    assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"].tolist() == [0.0] * 3
+
+
+def test_a_step_restored_again_from_the_cache_needs_no_file_from_the_store(s3, tmp_path):
+    server, prefix, client = s3
+    url = server.url(prefix, "run")
+    options = server.storage_options
+    state = {"params": {"w": np.arange(100.0)}, "opt": {"mu": np.ones(10)}}
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        manager.save(7, state)
+        first = manager.restore(as_numpy=True)
+    for item in ("params", "opt"):
+        client.delete_object(Bucket=server.bucket, Key=f"{prefix}/run/7/{item}.safetensors")
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        again = manager.restore(as_numpy=True)
+    np.testing.assert_array_equal(again["params"]["w"], first["params"]["w"])
+    with CheckpointManager(url, storage_options=options) as manager, pytest.raises(CheckpointError, match="missing"):
+        manager.restore()
+
+
+def test_the_bandwidth_cap_holds_within_ten_percent(s3):
+    server, prefix, _ = s3
+    url = server.url(prefix, "capped.jxs")
+    options = server.storage_options
+    cap = 4 * MiB
+    capped = Transfer(part_size=5 * MiB, requests=4, max_bytes_per_second=cap)
+    tree = _tree(24)
+    start = time.monotonic()
+    jaxstow.save(url, tree, storage_options=options, transfer=capped)
+    saved = time.monotonic() - start
+    start = time.monotonic()
+    jaxstow.load(url, storage_options=options, transfer=capped, as_numpy=True)
+    loaded = time.monotonic() - start
+    size = 24 * MiB + 4096
+    for seconds in (saved, loaded):
+        assert 0.9 * cap <= size / seconds <= 1.1 * cap, (size / seconds / MiB, saved, loaded)
+
+
+_MEMORY = """
+import sys, numpy as np, jaxstow
+sys.path.insert(0, "bench")
+from timing import measure
+options = {"key": "jaxstow", "secret": "jaxstow", "client_kwargs": {"endpoint_url": sys.argv[2]}}
+transfer = jaxstow.Transfer(part_size=8 << 20, requests=4)
+tree = {f"w{i}": np.random.default_rng(i).standard_normal(4 << 20, dtype=np.float32) for i in range(8)}
+jaxstow.save(sys.argv[1] + "-warm", {"w": np.ones(3)}, storage_options=options, transfer=transfer)
+jaxstow.load(sys.argv[1] + "-warm", storage_options=options, transfer=transfer)
+save = measure(lambda: jaxstow.save(sys.argv[1], tree, storage_options=options, transfer=transfer))
+load = measure(lambda: jaxstow.load(sys.argv[1], storage_options=options, transfer=transfer, as_numpy=True))
+print(save.peak_bytes, load.peak_bytes)
+"""
+
+
+def test_a_transfer_takes_no_more_memory_than_the_tree_and_the_parts_in_flight(s3):
+    server, prefix, _ = s3
+    done = subprocess.run(
+        [sys.executable, "-c", _MEMORY, server.url(prefix, "big.jxs"), server.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    save_peak, load_peak = map(int, done.stdout.split())
+    tree, parts, slack = 128 * MiB, 4 * 8 * MiB, 16 * MiB
+    assert save_peak <= parts + slack, save_peak / MiB
+    assert load_peak <= tree + parts + slack, load_peak / MiB
+
+
+def test_a_step_of_many_items_opens_each_file_with_one_request(s3):
+    from jaxstow._storage.remote import url_filesystem
+    from jaxstow._storage.s3 import _client
+
+    server, prefix, _ = s3
+    url = server.url(prefix, "run")
+    options = server.storage_options
+    items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(16)}
+    calls: dict[str, int] = {}
+    client = _client(url_filesystem(url, options)[0], Transfer().requests)
+    client.meta.events.register(
+        "before-call.s3", lambda model, **_: calls.update({model.name: calls.get(model.name, 0) + 1})
+    )
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, items)
+        manager.wait()
+        calls.clear()
+        restored = manager.restore(as_numpy=True)
+    assert [float(restored[f"item{i}"]["w"][0]) for i in range(16)] == list(map(float, range(16)))
+    assert calls == {"GetObject": 32}  # per file: its first 64 KiB (size and header), then the rest of its data
+
+
+def test_a_missing_object_is_named(s3):
+    server, prefix, _ = s3
+    with pytest.raises(PathNotFoundError, match="no such file"):
+        jaxstow.load(server.url(prefix, "nothing.jxs"), storage_options=server.storage_options)
+
+
+def test_every_command_takes_urls_and_storage_options(s3, tmp_path, capsys):
+    from jaxstow.cli import main
+
+    server, prefix, _ = s3
+    options = ["--storage-options", json.dumps(server.storage_options), "--transfer", '{"requests": 4}']
+    a, b = server.url(prefix, "a.jxs"), server.url(prefix, "b.jxs")
+    jaxstow.save(a, {"w": np.ones(3, np.float32)}, storage_options=server.storage_options)
+    run = server.url(prefix, "run")
+    with CheckpointManager(run, storage_options=server.storage_options) as manager:
+        manager.save(1, {"w": np.ones(3, np.float32)})
+    assert main(["convert", a, b, *options]) == 0
+    assert main(["convert", b, str(tmp_path / "b.safetensors"), *options]) == 0
+    assert main(["inspect", b, *options]) == 0
+    assert main(["diff", a, b, *options]) == 0
+    assert main(["verify", run, *options]) == 0
+    assert main(["ls", run, *options]) == 0
+    assert main(["uploads", server.url(prefix), *options]) == 0
+    out = capsys.readouterr().out
+    assert f"{a} (jaxstow) -> {b} (jaxstow)" in out and "the same: 1 leaves" in out and "1 file intact" in out
+    assert main(["inspect", b, "--storage-options", "[1]"]) == 2
+    assert "--storage-options must be a JSON object" in capsys.readouterr().err

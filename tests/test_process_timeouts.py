@@ -1,0 +1,169 @@
+"""No wait of a multi-process save or restore outlasts ``process_timeout``: real ``jax.distributed`` processes, one of
+them stopped (SIGSTOP), killed (SIGKILL) or stalled (alive but silent) mid-run, and every other process raising a
+``CheckpointError`` that names the step and the missing process, with no step committed.
+
+Three processes of one CPU device each run ``tests/distributed/worker.py`` with a timeout of 3 s. A stopped or killed
+process stops sending jax's heartbeats, after which jax's coordination service ends the others (SIGABRT) unless
+``jax_enable_recoverability`` is set: these runs set it, except the one that shows the error comes first anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORKER = Path(__file__).parent / "distributed" / "worker.py"
+TIMEOUT = 3.0
+GRACE = 5.0  # how much longer the others wait for process 0's outcome (Processes.grace)
+SLACK = 6.0  # starting the step, writing its files, a loaded machine
+VICTIM = 2
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _start(action: str, folder: Path, *extra: str, recoverable: bool = True) -> list[subprocess.Popen[str]]:
+    port = _free_port()
+    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    flags = ["--process-timeout", str(TIMEOUT), *extra, *(["--recoverable"] if recoverable else [])]
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), action, str(index), "3", "1", str(port), str(folder), *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=environment,
+        )
+        for index in range(3)
+    ]
+
+
+def _line(process: subprocess.Popen[str], timeout: float) -> dict:
+    """The next JSON line the process prints, within ``timeout`` seconds."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            line = process.stdout.readline()
+            assert line, f"process {process.args[3]} ended ({process.poll()}) without a report"
+            if line.startswith("{"):
+                return json.loads(line)
+    raise AssertionError(f"process {process.args[3]} printed nothing within {timeout} s")
+
+
+def _end(processes: list[subprocess.Popen[str]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+def _steps(folder: Path) -> list[str]:
+    return sorted(path.name for path in folder.iterdir() if not path.name.startswith("."))
+
+
+def _stop(process: subprocess.Popen[str], how: str) -> None:
+    if how == "SIGSTOP":
+        process.send_signal(signal.SIGSTOP)
+    elif how == "SIGKILL":
+        process.send_signal(signal.SIGKILL)
+    # "stalled": the worker itself sleeps for a minute, alive and heartbeating
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory) -> Path:
+    """Steps 1 and 2 saved by 3 processes."""
+    folder = tmp_path_factory.mktemp("saved") / "run"
+    processes = _start("save", folder)
+    try:
+        reports = [_line(process, 120) for process in processes]
+    finally:
+        _end(processes)
+    assert [report.get("steps") for report in reports] == [[1, 2]] * 3, reports
+    return folder
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL", "stalled"])
+def test_a_save_whose_process_stops_dies_or_stalls_ends_everywhere_with_no_step(tmp_path, how):
+    folder = tmp_path / "run"
+    extra = ["--pause-before-commit", "1"] + (["--stall", str(VICTIM)] if how == "stalled" else [])
+    processes = _start("save", folder, *extra)
+    try:
+        for process in processes:
+            assert _line(process, 120) == {"process": int(process.args[3]), "saved": 1}
+        _stop(processes[VICTIM], how)
+        survivors = [_line(process, 1 + TIMEOUT + GRACE + SLACK + 10) for process in processes[:VICTIM]]
+    finally:
+        _end(processes)
+    for index, report in enumerate(survivors):
+        assert "CheckpointError" in report["error"] and f"process {VICTIM} did not report" in report["error"], report
+        assert "step 2" in report["error"], report
+        assert report["seconds"] <= TIMEOUT + (GRACE if index else 0) + SLACK, report
+    assert _steps(folder) == ["1"]
+    from jaxstow import CheckpointManager
+
+    with CheckpointManager(folder) as manager:
+        assert manager.steps() == [1]
+
+
+@pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL", "stalled"])
+def test_a_restore_whose_process_stops_dies_or_stalls_raises_everywhere(saved, how):
+    extra = ["--pause-before-restore", "1"] + (["--stall", str(VICTIM)] if how == "stalled" else [])
+    processes = _start("restore", saved, *extra)
+    try:
+        for process in processes:
+            assert _line(process, 120) == {"process": int(process.args[3]), "restored": 1}
+        _stop(processes[VICTIM], how)
+        survivors = [_line(process, 1 + TIMEOUT + SLACK + 10) for process in processes[:VICTIM]]
+    finally:
+        _end(processes)
+    for report in survivors:
+        assert "CheckpointError" in report["error"], report
+        assert f"process {VICTIM} did not report its restore of step 2" in report["error"], report
+        assert report["seconds"] <= TIMEOUT + SLACK, report
+
+
+def test_without_recoverability_the_error_comes_before_jax_ends_the_run(tmp_path):
+    """jax's heartbeat (20 s here) ends the survivors of a killed process; a shorter process_timeout raises first."""
+    folder = tmp_path / "run"
+    processes = _start("save", folder, "--pause-before-commit", "1", "--heartbeat", "20", recoverable=False)
+    try:
+        for process in processes:
+            _line(process, 120)
+        processes[VICTIM].send_signal(signal.SIGKILL)
+        survivors = [_line(process, 1 + TIMEOUT + GRACE + SLACK + 10) for process in processes[:VICTIM]]
+    finally:
+        _end(processes)
+    assert all(f"process {VICTIM} did not report" in report["error"] for report in survivors), survivors
+    assert _steps(folder) == ["1"]
+
+
+def test_a_damaged_step_moves_every_process_to_the_step_before(saved, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved, copy, ignore=shutil.ignore_patterns(".jaxstow.lock"))
+    damaged = copy / "2" / "params.p1.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[20] ^= 1  # in the header of a file every process reads
+    damaged.write_bytes(bytes(data))
+    processes = _start("restore", copy, "--fallback")
+    try:
+        reports = [_line(process, 120) for process in processes]
+    finally:
+        _end(processes)
+    assert [report.get("restored") for report in reports] == [1, 1, 1], reports
