@@ -11,6 +11,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -122,12 +123,13 @@ def test_a_call_that_does_not_continue_the_run_is_refused_and_writes_nothing(kil
 
 
 def test_the_killed_run_continues_to_the_draws_of_an_uninterrupted_run(killed_run, tmp_path):
-    draws = run(str(killed_run / "walk.h5"))
+    continued = shutil.copytree(killed_run, tmp_path / "continued")  # the module's other tests need it killed
+    draws = run(str(continued / "walk.h5"))
     expected = run(str(tmp_path / "uninterrupted.h5"))
     for name in expected:
         np.testing.assert_array_equal(draws[name], expected[name])
     np.testing.assert_array_equal(draws["t"][0], np.arange(STEPS))  # every step once: none twice, none lost
-    assert sorted(os.listdir(killed_run)) == ["walk.h5"]
+    assert sorted(os.listdir(continued)) == ["walk.h5"]
 
 
 def test_files_that_hold_no_such_run_are_left_alone(tmp_path):
