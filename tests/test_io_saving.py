@@ -269,7 +269,7 @@ def test_chains_sharded_over_devices_deliver_each_block_once() -> None:
     init_save, save, postprocess_save = io.save(collector, block_size=4)
     states = [init_save({"x": jnp.zeros(3)}, None, scheduler.static_information(samples_collected=16)) for _ in "ab"]
     state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-    mesh = jax.make_mesh((2,), ("chains",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:2])
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("chains",))  # axes of the Auto type in every jax
     state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("chains")))
 
     def step(state, i):

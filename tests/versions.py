@@ -24,8 +24,8 @@ from pathlib import Path
 
 PYPROJECT = Path(__file__).parents[1] / "pyproject.toml"
 
-#: The extras the core tests use: models (equinox, optax), URLs (fsspec), the command line's tables and bars.
-EXTRAS = ("equinox", "optax", "fsspec", "cli")
+#: The extras the core tests use: models (equinox, optax), URLs (fsspec), the command line's tables and bars, HDF5.
+EXTRAS = ("equinox", "optax", "fsspec", "cli", "h5py")
 #: What the tests themselves need; safetensors (at the lower bound of the ``dev`` extra) writes plain files.
 TEST_TOOLS = ("pytest", "pytest-xdist", "pytest-timeout")
 TEST_PACKAGES = ("safetensors",)
@@ -36,6 +36,7 @@ CORE_TESTS = (
     "tests/test_checkpoint_manager.py",
     "tests/test_checkpoint_policy.py",
     "tests/test_cli.py",
+    "tests/test_io_saving.py",
 )
 
 _REQUIREMENT = re.compile(r"([A-Za-z0-9_.-]+)\s*(?:>=\s*([^,;\s]+))?")

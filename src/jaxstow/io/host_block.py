@@ -22,6 +22,7 @@ the calls.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -60,10 +61,18 @@ def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
     return jnp.asarray(receive(np.asarray(numbers), *(np.asarray(leaf) for leaf in leaves)), jnp.int32)
 
 
+def _accepts(function: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
 def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
     sharding = None
     if _one_device_sharding is not None:
-        sharding = _one_device_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+        # jax 0.4.x takes (axis_context, sharding), newer releases the result avals too
+        arguments = (ctx.module_context.axis_context, None, ctx.avals_out)
+        sharding = _one_device_sharding(*arguments[: len(inspect.signature(_one_device_sharding).parameters)])
+    # ``returns_token`` appeared after jax 0.4.38, which never returns one
+    extra = {"returns_token": False} if _accepts(mlir.emit_python_callback, "returns_token") else {}
     results, _, _ = mlir.emit_python_callback(
         ctx,
         lambda *arrays: (receive(*arrays),),
@@ -72,12 +81,15 @@ def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
         ctx.avals_in,
         ctx.avals_out,
         has_side_effect=False,
-        returns_token=False,
         sharding=sharding,
+        **extra,
     )
     return results
 
 
 _send_block_p.def_abstract_eval(_answer_spec)  # type: ignore[no-untyped-call]
 _send_block_p.def_impl(_call_now)  # type: ignore[no-untyped-call]
-mlir.register_lowering(_send_block_p, _lower, cacheable=False)
+# ``receive`` differs from call to call: a lowering cached by parameters (jax after 0.4.38) would call a stale one
+mlir.register_lowering(
+    _send_block_p, _lower, **({"cacheable": False} if _accepts(mlir.register_lowering, "cacheable") else {})
+)
