@@ -90,6 +90,5 @@ def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
 _send_block_p.def_abstract_eval(_answer_spec)  # type: ignore[no-untyped-call]
 _send_block_p.def_impl(_call_now)  # type: ignore[no-untyped-call]
 # ``receive`` differs from call to call: a lowering cached by parameters (jax after 0.4.38) would call a stale one
-mlir.register_lowering(
-    _send_block_p, _lower, **({"cacheable": False} if _accepts(mlir.register_lowering, "cacheable") else {})
-)
+_uncached: dict[str, Any] = {"cacheable": False} if _accepts(mlir.register_lowering, "cacheable") else {}
+mlir.register_lowering(_send_block_p, _lower, **_uncached)
