@@ -102,10 +102,13 @@ def main() -> None:
             results = postprocess_save(run(states, starts, keys), None)
             print(f"  done in {time.perf_counter() - start:.1f} s, compilation included")
 
-            print("the file holds one dataset per leaf and chain:")
-            for name in sorted(file):
-                for leaf in sorted(file[name]):
-                    print(f"  /{name}/{leaf}: shape {file[name][leaf].shape}, {file[name][leaf].dtype}")
+            print("the file holds one dataset per leaf and chain, and the samples each chain has written:")
+            for name, item in sorted(file.items()):
+                if isinstance(item, h5py.Group):
+                    for leaf, dataset in sorted(item.items()):
+                        print(f"  /{name}/{leaf}: shape {dataset.shape}, {dataset.dtype}")
+                else:
+                    print(f"  /{name}: {item[()].tolist()}")
             print("posterior means (w, b), read back from the file:")
             means = []
             for chain, result in enumerate(results):
