@@ -39,7 +39,7 @@ from jaxstow.errors import FormatError
 from jaxstow.io.hdf5 import DRAWS_DONE
 from jaxstow.io.swmr import open_for_reading
 
-__all__ = ["FileDraws", "read_draws"]
+__all__ = ["FileDraws", "read_draws", "read_stacked"]
 
 _CHAIN_GROUP = re.compile(r"chain~(\d+)")
 
@@ -62,7 +62,57 @@ def read_draws(source: Any) -> FileDraws:
     return _read(source, name=str(getattr(source, "filename", source)))
 
 
+def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+    """Every chain's samples in the file at ``path``, one array per variable shaped ``(chains, samples, ...)``.
+
+    The rows are read straight into that array, with no array per chain in between; every chain must hold the same
+    number of samples (:func:`read_draws` reads chains of any lengths).
+
+    >>> import os, tempfile, h5py, jax.numpy as jnp
+    >>> from jaxstow import io
+    >>> from jaxstow.io.live import read_stacked
+    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+    >>> with h5py.File(path, "w", libver="latest") as file:
+    ...     init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
+    ...     states = [init_save({"w": jnp.zeros(2)}) for _ in range(3)]
+    ...     for step in range(4):
+    ...         states = [save(state, True, {"w": jnp.full(2, step + 10 * chain, jnp.float32)})[0]
+    ...                   for chain, state in enumerate(states)]
+    ...     results = [postprocess_save(state, None) for state in states]
+    >>> read_stacked(path)["w"][:, :, 0]
+    array([[ 0.,  1.,  2.,  3.],
+           [10., 11., 12., 13.],
+           [20., 21., 22., 23.]], dtype=float32)
+    """
+    name = os.fspath(path)
+    with open_for_reading(name) as file:
+        chains, done, _ = _locate(file, name=name)
+        if len(set(done)) > 1:
+            raise FormatError(
+                f"the chains hold different numbers of samples ({done}); read_draws reads them", file=name
+            )
+        stacked = {}
+        for key, first in chains[0].items():
+            array = np.empty((len(chains), done[0], *first.shape[1:]), first.dtype)
+            for index, datasets in enumerate(chains):
+                if done[0]:
+                    datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])
+            stacked[key] = array
+        return stacked
+
+
 def _read(file: Any, *, name: str) -> FileDraws:
+    chains, done, finished = _locate(file, name=name)
+    samples = [
+        {key: dataset[:count] for key, dataset in datasets.items()}
+        for datasets, count in zip(chains, done, strict=True)
+    ]
+    return FileDraws(samples, done, finished)
+
+
+def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], bool]:
+    """Per chain (in the order of their ids) its datasets by variable and its count of samples written; whether every
+    chain's run has ended. In a file another process is writing, the counts are read before the rows they count."""
     h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {name}")
     following = file.mode == "r" and file.swmr_mode  # a reader of a live file: see what the writer added since
     items = sorted(
@@ -93,14 +143,12 @@ def _read(file: Any, *, name: str) -> FileDraws:
         datasets = {"": item} if isinstance(item, h5py.Dataset) else {}
         if isinstance(item, h5py.Group):
             item.visititems(functools.partial(_collect, datasets, h5py.Dataset))
-        variables = {}
-        for key, dataset in datasets.items():
-            if following:
+        if following:
+            for dataset in datasets.values():
                 dataset.refresh()
-            variables[key.replace("/", ".")] = dataset[: int(count)]
-        chains.append(variables)
+        chains.append({key.replace("/", "."): dataset for key, dataset in datasets.items()})
         done.append(int(count))
-    return FileDraws(chains, done, finished)
+    return chains, done, finished
 
 
 def _collect(datasets: dict[str, Any], kind: type, key: str, node: Any) -> None:

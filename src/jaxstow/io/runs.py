@@ -52,7 +52,7 @@ from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
-from jaxstow.io.live import read_draws
+from jaxstow.io.live import read_draws, read_stacked
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
@@ -117,7 +117,7 @@ def run_chains(
     with _run_lock(name) as killed:
         if os.path.exists(name):
             if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), killed=killed):
-                return _stacked(name)
+                return read_stacked(name)
             clear_stale_writer(name)  # the flags a killed writer left (only such a one: see _continued)
         with h5py.File(name, "a", libver="latest", locking=False) as file:  # the run's lock keeps other writers out
             if RUN_ATTRIBUTE not in file.attrs:
@@ -137,7 +137,7 @@ def run_chains(
                 warmup,
                 warmup_steps,
             )
-    return _stacked(name)
+    return read_stacked(name)
 
 
 def _sample(
@@ -335,13 +335,6 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(checkpoint_path(name))
     return finished
-
-
-def _stacked(name: str) -> dict[str, np.ndarray]:
-    draws = read_draws(name)
-    if len(set(draws.done)) > 1:
-        raise JaxstowError(f"{name}: the chains kept different numbers of draws ({draws.done})", file=name)
-    return {key: np.stack([chain[key] for chain in draws.chains]) for key in draws.chains[0]}
 
 
 @contextlib.contextmanager
