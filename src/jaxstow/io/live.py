@@ -39,7 +39,7 @@ from jaxstow.errors import FormatError
 from jaxstow.io.hdf5 import DRAWS_DONE
 from jaxstow.io.swmr import open_for_reading
 
-__all__ = ["FileDraws", "read_draws", "read_stacked"]
+__all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
 _CHAIN_GROUP = re.compile(r"chain~(\d+)")
 
@@ -60,6 +60,28 @@ def read_draws(source: Any) -> FileDraws:
         with open_for_reading(source) as file:
             return _read(file, name=os.fspath(source))
     return _read(source, name=str(getattr(source, "filename", source)))
+
+
+def run_finished(path: str | os.PathLike[str]) -> bool:
+    """Whether every chain of the file at ``path`` has finished its run; no sample is read.
+
+    >>> import os, tempfile, h5py, jax.numpy as jnp
+    >>> from jaxstow import io
+    >>> from jaxstow.io.live import run_finished
+    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+    >>> file = h5py.File(path, "w", libver="latest")
+    >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=2)
+    >>> state = init_save({"w": jnp.zeros(2)}, None, io.scheduler.static_information(samples_collected=4))
+    >>> for step in range(4):
+    ...     state, _ = save(state, True, {"w": jnp.zeros(2)})
+    >>> _ = postprocess_save(state, None)
+    >>> file.close()
+    >>> run_finished(path)
+    True
+    """
+    name = os.fspath(path)
+    with open_for_reading(name) as file:
+        return _locate(file, name=name)[2]
 
 
 def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

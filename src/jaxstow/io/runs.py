@@ -52,7 +52,7 @@ from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
-from jaxstow.io.live import read_draws, read_stacked
+from jaxstow.io.live import read_stacked, run_finished
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
@@ -328,7 +328,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
                 [*problems, "the run's draws are not those the file holds: write this run to another file"], file=name
             )
     try:
-        finished = read_draws(name).finished
+        finished = run_finished(name)
     except JaxstowError:  # no chain registered yet: the run starts again
         return False
     if finished:
