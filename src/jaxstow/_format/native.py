@@ -85,12 +85,13 @@ def write_native(
     if complete is not None and not patch_later:
         complete()
     start = sink.tell() if patch_later else 0
-    header = _header(ordered, manifest, codes)
+    entries = _tensor_entries(ordered, codes)
+    header = _header(entries, manifest)
     sink.write(header)
     _write_arrays(sink, [array for _, array in ordered])
     if patch_later and complete is not None:
         complete()
-        final = _header(ordered, manifest, codes)
+        final = _header(entries, manifest)
         if len(final) != len(header):
             raise AssertionError("the completed manifest changed the header's length")
         end = sink.tell()
@@ -128,20 +129,30 @@ def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
         sink.write(b"".join(batch))
 
 
-def _header(ordered: Sequence[tuple[str, np.ndarray]], manifest: dict[str, Any] | None, codes: _Codes) -> bytes:
-    """The length prefix and the padded JSON header of a file holding ``ordered``."""
-    header: dict[str, Any] = {}
+def _tensor_entries(ordered: Sequence[tuple[str, np.ndarray]], codes: _Codes) -> dict[str, Any]:
+    """The header's entry of each tensor of ``ordered``, stored back to back in that order."""
+    entries: dict[str, Any] = {}
     offset = 0
     for name, array in ordered:
         code, nbytes = codes.code(array.dtype), array.nbytes
-        header[name] = {
+        entries[name] = {
             "dtype": code or "U8",
             "shape": array.shape if code is not None else (nbytes,),
             "data_offsets": (offset, offset + nbytes),
         }
         offset += nbytes
+    return entries
+
+
+def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
+    """The length prefix and the padded JSON header of a file holding the tensors of ``entries`` (see
+    :func:`_tensor_entries`) and ``manifest``."""
+    header = entries
     if manifest is not None:
-        header["__metadata__"] = {"jaxstow": dump_json(columnar(manifest)).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM}
+        header = {
+            **entries,
+            "__metadata__": {"jaxstow": dump_json(columnar(manifest)).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM},
+        }
     text = dump_json(header)
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
