@@ -6,7 +6,7 @@ rows up to it, never shows a torn block.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
->>> from jaxstow.io.live import read_draws
+>>> from jaxstow.io.live import read_draws, run_finished
 >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
 >>> file = h5py.File(path, "w", libver="latest")
 >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=2)
@@ -21,6 +21,8 @@ rows up to it, never shows a torn block.
 >>> draws = read_draws(path)
 >>> draws.finished, draws.done, draws.chains[0]["w"][:, 0]
 (True, [5], array([0., 1., 2., 3., 4.], dtype=float32))
+>>> run_finished(path)                         # the same answer, without reading a sample
+True
 >>> file.close()
 """
 
@@ -63,22 +65,8 @@ def read_draws(source: Any) -> FileDraws:
 
 
 def run_finished(path: str | os.PathLike[str]) -> bool:
-    """Whether every chain of the file at ``path`` has finished its run; no sample is read.
-
-    >>> import os, tempfile, h5py, jax.numpy as jnp
-    >>> from jaxstow import io
-    >>> from jaxstow.io.live import run_finished
-    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
-    >>> file = h5py.File(path, "w", libver="latest")
-    >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=2)
-    >>> state = init_save({"w": jnp.zeros(2)}, None, io.scheduler.static_information(samples_collected=4))
-    >>> for step in range(4):
-    ...     state, _ = save(state, True, {"w": jnp.zeros(2)})
-    >>> _ = postprocess_save(state, None)
-    >>> file.close()
-    >>> run_finished(path)
-    True
-    """
+    """Whether every chain of the file at ``path`` has finished its run, as ``read_draws(path).finished`` says, but
+    without reading a sample (the module's example shows both)."""
     name = os.fspath(path)
     with open_for_reading(name) as file:
         return _locate(file, name=name)[2]
