@@ -49,7 +49,7 @@ def assert_one_line_error(done: subprocess.CompletedProcess[str], command: str, 
 @pytest.fixture
 def files(tmp_path):
     jaxstow.save(tmp_path / "model.jxs", {"w": np.arange(6, dtype=np.float32), "step": 3})
-    (tmp_path / "random.bin").write_bytes(os.urandom(100))
+    (tmp_path / "random.bin").write_bytes(np.random.default_rng(0).bytes(100))  # fixed: byte 8 is not "{"
     with CheckpointManager(tmp_path / "run") as manager:
         manager.save(1, {"w": jnp.ones(2)})
     return tmp_path
