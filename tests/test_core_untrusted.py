@@ -47,7 +47,11 @@ def _forged(tmp_path, edit) -> str:
 
 @pytest.mark.parametrize(
     "content",
-    [np.random.default_rng(0).bytes(5000), pickle.dumps({"a": 1}), b"\x93NUMPY\x01\x00v\x00{'descr': '<f8'}" + b" " * 200],
+    [
+        np.random.default_rng(0).bytes(5000),
+        pickle.dumps({"a": 1}),
+        b"\x93NUMPY\x01\x00v\x00{'descr': '<f8'}" + b" " * 200,
+    ],
     ids=["random bytes", "pickle", "npy"],
 )
 def test_a_foreign_file_is_named_as_such(tmp_path, content):
