@@ -126,6 +126,7 @@ def test_an_interrupted_save_leaves_the_previous_object_and_no_upload(s3):
     options = server.storage_options
     jaxstow.save(url, {"v": np.ones(4)}, storage_options=options)
     slow = Transfer(part_size=5 * MiB, requests=2, max_bytes_per_second=10 * MiB)
+    tree = _tree(40)  # 4 s at least at the capped rate, on any machine
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -134,7 +135,7 @@ def test_an_interrupted_save_leaves_the_previous_object_and_no_upload(s3):
     signal.setitimer(signal.ITIMER_REAL, 1.5)  # a few parts in
     try:
         with pytest.raises(KeyboardInterrupt):
-            jaxstow.save(url, _tree(40), storage_options=options, transfer=slow)
+            jaxstow.save(url, tree, storage_options=options, transfer=slow)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
