@@ -3,7 +3,8 @@
 An optional package is one of the project's extras (``optional-dependencies`` in ``pyproject.toml``: torch, orbax,
 flax, blackjax, ...). A module is skipped as a whole when it imports a missing one at its top level, where the import
 would fail, and a module's doctests also when their examples import one. Imports inside a test are the test's own
-business (``pytest.importorskip``).
+business (``pytest.importorskip``); for the scripts and examples a test runs, the fixture ``missing_optional`` names
+the missing packages they import.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import doctest
 import importlib.util
 import re
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -61,14 +62,14 @@ def _example_imports(source: str) -> set[str]:
     return found
 
 
-def missing_packages(path: Path, *, examples: bool) -> list[str]:
-    """The optional packages that the module at ``path`` imports (at its top level, and in its doctests' examples if
-    ``examples``) and that are not installed."""
-    source = path.read_text()
+def missing_packages(source: str, *, examples: bool = False, anywhere: bool = False) -> list[str]:
+    """The optional packages that the module ``source`` imports (at its top level, or ``anywhere`` in it, and in its
+    doctests' examples if ``examples``) and that are not installed."""
     try:
-        names = _imports(ast.parse(source).body)
+        tree = ast.parse(source)
     except SyntaxError:
         return []  # collecting it reports the error
+    names = _imports(ast.walk(tree) if anywhere else tree.body)
     if examples:
         names |= _example_imports(source)
     return sorted(name for name in names if _is_optional(name) and not _installed(name))
@@ -85,8 +86,14 @@ def _installed(name: str) -> bool:
 def pytest_make_collect_report(collector: pytest.Collector) -> pytest.CollectReport | None:
     if not isinstance(collector, pytest.Module | DoctestModule):
         return None
-    missing = missing_packages(collector.path, examples=isinstance(collector, DoctestModule))
+    missing = missing_packages(collector.path.read_text(), examples=isinstance(collector, DoctestModule))
     if not missing:
         return None
     reason = f"Skipped: needs {', '.join(missing)}, not installed (an optional dependency)"
     return pytest.CollectReport(collector.nodeid, "skipped", (str(collector.path), 0, reason), [])
+
+
+@pytest.fixture(scope="session")
+def missing_optional() -> Callable[..., list[str]]:
+    """:func:`missing_packages`, for the scripts and examples that a test runs: a test skips where it finds any."""
+    return missing_packages

@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import builtins
 import difflib
-import importlib.util
 import json
 import os
 import re
@@ -134,16 +133,6 @@ def differences(shown: str, printed: str) -> list[str]:
         for column, value in values.items()
         if not STATISTICS[column](expected[column], value)
     ]
-
-
-def _imported(code: str) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-    return found
 
 
 def _bound(code: str) -> set[str]:
@@ -259,7 +248,7 @@ def run_console(block: Block, folder: Path) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def test_every_block_runs_as_written(tmp_path):
+def test_every_block_runs_as_written(tmp_path, missing_optional):
     readme = README.read_text()
     found = blocks(readme)
     assert sum(block.kind == "python" for block in found) >= 8 and any(block.kind == "console" for block in found)
@@ -267,8 +256,8 @@ def test_every_block_runs_as_written(tmp_path):
     for block in opted_out:
         assert block.text.splitlines()[0].removeprefix(OPT_OUT).strip(), f"line {block.line}: say why it is not run"
     assert len(opted_out) <= 1, "keep the blocks that are not run rare"
-    needed = {name for block in found if block.kind == "python" for name in _imported(block.text)}
-    missing = sorted(name for name in needed | set(ALSO_NEEDED) if importlib.util.find_spec(name) is None)
+    code = "\n".join([*(f"import {name}" for name in ALSO_NEEDED), *(b.text for b in found if b.kind == "python")])
+    missing = missing_optional(code, anywhere=True)
     if missing:
         pytest.skip(f"the README's examples need {', '.join(missing)}, not installed here")
     session = Session(tmp_path)
