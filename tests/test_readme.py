@@ -160,18 +160,18 @@ def _devices(block: Block) -> int:
 
 def borrowed_from_device_blocks(found: list[Block]) -> dict[int, set[str]]:
     """For each session block, the names it uses that only an earlier block needing several devices defines."""
-    everywhere = set(dir(builtins))
+    on_one_device = set(dir(builtins))
     only_there: set[str] = set()
     borrowed = {}
     for block in found:
         bound = _bound(block.text)
-        names = (_used(block.text) - bound - everywhere) & only_there
+        names = (_used(block.text) - bound - on_one_device) & only_there
         if names:
             borrowed[block.line] = names
         if _devices(block) > 1:
-            only_there |= bound - everywhere
+            only_there |= bound - on_one_device
         else:
-            everywhere |= bound
+            on_one_device |= bound
             only_there -= bound
     return borrowed
 
