@@ -19,8 +19,8 @@ demo: $(STAMP)
 	@for script in examples/demo_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench examples reliability
-	$(PY) -m ruff format --check src tests bench examples reliability
+	$(PY) -m ruff check src tests bench examples reliability conftest.py
+	$(PY) -m ruff format --check src tests bench examples reliability conftest.py
 	$(PY) -m mypy
 
 test: lint test-bare
@@ -38,8 +38,10 @@ test-bare: $(BARE)/.installed
 	$(BARE)/bin/python -m pip install -q --no-deps --force-reinstall .
 	cd tests/required_only && ../../$(BARE)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null .
 
-# Both ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
-# newest release the index serves; each venv runs the core tests. The venvs are kept, so a second run only tests.
+# The ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
+# newest release the index serves, on $(PYTHON), each running the core tests; and the newest release of everything
+# on the newest supported Python (pyenv's or on PATH), running the whole suite, or saying why it is skipped. The venvs
+# are kept, so a second run only tests.
 .venv-%/.installed: pyproject.toml tests/versions.py
 	rm -rf .venv-$*
 	$(PYTHON) -m venv .venv-$*
@@ -48,12 +50,28 @@ test-bare: $(BARE)/.installed
 	.venv-$*/bin/python -m pip install -q -r .venv-$*/requirements.txt
 	touch $@
 
+.venv-newest-python/.installed: pyproject.toml tests/versions.py
+	rm -rf .venv-newest-python
+	"$$($(PYTHON) tests/versions.py interpreter)" -m venv .venv-newest-python
+	.venv-newest-python/bin/python -m pip install -q --upgrade pip
+	$(PYTHON) tests/versions.py requirements newest-python > .venv-newest-python/requirements.txt
+	.venv-newest-python/bin/python -m pip install -q -r .venv-newest-python/requirements.txt
+	.venv-newest-python/bin/python -m pip install -q --no-deps flarejax
+	touch $@
+
 test-matrix: .venv-lowest/.installed .venv-newest/.installed
 	@for end in lowest newest; do \
-		echo "== $$end: $$(.venv-$$end/bin/python tests/versions.py report)"; \
+		echo "== $$end: $$(.venv-$$end/bin/python tests/versions.py report $$end)"; \
 		PYTHONPATH=src .venv-$$end/bin/python -m pytest -n 2 -p no:cacheprovider $$($(PYTHON) tests/versions.py tests) \
 			|| exit 1; \
 	done
+	@if why=$$($(PYTHON) tests/versions.py interpreter); then \
+		$(MAKE) --no-print-directory .venv-newest-python/.installed || exit 1; \
+		echo "== newest-python: $$(.venv-newest-python/bin/python tests/versions.py report newest-python)"; \
+		PYTHONPATH=src .venv-newest-python/bin/python -m pytest -n 2 -p no:cacheprovider || exit 1; \
+	else \
+		echo "== newest-python: skipped: $$why"; \
+	fi
 
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
@@ -64,4 +82,4 @@ reliability: $(STAMP)
 	$(PY) -m reliability.run
 
 clean:
-	rm -rf $(VENV) $(BARE) .venv-lowest .venv-newest build *.egg-info
+	rm -rf $(VENV) $(BARE) .venv-lowest .venv-newest .venv-newest-python build *.egg-info

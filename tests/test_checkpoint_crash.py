@@ -1,7 +1,8 @@
 """Crash safety and the writer's lock, with real processes killed by SIGKILL.
 
-A training process saves a step after every update, in the background, and is killed at a random moment; then a
-reader checks the directory; then a new training process resumes from the latest step, taking over the dead one's
+A training process saves a step after every update, in the background, and is killed at a random moment: every
+third one the moment a step's staging folder appears (a save in flight), the others at a seeded random time after
+their first step is committed; then a reader checks the directory; then a new training process resumes from the latest step, taking over the dead one's
 lock and removing its leftovers; and so on. The processes are forked from a ``multiprocessing`` fork server that has
 already imported JAX and jaxstow, so each one starts in a fraction of a second, but each is a real process, killed by
 the kernel in the middle of whatever it was doing: writing an item, fsyncing, renaming, deleting an old step.
@@ -28,6 +29,7 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError
 
 KILLS = 24
+SEED = 0
 
 
 def _state(step: int) -> dict:
@@ -91,39 +93,59 @@ def _kill(process) -> None:
     assert process.exitcode == -signal.SIGKILL
 
 
+def _staging(directory) -> set[str]:
+    return {name for name in os.listdir(directory) if TEMPORARY_MARKER in name} if directory.exists() else set()
+
+
+def _wait_until(done, trainer) -> None:
+    deadline = time.monotonic() + 120
+    while not done():
+        assert trainer.is_alive(), "the trainer ended by itself"
+        assert time.monotonic() < deadline, "the trainer made no progress in 120 s"
+        time.sleep(0.001)
+
+
+def _committed(directory, step: int) -> bool:
+    return (directory / str(step)).is_dir()
+
+
 def test_sigkill_at_random_moments(tmp_path, processes):
-    seed = random.randrange(1 << 30)
-    rng = random.Random(seed)
+    rng = random.Random(SEED)
     directory = tmp_path / "run"
     latest_seen = -1
     kills_with_leftovers = 0
     resumed_from = []
-    for _ in range(KILLS):
+    for kill in range(KILLS):
+        stale = _staging(directory)
         trainer, first_step = _start(processes, _trainer, directory)
         resumed_from.append(first_step)
-        assert first_step == latest_seen + 1, f"seed {seed}: resumed at {first_step}, latest committed {latest_seen}"
-        time.sleep(rng.uniform(0.02, 0.6))
+        assert first_step == latest_seen + 1, f"resumed at {first_step}, latest committed {latest_seen}"
+        if kill % 3 == 0:  # in the middle of a save
+            _wait_until(lambda stale=stale: bool(_staging(directory) - stale), trainer)
+        else:  # somewhere after a step of its own is committed
+            _wait_until(lambda first=first_step: _committed(directory, first), trainer)
+            time.sleep(rng.uniform(0.0, 0.3))
         _kill(trainer)
 
         entries = os.listdir(directory)
-        kills_with_leftovers += any(TEMPORARY_MARKER in name for name in entries)
+        kills_with_leftovers += bool(_staging(directory) - stale)
         reader = CheckpointManager(directory)  # reading takes no lock
         steps = reader.steps()
         assert all(str(step) in entries for step in steps)
         assert not [step for step in steps if TEMPORARY_MARKER in str(step)]
         if not steps:
             continue  # killed before its first save committed
-        assert steps[-1] >= latest_seen, f"seed {seed}: committed step {latest_seen} was lost ({steps})"
+        assert steps[-1] >= latest_seen, f"committed step {latest_seen} was lost ({steps})"
         latest_seen = steps[-1]
         _check(reader.restore(), latest_seen)
         for step in steps[:-1]:
             _check(reader.restore(step), step)
         kept = [step for step in steps if step % 50 and step < latest_seen - 3]
-        assert not kept, f"seed {seed}: steps {kept} outlived the keep policy ({steps})"
+        assert not kept, f"steps {kept} outlived the keep policy ({steps})"
 
-    print(f"seed {seed}: {KILLS} kills, {kills_with_leftovers} in the middle of a save, resumed at {resumed_from}")
-    assert latest_seen > KILLS, f"seed {seed}: the trainers hardly saved anything ({resumed_from})"
-    assert kills_with_leftovers > 0, f"seed {seed}: no kill ever hit a save in flight"
+    print(f"{KILLS} kills, {kills_with_leftovers} in the middle of a save, resumed at {resumed_from}")
+    assert latest_seen >= KILLS - KILLS // 3 - 1, f"committed steps were lost ({resumed_from})"
+    assert kills_with_leftovers > 0, "no kill ever hit a save in flight"
     # The next writer removes every leftover of the killed ones.
     with CheckpointManager(directory, keep_last=3, keep_every=50) as manager:
         manager.save(latest_seen + 1, _state(latest_seen + 1))

@@ -105,7 +105,7 @@ def test_optax_states_rebuild_without_a_template(tmp_path):
 
 
 def test_flax_nnx_state_round_trips(tmp_path):
-    from flax import nnx
+    nnx = pytest.importorskip("flax.nnx")
 
     model = nnx.Sequential(nnx.Linear(3, 4, rngs=nnx.Rngs(0)), nnx.BatchNorm(4, rngs=nnx.Rngs(1)))
     state = nnx.state(model)

@@ -143,10 +143,11 @@ def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_
         process = processes.Process(target=_run, args=(kind, path))
         before = _checkpoint_mark(path)
         process.start()
-        # Past its start (it has checkpointed anew), then somewhere in the next few checkpoint intervals.
+        # Past its start (it has checkpointed anew), then at a random moment before its next checkpoint, or at that
+        # checkpoint on a machine fast enough to reach it first: the kills come early in the run on any machine.
         _follow(path, seen, lambda before=before: _checkpoint_mark(path) not in (before, None), process)
-        deadline = time.monotonic() + moments.uniform(0.0, 0.1)
-        _follow(path, seen, lambda deadline=deadline: time.monotonic() >= deadline, process)
+        mark, deadline = _checkpoint_mark(path), time.monotonic() + moments.uniform(0.0, 0.1)
+        _follow(path, seen, lambda m=mark, d=deadline: time.monotonic() >= d or _checkpoint_mark(path) != m, process)
         os.kill(process.pid, signal.SIGKILL)
         process.join()
         assert process.exitcode == -signal.SIGKILL

@@ -15,21 +15,31 @@ def _writer_threads(name: str) -> int:
 
 
 @pytest.mark.timeout(20)
-def test_jobs_run_in_order_with_few_pending_and_the_idle_thread_ends() -> None:
-    writer = BackgroundWriter("test-writer-order", max_pending=2, linger=0.2)
+def test_jobs_run_in_order_on_one_thread_that_waits_for_more() -> None:
+    writer = BackgroundWriter("test-writer-order", max_pending=2, linger=600)
     done: list[int] = []
+    threads: set[int] = set()
     for index in range(40):
-        writer.submit(lambda index=index: (time.sleep(0.001), done.append(index)))
+        writer.submit(lambda index=index: (threads.add(threading.get_ident()), time.sleep(0.001), done.append(index)))
     writer.wait()
     assert done == list(range(40))
-    assert _writer_threads("test-writer-order") == 1
-    deadline = time.monotonic() + 5
-    while _writer_threads("test-writer-order") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _writer_threads("test-writer-order") == 0
-    writer.submit(lambda: done.append(40))  # a new job starts a new thread
+    assert len(threads) == 1
+    assert _writer_threads("test-writer-order") == 1  # idle, lingering for the next job
+
+
+@pytest.mark.timeout(20)
+def test_an_idle_thread_ends_and_a_new_job_starts_another() -> None:
+    writer = BackgroundWriter("test-writer-idle", linger=0.01)
+    threads: list[int] = []
+    writer.submit(lambda: threads.append(threading.get_ident()))
     writer.wait()
-    assert done[-1] == 40
+    deadline = time.monotonic() + 10
+    while _writer_threads("test-writer-idle") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _writer_threads("test-writer-idle") == 0
+    writer.submit(lambda: threads.append(threading.get_ident()))  # runs only if a new thread starts
+    writer.wait()
+    assert len(threads) == 2
 
 
 @pytest.mark.timeout(20)

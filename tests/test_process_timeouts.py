@@ -23,7 +23,7 @@ import pytest
 WORKER = Path(__file__).parent / "distributed" / "worker.py"
 TIMEOUT = 3.0
 GRACE = 5.0  # how much longer the others wait for process 0's outcome (Processes.grace)
-SLACK = 6.0  # starting the step, writing its files, a loaded machine
+SLOWER = 3.0  # how much longer than its timeout a wait may take on a loaded machine (the step's own work included)
 VICTIM = 2
 
 
@@ -106,13 +106,13 @@ def test_a_save_whose_process_stops_dies_or_stalls_ends_everywhere_with_no_step(
         for process in processes:
             assert _line(process, 120) == {"process": int(process.args[3]), "saved": 1}
         _stop(processes[VICTIM], how)
-        survivors = [_line(process, 1 + TIMEOUT + GRACE + SLACK + 10) for process in processes[:VICTIM]]
+        survivors = [_line(process, SLOWER * (TIMEOUT + GRACE) + 10) for process in processes[:VICTIM]]
     finally:
         _end(processes)
     for index, report in enumerate(survivors):
         assert "CheckpointError" in report["error"] and f"process {VICTIM} did not report" in report["error"], report
         assert "step 2" in report["error"], report
-        assert report["seconds"] <= TIMEOUT + (GRACE if index else 0) + SLACK, report
+        assert report["seconds"] <= SLOWER * (TIMEOUT + (GRACE if index else 0)), report
     assert _steps(folder) == ["1"]
     from jaxstow import CheckpointManager
 
@@ -128,24 +128,26 @@ def test_a_restore_whose_process_stops_dies_or_stalls_raises_everywhere(saved, h
         for process in processes:
             assert _line(process, 120) == {"process": int(process.args[3]), "restored": 1}
         _stop(processes[VICTIM], how)
-        survivors = [_line(process, 1 + TIMEOUT + SLACK + 10) for process in processes[:VICTIM]]
+        survivors = [_line(process, SLOWER * TIMEOUT + 10) for process in processes[:VICTIM]]
     finally:
         _end(processes)
     for report in survivors:
         assert "CheckpointError" in report["error"], report
         assert f"process {VICTIM} did not report its restore of step 2" in report["error"], report
-        assert report["seconds"] <= TIMEOUT + SLACK, report
+        assert report["seconds"] <= SLOWER * TIMEOUT, report
 
 
 def test_without_recoverability_the_error_comes_before_jax_ends_the_run(tmp_path):
-    """jax's heartbeat (20 s here) ends the survivors of a killed process; a shorter process_timeout raises first."""
+    """jax's heartbeat (here 3x the longest wait, timeout and grace) ends the survivors of a killed process; the
+    process_timeout raises first."""
     folder = tmp_path / "run"
-    processes = _start("save", folder, "--pause-before-commit", "1", "--heartbeat", "20", recoverable=False)
+    heartbeat = str(int(SLOWER * (TIMEOUT + GRACE)))
+    processes = _start("save", folder, "--pause-before-commit", "1", "--heartbeat", heartbeat, recoverable=False)
     try:
         for process in processes:
             _line(process, 120)
         processes[VICTIM].send_signal(signal.SIGKILL)
-        survivors = [_line(process, 1 + TIMEOUT + GRACE + SLACK + 10) for process in processes[:VICTIM]]
+        survivors = [_line(process, SLOWER * (TIMEOUT + GRACE) + 10) for process in processes[:VICTIM]]
     finally:
         _end(processes)
     assert all(f"process {VICTIM} did not report" in report["error"] for report in survivors), survivors

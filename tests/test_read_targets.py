@@ -69,7 +69,7 @@ def test_equinox_model_restored_into_filter_eval_shape(tmp_path):
 
 
 def test_flax_nnx_state_restored_into_nnx_eval_shape(tmp_path):
-    from flax import nnx
+    nnx = pytest.importorskip("flax.nnx")
 
     make = lambda: nnx.Linear(3, 4, rngs=nnx.Rngs(0))  # noqa: E731
     model = make()

@@ -3,7 +3,9 @@
 Changed are only the imports: ``jax_sgmc`` becomes ``jaxstow``, ``tree_map`` comes from ``jax.tree_util`` (``jax.tree_map``
 is gone from current JAX), and jax_sgmc's test helpers ``util.list_vmap`` and ``util.testing`` come from
 ``jax_sgmc_util``. The empty test classes of the original are kept as they are. ``test_save_vmap`` is skipped upstream
-(jax_sgmc could not save under ``vmap`` then); here it runs.
+(jax_sgmc could not save under ``vmap`` then); here it runs. The saved samples are compared with the reference
+solution by ``testing.assert_close`` instead of ``assert_equal``: the two are computed by different programs, whose
+sums XLA may round differently in the last bit (jax 0.12 does).
 """
 
 from functools import partial
@@ -106,7 +108,7 @@ class TestSaving:
 
     # Check close
 
-    testing.assert_equal(no_save_results, reference_solution)
+    testing.assert_close(no_save_results, reference_solution)
 
   def test_save(self, test_function):
     """Test saving by running save against no_save and direct output on random
@@ -140,7 +142,7 @@ class TestSaving:
 
     # Check close
 
-    testing.assert_equal(save_results, reference_solution)
+    testing.assert_close(save_results, reference_solution)
 
   def test_save_vmap(self, test_function):
     """Test saving by running save against no_save and direct output on random
@@ -185,4 +187,4 @@ class TestSaving:
 
     # Check close
 
-    testing.assert_equal(save_results, reference_solution)
+    testing.assert_close(save_results, reference_solution)

@@ -1,9 +1,9 @@
 """One process of a two-process ``jax.distributed`` training loop that asks ``CheckpointManager.should_save`` at every
 step, with ``save_every`` too large to save again: ``preempted.py PROCESS PORT FOLDER``.
 
-It saves step 1 (the first step of a run), prints ``ready``, then runs steps until ``should_save`` says yes again,
-which only a preemption notice (SIGTERM to either process) can make it say; it saves that step and prints one JSON
-line with the steps it saved.
+It saves step 1 (the first step of a run), runs steps until ``should_save`` says yes again, which only a preemption
+notice (SIGTERM to either process) can make it say, printing ``ready`` at step 10; it saves that step and prints one
+JSON line with the steps it saved.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ with CheckpointManager(folder, save_every=1_000_000) as manager:
             saved.append(step)
             if len(saved) == 2:
                 break
+        if step == 10:
             print("ready", flush=True)
         time.sleep(0.005)
 print(json.dumps({"saved": saved}), flush=True)

@@ -69,7 +69,7 @@ class Pace:
     >>> start = time.monotonic()
     >>> for _ in range(3):
     ...     pace.wait(100)
-    >>> 0.29 < time.monotonic() - start < 0.4
+    >>> 0.29 < time.monotonic() - start < 0.9           # 0.3 s at least; longer on a busy machine
     True
     """
 
