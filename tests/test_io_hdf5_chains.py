@@ -41,7 +41,7 @@ def test_the_chains_of_one_step_are_checkpointed_together_and_resume_after_a_par
     path = tmp_path / "samples.h5"
     with h5py.File(path, "w", libver="latest") as file:
         collector = _collector(file)
-        file.swmr_mode = True
+        assert file.swmr_mode  # the collector put the file in SWMR mode
         collector.save_chains({0: (0, _block(0, 0, 4)), 1: (0, _block(1, 0, 4))})
         state = {**STATE, "position": np.ones(2, np.float32)}
         collector.checkpoint_chains({0: io.ChainCheckpoint(4, 4, state), 1: io.ChainCheckpoint(4, 4, state)})

@@ -2,8 +2,9 @@
 
 Per chain the draws written so far; per variable (each element of an array) the mean, R-hat and bulk effective
 sample size over the draws every chain has (ArviZ's diagnostics). The file is read in HDF5's SWMR mode, from any
-process, as :func:`jaxstow.io.run_chains` and the blackjax and numpyro adapters write it (or an
-:class:`~jaxstow.io.HDF5Collector` whose file is in SWMR mode). ``--once`` prints once and exits, for scripts.
+process, up to the draws it counts as written, as :func:`jaxstow.io.run_chains`, the blackjax and numpyro adapters
+and an :class:`~jaxstow.io.HDF5Collector` write it (the collector's file opened with ``libver="latest"``). ``--once``
+prints once and exits, for scripts.
 
 >>> import os, tempfile, jax.numpy as jnp
 >>> from jaxstow import io

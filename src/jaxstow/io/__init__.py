@@ -33,6 +33,7 @@ from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.no_save import DeviceSamples, no_save
 from jaxstow.io.runs import run_chains
 from jaxstow.io.saving import Saving, SavingState, save
+from jaxstow.io.swmr import LiveReadWarning
 
 __all__ = [
     "ChainCheckpoint",
@@ -41,6 +42,7 @@ __all__ = [
     "DataLoader",
     "DeviceSamples",
     "HDF5Collector",
+    "LiveReadWarning",
     "MemoryCollector",
     "SampleCountError",
     "Saving",

@@ -6,19 +6,23 @@ are chunked and resizable: they grow as blocks arrive and are trimmed to the sam
 ``/chain~{id}`` also gets the attribute ``sample_count``. The dataset ``/draws_done`` holds, per chain, how many samples
 are written so far.
 
-Other processes can read the file while the run goes on, through HDF5's single-writer/multi-reader mode: open it
-with ``libver="latest"``, register every chain (``init_save``), then set ``file.swmr_mode = True``. Each block is then
-flushed to the file before ``/draws_done`` counts it, so a reader that opens the file with ``swmr=True`` (or
-:func:`jaxstow.io.to_inference_data`, or ``jaxstow watch``) sees the samples up to that count, never a torn block.
+A file opened with ``libver="latest"`` (``h5py.File(path, "w", libver="latest")``) is put in HDF5's
+single-writer/multi-reader (SWMR) mode by the collector itself, as soon as it gets the file: other processes then read
+it while the run goes on (:func:`jaxstow.io.to_inference_data`, ``jaxstow watch``, :mod:`jaxstow.io.live`, or h5py
+with ``swmr=True``). Each block is flushed to the file before ``/draws_done`` counts it, so a reader sees the samples
+up to that count, never a torn block. A file opened otherwise cannot be read until its writer closes it: the
+collector warns once (a :class:`~jaxstow.io.LiveReadWarning`), and saves and checkpoints it all the same.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
->>> file = h5py.File(os.path.join(tempfile.mkdtemp(), "samples.h5"), "w")
+>>> file = h5py.File(os.path.join(tempfile.mkdtemp(), "samples.h5"), "w", libver="latest")
 >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
 >>> state = init_save({"w": jnp.zeros(3), "loss": 0.0}, None, io.scheduler.static_information(samples_collected=100))
 >>> def step(state, i):
 ...     return save(state, i % 2 == 1, {"w": jnp.full(3, i, jnp.float32), "loss": i / 10})
 >>> state, _ = jax.lax.scan(step, state, jnp.arange(8))
+>>> file.swmr_mode                 # another process may read the file now
+True
 >>> postprocess_save(state, None)["sample_count"]
 Array(4, dtype=int32, weak_type=True)
 >>> file["/chain~0/w"].shape, file["/chain~0/loss"][:], file["/chain~0"].attrs["sample_count"]
@@ -48,6 +52,7 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.scheduler import static_information as StaticInformation
+from jaxstow.io.swmr import DISK_DRIVERS, hold_metadata_in_memory, writes_live
 from jaxstow.io.writer import BackgroundWriter
 
 __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
@@ -56,7 +61,6 @@ __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
 #: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
 #: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
 _MAX_CHUNK_ROWS = 4096
-_DISK_DRIVERS = ("sec2", "stdio", "direct")
 #: The dataset that counts, per chain, the samples written to the file so far.
 DRAWS_DONE = "draws_done"
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
@@ -74,11 +78,24 @@ class HDF5Collector(DataCollector):
     from the same step. At every checkpoint the file is flushed to disk before the checkpoint is committed, and the
     collector holds the file's HDF5 metadata in memory between flushes, so that a crash leaves the file as it was at
     the last checkpoint (or, in SWMR mode, at the last block it published: rows past the checkpoint are written
-    again when the run resumes). (With ``compression``, HDF5 may move a chunk that was rewritten after the checkpoint;
-    resuming after a crash is then not guaranteed.) Open the file in mode ``"a"`` to resume: a chain with a
-    checkpoint continues from it, a chain that was interrupted before its first checkpoint starts again. A file that
-    holds other samples (other variables, shapes or dtypes) raises a :class:`~jaxstow.errors.StructureMismatchError`
-    naming each of them, as does a checkpoint of another solver state, before anything is written.
+    again when the run resumes). The file is also flushed as soon as the collector gets it and after each chain is
+    registered, so that a process killed at any moment after that, before the first checkpoint too, leaves a file
+    that opens, whose ``/draws_done`` counts the rows it holds. (With ``compression``, HDF5 may move a chunk that was
+    rewritten after the checkpoint; resuming after a crash is then not guaranteed.)
+
+    A file opened with ``libver="latest"`` is put in SWMR mode at once (do not set ``file.swmr_mode`` yourself): any
+    process reads it while the run goes on. A file opened without it cannot be read by another process before it is
+    closed; the collector then warns once with a :class:`~jaxstow.io.LiveReadWarning`.
+
+    The same code run again after a crash starts the run over or continues it, as the file's mode says. Mode ``"w"``
+    empties the file: the run starts over, and a checkpoint that an interrupted run left beside the file is removed
+    (the samples it counted are gone). Mode ``"a"`` continues: a chain with a checkpoint continues from it, a chain
+    that was interrupted before its first checkpoint starts again. A file in SWMR mode whose writer was killed keeps
+    HDF5's writer flags, which keep h5py from opening it in mode ``"a"`` (readers with ``swmr=True`` open it):
+    clear them first with :func:`jaxstow.io.swmr.clear_stale_writer` (what ``h5clear -s`` does), once no process
+    writes the file. A file that holds other samples (other variables, shapes or dtypes) raises a
+    :class:`~jaxstow.errors.StructureMismatchError` naming each of them, as does a checkpoint of another solver
+    state, before anything is written.
 
     >>> import tempfile
     >>> tf = tempfile.TemporaryFile()
@@ -111,7 +128,7 @@ class HDF5Collector(DataCollector):
         self._compression = compression
         if checkpoint_dir is not None:
             self._checkpoint_dir: str | None = os.fspath(checkpoint_dir)
-        elif file.driver in _DISK_DRIVERS:
+        elif file.driver in DISK_DRIVERS:
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         else:
             self._checkpoint_dir = None
@@ -122,7 +139,9 @@ class HDF5Collector(DataCollector):
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._finalized: set[int] = set()
         self._writer = BackgroundWriter(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
-        _hold_metadata_in_memory(file)
+        self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
+        hold_metadata_in_memory(file)
+        self._settle()
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -147,6 +166,9 @@ class HDF5Collector(DataCollector):
         path = self.checkpoint_path
         if self._stored is None:
             self._stored = {} if path is None else read_checkpoints(path)
+            if self._stored and path is not None and DRAWS_DONE not in self._file:
+                remove_checkpoint(path)  # the file was emptied (mode "w"): the samples it counted are gone
+                self._stored = {}
         record = self._stored.get(chain_id)
         resumed = None
         if record is not None and path is not None:
@@ -159,7 +181,15 @@ class HDF5Collector(DataCollector):
             self._latest[chain_id] = resumed
         self._published.append(0 if resumed is None else resumed.sample_count)
         self._count_draws()
+        self._settle()
         return self._chains.add(layout, resumed)
+
+    def _settle(self) -> None:
+        """Put the file on disk as it is now: flushed, and in SWMR mode from the first time it can be."""
+        if self._live and not self._file.swmr_mode:
+            self._file.swmr_mode = True  # flushes the file; from now on other processes may read it
+        else:
+            self._file.flush()
 
     def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
         group = _group(chain_id)
@@ -231,17 +261,24 @@ class HDF5Collector(DataCollector):
         self._writer.submit(functools.partial(self._write, dict(blocks), ends))
 
     def _write(self, blocks: dict[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
-        """Write each chain's rows; then count them in ``/draws_done`` (in SWMR mode, once they are in the file)."""
+        """Write each chain's rows; in SWMR mode, where readers may come at any time, publish them at once."""
         for chain_id, (first, values) in blocks.items():
             self._write_block(chain_id, first, ends[chain_id], values)
-        live = self._file.swmr_mode
-        if live:
-            self._file.flush()  # the rows reach the file before the counts that show them to readers
         for chain_id, end in ends.items():
             self._published[chain_id] = max(self._published[chain_id], end)
+        if self._file.swmr_mode:
+            self._publish()
+
+    def _publish(self) -> None:
+        """Flush the rows written so far to the file, then count them in ``/draws_done`` and flush that.
+
+        ``/draws_done`` is written only here, and at a chain's registration, when every row it counts is in the file:
+        HDF5 may write a dataset's values to the file before it is flushed, so a count written earlier could reach
+        the file before the rows it counts, and a crash in between would leave it counting rows the file lacks.
+        """
+        self._file.flush()
         self._count_draws()
-        if live:
-            self._file.flush()
+        self._file.flush()
 
     def _write_block(self, chain_id: int, first: int, end: int, values: Sequence[np.ndarray]) -> None:
         """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs."""
@@ -285,7 +322,7 @@ class HDF5Collector(DataCollector):
         self._writer.submit(functools.partial(self._commit, path, records))
 
     def _commit(self, path: str, records: dict[int, ChainCheckpoint]) -> None:
-        self._file.flush()
+        self._publish()
         if self._file.driver in _DESCRIPTOR_DRIVERS:
             os.fsync(self._file.id.get_vfd_handle())
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -302,7 +339,7 @@ class HDF5Collector(DataCollector):
         for dataset in self._datasets[chain_id]:
             dataset.resize(end, axis=0)
         self._published[chain_id] = end
-        self._count_draws()
+        self._publish()
         self._file[_group(chain_id)].attrs["sample_count"] = end
         self._file.flush()
         self._finalized.add(chain_id)
@@ -358,11 +395,3 @@ def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 
         for name, item in held.items()
     ]
     return problems
-
-
-def _hold_metadata_in_memory(file: Any) -> None:
-    """Let HDF5 write the file's metadata only when it is flushed, never on its own in between."""
-    config = file.id.get_mdc_config()
-    config.incr_mode = config.decr_mode = config.flash_incr_mode = 0  # adaptive resizing off, as HDF5 requires
-    config.evictions_enabled = False
-    file.id.set_mdc_config(config)

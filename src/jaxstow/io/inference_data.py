@@ -3,8 +3,9 @@
 :func:`to_inference_data` takes what ``postprocess_save`` returns (a list with one result per chain, or one chain's
 result), a :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector`, and
 stacks the chains itself, so that one chain's samples never pass for many chains. Each leaf of the sample becomes a
-variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). A file whose run is still going on (read in SWMR mode, from any process) gives the
-samples every chain has written so far.
+variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). A file whose run is still going on
+(read in SWMR mode, from any process: see :mod:`jaxstow.io.live`) gives the samples every chain has written so far,
+as far as the file counts them.
 
 >>> import jax, jax.numpy as jnp
 >>> from jaxstow import io

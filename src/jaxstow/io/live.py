@@ -2,7 +2,9 @@
 
 A chain that finished has the attribute ``sample_count``; one that is still running counts its written samples in
 ``/draws_done``, which its writer updates only after the rows reach the file. Reading that count first, then the
-rows up to it, never shows a torn block.
+rows up to it, never shows a torn block. A file whose writer was killed is read the same way, up to the rows it
+counts. The collector puts a file opened with ``libver="latest"`` in SWMR mode as soon as it gets it, so that
+readers may come at any time.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -11,7 +13,6 @@ rows up to it, never shows a torn block.
 >>> file = h5py.File(path, "w", libver="latest")
 >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=2)
 >>> state = init_save({"w": jnp.zeros(2)}, None, io.scheduler.static_information(samples_collected=5))
->>> file.swmr_mode = True                      # every chain is registered: readers may come
 >>> for step in range(5):
 ...     state, _ = save(state, True, {"w": jnp.full(2, step, jnp.float32)})
 >>> draws = read_draws(path)     # what another process sees while the run goes on (blocks of 2 are being written)
@@ -142,14 +143,14 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         count = item.attrs.get("sample_count")
         if count is None:
             finished = False
-            if counts is None or chain >= len(counts):
+            if counts is None:
                 raise FormatError(
                     f"chain {chain} has no sample_count: its run did not finish (postprocess_save was not called), "
                     "and the file does not count the samples written so far",
                     file=name,
                     path=item.name,
                 )
-            count = counts[chain]
+            count = counts[chain] if chain < len(counts) else 0  # registered a moment ago: none counted yet
         datasets = {"": item} if isinstance(item, h5py.Dataset) else {}
         if isinstance(item, h5py.Group):
             item.visititems(functools.partial(_collect, datasets, h5py.Dataset))

@@ -157,7 +157,6 @@ def _sample(
     information = static_information(samples_collected=draws_per_chain)
     for _ in range(chains):
         collector.register_chain(_chain_spec(draw_spec), _chain_spec(state_spec), information)
-    file.swmr_mode = True  # every dataset exists: from now on other processes may read the file
     resumed = collector.resume()
     if resumed:
         state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(resumed[i].solver_state for i in range(chains)))
@@ -293,7 +292,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
             "killed): it is left as it is. If no program writes it, clear its flags with `h5clear -s` and call again",
             file=name,
         )
-    if writer == "a writer not in SWMR mode":  # killed before it registered its chains: unreadable until cleared
+    if writer == "a writer not in SWMR mode":  # killed before its collector got the file: unreadable until cleared
         clear_stale_writer(name)
     with open_for_reading(name) as file:
         text = file.attrs.get(RUN_ATTRIBUTE)

@@ -5,7 +5,8 @@ writer has it open, and whether in SWMR mode. A writer in SWMR mode (``file.swmr
 is created) keeps the file readable at every moment by readers that open it with ``swmr=True``; a plain reader, or
 a second writer, is refused while the flags are set. A writer that is killed leaves the flags set: HDF5's ``h5clear``
 tool clears them, and so does :func:`clear_stale_writer`, which a run does once it holds the run's lock (so it knows
-the writer is gone).
+the writer is gone). A file without that superblock (one created without ``libver="latest"``) cannot enter SWMR
+mode: its writer locks it, and no other process reads it before it is closed; :func:`writes_live` says which.
 
 >>> import os, tempfile, h5py
 >>> from jaxstow.io.swmr import open_for_reading, read_superblock
@@ -28,18 +29,37 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import warnings
 from typing import Any
 
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError
 
-__all__ = ["Superblock", "clear_stale_writer", "lookup3", "open_for_reading", "read_superblock"]
+__all__ = [
+    "DISK_DRIVERS",
+    "LiveReadWarning",
+    "Superblock",
+    "clear_stale_writer",
+    "hold_metadata_in_memory",
+    "lookup3",
+    "open_for_reading",
+    "read_superblock",
+    "writes_live",
+]
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: The consistency flags of a version 3 superblock: open for writing, and in SWMR mode.
 WRITE_ACCESS = 0x01
 SWMR_WRITE = 0x04
 _MASK = 0xFFFFFFFF
+#: The first superblock version with the consistency flags that SWMR mode needs (``libver="latest"`` makes it).
+SWMR_SUPERBLOCK = 3
+#: The h5py drivers of files on disk, which other processes can open.
+DISK_DRIVERS = ("sec2", "stdio", "direct")
+
+
+class LiveReadWarning(UserWarning):
+    """A file is written in a way no other process can read before it is closed: it lacks ``libver="latest"``."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +74,7 @@ class Superblock:
     @property
     def writer(self) -> str | None:
         """Who the flags say has the file open for writing, or ``None``."""
-        if self.version < 3 or not self.flags & (WRITE_ACCESS | SWMR_WRITE):
+        if self.version < SWMR_SUPERBLOCK or not self.flags & (WRITE_ACCESS | SWMR_WRITE):
             return None
         return "a writer in SWMR mode" if self.flags & SWMR_WRITE else "a writer not in SWMR mode"
 
@@ -84,7 +104,8 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
     """``h5py.File`` open for reading, in SWMR mode where the file allows it, so that a live writer may go on.
 
     A file whose writer is not in SWMR mode cannot be read until that writer closes it (or enters SWMR mode):
-    that raises a :class:`~jaxstow.errors.FormatError` saying so.
+    that raises a :class:`~jaxstow.errors.FormatError` saying so, as does a file whose writer holds HDF5's lock on it
+    (one opened without ``libver="latest"``, which cannot enter SWMR mode).
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose=f"reading {name}")
@@ -92,10 +113,50 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
     if superblock.writer == "a writer not in SWMR mode":
         raise FormatError(
             "is open for writing by a writer not in SWMR mode (or one that was killed before entering it), so no "
-            "other process can read it yet; runs of jaxstow.io enter SWMR mode as soon as their chains are registered",
+            "other process can read it yet; jaxstow.io's writers enter SWMR mode as soon as they get the file",
             file=name,
         )
-    return h5py.File(name, "r", swmr=superblock.version >= 3)
+    try:
+        return h5py.File(name, "r", swmr=superblock.version >= SWMR_SUPERBLOCK)
+    except BlockingIOError:
+        raise FormatError(
+            'is locked by its writer: a file opened without libver="latest" cannot be read by another process '
+            'before its writer closes it; write it with h5py.File(path, "w", libver="latest") to read it while '
+            "it is written",
+            file=name,
+        ) from None
+
+
+def writes_live(file: Any, *, stacklevel: int = 2) -> bool:
+    """Whether the open ``h5py.File`` can be written in SWMR mode, so that other processes read it meanwhile.
+
+    That takes a file on disk, open for writing, created with ``libver="latest"``. A file on disk open for writing
+    without it gets a :class:`LiveReadWarning` that names the mode to open it with, attributed ``stacklevel`` frames
+    up (2: the caller).
+    """
+    if file.driver not in DISK_DRIVERS or file.mode != "r+":
+        return False
+    if file.id.get_create_plist().get_version()[0] >= SWMR_SUPERBLOCK:
+        return True
+    warnings.warn(
+        f'{file.filename} was opened without libver="latest", so no other process can read it before it is '
+        'closed (jaxstow watch, io.to_inference_data): open it with h5py.File(path, "w", libver="latest") to '
+        "read it while it is written. It is written, and checkpointed, all the same",
+        LiveReadWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return False
+
+
+def hold_metadata_in_memory(file: Any) -> None:
+    """Let HDF5 write the open ``h5py.File``'s metadata only when it is flushed, never on its own in between.
+
+    A writer that flushes only where the file is whole then leaves a whole file, however it is killed.
+    """
+    config = file.id.get_mdc_config()
+    config.incr_mode = config.decr_mode = config.flash_incr_mode = 0  # adaptive resizing off, as HDF5 requires
+    config.evictions_enabled = False
+    file.id.set_mdc_config(config)
 
 
 def clear_stale_writer(path: str | os.PathLike[str]) -> bool:
