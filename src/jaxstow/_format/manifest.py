@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError, NewerFormatError
+from jaxstow.errors import FormatError, NewerFormatError, excerpt
 
 __all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
 
@@ -60,21 +60,23 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     if not isinstance(manifest, dict):
         raise FormatError("the jaxstow manifest is not a JSON object", file=file)
     if manifest.get("format") != FORMAT_NAME:
-        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=file)
+        raise FormatError(f"the manifest's format is {excerpt(manifest.get('format'))}, not {FORMAT_NAME!r}", file=file)
     version = manifest.get("version")
     if type(version) is not int or version < 1:
-        raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
+        raise FormatError(f"malformed format version {excerpt(version)} (expected a positive integer)", file=file)
     if version > FORMAT_VERSION:
         raise NewerFormatError(
             f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
     part = manifest.get("part")
     if part is not None and not (type(part) is int and part >= 1):
-        raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
+        raise FormatError(f"malformed part number {excerpt(part)} (expected a positive integer)", file=file)
     if "structure" not in manifest and part is None:  # a part of a sharded tree holds only shards
         raise FormatError("the manifest has no structure", file=file)
     if not isinstance(manifest.get("metadata"), dict | None):
-        raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+        raise FormatError(
+            f"the manifest's metadata must be a JSON object, not {excerpt(manifest['metadata'])}", file=file
+        )
     if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
         return manifest
     leaves = manifest.get("leaves")
@@ -144,18 +146,18 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
             raise FormatError("a value entry has no value", file=file, path=path)
         return
     if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
-        raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
+        raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=file, path=path)
     if "dtype" in entry or "shape" in entry or kind == "sharded":
         dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
         if dtype is None:
-            raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
+            raise FormatError(f"unknown dtype {excerpt(entry.get('dtype'))}", file=file, path=path)
         shape = entry.get("shape")
         shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
-        raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
+        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
     if kind == "sharded":
         _check_shards(entry.get("shards"), file=file, path=path)
     if kind == "npscalar" and shape:
@@ -189,7 +191,7 @@ def _check_shards(shards: Any, *, file: str, path: str) -> None:
         if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
             checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
         ):
-            raise FormatError(f"malformed shard {shard!r}", file=file, path=path)
+            raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
 
 
 def tensor_names(manifest: dict[str, Any]) -> set[str]:
@@ -206,7 +208,7 @@ def tensor_names(manifest: dict[str, Any]) -> set[str]:
 def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
     key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
     if key_shape is None:
-        raise FormatError(f"unknown PRNG key implementation {impl!r}", file=file, path=path)
+        raise FormatError(f"unknown PRNG key implementation {excerpt(impl)}", file=file, path=path)
     if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
         raise FormatError(
             f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",

@@ -34,7 +34,7 @@ from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_table import slot_table
-from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
     "DATA_ALIGNMENT",
@@ -185,7 +185,7 @@ def _raw_header(source: ReadSource) -> bytes:
     (length,) = struct.unpack("<Q", source.read(0, 8))
     if size == 8 or source.read(8, 1) != b"{":
         start = source.read(0, min(size, 16))
-        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {start!r})", file=source.name)
+        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {excerpt(start)})", file=source.name)
     if length > MAX_HEADER_BYTES:
         raise CorruptFileError(
             f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
@@ -292,11 +292,11 @@ class NativeReader:
 
     def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
         if not isinstance(info, dict):
-            raise FormatError(f"malformed tensor entry {info!r}", file=self.file, path=name)
+            raise FormatError(f"malformed tensor entry {excerpt(info)}", file=self.file, path=name)
         code = info.get("dtype")
         dtype = dtype_from_code(code) if isinstance(code, str) else None
         if dtype is None:
-            raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
+            raise FormatError(f"unknown safetensors dtype {excerpt(info.get('dtype'))}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
         shape = checked_shape(shape, dtype, file=self.file, path=name)
         if (
@@ -306,7 +306,7 @@ class NativeReader:
             or type(offsets[1]) is not int
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise FormatError(f"malformed data_offsets {offsets!r}", file=self.file, path=name)
+            raise FormatError(f"malformed data_offsets {excerpt(offsets)}", file=self.file, path=name)
         begin, end = offsets
         expected = math.prod(shape) * dtype.itemsize
         if end - begin != expected:
