@@ -113,12 +113,12 @@ def test_a_version_1_header_loads_too():
     assert_same(jaxstow.load(io.BytesIO(file), as_numpy=True), expected(sharded=True))
 
 
-def test_the_files_written_now_are_version_3_and_smaller_per_leaf(tmp_path):
+def test_the_files_written_now_are_version_4_and_smaller_per_leaf(tmp_path):
     tree = {f"layer_{i:03d}": {"w": np.full((4, 4), i, np.float32), "b": np.zeros(4, np.float32)} for i in range(200)}
     jaxstow.save(tmp_path / "now.jxs", tree)
     _, text, _ = split_native((tmp_path / "now.jxs").read_bytes())
     assert text is not None
     manifest = json.loads(text)
-    assert manifest["version"] == 3
+    assert manifest["version"] == 4
     assert len(text) < 60 * 400  # about one path and one checksum per leaf, not an object per leaf
     assert_same(jaxstow.load(tmp_path / "now.jxs", as_numpy=True), tree)

@@ -54,10 +54,11 @@ _LETTER_CODES = np.frombuffer(CHECKSUMMED.encode("ascii"), np.uint8)
 
 
 def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a version 3 file holds it: its ``leaves`` entries turned into columns (any other manifest as
-    it is)."""
+    """The manifest as a file of version 3 or later holds it: its ``leaves`` entries turned into columns (any other
+    manifest as it is)."""
     leaves = manifest.get("leaves")
-    if manifest.get("version") != COLUMNAR_VERSION or not isinstance(leaves, list):
+    version = manifest.get("version")
+    if not (type(version) is int and version >= COLUMNAR_VERSION) or not isinstance(leaves, list):
         return manifest
     out = {key: value for key, value in manifest.items() if key != "leaves"}
     kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])

@@ -32,15 +32,32 @@ import jax
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
+from jaxstow._format.json_rules import json_problem
 from jaxstow._format.reading import TensorSlot
 from jaxstow.errors import FormatError, NewerFormatError, excerpt
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAX_NESTING",
+    "PLAIN_METADATA_VERSION",
+    "RESERVED_PREFIX",
+    "check_manifest",
+    "check_nesting",
+    "metadata_problem",
+    "plain_metadata",
+    "tensor_names",
+]
 
 FORMAT_NAME = "jaxstow"
 #: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
 #: 3: the leaves are columns (paths, kinds, checksums) with details only where a leaf needs them.
-FORMAT_VERSION = 3
+#: 4: a native file's ``__metadata__`` also holds the user's metadata whose values are strings, under their own keys.
+FORMAT_VERSION = 4
+#: The first version whose native header holds the user's string metadata beside the manifest.
+PLAIN_METADATA_VERSION = 4
+#: The user's metadata keys may not start with it: ``__metadata__`` holds jaxstow's own keys beside the user's.
+RESERVED_PREFIX = "jaxstow"
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
@@ -89,6 +106,49 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
     return manifest
+
+
+def metadata_problem(metadata: Any) -> str | None:
+    """What keeps ``metadata`` from being saved with a file, or ``None``: it must be a dict of strict JSON (see
+    :func:`~jaxstow._format.json_rules.json_problem`) whose keys do not start with :data:`RESERVED_PREFIX`.
+
+    >>> from jaxstow._format.manifest import metadata_problem
+    >>> metadata_problem({"epoch": 3, "run": "a"}) is None
+    True
+    >>> metadata_problem({"jaxstow_header_xxh3": "0"})
+    "key 'jaxstow_header_xxh3' starts with 'jaxstow', which the file's own keys use: rename it"
+    """
+    if not isinstance(metadata, dict):
+        return f"a dict, not {type(metadata).__name__}"
+    reserved = next((key for key in metadata if isinstance(key, str) and key.startswith(RESERVED_PREFIX)), None)
+    if reserved is not None:
+        return f"key {excerpt(reserved)} starts with {RESERVED_PREFIX!r}, which the file's own keys use: rename it"
+    return json_problem(metadata)
+
+
+def plain_metadata(metadata: Any) -> dict[str, str]:
+    """The entries of the user's ``metadata`` that a native header holds as plain ``__metadata__`` keys: those whose
+    value is a string (both valid Unicode, as safetensors' parser requires).
+
+    >>> from jaxstow._format.manifest import plain_metadata
+    >>> plain_metadata({"model": "mlp", "epoch": 3, "odd": "\\ud800".encode().decode("unicode_escape")})
+    {'model': 'mlp'}
+    """
+    if not isinstance(metadata, dict):
+        return {}
+    return {
+        key: value
+        for key, value in metadata.items()
+        if isinstance(key, str) and isinstance(value, str) and _unicode(key) and _unicode(value)
+    }
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:

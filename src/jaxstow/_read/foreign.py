@@ -163,7 +163,9 @@ def folder_problem(path: str) -> str:
     or orbax's."""
     kind = folder_kind(lambda name: _listing(path, name))
     if kind.name == "jaxstow-step":
-        return f"is a folder, step {os.path.basename(os.path.abspath(path))} of a checkpoint folder: {advice(kind, path)}"
+        return (
+            f"is a folder, step {os.path.basename(os.path.abspath(path))} of a checkpoint folder: {advice(kind, path)}"
+        )
     if kind.name == "jaxstow-folder":
         return f"is a checkpoint folder, not a file: {advice(kind, path)}"
     if kind.name == "unknown":

@@ -84,7 +84,10 @@ class OpenedFile(Mapping[str, Any]):
                 "restore it with the step's other files (jaxstow.CheckpointManager.restore)",
                 file=self.file,
             )
-        self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
+        #: The user's metadata: a jaxstow file's manifest holds it; a plain safetensors file's is its ``__metadata__``.
+        self.metadata: dict[str, Any] | None = (
+            manifest.get("metadata") if manifest else dict(self.container.metadata) or None
+        )
         self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
         if manifest is None:

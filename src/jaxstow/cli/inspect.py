@@ -96,7 +96,7 @@ def summary(container: Reader) -> dict[str, Any]:
         "structure": None if manifest is None else structure_root(manifest.get("structure")),
         "leaves": [_leaf_json(leaf) for leaf in leaves],
         "array_bytes": sum(leaf.nbytes for leaf in leaves),
-        "metadata": None if manifest is None else manifest.get("metadata"),
+        "metadata": container.metadata,
     }
 
 
