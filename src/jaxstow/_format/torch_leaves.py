@@ -34,6 +34,13 @@ def _torch() -> Any:
     return sys.modules.get("torch")
 
 
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # an import hook that refuses it
+        return False
+
+
 def is_tensor(leaf: object) -> bool:
     """Whether ``leaf`` is a ``torch.Tensor`` (always ``False`` when torch is not imported)."""
     torch = _torch()
@@ -55,7 +62,7 @@ def tensor_from_numpy(array: np.ndarray, *, file: str | None = None, path: str |
     """A tensor sharing ``array``'s memory."""
     torch = _torch()
     if torch is None:
-        if importlib.util.find_spec("torch") is None:
+        if not _installed("torch"):
             where = f"leaf {excerpt(path)}{f' of {file}' if file else ''}" if path is not None else file or "a leaf"
             require("torch", extra="torch", purpose=f"{where}, a torch.Tensor,")
         raise UnknownNameError("torch.Tensor", file=file, path=path, advice="import torch first")
