@@ -276,8 +276,8 @@ class NativeReader:
             self._check_plain_keys(self.manifest)
 
     def _check_plain_keys(self, manifest: Any) -> None:
-        """The keys beside jaxstow's own must be the user's string metadata, which only version 4 on writes (a newer
-        version is left to the manifest's check, which says it is newer)."""
+        """The keys beside jaxstow's own must be exactly the user's string metadata, which only version 4 on writes (a
+        newer version is left to the manifest's check, which says it is newer)."""
         plain = {key: value for key, value in self.metadata.items() if key not in (_MANIFEST_KEY, _HASH_KEY)}
         version = manifest.get("version") if isinstance(manifest, dict) else None
         if _at_least(version, FORMAT_VERSION + 1):
@@ -287,7 +287,7 @@ class NativeReader:
                 f"the header's metadata keys {excerpt(sorted(self.metadata))} are not jaxstow's: the header is corrupt",
                 file=self.file,
             )
-        if plain and plain != plain_metadata(manifest.get("metadata")):
+        if _at_least(version, PLAIN_METADATA_VERSION) and plain != plain_metadata(manifest.get("metadata")):
             raise CorruptFileError(
                 "the header's plain metadata keys differ from the manifest's string metadata: the header is corrupt",
                 file=self.file,
