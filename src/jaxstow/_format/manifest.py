@@ -131,7 +131,7 @@ def plain_metadata(metadata: Any) -> dict[str, str]:
     value is a string (both valid Unicode, as safetensors' parser requires).
 
     >>> from jaxstow._format.manifest import plain_metadata
-    >>> plain_metadata({"model": "mlp", "epoch": 3, "odd": "\\ud800".encode().decode("unicode_escape")})
+    >>> plain_metadata({"model": "mlp", "epoch": 3, "odd": chr(0xD800)})
     {'model': 'mlp'}
     """
     if not isinstance(metadata, dict):

@@ -215,16 +215,16 @@ def _raw_described(
     raw = {name: array for name, array in tensors if not stores_exactly(array.dtype)}
     if not raw:
         return manifest
-    described = {"dtype": lambda array: name_of_dtype(array.dtype), "shape": lambda array: list(array.shape)}
+    layouts = {name: {"dtype": name_of_dtype(array.dtype), "shape": list(array.shape)} for name, array in raw.items()}
     if isinstance(manifest.get("paths"), list):  # version 3 on: details by leaf index
         details = {key: dict(detail) for key, detail in manifest.get("details", {}).items()}
         for index, path in enumerate(manifest["paths"]):
-            if path in raw:
-                details.setdefault(str(index), {}).update({key: make(raw[path]) for key, make in described.items()})
+            if path in layouts:
+                details.setdefault(str(index), {}).update(layouts[path])
         return {**manifest, "details": details}
     leaves = [
-        {**entry, **{key: make(raw[entry["path"]]) for key, make in described.items()}}
-        if entry.get("path") in raw and entry.get("kind") != "sharded"
+        {**entry, **layouts[entry["path"]]}
+        if entry.get("path") in layouts and entry.get("kind") != "sharded"
         else entry
         for entry in manifest["leaves"]
     ]
