@@ -139,7 +139,7 @@ def test_a_version_3_file_keeps_its_header_and_a_plain_key_in_it_is_damage(tmp_p
     tensors, text, data = split_native(path.read_bytes())
     assert text is not None and json.loads(text)["version"] == 3
     forged = forge_native(tensors, text, data, plain={"note": "written by format version 3"})
-    with pytest.raises(CorruptFileError, match="metadata keys .* are not jaxstow's"):
+    with pytest.raises(CorruptFileError, match=r"metadata keys .* are not jaxstow's"):
         jaxstow.load(io.BytesIO(forged))
 
 
