@@ -22,14 +22,18 @@ _HASH_KEY = "jaxstow_header_xxh3"
 _TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 
 
-def forge_native(tensors: dict[str, Any], manifest_text: str | None, data: bytes = b"") -> bytes:
+def forge_native(
+    tensors: dict[str, Any], manifest_text: str | None, data: bytes = b"", *, plain: dict[str, str] | None = None
+) -> bytes:
     """A native file whose header holds ``tensors`` (safetensors entries) and ``manifest_text`` as given, checksummed.
 
     ``manifest_text`` need not be valid JSON; the header checksum is computed exactly as jaxstow computes it.
+    ``plain`` keys go into ``__metadata__`` between the manifest and the checksum, where format version 4 puts the
+    user's string metadata.
     """
     header: dict[str, Any] = dict(tensors)
     if manifest_text is not None:
-        header["__metadata__"] = {"jaxstow": manifest_text, _HASH_KEY: ZERO_CHECKSUM}
+        header["__metadata__"] = {"jaxstow": manifest_text, **(plain or {}), _HASH_KEY: ZERO_CHECKSUM}
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     if manifest_text is not None:
         text = text[:-_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()

@@ -15,6 +15,7 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager
+from jaxstow._format.manifest import FORMAT_VERSION
 from reliability.forge import forge_native, split_native
 
 #: No credentials from this machine's files or its cloud metadata service: only what a test gives.
@@ -78,11 +79,14 @@ def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None
     newer = tmp_path / "newer.jxs"
-    newer.write_bytes(forge_native(tensors, manifest.replace('"version":3', '"version":4'), data))
-    message = f"{newer}: cannot read: format 4 is newer than this jaxstow (3); upgrade jaxstow"
+    version = FORMAT_VERSION + 1
+    newer.write_bytes(
+        forge_native(tensors, manifest.replace(f'"version":{FORMAT_VERSION}', f'"version":{version}'), data)
+    )
+    message = f"{newer}: cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow"
     for command in ("verify", "inspect"):
         assert_one_line_error(jaxstow_command(command, newer), command, message)
-    with pytest.raises(jaxstow.errors.NewerFormatError, match="format 4 is newer than this jaxstow"):
+    with pytest.raises(jaxstow.errors.NewerFormatError, match=f"format {version} is newer than this jaxstow"):
         jaxstow.load(newer)
 
 

@@ -152,7 +152,7 @@ def test_the_native_file_is_a_valid_safetensors_file(tmp_path):
         assert jnp.array_equal(file.get_tensor("w"), jnp.arange(6.0).reshape(2, 3))
         assert file.get_tensor("bf").dtype == jnp.bfloat16
         manifest = json.loads(file.metadata()["jaxstow"])
-    assert manifest["format"] == "jaxstow" and manifest["version"] == 3
+    assert manifest["format"] == "jaxstow" and manifest["version"] == 4
     assert manifest["paths"] == ["bf", "i4", "w"] and manifest["kinds"] == "aaa"  # dtypes and shapes: the tensors'
     assert manifest["details"] == {"1": {"dtype": "int4", "shape": [3]}}  # but of a leaf stored as raw bytes
     assert _data_start(path) % 4096 == 0

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._write.encoded import encode_tree
 from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, JaxstowError, RefusedNameError
@@ -76,8 +77,8 @@ def test_every_flip_in_a_metadata_key_is_a_corrupt_file(tmp_path, key):
 def test_a_malformed_version_is_malformed_and_a_newer_one_newer(tmp_path):
     with pytest.raises(FormatError, match=r"malformed format version '1\.1'"):
         jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version="1.1")))
-    with pytest.raises(FormatError, match="format 4 is newer than this jaxstow"):
-        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=4)))
+    with pytest.raises(FormatError, match=f"format {FORMAT_VERSION + 1} is newer than this jaxstow"):
+        jaxstow.load(_forged(tmp_path, lambda manifest: manifest.update(version=FORMAT_VERSION + 1)))
 
 
 def test_a_version_1_file_that_describes_every_leaf_loads(tmp_path):

@@ -1,5 +1,7 @@
 """Files of every format version load: ``tests/data/format_v2.*`` were written by jaxstow with format version 2
-(a manifest entry per leaf), before version 3 made the manifest columnar; version 1 headers are built here from them.
+(a manifest entry per leaf), before version 3 made the manifest columnar; ``tests/data/format_v3.*`` with version 3,
+before version 4 copied the user's string metadata into the native header; version 1 headers are built here from the
+version 2 files.
 
 The tree below is the one those files hold; each file must load back to it exactly, through ``jaxstow.load``, a
 ``like`` target, ``select``, ``jaxstow.open`` and ``verify``, and a damaged byte must still be caught.
@@ -21,7 +23,8 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import CorruptFileError, FormatError
+from jaxstow._format.manifest import FORMAT_VERSION
+from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError
 from reliability.forge import forge_native, split_native
 
 DATA = Path(__file__).parent / "data"
@@ -62,8 +65,11 @@ def assert_same(found: Any, wanted: Any) -> None:
             assert a is b or (type(a) is type(b) and a == b), path
 
 
-@pytest.mark.parametrize("name", ["format_v2.jxs", "format_v2.npz"])
-def test_files_of_format_version_2_load_exactly(name):
+OLDER_FILES = ["format_v2.jxs", "format_v2.npz", "format_v3.jxs", "format_v3.npz"]
+
+
+@pytest.mark.parametrize("name", OLDER_FILES)
+def test_files_of_older_format_versions_load_exactly(name):
     path = DATA / name
     tree = expected(sharded=name.endswith(".jxs"))
     assert_same(jaxstow.load(path, as_numpy=True), tree)
@@ -78,8 +84,8 @@ def test_files_of_format_version_2_load_exactly(name):
         np.testing.assert_array_equal(reader.read("params/w", np.s_[1:, 2]), tree["params"]["w"][1:, 2])
 
 
-@pytest.mark.parametrize("name", ["format_v2.jxs", "format_v2.npz"])
-def test_a_flipped_data_byte_of_a_version_2_file_is_caught(tmp_path, name):
+@pytest.mark.parametrize("name", OLDER_FILES)
+def test_a_flipped_data_byte_of_an_older_file_is_caught(tmp_path, name):
     damaged = tmp_path / name
     shutil.copy(DATA / name, damaged)
     data = bytearray(damaged.read_bytes())
@@ -113,12 +119,35 @@ def test_a_version_1_header_loads_too():
     assert_same(jaxstow.load(io.BytesIO(file), as_numpy=True), expected(sharded=True))
 
 
-def test_the_files_written_now_are_version_3_and_smaller_per_leaf(tmp_path):
+def test_the_files_written_now_are_version_4_and_smaller_per_leaf(tmp_path):
     tree = {f"layer_{i:03d}": {"w": np.full((4, 4), i, np.float32), "b": np.zeros(4, np.float32)} for i in range(200)}
     jaxstow.save(tmp_path / "now.jxs", tree)
     _, text, _ = split_native((tmp_path / "now.jxs").read_bytes())
     assert text is not None
     manifest = json.loads(text)
-    assert manifest["version"] == 3
+    assert manifest["version"] == 4
     assert len(text) < 60 * 400  # about one path and one checksum per leaf, not an object per leaf
     assert_same(jaxstow.load(tmp_path / "now.jxs", as_numpy=True), tree)
+
+
+def test_a_version_3_file_keeps_its_header_and_a_plain_key_in_it_is_damage(tmp_path):
+    from safetensors import safe_open
+
+    path = DATA / "format_v3.jxs"
+    with safe_open(str(path), "np") as file:
+        assert set(file.metadata()) == {"jaxstow", "jaxstow_header_xxh3"}  # version 3 wrote no plain keys
+    tensors, text, data = split_native(path.read_bytes())
+    assert text is not None and json.loads(text)["version"] == 3
+    forged = forge_native(tensors, text, data, plain={"note": "written by format version 3"})
+    with pytest.raises(CorruptFileError, match=r"metadata keys .* are not jaxstow's"):
+        jaxstow.load(io.BytesIO(forged))
+
+
+def test_a_newer_version_with_keys_this_one_does_not_know_is_newer_not_corrupt():
+    tensors, text, data = split_native((DATA / "format_v3.jxs").read_bytes())
+    assert text is not None
+    manifest = json.loads(text)
+    manifest["version"] = FORMAT_VERSION + 1
+    forged = forge_native(tensors, json.dumps(manifest), data, plain={"jaxstow_future": "1", "epoch": "3"})
+    with pytest.raises(NewerFormatError, match=f"format {FORMAT_VERSION + 1} is newer than this jaxstow"):
+        jaxstow.load(io.BytesIO(forged))

@@ -156,6 +156,15 @@ def load_metadata(
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any] | None:
-    """The ``metadata`` dict saved with a file, read from its header alone (a URL as :func:`load` reads it)."""
+    """The ``metadata`` dict saved with a file, read from its header alone (a URL as :func:`load` reads it).
+
+    For a plain safetensors file, its own ``__metadata__`` (strings by string keys); ``None`` for a file without
+    metadata.
+
+    >>> import io, numpy as np, jaxstow
+    >>> from safetensors.numpy import save
+    >>> jaxstow.load_metadata(io.BytesIO(save({"x": np.ones(2)}, metadata={"source": "hub"})))
+    {'source': 'hub'}
+    """
     with open(path_or_file, storage_options=storage_options, transfer=transfer, cache_dir=cache_dir) as reader:
         return reader.metadata

@@ -14,6 +14,7 @@ cannot save leaf 'act' of never-written.jxs: <function <lambda> ...> is neither 
 from __future__ import annotations
 
 import io
+import reprlib
 import socket
 import types
 from collections.abc import Iterator, Sequence
@@ -21,6 +22,7 @@ from collections.abc import Iterator, Sequence
 __all__ = [
     "ArgumentError",
     "CheckpointError",
+    "ClosedError",
     "CollectorError",
     "CorruptFileError",
     "FormatError",
@@ -44,13 +46,37 @@ __all__ = [
     "UnknownNameError",
     "UnsaveableObjectError",
     "VariableMismatchError",
+    "excerpt",
 ]
+
+
+def excerpt(value: object, limit: int = 100) -> str:
+    """At most ``limit`` characters of ``value``'s repr, how an error quotes what it read from a file.
+
+    Containers are shown three levels and four items deep, long strings and numbers are cut in the middle, and
+    nothing recurses further than that, so a value nested thousands of levels deep (or huge) quotes in a line.
+
+    >>> from jaxstow.errors import excerpt
+    >>> deep = []
+    >>> for _ in range(5000):
+    ...     deep = [deep]
+    >>> excerpt(deep), excerpt({"a": 1, "b": [1, 2, 3, 4, 5, 6]}), excerpt("x" * 1000, limit=20)
+    ('[[[[...]]]]', "{'a': 1, 'b': [1, 2, 3, 4, ...]}", "'xxxxxxx...xxxxxxxx'")
+    """
+    shown = reprlib.Repr()
+    shown.maxlevel, shown.maxdict, shown.maxlist, shown.maxtuple, shown.maxset = 3, 4, 4, 4, 4
+    shown.maxstring = shown.maxlong = shown.maxother = limit
+    try:
+        text = shown.repr(value)
+    except Exception:  # a repr that fails (an integer of too many digits, an object's own __repr__)
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _where(file: str | None, path: str | None) -> str:
     parts = []
     if path is not None:
-        parts.append(f"leaf {path!r}" if path else "the root of the tree")
+        parts.append(f"leaf {excerpt(path, 200)}" if path else "the root of the tree")
     if file is not None:
         parts.append(f"{'of ' if parts else ''}{file}")
     return " ".join(parts)
@@ -132,6 +158,14 @@ class MissingDependencyError(JaxstowError, ImportError):
         return str(self.args[0])
 
 
+class ClosedError(JaxstowError, ValueError):
+    """A reader used after ``close()`` (or after its ``with`` block): the message names the file and says to open it
+    again. Also a ``ValueError``, as Python's own files raise for I/O on a closed file."""
+
+    def __init__(self, what: str, *, file: str) -> None:
+        super().__init__(f"{file}: {what} after the reader was closed; open the file again to read it", file=file)
+
+
 class CorruptFileError(FormatError):
     """A leaf's bytes do not match the checksum recorded when it was written."""
 
@@ -174,7 +208,7 @@ class UnknownNameError(JaxstowError, LookupError):
         where = _where(file, path)
         advice = advice or f"register it with jaxstow.saveable(obj, name={name!r}) before loading"
         super().__init__(
-            f"{where + ': ' if where else ''}the file names {name!r}, which is not registered in this process; {advice}",
+            f"{where + ': ' if where else ''}the file names {excerpt(name)}, which is not registered in this process; {advice}",
             file=file,
             path=path,
         )
@@ -191,7 +225,7 @@ class RefusedNameError(UnknownNameError):
         where = _where(file, path)
         JaxstowError.__init__(
             self,
-            f"{where + ': ' if where else ''}the file names {name!r}, which jaxstow's name policy refuses: {reason}",
+            f"{where + ': ' if where else ''}the file names {excerpt(name)}, which jaxstow's name policy refuses: {reason}",
             file=file,
             path=path,
         )

@@ -61,3 +61,35 @@ def test_features_of_extras_name_the_extra(tmp_path):
         jaxstow.io.HDF5Collector(None)
     url = jaxstow_command("inspect", "s3://bucket/model.jxs")
     assert url.returncode == 2 and "jaxstow[fsspec]" in url.stderr and "Traceback" not in url.stderr
+
+
+def test_every_face_names_its_own_extra(tmp_path):
+    import pickle
+    import zipfile
+
+    import numpy as np
+
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[equinox\]'"):
+        jaxstow.train.EquinoxOptaxModule  # noqa: B018
+    with pytest.raises(MissingDependencyError, match=r"jaxstow.io.blackjax.sample needs .* 'jaxstow\[blackjax\]'"):
+        jaxstow.io.blackjax.sample(tmp_path / "run.h5", None, None, None, num_samples=1)
+    with pytest.raises(MissingDependencyError, match=r"jaxstow.io.numpyro.run needs .* 'jaxstow\[numpyro\]'"):
+        jaxstow.io.numpyro.run(None, tmp_path / "run.h5", None)
+    with zipfile.ZipFile(tmp_path / "model.pt", "w") as archive:  # torch.save's layout, made without torch
+        archive.writestr("model/data.pkl", pickle.dumps({}))
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[torch\]'"):
+        jaxstow.load(tmp_path / "model.pt", from_format="torch")
+    (tmp_path / "params.msgpack").write_bytes(b"\x81\xa1w\x01")  # flax.serialization.to_bytes({"w": 1})
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[flax\]'"):
+        jaxstow.load(tmp_path / "params.msgpack", from_format="flax")
+    (tmp_path / "orbax").mkdir()
+    (tmp_path / "orbax" / "_METADATA").write_text("{}")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[orbax\]'"):
+        jaxstow.load(tmp_path / "orbax", from_format="orbax")
+    with open(tmp_path / "model.eqx", "wb") as stream:  # equinox.tree_serialise_leaves of two arrays
+        np.save(stream, np.ones(2))
+        np.save(stream, np.zeros(3))
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[equinox\]'"):
+        jaxstow.load(tmp_path / "model.eqx", like=(jnp.ones(2), jnp.zeros(3)), from_format="equinox")
+    convert = jaxstow_command("convert", str(tmp_path / "model.pt"), str(tmp_path / "model.jxs"))
+    assert convert.returncode == 2 and "jaxstow[torch]" in convert.stderr and "Traceback" not in convert.stderr

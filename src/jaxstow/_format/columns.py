@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxstow._format.manifest import _check_entry
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "columnar"]
 
@@ -54,10 +54,11 @@ _LETTER_CODES = np.frombuffer(CHECKSUMMED.encode("ascii"), np.uint8)
 
 
 def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a version 3 file holds it: its ``leaves`` entries turned into columns (any other manifest as
-    it is)."""
+    """The manifest as a file of version 3 or later holds it: its ``leaves`` entries turned into columns (any other
+    manifest as it is)."""
     leaves = manifest.get("leaves")
-    if manifest.get("version") != COLUMNAR_VERSION or not isinstance(leaves, list):
+    version = manifest.get("version")
+    if not (type(version) is int and version >= COLUMNAR_VERSION) or not isinstance(leaves, list):
         return manifest
     out = {key: value for key, value in manifest.items() if key != "leaves"}
     kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])
@@ -108,9 +109,9 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
     if not (isinstance(paths, list) and set(map(type, paths)) <= {str}):
         raise FormatError("the manifest's paths must be a list of strings", file=file)
     if not (isinstance(kinds, str) and len(kinds) == len(paths) and set(kinds) <= set(KIND_NAMES)):
-        shown = kinds if not isinstance(kinds, str) or len(kinds) <= 40 else kinds[:40] + "..."
         raise FormatError(
-            f"the manifest's kinds must be a string of one letter per leaf from 'anktsv', not {shown!r}", file=file
+            f"the manifest's kinds must be a string of one letter per leaf from 'anktsv', not {excerpt(kinds, 45)}",
+            file=file,
         )
     stored = sum(kinds.count(letter) for letter in CHECKSUMMED)
     if not (
@@ -135,7 +136,7 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         index = int(key) if _INDEX.fullmatch(key) else len(paths)
         if index >= len(paths) or not isinstance(detail, dict):
             raise FormatError(
-                f"malformed detail {key!r} of the manifest (expected a leaf index and an object)", file=file
+                f"malformed detail {excerpt(key)} of the manifest (expected a leaf index and an object)", file=file
             )
         entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
         if kinds[index] in CHECKSUMMED:

@@ -49,6 +49,8 @@ class Container(Protocol):
 
     file: str
     manifest: dict[str, Any] | None
+    #: A native file's ``__metadata__`` (an npz has none).
+    metadata: dict[str, str]
     #: The leaves of a version 3 manifest, set when the manifest is checked.
     columns: LeafColumns | None
 

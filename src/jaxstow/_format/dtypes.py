@@ -17,7 +17,7 @@ from typing import TypeGuard
 import ml_dtypes
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, excerpt
 
 __all__ = [
     "MAX_ARRAY_BYTES",
@@ -132,7 +132,9 @@ def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> li
     jaxstow.errors.FormatError: leaf 'w' of f.jxs: shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it
     """
     if not is_shape(value):
-        raise FormatError(f"a shape must be a list of non-negative integers, not {value!r}", file=file, path=path)
+        raise FormatError(
+            f"a shape must be a list of non-negative integers, not {excerpt(value)}", file=file, path=path
+        )
     if len(value) > MAX_AXES:
         raise FormatError(
             f"a shape of {len(value)} axes has more than the {MAX_AXES} an array can have", file=file, path=path

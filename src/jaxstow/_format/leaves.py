@@ -27,7 +27,7 @@ from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.reading import TensorSlot
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
-from jaxstow.errors import FormatError, UnsaveableObjectError
+from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 
 __all__ = [
     "EncodedLeaf",
@@ -189,7 +189,7 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
         dtype, dims = raw_leaf_layout(entry, slot, file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not isinstance(checksum, str):
-        raise FormatError(f"malformed checksum {checksum!r}", file=file, path=path)
+        raise FormatError(f"malformed checksum {excerpt(checksum)}", file=file, path=path)
     impl = entry.get("impl")
     if entry["kind"] == "key" and not isinstance(impl, str):
         raise FormatError("a PRNG key entry needs its implementation name", file=file, path=path)
@@ -203,7 +203,7 @@ def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dt
     path, name, shape = entry["path"], entry.get("dtype"), entry.get("shape")
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
-        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+        raise FormatError(f"unknown dtype {excerpt(name)}", file=file, path=path)
     shape = checked_shape(shape, dtype, file=file, path=path)
     if not (slot.dtype == np.uint8 and slot.shape == (math.prod(shape) * dtype.itemsize,)):
         raise FormatError(

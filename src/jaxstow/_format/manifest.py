@@ -32,15 +32,32 @@ import jax
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
+from jaxstow._format.json_rules import json_problem
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError, NewerFormatError
+from jaxstow.errors import FormatError, NewerFormatError, excerpt
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "MAX_NESTING", "check_manifest", "check_nesting", "tensor_names"]
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "MAX_NESTING",
+    "PLAIN_METADATA_VERSION",
+    "RESERVED_PREFIX",
+    "check_manifest",
+    "check_nesting",
+    "metadata_problem",
+    "plain_metadata",
+    "tensor_names",
+]
 
 FORMAT_NAME = "jaxstow"
 #: 2: a stored leaf's entry omits the dtype and shape its tensor holds exactly (version 1 always gave them).
 #: 3: the leaves are columns (paths, kinds, checksums) with details only where a leaf needs them.
-FORMAT_VERSION = 3
+#: 4: a native file's ``__metadata__`` also holds the user's metadata whose values are strings, under their own keys.
+FORMAT_VERSION = 4
+#: The first version whose native header holds the user's string metadata beside the manifest.
+PLAIN_METADATA_VERSION = 4
+#: The user's metadata keys may not start with it: ``__metadata__`` holds jaxstow's own keys beside the user's.
+RESERVED_PREFIX = "jaxstow"
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
@@ -60,21 +77,23 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     if not isinstance(manifest, dict):
         raise FormatError("the jaxstow manifest is not a JSON object", file=file)
     if manifest.get("format") != FORMAT_NAME:
-        raise FormatError(f"the manifest's format is {manifest.get('format')!r}, not {FORMAT_NAME!r}", file=file)
+        raise FormatError(f"the manifest's format is {excerpt(manifest.get('format'))}, not {FORMAT_NAME!r}", file=file)
     version = manifest.get("version")
     if type(version) is not int or version < 1:
-        raise FormatError(f"malformed format version {version!r} (expected a positive integer)", file=file)
+        raise FormatError(f"malformed format version {excerpt(version)} (expected a positive integer)", file=file)
     if version > FORMAT_VERSION:
         raise NewerFormatError(
             f"cannot read: format {version} is newer than this jaxstow ({FORMAT_VERSION}); upgrade jaxstow", file=file
         )
     part = manifest.get("part")
     if part is not None and not (type(part) is int and part >= 1):
-        raise FormatError(f"malformed part number {part!r} (expected a positive integer)", file=file)
+        raise FormatError(f"malformed part number {excerpt(part)} (expected a positive integer)", file=file)
     if "structure" not in manifest and part is None:  # a part of a sharded tree holds only shards
         raise FormatError("the manifest has no structure", file=file)
     if not isinstance(manifest.get("metadata"), dict | None):
-        raise FormatError(f"the manifest's metadata must be a JSON object, not {manifest['metadata']!r}", file=file)
+        raise FormatError(
+            f"the manifest's metadata must be a JSON object, not {excerpt(manifest['metadata'])}", file=file
+        )
     if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
         return manifest
     leaves = manifest.get("leaves")
@@ -87,6 +106,49 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
     return manifest
+
+
+def metadata_problem(metadata: Any) -> str | None:
+    """What keeps ``metadata`` from being saved with a file, or ``None``: it must be a dict of strict JSON (see
+    :func:`~jaxstow._format.json_rules.json_problem`) whose keys do not start with :data:`RESERVED_PREFIX`.
+
+    >>> from jaxstow._format.manifest import metadata_problem
+    >>> metadata_problem({"epoch": 3, "run": "a"}) is None
+    True
+    >>> metadata_problem({"jaxstow_header_xxh3": "0"})
+    "key 'jaxstow_header_xxh3' starts with 'jaxstow', which the file's own keys use: rename it"
+    """
+    if not isinstance(metadata, dict):
+        return f"a dict, not {type(metadata).__name__}"
+    reserved = next((key for key in metadata if isinstance(key, str) and key.startswith(RESERVED_PREFIX)), None)
+    if reserved is not None:
+        return f"key {excerpt(reserved)} starts with {RESERVED_PREFIX!r}, which the file's own keys use: rename it"
+    return json_problem(metadata)
+
+
+def plain_metadata(metadata: Any) -> dict[str, str]:
+    """The entries of the user's ``metadata`` that a native header holds as plain ``__metadata__`` keys: those whose
+    value is a string (both valid Unicode, as safetensors' parser requires).
+
+    >>> from jaxstow._format.manifest import plain_metadata
+    >>> plain_metadata({"model": "mlp", "epoch": 3, "odd": chr(0xD800)})
+    {'model': 'mlp'}
+    """
+    if not isinstance(metadata, dict):
+        return {}
+    return {
+        key: value
+        for key, value in metadata.items()
+        if isinstance(key, str) and isinstance(value, str) and _unicode(key) and _unicode(value)
+    }
+
+
+def _unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
@@ -144,18 +206,18 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
             raise FormatError("a value entry has no value", file=file, path=path)
         return
     if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
-        raise FormatError(f"unknown leaf kind {kind!r}", file=file, path=path)
+        raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=file, path=path)
     if "dtype" in entry or "shape" in entry or kind == "sharded":
         dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
         if dtype is None:
-            raise FormatError(f"unknown dtype {entry.get('dtype')!r}", file=file, path=path)
+            raise FormatError(f"unknown dtype {excerpt(entry.get('dtype'))}", file=file, path=path)
         shape = entry.get("shape")
         shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
     checksum = entry.get("xxh3")
     if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
-        raise FormatError(f"malformed checksum {checksum!r} (expected 16 hex digits)", file=file, path=path)
+        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
     if kind == "sharded":
         _check_shards(entry.get("shards"), file=file, path=path)
     if kind == "npscalar" and shape:
@@ -189,7 +251,7 @@ def _check_shards(shards: Any, *, file: str, path: str) -> None:
         if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
             checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
         ):
-            raise FormatError(f"malformed shard {shard!r}", file=file, path=path)
+            raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
 
 
 def tensor_names(manifest: dict[str, Any]) -> set[str]:
@@ -206,7 +268,7 @@ def tensor_names(manifest: dict[str, Any]) -> set[str]:
 def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
     key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
     if key_shape is None:
-        raise FormatError(f"unknown PRNG key implementation {impl!r}", file=file, path=path)
+        raise FormatError(f"unknown PRNG key implementation {excerpt(impl)}", file=file, path=path)
     if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
         raise FormatError(
             f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",

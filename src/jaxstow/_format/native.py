@@ -2,8 +2,10 @@
 
 Layout: an 8-byte little-endian header length, a JSON header padded with spaces so that the data region starts on a
 4096-byte boundary, then the data region with no holes. Tensors are ordered by item size, largest first, so each is
-naturally aligned. ``__metadata__`` is written last in the header and ends with ``jaxstow_header_xxh3``, the
-checksum of the header text with that value zeroed, so that a flipped byte in the header is caught too.
+naturally aligned. ``__metadata__`` is written last in the header: ``jaxstow`` (the manifest), then the user's
+metadata whose values are strings under their own keys (format version 4 on; safetensors' own tools show them), and
+last ``jaxstow_header_xxh3``, the checksum of the header text with that value zeroed, so that a flipped byte in the
+header is caught too. A plain safetensors file's ``__metadata__`` is read as it is (:attr:`NativeReader.metadata`).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.native import NativeReader, write_native
@@ -30,11 +32,11 @@ from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.dtypes import checked_shape, dtype_from_code, safetensors_code
 from jaxstow._format.json_text import dump_json, parse_json
-from jaxstow._format.manifest import check_nesting
+from jaxstow._format.manifest import FORMAT_VERSION, PLAIN_METADATA_VERSION, check_nesting, plain_metadata
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_table import slot_table
-from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
     "DATA_ALIGNMENT",
@@ -48,6 +50,7 @@ __all__ = [
 
 DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+_MANIFEST_KEY = "jaxstow"
 _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
 _JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
@@ -149,15 +152,20 @@ def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
     :func:`_tensor_entries`) and ``manifest``."""
     header = entries
     if manifest is not None:
-        header = {
-            **entries,
-            "__metadata__": {"jaxstow": dump_json(columnar(manifest)).decode("utf-8"), _HASH_KEY: ZERO_CHECKSUM},
-        }
+        version = manifest.get("version")
+        plain = plain_metadata(manifest.get("metadata")) if _at_least(version, PLAIN_METADATA_VERSION) else {}
+        metadata = {_MANIFEST_KEY: dump_json(columnar(manifest)).decode("utf-8"), **plain, _HASH_KEY: ZERO_CHECKSUM}
+        header = {**entries, "__metadata__": metadata}
     text = dump_json(header)
     if manifest is not None:
         text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
     padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
     return struct.pack("<Q", padded) + text.ljust(padded, b" ")
+
+
+def _at_least(version: Any, least: int) -> bool:
+    """Whether a manifest's ``version`` (anything, in a file not checked yet) is an integer of at least ``least``."""
+    return type(version) is int and version >= least
 
 
 class _Codes:
@@ -185,7 +193,7 @@ def _raw_header(source: ReadSource) -> bytes:
     (length,) = struct.unpack("<Q", source.read(0, 8))
     if size == 8 or source.read(8, 1) != b"{":
         start = source.read(0, min(size, 16))
-        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {start!r})", file=source.name)
+        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {excerpt(start)})", file=source.name)
     if length > MAX_HEADER_BYTES:
         raise CorruptFileError(
             f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
@@ -250,7 +258,9 @@ class NativeReader:
 
     A header that shows any sign of having been written by jaxstow (its manifest key, its checksum key or the
     manifest's format name) must pass the header checksum, so a damaged key never turns a jaxstow file into a plain
-    safetensors file: any damage is a :class:`CorruptFileError`.
+    safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
+    (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
+    must be its string values.
     """
 
     def __init__(self, source: ReadSource) -> None:
@@ -261,8 +271,27 @@ class NativeReader:
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
         self.columns: LeafColumns | None = None
-        if "jaxstow" in self.metadata:
-            self.manifest = parse_json(self.metadata["jaxstow"], what="the jaxstow manifest", file=self.file)
+        if _MANIFEST_KEY in self.metadata:
+            self.manifest = parse_json(self.metadata[_MANIFEST_KEY], what="the jaxstow manifest", file=self.file)
+            self._check_plain_keys(self.manifest)
+
+    def _check_plain_keys(self, manifest: Any) -> None:
+        """The keys beside jaxstow's own must be exactly the user's string metadata, which only version 4 on writes (a
+        newer version is left to the manifest's check, which says it is newer)."""
+        plain = {key: value for key, value in self.metadata.items() if key not in (_MANIFEST_KEY, _HASH_KEY)}
+        version = manifest.get("version") if isinstance(manifest, dict) else None
+        if _at_least(version, FORMAT_VERSION + 1):
+            return
+        if plain and not _at_least(version, PLAIN_METADATA_VERSION):
+            raise CorruptFileError(
+                f"the header's metadata keys {excerpt(sorted(self.metadata))} are not jaxstow's: the header is corrupt",
+                file=self.file,
+            )
+        if _at_least(version, PLAIN_METADATA_VERSION) and plain != plain_metadata(manifest.get("metadata")):
+            raise CorruptFileError(
+                "the header's plain metadata keys differ from the manifest's string metadata: the header is corrupt",
+                file=self.file,
+            )
 
     def _read_header(self) -> _Header:
         raw = _raw_header(self.source)
@@ -277,9 +306,9 @@ class NativeReader:
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise FormatError("__metadata__ must map strings to strings", file=self.file)
-        if claimed and set(metadata) != {"jaxstow", _HASH_KEY}:
+        if claimed and not {_MANIFEST_KEY, _HASH_KEY} <= set(metadata):
             raise CorruptFileError(
-                f"the header's metadata keys {sorted(metadata)} are not jaxstow's: the header is corrupt",
+                f"the header's metadata keys {excerpt(sorted(metadata))} lack jaxstow's: the header is corrupt",
                 file=self.file,
             )
         data_start = 8 + length
@@ -292,11 +321,11 @@ class NativeReader:
 
     def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
         if not isinstance(info, dict):
-            raise FormatError(f"malformed tensor entry {info!r}", file=self.file, path=name)
+            raise FormatError(f"malformed tensor entry {excerpt(info)}", file=self.file, path=name)
         code = info.get("dtype")
         dtype = dtype_from_code(code) if isinstance(code, str) else None
         if dtype is None:
-            raise FormatError(f"unknown safetensors dtype {info.get('dtype')!r}", file=self.file, path=name)
+            raise FormatError(f"unknown safetensors dtype {excerpt(info.get('dtype'))}", file=self.file, path=name)
         shape, offsets = info.get("shape"), info.get("data_offsets")
         shape = checked_shape(shape, dtype, file=self.file, path=name)
         if (
@@ -306,7 +335,7 @@ class NativeReader:
             or type(offsets[1]) is not int
             or not 0 <= offsets[0] <= offsets[1]
         ):
-            raise FormatError(f"malformed data_offsets {offsets!r}", file=self.file, path=name)
+            raise FormatError(f"malformed data_offsets {excerpt(offsets)}", file=self.file, path=name)
         begin, end = offsets
         expected = math.prod(shape) * dtype.itemsize
         if end - begin != expected:

@@ -31,7 +31,7 @@ from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify
 from jaxstow._format.source import ReadSource, SourceFile
-from jaxstow.errors import CorruptFileError, FormatError, JaxstowError
+from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, excerpt
 
 __all__ = ["MANIFEST_MEMBER", "NpzReader", "stores_exactly", "write_npz"]
 
@@ -176,7 +176,7 @@ class NpzReader:
         members: dict[str, zipfile.ZipInfo] = {}
         for info in infos:
             if not info.filename.endswith(".npy"):
-                raise FormatError(f"the member {info.filename!r} is not an .npy array", file=self.file)
+                raise FormatError(f"the member {excerpt(info.filename)} is not an .npy array", file=self.file)
             name = info.filename[: -len(".npy")]
             if name in members:
                 raise CorruptFileError("the archive holds this member twice", file=self.file, path=name)

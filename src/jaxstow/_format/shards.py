@@ -19,7 +19,7 @@ import numpy as np
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
 from jaxstow._format.reading import TensorSlot
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, excerpt
 
 __all__ = [
     "AXIS_TYPES",
@@ -87,13 +87,13 @@ def sharded_leaf_from_entry(entry: Entry, slots: Mapping[str, TensorSlot], *, so
     name, shape, shards = entry.get("dtype"), entry.get("shape"), entry.get("shards")
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
-        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+        raise FormatError(f"unknown dtype {excerpt(name)}", file=file, path=path)
     shape = checked_shape(shape, dtype, file=file, path=path)
     if not isinstance(shards, list):
         raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
     sharding = entry.get("sharding")
     if sharding is not None and not _is_sharding_description(sharding, len(shape)):
-        raise FormatError(f"malformed sharding {sharding!r}", file=file, path=path)
+        raise FormatError(f"malformed sharding {excerpt(sharding)}", file=file, path=path)
     stored = tuple(_shard(shard, path, dtype, tuple(shape), slots, source=source, file=file) for shard in shards)
     return ShardedLeaf(path, "sharded", dtype, tuple(shape), None, None, stored, sharding)
 
@@ -109,20 +109,20 @@ def _shard(
     file: str,
 ) -> StoredShard:
     if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str) and isinstance(shard.get("box"), list)):
-        raise FormatError(f"malformed shard {shard!r}", file=file, path=path)
+        raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
     box = shard["box"]
     valid = len(box) == len(shape) and all(
         isinstance(axis, list) and len(axis) == 2 and set(map(type, axis)) == {int} and 0 <= axis[0] < axis[1] <= size
         for axis, size in zip(box, shape, strict=False)
     )
     if not valid:
-        raise FormatError(f"shard box {box!r} does not lie within the shape {list(shape)}", file=file, path=path)
+        raise FormatError(f"shard box {excerpt(box)} does not lie within the shape {list(shape)}", file=file, path=path)
     tensor, checksum = shard["tensor"], shard.get("xxh3")
     slot = slots.get(tensor)
     if slot is None:
-        raise FormatError(f"the file holds no tensor {tensor!r} for this shard", file=file, path=path)
+        raise FormatError(f"the file holds no tensor {excerpt(tensor)} for this shard", file=file, path=path)
     if checksum is not None and not isinstance(checksum, str):
-        raise FormatError(f"malformed checksum {checksum!r}", file=file, path=path)
+        raise FormatError(f"malformed checksum {excerpt(checksum)}", file=file, path=path)
     extent = [stop - start for start, stop in box]
     if not (slot.dtype == dtype and list(slot.shape) == extent):
         raw_leaf_layout({"path": path, "dtype": name_of_dtype(dtype), "shape": extent}, slot, file=file)

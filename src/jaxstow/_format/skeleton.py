@@ -36,7 +36,7 @@ from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
-from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError
+from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
 __all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
@@ -112,19 +112,19 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
 def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:
     """An instance of the class ``name`` (saved by its attributes), made without calling ``__init__``."""
     if not isinstance(name, str):
-        raise FormatError(f"unreadable class name {_short(name)} in the structure", file=file, path=path)
+        raise FormatError(f"unreadable class name {excerpt(name)} in the structure", file=file, path=path)
     cls = registry.lookup(name, file=file, path=path)
     if not isinstance(cls, type) or registry.attribute_class_name(cls) != name:
         raise FormatError(
-            f"{name!r} names no class whose instances are saved by their attributes", file=file, path=path
+            f"{excerpt(name)} names no class whose instances are saved by their attributes", file=file, path=path
         )
     obj: object = cls.__new__(cls)  # type: ignore[call-overload]
     for pair in attrs:
         if not (isinstance(pair, list) and len(pair) == 2):
-            raise FormatError(f"unreadable value {_short(pair)} in the structure", file=file, path=path)
+            raise FormatError(f"unreadable value {excerpt(pair)} in the structure", file=file, path=path)
         key, value = pair
         if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
-            raise FormatError(f"{key!r} cannot be an attribute of a {name} instance", file=file, path=path)
+            raise FormatError(f"{excerpt(key)} cannot be an attribute of a {name} instance", file=file, path=path)
         object.__setattr__(obj, key, _decode_checked(value, path=join(path, key), file=file, depth=depth + 3))
     return obj
 
@@ -149,7 +149,9 @@ def _decode_checked(data: JSON, *, path: str, file: str | None, depth: int) -> A
     except JaxstowError:
         raise
     except _DECODE_ERRORS as error:
-        raise FormatError(f"unreadable value {_short(data)} in the structure ({error})", file=file, path=path) from None
+        raise FormatError(
+            f"unreadable value {excerpt(data)} in the structure ({error})", file=file, path=path
+        ) from None
 
 
 def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
@@ -187,7 +189,7 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return partials.decode(data, fields, file=file, path=path)
         if tag == "object":
             return static_objects.decode(data, fields, file=file, path=path)
-    raise FormatError(f"unreadable value {_short(data)} in the structure", file=file, path=path)
+    raise FormatError(f"unreadable value {excerpt(data)} in the structure", file=file, path=path)
 
 
 def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, depth: int) -> Any:
@@ -211,13 +213,13 @@ def _parse_float(text: str, *, path: str, file: str | None) -> float:
     try:
         return float(text)
     except (TypeError, ValueError):
-        raise FormatError(f"{text!r} is not a float", file=file, path=path) from None
+        raise FormatError(f"{excerpt(text)} is not a float", file=file, path=path) from None
 
 
 def _parse_dtype(name: str, *, path: str, file: str | None) -> np.dtype:
     dtype = dtype_from_name(name) if isinstance(name, str) else None
     if dtype is None:
-        raise FormatError(f"unknown dtype {name!r}", file=file, path=path)
+        raise FormatError(f"unknown dtype {excerpt(name)}", file=file, path=path)
     return dtype
 
 
@@ -302,11 +304,6 @@ def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> 
 _PLACEHOLDER = object()
 
 
-def _short(data: JSON) -> str:
-    text = repr(data)
-    return text if len(text) <= 200 else text[:200] + "..."
-
-
 def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
     if depth > MAX_NESTING:
         raise FormatError(f"the structure nests deeper than {MAX_NESTING} JSON levels", file=file, path=path)
@@ -331,9 +328,11 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
     if isinstance(data, dict) and isinstance(data.get("node"), str) and isinstance(data.get("children"), list):
         node_type_obj = registry.lookup(data["node"], node_type=True, file=file, path=path)
         if not isinstance(node_type_obj, type):
-            raise FormatError(f"{data['node']!r} names {node_type_obj!r}, not a pytree node type", file=file, path=path)
+            raise FormatError(
+                f"{excerpt(data['node'])} names {node_type_obj!r}, not a pytree node type", file=file, path=path
+            )
         return _decode_node(node_type_obj, data, path=path, file=file, depth=depth)
-    raise FormatError(f"unreadable structure node {_short(data)}", file=file, path=path)
+    raise FormatError(f"unreadable structure node {excerpt(data)}", file=file, path=path)
 
 
 def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:

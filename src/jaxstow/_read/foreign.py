@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -41,14 +42,20 @@ from jaxstow._storage.opening import open_source
 from jaxstow._storage.paths import display_name, local_path
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
 
 __all__ = ["DESCRIBED", "FROM_FORMATS", "advice", "folder_problem", "pointed", "read_foreign", "recognise"]
 
 #: What ``from_format=`` takes.
 FROM_FORMATS = ("torch", "flax", "orbax", "equinox")
-#: Each foreign kind in a few words, its label among them.
+#: Each kind in a few words, its label among them.
 DESCRIBED = {
+    "jaxstow": "a jaxstow file",
+    "jaxstow-npz": "a jaxstow npz file",
+    "safetensors": "a plain safetensors file",
+    "npz": "an npz file from numpy",
+    "jaxstow-step": "a step of a jaxstow checkpoint folder",
+    "jaxstow-folder": "a jaxstow checkpoint folder",
     "torch-zip": "a PyTorch zip file (torch.save)",
     "torch-legacy": "a PyTorch legacy file (torch.save before PyTorch 1.6)",
     "pickle": "a pickle file",
@@ -58,6 +65,13 @@ DESCRIBED = {
     "orbax": "an orbax checkpoint folder",
     "orbax-step": "an orbax manager step (a step of orbax's CheckpointManager)",
     "orbax-manager": "an orbax manager folder (orbax's CheckpointManager)",
+}
+#: What each ``from_format`` reads, and the kinds it takes (``unknown``: a damaged file, which the reader names).
+_TAKES = {
+    "torch": ("a PyTorch file (torch.save)", {"torch-zip", "torch-legacy", "unknown"}),
+    "flax": ("a flax msgpack file", {"flax", "unknown"}),
+    "orbax": ("an orbax checkpoint folder", {"orbax", "orbax-step", "orbax-manager", "unknown"}),
+    "equinox": ("an equinox tree_serialise_leaves stream", {"equinox", "npy", "unknown"}),
 }
 _READS = {
     "torch": "reads its tensors with torch.load(weights_only=True), never unpickling other objects",
@@ -70,6 +84,13 @@ def advice(kind: Kind, target: str | None) -> str:
     """The exact call or command that reads a file or folder of ``kind`` at the path ``target`` (``None``: a file
     object, which the call names ``file``)."""
     shown = "file" if target is None else repr(target)
+    if not kind.foreign:
+        return f"jaxstow.load({shown}) reads it, without from_format"
+    if kind.name == "jaxstow-step":
+        parent, step = os.path.split(os.path.abspath(str(target)))
+        return f"load one of its files, or restore the step with jaxstow.CheckpointManager({parent!r}).restore({step})"
+    if kind.name == "jaxstow-folder":
+        return f"restore it with jaxstow.CheckpointManager({shown}).restore()"
     if kind.name == "orbax-manager":
         return (
             f"`jaxstow convert {target} {target}-jaxstow` converts every step into a jaxstow checkpoint folder, with "
@@ -142,13 +163,11 @@ def folder_problem(path: str) -> str:
     or orbax's."""
     kind = folder_kind(lambda name: _listing(path, name))
     if kind.name == "jaxstow-step":
-        parent, step = os.path.split(os.path.abspath(path))
         return (
-            f"is a folder, step {step} of a checkpoint folder: load one of its files, or restore the step with "
-            f"jaxstow.CheckpointManager({parent!r}).restore({step})"
+            f"is a folder, step {os.path.basename(os.path.abspath(path))} of a checkpoint folder: {advice(kind, path)}"
         )
     if kind.name == "jaxstow-folder":
-        return f"is a checkpoint folder, not a file: restore it with jaxstow.CheckpointManager({path!r}).restore()"
+        return f"is a checkpoint folder, not a file: {advice(kind, path)}"
     if kind.name == "unknown":
         return "is a folder, not a file"
     return f"is {DESCRIBED[kind.name]}, not a file: {advice(kind, path)}"
@@ -164,10 +183,14 @@ def read_foreign(
     """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
     ``"equinox"`` the tree of ``like`` with the stream's arrays (``storage_options`` go to fsspec for a URL)."""
     if from_format not in FROM_FORMATS:
-        raise ArgumentError(f"from_format must be one of {FROM_FORMATS}, not {from_format!r}")
+        raise ArgumentError(f"from_format must be one of {FROM_FORMATS}, not {excerpt(from_format)}")
     name = display_name(target)
     if from_format == "orbax":
+        if not isinstance(target, str | os.PathLike):
+            raise ArgumentError("an orbax checkpoint is a folder: give its path, not a file object")
+        _check_kind(target, from_format, name)
         return _read_orbax(target, name)
+    _check_kind(target, from_format, name)
     if from_format == "equinox":
         if like is None:
             raise ArgumentError(
@@ -180,6 +203,25 @@ def read_foreign(
         return _read_torch(file, name) if from_format == "torch" else _read_flax(file.read(), name)
 
 
+def _check_kind(target: str | os.PathLike[str] | BinaryIO, from_format: str, name: str) -> None:
+    """Refuse a file or folder that ``from_format`` does not read, saying what it is and the call that reads it."""
+    path = local_path(target) if isinstance(target, str | os.PathLike) else None
+    if path is not None and not os.path.exists(path):
+        raise PathNotFoundError("no such file or folder", file=path)
+    if path is not None and os.path.isdir(path) and from_format != "orbax":
+        raise IsAFolderError(folder_problem(path), file=path)
+    kind = recognise(target)
+    expected, takes = _TAKES[from_format]
+    a_file = from_format == "orbax" and path is not None and not os.path.isdir(path)
+    if kind.name in takes and not a_file:
+        return
+    what = DESCRIBED.get(kind.name, "a file of no kind jaxstow knows")
+    shown = name if isinstance(target, str | os.PathLike) else None
+    raise FormatError(
+        f"is {what}, not {expected} as from_format={from_format!r} reads: {advice(kind, shown)}", file=name
+    )
+
+
 @contextlib.contextmanager
 def _binary(target: str | os.PathLike[str] | BinaryIO, storage_options: Mapping[str, Any] | None) -> Iterator[BinaryIO]:
     """A seekable binary file for a path, a URL or a file object."""
@@ -188,8 +230,6 @@ def _binary(target: str | os.PathLike[str] | BinaryIO, storage_options: Mapping[
         return
     path = local_path(target)
     if path is not None:
-        if os.path.isdir(path):
-            raise IsAFolderError(folder_problem(path), file=path)
         with open(path, "rb") as file:
             yield file
         return
@@ -206,11 +246,22 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises its unpickler's errors for anything but plain tensors
         raise FormatError(
-            f"not a PyTorch file of tensors that loads without unpickling objects ({error})", file=name
+            f"not a PyTorch file of tensors that loads without unpickling objects ({_torch_problem(error)})", file=name
         ) from None
     import jax
 
     return jax.tree.map(lambda leaf: tensor_to_numpy(leaf) if is_tensor(leaf) else leaf, _plain(state))
+
+
+def _torch_problem(error: Exception) -> str:
+    """What torch.load found wrong, without its advice to unpickle anyway (``weights_only=False`` runs the file's
+    code)."""
+    text = str(error)
+    unsupported = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if unsupported:
+        return f"it holds an object of {unsupported.group(1)}, which torch.load(weights_only=True) never unpickles"
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
 
 
 def _plain(tree: Any) -> Any:
@@ -230,7 +281,9 @@ def _read_flax(data: bytes, name: str) -> Any:
             shape, dtype_name, buffer = msgpack.unpackb(payload, raw=True)
             dtype = dtype_from_name(dtype_name.decode("ascii")) if isinstance(dtype_name, bytes) else None
             if dtype is None or not all(isinstance(size, int) and size >= 0 for size in shape):
-                raise FormatError(f"an array of unknown dtype {dtype_name!r} or shape {shape!r}", file=name)
+                raise FormatError(
+                    f"an array of unknown dtype {excerpt(dtype_name)} or shape {excerpt(shape)}", file=name
+                )
             array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
             return array[()] if code == 3 else array
         if code == 2:  # a complex number
@@ -272,9 +325,7 @@ def _read_equinox(file: BinaryIO, name: str, like: Any) -> Any:
     return tree
 
 
-def _read_orbax(target: str | os.PathLike[str] | BinaryIO, name: str) -> Any:
-    if not isinstance(target, str | os.PathLike):
-        raise ArgumentError("an orbax checkpoint is a folder: give its path, not a file object")
+def _read_orbax(target: str | os.PathLike[str], name: str) -> Any:
     path = local_path(target)
     where = os.path.abspath(path) if path is not None else os.fspath(target)
     kind = folder_kind(lambda entry: _listing(where, entry)) if path is not None else KINDS["orbax"]

@@ -42,7 +42,7 @@ from jaxstow._read.leaf_index import StoredLeaves
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, parse_index, read_box
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import CorruptFileError, FormatError, RequestError, SliceError
+from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, SliceError, excerpt
 
 __all__ = ["LeafInfo", "OpenedFile"]
 
@@ -84,7 +84,10 @@ class OpenedFile(Mapping[str, Any]):
                 "restore it with the step's other files (jaxstow.CheckpointManager.restore)",
                 file=self.file,
             )
-        self.metadata: dict[str, Any] | None = manifest.get("metadata") if manifest else None
+        #: The user's metadata: a jaxstow file's manifest holds it; a plain safetensors file's is its ``__metadata__``.
+        self.metadata: dict[str, Any] | None = (
+            manifest.get("metadata") if manifest else dict(self.container.metadata) or None
+        )
         self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
         if manifest is None:
@@ -104,6 +107,7 @@ class OpenedFile(Mapping[str, Any]):
                 check_coverage(leaf, file=self.file)
         self._map = self._memory_map() if mmap else None
         self._treedef: PyTreeDef | None = None
+        self.closed = False
         #: Called with the number of bytes of each leaf or box read (a progress bar's ``update``).
         self.on_read: Callable[[int], None] = _ignore
 
@@ -125,7 +129,7 @@ class OpenedFile(Mapping[str, Any]):
 
     def _index(self, entry: Any) -> str:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
-            raise FormatError(f"malformed manifest entry {entry!r}", file=self.file)
+            raise FormatError(f"malformed manifest entry {excerpt(entry)}", file=self.file)
         path: str = entry["path"]
         kind = entry.get("kind")
         if path in self.stored or path in self.value_entries:
@@ -135,7 +139,7 @@ class OpenedFile(Mapping[str, Any]):
         elif kind == "value":
             self.value_entries[path] = entry
         else:
-            raise FormatError(f"unknown leaf kind {kind!r}", file=self.file, path=path)
+            raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=self.file, path=path)
         return path
 
     def _merge_shards(self, source: int, part: Container) -> None:
@@ -150,7 +154,8 @@ class OpenedFile(Mapping[str, Any]):
             known = self.stored.get(path) if isinstance(path, str) else None
             if not isinstance(known, ShardedLeaf) or entry.get("kind") != "sharded":
                 raise FormatError(
-                    f"holds shards of {path!r}, which {self.file} does not list as a sharded leaf", file=part.file
+                    f"holds shards of {excerpt(path)}, which {self.file} does not list as a sharded leaf",
+                    file=part.file,
                 )
             extra = sharded_leaf_from_entry(entry, part.slots, source=source, file=part.file)
             if (extra.dtype, extra.shape) != (known.dtype, known.shape):
@@ -171,6 +176,7 @@ class OpenedFile(Mapping[str, Any]):
     # The mapping of paths to leaves.
 
     def __getitem__(self, path: str) -> Any:
+        self.check_open(f"reading leaf {excerpt(path)}")
         self._check_path(path)
         if path in self.value_entries:
             return decode_value_entry(self.value_entries[path], file=self.file)
@@ -252,6 +258,7 @@ class OpenedFile(Mapping[str, Any]):
     def read_box(self, path: str, box: Box) -> np.ndarray:
         """The elements of ``box`` (start and stop along every axis) of the array at ``path``: only the bytes they
         take are read, and the whole leaf (or a whole shard) is verified against its checksum when read."""
+        self.check_open(f"reading leaf {excerpt(path)}")
         leaf = self.stored[path]
         self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
         if isinstance(leaf, ShardedLeaf):
@@ -295,6 +302,7 @@ class OpenedFile(Mapping[str, Any]):
 
     def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
         """The bytes of whole stored leaves as numpy arrays of their true dtype and shape, verified."""
+        self.check_open("reading leaves")
         if self._map is not None and not any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
             out = {}
             for leaf in leaves:
@@ -334,8 +342,18 @@ class OpenedFile(Mapping[str, Any]):
 
     # Closing.
 
+    def check_open(self, what: str) -> None:
+        """Raise a :class:`~jaxstow.errors.ClosedError` saying ``what`` was asked, if the file is closed."""
+        if self.closed:
+            raise ClosedError(what, file=self.file)
+
     def close(self) -> None:
-        """Release the file (a file object given by the caller stays open)."""
+        """Release the file (a file object given by the caller stays open); what the header said (paths, info,
+        metadata, abstract) stays known, and reading a leaf raises a :class:`~jaxstow.errors.ClosedError`. Closing
+        twice does nothing."""
+        if self.closed:
+            return
+        self.closed = True
         if self._map is not None:
             with contextlib.suppress(BufferError):  # views still in use keep the mapping alive until they go
                 self._map.close()

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["manager_steps", "quiet", "read_checkpoint", "read_step", "step_number"]
 
@@ -110,7 +110,9 @@ def read_step(path: str) -> tuple[Any, Any]:
         elif kind in _PYTREE_HANDLERS:
             items[name] = read_checkpoint(where)
         else:
-            raise FormatError(f"item {name!r} is saved by orbax's {kind}, which jaxstow does not read", file=path)
+            raise FormatError(
+                f"item {excerpt(name)} is saved by orbax's {kind}, which jaxstow does not read", file=path
+            )
     return (items["default"] if list(items) == ["default"] else items), metrics
 
 

@@ -47,6 +47,7 @@ class Reader(OpenedFile):
 
     def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
         """The tree, or a part of it, as :func:`jaxstow.load` restores it (same options, see :class:`LoadOptions`)."""
+        self.check_open("loading the tree")
         return restore(self, like, **options)
 
     def __repr__(self) -> str:

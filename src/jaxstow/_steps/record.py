@@ -32,7 +32,7 @@ from jaxstow._format.json_text import parse_json
 from jaxstow._format.native import header_checksum
 from jaxstow._format.source import ReadSource
 from jaxstow._version import __version__
-from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError, excerpt
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_item_header", "check_metadata", "check_metrics", "missing_item_file"]
 
@@ -132,7 +132,9 @@ class StepRecord:
         record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
         if type(version) is not int or version < 1:
-            raise CorruptFileError(f"record version {version!r} is malformed (expected a positive integer)", file=where)
+            raise CorruptFileError(
+                f"record version {excerpt(version)} is malformed (expected a positive integer)", file=where
+            )
         if version > _RECORD_VERSION:
             raise FormatError(
                 f"the record was written by {record.get('library', 'a newer jaxstow')!s:.40} (record version "

@@ -39,9 +39,9 @@ from jaxstow._format.container import (
     describe_raw_leaves,
     write_container,
 )
-from jaxstow._format.json_rules import json_problem
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf
+from jaxstow._format.manifest import metadata_problem
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.paths import PathOrFile
 from jaxstow._storage.settings import StorageSettings
@@ -114,7 +114,7 @@ def encode_tree(
     processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
-        problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+        problem = metadata_problem(metadata)
         if problem is not None:
             raise MetadataError(
                 f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None

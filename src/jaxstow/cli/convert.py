@@ -30,10 +30,12 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.container import Kind as ContainerKind
-from jaxstow._format.container import write_container
-from jaxstow._format.dtypes import safetensors_code
+from jaxstow._format.container import container_kind, write_container
+from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.kinds import KINDS, Kind
+from jaxstow._format.native import stores_exactly as native_stores_exactly
+from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.reader import Reader
@@ -52,12 +54,11 @@ from jaxstow.cli.files import (
     read_arrays,
     storage,
 )
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import ArgumentError, FormatError, PathError
 
 __all__ = ["add", "run", "source_kind"]
 
 _FORMATS = ("jaxstow", "safetensors", "npz")
-_NUMPY_CODES = "?bhilqBHILQefdFD"
 
 
 def add(commands: Any) -> None:
@@ -198,10 +199,36 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
     if container.container.manifest is None:
         _save(dst, dict(tensors), progress=progress)
         return len(tensors)
-    manifest = container.container.manifest  # the same bytes: the manifest, checksums included, still holds
     container_kind: ContainerKind = "npz" if dst.lower().endswith(".npz") else "native"
+    # The same bytes: the manifest, checksums included, still holds, told the dtypes the new container keeps raw.
+    manifest = _raw_described(container.container.manifest, container_kind, tensors)
     _write_raw(dst, lambda sink: write_container(sink, container_kind, tensors, manifest), tensors, progress=progress)
     return len(leaves)
+
+
+def _raw_described(
+    manifest: dict[str, Any], kind: ContainerKind, tensors: list[tuple[str, np.ndarray]]
+) -> dict[str, Any]:
+    """``manifest`` with the true dtype and shape of every leaf that ``kind`` stores as raw bytes (its tensor, ``U8``
+    or ``uint8``, no longer tells them), as a save to ``kind`` writes them."""
+    stores_exactly = npz_stores_exactly if kind == "npz" else native_stores_exactly
+    raw = {name: array for name, array in tensors if not stores_exactly(array.dtype)}
+    if not raw:
+        return manifest
+    layouts = {name: {"dtype": name_of_dtype(array.dtype), "shape": list(array.shape)} for name, array in raw.items()}
+    if isinstance(manifest.get("paths"), list):  # version 3 on: details by leaf index
+        details = {key: dict(detail) for key, detail in manifest.get("details", {}).items()}
+        for index, path in enumerate(manifest["paths"]):
+            if path in layouts:
+                details.setdefault(str(index), {}).update(layouts[path])
+        return {**manifest, "details": details}
+    leaves = [
+        {**entry, **layouts[entry["path"]]}
+        if entry.get("path") in layouts and entry.get("kind") != "sharded"
+        else entry
+        for entry in manifest["leaves"]
+    ]
+    return {**manifest, "leaves": leaves}
 
 
 def _tree_tensors(tree: Any) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
@@ -220,14 +247,6 @@ def _write_plain(
     dst: str, target: str, tensors: list[tuple[str, np.ndarray]], values: list[str], *, progress: bool
 ) -> int:
     """Write the arrays as a plain safetensors or npz file; leaves that such a file cannot hold are named."""
-    for path, array in tensors:
-        fits = (
-            safetensors_code(array.dtype) is not None if target == "safetensors" else array.dtype.char in _NUMPY_CODES
-        )
-        if not fits:
-            raise FormatError(
-                f"{array.dtype} has no {target} dtype; convert to a jaxstow file to keep it", file=dst, path=path
-            )
     if values:
         shown = ", ".join(repr(path) for path in values[:5]) + (", ..." if len(values) > 5 else "")
         print(
@@ -235,7 +254,18 @@ def _write_plain(
             file=sys.stderr,
         )
     kind: ContainerKind = "npz" if target == "npz" else "native"
-    _write_raw(dst, lambda sink: write_container(sink, kind, tensors, None), tensors, progress=progress)
+    stores_exactly = npz_stores_exactly if kind == "npz" else native_stores_exactly
+    if all(stores_exactly(array.dtype) for _, array in tensors):
+        _write_raw(dst, lambda sink: write_container(sink, kind, tensors, None), tensors, progress=progress)
+    elif container_kind(dst) == kind:  # the rule of save: raw bytes, their true dtypes in a jaxstow manifest
+        _save(dst, dict(tensors), progress=progress)
+    else:
+        raw = next(path for path, array in tensors if not stores_exactly(array.dtype))
+        raise ArgumentError(
+            f"{dst}: leaf {raw!r} is kept as raw bytes with its dtype in a jaxstow manifest, which a {target} file gets "
+            f"only under a name ending in {'.npz' if kind == 'npz' else 'another suffix than .npz'}",
+            file=dst,
+        )
     return len(tensors)
 
 

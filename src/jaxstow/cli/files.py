@@ -23,12 +23,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-import jax
 import numpy as np
 
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
-from jaxstow._format.torch_leaves import tensor_to_numpy
 from jaxstow._read.foreign import folder_problem, recognise
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.verifying import verify_checksums
@@ -243,17 +241,9 @@ def value_type(value: Any) -> str:
 
 
 def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:
-    """The stored leaves' data as numpy arrays (PRNG keys as their key data), checked against their checksums."""
-    values = reader.read_stored([reader.stored[leaf.path] for leaf in leaves])
-    return {path: _as_numpy(value) for path, value in values.items()}
-
-
-def _as_numpy(value: Any) -> np.ndarray:
-    if isinstance(value, jax.Array):
-        return np.asarray(jax.random.key_data(value))
-    if isinstance(value, np.ndarray | np.generic):
-        return np.asarray(value)
-    return tensor_to_numpy(value)
+    """The stored leaves' data as numpy arrays (PRNG keys as their key data, torch tensors as numpy, without torch),
+    checked against their checksums."""
+    return reader.read_arrays([reader.stored[leaf.path] for leaf in leaves])
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Only the header is read, so inspecting a large file is instant.
 >>> path = os.path.join(tempfile.mkdtemp(), "model.jxs")
 >>> jaxstow.save(path, {"w": jnp.ones((2, 3)), "b": jnp.zeros(3), "depth": 2}, metadata={"epoch": 3})
 >>> main(["inspect", path])
-/.../model.jxs: jaxstow (format 3), 4.13 kB
+/.../model.jxs: jaxstow (format 4), 4.13 kB
 structure: dict
 path   dtype    shape   size  value
 b      float32  (3,)    12 B
@@ -96,7 +96,7 @@ def summary(container: Reader) -> dict[str, Any]:
         "structure": None if manifest is None else structure_root(manifest.get("structure")),
         "leaves": [_leaf_json(leaf) for leaf in leaves],
         "array_bytes": sum(leaf.nbytes for leaf in leaves),
-        "metadata": None if manifest is None else manifest.get("metadata"),
+        "metadata": container.metadata,
     }
 
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError
 from jaxstow.io.runs import run_chains
 
@@ -75,6 +76,7 @@ def sample(
     checkpoint (a kill during the warm-up runs the warm-up again, with the same result), and the draws equal those of
     an uninterrupted run bit for bit. Returns the draws, ``{name: (chains, draws, ...)}``.
     """
+    require("h5py", extra="blackjax", purpose="jaxstow.io.blackjax.sample")  # before the run, which needs it to write
     if not jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))  # a raw key of the default implementation
     impl = str(jax.random.key_impl(key))

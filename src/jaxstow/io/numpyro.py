@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow._util.optional import require
 from jaxstow.io.runs import run_chains
 
 __all__ = ["run"]
@@ -54,6 +55,7 @@ def run(
     warm-up ends with are saved in the file's ``/warmup`` group. Called again after a kill, the run continues from
     its last checkpoint with draws bit for bit those of an uninterrupted run. Returns ``{site: (chains, draws, ...)}``.
     """
+    require("h5py", extra="numpyro", purpose="jaxstow.io.numpyro.run")  # before the run, which needs it to write
     kernel = mcmc.sampler
     num_warmup, num_samples, chains, thinning = mcmc.num_warmup, mcmc.num_samples, mcmc.num_chains, mcmc.thinning
     kwargs = dict(model_kwargs or {})

@@ -24,12 +24,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import equinox as eqx
 import jax
-import optax
 
 from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._util.optional import require
 from jaxstow.train.module import ModuleInterface
+
+# Missing, each is named with its extra, before the imports below fail with a bare ModuleNotFoundError.
+require("equinox", extra="equinox", purpose="jaxstow.train.EquinoxOptaxModule")
+require("optax", extra="optax", purpose="jaxstow.train.EquinoxOptaxModule")
+
+import equinox as eqx  # noqa: E402
+import optax  # noqa: E402
 
 __all__ = ["EquinoxOptaxModule"]
 
