@@ -9,7 +9,7 @@ matrices, the step) is checkpointed with the draws every 100 steps. This demo
    ``jaxstow watch`` does), and kills the process with SIGKILL midway;
 3. starts the same call again, which continues from the last checkpoint;
 4. checks that the draws equal those of the uninterrupted run bit for bit, prints ArviZ's summary and writes a
-   trace plot to ``docs/eight_schools_trace.png``.
+   trace plot to ``examples/out/eight_schools_trace.png``.
 
 JAX's persistent compilation cache keeps the compiled sampler for the processes after the first.
 
@@ -40,7 +40,7 @@ SAMPLES = 4000
 EVERY = 100
 Y = jnp.array([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])  # the schools' estimated effects
 SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])  # and their standard errors
-PLOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "eight_schools_trace.png")
+PLOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "out", "eight_schools_trace.png")
 
 
 def logdensity(p: dict[str, jax.Array]) -> jax.Array:
@@ -132,6 +132,7 @@ def main() -> None:
     print(az.summary(idata, round_to=2).to_string())
     az.plot_trace(idata, compact=True)
     plt.tight_layout()
+    os.makedirs(os.path.dirname(PLOT), exist_ok=True)
     plt.savefig(PLOT, dpi=72, metadata={"Software": None})
     print(f"trace plot written to {PLOT}")
 
