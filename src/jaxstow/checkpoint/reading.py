@@ -171,28 +171,31 @@ class StepReading:
 
             tree, self.restored = restore_together(self._together, self._folder, choose, restore, fallback=fallback)
             return tree
-        newest = self._existing(step)
         if step is not None and not fallback:
-            tree = restore(newest)
-            self.restored = recovery.Restored(newest)
+            chosen = self._existing(step)
+            tree = restore(chosen)
+            self.restored = recovery.Restored(chosen)
             return tree
-
-        def candidates() -> list[int]:  # without a step, the newest when each is tried: one committed meanwhile first
-            return [older for older in reversed(self._committed_steps()) if step is None or older <= newest]
-
         if fallback:
+            bound = self._existing(step)
+
+            def candidates() -> list[int]:
+                """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
+                return [older for older in reversed(self._committed_steps()) if step is None or older <= bound]
+
             tree, self.restored = recovery.restore_newest_intact(self._folder, candidates, restore)
             return tree
         # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
         # one has been committed, and that one is restored instead.
+        self._settle()
         trees: list[Any] = []
 
         def accept(chosen: int) -> bool:
             trees.append(restore(chosen))
             return True
 
-        chosen = recovery.newest_accepted(candidates, accept)
-        if chosen is None:
+        newest = recovery.newest_accepted(lambda: self._committed_steps()[::-1], accept)
+        if newest is None:
             raise StepNotFoundError(f"{self.directory} holds no committed step to restore")
-        self.restored = recovery.Restored(chosen)
+        self.restored = recovery.Restored(newest)
         return trees[0]
