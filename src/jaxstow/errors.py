@@ -40,6 +40,7 @@ __all__ = [
     "SelectionError",
     "ShardingError",
     "SliceError",
+    "StepNotFoundError",
     "StorageError",
     "StructureMismatchError",
     "TruncatedFileError",
@@ -279,6 +280,11 @@ class ShardingError(RequestError):
 
 class CheckpointError(JaxstowError):
     """A checkpoint directory cannot be used as asked (missing step, existing step, held lock, ...)."""
+
+
+class StepNotFoundError(CheckpointError, LookupError):
+    """A step that is not in a checkpoint directory: never saved, or deleted (by the keep policy of the process that
+    saves there, too, while it was being read). The message names the directory and the steps it holds."""
 
 
 class CollectorError(JaxstowError, RuntimeError):

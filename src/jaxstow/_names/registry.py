@@ -32,8 +32,10 @@ True
 from __future__ import annotations
 
 import collections
+import dataclasses
 import importlib.util
 import sys
+import threading
 import types
 import warnings
 from collections.abc import Callable
@@ -90,32 +92,64 @@ _BUILTINS: dict[str, object] = {
 
 _registered: dict[str, object] = {}
 _registered_names: dict[int, str] = {}
+_registering = threading.Lock()  # a name and its object change together
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tables:
+    """The names of the known libraries' objects as indexed when ``sys.modules`` held ``modules`` modules, of which
+    ``pending`` were still being imported (by another thread) and had not defined all their names yet."""
+
+    modules: int
+    pending: tuple[types.ModuleType, ...]
+    by_name: dict[str, object]
+    by_id: dict[int, str]
+    refused: dict[str, str]  # names the name policy refuses, and why
+
+    def current(self) -> bool:
+        """Whether no module has been imported since, nor finished being imported."""
+        return self.modules == len(sys.modules) and not any(map(_initialising, self.pending))
 
 
 class _LibraryIndex:
-    """Names of the known libraries' objects, rebuilt whenever more modules have been imported."""
+    """Names of the known libraries' objects, rebuilt whenever more modules have been imported.
+
+    Threads share it: the tables are rebuilt by one thread at a time, and published whole, with the module count
+    they were built for, so a thread sees either the old tables or the new ones, never new tables half built.
+    """
 
     def __init__(self) -> None:
-        self._seen_modules = -1
-        self.by_name: dict[str, object] = {}
-        self.by_id: dict[int, str] = {}
-        self.refused: dict[str, str] = {}  # names the name policy refuses, and why
+        self._lock = threading.Lock()
+        self._tables = _Tables(-1, (), {}, {}, {})
 
-    def refresh(self) -> None:
-        if len(sys.modules) == self._seen_modules:
-            return
-        self._seen_modules = len(sys.modules)
+    def tables(self) -> _Tables:
+        """The tables, rebuilt first if modules have been imported since they were built."""
+        tables = self._tables
+        if tables.current():
+            return tables
+        with self._lock:
+            if not self._tables.current():
+                self._tables = self._build()
+            return self._tables
+
+    def _build(self) -> _Tables:
+        # The count is taken first: a module imported while the index is built makes the next call build it again.
+        modules = len(sys.modules)
         by_name: dict[str, object] = dict(_BUILTINS)
         by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
         refused: dict[str, str] = {}
+        indexed = []
         for module_name in _PUBLIC_NAMESPACES:
             module = sys.modules.get(module_name)
             if module is not None:
+                indexed.append(module)
                 self._index(module_name, module, by_name, by_id, refused, public_only=True)
-        for module_name, module in sorted(sys.modules.items()):
+        for module_name, module in sorted(dict(sys.modules).items()):
             if module_name.partition(".")[0] in _SEARCHED_INSIDE and isinstance(module, types.ModuleType):
+                indexed.append(module)
                 self._index(module_name, module, by_name, by_id, refused, public_only=False)
-        self.by_name, self.by_id, self.refused = by_name, by_id, refused
+        pending = tuple(module for module in indexed if _initialising(module))
+        return _Tables(modules, pending, by_name, by_id, refused)
 
     @staticmethod
     def _index(
@@ -139,6 +173,11 @@ class _LibraryIndex:
                 continue
             by_name.setdefault(name, obj)
             by_id.setdefault(id(obj), name)
+
+
+def _initialising(module: types.ModuleType) -> bool:
+    """Whether ``module`` is still being executed by an import (it is in ``sys.modules`` from the start)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
 def _is_nameable(obj: object) -> bool:
@@ -209,15 +248,17 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     key = name if name is not None else _default_name(obj)
     if not key or not isinstance(key, str):
         raise ArgumentError(f"a registered name must be a non-empty string, not {key!r}")
-    previous = _registered.get(key)
+    with _registering:
+        previous = _registered.get(key)
+        if previous is not None and previous is not obj:
+            _registered_names.pop(id(previous), None)
+        _registered[key] = obj
+        _registered_names[id(obj)] = key
     if previous is not None and previous is not obj:
         warnings.warn(
             f"jaxstow.saveable: the name {key!r} was registered for {previous!r} and now names {obj!r}",
             stacklevel=2,
         )
-        _registered_names.pop(id(previous), None)
-    _registered[key] = obj
-    _registered_names[id(obj)] = key
     return obj
 
 
@@ -226,8 +267,7 @@ def name_of(obj: object) -> str | None:
     name = _registered_names.get(id(obj))
     if name is not None:
         return name
-    _libraries.refresh()
-    return _libraries.by_id.get(id(obj))
+    return _libraries.tables().by_id.get(id(obj))
 
 
 def attribute_class_name(cls: type) -> str | None:
@@ -264,13 +304,13 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
     With ``node_type=True`` a ``module.qualname`` of an already-imported module is accepted too; the caller must then
     check that the class really is a registered pytree node before using it.
     """
-    if name in _registered:
+    if name in _registered:  # names are never unregistered
         return _registered[name]
-    _libraries.refresh()
-    if name in _libraries.by_name:
-        return _libraries.by_name[name]
-    if name in _libraries.refused:
-        raise RefusedNameError(name, f"{_libraries.refused[name]}; {POLICY}", file=file, path=path)
+    tables = _libraries.tables()
+    if name in tables.by_name:
+        return tables.by_name[name]
+    if name in tables.refused:
+        raise RefusedNameError(name, f"{tables.refused[name]}; {POLICY}", file=file, path=path)
     if node_type:
         found = _find_imported(name)
         if isinstance(found, type):

@@ -14,6 +14,7 @@ and costs nothing, so callers use it unconditionally. :func:`counted` wraps a fi
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any, BinaryIO, cast
 
@@ -42,11 +43,14 @@ def format_bytes(count: float) -> str:
 
 
 class Bar:
-    """Counts the bytes of one job (``done``) and, when drawn, shows them against ``total`` with rate and time left."""
+    """Counts the bytes of one job (``done``) and, when drawn, shows them against ``total`` with rate and time left.
+    Threads reading parts of the job may count on it at once.
+    """
 
     def __init__(self, total: int, description: str, *, enabled: bool) -> None:
         self.total = total
         self.done = 0
+        self._lock = threading.Lock()
         self._tqdm: Any = None
         if enabled:
             require_progress_bar()
@@ -56,17 +60,19 @@ class Bar:
 
     def update(self, nbytes: int) -> None:
         """Count ``nbytes`` more bytes as done."""
-        self.done += nbytes
-        if self._tqdm is not None:
-            self._tqdm.update(nbytes)
+        with self._lock:
+            self.done += nbytes
+            if self._tqdm is not None:
+                self._tqdm.update(nbytes)
 
     def close(self) -> None:
         """Stop drawing; the bar ends at what was done (headers come on top of the arrays' bytes)."""
-        if self._tqdm is not None:
-            self._tqdm.total = max(self.done, self._tqdm.total)
-            self._tqdm.refresh()
-            self._tqdm.close()
-            self._tqdm = None
+        with self._lock:
+            if self._tqdm is not None:
+                self._tqdm.total = max(self.done, self._tqdm.total)
+                self._tqdm.refresh()
+                self._tqdm.close()
+                self._tqdm = None
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ restoring one (or the newest intact one), and finding damage. :class:`~jaxstow.C
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any, Literal, Unpack
 
@@ -24,7 +25,7 @@ from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.together import restore_together
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, StepNotFoundError
 
 __all__ = ["StepReading"]
 
@@ -77,7 +78,7 @@ class StepReading:
         self._settle()
         verify = recovery.check_verify(verify)
         return recovery.newest_intact(
-            self._folder, self._committed_steps(), verify=verify, progress=self._bar(progress)
+            self._folder, lambda: self._committed_steps()[::-1], verify=verify, progress=self._bar(progress)
         )
 
     def _bar(self, progress: bool | None) -> bool:
@@ -102,7 +103,10 @@ class StepReading:
         metric = metric or self._policy.metric
         if metric is None:
             raise ArgumentError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
-        values = {step: self._record(step).metric(metric) for step in self.steps()}
+        values = {}
+        for step in self.steps():
+            with contextlib.suppress(StepNotFoundError):  # deleted since it was listed
+                values[step] = self._record(step).metric(metric)
         return KeepPolicy(keep_best=1, metric=metric, mode=mode or self._policy.mode).best(values)
 
     def _existing(self, step: int | None) -> int:
@@ -144,34 +148,54 @@ class StepReading:
         a damaged step is skipped, with a warning on the ``jaxstow`` logger that names it and the damage. Afterwards
         :attr:`restored` tells which step was restored and which were skipped, and why.
 
+        Another process may save here meanwhile, and its keep policy delete the step being read: without ``step``
+        the newest step then is restored instead (a step deleted is passed over up to 8 times in a row; locally the
+        step's files are opened before any is read, and stay readable). A ``step`` that is not in the directory, or is
+        deleted before it is read, raises a :class:`~jaxstow.errors.StepNotFoundError` naming the steps that are.
+
         Under ``jax.distributed`` call it in every process, as :meth:`save`: process 0 picks the step, and every
         process restores it or every process raises a :class:`~jaxstow.errors.CheckpointError` naming the step and
         each process that failed or did not report within the manager's ``process_timeout``
         (:mod:`jaxstow.checkpoint.together`).
         """
         options.setdefault("progress", self._progress)
+
+        def restore(chosen: int) -> Any:
+            return restore_step(self._folder, chosen, like, items, options)
+
         if self._together is not None and self._together.many:
 
             def choose() -> list[int]:
                 newest = self._existing(step)
                 return [older for older in reversed(self._committed_steps()) if older <= newest]
 
-            tree, self.restored = restore_together(
-                self._together,
-                self._folder,
-                choose,
-                lambda chosen: restore_step(self._folder, chosen, like, items, options),
-                fallback=fallback,
-            )
+            tree, self.restored = restore_together(self._together, self._folder, choose, restore, fallback=fallback)
             return tree
-        if not fallback:
+        if step is not None and not fallback:
             chosen = self._existing(step)
-            tree = restore_step(self._folder, chosen, like, items, options)
+            tree = restore(chosen)
             self.restored = recovery.Restored(chosen)
             return tree
-        newest = self._existing(step)
-        candidates = [older for older in reversed(self._committed_steps()) if older <= newest]
-        tree, self.restored = recovery.restore_newest_intact(
-            self._folder, candidates, lambda chosen: restore_step(self._folder, chosen, like, items, options)
-        )
-        return tree
+        if fallback:
+            bound = self._existing(step)
+
+            def candidates() -> list[int]:
+                """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
+                return [older for older in reversed(self._committed_steps()) if step is None or older <= bound]
+
+            tree, self.restored = recovery.restore_newest_intact(self._folder, candidates, restore)
+            return tree
+        # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
+        # one has been committed, and that one is restored instead.
+        self._settle()
+        trees: list[Any] = []
+
+        def accept(chosen: int) -> bool:
+            trees.append(restore(chosen))
+            return True
+
+        newest = recovery.newest_accepted(lambda: self._committed_steps()[::-1], accept)
+        if newest is None:
+            raise StepNotFoundError(f"{self.directory} holds no committed step to restore")
+        self.restored = recovery.Restored(newest)
+        return trees[0]

@@ -36,14 +36,29 @@ from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.restoring import open_readers
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, StepNotFoundError
 
-__all__ = ["Restored", "Verify", "check_verify", "damaged", "newest_intact", "restore_newest_intact", "step_damage"]
+__all__ = [
+    "VANISHED",
+    "Restored",
+    "Verify",
+    "check_verify",
+    "damaged",
+    "newest_accepted",
+    "newest_intact",
+    "restore_newest_intact",
+    "step_damage",
+]
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 
 Verify = Literal["headers", "data"]
 T = TypeVar("T")
+
+#: How many steps in a row a read may find deleted (by the keep policy of the process that saves there) before it
+#: gives up: each one means that a newer step was committed meanwhile, so a read that keeps losing the race is slower
+#: than the saves.
+VANISHED = 8
 
 
 @dataclass(frozen=True)
@@ -60,12 +75,42 @@ def check_verify(verify: str) -> Verify:
     return verify  # type: ignore[return-value]
 
 
+def newest_accepted(choose: Callable[[], Sequence[int]], accept: Callable[[int], bool]) -> int | None:
+    """The first step that ``choose()`` lists (newest first) which ``accept`` accepts, or ``None``. Each step is tried
+    once, and the steps are listed again before each: a step committed meanwhile comes next. A step that ``accept``
+    finds deleted (a :class:`~jaxstow.errors.StepNotFoundError`) is passed over, up to :data:`VANISHED` of them.
+
+    >>> listings = iter([[3, 2, 1], [5, 3, 2, 1], [5, 3]])
+    >>> newest_accepted(lambda: next(listings, []), lambda step: step == 5)
+    5
+    """
+    tried: set[int] = set()
+    vanished = 0
+    while (step := next((step for step in choose() if step not in tried), None)) is not None:
+        tried.add(step)
+        try:
+            if accept(step):
+                return step
+        except StepNotFoundError as error:
+            vanished += 1
+            if vanished == VANISHED:
+                raise StepNotFoundError(
+                    f"{error}. That is {VANISHED} steps in a row deleted while they were read: the process that saves "
+                    "there deletes steps faster than they are read; keep more of them (keep_last=...)"
+                ) from None
+    return None
+
+
 def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool) -> str | None:
-    """Why ``step`` cannot be restored as saved, or ``None`` if it is intact (as far as ``verify`` checks)."""
+    """Why ``step`` cannot be restored as saved, or ``None`` if it is intact (as far as ``verify`` checks); a
+    :class:`~jaxstow.errors.StepNotFoundError` if it is deleted meanwhile, which is no damage."""
     try:
-        record = folder.read_record(step, check_files=verify == "headers")
-        if verify == "data":
-            return _data_damage(folder, record, progress=progress)
+        with folder.reading(step):
+            record = folder.read_record(step, check_files=verify == "headers")
+            if verify == "data":
+                return _data_damage(folder, record, progress=progress)
+    except StepNotFoundError:
+        raise
     except (FormatError, CheckpointError) as error:  # a damaged record or header, a missing file
         return str(error)
     return None
@@ -89,20 +134,29 @@ def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> s
 
 
 def restore_newest_intact(
-    folder: StepFolder, candidates: Sequence[int], restore: Callable[[int], T]
+    folder: StepFolder, choose: Callable[[], Sequence[int]], restore: Callable[[int], T]
 ) -> tuple[T, Restored]:
-    """Restore the first step of ``candidates`` (newest first) whose record and headers check and whose restore reads
-    only intact data; each step skipped is logged as a warning with its reason."""
+    """Restore the first step ``choose()`` lists (newest first, see :func:`newest_accepted`) whose record and
+    headers check and whose restore reads only intact data; each step skipped is logged as a warning with its reason,
+    and a step deleted meanwhile is passed over."""
     skipped: dict[int, str] = {}
-    for step in candidates:
+    restored: list[T] = []
+
+    def accept(step: int) -> bool:
         problem = step_damage(folder, step, verify="headers", progress=False)
         if problem is None:
             try:
-                return restore(step), Restored(step, skipped)
+                restored.append(restore(step))
+                return True
             except FormatError as error:  # damage in the data read, found by its checksum
                 problem = str(error)
         skipped[step] = problem
         logger.warning("%s: step %d is damaged, skipped: %s", folder.store.location, step, problem)
+        return False
+
+    step = newest_accepted(choose, accept)
+    if step is not None:
+        return restored[0], Restored(step, skipped)
     reasons = "; ".join(f"step {step}: {problem}" for step, problem in skipped.items())
     raise CheckpointError(
         f"{folder.store.location} holds no step that restores intact" + (f" ({reasons})" if reasons else "")
@@ -110,14 +164,16 @@ def restore_newest_intact(
 
 
 def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progress: bool) -> dict[int, str]:
-    """Each of ``steps`` that is damaged, with the reason."""
-    found = {step: step_damage(folder, step, verify=verify, progress=progress) for step in steps}
+    """Each of ``steps`` that is damaged, with the reason; a step deleted meanwhile is not."""
+    found = {}
+    for step in steps:
+        with contextlib.suppress(StepNotFoundError):
+            found[step] = step_damage(folder, step, verify=verify, progress=progress)
     return {step: problem for step, problem in found.items() if problem is not None}
 
 
-def newest_intact(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progress: bool) -> int | None:
-    """The newest of ``steps`` that is intact; older steps are not read."""
-    for step in reversed(steps):
-        if step_damage(folder, step, verify=verify, progress=progress) is None:
-            return step
-    return None
+def newest_intact(
+    folder: StepFolder, choose: Callable[[], Sequence[int]], *, verify: Verify, progress: bool
+) -> int | None:
+    """The newest step ``choose()`` lists (see :func:`newest_accepted`) that is intact; older steps are not read."""
+    return newest_accepted(choose, lambda step: step_damage(folder, step, verify=verify, progress=progress) is None)

@@ -3,7 +3,9 @@ the items.
 
 The step's files are opened side by side (on an object store, one request each for the first bytes, which hold the
 header) and its items restored side by side, their reads sharing the pool of their source: a step of many small
-items keeps as many requests in flight as one large file.
+items keeps as many requests in flight as one large file. A local step's files are all opened before any is read:
+an open file stays readable when another process's keep policy deletes the step. A step deleted while it is read is
+a :class:`~jaxstow.errors.StepNotFoundError`, never damage.
 
 Paths in a step with named items start with the item's name (``params/dense/kernel``), so ``select=["params/**"]``
 restores only the ``params`` item, and a sharding function sees the same paths. A ``sharding=`` dict whose keys are
@@ -33,6 +35,7 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.selection import Selection
+from jaxstow._storage.folders import LocalStore
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError
@@ -146,7 +149,13 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
 
 
 def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
-    """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items."""
+    """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items; a
+    :class:`~jaxstow.errors.StepNotFoundError` if the step is deleted before it is read."""
+    with folder.reading(step):
+        return _restore_step(folder, step, like, items, options)
+
+
+def _restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
     record = folder.checked_record(step)
     if record.single:
         if items is not None:
@@ -158,5 +167,9 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
         with open_parts(folder.open_files(record, [SINGLE_ITEM])[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
-    openers = {name: functools.partial(folder.open_item, record, name) for name in names}
-    return restore_items(openers, like or {}, where=folder.url(step), **options)
+    sources: Mapping[str, Any]
+    if isinstance(folder.store, LocalStore):  # an open local file is read whole even if its step is deleted
+        sources = folder.open_files(record, names)
+    else:  # each item is opened as a thread is free for it
+        sources = {name: functools.partial(folder.open_item, record, name) for name in names}
+    return restore_items(sources, like or {}, where=folder.url(step), **options)

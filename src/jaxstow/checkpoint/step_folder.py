@@ -16,8 +16,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -25,7 +26,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
-from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowError, StepNotFoundError
 
 #: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
 _OPENING = 16
@@ -74,16 +75,55 @@ class StepFolder:
         return self.names.steps(self.store.committed())
 
     def existing(self, step: int | None) -> int:
-        """``step`` if it is committed, or the latest committed step for ``None``."""
+        """``step`` if it is committed, or the latest committed step for ``None``; a :class:`StepNotFoundError`
+        if there is none."""
         steps = self.committed()
         if step is None:
             if not steps:
-                raise CheckpointError(f"{self.store.location} holds no committed step to restore")
+                raise StepNotFoundError(f"{self.store.location} holds no committed step to restore")
             return steps[-1]
         step = check_step(step)
         if step not in steps:
-            raise CheckpointError(f"step {step} is not in {self.store.location}; its committed steps are {steps}")
+            raise StepNotFoundError(f"step {step} is not in {self.store.location}; its committed steps are {steps}")
         return step
+
+    @contextlib.contextmanager
+    def reading(self, step: int) -> Iterator[None]:
+        """Read ``step`` in the block. What its deletion meanwhile explains (a missing record or file, a failed read)
+        is a :class:`StepNotFoundError` once the step is no longer committed: a step deleted by the keep policy of
+        the process that saves here is not damage. The step's other errors pass unchanged.
+
+        >>> import os, shutil, tempfile, numpy as np
+        >>> from jaxstow import CheckpointManager
+        >>> from jaxstow._storage.store import open_store
+        >>> directory = tempfile.mkdtemp()
+        >>> with CheckpointManager(directory) as manager:
+        ...     manager.save(1, {"w": np.ones(2)})
+        ...     manager.save(2, {"w": np.ones(2)})
+        >>> folder = StepFolder(open_store(directory, marker=RECORD_NAME), StepNames("%d"))
+        >>> with folder.reading(1):
+        ...     record = folder.read_record(1, check_files=False)
+        ...     shutil.rmtree(os.path.join(directory, "1"))  # as the process that saves there deletes it
+        ...     folder.open_files(record, ["w"])
+        Traceback (most recent call last):
+        ...
+        jaxstow.errors.StepNotFoundError: step 1 is not in ... any more: it was deleted while it was read (by delete() or the keep policy of the process that saves there); its committed steps are [2]
+        """
+        try:
+            yield
+        except StepNotFoundError:
+            raise
+        except (OSError, CheckpointError, FormatError):
+            try:
+                steps = self.committed()
+            except (OSError, JaxstowError):  # the listing fails too: the read's own error says more
+                steps = [step]
+            if step in steps:
+                raise
+            raise StepNotFoundError(
+                f"step {step} is not in {self.store.location} any more: it was deleted while it was read (by "
+                f"delete() or the keep policy of the process that saves there); its committed steps are {steps}"
+            ) from None
 
     def remember(self, record: StepRecord) -> None:
         """Keep the record of a step this process has just committed."""
@@ -103,7 +143,12 @@ class StepFolder:
         return record
 
     def read_record(self, step: int, *, check_files: bool) -> StepRecord:
-        """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too."""
+        """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too; a
+        :class:`StepNotFoundError` if the step is deleted meanwhile."""
+        with self.reading(step):
+            return self._read_record(step, check_files=check_files)
+
+    def _read_record(self, step: int, *, check_files: bool) -> StepRecord:
         name = self.names.name(step)
         where = self.url(step, RECORD_NAME)
         try:
