@@ -98,7 +98,7 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
     status, stderr = _finish(process)
     folder.chmod(0o755)
     assert status == 1, stderr
-    assert f"jaxstow: saving step 2 to {folder} failed, so it was not saved:" in stderr
+    assert f"jaxstow: saving step 2 to {folder}: failed before the process ended:" in stderr
     assert "PermissionError" in stderr
     assert CheckpointManager(folder).steps() == [1]
 
@@ -114,7 +114,7 @@ def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() 
     started = time.monotonic()
     status, stderr = _finish(_start(program, JAXSTOW_EXIT_WAIT="1"))
     assert status == 1, stderr
-    assert "jaxstow: slow-writer: 1 queued writes did not finish within 1 s (JAXSTOW_EXIT_WAIT)" in stderr
+    assert "jaxstow: the queued writes of slow-writer: not finished within 1 s (JAXSTOW_EXIT_WAIT)" in stderr
     assert time.monotonic() - started < 40
 
 
@@ -135,11 +135,11 @@ def test_a_second_ctrl_c_stops_the_wait_and_the_process_ends_as_ctrl_c_ends_it(t
     waiting = process.stderr.readline()
     while waiting.startswith(("Traceback", " ", "KeyboardInterrupt")):
         waiting = process.stderr.readline()
-    assert waiting.startswith("waiting up to 600 s for slow-writer: 1 queued writes to finish"), waiting
+    assert waiting.startswith("waiting up to 600 s for the queued writes of slow-writer to finish"), waiting
     process.send_signal(signal.SIGINT)
     status, stderr = _finish(process, timeout=30)
     assert status == -signal.SIGINT
-    assert "jaxstow: slow-writer: 1 queued writes was abandoned by Ctrl-C before it finished" in stderr
+    assert "jaxstow: the queued writes of slow-writer: abandoned by Ctrl-C, unfinished" in stderr
 
 
 def test_blocks_of_a_collector_still_queued_at_the_exit_reach_the_hdf5_file(tmp_path: Path) -> None:

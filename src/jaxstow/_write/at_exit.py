@@ -31,7 +31,7 @@ import time
 import traceback
 from typing import Literal, Protocol
 
-__all__ = ["EXIT_WAIT", "InFlight", "end_by_signal", "exit_wait", "finish_all", "track", "untrack"]
+__all__ = ["EXIT_WAIT", "InFlight", "end_by_signal", "exit_wait", "exiting", "finish_all", "track", "untrack"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +68,11 @@ def track(item: InFlight) -> bool:
             return False
         _in_flight[id(item)] = item
         return True
+
+
+def exiting() -> bool:
+    """Whether the exit's wait has begun (a write that fails from now on is printed by it)."""
+    return _exiting
 
 
 def untrack(item: InFlight) -> None:
@@ -115,12 +120,12 @@ def finish_all() -> Literal["done", "failed", "unfinished"]:
             elif (error := item.uncollected_error()) is not None:
                 failed.append((item, error))
     except KeyboardInterrupt:
-        _print([f"{item.what} was abandoned by Ctrl-C before it finished" for item in pending if not item.finish(0)])
+        _print([f"{item.what}: abandoned by Ctrl-C, unfinished" for item in pending if not item.finish(0)])
         end_by_signal(signal.SIGINT)
     for item, error in failed:
         untrack(item)
-        _print([f"{item.what} failed, so it was not saved:"], error)
-    _print([f"{item.what} did not finish within {seconds:g} s (JAXSTOW_EXIT_WAIT)" for item in unfinished])
+        _print([f"{item.what}: failed before the process ended:"], error)
+    _print([f"{item.what}: not finished within {seconds:g} s (JAXSTOW_EXIT_WAIT)" for item in unfinished])
     return "unfinished" if unfinished else "failed" if failed else "done"
 
 

@@ -114,12 +114,12 @@ class _Job:
             self._job()
         except BaseException as error:
             self.error = error
-            logger.error(
-                "%s failed in the background; the error is raised again by the next save, wait or close, or printed "
-                "at exit",
-                self.what,
-                exc_info=error,
-            )
+            if not at_exit.exiting():  # else the exit prints it
+                logger.error(
+                    "%s failed in the background; the error is raised again by the next save, wait or close",
+                    self.what,
+                    exc_info=error,
+                )
         else:
             at_exit.untrack(self)
         finally:

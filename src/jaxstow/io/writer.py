@@ -49,8 +49,8 @@ class BackgroundWriter:
 
     @property
     def what(self) -> str:
-        """The writer's name and what it holds, for the message of a failure at exit."""
-        return f"{self._name}: {len(self._jobs) + self._running} queued writes"
+        """What the writer does, for the message of a failure at exit."""
+        return f"the queued writes of {self._name}"
 
     def _run(self) -> None:
         while True:
