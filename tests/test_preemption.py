@@ -62,6 +62,25 @@ def test_sigterm_saves_the_next_step_finishes_the_one_in_flight_and_ends_the_pro
     assert not (folder / LOCK_NAME).exists()
 
 
+def test_a_signal_that_no_save_follows_ends_the_process_at_close(tmp_path: Path) -> None:
+    program = """
+    import os, signal, sys, numpy as np
+    from jaxstow import CheckpointManager
+    with CheckpointManager(sys.argv[1], preemption_signals=[signal.SIGTERM]) as manager:
+        manager.save(1, {"w": np.ones(10_000_000, np.float32)})
+        os.kill(os.getpid(), signal.SIGTERM)  # after the last save: the evaluation goes on
+        print("evaluated", flush=True)
+    print("after close", flush=True)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "evaluated\n"
+    assert CheckpointManager(tmp_path).steps() == [1]
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
 def test_should_save_counts_a_save_still_in_flight(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path, save_every=5) as manager:
         manager.save(0, {"w": np.zeros(10_000_000, np.float32)})  # 40 MB: still being written when asked

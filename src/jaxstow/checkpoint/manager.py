@@ -236,7 +236,7 @@ class CheckpointManager(StepReading):
             )
         self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
         self._schedule.saved(step)
-        if self._notice is not None and self._notice.received is not None:
+        if self._preempted() is not None:
             self.close()  # ends the process
 
     def delete(self, step: int) -> None:
@@ -316,21 +316,25 @@ class CheckpointManager(StepReading):
         if self._closed:
             return
         self._closed = True
-        preempted = self._notice.received if self._notice is not None else None
         try:
             self._writer.close()
         except CheckpointError as error:
-            if preempted is None:
+            if self._preempted() is None:
                 raise
             logger.error("%s", error, exc_info=error)
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            preempted = self._preempted()  # read last, so that a signal that came during the wait counts
             if self._notice is not None:
                 self._notice.close()
         if preempted is not None:
             end_process(preempted)
+
+    def _preempted(self) -> signal.Signals | None:
+        """The preemption signal that arrived, if any."""
+        return self._notice.received if self._notice is not None else None
 
     def __enter__(self) -> CheckpointManager:
         return self
