@@ -140,7 +140,7 @@ def _read(descriptor: int) -> bytes:
 def _is_current(descriptor: int, path: str) -> bool:
     try:
         return os.stat(path).st_ino == os.fstat(descriptor).st_ino
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # the file, or its folder, is gone
         return False
 
 

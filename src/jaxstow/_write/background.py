@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
+from jaxstow._write import at_exit
 from jaxstow.errors import CheckpointError
 
 __all__ = ["BackgroundWriter"]
@@ -28,12 +28,17 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundWriter:
-    """Runs jobs one at a time, in order, on one background thread (or at once, with ``asynchronous=False``).
+    """Runs jobs one at a time, in order, each on a background thread of its own (or at once, with
+    ``asynchronous=False``).
 
     At most one job is in flight: :meth:`submit` first waits for the previous one. An error of a background job is
     logged when it happens and raised, as a :class:`~jaxstow.errors.CheckpointError` whose ``__cause__`` is the
     original error, by the next :meth:`submit`, :meth:`wait` or :meth:`close`. Without ``asynchronous`` jobs run on
     the caller's thread and their errors propagate unchanged.
+
+    A job in flight when the interpreter exits is finished first, and a failure no caller collected is printed with
+    a non-zero exit status (see :mod:`jaxstow._write.at_exit`). Its thread belongs to no ``concurrent.futures`` pool,
+    so that it can still start threads of its own while the interpreter shuts down.
 
     >>> from jaxstow._write.background import BackgroundWriter
     >>> writer = BackgroundWriter()
@@ -47,25 +52,29 @@ class BackgroundWriter:
     """
 
     def __init__(self, *, asynchronous: bool = True) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="jaxstow-writer") if asynchronous else None
-        self._pending: tuple[Future[None], str] | None = None
+        self._asynchronous = asynchronous
+        self._pending: _Job | None = None
         self._lock = threading.Lock()
 
     def submit(self, job: Callable[[], None], *, what: str) -> None:
         """Run ``job`` after the previous one; ``what`` names it in logs and errors (``"saving step 3 to /ckpt"``)."""
         with self._lock:
             self._raise_pending()
-            if self._pool is None:
+            if not self._asynchronous:
                 job()
                 return
-            future = self._pool.submit(_logged, job, what)
-            self._pending = (future, what)
+            pending = _Job(job, what)
+            if not at_exit.track(pending):  # the interpreter is exiting: nothing would wait for a thread
+                job()
+                return
+            self._pending = pending
+            threading.Thread(target=pending.run, name="jaxstow-writer", daemon=True).start()
 
     def idle(self) -> None:
         """Wait until no job runs, keeping any error for the next :meth:`submit`, :meth:`wait` or :meth:`close`."""
         pending = self._pending
         if pending is not None:
-            pending[0].exception()
+            pending.done.wait()
 
     def wait(self) -> None:
         """Wait until no job runs; raise the error of the last one, if it failed."""
@@ -73,26 +82,52 @@ class BackgroundWriter:
             self._raise_pending()
 
     def close(self) -> None:
-        """Wait for the last job, stop the thread, and raise the last job's error, if any."""
-        try:
-            self.wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown()
+        """Wait for the last job and raise its error, if any."""
+        self.wait()
 
     def _raise_pending(self) -> None:
         if self._pending is None:
             return
-        future, what = self._pending
-        error = future.exception()
-        self._pending = None
+        pending, self._pending = self._pending, None
+        pending.done.wait()
+        at_exit.untrack(pending)
+        error = pending.error
         if error is not None:
-            raise CheckpointError(f"{what} failed in the background: {type(error).__name__}: {error}") from error
+            raise CheckpointError(
+                f"{pending.what} failed in the background: {type(error).__name__}: {error}"
+            ) from error
 
 
-def _logged(job: Callable[[], None], what: str) -> None:
-    try:
-        job()
-    except BaseException:
-        logger.exception("%s failed in the background; the error is raised again by the next save, wait or close", what)
-        raise
+class _Job:
+    """One job on its thread: whether it has ended, and its error; waited for at exit until it ends well or its
+    error is collected."""
+
+    def __init__(self, job: Callable[[], None], what: str) -> None:
+        self._job: Callable[[], None] | None = job
+        self.what = what
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        assert self._job is not None
+        try:
+            self._job()
+        except BaseException as error:
+            self.error = error
+            if not at_exit.exiting():  # else the exit prints it
+                logger.error(
+                    "%s failed in the background; the error is raised again by the next save, wait or close",
+                    self.what,
+                    exc_info=error,
+                )
+        else:
+            at_exit.untrack(self)
+        finally:
+            self._job = None  # the job holds the arrays being saved: let them go now
+            self.done.set()
+
+    def finish(self, timeout: float) -> bool:
+        return self.done.wait(timeout)
+
+    def uncollected_error(self) -> BaseException | None:
+        return self.error

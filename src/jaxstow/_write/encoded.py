@@ -23,8 +23,8 @@ import functools
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -206,8 +206,9 @@ def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator
     """Fill the ``xxh3`` of each tensor's entry: at once for small trees (yields ``None``), or in the background
     (yields ``complete``).
 
-    Large trees are hashed by a pool that starts now, in a few batches of tensors, so that hashing overlaps the
-    writing; their entries hold placeholders until ``complete()``, which waits for the pool.
+    Large trees are hashed by a few threads that start now, each on a batch of tensors, so that hashing overlaps the
+    writing; their entries hold placeholders until ``complete()``, which waits for the threads. The threads are
+    plain ones, not a ``concurrent.futures`` pool, which refuses work once the interpreter has begun to exit.
     """
     arrays = [array for _, array, _ in pieces]
 
@@ -222,12 +223,47 @@ def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator
     for _, _, entry in pieces:
         entry["xxh3"] = ZERO_CHECKSUM
     workers = min(4, os.cpu_count() or 1)
-    batches = [arrays[i::workers] for i in range(workers)]
-    with ThreadPoolExecutor(workers) as pool:
-        futures = [pool.submit(lambda batch: [checksum(array) for array in batch], batch) for batch in batches]
+    batches = [_Hashing(arrays[i::workers]) for i in range(workers)]
+    try:
 
         def complete() -> None:
-            results = [future.result() for future in futures]
+            results = [batch.result() for batch in batches]
             fill([results[i % workers][i // workers] for i in range(len(arrays))])
 
         yield complete
+    finally:
+        for batch in batches:
+            batch.wait()
+
+
+class _Hashing:
+    """The checksums of a batch of arrays, computed on a thread of its own, or at once where no thread can start."""
+
+    def __init__(self, arrays: list[np.ndarray]) -> None:
+        self._arrays = arrays
+        self._digests: list[str] = []
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="jaxstow-checksum", daemon=True)
+        try:
+            self._thread.start()
+        except RuntimeError:  # the interpreter is finalizing and starts no thread
+            self._thread = None
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            self._digests = [checksum(array) for array in self._arrays]
+        except BaseException as error:
+            self._error = error
+
+    def wait(self) -> None:
+        """Wait until the batch is hashed."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def result(self) -> list[str]:
+        """The batch's checksums, in order; raises the error of the hashing, if it failed."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        return self._digests

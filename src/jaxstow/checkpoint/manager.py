@@ -23,7 +23,8 @@ import datetime
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping
+import signal
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
 from jaxstow._write.save_report import SaveReport
+from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.reading import StepReading
 from jaxstow.checkpoint.schedule import SaveSchedule
@@ -61,6 +63,15 @@ class CheckpointManager(StepReading):
     ``save_every`` is what :meth:`should_save` asks of a step (every step by default); :meth:`save` saves whatever it
     is given.
 
+    ``preemption_signals`` (e.g. ``[signal.SIGTERM]``, none by default) are the signals with which a scheduler says
+    it will stop the job: while the manager is open (made in the main thread) they are caught, and :meth:`should_save`
+    is true at the next step asked about, where :meth:`reached_preemption` is true too. The first :meth:`save` after
+    the signal ends the process once that step is committed (and the save before it, if still in flight); the lock
+    is released first, and the process ends as the signal would have ended it (``SIGTERM``: exit status -15 to a
+    parent, 143 in a shell). A signal that arrives with no save after it ends the process at :meth:`close`. A save
+    that fails then is printed before the process ends. Under ``jax.distributed`` the signals are left to jax, whose
+    preemption sync point decides (see :meth:`reached_preemption`).
+
     With ``async_save`` (the default), :meth:`save` returns once the arrays are held on the host and the files are
     written on a background thread, one save at a time; an error there is raised, with its cause, by the next
     :meth:`save`, :meth:`wait`, :meth:`close` or the end of a ``with`` block. Reads (:meth:`steps`, :meth:`restore`,
@@ -73,6 +84,11 @@ class CheckpointManager(StepReading):
     of each file restored, read again instead of the store while its header checksum is the one the step's record
     names. Under ``jax.distributed``, every wait of a save or restore on the other processes is bounded by
     ``process_timeout`` seconds (see :meth:`save` and :meth:`restore`).
+
+    A save still in flight when the interpreter exits (the script's end, ``sys.exit``, an uncaught exception,
+    ``KeyboardInterrupt``) is finished and committed before the process ends, waiting at most ``JAXSTOW_EXIT_WAIT``
+    seconds (600 by default; a second Ctrl-C stops the wait). A save that fails then, or does not finish in time, is
+    printed with its step and the process exits with status 1.
 
     The first save takes the directory's lock (a second writer gets a :class:`~jaxstow.errors.CheckpointError` naming
     the first; the lock of a dead writer is taken over) and removes what interrupted saves left. Reading takes no lock,
@@ -96,6 +112,7 @@ class CheckpointManager(StepReading):
         transfer: Transfer | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         process_timeout: float = 600.0,
+        preemption_signals: Iterable[int | signal.Signals] = (),
     ) -> None:
         policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
         self._schedule = SaveSchedule(save_every)
@@ -110,6 +127,12 @@ class CheckpointManager(StepReading):
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
         self._together = self._processes
+        self._notice: PreemptionNotice | None = None
+        if self._processes.many:
+            if preemption_signals:
+                logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
+        elif preemption_signals:
+            self._notice = self._schedule.notice = PreemptionNotice(preemption_signals)
 
     @property
     def policy(self) -> KeepPolicy:
@@ -124,9 +147,9 @@ class CheckpointManager(StepReading):
     # -- saving ---------------------------------------------------------------------------------------------------
 
     def should_save(self, step: int) -> bool:
-        """Whether ``step`` is one to save: after the newest step saved, the first of a run, every ``save_every``-th,
-        or the step at which every process of a ``jax.distributed`` run reached jax's preemption sync point (see
-        :meth:`reached_preemption`; call this at every step in every process). It never waits for a save in flight.
+        """Whether ``step`` is one to save: after the newest step saved (committed or in flight), the first of a run,
+        every ``save_every``-th, or a preemption's step (see :meth:`reached_preemption`; call this at every step, in
+        every process of a ``jax.distributed`` run). It never waits for a save in flight.
 
         >>> import tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
@@ -139,10 +162,17 @@ class CheckpointManager(StepReading):
         return self._schedule.should_save(check_step(step), committed=self._folder.committed)
 
     def reached_preemption(self, step: int) -> bool:
-        """Whether every process of a ``jax.distributed`` run has reached the preemption sync point at ``step``: after
-        a preemption notice (SIGTERM by default) to any process, jax picks a step every process reaches, and this is
-        ``True`` there, so that all save it before they are stopped (jax's
-        ``multihost_utils.reached_preemption_sync_point``). ``False`` in a single process."""
+        """Whether ``step`` is the step to save before a preemption. In a single process, with ``preemption_signals``:
+        the first step asked about (here or by :meth:`should_save`) after one of the signals arrived; without them,
+        never. In a ``jax.distributed`` run: whether every process has reached the preemption sync point at ``step``
+        (after a preemption notice, SIGTERM by default, to any process, jax picks a step every process reaches, so
+        that all save it before they are stopped; jax's ``multihost_utils.reached_preemption_sync_point``).
+
+        >>> import signal, tempfile
+        >>> with CheckpointManager(tempfile.mkdtemp(), preemption_signals=[signal.SIGTERM]) as manager:
+        ...     print(manager.reached_preemption(1))  # no SIGTERM has come
+        False
+        """
         return self._schedule.reached_preemption(check_step(step))
 
     def save(
@@ -162,6 +192,8 @@ class CheckpointManager(StepReading):
         :meth:`metrics`; ``metadata`` is any JSON-able dict, back from :meth:`metadata`. A step that exists raises a
         :class:`~jaxstow.errors.CheckpointError` unless ``force=True``, which replaces it atomically. ``copy=True``
         copies the arrays before returning, for numpy buffers that the caller changes in place.
+
+        After one of ``preemption_signals`` arrived, this save ends the process once it is committed (see the class).
         """
         self._check_open()
         step = check_step(step)
@@ -204,6 +236,8 @@ class CheckpointManager(StepReading):
             )
         self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
         self._schedule.saved(step)
+        if self._preempted() is not None:
+            self.close()  # ends the process
 
     def delete(self, step: int) -> None:
         """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
@@ -277,16 +311,30 @@ class CheckpointManager(StepReading):
         self._writer.wait()
 
     def close(self) -> None:
-        """Finish the save in flight, release the lock and raise the save's error, if any (idempotent)."""
+        """Finish the save in flight, release the lock and raise the save's error, if any (idempotent). After one of
+        ``preemption_signals`` arrived, print the error instead and end the process as the signal would have."""
         if self._closed:
             return
         self._closed = True
         try:
             self._writer.close()
+        except CheckpointError as error:
+            if self._preempted() is None:
+                raise
+            logger.error("%s", error, exc_info=error)
         finally:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            preempted = self._preempted()  # read last, so that a signal that came during the wait counts
+            if self._notice is not None:
+                self._notice.close()
+        if preempted is not None:
+            end_process(preempted)
+
+    def _preempted(self) -> signal.Signals | None:
+        """The preemption signal that arrived, if any."""
+        return self._notice.received if self._notice is not None else None
 
     def __enter__(self) -> CheckpointManager:
         return self

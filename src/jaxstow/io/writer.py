@@ -16,18 +16,13 @@ raised: division by zero
 
 from __future__ import annotations
 
-import atexit
 import collections
-import contextlib
 import threading
-import weakref
 from collections.abc import Callable
 
-__all__ = ["BackgroundWriter"]
+from jaxstow._write import at_exit
 
-#: Writers whose thread is alive. The thread is a daemon, so that an idle writer never keeps a process from
-#: ending; its queued jobs are run before the interpreter shuts down (see :func:`_finish_queued_jobs`).
-_live: weakref.WeakSet[BackgroundWriter] = weakref.WeakSet()
+__all__ = ["BackgroundWriter"]
 
 
 class BackgroundWriter:
@@ -36,7 +31,9 @@ class BackgroundWriter:
     The thread starts with the first job and ends after ``linger`` seconds without one. After a job fails, later
     jobs are dropped (so that :meth:`submit` never blocks for ever) and :meth:`submit` and :meth:`wait` raise the
     failure. Jobs still queued when the program ends are run before the interpreter shuts down, so none is cut off
-    in the middle.
+    in the middle; a failure that no :meth:`submit` or :meth:`wait` raised is then printed and the process exits
+    with a non-zero status (see :mod:`jaxstow._write.at_exit`). Jobs submitted after that point run at once, on the
+    caller's thread.
     """
 
     def __init__(self, name: str, max_pending: int = 8, linger: float = 1.0) -> None:
@@ -47,7 +44,13 @@ class BackgroundWriter:
         self._running = False  # a job is being run
         self._thread_alive = False
         self._error: Exception | None = None
+        self._raised = False  # the error has reached a caller
         self._changed = threading.Condition()
+
+    @property
+    def what(self) -> str:
+        """What the writer does, for the message of a failure at exit."""
+        return f"the queued writes of {self._name}"
 
     def _run(self) -> None:
         while True:
@@ -56,6 +59,8 @@ class BackgroundWriter:
                     self._changed.wait(self._linger)
                 if not self._jobs:
                     self._thread_alive = False
+                    if self._error is None:
+                        at_exit.untrack(self)
                     return
                 job = self._jobs.popleft()
                 self._running = True
@@ -72,6 +77,8 @@ class BackgroundWriter:
 
     def _raise_failure(self) -> None:
         if self._error is not None:
+            self._raised = True
+            at_exit.untrack(self)
             raise self._error
 
     def submit(self, job: Callable[[], object]) -> None:
@@ -80,28 +87,26 @@ class BackgroundWriter:
             self._raise_failure()
             while len(self._jobs) >= self._max_pending:
                 self._changed.wait()
+            if not at_exit.track(self):  # the interpreter is exiting and waits for no thread: run it here, in turn
+                self._changed.wait_for(lambda: not (self._jobs or self._running))
+                job()
+                return
             self._jobs.append(job)
             self._changed.notify_all()
             if not self._thread_alive:
                 self._thread_alive = True
-                _live.add(self)
                 threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def wait(self) -> None:
         """Wait until every queued job has run; raise the first failure, if any."""
-        with self._changed:
-            while self._jobs or self._running:
-                self._changed.wait()
+        self.finish(None)
         self._raise_failure()
 
+    def finish(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` seconds (``None``: for ever) until every queued job has run; whether they have."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not (self._jobs or self._running), timeout)
 
-@atexit.register
-def _finish_queued_jobs() -> None:
-    """Let every writer run its queued jobs to their end while the interpreter can still run them.
-
-    Daemon threads are stopped wherever they are when the interpreter shuts down, which inside a native library
-    can abort the process. A failure was the caller's to collect; here it is left alone.
-    """
-    for writer in list(_live):
-        with contextlib.suppress(Exception):
-            writer.wait()
+    def uncollected_error(self) -> BaseException | None:
+        """The failure of a job, if no :meth:`submit` or :meth:`wait` has raised it."""
+        return None if self._raised else self._error

@@ -1,0 +1,101 @@
+"""A preemption notice in one process: the signals a scheduler sends before it stops a job, caught and remembered.
+
+While a :class:`PreemptionNotice` is open, each signal it names only records its arrival (:attr:`received`); the
+checkpoint manager then saves at the next step and ends the process as the signal would have ended it
+(:func:`end_process`). Closing the notice puts the handlers back. Handlers are shared: several notices of one
+process may name the same signal, and the first signal that arrives while any is open is the one they all report
+(forgotten once none is open).
+
+>>> import os, signal
+>>> from jaxstow.checkpoint.preemption import PreemptionNotice
+>>> notice = PreemptionNotice([signal.SIGUSR1])
+>>> notice.received is None
+True
+>>> os.kill(os.getpid(), signal.SIGUSR1)
+>>> notice.received == signal.SIGUSR1
+True
+>>> notice.close()
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import signal
+import threading
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+from jaxstow._write import at_exit
+from jaxstow.errors import ArgumentError
+
+__all__ = ["PreemptionNotice", "end_process"]
+
+logger = logging.getLogger(__name__)
+
+_received: signal.Signals | None = None
+_previous: dict[signal.Signals, Any] = {}  # the handler each caught signal had before
+_users: collections.Counter[signal.Signals] = collections.Counter()
+
+
+class PreemptionNotice:
+    """Catches ``signals`` (from the main thread) until :meth:`close`; :attr:`received` is the first that arrived."""
+
+    def __init__(self, signals: Iterable[int | signal.Signals]) -> None:
+        wanted = _check(signals)
+        if threading.current_thread() is not threading.main_thread():
+            raise ArgumentError(
+                "preemption_signals needs the checkpoint manager to be made in the main thread, where Python runs "
+                "signal handlers"
+            )
+        for number in wanted:
+            if not _users[number]:
+                _previous[number] = signal.signal(number, _record)
+            _users[number] += 1
+        self.signals = wanted
+
+    @property
+    def received(self) -> signal.Signals | None:
+        """The first of the caught signals that arrived, or ``None``."""
+        return _received
+
+    def close(self) -> None:
+        """Stop catching the signals: each gets back the handler it had, once no open notice names it (idempotent)."""
+        global _received
+        for number in self.signals:
+            _users[number] -= 1
+            if not _users[number]:
+                del _users[number]
+                signal.signal(number, _previous.pop(number))
+        self.signals = []
+        if not _users:
+            _received = None
+
+
+def end_process(number: signal.Signals) -> None:
+    """End the process as signal ``number`` ends it by default, once every write in flight has finished (see
+    :func:`jaxstow._write.at_exit.finish_all`, which prints any that failed)."""
+    at_exit.finish_all()
+    logger.warning("%s: ending the process, as the signal asked, now that its checkpoint is saved", number.name)
+    at_exit.end_by_signal(number)
+
+
+def _check(signals: Iterable[int | signal.Signals]) -> list[signal.Signals]:
+    try:
+        wanted = [signal.Signals(number) for number in signals]
+    except (TypeError, ValueError) as error:
+        raise ArgumentError(
+            f"preemption_signals must be signals such as [signal.SIGTERM], not {signals!r} ({error})"
+        ) from None
+    uncatchable = [number.name for number in wanted if number in (signal.SIGKILL, signal.SIGSTOP)]
+    if uncatchable:
+        raise ArgumentError(f"preemption_signals cannot hold {', '.join(uncatchable)}: no process can catch it")
+    return list(dict.fromkeys(wanted))
+
+
+def _record(number: int, frame: FrameType | None) -> None:
+    global _received
+    if _received is None:
+        _received = signal.Signals(number)
+        logger.warning("%s received: the next step is saved, then the process ends", _received.name)

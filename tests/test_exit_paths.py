@@ -1,0 +1,180 @@
+"""Writes in flight when a program exits are finished before the process ends, or fail loudly with a non-zero status.
+
+Every scenario is a real Python process that saves and then exits: off the end of its script, with ``sys.exit(0)``,
+with an uncaught exception or with ``KeyboardInterrupt``, while a checkpoint step, a collector's blocks or a trainer's
+checkpoint are still being written. The 200 MB cases are larger than the size at which checksums are computed on
+threads of their own while the bytes are written, which is what ``concurrent.futures`` refused during an exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from test_checkpoint_background import _obey_permission_bits
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow._storage.lock import LOCK_NAME
+from jaxstow.train import Checkpoint
+
+_SAVE = """
+import sys, numpy as np
+from jaxstow import CheckpointManager
+manager = CheckpointManager(sys.argv[1])
+manager.save(1, {{"w": np.arange({count}, dtype=np.float32)}})
+"""
+
+_ENDINGS = {
+    "end of script": ("", 0),
+    "sys.exit(0)": ("sys.exit(0)", 0),
+    "uncaught exception": ("raise ValueError('the run went wrong')", 1),
+    "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT),  # Python ends as Ctrl-C does
+}
+_SIZES = {"1 KB": 256, "200 MB": 50_000_000}
+
+
+def _start(program: str, *arguments: str, **environment: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(program), *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **environment},
+    )
+
+
+def _finish(process: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    _, stderr = process.communicate(timeout=timeout)
+    return process.returncode, stderr
+
+
+@pytest.mark.timeout(300)
+def test_a_step_in_flight_is_committed_on_every_way_out(tmp_path: Path) -> None:
+    runs = {}
+    for ending, (line, _) in _ENDINGS.items():
+        for size, count in _SIZES.items():
+            folder = tmp_path / f"{ending}-{size}".replace(" ", "_")
+            runs[ending, size] = (folder, _start(_SAVE.format(count=count) + line, str(folder)))
+    for (ending, size), (folder, process) in runs.items():
+        status, stderr = _finish(process)
+        assert status == _ENDINGS[ending][1], f"{ending}, {size}: {stderr}"
+        assert "failed" not in stderr, stderr
+        with CheckpointManager(folder) as manager:
+            assert manager.steps() == [1], f"{ending}, {size}: {stderr}"
+            restored = manager.restore(1, as_numpy=True)["w"]
+        np.testing.assert_array_equal(restored, np.arange(_SIZES[size], dtype=np.float32))
+        assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_status_is_1(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    program = """
+    import os, sys, numpy as np
+    from jaxstow import CheckpointManager
+    manager = CheckpointManager(sys.argv[1])
+    manager.save(1, {"w": np.ones(256, np.float32)})
+    manager.wait()
+    os.chmod(sys.argv[1], 0o555)  # read-only: step 2 is refused on the writer's thread
+    manager.save(2, {"w": np.ones(256, np.float32)})
+    """
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(program), str(folder)],
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_obey_permission_bits if os.geteuid() == 0 else None,
+        )
+    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
+        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
+    status, stderr = _finish(process)
+    folder.chmod(0o755)
+    assert status == 1, stderr
+    assert f"jaxstow: saving step 2 to {folder}: failed before the process ended:" in stderr
+    assert "PermissionError" in stderr
+    assert CheckpointManager(folder).steps() == [1]
+
+
+@pytest.mark.timeout(60)
+def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() -> None:
+    program = """
+    import time
+    from jaxstow.io.writer import BackgroundWriter
+    writer = BackgroundWriter("slow-writer")
+    writer.submit(lambda: time.sleep(60))
+    """
+    started = time.monotonic()
+    status, stderr = _finish(_start(program, JAXSTOW_EXIT_WAIT="1"))
+    assert status == 1, stderr
+    assert "jaxstow: the queued writes of slow-writer: not finished within 1 s (JAXSTOW_EXIT_WAIT)" in stderr
+    assert time.monotonic() - started < 40
+
+
+@pytest.mark.timeout(60)
+def test_a_second_ctrl_c_stops_the_wait_and_the_process_ends_as_ctrl_c_ends_it(tmp_path: Path) -> None:
+    program = """
+    import time
+    from jaxstow.io.writer import BackgroundWriter
+    writer = BackgroundWriter("slow-writer")
+    writer.submit(lambda: time.sleep(60))
+    print("saving", flush=True)
+    time.sleep(60)
+    """
+    process = _start(program)
+    assert process.stdout is not None and process.stderr is not None
+    assert process.stdout.readline() == "saving\n"
+    process.send_signal(signal.SIGINT)  # the first Ctrl-C ends the script; the exit waits for the writer
+    waiting = process.stderr.readline()
+    while waiting.startswith(("Traceback", " ", "KeyboardInterrupt")):
+        waiting = process.stderr.readline()
+    assert waiting.startswith("waiting up to 600 s for the queued writes of slow-writer to finish"), waiting
+    process.send_signal(signal.SIGINT)
+    status, stderr = _finish(process, timeout=30)
+    assert status == -signal.SIGINT
+    assert "jaxstow: the queued writes of slow-writer: abandoned by Ctrl-C, unfinished" in stderr
+
+
+def test_blocks_of_a_collector_still_queued_at_the_exit_reach_the_hdf5_file(tmp_path: Path) -> None:
+    path = tmp_path / "samples.h5"
+    program = """
+    import sys, h5py, jax, jax.numpy as jnp
+    from jaxstow import io, scheduler
+    init_save, save, _ = io.save(io.HDF5Collector(h5py.File(sys.argv[1], "w")), block_size=2)
+    state = init_save(jnp.zeros(250_000), None, scheduler.static_information(samples_collected=40))
+    step = lambda state, t: (save(state, True, jnp.full(250_000, t, jnp.float32))[0], None)
+    jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(40))[0])(state))
+    """  # the run is abandoned with blocks queued: postprocess_save is never called
+    status, stderr = _finish(_start(program, str(path)))
+    assert status == 0, stderr
+    with h5py.File(path, "r") as file:
+        assert list(file["draws_done"][:]) == [40]
+        samples = file["chain~0"][:40]
+    np.testing.assert_array_equal(samples, np.repeat(np.arange(40, dtype=np.float32)[:, None], 250_000, axis=1))
+
+
+def test_a_trainer_checkpoint_saved_after_the_main_thread_ended_is_written_whole(tmp_path: Path) -> None:
+    program = """
+    import sys, threading, numpy as np
+    from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+    checkpointer = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=sys.argv[1], model_state_save_dir=None))
+
+    def last_epoch():
+        threading.main_thread().join()  # the interpreter has begun to exit
+        weights = np.arange(10_000_000, dtype=np.float32)  # large enough to be checksummed on threads
+        checkpointer.save(Checkpoint(module_interface_state={"w": weights}, trainer_state={"last_epoch": 3}), 3)
+
+    threading.Thread(target=last_epoch).start()
+    """
+    status, stderr = _finish(_start(program, str(tmp_path)))
+    assert status == 0, stderr
+    loaded = jaxstow.load(tmp_path / "checkpoint_3.jxs", as_numpy=True)
+    assert isinstance(loaded, Checkpoint) and loaded.trainer_state == {"last_epoch": 3}
+    np.testing.assert_array_equal(loaded.module_interface_state["w"], np.arange(10_000_000, dtype=np.float32))

@@ -1,0 +1,124 @@
+"""Preemption in one process: a scheduler's signal makes the next step a save, then the process ends as the signal
+would have ended it; and ``should_save`` counts every step whose save was issued.
+
+The preemption scenario is a real training loop in a process of its own, sent a real SIGTERM while a save is in
+flight.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxstow import CheckpointManager
+from jaxstow._storage.lock import LOCK_NAME
+from jaxstow.errors import ArgumentError
+
+_TRAINING = """
+import signal, sys, time, numpy as np
+from jaxstow import CheckpointManager
+manager = CheckpointManager(sys.argv[1], save_every=5, preemption_signals=[signal.SIGTERM])
+for step in range(10_000):
+    if manager.should_save(step):
+        print("saving", step, manager.reached_preemption(step), flush=True)
+        manager.save(step, {"w": np.full(10_000_000, step, np.float32)})  # 40 MB: written while the loop goes on
+        print("saved", step, flush=True)
+    time.sleep(0.01)
+print("the loop ended", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_saves_the_next_step_finishes_the_one_in_flight_and_ends_the_process_as_sigterm(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_TRAINING), str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    lines = [process.stdout.readline() for _ in range(4)]
+    assert lines == ["saving 0 False\n", "saved 0\n", "saving 5 False\n", "saved 5\n"]
+    process.send_signal(signal.SIGTERM)  # step 5 is being written
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM, stderr
+    # Steps the signal came too late to change, maybe; then the notice's step, whose save never returns.
+    *regular, last = [line.split() for line in stdout.splitlines()]
+    assert last[0] == "saving" and last[2] == "True", stdout
+    preempted = int(last[1])
+    assert [words[0] for words in regular] == ["saving", "saved"] * (len(regular) // 2)
+    with CheckpointManager(folder) as manager:
+        assert manager.steps() == [0, 5, *[int(words[1]) for words in regular[::2]], preempted]
+        for step in manager.steps():
+            assert manager.restore(step, as_numpy=True)["w"][-1] == step
+    assert not (folder / LOCK_NAME).exists()
+
+
+def test_a_signal_that_no_save_follows_ends_the_process_at_close(tmp_path: Path) -> None:
+    program = """
+    import os, signal, sys, numpy as np
+    from jaxstow import CheckpointManager
+    with CheckpointManager(sys.argv[1], preemption_signals=[signal.SIGTERM]) as manager:
+        manager.save(1, {"w": np.ones(10_000_000, np.float32)})
+        os.kill(os.getpid(), signal.SIGTERM)  # after the last save: the evaluation goes on
+        print("evaluated", flush=True)
+    print("after close", flush=True)
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(program), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == "evaluated\n"
+    assert CheckpointManager(tmp_path).steps() == [1]
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
+def test_should_save_counts_a_save_still_in_flight(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path, save_every=5) as manager:
+        manager.save(0, {"w": np.zeros(10_000_000, np.float32)})  # 40 MB: still being written when asked
+        assert [manager.should_save(step) for step in range(7)] == [False, False, False, False, False, True, False]
+        manager.save(5, {"w": np.ones(2, np.float32)})
+        assert not manager.should_save(5) and manager.should_save(10)
+        manager.delete(5)
+        assert manager.should_save(5)
+
+
+def test_closing_puts_the_signal_handler_back(tmp_path: Path) -> None:
+    before = signal.getsignal(signal.SIGUSR1)
+    first = CheckpointManager(tmp_path / "a", preemption_signals=[signal.SIGUSR1])
+    second = CheckpointManager(tmp_path / "b", preemption_signals=[signal.SIGUSR1])
+    assert signal.getsignal(signal.SIGUSR1) is not before
+    first.close()
+    assert signal.getsignal(signal.SIGUSR1) is not before  # the second manager still listens
+    assert not second.reached_preemption(1)
+    second.close()
+    assert signal.getsignal(signal.SIGUSR1) is before
+
+
+def test_signals_that_cannot_be_caught_or_a_manager_off_the_main_thread_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ArgumentError, match="cannot hold SIGKILL"):
+        CheckpointManager(tmp_path, preemption_signals=[signal.SIGKILL])
+    with pytest.raises(ArgumentError, match="must be signals such as"):
+        CheckpointManager(tmp_path, preemption_signals=["SIGTERM"])  # type: ignore[list-item]
+    before = signal.getsignal(signal.SIGTERM)
+    refused: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            CheckpointManager(tmp_path, preemption_signals=[signal.SIGTERM])
+        except ArgumentError as error:
+            refused.append(error)
+
+    thread = threading.Thread(target=make)
+    thread.start()
+    thread.join()
+    assert len(refused) == 1 and "main thread" in str(refused[0])
+    assert signal.getsignal(signal.SIGTERM) is before
