@@ -1,5 +1,6 @@
 """An ``io.save(io.HDF5Collector(file), checkpoint_every=...)`` run in a real process, read by this one while it
-writes, killed with SIGKILL before its first checkpoint and after it, and the same code run again.
+writes, killed with SIGKILL before its first checkpoint and after it, and the same code run again; ``file`` an open
+``h5py.File``, or a path that the collector opens itself under its writer lock.
 
 The writer samples two chains whose rows are known (chain ``c``'s row ``k`` is ``1000 c + k + 1`` and its negative),
 so that every read can be checked row by row. The processes come from a ``multiprocessing`` fork server that has
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import random
 import signal
 import time
 import warnings
@@ -27,7 +29,7 @@ import pytest
 import jaxstow
 from jaxstow import io
 from jaxstow.cli import main
-from jaxstow.errors import FormatError
+from jaxstow.errors import CheckpointError, FormatError
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import clear_stale_writer, read_superblock
 
@@ -36,32 +38,38 @@ CHAINS = 2
 
 
 def _write(path: str, mode: str, latest: bool, every: int, pause: float, connection: Connection) -> None:
-    """The user's code: open the file, stream every step's sample of two chains to it, checkpointing every
-    ``every`` steps; send the step it starts from, then the sample counts."""
+    """The user's code: open the file (mode ``"path"``: give the collector the path), stream every step's sample of
+    two chains to it, checkpointing every ``every`` steps; send the step it starts from, then the sample counts."""
+    if mode == "path":
+        _sample(io.HDF5Collector(path), every, pause, connection)
+        return
     with h5py.File(path, mode, **({"libver": "latest"} if latest else {})) as file:
-        collector = io.HDF5Collector(file)
-        init_save, save, postprocess_save = io.save(collector, checkpoint_every=every, block_size=8)
-        information = io.scheduler.static_information(samples_collected=STEPS)
-        states = [init_save({"x": jnp.zeros(2)}, jnp.zeros(()), information) for _ in range(CHAINS)]
-        resumed = collector.resume()
-        start = int(states[0].step)
-        x = jnp.array([resumed[c].solver_state if c in resumed else 1000.0 * c for c in range(CHAINS)], jnp.float32)
+        _sample(io.HDF5Collector(file), every, pause, connection)
 
-        def chain(state: Any, x: jax.Array, steps: jax.Array) -> Any:
-            def step(carry: Any, _: jax.Array) -> Any:
-                state, x = carry
-                x = x + 1.0
-                if pause:
-                    jax.debug.callback(lambda: time.sleep(pause))
-                state, _ = save(state, True, {"x": jnp.stack([x, -x])}, solver_state=x)
-                return (state, x), None
 
-            return jax.lax.scan(step, (state, x), steps)[0]
+def _sample(collector: io.HDF5Collector, every: int, pause: float, connection: Connection) -> None:
+    init_save, save, postprocess_save = io.save(collector, checkpoint_every=every, block_size=8)
+    information = io.scheduler.static_information(samples_collected=STEPS)
+    states = [init_save({"x": jnp.zeros(2)}, jnp.zeros(()), information) for _ in range(CHAINS)]
+    resumed = collector.resume()
+    start = int(states[0].step)
+    x = jnp.array([resumed[c].solver_state if c in resumed else 1000.0 * c for c in range(CHAINS)], jnp.float32)
 
-        connection.send(start)
-        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-        state, _ = jax.jit(jax.vmap(chain, in_axes=(0, 0, None)))(stacked, x, jnp.arange(start, STEPS))
-        connection.send([int(result["sample_count"]) for result in postprocess_save(state, None)])
+    def chain(state: Any, x: jax.Array, steps: jax.Array) -> Any:
+        def step(carry: Any, _: jax.Array) -> Any:
+            state, x = carry
+            x = x + 1.0
+            if pause:
+                jax.debug.callback(lambda: time.sleep(pause))
+            state, _ = save(state, True, {"x": jnp.stack([x, -x])}, solver_state=x)
+            return (state, x), None
+
+        return jax.lax.scan(step, (state, x), steps)[0]
+
+    connection.send(start)
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    state, _ = jax.jit(jax.vmap(chain, in_axes=(0, 0, None)))(stacked, x, jnp.arange(start, STEPS))
+    connection.send([int(result["sample_count"]) for result in postprocess_save(state, None)])
 
 
 def _rows(chain: int, count: int) -> np.ndarray:
@@ -85,19 +93,26 @@ def processes() -> multiprocessing.context.ForkServerContext:
 class Writer:
     """The user's code in a process of its own."""
 
-    def __init__(self, context: Any, path: str, mode: str, *, latest: bool, every: int, pause: float) -> None:
+    def __init__(
+        self, context: Any, path: str, mode: str, *, latest: bool, every: int, pause: float, wait: bool = True
+    ) -> None:
         receiver, sender = context.Pipe(duplex=False)
         self.process = context.Process(target=_write, args=(path, mode, latest, every, pause, sender))
         self.process.start()
         sender.close()
         self.connection = receiver
-        self.start = receiver.recv()  # the step it starts from: the file holds its chains
+        if wait:
+            self.start = receiver.recv()  # the step it starts from: the file holds its chains
 
     def kill(self) -> None:
         assert self.process.is_alive(), "the run ended before it could be killed"
         os.kill(self.process.pid, signal.SIGKILL)
         self.process.join()
         assert self.process.exitcode == -signal.SIGKILL
+
+    def kill_after(self, delay: float) -> None:
+        time.sleep(delay)
+        self.kill()
 
     def finish(self) -> list[int]:
         counts = self.connection.recv()
@@ -258,3 +273,78 @@ def test_a_file_emptied_by_mode_w_drops_the_checkpoint_an_interrupted_run_left(t
         collector = io.HDF5Collector(file)
         collector.register_chain({"x": np.zeros(2, np.float32)}, np.float32(0), io.scheduler.static_information())
         assert collector.resume() == {} and not os.path.exists(f"{path}.checkpoint.jxs")
+
+
+@pytest.mark.timeout(120)
+def test_the_path_form_killed_at_any_moment_before_its_first_checkpoint_starts_over_when_the_same_code_runs_again(
+    processes, tmp_path
+):
+    path = str(tmp_path / "samples.h5")
+    delays = random.Random(7)
+    for delay in sorted(delays.uniform(0.0, 1.5) for _ in range(3)):  # while it starts, opens the file, registers
+        Writer(processes, path, "path", latest=True, every=STEPS, pause=0.02, wait=False).kill_after(delay)
+    writer = Writer(processes, path, "path", latest=True, every=STEPS, pause=0.02)
+    assert writer.start == 0
+    while min(read_draws(path).done) < 8:
+        time.sleep(0.01)
+    writer.kill()
+    assert read_superblock(path).writer == "a writer in SWMR mode" and os.path.exists(f"{path}.lock")
+    assert not _checkpoint(path), "the run checkpointed before it was killed: slow it down"
+    _assert_rows(read_draws(path))  # what the killed run left opens, and counts rows it holds
+
+    writer = Writer(processes, path, "path", latest=True, every=STEPS, pause=0.0)  # the same code, run again
+    assert writer.start == 0  # no checkpoint: it starts over, clearing the flags the killed run left
+    _assert_finished_from_scratch_or_continued(path, writer.finish())
+    assert read_superblock(path).writer is None and not os.path.exists(f"{path}.lock")  # closed, lock released
+
+
+@pytest.mark.timeout(120)
+def test_the_path_form_refuses_other_writers_and_clearing_while_it_runs_and_continues_after_a_kill(processes, tmp_path):
+    path = str(tmp_path / "samples.h5")
+    writer = Writer(processes, path, "path", latest=True, every=40, pause=0.01)
+    held = rf"samples\.h5 is being written by another run \(process {writer.process.pid}\); one process at a time"
+    with pytest.raises(CheckpointError, match=held):
+        io.HDF5Collector(path)  # a second writer of the file
+    with pytest.raises(CheckpointError, match=held):
+        clear_stale_writer(path)  # the flags are a live writer's
+    assert read_superblock(path).writer == "a writer in SWMR mode"  # left as they are
+    while not _checkpoint(path) or min(read_draws(path).done) < 56:
+        time.sleep(0.01)
+    writer.kill()
+    checkpointed = _checkpoint(path)
+    _assert_rows(read_draws(path))
+    with pytest.raises(OSError, match="already open for write"):  # the flags the killed writer left
+        h5py.File(path, "a", libver="latest")
+
+    writer = Writer(processes, path, "path", latest=True, every=40, pause=0.0)  # the same code; nothing cleared
+    assert writer.start == checkpointed[0]["step"] > 0  # it continues from the checkpoint
+    _assert_finished_from_scratch_or_continued(path, writer.finish())
+    assert not os.path.exists(f"{path}.lock")
+
+
+def test_the_path_form_refuses_a_file_it_cannot_continue_or_replace_and_changes_nothing(tmp_path):
+    other = tmp_path / "notes.h5"
+    other.write_bytes(b"not HDF5 at all" * 10)
+    with pytest.raises(FormatError, match=r"notes\.h5: is not an HDF5 file"):
+        io.HDF5Collector(other)
+    assert other.read_bytes() == b"not HDF5 at all" * 10 and sorted(os.listdir(tmp_path)) == ["notes.h5"]
+
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w", libver="latest") as file:  # another program writes it, holding no lock
+        file["x"] = np.arange(3.0)
+        file.flush()
+        with pytest.raises(CheckpointError, match=r"foreign\.h5 is open for writing by a writer not in SWMR mode"):
+            io.HDF5Collector(foreign)
+        assert sorted(os.listdir(tmp_path)) == ["foreign.h5", "notes.h5"]
+    with h5py.File(foreign, "r") as file:
+        np.testing.assert_array_equal(file["x"][:], np.arange(3.0))
+
+    path = tmp_path / "samples.h5"
+    (tmp_path / "samples.h5.checkpoint.jxs").write_bytes(b"of a file that is gone")
+    collector = io.HDF5Collector(path)  # a checkpoint without its file: the run starts over
+    assert not os.path.exists(tmp_path / "samples.h5.checkpoint.jxs")
+    collector.register_chain({"x": np.zeros(2, np.float32)}, np.float32(0), io.scheduler.static_information())
+    collector.save(0, 0, [_rows(0, 3)])
+    collector.finalize(0)  # the last chain: the file is closed, the lock released
+    assert sorted(os.listdir(tmp_path)) == ["foreign.h5", "notes.h5", "samples.h5"]
+    np.testing.assert_array_equal(collector.finished(0)["x"], _rows(0, 3))

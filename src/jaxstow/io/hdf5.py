@@ -32,6 +32,7 @@ Array(4, dtype=int32, weak_type=True)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Mapping, Sequence
@@ -51,8 +52,16 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
+from jaxstow.io.hdf5_layout import checkpoint_path, dataset_name, group_name, layout_problems
 from jaxstow.io.scheduler import static_information as StaticInformation
-from jaxstow.io.swmr import DISK_DRIVERS, hold_metadata_in_memory, writes_live
+from jaxstow.io.swmr import (
+    DISK_DRIVERS,
+    WriterLock,
+    hold_metadata_in_memory,
+    open_for_reading,
+    open_writer,
+    writes_live,
+)
 from jaxstow.io.writer import BackgroundWriter
 
 __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
@@ -69,9 +78,9 @@ _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descript
 class HDF5Collector(DataCollector):
     """Save to hdf5 format.
 
-    Samples (and, next to the file, checkpoints) of every chain go to ``file``, an open ``h5py.File``, and can be
-    viewed with any HDF5 viewer. Writing happens on a background thread; :meth:`finalize` waits for it.
-    ``compression`` is passed to ``h5py`` (``"gzip"``, ``"lzf"``, ...).
+    Samples of every chain go to ``file``, a path or an open ``h5py.File``, and can be viewed with any HDF5 viewer.
+    Writing happens on a background thread; :meth:`finalize` waits for it. ``compression`` is passed to ``h5py``
+    (``"gzip"``, ``"lzf"``, ...).
 
     Checkpoints of every chain go to one jaxstow file, ``<file name>.checkpoint.jxs`` in ``checkpoint_dir`` (by
     default the file's folder), replaced atomically at each checkpoint, so that the chains of a ``vmap`` always resume
@@ -83,33 +92,45 @@ class HDF5Collector(DataCollector):
     that opens, whose ``/draws_done`` counts the rows it holds. (With ``compression``, HDF5 may move a chunk that was
     rewritten after the checkpoint; resuming after a crash is then not guaranteed.)
 
-    A file opened with ``libver="latest"`` is put in SWMR mode at once (do not set ``file.swmr_mode`` yourself): any
-    process reads it while the run goes on. A file opened without it cannot be read by another process before it is
-    closed; the collector then warns once with a :class:`~jaxstow.io.LiveReadWarning`.
+    Given a **path**, the collector opens the file itself in SWMR mode (any process reads it while the run goes on),
+    holding its :class:`~jaxstow.io.swmr.WriterLock`: a second writer gets a :class:`~jaxstow.errors.CheckpointError`
+    naming the process that writes the file. If the file and its checkpoint exist, the run continues from the
+    checkpoint (the writer flags that a killed run left in the file are cleared); otherwise it starts over in the
+    emptied file (a finished run too: it leaves no checkpoint). The same code run again after a kill at any moment
+    thus continues or starts over by itself. Once the last chain is finalized (or at :meth:`close`) the file is closed
+    and the lock released: :meth:`finished` reads NumPy arrays from it.
 
-    The same code run again after a crash starts the run over or continues it, as the file's mode says. Mode ``"w"``
-    empties the file: the run starts over, and a checkpoint that an interrupted run left beside the file is removed
-    (the samples it counted are gone). Mode ``"a"`` continues: a chain with a checkpoint continues from it, a chain
-    that was interrupted before its first checkpoint starts again. A file in SWMR mode whose writer was killed keeps
-    HDF5's writer flags, which keep h5py from opening it in mode ``"a"`` (readers with ``swmr=True`` open it):
-    clear them first with :func:`jaxstow.io.swmr.clear_stale_writer` (what ``h5clear -s`` does), once no process
-    writes the file. A file that holds other samples (other variables, shapes or dtypes) raises a
-    :class:`~jaxstow.errors.StructureMismatchError` naming each of them, as does a checkpoint of another solver
-    state, before anything is written.
+    Given an **open h5py.File** opened with ``libver="latest"``, the collector puts it in SWMR mode at once (do not
+    set ``file.swmr_mode`` yourself); opened without it, no other process reads it before it is closed, which the
+    collector says once with a :class:`~jaxstow.io.LiveReadWarning`. Run again, the code starts over (mode ``"w"``;
+    a checkpoint left beside the file is removed) or continues each chain from its checkpoint (mode ``"a"``). After a
+    kill in SWMR mode, HDF5's writer flags in the file make ``h5py.File(path, "a")`` raise ``OSError`` ("file is
+    already open for write"): give the collector the path instead, or first call
+    :func:`jaxstow.io.swmr.clear_stale_writer` on the path, once no process writes it. :meth:`finished` returns the
+    file's datasets. A file of other samples (other variables, shapes or dtypes) raises a
+    :class:`~jaxstow.errors.StructureMismatchError` naming each, as does a checkpoint of another solver state.
 
-    >>> import tempfile
-    >>> tf = tempfile.TemporaryFile()
-    >>>
-    >>> import h5py
+    >>> import os, tempfile, jax.numpy as jnp
     >>> from jaxstow import io
-    >>>
-    >>> file = h5py.File(tf, "w") # Use a real file for real saving
-    >>> data_collector = io.HDF5Collector(file)
-    >>> saving = io.save(data_collector)
-    >>>
-    >>> # ... use the solver ...
-    >>>
-    >>> # Close the file
+    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+    >>> def run(steps):                                  # the same code, run again, continues
+    ...     collector = io.HDF5Collector(path)
+    ...     init_save, save, postprocess_save = io.save(collector, checkpoint_every=4)
+    ...     state = init_save({"w": jnp.zeros(2)}, 0.0, io.scheduler.static_information(samples_collected=10))
+    ...     for step in range(int(state.step), steps):
+    ...         state, _ = save(state, True, {"w": jnp.full(2, step, jnp.float32)}, solver_state=float(step))
+    ...     return collector, state, postprocess_save
+    >>> collector, state, postprocess_save = run(6)      # stops after 6 steps, as a crash would: checkpointed at 4
+    >>> collector.close()                                # (a killed process needs no close)
+    >>> collector, state, postprocess_save = run(10)
+    >>> postprocess_save(state, None)["samples"]["w"][:, 0]
+    array([0., 1., 2., 3., 4., 5., 6., 7., 8., 9.], dtype=float32)
+    >>> sorted(os.listdir(os.path.dirname(path)))        # no checkpoint, no lock: the run is finished
+    ['samples.h5']
+
+    >>> import h5py                                     # jax_sgmc's form, with an open file
+    >>> file = h5py.File(tempfile.TemporaryFile(), "w")  # Use a real file for real saving
+    >>> saving = io.save(io.HDF5Collector(file))
     >>> file.close()
     """
 
@@ -121,17 +142,18 @@ class HDF5Collector(DataCollector):
         checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
-        if not isinstance(file, h5py.File):
-            raise ArgumentError(f"HDF5Collector needs an open h5py.File, got {type(file).__name__}")
+        self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
+        self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        if isinstance(file, str | os.PathLike):
+            name = os.fspath(file)
+            file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
+        elif not isinstance(file, h5py.File):
+            raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
+        if self._checkpoint_dir is None and file.driver in DISK_DRIVERS:
+            self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         self._h5py = h5py
         self._file = file
         self._compression = compression
-        if checkpoint_dir is not None:
-            self._checkpoint_dir: str | None = os.fspath(checkpoint_dir)
-        elif file.driver in DISK_DRIVERS:
-            self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
-        else:
-            self._checkpoint_dir = None
         self._chains = ChainBook()
         self._datasets: list[list[Any]] = []
         self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
@@ -192,7 +214,7 @@ class HDF5Collector(DataCollector):
             self._file.flush()
 
     def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
-        group = _group(chain_id)
+        group = group_name(chain_id)
         if group in self._file:
             problems = layout_problems(self._file, chain_id, layout)
             if problems:
@@ -210,7 +232,7 @@ class HDF5Collector(DataCollector):
         for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
             datasets.append(
                 self._file.create_dataset(
-                    _dataset_name(chain_id, name),
+                    dataset_name(chain_id, name),
                     shape=(capacity, *shape),
                     maxshape=(None, *shape),
                     chunks=(rows, *shape),
@@ -221,7 +243,7 @@ class HDF5Collector(DataCollector):
         return datasets
 
     def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
-        group = _group(chain_id)
+        group = group_name(chain_id)
         problems = (
             layout_problems(self._file, chain_id, layout, sample_count)
             if group in self._file
@@ -238,7 +260,7 @@ class HDF5Collector(DataCollector):
             )
         if "sample_count" in self._file[group].attrs:  # finished, but not every chain was: the run goes on
             del self._file[group].attrs["sample_count"]
-        return [self._file[_dataset_name(chain_id, name)] for name in layout.names]
+        return [self._file[dataset_name(chain_id, name)] for name in layout.names]
 
     def _count_draws(self) -> None:
         """Set ``/draws_done`` to the samples published of every chain (creating or growing the dataset)."""
@@ -340,58 +362,37 @@ class HDF5Collector(DataCollector):
             dataset.resize(end, axis=0)
         self._published[chain_id] = end
         self._publish()
-        self._file[_group(chain_id)].attrs["sample_count"] = end
+        self._file[group_name(chain_id)].attrs["sample_count"] = end
         self._file.flush()
         self._finalized.add(chain_id)
         path = self.checkpoint_path
-        if path is not None and len(self._finalized) == len(self._datasets):
-            remove_checkpoint(path)
-            self._latest.clear()
+        if len(self._finalized) == len(self._datasets):
+            if path is not None:
+                remove_checkpoint(path)
+                self._latest.clear()
+            self.close()
+
+    def close(self) -> None:
+        """Wait for the writes; close a file the collector opened itself, and release its lock (idempotent).
+
+        :meth:`finalize` calls it once every chain is finalized; a chain not finalized keeps its checkpoint.
+        """
+        try:
+            self._writer.wait()
+        finally:
+            if self._lock is not None:
+                if self._file:
+                    self._file.close()
+                self._lock.release()
 
     def finished(self, chain_id: int) -> Any:
-        """The chain's datasets, in the structure of the sample (read them with ``[:]``)."""
-        return self._chains.layouts[chain_id].treedef.unflatten(self._datasets[chain_id])
+        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read."""
+        layout = self._chains.layouts[chain_id]
+        if self._lock is None:
+            return layout.treedef.unflatten(self._datasets[chain_id])
+        with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
+            return layout.treedef.unflatten([file[dataset_name(chain_id, name)][()] for name in layout.names])
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
-
-
-def checkpoint_path(filename: str, folder: str | None = None) -> str:
-    """The checkpoint file of an HDF5 file's chains: ``<file name>.checkpoint.jxs`` in ``folder`` (or beside it)."""
-    folder = os.path.dirname(os.path.abspath(filename)) if folder is None else folder
-    return os.path.join(folder, f"{os.path.basename(filename)}.checkpoint.jxs")
-
-
-def _group(chain_id: int) -> str:
-    return f"/chain~{chain_id}"
-
-
-def _dataset_name(chain_id: int, name: str) -> str:
-    return f"{_group(chain_id)}/{name}" if name else _group(chain_id)
-
-
-def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
-    """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples)."""
-    h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
-    group = file[_group(chain_id)]
-    held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
-    if isinstance(group, h5py.Group):
-        group.visititems(lambda name, item: held.update({name: item}) if isinstance(item, h5py.Dataset) else None)
-    problems = []
-    for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-        dataset_name, dataset = _dataset_name(chain_id, name), held.pop(name, None)
-        wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
-        if dataset is None:
-            problems.append(f"{dataset_name}: the run samples {wanted}, the file does not hold it")
-        elif dataset.shape[1:] != shape or dataset.dtype != dtype:
-            problems.append(
-                f"{dataset_name}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}"
-            )
-        elif len(dataset) < rows:
-            problems.append(f"{dataset_name}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
-    problems += [
-        f"{_dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not sample it"
-        for name, item in held.items()
-    ]
-    return problems

@@ -35,7 +35,6 @@ True
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -54,7 +53,7 @@ from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.live import read_stacked, run_finished
 from jaxstow.io.scheduler import static_information
-from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
+from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
 
 __all__ = ["run_chains"]
 
@@ -114,11 +113,11 @@ def run_chains(
     warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
-    with _run_lock(name) as killed:
+    with WriterLock(name) as lock:
         if os.path.exists(name):
-            if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), killed=killed):
+            if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), lock):
                 return read_stacked(name)
-            clear_stale_writer(name)  # the flags a killed writer left (only such a one: see _continued)
+            lock.clear_stale_flags()  # the flags a killed writer left (only such a one: see _continued)
         with h5py.File(name, "a", libver="latest", locking=False) as file:  # the run's lock keeps other writers out
             if RUN_ATTRIBUTE not in file.attrs:
                 file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
@@ -278,22 +277,16 @@ def _chain_spec(spec: Any) -> Any:
     return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[1:], leaf.dtype), spec)
 
 
-def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec: Any, *, killed: bool) -> bool:
+def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec: Any, lock: WriterLock) -> bool:
     """Check, before writing anything, that the file at ``name`` holds this run, with the draws and checkpointed
     states of this run; whether it is finished (then its checkpoint is removed).
 
-    ``killed``: the run's previous writer was killed (it left its lock file), so the writer flags it left in the
-    file are stale: they are cleared if the file cannot be read otherwise.
+    Writer flags that no killed run left are refused; a killed run's are cleared only where the file cannot be read
+    otherwise (its writer was killed before it entered SWMR mode).
     """
     writer = read_superblock(name).writer
-    if writer is not None and not killed:
-        raise CheckpointError(
-            f"{name} is open for writing by {writer} that is not a run of jaxstow.io (or by a program that was "
-            "killed): it is left as it is. If no program writes it, clear its flags with `h5clear -s` and call again",
-            file=name,
-        )
-    if writer == "a writer not in SWMR mode":  # killed before its collector got the file: unreadable until cleared
-        clear_stale_writer(name)
+    if writer is not None and (writer == "a writer not in SWMR mode" or not lock.killed):
+        lock.clear_stale_flags()
     with open_for_reading(name) as file:
         text = file.attrs.get(RUN_ATTRIBUTE)
         if text is None:
@@ -334,46 +327,3 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(checkpoint_path(name))
     return finished
-
-
-@contextlib.contextmanager
-def _run_lock(name: str) -> Iterator[bool]:
-    """Hold ``<name>.lock``, an ``flock`` that the kernel releases when this process ends, however it ends.
-
-    Yields whether a previous writer left the lock file behind: it was killed. A call that fails leaves the lock
-    file as it found it.
-    """
-    lock_path = f"{name}.lock"
-    folder = os.path.dirname(os.path.abspath(name))
-    if not os.path.isdir(folder):
-        raise CheckpointError(f"{name}: the folder {folder} does not exist", file=name)
-    try:
-        with open(lock_path, "rb") as left:
-            previous: bytes | None = left.read()
-    except FileNotFoundError:
-        previous = None
-    descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(descriptor, 200, 0).decode(errors="replace").strip()
-            raise CheckpointError(
-                f"{name} is being written by another run ({holder or 'a process'}); one process at a time writes a "
-                "run, any number may read it",
-                file=name,
-            ) from None
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"process {os.getpid()}".encode(), 0)
-        try:
-            yield previous is not None
-        except BaseException:
-            if previous is None:
-                os.unlink(lock_path)
-            else:
-                os.ftruncate(descriptor, 0)
-                os.pwrite(descriptor, previous, 0)
-            raise
-        os.unlink(lock_path)
-    finally:
-        os.close(descriptor)

@@ -4,8 +4,8 @@ A file created with ``libver="latest"`` starts with a version 3 superblock whose
 writer has it open, and whether in SWMR mode. A writer in SWMR mode (``file.swmr_mode = True``, after every dataset
 is created) keeps the file readable at every moment by readers that open it with ``swmr=True``; a plain reader, or
 a second writer, is refused while the flags are set. A writer that is killed leaves the flags set: HDF5's ``h5clear``
-tool clears them, and so does :func:`clear_stale_writer`, which a run does once it holds the run's lock (so it knows
-the writer is gone). A file without that superblock (one created without ``libver="latest"``) cannot enter SWMR
+tool clears them, and so does :func:`clear_stale_writer`. jaxstow's writers of a file hold its :class:`WriterLock`,
+which tells the next writer that the last one was killed, so that it clears the flags itself. A file without that superblock (one created without ``libver="latest"``) cannot enter SWMR
 mode: its writer locks it, and no other process reads it before it is closed; :func:`writes_live` says which.
 
 >>> import os, tempfile, h5py
@@ -27,22 +27,26 @@ True
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import struct
 import warnings
+from types import TracebackType
 from typing import Any
 
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError
+from jaxstow.errors import CheckpointError, FormatError
 
 __all__ = [
     "DISK_DRIVERS",
     "LiveReadWarning",
     "Superblock",
+    "WriterLock",
     "clear_stale_writer",
     "hold_metadata_in_memory",
     "lookup3",
     "open_for_reading",
+    "open_writer",
     "read_superblock",
     "writes_live",
 ]
@@ -127,6 +131,30 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
         ) from None
 
 
+def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, WriterLock]:
+    """Open the HDF5 file at ``path`` for writing in SWMR mode under its :class:`WriterLock`: to continue its run if
+    it and ``checkpoint`` (where the run commits its progress) exist, else emptied; return the file and the lock.
+
+    The writer flags that a killed writer left are cleared first. A file that is not HDF5, or whose flags no killed
+    writer left, is refused before anything is changed. A run that starts over removes ``checkpoint`` before it
+    empties the file, so that a kill in between leaves no checkpoint of rows the file lost.
+    """
+    name = os.fspath(path)
+    h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
+    lock = WriterLock(name)
+    try:
+        exists = os.path.exists(name) and os.path.getsize(name) > 0
+        if exists:
+            lock.clear_stale_flags()
+        continued = exists and os.path.exists(checkpoint)
+        if not continued and os.path.exists(checkpoint):
+            os.unlink(checkpoint)
+        return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
+    except BaseException:
+        lock.release(failed=True)
+        raise
+
+
 def writes_live(file: Any, *, stacklevel: int = 2) -> bool:
     """Whether the open ``h5py.File`` can be written in SWMR mode, so that other processes read it meanwhile.
 
@@ -162,11 +190,25 @@ def hold_metadata_in_memory(file: Any) -> None:
 def clear_stale_writer(path: str | os.PathLike[str]) -> bool:
     """Clear the consistency flags a killed writer left in the superblock (what ``h5clear -s`` does).
 
-    The end of file it records is raised to the file's size, as ``h5clear --increment=0`` does, so that nothing the
-    killed writer placed beyond it is overwritten. Only call this when no writer has the file open. Returns whether
-    the flags were set.
+    It holds the file's :class:`WriterLock` meanwhile, so it refuses, with a :class:`~jaxstow.errors.CheckpointError`
+    naming the process, while a writer that holds that lock is alive (an :class:`~jaxstow.io.HDF5Collector` given a
+    path, :func:`jaxstow.io.run_chains`). A writer that holds no such lock (an ``h5py.File`` a program opened itself)
+    cannot be told from a killed one: call this only when no program writes the file. Returns whether the flags were
+    set.
+
+    >>> import os, tempfile, h5py
+    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+    >>> h5py.File(path, "w", libver="latest").close()
+    >>> clear_stale_writer(path)                       # a file closed by its writer: nothing to clear
+    False
     """
-    name = os.fspath(path)
+    with WriterLock(path):
+        return _clear_flags(os.fspath(path))
+
+
+def _clear_flags(name: str) -> bool:
+    """Clear the superblock's consistency flags; the end of file it records is raised to the file's size, as
+    ``h5clear --increment=0`` does, so that nothing the killed writer placed beyond it is overwritten."""
     superblock = read_superblock(name)
     if superblock.writer is None:
         return False
@@ -185,6 +227,106 @@ def clear_stale_writer(path: str | os.PathLike[str]) -> bool:
         os.pwrite(file.fileno(), bytes(block), superblock.offset)
         os.fsync(file.fileno())
     return True
+
+
+class WriterLock:
+    """``<file>.lock``: the ``flock`` that the one process writing an HDF5 file holds, until :meth:`release`.
+
+    The kernel releases it when its process ends, however it ends, but the lock file, which names the process, is
+    removed only by :meth:`release`: a lock file found when the lock is taken was left by a writer that was killed
+    (:attr:`killed`), so the writer flags left in the file are stale, and :meth:`clear_stale_flags` clears them. A
+    second writer gets a :class:`~jaxstow.errors.CheckpointError` naming the file and the process that holds it.
+    ``release(failed=True)`` leaves the lock file as it was found.
+
+    >>> import os, tempfile
+    >>> from jaxstow.errors import CheckpointError
+    >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+    >>> with WriterLock(path) as lock:
+    ...     try:
+    ...         WriterLock(path)                       # another process would get the same
+    ...     except CheckpointError as error:
+    ...         print(error)
+    /.../samples.h5 is being written by another run (process ..., this one); one process at a time writes a file, any number may read it
+    >>> lock.killed, os.path.exists(path + ".lock")
+    (False, False)
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._lock_path = f"{self.path}.lock"
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise CheckpointError(f"{self.path}: the folder {folder} does not exist", file=self.path)
+        while True:
+            descriptor = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(descriptor, 200, 0).decode(errors="replace").strip() or "a process"
+                os.close(descriptor)
+                mine = ", this one" if holder == _holder() else ""
+                raise CheckpointError(
+                    f"{self.path} is being written by another run ({holder}{mine}); one process at a time writes a "
+                    "file, any number may read it",
+                    file=self.path,
+                ) from None
+            if self._is_current(descriptor):
+                break
+            os.close(descriptor)  # its holder released it and removed the file meanwhile: take the new one
+        self._descriptor: int | None = descriptor
+        self._previous = os.pread(descriptor, 200, 0)
+        #: Whether the last writer left the lock file: it was killed, and the writer flags in the file are its.
+        self.killed = bool(self._previous)
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, _holder().encode(), 0)
+
+    def _is_current(self, descriptor: int) -> bool:
+        try:
+            return os.stat(self._lock_path).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            return False
+
+    def clear_stale_flags(self) -> bool:
+        """Clear the writer flags in the file, which the killed last writer left; return whether there were any.
+
+        Flags that no killed writer of the lock left raise a :class:`~jaxstow.errors.CheckpointError`, and the file
+        is left as it is: they may be those of a live program that holds no lock.
+        """
+        writer = read_superblock(self.path).writer
+        if writer is not None and not self.killed:
+            raise CheckpointError(
+                f"{self.path} is open for writing by {writer} that holds no writer lock of jaxstow (another program, "
+                "or one killed while it wrote the file): it is left as it is. If no program writes it, clear its "
+                "flags with jaxstow.io.swmr.clear_stale_writer (what `h5clear -s` does) and try again",
+                file=self.path,
+            )
+        return writer is not None and _clear_flags(self.path)
+
+    def release(self, *, failed: bool = False) -> None:
+        """Remove the lock file and release the lock; ``failed``: leave the lock file as it was found (idempotent)."""
+        descriptor, self._descriptor = self._descriptor, None
+        if descriptor is None:
+            return
+        try:
+            if failed and self._previous:
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, self._previous, 0)
+            elif self._is_current(descriptor):
+                os.unlink(self._lock_path)
+        finally:
+            os.close(descriptor)
+
+    def __enter__(self) -> WriterLock:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.release(failed=kind is not None)
+
+
+def _holder() -> str:
+    return f"process {os.getpid()}"
 
 
 def _rotate(value: int, bits: int) -> int:

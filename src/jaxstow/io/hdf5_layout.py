@@ -1,0 +1,64 @@
+"""Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, and how the datasets
+a file holds differ from those of a run.
+
+>>> import os, tempfile, h5py, numpy as np
+>>> from jaxstow.io.chains import SampleLayout
+>>> from jaxstow.io.hdf5_layout import checkpoint_path, layout_problems
+>>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
+>>> os.path.basename(checkpoint_path(path))
+'samples.h5.checkpoint.jxs'
+>>> with h5py.File(path, "w") as file:
+...     file["chain~0/w"] = np.zeros((5, 3), np.float32)
+...     layout_problems(file, 0, SampleLayout.of({"w": np.zeros(2, np.float32)}))
+['/chain~0/w: the file holds float32[5, 3], the run samples float32[*, 2]']
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from jaxstow._util.optional import require
+from jaxstow.io.chains import SampleLayout
+
+__all__ = ["checkpoint_path", "dataset_name", "group_name", "layout_problems"]
+
+
+def checkpoint_path(filename: str, folder: str | None = None) -> str:
+    """The checkpoint file of an HDF5 file's chains: ``<file name>.checkpoint.jxs`` in ``folder`` (or beside it)."""
+    folder = os.path.dirname(os.path.abspath(filename)) if folder is None else folder
+    return os.path.join(folder, f"{os.path.basename(filename)}.checkpoint.jxs")
+
+
+def group_name(chain_id: int) -> str:
+    """The group of a chain's datasets (or its one dataset, for a sample that is one array)."""
+    return f"/chain~{chain_id}"
+
+
+def dataset_name(chain_id: int, name: str) -> str:
+    """The dataset of a chain's leaf, named by its dict keys joined by ``/`` (``""`` for a sample that is one array)."""
+    return f"{group_name(chain_id)}/{name}" if name else group_name(chain_id)
+
+
+def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
+    """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples)."""
+    h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+    group = file[group_name(chain_id)]
+    held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
+    if isinstance(group, h5py.Group):
+        group.visititems(lambda name, item: held.update({name: item}) if isinstance(item, h5py.Dataset) else None)
+    problems = []
+    for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
+        where, dataset = dataset_name(chain_id, name), held.pop(name, None)
+        wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
+        if dataset is None:
+            problems.append(f"{where}: the run samples {wanted}, the file does not hold it")
+        elif dataset.shape[1:] != shape or dataset.dtype != dtype:
+            problems.append(f"{where}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}")
+        elif len(dataset) < rows:
+            problems.append(f"{where}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
+    problems += [
+        f"{dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not sample it"
+        for name, item in held.items()
+    ]
+    return problems
