@@ -147,7 +147,7 @@ def test_blocks_of_a_collector_still_queued_at_the_exit_reach_the_hdf5_file(tmp_
     program = """
     import sys, h5py, jax, jax.numpy as jnp
     from jaxstow import io, scheduler
-    init_save, save, _ = io.save(io.HDF5Collector(h5py.File(sys.argv[1], "w")), block_size=2)
+    init_save, save, _ = io.save(io.HDF5Collector(h5py.File(sys.argv[1], "w", libver="latest")), block_size=2)
     state = init_save(jnp.zeros(250_000), None, scheduler.static_information(samples_collected=40))
     step = lambda state, t: (save(state, True, jnp.full(250_000, t, jnp.float32))[0], None)
     jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(40))[0])(state))
