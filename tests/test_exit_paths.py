@@ -8,6 +8,7 @@ threads of their own while the bytes are written, which is what ``concurrent.fut
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -178,3 +179,21 @@ def test_a_trainer_checkpoint_saved_after_the_main_thread_ended_is_written_whole
     loaded = jaxstow.load(tmp_path / "checkpoint_3.jxs", as_numpy=True)
     assert isinstance(loaded, Checkpoint) and loaded.trainer_state == {"last_epoch": 3}
     np.testing.assert_array_equal(loaded.module_interface_state["w"], np.arange(10_000_000, dtype=np.float32))
+
+
+@pytest.mark.timeout(120)
+def test_an_upload_started_after_the_main_thread_ended_completes(s3_server) -> None:
+    url = s3_server.url(f"late-{os.getpid()}", "w.jxs")
+    program = """
+    import json, sys, threading
+    import numpy as np, jaxstow
+    url, options = sys.argv[1], json.loads(sys.argv[2])
+    def late_save():
+        threading.main_thread().join()  # the interpreter has begun to exit: concurrent.futures refuses new work
+        jaxstow.save(url, {"w": np.arange(10_000_000, dtype=np.float32)}, storage_options=options)
+    threading.Thread(target=late_save).start()
+    """  # 40 MB: uploaded in parts, on the upload pool while it takes work, on this thread once it refuses
+    status, stderr = _finish(_start(program, url, json.dumps(s3_server.storage_options)))
+    assert status == 0, stderr
+    loaded = jaxstow.load(url, storage_options=s3_server.storage_options, as_numpy=True)
+    np.testing.assert_array_equal(loaded["w"], np.arange(10_000_000, dtype=np.float32))

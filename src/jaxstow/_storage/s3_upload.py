@@ -102,7 +102,7 @@ class S3Upload:
             self._lanes.uploading.release()
             self._raise_failure()
         number = len(self._parts) + 1
-        future = self._lanes.uploads().submit(self._upload_part, number, views)
+        future = self._lanes.upload(self._upload_part, number, views)
         future.add_done_callback(self._part_done)
         self._parts.append(future)
 
@@ -143,7 +143,7 @@ class S3Upload:
             if self._upload_id is None:
                 views = self._take(self._pending_bytes)
                 self._lanes.uploading.acquire()
-                future = self._lanes.uploads().submit(self._put_whole, views)
+                future = self._lanes.upload(self._put_whole, views)
                 future.add_done_callback(self._part_done)
                 self._parts.append(future)
             elif self._pending_bytes:

@@ -18,11 +18,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from jaxstow._format.source import Parallel
 from jaxstow.errors import ArgumentError
+
+T = TypeVar("T")
 
 __all__ = ["MIN_PART_SIZE", "Lanes", "Pace", "Transfer", "lanes"]
 
@@ -102,12 +106,24 @@ class Lanes:
         self._uploads: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def uploads(self) -> ThreadPoolExecutor:
-        """The pool that uploads parts, ``requests`` threads, made on first use."""
+    def upload(self, job: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``job(*args)`` on the pool that uploads parts (``requests`` threads, made on first use).
+
+        Once the interpreter has begun to exit, ``concurrent.futures`` refuses new work: the job then runs on the
+        caller's thread, so that a save still in flight at exit completes (its future is already done)."""
         with self._lock:
             if self._uploads is None:
                 self._uploads = ThreadPoolExecutor(self.transfer.requests, thread_name_prefix="jaxstow-upload")
-            return self._uploads
+            pool = self._uploads
+        try:
+            return pool.submit(job, *args)
+        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+            done: Future[T] = Future()
+            try:
+                done.set_result(job(*args))
+            except BaseException as error:
+                done.set_exception(error)
+            return done
 
 
 _lanes: dict[Transfer, Lanes] = {}
