@@ -42,6 +42,11 @@ ODD_NUMBERS: list[Any] = [
 Header = dict[str, Any]
 
 
+def _odd(rng: random.Random, *more: Any) -> Any:
+    """One of the odd numbers (or of ``more``), a copy of its own: a list in a header may be changed later."""
+    return copy.deepcopy(rng.choice([*ODD_NUMBERS, *more]))
+
+
 def valid_header(rng: random.Random) -> tuple[Header, int]:
     """A valid tensor table (its entries in random order, tiled in another) and the file size it fits."""
     count = rng.randint(0, 7)
@@ -70,7 +75,7 @@ def _entry(header: Header, rng: random.Random) -> Any:
 def _set_field(header: Header, rng: random.Random) -> None:
     entry = _entry(header, rng)
     if isinstance(entry, dict):
-        entry[rng.choice(["dtype", "shape", "data_offsets"])] = rng.choice([*ODD_NUMBERS, "F32", "X64", [], [0, 0]])
+        entry[rng.choice(["dtype", "shape", "data_offsets"])] = _odd(rng, "F32", "X64", [], [0, 0])
 
 
 def _offset(header: Header, rng: random.Random) -> None:
@@ -81,7 +86,7 @@ def _offset(header: Header, rng: random.Random) -> None:
         if rng.random() < 0.5 and isinstance(offsets[i], int):
             offsets[i] += rng.choice([-8, -2, -1, 1, 2, 4, 8])
         else:
-            offsets[i] = rng.choice(ODD_NUMBERS)
+            offsets[i] = _odd(rng)
 
 
 def _offsets_length(header: Header, rng: random.Random) -> None:
@@ -118,11 +123,7 @@ def _shape(header: Header, rng: random.Random) -> None:
     choice = rng.random()
     if choice < 0.3 and shape:
         i = rng.randrange(len(shape))
-        shape[i] = (
-            shape[i] + rng.choice([-1, 1])
-            if isinstance(shape[i], int) and rng.random() < 0.5
-            else rng.choice(ODD_NUMBERS)
-        )
+        shape[i] = shape[i] + rng.choice([-1, 1]) if isinstance(shape[i], int) and rng.random() < 0.5 else _odd(rng)
     elif choice < 0.45:
         shape.append(rng.choice([0, 1, 1, 2]))
     elif choice < 0.55 and shape:
@@ -174,7 +175,7 @@ def _missing_or_extra_key(header: Header, rng: random.Random) -> None:
         if rng.random() < 0.5 and entry:
             del entry[rng.choice(list(entry))]
         else:
-            entry[rng.choice(["extra", "dtype_", "offsets"])] = rng.choice(ODD_NUMBERS)
+            entry[rng.choice(["extra", "dtype_", "offsets"])] = _odd(rng)
 
 
 def _copy_entry(header: Header, rng: random.Random) -> None:

@@ -6,6 +6,7 @@ naturally aligned. ``__metadata__`` is written last in the header: ``jaxstow`` (
 metadata whose values are strings under their own keys (format version 4 on; safetensors' own tools show them), and
 last ``jaxstow_header_xxh3``, the checksum of the header text with that value zeroed, so that a flipped byte in the
 header is caught too. A plain safetensors file's ``__metadata__`` is read as it is (:attr:`NativeReader.metadata`).
+``docs/format.md`` specifies all of it, byte by byte.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.native import NativeReader, write_native
