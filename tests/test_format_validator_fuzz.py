@@ -29,7 +29,7 @@ from jaxstow._format.tensor_table import check_header, entry_slots, slot_table
 from jaxstow.errors import FormatError, JaxstowError
 from reliability.forge import forge_native
 
-HEADERS = int(os.environ.get("JAXSTOW_FUZZ_HEADERS", "4000"))
+HEADERS = int(os.environ.get("JAXSTOW_FUZZ_HEADERS", "10000"))
 DATA_START = 4096
 CODES = sorted(SAFETENSORS_CODES)
 ITEMSIZE = {code: dtype.itemsize for code, dtype in SAFETENSORS_CODES.items()}

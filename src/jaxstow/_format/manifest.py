@@ -179,7 +179,7 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     ...
     jaxstow.errors.FormatError: f.jxs: the metadata holds an integer of more than 4300 digits; a jaxstow file holds at most 4300
     """
-    parts = [("", "the structure", manifest.get("structure"))]
+    parts: list[tuple[str | None, str, Any]] = [("", "the structure", manifest.get("structure"))]
     values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
     parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
     details, paths = manifest.get("details", {}), manifest.get("paths", [])  # a version 3 manifest read from a file
