@@ -111,14 +111,15 @@ def is_shape(value: object) -> TypeGuard[list[int]]:
     return type(value) is list and all(type(size) is int and size >= 0 for size in value)
 
 
-#: numpy's bounds on an array: its bytes, with every axis of size 0 counted as 1 (numpy refuses a larger shape even
-#: when it holds nothing), and its number of axes (32 before numpy 2).
-#: The most bytes and axes a numpy array can have.
+#: The most bytes a stored shape may span, with every axis of size 0 counted as 1 (numpy refuses a larger shape even
+#: when it holds nothing).
 MAX_ARRAY_BYTES = 2**63 - 1
-MAX_AXES = 64 if int(np.__version__.split(".")[0]) >= 2 else 32
+#: The most axes a stored shape may have: numpy 1's bound, so that a file reads wherever jaxstow runs (numpy 2 allows
+#: 64); the writer refuses more.
+MAX_AXES = 32
 
 
-def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> list[int]:
+def checked_shape(value: object, dtype: np.dtype, *, file: str | None, path: str) -> list[int]:
     """A decoded JSON value as the shape of an array of ``dtype``; a :class:`FormatError` naming the leaf if it is not
     a list of non-negative integers, has more axes than numpy has, or spans more bytes than any array holds.
 
@@ -137,7 +138,7 @@ def checked_shape(value: object, dtype: np.dtype, *, file: str, path: str) -> li
         )
     if len(value) > MAX_AXES:
         raise FormatError(
-            f"a shape of {len(value)} axes has more than the {MAX_AXES} an array can have", file=file, path=path
+            f"a shape of {len(value)} axes has more than the {MAX_AXES} a jaxstow file holds", file=file, path=path
         )
     nbytes = dtype.itemsize
     for size in value:

@@ -73,7 +73,7 @@ def parse_json(
             return orjson.loads(text)
         except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below
             pass
-    try:
-        return json.loads(text)
+    try:  # bytes as UTF-8 only: json.loads would guess UTF-16 or UTF-32 from the first bytes
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
     except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None

@@ -39,6 +39,7 @@ from jaxstow.errors import FormatError, NewerFormatError, excerpt
 __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "MAX_INTEGER_DIGITS",
     "MAX_NESTING",
     "PLAIN_METADATA_VERSION",
     "RESERVED_PREFIX",
@@ -61,6 +62,10 @@ RESERVED_PREFIX = "jaxstow"
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
 MAX_NESTING = 400
+#: The most decimal digits of an integer anywhere in a manifest (a value, the metadata): Python's default bound on
+#: converting integers to and from text, fixed here so that a save refuses what a load of any jaxstow would refuse.
+MAX_INTEGER_DIGITS = 4300
+_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
 _STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
 _ARRAY_KINDS = _STORED_KINDS | {"sharded"}
@@ -94,6 +99,9 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise FormatError(
             f"the manifest's metadata must be a JSON object, not {excerpt(manifest['metadata'])}", file=file
         )
+    problem = _limits_problem(manifest.get("metadata"))
+    if problem is not None:
+        raise FormatError(f"the manifest's metadata {problem}", file=file)
     if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
         return manifest
     leaves = manifest.get("leaves")
@@ -110,7 +118,8 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
 
 def metadata_problem(metadata: Any) -> str | None:
     """What keeps ``metadata`` from being saved with a file, or ``None``: it must be a dict of strict JSON (see
-    :func:`~jaxstow._format.json_rules.json_problem`) whose keys do not start with :data:`RESERVED_PREFIX`.
+    :func:`~jaxstow._format.json_rules.json_problem`) within the limits of :func:`check_nesting`, whose keys do not
+    start with :data:`RESERVED_PREFIX`.
 
     >>> from jaxstow._format.manifest import metadata_problem
     >>> metadata_problem({"epoch": 3, "run": "a"}) is None
@@ -123,7 +132,8 @@ def metadata_problem(metadata: Any) -> str | None:
     reserved = next((key for key in metadata if isinstance(key, str) and key.startswith(RESERVED_PREFIX)), None)
     if reserved is not None:
         return f"key {excerpt(reserved)} starts with {RESERVED_PREFIX!r}, which the file's own keys use: rename it"
-    return json_problem(metadata)
+    limits = _limits_problem(metadata)
+    return json_problem(metadata) if limits is None else f"it {limits}"
 
 
 def plain_metadata(metadata: Any) -> dict[str, str]:
@@ -152,7 +162,9 @@ def _unicode(text: str) -> bool:
 
 
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
-    """Refuse, before anything is written, a manifest whose structure or values nest deeper than :data:`MAX_NESTING`.
+    """Refuse, before anything is written, a manifest that a load would refuse for its size: a structure, value or
+    metadata nesting deeper than :data:`MAX_NESTING` JSON levels, or holding an integer of more than
+    :data:`MAX_INTEGER_DIGITS` digits.
 
     >>> from jaxstow._format.manifest import check_nesting
     >>> deep = "*"
@@ -162,27 +174,39 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     Traceback (most recent call last):
     ...
     jaxstow.errors.FormatError: the root of the tree: the structure nests 500 JSON levels deep; a jaxstow file holds at most 400
+    >>> check_nesting({"structure": "*", "metadata": {"n": 10**5000}}, file="f.jxs")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.FormatError: f.jxs: the metadata holds an integer of more than 4300 digits; a jaxstow file holds at most 4300
     """
-    parts = [("", "the structure", manifest.get("structure"))]
+    parts: list[tuple[str | None, str, Any]] = [("", "the structure", manifest.get("structure"))]
     values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
     parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
     details, paths = manifest.get("details", {}), manifest.get("paths", [])  # a version 3 manifest read from a file
     parts += [
         (paths[int(index)], "the value", detail["value"]) for index, detail in details.items() if "value" in detail
     ]
+    parts.append((None, "the metadata", manifest.get("metadata")))
     for path, what, part in parts:
-        depth = _nesting(part)
-        if depth > MAX_NESTING:
-            raise FormatError(
-                f"{what} nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}",
-                file=file,
-                path=path,
-            )
+        problem = _limits_problem(part)
+        if problem is not None:
+            raise FormatError(f"{what} {problem}", file=file, path=path)
 
 
-def _nesting(value: Any) -> int:
-    """The most JSON containers around any part of ``value`` (an empty container holds no part), level by level."""
-    deepest, level = 0, [value]
+def _limits_problem(value: Any) -> str | None:
+    """How a JSON value breaks the limits of :func:`check_nesting`, or ``None``."""
+    depth, huge = _nesting(value)
+    if depth > MAX_NESTING:
+        return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
+    if huge:
+        return f"holds an integer of more than {MAX_INTEGER_DIGITS} digits; a jaxstow file holds at most {MAX_INTEGER_DIGITS}"
+    return None
+
+
+def _nesting(value: Any) -> tuple[int, bool]:
+    """The most JSON containers around any part of ``value`` (an empty container holds no part), level by level, and
+    whether it holds an integer of more than :data:`MAX_INTEGER_DIGITS` digits."""
+    deepest, level, huge = 0, [value], False
     while level:
         inner: list[Any] = []
         for node in level:
@@ -190,11 +214,13 @@ def _nesting(value: Any) -> int:
                 continue
             if isinstance(node, dict):
                 inner.extend(node.values())
-            elif isinstance(node, list):
+            elif isinstance(node, list | tuple):  # metadata may hold tuples, saved as lists
                 inner.extend(node)
+            elif type(node) is int and not -_INTEGER_BOUND < node < _INTEGER_BOUND:
+                huge = True
         deepest += bool(inner)
         level = inner
-    return deepest
+    return deepest, huge
 
 
 def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, file: str) -> None:

@@ -6,6 +6,7 @@ naturally aligned. ``__metadata__`` is written last in the header: ``jaxstow`` (
 metadata whose values are strings under their own keys (format version 4 on; safetensors' own tools show them), and
 last ``jaxstow_header_xxh3``, the checksum of the header text with that value zeroed, so that a flipped byte in the
 header is caught too. A plain safetensors file's ``__metadata__`` is read as it is (:attr:`NativeReader.metadata`).
+``docs/format.md`` specifies all of it, byte by byte.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.native import NativeReader, write_native
@@ -20,9 +21,10 @@ header is caught too. A plain safetensors file's ``__metadata__`` is read as it 
 
 from __future__ import annotations
 
-import math
+import os
+import re
 import struct
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -30,12 +32,12 @@ import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow._format.columns import LeafColumns, columnar
-from jaxstow._format.dtypes import checked_shape, dtype_from_code, safetensors_code
+from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import FORMAT_VERSION, PLAIN_METADATA_VERSION, check_nesting, plain_metadata
 from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
-from jaxstow._format.tensor_table import slot_table
+from jaxstow._format.tensor_table import check_header
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
@@ -52,10 +54,16 @@ DATA_ALIGNMENT = 4096
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 _MANIFEST_KEY = "jaxstow"
 _HASH_KEY = "jaxstow_header_xxh3"
-_HASH_TAIL = len(f'"{ZERO_CHECKSUM}"}}}}')
-_JAXSTOW_MARKS = (b'"jaxstow":"', f'"{_HASH_KEY}":"'.encode(), b'\\"format\\":\\"jaxstow\\"')
+#: A jaxstow header's text ends with these bytes around its checksum (16 hex digits): the checksum is the last member
+#: of ``__metadata__``, which is the last member of the header.
+_HASH_PREFIX = f'"{_HASH_KEY}":"'.encode()
+_HASH_SUFFIX = b'"}}'
+_HEX_DIGITS = frozenset(b"0123456789abcdef")
+_JAXSTOW_MARKS = (b'"jaxstow":"', _HASH_PREFIX, b'\\"format\\":\\"jaxstow\\"')
 
 _BATCH_BYTES = 1 << 20
+#: The name of a temporary sibling into which a file is written atomically (see jaxstow._storage.atomic).
+_TEMPORARY_SIBLING = re.compile(r"\.(.+)\.jaxstow-tmp-\d+-[0-9a-f]{8}-[0-9a-f]{8}")
 
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]
@@ -72,15 +80,17 @@ def write_native(
     ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
-    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest. A tensor
-    named ``__metadata__`` (the header's own key) and a manifest nested too deeply to be read back are refused before
-    anything is written.
+    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest.
+
+    Whatever the reader would refuse is refused before anything is written, with a :class:`FormatError` naming the
+    file (the sink's name): a tensor named ``__metadata__`` (the header's own key), an array of more axes than
+    :data:`~jaxstow._format.dtypes.MAX_AXES`, a manifest over the limits of
+    :func:`~jaxstow._format.manifest.check_nesting`, and a header longer than :data:`MAX_HEADER_BYTES`.
     """
-    for name, _ in tensors:
-        if name == "__metadata__":
-            raise FormatError("a safetensors file cannot hold a tensor named '__metadata__'; rename the key", path=name)
+    file = _sink_name(sink)
+    _check_tensors(tensors, file=file)
     if manifest is not None:
-        check_nesting(manifest)
+        check_nesting(manifest, file=file)
     codes = _Codes()
     itemsizes = {codes.stored_itemsize(dtype) for dtype in {array.dtype for _, array in tensors}}
     ordered = sorted(tensors, key=lambda item: -codes.stored_itemsize(item[1].dtype)) if len(itemsizes) > 1 else tensors
@@ -90,6 +100,12 @@ def write_native(
     start = sink.tell() if patch_later else 0
     entries = _tensor_entries(ordered, codes)
     header = _header(entries, manifest)
+    if len(header) - 8 > MAX_HEADER_BYTES:
+        raise FormatError(
+            f"the header would take {len(header) - 8} bytes, more than the {MAX_HEADER_BYTES} a file may hold (its "
+            f"{len(entries)} tensors and its manifest): save the tree in several files, such as a checkpoint's items",
+            file=file,
+        )
     sink.write(header)
     _write_arrays(sink, [array for _, array in ordered])
     if patch_later and complete is not None:
@@ -102,7 +118,29 @@ def write_native(
         sink.write(final)
         sink.seek(end)
         header = final
-    return None if manifest is None else header[8:].rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
+    return None if manifest is None else _recorded_checksum(header[8:])
+
+
+def _sink_name(sink: BinaryIO) -> str | None:
+    """The file a sink writes, for messages: its name, with the suffix of a temporary sibling (an atomic write's
+    ``.name.jaxstow-tmp-...``) taken off."""
+    name = getattr(sink, "name", None)
+    if not isinstance(name, str) or not name:
+        return None
+    folder, base = os.path.split(name)
+    final = _TEMPORARY_SIBLING.fullmatch(base)
+    return os.path.join(folder, final.group(1)) if final else name
+
+
+def _check_tensors(tensors: Sequence[tuple[str, np.ndarray]], *, file: str | None) -> None:
+    """Refuse tensors the reader would refuse: one named ``__metadata__``, one of more axes than a file holds."""
+    for name, array in tensors:
+        if name == "__metadata__":
+            raise FormatError(
+                "a safetensors file cannot hold a tensor named '__metadata__'; rename the key", file=file, path=name
+            )
+        if array.ndim > MAX_AXES:
+            checked_shape(list(array.shape), array.dtype, file=file, path=name)
 
 
 def stores_exactly(dtype: np.dtype) -> bool:
@@ -157,8 +195,8 @@ def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
         metadata = {_MANIFEST_KEY: dump_json(columnar(manifest)).decode("utf-8"), **plain, _HASH_KEY: ZERO_CHECKSUM}
         header = {**entries, "__metadata__": metadata}
     text = dump_json(header)
-    if manifest is not None:
-        text = text[:-_HASH_TAIL] + f'"{checksum_bytes(text)}"}}}}'.encode()
+    if manifest is not None:  # the text ends with the zeroed checksum, which now takes the text's checksum
+        text = text[: -len(ZERO_CHECKSUM) - len(_HASH_SUFFIX)] + checksum_bytes(text).encode() + _HASH_SUFFIX
     padded = len(text) + (-(8 + len(text)) % DATA_ALIGNMENT)
     return struct.pack("<Q", padded) + text.ljust(padded, b" ")
 
@@ -219,32 +257,36 @@ def header_checksum(source: ReadSource) -> str:
     raw = _raw_header(source)
     if not any(mark in raw for mark in _JAXSTOW_MARKS):
         raise FormatError("not a jaxstow file: its header has no jaxstow manifest", file=source.name)
-    _check_header_checksum(raw, file=source.name)
-    return raw.rstrip(b" ")[-_HASH_TAIL + 1 : -3].decode("ascii")
+    return _check_header_checksum(raw, file=source.name)
 
 
-def _check_header_checksum(raw: bytes, *, file: str) -> None:
-    """Refuse a jaxstow header whose text does not match the checksum it ends with (any change, keys included)."""
-    stripped = raw.rstrip(b" ")
-    recorded = stripped[-_HASH_TAIL + 1 : -3]
-    zeroed = stripped[:-_HASH_TAIL] + f'"{ZERO_CHECKSUM}"}}}}'.encode()
-    intact = stripped[-_HASH_TAIL:] == b'"' + recorded + b'"}}' and checksum_bytes(zeroed).encode() == recorded
-    if not intact:
+def _recorded_checksum(raw: bytes) -> str | None:
+    """The checksum a header's text (``raw``: the bytes after the length, padding included) ends with: the 16 hex
+    digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding; ``None`` if it
+    does not end so."""
+    text = raw.rstrip(b" ")
+    end = len(text) - len(_HASH_SUFFIX)
+    digits = text[end - len(ZERO_CHECKSUM) : end]
+    if not (
+        text.endswith(_HASH_SUFFIX)
+        and text.endswith(_HASH_PREFIX, 0, end - len(ZERO_CHECKSUM))
+        and len(digits) == len(ZERO_CHECKSUM)
+        and _HEX_DIGITS.issuperset(digits)
+    ):
+        return None
+    return digits.decode("ascii")
+
+
+def _check_header_checksum(raw: bytes, *, file: str) -> str:
+    """The checksum a jaxstow header's text ends with; a :class:`CorruptFileError` unless it is the xxh3-64 of the
+    text (padding taken off) with those 16 digits replaced by ``0`` (any change, keys included, is caught)."""
+    recorded = _recorded_checksum(raw)
+    text = raw.rstrip(b" ")
+    end = len(text) - len(_HASH_SUFFIX)
+    zeroed = text[: end - len(ZERO_CHECKSUM)] + ZERO_CHECKSUM.encode() + _HASH_SUFFIX
+    if recorded is None or checksum_bytes(zeroed) != recorded:
         raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
-
-
-def _check_tiling(slots: Iterable[TensorSlot], data_start: int, *, file: str) -> None:
-    """Tensors must fill the data region without overlaps or holes, as safetensors requires."""
-    end = data_start
-    for slot in sorted(slots, key=lambda slot: (slot.offset, slot.nbytes)):
-        if slot.offset != end:
-            raise FormatError(
-                f"the tensor starts at byte {slot.offset}, but the previous one ends at {end} (tensors must not "
-                "overlap or leave holes)",
-                file=file,
-                path=slot.name,
-            )
-        end += slot.nbytes
+    return recorded
 
 
 @dataclass(frozen=True)
@@ -297,60 +339,28 @@ class NativeReader:
         raw = _raw_header(self.source)
         length = len(raw)
         claimed = any(mark in raw for mark in _JAXSTOW_MARKS)
-        if claimed:
-            _check_header_checksum(raw, file=self.file)
+        recorded = _check_header_checksum(raw, file=self.file) if claimed else None
         error = CorruptFileError if claimed else FormatError
         header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
+        last = next(reversed(header), None)
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
             raise FormatError("__metadata__ must map strings to strings", file=self.file)
-        if claimed and not {_MANIFEST_KEY, _HASH_KEY} <= set(metadata):
-            raise CorruptFileError(
-                f"the header's metadata keys {excerpt(sorted(metadata))} lack jaxstow's: the header is corrupt",
-                file=self.file,
-            )
-        data_start = 8 + length
-        table = slot_table(header, data_start=data_start, file_size=self.source.size)
-        if table is not None:
-            return _Header(table, metadata)
-        slots = {name: self._slot(name, info, data_start) for name, info in header.items()}  # names what is wrong
-        _check_tiling(slots.values(), data_start, file=self.file)
-        return _Header(slots, metadata)
-
-    def _slot(self, name: str, info: Any, data_start: int) -> TensorSlot:
-        if not isinstance(info, dict):
-            raise FormatError(f"malformed tensor entry {excerpt(info)}", file=self.file, path=name)
-        code = info.get("dtype")
-        dtype = dtype_from_code(code) if isinstance(code, str) else None
-        if dtype is None:
-            raise FormatError(f"unknown safetensors dtype {excerpt(info.get('dtype'))}", file=self.file, path=name)
-        shape, offsets = info.get("shape"), info.get("data_offsets")
-        shape = checked_shape(shape, dtype, file=self.file, path=name)
-        if (
-            not isinstance(offsets, list)
-            or len(offsets) != 2
-            or type(offsets[0]) is not int
-            or type(offsets[1]) is not int
-            or not 0 <= offsets[0] <= offsets[1]
+        if claimed and not (
+            last == "__metadata__"
+            and _MANIFEST_KEY in metadata
+            and next(reversed(metadata)) == _HASH_KEY
+            and metadata[_HASH_KEY] == recorded
         ):
-            raise FormatError(f"malformed data_offsets {excerpt(offsets)}", file=self.file, path=name)
-        begin, end = offsets
-        expected = math.prod(shape) * dtype.itemsize
-        if end - begin != expected:
-            raise FormatError(
-                f"shape {shape} of {dtype} needs {expected} bytes, but data_offsets span {end - begin}",
+            raise CorruptFileError(
+                f"the header's metadata keys {excerpt(list(metadata))} are not jaxstow's (the manifest, then the "
+                f"checksum last, in the header's last member): the header is corrupt",
                 file=self.file,
-                path=name,
             )
-        if data_start + end > self.source.size:
-            raise TruncatedFileError(
-                f"the data ends at byte {data_start + end} but the file has only {self.source.size} bytes",
-                file=self.file,
-                path=name,
-            )
-        return TensorSlot(name, dtype, tuple(shape), data_start + begin, expected)
+        slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
+        return _Header(slots, metadata)
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxstow._format.checksum import as_bytes, checksum_bytes
 from jaxstow._format.columns import LeafColumns, columnar
+from jaxstow._format.dtypes import MAX_AXES, checked_shape
 from jaxstow._format.json_text import dump_json, parse_json
 from jaxstow._format.manifest import check_nesting
 from jaxstow._format.reading import TensorSlot, Verify
@@ -65,12 +66,14 @@ def write_npz(
 ) -> None:
     """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz.
 
-    Leaf names a zip member cannot hold faithfully, and a manifest nested too deeply to be read back, are refused
-    before anything is written. Every member carries its
-    CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
+    Leaf names a zip member cannot hold faithfully, arrays of more axes than a file holds and a manifest over the
+    limits of :func:`~jaxstow._format.manifest.check_nesting` are refused before anything is written. Every member
+    carries its CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
     """
-    for name, _ in tensors:
+    for name, array in tensors:
         _check_member_name(name)
+        if array.ndim > MAX_AXES:  # what the manifest of raw bytes, and numpy 1, could not read back
+            checked_shape(list(array.shape), array.dtype, file=None, path=name)
     if manifest is not None:
         check_nesting(manifest)
     with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
