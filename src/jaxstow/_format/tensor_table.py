@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, SAFETENSORS_CODES
-from jaxstow._format.reading import TensorSlot
+from jaxstow._format.tensor_reads import TensorSlot
 
 __all__ = ["SlotTable", "slot_table"]
 

@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, BinaryIO, Unpack
 
-from jaxstow._format.container import Container, open_container
+from jaxstow._format.native_or_npz import Container, open_container
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import folder_problem, pointed
 from jaxstow._read.opened import LeafInfo, OpenedFile

@@ -14,8 +14,8 @@ import os
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from jaxstow._format.reading import LOCAL_DISK
 from jaxstow._format.source import Parallel
+from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow.errors import PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
