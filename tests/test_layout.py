@@ -1,4 +1,5 @@
-"""The package's layout stays true: layers import only downwards, no import circle, small modules, documented layers.
+"""The package's layout stays true: layers import only downwards, no import circle, small modules, documented layers,
+and a load that resolves its argument once and goes straight down to the bytes.
 
 The imports are read from the source with ``ast``: those at a module's top, those inside functions and those that
 ``if TYPE_CHECKING:`` guards (they never run, but a type named across a circle is a circle all the same).
@@ -7,9 +8,14 @@ The imports are read from the source with ``ast``: those at a module's top, thos
 from __future__ import annotations
 
 import ast
+import collections
+import itertools
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -144,6 +150,88 @@ def test_the_layout_test_sees_a_violation():
     graph["jaxstow._format.tensor_reads"] = imported("jaxstow._format.tensor_reads", late)
     assert any("jaxstow._format.tensor_reads" in circle for circle in circles_in(graph))
     assert rank(unit_of("jaxstow._storage.remote")) > rank(unit_of("jaxstow._format.native"))
+
+
+def traced(run: Callable[[], Any], target: Any) -> tuple[list[str], collections.Counter[str]]:
+    """Run ``run()`` under a profiler: the jaxstow modules whose functions took ``target``, or what it was resolved
+    into (its location, its source), as an argument, in call order, and how often each jaxstow function was called.
+    An argument named ``file`` (the name errors give a file) does not count as taking the target."""
+    from jaxstow._format.source import ReadSource
+    from jaxstow._storage.opening import Location
+
+    followed = {id(target)}
+    kept = [target]  # alive, so that their ids stay theirs
+    taking: set[int] = set()
+    modules: list[str] = []
+    calls: collections.Counter[str] = collections.Counter()
+
+    def profile(frame: FrameType, event: str, value: Any) -> None:
+        module = frame.f_globals.get("__name__", "")
+        if not module.startswith("jaxstow."):
+            return
+        if event == "call":
+            code = frame.f_code
+            calls[f"{module}.{code.co_qualname}"] += 1
+            names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+            if any(id(frame.f_locals.get(name)) in followed for name in names if name != "file"):
+                modules.append(module)
+                taking.add(id(frame))
+        elif event == "return" and id(frame) in taking:
+            taking.discard(id(frame))
+            if isinstance(value, Location | ReadSource):
+                followed.add(id(value))
+                kept.append(value)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return modules, calls
+
+
+def test_a_load_resolves_its_argument_once_and_goes_straight_to_the_bytes(tmp_path):
+    """``load(path)`` turns the path into a location once, at its entry; what follows takes the location or its
+    source, never the path again; the other libraries' formats are not looked at when the file opens."""
+    import jax.numpy as jnp
+
+    import jaxstow
+
+    path = str(tmp_path / "small.jxs")
+    jaxstow.save(path, {"w": jnp.arange(4.0), "depth": 2})
+    jaxstow.load(path)  # imports and compiles what a load needs
+    modules, calls = traced(lambda: jaxstow.load(path), path)
+    assert calls["jaxstow._storage.opening.locate"] == 1
+    assert calls["jaxstow._storage.paths.local_path"] == 1
+    assert calls["jaxstow._storage.paths.display_name"] == 0
+    assert not any(name.startswith("jaxstow._read.foreign.") for name in calls)
+    visited = set(modules)
+    assert len(visited) <= 10, modules
+    assert {"jaxstow._save_load", "jaxstow._storage.opening", "jaxstow._storage.sources"} <= visited, modules
+    left_and_back = sum(a != b and b in modules[:i] for i, (a, b) in enumerate(itertools.pairwise(modules), 1))
+    assert left_and_back <= 6, modules
+
+
+def test_a_refused_file_is_recognised_from_the_source_already_open(tmp_path):
+    """A file of another library is opened once: its kind is read from the source the failed open left open."""
+    import flax.serialization
+    import numpy as np
+
+    import jaxstow
+
+    path = str(tmp_path / "params.msgpack")
+    with open(path, "wb") as file:
+        file.write(flax.serialization.to_bytes({"w": np.ones(3, np.float32)}))
+
+    def load() -> None:
+        with pytest.raises(jaxstow.errors.FormatError, match="is a flax msgpack file"):
+            jaxstow.load(path)
+
+    load()
+    _, calls = traced(load, path)
+    assert calls["jaxstow._storage.opening.locate"] == 1
+    assert calls["jaxstow._storage.sources.LocalFile.__init__"] == 1
+    assert calls["jaxstow._read.foreign.explained"] == 1
 
 
 def test_modules_are_small():

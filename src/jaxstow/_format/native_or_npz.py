@@ -106,14 +106,11 @@ def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dic
 
 
 def open_container(source: ReadSource) -> Container:
-    """Open a source as the container its first bytes announce; the container owns the source (closed on failure)."""
-    try:
-        magic = source.read(0, 4) if source.size >= 4 else b""
-        reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
-        _check_manifest(reader)
-    except BaseException:
-        source.close()
-        raise
+    """Open a source as the container its first bytes announce, which then owns the source (closing it closes the
+    source). On failure the source stays open, for the caller to tell what else the file is, and to close."""
+    magic = source.read(0, 4) if source.size >= 4 else b""
+    reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
+    _check_manifest(reader)
     return reader
 
 
