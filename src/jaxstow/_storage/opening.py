@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
-from jaxstow._storage.paths import display_name, local_path
+from jaxstow._storage.paths import PathOrFile, display_name, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import FileObject, LocalFile
 from jaxstow.errors import ArgumentError
@@ -39,7 +39,7 @@ from jaxstow.errors import ArgumentError
 __all__ = ["Location", "Readable", "locate", "open_source", "refuse_options"]
 
 #: What the read path takes: a path, a URL, a binary file object or a source.
-Readable = str | os.PathLike[str] | BinaryIO | ReadSource
+Readable = PathOrFile | ReadSource
 
 
 @dataclass(frozen=True, eq=False)
