@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow._format import reading
-from jaxstow._format.reading import read_tensors
+from jaxstow._format import tensor_reads
 from jaxstow._format.source import Parallel
+from jaxstow._format.tensor_reads import read_tensors
 from jaxstow._format.tensor_table import SlotTable, slot_table
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import CorruptFileError, FormatError
@@ -119,7 +119,7 @@ def test_a_flipped_byte_among_many_small_leaves_names_its_leaf(tmp_path):
 
 
 def test_reads_in_parallel_pieces_and_coalesced_runs_give_every_tensor_and_its_digest(tmp_path, monkeypatch):
-    monkeypatch.setattr(reading, "_RUN", 3000)
+    monkeypatch.setattr(tensor_reads, "_RUN", 3000)
     rng = np.random.default_rng(1)
     arrays = [rng.standard_normal(size).astype(np.float32) for size in (0, 5, 3000, 700, 1, 20_000, 0, 64)]
     path = tmp_path / "data.bin"

@@ -25,9 +25,10 @@ import numpy as np
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import read_foreign
 from jaxstow._read.options import LoadOptions
-from jaxstow._read.reader import open
+from jaxstow._read.reader import Reader, open_container_at
+from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
-from jaxstow._storage.settings import storage_settings
+from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
@@ -117,19 +118,19 @@ def load(
     >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32), "b": jnp.ones(1)})["w"]
     Array([1., 1.], dtype=float32)
     """
+    settings = storage_settings(storage_options, transfer, cache_dir)
+    location = locate(path_or_file)
     if from_format is not None:
-        if isinstance(path_or_file, ReadSource):
-            raise ArgumentError("from_format reads a path, a URL or a file object")
-        return _load_foreign(path_or_file, like, from_format, options, storage_options)
-    with open(path_or_file, storage_options=storage_options, transfer=transfer, cache_dir=cache_dir) as reader:
+        return _load_foreign(location, like, from_format, options, settings)
+    with Reader(open_container_at(location, settings)) as reader:
         return reader.load(like, **options)
 
 
 def _load_foreign(
-    target: PathOrFile, like: Any, from_format: str, options: LoadOptions, storage_options: Mapping[str, Any] | None
+    location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings
 ) -> Any:
     """A file of another library, read into memory, then restored as a jaxstow file is (equinox: into ``like``)."""
-    tree = read_foreign(target, from_format, like=like, storage_options=storage_options)
+    tree = read_foreign(location, from_format, like=like, settings=settings)
     if from_format == "equinox":
         other = sorted(set(options) - {"as_numpy", "progress"})
         if other:
@@ -137,10 +138,9 @@ def _load_foreign(
         as_numpy = options.get("as_numpy", False)
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
     buffer = io.BytesIO()
-    buffer.name = display_name(target)  # type: ignore[misc]  # named as the file in errors
     save(buffer, tree)
     buffer.seek(0)
-    with open(buffer) as reader:
+    with Reader(open_container_at(Location(location.name, file=buffer))) as reader:  # named as the file in errors
         return reader.load(like, **options)
 
 
@@ -166,5 +166,6 @@ def load_metadata(
     >>> jaxstow.load_metadata(io.BytesIO(save({"x": np.ones(2)}, metadata={"source": "hub"})))
     {'source': 'hub'}
     """
-    with open(path_or_file, storage_options=storage_options, transfer=transfer, cache_dir=cache_dir) as reader:
+    settings = storage_settings(storage_options, transfer, cache_dir)
+    with Reader(open_container_at(locate(path_or_file), settings)) as reader:
         return reader.metadata

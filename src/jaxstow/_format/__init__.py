@@ -1,4 +1,4 @@
 """The bytes of one file: key paths, the skeleton codec (a tree's structure as JSON) with the manifest schema it
-belongs to, the dtype table, checksums, JSON rules, the native (safetensors) and npz containers, and fast aligned
-reads of tensors from a :class:`~jaxstow._format.source.ReadSource`. It must not import the storage layer or anything
+belongs to, the dtype table, checksums, strict JSON values and their codec, the native (safetensors) and npz
+containers, and fast aligned reads of tensors from a :class:`~jaxstow._format.source.ReadSource`. It must not import the storage layer or anything
 above it: where the bytes come from is the storage layer's business."""

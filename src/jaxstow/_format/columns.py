@@ -11,7 +11,7 @@ The columns are checked as wholes (types, lengths, letters, hex digits, unique p
 version 2 entry is. In memory a manifest being written keeps its entries (``leaves``) until the header is written.
 
 >>> from jaxstow._format.columns import check_columns, columnar
->>> from jaxstow._format.reading import TensorSlot
+>>> from jaxstow._format.tensor_reads import TensorSlot
 >>> import numpy as np
 >>> manifest = columnar({"format": "jaxstow", "version": 3, "structure": "*", "metadata": None,
 ...     "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]})
@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.manifest import _check_entry
-from jaxstow._format.reading import TensorSlot
+from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "columnar"]

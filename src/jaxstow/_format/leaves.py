@@ -3,7 +3,7 @@
 Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
 *stored leaves*: their bytes go to the data region, checksummed; their dtype and shape are their tensor's (the
 container adds them to the entry where it stores the bytes raw, see
-:func:`~jaxstow._format.container.describe_raw_leaves`). Everything else (Python scalars, strings, registered
+:func:`~jaxstow._format.native_or_npz.describe_raw_leaves`). Everything else (Python scalars, strings, registered
 functions) is a *value* kept in the manifest as tagged JSON.
 
 >>> import jax, numpy as np
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
-from jaxstow._format.reading import TensorSlot
 from jaxstow._format.skeleton import decode_value, encode_value
+from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 

@@ -9,7 +9,7 @@ them (format version 2) the leaf is as its tensor is, and checking fills them in
 
 >>> import numpy as np
 >>> from jaxstow._format.manifest import check_manifest
->>> from jaxstow._format.reading import TensorSlot
+>>> from jaxstow._format.tensor_reads import TensorSlot
 >>> slots = {"w": TensorSlot.at("w", np.dtype(np.float32), (2, 3), 0)}
 >>> manifest = {"format": "jaxstow", "version": 2, "structure": {"dict": [["w", "*"]]}, "metadata": None,
 ...             "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]}
@@ -32,8 +32,8 @@ import jax
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
-from jaxstow._format.json_rules import json_problem
-from jaxstow._format.reading import TensorSlot
+from jaxstow._format.json_values import json_problem
+from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, NewerFormatError, excerpt
 
 __all__ = [
@@ -118,7 +118,7 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
 
 def metadata_problem(metadata: Any) -> str | None:
     """What keeps ``metadata`` from being saved with a file, or ``None``: it must be a dict of strict JSON (see
-    :func:`~jaxstow._format.json_rules.json_problem`) within the limits of :func:`check_nesting`, whose keys do not
+    :func:`~jaxstow._format.json_values.json_problem`) within the limits of :func:`check_nesting`, whose keys do not
     start with :data:`RESERVED_PREFIX`.
 
     >>> from jaxstow._format.manifest import metadata_problem

@@ -33,10 +33,10 @@ import numpy as np
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
-from jaxstow._format.json_text import dump_json, parse_json
+from jaxstow._format.json_codec import dump_json, parse_json
 from jaxstow._format.manifest import FORMAT_VERSION, PLAIN_METADATA_VERSION, check_nesting, plain_metadata
-from jaxstow._format.reading import TensorSlot, Verify, read_slots
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import TensorSlot, Verify, read_slots
 from jaxstow._format.tensor_table import check_header
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 

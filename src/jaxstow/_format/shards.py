@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
-from jaxstow._format.reading import TensorSlot
+from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, excerpt
 
 __all__ = [

@@ -31,9 +31,9 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
-from jaxstow._format.containers import plain_treedef
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
 from jaxstow._format.manifest import MAX_NESTING
+from jaxstow._format.plain_trees import plain_treedef
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt

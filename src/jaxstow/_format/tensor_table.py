@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, SAFETENSORS_CODES, checked_shape, dtype_from_code
-from jaxstow._format.reading import TensorSlot
+from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, TruncatedFileError, excerpt
 
 __all__ = ["SlotTable", "check_header", "entry_slots", "slot_table"]

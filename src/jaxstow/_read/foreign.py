@@ -28,23 +28,30 @@ import contextlib
 import io
 import os
 import re
-from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
-from jaxstow._format.source import ReadSource
+from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read import orbax_steps
-from jaxstow._storage.opening import open_source
-from jaxstow._storage.paths import display_name, local_path
-from jaxstow._storage.sources import LocalFile
+from jaxstow._storage.opening import Location, Readable, locate
+from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
 
-__all__ = ["DESCRIBED", "FROM_FORMATS", "advice", "folder_problem", "pointed", "read_foreign", "recognise"]
+__all__ = [
+    "DESCRIBED",
+    "FROM_FORMATS",
+    "advice",
+    "explained",
+    "folder_problem",
+    "pointed",
+    "read_foreign",
+    "recognise",
+]
 
 #: What ``from_format=`` takes.
 FROM_FORMATS = ("torch", "flax", "orbax", "equinox")
@@ -119,26 +126,31 @@ def _stem(target: str) -> str:
     return os.path.splitext(target.rstrip("/"))[0]
 
 
-def recognise(target: str | os.PathLike[str] | BinaryIO | ReadSource) -> Kind:
-    """The kind of a file or folder (a path, a URL, a file object or a source); ``unknown`` if it cannot be read."""
+def recognise(target: Readable | Location) -> Kind:
+    """The kind of a file or folder (a path, a URL, a file object, a source or a location); ``unknown`` if it cannot
+    be read."""
+    return _kind(locate(target))
+
+
+def _kind(location: Location, source: ReadSource | None = None) -> Kind:
+    """The kind of the file or folder at ``location`` (``source``: the file, open already: read, and left open)."""
     try:
-        if isinstance(target, str | os.PathLike):
-            path = local_path(target)
-            if path is not None and os.path.isdir(path):
-                return folder_kind(lambda name: _listing(path, name))
-            source = open_source(target)
-        elif isinstance(target, LocalFile):  # closed by a failed open: read it again from its name
-            source = LocalFile(target.name)
-        elif isinstance(target, ReadSource):
-            return file_kind(target)
-        else:
-            source = open_source(target)
-        try:
+        if location.path is not None and os.path.isdir(location.path):
+            return _folder_kind(location.path)
+        if source is None and location.source is not None and location.path is None:
+            source = location.source
+        if source is not None:
             return file_kind(source)
-        finally:
-            source.close()
+        if location.source is not None:  # a local file, perhaps closed by a failed open: read it again by its path
+            location = Location(location.name, path=location.path)
+        with contextlib.closing(location.open()) as opened:
+            return file_kind(opened)
     except Exception:  # recognising never raises: a file that cannot be read is of no known kind
         return KINDS["unknown"]
+
+
+def _folder_kind(folder: str) -> Kind:
+    return folder_kind(lambda name: _listing(folder, name))
 
 
 def _listing(folder: str, name: str) -> list[str] | None:
@@ -146,22 +158,41 @@ def _listing(folder: str, name: str) -> list[str] | None:
     return os.listdir(path) if os.path.isdir(path) else None
 
 
-def pointed(error: FormatError, target: str | os.PathLike[str] | BinaryIO | ReadSource) -> FormatError:
+def pointed(error: FormatError, target: Readable | Location) -> FormatError:
     """For a file of another library, an error that says what it is and what reads it; otherwise ``error``."""
-    kind = recognise(target)
+    return _pointed(error, locate(target))
+
+
+def _pointed(error: FormatError, location: Location, source: ReadSource | None = None) -> FormatError:
+    kind = _kind(location, source)
     if not kind.foreign or kind.name == "unknown":
         return error
-    name = target.name if isinstance(target, ReadSource) else display_name(target)
-    path = name if isinstance(target, str | os.PathLike | LocalFile) else None
     return FormatError(
-        f"is {DESCRIBED[kind.name]}, not a jaxstow, safetensors or npz file: {advice(kind, path)}", file=name
+        f"is {DESCRIBED[kind.name]}, not a jaxstow, safetensors or npz file: {advice(kind, _shown(location))}",
+        file=location.name,
     )
+
+
+def explained(
+    error: FormatError | IsAFolderError, location: Location, source: ReadSource | None = None
+) -> FormatError | IsAFolderError:
+    """What a failed open becomes: a folder that says what it is (a checkpoint folder, one of its steps, orbax's)
+    and a file of another library that says what reads it; any other error as it is. ``source``: the file, open
+    already."""
+    if isinstance(error, IsAFolderError):
+        return IsAFolderError(folder_problem(location.path), file=location.path) if location.path else error
+    return _pointed(error, location, source)
+
+
+def _shown(location: Location) -> str | None:
+    """How the call that reads it names the file: its path or URL (``None``: a file object, or a source)."""
+    return location.path if location.path is not None else location.url
 
 
 def folder_problem(path: str) -> str:
     """Why a folder cannot be loaded as a file, and what reads it if it is a checkpoint folder or one of its steps,
     or orbax's."""
-    kind = folder_kind(lambda name: _listing(path, name))
+    kind = _folder_kind(path)
     if kind.name == "jaxstow-step":
         return (
             f"is a folder, step {os.path.basename(os.path.abspath(path))} of a checkpoint folder: {advice(kind, path)}"
@@ -174,70 +205,46 @@ def folder_problem(path: str) -> str:
 
 
 def read_foreign(
-    target: str | os.PathLike[str] | BinaryIO,
-    from_format: str,
-    *,
-    like: Any,
-    storage_options: Mapping[str, Any] | None = None,
+    target: Readable | Location, from_format: str, *, like: Any, settings: StorageSettings | None = None
 ) -> Any:
     """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
-    ``"equinox"`` the tree of ``like`` with the stream's arrays (``storage_options`` go to fsspec for a URL)."""
+    ``"equinox"`` the tree of ``like`` with the stream's arrays (``settings`` say how a URL is reached)."""
+    location = locate(target)
+    if location.source is not None:
+        raise ArgumentError("from_format reads a path, a URL or a file object")
     if from_format not in FROM_FORMATS:
         raise ArgumentError(f"from_format must be one of {FROM_FORMATS}, not {excerpt(from_format)}")
-    name = display_name(target)
-    if from_format == "orbax":
-        if not isinstance(target, str | os.PathLike):
-            raise ArgumentError("an orbax checkpoint is a folder: give its path, not a file object")
-        _check_kind(target, from_format, name)
-        return _read_orbax(target, name)
-    _check_kind(target, from_format, name)
-    if from_format == "equinox":
-        if like is None:
-            raise ArgumentError(
-                f"an equinox stream stores leaves without their structure: pass like=, the model {name} was saved "
-                "from (or an abstract copy of it)"
-            )
-        with _binary(target, storage_options) as file:
-            return _read_equinox(file, name, like)
-    with _binary(target, storage_options) as file:
-        return _read_torch(file, name) if from_format == "torch" else _read_flax(file.read(), name)
-
-
-def _check_kind(target: str | os.PathLike[str] | BinaryIO, from_format: str, name: str) -> None:
-    """Refuse a file or folder that ``from_format`` does not read, saying what it is and the call that reads it."""
-    path = local_path(target) if isinstance(target, str | os.PathLike) else None
+    if from_format == "orbax" and location.file is not None:
+        raise ArgumentError("an orbax checkpoint is a folder: give its path, not a file object")
+    path = location.path
     if path is not None and not os.path.exists(path):
         raise PathNotFoundError("no such file or folder", file=path)
-    if path is not None and os.path.isdir(path) and from_format != "orbax":
+    if from_format == "orbax":
+        _check_kind(location, from_format, _kind(location))
+        return _read_orbax(location)
+    if path is not None and os.path.isdir(path):
         raise IsAFolderError(folder_problem(path), file=path)
-    kind = recognise(target)
+    with contextlib.closing(location.open(settings)) as source:
+        _check_kind(location, from_format, _kind(location, source))
+        if from_format == "equinox":
+            return _read_equinox(source, location.name, like)
+        if from_format == "torch":
+            return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name)
+        return _read_flax(source.read(0, source.size), location.name)
+
+
+def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
+    """Refuse a file or folder of a ``kind`` that ``from_format`` does not read, saying what it is and the call that
+    reads it."""
     expected, takes = _TAKES[from_format]
-    a_file = from_format == "orbax" and path is not None and not os.path.isdir(path)
+    a_file = from_format == "orbax" and location.path is not None and not os.path.isdir(location.path)
     if kind.name in takes and not a_file:
         return
     what = DESCRIBED.get(kind.name, "a file of no kind jaxstow knows")
-    shown = name if isinstance(target, str | os.PathLike) else None
     raise FormatError(
-        f"is {what}, not {expected} as from_format={from_format!r} reads: {advice(kind, shown)}", file=name
+        f"is {what}, not {expected} as from_format={from_format!r} reads: {advice(kind, _shown(location))}",
+        file=location.name,
     )
-
-
-@contextlib.contextmanager
-def _binary(target: str | os.PathLike[str] | BinaryIO, storage_options: Mapping[str, Any] | None) -> Iterator[BinaryIO]:
-    """A seekable binary file for a path, a URL or a file object."""
-    if not isinstance(target, str | os.PathLike):
-        yield target
-        return
-    path = local_path(target)
-    if path is not None:
-        with open(path, "rb") as file:
-            yield file
-        return
-    from jaxstow._storage.remote import url_filesystem
-
-    fs, root = url_filesystem(os.fspath(target), storage_options)
-    with fs.open(root, "rb") as file:
-        yield file
 
 
 def _read_torch(file: BinaryIO, name: str) -> Any:
@@ -310,9 +317,14 @@ def _unchunked(tree: Any) -> Any:
     return {key: _unchunked(value) for key, value in tree.items()}
 
 
-def _read_equinox(file: BinaryIO, name: str, like: Any) -> Any:
+def _read_equinox(source: ReadSource, name: str, like: Any) -> Any:
+    if like is None:
+        raise ArgumentError(
+            f"an equinox stream stores leaves without their structure: pass like=, the model {name} was saved from "
+            "(or an abstract copy of it)"
+        )
     eqx = require("equinox", extra="equinox", purpose=f"reading the equinox stream {name}")
-    data = io.BytesIO(file.read())
+    data = io.BytesIO(source.read(0, source.size))
     try:
         tree = eqx.tree_deserialise_leaves(data, like)
     except Exception as error:  # equinox and numpy raise several kinds on a stream that does not fit
@@ -325,12 +337,16 @@ def _read_equinox(file: BinaryIO, name: str, like: Any) -> Any:
     return tree
 
 
-def _read_orbax(target: str | os.PathLike[str], name: str) -> Any:
-    path = local_path(target)
-    where = os.path.abspath(path) if path is not None else os.fspath(target)
-    kind = folder_kind(lambda entry: _listing(where, entry)) if path is not None else KINDS["orbax"]
+def _read_orbax(location: Location) -> Any:
+    if location.path is None:
+        assert location.url is not None
+        return orbax_steps.read_checkpoint(location.url)
+    where = os.path.abspath(location.path)
+    kind = _folder_kind(where)
     if kind.name == "orbax-manager":
-        raise FormatError(f"is an orbax manager folder, of several steps: {advice(kind, name)}", file=name)
+        raise FormatError(
+            f"is an orbax manager folder, of several steps: {advice(kind, location.name)}", file=location.name
+        )
     if kind.name == "orbax-step":
         return orbax_steps.read_step(where)[0]
     return orbax_steps.read_checkpoint(where)

@@ -1,38 +1,29 @@
-"""The leaves of a version 3 file, indexed by columns: a leaf's description is made only when it is asked for, and a
-whole restore reads every leaf by columns, with no Python object per leaf but the array itself.
+"""The leaves of a version 3 file, indexed by columns: a leaf's description is made only when it is asked for.
 
 >>> import io, numpy as np, jaxstow
 >>> from jaxstow._read.opened import OpenedFile
->>> from jaxstow._read.leaf_index import read_all
->>> from jaxstow._format.container import open_container
+>>> from jaxstow._read.leaf_index import StoredLeaves
+>>> from jaxstow._format.native_or_npz import open_container
 >>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
 >>> jaxstow.save(buffer, {"w": np.arange(3.0), "n": 2})
 >>> _ = buffer.seek(0)
 >>> with OpenedFile(open_container(open_source(buffer))) as opened:
-...     print(opened.stored["w"].shape, read_all(opened))
-(3,) [2, array([0., 1., 2.])]
+...     print(type(opened.stored).__name__, list(opened.stored), opened.stored["w"].shape)
+StoredLeaves ['w'] (3,)
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from jaxstow._format.columns import KIND_NAMES, LeafColumns
-from jaxstow._format.leaves import StoredLeaf, decode_value_entry
-from jaxstow._format.reading import TensorSlot, read_tensors
+from jaxstow._format.leaves import StoredLeaf
 from jaxstow._format.shards import Stored
-from jaxstow._format.tensor_table import SlotTable
-from jaxstow.errors import CorruptFileError
+from jaxstow._format.tensor_reads import TensorSlot
 
-if TYPE_CHECKING:
-    from jaxstow._read.opened import OpenedFile
-
-__all__ = ["StoredLeaves", "read_all"]
+__all__ = ["StoredLeaves"]
 
 
 class StoredLeaves(MutableMapping[str, Stored]):
@@ -78,51 +69,3 @@ class StoredLeaves(MutableMapping[str, Stored]):
 
     def __len__(self) -> int:
         return len(self._columns.kinds) - self._columns.kinds.count("v")
-
-
-def read_all(opened: OpenedFile) -> list[Any] | None:
-    """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns; ``None``
-    for a file this cannot read so (another container or version, sharded leaves, a memory map)."""
-    container, columns = opened.container, opened.container.columns
-    slots = container.slots
-    source = getattr(container, "source", None)
-    if (
-        columns is None
-        or not isinstance(slots, SlotTable)
-        or source is None
-        or opened.memory_mapped
-        or "s" in columns.kinds
-    ):
-        return None
-    paths = columns.stored_paths()
-    rows = np.fromiter(map(slots.index.__getitem__, paths), np.int64, len(paths))
-    row_list = rows.tolist()
-    dtypes = [slots.dtypes[row] for row in row_list]
-    shapes = [slots.shapes[row] for row in row_list]
-    positions = np.flatnonzero(columns.stored).tolist()
-    special = [(k, i) for k, i in enumerate(positions) if i in columns.entries or columns.kinds[i] != "a"]
-    leaves = {k: opened.stored[columns.paths[i]] for k, i in special}
-    for k, leaf in leaves.items():  # leaves stored as raw bytes have their dtype and shape in their details
-        dtypes[k], shapes[k] = leaf.dtype, leaf.shape
-    nbytes = slots.nbytes[rows]
-    opened.on_read(int(nbytes.sum()))
-    digests: list[str] = []
-    arrays: list[Any] = read_tensors(source, slots.offsets[rows], nbytes, dtypes, shapes, digests)
-    if digests != columns.checksums:
-        k = next(k for k, (found, wanted) in enumerate(zip(digests, columns.checksums, strict=True)) if found != wanted)
-        raise CorruptFileError(
-            f"checksum mismatch (expected xxh3 {columns.checksums[k]}, found {digests[k]}): the file is corrupt",
-            file=opened.file,
-            path=paths[k],
-        )
-    for k, leaf in leaves.items():
-        arrays[k] = opened.as_leaf(leaf, arrays[k])
-    if len(positions) == len(columns.paths):
-        return arrays
-    values: list[Any] = [None] * len(columns.paths)
-    for i, array in zip(positions, arrays, strict=True):
-        values[i] = array
-    for i, entry in columns.entries.items():
-        if entry["kind"] == "value":
-            values[i] = decode_value_entry(entry, file=opened.file)
-    return values

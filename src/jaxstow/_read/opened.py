@@ -6,7 +6,7 @@ slices of leaves (by byte ranges) or the boxes of sharded leaves. Restoring a tr
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._read.opened import OpenedFile
->>> from jaxstow._format.container import open_container
+>>> from jaxstow._format.native_or_npz import open_container
 >>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
 >>> jaxstow.save(buffer, {"w": jnp.arange(3.0), "depth": 2})
@@ -32,9 +32,9 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.columns import LeafColumns
-from jaxstow._format.container import Container
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
+from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef
 from jaxstow._format.torch_leaves import tensor_from_numpy

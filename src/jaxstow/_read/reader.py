@@ -17,23 +17,23 @@ LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, BinaryIO, Unpack
+from typing import Any, Unpack
 
-from jaxstow._format.container import Container, open_container
+from jaxstow._format.native_or_npz import Container, open_container
 from jaxstow._format.source import ReadSource
-from jaxstow._read.foreign import folder_problem, pointed
+from jaxstow._read.foreign import explained
 from jaxstow._read.opened import LeafInfo, OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
-from jaxstow._storage.opening import open_source
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
 from jaxstow.errors import FormatError, IsAFolderError
 
-__all__ = ["LeafInfo", "Reader", "open", "open_parts"]
+__all__ = ["LeafInfo", "Reader", "open", "open_container_at", "open_parts"]
 
 
 class Reader(OpenedFile):
@@ -55,7 +55,7 @@ class Reader(OpenedFile):
 
 
 def open(
-    target: str | os.PathLike[str] | BinaryIO | ReadSource,
+    target: Readable,
     *,
     mmap: bool = False,
     storage_options: Mapping[str, Any] | None = None,
@@ -81,16 +81,16 @@ def open(
     (1000, 4) False
     """
     settings = storage_settings(storage_options, transfer, cache_dir)
-    return Reader(_opened(target, _source(target, settings)), mmap=mmap)
+    return Reader(open_container_at(locate(target), settings), mmap=mmap)
 
 
-def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]) -> Reader:
+def open_parts(targets: Sequence[Readable]) -> Reader:
     """One tree saved in several files, one per process: the first holds the structure, the others more shards. The
     sources among ``targets`` belong to the reader from now on: closed with it, or at once if opening fails."""
     containers: list[Container] = []
     try:
         for target in targets:
-            containers.append(_opened(target, _source(target)))
+            containers.append(open_container_at(locate(target)))
         return Reader(containers)
     except BaseException:
         for container in containers:
@@ -101,21 +101,19 @@ def open_parts(targets: Sequence[str | os.PathLike[str] | BinaryIO | ReadSource]
         raise
 
 
-def _opened(target: str | os.PathLike[str] | BinaryIO | ReadSource, source: ReadSource) -> Container:
-    """The container of ``source``; a file of another library is named, with the call that reads it."""
+def open_container_at(location: Location, settings: StorageSettings | None = None) -> Container:
+    """The container of the file at ``location``. When it is not one jaxstow reads (a folder, a file of another
+    library), the error says what it is and what reads it: the one call to :func:`~jaxstow._read.foreign.explained`,
+    made only then. The source opened belongs to the container, or is closed on failure."""
+    try:
+        source = location.open(settings)
+    except IsAFolderError as error:
+        raise explained(error, location) from None
     try:
         return open_container(source)
     except FormatError as error:
-        remote = isinstance(target, str | os.PathLike) and local_path(target) is None
-        raise pointed(error, source if remote else target) from error.__cause__
-
-
-def _source(
-    target: str | os.PathLike[str] | BinaryIO | ReadSource, settings: StorageSettings | None = None
-) -> ReadSource:
-    """The source to read; a local folder raises a :class:`~jaxstow.errors.IsAFolderError` that says how to restore a checkpoint folder."""
-    if isinstance(target, str | os.PathLike):
-        path = local_path(target)
-        if path is not None and os.path.isdir(path):
-            raise IsAFolderError(folder_problem(path), file=path)
-    return open_source(target, settings)
+        with contextlib.closing(source):
+            raise explained(error, location, source) from error.__cause__
+    except BaseException:
+        source.close()
+        raise

@@ -30,8 +30,8 @@ from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.leaf_index import read_all
-from jaxstow._read.opened import OpenedFile as Reader
+from jaxstow._read.column_reads import read_all
+from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
@@ -55,13 +55,13 @@ class _Skipped:
 _SKIPPED = _Skipped()
 
 
-def restore(reader: Reader, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
-    """The tree in ``reader``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options."""
+def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
+    """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options."""
     check_options(dict(options))
 
     def run() -> Any:
         return _restore(
-            reader,
+            opened,
             like,
             as_numpy=options.get("as_numpy", False),
             sharding=options.get("sharding"),
@@ -72,14 +72,14 @@ def restore(reader: Reader, like: Any = None, **options: Unpack[LoadOptions]) ->
 
     if not options.get("progress", False):
         return run()
-    total = sum(leaf.nbytes for leaf in reader.stored.values())
-    with progress_bar(total, f"loading {reader.file}", enabled=True) as bar:
-        reader.on_read = bar.update
+    total = sum(leaf.nbytes for leaf in opened.stored.values())
+    with progress_bar(total, f"loading {opened.file}", enabled=True) as bar:
+        opened.on_read = bar.update
         return run()
 
 
 def _restore(
-    reader: Reader,
+    opened: OpenedFile,
     like: Any,
     *,
     as_numpy: bool,
@@ -94,43 +94,43 @@ def _restore(
         if partial or cast:
             raise RequestError(
                 "partial= and cast= work with like=...; without a template, choose leaves with select=[...]",
-                file=reader.file,
+                file=opened.file,
             )
-        return _rebuild(reader, as_numpy=as_numpy, sharding=sharding, select=select)
+        return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select)
     if select is not None:
         raise RequestError(
-            "select= chooses leaves without a template; with like=..., pass partial=True", file=reader.file
+            "select= chooses leaves without a template; with like=..., pass partial=True", file=opened.file
         )
-    return _fit(reader, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast)
+    return _fit(opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast)
 
 
-def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
-    everything = read_all(reader) if select is None and sharding is None else None
+def _rebuild(opened: OpenedFile, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
+    everything = read_all(opened) if select is None and sharding is None else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
-        treedef = reader.treedef()
+        treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
         _to_devices(everything, numpy_leaves, {}, as_numpy=as_numpy)
-        return dict(zip(reader.paths, everything, strict=True)) if treedef is None else treedef.unflatten(everything)
-    paths = reader.paths
-    chosen = set(Selection(select).choose(paths, file=reader.file) if select is not None else paths)
-    treedef = reader.treedef()
+        return dict(zip(opened.paths, everything, strict=True)) if treedef is None else treedef.unflatten(everything)
+    paths = opened.paths
+    chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
+    treedef = opened.treedef()
     positions = [i if path in chosen else _SKIPPED for i, path in enumerate(paths)]
 
     def index_tree() -> Any:
         return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
 
     arrays = {
-        i: (path, _shape(reader.stored[path]), reader.stored[path].dtype)
+        i: (path, _shape(opened.stored[path]), opened.stored[path].dtype)
         for i, path in enumerate(paths)
-        if path in chosen and path in reader.stored and reader.stored[path].kind in ("array", "key", "sharded")
+        if path in chosen and path in opened.stored and opened.stored[path].kind in ("array", "key", "sharded")
     }
-    placements = _placements(reader, sharding, index_tree, arrays)
-    by_ranges = _read_by_ranges(reader, paths, placements)
-    data = reader.read_stored(
+    placements = _placements(opened, sharding, index_tree, arrays)
+    by_ranges = _read_by_ranges(opened, paths, placements)
+    data = opened.read_stored(
         [
-            reader.stored[path]
+            opened.stored[path]
             for i, path in enumerate(paths)
-            if path in chosen and path in reader.stored and i not in by_ranges
+            if path in chosen and path in opened.stored and i not in by_ranges
         ]
     )
     values: list[Any] = [
@@ -140,12 +140,12 @@ def _rebuild(reader: Reader, *, as_numpy: bool, sharding: ShardingSpec, select: 
         if path in data
         else None
         if i in by_ranges
-        else decode_value_entry(reader.value_entries[path], file=reader.file)
+        else decode_value_entry(opened.value_entries[path], file=opened.file)
         for i, path in enumerate(paths)
     ]
     _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
     for i in by_ranges:
-        values[i] = _from_ranges(reader, paths[i], placements[i], None)
+        values[i] = _from_ranges(opened, paths[i], placements[i], None)
     tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
     return _prune(tree) if select is not None else tree
 
@@ -155,7 +155,7 @@ def _shape(leaf: Stored) -> tuple[int, ...]:
 
 
 def _placements(
-    reader: Reader,
+    opened: OpenedFile,
     sharding: ShardingSpec,
     index_tree: Callable[[], Any],
     arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]],
@@ -164,14 +164,14 @@ def _placements(
     gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree."""
     if isinstance(sharding, str) and sharding == "saved":
         placements = {
-            i: saved_sharding(leaf.sharding, file=reader.file, path=path)
+            i: saved_sharding(leaf.sharding, file=opened.file, path=path)
             for i, (path, _, _) in arrays.items()
-            if isinstance(leaf := reader.stored.get(path), ShardedLeaf) and leaf.sharding is not None
+            if isinstance(leaf := opened.stored.get(path), ShardedLeaf) and leaf.sharding is not None
         }
     else:
-        placements = resolve_shardings(sharding, index_tree, arrays, file=reader.file)
+        placements = resolve_shardings(sharding, index_tree, arrays, file=opened.file)
     for i, placement in placements.items():
-        check_fits(placement, arrays[i][1], file=reader.file, path=arrays[i][0])
+        check_fits(placement, arrays[i][1], file=opened.file, path=arrays[i][0])
     return placements
 
 
@@ -202,74 +202,74 @@ def _prune(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: None if leaf is _SKIPPED else leaf, tree)
 
 
-def _fit(reader: Reader, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool) -> Any:
+def _fit(opened: OpenedFile, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
     targets = [target_of(leaf) for leaf in wanted]
     problems = [
         problem
         for path, target in zip(paths, targets, strict=True)
-        if (problem := _problem(reader, path, target, cast=cast)) is not None
+        if (problem := _problem(opened, path, target, cast=cast)) is not None
     ]
     if not partial:
         expected = set(paths)
         problems += [
-            f"{path!r}: in the file but not in the structure ({_describe_file_leaf(reader, path)}); pass partial=True "
+            f"{path!r}: in the file but not in the structure ({_describe_file_leaf(opened, path)}); pass partial=True "
             "to leave it unread"
-            for path in reader.paths
+            for path in opened.paths
             if path not in expected
         ]
     if problems:
-        raise StructureMismatchError(problems, file=reader.file)
+        raise StructureMismatchError(problems, file=opened.file)
 
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
         if target.output in ("jax", "key")
     }
-    placements = _placements(reader, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
+    placements = _placements(opened, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
-            check_fits(placements[i], arrays[i][1], file=reader.file, path=arrays[i][0])
-    by_ranges = set() if as_numpy else _read_by_ranges(reader, paths, placements)
+            check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
+    by_ranges = set() if as_numpy else _read_by_ranges(opened, paths, placements)
     stored = [
-        reader.stored[path]
+        opened.stored[path]
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
         if target.output != "value" and i not in by_ranges
     ]
-    data = reader.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
-    data.update(reader.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
+    data = opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
+    data.update(opened.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
     values = [
-        None if i in by_ranges else _output(reader, path, target, data, as_numpy=as_numpy)
+        None if i in by_ranges else _output(opened, path, target, data, as_numpy=as_numpy)
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
     ]
     _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
     for i in by_ranges:
-        values[i] = _from_ranges(reader, paths[i], placements[i], targets[i].dtype)
+        values[i] = _from_ranges(opened, paths[i], placements[i], targets[i].dtype)
     return treedef.unflatten(values)
 
 
-def _read_by_ranges(reader: Reader, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:
+def _read_by_ranges(opened: OpenedFile, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:
     """The sharded leaves bound for several devices: each device's part is read on its own, by byte ranges."""
     return {
         i
         for i, placement in placements.items()
-        if isinstance(reader.stored.get(paths[i]), ShardedLeaf)
+        if isinstance(opened.stored.get(paths[i]), ShardedLeaf)
         and isinstance(placement, jax.sharding.Sharding)
         and (len(placement.device_set) > 1 or not placement.is_fully_addressable)
     }
 
 
-def _from_ranges(reader: Reader, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
+def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
     """A sharded leaf laid out on ``placement``: the boxes of this process's devices read from the shards that
     overlap them, together when their bounding box holds little else (then whole shards are read, and verified)."""
-    leaf = reader.stored[path]
+    leaf = opened.stored[path]
     boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
     bound: Box = tuple(
         (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes)) for axis in range(len(leaf.shape))
     )
     together = _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
-    whole = _cast(reader.read_box(path, bound), dtype) if together else None
+    whole = _cast(opened.read_box(path, bound), dtype) if together else None
     parts: dict[Box, np.ndarray] = {}
 
     def part(index: tuple[slice, ...] | None) -> np.ndarray:
@@ -280,7 +280,7 @@ def _from_ranges(reader: Reader, path: str, placement: jax.sharding.Sharding, dt
                     tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
                 ]
             else:
-                parts[box] = _cast(reader.read_box(path, box), dtype)
+                parts[box] = _cast(opened.read_box(path, box), dtype)
         return parts[box]
 
     return jax.make_array_from_callback(leaf.shape, placement, part)
@@ -301,41 +301,41 @@ def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     return array if dtype is None or array.dtype == dtype else array.astype(dtype)
 
 
-def _output(reader: Reader, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:
+def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:
     """The restored leaf at ``path`` in the form ``target`` asks for."""
     if target.output == "value":
-        return decode_value_entry(reader.value_entries[path], file=reader.file)
+        return decode_value_entry(opened.value_entries[path], file=opened.file)
     value = data[path]
     if target.output == "key":
         return value
     if target.dtype is not None and value.dtype != target.dtype:
         value = value.astype(target.dtype)
     if target.output == "torch" and not as_numpy:
-        return tensor_from_numpy(np.ascontiguousarray(value), file=reader.file, path=path)
+        return tensor_from_numpy(np.ascontiguousarray(value), file=opened.file, path=path)
     if target.output == "npscalar":
         return value[()]
     return value
 
 
-def _describe_file_leaf(reader: Reader, path: str) -> str:
-    if path in reader.stored:
-        return describe_stored(reader.stored[path])
-    return Target("value", value=decode_value_entry(reader.value_entries[path], file=reader.file)).describe()
+def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
+    if path in opened.stored:
+        return describe_stored(opened.stored[path])
+    return Target("value", value=decode_value_entry(opened.value_entries[path], file=opened.file)).describe()
 
 
-def _problem(reader: Reader, path: str, target: Target, *, cast: bool) -> str | None:
+def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
     """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
-    if path not in reader:
+    if path not in opened:
         return f"{path!r}: missing from the file (expected {target.describe()})"
-    stored = reader.stored.get(path)
+    stored = opened.stored.get(path)
     if target.output == "value":
         if stored is None:
-            value = decode_value(reader.value_entries[path].get("value"), path=path, file=reader.file)
+            value = decode_value(opened.value_entries[path].get("value"), path=path, file=opened.file)
             wanted = target.value
             if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
                 return None
-        return f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
-    mismatch = f"{path!r}: the file has {_describe_file_leaf(reader, path)}, expected {target.describe()}"
+        return f"{path!r}: the file has {_describe_file_leaf(opened, path)}, expected {target.describe()}"
+    mismatch = f"{path!r}: the file has {_describe_file_leaf(opened, path)}, expected {target.describe()}"
     if stored is None:
         return mismatch
     if target.output == "key":

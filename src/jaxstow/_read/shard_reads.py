@@ -23,11 +23,11 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxstow._format.checksum import checksum_bytes
-from jaxstow._format.container import Container
 from jaxstow._format.native import NativeReader
-from jaxstow._format.reading import aligned_empty, run_all
+from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, StoredShard, intersect
 from jaxstow._format.source import Parallel
+from jaxstow._format.tensor_reads import aligned_empty, run_all
 from jaxstow._read.slicing import full_box, read_box
 
 __all__ = ["ShardReads"]

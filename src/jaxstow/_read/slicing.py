@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.reading import aligned_empty, read_range
 from jaxstow._format.shards import Box
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import aligned_empty, read_range
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import SliceError
 

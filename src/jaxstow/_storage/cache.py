@@ -31,8 +31,8 @@ from collections.abc import Callable
 import numpy as np
 
 from jaxstow._format.native import header_checksum
-from jaxstow._format.reading import run_all
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import run_all
 from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CorruptFileError, FormatError, PathError

@@ -1,30 +1,109 @@
-"""What a user names a file with, opened for reading: a path, a ``file://`` URL, an fsspec URL or a file object.
+"""What a user names a file with, resolved once for reading: a path, a ``file://`` URL, an fsspec URL, a binary file
+object or a source.
 
-fsspec is imported only when a URL other than ``file://`` is given.
+:func:`locate` turns what the user gave into a :class:`Location`: how errors name it, and its local path, its URL,
+the file object or the source given. The read path resolves its argument so once, at its entry, and every later
+step takes the location, and :meth:`Location.open` opens it as a source (its size, its reads). fsspec is imported
+only when a URL other than ``file://`` is opened.
 
->>> import os, tempfile
->>> from jaxstow._storage.opening import open_source
+>>> import io, os, tempfile
+>>> from jaxstow._storage.opening import locate, open_source
 >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
 >>> with open(path, "wb") as file:
 ...     _ = file.write(b"hello")
->>> source = open_source(path)
+>>> location = locate(path)
+>>> location.path == location.name == path, location.url
+(True, None)
+>>> source = location.open()
 >>> source.size, bytes(source.read(1, 4))
 (5, b'ello')
+>>> locate("s3://bucket/model.jxs").url, locate(io.BytesIO()).name
+('s3://bucket/model.jxs', '<BytesIO>')
+>>> bytes(open_source(io.BytesIO(b"abc")).read(0, 3))
+b'abc'
 """
 
 from __future__ import annotations
 
 import io
 import os
+from dataclasses import dataclass
 from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
-from jaxstow._storage.paths import display_name, local_path
+from jaxstow._storage.paths import PathOrFile, display_name, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import FileObject, LocalFile
-from jaxstow.errors import ArgumentError, IsAFolderError
+from jaxstow.errors import ArgumentError
 
-__all__ = ["open_source", "refuse_options"]
+__all__ = ["Location", "Readable", "locate", "open_source", "refuse_options"]
+
+#: What the read path takes: a path, a URL, a binary file object or a source.
+Readable = PathOrFile | ReadSource
+
+
+@dataclass(frozen=True, eq=False)
+class Location:
+    """A file named for reading, resolved once: exactly one of ``path``, ``url``, ``file`` and ``source`` is how it
+    is reached, except that a local file given as a source has its ``path`` too."""
+
+    #: How error messages name it.
+    name: str
+    #: The local path (of a path, a ``file://`` URL or a local file given as a source).
+    path: str | None = None
+    #: An fsspec URL other than ``file://``.
+    url: str | None = None
+    #: A binary file object, read from its position when given.
+    file: BinaryIO | None = None
+    #: A source given as it is.
+    source: ReadSource | None = None
+
+    @property
+    def is_folder(self) -> bool:
+        """Whether it is a local folder."""
+        return self.path is not None and os.path.isdir(self.path)
+
+    def open(self, settings: StorageSettings | None = None) -> ReadSource:
+        """The source to read (a source given is returned as it is). ``settings`` say how a URL is reached (fsspec's
+        storage options, the transfer, a local cache). A folder raises :class:`~jaxstow.errors.IsAFolderError`, a
+        missing file :class:`~jaxstow.errors.PathNotFoundError`."""
+        if self.source is not None:
+            return self.source
+        if self.file is not None:
+            return FileObject(self.file, self.name)
+        if self.path is not None:
+            refuse_options(self.path, settings or StorageSettings())
+            return LocalFile(self.path)
+        from jaxstow._storage.remote import open_remote_source
+
+        assert self.url is not None
+        return open_remote_source(self.url, settings)
+
+
+def locate(target: Readable | Location) -> Location:
+    """The :class:`Location` of a path, a URL, a seekable binary file object or a source (a location is returned as
+    it is); anything else raises an :class:`~jaxstow.errors.ArgumentError`."""
+    if isinstance(target, Location):
+        return target
+    if isinstance(target, str | os.PathLike):
+        text = os.fspath(target)
+        path = local_path(text)
+        return Location(text, path=path) if path is not None else Location(text, url=text)
+    if isinstance(target, ReadSource):
+        return Location(target.name, path=target.name if isinstance(target, LocalFile) else None, source=target)
+    if isinstance(target, io.TextIOBase):
+        raise ArgumentError(f"{display_name(target)} is open in text mode: open it with open(..., 'rb')")
+    if not all(callable(getattr(target, method, None)) for method in ("readinto", "seek", "tell")):
+        raise ArgumentError(
+            f"expected a path, a URL or a seekable binary file object to read, not {type(target).__name__}"
+        )
+    return Location(display_name(target), file=target)
+
+
+def open_source(target: Readable, settings: StorageSettings | None = None) -> ReadSource:
+    """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is):
+    ``locate(target).open(settings)``."""
+    return locate(target).open(settings)
 
 
 def refuse_options(path: str, settings: StorageSettings) -> None:
@@ -34,32 +113,3 @@ def refuse_options(path: str, settings: StorageSettings) -> None:
         raise ArgumentError(
             f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
         )
-
-
-def open_source(
-    target: str | os.PathLike[str] | BinaryIO | ReadSource, settings: StorageSettings | None = None
-) -> ReadSource:
-    """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is).
-
-    ``settings`` say how a URL is reached (fsspec's storage options, the transfer, a local cache). A folder raises
-    :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
-    """
-    if isinstance(target, ReadSource):
-        return target
-    if not isinstance(target, str | os.PathLike):
-        if isinstance(target, io.TextIOBase):
-            raise ArgumentError(f"{display_name(target)} is open in text mode: open it with open(..., 'rb')")
-        if not all(callable(getattr(target, method, None)) for method in ("readinto", "seek", "tell")):
-            raise ArgumentError(
-                f"expected a path, a URL or a seekable binary file object to read, not {type(target).__name__}"
-            )
-        return FileObject(target)
-    path = local_path(target)
-    if path is None:
-        from jaxstow._storage.remote import open_remote_source
-
-        return open_remote_source(os.fspath(target), settings)
-    refuse_options(path, settings or StorageSettings())
-    if os.path.isdir(path):
-        raise IsAFolderError("is a folder, not a file", file=path)
-    return LocalFile(path)

@@ -2,7 +2,7 @@
 
 >>> import io
 >>> from jaxstow._storage.sources import FileObject
->>> source = FileObject(io.BytesIO(b"hello"))
+>>> source = FileObject(io.BytesIO(b"hello"), "greeting")
 >>> source.size, bytes(source.read(1, 4))
 (5, b'ello')
 """
@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 from collections.abc import Sequence
 from typing import BinaryIO
 
-from jaxstow._format.reading import LOCAL_DISK
 from jaxstow._format.source import Parallel
-from jaxstow.errors import PathError, PathNotFoundError, TruncatedFileError
+from jaxstow._format.tensor_reads import LOCAL_DISK
+from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
 
@@ -55,7 +56,8 @@ class SourceBase:
 
 
 class LocalFile(SourceBase):
-    """A local file read with ``pread``, safe to share between threads."""
+    """A local file read with ``pread``, safe to share between threads; a folder raises
+    :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`."""
 
     parallel = LOCAL_DISK
 
@@ -67,7 +69,11 @@ class LocalFile(SourceBase):
             raise PathNotFoundError("no such file", file=path) from None
         except OSError as error:
             raise PathError(f"cannot open it: {error.strerror or error}", file=path) from error
-        self.size = os.fstat(self._descriptor).st_size
+        status = os.fstat(self._descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            os.close(self._descriptor)
+            raise IsAFolderError("is a folder, not a file", file=path)
+        self.size = status.st_size
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
@@ -102,10 +108,10 @@ class LocalFile(SourceBase):
 
 
 class FileObject(SourceBase):
-    """A seekable binary file object, such as ``io.BytesIO`` or an open file."""
+    """A seekable binary file object, such as ``io.BytesIO`` or an open file, named ``name`` in errors."""
 
-    def __init__(self, file: BinaryIO) -> None:
-        self.name = str(getattr(file, "name", type(file).__name__))
+    def __init__(self, file: BinaryIO, name: str) -> None:
+        self.name = name
         self._file = file
         self._start = file.tell()
         self.size = file.seek(0, io.SEEK_END) - self._start

@@ -32,16 +32,16 @@ import jax
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
-from jaxstow._format.container import (
+from jaxstow._format.keypaths import container_paths, flatten_with_paths
+from jaxstow._format.leaves import EncodedLeaf, encode_leaf
+from jaxstow._format.manifest import metadata_problem
+from jaxstow._format.native_or_npz import (
     FORMAT_NAME,
     FORMAT_VERSION,
     container_kind,
     describe_raw_leaves,
     write_container,
 )
-from jaxstow._format.keypaths import container_paths, flatten_with_paths
-from jaxstow._format.leaves import EncodedLeaf, encode_leaf
-from jaxstow._format.manifest import metadata_problem
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.paths import PathOrFile
 from jaxstow._storage.settings import StorageSettings

@@ -29,12 +29,12 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow._format.container import Kind as ContainerKind
-from jaxstow._format.container import container_kind, write_container
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.kinds import KINDS, Kind
 from jaxstow._format.native import stores_exactly as native_stores_exactly
+from jaxstow._format.native_or_npz import Kind as ContainerKind
+from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise

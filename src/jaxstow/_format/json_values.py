@@ -1,7 +1,7 @@
 """Whether a value survives a trip through strict JSON unchanged, and if not, which key spoils it.
 
 >>> import numpy as np
->>> from jaxstow._format.json_rules import json_problem
+>>> from jaxstow._format.json_values import json_problem
 >>> json_problem({"epoch": 3, "lr": 0.1, "tags": ["a", "b"]}) is None
 True
 >>> json_problem({"run": {"loss": float("nan")}})

@@ -3,7 +3,7 @@
 A structure of such containers is turned into the containers themselves around placeholder leaves, and jax's own
 flatten gives its tree structure in one call, instead of a node at a time.
 
->>> from jaxstow._format.containers import plain_treedef
+>>> from jaxstow._format.plain_trees import plain_treedef
 >>> plain_treedef({"dict": [["a", {"list": ["*", None]}], ["b", "*"]]}, 0)
 PyTreeDef({'a': [*, None], 'b': *})
 >>> plain_treedef({"dict": [["b", "*"], ["a", "*"]]}, 0) is None  # not in jax's order: for the node-by-node decoder

@@ -6,7 +6,7 @@ builtin one: ``json.loads`` refuses integers of more than 4,300 digits with a ba
 100,000 levels deep with ``RecursionError`` (its C parser guards its own stack). Code that walks a parsed value
 recursively bounds its depth itself (see :mod:`jaxstow._format.skeleton`).
 
->>> from jaxstow._format.json_text import dump_json, parse_json
+>>> from jaxstow._format.json_codec import dump_json, parse_json
 >>> dump_json({"a": [1, 0.5, "é"]}).decode()
 '{"a":[1,0.5,"é"]}'
 >>> dump_json({"a": [1, 2**70]})

@@ -6,7 +6,7 @@ that serves several reads at once (its :class:`~jaxstow._format.source.Parallel`
 shared pool: a local disk 16 at a time, an object store as many requests as its transfer settings allow.
 
 >>> import io, numpy as np
->>> from jaxstow._format.reading import TensorSlot, aligned_empty, read_slots
+>>> from jaxstow._format.tensor_reads import TensorSlot, aligned_empty, read_slots
 >>> from jaxstow._storage.opening import open_source
 >>> source = open_source(io.BytesIO(np.arange(4, dtype=np.int32).tobytes()))
 >>> read_slots(source, [TensorSlot.at("x", np.dtype(np.int32), (2,), 8)])["x"]

@@ -1,7 +1,7 @@
 """Opening a file as the right container (native safetensors or npz) and checking its manifest.
 
 >>> import io, numpy as np
->>> from jaxstow._format.container import open_container, write_container
+>>> from jaxstow._format.native_or_npz import open_container, write_container
 >>> buffer = io.BytesIO()
 >>> write_container(buffer, "native", [("w", np.zeros(2))], None)
 >>> _ = buffer.seek(0)
@@ -25,8 +25,8 @@ from jaxstow._format.native import Complete, NativeReader, write_native
 from jaxstow._format.native import stores_exactly as native_stores_exactly
 from jaxstow._format.npz import NpzReader, write_npz
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
-from jaxstow._format.reading import TensorSlot, Verify
 from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError
 
 __all__ = [
@@ -106,14 +106,11 @@ def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dic
 
 
 def open_container(source: ReadSource) -> Container:
-    """Open a source as the container its first bytes announce; the container owns the source (closed on failure)."""
-    try:
-        magic = source.read(0, 4) if source.size >= 4 else b""
-        reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
-        _check_manifest(reader)
-    except BaseException:
-        source.close()
-        raise
+    """Open a source as the container its first bytes announce, which then owns the source (closing it closes the
+    source). On failure the source stays open, for the caller to tell what else the file is, and to close."""
+    magic = source.read(0, 4) if source.size >= 4 else b""
+    reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
+    _check_manifest(reader)
     return reader
 
 
