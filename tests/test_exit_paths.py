@@ -108,8 +108,8 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
 def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() -> None:
     program = """
     import time
-    from jaxstow.io.writer import BackgroundWriter
-    writer = BackgroundWriter("slow-writer")
+    from jaxstow.io.job_queue import JobQueue
+    writer = JobQueue("slow-writer")
     writer.submit(lambda: time.sleep(60))
     """
     started = time.monotonic()
@@ -123,8 +123,8 @@ def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() 
 def test_a_second_ctrl_c_stops_the_wait_and_the_process_ends_as_ctrl_c_ends_it(tmp_path: Path) -> None:
     program = """
     import time
-    from jaxstow.io.writer import BackgroundWriter
-    writer = BackgroundWriter("slow-writer")
+    from jaxstow.io.job_queue import JobQueue
+    writer = JobQueue("slow-writer")
     writer.submit(lambda: time.sleep(60))
     print("saving", flush=True)
     time.sleep(60)

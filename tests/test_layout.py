@@ -36,7 +36,7 @@ LAYERS = [
     ["jaxstow.cli"],
     ["jaxstow", "jaxstow.__main__"],
 ]
-MAX_LINES = 400
+MAX_LINES = 500
 
 
 def module_name(path: Path) -> str:

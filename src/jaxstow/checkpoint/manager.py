@@ -18,16 +18,18 @@ A directory (local path or fsspec URL) holds one folder per committed step::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
+from jaxstow._read.options import LoadOptions
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_metadata, check_metrics
@@ -39,21 +41,23 @@ from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
 from jaxstow._write.save_report import SaveReport
+from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.processes import Processes
-from jaxstow.checkpoint.reading import StepReading
+from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
+from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
 
 __all__ = ["CheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager(StepReading):
+class CheckpointManager:
     """Saves and restores the numbered steps of a run in ``directory`` (a path or an fsspec URL such as ``s3://...``).
 
     Keep policies combine: the latest ``keep_last`` steps, every step divisible by ``keep_every``, one step per
@@ -85,10 +89,8 @@ class CheckpointManager(StepReading):
     names. Under ``jax.distributed``, every wait of a save or restore on the other processes is bounded by
     ``process_timeout`` seconds (see :meth:`save` and :meth:`restore`).
 
-    A save still in flight when the interpreter exits (the script's end, ``sys.exit``, an uncaught exception,
-    ``KeyboardInterrupt``) is finished and committed before the process ends, waiting at most ``JAXSTOW_EXIT_WAIT``
-    seconds (600 by default; a second Ctrl-C stops the wait). A save that fails then, or does not finish in time, is
-    printed with its step and the process exits with status 1.
+    A save in flight when the interpreter exits is committed before the process ends, or printed with its step and
+    exit status 1 (:mod:`jaxstow._write.at_exit`: ``JAXSTOW_EXIT_WAIT`` seconds at most, a second Ctrl-C stops it).
 
     The first save takes the directory's lock (a second writer gets a :class:`~jaxstow.errors.CheckpointError` naming
     the first; the lock of a dead writer is taken over) and removes what interrupted saves left. Reading takes no lock,
@@ -121,12 +123,15 @@ class CheckpointManager(StepReading):
         settings = storage_settings(storage_options, transfer, cache_dir)
         self._store: Store = open_store(directory, marker=RECORD_NAME, settings=settings)
         self._names = StepNames("%d")
-        super().__init__(StepFolder(self._store, self._names), policy, progress=progress)
+        self._folder = StepFolder(self._store, self._names)
+        self._policy = policy
+        self._progress = progress
+        #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
+        self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=async_save)
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
-        self._together = self._processes
         self._notice: PreemptionNotice | None = None
         if self._processes.many:
             if preemption_signals:
@@ -137,6 +142,152 @@ class CheckpointManager(StepReading):
     @property
     def policy(self) -> KeepPolicy:
         return self._policy
+
+    @property
+    def directory(self) -> str:
+        """The directory, as given (a path or a URL)."""
+        return self._folder.store.location
+
+    def _record(self, step: int) -> StepRecord:
+        return self._folder.record(step)
+
+    def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
+        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
+
+        With ``verify="data"`` (the default) every leaf of every step is read and checked against its checksum, as
+        ``jaxstow verify`` does, so this finds a flipped byte anywhere: in a record, a header or the data. With
+        ``verify="headers"`` only the records, the item files' presence and their headers are checked, which reads a
+        few kB per file. ``progress`` (the manager's setting by default) draws a bar of the bytes read per step.
+        """
+        self._settle()
+        verify = recovery.check_verify(verify)
+        return recovery.damaged(self._folder, self._folder.committed(), verify=verify, progress=self._bar(progress))
+
+    def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
+        """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``; steps older than
+        the one found are not read. To restore it in one pass, use ``restore(fallback=True)``."""
+        self._settle()
+        verify = recovery.check_verify(verify)
+        return recovery.newest_intact(
+            self._folder, lambda: self._folder.committed()[::-1], verify=verify, progress=self._bar(progress)
+        )
+
+    def _bar(self, progress: bool | None) -> bool:
+        if progress:
+            require_progress_bar()
+        return self._progress if progress is None else progress
+
+    def steps(self) -> list[int]:
+        """The committed steps, in increasing order (waits for the save in flight)."""
+        self._settle()
+        return self._folder.committed()
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or ``None`` if there is none."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def best_step(self, metric: str | None = None, *, mode: Literal["min", "max"] | None = None) -> int | None:
+        """The committed step with the best value of ``metric`` (the manager's ``metric`` and ``mode`` by default):
+        the lowest for ``mode="min"``, the highest for ``"max"``, the newest of equals. Steps without a finite value
+        of it are left out; ``None`` if no step has one."""
+        metric = metric or self._policy.metric
+        if metric is None:
+            raise ArgumentError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
+        values = {}
+        for step in self.steps():
+            with contextlib.suppress(StepNotFoundError):  # deleted since it was listed
+                values[step] = self._record(step).metric(metric)
+        return KeepPolicy(keep_best=1, metric=metric, mode=mode or self._policy.mode).best(values)
+
+    def _existing(self, step: int | None) -> int:
+        self._settle()
+        return self._folder.existing(step)
+
+    def metrics(self, step: int) -> dict[str, float | None] | None:
+        """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
+        return self._record(self._existing(step)).metrics
+
+    def metadata(self, step: int) -> dict[str, Any] | None:
+        """The metadata saved with ``step``."""
+        return self._record(self._existing(step)).metadata
+
+    def items(self, step: int) -> list[str] | None:
+        """The names of the items of ``step``, or ``None`` if it was saved as one tree."""
+        record = self._record(self._existing(step))
+        return None if record.single else sorted(record.files)
+
+    def restore(
+        self,
+        step: int | None = None,
+        like: Any = None,
+        *,
+        items: Sequence[str] | None = None,
+        fallback: bool = False,
+        **options: Unpack[LoadOptions],
+    ) -> Any:
+        """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
+
+        Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
+        fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
+        named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
+        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. The options are
+        those of :func:`jaxstow.load` (:class:`jaxstow.LoadOptions`); with named items, paths start with the item's
+        name (``select=["params/**"]``), and a ``sharding`` dict keyed by item names gives each item its own.
+
+        ``fallback=True`` restores the newest step (from ``step`` down) whose record, headers and restored data check:
+        a damaged step is skipped, with a warning on the ``jaxstow`` logger that names it and the damage. Afterwards
+        :attr:`restored` tells which step was restored and which were skipped, and why.
+
+        If another process's keep policy deletes the step being read, the newest step then is restored instead (up to
+        8 times in a row); a ``step`` asked for that is gone raises :class:`~jaxstow.errors.StepNotFoundError`.
+
+        Under ``jax.distributed`` call it in every process, as :meth:`save`: process 0 picks the step, and every
+        process restores it or every process raises a :class:`~jaxstow.errors.CheckpointError` naming the step and
+        each process that failed or did not report within the manager's ``process_timeout``
+        (:mod:`jaxstow.checkpoint.together`).
+        """
+        options.setdefault("progress", self._progress)
+
+        def restore(chosen: int) -> Any:
+            return restore_step(self._folder, chosen, like, items, options)
+
+        if self._processes.many:
+
+            def choose() -> list[int]:
+                newest = self._existing(step)
+                return [older for older in reversed(self._folder.committed()) if older <= newest]
+
+            tree, self.restored = restore_together(self._processes, self._folder, choose, restore, fallback=fallback)
+            return tree
+        if step is not None and not fallback:
+            chosen = self._existing(step)
+            tree = restore(chosen)
+            self.restored = recovery.Restored(chosen)
+            return tree
+        if fallback:
+            bound = self._existing(step)
+
+            def candidates() -> list[int]:
+                """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
+                return [older for older in reversed(self._folder.committed()) if step is None or older <= bound]
+
+            tree, self.restored = recovery.restore_newest_intact(self._folder, candidates, restore)
+            return tree
+        # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
+        # one has been committed, and that one is restored instead.
+        self._settle()
+        trees: list[Any] = []
+
+        def accept(chosen: int) -> bool:
+            trees.append(restore(chosen))
+            return True
+
+        newest = recovery.newest_accepted(lambda: self._folder.committed()[::-1], accept)
+        if newest is None:
+            raise StepNotFoundError(f"{self.directory} holds no committed step to restore")
+        self.restored = recovery.Restored(newest)
+        return trees[0]
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self.directory!r}, {self._policy})"
@@ -208,14 +359,15 @@ class CheckpointManager(StepReading):
         self._writer.wait()
         if self._lock is None and self._processes.index == 0:
             self._take_lock()
-        exists = step in self._committed_steps()
+        exists = step in self._folder.committed()
         if exists and not force:
             raise CheckpointError(
-                f"step {step} already exists in {self.directory}; pass force=True to replace it", file=self._url(step)
+                f"step {step} already exists in {self.directory}; pass force=True to replace it",
+                file=self._folder.url(step),
             )
         part = self._processes.index if self._processes.many else None
         held = {
-            name: hold(tree, copy=copy, file=self._url(step, name + EXTENSION), part=part)
+            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part)
             for name, tree in named.items()
         }
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
@@ -293,7 +445,7 @@ class CheckpointManager(StepReading):
         return record
 
     def _prune(self) -> None:
-        steps = self._committed_steps()
+        steps = self._folder.committed()
         policy = self._policy
         records = {step: self._folder.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
         metric = policy.metric or ""

@@ -53,6 +53,7 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.hdf5_layout import checkpoint_path, dataset_name, group_name, layout_problems
+from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.swmr import (
     DISK_DRIVERS,
@@ -62,7 +63,6 @@ from jaxstow.io.swmr import (
     open_writer,
     writes_live,
 )
-from jaxstow.io.writer import BackgroundWriter
 
 __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
 
@@ -160,7 +160,7 @@ class HDF5Collector(DataCollector):
         self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._finalized: set[int] = set()
-        self._writer = BackgroundWriter(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
+        self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
         hold_metadata_in_memory(file)
         self._settle()

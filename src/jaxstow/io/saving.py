@@ -40,9 +40,9 @@ from jaxstow.io.batching import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.host_block import send_block
+from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
-from jaxstow.io.writer import BackgroundWriter
 
 __all__ = ["Saving", "SavingState", "save"]
 
@@ -168,7 +168,7 @@ class _Streaming:
         self.checkpoint_spec: Any = None
         self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
         self._step = chain_polymorphic(self._chains_step, state_name="saving state")
-        self._deliveries = BackgroundWriter(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
+        self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
 

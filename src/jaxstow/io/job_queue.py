@@ -1,8 +1,8 @@
-"""A background writer: jobs run in order on one thread, and the first error comes back to the caller.
+"""A queue of jobs run in order on one thread of its own (a collector's deliveries), the first error coming back to the caller.
 
->>> from jaxstow.io.writer import BackgroundWriter
+>>> from jaxstow.io.job_queue import JobQueue
 >>> done = []
->>> writer = BackgroundWriter("example")
+>>> writer = JobQueue("example")
 >>> writer.submit(lambda: done.append(1))
 >>> writer.submit(lambda: done.append(1 / 0))
 >>> try:
@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 from jaxstow._write import at_exit
 
-__all__ = ["BackgroundWriter"]
+__all__ = ["JobQueue"]
 
 
-class BackgroundWriter:
+class JobQueue:
     """Runs submitted jobs in order on a thread of its own, with at most ``max_pending`` waiting at a time.
 
     The thread starts with the first job and ends after ``linger`` seconds without one. After a job fails, later

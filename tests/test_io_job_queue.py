@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jaxstow.io.writer import BackgroundWriter
+from jaxstow.io.job_queue import JobQueue
 
 
 def _writer_threads(name: str) -> int:
@@ -16,7 +16,7 @@ def _writer_threads(name: str) -> int:
 
 @pytest.mark.timeout(20)
 def test_jobs_run_in_order_on_one_thread_that_waits_for_more() -> None:
-    writer = BackgroundWriter("test-writer-order", max_pending=2, linger=600)
+    writer = JobQueue("test-writer-order", max_pending=2, linger=600)
     done: list[int] = []
     threads: set[int] = set()
     for index in range(40):
@@ -29,7 +29,7 @@ def test_jobs_run_in_order_on_one_thread_that_waits_for_more() -> None:
 
 @pytest.mark.timeout(20)
 def test_an_idle_thread_ends_and_a_new_job_starts_another() -> None:
-    writer = BackgroundWriter("test-writer-idle", linger=0.01)
+    writer = JobQueue("test-writer-idle", linger=0.01)
     threads: list[int] = []
     writer.submit(lambda: threads.append(threading.get_ident()))
     writer.wait()
@@ -44,7 +44,7 @@ def test_an_idle_thread_ends_and_a_new_job_starts_another() -> None:
 
 @pytest.mark.timeout(20)
 def test_a_failure_drops_later_jobs_and_comes_back_without_a_hang() -> None:
-    writer = BackgroundWriter("test-writer-failure", max_pending=1)
+    writer = JobQueue("test-writer-failure", max_pending=1)
     done: list[int] = []
     writer.submit(lambda: time.sleep(0.05))
     writer.submit(lambda: done.append(1 // 0))
