@@ -84,8 +84,8 @@ class Block:
 
 
 def name(page: Path) -> str:
-    """A page as the repository names it: ``README.md``, ``docs/sampling.md``."""
-    return page.relative_to(ROOT).as_posix()
+    """A page as the repository names it: ``README.md``, ``docs/sampling.md`` (a page elsewhere by its file name)."""
+    return page.relative_to(ROOT).as_posix() if page.is_relative_to(ROOT) else page.name
 
 
 def blocks(text: str) -> list[Block]:

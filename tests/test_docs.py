@@ -132,6 +132,46 @@ def test_what_a_page_needs_is_read_from_its_blocks():
     )
 
 
+_PAGE = """# A page
+
+```python
+import jax
+devices_here = jax.device_count()
+```
+
+```python
+mesh = jax.make_mesh((8,), ("x",))  # device_count=8, more than the session has
+```
+
+```python
+# hello.py: a script the reader saves
+import sys
+print("hello from", sys.argv[1])
+```
+
+```console
+$ python hello.py page; ls
+hello from page
+hello.py
+```
+"""
+
+
+def test_a_page_runs_in_its_folder_leaving_out_what_needs_more_devices(tmp_path):
+    page, folder = tmp_path / "page.md", tmp_path / "run"
+    page.write_text(_PAGE)
+    folder.mkdir()
+    outcome = run_page(page, folder, environment())
+    assert outcome.devices == 4
+    assert [block.line for block in outcome.short_of_devices] == [9]
+    assert outcome.printed == {19: "$ python hello.py page; ls\nhello from page\nhello.py\n"}
+    assert mismatches(page, outcome.printed) == []
+    assert mismatches(page, {19: "$ python hello.py page; ls\nhello from elsewhere\nhello.py\n"}) != []
+    page.write_text(_PAGE.replace("devices_here = jax.device_count()", "devices_here = 1 / 0"))
+    with pytest.raises(AssertionError, match=r"(?s)the block at line 4 of page\.md failed.*ZeroDivisionError"):
+        run_page(page, folder, environment())
+
+
 _WATCHED = """$ jaxstow watch run.h5 --once
 run.h5: finished, 4 chains
 chain  draws  state
