@@ -135,7 +135,8 @@ CASES: dict[str, Case] = {
     "io.no_save: keep of the wrong shape": lambda w: (
         lambda init, save, post: save(init({"x": jnp.zeros(1)}), jnp.ones(3, bool), {"x": jnp.zeros(1)})
     )(*jio.no_save()),
-    "io: an HDF5 collector of no file": lambda w: jio.HDF5Collector(str(w / "samples.h5")),
+    "io: an HDF5 collector of a number": lambda w: jio.HDF5Collector(5),
+    "io: an HDF5 collector of a folder": lambda w: jio.HDF5Collector(w),
     "io: samples_collected below 0": lambda w: scheduler.static_information(samples_collected=-1),
     "io: samples_collected a bool": lambda w: scheduler.static_information(samples_collected=True),
     "io: to_inference_data of a number": lambda w: jio.to_inference_data(5),

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, StructureMismatchError
+from jaxstow.errors import ArgumentError, IsAFolderError, StructureMismatchError
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
     ChainBook,
@@ -146,6 +146,8 @@ class HDF5Collector(DataCollector):
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         if isinstance(file, str | os.PathLike):
             name = os.fspath(file)
+            if os.path.isdir(name):
+                raise IsAFolderError("is a folder: HDF5Collector needs the path of an HDF5 file to write", file=name)
             file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
         elif not isinstance(file, h5py.File):
             raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
