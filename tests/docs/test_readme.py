@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).parents[1] / "README.md"
+README = Path(__file__).parents[2] / "README.md"
 OPT_OUT = "# not run by the README test:"
 _BLOCK = re.compile(r"^```(python|console)\n(.*?)^```$", re.S | re.M)
 _SCRIPT = re.compile(r"# ([\w-]+\.py): ")
@@ -285,7 +285,7 @@ def test_every_block_runs_as_written(tmp_path, missing_optional):
         if problems:
             pytest.fail(
                 f"the console block at line {block.line} of README.md is not what the commands print "
-                f"(JAXSTOW_README_UPDATE=1 pytest tests/test_readme.py writes it):\n" + "\n".join(problems)
+                f"(JAXSTOW_README_UPDATE=1 pytest tests/docs/test_readme.py writes it):\n" + "\n".join(problems)
             )
 
 
