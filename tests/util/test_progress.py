@@ -1,12 +1,17 @@
-"""Progress bars: bytes done, rate and time left while saving; nothing drawn unless asked."""
+"""Progress bars: bytes done, rate and time left while saving; nothing drawn unless asked; every write counted;
+a bar that cannot be drawn names the extra that draws it."""
 
+import io
 import os
+import sys
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jaxstow
 from jaxstow._util import progress
+from jaxstow.errors import MissingDependencyError
 
 
 def test_save_draws_bytes_rate_and_time_left(tmp_path, monkeypatch, capsys):
@@ -48,3 +53,48 @@ def test_checkpoint_restores_draw_when_the_manager_does(tmp_path, capsys):
         capsys.readouterr()
         manager.restore()
     assert "1.05M/1.05M" in capsys.readouterr().err
+
+
+def test_counted_writes_count_what_the_file_took_or_all_of_it_when_it_does_not_say():
+    class Unsaid(io.RawIOBase):
+        def writable(self):
+            return True
+
+        def write(self, data):
+            return None  # as some file objects do
+
+    with progress.bar(10, "saving", enabled=False) as bytes_done:
+        buffer = io.BytesIO()
+        sink = progress.counted(buffer, bytes_done)
+        assert sink.write(b"hello") == 5 and sink.write(memoryview(b"abc")) == 3
+        assert progress.counted(Unsaid(), bytes_done).write(np.zeros(2, np.float32)) == 8
+    assert bytes_done.done == 16 and buffer.getvalue() == b"helloabc"
+
+
+def test_a_bar_without_tqdm_says_which_extra_draws_it_and_an_undrawn_one_needs_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    with pytest.raises(
+        MissingDependencyError, match=r"a progress bar needs .* tqdm: pip install 'jaxstow\[progress\]'"
+    ):
+        progress.bar(10, "saving", enabled=True).__enter__()
+    with progress.bar(10, "saving", enabled=False) as bytes_done:
+        bytes_done.update(10)
+    assert bytes_done.done == 10
+
+
+def test_a_drawn_bar_ends_at_what_was_done_when_headers_add_to_the_total(capsys):
+    with progress.bar(1000, "saving x.jxs", enabled=True) as bytes_done:
+        bytes_done.update(1100)  # the arrays' bytes were the total; the header came on top
+    assert "1.10k/1.10k" in capsys.readouterr().err
+
+
+def test_byte_counts_for_people():
+    counts = [0, 999, 1000, 1_500_000, 2_000_000_000, 5 * 10**12]
+    assert [progress.format_bytes(count) for count in counts] == [
+        "0 B",
+        "999 B",
+        "1.00 kB",
+        "1.50 MB",
+        "2.00 GB",
+        "5000.00 GB",
+    ]
