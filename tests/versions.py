@@ -40,12 +40,12 @@ TEST_TOOLS = ("pytest", "pytest-xdist", "pytest-timeout")
 TEST_PACKAGES = ("safetensors",)
 #: The core of the test suite, run at the ``lowest`` and ``newest`` ends.
 CORE_TESTS = (
-    "tests/test_core_leaves.py",
-    "tests/test_read_reader.py",
-    "tests/test_checkpoint_manager.py",
-    "tests/test_checkpoint_policy.py",
-    "tests/test_cli.py",
-    "tests/test_io_saving.py",
+    "tests/format/test_leaves.py",
+    "tests/read/test_reader.py",
+    "tests/checkpoint/test_manager.py",
+    "tests/checkpoint/test_policy.py",
+    "tests/cli/test_commands.py",
+    "tests/io/test_saving.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)

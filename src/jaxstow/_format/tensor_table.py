@@ -8,7 +8,7 @@ region from its first byte to the end of the file, without overlaps or holes.
 
 :func:`slot_table` decides, with numpy over columns of offsets, sizes and dtype codes, exactly (integer arithmetic
 wherever a float could round). When it refuses, :func:`check_header` asks :func:`entry_slots`, which applies the same
-rules entry by entry, only to say which tensor is wrong and how; ``tests/test_format_validator_fuzz.py`` checks over
+rules entry by entry, only to say which tensor is wrong and how; ``tests/format/test_validator_fuzz.py`` checks over
 thousands of mutated headers that the two refuse exactly the same headers.
 
 >>> import numpy as np

@@ -25,7 +25,7 @@ from jaxstow import CheckpointManager
 from jaxstow.cli import main
 
 ocp = pytest.importorskip("orbax.checkpoint")
-PREEMPTED = Path(__file__).parent / "distributed" / "preempted.py"
+PREEMPTED = Path(__file__).parents[1] / "distributed" / "preempted.py"
 
 
 def test_steps_may_be_python_numpy_or_jax_integers(tmp_path):

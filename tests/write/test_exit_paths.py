@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from test_checkpoint_background import _obey_permission_bits
+from permissions import obey_permission_bits
 
 import jaxstow
 from jaxstow import CheckpointManager
@@ -92,7 +92,7 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
             [sys.executable, "-c", textwrap.dedent(program), str(folder)],
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=_obey_permission_bits if os.geteuid() == 0 else None,
+            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
         )
     except subprocess.SubprocessError as error:  # raised when preexec_fn fails
         pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).parent / "distributed" / "worker.py"
+WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 TIMEOUT = 3.0
 GRACE = 5.0  # how much longer the others wait for process 0's outcome (Processes.grace)
 SLOWER = 3.0  # how much longer than its timeout a wait may take on a loaded machine (the step's own work included)

@@ -1,5 +1,5 @@
 """Files of every format version load, and what each version adds holds: ``tests/data/format_v*.*`` are the golden
-files (see ``test_format_golden.py``, which loads each to its tree); here a damaged byte in each must be caught, the
+files (see ``test_golden.py``, which loads each to its tree); here a damaged byte in each must be caught, the
 files written now are version 4 with a manifest of columns, version 3 headers hold no plain metadata keys, and a
 newer version is named as newer, never as damage.
 """
@@ -20,7 +20,7 @@ from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError
 from reliability.forge import forge_native, split_native
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GOLDEN = sorted(path.name for path in DATA.glob("format_v*.*"))
 
 

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 #: Every page of the documentation, the README first.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 OPT_OUT = ("# not run by the docs test:", "# not run by the README test:")

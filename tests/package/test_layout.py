@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-PACKAGE = Path(__file__).parents[1] / "src" / "jaxstow"
+PACKAGE = Path(__file__).parents[2] / "src" / "jaxstow"
 
 #: Bottom up. A module imports only from its own unit and from the layers below its own; the units of one layer
 #: (``_write`` and ``_read``, the faces) know nothing of each other.

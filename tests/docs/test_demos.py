@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-DEMOS = sorted((Path(__file__).parents[1] / "examples").glob("demo_*.py"))
+DEMOS = sorted((Path(__file__).parents[2] / "examples").glob("demo_*.py"))
 
 
 def test_there_are_demos():

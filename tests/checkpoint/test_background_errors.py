@@ -8,7 +8,6 @@ that override them (``CAP_DAC_OVERRIDE``, ``CAP_DAC_READ_SEARCH``, ``CAP_FOWNER`
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -50,24 +49,14 @@ def _read_only_scenario(folder: str) -> dict:
     return report
 
 
-_PR_CAPBSET_DROP = 24
-_PERMISSION_OVERRIDES = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
-
-
-def _obey_permission_bits() -> None:
-    """In the child before exec: drop the capabilities with which root ignores permission bits."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    for capability in _PERMISSION_OVERRIDES:
-        if libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {capability}) failed")
-
-
 def test_read_only_folder_mid_run(tmp_path):
+    from permissions import obey_permission_bits  # here: this file also runs as a script, without tests/support
+
     folder = str(tmp_path)
     try:
         result = subprocess.run(
             [sys.executable, __file__, folder],
-            preexec_fn=_obey_permission_bits if os.geteuid() == 0 else None,
+            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
             capture_output=True,
             text=True,
             timeout=120,

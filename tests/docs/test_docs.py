@@ -1,5 +1,5 @@
 """Every block of every page of the documentation (README.md and docs/*.md) runs as written, in order, in a fresh
-folder of the page's own; its console transcripts are what the commands print (``tests/docs_blocks.py`` says how a
+folder of the page's own; its console transcripts are what the commands print (``tests/support/docs_blocks.py`` says how a
 page is run). ``JAXSTOW_DOCS_UPDATE=1`` (or ``JAXSTOW_README_UPDATE=1``) writes what they print into the pages
 instead. A page is skipped, naming what it lacks, where a package it imports is missing or where the S3 server it
 needs cannot start; the blocks that need more devices than there are are left out, and the page then ends skipped,

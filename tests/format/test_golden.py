@@ -29,7 +29,7 @@ import jaxstow
 from jaxstow._format.manifest import FORMAT_VERSION
 from reliability.forge import split_native
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 GOLDEN = sorted(path.name for path in DATA.glob("format_v*.*"))
 CHECKPOINT = DATA / f"checkpoint_v{FORMAT_VERSION}"
 

@@ -1,7 +1,7 @@
 """One error model wherever a user reaches: a file's contents quoted in a bounded excerpt, a reader used after close,
 a ``from_format`` that does not fit the file, and a missing optional package named with its face's own extra.
 
-The missing packages are blocked here by an import hook in a subprocess; ``tests/required_only`` checks the same
+The missing packages are blocked here by an import hook in a subprocess; ``tests/package/required_only`` checks the same
 faces in a venv where they are truly absent.
 """
 
@@ -34,7 +34,7 @@ from jaxstow.errors import (
 )
 from reliability.forge import forge_native
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 
 # -- file contents quoted in errors -----------------------------------------------------------------------------------
 

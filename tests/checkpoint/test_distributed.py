@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).parent / "distributed" / "worker.py"
+WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 HEADERS = 64 << 10  # every file's header and the step's record, read by every process
 
 

@@ -1,7 +1,7 @@
 """A run stopped after 3 of 5 epochs and resumed in a new process trains only epochs 3 and 4, and ends with exactly
 the parameters of an uninterrupted 5-epoch run: for JAX (equinox + optax) and for PyTorch (nn.Module + SGD).
 
-Run as a script (``python test_train_resume.py FRAMEWORK FOLDER EPOCHS``), this file is that new process: it resumes
+Run as a script (``python test_resume.py FRAMEWORK FOLDER EPOCHS``), this file is that new process: it resumes
 from FOLDER and prints the epochs it trained as JSON.
 """
 

@@ -26,7 +26,7 @@ from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow.errors import FormatError, MetadataError
 from reliability.forge import forge_native, split_native
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 SPEC = (ROOT / "docs" / "format.md").read_text()
 DATA = ROOT / "tests" / "data"
 GOLDEN_NATIVE = sorted(DATA.glob("format_v*.jxs"))

@@ -1,0 +1,112 @@
+"""Local files written all or nothing: a write that fails or is killed leaves the previous file as it was, and the
+temporary file of a killed writer is removed by the next write into its folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write, remove_dead_leftovers, temporary_sibling
+from jaxstow.errors import IsAFolderError, PathNotFoundError
+
+
+def _dead_pid() -> int:
+    return int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+
+
+def test_a_write_appears_whole_with_no_temporary_file_left(tmp_path):
+    path = tmp_path / "model.bin"
+    with atomic_write(path) as sink:
+        sink.write(b"first part, ")
+        assert not path.exists()  # nothing at the final name until the block ends
+        sink.write(b"second part")
+    assert path.read_bytes() == b"first part, second part"
+    assert os.listdir(tmp_path) == ["model.bin"]
+
+
+def test_an_error_in_the_block_leaves_the_old_file_and_removes_the_temporary_one(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="the disk is full"), atomic_write(path) as sink:
+        sink.write(b"new bytes, half written")
+        raise RuntimeError("the disk is full")
+    assert path.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == ["model.bin"]
+
+
+_KILLED_WRITER = """
+import sys, time
+from jaxstow._storage.atomic import atomic_write
+with atomic_write(sys.argv[1]) as sink:
+    sink.write(b"new bytes that never get their rename")
+    sink.flush()
+    print("written", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_file_and_the_next_write_removes_its_leftover(tmp_path):
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"old")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_KILLED_WRITER), str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline() == "written\n"
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=60)
+    assert path.read_bytes() == b"old"
+    (leftover,) = [name for name in os.listdir(tmp_path) if TEMPORARY_MARKER in name]
+    assert f"{TEMPORARY_MARKER}{writer.pid}-" in leftover
+    assert (tmp_path / leftover).read_bytes() == b"new bytes that never get their rename"
+    with atomic_write(path) as sink:
+        sink.write(b"newest")
+    assert path.read_bytes() == b"newest"
+    assert os.listdir(tmp_path) == ["model.bin"]
+
+
+def test_leftovers_of_live_processes_and_temporary_folders_are_left_alone(tmp_path):
+    mine = temporary_sibling(str(tmp_path / "a.jxs"))
+    dead = mine.replace(f"-tmp-{os.getpid()}-", f"-tmp-{_dead_pid()}-")
+    folder = dead.replace("a.jxs", "step")
+    for path in (mine, dead):
+        open(path, "wb").close()
+    os.mkdir(folder)
+    assert remove_dead_leftovers(str(tmp_path)) == [os.path.basename(dead)]
+    assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(path) for path in (mine, folder))
+
+
+def test_a_leftover_of_another_host_is_left_alone(tmp_path):
+    mine = temporary_sibling(str(tmp_path / "a.jxs"))  # .a.jxs.jaxstow-tmp-<pid>-<host hash>-<token>
+    before_host, host, token = mine.rsplit("-", 2)
+    before_host = before_host.replace(f"-tmp-{os.getpid()}", f"-tmp-{_dead_pid()}")
+    other_host = f"{before_host}-{int(host, 16) ^ 1:08x}-{token}"
+    open(other_host, "wb").close()
+    assert remove_dead_leftovers(str(tmp_path)) == []
+    assert os.listdir(tmp_path) == [os.path.basename(other_host)]
+
+
+def test_temporary_names_sit_beside_the_target_and_never_repeat(tmp_path):
+    names = {temporary_sibling(str(tmp_path / "a.jxs")) for _ in range(100)}
+    assert len(names) == 100
+    assert all(os.path.dirname(name) == str(tmp_path) and TEMPORARY_MARKER in name for name in names)
+
+
+def test_a_missing_folder_or_a_folder_at_the_path_is_refused_naming_the_path(tmp_path):
+    missing = tmp_path / "missing" / "x.bin"
+    with (
+        pytest.raises(PathNotFoundError, match=r"the folder .*missing does not exist") as caught,
+        atomic_write(missing),
+    ):
+        pass
+    assert caught.value.file == str(missing)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(IsAFolderError, match="it is a folder") as caught, atomic_write(tmp_path / "taken"):
+        pass
+    assert caught.value.file == str(tmp_path / "taken")

@@ -1,0 +1,55 @@
+"""A tree held for a save that finishes later: what the caller does to its arrays after ``hold`` does not change what
+is written, and errors in the tree surface when it is encoded, on the writer's side."""
+
+from __future__ import annotations
+
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow._write.held import hold
+from jaxstow.errors import UnsaveableObjectError
+
+
+def _written(held) -> dict:
+    buffer = io.BytesIO()
+    held.encode().write(buffer)
+    buffer.seek(0)
+    return jaxstow.load(buffer)
+
+
+def test_arrays_donated_after_hold_are_written_as_they_were():
+    params = {"w": jnp.arange(4.0), "b": jnp.ones(2)}
+    held = hold(params)
+    step = jax.jit(lambda tree: jax.tree.map(lambda x: x + 1, tree), donate_argnums=0)
+    updated = step(params)  # the donated buffers may be reused by the update
+    np.testing.assert_array_equal(updated["w"], [1.0, 2.0, 3.0, 4.0])
+    written = _written(held)
+    np.testing.assert_array_equal(written["w"], [0.0, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(written["b"], [1.0, 1.0])
+
+
+def test_copy_holds_numpy_buffers_as_they_are_at_hold():
+    weights = np.zeros(3, np.float32)
+    copied = hold({"w": weights}, copy=True)
+    weights[:] = 5
+    np.testing.assert_array_equal(_written(copied)["w"], np.zeros(3))
+
+
+def test_typed_prng_keys_are_held_as_keys():
+    key = jax.random.key(7)
+    written = _written(hold({"key": key, "keys": jax.random.split(key, 3)}))
+    assert jax.dtypes.issubdtype(written["key"].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(written["key"]), jax.random.key_data(key))
+    np.testing.assert_array_equal(jax.random.key_data(written["keys"]), jax.random.key_data(jax.random.split(key, 3)))
+
+
+def test_an_unsaveable_leaf_is_refused_when_encoded_not_when_held():
+    held = hold({"w": jnp.ones(2), "act": {"f": lambda x: x}}, file="run/7/params.safetensors")
+    with pytest.raises(UnsaveableObjectError, match=r"cannot save leaf 'act/f' of run/7/params\.safetensors") as caught:
+        held.encode()
+    assert caught.value.file == "run/7/params.safetensors"
