@@ -46,6 +46,7 @@ CORE_TESTS = (
     "tests/test_checkpoint_policy.py",
     "tests/test_cli.py",
     "tests/test_io_saving.py",
+    "tests/test_jax_compat.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)
