@@ -26,6 +26,7 @@ jaxstow.errors.ArgumentError: the library 'optax' is registered already, with ot
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Iterable
 from typing import Literal, get_args
@@ -51,33 +52,38 @@ class Library:
 
 @dataclasses.dataclass(frozen=True)
 class Libraries:
-    """The known libraries, in the order they were registered; one value, replaced whole by each registration."""
+    """The known libraries, in the order they were registered; one value, replaced whole by each registration (what
+    it derives from them is computed once)."""
 
     libraries: tuple[Library, ...]
 
-    @property
+    @functools.cached_property
     def names(self) -> tuple[str, ...]:
         """The libraries' top-level modules."""
         return tuple(library.name for library in self.libraries)
 
-    @property
+    @functools.cached_property
     def public_namespaces(self) -> tuple[str, ...]:
         """Every library's public namespaces, library by library."""
         return tuple(namespace for library in self.libraries for namespace in library.public_namespaces)
 
-    @property
+    @functools.cached_property
     def searched_inside(self) -> frozenset[str]:
         """The libraries whose private modules are searched too."""
         return frozenset(library.name for library in self.libraries if library.searched_inside)
 
-    @property
+    @functools.cached_property
     def attribute_classes(self) -> frozenset[str]:
         """The names of the plain classes saved by their attributes."""
         return frozenset(name for library in self.libraries for name in library.attribute_classes)
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Library]:
+        return {library.name: library for library in self.libraries}
+
     def library(self, name: str) -> Library | None:
         """The library whose top-level module is ``name``, or ``None``."""
-        return next((library for library in self.libraries if library.name == name), None)
+        return self._by_name.get(name)
 
     def policy_of(self, name: str) -> Policy | None:
         """The policy of the library a dotted ``name`` belongs to, or ``None`` for a name of no known library."""
