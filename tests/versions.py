@@ -46,6 +46,7 @@ CORE_TESTS = (
     "tests/checkpoint/test_policy.py",
     "tests/cli/test_commands.py",
     "tests/io/test_saving.py",
+    "tests/util/test_jax_compat.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)

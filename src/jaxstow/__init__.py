@@ -12,8 +12,8 @@ template; nothing in a file can run code. The entry points:
 - :class:`CheckpointManager`: the numbered steps of a training run, saved in the background, kept by policy;
 - :mod:`jaxstow.io`: samples streamed out of jit-compiled loops to collectors (HDF5, memory).
 
-The faces of other libraries' APIs are :mod:`jaxstow.train` (a trainer's checkpointer contract) and
-:mod:`jaxstow.objax` (Objax's ``objax.io``); the ``jaxstow`` command looks into files and folders. Every error is a
+The faces of other libraries' APIs are :mod:`jaxstow.train` (a trainer's checkpointer contract),
+:mod:`jaxstow.objax` (Objax's ``objax.io``) and :mod:`jaxstow.flarejax` (FlareJax's names); the ``jaxstow`` command looks into files and folders. Every error is a
 :class:`jaxstow.errors.JaxstowError`. The README has the full guide.
 
 >>> import io, jax.numpy as jnp, jaxstow
@@ -27,7 +27,7 @@ The faces of other libraries' APIs are :mod:`jaxstow.train` (a trainer's checkpo
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jaxstow import errors
+from jaxstow import errors, flarejax  # flarejax registers FlareJax's names, which a FlareJax model's file holds
 from jaxstow._names.registry import saveable
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import LeafInfo, Reader, open
@@ -50,6 +50,7 @@ __all__ = [
     "__version__",
     "checkpoint",
     "errors",
+    "flarejax",
     "io",
     "load",
     "load_metadata",

@@ -32,7 +32,7 @@ LAYERS = [
     ["jaxstow._steps"],
     ["jaxstow._write", "jaxstow._read"],
     ["jaxstow._save_load"],
-    ["jaxstow.checkpoint", "jaxstow.io", "jaxstow.train", "jaxstow.objax"],
+    ["jaxstow.checkpoint", "jaxstow.io", "jaxstow.train", "jaxstow.objax", "jaxstow.flarejax"],
     ["jaxstow.cli"],
     ["jaxstow", "jaxstow.__main__"],
 ]

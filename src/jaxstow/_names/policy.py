@@ -10,7 +10,8 @@ So beyond the objects you register with :func:`jaxstow.saveable`, a file may nam
   reductions and layout functions (not its constructors, collectives or control flow);
 - scalar types (``numpy.float32``, ``jax.numpy.bfloat16``, ``ml_dtypes.float8_e4m3fn``) and
   ``jax.tree_util.Partial``;
-- the classes and functions of equinox, flax and optax (modules, optimiser states, their default activations),
+- the classes and functions of the model libraries (equinox, flax, optax, and those a face registers, such as
+  FlareJax: see :mod:`jaxstow._names.libraries`), such as modules, optimiser states and their default activations,
   except their serialisation, file and debugging helpers.
 
 Nothing that reads, writes, imports, executes or allocates on request is ever nameable: numpy and jax.numpy I/O
@@ -33,13 +34,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["FORBIDDEN_MODULES", "POLICY", "refusal"]
+from jaxstow._names.libraries import known
 
-#: One line naming the policy, for error messages.
-POLICY = (
-    "a file may name only pure functions and classes (jax.nn activations, elementwise and reducing numpy and "
-    "jax.numpy functions, scalar types, equinox/flax/optax/flarejax classes) and objects registered with jaxstow.saveable"
-)
+__all__ = ["FORBIDDEN_MODULES", "describe_policy", "refusal"]
 
 #: Modules whose objects are never named, whatever library re-exports them.
 FORBIDDEN_MODULES = frozenset(
@@ -50,8 +47,6 @@ FORBIDDEN_MODULES = frozenset(
         "lzma", "pty", "webbrowser", "fsspec", "h5py", "msgpack", "orbax", "etils", "tensorstore",
     }
 )  # fmt: skip
-_NUMERIC_LIBRARIES = frozenset({"jax", "numpy", "ml_dtypes"})
-_MODEL_LIBRARIES = frozenset({"equinox", "flax", "optax", "flarejax"})
 _HARMFUL_WORDS = (
     "serial", "save", "load", "checkpoint", "restore", "file", "open", "write", "read", "print", "callback",
     "debug", "breakpoint", "import", "exec", "eval", "io", "tabulate", "summary",
@@ -84,16 +79,29 @@ _LAX_EXCLUDED = frozenset(
 _ALLOWED_NUMERIC_PREFIXES = ("jax.nn.", "jax.scipy.special.")
 
 
+def describe_policy() -> str:
+    """One line naming the policy, for error messages.
+
+    >>> print(describe_policy())  # doctest: +ELLIPSIS
+    a file may name only pure functions and classes (..., scalar types, equinox/flax/optax/... classes) and objects registered with jaxstow.saveable
+    """
+    models = "/".join(library.name for library in known().libraries if library.policy == "model")
+    return (
+        "a file may name only pure functions and classes (jax.nn activations, elementwise and reducing numpy and "
+        f"jax.numpy functions, scalar types, {models} classes) and objects registered with jaxstow.saveable"
+    )
+
+
 def refusal(name: str, obj: object) -> str | None:
     """Why the policy refuses to name ``obj`` as ``name``, or ``None`` when a file may name it."""
     defined_in = _module_of(obj)
     for module in (defined_in, name):
         if module.partition(".")[0] in FORBIDDEN_MODULES:
             return f"{name} comes from {module.partition('.')[0]}, which a file may never name"
-    root = name.partition(".")[0]
-    if root in _NUMERIC_LIBRARIES and not _is_pure_numeric(name, obj):
+    policy = known().policy_of(name)
+    if policy == "numeric" and not _is_pure_numeric(name, obj):
         return f"{name} is not an activation, an elementwise or reducing function or a scalar type"
-    if root in _MODEL_LIBRARIES:
+    if policy == "model":
         words = [part.lower() for part in (*defined_in.split("."), *name.split("."))]
         harmful = next((word for word in _HARMFUL_WORDS for part in words if _names_word(part, word)), None)
         if harmful is not None:

@@ -4,10 +4,11 @@ A file never stores code. It stores a *name*, and loading looks the name up here
 searched in this order:
 
 1. objects registered with :func:`saveable` (by you);
-2. the public namespaces of jax, numpy, equinox, flax, optax and flarejax (``jax.nn.relu``,
-   ``optax.ScaleByAdamState``), and the module-level objects that equinox, flax, optax and flarejax define in their
-   own modules (such as the lambda that ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not
-   reachable by name;
+2. the public namespaces of the known libraries (:mod:`jaxstow._names.libraries`: jax, numpy, ml_dtypes, equinox,
+   flax, optax, and those a face registers, such as FlareJax) (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
+   the module-level objects that equinox, flax and optax (and such a face's libraries) define in their own modules
+   (such as the lambda that ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not reachable by
+   name;
 3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
 
 Library objects (2 and 3) pass :mod:`jaxstow._names.policy` first: only pure functions and classes are nameable, and a
@@ -38,48 +39,16 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar, overload
 
-from jaxstow._names.policy import POLICY, refusal
+from jaxstow._names.libraries import Libraries, known
+from jaxstow._names.policy import describe_policy, refusal
 from jaxstow.errors import ArgumentError, RefusedNameError, UnknownNameError
 
-__all__ = ["KNOWN_LIBRARIES", "attribute_class_name", "lookup", "name_of", "saveable"]
+__all__ = ["attribute_class_name", "lookup", "name_of", "saveable"]
 
 T = TypeVar("T")
-
-#: Libraries whose objects are known without registration. Order matters: earlier public names win.
-KNOWN_LIBRARIES = ("jax", "numpy", "ml_dtypes", "equinox", "flax", "optax", "flarejax")
-#: Libraries whose private modules are searched too, for defaults that are not in their public namespaces.
-_SEARCHED_INSIDE = ("equinox", "flax", "optax", "flarejax")
-#: Plain classes of the known libraries saved by their attributes, as if registered with ``saveable``: the keys that
-#: flarejax modules keep in their tree structure.
-_ATTRIBUTE_CLASSES = frozenset({"flarejax.AttrLookup", "flarejax.ItemLookup", "flarejax.PathLookup"})
-
-_PUBLIC_NAMESPACES = (
-    "jax",
-    "jax.nn",
-    "jax.nn.initializers",
-    "jax.numpy",
-    "jax.lax",
-    "jax.random",
-    "jax.scipy.special",
-    "jax.tree_util",
-    "jax.dtypes",
-    "numpy",
-    "ml_dtypes",
-    "equinox",
-    "equinox.nn",
-    "flax.linen",
-    "flax.nnx",
-    "flax.struct",
-    "flax.core",
-    "optax",
-    "optax.tree_utils",
-    "flarejax",
-    "flarejax.net",
-    "flarejax.opt",
-)
 
 _BUILTINS: dict[str, object] = {
     "builtins.dict": dict,
@@ -97,7 +66,7 @@ _registering = threading.Lock()  # a name and its object change together
 
 @dataclasses.dataclass(frozen=True)
 class _Tables:
-    """The names of the known libraries' objects as indexed when ``sys.modules`` held ``modules`` modules, of which
+    """The names of the ``libraries``' objects as indexed when ``sys.modules`` held ``modules`` modules, of which
     ``pending`` were still being imported (by another thread) and had not defined all their names yet."""
 
     modules: int
@@ -105,10 +74,13 @@ class _Tables:
     by_name: dict[str, object]
     by_id: dict[int, str]
     refused: dict[str, str]  # names the name policy refuses, and why
+    libraries: Libraries = dataclasses.field(default_factory=known)
 
     def current(self) -> bool:
-        """Whether no module has been imported since, nor finished being imported."""
-        return self.modules == len(sys.modules) and not any(map(_initialising, self.pending))
+        """Whether no module has been imported since, nor finished being imported, nor a library registered."""
+        return (
+            self.modules == len(sys.modules) and self.libraries is known() and not any(map(_initialising, self.pending))
+        )
 
 
 class _LibraryIndex:
@@ -133,23 +105,26 @@ class _LibraryIndex:
             return self._tables
 
     def _build(self) -> _Tables:
-        # The count is taken first: a module imported while the index is built makes the next call build it again.
+        # The count and the libraries are taken first: a module imported, or a library registered, while the index
+        # is built makes the next call build it again.
         modules = len(sys.modules)
+        libraries = known()
         by_name: dict[str, object] = dict(_BUILTINS)
         by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
         refused: dict[str, str] = {}
         indexed = []
-        for module_name in _PUBLIC_NAMESPACES:
+        names, searched = frozenset(libraries.names), libraries.searched_inside
+        for module_name in libraries.public_namespaces:
             module = sys.modules.get(module_name)
             if module is not None:
                 indexed.append(module)
-                self._index(module_name, module, by_name, by_id, refused, public_only=True)
+                self._index(module_name, module, by_name, by_id, refused, libraries=names, defined_in=None)
         for module_name, module in sorted(dict(sys.modules).items()):
-            if module_name.partition(".")[0] in _SEARCHED_INSIDE and isinstance(module, types.ModuleType):
+            if module_name.partition(".")[0] in searched and isinstance(module, types.ModuleType):
                 indexed.append(module)
-                self._index(module_name, module, by_name, by_id, refused, public_only=False)
+                self._index(module_name, module, by_name, by_id, refused, libraries=names, defined_in=searched)
         pending = tuple(module for module in indexed if _initialising(module))
-        return _Tables(modules, pending, by_name, by_id, refused)
+        return _Tables(modules, pending, by_name, by_id, refused, libraries)
 
     @staticmethod
     def _index(
@@ -159,12 +134,16 @@ class _LibraryIndex:
         by_id: dict[int, str],
         refused: dict[str, str],
         *,
-        public_only: bool,
+        libraries: Collection[str],
+        defined_in: Collection[str] | None,
     ) -> None:
+        """Index ``module``'s public attributes (``defined_in=None``), or its attributes defined in a module of one
+        of ``defined_in``; an object that is no function or class is nameable when its type is of ``libraries``."""
+        public_only = defined_in is None
         for attribute, obj in list(vars(module).items()):
             if attribute.startswith("__") or (public_only and attribute.startswith("_")):
                 continue
-            if not _is_nameable(obj) or (not public_only and not _defined_in_known_library(obj)):
+            if not _is_nameable(obj, libraries) or (defined_in is not None and not _defined_in(obj, defined_in)):
                 continue
             name = f"{module_name}.{attribute}"
             reason = refusal(name, obj)
@@ -180,24 +159,25 @@ def _initialising(module: types.ModuleType) -> bool:
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
-def _is_nameable(obj: object) -> bool:
-    """Whether a module attribute is a non-data object worth a name (functions, classes, sentinels)."""
+def _is_nameable(obj: object, libraries: Collection[str]) -> bool:
+    """Whether a module attribute is a non-data object worth a name (functions, classes, sentinels of
+    ``libraries``)."""
     if isinstance(obj, types.ModuleType | bool | int | float | complex | str | bytes | tuple | list | dict | set):
         return False
     if obj is None or isinstance(obj, type) or callable(obj):
         return obj is not None
-    return type(obj).__module__.partition(".")[0] in KNOWN_LIBRARIES
+    return type(obj).__module__.partition(".")[0] in libraries
 
 
-def _defined_in_known_library(obj: object) -> bool:
-    """Whether a library-internal object was defined by that kind of library (not imported into it from elsewhere).
+def _defined_in(obj: object, libraries: Collection[str]) -> bool:
+    """Whether a library-internal object was defined by one of ``libraries`` (not imported into it from elsewhere).
 
     Only the public namespaces may name objects from other modules; a private module's ``from pickle import loads``
     does not make ``loads`` loadable.
     """
     owner = obj if isinstance(obj, type) or callable(obj) else type(obj)
     module = getattr(owner, "__module__", None)
-    return isinstance(module, str) and module.partition(".")[0] in _SEARCHED_INSIDE
+    return isinstance(module, str) and module.partition(".")[0] in libraries
 
 
 _libraries = _LibraryIndex()
@@ -273,7 +253,8 @@ def name_of(obj: object) -> str | None:
 def attribute_class_name(cls: type) -> str | None:
     """The name of a class whose instances are saved by their attributes, or ``None`` for any other class.
 
-    Those are the classes registered with :func:`saveable` and a few plain classes of the known libraries. An instance
+    Those are the classes registered with :func:`saveable` and the plain classes that a known library names as
+    saved so (:func:`jaxstow._names.libraries.register_library`'s ``attribute_classes``). An instance
     is saved as its class's name and its attributes (``__dict__`` and ``__slots__``), and loaded by setting them on
     an instance made without calling ``__init__``.
 
@@ -288,7 +269,7 @@ def attribute_class_name(cls: type) -> str | None:
     name = _registered_names.get(id(cls))
     if name is None:
         name = name_of(cls)
-        if name not in _ATTRIBUTE_CLASSES:
+        if name not in known().attribute_classes:
             return None
     return name if isinstance(cls, type) else None
 
@@ -310,17 +291,17 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
     if name in tables.by_name:
         return tables.by_name[name]
     if name in tables.refused:
-        raise RefusedNameError(name, f"{tables.refused[name]}; {POLICY}", file=file, path=path)
+        raise RefusedNameError(name, f"{tables.refused[name]}; {describe_policy()}", file=file, path=path)
     if node_type:
         found = _find_imported(name)
         if isinstance(found, type):
             reason = refusal(name, found)
             if reason is not None:
-                raise RefusedNameError(name, f"{reason}; {POLICY}", file=file, path=path)
+                raise RefusedNameError(name, f"{reason}; {describe_policy()}", file=file, path=path)
             return found
     root = name.partition(".")[0]
     advice = ""
-    if root in KNOWN_LIBRARIES and root not in sys.modules:
+    if root in known().names and root not in sys.modules:
         advice = f"it belongs to {root}, which is not imported in this process: import {root} first"
     elif root not in sys.modules and _installed(root):
         advice = f"it belongs to {root}, which is installed but not imported in this process: import {root} first"

@@ -1,10 +1,12 @@
-"""One writer per checkpoint directory: a lock file that names the writing process and its host.
+"""One writer at a time: a lock file that names the writing process and its host.
 
-Locally the lock is an ``flock`` on ``<directory>/.jaxstow.lock``. The kernel releases it when its process ends, however
-it ends, so the lock of a killed writer is free at once: the next writer takes the file over (and says so in the log).
-Object stores have no such lock: the lock object is created only if absent, and one that names a process of this host
-that no longer runs is taken over. A lock held by a live writer gives a :class:`~jaxstow.errors.CheckpointError`
-naming it.
+:class:`FileLock` is jaxstow's one local lock: an ``flock`` on a lock file that names its holder. The kernel releases
+it when its process ends, however it ends, so the lock of a killed writer is free at once; the lock file it leaves
+says it was killed (:attr:`FileLock.found`). Its users are the checkpoint writer's ``<directory>/.jaxstow.lock``
+(:class:`LocalLock`, which takes over a killed writer's lock and says so in the log) and the HDF5 writers'
+``<file>.lock`` (:class:`jaxstow.io.swmr.WriterLock`). Object stores have no such lock: the lock object is created
+only if absent, and one that names a process of this host that no longer runs is taken over. A lock held by a live
+writer gives a :class:`~jaxstow.errors.CheckpointError` naming it.
 
 >>> import tempfile, jaxstow
 >>> from jaxstow._storage.lock import LocalLock
@@ -30,17 +32,18 @@ import os
 import secrets
 import socket
 import weakref
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.store import Store
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, JaxstowError
 
 if TYPE_CHECKING:
     from jaxstow._storage.remote_store import RemoteStore
 
-__all__ = ["LOCK_NAME", "Holder", "LocalLock", "Lock", "RemoteLock", "lock_store"]
+__all__ = ["LOCK_NAME", "FileLock", "Holder", "LocalLock", "Lock", "RemoteLock", "lock_store"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,10 @@ class Holder:
     def describe(self) -> str:
         return f"process {self.pid} on host {self.host} since {self.since}"
 
+    def is_me(self) -> bool:
+        """Whether the holder is this process."""
+        return self.pid == os.getpid() and self.host == socket.gethostname()
+
     def is_gone(self) -> bool:
         """Whether the holder is a process of this host that no longer runs."""
         if self.host != socket.gethostname():
@@ -102,11 +109,19 @@ class Lock(Protocol):
     def release(self) -> None: ...
 
 
-class LocalLock:
-    """The ``flock`` of a local directory's lock file, held until :meth:`release` or until this object is collected."""
+class FileLock:
+    """The exclusive ``flock`` of the lock file at ``path``, which names this process while it holds it, held until
+    :meth:`release` or until this object is collected.
 
-    def __init__(self, directory: str) -> None:
-        path = os.path.join(directory, LOCK_NAME)
+    A lock held by another process raises what ``held(holder)`` makes of the holder its file names (``None`` when
+    the file cannot be read). A lock file found when the lock is taken was left by a holder that ended without
+    releasing it: its bytes are :attr:`found` (empty when there was none). ``release_at_exit=False`` leaves the lock
+    file of a lock still held when the interpreter exits, so that the next holder learns this one never released it.
+    """
+
+    def __init__(
+        self, path: str, held: Callable[[Holder | None], JaxstowError], *, release_at_exit: bool = True
+    ) -> None:
         while True:
             descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
@@ -114,23 +129,58 @@ class LocalLock:
             except BlockingIOError:
                 holder = Holder.parse(_read(descriptor))
                 os.close(descriptor)
-                raise _held_error(directory, holder, "Close the other manager first; reading needs no lock.") from None
+                raise held(holder) from None
             if _is_current(descriptor, path):
                 break
-            os.close(descriptor)  # a writer released and removed the file while it was being opened: try again
-        previous = Holder.parse(_read(descriptor))
-        if previous is not None:
-            logger.warning(
-                "%s: taking over the lock of %s, which ended without releasing it", directory, previous.describe()
-            )
+            os.close(descriptor)  # a holder released and removed the file while it was being opened: try again
+        self.path = path
+        #: The lock file's bytes as found: what a holder that ended without releasing the lock left, else empty.
+        self.found = _read(descriptor)
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, Holder.me().to_json(), 0)
         os.fsync(descriptor)
         self._release = weakref.finalize(self, _release_local, descriptor, path)
+        self._release.atexit = release_at_exit
+
+    @property
+    def previous(self) -> Holder | None:
+        """The holder that ended without releasing the lock, if its lock file names one."""
+        return Holder.parse(self.found)
+
+    def release(self, *, as_found: bool = False) -> None:
+        """Remove the lock file and release the lock (idempotent); ``as_found``: put back the lock file that was
+        found instead, if there was one, for a holder that gives up before it changed anything."""
+        if not as_found or not self.found:
+            self._release()
+            return
+        detached = self._release.detach()
+        if detached is not None:
+            descriptor = detached[2][0]
+            try:
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, self.found, 0)
+            finally:
+                os.close(descriptor)
+
+
+class LocalLock:
+    """The :class:`FileLock` of a local checkpoint directory, held until :meth:`release` or until this object is
+    collected; the lock of a writer that ended without releasing it is taken over, with a warning in the log."""
+
+    def __init__(self, directory: str) -> None:
+        def held(holder: Holder | None) -> JaxstowError:
+            return _held_error(directory, holder, "Close the other manager first; reading needs no lock.")
+
+        self._lock = FileLock(os.path.join(directory, LOCK_NAME), held)
+        previous = self._lock.previous
+        if previous is not None:
+            logger.warning(
+                "%s: taking over the lock of %s, which ended without releasing it", directory, previous.describe()
+            )
 
     def release(self) -> None:
         """Remove the lock file and release the lock (idempotent)."""
-        self._release()
+        self._lock.release()
 
 
 def _read(descriptor: int) -> bytes:

@@ -1,2 +1,3 @@
 """Helpers that know nothing of files or trees: pausing the garbage collector, progress bars, optional packages,
-moved names. They import nothing of jaxstow but :mod:`jaxstow.errors`."""
+moved names, and every use of jax beyond its public API (``jax_compat``). They import nothing of jaxstow but
+:mod:`jaxstow.errors`."""

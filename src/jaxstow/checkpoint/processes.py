@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from jaxstow._util import jax_compat
 from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["Processes"]
@@ -46,9 +47,7 @@ class Processes:
         self._prefix = "jaxstow/" + hashlib.sha256(directory.encode()).hexdigest()[:16]
         self._client: Any = None
         if self.count > 1:
-            from jax._src import distributed  # the coordination service's client: jax has no public handle on it
-
-            self._client = distributed.global_state.client
+            self._client = jax_compat.distributed_client()
             if self._client is None:
                 raise CheckpointError(
                     f"jax sees {self.count} processes but no jax.distributed client: call jax.distributed.initialize()"

@@ -22,38 +22,32 @@ the calls.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import Primitive
-from jax.interpreters import mlir
 
-try:  # pins the callback to one device of a sharded computation, as pure_callback does; it would run on each
-    from jax._src.callback import _callback_op_sharding as _one_device_sharding
-except ImportError:  # a jax without it: the callback runs on every device, delivering each block once per device
-    _one_device_sharding = None  # type: ignore[assignment]
+from jaxstow._util import jax_compat
 
 __all__ = ["send_block"]
 
 #: ``receive(numbers, *leaves)`` on the host, with numpy arrays; answers int32 of shape ``numbers.shape[1:]``.
 Receive = Callable[..., np.ndarray]
 
-_send_block_p = Primitive("jaxstow_send_block")
+_send_block_p = jax_compat.new_primitive("jaxstow_send_block")
 
 
 def send_block(receive: Receive, numbers: jax.Array, leaves: Sequence[jax.Array]) -> jax.Array:
     """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``."""
-    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive)  # type: ignore[no-untyped-call]
+    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive)
     return answer
 
 
-def _answer_spec(numbers: Any, *leaves: Any, receive: Receive) -> jax.core.ShapedArray:
+def _answer_spec(numbers: Any, *leaves: Any, receive: Receive) -> Any:
     del leaves, receive
-    return jax.core.ShapedArray(numbers.shape[1:], jnp.int32)
+    return jax_compat.shaped_array(numbers.shape[1:], jnp.int32)
 
 
 def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
@@ -61,34 +55,10 @@ def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
     return jnp.asarray(receive(np.asarray(numbers), *(np.asarray(leaf) for leaf in leaves)), jnp.int32)
 
 
-def _accepts(function: Callable[..., Any], name: str) -> bool:
-    return name in inspect.signature(function).parameters
-
-
 def _lower(ctx: Any, *operands: Any, receive: Receive) -> Any:
-    sharding = None
-    if _one_device_sharding is not None:
-        # jax 0.4.x takes (axis_context, sharding), newer releases the result avals too
-        arguments = (ctx.module_context.axis_context, None, ctx.avals_out)
-        sharding = _one_device_sharding(*arguments[: len(inspect.signature(_one_device_sharding).parameters)])
-    # ``returns_token`` appeared after jax 0.4.38, which never returns one
-    extra = {"returns_token": False} if _accepts(mlir.emit_python_callback, "returns_token") else {}
-    results, _, _ = mlir.emit_python_callback(
-        ctx,
-        lambda *arrays: (receive(*arrays),),
-        None,
-        list(operands),
-        ctx.avals_in,
-        ctx.avals_out,
-        has_side_effect=False,
-        sharding=sharding,
-        **extra,
-    )
-    return results
+    return jax_compat.emit_host_callback(ctx, lambda *arrays: (receive(*arrays),), operands)
 
 
-_send_block_p.def_abstract_eval(_answer_spec)  # type: ignore[no-untyped-call]
-_send_block_p.def_impl(_call_now)  # type: ignore[no-untyped-call]
-# ``receive`` differs from call to call: a lowering cached by parameters (jax after 0.4.38) would call a stale one
-_uncached: dict[str, Any] = {"cacheable": False} if _accepts(mlir.register_lowering, "cacheable") else {}
-mlir.register_lowering(_send_block_p, _lower, **_uncached)
+_send_block_p.def_abstract_eval(_answer_spec)
+_send_block_p.def_impl(_call_now)
+jax_compat.register_uncached_lowering(_send_block_p, _lower)

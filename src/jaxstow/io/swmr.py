@@ -5,8 +5,10 @@ writer has it open, and whether in SWMR mode. A writer in SWMR mode (``file.swmr
 is created) keeps the file readable at every moment by readers that open it with ``swmr=True``; a plain reader, or
 a second writer, is refused while the flags are set. A writer that is killed leaves the flags set: HDF5's ``h5clear``
 tool clears them, and so does :func:`clear_stale_writer`. jaxstow's writers of a file hold its :class:`WriterLock`,
-which tells the next writer that the last one was killed, so that it clears the flags itself. A file without that superblock (one created without ``libver="latest"``) cannot enter SWMR
-mode: its writer locks it, and no other process reads it before it is closed; :func:`writes_live` says which.
+which tells the next writer that the last one was killed, so that it clears the flags itself. A file without that
+superblock (one created without ``libver="latest"``) cannot enter SWMR mode: its writer locks it, and no other
+process reads it before it is closed; :func:`writes_live` says which. What this module knows is HDF5's; the bytes
+it writes (the lock file, the superblock's flags) go through :mod:`jaxstow._storage`.
 
 >>> import os, tempfile, h5py
 >>> from jaxstow.io.swmr import open_for_reading, read_superblock
@@ -27,13 +29,14 @@ True
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import os
 import struct
 import warnings
 from types import TracebackType
 from typing import Any
 
+from jaxstow._storage.in_place import rewrite_range
+from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, FormatError
 
@@ -214,23 +217,26 @@ def _clear_flags(name: str) -> bool:
         return False
     if superblock.offset_size != 8:
         raise FormatError(f"has {superblock.offset_size}-byte addresses; jaxstow clears only 8-byte ones", file=name)
-    with open(name, "r+b") as file:
-        block = bytearray(os.pread(file.fileno(), superblock.size + 4, superblock.offset))
+
+    def cleared(found: bytes, file_size: int) -> bytes:
+        block = bytearray(found)
         stored = struct.unpack_from("<I", block, superblock.size)[0]
         if stored != lookup3(bytes(block[: superblock.size])):
             raise FormatError("has a superblock whose checksum does not match: the file is damaged", file=name)
         end_of_file = 12 + 2 * superblock.offset_size  # after base address and superblock extension address
         recorded = struct.unpack_from("<Q", block, end_of_file)[0]
-        struct.pack_into("<Q", block, end_of_file, max(recorded, os.fstat(file.fileno()).st_size - superblock.offset))
+        struct.pack_into("<Q", block, end_of_file, max(recorded, file_size - superblock.offset))
         block[11] = 0
         struct.pack_into("<I", block, superblock.size, lookup3(bytes(block[: superblock.size])))
-        os.pwrite(file.fileno(), bytes(block), superblock.offset)
-        os.fsync(file.fileno())
+        return bytes(block)
+
+    rewrite_range(name, superblock.offset, superblock.size + 4, cleared)
     return True
 
 
 class WriterLock:
-    """``<file>.lock``: the ``flock`` that the one process writing an HDF5 file holds, until :meth:`release`.
+    """``<file>.lock``: the lock (a :class:`jaxstow._storage.lock.FileLock`) that the one process writing an HDF5
+    file holds, until :meth:`release`.
 
     The kernel releases it when its process ends, however it ends, but the lock file, which names the process, is
     removed only by :meth:`release`: a lock file found when the lock is taken was left by a writer that was killed
@@ -253,38 +259,20 @@ class WriterLock:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._lock_path = f"{self.path}.lock"
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):
             raise CheckpointError(f"{self.path}: the folder {folder} does not exist", file=self.path)
-        while True:
-            descriptor = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(descriptor, 200, 0).decode(errors="replace").strip() or "a process"
-                os.close(descriptor)
-                mine = ", this one" if holder == _holder() else ""
-                raise CheckpointError(
-                    f"{self.path} is being written by another run ({holder}{mine}); one process at a time writes a "
-                    "file, any number may read it",
-                    file=self.path,
-                ) from None
-            if self._is_current(descriptor):
-                break
-            os.close(descriptor)  # its holder released it and removed the file meanwhile: take the new one
-        self._descriptor: int | None = descriptor
-        self._previous = os.pread(descriptor, 200, 0)
+        self._lock = FileLock(f"{self.path}.lock", self._held, release_at_exit=False)
         #: Whether the last writer left the lock file: it was killed, and the writer flags in the file are its.
-        self.killed = bool(self._previous)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, _holder().encode(), 0)
+        self.killed = bool(self._lock.found)
 
-    def _is_current(self, descriptor: int) -> bool:
-        try:
-            return os.stat(self._lock_path).st_ino == os.fstat(descriptor).st_ino
-        except FileNotFoundError:
-            return False
+    def _held(self, holder: Holder | None) -> CheckpointError:
+        who = "a process" if holder is None else f"process {holder.pid}{', this one' if holder.is_me() else ''}"
+        return CheckpointError(
+            f"{self.path} is being written by another run ({who}); one process at a time writes a file, any number "
+            "may read it",
+            file=self.path,
+        )
 
     def clear_stale_flags(self) -> bool:
         """Clear the writer flags in the file, which the killed last writer left; return whether there were any.
@@ -304,17 +292,7 @@ class WriterLock:
 
     def release(self, *, failed: bool = False) -> None:
         """Remove the lock file and release the lock; ``failed``: leave the lock file as it was found (idempotent)."""
-        descriptor, self._descriptor = self._descriptor, None
-        if descriptor is None:
-            return
-        try:
-            if failed and self._previous:
-                os.ftruncate(descriptor, 0)
-                os.pwrite(descriptor, self._previous, 0)
-            elif self._is_current(descriptor):
-                os.unlink(self._lock_path)
-        finally:
-            os.close(descriptor)
+        self._lock.release(as_found=failed)
 
     def __enter__(self) -> WriterLock:
         return self
@@ -323,10 +301,6 @@ class WriterLock:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.release(failed=kind is not None)
-
-
-def _holder() -> str:
-    return f"process {os.getpid()}"
 
 
 def _rotate(value: int, bits: int) -> int:

@@ -1,0 +1,47 @@
+"""Bytes of a local file changed in place: a range read, changed and written back at its offset, then synced.
+
+For the few bytes that a file format keeps at a fixed place and that jaxstow updates without rewriting the file (an
+HDF5 superblock's flags: :func:`jaxstow.io.swmr.clear_stale_writer`). The range is written with one ``pwrite``, so
+a crash may leave it half written: the format must tell that from the bytes (a checksum over the range does).
+
+>>> import os, tempfile
+>>> from jaxstow._storage.in_place import rewrite_range
+>>> path = os.path.join(tempfile.mkdtemp(), "data.bin")
+>>> with open(path, "wb") as file:
+...     _ = file.write(b"hello world")
+>>> rewrite_range(path, 6, 5, lambda old, size: old.upper())
+>>> with open(path, "rb") as file:
+...     file.read()
+b'hello WORLD'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from jaxstow.errors import ArgumentError, TruncatedFileError
+
+__all__ = ["rewrite_range"]
+
+
+def rewrite_range(path: str, offset: int, length: int, change: Callable[[bytes, int], bytes]) -> None:
+    """Replace the ``length`` bytes at ``offset`` of the local file at ``path`` with ``change(those bytes, the file's
+    size)``, and sync the file; nothing is written when ``change`` raises.
+
+    Raises:
+        TruncatedFileError: the file ends before the range does.
+        ArgumentError: ``change`` gave bytes of another length than the range's.
+    """
+    with open(path, "r+b") as file:
+        descriptor = file.fileno()
+        old = os.pread(descriptor, length, offset)
+        if len(old) != length:
+            raise TruncatedFileError(
+                f"the file ends before the {length} bytes at offset {offset} (only {len(old)} there)", file=path
+            )
+        new = change(old, os.fstat(descriptor).st_size)
+        if len(new) != length:
+            raise ArgumentError(f"{path}: {len(new)} bytes to write in place of {length} at offset {offset}")
+        os.pwrite(descriptor, new, offset)
+        os.fsync(descriptor)

@@ -1,0 +1,160 @@
+"""Everything jaxstow uses of jax beyond its public API, in one place, per jax version.
+
+jaxstow is tested with jax 0.4.38 to 0.12. Two features need more than jax's public API: the host callback that
+hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), and the messages between the
+processes of a ``jax.distributed`` run (:mod:`jaxstow.checkpoint.processes`). They use only what this module gives,
+and this module uses only these names of jax's (each a :class:`Shim`, in :data:`SHIMS`), for these reasons:
+
+- ``jax.extend.core.Primitive`` (every version): the primitive of the host callback;
+- ``jax.core.ShapedArray`` (every version): the abstract value of its answer;
+- ``jax.interpreters.mlir.register_lowering``: its lowering, with ``cacheable=False`` from jax 0.7.0 on (0.4.38 to
+  0.6 cache no lowering), because each call has its own receiving function, which a lowering cached by parameters
+  would call stale;
+- ``jax.interpreters.mlir.emit_python_callback``: XLA's Python host callback as ``jax.pure_callback`` emits it, but
+  without its copy of every operand to the CPU device; ``returns_token=False`` from jax 0.8.2 on (before, it returns
+  no token unless given one);
+- ``jax._src.callback._callback_op_sharding``: the callback pinned to one device of a sharded computation, as
+  ``jax.pure_callback`` pins it, else each block of samples arrives once per device; it takes
+  ``(axis_context, sharding)`` in jax 0.4.38 and ``(axis_context, sharding, avals_out)`` from 0.5.0 on;
+- ``jax._src.distributed.global_state.client`` (every version): the key-value store of the coordination service,
+  on which jax has no public handle.
+
+A name that the installed jax lacks is never papered over: using it raises a
+:class:`~jaxstow.errors.MissingDependencyError` that names the jax version, the name and what it was for, where the
+feature that needs it starts: ``import jaxstow.io`` (the primitive and its lowering), the compilation of a loop that
+saves samples (the callback), a checkpoint saved by several processes (the client).
+
+>>> from jaxstow._util import jax_compat
+>>> jax_compat.new_primitive("example").name
+'example'
+>>> [shim.name for shim in jax_compat.SHIMS][-1]
+'jax._src.distributed.global_state.client'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from jaxstow.errors import MissingDependencyError
+
+__all__ = [
+    "JAX_VERSION",
+    "SHIMS",
+    "Shim",
+    "distributed_client",
+    "emit_host_callback",
+    "new_primitive",
+    "one_device_sharding",
+    "register_uncached_lowering",
+    "shaped_array",
+]
+
+#: The installed jax's version, as numbers: ``(0, 10, 2)``.
+JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
+#: The jax versions jaxstow is tested with.
+TESTED = "0.4.38 to 0.12"
+
+
+@dataclasses.dataclass(frozen=True)
+class Shim:
+    """A name of jax's beyond its public API: the module it is in, the attributes to it, and what jaxstow uses it for."""
+
+    module: str
+    attribute: str
+    purpose: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.module}.{self.attribute}"
+
+    def resolve(self) -> Any:
+        """The object the name stands for in the installed jax; raises a :class:`MissingDependencyError` naming the
+        jax version, the name and what it was for when jax has none."""
+        try:
+            found: Any = importlib.import_module(self.module)
+            for attribute in self.attribute.split("."):
+                found = getattr(found, attribute)
+        except (ImportError, AttributeError):
+            raise MissingDependencyError(
+                f"jax {jax.__version__} has no {self.name}, which jaxstow uses {self.purpose}; jaxstow is tested "
+                f"with jax {TESTED}: install a jax in that range"
+            ) from None
+        return found
+
+
+PRIMITIVE = Shim("jax.extend.core", "Primitive", "for the primitive of its host callback of blocks of samples")
+SHAPED_ARRAY = Shim("jax.core", "ShapedArray", "for the abstract value of its host callback's answer")
+REGISTER_LOWERING = Shim(
+    "jax.interpreters.mlir", "register_lowering", "to lower its host callback of blocks of samples"
+)
+EMIT_PYTHON_CALLBACK = Shim(
+    "jax.interpreters.mlir", "emit_python_callback", "to hand blocks of samples to the host without copying them"
+)
+CALLBACK_OP_SHARDING = Shim(
+    "jax._src.callback",
+    "_callback_op_sharding",
+    "to run its host callback on one device of a sharded computation, as jax.pure_callback does (without it each "
+    "block of samples would arrive once per device)",
+)
+DISTRIBUTED_CLIENT = Shim(
+    "jax._src.distributed",
+    "global_state.client",
+    "to exchange a checkpoint's messages between the processes of a jax.distributed run",
+)
+#: Every name of jax's that jaxstow uses beyond its public API.
+SHIMS = (PRIMITIVE, SHAPED_ARRAY, REGISTER_LOWERING, EMIT_PYTHON_CALLBACK, CALLBACK_OP_SHARDING, DISTRIBUTED_CLIENT)
+
+
+def new_primitive(name: str) -> Any:
+    """A new ``jax.extend.core.Primitive`` named ``name``."""
+    return PRIMITIVE.resolve()(name)
+
+
+def shaped_array(shape: tuple[int, ...], dtype: Any) -> Any:
+    """The abstract value (``jax.core.ShapedArray``) of an array of ``shape`` and ``dtype``."""
+    return SHAPED_ARRAY.resolve()(shape, dtype)
+
+
+def register_uncached_lowering(primitive: Any, rule: Callable[..., Any]) -> None:
+    """Register ``rule`` as the lowering of ``primitive`` on every platform, called at every lowering (jax caches
+    lowerings by parameters from 0.7.0 on, unless told not to)."""
+    extra = {"cacheable": False} if JAX_VERSION >= (0, 7, 0) else {}
+    REGISTER_LOWERING.resolve()(primitive, rule, **extra)
+
+
+def one_device_sharding(ctx: Any) -> Any:
+    """The sharding that runs a host callback lowered in ``ctx`` (a lowering rule's context) on one device of a
+    sharded computation, as ``jax.pure_callback``'s does."""
+    pin = CALLBACK_OP_SHARDING.resolve()
+    context = ctx.module_context.axis_context
+    return pin(context, None) if JAX_VERSION < (0, 5, 0) else pin(context, None, ctx.avals_out)
+
+
+def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operands: Sequence[Any]) -> Sequence[Any]:
+    """Emit, in the lowering rule's context ``ctx``, XLA's Python host callback of ``callback`` on ``operands``,
+    free of side effects for XLA and run on one device; returns its results."""
+    emit = EMIT_PYTHON_CALLBACK.resolve()
+    extra = {"returns_token": False} if JAX_VERSION >= (0, 8, 2) else {}
+    results, _, _ = emit(
+        ctx,
+        callback,
+        None,
+        list(operands),
+        ctx.avals_in,
+        ctx.avals_out,
+        has_side_effect=False,
+        sharding=one_device_sharding(ctx),
+        **extra,
+    )
+    return list(results)
+
+
+def distributed_client() -> Any:
+    """The client of the coordination service of this ``jax.distributed`` run; ``None`` before
+    ``jax.distributed.initialize()``."""
+    return DISTRIBUTED_CLIENT.resolve()

@@ -1,0 +1,81 @@
+"""jaxstow's uses of jax beyond its public API resolve on the installed jax, as ``_util.jax_compat`` says per version,
+and a name that jax lacks is a loud error, never a silent fallback. Part of the core tests that the version matrix runs
+at both ends of the supported jax versions."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow._util import jax_compat
+from jaxstow.checkpoint.processes import Processes
+from jaxstow.errors import JaxstowError, MissingDependencyError
+from jaxstow.io.host_block import send_block
+
+
+@pytest.mark.parametrize("shim", jax_compat.SHIMS, ids=lambda shim: shim.name)
+def test_each_name_resolves_on_the_installed_jax(shim: jax_compat.Shim) -> None:
+    found = shim.resolve()
+    if shim is jax_compat.DISTRIBUTED_CLIENT:
+        assert found is None  # this process never called jax.distributed.initialize()
+    else:
+        assert callable(found)
+
+
+def test_the_arguments_each_version_takes_are_those_of_the_installed_jax() -> None:
+    """What the module says per jax version holds for the jax installed: the keywords it passes exist exactly from
+    the version on which it passes them."""
+    version = jax_compat.JAX_VERSION
+
+    def parameters(shim: jax_compat.Shim) -> list[str]:
+        return list(inspect.signature(shim.resolve()).parameters)
+
+    assert ("cacheable" in parameters(jax_compat.REGISTER_LOWERING)) == (version >= (0, 7, 0))
+    assert ("returns_token" in parameters(jax_compat.EMIT_PYTHON_CALLBACK)) == (version >= (0, 8, 2))
+    assert len(parameters(jax_compat.CALLBACK_OP_SHARDING)) == (2 if version < (0, 5, 0) else 3)
+    assert version >= (0, 4, 38)
+
+
+def _missing(name: str, purpose: str = ".*") -> str:
+    version = re.escape(jax.__version__)
+    return rf"^jax {version} has no {re.escape(name)}, which jaxstow uses {purpose}; .*with jax 0\.4\.38 to 0\.12"
+
+
+def test_a_jit_that_saves_samples_fails_loudly_when_jax_cannot_pin_the_callback_to_one_device(monkeypatch) -> None:
+    import jax._src.callback
+
+    received = []
+
+    def receive(numbers, *leaves):
+        received.append(numbers)
+        return np.zeros(numbers.shape[1:], np.int32)
+
+    def send(x):
+        return send_block(receive, jnp.arange(3), [x])
+
+    monkeypatch.delattr(jax._src.callback, "_callback_op_sharding")
+    with pytest.raises(MissingDependencyError, match=_missing("jax._src.callback._callback_op_sharding")) as raised:
+        jax.jit(send)(jnp.ones(2)).block_until_ready()
+    assert "once per device" in str(raised.value) and received == []
+    monkeypatch.undo()
+    assert int(jax.jit(send)(jnp.ones(2))) == 0 and len(received) == 1  # the same jit, with the name back
+
+
+def test_processes_of_a_distributed_run_fail_loudly_when_jax_has_no_client_to_reach(monkeypatch) -> None:
+    import jax._src.distributed
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.delattr(jax._src.distributed, "global_state")
+    with pytest.raises(MissingDependencyError, match=_missing("jax._src.distributed.global_state.client")):
+        Processes("runs/a", timeout=60)
+
+
+def test_a_missing_module_is_named_too() -> None:
+    shim = jax_compat.Shim("jax._src.no_such_module", "thing", "for nothing")
+    with pytest.raises(JaxstowError, match=_missing("jax._src.no_such_module.thing", "for nothing")):
+        shim.resolve()
