@@ -1,10 +1,8 @@
 """Where a problem sits inside a custom pytree node, by attribute: ``opt/tx`` rather than ``opt/2/2``.
 
-A node's structure holds its children by position and its static data (``aux``) as the node type chose to pack it:
-an ``nnx.Optimizer`` keeps its transformation at ``aux[2][2]``. Errors are raised with such positions; the functions
-here rename them after the node's attributes, by building the node once with placeholder children and asking it which
-attribute holds the failing child or value. This runs only when an error is raised, so saving and loading pay
-nothing for it; a node that cannot be built that way keeps its positions.
+Errors are raised with positions (an ``nnx.Optimizer`` keeps its transformation at ``aux[2][2]``); these functions
+rename them after the node's attributes by building the node once with placeholder children. That runs only when an
+error is raised, so saving and loading pay nothing for it; a node that cannot be built so keeps its positions.
 
 >>> import jax, optax
 >>> from flax import nnx

@@ -62,8 +62,10 @@ def container_paths(structure: JSON) -> list[str] | None:
 
 
 def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
-    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
-    not a container :func:`container_paths` can name."""
+    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order.
+
+    ``False`` for a node that is not a container :func:`container_paths` can name.
+    """
     if node == "*":
         paths.append(path)
         return True

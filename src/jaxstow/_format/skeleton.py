@@ -1,16 +1,13 @@
 """A pytree's skeleton as JSON and back, so that a whole model can be rebuilt without a template.
 
-The skeleton is jax's own tree structure: every node's type (by its registered name, see :mod:`jaxstow._names.registry`),
-its auxiliary data (static fields and hyperparameters) and its children. Values that are not arrays, such as a
-layer's width or its activation function, are written as tagged JSON; an instance of a plain class registered with
-:func:`~jaxstow.saveable` is written as its class's name and its attributes:
+The skeleton is jax's own tree structure: every node's type by its registered name (:mod:`jaxstow._names.registry`),
+its auxiliary data (static fields, hyperparameters) and its children. Values that are not arrays, such as a layer's
+width or its activation, are tagged JSON (docs/format.md, "The skeleton").
 
 >>> import jax
 >>> from jaxstow._format.skeleton import decode_treedef, decode_value, encode_treedef, encode_value
 >>> encode_value((3, 0.5, float("nan"), jax.nn.relu))
 {'tuple': [3, {'float': '0.5'}, {'float': 'nan'}, {'ref': 'jax.nn.relu'}]}
->>> decode_value(encode_value(jax.nn.relu)) is jax.nn.relu
-True
 >>> treedef = jax.tree_util.tree_structure({"a": [1, None], "b": (2,)})
 >>> encode_treedef(treedef)
 {'dict': [['a', {'list': ['*', None]}], ['b', {'tuple': ['*']}]]}

@@ -39,8 +39,11 @@ def _mark_pooled() -> None:
 
 
 class Parallel:
-    """How a source is read in parallel: ``readers`` reads at once of at most ``piece`` bytes each, for reads of at
-    least ``threshold`` bytes (smaller ones run on the caller's thread, faster than a hand-over)."""
+    """How a source is read in parallel.
+
+    ``readers`` reads at once of at most ``piece`` bytes each, for reads of at least ``threshold`` bytes (smaller ones
+    run on the caller's thread, faster than a hand-over).
+    """
 
     def __init__(self, *, readers: int, piece: int, threshold: int) -> None:
         self.readers = readers
