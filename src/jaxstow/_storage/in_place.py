@@ -1,8 +1,7 @@
 """Bytes of a local file changed in place: a range read, changed and written back at its offset, then synced.
 
-For the few bytes that a file format keeps at a fixed place and that jaxstow updates without rewriting the file (an
-HDF5 superblock's flags: :func:`jaxstow.io.swmr.clear_stale_writer`). The range is written with one ``pwrite``, so
-a crash may leave it half written: the format must tell that from the bytes (a checksum over the range does).
+For the few bytes a format keeps at a fixed place (an HDF5 superblock's flags). The range is written with one
+``pwrite``, so a crash may leave it half written: the format must tell that from the bytes (a checksum does).
 
 >>> import os, tempfile
 >>> from jaxstow._storage.in_place import rewrite_range

@@ -1,12 +1,10 @@
 """One writer at a time: a lock file that names the writing process and its host.
 
-:class:`FileLock` is jaxstow's one local lock: an ``flock`` on a lock file that names its holder. The kernel releases
-it when its process ends, however it ends, so the lock of a killed writer is free at once; the lock file it leaves
-says it was killed (:attr:`FileLock.found`). Its users are the checkpoint writer's ``<directory>/.jaxstow.lock``
-(:class:`LocalLock`, which takes over a killed writer's lock and says so in the log) and the HDF5 writers'
-``<file>.lock`` (:class:`jaxstow.io.swmr.WriterLock`). Object stores have no such lock: the lock object is created
-only if absent, and one that names a process of this host that no longer runs is taken over. A lock held by a live
-writer gives a :class:`~jaxstow.errors.CheckpointError` naming it.
+:class:`FileLock` is an ``flock`` on a lock file that names its holder; the kernel releases it when its process ends,
+however it ends, and the file left says who was killed (:attr:`FileLock.found`). The checkpoint writer
+(:class:`LocalLock`) and the HDF5 writers hold it. On object stores the lock object is created only if absent, and
+one naming a dead process of this host is taken over. A live writer's lock gives a
+:class:`~jaxstow.errors.CheckpointError` naming it.
 
 >>> import tempfile, jaxstow
 >>> from jaxstow._storage.lock import LocalLock
@@ -148,8 +146,11 @@ class FileLock:
         return Holder.parse(self.found)
 
     def release(self, *, as_found: bool = False) -> None:
-        """Remove the lock file and release the lock (idempotent); ``as_found``: put back the lock file that was
-        found instead, if there was one, for a holder that gives up before it changed anything."""
+        """Remove the lock file and release the lock (idempotent).
+
+        ``as_found``: put back the lock file that was found instead, if there was one, for a holder that gives up before
+        it changed anything.
+        """
         if not as_found or not self.found:
             self._release()
             return

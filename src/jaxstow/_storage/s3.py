@@ -183,8 +183,10 @@ class S3Bucket:
         return data, int(total) if total.isdigit() else len(data)
 
     def unfinished_uploads(self, prefix: str, *, url: str) -> list[dict[str, Any]]:
-        """The multipart uploads started under ``prefix`` and neither completed nor aborted: ``Key``, ``UploadId``,
-        ``Initiated`` (the server's time)."""
+        """The multipart uploads started under ``prefix`` and neither completed nor aborted.
+
+        ``Key``, ``UploadId``, ``Initiated`` (the server's time).
+        """
         found: list[dict[str, Any]] = []
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         with s3_errors(url):
@@ -230,8 +232,11 @@ def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
 
 
 def _read_body(body: Any, views: Sequence[memoryview]) -> int:
-    """Read a GET's body into ``views``, one after another: from the socket straight into them through http.client
-    (urllib3's own ``readinto`` reads into a new buffer and copies), then give the connection back to the pool."""
+    """Read a GET's body into ``views``, one after another.
+
+    From the socket straight into them through http.client (urllib3's own ``readinto`` reads into a new buffer and
+    copies), then give the connection back to the pool.
+    """
     raw = getattr(body, "_raw_stream", None)
     stream = getattr(raw, "_fp", None) or body
     done = 0
@@ -255,9 +260,11 @@ def _read_body(body: Any, views: Sequence[memoryview]) -> int:
 
 
 class S3Object(SourceBase):
-    """One object of a bucket, read by ranged GETs on the shared lanes of its :class:`Transfer`. Opening it reads its
-    first :data:`HEAD_BYTES`, which tell its size and hold a jaxstow header of up to that size, so opening and reading
-    the header take one request."""
+    """One object of a bucket, read by ranged GETs on the shared lanes of its :class:`Transfer`.
+
+    Opening it reads its first :data:`HEAD_BYTES`, which tell its size and hold a jaxstow header of up to that size, so
+    opening and reading the header take one request.
+    """
 
     def __init__(self, bucket: S3Bucket, key: str, *, name: str, version: str | None = None) -> None:
         self.name = name

@@ -1,5 +1,6 @@
-"""What every entry point takes about where bytes live: fsspec's storage options, the transfer settings and a local
-cache, checked once and carried together.
+"""What every entry point takes about where bytes live.
+
+fsspec's storage options, the transfer settings and a local cache, checked once and carried together.
 
 >>> from jaxstow._storage.settings import StorageSettings, storage_settings
 >>> storage_settings(None, None, None) == StorageSettings()
