@@ -127,8 +127,11 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
-        """Parse and check a record; ``where`` names it in errors. Any change to a record is a
-        :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming that version."""
+        """Parse and check a record; ``where`` names it in errors.
+
+        Any change to a record is a :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming
+        that version.
+        """
         record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
         if type(version) is not int or version < 1:
