@@ -1,11 +1,9 @@
-"""Files and folders of other libraries: recognised, pointed to the call or command that reads them, and read where
-that is safe.
+"""Files and folders of other libraries: recognised, pointed to what reads them, and read where that is safe.
 
 ``jaxstow.load``, ``jaxstow.open`` and ``jaxstow inspect`` say what a foreign file is and what reads it. With
-``from_format``, ``jaxstow.load`` reads it: a PyTorch state dict through ``torch.load(weights_only=True)`` (which
-unpickles nothing but tensors and plain containers), a flax msgpack file as nested dicts (decoded here with
-``msgpack``, no code of the file's choosing), an orbax checkpoint or manager step through orbax with an abstract
-target, and an equinox ``tree_serialise_leaves`` stream into ``like`` (its leaves carry no structure).
+``from_format``, ``jaxstow.load`` reads PyTorch state dicts (``torch.load(weights_only=True)``), flax msgpack files
+(decoded here, as nested dicts), orbax checkpoints (through orbax) and equinox streams (into ``like``), none running
+code of the file's choosing. See docs/other-formats.md.
 
 >>> import os, tempfile, jax.numpy as jnp, flax.serialization, jaxstow
 >>> from jaxstow._read.foreign import read_foreign
@@ -127,8 +125,10 @@ def _stem(target: str) -> str:
 
 
 def recognise(target: Readable | Location) -> Kind:
-    """The kind of a file or folder (a path, a URL, a file object, a source or a location); ``unknown`` if it cannot
-    be read."""
+    """The kind of a file or folder (a path, a URL, a file object, a source or a location).
+
+    ``unknown`` if it cannot be read.
+    """
     return _kind(locate(target))
 
 
@@ -176,9 +176,11 @@ def _pointed(error: FormatError, location: Location, source: ReadSource | None =
 def explained(
     error: FormatError | IsAFolderError, location: Location, source: ReadSource | None = None
 ) -> FormatError | IsAFolderError:
-    """What a failed open becomes: a folder that says what it is (a checkpoint folder, one of its steps, orbax's)
-    and a file of another library that says what reads it; any other error as it is. ``source``: the file, open
-    already."""
+    """What a failed open becomes.
+
+    A folder that says what it is (a checkpoint folder, one of its steps, orbax's) and a file of another library that
+    says what reads it; any other error as it is. ``source``: the file, open already.
+    """
     if isinstance(error, IsAFolderError):
         return IsAFolderError(folder_problem(location.path), file=location.path) if location.path else error
     return _pointed(error, location, source)
@@ -207,8 +209,11 @@ def folder_problem(path: str) -> str:
 def read_foreign(
     target: Readable | Location, from_format: str, *, like: Any, settings: StorageSettings | None = None
 ) -> Any:
-    """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
-    ``"equinox"`` the tree of ``like`` with the stream's arrays (``settings`` say how a URL is reached)."""
+    """The tree a file (or folder) of another library holds.
+
+    Numpy arrays and Python values, or for ``"equinox"`` the tree of ``like`` with the stream's arrays (``settings`` say
+    how a URL is reached).
+    """
     location = locate(target)
     if location.source is not None:
         raise ArgumentError("from_format reads a path, a URL or a file object")

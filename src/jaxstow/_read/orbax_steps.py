@@ -1,9 +1,8 @@
-"""orbax's checkpoints read through orbax: a checkpoint folder (one pytree), a step of orbax's ``CheckpointManager``
-(every item, and its metrics) and the steps of a manager's folder.
+"""orbax's checkpoints read through orbax: a checkpoint folder, a step of a ``CheckpointManager``, a manager's steps.
 
 A pytree is restored with an abstract target built from its own metadata, every array on this process's first CPU
-device, whatever devices it was saved from; JSON items are read as JSON. Warnings and log lines of orbax are kept out
-of the caller's output. orbax is an optional dependency (``pip install 'jaxstow[orbax]'``).
+device; JSON items are read as JSON, and orbax's warnings kept out of the caller's output. Needs orbax
+(``pip install 'jaxstow[orbax]'``).
 
 >>> import os, tempfile, numpy as np, orbax.checkpoint as ocp
 >>> from jaxstow._read.orbax_steps import manager_steps, read_step

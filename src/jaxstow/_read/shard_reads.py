@@ -132,8 +132,10 @@ class ShardReads:
         return runs
 
     def _read_together(self, run: list[tuple[int, int, memoryview]]) -> None:
-        """Read a run with one request into its places; each shard whose last piece this was is checked against its
-        checksum."""
+        """Read a run with one request into its places.
+
+        Each shard whose last piece this was is checked against its checksum.
+        """
         source = self._containers[self._wholes[run[0][0]].container].source  # type: ignore[attr-defined]
         source.read_scatter(run[0][1], [into for _, _, into in run])
         for index, _, _ in run:
@@ -154,8 +156,10 @@ class ShardReads:
             region[...] = self._shard(leaf, shard, inner)
 
     def _shard(self, leaf: ShardedLeaf, shard: StoredShard, inner: Box, into: np.ndarray | None = None) -> np.ndarray:
-        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given); a whole
-        shard is verified against its checksum."""
+        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given).
+
+        A whole shard is verified against its checksum.
+        """
         container = self._containers[shard.source]
         whole = inner == full_box(shard.shape)
         if not isinstance(container, NativeReader):
