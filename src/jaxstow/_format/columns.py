@@ -100,8 +100,10 @@ class LeafColumns:
 
 
 def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
-    """The leaves of a version 3 manifest whose other fields :func:`~jaxstow._format.manifest.check_manifest`
-    checked, every column and detail checked against the file's tensors ``slots``."""
+    """The leaves of a version 3 manifest, every column and detail checked against the file's tensors ``slots``.
+
+    The manifest's other fields are checked already, by :func:`~jaxstow._format.manifest.check_manifest`.
+    """
     paths, kinds, checksums, details = (manifest.get(key) for key in _COLUMN_KEYS)
     if not (isinstance(paths, list) and set(map(type, paths)) <= {str}):
         raise FormatError("the manifest's paths must be a list of strings", file=file)

@@ -42,8 +42,10 @@ def _long_digit_run(text: bytes | str) -> bool:
 
 
 def dump_json(value: Any) -> bytes:
-    """Compact UTF-8 JSON of strict-JSON ``value`` (string keys; floats finite), which :func:`parse_json` reads back
-    equal."""
+    """Compact UTF-8 JSON of strict-JSON ``value``, which :func:`parse_json` reads back equal.
+
+    Keys must be strings and floats finite.
+    """
     try:
         return orjson.dumps(value)
     except TypeError:  # orjson.JSONEncodeError: an integer beyond 64 bits or a string it cannot encode as UTF-8

@@ -78,8 +78,10 @@ _MAX_NPY_HEADER = 1 << 16
 
 
 def file_kind(source: ReadSource) -> Kind:
-    """The kind of a file, from its first bytes (and, for a zip, its member names; for ``.npy`` data, whether
-    another array follows the first)."""
+    """The kind of a file, from its first bytes.
+
+    And, for a zip, its member names; for ``.npy`` data, whether another array follows the first.
+    """
     head = source.read(0, min(source.size, 16))
     if head[:4] in _ZIP:
         return _zip_kind(source)

@@ -104,8 +104,11 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
 
 
 def key_impl_name(dtype: Any) -> str:
-    """The registered name of a PRNG key dtype's implementation (``threefry2x32``, ``rbg``, ``unsafe_rbg``), which
-    ``jax.random.key`` takes back; older jax prints an implementation by a shorter tag (``fry``) it does not take."""
+    """The registered name of a PRNG key dtype's implementation, which ``jax.random.key`` takes back.
+
+    Such as ``threefry2x32``, ``rbg``, ``unsafe_rbg``; older jax prints an implementation by a shorter tag (``fry``) it
+    does not take.
+    """
     return str(dtype._impl.name)
 
 

@@ -73,9 +73,11 @@ _IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
-    """``manifest`` if it is a well-formed jaxstow manifest of a file holding the tensors ``slots`` (checked already),
-    with the dtype and shape of leaves stored as their tensors filled in; a :class:`FormatError` naming the field
-    otherwise."""
+    """Check that ``manifest`` is a well-formed jaxstow manifest of a file holding the tensors ``slots``.
+
+    ``slots`` are checked already. Returns the manifest with the dtype and shape of leaves stored as their tensors
+    filled in; raises a :class:`FormatError` naming the field otherwise.
+    """
     if not isinstance(manifest, dict):
         raise FormatError("the jaxstow manifest is not a JSON object", file=file)
     if manifest.get("format") != FORMAT_NAME:
@@ -197,8 +199,11 @@ def _limits_problem(value: Any) -> str | None:
 
 
 def _nesting(value: Any) -> tuple[int, bool]:
-    """The most JSON containers around any part of ``value`` (an empty container holds no part), level by level, and
-    whether it holds an integer of more than :data:`MAX_INTEGER_DIGITS` digits."""
+    """The most JSON containers around any part of ``value``, and whether it holds too long an integer.
+
+    An empty container holds no part. Counted level by level; an integer is too long beyond :data:`MAX_INTEGER_DIGITS`
+    digits.
+    """
     deepest, level, huge = 0, [value], False
     while level:
         inner: list[Any] = []

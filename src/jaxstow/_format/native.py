@@ -187,8 +187,10 @@ def _tensor_entries(ordered: Sequence[tuple[str, np.ndarray]], codes: _Codes) ->
 
 
 def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
-    """The length prefix and the padded JSON header of a file holding the tensors of ``entries`` (see
-    :func:`_tensor_entries`) and ``manifest``."""
+    """The length prefix and the padded JSON header of a file holding ``entries``' tensors and ``manifest``.
+
+    ``entries`` as :func:`_tensor_entries` makes them.
+    """
     header = entries
     if manifest is not None:
         version = manifest.get("version")
@@ -324,8 +326,10 @@ class NativeReader:
             self._check_plain_keys(self.manifest)
 
     def _check_plain_keys(self, manifest: Any) -> None:
-        """The keys beside jaxstow's own must be exactly the user's string metadata, which only version 4 on writes (a
-        newer version is left to the manifest's check, which says it is newer)."""
+        """Check that the keys beside jaxstow's own are exactly the user's string metadata.
+
+        Only version 4 on writes them; a newer version is left to the manifest's check, which says it is newer.
+        """
         plain = {key: value for key, value in self.metadata.items() if key not in (_MANIFEST_KEY, _HASH_KEY)}
         version = manifest.get("version") if isinstance(manifest, dict) else None
         if _at_least(version, FORMAT_VERSION + 1):

@@ -353,8 +353,11 @@ def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, de
 def _in_aux(
     error: JaxstowError, node_type: type, data: JSON, *, path: str, file: str | None, depth: int
 ) -> JaxstowError:
-    """An error in a node's auxiliary data, named after the attribute that holds the failing value (found by decoding
-    the data again with a marker in its place); an unknown name there is avoided by restoring with ``like``."""
+    """An error in a node's auxiliary data, named after the attribute that holds the failing value.
+
+    The attribute is found by decoding the data again with a marker in its place. An unknown name there is avoided by
+    restoring with ``like``.
+    """
     marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
 
     def rename(parts: list[str]) -> list[str] | None:

@@ -54,8 +54,10 @@ class Parallel:
         self._pid = 0
 
     def pool(self) -> ThreadPoolExecutor:
-        """The shared pool of ``readers`` threads, made on first use (and again in a forked child, which has none of
-        its parent's threads)."""
+        """The shared pool of ``readers`` threads, made on first use.
+
+        Made again in a forked child, which has none of its parent's threads.
+        """
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
                 self._pool = ThreadPoolExecutor(

@@ -159,9 +159,11 @@ def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
 def _read_in_parallel(
     source: ReadSource, plan: Parallel, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
 ) -> list[list[np.ndarray]]:
-    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool (a disk or a store serves several
-    requests at once several times faster than one), each run cut and hashed by the thread that reads its last
-    piece."""
+    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool.
+
+    A disk or a store serves several requests at once several times faster than one. Each run is cut and hashed by the
+    thread that reads its last piece.
+    """
     spans = [_span(run, columns) for run in runs]
     buffers = [aligned_empty(size) for _, size in spans]
     left = [max(1, -(-size // plan.piece)) for _, size in spans]

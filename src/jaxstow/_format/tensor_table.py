@@ -74,9 +74,12 @@ class SlotTable(Mapping[str, TensorSlot]):
 
 
 def check_header(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> SlotTable:
-    """The tensors of a parsed header (without ``__metadata__``), or the error of the first entry that breaks a rule
-    (a :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
-    :class:`~jaxstow.errors.FormatError` otherwise), naming the tensor."""
+    """The tensors of a parsed header (without ``__metadata__``), checked.
+
+    Else the error of the first entry that breaks a rule, naming the tensor: a
+    :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
+    :class:`~jaxstow.errors.FormatError` otherwise.
+    """
     table = slot_table(header, data_start=data_start, file_size=file_size)
     if table is not None:
         return table
@@ -137,9 +140,11 @@ def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> Sl
 
 
 def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsizes: np.ndarray) -> bool:
-    """Whether every shape (non-negative, at most MAX_AXES axes) spans at most MAX_ARRAY_BYTES with axes of size 0
-    counted as 1: as floats (a product too large becomes inf, never a wrapped number), and exactly in Python for the
-    few shapes near the bound."""
+    """Whether every shape spans at most MAX_ARRAY_BYTES, axes of size 0 counted as 1.
+
+    Shapes are non-negative, of at most MAX_AXES axes. Computed as floats (a product too large becomes inf, never a
+    wrapped number), and exactly in Python for the few shapes near the bound.
+    """
     if not len(ndims):
         return True
     starts = np.cumsum(ndims) - ndims

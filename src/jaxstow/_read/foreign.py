@@ -86,8 +86,10 @@ _READS = {
 
 
 def advice(kind: Kind, target: str | None) -> str:
-    """The exact call or command that reads a file or folder of ``kind`` at the path ``target`` (``None``: a file
-    object, which the call names ``file``)."""
+    """The exact call or command that reads a file or folder of ``kind`` at the path ``target``.
+
+    ``target`` is ``None`` for a file object, which the call names ``file``.
+    """
     shown = "file" if target is None else repr(target)
     if not kind.foreign:
         return f"jaxstow.load({shown}) reads it, without from_format"
@@ -192,8 +194,10 @@ def _shown(location: Location) -> str | None:
 
 
 def folder_problem(path: str) -> str:
-    """Why a folder cannot be loaded as a file, and what reads it if it is a checkpoint folder or one of its steps,
-    or orbax's."""
+    """Why a folder cannot be loaded as a file.
+
+    And what reads it if it is a checkpoint folder or one of its steps, or orbax's.
+    """
     kind = _folder_kind(path)
     if kind.name == "jaxstow-step":
         return (
@@ -239,8 +243,10 @@ def read_foreign(
 
 
 def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
-    """Refuse a file or folder of a ``kind`` that ``from_format`` does not read, saying what it is and the call that
-    reads it."""
+    """Refuse a file or folder of a ``kind`` that ``from_format`` does not read.
+
+    The error says what it is and the call that reads it.
+    """
     expected, takes = _TAKES[from_format]
     a_file = from_format == "orbax" and location.path is not None and not os.path.isdir(location.path)
     if kind.name in takes and not a_file:
@@ -266,8 +272,10 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
 
 
 def _torch_problem(error: Exception) -> str:
-    """What torch.load found wrong, without its advice to unpickle anyway (``weights_only=False`` runs the file's
-    code)."""
+    """What torch.load found wrong, without its advice to unpickle anyway.
+
+    ``weights_only=False`` would run the file's code.
+    """
     text = str(error)
     unsupported = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if unsupported:

@@ -87,8 +87,11 @@ def _is_array(leaf: Any) -> bool:
 
 
 def read_step(path: str) -> tuple[Any, Any]:
-    """Every item of a step of orbax's ``CheckpointManager`` (pytrees, JSON) by name, and the step's metrics (``None``
-    if it has none); a step of the one item ``default`` gives that item's tree, as orbax's ``restore`` does."""
+    """Every item of a step of orbax's ``CheckpointManager`` by name, and the step's metrics.
+
+    Items are pytrees or JSON; the metrics ``None`` if it has none. A step of the one item ``default`` gives that item's
+    tree, as orbax's ``restore`` does.
+    """
     try:
         with open(os.path.join(path, "_CHECKPOINT_METADATA"), "rb") as file:
             handlers = json.loads(file.read()).get("item_handlers")

@@ -48,8 +48,10 @@ class _Whole(NamedTuple):
 
 
 class ShardReads:
-    """The reads of boxes of sharded leaves from ``containers`` (a tree's files: the leaf's shards name theirs),
-    planned by :meth:`box` and done together by :meth:`run`."""
+    """The reads of boxes of sharded leaves from ``containers``, a tree's files.
+
+    A leaf's shards name their files. Planned by :meth:`box` and done together by :meth:`run`.
+    """
 
     def __init__(self, containers: Sequence[Container], verify: Verify | None = None) -> None:
         self._containers = containers
@@ -106,8 +108,10 @@ class ShardReads:
         self._jobs, self._wholes = [], []
 
     def _runs(self, parallel: Parallel | None) -> list[list[tuple[int, int, memoryview]]]:
-        """The whole shards planned, as runs of pieces (whole index, offset, place) that follow each other in one file,
-        up to a piece of the source's size each: small shards joined, large ones cut."""
+        """The whole shards planned, as runs of pieces (whole index, offset, place) that follow each other in one file.
+
+        Each run is up to a piece of the source's size: small shards joined, large ones cut.
+        """
         piece = parallel.piece if parallel is not None else _PIECE
         self._left = [-(-len(whole.into) // piece) or 1 for whole in self._wholes]
         self._lock = threading.Lock()

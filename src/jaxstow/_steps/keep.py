@@ -93,8 +93,9 @@ class KeepPolicy:
     def reasons(
         self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
     ) -> dict[int, list[str]]:
-        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"every 3600 s"``, ``"best 1 by loss"``,
-        ``"newest"``).
+        """The rules that keep each step.
+
+        Such as ``"last 3"``, ``"every 100"``, ``"every 3600 s"``, ``"best 1 by loss"``, ``"newest"``.
 
         A step with no rule is one the policy deletes.
 

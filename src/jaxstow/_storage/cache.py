@@ -50,9 +50,11 @@ def cache_path(cache_dir: str, url: str) -> str:
 def cached_source(
     cache_dir: str, url: str, open_remote: Callable[[], ReadSource], expected: str | None = None
 ) -> ReadSource:
-    """The local copy of ``url`` if its header checksum is ``expected`` (or, without ``expected``, the one of the
-    file in the store); otherwise the file fetched into the cache first. ``open_remote()`` opens the file in the
-    store."""
+    """The local copy of ``url``, fetched into the cache first unless its header checksum matches.
+
+    It must match ``expected``, or without ``expected`` the one of the file in the store. ``open_remote()`` opens the
+    file in the store.
+    """
     path = cache_path(cache_dir, url)
     if expected is not None and _checksum_of(path) == expected:
         return LocalFile(path)

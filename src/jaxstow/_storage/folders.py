@@ -114,8 +114,10 @@ class LocalStore:
             return file.read()
 
     def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
-        """The file ``file`` of folder ``name`` (``header``, its expected header checksum, is for caches of remote
-        files: a local file is read where it is)."""
+        """The file ``file`` of folder ``name``.
+
+        ``header``, its expected header checksum, is for caches of remote files: a local file is read where it is.
+        """
         del header
         return open_source(self.path(name, file))
 

@@ -25,8 +25,9 @@ __all__ = ["rewrite_range"]
 
 
 def rewrite_range(path: str, offset: int, length: int, change: Callable[[bytes, int], bytes]) -> None:
-    """Replace the ``length`` bytes at ``offset`` of the local file at ``path`` with ``change(those bytes, the file's
-    size)``, and sync the file; nothing is written when ``change`` raises.
+    """Replace the ``length`` bytes at ``offset`` of the file at ``path`` with ``change(those bytes, size)``.
+
+    The file is synced; nothing is written when ``change`` raises.
 
     Raises:
         TruncatedFileError: the file ends before the range does.

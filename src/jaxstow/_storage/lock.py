@@ -108,8 +108,9 @@ class Lock(Protocol):
 
 
 class FileLock:
-    """The exclusive ``flock`` of the lock file at ``path``, which names this process while it holds it, held until
-    :meth:`release` or until this object is collected.
+    """The exclusive ``flock`` of the lock file at ``path``, which names this process while it holds it.
+
+    Held until :meth:`release` or until this object is collected.
 
     A lock held by another process raises what ``held(holder)`` makes of the holder its file names (``None`` when
     the file cannot be read). A lock file found when the lock is taken was left by a holder that ended without
@@ -165,8 +166,11 @@ class FileLock:
 
 
 class LocalLock:
-    """The :class:`FileLock` of a local checkpoint directory, held until :meth:`release` or until this object is
-    collected; the lock of a writer that ended without releasing it is taken over, with a warning in the log."""
+    """The :class:`FileLock` of a local checkpoint directory.
+
+    Held until :meth:`release` or until this object is collected; the lock of a writer that ended without releasing it
+    is taken over, with a warning in the log.
+    """
 
     def __init__(self, directory: str) -> None:
         def held(holder: Holder | None) -> JaxstowError:

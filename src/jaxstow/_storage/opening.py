@@ -79,8 +79,10 @@ class Location:
 
 
 def locate(target: Readable | Location) -> Location:
-    """The :class:`Location` of a path, a URL, a seekable binary file object or a source (a location is returned as
-    it is); anything else raises an :class:`~jaxstow.errors.ArgumentError`."""
+    """The :class:`Location` of a path, a URL, a seekable binary file object or a source.
+
+    A location is returned as it is; anything else raises an :class:`~jaxstow.errors.ArgumentError`.
+    """
     if isinstance(target, Location):
         return target
     if isinstance(target, str | os.PathLike):

@@ -30,9 +30,10 @@ __all__ = ["RemoteSource", "object_source", "open_remote_source", "storage_error
 
 @contextlib.contextmanager
 def storage_errors(url: str) -> Iterator[None]:
-    """Turn what fsspec and a store's client raise (missing credentials, a server out of reach, a refused request)
-    into jaxstow errors naming ``url``: a missing object is a :class:`PathNotFoundError`, the rest a
-    :class:`StorageError` whose cause is the client's exception.
+    """Turn what fsspec and a store's client raise into jaxstow errors naming ``url``.
+
+    Missing credentials, a server out of reach, a refused request: a missing object is a :class:`PathNotFoundError`, the
+    rest a :class:`StorageError` whose cause is the client's exception.
 
     >>> from jaxstow._storage.remote import storage_errors
     >>> with storage_errors("s3://bucket/model.jxs"):

@@ -136,8 +136,10 @@ class RemoteStore:
             self.fs.rm(self.path(name))
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
-        """Remove what unfinished writes left (folders that ``owns`` without a marker, files no marker lists, and on S3
-        unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead writers').
+        """Remove what unfinished writes left.
+
+        Folders that ``owns`` without a marker, files no marker lists, and on S3 unfinished multipart uploads under the
+        root: only the lock's holder writes here, so they are dead writers'.
 
         Returns the removed paths, relative to the root.
         """

@@ -45,8 +45,11 @@ def is_s3(fs: Any) -> bool:
 
 
 def _client(fs: Any, requests: int) -> Any:
-    """A botocore client with the settings of the s3fs file system ``fs`` (as s3fs makes its own), pooling enough
-    connections for ``requests`` reads and as many uploads; one per file system and size, made once per process."""
+    """A botocore client with the settings of the s3fs file system ``fs``, as s3fs makes its own.
+
+    It pools enough connections for ``requests`` reads and as many uploads; one per file system and size, made once per
+    process.
+    """
     with _clients_lock:
         made = _clients.setdefault(fs, {})
         key = (os.getpid(), requests)
@@ -85,8 +88,10 @@ def _new_client(fs: Any, requests: int) -> Any:
 
 @contextlib.contextmanager
 def s3_errors(url: str) -> Iterator[None]:
-    """A missing object or bucket as :class:`PathNotFoundError`, any other failure of a request as
-    :class:`StorageError`, both naming ``url``."""
+    """A failed request as a jaxstow error naming ``url``.
+
+    A missing object or bucket is a :class:`PathNotFoundError`, any other failure a :class:`StorageError`.
+    """
     botocore = require("botocore.exceptions", extra="s3", purpose="reading and writing s3:// objects")
 
     try:
@@ -121,8 +126,11 @@ class S3Bucket:
     def get_into(
         self, key: str, offset: int, views: Sequence[memoryview], *, url: str, version: str | None = None
     ) -> int:
-        """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET (taken up again where
-        a broken connection cut it); returns how many there were (fewer at the end of the object)."""
+        """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET.
+
+        Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
+        object).
+        """
         done = 0
         with self.lanes.reading:
             if self.lanes.read_pace is not None:
@@ -295,8 +303,10 @@ class S3Object(SourceBase):
 
 
 class ViewsSource(SourceBase):
-    """Buffers one after another, read as one source with no copy until a piece is read (the body of a request is
-    a :class:`~jaxstow._format.source.SourceFile` over it)."""
+    """Buffers one after another, read as one source with no copy until a piece is read.
+
+    The body of a request is a :class:`~jaxstow._format.source.SourceFile` over it.
+    """
 
     def __init__(self, views: Sequence[memoryview]) -> None:
         self.name = "<parts>"

@@ -28,8 +28,10 @@ __all__ = ["StorageSettings", "storage_settings"]
 
 @dataclass(frozen=True)
 class StorageSettings:
-    """fsspec's ``options`` for URLs, the :class:`~jaxstow.Transfer` of object stores, and ``cache_dir``, a local
-    folder keeping verified copies of the files read from a URL (``None``: no cache)."""
+    """Where bytes live: fsspec's ``options``, the :class:`~jaxstow.Transfer` and ``cache_dir``.
+
+    ``cache_dir`` is a local folder keeping verified copies of the files read from a URL (``None``: no cache).
+    """
 
     options: Mapping[str, Any] | None = field(default=None, hash=False)
     transfer: Transfer = field(default_factory=Transfer)

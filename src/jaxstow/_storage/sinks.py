@@ -59,10 +59,12 @@ def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None
 
 
 def object_upload(fs: Any, path: str, *, url: str, transfer: Transfer, whole: bool) -> Any:
-    """A sink for the object at ``path`` of ``fs`` with ``finish()`` (send the rest), ``complete()`` (wait, and
-    make it appear) and ``abort()``. ``whole=True`` makes it atomic where the store alone does not: S3 uploads are
-    atomic anyway (and unfinished ones to the same key are aborted first), other stores get a temporary object moved
-    into place."""
+    """A sink for the object at ``path`` of ``fs``, with ``finish()``, ``complete()`` and ``abort()``.
+
+    ``finish()`` sends the rest, ``complete()`` waits and makes it appear. ``whole=True`` makes it atomic where the
+    store alone does not: S3 uploads are atomic anyway (and unfinished ones to the same key are aborted first), other
+    stores get a temporary object moved into place.
+    """
     from jaxstow._storage.s3 import S3Bucket, is_s3
 
     if is_s3(fs):
