@@ -1,20 +1,14 @@
 """jaxstow: save, checkpoint and stream JAX state, safely and fast.
 
-A jaxstow file is a valid safetensors file whose header also holds the tree's structure, so a whole model (arrays,
-hyperparameters, activation functions, optimizer state) comes back from the file alone, without pickle and without a
-template; nothing in a file can run code. The entry points:
+A jaxstow file is a safetensors file whose header also holds the tree's structure, so a whole model comes back from
+the file alone, without pickle and without a template; nothing in a file can run code. The entry points are
+:func:`save`, :func:`load` and :func:`load_metadata`; :func:`open` (a :class:`Reader`, lazy); :class:`LoadOptions`;
+:class:`Transfer` (object stores); :func:`saveable` (names for code); :class:`CheckpointManager`; and the faces
+:mod:`jaxstow.io`, :mod:`jaxstow.train`, :mod:`jaxstow.objax` and :mod:`jaxstow.flarejax`. Every error is a
+:class:`jaxstow.errors.JaxstowError`.
 
-- :func:`save` and :func:`load`: a pytree to a file (atomic, checksummed) and back, rebuilt or fitted into ``like``;
-- :func:`open`: a file read lazily, leaf by leaf or slice by slice (:class:`Reader`);
-- :class:`Transfer`: requests in flight, their size and a bandwidth cap for files on object stores (any entry point
-  takes a path or an fsspec URL, with ``storage_options=``);
-- :func:`saveable`: names for the functions and classes a file may refer to;
-- :class:`CheckpointManager`: the numbered steps of a training run, saved in the background, kept by policy;
-- :mod:`jaxstow.io`: samples streamed out of jit-compiled loops to collectors (HDF5, memory).
-
-The faces of other libraries' APIs are :mod:`jaxstow.train` (a trainer's checkpointer contract),
-:mod:`jaxstow.objax` (Objax's ``objax.io``) and :mod:`jaxstow.flarejax` (FlareJax's names); the ``jaxstow`` command looks into files and folders. Every error is a
-:class:`jaxstow.errors.JaxstowError`. The README has the full guide.
+The guide is in docs/: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
+docs/object-storage.md, docs/safety.md and docs/format.md.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> buffer = io.BytesIO()

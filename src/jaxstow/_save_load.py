@@ -1,4 +1,7 @@
-"""``jaxstow.save`` and ``jaxstow.load``: whole trees, models with their hyperparameters, or weights into a structure.
+"""``jaxstow.save``, ``jaxstow.load`` and ``jaxstow.load_metadata``: a pytree to one file and back.
+
+A model comes back whole (arrays, hyperparameters, the functions it names) or fitted into a structure; see
+docs/saving-and-loading.md and docs/restoring.md.
 
 >>> import io, jax, jax.numpy as jnp, jaxstow
 >>> params = {"dense": {"kernel": jnp.ones((2, 3)), "bias": jnp.zeros(3)}, "act": jax.nn.gelu, "depth": 2}
@@ -48,17 +51,23 @@ def save(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
 ) -> None:
-    """Save a pytree, with its structure, to a file name, an fsspec URL or a binary file object.
+    """Save a pytree, with its structure, to a file.
 
-    A name ending in ``.npz`` gets an npz archive; any other name gets the native format, a safetensors file with the
-    jaxstow manifest. A name is written atomically (temporary file, fsync, rename); a URL too, in the store's terms:
-    on ``s3://`` a multipart upload, parts sent in parallel, that the object appears from only once complete (a failed
-    save leaves the previous object and no upload behind), on other stores a temporary object moved into place. A file
-    object is written as is. ``metadata`` is a JSON-able dict kept with the file (read it back with
-    :func:`load_metadata`). ``progress=True`` draws a progress bar of the bytes written, their rate and the time left
-    (needs ``tqdm``). For a URL, ``storage_options`` go to fsspec and ``transfer`` (a :class:`jaxstow.Transfer`) sets
-    the parts in flight, their size and a bandwidth cap. FlareJax's order, ``save(tree, path)``, is taken too: when
-    the first argument is neither a path nor a file and the second is a path, they are read the other way round.
+    A name ending in ``.npz`` gets an npz archive, any other name the native format (safetensors with the jaxstow
+    manifest). A name or URL is written atomically, a file object as is. FlareJax's order, ``save(tree, path)``, is
+    taken too. See docs/saving-and-loading.md and docs/object-storage.md.
+
+    Args:
+        path_or_file: a file name, an fsspec URL or a binary file object.
+        tree: the pytree: arrays, Python values, registered functions and classes.
+        metadata: a strict JSON dict kept with the file (:func:`load_metadata` reads it back).
+        progress: draw a progress bar of the bytes written (needs ``tqdm``).
+        storage_options: fsspec's options, for a URL.
+        transfer: the requests in flight, their size and a bandwidth cap, for a URL.
+
+    Raises:
+        UnsaveableObjectError: a leaf is neither data nor registered with :func:`jaxstow.saveable`.
+        MetadataError: ``metadata`` is not strict JSON.
 
     >>> import jax.numpy as jnp, jaxstow, os, tempfile
     >>> path = os.path.join(tempfile.mkdtemp(), "weights.npz")
@@ -88,35 +97,29 @@ def load(
     cache_dir: str | os.PathLike[str] | None = None,
     **options: Unpack[LoadOptions],
 ) -> Any:
-    """Load a file written by :func:`save`, by safetensors or by ``numpy.savez`` (a path, a file object or a URL).
+    """Load the pytree of a file written by :func:`save`, by safetensors or by ``numpy.savez``.
 
-    Without ``like`` the whole tree is rebuilt from the file: containers, registered dataclasses, equinox modules with
-    their hyperparameters, optax states; Python scalars and strings keep their type, arrays come back as ``jax.Array``.
-    A file without a jaxstow manifest loads as a flat dict of its tensors.
+    Without ``like`` the whole tree is rebuilt from the file; with ``like`` the file's leaves are fitted into its
+    structure, all or nothing, each landing on its leaf's sharding. See docs/restoring.md.
 
-    With ``like``, the file's leaves are fitted into ``like``'s structure. ``like``'s leaves may be arrays (jax or
-    numpy) or ``jax.ShapeDtypeStruct`` (from ``jax.eval_shape``, ``eqx.filter_eval_shape``, ``nnx.eval_shape``), each
-    landing on its own sharding. It is all or nothing: any missing, unexpected or mismatched leaf raises one
-    :class:`~jaxstow.errors.StructureMismatchError` listing every problem.
+    Args:
+        path_or_file: a file name, an fsspec URL or a binary file object.
+        like: a pytree of arrays or ``jax.ShapeDtypeStruct`` to fit the leaves into; ``None`` rebuilds the tree.
+        from_format: ``"torch"``, ``"flax"``, ``"orbax"`` or ``"equinox"``: read a file of that library.
+        storage_options: fsspec's options, for a URL.
+        transfer: the requests in flight, their size and a bandwidth cap, for a URL.
+        cache_dir: a folder keeping a local copy of a remote file, used again while it matches.
+        **options: the options of :class:`jaxstow.LoadOptions` (``as_numpy``, ``sharding``, ``select``, ...).
 
-    The options (``as_numpy``, ``sharding``, ``partial``, ``select``, ``cast``, ``progress``) are those of
-    :class:`jaxstow.LoadOptions`.
-
-    A file of another library raises a :class:`~jaxstow.errors.FormatError` that names it and what reads it.
-    ``from_format`` reads it, into memory, then as above: ``"torch"`` (a ``torch.save`` state dict, through
-    ``torch.load(weights_only=True)``), ``"flax"`` (flax msgpack, as nested dicts), ``"orbax"`` (an orbax checkpoint
-    folder or a step of its ``CheckpointManager``, every item) and ``"equinox"`` (a ``tree_serialise_leaves`` stream,
-    read into ``like``; of the options only ``as_numpy``).
-
-    A URL is read as :func:`jaxstow.open` reads it: ``storage_options`` to fsspec, ``transfer`` for the requests in
-    flight (their size, a bandwidth cap), ``cache_dir`` for a local copy used again while it matches.
+    Raises:
+        StructureMismatchError: ``like`` does not fit; the message lists every mismatched leaf.
+        FormatError: the file is not one jaxstow reads; the message names what reads it.
 
     >>> import io, jax, jax.numpy as jnp, jaxstow
     >>> buffer = io.BytesIO()
-    >>> jaxstow.save(buffer, {"w": jnp.ones(2), "b": jnp.zeros(1)})
-    >>> _ = buffer.seek(0)
-    >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32), "b": jnp.ones(1)})["w"]
-    Array([1., 1.], dtype=float32)
+    >>> jaxstow.save(buffer, {"w": jnp.ones(2)}); _ = buffer.seek(0)
+    >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    {'w': Array([1., 1.], dtype=float32)}
     """
     settings = storage_settings(storage_options, transfer, cache_dir)
     location = locate(path_or_file)
@@ -156,10 +159,17 @@ def load_metadata(
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any] | None:
-    """The ``metadata`` dict saved with a file, read from its header alone (a URL as :func:`load` reads it).
+    """Read the ``metadata`` dict saved with a file, from its header alone.
 
-    For a plain safetensors file, its own ``__metadata__`` (strings by string keys); ``None`` for a file without
-    metadata.
+    Args:
+        path_or_file: a file name, an fsspec URL or a binary file object.
+        storage_options: fsspec's options, for a URL.
+        transfer: the requests in flight, their size and a bandwidth cap, for a URL.
+        cache_dir: a folder keeping a local copy of a remote file.
+
+    Returns:
+        The dict given to :func:`save`; a plain safetensors file's own ``__metadata__``; ``None`` for a file
+        without metadata.
 
     >>> import io, numpy as np, jaxstow
     >>> from safetensors.numpy import save

@@ -52,10 +52,17 @@ __all__ = [
 
 
 def excerpt(value: object, limit: int = 100) -> str:
-    """At most ``limit`` characters of ``value``'s repr, how an error quotes what it read from a file.
+    """Quote ``value`` in at most ``limit`` characters, as an error quotes what it read from a file.
 
-    Containers are shown three levels and four items deep, long strings and numbers are cut in the middle, and
-    nothing recurses further than that, so a value nested thousands of levels deep (or huge) quotes in a line.
+    Containers are shown three levels and four items deep and long strings and numbers are cut in the middle, so a
+    value nested thousands of levels deep, or huge, quotes in one line.
+
+    Args:
+        value: any object, even one whose ``repr`` fails.
+        limit: the most characters returned.
+
+    Returns:
+        A ``repr`` of ``value``, shortened.
 
     >>> from jaxstow.errors import excerpt
     >>> deep = []
@@ -160,8 +167,10 @@ class MissingDependencyError(JaxstowError, ImportError):
 
 
 class ClosedError(JaxstowError, ValueError):
-    """A reader used after ``close()`` (or after its ``with`` block): the message names the file and says to open it
-    again. Also a ``ValueError``, as Python's own files raise for I/O on a closed file."""
+    """A reader used after ``close()`` (or after its ``with`` block).
+
+    The message names the file and says to open it again. Also a ``ValueError``, as Python's own files raise.
+    """
 
     def __init__(self, what: str, *, file: str) -> None:
         super().__init__(f"{file}: {what} after the reader was closed; open the file again to read it", file=file)
@@ -274,8 +283,11 @@ class SelectionError(RequestError, LookupError):
 
 
 class ShardingError(RequestError):
-    """A sharded leaf cannot be saved or placed as asked (a shape that does not divide, devices that are missing, an
-    array spanning several processes given to a one-file save)."""
+    """A sharded leaf cannot be saved or placed as asked.
+
+    A shape that does not divide, devices that are missing, an array spanning several processes given to a one-file
+    save.
+    """
 
 
 class CheckpointError(JaxstowError):
@@ -283,8 +295,11 @@ class CheckpointError(JaxstowError):
 
 
 class StepNotFoundError(CheckpointError, LookupError):
-    """A step that is not in a checkpoint directory: never saved, or deleted (by the keep policy of the process that
-    saves there, too, while it was being read). The message names the directory and the steps it holds."""
+    """A step that is not in a checkpoint directory.
+
+    Never saved, or deleted (also by the keep policy of the process that saves there, while it was being read). The
+    message names the directory and the steps it holds.
+    """
 
 
 class CollectorError(JaxstowError, RuntimeError):

@@ -1,10 +1,8 @@
 """Where a problem sits inside a custom pytree node, by attribute: ``opt/tx`` rather than ``opt/2/2``.
 
-A node's structure holds its children by position and its static data (``aux``) as the node type chose to pack it:
-an ``nnx.Optimizer`` keeps its transformation at ``aux[2][2]``. Errors are raised with such positions; the functions
-here rename them after the node's attributes, by building the node once with placeholder children and asking it which
-attribute holds the failing child or value. This runs only when an error is raised, so saving and loading pay
-nothing for it; a node that cannot be built that way keeps its positions.
+Errors are raised with positions (an ``nnx.Optimizer`` keeps its transformation at ``aux[2][2]``); these functions
+rename them after the node's attributes by building the node once with placeholder children. That runs only when an
+error is raised, so saving and loading pay nothing for it; a node that cannot be built so keeps its positions.
 
 >>> import jax, optax
 >>> from flax import nnx
@@ -77,8 +75,10 @@ def child_name(node_type: type, aux: Any, count: int, index: int) -> str:
 
 
 def aux_path(node_type: type, aux: Any, count: int, segments: Sequence[str]) -> list[str] | None:
-    """``segments`` (positions inside ``aux``) as the attribute of the node that holds the value there, followed by
-    the positions left inside that value; ``None`` if no attribute holds it."""
+    """``segments`` (positions inside ``aux``) as the attribute of the node that holds the value there.
+
+    The attribute is followed by the positions left inside that value; ``None`` if no attribute holds it.
+    """
     in_graph = static_objects.graph_path(aux, list(segments))  # a graph definition is its node's aux
     if in_graph is not None:
         return in_graph
@@ -124,8 +124,9 @@ def attributes(obj: object) -> list[tuple[str, Any]]:
 
 
 def replace_json(data: Any, segments: Sequence[str], replacement: Any) -> Any:
-    """A copy of the skeleton's tagged JSON ``data`` with the value at ``segments`` (as the skeleton's paths name its
-    parts) replaced; a ``LookupError`` if ``segments`` lead nowhere.
+    """A copy of the skeleton's tagged JSON ``data`` with the value at ``segments`` replaced.
+
+    ``segments`` are as the skeleton's paths name its parts; a ``LookupError`` if they lead nowhere.
 
     >>> replace_json({"tuple": [1, {"dict": [["tx", {"ref": "x"}]]}]}, ["1", "tx"], None)
     {'tuple': [1, {'dict': [['tx', None]]}]}
@@ -147,8 +148,10 @@ def replace_json(data: Any, segments: Sequence[str], replacement: Any) -> Any:
 
 
 def renamed_child(error: E, prefix: str, node_type: type, aux: Any, count: int) -> E:
-    """``error``, raised inside a child of the node at ``prefix`` (its path goes on with the child's index), with that
-    child named by its key."""
+    """``error``, raised inside a child of the node at ``prefix``, with that child named by its key.
+
+    The error's path goes on with the child's index, which this replaces.
+    """
 
     def rename(parts: list[str]) -> list[str] | None:
         if not parts[0].isdigit() or int(parts[0]) >= count:
@@ -159,9 +162,11 @@ def renamed_child(error: E, prefix: str, node_type: type, aux: Any, count: int) 
 
 
 def renamed(error: E, prefix: str, rename: Callable[[list[str]], list[str] | None], *, note: str = "") -> E:
-    """``error`` with the part of its leaf path after ``prefix`` renamed by ``rename`` (which gets and gives the
-    segments) and ``note`` added to its message; the error itself if its path is not below ``prefix`` or ``rename``
-    gives nothing."""
+    """``error`` with the part of its leaf path after ``prefix`` renamed by ``rename``, and ``note`` added.
+
+    ``rename`` gets and gives the segments. The error itself if its path is not below ``prefix`` or ``rename`` gives
+    nothing.
+    """
     path = error.path
     if path is None or not (prefix == "" or path == prefix or path.startswith(prefix + "/")):
         return error

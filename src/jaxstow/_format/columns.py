@@ -1,14 +1,8 @@
 """Format version 3's manifest: the leaves as columns, saying only what the safetensors header does not.
 
-A leaf's tensor is named by its path, and a leaf stored as its tensor is (dtype and shape) needs nothing more than its
-kind and its checksum. So a version 3 manifest lists the leaves as columns: ``paths`` (every leaf, in the tree's leaf
-order), ``kinds`` (one letter per leaf: ``a`` array, ``n`` numpy scalar, ``k`` PRNG key, ``t`` torch tensor, ``s``
-sharded array, ``v`` value), ``xxh3`` (the checksum, 16 hex digits, of each leaf of kind ``a``, ``n``, ``k`` or ``t``,
-in leaf order) and ``details``, keyed by leaf index, for the few leaves that need more: a value, a key's implementation, a
-sharded array's shards, the true dtype and shape of a leaf stored as raw bytes.
-
-The columns are checked as wholes (types, lengths, letters, hex digits, unique paths); each detail is checked as a
-version 2 entry is. In memory a manifest being written keeps its entries (``leaves``) until the header is written.
+The columns ``paths``, ``kinds`` (one letter per leaf), ``xxh3`` and ``details`` (for the few leaves that need more
+than their tensor says) are specified in docs/format.md ("Leaf columns"). They are checked as wholes; each detail is
+checked as a version 2 entry is. A manifest being written keeps its entries (``leaves``) until the header is written.
 
 >>> from jaxstow._format.columns import check_columns, columnar
 >>> from jaxstow._format.tensor_reads import TensorSlot
@@ -17,9 +11,8 @@ version 2 entry is. In memory a manifest being written keeps its entries (``leav
 ...     "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]})
 >>> manifest
 {'format': 'jaxstow', 'version': 3, 'structure': '*', 'metadata': None, 'paths': ['w'], 'kinds': 'a', 'xxh3': ['d0a66a65c7528968'], 'details': {}}
->>> columns = check_columns(manifest, {"w": TensorSlot.at("w", np.dtype(np.float32), (2,), 0)}, file="f.jxs")
->>> columns.checksum(0), columns.tensor_names()
-('d0a66a65c7528968', {'w'})
+>>> check_columns(manifest, {"w": TensorSlot.at("w", np.dtype(np.float32), (2,), 0)}, file="f.jxs").checksum(0)
+'d0a66a65c7528968'
 >>> check_columns({**manifest, "kinds": "x"}, {}, file="f.jxs")
 Traceback (most recent call last):
 ...
@@ -54,8 +47,10 @@ _LETTER_CODES = np.frombuffer(CHECKSUMMED.encode("ascii"), np.uint8)
 
 
 def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a file of version 3 or later holds it: its ``leaves`` entries turned into columns (any other
-    manifest as it is)."""
+    """The manifest as a file of version 3 or later holds it.
+
+    Its ``leaves`` entries turned into columns (any other manifest as it is).
+    """
     leaves = manifest.get("leaves")
     version = manifest.get("version")
     if not (type(version) is int and version >= COLUMNAR_VERSION) or not isinstance(leaves, list):
@@ -74,8 +69,10 @@ def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 class LeafColumns:
-    """A checked version 3 manifest's leaves: the columns, and the detail of each leaf that has one as a version 2
-    entry (with its path and kind), checked."""
+    """A checked version 3 manifest's leaves.
+
+    The columns, and the detail of each leaf that has one as a version 2 entry (with its path and kind), checked.
+    """
 
     def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
         self.paths = paths
@@ -103,8 +100,10 @@ class LeafColumns:
 
 
 def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
-    """The leaves of a version 3 manifest whose other fields :func:`~jaxstow._format.manifest.check_manifest`
-    checked, every column and detail checked against the file's tensors ``slots``."""
+    """The leaves of a version 3 manifest, every column and detail checked against the file's tensors ``slots``.
+
+    The manifest's other fields are checked already, by :func:`~jaxstow._format.manifest.check_manifest`.
+    """
     paths, kinds, checksums, details = (manifest.get(key) for key in _COLUMN_KEYS)
     if not (isinstance(paths, list) and set(map(type, paths)) <= {str}):
         raise FormatError("the manifest's paths must be a list of strings", file=file)

@@ -120,8 +120,10 @@ MAX_AXES = 32
 
 
 def checked_shape(value: object, dtype: np.dtype, *, file: str | None, path: str) -> list[int]:
-    """A decoded JSON value as the shape of an array of ``dtype``; a :class:`FormatError` naming the leaf if it is not
-    a list of non-negative integers, has more axes than numpy has, or spans more bytes than any array holds.
+    """A decoded JSON value as the shape of an array of ``dtype``.
+
+    A :class:`FormatError` naming the leaf if it is not a list of non-negative integers, has more axes than numpy has,
+    or spans more bytes than any array holds.
 
     >>> import numpy as np
     >>> from jaxstow._format.dtypes import checked_shape

@@ -48,8 +48,9 @@ def flatten_with_paths(tree: Any) -> tuple[list[str], list[Any], PyTreeDef]:
 
 
 def container_paths(structure: JSON) -> list[str] | None:
-    """The leaf paths (as :func:`path_to_str` writes them) of an encoded structure made only of dicts with
-    plain keys, lists, tuples and ``None``; ``None`` for a structure with other nodes, whose children jax names.
+    """The leaf paths of an encoded structure made only of dicts with plain keys, lists, tuples and ``None``.
+
+    Paths as :func:`path_to_str` writes them; ``None`` for a structure with other nodes, whose children jax names.
 
     >>> from jaxstow._format.skeleton import encode_treedef
     >>> container_paths(encode_treedef(jax.tree_util.tree_structure({"a": [1, None, {"b": 2}], "c": 3})))
@@ -62,8 +63,10 @@ def container_paths(structure: JSON) -> list[str] | None:
 
 
 def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
-    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order; ``False`` for a node that is
-    not a container :func:`container_paths` can name."""
+    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order.
+
+    ``False`` for a node that is not a container :func:`container_paths` can name.
+    """
     if node == "*":
         paths.append(path)
         return True

@@ -1,16 +1,14 @@
-"""What a file or a folder is, from its bytes and names alone: jaxstow's own files, the plain files it reads, and the
-files of other libraries (PyTorch, pickle, equinox, flax, orbax) that it points to the call that reads them.
+"""What a file or a folder is, from its bytes and names alone.
 
-Nothing is parsed beyond what recognising needs (a few bytes, a zip's member names, one ``.npy`` header), and nothing
-is unpickled, imported or run.
+jaxstow's own files, the plain files it reads, and the files of other libraries (PyTorch, pickle, equinox, flax,
+orbax), for which it names the call that reads them. Nothing is parsed beyond what recognising needs (a few bytes, a
+zip's member names, one ``.npy`` header), and nothing is unpickled, imported or run.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.kinds import file_kind
 >>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
->>> np.save(buffer, np.ones(3))
->>> np.save(buffer, np.zeros(2))
->>> _ = buffer.seek(0)
+>>> np.save(buffer, np.ones(3)); np.save(buffer, np.zeros(2)); _ = buffer.seek(0)
 >>> kind = file_kind(open_source(buffer))
 >>> kind.label, kind.foreign, kind.reader
 ('equinox tree_serialise_leaves stream', True, 'equinox')
@@ -36,8 +34,11 @@ __all__ = ["KINDS", "Kind", "file_kind", "folder_kind"]
 
 @dataclass(frozen=True)
 class Kind:
-    """A kind of file or folder: its ``label`` (what ``jaxstow inspect`` calls it), whether jaxstow's readers read it
-    directly (``foreign`` if not) and the ``from_format`` that reads it (``reader``), if any."""
+    """A kind of file or folder.
+
+    Its ``label`` (what ``jaxstow inspect`` calls it), whether jaxstow's readers read it directly (``foreign`` if not)
+    and the ``from_format`` that reads it (``reader``), if any.
+    """
 
     name: str
     label: str
@@ -77,8 +78,10 @@ _MAX_NPY_HEADER = 1 << 16
 
 
 def file_kind(source: ReadSource) -> Kind:
-    """The kind of a file, from its first bytes (and, for a zip, its member names; for ``.npy`` data, whether
-    another array follows the first)."""
+    """The kind of a file, from its first bytes.
+
+    And, for a zip, its member names; for ``.npy`` data, whether another array follows the first.
+    """
     head = source.read(0, min(source.size, 16))
     if head[:4] in _ZIP:
         return _zip_kind(source)
@@ -142,8 +145,10 @@ def _npy_follows(source: ReadSource, end: int | None) -> bool:
 
 
 def folder_kind(listing: Callable[[str], Sequence[str] | None]) -> Kind:
-    """The kind of a folder: ``listing(relative)`` gives the names in a subfolder (``""``: the folder itself), or
-    ``None`` if it is not a folder."""
+    """The kind of a folder.
+
+    ``listing(relative)`` gives the names in a subfolder (``""``: the folder itself), or ``None`` if it is not a folder.
+    """
     names = set(listing("") or ())
     if "checkpoint.json" in names:
         return KINDS["jaxstow-step"]

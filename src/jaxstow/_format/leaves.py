@@ -1,10 +1,9 @@
 """Leaves as the file stores them, and back.
 
 Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
-*stored leaves*: their bytes go to the data region, checksummed; their dtype and shape are their tensor's (the
-container adds them to the entry where it stores the bytes raw, see
-:func:`~jaxstow._format.native_or_npz.describe_raw_leaves`). Everything else (Python scalars, strings, registered
-functions) is a *value* kept in the manifest as tagged JSON.
+*stored leaves*: their bytes go to the data region, checksummed, their dtype and shape are their tensor's (or in the
+entry, for raw bytes: :func:`~jaxstow._format.native_or_npz.describe_raw_leaves`). Everything else (Python scalars,
+strings, registered functions) is a *value* kept in the manifest as tagged JSON.
 
 >>> import jax, numpy as np
 >>> from jaxstow._format.leaves import encode_leaf
@@ -51,8 +50,10 @@ class EncodedShard(NamedTuple):
 
 
 class EncodedLeaf(NamedTuple):
-    """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array; a sharded
-    array has its distinct shards instead."""
+    """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array.
+
+    A sharded array has its distinct shards instead.
+    """
 
     entry: Entry
     array: np.ndarray | None = None
@@ -103,8 +104,11 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
 
 
 def key_impl_name(dtype: Any) -> str:
-    """The registered name of a PRNG key dtype's implementation (``threefry2x32``, ``rbg``, ``unsafe_rbg``), which
-    ``jax.random.key`` takes back; older jax prints an implementation by a shorter tag (``fry``) it does not take."""
+    """The registered name of a PRNG key dtype's implementation, which ``jax.random.key`` takes back.
+
+    Such as ``threefry2x32``, ``rbg``, ``unsafe_rbg``; older jax prints an implementation by a shorter tag (``fry``) it
+    does not take.
+    """
     return str(dtype._impl.name)
 
 
@@ -127,8 +131,10 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
 
 
 def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
-    """A named sharding as JSON (mesh shape, axis names and types, partition spec); ``None`` for shardings without a
-    mesh."""
+    """A named sharding as JSON (mesh shape, axis names and types, partition spec).
+
+    ``None`` for shardings without a mesh.
+    """
     if not isinstance(sharding, jax.sharding.NamedSharding):
         return None
     spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]

@@ -1,12 +1,8 @@
 """The native container: a valid safetensors file whose metadata carries the jaxstow manifest.
 
-Layout: an 8-byte little-endian header length, a JSON header padded with spaces so that the data region starts on a
-4096-byte boundary, then the data region with no holes. Tensors are ordered by item size, largest first, so each is
-naturally aligned. ``__metadata__`` is written last in the header: ``jaxstow`` (the manifest), then the user's
-metadata whose values are strings under their own keys (format version 4 on; safetensors' own tools show them), and
-last ``jaxstow_header_xxh3``, the checksum of the header text with that value zeroed, so that a flipped byte in the
-header is caught too. A plain safetensors file's ``__metadata__`` is read as it is (:attr:`NativeReader.metadata`).
-``docs/format.md`` specifies all of it, byte by byte.
+A header padded so that the data region starts on a 4096-byte boundary, tensors ordered largest item size first so
+each is naturally aligned, and ``__metadata__`` holding the manifest, the user's string metadata and the header's own
+checksum. docs/format.md specifies it byte by byte. A plain safetensors file's ``__metadata__`` is read as it is.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.native import NativeReader, write_native
@@ -122,8 +118,10 @@ def write_native(
 
 
 def _sink_name(sink: BinaryIO) -> str | None:
-    """The file a sink writes, for messages: its name, with the suffix of a temporary sibling (an atomic write's
-    ``.name.jaxstow-tmp-...``) taken off."""
+    """The file a sink writes, for messages.
+
+    Its name, with the suffix of a temporary sibling (an atomic write's ``.name.jaxstow-tmp-...``) taken off.
+    """
     name = getattr(sink, "name", None)
     if not isinstance(name, str) or not name:
         return None
@@ -149,8 +147,11 @@ def stores_exactly(dtype: np.dtype) -> bool:
 
 
 def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
-    """Write the arrays' bytes back to back: small ones joined into batches of about ``_BATCH_BYTES``, each one
-    write, large ones as they are (a join costs less than a write call per small array)."""
+    """Write the arrays' bytes back to back.
+
+    Small ones joined into batches of about ``_BATCH_BYTES``, each one write, large ones as they are (a join costs less
+    than a write call per small array).
+    """
     batch: list[memoryview] = []
     batched = 0
     for array in arrays:
@@ -186,8 +187,10 @@ def _tensor_entries(ordered: Sequence[tuple[str, np.ndarray]], codes: _Codes) ->
 
 
 def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
-    """The length prefix and the padded JSON header of a file holding the tensors of ``entries`` (see
-    :func:`_tensor_entries`) and ``manifest``."""
+    """The length prefix and the padded JSON header of a file holding ``entries``' tensors and ``manifest``.
+
+    ``entries`` as :func:`_tensor_entries` makes them.
+    """
     header = entries
     if manifest is not None:
         version = manifest.get("version")
@@ -261,9 +264,11 @@ def header_checksum(source: ReadSource) -> str:
 
 
 def _recorded_checksum(raw: bytes) -> str | None:
-    """The checksum a header's text (``raw``: the bytes after the length, padding included) ends with: the 16 hex
-    digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding; ``None`` if it
-    does not end so."""
+    """The checksum a header's text (``raw``: the bytes after the length, padding included) ends with.
+
+    The 16 hex digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding;
+    ``None`` if it does not end so.
+    """
     text = raw.rstrip(b" ")
     end = len(text) - len(_HASH_SUFFIX)
     digits = text[end - len(ZERO_CHECKSUM) : end]
@@ -278,8 +283,11 @@ def _recorded_checksum(raw: bytes) -> str | None:
 
 
 def _check_header_checksum(raw: bytes, *, file: str) -> str:
-    """The checksum a jaxstow header's text ends with; a :class:`CorruptFileError` unless it is the xxh3-64 of the
-    text (padding taken off) with those 16 digits replaced by ``0`` (any change, keys included, is caught)."""
+    """The checksum a jaxstow header's text ends with.
+
+    A :class:`CorruptFileError` unless it is the xxh3-64 of the text (padding taken off) with those 16 digits replaced
+    by ``0`` (any change, keys included, is caught).
+    """
     recorded = _recorded_checksum(raw)
     text = raw.rstrip(b" ")
     end = len(text) - len(_HASH_SUFFIX)
@@ -318,8 +326,10 @@ class NativeReader:
             self._check_plain_keys(self.manifest)
 
     def _check_plain_keys(self, manifest: Any) -> None:
-        """The keys beside jaxstow's own must be exactly the user's string metadata, which only version 4 on writes (a
-        newer version is left to the manifest's check, which says it is newer)."""
+        """Check that the keys beside jaxstow's own are exactly the user's string metadata.
+
+        Only version 4 on writes them; a newer version is left to the manifest's check, which says it is newer.
+        """
         plain = {key: value for key, value in self.metadata.items() if key not in (_MANIFEST_KEY, _HASH_KEY)}
         version = manifest.get("version") if isinstance(manifest, dict) else None
         if _at_least(version, FORMAT_VERSION + 1):

@@ -86,8 +86,9 @@ def write_container(
 
 
 def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dict[str, Any]]]) -> None:
-    """Give the entry of each stored leaf whose bytes ``kind`` stores raw (as ``uint8``) the leaf's dtype and shape,
-    which its tensor does not tell; ``tensors`` are (name, bytes, entry) of a snapshot.
+    """Give each stored leaf whose bytes ``kind`` stores raw its dtype and shape in its entry.
+
+    Raw bytes (``uint8``) do not tell them. ``tensors`` are (name, bytes, entry) of a snapshot.
 
     >>> import ml_dtypes, numpy as np
     >>> entries = [{"path": "a", "kind": "array"}, {"path": "b", "kind": "array"}]
@@ -106,8 +107,11 @@ def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dic
 
 
 def open_container(source: ReadSource) -> Container:
-    """Open a source as the container its first bytes announce, which then owns the source (closing it closes the
-    source). On failure the source stays open, for the caller to tell what else the file is, and to close."""
+    """Open a source as the container its first bytes announce, which then owns the source.
+
+    Closing the container closes the source. On failure the source stays open, for the caller to tell what else the file
+    is, and to close.
+    """
     magic = source.read(0, 4) if source.size >= 4 else b""
     reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
     _check_manifest(reader)

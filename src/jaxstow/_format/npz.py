@@ -122,8 +122,11 @@ def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> Non
 
 
 def _declared_members(source: ReadSource) -> int | None:
-    """The member count that the end-of-central-directory record declares (``zipfile`` stops reading the directory
-    where its declared size ends, so a damaged length field could otherwise hide the members after it)."""
+    """The member count that the end-of-central-directory record declares.
+
+    ``zipfile`` stops reading the directory where its declared size ends, so a damaged length field could otherwise hide
+    the members after it.
+    """
     tail_size = min(source.size, _EOCD_SEARCH)
     tail = source.read(source.size - tail_size, tail_size)
     at = tail.rfind(_EOCD_SIGNATURE)

@@ -25,9 +25,12 @@ _PLACEHOLDER = object()
 
 
 def plain_treedef(data: Any, depth: int) -> PyTreeDef | None:
-    """The tree structure of an encoded structure made only of plain containers and well formed (dict keys plain
-    strings or integers, sorted and unique, as jax orders them; nesting within bounds, ``depth`` JSON levels
-    around it already); ``None`` otherwise, for the node-by-node decoder to build or to name what is wrong."""
+    """The tree structure of a well-formed encoded structure made only of plain containers.
+
+    Well formed: dict keys plain strings or integers, sorted and unique as jax orders them, nesting within bounds
+    (``depth`` JSON levels around it already). ``None`` otherwise, for the node-by-node decoder to build or to name what
+    is wrong.
+    """
     try:
         containers = _container(data, depth)
     except _NotPlain:

@@ -1,5 +1,7 @@
-"""Sharded arrays as stored: each distinct shard a tensor of its own, with its box (start and stop per axis) in the
-whole array. A leaf's shards may lie in several files (one per process that saved them).
+"""Sharded arrays as stored.
+
+Each distinct shard a tensor of its own, with its box (start and stop per axis) in the whole array. A leaf's shards may
+lie in several files (one per process that saved them).
 
 >>> from jaxstow._format.shards import intersect
 >>> intersect(((0, 4), (0, 8)), ((2, 6), (4, 8)))
@@ -54,8 +56,11 @@ class StoredShard(NamedTuple):
 
 
 class ShardedLeaf(NamedTuple):
-    """A validated manifest entry of a sharded array: its global dtype and shape, its shards and the sharding it had
-    (mesh shape, axis names and partition spec, when it had a mesh)."""
+    """A validated manifest entry of a sharded array.
+
+    Its global dtype and shape, its shards and the sharding it had (mesh shape, axis names and partition spec, when it
+    had a mesh).
+    """
 
     path: str
     kind: str

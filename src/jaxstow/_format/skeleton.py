@@ -1,16 +1,13 @@
 """A pytree's skeleton as JSON and back, so that a whole model can be rebuilt without a template.
 
-The skeleton is jax's own tree structure: every node's type (by its registered name, see :mod:`jaxstow._names.registry`),
-its auxiliary data (static fields and hyperparameters) and its children. Values that are not arrays, such as a
-layer's width or its activation function, are written as tagged JSON; an instance of a plain class registered with
-:func:`~jaxstow.saveable` is written as its class's name and its attributes:
+The skeleton is jax's own tree structure: every node's type by its registered name (:mod:`jaxstow._names.registry`),
+its auxiliary data (static fields, hyperparameters) and its children. Values that are not arrays, such as a layer's
+width or its activation, are tagged JSON (docs/format.md, "The skeleton").
 
 >>> import jax
 >>> from jaxstow._format.skeleton import decode_treedef, decode_value, encode_treedef, encode_value
 >>> encode_value((3, 0.5, float("nan"), jax.nn.relu))
 {'tuple': [3, {'float': '0.5'}, {'float': 'nan'}, {'ref': 'jax.nn.relu'}]}
->>> decode_value(encode_value(jax.nn.relu)) is jax.nn.relu
-True
 >>> treedef = jax.tree_util.tree_structure({"a": [1, None], "b": (2,)})
 >>> encode_treedef(treedef)
 {'dict': [['a', {'list': ['*', None]}], ['b', {'tuple': ['*']}]]}
@@ -356,8 +353,11 @@ def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, de
 def _in_aux(
     error: JaxstowError, node_type: type, data: JSON, *, path: str, file: str | None, depth: int
 ) -> JaxstowError:
-    """An error in a node's auxiliary data, named after the attribute that holds the failing value (found by decoding
-    the data again with a marker in its place); an unknown name there is avoided by restoring with ``like``."""
+    """An error in a node's auxiliary data, named after the attribute that holds the failing value.
+
+    The attribute is found by decoding the data again with a marker in its place. An unknown name there is avoided by
+    restoring with ``like``.
+    """
     marker = {"bytes": base64.b64encode(os.urandom(12)).decode("ascii")}
 
     def rename(parts: list[str]) -> list[str] | None:

@@ -39,8 +39,11 @@ def _mark_pooled() -> None:
 
 
 class Parallel:
-    """How a source is read in parallel: ``readers`` reads at once of at most ``piece`` bytes each, for reads of at
-    least ``threshold`` bytes (smaller ones run on the caller's thread, faster than a hand-over)."""
+    """How a source is read in parallel.
+
+    ``readers`` reads at once of at most ``piece`` bytes each, for reads of at least ``threshold`` bytes (smaller ones
+    run on the caller's thread, faster than a hand-over).
+    """
 
     def __init__(self, *, readers: int, piece: int, threshold: int) -> None:
         self.readers = readers
@@ -51,8 +54,10 @@ class Parallel:
         self._pid = 0
 
     def pool(self) -> ThreadPoolExecutor:
-        """The shared pool of ``readers`` threads, made on first use (and again in a forked child, which has none of
-        its parent's threads)."""
+        """The shared pool of ``readers`` threads, made on first use.
+
+        Made again in a forked child, which has none of its parent's threads.
+        """
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
                 self._pool = ThreadPoolExecutor(

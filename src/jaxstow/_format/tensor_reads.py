@@ -72,8 +72,11 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 
 def _runs(offsets: np.ndarray, nbytes: np.ndarray) -> list[np.ndarray]:
-    """Group tensors (by index) into reads: each large tensor alone, neighbouring small ones together, at most about
-    ``_RUN`` bytes a read; vectorised, so that ten thousand small tensors cost no Python loop here."""
+    """Group tensors (by index) into reads.
+
+    Each large tensor alone, neighbouring small ones together, at most about ``_RUN`` bytes a read; vectorised, so that
+    ten thousand small tensors cost no Python loop here.
+    """
     order = np.argsort(offsets, kind="stable")
     if not len(order):
         return []
@@ -122,8 +125,11 @@ def _cut(buffer: np.ndarray, run: np.ndarray, columns: _Columns, digests: list[s
 
 
 def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> None:
-    """Run every job on ``pool`` and wait for all; the first failure cancels the jobs not yet started and is raised
-    once the running ones have ended (so no thread writes into a buffer after its reader gave up)."""
+    """Run every job on ``pool`` and wait for all.
+
+    The first failure cancels the jobs not yet started and is raised once the running ones have ended (so no thread
+    writes into a buffer after its reader gave up).
+    """
     futures: list[Future[None]] = [pool.submit(job) for job in jobs]
     try:
         for future in futures:
@@ -136,8 +142,11 @@ def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> Non
 
 
 def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
-    """Fill ``buffer`` with the bytes at ``offset``: in pieces on the source's pool when it is large enough, else in
-    one read (always one read on a thread of a pool, which must not wait for its own pool)."""
+    """Fill ``buffer`` with the bytes at ``offset``.
+
+    In pieces on the source's pool when it is large enough, else in one read (always one read on a thread of a pool,
+    which must not wait for its own pool).
+    """
     buffer = buffer.cast("B")
     plan = source.parallel
     if plan is None or len(buffer) < plan.threshold or in_pool():
@@ -150,9 +159,11 @@ def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
 def _read_in_parallel(
     source: ReadSource, plan: Parallel, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
 ) -> list[list[np.ndarray]]:
-    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool (a disk or a store serves several
-    requests at once several times faster than one), each run cut and hashed by the thread that reads its last
-    piece."""
+    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool.
+
+    A disk or a store serves several requests at once several times faster than one. Each run is cut and hashed by the
+    thread that reads its last piece.
+    """
     spans = [_span(run, columns) for run in runs]
     buffers = [aligned_empty(size) for _, size in spans]
     left = [max(1, -(-size // plan.piece)) for _, size in spans]
@@ -186,8 +197,10 @@ def read_tensors(
     shapes: Sequence[Sequence[int]],
     digests: list[str] | None = None,
 ) -> list[np.ndarray]:
-    """The tensors at ``offsets`` (each ``nbytes`` long, of its dtype and shape), in the order given; large reads run
-    on several threads when the source allows it. ``digests``, when given, receives each tensor's xxh3."""
+    """The tensors at ``offsets`` (each ``nbytes`` long, of its dtype and shape), in the order given.
+
+    Large reads run on several threads when the source allows it. ``digests``, when given, receives each tensor's xxh3.
+    """
     offsets, nbytes = np.asarray(offsets, np.int64), np.asarray(nbytes, np.int64)
     columns = (offsets, nbytes, dtypes, shapes)
     runs = _runs(offsets, nbytes)

@@ -1,22 +1,14 @@
 """A safetensors header's tensor entries, checked as wholes: the one decision on whether the tensor table is valid.
 
-The rules are those of ``docs/format.md`` ("Tensor entries" and "The data region"): each entry is an object with a
-known dtype code, a shape of at most :data:`~jaxstow._format.dtypes.MAX_AXES` non-negative integers that spans at most
-:data:`~jaxstow._format.dtypes.MAX_ARRAY_BYTES` (axes of size 0 counted as 1), and two integer data offsets
-``0 <= begin <= end`` that span exactly the shape's bytes; sorted by ``(begin, end)``, the tensors tile the data
-region from its first byte to the end of the file, without overlaps or holes.
-
-:func:`slot_table` decides, with numpy over columns of offsets, sizes and dtype codes, exactly (integer arithmetic
-wherever a float could round). When it refuses, :func:`check_header` asks :func:`entry_slots`, which applies the same
-rules entry by entry, only to say which tensor is wrong and how; ``tests/format/test_validator_fuzz.py`` checks over
-thousands of mutated headers that the two refuse exactly the same headers.
+The rules are docs/format.md's ("Tensor entries"). :func:`slot_table` decides, exactly, with numpy over columns of
+offsets, sizes and dtype codes; when it refuses, :func:`entry_slots` applies the same rules entry by entry only to say
+which tensor is wrong and how (``tests/format/test_validator_fuzz.py`` checks that the two refuse the same headers).
 
 >>> import numpy as np
 >>> from jaxstow._format.tensor_table import check_header
 >>> header = {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
 ...           "b": {"dtype": "U8", "shape": [], "data_offsets": [24, 25]}}
->>> table = check_header(header, data_start=4096, file_size=4096 + 25, file="f.jxs")
->>> table["w"]
+>>> check_header(header, data_start=4096, file_size=4096 + 25, file="f.jxs")["w"]
 TensorSlot(name='w', dtype=dtype('float32'), shape=(2, 3), offset=4096, nbytes=24)
 >>> header["b"]["data_offsets"] = [24, True]
 >>> check_header(header, data_start=4096, file_size=4096 + 25, file="f.jxs")
@@ -82,9 +74,12 @@ class SlotTable(Mapping[str, TensorSlot]):
 
 
 def check_header(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> SlotTable:
-    """The tensors of a parsed header (without ``__metadata__``), or the error of the first entry that breaks a rule
-    (a :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
-    :class:`~jaxstow.errors.FormatError` otherwise), naming the tensor."""
+    """The tensors of a parsed header (without ``__metadata__``), checked.
+
+    Else the error of the first entry that breaks a rule, naming the tensor: a
+    :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
+    :class:`~jaxstow.errors.FormatError` otherwise.
+    """
     table = slot_table(header, data_start=data_start, file_size=file_size)
     if table is not None:
         return table
@@ -145,9 +140,11 @@ def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> Sl
 
 
 def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsizes: np.ndarray) -> bool:
-    """Whether every shape (non-negative, at most MAX_AXES axes) spans at most MAX_ARRAY_BYTES with axes of size 0
-    counted as 1: as floats (a product too large becomes inf, never a wrapped number), and exactly in Python for the
-    few shapes near the bound."""
+    """Whether every shape spans at most MAX_ARRAY_BYTES, axes of size 0 counted as 1.
+
+    Shapes are non-negative, of at most MAX_AXES axes. Computed as floats (a product too large becomes inf, never a
+    wrapped number), and exactly in Python for the few shapes near the bound.
+    """
     if not len(ndims):
         return True
     starts = np.cumsum(ndims) - ndims
@@ -158,8 +155,11 @@ def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsiz
 
 
 def entry_slots(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> dict[str, TensorSlot]:
-    """The same rules as :func:`slot_table`, entry by entry: the tensors of a parsed header, or the
-    :class:`~jaxstow.errors.JaxstowError` of the first entry (in the header's order) that breaks one, naming it."""
+    """The same rules as :func:`slot_table`, entry by entry.
+
+    The tensors of a parsed header, or the :class:`~jaxstow.errors.JaxstowError` of the first entry (in the header's
+    order) that breaks one, naming it.
+    """
     slots = {name: _entry_slot(name, info, data_start, file_size, file) for name, info in header.items()}
     end = data_start
     for slot in sorted(slots.values(), key=lambda slot: (slot.offset, slot.nbytes)):

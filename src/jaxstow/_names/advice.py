@@ -1,5 +1,6 @@
-"""What to do about an object a file cannot name, for the objects of known libraries that need more than
-"register it": an optax transformation, which is a closure.
+"""What to do about an object of a known library that a file cannot name.
+
+For the objects that need more advice than "register it": an optax transformation, which is a closure.
 
 >>> import optax
 >>> from jaxstow._names.advice import unsaveable_advice

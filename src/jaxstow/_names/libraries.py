@@ -1,17 +1,10 @@
 """The libraries whose objects a file may name without registration, and the hook that makes a library one of them.
 
-A library is known by its top-level module. :func:`register_library` says which of its namespaces are searched for
-names (``public_namespaces``: their public attributes, including what they re-export), whether the objects its own
-private modules define are nameable too (``searched_inside``: defaults such as the lambda ``equinox.nn.MLP`` uses),
-which of its plain classes are saved by their attributes as if registered with :func:`jaxstow.saveable`
-(``attribute_classes``), and which name policy its objects pass (:mod:`jaxstow._names.policy`): ``"numeric"``
-(only elementwise and reducing functions and scalar types) or ``"model"`` (classes and functions, but no
-serialisation, file or debugging helper). The core registers jax, numpy and ml_dtypes (numeric) and equinox, flax
-and optax (model) below; a face registers the libraries it stands in for when ``jaxstow`` is imported (FlareJax:
-:mod:`jaxstow.flarejax`). Registering imports nothing: a library's names are indexed once it is imported.
-
-Registration is thread-safe and the set of libraries is published whole (:func:`known`), so a reader sees it
-before or after a registration, never half done. Earlier libraries' names win where two name one object.
+A library is known by its top-level module; :func:`register_library` says where its names are found and which name
+policy they pass. The core registers jax, numpy and ml_dtypes (numeric) and equinox, flax and optax (model); a face
+registers the libraries it stands in for (:mod:`jaxstow.flarejax`). Registering imports nothing, and the set of
+libraries is published whole (:func:`known`), never half registered. Earlier libraries' names win where two name
+one object.
 
 >>> from jaxstow._names.libraries import known, register_library
 >>> known().names[:6]
@@ -52,8 +45,10 @@ class Library:
 
 @dataclasses.dataclass(frozen=True)
 class Libraries:
-    """The known libraries, in the order they were registered; one value, replaced whole by each registration (what
-    it derives from them is computed once)."""
+    """The known libraries, in the order they were registered.
+
+    One value, replaced whole by each registration; what it derives from them is computed once.
+    """
 
     libraries: tuple[Library, ...]
 
@@ -124,8 +119,8 @@ def register_library(
         The registered :class:`Library`.
 
     Raises:
-        ArgumentError: for a name that is not a top-level module, namespaces or classes outside the library, an
-            unknown policy, or a library registered already with other settings.
+        ArgumentError: a name that is not a top-level module, a namespace or class outside the library, an unknown
+            policy, or a library registered already with other settings.
     """
     global _known
     if not isinstance(name, str) or not name.isidentifier():

@@ -1,5 +1,6 @@
-"""``functools.partial`` over a nameable function, saved as ``jax.tree_util.Partial`` is: the function by its name
-(so the name policy decides what a file may call), its arguments as data.
+"""``functools.partial`` over a nameable function, saved as ``jax.tree_util.Partial`` is.
+
+The function is saved by its name, so the name policy decides what a file may call; its arguments as data.
 
 >>> import functools, jax
 >>> from jaxstow._names import partials
@@ -31,10 +32,11 @@ Part = Callable[[Any, str], Any]
 
 
 def encode(obj: functools.partial[Any], encode_part: Part, *, file: str | None, path: str) -> JSON:
-    """``obj`` as ``{"partial": {"func": name, "args": [...], "keywords": [[key, value], ...]}}``;
-    ``encode_part(value, field)``
-    encodes an argument. A function without a name, arguments that are arrays and attributes set on the partial are
-    refused, each with what to do instead."""
+    """``obj`` as ``{"partial": {"func": name, "args": [...], "keywords": [[key, value], ...]}}``.
+
+    ``encode_part(value, field)`` encodes an argument. A function without a name, arguments that are arrays and
+    attributes set on the partial are refused, each with what to do instead.
+    """
     name = registry.name_of(obj.func)
     if name is None:
         raise UnsaveableObjectError(
@@ -68,8 +70,10 @@ def encode(obj: functools.partial[Any], encode_part: Part, *, file: str | None, 
 
 
 def decode(data: JSON, decode_part: Part, *, file: str | None, path: str) -> functools.partial[Any]:
-    """The partial :func:`encode` described; its function is looked up by name (the name policy applies), and
-    nothing is called."""
+    """The partial :func:`encode` described.
+
+    Its function is looked up by name (the name policy applies), and nothing is called.
+    """
     parts = data.get("partial")
     name, args, keywords = (
         (parts.get(key) for key in ("func", "args", "keywords")) if isinstance(parts, dict) else [None] * 3

@@ -1,22 +1,10 @@
 """Which library objects a file may name: pure functions and classes only, nothing that can do harm when called.
 
-A loaded model calls what its file names (an activation, a partial over a function), with arguments the file chose.
-So beyond the objects you register with :func:`jaxstow.saveable`, a file may name only:
-
-- activation and math functions: everything in ``jax.nn`` (but not ``jax.nn.initializers``), ``jax.scipy.special``,
-  numpy's and jax.numpy's elementwise functions (ufuncs, and the jax.numpy functions whose numpy namesake is one),
-  and their reductions and layout functions that take no size (``sum``, ``mean``, ``max``, ``ravel``,
-  ``transpose``, ``where``, ``clip``, ``einsum``, ...), and jax.lax's arithmetic, ``dot_general``, convolutions,
-  reductions and layout functions (not its constructors, collectives or control flow);
-- scalar types (``numpy.float32``, ``jax.numpy.bfloat16``, ``ml_dtypes.float8_e4m3fn``) and
-  ``jax.tree_util.Partial``;
-- the classes and functions of the model libraries (equinox, flax, optax, and those a face registers, such as
-  FlareJax: see :mod:`jaxstow._names.libraries`), such as modules, optimiser states and their default activations,
-  except their serialisation, file and debugging helpers.
-
-Nothing that reads, writes, imports, executes or allocates on request is ever nameable: numpy and jax.numpy I/O
-(``load``, ``save``, ``savetxt``, ``fromfile``, ``memmap``), array constructors, and anything defined in ``os``,
-``io``, ``subprocess``, ``builtins``, ``importlib``, ``pickle`` and their kin.
+A loaded model calls what its file names with arguments the file chose. So beyond the objects registered with
+:func:`jaxstow.saveable`, a file may name only the activation, elementwise and reducing functions and scalar types of
+the numeric libraries, and the classes and functions of the model libraries but for their serialisation, file and
+debugging helpers (:mod:`jaxstow._names.libraries`). Nothing that reads, writes, imports, executes or allocates on
+request is ever nameable. docs/safety.md lists what is and is not.
 
 >>> import jax, numpy as np
 >>> from jaxstow._names.policy import refusal

@@ -1,33 +1,15 @@
 """Names for objects that are not data: functions, classes, sentinels.
 
-A file never stores code. It stores a *name*, and loading looks the name up here. Names come from three places,
-searched in this order:
+A file never stores code: it stores a *name*, which loading looks up here, in this order: the objects registered
+with :func:`saveable`; the public namespaces of the known libraries and the objects some of them define in their own
+modules (:mod:`jaxstow._names.libraries`); for pytree node types only, ``module.qualname`` of a class in an imported
+module. Library objects pass :mod:`jaxstow._names.policy` first, and loading never imports a module. A registered
+class that is not a pytree is saved by its attributes (:func:`attribute_class_name`). See docs/safety.md.
 
-1. objects registered with :func:`saveable` (by you);
-2. the public namespaces of the known libraries (:mod:`jaxstow._names.libraries`: jax, numpy, ml_dtypes, equinox,
-   flax, optax, and those a face registers, such as FlareJax) (``jax.nn.relu``, ``optax.ScaleByAdamState``), and
-   the module-level objects that equinox, flax and optax (and such a face's libraries) define in their own modules
-   (such as the lambda that ``equinox.nn.MLP`` uses by default); jax's and numpy's internals are not reachable by
-   name;
-3. for pytree node types only: ``module.qualname`` of a class in an already-imported module.
-
-Library objects (2 and 3) pass :mod:`jaxstow._names.policy` first: only pure functions and classes are nameable, and a
-file naming anything else (``numpy.savetxt``, ``os.system``) raises :class:`~jaxstow.errors.RefusedNameError`.
-
-Loading never imports a module: a name from a library that is not imported yet raises :class:`UnknownNameError`.
-
-Instances of a class registered with :func:`saveable` that is not a pytree are saved by their attributes and rebuilt
-without calling ``__init__`` (see :func:`attribute_class_name`).
-
->>> import jax, jaxstow
+>>> import jax
 >>> from jaxstow._names import registry
->>> registry.name_of(jax.nn.relu)
-'jax.nn.relu'
->>> @jaxstow.saveable(name="my_project.swish")
-... def swish(x):
-...     return x * jax.nn.sigmoid(x)
->>> registry.lookup("my_project.swish") is swish
-True
+>>> registry.name_of(jax.nn.relu), registry.lookup("jax.nn.relu") is jax.nn.relu
+('jax.nn.relu', True)
 """
 
 from __future__ import annotations
@@ -66,8 +48,10 @@ _registering = threading.Lock()  # a name and its object change together
 
 @dataclasses.dataclass(frozen=True)
 class _Tables:
-    """The names of the ``libraries``' objects as indexed when ``sys.modules`` held ``modules`` modules, of which
-    ``pending`` were still being imported (by another thread) and had not defined all their names yet."""
+    """The names of the ``libraries``' objects, as indexed when ``sys.modules`` held ``modules`` modules.
+
+    ``pending`` were still being imported (by another thread) and had not defined all their names yet.
+    """
 
     modules: int
     pending: tuple[types.ModuleType, ...]
@@ -137,8 +121,10 @@ class _LibraryIndex:
         libraries: Collection[str],
         defined_in: Collection[str] | None,
     ) -> None:
-        """Index ``module``'s public attributes (``defined_in=None``), or its attributes defined in a module of one
-        of ``defined_in``; an object that is no function or class is nameable when its type is of ``libraries``."""
+        """Index ``module``'s public attributes (``defined_in=None``), or those defined in a module of ``defined_in``.
+
+        An object that is no function or class is nameable when its type is of ``libraries``.
+        """
         public_only = defined_in is None
         for attribute, obj in list(vars(module).items()):
             if attribute.startswith("__") or (public_only and attribute.startswith("_")):
@@ -160,8 +146,7 @@ def _initialising(module: types.ModuleType) -> bool:
 
 
 def _is_nameable(obj: object, libraries: Collection[str]) -> bool:
-    """Whether a module attribute is a non-data object worth a name (functions, classes, sentinels of
-    ``libraries``)."""
+    """Whether a module attribute is a non-data object worth a name: a function, a class, a ``libraries`` sentinel."""
     if isinstance(obj, types.ModuleType | bool | int | float | complex | str | bytes | tuple | list | dict | set):
         return False
     if obj is None or isinstance(obj, type) or callable(obj):
@@ -203,21 +188,24 @@ def saveable(obj: None = None, *, name: str | None = None) -> Callable[[T], T]: 
 def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     """Register a function, class or other non-data object under a name, so that trees holding it can be saved.
 
-    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator, ``@saveable``, ``@saveable(name="pkg.fn")``
-    or, as FlareJax writes it, ``@saveable("pkg.fn")`` (a string is data, never something to register, so a string
-    given first is the name). Named functions and classes default to ``module.qualname``; a lambda needs a name.
-    Re-registering a name for a different object warns and the newer object wins.
+    Use it as a call, ``saveable(fn, name="pkg.fn")``, or as a decorator: ``@saveable``, ``@saveable(name="pkg.fn")``
+    or FlareJax's ``@saveable("pkg.fn")``. Re-registering a name for another object warns; the newer object wins.
 
-    >>> import jax.numpy as jnp, jaxstow
+    Args:
+        obj: the object; a string here is the name, and a decorator is returned; ``None`` returns a decorator.
+        name: the name stored in files; ``module.qualname`` by default (a lambda or a local object needs one).
+
+    Returns:
+        ``obj`` itself, or a decorator that registers its argument.
+
+    Raises:
+        ArgumentError: no name can be made for ``obj``, or the name is given twice.
+
+    >>> import io, jax.numpy as jnp, jaxstow
     >>> relu6 = jaxstow.saveable(lambda x: jnp.clip(x, 0, 6), name="examples.relu6")
-    >>> jaxstow._names.registry.name_of(relu6)
-    'examples.relu6'
-    >>> @jaxstow.saveable("examples.Scale")
-    ... class Scale:
-    ...     def __init__(self, factor):
-    ...         self.factor = factor
-    >>> jaxstow._names.registry.name_of(Scale)
-    'examples.Scale'
+    >>> buffer = io.BytesIO(); jaxstow.save(buffer, {"act": relu6}); _ = buffer.seek(0)
+    >>> jaxstow.load(buffer)["act"] is relu6
+    True
     """
     if isinstance(obj, str):
         if name is not None:
@@ -253,8 +241,7 @@ def name_of(obj: object) -> str | None:
 def attribute_class_name(cls: type) -> str | None:
     """The name of a class whose instances are saved by their attributes, or ``None`` for any other class.
 
-    Those are the classes registered with :func:`saveable` and the plain classes that a known library names as
-    saved so (:func:`jaxstow._names.libraries.register_library`'s ``attribute_classes``). An instance
+    Those are the classes registered with :func:`saveable` and a known library's ``attribute_classes``. An instance
     is saved as its class's name and its attributes (``__dict__`` and ``__slots__``), and loaded by setting them on
     an instance made without calling ``__init__``.
 

@@ -1,19 +1,15 @@
 """Static objects of known libraries that a structure can hold, rebuilt from their fields: flax nnx's graph definitions.
 
-A flax nnx ``Module`` or ``Optimizer`` keeps static data in its pytree structure (which attributes are nodes, as a
-``HashableMapping``), and ``nnx.split`` returns a ``GraphDef``, a tree of frozen dataclasses. Such objects are not
-data and have no name of their own, so :mod:`jaxstow._format.skeleton` stores them as their type's name and their fields,
-and rebuilds them by calling the type with those fields. Only the types listed here are ever called, and only when
-their library is imported; the classes they refer to (a node's type) must be flax node or variable types.
+A flax nnx ``Module`` keeps static data in its pytree structure, and ``nnx.split`` returns a ``GraphDef``, a tree
+of frozen dataclasses: not data, and without a name of their own. :mod:`jaxstow._format.skeleton` stores them as
+their type's name and their fields, and rebuilds them by calling the type with those fields. Only the types listed
+here are ever called, only when flax is imported, and the classes they refer to must be flax's node or variable types.
 
->>> import jax, jaxstow
+>>> import io, jax, jaxstow
 >>> from flax import nnx
->>> model = nnx.Linear(2, 3, rngs=nnx.Rngs(0))
->>> graphdef, state = nnx.split(model)
->>> import io
+>>> graphdef, state = nnx.split(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))
 >>> buffer = io.BytesIO()
->>> jaxstow.save(buffer, {"graphdef": graphdef, "state": state})
->>> _ = buffer.seek(0)
+>>> jaxstow.save(buffer, {"graphdef": graphdef, "state": state}); _ = buffer.seek(0)
 >>> restored = jaxstow.load(buffer)
 >>> restored["graphdef"] == graphdef, nnx.merge(restored["graphdef"], restored["state"])(jax.numpy.ones(2)).shape
 (True, (3,))
@@ -120,8 +116,10 @@ def _node_type(name: str, *, file: str | None, path: str) -> type:
 
 
 def graph_path(graphdef: Any, segments: list[str]) -> list[str] | None:
-    """A place inside a graph definition (``attributes/16/1/value``: the value of its 17th attribute) as the attribute
-    path it stands for (``model/linear/use_bias``); ``None`` if ``graphdef`` is not one or the place is elsewhere.
+    """A place inside a graph definition as the attribute path it stands for.
+
+    ``attributes/16/1/value``, the value of its 17th attribute, is ``model/linear/use_bias``; ``None`` if
+    ``graphdef`` is not a graph definition or the place is elsewhere.
 
     >>> import optax
     >>> from flax import nnx
@@ -142,8 +140,11 @@ def graph_path(graphdef: Any, segments: list[str]) -> list[str] | None:
 
 
 def _attribute_paths(nodes: Any, attributes: Any) -> list[str]:
-    """The path of each attribute of a graph definition: its nodes and attributes are listed depth first, each node
-    followed by its ``num_attributes`` attributes, and an attribute that is a node by that node's."""
+    """The path of each attribute of a graph definition.
+
+    Its nodes and attributes are listed depth first, each node followed by its ``num_attributes`` attributes, and an
+    attribute that is a node by that node's.
+    """
     remaining = iter(nodes)
     root = next(remaining, None)
     stack = [("", getattr(root, "num_attributes", 0))]

@@ -1,5 +1,7 @@
-"""A whole restore of a version 3 native file, read by columns: every stored leaf in one pass over the slot table,
-with no Python object per leaf but the array itself, and every checksum compared at once.
+"""A whole restore of a version 3 native file, read by columns.
+
+Every stored leaf in one pass over the slot table, with no Python object per leaf but the array itself, and every
+checksum compared at once.
 
 >>> import io, numpy as np, jaxstow
 >>> from jaxstow._read.opened import OpenedFile
@@ -30,8 +32,10 @@ __all__ = ["read_all"]
 
 
 def read_all(opened: OpenedFile) -> list[Any] | None:
-    """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns; ``None``
-    for a file this cannot read so (another container or version, sharded leaves, a memory map)."""
+    """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns.
+
+    ``None`` for a file this cannot read so (another container or version, sharded leaves, a memory map).
+    """
     container, columns = opened.container, opened.container.columns
     slots = container.slots
     source = getattr(container, "source", None)

@@ -1,11 +1,9 @@
-"""Files and folders of other libraries: recognised, pointed to the call or command that reads them, and read where
-that is safe.
+"""Files and folders of other libraries: recognised, pointed to what reads them, and read where that is safe.
 
 ``jaxstow.load``, ``jaxstow.open`` and ``jaxstow inspect`` say what a foreign file is and what reads it. With
-``from_format``, ``jaxstow.load`` reads it: a PyTorch state dict through ``torch.load(weights_only=True)`` (which
-unpickles nothing but tensors and plain containers), a flax msgpack file as nested dicts (decoded here with
-``msgpack``, no code of the file's choosing), an orbax checkpoint or manager step through orbax with an abstract
-target, and an equinox ``tree_serialise_leaves`` stream into ``like`` (its leaves carry no structure).
+``from_format``, ``jaxstow.load`` reads PyTorch state dicts (``torch.load(weights_only=True)``), flax msgpack files
+(decoded here, as nested dicts), orbax checkpoints (through orbax) and equinox streams (into ``like``), none running
+code of the file's choosing. See docs/other-formats.md.
 
 >>> import os, tempfile, jax.numpy as jnp, flax.serialization, jaxstow
 >>> from jaxstow._read.foreign import read_foreign
@@ -88,8 +86,10 @@ _READS = {
 
 
 def advice(kind: Kind, target: str | None) -> str:
-    """The exact call or command that reads a file or folder of ``kind`` at the path ``target`` (``None``: a file
-    object, which the call names ``file``)."""
+    """The exact call or command that reads a file or folder of ``kind`` at the path ``target``.
+
+    ``target`` is ``None`` for a file object, which the call names ``file``.
+    """
     shown = "file" if target is None else repr(target)
     if not kind.foreign:
         return f"jaxstow.load({shown}) reads it, without from_format"
@@ -127,8 +127,10 @@ def _stem(target: str) -> str:
 
 
 def recognise(target: Readable | Location) -> Kind:
-    """The kind of a file or folder (a path, a URL, a file object, a source or a location); ``unknown`` if it cannot
-    be read."""
+    """The kind of a file or folder (a path, a URL, a file object, a source or a location).
+
+    ``unknown`` if it cannot be read.
+    """
     return _kind(locate(target))
 
 
@@ -176,9 +178,11 @@ def _pointed(error: FormatError, location: Location, source: ReadSource | None =
 def explained(
     error: FormatError | IsAFolderError, location: Location, source: ReadSource | None = None
 ) -> FormatError | IsAFolderError:
-    """What a failed open becomes: a folder that says what it is (a checkpoint folder, one of its steps, orbax's)
-    and a file of another library that says what reads it; any other error as it is. ``source``: the file, open
-    already."""
+    """What a failed open becomes.
+
+    A folder that says what it is (a checkpoint folder, one of its steps, orbax's) and a file of another library that
+    says what reads it; any other error as it is. ``source``: the file, open already.
+    """
     if isinstance(error, IsAFolderError):
         return IsAFolderError(folder_problem(location.path), file=location.path) if location.path else error
     return _pointed(error, location, source)
@@ -190,8 +194,10 @@ def _shown(location: Location) -> str | None:
 
 
 def folder_problem(path: str) -> str:
-    """Why a folder cannot be loaded as a file, and what reads it if it is a checkpoint folder or one of its steps,
-    or orbax's."""
+    """Why a folder cannot be loaded as a file.
+
+    And what reads it if it is a checkpoint folder or one of its steps, or orbax's.
+    """
     kind = _folder_kind(path)
     if kind.name == "jaxstow-step":
         return (
@@ -207,8 +213,11 @@ def folder_problem(path: str) -> str:
 def read_foreign(
     target: Readable | Location, from_format: str, *, like: Any, settings: StorageSettings | None = None
 ) -> Any:
-    """The tree a file (or folder) of another library holds: numpy arrays and Python values, or for
-    ``"equinox"`` the tree of ``like`` with the stream's arrays (``settings`` say how a URL is reached)."""
+    """The tree a file (or folder) of another library holds.
+
+    Numpy arrays and Python values, or for ``"equinox"`` the tree of ``like`` with the stream's arrays (``settings`` say
+    how a URL is reached).
+    """
     location = locate(target)
     if location.source is not None:
         raise ArgumentError("from_format reads a path, a URL or a file object")
@@ -234,8 +243,10 @@ def read_foreign(
 
 
 def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
-    """Refuse a file or folder of a ``kind`` that ``from_format`` does not read, saying what it is and the call that
-    reads it."""
+    """Refuse a file or folder of a ``kind`` that ``from_format`` does not read.
+
+    The error says what it is and the call that reads it.
+    """
     expected, takes = _TAKES[from_format]
     a_file = from_format == "orbax" and location.path is not None and not os.path.isdir(location.path)
     if kind.name in takes and not a_file:
@@ -261,8 +272,10 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
 
 
 def _torch_problem(error: Exception) -> str:
-    """What torch.load found wrong, without its advice to unpickle anyway (``weights_only=False`` runs the file's
-    code)."""
+    """What torch.load found wrong, without its advice to unpickle anyway.
+
+    ``weights_only=False`` would run the file's code.
+    """
     text = str(error)
     unsupported = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if unsupported:

@@ -27,8 +27,11 @@ __all__ = ["StoredLeaves"]
 
 
 class StoredLeaves(MutableMapping[str, Stored]):
-    """The stored leaves of a version 3 file by path: those with details are made (and checked) when the file is
-    opened, the others, stored exactly as their tensors, when first asked for."""
+    """The stored leaves of a version 3 file by path.
+
+    Those with details are made (and checked) when the file is opened, the others, stored exactly as their tensors, when
+    first asked for.
+    """
 
     def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:
         self._columns = columns

@@ -12,8 +12,8 @@ slices of leaves (by byte ranges) or the boxes of sharded leaves. Restoring a tr
 >>> jaxstow.save(buffer, {"w": jnp.arange(3.0), "depth": 2})
 >>> _ = buffer.seek(0)
 >>> with OpenedFile(open_container(open_source(buffer))) as opened:
-...     print(opened.paths, opened["w"], opened.info("depth").kind)
-['depth', 'w'] [0. 1. 2.] value
+...     print(opened.paths, opened["w"], opened["depth"])
+['depth', 'w'] [0. 1. 2.] 2
 """
 
 from __future__ import annotations
@@ -55,8 +55,15 @@ def _ignore(nbytes: int) -> None:
 
 
 class LeafInfo(NamedTuple):
-    """One leaf of a file: its path, its kind (``array``, ``npscalar``, ``key``, ``torch`` or ``value``), and for
-    stored leaves their dtype, shape and size in bytes (a PRNG key's shape leaves out its key data)."""
+    """One leaf of a file, as its header describes it (:meth:`jaxstow.Reader.info`).
+
+    Attributes:
+        path: the leaf's path in the tree, such as ``"params/w"``.
+        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"`` or ``"value"``.
+        dtype: a stored leaf's dtype; ``None`` for a value.
+        shape: a stored leaf's shape (a PRNG key's leaves out its key data); ``None`` for a value.
+        nbytes: the bytes a stored leaf takes in the file; 0 for a value.
+    """
 
     path: str
     kind: str
@@ -68,9 +75,8 @@ class LeafInfo(NamedTuple):
 class OpenedFile(Mapping[str, Any]):
     """A file's leaves by path, read on demand; a context manager that closes the file.
 
-    ``reader[path]`` reads one whole leaf (verified against its checksum); :meth:`read` reads one slice of an array,
-    touching only the bytes it needs (a slice of a leaf is not verified: its checksum covers the whole leaf);
-    :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves, usable as ``like``.
+    What the header says is known at once; a whole leaf read (``opened[path]``) is verified against its checksum, a
+    slice is not (the checksum covers the whole leaf). :class:`jaxstow.Reader` adds restoring trees.
     """
 
     def __init__(self, containers: Container | Sequence[Container], *, mmap: bool = False) -> None:
@@ -199,7 +205,23 @@ class OpenedFile(Mapping[str, Any]):
     # What the header says.
 
     def info(self, path: str) -> LeafInfo:
-        """The kind, dtype, shape and size of the leaf at ``path``, from the header alone."""
+        """Describe the leaf at ``path`` from the header alone.
+
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+
+        Returns:
+            Its :class:`LeafInfo`: kind, dtype, shape and size.
+
+        Raises:
+            RequestError: the file has no such leaf.
+
+        >>> import io, numpy as np, jaxstow
+        >>> buffer = io.BytesIO()
+        >>> jaxstow.save(buffer, {"w": np.ones((4, 3), np.float32)}); _ = buffer.seek(0)
+        >>> jaxstow.open(buffer).info("w")
+        LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
+        """
         self._check_path(path)
         if path in self.value_entries:
             return LeafInfo(path, "value", None, None, 0)
@@ -243,9 +265,18 @@ class OpenedFile(Mapping[str, Any]):
     # Reading.
 
     def read(self, path: str, index: Any = ...) -> np.ndarray:
-        """The part ``index`` (integers, slices, ``...``) of the array at ``path``, reading only the bytes it needs.
+        """Read the part ``index`` of the array at ``path``, touching only the bytes it needs.
 
-        With ``index=...`` the whole leaf is read and verified against its checksum.
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+            index: integers, slices and ``...``, as numpy takes them (``numpy.s_[1:3, 0]``); ``...`` reads the whole
+                leaf and verifies it against its checksum.
+
+        Returns:
+            A numpy array.
+
+        Raises:
+            SliceError: the index is out of bounds or not made of integers and slices, or the leaf is no array.
         """
         self._check_path(path)
         leaf = self.stored.get(path)
@@ -256,8 +287,10 @@ class OpenedFile(Mapping[str, Any]):
         return np.asarray(self.read_box(path, box)[rest])
 
     def read_box(self, path: str, box: Box) -> np.ndarray:
-        """The elements of ``box`` (start and stop along every axis) of the array at ``path``: only the bytes they
-        take are read, and the whole leaf (or a whole shard) is verified against its checksum when read."""
+        """The elements of ``box`` (start and stop along every axis) of the array at ``path``.
+
+        Only the bytes they take are read; a whole leaf (or a whole shard) is verified against its checksum when read.
+        """
         self.check_open(f"reading leaf {excerpt(path)}")
         leaf = self.stored[path]
         self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
@@ -348,9 +381,11 @@ class OpenedFile(Mapping[str, Any]):
             raise ClosedError(what, file=self.file)
 
     def close(self) -> None:
-        """Release the file (a file object given by the caller stays open); what the header said (paths, info,
-        metadata, abstract) stays known, and reading a leaf raises a :class:`~jaxstow.errors.ClosedError`. Closing
-        twice does nothing."""
+        """Release the file; a file object given by the caller stays open.
+
+        What the header said (paths, info, metadata, abstract) stays known, and reading a leaf raises a
+        :class:`~jaxstow.errors.ClosedError`. Closing twice does nothing.
+        """
         if self.closed:
             return
         self.closed = True

@@ -1,9 +1,7 @@
-"""The options of a restore, defined once for :func:`jaxstow.load`, :meth:`jaxstow.Reader.load` and
-:meth:`jaxstow.CheckpointManager.restore`.
+"""The options of a restore, defined once.
 
->>> from jaxstow._read.options import LoadOptions
->>> sorted(LoadOptions.__annotations__)
-['as_numpy', 'cast', 'partial', 'progress', 'select', 'sharding']
+:func:`jaxstow.load`, :meth:`jaxstow.Reader.load` and :meth:`jaxstow.CheckpointManager.restore` take them as keyword
+arguments, typed by :class:`LoadOptions`; :func:`check_options` refuses any other.
 """
 
 from __future__ import annotations
@@ -18,18 +16,23 @@ __all__ = ["LoadOptions", "check_options"]
 
 
 class LoadOptions(TypedDict, total=False):
-    """How a file's leaves are restored; every option may be left out.
+    """How a file's leaves are restored; every option may be left out. See docs/restoring.md.
 
-    - ``as_numpy`` (``False``): numpy arrays instead of ``jax.Array``.
-    - ``sharding`` (``None``): where arrays land: one ``jax.sharding.Sharding`` or device for all, a pytree prefix of
-      them (``None`` for the default), a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the
-      sharding each sharded leaf was saved with; it overrides ``like``'s shardings.
-    - ``partial`` (``False``): with ``like``, leave the file's leaves that ``like`` lacks unread.
-    - ``select`` (``None``): without ``like``, restore only the leaves whose paths match these patterns (``*`` within a
-      segment, ``**`` across segments, a path selects everything below it); the others are never read.
-    - ``cast`` (``False``): with ``like``, convert each leaf to its target's dtype where no value is lost between
-      kinds (float to float, int widening, int to a float that holds every value).
-    - ``progress`` (``False``): draw a progress bar of the bytes read on stderr (needs ``tqdm``).
+    Attributes:
+        as_numpy: numpy arrays instead of ``jax.Array`` (``False``).
+        sharding: where arrays land: a ``jax.sharding.Sharding`` or device for all, a pytree prefix of them, a function
+            ``(path, shape, dtype) -> sharding``, or ``"saved"``, each leaf's saved sharding; overrides ``like``'s.
+        partial: with ``like``, leave the file's leaves that ``like`` lacks unread (``False``).
+        select: without ``like``, restore only the leaves whose paths match these patterns (``*`` within a segment,
+            ``**`` across segments; a path selects everything below it); the others are never read.
+        cast: with ``like``, convert each leaf to its target's dtype where no value is lost (``False``).
+        progress: draw a progress bar of the bytes read on stderr, with ``tqdm`` (``False``).
+
+    >>> import io, numpy as np, jaxstow
+    >>> options = jaxstow.LoadOptions(as_numpy=True, select="w")
+    >>> buffer = io.BytesIO(); jaxstow.save(buffer, {"w": np.ones(2), "b": np.zeros(1)}); _ = buffer.seek(0)
+    >>> jaxstow.load(buffer, **options)
+    {'w': array([1., 1.])}
     """
 
     as_numpy: bool

@@ -1,9 +1,8 @@
-"""orbax's checkpoints read through orbax: a checkpoint folder (one pytree), a step of orbax's ``CheckpointManager``
-(every item, and its metrics) and the steps of a manager's folder.
+"""orbax's checkpoints read through orbax: a checkpoint folder, a step of a ``CheckpointManager``, a manager's steps.
 
 A pytree is restored with an abstract target built from its own metadata, every array on this process's first CPU
-device, whatever devices it was saved from; JSON items are read as JSON. Warnings and log lines of orbax are kept out
-of the caller's output. orbax is an optional dependency (``pip install 'jaxstow[orbax]'``).
+device; JSON items are read as JSON, and orbax's warnings kept out of the caller's output. Needs orbax
+(``pip install 'jaxstow[orbax]'``).
 
 >>> import os, tempfile, numpy as np, orbax.checkpoint as ocp
 >>> from jaxstow._read.orbax_steps import manager_steps, read_step
@@ -88,8 +87,11 @@ def _is_array(leaf: Any) -> bool:
 
 
 def read_step(path: str) -> tuple[Any, Any]:
-    """Every item of a step of orbax's ``CheckpointManager`` (pytrees, JSON) by name, and the step's metrics (``None``
-    if it has none); a step of the one item ``default`` gives that item's tree, as orbax's ``restore`` does."""
+    """Every item of a step of orbax's ``CheckpointManager`` by name, and the step's metrics.
+
+    Items are pytrees or JSON; the metrics ``None`` if it has none. A step of the one item ``default`` gives that item's
+    tree, as orbax's ``restore`` does.
+    """
     try:
         with open(os.path.join(path, "_CHECKPOINT_METADATA"), "rb") as file:
             handlers = json.loads(file.read()).get("item_handlers")

@@ -46,9 +46,12 @@ def resolve_shardings(
     *,
     file: str | None = None,
 ) -> dict[int, Any]:
-    """The placement of each array from ``sharding=``: ``arrays`` maps positions to ``(path, shape, dtype)``, and
-    ``index_tree()`` gives the restored tree with every leaf replaced by its position (leaves that are not positions,
-    such as leaves left unread, get nothing); it is called only when ``spec`` is a tree."""
+    """The placement of each array from ``sharding=``.
+
+    ``arrays`` maps positions to ``(path, shape, dtype)``, and ``index_tree()`` gives the restored tree with every leaf
+    replaced by its position (leaves that are not positions, such as leaves left unread, get nothing); it is called only
+    when ``spec`` is a tree.
+    """
     if spec is None:
         return {}
     if is_placement(spec):
@@ -85,8 +88,10 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
 
 
 def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
-    """The sharding a leaf was saved with (its mesh's axis types included), on this process's first devices; an error
-    if there are too few."""
+    """The sharding a leaf was saved with (its mesh's axis types included), on this process's first devices.
+
+    An error if there are too few.
+    """
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
     devices = jax.devices()

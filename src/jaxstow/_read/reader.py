@@ -1,18 +1,7 @@
-"""``jaxstow.open``: a file opened lazily; only its header is read until a leaf is asked for.
+"""``jaxstow.open`` and :class:`jaxstow.Reader`: a file opened lazily, only its header read until a leaf is asked for.
 
->>> import io, jax.numpy as jnp, numpy as np, jaxstow
->>> buffer = io.BytesIO()
->>> jaxstow.save(buffer, {"w": jnp.arange(12.0).reshape(4, 3), "name": "mlp"}, metadata={"step": 3})
->>> _ = buffer.seek(0)
->>> with jaxstow.open(buffer) as reader:
-...     print(reader.paths, reader.metadata)
-...     print(reader.info("w"))
-...     print(reader.read("w", np.s_[1:3, 0]))
-...     print(reader.abstract)
-['name', 'w'] {'step': 3}
-LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
-[3. 6.]
-{'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
+A :class:`Reader` is an :class:`~jaxstow._read.opened.OpenedFile`, which reads leaves and slices, that also restores
+trees (:mod:`jaxstow._read.restore`). See docs/restoring.md.
 """
 
 from __future__ import annotations
@@ -37,16 +26,45 @@ __all__ = ["LeafInfo", "Reader", "open", "open_container_at", "open_parts"]
 
 
 class Reader(OpenedFile):
-    """A file's leaves by path, read on demand; a context manager that closes the file.
+    """A file's leaves by path, read on demand; a context manager that closes the file. Made by :func:`jaxstow.open`.
 
-    ``reader[path]`` reads one whole leaf (verified against its checksum); :meth:`read` reads one slice of an array,
-    touching only the bytes it needs (a slice of a leaf is not verified: its checksum covers the whole leaf);
-    :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves, usable as ``like``; :meth:`load`
-    restores the tree, or a part of it, as :func:`jaxstow.load` does.
+    ``reader[path]`` reads one whole leaf, verified against its checksum; :meth:`read` reads a slice of an array,
+    touching only the bytes it needs; :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves,
+    usable as ``like``; :meth:`load` restores the tree, or a part of it. :attr:`paths` lists the leaves and
+    :attr:`metadata` is the metadata saved with the file.
+
+    >>> import io, jax.numpy as jnp, numpy as np, jaxstow
+    >>> buffer = io.BytesIO()
+    >>> jaxstow.save(buffer, {"w": jnp.arange(12.0).reshape(4, 3), "name": "mlp"}, metadata={"step": 3})
+    >>> _ = buffer.seek(0)
+    >>> with jaxstow.open(buffer) as reader:
+    ...     print(reader.paths, reader.metadata, reader.read("w", np.s_[1:3, 0]))
+    ...     print(reader.abstract)
+    ['name', 'w'] {'step': 3} [3. 6.]
+    {'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
     """
 
     def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
-        """The tree, or a part of it, as :func:`jaxstow.load` restores it (same options, see :class:`LoadOptions`)."""
+        """Restore the tree, or a part of it, as :func:`jaxstow.load` does.
+
+        Args:
+            like: a pytree to fit the leaves into; ``None`` rebuilds the tree saved.
+            **options: the options of :class:`jaxstow.LoadOptions`.
+
+        Returns:
+            The restored pytree.
+
+        Raises:
+            StructureMismatchError: ``like`` does not fit; the message lists every mismatched leaf.
+            ClosedError: the reader is closed.
+
+        >>> import io, numpy as np, jaxstow
+        >>> buffer = io.BytesIO()
+        >>> jaxstow.save(buffer, {"w": np.ones(2), "b": np.zeros(1)}); _ = buffer.seek(0)
+        >>> with jaxstow.open(buffer) as reader:
+        ...     reader.load(like={"w": np.zeros(2)}, partial=True, as_numpy=True)
+        {'w': array([1., 1.])}
+        """
         self.check_open("loading the tree")
         return restore(self, like, **options)
 
@@ -62,15 +80,21 @@ def open(
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
 ) -> Reader:
-    """Open a jaxstow, safetensors or npz file lazily, from a path, a binary file object or an fsspec URL; a file of
-    another library (PyTorch, pickle, equinox, flax, orbax) raises a :class:`~jaxstow.errors.FormatError` that names
-    it and the call that reads it.
+    """Open a jaxstow, safetensors or npz file lazily: only its header is read until a leaf is asked for.
 
-    Only the header is read until a leaf is asked for. With ``mmap=True`` (local native files), leaves come back as
-    read-only numpy views of the memory-mapped file, and nothing is copied. For a URL, ``storage_options`` go to
-    fsspec (its configuration, such as ``FSSPEC_S3_*`` environment variables, fills in the rest), ``transfer`` (a
-    :class:`jaxstow.Transfer`) sets the requests in flight, their size and a bandwidth cap, and ``cache_dir`` keeps
-    a local copy of the file, used again while its header checksum matches the file's in the store.
+    Args:
+        target: a file name, an fsspec URL or a binary file object.
+        mmap: for a local native file, leaves are read-only numpy views of the memory-mapped file, never copied.
+        storage_options: fsspec's options, for a URL (fsspec's configuration fills in the rest).
+        transfer: the requests in flight, their size and a bandwidth cap, for a URL.
+        cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
+
+    Returns:
+        A :class:`Reader`, to be closed (or used in a ``with`` block).
+
+    Raises:
+        FormatError: the file is not one jaxstow reads; for a file of another library, the message names the call
+            that reads it.
 
     >>> import os, tempfile, jax.numpy as jnp, jaxstow
     >>> path = os.path.join(tempfile.mkdtemp(), "w.jxs")
@@ -85,8 +109,11 @@ def open(
 
 
 def open_parts(targets: Sequence[Readable]) -> Reader:
-    """One tree saved in several files, one per process: the first holds the structure, the others more shards. The
-    sources among ``targets`` belong to the reader from now on: closed with it, or at once if opening fails."""
+    """One tree saved in several files, one per process.
+
+    The first holds the structure, the others more shards. The sources among ``targets`` belong to the reader from now
+    on: closed with it, or at once if opening fails.
+    """
     containers: list[Container] = []
     try:
         for target in targets:
@@ -102,9 +129,12 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
 
 
 def open_container_at(location: Location, settings: StorageSettings | None = None) -> Container:
-    """The container of the file at ``location``. When it is not one jaxstow reads (a folder, a file of another
-    library), the error says what it is and what reads it: the one call to :func:`~jaxstow._read.foreign.explained`,
-    made only then. The source opened belongs to the container, or is closed on failure."""
+    """The container of the file at ``location``.
+
+    When it is not one jaxstow reads (a folder, a file of another library), the error says what it is and what reads it:
+    the one call to :func:`~jaxstow._read.foreign.explained`, made only then. The source opened belongs to the
+    container, or is closed on failure.
+    """
     try:
         source = location.open(settings)
     except IsAFolderError as error:

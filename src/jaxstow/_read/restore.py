@@ -160,8 +160,10 @@ def _placements(
     index_tree: Callable[[], Any],
     arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]],
 ) -> dict[int, Any]:
-    """Each restored array's placement from ``sharding=``, checked to fit before anything is read; ``index_tree()``
-    gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree."""
+    """Each restored array's placement from ``sharding=``, checked to fit before anything is read.
+
+    ``index_tree()`` gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree.
+    """
     if isinstance(sharding, str) and sharding == "saved":
         placements = {
             i: saved_sharding(leaf.sharding, file=opened.file, path=path)
@@ -176,8 +178,10 @@ def _placements(
 
 
 def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[int, Any], *, as_numpy: bool) -> None:
-    """Put the numpy arrays at ``positions`` of ``values`` on their devices, in place (unless ``as_numpy``); PRNG keys
-    there, already on a device, move to their placement."""
+    """Put the numpy arrays at ``positions`` of ``values`` on their devices, in place (unless ``as_numpy``).
+
+    PRNG keys there, already on a device, move to their placement.
+    """
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
@@ -189,8 +193,10 @@ def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[in
 
 
 def _prune(tree: Any) -> Any:
-    """``tree`` without the leaves not restored: dropped from dicts, ``None`` elsewhere; a node left with none of its
-    leaves is dropped as a whole."""
+    """``tree`` without the leaves not restored.
+
+    Dropped from dicts, ``None`` elsewhere; a node left with none of its leaves is dropped as a whole.
+    """
     if tree is _SKIPPED:
         return _SKIPPED
     if type(tree) is dict:
@@ -261,8 +267,11 @@ def _read_by_ranges(opened: OpenedFile, paths: Sequence[str], placements: dict[i
 
 
 def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
-    """A sharded leaf laid out on ``placement``: the boxes of this process's devices read from the shards that
-    overlap them, together when their bounding box holds little else (then whole shards are read, and verified)."""
+    """A sharded leaf laid out on ``placement``.
+
+    The boxes of this process's devices read from the shards that overlap them, together when their bounding box holds
+    little else (then whole shards are read, and verified).
+    """
     leaf = opened.stored[path]
     boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
     bound: Box = tuple(

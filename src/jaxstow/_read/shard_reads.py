@@ -48,8 +48,10 @@ class _Whole(NamedTuple):
 
 
 class ShardReads:
-    """The reads of boxes of sharded leaves from ``containers`` (a tree's files: the leaf's shards name theirs),
-    planned by :meth:`box` and done together by :meth:`run`."""
+    """The reads of boxes of sharded leaves from ``containers``, a tree's files.
+
+    A leaf's shards name their files. Planned by :meth:`box` and done together by :meth:`run`.
+    """
 
     def __init__(self, containers: Sequence[Container], verify: Verify | None = None) -> None:
         self._containers = containers
@@ -106,8 +108,10 @@ class ShardReads:
         self._jobs, self._wholes = [], []
 
     def _runs(self, parallel: Parallel | None) -> list[list[tuple[int, int, memoryview]]]:
-        """The whole shards planned, as runs of pieces (whole index, offset, place) that follow each other in one file,
-        up to a piece of the source's size each: small shards joined, large ones cut."""
+        """The whole shards planned, as runs of pieces (whole index, offset, place) that follow each other in one file.
+
+        Each run is up to a piece of the source's size: small shards joined, large ones cut.
+        """
         piece = parallel.piece if parallel is not None else _PIECE
         self._left = [-(-len(whole.into) // piece) or 1 for whole in self._wholes]
         self._lock = threading.Lock()
@@ -132,8 +136,10 @@ class ShardReads:
         return runs
 
     def _read_together(self, run: list[tuple[int, int, memoryview]]) -> None:
-        """Read a run with one request into its places; each shard whose last piece this was is checked against its
-        checksum."""
+        """Read a run with one request into its places.
+
+        Each shard whose last piece this was is checked against its checksum.
+        """
         source = self._containers[self._wholes[run[0][0]].container].source  # type: ignore[attr-defined]
         source.read_scatter(run[0][1], [into for _, _, into in run])
         for index, _, _ in run:
@@ -154,8 +160,10 @@ class ShardReads:
             region[...] = self._shard(leaf, shard, inner)
 
     def _shard(self, leaf: ShardedLeaf, shard: StoredShard, inner: Box, into: np.ndarray | None = None) -> np.ndarray:
-        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given); a whole
-        shard is verified against its checksum."""
+        """The part ``inner`` of one shard (into ``into``, a C-contiguous array of its shape, when given).
+
+        A whole shard is verified against its checksum.
+        """
         container = self._containers[shard.source]
         whole = inner == full_box(shard.shape)
         if not isinstance(container, NativeReader):

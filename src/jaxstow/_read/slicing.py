@@ -1,8 +1,7 @@
 """A part of a stored array read by byte ranges, never the whole array first.
 
-A stored array is row-major, so the box ``[10:20, :]`` of a matrix is one range of bytes, and ``[:, 2:4]`` is one
-short range per row. :func:`parse_index` turns a numpy-style index into the box to read plus what is left to apply to
-it (steps, dropped axes); :func:`read_box` reads the box with as few reads as it can, exactly the bytes it needs
+:func:`parse_index` turns a numpy-style index into the box to read plus what is left to apply to it (steps, dropped
+axes); :func:`read_box` reads the box of a row-major array with as few reads as it can, exactly the bytes it needs
 unless a dense neighbourhood is cheaper to read at once.
 
 >>> import io, numpy as np
@@ -140,8 +139,10 @@ def read_box(
 
 
 def _read_runs(source: ReadSource, starts: list[int], run_bytes: int, data: memoryview) -> None:
-    """Read ``run_bytes`` at each of ``starts`` into consecutive parts of ``data``; one system call each on a local
-    file."""
+    """Read ``run_bytes`` at each of ``starts`` into consecutive parts of ``data``.
+
+    One system call each on a local file.
+    """
     descriptor = source.fileno() if isinstance(source, LocalFile) else None
     for position, start in enumerate(starts):
         part = data[position * run_bytes : (position + 1) * run_bytes]

@@ -102,9 +102,12 @@ def _kind(dtype: np.dtype) -> str | None:
 
 
 def castable(source: np.dtype, target: np.dtype) -> bool:
-    """Whether ``cast=True`` may turn ``source`` into ``target``: between floats (any precision), between complex
-    types, from float to complex, from bool to any number, and from integers to integers or floats that hold every
-    value. Anything that loses values between kinds, such as float to int, is refused."""
+    """Whether ``cast=True`` may turn ``source`` into ``target``.
+
+    Between floats (any precision), between complex types, from float to complex, from bool to any number, and from
+    integers to integers or floats that hold every value. Anything that loses values between kinds, such as float to
+    int, is refused.
+    """
     if source == target:
         return True
     source_kind, target_kind = _kind(source), _kind(target)

@@ -1,5 +1,6 @@
-"""Every stored leaf of a file read and compared with its recorded checksums: what ``jaxstow verify`` and the
-checkpoint manager's recovery helpers check.
+"""Every stored leaf of a file read and compared with its recorded checksums.
+
+What ``jaxstow verify`` and the checkpoint manager's recovery helpers check.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._read.verifying import verify_checksums

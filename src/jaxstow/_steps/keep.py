@@ -1,7 +1,8 @@
 """Which steps a checkpoint directory keeps: the latest k, every n-th, one per time interval, the best k by a metric.
 
 A step is kept if any rule keeps it, and the newest step is always kept, so that a run can resume from it until a
-newer one is committed. With no rule at all, every step is kept.
+newer one is committed. With no rule at all, every step is kept. ``keep_every_seconds`` keeps the oldest step, then
+each step saved at least that long after the last one it kept.
 
 >>> from jaxstow._steps.keep import KeepPolicy
 >>> policy = KeepPolicy(keep_last=2, keep_every=10, keep_best=1, metric="loss")
@@ -9,9 +10,6 @@ newer one is committed. With no rule at all, every step is kept.
 >>> losses = {5: 0.9, 10: 0.5, 15: 0.1, 20: 0.3, 25: 0.4, 30: 0.6}
 >>> sorted(policy.keep(steps, losses)), policy.to_delete(steps, losses)
 ([10, 15, 20, 25, 30], [5])
-
-``keep_every_seconds`` keeps the oldest step, then each step saved at least that long after the last one it kept:
-
 >>> hourly = KeepPolicy(keep_last=1, keep_every_seconds=3600)
 >>> hourly.to_delete([1, 2, 3, 4], {}, times={1: 0.0, 2: 1800.0, 3: 3700.0, 4: 4000.0})
 [2]
@@ -85,15 +83,19 @@ class KeepPolicy:
     def keep(
         self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
     ) -> set[int]:
-        """The steps to keep; ``metrics`` maps steps to their metric (``None`` or NaN ranks last), ``times`` to the
-        time they were saved (in seconds; a step without one is kept by no time rule)."""
+        """The steps to keep.
+
+        ``metrics`` maps steps to their metric (``None`` or NaN ranks last), ``times`` to the time they were saved (in
+        seconds; a step without one is kept by no time rule).
+        """
         return {step for step, rules in self.reasons(steps, metrics, times).items() if rules}
 
     def reasons(
         self, steps: Sequence[int], metrics: Mapping[int, float | None], times: Mapping[int, float] | None = None
     ) -> dict[int, list[str]]:
-        """The rules that keep each step (``"last 3"``, ``"every 100"``, ``"every 3600 s"``, ``"best 1 by loss"``,
-        ``"newest"``).
+        """The rules that keep each step.
+
+        Such as ``"last 3"``, ``"every 100"``, ``"every 3600 s"``, ``"best 1 by loss"``, ``"newest"``.
 
         A step with no rule is one the policy deletes.
 

@@ -127,8 +127,11 @@ class StepRecord:
 
     @classmethod
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
-        """Parse and check a record; ``where`` names it in errors. Any change to a record is a
-        :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming that version."""
+        """Parse and check a record; ``where`` names it in errors.
+
+        Any change to a record is a :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming
+        that version.
+        """
         record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
         if type(version) is not int or version < 1:
@@ -197,9 +200,11 @@ def _is_metrics(metrics: Any) -> bool:
 
 
 def check_item_header(record: StepRecord, item: str, file: str, source: ReadSource, where: str) -> None:
-    """Check that an item file of a step has the header its record names (its checksum is compared, and checked
-    against the header's text; the data is checked when it is restored): a damaged header or a file that is not the
-    one the record names is a :class:`CorruptFileError` naming ``where``."""
+    """Check that an item file of a step has the header its record names.
+
+    Its checksum is compared, and checked against the header's text; the data is checked when it is restored. A damaged
+    header or a file that is not the one the record names is a :class:`CorruptFileError` naming ``where``.
+    """
     found = header_checksum(source)
     expected = None if record.headers is None else record.headers.get(file)
     if expected is not None and found != expected:

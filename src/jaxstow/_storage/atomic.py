@@ -44,10 +44,11 @@ def temporary_sibling(path: str) -> str:
 
 
 def remove_dead_leftovers(folder: str) -> list[str]:
-    """Delete the temporary files in ``folder`` whose writer, a process of this host, no longer runs; their names.
+    """Delete the temporary files in ``folder`` whose writer, a process of this host, no longer runs.
 
     A killed save cannot clean up after itself; the next save into the same folder does. Files of live processes,
-    of other hosts and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone.
+    of other hosts and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone. Returns the
+    names deleted.
 
     >>> import os, subprocess, sys, tempfile
     >>> from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling

@@ -1,17 +1,11 @@
-"""Local copies of files read from URLs (``cache_dir=``): fetched whole once, then read from the local disk for as
-long as their header checksum is the one expected.
+"""Local copies of files read from URLs (``cache_dir=``), read from the local disk while their header matches.
 
-A file at ``s3://bucket/runs/a/3/params.safetensors`` is kept at ``<cache_dir>/s3/bucket/runs/a/3/params.safetensors``.
-A copy is used when its header's checksum (which covers every leaf's checksum, so the whole content) matches: the
-one a checkpoint's record names (then the store is not asked at all), or, for a single file, the one of the header
-read from the store (one request). Otherwise the file is fetched again, by ranged requests on the transfer's lanes
-written at their offsets, under a temporary name renamed into place once complete. Files without a jaxstow header
-(plain safetensors, npz) have nothing to check a copy against and are read from the store.
+A copy is used when its header checksum (which covers every leaf's) is the one a checkpoint's record names, or, for a
+single file, the one of the header read from the store; otherwise the file is fetched again by ranged requests,
+under a temporary name renamed into place. Files without a jaxstow header (plain safetensors, npz) have nothing to
+check a copy against and are read from the store. See docs/object-storage.md.
 
 >>> import os, tempfile, jaxstow, numpy as np
->>> from jaxstow._storage.cache import cache_path
->>> cache_path("/cache", "s3://bucket/runs/../a/model.jxs")
-'/cache/s3/bucket/runs/a/model.jxs'
 >>> cache = tempfile.mkdtemp()
 >>> jaxstow.save("memory://jaxstow-doc/cache/w.jxs", {"w": np.arange(3)})
 >>> jaxstow.load("memory://jaxstow-doc/cache/w.jxs", cache_dir=cache, as_numpy=True)
@@ -43,7 +37,11 @@ logger = logging.getLogger(__name__)
 
 
 def cache_path(cache_dir: str, url: str) -> str:
-    """Where the copy of ``url`` is kept under ``cache_dir``: its scheme, then its path (no ``..`` climbs out)."""
+    """Where the copy of ``url`` is kept under ``cache_dir``: its scheme, then its path (no ``..`` climbs out).
+
+    >>> cache_path("/cache", "s3://bucket/runs/../a/model.jxs")
+    '/cache/s3/bucket/runs/a/model.jxs'
+    """
     scheme, _, rest = url.partition("://")
     parts = [part for part in rest.split("/") if part not in ("", ".", "..")]
     return os.path.join(cache_dir, scheme or "file", *parts)
@@ -52,9 +50,11 @@ def cache_path(cache_dir: str, url: str) -> str:
 def cached_source(
     cache_dir: str, url: str, open_remote: Callable[[], ReadSource], expected: str | None = None
 ) -> ReadSource:
-    """The local copy of ``url`` if its header checksum is ``expected`` (or, without ``expected``, the one of the
-    file in the store); otherwise the file fetched into the cache first. ``open_remote()`` opens the file in the
-    store."""
+    """The local copy of ``url``, fetched into the cache first unless its header checksum matches.
+
+    It must match ``expected``, or without ``expected`` the one of the file in the store. ``open_remote()`` opens the
+    file in the store.
+    """
     path = cache_path(cache_dir, url)
     if expected is not None and _checksum_of(path) == expected:
         return LocalFile(path)
@@ -97,8 +97,11 @@ def _checksum_of(path: str) -> str | None:
 
 
 def _fetch(remote: ReadSource, path: str) -> None:
-    """Copy ``remote`` to ``path``: ranged reads on the source's pool, each written at its offset, under a temporary
-    name renamed into place once complete."""
+    """Copy ``remote`` to ``path``.
+
+    Ranged reads on the source's pool, each written at its offset, under a temporary name renamed into place once
+    complete.
+    """
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     remove_dead_leftovers(folder)

@@ -1,10 +1,8 @@
 """Folders in a local directory, each made visible whole by one atomic rename.
 
-A folder is written under a temporary name (it holds :data:`~jaxstow._storage.atomic.TEMPORARY_MARKER`, so no listing shows
-it), every file fsynced, its marker written last, the folder fsynced, then renamed to its final name and the directory
-fsynced. A crash
-leaves either the old state or the new one, plus a temporary folder that :func:`remove_leftovers` deletes later.
-Replacing a committed folder swaps the two folders in one step (``renameat2`` with ``RENAME_EXCHANGE``).
+A folder is written under a temporary name that no listing shows, every file and its marker fsynced, then renamed
+into place; replacing one swaps the two folders in one step (``renameat2`` with ``RENAME_EXCHANGE``). A crash leaves
+the old state or the new one, plus a temporary folder that :func:`remove_leftovers` deletes later.
 
 >>> import os, tempfile
 >>> from jaxstow._storage.folders import LocalStore
@@ -116,14 +114,19 @@ class LocalStore:
             return file.read()
 
     def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
-        """The file ``file`` of folder ``name`` (``header``, its expected header checksum, is for caches of remote
-        files: a local file is read where it is)."""
+        """The file ``file`` of folder ``name``.
+
+        ``header``, its expected header checksum, is for caches of remote files: a local file is read where it is.
+        """
         del header
         return open_source(self.path(name, file))
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
-        """Start writing folder ``name`` under a temporary name; ``replace`` swaps it with the committed one. With the
-        ``token`` of another process's staging, write into that same folder."""
+        """Start writing folder ``name`` under a temporary name.
+
+        ``replace`` swaps it with the committed one. With the ``token`` of another process's staging, write into that
+        same folder.
+        """
         return LocalStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
@@ -202,8 +205,10 @@ class LocalStaging:
             fsync_directory(self._store.root)
 
     def abort(self) -> None:
-        """Remove the temporary folder (joined through another process's token: only this one's files); nothing
-        committed is touched."""
+        """Remove the temporary folder (joined through another process's token: only this one's files).
+
+        Nothing committed is touched.
+        """
         if not self._joined:
             shutil.rmtree(self._temporary, ignore_errors=True)
             return

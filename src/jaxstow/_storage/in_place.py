@@ -1,8 +1,7 @@
 """Bytes of a local file changed in place: a range read, changed and written back at its offset, then synced.
 
-For the few bytes that a file format keeps at a fixed place and that jaxstow updates without rewriting the file (an
-HDF5 superblock's flags: :func:`jaxstow.io.swmr.clear_stale_writer`). The range is written with one ``pwrite``, so
-a crash may leave it half written: the format must tell that from the bytes (a checksum over the range does).
+For the few bytes a format keeps at a fixed place (an HDF5 superblock's flags). The range is written with one
+``pwrite``, so a crash may leave it half written: the format must tell that from the bytes (a checksum does).
 
 >>> import os, tempfile
 >>> from jaxstow._storage.in_place import rewrite_range
@@ -26,8 +25,9 @@ __all__ = ["rewrite_range"]
 
 
 def rewrite_range(path: str, offset: int, length: int, change: Callable[[bytes, int], bytes]) -> None:
-    """Replace the ``length`` bytes at ``offset`` of the local file at ``path`` with ``change(those bytes, the file's
-    size)``, and sync the file; nothing is written when ``change`` raises.
+    """Replace the ``length`` bytes at ``offset`` of the file at ``path`` with ``change(those bytes, size)``.
+
+    The file is synced; nothing is written when ``change`` raises.
 
     Raises:
         TruncatedFileError: the file ends before the range does.

@@ -1,12 +1,10 @@
 """One writer at a time: a lock file that names the writing process and its host.
 
-:class:`FileLock` is jaxstow's one local lock: an ``flock`` on a lock file that names its holder. The kernel releases
-it when its process ends, however it ends, so the lock of a killed writer is free at once; the lock file it leaves
-says it was killed (:attr:`FileLock.found`). Its users are the checkpoint writer's ``<directory>/.jaxstow.lock``
-(:class:`LocalLock`, which takes over a killed writer's lock and says so in the log) and the HDF5 writers'
-``<file>.lock`` (:class:`jaxstow.io.swmr.WriterLock`). Object stores have no such lock: the lock object is created
-only if absent, and one that names a process of this host that no longer runs is taken over. A lock held by a live
-writer gives a :class:`~jaxstow.errors.CheckpointError` naming it.
+:class:`FileLock` is an ``flock`` on a lock file that names its holder; the kernel releases it when its process ends,
+however it ends, and the file left says who was killed (:attr:`FileLock.found`). The checkpoint writer
+(:class:`LocalLock`) and the HDF5 writers hold it. On object stores the lock object is created only if absent, and
+one naming a dead process of this host is taken over. A live writer's lock gives a
+:class:`~jaxstow.errors.CheckpointError` naming it.
 
 >>> import tempfile, jaxstow
 >>> from jaxstow._storage.lock import LocalLock
@@ -110,8 +108,9 @@ class Lock(Protocol):
 
 
 class FileLock:
-    """The exclusive ``flock`` of the lock file at ``path``, which names this process while it holds it, held until
-    :meth:`release` or until this object is collected.
+    """The exclusive ``flock`` of the lock file at ``path``, which names this process while it holds it.
+
+    Held until :meth:`release` or until this object is collected.
 
     A lock held by another process raises what ``held(holder)`` makes of the holder its file names (``None`` when
     the file cannot be read). A lock file found when the lock is taken was left by a holder that ended without
@@ -148,8 +147,11 @@ class FileLock:
         return Holder.parse(self.found)
 
     def release(self, *, as_found: bool = False) -> None:
-        """Remove the lock file and release the lock (idempotent); ``as_found``: put back the lock file that was
-        found instead, if there was one, for a holder that gives up before it changed anything."""
+        """Remove the lock file and release the lock (idempotent).
+
+        ``as_found``: put back the lock file that was found instead, if there was one, for a holder that gives up before
+        it changed anything.
+        """
         if not as_found or not self.found:
             self._release()
             return
@@ -164,8 +166,11 @@ class FileLock:
 
 
 class LocalLock:
-    """The :class:`FileLock` of a local checkpoint directory, held until :meth:`release` or until this object is
-    collected; the lock of a writer that ended without releasing it is taken over, with a warning in the log."""
+    """The :class:`FileLock` of a local checkpoint directory.
+
+    Held until :meth:`release` or until this object is collected; the lock of a writer that ended without releasing it
+    is taken over, with a warning in the log.
+    """
 
     def __init__(self, directory: str) -> None:
         def held(holder: Holder | None) -> JaxstowError:

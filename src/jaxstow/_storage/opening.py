@@ -1,26 +1,19 @@
-"""What a user names a file with, resolved once for reading: a path, a ``file://`` URL, an fsspec URL, a binary file
-object or a source.
+"""What a user names a file with, resolved once for reading.
 
-:func:`locate` turns what the user gave into a :class:`Location`: how errors name it, and its local path, its URL,
-the file object or the source given. The read path resolves its argument so once, at its entry, and every later
-step takes the location, and :meth:`Location.open` opens it as a source (its size, its reads). fsspec is imported
-only when a URL other than ``file://`` is opened.
+:func:`locate` turns a path, a ``file://`` or fsspec URL, a binary file object or a source into a :class:`Location`
+(how errors name it; its path, URL, file object or source) once, at the read path's entry; :meth:`Location.open`
+opens it as a source. fsspec is imported only when a URL other than ``file://`` is opened.
 
 >>> import io, os, tempfile
->>> from jaxstow._storage.opening import locate, open_source
+>>> from jaxstow._storage.opening import locate
 >>> path = os.path.join(tempfile.mkdtemp(), "x.bin")
 >>> with open(path, "wb") as file:
 ...     _ = file.write(b"hello")
->>> location = locate(path)
->>> location.path == location.name == path, location.url
-(True, None)
->>> source = location.open()
+>>> source = locate(path).open()
 >>> source.size, bytes(source.read(1, 4))
 (5, b'ello')
 >>> locate("s3://bucket/model.jxs").url, locate(io.BytesIO()).name
 ('s3://bucket/model.jxs', '<BytesIO>')
->>> bytes(open_source(io.BytesIO(b"abc")).read(0, 3))
-b'abc'
 """
 
 from __future__ import annotations
@@ -44,8 +37,11 @@ Readable = PathOrFile | ReadSource
 
 @dataclass(frozen=True, eq=False)
 class Location:
-    """A file named for reading, resolved once: exactly one of ``path``, ``url``, ``file`` and ``source`` is how it
-    is reached, except that a local file given as a source has its ``path`` too."""
+    """A file named for reading, resolved once.
+
+    Exactly one of ``path``, ``url``, ``file`` and ``source`` is how it is reached, except that a local file given as a
+    source has its ``path`` too.
+    """
 
     #: How error messages name it.
     name: str
@@ -64,9 +60,11 @@ class Location:
         return self.path is not None and os.path.isdir(self.path)
 
     def open(self, settings: StorageSettings | None = None) -> ReadSource:
-        """The source to read (a source given is returned as it is). ``settings`` say how a URL is reached (fsspec's
-        storage options, the transfer, a local cache). A folder raises :class:`~jaxstow.errors.IsAFolderError`, a
-        missing file :class:`~jaxstow.errors.PathNotFoundError`."""
+        """The source to read (a source given is returned as it is).
+
+        ``settings`` say how a URL is reached (fsspec's storage options, the transfer, a local cache). A folder raises
+        :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
+        """
         if self.source is not None:
             return self.source
         if self.file is not None:
@@ -81,8 +79,10 @@ class Location:
 
 
 def locate(target: Readable | Location) -> Location:
-    """The :class:`Location` of a path, a URL, a seekable binary file object or a source (a location is returned as
-    it is); anything else raises an :class:`~jaxstow.errors.ArgumentError`."""
+    """The :class:`Location` of a path, a URL, a seekable binary file object or a source.
+
+    A location is returned as it is; anything else raises an :class:`~jaxstow.errors.ArgumentError`.
+    """
     if isinstance(target, Location):
         return target
     if isinstance(target, str | os.PathLike):
@@ -101,14 +101,15 @@ def locate(target: Readable | Location) -> Location:
 
 
 def open_source(target: Readable, settings: StorageSettings | None = None) -> ReadSource:
-    """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is):
-    ``locate(target).open(settings)``."""
+    """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is)."""
     return locate(target).open(settings)
 
 
 def refuse_options(path: str, settings: StorageSettings) -> None:
-    """Storage options given with a local path are a mistake (they would be ignored): an ArgumentError. The transfer
-    settings and the cache are for URLs and do nothing for a local path."""
+    """Refuse storage options given with a local path, which would be ignored, with an ArgumentError.
+
+    The transfer settings and the cache are for URLs and do nothing for a local path.
+    """
     if settings.options:
         raise ArgumentError(
             f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"

@@ -1,10 +1,8 @@
-"""fsspec URLs (``s3://``, ``gs://``, ``memory://``, ...): the file system of a URL, and its objects read by byte
-ranges, many at once.
+"""fsspec URLs (``s3://``, ``gs://``, ...): a URL's file system, and its objects read by byte ranges, many at once.
 
-This module is imported only when a URL is given, and it needs fsspec (``pip install 'jaxstow[fsspec]'``). fsspec
-resolves the storage options (and its own configuration, such as the ``FSSPEC_S3_*`` environment variables); objects
-of ``s3://`` URLs are then read by :mod:`jaxstow._storage.s3`, those of any other store through fsspec, both
-``requests`` at a time as the :class:`~jaxstow.Transfer` says.
+Imported only when a URL is given; it needs fsspec (``pip install 'jaxstow[fsspec]'``), which resolves the storage
+options and its own configuration. Objects of ``s3://`` URLs are then read by :mod:`jaxstow._storage.s3`, those of
+other stores through fsspec, ``requests`` at a time as the :class:`~jaxstow.Transfer` says.
 
 >>> import jaxstow, jax.numpy as jnp
 >>> from jaxstow._storage.remote import open_remote_source
@@ -32,9 +30,10 @@ __all__ = ["RemoteSource", "object_source", "open_remote_source", "storage_error
 
 @contextlib.contextmanager
 def storage_errors(url: str) -> Iterator[None]:
-    """Turn what fsspec and a store's client raise (missing credentials, a server out of reach, a refused request)
-    into jaxstow errors naming ``url``: a missing object is a :class:`PathNotFoundError`, the rest a
-    :class:`StorageError` whose cause is the client's exception.
+    """Turn what fsspec and a store's client raise into jaxstow errors naming ``url``.
+
+    Missing credentials, a server out of reach, a refused request: a missing object is a :class:`PathNotFoundError`, the
+    rest a :class:`StorageError` whose cause is the client's exception.
 
     >>> from jaxstow._storage.remote import storage_errors
     >>> with storage_errors("s3://bucket/model.jxs"):
@@ -86,8 +85,10 @@ def open_remote_source(url: str, settings: StorageSettings | None = None) -> Rea
 
 
 def object_source(fs: Any, path: str, *, name: str, transfer: Transfer) -> ReadSource:
-    """The object at ``path`` of the fsspec file system ``fs``, read by ranged requests as ``transfer`` says:
-    through botocore for S3, through fsspec for any other store."""
+    """The object at ``path`` of the fsspec file system ``fs``, read by ranged requests as ``transfer`` says.
+
+    Through botocore for S3, through fsspec for any other store.
+    """
     from jaxstow._storage.s3 import S3Bucket, S3Object, is_s3
 
     if is_s3(fs):

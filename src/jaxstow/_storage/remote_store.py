@@ -1,14 +1,9 @@
 """Folders of files under one fsspec URL, committed by a marker written last.
 
-Object stores have no atomic rename, so a folder of files is made visible the other way round: its files are uploaded
-first and its *marker*, a small JSON object whose ``"files"`` lists the folder's files, is written last. A folder
-without its marker is unfinished and is never listed; files that a marker does not list are leftovers. Replacing a
-committed folder uploads the new files under fresh names and switches to them by overwriting the marker, a single PUT.
-
-The files of a folder upload side by side: each file's parts go to the transfer's shared lanes as they are written,
-and the folder waits for all of them only before its marker (:meth:`RemoteStaging.complete`), so a step of many
-small items has as many requests in flight as one large file. Unfinished multipart uploads under the root (a killed
-writer's) are aborted by :meth:`RemoteStore.cleanup`, which the directory's writer runs once it holds the lock.
+Object stores have no atomic rename: a folder's files are uploaded first, side by side on the transfer's lanes, and
+its *marker*, a JSON object listing them, last. A folder without its marker is never listed; replacing one uploads
+new files under fresh names and overwrites the marker, a single PUT. :meth:`RemoteStore.cleanup` aborts a killed
+writer's unfinished uploads. See docs/scaling.md ("Object stores").
 
 >>> import json, jaxstow, jax.numpy as jnp
 >>> from jaxstow._storage.remote_store import RemoteStore
@@ -16,8 +11,6 @@ writer's) are aborted by :meth:`RemoteStore.cleanup`, which the directory's writ
 >>> staging = store.stage("1", replace=False)
 >>> with staging.open("weights.safetensors") as (stored, sink):
 ...     jaxstow.save(sink, {"w": jnp.arange(3.0)})
->>> store.committed()
-[]
 >>> staging.commit(json.dumps({"files": [stored]}).encode())
 >>> store.committed()
 ['1']
@@ -106,8 +99,10 @@ class RemoteStore:
             return bytes(self.fs.cat_file(self.path(name, self.marker)))
 
     def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
-        """The file ``file`` of folder ``name``; with a cache, its local copy (used without asking the store when its
-        header checksum is ``header``)."""
+        """The file ``file`` of folder ``name``.
+
+        With a cache, its local copy (used without asking the store when its header checksum is ``header``).
+        """
         url = self.url(name, file)
         opener = functools.partial(
             object_source, self.fs, self.path(name, file), name=url, transfer=self.settings.transfer
@@ -119,8 +114,10 @@ class RemoteStore:
         return cached_source(self.settings.cache_dir, url, opener, header)
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> RemoteStaging:
-        """Start writing folder ``name``; ``replace`` when a committed folder of that name is to be replaced. With the
-        ``token`` of another process's staging, write into that same folder."""
+        """Start writing folder ``name``; ``replace`` when a committed folder of that name is to be replaced.
+
+        With the ``token`` of another process's staging, write into that same folder.
+        """
         return RemoteStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
@@ -139,8 +136,10 @@ class RemoteStore:
             self.fs.rm(self.path(name))
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
-        """Remove what unfinished writes left (folders that ``owns`` without a marker, files no marker lists, and on S3
-        unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead writers').
+        """Remove what unfinished writes left.
+
+        Folders that ``owns`` without a marker, files no marker lists, and on S3 unfinished multipart uploads under the
+        root: only the lock's holder writes here, so they are dead writers'.
 
         Returns the removed paths, relative to the root.
         """
@@ -243,8 +242,10 @@ class RemoteStaging:
                         store.fs.rm(path)
 
     def abort(self) -> None:
-        """Remove what this write uploaded (joined through another process's token: only its own files); a
-        committed folder it was to replace stays as it was."""
+        """Remove what this write uploaded (joined through another process's token: only its own files).
+
+        A committed folder it was to replace stays as it was.
+        """
         for upload in self._uploads:
             upload.abort()
         self._uploads = []

@@ -45,8 +45,11 @@ def is_s3(fs: Any) -> bool:
 
 
 def _client(fs: Any, requests: int) -> Any:
-    """A botocore client with the settings of the s3fs file system ``fs`` (as s3fs makes its own), pooling enough
-    connections for ``requests`` reads and as many uploads; one per file system and size, made once per process."""
+    """A botocore client with the settings of the s3fs file system ``fs``, as s3fs makes its own.
+
+    It pools enough connections for ``requests`` reads and as many uploads; one per file system and size, made once per
+    process.
+    """
     with _clients_lock:
         made = _clients.setdefault(fs, {})
         key = (os.getpid(), requests)
@@ -85,8 +88,10 @@ def _new_client(fs: Any, requests: int) -> Any:
 
 @contextlib.contextmanager
 def s3_errors(url: str) -> Iterator[None]:
-    """A missing object or bucket as :class:`PathNotFoundError`, any other failure of a request as
-    :class:`StorageError`, both naming ``url``."""
+    """A failed request as a jaxstow error naming ``url``.
+
+    A missing object or bucket is a :class:`PathNotFoundError`, any other failure a :class:`StorageError`.
+    """
     botocore = require("botocore.exceptions", extra="s3", purpose="reading and writing s3:// objects")
 
     try:
@@ -121,8 +126,11 @@ class S3Bucket:
     def get_into(
         self, key: str, offset: int, views: Sequence[memoryview], *, url: str, version: str | None = None
     ) -> int:
-        """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET (taken up again where
-        a broken connection cut it); returns how many there were (fewer at the end of the object)."""
+        """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET.
+
+        Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
+        object).
+        """
         done = 0
         with self.lanes.reading:
             if self.lanes.read_pace is not None:
@@ -183,8 +191,10 @@ class S3Bucket:
         return data, int(total) if total.isdigit() else len(data)
 
     def unfinished_uploads(self, prefix: str, *, url: str) -> list[dict[str, Any]]:
-        """The multipart uploads started under ``prefix`` and neither completed nor aborted: ``Key``, ``UploadId``,
-        ``Initiated`` (the server's time)."""
+        """The multipart uploads started under ``prefix`` and neither completed nor aborted.
+
+        ``Key``, ``UploadId``, ``Initiated`` (the server's time).
+        """
         found: list[dict[str, Any]] = []
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
         with s3_errors(url):
@@ -230,8 +240,11 @@ def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
 
 
 def _read_body(body: Any, views: Sequence[memoryview]) -> int:
-    """Read a GET's body into ``views``, one after another: from the socket straight into them through http.client
-    (urllib3's own ``readinto`` reads into a new buffer and copies), then give the connection back to the pool."""
+    """Read a GET's body into ``views``, one after another.
+
+    From the socket straight into them through http.client (urllib3's own ``readinto`` reads into a new buffer and
+    copies), then give the connection back to the pool.
+    """
     raw = getattr(body, "_raw_stream", None)
     stream = getattr(raw, "_fp", None) or body
     done = 0
@@ -255,9 +268,11 @@ def _read_body(body: Any, views: Sequence[memoryview]) -> int:
 
 
 class S3Object(SourceBase):
-    """One object of a bucket, read by ranged GETs on the shared lanes of its :class:`Transfer`. Opening it reads its
-    first :data:`HEAD_BYTES`, which tell its size and hold a jaxstow header of up to that size, so opening and reading
-    the header take one request."""
+    """One object of a bucket, read by ranged GETs on the shared lanes of its :class:`Transfer`.
+
+    Opening it reads its first :data:`HEAD_BYTES`, which tell its size and hold a jaxstow header of up to that size, so
+    opening and reading the header take one request.
+    """
 
     def __init__(self, bucket: S3Bucket, key: str, *, name: str, version: str | None = None) -> None:
         self.name = name
@@ -288,8 +303,10 @@ class S3Object(SourceBase):
 
 
 class ViewsSource(SourceBase):
-    """Buffers one after another, read as one source with no copy until a piece is read (the body of a request is
-    a :class:`~jaxstow._format.source.SourceFile` over it)."""
+    """Buffers one after another, read as one source with no copy until a piece is read.
+
+    The body of a request is a :class:`~jaxstow._format.source.SourceFile` over it.
+    """
 
     def __init__(self, views: Sequence[memoryview]) -> None:
         self.name = "<parts>"

@@ -1,13 +1,10 @@
-"""One object uploaded to S3 all or nothing: in parts, many at once, and visible only when :meth:`S3Upload.commit`
-completes it.
+"""One object uploaded to S3 all or nothing: in parts, many at once, visible only once :meth:`S3Upload.commit` ends.
 
-What is written is cut into parts of the transfer's ``part_size`` without being copied (the parts are views of the
-buffers written, which the writer leaves untouched until the upload ends), handed to the shared upload pool and sent
-``requests`` at a time; a writer that gets ahead waits for a free slot, so no more than ``requests`` parts are ever
-held. An object that fits in one part is one PUT at commit. Any failure, or :meth:`S3Upload.abort`, aborts the
-multipart upload, whose parts the server then deletes: the object never appears torn, and nothing is left behind. A
-process killed mid-upload cannot abort; what it left is an unfinished upload, with no object, which the next save to
-the same key aborts (see :func:`jaxstow._storage.sinks.object_sink`) and ``jaxstow uploads --abort`` lists and aborts.
+What is written is cut into parts of ``part_size`` without a copy (views of the writer's buffers, untouched until the
+upload ends) and sent ``requests`` at a time from the shared pool; a writer that gets ahead waits, so no more than
+``requests`` parts are held. An object of one part is one PUT. Any failure aborts the upload, so the object never
+appears torn; a killed process's unfinished upload is aborted by the next save to the same key
+(:func:`jaxstow._storage.sinks.object_sink`) or by ``jaxstow uploads --abort``.
 """
 
 from __future__ import annotations
@@ -193,8 +190,10 @@ class S3Upload:
         return {}
 
     def abort(self) -> None:
-        """Stop: parts not yet sent are dropped, the multipart upload is aborted (idempotent; never raises for a
-        server that cannot be reached, whose upload then stays unfinished)."""
+        """Drop the parts not yet sent and abort the multipart upload.
+
+        Idempotent; never raises for a server that cannot be reached, whose upload then stays unfinished.
+        """
         self.closed = True
         for future in self._parts:
             future.cancel()

@@ -1,5 +1,6 @@
-"""What every entry point takes about where bytes live: fsspec's storage options, the transfer settings and a local
-cache, checked once and carried together.
+"""What every entry point takes about where bytes live.
+
+fsspec's storage options, the transfer settings and a local cache, checked once and carried together.
 
 >>> from jaxstow._storage.settings import StorageSettings, storage_settings
 >>> storage_settings(None, None, None) == StorageSettings()
@@ -27,8 +28,10 @@ __all__ = ["StorageSettings", "storage_settings"]
 
 @dataclass(frozen=True)
 class StorageSettings:
-    """fsspec's ``options`` for URLs, the :class:`~jaxstow.Transfer` of object stores, and ``cache_dir``, a local
-    folder keeping verified copies of the files read from a URL (``None``: no cache)."""
+    """Where bytes live: fsspec's ``options``, the :class:`~jaxstow.Transfer` and ``cache_dir``.
+
+    ``cache_dir`` is a local folder keeping verified copies of the files read from a URL (``None``: no cache).
+    """
 
     options: Mapping[str, Any] | None = field(default=None, hash=False)
     transfer: Transfer = field(default_factory=Transfer)

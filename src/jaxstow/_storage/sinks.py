@@ -1,12 +1,8 @@
 """Files written all or nothing, wherever they go: a local path, an ``s3://`` object, any other fsspec URL.
 
-- A local path: a temporary sibling, fsync, rename (:func:`~jaxstow._storage.atomic.atomic_write`).
-- ``s3://``: a multipart upload, parts sent in parallel, completed only when every byte is written
-  (:class:`~jaxstow._storage.s3_upload.S3Upload`); any failure aborts it. Unfinished uploads to the same key (a
-  killed writer's, which no one else can abort) are aborted first: the object is the newest save's, and no parts are
-  left behind.
-- Any other URL: a temporary object beside the final one (its name says so; listings skip it), moved into place once
-  written: a copy on the server, which makes the object appear whole.
+A local path gets a temporary sibling, fsynced and renamed (:func:`~jaxstow._storage.atomic.atomic_write`); ``s3://``
+a multipart upload completed only when every byte is written, after aborting a killed writer's unfinished uploads to
+the same key (:class:`~jaxstow._storage.s3_upload.S3Upload`); any other URL a temporary object moved into place.
 
 >>> import jaxstow
 >>> from jaxstow._storage.sinks import atomic_sink
@@ -34,8 +30,10 @@ __all__ = ["atomic_sink", "object_upload"]
 
 @contextlib.contextmanager
 def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None = None) -> Iterator[BinaryIO]:
-    """Write ``target`` (a local path or a URL) all or nothing: it appears whole when the block ends, and an error
-    in the block leaves what was there before."""
+    """Write ``target`` (a local path or a URL) all or nothing.
+
+    It appears whole when the block ends, and an error in the block leaves what was there before.
+    """
     settings = settings or StorageSettings()
     path = local_path(target)
     if path is not None:
@@ -61,10 +59,12 @@ def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None
 
 
 def object_upload(fs: Any, path: str, *, url: str, transfer: Transfer, whole: bool) -> Any:
-    """A sink for the object at ``path`` of ``fs`` with ``finish()`` (send the rest), ``complete()`` (wait, and
-    make it appear) and ``abort()``. ``whole=True`` makes it atomic where the store alone does not: S3 uploads are
-    atomic anyway (and unfinished ones to the same key are aborted first), other stores get a temporary object moved
-    into place."""
+    """A sink for the object at ``path`` of ``fs``, with ``finish()``, ``complete()`` and ``abort()``.
+
+    ``finish()`` sends the rest, ``complete()`` waits and makes it appear. ``whole=True`` makes it atomic where the
+    store alone does not: S3 uploads are atomic anyway (and unfinished ones to the same key are aborted first), other
+    stores get a temporary object moved into place.
+    """
     from jaxstow._storage.s3 import S3Bucket, is_s3
 
     if is_s3(fs):

@@ -56,8 +56,10 @@ class SourceBase:
 
 
 class LocalFile(SourceBase):
-    """A local file read with ``pread``, safe to share between threads; a folder raises
-    :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`."""
+    """A local file read with ``pread``, safe to share between threads.
+
+    A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
+    """
 
     parallel = LOCAL_DISK
 

@@ -3,14 +3,6 @@
 A :class:`Transfer` is a value; the threads, the count of requests in flight and the pace that carry it out belong
 to the process and are shared by every file moved with equal settings (:func:`lanes`), so that a step of many files
 still has ``requests`` requests in flight, and a cap holds for all of them together.
-
->>> from jaxstow import Transfer
->>> Transfer()
-Transfer(requests=16, part_size=16777216, max_bytes_per_second=None)
->>> Transfer(requests=0)
-Traceback (most recent call last):
-...
-jaxstow.errors.ArgumentError: Transfer(requests=0, part_size=16777216, max_bytes_per_second=None): requests must be an integer of at least 1
 """
 
 from __future__ import annotations
@@ -38,16 +30,25 @@ MIN_PART_SIZE = 5 << 20
 class Transfer:
     """How jaxstow moves bytes to and from an object store (``s3://`` and other fsspec URLs).
 
-    - ``requests`` (16): requests in flight at once, reads and uploads each, across all the files of a save or a
-      restore.
-    - ``part_size`` (16 MiB): the bytes of one ranged read or one part of a multipart upload (at least 5 MiB, S3's
-      smallest part); a file of more than 1,000 parts gets parts twice as large after each thousand, so that no file
-      needs more than S3's 10,000.
-    - ``max_bytes_per_second`` (``None``): a cap on the bytes per second read and written, each, by this process with
-      these settings; ``None`` for none.
+    Pass one as ``transfer=`` to any entry point. The defaults read at a local SeaweedFS server's limit with the least
+    CPU of the sizes and counts tried (``bench/bench_object_store.py``). See docs/object-storage.md.
 
-    Measured against a SeaweedFS server on this machine's loopback (``bench/bench_object_store.py``), 16 requests of
-    16 MiB read at the server's limit with the least CPU of the sizes and counts tried.
+    Args:
+        requests: requests in flight at once, reads and uploads each, across all the files of a save or a restore.
+        part_size: the bytes of one ranged read or one upload part, at least 5 MiB (S3's smallest); a file of more
+            than 1,000 parts gets parts twice as large after each thousand, so none needs over S3's 10,000.
+        max_bytes_per_second: a cap on the bytes per second this process reads, and writes, with these settings.
+
+    Raises:
+        ArgumentError: a value out of range.
+
+    >>> from jaxstow import Transfer
+    >>> Transfer(requests=32, part_size=64 << 20)
+    Transfer(requests=32, part_size=67108864, max_bytes_per_second=None)
+    >>> Transfer(requests=0)
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: Transfer(requests=0, part_size=16777216, max_bytes_per_second=None): requests must be an integer of at least 1
     """
 
     requests: int = 16
@@ -65,9 +66,10 @@ class Transfer:
 
 
 class Pace:
-    """Requests spaced so that their bytes flow at no more than ``rate`` bytes per second: a request goes once the
-    time its own bytes and those of every request before it take at ``rate`` has passed since the pace began (or
-    since the last request, after a pause: unused time is not saved up), so there is no burst above the rate.
+    """Requests spaced so that their bytes flow at no more than ``rate`` bytes per second.
+
+    A request goes once the time its own bytes and those of every request before it take at ``rate`` has passed since
+    the pace began (or since the last request, after a pause: unused time is not saved up), so there is no burst.
 
     >>> pace = Pace(1000.0)
     >>> start = time.monotonic()
@@ -91,8 +93,11 @@ class Pace:
 
 
 class Lanes:
-    """What carries out one :class:`Transfer` in this process: the read plan (``requests`` readers of ``part_size``
-    pieces on one pool), a count of each direction's requests in flight, the pool of uploads and the paces."""
+    """What carries out one :class:`Transfer` in this process.
+
+    The read plan (``requests`` readers of ``part_size`` pieces on one pool), a count of each direction's requests in
+    flight, the pool of uploads and the paces.
+    """
 
     def __init__(self, transfer: Transfer) -> None:
         self.transfer = transfer
@@ -110,7 +115,8 @@ class Lanes:
         """Run ``job(*args)`` on the pool that uploads parts (``requests`` threads, made on first use).
 
         Once the interpreter has begun to exit, ``concurrent.futures`` refuses new work: the job then runs on the
-        caller's thread, so that a save still in flight at exit completes (its future is already done)."""
+        caller's thread, so that a save still in flight at exit completes (its future is already done).
+        """
         with self._lock:
             if self._uploads is None:
                 self._uploads = ThreadPoolExecutor(self.transfer.requests, thread_name_prefix="jaxstow-upload")
@@ -132,8 +138,10 @@ _lanes_lock = threading.Lock()
 
 
 def lanes(transfer: Transfer) -> Lanes:
-    """The process's :class:`Lanes` of ``transfer``, shared by every file moved with these settings (made again in a
-    forked child, which has none of its parent's threads)."""
+    """The process's :class:`Lanes` of ``transfer``, shared by every file moved with these settings.
+
+    Made again in a forked child, which has none of its parent's threads.
+    """
     global _lanes_pid
     with _lanes_lock:
         if _lanes_pid != os.getpid():

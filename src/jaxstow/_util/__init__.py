@@ -1,3 +1,5 @@
-"""Helpers that know nothing of files or trees: pausing the garbage collector, progress bars, optional packages,
-moved names, and every use of jax beyond its public API (``jax_compat``). They import nothing of jaxstow but
-:mod:`jaxstow.errors`."""
+"""Helpers that know nothing of files or trees.
+
+Pausing the garbage collector, progress bars, optional packages, moved names, and every use of jax beyond its public
+API (``jax_compat``). They import nothing of jaxstow but :mod:`jaxstow.errors`.
+"""

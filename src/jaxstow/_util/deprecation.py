@@ -19,8 +19,10 @@ __all__ = ["moved"]
 
 
 def moved(old: str, module: str, name: str | None = None, *, use: str | None = None) -> Any:
-    """``module.name`` (or the module itself without ``name``), after warning that ``old`` is deprecated and saying
-    what to ``use`` instead (``module.name`` by default)."""
+    """Return ``module.name`` (the module itself without ``name``), warning that ``old`` is deprecated.
+
+    The warning says what to ``use`` instead (``module.name`` by default).
+    """
     use = use or (f"{module}.{name}" if name else module)
     warnings.warn(f"{old} has moved: use {use} (the old name will be removed)", DeprecationWarning, stacklevel=3)
     found = importlib.import_module(module)

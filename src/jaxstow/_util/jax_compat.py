@@ -3,26 +3,10 @@
 jaxstow is tested with jax 0.4.38 to 0.12. Two features need more than jax's public API: the host callback that
 hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), and the messages between the
 processes of a ``jax.distributed`` run (:mod:`jaxstow.checkpoint.processes`). They use only what this module gives,
-and this module uses only these names of jax's (each a :class:`Shim`, in :data:`SHIMS`), for these reasons:
-
-- ``jax.extend.core.Primitive`` (every version): the primitive of the host callback;
-- ``jax.core.ShapedArray`` (every version): the abstract value of its answer;
-- ``jax.interpreters.mlir.register_lowering``: its lowering, with ``cacheable=False`` from jax 0.7.0 on (0.4.38 to
-  0.6 cache no lowering), because each call has its own receiving function, which a lowering cached by parameters
-  would call stale;
-- ``jax.interpreters.mlir.emit_python_callback``: XLA's Python host callback as ``jax.pure_callback`` emits it, but
-  without its copy of every operand to the CPU device; ``returns_token=False`` from jax 0.8.2 on (before, it returns
-  no token unless given one);
-- ``jax._src.callback._callback_op_sharding``: the callback pinned to one device of a sharded computation, as
-  ``jax.pure_callback`` pins it, else each block of samples arrives once per device; it takes
-  ``(axis_context, sharding)`` in jax 0.4.38 and ``(axis_context, sharding, avals_out)`` from 0.5.0 on;
-- ``jax._src.distributed.global_state.client`` (every version): the key-value store of the coordination service,
-  on which jax has no public handle.
-
-A name that the installed jax lacks is never papered over: using it raises a
-:class:`~jaxstow.errors.MissingDependencyError` that names the jax version, the name and what it was for, where the
-feature that needs it starts: ``import jaxstow.io`` (the primitive and its lowering), the compilation of a loop that
-saves samples (the callback), a checkpoint saved by several processes (the client).
+and this module uses only the names of jax's in :data:`SHIMS`, each a :class:`Shim` saying what it is for; each
+function says where jax versions differ. A name the installed jax lacks raises a
+:class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name and its purpose, where the feature
+that needs it starts (``import jaxstow.io``, a loop's compilation, a checkpoint saved by several processes).
 
 >>> from jaxstow._util import jax_compat
 >>> jax_compat.new_primitive("example").name
@@ -73,8 +57,11 @@ class Shim:
         return f"{self.module}.{self.attribute}"
 
     def resolve(self) -> Any:
-        """The object the name stands for in the installed jax; raises a :class:`MissingDependencyError` naming the
-        jax version, the name and what it was for when jax has none."""
+        """The object the name stands for in the installed jax.
+
+        Raises:
+            MissingDependencyError: the installed jax has no such name; the message says what it was for.
+        """
         try:
             found: Any = importlib.import_module(self.module)
             for attribute in self.attribute.split("."):
@@ -121,23 +108,33 @@ def shaped_array(shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def register_uncached_lowering(primitive: Any, rule: Callable[..., Any]) -> None:
-    """Register ``rule`` as the lowering of ``primitive`` on every platform, called at every lowering (jax caches
-    lowerings by parameters from 0.7.0 on, unless told not to)."""
+    """Register ``rule`` as the lowering of ``primitive`` on every platform, called at every lowering.
+
+    Each call has its own receiving function, which a lowering cached by parameters would call stale: jax caches
+    lowerings from 0.7.0 on unless given ``cacheable=False`` (0.4.38 to 0.6 cache none).
+    """
     extra = {"cacheable": False} if JAX_VERSION >= (0, 7, 0) else {}
     REGISTER_LOWERING.resolve()(primitive, rule, **extra)
 
 
 def one_device_sharding(ctx: Any) -> Any:
-    """The sharding that runs a host callback lowered in ``ctx`` (a lowering rule's context) on one device of a
-    sharded computation, as ``jax.pure_callback``'s does."""
+    """The sharding that runs a host callback lowered in ``ctx`` on one device of a sharded computation.
+
+    As ``jax.pure_callback`` pins its own, else each block of samples would arrive once per device. jax's function
+    takes ``(axis_context, sharding)`` in 0.4.38 and ``(axis_context, sharding, avals_out)`` from 0.5.0 on.
+    """
     pin = CALLBACK_OP_SHARDING.resolve()
     context = ctx.module_context.axis_context
     return pin(context, None) if JAX_VERSION < (0, 5, 0) else pin(context, None, ctx.avals_out)
 
 
 def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operands: Sequence[Any]) -> Sequence[Any]:
-    """Emit, in the lowering rule's context ``ctx``, XLA's Python host callback of ``callback`` on ``operands``,
-    free of side effects for XLA and run on one device; returns its results."""
+    """Emit XLA's Python host callback of ``callback`` on ``operands`` in the lowering rule's context ``ctx``.
+
+    As ``jax.pure_callback`` emits it, free of side effects for XLA and run on one device, but without its copy of
+    every operand to the CPU device; returns its results. ``returns_token=False`` from jax 0.8.2 on (before, it
+    returns no token unless given one).
+    """
     emit = EMIT_PYTHON_CALLBACK.resolve()
     extra = {"returns_token": False} if JAX_VERSION >= (0, 8, 2) else {}
     results, _, _ = emit(
@@ -155,6 +152,8 @@ def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operand
 
 
 def distributed_client() -> Any:
-    """The client of the coordination service of this ``jax.distributed`` run; ``None`` before
-    ``jax.distributed.initialize()``."""
+    """The client of this ``jax.distributed`` run's coordination service (jax has no public handle on it).
+
+    ``None`` before ``jax.distributed.initialize()``.
+    """
     return DISTRIBUTED_CLIENT.resolve()

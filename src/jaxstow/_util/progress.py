@@ -44,6 +44,7 @@ def format_bytes(count: float) -> str:
 
 class Bar:
     """Counts the bytes of one job (``done``) and, when drawn, shows them against ``total`` with rate and time left.
+
     Threads reading parts of the job may count on it at once.
     """
 

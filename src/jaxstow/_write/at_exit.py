@@ -1,16 +1,9 @@
 """Writes in flight when the interpreter exits are finished before the process ends, or reported with a non-zero status.
 
-When the main thread is done (the script's end, ``sys.exit``, an uncaught exception or ``KeyboardInterrupt``), Python
-runs threading's exit hooks, joins the non-daemon threads, then runs :mod:`atexit`'s hooks. The first of these waits
-for every write in flight that was :func:`track`-ed (a background save, a step of a checkpoint manager, a collector's
-queued blocks), at most ``JAXSTOW_EXIT_WAIT`` seconds from the environment (:data:`EXIT_WAIT` by default). It runs
-before ``concurrent.futures`` refuses new work, so the writes can still use its pools.
-
-A write that failed and whose error no caller collected is printed, naming what it was (``saving step 3 to
-runs/a``), and the process exits with status 1 once the rest of the exit is done. A write still running at the
-deadline is printed too and the process ends at once with status 1. A second Ctrl-C stops the wait: what was
-abandoned is printed and the process ends as Ctrl-C ends it. Writes started after the wait began (by threads that
-outlive the main thread) are not tracked; their writers run them on the caller's thread (:func:`track` says so).
+A threading exit hook, which runs before ``concurrent.futures`` refuses new work, waits for every :func:`track`-ed
+write (a background save, a checkpoint step, a collector's queued blocks) at most ``JAXSTOW_EXIT_WAIT`` seconds
+(:data:`EXIT_WAIT` by default). A failure no caller collected, or a write still running at the deadline, is printed
+naming what it was, and the process exits with status 1; a second Ctrl-C stops the wait.
 
 >>> from jaxstow._write.at_exit import EXIT_WAIT, exit_wait
 >>> exit_wait() == EXIT_WAIT
@@ -61,8 +54,10 @@ _failed = False
 
 
 def track(item: InFlight) -> bool:
-    """Wait for ``item`` at exit (until :func:`untrack`). ``False`` once the exit has begun: nothing waits for it
-    then, so the caller runs its work on its own thread."""
+    """Wait for ``item`` at exit (until :func:`untrack`).
+
+    ``False`` once the exit has begun: nothing waits for it then, so the caller runs its work on its own thread.
+    """
     with _lock:
         if _exiting:
             return False

@@ -1,16 +1,7 @@
 """Saves that finish in the background: one writer thread, jobs in order, errors carried back to the caller.
 
->>> import io, jax.numpy as jnp, jaxstow
->>> from jaxstow._write.background import BackgroundWriter
->>> from jaxstow._write.held import hold
->>> buffer = io.BytesIO()
->>> held = hold({"w": jnp.ones(2)})
->>> writer = BackgroundWriter()
->>> writer.submit(lambda: held.encode().write(buffer), what="writing the buffer")
->>> writer.close()
->>> _ = buffer.seek(0)
->>> jaxstow.load(buffer)
-{'w': Array([1., 1.], dtype=float32)}
+A job runs on a thread of its own, not in a ``concurrent.futures`` pool, so that it can still start threads while the
+interpreter shuts down; a job in flight at exit is finished first (:mod:`jaxstow._write.at_exit`).
 """
 
 from __future__ import annotations
@@ -28,17 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 class BackgroundWriter:
-    """Runs jobs one at a time, in order, each on a background thread of its own (or at once, with
-    ``asynchronous=False``).
+    """Runs jobs one at a time, in order, each on a background thread of its own.
 
     At most one job is in flight: :meth:`submit` first waits for the previous one. An error of a background job is
     logged when it happens and raised, as a :class:`~jaxstow.errors.CheckpointError` whose ``__cause__`` is the
-    original error, by the next :meth:`submit`, :meth:`wait` or :meth:`close`. Without ``asynchronous`` jobs run on
-    the caller's thread and their errors propagate unchanged.
-
-    A job in flight when the interpreter exits is finished first, and a failure no caller collected is printed with
-    a non-zero exit status (see :mod:`jaxstow._write.at_exit`). Its thread belongs to no ``concurrent.futures`` pool,
-    so that it can still start threads of its own while the interpreter shuts down.
+    original error, by the next :meth:`submit`, :meth:`wait` or :meth:`close`. With ``asynchronous=False`` jobs run
+    on the caller's thread and their errors propagate unchanged.
 
     >>> from jaxstow._write.background import BackgroundWriter
     >>> writer = BackgroundWriter()
@@ -99,8 +85,10 @@ class BackgroundWriter:
 
 
 class _Job:
-    """One job on its thread: whether it has ended, and its error; waited for at exit until it ends well or its
-    error is collected."""
+    """One job on its thread: whether it has ended, and its error.
+
+    Waited for at exit until it ends well or its error is collected.
+    """
 
     def __init__(self, job: Callable[[], None], what: str) -> None:
         self._job: Callable[[], None] | None = job

@@ -2,15 +2,13 @@
 
 :func:`hold` runs on the caller's thread and does only what cannot wait: it takes the tree's structure and holds
 every array on the host (zero-copy for CPU arrays, which also keeps a later donation from reusing their buffers).
-:meth:`HeldTree.encode` and the writing run later, on a :class:`~jaxstow._write.background.BackgroundWriter`'s
-thread.
+:meth:`HeldTree.encode` and the writing run later, on a background writer's thread.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._write.held import hold
 >>> held = hold({"w": jnp.ones(2)})
 >>> buffer = io.BytesIO()
->>> _ = held.encode().write(buffer)
->>> _ = buffer.seek(0)
+>>> _ = held.encode().write(buffer); _ = buffer.seek(0)
 >>> jaxstow.load(buffer)
 {'w': Array([1., 1.], dtype=float32)}
 """
@@ -85,8 +83,10 @@ def _is_key(leaf: Any) -> bool:
 
 
 def _hold_on_host(leaves: list[Any]) -> list[Any]:
-    """Leaves with every plain JAX array on one device replaced by its host array; transfers from accelerators
-    overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard."""
+    """Leaves with every plain JAX array on one device replaced by its host array.
+
+    Transfers from accelerators overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard.
+    """
     if jax.default_backend() != "cpu":
         for leaf in leaves:
             if _is_plain_array(leaf):
