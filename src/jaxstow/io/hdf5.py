@@ -12,8 +12,8 @@ up to that count, never a torn block.
 >>> file = h5py.File(os.path.join(tempfile.mkdtemp(), "samples.h5"), "w", libver="latest")
 >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
 >>> state = init_save({"w": jnp.zeros(3), "loss": 0.0}, None, io.scheduler.static_information(samples_collected=100))
->>> state, _ = jax.lax.scan(lambda state, i: save(state, i % 2 == 1, {"w": jnp.full(3, i, jnp.float32), "loss": i / 10}),
-...                         state, jnp.arange(8))
+>>> step = lambda state, i: save(state, i % 2 == 1, {"w": jnp.full(3, i, jnp.float32), "loss": i / 10})
+>>> state, _ = jax.lax.scan(step, state, jnp.arange(8))
 >>> file.swmr_mode, postprocess_save(state, None)["sample_count"]   # another process may read the file
 (True, Array(4, dtype=int32, weak_type=True))
 >>> file["/chain~0/w"].shape, file["/chain~0/loss"][:], file["/chain~0"].attrs["sample_count"]

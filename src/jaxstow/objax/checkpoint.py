@@ -14,7 +14,7 @@ __all__ = ["Checkpoint"]
 
 
 class Checkpoint(TreeCheckpoint):
-    """Keeps the ``keep_ckpts`` latest checkpoints of a variable collection in ``logdir/DIR_NAME``: Objax's ``Checkpoint``.
+    """Keeps the ``keep_ckpts`` latest checkpoints of a variable collection in ``logdir/DIR_NAME``, as Objax's does.
 
     ``save(vc, idx)`` writes ``logdir/ckpt/0000000042.npz`` (for ``idx=42``); ``restore(vc)`` assigns the variables.
     The class constants are Objax's (``DIR_NAME``, ``FILE_MATCH``, ``FILE_FORMAT``, ``SAVE_FN(file, vc)``,
