@@ -1,12 +1,6 @@
 """``CheckpointManager``: the numbered steps of a run, kept by policy, saved in the background, safe against crashes.
 
-A directory (local path or fsspec URL) holds one folder per committed step::
-
-    <directory>/<step>/params.safetensors     one jaxstow file per item; jaxstow.load opens each on its own
-    <directory>/<step>/checkpoint.json        step, time, metrics, metadata, files; written last
-    <directory>/.jaxstow.lock                 the writer's process and host, while it writes
-
-See docs/checkpointing.md for a training run, its keep policies, recovery and preemption.
+See docs/checkpointing.md; a step's folder and its ``checkpoint.json``: docs/format.md ("Checkpoint folders").
 """
 
 from __future__ import annotations
@@ -53,11 +47,9 @@ logger = logging.getLogger(__name__)
 class CheckpointManager:
     """Saves and restores the numbered steps of a run in a directory (a path or an fsspec URL such as ``s3://...``).
 
-    :meth:`save` returns once the arrays are held on the host; the files are written on a background thread and the
-    step appears whole, its record written last. The keep policies delete older steps only after a newer save has
-    committed (with none, every step is kept). The first save takes the directory's lock; reading takes none, so
-    another process may restore while this one writes. A save in flight when the interpreter exits is committed
-    first (``JAXSTOW_EXIT_WAIT`` seconds at most). See docs/checkpointing.md.
+    :meth:`save` returns once the arrays are held; a background thread writes the files and the step appears whole.
+    Older steps are deleted by the keep policies (none: keep all) only after a newer save committed. One process
+    writes (the first save takes the lock), any number read. See docs/checkpointing.md.
 
     >>> import tempfile, jax.numpy as jnp
     >>> with CheckpointManager(tempfile.mkdtemp(), keep_last=2) as manager:
@@ -98,15 +90,14 @@ class CheckpointManager:
             mode: ``"min"`` ranks the lowest value first, ``"max"`` the highest.
             keep_every_seconds: Keep one step per this much save time (seconds or a ``datetime.timedelta``).
             save_every: :meth:`should_save` picks every ``save_every``-th step.
-            async_save: Write on a background thread; its error is raised by the next :meth:`save`, :meth:`wait`
-                or :meth:`close`.
+            async_save: Write on a background thread, whose error the next :meth:`save` or :meth:`close` raises.
             progress: Draw progress bars (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
             storage_options: Passed to fsspec for a URL ``directory``.
             transfer: A :class:`jaxstow.Transfer`: requests in flight, their size, a bandwidth cap.
             cache_dir: Keeps a local copy of each file restored, read again while its header checksum matches.
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
-            preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) caught while the manager is open; the first
-                :meth:`save` after one ends the process (see docs/checkpointing.md#preemption).
+            preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
+                docs/checkpointing.md#preemption).
 
         Raises:
             ArgumentError: A keep policy or ``save_every`` that is not valid.
@@ -154,19 +145,15 @@ class CheckpointManager:
             verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
                 anywhere is found); ``"headers"`` checks only the records, the files' presence and their headers.
             progress: Draw a bar of the bytes read per step (the manager's setting by default).
-
-        Returns:
-            The damaged steps, each mapped to what is wrong with it.
         """
         self._settle()
         verify = recovery.check_verify(verify)
         return recovery.damaged(self._folder, self._folder.committed(), verify=verify, progress=self._bar(progress))
 
     def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
-        """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``.
+        """The newest committed step that is not damaged (see :meth:`damaged_steps`, whose arguments it takes), or None.
 
-        Steps older than the one found are not read. To restore it in one pass, use ``restore(fallback=True)``.
-        ``verify`` and ``progress`` are those of :meth:`damaged_steps`.
+        Older steps are not read. To restore it in one pass, use ``restore(fallback=True)``.
         """
         self._settle()
         verify = recovery.check_verify(verify)
@@ -193,7 +180,7 @@ class CheckpointManager:
         """The committed step with the best value of ``metric``: the newest of equals, or ``None`` if no step has one.
 
         Args:
-            metric: The metric to rank by (the manager's ``metric`` by default). Steps without a finite value of it
+            metric: The metric to rank by (the manager's ``metric`` by default); steps without a finite value of it
                 are left out.
             mode: ``"min"`` (the lowest is best) or ``"max"`` (the manager's ``mode`` by default).
 
@@ -237,15 +224,12 @@ class CheckpointManager:
     ) -> Any:
         """Restore ``step`` (the latest committed one by default) as it was saved: a dict of items, or one tree.
 
-        If another process's keep policy deletes the newest step while it is read, the newest one then is restored.
-        Under ``jax.distributed`` call it in every process: every process restores the step process 0 picks, or
-        every one raises. See docs/checkpointing.md and docs/restoring.md.
+        Under ``jax.distributed`` call it in every process: all restore the step process 0 picks, or all raise.
 
         Args:
             step: The step to restore; with ``fallback``, the newest one to try.
-            like: A target tree whose structure, dtypes, shapes and shardings the leaves are fitted into, all or
-                nothing; for named items, a dict from item names to trees (``None`` rebuilds that item). Without it
-                every tree is rebuilt from its file, as :func:`jaxstow.load` does.
+            like: A target tree to fit the leaves into, all or nothing (see docs/restoring.md); for named items, a
+                dict from item names to trees or ``None``. Without it every tree is rebuilt, as by :func:`jaxstow.load`.
             items: Restore only these named items.
             fallback: Skip damaged steps (with a warning on the ``jaxstow`` logger) and restore the newest intact
                 one; :attr:`restored` then names the step restored and those skipped.
@@ -257,8 +241,7 @@ class CheckpointManager:
 
         Raises:
             StepNotFoundError: ``step`` is not committed, or there is no committed step.
-            CheckpointError: The step cannot be restored (or, under ``jax.distributed``, a process failed or did not
-                report within ``process_timeout``: the error names each).
+            CheckpointError: The step cannot be restored, in any process (each one that failed is named).
         """
         options.setdefault("progress", self._progress)
 
@@ -313,9 +296,8 @@ class CheckpointManager:
     def should_save(self, step: int) -> bool:
         """Whether ``step`` is one to save; it never waits for a save in flight.
 
-        After the newest step saved, the steps to save are the first of a run, every ``save_every``-th and a
-        preemption's step (see :meth:`reached_preemption`). Call it at every step, in every process of a
-        ``jax.distributed`` run.
+        After the newest step saved: the first of a run, every ``save_every``-th and a preemption's step (see
+        :meth:`reached_preemption`). Call it at every step, in every process of a ``jax.distributed`` run.
 
         >>> import tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
@@ -330,9 +312,8 @@ class CheckpointManager:
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is the step to save before a preemption.
 
-        In one process: the first step asked about (here or by :meth:`should_save`) after one of
-        ``preemption_signals`` arrived. Under ``jax.distributed``: jax's
-        ``multihost_utils.reached_preemption_sync_point(step)``. See docs/checkpointing.md#preemption.
+        In one process: the first step asked about after one of ``preemption_signals`` arrived; under
+        ``jax.distributed``: jax's ``reached_preemption_sync_point(step)``. See docs/checkpointing.md#preemption.
 
         >>> import signal, tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), preemption_signals=[signal.SIGTERM]) as manager:
@@ -353,8 +334,7 @@ class CheckpointManager:
     ) -> None:
         """Save ``items`` as ``step``: a dict of named pytrees (one file each) or any other pytree (one file).
 
-        It returns once the arrays are held; with ``async_save`` the files are written in the background. After one
-        of ``preemption_signals`` arrived, it ends the process once the step is committed.
+        It returns once the arrays are held. After one of ``preemption_signals``, it ends the process once committed.
 
         Args:
             step: A non-negative Python, numpy or 0-d jax integer.
@@ -365,8 +345,7 @@ class CheckpointManager:
             copy: Copy the arrays before returning, for numpy buffers that the caller changes in place.
 
         Raises:
-            CheckpointError: The step exists (without ``force``), the manager is closed, another writer holds the
-                lock, or the save before this one failed.
+            CheckpointError: The step exists (without ``force``), another writer holds the lock, the last save failed.
             ArgumentError: ``keep_best`` needs ``metrics`` naming its metric, or metrics/metadata are not valid.
         """
         self._check_open()
@@ -487,8 +466,7 @@ class CheckpointManager:
     def close(self) -> None:
         """Finish the save in flight, release the lock and raise the save's error, if any (idempotent).
 
-        After one of ``preemption_signals`` arrived, the error is printed instead, and the process ends as the
-        signal would have ended it.
+        After one of ``preemption_signals``, the error is printed instead and the process ends as the signal would.
         """
         if self._closed:
             return
