@@ -1,19 +1,6 @@
 """``CheckpointManager``: the numbered steps of a run, kept by policy, saved in the background, safe against crashes.
 
-A directory (local path or fsspec URL) holds one folder per committed step::
-
-    <directory>/<step>/params.safetensors     one jaxstow file per item; jaxstow.load opens each on its own
-    <directory>/<step>/opt_state.safetensors
-    <directory>/<step>/checkpoint.json        step, time, metrics, metadata, files; written last
-    <directory>/.jaxstow.lock                 the writer's process and host, while it writes
-
->>> import tempfile, jax.numpy as jnp
->>> from jaxstow import CheckpointManager
->>> with CheckpointManager(tempfile.mkdtemp(), keep_last=2) as manager:
-...     for step in range(4):
-...         manager.save(step, {"params": {"w": jnp.full(2, step)}, "epoch": step // 2}, metrics={"loss": 1 / (1 + step)})
-...     print(manager.steps(), manager.metrics(3), manager.restore())
-[2, 3] {'loss': 0.25} {'epoch': 1, 'params': {'w': Array([3, 3], dtype=int32)}}
+See docs/checkpointing.md; a step's folder and its ``checkpoint.json``: docs/format.md ("Checkpoint folders").
 """
 
 from __future__ import annotations
@@ -58,43 +45,19 @@ logger = logging.getLogger(__name__)
 
 
 class CheckpointManager:
-    """Saves and restores the numbered steps of a run in ``directory`` (a path or an fsspec URL such as ``s3://...``).
+    """Saves and restores the numbered steps of a run in a directory (a path or an fsspec URL such as ``s3://...``).
 
-    Keep policies combine: the latest ``keep_last`` steps, every step divisible by ``keep_every``, one step per
-    ``keep_every_seconds`` of save time (seconds or a ``datetime.timedelta``), and the ``keep_best`` steps by the
-    metric ``metric`` (lowest first with ``mode="min"``, highest with ``"max"``). The newest step is kept until a newer
-    one is committed; older steps are deleted only after a save has committed. With no policy every step is kept.
-    ``save_every`` is what :meth:`should_save` asks of a step (every step by default); :meth:`save` saves whatever it
-    is given.
+    :meth:`save` returns once the arrays are held; a background thread writes the files and the step appears whole.
+    Older steps are deleted by the keep policies (none: keep all) only after a newer save committed. One process
+    writes (the first save takes the lock), any number read. See docs/checkpointing.md.
 
-    ``preemption_signals`` (e.g. ``[signal.SIGTERM]``, none by default) are the signals with which a scheduler says
-    it will stop the job: while the manager is open (made in the main thread) they are caught, and :meth:`should_save`
-    is true at the next step asked about, where :meth:`reached_preemption` is true too. The first :meth:`save` after
-    the signal ends the process once that step is committed (and the save before it, if still in flight); the lock
-    is released first, and the process ends as the signal would have ended it (``SIGTERM``: exit status -15 to a
-    parent, 143 in a shell). A signal that arrives with no save after it ends the process at :meth:`close`. A save
-    that fails then is printed before the process ends. Under ``jax.distributed`` the signals are left to jax, whose
-    preemption sync point decides (see :meth:`reached_preemption`).
-
-    With ``async_save`` (the default), :meth:`save` returns once the arrays are held on the host and the files are
-    written on a background thread, one save at a time; an error there is raised, with its cause, by the next
-    :meth:`save`, :meth:`wait`, :meth:`close` or the end of a ``with`` block. Reads (:meth:`steps`, :meth:`restore`,
-    ...) first wait for the save in flight, so they see every save made before them. ``progress=True`` draws a progress
-    bar (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
-
-    A URL ``directory`` (``s3://bucket/run``, any fsspec URL) is reached with ``storage_options`` (to fsspec, whose
-    configuration and environment variables fill in the rest); ``transfer`` (a :class:`jaxstow.Transfer`) sets the
-    requests in flight, their size and a bandwidth cap of every upload and restore; ``cache_dir`` keeps a local copy
-    of each file restored, read again instead of the store while its header checksum is the one the step's record
-    names. Under ``jax.distributed``, every wait of a save or restore on the other processes is bounded by
-    ``process_timeout`` seconds (see :meth:`save` and :meth:`restore`).
-
-    A save in flight when the interpreter exits is committed before the process ends, or printed with its step and
-    exit status 1 (:mod:`jaxstow._write.at_exit`: ``JAXSTOW_EXIT_WAIT`` seconds at most, a second Ctrl-C stops it).
-
-    The first save takes the directory's lock (a second writer gets a :class:`~jaxstow.errors.CheckpointError` naming
-    the first; the lock of a dead writer is taken over) and removes what interrupted saves left. Reading takes no lock,
-    so another process may restore while this one writes.
+    >>> import tempfile, jax.numpy as jnp
+    >>> with CheckpointManager(tempfile.mkdtemp(), keep_last=2) as manager:
+    ...     for step in range(4):
+    ...         tree = {"params": {"w": jnp.full(2, step)}, "epoch": step // 2}
+    ...         manager.save(step, tree, metrics={"loss": 1 / (1 + step)})
+    ...     print(manager.steps(), manager.metrics(3), manager.restore())
+    [2, 3] {'loss': 0.25} {'epoch': 1, 'params': {'w': Array([3, 3], dtype=int32)}}
     """
 
     def __init__(
@@ -116,6 +79,29 @@ class CheckpointManager:
         process_timeout: float = 600.0,
         preemption_signals: Iterable[int | signal.Signals] = (),
     ) -> None:
+        """Make the manager of ``directory``; the directory's lock is taken by the first save.
+
+        Args:
+            directory: A local path or an fsspec URL (``s3://bucket/run``).
+            keep_last: Keep the latest ``keep_last`` steps.
+            keep_every: Keep every step divisible by ``keep_every``.
+            keep_best: Keep the ``keep_best`` steps best by ``metric``.
+            metric: The metric that ``keep_best`` and :meth:`best_step` rank steps by.
+            mode: ``"min"`` ranks the lowest value first, ``"max"`` the highest.
+            keep_every_seconds: Keep one step per this much save time (seconds or a ``datetime.timedelta``).
+            save_every: :meth:`should_save` picks every ``save_every``-th step.
+            async_save: Write on a background thread, whose error the next :meth:`save` or :meth:`close` raises.
+            progress: Draw progress bars (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
+            storage_options: Passed to fsspec for a URL ``directory``.
+            transfer: A :class:`jaxstow.Transfer`: requests in flight, their size, a bandwidth cap.
+            cache_dir: Keeps a local copy of each file restored, read again while its header checksum matches.
+            process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
+            preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
+                docs/checkpointing.md#preemption).
+
+        Raises:
+            ArgumentError: A keep policy or ``save_every`` that is not valid.
+        """
         policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
         self._schedule = SaveSchedule(save_every)
         if progress:
@@ -141,6 +127,7 @@ class CheckpointManager:
 
     @property
     def policy(self) -> KeepPolicy:
+        """The keep policy, as given."""
         return self._policy
 
     @property
@@ -154,18 +141,20 @@ class CheckpointManager:
     def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
         """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
 
-        With ``verify="data"`` (the default) every leaf of every step is read and checked against its checksum, as
-        ``jaxstow verify`` does, so this finds a flipped byte anywhere: in a record, a header or the data. With
-        ``verify="headers"`` only the records, the item files' presence and their headers are checked, which reads a
-        few kB per file. ``progress`` (the manager's setting by default) draws a bar of the bytes read per step.
+        Args:
+            verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
+                anywhere is found); ``"headers"`` checks only the records, the files' presence and their headers.
+            progress: Draw a bar of the bytes read per step (the manager's setting by default).
         """
         self._settle()
         verify = recovery.check_verify(verify)
         return recovery.damaged(self._folder, self._folder.committed(), verify=verify, progress=self._bar(progress))
 
     def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
-        """The newest committed step that is not damaged (see :meth:`damaged_steps`), or ``None``; steps older than
-        the one found are not read. To restore it in one pass, use ``restore(fallback=True)``."""
+        """The newest committed step that is not damaged (see :meth:`damaged_steps`, whose arguments it takes), or None.
+
+        Older steps are not read. To restore it in one pass, use ``restore(fallback=True)``.
+        """
         self._settle()
         verify = recovery.check_verify(verify)
         return recovery.newest_intact(
@@ -188,9 +177,16 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def best_step(self, metric: str | None = None, *, mode: Literal["min", "max"] | None = None) -> int | None:
-        """The committed step with the best value of ``metric`` (the manager's ``metric`` and ``mode`` by default):
-        the lowest for ``mode="min"``, the highest for ``"max"``, the newest of equals. Steps without a finite value
-        of it are left out; ``None`` if no step has one."""
+        """The committed step with the best value of ``metric``: the newest of equals, or ``None`` if no step has one.
+
+        Args:
+            metric: The metric to rank by (the manager's ``metric`` by default); steps without a finite value of it
+                are left out.
+            mode: ``"min"`` (the lowest is best) or ``"max"`` (the manager's ``mode`` by default).
+
+        Raises:
+            ArgumentError: Neither ``metric`` nor the manager's ``metric`` is given.
+        """
         metric = metric or self._policy.metric
         if metric is None:
             raise ArgumentError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
@@ -226,26 +222,26 @@ class CheckpointManager:
         fallback: bool = False,
         **options: Unpack[LoadOptions],
     ) -> Any:
-        """Restore ``step`` (the latest committed one by default), as it was saved: a dict of items, or one tree.
+        """Restore ``step`` (the latest committed one by default) as it was saved: a dict of items, or one tree.
 
-        Without ``like`` every tree is rebuilt from its file, as :func:`jaxstow.load` does. With ``like``, leaves are
-        fitted into its structure, all or nothing (dtype and shape checked, the sharding of its arrays applied); for
-        named items ``like`` is a dict from item names to trees, or to ``None`` to rebuild that item. ``items`` restores
-        only the named ones. A manager made with ``progress=True`` draws a bar for each item read. The options are
-        those of :func:`jaxstow.load` (:class:`jaxstow.LoadOptions`); with named items, paths start with the item's
-        name (``select=["params/**"]``), and a ``sharding`` dict keyed by item names gives each item its own.
+        Under ``jax.distributed`` call it in every process: all restore the step process 0 picks, or all raise.
 
-        ``fallback=True`` restores the newest step (from ``step`` down) whose record, headers and restored data check:
-        a damaged step is skipped, with a warning on the ``jaxstow`` logger that names it and the damage. Afterwards
-        :attr:`restored` tells which step was restored and which were skipped, and why.
+        Args:
+            step: The step to restore; with ``fallback``, the newest one to try.
+            like: A target tree to fit the leaves into, all or nothing (see docs/restoring.md); for named items, a
+                dict from item names to trees or ``None``. Without it every tree is rebuilt, as by :func:`jaxstow.load`.
+            items: Restore only these named items.
+            fallback: Skip damaged steps (with a warning on the ``jaxstow`` logger) and restore the newest intact
+                one; :attr:`restored` then names the step restored and those skipped.
+            **options: Those of :func:`jaxstow.load` (:class:`jaxstow.LoadOptions`); with named items, paths start
+                with the item's name (``select=["params/**"]``) and a ``sharding`` dict may be keyed by item.
 
-        If another process's keep policy deletes the step being read, the newest step then is restored instead (up to
-        8 times in a row); a ``step`` asked for that is gone raises :class:`~jaxstow.errors.StepNotFoundError`.
+        Returns:
+            The restored dict of items, or the one tree.
 
-        Under ``jax.distributed`` call it in every process, as :meth:`save`: process 0 picks the step, and every
-        process restores it or every process raises a :class:`~jaxstow.errors.CheckpointError` naming the step and
-        each process that failed or did not report within the manager's ``process_timeout``
-        (:mod:`jaxstow.checkpoint.together`).
+        Raises:
+            StepNotFoundError: ``step`` is not committed, or there is no committed step.
+            CheckpointError: The step cannot be restored, in any process (each one that failed is named).
         """
         options.setdefault("progress", self._progress)
 
@@ -298,9 +294,10 @@ class CheckpointManager:
     # -- saving ---------------------------------------------------------------------------------------------------
 
     def should_save(self, step: int) -> bool:
-        """Whether ``step`` is one to save: after the newest step saved (committed or in flight), the first of a run,
-        every ``save_every``-th, or a preemption's step (see :meth:`reached_preemption`; call this at every step, in
-        every process of a ``jax.distributed`` run). It never waits for a save in flight.
+        """Whether ``step`` is one to save; it never waits for a save in flight.
+
+        After the newest step saved: the first of a run, every ``save_every``-th and a preemption's step (see
+        :meth:`reached_preemption`). Call it at every step, in every process of a ``jax.distributed`` run.
 
         >>> import tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
@@ -313,11 +310,10 @@ class CheckpointManager:
         return self._schedule.should_save(check_step(step), committed=self._folder.committed)
 
     def reached_preemption(self, step: int) -> bool:
-        """Whether ``step`` is the step to save before a preemption. In a single process, with ``preemption_signals``:
-        the first step asked about (here or by :meth:`should_save`) after one of the signals arrived; without them,
-        never. In a ``jax.distributed`` run: whether every process has reached the preemption sync point at ``step``
-        (after a preemption notice, SIGTERM by default, to any process, jax picks a step every process reaches, so
-        that all save it before they are stopped; jax's ``multihost_utils.reached_preemption_sync_point``).
+        """Whether ``step`` is the step to save before a preemption.
+
+        In one process: the first step asked about after one of ``preemption_signals`` arrived; under
+        ``jax.distributed``: jax's ``reached_preemption_sync_point(step)``. See docs/checkpointing.md#preemption.
 
         >>> import signal, tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), preemption_signals=[signal.SIGTERM]) as manager:
@@ -336,15 +332,21 @@ class CheckpointManager:
         force: bool = False,
         copy: bool = False,
     ) -> None:
-        """Save ``items`` as ``step`` (a Python, numpy or 0-d jax integer): a dict of named pytrees (one file each) or
-        any other pytree (one file).
+        """Save ``items`` as ``step``: a dict of named pytrees (one file each) or any other pytree (one file).
 
-        ``metrics`` (numbers, e.g. ``{"loss": 0.1}``) rank steps for ``keep_best`` and come back from
-        :meth:`metrics`; ``metadata`` is any JSON-able dict, back from :meth:`metadata`. A step that exists raises a
-        :class:`~jaxstow.errors.CheckpointError` unless ``force=True``, which replaces it atomically. ``copy=True``
-        copies the arrays before returning, for numpy buffers that the caller changes in place.
+        It returns once the arrays are held. After one of ``preemption_signals``, it ends the process once committed.
 
-        After one of ``preemption_signals`` arrived, this save ends the process once it is committed (see the class).
+        Args:
+            step: A non-negative Python, numpy or 0-d jax integer.
+            items: A dict of named pytrees, or one pytree.
+            metrics: Numbers (e.g. ``{"loss": 0.1}``) that rank steps for ``keep_best``; back from :meth:`metrics`.
+            metadata: Any JSON-able dict; back from :meth:`metadata`.
+            force: Replace an existing step atomically.
+            copy: Copy the arrays before returning, for numpy buffers that the caller changes in place.
+
+        Raises:
+            CheckpointError: The step exists (without ``force``), another writer holds the lock, the last save failed.
+            ArgumentError: ``keep_best`` needs ``metrics`` naming its metric, or metrics/metadata are not valid.
         """
         self._check_open()
         step = check_step(step)
@@ -423,8 +425,7 @@ class CheckpointManager:
             self._prune()
 
     def _write_shared(self, content: StepContent, replace: bool, *, key: str) -> StepRecord | None:
-        """The background half of a save made by every process together (see :mod:`jaxstow.checkpoint.shared`); the
-        committed record in process 0."""
+        """The background half of a save made by every process together: the committed record in process 0."""
         progress = SaveReport(f"step {content.step} of {self.directory}", total=0, bar=self._progress)
         record = save_shared(
             self._processes,
@@ -463,8 +464,10 @@ class CheckpointManager:
         self._writer.wait()
 
     def close(self) -> None:
-        """Finish the save in flight, release the lock and raise the save's error, if any (idempotent). After one of
-        ``preemption_signals`` arrived, print the error instead and end the process as the signal would have."""
+        """Finish the save in flight, release the lock and raise the save's error, if any (idempotent).
+
+        After one of ``preemption_signals``, the error is printed instead and the process ends as the signal would.
+        """
         if self._closed:
             return
         self._closed = True

@@ -1,10 +1,8 @@
 """A preemption notice in one process: the signals a scheduler sends before it stops a job, caught and remembered.
 
-While a :class:`PreemptionNotice` is open, each signal it names only records its arrival (:attr:`received`); the
-checkpoint manager then saves at the next step and ends the process as the signal would have ended it
-(:func:`end_process`). Closing the notice puts the handlers back. Handlers are shared: several notices of one
-process may name the same signal, and the first signal that arrives while any is open is the one they all report
-(forgotten once none is open).
+While a :class:`PreemptionNotice` is open, a signal it names only records its arrival (:attr:`received`); the
+manager saves at the next step and then calls :func:`end_process`. Handlers are shared between the notices of a
+process, and closing the last one puts them back.
 
 >>> import os, signal
 >>> from jaxstow.checkpoint.preemption import PreemptionNotice

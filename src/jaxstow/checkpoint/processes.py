@@ -1,14 +1,8 @@
-"""The processes of a ``jax.distributed`` run that save or restore one checkpoint together, and the few messages they
-exchange.
+"""The processes of a ``jax.distributed`` run that save or restore one checkpoint together, and their messages.
 
-Messages go through the key-value store of jax's coordination service, which every ``jax.distributed`` run has; each
-process sends O(1) small messages per save or restore, so the commit path carries O(processes) bytes, never per-leaf
-traffic. In a single process there is nothing to exchange.
-
-Every wait is bounded: a message not there within ``timeout`` seconds (one deadline for all the messages of one
-exchange) is a :class:`~jaxstow.errors.CheckpointError` naming every process that did not send it, whether it
-stalled, died or never arrived. jax's own heartbeat ends the run earlier for a process that stops answering
-altogether, unless ``jax_enable_recoverability`` is set (see docs/scaling.md).
+Messages go through the key-value store of jax's coordination service: O(1) small ones per process per save or
+restore, none in a single process. A message not there within ``timeout`` seconds is a
+:class:`~jaxstow.errors.CheckpointError` naming every process that did not send it. See docs/scaling.md.
 
 >>> from jaxstow.checkpoint.processes import Processes
 >>> processes = Processes("runs/a", timeout=60)

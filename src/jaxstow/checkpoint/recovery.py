@@ -1,9 +1,7 @@
-"""Which committed steps restore as saved, and restoring the newest that does: what ``damaged_steps``,
-``latest_intact_step`` and ``restore(fallback=True)`` check.
+"""Which committed steps restore as saved, and restoring the newest that does (``restore(fallback=True)``).
 
-``verify="headers"`` checks a step's record (its own checksum), that every item file is there and that each file's
-header is the one the record names. ``verify="data"`` checks that, then reads every stored leaf of every item and
-compares it with its checksum, as ``jaxstow verify`` does: a flipped byte anywhere in a step is found.
+``verify="headers"`` checks a step's record, its files' presence and headers; ``verify="data"`` also reads every
+leaf against its checksum, as ``jaxstow verify`` does. See docs/checkpointing.md ("Recovering from damage").
 
 >>> import os, tempfile, numpy as np
 >>> from jaxstow import CheckpointManager

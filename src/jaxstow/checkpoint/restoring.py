@@ -1,15 +1,9 @@
-"""Restoring one step: its one tree, or its named items together, with ``select`` patterns and shardings spread over
-the items.
+"""Restoring one step: its one tree, or its named items together, with ``select`` and shardings spread over the items.
 
-The step's files are opened side by side (on an object store, one request each for the first bytes, which hold the
-header) and its items restored side by side, their reads sharing the pool of their source: a step of many small
-items keeps as many requests in flight as one large file. A local step's files are all opened before any is read:
-an open file stays readable when another process's keep policy deletes the step. A step deleted while it is read is
-a :class:`~jaxstow.errors.StepNotFoundError`, never damage.
-
-Paths in a step with named items start with the item's name (``params/dense/kernel``), so ``select=["params/**"]``
-restores only the ``params`` item, and a sharding function sees the same paths. A ``sharding=`` dict whose keys are
-item names gives each item its own placement.
+The step's files are opened, and its items restored, side by side, their reads sharing one pool. A local step's
+files are all opened before any is read, so a deletion by another process's keep policy meanwhile does no harm; a
+step deleted while it is read is a :class:`~jaxstow.errors.StepNotFoundError`, never damage. Paths of named items
+start with the item's name (``params/dense/kernel``), so ``select=["params/**"]`` restores only ``params``.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow.checkpoint.restoring import restore_items

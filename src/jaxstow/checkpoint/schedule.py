@@ -1,9 +1,8 @@
-"""When to save: every ``save_every`` steps, the first step of a run, and the step of a preemption, as orbax's
-``CheckpointManager.should_save`` decides. Never a step at or before the newest one saved, committed or in flight.
+"""When to save: every ``save_every`` steps, the first step of a run, and a preemption's step, as orbax decides.
 
-A preemption is either jax's, in a ``jax.distributed`` run: the step at which every process has reached jax's
-preemption sync point after a scheduler's notice (SIGTERM by default); or, given a
-:class:`~jaxstow.checkpoint.preemption.PreemptionNotice`, the first step asked about after one of its signals arrived.
+Never a step at or before the newest one saved, committed or in flight. A preemption is jax's sync point in a
+``jax.distributed`` run or, given a :class:`~jaxstow.checkpoint.preemption.PreemptionNotice`, the first step asked
+about after one of its signals arrived (the preemption's step):
 
 >>> from jaxstow.checkpoint.schedule import SaveSchedule
 >>> schedule = SaveSchedule(save_every=100)
@@ -14,9 +13,6 @@ preemption sync point after a scheduler's notice (SIGTERM by default); or, given
 ...         wanted.append(step)
 >>> wanted, schedule.should_save(200, committed=lambda: []), schedule.reached_preemption(7)
 ([0, 100, 200], False, False)
-
-With a notice, the first step asked about after its signal is the preemption's step:
-
 >>> import os, signal
 >>> from jaxstow.checkpoint.preemption import PreemptionNotice
 >>> notice = PreemptionNotice([signal.SIGUSR1])

@@ -1,19 +1,10 @@
 """One step saved by every process of a ``jax.distributed`` run: each writes its own files, process 0 commits.
 
-All of it runs in each process's background save, so asynchronous saves overlap training everywhere:
-
-1. process 0 opens the step's staging folder and sends its token; the others write into the same folder;
-2. every process writes its file of each item (process 0: the structure and every leaf but the other processes'
-   shards; process ``k``: ``item.pk.safetensors`` with its own shards, replica 0 only, so each shard is written once
-   in all) and sends one summary: the step, the tree's digest, its files, or its error;
-3. process 0 receives every summary, checks that all processes saved the same step of the same tree, writes
-   ``checkpoint.json`` listing every file and commits; it sends the outcome, which the others wait for, so an error
-   anywhere, or a process that never reports, leaves no committed step and reaches every process.
-
-Each process sends two small messages per save whatever the size of the tree: the commit path is O(processes). Every
-wait is bounded by the processes' timeout: process 0 gives up on the summaries at one deadline and names every
-process missing; the others wait for its outcome a grace longer (:attr:`Processes.grace`), so that the outcome they
-raise names the process that was missing, or, if process 0 itself is gone, they name it.
+It all runs in each process's background save. Process ``k`` writes ``item.pk.safetensors`` with its own shards
+(replica 0 only) and sends one summary; process 0 checks that every process saved the same step of the same tree,
+writes ``checkpoint.json`` and commits, and sends the outcome, so an error anywhere, or a process that never reports,
+leaves no committed step and reaches every process. The protocol, its O(processes) messages and its bounded waits:
+see docs/scaling.md ("The commit protocol", "Waits, timeouts and failures").
 """
 
 from __future__ import annotations

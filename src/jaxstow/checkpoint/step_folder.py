@@ -89,9 +89,9 @@ class StepFolder:
 
     @contextlib.contextmanager
     def reading(self, step: int) -> Iterator[None]:
-        """Read ``step`` in the block. What its deletion meanwhile explains (a missing record or file, a failed read)
-        is a :class:`StepNotFoundError` once the step is no longer committed: a step deleted by the keep policy of
-        the process that saves here is not damage. The step's other errors pass unchanged.
+        """Read ``step`` in the block; an error that its deletion meanwhile explains becomes a StepNotFoundError.
+
+        A step deleted by the keep policy of the process that saves here is not damage; other errors pass unchanged.
 
         >>> import os, shutil, tempfile, numpy as np
         >>> from jaxstow import CheckpointManager

@@ -1,20 +1,10 @@
-"""One step restored by every process of a ``jax.distributed`` run, and agreed on: the same step everywhere, or an
-error everywhere.
+"""One step restored by every process of a ``jax.distributed`` run: the same step everywhere, or an error everywhere.
 
-Each process reads only what its own devices hold, so one process can meet damage or a missing file that the others
-never read. A restore is therefore an exchange, each wait bounded by the processes' timeout:
-
-1. process 0 picks the step (the latest committed one, or the one asked for) and, with ``fallback``, the older ones
-   to try after it, and sends the list; the others wait for it;
-2. every process restores the step and reports ``ok`` or what went wrong to process 0, which waits for every report
-   (up to the timeout) and sends one verdict, which the others wait for (a grace longer, so that the verdict, which
-   names a missing process, reaches them first);
-3. if all are ``ok``, every process returns its tree. Otherwise every process raises a
-   :class:`~jaxstow.errors.CheckpointError` naming the step and each process that failed, or did not report (stalled,
-   died, never called ``restore``); with ``fallback``, damage found by any process moves all of them to the next
-   older step together.
-
-As for a save, each process sends one message per step tried and reads one or two: O(processes) in all.
+Each process reads only what its own devices hold, so one process can meet damage that the others never read.
+Process 0 picks the steps to try and sends them; every process restores the step and reports to process 0, whose
+one verdict every process follows: all return their trees, or all raise a :class:`~jaxstow.errors.CheckpointError`
+naming the step and each process that failed or did not report. With ``fallback``, damage found by any process moves
+all of them to the next older step together. See docs/scaling.md ("Restoring together").
 """
 
 from __future__ import annotations

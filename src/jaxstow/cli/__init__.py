@@ -1,19 +1,7 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
 
-``jaxstow inspect``, ``verify``, ``diff``, ``ls`` and ``convert`` take local paths and fsspec URLs alike, with
-``--storage-options JSON`` (fsspec's options; its configuration and environment variables, such as ``FSSPEC_S3_*``
-and ``AWS_*``, fill in the rest) and ``--transfer JSON`` (requests in flight, their size, a bandwidth cap);
-``jaxstow uploads`` lists, and with ``--abort`` aborts, the unfinished uploads that killed saves left on S3;
-``jaxstow watch`` follows a sampling run's HDF5 file while the run goes on.
-Exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` finds differences, 2 on an error, which is
-one line on stderr, never a traceback (a missing file, missing credentials, a server out of reach, a file of a newer
-format). A reader that closes the pipe early (``jaxstow inspect f | head``) ends the command quietly, with status 141
-as a shell reports a pipe closed early.
-
->>> from jaxstow.cli import main
->>> main(["--version"])
-jaxstow 0.1.0
-0
+One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads`` and
+``watch``. See docs/command-line.md.
 """
 
 from __future__ import annotations
@@ -49,7 +37,23 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line ``argv`` (``sys.argv[1:]`` by default); returns the exit status."""
+    """Run the ``jaxstow`` command line ``argv``, as the ``jaxstow`` program does.
+
+    An error is one line on stderr, never a traceback (a missing file, missing credentials, a server out of reach, a
+    file of a newer format); a reader that closes the pipe early (``jaxstow inspect f | head``) ends it quietly.
+
+    Args:
+        argv: The arguments after the program's name (``sys.argv[1:]`` by default).
+
+    Returns:
+        The exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` differences, 2 on an error,
+        130 when interrupted, 141 when the pipe was closed early (as a shell reports it).
+
+    >>> from jaxstow.cli import main
+    >>> main(["--version"])
+    jaxstow 0.1.0
+    0
+    """
     top = parser()
     args = top.parse_args(argv)
     if args.version:
@@ -79,8 +83,7 @@ _CLOSED_PIPE = 141
 
 
 def describe(error: BaseException) -> str:
-    """An error as one line: jaxstow's and the operating system's own messages as they are, anything else with the
-    name of its type.
+    """An error as one line: jaxstow's and the operating system's own messages as they are, others with their type.
 
     >>> from jaxstow.cli import describe
     >>> from jaxstow.errors import StructureMismatchError

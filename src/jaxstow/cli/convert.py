@@ -1,14 +1,9 @@
 """``jaxstow convert SRC DST``: the files of other libraries to jaxstow (npz, safetensors, PyTorch, flax msgpack,
 orbax), an orbax manager folder to a jaxstow checkpoint folder; and jaxstow to plain safetensors or npz.
 
-Sources: a jaxstow, safetensors or npz file; a PyTorch file written by ``torch.save`` (read with
-``torch.load(weights_only=True)``, which refuses to unpickle anything but tensors and plain containers); a flax
-msgpack file (``flax.serialization.to_bytes``, read as nested dicts); an orbax checkpoint folder or one step of an
-orbax ``CheckpointManager`` (every item; read through orbax, an optional dependency); a whole orbax
-``CheckpointManager`` folder, which becomes a jaxstow checkpoint folder with the same steps and metrics. The
-destination's format follows its name: ``.safetensors`` and ``.npz`` get plain files that other tools read (the arrays
-under their leaf paths), any other name a jaxstow file; ``--to`` chooses otherwise (``--to jaxstow`` for a jaxstow
-npz). Warnings and log lines of the libraries read are kept out of the output.
+A PyTorch file is read with ``torch.load(weights_only=True)``, which never unpickles objects; orbax is read through
+orbax, an optional dependency. The destination's format follows its name (``.safetensors`` and ``.npz`` get plain
+files, any other name a jaxstow file), unless ``--to`` says otherwise. See docs/command-line.md.
 
 >>> import os, tempfile, numpy as np
 >>> from jaxstow.cli import main

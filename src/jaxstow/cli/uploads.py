@@ -1,9 +1,8 @@
 """``jaxstow uploads URL``: the unfinished multipart uploads under an ``s3://`` prefix, and ``--abort`` to end them.
 
-A save to S3 that fails aborts its own upload; a process killed mid-save cannot, and leaves an unfinished upload (its
-parts are stored, and billed, but no object appears). The next save to the same key, and a checkpoint manager taking
-over its directory, abort such uploads themselves; this command finds and aborts those left anywhere else. An upload
-still being written looks the same: ``--older-than SECONDS`` spares the recent ones.
+A process killed mid-save leaves an unfinished upload (its parts stored, and billed, but no object). The next save
+to the same key, and a checkpoint manager taking over its directory, abort such uploads themselves; this command
+finds those left anywhere else. ``--older-than SECONDS`` spares uploads still being written.
 
 Exit status 0; 2 on an error (a URL that is not ``s3://``, a server out of reach).
 """

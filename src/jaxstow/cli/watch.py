@@ -1,10 +1,8 @@
 """``jaxstow watch FILE``: a sampling run's HDF5 file while the run goes on, refreshed until it ends or Ctrl-C.
 
 Per chain the draws written so far; per variable (each element of an array) the mean, R-hat and bulk effective
-sample size over the draws every chain has (ArviZ's diagnostics). The file is read in HDF5's SWMR mode, from any
-process, up to the draws it counts as written, as :func:`jaxstow.io.run_chains`, the blackjax and numpyro adapters
-and an :class:`~jaxstow.io.HDF5Collector` write it (the collector's file opened with ``libver="latest"``). ``--once``
-prints once and exits, for scripts.
+sample size over the draws every chain has (ArviZ's). The file is read in SWMR mode, from any process, up to the
+draws it counts as written (see :mod:`jaxstow.io.live`).
 
 >>> import os, tempfile, jax.numpy as jnp
 >>> from jaxstow import io

@@ -1,5 +1,6 @@
-"""blackjax samplers run over several chains inside ``jit``, every kept draw streamed to an HDF5 file that checkpoints
-the run, resumes it after a kill and can be read while it goes on (see :func:`jaxstow.io.run_chains`).
+"""blackjax samplers run over several chains inside ``jit``, their draws streamed to a resumable HDF5 file.
+
+See :func:`jaxstow.io.run_chains` and docs/sampling-runs.md.
 
 >>> import functools, os, tempfile, blackjax, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -59,22 +60,28 @@ def sample(
 ) -> dict[str, np.ndarray]:
     """Run a blackjax algorithm on every chain for ``num_samples`` steps, streaming every ``thin``-th draw to ``path``.
 
-    - ``algorithm``: a blackjax ``SamplingAlgorithm`` (``blackjax.nuts(logdensity, step_size, inverse_mass_matrix)``,
-      ``blackjax.sgld(grad_estimator)``, ...), or, with ``warmup``, a function of the warm-up's parameters that returns
-      one (``functools.partial(blackjax.nuts, logdensity)``).
-    - ``positions``: the chains' initial positions, a pytree whose leaves have a leading axis of chains.
-    - ``key``: the run's PRNG key (typed or raw); the warm-up and each chain get keys split from it.
-    - ``warmup``: a blackjax adaptation (``blackjax.window_adaptation(blackjax.nuts, logdensity)``), run for
-      ``num_warmup`` steps on every chain (under ``vmap``, in one compiled call) before sampling. Its parameters
-      (step size, inverse mass matrix) are checkpointed with the chains and saved in the file's ``/warmup`` group.
-    - ``step_args(key, t)``: more arguments of ``algorithm.step`` for each chain at step ``t``, such as a minibatch
-      and a step size for the stochastic-gradient algorithms (``blackjax.sgld``: ``(minibatch, step_size)``).
-    - ``draw(state, info)``: what each kept step stores (by default the state's ``position``, or the state itself
-      when it has none, as for ``blackjax.sgld``; a position that is one array is stored as ``"position"``).
+    Called again after a kill, the run continues from its last checkpoint (a kill during the warm-up runs the
+    warm-up again), with draws bit for bit those of an uninterrupted run. See docs/sampling-runs.md.
 
-    The run is checkpointed every ``checkpoint_every`` steps; called again after a kill it continues from the last
-    checkpoint (a kill during the warm-up runs the warm-up again, with the same result), and the draws equal those of
-    an uninterrupted run bit for bit. Returns the draws, ``{name: (chains, draws, ...)}``.
+    Args:
+        path: The HDF5 file (see :func:`jaxstow.io.run_chains`).
+        algorithm: A blackjax ``SamplingAlgorithm`` (``blackjax.nuts(logdensity, step_size, inverse_mass_matrix)``,
+            ``blackjax.sgld(grad_estimator)``, ...), or, with ``warmup``, a function of the warm-up's parameters
+            that returns one (``functools.partial(blackjax.nuts, logdensity)``).
+        positions: The chains' initial positions, a pytree whose leaves have a leading axis of chains.
+        key: The run's PRNG key (typed or raw); the warm-up and each chain get keys split from it.
+        num_samples: The steps after the warm-up.
+        checkpoint_every: The steps between checkpoints.
+        thin: Keep every ``thin``-th draw.
+        warmup: A blackjax adaptation (``blackjax.window_adaptation(blackjax.nuts, logdensity)``), run on every
+            chain for ``num_warmup`` steps; its parameters are kept in the file's ``/warmup`` group.
+        num_warmup: The steps of the warm-up.
+        step_args: ``step_args(key, t)``: more arguments of ``algorithm.step`` per chain at step ``t`` (for
+            ``blackjax.sgld``: ``(minibatch, step_size)``).
+        draw: ``draw(state, info)``: what each kept step stores (by default the state's ``position``, or the state).
+
+    Returns:
+        The draws, ``{name: array}`` shaped ``(chains, draws, ...)``.
     """
     require("h5py", extra="blackjax", purpose="jaxstow.io.blackjax.sample")  # before the run, which needs it to write
     if not jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key):

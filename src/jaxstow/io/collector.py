@@ -1,33 +1,4 @@
-"""The data collector interface: where the samples of a run go, and where its checkpoints live.
-
-:func:`jaxstow.io.save` drives a collector. Per chain it calls :meth:`~DataCollector.register_chain` once, then
-:meth:`~DataCollector.save` with whole blocks of samples (in any order, each with the index of its first sample),
-:meth:`~DataCollector.checkpoint` every ``checkpoint_every`` steps, and at the end
-:meth:`~DataCollector.finalize` and :meth:`~DataCollector.finished`. A collector of your own only has to
-implement these methods:
-
->>> import numpy as np
->>> import jax.numpy as jnp
->>> from jaxstow import io
->>> class BlockLog(io.DataCollector):
-...     def __init__(self):
-...         self.blocks = []
-...     def register_data_loader(self, data_loader): pass
-...     def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None):
-...         return 0
-...     def save(self, chain_id, first, values):
-...         self.blocks.append((first, len(values[0])))
-...     def checkpoint(self, chain_id, checkpoint): pass
-...     def finalize(self, chain_id): pass
-...     def finished(self, chain_id): return self.blocks
-...     def resume(self): return {}
->>> init_save, save, postprocess_save = io.save(BlockLog(), block_size=4)
->>> state = init_save(jnp.zeros(2), None, io.scheduler.static_information(samples_collected=10))
->>> for step in range(10):
-...     state, _ = save(state, True, jnp.full(2, step))
->>> postprocess_save(state, None)["samples"]
-[(0, 4), (4, 4), (8, 2)]
-"""
+"""The data collector interface: where the samples of a run go, and where its checkpoints live."""
 
 from __future__ import annotations
 
@@ -68,7 +39,31 @@ class DataLoader(Protocol):
 
 
 class DataCollector(abc.ABC):
-    """Collects sampled data and data loader states."""
+    """Collects sampled data and data loader states, as jax_sgmc's ``io.DataCollector`` does.
+
+    :func:`jaxstow.io.save` calls :meth:`register_chain` once per chain, :meth:`save` with whole blocks of samples,
+    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize` and :meth:`finished`:
+
+    >>> import jax.numpy as jnp
+    >>> from jaxstow import io
+    >>> class BlockLog(io.DataCollector):
+    ...     def __init__(self):
+    ...         self.blocks = []
+    ...     def register_data_loader(self, data_loader): pass
+    ...     def register_chain(self, init_sample, init_checkpoint, static_information): return 0
+    ...     def save(self, chain_id, first, values):
+    ...         self.blocks.append((first, len(values[0])))
+    ...     def checkpoint(self, chain_id, checkpoint): pass
+    ...     def finalize(self, chain_id): pass
+    ...     def finished(self, chain_id): return self.blocks
+    ...     def resume(self): return {}
+    >>> init_save, save, postprocess_save = io.save(BlockLog(), block_size=4)
+    >>> state = init_save(jnp.zeros(2), None, io.scheduler.static_information(samples_collected=10))
+    >>> for step in range(10):
+    ...     state, _ = save(state, True, jnp.full(2, step))
+    >>> postprocess_save(state, None)["samples"]
+    [(0, 4), (4, 4), (8, 2)]
+    """
 
     @abc.abstractmethod
     def register_data_loader(self, data_loader: DataLoader) -> None:
@@ -83,20 +78,29 @@ class DataCollector(abc.ABC):
     ) -> int:
         """Register a chain to save samples from and return its id.
 
-        ``init_sample`` determines the structure, shapes and dtypes of the samples; ``init_checkpoint`` those of the
-        solver state to checkpoint; ``static_information`` the number of samples the chain will keep, if known.
         A collector that holds a checkpoint of this chain continues from it (see :meth:`resume`).
+
+        Args:
+            init_sample: A sample: the structure, shapes and dtypes of the samples.
+            init_checkpoint: A solver state: the structure, shapes and dtypes of the state to checkpoint.
+            static_information: The number of samples the chain will keep, if known.
+
+        Returns:
+            The chain's id.
         """
 
     @abc.abstractmethod
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
-        """Store a block of samples: ``values`` holds one array per leaf of the sample (in ``jax.tree.leaves``
-        order), whose rows are the samples ``first, first + 1, ...`` of the chain.
+        """Store a block of samples of the chain ``chain_id``, at its rows.
 
-        Blocks may arrive in any order, and a block may arrive more than once: store it at its rows, so that a second
-        delivery changes nothing. The arrays are read-only and nothing changes them later: a collector may keep them
-        without copying. :func:`jaxstow.io.save` calls this from a thread of its own, one block at a time, while the
-        run goes on; :meth:`checkpoint`, :meth:`finalize` and :meth:`finished` come after the blocks before them.
+        Blocks may arrive in any order, and more than once: a second delivery must change nothing. It is called from
+        a thread of its own, one block at a time, while the run goes on.
+
+        Args:
+            chain_id: The chain's id, from :meth:`register_chain`.
+            first: The index of the block's first sample in the chain.
+            values: One read-only array per leaf of the sample (in ``jax.tree.leaves`` order), whose rows are the
+                samples ``first, first + 1, ...``; nothing changes them later, so they may be kept without a copy.
         """
 
     def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:

@@ -34,32 +34,29 @@ _rules: dict[type, Rule] = {}
 
 
 def register_dictionize_rule(type: type) -> Callable[[Rule], Rule]:
-    """Decorator to define the rule that transforms a pytree node of ``type`` into a dict.
+    """Decorator to define the rule that transforms a pytree node of ``type`` into a dict, as jax_sgmc's does.
 
-    A rule accepts a node and returns an iterable of ``(key, value)`` pairs, one per child of the node in jax's
-    flattening order. The rule of the most specific registered base class of a node applies.
+    The rule of the most specific registered base class of a node applies.
+
+    Args:
+        type: The node's class, registered as a jax pytree node.
+
+    Returns:
+        A decorator of the rule, a function from a node to ``(key, child)`` pairs in jax's flattening order.
+
+    Raises:
+        ValueError: ``type`` has a rule already.
 
     >>> from jaxstow import io
     >>> from jax.tree_util import register_pytree_node
-    >>>
     >>> class SomeClass:
     ...   def __init__(self, value):
     ...     self._value = value
-    >>>
-    >>> # Do not forget to register the class as jax pytree node
-    >>> register_pytree_node(SomeClass,
-    ...                      lambda sc: (sc._value, None),
-    ...                      lambda _, data: SomeClass(value=data))
-    >>>
-    >>> # Now define a rule to transform the class into a dict
+    >>> register_pytree_node(SomeClass, lambda sc: (sc._value, None), lambda _, data: SomeClass(value=data))
     >>> @io.register_dictionize_rule(SomeClass)
     ... def some_class_to_dict(instance_of_some_class):
     ...   return [("this_is_the_key", instance_of_some_class._value)]
-    >>>
-    >>> some_class = SomeClass({'a': 0.0, 'b': 0.5})
-    >>> some_class_as_dict = io.pytree_to_dict(some_class)
-    >>>
-    >>> print(some_class_as_dict)
+    >>> print(io.pytree_to_dict(SomeClass({'a': 0.0, 'b': 0.5})))
     {'this_is_the_key': {'a': 0.0, 'b': 0.5}}
     """
 
@@ -91,6 +88,10 @@ def pytree_to_dict(tree: Any) -> Any:
 
     Transforms each node of a pytree to a dict by applying the registered rules; leaves stay as they are.
 
+    Raises:
+        ArgumentError: A node has no rule (register one with :func:`register_dictionize_rule`).
+        ValueError: A rule gives two children the same key.
+
     >>> from jaxstow import io
     >>> some_tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
     >>> as_dict = io.pytree_to_dict(some_tree)
@@ -112,18 +113,12 @@ def pytree_to_dict(tree: Any) -> Any:
 def pytree_dict_keys(tree: Any) -> list[Keys]:
     """Returns a list of keys to access the leaves of the tree.
 
-    The i-th tuple holds the keys that lead to the i-th leaf of ``jax.tree_util.tree_leaves(tree)`` in
-    ``pytree_to_dict(tree)``.
+    Returns:
+        One tuple per leaf of ``jax.tree_util.tree_leaves(tree)``: the keys that lead to it in
+        ``pytree_to_dict(tree)``.
 
-    >>> from jax.tree_util import tree_leaves  # jax.tree_leaves is gone from current JAX
     >>> from jaxstow import io
-    >>> pytree = {"a": [0.0, 1.0], "b": 2.0}
-    >>> pytree_as_dict = io.pytree_to_dict(pytree)
-    >>> pytree_leaves = tree_leaves(pytree_as_dict)
-    >>> pytree_keys = io.pytree_dict_keys(pytree_as_dict)
-    >>> print(pytree_leaves)
-    [0.0, 1.0, 2.0]
-    >>> print(pytree_keys)
+    >>> io.pytree_dict_keys({"a": [0.0, 1.0], "b": 2.0})
     [('a', 'list_element_0'), ('a', 'list_element_1'), ('b',)]
     """
     treedef: PyTreeDef = jax.tree_util.tree_structure(tree)
@@ -149,8 +144,10 @@ def pytree_dict_keys(tree: Any) -> list[Keys]:
 def dict_to_pytree(pytree_as_dict: dict[Any, Any], target: Any) -> Any:
     """Restores the original tree structure given by the target from a dict.
 
-    Works on subtrees too, as long as the subtree of the dict matches the subtree of the target. Every missing
-    entry is reported at once.
+    Works on subtrees too, as long as the subtree of the dict matches the subtree of the target.
+
+    Raises:
+        StructureMismatchError: Entries of ``target`` are missing from the dict (all of them named at once).
 
     >>> from jaxstow import io
     >>> some_tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}

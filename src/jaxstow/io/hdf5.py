@@ -4,27 +4,18 @@ The file holds one dataset per leaf of the sample at ``/chain~{id}/<keys>`` (the
 :func:`~jaxstow.io.pytree_to_dict` joined by ``/``), of shape ``(samples, *leaf)`` and the leaf's dtype. Datasets
 are chunked and resizable: they grow as blocks arrive and are trimmed to the samples kept when the run ends, when
 ``/chain~{id}`` also gets the attribute ``sample_count``. The dataset ``/draws_done`` holds, per chain, how many samples
-are written so far.
-
-A file opened with ``libver="latest"`` (``h5py.File(path, "w", libver="latest")``) is put in HDF5's
-single-writer/multi-reader (SWMR) mode by the collector itself, as soon as it gets the file: other processes then read
-it while the run goes on (:func:`jaxstow.io.to_inference_data`, ``jaxstow watch``, :mod:`jaxstow.io.live`, or h5py
-with ``swmr=True``). Each block is flushed to the file before ``/draws_done`` counts it, so a reader sees the samples
-up to that count, never a torn block. A file opened otherwise cannot be read until its writer closes it: the
-collector warns once (a :class:`~jaxstow.io.LiveReadWarning`), and saves and checkpoints it all the same.
+are written so far: each block is flushed to the file before it counts it, so a reader in SWMR mode sees the samples
+up to that count, never a torn block.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
 >>> file = h5py.File(os.path.join(tempfile.mkdtemp(), "samples.h5"), "w", libver="latest")
 >>> init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
 >>> state = init_save({"w": jnp.zeros(3), "loss": 0.0}, None, io.scheduler.static_information(samples_collected=100))
->>> def step(state, i):
-...     return save(state, i % 2 == 1, {"w": jnp.full(3, i, jnp.float32), "loss": i / 10})
+>>> step = lambda state, i: save(state, i % 2 == 1, {"w": jnp.full(3, i, jnp.float32), "loss": i / 10})
 >>> state, _ = jax.lax.scan(step, state, jnp.arange(8))
->>> file.swmr_mode                 # another process may read the file now
-True
->>> postprocess_save(state, None)["sample_count"]
-Array(4, dtype=int32, weak_type=True)
+>>> file.swmr_mode, postprocess_save(state, None)["sample_count"]   # another process may read the file
+(True, Array(4, dtype=int32, weak_type=True))
 >>> file["/chain~0/w"].shape, file["/chain~0/loss"][:], file["/chain~0"].attrs["sample_count"]
 ((4, 3), array([0.1, 0.3, 0.5, 0.7], dtype=float32), np.int64(4))
 >>> file.close()
@@ -76,39 +67,12 @@ _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descript
 
 
 class HDF5Collector(DataCollector):
-    """Save to hdf5 format.
+    """Save to hdf5 format, as jax_sgmc's ``io.HDF5Collector`` does.
 
-    Samples of every chain go to ``file``, a path or an open ``h5py.File``, and can be viewed with any HDF5 viewer.
-    Writing happens on a background thread; :meth:`finalize` waits for it. ``compression`` is passed to ``h5py``
-    (``"gzip"``, ``"lzf"``, ...).
-
-    Checkpoints of every chain go to one jaxstow file, ``<file name>.checkpoint.jxs`` in ``checkpoint_dir`` (by
-    default the file's folder), replaced atomically at each checkpoint, so that the chains of a ``vmap`` always resume
-    from the same step. At every checkpoint the file is flushed to disk before the checkpoint is committed, and the
-    collector holds the file's HDF5 metadata in memory between flushes, so that a crash leaves the file as it was at
-    the last checkpoint (or, in SWMR mode, at the last block it published: rows past the checkpoint are written
-    again when the run resumes). The file is also flushed as soon as the collector gets it and after each chain is
-    registered, so that a process killed at any moment after that, before the first checkpoint too, leaves a file
-    that opens, whose ``/draws_done`` counts the rows it holds. (With ``compression``, HDF5 may move a chunk that was
-    rewritten after the checkpoint; resuming after a crash is then not guaranteed.)
-
-    Given a **path**, the collector opens the file itself in SWMR mode (any process reads it while the run goes on),
-    holding its :class:`~jaxstow.io.swmr.WriterLock`: a second writer gets a :class:`~jaxstow.errors.CheckpointError`
-    naming the process that writes the file. If the file and its checkpoint exist, the run continues from the
-    checkpoint (the writer flags that a killed run left in the file are cleared); otherwise it starts over in the
-    emptied file (a finished run too: it leaves no checkpoint). The same code run again after a kill at any moment
-    thus continues or starts over by itself. Once the last chain is finalized (or at :meth:`close`) the file is closed
-    and the lock released: :meth:`finished` reads NumPy arrays from it.
-
-    Given an **open h5py.File** opened with ``libver="latest"``, the collector puts it in SWMR mode at once (do not
-    set ``file.swmr_mode`` yourself); opened without it, no other process reads it before it is closed, which the
-    collector says once with a :class:`~jaxstow.io.LiveReadWarning`. Run again, the code starts over (mode ``"w"``;
-    a checkpoint left beside the file is removed) or continues each chain from its checkpoint (mode ``"a"``). After a
-    kill in SWMR mode, HDF5's writer flags in the file make ``h5py.File(path, "a")`` raise ``OSError`` ("file is
-    already open for write"): give the collector the path instead, or first call
-    :func:`jaxstow.io.swmr.clear_stale_writer` on the path, once no process writes it. :meth:`finished` returns the
-    file's datasets. A file of other samples (other variables, shapes or dtypes) raises a
-    :class:`~jaxstow.errors.StructureMismatchError` naming each, as does a checkpoint of another solver state.
+    Samples of every chain go to an HDF5 file, viewable with any HDF5 viewer, written on a background thread; the
+    checkpoints of all chains go to one jaxstow file beside it, replaced atomically, so that the chains of a ``vmap``
+    resume from the same step. Given a path, the same code run again after a kill continues from the checkpoint, or
+    starts over; any process may read the file while the run goes on. See docs/sampling.md.
 
     >>> import os, tempfile, jax.numpy as jnp
     >>> from jaxstow import io
@@ -127,11 +91,6 @@ class HDF5Collector(DataCollector):
     array([0., 1., 2., 3., 4., 5., 6., 7., 8., 9.], dtype=float32)
     >>> sorted(os.listdir(os.path.dirname(path)))        # no checkpoint, no lock: the run is finished
     ['samples.h5']
-
-    >>> import h5py                                     # jax_sgmc's form, with an open file
-    >>> file = h5py.File(tempfile.TemporaryFile(), "w")  # Use a real file for real saving
-    >>> saving = io.save(io.HDF5Collector(file))
-    >>> file.close()
     """
 
     def __init__(
@@ -141,6 +100,31 @@ class HDF5Collector(DataCollector):
         compression: str | None = None,
         checkpoint_dir: str | os.PathLike[str] | None = None,
     ) -> None:
+        """Take the file to write the samples to.
+
+        Args:
+            file: A path, which the collector opens itself in SWMR mode, holding its
+                :class:`~jaxstow.io.swmr.WriterLock` (and continues from the checkpoint beside it, if any); or an open
+                ``h5py.File``, jax_sgmc's form (mode ``"w"`` starts over, ``"a"`` continues), put in SWMR mode at
+                once if opened with ``libver="latest"``, and otherwise saved with a
+                :class:`~jaxstow.io.LiveReadWarning`.
+            compression: Passed to ``h5py`` (``"gzip"``, ``"lzf"``, ...). HDF5 may then move a chunk rewritten
+                after a checkpoint, so resuming after a crash is not guaranteed.
+            checkpoint_dir: Where ``<file name>.checkpoint.jxs`` goes (by default the file's folder).
+
+        Raises:
+            IsAFolderError: ``file`` is a folder.
+            ArgumentError: ``file`` is neither a path nor an ``h5py.File``.
+            CheckpointError: Another process writes the file.
+            StructureMismatchError: The file or its checkpoint holds other samples or another solver state (raised
+                by :meth:`register_chain`).
+
+        >>> import h5py, tempfile
+        >>> from jaxstow import io
+        >>> file = h5py.File(tempfile.TemporaryFile(), "w")  # Use a real file for real saving
+        >>> saving = io.save(io.HDF5Collector(file))
+        >>> file.close()
+        """
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
@@ -164,6 +148,10 @@ class HDF5Collector(DataCollector):
         self._finalized: set[int] = set()
         self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
+        # A crash leaves the file as it was at the last checkpoint (or at the last block published, in SWMR mode):
+        # the file is flushed before each checkpoint is committed, its HDF5 metadata is held in memory between
+        # flushes, and it is flushed now and after each chain is registered, so that a process killed before its
+        # first checkpoint leaves a file that opens.
         hold_metadata_in_memory(file)
         self._settle()
 

@@ -3,9 +3,7 @@
 :func:`to_inference_data` takes what ``postprocess_save`` returns (a list with one result per chain, or one chain's
 result), a :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector`, and
 stacks the chains itself, so that one chain's samples never pass for many chains. Each leaf of the sample becomes a
-variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). A file whose run is still going on
-(read in SWMR mode, from any process: see :mod:`jaxstow.io.live`) gives the samples every chain has written so far,
-as far as the file counts them.
+variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). See docs/sampling.md.
 
 >>> import jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -52,11 +50,18 @@ def to_inference_data(
 ) -> Any:
     """An ``arviz.InferenceData`` whose ``posterior`` holds every chain's samples, shaped ``(chain, draw, ...)``.
 
-    ``samples`` is what ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
-    :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector` (a path or an
-    open ``h5py.File``). Chains that kept different numbers of samples raise an error, unless ``truncate=True`` cuts
-    every chain to the shortest; the file of a run that is still going on is read as far as every chain has
-    written (see :func:`jaxstow.io.live.read_draws`). ``coords`` and ``dims`` go to ``arviz.from_dict``.
+    Args:
+        samples: What ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
+            :class:`~jaxstow.io.MemoryCollector`, or the HDF5 file of an :class:`~jaxstow.io.HDF5Collector` (a path
+            or an open ``h5py.File``; a run still going on is read as far as every chain has written).
+        truncate: Cut every chain to the shortest, rather than raise.
+        coords: Passed to ``arviz.from_dict``.
+        dims: Passed to ``arviz.from_dict``.
+
+    Raises:
+        JaxstowError: The chains kept different numbers of samples (without ``truncate``) or other variables, or
+            there are none.
+        ArgumentError: ``samples`` is none of the above.
 
     >>> import numpy as np
     >>> from jaxstow import io

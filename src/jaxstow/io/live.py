@@ -1,10 +1,8 @@
 """The samples an :class:`~jaxstow.io.HDF5Collector`'s file holds, read while its run may still go on.
 
-A chain that finished has the attribute ``sample_count``; one that is still running counts its written samples in
-``/draws_done``, which its writer updates only after the rows reach the file. Reading that count first, then the
-rows up to it, never shows a torn block. A file whose writer was killed is read the same way, up to the rows it
-counts. The collector puts a file opened with ``libver="latest"`` in SWMR mode as soon as it gets it, so that
-readers may come at any time.
+A finished chain has the attribute ``sample_count``; a running one counts its written samples in ``/draws_done``,
+updated only after the rows reach the file. Reading that count first, then the rows up to it, never shows a torn
+block; a killed writer's file is read the same way.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io

@@ -29,37 +29,26 @@ class DeviceSamples(NamedTuple):
 
 
 def no_save() -> Saving:
-    """Does not save the data on the host but returns it instead.
+    """Does not save the data on the host but returns it instead, as jax_sgmc's ``io.no_save`` does.
 
-    If the samples are small, collection on the device is possible; its size is fixed when the run is compiled, so
-    ``static_information.samples_collected`` must be given. Donate the saving state to the jit-compiled run
-    (``jax.jit(run, donate_argnums=...)``) so that the samples are written in place rather than into a copy. Works
-    under ``jax.vmap`` with a different ``keep`` per chain; ``postprocess_save`` then returns a list with one result
-    per chain.
+    The samples stay in device memory, whose size is fixed when the run is compiled, so
+    ``static_information.samples_collected`` must be given. It is used as :func:`~jaxstow.io.save` is (see its
+    example) and returns device arrays; donate the saving state to the run so that samples are written in place.
 
-    Save keep every second element of a 5 element scan
+    Returns:
+        ``(init_save, save, postprocess_save)``, with the signatures of :func:`~jaxstow.io.save`'s.
+
+    Raises:
+        ArgumentError: ``init_save`` is not given ``samples_collected``.
+        SampleCountError: ``postprocess_save`` finds more samples kept than ``samples_collected``.
 
     >>> import jax.numpy as jnp
-    >>> from jax.lax import scan
     >>> from jaxstow import io, scheduler
-    >>>
     >>> init_save, save, postprocess_save = io.no_save()
-    >>>
-    >>> def update(saving_state, it):
-    ...   saving_state = save(saving_state, jnp.mod(it, 2) == 0, {'iteration': it})
-    ...   return saving_state
-    >>>
-    >>> # The information about the number of collected samples must be defined
-    >>> # before the run
-    >>> static_information = scheduler.static_information(samples_collected=3)
-    >>>
-    >>> # The saving function must now the form of the sample which should be saved
-    >>> saving_state = init_save({'iteration': jnp.array(0)}, None, static_information)
-    >>> final_state, _ = scan(update, saving_state, jnp.arange(5))
-    >>>
-    >>> saved_samples = postprocess_save(final_state, None)
-    >>> print(saved_samples)
-    {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': Array([0, 2, 4], dtype=int32)}}
+    >>> state = init_save({'x': jnp.zeros(())}, None, scheduler.static_information(samples_collected=3))
+    >>> state, _ = save(state, True, {'x': jnp.ones(())})
+    >>> postprocess_save(state, None)['samples']
+    {'x': Array([1.], dtype=float32)}
     """
     return _init, _save, _postprocess
 

@@ -1,5 +1,6 @@
-"""numpyro's MCMC run with its kernel stepped inside ``jit``, every kept draw streamed to an HDF5 file under numpyro's
-site names, checkpointed, resumed after a kill and readable while it goes on (see :func:`jaxstow.io.run_chains`).
+"""numpyro's MCMC run with its kernel stepped inside ``jit``, its draws streamed to a resumable HDF5 file.
+
+See :func:`jaxstow.io.run_chains` and docs/sampling-runs.md.
 
 >>> import os, tempfile, jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist
 >>> from numpyro.infer import MCMC, NUTS
@@ -43,17 +44,25 @@ def run(
     init_params: Any = None,
     checkpoint_every: int = 1000,
 ) -> dict[str, np.ndarray]:
-    """Run ``mcmc`` (a ``numpyro.infer.MCMC``) as ``mcmc.run(rng_key, *model_args, **model_kwargs)`` would, streaming
-    its draws to ``path``.
+    """Run ``mcmc`` as ``mcmc.run(rng_key, *model_args, **model_kwargs)`` would, streaming its draws to ``path``.
 
-    ``mcmc``'s kernel (``NUTS``, ``HMC``, any kernel whose state numpyro vectorizes), ``num_warmup``,
-    ``num_samples``, ``num_chains`` and ``thinning`` are used; the chains always run vectorized (``vmap``), as with
-    ``chain_method="vectorized"``. Every step is one call of the kernel's ``sample`` inside a jit-compiled
-    ``lax.scan``; the kept draws are the constrained values of the model's sites and its deterministic sites, under
-    numpyro's names. The kernel's whole state (positions, PRNG keys, the warm-up's adaptation state, the iteration)
-    is checkpointed every ``checkpoint_every`` steps, warm-up included; the step size and inverse mass matrix the
-    warm-up ends with are saved in the file's ``/warmup`` group. Called again after a kill, the run continues from
-    its last checkpoint with draws bit for bit those of an uninterrupted run. Returns ``{site: (chains, draws, ...)}``.
+    The chains run vectorized (``vmap``), one kernel ``sample`` per step inside a jit-compiled ``lax.scan``; the
+    kernel's whole state is checkpointed, warm-up included, and the step size and inverse mass matrix the warm-up
+    ends with are kept in the file's ``/warmup`` group. Called again after a kill, the run continues from its last
+    checkpoint, with draws bit for bit those of an uninterrupted run. See docs/sampling-runs.md.
+
+    Args:
+        mcmc: A ``numpyro.infer.MCMC``: its kernel (``NUTS``, ``HMC``, any kernel whose state numpyro vectorizes),
+            ``num_warmup``, ``num_samples``, ``num_chains`` and ``thinning`` are used.
+        path: The HDF5 file (see :func:`jaxstow.io.run_chains`).
+        rng_key: The run's PRNG key.
+        model_args: The model's positional arguments.
+        model_kwargs: The model's keyword arguments.
+        init_params: Initial parameters, as ``mcmc.run`` takes them.
+        checkpoint_every: The steps between checkpoints.
+
+    Returns:
+        The constrained values of the model's sites and deterministic sites, ``{site: (chains, draws, ...)}``.
     """
     require("h5py", extra="numpyro", purpose="jaxstow.io.numpyro.run")  # before the run, which needs it to write
     kernel = mcmc.sampler

@@ -1,19 +1,10 @@
 """Resumable sampling runs: every chain stepped inside ``jit``, each kept draw streamed to an HDF5 file, the sampler's
 state checkpointed with the draws, and a run killed at any moment continued by the same call.
 
-:func:`run_chains` drives any sampler given as one step of all its chains; :mod:`jaxstow.io.blackjax` and
-:mod:`jaxstow.io.numpyro` build that step for blackjax and numpyro. The run's steps are cut into segments that end
-at every ``checkpoint_every``-th step (and where the warm-up ends). Each segment is one call of a jit-compiled
-``lax.scan`` of the sampler that returns the segment's draws (at most 16 MiB of them: longer segments are cut).
-While the next segment runs, the host hands the kept draws to an :class:`~jaxstow.io.HDF5Collector`, which writes
-them on a thread of its own, and, at the end of every ``checkpoint_every``-th step, the state of every chain: the
-collector commits that checkpoint, in one file for all chains, once the draws it counts are flushed to disk. The
-sampler's program holds no host callback, so JAX's persistent compilation cache
-(``jax.config.update("jax_compilation_cache_dir", ...)``) can keep it for the next process. A run started again with
-the same call continues from its last checkpoint and runs the same compiled segments on the same states, so its draws
-are bit for bit those of a run that was never interrupted, and rows written after the checkpoint are written again
-at the same places, never twice. The file is in HDF5's SWMR mode while the run goes on: other processes read the
-draws so far (``jaxstow watch``, :func:`~jaxstow.io.to_inference_data`).
+The run's segments end at every ``checkpoint_every``-th step (and where the warm-up ends), each one call of a
+jit-compiled ``lax.scan`` returning at most 16 MiB of draws, which an :class:`~jaxstow.io.HDF5Collector` writes
+while the next segment runs. The program holds no host callback, so JAX's persistent compilation cache can keep it;
+a run continued has draws bit for bit those of an uninterrupted run. See docs/sampling-runs.md.
 
 >>> import os, tempfile, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -81,23 +72,28 @@ def run_chains(
 ) -> dict[str, np.ndarray]:
     """Run every chain ``num_steps`` steps, streaming the kept draws into the HDF5 file ``path``; return the draws.
 
-    - ``start()`` returns the state of every chain, stacked (leading axis: the chains), with PRNG keys as raw key
-      data (``jax.random.key_data``). It is called only when the run starts, not when it is continued.
-    - ``step(state, t)`` advances every chain by step ``t`` (an int32 from 0) and returns ``(state, draws, keep)``:
-      the draws of every chain (a pytree, leading axis the chains) and whether each chain keeps them.
-    - ``checkpoint_every``: the state is checkpointed with the draws after every ``checkpoint_every`` steps (and
-      when the run starts); ``draws_per_chain``, if known, sizes the file and the blocks of draws.
-    - ``identity``: JSON values that make this run this run (a seed, a model's name, ...). They are recorded in the
-      file with the number of chains, of steps and ``checkpoint_every``; continuing with other values raises a
-      :class:`~jaxstow.errors.CheckpointError` naming the file, the value and both settings, before anything is
-      written. Draws of other variables or shapes, or a state of another structure, raise a
-      :class:`~jaxstow.errors.StructureMismatchError` naming each of them.
-    - ``warmup(state)`` returns results to keep with the run (a step size, a mass matrix: arrays with a leading
-      axis of chains), read from the state after ``warmup_steps`` steps; they are written to ``/warmup/<name>``.
+    A finished run is read from its file; a killed one continues from its last checkpoint. See docs/sampling-runs.md.
 
-    Returns ``{variable: array}`` shaped ``(chains, draws, ...)``, the variables named by the draws' dict keys
-    joined with ``.``. A finished run is read from its file, not run again. One process at a time writes a run: a
-    second one gets a :class:`~jaxstow.errors.CheckpointError` naming the first.
+    Args:
+        path: The HDF5 file; one process at a time writes it.
+        start: Returns the state of every chain, stacked (leading axis: the chains), PRNG keys as raw key data
+            (``jax.random.key_data``); called only when the run starts.
+        step: ``step(state, t)`` advances every chain by step ``t`` (an int32 from 0) and returns
+            ``(state, draws, keep)``: the draws of every chain (leading axis the chains) and whether each keeps them.
+        num_steps: The steps of the run.
+        checkpoint_every: The state is checkpointed with the draws after every ``checkpoint_every`` steps.
+        draws_per_chain: If known, sizes the file and the blocks of draws.
+        identity: JSON values that make this run this run (a seed, a model's name, ...), recorded in the file.
+        warmup: Returns results to keep (a step size, a mass matrix) from the state after ``warmup_steps`` steps,
+            written to ``/warmup/<name>``.
+        warmup_steps: The step after which ``warmup`` reads the state.
+
+    Returns:
+        ``{variable: array}`` shaped ``(chains, draws, ...)``, named by the draws' dict keys joined with ``.``.
+
+    Raises:
+        CheckpointError: Another process writes the run, or the file's run has other settings or ``identity``.
+        StructureMismatchError: The file holds draws or a state of another structure.
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose="run_chains")

@@ -80,52 +80,29 @@ class SavingState(NamedTuple):
 def save(
     data_collector: DataCollector | None = None, checkpoint_every: int = 0, *, block_size: int | None = None
 ) -> Saving:
-    """Initializes asynchronous saving of samples and checkpoints.
+    """Initializes asynchronous saving of samples and checkpoints, as jax_sgmc's ``io.save`` does.
 
-    Accepted samples are sent to the host in blocks and processed there by ``data_collector`` (by default a
-    :class:`~jaxstow.io.MemoryCollector`), which keeps device memory small and makes the samples visible while the
-    run goes on. What ``postprocess_save`` returns as ``'samples'`` depends on the collector: numpy arrays for the
-    memory collector, the datasets for the HDF5 collector.
+    Kept samples reach ``data_collector`` on the host in blocks, while the run goes on. See docs/sampling.md.
 
-    Returns ``(init_save, save, postprocess_save)``:
+    Args:
+        data_collector: Where the samples go (a :class:`~jaxstow.io.MemoryCollector` by default).
+        checkpoint_every: Checkpoint ``solver_state`` and ``scheduler_state`` every ``n`` calls of ``save`` (0: never).
+        block_size: Samples per chain buffered on the device (by default a power of two, at most 1 MiB).
 
-    - ``init_save(init_sample, init_checkpoint, static_information)``, outside jit, registers a chain and returns
-      its saving state. If the collector holds a checkpoint of this chain, the state continues from it.
-    - ``save(saving_state, keep, sample, scheduler_state=None, solver_state=None)``, inside jit, returns
-      ``(saving_state, None)``. Under ``jax.vmap`` every chain needs its own saving state: call ``init_save`` once
-      per chain and stack the states; ``keep`` may differ between chains.
-    - ``postprocess_save(saving_state, solver_state)``, outside jit, returns ``{'sample_count': n, 'samples': ...}``
-      (a list of those, in chain order, for stacked states).
+    Returns:
+        ``(init_save, save, postprocess_save)``: ``init_save(init_sample, init_checkpoint, static_information)``
+        registers a chain (once per chain under ``jax.vmap``); ``save(saving_state, keep, sample, scheduler_state=None,
+        solver_state=None)`` runs inside jit; ``postprocess_save(saving_state, solver_state)`` returns the samples.
 
-    ``checkpoint_every=n`` checkpoints ``solver_state`` (with the structure of ``init_checkpoint``) and
-    ``scheduler_state`` every ``n`` calls of ``save``; see :meth:`~jaxstow.io.DataCollector.resume`.
-    Donate the saving state to the jit-compiled run (``jax.jit(run, donate_argnums=...)``) so that its buffer is
-    updated in place rather than copied first. ``block_size`` is the number of samples per chain buffered on the
-    device (by default a power of two of them, at most 1 MiB and an eighth of the first chain's
-    ``samples_collected``, the same rows as the HDF5 collector's chunks; every chain gets the same, so that their
-    states stack).
+    Raises:
+        ArgumentError: A negative ``checkpoint_every`` or a ``block_size`` below 1.
 
-    >>> import jax.numpy as jnp
-    >>> from jax.lax import scan
+    >>> import jax, jax.numpy as jnp
     >>> from jaxstow import io, scheduler
-    >>>
-    >>> dc = io.MemoryCollector()
-    >>> init_save, save, postprocess_save = io.save(dc)
-    >>>
-    >>> def update(saving_state, it):
-    ...   saving_state = save(saving_state, jnp.mod(it, 2) == 0, {'iteration': it})
-    ...   return saving_state
-    >>>
-    >>> # The information about the number of collected samples must be defined
-    >>> # before the run
-    >>> static_information = scheduler.static_information(samples_collected=3)
-    >>>
-    >>> # The saving function must now the form of the sample which should be saved
-    >>> saving_state = init_save({'iteration': jnp.array(0)}, {}, static_information)
-    >>> final_state, _ = scan(update, saving_state, jnp.arange(5))
-    >>>
-    >>> saved_samples = postprocess_save(final_state, None)
-    >>> print(saved_samples)
+    >>> init_save, save, postprocess_save = io.save(io.MemoryCollector())
+    >>> state = init_save({'iteration': jnp.array(0)}, {}, scheduler.static_information(samples_collected=3))
+    >>> state, _ = jax.lax.scan(lambda s, it: save(s, it % 2 == 0, {'iteration': it}), state, jnp.arange(5))
+    >>> print(postprocess_save(state, None))
     {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': array([0, 2, 4], dtype=int32)}}
     """
     if checkpoint_every < 0:

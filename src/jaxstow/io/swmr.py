@@ -1,14 +1,10 @@
 """HDF5 files written by one process while others read them: HDF5's single-writer/multi-reader (SWMR) mode.
 
-A file created with ``libver="latest"`` starts with a version 3 superblock whose *consistency flags* say whether a
-writer has it open, and whether in SWMR mode. A writer in SWMR mode (``file.swmr_mode = True``, after every dataset
-is created) keeps the file readable at every moment by readers that open it with ``swmr=True``; a plain reader, or
-a second writer, is refused while the flags are set. A writer that is killed leaves the flags set: HDF5's ``h5clear``
-tool clears them, and so does :func:`clear_stale_writer`. jaxstow's writers of a file hold its :class:`WriterLock`,
-which tells the next writer that the last one was killed, so that it clears the flags itself. A file without that
-superblock (one created without ``libver="latest"``) cannot enter SWMR mode: its writer locks it, and no other
-process reads it before it is closed; :func:`writes_live` says which. What this module knows is HDF5's; the bytes
-it writes (the lock file, the superblock's flags) go through :mod:`jaxstow._storage`.
+A file created with ``libver="latest"`` has a superblock whose *consistency flags* say whether a writer has it
+open, and whether in SWMR mode; readers open it with ``swmr=True``. A killed writer leaves the flags set:
+:func:`clear_stale_writer` clears them (as HDF5's ``h5clear -s`` does), and a jaxstow writer's :class:`WriterLock`
+tells the next writer that the last one was killed. A file created otherwise cannot enter SWMR mode
+(:func:`writes_live` says which). The bytes this module writes go through :mod:`jaxstow._storage`.
 
 >>> import os, tempfile, h5py
 >>> from jaxstow.io.swmr import open_for_reading, read_superblock
@@ -193,11 +189,15 @@ def hold_metadata_in_memory(file: Any) -> None:
 def clear_stale_writer(path: str | os.PathLike[str]) -> bool:
     """Clear the consistency flags a killed writer left in the superblock (what ``h5clear -s`` does).
 
-    It holds the file's :class:`WriterLock` meanwhile, so it refuses, with a :class:`~jaxstow.errors.CheckpointError`
-    naming the process, while a writer that holds that lock is alive (an :class:`~jaxstow.io.HDF5Collector` given a
-    path, :func:`jaxstow.io.run_chains`). A writer that holds no such lock (an ``h5py.File`` a program opened itself)
-    cannot be told from a killed one: call this only when no program writes the file. Returns whether the flags were
-    set.
+    A writer that holds no :class:`WriterLock` (an ``h5py.File`` a program opened itself) cannot be told from a
+    killed one: call this only when no program writes the file.
+
+    Returns:
+        Whether the flags were set.
+
+    Raises:
+        CheckpointError: A live writer holds the file's :class:`WriterLock` (an :class:`~jaxstow.io.HDF5Collector`
+            given a path, :func:`jaxstow.io.run_chains`); the error names its process.
 
     >>> import os, tempfile, h5py
     >>> path = os.path.join(tempfile.mkdtemp(), "samples.h5")
@@ -235,14 +235,11 @@ def _clear_flags(name: str) -> bool:
 
 
 class WriterLock:
-    """``<file>.lock``: the lock (a :class:`jaxstow._storage.lock.FileLock`) that the one process writing an HDF5
-    file holds, until :meth:`release`.
+    """``<file>.lock``: the lock that the one process writing an HDF5 file holds, until :meth:`release`.
 
-    The kernel releases it when its process ends, however it ends, but the lock file, which names the process, is
-    removed only by :meth:`release`: a lock file found when the lock is taken was left by a writer that was killed
-    (:attr:`killed`), so the writer flags left in the file are stale, and :meth:`clear_stale_flags` clears them. A
-    second writer gets a :class:`~jaxstow.errors.CheckpointError` naming the file and the process that holds it.
-    ``release(failed=True)`` leaves the lock file as it was found.
+    The kernel releases it when its process ends, but only :meth:`release` removes the lock file, which names the
+    process: one found when the lock is taken was left by a killed writer (:attr:`killed`), whose flags in the file
+    :meth:`clear_stale_flags` clears. A second writer gets a :class:`~jaxstow.errors.CheckpointError` naming it.
 
     >>> import os, tempfile
     >>> from jaxstow.errors import CheckpointError

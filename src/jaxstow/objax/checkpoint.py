@@ -1,24 +1,4 @@
-"""``Checkpoint``: Objax's checkpoints of variable collections, with Objax's signatures.
-
-``save(vc, idx)`` writes the collection's values to ``logdir/ckpt/0000000042.npz`` (for ``idx=42``) and keeps the
-``keep_ckpts`` latest; ``restore(vc, idx=None)`` assigns the variables from the latest checkpoint (or ``idx``) and
-returns ``(idx, path)``, ``(0, "")`` when there is none. Files, folder lock and cleanup are those of
-:class:`jaxstow.objax.TreeCheckpoint`, its counterpart for JAX trees.
-
->>> import tempfile, jax.numpy as jnp
->>> from jaxstow.objax import Checkpoint
->>> class Var:
-...     def __init__(self, value):
-...         self.value = value
-...     def assign(self, value, check=True):
-...         self.value = value
->>> ckpt = Checkpoint(tempfile.mkdtemp(), keep_ckpts=2, verbose=False)
->>> for idx in (1, 2, 3):
-...     ckpt.save({"(Linear).w": Var(jnp.full(2, idx))}, idx)
->>> model = {"(Linear).w": Var(jnp.zeros(2, jnp.int32))}
->>> ckpt.restore(model)[0], model["(Linear).w"].value, ckpt.indices()
-(3, Array([3, 3], dtype=int32), [2, 3])
-"""
+"""``Checkpoint``: Objax's checkpoints of variable collections, with Objax's signatures."""
 
 from __future__ import annotations
 
@@ -34,11 +14,23 @@ __all__ = ["Checkpoint"]
 
 
 class Checkpoint(TreeCheckpoint):
-    """Keeps the ``keep_ckpts`` latest checkpoints of a variable collection in ``logdir/DIR_NAME``.
+    """Keeps the ``keep_ckpts`` latest checkpoints of a variable collection in ``logdir/DIR_NAME``, as Objax's does.
 
-    ``verbose`` prints which checkpoint is restored, as Objax does. The class constants are Objax's:
-    ``DIR_NAME``, ``FILE_MATCH``, ``FILE_FORMAT``, ``SAVE_FN(file, vc)`` and ``LOAD_FN(file, vc)``. ``logdir`` may
-    be an fsspec URL, reached with ``storage_options``, as for :class:`~jaxstow.objax.TreeCheckpoint`.
+    ``save(vc, idx)`` writes ``logdir/ckpt/0000000042.npz`` (for ``idx=42``); ``restore(vc)`` assigns the variables.
+    The class constants are Objax's (``DIR_NAME``, ``FILE_MATCH``, ``FILE_FORMAT``, ``SAVE_FN(file, vc)``,
+    ``LOAD_FN(file, vc)``); files, lock and cleanup are those of :class:`~jaxstow.objax.TreeCheckpoint`.
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> from jaxstow.objax import Checkpoint
+    >>> class Var:                                       # an Objax variable, as far as this goes
+    ...     def __init__(self, value): self.value = value
+    ...     def assign(self, value, check=True): self.value = value
+    >>> ckpt = Checkpoint(tempfile.mkdtemp(), keep_ckpts=2, verbose=False)
+    >>> for idx in (1, 2, 3):
+    ...     ckpt.save({"(Linear).w": Var(jnp.full(2, idx))}, idx)
+    >>> model = {"(Linear).w": Var(jnp.zeros(2, jnp.int32))}
+    >>> ckpt.restore(model)[0], model["(Linear).w"].value, ckpt.indices()
+    (3, Array([3, 3], dtype=int32), [2, 3])
     """
 
     LOAD_FN: ClassVar[Callable[[str, Any], Any]] = staticmethod(load_var_collection)
@@ -53,13 +45,27 @@ class Checkpoint(TreeCheckpoint):
         *,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Make the checkpoints' folder, ``logdir/DIR_NAME``.
+
+        Args:
+            logdir: A path or an fsspec URL.
+            keep_ckpts: How many of the latest checkpoints to keep.
+            makedir: Create the folder now.
+            verbose: Print which checkpoint is restored, as Objax does.
+            storage_options: Passed to fsspec for a URL ``logdir``.
+        """
         super().__init__(logdir, keep_ckpts, makedir, storage_options=storage_options)
         self.verbose = verbose
 
     def restore(self, vc: Any = None, idx: int | None = None) -> tuple[int, str]:  # type: ignore[override]
-        """Assign the variables of ``vc`` from checkpoint ``idx`` (the latest by default): returns ``(idx, path)``.
+        """Assign the variables of ``vc`` from checkpoint ``idx`` (the latest by default).
 
-        With no checkpoint in the folder nothing is assigned and ``(0, "")`` is returned.
+        Returns:
+            ``(idx, path)``; ``(0, "")``, with nothing assigned, when the folder holds no checkpoint.
+
+        Raises:
+            FileNotFoundError: There is no checkpoint ``idx``.
+            VariableMismatchError: The checkpoint does not fit ``vc`` (see :func:`load_var_collection`).
         """
         _check_collection(vc)
         idx, path = self.find(idx)

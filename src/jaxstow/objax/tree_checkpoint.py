@@ -1,20 +1,4 @@
-"""``TreeCheckpoint``: Objax's checkpointing API for JAX trees, on the manager's step naming, keep policy, lock and cleanup.
-
-``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42. Saving keeps the ``keep_ckpts`` highest indices; stray
-files in the folder are ignored. ``logdir`` may be an fsspec URL (``s3://bucket/run``), reached with
-``storage_options``: each file is saved all or nothing in the store's terms, as :func:`jaxstow.save` does. Unlike Objax, :meth:`Checkpoint.restore` returns the restored tree (JAX trees are
-values, not variables to assign), with its index and path; :class:`jaxstow.objax.Checkpoint` is the same for Objax's
-variable collections, with Objax's signatures.
-
->>> import tempfile, jax.numpy as jnp
->>> from jaxstow.objax import TreeCheckpoint
->>> ckpt = TreeCheckpoint(logdir=tempfile.mkdtemp(), keep_ckpts=2)
->>> for idx in (1, 5, 3, 10, 7):
-...     ckpt.save({"b": jnp.full(1, idx)}, idx=idx)
->>> tree, idx, path = ckpt.restore()
->>> idx, path.rsplit("/", 2)[1:], tree["b"]
-(10, ['ckpt', '0000000010.npz'], Array([10], dtype=int32))
-"""
+"""``TreeCheckpoint``: Objax's checkpointing API for JAX trees, on the manager's step naming, keep policy and lock."""
 
 from __future__ import annotations
 
@@ -44,12 +28,19 @@ logger = logging.getLogger(__name__)
 class TreeCheckpoint:
     """Keeps the ``keep_ckpts`` latest checkpoints of a run in ``logdir/DIR_NAME``, one file per index.
 
-    The class constants can be overridden in a subclass: ``DIR_NAME`` (the folder), ``FILE_MATCH`` (a glob that
-    checkpoint files match), ``FILE_FORMAT`` (the file name of an index), ``SAVE_FN(path, tree)`` and
-    ``LOAD_FN(path, like) -> tree`` (wrap functions in ``staticmethod``). The first save takes the folder's writer
-    lock, as :class:`~jaxstow.CheckpointManager` does, and removes what interrupted saves left. ``storage_options``
-    go to fsspec for a URL ``logdir`` (jaxstow's own save and load functions get them; others must reach the store
-    themselves, for instance through fsspec's environment variables).
+    ``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42; stray files are ignored. Unlike Objax's,
+    :meth:`restore` returns the restored tree (JAX trees are values, not variables). The first save takes the
+    folder's lock, as :class:`~jaxstow.CheckpointManager` does. Subclasses may override ``DIR_NAME``, ``FILE_MATCH``
+    (a glob), ``FILE_FORMAT``, ``SAVE_FN(path, tree)`` and ``LOAD_FN(path, like)`` (in ``staticmethod``).
+
+    >>> import tempfile, jax.numpy as jnp
+    >>> from jaxstow.objax import TreeCheckpoint
+    >>> ckpt = TreeCheckpoint(logdir=tempfile.mkdtemp(), keep_ckpts=2)
+    >>> for idx in (1, 5, 3, 10, 7):
+    ...     ckpt.save({"b": jnp.full(1, idx)}, idx=idx)
+    >>> tree, idx, path = ckpt.restore()
+    >>> idx, path.rsplit("/", 2)[1:], tree["b"]
+    (10, ['ckpt', '0000000010.npz'], Array([10], dtype=int32))
     """
 
     DIR_NAME: ClassVar[str] = "ckpt"
@@ -66,6 +57,15 @@ class TreeCheckpoint:
         *,
         storage_options: Mapping[str, Any] | None = None,
     ) -> None:
+        """Open the checkpoints' folder, ``logdir/DIR_NAME``.
+
+        Args:
+            logdir: A path or an fsspec URL (``s3://bucket/run``); each file is saved all or nothing.
+            keep_ckpts: How many of the highest indices to keep.
+            makedir: Create the folder now.
+            storage_options: Passed to fsspec for a URL ``logdir`` (by jaxstow's own save and load functions;
+                others reach the store themselves, e.g. through fsspec's environment variables).
+        """
         self.logdir = os.fspath(logdir)
         self.keep_ckpts = keep_ckpts
         self.storage_options = storage_options
@@ -119,9 +119,17 @@ class TreeCheckpoint:
         return idx, path
 
     def restore(self, like: Any = None, idx: int | None = None) -> tuple[Any, int, str]:
-        """Restore checkpoint ``idx`` (the latest by default): returns ``(tree, idx, path)``.
+        """Restore checkpoint ``idx`` (the latest by default).
 
-        An empty folder restores nothing: ``(like, 0, "")``. A missing ``idx`` raises :class:`FileNotFoundError`.
+        Args:
+            like: A target tree for ``LOAD_FN`` (``None`` rebuilds the tree from its file).
+            idx: The index to restore.
+
+        Returns:
+            ``(tree, idx, path)``; ``(like, 0, "")`` when the folder holds no checkpoint.
+
+        Raises:
+            FileNotFoundError: There is no checkpoint ``idx``.
         """
         idx, path = self.find(idx)
         if not path:

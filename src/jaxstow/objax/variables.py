@@ -1,32 +1,8 @@
 """Objax's ``save_var_collection`` / ``load_var_collection``: the variables of Objax modules, by name.
 
 An Objax ``VarCollection`` maps names such as ``'(Linear).w'`` to variables whose ``value`` is an array and whose
-``assign`` replaces it; a ``TrainRef`` stands for the variable in its ``ref``. Saving writes each variable once (the
-first name it goes by) as a jaxstow file of ``{name: value}``: atomically when given a file name, at the current
-position of a file object. Loading assigns each variable of the collection the value stored under one of its names
-(after ``renamer``), ignoring stored variables the collection lacks. It reads jaxstow files and also Objax's own
-``.npz`` files (``names`` plus ``0``, ``1``, ...), so checkpoints written by Objax load as they are.
-
-Loading is all or nothing: every variable is checked before any is assigned, and a variable with no stored value
-or with a value of another shape or dtype raises one :class:`~jaxstow.errors.VariableMismatchError` listing every
-problem (a ``ValueError`` and, as Objax raises on a shape mismatch, an ``AssertionError``).
-
-Nothing here imports Objax; anything shaped like its variables works:
-
->>> import io, jax.numpy as jnp
->>> from jaxstow.objax import load_var_collection, save_var_collection
->>> class Var:
-...     def __init__(self, value):
-...         self.value = value
-...     def assign(self, value, check=True):
-...         self.value = value
->>> buffer = io.BytesIO()
->>> save_var_collection(buffer, {"(Linear).w": Var(jnp.ones(2)), "(Linear).b": Var(jnp.zeros(1))})
->>> _ = buffer.seek(0)
->>> fresh = {"(Linear).w": Var(jnp.zeros(2)), "(Linear).b": Var(jnp.ones(1))}
->>> load_var_collection(buffer, fresh)
->>> fresh["(Linear).w"].value
-Array([1., 1.], dtype=float32)
+``assign`` replaces it; a ``TrainRef`` stands for the variable in its ``ref``. Nothing here imports Objax: anything
+shaped like its variables works. See docs/checkpointing.md.
 """
 
 from __future__ import annotations
@@ -69,8 +45,16 @@ def _by_variable(collection: Mapping[str, Any]) -> dict[int, tuple[Any, list[str
 def save_var_collection(
     file: PathOrFile, vc: Mapping[str, Any], *, storage_options: Mapping[str, Any] | None = None
 ) -> None:
-    """Save the values of the variables of ``vc``, each once, under the first name it goes by (``file`` may be an
-    fsspec URL, reached with ``storage_options``)."""
+    """Save the values of the variables of ``vc``, each once, under the first name it goes by, as Objax does.
+
+    The file is a jaxstow file of ``{name: value}``, written atomically when given a file name, at the current
+    position of a file object. See :func:`load_var_collection` for an example.
+
+    Args:
+        file: A path, an fsspec URL or a binary file object.
+        vc: The variable collection, ``module.vars()``.
+        storage_options: Passed to fsspec for a URL ``file``.
+    """
     tree = {names[0]: variable.value for variable, names in _by_variable(vc).values()}
     save(file, tree, storage_options=storage_options)
 
@@ -82,7 +66,31 @@ def load_var_collection(
     *,
     storage_options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Assign every variable of ``vc`` its value from ``file``; ``renamer`` maps the file's names to ``vc``'s."""
+    """Assign every variable of ``vc`` its value from ``file`` (jaxstow's or Objax's ``.npz``), all or nothing.
+
+    Args:
+        file: A path, an fsspec URL or a binary file object.
+        vc: The variable collection, ``module.vars()``; each variable takes the value stored under one of its names.
+        renamer: Maps the file's names to ``vc``'s.
+        storage_options: Passed to fsspec for a URL ``file``.
+
+    Raises:
+        VariableMismatchError: Variables with no stored value, or of another shape or dtype, all listed (also a
+            ``ValueError`` and, as Objax raises, an ``AssertionError``).
+
+    >>> import io, jax.numpy as jnp
+    >>> from jaxstow.objax import load_var_collection, save_var_collection
+    >>> class Var:                                       # an Objax variable, as far as this goes
+    ...     def __init__(self, value): self.value = value
+    ...     def assign(self, value, check=True): self.value = value
+    >>> buffer = io.BytesIO()
+    >>> save_var_collection(buffer, {"(Linear).w": Var(jnp.ones(2)), "(Linear).b": Var(jnp.zeros(1))})
+    >>> _ = buffer.seek(0)
+    >>> fresh = {"(Linear).w": Var(jnp.zeros(2)), "(Linear).b": Var(jnp.ones(1))}
+    >>> load_var_collection(buffer, fresh)
+    >>> fresh["(Linear).w"].value
+    Array([1., 1.], dtype=float32)
+    """
     stored = _read_objax_archive(file)
     if stored is None:
         stored = load(file, as_numpy=True, storage_options=storage_options)  # typed PRNG keys come back as jax arrays

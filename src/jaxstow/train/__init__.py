@@ -1,13 +1,11 @@
 """``jaxstow.train``: the checkpointer contract of a training loop, a default checkpointer, and a resumable trainer.
 
-A :class:`Trainer` trains a :class:`ModuleInterface` (its data loaders, its train and validation steps, its state and
-its callbacks) on a :class:`TrainerBackend` for a number of epochs, with PyMarlin's contract. When it is made, it asks
-its checkpointer for the checkpoint to resume from; after every epoch it asks it to save one. Write your own checkpointer by subclassing :class:`AbstractCheckpointer`, or configure
-the :class:`DefaultCheckpointer` with :class:`DefaultCheckpointerArguments`. Checkpoints are saved by
-:func:`jaxstow.save`, without pickle, for JAX models (:class:`EquinoxOptaxModule`) and PyTorch ones
-(:class:`TorchModule`) alike. Neither equinox, optax nor torch is imported until it is used.
+A :class:`Trainer` trains a :class:`ModuleInterface` for a number of epochs with PyMarlin's contract, resuming from
+the checkpoint its checkpointer (an :class:`AbstractCheckpointer`, by default a :class:`DefaultCheckpointer`) loads.
+Checkpoints are saved without pickle, for JAX models (:class:`EquinoxOptaxModule`) and PyTorch ones
+(:class:`TorchModule`) alike; neither equinox, optax nor torch is imported until used. See docs/trainer-contract.md.
 
->>> import os, tempfile
+>>> import tempfile
 >>> import equinox as eqx, jax, jax.numpy as jnp, optax
 >>> from jaxstow import train
 >>> def loss_fn(model, batch):
@@ -24,9 +22,6 @@ the :class:`DefaultCheckpointer` with :class:`DefaultCheckpointerArguments`. Che
 [0, 1]
 >>> sorted(train.Trainer(module(), arguments(epochs=3)).train())
 [2]
->>> sorted(os.listdir(folder))
-['checkpoint_0.jxs', 'checkpoint_1.jxs', 'checkpoint_2.jxs',
- 'checkpoint_model_1.jxs', 'checkpoint_model_2.jxs']
 """
 
 from __future__ import annotations

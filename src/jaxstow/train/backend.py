@@ -1,29 +1,9 @@
 """How a :class:`~jaxstow.train.Trainer` runs the steps of an epoch: the trainer's backend.
 
-The trainer makes the backend ready with :meth:`TrainerBackend.init` once, then hands it each epoch's train data
-loader (:meth:`~TrainerBackend.train_dl`) and validation data loaders (:meth:`~TrainerBackend.validate_dl`). The
-backend calls the module's steps, counts global steps and collates the steps' outputs; its state goes into
+The trainer calls :meth:`TrainerBackend.init` once, then hands it each epoch's train data loader
+(:meth:`~TrainerBackend.train_dl`) and validation data loaders (:meth:`~TrainerBackend.validate_dl`). The backend
+calls the module's steps, counts global steps and collates the steps' outputs; its state goes into
 ``Checkpoint.trainer_backend_state``.
-
->>> from jaxstow.train import ModuleInterface, SingleProcess, TrainerBackendArguments
->>> class Halving(ModuleInterface):
-...     def __init__(self):
-...         self.value = 8.0
-...     def get_train_dataloader(self, sampler, batch_size):
-...         return range(4)
-...     def train_step(self, global_step, batch, device):
-...         self.value /= 2
-...         return self.value, batch
-...     def get_state(self):
-...         return {"value": self.value}
-...     def update_state(self, state):
-...         self.value = state["value"]
->>> module, backend = Halving(), SingleProcess()
->>> backend.init(TrainerBackendArguments(module=module, gradient_accumulation=2))
->>> backend.train_dl(module.get_train_dataloader(None, 1), module)
-[[4.0, 2.0, 1.0, 0.5], [0, 1, 2, 3]]
->>> backend.get_global_steps_completed(), backend.get_state()
-(2, {'global_step': 2})
 """
 
 from __future__ import annotations
@@ -102,6 +82,22 @@ class SingleProcess(TrainerBackend):
     A global step is ``gradient_accumulation`` train steps (the last one of an epoch may have fewer); the module's
     ``train_step`` applies its own updates, and learns of each global step through ``global_step`` and
     ``on_end_train_step``.
+
+    >>> from jaxstow.train import ModuleInterface, SingleProcess, TrainerBackendArguments
+    >>> class Halving(ModuleInterface):
+    ...     def __init__(self): self.value = 8.0
+    ...     def get_train_dataloader(self, sampler, batch_size): return range(4)
+    ...     def train_step(self, global_step, batch, device):
+    ...         self.value /= 2
+    ...         return self.value, batch
+    ...     def get_state(self): return {"value": self.value}
+    ...     def update_state(self, state): self.value = state["value"]
+    >>> module, backend = Halving(), SingleProcess()
+    >>> backend.init(TrainerBackendArguments(module=module, gradient_accumulation=2))
+    >>> backend.train_dl(module.get_train_dataloader(None, 1), module)
+    [[4.0, 2.0, 1.0, 0.5], [0, 1, 2, 3]]
+    >>> backend.get_global_steps_completed(), backend.get_state()
+    (2, {'global_step': 2})
     """
 
     def __init__(self) -> None:

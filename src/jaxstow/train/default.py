@@ -1,24 +1,4 @@
-"""The checkpointer a :class:`~jaxstow.train.Trainer` uses unless it is given another: one file per kept epoch.
-
->>> import os, tempfile
->>> import jax.numpy as jnp
->>> from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
->>> folder = tempfile.mkdtemp()
->>> args = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder, period=2)
->>> checkpointer = DefaultCheckpointer(args)
->>> for epoch in range(4):
-...     state = Checkpoint(module_interface_state={"w": jnp.full(2, epoch)}, trainer_state={"last_epoch": epoch})
-...     path = checkpointer.save(state, epoch)
->>> checkpointer.save(state, 3, force=True) == os.path.join(folder, "checkpoint_3.jxs")
-True
->>> checkpointer.save_model(state.module_interface_state, 3) == os.path.join(folder, "checkpoint_model_3.jxs")
-True
->>> sorted(os.listdir(folder))
-['checkpoint_0.jxs', 'checkpoint_2.jxs', 'checkpoint_3.jxs',
- 'checkpoint_model_3.jxs']
->>> checkpointer.load().trainer_state
-{'last_epoch': 3}
-"""
+"""The checkpointer a :class:`~jaxstow.train.Trainer` uses unless it is given another: one file per kept epoch."""
 
 from __future__ import annotations
 
@@ -74,13 +54,41 @@ class DefaultCheckpointerArguments:
 
 
 class DefaultCheckpointer(AbstractCheckpointer):
-    """Writes ``{prefix}_{index}.{ext}`` every ``period`` indices and ``{prefix}_model_{index}.{ext}`` on request,
-    through :func:`jaxstow.save`; resumes from a named file or from the checkpoint with the largest index.
+    """Writes ``{prefix}_{index}.{ext}`` every ``period`` indices and ``{prefix}_model_{index}.{ext}`` on request.
 
-    Every write is atomic, so saving an index again replaces its file and a crash never leaves a torn one.
+    Files are written through :func:`jaxstow.save`, atomically, so saving an index again replaces its file and a
+    crash never leaves a torn one. It resumes from a named file or from the checkpoint with the largest index:
+    PyMarlin's ``DefaultCheckpointer``. See docs/trainer-contract.md.
+
+    >>> import os, tempfile
+    >>> import jax.numpy as jnp
+    >>> from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+    >>> folder = tempfile.mkdtemp()
+    >>> args = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder, period=2)
+    >>> checkpointer = DefaultCheckpointer(args)
+    >>> for epoch in range(4):
+    ...     state = Checkpoint(module_interface_state={"w": jnp.full(2, epoch)}, trainer_state={"last_epoch": epoch})
+    ...     path = checkpointer.save(state, epoch)
+    >>> checkpointer.save(state, 3, force=True) == os.path.join(folder, "checkpoint_3.jxs")
+    True
+    >>> checkpointer.save_model(state.module_interface_state, 3) == os.path.join(folder, "checkpoint_model_3.jxs")
+    True
+    >>> sorted(os.listdir(folder))
+    ['checkpoint_0.jxs', 'checkpoint_2.jxs', 'checkpoint_3.jxs',
+     'checkpoint_model_3.jxs']
+    >>> checkpointer.load().trainer_state
+    {'last_epoch': 3}
     """
 
     def __init__(self, args: DefaultCheckpointerArguments | None = None) -> None:
+        """Check the arguments and delete this checkpointer's old files if they ask it.
+
+        Args:
+            args: How it behaves (``DefaultCheckpointerArguments()`` by default).
+
+        Raises:
+            ArgumentError: An argument that is not valid.
+        """
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
         self.logger.setLevel(self.args.log_level.upper())

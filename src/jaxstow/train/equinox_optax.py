@@ -1,23 +1,4 @@
-"""The ready module interface for JAX: an equinox model trained by an optax optimiser.
-
->>> import equinox as eqx, jax, jax.numpy as jnp, optax
->>> from jaxstow.train import EquinoxOptaxModule
->>> def loss_fn(model, batch):
-...     x, y = batch
-...     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
->>> def data(epoch):
-...     x = jax.random.normal(jax.random.key(epoch), (8, 2))
-...     return [(x, x.sum(axis=1, keepdims=True))]
->>> module = EquinoxOptaxModule(eqx.nn.Linear(2, 1, key=jax.random.key(0)), optax.sgd(0.1), loss_fn, data)
->>> losses = []
->>> for epoch in range(20):
-...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
-...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
->>> losses[-1] < losses[0] / 10
-True
->>> sorted(module.get_state())
-['model', 'opt_state']
-"""
+"""The ready module interface for JAX: an equinox model trained by an optax optimiser."""
 
 from __future__ import annotations
 
@@ -54,11 +35,28 @@ def _train_step(
 
 
 class EquinoxOptaxModule(ModuleInterface):
-    """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
+    """Trains an equinox model with an optax optimiser, minimising ``loss_fn(model, batch)``.
 
     The step is compiled once with ``equinox.filter_jit``. The state is ``{"model": ..., "opt_state": ...}``: the
     whole model with its hyperparameters and the optimiser's state, so a checkpoint restores both without a template.
-    The data must be a function of the epoch alone for a resumed run to repeat an uninterrupted one exactly.
+
+    >>> import equinox as eqx, jax, jax.numpy as jnp, optax
+    >>> from jaxstow.train import EquinoxOptaxModule
+    >>> def loss_fn(model, batch):
+    ...     x, y = batch
+    ...     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+    >>> def data(epoch):
+    ...     x = jax.random.normal(jax.random.key(epoch), (8, 2))
+    ...     return [(x, x.sum(axis=1, keepdims=True))]
+    >>> module = EquinoxOptaxModule(eqx.nn.Linear(2, 1, key=jax.random.key(0)), optax.sgd(0.1), loss_fn, data)
+    >>> losses = []
+    >>> for epoch in range(20):
+    ...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
+    ...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
+    >>> losses[-1] < losses[0] / 10
+    True
+    >>> sorted(module.get_state())
+    ['model', 'opt_state']
     """
 
     def __init__(
@@ -68,6 +66,15 @@ class EquinoxOptaxModule(ModuleInterface):
         loss_fn: Callable[[Any, Any], jax.Array],
         data: Callable[[int], Iterable[Any]],
     ) -> None:
+        """Initialise the optimiser's state for ``model``.
+
+        Args:
+            model: The equinox model.
+            optimizer: The optax optimiser.
+            loss_fn: ``loss_fn(model, batch)``, a scalar.
+            data: ``data(epoch)``, the batches of an epoch; a function of the epoch alone, so that a resumed run
+                repeats an uninterrupted one exactly.
+        """
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn

@@ -1,33 +1,4 @@
-"""What a :class:`~jaxstow.train.Trainer` asks of the thing it trains: PyMarlin's module interface.
-
-A module gives the trainer its data loaders (any iterables of batches), takes one training or validation step on a
-batch, hands over its state for checkpoints, and hears about the progress of training through callbacks. Subclass
-:class:`ModuleInterface` and implement :meth:`~ModuleInterface.get_train_dataloader`,
-:meth:`~ModuleInterface.train_step`, :meth:`~ModuleInterface.get_state` and :meth:`~ModuleInterface.update_state`;
-the rest is optional. :class:`~jaxstow.train.EquinoxOptaxModule` and :class:`~jaxstow.train.TorchModule` are ready
-ones.
-
->>> from jaxstow.train import ModuleInterface
->>> class Mean(ModuleInterface):
-...     '''Learns the mean of the numbers it is shown.'''
-...     def __init__(self):
-...         self.estimate, self.seen = 0.0, 0
-...     def get_train_dataloader(self, sampler, batch_size):
-...         return [1.0, 2.0, 3.0]
-...     def train_step(self, global_step, batch, device):
-...         self.seen += 1
-...         self.estimate += (batch - self.estimate) / self.seen
-...         return abs(batch - self.estimate)
-...     def get_state(self):
-...         return {"estimate": self.estimate, "seen": self.seen}
-...     def update_state(self, state):
-...         self.estimate, self.seen = state["estimate"], state["seen"]
->>> module = Mean()
->>> [module.train_step(step, batch, None) for step, batch in enumerate(module.get_train_dataloader(None, 1))]
-[0.0, 0.5, 1.0]
->>> module.get_optimizers_schedulers(estimated_global_steps_per_epoch=3, epochs=1)
-([], [])
-"""
+"""What a :class:`~jaxstow.train.Trainer` asks of the thing it trains: PyMarlin's module interface and callbacks."""
 
 from __future__ import annotations
 
@@ -64,11 +35,30 @@ class CallbackInterface:
 
 
 class ModuleInterface(CallbackInterface, abc.ABC):
-    """The model, its optimisation and its data, as the trainer sees them.
+    """The model, its optimisation and its data, as the trainer sees them: PyMarlin's ``ModuleInterface``.
 
-    ``get_state()`` must hold everything that the next steps depend on (parameters, optimiser state, random keys),
-    unless it is kept by the optimisers of :meth:`get_optimizers_schedulers`, so that a run resumed from a checkpoint
-    continues exactly as if it had never stopped.
+    Implement :meth:`get_train_dataloader`, :meth:`train_step`, :meth:`get_state` and :meth:`update_state`; the
+    rest is optional. ``get_state()`` must hold everything the next steps depend on (parameters, optimiser state,
+    random keys), unless the optimisers of :meth:`get_optimizers_schedulers` keep it, so that a resumed run goes on
+    exactly as if it had never stopped. :class:`~jaxstow.train.EquinoxOptaxModule` and
+    :class:`~jaxstow.train.TorchModule` are ready ones.
+
+    >>> from jaxstow.train import ModuleInterface
+    >>> class Mean(ModuleInterface):
+    ...     '''Learns the mean of the numbers it is shown.'''
+    ...     def __init__(self): self.estimate, self.seen = 0.0, 0
+    ...     def get_train_dataloader(self, sampler, batch_size): return [1.0, 2.0, 3.0]
+    ...     def train_step(self, global_step, batch, device):
+    ...         self.seen += 1
+    ...         self.estimate += (batch - self.estimate) / self.seen
+    ...         return abs(batch - self.estimate)
+    ...     def get_state(self): return {"estimate": self.estimate, "seen": self.seen}
+    ...     def update_state(self, state): self.estimate, self.seen = state["estimate"], state["seen"]
+    >>> module = Mean()
+    >>> [module.train_step(step, batch, None) for step, batch in enumerate(module.get_train_dataloader(None, 1))]
+    [0.0, 0.5, 1.0]
+    >>> module.get_optimizers_schedulers(estimated_global_steps_per_epoch=3, epochs=1)
+    ([], [])
     """
 
     def get_optimizers_schedulers(

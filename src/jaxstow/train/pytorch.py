@@ -2,26 +2,6 @@
 
 Nothing here imports torch: the module only calls methods of the objects it is given, so ``import jaxstow.train``
 works without torch installed.
-
->>> import torch
->>> from jaxstow.train import TorchModule
->>> _ = torch.manual_seed(0)
->>> model = torch.nn.Linear(2, 1)
->>> def loss_fn(model, batch):
-...     x, y = batch
-...     return torch.nn.functional.mse_loss(model(x), y)
->>> def data(epoch):
-...     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(epoch))
-...     return [(x, x.sum(dim=1, keepdim=True))]
->>> module = TorchModule(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, data)
->>> losses = []
->>> for epoch in range(20):
-...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
-...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
->>> losses[-1] < losses[0] / 10
-True
->>> sorted(module.get_state())
-['model', 'optimizer']
 """
 
 from __future__ import annotations
@@ -35,11 +15,30 @@ __all__ = ["TorchModule"]
 
 
 class TorchModule(ModuleInterface):
-    """Trains ``model`` with ``optimizer`` on the batches ``data(epoch)`` gives, minimising ``loss_fn(model, batch)``.
+    """Trains a torch ``nn.Module`` with a ``torch.optim`` optimiser, minimising ``loss_fn(model, batch)``.
 
     The state is ``{"model": model.state_dict(), "optimizer": optimizer.state_dict()}``; jaxstow saves its tensors
-    without pickle and loads them back as tensors. The data must be a function of the epoch alone (seed any shuffling
-    with the epoch) for a resumed run to repeat an uninterrupted one exactly.
+    without pickle and loads them back as tensors.
+
+    >>> import torch
+    >>> from jaxstow.train import TorchModule
+    >>> _ = torch.manual_seed(0)
+    >>> model = torch.nn.Linear(2, 1)
+    >>> def loss_fn(model, batch):
+    ...     x, y = batch
+    ...     return torch.nn.functional.mse_loss(model(x), y)
+    >>> def data(epoch):
+    ...     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(epoch))
+    ...     return [(x, x.sum(dim=1, keepdim=True))]
+    >>> module = TorchModule(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, data)
+    >>> losses = []
+    >>> for epoch in range(20):
+    ...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
+    ...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
+    >>> losses[-1] < losses[0] / 10
+    True
+    >>> sorted(module.get_state())
+    ['model', 'optimizer']
     """
 
     def __init__(
@@ -49,6 +48,15 @@ class TorchModule(ModuleInterface):
         loss_fn: Callable[[Any, Any], Any],
         data: Callable[[int], Iterable[Any]],
     ) -> None:
+        """Take the model, its optimiser, its loss and its data.
+
+        Args:
+            model: The ``torch.nn.Module``.
+            optimizer: A ``torch.optim`` optimiser of its parameters.
+            loss_fn: ``loss_fn(model, batch)``, a scalar tensor.
+            data: ``data(epoch)``, the batches of an epoch; a function of the epoch alone (seed any shuffling with
+                the epoch), so that a resumed run repeats an uninterrupted one exactly.
+        """
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn

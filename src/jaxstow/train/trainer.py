@@ -1,33 +1,4 @@
-"""A resumable training loop with PyMarlin's contract: epochs of a module, a checkpoint after each, and a restart where
-the last one left off.
-
->>> import tempfile
->>> from jaxstow.train import DefaultCheckpointerArguments, ModuleInterface, Trainer, TrainerArguments
->>> class Counter(ModuleInterface):
-...     '''Counts its steps; the loss of a step is the count after it.'''
-...     def __init__(self):
-...         self.count = 0
-...     def get_train_dataloader(self, sampler, batch_size):
-...         return range(2)
-...     def train_step(self, global_step, batch, device):
-...         self.count += 1
-...         return float(self.count)
-...     def get_state(self):
-...         return {"count": self.count}
-...     def update_state(self, state):
-...         self.count = state["count"]
->>> folder = tempfile.mkdtemp()
->>> def arguments(epochs):
-...     checkpoints = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder)
-...     return TrainerArguments(epochs=epochs, checkpointer_args=checkpoints)
->>> Trainer(Counter(), arguments(epochs=2)).train()
-{0: [[1.0, 2.0]], 1: [[3.0, 4.0]]}
->>> resumed = Trainer(Counter(), arguments(epochs=4))
->>> resumed.last_epoch, resumed.module.count, resumed.global_steps_finished
-(1, 4, 4)
->>> resumed.train()
-{2: [[5.0, 6.0]], 3: [[7.0, 8.0]]}
-"""
+"""A resumable training loop with PyMarlin's contract: epochs of a module, a checkpoint after each, a restart."""
 
 from __future__ import annotations
 
@@ -49,15 +20,30 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    """Trains ``module`` for ``args.epochs`` epochs on ``trainer_backend``, resuming from the checkpoint that
-    ``checkpointer`` loads.
+    """Trains a module for ``args.epochs`` epochs, resuming from its checkpointer's checkpoint, as PyMarlin's does.
 
-    Making a trainer asks the checkpointer for the checkpoint to resume from and restores the module, the trainer
-    (its ``last_epoch`` and its optimisers' and schedulers' states) and the backend from each state the checkpoint
-    holds; it gets the module's optimisers and schedulers and makes the backend ready (``init``). :meth:`train` then
-    runs the epochs after ``last_epoch``, validating after each. The default backend is :class:`SingleProcess`, the
-    default checkpointer a :class:`DefaultCheckpointer` of ``args.checkpointer_args``. Subclasses that keep more
-    state override :meth:`get_state` and :meth:`update_state`.
+    Making a trainer restores the module, the trainer (``last_epoch``, its optimisers' states) and the backend from
+    the checkpoint; :meth:`train` then runs the epochs after ``last_epoch``. See docs/trainer-contract.md.
+
+    >>> import tempfile
+    >>> from jaxstow.train import DefaultCheckpointerArguments, ModuleInterface, Trainer, TrainerArguments
+    >>> class Counter(ModuleInterface):
+    ...     def __init__(self): self.count = 0
+    ...     def get_train_dataloader(self, sampler, batch_size): return range(2)
+    ...     def train_step(self, global_step, batch, device):
+    ...         self.count += 1
+    ...         return float(self.count)
+    ...     def get_state(self): return {"count": self.count}
+    ...     def update_state(self, state): self.count = state["count"]
+    >>> folder = tempfile.mkdtemp()
+    >>> checkpoints = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder)
+    >>> Trainer(Counter(), TrainerArguments(epochs=2, checkpointer_args=checkpoints)).train()   # the loss: the count
+    {0: [[1.0, 2.0]], 1: [[3.0, 4.0]]}
+    >>> resumed = Trainer(Counter(), TrainerArguments(epochs=4, checkpointer_args=checkpoints))
+    >>> resumed.last_epoch, resumed.module.count, resumed.global_steps_finished
+    (1, 4, 4)
+    >>> resumed.train()
+    {2: [[5.0, 6.0]], 3: [[7.0, 8.0]]}
     """
 
     def __init__(
@@ -67,6 +53,18 @@ class Trainer:
         trainer_backend: TrainerBackend | None = None,
         checkpointer: AbstractCheckpointer | None = None,
     ) -> None:
+        """Load the checkpoint to resume from, restore every state it holds and make the backend ready.
+
+        Args:
+            module: The module to train.
+            args: How to train (``TrainerArguments()`` by default).
+            trainer_backend: Runs the steps of an epoch (:class:`~jaxstow.train.SingleProcess` by default).
+            checkpointer: Keeps the checkpoints (a :class:`~jaxstow.train.DefaultCheckpointer` of
+                ``args.checkpointer_args`` by default).
+
+        Raises:
+            ArgumentError: The checkpointer's ``load()`` returned no :class:`~jaxstow.train.Checkpoint`.
+        """
         self.module = module
         self.args = args if args is not None else TrainerArguments()
         self.trainer_backend: TrainerBackend = trainer_backend if trainer_backend is not None else SingleProcess()
@@ -109,12 +107,14 @@ class Trainer:
     # -- the loop ------------------------------------------------------------------------------------------------
 
     def train(self) -> dict[int, list[list[Any]]]:
-        """Train and validate the epochs from ``last_epoch + 1`` to ``args.epochs - 1``; returns each one's collated
-        train outputs (``outputs[0]`` holds the losses of its steps).
+        """Train and validate the epochs from ``last_epoch + 1`` to ``args.epochs - 1``.
 
         After every epoch the checkpointer is asked to ``save(state, index=epoch)``; after the last one, to save with
         ``force=True`` and to ``save_model`` the module's state, then ``module.on_end_train`` is called. A run with
         no epoch left trains and saves nothing.
+
+        Returns:
+            Each epoch's collated train outputs, by epoch (``outputs[0]`` holds the losses of its steps).
         """
         first = self.last_epoch + 1
         if first >= self.args.epochs:
