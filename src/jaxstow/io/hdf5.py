@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,7 @@ class HDF5Collector(DataCollector):
         """
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
+        self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         if isinstance(file, str | os.PathLike):
             name = os.fspath(file)
@@ -368,12 +369,18 @@ class HDF5Collector(DataCollector):
         :meth:`finalize` calls it once every chain is finalized; a chain not finalized keeps its checkpoint.
         """
         try:
+            for wait in self._senders:
+                wait()
             self._writer.wait()
         finally:
             if self._lock is not None:
                 if self._file:
                     self._file.close()
                 self._lock.release()
+
+    def register_sender(self, wait: Callable[[], None]) -> None:
+        """Have :meth:`close` first call ``wait``, which returns once a sender's blocks in flight have arrived."""
+        self._senders.append(wait)
 
     def finished(self, chain_id: int) -> Any:
         """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read."""

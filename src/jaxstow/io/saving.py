@@ -146,6 +146,9 @@ class _Streaming:
         self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
         self._step = chain_polymorphic(self._chains_step, state_name="saving state")
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
+        register_sender = getattr(collector, "register_sender", None)
+        if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
+            register_sender(self._deliveries.wait)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
 
