@@ -72,7 +72,7 @@ def test_a_missing_file_is_named(tmp_path):
 def test_a_file_object_is_read_from_where_it_stood_and_left_there():
     file = io.BytesIO(b"prefix:" + DATA)
     file.seek(7)
-    source = FileObject(file)
+    source = FileObject(file, "<BytesIO>")
     assert source.size == len(DATA)
     assert source.read(0, 4) == DATA[:4] and source.read(300, 2) == DATA[300:302]
     with pytest.raises(TruncatedFileError):
@@ -84,8 +84,8 @@ def test_a_file_object_is_read_from_where_it_stood_and_left_there():
 def test_a_file_object_left_at_its_end_says_so():
     file = io.BytesIO(DATA)
     file.seek(0, io.SEEK_END)
-    assert "was the file object left at its end? seek(0) before loading" in FileObject(file).describe_size()
-    assert FileObject(io.BytesIO(DATA)).describe_size() == f"{len(DATA)} bytes"
+    assert "was the file object left at its end? seek(0) before loading" in FileObject(file, "<BytesIO>").describe_size()
+    assert FileObject(io.BytesIO(DATA), "<BytesIO>").describe_size() == f"{len(DATA)} bytes"
 
 
 def test_a_local_sink_appears_whole_and_an_error_leaves_the_old_file(tmp_path):
