@@ -84,7 +84,9 @@ def test_a_file_object_is_read_from_where_it_stood_and_left_there():
 def test_a_file_object_left_at_its_end_says_so():
     file = io.BytesIO(DATA)
     file.seek(0, io.SEEK_END)
-    assert "was the file object left at its end? seek(0) before loading" in FileObject(file, "<BytesIO>").describe_size()
+    assert (
+        "was the file object left at its end? seek(0) before loading" in FileObject(file, "<BytesIO>").describe_size()
+    )
     assert FileObject(io.BytesIO(DATA), "<BytesIO>").describe_size() == f"{len(DATA)} bytes"
 
 
