@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,12 +215,26 @@ def needed_packages(found: list[Block]) -> str:
     return "\n".join([*also, *(block.text for block in found if block.kind == "python" and not opted_out(block))])
 
 
+def _commands() -> str:
+    """A folder holding ``jaxstow``: this Python's own script where the project is installed, else one that runs
+    ``python -m jaxstow`` (the project run from its sources, ``PYTHONPATH=src``, as the version matrix does)."""
+    installed = os.path.join(os.path.dirname(sys.executable), "jaxstow")
+    if os.path.exists(installed):
+        return os.path.dirname(installed)
+    folder = Path(tempfile.gettempdir()) / f"jaxstow-docs-commands-{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    script = folder / "jaxstow"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jaxstow "$@"\n')
+    script.chmod(0o755)
+    return str(folder)
+
+
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a page's commands: this one's, less ``XLA_FLAGS``, with the project and this Python first."""
     env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
     paths = [os.path.abspath(path) for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
     env["PYTHONPATH"] = os.pathsep.join([*paths, str(ROOT)])
-    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])  # python, jaxstow
+    env["PATH"] = os.pathsep.join([_commands(), os.path.dirname(sys.executable), env.get("PATH", "")])
     env["MPLBACKEND"] = "Agg"
     env["COLUMNS"] = "200"
     return {**env, **(extra or {})}
