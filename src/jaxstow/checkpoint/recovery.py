@@ -84,7 +84,7 @@ def newest_accepted(choose: Callable[[], Sequence[int]], accept: Callable[[int],
     """
     tried: set[int] = set()
     vanished = 0
-    while (step := next((step for step in choose() if step not in tried), None)) is not None:
+    while (step := next((step for step in _listed(choose) if step not in tried), None)) is not None:
         tried.add(step)
         try:
             if accept(step):
@@ -97,6 +97,15 @@ def newest_accepted(choose: Callable[[], Sequence[int]], accept: Callable[[int],
                     "there deletes steps faster than they are read; keep more of them (keep_last=...)"
                 ) from None
     return None
+
+
+def _listed(choose: Callable[[], Sequence[int]]) -> Sequence[int]:
+    """``choose()``, listed again (up to 3 times) while it is empty: a listing that saw only a step the keep policy
+    deleted before its record was read, and not yet the newer step whose commit came first, is empty for an instant."""
+    for _ in range(3):
+        if steps := choose():
+            return steps
+    return choose()
 
 
 def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool) -> str | None:
