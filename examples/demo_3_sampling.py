@@ -125,7 +125,7 @@ def main() -> None:
         idata = io.to_inference_data(path)  # every chain, with chain and draw dimensions
         print(f"ArviZ: {dict(idata.posterior.sizes)}")
         print(az.summary(idata).to_string())
-        az.plot_trace(idata, compact=False)
+        az.plot_trace(idata, **({"compact": False} if az.__version__.startswith("0.") else {}))  # 1.x: no compact
         plt.tight_layout()
         os.makedirs(os.path.dirname(PLOT), exist_ok=True)
         plt.savefig(PLOT, dpi=80)

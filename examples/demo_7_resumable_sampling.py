@@ -130,7 +130,7 @@ def main() -> None:
         print(f"   warm-up's step sizes, kept with the run: {np.round(file['warmup/step_size'][:], 3)}")
     idata = io.to_inference_data(path)
     print(az.summary(idata, round_to=2).to_string())
-    az.plot_trace(idata, compact=True)
+    az.plot_trace(idata, **({"compact": True} if az.__version__.startswith("0.") else {}))  # 1.x: no compact
     plt.tight_layout()
     os.makedirs(os.path.dirname(PLOT), exist_ok=True)
     plt.savefig(PLOT, dpi=72, metadata={"Software": None})

@@ -6,14 +6,16 @@
 declared bounds) for the Python that runs ``make``. Both run :data:`CORE_TESTS`: save and load of every dtype and PRNG
 keys, lazy reads, the manager, the command line. ``newest-python`` is the newest release of every package of the
 ``dev`` extra on :data:`NEWEST_PYTHON`, the newest Python the project supports, and runs the whole suite; torch is
-left out there (PyPI's torch for that Python is a CUDA build of several GB), so the tests that need it skip.
+left out there (PyPI's torch for that Python is a CUDA build of several GB), so the tests that need it skip; and it
+asks for the major versions that only a newer Python installs (:data:`NEWEST_PYTHON_AT_LEAST`: ArviZ 1.x), so that
+both majors are tested.
 
 >>> [line for line in requirements("lowest") if line.startswith(("jax", "numpy"))]
 ['jax==0.4.38', 'numpy==1.26']
 >>> [line for line in requirements("newest") if line.startswith(("jax", "numpy"))]
 ['jax>=0.4.38', 'numpy>=1.26']
 >>> [line for line in requirements("newest-python") if line.startswith(("arviz", "blackjax", "ruff"))]
-['arviz>=0.17,<1', 'blackjax>=1.7.1']
+['arviz>=1', 'blackjax>=1.7.1']
 
 Run as ``python tests/versions.py requirements lowest|newest|newest-python``, ``python tests/versions.py tests``,
 ``python tests/versions.py interpreter`` (the path of the newest Python's interpreter; or, with status 1, why there
@@ -50,6 +52,9 @@ CORE_TESTS = (
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)
+#: Lower bounds of the ``newest-python`` end above the declared ones: ArviZ 1.x (a DataTree, not an InferenceData)
+#: needs Python 3.12, so the ``newest`` end on 3.11 tests ArviZ 0.x and this one 1.x.
+NEWEST_PYTHON_AT_LEAST = {"arviz": "1"}
 #: Packages of the ``dev`` extra that no test imports: the linters.
 LINTERS = ("ruff", "mypy")
 
@@ -88,6 +93,8 @@ def requirements(end: str) -> list[str]:
             if lower is None:
                 raise SystemExit(f"pyproject.toml declares no lower bound for {name}: give it one (>=)")
             lines.append(f"{name}=={lower}")
+        elif end == "newest-python" and name in NEWEST_PYTHON_AT_LEAST:
+            lines.append(f"{name}>={NEWEST_PYTHON_AT_LEAST[name]}")
         else:
             lines.append(line.replace(" ", ""))
     named = {_name(line) for line in lines}

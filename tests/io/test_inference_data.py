@@ -1,4 +1,5 @@
-"""ArviZ: the samples of every chain, from results, a MemoryCollector or an HDF5Collector's file, as InferenceData."""
+"""ArviZ: the samples of every chain, from results, a MemoryCollector or an HDF5Collector's file, as InferenceData
+(ArviZ 0.x) or a DataTree (ArviZ 1.x); the tests of one major skip at the other."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import numpy as np
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import JaxstowError
+from jaxstow.errors import JaxstowError, MissingDependencyError
 
 az = pytest.importorskip("arviz")
+ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+only_arviz_0 = pytest.mark.skipif(
+    ARVIZ_1, reason=f"ArviZ {az.__version__} holds a run in a DataTree, not InferenceData"
+)
+only_arviz_1 = pytest.mark.skipif(not ARVIZ_1, reason=f"ArviZ {az.__version__} is 0.x")
 
 CHAINS, STEPS = 3, 40
 
@@ -89,3 +95,38 @@ def test_files_and_objects_that_hold_no_samples(tmp_path):
         io.to_inference_data(tmp_path / "unfinished.h5")
     with pytest.raises(TypeError, match="not ndarray"):
         io.to_inference_data(np.ones((4, 100)))
+
+
+@only_arviz_0
+def test_arviz_0_gets_inference_data_and_its_datatree():
+    results = _run(io.MemoryCollector())
+    idata = io.to_inference_data(results)
+    assert isinstance(idata, az.InferenceData)
+    tree = io.to_datatree(results, dims={"theta": ["sign"]}, coords={"sign": ["+", "-"]})
+    assert type(tree).__name__ == "DataTree" and list(tree.children) == ["posterior"]
+    assert dict(tree["posterior"].sizes) == {"chain": 3, "draw": STEPS, "sign": 2}
+    np.testing.assert_array_equal(tree["posterior"]["theta"].values, _expected_theta())
+
+
+@only_arviz_0
+def test_an_arviz_0_without_datatree_is_named_with_what_to_install(monkeypatch):
+    monkeypatch.delattr(az.InferenceData, "to_datatree")  # ArviZ before 0.20
+    with pytest.raises(MissingDependencyError, match=r"ArviZ 0\..*pip install 'arviz>=0.20' 'xarray>=2024.11'"):
+        io.to_datatree(_run(io.MemoryCollector()))
+
+
+@only_arviz_1
+def test_arviz_1_gets_a_datatree_its_functions_take():
+    import xarray
+
+    results = _run(io.MemoryCollector())
+    data = io.to_inference_data(results, dims={"theta": ["sign"]}, coords={"sign": ["+", "-"]})
+    assert isinstance(data, xarray.DataTree)
+    assert dict(data.posterior.sizes) == {"chain": 3, "draw": STEPS, "sign": 2}
+    np.testing.assert_array_equal(data.posterior["theta"].values, _expected_theta())
+    assert list(data.posterior["theta"].coords["sign"].values) == ["+", "-"]
+    tree = io.to_datatree(results)
+    assert isinstance(tree, xarray.DataTree)
+    np.testing.assert_array_equal(tree.posterior["layer.bias"].values, _expected_theta()[..., 0])
+    rhat = az.rhat(tree)
+    assert rhat["theta"].values.shape == (2,) and float(rhat["theta"].values[0]) > 10  # chains 1000 apart

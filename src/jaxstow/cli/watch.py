@@ -41,6 +41,7 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.cli.output import Table
 from jaxstow.errors import JaxstowError
+from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
 
 __all__ = ["add", "report", "run"]
@@ -107,10 +108,11 @@ def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
     rows = []
     diagnose = len(draws.chains) > 1 and common >= 4  # ArviZ's R-hat and ESS need two chains of four draws
     if diagnose:
-        arviz = require("arviz", extra="arviz", purpose="jaxstow watch's R-hat and effective sample sizes")
+        purpose = "jaxstow watch's R-hat and effective sample sizes"
+        arviz = require("arviz", extra="arviz", purpose=purpose)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # few draws, constant draws: NaN, shown as '-'
-            data = arviz.from_dict(posterior=posterior)
+            data = from_posterior(posterior, purpose=purpose)
             rhat, ess = arviz.rhat(data), arviz.ess(data, method="bulk")
     for name, values in posterior.items():
         means = values.reshape(values.shape[0] * values.shape[1], -1).mean(axis=0, dtype=np.float64)

@@ -28,7 +28,7 @@ from jaxstow.io import blackjax, numpyro, scheduler
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
 from jaxstow.io.hdf5 import HDF5Collector
-from jaxstow.io.inference_data import to_inference_data
+from jaxstow.io.inference_data import to_datatree, to_inference_data
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.no_save import DeviceSamples, no_save
 from jaxstow.io.runs import run_chains
@@ -57,6 +57,7 @@ __all__ = [
     "run_chains",
     "save",
     "scheduler",
+    "to_datatree",
     "to_inference_data",
 ]
 

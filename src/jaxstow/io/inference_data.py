@@ -1,6 +1,7 @@
-"""Posterior samples to ArviZ: an ``arviz.InferenceData`` with ``chain`` and ``draw`` dimensions.
+"""Posterior samples to ArviZ, with ``chain`` and ``draw`` dimensions: an ``arviz.InferenceData`` (ArviZ 0.x) or an
+``xarray.DataTree`` (ArviZ 1.x).
 
-:func:`to_inference_data` takes what ``postprocess_save`` returns (a list with one result per chain, or one chain's
+:func:`to_inference_data` (what the installed ArviZ works with) and :func:`to_datatree` (a ``DataTree`` with either) take what ``postprocess_save`` returns (a list with one result per chain, or one chain's
 result), a :class:`~jaxstow.io.MemoryCollector`, or an HDF5 file written by :class:`~jaxstow.io.HDF5Collector`, and
 stacks the chains itself, so that one chain's samples never pass for many chains. Each leaf of the sample becomes a
 variable named by its dict keys joined with ``.`` (``"w"``, ``"layer.bias"``). See docs/sampling.md.
@@ -31,12 +32,13 @@ import jax
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, JaxstowError
+from jaxstow.errors import ArgumentError, JaxstowError, MissingDependencyError
+from jaxstow.io.arviz_data import arviz_major, from_posterior
 from jaxstow.io.dictionize import pytree_dict_keys
 from jaxstow.io.live import read_draws
 from jaxstow.io.memory import MemoryCollector
 
-__all__ = ["to_inference_data"]
+__all__ = ["to_datatree", "to_inference_data"]
 
 Chains = list[dict[str, np.ndarray]]
 
@@ -48,7 +50,10 @@ def to_inference_data(
     coords: Mapping[str, Any] | None = None,
     dims: Mapping[str, Sequence[str]] | None = None,
 ) -> Any:
-    """An ``arviz.InferenceData`` whose ``posterior`` holds every chain's samples, shaped ``(chain, draw, ...)``.
+    """ArviZ's data whose ``posterior`` holds every chain's samples, shaped ``(chain, draw, ...)``.
+
+    With ArviZ 0.x an ``arviz.InferenceData``; with ArviZ 1.x, which replaced it, an ``xarray.DataTree``. Both are
+    read alike (``data.posterior["theta"]``) and both are what ``arviz.summary`` and the plots of their ArviZ take.
 
     Args:
         samples: What ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
@@ -69,16 +74,48 @@ def to_inference_data(
     >>> dict(io.to_inference_data(one_chain).posterior.sizes)
     {'chain': 1, 'draw': 4}
     """
-    arviz = require("arviz", extra="arviz", purpose="to_inference_data")
+    require("arviz", extra="arviz", purpose="to_inference_data")
     chains, running = _chains_of(samples)
     if not chains:
         raise JaxstowError("there are no chains to convert: the source holds no samples")
     posterior = _stack(chains, truncate=truncate or running)
-    return arviz.from_dict(
-        posterior=posterior,
-        coords=dict(coords) if coords is not None else None,
-        dims={name: list(names) for name, names in dims.items()} if dims is not None else None,
-    )
+    return from_posterior(posterior, purpose="to_inference_data", coords=coords, dims=dims)
+
+
+def to_datatree(
+    samples: Any,
+    *,
+    truncate: bool = False,
+    coords: Mapping[str, Any] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+) -> Any:
+    """An ``xarray.DataTree`` whose ``posterior`` holds every chain's samples, shaped ``(chain, draw, ...)``.
+
+    What ArviZ 1.x works with, at either major version: with ArviZ 1.x what :func:`to_inference_data` returns, with
+    ArviZ 0.x its ``InferenceData`` converted (``InferenceData.to_datatree``). Takes what :func:`to_inference_data`
+    takes.
+
+    Raises:
+        MissingDependencyError: ArviZ 0.x whose InferenceData has no DataTree (ArviZ before 0.20, xarray before
+            2024.11), naming what to install; or no ArviZ.
+
+    >>> import numpy as np
+    >>> from jaxstow import io
+    >>> tree = io.to_datatree({"sample_count": 4, "samples": {"theta": np.arange(4.0)}})
+    >>> type(tree).__name__, dict(tree["posterior"].sizes)
+    ('DataTree', {'chain': 1, 'draw': 4})
+    """
+    data = to_inference_data(samples, truncate=truncate, coords=coords, dims=dims)
+    arviz = require("arviz", extra="arviz", purpose="to_datatree")
+    if arviz_major(arviz) >= 1:
+        return data
+    try:
+        return data.to_datatree()
+    except (AttributeError, ImportError) as error:
+        raise MissingDependencyError(
+            f"to_datatree needs an InferenceData that converts to xarray's DataTree, which ArviZ {arviz.__version__} "
+            "does not: pip install 'arviz>=0.20' 'xarray>=2024.11' (or 'arviz>=1', which holds a run in a DataTree)"
+        ) from error
 
 
 def _chains_of(samples: Any) -> tuple[Chains, bool]:

@@ -1,0 +1,58 @@
+"""Posterior draws as ArviZ's data, at either major version of ArviZ.
+
+ArviZ 0.x holds a run in an ``arviz.InferenceData`` (``arviz.from_dict(posterior=...)``); ArviZ 1.x in xarray's
+``DataTree`` (``arviz.from_dict({"posterior": ...})``). :func:`from_posterior` makes whichever the installed ArviZ
+works with, so that :func:`~jaxstow.io.to_inference_data` and ``jaxstow watch`` run with both.
+
+>>> import numpy as np
+>>> from jaxstow.io.arviz_data import from_posterior
+>>> dict(from_posterior({"mu": np.zeros((2, 5))}, purpose="an example").posterior.sizes)
+{'chain': 2, 'draw': 5}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxstow._util.optional import require
+
+__all__ = ["arviz_major", "from_posterior"]
+
+
+def arviz_major(arviz: Any) -> int:
+    """The major version of an imported ``arviz`` module: 0 or 1 (or later)."""
+    return int(str(arviz.__version__).split(".")[0])
+
+
+def from_posterior(
+    posterior: Mapping[str, np.ndarray],
+    *,
+    purpose: str,
+    coords: Mapping[str, Any] | None = None,
+    dims: Mapping[str, Sequence[str]] | None = None,
+) -> Any:
+    """ArviZ's data whose ``posterior`` group holds ``posterior`` (each array shaped ``(chain, draw, ...)``).
+
+    Args:
+        posterior: The variables by name.
+        purpose: What needs ArviZ, named in the error where it is not installed.
+        coords: Passed to ``arviz.from_dict``.
+        dims: Passed to ``arviz.from_dict``.
+
+    Returns:
+        An ``arviz.InferenceData`` with ArviZ 0.x, an ``xarray.DataTree`` with ArviZ 1.x.
+
+    Raises:
+        MissingDependencyError: ArviZ is not installed.
+    """
+    arviz = require("arviz", extra="arviz", purpose=purpose)
+    options = {
+        "coords": dict(coords) if coords is not None else None,
+        "dims": {name: list(names) for name, names in dims.items()} if dims is not None else None,
+    }
+    if arviz_major(arviz) >= 1:
+        return arviz.from_dict({"posterior": dict(posterior)}, **options)
+    return arviz.from_dict(posterior=dict(posterior), **options)
