@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BARE := .venv-bare
 
-.PHONY: demo test test-bare test-matrix bench reliability lint clean
+.PHONY: demo test test-bare test-matrix bench reliability lint docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -78,10 +78,24 @@ test-matrix: .venv-lowest/.installed .venv-newest/.installed
 bench: $(STAMP)
 	@for script in bench/bench_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
+# The documentation site (mkdocs.yml): docs/*.md and an API reference from the docstrings, built into site/ in a venv
+# of its own with the `docs` extra alone (mkdocstrings reads the sources, src/, without importing them); --strict fails
+# on a broken link or reference.
+DOCS := .venv-docs
+$(DOCS)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(DOCS)
+	$(DOCS)/bin/python -m pip install -q --upgrade pip
+	$(DOCS)/bin/python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['docs'], sep='\n')" > $(DOCS)/requirements.txt
+	$(DOCS)/bin/python -m pip install -q -r $(DOCS)/requirements.txt
+	touch $@
+
+docs: $(DOCS)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS)/bin/python -m mkdocs build --strict
+
 # Attacks and crashes at full size (byte flips, fuzzed headers, SIGKILLs, a full disk, ...): the table of what was
 # detected and what was lost. `make test` runs a small slice of each probe.
 reliability: $(STAMP)
 	$(PY) -m reliability.run
 
 clean:
-	rm -rf $(VENV) $(BARE) .venv-lowest .venv-newest .venv-newest-python build *.egg-info
+	rm -rf $(VENV) $(BARE) $(DOCS) .venv-lowest .venv-newest .venv-newest-python build site *.egg-info
