@@ -108,10 +108,20 @@ def test_arviz_0_gets_inference_data_and_its_datatree():
     np.testing.assert_array_equal(tree["posterior"]["theta"].values, _expected_theta())
 
 
+def _no_xarray_datatree(self):
+    raise ImportError("xarray must be have DataTree in order to use InferenceData.to_datatree")
+
+
 @only_arviz_0
-def test_an_arviz_0_without_datatree_is_named_with_what_to_install(monkeypatch):
-    monkeypatch.delattr(az.InferenceData, "to_datatree")  # ArviZ before 0.20
-    with pytest.raises(MissingDependencyError, match=r"ArviZ 0\..*pip install 'arviz>=0.20' 'xarray>=2024.11'"):
+@pytest.mark.parametrize("older", ["no conversion", "an xarray without DataTree", "the datatree package's"])
+def test_an_arviz_0_without_xarrays_datatree_is_named_with_what_to_install(monkeypatch, older):
+    if older == "no conversion":
+        monkeypatch.delattr(az.InferenceData, "to_datatree")
+    elif older == "an xarray without DataTree":
+        monkeypatch.setattr(az.InferenceData, "to_datatree", _no_xarray_datatree)
+    else:
+        monkeypatch.setattr(az.InferenceData, "to_datatree", lambda self: {"posterior": self.posterior})
+    with pytest.raises(MissingDependencyError, match=r"ArviZ 0\..*pip install --upgrade arviz 'xarray>=2024.11'"):
         io.to_datatree(_run(io.MemoryCollector()))
 
 
@@ -129,4 +139,4 @@ def test_arviz_1_gets_a_datatree_its_functions_take():
     assert isinstance(tree, xarray.DataTree)
     np.testing.assert_array_equal(tree.posterior["layer.bias"].values, _expected_theta()[..., 0])
     rhat = az.rhat(tree)
-    assert rhat["theta"].values.shape == (2,) and float(rhat["theta"].values[0]) > 10  # chains 1000 apart
+    assert rhat["theta"].values.shape == (2,) and float(rhat["theta"].values[0]) > 2  # chains 1000 apart

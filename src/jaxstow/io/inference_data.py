@@ -96,8 +96,8 @@ def to_datatree(
     takes.
 
     Raises:
-        MissingDependencyError: ArviZ 0.x whose InferenceData has no DataTree (ArviZ before 0.20, xarray before
-            2024.11), naming what to install; or no ArviZ.
+        MissingDependencyError: An ArviZ 0.x whose InferenceData does not convert to xarray's DataTree (older ArviZ
+            or xarray), naming what to install; or no ArviZ.
 
     >>> import numpy as np
     >>> from jaxstow import io
@@ -109,13 +109,17 @@ def to_datatree(
     arviz = require("arviz", extra="arviz", purpose="to_datatree")
     if arviz_major(arviz) >= 1:
         return data
+    convert = getattr(data, "to_datatree", None)
     try:
-        return data.to_datatree()
-    except (AttributeError, ImportError) as error:
-        raise MissingDependencyError(
-            f"to_datatree needs an InferenceData that converts to xarray's DataTree, which ArviZ {arviz.__version__} "
-            "does not: pip install 'arviz>=0.20' 'xarray>=2024.11' (or 'arviz>=1', which holds a run in a DataTree)"
-        ) from error
+        tree = convert() if convert is not None else None
+    except ImportError:  # an xarray without DataTree
+        tree = None
+    if type(tree).__module__.startswith("xarray."):
+        return tree
+    raise MissingDependencyError(
+        f"to_datatree needs an InferenceData that converts to xarray's DataTree, which ArviZ {arviz.__version__} "
+        "here does not: pip install --upgrade arviz 'xarray>=2024.11' (ArviZ 1.x holds a run in a DataTree)"
+    )
 
 
 def _chains_of(samples: Any) -> tuple[Chains, bool]:
