@@ -19,8 +19,8 @@ demo: $(STAMP)
 	@for script in examples/demo_*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench examples reliability conftest.py
-	$(PY) -m ruff format --check src tests bench examples reliability conftest.py
+	$(PY) -m ruff check src tests bench examples reliability conftest.py docs/hooks
+	$(PY) -m ruff format --check src tests bench examples reliability conftest.py docs/hooks
 	$(PY) -m mypy
 
 test: lint test-bare
