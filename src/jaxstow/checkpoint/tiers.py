@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
@@ -72,6 +73,7 @@ class Tiers:
         self.progress = progress
         self.uploads = BackgroundWriter(asynchronous=True)
         self._uploading: set[int] = set()
+        self._pruning = threading.Lock()
         self._lock: Lock | None = None
         replicas = (1 if processes.many else 0) if replicas is None else replicas
         self.peers: PeerCopies | None = None
@@ -117,6 +119,7 @@ class Tiers:
                     persistent(record)
                 finally:
                     self._uploading.discard(step)
+                    self._prune()
 
             self.uploads.submit(upload, what=f"copying step {step} from {self.directory}")
         self._prune()
@@ -223,10 +226,14 @@ class Tiers:
         return record
 
     def _prune(self) -> None:
-        steps = [step for step in self.steps() if step not in self._uploading]
-        for step in steps[: -self.keep_last]:
-            self.store.delete(self.names.name(step))
-            logger.info("%s: deleted local step %d (local_keep_last)", self.directory, step)
+        """Delete the local steps older than the newest ``local_keep_last``, but for one being copied (it goes once
+        copied)."""
+        with self._pruning:
+            steps = self.steps()
+            for step in steps[: -self.keep_last]:
+                if step not in self._uploading:
+                    self.store.delete(self.names.name(step))
+                    logger.info("%s: deleted local step %d (local_keep_last)", self.directory, step)
 
     def choose(self, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int]:
         """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
@@ -274,7 +281,6 @@ class Tiers:
         """Finish the copy in flight (raising its error) and stop the transport."""
         try:
             self.uploads.close()
-            self._prune()
         finally:
             if self.peers is not None:
                 self.peers.close()
