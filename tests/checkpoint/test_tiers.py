@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from jaxstow import CheckpointManager
