@@ -68,7 +68,8 @@ class PeerTransport:
         self._arrived: dict[tuple[int, str], collections.deque[bytearray | str]] = collections.defaultdict(
             collections.deque
         )
-        self._ended: dict[int, str] = {}  # source -> why its connection ended
+        self._ended: dict[int, str] = {}  # source -> why its last connection ended
+        self._live: collections.Counter[int] = collections.Counter()  # source -> its open connections
         self._condition = threading.Condition()
         self._outgoing: dict[int, socket.socket] = {}
         self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
@@ -183,9 +184,14 @@ class PeerTransport:
                 header = _read_exactly(connection, _HEADER.size)
                 if header is None:
                     raise EOFError("closed by the peer")
-                magic, source, tag_length, length, digest = _HEADER.unpack(header)
+                magic, sender, tag_length, length, digest = _HEADER.unpack(header)
                 if magic != _MAGIC:
                     raise EOFError(f"not a jaxstow peer message (starts with {magic!r})")
+                if source < 0:
+                    source = sender
+                    with self._condition:
+                        self._live[source] += 1
+                        self._ended.pop(source, None)
                 tag = (_read_exactly(connection, tag_length) or b"").decode(errors="replace")
                 payload = bytearray(length)
                 if length and _read_into(connection, memoryview(payload)) < length:
@@ -200,7 +206,9 @@ class PeerTransport:
         except (OSError, EOFError, UnicodeDecodeError) as error:
             if source >= 0:
                 with self._condition:
-                    self._ended[source] = _reason(error)
+                    self._live[source] -= 1
+                    if not self._live[source]:
+                        self._ended[source] = _reason(error)
                     self._condition.notify_all()
         finally:
             _shut(connection)
