@@ -3,7 +3,7 @@
 Process ``k``'s local directory is ``BASE/local{k}`` and its host ``host{k // 2}`` (two processes per host); the
 persistent directory is ``BASE/persistent`` (or ``--directory``, a URL with options in ``JAXSTOW_STORAGE_OPTIONS``).
 ``save`` saves steps 1 to 6 (every step locally, every 4th persistently), prints a line and waits to be killed
-(SIGKILL, mid-run); ``restore`` restores the newest step restorable and checks every value it holds. ``--stop save``
+(SIGKILL, mid-run), as process 0 always does; ``restore`` restores the newest step restorable and checks every value it holds. ``--stop save``
 makes process ``--victim`` stop itself (SIGSTOP) as it begins sending its copies of step 2 to its peers, ``--stop
 fetch`` as it begins sending a replaced process its files. Each prints one JSON line of what it saw.
 """
@@ -110,6 +110,6 @@ except Exception as error:
     report["error"] = f"{type(error).__name__}: {error}"
 report["seconds"] = time.monotonic() - start
 print(json.dumps(report), flush=True)
-if args.action == "save" and "error" not in report:
-    time.sleep(120)  # killed here
+if (args.action == "save" and "error" not in report) or args.process == 0:
+    time.sleep(120)  # killed here; process 0 hosts the coordination service the others may still use
 os._exit(0)
