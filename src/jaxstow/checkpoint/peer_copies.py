@@ -14,6 +14,7 @@ hosts, then the next ones on the same host (:func:`choose_keepers`); each keeper
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Sequence
@@ -147,11 +148,15 @@ class PeerCopies:
                 if int(owner) == me and have:
                     continue
                 for file in files_of(record, int(owner)):
-                    content: bytes | bytearray
-                    if me in holders:
-                        content = _read(self.store(int(owner)), folder, file)
-                    else:
-                        content = self.transport.receive(holders[0], f"fetch/{step}/{file}")
+                    path = self.store(int(owner)).path(folder, file)
+                    if me in holders and target is not None:  # a copy this process keeps: linked, not copied
+                        _link(path, target, file)
+                        continue
+                    content = (
+                        _read_path(path)
+                        if me in holders
+                        else self.transport.receive(holders[0], f"fetch/{step}/{file}")
+                    )
                     _write(staging, target, file, content)
             if staging is not None:
                 staging.commit(record.to_json())
@@ -197,8 +202,26 @@ def plan_local(
 
 
 def _read(store: LocalStore, folder: str, file: str) -> bytes:
-    with open(store.path(folder, file), "rb") as source:
+    return _read_path(store.path(folder, file))
+
+
+def _read_path(path: str) -> bytes:
+    with open(path, "rb") as source:
         return source.read()
+
+
+def _link(kept: str, target: str, file: str) -> None:
+    """Put the file ``kept`` (durable already) into the committed folder ``target`` as ``file``: a hard link, or a
+    copy where the file system has none."""
+    partial = os.path.join(target, f".{file}.partial")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(partial)
+    try:
+        os.link(kept, partial)
+    except OSError:
+        _write(None, target, file, _read_path(kept))
+        return
+    os.replace(partial, os.path.join(target, file))
 
 
 def _write(staging: object, target: str | None, file: str, content: bytes | bytearray) -> None:
