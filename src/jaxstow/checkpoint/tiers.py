@@ -95,8 +95,8 @@ class Tiers:
     def save(
         self, content: StepContent, *, key: str, persistent: Callable[[StepRecord], None] | None, keep: dict[str, Any]
     ) -> None:
-        """Write ``content`` as a local step, send copies to the peers, then hand the record to ``persistent`` (the
-        copy to ``directory``, run on the upload thread) when the step is due there; prune the local tier."""
+        """Write ``content`` as a local step, hand its record to ``persistent`` (the copy to ``directory``, run on the
+        upload thread) when the step is due there, send copies to the peers and prune the local tier."""
         if self._lock is None:
             self._lock = lock_store(self.store)
             self.store.cleanup(lambda name: self.names.step(name) is not None)
@@ -108,8 +108,6 @@ class Tiers:
             record = write_step(
                 self.store, self.names.name(step), content, replace=replace, keep_policy=keep, progress=self.progress
             )
-        if self.peers is not None:
-            self.peers.exchange(record, keep_last=self.keep_last)
         if persistent is not None:
             self.uploads.wait()  # one copy in flight at a time, in the same order in every process
             self._uploading.add(step)
@@ -122,6 +120,8 @@ class Tiers:
                     self._prune()
 
             self.uploads.submit(upload, what=f"copying step {step} from {self.directory}")
+        if self.peers is not None:
+            self.peers.exchange(record, keep_last=self.keep_last)
         self._prune()
 
     def _write_shared(self, content: StepContent, *, key: str, replace: bool, keep: dict[str, Any]) -> StepRecord:
@@ -166,7 +166,7 @@ class Tiers:
             message = processes.receive(
                 f"{key}/record", sender=0, what=f"the record of local step {step}", timeout=processes.timeout * 2
             )
-        if '"error"' in message[:10]:
+        if message.startswith('{"error"'):
             staging.abort()
             raise CheckpointError(f"local step {step} is not committed: {json.loads(message)['error']}", file=where)
         staging.commit(message.encode())
