@@ -81,6 +81,51 @@ def main() -> None:
             f"process {report['process']}: jaxstow's restore read {ratio:.3f}x the bytes its devices need, headers "
             f"and record included (<= 1.05: {'PASS' if ratio <= 1.05 else 'MISS'})"
         )
+    tiers(mib=64)
+
+
+TIERS_WORKER = Path(__file__).with_name("tiers_worker.py")
+
+
+def tiers(mib: int) -> None:
+    """Two tiers at 2 and 4 processes (one CPU device each) against a loopback S3 server: the time ``save`` blocks
+    for and the time until a step is held (local tier with a peer's copy, or S3), and a replaced host's restore of the
+    newest step from its peers against the same restore from S3."""
+    here = Path(__file__).resolve().parent
+    sys.path[:0] = [str(here), str(here.parent / "tests" / "support")]  # the S3 server is the tests' own
+    from seaweed import seaweed
+
+    rows = []
+    with seaweed() as server, tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
+        environment = {**os.environ, "JAXSTOW_STORAGE_OPTIONS": json.dumps(server.storage_options)}
+        for count in (2, 4):
+            port, url = str(free_port()), server.url(f"tiers-{count}")
+            workers = [
+                subprocess.Popen(
+                    [sys.executable, str(TIERS_WORKER), str(i), str(count), port, f"{folder}/{count}", url, str(mib)],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                    env=environment,
+                )
+                for i in range(count)
+            ]
+            outputs = [worker.communicate()[0] for worker in workers]
+            if any(worker.returncode for worker in workers):
+                raise SystemExit(f"a tiers worker failed: {outputs}")
+            figures = json.loads(outputs[0].strip().splitlines()[-1])["figures"]
+            size = mib * (1 << 20)
+            rows.append(
+                [
+                    str(count),
+                    f"{figures['local tier save blocked']:.3f} / {figures['S3 save blocked']:.3f}",
+                    f"{size / figures['local tier save'] / 1e9:.2f} / {size / figures['S3 save'] / 1e9:.2f}",
+                    f"{figures['replaced host restore from peers']:.2f} / {figures['restore from S3']:.2f}",
+                    f"{figures['restore from S3'] / figures['replaced host restore from peers']:.2f}x",
+                ]
+            )
+    print(f"two tiers, {mib} MiB sharded over every process, persistent tier on a loopback S3 server:")
+    headers = ["processes", "save blocked s (local / S3)", "save GB/s (local / S3)", "replaced host restore s"]
+    print(format_table([*headers, "peers vs S3"], rows))
 
 
 if __name__ == "__main__":

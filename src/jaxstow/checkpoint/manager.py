@@ -5,7 +5,6 @@ See docs/checkpointing.md; a step's folder and its ``checkpoint.json``: docs/for
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import functools
@@ -31,10 +30,12 @@ from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.processes import Processes
+from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
+from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
 from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
@@ -44,7 +45,7 @@ __all__ = ["CheckpointManager"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager:
+class CheckpointManager(StepQueries):
     """Saves and restores the numbered steps of a run in a directory (a path or an fsspec URL such as ``s3://...``).
 
     :meth:`save` returns once the arrays are held; a background thread writes the files and the step appears whole.
@@ -78,6 +79,10 @@ class CheckpointManager:
         cache_dir: str | os.PathLike[str] | None = None,
         process_timeout: float = 600.0,
         preemption_signals: Iterable[int | signal.Signals] = (),
+        local_directory: str | os.PathLike[str] | None = None,
+        local_save_every: int = 1,
+        local_keep_last: int = 2,
+        local_replicas: int | None = None,
     ) -> None:
         """Make the manager of ``directory``; the directory's lock is taken by the first save.
 
@@ -98,6 +103,11 @@ class CheckpointManager:
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
             preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
                 docs/checkpointing.md#preemption).
+            local_directory: Each process's fast storage (a local path, may differ per process): every step saved
+                goes there first, ``directory`` gets the steps due there, copied from it (docs/scaling.md).
+            local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step, for the local tier.
+            local_keep_last: The local tier keeps its newest ``local_keep_last`` steps.
+            local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
 
         Raises:
             ArgumentError: A keep policy or ``save_every`` that is not valid.
@@ -124,6 +134,17 @@ class CheckpointManager:
                 logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
         elif preemption_signals:
             self._notice = self._schedule.notice = PreemptionNotice(preemption_signals)
+        self._tiers: Tiers | None = None
+        if local_directory is not None:
+            self._tiers = Tiers(
+                local_directory,
+                self._processes,
+                directory=self._store.location,
+                save_every=local_save_every,
+                keep_last=local_keep_last,
+                replicas=local_replicas,
+                progress=progress,
+            )
 
     @property
     def policy(self) -> KeepPolicy:
@@ -135,83 +156,18 @@ class CheckpointManager:
         """The directory, as given (a path or a URL)."""
         return self._folder.store.location
 
-    def _record(self, step: int) -> StepRecord:
-        return self._folder.record(step)
-
-    def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
-        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
-
-        Args:
-            verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
-                anywhere is found); ``"headers"`` checks only the records, the files' presence and their headers.
-            progress: Draw a bar of the bytes read per step (the manager's setting by default).
-        """
+    def steps(self, tier: Tier | None = None) -> list[int]:
+        """The committed steps, in increasing order (waits for the save in flight); with ``local_directory``, those
+        of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``) or of either."""
         self._settle()
-        verify = recovery.check_verify(verify)
-        return recovery.damaged(self._folder, self._folder.committed(), verify=verify, progress=self._bar(progress))
+        persistent = self._folder.committed() if tier != "local" else []
+        local = self._tiers.steps() if self._tiers is not None and tier != "persistent" else []
+        return sorted({*persistent, *local})
 
-    def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
-        """The newest committed step that is not damaged (see :meth:`damaged_steps`, whose arguments it takes), or None.
-
-        Older steps are not read. To restore it in one pass, use ``restore(fallback=True)``.
-        """
-        self._settle()
-        verify = recovery.check_verify(verify)
-        return recovery.newest_intact(
-            self._folder, lambda: self._folder.committed()[::-1], verify=verify, progress=self._bar(progress)
-        )
-
-    def _bar(self, progress: bool | None) -> bool:
-        if progress:
-            require_progress_bar()
-        return self._progress if progress is None else progress
-
-    def steps(self) -> list[int]:
-        """The committed steps, in increasing order (waits for the save in flight)."""
-        self._settle()
-        return self._folder.committed()
-
-    def latest_step(self) -> int | None:
-        """The newest committed step, or ``None`` if there is none."""
-        steps = self.steps()
+    def latest_step(self, tier: Tier | None = None) -> int | None:
+        """The newest committed step (of ``tier``, see :meth:`steps`), or ``None`` if there is none."""
+        steps = self.steps(tier)
         return steps[-1] if steps else None
-
-    def best_step(self, metric: str | None = None, *, mode: Literal["min", "max"] | None = None) -> int | None:
-        """The committed step with the best value of ``metric``: the newest of equals, or ``None`` if no step has one.
-
-        Args:
-            metric: The metric to rank by (the manager's ``metric`` by default); steps without a finite value of it
-                are left out.
-            mode: ``"min"`` (the lowest is best) or ``"max"`` (the manager's ``mode`` by default).
-
-        Raises:
-            ArgumentError: Neither ``metric`` nor the manager's ``metric`` is given.
-        """
-        metric = metric or self._policy.metric
-        if metric is None:
-            raise ArgumentError("best_step needs a metric: pass best_step('loss') or make the manager with metric=...")
-        values = {}
-        for step in self.steps():
-            with contextlib.suppress(StepNotFoundError):  # deleted since it was listed
-                values[step] = self._record(step).metric(metric)
-        return KeepPolicy(keep_best=1, metric=metric, mode=mode or self._policy.mode).best(values)
-
-    def _existing(self, step: int | None) -> int:
-        self._settle()
-        return self._folder.existing(step)
-
-    def metrics(self, step: int) -> dict[str, float | None] | None:
-        """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
-        return self._record(self._existing(step)).metrics
-
-    def metadata(self, step: int) -> dict[str, Any] | None:
-        """The metadata saved with ``step``."""
-        return self._record(self._existing(step)).metadata
-
-    def items(self, step: int) -> list[str] | None:
-        """The names of the items of ``step``, or ``None`` if it was saved as one tree."""
-        record = self._record(self._existing(step))
-        return None if record.single else sorted(record.files)
 
     def restore(
         self,
@@ -245,8 +201,13 @@ class CheckpointManager:
         """
         options.setdefault("progress", self._progress)
 
-        def restore(chosen: int) -> Any:
-            return restore_step(self._folder, chosen, like, items, options)
+        def restore(chosen: int, folder: StepFolder = self._folder) -> Any:
+            return restore_step(folder, chosen, like, items, options)
+
+        if self._tiers is not None and not fallback:
+            self._settle()
+            tree, self.restored = self._tiers.restore(self._folder, step, restore)
+            return tree
 
         if self._processes.many:
 
@@ -290,6 +251,8 @@ class CheckpointManager:
 
     def _settle(self) -> None:
         self._writer.idle()
+        if self._tiers is not None:
+            self._tiers.uploads.idle()
 
     # -- saving ---------------------------------------------------------------------------------------------------
 
@@ -307,7 +270,8 @@ class CheckpointManager:
         ...     print(manager.steps())
         [1, 10, 20]
         """
-        return self._schedule.should_save(check_step(step), committed=self._folder.committed)
+        wanted = self._schedule.should_save(check_step(step), committed=self._folder.committed)
+        return self._tiers.should_save(step) or wanted if self._tiers is not None else wanted
 
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is the step to save before a preemption.
@@ -361,7 +325,7 @@ class CheckpointManager:
         self._writer.wait()
         if self._lock is None and self._processes.index == 0:
             self._take_lock()
-        exists = step in self._folder.committed()
+        exists = step in self._folder.committed() or (self._tiers is not None and step in self._tiers.steps())
         if exists and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it",
@@ -374,22 +338,25 @@ class CheckpointManager:
         }
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
         write: Callable[[], StepRecord | None]
-        if self._processes.many:
+        keep = dataclasses.asdict(self._policy)
+        due = self._tiers is None or self._schedule.should_save(step, committed=self._folder.committed)
+        if self._tiers is not None:
+            upload = functools.partial(self._copy, key=self._processes.next_exchange("copy")) if due else None
+            write = functools.partial(
+                self._tiers.save, content, key=self._processes.next_exchange("local"), persistent=upload, keep=keep
+            )
+        elif self._processes.many:
             write = functools.partial(self._write_shared, content, exists, key=self._processes.next_exchange("save"))
         else:
-            keep_policy = dataclasses.asdict(self._policy)
             folder = self._names.name(step)
             write = functools.partial(
-                write_step,
-                self._store,
-                folder,
-                content,
-                replace=exists,
-                keep_policy=keep_policy,
-                progress=self._progress,
+                write_step, self._store, folder, content, replace=exists, keep_policy=keep, progress=self._progress
             )
         self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
-        self._schedule.saved(step)
+        if due:
+            self._schedule.saved(step)
+        if self._tiers is not None:
+            self._tiers.schedule.saved(step)
         if self._preempted() is not None:
             self.close()  # ends the process
 
@@ -423,6 +390,10 @@ class CheckpointManager:
         if record is not None:
             self._folder.remember(record)
             self._prune()
+
+    def _copy(self, record: StepRecord, *, key: str) -> None:
+        """Copy a local step to ``directory`` (on the local tier's upload thread), then apply the keep policy."""
+        self._committed(self._tiers.copy_to(self._store, record, key=key) if self._tiers is not None else None)
 
     def _write_shared(self, content: StepContent, replace: bool, *, key: str) -> StepRecord | None:
         """The background half of a save made by every process together: the committed record in process 0."""
@@ -462,6 +433,8 @@ class CheckpointManager:
     def wait(self) -> None:
         """Wait for the save in flight; raise its error (with the original as ``__cause__``) if it failed."""
         self._writer.wait()
+        if self._tiers is not None:
+            self._tiers.uploads.wait()
 
     def close(self) -> None:
         """Finish the save in flight, release the lock and raise the save's error, if any (idempotent).
@@ -472,7 +445,11 @@ class CheckpointManager:
             return
         self._closed = True
         try:
-            self._writer.close()
+            try:
+                self._writer.close()
+            finally:
+                if self._tiers is not None:
+                    self._tiers.close()
         except CheckpointError as error:
             if self._preempted() is None:
                 raise

@@ -1,0 +1,178 @@
+"""Two tiers: every step saved to each process's local directory, the steps due there copied to the persistent
+directory from the local files, peers keeping copies of each other's local files, and restores from the fastest tier
+that holds a step in full. The multi-process cases run real ``jax.distributed`` processes
+(``tests/distributed/tier_worker.py``), killed (SIGKILL) mid-run or stopped (SIGSTOP) mid-save or mid-restore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import pytest
+
+from jaxstow import CheckpointManager
+from jaxstow.errors import ArgumentError, StepNotFoundError
+
+WORKER = Path(__file__).parents[1] / "distributed" / "tier_worker.py"
+
+
+def _run(manager: CheckpointManager, steps: range) -> None:
+    for step in steps:
+        if manager.should_save(step):
+            manager.save(step, {"w": jnp.full(3, step, jnp.float32)})
+
+
+def test_every_step_goes_to_the_local_tier_and_the_due_ones_to_the_persistent_one(tmp_path):
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, local_directory=local, save_every=4, local_save_every=2) as manager:
+        _run(manager, range(1, 10))
+        assert manager.steps(tier="persistent") == [1, 4, 8]
+        assert manager.steps(tier="local") == [6, 8]  # local_keep_last=2 of 1, 2, 4, 6, 8
+        assert manager.steps() == [1, 4, 6, 8]
+        assert manager.latest_step() == 8 and manager.latest_step(tier="persistent") == 8
+        assert manager.restore()["w"].tolist() == [8.0] * 3
+        assert manager.restore(6)["w"].tolist() == [6.0] * 3
+    for name in ("checkpoint.json", "w.safetensors"):  # copied from the local files, byte for byte
+        assert (persistent / "8" / name).read_bytes() == (local / "8" / name).read_bytes()
+
+
+def test_the_newest_local_step_is_restored_and_the_persistent_one_once_the_local_tier_is_lost(tmp_path):
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+        _run(manager, range(1, 7))
+    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+        assert manager.restore()["w"].tolist() == [6.0] * 3 and manager.restored.step == 6
+    shutil.rmtree(local)
+    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+        assert manager.steps() == [1, 4]
+        assert manager.restore()["w"].tolist() == [4.0] * 3 and manager.restored.step == 4
+        with pytest.raises(StepNotFoundError, match="no step 6"):
+            manager.restore(6)
+
+
+def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
+    url = s3_server.url("tiers")
+    options = s3_server.storage_options
+    with CheckpointManager(url, local_directory=tmp_path, save_every=2, storage_options=options) as manager:
+        _run(manager, range(1, 6))
+    shutil.rmtree(tmp_path)
+    with CheckpointManager(url, local_directory=tmp_path, storage_options=options) as manager:
+        assert manager.steps() == [1, 2, 4]
+        assert manager.restore()["w"].tolist() == [4.0] * 3
+
+
+def test_a_local_tier_setting_that_is_not_valid_is_refused(tmp_path):
+    with pytest.raises(ArgumentError, match="local_keep_last"):
+        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_keep_last=0)
+    with pytest.raises(ArgumentError, match="local_directory must be a local path"):
+        CheckpointManager(tmp_path / "p", local_directory="s3://bucket/local")
+
+
+# -- four processes -------------------------------------------------------------------------------------------------
+
+
+def _start(action: str, base: Path, *extra: str) -> list[subprocess.Popen[str]]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    return [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), action, str(index), "4", str(port), str(base), *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for index in range(4)
+    ]
+
+
+def _reports(processes: list[subprocess.Popen[str]], *, skip: int = -1) -> list[dict]:
+    reports = []
+    try:
+        for index, process in enumerate(processes):
+            if index == skip:
+                continue
+            lines = (json.loads(line) for line in iter(process.stdout.readline, ""))  # type: ignore[union-attr]
+            final = next((line for line in lines if "seconds" in line), None)
+            assert final, f"process {index} printed no report:\n{process.stderr.read()[-3000:]}"  # type: ignore[union-attr]
+            reports.append(final)
+    finally:
+        for process in processes:
+            process.kill()
+            process.communicate()
+    return reports
+
+
+def _first_lines(processes: list[subprocess.Popen[str]]) -> list[dict]:
+    """Each process's report, read as it waits to be killed; then every process is killed (SIGKILL)."""
+    try:
+        lines = [json.loads(process.stdout.readline()) for process in processes]  # type: ignore[union-attr]
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGKILL)
+            process.communicate()
+    return lines
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory) -> Path:
+    """Steps 1 to 6 saved by 4 processes (every step locally, 1 and 4 persistently), then every process killed."""
+    base = tmp_path_factory.mktemp("killed-run")
+    reports = _first_lines(_start("save", base))
+    assert [(report["local"], report["persistent"]) for report in reports] == [([5, 6], [1, 4])] * 4
+    return base
+
+
+@pytest.fixture
+def run(killed_run, tmp_path) -> Path:
+    shutil.copytree(killed_run, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_replaced_host_gets_its_shards_of_the_newest_local_step_from_a_peer(run):
+    assert sorted(os.listdir(run / "local3" / "peer-copies")) == ["p1"]  # process 1's keeper
+    shutil.rmtree(run / "local1")
+    reports = _reports(_start("restore", run))
+    assert [report.get("restored") for report in reports] == [6] * 4, reports  # each checked every value it holds
+    assert (run / "local1" / "6" / "params.p1.safetensors").read_bytes() == (
+        run / "local3" / "peer-copies" / "p1" / "6" / "params.p1.safetensors"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize("lost", ["every-local-directory", "a-process-and-its-keeper"])
+def test_a_step_held_in_full_nowhere_locally_is_restored_from_the_persistent_tier(run, lost):
+    shutil.rmtree(run / "local1")
+    if lost == "every-local-directory":
+        for index in (0, 2, 3):
+            shutil.rmtree(run / f"local{index}")
+    else:
+        shutil.rmtree(run / "local3" / "peer-copies" / "p1")
+    reports = _reports(_start("restore", run))
+    assert [report.get("restored") for report in reports] == [4] * 4, reports
+
+
+@pytest.mark.parametrize("stop", ["save", "fetch"])
+def test_a_stopped_peer_makes_every_other_process_raise_within_the_timeout(tmp_path, run, stop):
+    if stop == "save":
+        base, victim = tmp_path / "fresh", 2
+        processes = _start("save", base, "--stop", "save", "--victim", "2", "--timeout", "3")
+    else:
+        base, victim = run, 3  # process 1's keeper, stopped as it begins to send process 1 its files
+        shutil.rmtree(run / "local1")
+        processes = _start("restore", base, "--stop", "fetch", "--victim", "3", "--timeout", "3")
+    assert json.loads(processes[victim].stdout.readline())["stopping"]  # type: ignore[union-attr]
+    reports = _reports(processes, skip=victim)
+    for report in reports:
+        assert "error" in report, report
+        assert report["seconds"] < 3 * 5, report
+    assert any("process 2" in report["error"] or "process 3" in report["error"] for report in reports)
