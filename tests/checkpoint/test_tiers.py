@@ -140,12 +140,12 @@ def run(killed_run, tmp_path) -> Path:
 
 
 def test_a_replaced_host_gets_its_shards_of_the_newest_local_step_from_a_peer(run):
-    assert sorted(os.listdir(run / "local3" / "peer-copies")) == ["p1"]  # process 1's keeper
+    assert sorted(os.listdir(run / "local3" / "process-3" / "peer-copies")) == ["p1"]  # process 1's keeper
     shutil.rmtree(run / "local1")
     reports = _reports(_start("restore", run))
     assert [report.get("restored") for report in reports] == [6] * 4, reports  # each checked every value it holds
-    assert (run / "local1" / "6" / "params.p1.safetensors").read_bytes() == (
-        run / "local3" / "peer-copies" / "p1" / "6" / "params.p1.safetensors"
+    assert (run / "local1" / "process-1" / "6" / "params.p1.safetensors").read_bytes() == (
+        run / "local3" / "process-3" / "peer-copies" / "p1" / "6" / "params.p1.safetensors"
     ).read_bytes()
 
 
@@ -156,7 +156,7 @@ def test_a_step_held_in_full_nowhere_locally_is_restored_from_the_persistent_tie
         for index in (0, 2, 3):
             shutil.rmtree(run / f"local{index}")
     else:
-        shutil.rmtree(run / "local3" / "peer-copies" / "p1")
+        shutil.rmtree(run / "local3" / "process-3" / "peer-copies" / "p1")
     reports = _reports(_start("restore", run))
     assert [report.get("restored") for report in reports] == [4] * 4, reports
 

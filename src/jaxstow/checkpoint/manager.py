@@ -103,8 +103,8 @@ class CheckpointManager(StepQueries):
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
             preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
                 docs/checkpointing.md#preemption).
-            local_directory: Each process's fast storage (a local path, may differ per process): every step saved
-                goes there first, ``directory`` gets the steps due there, copied from it (docs/scaling.md).
+            local_directory: Each process's fast storage (a local path, may differ per process; under
+                jax.distributed each process uses ``process-{index}`` in it): every step saved goes there first, ``directory`` gets the steps due there, copied from it (docs/scaling.md).
             local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step, for the local tier.
             local_keep_last: The local tier keeps its newest ``local_keep_last`` steps.
             local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).

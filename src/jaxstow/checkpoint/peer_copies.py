@@ -3,7 +3,7 @@ by a process that lost its own (a replaced host), over the bounded :class:`~jaxs
 
 Process ``k``'s files of a step are kept by ``replicas`` other processes, those on other slices first, then on other
 hosts, then the next ones on the same host (:func:`choose_keepers`); each keeper stores them under
-``LOCAL_DIRECTORY/peer-copies/p{k}/{step}/`` with the step's record, checksummed on arrival. See docs/scaling.md
+``LOCAL_DIRECTORY/process-{index}/peer-copies/p{k}/{step}/`` with the step's record, checksummed on arrival. See docs/scaling.md
 ("Two tiers and peers").
 
 >>> from jaxstow.checkpoint.peer_copies import choose_keepers

@@ -64,7 +64,12 @@ class Tiers:
         root = local_path(local_directory)
         if root is None:
             raise ArgumentError(f"local_directory must be a local path, not {local_directory!r}")
-        self.store = LocalStore(os.path.abspath(root), marker=RECORD_NAME)
+        # Under jax.distributed each process keeps its tier in a folder of its own, so that processes of one host
+        # may share one local_directory.
+        root = os.path.abspath(root)
+        if processes.many:
+            root = os.path.join(root, f"process-{processes.index}")
+        self.store = LocalStore(root, marker=RECORD_NAME)
         self.names = StepNames("%d")
         self.folder = StepFolder(self.store, self.names)
         self.schedule = SaveSchedule(save_every)
