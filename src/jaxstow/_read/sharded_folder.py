@@ -40,7 +40,7 @@ from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow.errors import ArgumentError, FormatError, PathError, PathNotFoundError, excerpt
 
-__all__ = ["INDEX_SUFFIX", "FolderFile", "Names", "Transposed", "folder_listing", "open_folder"]
+__all__ = ["INDEX_SUFFIX", "FolderFile", "Names", "Transposed", "child", "folder_listing", "list_folder", "open_folder"]
 
 F = TypeVar("F", bound="FolderFile")
 
@@ -67,7 +67,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
 
     A folder without an index is one when it holds ``.safetensors`` files and is no checkpoint step.
     """
-    names, read = _lister(location, settings)
+    names, read = list_folder(location, settings)
     if names is None:
         return None
     indexes = sorted(name for name in names if name.endswith(INDEX_SUFFIX))
@@ -78,7 +78,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
         indexes = chosen
     if indexes:
         index = indexes[0]
-        weight_map, metadata = _parse_index(read(index), file=_child(location.name, index))
+        weight_map, metadata = _parse_index(read(index), file=child(location.name, index))
         return Listing(location.name, sorted(set(weight_map.values())), index, weight_map, metadata)
     files = sorted(name for name in names if name.endswith(".safetensors"))
     if not files or folder_kind(lambda sub: names if sub == "" else None).name != "unknown":
@@ -86,7 +86,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     return Listing(location.name, files, None, None, None)
 
 
-def _lister(
+def list_folder(
     location: Location, settings: StorageSettings | None
 ) -> tuple[list[str] | None, Callable[[str], bytes]]:
     """The names in the folder (``None``: not a folder) and how to read one of its files."""
@@ -111,7 +111,7 @@ def _lister(
         names = [posixpath.basename(str(entry).rstrip("/")) for entry in fs.ls(root, detail=False)]
 
     def read_remote(name: str) -> bytes:
-        with storage_errors(_child(location.name, name)):
+        with storage_errors(child(location.name, name)):
             return bytes(fs.cat_file(posixpath.join(root, name)))
 
     return names, read_remote
@@ -134,7 +134,8 @@ def _parse_index(data: bytes, *, file: str) -> tuple[dict[str, str], dict[str, A
     return weight_map, metadata if isinstance(metadata, dict) else None
 
 
-def _child(folder: str, name: str) -> str:
+def child(folder: str, name: str) -> str:
+    """The file ``name`` of ``folder`` (a path or a URL)."""
     return posixpath.join(folder, name) if "://" in folder else os.path.join(folder, name)
 
 
@@ -155,7 +156,7 @@ def open_folder(location: Location, kind: type[F], settings: StorageSettings | N
 
 
 def _open_shard(listing: Listing, name: str, settings: StorageSettings | None) -> Container:
-    shown = _child(listing.folder, name)
+    shown = child(listing.folder, name)
     try:
         source = locate(shown).open(settings)
     except PathError as error:
