@@ -108,14 +108,17 @@ def open_reader_at(
     listing = folder_listing(location, settings) if location.path is not None else None
     if listing is None:
         try:
-            if names is not None or transposed is not None:
-                raise ArgumentError(
-                    f"names= and transposed= are for a folder of safetensors files, and {location.name} is a file"
-                )
-            return Reader(open_container_at(location, settings), mmap=mmap)
+            reader = Reader(open_container_at(location, settings), mmap=mmap)
         except PathNotFoundError:
             if location.url is None or folder_listing(location, settings) is None:
                 raise
+        else:
+            if names is not None or transposed is not None:
+                reader.close()
+                raise ArgumentError(
+                    f"names= and transposed= are for a folder of safetensors files, and {location.name} is a file"
+                )
+            return reader
     if mmap:
         raise ArgumentError(f"mmap=True maps one local file, and {location.name} is a folder of safetensors files")
     reader = open_folder(location, FolderReader, settings)
