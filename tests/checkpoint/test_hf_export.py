@@ -122,7 +122,7 @@ def test_a_several_item_step_of_one_process(tmp_path):
 
 def test_errors_leave_no_folder(tmp_path):
     jaxstow.save(tmp_path / "model.jxs", {"a": {"b": jnp.ones(2)}, "a.b": jnp.zeros(2), "q": jnp.zeros(2, "int4")})
-    with pytest.raises(ArgumentError, match="'a.b' and 'a/b'|'a/b' and 'a.b'"):
+    with pytest.raises(ArgumentError, match=r"'a\.b' and 'a/b'|'a/b' and 'a\.b'"):
         jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "hf")
     with pytest.raises(ArgumentError, match="int4"):
         jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "hf", names=lambda p: None if p == "a.b" else p)

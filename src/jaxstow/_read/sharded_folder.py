@@ -57,7 +57,7 @@ class Listing(NamedTuple):
 
     folder: str
     files: list[str]
-    index: str | None
+    index_name: str | None
     weight_map: dict[str, str] | None
     metadata: dict[str, Any] | None
 
@@ -67,9 +67,10 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
 
     A folder without an index is one when it holds ``.safetensors`` files and is no checkpoint step.
     """
-    names, read = list_folder(location, settings)
-    if names is None:
+    listed = list_folder(location, settings)
+    if listed is None:
         return None
+    names, read = listed
     indexes = sorted(name for name in names if name.endswith(INDEX_SUFFIX))
     if len(indexes) > 1:
         chosen = [name for name in indexes if name == "model" + INDEX_SUFFIX]
@@ -88,12 +89,12 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
 
 def list_folder(
     location: Location, settings: StorageSettings | None
-) -> tuple[list[str] | None, Callable[[str], bytes]]:
-    """The names in the folder (``None``: not a folder) and how to read one of its files."""
+) -> tuple[list[str], Callable[[str], bytes]] | None:
+    """The names in the folder and how to read one of its files; ``None`` when it is no folder."""
     if location.path is not None:
         folder = location.path
         if not os.path.isdir(folder):
-            return None, bytes
+            return None
 
         def read_local(name: str) -> bytes:
             with open(os.path.join(folder, name), "rb") as file:
@@ -101,13 +102,13 @@ def list_folder(
 
         return os.listdir(folder), read_local
     if location.url is None:
-        return None, bytes
+        return None
     from jaxstow._storage.remote import storage_errors, url_filesystem
 
     fs, root = url_filesystem(location.url, (settings or StorageSettings()).options)
     with storage_errors(location.url):
         if not fs.isdir(root):
-            return None, bytes
+            return None
         names = [posixpath.basename(str(entry).rstrip("/")) for entry in fs.ls(root, detail=False)]
 
     def read_remote(name: str) -> bytes:
@@ -164,7 +165,7 @@ def _open_shard(listing: Listing, name: str, settings: StorageSettings | None) -
             raise
         tensors = sorted(tensor for tensor, shard in listing.weight_map.items() if shard == name)
         raise PathNotFoundError(
-            f"is missing: {listing.index} maps {len(tensors)} tensors to it ({', '.join(tensors[:3])}"
+            f"is missing: {listing.index_name} maps {len(tensors)} tensors to it ({', '.join(tensors[:3])}"
             f"{', ...' if len(tensors) > 3 else ''})",
             file=shown,
         ) from error
@@ -183,7 +184,7 @@ def _leaves(listing: Listing, containers: Sequence[Container]) -> dict[str, Shar
         for tensor, shard in listing.weight_map.items():
             if tensor not in containers[position[shard]].slots:
                 raise FormatError(
-                    f"holds no tensor of this name, which {listing.index} maps to it",
+                    f"holds no tensor of this name, which {listing.index_name} maps to it",
                     file=containers[position[shard]].file,
                     path=tensor,
                 )
@@ -201,8 +202,8 @@ def _leaves(listing: Listing, containers: Sequence[Container]) -> dict[str, Shar
     leaves = {}
     for tensor in sorted(where):
         slot = containers[where[tensor]].slots[tensor]
-        shard = StoredShard(tensor, where[tensor], full_box(slot.shape), None)
-        leaves[tensor] = ShardedLeaf(tensor, "sharded", slot.dtype, slot.shape, None, None, (shard,), None)
+        whole = StoredShard(tensor, where[tensor], full_box(slot.shape), None)
+        leaves[tensor] = ShardedLeaf(tensor, "sharded", slot.dtype, slot.shape, None, None, (whole,), None)
     return leaves
 
 

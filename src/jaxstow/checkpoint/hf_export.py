@@ -18,12 +18,13 @@ Exported(files=['model-00001-of-00001.safetensors'], tensors=1, total_size=24, l
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import shutil
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -123,7 +124,7 @@ def export_safetensors(
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         with _staged(out, settings) as write:
             for file, shard in zip(files, shards, strict=True):
-                write(file, lambda sink, shard=shard: write_native(sink, _read(shard), None, plain={"format": "pt"}))
+                write(file, functools.partial(_write_shard, shard))
             write(INDEX_NAME, lambda sink: sink.write(json.dumps(index, indent=2).encode() + b"\n"))
     return Exported(files, len(tensors), total, left_out)
 
@@ -133,12 +134,12 @@ def _open_items(
 ) -> list[tuple[str | None, Reader]]:
     """The readers of the step's items (each with its name, ``None`` for a step of one tree), or of the one file."""
     location = locate(source)
-    listed, read = list_folder(location, settings)
-    if listed is None or RECORD_NAME not in listed:
+    listed = list_folder(location, settings)
+    if listed is None or RECORD_NAME not in listed[0]:
         if item is not None:
             raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
         return [(None, stack.enter_context(open_reader_at(location, settings)))]
-    record = StepRecord.from_json(read(RECORD_NAME), where=child(source, RECORD_NAME))
+    record = StepRecord.from_json(listed[1](RECORD_NAME), where=child(source, RECORD_NAME))
     if item is not None and item not in record.files:
         raise ArgumentError(f"step {record.step} has no item {item!r} (its items: {', '.join(sorted(record.files))})")
     chosen = [item] if item is not None else sorted(record.files)
@@ -162,9 +163,9 @@ def _sources(step: str, record: StepRecord, item: str, settings: StorageSettings
     return sources
 
 
-def _tensors(items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | None) -> tuple[
-    list[_Tensor], list[str]
-]:
+def _tensors(
+    items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | None
+) -> tuple[list[_Tensor], list[str]]:
     """Every array to export, named; and the paths of the leaves left out (plain values, PRNG keys)."""
     tensors: list[_Tensor] = []
     left_out: list[str] = []
@@ -200,6 +201,10 @@ def _plan(tensors: list[_Tensor], limit: int) -> list[list[_Tensor]]:
         shards[-1].append(tensor)
         size += tensor.leaf.nbytes
     return shards
+
+
+def _write_shard(shard: list[_Tensor], sink: BinaryIO) -> None:
+    write_native(sink, _read(shard), None, plain={"format": "pt"})
 
 
 def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:
