@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -248,3 +251,31 @@ def test_a_folder_on_s3(s3_server, tmp_path):
     fs.rm(f"{root}/model-00002-of-00003.safetensors")
     with pytest.raises(PathNotFoundError, match=r"model-00002-of-00003\.safetensors: is missing"):
         jaxstow.load(url, storage_options=s3_server.storage_options)
+
+
+def test_each_process_reads_only_the_rows_its_devices_hold(tmp_path):
+    rows = np.arange(1024 * 256, dtype=np.float32).reshape(1024, 256)
+    folder = _write(tmp_path / "hf", {"w": rows, "b": rows[0].copy()}, [["w"], ["b"]])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    worker = Path(__file__).parents[1] / "distributed" / "hf_folder_worker.py"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(index), "2", "2", str(port), str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for index in range(2)
+    ]
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, f"{out}\n{err[-3000:]}"
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for report in reports:
+        assert report["bytes_held"] == rows.nbytes // 2
+        assert rows.nbytes // 2 <= report["bytes_read"] < rows.nbytes // 2 + (64 << 10)  # its half of w, b, headers
