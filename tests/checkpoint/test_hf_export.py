@@ -150,3 +150,17 @@ def test_the_command(saved_by_four, tmp_path, capsys):
     assert len(lines) == 4 and all(line.startswith("jaxstow export: ") for line in lines)
     assert "no item 'nope'" in lines[0] and "exists already" in lines[2] and "max_shard_size" in lines[3]
     assert not (tmp_path / "other").exists()
+
+
+def test_export_to_and_load_from_s3(s3_server, tmp_path):
+    tree = {"dense": {"kernel": np.arange(600.0, dtype=np.float32).reshape(20, 30)}, "bias": np.ones(30, np.float32)}
+    jaxstow.save(tmp_path / "model.jxs", tree)
+    url = s3_server.url("exported")
+    options = s3_server.storage_options
+    exported = jaxstow.export_safetensors(tmp_path / "model.jxs", url, max_shard_size="1KB", storage_options=options)
+    assert len(exported.files) == 2
+    back = jaxstow.load(url, {"dense": {"kernel": np.zeros((20, 30), np.float32)}, "bias": np.zeros(30, np.float32)},
+                        storage_options=options)  # fmt: skip
+    np.testing.assert_array_equal(back["dense"]["kernel"], tree["dense"]["kernel"])
+    with pytest.raises(PathError, match="exists already"):
+        jaxstow.export_safetensors(tmp_path / "model.jxs", url, storage_options=options)

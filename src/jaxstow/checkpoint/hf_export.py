@@ -114,19 +114,24 @@ def export_safetensors(
     """
     limit = parse_size(max_shard_size)
     settings = storage_settings(storage_options, None, None)
-    out = os.fspath(out_folder)
+    out, source = os.fspath(out_folder), os.fspath(source)
     with contextlib.ExitStack() as stack:
-        tensors, left_out = _tensors(_open_items(stack, os.fspath(source), item, settings), names)
+        tensors, left_out = _tensors(_open_items(stack, source, item, _for(source, settings)), names)
         shards = _plan(tensors, limit)
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         weight_map = {tensor.name: file for file, shard in zip(files, shards, strict=True) for tensor in shard}
         total = sum(tensor.leaf.nbytes for tensor in tensors)
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        with _staged(out, settings) as write:
+        with _staged(out, _for(out, settings)) as write:
             for file, shard in zip(files, shards, strict=True):
                 write(file, functools.partial(_write_shard, shard))
             write(INDEX_NAME, lambda sink: sink.write(json.dumps(index, indent=2).encode() + b"\n"))
     return Exported(files, len(tensors), total, left_out)
+
+
+def _for(target: str, settings: StorageSettings) -> StorageSettings:
+    """The storage settings for ``target``: none for a local path (one export may read a file and write a URL)."""
+    return settings if local_path(target) is None else StorageSettings()
 
 
 def _open_items(
