@@ -118,6 +118,11 @@ def test_names_map_onto_another_tree_and_leave_tensors_out(folder):
     _equal(mapped["head"]["kernel"], TENSORS["lm_head.weight"].T)
     without_like = jaxstow.load(folder, names=names, as_numpy=True)
     assert sorted(without_like) == ["embedding", "head/kernel"]
+    with jaxstow.open(folder, names=names) as reader:
+        assert sorted(reader.load(as_numpy=True)) == ["embedding", "head/kernel"]
+        assert sorted(reader.load(names=str, as_numpy=True)) == sorted(TENSORS)
+        turned = reader.load(like, transposed={"lm_head.weight"})
+    _equal(turned["head"]["kernel"], TENSORS["lm_head.weight"].T)
 
 
 def test_partial_cast_and_select(folder):

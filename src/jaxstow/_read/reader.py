@@ -84,13 +84,26 @@ class FolderReader(FolderFile, Reader):
     names: Names | None = None
     transposed: Transposed | None = None
 
-    def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
-        """Restore the tensors, as :meth:`Reader.load` does, by tensor name or into ``like``'s paths."""
+    def load(
+        self,
+        like: Any = None,
+        *,
+        names: Names | None = None,
+        transposed: Transposed | None = None,
+        **options: Unpack[LoadOptions],
+    ) -> Any:
+        """Restore the tensors, as :meth:`Reader.load` does, by tensor name or into ``like``'s paths.
+
+        ``names`` and ``transposed``, when given, stand for those given to :func:`jaxstow.open`.
+        """
         self.check_open("loading the tree")
-        if like is None and self.names is None and self.transposed is None:
+        names = names if names is not None else self.names
+        transposed = transposed if transposed is not None else self.transposed
+        if like is None and names is None and transposed is None:
             return restore(self, None, **options)
-        names = self.names if self.names is not None or like is not None else (lambda tensor: tensor)
-        return restore(self.mapped(names, self.transposed), like, **options)
+        if names is None and like is None:
+            names = str  # without like, the tensors keep their names
+        return restore(self.mapped(names, transposed), like, **options)
 
 
 def open_reader_at(
