@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -164,3 +165,38 @@ def test_export_to_and_load_from_s3(s3_server, tmp_path):
     np.testing.assert_array_equal(back["dense"]["kernel"], tree["dense"]["kernel"])
     with pytest.raises(PathError, match="exists already"):
         jaxstow.export_safetensors(tmp_path / "model.jxs", url, storage_options=options)
+
+
+_MEASURE = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import jaxstow
+
+    def high_water():
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+    source, out = sys.argv[1], sys.argv[2]
+    jaxstow.save(out + ".jxs", {"a": np.ones(4, np.float32), "b": np.ones(4, np.float32)})
+    jaxstow.export_safetensors(out + ".jxs", out + "-warm", max_shard_size=16)  # every code path warmed up
+    base = high_water()
+    jaxstow.export_safetensors(source, out, max_shard_size="32MiB")
+    print(high_water() - base)
+    """
+)
+
+
+def test_the_export_holds_one_file_of_tensors_at_a_time(tmp_path):
+    layers = {f"layer{i}": np.full((4096, 1024), i, np.float32) for i in range(8)}  # 16 MiB each, 128 MiB in all
+    jaxstow.save(tmp_path / "big.jxs", layers)
+    del layers
+    result = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tmp_path / "big.jxs"), str(tmp_path / "hf")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    grown = int(result.stdout.split()[-1])
+    assert len(os.listdir(tmp_path / "hf")) == 5  # 4 files of two layers, and the index
+    assert (16 << 20) <= grown <= (32 << 20) + (16 << 20), f"exporting 128 MiB in files of 32 MiB grew it by {grown}"
