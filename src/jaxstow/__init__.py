@@ -33,6 +33,7 @@ from jaxstow._version import __version__
 if TYPE_CHECKING:
     from jaxstow import checkpoint, io, objax, train
     from jaxstow.checkpoint import CheckpointManager
+    from jaxstow.checkpoint.hf_export import export_safetensors
     from jaxstow.io import scheduler
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "__version__",
     "checkpoint",
     "errors",
+    "export_safetensors",
     "flarejax",
     "io",
     "load",
@@ -60,6 +62,7 @@ __all__ = [
 _FACES = {
     "CheckpointManager": ("jaxstow.checkpoint", "CheckpointManager"),
     "checkpoint": ("jaxstow.checkpoint", None),
+    "export_safetensors": ("jaxstow.checkpoint.hf_export", "export_safetensors"),
     "io": ("jaxstow.io", None),
     "objax": ("jaxstow.objax", None),
     "scheduler": ("jaxstow.io.scheduler", None),  # jax_sgmc's ``from jax_sgmc import io, scheduler``

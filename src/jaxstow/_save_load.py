@@ -28,7 +28,8 @@ import numpy as np
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import read_foreign
 from jaxstow._read.options import LoadOptions
-from jaxstow._read.reader import Reader, open_container_at
+from jaxstow._read.reader import Reader, open_container_at, open_reader_at
+from jaxstow._read.sharded_folder import Names, Transposed
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._storage.settings import StorageSettings, storage_settings
@@ -95,6 +96,8 @@ def load(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    names: Names | None = None,
+    transposed: Transposed | None = None,
     **options: Unpack[LoadOptions],
 ) -> Any:
     """Load the pytree of a file written by :func:`save`, by safetensors or by ``numpy.savez``.
@@ -109,6 +112,9 @@ def load(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while it matches.
+        names: for a folder of safetensors files (Hugging Face's sharded checkpoints), each tensor's path in ``like``
+            (``a.b.0.c`` -> ``a/b/0/c`` by default); see docs/other-formats.md.
+        transposed: for such a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
         **options: the options of :class:`jaxstow.LoadOptions` (``as_numpy``, ``sharding``, ``select``, ...).
 
     Raises:
@@ -125,7 +131,7 @@ def load(
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    with Reader(open_container_at(location, settings)) as reader:
+    with open_reader_at(location, settings, names=names, transposed=transposed) as reader:
         return reader.load(like, **options)
 
 
@@ -177,5 +183,5 @@ def load_metadata(
     {'source': 'hub'}
     """
     settings = storage_settings(storage_options, transfer, cache_dir)
-    with Reader(open_container_at(locate(path_or_file), settings)) as reader:
+    with open_reader_at(locate(path_or_file), settings) as reader:
         return reader.metadata

@@ -70,13 +70,16 @@ def write_native(
     tensors: Sequence[tuple[str, np.ndarray]],
     manifest: dict[str, Any] | None,
     complete: Complete | None = None,
+    *,
+    plain: Mapping[str, str] | None = None,
 ) -> str | None:
     """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once.
 
     ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
-    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest.
+    Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest; such a
+    file's ``__metadata__`` is ``plain``, when given.
 
     Whatever the reader would refuse is refused before anything is written, with a :class:`FormatError` naming the
     file (the sink's name): a tensor named ``__metadata__`` (the header's own key), an array of more axes than
@@ -95,7 +98,7 @@ def write_native(
         complete()
     start = sink.tell() if patch_later else 0
     entries = _tensor_entries(ordered, codes)
-    header = _header(entries, manifest)
+    header = _header(entries, manifest, plain)
     if len(header) - 8 > MAX_HEADER_BYTES:
         raise FormatError(
             f"the header would take {len(header) - 8} bytes, more than the {MAX_HEADER_BYTES} a file may hold (its "
@@ -186,12 +189,12 @@ def _tensor_entries(ordered: Sequence[tuple[str, np.ndarray]], codes: _Codes) ->
     return entries
 
 
-def _header(entries: dict[str, Any], manifest: dict[str, Any] | None) -> bytes:
+def _header(entries: dict[str, Any], manifest: dict[str, Any] | None, plain: Mapping[str, str] | None = None) -> bytes:
     """The length prefix and the padded JSON header of a file holding ``entries``' tensors and ``manifest``.
 
     ``entries`` as :func:`_tensor_entries` makes them.
     """
-    header = entries
+    header = {**entries, "__metadata__": dict(plain)} if plain else entries
     if manifest is not None:
         version = manifest.get("version")
         plain = plain_metadata(manifest.get("metadata")) if _at_least(version, PLAIN_METADATA_VERSION) else {}

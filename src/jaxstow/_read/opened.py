@@ -79,7 +79,14 @@ class OpenedFile(Mapping[str, Any]):
     slice is not (the checksum covers the whole leaf). :class:`jaxstow.Reader` adds restoring trees.
     """
 
-    def __init__(self, containers: Container | Sequence[Container], *, mmap: bool = False) -> None:
+    def __init__(
+        self,
+        containers: Container | Sequence[Container],
+        *,
+        mmap: bool = False,
+        leaves: Mapping[str, Stored] | None = None,
+    ) -> None:
+        """``leaves``: the leaves of plain files that together hold one flat dict (a folder of safetensors files)."""
         self.containers = [containers] if not isinstance(containers, Sequence) else list(containers)
         self.container = self.containers[0]
         self.file = self.container.file
@@ -96,7 +103,10 @@ class OpenedFile(Mapping[str, Any]):
         )
         self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
-        if manifest is None:
+        if leaves is not None:
+            self.paths = list(leaves)
+            self.stored = dict(leaves)
+        elif manifest is None:
             self.paths = sorted(self.container.slots)
             self.stored = {
                 name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
@@ -106,7 +116,7 @@ class OpenedFile(Mapping[str, Any]):
             self.paths = self._index_columns(self.container.columns)
         else:
             self.paths = [self._index(entry) for entry in manifest["leaves"]]
-        for source, part in enumerate(self.containers[1:], start=1):
+        for source, part in enumerate(self.containers[1:] if leaves is None else [], start=1):
             self._merge_shards(source, part)
         for leaf in self.stored.described() if isinstance(self.stored, StoredLeaves) else self.stored.values():
             if isinstance(leaf, ShardedLeaf):

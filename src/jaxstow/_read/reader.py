@@ -17,12 +17,13 @@ from jaxstow._read.foreign import explained
 from jaxstow._read.opened import LeafInfo, OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
+from jaxstow._read.sharded_folder import FolderFile, Names, Transposed, folder_listing, open_folder
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
-from jaxstow.errors import FormatError, IsAFolderError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError
 
-__all__ = ["LeafInfo", "Reader", "open", "open_container_at", "open_parts"]
+__all__ = ["FolderReader", "LeafInfo", "Reader", "open", "open_container_at", "open_parts", "open_reader_at"]
 
 
 class Reader(OpenedFile):
@@ -72,6 +73,72 @@ class Reader(OpenedFile):
         return f"<jaxstow.Reader {self.file}: {len(self.paths)} leaves>"
 
 
+class FolderReader(FolderFile, Reader):
+    """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file; :func:`jaxstow.open` makes it.
+
+    Its paths are the tensor names. :meth:`load` without ``like`` gives a flat dict by tensor name; with ``like``, the
+    tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere, and the 2-d tensors that
+    ``transposed`` marks are turned over. See docs/other-formats.md.
+    """
+
+    names: Names | None = None
+    transposed: Transposed | None = None
+
+    def load(
+        self,
+        like: Any = None,
+        *,
+        names: Names | None = None,
+        transposed: Transposed | None = None,
+        **options: Unpack[LoadOptions],
+    ) -> Any:
+        """Restore the tensors, as :meth:`Reader.load` does, by tensor name or into ``like``'s paths.
+
+        ``names`` and ``transposed``, when given, stand for those given to :func:`jaxstow.open`.
+        """
+        self.check_open("loading the tree")
+        names = names if names is not None else self.names
+        transposed = transposed if transposed is not None else self.transposed
+        if like is None and names is None and transposed is None:
+            return restore(self, None, **options)
+        if names is None and like is None:
+            names = str  # without like, the tensors keep their names
+        return restore(self.mapped(names, transposed), like, **options)
+
+
+def open_reader_at(
+    location: Location,
+    settings: StorageSettings | None = None,
+    *,
+    mmap: bool = False,
+    names: Names | None = None,
+    transposed: Transposed | None = None,
+) -> Reader:
+    """A reader of the file, or of the folder of safetensors files, at ``location``.
+
+    ``names`` and ``transposed`` are for a folder; a URL that names no object is looked at as a folder.
+    """
+    listing = folder_listing(location, settings) if location.path is not None else None
+    if listing is None:
+        try:
+            reader = Reader(open_container_at(location, settings), mmap=mmap)
+        except PathNotFoundError:
+            if location.url is None or folder_listing(location, settings) is None:
+                raise
+        else:
+            if names is not None or transposed is not None:
+                reader.close()
+                raise ArgumentError(
+                    f"names= and transposed= are for a folder of safetensors files, and {location.name} is a file"
+                )
+            return reader
+    if mmap:
+        raise ArgumentError(f"mmap=True maps one local file, and {location.name} is a folder of safetensors files")
+    reader = open_folder(location, FolderReader, settings)
+    reader.names, reader.transposed = names, transposed
+    return reader
+
+
 def open(
     target: Readable,
     *,
@@ -79,8 +146,13 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    names: Names | None = None,
+    transposed: Transposed | None = None,
 ) -> Reader:
     """Open a jaxstow, safetensors or npz file lazily: only its header is read until a leaf is asked for.
+
+    A folder of safetensors files (Hugging Face's ``model.safetensors.index.json`` and its shards) opens as one file
+    whose paths are the tensor names: a :class:`FolderReader` (see docs/other-formats.md).
 
     Args:
         target: a file name, an fsspec URL or a binary file object.
@@ -88,6 +160,9 @@ def open(
         storage_options: fsspec's options, for a URL (fsspec's configuration fills in the rest).
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
+        names: for a folder, each tensor's path in ``like`` (a function ``name -> path``, ``None`` to leave it out, or a
+            mapping); ``a.b.0.c`` -> ``a/b/0/c`` by default.
+        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
 
     Returns:
         A :class:`Reader`, to be closed (or used in a ``with`` block).
@@ -105,7 +180,7 @@ def open(
     (1000, 4) False
     """
     settings = storage_settings(storage_options, transfer, cache_dir)
-    return Reader(open_container_at(locate(target), settings), mmap=mmap)
+    return open_reader_at(locate(target), settings, mmap=mmap, names=names, transposed=transposed)
 
 
 def open_parts(targets: Sequence[Readable]) -> Reader:

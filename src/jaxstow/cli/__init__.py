@@ -1,7 +1,7 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
 
-One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads`` and
-``watch``. See docs/command-line.md.
+One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads``,
+``watch`` and ``export``. See docs/command-line.md.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import sys
 from collections.abc import Sequence
 
 from jaxstow._version import __version__
-from jaxstow.cli import convert, diff, inspect, ls, uploads, verify, watch
+from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, watch
 from jaxstow.cli.files import use_storage_arguments
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
 
-_COMMANDS = (inspect, verify, diff, ls, convert, uploads, watch)
+_COMMANDS = (inspect, verify, diff, ls, convert, uploads, watch, export)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,0 +1,279 @@
+"""A checkpoint step, or one file, written as a Hugging Face sharded safetensors folder.
+
+A step saved by several processes keeps a sharded array as per-process shards in its part files; the export reads
+each array whole from them (:func:`jaxstow._read.reader.open_parts`) and writes plain tensors: shards of at most
+``max_shard_size`` bytes named ``model-00001-of-0000N.safetensors``, each with ``{"format": "pt"}`` in its
+``__metadata__``, and ``model.safetensors.index.json`` with the ``weight_map`` and ``metadata.total_size``. Only one
+shard's tensors are in memory at a time. No ``config.json`` is written: a model's configuration is not in a checkpoint.
+
+>>> import os, tempfile, jax.numpy as jnp, jaxstow
+>>> folder = tempfile.mkdtemp()
+>>> jaxstow.save(os.path.join(folder, "w.jxs"), {"dense": {"kernel": jnp.ones((2, 3))}, "depth": 2})
+>>> jaxstow.export_safetensors(os.path.join(folder, "w.jxs"), os.path.join(folder, "hf"))
+Exported(files=['model-00001-of-00001.safetensors'], tensors=1, total_size=24, left_out=['depth'])
+>>> jaxstow.load(os.path.join(folder, "hf"), as_numpy=True)["dense.kernel"].shape
+(2, 3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO, NamedTuple
+
+import numpy as np
+
+from jaxstow._format.dtypes import safetensors_code
+from jaxstow._format.native import write_native
+from jaxstow._format.shards import Stored
+from jaxstow._format.source import ReadSource
+from jaxstow._read.reader import Reader, open_parts, open_reader_at
+from jaxstow._read.sharded_folder import child, list_folder
+from jaxstow._steps.record import RECORD_NAME, StepRecord
+from jaxstow._storage.atomic import fsync_directory, temporary_sibling
+from jaxstow._storage.opening import locate
+from jaxstow._storage.paths import local_path
+from jaxstow._storage.settings import StorageSettings, storage_settings
+from jaxstow._storage.sinks import atomic_sink
+from jaxstow.errors import ArgumentError, PathError
+
+__all__ = ["Exported", "export_safetensors", "parse_size"]
+
+INDEX_NAME = "model.safetensors.index.json"
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20}
+_UNITS |= {"GIB": 2**30, "TIB": 2**40}
+
+
+class Exported(NamedTuple):
+    """What an export wrote: its shard files, the number of tensors and their bytes, and the leaves left out."""
+
+    files: list[str]
+    tensors: int
+    total_size: int
+    left_out: list[str]
+
+
+class _Tensor(NamedTuple):
+    reader: Reader
+    leaf: Stored
+    name: str
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes from a size as Hugging Face writes them: ``"5GB"`` is 5 * 10**9, ``"2GiB"`` 2 * 2**30, an int as it is.
+
+    >>> from jaxstow.checkpoint.hf_export import parse_size
+    >>> parse_size("5GB"), parse_size("500MB"), parse_size("1GiB"), parse_size(1000)
+    (5000000000, 500000000, 1073741824, 1000)
+    """
+    if isinstance(size, int) and not isinstance(size, bool):
+        found: int | None = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(size).upper())
+        found = int(float(match[1]) * _UNITS[match[2]]) if match and match[2] in _UNITS else None
+    if found is None or found <= 0:
+        raise ArgumentError(f"max_shard_size {size!r} is no size: give bytes, or a number with KB, MB, GB, MiB, GiB")
+    return found
+
+
+def export_safetensors(
+    source: str | os.PathLike[str],
+    out_folder: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = "5GB",
+    item: str | None = None,
+    names: Callable[[str], str | None] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> Exported:
+    """Write a checkpoint step (of any number of processes) or one file as a Hugging Face sharded safetensors folder.
+
+    Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
+    item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
+    Plain values and PRNG keys are left out. The folder appears whole, or not at all; no ``config.json`` is written.
+
+    Args:
+        source: a step's folder (``run/5``), a jaxstow, safetensors or npz file, or a sharded safetensors folder.
+        out_folder: the folder to write (a path or an fsspec URL); it must not exist, or be empty.
+        max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int); a larger
+            tensor gets a file of its own.
+        item: of a step, export this item only.
+        names: each tensor's name from its path (``item/a/b``), ``None`` to leave it out.
+        storage_options: fsspec's options, for URLs.
+
+    Returns:
+        The files written, the number of tensors, their bytes and the leaves left out.
+
+    Raises:
+        ArgumentError: an unknown item, two tensors of one name, a dtype safetensors has no code for.
+        PathError: ``out_folder`` holds files already.
+    """
+    limit = parse_size(max_shard_size)
+    settings = storage_settings(storage_options, None, None)
+    out, source = os.fspath(out_folder), os.fspath(source)
+    with contextlib.ExitStack() as stack:
+        tensors, left_out = _tensors(_open_items(stack, source, item, _for(source, settings)), names)
+        shards = _plan(tensors, limit)
+        files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+        weight_map = {tensor.name: file for file, shard in zip(files, shards, strict=True) for tensor in shard}
+        total = sum(tensor.leaf.nbytes for tensor in tensors)
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        with _staged(out, _for(out, settings)) as write:
+            for file, shard in zip(files, shards, strict=True):
+                write(file, functools.partial(_write_shard, shard))
+            write(INDEX_NAME, lambda sink: sink.write(json.dumps(index, indent=2).encode() + b"\n"))
+    return Exported(files, len(tensors), total, left_out)
+
+
+def _for(target: str, settings: StorageSettings) -> StorageSettings:
+    """The storage settings for ``target``: none for a local path (one export may read a file and write a URL)."""
+    return settings if local_path(target) is None else StorageSettings()
+
+
+def _open_items(
+    stack: contextlib.ExitStack, source: str, item: str | None, settings: StorageSettings
+) -> list[tuple[str | None, Reader]]:
+    """The readers of the step's items (each with its name, ``None`` for a step of one tree), or of the one file."""
+    location = locate(source)
+    listed = list_folder(location, settings)
+    if listed is None or RECORD_NAME not in listed[0]:
+        if item is not None:
+            raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
+        return [(None, stack.enter_context(open_reader_at(location, settings)))]
+    record = StepRecord.from_json(listed[1](RECORD_NAME), where=child(source, RECORD_NAME))
+    if item is not None and item not in record.files:
+        raise ArgumentError(f"step {record.step} has no item {item!r} (its items: {', '.join(sorted(record.files))})")
+    chosen = [item] if item is not None else sorted(record.files)
+    prefixed = not record.single and item is None
+    return [
+        (name if prefixed else None, stack.enter_context(open_parts(_sources(source, record, name, settings))))
+        for name in chosen
+    ]
+
+
+def _sources(step: str, record: StepRecord, item: str, settings: StorageSettings) -> list[ReadSource]:
+    """The files of ``item``, opened (those opened already closed if one fails)."""
+    sources: list[ReadSource] = []
+    try:
+        for file in record.item_files(item):
+            sources.append(locate(child(step, file)).open(settings))
+    except BaseException:
+        for source in sources:
+            source.close()
+        raise
+    return sources
+
+
+def _tensors(
+    items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | None
+) -> tuple[list[_Tensor], list[str]]:
+    """Every array to export, named; and the paths of the leaves left out (plain values, PRNG keys)."""
+    tensors: list[_Tensor] = []
+    left_out: list[str] = []
+    seen: dict[str, str] = {}
+    for prefix, reader in items:
+        for path in reader.paths:
+            full = f"{prefix}/{path}" if prefix else path
+            leaf = reader.stored.get(path)
+            if leaf is None or leaf.kind == "key":
+                left_out.append(full)
+                continue
+            name = names(full) if names is not None else full.replace("/", ".")
+            if name is None:
+                left_out.append(full)
+                continue
+            if name in seen:
+                raise ArgumentError(f"{seen[name]!r} and {full!r} would both be the tensor {name!r}: pass names=")
+            if safetensors_code(leaf.dtype) is None:
+                raise ArgumentError(f"{full!r} is {leaf.dtype}, which safetensors has no code for", file=reader.file)
+            seen[name] = full
+            tensors.append(_Tensor(reader, leaf, name))
+    return tensors, left_out
+
+
+def _plan(tensors: list[_Tensor], limit: int) -> list[list[_Tensor]]:
+    """The tensors in files of at most ``limit`` bytes each, in order (a larger tensor alone in its file)."""
+    shards: list[list[_Tensor]] = [[]]
+    size = 0
+    for tensor in tensors:
+        if shards[-1] and size + tensor.leaf.nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += tensor.leaf.nbytes
+    return shards
+
+
+def _write_shard(shard: list[_Tensor], sink: BinaryIO) -> None:
+    write_native(sink, _read(shard), None, plain={"format": "pt"})
+
+
+def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:
+    """One file's tensors, read whole (sharded arrays joined), reader by reader."""
+    wanted: dict[int, tuple[Reader, list[Stored]]] = {}
+    for tensor in shard:
+        wanted.setdefault(id(tensor.reader), (tensor.reader, []))[1].append(tensor.leaf)
+    arrays = {key: reader.read_arrays(leaves) for key, (reader, leaves) in wanted.items()}
+    return [(t.name, np.ascontiguousarray(arrays[id(t.reader)][t.leaf.path])) for t in shard]
+
+
+@contextlib.contextmanager
+def _staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Callable[[Any], Any]], None]]:
+    """A ``write(name, fill)`` of the folder's files that shows them all at the end, or none after an error.
+
+    A local folder is written under a temporary name and renamed into place; at a URL, each file is uploaded whole and
+    the index last, and the files already there are removed after an error.
+    """
+    path = local_path(out)
+    if path is None:
+        with _remote_staged(out, settings) as write:
+            yield write
+        return
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise PathError("exists already: the export writes a new folder (or into an empty one)", file=out)
+    staging = temporary_sibling(path)
+    os.makedirs(staging)
+    try:
+
+        def write(name: str, fill: Callable[[Any], Any]) -> None:
+            with open(os.path.join(staging, name), "wb") as sink:
+                fill(sink)
+                sink.flush()
+                os.fsync(sink.fileno())
+
+        yield write
+        fsync_directory(staging)
+        if os.path.isdir(path):
+            os.rmdir(path)
+        os.rename(staging, path)
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def _remote_staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Callable[[Any], Any]], None]]:
+    from jaxstow._storage.remote import storage_errors, url_filesystem
+
+    fs, root = url_filesystem(out, settings.options)
+    with storage_errors(out):
+        if fs.exists(root) and fs.ls(root, detail=False):
+            raise PathError("exists already: the export writes a new folder (or into an empty one)", file=out)
+    written: list[str] = []
+
+    def write(name: str, fill: Callable[[Any], Any]) -> None:
+        with atomic_sink(child(out, name), settings) as sink:
+            fill(sink)
+        written.append(name)
+
+    try:
+        yield write
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.rm([f"{root.rstrip('/')}/{name}" for name in written])
+        raise

@@ -1,0 +1,286 @@
+"""Folders of safetensors files (Hugging Face's sharded checkpoints) loaded and opened as one lazy file."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from counting import CountingSource
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from safetensors.numpy import save_file
+
+import jaxstow
+from jaxstow._format.dtypes import SAFETENSORS_CODES
+from jaxstow.errors import ArgumentError, FormatError, PathNotFoundError, StructureMismatchError, TruncatedFileError
+
+RNG = np.random.default_rng(7)
+TENSORS = {
+    "model.embed.weight": RNG.standard_normal((16, 8)).astype(np.float32),
+    "model.layers.0.proj.weight": RNG.standard_normal((12, 8)).astype(ml_dtypes.bfloat16),
+    "model.layers.0.proj.bias": RNG.standard_normal(12).astype(np.float32),
+    "model.layers.1.proj.weight": RNG.standard_normal((12, 8)).astype(ml_dtypes.bfloat16),
+    "model.layers.1.proj.bias": RNG.standard_normal(12).astype(np.float32),
+    "lm_head.weight": RNG.standard_normal((8, 16)).astype(np.float32),
+}
+SHARDS = [["model.embed.weight", "lm_head.weight"], ["model.layers.0.proj.weight", "model.layers.0.proj.bias"]]
+SHARDS.append(["model.layers.1.proj.weight", "model.layers.1.proj.bias"])
+
+
+def _write(folder: Path, tensors=TENSORS, shards=SHARDS, *, index: bool = True) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for number, names in enumerate(shards, start=1):
+        file = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        save_file({name: tensors[name] for name in names}, str(folder / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(names, file)
+    if index:
+        total = sum(array.nbytes for array in tensors.values())
+        index_text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+        (folder / "model.safetensors.index.json").write_text(index_text)
+    return folder
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    return _write(tmp_path / "hf")
+
+
+def _like(transposed: bool = True) -> dict:
+    def proj() -> dict:
+        shape = (8, 12) if transposed else (12, 8)
+        return {"weight": jnp.zeros(shape, jnp.bfloat16), "bias": jnp.zeros(12, jnp.float32)}
+
+    return {
+        "model": {"embed": {"weight": jnp.zeros((16, 8))}, "layers": [{"proj": proj()}, {"proj": proj()}]},
+        "lm_head": {"weight": jnp.zeros((8, 16))},
+    }
+
+
+def _equal(got, want) -> None:
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index", "shards-only"])
+def test_without_like_a_flat_dict_by_tensor_name(tmp_path, index):
+    folder = _write(tmp_path / "hf", index=index)
+    restored = jaxstow.load(folder)
+    assert sorted(restored) == sorted(TENSORS)
+    for name, array in TENSORS.items():
+        assert isinstance(restored[name], jax.Array) and restored[name].dtype == array.dtype
+        _equal(restored[name], array)
+
+
+def test_open_is_lazy_and_reads_slices_by_byte_ranges(folder):
+    with jaxstow.open(folder) as reader:
+        assert isinstance(reader, jaxstow.Reader)
+        assert reader.paths == sorted(TENSORS)
+        assert reader.metadata == {"total_size": sum(array.nbytes for array in TENSORS.values())}
+        assert reader.info("lm_head.weight") == jaxstow.LeafInfo("lm_head.weight", "array", np.float32, (8, 16), 512)
+        counting = [CountingSource(container.source) for container in reader.containers]
+        for container, source in zip(reader.containers, counting, strict=True):
+            container.source = source
+        _equal(reader.read("lm_head.weight", np.s_[2:4]), TENSORS["lm_head.weight"][2:4])
+        assert [source.bytes_read for source in counting] == [2 * 16 * 4, 0, 0]
+        _equal(reader["model.layers.1.proj.bias"], TENSORS["model.layers.1.proj.bias"])
+        assert reader.abstract["model.embed.weight"] == jax.ShapeDtypeStruct((16, 8), jnp.float32)
+
+
+def test_like_takes_dotted_names_as_paths_and_transposed_weights(folder):
+    restored = jaxstow.load(folder, _like(), transposed=lambda name: name.endswith("proj.weight"))
+    for layer in (0, 1):
+        _equal(restored["model"]["layers"][layer]["proj"]["weight"], TENSORS[f"model.layers.{layer}.proj.weight"].T)
+        _equal(restored["model"]["layers"][layer]["proj"]["bias"], TENSORS[f"model.layers.{layer}.proj.bias"])
+    _equal(restored["lm_head"]["weight"], TENSORS["lm_head.weight"])
+    untransposed = jaxstow.load(folder, _like(transposed=False))
+    _equal(untransposed["model"]["layers"][1]["proj"]["weight"], TENSORS["model.layers.1.proj.weight"])
+
+
+def test_names_map_onto_another_tree_and_leave_tensors_out(folder):
+    def names(tensor: str) -> str | None:
+        return "head/kernel" if tensor == "lm_head.weight" else "embedding" if tensor == "model.embed.weight" else None
+
+    like = {"head": {"kernel": jnp.zeros((16, 8))}, "embedding": jnp.zeros((16, 8))}
+    restored = jaxstow.load(folder, like, names=names, transposed={"lm_head.weight"})
+    _equal(restored["head"]["kernel"], TENSORS["lm_head.weight"].T)
+    _equal(restored["embedding"], TENSORS["model.embed.weight"])
+    mapped = jaxstow.load(folder, like, names={"lm_head.weight": "head/kernel", "model.embed.weight": "embedding"},
+                          transposed={"lm_head.weight"})  # fmt: skip
+    _equal(mapped["head"]["kernel"], TENSORS["lm_head.weight"].T)
+    without_like = jaxstow.load(folder, names=names, as_numpy=True)
+    assert sorted(without_like) == ["embedding", "head/kernel"]
+    with jaxstow.open(folder, names=names) as reader:
+        assert sorted(reader.load(as_numpy=True)) == ["embedding", "head/kernel"]
+        assert sorted(reader.load(names=str, as_numpy=True)) == sorted(TENSORS)
+        turned = reader.load(like, transposed={"lm_head.weight"})
+    _equal(turned["head"]["kernel"], TENSORS["lm_head.weight"].T)
+
+
+def test_partial_cast_and_select(folder):
+    like = {"lm_head": {"weight": jax.ShapeDtypeStruct((8, 16), jnp.float64)}}
+    with pytest.raises(StructureMismatchError, match="pass cast=True"):
+        jaxstow.load(folder, like, partial=True)
+    restored = jaxstow.load(folder, like, partial=True, cast=True, as_numpy=True)
+    np.testing.assert_array_equal(restored["lm_head"]["weight"], TENSORS["lm_head.weight"].astype(np.float64))
+    assert sorted(jaxstow.load(folder, select="model.layers.1.*", as_numpy=True)) == [
+        "model.layers.1.proj.bias",
+        "model.layers.1.proj.weight",
+    ]
+    with pytest.raises(StructureMismatchError, match="in the file but not in the structure"):
+        jaxstow.load(folder, like={"lm_head": {"weight": jnp.zeros((8, 16))}})
+
+
+def test_each_device_reads_only_its_rows(folder):
+    mesh = jax.make_mesh((4,), ("x",))
+    like = {"model": {"embed": {"weight": jax.ShapeDtypeStruct((16, 8), jnp.float32)}}}
+    with jaxstow.open(folder) as reader:
+        counting = [CountingSource(container.source) for container in reader.containers]
+        for container, source in zip(reader.containers, counting, strict=True):
+            container.source = source
+        restored = reader.load(like, partial=True, sharding=NamedSharding(mesh, P("x")))
+    assert [source.bytes_read for source in counting] == [16 * 8 * 4, 0, 0]  # its rows, each once; nothing else
+    weight = restored["model"]["embed"]["weight"]
+    assert len(weight.addressable_shards) == 4
+    for shard in weight.addressable_shards:
+        assert shard.data.shape == (4, 8)
+        _equal(shard.data, TENSORS["model.embed.weight"][shard.index])
+
+
+def test_transposed_tensors_land_sharded(folder):
+    mesh = jax.make_mesh((2, 2), ("a", "b"))
+    restored = jaxstow.load(
+        folder,
+        _like(),
+        transposed=lambda name: "proj.weight" in name,
+        sharding=lambda path, shape, dtype: NamedSharding(mesh, P("a", "b") if len(shape) == 2 else P()),
+    )
+    weight = restored["model"]["layers"][0]["proj"]["weight"]
+    assert weight.sharding.spec == P("a", "b") and weight.shape == (8, 12)
+    for shard in weight.addressable_shards:
+        _equal(shard.data, TENSORS["model.layers.0.proj.weight"].T[shard.index])
+
+
+@pytest.mark.parametrize("code", sorted(SAFETENSORS_CODES))
+def test_every_safetensors_dtype(tmp_path, code):
+    dtype = SAFETENSORS_CODES[code]
+    raw = RNG.integers(0, 256, 24 * dtype.itemsize, dtype=np.uint8)
+    if dtype == np.bool_:
+        raw = raw % 2
+    array = raw.view(dtype).reshape(4, -1)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    from jaxstow._format.native import write_native
+
+    with open(folder / "model-00001-of-00001.safetensors", "wb") as sink:
+        write_native(sink, [("t", array)], None, plain={"format": "pt"})
+    restored = jaxstow.load(folder, as_numpy=True)["t"]
+    assert restored.dtype == dtype
+    _equal(restored, array)
+
+
+def test_a_missing_shard_is_named(folder):
+    os.remove(folder / "model-00002-of-00003.safetensors")
+    with pytest.raises(
+        PathNotFoundError, match=r"model-00002-of-00003.safetensors: is missing.*model.layers.0"
+    ) as info:
+        jaxstow.load(folder)
+    assert info.value.file.endswith("model-00002-of-00003.safetensors")
+
+
+def test_a_damaged_shard_is_named(folder):
+    path = folder / "model-00003-of-00003.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:8] + b"{not json" + data[17:])
+    with pytest.raises(FormatError) as info:
+        jaxstow.open(folder)
+    assert "model-00003-of-00003.safetensors" in str(info.value)
+    path.write_bytes(data[:-10])
+    with pytest.raises(TruncatedFileError, match=r"model-00003-of-00003\.safetensors") as info:
+        jaxstow.load(folder)
+    assert info.value.path == "model.layers.1.proj.weight"
+
+
+def test_an_index_naming_a_tensor_its_shard_lacks(folder):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=r"model\.norm\.weight") as info:
+        jaxstow.open(folder)
+    assert info.value.file.endswith("model-00001-of-00003.safetensors")
+
+
+def test_an_index_pointing_outside_the_folder_is_refused(folder):
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = "../elsewhere.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=r"not a \.safetensors file of the folder"):
+        jaxstow.open(folder)
+
+
+def test_arguments_that_do_not_fit(folder, tmp_path):
+    with pytest.raises(ArgumentError, match="only 2-d tensors"):
+        jaxstow.load(folder, _like(), transposed={"model.layers.0.proj.bias"})
+    with pytest.raises(ArgumentError, match="lacks"):
+        jaxstow.load(folder, _like(), transposed={"no.such"})
+    with pytest.raises(ArgumentError, match="the path 'same'"):
+        jaxstow.load(folder, {"same": jnp.zeros(1)}, names=lambda name: "same")
+    jaxstow.save(tmp_path / "file.jxs", {"w": jnp.ones(2)})
+    with pytest.raises(ArgumentError, match="for a folder of safetensors files"):
+        jaxstow.load(tmp_path / "file.jxs", names=lambda name: name)
+    with pytest.raises(ArgumentError, match="folder of safetensors files"):
+        jaxstow.open(folder, mmap=True)
+
+
+def test_a_folder_on_s3(s3_server, tmp_path):
+    import fsspec
+
+    local = _write(tmp_path / "hf")
+    url = s3_server.url("hf-folder")
+    fs, root = fsspec.core.url_to_fs(url, **s3_server.storage_options)
+    for path in local.iterdir():
+        fs.put_file(str(path), f"{root}/{path.name}")
+    restored = jaxstow.load(url, _like(), transposed=lambda name: "proj.weight" in name,
+                            storage_options=s3_server.storage_options)  # fmt: skip
+    _equal(restored["model"]["layers"][1]["proj"]["weight"], TENSORS["model.layers.1.proj.weight"].T)
+    with jaxstow.open(url + "/", storage_options=s3_server.storage_options) as reader:
+        _equal(reader.read("model.embed.weight", np.s_[3]), TENSORS["model.embed.weight"][3])
+    fs.rm(f"{root}/model-00002-of-00003.safetensors")
+    with pytest.raises(PathNotFoundError, match=r"model-00002-of-00003\.safetensors: is missing"):
+        jaxstow.load(url, storage_options=s3_server.storage_options)
+
+
+def test_each_process_reads_only_the_rows_its_devices_hold(tmp_path):
+    rows = np.arange(1024 * 256, dtype=np.float32).reshape(1024, 256)
+    folder = _write(tmp_path / "hf", {"w": rows, "b": rows[0].copy()}, [["w"], ["b"]])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    worker = Path(__file__).parents[1] / "distributed" / "hf_folder_worker.py"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(index), "2", "2", str(port), str(folder)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+        )
+        for index in range(2)
+    ]
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, f"{out}\n{err[-3000:]}"
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    for report in reports:
+        assert report["bytes_held"] == rows.nbytes // 2
+        assert rows.nbytes // 2 <= report["bytes_read"] < rows.nbytes // 2 + (64 << 10)  # its half of w, b, headers
