@@ -19,7 +19,16 @@ import xxhash
 
 import jaxstow
 from jaxstow._format import native
-from jaxstow._format.dtypes import _DTYPES, MAX_ARRAY_BYTES, MAX_AXES, SAFETENSORS_CODES, safetensors_code
+from jaxstow._format.dtypes import (
+    _DTYPES,
+    MAX_ARRAY_BYTES,
+    MAX_AXES,
+    PACKED_CODES,
+    READ_ONLY_CODES,
+    SAFETENSORS_CODES,
+    name_of_dtype,
+    safetensors_code,
+)
 from jaxstow._format.manifest import FORMAT_VERSION, MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow._format.native import DATA_ALIGNMENT, MAX_HEADER_BYTES
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
@@ -36,9 +45,9 @@ def _table(header_row: str) -> list[list[str]]:
     """The rows of the spec's table that starts with ``header_row``, as cells (the header row and rule left out)."""
     rows = []
     for line in SPEC[SPEC.index(header_row) :].split("\n")[2:]:
-        if not line.startswith("|"):
+        if not line.lstrip().startswith("|"):
             break
-        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
     return rows
 
 
@@ -74,6 +83,9 @@ def test_the_dtype_table_is_the_code_s():
     for name, dtype in _DTYPES.items():
         assert described[name] == (dtype.itemsize, safetensors_code(dtype), npz_stores_exactly(dtype)), name
     assert {code for _, code, _ in described.values() if code} == set(SAFETENSORS_CODES)
+    read_only = {_names(code)[0]: _names(name)[0] for code, name in _table("| safetensors code | name |")}
+    assert read_only == {code: name_of_dtype(dtype) for code, dtype in READ_ONLY_CODES.items()}
+    assert all(f"`{code}`" in SPEC for code in PACKED_CODES)
     assert f"`int4` \u22123 is the byte `0x{np.array([-3], ml_dtypes.int4).view(np.uint8)[0]:02X}`" in SPEC
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import jaxstow
-from jaxstow._format.dtypes import SAFETENSORS_CODES
+from jaxstow._format.dtypes import READ_ONLY_CODES, SAFETENSORS_CODES
 from jaxstow.errors import ArgumentError, FormatError, PathNotFoundError, StructureMismatchError, TruncatedFileError
 
 RNG = np.random.default_rng(7)
@@ -185,6 +186,33 @@ def test_every_safetensors_dtype(tmp_path, code):
     restored = jaxstow.load(folder, as_numpy=True)["t"]
     assert restored.dtype == dtype
     _equal(restored, array)
+
+
+def _plain_file(path, code: str, shape: list[int], data: bytes) -> None:
+    """A safetensors file written by hand, as a newer safetensors writes a code jaxstow itself never writes."""
+    header = json.dumps({"t": {"dtype": code, "shape": shape, "data_offsets": [0, len(data)]}}).encode()
+    header += b" " * (-len(header) % 8)
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+@pytest.mark.parametrize("code", sorted(READ_ONLY_CODES))
+def test_the_newer_safetensors_codes_are_read(tmp_path, code):
+    dtype = READ_ONLY_CODES[code]
+    raw = RNG.integers(0, 256, 12, dtype=np.uint8)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    _plain_file(folder / "model-00001-of-00001.safetensors", code, [3, 4], raw.tobytes())
+    restored = jaxstow.load(folder, as_numpy=True)["t"]
+    assert restored.dtype == dtype
+    np.testing.assert_array_equal(restored.view(np.uint8), raw.reshape(3, 4))
+
+
+def test_a_packed_code_is_refused_by_name(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    _plain_file(folder / "model-00001-of-00001.safetensors", "F4", [4], bytes(2))
+    with pytest.raises(FormatError, match="F4 packs several elements to a byte"):
+        jaxstow.load(folder, as_numpy=True)
 
 
 def test_a_missing_shard_is_named(folder):

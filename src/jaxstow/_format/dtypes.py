@@ -22,6 +22,9 @@ from jaxstow.errors import FormatError, excerpt
 __all__ = [
     "MAX_ARRAY_BYTES",
     "MAX_AXES",
+    "PACKED_CODES",
+    "READ_CODES",
+    "READ_ONLY_CODES",
     "SAFETENSORS_CODES",
     "dtype_from_code",
     "dtype_from_name",
@@ -81,6 +84,21 @@ SAFETENSORS_CODES: dict[str, np.dtype] = {
     }.items()
 }
 _CODE_OF = {dtype: code for code, dtype in SAFETENSORS_CODES.items()}
+#: Newer safetensors codes that a reader maps (where this ml_dtypes has the dtype) but a writer never uses: their
+#: dtypes are written as raw bytes, which readers that predate the codes still read.
+READ_ONLY_CODES: dict[str, np.dtype] = {
+    code: _DTYPES[name]
+    for code, name in {
+        "F8_E4M3FNUZ": "float8_e4m3fnuz",
+        "F8_E5M2FNUZ": "float8_e5m2fnuz",
+        "F8_E8M0": "float8_e8m0fnu",
+    }.items()
+    if name in _DTYPES
+}
+#: Every code a reader maps to a dtype.
+READ_CODES: dict[str, np.dtype] = {**SAFETENSORS_CODES, **READ_ONLY_CODES}
+#: Packed codes (several elements to a byte) that safetensors knows and no reader here unpacks.
+PACKED_CODES = ("F4", "F6_E2M3", "F6_E3M2")
 
 
 def dtype_from_name(name: str) -> np.dtype | None:
@@ -89,8 +107,8 @@ def dtype_from_name(name: str) -> np.dtype | None:
 
 
 def dtype_from_code(code: str) -> np.dtype | None:
-    """The dtype of a safetensors code, or ``None`` for an unknown code."""
-    return SAFETENSORS_CODES.get(code)
+    """The dtype of a safetensors code (one written, or one of :data:`READ_ONLY_CODES`), or ``None`` for another."""
+    return READ_CODES.get(code)
 
 
 def safetensors_code(dtype: np.dtype) -> str | None:

@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, SAFETENSORS_CODES, checked_shape, dtype_from_code
+from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, PACKED_CODES, READ_CODES, checked_shape, dtype_from_code
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, TruncatedFileError, excerpt
 
 __all__ = ["SlotTable", "check_header", "entry_slots", "slot_table"]
 
-_ITEMSIZES = {code: dtype.itemsize for code, dtype in SAFETENSORS_CODES.items()}
+_ITEMSIZES = {code: dtype.itemsize for code, dtype in READ_CODES.items()}
 #: Below this many bytes (as a float product), a shape's bytes surely fit MAX_ARRAY_BYTES: the float product of at
 #: most MAX_AXES factors is off by far less than this margin. Shapes at or above it are counted exactly.
 _SURELY_FITS = MAX_ARRAY_BYTES * (1 - 1e-9)
@@ -135,7 +135,7 @@ def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> Sl
         tiled = data_size == 0
     if not tiled:
         return None
-    dtypes = [SAFETENSORS_CODES[code] for code in codes]
+    dtypes = [READ_CODES[code] for code in codes]
     return SlotTable(names, dtypes, shapes, begin + data_start, nbytes)
 
 
@@ -187,6 +187,10 @@ def _entry_slot(name: str, info: Any, data_start: int, file_size: int, file: str
     code = info.get("dtype")
     dtype = dtype_from_code(code) if isinstance(code, str) else None
     if dtype is None:
+        if code in PACKED_CODES:
+            raise FormatError(
+                f"safetensors dtype {code} packs several elements to a byte: not read", file=file, path=name
+            )
         raise FormatError(f"unknown safetensors dtype {excerpt(code)}", file=file, path=name)
     shape = checked_shape(info.get("shape"), dtype, file=file, path=name)
     offsets = info.get("data_offsets")
