@@ -36,7 +36,15 @@ __all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "co
 
 #: The first format version whose manifest holds columns.
 COLUMNAR_VERSION = 3
-KIND_LETTERS = {"array": "a", "npscalar": "n", "key": "k", "torch": "t", "sharded": "s", "value": "v", "per_process": "p"}
+KIND_LETTERS = {
+    "array": "a",
+    "npscalar": "n",
+    "key": "k",
+    "torch": "t",
+    "sharded": "s",
+    "value": "v",
+    "per_process": "p",
+}
 KIND_NAMES = {letter: kind for kind, letter in KIND_LETTERS.items()}
 #: The kinds of leaf whose bytes are one tensor named by the leaf's path, each with a checksum in ``xxh3``.
 CHECKSUMMED = "anktp"

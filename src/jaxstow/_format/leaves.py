@@ -156,7 +156,7 @@ def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Bo
     """The processes holding each distinct shard of an array of ``shape`` laid out by ``sharding``, in order."""
     holders: dict[Box, set[int]] = {}
     for device, index in sharding.devices_indices_map(shape).items():
-        holders.setdefault(_as_box(index, shape), set()).add(device.process_index)
+        holders.setdefault(_as_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
     return {box: sorted(processes) for box, processes in holders.items()}
 
 

@@ -72,7 +72,9 @@ class StoredLeaves(MutableMapping[str, Stored]):
         return i is not None and self._columns.kinds[i] not in _NOT_STORED
 
     def __iter__(self) -> Iterator[str]:
-        return (path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED)
+        return (
+            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
+        )
 
     def __len__(self) -> int:
         return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))

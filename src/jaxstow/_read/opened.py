@@ -32,10 +32,10 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.columns import LeafColumns
-from jaxstow._format.per_process import PerProcess
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
 from jaxstow._format.native_or_npz import Container
+from jaxstow._format.per_process import PerProcess
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef
 from jaxstow._format.torch_leaves import tensor_from_numpy

@@ -30,6 +30,7 @@ from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read import broadcast
 from jaxstow._read.column_reads import read_all
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
@@ -280,13 +281,20 @@ def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding
     little else (then whole shards are read, and verified).
     """
     leaf = opened.stored[path]
-    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
-    bound: Box = tuple(
-        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes)) for axis in range(len(leaf.shape))
-    )
-    together = _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
-    whole = _cast(opened.read_box(path, bound), dtype) if together else None
+    transport = broadcast.active()
     parts: dict[Box, np.ndarray] = {}
+    if transport is not None:  # boxes other processes need too: read once among them and sent
+        read = lambda box: _cast(opened.read_box(path, box), dtype)  # noqa: E731
+        tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
+        parts = broadcast.exchange(transport, tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
+    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
+    boxes -= parts.keys()
+    bound: Box = tuple(
+        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes))
+        for axis in range(len(leaf.shape) if boxes else 0)
+    )
+    together = bool(boxes) and _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
+    whole = _cast(opened.read_box(path, bound), dtype) if together else None
 
     def part(index: tuple[slice, ...] | None) -> np.ndarray:
         box = _box(index, leaf.shape)
@@ -324,9 +332,7 @@ def _value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     return decode_value_entry(opened.value_entries[path], file=opened.file)
 
 
-def _output(
-    opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool, every: bool
-) -> Any:
+def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool, every: bool) -> Any:
     """The restored leaf at ``path`` in the form ``target`` asks for."""
     if target.output == "value":
         value = _value(opened, path, every=every)
