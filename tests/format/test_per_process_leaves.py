@@ -78,7 +78,7 @@ def test_a_bad_choice_and_a_damaged_count_are_refused(tmp_path):
         jaxstow.load(_saved(golden_tree()), per_process="mine")
     damaged = tmp_path / "damaged.jxs"
     data = GOLDEN.read_bytes()
-    entry = rb'\"processes\":1,\"process\":0'
+    entry = rb"\"processes\":1,\"process\":0"
     assert data.count(entry) == 2
     damaged.write_bytes(data.replace(entry, entry[:-1] + b"5", 1))
     with pytest.raises(FormatError, match="checksum"):

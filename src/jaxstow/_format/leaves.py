@@ -37,6 +37,7 @@ __all__ = [
     "encode_leaf",
     "is_sharded",
     "key_impl_name",
+    "share_box",
     "stored_leaf_from_entry",
 ]
 
@@ -131,7 +132,7 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
             chosen[whole] = shard
     for whole, shard in chosen.items():
         processes = holders[whole]
-        box, within = _share(whole, processes.index(me), len(processes))
+        box, within = share_box(whole, processes.index(me), len(processes))
         if box is None:
             continue
         data, _ = _host_array(shard.data, path=path, file=file)
@@ -160,7 +161,7 @@ def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Bo
     return {box: sorted(processes) for box, processes in holders.items()}
 
 
-def _share(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice, ...] | None]:
+def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice, ...] | None]:
     """The part of ``box`` that the ``rank``-th of ``count`` holders writes, and where it lies within the box.
 
     ``(None, None)`` when it writes nothing; the whole box (and ``None``) when it is the only holder.

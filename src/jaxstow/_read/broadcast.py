@@ -2,15 +2,17 @@
 
 While a multi-process restore runs inside :func:`broadcasting`, each sharded leaf's boxes are looked at across every
 process of the run (the placement says which devices, so which processes, need each box). A box that several
-processes need, and that is large enough to pay for sending, is read by one of them (taken in turn, so that the reads
-spread over the processes) and sent to the others over a :class:`~jaxstow._storage.peers.PeerTransport`, whose every
-wait ends within its timeout and whose messages are checksummed. A process whose box does not come (a dead or
-stalled reader, a broken connection) reads it itself, so a broadcast never fails a restore that reading would not.
+processes need, and that is large enough to pay for sending, is cut into as many ranges as it has holders (as a save
+cuts a replicated shard); each range is read by one of them (in turns, so that reads and sends spread evenly over the
+processes) and sent to the others over a :class:`~jaxstow._storage.peers.PeerTransport`, whose every wait ends within
+its timeout and whose messages are checksummed. A process whose range does not come (a dead or stalled reader, a
+broken connection) reads it itself, so a broadcast never fails a restore that reading would not.
 Storage then serves the replicated part of a model once, not once per replica. See docs/scaling.md.
 
 >>> from jaxstow._read.broadcast import readers
->>> readers({((0, 4),): [0, 1, 2], ((4, 8),): [1, 2], ((8, 9),): [3]}, min_bytes=0, itemsize=4)
-{((0, 4),): 0, ((4, 8),): 2}
+>>> for box, parts in readers({((0, 6),): [0, 1, 2], ((6, 9),): [3]}, min_bytes=0, itemsize=4).items():
+...     print(box, [(part, reader) for part, _, reader in parts])
+((0, 6),) [(((0, 2),), 0), (((2, 4),), 1), (((4, 6),), 2)]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
+from jaxstow._format.leaves import share_box
 from jaxstow._format.shards import Box
 from jaxstow._storage.peers import PeerTransport
 from jaxstow.errors import JaxstowError
@@ -57,14 +60,22 @@ def active() -> PeerTransport | None:
     return _current[-1] if _current else None
 
 
-def readers(holders: dict[Box, list[int]], *, min_bytes: int, itemsize: int, turn: int = 0) -> dict[Box, int]:
-    """The process that reads each box several processes need (of at least ``min_bytes``), taking turns among them
-    from ``turn`` on."""
-    chosen: dict[Box, int] = {}
-    for step, (box, processes) in enumerate(sorted(holders.items()), start=turn):
-        if len(processes) > 1 and math.prod(stop - start for start, stop in box) * itemsize >= min_bytes:
-            chosen[box] = processes[step % len(processes)]
-    return chosen
+def readers(
+    holders: dict[Box, list[int]], *, min_bytes: int, itemsize: int, turn: int = 0
+) -> dict[Box, list[tuple[Box, tuple[slice, ...] | None, int]]]:
+    """How each box that several processes need (of at least ``min_bytes``) is read: cut into as many ranges as it
+    has holders, each range read by one of them (taking turns from ``turn`` on), with where it lies in the box."""
+    plan: dict[Box, list[tuple[Box, tuple[slice, ...] | None, int]]] = {}
+    for box, processes in sorted(holders.items()):
+        count = len(processes)
+        if count < 2 or math.prod(stop - start for start, stop in box) * itemsize < min_bytes:
+            continue
+        plan[box] = []
+        for rank in range(count):
+            part, within = share_box(box, rank, count)
+            if part is not None:
+                plan[box].append((part, within, processes[(rank + turn) % count]))
+    return plan
 
 
 def exchange(
@@ -75,25 +86,30 @@ def exchange(
     dtype: np.dtype,
     read: Callable[[Box], np.ndarray],
 ) -> dict[Box, np.ndarray]:
-    """The boxes this process needs that others need too: read and sent where it is their reader, received otherwise
-    (read here if they do not come). ``tag`` names the leaf, the same in every process."""
+    """The boxes this process needs that others need too, each assembled from its ranges: those this process reads,
+    read and sent to the box's other holders, the others received (read here if they do not come). ``tag`` names the
+    leaf, the same in every process."""
     holders: dict[Box, set[int]] = {}
     for device, index in placement.devices_indices_map(shape).items():
         holders.setdefault(_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
-    turn = zlib.crc32(tag.encode())  # leaves take turns too, so that a process reads as much as another
-    needs = {box: sorted(processes) for box, processes in holders.items()}
-    chosen = readers(needs, min_bytes=MIN_BYTES, itemsize=dtype.itemsize, turn=turn)
     me = transport.process_index
-    got: dict[Box, np.ndarray] = {}
-    for box, reader in chosen.items():  # every box read here first, so that no other process waits on this one
-        if reader == me:
-            got[box] = read(box)
-            for other in sorted(holders[box] - {me}):
-                with contextlib.suppress(JaxstowError):  # that process reads the box itself
-                    transport.send(other, f"{tag}@{box}", np.ascontiguousarray(got[box]))
-    for box, reader in chosen.items():
-        if reader != me and me in holders[box]:
-            got[box] = _received(transport, reader, f"{tag}@{box}", box, dtype, read)
+    turn = zlib.crc32(tag.encode())  # leaves take turns too, so that a process reads as much as another
+    needs = {box: sorted(processes) for box, processes in holders.items() if me in processes}
+    plan = readers(needs, min_bytes=MIN_BYTES, itemsize=dtype.itemsize, turn=turn)
+    got = {box: np.empty([stop - start for start, stop in box], dtype) for box in plan}
+    for box, parts in plan.items():  # every range read here first, so that no other process waits on this one
+        for part, within, reader in parts:
+            if reader == me:
+                data = np.ascontiguousarray(read(part))
+                got[box][within or ...] = data
+                for other in needs[box]:
+                    if other != me:
+                        with contextlib.suppress(JaxstowError):  # that process reads the range itself
+                            transport.send(other, f"{tag}@{part}", data)
+    for box, parts in plan.items():
+        for part, within, reader in parts:
+            if reader != me:
+                got[box][within or ...] = _received(transport, reader, f"{tag}@{part}", part, dtype, read)
     return got
 
 
