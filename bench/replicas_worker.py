@@ -62,7 +62,8 @@ tree = {
 for where, options in ((folder, None), (url, OPTIONS)):
     with CheckpointManager(where, storage_options=options) as manager:
         manager.save(1, {"params": tree})
-record = json.load(open(os.path.join(folder, "1", "checkpoint.json")))
+with open(os.path.join(folder, "1", "checkpoint.json")) as file:
+    record = json.load(file)
 own = record["files"]["params"] if me == 0 else record["parts"]["params"][me - 1]
 written = os.path.getsize(os.path.join(folder, "1", own))
 
