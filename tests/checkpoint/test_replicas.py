@@ -32,7 +32,7 @@ def test_replicated_bytes_are_written_by_every_process_in_equal_shares(saved_by_
 
 
 def test_each_process_gets_its_own_state_and_replicas_are_read_once(saved_by_four):
-    found = reports(start(WORKER, "restore", 4, 1, saved_by_four, "--saved-by", "4"))
+    found = reports(start(WORKER, "restore", 4, 1, saved_by_four))
     for process, report in enumerate(found):
         assert "error" not in report, report
         assert report["loader"] == [{"process": process, "seen": list(range(process + 2))}]
@@ -43,7 +43,7 @@ def test_each_process_gets_its_own_state_and_replicas_are_read_once(saved_by_fou
 
 
 def test_another_process_count_gets_every_value_only_when_asking_for_all(saved_by_four):
-    for report in reports(start(WORKER, "restore", 2, 2, saved_by_four, "--saved-by", "4")):
+    for report in reports(start(WORKER, "restore", 2, 2, saved_by_four)):
         assert "saved by 4 processes cannot go to each of 2" in report["error"], report
         assert "per_process='all'" in report["error"]
         assert report["loader"] == [{"process": k, "seen": list(range(k + 2))} for k in range(4)]
@@ -51,12 +51,12 @@ def test_another_process_count_gets_every_value_only_when_asking_for_all(saved_b
 
 
 def test_one_process_restores_a_step_saved_by_four_bit_for_bit(saved_by_four):
-    (report,) = reports(start(WORKER, "restore", 1, 2, saved_by_four, "--saved-by", "4"))
+    (report,) = reports(start(WORKER, "restore", 1, 2, saved_by_four))
     assert "each of 1" in report["error"] and len(report["loader"]) == 4
 
 
 def test_a_peer_killed_during_the_broadcast_ends_the_others_restore_within_the_timeout(saved_by_four):
-    processes = start(WORKER, "restore", 4, 1, saved_by_four, "--saved-by", "4", "--die", "1", "--process-timeout", "4")
+    processes = start(WORKER, "restore", 4, 1, saved_by_four, "--die", "1", "--process-timeout", "4")
     began = time.monotonic()
     outputs = [process.communicate(timeout=120) for process in processes]
     elapsed = time.monotonic() - began

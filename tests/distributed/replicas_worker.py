@@ -4,8 +4,8 @@
 ``save`` saves step 1: ``rows``, sharded by rows over every device of the run, ``rep``, replicated on every device,
 ``loader``, a :func:`jaxstow.per_process` value of this process's own, and ``it``, a stateful iterator at this
 process's own position. ``restore`` restores it on a mesh of this run's devices, checks every array bit for bit and
-reports the bytes this process read and the per-process values it got (the saving process count is ``--saved-by``;
-with another count it reports the error and then every process's values, ``per_process="all"``). ``--die K`` makes
+reports the bytes this process read and the per-process values it got (with another process count than the save's,
+it reports the error and then every process's values, ``per_process="all"``). ``--die K`` makes
 process K kill itself with SIGKILL when its restore first meets the broadcast. Each prints one JSON line.
 """
 
@@ -25,7 +25,6 @@ parser.add_argument("count", type=int)
 parser.add_argument("devices", type=int)
 parser.add_argument("port", type=int)
 parser.add_argument("folder")
-parser.add_argument("--saved-by", type=int, default=0)
 parser.add_argument("--die", type=int, default=-1)
 parser.add_argument("--process-timeout", type=float, default=60.0)
 args = parser.parse_args()

@@ -90,3 +90,13 @@ def test_a_bad_choice_and_a_damaged_count_are_refused(tmp_path):
         check_per_process_entry({"path": "loader", "processes": 2, "process": 1}, None, file="f.jxs")
     with pytest.raises(RequestError, match="restore it with load"):
         jaxstow.open(GOLDEN)["loader"]
+
+
+def test_a_grain_iterator_is_saved_per_process_and_set_back():
+    grain = pytest.importorskip("grain")
+    iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+    assert [next(iterator), next(iterator)] == [0, 1]
+    saved = _saved({"data": iterator})
+    fresh = iter(grain.MapDataset.range(10).to_iter_dataset())
+    assert jaxstow.load(saved, like={"data": fresh})["data"] is fresh
+    assert next(fresh) == 2

@@ -108,8 +108,8 @@ def encode_tree(
     """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
 
     ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
-    saved by several processes: process 0's holds the whole structure and every leaf but the shards of other
-    processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
+    saved by several processes: process 0's holds the whole structure and every leaf but the shards and per-process values of other
+    processes; the others' hold only their shards and per-process values. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
         problem = metadata_problem(metadata)
