@@ -22,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from jaxstow import errors, flarejax  # flarejax registers FlareJax's names, which a FlareJax model's file holds
+from jaxstow._format.per_process import per_process
 from jaxstow._names.registry import saveable
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import LeafInfo, Reader, open
@@ -52,6 +53,7 @@ __all__ = [
     "load_metadata",
     "objax",
     "open",
+    "per_process",
     "save",
     "saveable",
     "scheduler",

@@ -16,7 +16,7 @@ checked as a version 2 entry is. A manifest being written keeps its entries (``l
 >>> check_columns({**manifest, "kinds": "x"}, {}, file="f.jxs")
 Traceback (most recent call last):
 ...
-jaxstow.errors.FormatError: f.jxs: the manifest's kinds must be a string of one letter per leaf from 'anktsv', not 'x'
+jaxstow.errors.FormatError: f.jxs: the manifest's kinds must be a string of one letter per leaf from 'anktsvp', not 'x'
 """
 
 from __future__ import annotations
@@ -36,10 +36,18 @@ __all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "co
 
 #: The first format version whose manifest holds columns.
 COLUMNAR_VERSION = 3
-KIND_LETTERS = {"array": "a", "npscalar": "n", "key": "k", "torch": "t", "sharded": "s", "value": "v"}
+KIND_LETTERS = {
+    "array": "a",
+    "npscalar": "n",
+    "key": "k",
+    "torch": "t",
+    "sharded": "s",
+    "value": "v",
+    "per_process": "p",
+}
 KIND_NAMES = {letter: kind for kind, letter in KIND_LETTERS.items()}
 #: The kinds of leaf whose bytes are one tensor named by the leaf's path, each with a checksum in ``xxh3``.
-CHECKSUMMED = "ankt"
+CHECKSUMMED = "anktp"
 _COLUMN_KEYS = ("paths", "kinds", "xxh3", "details")
 _HEX = re.compile(r"[0-9a-f]*")
 _INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
@@ -109,7 +117,7 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         raise FormatError("the manifest's paths must be a list of strings", file=file)
     if not (isinstance(kinds, str) and len(kinds) == len(paths) and set(kinds) <= set(KIND_NAMES)):
         raise FormatError(
-            f"the manifest's kinds must be a string of one letter per leaf from 'anktsv', not {excerpt(kinds, 45)}",
+            f"the manifest's kinds must be a string of one letter per leaf from 'anktsvp', not {excerpt(kinds, 45)}",
             file=file,
         )
     stored = sum(kinds.count(letter) for letter in CHECKSUMMED)
@@ -142,7 +150,7 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
             entry["xxh3"] = columns.checksum(index)
         _check_entry(entry, index, slots, file=file)
         entries[index] = entry
-    for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards")):
+    for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards"), ("p", "processes")):
         start = kinds.find(letter)
         while start >= 0:
             if start not in entries or needs not in entries[start]:

@@ -15,6 +15,7 @@ strings, registered functions) is a *value* kept in the manifest as tagged JSON.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -36,10 +37,13 @@ __all__ = [
     "encode_leaf",
     "is_sharded",
     "key_impl_name",
+    "share_box",
     "stored_leaf_from_entry",
 ]
 
 Entry = dict[str, Any]
+#: ``(start, stop)`` along every axis.
+Box = tuple[tuple[int, int], ...]
 
 
 class EncodedShard(NamedTuple):
@@ -113,21 +117,65 @@ def key_impl_name(dtype: Any) -> str:
 
 
 def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:
-    """A sharded array as its distinct shards held here (replica 0 of each), each with its box in the whole array."""
+    """A sharded array as this process's share of its distinct shards, each with its box in the whole array.
+
+    A shard held by several processes (replicated) is cut into as many ranges along its first axis long enough, one
+    written by each of them, so that they share its writing; a shard held by one process alone is written whole.
+    """
     shards = []
+    holders = _holders(leaf.sharding, leaf.shape)
+    me = jax.process_index()
+    chosen: dict[Box, Any] = {}
     for shard in leaf.addressable_shards:
-        if shard.replica_id != 0:
+        whole = _as_box(shard.index, leaf.shape)
+        if whole not in chosen or shard.replica_id < chosen[whole].replica_id:
+            chosen[whole] = shard
+    for whole, shard in chosen.items():
+        processes = holders[whole]
+        box, within = share_box(whole, processes.index(me), len(processes))
+        if box is None:
             continue
-        box = [[*index.indices(size)[:2]] for index, size in zip(shard.index, leaf.shape, strict=True)]
         data, _ = _host_array(shard.data, path=path, file=file)
+        if within is not None:
+            data = np.ascontiguousarray(data[within])
         name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
-        shards.append(EncodedShard({"tensor": name, "box": box}, data))
+        shards.append(EncodedShard({"tensor": name, "box": [list(axis) for axis in box]}, data))
     shards.sort(key=lambda shard: shard.entry["box"])
     _, dtype = _host_array(np.empty(0, leaf.dtype), path=path, file=file)
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
     return EncodedLeaf(entry, None, tuple(shards))
+
+
+def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
+    return tuple(tuple(axis.indices(size)[:2]) for axis, size in zip(index, shape, strict=True))  # type: ignore[misc]
+
+
+@functools.lru_cache(maxsize=256)
+def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Box, list[int]]:
+    """The processes holding each distinct shard of an array of ``shape`` laid out by ``sharding``, in order."""
+    holders: dict[Box, set[int]] = {}
+    for device, index in sharding.devices_indices_map(shape).items():
+        holders.setdefault(_as_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
+    return {box: sorted(processes) for box, processes in holders.items()}
+
+
+def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice, ...] | None]:
+    """The part of ``box`` that the ``rank``-th of ``count`` holders writes, and where it lies within the box.
+
+    ``(None, None)`` when it writes nothing; the whole box (and ``None``) when it is the only holder.
+    """
+    if count == 1 or not box:
+        return (box, None) if rank == 0 else (None, None)
+    axis = next((axis for axis, (start, stop) in enumerate(box) if stop - start >= count), 0)
+    start, stop = box[axis]
+    low, high = start + (stop - start) * rank // count, start + (stop - start) * (rank + 1) // count
+    if low == high:
+        return None, None
+    part = (*box[:axis], (low, high), *box[axis + 1 :])
+    within = tuple(slice(low - start, high - start) if i == axis else slice(None) for i in range(len(box)))
+    return part, within
 
 
 def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:

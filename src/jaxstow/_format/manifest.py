@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.json_values import json_problem
+from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, NewerFormatError, excerpt
 
@@ -229,6 +230,10 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if "value" not in entry:
             raise FormatError("a value entry has no value", file=file, path=path)
         return
+    if kind == "per_process":
+        check_per_process_entry(entry, slots.get(path), file=file)
+        _check_checksum(entry.get("xxh3"), file=file, path=path)
+        return
     if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
         raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=file, path=path)
     if "dtype" in entry or "shape" in entry or kind == "sharded":
@@ -239,9 +244,7 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         shape = checked_shape(shape, dtype, file=file, path=path)
     else:
         dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
-    checksum = entry.get("xxh3")
-    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
-        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
+    _check_checksum(entry.get("xxh3"), file=file, path=path)
     if kind == "sharded":
         _check_shards(entry.get("shards"), file=file, path=path)
     if kind == "npscalar" and shape:
@@ -251,6 +254,11 @@ def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, fil
         if isinstance(impl, str):
             entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
         _check_key(impl, dtype, shape, file=file, path=path)
+
+
+def _check_checksum(checksum: Any, *, file: str, path: str) -> None:
+    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
+        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
 
 
 def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:

@@ -45,6 +45,7 @@ def read_all(opened: OpenedFile) -> list[Any] | None:
         or source is None
         or opened.memory_mapped
         or "s" in columns.kinds
+        or "p" in columns.kinds
     ):
         return None
     paths = columns.stored_paths()

@@ -26,6 +26,10 @@ from jaxstow._format.tensor_reads import TensorSlot
 __all__ = ["StoredLeaves"]
 
 
+#: The kinds of leaf kept apart from the stored ones: values and per-process leaves.
+_NOT_STORED = "vp"
+
+
 class StoredLeaves(MutableMapping[str, Stored]):
     """The stored leaves of a version 3 file by path.
 
@@ -46,7 +50,7 @@ class StoredLeaves(MutableMapping[str, Stored]):
         leaf = self._made.get(path)
         if leaf is None:
             i = self._index[path]
-            if not self._columns.stored[i]:
+            if not self._columns.stored[i] or self._columns.kinds[i] == "p":
                 raise KeyError(path)
             slot = self._slots[path]
             kind = KIND_NAMES[self._columns.kinds[i]]
@@ -65,10 +69,12 @@ class StoredLeaves(MutableMapping[str, Stored]):
 
     def __contains__(self, path: object) -> bool:
         i = self._index.get(path) if isinstance(path, str) else None
-        return i is not None and self._columns.kinds[i] != "v"
+        return i is not None and self._columns.kinds[i] not in _NOT_STORED
 
     def __iter__(self) -> Iterator[str]:
-        return (path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind != "v")
+        return (
+            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
+        )
 
     def __len__(self) -> int:
-        return len(self._columns.kinds) - self._columns.kinds.count("v")
+        return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))

@@ -35,6 +35,7 @@ from jaxstow._format.columns import LeafColumns
 from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
 from jaxstow._format.native_or_npz import Container
+from jaxstow._format.per_process import PerProcess
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef
 from jaxstow._format.torch_leaves import tensor_from_numpy
@@ -46,6 +47,8 @@ from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestEr
 
 __all__ = ["LeafInfo", "OpenedFile"]
 
+#: The kinds of leaf indexed apart from the stored ones: their values are decoded, not placed on devices.
+_KEPT_APART = ("value", "per_process")
 _STORED_KINDS = ("array", "npscalar", "key", "torch")
 _shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
 
@@ -59,7 +62,7 @@ class LeafInfo(NamedTuple):
 
     Attributes:
         path: the leaf's path in the tree, such as ``"params/w"``.
-        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"`` or ``"value"``.
+        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"``, ``"value"`` or ``"per_process"``.
         dtype: a stored leaf's dtype; ``None`` for a value.
         shape: a stored leaf's shape (a PRNG key's leaves out its key data); ``None`` for a value.
         nbytes: the bytes a stored leaf takes in the file; 0 for a value.
@@ -103,6 +106,8 @@ class OpenedFile(Mapping[str, Any]):
         )
         self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
+        #: The per-process leaves: by path, each process's entry and the index of the file that holds its value.
+        self.per_process: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
         if leaves is not None:
             self.paths = list(leaves)
             self.stored = dict(leaves)
@@ -131,8 +136,8 @@ class OpenedFile(Mapping[str, Any]):
         """Index a version 3 file: only the leaves with details are described now, the others when asked for."""
         made: dict[str, Stored] = {}
         for entry in columns.entries.values():
-            if entry["kind"] == "value":
-                self.value_entries[entry["path"]] = entry
+            if entry["kind"] in _KEPT_APART:
+                self._keep_apart(entry, 0)
             else:
                 made[entry["path"]] = self._describe(entry)
         self.stored = StoredLeaves(columns, self.container.slots, made)
@@ -152,11 +157,21 @@ class OpenedFile(Mapping[str, Any]):
             raise FormatError("the manifest lists this leaf twice", file=self.file, path=path)
         if kind in _STORED_KINDS or kind == "sharded":
             self.stored[path] = self._describe(entry)
-        elif kind == "value":
-            self.value_entries[path] = entry
+        elif kind in _KEPT_APART:
+            self._keep_apart(entry, 0)
         else:
             raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=self.file, path=path)
         return path
+
+    def _keep_apart(self, entry: dict[str, Any], source: int) -> None:
+        """Index a value, or the value of one process of a per-process leaf, held by the file ``source``."""
+        path = entry["path"]
+        self.value_entries.setdefault(path, entry)
+        if entry["kind"] == "per_process":
+            values = self.per_process.setdefault(path, {})
+            if entry["process"] in values:
+                raise FormatError(f"holds a second value of process {entry['process']}", file=self.file, path=path)
+            values[entry["process"]] = (source, entry)
 
     def _merge_shards(self, source: int, part: Container) -> None:
         """Add the shards that another file of the same tree holds (it lists sharded leaves only)."""
@@ -167,6 +182,9 @@ class OpenedFile(Mapping[str, Any]):
             raise FormatError("a part of a sharded tree needs a manifest listing its shards", file=part.file)
         for entry in entries:
             path = entry.get("path") if isinstance(entry, dict) else None
+            if path in self.per_process and entry.get("kind") == "per_process":
+                self._keep_apart(entry, source)
+                continue
             known = self.stored.get(path) if isinstance(path, str) else None
             if not isinstance(known, ShardedLeaf) or entry.get("kind") != "sharded":
                 raise FormatError(
@@ -194,6 +212,8 @@ class OpenedFile(Mapping[str, Any]):
     def __getitem__(self, path: str) -> Any:
         self.check_open(f"reading leaf {excerpt(path)}")
         self._check_path(path)
+        if path in self.per_process:
+            raise RequestError("a per-process leaf: restore it with load()", file=self.file, path=path)
         if path in self.value_entries:
             return decode_value_entry(self.value_entries[path], file=self.file)
         return self.read_stored([self.stored[path]])[path]
@@ -234,7 +254,7 @@ class OpenedFile(Mapping[str, Any]):
         """
         self._check_path(path)
         if path in self.value_entries:
-            return LeafInfo(path, "value", None, None, 0)
+            return LeafInfo(path, self.value_entries[path]["kind"], None, None, 0)
         leaf = self.stored[path]
         shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
         return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
@@ -263,6 +283,8 @@ class OpenedFile(Mapping[str, Any]):
         return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
 
     def _abstract_leaf(self, path: str) -> Any:
+        if path in self.per_process:
+            return PerProcess(None, iterator=self.value_entries[path].get("iterator", False))
         if path in self.value_entries:
             return decode_value_entry(self.value_entries[path], file=self.file)
         leaf = self.stored[path]

@@ -7,7 +7,7 @@ arguments, typed by :class:`LoadOptions`; :func:`check_options` refuses any othe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from jaxstow._read.placement import ShardingSpec
 from jaxstow.errors import ArgumentError
@@ -27,6 +27,8 @@ class LoadOptions(TypedDict, total=False):
             ``**`` across segments; a path selects everything below it); the others are never read.
         cast: with ``like``, convert each leaf to its target's dtype where no value is lost (``False``).
         progress: draw a progress bar of the bytes read on stderr, with ``tqdm`` (``False``).
+        per_process: ``"own"`` restores each process its own value of every :func:`jaxstow.per_process` leaf (the
+            default; the process count must be the saving one's), ``"all"`` a list of every process's value.
 
     >>> import io, numpy as np, jaxstow
     >>> options = jaxstow.LoadOptions(as_numpy=True, select="w")
@@ -41,6 +43,7 @@ class LoadOptions(TypedDict, total=False):
     select: str | Sequence[str] | None
     cast: bool
     progress: bool
+    per_process: Literal["own", "all"]
 
 
 def check_options(options: dict[str, object]) -> None:
@@ -50,7 +53,7 @@ def check_options(options: dict[str, object]) -> None:
     >>> check_options({"as_nunpy": True})
     Traceback (most recent call last):
     ...
-    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, progress, select, sharding
+    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, per_process, progress, select, sharding
     """
     for name in options:
         if name not in LoadOptions.__annotations__:

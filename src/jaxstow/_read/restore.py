@@ -30,9 +30,11 @@ from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read import broadcast
 from jaxstow._read.column_reads import read_all
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
+from jaxstow._read.per_process import check_choice, per_process_value, set_into
 from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
 from jaxstow._read.targets import Target, castable, describe_stored, target_of
@@ -68,6 +70,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             partial=options.get("partial", False),
             select=options.get("select"),
             cast=options.get("cast", False),
+            every=check_choice(options.get("per_process", "own")),
         )
 
     if not options.get("progress", False):
@@ -87,6 +90,7 @@ def _restore(
     partial: bool,
     select: str | Sequence[str] | None,
     cast: bool,
+    every: bool,
 ) -> Any:
     if as_numpy and sharding is not None:
         raise RequestError("as_numpy=True gives numpy arrays, which have no sharding: pass one or the other")
@@ -96,15 +100,17 @@ def _restore(
                 "partial= and cast= work with like=...; without a template, choose leaves with select=[...]",
                 file=opened.file,
             )
-        return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select)
+        return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select, every=every)
     if select is not None:
         raise RequestError(
             "select= chooses leaves without a template; with like=..., pass partial=True", file=opened.file
         )
-    return _fit(opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast)
+    return _fit(opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast, every=every)
 
 
-def _rebuild(opened: OpenedFile, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None) -> Any:
+def _rebuild(
+    opened: OpenedFile, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None, every: bool
+) -> Any:
     everything = read_all(opened) if select is None and sharding is None else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
@@ -140,7 +146,7 @@ def _rebuild(opened: OpenedFile, *, as_numpy: bool, sharding: ShardingSpec, sele
         if path in data
         else None
         if i in by_ranges
-        else decode_value_entry(opened.value_entries[path], file=opened.file)
+        else _value(opened, path, every=every)
         for i, path in enumerate(paths)
     ]
     _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
@@ -208,7 +214,9 @@ def _prune(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: None if leaf is _SKIPPED else leaf, tree)
 
 
-def _fit(opened: OpenedFile, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool) -> Any:
+def _fit(
+    opened: OpenedFile, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool, every: bool
+) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
     targets = [target_of(leaf) for leaf in wanted]
     problems = [
@@ -246,7 +254,7 @@ def _fit(opened: OpenedFile, like: Any, *, as_numpy: bool, sharding: ShardingSpe
     data = opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
     data.update(opened.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
     values = [
-        None if i in by_ranges else _output(opened, path, target, data, as_numpy=as_numpy)
+        None if i in by_ranges else _output(opened, path, target, data, as_numpy=as_numpy, every=every)
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
     ]
     _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
@@ -273,13 +281,20 @@ def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding
     little else (then whole shards are read, and verified).
     """
     leaf = opened.stored[path]
-    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
-    bound: Box = tuple(
-        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes)) for axis in range(len(leaf.shape))
-    )
-    together = _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
-    whole = _cast(opened.read_box(path, bound), dtype) if together else None
+    transport = broadcast.active()
     parts: dict[Box, np.ndarray] = {}
+    if transport is not None:  # boxes other processes need too: read once among them and sent
+        read = lambda box: _cast(opened.read_box(path, box), dtype)  # noqa: E731
+        tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
+        parts = broadcast.exchange(transport, tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
+    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
+    boxes -= parts.keys()
+    bound: Box = tuple(
+        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes))
+        for axis in range(len(leaf.shape) if boxes else 0)
+    )
+    together = bool(boxes) and _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
+    whole = _cast(opened.read_box(path, bound), dtype) if together else None
 
     def part(index: tuple[slice, ...] | None) -> np.ndarray:
         box = _box(index, leaf.shape)
@@ -310,10 +325,18 @@ def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
     return array if dtype is None or array.dtype == dtype else array.astype(dtype)
 
 
-def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool) -> Any:
+def _value(opened: OpenedFile, path: str, *, every: bool) -> Any:
+    """The value at ``path``: a value leaf's, or a per-process leaf's own (``every``: each process's)."""
+    if path in opened.per_process:
+        return per_process_value(opened, path, every=every)
+    return decode_value_entry(opened.value_entries[path], file=opened.file)
+
+
+def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool, every: bool) -> Any:
     """The restored leaf at ``path`` in the form ``target`` asks for."""
     if target.output == "value":
-        return decode_value_entry(opened.value_entries[path], file=opened.file)
+        value = _value(opened, path, every=every)
+        return set_into(target.value, value) if path in opened.per_process else value
     value = data[path]
     if target.output == "key":
         return value
@@ -329,6 +352,8 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
 def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
     if path in opened.stored:
         return describe_stored(opened.stored[path])
+    if path in opened.per_process:
+        return "a per-process value"
     return Target("value", value=decode_value_entry(opened.value_entries[path], file=opened.file)).describe()
 
 
@@ -337,6 +362,8 @@ def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> st
     if path not in opened:
         return f"{path!r}: missing from the file (expected {target.describe()})"
     stored = opened.stored.get(path)
+    if target.output == "value" and path in opened.per_process:
+        return None
     if target.output == "value":
         if stored is None:
             value = decode_value(opened.value_entries[path].get("value"), path=path, file=opened.file)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import os
 import threading
@@ -37,6 +38,7 @@ from jaxstow._format.native_or_npz import (
     describe_raw_leaves,
     write_container,
 )
+from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.paths import PathOrFile
 from jaxstow._storage.settings import StorageSettings
@@ -106,8 +108,8 @@ def encode_tree(
     """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
 
     ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
-    saved by several processes: process 0's holds the whole structure and every leaf but the shards of other
-    processes; the others' hold only their shards. Without ``part``, the tree must be held by this process alone.
+    saved by several processes: process 0's holds the whole structure and every leaf but the shards and per-process values of other
+    processes; the others' hold only their shards and per-process values. Without ``part``, the tree must be held by this process alone.
     """
     if metadata is not None:
         problem = metadata_problem(metadata)
@@ -121,7 +123,12 @@ def encode_tree(
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
         paths, leaves, _ = flatten_with_paths(tree)
     _check_unique(paths, file=file)
-    encoded = [encode_leaf(path, leaf, file=file or None) for path, leaf in zip(paths, leaves, strict=True)]
+    encoded = [
+        _encode_per_process(path, leaf, part=part, file=file)
+        if is_per_process(leaf)
+        else encode_leaf(path, leaf, file=file or None)
+        for path, leaf in zip(paths, leaves, strict=True)
+    ]
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:
@@ -135,7 +142,7 @@ def encode_tree(
         ]
     digest = "" if part is None else _digest(structure, encoded)
     if part:
-        encoded = [leaf for leaf in encoded if leaf.entry["kind"] == "sharded"]
+        encoded = [leaf for leaf in encoded if leaf.entry["kind"] in ("sharded", "per_process")]
         manifest = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -151,6 +158,18 @@ def encode_tree(
             "metadata": metadata,
         }
     return EncodedTree(encoded, manifest, digest)
+
+
+def _encode_per_process(path: str, leaf: Any, *, part: int | None, file: str) -> EncodedLeaf:
+    """A per-process leaf: this process's value as the bytes of a jaxstow file of its own, and how many processes
+    save the tree (one when this file is the only one)."""
+    buffer = io.BytesIO()
+    encode_tree(state_of(leaf), file=f"{file}:{path}" if file else path).write(buffer)
+    entry: dict[str, Any] = {"path": path, "kind": "per_process"}
+    entry["processes"], entry["process"] = (1, 0) if part is None else (jax.process_count(), part)
+    if not isinstance(leaf, PerProcess) or leaf.iterator:
+        entry["iterator"] = True
+    return EncodedLeaf(entry, np.frombuffer(buffer.getbuffer(), np.uint8))
 
 
 def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:
@@ -173,7 +192,7 @@ def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
 
 def _layout(leaf: EncodedLeaf) -> list[Any]:
     """A leaf's dtype and shape: its array's, or its entry's (sharded arrays)."""
-    if leaf.array is not None:
+    if leaf.array is not None and leaf.entry["kind"] != "per_process":  # each process's value is its own
         return [str(leaf.array.dtype), list(leaf.array.shape)]
     return [leaf.entry.get("dtype"), leaf.entry.get("shape")]
 

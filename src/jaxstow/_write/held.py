@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.leaves import is_sharded
+from jaxstow._format.per_process import held, is_per_process
 from jaxstow._write.encoded import EncodedTree, encode_tree
 
 __all__ = ["HeldTree", "hold"]
@@ -91,4 +92,11 @@ def _hold_on_host(leaves: list[Any]) -> list[Any]:
         for leaf in leaves:
             if _is_plain_array(leaf):
                 leaf.copy_to_host_async()
-    return [np.asarray(leaf) if _is_plain_array(leaf) and not is_sharded(leaf) else leaf for leaf in leaves]
+    return [
+        np.asarray(leaf)
+        if _is_plain_array(leaf) and not is_sharded(leaf)
+        else held(leaf)
+        if is_per_process(leaf)
+        else leaf
+        for leaf in leaves
+    ]

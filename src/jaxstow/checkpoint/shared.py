@@ -1,7 +1,7 @@
 """One step saved by every process of a ``jax.distributed`` run: each writes its own files, process 0 commits.
 
 It all runs in each process's background save. Process ``k`` writes ``item.pk.safetensors`` with its own shards
-(replica 0 only) and sends one summary; process 0 checks that every process saved the same step of the same tree,
+(its share of each replicated one) and per-process values, and sends one summary; process 0 checks that every process saved the same step of the same tree,
 writes ``checkpoint.json`` and commits, and sends the outcome, so an error anywhere, or a process that never reports,
 leaves no committed step and reaches every process. The protocol, its O(processes) messages and its bounded waits:
 see docs/scaling.md ("The commit protocol", "Waits, timeouts and failures").

@@ -9,11 +9,14 @@ all of them to the next older step together. See docs/scaling.md ("Restoring tog
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
+from jaxstow._read.broadcast import broadcasting
+from jaxstow._storage.peers import PeerTransport
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.recovery import Restored, step_damage
 from jaxstow.checkpoint.step_folder import StepFolder
@@ -42,6 +45,24 @@ def restore_together(
     key = processes.next_exchange("restore")
     where = folder.store.location
     steps = _agree_on_steps(processes, key, choose, fallback=fallback, where=where)
+    with contextlib.ExitStack() as stack:
+        if processes.many:  # boxes that several processes need are read once and sent (docs/scaling.md)
+            transport = stack.enter_context(PeerTransport.start(f"restore/{key}", timeout=processes.timeout))
+            stack.enter_context(broadcasting(transport))
+        return _restore_first(processes, key, folder, steps, restore, fallback=fallback)
+
+
+def _restore_first(
+    processes: Processes,
+    key: str,
+    folder: StepFolder,
+    steps: list[int],
+    restore: Callable[[int], T],
+    *,
+    fallback: bool,
+) -> tuple[T, Restored]:
+    """Try ``steps`` in turn, every process together, until one restores everywhere."""
+    where = folder.store.location
     skipped: dict[int, str] = {}
     for step in steps:
         tree, report, error = _attempt(folder, step, restore, fallback=fallback)

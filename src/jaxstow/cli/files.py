@@ -218,6 +218,10 @@ def describe(reader: Reader) -> list[Leaf]:
             leaf = reader.stored[path]
             dtype = name_of_dtype(leaf.dtype) or str(leaf.dtype)
             leaves.append(Leaf(path, leaf.kind, dtype, leaf.shape, leaf.nbytes, checksum=leaf.checksum))
+        elif path in reader.per_process:  # each process's own value: the header says only whose
+            entry = reader.value_entries[path]
+            whose = f"process {entry['process']} of {entry['processes']}"
+            leaves.append(Leaf(path, "value", "per_process", None, 0, value=whose))
         else:
             value = reader.value_entries[path].get("value")
             leaves.append(Leaf(path, "value", value_type(value), None, 0, value=value))

@@ -1,0 +1,111 @@
+"""Per-process leaves: a value each process of a multi-process save keeps for itself.
+
+A ``per_process`` leaf is a :class:`PerProcess` wrapper, or a stateful iterator (anything with ``get_state()`` and
+``set_state()``, such as a grain data iterator), whose state is saved. Each process's file holds its own value as a
+tensor named by the leaf's path: the bytes of a jaxstow file of the value. Its entry says how many processes saved
+the tree and which one wrote it (docs/format.md, "Per-process leaves").
+
+>>> from jaxstow._format.per_process import PerProcess, is_per_process
+>>> is_per_process(PerProcess({"epoch": 3})), is_per_process({"epoch": 3})
+(True, False)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from jaxstow._format.tensor_reads import TensorSlot
+from jaxstow.errors import FormatError, excerpt
+
+__all__ = ["PerProcess", "per_process", "check_per_process_entry", "held", "is_per_process", "is_stateful", "state_of"]
+
+
+class PerProcess:
+    """A value saved separately for each process and restored to each process as its own, plain.
+
+    ``iterator`` marks the state of a stateful iterator, taken when the save was asked for.
+    """
+
+    __slots__ = ("iterator", "value")
+
+    def __init__(self, value: Any, *, iterator: bool = False) -> None:
+        self.value = value
+        self.iterator = iterator
+
+    def __repr__(self) -> str:
+        return f"per_process({self.value!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PerProcess) and _same(self.value, other.value)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def per_process(value: Any) -> PerProcess:
+    """Mark ``value`` to be saved separately by each process and restored to each process as its own.
+
+    ``value`` is JSON data, numpy arrays and dicts and lists of them (a data loader's position, a host's RNG state).
+    In a save by ``N`` processes each writes its own value; a restore by ``N`` processes gives process ``k`` the value
+    process ``k`` saved, plain (not wrapped). With another number of processes the restore raises a
+    :class:`~jaxstow.errors.RequestError` naming both counts, unless it asks for ``per_process="all"``: then the leaf is
+    the list of every process's value. A stateful iterator (with ``get_state()`` and ``set_state()``, such as grain's)
+    in a saved tree is saved the same way, without the wrapper. See docs/scaling.md ("Per-process state").
+
+    >>> import io, jaxstow
+    >>> buffer = io.BytesIO()
+    >>> jaxstow.save(buffer, {"step": 7, "loader": jaxstow.per_process({"epoch": 2, "index": 130})})
+    >>> _ = buffer.seek(0)
+    >>> jaxstow.load(buffer)
+    {'loader': {'epoch': 2, 'index': 130}, 'step': 7}
+    """
+    return PerProcess(value)
+
+
+def _same(first: Any, second: Any) -> bool:
+    try:
+        return bool(np.array_equal(first, second)) if isinstance(first, np.ndarray) else bool(first == second)
+    except (TypeError, ValueError):
+        return False
+
+
+def is_stateful(leaf: Any) -> bool:
+    """Whether ``leaf`` is an iterator with ``get_state()`` and ``set_state()`` (grain's iterators are)."""
+    return callable(getattr(leaf, "get_state", None)) and callable(getattr(leaf, "set_state", None))
+
+
+def is_per_process(leaf: Any) -> bool:
+    """Whether ``leaf`` is saved per process: a :class:`PerProcess` or a stateful iterator."""
+    return isinstance(leaf, PerProcess) or (not isinstance(leaf, type) and is_stateful(leaf))
+
+
+def state_of(leaf: Any) -> Any:
+    """The value to save for a per-process leaf: the wrapped value, or the iterator's state."""
+    return leaf.value if isinstance(leaf, PerProcess) else leaf.get_state()
+
+
+def held(leaf: Any) -> PerProcess:
+    """A per-process leaf as it is when a save is asked for: its value or state copied, kept from later changes."""
+    iterator = not isinstance(leaf, PerProcess) or leaf.iterator
+    return PerProcess(copy.deepcopy(state_of(leaf)), iterator=iterator)
+
+
+def check_per_process_entry(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> None:
+    """Raise :class:`FormatError` unless ``entry`` is a valid ``per_process`` entry over its tensor ``slot``."""
+    path = entry["path"]
+    processes, process = entry.get("processes"), entry.get("process")
+    if not (type(processes) is int and type(process) is int and 0 <= process < processes):
+        raise FormatError(
+            f"a per_process leaf needs its processes and process (0 <= process < processes), not "
+            f"{excerpt(processes)} and {excerpt(process)}",
+            file=file,
+            path=path,
+        )
+    if slot is None or slot.dtype != np.uint8 or len(slot.shape) != 1:
+        raise FormatError(
+            "a per_process leaf needs a one-dimensional U8 tensor named by its path", file=file, path=path
+        )
+    if "iterator" in entry and type(entry["iterator"]) is not bool:
+        raise FormatError(f"malformed iterator flag {excerpt(entry['iterator'])}", file=file, path=path)

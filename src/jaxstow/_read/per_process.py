@@ -1,0 +1,84 @@
+"""Per-process leaves restored: this process's own value, or every process's.
+
+A file of a save by ``N`` processes holds ``N`` values of each per-process leaf, one in each process's file; process
+``k`` of a restore by ``N`` processes gets the value process ``k`` saved. With another number of processes the
+values do not belong to anyone, so restoring raises unless every value is asked for (``per_process="all"``).
+
+>>> import io, jaxstow
+>>> buffer = io.BytesIO()
+>>> jaxstow.save(buffer, {"loader": jaxstow.per_process({"epoch": 2})}); _ = buffer.seek(0)
+>>> jaxstow.load(buffer, per_process="all")
+{'loader': [{'epoch': 2}]}
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import jax
+
+from jaxstow._format.native_or_npz import open_container
+from jaxstow._format.per_process import PerProcess, is_stateful
+from jaxstow._read.column_reads import read_all
+from jaxstow._read.opened import OpenedFile
+from jaxstow._storage.opening import open_source
+from jaxstow.errors import ArgumentError, FormatError, RequestError
+
+__all__ = ["PER_PROCESS_CHOICES", "check_choice", "per_process_value", "set_into"]
+
+#: What ``per_process=`` may ask for: this process's own value, or a list of every process's.
+PER_PROCESS_CHOICES = ("own", "all")
+
+
+def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
+    """The value of this process at ``path`` (``every``: a list of each process's, in process order)."""
+    values = opened.per_process[path]
+    saved_by = next(iter(values.values()))[1]["processes"]
+    if sorted(values) != list(range(saved_by)):
+        missing = sorted(set(range(saved_by)) - set(values))
+        raise FormatError(
+            f"holds no value of the processes {missing} of the {saved_by} that saved it (a file of the step is missing)",
+            file=opened.file,
+            path=path,
+        )
+    if every:
+        return [_decode(opened, path, process) for process in range(saved_by)]
+    count = jax.process_count()
+    if count != saved_by:
+        raise RequestError(
+            f"a per-process value saved by {saved_by} process{'es' if saved_by > 1 else ''} cannot go to each of "
+            f"{count}: restore with per_process='all' to get the list of every process's value",
+            file=opened.file,
+            path=path,
+        )
+    return _decode(opened, path, jax.process_index())
+
+
+def set_into(like: Any, value: Any) -> Any:
+    """What a restored per-process value becomes where ``like`` has a leaf: a live iterator takes it as its state."""
+    if not isinstance(like, type) and is_stateful(like) and not isinstance(value, list | PerProcess):
+        like.set_state(value)
+        return like
+    return value
+
+
+def _decode(opened: OpenedFile, path: str, process: int) -> Any:
+    source, entry = opened.per_process[path][process]
+    container = opened.containers[source]
+    where = f"{opened.file}:{path}"
+    data = container.read([path], lambda name, found: opened._verify(path, found, entry.get("xxh3")))[path]
+    nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
+    with nested:
+        treedef = nested.treedef()
+        leaves = read_all(nested)
+        if treedef is None or leaves is None:
+            raise FormatError(f"process {process}'s value is not a file of plain arrays and values", file=where)
+    return treedef.unflatten(leaves)
+
+
+def check_choice(choice: Any) -> bool:
+    """Whether ``per_process=`` asks for every process's value; raises on anything but the choices."""
+    if choice not in PER_PROCESS_CHOICES:
+        raise ArgumentError(f"per_process= takes 'own' or 'all', not {choice!r}")
+    return bool(choice == "all")

@@ -1,0 +1,126 @@
+"""One process of a ``jax.distributed`` run, started by the replica and per-process tests:
+``replicas_worker.py ACTION PROCESS COUNT DEVICES PORT FOLDER``.
+
+``save`` saves step 1: ``rows``, sharded by rows over every device of the run, ``rep``, replicated on every device,
+``loader``, a :func:`jaxstow.per_process` value of this process's own, and ``it``, a stateful iterator at this
+process's own position. ``restore`` restores it on a mesh of this run's devices, checks every array bit for bit and
+reports the bytes this process read and the per-process values it got (with another process count than the save's,
+it reports the error and then every process's values, ``per_process="all"``). ``--die K`` makes
+process K kill itself with SIGKILL when its restore first meets the broadcast. Each prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("action", choices=["save", "restore"])
+parser.add_argument("process", type=int)
+parser.add_argument("count", type=int)
+parser.add_argument("devices", type=int)
+parser.add_argument("port", type=int)
+parser.add_argument("folder")
+parser.add_argument("--die", type=int, default=-1)
+parser.add_argument("--process-timeout", type=float, default=60.0)
+args = parser.parse_args()
+os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
+
+import jax  # noqa: E402
+
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+if args.die >= 0:
+    jax.config.update("jax_enable_recoverability", True)
+if args.count > 1:
+    jax.distributed.initialize(
+        f"127.0.0.1:{args.port}", num_processes=args.count, process_id=args.process, heartbeat_timeout_seconds=10
+    )
+
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import jaxstow  # noqa: E402
+from jaxstow._read import broadcast  # noqa: E402
+
+ROWS, COLUMNS = 512, 256
+VALUES = {
+    "rows": np.arange(ROWS * COLUMNS, dtype=np.float32).reshape(ROWS, COLUMNS),
+    "rep": np.random.default_rng(7).standard_normal((ROWS, COLUMNS)).astype(np.float32),
+}
+
+
+class Loader:
+    """A data iterator with grain's protocol: its state is bytes."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def get_state(self) -> bytes:
+        return json.dumps({"position": self.position}).encode()
+
+    def set_state(self, state: bytes) -> None:
+        self.position = json.loads(state)["position"]
+
+
+def shardings() -> dict[str, NamedSharding]:
+    mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    return {"rows": NamedSharding(mesh, P("x")), "rep": NamedSharding(mesh, P())}
+
+
+def bytes_read() -> int:
+    with open("/proc/self/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
+
+
+report: dict = {"process": args.process}
+if args.action == "save":
+    state = {
+        name: jax.make_array_from_callback(VALUES[name].shape, sharding, lambda i, name=name: VALUES[name][i])
+        for name, sharding in shardings().items()
+    }
+    state["loader"] = jaxstow.per_process({"process": args.process, "seen": np.arange(args.process + 2)})
+    state["it"] = Loader(10 * args.process + 1)
+    with jaxstow.CheckpointManager(args.folder, process_timeout=args.process_timeout) as manager:
+        manager.save(1, {"state": state})
+        manager.wait()
+        report["steps"] = manager.steps()
+else:
+    if args.process == args.die:
+
+        def die(*arguments, **options):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        broadcast.exchange = die
+    like = {name: jax.ShapeDtypeStruct(VALUES[name].shape, np.float32, sharding=s) for name, s in shardings().items()}
+    like["loader"], like["it"] = jaxstow.per_process(None), Loader(-1)
+    with jaxstow.CheckpointManager(args.folder, process_timeout=args.process_timeout) as manager:
+        before, start = bytes_read(), time.monotonic()
+        try:
+            restored = manager.restore(like={"state": like})["state"]
+        except jaxstow.errors.RequestError as error:  # another process count
+            report["error"] = f"{type(error).__name__}: {error}"
+            restored = manager.restore(like={"state": like}, per_process="all")["state"]
+        except jaxstow.errors.JaxstowError as error:
+            report.update(error=f"{type(error).__name__}: {error}", seconds=time.monotonic() - start)
+            print(json.dumps(report), flush=True)
+            os._exit(0)
+        report["seconds"] = time.monotonic() - start
+        report["bytes_read"] = bytes_read() - before
+    for name in VALUES:
+        for shard in restored[name].addressable_shards:
+            assert np.array_equal(np.asarray(shard.data), VALUES[name][shard.index]), name
+    loader = restored["loader"]
+    report["loader"] = [loader] if isinstance(loader, dict) else loader
+    report["loader"] = [{"process": v["process"], "seen": v["seen"].tolist()} for v in report["loader"]]
+    report["it"] = restored["it"].position if restored["it"] is like["it"] else [json.loads(s) for s in restored["it"]]
+print(json.dumps(report), flush=True)
+if args.die >= 0:
+    os._exit(0)  # without jax's shutdown barrier, which the dead process would hold up
+if args.count > 1:
+    jax.distributed.shutdown()
+sys.exit(0)

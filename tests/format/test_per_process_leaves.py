@@ -1,0 +1,102 @@
+"""Per-process leaves in one process: :func:`jaxstow.per_process` values and stateful iterators, saved and restored
+plain, their golden file, and what a damaged or misused one raises."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow._format.per_process import check_per_process_entry
+from jaxstow._format.tensor_reads import TensorSlot
+from jaxstow.errors import ArgumentError, FormatError, RequestError
+
+GOLDEN = Path(__file__).parents[1] / "data" / "per_process_v4.jxs"
+
+
+class Loader:
+    """A data iterator with grain's protocol: its state is bytes."""
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def get_state(self) -> bytes:
+        return b"position=%d" % self.position
+
+    def set_state(self, state: bytes) -> None:
+        self.position = int(state.split(b"=")[1])
+
+
+def golden_tree() -> dict:
+    return {
+        "step": 3,
+        "loader": jaxstow.per_process({"epoch": 1, "seen": np.arange(3, dtype=np.int32), "name": "shard-a"}),
+        "it": Loader(42),
+    }
+
+
+def _saved(tree) -> io.BytesIO:
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, tree)
+    buffer.seek(0)
+    return buffer
+
+
+def test_the_golden_file_loads_to_each_value_plain_and_the_writer_writes_its_bytes():
+    restored = jaxstow.load(GOLDEN)
+    assert restored["step"] == 3 and restored["it"] == b"position=42"
+    assert restored["loader"]["epoch"] == 1 and restored["loader"]["name"] == "shard-a"
+    np.testing.assert_array_equal(restored["loader"]["seen"], np.arange(3, dtype=np.int32))
+    assert _saved(golden_tree()).getvalue() == GOLDEN.read_bytes(), "the bytes of a per-process leaf changed"
+
+
+def test_a_live_iterator_in_like_takes_its_state_and_all_gives_a_list():
+    live = Loader(0)
+    like = {"step": 0, "loader": jaxstow.per_process(None), "it": live}
+    restored = jaxstow.load(_saved(golden_tree()), like=like)
+    assert restored["it"] is live and live.position == 42
+    every = jaxstow.load(_saved(golden_tree()), per_process="all")
+    assert every["it"] == [b"position=42"] and every["loader"][0]["epoch"] == 1
+
+
+def test_the_value_is_taken_when_the_save_is_asked_for(tmp_path):
+    loader, state = Loader(1), {"epoch": 1}
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"it": loader, "state": jaxstow.per_process(state)})
+        loader.position, state["epoch"] = 2, 2  # while the save may still be writing
+        manager.wait()
+        assert manager.restore(1) == {"it": b"position=1", "state": {"epoch": 1}}
+        with jaxstow.open(tmp_path / "run" / "1" / "it.safetensors") as reader:
+            assert reader.info(reader.paths[0]).kind == "per_process"
+
+
+def test_a_bad_choice_and_a_damaged_count_are_refused(tmp_path):
+    with pytest.raises(ArgumentError, match="per_process= takes 'own' or 'all'"):
+        jaxstow.load(_saved(golden_tree()), per_process="mine")
+    damaged = tmp_path / "damaged.jxs"
+    data = GOLDEN.read_bytes()
+    entry = rb"\"processes\":1,\"process\":0"
+    assert data.count(entry) == 2
+    damaged.write_bytes(data.replace(entry, entry[:-1] + b"5", 1))
+    with pytest.raises(FormatError, match="checksum"):
+        jaxstow.load(damaged)
+    slot = TensorSlot.at("loader", np.dtype(np.uint8), (64,), 0)
+    with pytest.raises(FormatError, match=r"0 <= process < processes\), not 1 and 5"):
+        check_per_process_entry({"path": "loader", "processes": 1, "process": 5}, slot, file="f.jxs")
+    with pytest.raises(FormatError, match="one-dimensional U8 tensor"):
+        check_per_process_entry({"path": "loader", "processes": 2, "process": 1}, None, file="f.jxs")
+    with pytest.raises(RequestError, match="restore it with load"):
+        jaxstow.open(GOLDEN)["loader"]
+
+
+def test_a_grain_iterator_is_saved_per_process_and_set_back():
+    grain = pytest.importorskip("grain")
+    iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
+    assert [next(iterator), next(iterator)] == [0, 1]
+    saved = _saved({"data": iterator})
+    fresh = iter(grain.MapDataset.range(10).to_iter_dataset())
+    assert jaxstow.load(saved, like={"data": fresh})["data"] is fresh
+    assert next(fresh) == 2
