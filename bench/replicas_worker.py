@@ -30,7 +30,6 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxstow import CheckpointManager  # noqa: E402
-from jaxstow._read import broadcast  # noqa: E402
 from jaxstow._storage import s3  # noqa: E402
 
 OPTIONS = json.loads(os.environ["JAXSTOW_STORAGE_OPTIONS"])
@@ -69,16 +68,14 @@ written = os.path.getsize(os.path.join(folder, "1", own))
 
 replicated = NamedSharding(mesh, P())
 like = {"params": {name: jax.ShapeDtypeStruct((ROWS, 1024), np.float32, sharding=replicated) for name in tree}}
-active = broadcast.active
-methods = {"broadcast": active, "every process reads": lambda: None}
+methods = {"broadcast": True, "every process reads": False}
 seconds: dict[str, list[float]] = {name: [] for name in methods}
 bytes_fetched: dict[str, int] = {}
 for round_ in range(3):
     for name, choice in methods.items():
-        broadcast.active = choice
         multihost_utils.sync_global_devices(f"before {name} {round_}")
         before, start = fetched[0], time.perf_counter()
-        with CheckpointManager(url, storage_options=OPTIONS) as manager:
+        with CheckpointManager(url, storage_options=OPTIONS, broadcast_restore=choice) as manager:
             restored = manager.restore(like=like)
         jax.block_until_ready(restored)
         multihost_utils.sync_global_devices(f"after {name} {round_}")

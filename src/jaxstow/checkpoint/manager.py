@@ -83,6 +83,7 @@ class CheckpointManager(StepQueries):
         local_save_every: int = 1,
         local_keep_last: int = 2,
         local_replicas: int | None = None,
+        broadcast_restore: bool = True,
     ) -> None:
         """Make the manager of ``directory``; the directory's lock is taken by the first save.
 
@@ -108,6 +109,8 @@ class CheckpointManager(StepQueries):
             local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step, for the local tier.
             local_keep_last: The local tier keeps its newest ``local_keep_last`` steps.
             local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
+            broadcast_restore: Under jax.distributed, a box of a step that several processes restore is read from
+                ``directory`` by one of them and sent to the others (docs/scaling.md); ``False``: each reads it.
 
         Raises:
             ArgumentError: A keep policy or ``save_every`` that is not valid.
@@ -128,6 +131,7 @@ class CheckpointManager(StepQueries):
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
+        self._broadcast_restore = broadcast_restore
         self._notice: PreemptionNotice | None = None
         if self._processes.many:
             if preemption_signals:
@@ -215,7 +219,9 @@ class CheckpointManager(StepQueries):
                 newest = self._existing(step)
                 return [older for older in reversed(self._folder.committed()) if older <= newest]
 
-            tree, self.restored = restore_together(self._processes, self._folder, choose, restore, fallback=fallback)
+            tree, self.restored = restore_together(
+                self._processes, self._folder, choose, restore, fallback=fallback, broadcast=self._broadcast_restore
+            )
             return tree
         if step is not None and not fallback:
             chosen = self._existing(step)

@@ -279,7 +279,15 @@ class Tiers:
         folder = self.folder if tier == "local" else persistent
         logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
         if processes.many:
-            return restore_together(processes, folder, lambda: [chosen], lambda s: restore(s, folder), fallback=False)
+            # A local step's files are all on each process's own disk by now: nothing to gain from sending boxes.
+            return restore_together(
+                processes,
+                folder,
+                lambda: [chosen],
+                lambda s: restore(s, folder),
+                fallback=False,
+                broadcast=tier == "persistent",
+            )
         return restore(chosen, folder), Restored(chosen)
 
     def close(self) -> None:

@@ -39,14 +39,16 @@ def restore_together(
     restore: Callable[[int], T],
     *,
     fallback: bool,
+    broadcast: bool = True,
 ) -> tuple[T, Restored]:
     """Restore in every process the first of the steps ``choose()`` gives in process 0 (newest first) that restores
-    everywhere; without ``fallback`` only the first."""
+    everywhere; without ``fallback`` only the first. With ``broadcast``, a box that several processes need is read
+    by one of them and sent to the others."""
     key = processes.next_exchange("restore")
     where = folder.store.location
     steps = _agree_on_steps(processes, key, choose, fallback=fallback, where=where)
     with contextlib.ExitStack() as stack:
-        if processes.many:  # boxes that several processes need are read once and sent (docs/scaling.md)
+        if processes.many and broadcast:  # boxes that several processes need are read once and sent (docs/scaling.md)
             transport = stack.enter_context(PeerTransport.start(f"restore/{key}", timeout=processes.timeout))
             stack.enter_context(broadcasting(transport))
         return _restore_first(processes, key, folder, steps, restore, fallback=fallback)
