@@ -27,6 +27,7 @@ from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
+from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
@@ -78,6 +79,7 @@ class CheckpointManager:
         cache_dir: str | os.PathLike[str] | None = None,
         process_timeout: float = 600.0,
         preemption_signals: Iterable[int | signal.Signals] = (),
+        host_memory_limit: int | None = None,
     ) -> None:
         """Make the manager of ``directory``; the directory's lock is taken by the first save.
 
@@ -98,6 +100,7 @@ class CheckpointManager:
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
             preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
                 docs/checkpointing.md#preemption).
+            host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
 
         Raises:
             ArgumentError: A keep policy or ``save_every`` that is not valid.
@@ -115,6 +118,7 @@ class CheckpointManager:
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
         self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=async_save)
+        self._host_memory_limit = checked_limit(host_memory_limit)
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
@@ -368,8 +372,9 @@ class CheckpointManager:
                 file=self._folder.url(step),
             )
         part = self._processes.index if self._processes.many else None
+        budget = HostBudget(self._host_memory_limit)
         held = {
-            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part)
+            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part, budget=budget)
             for name, tree in named.items()
         }
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
@@ -377,18 +382,11 @@ class CheckpointManager:
         if self._processes.many:
             write = functools.partial(self._write_shared, content, exists, key=self._processes.next_exchange("save"))
         else:
-            keep_policy = dataclasses.asdict(self._policy)
-            folder = self._names.name(step)
-            write = functools.partial(
-                write_step,
-                self._store,
-                folder,
-                content,
-                replace=exists,
-                keep_policy=keep_policy,
-                progress=self._progress,
-            )
-        self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
+            policy = dataclasses.asdict(self._policy)
+            write = functools.partial(write_step, self._store, self._names.name(step), content, replace=exists)
+            write = functools.partial(write, keep_policy=policy, progress=self._progress)
+        what = f"saving step {step} to {self.directory}"
+        self._writer.submit(lambda: self._committed(write()), what=what, until=budget.fetched)
         self._schedule.saved(step)
         if self._preempted() is not None:
             self.close()  # ends the process
