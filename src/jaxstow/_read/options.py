@@ -27,6 +27,8 @@ class LoadOptions(TypedDict, total=False):
             ``**`` across segments; a path selects everything below it); the others are never read.
         cast: with ``like``, convert each leaf to its target's dtype where no value is lost (``False``).
         progress: draw a progress bar of the bytes read on stderr, with ``tqdm`` (``False``).
+        pipeline: read whole arrays through a small pool of host buffers, each piece's transfer to its device
+            overlapping the next read (default: on GPU and TPU; on CPU, host buffers are adopted without a copy).
 
     >>> import io, numpy as np, jaxstow
     >>> options = jaxstow.LoadOptions(as_numpy=True, select="w")
@@ -41,6 +43,7 @@ class LoadOptions(TypedDict, total=False):
     select: str | Sequence[str] | None
     cast: bool
     progress: bool
+    pipeline: bool
 
 
 def check_options(options: dict[str, object]) -> None:
@@ -50,7 +53,7 @@ def check_options(options: dict[str, object]) -> None:
     >>> check_options({"as_nunpy": True})
     Traceback (most recent call last):
     ...
-    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, progress, select, sharding
+    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, pipeline, progress, select, sharding
     """
     for name in options:
         if name not in LoadOptions.__annotations__:
