@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,7 +50,12 @@ def default_pipeline() -> bool:
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
     """Those of ``paths`` the pipeline restores: whole, unsharded arrays of a native file read from its source."""
-    if not paths or opened.memory_mapped or len(opened.containers) != 1 or not isinstance(opened.container, NativeReader):
+    if (
+        not paths
+        or opened.memory_mapped
+        or len(opened.containers) != 1
+        or not isinstance(opened.container, NativeReader)
+    ):
         return []
     return [
         path
@@ -81,7 +87,10 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
     ready: queue.Queue[_Piece | BaseException | None] = queue.Queue()
     stop = threading.Event()
     reader = threading.Thread(
-        target=_read, args=(opened, container, [path for path, _ in leaves], free, ready, stop), daemon=True
+        target=_read,
+        args=(opened, container, [path for path, _ in leaves], free, ready, stop),
+        name="jaxstow-pipeline-reader",
+        daemon=True,
     )
     reader.start()
     out: dict[str, jax.Array] = {}
@@ -95,10 +104,12 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
                 if isinstance(piece, BaseException):
                     raise piece
                 assert piece is not None and piece.path == path
-                data = piece.buffer[: piece.nbytes].view(leaf.dtype)
                 whole = piece.last and not parts
-                parts.append(_transfer(data.reshape(leaf.shape) if whole else data, None if not whole else placement))
+                shape = leaf.shape if whole else (-1,)
+                data = piece.buffer[: piece.nbytes].view(leaf.dtype).reshape(shape)
+                parts.append(_transfer(data, placement if whole else None))
                 free.put(piece.buffer)
+                del data
                 if piece.last:
                     break
             array = parts[0] if len(parts) == 1 else jnp.concatenate(parts).reshape(leaf.shape)
@@ -106,8 +117,11 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
                 array = jax.device_put(array, placement)
             out[path], parts = array, []
     except JaxstowError:
+        out.clear()
         raise
     except Exception as error:
+        out.clear()
+        traceback.clear_frames(error.__traceback__)  # their locals hold pool buffers
         raise DeviceTransferError(
             f"{opened.file}: moving leaf {path!r} to its device failed: {error}", file=opened.file, path=path
         ) from error
@@ -116,7 +130,11 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
         while reader.is_alive():  # a reader waiting for a buffer gets one, sees stop and ends
             free.put(np.empty(0, np.uint8))
             reader.join(0.01)
+        # The buffers go now, not with the traceback, which holds this frame.
+        free.queue.clear()
+        ready.queue.clear()
         parts.clear()
+        piece = None
     return out
 
 
@@ -126,7 +144,10 @@ def _transfer(data: np.ndarray, placement: Any) -> jax.Array:
     device = device or jax.devices()[0]
     if device.platform in _PINNED_PLATFORMS and "pinned_host" in {m.kind for m in device.addressable_memories()}:
         staged = jax.device_put(data, jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host"))
-        array: jax.Array = jax.device_put(staged, placement or device)
+        target = (
+            placement if isinstance(placement, jax.sharding.Sharding) else jax.sharding.SingleDeviceSharding(device)
+        )
+        array: jax.Array = jax.device_put(staged, target)
     else:  # a CPU device may alias host memory (even with may_alias=False): it gets a copy of its own
         array = jax.device_put(data.copy() if device.platform == "cpu" else data, placement)
     array.block_until_ready()
@@ -143,6 +164,7 @@ def _read(
 ) -> None:
     """Read every leaf of ``paths`` into pool buffers, piece by piece, verified; an error ends the reading."""
     path = ""
+    buffer: np.ndarray | None = None
     try:
         for path in paths:
             leaf, slot = opened.stored[path], container.slots[path]
@@ -151,18 +173,21 @@ def _read(
                 buffer = free.get()
                 if stop.is_set():
                     return
-                view = buffer[: stop_at - start]
-                container.source.read_into(slot.offset + start, view.data)
+                container.source.read_into(slot.offset + start, buffer[: stop_at - start].data)
                 opened.on_read(stop_at - start)
-                hasher.update(view.data)
+                hasher.update(buffer[: stop_at - start].data)
                 last = stop_at == slot.nbytes
                 if last:
                     opened.verify(path, hasher.hexdigest(), leaf.checksum)
                 ready.put(_Piece(path, buffer, stop_at - start, last))
-    except JaxstowError as error:
-        ready.put(_naming(error, path))
+                buffer = None
     except Exception as error:
-        ready.put(StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or ""))
+        buffer = None  # the error's traceback holds this frame: the buffer goes with the pool
+        traceback.clear_frames(error.__traceback__)
+        if isinstance(error, JaxstowError):
+            ready.put(_naming(error, path))
+        else:
+            ready.put(StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or ""))
 
 
 def _naming(error: JaxstowError, path: str) -> JaxstowError:
