@@ -75,6 +75,7 @@ def test_a_copying_save_holds_at_most_its_budget_on_the_host(tmp_path):
 def as_if_on_an_accelerator(monkeypatch):
     """CPU jax arrays taken down the path of accelerator arrays: fetched to the host in pieces by the writer."""
     monkeypatch.setattr(host_budget, "_HOST_PLATFORMS", frozenset())
+    monkeypatch.setattr(host_budget, "_accelerators_present", lambda: True)
 
 
 def test_arrays_donated_right_after_a_budgeted_save_are_saved_as_they_were(tmp_path, as_if_on_an_accelerator):

@@ -127,7 +127,8 @@ def encode_tree(
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
         paths, leaves, _ = flatten_with_paths(tree)
     _check_unique(paths, file=file)
-    hosting = None if part else hosting  # a part after the first holds only sharded leaves, saved shard by shard
+    if part or (hosting is not None and not hosting.counts(copy=copy)):
+        hosting = None  # nothing to count; a part after the first holds only sharded leaves, saved shard by shard
     encoded = [_encode(path, leaf, file, copy, hosting) for path, leaf in zip(paths, leaves, strict=True)]
     if part is None:
         _check_addressable(encoded, leaves, file=file)

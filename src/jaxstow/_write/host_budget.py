@@ -20,6 +20,7 @@ copy (CPU ``jax.Array``\\ s, numpy arrays without ``copy``) cost no extra host m
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -93,12 +94,17 @@ class HostBudget:
         """The save has ended, well or not: nothing waits for :attr:`fetched` any longer."""
         self.fetched.set()
 
+    def counts(self, *, copy: bool) -> bool:
+        """Whether a tree saved with ``copy`` may hold arrays that cost host memory here."""
+        return copy or _accelerators_present()
+
     def costs_memory(self, leaf: Any, *, copy: bool) -> bool:
         """Whether holding ``leaf`` for a save costs host memory: on an accelerator, or a numpy array to copy."""
         if type(leaf) is np.ndarray:
             return copy and leaf.flags.c_contiguous and leaf.size > 0 and name_of_dtype(leaf.dtype) is not None
         return (
-            isinstance(leaf, jax.Array)
+            _accelerators_present()
+            and isinstance(leaf, jax.Array)
             and isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding)
             and isinstance(leaf.dtype, np.dtype)
             and leaf.size > 0
@@ -111,6 +117,18 @@ class HostBudget:
         self._unfetched -= fetched
         self._held += held
         self.peak = max(self.peak, self._held)
+
+
+@functools.cache
+def _accelerators_present() -> bool:
+    """Whether this process has devices whose memory is not the host's (else no jax array costs host memory)."""
+    platforms = {jax.default_backend()}
+    for platform in ("gpu", "tpu"):
+        try:
+            platforms |= {device.platform for device in jax.devices(platform)}
+        except RuntimeError:  # no such backend here
+            continue
+    return not platforms <= _HOST_PLATFORMS
 
 
 class _Fetched(Deferred):
