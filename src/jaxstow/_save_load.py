@@ -37,6 +37,7 @@ from jaxstow._storage.transfer import Transfer
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
+from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import ArgumentError
 
 __all__ = ["load", "load_metadata", "save"]
@@ -51,6 +52,7 @@ def save(
     progress: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
+    host_memory_limit: int | None = None,
 ) -> None:
     """Save a pytree, with its structure, to a file.
 
@@ -65,6 +67,8 @@ def save(
         progress: draw a progress bar of the bytes written (needs ``tqdm``).
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
+        host_memory_limit: bytes of accelerator arrays held on the host at once (default: a quarter of physical
+            memory); see docs/accelerators.md.
 
     Raises:
         UnsaveableObjectError: a leaf is neither data nor registered with :func:`jaxstow.saveable`.
@@ -82,7 +86,7 @@ def save(
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    encoded = encode_tree(tree, metadata=metadata, file=name)
+    encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
     with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
         encoded.write(path_or_file, bar=bar, settings=settings)
 

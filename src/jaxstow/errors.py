@@ -25,6 +25,7 @@ __all__ = [
     "ClosedError",
     "CollectorError",
     "CorruptFileError",
+    "DeviceTransferError",
     "FormatError",
     "IsAFolderError",
     "JaxstowError",
@@ -322,3 +323,7 @@ class SampleCountError(JaxstowError, ValueError):
         )
         super().__init__(f"{chains}; {advice}")
         self.overflows = list(overflows)
+
+
+class DeviceTransferError(JaxstowError, RuntimeError):
+    """A restored array could not be moved to its device (out of device memory, a device lost); the leaf is named."""

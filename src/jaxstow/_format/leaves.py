@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
+from jaxstow._format.pieces import HostArray
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -56,14 +57,15 @@ class EncodedShard(NamedTuple):
 class EncodedLeaf(NamedTuple):
     """A leaf ready to write: its manifest entry and, for stored leaves, its bytes as a C-contiguous array.
 
-    A sharded array has its distinct shards instead.
+    A sharded array has its distinct shards instead; an array whose bytes a save's host budget brings later, a
+    :class:`~jaxstow._format.pieces.Deferred`.
     """
 
     entry: Entry
-    array: np.ndarray | None = None
+    array: HostArray | None = None
     shards: tuple[EncodedShard, ...] = ()
 
-    def tensors(self) -> list[tuple[str, np.ndarray, Entry]]:
+    def tensors(self) -> list[tuple[str, HostArray, Entry]]:
         """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
         if self.array is not None:
             return [(self.entry["path"], self.array, self.entry)]

@@ -31,6 +31,7 @@ from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
 from jaxstow._format.json_codec import dump_json, parse_json
 from jaxstow._format.manifest import FORMAT_VERSION, PLAIN_METADATA_VERSION, check_nesting, plain_metadata
+from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import TensorSlot, Verify, read_slots
 from jaxstow._format.tensor_table import check_header
@@ -67,13 +68,13 @@ Complete = Callable[[], None]
 
 def write_native(
     sink: BinaryIO,
-    tensors: Sequence[tuple[str, np.ndarray]],
+    tensors: Sequence[tuple[str, HostArray]],
     manifest: dict[str, Any] | None,
     complete: Complete | None = None,
     *,
     plain: Mapping[str, str] | None = None,
 ) -> str | None:
-    """Write ``tensors`` (name, C-contiguous array) and the manifest to ``sink``, streaming each array once.
+    """Write ``tensors`` (name, C-contiguous array or :class:`~jaxstow._format.pieces.Deferred`) and the manifest to ``sink``, streaming each array once.
 
     ``complete()``, when given, finishes the manifest in place (its checksums, computed while the data is written;
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
@@ -133,7 +134,7 @@ def _sink_name(sink: BinaryIO) -> str | None:
     return os.path.join(folder, final.group(1)) if final else name
 
 
-def _check_tensors(tensors: Sequence[tuple[str, np.ndarray]], *, file: str | None) -> None:
+def _check_tensors(tensors: Sequence[tuple[str, HostArray]], *, file: str | None) -> None:
     """Refuse tensors the reader would refuse: one named ``__metadata__``, one of more axes than a file holds."""
     for name, array in tensors:
         if name == "__metadata__":
@@ -149,21 +150,22 @@ def stores_exactly(dtype: np.dtype) -> bool:
     return safetensors_code(dtype) is not None
 
 
-def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
+def _write_arrays(sink: BinaryIO, arrays: Sequence[HostArray]) -> None:
     """Write the arrays' bytes back to back.
 
     Small ones joined into batches of about ``_BATCH_BYTES``, each one write, large ones as they are (a join costs less
-    than a write call per small array).
+    than a write call per small array); a deferred tensor piece by piece, each piece released once written.
     """
     batch: list[memoryview] = []
     batched = 0
     for array in arrays:
         nbytes = array.nbytes
-        if nbytes >= _BATCH_BYTES:
+        if nbytes >= _BATCH_BYTES or isinstance(array, Deferred):
             if batch:
                 sink.write(b"".join(batch))
                 batch, batched = [], 0
-            sink.write(raw_buffer(array))
+            for piece in array.written() if isinstance(array, Deferred) else [array]:
+                sink.write(raw_buffer(piece))
         elif nbytes:
             batch.append(raw_buffer(array))
             batched += nbytes
@@ -174,7 +176,7 @@ def _write_arrays(sink: BinaryIO, arrays: Sequence[np.ndarray]) -> None:
         sink.write(b"".join(batch))
 
 
-def _tensor_entries(ordered: Sequence[tuple[str, np.ndarray]], codes: _Codes) -> dict[str, Any]:
+def _tensor_entries(ordered: Sequence[tuple[str, HostArray]], codes: _Codes) -> dict[str, Any]:
     """The header's entry of each tensor of ``ordered``, stored back to back in that order."""
     entries: dict[str, Any] = {}
     offset = 0

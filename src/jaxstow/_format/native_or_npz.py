@@ -25,6 +25,7 @@ from jaxstow._format.native import Complete, NativeReader, write_native
 from jaxstow._format.native import stores_exactly as native_stores_exactly
 from jaxstow._format.npz import NpzReader, write_npz
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
+from jaxstow._format.pieces import HostArray
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError
@@ -71,21 +72,29 @@ def container_kind(target: str | os.PathLike[str] | BinaryIO) -> Kind:
 def write_container(
     sink: BinaryIO,
     kind: Kind,
-    tensors: Sequence[tuple[str, np.ndarray]],
+    tensors: Sequence[tuple[str, HostArray]],
     manifest: dict[str, Any] | None,
     complete: Complete | None = None,
 ) -> str | None:
     """Write tensors and manifest in the given container; ``complete()`` finishes the manifest in place.
 
-    Returns the native header's checksum (``None`` for npz or without a manifest).
+    Returns the native header's checksum (``None`` for npz or without a manifest). An npz archive takes each deferred
+    tensor whole.
     """
     if kind == "npz":
-        write_npz(sink, tensors, manifest, complete)
+        whole = [(name, _whole(array)) for name, array in tensors]
+        write_npz(sink, whole, manifest, complete)
         return None
     return write_native(sink, tensors, manifest, complete)
 
 
-def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, np.ndarray, dict[str, Any]]]) -> None:
+def _whole(array: HostArray) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        return array
+    return np.concatenate([piece.reshape(-1) for piece in array.written()]).reshape(array.shape)
+
+
+def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, HostArray, dict[str, Any]]]) -> None:
     """Give each stored leaf whose bytes ``kind`` stores raw its dtype and shape in its entry.
 
     Raw bytes (``uint8``) do not tell them. ``tensors`` are (name, bytes, entry) of a snapshot.

@@ -340,7 +340,7 @@ class OpenedFile(Mapping[str, Any]):
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
         """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""
-        reads = ShardReads(self.containers, self._verify)
+        reads = ShardReads(self.containers, self.verify)
         assembled = reads.box(leaf, box)
         reads.run()
         return assembled()
@@ -372,18 +372,18 @@ class OpenedFile(Mapping[str, Any]):
             out = {}
             for leaf in leaves:
                 view = self._mapped(leaf)
-                self._verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
+                self.verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
                 out[leaf.path] = view
             return out
         for leaf in leaves:
             self.on_read(leaf.nbytes)
-        reads = ShardReads(self.containers, self._verify)
+        reads = ShardReads(self.containers, self.verify)
         planned = {leaf.path: reads.box(leaf, full_box(leaf.shape)) for leaf in leaves if isinstance(leaf, ShardedLeaf)}
         reads.run()
         sharded = {path: assembled() for path, assembled in planned.items()}
         leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
         expected = {leaf.path: leaf.checksum for leaf in leaves}
-        arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self._verify(n, d, expected[n]))
+        arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self.verify(n, d, expected[n]))
         arrays.update(sharded)
         for leaf in leaves:
             array = arrays[leaf.path]
@@ -397,7 +397,8 @@ class OpenedFile(Mapping[str, Any]):
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
         return view.view(leaf.dtype).reshape(leaf.shape)
 
-    def _verify(self, path: str, found: str, wanted: str | None) -> None:
+    def verify(self, path: str, found: str, wanted: str | None) -> None:
+        """Raise a :class:`~jaxstow.errors.CorruptFileError` naming the leaf if ``found``, an xxh3, is not ``wanted``."""
         if wanted is not None and found != wanted:
             raise CorruptFileError(
                 f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",

@@ -29,6 +29,8 @@ class LoadOptions(TypedDict, total=False):
         progress: draw a progress bar of the bytes read on stderr, with ``tqdm`` (``False``).
         per_process: ``"own"`` restores each process its own value of every :func:`jaxstow.per_process` leaf (the
             default; the process count must be the saving one's), ``"all"`` a list of every process's value.
+        pipeline: read whole arrays through a small pool of host buffers, each piece's transfer to its device
+            overlapping the next read (default: on GPU and TPU; on CPU, host buffers are adopted without a copy).
 
     >>> import io, numpy as np, jaxstow
     >>> options = jaxstow.LoadOptions(as_numpy=True, select="w")
@@ -44,6 +46,7 @@ class LoadOptions(TypedDict, total=False):
     cast: bool
     progress: bool
     per_process: Literal["own", "all"]
+    pipeline: bool
 
 
 def check_options(options: dict[str, object]) -> None:
@@ -53,7 +56,7 @@ def check_options(options: dict[str, object]) -> None:
     >>> check_options({"as_nunpy": True})
     Traceback (most recent call last):
     ...
-    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, per_process, progress, select, sharding
+    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, per_process, pipeline, progress, select, sharding
     """
     for name in options:
         if name not in LoadOptions.__annotations__:

@@ -67,7 +67,7 @@ def _decode(opened: OpenedFile, path: str, process: int) -> Any:
     source, entry = opened.per_process[path][process]
     container = opened.containers[source]
     where = f"{opened.file}:{path}"
-    data = container.read([path], lambda name, found: opened._verify(path, found, entry.get("xxh3")))[path]
+    data = container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3")))[path]
     nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
     with nested:
         treedef = nested.treedef()

@@ -35,6 +35,7 @@ from jaxstow._read.column_reads import read_all
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.per_process import check_choice, per_process_value, set_into
+from jaxstow._read.pipeline import default_pipeline, pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
 from jaxstow._read.targets import Target, castable, describe_stored, target_of
@@ -71,6 +72,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             select=options.get("select"),
             cast=options.get("cast", False),
             every=check_choice(options.get("per_process", "own")),
+            pipeline=options.get("pipeline", default_pipeline()),
         )
 
     if not options.get("progress", False):
@@ -91,7 +93,9 @@ def _restore(
     select: str | Sequence[str] | None,
     cast: bool,
     every: bool,
+    pipeline: bool,
 ) -> Any:
+    pipeline = pipeline and not as_numpy
     if as_numpy and sharding is not None:
         raise RequestError("as_numpy=True gives numpy arrays, which have no sharding: pass one or the other")
     if like is None:
@@ -100,18 +104,26 @@ def _restore(
                 "partial= and cast= work with like=...; without a template, choose leaves with select=[...]",
                 file=opened.file,
             )
-        return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select, every=every)
+        return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select, every=every, pipeline=pipeline)
     if select is not None:
         raise RequestError(
             "select= chooses leaves without a template; with like=..., pass partial=True", file=opened.file
         )
-    return _fit(opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast, every=every)
+    return _fit(
+        opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast, every=every, pipeline=pipeline
+    )
 
 
 def _rebuild(
-    opened: OpenedFile, *, as_numpy: bool, sharding: ShardingSpec, select: str | Sequence[str] | None, every: bool
+    opened: OpenedFile,
+    *,
+    as_numpy: bool,
+    sharding: ShardingSpec,
+    select: str | Sequence[str] | None,
+    every: bool,
+    pipeline: bool,
 ) -> Any:
-    everything = read_all(opened) if select is None and sharding is None else None
+    everything = read_all(opened) if select is None and sharding is None and not pipeline else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
@@ -132,13 +144,15 @@ def _rebuild(
     }
     placements = _placements(opened, sharding, index_tree, arrays)
     by_ranges = _read_by_ranges(opened, paths, placements)
+    streamed = _streamed(opened, [i for i in arrays if i not in by_ranges], paths, placements, pipeline=pipeline)
     data = opened.read_stored(
         [
             opened.stored[path]
             for i, path in enumerate(paths)
-            if path in chosen and path in opened.stored and i not in by_ranges
+            if path in chosen and path in opened.stored and i not in by_ranges and i not in streamed
         ]
     )
+    data.update(restore_pipelined(opened, list(streamed.values())))
     values: list[Any] = [
         _SKIPPED
         if path not in chosen
@@ -215,7 +229,15 @@ def _prune(tree: Any) -> Any:
 
 
 def _fit(
-    opened: OpenedFile, like: Any, *, as_numpy: bool, sharding: ShardingSpec, partial: bool, cast: bool, every: bool
+    opened: OpenedFile,
+    like: Any,
+    *,
+    as_numpy: bool,
+    sharding: ShardingSpec,
+    partial: bool,
+    cast: bool,
+    every: bool,
+    pipeline: bool,
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
     targets = [target_of(leaf) for leaf in wanted]
@@ -246,13 +268,16 @@ def _fit(
             placements[i] = targets[i].sharding
             check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
     by_ranges = set() if as_numpy else _read_by_ranges(opened, paths, placements)
+    jax_leaves = [i for i in arrays if i not in by_ranges and targets[i].output == "jax"]
+    streamed = _streamed(opened, jax_leaves, paths, placements, pipeline=pipeline)
     stored = [
         opened.stored[path]
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output != "value" and i not in by_ranges
+        if target.output != "value" and i not in by_ranges and i not in streamed
     ]
-    data = opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"])
+    data: dict[str, Any] = dict(opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"]))
     data.update(opened.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
+    data.update(restore_pipelined(opened, list(streamed.values())))
     values = [
         None if i in by_ranges else _output(opened, path, target, data, as_numpy=as_numpy, every=every)
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
@@ -261,6 +286,16 @@ def _fit(
     for i in by_ranges:
         values[i] = _from_ranges(opened, paths[i], placements[i], targets[i].dtype)
     return treedef.unflatten(values)
+
+
+def _streamed(
+    opened: OpenedFile, positions: Sequence[int], paths: Sequence[str], placements: dict[int, Any], *, pipeline: bool
+) -> dict[int, tuple[str, Any]]:
+    """The leaves at ``positions`` that the pipeline restores (none without ``pipeline``), with their placements."""
+    if not pipeline:
+        return {}
+    chosen = set(pipelined_paths(opened, [paths[i] for i in positions]))
+    return {i: (paths[i], placements.get(i)) for i in positions if paths[i] in chosen}
 
 
 def _read_by_ranges(opened: OpenedFile, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:

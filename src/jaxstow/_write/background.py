@@ -42,19 +42,24 @@ class BackgroundWriter:
         self._pending: _Job | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Callable[[], None], *, what: str) -> None:
-        """Run ``job`` after the previous one; ``what`` names it in logs and errors (``"saving step 3 to /ckpt"``)."""
+    def submit(self, job: Callable[[], None], *, what: str, until: threading.Event | None = None) -> None:
+        """Run ``job`` after the previous one; ``what`` names it in logs and errors (``"saving step 3 to /ckpt"``).
+
+        With ``until``, return once the job has set it (or has ended), not as soon as the job has started.
+        """
         with self._lock:
             self._raise_pending()
             if not self._asynchronous:
                 job()
                 return
-            pending = _Job(job, what)
+            pending = _Job(job, what, until)
             if not at_exit.track(pending):  # the interpreter is exiting: nothing would wait for a thread
                 job()
                 return
             self._pending = pending
             threading.Thread(target=pending.run, name="jaxstow-writer", daemon=True).start()
+            if until is not None:
+                until.wait()
 
     def idle(self) -> None:
         """Wait until no job runs, keeping any error for the next :meth:`submit`, :meth:`wait` or :meth:`close`."""
@@ -90,8 +95,9 @@ class _Job:
     Waited for at exit until it ends well or its error is collected.
     """
 
-    def __init__(self, job: Callable[[], None], what: str) -> None:
+    def __init__(self, job: Callable[[], None], what: str, until: threading.Event | None = None) -> None:
         self._job: Callable[[], None] | None = job
+        self._until = until
         self.what = what
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -112,6 +118,8 @@ class _Job:
             at_exit.untrack(self)
         finally:
             self._job = None  # the job holds the arrays being saved: let them go now
+            if self._until is not None:
+                self._until.set()
             self.done.set()
 
     def finish(self, timeout: float) -> bool:

@@ -39,12 +39,14 @@ from jaxstow._format.native_or_npz import (
     write_container,
 )
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
+from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.paths import PathOrFile
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow._util.progress import Bar, counted
+from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 
 __all__ = ["EncodedTree", "encode_tree"]
@@ -68,7 +70,7 @@ class EncodedTree:
         return sum(array.nbytes for _, array, _ in self._tensors)
 
     @functools.cached_property
-    def _tensors(self) -> list[tuple[str, np.ndarray, dict[str, Any]]]:
+    def _tensors(self) -> list[tuple[str, HostArray, dict[str, Any]]]:
         return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
     @with_gc_paused
@@ -104,8 +106,12 @@ def encode_tree(
     copy: bool = False,
     file: str = "",
     part: int | None = None,
+    hosting: HostBudget | None = None,
 ) -> EncodedTree:
     """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
+
+    With ``hosting``, the arrays whose bytes would cost host memory (on an accelerator, or to copy) are brought to the
+    host in pieces while written, within its budget (:mod:`jaxstow._write.host_budget`).
 
     ``file`` names the destination in error messages. ``part=k`` makes the file that process ``k`` writes of a tree
     saved by several processes: process 0's holds the whole structure and every leaf but the shards and per-process values of other
@@ -123,10 +129,12 @@ def encode_tree(
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
         paths, leaves, _ = flatten_with_paths(tree)
     _check_unique(paths, file=file)
+    if part or (hosting is not None and not hosting.counts(copy=copy)):
+        hosting = None  # nothing to count; a part after the first holds only sharded leaves, saved shard by shard
     encoded = [
         _encode_per_process(path, leaf, part=part, file=file)
         if is_per_process(leaf)
-        else encode_leaf(path, leaf, file=file or None)
+        else _encode(path, leaf, file, copy, hosting)
         for path, leaf in zip(paths, leaves, strict=True)
     ]
     if part is None:
@@ -135,7 +143,7 @@ def encode_tree(
         encoded = [
             EncodedLeaf(
                 leaf.entry,
-                None if leaf.array is None else leaf.array.copy(),
+                leaf.array if leaf.array is None or isinstance(leaf.array, Deferred) else leaf.array.copy(),
                 tuple(shard._replace(array=shard.array.copy()) for shard in leaf.shards),
             )
             for leaf in encoded
@@ -170,6 +178,13 @@ def _encode_per_process(path: str, leaf: Any, *, part: int | None, file: str) ->
     if not isinstance(leaf, PerProcess) or leaf.iterator:
         entry["iterator"] = True
     return EncodedLeaf(entry, np.frombuffer(buffer.getbuffer(), np.uint8))
+
+
+def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | None) -> EncodedLeaf:
+    deferred = None if hosting is None else hosting.defer(leaf, copy=copy)
+    if deferred is not None:
+        return EncodedLeaf({"path": path, "kind": "array"}, deferred)
+    return encode_leaf(path, leaf, file=file or None)
 
 
 def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:
@@ -217,34 +232,39 @@ def _check_unique(paths: list[str], *, file: str) -> None:
 
 
 @contextlib.contextmanager
-def _checksums(pieces: list[tuple[str, np.ndarray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
+def _checksums(pieces: list[tuple[str, HostArray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
     """Fill the ``xxh3`` of each tensor's entry.
 
     At once for small trees (yields ``None``), or in the background (yields ``complete``).
 
     Large trees are hashed by a few threads that start now, each on a batch of tensors, so that hashing overlaps the
     writing; their entries hold placeholders until ``complete()``, which waits for the threads. The threads are
-    plain ones, not a ``concurrent.futures`` pool, which refuses work once the interpreter has begun to exit.
+    plain ones, not a ``concurrent.futures`` pool, which refuses work once the interpreter has begun to exit. A
+    deferred tensor is hashed while it is written (or before, on a sink that cannot go back to its header).
     """
-    arrays = [array for _, array, _ in pieces]
+    ready = [(array, entry) for _, array, entry in pieces if isinstance(array, np.ndarray)]
+    deferred = [(array, entry) for _, array, entry in pieces if isinstance(array, Deferred)]
+    arrays = [array for array, _ in ready]
 
     def fill(digests: list[str]) -> None:
-        for (_, _, entry), digest in zip(pieces, digests, strict=True):
+        for (_, entry), digest in zip(ready, digests, strict=True):
             entry["xxh3"] = digest
 
-    if sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
+    if not deferred and sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
         fill([checksum(array) for array in arrays])
         yield None
         return
     for _, _, entry in pieces:
         entry["xxh3"] = ZERO_CHECKSUM
-    workers = min(4, os.cpu_count() or 1)
+    workers = min(4, os.cpu_count() or 1, max(1, len(arrays)))
     batches = [_Hashing(arrays[i::workers]) for i in range(workers)]
     try:
 
         def complete() -> None:
             results = [batch.result() for batch in batches]
             fill([results[i % workers][i // workers] for i in range(len(arrays))])
+            for array, entry in deferred:
+                entry["xxh3"] = array.digest()
 
         yield complete
     finally:

@@ -2,7 +2,9 @@
 
 :func:`hold` runs on the caller's thread and does only what cannot wait: it takes the tree's structure and holds
 every array on the host (zero-copy for CPU arrays, which also keeps a later donation from reusing their buffers).
-:meth:`HeldTree.encode` and the writing run later, on a background writer's thread.
+:meth:`HeldTree.encode` and the writing run later, on a background writer's thread. With a
+:class:`~jaxstow._write.host_budget.HostBudget`, arrays on an accelerator (and numpy arrays to copy) are brought to the
+host in pieces by the writer instead, within the budget; the caller waits for the budget's ``fetched``.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._write.held import hold
@@ -23,6 +25,7 @@ import numpy as np
 from jaxstow._format.leaves import is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._write.encoded import EncodedTree, encode_tree
+from jaxstow._write.host_budget import HostBudget
 
 __all__ = ["HeldTree", "hold"]
 
@@ -30,34 +33,42 @@ __all__ = ["HeldTree", "hold"]
 class HeldTree:
     """A tree held for a later :func:`~jaxstow._write.encoded.encode_tree`: its structure and its leaves, arrays on the host."""
 
-    def __init__(self, tree: Any, *, copy: bool, file: str, part: int | None = None) -> None:
+    def __init__(
+        self, tree: Any, *, copy: bool, file: str, part: int | None = None, budget: HostBudget | None = None
+    ) -> None:
         self._file = file
         self._part = part
+        self._budget = budget
         self._ready: EncodedTree | None = None
         if copy:
-            # Copies are taken now; encoding already knows how to copy every kind of stored leaf.
-            self._ready = encode_tree(tree, copy=True, file=file, part=part)
+            # Copies are taken now (within a budget: by the writer); encoding knows how to copy every stored leaf.
+            self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
             return
         leaves, self._treedef = jax.tree_util.tree_flatten(tree)
-        self._leaves = _hold_on_host(leaves)
+        self._leaves = _hold_on_host(leaves, keep=budget)
         # Typed PRNG keys stay JAX arrays (they keep their kind in the file); a host view of their data keeps a
         # later donation from reusing their buffers all the same.
         self._guards = [np.asarray(jax.random.key_data(leaf)) for leaf in leaves if _is_key(leaf)]
 
     def encode(self) -> EncodedTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
-        if self._ready is not None:
-            return self._ready
-        tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
-        return encode_tree(tree, file=self._file, part=self._part)
+        if self._ready is None:
+            tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
+            self._ready = encode_tree(tree, file=self._file, part=self._part, hosting=self._budget)
+        if self._budget is not None:
+            self._budget.fetch_rest_if_it_fits()
+        return self._ready
 
 
-def hold(tree: Any, *, copy: bool = False, file: str = "", part: int | None = None) -> HeldTree:
+def hold(
+    tree: Any, *, copy: bool = False, file: str = "", part: int | None = None, budget: HostBudget | None = None
+) -> HeldTree:
     """Hold ``tree`` for a background save; only this part has to run on the caller's thread.
 
     JAX arrays are immutable: without ``copy`` they are held as host views, with no copy on CPU. ``copy=True`` copies
-    every array now, for trees whose numpy buffers the caller will change. ``file`` names the destination in errors;
-    ``part`` is this process's share of a tree saved by several (see :func:`~jaxstow._write.encoded.encode_tree`).
+    every array, for trees whose numpy buffers the caller will change: now, or, within a ``budget``, while written
+    (the caller waiting for ``budget.fetched``). ``file`` names the destination in errors; ``part`` is this process's
+    share of a tree saved by several (see :func:`~jaxstow._write.encoded.encode_tree`).
 
     >>> import numpy as np
     >>> from jaxstow._write.held import hold
@@ -67,7 +78,7 @@ def hold(tree: Any, *, copy: bool = False, file: str = "", part: int | None = No
     >>> held.encode().leaves[0].array
     array([0., 0.])
     """
-    return HeldTree(tree, copy=copy, file=file, part=part)
+    return HeldTree(tree, copy=copy, file=file, part=part, budget=budget)
 
 
 def _is_plain_array(leaf: Any) -> bool:
@@ -83,20 +94,26 @@ def _is_key(leaf: Any) -> bool:
     )
 
 
-def _hold_on_host(leaves: list[Any]) -> list[Any]:
+def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
     """Leaves with every plain JAX array on one device replaced by its host array.
 
-    Transfers from accelerators overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard.
+    Those whose host copy costs memory within ``keep``, a budget, stay as they are: its writer fetches them. Transfers
+    from accelerators overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard.
     """
+    kept_back = [leaf if keep is not None and keep.costs_memory(leaf, copy=False) else None for leaf in leaves]
+    if keep is not None and any(kept is not None for kept in kept_back):
+        keep.fetched.clear()  # until the writer has fetched them
     if jax.default_backend() != "cpu":
-        for leaf in leaves:
-            if _is_plain_array(leaf):
+        for leaf, kept in zip(leaves, kept_back, strict=True):
+            if kept is None and _is_plain_array(leaf):
                 leaf.copy_to_host_async()
     return [
-        np.asarray(leaf)
+        kept
+        if kept is not None
+        else np.asarray(leaf)
         if _is_plain_array(leaf) and not is_sharded(leaf)
         else held(leaf)
         if is_per_process(leaf)
         else leaf
-        for leaf in leaves
+        for leaf, kept in zip(leaves, kept_back, strict=True)
     ]

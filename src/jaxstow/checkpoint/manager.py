@@ -26,6 +26,7 @@ from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
+from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
@@ -84,6 +85,7 @@ class CheckpointManager(StepQueries):
         local_keep_last: int = 2,
         local_replicas: int | None = None,
         broadcast_restore: bool = True,
+        host_memory_limit: int | None = None,
     ) -> None:
         """Make the manager of ``directory``; the directory's lock is taken by the first save.
 
@@ -111,6 +113,7 @@ class CheckpointManager(StepQueries):
             local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
             broadcast_restore: Under jax.distributed, a box of a step that several processes restore is read from
                 ``directory`` by one of them and sent to the others (docs/scaling.md); ``False``: each reads it.
+            host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
 
         Raises:
             ArgumentError: A keep policy or ``save_every`` that is not valid.
@@ -128,6 +131,7 @@ class CheckpointManager(StepQueries):
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
         self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=async_save)
+        self._host_memory_limit = checked_limit(host_memory_limit)
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
@@ -338,8 +342,9 @@ class CheckpointManager(StepQueries):
                 file=self._folder.url(step),
             )
         part = self._processes.index if self._processes.many else None
+        budget = HostBudget(self._host_memory_limit)
         held = {
-            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part)
+            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part, budget=budget)
             for name, tree in named.items()
         }
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
@@ -358,7 +363,8 @@ class CheckpointManager(StepQueries):
             write = functools.partial(
                 write_step, self._store, folder, content, replace=exists, keep_policy=keep, progress=self._progress
             )
-        self._writer.submit(lambda: self._committed(write()), what=f"saving step {step} to {self.directory}")
+        what = f"saving step {step} to {self.directory}"
+        self._writer.submit(lambda: self._committed(write()), what=what, until=budget.fetched)
         if due:
             self._schedule.saved(step)
         if self._tiers is not None:
