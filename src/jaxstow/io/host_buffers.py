@@ -33,7 +33,7 @@ __all__ = ["IDLE_LIMIT", "empty", "idle_bytes", "release"]
 #: At most this many bytes of idle buffers are kept for the next run; a buffer given back beyond them is freed.
 IDLE_LIMIT = 256 << 20
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # a finalizer may give a buffer back in the middle of a call that holds it
 _idle: list[np.ndarray] = []  # buffers no array views any more, smallest first
 
 
@@ -69,7 +69,8 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     nbytes = int(np.prod(shape, dtype=np.int64)) * kind.itemsize
     lease = _Lease(_take(nbytes), nbytes)
     weakref.finalize(lease, _give_back, lease.buffer)
-    return np.asarray(lease).view(kind).reshape(shape)  # every view keeps the lease alive, none the buffer alone
+    array: np.ndarray = np.asarray(lease).view(kind).reshape(shape)  # its views keep the lease alive, not the buffer
+    return array
 
 
 def idle_bytes() -> int:

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxstow._save_load import save
 from jaxstow.errors import ArgumentError
+from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
     SampleLayout,
@@ -29,7 +30,6 @@ from jaxstow.io.chains import (
     restore_checkpoint,
     write_checkpoint,
 )
-from jaxstow.io import host_buffers
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.scheduler import static_information as StaticInformation
 
@@ -80,7 +80,10 @@ class MemoryCollector(DataCollector):
         layout = SampleLayout.of(init_sample)
         capacity = (static_information.samples_collected if static_information is not None else None) or 0
         self._samples.append(
-            [host_buffers.empty((capacity, *shape), dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
+            [
+                host_buffers.empty((capacity, *shape), dtype)
+                for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
+            ]
         )
         chain_id = len(self._samples) - 1
         path = self._path(chain_id, _CHECKPOINT)
