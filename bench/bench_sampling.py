@@ -1,7 +1,9 @@
 """Sampling-run benchmark: a blackjax run streamed to HDF5 and checkpointed, against the same sampler keeping its draws
 on the device; and how long a reader in another process takes to get the draws so far while the run goes on.
 
-Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds).
+Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds). It
+runs on the device JAX picks (an accelerator when it sees one, whose platform the output names), the draws streamed
+from it to the host.
 
 Two workloads, every step's draw kept:
 
@@ -266,6 +268,12 @@ def main() -> None:
             bench(logistic_regression(), (40_000, 80_000), args.rounds, folder),
         ]
         headers = ["workload", "steps", "on device", "streamed", "whole call", "per step: wall", "CPU", "host CPU"]
+        device = jax.devices()[0]
+        load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+        print(
+            f"jax {jax.__version__} on {device.platform} ({device.device_kind}), {os.cpu_count()} cores "
+            f"(load average {load})"
+        )
         print(f"streamed and checkpointed to HDF5 vs draws kept on the device (median of {args.rounds} rounds)")
         print(format_table(headers, rows))
         print()

@@ -24,7 +24,7 @@ from typing import Any
 
 from jaxstow._util.deprecation import moved
 from jaxstow.errors import CollectorError, SampleCountError
-from jaxstow.io import blackjax, numpyro, scheduler
+from jaxstow.io import blackjax, host_buffers, numpyro, scheduler
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
 from jaxstow.io.dictionize import dict_to_pytree, pytree_dict_keys, pytree_to_dict, register_dictionize_rule
 from jaxstow.io.hdf5 import HDF5Collector
@@ -49,6 +49,7 @@ __all__ = [
     "SavingState",
     "blackjax",
     "dict_to_pytree",
+    "host_buffers",
     "no_save",
     "numpyro",
     "pytree_dict_keys",

@@ -148,7 +148,9 @@ def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callabl
             return leaf if mapped else jnp.broadcast_to(jnp.asarray(leaf), (axis_size, *np.shape(leaf)))
 
         operands = jax.tree.map(broadcast, operands, tuple(in_batched[1:]))
-        out = wrapped(state, *operands)
+        # A wrapper of its own, not ``wrapped``: a rule holding that would be a reference cycle, which keeps ``step``
+        # (and all it holds) until the garbage collector runs.
+        out = chain_polymorphic(step, state_name=state_name)(state, *operands)
         return out, jax.tree.map(lambda _: True, out)
 
     wrapped.def_vmap(rule)

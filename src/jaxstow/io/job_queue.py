@@ -71,6 +71,7 @@ class JobQueue:
             except Exception as error:
                 self._error = error
             finally:
+                del job  # what the job holds is freed now, not when the next one comes
                 with self._changed:
                     self._running = False
                     self._changed.notify_all()

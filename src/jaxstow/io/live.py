@@ -37,6 +37,7 @@ import numpy as np
 
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError
+from jaxstow.io import host_buffers
 from jaxstow.io.hdf5 import DRAWS_DONE
 from jaxstow.io.swmr import open_for_reading
 
@@ -102,7 +103,7 @@ def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
             )
         stacked = {}
         for key, first in chains[0].items():
-            array = np.empty((len(chains), done[0], *first.shape[1:]), first.dtype)
+            array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
             for index, datasets in enumerate(chains):
                 if done[0]:
                     datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])

@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxstow._save_load import save
 from jaxstow.errors import ArgumentError
+from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
     SampleLayout,
@@ -41,8 +42,10 @@ class MemoryCollector(DataCollector):
     """Stores samples entirely in RAM (numpy arrays).
 
     The RAM is usually larger than the device memory and thus allows to store a greater number of samples. Storage
-    is allocated for ``samples_collected`` samples per chain and grows if more arrive (or when the number is
-    ``None``); :meth:`finished` returns exactly the samples kept.
+    is allocated once for ``samples_collected`` samples per chain and doubles when more arrive (from none when the
+    number is ``None``); :meth:`finished` returns exactly the samples kept. The storage comes from buffers that
+    earlier runs' arrays gave back once nothing held them (see :mod:`jaxstow.io.host_buffers`), whose pages are
+    already backed: copying the blocks in costs no page faults after the first run.
 
     With ``save_dir``, :meth:`finalize` also writes one ``chain_{id}.npz`` per chain whose keys are the sample's
     dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``. A checkpoint
@@ -77,7 +80,10 @@ class MemoryCollector(DataCollector):
         layout = SampleLayout.of(init_sample)
         capacity = (static_information.samples_collected if static_information is not None else None) or 0
         self._samples.append(
-            [np.empty((capacity, *shape), dtype) for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)]
+            [
+                host_buffers.empty((capacity, *shape), dtype)
+                for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
+            ]
         )
         chain_id = len(self._samples) - 1
         path = self._path(chain_id, _CHECKPOINT)
@@ -96,7 +102,7 @@ class MemoryCollector(DataCollector):
         arrays = self._samples[chain_id]
         for leaf, (array, value) in enumerate(zip(arrays, values, strict=True)):
             if end > len(array):
-                grown = np.empty((max(end, 2 * len(array)), *array.shape[1:]), array.dtype)
+                grown = host_buffers.empty((max(end, 2 * len(array)), *array.shape[1:]), array.dtype)
                 grown[: len(array)] = array
                 arrays[leaf] = array = grown
             array[first:end] = value

@@ -18,6 +18,7 @@ collector surfaces there, with its cause.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -133,6 +134,24 @@ def _is_key(leaf: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
 
 
+def _weakly(method: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    """``method`` as a host callback that does not keep its strategy alive.
+
+    JAX holds a compiled program's callbacks in reference cycles, which only the garbage collector frees: a strategy
+    (and its collector's storage) held by them would outlive the run until it ran. The caller holds the strategy
+    while it runs the program, through ``save`` and ``postprocess_save``.
+    """
+    reference = weakref.WeakMethod(method)
+
+    def call(*arrays: Any) -> np.ndarray:
+        bound = reference()
+        if bound is None:
+            raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
+        return bound(*arrays)
+
+    return call
+
+
 class _Streaming:
     """One saving strategy: the collector, its chains' declared sample counts, and the failures met on the host."""
 
@@ -144,7 +163,6 @@ class _Streaming:
         self.failures: dict[int, tuple[str, Exception]] = {}
         self.checkpoint_spec: Any = None
         self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
-        self._step = chain_polymorphic(self._chains_step, state_name="saving state")
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
         register_sender = getattr(collector, "register_sender", None)
         if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
@@ -255,7 +273,9 @@ class _Streaming:
         # (a custom_vmap call) stays the same, and such a field slows every step of the loop down.
         step = saving_state.step if self.checkpoint_every else None
         moving = _Moving(saving_state.buffer, saving_state.sent, saving_state.fill, saving_state.token, step)
-        moved = self._step(moving, keep, sample, checkpoint)
+        # Wrapped at each trace, not once: a wrapper kept on the strategy would hold it in a reference cycle, and
+        # with it the collector's storage, until the garbage collector ran.
+        moved = chain_polymorphic(self._chains_step, state_name="saving state")(moving, keep, sample, checkpoint)
         return SavingState(
             saving_state.chain_id,
             moved.buffer,
@@ -280,11 +300,11 @@ class _Streaming:
             # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
             numbers = jnp.stack([token, sent, fill])
             if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-                token = io_callback(self._receive, answer, numbers, buffer, *checkpoint)
+                token = io_callback(_weakly(self._receive), answer, numbers, buffer, *checkpoint)
             else:
                 # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
                 # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = send_block(self._receive_block, numbers, jax.tree.leaves(buffer))
+                token = send_block(_weakly(self._receive_block), numbers, jax.tree.leaves(buffer))
             return token, sent + fill, jnp.zeros_like(fill)
 
         def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
