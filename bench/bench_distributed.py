@@ -13,38 +13,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from timing import format_table
+from workers import free_port, run_workers
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run(processes: int, devices: int, mib: int) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
         port = str(free_port())
-        workers = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(i), str(processes), str(devices), port, folder, str(mib)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for i in range(processes)
-        ]
-        outputs = [worker.communicate()[0] for worker in workers]
-        if any(worker.returncode for worker in workers):
-            raise SystemExit(f"a worker failed: {outputs}")
-        return [json.loads(output.strip().splitlines()[-1]) for output in outputs]
+        return run_workers(WORKER, processes, lambda i: [str(i), str(processes), str(devices), port, folder, str(mib)])
 
 
 def main() -> None:
@@ -97,22 +80,12 @@ def tiers(mib: int) -> None:
 
     rows = []
     with seaweed() as server, tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
-        environment = {**os.environ, "JAXSTOW_STORAGE_OPTIONS": json.dumps(server.storage_options)}
+        environment = {"JAXSTOW_STORAGE_OPTIONS": json.dumps(server.storage_options)}
         for count in (2, 4):
             port, url = str(free_port()), server.url(f"tiers-{count}")
-            workers = [
-                subprocess.Popen(
-                    [sys.executable, str(TIERS_WORKER), str(i), str(count), port, f"{folder}/{count}", url, str(mib)],
-                    stdout=subprocess.PIPE,
-                    text=True,
-                    env=environment,
-                )
-                for i in range(count)
-            ]
-            outputs = [worker.communicate()[0] for worker in workers]
-            if any(worker.returncode for worker in workers):
-                raise SystemExit(f"a tiers worker failed: {outputs}")
-            figures = json.loads(outputs[0].strip().splitlines()[-1])["figures"]
+            arguments = [str(count), port, f"{folder}/{count}", url, str(mib)]
+            reports = run_workers(TIERS_WORKER, count, lambda i, given=arguments: [str(i), *given], env=environment)
+            figures = reports[0]["figures"]
             size = mib * (1 << 20)
             rows.append(
                 [

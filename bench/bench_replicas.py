@@ -20,8 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_distributed import free_port
 from timing import format_table
+from workers import free_port, run_workers
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "support"))
 
@@ -31,21 +31,9 @@ WORKER = Path(__file__).with_name("replicas_worker.py")
 def run(processes: int, mib: int, server) -> list[dict]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
         port = str(free_port())
-        environment = {**os.environ, "JAXSTOW_STORAGE_OPTIONS": json.dumps(server.storage_options)}
-        url = server.url(f"replicas-{processes}")
-        workers = [
-            subprocess.Popen(
-                [sys.executable, str(WORKER), str(i), str(processes), port, folder, url, str(mib)],
-                stdout=subprocess.PIPE,
-                text=True,
-                env=environment,
-            )
-            for i in range(processes)
-        ]
-        outputs = [worker.communicate()[0] for worker in workers]
-        if any(worker.returncode for worker in workers):
-            raise SystemExit(f"a worker failed: {outputs}")
-        return [json.loads(output.strip().splitlines()[-1]) for output in outputs]
+        environment = {"JAXSTOW_STORAGE_OPTIONS": json.dumps(server.storage_options)}
+        arguments = [str(processes), port, folder, server.url(f"replicas-{processes}"), str(mib)]
+        return run_workers(WORKER, processes, lambda i: [str(i), *arguments], env=environment)
 
 
 def main() -> None:

@@ -7,41 +7,28 @@ jax's coordination service and gloo collectives on the loopback interface.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from distributed_runs import free_port, launch
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 HEADERS = 64 << 10  # every file's header and the step's record, read by every process
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _start(
     action: str, count: int, devices: int, folder: Path | str, *extra: str, options: dict | None = None
 ) -> list[subprocess.Popen[str]]:
-    port = _free_port()
-    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    environment["JAXSTOW_STORAGE_OPTIONS"] = json.dumps(options)
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), action, str(index), str(count), str(devices), str(port), str(folder), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-        )
-        for index in range(count)
-    ]
+    arguments = [str(count), str(devices)]
+    return launch(
+        WORKER,
+        count,
+        lambda index, port: [action, str(index), *arguments, str(port), str(folder), *extra],
+        env={"JAXSTOW_STORAGE_OPTIONS": json.dumps(options)},
+    )
 
 
 def _reports(processes: list[subprocess.Popen[str]]) -> list[dict]:
@@ -173,7 +160,7 @@ def test_one_file_of_an_array_spanning_processes_is_refused(tmp_path):
         "    print(error)\n"
         "jax.distributed.shutdown()\n"
     )
-    port = str(_free_port())
+    port = str(free_port())
     processes = [
         subprocess.Popen([sys.executable, str(worker), str(i), port, str(tmp_path)], stdout=subprocess.PIPE, text=True)
         for i in range(2)

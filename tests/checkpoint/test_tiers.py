@@ -10,13 +10,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
+from distributed_runs import launch
 
 from jaxstow import CheckpointManager
 from jaxstow.errors import ArgumentError, StepNotFoundError
@@ -80,20 +79,7 @@ def test_a_local_tier_setting_that_is_not_valid_is_refused(tmp_path):
 
 
 def _start(action: str, base: Path, *extra: str) -> list[subprocess.Popen[str]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), action, str(index), "4", str(port), str(base), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-        )
-        for index in range(4)
-    ]
+    return launch(WORKER, 4, lambda index, port: [action, str(index), "4", str(port), str(base), *extra])
 
 
 def _reports(processes: list[subprocess.Popen[str]], *, skip: int = -1) -> list[dict]:

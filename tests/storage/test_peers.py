@@ -4,31 +4,17 @@ stopped peer ending every wait within the timeout, damaged bytes refused (``test
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
 from pathlib import Path
+
+from distributed_runs import launch
 
 WORKER = Path(__file__).parents[1] / "distributed" / "peer_worker.py"
 
 
 def _start(action: str, count: int, *extra: str) -> list[subprocess.Popen[str]]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    return [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), action, str(index), str(count), str(port), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=environment,
-        )
-        for index in range(count)
-    ]
+    return launch(WORKER, count, lambda index, port: [action, str(index), str(count), str(port), *extra])
 
 
 def _report(process: subprocess.Popen[str]) -> dict:

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -16,15 +17,16 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start(
-    worker: Path, action: str, count: int, devices: int, folder: Path | str, *extra: str
+def launch(
+    worker: Path, count: int, arguments: Callable[[int, int], list[str]], *, env: dict[str, str] | None = None
 ) -> list[subprocess.Popen[str]]:
-    """``worker ACTION PROCESS COUNT DEVICES PORT FOLDER *extra`` in ``count`` processes, one coordinator port."""
+    """``worker *arguments(process, port)`` in ``count`` processes that share one free coordinator port, without
+    the caller's ``XLA_FLAGS`` (each worker sets its own device count), with ``env`` added."""
     port = free_port()
-    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"} | (env or {})
     return [
         subprocess.Popen(
-            [sys.executable, str(worker), action, str(index), str(count), str(devices), str(port), str(folder), *extra],
+            [sys.executable, str(worker), *arguments(index, port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -32,6 +34,17 @@ def start(
         )
         for index in range(count)
     ]
+
+
+def start(
+    worker: Path, action: str, count: int, devices: int, folder: Path | str, *extra: str
+) -> list[subprocess.Popen[str]]:
+    """``worker ACTION PROCESS COUNT DEVICES PORT FOLDER *extra`` in ``count`` processes, one coordinator port."""
+    return launch(
+        worker,
+        count,
+        lambda index, port: [action, str(index), str(count), str(devices), str(port), str(folder), *extra],
+    )
 
 
 def reports(processes: list[subprocess.Popen[str]], *, timeout: float = 240) -> list[dict]:

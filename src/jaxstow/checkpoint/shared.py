@@ -19,7 +19,7 @@ from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.errors import CheckpointError
 
-__all__ = ["save_shared"]
+__all__ = ["record_of", "save_shared"]
 
 _COMMITTED = "committed"
 
@@ -77,14 +77,7 @@ def save_shared(
         reports = processes.gather(
             {k: f"{key}/done/{k}" for k in processes.others}, what=f"its files of step {step} ({where})"
         )
-        summaries = [summary] + [json.loads(reports[k]) for k in processes.others]
-        _check_agreement(summaries, step=step, where=where)
-        files = summary["files"]
-        parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
-        headers = {file: header for other in summaries for file, header in other["headers"].items()}
-        record = StepRecord(
-            step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts, headers=headers
-        )
+        record = record_of(processes, summary, reports, step, single, metrics, metadata, keep_policy, where=where)
         staging.commit(record.to_json())
     except BaseException as error:
         _give_up(processes, key, staging, str(error))
@@ -105,6 +98,28 @@ def _write_files(
         if header is not None:
             headers[stored] = header
     return {"step": step, "files": files, "digests": digests, "headers": headers}
+
+
+def record_of(
+    processes: Processes,
+    summary: dict[str, Any],
+    reports: dict[int, str],
+    step: int,
+    single: bool,
+    metrics: Metrics | None,
+    metadata: dict[str, Any] | None,
+    keep_policy: dict[str, Any] | None,
+    *,
+    where: str,
+) -> StepRecord:
+    """The record of a step that every process saved: process 0's ``summary`` and the others' ``reports`` (their
+    summaries as JSON), checked to agree."""
+    summaries = [summary] + [json.loads(reports[k]) for k in processes.others]
+    _check_agreement(summaries, step=step, where=where)
+    files = summary["files"]
+    parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
+    headers = {file: header for other in summaries for file, header in other["headers"].items()}
+    return StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts, headers=headers)
 
 
 def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) -> None:

@@ -29,7 +29,7 @@ from jaxstow.checkpoint.peer_copies import PeerCopies, files_of, plan_local
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.recovery import Restored
 from jaxstow.checkpoint.schedule import SaveSchedule
-from jaxstow.checkpoint.shared import _check_agreement, _write_files
+from jaxstow.checkpoint.shared import _write_files, record_of
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, write_step
@@ -148,20 +148,16 @@ class Tiers:
                 reports = processes.gather(
                     {k: f"{key}/done/{k}" for k in processes.others}, what=f"its local files of step {step}"
                 )
-                summaries = [summary] + [json.loads(reports[k]) for k in processes.others]
-                _check_agreement(summaries, step=step, where=where)
-                files = summary["files"]
-                parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
-                headers = {file: header for other in summaries for file, header in other["headers"].items()}
-                record = StepRecord(
+                record = record_of(
+                    processes,
+                    summary,
+                    reports,
                     step,
-                    files,
                     content.single,
                     content.metrics,
                     content.metadata,
-                    keep_policy=keep,
-                    parts=parts,
-                    headers=headers,
+                    keep,
+                    where=where,
                 )
                 message = record.to_json().decode()
             except BaseException as error:
