@@ -121,6 +121,19 @@ def test_a_several_item_step_of_one_process(tmp_path):
     assert sorted(_read_back(tmp_path / "hf")) == ["OPT/MU", "PARAMS/W"]
 
 
+def test_an_item_of_one_array_is_named_by_its_item(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"w": jnp.arange(4), "b": jnp.ones(2)})
+    jaxstow.export_safetensors(tmp_path / "run" / "1", tmp_path / "hf")
+    assert sorted(_read_back(tmp_path / "hf")) == ["b", "w"]
+    assert jaxstow.load(tmp_path / "hf", like={"w": jnp.zeros(4, jnp.int32), "b": jnp.zeros(2)})["w"].tolist() == [
+        0,
+        1,
+        2,
+        3,
+    ]
+
+
 def test_errors_leave_no_folder(tmp_path):
     jaxstow.save(tmp_path / "model.jxs", {"a": {"b": jnp.ones(2)}, "a.b": jnp.zeros(2), "q": jnp.zeros(2, "int4")})
     with pytest.raises(ArgumentError, match=r"'a\.b' and 'a/b'|'a/b' and 'a\.b'"):

@@ -12,7 +12,7 @@ import pytest
 import jaxstow
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import ArgumentError, FormatError, RequestError
+from jaxstow.errors import ArgumentError, FormatError, RequestError, StructureMismatchError
 
 GOLDEN = Path(__file__).parents[1] / "data" / "per_process_v4.jxs"
 
@@ -60,6 +60,18 @@ def test_a_live_iterator_in_like_takes_its_state_and_all_gives_a_list():
     assert restored["it"] is live and live.position == 42
     every = jaxstow.load(_saved(golden_tree()), per_process="all")
     assert every["it"] == [b"position=42"] and every["loader"][0]["epoch"] == 1
+
+
+def test_a_plain_template_in_like_takes_the_value_leaf_by_leaf():
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"w": np.ones(2), "loader": jaxstow.per_process({"epoch": 3, "seen": [1, 2]})})
+    like = {"w": np.zeros(2), "loader": {"epoch": 0, "seen": [0, 0]}}
+    restored = jaxstow.load(io.BytesIO(buffer.getvalue()), like=like)
+    assert restored["loader"] == {"epoch": 3, "seen": [1, 2]}
+    with pytest.raises(StructureMismatchError, match=r"the saved value has the leaves \['loader/epoch'"):
+        jaxstow.load(io.BytesIO(buffer.getvalue()), like={"w": np.zeros(2), "loader": {"epoch": 0}})
+    with pytest.raises(RequestError, match="a subtree of like cannot hold"):
+        jaxstow.load(io.BytesIO(buffer.getvalue()), like=like, per_process="all")
 
 
 def test_the_value_is_taken_when_the_save_is_asked_for(tmp_path):

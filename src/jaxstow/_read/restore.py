@@ -241,13 +241,15 @@ def _fit(
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
     targets = [target_of(leaf) for leaf in wanted]
+    templates = _per_process_templates(opened, paths)
+    inside = {i for positions in templates.values() for i in positions}
     problems = [
         problem
-        for path, target in zip(paths, targets, strict=True)
-        if (problem := _problem(opened, path, target, cast=cast)) is not None
+        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
+        if i not in inside and (problem := _problem(opened, path, target, cast=cast)) is not None
     ]
     if not partial:
-        expected = set(paths)
+        expected = set(paths) | set(templates)
         problems += [
             f"{path!r}: in the file but not in the structure ({_describe_file_leaf(opened, path)}); pass partial=True "
             "to leave it unread"
@@ -260,7 +262,7 @@ def _fit(
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output in ("jax", "key")
+        if target.output in ("jax", "key") and i not in inside
     }
     placements = _placements(opened, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:
@@ -273,19 +275,58 @@ def _fit(
     stored = [
         opened.stored[path]
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output != "value" and i not in by_ranges and i not in streamed
+        if target.output != "value" and i not in by_ranges and i not in streamed and i not in inside
     ]
     data: dict[str, Any] = dict(opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"]))
     data.update(opened.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
     data.update(restore_pipelined(opened, list(streamed.values())))
     values = [
-        None if i in by_ranges else _output(opened, path, target, data, as_numpy=as_numpy, every=every)
+        None if i in by_ranges or i in inside else _output(opened, path, target, data, as_numpy=as_numpy, every=every)
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
     ]
+    for path, positions in templates.items():
+        _fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
     _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
     for i in by_ranges:
         values[i] = _from_ranges(opened, paths[i], placements[i], targets[i].dtype)
     return treedef.unflatten(values)
+
+
+def _per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
+    """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
+    leaf's path, the positions of the subtree's leaves among ``paths``."""
+    if not opened.per_process:
+        return {}
+    found: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        parent = next(
+            ("/".join(parts[:end]) for end in range(1, len(parts)) if "/".join(parts[:end]) in opened.per_process), None
+        )
+        if parent is not None:
+            found.setdefault(parent, []).append(i)
+    return found
+
+
+def _fill_from_per_process(
+    opened: OpenedFile, path: str, positions: dict[str, int], values: list[Any], *, every: bool
+) -> None:
+    """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there."""
+    if every:
+        raise RequestError(
+            "per_process='all' gives a list of every process's value, which a subtree of like cannot hold: put a "
+            "leaf (None, or jaxstow.per_process(...)) there",
+            file=opened.file,
+            path=path,
+        )
+    sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
+    got = {f"{path}/{sub_path}" if sub_path else path: leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
+    if got.keys() != positions.keys():
+        raise StructureMismatchError(
+            [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file
+        )
+    for leaf_path, i in positions.items():
+        values[i] = got[leaf_path]
 
 
 def _streamed(

@@ -177,7 +177,7 @@ def _tensors(
     seen: dict[str, str] = {}
     for prefix, reader in items:
         for path in reader.paths:
-            full = f"{prefix}/{path}" if prefix else path
+            full = f"{prefix}/{path}" if prefix and path else prefix or path  # an item of one array: its name
             leaf = reader.stored.get(path)
             if leaf is None or leaf.kind == "key":
                 left_out.append(full)
