@@ -205,6 +205,6 @@ def test_host_memory_of_a_pipelined_restore_is_the_pool_beyond_the_arrays(tmp_pa
 
     measured = json.loads(result.stdout.splitlines()[-1])
     # On CPU the restored arrays are host memory too. Beyond them come the pool (3 x 2 MiB), a leaf being joined on
-    # its device and the allocator's slack (8 to 60 MiB measured), never a second copy of the tree as a restore that
-    # read the whole file to the host first would hold.
-    assert measured["extra"] <= 1.5 * measured["tree"], measured
+    # its device and the allocator's slack (8 to 60 MiB measured on an idle machine, up to 70 MiB on a loaded one),
+    # never a second copy of the tree (2x) as a restore that read the whole file to the host first would hold.
+    assert measured["extra"] <= 1.75 * measured["tree"], measured
