@@ -438,10 +438,10 @@ def main() -> None:
                 print(json.dumps({name: statistics.median(values) for name, values in ratios.items()}))
                 return
             load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-            lines, verdicts = consecutive_report(folder)
+            lines, consecutive_verdicts = consecutive_report(folder)
             load_after = ", ".join(f"{value:.1f}" for value in os.getloadavg())
             print(f"jax {jax.__version__}, {os.cpu_count()} cores (load average {load} before, {load_after} after)")
-            print(*lines, "targets:", *verdicts, sep="\n")
+            print(*lines, "targets:", *consecutive_verdicts, sep="\n")
         return
 
     folder = tempfile.mkdtemp(prefix="jaxstow-bench-io-")
@@ -478,9 +478,9 @@ def main() -> None:
         f"{SGLD['steps']:,} steps, every sample kept ({kept:,})"
     )
     report += [*table(title, rates, nothing), ""]
-    lines, verdicts = consecutive_report(folder)
+    lines, consecutive_verdicts = consecutive_report(folder)
     report += [*lines, ""]
-    passes += verdicts
+    passes += consecutive_verdicts
     for name in list(samplers)[1:]:
         overhead = 1 / rates[name][3] - 1
         verdict = "pass" if overhead < SGLD_TARGET else "FAIL"
