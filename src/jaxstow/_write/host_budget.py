@@ -136,6 +136,10 @@ class _Fetched(Deferred):
 
     def __init__(self, source: Any, budget: HostBudget) -> None:
         super().__init__(source.dtype, source.shape)
+        if not isinstance(source, np.ndarray):
+            # The next step may donate the caller's array as soon as the save returns: the pieces are fetched from
+            # a copy on the device, whose buffer is this save's alone (the runtime makes a donation wait for it).
+            source = jax.numpy.copy(source)
         self._source: Any = source
         self._budget = budget
         step = max(1, budget.piece_bytes // self.dtype.itemsize)
