@@ -67,10 +67,12 @@ def processes() -> multiprocessing.context.ForkServerContext:
 
 
 def _checkpoint_mark(path: str) -> Any:
+    """Which checkpoint the file is: its inode and time (a new checkpoint's file may get a freed inode number back)."""
     try:
-        return os.stat(f"{path}.checkpoint.jxs").st_ino
+        status = os.stat(f"{path}.checkpoint.jxs")
     except FileNotFoundError:
         return None
+    return status.st_ino, status.st_mtime_ns
 
 
 def _killed_after_a_checkpoint(processes: Any, path: str) -> None:
@@ -83,7 +85,7 @@ def _killed_after_a_checkpoint(processes: Any, path: str) -> None:
         mark = _checkpoint_mark(path)
         if mark is not None and mark not in seen:
             seen.append(mark)
-        time.sleep(0.01)
+        time.sleep(0.002)
     os.kill(process.pid, signal.SIGKILL)
     process.join()
 
