@@ -157,9 +157,11 @@ def open(
         storage_options: fsspec's options, for a URL (fsspec's configuration fills in the rest).
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
-        names: for a folder, each tensor's path in ``like`` (a function ``name -> path``, ``None`` to leave it out, or a
-            mapping); ``a.b.0.c`` -> ``a/b/0/c`` by default.
-        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
+        names: for a folder, each tensor's path, in the reader and in ``like`` (a function ``name -> path``, ``None`` to
+            leave it out, or a mapping); the tensor names in the reader and ``a.b.0.c`` -> ``a/b/0/c`` in ``like`` by
+            default.
+        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate. They
+            are read turned over, by ``reader[path]``, :meth:`Reader.read` and :meth:`Reader.load`, whatever their shape.
 
     Returns:
         A :class:`Reader`, to be closed (or used in a ``with`` block).
