@@ -120,7 +120,7 @@ def _few(names: Sequence[str]) -> str:
 
 def _subfolder(location: Location, name: str, settings: StorageSettings | None) -> list[str] | None:
     """The names in the subfolder ``name`` of the folder at ``location``; ``None`` if it is no folder."""
-    listed = list_folder(locate(child(location.name, name)), settings)
+    listed = list_folder(locate(child(location.path or location.url or location.name, name)), settings)
     return None if listed is None else listed[0]
 
 
