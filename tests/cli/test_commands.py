@@ -337,3 +337,105 @@ def test_ls_and_verify_a_folder_on_s3(s3_server):
     inspected = command("inspect", f"{url}/2/w.safetensors")
     assert "(root)  float32  (64,)  256 B" in inspected.stdout, inspected.stderr
     assert "loss" not in inspected.stdout  # metrics live in the step record, not in the file
+
+
+def hf_folder(folder) -> dict[str, np.ndarray]:
+    """A Hugging Face folder as the hub holds one: two shards of safetensors files and their index."""
+    from safetensors.numpy import save_file
+
+    tensors = {
+        "model.embed.weight": np.ones((16, 8), np.float32),
+        "model.proj.weight": np.zeros((8, 8), ml_dtypes.bfloat16),
+        "model.proj.bias": np.zeros(8, np.float32),
+    }
+    shards = {"model-00001-of-00002.safetensors": ["model.embed.weight"]}
+    shards["model-00002-of-00002.safetensors"] = ["model.proj.weight", "model.proj.bias"]
+    folder.mkdir()
+    for file, names in shards.items():
+        save_file({name: tensors[name] for name in names}, str(folder / file), metadata={"format": "pt"})
+    weight_map = {name: file for file, names in shards.items() for name in names}
+    index = {"metadata": {"total_size": sum(array.nbytes for array in tensors.values())}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return tensors
+
+
+def test_inspect_a_hugging_face_folder_lists_each_tensor_with_its_shard(tmp_path):
+    hf_folder(tmp_path / "hf")
+    out = jaxstow_command("inspect", tmp_path / "hf", check=0).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{tmp_path / 'hf'}: Hugging Face safetensors folder, 2 shards, index model.safetensors")
+    assert lines[1].split() == ["path", "shard", "dtype", "shape", "size"]
+    assert lines[2].split() == ["model.embed.weight", "model-00001-of-00002.safetensors", "float32", "(16,", "8)", "512", "B"]  # fmt: skip
+    assert lines[4].split()[:4] == ["model.proj.weight", "model-00002-of-00002.safetensors", "bfloat16", "(8,"]
+    assert "3 tensors (672 B) in 2 shards" in out and 'metadata: {"total_size": 672}' in out
+    report = json.loads(jaxstow_command("inspect", "--json", tmp_path / "hf", check=0).stdout)
+    assert report["index"] == "model.safetensors.index.json" and len(report["shards"]) == 2
+    bias = next(leaf for leaf in report["leaves"] if leaf["path"] == "model.proj.bias")
+    assert bias == {**bias, "shard": "model-00002-of-00002.safetensors", "dtype": "float32", "shape": [8], "nbytes": 32}
+
+
+def test_verify_a_hugging_face_folder_checks_its_structure_and_says_no_checksums(tmp_path):
+    folder = tmp_path / "hf"
+    hf_folder(folder)
+    out = jaxstow_command("verify", folder, check=0).stdout
+    assert f"ok       {folder}/model-00001-of-00002.safetensors: header and sizes, 1 tensor (512 B)" in out
+    assert f"ok       {folder}/model-00002-of-00002.safetensors: header and sizes, 2 tensors (160 B)" in out
+    assert f"ok       {folder}/model.safetensors.index.json: 3 tensors, each in the shard it names" in out
+    assert "3 files intact (structure only: safetensors files carry no checksums" in out
+    report = json.loads(jaxstow_command("verify", "--json", folder, check=0).stdout)
+    assert report["intact"] and "carry no checksums" in report["checked"] and len(report["files"]) == 3
+
+
+def test_ls_says_what_a_hugging_face_folder_is(tmp_path):
+    folder = tmp_path / "hf"
+    hf_folder(folder)
+    out = jaxstow_command("ls", folder, check=0).stdout
+    lines = out.splitlines()
+    assert lines[0].split() == ["shard", "tensors", "size"]
+    assert lines[1].split()[:2] == ["model-00001-of-00002.safetensors", "1"]
+    assert lines[2].split()[:2] == ["model-00002-of-00002.safetensors", "2"]
+    assert lines[-1].startswith(f"{folder}: a Hugging Face safetensors folder of 2 shards, 3 tensors, ")
+    assert lines[-1].endswith("; index model.safetensors.index.json")
+    report = json.loads(jaxstow_command("ls", "--json", folder, check=0).stdout)
+    assert [shard["tensors"] for shard in report["shards"]] == [1, 2]
+    assert [shard["bytes"] for shard in report["shards"]] == [
+        os.path.getsize(folder / s["file"]) for s in report["shards"]
+    ]
+
+
+def test_verify_a_damaged_hugging_face_folder_names_each_problem(tmp_path):
+    folder = tmp_path / "hf"
+    hf_folder(folder)
+    cut = folder / "model-00002-of-00002.safetensors"
+    cut.write_bytes(cut.read_bytes()[:-10])  # a shard cut short, as an interrupted download leaves it
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00001-of-00002.safetensors"  # a tensor its shard lacks
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    done = jaxstow_command("verify", folder, check=1)
+    assert f"ok       {folder}/model-00001-of-00002.safetensors" in done.stdout
+    assert f"' of {cut}: the data ends at byte" in done.stdout  # the last tensor of the shard, named
+    assert (
+        f"DAMAGED  leaf 'lm_head.weight' of {folder}/model-00001-of-00002.safetensors: holds no tensor of this name, "
+        "which model.safetensors.index.json maps to it"
+    ) in done.stdout
+    assert "2 of 3 files damaged" in done.stdout and done.stderr == ""
+    cut.unlink()
+    done = jaxstow_command("verify", folder, check=1)
+    assert f"DAMAGED  {cut}: is missing: model.safetensors.index.json maps 2 tensors to it" in done.stdout
+
+
+def test_inspect_verify_and_ls_a_hugging_face_folder_on_s3(s3_server, tmp_path):
+    import fsspec
+
+    hf_folder(tmp_path / "hf")
+    url = s3_server.url("cli-hf")
+    fs, root = fsspec.core.url_to_fs(url, **s3_server.storage_options)
+    for path in (tmp_path / "hf").iterdir():
+        fs.put_file(str(path), f"{root}/{path.name}")
+    options = json.dumps(s3_server.storage_options)
+    inspected = jaxstow_command("inspect", url, "--storage-options", options, check=0).stdout
+    assert "model.proj.weight   model-00002-of-00002.safetensors  bfloat16  (8, 8)" in inspected
+    verified = jaxstow_command("verify", url, "--storage-options", options, check=0).stdout
+    assert f"ok       {url}/model.safetensors.index.json: 3 tensors, each in the shard it names" in verified
+    listed = jaxstow_command("ls", url, "--storage-options", options, check=0).stdout
+    assert f"{url}: a Hugging Face safetensors folder of 2 shards, 3 tensors" in listed

@@ -150,3 +150,47 @@ def test_missing_credentials_are_one_line(s3_server):
     done = jaxstow_command("inspect", url, env={"FSSPEC_S3": endpoint})
     assert_one_line_error(done, "inspect", url)
     assert "credentials" in done.stderr.lower()
+
+
+@pytest.fixture
+def hf_folders(tmp_path):
+    """Hugging Face folders, exported by jaxstow: one with a shard cut short, one whose index names a tensor its shard
+    lacks, and a folder holding a jaxstow file beside a stray safetensors file."""
+    jaxstow.save(tmp_path / "model.jxs", {"embed": np.ones((16, 8), np.float32), "head": np.zeros((8, 4), np.float32)})
+    for name in ("cut", "unindexed"):
+        jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / name, max_shard_size="600B")
+    shard = tmp_path / "cut" / "model-00002-of-00002.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-4])
+    index_path = tmp_path / "unindexed" / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00001-of-00002.safetensors"
+    index_path.write_text(json.dumps(index))
+    (tmp_path / "mixed").mkdir()
+    jaxstow.save(tmp_path / "mixed" / "model.jxs", {"w": np.ones(2)})
+    jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "export")
+    (tmp_path / "export" / "model-00001-of-00001.safetensors").rename(tmp_path / "mixed" / "notes-export.safetensors")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("command", "folder", "expected"),
+    [
+        ("inspect", "cut", "cut/model-00002-of-00002.safetensors: the data ends at byte"),
+        ("ls", "cut", "cut/model-00002-of-00002.safetensors: the data ends at byte"),
+        ("inspect", "unindexed", "unindexed/model-00001-of-00002.safetensors: holds no tensor of this name, which"),
+        ("ls", "unindexed", "unindexed/model-00001-of-00002.safetensors: holds no tensor of this name, which"),
+        ("inspect", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),
+        ("verify", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),
+        ("ls", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),
+    ],
+)
+def test_a_damaged_or_mixed_hugging_face_folder_is_one_line(hf_folders, command, folder, expected):
+    done = jaxstow_command(command, hf_folders / folder)
+    assert_one_line_error(done, command, f"{hf_folders}/{expected}")
+
+
+def test_verify_reports_a_damaged_hugging_face_folder_as_damage(hf_folders):
+    for folder in ("cut", "unindexed"):
+        done = jaxstow_command("verify", hf_folders / folder)
+        assert done.returncode == 1 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
+        assert "DAMAGED  leaf '" in done.stdout and "1 of 3 files damaged" in done.stdout

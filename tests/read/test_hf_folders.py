@@ -22,7 +22,14 @@ from safetensors.numpy import save_file
 
 import jaxstow
 from jaxstow._format.dtypes import READ_ONLY_CODES, SAFETENSORS_CODES
-from jaxstow.errors import ArgumentError, FormatError, PathNotFoundError, StructureMismatchError, TruncatedFileError
+from jaxstow.errors import (
+    ArgumentError,
+    FormatError,
+    IsAFolderError,
+    PathNotFoundError,
+    StructureMismatchError,
+    TruncatedFileError,
+)
 
 RNG = np.random.default_rng(7)
 TENSORS = {
@@ -312,3 +319,107 @@ def test_each_process_reads_only_the_rows_its_devices_hold(tmp_path):
     for report in reports:
         assert report["bytes_held"] == rows.nbytes // 2
         assert rows.nbytes // 2 <= report["bytes_read"] < rows.nbytes // 2 + (64 << 10)  # its half of w, b, headers
+
+
+def _square_folder(tmp_path, n: int) -> tuple[Path, np.ndarray]:
+    """A folder with a square ``fc.weight`` (torch's (out, in)) and its bias, as a Hugging Face export holds them."""
+    weight = np.arange(n * n, dtype=np.float32).reshape(n, n)
+    folder = _write(tmp_path / "square", {"fc.weight": weight, "fc.bias": np.ones(n, np.float32)}, [["fc.weight"], ["fc.bias"]])  # fmt: skip
+    return folder, weight
+
+
+@pytest.mark.parametrize("n", [3, 16])
+@pytest.mark.parametrize("marks", ["set", "predicate"])
+def test_a_square_tensor_marked_transposed_is_turned_over(tmp_path, n, marks):
+    folder, weight = _square_folder(tmp_path, n)
+    transposed = {"fc.weight"} if marks == "set" else (lambda name: name.endswith(".weight"))
+    like = {"fc": {"kernel": jnp.zeros((n, n))}}
+    names = {"fc.weight": "fc/kernel"}
+    loaded = jaxstow.load(folder, like=like, names=names, transposed=transposed)
+    _equal(loaded["fc"]["kernel"], weight.T)
+    with jaxstow.open(folder, names=names, transposed=transposed) as reader:
+        _equal(reader.load(like)["fc"]["kernel"], weight.T)
+        _equal(reader["fc/kernel"], weight.T)
+        _equal(reader.read("fc/kernel", np.s_[1]), weight.T[1])
+        _equal(reader.read("fc/kernel", np.s_[1:, :2]), weight.T[1:, :2])
+        assert reader.info("fc/kernel").shape == (n, n)
+    with jaxstow.open(folder) as reader:  # a plain reader: the names and marks given to its load
+        _equal(reader.load(like, names=names, transposed=transposed)["fc"]["kernel"], weight.T)
+        _equal(reader["fc.weight"], weight)  # and as stored when nothing marks it
+    with jaxstow.open(folder, transposed=transposed) as reader:  # by tensor name, turned over
+        _equal(reader["fc.weight"], weight.T)
+        _equal(reader.read("fc.weight", np.s_[:, 0]), weight.T[:, 0])
+        _equal(reader.load(as_numpy=True)["fc.weight"], weight.T)
+
+
+def test_a_square_tensor_turns_over_onto_a_mesh(tmp_path):
+    folder, weight = _square_folder(tmp_path, 16)
+    mesh = jax.make_mesh((2, 2), ("a", "b"))
+    like = {"fc": {"kernel": jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(mesh, P("a", "b")))}}
+    loaded = jaxstow.load(folder, like, names={"fc.weight": "fc/kernel"}, transposed={"fc.weight"})
+    kernel = loaded["fc"]["kernel"]
+    assert kernel.sharding.spec == P("a", "b")
+    for shard in kernel.addressable_shards:  # each device's box, read by byte ranges from the turned tensor
+        _equal(shard.data, weight.T[shard.index])
+
+
+def test_a_turned_tensor_that_does_not_fit_names_both_shapes(tmp_path):
+    folder = _write(tmp_path / "hf", {"fc.weight": np.zeros((4, 3), np.float32)}, [["fc.weight"]])
+    with pytest.raises(StructureMismatchError) as info:
+        jaxstow.load(folder, {"fc": {"kernel": jnp.zeros((4, 3))}}, names={"fc.weight": "fc/kernel"},
+                     transposed={"fc.weight"})  # fmt: skip
+    message = str(info.value)
+    assert "'fc/kernel': the file has float32[3, 4] (tensor 'fc.weight' stored as [4, 3], turned over by " in message
+    assert "expected float32[4, 3]" in message
+
+
+def test_a_stray_safetensors_file_beside_a_jaxstow_file_is_refused(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    jaxstow.save(folder / "model.jxs", {"w": jnp.ones(3)})
+    save_file({"notes": np.zeros(2, np.float32)}, str(folder / "notes-export.safetensors"))
+    for call in (jaxstow.load, jaxstow.open):
+        with pytest.raises(IsAFolderError) as info:
+            call(folder)
+        message = str(info.value)
+        assert "holds model.jxs (a jaxstow file) beside notes-export.safetensors" in message
+        assert f"jaxstow.load({str(folder / 'model.jxs')!r})" in message
+    assert jaxstow.load(folder / "model.jxs", as_numpy=True)["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_folder_holding_an_npz_or_a_jaxstow_safetensors_file_is_refused(tmp_path):
+    with_npz = _write(tmp_path / "npz", index=False)
+    np.savez(with_npz / "extra.npz", a=np.arange(3))
+    with pytest.raises(IsAFolderError, match=r"holds extra\.npz \(an npz file\) beside model-00001-of-00003"):
+        jaxstow.load(with_npz)
+    named = _write(tmp_path / "named", index=False)
+    jaxstow.save(named / "params.safetensors", {"layer": {"w": jnp.ones(2)}})  # jaxstow's own, named .safetensors
+    with pytest.raises(IsAFolderError, match=r"holds params\.safetensors \(a jaxstow file\)") as info:
+        jaxstow.open(named)
+    assert f"jaxstow.load({str(named / 'params.safetensors')!r})" in str(info.value)
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    jaxstow.save(alone / "model.jxs", {"w": jnp.ones(2)})
+    with pytest.raises(IsAFolderError, match=r"holds model\.jxs \(a jaxstow file\), and no model\.safetensors"):
+        jaxstow.load(alone)
+
+
+def test_an_index_decides_and_other_libraries_weights_are_left_alone(tmp_path):
+    folder = _write(tmp_path / "hf")
+    jaxstow.save(folder / "model.jxs", {"w": jnp.ones(2)})  # beside an index: the index names the model's files
+    assert sorted(jaxstow.load(folder, as_numpy=True)) == sorted(TENSORS)
+    single = _write(tmp_path / "single", {"w": TENSORS["lm_head.weight"]}, [["w"]], index=False)
+    (single / "pytorch_model.bin").write_bytes(b"PK\x03\x04 the same weights, as torch.save wrote them")
+    (single / "config.json").write_text("{}")
+    _equal(jaxstow.load(single, as_numpy=True)["w"], TENSORS["lm_head.weight"])
+
+
+def test_a_checkpoint_folder_with_a_stray_safetensors_file_points_to_the_manager(tmp_path):
+    run = tmp_path / "run"
+    with jaxstow.CheckpointManager(run) as manager:
+        manager.save(1, {"params": {"w": jnp.ones(2)}, "opt": {"mu": jnp.zeros(2)}})
+    save_file({"w": np.ones(2, np.float32)}, str(run / "export.safetensors"))
+    with pytest.raises(IsAFolderError, match=r"is a checkpoint folder.*CheckpointManager\(.*\)\.restore\(\)"):
+        jaxstow.load(run)
+    with pytest.raises(IsAFolderError, match=r"step 1 of a checkpoint folder.*\.restore\(1\)"):
+        jaxstow.open(run / "1")  # a step's item files are safetensors files too: still a step

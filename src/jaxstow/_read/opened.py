@@ -259,6 +259,11 @@ class OpenedFile(Mapping[str, Any]):
         shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
         return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
 
+    def origin(self, path: str) -> str:
+        """What a message adds to the leaf at ``path`` to say where it comes from: nothing, for a leaf of one file."""
+        del path
+        return ""
+
     def treedef(self) -> PyTreeDef | None:
         """The saved tree structure; ``None`` for a file without a jaxstow manifest (it holds a flat dict)."""
         manifest = self.container.manifest

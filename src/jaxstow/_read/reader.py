@@ -13,11 +13,12 @@ from typing import Any, Unpack
 
 from jaxstow._format.native_or_npz import Container, open_container
 from jaxstow._format.source import ReadSource
+from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
 from jaxstow._read.opened import LeafInfo, OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
-from jaxstow._read.sharded_folder import FolderFile, Names, Transposed, folder_listing, open_folder
+from jaxstow._read.sharded_folder import folder_listing, open_folder
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
@@ -76,13 +77,11 @@ class Reader(OpenedFile):
 class FolderReader(FolderFile, Reader):
     """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file; :func:`jaxstow.open` makes it.
 
-    Its paths are the tensor names. :meth:`load` without ``like`` gives a flat dict by tensor name; with ``like``, the
-    tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere, and the 2-d tensors that
-    ``transposed`` marks are turned over. See docs/other-formats.md.
+    Its paths are the tensor names, or those ``names`` gives them; the 2-d tensors that ``transposed`` marks are read
+    turned over, by ``reader[path]``, :meth:`read` and :meth:`load` alike. :meth:`load` without ``like`` gives a flat
+    dict by path; with ``like``, the tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere.
+    See docs/other-formats.md.
     """
-
-    names: Names | None = None
-    transposed: Transposed | None = None
 
     def load(
         self,
@@ -92,7 +91,7 @@ class FolderReader(FolderFile, Reader):
         transposed: Transposed | None = None,
         **options: Unpack[LoadOptions],
     ) -> Any:
-        """Restore the tensors, as :meth:`Reader.load` does, by tensor name or into ``like``'s paths.
+        """Restore the tensors, as :meth:`Reader.load` does, by path or into ``like``'s paths.
 
         ``names`` and ``transposed``, when given, stand for those given to :func:`jaxstow.open`.
         """
@@ -134,9 +133,7 @@ def open_reader_at(
             return reader
     if mmap:
         raise ArgumentError(f"mmap=True maps one local file, and {location.name} is a folder of safetensors files")
-    reader = open_folder(location, FolderReader, settings)
-    reader.names, reader.transposed = names, transposed
-    return reader
+    return open_folder(location, FolderReader, settings, names=names, transposed=transposed)
 
 
 def open(
@@ -160,9 +157,11 @@ def open(
         storage_options: fsspec's options, for a URL (fsspec's configuration fills in the rest).
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
-        names: for a folder, each tensor's path in ``like`` (a function ``name -> path``, ``None`` to leave it out, or a
-            mapping); ``a.b.0.c`` -> ``a/b/0/c`` by default.
-        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
+        names: for a folder, each tensor's path, in the reader and in ``like`` (a function ``name -> path``, ``None`` to
+            leave it out, or a mapping); the tensor names in the reader and ``a.b.0.c`` -> ``a/b/0/c`` in ``like`` by
+            default.
+        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate. They
+            are read turned over, by ``reader[path]``, :meth:`Reader.read` and :meth:`Reader.load`, whatever their shape.
 
     Returns:
         A :class:`Reader`, to be closed (or used in a ``with`` block).

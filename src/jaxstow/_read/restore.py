@@ -427,7 +427,7 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
 
 def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
     if path in opened.stored:
-        return describe_stored(opened.stored[path])
+        return describe_stored(opened.stored[path]) + opened.origin(path)
     if path in opened.per_process:
         return "a per-process value"
     return Target("value", value=decode_value_entry(opened.value_entries[path], file=opened.file)).describe()

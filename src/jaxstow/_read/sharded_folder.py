@@ -1,11 +1,12 @@
-"""A folder of safetensors files (Hugging Face's sharded checkpoints) read as one lazy file.
+"""A folder of safetensors files (Hugging Face's sharded checkpoints): what makes one, and opening it as one lazy file.
 
 The folder holds ``model.safetensors.index.json``, whose ``weight_map`` names the file of every tensor, and those
-files; or only ``*.safetensors`` files, whose tensors together make the flat dict. Every file's header is read when the
-folder is opened; each tensor becomes a leaf stored whole in its file, so a slice, or the part a device holds, is read
-by byte ranges as any sharded leaf is. Paths are the tensor names; :meth:`FolderFile.mapped` fits them to a tree's
-paths (``a.b.0.c`` -> ``a/b/0/c`` unless ``names`` says otherwise), each 2-d tensor that ``transposed`` marks turned
-over (torch's ``weight`` is (out, in), flax's ``kernel`` (in, out)).
+files; or, without an index, ``*.safetensors`` files whose tensors together make the flat dict, and no file that
+jaxstow loads whole (``.jxs``, ``.npz``, a safetensors file with a jaxstow manifest): such a folder is refused, naming
+what it holds and the call that loads it. A checkpoint folder, one of its steps or an orbax folder is none either.
+Every file's header is read and checked when the folder is opened, and the index against the files; each tensor then
+becomes a leaf stored whole in its file (:class:`~jaxstow._read.folder_file.FolderFile`), so a slice, or the part a
+device holds, is read by byte ranges as any sharded leaf is.
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
@@ -22,34 +23,40 @@ over (torch's ``weight`` is (out, in), flax's ``kernel`` (in, out)).
 from __future__ import annotations
 
 import json
-import math
 import os
 import posixpath
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
-
-import numpy as np
 
 from jaxstow._format.kinds import folder_kind
 from jaxstow._format.native_or_npz import Container, open_container
-from jaxstow._format.shards import Box, ShardedLeaf, Stored, StoredShard
-from jaxstow._read.opened import LeafInfo, OpenedFile
-from jaxstow._read.shard_reads import ShardReads
+from jaxstow._format.shards import ShardedLeaf, StoredShard
+from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
-from jaxstow.errors import ArgumentError, FormatError, PathError, PathNotFoundError, excerpt
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathError, PathNotFoundError, excerpt
 
-__all__ = ["INDEX_SUFFIX", "FolderFile", "Names", "Transposed", "child", "folder_listing", "list_folder", "open_folder"]
+__all__ = [
+    "INDEX_SUFFIX",
+    "WHOLE_FILES",
+    "FolderFile",
+    "Listing",
+    "Names",
+    "Transposed",
+    "check_plain",
+    "child",
+    "folder_listing",
+    "list_folder",
+    "open_folder",
+    "open_shard",
+    "tensor_files",
+]
 
-F = TypeVar("F", bound="FolderFile")
+F = TypeVar("F", bound=FolderFile)
 
 #: How the index of a sharded folder is named: ``model.safetensors.index.json`` (any prefix).
 INDEX_SUFFIX = ".safetensors.index.json"
-#: A tensor name's path in a tree: a function (``None``: leave the tensor out) or a mapping (absent: left out).
-Names = Callable[[str], str | None] | Mapping[str, str]
-#: The 2-d tensors stored transposed: a set of tensor names or a predicate on them.
-Transposed = Callable[[str], bool] | Collection[str]
 
 
 class Listing(NamedTuple):
@@ -65,7 +72,10 @@ class Listing(NamedTuple):
 def folder_listing(location: Location, settings: StorageSettings | None = None) -> Listing | None:
     """The files of the folder at ``location`` if it is a sharded safetensors folder; ``None`` if it is none.
 
-    A folder without an index is one when it holds ``.safetensors`` files and is no checkpoint step.
+    A folder with an index is one. A folder without is one when it holds ``.safetensors`` files and no other file that
+    jaxstow loads whole (``.jxs``, ``.npz``); a folder holding those raises an :class:`~jaxstow.errors.IsAFolderError`
+    naming them and the call that loads one. A checkpoint folder, one of its steps or an orbax folder is none: the
+    reader's error names it and what restores it.
     """
     listed = list_folder(location, settings)
     if listed is None:
@@ -81,10 +91,37 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
         index = indexes[0]
         weight_map, metadata = _parse_index(read(index), file=child(location.name, index))
         return Listing(location.name, sorted(set(weight_map.values())), index, weight_map, metadata)
-    files = sorted(name for name in names if name.endswith(".safetensors"))
-    if not files or folder_kind(lambda sub: names if sub == "" else None).name != "unknown":
+    if folder_kind(lambda sub: names if sub == "" else _subfolder(location, sub, settings)).name != "unknown":
         return None
-    return Listing(location.name, files, None, None, None)
+    files = sorted(name for name in names if name.endswith(".safetensors"))
+    whole = sorted(name for name in names if name.endswith(WHOLE_FILES))
+    if whole:
+        raise IsAFolderError(_not_shards(location.name, whole, files), file=location.name)
+    return Listing(location.name, files, None, None, None) if files else None
+
+
+#: The files of a folder that jaxstow loads whole, each on its own: jaxstow's own and npz files.
+WHOLE_FILES = (".jxs", ".npz")
+
+
+def _not_shards(folder: str, whole: Sequence[str], shards: Sequence[str]) -> str:
+    """Why a folder without an index that holds files loaded whole is no folder of shards, and what loads one."""
+    described = [f"{name} ({'an npz file' if name.endswith('.npz') else 'a jaxstow file'})" for name in whole]
+    beside = f" beside {_few(shards)}" if shards else ""
+    return (
+        f"holds {_few(described)}{beside}, and no model{INDEX_SUFFIX}: a folder loads as one model only when its model "
+        f"files are all plain safetensors files. Load one file: jaxstow.load({child(folder, whole[0])!r})"
+    )
+
+
+def _few(names: Sequence[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _subfolder(location: Location, name: str, settings: StorageSettings | None) -> list[str] | None:
+    """The names in the subfolder ``name`` of the folder at ``location``; ``None`` if it is no folder."""
+    listed = list_folder(locate(child(location.path or location.url or location.name, name)), settings)
+    return None if listed is None else listed[0]
 
 
 def list_folder(
@@ -140,23 +177,46 @@ def child(folder: str, name: str) -> str:
     return posixpath.join(folder, name) if "://" in folder else os.path.join(folder, name)
 
 
-def open_folder(location: Location, kind: type[F], settings: StorageSettings | None = None) -> F:
-    """The sharded safetensors folder at ``location`` as a ``kind``, its files' headers read; an error if it is none."""
+def open_folder(
+    location: Location,
+    kind: type[F],
+    settings: StorageSettings | None = None,
+    *,
+    names: Names | None = None,
+    transposed: Transposed | None = None,
+) -> F:
+    """The sharded safetensors folder at ``location`` as a ``kind``, its files' headers read; an error if it is none.
+
+    ``names`` and ``transposed`` give the view's paths and the tensors read turned over (see :class:`FolderFile`).
+    """
     listing = folder_listing(location, settings)
     if listing is None:
         raise PathNotFoundError("is no folder of safetensors files", file=location.name)
     containers: list[Container] = []
     try:
         for name in listing.files:
-            containers.append(_open_shard(listing, name, settings))
-        return kind(containers, _leaves(listing, containers), folder=listing.folder, metadata=listing.metadata)
+            containers.append(open_shard(listing, name, settings))
+        check_plain(listing, containers)
+        where, problems = tensor_files(listing, containers)
+        if problems:
+            raise problems[0]
+        return kind(
+            containers,
+            _leaves(containers, where),
+            folder=listing.folder,
+            metadata=listing.metadata,
+            index=listing.index_name,
+            names=names,
+            transposed=transposed,
+        )
     except BaseException:
         for container in containers:
             container.close()
         raise
 
 
-def _open_shard(listing: Listing, name: str, settings: StorageSettings | None) -> Container:
+def open_shard(listing: Listing, name: str, settings: StorageSettings | None) -> Container:
+    """The file ``name`` of the folder, its header read and checked; a missing file names what the index maps to it."""
     shown = child(listing.folder, name)
     try:
         source = locate(shown).open(settings)
@@ -165,7 +225,7 @@ def _open_shard(listing: Listing, name: str, settings: StorageSettings | None) -
             raise
         tensors = sorted(tensor for tensor, shard in listing.weight_map.items() if shard == name)
         raise PathNotFoundError(
-            f"is missing: {listing.index_name} maps {len(tensors)} tensors to it ({', '.join(tensors[:3])}"
+            f"is missing: {listing.index_name} maps {len(tensors)} tensor{'s' if len(tensors) != 1 else ''} to it ({', '.join(tensors[:3])}"
             f"{', ...' if len(tensors) > 3 else ''})",
             file=shown,
         ) from error
@@ -176,132 +236,55 @@ def _open_shard(listing: Listing, name: str, settings: StorageSettings | None) -
         raise
 
 
-def _leaves(listing: Listing, containers: Sequence[Container]) -> dict[str, ShardedLeaf]:
-    """Every tensor as a leaf stored whole in its file (those the index maps, or all of every file)."""
+def check_plain(listing: Listing, containers: Sequence[Container | None]) -> None:
+    """Refuse a folder without an index whose ``.safetensors`` files include a jaxstow file (it loads whole)."""
+    if listing.weight_map is not None:
+        return
+    opened = [(name, container) for name, container in zip(listing.files, containers, strict=True) if container]
+    whole = [name for name, container in opened if container.manifest is not None]
+    if whole:
+        plain = [name for name, container in opened if container.manifest is None]
+        raise IsAFolderError(_not_shards(listing.folder, whole, plain), file=listing.folder)
+
+
+def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tuple[dict[str, int], list[FormatError]]:
+    """Which file holds each tensor (an index in ``listing.files``), and every way the files and the index disagree.
+
+    With an index, the tensors it maps, each in the file it names; without, every tensor of every file, each in one
+    file only. A file not opened (``None``) is passed over.
+    """
     where: dict[str, int] = {}
+    problems: list[FormatError] = []
     if listing.weight_map is not None:
         position = {name: source for source, name in enumerate(listing.files)}
         for tensor, shard in listing.weight_map.items():
-            if tensor not in containers[position[shard]].slots:
-                raise FormatError(
-                    f"holds no tensor of this name, which {listing.index_name} maps to it",
-                    file=containers[position[shard]].file,
-                    path=tensor,
-                )
-            where[tensor] = position[shard]
-    else:
-        for source, container in enumerate(containers):
-            for tensor in container.slots:
-                if tensor in where:
-                    raise FormatError(
-                        f"is also in {containers[where[tensor]].file}: the folder's files hold it twice",
-                        file=container.file,
-                        path=tensor,
-                    )
+            container = containers[position[shard]]
+            if container is None:
+                continue
+            if tensor not in container.slots:
+                message = f"holds no tensor of this name, which {listing.index_name} maps to it"
+                problems.append(FormatError(message, file=container.file, path=tensor))
+            else:
+                where[tensor] = position[shard]
+        return where, problems
+    for source, container in enumerate(containers):
+        if container is None:
+            continue
+        for tensor in container.slots:
+            if tensor in where:
+                first = child(listing.folder, listing.files[where[tensor]])
+                message = f"is also in {first}: the folder's files hold it twice"
+                problems.append(FormatError(message, file=container.file, path=tensor))
+            else:
                 where[tensor] = source
+    return where, problems
+
+
+def _leaves(containers: Sequence[Container], where: Mapping[str, int]) -> dict[str, ShardedLeaf]:
+    """Every tensor as a leaf stored whole in its file, by name."""
     leaves = {}
     for tensor in sorted(where):
         slot = containers[where[tensor]].slots[tensor]
         whole = StoredShard(tensor, where[tensor], full_box(slot.shape), None)
         leaves[tensor] = ShardedLeaf(tensor, "sharded", slot.dtype, slot.shape, None, None, (whole,), None)
     return leaves
-
-
-class FolderFile(OpenedFile):
-    """A sharded safetensors folder's tensors as one file's leaves, by tensor name or mapped onto a tree's paths.
-
-    ``layout`` holds each leaf as stored; a leaf in ``stored`` whose shape is turned over is read turned over.
-    """
-
-    def __init__(
-        self,
-        containers: Sequence[Container],
-        layout: Mapping[str, ShardedLeaf],
-        *,
-        folder: str,
-        metadata: dict[str, Any] | None,
-        presented: Mapping[str, Stored] | None = None,
-    ) -> None:
-        super().__init__(containers, leaves=presented if presented is not None else layout)
-        self.file = folder
-        self.metadata = metadata if metadata is not None else self.metadata
-        self.layout = dict(layout)
-
-    def mapped(self, names: Names | None = None, transposed: Transposed | None = None) -> FolderFile:
-        """The same tensors by the paths ``names`` gives them (dots become slashes by default).
-
-        Each 2-d tensor that ``transposed`` marks is turned over. The view shares this folder's open files.
-        """
-        mapping = _path_mapping(names, list(self.layout))
-        marked = _marked(transposed, list(self.layout))
-        layout: dict[str, ShardedLeaf] = {}
-        presented: dict[str, Stored] = {}
-        for tensor, path in mapping.items():
-            leaf = self.layout[tensor]
-            if path in layout:
-                raise ArgumentError(f"names= gives {layout[path].shards[0].tensor!r} and {tensor!r} the path {path!r}")
-            layout[path] = leaf._replace(path=path)
-            shape = leaf.shape
-            if tensor in marked:
-                if len(shape) != 2:
-                    raise ArgumentError(f"transposed= marks {tensor!r}, of shape {list(shape)}: only 2-d tensors turn")
-                shape = shape[::-1]
-            presented[path] = leaf._replace(path=path, shape=shape)
-        return FolderFile(self.containers, layout, folder=self.file, metadata=self.metadata, presented=presented)
-
-    def info(self, path: str) -> LeafInfo:
-        """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
-        return super().info(path)._replace(kind="array")
-
-    def read_box(self, path: str, box: Box) -> np.ndarray:
-        """The elements of ``box`` of the tensor at ``path``, read by byte ranges (turned over where marked)."""
-        self.check_open(f"reading leaf {excerpt(path)}")
-        stored = self.layout[path]
-        turned = stored.shape != self.stored[path].shape
-        reads = ShardReads(self.containers)
-        assembled = reads.box(stored, box[::-1] if turned else box)
-        self.on_read(math.prod(stop - start for start, stop in box) * stored.dtype.itemsize)
-        reads.run()
-        return np.ascontiguousarray(assembled().T) if turned else assembled()
-
-    def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
-        """Whole tensors by path, read together (the tensors turned over each on its own)."""
-        self.check_open("reading leaves")
-        turned = {leaf.path: leaf for leaf in leaves if leaf.shape != self.layout[leaf.path].shape}
-        arrays = super().read_arrays([self.layout[leaf.path] for leaf in leaves if leaf.path not in turned])
-        arrays.update({path: self.read_box(path, full_box(leaf.shape)) for path, leaf in turned.items()})
-        return arrays
-
-    def __repr__(self) -> str:
-        return f"<jaxstow folder {self.file}: {len(self.paths)} tensors in {len(self.containers)} files>"
-
-
-def _path_mapping(names: Names | None, tensors: list[str]) -> dict[str, str]:
-    if names is None:
-        return {tensor: tensor.replace(".", "/") for tensor in tensors}
-    if isinstance(names, Mapping):
-        unknown = sorted(set(names) - set(tensors))
-        if unknown:
-            raise ArgumentError(f"names= maps tensors the folder lacks: {unknown[:5]}")
-        return {tensor: names[tensor] for tensor in tensors if tensor in names}
-    mapping = {}
-    for tensor in tensors:
-        path = names(tensor)
-        if path is not None and not isinstance(path, str):
-            raise ArgumentError(f"names= gives {tensor!r} the path {path!r}: a string, or None to leave it out")
-        if path is not None:
-            mapping[tensor] = path
-    return mapping
-
-
-def _marked(transposed: Transposed | None, tensors: list[str]) -> set[str]:
-    if transposed is None:
-        return set()
-    if callable(transposed):
-        return {tensor for tensor in tensors if transposed(tensor)}
-    if isinstance(transposed, str):
-        raise ArgumentError("transposed= takes a set of tensor names or a predicate, not one string")
-    unknown = sorted(set(transposed) - set(tensors))
-    if unknown:
-        raise ArgumentError(f"transposed= names tensors the folder lacks: {unknown[:5]}")
-    return set(transposed)

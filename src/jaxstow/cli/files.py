@@ -1,4 +1,5 @@
-"""What the commands read: a file's leaves (from its header), their stored arrays, and the steps of a folder.
+"""What the commands read: a file's leaves (from its header), their stored arrays, the steps of a folder, and the
+shards of a Hugging Face folder of safetensors files.
 
 Every command goes through these few functions, so that they read local paths and fsspec URLs alike, each URL
 reached as the command's ``--storage-options`` and ``--transfer`` say (:func:`storage`, set once per command).
@@ -28,11 +29,12 @@ import numpy as np
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import folder_problem, recognise
-from jaxstow._read.reader import Reader, open_parts
+from jaxstow._read.reader import FolderReader, Reader, open_parts
+from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
-from jaxstow._storage.opening import open_source
+from jaxstow._storage.opening import locate, open_source
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.store import Store, open_store
@@ -54,9 +56,12 @@ __all__ = [
     "committed_steps",
     "describe",
     "file_size",
+    "file_sizes",
+    "hf_listing",
     "is_folder",
     "kind_of_path",
     "open_file",
+    "open_hf_folder",
     "open_source_at",
     "read_arrays",
     "require_folder",
@@ -182,9 +187,36 @@ def open_file(target: str | ReadSource | Sequence[ReadSource]) -> Iterator[Reade
         reader.close()
 
 
+def hf_listing(target: str) -> Listing | None:
+    """The files of the Hugging Face folder of safetensors files at ``target`` (a path or an fsspec URL).
+
+    ``None`` when ``target`` is a file or another folder (a checkpoint folder, one of its steps); a folder without an
+    index that holds files jaxstow loads whole (``.jxs``, ``.npz``) raises an error that names them.
+    """
+    if kind_of_path(target) != "folder":
+        return None
+    return folder_listing(locate(target), storage(target))
+
+
+@contextlib.contextmanager
+def open_hf_folder(target: str) -> Iterator[FolderReader]:
+    """The Hugging Face folder at ``target`` as one lazy file, every shard's header read and checked, the index against
+    the shards; closed when the block ends."""
+    reader = open_folder(locate(target), FolderReader, storage(target))
+    try:
+        yield reader
+    finally:
+        reader.close()
+
+
 def file_size(reader: Reader) -> int:
     """The size of the reader's files in bytes."""
-    return sum(int(cast(Any, container).source.size) for container in reader.containers)
+    return sum(file_sizes(reader))
+
+
+def file_sizes(reader: Reader) -> list[int]:
+    """The size of each of the reader's files in bytes."""
+    return [int(cast(Any, container).source.size) for container in reader.containers]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""``jaxstow inspect FILE``: the tree of a file as a table (path, dtype, shape, size), its totals and its metadata.
+"""``jaxstow inspect FILE|FOLDER``: the tree of a file as a table (path, dtype, shape, size), its totals and metadata.
 
-Only the header is read, so inspecting a large file is instant.
+Only the header is read, so inspecting a large file is instant. A Hugging Face folder of safetensors files shows its
+tensors with the shard that holds each, from the shards' headers.
 
 >>> import os, tempfile, jax.numpy as jnp, jaxstow
 >>> from jaxstow.cli import main
@@ -22,16 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
+from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.kinds import KINDS
 from jaxstow._format.npz import NpzReader
-from jaxstow._read.reader import Reader
+from jaxstow._read.reader import FolderReader, Reader
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Leaf, add_storage_arguments, describe, file_size, open_file
+from jaxstow.cli.files import Leaf, add_storage_arguments, describe, file_size, hf_listing, open_file, open_hf_folder
 from jaxstow.cli.output import Table, print_json
 
-__all__ = ["add", "run", "summary"]
+__all__ = ["HF_FOLDER", "add", "folder_summary", "run", "summary"]
+
+#: What ``inspect`` and ``ls`` call a Hugging Face folder of safetensors files.
+HF_FOLDER = "Hugging Face safetensors folder"
 
 
 def add(commands: Any) -> None:
@@ -39,16 +45,30 @@ def add(commands: Any) -> None:
         "inspect",
         help="the tree of a file: path, dtype, shape and size of every leaf, totals, metadata",
         description="Show the tree of a jaxstow, safetensors or npz file from its header: every leaf's path, dtype, "
-        "shape and size (values such as hyperparameters with their value), the totals and the user's metadata. A "
-        "file or folder of another library (PyTorch, pickle, equinox, flax, orbax) is named, with what reads it.",
+        "shape and size (values such as hyperparameters with their value), the totals and the user's metadata; or "
+        "the tensors of a Hugging Face folder of safetensors files, with the shard that holds each. A file or folder "
+        "of another library (PyTorch, pickle, equinox, flax, orbax) is named, with what reads it.",
     )
-    parser.add_argument("file", help="a jaxstow, safetensors or npz file (a path or an fsspec URL)")
+    parser.add_argument(
+        "file",
+        metavar="FILE|FOLDER",
+        help="a jaxstow, safetensors or npz file, or a Hugging Face folder of safetensors files (a path or an fsspec "
+        "URL)",
+    )
     parser.add_argument("--json", action="store_true", help="print the same as JSON, for scripts")
     add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if hf_listing(args.file) is not None:
+        with open_hf_folder(args.file) as folder:
+            report = folder_summary(folder)
+        if args.json:
+            print_json(report)
+        else:
+            _show_folder(report)
+        return 0
     with open_file(args.file) as container:
         report = summary(container)
     if args.json:
@@ -98,6 +118,45 @@ def summary(container: Reader) -> dict[str, Any]:
         "array_bytes": sum(leaf.nbytes for leaf in leaves),
         "metadata": container.metadata,
     }
+
+
+def folder_summary(folder: FolderReader) -> dict[str, Any]:
+    """What ``inspect`` shows of a Hugging Face folder, as a JSON-able dict: its index, shards and tensors."""
+    leaves = [
+        {
+            "path": path,
+            "shard": os.path.basename(folder.shard_of(path)),
+            "kind": "array",
+            "dtype": name_of_dtype(leaf.dtype) or str(leaf.dtype),
+            "shape": list(leaf.shape),
+            "nbytes": leaf.nbytes,
+        }
+        for path, leaf in folder.stored.items()
+    ]
+    return {
+        "file": folder.file,
+        "format": HF_FOLDER,
+        "index": folder.index,
+        "shards": [os.path.basename(container.file) for container in folder.containers],
+        "file_bytes": file_size(folder),
+        "leaves": leaves,
+        "array_bytes": sum(leaf["nbytes"] for leaf in leaves),
+        "metadata": folder.metadata,
+    }
+
+
+def _show_folder(report: dict[str, Any]) -> None:
+    shards = len(report["shards"])
+    index = f", index {report['index']}" if report["index"] else ", no index"
+    print(f"{report['file']}: {HF_FOLDER}, {_plural(shards, 'shard')}{index}, {format_bytes(report['file_bytes'])}")
+    table = Table(["path", "shard", "dtype", "shape", "size"], right=["size"])
+    for leaf in report["leaves"]:
+        table.add(leaf["path"], leaf["shard"], leaf["dtype"], str(tuple(leaf["shape"])), format_bytes(leaf["nbytes"]))
+    table.show()
+    tensors = _plural(len(report["leaves"]), "tensor")
+    print(f"{tensors} ({format_bytes(report['array_bytes'])}) in {_plural(shards, 'shard')}")
+    if report["metadata"] is not None:
+        print(f"metadata: {json.dumps(report['metadata'])}")
 
 
 def _leaf_json(leaf: Leaf) -> dict[str, Any]:

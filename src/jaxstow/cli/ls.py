@@ -1,4 +1,5 @@
-"""``jaxstow ls FOLDER``: the steps of a checkpoint folder, with their time, size, metrics and keep rules.
+"""``jaxstow ls FOLDER``: the steps of a checkpoint folder, with their time, size, metrics and keep rules; or what a
+Hugging Face folder of safetensors files holds (its shards, their tensors and sizes).
 
 The keep rules are those of the manager that wrote the newest step (recorded in its ``checkpoint.json``).
 
@@ -21,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, add_storage_arguments, committed_steps
+from jaxstow.cli.files import Step, add_storage_arguments, committed_steps, file_sizes, hf_listing, open_hf_folder
+from jaxstow.cli.inspect import HF_FOLDER
 from jaxstow.cli.output import Table, print_json
 
 __all__ = ["add", "keep_policy", "run"]
@@ -36,15 +39,20 @@ def add(commands: Any) -> None:
         "ls",
         help="the steps of a checkpoint folder: step, time, size, metrics, the keep rule that holds each",
         description="List the committed steps of a folder written by jaxstow.CheckpointManager: step, time, size, "
-        "metrics, and which keep rule of the manager holds each step.",
+        "metrics, and which keep rule of the manager holds each step. Of a Hugging Face folder of safetensors "
+        "files, say what it is and list its shards: tensors and size of each.",
     )
-    parser.add_argument("folder", help="a checkpoint folder (a path or an fsspec URL)")
+    parser.add_argument(
+        "folder", help="a checkpoint folder or a Hugging Face folder of safetensors files (a path or an fsspec URL)"
+    )
     parser.add_argument("--json", action="store_true", help="print the steps as JSON, for scripts")
     add_storage_arguments(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if hf_listing(args.folder) is not None:
+        return _hf_folder(args)
     steps = committed_steps(args.folder)
     policy = keep_policy(steps[-1])
     metric = None if policy is None else policy.metric
@@ -83,6 +91,33 @@ def run(args: argparse.Namespace) -> int:
     total = format_bytes(sum(row["bytes"] for row in rows))
     rules = "unknown (written by an older jaxstow)" if policy is None else _describe(policy)
     print(f"{len(rows)} step{'s' if len(rows) != 1 else ''}, {total}; keep rules: {rules}")
+    return 0
+
+
+def _hf_folder(args: argparse.Namespace) -> int:
+    """What a Hugging Face folder holds: its shards, the tensors and bytes of each, from their headers."""
+    with open_hf_folder(args.folder) as folder:
+        counts = [0] * len(folder.containers)
+        for leaf in folder.layout.values():
+            counts[leaf.shards[0].source] += 1
+        sizes = file_sizes(folder)
+        names = [os.path.basename(container.file) for container in folder.containers]
+        index = folder.index
+    if args.json:
+        shards = [
+            {"file": name, "tensors": count, "bytes": size}
+            for name, count, size in zip(names, counts, sizes, strict=True)
+        ]
+        print_json({"folder": args.folder, "format": HF_FOLDER, "index": index, "shards": shards})
+        return 0
+    table = Table(["shard", "tensors", "size"], right=["tensors", "size"])
+    for name, count, size in zip(names, counts, sizes, strict=True):
+        table.add(name, count, format_bytes(size))
+    table.show()
+    tensors = sum(counts)
+    described = f"{len(names)} shard{'s' if len(names) != 1 else ''}, {tensors} tensor{'s' if tensors != 1 else ''}"
+    where = f"index {index}" if index else "no index"
+    print(f"{args.folder}: a {HF_FOLDER} of {described}, {format_bytes(sum(sizes))}; {where}")
     return 0
 
 

@@ -1,4 +1,6 @@
-"""``jaxstow verify FILE|FOLDER``: every checksum of a file, or of every step of a checkpoint folder.
+"""``jaxstow verify FILE|FOLDER``: every checksum of a file, or of every step of a checkpoint folder; the structure
+of a Hugging Face folder of safetensors files (every shard's header and sizes, the index against the shards), whose
+files carry no checksums.
 
 Exit status 1, with the file and leaf named, on any damage; 0 when every leaf matches its checksum.
 
@@ -18,25 +20,47 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
+from jaxstow._read.sharded_folder import Listing, check_plain, child, open_shard, tensor_files
+from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
-from jaxstow.cli.files import add_storage_arguments, committed_steps, describe, is_folder, open_file, verify_checksums
+from jaxstow.cli.files import (
+    add_storage_arguments,
+    committed_steps,
+    describe,
+    hf_listing,
+    is_folder,
+    open_file,
+    storage,
+    verify_checksums,
+)
 from jaxstow.cli.output import print_json
-from jaxstow.errors import CorruptFileError
+from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, NewerFormatError, PathNotFoundError
 
-__all__ = ["FileReport", "add", "run", "verify_file"]
+__all__ = ["FileReport", "add", "run", "verify_file", "verify_hf_folder"]
+
+#: What a Hugging Face folder's report says of its files: they carry no checksums, so only their structure was checked.
+NO_CHECKSUMS = "structure only: safetensors files carry no checksums, so their data could not be checked"
 
 
 def add(commands: Any) -> None:
     parser = commands.add_parser(
         "verify",
-        help="check every checksum of a file, or of every step of a checkpoint folder",
+        help="check every checksum of a file or of every step of a checkpoint folder, or a Hugging Face folder's "
+        "structure",
         description="Read every stored leaf of a file (or of every item of every step of a checkpoint folder) and "
-        "compare it with the checksum recorded when it was written. Exit status 1, naming the file and the leaf, "
-        "on any damage; 0 when all is well.",
+        "compare it with the checksum recorded when it was written. Of a Hugging Face folder of safetensors files, "
+        "which carry no checksums, check the structure: every shard's header and sizes, and that every tensor the "
+        "index names is in the shard it names. Exit status 1, naming the file and the leaf, on any damage; 0 when "
+        "all is well.",
     )
-    parser.add_argument("target", metavar="FILE|FOLDER", help="a file or a checkpoint folder (a path or an fsspec URL)")
+    parser.add_argument(
+        "target",
+        metavar="FILE|FOLDER",
+        help="a file, a checkpoint folder or a Hugging Face folder of safetensors files (a path or an fsspec URL)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON report, for scripts")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes read (needs tqdm)")
     add_storage_arguments(parser)
@@ -45,13 +69,17 @@ def add(commands: Any) -> None:
 
 @dataclass
 class FileReport:
-    """What verifying one file found; ``manifest`` is whether jaxstow wrote it (its header has a checksum too)."""
+    """What verifying one file found; ``manifest`` is whether jaxstow wrote it (its header has a checksum too).
+
+    ``structure`` is what a file without checksums (a Hugging Face folder's shard or index) was checked for.
+    """
 
     file: str
     checksums: int = 0
     nbytes: int = 0
     manifest: bool = False
-    damage: list[CorruptFileError] = field(default_factory=list)
+    damage: list[JaxstowError] = field(default_factory=list)
+    structure: str | None = None
 
 
 def _note(report: FileReport) -> str:
@@ -64,7 +92,10 @@ def _note(report: FileReport) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if is_folder(args.target):
+    listing = hf_listing(args.target)
+    if listing is not None:
+        reports = verify_hf_folder(listing)
+    elif is_folder(args.target):
         steps = committed_steps(args.target)
         reports = [
             verify_file(step.sources(item), step.url(step.record.files[item]), progress=args.progress)
@@ -78,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(
             {
                 "intact": not damaged,
+                **({"checked": NO_CHECKSUMS} if listing is not None else {}),
                 "files": [
                     {
                         "file": report.file,
@@ -91,14 +123,19 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1 if damaged else 0
     for report in reports:
-        if not report.damage:
+        if not report.damage and report.structure is not None:
+            print(f"ok       {report.file}: {report.structure}")
+        elif not report.damage:
             note = _note(report)
             checksums = f"{report.checksums} checksum{'s' if report.checksums != 1 else ''}"
             print(f"ok       {report.file}: {checksums}, {format_bytes(report.nbytes)} read{note}")
         for item in report.damage:
             print(f"DAMAGED  {item}")
     files = f"{len(reports)} file{'s' if len(reports) != 1 else ''}"
-    print(f"{len(damaged)} of {files} damaged" if damaged else f"{files} intact")
+    print(
+        (f"{len(damaged)} of {files} damaged" if damaged else f"{files} intact")
+        + (f" ({NO_CHECKSUMS})" if listing is not None else "")
+    )
     return 1 if damaged else 0
 
 
@@ -119,3 +156,44 @@ def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progr
             raise foreign from None  # another library's file: not damage, and verify cannot read it
         report.damage.append(error)
     return report
+
+
+def verify_hf_folder(listing: Listing) -> list[FileReport]:
+    """Check a Hugging Face folder's structure: every shard's header and sizes, each tensor in the one shard the index
+    names (without an index: in one shard only). A report per shard, and one for the index if there is one."""
+    settings = storage(listing.folder)
+    reports = [FileReport(child(listing.folder, name)) for name in listing.files]
+    containers: list[Container | None] = []
+    try:
+        for name, report in zip(listing.files, reports, strict=True):
+            containers.append(_shard(listing, name, report, settings))
+        check_plain(listing, containers)
+        _, problems = tensor_files(listing, containers)
+    finally:
+        for container in containers:
+            if container is not None:
+                container.close()
+    if listing.index_name is not None:
+        index = FileReport(child(listing.folder, listing.index_name), damage=list(problems))
+        index.structure = f"{len(listing.weight_map or {})} tensors, each in the shard it names"
+        return [*reports, index]
+    for problem in problems:
+        next((report for report in reports if report.file == problem.file), reports[0]).damage.append(problem)
+    return reports
+
+
+def _shard(listing: Listing, name: str, report: FileReport, settings: StorageSettings) -> Container | None:
+    """Open one shard, its header and sizes checked; ``None``, with the damage in ``report``, if that fails."""
+    try:
+        container = open_shard(listing, name, settings)
+    except NewerFormatError:
+        raise
+    except (FormatError, PathNotFoundError) as error:
+        report.damage.append(error)
+        return None
+    tensors = len(container.slots)
+    report.nbytes = sum(slot.nbytes for slot in container.slots.values())
+    report.structure = (
+        f"header and sizes, {tensors} tensor{'s' if tensors != 1 else ''} ({format_bytes(report.nbytes)})"
+    )
+    return container

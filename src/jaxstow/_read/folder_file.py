@@ -1,0 +1,178 @@
+"""A folder's tensors as one file's leaves, by tensor name or by the paths of a tree, some read turned over.
+
+:class:`FolderFile` is what :func:`jaxstow._read.sharded_folder.open_folder` opens: each tensor a leaf stored whole in
+one of the folder's files. ``names`` gives each tensor its path (``a.b.0.c`` -> ``a/b/0/c`` in :meth:`FolderFile.mapped`
+unless it says otherwise) and ``transposed`` marks the 2-d tensors read turned over (torch's ``weight`` is (out, in),
+flax's ``kernel`` (in, out)): the names alone decide which, never the shapes, so a square tensor turns over as any other.
+
+>>> import os, tempfile, numpy as np
+>>> from safetensors.numpy import save_file
+>>> from jaxstow._read.sharded_folder import FolderFile, open_folder
+>>> from jaxstow._storage.opening import locate
+>>> folder = tempfile.mkdtemp()
+>>> save_file({"fc.weight": np.arange(4.0).reshape(2, 2)}, os.path.join(folder, "model.safetensors"))
+>>> with open_folder(locate(folder), FolderFile, transposed={"fc.weight"}) as opened:
+...     print(opened.paths, opened.read("fc.weight", np.s_[0]), opened.mapped(None).paths)
+['fc.weight'] [0. 2.] ['fc/weight']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxstow._format.native_or_npz import Container
+from jaxstow._format.shards import Box, ShardedLeaf, Stored
+from jaxstow._read.opened import LeafInfo, OpenedFile
+from jaxstow._read.shard_reads import ShardReads
+from jaxstow._read.slicing import full_box
+from jaxstow.errors import ArgumentError, excerpt
+
+__all__ = ["FolderFile", "Names", "Transposed"]
+
+#: A tensor name's path in a tree: a function (``None``: leave the tensor out) or a mapping (absent: left out).
+Names = Callable[[str], str | None] | Mapping[str, str]
+#: The 2-d tensors stored transposed: a set of tensor names or a predicate on them.
+Transposed = Callable[[str], bool] | Collection[str]
+
+
+class FolderFile(OpenedFile):
+    """A sharded safetensors folder's tensors as one file's leaves, by tensor name or mapped onto a tree's paths.
+
+    ``tensors`` holds each tensor as stored, by name; ``layout`` each leaf as stored, by its path in this view;
+    ``stored`` each leaf as read, turned over for the paths in ``turned``. ``names`` gives the paths (the tensor names
+    if ``None``) and ``transposed`` alone says which tensors turn over, never their shapes.
+    """
+
+    def __init__(
+        self,
+        containers: Sequence[Container],
+        tensors: Mapping[str, ShardedLeaf],
+        *,
+        folder: str,
+        metadata: dict[str, Any] | None,
+        index: str | None = None,
+        names: Names | None = None,
+        transposed: Transposed | None = None,
+    ) -> None:
+        layout, presented, turned = _view(tensors, names, transposed)
+        super().__init__(containers, leaves=presented)
+        self.file = folder
+        self.metadata = metadata if metadata is not None else self.metadata
+        #: The index's file name (``model.safetensors.index.json``), or ``None`` for a folder without one.
+        self.index = index
+        self.tensors = dict(tensors)
+        self.layout = layout
+        self.turned = turned
+        self.names, self.transposed = names, transposed
+
+    def mapped(self, names: Names | None = None, transposed: Transposed | None = None) -> FolderFile:
+        """The same tensors by the paths ``names`` gives them (dots become slashes by default).
+
+        Each 2-d tensor that ``transposed`` marks is turned over. The view shares this folder's open files.
+        """
+        return FolderFile(
+            self.containers,
+            self.tensors,
+            folder=self.file,
+            metadata=self.metadata,
+            index=self.index,
+            names=names if names is not None else _dotted,
+            transposed=transposed,
+        )
+
+    def info(self, path: str) -> LeafInfo:
+        """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
+        return super().info(path)._replace(kind="array")
+
+    def shard_of(self, path: str) -> str:
+        """The file that holds the tensor at ``path``."""
+        return self.containers[self.layout[path].shards[0].source].file
+
+    def origin(self, path: str) -> str:
+        """The tensor behind ``path`` when its name or layout is not the path's: its name, and how it is stored."""
+        stored = self.layout[path]
+        tensor = stored.shards[0].tensor
+        if path in self.turned:
+            return f" (tensor {tensor!r} stored as {list(stored.shape)}, turned over by transposed=)"
+        return f" (tensor {tensor!r})" if tensor != path else ""
+
+    def read_box(self, path: str, box: Box) -> np.ndarray:
+        """The elements of ``box`` of the tensor at ``path``, read by byte ranges (turned over where marked)."""
+        self.check_open(f"reading leaf {excerpt(path)}")
+        stored = self.layout[path]
+        turned = path in self.turned
+        reads = ShardReads(self.containers)
+        assembled = reads.box(stored, box[::-1] if turned else box)
+        self.on_read(math.prod(stop - start for start, stop in box) * stored.dtype.itemsize)
+        reads.run()
+        return np.ascontiguousarray(assembled().T) if turned else assembled()
+
+    def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
+        """Whole tensors by path, read together (the tensors turned over each on its own)."""
+        self.check_open("reading leaves")
+        arrays = super().read_arrays([self.layout[leaf.path] for leaf in leaves if leaf.path not in self.turned])
+        turned = [leaf.path for leaf in leaves if leaf.path in self.turned]
+        arrays.update({path: self.read_box(path, full_box(self.stored[path].shape)) for path in turned})
+        return arrays
+
+    def __repr__(self) -> str:
+        return f"<jaxstow folder {self.file}: {len(self.paths)} tensors in {len(self.containers)} files>"
+
+
+def _dotted(tensor: str) -> str:
+    return tensor.replace(".", "/")
+
+
+def _view(
+    tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: Transposed | None
+) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
+    """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks."""
+    mapping = _path_mapping(names, list(tensors))
+    marked = _marked(transposed, list(tensors))
+    layout: dict[str, ShardedLeaf] = {}
+    presented: dict[str, ShardedLeaf] = {}
+    for tensor, path in mapping.items():
+        leaf = tensors[tensor]
+        if path in layout:
+            raise ArgumentError(f"names= gives {layout[path].shards[0].tensor!r} and {tensor!r} the path {path!r}")
+        layout[path] = presented[path] = leaf._replace(path=path)
+        if tensor in marked:
+            if len(leaf.shape) != 2:
+                raise ArgumentError(f"transposed= marks {tensor!r}, of shape {list(leaf.shape)}: only 2-d tensors turn")
+            presented[path] = leaf._replace(path=path, shape=leaf.shape[::-1])
+    return layout, presented, frozenset(path for tensor, path in mapping.items() if tensor in marked)
+
+
+def _path_mapping(names: Names | None, tensors: list[str]) -> dict[str, str]:
+    if names is None:
+        return {tensor: tensor for tensor in tensors}
+    if isinstance(names, Mapping):
+        unknown = sorted(set(names) - set(tensors))
+        if unknown:
+            raise ArgumentError(f"names= maps tensors the folder lacks: {unknown[:5]}")
+        return {tensor: names[tensor] for tensor in tensors if tensor in names}
+    mapping = {}
+    for tensor in tensors:
+        path = names(tensor)
+        if path is not None and not isinstance(path, str):
+            raise ArgumentError(f"names= gives {tensor!r} the path {path!r}: a string, or None to leave it out")
+        if path is not None:
+            mapping[tensor] = path
+    return mapping
+
+
+def _marked(transposed: Transposed | None, tensors: list[str]) -> set[str]:
+    if transposed is None:
+        return set()
+    if callable(transposed):
+        return {tensor for tensor in tensors if transposed(tensor)}
+    if isinstance(transposed, str):
+        raise ArgumentError("transposed= takes a set of tensor names or a predicate, not one string")
+    unknown = sorted(set(transposed) - set(tensors))
+    if unknown:
+        raise ArgumentError(f"transposed= names tensors the folder lacks: {unknown[:5]}")
+    return set(transposed)
