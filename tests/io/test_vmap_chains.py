@@ -125,7 +125,9 @@ def test_each_chain_resumes_from_its_own_checkpoint(tmp_path) -> None:
         return final, solver
 
     _, save, _, states = start(tmp_path)
-    segment(save, states, {"key": KEYS, "x": jnp.zeros((CHAINS, 2))}, 0, 12)  # abandoned: no postprocess_save
+    jax.block_until_ready(
+        segment(save, states, {"key": KEYS, "x": jnp.zeros((CHAINS, 2))}, 0, 12)
+    )  # abandoned: no postprocess_save
     collector, save, postprocess_save, states = start(tmp_path)
     resumed = collector.resume()
     assert sorted(resumed) == list(range(CHAINS))
