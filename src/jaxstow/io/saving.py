@@ -193,9 +193,8 @@ class _Streaming:
             self._register(init_sample, init_checkpoint, information, checkpoint_spec)
             for _ in range(int(np.prod(chains)))
         ]
-        chain_ids, sent, steps = (
-            np.array(column, np.int32).reshape(chains) for column in zip(*registered, strict=True)
-        )
+        table = np.array(registered, np.int32).reshape(*chains, 3)
+        chain_ids, sent, steps = table[..., 0], table[..., 1], table[..., 2]
         if self.block_size is None:  # chosen once: the chains' states stack only if their buffers have one shape
             self.block_size = block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
         rows = self.block_size
