@@ -1,10 +1,10 @@
 """Stream posterior samples out of a jit-compiled sampler into an HDF5 file: 4 SGLD chains under vmap.
 
 A stochastic-gradient Langevin sampler, written in plain JAX, samples the posterior of a Bayesian logistic
-regression on synthetic data. Four chains run at once under ``jax.vmap`` inside one ``jax.jit``; every kept sample
-leaves the device through ``jaxstow.io.save`` and lands in an HDF5 file while the chains run. The file then goes to
-ArviZ with ``jaxstow.io.to_inference_data``: a summary (means, R-hat, effective sample sizes) and a trace plot,
-written to ``examples/out/sampling_trace.png``.
+regression on synthetic data. Four chains run at once under ``jax.vmap`` inside one ``jax.jit``, each with the saving
+state that ``init_save`` gave it under ``vmap``; every kept sample leaves the device through ``jaxstow.io.save`` and
+lands in an HDF5 file while the chains run. The file then goes to ArviZ with ``jaxstow.io.to_inference_data``: a
+summary (means, R-hat, effective sample sizes) and a trace plot, written to ``examples/out/sampling_trace.png``.
 
 Run: python examples/demo_3_sampling.py
 """
@@ -86,41 +86,43 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "posterior.h5")
-        with h5py.File(path, "w") as file:
-            init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
-            sample = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
-            information = io.scheduler.static_information(samples_collected=kept)
-            states = [init_save(sample, None, information) for _ in range(CHAINS)]  # one saving state per chain
-            states = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
-            start_key, chain_key = jax.random.split(jax.random.key(1))
-            starts = {"w": 3.0 * jax.random.normal(start_key, (CHAINS, 3)), "b": jnp.zeros(CHAINS)}
-            keys = jax.random.split(chain_key, CHAINS)
+        # Given the path, the collector opens the file itself, so that other processes may read it while it is
+        # written (jaxstow watch, io.to_inference_data), and closes it when the last chain is done.
+        init_save, save, postprocess_save = io.save(io.HDF5Collector(path))
+        sample = {"w": jnp.zeros(3), "b": jnp.float32(0.0)}
+        information = io.scheduler.static_information(samples_collected=kept)
+        # Called under vmap, init_save registers one chain per element and gives each a saving state of its own.
+        states = jax.vmap(lambda _: init_save(sample, None, information))(jnp.arange(CHAINS))
+        start_key, chain_key = jax.random.split(jax.random.key(1))
+        starts = {"w": 3.0 * jax.random.normal(start_key, (CHAINS, 3)), "b": jnp.zeros(CHAINS)}
+        keys = jax.random.split(chain_key, CHAINS)
 
-            run = jax.jit(jax.vmap(lambda s, t, k: sgld_chain(save, s, t, k, x, y)), donate_argnums=0)
-            print(f"running the chains (one jit-compiled call); samples stream into {path} as they are kept...")
-            start = time.perf_counter()
-            results = postprocess_save(run(states, starts, keys), None)
-            print(f"  done in {time.perf_counter() - start:.1f} s, compilation included")
+        run = jax.jit(jax.vmap(lambda s, t, k: sgld_chain(save, s, t, k, x, y)), donate_argnums=0)
+        print(f"running the chains (one jit-compiled call); samples stream into {path} as they are kept...")
+        start = time.perf_counter()
+        results = postprocess_save(run(states, starts, keys), None)
+        print(f"  done in {time.perf_counter() - start:.1f} s, compilation included")
 
-            print("the file holds one dataset per leaf and chain, and the samples each chain has written:")
+        print("the file holds one dataset per leaf and chain, and the samples each chain has written:")
+        with h5py.File(path, "r") as file:
             for name, item in sorted(file.items()):
                 if isinstance(item, h5py.Group):
                     for leaf, dataset in sorted(item.items()):
                         print(f"  /{name}/{leaf}: shape {dataset.shape}, {dataset.dtype}")
                 else:
                     print(f"  /{name}: {item[()].tolist()}")
-            print("posterior means (w, b), read back from the file:")
-            means = []
-            for chain, result in enumerate(results):
-                w, b = result["samples"]["w"][:], result["samples"]["b"][:]
-                means.append(np.append(w.mean(axis=0), b.mean()))
-                count, began = int(result["sample_count"]), np.round(np.asarray(starts["w"][chain]), 1)
-                print(f"  chain {chain}: {np.round(means[-1], 2)} from {count} samples (started at w = {began})")
-            spread = np.ptp(np.array(means), axis=0).max()
-            error = np.abs(np.mean(means, axis=0) - truth).max()
-            print(f"  the chains agree to within {spread:.2f}; their mean is within {error:.2f} of the true parameters")
-            if spread > 0.2 or error > 0.5:
-                raise SystemExit("the sampler did not find the posterior")
+        print("posterior means (w, b), read back from the file:")
+        means = []
+        for chain, result in enumerate(results):
+            w, b = result["samples"]["w"], result["samples"]["b"]
+            means.append(np.append(w.mean(axis=0), b.mean()))
+            count, began = int(result["sample_count"]), np.round(np.asarray(starts["w"][chain]), 1)
+            print(f"  chain {chain}: {np.round(means[-1], 2)} from {count} samples (started at w = {began})")
+        spread = np.ptp(np.array(means), axis=0).max()
+        error = np.abs(np.mean(means, axis=0) - truth).max()
+        print(f"  the chains agree to within {spread:.2f}; their mean is within {error:.2f} of the true parameters")
+        if spread > 0.2 or error > 0.5:
+            raise SystemExit("the sampler did not find the posterior")
 
         idata = io.to_inference_data(path)  # every chain, with chain and draw dimensions
         print(f"ArviZ: {dict(idata.posterior.sizes)}")

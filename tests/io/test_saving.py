@@ -443,7 +443,7 @@ def test_misuse_is_reported_clearly() -> None:
     with pytest.raises(ValueError, match="one boolean per chain"):
         save(state, jnp.ones(2, bool), _sample(jnp.zeros(3), jnp.int32(0)))
     shared = functools.partial(_scan, save, state)  # one saving state for every chain: not allowed
-    with pytest.raises(ValueError, match="call init_save once per chain and stack the states"):
+    with pytest.raises(ValueError, match="call init_save inside the vmap"):
         jax.vmap(shared)(jnp.zeros((2, 3)), jnp.ones((2, STEPS), bool))
     with pytest.raises(ValueError, match="samples_collected=N"):
         io.no_save()[0](INIT_SAMPLE, None, scheduler.static_information())

@@ -79,3 +79,23 @@ def test_a_missing_module_is_named_too() -> None:
     shim = jax_compat.Shim("jax._src.no_such_module", "thing", "for nothing")
     with pytest.raises(JaxstowError, match=_missing("jax._src.no_such_module.thing", "for nothing")):
         shim.resolve()
+
+
+def test_a_vmapped_init_save_fails_loudly_when_jax_cannot_return_per_chain_states(monkeypatch) -> None:
+    """jax's own vmap needs the name, so a jax that renamed it is stood for by a shim of a name that is not there."""
+    from jaxstow import io
+
+    collector = io.MemoryCollector()
+    init_save, _, _ = io.save(collector)
+    renamed = jax_compat.Shim("jax._src.interpreters.batching", "RenamedTracer", jax_compat.BATCH_TRACER.purpose)
+    monkeypatch.setattr(jax_compat, "BATCH_TRACER", renamed)
+    name = "jax._src.interpreters.batching.RenamedTracer"
+    with pytest.raises(
+        MissingDependencyError, match=_missing(name, "to return init_save's per-chain saving states .*")
+    ):
+        jax.vmap(lambda _: init_save({"x": jnp.zeros(2)}))(jnp.arange(3))
+    assert collector.chain_count == 0  # refused before any chain was registered
+    assert init_save({"x": jnp.zeros(2)}).chain_id.shape == ()  # outside vmap, the name is not needed
+    monkeypatch.undo()
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(2)}))(jnp.arange(3))
+    assert states.chain_id.tolist() == [1, 2, 3]

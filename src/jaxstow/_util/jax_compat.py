@@ -1,18 +1,20 @@
 """Everything jaxstow uses of jax beyond its public API, in one place, per jax version.
 
-jaxstow is tested with jax 0.4.38 to 0.12. Two features need more than jax's public API: the host callback that
-hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), and the messages between the
+jaxstow is tested with jax 0.4.38 to 0.12. Three features need more than jax's public API: the host callback that
+hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), the per-chain saving states that
+``io.save``'s ``init_save`` returns under ``jax.vmap`` (:mod:`jaxstow.io.saving`), and the messages between the
 processes of a ``jax.distributed`` run (:mod:`jaxstow.checkpoint.processes`). They use only what this module gives,
 and this module uses only the names of jax's in :data:`SHIMS`, each a :class:`Shim` saying what it is for; each
 function says where jax versions differ. A name the installed jax lacks raises a
 :class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name and its purpose, where the feature
-that needs it starts (``import jaxstow.io``, a loop's compilation, a checkpoint saved by several processes).
+that needs it starts (``import jaxstow.io``, a loop's compilation, ``init_save``, a checkpoint saved by several
+processes).
 
 >>> from jaxstow._util import jax_compat
 >>> jax_compat.new_primitive("example").name
 'example'
 >>> [shim.name for shim in jax_compat.SHIMS][-1]
-'jax._src.distributed.global_state.client'
+'jax._src.interpreters.batching.BatchTracer'
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ __all__ = [
     "Shim",
     "distributed_client",
     "emit_host_callback",
+    "enclosing_vmaps",
+    "mapped_by",
     "new_primitive",
     "one_device_sharding",
     "register_uncached_lowering",
@@ -93,8 +97,29 @@ DISTRIBUTED_CLIENT = Shim(
     "global_state.client",
     "to exchange a checkpoint's messages between the processes of a jax.distributed run",
 )
+CURRENT_TRACE = Shim(
+    "jax._src.core",
+    "unsafe_get_current_trace",
+    "to find the jax.vmap calls around io.save's init_save, which registers one chain per element they map",
+)
+BATCH_TRACE = Shim("jax._src.interpreters.batching", "BatchTrace", "to tell a jax.vmap's trace apart and read its size")
+BATCH_TRACER = Shim(
+    "jax._src.interpreters.batching",
+    "BatchTracer",
+    "to return init_save's per-chain saving states mapped by the jax.vmap calls around it",
+)
 #: Every name of jax's that jaxstow uses beyond its public API.
-SHIMS = (PRIMITIVE, SHAPED_ARRAY, REGISTER_LOWERING, EMIT_PYTHON_CALLBACK, CALLBACK_OP_SHARDING, DISTRIBUTED_CLIENT)
+SHIMS = (
+    PRIMITIVE,
+    SHAPED_ARRAY,
+    REGISTER_LOWERING,
+    EMIT_PYTHON_CALLBACK,
+    CALLBACK_OP_SHARDING,
+    DISTRIBUTED_CLIENT,
+    CURRENT_TRACE,
+    BATCH_TRACE,
+    BATCH_TRACER,
+)
 
 
 def new_primitive(name: str) -> Any:
@@ -149,6 +174,31 @@ def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operand
         **extra,
     )
     return list(results)
+
+
+def enclosing_vmaps() -> list[tuple[Any, int]]:
+    """The ``jax.vmap`` calls around the caller, outermost first: each one's trace and size (none outside vmap).
+
+    Only those inside the innermost other transformation (``jit``, ``scan``, ``grad``, ...) count: a value of theirs
+    must not leave it. From 0.4.38 on, each trace names the one around it as ``parent_trace``.
+    """
+    batch_trace = BATCH_TRACE.resolve()
+    trace, found = CURRENT_TRACE.resolve()(), []
+    while isinstance(trace, batch_trace):
+        found.append((trace, int(trace.axis_data.size)))
+        trace = trace.parent_trace
+    if found:
+        BATCH_TRACER.resolve()  # before the caller acts on the vmaps: it will need the name to return its values
+    return found[::-1]
+
+
+def mapped_by(value: Any, vmaps: Sequence[tuple[Any, int]]) -> Any:
+    """``value``, whose leading axes are one per ``vmaps`` entry (from :func:`enclosing_vmaps`), as those ``vmap``
+    calls' functions see a value mapped along them: one element of it per call."""
+    tracer = BATCH_TRACER.resolve()
+    for trace, _ in vmaps:
+        value = tracer(trace, value, 0)
+    return value
 
 
 def distributed_client() -> Any:

@@ -24,16 +24,19 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CollectorError
 
 __all__ = [
     "BLOCKS_PER_RUN",
     "BLOCK_BYTES",
+    "STATE_PER_CHAIN",
     "block_rows",
     "chain_polymorphic",
     "conform",
     "keep_flags",
     "row_spec",
+    "shared_chains",
+    "shared_state_error",
     "spec_of",
     "token_spec",
     "write_rows",
@@ -48,6 +51,14 @@ BLOCK_BYTES = 1 << 20
 #: A block holds at most this share of the samples a chain declares, so that the host's work on most of them
 #: overlaps the run instead of waiting for its end (at most twice as many callbacks as this, however few samples).
 BLOCKS_PER_RUN = 8
+
+#: How to give each chain a saving state of its own, for the errors of a state that chains share.
+STATE_PER_CHAIN = (
+    "give each chain a saving state of its own: call init_save inside the vmap (not in a jit or scan within it), e.g. "
+    "states = jax.vmap(lambda _: init_save(init_sample, init_checkpoint, information))(jnp.arange(chains)), "
+    "and map the states along with the samples (in_axes=0); or call it once per chain and stack the states, "
+    "jax.tree.map(lambda *s: jnp.stack(s), *[init_save(...) for _ in range(chains)])"
+)
 
 
 def _shape_dtype(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -129,6 +140,25 @@ def write_rows(buffer: Any, rows: jax.Array, values: Any) -> Any:
     return jax.tree.map(lambda stack, value: stack.at[index].set(value), buffer, values)
 
 
+def shared_chains(chain_ids: Any) -> dict[int, int]:
+    """The chain ids that several chains of a run carry (their saving states are copies of one), and how many do.
+
+    >>> shared_chains(np.array([0, 1, 2])), shared_chains(np.array([[3, 3], [3, 4]]))
+    ({}, {3: 3})
+    """
+    ids, counts = np.unique(np.asarray(chain_ids), return_counts=True)
+    return {int(chain_id): int(count) for chain_id, count in zip(ids, counts, strict=True) if count > 1}
+
+
+def shared_state_error(shared: dict[int, int], collector: str) -> CollectorError:
+    """The error of a run whose chains share saving states (see :func:`shared_chains`)."""
+    chains = ", ".join(f"{count} chains write as chain {chain_id}" for chain_id, count in shared.items())
+    return CollectorError(
+        f"the chains of this run share saving states ({chains}), so their samples would mix in one chain of the "
+        f"{collector}, which got none of them; {STATE_PER_CHAIN}"
+    )
+
+
 def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callable[..., State]:
     """Wrap ``step(state, *operands) -> state``, written for any chain shape, so that ``vmap`` adds a chain axis.
 
@@ -139,9 +169,9 @@ def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callabl
 
     def rule(axis_size: int, in_batched: list[Any], state: State, *operands: Any) -> tuple[State, Any]:
         if not all(jax.tree.leaves(in_batched[0])):
-            raise ValueError(
-                f"under jax.vmap, the {state_name} must be mapped along with the samples: call init_save once per "
-                "chain and stack the states, e.g. jax.tree.map(lambda *s: jnp.stack(s), *states)"
+            raise ArgumentError(
+                f"under jax.vmap, the {state_name} must be mapped along with the samples, one per chain, or every "
+                f"chain would write over the others' samples: {STATE_PER_CHAIN}"
             )
 
         def broadcast(leaf: Any, mapped: bool) -> Any:

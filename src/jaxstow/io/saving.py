@@ -28,6 +28,7 @@ import numpy as np
 from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
+from jaxstow._util import jax_compat
 from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
@@ -35,6 +36,8 @@ from jaxstow.io.batching import (
     conform,
     keep_flags,
     row_spec,
+    shared_chains,
+    shared_state_error,
     spec_of,
     token_spec,
     write_rows,
@@ -92,8 +95,9 @@ def save(
 
     Returns:
         ``(init_save, save, postprocess_save)``: ``init_save(init_sample, init_checkpoint, static_information)``
-        registers a chain (once per chain under ``jax.vmap``); ``save(saving_state, keep, sample, scheduler_state=None,
-        solver_state=None)`` runs inside jit; ``postprocess_save(saving_state, solver_state)`` returns the samples.
+        registers a chain (under ``jax.vmap``, one per element it maps, each with a state of its own);
+        ``save(saving_state, keep, sample, scheduler_state=None, solver_state=None)`` runs inside jit;
+        ``postprocess_save(saving_state, solver_state)`` returns the samples.
 
     Raises:
         ArgumentError: A negative ``checkpoint_every`` or a ``block_size`` below 1.
@@ -173,13 +177,43 @@ class _Streaming:
     def init(
         self, init_sample: Any, init_checkpoint: Any = None, static_information: StaticInformation | None = None
     ) -> SavingState:
-        """Register a chain with the collector and return its saving state."""
+        """Register a chain with the collector and return its saving state.
+
+        Under ``jax.vmap``, one chain per element mapped, in order, whose states come back mapped as the samples are.
+        """
         information = StaticInformation() if static_information is None else static_information
         spec = spec_of(init_sample)
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
         if self.declared and checkpoint_treedef != jax.tree.structure(self.checkpoint_spec):
             raise ArgumentError("every chain of one saving strategy needs an init_checkpoint of the same structure")
+        vmaps = jax_compat.enclosing_vmaps()
+        chains = tuple(size for _, size in vmaps)
+        registered = [
+            self._register(init_sample, init_checkpoint, information, checkpoint_spec)
+            for _ in range(int(np.prod(chains)))
+        ]
+        table = np.array(registered, np.int32).reshape(*chains, 3)
+        chain_ids, sent, steps = table[..., 0], table[..., 1], table[..., 2]
+        if self.block_size is None:  # chosen once: the chains' states stack only if their buffers have one shape
+            self.block_size = block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
+        rows = self.block_size
+        state = SavingState(
+            chain_id=jnp.asarray(chain_ids),
+            buffer=jax.tree.map(lambda leaf: jnp.zeros((*chains, rows, *leaf.shape), leaf.dtype), spec),
+            sent=jnp.asarray(sent),
+            fill=jnp.zeros(chains, jnp.int32),
+            step=jnp.asarray(steps),
+            # The id travels as the host's answer, not as ``chain_id``: a value the compiler sees never change, used in
+            # the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
+            token=jnp.asarray(chain_ids),
+        )
+        return jax.tree.map(lambda leaf: jax_compat.mapped_by(leaf, vmaps), state) if vmaps else state
+
+    def _register(
+        self, init_sample: Any, init_checkpoint: Any, information: StaticInformation, checkpoint_spec: Any
+    ) -> tuple[int, int, int]:
+        """Register one chain; its id, and the samples and steps of the checkpoint it continues from (or 0, 0)."""
         chain_id = self.collector.register_chain(
             init_sample=init_sample, init_checkpoint=init_checkpoint, static_information=information
         )
@@ -189,27 +223,18 @@ class _Streaming:
             jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in jax.tree.leaves(init_checkpoint)
         ]
         resumed = self.collector.resume().get(chain_id)
-        if resumed is not None:
-            conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
-        if self.block_size is None:  # chosen once: the chains' states stack only if their buffers have one shape
-            self.block_size = block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
-        rows = self.block_size
-        return SavingState(
-            chain_id=jnp.asarray(chain_id, jnp.int32),
-            buffer=jax.tree.map(lambda leaf: jnp.zeros((rows, *leaf.shape), leaf.dtype), spec),
-            sent=jnp.asarray(0 if resumed is None else resumed.sample_count, jnp.int32),
-            fill=jnp.zeros((), jnp.int32),
-            step=jnp.asarray(0 if resumed is None else resumed.step, jnp.int32),
-            # The id travels as the host's answer, not as ``chain_id``: a value the compiler sees never change, used in
-            # the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
-            token=jnp.asarray(chain_id, jnp.int32),
-        )
+        if resumed is None:
+            return chain_id, 0, 0
+        conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
+        return chain_id, resumed.sample_count, resumed.step
 
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
         """Send the buffered rest, wait for the collector and return the samples (``solver_state`` is unused)."""
         del solver_state
         state = jax.device_get(saving_state)  # the run is over: every block it sent is queued
         self._deliveries.wait()
+        if shared := shared_chains(state.chain_id):
+            raise shared_state_error(shared, type(self.collector).__name__)
         leaves = jax.tree.leaves(state.buffer)
         chains = list(np.ndindex(np.shape(state.chain_id)))
         for index in chains:
@@ -346,6 +371,10 @@ class _Streaming:
     def _hand_over(self, numbers: Any, buffer: Any, checkpoint: Any) -> None:
         """Hand each chain's block (and checkpoint) to the collector, on the deliveries' thread."""
         chain_ids, firsts, fills = np.asarray(numbers)  # a block's first sample: the samples sent before it
+        if shared := shared_chains(chain_ids):  # their blocks would mix: they are kept from the collector
+            error = shared_state_error(shared, type(self.collector).__name__)
+            for chain_id in shared:
+                self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         for index in np.ndindex(chain_ids.shape):
             count = int(fills[index])
