@@ -68,6 +68,18 @@ def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
         assert manager.restore()["w"].tolist() == [4.0] * 3
 
 
+def test_a_tier_that_is_not_one_is_refused(tmp_path):
+    with (
+        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l") as manager,
+        pytest.raises(ArgumentError, match=r"tier must be 'local', 'persistent' or None \(either tier\), not 'locale'"),
+    ):
+        manager.latest_step(tier="locale")  # type: ignore[arg-type]
+    with CheckpointManager(tmp_path / "p") as manager:
+        assert manager.steps(tier="persistent") == []
+        with pytest.raises(ArgumentError, match=r"p has no local tier, so steps\(tier='local'\) has nothing to list"):
+            manager.steps(tier="local")
+
+
 def test_a_local_tier_setting_that_is_not_valid_is_refused(tmp_path):
     with pytest.raises(ArgumentError, match="local_keep_last"):
         CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_keep_last=0)

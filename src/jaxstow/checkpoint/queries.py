@@ -36,7 +36,18 @@ class StepQueries:
 
     def steps(self, tier: Tier | None = None) -> list[int]:
         """The committed steps, in increasing order (waits for the save in flight); with ``local_directory``, those
-        of either tier, or of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``)."""
+        of either tier, or of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``).
+
+        Raises:
+            ArgumentError: ``tier`` is not one of these, or is ``"local"`` for a manager without ``local_directory``.
+        """
+        if tier not in (None, "local", "persistent"):
+            raise ArgumentError(f"tier must be 'local', 'persistent' or None (either tier), not {tier!r}")
+        if tier == "local" and self._tiers is None:
+            raise ArgumentError(
+                f"the manager of {self._folder.store.location} has no local tier, so steps(tier='local') has nothing "
+                "to list: make it with local_directory=..., or ask steps() for the steps of its directory"
+            )
         self._settle()
         return self._listed(tier)
 
