@@ -29,6 +29,7 @@ from jaxstow._write.held import hold
 from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.queries import StepQueries
@@ -37,9 +38,8 @@ from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.tiers import local_tier
-from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
-from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -195,52 +195,20 @@ class CheckpointManager(StepQueries):
         """
         options.setdefault("progress", self._progress)
 
-        def restore(chosen: int, folder: StepFolder = self._folder) -> Any:
+        def restore(chosen: int, folder: StepFolder) -> Any:
             return restore_step(folder, chosen, like, items, options)
 
-        if self._tiers is not None and not fallback:
-            self._settle()
-            tree, self.restored = self._tiers.restore(self._folder, step, restore)
-            return tree
-
-        if self._processes.many:
-
-            def choose() -> list[int]:
-                newest = self._existing(step)
-                return [older for older in reversed(self._folder.committed()) if older <= newest]
-
-            tree, self.restored = restore_together(
-                self._processes, self._folder, choose, restore, fallback=fallback, broadcast=self._broadcast_restore
-            )
-            return tree
-        if step is not None and not fallback:
-            chosen = self._existing(step)
-            tree = restore(chosen)
-            self.restored = recovery.Restored(chosen)
-            return tree
-        if fallback:
-            bound = self._existing(step)
-
-            def candidates() -> list[int]:
-                """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
-                return [older for older in reversed(self._folder.committed()) if step is None or older <= bound]
-
-            tree, self.restored = recovery.restore_newest_intact(self._folder, candidates, restore)
-            return tree
-        # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
-        # one has been committed, and that one is restored instead.
         self._settle()
-        trees: list[Any] = []
-
-        def accept(chosen: int) -> bool:
-            trees.append(restore(chosen))
-            return True
-
-        newest = recovery.newest_accepted(lambda: self._folder.committed()[::-1], accept)
-        if newest is None:
-            raise StepNotFoundError(f"{self.directory} holds no committed step to restore")
-        self.restored = recovery.Restored(newest)
-        return trees[0]
+        tree, self.restored = restore_chosen(
+            self._folder,
+            step,
+            restore,
+            fallback=fallback,
+            processes=self._processes,
+            tiers=self._tiers,
+            broadcast=self._broadcast_restore,
+        )
+        return tree
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self.directory!r}, {self._policy})"
