@@ -54,13 +54,9 @@ def _start_run(path: Path) -> subprocess.Popen[str]:
         time.sleep(0.05)
 
 
-def _watch(*args: object, timeout: float = 120, **options: object) -> subprocess.CompletedProcess[str]:
+def _watch(*args: object) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "jaxstow", "watch", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **options,  # type: ignore[call-overload]
+        [sys.executable, "-m", "jaxstow", "watch", *map(str, args)], capture_output=True, text=True, timeout=120
     )
 
 
