@@ -81,6 +81,60 @@ def test_a_signal_that_no_save_follows_ends_the_process_at_close(tmp_path: Path)
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+_TERMINATED = """
+import os, signal, sys, numpy as np
+from jaxstow import CheckpointManager
+if sys.argv[2] == "exit":  # a handler of the program's own that turns SIGTERM into an exit of the interpreter
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+manager = CheckpointManager(sys.argv[1])  # no preemption_signals
+manager.save(0, {"w": np.zeros(10, np.float32)})
+manager.wait()
+manager.save(5, {"w": np.full(10_000_000, 5, np.float32)})  # 40 MB: still being written when the signal comes
+os.kill(os.getpid(), signal.SIGTERM)  # what a scheduler sends
+print("after the signal", flush=True)
+"""
+
+
+def test_sigterm_without_preemption_signals_loses_the_save_in_flight_and_keeps_the_steps_before(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_TERMINATED), str(folder), "plain"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr  # 143 in a shell
+    assert done.stdout == ""
+    left = {path.name for path in folder.iterdir()} - {LOCK_NAME, "0"}  # the lock file stays, step 0 is intact
+    assert all(name.startswith(".5.jaxstow-tmp-") for name in left), left  # step 5's files, under a temporary name
+    assert (folder / LOCK_NAME).exists()
+    with CheckpointManager(folder) as manager:
+        assert manager.steps() == [0]  # step 5 is not committed; step 0 is intact
+        assert manager.restore(as_numpy=True)["w"].tolist() == [0.0] * 10
+        with caplog.at_level("WARNING", logger="jaxstow"):
+            manager.save(5, {"w": np.ones(2, np.float32)})  # the next writer takes the lock over, clears leftovers
+        assert "which ended without releasing it" in caplog.text
+    assert sorted(path.name for path in folder.iterdir()) == ["0", "5"]
+
+
+def test_sigterm_turned_into_an_exit_by_the_program_finishes_the_save_in_flight(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_TERMINATED), str(folder), "exit"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert done.stdout == ""
+    with CheckpointManager(folder) as manager:
+        assert manager.steps() == [0, 5]
+        assert manager.restore(5, as_numpy=True)["w"][-1] == 5.0
+    assert not (folder / LOCK_NAME).exists()
+
+
 def test_should_save_counts_a_save_still_in_flight(tmp_path: Path) -> None:
     with CheckpointManager(tmp_path, save_every=5) as manager:
         manager.save(0, {"w": np.zeros(10_000_000, np.float32)})  # 40 MB: still being written when asked

@@ -68,11 +68,119 @@ def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
         assert manager.restore()["w"].tolist() == [4.0] * 3
 
 
+def test_a_tier_that_is_not_one_is_refused(tmp_path):
+    with (
+        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l") as manager,
+        pytest.raises(ArgumentError, match=r"tier must be 'local', 'persistent' or None \(either tier\), not 'locale'"),
+    ):
+        manager.latest_step(tier="locale")  # type: ignore[arg-type]
+    with CheckpointManager(tmp_path / "p") as manager:
+        assert manager.steps(tier="persistent") == []
+        with pytest.raises(ArgumentError, match=r"p has no local tier, so steps\(tier='local'\) has nothing to list"):
+            manager.steps(tier="local")
+
+
 def test_a_local_tier_setting_that_is_not_valid_is_refused(tmp_path):
     with pytest.raises(ArgumentError, match="local_keep_last"):
         CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_keep_last=0)
+    with pytest.raises(ArgumentError, match=r"^local_save_every must be a positive integer, not 0"):
+        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_save_every=0)
     with pytest.raises(ArgumentError, match="local_directory must be a local path"):
         CheckpointManager(tmp_path / "p", local_directory="s3://bucket/local")
+
+
+def _store_with_steps_5_and_10(store: Path) -> None:
+    """A run's persistent directory, as another host left it: steps 5 and 10, with metrics, metadata and items."""
+    with CheckpointManager(store, save_every=5) as manager:
+        for step in (5, 10):
+            manager.save(
+                step,
+                {"params": {"w": jnp.full(3, step, jnp.float32)}},
+                metrics={"loss": 1 / step},
+                metadata={"host": "old"},
+            )
+
+
+def test_a_new_host_with_an_empty_local_tier_saves_no_step_at_or_before_the_newest_persistent_one(tmp_path):
+    store = tmp_path / "store"
+    _store_with_steps_5_and_10(store)
+    with CheckpointManager(store, local_directory=tmp_path / "new_local", save_every=5, local_save_every=5) as manager:
+        assert [step for step in range(1, 16) if manager.should_save(step)] == [15]
+    with CheckpointManager(store, local_directory=tmp_path / "new_local", save_every=5) as manager:
+        assert [step for step in range(1, 11) if manager.should_save(step)] == []
+        assert manager.should_save(11)  # local_save_every=1: the local tier takes every step after the newest
+        manager.save(11, {"params": {"w": jnp.full(3, 11.0)}})  # not due in the store (save_every=5)
+        assert not manager.should_save(11) and manager.should_save(12)
+        manager.save(15, {"params": {"w": jnp.full(3, 15.0)}})
+        manager.wait()
+        assert manager.steps(tier="persistent") == [5, 10, 15]
+        assert manager.steps(tier="local") == [11, 15]
+        assert manager.steps() == [5, 10, 11, 15]
+
+
+def test_the_queries_count_a_step_held_by_either_tier(tmp_path):
+    store, local = tmp_path / "store", tmp_path / "local"
+    _store_with_steps_5_and_10(store)
+    with CheckpointManager(store, local_directory=local, save_every=5, metric="loss") as manager:
+        assert manager.best_step() == 10
+        manager.save(11, {"params": {"w": jnp.full(3, 11.0)}}, metrics={"loss": 0.01}, metadata={"host": "new"})
+        assert manager.steps() == [5, 10, 11] and manager.latest_step() == 11
+        assert manager.steps(tier="local") == [11] and manager.latest_step(tier="local") == 11
+        assert manager.steps(tier="persistent") == [5, 10] and manager.latest_step(tier="persistent") == 10
+        assert manager.best_step() == 11  # held by the local tier only
+        assert manager.best_step(mode="max") == 5  # held by the persistent tier only
+        assert (manager.metrics(11), manager.metadata(11), manager.items(11)) == (
+            {"loss": 0.01},
+            {"host": "new"},
+            ["params"],
+        )
+        assert (manager.metrics(5), manager.metadata(5), manager.items(5)) == (
+            {"loss": 0.2},
+            {"host": "old"},
+            ["params"],
+        )
+        assert manager.restore()["params"]["w"].tolist() == [11.0] * 3 and manager.restored.step == 11
+        assert manager.restore(10)["params"]["w"].tolist() == [10.0] * 3
+        with pytest.raises(
+            StepNotFoundError,
+            match=r"step 7 is neither in .*store nor in the local tier .*local; "
+            r"their committed steps are \[5, 10, 11\]",
+        ):
+            manager.metrics(7)
+
+
+def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earlier(tmp_path):
+    store, local = tmp_path / "store", tmp_path / "local"
+    with CheckpointManager(store, local_directory=local, save_every=5) as manager:
+        _run(manager, range(1, 4))  # step 1 in both tiers, 2 and 3 locally
+    with CheckpointManager(store, save_every=5) as manager:  # the run went on elsewhere, with no local tier
+        _run(manager, range(4, 11))
+    with CheckpointManager(store, local_directory=local, save_every=5) as manager:  # and came back to this host
+        assert manager.steps(tier="local") == [2, 3] and manager.steps(tier="persistent") == [1, 5, 10]
+        assert [step for step in range(1, 11) if manager.should_save(step)] == []
+        assert manager.metrics(3) is None and manager.items(3) == manager.items(10) == ["w"]
+        assert manager.restore()["w"].tolist() == [10.0] * 3 and manager.restored.step == 10
+        assert manager.restore(3)["w"].tolist() == [3.0] * 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"local_save_every": 5}, {"local_keep_last": 3}, {"local_replicas": 1}, {"local_save_every": 1}],
+    ids=str,
+)
+def test_an_option_of_the_local_tier_without_one_is_refused_naming_it(tmp_path, options):
+    ((name, value),) = options.items()
+    with pytest.raises(
+        ArgumentError,
+        match=rf"{name}={value} sets the local tier, but the manager of .*run has no "
+        rf"local_directory: pass local_directory=\.\.\. .* or leave {name}={value} out",
+    ):
+        CheckpointManager(tmp_path / "run", **options)
+    before = signal.getsignal(signal.SIGUSR1)
+    with pytest.raises(ArgumentError, match=r"local_save_every=5 and local_keep_last=3 set the local tier"):
+        CheckpointManager(tmp_path / "run", local_save_every=5, local_keep_last=3, preemption_signals=[signal.SIGUSR1])
+    assert signal.getsignal(signal.SIGUSR1) is before  # the refused manager caught no signal
+    assert not (tmp_path / "run").exists()
 
 
 # -- four processes -------------------------------------------------------------------------------------------------

@@ -233,22 +233,34 @@ def test_other_processes_read_the_draws_so_far_while_the_run_goes_on(processes, 
     assert "\nvariable  " in plain.stdout and "r_hat  ess_bulk\n" in plain.stdout
 
 
-def test_watch_refreshes_until_ctrl_c_and_says_what_is_missing(killed_run, tmp_path):
+def test_watch_refreshes_until_ctrl_c_and_says_what_is_missing(processes, killed_run, tmp_path):
     missing = _watch(str(tmp_path / "none.h5"), "--once")
     assert missing.returncode == 2 and "none.h5" in missing.stderr
-    path = str(killed_run / "walk.h5")  # a run whose writer was killed: it never ends
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "jaxstow", "watch", path, "--interval", "0.1"], stdout=subprocess.PIPE, text=True
-    )
-    assert watcher.stdout is not None
-    headers = 0
-    while headers < 2:
-        line = watcher.stdout.readline()
-        assert line, "watch ended by itself"
-        headers += line == f"{path}: running, 2 chains\n"
-    watcher.send_signal(signal.SIGINT)
-    watcher.communicate(timeout=60)
-    assert watcher.returncode == 0
+    path = str(tmp_path / "walk.h5")
+    process = processes.Process(target=run, args=(path,))
+    process.start()
+    while _checkpoint_mark(path) is None:
+        assert process.is_alive()
+        time.sleep(0.01)
+    os.kill(process.pid, signal.SIGSTOP)  # the run holds still, alive, its lock held: it goes on for the watcher
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "jaxstow", "watch", path, "--interval", "0.1"], stdout=subprocess.PIPE, text=True
+        )
+        assert watcher.stdout is not None
+        headers = 0
+        while headers < 2:
+            line = watcher.stdout.readline()
+            assert line, "watch ended by itself"
+            headers += line == f"{path}: running, 2 chains\n"
+        watcher.send_signal(signal.SIGINT)
+        watcher.communicate(timeout=60)
+        assert watcher.returncode == 0
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.join()
+    killed = _watch(str(killed_run / "walk.h5"))  # a run whose writer was killed: watching it ends at once
+    assert killed.returncode == 1 and killed.stdout.startswith(f"{killed_run / 'walk.h5'}: died, 2 chains\n")
 
 
 def test_watch_and_to_inference_data_of_a_finished_run(tmp_path, capsys):

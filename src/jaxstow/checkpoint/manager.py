@@ -29,6 +29,7 @@ from jaxstow._write.held import hold
 from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.queries import StepQueries
@@ -36,10 +37,9 @@ from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import save_shared
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
-from jaxstow.checkpoint.tiers import Tier, Tiers
-from jaxstow.checkpoint.together import restore_together
+from jaxstow.checkpoint.tiers import local_tier
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
-from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -81,8 +81,8 @@ class CheckpointManager(StepQueries):
         process_timeout: float = 600.0,
         preemption_signals: Iterable[int | signal.Signals] = (),
         local_directory: str | os.PathLike[str] | None = None,
-        local_save_every: int = 1,
-        local_keep_last: int = 2,
+        local_save_every: int | None = None,
+        local_keep_last: int | None = None,
         local_replicas: int | None = None,
         broadcast_restore: bool = True,
         host_memory_limit: int | None = None,
@@ -108,15 +108,16 @@ class CheckpointManager(StepQueries):
                 docs/checkpointing.md#preemption).
             local_directory: Each process's fast storage (a local path, may differ per process; under
                 jax.distributed each process uses ``process-{index}`` in it): every step saved goes there first, ``directory`` gets the steps due there, copied from it (docs/scaling.md).
-            local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step, for the local tier.
-            local_keep_last: The local tier keeps its newest ``local_keep_last`` steps.
+            local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step (1), for the local tier.
+            local_keep_last: The local tier keeps its newest ``local_keep_last`` steps (2).
             local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
             broadcast_restore: Under jax.distributed, a box of a step that several processes restore is read from
                 ``directory`` by one of them and sent to the others (docs/scaling.md); ``False``: each reads it.
             host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
 
         Raises:
-            ArgumentError: A keep policy or ``save_every`` that is not valid.
+            ArgumentError: A keep policy or ``save_every`` that is not valid, an option of the local tier without
+                ``local_directory``.
         """
         policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
         self._schedule = SaveSchedule(save_every)
@@ -136,23 +137,21 @@ class CheckpointManager(StepQueries):
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
         self._broadcast_restore = broadcast_restore
+        self._tiers = local_tier(
+            local_directory,
+            self._processes,
+            directory=self._store.location,
+            save_every=local_save_every,
+            keep_last=local_keep_last,
+            replicas=local_replicas,
+            progress=progress,
+        )
         self._notice: PreemptionNotice | None = None
         if self._processes.many:
             if preemption_signals:
                 logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
         elif preemption_signals:
             self._notice = self._schedule.notice = PreemptionNotice(preemption_signals)
-        self._tiers: Tiers | None = None
-        if local_directory is not None:
-            self._tiers = Tiers(
-                local_directory,
-                self._processes,
-                directory=self._store.location,
-                save_every=local_save_every,
-                keep_last=local_keep_last,
-                replicas=local_replicas,
-                progress=progress,
-            )
 
     @property
     def policy(self) -> KeepPolicy:
@@ -163,19 +162,6 @@ class CheckpointManager(StepQueries):
     def directory(self) -> str:
         """The directory, as given (a path or a URL)."""
         return self._folder.store.location
-
-    def steps(self, tier: Tier | None = None) -> list[int]:
-        """The committed steps, in increasing order (waits for the save in flight); with ``local_directory``, those
-        of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``) or of either."""
-        self._settle()
-        persistent = self._folder.committed() if tier != "local" else []
-        local = self._tiers.steps() if self._tiers is not None and tier != "persistent" else []
-        return sorted({*persistent, *local})
-
-    def latest_step(self, tier: Tier | None = None) -> int | None:
-        """The newest committed step (of ``tier``, see :meth:`steps`), or ``None`` if there is none."""
-        steps = self.steps(tier)
-        return steps[-1] if steps else None
 
     def restore(
         self,
@@ -209,52 +195,20 @@ class CheckpointManager(StepQueries):
         """
         options.setdefault("progress", self._progress)
 
-        def restore(chosen: int, folder: StepFolder = self._folder) -> Any:
+        def restore(chosen: int, folder: StepFolder) -> Any:
             return restore_step(folder, chosen, like, items, options)
 
-        if self._tiers is not None and not fallback:
-            self._settle()
-            tree, self.restored = self._tiers.restore(self._folder, step, restore)
-            return tree
-
-        if self._processes.many:
-
-            def choose() -> list[int]:
-                newest = self._existing(step)
-                return [older for older in reversed(self._folder.committed()) if older <= newest]
-
-            tree, self.restored = restore_together(
-                self._processes, self._folder, choose, restore, fallback=fallback, broadcast=self._broadcast_restore
-            )
-            return tree
-        if step is not None and not fallback:
-            chosen = self._existing(step)
-            tree = restore(chosen)
-            self.restored = recovery.Restored(chosen)
-            return tree
-        if fallback:
-            bound = self._existing(step)
-
-            def candidates() -> list[int]:
-                """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
-                return [older for older in reversed(self._folder.committed()) if step is None or older <= bound]
-
-            tree, self.restored = recovery.restore_newest_intact(self._folder, candidates, restore)
-            return tree
-        # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
-        # one has been committed, and that one is restored instead.
         self._settle()
-        trees: list[Any] = []
-
-        def accept(chosen: int) -> bool:
-            trees.append(restore(chosen))
-            return True
-
-        newest = recovery.newest_accepted(lambda: self._folder.committed()[::-1], accept)
-        if newest is None:
-            raise StepNotFoundError(f"{self.directory} holds no committed step to restore")
-        self.restored = recovery.Restored(newest)
-        return trees[0]
+        tree, self.restored = restore_chosen(
+            self._folder,
+            step,
+            restore,
+            fallback=fallback,
+            processes=self._processes,
+            tiers=self._tiers,
+            broadcast=self._broadcast_restore,
+        )
+        return tree
 
     def __repr__(self) -> str:
         return f"CheckpointManager({self.directory!r}, {self._policy})"
@@ -269,8 +223,9 @@ class CheckpointManager(StepQueries):
     def should_save(self, step: int) -> bool:
         """Whether ``step`` is one to save; it never waits for a save in flight.
 
-        After the newest step saved: the first of a run, every ``save_every``-th and a preemption's step (see
-        :meth:`reached_preemption`). Call it at every step, in every process of a ``jax.distributed`` run.
+        After the newest step saved (in either tier): the first of a run, every ``save_every``-th (or
+        ``local_save_every``-th) and a preemption's step (see :meth:`reached_preemption`). Call it at every step, in
+        every process of a ``jax.distributed`` run.
 
         >>> import tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
@@ -280,8 +235,10 @@ class CheckpointManager(StepQueries):
         ...     print(manager.steps())
         [1, 10, 20]
         """
-        wanted = self._schedule.should_save(check_step(step), committed=self._folder.committed)
-        return self._tiers.should_save(step) or wanted if self._tiers is not None else wanted
+        wanted = self._schedule.should_save(check_step(step), committed=self._listed)
+        if self._tiers is None:
+            return wanted
+        return self._tiers.schedule.should_save(step, committed=self._listed) or wanted
 
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is the step to save before a preemption.
@@ -335,7 +292,7 @@ class CheckpointManager(StepQueries):
         self._writer.wait()
         if self._lock is None and self._processes.index == 0:
             self._take_lock()
-        exists = step in self._folder.committed() or (self._tiers is not None and step in self._tiers.steps())
+        exists = step in self._listed()
         if exists and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it",
@@ -350,7 +307,7 @@ class CheckpointManager(StepQueries):
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
         write: Callable[[], StepRecord | None]
         keep = dataclasses.asdict(self._policy)
-        due = self._tiers is None or self._schedule.should_save(step, committed=self._folder.committed)
+        due = self._tiers is None or self._schedule.should_save(step, committed=self._listed)
         if self._tiers is not None:
             upload = functools.partial(self._copy, key=self._processes.next_exchange("copy")) if due else None
             write = functools.partial(
@@ -365,8 +322,7 @@ class CheckpointManager(StepQueries):
             )
         what = f"saving step {step} to {self.directory}"
         self._writer.submit(lambda: self._committed(write()), what=what, until=budget.fetched)
-        if due:
-            self._schedule.saved(step)
+        self._schedule.saved(step)
         if self._tiers is not None:
             self._tiers.schedule.saved(step)
         if self._preempted() is not None:

@@ -1,5 +1,9 @@
-"""What a :class:`~jaxstow.CheckpointManager` tells about its committed steps: their metrics, metadata, items, the
-best one by a metric and the damaged ones.
+"""What a :class:`~jaxstow.CheckpointManager` tells about its committed steps: which there are, their metrics,
+metadata, items, the best one by a metric and the damaged ones.
+
+With a local tier (``local_directory``) a step counts wherever it is held, in this process's local tier or in the
+persistent ``directory``: a new host whose local tier is empty sees the steps of ``directory``, and a step held only
+locally (not due in ``directory``, or its copy still to come) is listed, ranked and described like any other.
 """
 
 from __future__ import annotations
@@ -11,7 +15,8 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import require_progress_bar
 from jaxstow.checkpoint import recovery
-from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.step_folder import StepFolder, check_step
+from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.errors import ArgumentError, StepNotFoundError
 
 __all__ = ["StepQueries"]
@@ -21,6 +26,7 @@ class StepQueries:
     """The questions about committed steps that a manager answers from its folder and keep policy."""
 
     _folder: StepFolder
+    _tiers: Tiers | None
     _policy: KeepPolicy
     _progress: bool
 
@@ -28,12 +34,54 @@ class StepQueries:
         """Wait for the save in flight (the manager's own)."""
         raise NotImplementedError
 
-    def steps(self) -> list[int]:
-        """The committed steps (the manager's own)."""
-        raise NotImplementedError
+    def steps(self, tier: Tier | None = None) -> list[int]:
+        """The committed steps, in increasing order (waits for the save in flight); with ``local_directory``, those
+        of either tier, or of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``).
+
+        Raises:
+            ArgumentError: ``tier`` is not one of these, or is ``"local"`` for a manager without ``local_directory``.
+        """
+        if tier not in (None, "local", "persistent"):
+            raise ArgumentError(f"tier must be 'local', 'persistent' or None (either tier), not {tier!r}")
+        if tier == "local" and self._tiers is None:
+            raise ArgumentError(
+                f"the manager of {self._folder.store.location} has no local tier, so steps(tier='local') has nothing "
+                "to list: make it with local_directory=..., or ask steps() for the steps of its directory"
+            )
+        self._settle()
+        return self._listed(tier)
+
+    def latest_step(self, tier: Tier | None = None) -> int | None:
+        """The newest committed step (of ``tier``, see :meth:`steps`), or ``None`` if there is none."""
+        steps = self.steps(tier)
+        return steps[-1] if steps else None
+
+    def _listed(self, tier: Tier | None = None) -> list[int]:
+        """The committed steps of ``tier`` (of either by default), without waiting for the save in flight."""
+        persistent = self._folder.committed() if tier != "local" else []
+        local = self._tiers.steps() if self._tiers is not None and tier != "persistent" else []
+        return sorted({*persistent, *local})
 
     def _record(self, step: int) -> StepRecord:
+        """The record of a committed step, from the local tier where it holds the step (its record's checksum
+        checked: under jax.distributed it holds only this process's files), else from ``directory``."""
+        if self._tiers is not None and step in self._tiers.steps():
+            return self._tiers.folder.checked_record(step)
         return self._folder.record(step)
+
+    def _held(self, step: int) -> int:
+        """``step`` once the save in flight is done, if a tier holds it; else a :class:`StepNotFoundError`."""
+        self._settle()
+        step = check_step(step)
+        if self._tiers is None:
+            return self._folder.existing(step)
+        steps = self._listed()
+        if step not in steps:
+            raise StepNotFoundError(
+                f"step {step} is neither in {self._folder.store.location} nor in the local tier "
+                f"{self._tiers.directory}; their committed steps are {steps}"
+            )
+        return step
 
     def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
         """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
@@ -64,7 +112,8 @@ class StepQueries:
         return self._progress if progress is None else progress
 
     def best_step(self, metric: str | None = None, *, mode: Literal["min", "max"] | None = None) -> int | None:
-        """The committed step with the best value of ``metric``: the newest of equals, or ``None`` if no step has one.
+        """The committed step (of either tier) with the best value of ``metric``: the newest of equals, or ``None``
+        if no step has one.
 
         Args:
             metric: The metric to rank by (the manager's ``metric`` by default); steps without a finite value of it
@@ -88,14 +137,14 @@ class StepQueries:
         return self._folder.existing(step)
 
     def metrics(self, step: int) -> dict[str, float | None] | None:
-        """The metrics saved with ``step`` (non-finite values read back as ``None``)."""
-        return self._record(self._existing(step)).metrics
+        """The metrics saved with ``step``, held by either tier (non-finite values read back as ``None``)."""
+        return self._record(self._held(step)).metrics
 
     def metadata(self, step: int) -> dict[str, Any] | None:
-        """The metadata saved with ``step``."""
-        return self._record(self._existing(step)).metadata
+        """The metadata saved with ``step``, held by either tier."""
+        return self._record(self._held(step)).metadata
 
     def items(self, step: int) -> list[str] | None:
-        """The names of the items of ``step``, or ``None`` if it was saved as one tree."""
-        record = self._record(self._existing(step))
+        """The names of the items of ``step`` (held by either tier), or ``None`` if it was saved as one tree."""
+        record = self._record(self._held(step))
         return None if record.single else sorted(record.files)

@@ -36,11 +36,13 @@ __all__ = ["SaveSchedule"]
 class SaveSchedule:
     """Save every ``save_every`` steps (``1``: every step); it keeps the newest step saved, so that asking costs no
     read of storage (the committed steps are listed once, the first time). ``notice`` makes preemption a signal to
-    this process (see :meth:`reached_preemption`)."""
+    this process (see :meth:`reached_preemption`); ``option`` is the argument that errors name."""
 
-    def __init__(self, save_every: int = 1, *, notice: PreemptionNotice | None = None) -> None:
+    def __init__(
+        self, save_every: int = 1, *, notice: PreemptionNotice | None = None, option: str = "save_every"
+    ) -> None:
         if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
-            raise ArgumentError(f"save_every must be a positive integer, not {save_every!r}")
+            raise ArgumentError(f"{option} must be a positive integer, not {save_every!r}")
         self.save_every = save_every
         self.notice = notice
         self._committed: int | None = None  # the newest committed step, once listed
@@ -58,7 +60,8 @@ class SaveSchedule:
         self._issued = None
 
     def should_save(self, step: int, *, committed: Callable[[], list[int]]) -> bool:
-        """Whether to save ``step``; ``committed()`` lists the committed steps, asked only the first time."""
+        """Whether to save ``step``; ``committed()`` lists the committed steps (of every tier the manager has, so that
+        no tier saves a step at or before another's newest), asked only the first time."""
         if not self._known:
             steps = committed()
             self._committed, self._known = (steps[-1] if steps else None), True

@@ -35,12 +35,54 @@ from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, write_step
 from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
 
-__all__ = ["Tier", "Tiers"]
+__all__ = ["Tier", "Tiers", "local_tier"]
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 Tier = Literal["local", "persistent"]
 T = TypeVar("T")
 _COPY_CHUNK = 16 << 20
+
+
+def local_tier(
+    local_directory: str | os.PathLike[str] | None,
+    processes: Processes,
+    *,
+    directory: str,
+    save_every: int | None,
+    keep_last: int | None,
+    replicas: int | None,
+    progress: bool,
+) -> Tiers | None:
+    """The local tier of the manager of ``directory`` given ``local_directory`` and its options (``None``: their
+    defaults), or ``None`` without one; an option of the local tier given without ``local_directory`` is an
+    :class:`~jaxstow.errors.ArgumentError` naming it, never ignored.
+
+    >>> from jaxstow.checkpoint.processes import Processes
+    >>> processes = Processes("run", timeout=60)
+    >>> local_tier(None, processes, directory="run", save_every=5, keep_last=None, replicas=None, progress=False)
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: local_save_every=5 sets the local tier, but the manager of run has no local_directory: ...
+    """
+    if local_directory is None:
+        options = {"local_save_every": save_every, "local_keep_last": keep_last, "local_replicas": replicas}
+        given = " and ".join(f"{name}={value!r}" for name, value in options.items() if value is not None)
+        if given:
+            raise ArgumentError(
+                f"{given} {'set' if ' and ' in given else 'sets'} the local tier, but the manager of {directory} has "
+                "no local_directory: pass local_directory=... (each process's fast storage, such as a local SSD) "
+                f"to save there too, or leave {given} out (save_every is the schedule of {directory} itself)"
+            )
+        return None
+    return Tiers(
+        local_directory,
+        processes,
+        directory=directory,
+        save_every=1 if save_every is None else save_every,
+        keep_last=2 if keep_last is None else keep_last,
+        replicas=replicas,
+        progress=progress,
+    )
 
 
 class Tiers:
@@ -72,7 +114,7 @@ class Tiers:
         self.store = LocalStore(root, marker=RECORD_NAME)
         self.names = StepNames("%d")
         self.folder = StepFolder(self.store, self.names)
-        self.schedule = SaveSchedule(save_every)
+        self.schedule = SaveSchedule(save_every, option="local_save_every")
         self.keep_last = keep_last
         self.processes = processes
         self.progress = progress
@@ -93,9 +135,6 @@ class Tiers:
     def steps(self) -> list[int]:
         """The steps committed in this process's local tier (its own files and the record)."""
         return self.folder.committed()
-
-    def should_save(self, step: int) -> bool:
-        return self.schedule.should_save(step, committed=self.steps)
 
     def save(
         self, content: StepContent, *, key: str, persistent: Callable[[StepRecord], None] | None, keep: dict[str, Any]

@@ -4,6 +4,12 @@ Per chain the draws written so far; per variable (each element of an array) the 
 sample size over the draws every chain has (ArviZ's). The file is read in SWMR mode, from any process, up to the
 draws it counts as written (see :mod:`jaxstow.io.live`).
 
+The run's state: ``finished`` (every chain is), ``running``, ``died`` (its writer's lock, ``FILE.lock``, names a
+process of this host that no longer runs: it was killed before the run finished) or ``stopped`` (no writer has the file
+open and the run has not finished: its writer gave up, on an error or Ctrl-C). A writer that holds no lock of jaxstow's
+(an ``h5py.File`` a program opened itself) counts as running while the file's flags say it has the file open, and one
+on another host while its lock stays. Watching ends, with exit status 1, when the run died or stopped.
+
 >>> import os, tempfile, jax.numpy as jnp
 >>> from jaxstow import io
 >>> from jaxstow.cli import main
@@ -31,6 +37,7 @@ import argparse
 import datetime
 import json
 import math
+import os
 import sys
 import time
 import warnings
@@ -38,15 +45,18 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._storage.lock import Holder
 from jaxstow._util.optional import require
 from jaxstow.cli.output import Table
 from jaxstow.errors import JaxstowError
 from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
+from jaxstow.io.swmr import SWMR_SUPERBLOCK, read_superblock
 
 __all__ = ["add", "report", "run"]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
+_ENDED = ("died", "stopped")  # the states of a run that ended before it finished
 
 
 def add(commands: Any) -> None:
@@ -55,7 +65,8 @@ def add(commands: Any) -> None:
         help="a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS",
         description="Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) "
         "and print, refreshing, per chain the draws written so far and per variable the mean, R-hat and bulk "
-        "effective sample size (ArviZ's diagnostics), until the run ends or Ctrl-C.",
+        "effective sample size (ArviZ's diagnostics), until the run ends or Ctrl-C. The run is finished, running, "
+        "died (its writer was killed) or stopped (its writer gave up); the exit status is 1 if it died or stopped.",
     )
     parser.add_argument("file", help="the run's HDF5 file")
     parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
@@ -77,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
             if clear:
                 sys.stdout.write(_CLEAR)
             _show(current, as_json=args.json)
-            if args.once or current["state"] == "finished":
-                return 0
+            if args.once or current["state"] in ("finished", *_ENDED):
+                return 1 if current["state"] in _ENDED else 0
             sys.stdout.flush()
             time.sleep(args.interval)
     except KeyboardInterrupt:
@@ -86,17 +97,62 @@ def run(args: argparse.Namespace) -> int:
 
 
 def report(path: str) -> dict[str, Any]:
-    """What ``watch`` shows: the run's state, per chain its draws, per variable element mean, R-hat and bulk ESS."""
-    draws = read_draws(path)
+    """What ``watch`` shows: the run's state (and why it ended, where it did not finish), per chain its draws, per
+    variable element mean, R-hat and bulk ESS."""
+    now = datetime.datetime.now().isoformat(timespec="seconds")
+    try:
+        draws = read_draws(path)
+    except (JaxstowError, OSError):  # such as a file whose writer was killed before it let readers in
+        died = _died(path)
+        if died is None:
+            raise
+        return {"file": path, "state": "died", "why": died, "time": now, "chains": [], "variables": []}
+    state, why = ("finished", None) if draws.finished else _writer_state(path)
     return {
         "file": path,
-        "state": "finished" if draws.finished else "running",
-        "time": datetime.datetime.now().isoformat(timespec="seconds"),
+        "state": state,
+        "why": why,
+        "time": now,
         "chains": [
             {"chain": chain, "draws": done, "finished": draws.finished or None} for chain, done in enumerate(draws.done)
         ],
         "variables": _diagnostics(draws),
     }
+
+
+def _writer_state(path: str) -> tuple[str, str | None]:
+    """The state of a run that has not finished (``running``, ``died`` or ``stopped``) and, where it ended, why."""
+    died = _died(path)
+    if died is not None:
+        return "died", died
+    superblock = read_superblock(path)
+    if os.path.exists(_lock_file(path)) or superblock.version < SWMR_SUPERBLOCK or superblock.writer is not None:
+        return "running", None  # under a live writer's lock, or a writer's without one (killed or not: who knows)
+    return "stopped", (
+        "no process writes it: its writer closed it before every chain finished (an error, or Ctrl-C); run it again "
+        "to continue from its last checkpoint"
+    )
+
+
+def _died(path: str) -> str | None:
+    """Why the run's writer died, if its lock file (which a writer killed leaves) names a process of this host that
+    no longer runs; else ``None``."""
+    try:
+        with open(_lock_file(path), "rb") as lock:
+            holder = Holder.parse(lock.read())
+    except FileNotFoundError:
+        return None
+    if holder is None or not holder.is_gone():  # a lock being taken, or held (here, or on another host)
+        return None
+    return (
+        f"its writer, {holder.describe()}, ended before the run finished (killed: it left its lock file behind); "
+        "run it again to continue from its last checkpoint"
+    )
+
+
+def _lock_file(path: str) -> str:
+    """The file of the lock that the run's writer holds (:class:`jaxstow.io.swmr.WriterLock`)."""
+    return f"{path}.lock"
 
 
 def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
@@ -138,11 +194,13 @@ def _show(current: dict[str, Any], *, as_json: bool) -> None:
         return
     chains = current["chains"]
     print(f"{current['file']}: {current['state']}" + (f", {len(chains)} chains" if chains else ""))
+    if current.get("why"):
+        print(f"  {current['why']}")
     if not chains:
         return
     table = Table(["chain", "draws", "state"], right=["draws"])
     for chain in chains:
-        table.add(chain["chain"], chain["draws"], "finished" if chain["finished"] else "running")
+        table.add(chain["chain"], chain["draws"], "finished" if chain["finished"] else current["state"])
     table.show()
     variables = Table(["variable", "mean", "r_hat", "ess_bulk"], right=["mean", "r_hat", "ess_bulk"])
     for row in current["variables"]:

@@ -1,0 +1,88 @@
+"""Which committed step a :meth:`~jaxstow.CheckpointManager.restore` reads, and where: the one asked for, the newest,
+or the newest intact one (``fallback``); from the fastest tier that holds it in full where there is a local tier; the
+same step in every process of a ``jax.distributed`` run.
+
+>>> import tempfile, numpy as np
+>>> from jaxstow import CheckpointManager
+>>> from jaxstow._steps.names import StepNames
+>>> from jaxstow._steps.record import RECORD_NAME
+>>> from jaxstow._storage.store import open_store
+>>> from jaxstow.checkpoint.processes import Processes
+>>> directory = tempfile.mkdtemp()
+>>> with CheckpointManager(directory) as manager:
+...     for step in (1, 2):
+...         manager.save(step, {"w": np.full(2, step)})
+>>> folder = StepFolder(open_store(directory, marker=RECORD_NAME), StepNames("%d"))
+>>> def restore(step, folder):
+...     return f"step {step} of {folder.store.location == directory and 'directory'}"
+>>> processes = Processes(directory, timeout=60)
+>>> restore_chosen(folder, None, restore, fallback=False, processes=processes, tiers=None, broadcast=True)
+('step 2 of directory', Restored(step=2, skipped={}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.processes import Processes
+from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tiers import Tiers
+from jaxstow.checkpoint.together import restore_together
+from jaxstow.errors import StepNotFoundError
+
+__all__ = ["restore_chosen"]
+
+T = TypeVar("T")
+
+
+def restore_chosen(
+    folder: StepFolder,
+    step: int | None,
+    restore: Callable[[int, StepFolder], T],
+    *,
+    fallback: bool,
+    processes: Processes,
+    tiers: Tiers | None,
+    broadcast: bool,
+) -> tuple[T, recovery.Restored]:
+    """``restore(chosen, folder_holding_it)`` of the step chosen: ``step`` (the newest committed one by default, and
+    with ``fallback`` the newest intact one up to it) of ``folder`` or, without ``fallback``, of the local tier of
+    ``tiers`` where it holds the newest; and the step restored. The caller has waited for its own save in flight."""
+    if tiers is not None and not fallback:
+        return tiers.restore(folder, step, restore)
+
+    def restore_here(chosen: int) -> T:
+        return restore(chosen, folder)
+
+    if processes.many:
+
+        def choose() -> list[int]:
+            newest = folder.existing(step)
+            return [older for older in reversed(folder.committed()) if older <= newest]
+
+        return restore_together(processes, folder, choose, restore_here, fallback=fallback, broadcast=broadcast)
+    if step is not None and not fallback:
+        chosen = folder.existing(step)
+        return restore_here(chosen), recovery.Restored(chosen)
+    if fallback:
+        bound = folder.existing(step)
+
+        def candidates() -> list[int]:
+            """The steps to try, newest first; without ``step``, one committed meanwhile comes first."""
+            return [older for older in reversed(folder.committed()) if step is None or older <= bound]
+
+        return recovery.restore_newest_intact(folder, candidates, restore_here)
+    # The newest step is restored; if the keep policy of the process that saves here deletes it meanwhile, a newer
+    # one has been committed, and that one is restored instead.
+    trees: list[T] = []
+
+    def accept(chosen: int) -> bool:
+        trees.append(restore_here(chosen))
+        return True
+
+    newest = recovery.newest_accepted(lambda: folder.committed()[::-1], accept)
+    if newest is None:
+        raise StepNotFoundError(f"{folder.store.location} holds no committed step to restore")
+    return trees[0], recovery.Restored(newest)

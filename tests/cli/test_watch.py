@@ -1,0 +1,134 @@
+"""``jaxstow watch`` on real runs: one that finished, one that runs, one whose writer was killed (SIGKILL) and one
+stopped by Ctrl-C (SIGINT), each run by ``io.run_chains`` in a process of its own and watched by the real command."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxstow import io
+from jaxstow.cli import main
+from jaxstow.io.live import read_draws
+
+pytest.importorskip("arviz", reason="jaxstow watch needs ArviZ (the arviz extra)")
+
+_RUN = """
+import sys, jax, jax.numpy as jnp
+from jaxstow import io
+
+def start():
+    return {"x": jnp.zeros(2), "key": jax.random.key_data(jax.random.split(jax.random.key(0), 2))}
+
+def step(state, t):
+    keys = jax.vmap(jax.random.split)(state["key"])
+    x = 0.9 * state["x"] + jax.vmap(jax.random.normal)(keys[:, 1])
+    x = jax.lax.fori_loop(0, 20_000, lambda i, x: x + 1e-9 * jnp.sin(x + i), x)  # a step's work
+    return {"x": x, "key": keys[:, 0]}, {"x": x}, jnp.ones(2, bool)
+
+io.run_chains(sys.argv[1], start, step, num_steps=int(sys.argv[2]), checkpoint_every=50)
+"""
+
+
+def _start_run(path: Path) -> subprocess.Popen[str]:
+    """A long run (a million steps) in a process of its own, once it has written and checkpointed some draws."""
+    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_RUN), str(path), "1000000"], text=True)
+    deadline = time.monotonic() + 120
+    while True:
+        assert process.poll() is None, "the run ended before it was watched"
+        assert time.monotonic() < deadline, "the run wrote no draws in 120 s"
+        try:
+            if Path(f"{path}.checkpoint.jxs").exists() and min(read_draws(str(path)).done) >= 100:
+                return process
+        except Exception:  # the file is still being created
+            pass
+        time.sleep(0.05)
+
+
+def _watch(*args: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jaxstow", "watch", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tmp_path: Path) -> None:
+    path = tmp_path / "walk.h5"
+    run = _start_run(path)
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None
+        first = json.loads(watcher.stdout.readline())
+        assert first["state"] == "running" and first["why"] is None and min(c["draws"] for c in first["chains"]) > 0
+        once = _watch(path, "--once")
+        assert once.returncode == 0, once.stderr
+        assert once.stdout.startswith(f"{path}: running, 2 chains\nchain  draws  state\n")
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        output, errors = watcher.communicate(timeout=60)  # it ends: it used to say "running" for ever
+    finally:
+        for process in (run, watcher):
+            process.kill()
+            process.wait()
+    assert watcher.returncode == 1, errors
+    last = json.loads(output.splitlines()[-1])
+    assert last["state"] == "died"
+    assert (
+        last["why"].startswith(f"its writer, process {run.pid} on host ")
+        and "ended before the run finished" in (last["why"])
+    )
+    assert [chain["draws"] for chain in last["chains"]] == read_draws(str(path)).done
+
+    shown = _watch(path, "--once")
+    assert shown.returncode == 1, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"{path}: died, 2 chains"
+    assert lines[1].startswith(f"  its writer, process {run.pid} on host ") and "run it again to continue" in lines[1]
+    assert lines[2].split() == ["chain", "draws", "state"] and lines[3].split()[-1] == "died"
+
+    lock = Path(f"{path}.lock")  # the lock file a writer on another host (a shared file system) would have left
+    lock.write_text(json.dumps({**json.loads(lock.read_text()), "host": "another-host"}))
+    assert json.loads(_watch(path, "--once", "--json").stdout)["state"] == "running"  # no telling from here
+
+
+def test_a_run_stopped_by_ctrl_c_is_told_stopped(tmp_path: Path) -> None:
+    path = tmp_path / "walk.h5"
+    run = _start_run(path)
+    run.send_signal(signal.SIGINT)
+    run.wait(timeout=60)
+    assert not Path(f"{path}.lock").exists()  # released: the writer ended on its own terms
+    shown = _watch(path, "--once", "--json")
+    assert shown.returncode == 1, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["state"] == "stopped" and "its writer closed it before every chain finished" in report["why"]
+    assert [chain["draws"] for chain in report["chains"]] == read_draws(str(path)).done
+
+
+def test_a_finished_run_is_told_finished(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def start() -> dict[str, jax.Array]:
+        return {"x": jnp.array([0.0, 1.0])}
+
+    def step(state: dict[str, jax.Array], t: jax.Array) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array]:
+        return {"x": state["x"] + 1}, {"x": state["x"]}, jnp.ones(2, bool)
+
+    path = str(tmp_path / "walk.h5")
+    io.run_chains(path, start, step, num_steps=20, checkpoint_every=5)
+    assert main(["watch", path, "--once", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["state"] == "finished" and report["why"] is None
+    assert [chain["draws"] for chain in report["chains"]] == [20, 20]
+    assert main(["watch", path]) == 0  # without --once: it ends at once
+    assert capsys.readouterr().out.startswith(f"{path}: finished, 2 chains\n")
