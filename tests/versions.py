@@ -49,6 +49,7 @@ CORE_TESTS = (
     "tests/cli/test_commands.py",
     "tests/io/test_saving.py",
     "tests/util/test_jax_compat.py",
+    "tests/coordination/test_coordinator.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)

@@ -29,7 +29,7 @@ LAYERS = [
     ["jaxstow._names"],
     ["jaxstow._format"],
     ["jaxstow._storage"],
-    ["jaxstow._steps"],
+    ["jaxstow._steps", "jaxstow._coordination"],
     ["jaxstow._write", "jaxstow._read"],
     ["jaxstow._save_load"],
     ["jaxstow.checkpoint", "jaxstow.io", "jaxstow.train", "jaxstow.objax", "jaxstow.flarejax"],

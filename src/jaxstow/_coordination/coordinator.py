@@ -1,0 +1,252 @@
+"""The processes of a ``jax.distributed`` run agreeing through jax's key-value store and barriers, every wait bounded.
+
+A :class:`Coordinator` is one process's part in a scope (a checkpoint folder, say); each agreement is a
+:class:`Conversation` of it, named the same in every process because every process starts the same conversations in
+the same order: what a process does next is itself agreed (a decision made once and published, or a maximum), never
+taken from that process's own listing. A message is JSON, either a payload or an error naming the process that
+failed; a wait for one ends within the timeout or raises a :class:`~jaxstow.errors.CheckpointError` naming every
+process that did not send it. A conversation's keys are deleted once every process has closed it. In one process,
+the same calls run without a key-value store.
+
+>>> from jaxstow._coordination import Coordinator
+>>> coordinator = Coordinator("runs/a", timeout=60)
+>>> with coordinator.conversation("save") as talk:
+...     talk.gather("summary", {"files": 2}, waiting_for="its files")
+...     talk.decide("step", lambda: 7, waiting_for="the step to save")
+...     talk.agree_max("newest", 5)
+[{'files': 2}]
+7
+5
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import jax
+
+from jaxstow._util import jax_compat
+from jaxstow.errors import ArgumentError, CheckpointError
+
+__all__ = ["Conversation", "Coordinator", "Message"]
+
+# The conversations started so far in each scope and kind, by this process: the n-th has the same name everywhere.
+_started: dict[str, itertools.count[int]] = {}
+_started_lock = threading.Lock()
+
+
+class Coordinator:
+    """This process's index among ``count`` processes, and the conversations they have within ``scope``."""
+
+    def __init__(self, scope: str, *, timeout: float) -> None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+            raise ArgumentError(f"process_timeout must be a positive number of seconds, not {timeout!r}")
+        self.index = int(jax.process_index())
+        self.count = int(jax.process_count())
+        self.timeout = float(timeout)
+        self.scope = scope
+        self.prefix = "jaxstow/" + hashlib.sha256(scope.encode()).hexdigest()[:16]
+        self.client: Any = None
+        self.closing: list[str] = []  # process 0: conversations whose keys go once every process closed them
+        if self.count > 1:
+            self.client = jax_compat.distributed_client()
+            if self.client is None:
+                raise CheckpointError(
+                    f"jax sees {self.count} processes but no jax.distributed client: call jax.distributed.initialize()"
+                )
+
+    @property
+    def many(self) -> bool:
+        """Whether other processes take part."""
+        return self.count > 1
+
+    @property
+    def others(self) -> list[int]:
+        """The indices of the other processes."""
+        return [index for index in range(self.count) if index != self.index]
+
+    @property
+    def grace(self) -> float:
+        """How much longer than ``timeout`` a process waits for a decision of process 0's, so that process 0's own
+        verdict (which names the process it waited for) arrives first: 5 s or a tenth of the timeout."""
+        return max(5.0, self.timeout / 10)
+
+    def conversation(self, kind: str) -> Conversation:
+        """The next conversation of ``kind`` in this scope, named the same in every process."""
+        with _started_lock:
+            number = next(_started.setdefault(f"{self.prefix}/{kind}", itertools.count(1)))
+        return Conversation(self, f"{self.prefix}/{kind}{number}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """What one process said: a payload, or the error it met (``error`` set)."""
+
+    sender: int
+    payload: Any = None
+    error: str | None = None
+
+    def value(self) -> Any:
+        """The payload, or a :class:`CheckpointError` naming the sender and its error."""
+        if self.error is not None:
+            raise CheckpointError(f"process {self.sender} failed: {self.error}")
+        return self.payload
+
+
+class Conversation:
+    """One agreement among the processes: messages under names (``what``), barriers, decisions, a maximum."""
+
+    def __init__(self, coordinator: Coordinator, name: str) -> None:
+        self.coordinator = coordinator
+        self.name = name
+        self._own: dict[str, str] = {}  # one process: what it said, heard by itself
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if kind is None:
+            self.close()
+
+    def tell(self, what: str, payload: Any) -> None:
+        """Say ``payload`` (JSON) under ``what`` to the other processes."""
+        self._say(what, {"ok": payload})
+
+    def fail(self, what: str, error: BaseException | str) -> None:
+        """Say, under ``what``, that this process failed with ``error`` instead of a payload."""
+        text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        self._say(what, {"error": text})
+
+    def hear(self, what: str, sender: int, *, waiting_for: str, timeout: float | None = None) -> Any:
+        """What ``sender`` said under ``what``; raises if it failed, or said nothing within ``timeout``."""
+        return self.collect(what, [sender], waiting_for=waiting_for, timeout=timeout)[sender].value()
+
+    def collect(
+        self, what: str, senders: list[int] | None = None, *, waiting_for: str, timeout: float | None = None
+    ) -> dict[int, Message]:
+        """The message each of ``senders`` (every process by default) said under ``what``, all within one deadline;
+        raises naming every process that said nothing by then."""
+        coordinator = self.coordinator
+        senders = list(range(coordinator.count)) if senders is None else senders
+        limit = coordinator.timeout if timeout is None else timeout
+        if not coordinator.many:
+            return {sender: _message(sender, self._own[f"{what}/{sender}"]) for sender in senders}
+        deadline = time.monotonic() + limit
+        got: dict[int, Message] = {}
+        for sender in senders:
+            try:
+                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+                text = coordinator.client.blocking_key_value_get(self._key(f"{what}/{sender}"), left_ms)
+            except Exception as error:  # jax raises its runtime's own error types here
+                said = self._said(what)
+                missing = [other for other in senders if other not in got and other not in said]
+                raise CheckpointError(_missing(missing or [sender], waiting_for, limit, error)) from None
+            got[sender] = _message(sender, str(text))
+        return got
+
+    def gather(self, what: str, payload: Any, *, waiting_for: str) -> list[Any]:
+        """Say ``payload`` and hear every process's, in process order; raises naming every process that failed."""
+        self.tell(what, payload)
+        messages = self.collect(what, waiting_for=waiting_for)
+        failed = [message for message in messages.values() if message.error is not None]
+        if failed:
+            raise CheckpointError("; ".join(f"process {m.sender} failed: {m.error}" for m in failed))
+        return [messages[index].payload for index in range(self.coordinator.count)]
+
+    def decide(self, what: str, choose: Callable[[], Any], *, waiting_for: str) -> Any:
+        """``choose()`` in process 0, its result (or its error) in every process: a decision made once."""
+        coordinator = self.coordinator
+        if coordinator.index == 0:
+            try:
+                decision = choose()
+            except BaseException as error:
+                self.fail(what, error)
+                raise
+            self.tell(what, decision)
+            return decision
+        return self.hear(what, 0, waiting_for=waiting_for, timeout=coordinator.timeout + coordinator.grace)
+
+    def agree_max(self, what: str, value: int) -> int:
+        """The largest of every process's ``value``."""
+        return int(max(self.gather(what, value, waiting_for=f"its {what}")))
+
+    def barrier(self, what: str, *, waiting_for: str) -> None:
+        """Wait until every process reaches this barrier, at most the timeout; then raise naming those that did not."""
+        coordinator = self.coordinator
+        if not coordinator.many:
+            return
+        self._say(f"{what}/arrived", {"ok": True})
+        try:
+            coordinator.client.wait_at_barrier(self._key(what), int(coordinator.timeout * 1000))
+        except Exception as error:  # jax raises its runtime's own error types here
+            arrived = self._said(f"{what}/arrived")
+            missing = [other for other in range(coordinator.count) if other not in arrived]
+            raise CheckpointError(_missing(missing, waiting_for, coordinator.timeout, error)) from None
+
+    def close(self) -> None:
+        """This process is done with the conversation. Process 0 deletes the keys of each conversation every
+        process has closed (this one, or one closed before it)."""
+        coordinator = self.coordinator
+        if not coordinator.many:
+            self._own.clear()
+            return
+        try:
+            self._say("closed", {"ok": True})
+            if coordinator.index == 0:
+                coordinator.closing.append(self.name)
+                for name in list(coordinator.closing):
+                    if len(_listed(coordinator.client, f"{name}/closed")) == coordinator.count:
+                        coordinator.client.key_value_delete(name)
+                        coordinator.closing.remove(name)
+        except Exception:  # a store that lost a process keeps the keys: nothing will read them again
+            return
+
+    def _say(self, what: str, message: dict[str, Any]) -> None:
+        key = f"{what}/{self.coordinator.index}"
+        text = json.dumps(message)
+        if self.coordinator.many:
+            self.coordinator.client.key_value_set(self._key(key), text)
+        else:
+            self._own[key] = text
+
+    def _key(self, what: str) -> str:
+        return f"{self.name}/{what}"
+
+    def _said(self, what: str) -> set[int]:
+        """The processes that said something under ``what``."""
+        return {int(sender) for sender in _listed(self.coordinator.client, self._key(what)) if sender.isdigit()}
+
+
+def _listed(client: Any, directory: str) -> list[str]:
+    """The names of the keys in ``directory`` of the key-value store (none where it cannot be read)."""
+    try:
+        return [key.rsplit("/", 1)[-1] for key, _ in client.key_value_dir_get(directory + "/")]
+    except Exception:  # jax raises its runtime's own error types here
+        return []
+
+
+def _message(sender: int, text: str) -> Message:
+    decoded = json.loads(text)
+    if "error" in decoded:
+        return Message(sender, error=str(decoded["error"]))
+    return Message(sender, payload=decoded["ok"])
+
+
+def _missing(processes: list[int], what: str, timeout: float, error: BaseException) -> str:
+    names = ", ".join(str(index) for index in processes)
+    plural = "es" if len(processes) > 1 else ""
+    detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+    return (
+        f"process{plural} {names} did not report {what} within {timeout:g} s (stalled, failed or died; "
+        f"jax.distributed: {detail})"
+    )

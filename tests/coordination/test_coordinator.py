@@ -1,0 +1,49 @@
+"""The coordinator with real ``jax.distributed`` processes: messages, decisions, a maximum, bounded barriers, and the
+keys of a finished conversation deleted."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from distributed_runs import launch
+
+WORKER = Path(__file__).parents[1] / "distributed" / "coordinator_worker.py"
+
+
+def run(action: str, count: int, *extra: str) -> list[dict]:
+    processes = launch(WORKER, count, lambda index, port: [action, str(index), str(count), str(port), *extra])
+    found = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err[-3000:]
+        found.append(json.loads(out.strip().splitlines()[-1]))
+    return found
+
+
+def test_processes_gather_decide_agree_and_leave_no_keys_behind():
+    reports = run("talk", 3)
+    for report in reports:
+        assert "error" not in report, report
+        assert report["gathered"] == [{"process": 0}, {"process": 1}, {"process": 2}]
+        assert report["decided"] == 7
+        assert report["max"] == 20
+        assert report["second"] == [0, 1, 2]
+    assert reports[0]["left"] == []  # process 0 deleted the first conversation's keys once every process closed it
+
+
+def test_a_silent_process_makes_the_others_raise_within_the_timeout_naming_it():
+    reports = run("stall", 3, "2")
+    for report in reports[:2]:
+        assert "process 2 did not report its part of the restore within 3 s" in report["error"]
+        assert report["seconds"] < 8
+    assert "error" in reports[2]  # the late one finds the barrier broken too
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_decision_that_fails_reaches_every_process(count):
+    reports = run("refuse", count)
+    assert reports[0]["error"] == "ValueError: no step to restore"
+    for report in reports[1:]:
+        assert report["error"] == "CheckpointError: process 0 failed: ValueError: no step to restore"

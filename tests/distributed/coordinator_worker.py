@@ -1,0 +1,57 @@
+"""One process of a ``jax.distributed`` run talking through jaxstow's coordinator: ``coordinator_worker.py ACTION
+PROCESS COUNT PORT``.
+
+``talk`` runs a conversation of every kind of message and prints what it heard, then whether the keys of the finished
+conversation are gone; ``stall K`` has process K sleep instead of reaching a barrier (alive but silent); ``refuse``
+has process 0's decision raise. Each process prints one JSON line: what it heard, or ``error`` and ``seconds``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+action, index, count, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+stalled = int(sys.argv[5]) if len(sys.argv) > 5 else -1
+
+import jax  # noqa: E402
+
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=index)
+
+from jaxstow._coordination import Coordinator  # noqa: E402
+from jaxstow._util import jax_compat  # noqa: E402
+from jaxstow.errors import CheckpointError  # noqa: E402
+
+coordinator = Coordinator("runs/test", timeout=3)
+report: dict[str, object] = {"process": index}
+started = time.monotonic()
+try:
+    if action == "talk":
+        with coordinator.conversation("save") as talk:
+            report["gathered"] = talk.gather("summary", {"process": index}, waiting_for="its summary")
+            report["decided"] = talk.decide("step", lambda: 7, waiting_for="the step")
+            report["max"] = talk.agree_max("newest", 10 * index)
+            talk.barrier("written", waiting_for="its files")
+            first = talk.name
+        with coordinator.conversation("save") as talk:  # the second conversation of a kind has another name
+            report["second"] = talk.gather("summary", index, waiting_for="its summary")
+            talk.barrier("done", waiting_for="the end")
+        client = jax_compat.distributed_client()
+        report["left"] = [key for key, _ in client.key_value_dir_get(first + "/")]
+    elif action == "stall":
+        with coordinator.conversation("restore") as talk:
+            if index == stalled:
+                time.sleep(12)
+            talk.barrier("read", waiting_for="its part of the restore")
+    elif action == "refuse":
+
+        def choose() -> int:
+            raise ValueError("no step to restore")
+
+        with coordinator.conversation("restore") as talk:
+            talk.decide("step", choose, waiting_for="the step to restore")
+except (CheckpointError, ValueError) as error:
+    report["error"] = f"{type(error).__name__}: {error}"
+report["seconds"] = round(time.monotonic() - started, 2)
+print(json.dumps(report), flush=True)
