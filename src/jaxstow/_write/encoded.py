@@ -108,7 +108,7 @@ def encode_tree(
     part: int | None = None,
     hosting: HostBudget | None = None,
 ) -> EncodedTree:
-    """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
+    """Encode ``tree`` for writing. ``copy=True`` copies the host arrays the caller could change (numpy buffers).
 
     With ``hosting``, the arrays whose bytes would cost host memory (on an accelerator, or to copy) are brought to the
     host in pieces while written, within its budget (:mod:`jaxstow._write.host_budget`).
