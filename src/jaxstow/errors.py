@@ -213,9 +213,22 @@ def _unsaveable_advice(obj: object) -> str:
 
 
 class UnknownNameError(JaxstowError, LookupError):
-    """A file names an object that is not registered in this process, so it cannot be rebuilt."""
+    """A file names an object that is not registered in this process, so it cannot be rebuilt.
 
-    def __init__(self, name: str, *, file: str | None = None, path: str | None = None, advice: str = "") -> None:
+    ``libraries`` are the modules, sorted, that the file names objects of and this process has not imported (such as
+    ``equinox``, or ``flax.nnx``, which ``import flax`` leaves out); empty when that is not the problem. The advice
+    then says to import them all.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        file: str | None = None,
+        path: str | None = None,
+        advice: str = "",
+        libraries: Sequence[str] = (),
+    ) -> None:
         where = _where(file, path)
         advice = advice or f"register it with jaxstow.saveable(obj, name={name!r}) before loading"
         super().__init__(
@@ -224,6 +237,7 @@ class UnknownNameError(JaxstowError, LookupError):
             path=path,
         )
         self.name = name
+        self.libraries = tuple(libraries)
 
     def __str__(self) -> str:  # LookupError would quote the message otherwise
         return str(self.args[0])
@@ -242,6 +256,7 @@ class RefusedNameError(UnknownNameError):
         )
         self.name = name
         self.reason = reason
+        self.libraries = ()
 
 
 class StructureMismatchError(JaxstowError, ValueError):

@@ -75,6 +75,21 @@ def test_copy_takes_the_arrays_as_they_are_now(tmp_path):
     np.testing.assert_array_equal(jaxstow.load(tmp_path / "t.jxs", as_numpy=True)["w"], np.zeros(4))
 
 
+def test_copy_copies_only_what_the_caller_could_change(tmp_path):
+    weights, counts, transposed = jnp.arange(1024.0), np.arange(3.0), np.arange(12.0).reshape(3, 4).T
+    encoded = encode_tree({"w": weights, "n": counts, "t": transposed}, copy=True)
+    arrays = {leaf.entry["path"]: leaf.array for leaf in encoded.leaves}
+    assert np.shares_memory(arrays["w"], np.asarray(weights))  # a jax array never changes: held as a view
+    assert not np.shares_memory(arrays["n"], counts)
+    assert not np.shares_memory(arrays["t"], transposed) and arrays["t"].flags.c_contiguous
+    counts[:], transposed[:] = -1, -1
+    encoded.write(tmp_path / "t.jxs")
+    loaded = jaxstow.load(tmp_path / "t.jxs", as_numpy=True)
+    np.testing.assert_array_equal(loaded["w"], np.arange(1024.0))
+    np.testing.assert_array_equal(loaded["n"], np.arange(3.0))
+    np.testing.assert_array_equal(loaded["t"], np.arange(12.0).reshape(3, 4).T)
+
+
 def test_what_cannot_make_a_file_is_refused_naming_it(tmp_path):
     with pytest.raises(MetadataError, match=r"metadata for out\.jxs must be a JSON-able dict") as caught:
         encode_tree(TREE, metadata={"lr": np.float32(0.1)}, file="out.jxs")

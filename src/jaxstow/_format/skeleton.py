@@ -20,7 +20,9 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import itertools
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -35,7 +37,7 @@ from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
-__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value"]
+__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value", "names_in", "with_every_library"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
@@ -55,6 +57,9 @@ _DECODE_ERRORS = (
 )
 
 JSON = Any
+
+#: The tags whose string names an object: a node type, a reference, a class, a partial's function, a graph's node type.
+_NAME_TAGS = frozenset({"node", "ref", "object", "func", "nodetype"})
 
 
 def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
@@ -392,3 +397,34 @@ def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, fi
             file=file,
             path=path,
         ) from None
+
+
+def names_in(data: JSON) -> Iterator[str]:
+    """Every object name that ``data``, structures and values as this module writes them, holds; nothing is looked up.
+
+    >>> sorted(names_in([{"node": "equinox.nn.MLP", "aux": {"ref": "jax.nn.relu"}, "children": []}, {"list": ["a"]}]))
+    ['equinox.nn.MLP', 'jax.nn.relu']
+    """
+    pending = [data]
+    while pending:  # without recursion, whatever the depth
+        item = pending.pop()
+        if isinstance(item, dict):
+            for tag, value in item.items():
+                if tag in _NAME_TAGS and isinstance(value, str):
+                    yield value
+                else:
+                    pending.append(value)
+        elif isinstance(item, list):
+            pending.extend(item)
+
+
+def with_every_library(
+    error: UnknownNameError, manifest: dict[str, Any] | None, values: Iterable[dict[str, Any]]
+) -> UnknownNameError:
+    """``error``, about a name of a library that is not imported, made to name every library not imported that the
+    file names: in its ``manifest``'s structure or in the entries of its ``values``. One error then says all there
+    is to import. ``error`` itself when it is about something else (nothing is read then).
+    """
+    structure = None if manifest is None else manifest.get("structure")
+    found = itertools.chain(names_in(structure), *(names_in(entry.get("value")) for entry in values))
+    return registry.naming_every_library(error, found)

@@ -1,18 +1,23 @@
-"""What to do about an object of a known library that a file cannot name.
+"""What to do about an object that a file names and this process cannot rebuild, or that a file cannot name.
 
-For the objects that need more advice than "register it": an optax transformation, which is a closure.
+For the objects that need more advice than "register it": an optax transformation, which is a closure; and the
+objects of libraries that are not imported yet, all of which one error names at once.
 
 >>> import optax
->>> from jaxstow._names.advice import unsaveable_advice
+>>> from jaxstow._names.advice import import_advice, unsaveable_advice
 >>> print(unsaveable_advice(optax.adam(1e-3)))
 an optax transformation, a closure jaxstow cannot name by itself: register it where it is made, tx = jaxstow.saveable(optax.adam(1e-3), name="my_project.adam") (and in the process that loads it), or leave it out of the file: save nnx.state(optimizer) and restore into a live optimizer, nnx.update(optimizer, jaxstow.load(path, like=nnx.state(optimizer)))
 >>> unsaveable_advice(object()) is None
 True
+>>> print(import_advice("optax", ["equinox", "flax", "optax"]))
+it belongs to optax, and the file also names objects of equinox and flax; none of these libraries is imported in this process: import equinox, flax and optax first
 """
 
 from __future__ import annotations
 
-__all__ = ["unsaveable_advice"]
+from collections.abc import Sequence
+
+__all__ = ["import_advice", "unsaveable_advice"]
 
 _OPTAX_TRANSFORMATIONS = ("GradientTransformation", "GradientTransformationExtraArgs")
 
@@ -28,3 +33,20 @@ def unsaveable_advice(obj: object) -> str | None:
             "nnx.update(optimizer, jaxstow.load(path, like=nnx.state(optimizer)))"
         )
     return None
+
+
+def import_advice(library: str, libraries: Sequence[str], *, also: str = "the file also names") -> str:
+    """What to import before loading a name of ``library``, when the file (``also`` says which files) names objects of
+    ``libraries`` (sorted, ``library`` among them), none of them imported in this process."""
+    others = [other for other in libraries if other != library]
+    if not others:
+        return f"it belongs to {library}, which is not imported in this process: import {library} first"
+    return (
+        f"it belongs to {library}, and {also} objects of {_listed(others)}; none of these libraries is imported in "
+        f"this process: import {_listed(libraries)} first"
+    )
+
+
+def _listed(names: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"

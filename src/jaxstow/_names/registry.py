@@ -21,9 +21,10 @@ import sys
 import threading
 import types
 import warnings
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar, overload
 
+from jaxstow._names.advice import import_advice
 from jaxstow._names.libraries import Libraries, known
 from jaxstow._names.policy import describe_policy, refusal
 from jaxstow.errors import ArgumentError, RefusedNameError, UnknownNameError
@@ -288,16 +289,68 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
             return found
     root = name.partition(".")[0]
     advice = ""
-    if root in known().names and root not in sys.modules:
-        advice = f"it belongs to {root}, which is not imported in this process: import {root} first"
-    elif root not in sys.modules and _installed(root):
+    missing = not_imported([name])
+    if missing and root in known().names:
+        advice = import_advice(missing[0], missing)
+    elif missing:
         advice = f"it belongs to {root}, which is installed but not imported in this process: import {root} first"
         if not node_type:
             advice += f", and register the object as it was when saved: jaxstow.saveable(obj, name={name!r})"
     elif root == "jaxstow":
         module = name.rpartition(".")[0]
         advice = f"it is defined by {module}: import {module} first"
-    raise UnknownNameError(name, file=file, path=path, advice=advice)
+    raise UnknownNameError(name, file=file, path=path, advice=advice, libraries=missing)
+
+
+def not_imported(names: Iterable[str]) -> list[str]:
+    """The modules, sorted, to import before the dotted ``names`` can be looked up; nothing is imported.
+
+    For a known library's name, the shortest of its public namespaces that holds it (``flax.nnx``, which ``import
+    flax`` leaves out), else the library; for another name, its top-level module if installed here.
+
+    >>> from jaxstow._names.registry import not_imported
+    >>> not_imported(["numpy.tanh", "no_such_package.f"])
+    []
+    """
+    return sorted({module for name in names if isinstance(name, str) and (module := _to_import(name)) is not None})
+
+
+def _to_import(name: str) -> str | None:
+    """The module to import before ``name`` can be looked up, or ``None`` when it is imported or cannot be."""
+    root = name.partition(".")[0]
+    library = known().library(root)
+    if library is None:
+        return root if root not in sys.modules and _installed(root) else None
+    holding = [namespace for namespace in library.public_namespaces if name.startswith(f"{namespace}.")]
+    module = min(holding, key=len, default=root)
+    return None if module in sys.modules else module
+
+
+def naming_every_library(
+    error: UnknownNameError, names: Iterable[str], *, also: str = "the file also names"
+) -> UnknownNameError:
+    """``error``, about a name of a library not imported, made to name every library that ``names`` (of the file, or
+    of the files ``also`` says) belong to and this process has not imported, so that one error says all there is to
+    import; ``error`` itself when it is about something else or has nothing to add (``names`` is then not read)."""
+    if not error.libraries:
+        return error
+    libraries = sorted({*error.libraries, *not_imported(names)})
+    if len(libraries) == len(error.libraries):
+        return error
+    advice = import_advice(_to_import(error.name) or error.libraries[0], libraries, also=also)
+    return UnknownNameError(error.name, file=error.file, path=error.path, advice=advice, libraries=libraries)
+
+
+def every_library_of(errors: Iterable[BaseException | None]) -> UnknownNameError | None:
+    """The first of ``errors`` (those of a step's files, in order; ``None`` for a file that loaded), when it is about
+    a library not imported, made to name the libraries not imported that the others are about too; ``None`` when
+    the first is to be raised as it is."""
+    found = [error for error in errors if error is not None]
+    if not found or not isinstance(found[0], UnknownNameError):
+        return None
+    others = [library for error in found[1:] if isinstance(error, UnknownNameError) for library in error.libraries]
+    combined = naming_every_library(found[0], others, also="the step's files also name")
+    return None if combined is found[0] else combined
 
 
 def _installed(module: str) -> bool:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxstow._names import registry
+from jaxstow._names.advice import import_advice
 from jaxstow.errors import FormatError, UnknownNameError, UnsaveableObjectError
 
 __all__ = ["REBUILDABLE", "decode", "encode", "graph_path"]
@@ -90,8 +91,7 @@ def decode(data: JSON, decode_value: Callable[[JSON, str], Any], *, file: str | 
         raise FormatError(f"{name!r} is not an object jaxstow rebuilds from its fields", file=file, path=path)
     cls = _imported(name)
     if cls is None:
-        library = name.partition(".")[0]
-        raise UnknownNameError(name, file=file, path=path, advice=f"import {library} first")
+        raise _not_imported(name, file=file, path=path)
     kwargs = {}
     for field, value in fields:
         if isinstance(value, dict) and set(value) == {_TYPE_TAG}:
@@ -109,10 +109,17 @@ def _node_type(name: str, *, file: str | None, path: str) -> type:
     found = registry.lookup(name, node_type=True, file=file, path=path)
     graphlib, variables = sys.modules.get("flax.nnx.graphlib"), sys.modules.get("flax.nnx.variablelib")
     if graphlib is None or variables is None:
-        raise UnknownNameError(name, file=file, path=path, advice="import flax first")
+        raise _not_imported(name, file=file, path=path)
     if isinstance(found, type) and (graphlib.is_node_type(found) or issubclass(found, variables.Variable)):
         return found
     raise FormatError(f"{name!r} is not a flax nnx node or variable type", file=file, path=path)
+
+
+def _not_imported(name: str, *, file: str | None, path: str) -> UnknownNameError:
+    """``name``, of a flax module not imported in this process: import it."""
+    missing = registry.not_imported([name])
+    advice = import_advice(missing[0], missing) if missing else f"import {name.partition('.')[0]} first"
+    return UnknownNameError(name, file=file, path=path, advice=advice, libraries=missing)
 
 
 def graph_path(graphdef: Any, segments: list[str]) -> list[str] | None:

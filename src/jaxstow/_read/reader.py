@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
 from jaxstow._format.native_or_npz import Container, open_container
+from jaxstow._format.skeleton import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
@@ -22,7 +23,7 @@ from jaxstow._read.sharded_folder import folder_listing, open_folder
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnknownNameError
 
 __all__ = ["FolderReader", "LeafInfo", "Reader", "open", "open_container_at", "open_parts", "open_reader_at"]
 
@@ -68,7 +69,10 @@ class Reader(OpenedFile):
         {'w': array([1., 1.])}
         """
         self.check_open("loading the tree")
-        return restore(self, like, **options)
+        try:
+            return restore(self, like, **options)
+        except UnknownNameError as error:  # one error names every library to import, not one library per attempt
+            raise with_every_library(error, self.container.manifest, self.value_entries.values()) from None
 
     def __repr__(self) -> str:
         return f"<jaxstow.Reader {self.file}: {len(self.paths)} leaves>"

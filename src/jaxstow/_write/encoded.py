@@ -108,7 +108,7 @@ def encode_tree(
     part: int | None = None,
     hosting: HostBudget | None = None,
 ) -> EncodedTree:
-    """Encode ``tree`` for writing. ``copy=True`` copies host arrays (for buffers the caller will donate or mutate).
+    """Encode ``tree`` for writing. ``copy=True`` copies the host arrays the caller could change (numpy buffers).
 
     With ``hosting``, the arrays whose bytes would cost host memory (on an accelerator, or to copy) are brought to the
     host in pieces while written, within its budget (:mod:`jaxstow._write.host_budget`).
@@ -140,14 +140,7 @@ def encode_tree(
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:
-        encoded = [
-            EncodedLeaf(
-                leaf.entry,
-                leaf.array if leaf.array is None or isinstance(leaf.array, Deferred) else leaf.array.copy(),
-                tuple(shard._replace(array=shard.array.copy()) for shard in leaf.shards),
-            )
-            for leaf in encoded
-        ]
+        encoded = [_copied(leaf, given) for leaf, given in zip(encoded, leaves, strict=True)]
     digest = "" if part is None else _digest(structure, encoded)
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] in ("sharded", "per_process")]
@@ -166,6 +159,21 @@ def encode_tree(
             "metadata": metadata,
         }
     return EncodedTree(encoded, manifest, digest)
+
+
+def _copied(leaf: EncodedLeaf, given: Any) -> EncodedLeaf:
+    """``leaf`` with its host array copied if it may be the caller's own memory, which the caller may change.
+
+    A JAX array is immutable: its host arrays (its shards' too) are views that keep a donation from reusing its
+    buffers (on CPU), or copies already (from an accelerator). An array that encoding made (a C-contiguous or
+    native-order copy) owns its memory; a deferred one is copied piece by piece while written.
+    """
+    array = leaf.array
+    if isinstance(given, jax.Array) or array is None or isinstance(array, Deferred):
+        return leaf
+    if array is given or not array.flags.owndata:
+        return EncodedLeaf(leaf.entry, array.copy(), leaf.shards)
+    return leaf
 
 
 def _encode_per_process(path: str, leaf: Any, *, part: int | None, file: str) -> EncodedLeaf:

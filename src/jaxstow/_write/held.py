@@ -41,7 +41,7 @@ class HeldTree:
         self._budget = budget
         self._ready: EncodedTree | None = None
         if copy:
-            # Copies are taken now (within a budget: by the writer); encoding knows how to copy every stored leaf.
+            # Copies are taken now (within a budget: by the writer); encoding knows which stored leaves need one.
             self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
             return
         leaves, self._treedef = jax.tree_util.tree_flatten(tree)
@@ -65,9 +65,9 @@ def hold(
 ) -> HeldTree:
     """Hold ``tree`` for a background save; only this part has to run on the caller's thread.
 
-    JAX arrays are immutable: without ``copy`` they are held as host views, with no copy on CPU. ``copy=True`` copies
-    every array, for trees whose numpy buffers the caller will change: now, or, within a ``budget``, while written
-    (the caller waiting for ``budget.fetched``). ``file`` names the destination in errors; ``part`` is this process's
+    JAX arrays are immutable: they are held as host views, with no copy on CPU, ``copy`` or not. ``copy=True`` copies
+    the arrays the caller could change, for trees whose numpy buffers the caller will change: now, or, within a
+    ``budget``, while written (the caller waiting for ``budget.fetched``). ``file`` names the destination in errors; ``part`` is this process's
     share of a tree saved by several (see :func:`~jaxstow._write.encoded.encode_tree`).
 
     >>> import numpy as np

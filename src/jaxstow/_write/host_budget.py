@@ -2,11 +2,13 @@
 
 A save registers with a :class:`HostBudget` the arrays that would cost host memory: arrays on an accelerator, and,
 with ``copy=True``, numpy arrays the caller may change. They are written piece by piece, each piece fetched when the
-writer reaches it and released once written, so that at most ``limit`` bytes are held at a time. As soon as all the
-bytes not yet fetched fit in what the budget has left, every one of them is fetched at once (device-to-host copies
-started, numpy arrays copied) and :attr:`HostBudget.fetched` is set: from then on the save no longer reads the
-caller's arrays, so the caller may change them or donate them to a jitted step. Arrays already on the host without a
-copy (CPU ``jax.Array``\\ s, numpy arrays without ``copy``) cost no extra host memory and are not counted.
+writer reaches it and released once the writer has the next one (it may hold a piece until then), so that at most
+``limit`` bytes are held at a time, the piece in the writer's hands included. As soon as all the bytes not yet fetched
+fit in what the budget has left, every one of them is fetched at once (device-to-host copies started, numpy arrays
+copied) and :attr:`HostBudget.fetched` is set: from then on the save no longer reads the caller's arrays, so the
+caller may change them or donate them to a jitted step. Arrays already on the host without a copy (CPU
+``jax.Array``\\ s, immutable even under ``copy``; numpy arrays without ``copy``) cost no extra host memory and are not
+counted.
 
 >>> import numpy as np
 >>> from jaxstow._write.host_budget import HostBudget
@@ -68,6 +70,7 @@ class HostBudget:
         self._tensors: list[_Fetched] = []
         self._unfetched = 0
         self._held = 0
+        self._in_hand = 0  # the piece the writer was last given, which it may hold until it has the next one
         self._lock = threading.Lock()
 
     def defer(self, leaf: Any, *, copy: bool) -> Deferred | None:
@@ -101,7 +104,7 @@ class HostBudget:
     def costs_memory(self, leaf: Any, *, copy: bool) -> bool:
         """Whether holding ``leaf`` for a save costs host memory: on an accelerator, or a numpy array to copy."""
         if type(leaf) is np.ndarray:
-            return copy and leaf.flags.c_contiguous and leaf.size > 0 and name_of_dtype(leaf.dtype) is not None
+            return copy and leaf.size > 0 and name_of_dtype(leaf.dtype) is not None
         return (
             _accelerators_present()
             and isinstance(leaf, jax.Array)
@@ -117,6 +120,15 @@ class HostBudget:
         self._unfetched -= fetched
         self._held += held
         self.peak = max(self.peak, self._held)
+
+    def _hand_over(self, nbytes: int) -> None:
+        """Called with the lock held, once the writer's next piece is held: the writer takes it, of ``nbytes``.
+
+        The piece it had before is released only now, since the writer may hold it until it has the next one (its
+        loop's variable); so what is held, counted, includes the piece in the writer's hands.
+        """
+        self._held -= self._in_hand
+        self._in_hand = nbytes
 
 
 @functools.cache
@@ -160,6 +172,7 @@ class _Fetched(Deferred):
                         piece = self._fetch(index)
                         self._next = index + 1
                         budget._count(nbytes, nbytes)
+                    budget._hand_over(nbytes)
             else:
                 with budget._lock:
                     piece = self._ahead.get(index)
@@ -167,9 +180,6 @@ class _Fetched(Deferred):
                         piece = self._fetch(index)
             yield np.asarray(piece)
             del piece
-            if final:
-                with budget._lock:
-                    budget._count(0, -nbytes)
         if final:
             self._source = None  # the caller's array is no longer needed
 
@@ -185,7 +195,9 @@ class _Fetched(Deferred):
         """Piece ``index`` on the host: a copy of a numpy array's, or an accelerator's copied to the CPU (started)."""
         start, stop = self._bounds[index]
         if isinstance(self._source, np.ndarray):
-            return self._source.reshape(-1)[start:stop].copy()
+            if self._source.flags.c_contiguous:
+                return self._source.reshape(-1)[start:stop].copy()
+            return self._source.flat[start:stop]  # a copy of these elements alone, in C order (a transposed array)
         piece = self._source.reshape(-1)[start:stop]
         on_host = jax.device_put(piece, jax.devices("cpu")[0])
         # A host platform's array may come back as it is: a view of it keeps a donation from reusing its buffer.

@@ -21,10 +21,11 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Unpack
 
 from jaxstow._format.source import ReadSource
+from jaxstow._names.registry import every_library_of
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
@@ -65,7 +66,7 @@ def restore_items(
                 for name in names
             }
             wait(futures.values())
-        return {name: future.result() for name, future in futures.items()}
+        return _results(futures)
 
 
 def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
@@ -79,6 +80,15 @@ def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options:
     with ThreadPoolExecutor(min(len(sources), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
         futures = {name: pool.submit(restore, name) for name in sources}
         wait(futures.values())
+    return _results(futures)
+
+
+def _results(futures: Mapping[str, Future[Any]]) -> dict[str, Any]:
+    """Each item's tree; or the first error in the items' order, made to name every library not imported that the
+    items' errors name, so that one error says all there is to import."""
+    combined = every_library_of(future.exception() for future in futures.values())
+    if combined is not None:
+        raise combined
     return {name: future.result() for name, future in futures.items()}
 
 
