@@ -61,13 +61,14 @@ def storage_error(error: BaseException, target: str | os.PathLike[str], *, doing
     """
     name = os.fspath(target)
     code = errno_of(error)
-    folder = name if os.path.isdir(name) else _existing(name)
+    folder = name.rpartition("/")[0] if "://" in name else name if os.path.isdir(name) else _existing(name)
     if code == errno.ENAMETOOLONG:
         cause, fix = _name_too_long(name)
     elif code in _WORDS:
         cause, fix = _WORDS[code]
     else:
-        cause, fix = (getattr(error, "strerror", None) or f"{type(error).__name__}: {error}"), ""
+        strerror = getattr(error, "strerror", None)
+        cause, fix = (strerror[:1].lower() + strerror[1:] if strerror else f"{type(error).__name__}: {error}"), ""
     place = f"{name} and of its folder" if os.path.exists(name) and name != folder else folder
     cause, fix = cause.format(folder=folder, target=name), fix.format(folder=folder, target=name, place=place)
     return StorageError(f"cannot {doing}: {cause}{'; ' + fix if fix else ''}", file=name, errno=code)
