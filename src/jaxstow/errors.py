@@ -17,13 +17,15 @@ import io
 import reprlib
 import socket
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 __all__ = [
     "ArgumentError",
     "CheckpointError",
+    "CheckpointStorageError",
     "ClosedError",
     "CollectorError",
+    "CollectorStorageError",
     "CorruptFileError",
     "DeviceTransferError",
     "FormatError",
@@ -49,6 +51,7 @@ __all__ = [
     "UnsaveableObjectError",
     "VariableMismatchError",
     "excerpt",
+    "failed",
 ]
 
 
@@ -148,13 +151,19 @@ class NotAFolderError(PathError, NotADirectoryError):
 
 
 class StorageError(JaxstowError, OSError):
-    """The storage behind a path or URL failed or refused: missing credentials, a server out of reach, no permission.
+    """The storage behind a path or URL failed or refused: a full disk, a read-only folder, no permission, an I/O
+    error, missing credentials, a server out of reach.
 
-    The message names the path or URL and what the storage said; the storage's own exception is the cause.
+    The message names the path or URL being written or read (never a temporary name) and the cause in words; the
+    storage's own exception is the cause. Also an ``OSError``, whose ``errno`` (``errno.ENOSPC``, ...) and
+    ``filename`` (the path or URL) are set, so code that catches ``OSError`` keeps working.
     """
 
-    def __init__(self, problem: str, *, file: str) -> None:
+    def __init__(self, problem: str, *, file: str, errno: int | None = None) -> None:
         super().__init__(f"{file}: {problem}", file=file)
+        self.errno = errno
+        self.strerror = problem
+        self.filename = file
 
     def __str__(self) -> str:  # OSError would format its arguments otherwise
         return str(self.args[0])
@@ -320,6 +329,52 @@ class StepNotFoundError(CheckpointError, LookupError):
 
 class CollectorError(JaxstowError, RuntimeError):
     """A data collector failed during a run (disk full, closed file, ...); the collector's exception is the cause."""
+
+
+class CheckpointStorageError(CheckpointError, StorageError):
+    """A checkpoint's write failed in its storage (a full disk, a read-only folder): also a :class:`StorageError`,
+    with the ``errno`` and ``filename`` of its cause."""
+
+    def __init__(self, message: str, *, cause: StorageError) -> None:
+        _carry(self, message, cause)
+
+
+class CollectorStorageError(CollectorError, StorageError):
+    """A data collector's write failed in its storage (a full disk, a read-only folder): also a
+    :class:`StorageError`, with the ``errno`` and ``filename`` of its cause."""
+
+    def __init__(self, message: str, *, cause: StorageError) -> None:
+        _carry(self, message, cause)
+
+
+def _carry(error: StorageError, message: str, cause: StorageError) -> None:
+    JaxstowError.__init__(error, message, file=cause.file)
+    error.errno, error.strerror, error.filename = cause.errno, cause.strerror, cause.filename
+
+
+_STORAGE_KINDS: dict[type[JaxstowError], Callable[..., JaxstowError]] = {
+    CheckpointError: CheckpointStorageError,
+    CollectorError: CollectorStorageError,
+}
+
+
+def failed(kind: type[CheckpointError] | type[CollectorError], message: str, cause: BaseException) -> JaxstowError:
+    """An error of ``kind`` saying ``message`` about ``cause``: a storage failure stays a :class:`StorageError`.
+
+    Raise it ``from cause``. A :class:`StorageError` cause gives a :class:`CheckpointStorageError` or a
+    :class:`CollectorStorageError`, so that ``except StorageError`` (and ``except OSError``) catch it too.
+
+    >>> from jaxstow.errors import CheckpointError, StorageError, failed
+    >>> full = StorageError("cannot write it: no space left on the device holding /run", file="/run/1/a", errno=28)
+    >>> error = failed(CheckpointError, f"saving step 1 failed: {full}", full)
+    >>> isinstance(error, CheckpointError), isinstance(error, StorageError), error.errno, error.filename
+    (True, True, 28, '/run/1/a')
+    >>> type(failed(CheckpointError, "saving step 1 failed", ValueError("bad"))).__name__
+    'CheckpointError'
+    """
+    if isinstance(cause, StorageError) and kind in _STORAGE_KINDS:
+        return _STORAGE_KINDS[kind](message, cause=cause)
+    return kind(message)
 
 
 class SampleCountError(JaxstowError, ValueError):

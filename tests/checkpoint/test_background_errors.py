@@ -69,10 +69,11 @@ def test_read_only_folder_mid_run(tmp_path):
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
     root = os.path.join(folder, "run")
-    assert report["wait_error"].startswith(f"saving step 2 to {root} failed in the background: PermissionError")
-    assert report["wait_cause"] == "PermissionError"
-    assert report["save_error"].startswith(f"saving step 3 to {root} failed in the background: PermissionError")
-    assert report["save_cause"] == "PermissionError"
+    denied = "cannot write it: permission denied; check the permissions of"
+    assert report["wait_error"].startswith(f"saving step 2 to {root} failed in the background: {root}/2: {denied}")
+    assert report["wait_cause"] == "StorageError"
+    assert report["save_error"].startswith(f"saving step 3 to {root} failed in the background: {root}/3: {denied}")
+    assert report["save_cause"] == "StorageError"
     assert report["steps"] == [1] and report["restored"] == 1.0
     assert report["after"] == [1, 4] and report["leftovers"] == []
 

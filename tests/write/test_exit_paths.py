@@ -100,7 +100,8 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
     folder.chmod(0o755)
     assert status == 1, stderr
     assert f"jaxstow: saving step 2 to {folder}: failed before the process ended:" in stderr
-    assert "PermissionError" in stderr
+    assert f"{folder}/2: cannot write it: permission denied" in stderr
+    assert "Traceback" not in stderr
     assert CheckpointManager(folder).steps() == [1]
 
 

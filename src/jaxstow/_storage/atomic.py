@@ -23,12 +23,23 @@ import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError
+from jaxstow._storage.failures import storage_failures
+from jaxstow.errors import IsAFolderError, PathNotFoundError
 
-__all__ = ["TEMPORARY_MARKER", "atomic_write", "fsync_directory", "remove_dead_leftovers", "temporary_sibling"]
+__all__ = [
+    "NAME_MAX",
+    "TEMPORARY_MARKER",
+    "atomic_write",
+    "fsync_directory",
+    "remove_dead_leftovers",
+    "temporary_sibling",
+]
 
 #: Part of the name of every temporary file or folder jaxstow writes; readers and listings skip such names.
 TEMPORARY_MARKER = ".jaxstow-tmp-"
+
+#: The most bytes of a file name on the usual file systems (ext4, xfs, btrfs, tmpfs).
+NAME_MAX = 255
 
 _WRITE_BUFFER = 1 << 20
 
@@ -38,9 +49,21 @@ _TEMPORARY_FILE = re.compile(re.escape(TEMPORARY_MARKER) + r"(\d+)-([0-9a-f]{8})
 
 
 def temporary_sibling(path: str) -> str:
-    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host."""
+    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host.
+
+    It is never longer than :data:`NAME_MAX` bytes: the start of a long name is kept, so that any name that fits its
+    file system can be written.
+
+    >>> import os
+    >>> from jaxstow._storage.atomic import NAME_MAX, temporary_sibling
+    >>> len(os.path.basename(temporary_sibling("/data/" + "x" * 250 + ".jxs"))) <= NAME_MAX
+    True
+    """
     folder, name = os.path.split(os.path.abspath(path))
-    return os.path.join(folder, f".{name}{TEMPORARY_MARKER}{os.getpid()}-{_HOST}-{secrets.token_hex(4)}")
+    suffix = f"{TEMPORARY_MARKER}{os.getpid()}-{_HOST}-{secrets.token_hex(4)}"
+    room = NAME_MAX - 1 - len(suffix)
+    kept = os.fsencode(name)[:room].decode(errors="ignore") if len(os.fsencode(name)) > room else name
+    return os.path.join(folder, f".{kept}{suffix}")
 
 
 def remove_dead_leftovers(folder: str) -> list[str]:
@@ -100,7 +123,9 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder.
 
     Any failure (disk full, I/O error, an exception in the block, Ctrl-C) removes the temporary file and leaves the
-    previous file as it was. Temporary files that killed saves left in the folder are removed first.
+    previous file as it was. Temporary files that killed saves left in the folder are removed first. An ``OSError``
+    (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming ``path``, not the temporary
+    file.
     """
     final = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(final))
@@ -110,20 +135,18 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         raise IsAFolderError("cannot write it: it is a folder", file=final)
     remove_dead_leftovers(folder)
     temporary = temporary_sibling(final)
-    try:
+    with storage_failures(final):
         sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
-    except PermissionError as error:
-        raise PathError(f"cannot write it: {error.strerror} in the folder {folder}", file=final) from None
-    try:
-        yield sink
-        sink.flush()
-        os.fsync(sink.fileno())
-        sink.close()
-        os.replace(temporary, final)
-        fsync_directory(os.path.dirname(os.path.abspath(final)))
-    except BaseException:
-        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+        try:
+            yield sink
+            sink.flush()
+            os.fsync(sink.fileno())
             sink.close()
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+            os.replace(temporary, final)
+            fsync_directory(folder)
+        except BaseException:
+            with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+                sink.close()
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise

@@ -28,8 +28,9 @@ from jaxstow._format.native import header_checksum
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import run_all
 from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import CorruptFileError, FormatError, PathError
+from jaxstow.errors import CorruptFileError, FormatError, PathError, StorageError
 
 __all__ = ["cache_path", "cached_source"]
 
@@ -86,7 +87,7 @@ def _checksum_of(path: str) -> str | None:
     """The header checksum of the local file at ``path``; ``None`` if there is none, or no valid header."""
     try:
         local = LocalFile(path)
-    except PathError:
+    except (PathError, StorageError):  # none there, or one that cannot be read: fetched again
         return None
     try:
         return header_checksum(local)
@@ -102,6 +103,12 @@ def _fetch(remote: ReadSource, path: str) -> None:
     Ranged reads on the source's pool, each written at its offset, under a temporary name renamed into place once
     complete.
     """
+    with storage_failures(path, doing=f"keep a copy of {remote.name} in the cache"):
+        _fetch_into(remote, path)
+    logger.info("kept a copy of %s at %s (%d bytes)", remote.name, path, remote.size)
+
+
+def _fetch_into(remote: ReadSource, path: str) -> None:
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     remove_dead_leftovers(folder)
@@ -129,7 +136,6 @@ def _fetch(remote: ReadSource, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
         raise
-    logger.info("kept a copy of %s at %s (%d bytes)", remote.name, path, remote.size)
 
 
 def _copy(remote: ReadSource, descriptor: int, offset: int, length: int) -> None:

@@ -28,8 +28,9 @@ from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, temporary_sibling
+from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.opening import open_source
-from jaxstow.errors import CheckpointError, NotAFolderError, PathError
+from jaxstow.errors import CheckpointError, NotAFolderError
 
 __all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
 
@@ -85,7 +86,7 @@ class LocalStore:
         return self.path(*parts)
 
     def ensure(self) -> None:
-        """Create the folder; a file in its place or a folder that may not be written raises a PathError."""
+        """Create the folder; a file in its place raises a NotAFolderError, a folder that cannot be made a StorageError."""
         try:
             os.makedirs(self.root, exist_ok=True)
         except FileExistsError:
@@ -93,14 +94,11 @@ class LocalStore:
         except NotADirectoryError:
             raise NotAFolderError("cannot be a folder: a part of its path is a file", file=self.root) from None
         except OSError as error:
-            raise PathError(f"cannot make the folder: {error.strerror or error}", file=self.root) from error
+            raise storage_error(error, self.root, doing="make the folder") from error
 
     def committed(self) -> list[str]:
         """Names of the committed folders: not temporary, and holding their marker."""
-        try:
-            entries = list(os.scandir(self.root))
-        except FileNotFoundError:
-            return []
+        entries = self._entries()
         return sorted(
             entry.name
             for entry in entries
@@ -110,7 +108,8 @@ class LocalStore:
         )
 
     def read_marker(self, name: str) -> bytes:
-        with open(self.path(name, self.marker), "rb") as file:
+        path = self.path(name, self.marker)
+        with storage_failures(path, doing="read it"), open(path, "rb") as file:
             return file.read()
 
     def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
@@ -132,21 +131,27 @@ class LocalStore:
     def delete(self, name: str) -> None:
         """Delete a committed folder: renamed to a temporary name first, so that no one sees it half deleted."""
         doomed = temporary_sibling(self.path(name))
-        os.rename(self.path(name), doomed)
-        fsync_directory(self.root)
-        shutil.rmtree(doomed)
+        with storage_failures(self.path(name), doing="delete it"):
+            os.rename(self.path(name), doomed)
+            fsync_directory(self.root)
+            shutil.rmtree(doomed)
 
     def files(self) -> list[str]:
         """The names of the files directly in the root (not temporary ones, not hidden ones such as the lock)."""
-        try:
-            entries = list(os.scandir(self.root))
-        except FileNotFoundError:
-            return []
-        return sorted(entry.name for entry in entries if entry.is_file() and not entry.name.startswith("."))
+        return sorted(entry.name for entry in self._entries() if entry.is_file() and not entry.name.startswith("."))
 
     def remove(self, name: str) -> None:
         """Delete the file ``name`` directly in the root."""
-        os.remove(self.path(name))
+        with storage_failures(self.path(name), doing="delete it"):
+            os.remove(self.path(name))
+
+    def _entries(self) -> list[os.DirEntry[str]]:
+        """What the root holds; nothing if it does not exist."""
+        try:
+            with storage_failures(self.root, doing="list the folder"):
+                return list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove temporary leftovers. Committed folders appear by rename only, so ``owns`` has nothing to add here."""
@@ -168,7 +173,8 @@ class LocalStaging:
         self._written: list[str] = []
         if token is None:
             self._temporary = temporary_sibling(self._final)
-            os.mkdir(self._temporary)
+            with storage_failures(self._final):
+                os.mkdir(self._temporary)
         else:  # another process made it
             self._temporary = os.path.join(store.root, os.path.basename(token))
             if not os.path.isdir(self._temporary):
@@ -181,9 +187,17 @@ class LocalStaging:
 
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
-        """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink."""
+        """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink.
+
+        An ``OSError`` (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming the file
+        in the folder's final place, not in the temporary one.
+        """
         self._written.append(file)
-        with open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink:
+        final = os.path.join(self._final, file)
+        with (
+            storage_failures(final),
+            open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink,
+        ):
             yield file, sink
             sink.flush()
             os.fsync(sink.fileno())
@@ -195,14 +209,15 @@ class LocalStaging:
         """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename."""
         with self.open(self._store.marker) as (_, sink):
             sink.write(marker)
-        fsync_directory(self._temporary)
-        if self._replace:
-            _exchange(self._temporary, self._final)
-            fsync_directory(self._store.root)
-            shutil.rmtree(self._temporary)  # now the replaced folder
-        else:
-            os.rename(self._temporary, self._final)
-            fsync_directory(self._store.root)
+        with storage_failures(self._final):
+            fsync_directory(self._temporary)
+            if self._replace:
+                _exchange(self._temporary, self._final)
+                fsync_directory(self._store.root)
+                shutil.rmtree(self._temporary)  # now the replaced folder
+            else:
+                os.rename(self._temporary, self._final)
+                fsync_directory(self._store.root)
 
     def abort(self) -> None:
         """Remove the temporary folder (joined through another process's token: only this one's files).

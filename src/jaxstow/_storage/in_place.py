@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from jaxstow._storage.failures import storage_failures
 from jaxstow.errors import ArgumentError, TruncatedFileError
 
 __all__ = ["rewrite_range"]
@@ -32,8 +33,9 @@ def rewrite_range(path: str, offset: int, length: int, change: Callable[[bytes, 
     Raises:
         TruncatedFileError: the file ends before the range does.
         ArgumentError: ``change`` gave bytes of another length than the range's.
+        StorageError: the file cannot be read or written (a read-only folder, an I/O error).
     """
-    with open(path, "r+b") as file:
+    with storage_failures(path), open(path, "r+b") as file:
         descriptor = file.fileno()
         old = os.pread(descriptor, length, offset)
         if len(old) != length:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError, JaxstowError
@@ -116,28 +117,31 @@ class FileLock:
     the file cannot be read). A lock file found when the lock is taken was left by a holder that ended without
     releasing it: its bytes are :attr:`found` (empty when there was none). ``release_at_exit=False`` leaves the lock
     file of a lock still held when the interpreter exits, so that the next holder learns this one never released it.
+    A lock file that cannot be written (a read-only folder, a full disk) raises a
+    :class:`~jaxstow.errors.StorageError` naming ``of``, the file or folder whose writer the lock keeps out (by
+    default the lock file).
     """
 
     def __init__(
-        self, path: str, held: Callable[[Holder | None], JaxstowError], *, release_at_exit: bool = True
+        self,
+        path: str,
+        held: Callable[[Holder | None], JaxstowError],
+        *,
+        release_at_exit: bool = True,
+        of: str | None = None,
     ) -> None:
-        while True:
-            descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        with storage_failures(of or path, doing=f"take the writer's lock {path}" if of else "take the lock"):
+            descriptor = _take(path, held)
             try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = Holder.parse(_read(descriptor))
-                os.close(descriptor)
-                raise held(holder) from None
-            if _is_current(descriptor, path):
-                break
-            os.close(descriptor)  # a holder released and removed the file while it was being opened: try again
+                #: The lock file's bytes as found: what a holder that ended without releasing the lock left.
+                self.found = _read(descriptor)
+                os.ftruncate(descriptor, 0)
+                os.pwrite(descriptor, Holder.me().to_json(), 0)
+                os.fsync(descriptor)
+            except BaseException:  # a full disk: the lock file is left as it was found (or removed, if new)
+                _give_up(descriptor, path, getattr(self, "found", b""))
+                raise
         self.path = path
-        #: The lock file's bytes as found: what a holder that ended without releasing the lock left, else empty.
-        self.found = _read(descriptor)
-        os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, Holder.me().to_json(), 0)
-        os.fsync(descriptor)
         self._release = weakref.finalize(self, _release_local, descriptor, path)
         self._release.atexit = release_at_exit
 
@@ -165,6 +169,21 @@ class FileLock:
                 os.close(descriptor)
 
 
+def _take(path: str, held: Callable[[Holder | None], JaxstowError]) -> int:
+    """The descriptor of the lock file at ``path``, locked; a lock held by another process raises ``held(holder)``."""
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Holder.parse(_read(descriptor))
+            os.close(descriptor)
+            raise held(holder) from None
+        if _is_current(descriptor, path):
+            return descriptor
+        os.close(descriptor)  # a holder released and removed the file while it was being opened: try again
+
+
 class LocalLock:
     """The :class:`FileLock` of a local checkpoint directory.
 
@@ -176,7 +195,7 @@ class LocalLock:
         def held(holder: Holder | None) -> JaxstowError:
             return _held_error(directory, holder, "Close the other manager first; reading needs no lock.")
 
-        self._lock = FileLock(os.path.join(directory, LOCK_NAME), held)
+        self._lock = FileLock(os.path.join(directory, LOCK_NAME), held, of=directory)
         previous = self._lock.previous
         if previous is not None:
             logger.warning(
@@ -199,10 +218,25 @@ def _is_current(descriptor: int, path: str) -> bool:
         return False
 
 
-def _release_local(descriptor: int, path: str) -> None:
-    if _is_current(descriptor, path):
-        os.unlink(path)
+def _give_up(descriptor: int, path: str, found: bytes) -> None:
+    if not found:
+        _release_local(descriptor, path)
+        return
+    with contextlib.suppress(OSError):
+        os.pwrite(descriptor, found, 0)
     os.close(descriptor)
+
+
+def _release_local(descriptor: int, path: str) -> None:
+    """Remove the lock file and release the lock; a file that cannot be removed (a folder made read-only) stays, and
+    the next holder takes it over as a dead holder's."""
+    try:
+        if _is_current(descriptor, path):
+            os.unlink(path)
+    except OSError as error:
+        logger.warning("%s: the lock is released, but its file stays: %s", path, error.strerror or error)
+    finally:
+        os.close(descriptor)
 
 
 class RemoteLock:

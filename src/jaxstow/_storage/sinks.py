@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
@@ -32,7 +33,8 @@ __all__ = ["atomic_sink", "object_upload"]
 def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None = None) -> Iterator[BinaryIO]:
     """Write ``target`` (a local path or a URL) all or nothing.
 
-    It appears whole when the block ends, and an error in the block leaves what was there before.
+    It appears whole when the block ends, and an error in the block leaves what was there before. An ``OSError`` of
+    the writes becomes a :class:`~jaxstow.errors.StorageError` naming ``target``.
     """
     settings = settings or StorageSettings()
     path = local_path(target)
@@ -49,7 +51,8 @@ def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None
     fs, remote = url_filesystem(url, settings.options)
     upload = object_upload(fs, remote, url=url, transfer=settings.transfer, whole=True)
     try:
-        yield upload  # type: ignore[misc]
+        with storage_failures(url):
+            yield upload  # type: ignore[misc]
         upload.finish()
         with storage_errors(url):
             upload.complete()

@@ -17,7 +17,8 @@ from typing import BinaryIO
 
 from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_reads import LOCAL_DISK
-from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError, TruncatedFileError
+from jaxstow._storage.failures import storage_error
+from jaxstow.errors import IsAFolderError, NotAFolderError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
 
@@ -58,7 +59,8 @@ class SourceBase:
 class LocalFile(SourceBase):
     """A local file read with ``pread``, safe to share between threads.
 
-    A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
+    A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`,
+    a file that cannot be opened or read (permission denied, an I/O error) a :class:`~jaxstow.errors.StorageError`.
     """
 
     parallel = LOCAL_DISK
@@ -69,8 +71,10 @@ class LocalFile(SourceBase):
             self._descriptor = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
             raise PathNotFoundError("no such file", file=path) from None
+        except NotADirectoryError:
+            raise NotAFolderError("cannot open it: a part of its path is a file, not a folder", file=path) from None
         except OSError as error:
-            raise PathError(f"cannot open it: {error.strerror or error}", file=path) from error
+            raise storage_error(error, path, doing="open it") from error
         status = os.fstat(self._descriptor)
         if stat.S_ISDIR(status.st_mode):
             os.close(self._descriptor)
@@ -81,7 +85,7 @@ class LocalFile(SourceBase):
         buffer = buffer.cast("B")
         done = 0
         while done < len(buffer):
-            count = os.preadv(self._descriptor, [buffer[done:]], offset + done)
+            count = self._preadv([buffer[done:]], offset + done)
             if count == 0:
                 raise self._truncated(offset, len(buffer), done)
             done += count
@@ -92,7 +96,7 @@ class LocalFile(SourceBase):
         wanted = sum(len(view) for view in views)
         done = 0
         while views:
-            count = os.preadv(self._descriptor, views, offset + done)
+            count = self._preadv(views, offset + done)
             if count == 0:
                 raise self._truncated(offset, wanted, done)
             done += count
@@ -100,6 +104,12 @@ class LocalFile(SourceBase):
                 count -= len(views.pop(0))
             if views:
                 views[0] = views[0][count:]
+
+    def _preadv(self, views: list[memoryview], offset: int) -> int:
+        try:
+            return os.preadv(self._descriptor, views, offset)
+        except OSError as error:  # an I/O error of the device: named, with this file
+            raise storage_error(error, self.name, doing="read it") from error
 
     def fileno(self) -> int:
         """The open file descriptor, for positional reads."""

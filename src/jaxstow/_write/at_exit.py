@@ -3,7 +3,8 @@
 A threading exit hook, which runs before ``concurrent.futures`` refuses new work, waits for every :func:`track`-ed
 write (a background save, a checkpoint step, a collector's queued blocks) at most ``JAXSTOW_EXIT_WAIT`` seconds
 (:data:`EXIT_WAIT` by default). A failure no caller collected, or a write still running at the deadline, is printed
-naming what it was, and the process exits with status 1; a second Ctrl-C stops the wait.
+naming what it was (one of jaxstow's errors in one line, another with its traceback), and the process exits with
+status 1; a second Ctrl-C stops the wait.
 
 >>> from jaxstow._write.at_exit import EXIT_WAIT, exit_wait
 >>> exit_wait() == EXIT_WAIT
@@ -23,6 +24,8 @@ import threading
 import time
 import traceback
 from typing import Literal, Protocol
+
+from jaxstow.errors import JaxstowError
 
 __all__ = ["EXIT_WAIT", "InFlight", "end_by_signal", "exit_wait", "exiting", "finish_all", "track", "untrack"]
 
@@ -133,6 +136,9 @@ def end_by_signal(number: int) -> None:
 
 
 def _print(lines: list[str], error: BaseException | None = None) -> None:
+    """Print ``lines``, then ``error``: one of jaxstow's in one line (it names its file), another with its traceback."""
+    if isinstance(error, JaxstowError):
+        lines, error = [*lines[:-1], f"{lines[-1]} {' '.join(str(error).splitlines())}"], None
     for line in lines:
         print(f"jaxstow: {line}", file=sys.stderr)
     if error is not None:

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable
 
 from jaxstow._write import at_exit
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, JaxstowError, failed
 
 __all__ = ["BackgroundWriter"]
 
@@ -22,9 +22,10 @@ class BackgroundWriter:
     """Runs jobs one at a time, in order, each on a background thread of its own.
 
     At most one job is in flight: :meth:`submit` first waits for the previous one. An error of a background job is
-    logged when it happens and raised, as a :class:`~jaxstow.errors.CheckpointError` whose ``__cause__`` is the
-    original error, by the next :meth:`submit`, :meth:`wait` or :meth:`close`. With ``asynchronous=False`` jobs run
-    on the caller's thread and their errors propagate unchanged.
+    logged when it happens (one line, no traceback) and raised, as a :class:`~jaxstow.errors.CheckpointError` whose
+    ``__cause__`` is the original error, by the next :meth:`submit`, :meth:`wait` or :meth:`close`; a storage
+    failure as a :class:`~jaxstow.errors.CheckpointStorageError`, also a ``StorageError``. With
+    ``asynchronous=False`` jobs run on the caller's thread and their errors propagate unchanged.
 
     >>> from jaxstow._write.background import BackgroundWriter
     >>> writer = BackgroundWriter()
@@ -84,8 +85,8 @@ class BackgroundWriter:
         at_exit.untrack(pending)
         error = pending.error
         if error is not None:
-            raise CheckpointError(
-                f"{pending.what} failed in the background: {type(error).__name__}: {error}"
+            raise failed(
+                CheckpointError, f"{pending.what} failed in the background: {_described(error)}", error
             ) from error
 
 
@@ -110,9 +111,9 @@ class _Job:
             self.error = error
             if not at_exit.exiting():  # else the exit prints it
                 logger.error(
-                    "%s failed in the background; the error is raised again by the next save, wait or close",
+                    "%s failed in the background; the error is raised again by the next save, wait or close: %s",
                     self.what,
-                    exc_info=error,
+                    _described(error),
                 )
         else:
             at_exit.untrack(self)
@@ -127,3 +128,9 @@ class _Job:
 
     def uncollected_error(self) -> BaseException | None:
         return self.error
+
+
+def _described(error: BaseException) -> str:
+    """An error in one line: jaxstow's own as it is (it names its file), another with its type."""
+    text = str(error) if isinstance(error, JaxstowError) else f"{type(error).__name__}: {error}"
+    return " ".join(text.split("\n"))

@@ -36,6 +36,7 @@ from jaxstow._read.reader import Reader, open_parts, open_reader_at
 from jaxstow._read.sharded_folder import child, list_folder
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.atomic import fsync_directory, temporary_sibling
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import locate
 from jaxstow._storage.paths import local_path
 from jaxstow._storage.settings import StorageSettings, storage_settings
@@ -236,21 +237,23 @@ def _staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Call
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise PathError("exists already: the export writes a new folder (or into an empty one)", file=out)
     staging = temporary_sibling(path)
-    os.makedirs(staging)
+    with storage_failures(path, doing="make the folder"):
+        os.makedirs(staging)
     try:
 
         def write(name: str, fill: Callable[[Any], Any]) -> None:
-            with open(os.path.join(staging, name), "wb") as sink:
+            with storage_failures(os.path.join(path, name)), open(os.path.join(staging, name), "wb") as sink:
                 fill(sink)
                 sink.flush()
                 os.fsync(sink.fileno())
 
         yield write
-        fsync_directory(staging)
-        if os.path.isdir(path):
-            os.rmdir(path)
-        os.rename(staging, path)
-        fsync_directory(os.path.dirname(os.path.abspath(path)))
+        with storage_failures(path):
+            fsync_directory(staging)
+            if os.path.isdir(path):
+                os.rmdir(path)
+            os.rename(staging, path)
+            fsync_directory(os.path.dirname(os.path.abspath(path)))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, IsAFolderError, StructureMismatchError
 from jaxstow.io.batching import block_rows
@@ -133,7 +134,8 @@ class HDF5Collector(DataCollector):
             name = os.fspath(file)
             if os.path.isdir(name):
                 raise IsAFolderError("is a folder: HDF5Collector needs the path of an HDF5 file to write", file=name)
-            file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
+            with storage_failures(name, hdf5=True):
+                file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
         elif not isinstance(file, h5py.File):
             raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
         if self._checkpoint_dir is None and file.driver in DISK_DRIVERS:
@@ -153,8 +155,9 @@ class HDF5Collector(DataCollector):
         # the file is flushed before each checkpoint is committed, its HDF5 metadata is held in memory between
         # flushes, and it is flushed now and after each chain is registered, so that a process killed before its
         # first checkpoint leaves a file that opens.
-        hold_metadata_in_memory(file)
-        self._settle()
+        with self._failures():
+            hold_metadata_in_memory(file)
+            self._settle()
 
     @property
     def checkpoint_path(self) -> str | None:
@@ -186,16 +189,21 @@ class HDF5Collector(DataCollector):
         resumed = None
         if record is not None and path is not None:
             resumed = restore_checkpoint(record, init_checkpoint, chain_id=chain_id, file=path)
-        if resumed is None:
-            capacity = static_information.samples_collected if static_information is not None else None
-            self._datasets.append(self._create(chain_id, layout, capacity or 0))
-        else:
-            self._datasets.append(self._reopen(chain_id, layout, resumed.sample_count))
-            self._latest[chain_id] = resumed
-        self._published.append(0 if resumed is None else resumed.sample_count)
-        self._count_draws()
-        self._settle()
+        with self._failures():
+            if resumed is None:
+                capacity = static_information.samples_collected if static_information is not None else None
+                self._datasets.append(self._create(chain_id, layout, capacity or 0))
+            else:
+                self._datasets.append(self._reopen(chain_id, layout, resumed.sample_count))
+                self._latest[chain_id] = resumed
+            self._published.append(0 if resumed is None else resumed.sample_count)
+            self._count_draws()
+            self._settle()
         return self._chains.add(layout, resumed)
+
+    def _failures(self) -> contextlib.AbstractContextManager[None]:
+        """h5py's errors of a failed system call (a full disk, an I/O error) as a StorageError naming the file."""
+        return storage_failures(self._file.filename, hdf5=True)
 
     def _settle(self) -> None:
         """Put the file on disk as it is now: flushed, and in SWMR mode from the first time it can be."""
@@ -275,12 +283,13 @@ class HDF5Collector(DataCollector):
 
     def _write(self, blocks: dict[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
         """Write each chain's rows; in SWMR mode, where readers may come at any time, publish them at once."""
-        for chain_id, (first, values) in blocks.items():
-            self._write_block(chain_id, first, ends[chain_id], values)
-        for chain_id, end in ends.items():
-            self._published[chain_id] = max(self._published[chain_id], end)
-        if self._file.swmr_mode:
-            self._publish()
+        with self._failures():
+            for chain_id, (first, values) in blocks.items():
+                self._write_block(chain_id, first, ends[chain_id], values)
+            for chain_id, end in ends.items():
+                self._published[chain_id] = max(self._published[chain_id], end)
+            if self._file.swmr_mode:
+                self._publish()
 
     def _publish(self) -> None:
         """Flush the rows written so far to the file, then count them in ``/draws_done`` and flush that.
@@ -335,10 +344,12 @@ class HDF5Collector(DataCollector):
         self._writer.submit(functools.partial(self._commit, path, records))
 
     def _commit(self, path: str, records: dict[int, ChainCheckpoint]) -> None:
-        self._publish()
-        if self._file.driver in _DESCRIPTOR_DRIVERS:
-            os.fsync(self._file.id.get_vfd_handle())
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with self._failures():
+            self._publish()
+            if self._file.driver in _DESCRIPTOR_DRIVERS:
+                os.fsync(self._file.id.get_vfd_handle())
+        with storage_failures(os.path.dirname(path), doing="make the folder"):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         self._latest.update(records)
         write_checkpoints(path, self._latest)
 
@@ -349,12 +360,13 @@ class HDF5Collector(DataCollector):
         """
         self._writer.wait()
         end = self._chains.ends[chain_id]
-        for dataset in self._datasets[chain_id]:
-            dataset.resize(end, axis=0)
-        self._published[chain_id] = end
-        self._publish()
-        self._file[group_name(chain_id)].attrs["sample_count"] = end
-        self._file.flush()
+        with self._failures():
+            for dataset in self._datasets[chain_id]:
+                dataset.resize(end, axis=0)
+            self._published[chain_id] = end
+            self._publish()
+            self._file[group_name(chain_id)].attrs["sample_count"] = end
+            self._file.flush()
         self._finalized.add(chain_id)
         path = self.checkpoint_path
         if len(self._finalized) == len(self._datasets):
@@ -375,7 +387,8 @@ class HDF5Collector(DataCollector):
         finally:
             if self._lock is not None:
                 if self._file:
-                    self._file.close()
+                    with self._failures():
+                        self._file.close()
                 self._lock.release()
 
     def register_sender(self, wait: Callable[[], None]) -> None:

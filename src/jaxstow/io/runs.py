@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError, StructureMismatchError
 from jaxstow.io.batching import _shape_dtype, spec_of
@@ -114,7 +115,8 @@ def run_chains(
             if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), lock):
                 return read_stacked(name)
             lock.clear_stale_flags()  # the flags a killed writer left (only such a one: see _continued)
-        with h5py.File(name, "a", libver="latest", locking=False) as file:  # the run's lock keeps other writers out
+        # The run's lock keeps other writers out; a failing disk names the file.
+        with storage_failures(name, hdf5=True), h5py.File(name, "a", libver="latest", locking=False) as file:
             if RUN_ATTRIBUTE not in file.attrs:
                 file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
                 for key, spec in warmup_spec.items():

@@ -29,7 +29,7 @@ from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
 from jaxstow._util import jax_compat
-from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
+from jaxstow.errors import ArgumentError, CollectorError, SampleCountError, failed
 from jaxstow.io.batching import (
     block_rows,
     chain_polymorphic,
@@ -268,7 +268,9 @@ class _Streaming:
             failure = self.failures.pop(chain_id, None)
             if failure is not None:
                 what, error = failure
-                raise CollectorError(f"{type(self.collector).__name__} failed while {what}: {error}") from error
+                raise failed(
+                    CollectorError, f"{type(self.collector).__name__} failed while {what}: {error}", error
+                ) from error
 
     # -- inside jit ----------------------------------------------------------------------------------------------
 

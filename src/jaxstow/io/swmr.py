@@ -259,7 +259,7 @@ class WriterLock:
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):
             raise CheckpointError(f"{self.path}: the folder {folder} does not exist", file=self.path)
-        self._lock = FileLock(f"{self.path}.lock", self._held, release_at_exit=False)
+        self._lock = FileLock(f"{self.path}.lock", self._held, release_at_exit=False, of=self.path)
         #: Whether the last writer left the lock file: it was killed, and the writer flags in the file are its.
         self.killed = bool(self._lock.found)
 

@@ -1,0 +1,82 @@
+"""The ``jaxstow`` command on a full disk, a read-only folder and a name too long: one line naming the file asked for
+and the cause in words, exit status 2, no traceback, the file there before left whole. Run for real
+(``python -m jaxstow``) on a 1 MiB tmpfs mounted for the test (``tests/support/tmpfs.py``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tmpfs import leftovers, make_read_only, small_tmpfs
+
+import jaxstow
+
+
+@pytest.fixture
+def disk(tmp_path: Path):
+    with small_tmpfs(tmp_path / "small") as folder:
+        yield folder
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> Path:
+    """An npz of 2.4 MB, more than the disk holds."""
+    path = tmp_path / "big.npz"
+    np.savez(path, w=np.ones(300_000))
+    return path
+
+
+def _jaxstow(*args: object) -> tuple[int, list[str]]:
+    """Run the command; its exit status and the lines of its standard error."""
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stderr.strip().splitlines()
+
+
+def test_convert_onto_a_full_disk_names_the_file_and_keeps_the_one_there(disk, big):
+    target = disk / "model.jxs"
+    jaxstow.save(target, {"w": np.arange(4.0)})
+    status, lines = _jaxstow("convert", big, target)
+    assert status == 2 and lines == [
+        f"jaxstow convert: {target}: cannot write it: no space left on the device holding {disk}; free some space "
+        "there, or write elsewhere"
+    ]
+    np.testing.assert_array_equal(jaxstow.load(target, as_numpy=True)["w"], np.arange(4.0))
+    assert os.listdir(disk) == ["model.jxs"]
+
+
+def test_convert_into_a_read_only_folder_names_the_target_not_the_temporary_file(disk, tmp_path):
+    source = tmp_path / "small.npz"
+    np.savez(source, w=np.ones(3))
+    make_read_only(disk)
+    status, lines = _jaxstow("convert", source, disk / "model.safetensors")
+    assert status == 2 and lines == [
+        f"jaxstow convert: {disk / 'model.safetensors'}: cannot write it: the folder {disk} is read-only; write to a "
+        "folder of a file system mounted read-write"
+    ]
+
+
+def test_export_onto_a_full_disk_names_the_shard(disk, big):
+    status, lines = _jaxstow("export", big, disk / "hf")
+    shard = disk / "hf" / "model-00001-of-00001.safetensors"
+    assert status == 2 and len(lines) == 1
+    assert lines[0].startswith(f"jaxstow export: {shard}: cannot write it: no space left on the device holding {disk}")
+    assert leftovers(disk) == [] and os.listdir(disk) == []
+
+
+def test_convert_to_a_name_too_long_names_it(tmp_path):
+    source = tmp_path / "small.npz"
+    np.savez(source, w=np.ones(3))
+    target = tmp_path / ("x" * 300 + ".jxs")
+    status, lines = _jaxstow("convert", source, target)
+    assert status == 2 and lines == [
+        f"jaxstow convert: {target}: cannot write it: file name too long (304 bytes; this file system takes at most "
+        "255); use a shorter name"
+    ]
+    assert os.listdir(tmp_path) == ["small.npz"]
