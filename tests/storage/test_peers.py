@@ -14,6 +14,7 @@ import secrets
 import socket
 import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -114,6 +115,29 @@ def test_files_are_served_by_ranges_and_only_from_committed_steps(pair, tmp_path
         with pytest.raises(CheckpointError, match=problem):
             ask(two, 0, wanted, limit=10)
     assert two.received == (1 << 20) + 300 + 8  # the range, the file and its size, nothing refused
+
+
+def test_a_file_goes_to_disk_through_buffers_of_its_own_not_of_its_size(pair, tmp_path):
+    one, two = pair
+    source, copy = tmp_path / "source", tmp_path / "copy"
+    with open(source, "wb") as file:
+        file.truncate(128 << 20)
+    peak, done = [_status(os.getpid())["VmRSS"]], threading.Event()
+
+    def sample():
+        while not done.wait(0.005):
+            peak.append(_status(os.getpid())["VmRSS"])
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    with open(copy, "wb") as sink:
+        pending = two.expect(0, "file", limit=1 << 30, sink=sink)
+        one.send_file(1, "file", str(source))
+        assert pending.wait() == 128 << 20
+    done.set()
+    sampler.join()
+    assert max(peak) - peak[0] < 16 << 10, (peak[0], max(peak))  # kB: a few MiB of buffers, not 128 MiB
+    assert copy.stat().st_size == 128 << 20
 
 
 def test_every_process_receives_every_message_whole_in_any_order(tmp_path):
