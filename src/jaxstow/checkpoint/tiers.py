@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
+from jaxstow._coordination import Coordinator
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.folders import LocalStore
@@ -126,7 +127,7 @@ class Tiers:
         self.peers: PeerCopies | None = None
         if processes.many:
             name = f"tiers/{hashlib.sha256(directory.encode()).hexdigest()[:16]}/{processes.next_exchange('peers')}"
-            self.peers = PeerCopies(processes, self.store, replicas=replicas, name=name)
+            self.peers = PeerCopies(Coordinator(name, timeout=processes.timeout), self.store, replicas=replicas)
 
     @property
     def directory(self) -> str:
@@ -275,13 +276,14 @@ class Tiers:
                     self.store.delete(self.names.name(step))
                     logger.info("%s: deleted local step %d (local_keep_last)", self.directory, step)
 
-    def choose(self, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int]:
+    def choose(self, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int, StepFolder]:
         """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
-        by the local tiers and peers' copies, else the newest persistent one; ``-1`` when there is none."""
+        by the local tiers and peers' copies, else the newest persistent one; ``-1`` when there is none. With the
+        local folder to read it from (whose files held elsewhere are read from the peers holding them)."""
         own = [step for step in self.steps() if bound is None or step <= bound]
         newest = max((step for step in persistent if bound is None or step <= bound), default=-1)
         if not self.processes.many:
-            return ("local", own[-1]) if own and own[-1] >= newest else ("persistent", newest)
+            return ("local", own[-1], self.folder) if own and own[-1] >= newest else ("persistent", newest, self.folder)
         processes = self.processes
         held = self.peers.inventory(own) if self.peers is not None else {str(processes.index): own}
         processes.send(f"{key}/held/{processes.index}", json.dumps(held))
@@ -293,11 +295,11 @@ class Tiers:
             processes.send(f"{key}/plan", json.dumps({**choice, "persistent": newest}))
         choice = json.loads(processes.receive(f"{key}/plan", sender=0, what="the step to restore"))
         if choice["tier"] == "persistent":
-            return "persistent", int(choice["persistent"])
+            return "persistent", int(choice["persistent"]), self.folder
         step = int(choice["step"])
         if self.peers is not None:
-            self.peers.gather_step(step, choice["plan"], have=step in own)
-        return "local", step
+            return "local", step, self.peers.gather_step(step, choice["plan"], have=step in own)
+        return "local", step, self.folder
 
     def restore(
         self, persistent: StepFolder, step: int | None, restore: Callable[[int, StepFolder], T]
@@ -307,14 +309,14 @@ class Tiers:
         processes = self.processes
         key = processes.next_exchange("tiers")
         listed = persistent.committed() if processes.index == 0 else []
-        tier, chosen = self.choose(key, listed, step)
+        tier, chosen, local = self.choose(key, listed, step)
         if chosen < 0 or (step is not None and chosen != step):
             what = "no step" if step is None else f"no step {step}"
             raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
-        folder = self.folder if tier == "local" else persistent
+        folder = local if tier == "local" else persistent
         logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
         if processes.many:
-            # A local step's files are all on each process's own disk by now: nothing to gain from sending boxes.
+            # A local step's files held elsewhere are read from the peers holding them, only the ranges needed.
             return restore_together(
                 processes,
                 folder,
