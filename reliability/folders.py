@@ -179,7 +179,7 @@ def bounded(seconds: float) -> Iterator[None]:
         resource.setrlimit(
             resource.RLIMIT_AS, (cap if limits[1] == resource.RLIM_INFINITY else min(cap, limits[1]), limits[1])
         )
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.25)  # then again, should code swallow it (a gc callback does)
     try:
         yield
     finally:
