@@ -46,7 +46,7 @@ __all__ = [
     "open_local_member",
 ]
 
-#: The bytes an index (``model.safetensors.index.json``) may take: many times the largest model's.
+#: The bytes an index (``model.safetensors.index.json``) may take, checked before it is read.
 MAX_INDEX_BYTES = 64 * 2**20
 #: The tensors a folder may hold: its index's entries, and those of its files' headers together.
 MAX_FOLDER_TENSORS = 2**19
