@@ -72,7 +72,7 @@ class HostBudget:
     def __init__(self, limit: int | None = None) -> None:
         self.limit = checked_limit(limit)
         self.piece_bytes = max(1, min(self.limit // 4, _MAX_PIECE_BYTES))
-        #: Set once the save no longer reads the caller's arrays (or the save has ended).
+        #: Set once the save no longer reads the caller's arrays (the writer's job sets it too when it ends).
         self.fetched = threading.Event()
         self.fetched.set()
         self.peak = 0
@@ -131,10 +131,6 @@ class HostBudget:
             for tensor in self._tensors:
                 tensor.take_rest()
             self._settle()
-
-    def release(self) -> None:
-        """The save has ended, well or not: nothing waits for :attr:`fetched` any longer."""
-        self.fetched.set()
 
     def counts(self, *, copy: bool) -> bool:
         """Whether a tree saved with ``copy`` may hold arrays that cost host memory here."""
