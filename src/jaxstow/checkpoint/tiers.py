@@ -3,7 +3,8 @@
 Every step saved goes to the local tier first (each process writes its own files and commits its own folder with the
 step's record); peers keep copies of each process's files (:mod:`jaxstow.checkpoint.peer_copies`); a step due in the
 persistent ``directory`` is copied there from the local tier's files in the background, never from the devices
-again. Restoring picks the newest step held in full anywhere. See docs/scaling.md ("Two tiers and peers").
+again. Restoring picks the newest step held in full anywhere (:mod:`jaxstow.checkpoint.tier_restore`). See
+docs/scaling.md ("Two tiers and peers").
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
@@ -25,21 +26,18 @@ from jaxstow._storage.paths import local_path
 from jaxstow._storage.store import Store
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.save_report import SaveReport
-from jaxstow.checkpoint.peer_copies import PeerCopies, files_of, plan_local
+from jaxstow.checkpoint.peer_copies import PeerCopies, files_of
 from jaxstow.checkpoint.processes import Processes
-from jaxstow.checkpoint.recovery import Restored
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.shared import _write_files, record_of
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.checkpoint.together import restore_together
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, write_step
-from jaxstow.errors import ArgumentError, CheckpointError, StepNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["Tier", "Tiers", "local_tier"]
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 Tier = Literal["local", "persistent"]
-T = TypeVar("T")
 _COPY_CHUNK = 16 << 20
 
 
@@ -274,56 +272,6 @@ class Tiers:
                 if step not in self._uploading:
                     self.store.delete(self.names.name(step))
                     logger.info("%s: deleted local step %d (local_keep_last)", self.directory, step)
-
-    def choose(self, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int]:
-        """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
-        by the local tiers and peers' copies, else the newest persistent one; ``-1`` when there is none."""
-        own = [step for step in self.steps() if bound is None or step <= bound]
-        newest = max((step for step in persistent if bound is None or step <= bound), default=-1)
-        if not self.processes.many:
-            return ("local", own[-1]) if own and own[-1] >= newest else ("persistent", newest)
-        processes = self.processes
-        held = self.peers.inventory(own) if self.peers is not None else {str(processes.index): own}
-        processes.send(f"{key}/held/{processes.index}", json.dumps(held))
-        if processes.index == 0:
-            reports = processes.gather({k: f"{key}/held/{k}" for k in range(processes.count)}, what="its local steps")
-            inventories = {k: json.loads(report) for k, report in reports.items()}
-            step, plan = plan_local(inventories, processes.count, bound)
-            choice = {"tier": "local", "step": step, "plan": plan} if step >= newest else {"tier": "persistent"}
-            processes.send(f"{key}/plan", json.dumps({**choice, "persistent": newest}))
-        choice = json.loads(processes.receive(f"{key}/plan", sender=0, what="the step to restore"))
-        if choice["tier"] == "persistent":
-            return "persistent", int(choice["persistent"])
-        step = int(choice["step"])
-        if self.peers is not None:
-            self.peers.gather_step(step, choice["plan"], have=step in own)
-        return "local", step
-
-    def restore(
-        self, persistent: StepFolder, step: int | None, restore: Callable[[int, StepFolder], T]
-    ) -> tuple[T, Restored]:
-        """Restore ``step`` (the newest restorable one by default) from the fastest tier that holds it in full, the
-        same in every process: ``restore(step, folder)`` reads it from the local tier's folder or ``persistent``."""
-        processes = self.processes
-        key = processes.next_exchange("tiers")
-        listed = persistent.committed() if processes.index == 0 else []
-        tier, chosen = self.choose(key, listed, step)
-        if chosen < 0 or (step is not None and chosen != step):
-            what = "no step" if step is None else f"no step {step}"
-            raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
-        folder = self.folder if tier == "local" else persistent
-        logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
-        if processes.many:
-            # A local step's files are all on each process's own disk by now: nothing to gain from sending boxes.
-            return restore_together(
-                processes,
-                folder,
-                lambda: [chosen],
-                lambda s: restore(s, folder),
-                fallback=False,
-                broadcast=tier == "persistent",
-            )
-        return restore(chosen, folder), Restored(chosen)
 
     def close(self) -> None:
         """Finish the copy in flight (raising its error) and stop the transport."""
