@@ -37,7 +37,7 @@ def choose(tiers: Tiers, key: str, persistent: list[int], bound: int | None) -> 
         reports = processes.gather({k: f"{key}/held/{k}" for k in range(processes.count)}, what="its local steps")
         inventories = {k: json.loads(report) for k, report in reports.items()}
         step, plan = plan_local(inventories, processes.count, bound)
-        choice = {"tier": "local", "step": step, "plan": plan} if step >= newest else {"tier": "persistent"}
+        choice = {"tier": "local", "step": step, "plan": plan} if step >= max(newest, 0) else {"tier": "persistent"}
         processes.send(f"{key}/plan", json.dumps({**choice, "persistent": newest}))
     choice = json.loads(processes.receive(f"{key}/plan", sender=0, what="the step to restore"))
     if choice["tier"] == "persistent":
