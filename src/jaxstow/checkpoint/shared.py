@@ -16,13 +16,12 @@ docs/scaling.md ("The commit protocol").
 >>> from jaxstow.checkpoint.writing import StepContent, write_items
 >>> store = open_store(tempfile.mkdtemp(), marker=RECORD_NAME)
 >>> content = StepContent(7, {"params": hold({"w": np.ones(2)})}, False, metrics=None, metadata=None)
->>> with Coordinator(store.location, timeout=60).conversation("save") as talk:
-...     committed = commit_step(
-...         talk, store, "7", 7,
-...         lambda staging: write_items(staging, 0, content, what="step 7", bar=False),
-...         lambda summaries: record_of(summaries, content, keep_policy=None, where=store.location),
-...         shared=True, replace=False,
-...     )
+>>> committed = commit_step(
+...     Coordinator(store.location, timeout=60).conversation("save"), store, "7", 7,
+...     lambda staging: write_items(staging, 0, content, what="step 7", bar=False),
+...     lambda summaries: record_of(summaries, content, keep_policy=None, where=store.location),
+...     shared=True, replace=False,
+... )
 >>> committed.record.files, store.committed()
 ({'params': 'params.safetensors'}, ['7'])
 """
@@ -63,7 +62,8 @@ def commit_step(
     decided: Callable[[StepRecord], None] | None = None,
     after: Callable[[StepRecord], list[int]] | None = None,
 ) -> Committed:
-    """Commit ``step`` as ``folder`` of ``store`` in every process of ``talk``; the same outcome everywhere.
+    """Commit ``step`` as ``folder`` of ``store`` in every process of ``talk`` (closed once done); the same outcome
+    everywhere.
 
     Args:
         write: Writes this process's files into the staging folder; returns its summary (JSON).
@@ -126,6 +126,7 @@ def commit_step(
     if shared and after is not None:
         done = record
         deleted = talk.decide("deleted", lambda: after(done), waiting_for=f"the steps deleted after step {step}")
+    talk.close()
     return Committed(record, [int(old) for old in deleted])
 
 
