@@ -274,11 +274,11 @@ def test_a_step_held_in_full_nowhere_locally_is_restored_from_the_persistent_tie
     assert [report.get("restored") for report in reports] == [4] * 4, reports
 
 
-@pytest.mark.parametrize("stop", ["save", "fetch"])
+@pytest.mark.parametrize("stop", ["save", "copy", "fetch"])
 def test_a_stopped_peer_makes_every_other_process_raise_within_the_timeout(tmp_path, run, stop):
-    if stop == "save":
+    if stop in ("save", "copy"):  # as it sends its peers its copies of step 2, or copies step 4 to the persistent tier
         base, victim = tmp_path / "fresh", 2
-        processes = _start("save", base, "--stop", "save", "--victim", "2", "--timeout", "3")
+        processes = _start("save", base, "--stop", stop, "--victim", "2", "--timeout", "3")
     else:
         base, victim = run, 3  # process 1's keeper, stopped as it begins to send process 1 its files
         shutil.rmtree(run / "local1")

@@ -2,7 +2,7 @@
 PROCESS COUNT PORT``.
 
 ``talk`` runs a conversation of every kind of message and prints what it heard, then whether the keys of the finished
-conversation are gone; ``stall K`` has process K sleep instead of reaching a barrier (alive but silent); ``refuse``
+conversations are gone (the second's once a conversation of another scope closed); ``stall K`` has process K sleep instead of reaching a barrier (alive but silent); ``refuse``
 has process 0's decision raise. Each process prints one JSON line: what it heard, or ``error`` and ``seconds``.
 """
 
@@ -37,8 +37,12 @@ try:
         with coordinator.conversation("save") as talk:  # the second conversation of a kind has another name
             report["second"] = talk.gather("summary", index, waiting_for="its summary")
             talk.barrier("done", waiting_for="the end")
+            second = talk.name
+        with Coordinator("runs/other", timeout=3).conversation("save") as talk:  # another scope
+            talk.barrier("done", waiting_for="the end")
         client = jax_compat.distributed_client()
         report["left"] = [key for key, _ in client.key_value_dir_get(first + "/")]
+        report["left of the second"] = [key for key, _ in client.key_value_dir_get(second + "/")]
     elif action == "stall":
         with coordinator.conversation("restore") as talk:
             if index == stalled:

@@ -8,7 +8,8 @@ it holds; ``resume`` asks :meth:`should_save` about steps 1 to 8 without restori
 reports them. ``train`` is a run that goes on after a restart: it restores the newest step restorable (checking every
 value), prints it, then saves every step due from the next one on, printing a line per save, until it is killed.
 ``--stop save`` makes process ``--victim`` stop itself (SIGSTOP) as it begins sending its copies of step 2 to its
-peers, ``--stop fetch`` as it begins sending a replaced process its files. Each prints one JSON line of what it saw.
+peers, ``--stop copy`` as it begins copying step 4 to the persistent directory, ``--stop fetch`` as it begins sending
+a replaced process its files. Each prints one JSON line of what it saw.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ parser.add_argument("port", type=int)
 parser.add_argument("base")
 parser.add_argument("--directory")
 parser.add_argument("--timeout", type=float, default=30.0)
-parser.add_argument("--stop", choices=["save", "fetch"])
+parser.add_argument("--stop", choices=["save", "copy", "fetch"])
 parser.add_argument("--victim", type=int, default=2)
 args = parser.parse_args()
 os.environ["JAXSTOW_HOST_NAME"] = f"host{args.process // 2}"
@@ -44,7 +45,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from jaxstow import CheckpointManager, LocalTier  # noqa: E402
-from jaxstow.checkpoint import peer_copies  # noqa: E402
+from jaxstow.checkpoint import peer_copies, tiers  # noqa: E402
 from jaxstow.errors import StepNotFoundError  # noqa: E402
 
 ROWS, COLUMNS = 64, 48
@@ -66,9 +67,9 @@ def state(step: int) -> dict:
     }
 
 
-def stopping(method):
+def stopping(method, step):
     def stop_first(self, *positional, **named):
-        if (positional and getattr(positional[0], "step", positional[0]) == 2) or args.stop == "fetch":
+        if args.stop == "fetch" or any(getattr(value, "step", value) == step for value in positional):
             print(json.dumps({"process": args.process, "stopping": True}), flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
         return method(self, *positional, **named)
@@ -76,9 +77,11 @@ def stopping(method):
     return stop_first
 
 
-if args.stop is not None and args.process == args.victim:
+if args.stop == "copy" and args.process == args.victim:
+    tiers.Tiers.copy_to = stopping(tiers.Tiers.copy_to, 4)
+elif args.stop is not None and args.process == args.victim:
     name = "exchange" if args.stop == "save" else "gather_step"
-    setattr(peer_copies.PeerCopies, name, stopping(getattr(peer_copies.PeerCopies, name)))
+    setattr(peer_copies.PeerCopies, name, stopping(getattr(peer_copies.PeerCopies, name), 2))
 
 
 def restore_checked() -> int:

@@ -10,7 +10,7 @@ import functools
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
 
@@ -380,8 +380,8 @@ class CheckpointManager(StepQueries):
 
         return note
 
-    def _after_commit(self, record: StepRecord) -> list[int]:
-        """In process 0, once a step is committed: remember its record, apply the keep policy; the steps deleted."""
+    def _after_commit(self, record: StepRecord) -> Iterator[int]:
+        """In process 0, once a step is committed: remember its record, apply the keep policy; each step deleted."""
         self._folder.remember(record)
         return self._prune()
 
@@ -392,19 +392,19 @@ class CheckpointManager(StepQueries):
         if self._agreed is not None:
             self._agreed.deleted(committed.deleted)
 
-    def _prune(self) -> list[int]:
+    def _prune(self) -> Iterator[int]:
+        """Delete the steps the keep policy keeps no more (process 0), each step once deleted."""
         steps = self._folder.committed()
         policy = self._policy
         records = {step: self._folder.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
         metric = policy.metric or ""
         values = {step: record.metric(metric) if record else None for step, record in records.items()}
         times = {step: record.time for step, record in records.items() if record is not None}
-        deleted = policy.to_delete(steps, values, times)
-        for step in deleted:
+        for step in policy.to_delete(steps, values, times):
             self._store.delete(self._names.name(step))
             self._folder.forget(step)
             logger.info("%s: deleted step %d (keep policy)", self.directory, step)
-        return deleted
+            yield step
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ docs/scaling.md ("The commit protocol").
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,7 +60,7 @@ def commit_step(
     shared: bool,
     replace: bool,
     decided: Callable[[StepRecord], None] | None = None,
-    after: Callable[[StepRecord], list[int]] | None = None,
+    after: Callable[[StepRecord], Iterator[int]] | None = None,
 ) -> Committed:
     """Commit ``step`` as ``folder`` of ``store`` in every process of ``talk`` (closed once done); the same outcome
     everywhere.
@@ -73,7 +73,8 @@ def commit_step(
             by its own process with process 0's record.
         replace: Whether a committed folder of that name may be replaced; else it is a :class:`CheckpointError`.
         decided: Called in every process once process 0 decided that the step is committed (its record).
-        after: In process 0, once the shared folder is committed: the steps it then deletes, told to every process.
+        after: In process 0, once the shared folder is committed: the steps it then deletes, one by one, told to
+            every process with the outcome (an error of its own is raised in process 0 only).
     """
     coordinator = talk.coordinator
     where = store.url(folder)
@@ -89,8 +90,9 @@ def commit_step(
         raise
     talk.tell("done", summary)
     record: StepRecord | None = None
+    pruning: list[BaseException] = []  # process 0: what ``after`` raised, raised once the outcome is told
 
-    def decide() -> str:
+    def decide() -> dict[str, Any]:
         nonlocal record
         heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
         failed = [f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error]
@@ -104,7 +106,13 @@ def commit_step(
             if shared:
                 staging.abort()
             raise
-        return record.to_json().decode()
+        deleted: list[int] = []
+        if shared and after is not None:
+            try:  # the step is committed: what fails now is process 0's own, told to no one
+                deleted.extend(after(record))
+            except Exception as error:
+                pruning.append(error)
+        return {"record": record.to_json().decode(), "deleted": deleted}
 
     try:
         outcome = talk.decide("outcome", decide, waiting_for=f"the commit of step {step} ({where})")
@@ -112,22 +120,21 @@ def commit_step(
         if not shared or coordinator.index != 0:
             staging.abort()  # this process's own files: the step was not committed
         raise
+    marker = str(outcome["record"]).encode()
     if record is None:
-        record = StepRecord.from_json(outcome.encode(), where=where)
+        record = StepRecord.from_json(marker, where=where)
     if decided is not None:
         decided(record)
     if not shared:
         try:
-            staging.commit(outcome.encode())
+            staging.commit(marker)
         except BaseException:
             staging.abort()
             raise
-    deleted: list[int] = []
-    if shared and after is not None:
-        done = record
-        deleted = talk.decide("deleted", lambda: after(done), waiting_for=f"the steps deleted after step {step}")
     talk.close()
-    return Committed(record, [int(old) for old in deleted])
+    if pruning:
+        raise pruning[0]
+    return Committed(record, [int(old) for old in outcome["deleted"]])
 
 
 def _staging(talk: Conversation, store: Store, folder: str, step: int, *, shared: bool, replace: bool) -> Staging:

@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from jaxstow._coordination import Conversation, Coordinator
@@ -131,7 +131,7 @@ class Tiers:
         *,
         talk: Conversation,
         decided: Callable[[StepRecord], None],
-        after: Callable[[StepRecord], list[int]],
+        after: Callable[[StepRecord], Iterator[int]],
     ) -> Committed:
         """Copy this process's local files of ``record``'s step into ``store``, every process together on ``talk``;
         process 0 commits the step there with the same record once every process copied its own (``decided``
