@@ -5,7 +5,7 @@ process of the run (the placement says which devices, so which processes, need e
 processes need, and that is large enough to pay for sending, is cut into as many ranges as it has holders (as a save
 cuts a replicated shard); each range is read by one of them (in turns, so that reads and sends spread evenly over the
 processes) and sent to the others over a :class:`~jaxstow._storage.peers.PeerTransport`, whose every wait ends within
-its timeout and whose messages are checksummed. A process whose range does not come (a dead or stalled reader, a
+its timeout and whose messages are authenticated. A process whose range does not come (a dead or stalled reader, a
 broken connection) reads it itself, so a broadcast never fails a restore that reading would not.
 Storage then serves the replicated part of a model once, not once per replica. See docs/scaling.md.
 
@@ -27,9 +27,10 @@ from collections.abc import Callable, Iterator
 import jax
 import numpy as np
 
+from jaxstow._format.checksum import as_bytes
 from jaxstow._format.leaves import share_box
 from jaxstow._format.shards import Box
-from jaxstow._storage.peers import PeerTransport
+from jaxstow._storage.peers import PeerTransport, Pending
 from jaxstow.errors import JaxstowError
 
 __all__ = ["MIN_BYTES", "active", "broadcasting", "exchange", "readers"]
@@ -92,11 +93,17 @@ def exchange(
     holders: dict[Box, set[int]] = {}
     for device, index in placement.devices_indices_map(shape).items():
         holders.setdefault(_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
-    me = transport.process_index
+    me = transport.index
     turn = zlib.crc32(tag.encode())  # leaves take turns too, so that a process reads as much as another
     needs = {box: sorted(processes) for box, processes in holders.items() if me in processes}
     plan = readers(needs, min_bytes=MIN_BYTES, itemsize=dtype.itemsize, turn=turn)
     got = {box: np.empty([stop - start for start, stop in box], dtype) for box in plan}
+    expected = {  # registered before anything is sent, so that no process waits on another's receive
+        (reader, part): transport.expect(reader, f"{tag}@{part}", limit=_size(part) * dtype.itemsize)
+        for parts in plan.values()
+        for part, _, reader in parts
+        if reader != me
+    }
     for box, parts in plan.items():  # every range read here first, so that no other process waits on this one
         for part, within, reader in parts:
             if reader == me:
@@ -105,23 +112,26 @@ def exchange(
                 for other in needs[box]:
                     if other != me:
                         with contextlib.suppress(JaxstowError):  # that process reads the range itself
-                            transport.send(other, f"{tag}@{part}", data)
+                            transport.send(other, f"{tag}@{part}", as_bytes(data))
     for box, parts in plan.items():
         for part, within, reader in parts:
             if reader != me:
-                got[box][within or ...] = _received(transport, reader, f"{tag}@{part}", part, dtype, read)
+                got[box][within or ...] = _received(expected[(reader, part)], f"{tag}@{part}", part, dtype, read)
     return got
 
 
-def _received(
-    transport: PeerTransport, reader: int, tag: str, box: Box, dtype: np.dtype, read: Callable[[Box], np.ndarray]
-) -> np.ndarray:
-    """The box as ``reader`` sent it, or as read here when it does not come whole within the transport's timeout."""
+def _size(box: Box) -> int:
+    return math.prod(stop - start for start, stop in box)
+
+
+def _received(pending: Pending, tag: str, box: Box, dtype: np.dtype, read: Callable[[Box], np.ndarray]) -> np.ndarray:
+    """The box as its reader sent it, or as read here when it does not come whole within the transport's timeout."""
     shape = tuple(stop - start for start, stop in box)
+    reader = pending.source
     try:
-        data = transport.receive(reader, tag)
-        if len(data) != math.prod(shape) * dtype.itemsize:
-            raise ValueError(f"{len(data)} bytes came for {dtype}{list(shape)}")
+        data = pending.wait()
+        if not isinstance(data, bytearray) or len(data) != math.prod(shape) * dtype.itemsize:
+            raise ValueError(f"{data if isinstance(data, int) else len(data)} bytes came for {dtype}{list(shape)}")
     except (JaxstowError, ValueError) as error:
         logger.warning("reading %s from storage: it did not come from process %d (%s)", tag, reader, error)
         return read(box)

@@ -23,13 +23,14 @@ logger = logging.getLogger("jaxstow.checkpoint.manager")
 T = TypeVar("T")
 
 
-def choose(tiers: Tiers, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int]:
+def choose(tiers: Tiers, key: str, persistent: list[int], bound: int | None) -> tuple[Tier, int, StepFolder]:
     """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
-    by the local tiers and peers' copies, else the newest persistent one; ``-1`` when there is none."""
+    by the local tiers and peers' copies, else the newest persistent one; ``-1`` when there is none. With the
+    local folder to read it from (whose files held elsewhere are read from the peers holding them)."""
     own = [step for step in tiers.steps() if bound is None or step <= bound]
     newest = max((step for step in persistent if bound is None or step <= bound), default=-1)
     if not tiers.processes.many:
-        return ("local", own[-1]) if own and own[-1] >= newest else ("persistent", newest)
+        return ("local", own[-1], tiers.folder) if own and own[-1] >= newest else ("persistent", newest, tiers.folder)
     processes = tiers.processes
     held = tiers.peers.inventory(own) if tiers.peers is not None else {str(processes.index): own}
     processes.send(f"{key}/held/{processes.index}", json.dumps(held))
@@ -41,11 +42,11 @@ def choose(tiers: Tiers, key: str, persistent: list[int], bound: int | None) -> 
         processes.send(f"{key}/plan", json.dumps({**choice, "persistent": newest}))
     choice = json.loads(processes.receive(f"{key}/plan", sender=0, what="the step to restore"))
     if choice["tier"] == "persistent":
-        return "persistent", int(choice["persistent"])
+        return "persistent", int(choice["persistent"]), tiers.folder
     step = int(choice["step"])
     if tiers.peers is not None:
-        tiers.peers.gather_step(step, choice["plan"], have=step in own)
-    return "local", step
+        return "local", step, tiers.peers.gather_step(step, choice["plan"], have=step in own)
+    return "local", step, tiers.folder
 
 
 def restore_tiers(
@@ -56,14 +57,14 @@ def restore_tiers(
     processes = tiers.processes
     key = processes.next_exchange("tiers")
     listed = persistent.committed() if processes.index == 0 else []
-    tier, chosen = choose(tiers, key, listed, step)
+    tier, chosen, local = choose(tiers, key, listed, step)
     if chosen < 0 or (step is not None and chosen != step):
         what = "no step" if step is None else f"no step {step}"
         raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
-    folder = tiers.folder if tier == "local" else persistent
+    folder = local if tier == "local" else persistent
     logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
     if processes.many:
-        # A local step's files are all on each process's own disk by now: nothing to gain from sending boxes.
+        # A local step's files held elsewhere are read from the peers holding them, only the ranges needed.
         return restore_together(
             processes,
             folder,

@@ -10,7 +10,6 @@ docs/scaling.md ("Two tiers and peers").
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import shutil
@@ -57,7 +56,7 @@ class Tiers:
         self.schedule = SaveSchedule(settings.save_every, option="LocalTier's save_every")
         self.keep_last = settings.keep_last
         self.coordinator = coordinator
-        self.processes = Processes(directory, timeout=coordinator.timeout)  # the peers' transport and restores
+        self.processes = Processes(directory, timeout=coordinator.timeout)  # the restores (tier_restore)
         self.progress = progress
         self.uploads = BackgroundWriter(asynchronous=True)
         self._uploading: set[int] = set()
@@ -66,9 +65,7 @@ class Tiers:
         replicas = (1 if coordinator.many else 0) if settings.replicas is None else settings.replicas
         self.peers: PeerCopies | None = None
         if coordinator.many:
-            processes = self.processes
-            name = f"tiers/{hashlib.sha256(directory.encode()).hexdigest()[:16]}/{processes.next_exchange('peers')}"
-            self.peers = PeerCopies(processes, self.store, replicas=replicas, name=name)
+            self.peers = PeerCopies(coordinator, self.store, replicas=replicas)
 
     @property
     def directory(self) -> str:

@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
+from jaxstow._coordination import Coordinator
 from jaxstow._read.broadcast import broadcasting
-from jaxstow._storage.peers import PeerTransport
+from jaxstow.checkpoint.peer_copies import open_transport
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.recovery import Restored, step_damage
 from jaxstow.checkpoint.step_folder import StepFolder
@@ -49,7 +50,9 @@ def restore_together(
     steps = _agree_on_steps(processes, key, choose, fallback=fallback, where=where)
     with contextlib.ExitStack() as stack:
         if processes.many and broadcast:  # boxes that several processes need are read once and sent (docs/scaling.md)
-            transport = stack.enter_context(PeerTransport.start(f"restore/{key}", timeout=processes.timeout))
+            coordinator = Coordinator(f"{where}/restore/{key}", timeout=processes.timeout)
+            transport = open_transport(coordinator)
+            stack.callback(transport.close)
             stack.enter_context(broadcasting(transport))
         return _restore_first(processes, key, folder, steps, restore, fallback=fallback)
 

@@ -46,7 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: The arguments after the program's name (``sys.argv[1:]`` by default).
 
     Returns:
-        The exit status: 0 when all is well, 1 when ``verify`` finds damage or ``diff`` differences, 2 on an error,
+        The exit status: 0 when all is well, 1 when ``verify`` finds damage, ``diff`` differences or ``watch`` a run whose
+        writer died or stopped, 2 on an error,
         130 when interrupted, 141 when the pipe was closed early (as a shell reports it).
 
     >>> from jaxstow.cli import main
