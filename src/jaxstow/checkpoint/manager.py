@@ -101,7 +101,7 @@ class CheckpointManager(StepQueries):
         Raises:
             ArgumentError: A setting that is not valid, or one set twice (a shortcut and its grouped setting).
         """
-        policy, local, asynchronous = grouped_settings(keep, local, shortcuts, directory=os.fspath(directory))
+        policy, local, asynchronous = grouped_settings(keep, local, shortcuts, directory=str(directory))
         self._schedule = SaveSchedule(save_every)
         if progress:
             require_progress_bar()
@@ -383,7 +383,9 @@ class CheckpointManager(StepQueries):
     def _after_commit(self, record: StepRecord) -> Iterator[int]:
         """In process 0, once a step is committed: remember its record, apply the keep policy; each step deleted."""
         self._folder.remember(record)
-        return self._prune()
+        for step in self._folder.prune(self._policy):
+            logger.info("%s: deleted step %d (keep policy)", self.directory, step)
+            yield step
 
     def _committed(self, committed: Committed) -> None:
         """In every process, once a step is committed: forget the steps process 0 deleted."""
@@ -391,20 +393,6 @@ class CheckpointManager(StepQueries):
             self._folder.forget(step)
         if self._agreed is not None:
             self._agreed.deleted(committed.deleted)
-
-    def _prune(self) -> Iterator[int]:
-        """Delete the steps the keep policy keeps no more (process 0), each step once deleted."""
-        steps = self._folder.committed()
-        policy = self._policy
-        records = {step: self._folder.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
-        metric = policy.metric or ""
-        values = {step: record.metric(metric) if record else None for step, record in records.items()}
-        times = {step: record.time for step, record in records.items() if record is not None}
-        for step in policy.to_delete(steps, values, times):
-            self._store.delete(self._names.name(step))
-            self._folder.forget(step)
-            logger.info("%s: deleted step %d (keep policy)", self.directory, step)
-            yield step
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 
