@@ -48,3 +48,5 @@ def test_a_decision_that_fails_reaches_every_process(count):
     assert reports[0]["error"] == "ValueError: no step to restore"
     for report in reports[1:]:
         assert report["error"] == "CheckpointError: process 0 failed: ValueError: no step to restore"
+    if count > 1:
+        assert reports[0]["left"] == []  # the failed conversation was closed in every process, and its keys deleted

@@ -5,8 +5,8 @@ A :class:`Coordinator` is one process's part in a scope (a checkpoint folder, sa
 the same order: what a process does next is itself agreed (a decision made once and published, or a maximum), never
 taken from that process's own listing. A message is JSON, either a payload or an error naming the process that
 failed; a wait for one ends within the timeout or raises a :class:`~jaxstow.errors.CheckpointError` naming every
-process that did not send it. A conversation's keys are deleted once every process has closed it. In one process,
-the same calls run without a key-value store.
+process that did not send it. A conversation's keys are deleted once every process has closed it (a ``with`` block
+closes it, after an error too). In one process, the same calls run without a key-value store.
 
 >>> from jaxstow._coordination import Coordinator
 >>> coordinator = Coordinator("runs/a", timeout=60)
@@ -116,8 +116,7 @@ class Conversation:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if kind is None:
-            self.close()
+        self.close()  # after an error too: this process reads nothing more of it
 
     def tell(self, what: str, payload: Any) -> None:
         """Say ``payload`` (JSON) under ``what`` to the other processes."""

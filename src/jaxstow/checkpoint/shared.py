@@ -76,65 +76,67 @@ def commit_step(
         after: In process 0, once the shared folder is committed: the steps it then deletes, one by one, told to
             every process with the outcome (an error of its own is raised in process 0 only).
     """
-    coordinator = talk.coordinator
-    where = store.url(folder)
-    staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
-    try:
-        summary = write(staging)
-        staging.complete()
-    except BaseException as error:
-        staging.abort()
-        talk.fail("done", error)
-        if coordinator.index == 0:
-            talk.fail("outcome", error)
-        raise
-    talk.tell("done", summary)
-    record: StepRecord | None = None
-    pruning: list[BaseException] = []  # process 0: what ``after`` raised, raised once the outcome is told
-
-    def decide() -> dict[str, Any]:
-        nonlocal record
-        heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
-        failed = [f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error]
+    with talk:
+        coordinator = talk.coordinator
+        where = store.url(folder)
+        staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
         try:
-            if failed:
-                raise CheckpointError(f"step {step} is not committed: {'; '.join(failed)}", file=where)
-            record = make_record([heard[index].payload for index in range(coordinator.count)])
-            if shared:
-                staging.commit(record.to_json())
-        except BaseException:
-            if shared:
-                staging.abort()
-            raise
-        deleted: list[int] = []
-        if shared and after is not None:
-            try:  # the step is committed: what fails now is process 0's own, told to no one
-                deleted.extend(after(record))
-            except Exception as error:
-                pruning.append(error)
-        return {"record": record.to_json().decode(), "deleted": deleted}
-
-    try:
-        outcome = talk.decide("outcome", decide, waiting_for=f"the commit of step {step} ({where})")
-    except BaseException:
-        if not shared or coordinator.index != 0:
-            staging.abort()  # this process's own files: the step was not committed
-        raise
-    marker = str(outcome["record"]).encode()
-    if record is None:
-        record = StepRecord.from_json(marker, where=where)
-    if decided is not None:
-        decided(record)
-    if not shared:
-        try:
-            staging.commit(marker)
-        except BaseException:
+            summary = write(staging)
+            staging.complete()
+        except BaseException as error:
             staging.abort()
+            talk.fail("done", error)
+            if coordinator.index == 0:
+                talk.fail("outcome", error)
             raise
-    talk.close()
-    if pruning:
-        raise pruning[0]
-    return Committed(record, [int(old) for old in outcome["deleted"]])
+        talk.tell("done", summary)
+        record: StepRecord | None = None
+        pruning: list[BaseException] = []  # process 0: what ``after`` raised, raised once the outcome is told
+
+        def decide() -> dict[str, Any]:
+            nonlocal record
+            heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
+            failed = [
+                f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error
+            ]
+            try:
+                if failed:
+                    raise CheckpointError(f"step {step} is not committed: {'; '.join(failed)}", file=where)
+                record = make_record([heard[index].payload for index in range(coordinator.count)])
+                if shared:
+                    staging.commit(record.to_json())
+            except BaseException:
+                if shared:
+                    staging.abort()
+                raise
+            deleted: list[int] = []
+            if shared and after is not None:
+                try:  # the step is committed: what fails now is process 0's own, told to no one
+                    deleted.extend(after(record))
+                except Exception as error:
+                    pruning.append(error)
+            return {"record": record.to_json().decode(), "deleted": deleted}
+
+        try:
+            outcome = talk.decide("outcome", decide, waiting_for=f"the commit of step {step} ({where})")
+        except BaseException:
+            if not shared or coordinator.index != 0:
+                staging.abort()  # this process's own files: the step was not committed
+            raise
+        marker = str(outcome["record"]).encode()
+        if record is None:
+            record = StepRecord.from_json(marker, where=where)
+        if decided is not None:
+            decided(record)
+        if not shared:
+            try:
+                staging.commit(marker)
+            except BaseException:
+                staging.abort()
+                raise
+        if pruning:
+            raise pruning[0]
+        return Committed(record, [int(old) for old in outcome["deleted"]])
 
 
 def _staging(talk: Conversation, store: Store, folder: str, step: int, *, shared: bool, replace: bool) -> Staging:
