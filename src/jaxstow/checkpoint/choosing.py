@@ -28,6 +28,7 @@ from typing import TypeVar
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_restore import restore_tiers
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.together import restore_together
 from jaxstow.errors import StepNotFoundError
@@ -51,7 +52,7 @@ def restore_chosen(
     with ``fallback`` the newest intact one up to it) of ``folder`` or, without ``fallback``, of the local tier of
     ``tiers`` where it holds the newest; and the step restored. The caller has waited for its own save in flight."""
     if tiers is not None and not fallback:
-        return tiers.restore(folder, step, restore)
+        return restore_tiers(tiers, folder, step, restore)
 
     def restore_here(chosen: int) -> T:
         return restore(chosen, folder)

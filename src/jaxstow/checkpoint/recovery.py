@@ -94,7 +94,7 @@ def newest_accepted(choose: Callable[[], Sequence[int]], accept: Callable[[int],
             if vanished == VANISHED:
                 raise StepNotFoundError(
                     f"{error}. That is {VANISHED} steps in a row deleted while they were read: the process that saves "
-                    "there deletes steps faster than they are read; keep more of them (keep_last=...)"
+                    "there deletes steps faster than they are read; keep more of them (keep=KeepPolicy(keep_last=...))"
                 ) from None
     return None
 
