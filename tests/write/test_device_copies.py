@@ -179,7 +179,7 @@ def test_sharded_arrays_donated_right_after_a_save_are_saved_as_they_were(tmp_pa
     }
     step = jax.jit(lambda tree: jax.tree.map(lambda x: x * 0 - 7, tree), donate_argnums=0)
     jax.block_until_ready(step({"w": jax.device_put(jnp.zeros(1 << 16, jnp.float32), sharding)}))  # compiled now
-    with jaxstow.CheckpointManager(tmp_path / "run", local_directory=tmp_path / "local") as manager:
+    with jaxstow.CheckpointManager(tmp_path / "run", local=jaxstow.LocalTier(tmp_path / "local")) as manager:
         manager.save(0, items)
         items["sharded"] = step(items["sharded"])
         manager.wait()
