@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, Unpack
 
+from jaxstow._coordination import Coordinator
 from jaxstow._read.options import LoadOptions
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
@@ -84,7 +85,7 @@ class CheckpointManager(StepQueries):
         local_save_every: int | None = None,
         local_keep_last: int | None = None,
         local_replicas: int | None = None,
-        broadcast_restore: bool = True,
+        broadcast_restore: bool | None = None,
         host_memory_limit: int | None = None,
     ) -> None:
         """Make the manager of ``directory``; the directory's lock is taken by the first save.
@@ -111,8 +112,9 @@ class CheckpointManager(StepQueries):
             local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step (1), for the local tier.
             local_keep_last: The local tier keeps its newest ``local_keep_last`` steps (2).
             local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
-            broadcast_restore: Under jax.distributed, a box of a step that several processes restore is read from
-                ``directory`` by one of them and sent to the others (docs/scaling.md); ``False``: each reads it.
+            broadcast_restore: Under jax.distributed, a box that several processes restore is read once, in
+                ranges, and gathered over jax's collectives: ``None`` where it pays (an object store, a network file
+                system), ``True`` or ``False`` always or never (docs/scaling.md).
             host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
 
         Raises:
@@ -136,6 +138,7 @@ class CheckpointManager(StepQueries):
         self._lock: Lock | None = None
         self._closed = False
         self._processes = Processes(self._store.location, timeout=process_timeout)
+        self._coordinator = Coordinator(self._store.location, timeout=process_timeout)
         self._broadcast_restore = broadcast_restore
         self._tiers = local_tier(
             local_directory,
@@ -204,7 +207,7 @@ class CheckpointManager(StepQueries):
             step,
             restore,
             fallback=fallback,
-            processes=self._processes,
+            coordinator=self._coordinator,
             tiers=self._tiers,
             broadcast=self._broadcast_restore,
         )
