@@ -8,7 +8,7 @@ of this run's devices (so each box of it is held by some of the processes) and `
 array bit for bit and reports the bytes this process read and the per-process values it got (with another process
 count than the save's, it reports the error and then every process's values, ``per_process="all"``); then the same
 with ``broadcast_restore`` at its default (``--broadcast`` forces it: ``on`` or ``off``), reporting the bytes read.
-Shared boxes are gathered in chunks of at most ``--chunk-bytes``. ``--die K`` makes process K kill itself with
+Shared boxes are gathered in chunks of at most ``--chunk-bytes``, with jax's CPU collectives ``--collectives``. ``--die K`` makes process K kill itself with
 SIGKILL (``--stop K``: stop itself with SIGSTOP) when its restore first reads for the broadcast. Each prints one JSON
 line, with ``listening``: the sockets this process listens on that jax's own collectives did not open.
 """
@@ -34,13 +34,14 @@ parser.add_argument("--die", type=int, default=-1)
 parser.add_argument("--stop", type=int, default=-1)
 parser.add_argument("--broadcast", choices=["on", "off"], default="on")
 parser.add_argument("--chunk-bytes", type=int, default=0)
+parser.add_argument("--collectives", default="gloo")
 parser.add_argument("--process-timeout", type=float, default=60.0)
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
 import jax  # noqa: E402
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
+jax.config.update("jax_cpu_collectives_implementation", None if args.collectives == "none" else args.collectives)
 if args.die >= 0 or args.stop >= 0:
     jax.config.update("jax_enable_recoverability", True)
 if args.count > 1:
@@ -112,7 +113,7 @@ def bytes_read() -> int:
 
 
 report: dict = {"process": args.process}
-if args.count > 1:  # jax's own collectives (gloo) listen on a socket of their own: opened here, before jaxstow's part
+if args.count > 1 and args.collectives != "none":  # jax's own collectives (gloo) listen on a socket of their own
     multihost_utils.sync_global_devices("collectives ready")
 before_listening = listening()
 if args.chunk_bytes:
