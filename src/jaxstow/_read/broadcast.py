@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxstow._format.leaves import share_box
 from jaxstow._format.shards import Box
+from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.gathering import gather_rows
 
 __all__ = ["CHUNK_BYTES", "MIN_BYTES", "Exchange", "Pending", "active", "reading_once", "readers"]
@@ -153,7 +154,7 @@ class Exchange:
             for box, parts in plan.items()
             for part, within, reader in parts
         ]
-        mine = {box: np.empty([stop - start for start, stop in box], dtype) for box in plan if self.me in ordered[box]}
+        mine = {box: _empty(box, dtype) for box in plan if self.me in ordered[box]}
         for found in ranges:
             if found.reader == self.me:
                 data = np.ascontiguousarray(read(found.part))
@@ -193,9 +194,12 @@ class Exchange:
 
     def _gather(self, group: tuple[int, ...], rows: dict[int, list[_Range]], low: int, high: int) -> None:
         """Bytes ``low`` to ``high`` of every row of ``group``, gathered; the others' put into the boxes held here."""
-        row = np.zeros(-(-(high - low) // _ALIGN) * _ALIGN, np.uint8)
+        row = aligned_empty(-(-(high - low) // _ALIGN) * _ALIGN)  # aligned: jax takes it on CPU without a copy
+        filled = 0
         for found, start, stop, at in _window(rows.get(self.me, []), low, high):
             row[at : at + stop - start] = self._read[(found.tag, found.part)][start:stop]
+            filled = at + stop - start
+        row[filled:] = 0
         gathered = self.gather(group, row)
         for index, member in enumerate(group):
             if member != self.me:
@@ -235,6 +239,11 @@ def _length(ranges: list[_Range]) -> int:
 def _chunk(longest: int, budget: int) -> int:
     """The bytes of each row gathered at once: all of it, or as much as ``budget`` allows (a multiple of 64 KiB)."""
     return max(_ALIGN, min(-(-longest // _ALIGN) * _ALIGN, budget // _ALIGN * _ALIGN))
+
+
+def _empty(box: Box, dtype: np.dtype) -> np.ndarray:
+    """A box's array, 64-byte aligned so that jax puts it on a CPU device without a copy."""
+    return aligned_empty(_volume(box) * dtype.itemsize).view(dtype).reshape([stop - start for start, stop in box])
 
 
 def _box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
