@@ -81,6 +81,25 @@ def test_peers_killed_or_stopped_during_the_broadcast_end_the_others_restore_wit
     assert elapsed < 60
 
 
+def test_a_peer_stopped_between_chunks_of_the_gather_ends_the_others_restore_within_the_timeout(saved_by_four):
+    # Chunks of 64 KiB per process: process 2 stops after the first, the others wait at the barrier before the next.
+    extra = ["--chunk-bytes", str(256 << 10), "--stop-after-gather", "2", "--process-timeout", "4"]
+    processes = start(WORKER, "restore", 4, 1, saved_by_four, *extra)
+    try:
+        outputs = [process.communicate(timeout=120) for process in (processes[0], processes[1], processes[3])]
+    finally:
+        processes[2].kill()
+        processes[2].wait()
+    for out, err in outputs:
+        assert out.strip().splitlines()[-1].startswith("{"), (out, err[-3000:])
+        report = json.loads(out.strip().splitlines()[-1])
+        assert "process 2 did not report its part of the gather of step 1" in report.get("error", ""), (
+            out,
+            err[-3000:],
+        )
+        assert report["seconds"] < 4 + 3, report
+
+
 def test_without_collectives_across_processes_every_process_reads_and_none_waits(saved_by_four):
     found = reports(start(WORKER, "restore", 4, 1, saved_by_four, "--collectives", "none"))
     assert all("error" not in report for report in found), found

@@ -9,7 +9,8 @@ array bit for bit and reports the bytes this process read and the per-process va
 count than the save's, it reports the error and then every process's values, ``per_process="all"``); then the same
 with ``broadcast_restore`` at its default (``--broadcast`` forces it: ``on`` or ``off``), reporting the bytes read.
 Shared boxes are gathered in chunks of at most ``--chunk-bytes``, with jax's CPU collectives ``--collectives``. ``--die K`` makes process K kill itself with
-SIGKILL (``--stop K``: stop itself with SIGSTOP) when its restore first reads for the broadcast. Each prints one JSON
+SIGKILL (``--stop K``: stop itself with SIGSTOP) when its restore first reads for the broadcast;
+``--stop-after-gather K`` makes it stop a second after its first gather (between gathers). Each prints one JSON
 line, with ``listening``: the sockets this process listens on that jax's own collectives did not open.
 """
 
@@ -32,6 +33,7 @@ parser.add_argument("port", type=int)
 parser.add_argument("folder")
 parser.add_argument("--die", type=int, default=-1)
 parser.add_argument("--stop", type=int, default=-1)
+parser.add_argument("--stop-after-gather", type=int, default=-1)
 parser.add_argument("--broadcast", choices=["on", "off"], default="on")
 parser.add_argument("--chunk-bytes", type=int, default=0)
 parser.add_argument("--collectives", default="gloo")
@@ -42,7 +44,8 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices
 import jax  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", None if args.collectives == "none" else args.collectives)
-if args.die >= 0 or args.stop >= 0:
+stopping = max(args.die, args.stop, args.stop_after_gather) >= 0
+if stopping:
     jax.config.update("jax_enable_recoverability", True)
 if args.count > 1:
     jax.distributed.initialize(
@@ -137,6 +140,15 @@ else:
             os.kill(os.getpid(), signal.SIGKILL if args.process == args.die else signal.SIGSTOP)
 
         broadcast.Exchange.share = die
+    if args.process == args.stop_after_gather:
+        gather = broadcast.Exchange._gather
+
+        def gather_and_stop(*arguments, **options):
+            gather(*arguments, **options)
+            time.sleep(1)  # gloo's own thread finishes sending: stopped between gathers, not inside one
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        broadcast.Exchange._gather = gather_and_stop
     shardings_ = restore_shardings()
     like = {name: jax.ShapeDtypeStruct(VALUES[name].shape, np.float32, sharding=s) for name, s in shardings_.items()}
     like["loader"], like["it"] = jaxstow.per_process(None), Loader(-1)
@@ -174,7 +186,9 @@ else:
     report["loader"] = [{"process": v["process"], "seen": v["seen"].tolist()} for v in report["loader"]]
     report["it"] = restored["it"].position if restored["it"] is like["it"] else [json.loads(s) for s in restored["it"]]
 print(json.dumps(report), flush=True)
-if args.die >= 0 or args.stop >= 0:
+if stopping:
+    if args.process == 0:  # it runs jax's coordination service: the others report first
+        time.sleep(1.5)
     os._exit(0)  # without jax's shutdown barrier, which the dead process would hold up
 if args.count > 1:
     jax.distributed.shutdown()

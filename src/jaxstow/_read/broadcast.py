@@ -8,8 +8,9 @@ cuts a replicated shard); each holder reads one range while the restore runs (ta
 evenly over the processes), and the leaf is left :class:`Pending`. Once every process has said that it read its
 ranges (the caller's bounded barrier), :meth:`Exchange.deliver` gathers them: the processes that hold the same boxes
 form a group, the ranges of all its leaves are packed into one row of bytes per process and all-gathered in chunks
-of at most ``chunk_bytes`` (:mod:`jaxstow._read.gathering`), every chunk after the first behind a barrier again; then
-each pending leaf becomes its ``jax.Array``. Storage serves the replicated part of a model once, not once per
+of at most ``chunk_bytes`` (:mod:`jaxstow._read.gathering`); groups that share no process gather at once, and every
+gather after the first waits behind a barrier again, so that no process enters a collective that another may never
+reach; then each pending leaf becomes its ``jax.Array``. Storage serves the replicated part of a model once, not once per
 replica. Every process must restore the same leaves onto the same shardings: :meth:`Exchange.digest` says which
 ranges this one expects, for the caller to compare before any collective. See docs/scaling.md.
 
@@ -47,25 +48,30 @@ CHUNK_BYTES = 256 << 20
 _ALIGN = 64 << 10  # rows are padded to a multiple of this, so that few lengths are compiled
 
 _lock = threading.Lock()
-_current: list[Exchange] = []
+_current: list[tuple[str, Exchange]] = []  # the folder each restore reads, and its exchange
 
 
 @contextlib.contextmanager
-def reading_once(exchange: Exchange) -> Iterator[Exchange]:
-    """Restores on any thread of this process read their shared boxes' ranges for ``exchange`` until the block
-    ends (their leaves stay pending until :meth:`Exchange.deliver`)."""
+def reading_once(exchange: Exchange, where: str) -> Iterator[Exchange]:
+    """Restores on any thread of this process of the files in ``where`` (a folder's path or URL) read their shared
+    boxes' ranges for ``exchange`` until the block ends; their leaves stay pending until :meth:`Exchange.deliver`.
+    Other files restored meanwhile are read as usual."""
+    entry = (where.replace("\\", "/").rstrip("/") + "/", exchange)
     with _lock:
-        _current.append(exchange)
+        _current.append(entry)
     try:
         yield exchange
     finally:
         with _lock:
-            _current.remove(exchange)
+            _current.remove(entry)
 
 
-def active() -> Exchange | None:
-    """The exchange of the restore running, or ``None`` (then every process reads what it needs)."""
-    return _current[-1] if _current else None
+def active(file: str) -> Exchange | None:
+    """The exchange of the restore running that reads ``file``, or ``None`` (then every process reads what it
+    needs)."""
+    file = file.replace("\\", "/")
+    with _lock:
+        return next((exchange for where, exchange in reversed(_current) if file.startswith(where)), None)
 
 
 def readers(
@@ -174,7 +180,9 @@ class Exchange:
 
     def deliver(self, tree: Any, barrier: Callable[[str], None]) -> Any:
         """``tree`` with its pending leaves built, once every process's ranges are gathered. Every process calls it
-        after every process has read its ranges; ``barrier(name)`` (bounded) runs before each further chunk."""
+        after every process has read its ranges; ``barrier(name)`` (bounded) runs before each further wave of
+        gathers (in a wave, a process takes part in one gather at most), so that no process enters a collective
+        that another may never reach."""
         rows: dict[tuple[int, ...], dict[int, list[_Range]]] = {}
         for found in sorted(self._ranges, key=lambda r: (r.tag, r.part)):
             rows.setdefault(found.holders, {}).setdefault(found.reader, []).append(found)
@@ -182,12 +190,13 @@ class Exchange:
         sizes = {group: _chunk(longest[group], self.chunk_bytes // len(group)) for group in rows}
         rounds = max((math.ceil(longest[group] / sizes[group]) for group in rows), default=0)
         for round_ in range(rounds):
-            if round_:
-                barrier(f"chunk{round_}")
-            for group in sorted(rows):  # the same order in every process: no group waits on another
-                low = round_ * sizes[group]
-                if self.me in group and low < longest[group]:
-                    self._gather(group, rows[group], low, min(low + sizes[group], longest[group]))
+            for wave, groups in enumerate(_waves(sorted(rows))):
+                if round_ or wave:
+                    barrier(f"chunk{round_}.{wave}")
+                for group in groups:
+                    low = round_ * sizes[group]
+                    if self.me in group and low < longest[group]:
+                        self._gather(group, rows[group], low, min(low + sizes[group], longest[group]))
         for received, place in self._late:
             place[...] = received
         return jax.tree.map(lambda leaf: leaf.build() if isinstance(leaf, Pending) else leaf, tree)
@@ -219,6 +228,23 @@ class Exchange:
                 self._late.append((received, place))
                 self._places[key] = received.reshape(-1).view(np.uint8)
         return self._places[key]
+
+
+def _waves(groups: list[tuple[int, ...]]) -> list[list[tuple[int, ...]]]:
+    """``groups`` in waves of groups that share no process, each group in the first wave it fits: a process takes
+    part in at most one gather of a wave, so that each gather follows a barrier and disjoint groups gather at once.
+
+    >>> _waves([(0, 1, 2, 3), (0, 2), (1, 3)])
+    [[(0, 1, 2, 3)], [(0, 2), (1, 3)]]
+    """
+    waves: list[list[tuple[int, ...]]] = []
+    for group in groups:
+        wave = next((wave for wave in waves if not any(set(group) & set(other) for other in wave)), None)
+        if wave is None:
+            waves.append([group])
+        else:
+            wave.append(group)
+    return waves
 
 
 def _window(ranges: list[_Range], low: int, high: int) -> Iterator[tuple[_Range, int, int, int]]:

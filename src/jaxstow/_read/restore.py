@@ -360,7 +360,7 @@ def _from_ranges(
     little else (then whole shards are read, and verified).
     """
     leaf = opened.stored[path]
-    exchange = broadcast.active()
+    exchange = broadcast.active(opened.file)
     parts: dict[Box, np.ndarray] = {}
     tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
     if exchange is not None:  # boxes other processes hold too: each reads a range now, the rest is gathered later
