@@ -10,7 +10,7 @@ count than the save's, it reports the error and then every process's values, ``p
 with ``broadcast_restore`` at its default (``--broadcast`` forces it: ``on`` or ``off``), reporting the bytes read.
 Shared boxes are gathered in chunks of at most ``--chunk-bytes``, with jax's CPU collectives ``--collectives``. ``--die K`` makes process K kill itself with
 SIGKILL (``--stop K``: stop itself with SIGSTOP) when its restore first reads for the broadcast;
-``--stop-after-gather K`` makes it stop a second after its first gather (between gathers). Each prints one JSON
+``--stop-after-gather K`` makes it stop after its first gather (before the barrier of the next). Each prints one JSON
 line, with ``listening``: the sockets this process listens on that jax's own collectives did not open.
 """
 
@@ -145,7 +145,6 @@ else:
 
         def gather_and_stop(*arguments, **options):
             gather(*arguments, **options)
-            time.sleep(1)  # gloo's own thread finishes sending: stopped between gathers, not inside one
             os.kill(os.getpid(), signal.SIGSTOP)
 
         broadcast.Exchange._gather = gather_and_stop
