@@ -10,6 +10,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
+from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.broadcast import Exchange, Pending, readers
 
 
@@ -70,11 +71,13 @@ def test_shared_boxes_are_read_in_ranges_by_turns_and_small_or_unshared_ones_as_
 
 # ``rows``: two halves of rows, each held by two of the four processes ({0, 2} and {1, 3}); ``wide``: three rows
 # replicated on every process, so its ranges are cut along the columns (strided in the box); ``rep``: replicated on
-# processes 0, 1 and 2 only, of an odd size; ``small``: replicated, below ``min_bytes``, read by every holder.
+# processes 0, 1 and 2 only, of an odd size; ``small``: replicated, below ``min_bytes``, read by every holder;
+# ``exact``: on processes 0, 1 and 3, a range of 64 KiB each, the only one of its group: sent as read.
 ROWS = np.arange(64 * 1037, dtype=np.float32).reshape(64, 1037)
 WIDE = np.arange(3 * 40_001, dtype=np.int16).reshape(3, 40_001)
 REP = np.random.default_rng(1).standard_normal((401, 301)).astype(np.float64)
 SMALL = np.arange(6, dtype=np.uint8)
+EXACT = np.random.default_rng(2).standard_normal((3, 16384)).astype(np.float32)  # three ranges of 64 KiB
 EVERYTHING = (slice(None), slice(None))
 LEAVES = {
     "rows": (
@@ -84,6 +87,7 @@ LEAVES = {
     "wide": (WIDE, {Device(p, p): EVERYTHING for p in range(4)}),
     "rep": (REP, {Device(p, p): EVERYTHING for p in range(3)}),
     "small": (SMALL, {Device(p, p): (slice(None),) for p in range(4)}),
+    "exact": (EXACT, {Device(p, p): EVERYTHING for p in (0, 1, 3)}),
 }
 
 
@@ -102,7 +106,10 @@ def _run(processes: int, leaves, *, chunk_bytes: int):
 
                 def read(box, value=value, name=name):
                     reads[me].append((name, box))
-                    return value[tuple(slice(*axis) for axis in box)].copy()
+                    part = value[tuple(slice(*axis) for axis in box)]
+                    aligned = aligned_empty(part.nbytes).view(part.dtype).reshape(part.shape)  # as reads are
+                    aligned[...] = part
+                    return aligned
 
                 boxes = exchange.share(f"1/f:{name}", Placement(indices), value.shape, value.dtype, read)
                 tree[name] = Pending(name, lambda boxes=boxes: boxes)
@@ -140,12 +147,12 @@ def test_every_holder_gets_each_shared_box_exact_and_each_range_is_read_once(chu
             assert sum(np.prod([b - a for a, b in box]) for found, box in read if found == name) == value.size
     assert len(set(digests.values())) == 1
     assert len({len(found) for found in barriers.values()}) == 1  # every process passes every barrier
-    # The groups in waves that share no process: (0, 1, 2), then (0, 1, 2, 3), then (0, 2) and (1, 3) at once;
-    # every wave after the first, and every chunk of a group after its first, behind a barrier.
+    # The groups in waves that share no process: (0, 1, 2), then (0, 1, 2, 3), then (0, 1, 3), then (0, 2) and
+    # (1, 3) at once; every wave after the first, and every chunk of a group after its first, behind a barrier.
     if chunk_bytes < 1 << 30:  # rows of 50 to 330 KiB per process, gathered 64 KiB at a time
         assert len(barriers[0]) > 3 and max(collectives.lengths) <= 64 << 10
     else:
-        assert barriers[0] == ["chunk0.1", "chunk0.2"]
+        assert barriers[0] == ["chunk0.1", "chunk0.2", "chunk0.3"]
 
 
 def test_processes_that_restore_other_leaves_expect_other_ranges():

@@ -203,12 +203,20 @@ class Exchange:
 
     def _gather(self, group: tuple[int, ...], rows: dict[int, list[_Range]], low: int, high: int) -> None:
         """Bytes ``low`` to ``high`` of every row of ``group``, gathered; the others' put into the boxes held here."""
-        row = aligned_empty(-(-(high - low) // _ALIGN) * _ALIGN)  # aligned: jax takes it on CPU without a copy
-        filled = 0
-        for found, start, stop, at in _window(rows.get(self.me, []), low, high):
-            row[at : at + stop - start] = self._read[(found.tag, found.part)][start:stop]
-            filled = at + stop - start
-        row[filled:] = 0
+        length = -(-(high - low) // _ALIGN) * _ALIGN
+        pieces = [
+            (self._read[(found.tag, found.part)][start:stop], at)
+            for found, start, stop, at in _window(rows.get(self.me, []), low, high)
+        ]
+        if len(pieces) == 1 and pieces[0][1] == 0 and pieces[0][0].size == length and _aligned(pieces[0][0]):
+            row = pieces[0][0]  # one range read here fills the row: sent as it is
+        else:
+            row = aligned_empty(length)  # aligned: jax takes it on CPU without a copy
+            filled = 0
+            for piece, at in pieces:
+                row[at : at + piece.size] = piece
+                filled = at + piece.size
+            row[filled:] = 0
         gathered = self.gather(group, row)
         for index, member in enumerate(group):
             if member != self.me:
@@ -256,6 +264,10 @@ def _window(ranges: list[_Range], low: int, high: int) -> Iterator[tuple[_Range,
         if start < stop:
             yield found, start - offset, stop - offset, start - low
         offset += found.nbytes
+
+
+def _aligned(array: np.ndarray) -> bool:
+    return bool(array.ctypes.data % 64 == 0)
 
 
 def _length(ranges: list[_Range]) -> int:
