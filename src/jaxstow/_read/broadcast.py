@@ -45,6 +45,7 @@ __all__ = ["CHUNK_BYTES", "MIN_BYTES", "Exchange", "Pending", "active", "reading
 MIN_BYTES = 64 << 10
 #: What one collective gathers at most, every process's row together (device memory of the gathered chunk).
 CHUNK_BYTES = 256 << 20
+_PAGE = 4096
 _ALIGN = 64 << 10  # rows are padded to a multiple of this, so that few lengths are compiled
 
 _lock = threading.Lock()
@@ -161,12 +162,18 @@ class Exchange:
             for part, within, reader in parts
         ]
         mine = {box: _empty(box, dtype) for box in plan if self.me in ordered[box]}
-        for found in ranges:
-            if found.reader == self.me:
-                data = np.ascontiguousarray(read(found.part))
-                mine[found.box][found.within or ...] = data
-                with self._lock:
-                    self._read[(tag, found.part)] = data.reshape(-1).view(np.uint8)
+        # The boxes' fresh pages are touched while this process's ranges are read: storage is waited for, and the
+        # gather later writes into memory already there.
+        touching = threading.Thread(target=_touch, args=(list(mine.values()),), name="jaxstow-touch")
+        touching.start()
+        try:
+            got = [(found, np.ascontiguousarray(read(found.part))) for found in ranges if found.reader == self.me]
+        finally:
+            touching.join()
+        for found, data in got:
+            mine[found.box][found.within or ...] = data
+            with self._lock:
+                self._read[(tag, found.part)] = data.reshape(-1).view(np.uint8)
         with self._lock:
             self._ranges.extend(ranges)
             self._boxes.update({(tag, box): array for box, array in mine.items()})
@@ -264,6 +271,13 @@ def _window(ranges: list[_Range], low: int, high: int) -> Iterator[tuple[_Range,
         if start < stop:
             yield found, start - offset, stop - offset, start - low
         offset += found.nbytes
+
+
+def _touch(arrays: list[np.ndarray]) -> None:
+    """Write a byte of every page of ``arrays``, so that the system backs them with memory now."""
+    for array in arrays:
+        flat = array.reshape(-1).view(np.uint8)
+        flat[::_PAGE] = 0
 
 
 def _aligned(array: np.ndarray) -> bool:
