@@ -30,7 +30,6 @@ from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
-from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
@@ -76,7 +75,7 @@ class CheckpointManager(StepQueries):
         cache_dir: str | os.PathLike[str] | None = None,
         host_memory_limit: int | None = None,
         process_timeout: float = 600.0,
-        broadcast_restore: bool = True,
+        broadcast_restore: bool | None = None,
         preemption_signals: Iterable[int | signal.Signals] = (),
         **shortcuts: Any,
     ) -> None:
@@ -91,8 +90,9 @@ class CheckpointManager(StepQueries):
             storage_options, transfer, cache_dir: For a URL ``directory``, as :func:`jaxstow.load` takes them.
             host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
-            broadcast_restore: Under jax.distributed, a box several processes restore is read once and sent to the
-                others (docs/scaling.md); ``False``: each reads it.
+            broadcast_restore: Under jax.distributed, a box that several processes restore is read once, in ranges,
+                and gathered over jax's collectives: ``None`` where it pays (an object store, a network file system),
+                ``True`` or ``False`` always or never (docs/scaling.md).
             preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process
                 (docs/checkpointing.md#preemption).
             **shortcuts: The keywords of earlier versions (``keep_last=``, ``local_directory=``, ``async_save=``,
@@ -118,7 +118,6 @@ class CheckpointManager(StepQueries):
         self._lock: Lock | None = None
         self._closed = False
         self._coordinator = Coordinator(self._store.location, timeout=process_timeout)
-        self._processes = Processes(self._store.location, timeout=process_timeout)  # the restores
         self._broadcast_restore = broadcast_restore
         self._agreed: AgreedSteps | None = None
         self._tiers = (
@@ -184,7 +183,7 @@ class CheckpointManager(StepQueries):
             step,
             restore,
             fallback=fallback,
-            processes=self._processes,
+            coordinator=self._coordinator,
             tiers=self._tiers,
             broadcast=self._broadcast_restore,
         )

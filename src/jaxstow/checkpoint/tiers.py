@@ -25,7 +25,6 @@ from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.store import Staging, Store
 from jaxstow._write.background import BackgroundWriter
 from jaxstow.checkpoint.peer_copies import PeerCopies, files_of
-from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
 from jaxstow.checkpoint.shared import Committed, commit_step, record_of
@@ -56,7 +55,6 @@ class Tiers:
         self.schedule = SaveSchedule(settings.save_every, option="LocalTier's save_every")
         self.keep_last = settings.keep_last
         self.coordinator = coordinator
-        self.processes = Processes(directory, timeout=coordinator.timeout)  # the restores (tier_restore)
         self.progress = progress
         self.uploads = BackgroundWriter(asynchronous=True)
         self._uploading: set[int] = set()
