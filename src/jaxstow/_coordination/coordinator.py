@@ -181,17 +181,17 @@ class Conversation:
         return int(max(self.gather(what, value, waiting_for=f"its {what}")))
 
     def barrier(self, what: str, *, waiting_for: str) -> None:
-        """Wait until every process reaches this barrier, at most the timeout; then raise naming those that did not."""
-        coordinator = self.coordinator
-        if not coordinator.many:
-            return
-        self._say(f"{what}/arrived", {"ok": True})
-        try:
-            coordinator.client.wait_at_barrier(self._key(what), int(coordinator.timeout * 1000))
-        except Exception as error:  # jax raises its runtime's own error types here
-            arrived = self._said(f"{what}/arrived")
-            missing = [other for other in range(coordinator.count) if other not in arrived]
-            raise CheckpointError(_missing(missing, waiting_for, coordinator.timeout, error)) from None
+        """Wait until every process reaches this barrier: process 0 waits for every one (the timeout) and says go,
+        or names those that did not come; the others wait for its word. On key-value messages, not jax's own
+        barrier: one of jax's that times out is an error of the run, for which jax may end every process before it
+        can raise (seen with jax 0.10.2)."""
+        self.tell(f"{what}/arrived", True)
+
+        def every_process() -> bool:
+            self.collect(f"{what}/arrived", waiting_for=waiting_for)
+            return True
+
+        self.decide(f"{what}/go", every_process, waiting_for=waiting_for)
 
     def close(self) -> None:
         """This process is done with the conversation. Process 0 deletes the keys of each conversation every

@@ -163,7 +163,7 @@ def _gathered(talk: Conversation, exchange: Exchange, step: int, tree: Any, *, w
     first behind a barrier bounded by the timeout."""
 
     def barrier(name: str) -> None:
-        _arrived(talk, f"{step}/{name}", waiting_for=f"its part of the gather of step {step} ({where})")
+        talk.barrier(f"{step}/{name}", waiting_for=f"its part of the gather of step {step} ({where})")
 
     try:
         return exchange.deliver(tree, barrier)
@@ -175,19 +175,6 @@ def _gathered(talk: Conversation, exchange: Exchange, step: int, tree: Any, *, w
             f"{type(error).__name__}: {error}",
             file=where,
         ) from error
-
-
-def _arrived(talk: Conversation, what: str, *, waiting_for: str) -> None:
-    """A barrier on key-value messages: every process says it arrived, process 0 waits for all (the timeout) and
-    says go, or names those missing. Not jax's own barrier: one of jax's that times out is an error of the run, for
-    which jax may end every process before it can raise (seen with jax 0.10.2, recoverability on)."""
-    talk.tell(what, True)
-
-    def every_process() -> bool:
-        talk.collect(what, waiting_for=waiting_for)
-        return True
-
-    talk.decide(f"{what}/go", every_process, waiting_for=waiting_for)
 
 
 def _attempt(
