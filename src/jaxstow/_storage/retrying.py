@@ -190,7 +190,8 @@ class Retries:
         return StorageError(
             f"the storage failed: {doing} failed {times} (the last: {last}); this is the storage, not the file, "
             f"which may well be whole: try again later, or give the storage more room with "
-            f"jaxstow.Transfer(attempts=..., backoff=...) (now {self.attempts} attempts, backoff {self.backoff:g} s)",
+            f"jaxstow.Transfer(attempts=..., backoff=...) (now {self.attempts} attempt{'s' * (self.attempts > 1)}, "
+            f"backoff {self.backoff:g} s)",
             file=url,
         )
 
