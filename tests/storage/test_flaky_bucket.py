@@ -46,14 +46,21 @@ class Bucket:
         return "/".join(("s3:/", self.bucket, self.prefix, *parts))
 
     @contextlib.contextmanager
-    def faults(self, rate: float, kinds: tuple[str, ...] = KINDS, paths: str = "") -> Iterator[FaultyProxy]:
-        """Faults at ``rate`` while the block runs; a clean proxy again after it."""
-        self.proxy.rate, self.proxy.kinds, self.proxy.paths = rate, kinds, paths
-        self.proxy.faults.clear()
+    def faults(self, rate: float, kinds: tuple[str, ...] = KINDS, **only: Any) -> Iterator[FaultyProxy]:
+        """Faults at ``rate`` while the block runs (``only``: the proxy's ``paths``, ``methods`` or ``budget``); a
+        clean proxy again after it."""
+        proxy = self.proxy
+        settings = {"paths": "", "methods": proxy.methods, "budget": None}
+        proxy.rate, proxy.kinds = rate, kinds
+        for name, value in {**settings, **only}.items():
+            setattr(proxy, name, value)
+        proxy.faults.clear()
         try:
-            yield self.proxy
+            yield proxy
         finally:
-            self.proxy.rate = 0.0
+            proxy.rate = 0.0
+            for name, value in settings.items():
+                setattr(proxy, name, value)
 
 
 def _step(step: int) -> dict[str, Any]:
@@ -236,6 +243,17 @@ def test_saves_at_20_percent_faults_on_every_request_succeed(bucket):
     assert _same(loaded, {**bucket.model, "trial": np.int32(1)})
     manager = CheckpointManager(run_url, storage_options=bucket.options, transfer=FAST)
     assert manager.steps() == [2] and _same(manager.restore(as_numpy=True), _step(2))
+
+
+def test_a_lock_taken_by_a_request_whose_answer_was_lost_is_this_writers_own(bucket):
+    """The lock's conditional PUT reaches the store, its answer is lost, and the PUT sent again is refused: the lock
+    found there is this manager's, not another writer's."""
+    url = bucket.url("lost-answer")
+    lost = bucket.faults(1.0, kinds=("lost",), paths=r"/\.jaxstow\.lock", methods=("PUT",), budget=1)
+    with lost as proxy, CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(1, _step(1))
+    assert proxy.faults == {"lost": 1}
+    assert _same(CheckpointManager(url, storage_options=bucket.options).restore(as_numpy=True), _step(1))
 
 
 def test_a_plain_fsspec_store_retries_too(bucket):

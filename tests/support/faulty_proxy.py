@@ -15,7 +15,7 @@ Each request it forwards draws, from one seeded generator, whether it fails and 
 ``rate`` and ``kinds`` may be changed while it runs (a save through a clean proxy, then reads through a faulty one);
 ``faults`` counts the faults sent by kind (an answer with no body is never cut short or stalled). Only requests of the
 methods in ``methods`` whose path and range (``/bucket/key?query bytes=0-65535``) match the regular expression
-``paths`` are ever failed.
+``paths`` are ever failed, and no more than ``budget`` of them (``None``: no limit).
 
 >>> from faulty_proxy import faulty_proxy
 >>> with faulty_proxy("http://127.0.0.1:1", rate=0.0) as proxy:   # doctest: +SKIP
@@ -62,6 +62,7 @@ class FaultyProxy:
         methods: tuple[str, ...] = ("GET", "HEAD"),
         slow_seconds: float = 1.0,
         paths: str = "",
+        budget: int | None = None,
     ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
@@ -70,6 +71,7 @@ class FaultyProxy:
         self.methods = methods
         self.slow_seconds = slow_seconds
         self.paths = paths
+        self.budget = budget
         self.faults: collections.Counter[str] = collections.Counter()
         self.requests = 0
         self._random = random.Random(seed)
@@ -85,6 +87,8 @@ class FaultyProxy:
             if method not in self.methods or not self.kinds or not re.search(self.paths, request):
                 return None
             if self._random.random() >= self.rate:
+                return None
+            if self.budget is not None and sum(self.faults.values()) >= self.budget:
                 return None
             return self._random.choice(self.kinds)
 
