@@ -145,7 +145,7 @@ def test_loads_and_lazy_reads_at_8_percent_faults_come_back_right(bucket):
         for call in (load, lazy):
             right, failures = _tally(call)
             assert right >= 9, failures
-    assert sum(proxy.faults.values()) >= 5 and len(proxy.faults) >= 3, proxy.faults
+    assert sum(proxy.faults.values()) >= 3 and len(proxy.faults) >= 2, proxy.faults  # 6 of 4 kinds, as seeded
 
 
 def test_restores_at_8_percent_faults_come_back_right_and_skip_only_the_damaged_step(bucket):
@@ -181,8 +181,16 @@ def test_restores_at_8_percent_faults_come_back_right_and_skip_only_the_damaged_
     assert sum(proxy.faults.values()) >= 10, proxy.faults
 
 
-def test_a_step_whose_files_always_fail_is_a_storage_error_and_no_older_step_is_restored(bucket):
-    """Every request for step 2's files fails: each call says the storage failed, and none skips step 2 as damaged."""
+@pytest.mark.parametrize(
+    ("kinds", "paths"),
+    [
+        (("503", "500", "reset", "short"), r"/run/2/.*\.safetensors"),  # every request for step 2's files
+        (("short",), r"/run/2/.*\.safetensors bytes=[1-9]"),  # their headers read whole, their data cut short
+    ],
+    ids=["every-request", "data-cut-short"],
+)
+def test_a_step_whose_files_always_fail_is_a_storage_error_and_no_older_step_is_restored(bucket, kinds, paths):
+    """Step 2's files cannot be read: each call says the storage failed, and none skips step 2 as damaged."""
     run = CheckpointManager(bucket.url("run"), storage_options=bucket.options, transfer=FAST)
     calls = {
         "restore": lambda: run.restore(),
@@ -190,7 +198,7 @@ def test_a_step_whose_files_always_fail_is_a_storage_error_and_no_older_step_is_
         "latest_intact_step": run.latest_intact_step,
         "damaged_steps": run.damaged_steps,
     }
-    with bucket.faults(1.0, kinds=("503", "500", "reset", "short"), paths=r"/run/2/.*\.safetensors"):
+    with bucket.faults(1.0, kinds=kinds, paths=paths):
         for name, call in calls.items():
             with pytest.raises(StorageError) as caught:
                 call()
