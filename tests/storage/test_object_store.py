@@ -321,7 +321,7 @@ def test_a_step_of_many_items_opens_each_file_with_one_request(s3):
     options = server.storage_options
     items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(16)}
     calls: dict[str, int] = {}
-    client = _client(url_filesystem(url, options)[0], Transfer().requests)
+    client, _ = _client(url_filesystem(url, options)[0], Transfer().requests)
     client.meta.events.register(
         "before-call.s3", lambda model, **_: calls.update({model.name: calls.get(model.name, 0) + 1})
     )
