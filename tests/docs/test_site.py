@@ -207,8 +207,10 @@ _FOREIGN = ("orbax's ",)
 
 def _mentions(span: str, name: str) -> bool:
     text = re.sub(r"^@|^(?:keep|local|transfer)=", "", span)
+    if not name.startswith("jaxstow."):
+        text = text.removeprefix("jaxstow.")
     if not name.startswith(("jaxstow.", "io.")):
-        text = text.removeprefix("jaxstow.").removeprefix("io.")
+        text = text.removeprefix("io.")
     rest = text[len(name) :]
     return text.startswith(name) and (rest == "" or rest[0] == "(" or re.match(r"\.[a-z_]+\b", rest) is not None)
 
