@@ -9,6 +9,8 @@ per process), side by side with every process reading what it holds, rounds inte
   reading once forced. Target: the default >= 0.9x.
 - 4 processes with a local tier: a replaced host (process 1's local directory wiped) restores from its peers, against
   the same step from the capped bucket. Target: >= 1.5x faster, no bytes from the bucket.
+- The sockets jaxstow listens on in a default save and restore, in every process of the first two cases (those of
+  jax's own collectives left out). Target: none.
 
 Run: ``python bench/bench_collectives.py [--rows 32] [--rep 64] [--mib-per-s 48]``. The proxy is found at
 ``$JAXSTOW_CAPPED_PROXY`` or in a ``shared/tools`` folder beside the repository's; without it the bench says so.
@@ -71,6 +73,7 @@ def run(mode: str, count: int, folder: str, url: str, sizes: tuple[int, int], en
         "seconds": {name: max(report["seconds"][name] for report in reports) for name in reports[0]["seconds"]},
         "fetched": {name: sum(report["fetched"][name] for report in reports) for name in reports[0]["fetched"]},
         "total": sum(report["total_fetched"] for report in reports),
+        "listening": sum(report["listening"] or 0 for report in reports),
     }
 
 
@@ -90,8 +93,10 @@ def main() -> None:
     script = proxy_script()
     sizes = (args.rows, args.rep)
     rows = []
+    listening = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
         found = run("local", 2, f"{folder}/local", "", sizes, {})
+        listening["2 local"] = found["listening"]
         seconds = found["seconds"]
         ratio = seconds["every process reads"] / seconds["default"]
         rows.append(
@@ -120,6 +125,12 @@ def main() -> None:
                     finally:
                         served = proxy.stop()
                     rows.append(_row(label, found, served))
+                    if mode == "s3":
+                        listening["4 capped S3"] = found["listening"]
+    sockets, processes = sum(listening.values()), " + ".join(case.split()[0] for case in listening)
+    found_in = ", ".join(f"{count} in {case}" for case, count in listening.items())
+    verdict = f"{sockets} (0 {'PASS' if sockets == 0 else 'MISS'})"
+    rows.append(["own listening sockets", processes, "-", verdict, "-", f"default save + restore: {found_in}"])
     headers = ["case", "processes", "seconds (ours / theirs)", "speed-up (target)", "bucket / model", "notes"]
     print(format_table(headers, rows))
 
