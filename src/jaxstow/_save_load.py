@@ -17,6 +17,7 @@ docs/saving-and-loading.md and docs/restoring.md.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
-from jaxstow._util.gc_pause import with_gc_paused
+from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
@@ -43,7 +44,6 @@ from jaxstow.errors import ArgumentError
 __all__ = ["load", "load_metadata", "save"]
 
 
-@with_gc_paused
 def save(
     path_or_file: PathOrFile,
     tree: Any,
@@ -86,12 +86,13 @@ def save(
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
-    with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
+    with gc_paused():  # while the tree's pieces are built, not while they are written
+        encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
+        nbytes = encoded.nbytes
+    with progress_bar(nbytes, f"saving {name}", enabled=progress) as bar:
         encoded.write(path_or_file, bar=bar, settings=settings)
 
 
-@with_gc_paused
 def load(
     path_or_file: PathOrFile | ReadSource,
     like: Any = None,
@@ -135,7 +136,13 @@ def load(
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    with open_reader_at(location, settings, names=names, transposed=transposed) as reader:
+    # The collector's pause (_util/gc_pause.py) while jaxstow builds the tree of a file on this machine or in memory;
+    # none around the reads of a URL or of a file object the caller gave, which may wait on a network.
+    here = location.path is not None or isinstance(location.file, io.BytesIO)
+    with (
+        gc_paused() if here else contextlib.nullcontext(),
+        open_reader_at(location, settings, names=names, transposed=transposed) as reader,
+    ):
         return reader.load(like, **options)
 
 
@@ -153,7 +160,8 @@ def _load_foreign(
     buffer = io.BytesIO()
     save(buffer, tree)
     buffer.seek(0)
-    with Reader(open_container_at(Location(location.name, file=buffer))) as reader:  # named as the file in errors
+    in_memory = Location(location.name, file=buffer)  # named as the file in errors
+    with gc_paused(), Reader(open_container_at(in_memory)) as reader:
         return reader.load(like, **options)
 
 
