@@ -17,7 +17,6 @@ docs/saving-and-loading.md and docs/restoring.md.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 from collections.abc import Mapping
@@ -86,7 +85,7 @@ def save(
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    with gc_paused():  # while the tree's pieces are built, not while they are written
+    with gc_paused():  # while the tree's many small objects are built (see _util/gc_pause.py); never in a load
         encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
         nbytes = encoded.nbytes
     with progress_bar(nbytes, f"saving {name}", enabled=progress) as bar:
@@ -136,13 +135,7 @@ def load(
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    # The collector's pause (_util/gc_pause.py) while jaxstow builds the tree of a file on this machine or in memory;
-    # none around the reads of a URL or of a file object the caller gave, which may wait on a network.
-    here = location.path is not None or isinstance(location.file, io.BytesIO)
-    with (
-        gc_paused() if here else contextlib.nullcontext(),
-        open_reader_at(location, settings, names=names, transposed=transposed) as reader,
-    ):
+    with open_reader_at(location, settings, names=names, transposed=transposed) as reader:
         return reader.load(like, **options)
 
 
@@ -160,8 +153,7 @@ def _load_foreign(
     buffer = io.BytesIO()
     save(buffer, tree)
     buffer.seek(0)
-    in_memory = Location(location.name, file=buffer)  # named as the file in errors
-    with gc_paused(), Reader(open_container_at(in_memory)) as reader:
+    with Reader(open_container_at(Location(location.name, file=buffer))) as reader:  # named as the file in errors
         return reader.load(like, **options)
 
 
