@@ -85,11 +85,11 @@ def tree(step: int, rows: int):
 
 
 def manager(base: str):
-    from jaxstow import CheckpointManager
+    from jaxstow import CheckpointManager, LocalTier
 
     return CheckpointManager(
         os.path.join(base, "persistent"),
-        local_directory=os.path.join(base, f"local{me}"),
+        local=LocalTier(os.path.join(base, f"local{me}")),
         save_every=100,
         process_timeout=args.timeout,
     )
