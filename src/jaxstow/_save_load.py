@@ -85,7 +85,7 @@ def save(
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    with gc_paused():  # while the tree's many small objects are built (see _util/gc_pause.py); never in a load
+    with gc_paused():  # the tree's objects, which live until it is written: see jaxstow._util.gc_pause
         encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
         nbytes = encoded.nbytes
     with progress_bar(nbytes, f"saving {name}", enabled=progress) as bar:

@@ -1,6 +1,7 @@
 """The garbage collector's pause: taken only while every other thread is one of jaxstow's own, off inside every pause,
-back as it was when the last one ends, however the pauses nest, overlap across threads or end with an error; taken by
-a save, never by a load.
+back as it was when the last one ends, however the pauses nest, overlap across threads or end with an error; taken
+while a save builds and writes a local file and while a folder's headers are parsed, never by a load of a file, around
+a foreign library's load, a caller's function, an upload or a commit.
 
 Whether a pause is taken depends on every thread of the process, so the cases that take one run in a fresh process,
 which has no thread left over from other tests."""
@@ -196,4 +197,106 @@ def test_loads_of_jaxstows_files_and_of_foreign_ones_run_with_the_collector_on(t
         "torch: torch.serialization.load": [True],
         "torch: jaxstow._read.restore.restore": [True],
         "jaxstow: jaxstow._read.restore.restore": [True],
+    }
+
+
+_WATCH = """
+import gc, json, os, sys
+
+seen = {}
+
+
+def watch(watched):
+    "Record whether the collector runs at each call of ``watched``: {(module, function) or builtin: what it is}."
+
+    def profile(frame, event, argument):
+        if event == "call":
+            key = (frame.f_globals.get("__name__"), frame.f_code.co_name)
+        elif event == "c_call":
+            key = argument
+        else:
+            return
+        if key in watched:
+            seen.setdefault(f"{where}: {watched[key]}", set()).add(gc.isenabled())
+
+    sys.setprofile(profile)
+"""
+
+
+def test_a_save_pauses_while_it_builds_and_writes_a_local_file_never_while_it_commits_or_uploads(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("fsspec")
+    program = _WATCH + textwrap.dedent(
+        """
+    import numpy as np, jaxstow
+    tree = {f"leaf{i}": np.full(4, i, np.float32) for i in range(100)}
+    jaxstow.save(sys.argv[1], tree)  # the first save imports what it needs
+    jaxstow.save("memory://first/tree.jxs", tree)
+    watch({
+        ("jaxstow._write.encoded", "encode_tree"): "encoding",
+        ("jaxstow._format.native", "write_native"): "writing",
+        os.fsync: "fsync",
+        os.replace: "rename",
+        ("fsspec.implementations.memory", "_initiate_upload"): "upload",
+        ("fsspec.implementations.memory", "commit"): "upload",
+        ("fsspec.spec", "write"): "upload",
+    })
+    where = "local"
+    jaxstow.save(sys.argv[1], tree)
+    where = "memory://"
+    jaxstow.save("memory://run/tree.jxs", tree)
+    sys.setprofile(None)
+    print(json.dumps({what: sorted(states) for what, states in seen.items()}))
+    """
+    )
+    seen = json.loads(_run(program, str(tmp_path / "tree.jxs")))
+    assert seen == {
+        "local: encoding": [False],
+        "local: writing": [False],
+        "local: fsync": [True],
+        "local: rename": [True],
+        "memory://: encoding": [False],
+        "memory://: writing": [True],
+        "memory://: upload": [True],
+    }
+
+
+def test_a_folder_pauses_while_it_parses_headers_never_while_it_lists_reads_or_calls_the_callers_names(
+    tmp_path: Path,
+) -> None:
+    safetensors = pytest.importorskip("safetensors.numpy")
+    for shard in range(2):
+        tensors = {f"layer{shard}.t{i}": np.full(2, i, np.float32) for i in range(100)}
+        safetensors.save_file(tensors, str(tmp_path / f"model-0000{shard + 1}-of-00002.safetensors"))
+    program = _WATCH + textwrap.dedent(
+        """
+    import jaxstow
+
+    def names(tensor):
+        seen.setdefault("the caller's names=", set()).add(gc.isenabled())
+        return tensor.replace(".", "/")
+
+    watch({
+        ("jaxstow._read.sharded_folder", "folder_listing"): "listing",
+        ("jaxstow._read.folder_members", "open_local_member"): "opening",
+        ("jaxstow._format.native", "raw_header"): "reading a header",
+        ("jaxstow._format.native", "_read_header"): "parsing a header",
+        ("jaxstow._read.sharded_folder", "_leaves"): "building the leaves",
+    })
+    where = "folder"
+    tree = jaxstow.load(sys.argv[1], names=names, as_numpy=True)
+    sys.setprofile(None)
+    print(len(jax.tree_util.tree_leaves(tree)), json.dumps({what: sorted(states) for what, states in seen.items()}))
+    """
+    )
+    count, seen = _run(program, str(tmp_path)).split(" ", 1)
+    assert count == "200"
+    assert json.loads(seen) == {
+        "folder: listing": [True],
+        "folder: opening": [True],
+        "folder: reading a header": [True],
+        "folder: parsing a header": [False],
+        "folder: building the leaves": [False],
+        "the caller's names=": [True],
     }

@@ -1,12 +1,14 @@
-"""Pausing Python's cyclic garbage collector while a save builds many small objects, when no other thread needs it.
+"""Pausing Python's cyclic garbage collector while jaxstow builds many objects, when no other thread needs it.
 
-Encoding and writing a tree of 10,000 leaves makes tens of thousands of short-lived dicts, tuples and arrays; the
-collections they set off walk the objects of the process (jax has many) and double the CPU time of the save on
-Python 3.11 (a quarter more on 3.13). A load gains nothing measurable, so loads never pause. Nothing jaxstow builds is
-cyclic, so pausing the collector for that while is safe, but the switch is the whole process's: a pause is taken only
-when every other thread is one of jaxstow's own (named ``jaxstow-...``), never while a thread of the user's, or of
-another library, runs and could need the collector. Nested and overlapping pauses are counted; the collector's
-original state comes back when the last one ends.
+A save of 10,000 small leaves builds tens of thousands of dicts and tuples that live until the file is written; the
+full collections they set off walk every object of the process (jax has many). Paused while the tree is encoded and
+while a local file's header and bytes are written, a save takes 0.45x the CPU time on Python 3.11 (0.86x on 3.13);
+opening a Hugging Face folder of 100,000 tensors, paused while each header is parsed and the leaves are built, 0.57x
+(0.71x). Loads of a file gain nothing measurable and never pause; nor do foreign libraries' loads, a caller's
+functions, waits on an object store or a file's commit (fsync, rename). The switch is the whole process's, so a pause
+is taken only when every other thread is one of jaxstow's own (named ``jaxstow-...``), never while a thread of the
+user's, or of another library, runs and could need the collector. Cycles made during a pause are collected after it. Nested and
+overlapping pauses are counted; the collector's original state comes back when the last one ends.
 
 >>> import gc
 >>> from jaxstow._util.gc_pause import gc_paused, pausable
