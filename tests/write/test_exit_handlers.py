@@ -50,20 +50,31 @@ def _order(stderr: str, *lines: str) -> list[int]:
     return [stderr.index(line) for line in lines]
 
 
-def test_after_a_save_fails_at_exit_every_other_exit_handler_runs_and_the_status_is_120(tmp_path: Path) -> None:
+#: Ways a checkpoint step fails on the writer's thread: what breaks the run's folder once step 1 is written.
+_BREAKS = {
+    "read-only": "os.chmod(sys.argv[1], 0o555)",  # step 2 is refused
+    "replaced by a file": "shutil.rmtree(sys.argv[1]); open(sys.argv[1], 'w').close()",  # works as root too
+}
+
+
+@pytest.mark.parametrize("breaking", sorted(_BREAKS))
+def test_after_a_save_fails_at_exit_every_other_exit_handler_runs_and_the_status_is_120(
+    tmp_path: Path, breaking: str
+) -> None:
     folder = tmp_path / "run"
-    program = """
-    import os, numpy as np
+    program = f"""
+    import os, shutil, numpy as np
     from jaxstow import CheckpointManager
     announce("after jaxstow was imported")
     manager = CheckpointManager(sys.argv[1])
-    manager.save(1, {"w": np.ones(256, np.float32)})
+    manager.save(1, {{"w": np.ones(256, np.float32)}})
     manager.wait()
-    os.chmod(sys.argv[1], 0o555)  # read-only: step 2 is refused on the writer's thread
-    manager.save(2, {"w": np.ones(256, np.float32)})
+    {_BREAKS[breaking]}
+    manager.save(2, {{"w": np.ones(256, np.float32)}})
     """
-    status, stderr = _run(program, str(folder), root_obeys_permissions=True)
-    folder.chmod(0o755)
+    status, stderr = _run(program, str(folder), root_obeys_permissions=breaking == "read-only")
+    if folder.is_dir():
+        folder.chmod(0o755)
     assert status == 120, stderr
     positions = _order(
         stderr,
@@ -74,7 +85,8 @@ def test_after_a_save_fails_at_exit_every_other_exit_handler_runs_and_the_status
     )
     assert positions == sorted(positions), stderr
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
-    assert CheckpointManager(folder).steps() == [1]
+    if folder.is_dir():
+        assert CheckpointManager(folder).steps() == [1]
 
 
 def test_a_handler_registered_before_a_save_began_finds_the_step_written(tmp_path: Path) -> None:
