@@ -1,7 +1,7 @@
 """The garbage collector's pause: taken only while every other thread is one of jaxstow's own, off inside every pause,
 back as it was when the last one ends, however the pauses nest, overlap across threads or end with an error; taken
-while a save builds and writes a local file and while a folder's headers are parsed, never by a load of a file, around
-a foreign library's load, a caller's function, an upload or a commit.
+while a save builds and writes a local file and while a file's or a folder's headers are parsed, never around the
+reads of a load, a foreign library's load, a caller's function, an upload or a commit.
 
 Whether a pause is taken depends on every thread of the process, so the cases that take one run in a fresh process,
 which has no thread left over from other tests."""
@@ -171,35 +171,6 @@ def test_a_process_with_one_thread_saves_with_fewer_collections(tmp_path: Path) 
     assert counts["beside another thread"] > 10, counts  # the collector ran: no pause was taken
 
 
-def test_loads_of_jaxstows_files_and_of_foreign_ones_run_with_the_collector_on(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    program = """
-    import gc, json, sys, torch, numpy as np, jaxstow
-    torch.save({f"layer{i}.weight": torch.ones(2, 2) for i in range(50)}, sys.argv[1] + ".pt")
-    jaxstow.save(sys.argv[1] + ".jxs", {f"layer{i}": np.ones(2) for i in range(50)})
-    seen = {}
-
-    def profile(frame, event, argument):
-        module, name = frame.f_globals.get("__name__"), frame.f_code.co_name
-        if event == "call" and (module, name) in {("torch.serialization", "load"), ("jaxstow._read.restore", "restore")}:
-            seen.setdefault(f"{where}: {module}.{name}", []).append(gc.isenabled())
-
-    sys.setprofile(profile)
-    where = "torch"
-    jaxstow.load(sys.argv[1] + ".pt", from_format="torch")
-    where = "jaxstow"
-    jaxstow.load(sys.argv[1] + ".jxs")
-    sys.setprofile(None)
-    print(json.dumps(seen))
-    """
-    seen = json.loads(_run(program, str(tmp_path / "model")))
-    assert seen == {
-        "torch: torch.serialization.load": [True],
-        "torch: jaxstow._read.restore.restore": [True],
-        "jaxstow: jaxstow._read.restore.restore": [True],
-    }
-
-
 _WATCH = """
 import gc, json, os, sys
 
@@ -299,4 +270,38 @@ def test_a_folder_pauses_while_it_parses_headers_never_while_it_lists_reads_or_c
         "folder: parsing a header": [False],
         "folder: building the leaves": [False],
         "the caller's names=": [True],
+    }
+
+
+def test_a_load_pauses_only_while_it_parses_a_header_never_while_it_reads_or_a_foreign_library_loads(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("torch")
+    program = _WATCH + textwrap.dedent(
+        """
+    import torch, numpy as np, jaxstow
+    torch.save({f"layer{i}.weight": torch.ones(2, 2) for i in range(50)}, sys.argv[1] + ".pt")
+    jaxstow.save(sys.argv[1] + ".jxs", {f"layer{i}": np.ones(2) for i in range(50)})
+    watch({
+        ("torch.serialization", "load"): "torch's load",
+        ("jaxstow._format.native", "raw_header"): "reading the header",
+        ("jaxstow._format.native", "_read_header"): "parsing the header",
+        os.preadv: "reading",
+        ("jaxstow._read.restore", "restore"): "restoring",
+    })
+    where = "torch"
+    jaxstow.load(sys.argv[1] + ".pt", from_format="torch")
+    where = "jaxstow"
+    jaxstow.load(sys.argv[1] + ".jxs")
+    sys.setprofile(None)
+    print(json.dumps({what: sorted(states) for what, states in seen.items()}))
+    """
+    )
+    seen = json.loads(_run(program, str(tmp_path / "model")))
+    assert seen["torch: torch's load"] == seen["torch: restoring"] == [True]
+    assert {what: states for what, states in seen.items() if what.startswith("jaxstow: ")} == {
+        "jaxstow: reading the header": [True],
+        "jaxstow: parsing the header": [False],
+        "jaxstow: reading": [True],
+        "jaxstow: restoring": [True],
     }

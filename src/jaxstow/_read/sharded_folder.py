@@ -39,7 +39,7 @@ from jaxstow._read.folder_members import MAX_FOLDER_TENSORS, Budget, child, list
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
-from jaxstow._util.gc_pause import gc_paused, with_gc_paused
+from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
 
 __all__ = [
@@ -266,8 +266,7 @@ def _plain_file(listing: Listing, name: str, source: ReadSource, budget: Budget)
             file=source.name,
         )
     budget.spend(raw, file=source.name)
-    with gc_paused():  # its header read, parsing it makes an object or more per tensor: see jaxstow._util.gc_pause
-        return NativeReader(source, raw, fast=False)
+    return NativeReader(source, raw, fast=False)
 
 
 def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tuple[dict[str, int], list[FormatError]]:
