@@ -13,12 +13,14 @@ from collections.abc import Sequence
 
 from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, watch
-from jaxstow.cli.files import use_storage_arguments
+from jaxstow.cli.files import add_storage_arguments, use_storage_arguments
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
 
 _COMMANDS = (inspect, verify, diff, ls, convert, uploads, watch, export)
+#: The commands that read only local files, and so take no options about URLs (the others get them after their own).
+_LOCAL_ONLY = (watch,)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,7 +34,10 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="store_true", help="print the version of jaxstow and exit")
     commands = top.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for command in _COMMANDS:
-        command.add(commands)
+        sub = command.add(commands)
+        if command not in _LOCAL_ONLY:
+            add_storage_arguments(sub)
+        sub.set_defaults(run=command.run)
     return top
 
 

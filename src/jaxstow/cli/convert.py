@@ -40,7 +40,6 @@ from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import (
-    add_storage_arguments,
     checkpoint_steps,
     describe,
     is_folder,
@@ -56,8 +55,8 @@ __all__ = ["add", "run", "source_kind"]
 _FORMATS = ("jaxstow", "safetensors", "npz")
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "convert",
         help="npz, safetensors, PyTorch, flax msgpack and orbax files and folders to jaxstow; jaxstow to safetensors "
         "or npz",
@@ -71,8 +70,7 @@ def add(commands: Any) -> None:
     parser.add_argument("dst", metavar="DST", help="the file (or checkpoint folder) to write (a path or an fsspec URL)")
     parser.add_argument("--to", choices=_FORMATS, help="the format of DST, if not the one its name implies")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,15 +27,15 @@ from typing import Any
 import numpy as np
 
 from jaxstow._read.reader import Reader
-from jaxstow.cli.files import Leaf, add_storage_arguments, describe, open_file, read_arrays
+from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
 from jaxstow.cli.output import Table, print_json
 
 __all__ = ["add", "compare_arrays", "differences", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "diff",
         help="compare two files leaf by leaf; exit status 1 when they differ",
         description="Compare two jaxstow, safetensors or npz files leaf by leaf: leaves only in A, only in B, with "
@@ -45,8 +45,7 @@ def add(commands: Any) -> None:
     parser.add_argument("a", metavar="A", help="a file (a path or an fsspec URL)")
     parser.add_argument("b", metavar="B", help="the file to compare it with")
     parser.add_argument("--json", action="store_true", help="print the differences as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,13 +19,13 @@ from typing import Any
 
 from jaxstow._util.progress import format_bytes
 from jaxstow.checkpoint.hf_export import export_safetensors
-from jaxstow.cli.files import add_storage_arguments, storage
+from jaxstow.cli.files import storage
 
 __all__ = ["add", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "export",
         help="a checkpoint step or a file as a Hugging Face sharded safetensors folder",
         description="Write STEP_OR_FILE as a Hugging Face sharded safetensors folder OUT_FOLDER: files "
@@ -45,8 +45,7 @@ def add(commands: Any) -> None:
         help="the most bytes of tensors per file: 5GB (5*10**9, the default), 500MB, 2GiB or a number of bytes",
     )
     parser.add_argument("--item", metavar="NAME", help="export only this item of the step (its names unprefixed)")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from jaxstow._format.kinds import KINDS
 from jaxstow._format.npz import NpzReader
 from jaxstow._read.reader import FolderReader, Reader
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Leaf, add_storage_arguments, describe, file_size, hf_listing, open_file, open_hf_folder
+from jaxstow.cli.files import Leaf, describe, file_size, hf_listing, open_file, open_hf_folder
 from jaxstow.cli.output import Table, print_json
 
 __all__ = ["HF_FOLDER", "add", "folder_summary", "run", "summary"]
@@ -40,8 +40,8 @@ __all__ = ["HF_FOLDER", "add", "folder_summary", "run", "summary"]
 HF_FOLDER = "Hugging Face safetensors folder"
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "inspect",
         help="the tree of a file: path, dtype, shape and size of every leaf, totals, metadata",
         description="Show the tree of a jaxstow, safetensors or npz file from its header: every leaf's path, dtype, "
@@ -56,8 +56,7 @@ def add(commands: Any) -> None:
         "URL)",
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,15 +13,15 @@ import argparse
 import datetime
 from typing import Any
 
-from jaxstow.cli.files import add_storage_arguments, storage
+from jaxstow.cli.files import storage
 from jaxstow.cli.output import Table, print_json
 from jaxstow.errors import ArgumentError
 
 __all__ = ["add", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "uploads",
         help="unfinished multipart uploads under an s3:// prefix (what killed saves left); --abort ends them",
         description="List the multipart uploads under an s3:// prefix that were neither completed nor aborted: "
@@ -34,8 +34,7 @@ def add(commands: Any) -> None:
         "--older-than", type=float, default=0.0, metavar="SECONDS", help="only uploads started this long ago or more"
     )
     parser.add_argument("--json", action="store_true", help="print the uploads as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

@@ -27,7 +27,6 @@ from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, ten
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import (
-    add_storage_arguments,
     committed_steps,
     describe,
     hf_listing,
@@ -45,8 +44,8 @@ __all__ = ["FileReport", "add", "run", "verify_file", "verify_hf_folder"]
 NO_CHECKSUMS = "structure only: safetensors files carry no checksums, so their data could not be checked"
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
+def add(commands: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = commands.add_parser(
         "verify",
         help="check every checksum of a file or of every step of a checkpoint folder, or a Hugging Face folder's "
         "structure",
@@ -63,8 +62,7 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print a JSON report, for scripts")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes read (needs tqdm)")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
+    return parser
 
 
 @dataclass
