@@ -1,7 +1,9 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
 
 One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads``,
-``watch`` and ``export``. See docs/command-line.md.
+``watch`` and ``export``, named after it. Each gives ``HELP``, its line in ``jaxstow --help``; ``arguments(parser)``,
+whose docstring is the description its ``--help`` shows; and ``run(args)``, its exit status. See
+docs/command-line.md.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="store_true", help="print the version of jaxstow and exit")
     commands = top.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for command in _COMMANDS:
-        sub = command.add(commands)
+        name = command.__name__.rpartition(".")[2]
+        sub = commands.add_parser(name, help=command.HELP, description=command.arguments.__doc__)
+        command.arguments(sub)
         if command not in _LOCAL_ONLY:
             add_storage_arguments(sub)
         sub.set_defaults(run=command.run)

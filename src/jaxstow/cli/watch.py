@@ -46,26 +46,25 @@ from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import SWMR_SUPERBLOCK, read_superblock
 
-__all__ = ["add", "report", "run"]
+__all__ = ["HELP", "arguments", "report", "run"]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 _ENDED = ("died", "stopped")  # the states of a run that ended before it finished
 
 
-def add(commands: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = commands.add_parser(
-        "watch",
-        help="a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS",
-        description="Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) "
-        "and print, refreshing, per chain the draws written so far and per variable the mean, R-hat and bulk "
-        "effective sample size (ArviZ's diagnostics), until the run ends or Ctrl-C. The run is finished, running, "
-        "died (its writer was killed) or stopped (its writer gave up); the exit status is 1 if it died or stopped.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) and print, refreshing,
+    per chain the draws written so far and per variable the mean, R-hat and bulk effective sample size (ArviZ's
+    diagnostics), until the run ends or Ctrl-C. The run is finished, running, died (its writer was killed) or stopped
+    (its writer gave up); the exit status is 1 if it died or stopped."""
     parser.add_argument("file", help="the run's HDF5 file")
     parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     parser.add_argument("--json", action="store_true", help="print each refresh as one line of JSON, for scripts")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
