@@ -115,6 +115,20 @@ def bytes_read() -> int:
         return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
 
 
+def leave(report: dict) -> None:
+    """Prints the report and ends the process without jax's shutdown barrier, which a dead or stopped process would
+    hold up; process 0, which runs jax's coordination service, waits until every other live process has reported."""
+    print(json.dumps(report), flush=True)
+    if args.count > 1:
+        client = jax._src.distributed.global_state.client
+        if args.process == 0:
+            for other in set(range(1, args.count)) - {args.die, args.stop, args.stop_after_gather}:
+                client.blocking_key_value_get(f"worker-reported/{other}", 120_000)
+        else:
+            client.key_value_set(f"worker-reported/{args.process}", "1")
+    os._exit(0)
+
+
 report: dict = {"process": args.process}
 if args.count > 1 and args.collectives != "none":  # jax's own collectives (gloo) listen on a socket of their own
     multihost_utils.sync_global_devices("collectives ready")
@@ -163,8 +177,7 @@ else:
             restored = manager.restore(like={"state": like}, per_process="all")["state"]
         except jaxstow.errors.JaxstowError as error:
             report.update(error=f"{type(error).__name__}: {error}", seconds=time.monotonic() - start)
-            print(json.dumps(report), flush=True)
-            os._exit(0)
+            leave(report)
         report["seconds"] = time.monotonic() - start
         report["bytes_read"] = bytes_read() - before
         report["listening"] = sorted(listening() - before_listening)
@@ -184,11 +197,9 @@ else:
     report["loader"] = [loader] if isinstance(loader, dict) else loader
     report["loader"] = [{"process": v["process"], "seen": v["seen"].tolist()} for v in report["loader"]]
     report["it"] = restored["it"].position if restored["it"] is like["it"] else [json.loads(s) for s in restored["it"]]
-print(json.dumps(report), flush=True)
 if stopping:
-    if args.process == 0:  # it runs jax's coordination service: the others report first
-        time.sleep(1.5)
-    os._exit(0)  # without jax's shutdown barrier, which the dead process would hold up
+    leave(report)
+print(json.dumps(report), flush=True)
 if args.count > 1:
     jax.distributed.shutdown()
 sys.exit(0)
