@@ -96,11 +96,11 @@ def bucket(s3_server) -> Iterator[Bucket]:
     data[-100] ^= 1  # one bit of the newest step's data, as a disk flips it
     client.put_object(Bucket=s3_server.bucket, Key=key, Body=bytes(data))
     methods = ("GET", "HEAD", "PUT", "POST", "DELETE")
-    with faulty_proxy(s3_server.endpoint, rate=0.0, seed=39, slow_seconds=0.6, methods=methods) as proxy:
+    with faulty_proxy(s3_server.endpoint, rate=0.0, seed=39, slow_seconds=2.5, methods=methods) as proxy:
         options = {
             **direct,
             "client_kwargs": {"endpoint_url": proxy.endpoint},
-            "config_kwargs": {"read_timeout": 0.3, "connect_timeout": 1},  # a slow answer times out
+            "config_kwargs": {"read_timeout": 1.2, "connect_timeout": 2},  # a slow answer times out
         }
         yield Bucket(proxy, client, s3_server.bucket, prefix, options, model, steps)
 
