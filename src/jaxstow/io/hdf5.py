@@ -45,7 +45,15 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
-from jaxstow.io.hdf5_layout import checkpoint_path, dataset_name, group_name, layout_problems, write_block
+from jaxstow.io.hdf5_layout import (
+    checkpoint_path,
+    dataset_name,
+    group_name,
+    layout_problems,
+    read_rows,
+    write_block,
+    write_hyperslab,
+)
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.swmr import (
@@ -154,6 +162,7 @@ class HDF5Collector(DataCollector):
         self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
         self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
         self._published: list[int] = []  # per chain: the samples /draws_done counts
+        self._counts: Any = None  # the dataset /draws_done, once looked up in the file
         self._finalized: set[int] = set()
         self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
@@ -288,12 +297,17 @@ class HDF5Collector(DataCollector):
 
     def _count_draws(self) -> None:
         """Set ``/draws_done`` to the samples published of every chain (creating or growing the dataset)."""
-        counts = self._file.get(DRAWS_DONE)
-        if counts is None:
-            counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+        counts = self._counts
+        if counts is None or not counts.id.valid:  # not looked up yet in the file as it is open now
+            counts = self._file.get(DRAWS_DONE)
+            if counts is None:
+                counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+            self._counts = counts
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
-        counts[: len(self._published)] = self._published
+        write_hyperslab(
+            counts, 0, np.asarray(self._published, np.int64)
+        )  # after every block: h5py's slicing costs more
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""
@@ -403,12 +417,13 @@ class HDF5Collector(DataCollector):
         self._senders.append(wait)
 
     def finished(self, chain_id: int) -> Any:
-        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read."""
+        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read (into
+        memory that the arrays of earlier runs gave back, see :mod:`~jaxstow.io.host_buffers`)."""
         layout = self._chains.layout(chain_id)
         if self._lock is None:
             return layout.treedef.unflatten(self._datasets[chain_id])
         with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
-            return layout.treedef.unflatten([file[dataset_name(chain_id, name)][()] for name in layout.names])
+            return layout.treedef.unflatten([_read(file[dataset_name(chain_id, name)]) for name in layout.names])
 
     def release(self, chain_id: int) -> None:
         """Forget the chain, whose run is over: its samples are in the file."""
@@ -420,3 +435,10 @@ class HDF5Collector(DataCollector):
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
+
+
+def _read(dataset: Any) -> np.ndarray:
+    """The whole dataset, read into a pooled array."""
+    array = host_buffers.empty(dataset.shape, dataset.dtype)
+    read_rows(dataset, array)
+    return array

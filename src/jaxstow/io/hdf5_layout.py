@@ -1,5 +1,6 @@
 """Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, how the datasets
-a file holds differ from those of a run, and how a block of rows is written into a chain's chunked datasets.
+a file holds differ from those of a run, and how a block of rows is written into a chain's chunked datasets and read
+back.
 
 >>> import os, tempfile, h5py, numpy as np
 >>> from jaxstow.io.chains import SampleLayout
@@ -24,7 +25,15 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.io.chains import SampleLayout
 
-__all__ = ["checkpoint_path", "dataset_name", "group_name", "layout_problems", "write_block"]
+__all__ = [
+    "checkpoint_path",
+    "dataset_name",
+    "group_name",
+    "layout_problems",
+    "read_rows",
+    "write_block",
+    "write_hyperslab",
+]
 
 
 def checkpoint_path(filename: str, folder: str | None = None) -> str:
@@ -78,17 +87,38 @@ def write_block(datasets: Sequence[Any], first: int, end: int, values: Sequence[
         if dataset.id.get_create_plist().get_nfilters() == 0:  # raw chunks only where no filter transforms them
             head = min(end, -(-first // chunk) * chunk)
             tail = max(head, end // chunk * chunk)
-        _write_rows(dataset, first, value[: head - first])
+        write_hyperslab(dataset, first, value[: head - first])
         for start in range(head, tail, chunk):
             offset = (start, *(0 for _ in value.shape[1:]))
             dataset.id.write_direct_chunk(offset, np.ascontiguousarray(value[start - first : start - first + chunk]))
-        _write_rows(dataset, tail, value[tail - first :])
+        write_hyperslab(dataset, tail, value[tail - first :])
 
 
-def _write_rows(dataset: Any, first: int, value: np.ndarray) -> None:
+def write_hyperslab(dataset: Any, first: int, value: np.ndarray) -> None:
     """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
     if len(value):
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         rows = dataset.id.get_space()
         rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
         dataset.id.write(h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
+
+
+def read_rows(dataset: Any, out: np.ndarray) -> None:
+    """Read every row of ``dataset`` into ``out``, a C-contiguous array of its shape and dtype: the whole chunks as
+    raw chunks where no filter transforms them (as :func:`write_block` writes them, without HDF5's copy through its
+    own buffers), the rest as one hyperslab."""
+    if out.size == 0:
+        return
+    rows, whole = len(out), 0
+    if dataset.id.get_create_plist().get_nfilters() == 0:
+        chunk = dataset.chunks[0]
+        whole = rows // chunk * chunk
+        raw, row_bytes = out.reshape(-1).view(np.uint8), out.nbytes // rows
+        for start in range(0, whole, chunk):
+            offset = (start, *(0 for _ in out.shape[1:]))
+            dataset.id.read_direct_chunk(offset, out=raw[start * row_bytes : (start + chunk) * row_bytes])
+    if whole < rows:
+        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+        space = dataset.id.get_space()
+        space.select_hyperslab((whole, *(0 for _ in out.shape[1:])), out[whole:].shape)
+        dataset.id.read(h5py.h5s.create_simple(out[whole:].shape), space, out[whole:])
