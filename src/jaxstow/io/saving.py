@@ -307,7 +307,10 @@ class _Streaming:
         ), None
 
     def _chains_step(self, state: _Moving, keep: jax.Array, sample: Any, checkpoint: Any) -> _Moving:
-        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch.
+        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch. None of it
+        # starts before the sample is computed: work of a step that XLA's CPU runtime may run beside the sampler's
+        # keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
+        state, keep, sample, checkpoint = jax.lax.optimization_barrier((state, keep, sample, checkpoint))  # type: ignore[no-untyped-call]
         buffer = write_rows(state.buffer, state.fill, sample)
         fill = state.fill + keep.astype(jnp.int32)
         full = jnp.any(fill == jax.tree.leaves(buffer)[0].shape[fill.ndim])
