@@ -39,7 +39,7 @@ import numpy as np
 from timing import format_table, fsync_path, median, remove
 from trees import make_t1, make_t2, tree_nbytes
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 
 RUNS = {"T1": {"jaxstow": 8, "orbax": 4, "raw limit": 8}, "T2": {"jaxstow": 5, "orbax": 2}}
 MANY = 100
@@ -165,7 +165,7 @@ def compare(name: str, tree: Tree, folder: str) -> Timings:
 
 def many_saves(tree: Tree, folder: str) -> tuple[list[int], float]:
     start = time.perf_counter()
-    with CheckpointManager(folder, keep_last=KEEP) as manager:
+    with CheckpointManager(folder, keep=KeepPolicy(keep_last=KEEP)) as manager:
         for step in range(MANY):
             manager.save(step, tree, metrics={"loss": 1.0 / (step + 1)})
     seconds = time.perf_counter() - start

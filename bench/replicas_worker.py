@@ -3,8 +3,8 @@
 Saves ``rows`` (``MIB`` MiB of float32, sharded by rows over every process) and ``rep`` (as large, replicated on every
 process) with ``CheckpointManager`` into the local ``FOLDER`` and to ``URL`` on an S3 server (options as JSON in
 ``JAXSTOW_STORAGE_OPTIONS``), then restores the S3 step with every array replicated on every process (as many
-data-parallel replicas as processes), reading each box once and broadcasting it, and with every process reading
-what it needs, rounds interleaved, between barriers. Prints one JSON line: the bytes of its own files of the local
+data-parallel replicas as processes), reading each box once and gathering it (the default), and with every process
+reading what it needs, rounds interleaved, between barriers. Prints one JSON line: the bytes of its own files of the local
 step, and per method the median seconds and the bytes it fetched from S3 (headers included).
 """
 
@@ -68,7 +68,7 @@ written = os.path.getsize(os.path.join(folder, "1", own))
 
 replicated = NamedSharding(mesh, P())
 like = {"params": {name: jax.ShapeDtypeStruct((ROWS, 1024), np.float32, sharding=replicated) for name in tree}}
-methods = {"broadcast": True, "every process reads": False}
+methods = {"read once": None, "every process reads": False}
 seconds: dict[str, list[float]] = {name: [] for name in methods}
 bytes_fetched: dict[str, int] = {}
 for round_ in range(3):

@@ -29,7 +29,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-from jaxstow import CheckpointManager  # noqa: E402
+from jaxstow import CheckpointManager, LocalTier  # noqa: E402
 
 OPTIONS = json.loads(os.environ["JAXSTOW_STORAGE_OPTIONS"])
 COLUMNS = 1024
@@ -50,7 +50,7 @@ def between_barriers(name: str, run) -> float:
 
 
 def manager(round_: int, tiered: bool) -> CheckpointManager:
-    local = {"local_directory": f"{folder}/round{round_}/local{me}", "save_every": 1000} if tiered else {}
+    local = {"local": LocalTier(f"{folder}/round{round_}/local{me}"), "save_every": 1000} if tiered else {}
     where = f"{url}/round{round_}/{'tiers' if tiered else 's3'}"
     return CheckpointManager(where, storage_options=OPTIONS, process_timeout=120, **local)
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 
 STEPS = 300
 SAVE_EVERY = 10
@@ -60,7 +60,7 @@ def train(folder: str | None, *, report_saves: bool = False) -> eqx.nn.MLP:
     done = 0
     manager = None
     if folder is not None:
-        manager = CheckpointManager(folder, keep_last=3, keep_best=1, metric="loss")
+        manager = CheckpointManager(folder, keep=KeepPolicy(keep_last=3, keep_best=1, metric="loss"))
         if manager.latest_step() is not None:
             done = manager.latest_step() or 0
             state = manager.restore(done, like=state)

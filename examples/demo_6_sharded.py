@@ -29,7 +29,7 @@ def trainer(process: int, port: int, folder: str) -> None:
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxstow import CheckpointManager
+    from jaxstow import CheckpointManager, KeepPolicy
 
     mesh = jax.make_mesh((2, 2), ("data", "model"))
     weights = jax.device_put(jnp.zeros((256, 64)), NamedSharding(mesh, P("data", "model")))
@@ -39,7 +39,7 @@ def trainer(process: int, port: int, folder: str) -> None:
     def step(weights: jax.Array) -> jax.Array:
         return weights - 0.5 * (weights - target)
 
-    with CheckpointManager(folder, keep_last=2) as manager:
+    with CheckpointManager(folder, keep=KeepPolicy(keep_last=2)) as manager:
         for number in range(1, 6):
             weights = step(weights)
             manager.save(number, {"params": {"w": weights, "b": jnp.ones(64)}}, metrics={"step": number})

@@ -14,6 +14,7 @@ lost trials are described in ``notes``. Every probe is called as ``probe(trials,
 
 from reliability.crashes import disk_full, killed_checkpoint_saves, killed_saves, read_only_folders, two_writers
 from reliability.flips import flips_checkpoint, flips_native, flips_npz
+from reliability.folders import hostile_folders
 from reliability.fuzz import fuzzed_headers, odd_trees
 from reliability.outcomes import Result
 
@@ -24,6 +25,7 @@ __all__ = [
     "flips_native",
     "flips_npz",
     "fuzzed_headers",
+    "hostile_folders",
     "killed_checkpoint_saves",
     "killed_saves",
     "odd_trees",

@@ -20,6 +20,7 @@ FULL_SIZE = (
     (probes.flips_npz, 1000),
     (probes.flips_checkpoint, 1000),
     (probes.fuzzed_headers, 20_000),
+    (probes.hostile_folders, 1000),
     (probes.odd_trees, 2000),
     (probes.killed_saves, 100),
     (probes.killed_checkpoint_saves, 100),

@@ -3,11 +3,12 @@
 A jaxstow file is a safetensors file whose header also holds the tree's structure, so a whole model comes back from
 the file alone, without pickle and without a template; nothing in a file can run code. The entry points are
 :func:`save`, :func:`load` and :func:`load_metadata`; :func:`open` (a :class:`Reader`, lazy); :class:`LoadOptions`;
-:class:`Transfer` (object stores); :func:`saveable` (names for code); :class:`CheckpointManager`; and the faces
+:class:`Transfer` (object stores); :func:`saveable` (names for code); :class:`CheckpointManager`, with its
+:class:`KeepPolicy` and :class:`LocalTier`; and the faces
 :mod:`jaxstow.io`, :mod:`jaxstow.train`, :mod:`jaxstow.objax` and :mod:`jaxstow.flarejax`. Every error is a
 :class:`jaxstow.errors.JaxstowError`.
 
-The guide is in docs/: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
+The guides: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
 docs/object-storage.md, docs/safety.md and docs/format.md.
 
 >>> import io, jax.numpy as jnp, jaxstow
@@ -27,20 +28,23 @@ from jaxstow._names.registry import saveable
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import LeafInfo, Reader, open
 from jaxstow._save_load import load, load_metadata, save
+from jaxstow._steps.keep import KeepPolicy
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved
 from jaxstow._version import __version__
 
 if TYPE_CHECKING:
     from jaxstow import checkpoint, io, objax, train
-    from jaxstow.checkpoint import CheckpointManager
+    from jaxstow.checkpoint import CheckpointManager, LocalTier
     from jaxstow.checkpoint.hf_export import export_safetensors
     from jaxstow.io import scheduler
 
 __all__ = [
     "CheckpointManager",
+    "KeepPolicy",
     "LeafInfo",
     "LoadOptions",
+    "LocalTier",
     "Reader",
     "Transfer",
     "__version__",
@@ -63,6 +67,7 @@ __all__ = [
 # The faces with more to import load on first use.
 _FACES = {
     "CheckpointManager": ("jaxstow.checkpoint", "CheckpointManager"),
+    "LocalTier": ("jaxstow.checkpoint", "LocalTier"),
     "checkpoint": ("jaxstow.checkpoint", None),
     "export_safetensors": ("jaxstow.checkpoint.hf_export", "export_safetensors"),
     "io": ("jaxstow.io", None),

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError
 
@@ -52,7 +52,7 @@ def _check(restored: dict, step: int) -> None:
 
 def _trainer(directory: str, ready: Connection) -> None:
     """Resume from the latest step and save every step from there on, until killed."""
-    manager = CheckpointManager(directory, keep_last=3, keep_every=50)
+    manager = CheckpointManager(directory, keep=KeepPolicy(keep_last=3, keep_every=50))
     latest = manager.latest_step()
     step = 0 if latest is None else latest + 1
     jax.block_until_ready(_state(step))  # compile before the clock starts
@@ -147,7 +147,7 @@ def test_sigkill_at_random_moments(tmp_path, processes):
     assert latest_seen >= KILLS - KILLS // 3 - 1, f"committed steps were lost ({resumed_from})"
     assert kills_with_leftovers > 0, "no kill ever hit a save in flight"
     # The next writer removes every leftover of the killed ones.
-    with CheckpointManager(directory, keep_last=3, keep_every=50) as manager:
+    with CheckpointManager(directory, keep=KeepPolicy(keep_last=3, keep_every=50)) as manager:
         manager.save(latest_seen + 1, _state(latest_seen + 1))
     assert not [name for name in os.listdir(directory) if TEMPORARY_MARKER in name]
 

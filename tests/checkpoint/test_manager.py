@@ -14,7 +14,7 @@ import optax
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError, StructureMismatchError
 
@@ -140,7 +140,7 @@ def test_existing_step_needs_force_which_replaces_it(tmp_path):
 
 
 def test_delete(tmp_path):
-    with CheckpointManager(tmp_path, keep_last=5) as manager:
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=5)) as manager:
         for step in range(3):
             manager.save(step, {"w": jnp.full(1, step)})
         manager.delete(1)
@@ -167,9 +167,9 @@ def test_missing_steps_and_bad_arguments(tmp_path):
         with pytest.raises(TypeError, match="metadata of step 2 must be a JSON-able dict"):
             manager.save(2, {"w": jnp.ones(1)}, metadata={"f": print})
         with pytest.raises(ValueError, match="keep_best ranks steps by a metric"):
-            CheckpointManager(tmp_path, keep_best=2)
+            CheckpointManager(tmp_path, keep=KeepPolicy(keep_best=2))
         with pytest.raises(ValueError, match="keep_last must be a positive integer"):
-            CheckpointManager(tmp_path, keep_last=0)
+            CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=0))
     with pytest.raises(CheckpointError, match="is closed"):
         manager.save(9, {"w": jnp.ones(1)})
 
@@ -202,8 +202,11 @@ def test_reads_wait_for_the_save_in_flight(tmp_path):
             np.testing.assert_array_equal(manager.restore(step, as_numpy=True)["w"][:2, :2], np.ones((2, 2)))
 
 
-def test_synchronous_saves(tmp_path):
-    with CheckpointManager(tmp_path, async_save=False, keep_last=1) as manager:
+def test_synchronous_saves_which_a_deprecated_shortcut_still_makes(tmp_path):
+    with (
+        pytest.warns(DeprecationWarning, match=r"CheckpointManager\(async_save=False\) is deprecated: saves run in"),
+        CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=1), async_save=False) as manager,
+    ):
         manager.save(0, {"w": jnp.ones(2)})
         assert os.path.isfile(tmp_path / "0" / "checkpoint.json")
         with pytest.raises(jaxstow.errors.UnsaveableObjectError, match="cannot save leaf 'f'"):
@@ -243,7 +246,7 @@ def test_progress_is_logged_and_drawn(tmp_path, caplog, capsys):
     pytest.importorskip("tqdm")
     with (
         caplog.at_level(logging.INFO, logger="jaxstow"),
-        CheckpointManager(tmp_path, keep_last=1, progress=True) as manager,
+        CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=1), progress=True) as manager,
     ):
         manager.save(0, {"w": jnp.ones(1000)})
         manager.save(1, {"w": jnp.ones(1000)})

@@ -21,7 +21,7 @@ import optax
 import pytest
 from flax import nnx
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.cli import main
 
 ocp = pytest.importorskip("orbax.checkpoint")
@@ -72,7 +72,7 @@ def test_latest_and_best_step_agree_with_orbax(tmp_path):
     options = ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics["loss"], best_mode="min")
     with warnings.catch_warnings(), ocp.CheckpointManager(tmp_path / "orbax", options=options) as theirs:
         warnings.simplefilter("ignore")
-        with CheckpointManager(tmp_path / "jaxstow", metric="loss") as ours:
+        with CheckpointManager(tmp_path / "jaxstow", keep=KeepPolicy(metric="loss")) as ours:
             for step, loss in losses.items():
                 theirs.save(step, args=ocp.args.StandardSave({"w": np.ones(2)}), metrics={"loss": loss})
                 ours.save(step, {"w": np.ones(2)}, metrics={"loss": loss})
@@ -88,12 +88,13 @@ def test_keep_every_seconds_keeps_one_step_per_interval_of_save_time(tmp_path, c
     # Pairs of steps saved back to back, the pairs 1 s apart or more (a sleep lasts at least as long as asked): the
     # first step of each pair is kept, the second is not, however slow the machine, as long as one save of two
     # floats takes less than the 1 s interval.
-    with CheckpointManager(tmp_path, keep_last=1, keep_every_seconds=1.0, async_save=False) as manager:
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=1, keep_every_seconds=1.0)) as manager:
         for first in (1, 3, 5):
             if first > 1:
                 time.sleep(1.0)
-            manager.save(first, {"w": np.full(2, first)})
-            manager.save(first + 1, {"w": np.full(2, first + 1)})
+            for step in (first, first + 1):
+                manager.save(step, {"w": np.full(2, step)})
+                manager.wait()
         assert manager.steps() == [1, 3, 5, 6]  # one step per interval, and the newest
     assert main(["ls", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -14,7 +14,7 @@ from jaxstow.checkpoint import KeepPolicy
 
 def _run(directory, steps, losses=None, **policy) -> list[int]:
     """Save ``steps`` in order (with their ``losses``) under ``policy``; returns the steps on disk afterwards."""
-    with CheckpointManager(directory, **policy) as manager:
+    with CheckpointManager(directory, keep=KeepPolicy(**policy)) as manager:
         for step in steps:
             metrics = None if losses is None else {"loss": losses[step]}
             manager.save(step, {"w": jnp.full(2, step)}, metrics=metrics)
@@ -60,7 +60,7 @@ def test_policies_combine(tmp_path):
 
 
 def test_newest_step_survives_until_a_newer_one_commits(tmp_path):
-    with CheckpointManager(tmp_path, keep_best=1, metric="loss") as manager:
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_best=1, metric="loss")) as manager:
         manager.save(0, {"w": jnp.ones(1)}, metrics={"loss": 0.1})
         manager.save(1, {"w": jnp.ones(1)}, metrics={"loss": 0.9})
         assert manager.steps() == [0, 1]  # 1 is worse but newest

@@ -133,7 +133,7 @@ def test_a_restore_whose_process_stops_dies_or_stalls_raises_everywhere(saved, h
         _end(processes)
     for report in survivors:
         assert "CheckpointError" in report["error"], report
-        assert f"process {VICTIM} did not report its restore of step 2" in report["error"], report
+        assert f"process {VICTIM} did not report" in report["error"], report  # its restore, or its peer address
         assert report["seconds"] <= SLOWER * TIMEOUT, report
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.lock import LOCK_NAME, Holder
 from jaxstow._storage.remote import RemoteSource
 from jaxstow.errors import CheckpointError, CorruptFileError
@@ -37,7 +37,7 @@ def _files(url: str, options: dict) -> list[str]:
 def test_round_trip(remote):
     url, options = remote
     state = {"params": {"w": jnp.arange(6.0).reshape(2, 3), "b": jnp.zeros(3, jnp.bfloat16)}, "epoch": 4}
-    with CheckpointManager(url, keep_last=2, storage_options=options) as manager:
+    with CheckpointManager(url, keep=KeepPolicy(keep_last=2), storage_options=options) as manager:
         for step in (1, 2, 3):
             manager.save(step, {**state, "epoch": step}, metrics={"loss": 1.0 / step})
         assert manager.steps() == [2, 3] and manager.metrics(3) == {"loss": 1 / 3}

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import pytest
 from distributed_runs import launch
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy, LocalTier
 from jaxstow.errors import ArgumentError, StepNotFoundError
 
 WORKER = Path(__file__).parents[1] / "distributed" / "tier_worker.py"
@@ -31,10 +31,10 @@ def _run(manager: CheckpointManager, steps: range) -> None:
 
 def test_every_step_goes_to_the_local_tier_and_the_due_ones_to_the_persistent_one(tmp_path):
     local, persistent = tmp_path / "local", tmp_path / "persistent"
-    with CheckpointManager(persistent, local_directory=local, save_every=4, local_save_every=2) as manager:
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local, save_every=2)) as manager:
         _run(manager, range(1, 10))
         assert manager.steps(tier="persistent") == [1, 4, 8]
-        assert manager.steps(tier="local") == [6, 8]  # local_keep_last=2 of 1, 2, 4, 6, 8
+        assert manager.steps(tier="local") == [6, 8]  # the local tier keeps 2 of 1, 2, 4, 6, 8
         assert manager.steps() == [1, 4, 6, 8]
         assert manager.latest_step() == 8 and manager.latest_step(tier="persistent") == 8
         assert manager.restore()["w"].tolist() == [8.0] * 3
@@ -45,12 +45,12 @@ def test_every_step_goes_to_the_local_tier_and_the_due_ones_to_the_persistent_on
 
 def test_the_newest_local_step_is_restored_and_the_persistent_one_once_the_local_tier_is_lost(tmp_path):
     local, persistent = tmp_path / "local", tmp_path / "persistent"
-    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local)) as manager:
         _run(manager, range(1, 7))
-    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local)) as manager:
         assert manager.restore()["w"].tolist() == [6.0] * 3 and manager.restored.step == 6
     shutil.rmtree(local)
-    with CheckpointManager(persistent, local_directory=local, save_every=4) as manager:
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local)) as manager:
         assert manager.steps() == [1, 4]
         assert manager.restore()["w"].tolist() == [4.0] * 3 and manager.restored.step == 4
         with pytest.raises(StepNotFoundError, match="no step 6"):
@@ -60,17 +60,17 @@ def test_the_newest_local_step_is_restored_and_the_persistent_one_once_the_local
 def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
     url = s3_server.url("tiers")
     options = s3_server.storage_options
-    with CheckpointManager(url, local_directory=tmp_path, save_every=2, storage_options=options) as manager:
+    with CheckpointManager(url, save_every=2, local=LocalTier(tmp_path), storage_options=options) as manager:
         _run(manager, range(1, 6))
     shutil.rmtree(tmp_path)
-    with CheckpointManager(url, local_directory=tmp_path, storage_options=options) as manager:
+    with CheckpointManager(url, local=LocalTier(tmp_path), storage_options=options) as manager:
         assert manager.steps() == [1, 2, 4]
         assert manager.restore()["w"].tolist() == [4.0] * 3
 
 
 def test_a_tier_that_is_not_one_is_refused(tmp_path):
     with (
-        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l") as manager,
+        CheckpointManager(tmp_path / "p", local=LocalTier(tmp_path / "l")) as manager,
         pytest.raises(ArgumentError, match=r"tier must be 'local', 'persistent' or None \(either tier\), not 'locale'"),
     ):
         manager.latest_step(tier="locale")  # type: ignore[arg-type]
@@ -81,12 +81,17 @@ def test_a_tier_that_is_not_one_is_refused(tmp_path):
 
 
 def test_a_local_tier_setting_that_is_not_valid_is_refused(tmp_path):
-    with pytest.raises(ArgumentError, match="local_keep_last"):
-        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_keep_last=0)
-    with pytest.raises(ArgumentError, match=r"^local_save_every must be a positive integer, not 0"):
-        CheckpointManager(tmp_path / "p", local_directory=tmp_path / "l", local_save_every=0)
-    with pytest.raises(ArgumentError, match="local_directory must be a local path"):
-        CheckpointManager(tmp_path / "p", local_directory="s3://bucket/local")
+    with pytest.raises(ArgumentError, match=r"^LocalTier's keep_last must be a positive integer, not 0"):
+        LocalTier(tmp_path / "l", keep_last=0)
+    with pytest.raises(ArgumentError, match=r"^LocalTier's save_every must be a positive integer, not 0"):
+        LocalTier(tmp_path / "l", save_every=0)
+    with pytest.raises(ArgumentError, match=r"^LocalTier's replicas must be a non-negative integer or None, not -1"):
+        LocalTier(tmp_path / "l", replicas=-1)
+    with pytest.raises(ArgumentError, match="LocalTier's directory must be a local path"):
+        LocalTier("s3://bucket/local")
+    with pytest.raises(ArgumentError, match=r"^local must be a jaxstow.LocalTier, such as LocalTier\('/mnt/ssd/run'\)"):
+        CheckpointManager(tmp_path / "p", local=str(tmp_path / "l"))  # type: ignore[arg-type]
+    assert not (tmp_path / "p").exists()
 
 
 def _store_with_steps_5_and_10(store: Path) -> None:
@@ -104,11 +109,11 @@ def _store_with_steps_5_and_10(store: Path) -> None:
 def test_a_new_host_with_an_empty_local_tier_saves_no_step_at_or_before_the_newest_persistent_one(tmp_path):
     store = tmp_path / "store"
     _store_with_steps_5_and_10(store)
-    with CheckpointManager(store, local_directory=tmp_path / "new_local", save_every=5, local_save_every=5) as manager:
+    with CheckpointManager(store, save_every=5, local=LocalTier(tmp_path / "new_local", save_every=5)) as manager:
         assert [step for step in range(1, 16) if manager.should_save(step)] == [15]
-    with CheckpointManager(store, local_directory=tmp_path / "new_local", save_every=5) as manager:
+    with CheckpointManager(store, save_every=5, local=LocalTier(tmp_path / "new_local")) as manager:
         assert [step for step in range(1, 11) if manager.should_save(step)] == []
-        assert manager.should_save(11)  # local_save_every=1: the local tier takes every step after the newest
+        assert manager.should_save(11)  # the local tier (save_every=1) takes every step after the newest
         manager.save(11, {"params": {"w": jnp.full(3, 11.0)}})  # not due in the store (save_every=5)
         assert not manager.should_save(11) and manager.should_save(12)
         manager.save(15, {"params": {"w": jnp.full(3, 15.0)}})
@@ -121,7 +126,7 @@ def test_a_new_host_with_an_empty_local_tier_saves_no_step_at_or_before_the_newe
 def test_the_queries_count_a_step_held_by_either_tier(tmp_path):
     store, local = tmp_path / "store", tmp_path / "local"
     _store_with_steps_5_and_10(store)
-    with CheckpointManager(store, local_directory=local, save_every=5, metric="loss") as manager:
+    with CheckpointManager(store, save_every=5, local=LocalTier(local), keep=KeepPolicy(metric="loss")) as manager:
         assert manager.best_step() == 10
         manager.save(11, {"params": {"w": jnp.full(3, 11.0)}}, metrics={"loss": 0.01}, metadata={"host": "new"})
         assert manager.steps() == [5, 10, 11] and manager.latest_step() == 11
@@ -151,11 +156,11 @@ def test_the_queries_count_a_step_held_by_either_tier(tmp_path):
 
 def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earlier(tmp_path):
     store, local = tmp_path / "store", tmp_path / "local"
-    with CheckpointManager(store, local_directory=local, save_every=5) as manager:
+    with CheckpointManager(store, save_every=5, local=LocalTier(local)) as manager:
         _run(manager, range(1, 4))  # step 1 in both tiers, 2 and 3 locally
     with CheckpointManager(store, save_every=5) as manager:  # the run went on elsewhere, with no local tier
         _run(manager, range(4, 11))
-    with CheckpointManager(store, local_directory=local, save_every=5) as manager:  # and came back to this host
+    with CheckpointManager(store, save_every=5, local=LocalTier(local)) as manager:  # and came back to this host
         assert manager.steps(tier="local") == [2, 3] and manager.steps(tier="persistent") == [1, 5, 10]
         assert [step for step in range(1, 11) if manager.should_save(step)] == []
         assert manager.metrics(3) is None and manager.items(3) == manager.items(10) == ["w"]
@@ -172,12 +177,12 @@ def test_an_option_of_the_local_tier_without_one_is_refused_naming_it(tmp_path, 
     ((name, value),) = options.items()
     with pytest.raises(
         ArgumentError,
-        match=rf"{name}={value} sets the local tier, but the manager of .*run has no "
-        rf"local_directory: pass local_directory=\.\.\. .* or leave {name}={value} out",
+        match=rf"{name}={value} sets the local tier, but the manager of .*run has no local directory: pass "
+        rf"local=LocalTier\(directory, {name}={value}\) .* or leave {name}={value} out",
     ):
         CheckpointManager(tmp_path / "run", **options)
     before = signal.getsignal(signal.SIGUSR1)
-    with pytest.raises(ArgumentError, match=r"local_save_every=5 and local_keep_last=3 set the local tier"):
+    with pytest.raises(ArgumentError, match=r"local_save_every=5, local_keep_last=3 set the local tier"):
         CheckpointManager(tmp_path / "run", local_save_every=5, local_keep_last=3, preemption_signals=[signal.SIGUSR1])
     assert signal.getsignal(signal.SIGUSR1) is before  # the refused manager caught no signal
     assert not (tmp_path / "run").exists()
@@ -224,6 +229,7 @@ def killed_run(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("killed-run")
     reports = _first_lines(_start("save", base))
     assert [(report["local"], report["persistent"]) for report in reports] == [([5, 6], [1, 4])] * 4
+    assert [report["picked"] for report in reports] == [[1, 2, 3, 4, 5, 6]] * 4
     return base
 
 
@@ -243,6 +249,19 @@ def test_a_replaced_host_gets_its_shards_of_the_newest_local_step_from_a_peer(ru
     ).read_bytes()
 
 
+def test_processes_whose_local_directories_differ_agree_on_the_steps_to_save(run):
+    """Processes 0 and 3 lost their local directories (replaced hosts): they hold steps 1 and 4 (persistent), the
+    others 1 to 6. Asked at steps 1 to 8 without a restore, every process picks the same steps: after 6, the newest
+    any process holds."""
+    for index in (0, 3):
+        shutil.rmtree(run / f"local{index}")
+    reports = _reports(_start("resume", run))
+    for report in reports:
+        assert "error" not in report, report
+        assert report["picked"] == [7, 8] and report["local"] == [7, 8], report
+        assert report["persistent"] == [1, 4, 8], report
+
+
 @pytest.mark.parametrize("lost", ["every-local-directory", "a-process-and-its-keeper"])
 def test_a_step_held_in_full_nowhere_locally_is_restored_from_the_persistent_tier(run, lost):
     shutil.rmtree(run / "local1")
@@ -255,11 +274,11 @@ def test_a_step_held_in_full_nowhere_locally_is_restored_from_the_persistent_tie
     assert [report.get("restored") for report in reports] == [4] * 4, reports
 
 
-@pytest.mark.parametrize("stop", ["save", "fetch"])
+@pytest.mark.parametrize("stop", ["save", "copy", "fetch"])
 def test_a_stopped_peer_makes_every_other_process_raise_within_the_timeout(tmp_path, run, stop):
-    if stop == "save":
+    if stop in ("save", "copy"):  # as it sends its peers its copies of step 2, or copies step 4 to the persistent tier
         base, victim = tmp_path / "fresh", 2
-        processes = _start("save", base, "--stop", "save", "--victim", "2", "--timeout", "3")
+        processes = _start("save", base, "--stop", stop, "--victim", "2", "--timeout", "3")
     else:
         base, victim = run, 3  # process 1's keeper, stopped as it begins to send process 1 its files
         shutil.rmtree(run / "local1")

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.cli import main
 
 
@@ -165,7 +165,7 @@ def test_diff_names_every_kind_of_difference(tmp_path):
 
 def test_ls_shows_steps_metrics_and_the_rule_that_keeps_each(tmp_path):
     run = tmp_path / "run"
-    with CheckpointManager(run, keep_last=2, keep_every=10, keep_best=1, metric="loss") as manager:
+    with CheckpointManager(run, keep=KeepPolicy(keep_last=2, keep_every=10, keep_best=1, metric="loss")) as manager:
         for step, loss in [(5, 0.9), (10, 0.8), (15, 0.1), (20, 0.5), (25, 0.6), (30, 0.7)]:
             manager.save(step, {"params": {"w": jnp.ones(100)}}, metrics={"loss": loss, "acc": 1 - loss})
     out = jaxstow_command("ls", run, check=0).stdout.splitlines()
@@ -318,7 +318,7 @@ def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
 
 def test_ls_and_verify_a_folder_on_s3(s3_server):
     url = s3_server.url("cli-run")
-    with CheckpointManager(url, keep_last=2, storage_options=s3_server.storage_options) as manager:
+    with CheckpointManager(url, keep=KeepPolicy(keep_last=2), storage_options=s3_server.storage_options) as manager:
         for step in range(3):
             manager.save(step, {"w": jnp.full(64, step, jnp.float32)}, metrics={"loss": 1.0 / (step + 1)})
     env = {**os.environ, "FSSPEC_S3": json.dumps(s3_server.storage_options)}  # fsspec's own configuration

@@ -31,6 +31,7 @@ def test_processes_gather_decide_agree_and_leave_no_keys_behind():
         assert report["max"] == 20
         assert report["second"] == [0, 1, 2]
     assert reports[0]["left"] == []  # process 0 deleted the first conversation's keys once every process closed it
+    assert reports[0]["left of the second"] == []  # and the second's, as a conversation of another scope closed
 
 
 def test_a_silent_process_makes_the_others_raise_within_the_timeout_naming_it():
@@ -47,3 +48,5 @@ def test_a_decision_that_fails_reaches_every_process(count):
     assert reports[0]["error"] == "ValueError: no step to restore"
     for report in reports[1:]:
         assert report["error"] == "CheckpointError: process 0 failed: ValueError: no step to restore"
+    if count > 1:
+        assert reports[0]["left"] == []  # the failed conversation was closed in every process, and its keys deleted

@@ -2,8 +2,10 @@
 PROCESS COUNT PORT``.
 
 ``talk`` runs a conversation of every kind of message and prints what it heard, then whether the keys of the finished
-conversation are gone; ``stall K`` has process K sleep instead of reaching a barrier (alive but silent); ``refuse``
-has process 0's decision raise. Each process prints one JSON line: what it heard, or ``error`` and ``seconds``.
+conversations are gone (the second's once a conversation of another scope closed); ``stall K`` has process K sleep
+instead of reaching a barrier (alive but silent); ``refuse`` has process 0's decision raise, then runs another
+conversation and prints whether the failed one's keys are gone. Each process prints one JSON line: what it heard, or
+``error`` and ``seconds``.
 """
 
 from __future__ import annotations
@@ -37,8 +39,12 @@ try:
         with coordinator.conversation("save") as talk:  # the second conversation of a kind has another name
             report["second"] = talk.gather("summary", index, waiting_for="its summary")
             talk.barrier("done", waiting_for="the end")
+            second = talk.name
+        with Coordinator("runs/other", timeout=3).conversation("save") as talk:  # another scope
+            talk.barrier("done", waiting_for="the end")
         client = jax_compat.distributed_client()
         report["left"] = [key for key, _ in client.key_value_dir_get(first + "/")]
+        report["left of the second"] = [key for key, _ in client.key_value_dir_get(second + "/")]
     elif action == "stall":
         with coordinator.conversation("restore") as talk:
             if index == stalled:
@@ -49,9 +55,14 @@ try:
         def choose() -> int:
             raise ValueError("no step to restore")
 
-        with coordinator.conversation("restore") as talk:
+        refused = coordinator.conversation("restore")
+        with refused as talk:
             talk.decide("step", choose, waiting_for="the step to restore")
 except (CheckpointError, ValueError) as error:
     report["error"] = f"{type(error).__name__}: {error}"
 report["seconds"] = round(time.monotonic() - started, 2)
+if action == "refuse" and count > 1:  # a conversation that failed is closed all the same: its keys go
+    with coordinator.conversation("after") as talk:
+        talk.barrier("done", waiting_for="the end")
+    report["left"] = [key for key, _ in jax_compat.distributed_client().key_value_dir_get(refused.name + "/")]
 print(json.dumps(report), flush=True)

@@ -3,15 +3,21 @@
 
 ``save`` saves step 1: ``rows``, sharded by rows over every device of the run, ``rep``, replicated on every device,
 ``loader``, a :func:`jaxstow.per_process` value of this process's own, and ``it``, a stateful iterator at this
-process's own position. ``restore`` restores it on a mesh of this run's devices, checks every array bit for bit and
-reports the bytes this process read and the per-process values it got (with another process count than the save's,
-it reports the error and then every process's values, ``per_process="all"``). ``--die K`` makes
-process K kill itself with SIGKILL when its restore first meets the broadcast. Each prints one JSON line.
+process's own position. ``restore`` restores it with ``rows`` split over the ``model`` axis of a (data, model) mesh
+of this run's devices (so each box of it is held by some of the processes) and ``rep`` replicated, checks every
+array bit for bit and reports the bytes this process read and the per-process values it got (with another process
+count than the save's, it reports the error and then every process's values, ``per_process="all"``); then the same
+with ``broadcast_restore`` at its default (``--broadcast`` forces it: ``on`` or ``off``), reporting the bytes read.
+Shared boxes are gathered in chunks of at most ``--chunk-bytes``, with jax's CPU collectives ``--collectives``. ``--die K`` makes process K kill itself with
+SIGKILL (``--stop K``: stop itself with SIGSTOP) when its restore first reads for the broadcast;
+``--stop-after-gather K`` makes it stop after its first gather (before the barrier of the next). Each prints one JSON
+line, with ``listening``: the sockets this process listens on that jax's own collectives did not open.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -26,14 +32,20 @@ parser.add_argument("devices", type=int)
 parser.add_argument("port", type=int)
 parser.add_argument("folder")
 parser.add_argument("--die", type=int, default=-1)
+parser.add_argument("--stop", type=int, default=-1)
+parser.add_argument("--stop-after-gather", type=int, default=-1)
+parser.add_argument("--broadcast", choices=["on", "off"], default="on")
+parser.add_argument("--chunk-bytes", type=int, default=0)
+parser.add_argument("--collectives", default="gloo")
 parser.add_argument("--process-timeout", type=float, default=60.0)
 args = parser.parse_args()
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={args.devices}"
 
 import jax  # noqa: E402
 
-jax.config.update("jax_cpu_collectives_implementation", "gloo")
-if args.die >= 0:
+jax.config.update("jax_cpu_collectives_implementation", None if args.collectives == "none" else args.collectives)
+stopping = max(args.die, args.stop, args.stop_after_gather) >= 0
+if stopping:
     jax.config.update("jax_enable_recoverability", True)
 if args.count > 1:
     jax.distributed.initialize(
@@ -41,6 +53,7 @@ if args.count > 1:
     )
 
 import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -72,12 +85,56 @@ def shardings() -> dict[str, NamedSharding]:
     return {"rows": NamedSharding(mesh, P("x")), "rep": NamedSharding(mesh, P())}
 
 
+def restore_shardings() -> dict[str, NamedSharding]:
+    devices = len(jax.devices())
+    mesh = jax.make_mesh((devices // 2, 2) if devices > 1 else (1, 1), ("data", "model"))
+    return {"rows": NamedSharding(mesh, P("model")), "rep": NamedSharding(mesh, P())}
+
+
+def listening() -> set[str]:
+    """The inodes of the sockets this process listens on (TCP state 0A), from /proc."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            rows = lines.read().splitlines()[1:]
+        for line in rows:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                found.add(fields[9])
+    return found
+
+
 def bytes_read() -> int:
     with open("/proc/self/io") as io:
         return next(int(line.split()[1]) for line in io if line.startswith("rchar:"))
 
 
+def leave(report: dict) -> None:
+    """Prints the report and ends the process without jax's shutdown barrier, which a dead or stopped process would
+    hold up; process 0, which runs jax's coordination service, waits until every other live process has reported."""
+    print(json.dumps(report), flush=True)
+    if args.count > 1:
+        client = jax._src.distributed.global_state.client
+        if args.process == 0:
+            for other in set(range(1, args.count)) - {args.die, args.stop, args.stop_after_gather}:
+                client.blocking_key_value_get(f"worker-reported/{other}", 120_000)
+        else:
+            client.key_value_set(f"worker-reported/{args.process}", "1")
+    os._exit(0)
+
+
 report: dict = {"process": args.process}
+if args.count > 1 and args.collectives != "none":  # jax's own collectives (gloo) listen on a socket of their own
+    multihost_utils.sync_global_devices("collectives ready")
+before_listening = listening()
+if args.chunk_bytes:
+    broadcast.CHUNK_BYTES = args.chunk_bytes
 if args.action == "save":
     state = {
         name: jax.make_array_from_callback(VALUES[name].shape, sharding, lambda i, name=name: VALUES[name][i])
@@ -89,16 +146,29 @@ if args.action == "save":
         manager.save(1, {"state": state})
         manager.wait()
         report["steps"] = manager.steps()
+        report["listening"] = sorted(listening() - before_listening)
 else:
-    if args.process == args.die:
+    if args.process in (args.die, args.stop):
 
         def die(*arguments, **options):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL if args.process == args.die else signal.SIGSTOP)
 
-        broadcast.exchange = die
-    like = {name: jax.ShapeDtypeStruct(VALUES[name].shape, np.float32, sharding=s) for name, s in shardings().items()}
+        broadcast.Exchange.share = die
+    if args.process == args.stop_after_gather:
+        gather = broadcast.Exchange._gather
+
+        def gather_and_stop(*arguments, **options):
+            gather(*arguments, **options)
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+        broadcast.Exchange._gather = gather_and_stop
+    shardings_ = restore_shardings()
+    like = {name: jax.ShapeDtypeStruct(VALUES[name].shape, np.float32, sharding=s) for name, s in shardings_.items()}
     like["loader"], like["it"] = jaxstow.per_process(None), Loader(-1)
-    with jaxstow.CheckpointManager(args.folder, process_timeout=args.process_timeout) as manager:
+    forced = args.broadcast == "on"
+    with jaxstow.CheckpointManager(
+        args.folder, process_timeout=args.process_timeout, broadcast_restore=forced
+    ) as manager:
         before, start = bytes_read(), time.monotonic()
         try:
             restored = manager.restore(like={"state": like})["state"]
@@ -107,20 +177,29 @@ else:
             restored = manager.restore(like={"state": like}, per_process="all")["state"]
         except jaxstow.errors.JaxstowError as error:
             report.update(error=f"{type(error).__name__}: {error}", seconds=time.monotonic() - start)
-            print(json.dumps(report), flush=True)
-            os._exit(0)
+            leave(report)
         report["seconds"] = time.monotonic() - start
         report["bytes_read"] = bytes_read() - before
+        report["listening"] = sorted(listening() - before_listening)
     for name in VALUES:
+        assert restored[name].sharding == shardings_[name], name
         for shard in restored[name].addressable_shards:
             assert np.array_equal(np.asarray(shard.data), VALUES[name][shard.index]), name
+    if "error" not in report:  # the default: where it pays
+        with jaxstow.CheckpointManager(args.folder, process_timeout=args.process_timeout) as manager:
+            before = bytes_read()
+            again = manager.restore(like={"state": like})["state"]
+            report["default_bytes_read"] = bytes_read() - before
+        for name in VALUES:
+            for shard in again[name].addressable_shards:
+                assert np.array_equal(np.asarray(shard.data), VALUES[name][shard.index]), name
     loader = restored["loader"]
     report["loader"] = [loader] if isinstance(loader, dict) else loader
     report["loader"] = [{"process": v["process"], "seen": v["seen"].tolist()} for v in report["loader"]]
     report["it"] = restored["it"].position if restored["it"] is like["it"] else [json.loads(s) for s in restored["it"]]
+if stopping:
+    leave(report)
 print(json.dumps(report), flush=True)
-if args.die >= 0:
-    os._exit(0)  # without jax's shutdown barrier, which the dead process would hold up
 if args.count > 1:
     jax.distributed.shutdown()
 sys.exit(0)

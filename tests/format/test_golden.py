@@ -126,7 +126,7 @@ def _checkpoint_items() -> dict[int, object]:
 def _save_checkpoint(folder: Path) -> None:
     """The saves that wrote ``tests/data/checkpoint_v<FORMAT_VERSION>``."""
     items = _checkpoint_items()
-    with jaxstow.CheckpointManager(folder, keep_last=2) as manager:
+    with jaxstow.CheckpointManager(folder, keep=jaxstow.KeepPolicy(keep_last=2)) as manager:
         manager.save(3, items[3], metrics={"loss": 0.25}, metadata={"epoch": 3})
         manager.save(5, items[5], metrics={"loss": float("nan")})
 
@@ -139,7 +139,7 @@ def test_the_golden_checkpoint_restores_and_verifies(tmp_path):
     folder = tmp_path / "run"
     shutil.copytree(CHECKPOINT, folder)
     items = _checkpoint_items()
-    with jaxstow.CheckpointManager(folder, keep_last=2) as manager:
+    with jaxstow.CheckpointManager(folder, keep=jaxstow.KeepPolicy(keep_last=2)) as manager:
         assert manager.steps() == [3, 5]
         assert manager.damaged_steps() == {}
         assert_same(manager.restore(3, as_numpy=True), items[3])

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager, scheduler, train
+from jaxstow import CheckpointManager, KeepPolicy, scheduler, train
 from jaxstow import io as jio
 from jaxstow import objax as objax_io
 from jaxstow.cli import main
@@ -30,13 +30,13 @@ def where(tmp_path):
     """A folder with a saved file, a checkpoint folder of named items and a file that is not a jaxstow file."""
     jaxstow.save(tmp_path / "w.jxs", {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "step": 1})
     (tmp_path / "junk.bin").write_bytes(b"\x00" * 64)
-    with CheckpointManager(tmp_path / "run", keep_last=2) as manager:
+    with CheckpointManager(tmp_path / "run", keep=KeepPolicy(keep_last=2)) as manager:
         manager.save(1, {"params": {"w": jnp.ones(3)}, "opt_state": {"mu": jnp.zeros(3)}})
     return tmp_path
 
 
 def _manager(where):
-    return CheckpointManager(where / "run", keep_last=2)
+    return CheckpointManager(where / "run", keep=KeepPolicy(keep_last=2))
 
 
 def _with_manager(action: Callable[[CheckpointManager], object]) -> Case:
@@ -103,9 +103,11 @@ CASES: dict[str, Case] = {
     "reader: a slice of a value": _with_reader(lambda r: r.read("step", np.s_[0])),
     "reader: load into the wrong structure": _with_reader(lambda r: r.load({"w": np.zeros(1)})),
     # CheckpointManager
-    "manager: negative keep_last": lambda w: CheckpointManager(w / "other", keep_last=-1),
-    "manager: keep_best without a metric": lambda w: CheckpointManager(w / "other", keep_best=1),
-    "manager: an unknown mode": lambda w: CheckpointManager(w / "other", keep_best=1, metric="loss", mode="median"),
+    "manager: negative keep_last": lambda w: CheckpointManager(w / "other", keep=KeepPolicy(keep_last=-1)),
+    "manager: keep_best without a metric": lambda w: CheckpointManager(w / "other", keep=KeepPolicy(keep_best=1)),
+    "manager: an unknown mode": lambda w: CheckpointManager(
+        w / "other", keep=KeepPolicy(keep_best=1, metric="loss", mode="median")
+    ),
     "manager: storage options for a path": lambda w: CheckpointManager(w / "other", storage_options={"anon": True}),
     "manager: a file as its folder": lambda w: CheckpointManager(w / "w.jxs").save(1, {"a": jnp.ones(1)}),
     "manager: metrics that are no dict": _with_manager(lambda m: m.save(5, {"a": jnp.ones(1)}, metrics=[0.1])),

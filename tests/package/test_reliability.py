@@ -7,6 +7,7 @@ import random
 import pytest
 
 from reliability import probes
+from reliability.folder_cases import CASES
 
 
 @pytest.mark.parametrize(
@@ -16,6 +17,7 @@ from reliability import probes
         (probes.flips_npz, 150),
         (probes.flips_checkpoint, 150),
         (probes.fuzzed_headers, 400),
+        (probes.hostile_folders, len(CASES) + 10),  # every case once, and some twice
         (probes.odd_trees, 200),
         (probes.killed_saves, 3),
         (probes.killed_checkpoint_saves, 3),

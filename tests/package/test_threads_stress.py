@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.checkpoint.recovery import Restored
 from jaxstow.errors import StepNotFoundError
 
@@ -112,9 +112,9 @@ _THREADS = """
 
 _WRITER = """
     import os, sys, numpy as np
-    from jaxstow import CheckpointManager
+    from jaxstow import CheckpointManager, KeepPolicy
     folder, stop = sys.argv[1], sys.argv[2]
-    with CheckpointManager(folder, keep_last=1) as manager:
+    with CheckpointManager(folder, keep=KeepPolicy(keep_last=1)) as manager:
         step = 1
         while not os.path.exists(stop):
             manager.save(step, {"a": np.full(4, step), "b": {"c": np.arange(step % 5)}, "n": step})
@@ -212,7 +212,7 @@ def _deleting_on_open(reader: CheckpointManager, writer: CheckpointManager, step
 def race(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[CheckpointManager, CheckpointManager]]:
     """A writer with ``keep_last=1`` that has saved step 1, and a reader of its directory (local or ``memory://``)."""
     directory = str(tmp_path / "run") if request.param == "local" else f"memory://jaxstow-threads/{tmp_path.name}"
-    with CheckpointManager(directory, keep_last=1) as writer:
+    with CheckpointManager(directory, keep=KeepPolicy(keep_last=1)) as writer:
         writer.save(1, _state(1), metrics={"loss": 1.0})
         writer.wait()
         yield writer, CheckpointManager(directory)
@@ -240,7 +240,7 @@ def test_named_step_deleted_while_read_is_not_found(race, method: str) -> None:
 
 
 def test_named_step_that_is_gone_is_not_found(tmp_path: Path) -> None:
-    with CheckpointManager(tmp_path, keep_last=1) as manager:
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=1)) as manager:
         manager.save(1, _state(1))
         manager.save(2, _state(2))
         expected = rf"^step 1 is not in {re.escape(str(tmp_path))}; its committed steps are \[2\]$"

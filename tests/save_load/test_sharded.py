@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxstow
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.errors import CheckpointError, FormatError, ShardingError
 
 
@@ -134,7 +134,7 @@ def test_a_missing_file_of_a_step_is_named(tmp_path, tree):
 
 
 def test_checkpoints_keep_sharded_arrays_async(tmp_path, tree):
-    with CheckpointManager(tmp_path / "run", keep_last=1) as manager:
+    with CheckpointManager(tmp_path / "run", keep=KeepPolicy(keep_last=1)) as manager:
         manager.save(1, {"params": tree})
         manager.save(2, {"params": tree})
         restored = manager.restore(sharding="saved")

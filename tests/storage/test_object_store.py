@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow import CheckpointManager, Transfer
+from jaxstow import CheckpointManager, KeepPolicy, Transfer
 from jaxstow.errors import CheckpointError, CorruptFileError, PathNotFoundError
 
 MiB = 1 << 20
@@ -65,7 +65,7 @@ def test_every_entry_point_takes_a_url_and_storage_options(s3):
     assert jaxstow.load_metadata(url, storage_options=options) == {"epoch": 1}
     with jaxstow.open(url, storage_options=options) as reader:
         np.testing.assert_array_equal(reader.read("w", np.s_[1]), tree["w"][1])
-    with CheckpointManager(server.url(prefix, "run"), storage_options=options, keep_last=1) as manager:
+    with CheckpointManager(server.url(prefix, "run"), keep=KeepPolicy(keep_last=1), storage_options=options) as manager:
         manager.save(1, {"params": {"w": jnp.ones(3)}})
         manager.save(2, {"params": {"w": jnp.full(3, 2.0)}})
         assert manager.steps() == [2] and float(manager.restore()["params"]["w"][0]) == 2.0
@@ -321,7 +321,7 @@ def test_a_step_of_many_items_opens_each_file_with_one_request(s3):
     options = server.storage_options
     items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(16)}
     calls: dict[str, int] = {}
-    client = _client(url_filesystem(url, options)[0], Transfer().requests)
+    client, _ = _client(url_filesystem(url, options)[0], Transfer().requests)
     client.meta.events.register(
         "before-call.s3", lambda model, **_: calls.update({model.name: calls.get(model.name, 0) + 1})
     )

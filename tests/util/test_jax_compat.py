@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxstow._coordination import Coordinator
 from jaxstow._util import jax_compat
-from jaxstow.checkpoint.processes import Processes
 from jaxstow.errors import JaxstowError, MissingDependencyError
 from jaxstow.io.host_block import send_block
 
@@ -68,13 +68,13 @@ def test_a_jit_that_saves_samples_fails_loudly_when_jax_cannot_pin_the_callback_
     assert int(jax.jit(send)(sharded)) == 0 and len(received) == 1  # the same jit, with the name back
 
 
-def test_processes_of_a_distributed_run_fail_loudly_when_jax_has_no_client_to_reach(monkeypatch) -> None:
+def test_a_coordinator_of_a_distributed_run_fails_loudly_when_jax_has_no_client_to_reach(monkeypatch) -> None:
     import jax._src.distributed
 
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.delattr(jax._src.distributed, "global_state")
     with pytest.raises(MissingDependencyError, match=_missing("jax._src.distributed.global_state.client")):
-        Processes("runs/a", timeout=60)
+        Coordinator("runs/a", timeout=60)
 
 
 def test_a_missing_module_is_named_too() -> None:

@@ -5,8 +5,8 @@ A :class:`Coordinator` is one process's part in a scope (a checkpoint folder, sa
 the same order: what a process does next is itself agreed (a decision made once and published, or a maximum), never
 taken from that process's own listing. A message is JSON, either a payload or an error naming the process that
 failed; a wait for one ends within the timeout or raises a :class:`~jaxstow.errors.CheckpointError` naming every
-process that did not send it. A conversation's keys are deleted once every process has closed it. In one process,
-the same calls run without a key-value store.
+process that did not send it. A conversation's keys are deleted once every process has closed it (a ``with`` block
+closes it, after an error too). In one process, the same calls run without a key-value store.
 
 >>> from jaxstow._coordination import Coordinator
 >>> coordinator = Coordinator("runs/a", timeout=60)
@@ -41,6 +41,8 @@ __all__ = ["Conversation", "Coordinator", "Message"]
 # The conversations started so far in each scope and kind, by this process: the n-th has the same name everywhere.
 _started: dict[str, itertools.count[int]] = {}
 _started_lock = threading.Lock()
+# Process 0: the conversations of every scope whose keys go once every process has closed them.
+_closing: list[str] = []
 
 
 class Coordinator:
@@ -55,7 +57,6 @@ class Coordinator:
         self.scope = scope
         self.prefix = "jaxstow/" + hashlib.sha256(scope.encode()).hexdigest()[:16]
         self.client: Any = None
-        self.closing: list[str] = []  # process 0: conversations whose keys go once every process closed them
         if self.count > 1:
             self.client = jax_compat.distributed_client()
             if self.client is None:
@@ -115,8 +116,7 @@ class Conversation:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
-        if kind is None:
-            self.close()
+        self.close()  # after an error too: this process reads nothing more of it
 
     def tell(self, what: str, payload: Any) -> None:
         """Say ``payload`` (JSON) under ``what`` to the other processes."""
@@ -181,33 +181,38 @@ class Conversation:
         return int(max(self.gather(what, value, waiting_for=f"its {what}")))
 
     def barrier(self, what: str, *, waiting_for: str) -> None:
-        """Wait until every process reaches this barrier, at most the timeout; then raise naming those that did not."""
-        coordinator = self.coordinator
-        if not coordinator.many:
-            return
-        self._say(f"{what}/arrived", {"ok": True})
-        try:
-            coordinator.client.wait_at_barrier(self._key(what), int(coordinator.timeout * 1000))
-        except Exception as error:  # jax raises its runtime's own error types here
-            arrived = self._said(f"{what}/arrived")
-            missing = [other for other in range(coordinator.count) if other not in arrived]
-            raise CheckpointError(_missing(missing, waiting_for, coordinator.timeout, error)) from None
+        """Wait until every process reaches this barrier: process 0 waits for every one (the timeout) and says go,
+        or names those that did not come; the others wait for its word. On key-value messages, not jax's own
+        barrier: one of jax's that times out is an error of the run, for which jax may end every process before it
+        can raise (seen with jax 0.10.2)."""
+        self.tell(f"{what}/arrived", True)
+
+        def every_process() -> bool:
+            self.collect(f"{what}/arrived", waiting_for=waiting_for)
+            return True
+
+        self.decide(f"{what}/go", every_process, waiting_for=waiting_for)
 
     def close(self) -> None:
         """This process is done with the conversation. Process 0 deletes the keys of each conversation every
-        process has closed (this one, or one closed before it)."""
+        process has closed (this one, or one closed before it, in any scope)."""
         coordinator = self.coordinator
         if not coordinator.many:
             self._own.clear()
             return
         try:
             self._say("closed", {"ok": True})
-            if coordinator.index == 0:
-                coordinator.closing.append(self.name)
-                for name in list(coordinator.closing):
-                    if len(_listed(coordinator.client, f"{name}/closed")) == coordinator.count:
-                        coordinator.client.key_value_delete(name)
-                        coordinator.closing.remove(name)
+            if coordinator.index != 0:
+                return
+            with _started_lock:
+                _closing.append(self.name)
+                pending = list(_closing)
+            for name in pending:
+                if len(_listed(coordinator.client, f"{name}/closed")) == coordinator.count:
+                    coordinator.client.key_value_delete(name)
+                    with _started_lock:
+                        if name in _closing:
+                            _closing.remove(name)
         except Exception:  # a store that lost a process keeps the keys: nothing will read them again
             return
 

@@ -59,15 +59,20 @@ def parse_json(
     file: str | None,
     error: type[FormatError] = FormatError,
     exact_integers: bool = True,
+    fast: bool = True,
 ) -> Any:
     """Parse ``text``; anything but valid JSON raises ``error`` naming ``what`` and ``file``.
 
     The fast parser (orjson) reads integers beyond 64 bits as floats, so a text that may hold arbitrary Python
     integers (a manifest's values) goes to it only when it has no run of 19 digits; ``exact_integers=False`` sends
     any text to it, for a text whose checks refuse a float wherever an integer belongs (a safetensors header).
-    Whatever the fast parser refuses is parsed again by the standard library, which is the judge.
+    Whatever the fast parser refuses is parsed again by the standard library, which is the judge. ``fast=False`` leaves
+    the fast parser out: it reserves about eight bytes per byte of text first, whatever the text holds (spaces too),
+    where the standard library's memory follows the values parsed.
     """
-    if not exact_integers or not _long_digit_run(text):  # without 19 digits in a row, every integer fits 64 bits
+    if fast and (
+        not exact_integers or not _long_digit_run(text)
+    ):  # without 19 digits in a row, every integer fits 64 bits
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below

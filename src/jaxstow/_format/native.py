@@ -42,7 +42,9 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "Complete",
     "NativeReader",
+    "claims_manifest",
     "header_checksum",
+    "raw_header",
     "stores_exactly",
     "write_native",
 ]
@@ -231,8 +233,11 @@ class _Codes:
         return dtype.itemsize if self.code(dtype) is not None else 1
 
 
-def _raw_header(source: ReadSource) -> bytes:
-    """The header text of a safetensors file (padding included), after checking that the file can be one."""
+def raw_header(source: ReadSource) -> bytes:
+    """The header text of a safetensors file (padding included), after checking that the file can be one.
+
+    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte of it is read.
+    """
     size = source.size
     if size < 8:
         raise TruncatedFileError(f"{source.describe_size()} is too short for a safetensors header", file=source.name)
@@ -262,10 +267,16 @@ def header_checksum(source: ReadSource) -> str:
     >>> header_checksum(open_source(buffer)) == written
     True
     """
-    raw = _raw_header(source)
-    if not any(mark in raw for mark in _JAXSTOW_MARKS):
+    raw = raw_header(source)
+    if not claims_manifest(raw):
         raise FormatError("not a jaxstow file: its header has no jaxstow manifest", file=source.name)
     return _check_header_checksum(raw, file=source.name)
+
+
+def claims_manifest(raw: bytes) -> bool:
+    """Whether a header's text (:func:`raw_header`) shows a sign of a jaxstow manifest: its key, its checksum's key or
+    its format name. Such a header must then pass its checksum; a plain safetensors file's shows none."""
+    return any(mark in raw for mark in _JAXSTOW_MARKS)
 
 
 def _recorded_checksum(raw: bytes) -> str | None:
@@ -315,13 +326,15 @@ class NativeReader:
     manifest's format name) must pass the header checksum, so a damaged key never turns a jaxstow file into a plain
     safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
     (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
-    must be its string values.
+    must be its string values. ``raw``, when given, is the header's text already read (:func:`raw_header`);
+    ``fast=False`` parses it with memory that follows its entries, not its length (see
+    :func:`~jaxstow._format.json_codec.parse_json`).
     """
 
-    def __init__(self, source: ReadSource) -> None:
+    def __init__(self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True) -> None:
         self.source = source
         self.file = source.name
-        header = self._read_header()
+        header = self._read_header(raw_header(source) if raw is None else raw, fast)
         self.slots = header.slots
         self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
@@ -350,13 +363,12 @@ class NativeReader:
                 file=self.file,
             )
 
-    def _read_header(self) -> _Header:
-        raw = _raw_header(self.source)
+    def _read_header(self, raw: bytes, fast: bool) -> _Header:
         length = len(raw)
-        claimed = any(mark in raw for mark in _JAXSTOW_MARKS)
+        claimed = claims_manifest(raw)
         recorded = _check_header_checksum(raw, file=self.file) if claimed else None
         error = CorruptFileError if claimed else FormatError
-        header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False)
+        header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False, fast=fast)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
         last = next(reversed(header), None)

@@ -350,19 +350,22 @@ def _read_by_ranges(opened: OpenedFile, paths: Sequence[str], placements: dict[i
     }
 
 
-def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None) -> jax.Array:
-    """A sharded leaf laid out on ``placement``.
+def _from_ranges(
+    opened: OpenedFile, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None
+) -> jax.Array | broadcast.Pending:
+    """A sharded leaf laid out on ``placement``; during a restore that reads shared boxes once, the leaf pending
+    until they are gathered (:mod:`jaxstow._read.broadcast`).
 
     The boxes of this process's devices read from the shards that overlap them, together when their bounding box holds
     little else (then whole shards are read, and verified).
     """
     leaf = opened.stored[path]
-    transport = broadcast.active()
+    exchange = broadcast.active(opened.file)
     parts: dict[Box, np.ndarray] = {}
-    if transport is not None:  # boxes other processes need too: read once among them and sent
+    tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
+    if exchange is not None:  # boxes other processes hold too: each reads a range now, the rest is gathered later
         read = lambda box: _cast(opened.read_box(path, box), dtype)  # noqa: E731
-        tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
-        parts = broadcast.exchange(transport, tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
+        parts = exchange.share(tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
     boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
     boxes -= parts.keys()
     bound: Box = tuple(
@@ -371,19 +374,18 @@ def _from_ranges(opened: OpenedFile, path: str, placement: jax.sharding.Sharding
     )
     together = bool(boxes) and _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
     whole = _cast(opened.read_box(path, bound), dtype) if together else None
+    for box in sorted(boxes):  # replicas of a box are read once
+        if whole is not None:
+            parts[box] = whole[
+                tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
+            ]
+        else:
+            parts[box] = _cast(opened.read_box(path, box), dtype)
 
-    def part(index: tuple[slice, ...] | None) -> np.ndarray:
-        box = _box(index, leaf.shape)
-        if box not in parts:  # replicas of a box are read once
-            if whole is not None:
-                parts[box] = whole[
-                    tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
-                ]
-            else:
-                parts[box] = _cast(opened.read_box(path, box), dtype)
-        return parts[box]
+    def build() -> jax.Array:
+        return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])
 
-    return jax.make_array_from_callback(leaf.shape, placement, part)
+    return build() if exchange is None else broadcast.Pending(tag, build)
 
 
 def _box(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Box:

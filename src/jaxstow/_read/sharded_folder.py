@@ -6,7 +6,8 @@ jaxstow loads whole (``.jxs``, ``.npz``, a safetensors file with a jaxstow manif
 what it holds and the call that loads it. A checkpoint folder, one of its steps or an orbax folder is none either.
 Every file's header is read and checked when the folder is opened, and the index against the files; each tensor then
 becomes a leaf stored whole in its file (:class:`~jaxstow._read.folder_file.FolderFile`), so a slice, or the part a
-device holds, is read by byte ranges as any sharded leaf is.
+device holds, is read by byte ranges as any sharded leaf is. The folder's files are untrusted input, opened and
+bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file must be a plain safetensors file.
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
@@ -22,29 +23,33 @@ device holds, is read by byte ranges as any sharded leaf is.
 
 from __future__ import annotations
 
-import json
-import os
-import posixpath
-from collections.abc import Callable, Mapping, Sequence
+import struct
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from jaxstow._format.json_codec import parse_json
 from jaxstow._format.kinds import folder_kind
-from jaxstow._format.native_or_npz import Container, open_container
+from jaxstow._format.manifest import check_nesting
+from jaxstow._format.native import MAX_HEADER_BYTES, NativeReader, claims_manifest, raw_header
+from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import ShardedLeaf, StoredShard
+from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
+from jaxstow._read.folder_members import MAX_FOLDER_TENSORS, Budget, child, list_folder, open_local_member
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathError, PathNotFoundError, excerpt
+from jaxstow._util.gc_pause import with_gc_paused
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
 
 __all__ = [
     "INDEX_SUFFIX",
     "WHOLE_FILES",
+    "Budget",
     "FolderFile",
     "Listing",
     "Names",
     "Transposed",
-    "check_plain",
     "child",
     "folder_listing",
     "list_folder",
@@ -124,59 +129,54 @@ def _subfolder(location: Location, name: str, settings: StorageSettings | None) 
     return None if listed is None else listed[0]
 
 
-def list_folder(
-    location: Location, settings: StorageSettings | None
-) -> tuple[list[str], Callable[[str], bytes]] | None:
-    """The names in the folder and how to read one of its files; ``None`` when it is no folder."""
-    if location.path is not None:
-        folder = location.path
-        if not os.path.isdir(folder):
-            return None
-
-        def read_local(name: str) -> bytes:
-            with open(os.path.join(folder, name), "rb") as file:
-                return file.read()
-
-        return os.listdir(folder), read_local
-    if location.url is None:
-        return None
-    from jaxstow._storage.remote import storage_errors, url_filesystem
-
-    fs, root = url_filesystem(location.url, (settings or StorageSettings()).options)
-    with storage_errors(location.url):
-        if not fs.isdir(root):
-            return None
-        names = [posixpath.basename(str(entry).rstrip("/")) for entry in fs.ls(root, detail=False)]
-
-    def read_remote(name: str) -> bytes:
-        with storage_errors(child(location.name, name)):
-            return bytes(fs.cat_file(posixpath.join(root, name)))
-
-    return names, read_remote
+#: Entries an index may hold beside its tensors' (its metadata's), when they are counted from its text.
+_INDEX_SLACK = 256
+#: A name of a file that a folder can hold: at most 255 bytes of UTF-8, the longest name most file systems take.
+_MAX_NAME_BYTES = 255
 
 
 def _parse_index(data: bytes, *, file: str) -> tuple[dict[str, str], dict[str, Any] | None]:
-    try:
-        index = json.loads(data)
-    except ValueError as error:
-        raise FormatError(f"is no JSON index ({error})", file=file) from None
+    """The weight_map and metadata of an index's text, every part checked; a :class:`FormatError` naming it else.
+
+    Its entries are counted from the text before it is parsed (every value but the first follows a comma).
+    """
+    if data.count(b",") > MAX_FOLDER_TENSORS + _INDEX_SLACK:
+        raise FormatError(f"holds more entries than the {MAX_FOLDER_TENSORS} tensors a folder may hold", file=file)
+    index = parse_json(data, what="the index", file=file, fast=False)
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not all(
-        isinstance(name, str) and isinstance(shard, str) for name, shard in weight_map.items()
-    ):
+    if not isinstance(weight_map, dict):
         raise FormatError(f"needs a weight_map of tensor names to file names, not {excerpt(weight_map)}", file=file)
+    if not weight_map:
+        raise FormatError("has an empty weight_map: it maps no tensor to a file", file=file)
+    if len(weight_map) > MAX_FOLDER_TENSORS:
+        raise FormatError(
+            f"maps {len(weight_map)} tensors, more than the {MAX_FOLDER_TENSORS} a folder may hold", file=file
+        )
     for name, shard in weight_map.items():
-        if not shard.endswith(".safetensors") or "/" in shard or "\\" in shard or shard.startswith("."):
+        if not isinstance(shard, str) or not _shard_name(shard):
             raise FormatError(f"maps to {excerpt(shard)}, not a .safetensors file of the folder", file=file, path=name)
     metadata = index.get("metadata")
-    return weight_map, metadata if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict):
+        return weight_map, None
+    check_nesting({"metadata": metadata}, file=file)
+    return weight_map, metadata
 
 
-def child(folder: str, name: str) -> str:
-    """The file ``name`` of ``folder`` (a path or a URL)."""
-    return posixpath.join(folder, name) if "://" in folder else os.path.join(folder, name)
+def _shard_name(name: str) -> bool:
+    """Whether ``name`` can name a ``.safetensors`` file of the folder itself (no path, no NUL, UTF-8, not hidden)."""
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return (
+        name.endswith(".safetensors")
+        and not name.startswith(".")
+        and len(encoded) <= _MAX_NAME_BYTES
+        and not any(character in name for character in "/\\\0")
+    )
 
 
+@with_gc_paused  # a folder of many tensors makes many objects at once: the collector would walk them again and again
 def open_folder(
     location: Location,
     kind: type[F],
@@ -193,10 +193,10 @@ def open_folder(
     if listing is None:
         raise PathNotFoundError("is no folder of safetensors files", file=location.name)
     containers: list[Container] = []
+    budget = Budget()
     try:
         for name in listing.files:
-            containers.append(open_shard(listing, name, settings))
-        check_plain(listing, containers)
+            containers.append(open_shard(listing, name, settings, budget))
         where, problems = tensor_files(listing, containers)
         if problems:
             raise problems[0]
@@ -215,12 +215,20 @@ def open_folder(
         raise
 
 
-def open_shard(listing: Listing, name: str, settings: StorageSettings | None) -> Container:
-    """The file ``name`` of the folder, its header read and checked; a missing file names what the index maps to it."""
+def open_shard(listing: Listing, name: str, settings: StorageSettings | None, budget: Budget) -> Container:
+    """The file ``name`` of the folder, its header read and checked as a plain safetensors file's, within ``budget``.
+
+    A missing file names what the index maps to it; a jaxstow file, an npz or any other file is refused, naming it.
+    """
     shown = child(listing.folder, name)
+    folder = locate(listing.folder)
+    source: ReadSource
     try:
-        source = locate(shown).open(settings)
-    except PathError as error:
+        if folder.path is not None:
+            source = open_local_member(folder.path, name, shown, settings)
+        else:
+            source = locate(shown).open(settings)
+    except PathNotFoundError as error:
         if listing.weight_map is None:
             raise
         tensors = sorted(tensor for tensor, shard in listing.weight_map.items() if shard == name)
@@ -230,43 +238,49 @@ def open_shard(listing: Listing, name: str, settings: StorageSettings | None) ->
             file=shown,
         ) from error
     try:
-        return open_container(source)
+        return _plain_file(listing, name, source, budget)
     except BaseException:
         source.close()
         raise
 
 
-def check_plain(listing: Listing, containers: Sequence[Container | None]) -> None:
-    """Refuse a folder without an index whose ``.safetensors`` files include a jaxstow file (it loads whole)."""
-    if listing.weight_map is not None:
-        return
-    opened = [(name, container) for name, container in zip(listing.files, containers, strict=True) if container]
-    whole = [name for name, container in opened if container.manifest is not None]
-    if whole:
-        plain = [name for name, container in opened if container.manifest is None]
-        raise IsAFolderError(_not_shards(listing.folder, whole, plain), file=listing.folder)
+#: How a zip archive (an npz, a PyTorch file) starts.
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def _plain_file(listing: Listing, name: str, source: ReadSource, budget: Budget) -> NativeReader:
+    """``source`` as a plain safetensors file, refused before its header is parsed if it is anything else."""
+    start = source.read(0, min(source.size, 9))
+    if start[:4] in _ZIP_MAGIC and start[8:9] != b"{":
+        raise FormatError(
+            "is a zip archive (an npz or a PyTorch file), not a safetensors file: a folder's .safetensors files are "
+            "read as safetensors files only",
+            file=source.name,
+        )
+    if len(start) == 9 and (length := struct.unpack("<Q", start[:8])[0]) <= MAX_HEADER_BYTES:
+        budget.check_length(length, file=source.name)
+    raw = raw_header(source)
+    if claims_manifest(raw):
+        if listing.weight_map is None:
+            others = [file for file in listing.files if file != name]
+            raise IsAFolderError(_not_shards(listing.folder, [name], others), file=listing.folder)
+        raise FormatError(
+            f"is a jaxstow file, not a plain safetensors file, and {listing.index_name} maps tensors to it: a folder's "
+            f"files are plain safetensors files. Load this one on its own: jaxstow.load({source.name!r})",
+            file=source.name,
+        )
+    budget.spend(raw, file=source.name)
+    return NativeReader(source, raw, fast=False)
 
 
 def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tuple[dict[str, int], list[FormatError]]:
     """Which file holds each tensor (an index in ``listing.files``), and every way the files and the index disagree.
 
-    With an index, the tensors it maps, each in the file it names; without, every tensor of every file, each in one
-    file only. A file not opened (``None``) is passed over.
+    No tensor may be in two files. With an index, the tensors it maps, each in the file it names; without, every
+    tensor of every file. A file not opened (``None``) is passed over.
     """
     where: dict[str, int] = {}
     problems: list[FormatError] = []
-    if listing.weight_map is not None:
-        position = {name: source for source, name in enumerate(listing.files)}
-        for tensor, shard in listing.weight_map.items():
-            container = containers[position[shard]]
-            if container is None:
-                continue
-            if tensor not in container.slots:
-                message = f"holds no tensor of this name, which {listing.index_name} maps to it"
-                problems.append(FormatError(message, file=container.file, path=tensor))
-            else:
-                where[tensor] = position[shard]
-        return where, problems
     for source, container in enumerate(containers):
         if container is None:
             continue
@@ -277,7 +291,20 @@ def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tu
                 problems.append(FormatError(message, file=container.file, path=tensor))
             else:
                 where[tensor] = source
-    return where, problems
+    if listing.weight_map is None:
+        return where, problems
+    position = {name: source for source, name in enumerate(listing.files)}
+    mapped: dict[str, int] = {}
+    for tensor, shard in listing.weight_map.items():
+        container = containers[position[shard]]
+        if container is None:
+            continue
+        if tensor not in container.slots:
+            message = f"holds no tensor of this name, which {listing.index_name} maps to it"
+            problems.append(FormatError(message, file=container.file, path=tensor))
+        else:
+            mapped[tensor] = position[shard]
+    return mapped, problems
 
 
 def _leaves(containers: Sequence[Container], where: Mapping[str, int]) -> dict[str, ShardedLeaf]:

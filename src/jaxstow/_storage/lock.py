@@ -256,7 +256,10 @@ class RemoteLock:
         except OSError:
             if not self._fs.exists(self._path):
                 raise
-            raise _held_error(store.location, Holder.parse(self._fs.cat_file(self._path)), hint) from None
+            holder = Holder.parse(self._fs.cat_file(self._path))
+            if holder == self._holder:  # this PUT's own, sent again by the client after its answer was lost
+                return
+            raise _held_error(store.location, holder, hint) from None
 
     def _take_over(self, location: str, hint: str) -> None:
         previous = Holder.parse(self._fs.cat_file(self._path))

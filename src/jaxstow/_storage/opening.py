@@ -63,7 +63,8 @@ class Location:
         """The source to read (a source given is returned as it is).
 
         ``settings`` say how a URL is reached (fsspec's storage options, the transfer, a local cache). A folder raises
-        :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`.
+        :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`, a FIFO, a
+        device or a socket a :class:`~jaxstow.errors.PathError`: only regular files are opened.
         """
         if self.source is not None:
             return self.source

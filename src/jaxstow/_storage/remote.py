@@ -2,7 +2,8 @@
 
 Imported only when a URL is given; it needs fsspec (``pip install 'jaxstow[fsspec]'``), which resolves the storage
 options and its own configuration. Objects of ``s3://`` URLs are then read by :mod:`jaxstow._storage.s3`, those of
-other stores through fsspec, ``requests`` at a time as the :class:`~jaxstow.Transfer` says.
+other stores through fsspec, ``requests`` at a time as the :class:`~jaxstow.Transfer` says, each request retried
+under its policy (:mod:`jaxstow._storage.retrying`): a body cut short is read again, never taken for the file's end.
 
 >>> import jaxstow, jax.numpy as jnp
 >>> from jaxstow._storage.remote import open_remote_source
@@ -19,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from jaxstow._format.source import ReadSource
+from jaxstow._storage.retrying import BrokenBody
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Transfer, lanes
@@ -104,21 +106,35 @@ class RemoteSource(SourceBase):
         self.name = name
         self._fs = fs
         self._path = path
-        self._lanes = lanes(transfer or Transfer())
+        transfer = transfer or Transfer()
+        self._lanes = lanes(transfer)
+        self._retries = transfer.retries()
         self.parallel = self._lanes.reads
         with storage_errors(name):
-            self.size = int(fs.size(path))
+            self.size = int(self._retries.call(lambda: fs.size(path), url=name, doing="reading its size"))
 
     def read(self, offset: int, length: int) -> bytes:
         if not length:
             return b""
+        if offset + length > self.size:  # the object ends before: damage, found without asking the store
+            raise self._truncated(offset, length, max(0, self.size - offset))
+
+        def whole() -> bytes:
+            data = bytes(self._fs.cat_file(self._path, start=offset, end=offset + length))
+            if len(data) < length:
+                raise BrokenBody(len(data), length)
+            return data
+
         with self._lanes.reading:
             if self._lanes.read_pace is not None:
                 self._lanes.read_pace.wait(length)
             with storage_errors(self.name):
-                data = bytes(self._fs.cat_file(self._path, start=offset, end=offset + length))
+                data = self._retries.call(whole, url=self.name, doing=f"reading bytes {offset}-{offset + length - 1}")
         if len(data) != length:
-            raise self._truncated(offset, length, len(data))
+            raise StorageError(
+                f"the storage failed: it answered {len(data)} bytes for the {length} bytes at offset {offset}",
+                file=self.name,
+            )
         return data
 
     def read_into(self, offset: int, buffer: memoryview) -> None:

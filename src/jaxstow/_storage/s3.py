@@ -10,6 +10,11 @@ Payloads are not signed (``UNSIGNED-PAYLOAD``, what botocore does over https), s
 not the price of an http endpoint; each part still carries its CRC32, which the server checks, and every leaf its
 xxh3, which every read checks. ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` in the storage options
 signs them again.
+
+Every request goes through one :class:`~jaxstow._storage.retrying.Retries` policy, reads and writes alike: botocore's
+own retries are turned off in this client, and the attempts its ``retries`` config (or ``AWS_MAX_ATTEMPTS``) gives
+are this policy's, unless the :class:`Transfer` names its own. A ranged GET whose body breaks off is taken up again
+where it broke.
 """
 
 from __future__ import annotations
@@ -20,9 +25,10 @@ import itertools
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
+from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
@@ -32,10 +38,11 @@ __all__ = ["HEAD_BYTES", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_err
 
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
-_ATTEMPTS = 3  # reads of a body cut short by the network are taken up again this many times
 _MISSING = frozenset({"NoSuchKey", "404", "NoSuchBucket", "NotFound"})
 
-_clients: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
+T = TypeVar("T")
+
+_clients: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], tuple[Any, int | None]]] = weakref.WeakKeyDictionary()
 _clients_lock = threading.Lock()
 
 
@@ -44,11 +51,12 @@ def is_s3(fs: Any) -> bool:
     return type(fs).__name__ == "S3FileSystem" and hasattr(fs, "split_path")
 
 
-def _client(fs: Any, requests: int) -> Any:
-    """A botocore client with the settings of the s3fs file system ``fs``, as s3fs makes its own.
+def _client(fs: Any, requests: int) -> tuple[Any, int | None]:
+    """A botocore client with the settings of the s3fs file system ``fs``, as s3fs makes its own, and the attempts
+    its retry settings give (``None``: they name none).
 
     It pools enough connections for ``requests`` reads and as many uploads; one per file system and size, made once per
-    process.
+    process. Its own retries are off: :class:`S3Bucket` retries every request with the one policy.
     """
     with _clients_lock:
         made = _clients.setdefault(fs, {})
@@ -58,7 +66,7 @@ def _client(fs: Any, requests: int) -> Any:
         return made[key]
 
 
-def _new_client(fs: Any, requests: int) -> Any:
+def _new_client(fs: Any, requests: int) -> tuple[Any, int | None]:
     config_module = require("botocore.config", extra="s3", purpose="reading and writing s3:// objects")
     session_module = require("botocore.session", extra="s3", purpose="reading and writing s3:// objects")
 
@@ -77,13 +85,17 @@ def _new_client(fs: Any, requests: int) -> Any:
     config.setdefault("read_timeout", fs.read_timeout)
     config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 2 * requests + 4)
     config["s3"] = {"payload_signing_enabled": False, **config.get("s3", {})}
+    session = session_module.Session(**fs.kwargs)
+    retries = dict(config.get("retries") or {})
+    attempts = configured_attempts(retries, session.get_config_variable("max_attempts"))
+    config["retries"] = {**{name: value for name, value in retries.items() if name == "mode"}, "total_max_attempts": 1}
     if fs.anon:
         secret = {"aws_access_key_id", "aws_secret_access_key", "aws_session_token"}
         init = {name: value for name, value in init.items() if name not in secret}
         client_kwargs = {name: value for name, value in client_kwargs.items() if name not in secret}
         config["signature_version"] = require("botocore", extra="s3", purpose="anonymous s3:// access").UNSIGNED
-    session = session_module.Session(**fs.kwargs)
-    return session.create_client("s3", config=config_module.Config(**config), **init, **client_kwargs)
+    client = session.create_client("s3", config=config_module.Config(**config), **init, **client_kwargs)
+    return client, attempts
 
 
 @contextlib.contextmanager
@@ -112,7 +124,8 @@ class S3Bucket:
         self.fs = fs
         self.bucket = bucket
         self.lanes: Lanes = lanes(transfer)
-        self.client = _client(fs, transfer.requests)
+        self.client, configured = _client(fs, transfer.requests)
+        self.retries: Retries = transfer.retries(configured)
         self._extra = dict(fs.s3_additional_kwargs)
         self._extra.update(fs.req_kw)
 
@@ -123,6 +136,11 @@ class S3Bucket:
         members = self.client.meta.service_model.operation_model(operation).input_shape.members
         return {name: value for name, value in self._extra.items() if name in members}
 
+    def request(self, send: Callable[[], T], *, url: str, doing: str) -> T:
+        """``send()``, one request or a few, under the retry policy; what fails as a jaxstow error naming ``url``."""
+        with s3_errors(url):
+            return self.retries.call(send, url=url, doing=doing)
+
     def get_into(
         self, key: str, offset: int, views: Sequence[memoryview], *, url: str, version: str | None = None
     ) -> int:
@@ -131,64 +149,70 @@ class S3Bucket:
         Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
         object).
         """
+        wanted = sum(len(view) for view in views)
         done = 0
+
+        def rest() -> int:
+            nonlocal done
+            try:
+                done += self._get(key, offset + done, _after(views, done), version=version)
+            except BrokenBody as broken:
+                done += broken.count
+                raise
+            return done
+
         with self.lanes.reading:
             if self.lanes.read_pace is not None:
-                self.lanes.read_pace.wait(sum(len(view) for view in views))
-            for _ in range(_ATTEMPTS - 1):
-                try:
-                    return done + self._get(key, offset + done, _after(views, done), url=url, version=version)
-                except _Partial as partial:
-                    done += partial.count
-            try:
-                return done + self._get(key, offset + done, _after(views, done), url=url, version=version)
-            except _Partial as partial:
-                cause = partial.__cause__
-                raise StorageError(f"the storage failed: {type(cause).__name__}: {cause}", file=url) from cause
+                self.lanes.read_pace.wait(wanted)
+            return self.request(rest, url=url, doing=f"reading bytes {offset}-{offset + wanted - 1} (GetObject)")
 
-    def _get(self, key: str, offset: int, views: list[memoryview], *, url: str, version: str | None) -> int:
+    def _get(self, key: str, offset: int, views: list[memoryview], *, version: str | None) -> int:
         length = sum(len(view) for view in views)
-        arguments: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": key,
-            "Range": f"bytes={offset}-{offset + length - 1}",
-        }
+        arguments = self._arguments(key, version, Range=f"bytes={offset}-{offset + length - 1}")
+        try:
+            response = self.client.get_object(**arguments, **self.extra("GetObject"))
+        except Exception as error:
+            if error_code(error) == "InvalidRange":
+                return 0  # the range starts at or past the end
+            raise
+        return _read_body(response, views)
+
+    def _arguments(self, key: str, version: str | None, **more: str) -> dict[str, Any]:
+        arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, **more}
         if version:
             arguments["VersionId"] = version
-        with s3_errors(url):
-            try:
-                body = self.client.get_object(**arguments, **self.extra("GetObject"))["Body"]
-            except Exception as error:
-                if getattr(error, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
-                    return 0  # the range starts at or past the end
-                raise
-        return _read_body(body, views)
+        return arguments
 
     def size(self, key: str, *, url: str, version: str | None = None) -> int:
         """The object's size, from a HEAD request."""
-        arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if version:
-            arguments["VersionId"] = version
-        with s3_errors(url):
-            return int(self.client.head_object(**arguments, **self.extra("HeadObject"))["ContentLength"])
+        arguments = {**self._arguments(key, version), **self.extra("HeadObject")}
+        return self.request(
+            lambda: int(self.client.head_object(**arguments)["ContentLength"]), url=url, doing="reading its size"
+        )
 
     def head(self, key: str, length: int, *, url: str, version: str | None) -> tuple[bytes, int]:
         """The first ``length`` bytes of the object (fewer if it is shorter) and its size, from one GET."""
-        arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "Range": f"bytes=0-{length - 1}"}
-        if version:
-            arguments["VersionId"] = version
+        arguments = {**self._arguments(key, version, Range=f"bytes=0-{length - 1}"), **self.extra("GetObject")}
         if self.lanes.read_pace is not None:
             self.lanes.read_pace.wait(length)
-        with s3_errors(url):  # not counted in the requests in flight: a few KiB, to start the large ones sooner
+
+        def first() -> tuple[bytes, int]:
             try:
-                response = self.client.get_object(**arguments, **self.extra("GetObject"))
+                response = self.client.get_object(**arguments)
             except Exception as error:
-                if getattr(error, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
-                    return b"", self.size(key, url=url, version=version)  # an empty object
+                if error_code(error) == "InvalidRange":
+                    return b"", -1  # an empty object
                 raise
             data = response["Body"].read()
-        total = str(response.get("ContentRange", "")).rpartition("/")[2]
-        return data, int(total) if total.isdigit() else len(data)
+            promised = int(response.get("ContentLength", len(data)))
+            if len(data) < promised:
+                raise BrokenBody(len(data), promised)
+            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+            return data, int(total) if total.isdigit() else len(data)
+
+        # Not counted in the requests in flight: a few KiB, to start the large ones sooner.
+        data, total = self.request(first, url=url, doing=f"reading its first {length} bytes (GetObject)")
+        return (data, total) if total >= 0 else (b"", self.size(key, url=url, version=version))
 
     def unfinished_uploads(self, prefix: str, *, url: str) -> list[dict[str, Any]]:
         """The multipart uploads started under ``prefix`` and neither completed nor aborted.
@@ -197,34 +221,30 @@ class S3Bucket:
         """
         found: list[dict[str, Any]] = []
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        with s3_errors(url):
-            while True:
-                page = self.client.list_multipart_uploads(**arguments)
-                found.extend(page.get("Uploads", []))
-                if not page.get("IsTruncated"):
-                    return found
-                arguments.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
+        while True:
+            page = self.request(
+                lambda: self.client.list_multipart_uploads(**arguments), url=url, doing="listing unfinished uploads"
+            )
+            found.extend(page.get("Uploads", []))
+            if not page.get("IsTruncated"):
+                return found
+            arguments.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
 
     def abort_uploads(self, uploads: Sequence[dict[str, Any]], *, url: str) -> None:
         """Abort the given multipart uploads; their parts are deleted, and an upload gone already is no error."""
         for upload in uploads:
-            with contextlib.suppress(PathNotFoundError), s3_errors(url):
+
+            def abort(upload: dict[str, Any] = upload) -> None:
                 try:
                     self.client.abort_multipart_upload(
                         Bucket=self.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
                     )
                 except Exception as error:
-                    if getattr(error, "response", {}).get("Error", {}).get("Code") == "NoSuchUpload":
-                        continue
-                    raise
+                    if error_code(error) != "NoSuchUpload":
+                        raise
 
-
-class _Partial(Exception):
-    """A body that broke off after ``count`` bytes."""
-
-    def __init__(self, count: int) -> None:
-        super().__init__(count)
-        self.count = count
+            with contextlib.suppress(PathNotFoundError):
+                self.request(abort, url=url, doing=f"aborting the upload of {upload['Key']}")
 
 
 def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
@@ -239,14 +259,17 @@ def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
     return rest
 
 
-def _read_body(body: Any, views: Sequence[memoryview]) -> int:
-    """Read a GET's body into ``views``, one after another.
+def _read_body(response: dict[str, Any], views: Sequence[memoryview]) -> int:
+    """Read a GET's body into ``views``, one after another; how many bytes it had.
 
     From the socket straight into them through http.client (urllib3's own ``readinto`` reads into a new buffer and
-    copies), then give the connection back to the pool.
+    copies), then give the connection back to the pool. A body that ends or breaks off before the bytes its answer
+    promised (its ``Content-Length``) is a :class:`BrokenBody` saying how many bytes came.
     """
+    body = response["Body"]
     raw = getattr(body, "_raw_stream", None)
     stream = getattr(raw, "_fp", None) or body
+    promised = min(int(response.get("ContentLength", sum(len(view) for view in views))), sum(map(len, views)))
     done = 0
     try:
         for view in views:
@@ -261,7 +284,10 @@ def _read_body(body: Any, views: Sequence[memoryview]) -> int:
                 break
     except Exception as error:
         body.close()
-        raise _Partial(done) from error
+        raise BrokenBody(done, promised, error) from error
+    if done < promised:
+        body.close()
+        raise BrokenBody(done, promised)
     if raw is not None and stream is not body:
         raw.release_conn()
     return done
@@ -294,8 +320,10 @@ class S3Object(SourceBase):
                 view[:] = self._head[offset : offset + len(view)]
                 offset += len(view)
             return
+        if offset + wanted > self.size:  # the object ends before: damage, found without asking the store
+            raise self._truncated(offset, wanted, max(0, self.size - offset))
         got = self._bucket.get_into(self._key, offset, views, url=self.name, version=self._version) if wanted else 0
-        if got != wanted:
+        if got != wanted:  # the object is shorter than when it was opened: replaced meanwhile
             raise self._truncated(offset, wanted, got)
 
     def close(self) -> None:

@@ -4,7 +4,8 @@ What is written is cut into parts of ``part_size`` without a copy (views of the 
 upload ends) and sent ``requests`` at a time from the shared pool; a writer that gets ahead waits, so no more than
 ``requests`` parts are held. An object of one part is one PUT. Any failure aborts the upload, so the object never
 appears torn; a killed process's unfinished upload is aborted by the next save to the same key
-(:func:`jaxstow._storage.sinks.object_sink`) or by ``jaxstow uploads --abort``.
+(:func:`jaxstow._storage.sinks.object_sink`) or by ``jaxstow uploads --abort``. Every request is retried under the
+bucket's policy (:meth:`S3Bucket.request`), as the reads are.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from jaxstow._format.source import SourceFile
-from jaxstow._storage.s3 import S3Bucket, ViewsSource, s3_errors
+from jaxstow._storage.s3 import S3Bucket, ViewsSource
 from jaxstow.errors import StorageError
 
 __all__ = ["S3Upload"]
@@ -90,10 +91,14 @@ class S3Upload:
 
     def _send(self, views: list[memoryview]) -> None:
         if self._upload_id is None:
-            with s3_errors(self.name):
-                self._upload_id = self._bucket.client.create_multipart_upload(
-                    Bucket=self._bucket.bucket, Key=self._key, **self._bucket.extra("CreateMultipartUpload")
-                )["UploadId"]
+            bucket = self._bucket
+            self._upload_id = bucket.request(
+                lambda: bucket.client.create_multipart_upload(
+                    Bucket=bucket.bucket, Key=self._key, **bucket.extra("CreateMultipartUpload")
+                )["UploadId"],
+                url=self.name,
+                doing="starting the upload (CreateMultipartUpload)",
+            )
         self._lanes.uploading.acquire()
         if self._failed.is_set():
             self._lanes.uploading.release()
@@ -107,16 +112,20 @@ class S3Upload:
         source = ViewsSource(views)
         if self._lanes.write_pace is not None:
             self._lanes.write_pace.wait(source.size)
-        with s3_errors(self.name):
-            answer = self._bucket.client.upload_part(
-                Bucket=self._bucket.bucket,
+        bucket = self._bucket
+        answer = bucket.request(
+            lambda: bucket.client.upload_part(
+                Bucket=bucket.bucket,
                 Key=self._key,
                 UploadId=self._upload_id,
                 PartNumber=number,
                 Body=SourceFile(source),
                 ContentLength=source.size,
-                **self._bucket.extra("UploadPart"),
-            )
+                **bucket.extra("UploadPart"),
+            ),
+            url=self.name,
+            doing=f"uploading part {number} (UploadPart)",
+        )
         part = {"PartNumber": number, "ETag": answer["ETag"]}
         part.update({name: value for name, value in answer.items() if name.startswith("Checksum")})
         return part
@@ -157,14 +166,18 @@ class S3Upload:
                 self._raise_failure()
             if self._upload_id is not None:
                 parts = [future.result() for future in self._parts]
-                with s3_errors(self.name):
-                    self._bucket.client.complete_multipart_upload(
-                        Bucket=self._bucket.bucket,
+                bucket = self._bucket
+                bucket.request(
+                    lambda: bucket.client.complete_multipart_upload(
+                        Bucket=bucket.bucket,
                         Key=self._key,
                         UploadId=self._upload_id,
                         MultipartUpload={"Parts": parts},
-                        **self._bucket.extra("CompleteMultipartUpload"),
-                    )
+                        **bucket.extra("CompleteMultipartUpload"),
+                    ),
+                    url=self.name,
+                    doing="completing the upload (CompleteMultipartUpload)",
+                )
         except BaseException:
             self.abort()
             raise
@@ -179,14 +192,18 @@ class S3Upload:
         source = ViewsSource(views)
         if self._lanes.write_pace is not None:
             self._lanes.write_pace.wait(source.size)
-        with s3_errors(self.name):
-            self._bucket.client.put_object(
-                Bucket=self._bucket.bucket,
+        bucket = self._bucket
+        bucket.request(
+            lambda: bucket.client.put_object(
+                Bucket=bucket.bucket,
                 Key=self._key,
                 Body=SourceFile(source),
                 ContentLength=source.size,
-                **self._bucket.extra("PutObject"),
-            )
+                **bucket.extra("PutObject"),
+            ),
+            url=self.name,
+            doing="uploading it (PutObject)",
+        )
         return {}
 
     def abort(self) -> None:

@@ -18,7 +18,7 @@ from typing import BinaryIO
 from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow._storage.failures import storage_error
-from jaxstow.errors import IsAFolderError, NotAFolderError, PathNotFoundError, TruncatedFileError
+from jaxstow.errors import IsAFolderError, NotAFolderError, PathError, PathNotFoundError, TruncatedFileError
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
 
@@ -57,29 +57,21 @@ class SourceBase:
 
 
 class LocalFile(SourceBase):
-    """A local file read with ``pread``, safe to share between threads.
+    """A local regular file read with ``pread``, safe to share between threads.
 
-    A folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing file :class:`~jaxstow.errors.PathNotFoundError`,
-    a file that cannot be opened or read (permission denied, an I/O error) a :class:`~jaxstow.errors.StorageError`.
+    Only a regular file is opened: a folder raises :class:`~jaxstow.errors.IsAFolderError`, a missing file
+    :class:`~jaxstow.errors.PathNotFoundError`, a FIFO, a device or a socket a :class:`~jaxstow.errors.PathError`, a
+    file that cannot be opened or read (permission denied, an I/O error) a :class:`~jaxstow.errors.StorageError`,
+    checked before it is opened and again on what was opened, which is opened without waiting (a FIFO never blocks).
+    ``name`` names it in errors (``path`` by default); with ``follow=False``, ``path`` must not end in a link.
     """
 
     parallel = LOCAL_DISK
 
-    def __init__(self, path: str) -> None:
-        self.name = path
-        try:
-            self._descriptor = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            raise PathNotFoundError("no such file", file=path) from None
-        except NotADirectoryError:
-            raise NotAFolderError("cannot open it: a part of its path is a file, not a folder", file=path) from None
-        except OSError as error:
-            raise storage_error(error, path, doing="open it") from error
-        status = os.fstat(self._descriptor)
-        if stat.S_ISDIR(status.st_mode):
-            os.close(self._descriptor)
-            raise IsAFolderError("is a folder, not a file", file=path)
-        self.size = status.st_size
+    def __init__(self, path: str, *, name: str | None = None, follow: bool = True) -> None:
+        self.name = path if name is None else name
+        self._descriptor = _open_regular(path, self.name, follow=follow)
+        self.size = os.fstat(self._descriptor).st_size
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
@@ -117,6 +109,49 @@ class LocalFile(SourceBase):
 
     def close(self) -> None:
         os.close(self._descriptor)
+
+
+_SPECIAL = {
+    stat.S_IFIFO: "a FIFO (a named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFLNK: "a link that does not resolve (a loop of links)",
+}
+
+
+def _open_regular(path: str, name: str, *, follow: bool) -> int:
+    """A descriptor of the regular file at ``path``, opened read-only without blocking; an error naming ``name`` else."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        _check_regular((os.stat if follow else os.lstat)(path).st_mode, name)
+        descriptor = os.open(path, flags)  # O_NONBLOCK: a FIFO put in its place since would not wait for a writer
+    except PathError:
+        raise
+    except FileNotFoundError:
+        raise PathNotFoundError("no such file", file=name) from None
+    except NotADirectoryError:
+        raise NotAFolderError("cannot open it: a part of its path is a file, not a folder", file=name) from None
+    except OSError as error:
+        raise storage_error(error, name, doing="open it") from error
+    except ValueError as error:  # a NUL byte or a lone surrogate in the name
+        raise PathError(f"cannot open it: {error}", file=name) from None
+    try:
+        _check_regular(os.fstat(descriptor).st_mode, name)  # what was opened, should it have changed since the check
+        os.set_blocking(descriptor, True)
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _check_regular(mode: int, name: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    if stat.S_ISDIR(mode):
+        raise IsAFolderError("is a folder, not a file", file=name)
+    kind = _SPECIAL.get(stat.S_IFMT(mode), "no regular file")
+    raise PathError(f"is {kind}, not a file: jaxstow reads regular files only", file=name)
 
 
 class FileObject(SourceBase):

@@ -1,4 +1,5 @@
-"""How bytes move to and from object stores: requests in flight, the size of each, and an optional bandwidth cap.
+"""How bytes move to and from object stores: requests in flight, the size of each, an optional bandwidth cap, and
+how often a request that fails for a reason that passes is sent again.
 
 A :class:`Transfer` is a value; the threads, the count of requests in flight and the pace that carry it out belong
 to the process and are shared by every file moved with equal settings (:func:`lanes`), so that a step of many files
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from jaxstow._format.source import Parallel
+from jaxstow._storage.retrying import DEFAULT_ATTEMPTS, Retries
 from jaxstow.errors import ArgumentError
 
 T = TypeVar("T")
@@ -38,22 +40,28 @@ class Transfer:
         part_size: the bytes of one ranged read or one upload part, at least 5 MiB (S3's smallest); a file of more
             than 1,000 parts gets parts twice as large after each thousand, so none needs over S3's 10,000.
         max_bytes_per_second: a cap on the bytes per second this process reads, and writes, with these settings.
+        attempts: the most times one request (a read or a write) is sent when it fails for a reason that passes
+            (throttling, a 5xx answer, a reset, a timeout, a body cut short); ``None``: for ``s3://``, what the
+            storage options' botocore ``retries`` config or ``AWS_MAX_ATTEMPTS`` says, else 5.
+        backoff: seconds: before the k-th retry, a random wait of up to ``backoff * 2 ** (k - 1)`` (at most 20).
 
     Raises:
         ArgumentError: a value out of range.
 
     >>> from jaxstow import Transfer
-    >>> Transfer(requests=32, part_size=64 << 20)
-    Transfer(requests=32, part_size=67108864, max_bytes_per_second=None)
+    >>> Transfer(requests=32, part_size=64 << 20, attempts=10)
+    Transfer(requests=32, part_size=67108864, max_bytes_per_second=None, attempts=10, backoff=1.0)
     >>> Transfer(requests=0)
     Traceback (most recent call last):
     ...
-    jaxstow.errors.ArgumentError: Transfer(requests=0, part_size=16777216, max_bytes_per_second=None): requests must be an integer of at least 1
+    jaxstow.errors.ArgumentError: Transfer(requests=0, ...): requests must be an integer of at least 1
     """
 
     requests: int = 16
     part_size: int = 16 << 20
     max_bytes_per_second: float | None = None
+    attempts: int | None = None
+    backoff: float = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.requests, int) or isinstance(self.requests, bool) or self.requests < 1:
@@ -63,6 +71,16 @@ class Transfer:
         rate = self.max_bytes_per_second
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0):
             raise ArgumentError(f"{self}: max_bytes_per_second must be a positive number of bytes, or None")
+        attempts = self.attempts
+        if attempts is not None and (not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1):
+            raise ArgumentError(f"{self}: attempts must be an integer of at least 1 (1: never again), or None")
+        backoff = self.backoff
+        if isinstance(backoff, bool) or not isinstance(backoff, int | float) or not 0 <= backoff < float("inf"):
+            raise ArgumentError(f"{self}: backoff must be a number of seconds, 0 or more")
+
+    def retries(self, configured: int | None = None) -> Retries:
+        """The policy of every request: ``attempts``, else ``configured`` (the storage's own setting), else 5."""
+        return Retries(self.attempts or configured or DEFAULT_ATTEMPTS, float(self.backoff))
 
 
 class Pace:

@@ -3,7 +3,7 @@
 jaxstow is tested with jax 0.4.38 to 0.12. Three features need more than jax's public API: the host callback that
 hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), the per-chain saving states that
 ``io.save``'s ``init_save`` returns under ``jax.vmap`` (:mod:`jaxstow.io.saving`), and the messages between the
-processes of a ``jax.distributed`` run (:mod:`jaxstow.checkpoint.processes`). They use only what this module gives,
+processes of a ``jax.distributed`` run (:mod:`jaxstow._coordination`). They use only what this module gives,
 and this module uses only the names of jax's in :data:`SHIMS`, each a :class:`Shim` saying what it is for; each
 function says where jax versions differ. A name the installed jax lacks raises a
 :class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name and its purpose, where the feature

@@ -189,6 +189,8 @@ def _encode_per_process(path: str, leaf: Any, *, part: int | None, file: str) ->
 
 
 def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | None) -> EncodedLeaf:
+    if isinstance(leaf, Deferred):  # registered with a budget when the tree was held
+        return EncodedLeaf({"path": path, "kind": "array"}, leaf)
     deferred = None if hosting is None else hosting.defer(leaf, copy=copy)
     if deferred is not None:
         return EncodedLeaf({"path": path, "kind": "array"}, deferred)

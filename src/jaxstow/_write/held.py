@@ -3,8 +3,10 @@
 :func:`hold` runs on the caller's thread and does only what cannot wait: it takes the tree's structure and holds
 every array on the host (zero-copy for CPU arrays, which also keeps a later donation from reusing their buffers).
 :meth:`HeldTree.encode` and the writing run later, on a background writer's thread. With a
-:class:`~jaxstow._write.host_budget.HostBudget`, arrays on an accelerator (and numpy arrays to copy) are brought to the
-host in pieces by the writer instead, within the budget; the caller waits for the budget's ``fetched``.
+:class:`~jaxstow._write.host_budget.HostBudget`, arrays on an accelerator (and numpy arrays to copy) are registered
+with the budget now and brought to the host by the writer instead, whole or in pieces, within the budget; arrays the
+writer reads when it encodes (sharded arrays and PRNG keys on an accelerator) make the budget wait for that. The
+caller waits for the budget's ``fetched``: once it is set, the save reads none of the caller's arrays.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._write.held import hold
@@ -25,7 +27,7 @@ import numpy as np
 from jaxstow._format.leaves import is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._write.encoded import EncodedTree, encode_tree
-from jaxstow._write.host_budget import HostBudget
+from jaxstow._write.host_budget import HostBudget, on_host
 
 __all__ = ["HeldTree", "hold"]
 
@@ -40,15 +42,24 @@ class HeldTree:
         self._part = part
         self._budget = budget
         self._ready: EncodedTree | None = None
+        self._awaited = False  # the budget waits for this tree's encoding
         if copy:
             # Copies are taken now (within a budget: by the writer); encoding knows which stored leaves need one.
             self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
-            return
-        leaves, self._treedef = jax.tree_util.tree_flatten(tree)
-        self._leaves = _hold_on_host(leaves, keep=budget)
-        # Typed PRNG keys stay JAX arrays (they keep their kind in the file); a host view of their data keeps a
-        # later donation from reusing their buffers all the same.
-        self._guards = [np.asarray(jax.random.key_data(leaf)) for leaf in leaves if _is_key(leaf)]
+        else:
+            leaves, self._treedef = jax.tree_util.tree_flatten(tree)
+            # A part after the first writes only its sharded leaves: the others are not registered to be fetched.
+            self._leaves = _hold_on_host(leaves, keep=None if part else budget)
+            # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
+            # encoded: on the host, views of their buffers keep a later donation from reusing them; on an
+            # accelerator, the budget waits until they are read.
+            later = [leaf for leaf in self._leaves if isinstance(leaf, jax.Array)]
+            self._guards = [view for leaf in later if on_host(leaf) for view in _host_views(leaf)]
+            if budget is not None and not all(on_host(leaf) for leaf in later):
+                budget.wait_for_encoding()
+                self._awaited = True
+        if budget is not None:
+            budget.start_rest_if_it_fits()
 
     def encode(self) -> EncodedTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
@@ -56,6 +67,9 @@ class HeldTree:
             tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
             self._ready = encode_tree(tree, file=self._file, part=self._part, hosting=self._budget)
         if self._budget is not None:
+            if self._awaited:
+                self._awaited = False
+                self._budget.encoded()
             self._budget.fetch_rest_if_it_fits()
         return self._ready
 
@@ -94,15 +108,22 @@ def _is_key(leaf: Any) -> bool:
     )
 
 
+def _host_views(leaf: jax.Array) -> list[np.ndarray]:
+    """Host views of the buffers of ``leaf``, an array in host memory: they keep a donation from reusing them."""
+    if _is_key(leaf):
+        return [np.asarray(jax.random.key_data(leaf))]
+    if _is_plain_array(leaf):
+        return [np.asarray(shard.data) for shard in leaf.addressable_shards]
+    return []
+
+
 def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
     """Leaves with every plain JAX array on one device replaced by its host array.
 
-    Those whose host copy costs memory within ``keep``, a budget, stay as they are: its writer fetches them. Transfers
-    from accelerators overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard.
+    Those whose host copy costs memory within ``keep``, a budget, are registered with it instead (its writer fetches
+    them). Transfers from accelerators overlap. Sharded arrays stay as they are (immutable), to be saved shard by shard.
     """
-    kept_back = [leaf if keep is not None and keep.costs_memory(leaf, copy=False) else None for leaf in leaves]
-    if keep is not None and any(kept is not None for kept in kept_back):
-        keep.fetched.clear()  # until the writer has fetched them
+    kept_back = [None if keep is None else keep.defer(leaf, copy=False) for leaf in leaves]
     if jax.default_backend() != "cpu":
         for leaf, kept in zip(leaves, kept_back, strict=True):
             if kept is None and _is_plain_array(leaf):

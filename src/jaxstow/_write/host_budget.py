@@ -1,14 +1,17 @@
-"""A save's host-memory budget: device arrays (and numpy arrays to copy) come to the host in pieces while written.
+"""A save's host-memory budget: device arrays (and numpy arrays to copy) come to the host whole or in pieces while written.
 
 A save registers with a :class:`HostBudget` the arrays that would cost host memory: arrays on an accelerator, and,
-with ``copy=True``, numpy arrays the caller may change. They are written piece by piece, each piece fetched when the
-writer reaches it and released once the writer has the next one (it may hold a piece until then), so that at most
-``limit`` bytes are held at a time, the piece in the writer's hands included. As soon as all the bytes not yet fetched
-fit in what the budget has left, every one of them is fetched at once (device-to-host copies started, numpy arrays
-copied) and :attr:`HostBudget.fetched` is set: from then on the save no longer reads the caller's arrays, so the
-caller may change them or donate them to a jitted step. Arrays already on the host without a copy (CPU
-``jax.Array``\\ s, immutable even under ``copy``; numpy arrays without ``copy``) cost no extra host memory and are not
-counted.
+with ``copy=True``, numpy arrays the caller may change. At most ``limit`` bytes of them are held on the host at a time,
+what the writer has in hand included. While all the bytes not yet fetched fit in what the budget has left, each array
+is fetched whole, with no copy on its device: its device-to-host copy is started (``copy_to_host_async``), then its
+host array taken. An array larger than what is left is fetched in pieces (flat slices of at most ``piece_bytes``),
+each cut on its device, brought to the host and freed there before the next is cut: the device holds at most one
+piece beyond the caller's arrays. Each piece or array is released once the writer has the next one.
+
+As soon as the rest fits, every array not yet fetched has its copy started, then taken, and :attr:`HostBudget.fetched`
+is set: from then on the save no longer reads the caller's arrays, so the caller may change them, or donate them to a
+jitted step (which deletes them). Arrays already on the host without a copy (CPU ``jax.Array``\\ s, immutable even
+under ``copy``; numpy arrays without ``copy``) cost no extra host memory and are not counted.
 
 >>> import numpy as np
 >>> from jaxstow._write.host_budget import HostBudget
@@ -23,6 +26,7 @@ counted.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -35,7 +39,7 @@ from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.pieces import Deferred
 from jaxstow.errors import ArgumentError
 
-__all__ = ["HostBudget", "default_limit"]
+__all__ = ["HostBudget", "default_limit", "on_host"]
 
 #: Platforms whose arrays are host memory already: holding them for a save is a zero-copy view.
 _HOST_PLATFORMS = frozenset({"cpu"})
@@ -57,20 +61,27 @@ def checked_limit(limit: int | None) -> int:
     return int(limit)
 
 
+def on_host(leaf: jax.Array) -> bool:
+    """Whether every device of ``leaf`` keeps its buffers in host memory (a host view of them is no copy)."""
+    return all(device.platform in _HOST_PLATFORMS for device in leaf.devices())
+
+
 class HostBudget:
     """The host memory a save may hold at once for its deferred arrays; see the module's docstring."""
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = checked_limit(limit)
         self.piece_bytes = max(1, min(self.limit // 4, _MAX_PIECE_BYTES))
-        #: Set once nothing is left to fetch from the caller's arrays (or the save has ended).
+        #: Set once the save no longer reads the caller's arrays (the writer's job sets it too when it ends).
         self.fetched = threading.Event()
         self.fetched.set()
         self.peak = 0
         self._tensors: list[_Fetched] = []
-        self._unfetched = 0
+        self._unfetched = 0  # bytes neither fetched nor with their copy started
+        self._reading = 0  # tensors whose source the save still reads
+        self._encoding = 0  # trees whose encoding, still to come, reads the caller's arrays
         self._held = 0
-        self._in_hand = 0  # the piece the writer was last given, which it may hold until it has the next one
+        self._in_hand = 0  # what the writer was last given, which it may hold until it has the next piece
         self._lock = threading.Lock()
 
     def defer(self, leaf: Any, *, copy: bool) -> Deferred | None:
@@ -81,21 +92,45 @@ class HostBudget:
         with self._lock:
             self._tensors.append(tensor)
             self._unfetched += tensor.nbytes
+            self._reading += 1
             self.fetched.clear()
         return tensor
 
-    def fetch_rest_if_it_fits(self) -> None:
-        """Fetch every byte not yet fetched if they all fit in the budget's remainder; then set :attr:`fetched`."""
+    def wait_for_encoding(self) -> None:
+        """A tree whose encoding reads the caller's arrays is held: :attr:`fetched` waits for :meth:`encoded`."""
         with self._lock:
-            if self.fetched.is_set() or self._unfetched > self.limit - self._held:
+            self._encoding += 1
+            self.fetched.clear()
+
+    def encoded(self) -> None:
+        """A tree counted by :meth:`wait_for_encoding` is encoded: it no longer reads the caller's arrays."""
+        with self._lock:
+            self._encoding -= 1
+            self._settle()
+
+    def start_rest_if_it_fits(self) -> None:
+        """Start the device-to-host copy of every array not yet fetched if they all fit in the budget's remainder.
+
+        The copies are counted as held from now on; numpy arrays to copy are copied now.
+        """
+        with self._lock:
+            if self._unfetched and self._unfetched <= self.limit - self._held:
+                for tensor in self._tensors:
+                    tensor.start()
+
+    def fetch_rest_if_it_fits(self) -> None:
+        """Fetch every byte not yet fetched if they all fit in the budget's remainder; then set :attr:`fetched`.
+
+        Every copy is started before the first is waited for, so that the transfers overlap.
+        """
+        with self._lock:
+            if self.fetched.is_set() or not self._reading or self._unfetched > self.limit - self._held:
                 return
             for tensor in self._tensors:
-                tensor.fetch_rest()
-            self.fetched.set()
-
-    def release(self) -> None:
-        """The save has ended, well or not: nothing waits for :attr:`fetched` any longer."""
-        self.fetched.set()
+                tensor.start()
+            for tensor in self._tensors:
+                tensor.take_rest()
+            self._settle()
 
     def counts(self, *, copy: bool) -> bool:
         """Whether a tree saved with ``copy`` may hold arrays that cost host memory here."""
@@ -112,8 +147,12 @@ class HostBudget:
             and isinstance(leaf.dtype, np.dtype)
             and leaf.size > 0
             and name_of_dtype(leaf.dtype) is not None
-            and next(iter(leaf.devices())).platform not in _HOST_PLATFORMS
+            and not on_host(leaf)
         )
+
+    def _room(self) -> int:
+        """Called with the lock held: the bytes the budget has left, the writer's piece in hand counted as held."""
+        return self.limit - self._held
 
     def _count(self, fetched: int, held: int) -> None:
         """Called with the lock held: ``fetched`` bytes were fetched, ``held`` bytes more (or fewer) are held."""
@@ -122,13 +161,18 @@ class HostBudget:
         self.peak = max(self.peak, self._held)
 
     def _hand_over(self, nbytes: int) -> None:
-        """Called with the lock held, once the writer's next piece is held: the writer takes it, of ``nbytes``.
+        """Called with the lock held, once the writer's next piece (or whole array) is held: it takes ``nbytes``.
 
-        The piece it had before is released only now, since the writer may hold it until it has the next one (its
-        loop's variable); so what is held, counted, includes the piece in the writer's hands.
+        What it had before is released only now, since the writer may hold it until it has the next (its loop's
+        variable); so what is held, counted, includes what is in the writer's hands.
         """
         self._held -= self._in_hand
         self._in_hand = nbytes
+
+    def _settle(self) -> None:
+        """Called with the lock held: set :attr:`fetched` if the save no longer reads any of the caller's arrays."""
+        if not self._reading and not self._encoding:
+            self.fetched.set()
 
 
 @functools.cache
@@ -143,21 +187,44 @@ def _accelerators_present() -> bool:
     return not platforms <= _HOST_PLATFORMS
 
 
+@functools.partial(jax.jit, static_argnames=("lead", "count"))
+def _rows(source: jax.Array, start: Any, *, lead: int, count: int) -> jax.Array:
+    """Rows ``start`` to ``start + count`` of ``source`` seen as ``lead`` rows, cut on its device: one computation
+    whose only buffer is its result (the 2-D view is no copy inside it, nor is a row index ever past ``lead``)."""
+    return jax.lax.dynamic_slice_in_dim(source.reshape(lead, -1), start, count, 0)
+
+
+def _row_axes(shape: tuple[int, ...], step: int) -> int:
+    """How many leading axes of ``shape`` make the rows of a piece: the fewest whose rows hold at most ``step``."""
+    return next(axes for axes in range(1, len(shape) + 1) if math.prod(shape[axes:]) <= step)
+
+
 class _Fetched(Deferred):
-    """One array of a :class:`HostBudget`, fetched piece by piece (flat slices of at most ``piece_bytes``)."""
+    """One array of a :class:`HostBudget`: fetched whole, or in pieces of at most ``piece_bytes``, in C order.
+
+    An array on a device is read through an alias of the caller's array (the same buffer, another ``jax.Array``), so
+    that the host copy jax keeps with the array it copied is this save's, freed with it, not kept with the caller's.
+    """
 
     def __init__(self, source: Any, budget: HostBudget) -> None:
         super().__init__(source.dtype, source.shape)
-        if not isinstance(source, np.ndarray):
-            # The next step may donate the caller's array as soon as the save returns: the pieces are fetched from
-            # a copy on the device, whose buffer is this save's alone (the runtime makes a donation wait for it).
-            source = jax.numpy.copy(source)
-        self._source: Any = source
+        self._on_device = not isinstance(source, np.ndarray)
+        if self._on_device:
+            source = jax.make_array_from_single_device_arrays(source.shape, source.sharding, [source])
+        self._source: Any = source  # None once the save no longer reads it
         self._budget = budget
         step = max(1, budget.piece_bytes // self.dtype.itemsize)
         size = self.nbytes // self.dtype.itemsize
-        self._bounds = [(start, min(start + step, size)) for start in range(0, size, step)]
-        self._ahead: dict[int, Any] = {}
+        # Pieces of whole rows on a device (the fewest leading axes whose rows fit a piece), so that each is cut
+        # there by a row index; flat slices of a numpy array.
+        axes = self.ndim if not self._on_device or size <= step else _row_axes(self.shape, step)
+        self._lead = math.prod(self.shape[:axes])
+        self._row = size // self._lead
+        stride = max(1, step // self._row) * self._row
+        self._bounds = [(start, min(start + stride, size)) for start in range(0, size, stride)]
+        self._started = False  # fetched whole: its copy started (counted as held), then taken into ``_whole``
+        self._whole: np.ndarray | None = None
+        self._ahead: dict[int, np.ndarray] = {}
         self._next = 0  # the first piece not fetched for the writing pass
 
     def pieces(self, *, final: bool = True) -> Iterator[np.ndarray]:
@@ -166,39 +233,92 @@ class _Fetched(Deferred):
             nbytes = (stop - start) * self.dtype.itemsize
             if final:
                 budget.fetch_rest_if_it_fits()
-                with budget._lock:
-                    piece = self._ahead.pop(index, None)
-                    if piece is None:
-                        piece = self._fetch(index)
+            with budget._lock:
+                if not final:
+                    piece = self._piece_at(index)
+                elif self._started or (index == 0 and self.nbytes <= budget._room()):
+                    self.start()
+                    piece = self._piece_at(index)
+                    if index == 0:
+                        budget._hand_over(self.nbytes)
+                else:
+                    ahead = self._ahead.pop(index, None)
+                    piece = self._fetch(index) if ahead is None else ahead
+                    if ahead is None:
                         self._next = index + 1
                         budget._count(nbytes, nbytes)
                     budget._hand_over(nbytes)
-            else:
-                with budget._lock:
-                    piece = self._ahead.get(index)
-                    if piece is None:
-                        piece = self._fetch(index)
-            yield np.asarray(piece)
+            yield piece
             del piece
         if final:
-            self._source = None  # the caller's array is no longer needed
+            with budget._lock:
+                self._whole = None
+                self._done_reading()
 
-    def fetch_rest(self) -> None:
-        """Fetch, at once, the pieces the writing pass has not fetched yet (the budget's lock is held)."""
+    def start(self) -> None:
+        """Called with the budget's lock held: fetch this array whole, if none of it is fetched yet.
+
+        Its copy to the host is started (a numpy array is copied now) and counted as held.
+        """
+        if self._started or self._next or self._source is None:
+            return
+        self._started = True
+        self._budget._count(self.nbytes, self.nbytes)
+        if self._on_device:
+            self._source.copy_to_host_async()
+        else:
+            self._whole = np.array(self._source, order="C").reshape(-1)  # a transposed array in its C order
+            self._done_reading()
+
+    def take_rest(self) -> None:
+        """Called with the budget's lock held, after :meth:`start`: the rest of this array on the host, now.
+
+        An array fetched whole is taken (its copy waited for); one partly written has its remaining pieces fetched.
+        """
+        if self._source is None:
+            return
+        if self._started:
+            self._take_whole()
+            return
         for index in range(self._next, len(self._bounds)):
             start, stop = self._bounds[index]
             self._ahead[index] = self._fetch(index)
             self._budget._count((stop - start) * self.dtype.itemsize, (stop - start) * self.dtype.itemsize)
         self._next = len(self._bounds)
+        self._done_reading()
 
-    def _fetch(self, index: int) -> Any:
-        """Piece ``index`` on the host: a copy of a numpy array's, or an accelerator's copied to the CPU (started)."""
+    def _piece_at(self, index: int) -> np.ndarray:
+        """Piece ``index``: a view of the whole array if fetched whole, else the one fetched ahead, else fetched now
+        (a piece of its own, not counted: for a pass that hashes the array before it is written)."""
+        if self._started and self._whole is None:
+            self._take_whole()
         start, stop = self._bounds[index]
-        if isinstance(self._source, np.ndarray):
-            if self._source.flags.c_contiguous:
-                return self._source.reshape(-1)[start:stop].copy()
-            return self._source.flat[start:stop]  # a copy of these elements alone, in C order (a transposed array)
-        piece = self._source.reshape(-1)[start:stop]
-        on_host = jax.device_put(piece, jax.devices("cpu")[0])
-        # A host platform's array may come back as it is: a view of it keeps a donation from reusing its buffer.
-        return np.asarray(on_host) if next(iter(piece.devices())).platform in _HOST_PLATFORMS else on_host
+        if self._whole is not None:
+            return self._whole[start:stop]
+        piece = self._ahead.get(index)
+        return self._fetch(index) if piece is None else piece
+
+    def _take_whole(self) -> None:
+        self._whole = np.asarray(self._source).reshape(-1)
+        self._done_reading()
+
+    def _done_reading(self) -> None:
+        if self._source is not None:
+            self._source = None  # the caller's array is no longer needed
+            self._budget._reading -= 1
+            self._budget._settle()
+
+    def _fetch(self, index: int) -> np.ndarray:
+        """Piece ``index`` on the host: a copy of a numpy array's, or a device array's cut on its device, copied to
+        the host and freed there before this returns (the device holds one piece at a time)."""
+        start, stop = self._bounds[index]
+        source = self._source
+        if not self._on_device:
+            if source.flags.c_contiguous:
+                return np.array(source.reshape(-1)[start:stop])
+            elements: np.ndarray = source.flat[start:stop]  # a copy of these alone, in C order (a transposed array)
+            return elements
+        if len(self._bounds) == 1:
+            return np.asarray(source).reshape(-1)
+        piece = _rows(source, start // self._row, lead=self._lead, count=(stop - start) // self._row)
+        return np.asarray(piece).reshape(-1)

@@ -1,8 +1,9 @@
-"""Checkpoints of training runs: :class:`CheckpointManager`, its steps kept by a :class:`KeepPolicy`.
+"""Checkpoints of training runs: :class:`CheckpointManager`, its steps kept by a :class:`KeepPolicy`, a first tier on
+each process's fast storage given by a :class:`LocalTier`.
 
 >>> import tempfile, jax.numpy as jnp
->>> from jaxstow.checkpoint import CheckpointManager
->>> with CheckpointManager(tempfile.mkdtemp(), keep_last=3) as manager:
+>>> from jaxstow.checkpoint import CheckpointManager, KeepPolicy
+>>> with CheckpointManager(tempfile.mkdtemp(), keep=KeepPolicy(keep_last=3)) as manager:
 ...     manager.save(100, {"w": jnp.ones(2)})
 ...     print(manager.latest_step(), manager.restore(as_numpy=True))
 100 {'w': array([1., 1.], dtype=float32)}
@@ -13,8 +14,9 @@ from typing import Any
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.deprecation import moved
 from jaxstow.checkpoint.manager import CheckpointManager
+from jaxstow.checkpoint.settings import LocalTier
 
-__all__ = ["CheckpointManager", "KeepPolicy"]
+__all__ = ["CheckpointManager", "KeepPolicy", "LocalTier"]
 
 
 def __getattr__(name: str) -> Any:

@@ -7,7 +7,7 @@ same step in every process of a ``jax.distributed`` run.
 >>> from jaxstow._steps.names import StepNames
 >>> from jaxstow._steps.record import RECORD_NAME
 >>> from jaxstow._storage.store import open_store
->>> from jaxstow.checkpoint.processes import Processes
+>>> from jaxstow._coordination import Coordinator
 >>> directory = tempfile.mkdtemp()
 >>> with CheckpointManager(directory) as manager:
 ...     for step in (1, 2):
@@ -15,8 +15,8 @@ same step in every process of a ``jax.distributed`` run.
 >>> folder = StepFolder(open_store(directory, marker=RECORD_NAME), StepNames("%d"))
 >>> def restore(step, folder):
 ...     return f"step {step} of {folder.store.location == directory and 'directory'}"
->>> processes = Processes(directory, timeout=60)
->>> restore_chosen(folder, None, restore, fallback=False, processes=processes, tiers=None, broadcast=True)
+>>> coordinator = Coordinator(directory, timeout=60)
+>>> restore_chosen(folder, None, restore, fallback=False, coordinator=coordinator, tiers=None, broadcast=None)
 ('step 2 of directory', Restored(step=2, skipped={}))
 """
 
@@ -25,9 +25,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from jaxstow._coordination import Coordinator
 from jaxstow.checkpoint import recovery
-from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_restore import restore_tiers
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.together import restore_together
 from jaxstow.errors import StepNotFoundError
@@ -43,26 +44,28 @@ def restore_chosen(
     restore: Callable[[int, StepFolder], T],
     *,
     fallback: bool,
-    processes: Processes,
+    coordinator: Coordinator,
     tiers: Tiers | None,
-    broadcast: bool,
+    broadcast: bool | None,
 ) -> tuple[T, recovery.Restored]:
     """``restore(chosen, folder_holding_it)`` of the step chosen: ``step`` (the newest committed one by default, and
     with ``fallback`` the newest intact one up to it) of ``folder`` or, without ``fallback``, of the local tier of
-    ``tiers`` where it holds the newest; and the step restored. The caller has waited for its own save in flight."""
+    ``tiers`` where it holds the newest; and the step restored. Under ``jax.distributed`` the processes agree on
+    ``coordinator``, and boxes several of them hold are read once where ``broadcast`` says so (``None``: where it
+    pays, :mod:`jaxstow.checkpoint.read_once`). The caller has waited for its own save in flight."""
     if tiers is not None and not fallback:
-        return tiers.restore(folder, step, restore)
+        return restore_tiers(tiers, folder, step, restore, coordinator=coordinator, broadcast=broadcast)
 
     def restore_here(chosen: int) -> T:
         return restore(chosen, folder)
 
-    if processes.many:
+    if coordinator.many:
 
         def choose() -> list[int]:
             newest = folder.existing(step)
             return [older for older in reversed(folder.committed()) if older <= newest]
 
-        return restore_together(processes, folder, choose, restore_here, fallback=fallback, broadcast=broadcast)
+        return restore_together(coordinator, folder, choose, restore_here, fallback=fallback, broadcast=broadcast)
     if step is not None and not fallback:
         chosen = folder.existing(step)
         return restore_here(chosen), recovery.Restored(chosen)

@@ -6,15 +6,15 @@ See docs/checkpointing.md; a step's folder and its ``checkpoint.json``: docs/for
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal, Unpack
+from typing import Any, Unpack
 
+from jaxstow._coordination import Conversation, Coordinator
 from jaxstow._read.options import LoadOptions
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
@@ -27,18 +27,17 @@ from jaxstow._util.progress import require_progress_bar
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
 from jaxstow._write.host_budget import HostBudget, checked_limit
-from jaxstow._write.save_report import SaveReport
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
-from jaxstow.checkpoint.processes import Processes
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
-from jaxstow.checkpoint.schedule import SaveSchedule
-from jaxstow.checkpoint.shared import save_shared
+from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
+from jaxstow.checkpoint.settings import LocalTier, grouped_settings
+from jaxstow.checkpoint.shared import Committed, commit_step, record_of
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
-from jaxstow.checkpoint.tiers import local_tier
-from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_step
+from jaxstow.checkpoint.tiers import Tiers
+from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_items
 from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
@@ -50,11 +49,12 @@ class CheckpointManager(StepQueries):
     """Saves and restores the numbered steps of a run in a directory (a path or an fsspec URL such as ``s3://...``).
 
     :meth:`save` returns once the arrays are held; a background thread writes the files and the step appears whole.
-    Older steps are deleted by the keep policies (none: keep all) only after a newer save committed. One process
+    Older steps are deleted by the keep policy (none: keep all) only after a newer save committed. One process
     writes (the first save takes the lock), any number read. See docs/checkpointing.md.
 
     >>> import tempfile, jax.numpy as jnp
-    >>> with CheckpointManager(tempfile.mkdtemp(), keep_last=2) as manager:
+    >>> from jaxstow import KeepPolicy
+    >>> with CheckpointManager(tempfile.mkdtemp(), keep=KeepPolicy(keep_last=2)) as manager:
     ...     for step in range(4):
     ...         tree = {"params": {"w": jnp.full(2, step)}, "epoch": step // 2}
     ...         manager.save(step, tree, metrics={"loss": 1 / (1 + step)})
@@ -66,60 +66,42 @@ class CheckpointManager(StepQueries):
         self,
         directory: str | os.PathLike[str],
         *,
-        keep_last: int | None = None,
-        keep_every: int | None = None,
-        keep_best: int | None = None,
-        metric: str | None = None,
-        mode: Literal["min", "max"] = "min",
-        keep_every_seconds: float | datetime.timedelta | None = None,
         save_every: int = 1,
-        async_save: bool = True,
+        keep: KeepPolicy | None = None,
+        local: LocalTier | None = None,
         progress: bool = False,
         storage_options: Mapping[str, Any] | None = None,
         transfer: Transfer | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
-        process_timeout: float = 600.0,
-        preemption_signals: Iterable[int | signal.Signals] = (),
-        local_directory: str | os.PathLike[str] | None = None,
-        local_save_every: int | None = None,
-        local_keep_last: int | None = None,
-        local_replicas: int | None = None,
-        broadcast_restore: bool = True,
         host_memory_limit: int | None = None,
+        process_timeout: float = 600.0,
+        broadcast_restore: bool | None = None,
+        preemption_signals: Iterable[int | signal.Signals] = (),
+        **shortcuts: Any,
     ) -> None:
-        """Make the manager of ``directory``; the directory's lock is taken by the first save.
+        """Make the manager of ``directory`` (a local path or an fsspec URL); its lock is taken by the first save.
 
         Args:
-            directory: A local path or an fsspec URL (``s3://bucket/run``).
-            keep_last: Keep the latest ``keep_last`` steps.
-            keep_every: Keep every step divisible by ``keep_every``.
-            keep_best: Keep the ``keep_best`` steps best by ``metric``.
-            metric: The metric that ``keep_best`` and :meth:`best_step` rank steps by.
-            mode: ``"min"`` ranks the lowest value first, ``"max"`` the highest.
-            keep_every_seconds: Keep one step per this much save time (seconds or a ``datetime.timedelta``).
-            save_every: :meth:`should_save` picks every ``save_every``-th step.
-            async_save: Write on a background thread, whose error the next :meth:`save` or :meth:`close` raises.
+            save_every: :meth:`should_save` picks every ``save_every``-th step (and the first of a run).
+            keep: The steps kept (:class:`~jaxstow.KeepPolicy`: latest k, every n-th, best k by a metric, one per
+                interval; its ``metric`` and ``mode`` rank :meth:`best_step` too); ``None`` keeps every step.
+            local: Each process's fast storage as a first tier (:class:`~jaxstow.LocalTier`, docs/scaling.md).
             progress: Draw progress bars (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
-            storage_options: Passed to fsspec for a URL ``directory``.
-            transfer: A :class:`jaxstow.Transfer`: requests in flight, their size, a bandwidth cap.
-            cache_dir: Keeps a local copy of each file restored, read again while its header checksum matches.
-            process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
-            preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process (see
-                docs/checkpointing.md#preemption).
-            local_directory: Each process's fast storage (a local path, may differ per process; under
-                jax.distributed each process uses ``process-{index}`` in it): every step saved goes there first, ``directory`` gets the steps due there, copied from it (docs/scaling.md).
-            local_save_every: :meth:`should_save` also picks every ``local_save_every``-th step (1), for the local tier.
-            local_keep_last: The local tier keeps its newest ``local_keep_last`` steps (2).
-            local_replicas: Other processes that keep a copy of each process's local files (1 under jax.distributed).
-            broadcast_restore: Under jax.distributed, a box of a step that several processes restore is read from
-                ``directory`` by one of them and sent to the others (docs/scaling.md); ``False``: each reads it.
+            storage_options, transfer, cache_dir: For a URL ``directory``, as :func:`jaxstow.load` takes them.
             host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
+            process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
+            broadcast_restore: Under jax.distributed, a box that several processes restore is read once, in ranges,
+                and gathered over jax's collectives: ``None`` where it pays (an object store, a network file system),
+                ``True`` or ``False`` always or never (docs/scaling.md).
+            preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process
+                (docs/checkpointing.md#preemption).
+            **shortcuts: The keywords of earlier versions (``keep_last=``, ``local_directory=``, ``async_save=``,
+                ...), deprecated: each warns with the setting that replaces it.
 
         Raises:
-            ArgumentError: A keep policy or ``save_every`` that is not valid, an option of the local tier without
-                ``local_directory``.
+            ArgumentError: A setting that is not valid, or one set twice (a shortcut and its grouped setting).
         """
-        policy = KeepPolicy(keep_last, keep_every, keep_best, metric, mode, keep_every_seconds)
+        policy, local, asynchronous = grouped_settings(keep, local, shortcuts, directory=str(directory))
         self._schedule = SaveSchedule(save_every)
         if progress:
             require_progress_bar()
@@ -131,23 +113,20 @@ class CheckpointManager(StepQueries):
         self._progress = progress
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
         self.restored: recovery.Restored | None = None
-        self._writer = BackgroundWriter(asynchronous=async_save)
+        self._writer = BackgroundWriter(asynchronous=asynchronous)
         self._host_memory_limit = checked_limit(host_memory_limit)
         self._lock: Lock | None = None
         self._closed = False
-        self._processes = Processes(self._store.location, timeout=process_timeout)
+        self._coordinator = Coordinator(self._store.location, timeout=process_timeout)
         self._broadcast_restore = broadcast_restore
-        self._tiers = local_tier(
-            local_directory,
-            self._processes,
-            directory=self._store.location,
-            save_every=local_save_every,
-            keep_last=local_keep_last,
-            replicas=local_replicas,
-            progress=progress,
+        self._agreed: AgreedSteps | None = None
+        self._tiers = (
+            None
+            if local is None
+            else Tiers(local, self._coordinator, directory=self._store.location, progress=progress)
         )
         self._notice: PreemptionNotice | None = None
-        if self._processes.many:
+        if self._coordinator.many:
             if preemption_signals:
                 logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
         elif preemption_signals:
@@ -204,7 +183,7 @@ class CheckpointManager(StepQueries):
             step,
             restore,
             fallback=fallback,
-            processes=self._processes,
+            coordinator=self._coordinator,
             tiers=self._tiers,
             broadcast=self._broadcast_restore,
         )
@@ -223,9 +202,10 @@ class CheckpointManager(StepQueries):
     def should_save(self, step: int) -> bool:
         """Whether ``step`` is one to save; it never waits for a save in flight.
 
-        After the newest step saved (in either tier): the first of a run, every ``save_every``-th (or
-        ``local_save_every``-th) and a preemption's step (see :meth:`reached_preemption`). Call it at every step, in
-        every process of a ``jax.distributed`` run.
+        After the newest step saved (in either tier): the first of a run, every ``save_every``-th (or the local
+        tier's ``save_every``-th) and a preemption's step (see :meth:`reached_preemption`). Call it at every step, in
+        every process of a ``jax.distributed`` run: what is saved already is agreed by every process at the first
+        call (or save), so every process answers the same, whatever its own folders hold.
 
         >>> import tempfile
         >>> with CheckpointManager(tempfile.mkdtemp(), save_every=10) as manager:
@@ -235,10 +215,12 @@ class CheckpointManager(StepQueries):
         ...     print(manager.steps())
         [1, 10, 20]
         """
-        wanted = self._schedule.should_save(check_step(step), committed=self._listed)
+        step = check_step(step)
+        newest = self._agree().newest
+        wanted = self._schedule.should_save(step, newest=newest)
         if self._tiers is None:
             return wanted
-        return self._tiers.schedule.should_save(step, committed=self._listed) or wanted
+        return self._tiers.schedule.should_save(step, newest=newest) or wanted
 
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is the step to save before a preemption.
@@ -290,41 +272,35 @@ class CheckpointManager(StepQueries):
             )
         checked_metadata = check_metadata(metadata, step=step)
         self._writer.wait()
-        if self._lock is None and self._processes.index == 0:
+        me = self._coordinator.index
+        if self._lock is None and me == 0:
             self._take_lock()
-        exists = step in self._listed()
-        if exists and not force:
+        agreed = self._agree()
+        if agreed.holds(step) and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it",
                 file=self._folder.url(step),
             )
-        part = self._processes.index if self._processes.many else None
+        part = me if self._coordinator.many else None
         budget = HostBudget(self._host_memory_limit)
         held = {
             name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part, budget=budget)
             for name, tree in named.items()
         }
         content = StepContent(step, held, single, checked_metrics, checked_metadata)
-        write: Callable[[], StepRecord | None]
         keep = dataclasses.asdict(self._policy)
-        due = self._tiers is None or self._schedule.should_save(step, committed=self._listed)
+        talk = self._coordinator.conversation("save")  # named here, in call order: the same in every process
+        write: Callable[[], None]
         if self._tiers is not None:
-            upload = functools.partial(self._copy, key=self._processes.next_exchange("copy")) if due else None
+            due = self._schedule.should_save(step, newest=agreed.newest)
+            upload = functools.partial(self._copy, talk=self._coordinator.conversation("copy")) if due else None
             write = functools.partial(
-                self._tiers.save, content, key=self._processes.next_exchange("local"), persistent=upload, keep=keep
+                self._tiers.save, content, talk=talk, persistent=upload, keep=keep, decided=self._decided(False)
             )
-        elif self._processes.many:
-            write = functools.partial(self._write_shared, content, exists, key=self._processes.next_exchange("save"))
         else:
-            folder = self._names.name(step)
-            write = functools.partial(
-                write_step, self._store, folder, content, replace=exists, keep_policy=keep, progress=self._progress
-            )
-        what = f"saving step {step} to {self.directory}"
-        self._writer.submit(lambda: self._committed(write()), what=what, until=budget.fetched)
-        self._schedule.saved(step)
-        if self._tiers is not None:
-            self._tiers.schedule.saved(step)
+            write = functools.partial(self._write, content, talk=talk, replace=force, keep=keep)
+        agreed.issued(step)
+        self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
         if self._preempted() is not None:
             self.close()  # ends the process
 
@@ -333,8 +309,8 @@ class CheckpointManager(StepQueries):
         self._check_open()
         self._writer.wait()
         step = self._existing(step)
-        self._schedule.forget()
-        if self._processes.index != 0:  # process 0 deletes for all
+        self._agreed = None  # what is saved is agreed again at the next question or save
+        if self._coordinator.index != 0:  # process 0 deletes for all
             return
         if self._lock is None:
             self._take_lock()
@@ -353,48 +329,69 @@ class CheckpointManager(StepQueries):
         if removed:
             logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
 
-    def _committed(self, record: StepRecord | None) -> None:
-        """After the background half of a save: remember the step this process committed, apply the keep policy."""
-        if record is not None:
-            self._folder.remember(record)
-            self._prune()
+    def _agree(self) -> AgreedSteps:
+        """The steps saved already, agreed by every process at the first question or save."""
+        if self._agreed is None:
+            tiers = self._tiers
+            self._agreed = agree_steps(
+                self._coordinator,
+                self._folder.committed,
+                tiers.steps if tiers is not None else None,
+                where=self.directory,
+                keep_local=tiers.keep_last if tiers is not None else None,
+            )
+        return self._agreed
 
-    def _copy(self, record: StepRecord, *, key: str) -> None:
-        """Copy a local step to ``directory`` (on the local tier's upload thread), then apply the keep policy."""
-        self._committed(self._tiers.copy_to(self._store, record, key=key) if self._tiers is not None else None)
-
-    def _write_shared(self, content: StepContent, replace: bool, *, key: str) -> StepRecord | None:
-        """The background half of a save made by every process together: the committed record in process 0."""
-        progress = SaveReport(f"step {content.step} of {self.directory}", total=0, bar=self._progress)
-        record = save_shared(
-            self._processes,
+    def _write(self, content: StepContent, *, talk: Conversation, replace: bool, keep: dict[str, Any]) -> None:
+        """The background half of a save without a local tier: every process writes its files, process 0 commits."""
+        step, me = content.step, self._coordinator.index
+        folder = self._names.name(step)
+        committed = commit_step(
+            talk,
             self._store,
-            key=key,
-            step=content.step,
-            folder=self._names.name(content.step),
-            items=content.held,
-            extension=EXTENSION,
-            single=content.single,
-            metrics=content.metrics,
-            metadata=content.metadata,
+            folder,
+            step,
+            lambda staging: write_items(
+                staging, me, content, what=f"step {step} of {self.directory}", bar=self._progress
+            ),
+            lambda summaries: record_of(summaries, content, keep_policy=keep, where=self._store.url(folder)),
+            shared=True,
             replace=replace,
-            progress=progress,
-            keep_policy=dataclasses.asdict(self._policy),
+            decided=self._decided(True),
+            after=self._after_commit,
         )
-        progress.finish()
-        return record
+        self._committed(committed)
 
-    def _prune(self) -> None:
-        steps = self._folder.committed()
-        policy = self._policy
-        records = {step: self._folder.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
-        metric = policy.metric or ""
-        values = {step: record.metric(metric) if record else None for step, record in records.items()}
-        times = {step: record.time for step, record in records.items() if record is not None}
-        for step in policy.to_delete(steps, values, times):
-            self._store.delete(self._names.name(step))
-            self._folder.forget(step)
+    def _copy(self, record: StepRecord, *, talk: Conversation) -> None:
+        """Copy a local step to ``directory`` (on the local tier's upload thread), then apply the keep policy."""
+        if self._tiers is not None:
+            committed = self._tiers.copy_to(
+                self._store, record, talk=talk, decided=self._decided(True), after=self._after_commit
+            )
+            self._committed(committed)
+
+    def _decided(self, persistent: bool) -> Callable[[StepRecord], None]:
+        """What every process notes once process 0 decided a step committed: to ``directory`` or the local tiers."""
+
+        def note(record: StepRecord) -> None:
+            if self._agreed is not None:
+                self._agreed.committed(record.step, persistent=persistent)
+
+        return note
+
+    def _after_commit(self, record: StepRecord) -> Iterator[int]:
+        """In process 0, once a step is committed: remember its record, apply the keep policy; each step deleted."""
+        self._folder.remember(record)
+        for step in self._folder.prune(self._policy):
             logger.info("%s: deleted step %d (keep policy)", self.directory, step)
+            yield step
+
+    def _committed(self, committed: Committed) -> None:
+        """In every process, once a step is committed: forget the steps process 0 deleted."""
+        for step in committed.deleted:
+            self._folder.forget(step)
+        if self._agreed is not None:
+            self._agreed.deleted(committed.deleted)
 
     # -- lifetime -------------------------------------------------------------------------------------------------
 

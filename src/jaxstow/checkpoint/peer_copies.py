@@ -1,10 +1,11 @@
-"""Copies of each process's local files of a step, kept by other processes: sent after each local save, fetched back
-by a process that lost its own (a replaced host), over the bounded :class:`~jaxstow._storage.peers.PeerTransport`.
+"""Copies of each process's local files of a step, kept by other processes: sent after each local save, read back by
+the processes that lack them (a replaced host), over the authenticated :class:`~jaxstow._storage.peers.PeerTransport`.
 
 Process ``k``'s files of a step are kept by ``replicas`` other processes, those on other slices first, then on other
-hosts, then the next ones on the same host (:func:`choose_keepers`); each keeper stores them under
-``LOCAL_DIRECTORY/process-{index}/peer-copies/p{k}/{step}/`` with the step's record, checksummed on arrival. See docs/scaling.md
-("Two tiers and peers").
+hosts, then the next ones on the same host (:func:`choose_keepers`); each keeper streams them to
+``LOCAL_DIRECTORY/process-{index}/peer-copies/p{k}/{step}/`` and commits them with the step's record. The transport's
+secret is made by process 0 and handed out through jax's key-value store, whose keys are deleted once every process
+read them. See docs/scaling.md ("Two tiers and peers") and docs/safety.md ("What a run exposes").
 
 >>> from jaxstow.checkpoint.peer_copies import choose_keepers
 >>> hosts = ["a", "a", "b", "b"]  # processes 0 and 1 on host a, 2 and 3 on host b
@@ -16,21 +17,56 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import socket
 from collections.abc import Sequence
+from typing import cast
 
 import jax
 
+from jaxstow._coordination import Coordinator
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.folders import LocalStore
-from jaxstow._storage.peers import PeerTransport
-from jaxstow.checkpoint.processes import Processes
+from jaxstow._storage.peer_wire import reachable_host
+from jaxstow._storage.peers import PeerTransport, Pending
+from jaxstow.checkpoint.peer_reads import PeerStep, ask, serve_files
+from jaxstow.checkpoint.step_folder import StepFolder
 
-__all__ = ["COPIES", "PeerCopies", "choose_keepers", "files_of", "plan_local"]
+__all__ = ["COPIES", "PeerCopies", "choose_keepers", "files_of", "open_transport", "plan_local"]
 
 #: The folder of a local directory that holds other processes' files.
 COPIES = "peer-copies"
+#: The largest record a process fetches from a peer.
+_RECORD_LIMIT = 64 << 20
+
+
+def open_transport(coordinator: Coordinator) -> PeerTransport:
+    """This process's end of a transport between ``coordinator``'s processes: a secret made by process 0 (with
+    :mod:`secrets`) and every process's address handed out on the coordinator, whose keys (the secret among them)
+    are deleted once every process has read them."""
+    with coordinator.conversation("peers") as talk:
+        secret = talk.decide("secret", lambda: secrets.token_hex(32), waiting_for="the secret of its peers")
+        transport = PeerTransport(
+            coordinator.index,
+            coordinator.count,
+            secret=bytes.fromhex(secret),
+            timeout=coordinator.timeout,
+            host=reachable_host(),
+        )
+        try:
+            addresses = talk.gather("address", transport.address, waiting_for="its peer address")
+        except BaseException:
+            transport.close()
+            raise
+    try:  # every process has read the secret once all reach this barrier: process 0 deletes it as it closes
+        with coordinator.conversation("peers-ready") as talk:
+            talk.barrier("ready", waiting_for="its peer address")
+    except BaseException:
+        transport.close()
+        raise
+    transport.connect(addresses)
+    return transport
 
 
 def host_identity() -> str:
@@ -65,120 +101,106 @@ def files_of(record: StepRecord, process: int) -> list[str]:
 class PeerCopies:
     """This process's part in keeping copies: the processes it sends its files to, those whose files it keeps."""
 
-    def __init__(self, processes: Processes, local: LocalStore, *, replicas: int, name: str) -> None:
-        self.processes = processes
+    def __init__(self, coordinator: Coordinator, local: LocalStore, *, replicas: int) -> None:
+        self.coordinator = coordinator
         self.local = local
         self.names = StepNames("%d")
-        self.transport = PeerTransport.start(name, timeout=processes.timeout)
-        key = processes.next_exchange("hosts")
-        processes.send(f"{key}/{processes.index}", host_identity())
-        hosts = processes.gather({k: f"{key}/{k}" for k in range(processes.count)}, what="its host name")
-        self.hosts = [hosts[k] for k in range(processes.count)]
-        replicas = min(replicas, processes.count - 1)
-        self.keepers = choose_keepers(processes.index, self.hosts, replicas=replicas)
-        self.kept = [k for k in processes.others if processes.index in choose_keepers(k, self.hosts, replicas=replicas)]
+        self.transport = open_transport(coordinator)
+        try:
+            with coordinator.conversation("hosts") as talk:
+                self.hosts = talk.gather("host", host_identity(), waiting_for="its host name")
+        except BaseException:
+            self.transport.close()
+            raise
+        me, replicas = coordinator.index, min(replicas, coordinator.count - 1)
+        self.keepers = choose_keepers(me, self.hosts, replicas=replicas)
+        self.kept = [k for k in coordinator.others if me in choose_keepers(k, self.hosts, replicas=replicas)]
+        serve_files(self.transport, self.locate)
 
     def store(self, owner: int) -> LocalStore:
         """The committed copies of ``owner``'s files, one folder per step."""
         return LocalStore(os.path.join(self.local.root, COPIES, f"p{owner}"), marker=RECORD_NAME)
 
-    def exchange(self, record: StepRecord, *, keep_last: int) -> None:
-        """Send this process's files of ``record``'s step to its keepers; receive and commit those it keeps, keeping
-        each owner's newest ``keep_last`` steps."""
-        step, me = record.step, self.processes.index
+    def locate(self, owner: int, step: int, file: str) -> str:
+        """Where this process holds ``owner``'s ``file`` of ``step`` (its own local step, or a copy it keeps); a
+        FileNotFoundError where it holds no committed such step."""
+        store = self.local if owner == self.coordinator.index else self.store(owner)
         folder = self.names.name(step)
-        for keeper in self.keepers:
-            for file in files_of(record, me):
-                with open(self.local.path(folder, file), "rb") as source:
-                    self.transport.send(keeper, f"copy/{step}/{file}", memoryview(source.read()))
-        for owner in self.kept:
-            received = {file: self.transport.receive(owner, f"copy/{step}/{file}") for file in files_of(record, owner)}
-            store = self.store(owner)
-            store.ensure()
-            staging = store.stage(folder, replace=folder in store.committed())
-            try:
-                for file, data in received.items():
-                    with staging.open(file) as (_, sink):
-                        sink.write(data)
+        if folder not in store.committed():
+            raise FileNotFoundError(f"{store.path(folder)} is not a committed step")
+        return store.path(folder, file)
+
+    def exchange(self, record: StepRecord, *, keep_last: int) -> None:
+        """Send this process's files of ``record``'s step to its keepers; receive (streamed to disk, at most the
+        free space of the local directory) and commit those it keeps, keeping each owner's newest ``keep_last``."""
+        step, me = record.step, self.coordinator.index
+        folder = self.names.name(step)
+        stagings = []
+        try:
+            with contextlib.ExitStack() as files:
+                expected: list[Pending] = []
+                try:
+                    for owner in self.kept:  # every receive registered before any byte is sent: none waits on another
+                        store = self.store(owner)
+                        store.ensure()
+                        stagings.append((store, store.stage(folder, replace=folder in store.committed())))
+                        room = _free(store.root)
+                        for file in files_of(record, owner):
+                            _, sink = files.enter_context(stagings[-1][1].open(file))
+                            expected.append(self.transport.expect(owner, f"copy/{step}/{file}", limit=room, sink=sink))
+                    for keeper in self.keepers:
+                        for file in files_of(record, me):
+                            self.transport.send_file(keeper, f"copy/{step}/{file}", self.local.path(folder, file))
+                    for pending in expected:
+                        pending.wait()
+                finally:
+                    for pending in expected:
+                        pending.cancel()
+            for _, staging in stagings:
                 staging.commit(record.to_json())
-            except BaseException:
+        except BaseException:
+            for _, staging in stagings:
                 staging.abort()
-                raise
+            raise
+        for store, _ in stagings:
             for old in self.names.steps(store.committed())[:-keep_last]:
                 store.delete(self.names.name(old))
 
     def inventory(self, own: list[int]) -> dict[str, list[int]]:
         """Whose files of which steps this process holds: its own (``own``, committed locally) and its copies."""
-        held = {str(self.processes.index): own}
-        for owner in range(self.processes.count):
-            if owner != self.processes.index:
-                steps = self.names.steps(self.store(owner).committed())
-                if steps:
-                    held[str(owner)] = steps
+        held = {str(self.coordinator.index): own}
+        for owner in self.coordinator.others:
+            steps = self.names.steps(self.store(owner).committed())
+            if steps:
+                held[str(owner)] = steps
         return held
 
-    def gather_step(self, step: int, plan: dict[str, list[int]], *, have: bool) -> None:
-        """Bring every process's files of ``step`` into this process's committed local folder of it: from its own
-        copies, else from the process the plan names for each owner (``plan[owner]``: the processes holding them).
-
-        ``have`` says whether this process has the step committed locally (its own files and the record)."""
-        me, folder = self.processes.index, self.names.name(step)
-        record = self._record_source(step, plan, have)
-        for owner, holders in sorted(plan.items(), key=lambda item: int(item[0])):
-            sender = holders[0]
-            if sender == me:  # this process sends owner's files to each process that holds none of them
-                source = self.local if int(owner) == me else self.store(int(owner))
-                kept = {file: _read(source, folder, file) for file in files_of(self._record(source, step), int(owner))}
-                for other in range(self.processes.count):
-                    if other not in holders:
-                        for file, piece in kept.items():
-                            self.transport.send(other, f"fetch/{step}/{file}", piece)
-                        if int(owner) == 0 and not self._holds_any(other, plan):
-                            self.transport.send(
-                                other, f"fetch/{step}/{RECORD_NAME}", _read(source, folder, RECORD_NAME)
-                            )
-        if record is None:
-            marker = bytes(self.transport.receive(plan["0"][0], f"fetch/{step}/{RECORD_NAME}"))
-            record = StepRecord.from_json(marker, where=self.local.url(folder, RECORD_NAME))
-        self.local.ensure()
-        staging = None if have else self.local.stage(folder, replace=False)
-        target = self.local.path(folder) if staging is None else None
-        try:
-            for owner, holders in plan.items():
-                if int(owner) == me and have:
-                    continue
-                for file in files_of(record, int(owner)):
-                    path = self.store(int(owner)).path(folder, file)
-                    if me in holders and target is not None:  # a copy this process keeps: linked, not copied
-                        _link(path, target, file)
-                        continue
-                    content = (
-                        _read_path(path)
-                        if me in holders
-                        else self.transport.receive(holders[0], f"fetch/{step}/{file}")
-                    )
-                    _write(staging, target, file, content)
-            if staging is not None:
-                staging.commit(record.to_json())
-        except BaseException:
-            if staging is not None:
-                staging.abort()
-            raise
-
-    def _record_source(self, step: int, plan: dict[str, list[int]], have: bool) -> StepRecord | None:
-        me = self.processes.index
+    def gather_step(self, step: int, plan: dict[str, list[int]], *, have: bool) -> StepFolder:
+        """The folder to restore ``step`` from, ``plan[owner]`` naming the processes that hold each process's files
+        (the owner first where it holds them). Without ``have`` (this process lost its own local step), its own files
+        come back whole from a process that keeps them, into its local tier; every other file is read where this
+        process holds it, else by the byte ranges the restore reads, from the first process holding it."""
+        me, folder = self.coordinator.index, self.names.name(step)
+        holders = {int(owner): found for owner, found in plan.items()}
         if have:
-            return self._record(self.local, step)
-        for owner, holders in plan.items():
-            if me in holders:
-                return self._record(self.store(int(owner)), step)
-        return None
-
-    def _holds_any(self, process: int, plan: dict[str, list[int]]) -> bool:
-        return any(process in holders for holders in plan.values())
-
-    def _record(self, store: LocalStore, step: int) -> StepRecord:
-        return StepRecord.from_json(store.read_marker(self.names.name(step)), where=store.url(str(step), RECORD_NAME))
+            marker = self.local.read_marker(folder)
+        else:
+            wanted = {"owner": me, "step": step, "file": RECORD_NAME}
+            marker = bytes(cast(bytearray, ask(self.transport, holders[me][0], wanted, limit=_RECORD_LIMIT)))
+        found = PeerStep(self.transport, self.local, step, marker, holders, self.locate)
+        if not have:
+            self.local.ensure()
+            staging = self.local.stage(folder, replace=False)
+            try:
+                for file in files_of(found.record, me):
+                    with staging.open(file) as (_, sink):
+                        wanted = {"owner": me, "step": step, "file": file}
+                        ask(self.transport, holders[me][0], wanted, sink=sink, limit=_free(self.local.root))
+                staging.commit(marker)
+            except BaseException:
+                staging.abort()
+                raise
+        return StepFolder(found, self.names)
 
     def close(self) -> None:
         self.transport.close()
@@ -201,38 +223,7 @@ def plan_local(
     return -1, {}
 
 
-def _read(store: LocalStore, folder: str, file: str) -> bytes:
-    return _read_path(store.path(folder, file))
-
-
-def _read_path(path: str) -> bytes:
-    with open(path, "rb") as source:
-        return source.read()
-
-
-def _link(kept: str, target: str, file: str) -> None:
-    """Put the file ``kept`` (durable already) into the committed folder ``target`` as ``file``: a hard link, or a
-    copy where the file system has none."""
-    partial = os.path.join(target, f".{file}.partial")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(partial)
-    try:
-        os.link(kept, partial)
-    except OSError:
-        _write(None, target, file, _read_path(kept))
-        return
-    os.replace(partial, os.path.join(target, file))
-
-
-def _write(staging: object, target: str | None, file: str, content: bytes | bytearray) -> None:
-    """Write ``file`` into the staging folder, or into the committed folder ``target`` (renamed into place)."""
-    if target is None:
-        with staging.open(file) as (_, sink):  # type: ignore[attr-defined]
-            sink.write(content)
-        return
-    partial = os.path.join(target, f".{file}.partial")
-    with open(partial, "wb") as sink:
-        sink.write(content)
-        sink.flush()
-        os.fsync(sink.fileno())
-    os.replace(partial, os.path.join(target, file))
+def _free(root: str) -> int:
+    """The bytes free in the file system of ``root``: the most a copy received into it may take."""
+    status = os.statvfs(root)
+    return status.f_bavail * status.f_frsize

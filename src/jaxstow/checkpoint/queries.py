@@ -1,9 +1,14 @@
 """What a :class:`~jaxstow.CheckpointManager` tells about its committed steps: which there are, their metrics,
 metadata, items, the best one by a metric and the damaged ones.
 
-With a local tier (``local_directory``) a step counts wherever it is held, in this process's local tier or in the
+With a local tier (``local=LocalTier(...)``) a step counts wherever it is held, in this process's local tier or in the
 persistent ``directory``: a new host whose local tier is empty sees the steps of ``directory``, and a step held only
 locally (not due in ``directory``, or its copy still to come) is listed, ranked and described like any other.
+
+Under ``jax.distributed`` the queries answer from what this process sees: they start no agreement with the other
+processes, so that a query made in one process only (a log line of process 0's) waits for no one. What a run decides
+from (which step is due, whether a step exists) is agreed (:mod:`jaxstow.checkpoint.schedule`), and
+:meth:`~jaxstow.CheckpointManager.restore` agrees on the step it restores.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ class StepQueries:
         if tier == "local" and self._tiers is None:
             raise ArgumentError(
                 f"the manager of {self._folder.store.location} has no local tier, so steps(tier='local') has nothing "
-                "to list: make it with local_directory=..., or ask steps() for the steps of its directory"
+                "to list: make it with local=LocalTier(...), or ask steps() for the steps of its directory"
             )
         self._settle()
         return self._listed(tier)

@@ -3,6 +3,11 @@
 ``verify="headers"`` checks a step's record, its files' presence and headers; ``verify="data"`` also reads every
 leaf against its checksum, as ``jaxstow verify`` does. See docs/checkpointing.md ("Recovering from damage").
 
+Damage is what a step's own bytes, read whole, say: a record or header that does not check, a missing file, a leaf
+that fails its checksum (a :class:`~jaxstow.errors.FormatError` or :class:`~jaxstow.errors.CheckpointError`). A
+storage that fails to give the bytes (a :class:`~jaxstow.errors.StorageError`, raised once its retries are spent:
+docs/object-storage.md) says nothing of the step: it ends every call here, and no step is skipped or listed for it.
+
 >>> import os, tempfile, numpy as np
 >>> from jaxstow import CheckpointManager
 >>> directory = tempfile.mkdtemp()
@@ -94,7 +99,7 @@ def newest_accepted(choose: Callable[[], Sequence[int]], accept: Callable[[int],
             if vanished == VANISHED:
                 raise StepNotFoundError(
                     f"{error}. That is {VANISHED} steps in a row deleted while they were read: the process that saves "
-                    "there deletes steps faster than they are read; keep more of them (keep_last=...)"
+                    "there deletes steps faster than they are read; keep more of them (keep=KeepPolicy(keep_last=...))"
                 ) from None
     return None
 
@@ -110,7 +115,8 @@ def _listed(choose: Callable[[], Sequence[int]]) -> Sequence[int]:
 
 def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool) -> str | None:
     """Why ``step`` cannot be restored as saved, or ``None`` if it is intact (as far as ``verify`` checks); a
-    :class:`~jaxstow.errors.StepNotFoundError` if it is deleted meanwhile, which is no damage."""
+    :class:`~jaxstow.errors.StepNotFoundError` if it is deleted meanwhile, and the storage's own
+    :class:`~jaxstow.errors.StorageError` if it fails, neither of which is damage."""
     try:
         with folder.reading(step):
             record = folder.read_record(step, check_files=verify == "headers")
@@ -145,7 +151,7 @@ def restore_newest_intact(
 ) -> tuple[T, Restored]:
     """Restore the first step ``choose()`` lists (newest first, see :func:`newest_accepted`) whose record and
     headers check and whose restore reads only intact data; each step skipped is logged as a warning with its reason,
-    and a step deleted meanwhile is passed over."""
+    and a step deleted meanwhile is passed over. A failing storage ends it with its StorageError."""
     skipped: dict[int, str] = {}
     restored: list[T] = []
 

@@ -1,42 +1,51 @@
-"""When to save: every ``save_every`` steps, the first step of a run, and a preemption's step, as orbax decides.
+"""When to save, the same in every process: every ``save_every`` steps, the first step of a run, and a preemption's
+step, as orbax decides; never a step at or before the newest one saved, committed or in flight.
 
-Never a step at or before the newest one saved, committed or in flight. A preemption is jax's sync point in a
-``jax.distributed`` run or, given a :class:`~jaxstow.checkpoint.preemption.PreemptionNotice`, the first step asked
-about after one of its signals arrived (the preemption's step):
+What is saved already is agreed once, at a manager's first :meth:`~jaxstow.CheckpointManager.should_save` or save,
+by every process (:func:`agree_steps`): the persistent store's steps as process 0 lists them, the newest local step
+(the largest over the processes) and the local steps every process holds. From then on the agreed steps follow the
+saves made since (the same in every process), so asking costs no message and no read of storage:
 
->>> from jaxstow.checkpoint.schedule import SaveSchedule
+>>> from jaxstow._coordination import Coordinator
+>>> from jaxstow.checkpoint.schedule import SaveSchedule, agree_steps
+>>> agreed = agree_steps(Coordinator("runs/a", timeout=60), lambda: [], None, where="runs/a", keep_local=None)
 >>> schedule = SaveSchedule(save_every=100)
 >>> wanted = []
 >>> for step in (0, 50, 100, 150, 200):
-...     if schedule.should_save(step, committed=lambda: []):
-...         schedule.saved(step)
+...     if schedule.should_save(step, newest=agreed.newest):
+...         agreed.issued(step)
 ...         wanted.append(step)
->>> wanted, schedule.should_save(200, committed=lambda: []), schedule.reached_preemption(7)
+>>> wanted, schedule.should_save(200, newest=agreed.newest), schedule.reached_preemption(7)
 ([0, 100, 200], False, False)
+
+A preemption is jax's sync point in a ``jax.distributed`` run or, given a
+:class:`~jaxstow.checkpoint.preemption.PreemptionNotice`, the first step asked about after one of its signals arrived:
+
 >>> import os, signal
 >>> from jaxstow.checkpoint.preemption import PreemptionNotice
 >>> notice = PreemptionNotice([signal.SIGUSR1])
 >>> schedule = SaveSchedule(save_every=100, notice=notice)
 >>> os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's notice; SIGTERM in practice
->>> schedule.should_save(7, committed=lambda: [5]), schedule.reached_preemption(7), schedule.reached_preemption(8)
+>>> schedule.should_save(7, newest=5), schedule.reached_preemption(7), schedule.reached_preemption(8)
 (True, True, False)
 >>> notice.close()
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 
+from jaxstow._coordination import Coordinator
 from jaxstow.checkpoint.preemption import PreemptionNotice
 from jaxstow.errors import ArgumentError
 
-__all__ = ["SaveSchedule"]
+__all__ = ["AgreedSteps", "SaveSchedule", "agree_steps"]
 
 
 class SaveSchedule:
-    """Save every ``save_every`` steps (``1``: every step); it keeps the newest step saved, so that asking costs no
-    read of storage (the committed steps are listed once, the first time). ``notice`` makes preemption a signal to
-    this process (see :meth:`reached_preemption`); ``option`` is the argument that errors name."""
+    """Save every ``save_every`` steps (``1``: every step) after the newest step saved. ``notice`` makes preemption a
+    signal to this process (see :meth:`reached_preemption`); ``option`` is the argument that errors name."""
 
     def __init__(
         self, save_every: int = 1, *, notice: PreemptionNotice | None = None, option: str = "save_every"
@@ -45,27 +54,10 @@ class SaveSchedule:
             raise ArgumentError(f"{option} must be a positive integer, not {save_every!r}")
         self.save_every = save_every
         self.notice = notice
-        self._committed: int | None = None  # the newest committed step, once listed
-        self._known = False
-        self._issued: int | None = None  # the newest step whose save was issued, committed or not
         self._preempted_at: int | None = None
 
-    def saved(self, step: int) -> None:
-        """Note a step whose save was issued (it counts from now on, committed or not)."""
-        self._issued = step if self._issued is None else max(self._issued, step)
-
-    def forget(self) -> None:
-        """Forget the newest step (after a deletion): the next question lists the committed steps again."""
-        self._known = False
-        self._issued = None
-
-    def should_save(self, step: int, *, committed: Callable[[], list[int]]) -> bool:
-        """Whether to save ``step``; ``committed()`` lists the committed steps (of every tier the manager has, so that
-        no tier saves a step at or before another's newest), asked only the first time."""
-        if not self._known:
-            steps = committed()
-            self._committed, self._known = (steps[-1] if steps else None), True
-        newest = max((known for known in (self._committed, self._issued) if known is not None), default=None)
+    def should_save(self, step: int, *, newest: int | None) -> bool:
+        """Whether to save ``step``, ``newest`` being the newest step saved in any tier (agreed), or ``None``."""
         if newest is not None and step <= newest:
             return False
         preempted = self.reached_preemption(step)  # asked at every step, as jax's sync protocol needs
@@ -89,3 +81,80 @@ class SaveSchedule:
             return bool(multihost_utils.reached_preemption_sync_point(step))
         except RuntimeError:  # jax raises this when its preemption service is off (jax_enable_preemption_service)
             return False
+
+
+class AgreedSteps:
+    """The steps saved already, as every process agrees: ``persistent`` (the persistent store's), ``local`` (those
+    every process's local tier holds, its newest ``keep_local`` kept as the local tiers keep theirs) and the newest
+    step saved anywhere; then the saves issued and committed since, and the deletions process 0 made."""
+
+    def __init__(self, persistent: Iterable[int], local: Iterable[int], newest: int | None, keep_local: int | None):
+        self._persistent = set(persistent)
+        self._local = set(local)
+        self._newest = newest
+        self._keep_local = keep_local
+        self._lock = threading.Lock()  # deletions arrive on the writer's threads
+
+    @property
+    def newest(self) -> int | None:
+        """The newest step saved, committed, in flight or failed, in any tier and any process."""
+        return self._newest
+
+    def holds(self, step: int) -> bool:
+        """Whether ``step`` is saved already (in either tier, in every process)."""
+        with self._lock:
+            return step in self._persistent or step in self._local
+
+    def issued(self, step: int) -> None:
+        """Note a save of ``step``: the newest step saved from now on, committed or not."""
+        self._newest = step if self._newest is None else max(self._newest, step)
+
+    def committed(self, step: int, *, persistent: bool) -> None:
+        """Note ``step`` committed (process 0's outcome, heard by every process): to the persistent store, or to
+        every process's local tier."""
+        with self._lock:
+            if persistent:
+                self._persistent.add(step)
+            else:
+                self._local.add(step)
+                if self._keep_local is not None:
+                    self._local = set(sorted(self._local)[-self._keep_local :])
+
+    def deleted(self, steps: Iterable[int]) -> None:
+        """Note steps deleted from the persistent store."""
+        with self._lock:
+            self._persistent.difference_update(steps)
+
+
+def agree_steps(
+    coordinator: Coordinator,
+    persistent: Callable[[], list[int]],
+    local: Callable[[], list[int]] | None,
+    *,
+    where: str,
+    keep_local: int | None,
+) -> AgreedSteps:
+    """The steps saved already, agreed by every process of ``coordinator``: ``persistent()`` listed by process 0,
+    each process's ``local()`` (its local tier's committed steps, if it has one) heard by process 0, which decides;
+    ``where`` names the persistent store in errors."""
+    with coordinator.conversation("steps") as talk:
+        if local is not None:
+            try:
+                talk.tell("local", local())
+            except BaseException as error:
+                talk.fail("local", error)
+                raise
+
+        def decide() -> dict[str, object]:
+            listed = persistent()
+            held: list[list[int]] = []
+            if local is not None:
+                heard = talk.collect("local", waiting_for="its local steps")
+                held = [heard[index].value() for index in range(coordinator.count)]
+            every = set.intersection(*map(set, held)) if held else set()
+            newest = max([*listed, *(max(steps) for steps in held if steps)], default=None)
+            return {"persistent": listed, "local": sorted(every), "newest": newest}
+
+        agreed = talk.decide("steps", decide, waiting_for=f"the steps saved in {where}")
+    newest = agreed["newest"]
+    return AgreedSteps(agreed["persistent"], agreed["local"], None if newest is None else int(newest), keep_local)

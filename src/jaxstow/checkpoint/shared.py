@@ -1,135 +1,196 @@
-"""One step saved by every process of a ``jax.distributed`` run: each writes its own files, process 0 commits.
+"""One step committed by the processes of a run together; one process is the case N=1 of the same code.
 
-It all runs in each process's background save. Process ``k`` writes ``item.pk.safetensors`` with its own shards
-(its share of each replicated one) and per-process values, and sends one summary; process 0 checks that every process saved the same step of the same tree,
-writes ``checkpoint.json`` and commits, and sends the outcome, so an error anywhere, or a process that never reports,
-leaves no committed step and reaches every process. The protocol, its O(processes) messages and its bounded waits:
-see docs/scaling.md ("The commit protocol", "Waits, timeouts and failures").
+Every process writes its own files and says what it wrote, on one
+:class:`~jaxstow._coordination.Conversation`; process 0 checks that every process saved the same step of the same
+tree, makes the record and decides the outcome, which every process hears: an error anywhere, or a process that
+never reports, leaves no committed step and reaches every process, each wait bounded by the run's
+``process_timeout``. A ``shared`` folder (the persistent ``directory``) is one folder that process 0 stages and
+commits; otherwise (the local tier) each process commits its own folder with the record process 0 made. See
+docs/scaling.md ("The commit protocol").
+
+>>> import tempfile, numpy as np
+>>> from jaxstow._coordination import Coordinator
+>>> from jaxstow._steps.record import RECORD_NAME
+>>> from jaxstow._storage.store import open_store
+>>> from jaxstow._write.held import hold
+>>> from jaxstow.checkpoint.writing import StepContent, write_items
+>>> store = open_store(tempfile.mkdtemp(), marker=RECORD_NAME)
+>>> content = StepContent(7, {"params": hold({"w": np.ones(2)})}, False, metrics=None, metadata=None)
+>>> committed = commit_step(
+...     Coordinator(store.location, timeout=60).conversation("save"), store, "7", 7,
+...     lambda staging: write_items(staging, 0, content, what="step 7", bar=False),
+...     lambda summaries: record_of(summaries, content, keep_policy=None, where=store.location),
+...     shared=True, replace=False,
+... )
+>>> committed.record.files, store.committed()
+({'params': 'params.safetensors'}, ['7'])
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from jaxstow._steps.record import Metrics, StepRecord
+from jaxstow._coordination import Conversation
+from jaxstow._steps.record import StepRecord
 from jaxstow._storage.store import Staging, Store
-from jaxstow._write.held import HeldTree
-from jaxstow._write.save_report import SaveReport
-from jaxstow.checkpoint.processes import Processes
+from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
 
-__all__ = ["record_of", "save_shared"]
-
-_COMMITTED = "committed"
+__all__ = ["Committed", "commit_step", "record_of"]
 
 
-def save_shared(
-    processes: Processes,
+@dataclass(frozen=True)
+class Committed:
+    """A committed step's record, and the steps process 0 deleted after committing it (by the keep policy)."""
+
+    record: StepRecord
+    deleted: list[int] = field(default_factory=list)
+
+
+def commit_step(
+    talk: Conversation,
     store: Store,
-    *,
-    key: str,
-    step: int,
     folder: str,
-    items: dict[str, HeldTree],
-    extension: str,
-    single: bool,
-    metrics: Metrics | None,
-    metadata: dict[str, Any] | None,
+    step: int,
+    write: Callable[[Staging], Any],
+    make_record: Callable[[list[Any]], StepRecord],
+    *,
+    shared: bool,
     replace: bool,
-    progress: SaveReport,
-    keep_policy: dict[str, Any] | None = None,
-) -> StepRecord | None:
-    """Write this process's files of ``step`` and take part in its commit; process 0 returns the committed record.
+    decided: Callable[[StepRecord], None] | None = None,
+    after: Callable[[StepRecord], Iterator[int]] | None = None,
+) -> Committed:
+    """Commit ``step`` as ``folder`` of ``store`` in every process of ``talk`` (closed once done); the same outcome
+    everywhere.
 
-    ``key`` names this save in the messages, the same in every process.
+    Args:
+        write: Writes this process's files into the staging folder; returns its summary (JSON).
+        make_record: In process 0, the record from every process's summary, in process order; it raises where they
+            do not agree.
+        shared: One folder for every process, committed by process 0; else a folder per process, each committed
+            by its own process with process 0's record.
+        replace: Whether a committed folder of that name may be replaced; else it is a :class:`CheckpointError`.
+        decided: Called in every process once process 0 decided that the step is committed (its record).
+        after: In process 0, once the shared folder is committed: the steps it then deletes, one by one, told to
+            every process with the outcome (an error of its own is raised in process 0 only).
     """
-    me = processes.index
-    where = store.url(folder)
-    if me == 0:
-        staging = store.stage(folder, replace=replace)
-        processes.send(f"{key}/staging", staging.token)
-    else:
-        token = processes.receive(f"{key}/staging", sender=0, what=f"the folder of step {step} ({where})")
-        staging = store.stage(folder, replace=replace, token=token)
-    try:
-        summary = _write_files(staging, me, step, items, extension, progress)
-        staging.complete()
-    except BaseException as error:
-        processes.send(f"{key}/done/{me}", json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        if me == 0:
-            _give_up(processes, key, staging, f"process 0 failed: {error}")
-        else:
+    with talk:
+        coordinator = talk.coordinator
+        where = store.url(folder)
+        staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
+        try:
+            summary = write(staging)
+            staging.complete()
+        except BaseException as error:
             staging.abort()
-        raise
-    processes.send(f"{key}/done/{me}", json.dumps(summary))
-    if me != 0:
-        outcome = processes.receive(
-            f"{key}/outcome",
-            sender=0,
-            what=f"the commit of step {step} ({where})",
-            timeout=processes.timeout + processes.grace,
-        )
-        if outcome != _COMMITTED:
-            raise CheckpointError(f"step {step} was not committed: {outcome}", file=where)
-        return None
-    try:
-        reports = processes.gather(
-            {k: f"{key}/done/{k}" for k in processes.others}, what=f"its files of step {step} ({where})"
-        )
-        record = record_of(processes, summary, reports, step, single, metrics, metadata, keep_policy, where=where)
-        staging.commit(record.to_json())
-    except BaseException as error:
-        _give_up(processes, key, staging, str(error))
-        raise
-    processes.send(f"{key}/outcome", _COMMITTED)
-    return record
+            talk.fail("done", error)
+            if coordinator.index == 0:
+                talk.fail("outcome", error)
+            raise
+        talk.tell("done", summary)
+        record: StepRecord | None = None
+        pruning: list[BaseException] = []  # process 0: what ``after`` raised, raised once the outcome is told
+
+        def decide() -> dict[str, Any]:
+            nonlocal record
+            heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
+            failed = [
+                f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error
+            ]
+            try:
+                if failed:
+                    raise CheckpointError(f"step {step} is not committed: {'; '.join(failed)}", file=where)
+                record = make_record([heard[index].payload for index in range(coordinator.count)])
+                if shared:
+                    staging.commit(record.to_json())
+            except BaseException:
+                if shared:
+                    staging.abort()
+                raise
+            deleted: list[int] = []
+            if shared and after is not None:
+                try:  # the step is committed: what fails now is process 0's own, told to no one
+                    deleted.extend(after(record))
+                except Exception as error:
+                    pruning.append(error)
+            return {"record": record.to_json().decode(), "deleted": deleted}
+
+        try:
+            outcome = talk.decide("outcome", decide, waiting_for=f"the commit of step {step} ({where})")
+        except BaseException:
+            if not shared or coordinator.index != 0:
+                staging.abort()  # this process's own files: the step was not committed
+            raise
+        marker = str(outcome["record"]).encode()
+        if record is None:
+            record = StepRecord.from_json(marker, where=where)
+        if decided is not None:
+            decided(record)
+        if not shared:
+            try:
+                staging.commit(marker)
+            except BaseException:
+                staging.abort()
+                raise
+        if pruning:
+            raise pruning[0]
+        return Committed(record, [int(old) for old in outcome["deleted"]])
 
 
-def _write_files(
-    staging: Staging, me: int, step: int, items: dict[str, HeldTree], extension: str, progress: SaveReport
-) -> dict[str, Any]:
-    files, digests, headers = {}, {}, {}
-    for name, item in items.items():
-        encoded = item.encode()
-        with staging.open(f"{name}{f'.p{me}' if me else ''}{extension}") as (stored, sink):
-            header = encoded.write(progress.sink(sink))
-        files[name], digests[name] = stored, encoded.digest
-        if header is not None:
-            headers[stored] = header
-    return {"step": step, "files": files, "digests": digests, "headers": headers}
+def _staging(talk: Conversation, store: Store, folder: str, step: int, *, shared: bool, replace: bool) -> Staging:
+    """This process's staging folder of ``folder``: its own, or the one process 0 made for every process."""
+    if not shared:
+        return _stage(store, folder, step, replace=replace)
+    made: list[Staging] = []
+
+    def make() -> str:
+        made.append(_stage(store, folder, step, replace=replace))
+        return made[0].token
+
+    where = store.url(folder)
+    token = talk.decide("staging", make, waiting_for=f"the folder of step {step} ({where})")
+    return made[0] if made else store.stage(folder, replace=False, token=token)
+
+
+def _stage(store: Store, folder: str, step: int, *, replace: bool) -> Staging:
+    exists = folder in store.committed()
+    if exists and not replace:
+        raise CheckpointError(
+            f"step {step} already exists in {store.location}; pass force=True to replace it", file=store.url(folder)
+        )
+    return store.stage(folder, replace=exists)
 
 
 def record_of(
-    processes: Processes,
-    summary: dict[str, Any],
-    reports: dict[int, str],
-    step: int,
-    single: bool,
-    metrics: Metrics | None,
-    metadata: dict[str, Any] | None,
-    keep_policy: dict[str, Any] | None,
-    *,
-    where: str,
+    summaries: list[dict[str, Any]], content: StepContent, *, keep_policy: dict[str, Any] | None, where: str
 ) -> StepRecord:
-    """The record of a step that every process saved: process 0's ``summary`` and the others' ``reports`` (their
-    summaries as JSON), checked to agree."""
-    summaries = [summary] + [json.loads(reports[k]) for k in processes.others]
+    """The record of the step of ``content`` that every process saved, from their ``summaries`` (in process order),
+    checked to agree: a :class:`CheckpointError` names every process that saved another step or another tree."""
+    step = content.step
     _check_agreement(summaries, step=step, where=where)
-    files = summary["files"]
-    parts = {name: [other["files"][name] for other in summaries[1:]] for name in files}
-    headers = {file: header for other in summaries for file, header in other["headers"].items()}
-    return StepRecord(step, files, single, metrics, metadata, keep_policy=keep_policy, parts=parts, headers=headers)
+    files = summaries[0]["files"]
+    parts = {name: [other["files"][name] for other in summaries[1:]] for name in files} if summaries[1:] else {}
+    headers = {file: header for summary in summaries for file, header in summary["headers"].items()}
+    return StepRecord(
+        step,
+        files,
+        content.single,
+        content.metrics,
+        content.metadata,
+        keep_policy=keep_policy,
+        parts=parts,
+        headers=headers,
+    )
 
 
 def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) -> None:
-    """Raise naming every process that failed or saved another step or another tree than process 0."""
+    """Raise naming every process that saved another step or another tree than process 0."""
     problems = []
     first = summaries[0]
     for index, summary in enumerate(summaries):
-        if "error" in summary:
-            problems.append(f"process {index} failed: {summary['error']}")
-        elif summary.get("step") != step:
+        if summary.get("step") != step:
             problems.append(f"process {index} saved step {summary.get('step')}, process 0 step {step}")
         elif summary.get("digests") != first["digests"]:
             differing = sorted(
@@ -140,8 +201,3 @@ def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) 
             problems.append(f"process {index} saved other trees than process 0 for the items {differing}")
     if problems:
         raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems), file=where)
-
-
-def _give_up(processes: Processes, key: str, staging: Staging, reason: str) -> None:
-    staging.abort()
-    processes.send(f"{key}/outcome", reason)

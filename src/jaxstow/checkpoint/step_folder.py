@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from jaxstow._format.source import ReadSource
+from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
@@ -124,6 +125,18 @@ class StepFolder:
                 f"step {step} is not in {self.store.location} any more: it was deleted while it was read (by "
                 f"delete() or the keep policy of the process that saves there); its committed steps are {steps}"
             ) from None
+
+    def prune(self, policy: KeepPolicy) -> Iterator[int]:
+        """Delete the committed steps that ``policy`` keeps no more, oldest first; each step once deleted."""
+        steps = self.committed()
+        records = {step: self.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
+        metric = policy.metric or ""
+        values = {step: record.metric(metric) if record else None for step, record in records.items()}
+        times = {step: record.time for step, record in records.items() if record is not None}
+        for step in policy.to_delete(steps, values, times):
+            self.store.delete(self.names.name(step))
+            self.forget(step)
+            yield step
 
     def remember(self, record: StepRecord) -> None:
         """Keep the record of a step this process has just committed."""

@@ -1,23 +1,26 @@
 """One step restored by every process of a ``jax.distributed`` run: the same step everywhere, or an error everywhere.
 
-Each process reads only what its own devices hold, so one process can meet damage that the others never read.
-Process 0 picks the steps to try and sends them; every process restores the step and reports to process 0, whose
-one verdict every process follows: all return their trees, or all raise a :class:`~jaxstow.errors.CheckpointError`
-naming the step and each process that failed or did not report. With ``fallback``, damage found by any process moves
-all of them to the next older step together. See docs/scaling.md ("Restoring together").
+Each process reads only what its own devices hold, so one process can meet damage that the others never read. The
+processes agree in one :class:`~jaxstow._coordination.Conversation`: process 0 picks the steps to try, and whether
+boxes several processes hold are read once (:mod:`jaxstow.checkpoint.read_once`), and says so; every process
+restores the step and reports; process 0's one verdict every process follows: all return their trees, or all raise
+a :class:`~jaxstow.errors.CheckpointError` naming the step and each process that failed or did not report. With
+``fallback``, damage found by any process moves all of them to the next older step together. A box read once is
+gathered over jax's collectives (:mod:`jaxstow._read.broadcast`) only after that verdict says every process read its
+ranges, so a process that died or stalled is named within ``process_timeout`` and no process waits for it in a
+collective. See docs/scaling.md ("Restoring together").
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
-from jaxstow._read.broadcast import broadcasting
-from jaxstow._storage.peers import PeerTransport
-from jaxstow.checkpoint.processes import Processes
+from jaxstow._coordination import Conversation, Coordinator
+from jaxstow._read import gathering
+from jaxstow._read.broadcast import Exchange, reading_once
+from jaxstow.checkpoint.read_once import pays
 from jaxstow.checkpoint.recovery import Restored, step_damage
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import CheckpointError, FormatError
@@ -30,50 +33,79 @@ T = TypeVar("T")
 _OK = "ok"
 _DAMAGE = "damaged: "
 _FAILED = "failed: "
+_UNABLE = "unable"  # the ranges of a process that cannot take part in collectives across processes
 
 
 def restore_together(
-    processes: Processes,
+    coordinator: Coordinator,
     folder: StepFolder,
     choose: Callable[[], Sequence[int]],
     restore: Callable[[int], T],
     *,
     fallback: bool,
-    broadcast: bool = True,
+    broadcast: bool | None,
 ) -> tuple[T, Restored]:
     """Restore in every process the first of the steps ``choose()`` gives in process 0 (newest first) that restores
-    everywhere; without ``fallback`` only the first. With ``broadcast``, a box that several processes need is read
-    by one of them and sent to the others."""
-    key = processes.next_exchange("restore")
+    everywhere; without ``fallback`` only the first. A box that several processes need is read once and gathered
+    where ``broadcast`` says so (``None``: where it pays, :func:`~jaxstow.checkpoint.read_once.pays`)."""
+    with coordinator.conversation("restore") as talk:
+        steps, once = _start(talk, folder, choose, fallback=fallback, broadcast=broadcast)
+        return _restore_first(talk, folder, steps, restore, fallback=fallback, once=once)
+
+
+def _start(
+    talk: Conversation,
+    folder: StepFolder,
+    choose: Callable[[], Sequence[int]],
+    *,
+    fallback: bool,
+    broadcast: bool | None,
+) -> tuple[list[int], bool]:
+    """The steps to try, newest first, and whether shared boxes are read once: chosen by process 0 (which reads
+    once only if it can take part in collectives across processes itself)."""
     where = folder.store.location
-    steps = _agree_on_steps(processes, key, choose, fallback=fallback, where=where)
-    with contextlib.ExitStack() as stack:
-        if processes.many and broadcast:  # boxes that several processes need are read once and sent (docs/scaling.md)
-            transport = stack.enter_context(PeerTransport.start(f"restore/{key}", timeout=processes.timeout))
-            stack.enter_context(broadcasting(transport))
-        return _restore_first(processes, key, folder, steps, restore, fallback=fallback)
+
+    def decide() -> dict[str, Any]:
+        steps = list(choose())[: None if fallback else 1]
+        once = pays(folder.store, broadcast)
+        if once and not gathering.available():
+            logger.log(
+                logging.WARNING if broadcast else logging.INFO,
+                "%s: every process reads what it restores: jax's collectives do not reach across processes here "
+                "(on CPU: jax.config.update('jax_cpu_collectives_implementation', 'gloo'))",
+                where,
+            )
+            once = False
+        return {"steps": steps, "once": once}
+
+    decision = talk.decide("start", decide, waiting_for=f"the step to restore from {where}")
+    return [int(step) for step in decision["steps"]], bool(decision["once"])
 
 
 def _restore_first(
-    processes: Processes,
-    key: str,
+    talk: Conversation,
     folder: StepFolder,
     steps: list[int],
     restore: Callable[[int], T],
     *,
     fallback: bool,
+    once: bool,
 ) -> tuple[T, Restored]:
     """Try ``steps`` in turn, every process together, until one restores everywhere."""
     where = folder.store.location
     skipped: dict[int, str] = {}
     for step in steps:
-        tree, report, error = _attempt(folder, step, restore, fallback=fallback)
-        if processes.index != 0:
-            processes.send(f"{key}/{step}/{processes.index}", report)
-            if error is not None and report.startswith(_FAILED):
-                raise error  # this process's own error; the others learn of it from process 0's verdict
-        verdict = _verdict(processes, key, step, report, where=where)
+        able = not once or gathering.available()
+        exchange = Exchange() if once and able else None
+        tree, report, error = _attempt(folder, step, restore, fallback=fallback, exchange=exchange)
+        ranges = exchange.digest() if exchange is not None else "" if able else _UNABLE
+        if talk.coordinator.index != 0 and error is not None and report.startswith(_FAILED):
+            talk.tell(f"{step}/report", {"outcome": report, "ranges": ranges})
+            raise error  # this process's own error; the others learn of it from process 0's verdict
+        verdict = _verdict(talk, step, report, ranges, where=where)
         if verdict == _OK:
+            if exchange is not None:
+                tree = _gathered(talk, exchange, step, tree, where=where)
             return cast(T, tree), Restored(step, skipped)
         if error is not None and report.startswith(_FAILED):
             raise error
@@ -89,61 +121,77 @@ def _restore_first(
     )
 
 
-def _verdict(processes: Processes, key: str, step: int, report: str, *, where: str) -> str:
-    """Process 0 gathers every process's report on ``step`` and sends the verdict: ``ok``, the damage found (to try
-    an older step), or what failed; the others wait for it."""
-    if processes.index != 0:
-        return processes.receive(
-            f"{key}/{step}/verdict",
-            sender=0,
-            what=f"the outcome of the restore of step {step} ({where})",
-            timeout=processes.timeout + processes.grace,
-        )
-    try:
-        reports = processes.gather(
-            {k: f"{key}/{step}/{k}" for k in processes.others}, what=f"its restore of step {step} ({where})"
-        )
-    except CheckpointError as error:
-        verdict = _FAILED + str(error)
-    else:
-        reports[0] = report
-        failed = {k: found for k, found in sorted(reports.items()) if found != _OK}
-        reasons = "; ".join(f"process {k} {found}" for k, found in failed.items())
-        fatal = any(found.startswith(_FAILED) for found in failed.values())
-        verdict = _OK if not failed else (_FAILED if fatal else _DAMAGE) + reasons
-    processes.send(f"{key}/{step}/verdict", verdict)
-    return verdict
+def _verdict(talk: Conversation, step: int, report: str, ranges: str, *, where: str) -> str:
+    """Every process reports on ``step``; process 0 decides the verdict: ``ok``, the damage found (to try an older
+    step), or what failed (a process that did not report within the timeout, or that expects other ranges to gather
+    than process 0)."""
+    talk.tell(f"{step}/report", {"outcome": report, "ranges": ranges})
 
-
-def _agree_on_steps(
-    processes: Processes, key: str, choose: Callable[[], Sequence[int]], *, fallback: bool, where: str
-) -> list[int]:
-    """The steps to try, newest first: chosen by process 0 and sent to the others."""
-    if processes.index == 0:
+    def judge() -> str:
         try:
-            steps = list(choose())[: None if fallback else 1]
-        except BaseException as error:
-            processes.send(f"{key}/steps", json.dumps({"error": f"{type(error).__name__}: {error}"}))
-            raise
-        processes.send(f"{key}/steps", json.dumps({"steps": steps}))
-        return steps
-    message = json.loads(processes.receive(f"{key}/steps", sender=0, what=f"the step to restore from {where}"))
-    if "error" in message:
-        raise CheckpointError(f"process 0 could not choose a step to restore: {message['error']}", file=where)
-    return [int(step) for step in message["steps"]]
+            reports = talk.collect(f"{step}/report", waiting_for=f"its restore of step {step} ({where})")
+        except CheckpointError as error:
+            return _FAILED + str(error)
+        outcomes = {index: message.value() for index, message in sorted(reports.items())}
+        failed = {index: found["outcome"] for index, found in outcomes.items() if found["outcome"] != _OK}
+        if failed:
+            reasons = "; ".join(f"process {index} {found}" for index, found in failed.items())
+            fatal = any(found.startswith(_FAILED) for found in failed.values())
+            return (_FAILED if fatal else _DAMAGE) + reasons
+        unable = [index for index, found in outcomes.items() if found["ranges"] == _UNABLE]
+        if unable:
+            return _FAILED + (
+                f"process {', '.join(map(str, unable))} cannot take part in collectives across processes, which "
+                "process 0 reads shared boxes once with: call jax.config.update('jax_cpu_collectives_implementation', "
+                "'gloo') in every process, or pass broadcast_restore=False"
+            )
+        differ = [index for index, found in outcomes.items() if found["ranges"] != outcomes[0]["ranges"]]
+        if differ:
+            return _FAILED + (
+                f"processes {', '.join(map(str, differ))} restore other sharded leaves, or onto other shardings, than "
+                "process 0: pass the same like=, items= and sharding= in every process"
+            )
+        return _OK
+
+    return str(
+        talk.decide(f"{step}/verdict", judge, waiting_for=f"the outcome of the restore of step {step} ({where})")
+    )
+
+
+def _gathered(talk: Conversation, exchange: Exchange, step: int, tree: Any, *, where: str) -> Any:
+    """``tree`` with the boxes that several processes hold gathered among them; each wave of gathers after the
+    first behind a barrier bounded by the timeout."""
+
+    def barrier(name: str) -> None:
+        talk.barrier(f"{step}/{name}", waiting_for=f"its part of the gather of step {step} ({where})")
+
+    try:
+        return exchange.deliver(tree, barrier)
+    except CheckpointError:
+        raise
+    except Exception as error:  # jax's runtime raises its own error types from a collective
+        raise CheckpointError(
+            f"step {step} was read by every process, but gathering the boxes several processes hold failed: "
+            f"{type(error).__name__}: {error}",
+            file=where,
+        ) from error
 
 
 def _attempt(
-    folder: StepFolder, step: int, restore: Callable[[int], T], *, fallback: bool
+    folder: StepFolder, step: int, restore: Callable[[int], T], *, fallback: bool, exchange: Exchange | None
 ) -> tuple[T | None, str, BaseException | None]:
-    """This process's restore of ``step``: the tree and ``ok``, or the report of what went wrong and the error.
-    Damage (a damaged record, header or leaf) is what ``fallback`` moves past; any other error ends the restore."""
+    """This process's restore of ``step`` (its shared boxes' ranges read for ``exchange``): the tree and ``ok``, or
+    the report of what went wrong and the error. Damage (a damaged record, header or leaf) is what ``fallback``
+    moves past; any other error ends the restore."""
     try:
         if fallback:
             damage = step_damage(folder, step, verify="headers", progress=False)
             if damage is not None:
                 return None, _DAMAGE + damage, None
-        return restore(step), _OK, None
+        if exchange is None:
+            return restore(step), _OK, None
+        with reading_once(exchange, folder.url(step)):
+            return restore(step), _OK, None
     except FormatError as error:
         return None, (_DAMAGE if fallback else _FAILED) + f"{type(error).__name__}: {error}", error
     except Exception as error:

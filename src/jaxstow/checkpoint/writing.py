@@ -1,17 +1,17 @@
-"""One step written by one process: its items encoded, each written into the step's staging folder, then committed
-with its record.
+"""What a save writes as a step: its items (named, or one tree), held on the host, and this process's file of each.
 
 >>> import tempfile, numpy as np
 >>> from jaxstow._steps.record import RECORD_NAME
 >>> from jaxstow._storage.store import open_store
 >>> from jaxstow._write.held import hold
->>> from jaxstow.checkpoint.writing import StepContent, split_items, write_step
->>> store = open_store(tempfile.mkdtemp(), marker=RECORD_NAME)
+>>> from jaxstow.checkpoint.writing import StepContent, split_items, write_items
 >>> named, single = split_items({"params": {"w": np.ones(2)}})
 >>> items = {name: hold(tree, copy=False, file=name) for name, tree in named.items()}
+>>> staging = open_store(tempfile.mkdtemp(), marker=RECORD_NAME).stage("7", replace=False)
 >>> content = StepContent(7, items, single, metrics=None, metadata=None)
->>> write_step(store, "7", content, replace=False, keep_policy=None, progress=False).files
-{'params': 'params.safetensors'}
+>>> summary = write_items(staging, 0, content, what="step 7", bar=False)
+>>> summary["step"], summary["files"]
+(7, {'params': 'params.safetensors'})
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from jaxstow._steps.record import Metrics, StepRecord
-from jaxstow._storage.store import Store
+from jaxstow._steps.record import Metrics
+from jaxstow._storage.store import Staging
 from jaxstow._write.held import HeldTree
 from jaxstow._write.save_report import SaveReport
 from jaxstow.errors import ArgumentError
 
-__all__ = ["EXTENSION", "SINGLE_ITEM", "StepContent", "split_items", "write_step"]
+__all__ = ["EXTENSION", "SINGLE_ITEM", "StepContent", "split_items", "write_items"]
 
 #: The item name of a step saved as one tree rather than a dict of named items.
 SINGLE_ITEM = "state"
@@ -59,36 +59,18 @@ class StepContent:
     metadata: dict[str, Any] | None
 
 
-def write_step(
-    store: Store,
-    folder: str,
-    content: StepContent,
-    *,
-    replace: bool,
-    keep_policy: dict[str, Any] | None,
-    progress: bool,
-) -> StepRecord:
-    """Encode and write every item of a step into its staging folder, then commit it with its record (written last);
-    a failure removes the staging folder. Returns the committed record."""
-    step = content.step
+def write_items(staging: Staging, me: int, content: StepContent, *, what: str, bar: bool) -> dict[str, Any]:
+    """Write process ``me``'s file of each item of ``content`` into ``staging`` (``item.safetensors`` from process 0,
+    ``item.p{me}.safetensors`` from the others), reported as ``what`` (a progress bar if ``bar``); its summary: the
+    step, the files as stored, the trees' digests and the files' header checksums."""
     encoded = {name: item.encode() for name, item in content.held.items()}
-    total = sum(tree.nbytes for tree in encoded.values())
-    report = SaveReport(f"step {step} of {store.location}", total=total, bar=progress)
-    staging = store.stage(folder, replace=replace)
-    try:
-        files, headers = {}, {}
-        for name, tree in encoded.items():
-            with staging.open(name + EXTENSION) as (stored, sink):
-                header = tree.write(report.sink(sink))
-            files[name] = stored
-            if header is not None:
-                headers[stored] = header
-        record = StepRecord(
-            step, files, content.single, content.metrics, content.metadata, keep_policy=keep_policy, headers=headers
-        )
-        staging.commit(record.to_json())
-    except BaseException:
-        staging.abort()
-        raise
+    report = SaveReport(what, total=sum(tree.nbytes for tree in encoded.values()), bar=bar)
+    files, digests, headers = {}, {}, {}
+    for name, tree in encoded.items():
+        with staging.open(f"{name}{f'.p{me}' if me else ''}{EXTENSION}") as (stored, sink):
+            header = tree.write(report.sink(sink))
+        files[name], digests[name] = stored, tree.digest
+        if header is not None:
+            headers[stored] = header
     report.finish()
-    return record
+    return {"step": content.step, "files": files, "digests": digests, "headers": headers}

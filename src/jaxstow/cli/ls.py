@@ -7,7 +7,8 @@ The keep rules are those of the manager that wrote the newest step (recorded in 
 >>> from jaxstow import CheckpointManager
 >>> from jaxstow.cli import main
 >>> folder = tempfile.mkdtemp()
->>> with CheckpointManager(folder, keep_last=1, keep_best=1, metric="loss") as manager:
+>>> from jaxstow import KeepPolicy
+>>> with CheckpointManager(folder, keep=KeepPolicy(keep_last=1, keep_best=1, metric="loss")) as manager:
 ...     for step, loss in [(1, 0.5), (2, 0.2), (3, 0.4)]:
 ...         manager.save(step, {"w": jnp.ones(4)}, metrics={"loss": loss})
 >>> main(["ls", folder])

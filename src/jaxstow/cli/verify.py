@@ -23,7 +23,7 @@ from typing import Any
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
-from jaxstow._read.sharded_folder import Listing, check_plain, child, open_shard, tensor_files
+from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import (
@@ -164,10 +164,10 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
     settings = storage(listing.folder)
     reports = [FileReport(child(listing.folder, name)) for name in listing.files]
     containers: list[Container | None] = []
+    budget = Budget()
     try:
         for name, report in zip(listing.files, reports, strict=True):
-            containers.append(_shard(listing, name, report, settings))
-        check_plain(listing, containers)
+            containers.append(_shard(listing, name, report, settings, budget))
         _, problems = tensor_files(listing, containers)
     finally:
         for container in containers:
@@ -182,10 +182,12 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
     return reports
 
 
-def _shard(listing: Listing, name: str, report: FileReport, settings: StorageSettings) -> Container | None:
+def _shard(
+    listing: Listing, name: str, report: FileReport, settings: StorageSettings, budget: Budget
+) -> Container | None:
     """Open one shard, its header and sizes checked; ``None``, with the damage in ``report``, if that fails."""
     try:
-        container = open_shard(listing, name, settings)
+        container = open_shard(listing, name, settings, budget)
     except NewerFormatError:
         raise
     except (FormatError, PathNotFoundError) as error:

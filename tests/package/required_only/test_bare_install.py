@@ -33,7 +33,7 @@ def test_save_load_open_and_a_local_checkpoint_folder(tmp_path):
     assert jaxstow.load_metadata(tmp_path / "model.jxs") == {"epoch": 1}
     with jaxstow.open(tmp_path / "model.jxs") as reader:
         assert reader.info("w").shape == (3,)
-    with jaxstow.CheckpointManager(tmp_path / "run", keep_last=1) as manager:
+    with jaxstow.CheckpointManager(tmp_path / "run", keep=jaxstow.KeepPolicy(keep_last=1)) as manager:
         manager.save(1, {"params": {"w": jnp.ones(2)}})
         manager.save(2, {"params": {"w": jnp.zeros(2)}})
     assert manager.steps() == [2]

@@ -1,0 +1,145 @@
+"""The grouped settings of a :class:`~jaxstow.CheckpointManager`: the keep rules in a
+:class:`~jaxstow.KeepPolicy`, the local tier in a :class:`LocalTier`; and the keywords that set them one by one
+before, which still work as deprecated shortcuts.
+
+>>> import warnings
+>>> from jaxstow.checkpoint.settings import LocalTier, grouped_settings
+>>> with warnings.catch_warnings(record=True) as caught:
+...     warnings.simplefilter("always")
+...     keep, local, asynchronous = grouped_settings(None, None, {"keep_last": 3}, directory="run")
+>>> keep, local, asynchronous
+(KeepPolicy(keep_last=3, keep_every=None, keep_best=None, metric=None, mode='min', keep_every_seconds=None), None, True)
+>>> print(caught[0].message)
+CheckpointManager(keep_last=3) is deprecated: pass keep=KeepPolicy(keep_last=3) (from jaxstow import KeepPolicy)
+>>> LocalTier("/mnt/ssd/run", keep_last=3)
+LocalTier(directory='/mnt/ssd/run', save_every=1, keep_last=3, replicas=None)
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from jaxstow._steps.keep import KeepPolicy
+from jaxstow._storage.paths import local_path
+from jaxstow.errors import ArgumentError
+
+__all__ = ["SETTINGS", "LocalTier", "grouped_settings"]
+
+#: The keyword settings of ``CheckpointManager`` itself (a shortcut's name is refused if misspelled, with these).
+SETTINGS = (
+    "save_every",
+    "keep",
+    "local",
+    "progress",
+    "storage_options",
+    "transfer",
+    "cache_dir",
+    "host_memory_limit",
+    "process_timeout",
+    "broadcast_restore",
+    "preemption_signals",
+)
+_KEEP = ("keep_last", "keep_every", "keep_best", "metric", "mode", "keep_every_seconds")
+_LOCAL = {"local_directory": "directory", "local_save_every": "save_every", "local_keep_last": "keep_last"}
+_LOCAL |= {"local_replicas": "replicas"}
+
+
+@dataclass(frozen=True)
+class LocalTier:
+    """Each process's fast storage (a local SSD, say) as a checkpoint's first tier (see docs/scaling.md, "Two tiers
+    and peers"). Every step saved goes there first; the persistent ``directory`` gets the steps due there, copied
+    from it in the background.
+
+    Args:
+        directory: A local path; it may differ per process. Under ``jax.distributed`` each process keeps its steps
+            in ``process-{index}`` in it, so that the processes of one host may share it.
+        save_every: :meth:`~jaxstow.CheckpointManager.should_save` also picks every ``save_every``-th step for it.
+        keep_last: It keeps its newest ``keep_last`` steps.
+        replicas: How many other processes keep a copy of each process's files (1 under ``jax.distributed``).
+
+    Raises:
+        ArgumentError: A directory that is not a local path, or a number out of range.
+    """
+
+    directory: str | os.PathLike[str]
+    save_every: int = 1
+    keep_last: int = 2
+    replicas: int | None = None
+
+    def __post_init__(self) -> None:
+        if local_path(self.directory) is None:
+            raise ArgumentError(
+                f"LocalTier's directory must be a local path (each process's own fast storage), not {self.directory!r}"
+            )
+        for name in ("save_every", "keep_last"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ArgumentError(f"LocalTier's {name} must be a positive integer, not {value!r}")
+        replicas = self.replicas
+        if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0):
+            raise ArgumentError(f"LocalTier's replicas must be a non-negative integer or None, not {replicas!r}")
+
+    @property
+    def root(self) -> str:
+        """The directory as an absolute local path."""
+        return os.path.abspath(local_path(self.directory) or "")
+
+
+def grouped_settings(
+    keep: KeepPolicy | None, local: LocalTier | None, shortcuts: dict[str, Any], *, directory: str
+) -> tuple[KeepPolicy, LocalTier | None, bool]:
+    """The keep policy, the local tier and whether saves run in the background, from the grouped settings and the
+    deprecated ``shortcuts`` (each warned of with the form that replaces it). A keyword that is neither, or a
+    shortcut that sets what a grouped setting sets too, is an :class:`~jaxstow.errors.ArgumentError`."""
+    unknown = [name for name in shortcuts if name not in (*_KEEP, *_LOCAL, "async_save")]
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], [*SETTINGS, *_KEEP, *_LOCAL], n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        raise ArgumentError(f"CheckpointManager() got an unexpected keyword argument {unknown[0]!r}{hint}")
+    if keep is not None and not isinstance(keep, KeepPolicy):
+        raise ArgumentError(f"keep must be a jaxstow.KeepPolicy, such as KeepPolicy(keep_last=3), not {keep!r}")
+    if local is not None and not isinstance(local, LocalTier):
+        raise ArgumentError(f"local must be a jaxstow.LocalTier, such as LocalTier('/mnt/ssd/run'), not {local!r}")
+    rules = {name: shortcuts[name] for name in _KEEP if name in shortcuts}
+    if rules:
+        given = _call(rules)
+        if keep is not None:
+            raise ArgumentError(f"keep={keep!r} and {given} both set the keep rules: put {given} into the KeepPolicy")
+        keep = KeepPolicy(**rules)
+        _deprecated(given, f"pass keep={_call(rules, 'KeepPolicy')} (from jaxstow import KeepPolicy)")
+    tier = {field: shortcuts[name] for name, field in _LOCAL.items() if name in shortcuts}
+    if tier:
+        given = _call({name: shortcuts[name] for name in _LOCAL if name in shortcuts})
+        if local is not None:
+            raise ArgumentError(f"local={local!r} and {given} both set the local tier: put them into the LocalTier")
+        if "directory" not in tier:
+            raise ArgumentError(
+                f"{given} {'set' if ',' in given else 'sets'} the local tier, but the manager of {directory} has no "
+                f"local directory: pass local=LocalTier(directory, {given}) (each process's fast storage, such as a "
+                f"local SSD) to save there too, or leave {given} out (save_every is the schedule of {directory} itself)"
+            )
+        local = LocalTier(tier.pop("directory"), **tier)
+        shown = _call({"directory": local.directory, **tier}, "LocalTier").replace("directory=", "", 1)
+        _deprecated(given, f"pass local={shown} (from jaxstow import LocalTier)")
+    asynchronous = shortcuts.get("async_save", True)
+    if "async_save" in shortcuts:
+        if not isinstance(asynchronous, bool):
+            raise ArgumentError(f"async_save must be True or False, not {asynchronous!r}")
+        _deprecated(
+            _call({"async_save": asynchronous}),
+            "saves run in the background: leave async_save out, and call manager.wait() after a save to wait for it",
+        )
+    return keep or KeepPolicy(), local, asynchronous
+
+
+def _call(values: dict[str, Any], name: str = "") -> str:
+    arguments = ", ".join(f"{key}={value!r}" for key, value in values.items())
+    return f"{name}({arguments})" if name else arguments
+
+
+def _deprecated(given: str, instead: str) -> None:
+    warnings.warn(f"CheckpointManager({given}) is deprecated: {instead}", DeprecationWarning, stacklevel=4)
