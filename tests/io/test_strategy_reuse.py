@@ -149,6 +149,20 @@ def test_the_next_run_of_an_hdf5_collector_goes_on_in_its_file_with_chains_of_it
     assert io.to_inference_data(path).posterior.sizes["chain"] == 3
 
 
+def test_an_open_file_closed_by_the_user_between_runs_is_a_collector_error_saying_what_to_do(tmp_path) -> None:
+    file = h5py.File(tmp_path / "samples.h5", "w", libver="latest")
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=16)
+    final, kept = _compiled(save)(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))
+    postprocess_save(final, None)
+    file.close()  # as jax_sgmc's examples do once a run is saved
+    with pytest.raises(
+        CollectorError, match=r"samples\.h5 given to HDF5Collector was closed.*give HDF5Collector the path"
+    ):
+        init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION)
+    with h5py.File(tmp_path / "samples.h5", "r") as done:  # the first run is intact
+        np.testing.assert_array_equal(done["chain~0/w"][:], np.asarray(kept["w"]))
+
+
 def test_a_collector_whose_file_another_process_took_between_runs_names_it(tmp_path) -> None:
     path = tmp_path / "samples.h5"
     init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)

@@ -33,7 +33,7 @@ import numpy as np
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, IsAFolderError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
@@ -133,6 +133,7 @@ class HDF5Collector(DataCollector):
             CheckpointError: Another process writes the file.
             StructureMismatchError: The file or its checkpoint holds other samples or another solver state (raised
                 by :meth:`register_chain`).
+            CollectorError: An ``h5py.File`` given was closed before a later run (raised by :meth:`register_chain`).
 
         >>> import h5py, tempfile
         >>> from jaxstow import io
@@ -156,6 +157,7 @@ class HDF5Collector(DataCollector):
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         self._h5py = h5py
         self._file = file
+        self._filename: str = file.filename
         self._compression = compression
         self._chains = ChainBook()
         self._datasets: dict[int, list[Any]] = {}  # per chain whose run goes on
@@ -193,8 +195,14 @@ class HDF5Collector(DataCollector):
     ) -> int:
         """Create the chain's datasets, or reopen them to continue from the chain's checkpoint."""
         layout = SampleLayout.of(init_sample)
-        if self._lock is not None and not self._file:  # closed when the last run ended: this run goes on in the file
-            self._open_again()
+        if not self._file:  # closed when the last run ended
+            if self._lock is None:
+                raise CollectorError(
+                    f"the h5py.File {self._filename} given to HDF5Collector was closed after its last run, so this run "
+                    "cannot go on in it: keep the file open for every run of the collector, or give HDF5Collector "
+                    "the path instead, which it opens for each run and closes at its end"
+                )
+            self._open_again()  # this run goes on in the file
         chain_id = self._chains.next_id
         path = self.checkpoint_path
         if self._stored is None:
