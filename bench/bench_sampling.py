@@ -1,9 +1,9 @@
 """Sampling-run benchmark: a blackjax run streamed to HDF5 and checkpointed, against the same sampler keeping its draws
 on the device; and how long a reader in another process takes to get the draws so far while the run goes on.
 
-Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds). It
-runs on the device JAX picks (an accelerator when it sees one, whose platform the output names), the draws streamed
-from it to the host.
+Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds,
+``--in-jit`` for the first table alone). It runs on the device JAX picks (an accelerator when it sees one, whose
+platform the output names), the draws streamed from it to the host.
 
 Two workloads, every step's draw kept:
 
@@ -24,6 +24,12 @@ share of the device run's CPU time per step: the work streaming adds, which the 
 shared machine does not change as it changes wall times. The *whole-call* ratio is at 2N, the fixed costs included.
 Methods run in rounds, every run once per round in a shuffled order (fixed seed), and the table gives the medians of
 the rounds; each round's ratios pair runs seconds apart, so that the load of this shared machine falls on both sides.
+
+First, saving from inside jit: the same NUTS run, 4 chains x 10,000 steps in one jit-compiled ``lax.scan``, every
+step's positions saved by ``io.save`` to an ``HDF5Collector`` that checkpoints each chain's state every 2,000 steps,
+against the scan stacking the positions on the device; one strategy for every round (its runs go on in one file), at
+least 9 rounds after one not counted, the two in a shuffled order in each, their draws compared bit for bit. Target:
+the median paired ratio <= 1.05x; the CPU ratio counts every thread, XLA's included.
 
 The reader is another process that calls ``jaxstow.io.live.read_draws`` (what ``io.to_inference_data`` and
 ``jaxstow watch`` read) in a loop while the NUTS run writes its file; the table gives the median and the slowest read
