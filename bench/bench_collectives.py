@@ -1,16 +1,18 @@
 """Multi-process restores that read each shared box once and gather it over jax's collectives (gloo, 1 CPU device
 per process), side by side with every process reading what it holds, rounds interleaved, medians:
 
-- 4 processes restore ``ROWS`` MiB of rows (sharded) and ``REP`` MiB replicated from a SeaweedFS bucket behind a proxy
+- ``--processes`` (4) processes restore ``ROWS`` MiB of rows (sharded) and ``REP`` MiB replicated from a SeaweedFS bucket behind a proxy
   capping the bandwidth of all clients together at ``--mib-per-s`` (``capped_proxy.py`` of the project's shared
   tools, which counts the bytes it serves): the default against ``broadcast_restore=False``.
   Targets: >= 2x the speed, the bucket serving <= 1.1x the model.
 - 2 processes from a local disk: the default (every process reads there) against ``broadcast_restore=False``, and
   reading once forced. Target: the default >= 0.9x.
-- 4 processes with a local tier: a replaced host (process 1's local directory wiped) restores from its peers, against
+- As many processes with a local tier: a replaced host (process 1's local directory wiped) restores from its peers, against
   the same step from the capped bucket. Target: >= 1.5x faster, no bytes from the bucket.
+- The sockets jaxstow listens on in a default save and restore, in every process of the first two cases (those of
+  jax's own collectives left out). Target: none.
 
-Run: ``python bench/bench_collectives.py [--rows 32] [--rep 64] [--mib-per-s 48]``. The proxy is found at
+Run: ``python bench/bench_collectives.py [--rows 32] [--rep 64] [--mib-per-s 48] [--processes 4]``. The proxy is found at
 ``$JAXSTOW_CAPPED_PROXY`` or in a ``shared/tools`` folder beside the repository's; without it the bench says so.
 """
 
@@ -71,6 +73,7 @@ def run(mode: str, count: int, folder: str, url: str, sizes: tuple[int, int], en
         "seconds": {name: max(report["seconds"][name] for report in reports) for name in reports[0]["seconds"]},
         "fetched": {name: sum(report["fetched"][name] for report in reports) for name in reports[0]["fetched"]},
         "total": sum(report["total_fetched"] for report in reports),
+        "listening": sum(report["listening"] or 0 for report in reports),
     }
 
 
@@ -79,6 +82,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--rep", type=int, default=64)
     parser.add_argument("--mib-per-s", type=float, default=48.0)
+    parser.add_argument("--processes", type=int, default=4, help="in the capped cases")
     args = parser.parse_args()
     from seaweed import seaweed
 
@@ -90,8 +94,10 @@ def main() -> None:
     script = proxy_script()
     sizes = (args.rows, args.rep)
     rows = []
+    listening = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as folder:
         found = run("local", 2, f"{folder}/local", "", sizes, {})
+        listening["2 local"] = found["listening"]
         seconds = found["seconds"]
         ratio = seconds["every process reads"] / seconds["default"]
         rows.append(
@@ -116,15 +122,21 @@ def main() -> None:
                         "JAXSTOW_CAPPED_OPTIONS": json.dumps(capped),
                     }
                     try:
-                        found = run(mode, 4, f"{folder}/{mode}", server.url(mode), sizes, environment)
+                        found = run(mode, args.processes, f"{folder}/{mode}", server.url(mode), sizes, environment)
                     finally:
                         served = proxy.stop()
-                    rows.append(_row(label, found, served))
+                    rows.append(_row(label, args.processes, found, served))
+                    if mode == "s3":
+                        listening[f"{args.processes} capped S3"] = found["listening"]
+    sockets, processes = sum(listening.values()), " + ".join(case.split()[0] for case in listening)
+    found_in = ", ".join(f"{count} in {case}" for case, count in listening.items())
+    verdict = f"{sockets} (0 {'PASS' if sockets == 0 else 'MISS'})"
+    rows.append(["own listening sockets", processes, "-", verdict, "-", f"default save + restore: {found_in}"])
     headers = ["case", "processes", "seconds (ours / theirs)", "speed-up (target)", "bucket / model", "notes"]
     print(format_table(headers, rows))
 
 
-def _row(label: str, found: dict, served: int) -> list[str]:
+def _row(label: str, processes: int, found: dict, served: int) -> list[str]:
     """A capped case's row: ours against theirs, the bytes fetched over the model, and what the proxy served."""
     seconds, fetched, model = found["seconds"], found["fetched"], found["model"]
     if label == "capped S3":
@@ -136,7 +148,7 @@ def _row(label: str, found: dict, served: int) -> list[str]:
     ratio = seconds[theirs] / seconds[ours]
     return [
         label,
-        "4",
+        str(processes),
         f"{seconds[ours]:.2f} / {seconds[theirs]:.2f}",
         f"{ratio:.2f}x (>= {target:g} {'PASS' if ratio >= target else 'MISS'})",
         f"{fetched[ours] / model:.3f} / {fetched[theirs] / model:.3f} ({bound})",

@@ -34,7 +34,7 @@ from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
-from jaxstow._util.gc_pause import with_gc_paused
+from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
@@ -43,7 +43,6 @@ from jaxstow.errors import ArgumentError
 __all__ = ["load", "load_metadata", "save"]
 
 
-@with_gc_paused
 def save(
     path_or_file: PathOrFile,
     tree: Any,
@@ -86,12 +85,13 @@ def save(
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
-    with progress_bar(encoded.nbytes, f"saving {name}", enabled=progress) as bar:
+    with gc_paused():  # the tree's objects, which live until it is written: see jaxstow._util.gc_pause
+        encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
+        nbytes = encoded.nbytes
+    with progress_bar(nbytes, f"saving {name}", enabled=progress) as bar:
         encoded.write(path_or_file, bar=bar, settings=settings)
 
 
-@with_gc_paused
 def load(
     path_or_file: PathOrFile | ReadSource,
     like: Any = None,

@@ -6,8 +6,10 @@ order; ``stall`` stops process ``COUNT - 1`` (SIGSTOP, by itself) while the othe
 it 64 MiB; ``hostile`` prints each process's pid, address and the run's secret, then process 0 expects ``first``,
 ``big`` and ``damaged`` (at most 1000 bytes each) and ``late`` (1 MiB, seeded) from process 1 and prints ``ready``,
 while process 1 connects (sending ``first``) only once the file ``FOLDER/connect`` exists and sends ``late`` once
-``FOLDER/go`` exists (the test attacks process 0 meanwhile); ``copy`` saves a step of 3 x 16 MiB with a local tier whose copies go to peers, process
-``--victim`` sending itself ``--signal`` (KILL or STOP) halfway through sending its file; ``replaced`` saves a step,
+``FOLDER/go`` exists (the test attacks process 0 meanwhile and writes the number of its connections into ``connect``:
+process 0 reports the connections it refused once it refused as many, or after 60 s); ``copy`` saves a step of
+3 x 16 MiB with a local tier whose copies go to peers, process ``--victim`` sending itself ``--signal`` (KILL or STOP)
+halfway through sending its file, never having read a byte of process 0's; ``replaced`` saves a step,
 closes the manager, wipes process ``--victim``'s local directory and restores the step with a new manager, reporting
 the bytes each process received from its peers and its share of the tree. Each prints one JSON line of what it saw
 (errors, with the seconds each took to come).
@@ -125,6 +127,16 @@ if args.action in ("copy", "replaced"):
                     yield piece
 
             peer_wire.file_pieces = halfway
+            from jaxstow._storage.peers import PeerTransport
+
+            claim = PeerTransport._claim
+
+            def held(transport, connection, source, tag):
+                if source == 0:  # never read: process 0 cannot hand all its file to the kernel before the signal
+                    threading.Event().wait()
+                return claim(transport, connection, source, tag)
+
+            PeerTransport._claim = held
         values, arrays = tree(1, 4096 * args.count)  # 16 MiB of rows per process
         saving = manager(base)
         attempt("save", lambda: (saving.save(1, {"params": arrays}), saving.wait()))
@@ -183,5 +195,10 @@ elif args.action == "hostile":
         for tag, pending in expected.items():
             attempt(tag, pending.wait)
         report["late"] = late.wait() == payload(1, 0, 1 << 20)
+        with open(os.path.join(args.folder, "connect")) as told:
+            strangers = int(told.read())
+        deadline = time.monotonic() + 60
+        while transport.refused < strangers and time.monotonic() < deadline:  # taken as the machine gets to them
+            time.sleep(0.05)
         report.update(refused=transport.refused, threads=threading.active_count())
 end(transport)

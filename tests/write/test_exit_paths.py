@@ -1,5 +1,8 @@
 """Writes in flight when a program exits are finished before the process ends, or fail loudly with a non-zero status.
 
+A write that failed, or did not finish, at exit makes the status 120: Python's status when its final flush of
+``sys.stderr`` fails, which is how an exit handler can change it (a ``SystemExit`` raised in one is ignored).
+
 Every scenario is a real Python process that saves and then exits: off the end of its script, with ``sys.exit(0)``,
 with an uncaught exception or with ``KeyboardInterrupt``, while a checkpoint step, a collector's blocks or a trainer's
 checkpoint are still being written. The 200 MB cases are larger than the size at which checksums are computed on
@@ -76,7 +79,7 @@ def test_a_step_in_flight_is_committed_on_every_way_out(tmp_path: Path) -> None:
         assert not (folder / LOCK_NAME).exists()
 
 
-def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_status_is_1(tmp_path: Path) -> None:
+def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_status_is_120(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     program = """
     import os, sys, numpy as np
@@ -98,7 +101,7 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
         pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
     status, stderr = _finish(process)
     folder.chmod(0o755)
-    assert status == 1, stderr
+    assert status == 120, stderr
     assert f"jaxstow: saving step 2 to {folder}: failed before the process ended:" in stderr
     assert f"{folder}/2: cannot write it: permission denied" in stderr
     assert "Traceback" not in stderr
@@ -106,7 +109,7 @@ def test_a_save_that_fails_during_the_exit_is_printed_with_its_step_and_the_stat
 
 
 @pytest.mark.timeout(60)
-def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() -> None:
+def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_120() -> None:
     program = """
     import time
     from jaxstow.io.job_queue import JobQueue
@@ -115,7 +118,7 @@ def test_a_write_still_running_at_the_deadline_is_printed_and_the_status_is_1() 
     """
     started = time.monotonic()
     status, stderr = _finish(_start(program, JAXSTOW_EXIT_WAIT="1"))
-    assert status == 1, stderr
+    assert status == 120, stderr
     assert "jaxstow: the queued writes of slow-writer: not finished within 1 s (JAXSTOW_EXIT_WAIT)" in stderr
     assert time.monotonic() - started < 40
 

@@ -61,10 +61,15 @@ def _dtype_named(name: str) -> np.dtype | None:
 
 _DTYPES: dict[str, np.dtype] = {name: dtype for name in _NAMES if (dtype := _dtype_named(name)) is not None}
 
+
+def _codes(names: dict[str, str]) -> dict[str, np.dtype]:
+    """The codes of ``names`` whose dtype this numpy and ml_dtypes have, and their dtypes."""
+    return {code: _DTYPES[name] for code, name in names.items() if name in _DTYPES}
+
+
 #: safetensors dtype codes and the dtypes they stand for.
-SAFETENSORS_CODES: dict[str, np.dtype] = {
-    code: _DTYPES[name]
-    for code, name in {
+SAFETENSORS_CODES: dict[str, np.dtype] = _codes(
+    {
         "BOOL": "bool",
         "U8": "uint8",
         "I8": "int8",
@@ -81,20 +86,14 @@ SAFETENSORS_CODES: dict[str, np.dtype] = {
         "C64": "complex64",
         "F8_E5M2": "float8_e5m2",
         "F8_E4M3": "float8_e4m3fn",
-    }.items()
-}
+    }
+)
 _CODE_OF = {dtype: code for code, dtype in SAFETENSORS_CODES.items()}
 #: Newer safetensors codes that a reader maps (where this ml_dtypes has the dtype) but a writer never uses: their
 #: dtypes are written as raw bytes, which readers that predate the codes still read.
-READ_ONLY_CODES: dict[str, np.dtype] = {
-    code: _DTYPES[name]
-    for code, name in {
-        "F8_E4M3FNUZ": "float8_e4m3fnuz",
-        "F8_E5M2FNUZ": "float8_e5m2fnuz",
-        "F8_E8M0": "float8_e8m0fnu",
-    }.items()
-    if name in _DTYPES
-}
+READ_ONLY_CODES: dict[str, np.dtype] = _codes(
+    {"F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu"}
+)
 #: Every code a reader maps to a dtype.
 READ_CODES: dict[str, np.dtype] = {**SAFETENSORS_CODES, **READ_ONLY_CODES}
 #: Packed codes (several elements to a byte) that safetensors knows and no reader here unpacks.

@@ -35,6 +35,7 @@ from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import TensorSlot, Verify, read_slots
 from jaxstow._format.tensor_table import check_header
+from jaxstow._util.gc_pause import gc_paused
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
@@ -334,14 +335,16 @@ class NativeReader:
     def __init__(self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True) -> None:
         self.source = source
         self.file = source.name
-        header = self._read_header(raw_header(source) if raw is None else raw, fast)
-        self.slots = header.slots
-        self.metadata = header.metadata
         self.manifest: dict[str, Any] | None = None
         self.columns: LeafColumns | None = None
-        if _MANIFEST_KEY in self.metadata:
-            self.manifest = parse_json(self.metadata[_MANIFEST_KEY], what="the jaxstow manifest", file=self.file)
-            self._check_plain_keys(self.manifest)
+        raw = raw_header(source) if raw is None else raw
+        with gc_paused():  # the header read, parsing it makes objects for each tensor: see jaxstow._util.gc_pause
+            header = self._read_header(raw, fast)
+            self.slots = header.slots
+            self.metadata = header.metadata
+            if _MANIFEST_KEY in self.metadata:
+                self.manifest = parse_json(self.metadata[_MANIFEST_KEY], what="the jaxstow manifest", file=self.file)
+                self._check_plain_keys(self.manifest)
 
     def _check_plain_keys(self, manifest: Any) -> None:
         """Check that the keys beside jaxstow's own are exactly the user's string metadata.

@@ -20,7 +20,15 @@ import numpy as np
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, excerpt
 
-__all__ = ["PerProcess", "per_process", "check_per_process_entry", "held", "is_per_process", "is_stateful", "state_of"]
+__all__ = [
+    "PerProcess",
+    "per_process",
+    "check_per_process_entry",
+    "held",
+    "is_per_process",
+    "is_stateful",
+    "state_of",
+]
 
 
 class PerProcess:
@@ -52,7 +60,7 @@ def per_process(value: Any) -> PerProcess:
     process ``k`` saved, plain (not wrapped). With another number of processes the restore raises a
     :class:`~jaxstow.errors.RequestError` naming both counts, unless it asks for ``per_process="all"``: then the leaf is
     the list of every process's value. A stateful iterator (with ``get_state()`` and ``set_state()``, such as grain's)
-    in a saved tree is saved the same way, without the wrapper. See docs/scaling.md ("Per-process state").
+    is saved by its state, wrapped or not, and restored into the live iterator ``like=`` holds at its place. See docs/scaling.md ("Per-process state").
 
     >>> import io, jaxstow
     >>> buffer = io.BytesIO()
@@ -72,23 +80,26 @@ def _same(first: Any, second: Any) -> bool:
 
 
 def is_stateful(leaf: Any) -> bool:
-    """Whether ``leaf`` is an iterator with ``get_state()`` and ``set_state()`` (grain's iterators are)."""
+    """Whether ``leaf`` is an iterator (not a class) with ``get_state()`` and ``set_state()`` (grain's are)."""
+    if isinstance(leaf, type):
+        return False
     return callable(getattr(leaf, "get_state", None)) and callable(getattr(leaf, "set_state", None))
 
 
 def is_per_process(leaf: Any) -> bool:
     """Whether ``leaf`` is saved per process: a :class:`PerProcess` or a stateful iterator."""
-    return isinstance(leaf, PerProcess) or (not isinstance(leaf, type) and is_stateful(leaf))
+    return isinstance(leaf, PerProcess) or is_stateful(leaf)
 
 
 def state_of(leaf: Any) -> Any:
-    """The value to save for a per-process leaf: the wrapped value, or the iterator's state."""
-    return leaf.value if isinstance(leaf, PerProcess) else leaf.get_state()
+    """The value to save for a per-process leaf: the wrapped value, or the iterator's state (wrapped or not)."""
+    value = leaf.value if isinstance(leaf, PerProcess) else leaf
+    return value.get_state() if is_stateful(value) else value
 
 
 def held(leaf: Any) -> PerProcess:
     """A per-process leaf as it is when a save is asked for: its value or state copied, kept from later changes."""
-    iterator = not isinstance(leaf, PerProcess) or leaf.iterator
+    iterator = not isinstance(leaf, PerProcess) or leaf.iterator or is_stateful(leaf.value)
     return PerProcess(copy.deepcopy(state_of(leaf)), iterator=iterator)
 
 

@@ -4,14 +4,10 @@ Every stored leaf in one pass over the slot table, with no Python object per lea
 checksum compared at once.
 
 >>> import io, numpy as np, jaxstow
->>> from jaxstow._read.opened import OpenedFile
 >>> from jaxstow._read.column_reads import read_all
->>> from jaxstow._format.native_or_npz import open_container
->>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
 >>> jaxstow.save(buffer, {"w": np.arange(3.0), "n": 2})
->>> _ = buffer.seek(0)
->>> with OpenedFile(open_container(open_source(buffer))) as opened:
+>>> with jaxstow.open(io.BytesIO(buffer.getvalue())) as opened:  # a Reader is an OpenedFile
 ...     print(read_all(opened))
 [2, array([0., 1., 2.])]
 """

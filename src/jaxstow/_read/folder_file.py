@@ -19,7 +19,7 @@ flax's ``kernel`` (in, out)): the names alone decide which, never the shapes, so
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -29,6 +29,7 @@ from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._read.opened import LeafInfo, OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
+from jaxstow._util.gc_pause import with_gc_paused
 from jaxstow.errors import ArgumentError, excerpt
 
 __all__ = ["FolderFile", "Names", "Transposed"]
@@ -131,8 +132,16 @@ def _view(
     tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: Transposed | None
 ) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
     """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks."""
-    mapping = _path_mapping(names, list(tensors))
+    mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
     marked = _marked(transposed, list(tensors))
+    return _laid_out(tensors, mapping, marked)
+
+
+@with_gc_paused  # a leaf per tensor: see jaxstow._util.gc_pause
+def _laid_out(
+    tensors: Mapping[str, ShardedLeaf], mapping: Mapping[str, str], marked: Set[str]
+) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
+    """:func:`_view`'s leaves, once ``mapping`` gives each tensor kept its path and ``marked`` those turned over."""
     layout: dict[str, ShardedLeaf] = {}
     presented: dict[str, ShardedLeaf] = {}
     for tensor, path in mapping.items():

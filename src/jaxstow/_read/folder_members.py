@@ -166,11 +166,9 @@ class Budget:
     def check_length(self, length: int, *, file: str) -> None:
         """Refuse a header of ``length`` bytes, before it is read, if the folder's headers would pass their bytes."""
         if length > self.header_bytes:
-            spent = MAX_FOLDER_HEADER_BYTES - self.header_bytes
-            raise FormatError(
-                f"its header of {length} bytes{_after(spent, 'bytes')} is more than the {MAX_FOLDER_HEADER_BYTES} bytes "
-                f"the headers of a folder's files may take together{_ALONE}{file!r}))",
-                file=file,
+            limit = f"{MAX_FOLDER_HEADER_BYTES} bytes the headers of a folder's files may take together"
+            raise _over_budget(
+                f"{length} bytes", MAX_FOLDER_HEADER_BYTES - self.header_bytes, "bytes", limit, file=file
             )
 
     def spend(self, raw: bytes, *, file: str) -> None:
@@ -178,18 +176,20 @@ class Budget:
         self.check_length(len(raw), file=file)
         entries = raw.count(b"{") - 1
         if entries > self.tensors:
-            spent = MAX_FOLDER_TENSORS - self.tensors
-            raise FormatError(
-                f"its header holds up to {entries} tensors{_after(spent, 'tensors')}, more than the "
-                f"{MAX_FOLDER_TENSORS} a folder may hold{_ALONE}{file!r}))",
-                file=file,
+            limit = f"{MAX_FOLDER_TENSORS} a folder may hold"
+            raise _over_budget(
+                f"up to {entries} tensors", MAX_FOLDER_TENSORS - self.tensors, "tensors", limit, file=file
             )
         self.header_bytes -= len(raw)
         self.tensors -= entries
 
 
-_ALONE = " (a file this large loads on its own: jaxstow.load("
-
-
-def _after(spent: int, what: str) -> str:
-    return f", with the {spent} {what} of the folder's files before it," if spent else ""
+def _over_budget(header: str, spent: int, unit: str, limit: str, *, file: str) -> FormatError:
+    """The error for a header of ``header`` that, after the ``spent`` ``unit`` of the folder's files read before it,
+    passes ``limit``."""
+    before = f", with the {spent} {unit} of the folder's files before it," if spent else ""
+    return FormatError(
+        f"its header of {header}{before} is more than the {limit} (a file this large loads on its own: "
+        f"jaxstow.load({file!r}))",
+        file=file,
+    )

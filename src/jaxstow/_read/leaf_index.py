@@ -1,16 +1,14 @@
 """The leaves of a version 3 file, indexed by columns: a leaf's description is made only when it is asked for.
 
 >>> import io, numpy as np, jaxstow
->>> from jaxstow._read.opened import OpenedFile
->>> from jaxstow._read.leaf_index import StoredLeaves
->>> from jaxstow._format.native_or_npz import open_container
->>> from jaxstow._storage.opening import open_source
->>> buffer = io.BytesIO()
->>> jaxstow.save(buffer, {"w": np.arange(3.0), "n": 2})
->>> _ = buffer.seek(0)
->>> with OpenedFile(open_container(open_source(buffer))) as opened:
-...     print(type(opened.stored).__name__, list(opened.stored), opened.stored["w"].shape)
-StoredLeaves ['w'] (3,)
+>>> saved = io.BytesIO()
+>>> jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2})
+>>> with jaxstow.open(io.BytesIO(saved.getvalue())) as reader:
+...     leaves = reader.stored
+...     print(type(leaves).__name__, list(leaves), leaves.described())
+...     print(leaves["w"].shape, [leaf.path for leaf in leaves.described()])
+StoredLeaves ['b', 'w'] []
+(3,) ['w']
 """
 
 from __future__ import annotations

@@ -56,10 +56,12 @@ def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
 
 
 def set_into(like: Any, value: Any) -> Any:
-    """What a restored per-process value becomes where ``like`` has a leaf: a live iterator takes it as its state."""
-    if not isinstance(like, type) and is_stateful(like) and not isinstance(value, list | PerProcess):
-        like.set_state(value)
-        return like
+    """What a restored per-process value becomes where ``like`` has a leaf: a live iterator (wrapped in
+    :func:`~jaxstow.per_process` or not) takes it as its state."""
+    live = like.value if isinstance(like, PerProcess) else like
+    if is_stateful(live) and not isinstance(value, list | PerProcess):
+        live.set_state(value)
+        return live
     return value
 
 

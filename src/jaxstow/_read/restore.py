@@ -2,7 +2,9 @@
 
 Both are one plan: which stored leaves to read (all, those ``select`` names, or those ``like`` holds), what each
 becomes (numpy, ``jax.Array`` on a sharding, a cast), all checked from the header before any data is read. It is all
-or nothing: any problem raises before a tree is returned.
+or nothing: any problem raises before a tree is returned. Then one read: a whole version 3 file by its columns, or the
+chosen leaves, those the pipeline takes streamed to their devices, sharded leaves bound for several devices box by
+box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 
 >>> import io, jax, jax.numpy as jnp, jaxstow
 >>> buffer = io.BytesIO()
@@ -18,7 +20,6 @@ or nothing: any problem raises before a tree is returned.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Unpack
 
@@ -27,11 +28,11 @@ import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.leaves import decode_value_entry
-from jaxstow._format.shards import Box, ShardedLeaf, Stored
+from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read import broadcast
 from jaxstow._read.column_reads import read_all
+from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.per_process import check_choice, per_process_value, set_into
@@ -45,7 +46,6 @@ from jaxstow.errors import RequestError, StructureMismatchError
 __all__ = ["restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
-_TOGETHER = 1.05  # the boxes of a process's devices are read as one when their bounding box is at most this much more
 
 
 class _Skipped:
@@ -137,37 +137,57 @@ def _rebuild(
     def index_tree() -> Any:
         return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
 
+    stored = [i for i, path in enumerate(paths) if path in chosen and path in opened.stored]
     arrays = {
-        i: (path, _shape(opened.stored[path]), opened.stored[path].dtype)
-        for i, path in enumerate(paths)
-        if path in chosen and path in opened.stored and opened.stored[path].kind in ("array", "key", "sharded")
+        i: (paths[i], _shape(leaf), leaf.dtype)
+        for i in stored
+        if (leaf := opened.stored[paths[i]]).kind in ("array", "key", "sharded")
     }
+
+    def value(i: int, data: dict[str, Any]) -> Any:
+        path = paths[i]
+        if path not in chosen:
+            return _SKIPPED
+        if path in data:
+            return opened.as_leaf(opened.stored[path], data[path])
+        return _value(opened, path, every=every)
+
     placements = _placements(opened, sharding, index_tree, arrays)
-    by_ranges = _read_by_ranges(opened, paths, placements)
-    streamed = _streamed(opened, [i for i in arrays if i not in by_ranges], paths, placements, pipeline=pipeline)
-    data = opened.read_stored(
-        [
-            opened.stored[path]
-            for i, path in enumerate(paths)
-            if path in chosen and path in opened.stored and i not in by_ranges and i not in streamed
-        ]
-    )
-    data.update(restore_pipelined(opened, list(streamed.values())))
-    values: list[Any] = [
-        _SKIPPED
-        if path not in chosen
-        else data[path]
-        if path in data
-        else None
-        if i in by_ranges
-        else _value(opened, path, every=every)
-        for i, path in enumerate(paths)
-    ]
-    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
-    for i in by_ranges:
-        values[i] = _from_ranges(opened, paths[i], placements[i], None)
+    values = _read(opened, paths, stored, arrays, placements, value, {}, as_numpy=as_numpy, pipeline=pipeline)
     tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
     return _prune(tree) if select is not None else tree
+
+
+def _read(
+    opened: OpenedFile,
+    paths: Sequence[str],
+    stored: Sequence[int],
+    arrays: dict[int, tuple[str, tuple[int, ...], np.dtype]],
+    placements: dict[int, Any],
+    value: Callable[[int, dict[str, Any]], Any],
+    dtypes: dict[int, np.dtype | None],
+    *,
+    as_numpy: bool,
+    pipeline: bool,
+) -> list[Any]:
+    """The restored leaves, in order: the stored leaves at ``stored`` read, each leaf made by ``value(i, data)``
+    from the arrays read by path, and the ``arrays`` put on their devices.
+
+    A sharded leaf bound for several devices is read box by box onto its placement (cast to ``dtypes[i]``), the
+    whole arrays the pipeline takes are streamed to their devices, the rest read at once.
+    """
+    by_ranges = set() if as_numpy else bound_for_devices(opened, paths, placements)
+    on_devices = [i for i in arrays if i not in by_ranges]
+    streamed = _streamed(opened, on_devices, paths, placements, pipeline=pipeline)
+    data: dict[str, Any] = dict(
+        opened.read_arrays([opened.stored[paths[i]] for i in stored if i not in by_ranges and i not in streamed])
+    )
+    data.update(restore_pipelined(opened, list(streamed.values())))
+    values = [None if i in by_ranges else value(i, data) for i in range(len(paths))]
+    _to_devices(values, on_devices, placements, as_numpy=as_numpy)
+    for i in by_ranges:
+        values[i] = read_onto_devices(opened, paths[i], placements[i], dtypes.get(i))
+    return values
 
 
 def _shape(leaf: Stored) -> tuple[int, ...]:
@@ -269,26 +289,15 @@ def _fit(
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
             check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
-    by_ranges = set() if as_numpy else _read_by_ranges(opened, paths, placements)
-    jax_leaves = [i for i in arrays if i not in by_ranges and targets[i].output == "jax"]
-    streamed = _streamed(opened, jax_leaves, paths, placements, pipeline=pipeline)
-    stored = [
-        opened.stored[path]
-        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output != "value" and i not in by_ranges and i not in streamed and i not in inside
-    ]
-    data: dict[str, Any] = dict(opened.read_arrays([leaf for leaf in stored if leaf.kind != "key"]))
-    data.update(opened.read_stored([leaf for leaf in stored if leaf.kind == "key"]))
-    data.update(restore_pipelined(opened, list(streamed.values())))
-    values = [
-        None if i in by_ranges or i in inside else _output(opened, path, target, data, as_numpy=as_numpy, every=every)
-        for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-    ]
+    stored = [i for i, target in enumerate(targets) if target.output != "value" and i not in inside]
+
+    def value(i: int, data: dict[str, Any]) -> Any:
+        return None if i in inside else _output(opened, paths[i], targets[i], data, as_numpy=as_numpy, every=every)
+
+    dtypes = {i: targets[i].dtype for i in arrays}
+    values = _read(opened, paths, stored, arrays, placements, value, dtypes, as_numpy=as_numpy, pipeline=pipeline)
     for path, positions in templates.items():
         _fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
-    _to_devices(values, [i for i in arrays if i not in by_ranges], placements, as_numpy=as_numpy)
-    for i in by_ranges:
-        values[i] = _from_ranges(opened, paths[i], placements[i], targets[i].dtype)
     return treedef.unflatten(values)
 
 
@@ -339,70 +348,6 @@ def _streamed(
     return {i: (paths[i], placements.get(i)) for i in positions if paths[i] in chosen}
 
 
-def _read_by_ranges(opened: OpenedFile, paths: Sequence[str], placements: dict[int, Any]) -> set[int]:
-    """The sharded leaves bound for several devices: each device's part is read on its own, by byte ranges."""
-    return {
-        i
-        for i, placement in placements.items()
-        if isinstance(opened.stored.get(paths[i]), ShardedLeaf)
-        and isinstance(placement, jax.sharding.Sharding)
-        and (len(placement.device_set) > 1 or not placement.is_fully_addressable)
-    }
-
-
-def _from_ranges(
-    opened: OpenedFile, path: str, placement: jax.sharding.Sharding, dtype: np.dtype | None
-) -> jax.Array | broadcast.Pending:
-    """A sharded leaf laid out on ``placement``; during a restore that reads shared boxes once, the leaf pending
-    until they are gathered (:mod:`jaxstow._read.broadcast`).
-
-    The boxes of this process's devices read from the shards that overlap them, together when their bounding box holds
-    little else (then whole shards are read, and verified).
-    """
-    leaf = opened.stored[path]
-    exchange = broadcast.active(opened.file)
-    parts: dict[Box, np.ndarray] = {}
-    tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
-    if exchange is not None:  # boxes other processes hold too: each reads a range now, the rest is gathered later
-        read = lambda box: _cast(opened.read_box(path, box), dtype)  # noqa: E731
-        parts = exchange.share(tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
-    boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
-    boxes -= parts.keys()
-    bound: Box = tuple(
-        (min(box[axis][0] for box in boxes), max(box[axis][1] for box in boxes))
-        for axis in range(len(leaf.shape) if boxes else 0)
-    )
-    together = bool(boxes) and _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
-    whole = _cast(opened.read_box(path, bound), dtype) if together else None
-    for box in sorted(boxes):  # replicas of a box are read once
-        if whole is not None:
-            parts[box] = whole[
-                tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
-            ]
-        else:
-            parts[box] = _cast(opened.read_box(path, box), dtype)
-
-    def build() -> jax.Array:
-        return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])
-
-    return build() if exchange is None else broadcast.Pending(tag, build)
-
-
-def _box(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Box:
-    slices = index or tuple(slice(None) for _ in shape)
-    return tuple(
-        (start, stop) for start, stop, _ in (axis.indices(size) for axis, size in zip(slices, shape, strict=True))
-    )
-
-
-def _volume(box: Box) -> int:
-    return math.prod(stop - start for start, stop in box)
-
-
-def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
-    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
-
-
 def _value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     """The value at ``path``: a value leaf's, or a per-process leaf's own (``every``: each process's)."""
     if path in opened.per_process:
@@ -417,7 +362,7 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
         return set_into(target.value, value) if path in opened.per_process else value
     value = data[path]
     if target.output == "key":
-        return value
+        return opened.as_leaf(opened.stored[path], value)
     if target.dtype is not None and value.dtype != target.dtype:
         value = value.astype(target.dtype)
     if target.output == "torch" and not as_numpy:

@@ -24,7 +24,7 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._format.json_codec import parse_json
@@ -176,7 +176,6 @@ def _shard_name(name: str) -> bool:
     )
 
 
-@with_gc_paused  # a folder of many tensors makes many objects at once: the collector would walk them again and again
 def open_folder(
     location: Location,
     kind: type[F],
@@ -197,12 +196,9 @@ def open_folder(
     try:
         for name in listing.files:
             containers.append(open_shard(listing, name, settings, budget))
-        where, problems = tensor_files(listing, containers)
-        if problems:
-            raise problems[0]
         return kind(
             containers,
-            _leaves(containers, where),
+            _leaves(listing, containers),
             folder=listing.folder,
             metadata=listing.metadata,
             index=listing.index_name,
@@ -307,8 +303,12 @@ def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tu
     return mapped, problems
 
 
-def _leaves(containers: Sequence[Container], where: Mapping[str, int]) -> dict[str, ShardedLeaf]:
-    """Every tensor as a leaf stored whole in its file, by name."""
+@with_gc_paused
+def _leaves(listing: Listing, containers: Sequence[Container]) -> dict[str, ShardedLeaf]:
+    """Every tensor as a leaf stored whole in its file, by name; the first way the files and the index disagree."""
+    where, problems = tensor_files(listing, containers)
+    if problems:
+        raise problems[0]
     leaves = {}
     for tensor in sorted(where):
         slot = containers[where[tensor]].slots[tensor]

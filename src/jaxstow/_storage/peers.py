@@ -1,15 +1,15 @@
 """Bytes sent between the processes of a run over TCP: only between them, each wait bounded, each size capped.
 
-Each process listens on the interface that reaches the run's coordinator, never on every interface. A connection
-counts once both ends proved they know the run's secret (:mod:`jaxstow._storage.peer_wire`); the sender's index is
-the one it proved, never one a message claims. A message's header (its tag and length) is authenticated before
-anything is allocated for it, its payload streamed where the receiver wants it (a buffer of the size it asked for,
-or a file) and authenticated at its end; a message longer than its receiver accepts is refused unread. At most 16
-connections are proving themselves at once (a new one drops the oldest), at most 2 per peer once proved. A wait ends
-once ``timeout`` seconds pass without progress, raising a :class:`~jaxstow.errors.CheckpointError` naming the peer
-and the tag. A peer's messages are read in the order sent, each waiting (at most ``timeout``, then dropped) until
-its receive is registered: register what you expect (:meth:`PeerTransport.expect`) before anything makes the peer
-send it. See docs/safety.md ("What a run exposes").
+Each process listens on the interface that reaches the run's coordinator, never on every interface. A connection counts
+once both ends proved they know the run's secret (:mod:`jaxstow._storage.peer_wire`); the sender's index is the one it
+proved, never one a message claims. A message's header (its tag and length) is authenticated before anything is
+allocated for it, its payload streamed where the receiver wants it (a buffer of the size it asked for, or a file) and
+authenticated at its end; a message longer than its receiver accepts is refused unread. At most 16 connections are
+proving themselves at once, each on a thread (a new one drops the oldest, and waits for its thread to end), at most 2
+per peer once proved. A wait ends once ``timeout`` seconds pass without progress, raising a
+:class:`~jaxstow.errors.CheckpointError` naming the peer and the tag. A peer's messages are read in the order sent, each
+waiting (at most ``timeout``, then dropped) until its receive is registered: register what you expect
+(:meth:`PeerTransport.expect`) before anything makes the peer send it. See docs/safety.md ("What a run exposes").
 
 >>> import secrets
 >>> from jaxstow._storage.peers import PeerTransport
@@ -131,10 +131,11 @@ class PeerTransport:
         self._locks: dict[int, threading.Lock] = collections.defaultdict(threading.Lock)
         self._incoming: set[socket.socket] = set()
         self._handshaking: collections.deque[socket.socket] = collections.deque()
+        self._proving = threading.Semaphore(_HANDSHAKES)  # a thread for each connection proving itself
         self._handlers: dict[str, Callable[[int, bytes], None]] = {}
         self._servers: ThreadPoolExecutor | None = None
         self._closed = False
-        self._listener = socket.create_server((host, 0), backlog=max(16, count))
+        self._listener = socket.create_server((host, 0), backlog=max(128, 2 * count))  # a burst queues, not retried
         self.address = f"{host}:{self._listener.getsockname()[1]}"
         threading.Thread(target=self._accept, name="jaxstow-peers", daemon=True).start()
 
@@ -270,6 +271,7 @@ class PeerTransport:
                 oldest = self._handshaking.popleft() if len(self._handshaking) > _HANDSHAKES else None
             if oldest is not None:
                 wire.shut(oldest)  # its thread ends: strangers cannot hold every slot
+            self._proving.acquire()  # a flood of connections never runs more than _HANDSHAKES threads at once
             threading.Thread(target=self._serve_connection, args=(connection,), daemon=True).start()
 
     def _serve_connection(self, connection: socket.socket) -> None:
@@ -317,6 +319,8 @@ class PeerTransport:
                 self.refused += 1
             logger.debug("process %d refused a connection: %s", self.index, wire.reason(error))
             return -1, b""
+        finally:
+            self._proving.release()
 
     def _read_frames(self, connection: socket.socket, source: int, key: bytes) -> None:
         """Read ``source``'s messages until its connection ends."""

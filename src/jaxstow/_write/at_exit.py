@@ -1,10 +1,13 @@
 """Writes in flight when the interpreter exits are finished before the process ends, or reported with a non-zero status.
 
-A threading exit hook, which runs before ``concurrent.futures`` refuses new work, waits for every :func:`track`-ed
-write (a background save, a checkpoint step, a collector's queued blocks) at most ``JAXSTOW_EXIT_WAIT`` seconds
-(:data:`EXIT_WAIT` by default). A failure no caller collected, or a write still running at the deadline, is printed
-naming what it was (one of jaxstow's errors in one line, another with its traceback), and the process exits with
-status 1; a second Ctrl-C stops the wait.
+Importing jaxstow registers nothing. The first :func:`track`-ed write (a background save, a checkpoint step, a
+collector's queued blocks) registers an :mod:`atexit` handler, and each later one registers it again, so that it runs
+before every handler registered before that write began (``atexit`` runs the last registered first). At exit the
+handler waits for every tracked write at most ``JAXSTOW_EXIT_WAIT`` seconds (:data:`EXIT_WAIT` by default); a Ctrl-C
+stops the wait. A failure no caller collected, or a write still running, is printed naming what it was (one of
+jaxstow's errors in one line, another with its traceback), and the exit status becomes 120 once every other exit
+handler and the interpreter's shutdown have run: Python gives that status when flushing ``sys.stderr`` fails during
+its finalization (see :func:`sys.exit`), and the handler leaves a stand-in there whose flush fails then, and only then.
 
 >>> from jaxstow._write.at_exit import EXIT_WAIT, exit_wait
 >>> exit_wait() == EXIT_WAIT
@@ -14,7 +17,6 @@ True
 from __future__ import annotations
 
 import atexit
-import concurrent.futures.thread  # noqa: F401  its exit hook is registered first, so that this module's runs before it
 import contextlib
 import logging
 import os
@@ -23,7 +25,8 @@ import sys
 import threading
 import time
 import traceback
-from typing import Literal, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TextIO
 
 from jaxstow.errors import JaxstowError
 
@@ -53,7 +56,6 @@ class InFlight(Protocol):
 _lock = threading.Lock()
 _in_flight: dict[int, InFlight] = {}
 _exiting = False
-_failed = False
 
 
 def track(item: InFlight) -> bool:
@@ -65,6 +67,8 @@ def track(item: InFlight) -> bool:
         if _exiting:
             return False
         _in_flight[id(item)] = item
+        atexit.unregister(_at_exit)  # registered again: it runs before the handlers registered until now
+        atexit.register(_at_exit)
         return True
 
 
@@ -95,16 +99,44 @@ def finish_all() -> Literal["done", "failed", "unfinished"]:
     """Wait for every tracked write, at most :func:`exit_wait` seconds; print each that failed or is still running.
 
     Returns ``"done"`` when all ended well, ``"failed"`` when one failed, ``"unfinished"`` when one still runs. A
-    ``KeyboardInterrupt`` during the wait ends the process as Ctrl-C does.
+    ``KeyboardInterrupt`` during the wait ends the process as Ctrl-C does (this is the wait of a signal that ends it).
     """
+    waited = _wait()
+    if waited.abandoned:
+        end_by_signal(signal.SIGINT)
+    return waited.outcome
+
+
+def end_by_signal(number: int) -> None:
+    """End the process as signal ``number`` ends it by default (a scheduler sees it killed by that signal)."""
+    _flush()
+    signal.signal(number, signal.SIG_DFL)
+    signal.raise_signal(number)
+    raise SystemExit(128 + number)  # reached only if this thread blocks the signal
+
+
+@dataclass
+class _Waited:
+    """What a wait for the writes in flight found."""
+
+    unfinished: list[InFlight] = field(default_factory=list)
+    failed: list[tuple[InFlight, BaseException]] = field(default_factory=list)
+    abandoned: bool = False  # stopped by Ctrl-C
+
+    @property
+    def outcome(self) -> Literal["done", "failed", "unfinished"]:
+        return "unfinished" if self.unfinished else "failed" if self.failed else "done"
+
+
+def _wait() -> _Waited:
+    """Wait for every tracked write, at most :func:`exit_wait` seconds, or until Ctrl-C; print what did not end well."""
     with _lock:
         pending = list(_in_flight.values())
+    waited = _Waited()
     if not pending:
-        return "done"
+        return waited
     seconds = exit_wait()
     deadline = time.monotonic() + seconds
-    unfinished: list[InFlight] = []
-    failed: list[tuple[InFlight, BaseException]] = []
     try:
         if not all(item.finish(0) for item in pending):
             logger.warning(
@@ -114,25 +146,19 @@ def finish_all() -> Literal["done", "failed", "unfinished"]:
             )
         for item in pending:
             if not item.finish(max(0.0, deadline - time.monotonic())):
-                unfinished.append(item)
+                waited.unfinished.append(item)
             elif (error := item.uncollected_error()) is not None:
-                failed.append((item, error))
+                waited.failed.append((item, error))
     except KeyboardInterrupt:
-        _print([f"{item.what}: abandoned by Ctrl-C, unfinished" for item in pending if not item.finish(0)])
-        end_by_signal(signal.SIGINT)
-    for item, error in failed:
+        waited.abandoned = True
+        waited.unfinished = [item for item in pending if not item.finish(0)]
+        _print([f"{item.what}: abandoned by Ctrl-C, unfinished" for item in waited.unfinished])
+        return waited
+    for item, error in waited.failed:
         untrack(item)
         _print([f"{item.what}: failed before the process ended:"], error)
-    _print([f"{item.what}: not finished within {seconds:g} s (JAXSTOW_EXIT_WAIT)" for item in unfinished])
-    return "unfinished" if unfinished else "failed" if failed else "done"
-
-
-def end_by_signal(number: int) -> None:
-    """End the process as signal ``number`` ends it by default (a scheduler sees it killed by that signal)."""
-    _flush()
-    signal.signal(number, signal.SIG_DFL)
-    signal.raise_signal(number)
-    _end(128 + number)  # reached only if the signal did not end the process
+    _print([f"{item.what}: not finished within {seconds:g} s (JAXSTOW_EXIT_WAIT)" for item in waited.unfinished])
+    return waited
 
 
 def _print(lines: list[str], error: BaseException | None = None) -> None:
@@ -152,27 +178,34 @@ def _flush() -> None:
             stream.flush()
 
 
-def _end(status: int) -> None:
-    _flush()
-    os._exit(status)
+class _FailingFinalFlush:
+    """Stands for ``sys.stderr`` once a write failed at exit; only its flush by the interpreter's finalization fails.
+
+    Python flushes ``sys.stderr`` after every exit handler has run, ignores an error of that flush silently and then
+    exits with status 120; every other use goes to the stream it stands for.
+    """
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    def write(self, text: str) -> int:
+        return len(text) if self._stream is None else self._stream.write(text)
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
+        if sys.is_finalizing():
+            raise OSError("a write of jaxstow failed or did not finish before the process ended")
 
 
-def _before_threads_are_joined() -> None:
-    global _exiting, _failed
+def _at_exit() -> None:
+    """The exit handler: wait for the writes in flight, and make the exit status non-zero if one did not end well."""
+    global _exiting
     with _lock:
         _exiting = True
-    outcome = finish_all()
-    if outcome == "unfinished":  # its thread is still writing: end before the interpreter tears down under it
-        _end(1)
-    _failed = outcome == "failed"
-
-
-def _after_everything_else() -> None:
-    if _failed:
-        _end(1)
-
-
-# Registered now, at import: the atexit hook runs after those registered later (atexit runs its hooks last in, first
-# out), and the threading hook before concurrent.futures' (imported above), which refuses new work once it has run.
-atexit.register(_after_everything_else)
-getattr(threading, "_register_atexit", atexit.register)(_before_threads_are_joined)
+    waited = _wait()
+    if waited.outcome != "done" and not isinstance(sys.stderr, _FailingFinalFlush):
+        sys.stderr = _FailingFinalFlush(sys.stderr)  # type: ignore[assignment]

@@ -34,6 +34,7 @@ from jaxstow._format.manifest import metadata_problem
 from jaxstow._format.native_or_npz import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    Kind,
     container_kind,
     describe_raw_leaves,
     write_container,
@@ -41,10 +42,10 @@ from jaxstow._format.native_or_npz import (
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.skeleton import encode_treedef
-from jaxstow._storage.paths import PathOrFile
+from jaxstow._storage.paths import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink
-from jaxstow._util.gc_pause import with_gc_paused
+from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
 from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
@@ -73,7 +74,6 @@ class EncodedTree:
     def _tensors(self) -> list[tuple[str, HostArray, dict[str, Any]]]:
         return [tensor for leaf in self.leaves for tensor in leaf.tensors()]
 
-    @with_gc_paused
     def write(
         self, path_or_file: PathOrFile, *, bar: Bar | None = None, settings: StorageSettings | None = None
     ) -> str | None:
@@ -84,21 +84,27 @@ class EncodedTree:
         Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
         on ``bar``, a :class:`~jaxstow._util.progress.Bar`, when one is given. Returns the header's checksum of a native
         file (``None`` for npz), which a checkpoint's record keeps.
+
+        A local file's header and bytes are written with the collector paused (:mod:`jaxstow._util.gc_pause`), its
+        commit (fsync, rename) is not; nor is any part of a write to a URL or to a file object.
         """
-        pieces = self._tensors
-        tensors = [(name, array) for name, array, _ in pieces]
         kind = container_kind(path_or_file)
-        describe_raw_leaves(kind, pieces)
-        with _checksums(pieces) as complete:
-            if isinstance(path_or_file, str | os.PathLike):
-                with atomic_sink(path_or_file, settings) as sink:
-                    return write_container(_counted(sink, bar), kind, tensors, self.manifest, complete)
-            header_checksum = write_container(_counted(path_or_file, bar), kind, tensors, self.manifest, complete)
+        if not isinstance(path_or_file, str | os.PathLike):
+            header_checksum = self._write(_counted(path_or_file, bar), kind)
             path_or_file.flush()
             return header_checksum
+        local = local_path(path_or_file) is not None
+        with atomic_sink(path_or_file, settings) as sink, gc_paused() if local else contextlib.nullcontext():
+            return self._write(_counted(sink, bar), kind)
+
+    def _write(self, sink: BinaryIO, kind: Kind) -> str | None:
+        """Write the file's header and bytes to ``sink``, checksums included."""
+        pieces = self._tensors
+        describe_raw_leaves(kind, pieces)
+        with _checksums(pieces) as complete:
+            return write_container(sink, kind, [(name, array) for name, array, _ in pieces], self.manifest, complete)
 
 
-@with_gc_paused
 def encode_tree(
     tree: Any,
     *,

@@ -34,10 +34,10 @@ from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
 from jaxstow.checkpoint.settings import LocalTier, grouped_settings
-from jaxstow.checkpoint.shared import Committed, commit_step, record_of
+from jaxstow.checkpoint.shared import Committed, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.tiers import Tiers
-from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items, write_items
+from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items
 from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["CheckpointManager"]
@@ -287,18 +287,17 @@ class CheckpointManager(StepQueries):
             name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part, budget=budget)
             for name, tree in named.items()
         }
-        content = StepContent(step, held, single, checked_metrics, checked_metadata)
-        keep = dataclasses.asdict(self._policy)
+        content = StepContent(step, held, single, checked_metrics, checked_metadata, dataclasses.asdict(self._policy))
         talk = self._coordinator.conversation("save")  # named here, in call order: the same in every process
         write: Callable[[], None]
         if self._tiers is not None:
             due = self._schedule.should_save(step, newest=agreed.newest)
             upload = functools.partial(self._copy, talk=self._coordinator.conversation("copy")) if due else None
             write = functools.partial(
-                self._tiers.save, content, talk=talk, persistent=upload, keep=keep, decided=self._decided(False)
+                self._tiers.save, content, talk=talk, persistent=upload, decided=self._decided(False)
             )
         else:
-            write = functools.partial(self._write, content, talk=talk, replace=force, keep=keep)
+            write = functools.partial(self._write, content, talk=talk, replace=force)
         agreed.issued(step)
         self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
         if self._preempted() is not None:
@@ -342,19 +341,15 @@ class CheckpointManager(StepQueries):
             )
         return self._agreed
 
-    def _write(self, content: StepContent, *, talk: Conversation, replace: bool, keep: dict[str, Any]) -> None:
+    def _write(self, content: StepContent, *, talk: Conversation, replace: bool) -> None:
         """The background half of a save without a local tier: every process writes its files, process 0 commits."""
-        step, me = content.step, self._coordinator.index
-        folder = self._names.name(step)
-        committed = commit_step(
+        committed = commit_content(
             talk,
             self._store,
-            folder,
-            step,
-            lambda staging: write_items(
-                staging, me, content, what=f"step {step} of {self.directory}", bar=self._progress
-            ),
-            lambda summaries: record_of(summaries, content, keep_policy=keep, where=self._store.url(folder)),
+            self._names.name(content.step),
+            content,
+            f"step {content.step} of {self.directory}",
+            self._progress,
             shared=True,
             replace=replace,
             decided=self._decided(True),

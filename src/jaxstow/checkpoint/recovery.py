@@ -8,17 +8,16 @@ that fails its checksum (a :class:`~jaxstow.errors.FormatError` or :class:`~jaxs
 storage that fails to give the bytes (a :class:`~jaxstow.errors.StorageError`, raised once its retries are spent:
 docs/object-storage.md) says nothing of the step: it ends every call here, and no step is skipped or listed for it.
 
->>> import os, tempfile, numpy as np
+>>> import pathlib, tempfile, numpy as np
 >>> from jaxstow import CheckpointManager
 >>> directory = tempfile.mkdtemp()
 >>> with CheckpointManager(directory) as manager:
 ...     for step in (1, 2):
 ...         manager.save(step, {"params": {"w": np.full(1000, step, np.float32)}})
->>> with open(os.path.join(directory, "2", "params.safetensors"), "r+b") as file:   # one flipped bit in the data
-...     _ = file.seek(-10, os.SEEK_END)
-...     byte = file.read(1)
-...     _ = file.seek(-10, os.SEEK_END)
-...     _ = file.write(bytes([byte[0] ^ 1]))
+>>> file = pathlib.Path(directory, "2", "params.safetensors")
+>>> data = bytearray(file.read_bytes())
+>>> data[-10] ^= 1  # one flipped bit in the data
+>>> _ = file.write_bytes(data)
 >>> manager = CheckpointManager(directory)
 >>> manager.damaged_steps(verify="headers"), list(manager.damaged_steps())
 ({}, [2])

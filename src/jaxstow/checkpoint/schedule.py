@@ -18,17 +18,8 @@ saves made since (the same in every process), so asking costs no message and no 
 >>> wanted, schedule.should_save(200, newest=agreed.newest), schedule.reached_preemption(7)
 ([0, 100, 200], False, False)
 
-A preemption is jax's sync point in a ``jax.distributed`` run or, given a
-:class:`~jaxstow.checkpoint.preemption.PreemptionNotice`, the first step asked about after one of its signals arrived:
-
->>> import os, signal
->>> from jaxstow.checkpoint.preemption import PreemptionNotice
->>> notice = PreemptionNotice([signal.SIGUSR1])
->>> schedule = SaveSchedule(save_every=100, notice=notice)
->>> os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's notice; SIGTERM in practice
->>> schedule.should_save(7, newest=5), schedule.reached_preemption(7), schedule.reached_preemption(8)
-(True, True, False)
->>> notice.close()
+A preemption is jax's sync point in a ``jax.distributed`` run or the signal of a
+:class:`~jaxstow.checkpoint.preemption.PreemptionNotice` (:meth:`SaveSchedule.reached_preemption`).
 """
 
 from __future__ import annotations
@@ -68,7 +59,18 @@ class SaveSchedule:
         :meth:`should_save`) after its signal arrived. Otherwise: whether every process has reached jax's
         preemption sync point at ``step`` (``multihost_utils.reached_preemption_sync_point``), always ``False``
         outside ``jax.distributed`` or with jax's preemption service turned off; every process must then ask at
-        every step, with the same steps."""
+        every step, with the same steps.
+
+        >>> import os, signal
+        >>> from jaxstow.checkpoint.preemption import PreemptionNotice
+        >>> from jaxstow.checkpoint.schedule import SaveSchedule
+        >>> notice = PreemptionNotice([signal.SIGUSR1])
+        >>> schedule = SaveSchedule(save_every=100, notice=notice)
+        >>> os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's notice; SIGTERM in practice
+        >>> schedule.should_save(7, newest=5), schedule.reached_preemption(7), schedule.reached_preemption(8)
+        (True, True, False)
+        >>> notice.close()
+        """
         if self.notice is not None:
             if self.notice.received is None:
                 return False

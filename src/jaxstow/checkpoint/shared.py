@@ -16,12 +16,8 @@ docs/scaling.md ("The commit protocol").
 >>> from jaxstow.checkpoint.writing import StepContent, write_items
 >>> store = open_store(tempfile.mkdtemp(), marker=RECORD_NAME)
 >>> content = StepContent(7, {"params": hold({"w": np.ones(2)})}, False, metrics=None, metadata=None)
->>> committed = commit_step(
-...     Coordinator(store.location, timeout=60).conversation("save"), store, "7", 7,
-...     lambda staging: write_items(staging, 0, content, what="step 7", bar=False),
-...     lambda summaries: record_of(summaries, content, keep_policy=None, where=store.location),
-...     shared=True, replace=False,
-... )
+>>> talk = Coordinator(store.location, timeout=60).conversation("save")
+>>> committed = commit_content(talk, store, "7", content, "step 7", False, shared=True)
 >>> committed.record.files, store.committed()
 ({'params': 'params.safetensors'}, ['7'])
 """
@@ -35,10 +31,10 @@ from typing import Any
 from jaxstow._coordination import Conversation
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.store import Staging, Store
-from jaxstow.checkpoint.writing import StepContent
+from jaxstow.checkpoint.writing import StepContent, write_items
 from jaxstow.errors import CheckpointError
 
-__all__ = ["Committed", "commit_step", "record_of"]
+__all__ = ["Committed", "commit_content", "commit_step", "record_of"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +135,36 @@ def commit_step(
         return Committed(record, [int(old) for old in outcome["deleted"]])
 
 
+def commit_content(
+    talk: Conversation,
+    store: Store,
+    folder: str,
+    content: StepContent,
+    what: str,
+    bar: bool,
+    *,
+    shared: bool,
+    replace: bool = False,
+    decided: Callable[[StepRecord], None] | None = None,
+    after: Callable[[StepRecord], Iterator[int]] | None = None,
+) -> Committed:
+    """Commit the step of ``content`` as ``folder`` of ``store`` (:func:`commit_step`): each process writes its file
+    of every item, reported as ``what`` (a progress bar if ``bar``); process 0 makes the record."""
+    me = talk.coordinator.index
+    return commit_step(
+        talk,
+        store,
+        folder,
+        content.step,
+        lambda staging: write_items(staging, me, content, what=what, bar=bar),
+        lambda summaries: record_of(summaries, content, where=store.url(folder)),
+        shared=shared,
+        replace=replace,
+        decided=decided,
+        after=after,
+    )
+
+
 def _staging(talk: Conversation, store: Store, folder: str, step: int, *, shared: bool, replace: bool) -> Staging:
     """This process's staging folder of ``folder``: its own, or the one process 0 made for every process."""
     if not shared:
@@ -163,9 +189,7 @@ def _stage(store: Store, folder: str, step: int, *, replace: bool) -> Staging:
     return store.stage(folder, replace=exists)
 
 
-def record_of(
-    summaries: list[dict[str, Any]], content: StepContent, *, keep_policy: dict[str, Any] | None, where: str
-) -> StepRecord:
+def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> StepRecord:
     """The record of the step of ``content`` that every process saved, from their ``summaries`` (in process order),
     checked to agree: a :class:`CheckpointError` names every process that saved another step or another tree."""
     step = content.step
@@ -179,7 +203,7 @@ def record_of(
         content.single,
         content.metrics,
         content.metadata,
-        keep_policy=keep_policy,
+        keep_policy=content.keep_policy,
         parts=parts,
         headers=headers,
     )

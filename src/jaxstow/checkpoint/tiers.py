@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Literal
 
 from jaxstow._coordination import Conversation, Coordinator
 from jaxstow._steps.names import StepNames
@@ -27,9 +27,9 @@ from jaxstow._write.background import BackgroundWriter
 from jaxstow.checkpoint.peer_copies import PeerCopies, files_of
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
-from jaxstow.checkpoint.shared import Committed, commit_step, record_of
+from jaxstow.checkpoint.shared import Committed, commit_content, commit_step
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.checkpoint.writing import StepContent, write_items
+from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
 
 __all__ = ["Tier", "Tiers"]
@@ -79,7 +79,6 @@ class Tiers:
         *,
         talk: Conversation,
         persistent: Callable[[StepRecord], None] | None,
-        keep: dict[str, Any],
         decided: Callable[[StepRecord], None],
     ) -> None:
         """Write ``content`` as a local step, every process together on ``talk`` (``decided`` hears that process 0
@@ -88,20 +87,10 @@ class Tiers:
         if self._lock is None:
             self._lock = lock_store(self.store)
             self.store.cleanup(lambda name: self.names.step(name) is not None)
-        step, me = content.step, self.coordinator.index
-        folder = self.names.name(step)
-        record = commit_step(
-            talk,
-            self.store,
-            folder,
-            step,
-            lambda staging: write_items(
-                staging, me, content, what=f"step {step} of {self.directory}", bar=self.progress
-            ),
-            lambda summaries: record_of(summaries, content, keep_policy=keep, where=self.store.url(folder)),
-            shared=False,
-            replace=True,
-            decided=decided,
+        step = content.step
+        folder, what = self.names.name(step), f"step {step} of {self.directory}"
+        record = commit_content(
+            talk, self.store, folder, content, what, self.progress, shared=False, replace=True, decided=decided
         ).record
         if persistent is not None:
             self.uploads.wait()  # one copy in flight at a time, in the same order in every process

@@ -50,13 +50,15 @@ def split_items(items: Any) -> tuple[dict[str, Any], bool]:
 
 @dataclass(frozen=True)
 class StepContent:
-    """What one save writes as a step: its items held on the host, whether they are one tree, metrics and metadata."""
+    """What one save writes as a step: its items held on the host, whether they are one tree, metrics and metadata,
+    and the keep policy in force (as its record holds it)."""
 
     step: int
     held: dict[str, HeldTree]
     single: bool
     metrics: Metrics | None
     metadata: dict[str, Any] | None
+    keep_policy: dict[str, Any] | None = None
 
 
 def write_items(staging: Staging, me: int, content: StepContent, *, what: str, bar: bool) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
 
 One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads``,
-``watch`` and ``export``. See docs/command-line.md.
+``watch`` and ``export``, named after it. Each gives ``HELP``, its line in ``jaxstow --help``; ``arguments(parser)``,
+whose docstring is the description its ``--help`` shows; and ``run(args)``, its exit status. See
+docs/command-line.md.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ from collections.abc import Sequence
 
 from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, watch
-from jaxstow.cli.files import use_storage_arguments
+from jaxstow.cli.files import add_storage_arguments, use_storage_arguments
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
 
 _COMMANDS = (inspect, verify, diff, ls, convert, uploads, watch, export)
+#: The commands that read only local files, and so take no options about URLs (the others get them after their own).
+_LOCAL_ONLY = (watch,)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -32,7 +36,12 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="store_true", help="print the version of jaxstow and exit")
     commands = top.add_subparsers(title="commands", dest="command", metavar="COMMAND")
     for command in _COMMANDS:
-        command.add(commands)
+        name = command.__name__.rpartition(".")[2]
+        sub = commands.add_parser(name, help=command.HELP, description=command.arguments.__doc__)
+        command.arguments(sub)
+        if command not in _LOCAL_ONLY:
+            add_storage_arguments(sub)
+        sub.set_defaults(run=command.run)
     return top
 
 

@@ -40,7 +40,6 @@ from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import (
-    add_storage_arguments,
     checkpoint_steps,
     describe,
     is_folder,
@@ -51,28 +50,25 @@ from jaxstow.cli.files import (
 )
 from jaxstow.errors import ArgumentError, FormatError, PathError
 
-__all__ = ["add", "run", "source_kind"]
+__all__ = ["HELP", "arguments", "run", "source_kind"]
 
 _FORMATS = ("jaxstow", "safetensors", "npz")
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "convert",
-        help="npz, safetensors, PyTorch, flax msgpack and orbax files and folders to jaxstow; jaxstow to safetensors "
-        "or npz",
-        description="Convert SRC to DST. SRC: a jaxstow, safetensors or npz file, a PyTorch file (read with "
-        "torch.load(weights_only=True), never unpickling other objects), a flax msgpack file, an orbax checkpoint "
-        "folder or a step of an orbax CheckpointManager (needs orbax-checkpoint), or a whole orbax CheckpointManager "
-        "folder, which becomes a jaxstow checkpoint folder DST with the same steps and metrics. DST: a plain "
-        "safetensors or npz file for a name ending in .safetensors or .npz, a jaxstow file for any other name.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "npz, safetensors, PyTorch, flax msgpack and orbax files and folders to jaxstow; jaxstow to safetensors or npz"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Convert SRC to DST. SRC: a jaxstow, safetensors or npz file, a PyTorch file (read with
+    torch.load(weights_only=True), never unpickling other objects), a flax msgpack file, an orbax checkpoint folder or a
+    step of an orbax CheckpointManager (needs orbax-checkpoint), or a whole orbax CheckpointManager folder, which
+    becomes a jaxstow checkpoint folder DST with the same steps and metrics. DST: a plain safetensors or npz file for a
+    name ending in .safetensors or .npz, a jaxstow file for any other name."""
     parser.add_argument("src", metavar="SRC", help="the file or folder to read (a path or an fsspec URL)")
     parser.add_argument("dst", metavar="DST", help="the file (or checkpoint folder) to write (a path or an fsspec URL)")
     parser.add_argument("--to", choices=_FORMATS, help="the format of DST, if not the one its name implies")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

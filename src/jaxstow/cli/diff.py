@@ -27,26 +27,24 @@ from typing import Any
 import numpy as np
 
 from jaxstow._read.reader import Reader
-from jaxstow.cli.files import Leaf, add_storage_arguments, describe, open_file, read_arrays
+from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
 from jaxstow.cli.output import Table, print_json
 
-__all__ = ["add", "compare_arrays", "differences", "run"]
+__all__ = ["HELP", "arguments", "compare_arrays", "differences", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "diff",
-        help="compare two files leaf by leaf; exit status 1 when they differ",
-        description="Compare two jaxstow, safetensors or npz files leaf by leaf: leaves only in A, only in B, with "
-        "another dtype or shape, or with other values (with the largest absolute difference). Exit status 1 when "
-        "they differ, 0 when they are the same.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "compare two files leaf by leaf; exit status 1 when they differ"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Compare two jaxstow, safetensors or npz files leaf by leaf: leaves only in A, only in B, with another dtype or
+    shape, or with other values (with the largest absolute difference). Exit status 1 when they differ, 0 when they are
+    the same."""
     parser.add_argument("a", metavar="A", help="a file (a path or an fsspec URL)")
     parser.add_argument("b", metavar="B", help="the file to compare it with")
     parser.add_argument("--json", action="store_true", help="print the differences as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

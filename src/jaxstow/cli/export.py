@@ -15,27 +15,26 @@ A step saved by any number of processes is written whole: each sharded array joi
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from jaxstow._util.progress import format_bytes
 from jaxstow.checkpoint.hf_export import export_safetensors
-from jaxstow.cli.files import add_storage_arguments, storage
+from jaxstow.cli.files import storage
 
-__all__ = ["add", "run"]
+__all__ = ["HELP", "arguments", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "export",
-        help="a checkpoint step or a file as a Hugging Face sharded safetensors folder",
-        description="Write STEP_OR_FILE as a Hugging Face sharded safetensors folder OUT_FOLDER: files "
-        "model-00001-of-0000N.safetensors of at most --max-shard-size bytes of tensors, each with {'format': 'pt'} in "
-        "its metadata, and model.safetensors.index.json. STEP_OR_FILE: a step of a checkpoint folder (run/5), saved by "
-        "any number of processes (sharded arrays are joined whole), or a jaxstow, safetensors or npz file. Tensors "
-        "are named by their dotted paths (params/dense/kernel -> params.dense.kernel), prefixed by their item's name "
-        "when the step has several; plain values and PRNG keys are left out. No config.json is written: copy the "
-        "model's own next to the files for the transformers library.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "a checkpoint step or a file as a Hugging Face sharded safetensors folder"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Write STEP_OR_FILE as a Hugging Face sharded safetensors folder OUT_FOLDER: files model-00001-of-0000N.safetensors
+    of at most --max-shard-size bytes of tensors, each with {'format': 'pt'} in its metadata, and
+    model.safetensors.index.json. STEP_OR_FILE: a step of a checkpoint folder (run/5), saved by any number of processes
+    (sharded arrays are joined whole), or a jaxstow, safetensors or npz file. Tensors are named by their dotted paths
+    (params/dense/kernel -> params.dense.kernel), prefixed by their item's name when the step has several; plain values
+    and PRNG keys are left out. No config.json is written: copy the model's own next to the files for the transformers
+    library."""
     parser.add_argument("src", metavar="STEP_OR_FILE", help="a step's folder or a file (a path or an fsspec URL)")
     parser.add_argument("dst", metavar="OUT_FOLDER", help="the folder to write; it must not exist, or be empty")
     parser.add_argument(
@@ -45,8 +44,6 @@ def add(commands: Any) -> None:
         help="the most bytes of tensors per file: 5GB (5*10**9, the default), 500MB, 2GiB or a number of bytes",
     )
     parser.add_argument("--item", metavar="NAME", help="export only this item of the step (its names unprefixed)")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

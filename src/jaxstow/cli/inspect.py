@@ -31,24 +31,24 @@ from jaxstow._format.kinds import KINDS
 from jaxstow._format.npz import NpzReader
 from jaxstow._read.reader import FolderReader, Reader
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Leaf, add_storage_arguments, describe, file_size, hf_listing, open_file, open_hf_folder
+from jaxstow.cli.files import Leaf, describe, file_size, hf_listing, open_file, open_hf_folder
 from jaxstow.cli.output import Table, print_json
 
-__all__ = ["HF_FOLDER", "add", "folder_summary", "run", "summary"]
+__all__ = ["HELP", "HF_FOLDER", "arguments", "folder_summary", "run", "summary"]
 
 #: What ``inspect`` and ``ls`` call a Hugging Face folder of safetensors files.
 HF_FOLDER = "Hugging Face safetensors folder"
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "inspect",
-        help="the tree of a file: path, dtype, shape and size of every leaf, totals, metadata",
-        description="Show the tree of a jaxstow, safetensors or npz file from its header: every leaf's path, dtype, "
-        "shape and size (values such as hyperparameters with their value), the totals and the user's metadata; or "
-        "the tensors of a Hugging Face folder of safetensors files, with the shard that holds each. A file or folder "
-        "of another library (PyTorch, pickle, equinox, flax, orbax) is named, with what reads it.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "the tree of a file: path, dtype, shape and size of every leaf, totals, metadata"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Show the tree of a jaxstow, safetensors or npz file from its header: every leaf's path, dtype, shape and size
+    (values such as hyperparameters with their value), the totals and the user's metadata; or the tensors of a Hugging
+    Face folder of safetensors files, with the shard that holds each. A file or folder of another library (PyTorch,
+    pickle, equinox, flax, orbax) is named, with what reads it."""
     parser.add_argument(
         "file",
         metavar="FILE|FOLDER",
@@ -56,8 +56,6 @@ def add(commands: Any) -> None:
         "URL)",
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

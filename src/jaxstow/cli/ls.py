@@ -28,27 +28,25 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, add_storage_arguments, committed_steps, file_sizes, hf_listing, open_hf_folder
+from jaxstow.cli.files import Step, committed_steps, file_sizes, hf_listing, open_hf_folder
 from jaxstow.cli.inspect import HF_FOLDER
 from jaxstow.cli.output import Table, print_json
 
-__all__ = ["add", "keep_policy", "run"]
+__all__ = ["HELP", "arguments", "keep_policy", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "ls",
-        help="the steps of a checkpoint folder: step, time, size, metrics, the keep rule that holds each",
-        description="List the committed steps of a folder written by jaxstow.CheckpointManager: step, time, size, "
-        "metrics, and which keep rule of the manager holds each step. Of a Hugging Face folder of safetensors "
-        "files, say what it is and list its shards: tensors and size of each.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "the steps of a checkpoint folder: step, time, size, metrics, the keep rule that holds each"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """List the committed steps of a folder written by jaxstow.CheckpointManager: step, time, size, metrics, and which keep
+    rule of the manager holds each step. Of a Hugging Face folder of safetensors files, say what it is and list its
+    shards: tensors and size of each."""
     parser.add_argument(
         "folder", help="a checkpoint folder or a Hugging Face folder of safetensors files (a path or an fsspec URL)"
     )
     parser.add_argument("--json", action="store_true", help="print the steps as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

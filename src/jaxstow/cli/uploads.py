@@ -11,31 +11,28 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from typing import Any
 
-from jaxstow.cli.files import add_storage_arguments, storage
+from jaxstow.cli.files import storage
 from jaxstow.cli.output import Table, print_json
 from jaxstow.errors import ArgumentError
 
-__all__ = ["add", "run"]
+__all__ = ["HELP", "arguments", "run"]
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "uploads",
-        help="unfinished multipart uploads under an s3:// prefix (what killed saves left); --abort ends them",
-        description="List the multipart uploads under an s3:// prefix that were neither completed nor aborted: "
-        "processes killed while saving leave them (their parts take space; no object appears). --abort aborts "
-        "them; an upload still being written looks the same, so --older-than spares the recent ones.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "unfinished multipart uploads under an s3:// prefix (what killed saves left); --abort ends them"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """List the multipart uploads under an s3:// prefix that were neither completed nor aborted: processes killed while
+    saving leave them (their parts take space; no object appears). --abort aborts them; an upload still being written
+    looks the same, so --older-than spares the recent ones."""
     parser.add_argument("url", metavar="URL", help="an s3:// prefix: a bucket, a folder or a file")
     parser.add_argument("--abort", action="store_true", help="abort the uploads listed")
     parser.add_argument(
         "--older-than", type=float, default=0.0, metavar="SECONDS", help="only uploads started this long ago or more"
     )
     parser.add_argument("--json", action="store_true", help="print the uploads as JSON, for scripts")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

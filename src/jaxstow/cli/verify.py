@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import Any
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
@@ -27,7 +26,6 @@ from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, ten
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import (
-    add_storage_arguments,
     committed_steps,
     describe,
     hf_listing,
@@ -39,23 +37,21 @@ from jaxstow.cli.files import (
 from jaxstow.cli.output import print_json
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, NewerFormatError, PathNotFoundError
 
-__all__ = ["FileReport", "add", "run", "verify_file", "verify_hf_folder"]
+__all__ = ["HELP", "FileReport", "arguments", "run", "verify_file", "verify_hf_folder"]
 
 #: What a Hugging Face folder's report says of its files: they carry no checksums, so only their structure was checked.
 NO_CHECKSUMS = "structure only: safetensors files carry no checksums, so their data could not be checked"
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "verify",
-        help="check every checksum of a file or of every step of a checkpoint folder, or a Hugging Face folder's "
-        "structure",
-        description="Read every stored leaf of a file (or of every item of every step of a checkpoint folder) and "
-        "compare it with the checksum recorded when it was written. Of a Hugging Face folder of safetensors files, "
-        "which carry no checksums, check the structure: every shard's header and sizes, and that every tensor the "
-        "index names is in the shard it names. Exit status 1, naming the file and the leaf, on any damage; 0 when "
-        "all is well.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "check every checksum of a file or of every step of a checkpoint folder, or a Hugging Face folder's structure"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Read every stored leaf of a file (or of every item of every step of a checkpoint folder) and compare it with the
+    checksum recorded when it was written. Of a Hugging Face folder of safetensors files, which carry no checksums,
+    check the structure: every shard's header and sizes, and that every tensor the index names is in the shard it names.
+    Exit status 1, naming the file and the leaf, on any damage; 0 when all is well."""
     parser.add_argument(
         "target",
         metavar="FILE|FOLDER",
@@ -63,8 +59,6 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print a JSON report, for scripts")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes read (needs tqdm)")
-    add_storage_arguments(parser)
-    parser.set_defaults(run=run)
 
 
 @dataclass

@@ -1,23 +1,17 @@
 """``jaxstow watch FILE``: a sampling run's HDF5 file while the run goes on, refreshed until it ends or Ctrl-C.
 
-Per chain the draws written so far; per variable (each element of an array) the mean, R-hat and bulk effective
-sample size over the draws every chain has (ArviZ's). The file is read in SWMR mode, from any process, up to the
-draws it counts as written (see :mod:`jaxstow.io.live`).
-
-The run's state: ``finished`` (every chain is), ``running``, ``died`` (its writer's lock, ``FILE.lock``, names a
-process of this host that no longer runs: it was killed before the run finished) or ``stopped`` (no writer has the file
-open and the run has not finished: its writer gave up, on an error or Ctrl-C). A writer that holds no lock of jaxstow's
-(an ``h5py.File`` a program opened itself) counts as running while the file's flags say it has the file open, and one
-on another host while its lock stays. Watching ends, with exit status 1, when the run died or stopped.
+Per chain the draws written so far; per variable (each element of an array) the mean, R-hat and bulk ESS over the
+draws every chain has (ArviZ's), read in SWMR mode from any process (:mod:`jaxstow.io.live`). The run is ``finished``,
+``running``, ``died`` or ``stopped`` (see ``_writer_state``); watching ends, with exit status 1, when it died or stopped.
 
 >>> import os, tempfile, jax.numpy as jnp
 >>> from jaxstow import io
 >>> from jaxstow.cli import main
 >>> def start():                                # two chains that wander: R-hat says so
 ...     return {"x": jnp.array([0.0, 10.0])}
->>> def step(state, t):
+>>> def step(state, t):                            # the next state, its draws, which chains go on
 ...     x = state["x"] + jnp.sin(t)
-...     return {"x": x}, {"x": x, "t": jnp.stack([t, t])}, jnp.ones(2, bool)
+...     return {"x": x}, {"x": x}, jnp.ones(2, bool)
 >>> path = os.path.join(tempfile.mkdtemp(), "run.h5")
 >>> _ = io.run_chains(path, start, step, num_steps=40, checkpoint_every=10)
 >>> main(["watch", path, "--once"])
@@ -26,7 +20,6 @@ chain  draws  state
 0         40  finished
 1         40  finished
 variable  mean   r_hat  ess_bulk
-t          19.5  1.820         3
 x         5.895  1.810         4
 0
 """
@@ -53,26 +46,25 @@ from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import SWMR_SUPERBLOCK, read_superblock
 
-__all__ = ["add", "report", "run"]
+__all__ = ["HELP", "arguments", "report", "run"]
 
 _CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear the screen
 _ENDED = ("died", "stopped")  # the states of a run that ended before it finished
 
 
-def add(commands: Any) -> None:
-    parser = commands.add_parser(
-        "watch",
-        help="a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS",
-        description="Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) "
-        "and print, refreshing, per chain the draws written so far and per variable the mean, R-hat and bulk "
-        "effective sample size (ArviZ's diagnostics), until the run ends or Ctrl-C. The run is finished, running, "
-        "died (its writer was killed) or stopped (its writer gave up); the exit status is 1 if it died or stopped.",
-    )
+#: The line of ``jaxstow --help`` that names this command.
+HELP = "a sampling run's draws so far: per chain the draws, per variable mean, R-hat and bulk ESS"
+
+
+def arguments(parser: argparse.ArgumentParser) -> None:
+    """Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) and print, refreshing,
+    per chain the draws written so far and per variable the mean, R-hat and bulk effective sample size (ArviZ's
+    diagnostics), until the run ends or Ctrl-C. The run is finished, running, died (its writer was killed) or stopped
+    (its writer gave up); the exit status is 1 if it died or stopped."""
     parser.add_argument("file", help="the run's HDF5 file")
     parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
     parser.add_argument("--json", action="store_true", help="print each refresh as one line of JSON, for scripts")
-    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +113,13 @@ def report(path: str) -> dict[str, Any]:
 
 
 def _writer_state(path: str) -> tuple[str, str | None]:
-    """The state of a run that has not finished (``running``, ``died`` or ``stopped``) and, where it ended, why."""
+    """The state of a run that has not finished and, where it ended, why.
+
+    ``died``: its writer's lock, ``FILE.lock``, names a process of this host that no longer runs (it was killed before
+    the run finished); ``stopped``: no writer has the file open (its writer gave up, on an error or Ctrl-C); else
+    ``running``. A writer that holds no lock of jaxstow's (an ``h5py.File`` a program opened itself) counts as running
+    while the file's flags say it has the file open, and one on another host while its lock stays.
+    """
     died = _died(path)
     if died is not None:
         return "died", died

@@ -45,18 +45,19 @@ class EquinoxOptaxModule(ModuleInterface):
     >>> def loss_fn(model, batch):
     ...     x, y = batch
     ...     return jnp.mean((jax.vmap(model)(x) - y) ** 2)
-    >>> def data(epoch):
-    ...     x = jax.random.normal(jax.random.key(epoch), (8, 2))
-    ...     return [(x, x.sum(axis=1, keepdims=True))]
-    >>> module = EquinoxOptaxModule(eqx.nn.Linear(2, 1, key=jax.random.key(0)), optax.sgd(0.1), loss_fn, data)
-    >>> losses = []
-    >>> for epoch in range(20):
-    ...     module.on_begin_train_epoch(global_step=epoch, epoch=epoch)
-    ...     losses += [module.train_step(epoch, batch) for batch in module.get_train_dataloader(None, batch_size=8)]
+    >>> x = jax.random.normal(jax.random.key(0), (8, 2))
+    >>> def module(seed):
+    ...     model = eqx.nn.Linear(2, 1, key=jax.random.key(seed))
+    ...     return EquinoxOptaxModule(model, optax.adam(0.1), loss_fn, lambda epoch: [(x, x.sum(1, keepdims=True))])
+    >>> trained = module(0)
+    >>> (batch,) = trained.get_train_dataloader(None, batch_size=8)
+    >>> losses = [trained.train_step(step, batch) for step in range(20)]
     >>> losses[-1] < losses[0] / 10
     True
-    >>> sorted(module.get_state())
-    ['model', 'opt_state']
+    >>> resumed = module(1)  # another model, then the state of the trained one: the model and adam's moments
+    >>> resumed.update_state(trained.get_state())
+    >>> resumed.train_step(20, batch) == trained.train_step(20, batch)
+    True
     """
 
     def __init__(
