@@ -50,7 +50,7 @@ from jaxstow.io.hdf5_layout import (
     dataset_name,
     group_name,
     layout_problems,
-    read_rows,
+    read_whole,
     write_block,
     write_hyperslab,
 )
@@ -82,7 +82,8 @@ class HDF5Collector(DataCollector):
     Samples of every chain go to an HDF5 file, viewable with any HDF5 viewer, written on a background thread; the
     checkpoints of all chains go to one jaxstow file beside it, replaced atomically, so that the chains of a ``vmap``
     resume from the same step. Given a path, the same code run again after a kill continues from the checkpoint, or
-    starts over; any process may read the file while the run goes on. See docs/sampling.md.
+    starts over; any process may read the file while the run goes on, and the collector's next run goes on in it with
+    chains of its own (``/chain~1``, ...). See docs/sampling.md.
 
     >>> import os, tempfile, jax.numpy as jnp
     >>> from jaxstow import io
@@ -101,9 +102,6 @@ class HDF5Collector(DataCollector):
     array([0., 1., 2., 3., 4., 5., 6., 7., 8., 9.], dtype=float32)
     >>> sorted(os.listdir(os.path.dirname(path)))        # no checkpoint, no lock: the run is finished
     ['samples.h5']
-
-    The file stays closed until the collector's next run (of the same ``io.save`` functions or not), which goes on in
-    the same file with chains of its own: ``/chain~1``, ... .
     """
 
     copies_blocks = True
@@ -431,7 +429,7 @@ class HDF5Collector(DataCollector):
         if self._lock is None:
             return layout.treedef.unflatten(self._datasets[chain_id])
         with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
-            return layout.treedef.unflatten([_read(file[dataset_name(chain_id, name)]) for name in layout.names])
+            return layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
 
     def release(self, chain_id: int) -> None:
         """Forget the chain, whose run is over: its samples are in the file."""
@@ -443,10 +441,3 @@ class HDF5Collector(DataCollector):
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
-
-
-def _read(dataset: Any) -> np.ndarray:
-    """The whole dataset, read into a pooled array."""
-    array = host_buffers.empty(dataset.shape, dataset.dtype)
-    read_rows(dataset, array)
-    return array

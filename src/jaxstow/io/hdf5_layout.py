@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.io import host_buffers
 from jaxstow.io.chains import SampleLayout
 
 __all__ = [
@@ -30,7 +31,7 @@ __all__ = [
     "dataset_name",
     "group_name",
     "layout_problems",
-    "read_rows",
+    "read_whole",
     "write_block",
     "write_hyperslab",
 ]
@@ -103,12 +104,13 @@ def write_hyperslab(dataset: Any, first: int, value: np.ndarray) -> None:
         dataset.id.write(h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
 
-def read_rows(dataset: Any, out: np.ndarray) -> None:
-    """Read every row of ``dataset`` into ``out``, a C-contiguous array of its shape and dtype: the whole chunks as
-    raw chunks where no filter transforms them (as :func:`write_block` writes them, without HDF5's copy through its
-    own buffers), the rest as one hyperslab."""
+def read_whole(dataset: Any) -> np.ndarray:
+    """Every row of ``dataset``, read into memory that earlier arrays gave back (:mod:`~jaxstow.io.host_buffers`): the
+    whole chunks as raw chunks where no filter transforms them (as :func:`write_block` writes them, without HDF5's
+    copy through its own buffers), the rest as one hyperslab."""
+    out = host_buffers.empty(dataset.shape, dataset.dtype)
     if out.size == 0:
-        return
+        return out
     rows, whole = len(out), 0
     if dataset.id.get_create_plist().get_nfilters() == 0:
         chunk = dataset.chunks[0]
@@ -122,3 +124,4 @@ def read_rows(dataset: Any, out: np.ndarray) -> None:
         space = dataset.id.get_space()
         space.select_hyperslab((whole, *(0 for _ in out.shape[1:])), out[whole:].shape)
         dataset.id.read(h5py.h5s.create_simple(out[whole:].shape), space, out[whole:])
+    return out
