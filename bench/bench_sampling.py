@@ -1,9 +1,9 @@
 """Sampling-run benchmark: a blackjax run streamed to HDF5 and checkpointed, against the same sampler keeping its draws
 on the device; and how long a reader in another process takes to get the draws so far while the run goes on.
 
-Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds). It
-runs on the device JAX picks (an accelerator when it sees one, whose platform the output names), the draws streamed
-from it to the host.
+Run from the repository root: ``python bench/bench_sampling.py`` (``--rounds N`` to change the number of rounds,
+``--in-jit`` for the first table alone). It runs on the device JAX picks (an accelerator when it sees one, whose
+platform the output names), the draws streamed from it to the host.
 
 Two workloads, every step's draw kept:
 
@@ -24,6 +24,12 @@ share of the device run's CPU time per step: the work streaming adds, which the 
 shared machine does not change as it changes wall times. The *whole-call* ratio is at 2N, the fixed costs included.
 Methods run in rounds, every run once per round in a shuffled order (fixed seed), and the table gives the medians of
 the rounds; each round's ratios pair runs seconds apart, so that the load of this shared machine falls on both sides.
+
+First, saving from inside jit: the same NUTS run, 4 chains x 10,000 steps in one jit-compiled ``lax.scan``, every
+step's positions saved by ``io.save`` to an ``HDF5Collector`` that checkpoints each chain's state every 2,000 steps,
+against the scan stacking the positions on the device; one strategy for every round (its runs go on in one file), at
+least 9 rounds after one not counted, the two in a shuffled order in each, their draws compared bit for bit. Target:
+the median paired ratio <= 1.05x; the CPU ratio counts every thread, XLA's included.
 
 The reader is another process that calls ``jaxstow.io.live.read_draws`` (what ``io.to_inference_data`` and
 ``jaxstow watch`` read) in a loop while the NUTS run writes its file; the table gives the median and the slowest read
@@ -256,11 +262,92 @@ def reader_latency(folder: str) -> list[str]:
     ]
 
 
+#: The in-jit case: chains, steps, and steps between checkpoints.
+IN_JIT = {"chains": 4, "steps": 10_000, "every": 2000}
+
+
+def in_jit_nuts(rounds: int, folder: str) -> list[str]:
+    """blackjax NUTS on eight schools in one jit-compiled scan, every step's positions saved from inside the scan by
+    ``io.save`` to an ``HDF5Collector`` that checkpoints every chain's state every 2,000 steps, against the same scan
+    stacking the positions on the device. One strategy, made once and used for every round (its runs go on in one
+    file, four chains each); both programs compiled before the first round, which is not counted. The clock covers
+    ``init_save``, the run and ``postprocess_save`` (the file flushed, each checkpoint fsynced)."""
+    workload = eight_schools()
+    nuts, chains, steps = workload.algorithm, IN_JIT["chains"], IN_JIT["steps"]
+    positions, key = workload.positions, jax.random.key(0)
+    init_save, save, postprocess_save = io.save(
+        io.HDF5Collector(os.path.join(folder, "in-jit.h5")), checkpoint_every=IN_JIT["every"]
+    )
+    information = io.scheduler.static_information(samples_collected=steps)
+    one = jax.tree.map(lambda leaf: leaf[0], positions)
+    solver = {"state": jax.tree.map(lambda leaf: leaf[0], jax.vmap(nuts.init)(positions)), "key": key}
+
+    def run(saving: Any, positions: Any, key: jax.Array) -> Any:
+        def step(carry: Any, t: jax.Array) -> Any:
+            saving, states, keys = carry
+            keys, step_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+            states = jax.vmap(lambda state, key: nuts.step(key, state)[0])(states, step_keys)
+            if saving is None:
+                return (saving, states, keys), states.position
+            kept = jax.vmap(lambda s, state, k: save(s, True, state.position, solver_state={"state": state, "key": k}))
+            return (kept(saving, states, keys)[0], states, keys), None
+
+        carry = (saving, jax.vmap(nuts.init)(positions), jax.random.split(key, chains))
+        carry, stacked = jax.lax.scan(step, carry, jnp.arange(steps))
+        return stacked if saving is None else carry[0]
+
+    device = jax.jit(functools.partial(run, None)).lower(positions, key).compile()
+    streamed = jax.jit(run, donate_argnums=0)
+    times: dict[str, list[float]] = {"device": [], "streamed": [], "device cpu": [], "streamed cpu": []}
+    order = random.Random(0)
+    for counted in [False] + [True] * rounds:
+        kinds = ["device", "streamed"]
+        order.shuffle(kinds)
+        draws = {}
+        for kind in kinds:
+            start, cpu = time.perf_counter(), _cpu_seconds()
+            if kind == "device":
+                draws[kind] = np.asarray(jax.block_until_ready(device(positions, key))["mu"]).T
+            else:
+                states = jax.vmap(lambda _: init_save(one, solver, information))(jnp.arange(chains))
+                results = postprocess_save(streamed(states, positions, key), None)
+                draws[kind] = np.stack([result["samples"]["mu"][()] for result in results])
+            if counted:
+                times[kind].append(time.perf_counter() - start)
+                times[f"{kind} cpu"].append(_cpu_seconds() - cpu)
+        np.testing.assert_array_equal(draws["streamed"], draws["device"])  # the same draws, bit for bit
+    paired = [s / d for s, d in zip(times["streamed"], times["device"], strict=True)]
+    paired_cpu = [s / d for s, d in zip(times["streamed cpu"], times["device cpu"], strict=True)]
+    median = statistics.median(paired)
+    return [
+        f"{chains} chains x {steps:,} steps, checkpoint_every={IN_JIT['every']:,}",
+        f"{statistics.median(times['device']):.2f} s",
+        f"{statistics.median(times['streamed']):.2f} s",
+        f"{median:.3f}x ({'met' if median <= 1 + TARGET else 'missed'})",
+        f"{min(paired):.3f}x .. {max(paired):.3f}x",
+        f"{min(times['streamed']) / min(times['device']):.3f}x",
+        f"{statistics.median(paired_cpu):.3f}x",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--in-jit", action="store_true", help="only the NUTS run saved from inside jit")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
+        in_jit = in_jit_nuts(max(args.rounds, 9), folder)
+        load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+        device = jax.devices()[0]
+        print(f"jax {jax.__version__} on {device.platform}, {os.cpu_count()} cores (load average {load})")
+        print(
+            "blackjax NUTS, eight schools, saved from inside jit by io.save to an HDF5Collector vs stacked on the device"
+        )
+        headers = ["run", "on device", "streamed", "paired ratio (median)", "range", "best/best", "CPU ratio"]
+        print(format_table(headers, [in_jit]))
+        print()
+        if args.in_jit:
+            return
         jax.config.update("jax_compilation_cache_dir", os.path.join(folder, "jax-cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         rows = [

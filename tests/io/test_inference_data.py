@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import JaxstowError, MissingDependencyError
+from jaxstow.errors import CollectorError, JaxstowError, MissingDependencyError
 
 az = pytest.importorskip("arviz")
 ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
@@ -46,12 +46,20 @@ def _expected_theta():
 
 def test_all_chains_of_postprocess_save_become_chain_and_draw():
     collector = io.MemoryCollector()
-    idata = io.to_inference_data(_run(collector))
+    results = _run(collector)
+    idata = io.to_inference_data(results)
     assert dict(idata.posterior.sizes) == {"chain": 3, "draw": STEPS, "theta_dim_0": 2}
     np.testing.assert_array_equal(idata.posterior["theta"].values, _expected_theta())
     np.testing.assert_array_equal(idata.posterior["layer.bias"].values, _expected_theta()[..., 0])
-    from_collector = io.to_inference_data(collector)
+    from_collector = io.to_inference_data(collector)  # the samples the results hold
     np.testing.assert_array_equal(from_collector.posterior["theta"].values, _expected_theta())
+
+
+def test_a_collector_whose_samples_were_dropped_says_what_to_pass_instead():
+    collector = io.MemoryCollector()
+    _run(collector)  # the results are dropped: the collector keeps nothing of a run that ended
+    with pytest.raises(CollectorError, match="pass what postprocess_save returns to to_inference_data"):
+        io.to_inference_data(collector)
 
 
 def test_one_chain_is_one_chain_not_hundreds():

@@ -58,12 +58,14 @@ def test_a_jit_that_saves_samples_fails_loudly_when_jax_cannot_pin_the_callback_
     def send(x):
         return send_block(receive, jnp.arange(3), [x])
 
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("chains",))  # sharded: the one case that needs the name
+    sharded = jax.device_put(jnp.ones(2), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("chains")))
     monkeypatch.delattr(jax._src.callback, "_callback_op_sharding")
     with pytest.raises(MissingDependencyError, match=_missing("jax._src.callback._callback_op_sharding")) as raised:
-        jax.jit(send)(jnp.ones(2)).block_until_ready()
+        jax.jit(send)(sharded).block_until_ready()
     assert "once per device" in str(raised.value) and received == []
     monkeypatch.undo()
-    assert int(jax.jit(send)(jnp.ones(2))) == 0 and len(received) == 1  # the same jit, with the name back
+    assert int(jax.jit(send)(sharded)) == 0 and len(received) == 1  # the same jit, with the name back
 
 
 def test_a_coordinator_of_a_distributed_run_fails_loudly_when_jax_has_no_client_to_reach(monkeypatch) -> None:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxstow.errors import MissingDependencyError
 
@@ -33,7 +34,9 @@ __all__ = [
     "SHIMS",
     "Shim",
     "distributed_client",
+    "emit_buffer_callback",
     "emit_host_callback",
+    "lowers_for_one_device",
     "enclosing_vmaps",
     "mapped_by",
     "new_primitive",
@@ -46,6 +49,9 @@ __all__ = [
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 #: The jax versions jaxstow is tested with.
 TESTED = "0.4.38 to 0.12"
+#: Whether the installed jax has XLA's CPU host callback that reads its operands in place (the FFI target of
+#: ``jax.experimental.buffer_callback``, from 0.6.1 on).
+BUFFER_CALLBACKS = JAX_VERSION >= (0, 6, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,14 +138,15 @@ def shaped_array(shape: tuple[int, ...], dtype: Any) -> Any:
     return SHAPED_ARRAY.resolve()(shape, dtype)
 
 
-def register_uncached_lowering(primitive: Any, rule: Callable[..., Any]) -> None:
-    """Register ``rule`` as the lowering of ``primitive`` on every platform, called at every lowering.
+def register_uncached_lowering(primitive: Any, rule: Callable[..., Any], platform: str | None = None) -> None:
+    """Register ``rule`` as the lowering of ``primitive`` on ``platform`` (every one by default), called at every
+    lowering.
 
     Each call has its own receiving function, which a lowering cached by parameters would call stale: jax caches
     lowerings from 0.7.0 on unless given ``cacheable=False`` (0.4.38 to 0.6 cache none).
     """
     extra = {"cacheable": False} if JAX_VERSION >= (0, 7, 0) else {}
-    REGISTER_LOWERING.resolve()(primitive, rule, **extra)
+    REGISTER_LOWERING.resolve()(primitive, rule, platform=platform, **extra)
 
 
 def one_device_sharding(ctx: Any) -> Any:
@@ -173,6 +180,31 @@ def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operand
         sharding=one_device_sharding(ctx),
         **extra,
     )
+    return list(results)
+
+
+def lowers_for_one_device(ctx: Any) -> bool:
+    """Whether the lowering rule's context ``ctx`` lowers a computation that runs on one device (not sharded over
+    several, nor per device under ``shard_map`` or ``pmap``)."""
+    return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
+
+
+def emit_buffer_callback(ctx: Any, callback: Callable[..., None], operands: Sequence[Any]) -> Sequence[Any]:
+    """Emit XLA's CPU host callback that hands ``callback(*operands, *results)`` the operands' own buffers, read in
+    place, and the results' buffers to write; returns the results. For a computation on one device (see
+    :func:`lowers_for_one_device`): a sharding that pins it to one device of several is dropped by jax's partitioner.
+
+    It is the callback of ``jax.experimental.buffer_callback``, from 0.6.1 on (see :data:`BUFFER_CALLBACKS`), free of
+    side effects for XLA as ``jax.pure_callback``'s is.
+    """
+
+    def host_callback(_context: Any, *buffers: Any) -> tuple[()]:
+        callback(*buffers)
+        return ()
+
+    ctx.module_context.add_host_callback(host_callback)
+    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+    results = jax.ffi.ffi_lowering("xla_buffer_python_cpu_callback", has_side_effect=False)(ctx, *operands, index=index)
     return list(results)
 
 

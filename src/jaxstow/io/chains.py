@@ -77,26 +77,46 @@ class SampleLayout:
 
 
 class ChainBook:
-    """Per chain: the sample layout, how many rows have arrived, the checkpoint resumed from; and the data loader."""
+    """Per chain: the sample layout, how many rows have arrived, the checkpoint resumed from; and the data loader.
+
+    Chain ids count up from 0 and are never given twice, so that a later run of the same collector gets chains of its
+    own; :meth:`drop` forgets a chain whose run is over.
+    """
 
     def __init__(self) -> None:
-        self.layouts: list[SampleLayout] = []
-        self.ends: list[int] = []
+        self.layouts: dict[int, SampleLayout] = {}
+        self.ends: dict[int, int] = {}
         self.resumed: dict[int, ChainCheckpoint] = {}
         self.data_loader: DataLoader | None = None
+        self.next_id = 0  # the id of the next chain registered: the number registered so far
 
     def add(self, layout: SampleLayout, resumed: ChainCheckpoint | None) -> int:
-        """Register a chain (continuing from ``resumed`` if given) and return its id."""
-        chain_id = len(self.layouts)
-        self.layouts.append(layout)
-        self.ends.append(0 if resumed is None else resumed.sample_count)
+        """Register a chain (continuing from ``resumed`` if given) and return its id, :attr:`next_id`."""
+        chain_id = self.next_id
+        self.next_id += 1
+        self.layouts[chain_id] = layout
+        self.ends[chain_id] = 0 if resumed is None else resumed.sample_count
         if resumed is not None:
             self.resumed[chain_id] = resumed
         return chain_id
 
+    def drop(self, chain_id: int) -> None:
+        """Forget the chain: its run is over."""
+        for book in (self.layouts, self.ends, self.resumed):
+            book.pop(chain_id, None)
+
+    def layout(self, chain_id: int) -> SampleLayout:
+        """The chain's layout; a chain not registered, or whose run is over, is an :class:`ArgumentError`."""
+        layout = self.layouts.get(chain_id)
+        if layout is None:
+            over = 0 <= chain_id < self.next_id
+            what = "ran already: its run is over and its samples were handed over" if over else "is not registered"
+            raise ArgumentError(f"chain {chain_id} {what}; register a chain (init_save) for every run")
+        return layout
+
     def received(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> int:
         """Note that rows ``first, ...`` of ``values`` arrived (checking their shapes); return the end of the block."""
-        layout = self.layouts[chain_id]
+        layout = self.layout(chain_id)
         rows = len(values[0]) if values else 0
         for name, shape, value in zip(layout.names, layout.shapes, values, strict=True):
             if value.shape != (rows, *shape):

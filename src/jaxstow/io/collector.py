@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader"]
+__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once"]
 
 
 class ChainCheckpoint(NamedTuple):
@@ -42,7 +42,7 @@ class DataCollector(abc.ABC):
     """Collects sampled data and data loader states, as jax_sgmc's ``io.DataCollector`` does.
 
     :func:`jaxstow.io.save` calls :meth:`register_chain` once per chain, :meth:`save` with whole blocks of samples,
-    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize` and :meth:`finished`:
+    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize`, :meth:`finished` and :meth:`release`:
 
     >>> import jax.numpy as jnp
     >>> from jaxstow import io
@@ -64,6 +64,13 @@ class DataCollector(abc.ABC):
     >>> postprocess_save(state, None)["samples"]
     [(0, 4), (4, 4), (8, 2)]
     """
+
+    #: ``True`` where :meth:`save` copies the rows it keeps (or queues a copy of them) before it returns, and returns
+    #: without waiting on storage: :func:`jaxstow.io.save` then calls it from inside the run, with ``values`` that
+    #: are views of the run's own buffer, valid only during the call. Otherwise the run's blocks are copied, and
+    #: :meth:`save` is called with the copies, which it may keep, on a thread of its own. A subclass that overrides
+    #: :meth:`save` or :meth:`save_chains` gets the copies on that thread unless it sets this again.
+    copies_blocks: ClassVar[bool] = False
 
     @abc.abstractmethod
     def register_data_loader(self, data_loader: DataLoader) -> None:
@@ -136,6 +143,32 @@ class DataCollector(abc.ABC):
     def finished(self, chain_id: int) -> Any:
         """The chain's samples as the collector holds them, after :meth:`finalize`."""
 
+    def release(self, chain_id: int) -> None:
+        """Called after :meth:`finished`: the chain's run is over and its samples were handed to the caller, so the
+        collector keeps none of them (the next run of the same strategy gets chains of its own). By default nothing.
+        """
+        del chain_id
+
     @abc.abstractmethod
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""
+
+
+def copies_at_once(collector: DataCollector) -> bool:
+    """Whether ``collector.save`` copies the rows it keeps before it returns: :attr:`DataCollector.copies_blocks` of
+    the class that set it last, unless a class below that one overrides :meth:`~DataCollector.save` or
+    :meth:`~DataCollector.save_chains`.
+
+    >>> from jaxstow import io
+    >>> class Logged(io.MemoryCollector):
+    ...     def save(self, chain_id, first, values):
+    ...         super().save(chain_id, first, values)
+    >>> copies_at_once(io.MemoryCollector()), copies_at_once(Logged())
+    (True, False)
+    """
+    for kind in type(collector).__mro__:
+        if "copies_blocks" in vars(kind):
+            return bool(vars(kind)["copies_blocks"])
+        if "save" in vars(kind) or "save_chains" in vars(kind):
+            return False
+    return False

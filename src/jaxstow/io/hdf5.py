@@ -33,7 +33,8 @@ import numpy as np
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, IsAFolderError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError, StructureMismatchError
+from jaxstow.io import host_buffers
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
     ChainBook,
@@ -44,7 +45,15 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
-from jaxstow.io.hdf5_layout import checkpoint_path, dataset_name, group_name, layout_problems
+from jaxstow.io.hdf5_layout import (
+    checkpoint_path,
+    dataset_name,
+    group_name,
+    layout_problems,
+    read_whole,
+    write_block,
+    write_hyperslab,
+)
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.swmr import (
@@ -73,7 +82,8 @@ class HDF5Collector(DataCollector):
     Samples of every chain go to an HDF5 file, viewable with any HDF5 viewer, written on a background thread; the
     checkpoints of all chains go to one jaxstow file beside it, replaced atomically, so that the chains of a ``vmap``
     resume from the same step. Given a path, the same code run again after a kill continues from the checkpoint, or
-    starts over; any process may read the file while the run goes on. See docs/sampling.md.
+    starts over; any process may read the file while the run goes on, and the collector's next run goes on in it with
+    chains of its own (``/chain~1``, ...). See docs/sampling.md.
 
     >>> import os, tempfile, jax.numpy as jnp
     >>> from jaxstow import io
@@ -93,6 +103,8 @@ class HDF5Collector(DataCollector):
     >>> sorted(os.listdir(os.path.dirname(path)))        # no checkpoint, no lock: the run is finished
     ['samples.h5']
     """
+
+    copies_blocks = True
 
     def __init__(
         self,
@@ -119,6 +131,7 @@ class HDF5Collector(DataCollector):
             CheckpointError: Another process writes the file.
             StructureMismatchError: The file or its checkpoint holds other samples or another solver state (raised
                 by :meth:`register_chain`).
+            CollectorError: An ``h5py.File`` given was closed before a later run (raised by :meth:`register_chain`).
 
         >>> import h5py, tempfile
         >>> from jaxstow import io
@@ -142,12 +155,14 @@ class HDF5Collector(DataCollector):
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         self._h5py = h5py
         self._file = file
+        self._filename: str = file.filename
         self._compression = compression
         self._chains = ChainBook()
-        self._datasets: list[list[Any]] = []
+        self._datasets: dict[int, list[Any]] = {}  # per chain whose run goes on
         self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
         self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
         self._published: list[int] = []  # per chain: the samples /draws_done counts
+        self._counts: Any = None  # the dataset /draws_done, once looked up in the file
         self._finalized: set[int] = set()
         self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
@@ -178,7 +193,15 @@ class HDF5Collector(DataCollector):
     ) -> int:
         """Create the chain's datasets, or reopen them to continue from the chain's checkpoint."""
         layout = SampleLayout.of(init_sample)
-        chain_id = len(self._datasets)
+        if not self._file:  # closed when the last run ended
+            if self._lock is None:
+                raise CollectorError(
+                    f"the h5py.File {self._filename} given to HDF5Collector was closed after its last run, so this run "
+                    "cannot go on in it: keep the file open for every run of the collector, or give HDF5Collector "
+                    "the path instead, which it opens for each run and closes at its end"
+                )
+            self._open_again()  # this run goes on in the file
+        chain_id = self._chains.next_id
         path = self.checkpoint_path
         if self._stored is None:
             self._stored = {} if path is None else read_checkpoints(path)
@@ -192,14 +215,31 @@ class HDF5Collector(DataCollector):
         with self._failures():
             if resumed is None:
                 capacity = static_information.samples_collected if static_information is not None else None
-                self._datasets.append(self._create(chain_id, layout, capacity or 0))
+                self._datasets[chain_id] = self._create(chain_id, layout, capacity or 0)
             else:
-                self._datasets.append(self._reopen(chain_id, layout, resumed.sample_count))
+                self._datasets[chain_id] = self._reopen(chain_id, layout, resumed.sample_count)
                 self._latest[chain_id] = resumed
             self._published.append(0 if resumed is None else resumed.sample_count)
             self._count_draws()
             self._settle()
         return self._chains.add(layout, resumed)
+
+    def _open_again(self) -> None:
+        """Open the file the collector closed at the end of its last run again, to add the chains of another run."""
+        assert self._lock is not None
+        name = self._lock.path
+        with storage_failures(name, hdf5=True):
+            lock = WriterLock(name)  # another process may have taken the file meanwhile: a CheckpointError names it
+            try:
+                self._file = self._h5py.File(name, "a", libver="latest", locking=False)
+            except BaseException:
+                lock.release(failed=True)
+                raise
+        self._lock = lock
+        self._stored = {}  # the last run ended: its checkpoint is gone
+        with self._failures():
+            hold_metadata_in_memory(self._file)
+            self._settle()
 
     def _failures(self) -> contextlib.AbstractContextManager[None]:
         """h5py's errors of a failed system call (a full disk, an I/O error) as a StorageError naming the file."""
@@ -263,29 +303,41 @@ class HDF5Collector(DataCollector):
 
     def _count_draws(self) -> None:
         """Set ``/draws_done`` to the samples published of every chain (creating or growing the dataset)."""
-        counts = self._file.get(DRAWS_DONE)
-        if counts is None:
-            counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+        counts = self._counts
+        if counts is None or not counts.id.valid:  # not looked up yet in the file as it is open now
+            counts = self._file.get(DRAWS_DONE)
+            if counts is None:
+                counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+            self._counts = counts
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
-        counts[: len(self._published)] = self._published
+        write_hyperslab(
+            counts, 0, np.asarray(self._published, np.int64)
+        )  # after every block: h5py's slicing costs more
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""
         self.save_chains({chain_id: (first, values)})
 
     def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
-        """Queue blocks of several chains, written together and then counted in ``/draws_done`` at once."""
+        """Queue copies of blocks of several chains, written together and then counted in ``/draws_done`` at once.
+
+        The copies go to memory that earlier blocks gave back once written (:mod:`~jaxstow.io.host_buffers`).
+        """
         ends = {
             chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()
         }
-        self._writer.submit(functools.partial(self._write, dict(blocks), ends))
+        copies = {
+            chain_id: (first, [host_buffers.copy(value) for value in values])
+            for chain_id, (first, values) in blocks.items()
+        }
+        self._writer.submit(functools.partial(self._write, copies, ends))
 
-    def _write(self, blocks: dict[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
+    def _write(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
         """Write each chain's rows; in SWMR mode, where readers may come at any time, publish them at once."""
         with self._failures():
             for chain_id, (first, values) in blocks.items():
-                self._write_block(chain_id, first, ends[chain_id], values)
+                write_block(self._datasets[chain_id], first, ends[chain_id], values)
             for chain_id, end in ends.items():
                 self._published[chain_id] = max(self._published[chain_id], end)
             if self._file.swmr_mode:
@@ -301,31 +353,6 @@ class HDF5Collector(DataCollector):
         self._file.flush()
         self._count_draws()
         self._file.flush()
-
-    def _write_block(self, chain_id: int, first: int, end: int, values: Sequence[np.ndarray]) -> None:
-        """Write rows ``first:end``: the whole chunks they cover as raw chunks, the rest as hyperslabs."""
-        for dataset, value in zip(self._datasets[chain_id], values, strict=True):
-            if len(dataset) < end:
-                dataset.resize(max(end, 2 * len(dataset)), axis=0)
-            chunk = dataset.chunks[0]
-            head, tail = end, end
-            if dataset.id.get_create_plist().get_nfilters() == 0:  # raw chunks only where no filter transforms them
-                head = min(end, -(-first // chunk) * chunk)
-                tail = max(head, end // chunk * chunk)
-            self._write_rows(dataset, first, value[: head - first])
-            for start in range(head, tail, chunk):
-                offset = (start, *(0 for _ in value.shape[1:]))
-                dataset.id.write_direct_chunk(
-                    offset, np.ascontiguousarray(value[start - first : start - first + chunk])
-                )
-            self._write_rows(dataset, tail, value[tail - first :])
-
-    def _write_rows(self, dataset: Any, first: int, value: np.ndarray) -> None:
-        """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
-        if len(value):
-            rows = dataset.id.get_space()
-            rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
-            dataset.id.write(self._h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
 
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Queue the chain's checkpoint (see :meth:`checkpoint_chains`)."""
@@ -369,7 +396,7 @@ class HDF5Collector(DataCollector):
             self._file.flush()
         self._finalized.add(chain_id)
         path = self.checkpoint_path
-        if len(self._finalized) == len(self._datasets):
+        if self._finalized >= set(self._datasets):
             if path is not None:
                 remove_checkpoint(path)
                 self._latest.clear()
@@ -396,12 +423,20 @@ class HDF5Collector(DataCollector):
         self._senders.append(wait)
 
     def finished(self, chain_id: int) -> Any:
-        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read."""
-        layout = self._chains.layouts[chain_id]
+        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read (into
+        memory that the arrays of earlier runs gave back, see :mod:`~jaxstow.io.host_buffers`)."""
+        layout = self._chains.layout(chain_id)
         if self._lock is None:
             return layout.treedef.unflatten(self._datasets[chain_id])
         with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
-            return layout.treedef.unflatten([file[dataset_name(chain_id, name)][()] for name in layout.names])
+            return layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
+
+    def release(self, chain_id: int) -> None:
+        """Forget the chain, whose run is over: its samples are in the file."""
+        self._datasets.pop(chain_id, None)
+        self._finalized.discard(chain_id)
+        self._latest.pop(chain_id, None)
+        self._chains.drop(chain_id)
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""

@@ -1,5 +1,6 @@
-"""Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, and how the datasets
-a file holds differ from those of a run.
+"""Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, how the datasets
+a file holds differ from those of a run, and how a block of rows is written into a chain's chunked datasets and read
+back.
 
 >>> import os, tempfile, h5py, numpy as np
 >>> from jaxstow.io.chains import SampleLayout
@@ -16,12 +17,24 @@ a file holds differ from those of a run.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from jaxstow._util.optional import require
+from jaxstow.io import host_buffers
 from jaxstow.io.chains import SampleLayout
 
-__all__ = ["checkpoint_path", "dataset_name", "group_name", "layout_problems"]
+__all__ = [
+    "checkpoint_path",
+    "dataset_name",
+    "group_name",
+    "layout_problems",
+    "read_whole",
+    "write_block",
+    "write_hyperslab",
+]
 
 
 def checkpoint_path(filename: str, folder: str | None = None) -> str:
@@ -62,3 +75,53 @@ def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 
         for name, item in held.items()
     ]
     return problems
+
+
+def write_block(datasets: Sequence[Any], first: int, end: int, values: Sequence[np.ndarray]) -> None:
+    """Write rows ``first:end`` of each leaf's dataset (grown as needed): the whole chunks they cover as raw chunks,
+    the rest as hyperslabs."""
+    for dataset, value in zip(datasets, values, strict=True):
+        if len(dataset) < end:
+            dataset.resize(max(end, 2 * len(dataset)), axis=0)
+        chunk = dataset.chunks[0]
+        head, tail = end, end
+        if dataset.id.get_create_plist().get_nfilters() == 0:  # raw chunks only where no filter transforms them
+            head = min(end, -(-first // chunk) * chunk)
+            tail = max(head, end // chunk * chunk)
+        write_hyperslab(dataset, first, value[: head - first])
+        for start in range(head, tail, chunk):
+            offset = (start, *(0 for _ in value.shape[1:]))
+            dataset.id.write_direct_chunk(offset, np.ascontiguousarray(value[start - first : start - first + chunk]))
+        write_hyperslab(dataset, tail, value[tail - first :])
+
+
+def write_hyperslab(dataset: Any, first: int, value: np.ndarray) -> None:
+    """Write ``value`` at row ``first`` as one hyperslab, without h5py's slicing machinery."""
+    if len(value):
+        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+        rows = dataset.id.get_space()
+        rows.select_hyperslab((first, *(0 for _ in value.shape[1:])), value.shape)
+        dataset.id.write(h5py.h5s.create_simple(value.shape), rows, np.ascontiguousarray(value))
+
+
+def read_whole(dataset: Any) -> np.ndarray:
+    """Every row of ``dataset``, read into memory that earlier arrays gave back (:mod:`~jaxstow.io.host_buffers`): the
+    whole chunks as raw chunks where no filter transforms them (as :func:`write_block` writes them, without HDF5's
+    copy through its own buffers), the rest as one hyperslab."""
+    out = host_buffers.empty(dataset.shape, dataset.dtype)
+    if out.size == 0:
+        return out
+    rows, whole = len(out), 0
+    if dataset.id.get_create_plist().get_nfilters() == 0:
+        chunk = dataset.chunks[0]
+        whole = rows // chunk * chunk
+        raw, row_bytes = out.reshape(-1).view(np.uint8), out.nbytes // rows
+        for start in range(0, whole, chunk):
+            offset = (start, *(0 for _ in out.shape[1:]))
+            dataset.id.read_direct_chunk(offset, out=raw[start * row_bytes : (start + chunk) * row_bytes])
+    if whole < rows:
+        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+        space = dataset.id.get_space()
+        space.select_hyperslab((whole, *(0 for _ in out.shape[1:])), out[whole:].shape)
+        dataset.id.read(h5py.h5s.create_simple(out[whole:].shape), space, out[whole:])
+    return out

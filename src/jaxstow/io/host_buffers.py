@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IDLE_LIMIT", "empty", "idle_bytes", "release"]
+__all__ = ["IDLE_LIMIT", "copy", "empty", "idle_bytes", "release"]
 
 #: At most this many bytes of idle buffers are kept for the next run; a buffer given back beyond them is freed.
 IDLE_LIMIT = 256 << 20
@@ -71,6 +71,13 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     weakref.finalize(lease, _give_back, lease.buffer)
     array: np.ndarray = np.asarray(lease).view(kind).reshape(shape)  # its views keep the lease alive, not the buffer
     return array
+
+
+def copy(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` in a buffer from :func:`empty`."""
+    copied = empty(np.shape(array), array.dtype)
+    copied[...] = array
+    return copied
 
 
 def idle_bytes() -> int:

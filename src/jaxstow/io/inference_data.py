@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, JaxstowError, MissingDependencyError
+from jaxstow.errors import ArgumentError, CollectorError, JaxstowError, MissingDependencyError
 from jaxstow.io.arviz_data import arviz_major, from_posterior
 from jaxstow.io.dictionize import pytree_dict_keys
 from jaxstow.io.live import read_draws
@@ -57,8 +57,9 @@ def to_inference_data(
 
     Args:
         samples: What ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
-            :class:`~jaxstow.io.MemoryCollector`, or the HDF5 file of an :class:`~jaxstow.io.HDF5Collector` (a path
-            or an open ``h5py.File``; a run still going on is read as far as every chain has written).
+            :class:`~jaxstow.io.MemoryCollector` (the chains of its run going on, and of runs over whose samples
+            are still held), or the HDF5 file of an :class:`~jaxstow.io.HDF5Collector` (a path or an open
+            ``h5py.File``; a run still going on is read as far as every chain has written).
         truncate: Cut every chain to the shortest, rather than raise.
         coords: Passed to ``arviz.from_dict``.
         dims: Passed to ``arviz.from_dict``.
@@ -67,6 +68,7 @@ def to_inference_data(
         JaxstowError: The chains kept different numbers of samples (without ``truncate``) or other variables, or
             there are none.
         ArgumentError: ``samples`` is none of the above.
+        CollectorError: A ``MemoryCollector`` whose runs are over, and whose samples nothing holds any more.
 
     >>> import numpy as np
     >>> from jaxstow import io
@@ -125,7 +127,13 @@ def to_datatree(
 def _chains_of(samples: Any) -> tuple[Chains, bool]:
     """Every chain's variables (name -> array of draws), in chain order; and whether their run is still going on."""
     if isinstance(samples, MemoryCollector):
-        return [_variables(samples.finished(chain)) for chain in range(samples.chain_count)], False
+        chains = samples.chains()
+        if not chains and samples.chain_count:
+            raise CollectorError(
+                "the MemoryCollector keeps no samples of a run that ended: postprocess_save handed them over, and "
+                "nothing holds them any more; pass what postprocess_save returns to to_inference_data instead"
+            )
+        return [_variables(samples.finished(chain)) for chain in chains], False
     if isinstance(samples, str | os.PathLike) or type(samples).__module__.startswith("h5py"):
         draws = read_draws(samples)
         return draws.chains, not draws.finished

@@ -14,13 +14,14 @@ array([0., 3., 6.], dtype=float32)
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxstow._save_load import save
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CollectorError
 from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
@@ -45,7 +46,9 @@ class MemoryCollector(DataCollector):
     is allocated once for ``samples_collected`` samples per chain and doubles when more arrive (from none when the
     number is ``None``); :meth:`finished` returns exactly the samples kept. The storage comes from buffers that
     earlier runs' arrays gave back once nothing held them (see :mod:`jaxstow.io.host_buffers`), whose pages are
-    already backed: copying the blocks in costs no page faults after the first run.
+    already backed: copying the blocks in costs no page faults after the first run. When a run ends, its samples are
+    handed to the caller and the collector keeps none of them (:meth:`release`): a collector (and its ``io.save``
+    functions) used for any number of runs holds only the run going on.
 
     With ``save_dir``, :meth:`finalize` also writes one ``chain_{id}.npz`` per chain whose keys are the sample's
     dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``. A checkpoint
@@ -53,15 +56,24 @@ class MemoryCollector(DataCollector):
     :class:`~jaxstow.io.HDF5Collector`.
     """
 
+    copies_blocks = True
+
     def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
         self._save_dir = None if save_dir is None else os.fspath(save_dir)
         self._chains = ChainBook()
-        self._samples: list[list[np.ndarray]] = []
+        self._samples: dict[int, list[np.ndarray]] = {}  # the storage of each chain whose run goes on
+        self._given: dict[int, list[np.ndarray]] = {}  # what finished() last returned of each such chain
+        self._handed: dict[int, tuple[Any, list[weakref.ref[np.ndarray]]]] = {}  # runs over: what the caller holds
 
     @property
     def chain_count(self) -> int:
-        """The number of chains registered."""
-        return len(self._samples)
+        """The number of chains registered, over every run."""
+        return self._chains.next_id
+
+    def chains(self) -> list[int]:
+        """The chains whose samples :meth:`finished` gives: those of the run going on, and those of runs over whose
+        samples the caller still holds."""
+        return sorted([*self._samples, *(chain for chain in self._handed if self._held(chain) is not None)])
 
     def _path(self, chain_id: int, suffix: str) -> str | None:
         return None if self._save_dir is None else os.path.join(self._save_dir, f"chain_{chain_id}{suffix}")
@@ -79,18 +91,18 @@ class MemoryCollector(DataCollector):
         """Register a chain; with a checkpoint of it in ``save_dir``, continue from there."""
         layout = SampleLayout.of(init_sample)
         capacity = (static_information.samples_collected if static_information is not None else None) or 0
-        self._samples.append(
-            [
-                host_buffers.empty((capacity, *shape), dtype)
-                for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
-            ]
-        )
-        chain_id = len(self._samples) - 1
+        chain_id = self._chains.next_id
         path = self._path(chain_id, _CHECKPOINT)
         stored = None if path is None else read_checkpoint(path)
         resumed = None
         if stored is not None and path is not None:
             resumed = restore_checkpoint(stored[0], init_checkpoint, chain_id=chain_id, file=path)
+        for gone in [chain for chain in self._handed if self._held(chain) is None]:
+            del self._handed[gone]
+        self._samples[chain_id] = [
+            host_buffers.empty((capacity, *shape), dtype)
+            for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
+        ]
         self._chains.add(layout, resumed)
         if stored is not None and stored[1] is not None:
             self.save(chain_id, 0, [stored[1][name] for name in layout.names])
@@ -107,15 +119,17 @@ class MemoryCollector(DataCollector):
                 arrays[leaf] = array = grown
             array[first:end] = value
 
+    def _kept(self, chain_id: int, count: int) -> dict[str, np.ndarray]:
+        names = self._chains.layout(chain_id).names
+        return {name: array[:count] for name, array in zip(names, self._samples[chain_id], strict=True)}
+
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
         path = self._path(chain_id, _CHECKPOINT)
         if path is None:
             raise ArgumentError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        names = self._chains.layouts[chain_id].names
-        count = checkpoint.sample_count
-        samples = {name: array[:count] for name, array in zip(names, self._samples[chain_id], strict=True)}
+        samples = self._kept(chain_id, checkpoint.sample_count)
         write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples)
 
     def finalize(self, chain_id: int) -> None:
@@ -124,15 +138,46 @@ class MemoryCollector(DataCollector):
         if path is None or checkpoint_path is None:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        names = self._chains.layouts[chain_id].names
-        end = self._chains.ends[chain_id]
-        save(path, {name: array[:end] for name, array in zip(names, self._samples[chain_id], strict=True)})
+        save(path, self._kept(chain_id, self._chains.ends[chain_id]))
         remove_checkpoint(checkpoint_path)
 
     def finished(self, chain_id: int) -> Any:
-        """The chain's samples in the structure of the sample, as numpy arrays of the samples kept."""
-        end = self._chains.ends[chain_id]
-        return self._chains.layouts[chain_id].treedef.unflatten([array[:end] for array in self._samples[chain_id]])
+        """The chain's samples in the structure of the sample, as numpy arrays of the samples kept.
+
+        After :meth:`release`, the arrays handed over then, as long as the caller holds them; a
+        :class:`~jaxstow.errors.CollectorError` once it does not.
+        """
+        if chain_id in self._samples:
+            leaves = list(self._kept(chain_id, self._chains.ends[chain_id]).values())
+            self._given[chain_id] = leaves
+            return self._chains.layout(chain_id).treedef.unflatten(leaves)
+        held = self._held(chain_id)
+        if held is None:
+            if not 0 <= chain_id < self._chains.next_id:
+                self._chains.layout(chain_id)  # the error of a chain never registered
+            raise CollectorError(
+                f"the samples of chain {chain_id} were handed over when its run ended (postprocess_save returned "
+                "them), and nothing holds them any more: keep what postprocess_save returns to use them later"
+            )
+        return held
+
+    def _held(self, chain_id: int) -> Any:
+        """The samples of a chain whose run is over, if the caller still holds every array of them."""
+        if chain_id not in self._handed:
+            return None
+        treedef, references = self._handed[chain_id]
+        leaves = [reference() for reference in references]
+        return None if any(leaf is None for leaf in leaves) else treedef.unflatten(leaves)
+
+    def release(self, chain_id: int) -> None:
+        """Keep nothing of the chain: the arrays :meth:`finished` handed over are the caller's, and their memory goes
+        back to :mod:`~jaxstow.io.host_buffers` for the next run once the caller drops them."""
+        if chain_id not in self._samples:
+            return
+        leaves = self._given.pop(chain_id, None) or list(self._kept(chain_id, self._chains.ends[chain_id]).values())
+        self._handed[chain_id] = (self._chains.layout(chain_id).treedef, [weakref.ref(leaf) for leaf in leaves])
+        del self._samples[chain_id]
+        self._chains.drop(chain_id)
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""

@@ -9,17 +9,17 @@ the block a copy), costing nothing at the steps that send no block; an ``io_call
 runs at every step, is used only with checkpoints. Every
 ``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector checkpoints.
 
-The callback only queues what it received: a thread of the strategy's own hands the blocks (and checkpoints) to the
-collector, in order, while the jit-compiled run goes on, so the collector's copying or writing never holds the run
-up. ``postprocess_save`` waits for that thread, sends the rest and waits for the collector; an error inside the
-collector surfaces there, with its cause.
+On the host, :mod:`jaxstow.io.receiving` hands the blocks to the collector: inside the callback, from the run's own
+buffer, to a collector that copies them at once (the built-in ones), else as copies on a thread of the strategy's
+own, while the run goes on. ``postprocess_save`` sends the rest, waits for the collector and hands the run's samples
+over: the strategy and its collector keep none of them, and may serve any number of runs, each with chains of its
+own. An error inside the collector surfaces there, with its cause.
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -29,7 +29,7 @@ from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
 from jaxstow._util import jax_compat
-from jaxstow.errors import ArgumentError, CollectorError, SampleCountError, failed
+from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
     chain_polymorphic,
@@ -42,18 +42,16 @@ from jaxstow.io.batching import (
     token_spec,
     write_rows,
 )
-from jaxstow.io.collector import ChainCheckpoint, DataCollector
+from jaxstow.io.collector import DataCollector
 from jaxstow.io.host_block import send_block
-from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.memory import MemoryCollector
+from jaxstow.io.receiving import Receiver, ran_already
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
 
 #: At most this many rows in a chain's device buffer when ``block_size`` is not given (see ``batching.block_rows``).
 _MAX_BLOCK = 1 << 16
-#: At most this many callbacks' blocks wait for the collector; a callback beyond them waits until one is delivered.
-_PENDING_DELIVERIES = 4
 
 InitSave = Callable[..., Any]
 Save = Callable[..., tuple[Any, None]]
@@ -157,20 +155,13 @@ def _weakly(method: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
 
 
 class _Streaming:
-    """One saving strategy: the collector, its chains' declared sample counts, and the failures met on the host."""
+    """One saving strategy: its host side (the collector, the chains whose run goes on, the failures met there)."""
 
     def __init__(self, collector: DataCollector, checkpoint_every: int, block_size: int | None) -> None:
         self.collector = collector
         self.checkpoint_every = checkpoint_every
         self.block_size = block_size
-        self.declared: dict[int, int | None] = {}
-        self.failures: dict[int, tuple[str, Exception]] = {}
-        self.checkpoint_spec: Any = None
-        self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
-        self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
-        register_sender = getattr(collector, "register_sender", None)
-        if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
-            register_sender(self._deliveries.wait)
+        self.host = Receiver(collector)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
 
@@ -185,7 +176,7 @@ class _Streaming:
         spec = spec_of(init_sample)
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
-        if self.declared and checkpoint_treedef != jax.tree.structure(self.checkpoint_spec):
+        if self.host.live and checkpoint_treedef != jax.tree.structure(self.host.checkpoint_spec):
             raise ArgumentError("every chain of one saving strategy needs an init_checkpoint of the same structure")
         vmaps = jax_compat.enclosing_vmaps()
         chains = tuple(size for _, size in vmaps)
@@ -217,9 +208,10 @@ class _Streaming:
         chain_id = self.collector.register_chain(
             init_sample=init_sample, init_checkpoint=init_checkpoint, static_information=information
         )
-        self.declared[chain_id] = information.samples_collected
-        self.checkpoint_spec = checkpoint_spec
-        self.key_impls = [
+        self.host.live[chain_id] = information.samples_collected
+        self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
+        self.host.checkpoint_spec = checkpoint_spec
+        self.host.key_impls = [
             jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in jax.tree.leaves(init_checkpoint)
         ]
         resumed = self.collector.resume().get(chain_id)
@@ -229,48 +221,50 @@ class _Streaming:
         return chain_id, resumed.sample_count, resumed.step
 
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
-        """Send the buffered rest, wait for the collector and return the samples (``solver_state`` is unused)."""
+        """Send the buffered rest, wait for the collector and hand the samples over (``solver_state`` is unused).
+
+        The collector then keeps none of the run's samples (:meth:`DataCollector.release`), unless the run failed:
+        what it holds then is the collector's to give.
+        """
         del solver_state
-        state = jax.device_get(saving_state)  # the run is over: every block it sent is queued
-        self._deliveries.wait()
+        state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
+        host = self.host
+        host.wait()
+        name = type(self.collector).__name__
         if shared := shared_chains(state.chain_id):
-            raise shared_state_error(shared, type(self.collector).__name__)
-        leaves = jax.tree.leaves(state.buffer)
+            raise shared_state_error(shared, name)
         chains = list(np.ndindex(np.shape(state.chain_id)))
-        for index in chains:
-            chain_id, first, rows = int(state.chain_id[index]), int(state.sent[index]), int(state.fill[index])
+        chain_ids = [int(state.chain_id[index]) for index in chains]
+        if over := [chain_id for chain_id in chain_ids if chain_id not in host.live]:
+            for chain_id in over:
+                host.failures.pop(chain_id, None)
+            raise ran_already(over, name)
+        leaves = jax.tree.leaves(state.buffer)
+        for index, chain_id in zip(chains, chain_ids, strict=True):
+            first, rows = int(state.sent[index]), int(state.fill[index])
             if rows:
-                self._deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
-        for index in chains:
-            chain_id = int(state.chain_id[index])
-            self._attempt(chain_id, f"finalizing chain {chain_id}", self.collector.finalize, chain_id)
-        self._raise_failures(int(state.chain_id[index]) for index in chains)
+                host.deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
+        for chain_id in chain_ids:
+            host.attempt(chain_id, f"finalizing chain {chain_id}", self.collector.finalize, chain_id)
+        host.raise_failures(chain_ids)
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
             (chain_id, count, declared)
             for chain_id, count in counts.items()
-            if (declared := self.declared.get(chain_id)) is not None and count > declared
+            if (declared := host.live.get(chain_id)) is not None and count > declared
         ]
         if overflows:
             raise SampleCountError(
                 overflows,
-                f"all of them were passed to the {type(self.collector).__name__}; declare the right number, or "
+                f"all of them were passed to the {name}; declare the right number, or "
                 "samples_collected=None when it is not known in advance",
             )
-        results = [
-            {"sample_count": jnp.asarray(count), "samples": self.collector.finished(chain_id)}
-            for chain_id, count in counts.items()
-        ]
+        results = []
+        for chain_id, count in counts.items():
+            results.append({"sample_count": jnp.asarray(count), "samples": self.collector.finished(chain_id)})
+            self.collector.release(chain_id)
+            del host.live[chain_id]
         return results[0] if np.ndim(state.chain_id) == 0 else results
-
-    def _raise_failures(self, chain_ids: Any) -> None:
-        for chain_id in chain_ids:
-            failure = self.failures.pop(chain_id, None)
-            if failure is not None:
-                what, error = failure
-                raise failed(
-                    CollectorError, f"{type(self.collector).__name__} failed while {what}: {error}", error
-                ) from error
 
     # -- inside jit ----------------------------------------------------------------------------------------------
 
@@ -289,7 +283,7 @@ class _Streaming:
         if self.checkpoint_every:
             solver = conform(
                 solver_state,
-                self.checkpoint_spec,
+                self.host.checkpoint_spec,
                 what="solver state",
                 hint="checkpoint_every checkpoints the solver state: pass it to every save, "
                 "save(saving_state, keep, sample, solver_state=state), with the structure of init_checkpoint",
@@ -313,7 +307,10 @@ class _Streaming:
         ), None
 
     def _chains_step(self, state: _Moving, keep: jax.Array, sample: Any, checkpoint: Any) -> _Moving:
-        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch.
+        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch. None of it
+        # starts before the sample is computed: work of a step that XLA's CPU runtime may run beside the sampler's
+        # keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
+        state, keep, sample, checkpoint = jax.lax.optimization_barrier((state, keep, sample, checkpoint))  # type: ignore[no-untyped-call]
         buffer = write_rows(state.buffer, state.fill, sample)
         fill = state.fill + keep.astype(jnp.int32)
         full = jnp.any(fill == jax.tree.leaves(buffer)[0].shape[fill.ndim])
@@ -327,11 +324,11 @@ class _Streaming:
             # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
             numbers = jnp.stack([token, sent, fill])
             if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-                token = io_callback(_weakly(self._receive), answer, numbers, buffer, *checkpoint)
+                token = io_callback(_weakly(self.host.receive), answer, numbers, buffer, *checkpoint)
             else:
                 # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
                 # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = send_block(_weakly(self._receive_block), numbers, jax.tree.leaves(buffer))
+                token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer))
             return token, sent + fill, jnp.zeros_like(fill)
 
         def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
@@ -349,81 +346,3 @@ class _Streaming:
                 branch, [wait, send_blocks_only, send], state.token, blocks, (step, *checkpoint)
             )
         return _Moving(buffer, sent, fill, token, step)
-
-    # -- on the host ---------------------------------------------------------------------------------------------
-
-    def _receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
-        """The callback: queue the blocks for the collector and answer with the token at once.
-
-        ``numbers`` holds each chain's token (its id), samples sent before its block and rows in its block; the
-        token only orders the callbacks, so the answer need not wait for the numbers to reach the host.
-        A checkpoint is taken before the callback returns, after every block before it: the host's state (a data
-        loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
-        """
-        if checkpoint is None:
-            self._deliveries.submit(functools.partial(self._hand_over, numbers, buffer, None))
-        else:
-            self._deliveries.wait()
-            self._hand_over(numbers, buffer, checkpoint)
-        return np.array(numbers[0], np.int32)  # a copy: the callback's arguments are the run's memory
-
-    def _receive_block(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
-        return self._receive(numbers, leaves)
-
-    def _hand_over(self, numbers: Any, buffer: Any, checkpoint: Any) -> None:
-        """Hand each chain's block (and checkpoint) to the collector, on the deliveries' thread."""
-        chain_ids, firsts, fills = np.asarray(numbers)  # a block's first sample: the samples sent before it
-        if shared := shared_chains(chain_ids):  # their blocks would mix: they are kept from the collector
-            error = shared_state_error(shared, type(self.collector).__name__)
-            for chain_id in shared:
-                self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
-        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
-        for index in np.ndindex(chain_ids.shape):
-            count = int(fills[index])
-            if count:
-                self._deliver(int(chain_ids[index]), int(firsts[index]), [leaf[index][:count] for leaf in leaves])
-        if checkpoint is not None:
-            self._checkpoint(chain_ids, firsts + fills, checkpoint)
-
-    def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
-        steps, solver, scheduler = checkpoint
-        steps = np.asarray(steps)  # on the host: a JAX operation inside a callback can deadlock the run
-        solver_leaves = jax.tree.leaves(jax.device_get(solver))
-        solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
-        scheduler = jax.device_get(scheduler)
-        records = {}
-        for index in np.ndindex(chain_ids.shape):
-            state = solver_treedef.unflatten(
-                [
-                    np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
-                    for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
-                ]
-            )
-            records[int(chain_ids[index])] = ChainCheckpoint(
-                step=int(steps[index]),
-                sample_count=int(counts[index]),
-                solver_state=state,
-                scheduler_state=jax.tree.map(lambda leaf, index=index: np.array(leaf[index]), scheduler),
-            )
-        live = {chain_id: record for chain_id, record in records.items() if chain_id not in self.failures}
-        if not live:
-            return
-        try:  # the chains of one step together: a collector may store them all at once
-            self.collector.checkpoint_chains(live)
-        except Exception as error:
-            for chain_id, record in live.items():
-                self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)
-
-    def _deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
-        rows = len(values[0]) if values else 0
-        what = f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
-        self._attempt(chain_id, what, self.collector.save, chain_id, first, values)
-
-    def _attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
-        """Run a collector call unless the chain failed before; remember the first failure."""
-        if chain_id in self.failures:
-            return
-        try:
-            action(*args)
-        except Exception as error:
-            self.failures[chain_id] = (what, error)

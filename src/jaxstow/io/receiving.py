@@ -1,0 +1,172 @@
+"""The host side of :func:`jaxstow.io.save`: the blocks and checkpoints that a run's callbacks hand over, given to the
+collector.
+
+A collector that copies what it keeps at once (:func:`~jaxstow.io.collector.copies_at_once`: the
+:class:`~jaxstow.io.MemoryCollector`, which copies each block into storage reused from run to run, and the
+:class:`~jaxstow.io.HDF5Collector`, which queues a copy for its writer) gets each block inside the callback, as views
+of the run's own buffer: no other copy, no other thread, and the memory a run touches is memory it touched before.
+Any other collector gets copies of the blocks, in memory reused from block to block, on a thread of the strategy's own
+that hands them over in order while the run goes on, so that its writing never holds the run up. Failures are kept
+per chain and raised by ``postprocess_save``, with their cause.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.tree_util import PyTreeDef
+
+from jaxstow.errors import CollectorError, failed
+from jaxstow.io import host_buffers
+from jaxstow.io.batching import shared_chains, shared_state_error
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once
+from jaxstow.io.job_queue import JobQueue
+
+__all__ = ["Receiver", "ran_already"]
+
+#: At most this many callbacks' blocks wait for a collector fed on the strategy's thread; a callback beyond them
+#: waits until one is delivered.
+_PENDING_DELIVERIES = 4
+
+Block = tuple[int, int, Sequence[np.ndarray]]  # chain id, index of the first row, the rows of each leaf
+
+
+def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
+    """The error of a saving state used again after ``postprocess_save`` ended its run."""
+    return CollectorError(
+        f"chain{'s' if len(chain_ids) > 1 else ''} {', '.join(map(str, chain_ids))} of this run ran already: "
+        f"postprocess_save returned their samples, and the {collector} got none of this run's; a saving state serves "
+        "one run: call init_save for every run, outside jax.jit (a jit-compiled function that calls init_save "
+        "registers its chains once, when it is traced, so that every call of it would write into the same chains)"
+    )
+
+
+class Receiver:
+    """The host side of one saving strategy: its collector, the chains whose run goes on (and the number of samples
+    each declared), and the failures met, per chain."""
+
+    def __init__(self, collector: DataCollector) -> None:
+        self.collector = collector
+        self.at_once = copies_at_once(collector)
+        self.live: dict[int, int | None] = {}
+        self.failures: dict[int, tuple[str, Exception]] = {}
+        self.checkpoint_spec: Any = None
+        self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
+        self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
+        register_sender = getattr(collector, "register_sender", None)
+        if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
+            register_sender(self._deliveries.wait)
+
+    @property
+    def name(self) -> str:
+        """The collector's class name, for messages."""
+        return type(self.collector).__name__
+
+    def receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
+        """The callback: hand the blocks to the collector (or queue copies of them), and answer with the token.
+
+        ``numbers`` holds each chain's token (its id), samples sent before its block and rows in its block. A
+        checkpoint is taken before the callback returns, after every block before it: the host's state (a data
+        loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
+        """
+        chain_ids, firsts, fills = np.array(numbers)  # a copy: the callback's arguments are the run's memory
+        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]  # io_callback hands over jax arrays
+        blocks = self._blocks(chain_ids, firsts, fills, leaves)
+        if self.at_once:
+            self._hand_over(blocks)
+        else:
+            blocks = [
+                (chain_id, first, [host_buffers.copy(value) for value in values]) for chain_id, first, values in blocks
+            ]
+            if checkpoint is None:
+                self._deliveries.submit(functools.partial(self._hand_over, blocks))
+            else:
+                self._deliveries.wait()
+                self._hand_over(blocks)
+        if checkpoint is not None:
+            self._checkpoint(chain_ids, firsts + fills, checkpoint)
+        token: np.ndarray = chain_ids.astype(np.int32)
+        return token
+
+    def receive_block(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        """The callback of blocks without a checkpoint."""
+        return self.receive(numbers, leaves)
+
+    def _blocks(self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, leaves: list[Any]) -> list[Block]:
+        """Each chain's block: its rows of every leaf. Chains that share a state, or whose run is over, get none."""
+        if shared := shared_chains(chain_ids):  # their blocks would mix: they are kept from the collector
+            error = shared_state_error(shared, self.name)
+            for chain_id in shared:
+                self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
+        blocks: list[Block] = []
+        for index in np.ndindex(chain_ids.shape):
+            chain_id, count = int(chain_ids[index]), int(fills[index])
+            if chain_id not in self.live:
+                self.failures.setdefault(chain_id, ("receiving the run's blocks", ran_already([chain_id], self.name)))
+            elif count and chain_id not in self.failures:
+                blocks.append((chain_id, int(firsts[index]), [leaf[index][:count] for leaf in leaves]))
+        return blocks
+
+    def _hand_over(self, blocks: list[Block]) -> None:
+        for chain_id, first, values in blocks:
+            self.deliver(chain_id, first, values)
+
+    def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
+        steps, solver, scheduler = checkpoint
+        steps = np.asarray(steps)  # on the host: a JAX operation inside a callback can deadlock the run
+        solver_leaves = jax.tree.leaves(jax.device_get(solver))
+        solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
+        scheduler = jax.device_get(scheduler)
+        records = {}
+        for index in np.ndindex(chain_ids.shape):
+            state = solver_treedef.unflatten(
+                [
+                    np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
+                    for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
+                ]
+            )
+            records[int(chain_ids[index])] = ChainCheckpoint(
+                step=int(steps[index]),
+                sample_count=int(counts[index]),
+                solver_state=state,
+                scheduler_state=jax.tree.map(lambda leaf, index=index: np.array(leaf[index]), scheduler),
+            )
+        live = {chain_id: record for chain_id, record in records.items() if chain_id not in self.failures}
+        if not live:
+            return
+        try:  # the chains of one step together: a collector may store them all at once
+            self.collector.checkpoint_chains(live)
+        except Exception as error:
+            for chain_id, record in live.items():
+                self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)
+
+    def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+        """Hand a block to the collector (unless its chain failed before)."""
+        rows = len(values[0]) if values else 0
+        what = f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
+        self.attempt(chain_id, what, self.collector.save, chain_id, first, values)
+
+    def attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
+        """Run a collector call unless the chain failed before; remember the first failure."""
+        if chain_id in self.failures:
+            return
+        try:
+            action(*args)
+        except Exception as error:
+            self.failures[chain_id] = (what, error)
+
+    def wait(self) -> None:
+        """Wait until every block queued for the collector is handed over."""
+        self._deliveries.wait()
+
+    def raise_failures(self, chain_ids: Sequence[int]) -> None:
+        """Raise the first failure of the chains, as a :class:`~jaxstow.errors.CollectorError` with its cause."""
+        for chain_id in chain_ids:
+            failure = self.failures.pop(chain_id, None)
+            if failure is not None:
+                what, error = failure
+                raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
