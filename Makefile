@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 test: lint test-bare
-	$(PY) -m pytest -n 2  # two workers: the suite takes about 3 minutes on 2 cores
+	$(PY) -m pytest -n 2 --durations=10  # two workers, one a core; the ten slowest tests printed at the end
 
 # A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
 # built now, and tests/package/required_only runs against that copy, on its own: `--confcutdir=.` leaves out the
