@@ -8,7 +8,7 @@ the file alone, without pickle and without a template; nothing in a file can run
 :mod:`jaxstow.io`, :mod:`jaxstow.train`, :mod:`jaxstow.objax` and :mod:`jaxstow.flarejax`. Every error is a
 :class:`jaxstow.errors.JaxstowError`.
 
-The guide is in docs/: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
+The guides: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
 docs/object-storage.md, docs/safety.md and docs/format.md.
 
 >>> import io, jax.numpy as jnp, jaxstow

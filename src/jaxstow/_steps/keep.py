@@ -35,10 +35,23 @@ def _check_count(name: str, value: int | None) -> None:
 
 @dataclass(frozen=True)
 class KeepPolicy:
-    """Retention rules; ``metric`` names the value that ``keep_best`` ranks by, lowest first when ``mode="min"``.
+    """Retention rules: a step is kept if any rule keeps it, the newest step always; with no rule, every step.
 
-    ``keep_every_seconds`` (seconds, or a ``datetime.timedelta``, stored as seconds) keeps one step per interval of
-    save time, as orbax's ``keep_time_interval`` does.
+    Args:
+        keep_last: the ``keep_last`` newest steps.
+        keep_every: the steps that are multiples of ``keep_every``.
+        keep_best: the ``keep_best`` steps with the best value of ``metric`` among the metrics saved with them.
+        metric: the name of the metric that ``keep_best`` ranks by.
+        mode: ``"min"``: the lowest value is best; ``"max"``: the highest.
+        keep_every_seconds: one step per interval of save time (seconds, or a ``datetime.timedelta``, stored as
+            seconds), as orbax's ``keep_time_interval`` does.
+
+    Raises:
+        ArgumentError: a value out of range, or ``keep_best`` without ``metric``.
+
+    >>> from jaxstow import KeepPolicy
+    >>> KeepPolicy(keep_last=2, keep_every=10).to_delete([5, 10, 15, 20, 25], {})
+    [5, 15]
     """
 
     keep_last: int | None = None

@@ -23,9 +23,7 @@ logger = logging.getLogger("jaxstow.checkpoint.manager")
 T = TypeVar("T")
 
 
-def choose(
-    tiers: Tiers, talk: Conversation, persistent: list[int], bound: int | None
-) -> tuple[Tier, int, StepFolder]:
+def choose(tiers: Tiers, talk: Conversation, persistent: list[int], bound: int | None) -> tuple[Tier, int, StepFolder]:
     """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
     by the local tiers and peers' copies, else the newest of ``persistent`` (process 0's listing); ``-1`` when
     there is none. Every process reports what it holds; process 0 decides. With the local folder to read it from
