@@ -10,7 +10,7 @@ Reads of a 1 GiB jaxstow file (64 float32 leaves of 16 MiB; a valid safetensors 
   threads, copied); and, as the network's ceiling, botocore into a buffer allocated before the clock starts (here a
   first touch of fresh memory costs about 0.7 CPU-s per GiB: this machine is a virtual one);
 - ``jaxstow.load(url, as_numpy=True)``; runai-model-streamer's ``SafetensorsStreamer`` with the same concurrency and
-  chunk size; a step of 64 items of 16 MiB restored by ``CheckpointManager.restore``; a step saved by 4
+  chunk size; a step of 64 items of 1 to 32 MiB (as many bytes in all) restored by ``CheckpointManager.restore``; a step saved by 4
   ``jax.distributed`` processes (its item file and the 3 part files of the others, 1 GiB of row-sharded leaves)
   restored whole in this one process.
 
@@ -193,6 +193,22 @@ class Bare:
         obstore.put(self.obstore, key, memoryview(data), chunk_size=self.part, max_concurrency=self.requests)
 
 
+def _item_sizes(count: int, total: int) -> list[int]:
+    """Bytes of ``count`` items spread evenly from 1 to 32 MiB, those in the middle trimmed to add up to ``total``.
+
+    >>> sizes = _item_sizes(64, 1024 * MiB)
+    >>> len(sizes), sum(sizes) == 1024 * MiB, min(sizes) == MiB, max(sizes) == 32 * MiB
+    (64, True, True, True)
+    """
+    sizes = [(1 + i * 31 // max(1, count - 1)) * MiB for i in range(count)]
+    excess = sum(sizes) - total
+    for i in range(count // 2, count):
+        cut = max(0, min(excess, sizes[i] - MiB))
+        sizes[i] -= cut
+        excess -= cut
+    return sizes
+
+
 def _runai(url: str, requests: int, part: int) -> dict[str, np.ndarray]:
     from runai_model_streamer import SafetensorsStreamer
 
@@ -317,8 +333,16 @@ def main() -> None:
         }
         one, step, parts = server.url("one.jxs"), server.url("step"), server.url("parts")
         jaxstow.save(one, tree, storage_options=options, transfer=transfer)
+        sizes = _item_sizes(count, count * LEAF)
+        random.Random(1).shuffle(sizes)
         with jaxstow.CheckpointManager(step, storage_options=options, transfer=transfer) as manager:
-            manager.save(1, {name: {"w": leaf} for name, leaf in tree.items()})
+            manager.save(
+                1,
+                {
+                    f"item{i:02d}": {"w": np.random.default_rng(i).standard_normal(nbytes // 4, dtype=np.float32)}
+                    for i, nbytes in enumerate(sizes)
+                },
+            )
         _save_parts(parts, _free_port(), server.endpoint, args.mib, transfer)
         size = jaxstow.open(one, storage_options=options).containers[0].source.size
         bare = Bare(server.endpoint, server.bucket, args.requests, part)

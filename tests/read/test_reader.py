@@ -124,6 +124,28 @@ def test_whole_leaves_are_verified_and_slices_read_around_damage(saved):
         np.testing.assert_array_equal(reader["cube"], _tree()["cube"])
 
 
+def test_a_large_leaf_read_alone_is_aligned_and_verified(tmp_path):
+    """A leaf of a few MiB (not a whole number of 2 MiB pages) read alone: its values, a 64-byte-aligned buffer, its
+    checksum checked; one flipped byte near its end is caught and named."""
+    path = tmp_path / "large.jxs"
+    large = np.random.default_rng(0).standard_normal((5 << 20) // 4 + 3, dtype=np.float32)
+    jaxstow.save(path, {"large": large, "small": np.arange(3)})
+    with jaxstow.open(path) as reader:
+        read = reader["large"]
+        np.testing.assert_array_equal(read, large)
+        assert read.ctypes.data % 64 == 0 and read.flags.writeable
+        offset = reader.container.slots["large"].offset
+    with open(path, "r+b") as file:
+        file.seek(offset + large.nbytes - 5)
+        byte = file.read(1)[0]
+        file.seek(-1, os.SEEK_CUR)
+        file.write(bytes([byte ^ 0xFF]))
+    with jaxstow.open(path) as reader:
+        with pytest.raises(CorruptFileError, match="checksum mismatch") as raised:
+            reader["large"]
+        assert raised.value.path == "large" and raised.value.file == str(path)
+
+
 def test_memory_mapped_views(saved):
     with jaxstow.open(saved, mmap=True) as reader:
         view = reader["big"]

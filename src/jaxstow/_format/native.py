@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import numpy as np
+import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow._format.columns import LeafColumns, columnar
@@ -59,6 +60,7 @@ _HASH_KEY = "jaxstow_header_xxh3"
 _HASH_PREFIX = f'"{_HASH_KEY}":"'.encode()
 _HASH_SUFFIX = b'"}}'
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
+_ZEROS = ZERO_CHECKSUM.encode("ascii")
 _JAXSTOW_MARKS = (b'"jaxstow":"', _HASH_PREFIX, b'\\"format\\":\\"jaxstow\\"')
 
 _BATCH_BYTES = 1 << 20
@@ -237,15 +239,18 @@ class _Codes:
 def raw_header(source: ReadSource) -> bytes:
     """The header text of a safetensors file (padding included), after checking that the file can be one.
 
-    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte of it is read.
+    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte more of it is read: one
+    read of the file's first :data:`DATA_ALIGNMENT` bytes, which hold a small header whole, and one for the rest.
     """
     size = source.size
     if size < 8:
         raise TruncatedFileError(f"{source.describe_size()} is too short for a safetensors header", file=source.name)
-    (length,) = struct.unpack("<Q", source.read(0, 8))
-    if size == 8 or source.read(8, 1) != b"{":
-        start = source.read(0, min(size, 16))
-        raise FormatError(f"not a jaxstow, safetensors or npz file (it starts with {excerpt(start)})", file=source.name)
+    first = source.read(0, min(size, DATA_ALIGNMENT))
+    (length,) = struct.unpack_from("<Q", first)
+    if size == 8 or first[8:9] != b"{":
+        raise FormatError(
+            f"not a jaxstow, safetensors or npz file (it starts with {excerpt(first[:16])})", file=source.name
+        )
     if length > MAX_HEADER_BYTES:
         raise CorruptFileError(
             f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
@@ -254,7 +259,9 @@ def raw_header(source: ReadSource) -> bytes:
         raise TruncatedFileError(
             f"the header claims {length} bytes but the file has only {size - 8} after the length", file=source.name
         )
-    return source.read(8, length)
+    if 8 + length <= len(first):
+        return first[8 : 8 + length]
+    return first[8:] + source.read(len(first), 8 + length - len(first))
 
 
 def header_checksum(source: ReadSource) -> str:
@@ -280,38 +287,49 @@ def claims_manifest(raw: bytes) -> bool:
     return any(mark in raw for mark in _JAXSTOW_MARKS)
 
 
-def _recorded_checksum(raw: bytes) -> str | None:
-    """The checksum a header's text (``raw``: the bytes after the length, padding included) ends with.
+def _checksum_at(raw: bytes) -> int | None:
+    """Where the checksum a header's text (``raw``: the bytes after the length, padding included) ends with starts.
 
     The 16 hex digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding;
-    ``None`` if it does not end so.
+    ``None`` if it does not end so. Found from the end, without a copy of the text.
     """
-    text = raw.rstrip(b" ")
-    end = len(text) - len(_HASH_SUFFIX)
-    digits = text[end - len(ZERO_CHECKSUM) : end]
-    if not (
-        text.endswith(_HASH_SUFFIX)
-        and text.endswith(_HASH_PREFIX, 0, end - len(ZERO_CHECKSUM))
-        and len(digits) == len(ZERO_CHECKSUM)
-        and _HEX_DIGITS.issuperset(digits)
+    end = raw.rfind(_HASH_SUFFIX)
+    start = end - len(ZERO_CHECKSUM)
+    if (
+        start < len(_HASH_PREFIX)
+        or raw.count(b" ", end + len(_HASH_SUFFIX)) != len(raw) - end - len(_HASH_SUFFIX)
+        or not raw.endswith(_HASH_PREFIX, 0, start)
+        or not _HEX_DIGITS.issuperset(raw[start:end])
     ):
         return None
-    return digits.decode("ascii")
+    return start
+
+
+def _recorded_checksum(raw: bytes) -> str | None:
+    """The checksum a header's text ends with (see :func:`_checksum_at`); ``None`` if it does not end with one."""
+    start = _checksum_at(raw)
+    return None if start is None else raw[start : start + len(ZERO_CHECKSUM)].decode("ascii")
 
 
 def _check_header_checksum(raw: bytes, *, file: str) -> str:
     """The checksum a jaxstow header's text ends with.
 
     A :class:`CorruptFileError` unless it is the xxh3-64 of the text (padding taken off) with those 16 digits replaced
-    by ``0`` (any change, keys included, is caught).
+    by ``0`` (any change, keys included, is caught). Hashed in place, the digits' zeros fed between the text around
+    them.
     """
-    recorded = _recorded_checksum(raw)
-    text = raw.rstrip(b" ")
-    end = len(text) - len(_HASH_SUFFIX)
-    zeroed = text[: end - len(ZERO_CHECKSUM)] + ZERO_CHECKSUM.encode() + _HASH_SUFFIX
-    if recorded is None or checksum_bytes(zeroed) != recorded:
-        raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
-    return recorded
+    start = _checksum_at(raw)
+    if start is not None:
+        end = start + len(ZERO_CHECKSUM)
+        text = memoryview(raw)
+        digest = xxhash.xxh3_64()
+        digest.update(text[:start])
+        digest.update(_ZEROS)
+        digest.update(text[end : end + len(_HASH_SUFFIX)])
+        recorded = raw[start:end].decode("ascii")
+        if digest.hexdigest() == recorded:
+            return recorded
+    raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,10 @@ array([2, 3], dtype=int32)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import mmap
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -64,11 +66,41 @@ class TensorSlot(NamedTuple):
         return cls(name, dtype, shape, offset, math.prod(shape) * dtype.itemsize)
 
 
+#: A leaf read alone of at least this many bytes gets memory of its own, in huge pages where the system has them.
+HUGE_PAGE = 2 << 20
+_MAPPED = getattr(mmap, "MADV_HUGEPAGE", None) is not None and hasattr(mmap, "MAP_ANONYMOUS")
+
+
 def aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 buffer of ``nbytes`` whose first byte is 64-byte aligned."""
+    """An uninitialised uint8 buffer of ``nbytes`` whose first byte is 64-byte aligned.
+
+    From the allocator, which hands the process's freed memory back to it: pages used before need no zeroing by the
+    system, which on a virtual machine costs more than the reads into them (a step of 1 GiB restored again: 1.6
+    client CPU-s from the allocator, 2.8 in fresh huge pages).
+    """
     raw = np.empty(nbytes + ALIGNMENT, dtype=np.uint8)
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start : start + nbytes]
+
+
+def _alone_empty(nbytes: int) -> np.ndarray:
+    """The buffer of a leaf read alone: from :data:`HUGE_PAGE` bytes on, fresh memory in huge pages (one page fault
+    per 2 MiB, not 512: a 4 MiB leaf in 2.4 ms instead of 3.2), else :func:`aligned_empty`'s."""
+    return _huge_empty(nbytes) if nbytes >= HUGE_PAGE and _MAPPED else aligned_empty(nbytes)
+
+
+def _huge_empty(nbytes: int) -> np.ndarray:
+    """``nbytes`` of private anonymous memory starting on a 2 MiB boundary, its whole 2 MiB extents in huge pages.
+
+    The mapping is freed when the last array over it goes. Only the extents the buffer fills are advised, so a huge
+    page never holds bytes beyond the buffer (its resident size stays its own).
+    """
+    region = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(region, np.uint8)
+    start = -whole.ctypes.data % HUGE_PAGE
+    with contextlib.suppress(OSError):  # no transparent huge pages in this kernel: small pages, as np.empty's
+        region.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % HUGE_PAGE)
+    return whole[start : start + nbytes]
 
 
 def _runs(offsets: np.ndarray, nbytes: np.ndarray) -> list[np.ndarray]:
@@ -191,8 +223,8 @@ def _read_in_parallel(
 
 def read_tensors(
     source: ReadSource,
-    offsets: np.ndarray,
-    nbytes: np.ndarray,
+    offsets: np.ndarray | Sequence[int],
+    nbytes: np.ndarray | Sequence[int],
     dtypes: Sequence[np.dtype],
     shapes: Sequence[Sequence[int]],
     digests: list[str] | None = None,
@@ -201,6 +233,8 @@ def read_tensors(
 
     Large reads run on several threads when the source allows it. ``digests``, when given, receives each tensor's xxh3.
     """
+    if len(dtypes) == 1:  # one tensor: none of the planning below
+        return [_read_one(source, int(offsets[0]), aligned_empty(int(nbytes[0])), dtypes[0], shapes[0], digests)]
     offsets, nbytes = np.asarray(offsets, np.int64), np.asarray(nbytes, np.int64)
     columns = (offsets, nbytes, dtypes, shapes)
     runs = _runs(offsets, nbytes)
@@ -223,17 +257,40 @@ def read_tensors(
     return out
 
 
+def _read_one(
+    source: ReadSource,
+    offset: int,
+    buffer: np.ndarray,
+    dtype: np.dtype,
+    shape: Sequence[int],
+    digests: list[str] | None,
+) -> np.ndarray:
+    """One tensor, read into ``buffer`` (in pieces on the source's pool when it is large), hashed once read."""
+    read_range(source, offset, buffer.data)
+    if digests is not None:
+        digests[:] = [xxh3_64_hexdigest(buffer.data)]
+    return buffer.view(dtype).reshape(shape)
+
+
 def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
-    """Read every slot, as :func:`read_tensors` does; ``verify(name, digest)`` gets each tensor's xxh3."""
+    """Read every slot, as :func:`read_tensors` does; ``verify(name, digest)`` gets each tensor's xxh3.
+
+    One slot (a leaf read alone) is read into memory of its own (:func:`_alone_empty`).
+    """
     digests: list[str] | None = None if verify is None else []
-    arrays = read_tensors(
-        source,
-        np.array([slot.offset for slot in slots], np.int64),
-        np.array([slot.nbytes for slot in slots], np.int64),
-        [slot.dtype for slot in slots],
-        [slot.shape for slot in slots],
-        digests,
-    )
+    if len(slots) == 1:
+        slot = slots[0]
+        buffer = _alone_empty(slot.nbytes)
+        arrays = [_read_one(source, slot.offset, buffer, slot.dtype, slot.shape, digests)]
+    else:
+        arrays = read_tensors(
+            source,
+            [slot.offset for slot in slots],
+            [slot.nbytes for slot in slots],
+            [slot.dtype for slot in slots],
+            [slot.shape for slot in slots],
+            digests,
+        )
     if verify is not None and digests is not None:
         for slot, digest in zip(slots, digests, strict=True):
             verify(slot.name, digest)

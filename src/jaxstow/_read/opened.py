@@ -210,7 +210,8 @@ class OpenedFile(Mapping[str, Any]):
     # The mapping of paths to leaves.
 
     def __getitem__(self, path: str) -> Any:
-        self.check_open(f"reading leaf {excerpt(path)}")
+        if self.closed:
+            self.check_open(f"reading leaf {excerpt(path)}")
         self._check_path(path)
         if path in self.per_process:
             raise RequestError("a per-process leaf: restore it with load()", file=self.file, path=path)
@@ -328,7 +329,8 @@ class OpenedFile(Mapping[str, Any]):
 
         Only the bytes they take are read; a whole leaf (or a whole shard) is verified against its checksum when read.
         """
-        self.check_open(f"reading leaf {excerpt(path)}")
+        if self.closed:
+            self.check_open(f"reading leaf {excerpt(path)}")
         leaf = self.stored[path]
         self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
         if isinstance(leaf, ShardedLeaf):
@@ -382,11 +384,15 @@ class OpenedFile(Mapping[str, Any]):
             return out
         for leaf in leaves:
             self.on_read(leaf.nbytes)
-        reads = ShardReads(self.containers, self.verify)
-        planned = {leaf.path: reads.box(leaf, full_box(leaf.shape)) for leaf in leaves if isinstance(leaf, ShardedLeaf)}
-        reads.run()
-        sharded = {path: assembled() for path, assembled in planned.items()}
-        leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
+        sharded: dict[str, np.ndarray] = {}
+        if any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
+            reads = ShardReads(self.containers, self.verify)
+            planned = {
+                leaf.path: reads.box(leaf, full_box(leaf.shape)) for leaf in leaves if isinstance(leaf, ShardedLeaf)
+            }
+            reads.run()
+            sharded = {path: assembled() for path, assembled in planned.items()}
+            leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
         expected = {leaf.path: leaf.checksum for leaf in leaves}
         arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self.verify(n, d, expected[n]))
         arrays.update(sharded)

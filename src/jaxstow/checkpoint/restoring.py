@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Unpack
@@ -70,15 +71,32 @@ def restore_items(
 
 
 def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
-    """Every item opened and restored on its own thread; the first error, in the items' order, is raised once all
-    have ended."""
+    """Every item restored on its own thread, opened ahead of it on a pool of its own; the first error, in the items'
+    order, is raised once all have ended.
 
-    def restore(name: str) -> Any:
-        with open_parts(_targets(sources[name])) as reader:
-            return reader.load(likes.get(name), **_item_options(options, name, {}))
+    Opening an object-store item waits on a request for its header; opened ahead (at most :data:`_ITEMS` items beyond
+    those being restored), no restoring thread waits on one, so the reads of the items restored keep the transfer's
+    requests in flight.
+    """
+    names = list(sources)
+    opened: list[Future[list[Any]]] = []
+    lock = threading.Lock()
+    with (
+        ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-open") as openers,
+        ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as restorers,
+    ):
 
-    with ThreadPoolExecutor(min(len(sources), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
-        futures = {name: pool.submit(restore, name) for name in sources}
+        def open_through(stop: int) -> None:  # the items before ``stop`` opened, or being opened, in order
+            with lock:
+                opened.extend(openers.submit(_targets, sources[name]) for name in names[len(opened) : stop])
+
+        def restore(index: int) -> Any:
+            open_through(index + 1 + _ITEMS)
+            with open_parts(opened[index].result()) as reader:
+                return reader.load(likes.get(names[index]), **_item_options(options, names[index], {}))
+
+        open_through(_ITEMS)
+        futures = {name: restorers.submit(restore, index) for index, name in enumerate(names)}
         wait(futures.values())
     return _results(futures)
 
