@@ -116,8 +116,7 @@ def load(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while it matches.
-        names: for a folder of safetensors files (Hugging Face's sharded checkpoints), each tensor's path in ``like``
-            (``a.b.0.c`` -> ``a/b/0/c`` by default); see docs/other-formats.md.
+        names: for a Hugging Face folder, each tensor's path in ``like`` (``a.b.0.c`` -> ``a/b/0/c`` by default).
         transposed: for such a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
         **options: the options of :class:`jaxstow.LoadOptions` (``as_numpy``, ``sharding``, ``select``, ...).
 

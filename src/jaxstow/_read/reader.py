@@ -152,27 +152,21 @@ def open(
 ) -> Reader:
     """Open a jaxstow, safetensors or npz file lazily: only its header is read until a leaf is asked for.
 
-    A folder of safetensors files (Hugging Face's ``model.safetensors.index.json`` and its shards) opens as one file
-    whose paths are the tensor names: a :class:`FolderReader` (see docs/other-formats.md).
+    A folder of safetensors files (Hugging Face's index and shards) opens as one :class:`FolderReader` whose paths are
+    the tensor names (docs/other-formats.md). Close the reader returned, or use it in a ``with`` block.
 
     Args:
         target: a file name, an fsspec URL or a binary file object.
         mmap: for a local native file, leaves are read-only numpy views of the memory-mapped file, never copied.
-        storage_options: fsspec's options, for a URL (fsspec's configuration fills in the rest).
+        storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
-        names: for a folder, each tensor's path, in the reader and in ``like`` (a function ``name -> path``, ``None`` to
-            leave it out, or a mapping); the tensor names in the reader and ``a.b.0.c`` -> ``a/b/0/c`` in ``like`` by
-            default.
-        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate. They
-            are read turned over, by ``reader[path]``, :meth:`Reader.read` and :meth:`Reader.load`, whatever their shape.
-
-    Returns:
-        A :class:`Reader`, to be closed (or used in a ``with`` block).
+        names: for a folder, each tensor's path (a function ``name -> path``, ``None`` to leave it out, or a mapping).
+        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``), read turned over whatever
+            their shape: names, or a predicate.
 
     Raises:
-        FormatError: the file is not one jaxstow reads; for a file of another library, the message names the call
-            that reads it.
+        FormatError: the file is not one jaxstow reads; the message names the call that reads it.
 
     >>> import os, tempfile, jax.numpy as jnp, jaxstow
     >>> path = os.path.join(tempfile.mkdtemp(), "w.jxs")
