@@ -142,6 +142,16 @@ class ChainBook:
         return dict(self.resumed)
 
 
+class KeepsChains:
+    """What the built-in collectors share: a :class:`ChainBook` of their chains, which holds the data loader too."""
+
+    _chains: ChainBook
+
+    def register_data_loader(self, data_loader: DataLoader) -> None:
+        """Register a data loader whose state is checkpointed with the chains."""
+        self._chains.data_loader = data_loader
+
+
 def _stored(checkpoint: ChainCheckpoint) -> dict[str, Any]:
     """A checkpoint as it is written: the solver state as its list of leaves (its structure is the run's)."""
     return {**checkpoint._asdict(), "solver_state": jax.tree.leaves(checkpoint.solver_state)}

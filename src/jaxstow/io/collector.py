@@ -78,10 +78,7 @@ class DataCollector(abc.ABC):
 
     @abc.abstractmethod
     def register_chain(
-        self,
-        init_sample: Any = None,
-        init_checkpoint: Any = None,
-        static_information: StaticInformation | None = None,
+        self, init_sample: Any = None, init_checkpoint: Any = None, static_information: StaticInformation | None = None
     ) -> int:
         """Register a chain to save samples from and return its id.
 

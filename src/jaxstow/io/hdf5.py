@@ -38,13 +38,14 @@ from jaxstow.io import host_buffers
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
     ChainBook,
+    KeepsChains,
     SampleLayout,
     read_checkpoints,
     remove_checkpoint,
     restore_checkpoint,
     write_checkpoints,
 )
-from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
+from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.hdf5_layout import (
     checkpoint_path,
     dataset_name,
@@ -76,7 +77,7 @@ DRAWS_DONE = "draws_done"
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
 
-class HDF5Collector(DataCollector):
+class HDF5Collector(KeepsChains, DataCollector):
     """Save to hdf5 format, as jax_sgmc's ``io.HDF5Collector`` does.
 
     Samples of every chain go to an HDF5 file, viewable with any HDF5 viewer, written on a background thread; the
@@ -181,15 +182,8 @@ class HDF5Collector(DataCollector):
             return None
         return checkpoint_path(self._file.filename, self._checkpoint_dir)
 
-    def register_data_loader(self, data_loader: DataLoader) -> None:
-        """Register a data loader whose state is checkpointed with the chains."""
-        self._chains.data_loader = data_loader
-
     def register_chain(
-        self,
-        init_sample: Any = None,
-        init_checkpoint: Any = None,
-        static_information: StaticInformation | None = None,
+        self, init_sample: Any = None, init_checkpoint: Any = None, static_information: StaticInformation | None = None
     ) -> int:
         """Create the chain's datasets, or reopen them to continue from the chain's checkpoint."""
         layout = SampleLayout.of(init_sample)

@@ -25,13 +25,14 @@ from jaxstow.errors import ArgumentError, CollectorError
 from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
+    KeepsChains,
     SampleLayout,
     read_checkpoint,
     remove_checkpoint,
     restore_checkpoint,
     write_checkpoint,
 )
-from jaxstow.io.collector import ChainCheckpoint, DataCollector, DataLoader
+from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["MemoryCollector"]
@@ -39,7 +40,7 @@ __all__ = ["MemoryCollector"]
 _CHECKPOINT = ".checkpoint.jxs"
 
 
-class MemoryCollector(DataCollector):
+class MemoryCollector(KeepsChains, DataCollector):
     """Stores samples entirely in RAM (numpy arrays).
 
     The RAM is usually larger than the device memory and thus allows to store a greater number of samples. Storage
@@ -78,15 +79,8 @@ class MemoryCollector(DataCollector):
     def _path(self, chain_id: int, suffix: str) -> str | None:
         return None if self._save_dir is None else os.path.join(self._save_dir, f"chain_{chain_id}{suffix}")
 
-    def register_data_loader(self, data_loader: DataLoader) -> None:
-        """Register a data loader whose state is checkpointed with the chains."""
-        self._chains.data_loader = data_loader
-
     def register_chain(
-        self,
-        init_sample: Any = None,
-        init_checkpoint: Any = None,
-        static_information: StaticInformation | None = None,
+        self, init_sample: Any = None, init_checkpoint: Any = None, static_information: StaticInformation | None = None
     ) -> int:
         """Register a chain; with a checkpoint of it in ``save_dir``, continue from there."""
         layout = SampleLayout.of(init_sample)
