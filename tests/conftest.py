@@ -11,10 +11,17 @@ Tests that use ``s3_server`` are skipped, with the reason, only when the ``weed`
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
 from seaweed import Server, seaweed, weed_binary
+
+# A suite started in the background by a shell without job control (`make test &`, nohup) inherits Ctrl-C ignored, and
+# so would every process it starts: the tests that press Ctrl-C need it to reach them as it reaches a user's script.
+# A handler of Python's own is not inherited by a program started from here, which begins with Ctrl-C at its default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Scripts that the tests start as processes of their own, not test modules.
 collect_ignore = ["distributed"]
