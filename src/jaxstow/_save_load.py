@@ -20,7 +20,7 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import jax
 import numpy as np
@@ -28,12 +28,12 @@ import numpy as np
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import read_foreign
 from jaxstow._read.options import LoadOptions
-from jaxstow._read.reader import Reader, open_container_at, open_reader_at
-from jaxstow._read.sharded_folder import Names, Transposed
+from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
+from jaxstow._util.deprecation import moved_keywords
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
@@ -100,8 +100,6 @@ def load(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    names: Names | None = None,
-    transposed: Transposed | None = None,
     **options: Unpack[LoadOptions],
 ) -> Any:
     """Load the pytree of a file written by :func:`save`, by safetensors or by ``numpy.savez``.
@@ -116,9 +114,8 @@ def load(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while it matches.
-        names: for a Hugging Face folder, each tensor's path in ``like`` (``a.b.0.c`` -> ``a/b/0/c`` by default).
-        transposed: for such a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
         **options: the options of :class:`jaxstow.LoadOptions` (``as_numpy``, ``sharding``, ``select``, ...).
+            ``names=`` and ``transposed=`` are deprecated here: :func:`jaxstow.huggingface.load` takes them.
 
     Raises:
         StructureMismatchError: ``like`` does not fit; the message lists every mismatched leaf.
@@ -130,11 +127,14 @@ def load(
     >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
     {'w': Array([1., 1.], dtype=float32)}
     """
+    view = moved_keywords(
+        "jaxstow.load", cast(dict[str, Any], options), HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.load"
+    )
     settings = storage_settings(storage_options, transfer, cache_dir)
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    with open_reader_at(location, settings, names=names, transposed=transposed) as reader:
+    with open_folder_at(location, settings, **view) if view else open_reader_at(location, settings) as reader:
         return reader.load(like, **options)
 
 
@@ -152,7 +152,7 @@ def _load_foreign(
     buffer = io.BytesIO()
     save(buffer, tree)
     buffer.seek(0)
-    with Reader(open_container_at(Location(location.name, file=buffer))) as reader:  # named as the file in errors
+    with open_reader_at(Location(location.name, file=buffer)) as reader:  # named as the file in errors
         return reader.load(like, **options)
 
 

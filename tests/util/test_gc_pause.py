@@ -256,7 +256,7 @@ def test_a_folder_pauses_while_it_parses_headers_never_while_it_lists_reads_or_c
         ("jaxstow._read.sharded_folder", "_leaves"): "building the leaves",
     })
     where = "folder"
-    tree = jaxstow.load(sys.argv[1], names=names, as_numpy=True)
+    tree = jaxstow.huggingface.load(sys.argv[1], names=names, as_numpy=True)
     sys.setprofile(None)
     print(len(jax.tree_util.tree_leaves(tree)), json.dumps({what: sorted(states) for what, states in seen.items()}))
     """

@@ -7,11 +7,11 @@ flax's ``kernel`` (in, out)): the names alone decide which, never the shapes, so
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
->>> from jaxstow._read.sharded_folder import FolderFile, open_folder
+>>> from jaxstow._read.sharded_folder import FolderFile, folder_listing, open_folder
 >>> from jaxstow._storage.opening import locate
 >>> folder = tempfile.mkdtemp()
 >>> save_file({"fc.weight": np.arange(4.0).reshape(2, 2)}, os.path.join(folder, "model.safetensors"))
->>> with open_folder(locate(folder), FolderFile, transposed={"fc.weight"}) as opened:
+>>> with open_folder(folder_listing(locate(folder)), FolderFile, transposed={"fc.weight"}) as opened:
 ...     print(opened.paths, opened.read("fc.weight", np.s_[0]), opened.mapped(None).paths)
 ['fc.weight'] [0. 2.] ['fc/weight']
 """

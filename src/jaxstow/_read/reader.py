@@ -23,9 +23,22 @@ from jaxstow._read.sharded_folder import folder_listing, open_folder
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
+from jaxstow._util.deprecation import moved_keywords
 from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnknownNameError
 
-__all__ = ["FolderReader", "LeafInfo", "Reader", "open", "open_container_at", "open_parts", "open_reader_at"]
+__all__ = [
+    "HUGGING_FACE_OPTIONS",
+    "FolderReader",
+    "LeafInfo",
+    "Reader",
+    "open",
+    "open_folder_at",
+    "open_parts",
+    "open_reader_at",
+]
+
+#: The options of a folder of safetensors files (:func:`jaxstow.huggingface.load` and ``open`` take them).
+HUGGING_FACE_OPTIONS = ("names", "transposed")
 
 
 class Reader(OpenedFile):
@@ -79,12 +92,12 @@ class Reader(OpenedFile):
 
 
 class FolderReader(FolderFile, Reader):
-    """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file; :func:`jaxstow.open` makes it.
+    """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file.
 
-    Its paths are the tensor names, or those ``names`` gives them; the 2-d tensors that ``transposed`` marks are read
-    turned over, by ``reader[path]``, :meth:`read` and :meth:`load` alike. :meth:`load` without ``like`` gives a flat
-    dict by path; with ``like``, the tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere.
-    See docs/other-formats.md.
+    :func:`jaxstow.huggingface.open` and :func:`jaxstow.open` make it. Its paths are the tensor names, or those
+    ``names`` gives them; the 2-d tensors that ``transposed`` marks are read turned over, by ``reader[path]``,
+    :meth:`read` and :meth:`load` alike. :meth:`load` without ``like`` gives a flat dict by path; with ``like``, the
+    tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere. See docs/other-formats.md.
     """
 
     def load(
@@ -97,7 +110,7 @@ class FolderReader(FolderFile, Reader):
     ) -> Any:
         """Restore the tensors, as :meth:`Reader.load` does, by path or into ``like``'s paths.
 
-        ``names`` and ``transposed``, when given, stand for those given to :func:`jaxstow.open`.
+        ``names`` and ``transposed``, when given, stand for those the folder was opened with.
         """
         self.check_open("loading the tree")
         names = names if names is not None else self.names
@@ -109,35 +122,60 @@ class FolderReader(FolderFile, Reader):
         return restore(self.mapped(names, transposed), like, **options)
 
 
-def open_reader_at(
+def open_reader_at(location: Location, settings: StorageSettings | None = None, *, mmap: bool = False) -> Reader:
+    """The one opening step: the file at ``location`` as a :class:`Reader`, or the folder of safetensors files there as
+    a :class:`FolderReader`.
+
+    The location is opened once: a file as its container; what is no file (a local folder, a URL that names no object)
+    as a folder, whose error, when it is none that loads, says what it is and what reads it.
+    """
+    try:
+        source = location.open(settings)
+    except (IsAFolderError, PathNotFoundError) as error:
+        folder = _folder_at(location, settings, error)
+        if mmap:
+            folder.close()
+            raise ArgumentError(
+                f"mmap=True maps one local file, and {location.name} is a folder of safetensors files"
+            ) from None
+        return folder
+    return Reader(_container(location, source), mmap=mmap)
+
+
+def open_folder_at(
     location: Location,
     settings: StorageSettings | None = None,
     *,
-    mmap: bool = False,
     names: Names | None = None,
     transposed: Transposed | None = None,
-) -> Reader:
-    """A reader of the file, or of the folder of safetensors files, at ``location``.
+) -> FolderReader:
+    """The folder of safetensors files at ``location``, its tensors named by ``names``, those ``transposed`` marks
+    turned over; a file there is an :class:`~jaxstow.errors.ArgumentError`."""
+    try:
+        source = location.open(settings)
+    except (IsAFolderError, PathNotFoundError) as error:
+        return _folder_at(location, settings, error, names=names, transposed=transposed)
+    source.close()
+    raise ArgumentError(
+        f"{location.name}: is a file, not a folder of safetensors files (names= and transposed= are for such folders): "
+        f"jaxstow.load({location.name!r}) reads it"
+    )
 
-    ``names`` and ``transposed`` are for a folder; a URL that names no object is looked at as a folder.
-    """
-    listing = folder_listing(location, settings) if location.path is not None else None
-    if listing is None:
-        try:
-            reader = Reader(open_container_at(location, settings), mmap=mmap)
-        except PathNotFoundError:
-            if location.url is None or folder_listing(location, settings) is None:
-                raise
-        else:
-            if names is not None or transposed is not None:
-                reader.close()
-                raise ArgumentError(
-                    f"names= and transposed= are for a folder of safetensors files, and {location.name} is a file"
-                )
-            return reader
-    if mmap:
-        raise ArgumentError(f"mmap=True maps one local file, and {location.name} is a folder of safetensors files")
-    return open_folder(location, FolderReader, settings, names=names, transposed=transposed)
+
+def _folder_at(
+    location: Location,
+    settings: StorageSettings | None,
+    error: IsAFolderError | PathNotFoundError,
+    **view: Any,
+) -> FolderReader:
+    """The folder of safetensors files at ``location``, which did not open as a file (``error``); ``error`` explained
+    if it is none."""
+    listing = None if location.path is None and location.url is None else folder_listing(location, settings)
+    if listing is not None:
+        return open_folder(listing, FolderReader, settings, **view)
+    if isinstance(error, IsAFolderError):
+        raise explained(error, location) from None
+    raise error
 
 
 def open(
@@ -147,13 +185,13 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    names: Names | None = None,
-    transposed: Transposed | None = None,
+    **shortcuts: Any,
 ) -> Reader:
     """Open a jaxstow, safetensors or npz file lazily: only its header is read until a leaf is asked for.
 
-    A folder of safetensors files (Hugging Face's index and shards) opens as one :class:`FolderReader` whose paths are
-    the tensor names (docs/other-formats.md). Close the reader returned, or use it in a ``with`` block.
+    A folder of safetensors files (Hugging Face's index and shards) opens as one reader whose paths are the tensor
+    names; :func:`jaxstow.huggingface.open` names them as a tree wants them (docs/other-formats.md). Close the reader
+    returned, or use it in a ``with`` block.
 
     Args:
         target: a file name, an fsspec URL or a binary file object.
@@ -161,9 +199,7 @@ def open(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
-        names: for a folder, each tensor's path (a function ``name -> path``, ``None`` to leave it out, or a mapping).
-        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``), read turned over whatever
-            their shape: names, or a predicate.
+        **shortcuts: ``names=`` and ``transposed=``, deprecated: :func:`jaxstow.huggingface.open` takes them.
 
     Raises:
         FormatError: the file is not one jaxstow reads; the message names the call that reads it.
@@ -176,8 +212,14 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
+    view = moved_keywords("jaxstow.open", shortcuts, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.open")
+    if shortcuts:
+        raise ArgumentError(f"open() got an unexpected keyword argument {next(iter(shortcuts))!r}")
+    location = locate(target)
     settings = storage_settings(storage_options, transfer, cache_dir)
-    return open_reader_at(locate(target), settings, mmap=mmap, names=names, transposed=transposed)
+    if view:
+        return open_folder_at(location, settings, **view)
+    return open_reader_at(location, settings, mmap=mmap)
 
 
 def open_parts(targets: Sequence[Readable]) -> Reader:
@@ -189,7 +231,8 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
     containers: list[Container] = []
     try:
         for target in targets:
-            containers.append(open_container_at(locate(target)))
+            location = locate(target)
+            containers.append(_container(location, _opened_file(location)))
         return Reader(containers)
     except BaseException:
         for container in containers:
@@ -200,17 +243,20 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
         raise
 
 
-def open_container_at(location: Location, settings: StorageSettings | None = None) -> Container:
-    """The container of the file at ``location``.
-
-    When it is not one jaxstow reads (a folder, a file of another library), the error says what it is and what reads it:
-    the one call to :func:`~jaxstow._read.foreign.explained`, made only then. The source opened belongs to the
-    container, or is closed on failure.
-    """
+def _opened_file(location: Location) -> ReadSource:
+    """The source of the file at ``location``; a folder there is an error that says what it is and what reads it."""
     try:
-        source = location.open(settings)
+        return location.open()
     except IsAFolderError as error:
         raise explained(error, location) from None
+
+
+def _container(location: Location, source: ReadSource) -> Container:
+    """The container on ``source``, the file at ``location``, which it then owns (``source`` is closed on failure).
+
+    When it is not one jaxstow reads (a file of another library), the error says what it is and what reads it: the one
+    call to :func:`~jaxstow._read.foreign.explained`, made only then, on the source already open.
+    """
     try:
         return open_container(source)
     except FormatError as error:

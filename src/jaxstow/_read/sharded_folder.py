@@ -11,12 +11,12 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
->>> from jaxstow._read.sharded_folder import FolderFile, open_folder
+>>> from jaxstow._read.sharded_folder import FolderFile, folder_listing, open_folder
 >>> from jaxstow._storage.opening import locate
 >>> folder = tempfile.mkdtemp()
 >>> save_file({"a.w": np.ones((2, 3), np.float32)}, os.path.join(folder, "model-00001-of-00002.safetensors"))
 >>> save_file({"b": np.zeros(4, np.int8)}, os.path.join(folder, "model-00002-of-00002.safetensors"))
->>> with open_folder(locate(folder), FolderFile) as opened:
+>>> with open_folder(folder_listing(locate(folder)), FolderFile) as opened:
 ...     print(opened.paths, opened.read("a.w", np.s_[0, 1:]), opened.mapped(None, {"a.w"}).stored["a/w"].shape)
 ['a.w', 'b'] [1. 1.] (3, 2)
 """
@@ -177,20 +177,17 @@ def _shard_name(name: str) -> bool:
 
 
 def open_folder(
-    location: Location,
+    listing: Listing,
     kind: type[F],
     settings: StorageSettings | None = None,
     *,
     names: Names | None = None,
     transposed: Transposed | None = None,
 ) -> F:
-    """The sharded safetensors folder at ``location`` as a ``kind``, its files' headers read; an error if it is none.
+    """The sharded safetensors folder of ``listing`` (:func:`folder_listing`) as a ``kind``, its files' headers read.
 
     ``names`` and ``transposed`` give the view's paths and the tensors read turned over (see :class:`FolderFile`).
     """
-    listing = folder_listing(location, settings)
-    if listing is None:
-        raise PathNotFoundError("is no folder of safetensors files", file=location.name)
     containers: list[Container] = []
     budget = Budget()
     try:

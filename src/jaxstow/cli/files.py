@@ -202,7 +202,10 @@ def hf_listing(target: str) -> Listing | None:
 def open_hf_folder(target: str) -> Iterator[FolderReader]:
     """The Hugging Face folder at ``target`` as one lazy file, every shard's header read and checked, the index against
     the shards; closed when the block ends."""
-    reader = open_folder(locate(target), FolderReader, storage(target))
+    listing = folder_listing(locate(target), storage(target))
+    if listing is None:
+        raise PathNotFoundError("is no folder of safetensors files", file=target)
+    reader = open_folder(listing, FolderReader, storage(target))
     try:
         yield reader
     finally:
