@@ -1,30 +1,44 @@
 """``jaxstow.open`` and :class:`jaxstow.Reader`: a file opened lazily, only its header read until a leaf is asked for.
 
-A :class:`Reader` is an :class:`~jaxstow._read.opened.OpenedFile`, which reads leaves and slices, that also restores
-trees (:mod:`jaxstow._read.restore`). See docs/restoring.md.
+The one opening step of the read path (:func:`open_reader_at`) turns a location into a :class:`Reader`: a file's, or a
+folder of safetensors files'. A :class:`Reader` is an :class:`~jaxstow._read.opened.OpenedFile`, which indexes and
+reads leaves, that also describes them, reads slices and restores trees (:mod:`jaxstow._read.restore`). See
+docs/restoring.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Unpack
+
+import jax
+import numpy as np
 
 from jaxstow._format.native_or_npz import Container, open_container
+from jaxstow._format.per_process import PerProcess
 from jaxstow._format.skeleton import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
-from jaxstow._read.opened import LeafInfo, OpenedFile
+from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._read.sharded_folder import folder_listing, open_folder
+from jaxstow._read.slicing import parse_index
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved_keywords
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnknownNameError
+from jaxstow.errors import (
+    ArgumentError,
+    FormatError,
+    IsAFolderError,
+    PathNotFoundError,
+    SliceError,
+    UnknownNameError,
+)
 
 __all__ = [
     "HUGGING_FACE_OPTIONS",
@@ -39,6 +53,25 @@ __all__ = [
 
 #: The options of a folder of safetensors files (:func:`jaxstow.huggingface.load` and ``open`` take them).
 HUGGING_FACE_OPTIONS = ("names", "transposed")
+_shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
+
+
+class LeafInfo(NamedTuple):
+    """One leaf of a file, as its header describes it (:meth:`jaxstow.Reader.info`).
+
+    Attributes:
+        path: the leaf's path in the tree, such as ``"params/w"``.
+        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"``, ``"value"`` or ``"per_process"``.
+        dtype: a stored leaf's dtype; ``None`` for a value.
+        shape: a stored leaf's shape (a PRNG key's leaves out its key data); ``None`` for a value.
+        nbytes: the bytes a stored leaf takes in the file; 0 for a value.
+    """
+
+    path: str
+    kind: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+    nbytes: int
 
 
 class Reader(OpenedFile):
@@ -59,6 +92,72 @@ class Reader(OpenedFile):
     ['name', 'w'] {'step': 3} [3. 6.]
     {'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
     """
+
+    def info(self, path: str) -> LeafInfo:
+        """Describe the leaf at ``path`` from the header alone.
+
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+
+        Returns:
+            Its :class:`LeafInfo`: kind, dtype, shape and size.
+
+        Raises:
+            RequestError: the file has no such leaf.
+
+        >>> import io, numpy as np, jaxstow
+        >>> buffer = io.BytesIO()
+        >>> jaxstow.save(buffer, {"w": np.ones((4, 3), np.float32)}); _ = buffer.seek(0)
+        >>> jaxstow.open(buffer).info("w")
+        LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
+        """
+        self.check_path(path)
+        if path in self.value_entries:
+            return LeafInfo(path, self.value_entries[path]["kind"], None, None, 0)
+        leaf = self.stored[path]
+        shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
+        return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
+
+    @property
+    def abstract(self) -> Any:
+        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf and plain values as they are."""
+        leaves = [self._abstract_leaf(path) for path in self.paths]
+        treedef = self.treedef()
+        return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
+
+    def _abstract_leaf(self, path: str) -> Any:
+        if path in self.per_process:
+            return PerProcess(None, iterator=self.value_entries[path].get("iterator", False))
+        if path in self.value_entries:
+            return self.value(path)
+        leaf = self.stored[path]
+        if leaf.kind == "key":
+            data = _shape_dtype(leaf.shape, leaf.dtype)
+            key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
+            return _shape_dtype(key.shape, key.dtype)
+        return _shape_dtype(leaf.shape, leaf.dtype)
+
+    def read(self, path: str, index: Any = ...) -> np.ndarray:
+        """Read the part ``index`` of the array at ``path``, touching only the bytes it needs.
+
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+            index: integers, slices and ``...``, as numpy takes them (``numpy.s_[1:3, 0]``); ``...`` reads the whole
+                leaf and verifies it against its checksum.
+
+        Returns:
+            A numpy array.
+
+        Raises:
+            SliceError: the index is out of bounds or not made of integers and slices, or the leaf is no array.
+        """
+        self.check_path(path)
+        leaf = self.stored.get(path)
+        if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
+            kind = "a value" if leaf is None else f"a {leaf.kind}"
+            raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
+        box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
+        return np.asarray(self.read_box(path, box)[rest])
 
     def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
         """Restore the tree, or a part of it, as :func:`jaxstow.load` does.
@@ -120,6 +219,10 @@ class FolderReader(FolderFile, Reader):
         if names is None and like is None:
             names = str  # without like, the tensors keep their names
         return restore(self.mapped(names, transposed), like, **options)
+
+    def info(self, path: str) -> LeafInfo:
+        """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
+        return super().info(path)._replace(kind="array")
 
 
 def open_reader_at(location: Location, settings: StorageSettings | None = None, *, mmap: bool = False) -> Reader:

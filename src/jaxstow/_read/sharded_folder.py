@@ -17,8 +17,8 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 >>> save_file({"a.w": np.ones((2, 3), np.float32)}, os.path.join(folder, "model-00001-of-00002.safetensors"))
 >>> save_file({"b": np.zeros(4, np.int8)}, os.path.join(folder, "model-00002-of-00002.safetensors"))
 >>> with open_folder(folder_listing(locate(folder)), FolderFile) as opened:
-...     print(opened.paths, opened.read("a.w", np.s_[0, 1:]), opened.mapped(None, {"a.w"}).stored["a/w"].shape)
-['a.w', 'b'] [1. 1.] (3, 2)
+...     print(opened.paths, opened.read_box("a.w", ((0, 1), (1, 3))), opened.mapped(None, {"a.w"}).stored["a/w"].shape)
+['a.w', 'b'] [[1. 1.]] (3, 2)
 """
 
 from __future__ import annotations
