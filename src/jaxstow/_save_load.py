@@ -17,7 +17,6 @@ docs/saving-and-loading.md and docs/restoring.md.
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping
 from typing import Any, Unpack, cast
@@ -27,8 +26,10 @@ import numpy as np
 
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import read_foreign
+from jaxstow._read.memory_tree import TreeInMemory
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
+from jaxstow._read.restore import restore
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.paths import PathOrFile, display_name
 from jaxstow._storage.settings import StorageSettings, storage_settings
@@ -141,7 +142,8 @@ def load(
 def _load_foreign(
     location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings
 ) -> Any:
-    """A file of another library, read into memory, then restored as a jaxstow file is (equinox: into ``like``)."""
+    """A file of another library, read into memory, then restored from there as a jaxstow file is (equinox: into
+    ``like``); errors name the file."""
     tree = read_foreign(location, from_format, like=like, settings=settings)
     if from_format == "equinox":
         other = sorted(set(options) - {"as_numpy", "progress"})
@@ -149,11 +151,8 @@ def _load_foreign(
             raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
         as_numpy = options.get("as_numpy", False)
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
-    buffer = io.BytesIO()
-    save(buffer, tree)
-    buffer.seek(0)
-    with open_reader_at(Location(location.name, file=buffer)) as reader:  # named as the file in errors
-        return reader.load(like, **options)
+    with TreeInMemory(tree, name=location.name) as opened:
+        return restore(opened, like, **options)
 
 
 def _is_destination(target: Any) -> bool:

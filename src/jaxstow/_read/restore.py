@@ -27,9 +27,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import ShardedLeaf, Stored
-from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.column_reads import read_all
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
@@ -352,7 +350,7 @@ def _value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     """The value at ``path``: a value leaf's, or a per-process leaf's own (``every``: each process's)."""
     if path in opened.per_process:
         return per_process_value(opened, path, every=every)
-    return decode_value_entry(opened.value_entries[path], file=opened.file)
+    return opened.value(path)
 
 
 def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool, every: bool) -> Any:
@@ -377,7 +375,7 @@ def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
         return describe_stored(opened.stored[path]) + opened.origin(path)
     if path in opened.per_process:
         return "a per-process value"
-    return Target("value", value=decode_value_entry(opened.value_entries[path], file=opened.file)).describe()
+    return Target("value", value=opened.value(path)).describe()
 
 
 def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
@@ -389,7 +387,7 @@ def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> st
         return None
     if target.output == "value":
         if stored is None:
-            value = decode_value(opened.value_entries[path].get("value"), path=path, file=opened.file)
+            value = opened.value(path)
             wanted = target.value
             if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
                 return None
