@@ -30,8 +30,7 @@ from jaxstow._read.memory_tree import TreeInMemory
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
 from jaxstow._read.restore import restore
-from jaxstow._storage.opening import Location, locate
-from jaxstow._storage.paths import PathOrFile, display_name
+from jaxstow._storage.opening import Location, PathOrFile, display_name, locate, reached
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved_keywords
@@ -128,10 +127,11 @@ def load(
     >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
     {'w': Array([1., 1.], dtype=float32)}
     """
-    view = moved_keywords(
-        "jaxstow.load", cast(dict[str, Any], options), HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.load"
-    )
-    settings = storage_settings(storage_options, transfer, cache_dir)
+    view: dict[str, Any] = {}
+    if options.keys() & set(HUGGING_FACE_OPTIONS):  # deprecated here: jaxstow.huggingface.load takes them
+        given = cast(dict[str, Any], options)
+        view = moved_keywords("jaxstow.load", given, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.load")
+    settings = reached(storage_options, transfer, cache_dir)
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
@@ -140,7 +140,7 @@ def load(
 
 
 def _load_foreign(
-    location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings
+    location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings | None
 ) -> Any:
     """A file of another library, read into memory, then restored from there as a jaxstow file is (equinox: into
     ``like``); errors name the file."""
@@ -184,6 +184,5 @@ def load_metadata(
     >>> jaxstow.load_metadata(io.BytesIO(save({"x": np.ones(2)}, metadata={"source": "hub"})))
     {'source': 'hub'}
     """
-    settings = storage_settings(storage_options, transfer, cache_dir)
-    with open_reader_at(locate(path_or_file), settings) as reader:
+    with open_reader_at(locate(path_or_file), reached(storage_options, transfer, cache_dir)) as reader:
         return reader.metadata

@@ -29,8 +29,7 @@ from typing import Any, Unpack
 from jaxstow._read.folder_file import Names, Transposed
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import FolderReader, open_folder_at
-from jaxstow._storage.opening import Readable, locate
-from jaxstow._storage.settings import storage_settings
+from jaxstow._storage.opening import Readable, locate, reached
 from jaxstow._storage.transfer import Transfer
 from jaxstow.checkpoint.hf_export import export_safetensors
 
@@ -99,5 +98,5 @@ def open(
         ArgumentError: a file rather than a folder (:func:`jaxstow.open` reads it).
         FormatError: a file of the folder is damaged or no plain safetensors file; the message names it.
     """
-    settings = storage_settings(storage_options, transfer, cache_dir)
+    settings = reached(storage_options, transfer, cache_dir)
     return open_folder_at(locate(folder), settings, names=names, transposed=transposed)

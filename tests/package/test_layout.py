@@ -207,8 +207,8 @@ def test_a_load_resolves_its_argument_once_and_goes_straight_to_the_bytes(tmp_pa
     jaxstow.load(path)  # imports and compiles what a load needs
     modules, calls = traced(lambda: jaxstow.load(path), path)
     assert calls["jaxstow._storage.opening.locate"] == 1
-    assert calls["jaxstow._storage.paths.local_path"] == 1
-    assert calls["jaxstow._storage.paths.display_name"] == 0
+    assert calls["jaxstow._storage.opening.local_path"] == 1
+    assert calls["jaxstow._storage.opening.display_name"] == 0
     assert not any(name.startswith("jaxstow._read.foreign.") for name in calls)
     visited = set(modules)
     assert len(visited) <= 10, modules

@@ -27,8 +27,8 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._read.sharded_folder import folder_listing, open_folder
 from jaxstow._read.slicing import parse_index
-from jaxstow._storage.opening import Location, Readable, locate
-from jaxstow._storage.settings import StorageSettings, storage_settings
+from jaxstow._storage.opening import Location, Readable, locate, reached
+from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved_keywords
 from jaxstow.errors import (
@@ -315,12 +315,12 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
-    view = moved_keywords("jaxstow.open", shortcuts, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.open")
-    if shortcuts:
-        raise ArgumentError(f"open() got an unexpected keyword argument {next(iter(shortcuts))!r}")
     location = locate(target)
-    settings = storage_settings(storage_options, transfer, cache_dir)
-    if view:
+    settings = reached(storage_options, transfer, cache_dir)
+    if shortcuts:
+        view = moved_keywords("jaxstow.open", shortcuts, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.open")
+        if shortcuts:
+            raise ArgumentError(f"open() got an unexpected keyword argument {next(iter(shortcuts))!r}")
         return open_folder_at(location, settings, **view)
     return open_reader_at(location, settings, mmap=mmap)
 

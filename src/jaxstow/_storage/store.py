@@ -18,8 +18,7 @@ from typing import BinaryIO, Protocol
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.folders import LocalStore
-from jaxstow._storage.opening import refuse_options
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path, refuse_options
 from jaxstow._storage.settings import StorageSettings
 
 __all__ = ["Staging", "Store", "open_store"]
