@@ -18,7 +18,7 @@ import numpy as np
 
 from jaxstow._format.native_or_npz import Container, open_container
 from jaxstow._format.per_process import PerProcess
-from jaxstow._format.skeleton import with_every_library
+from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
