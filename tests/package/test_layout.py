@@ -143,14 +143,14 @@ def test_the_layout_test_sees_a_violation():
     assert "jaxstow._read.restore" in GRAPH["jaxstow._read.reader"]
     assert "jaxstow._storage.remote" in GRAPH["jaxstow._storage.opening"]  # imported inside a function
     assert "jaxstow.train" in GRAPH["jaxstow"]  # only under TYPE_CHECKING (and imported on first use)
-    assert "jaxstow._read.opened" in GRAPH["jaxstow._read.column_reads"]
-    assert "jaxstow._read.opened" not in GRAPH["jaxstow._read.leaf_index"]
+    assert "jaxstow._read.opened" in GRAPH["jaxstow._read.per_process"]
+    assert "jaxstow._read.opened" not in GRAPH["jaxstow._read.shard_reads"]
     # A circle closed only by a type-checking import, or only by an import inside a function, is found.
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from jaxstow._read.opened import OpenedFile\n"
-    late = "def read():\n    from jaxstow._read.leaf_index import StoredLeaves\n"
+    late = "def read():\n    from jaxstow._read.shard_reads import ShardReads\n"
     graph = dict(GRAPH)
-    graph["jaxstow._read.leaf_index"] = imported("jaxstow._read.leaf_index", typed)
-    assert "jaxstow._read.opened -> jaxstow._read.leaf_index -> jaxstow._read.opened" in circles_in(graph)
+    graph["jaxstow._read.shard_reads"] = imported("jaxstow._read.shard_reads", typed)
+    assert "jaxstow._read.opened -> jaxstow._read.shard_reads -> jaxstow._read.opened" in circles_in(graph)
     graph = dict(GRAPH)
     graph["jaxstow._format.tensor_reads"] = imported("jaxstow._format.tensor_reads", late)
     assert any("jaxstow._format.tensor_reads" in circle for circle in circles_in(graph))

@@ -3,6 +3,7 @@
 The columns ``paths``, ``kinds`` (one letter per leaf), ``xxh3`` and ``details`` (for the few leaves that need more
 than their tensor says) are specified in docs/format.md ("Leaf columns"). They are checked as wholes; each detail is
 checked as a version 2 entry is. A manifest being written keeps its entries (``leaves``) until the header is written.
+A file read keeps its stored leaves by path as :class:`StoredLeaves`, each described only when asked for.
 
 >>> from jaxstow._format.columns import check_columns, columnar
 >>> from jaxstow._format.tensor_reads import TensorSlot
@@ -21,18 +22,21 @@ jaxstow.errors.FormatError: f.jxs: the manifest's kinds must be a string of one 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 
+from jaxstow._format.leaves import StoredLeaf
 from jaxstow._format.manifest import _check_entry
+from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, excerpt
 
-__all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "check_columns", "columnar"]
+__all__ = ["COLUMNAR_VERSION", "KIND_NAMES", "LeafColumns", "StoredLeaves", "check_columns", "columnar"]
 
 #: The first format version whose manifest holds columns.
 COLUMNAR_VERSION = 3
@@ -165,3 +169,67 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
             raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=paths[start])
         start = kinds.find("n", start + 1)
     return columns
+
+
+#: The kinds of leaf kept apart from the stored ones: values and per-process leaves.
+_NOT_STORED = "vp"
+
+
+class StoredLeaves(MutableMapping[str, Stored]):
+    """The stored leaves of a version 3 file by path.
+
+    Those with details are made (and checked) when the file is opened, the others, stored exactly as their tensors, when
+    first asked for.
+
+    >>> import io, numpy as np, jaxstow
+    >>> saved = io.BytesIO()
+    >>> jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2})
+    >>> with jaxstow.open(io.BytesIO(saved.getvalue())) as reader:
+    ...     leaves = reader.stored
+    ...     print(type(leaves).__name__, list(leaves), leaves.described())
+    ...     print(leaves["w"].shape, [leaf.path for leaf in leaves.described()])
+    StoredLeaves ['b', 'w'] []
+    (3,) ['w']
+    """
+
+    def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:
+        self._columns = columns
+        self._slots = slots
+        self._made = made
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:  # made when a leaf is first asked for: a whole restore never asks
+        return dict(zip(self._columns.paths, range(len(self._columns.paths)), strict=True))
+
+    def __getitem__(self, path: str) -> Stored:
+        leaf = self._made.get(path)
+        if leaf is None:
+            i = self._index[path]
+            if not self._columns.stored[i] or self._columns.kinds[i] == "p":
+                raise KeyError(path)
+            slot = self._slots[path]
+            kind = KIND_NAMES[self._columns.kinds[i]]
+            leaf = self._made[path] = StoredLeaf(path, kind, slot.dtype, slot.shape, self._columns.checksum(i), None)
+        return leaf
+
+    def described(self) -> list[Stored]:
+        """The leaves described so far: those with details (sharded leaves among them) and those asked for."""
+        return list(self._made.values())
+
+    def __setitem__(self, path: str, leaf: Stored) -> None:
+        self._made[path] = leaf
+
+    def __delitem__(self, path: str) -> None:
+        raise TypeError("the leaves of a file cannot be removed")
+
+    def __contains__(self, path: object) -> bool:
+        i = self._index.get(path) if isinstance(path, str) else None
+        return i is not None and self._columns.kinds[i] not in _NOT_STORED
+
+    def __iter__(self) -> Iterator[str]:
+        return (
+            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
+        )
+
+    def __len__(self) -> int:
+        return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))

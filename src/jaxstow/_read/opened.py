@@ -32,14 +32,15 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
-from jaxstow._format.columns import LeafColumns
-from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
+from jaxstow._format.columns import LeafColumns, StoredLeaves
+from jaxstow._format.leaves import StoredLeaf, stored_leaf_from_entry
 from jaxstow._format.native import NativeReader
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
-from jaxstow._format.skeleton import decode_treedef
+from jaxstow._format.skeleton import decode_treedef, decode_value
+from jaxstow._format.tensor_reads import read_tensors
+from jaxstow._format.tensor_table import SlotTable
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.leaf_index import StoredLeaves
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box
 from jaxstow._storage.sources import LocalFile
@@ -219,7 +220,7 @@ class OpenedFile(Mapping[str, Any]):
 
     def value(self, path: str) -> Any:
         """The value of the value leaf at ``path`` (one of :attr:`value_entries`)."""
-        return decode_value_entry(self.value_entries[path], file=self.file)
+        return decode_value(self.value_entries[path].get("value"), path=path, file=self.file)
 
     def origin(self, path: str) -> str:
         """What a message adds to the leaf at ``path`` to say where it comes from: nothing, for a leaf of one file."""
@@ -286,6 +287,50 @@ class OpenedFile(Mapping[str, Any]):
         if leaf.kind == "key":
             return jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
         return array
+
+    def read_all(self) -> list[Any] | None:
+        """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns.
+
+        One pass over the slot table, with no Python object per leaf but the array itself, and every checksum compared
+        at once. ``None`` for a file this cannot read so (another container or version, sharded or per-process leaves,
+        a memory map).
+        """
+        slots, columns = self.container.slots, self.container.columns
+        source = getattr(self.container, "source", None)
+        if columns is None or not isinstance(slots, SlotTable) or source is None or self._map is not None:
+            return None
+        if "s" in columns.kinds or "p" in columns.kinds:
+            return None
+        paths = columns.stored_paths()
+        rows = np.fromiter(map(slots.index.__getitem__, paths), np.int64, len(paths))
+        row_list = rows.tolist()
+        dtypes = [slots.dtypes[row] for row in row_list]
+        shapes = [slots.shapes[row] for row in row_list]
+        positions = np.flatnonzero(columns.stored).tolist()
+        special = [(k, i) for k, i in enumerate(positions) if i in columns.entries or columns.kinds[i] != "a"]
+        leaves = {k: self.stored[columns.paths[i]] for k, i in special}
+        for k, leaf in leaves.items():  # leaves stored as raw bytes have their dtype and shape in their details
+            dtypes[k], shapes[k] = leaf.dtype, leaf.shape
+        nbytes = slots.nbytes[rows]
+        self.on_read(int(nbytes.sum()))
+        digests: list[str] = []
+        arrays: list[Any] = read_tensors(source, slots.offsets[rows], nbytes, dtypes, shapes, digests)
+        if digests != columns.checksums:
+            k = next(
+                k for k, (found, wanted) in enumerate(zip(digests, columns.checksums, strict=True)) if found != wanted
+            )
+            self.verify(paths[k], digests[k], columns.checksums[k])
+        for k, leaf in leaves.items():
+            arrays[k] = self.as_leaf(leaf, arrays[k])
+        if len(positions) == len(columns.paths):
+            return arrays
+        values: list[Any] = [None] * len(columns.paths)
+        for i, array in zip(positions, arrays, strict=True):
+            values[i] = array
+        for i, entry in columns.entries.items():
+            if entry["kind"] == "value":
+                values[i] = self.value(entry["path"])
+        return values
 
     @property
     def memory_mapped(self) -> bool:

@@ -22,7 +22,6 @@ import jax
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.native_or_npz import open_container
 from jaxstow._format.per_process import PerProcess, is_stateful
-from jaxstow._read.column_reads import read_all
 from jaxstow._read.opened import OpenedFile
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError
@@ -72,7 +71,7 @@ def _decode(opened: OpenedFile, path: str, process: int) -> Any:
     nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
     with nested:
         treedef = nested.treedef()
-        leaves = read_all(nested)
+        leaves = nested.read_all()
         if treedef is None or leaves is None:
             raise FormatError(f"process {process}'s value is not a file of plain arrays and values", file=where)
     return treedef.unflatten(leaves)

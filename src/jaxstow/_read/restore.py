@@ -30,7 +30,6 @@ import numpy as np
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.column_reads import read_all
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
@@ -134,7 +133,7 @@ def _rebuild(
     every: bool,
     pipeline: bool,
 ) -> Any:
-    everything = read_all(opened) if select is None and sharding is None and not pipeline else None
+    everything = opened.read_all() if select is None and sharding is None and not pipeline else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
