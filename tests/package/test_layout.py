@@ -139,7 +139,7 @@ def test_no_import_circle():
 
 def test_the_layout_test_sees_a_violation():
     """The checks above are only as good as the graph: it holds the imports that matter."""
-    assert "jaxstow._format.source" in GRAPH["jaxstow._format.native"]
+    assert "jaxstow._format.source" in GRAPH["jaxstow._format.header"]
     assert "jaxstow._read.restore" in GRAPH["jaxstow._read.reader"]
     assert "jaxstow._storage.remote" in GRAPH["jaxstow._storage.opening"]  # imported inside a function
     assert "jaxstow.train" in GRAPH["jaxstow"]  # only under TYPE_CHECKING (and imported on first use)

@@ -46,6 +46,7 @@ __all__ = [
     "metadata_problem",
     "plain_metadata",
     "tensor_names",
+    "version_at_least",
 ]
 
 FORMAT_NAME = "jaxstow"
@@ -114,6 +115,11 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
     return manifest
+
+
+def version_at_least(version: Any, least: int) -> bool:
+    """Whether a manifest's ``version`` (anything, in a file not checked yet) is an integer of at least ``least``."""
+    return type(version) is int and version >= least
 
 
 def metadata_problem(metadata: Any) -> str | None:

@@ -7,7 +7,7 @@ slices, the tree restored).
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._read.opened import OpenedFile
->>> from jaxstow._format.native_or_npz import open_container
+>>> from jaxstow._format.header import open_container
 >>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
 >>> jaxstow.save(buffer, {"w": jnp.arange(3.0), "depth": 2})
@@ -33,13 +33,12 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.columns import LeafColumns, StoredLeaves
+from jaxstow._format.header import NativeReader, SlotTable
 from jaxstow._format.leaves import StoredLeaf, stored_leaf_from_entry
-from jaxstow._format.native import NativeReader
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef, decode_value
 from jaxstow._format.tensor_reads import read_tensors
-from jaxstow._format.tensor_table import SlotTable
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box

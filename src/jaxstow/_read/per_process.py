@@ -19,8 +19,8 @@ from typing import Any
 
 import jax
 
+from jaxstow._format.header import open_container
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.native_or_npz import open_container
 from jaxstow._format.per_process import PerProcess, is_stateful
 from jaxstow._read.opened import OpenedFile
 from jaxstow._storage.opening import open_source

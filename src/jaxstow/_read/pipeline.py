@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
-from jaxstow._format.native import NativeReader
+from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.opened import OpenedFile

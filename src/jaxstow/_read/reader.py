@@ -16,7 +16,8 @@ from typing import Any, NamedTuple, Unpack
 import jax
 import numpy as np
 
-from jaxstow._format.native_or_npz import Container, open_container
+from jaxstow._format.header import open_container
+from jaxstow._format.native_or_npz import Container
 from jaxstow._format.per_process import PerProcess
 from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
