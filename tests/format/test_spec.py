@@ -30,7 +30,8 @@ from jaxstow._format.dtypes import (
     name_of_dtype,
     safetensors_code,
 )
-from jaxstow._format.manifest import FORMAT_VERSION, MAX_INTEGER_DIGITS, MAX_NESTING
+from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
+from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._format.native import DATA_ALIGNMENT, MAX_HEADER_BYTES
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow.errors import FormatError, MetadataError

@@ -31,15 +31,17 @@ import numpy as np
 import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM
-from jaxstow._format.columns import COLUMNAR_VERSION, LeafColumns, check_columns
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.json_codec import parse_json
+from jaxstow._format.leaves import tensor_names
 from jaxstow._format.manifest import (
+    COLUMNAR_VERSION,
     FORMAT_VERSION,
     PLAIN_METADATA_VERSION,
+    LeafColumns,
+    check_columns,
     check_manifest,
     plain_metadata,
-    tensor_names,
     version_at_least,
 )
 from jaxstow._format.native import (

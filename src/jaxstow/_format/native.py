@@ -27,10 +27,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
-from jaxstow._format.columns import columnar
 from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
 from jaxstow._format.json_codec import dump_json
-from jaxstow._format.manifest import PLAIN_METADATA_VERSION, check_nesting, plain_metadata, version_at_least
+from jaxstow._format.manifest import PLAIN_METADATA_VERSION, check_nesting, columnar, plain_metadata, version_at_least
 from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow.errors import FormatError
 

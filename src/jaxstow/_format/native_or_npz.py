@@ -19,9 +19,8 @@ from typing import Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 
-from jaxstow._format.columns import LeafColumns
 from jaxstow._format.dtypes import name_of_dtype
-from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION
+from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION, LeafColumns
 from jaxstow._format.native import Complete, write_native
 from jaxstow._format.native import stores_exactly as native_stores_exactly
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly

@@ -28,7 +28,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
-from jaxstow._format.manifest import MAX_NESTING
+from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
@@ -322,7 +322,7 @@ def _container(data: Any, depth: int) -> Any:
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
     """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
 
-    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow._format.manifest.MAX_NESTING`
+    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow._format.json_values.MAX_NESTING`
     (``depth`` counts the JSON levels around a node, as a save counts them), and the whole structure is
     unflattened once with placeholder leaves, so that a node type refusing its auxiliary data is a
     :class:`FormatError` here rather than a builtin error later.

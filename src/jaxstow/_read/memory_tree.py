@@ -24,9 +24,9 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from jaxstow._format.columns import LeafColumns
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.leaves import StoredLeaf
+from jaxstow._format.manifest import LeafColumns
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import FormatError
