@@ -33,17 +33,7 @@ import xxhash
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.json_codec import parse_json
-from jaxstow._format.leaves import tensor_names
-from jaxstow._format.manifest import (
-    COLUMNAR_VERSION,
-    FORMAT_VERSION,
-    PLAIN_METADATA_VERSION,
-    LeafColumns,
-    check_columns,
-    check_manifest,
-    plain_metadata,
-    version_at_least,
-)
+from jaxstow._format.manifest import LeafColumns, check_leaves
 from jaxstow._format.native import (
     DATA_ALIGNMENT,
     HASH_KEY,
@@ -83,43 +73,38 @@ _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 def open_container(source: ReadSource) -> Container:
     """Open a source as the container its first bytes announce, which then owns the source.
 
-    Closing the container closes the source. On failure the source stays open, for the caller to tell what else the file
-    is, and to close.
+    The first page read decides, and holds a small native header whole. The manifest must be well formed and list
+    exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
+    failure the source stays open, for the caller to tell what else the file is, and to close.
     """
-    magic = source.read(0, 4) if source.size >= 4 else b""
-    reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
-    _check_manifest(reader)
-    return reader
-
-
-def _check_manifest(reader: Container) -> None:
-    """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
+    first = source.read(0, min(source.size, DATA_ALIGNMENT))
+    reader: Container = (
+        NpzReader(source) if first[:4] in _ZIP_MAGIC else NativeReader(source, raw_header(source, first))
+    )
     if reader.manifest is None:
-        return
-    manifest = check_manifest(reader.manifest, reader.slots, file=reader.file)
-    if manifest["version"] >= COLUMNAR_VERSION:
-        reader.columns = check_columns(manifest, reader.slots, file=reader.file)
-        stored = reader.columns.tensor_names()
-    else:
-        stored = tensor_names(manifest)
+        return reader
+    plain = reader.plain if isinstance(reader, NativeReader) else None
+    reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
     if stored != reader.slots.keys():
         missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
         raise CorruptFileError(
             f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
             file=reader.file,
         )
+    return reader
 
 
-def raw_header(source: ReadSource) -> bytes:
+def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
     """The header text of a safetensors file (padding included), after checking that the file can be one.
 
     Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte more of it is read: one
-    read of the file's first :data:`DATA_ALIGNMENT` bytes, which hold a small header whole, and one for the rest.
+    read of the file's first :data:`DATA_ALIGNMENT` bytes (``first``, when they are read already), which hold a small
+    header whole, and one for the rest.
     """
     size = source.size
     if size < 8:
         raise TruncatedFileError(f"{source.describe_size()} is too short for a safetensors header", file=source.name)
-    first = source.read(0, min(size, DATA_ALIGNMENT))
+    first = source.read(0, min(size, DATA_ALIGNMENT)) if first is None else first
     (length,) = struct.unpack_from("<Q", first)
     if size == 8 or first[8:9] != b"{":
         raise FormatError(
@@ -205,6 +190,7 @@ def _check_header_checksum(raw: bytes, *, file: str) -> str:
 class _Header:
     slots: Mapping[str, TensorSlot]
     metadata: dict[str, str]
+    manifest: Any
 
 
 class NativeReader:
@@ -214,7 +200,8 @@ class NativeReader:
     manifest's format name) must pass the header checksum, so a damaged key never turns a jaxstow file into a plain
     safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
     (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
-    must be its string values. ``raw``, when given, is the header's text already read (:func:`raw_header`);
+    must be its string values (:attr:`plain`, which :func:`open_container` checks). ``raw``, when given, is the
+    header's text already read (:func:`raw_header`);
     ``fast=False`` parses it with memory that follows its entries, not its length (see
     :func:`~jaxstow._format.json_codec.parse_json`).
     """
@@ -227,31 +214,9 @@ class NativeReader:
         raw = raw_header(source) if raw is None else raw
         with gc_paused():  # the header read, parsing it makes objects for each tensor: see jaxstow._util.gc_pause
             header = self._read_header(raw, fast)
-            self.slots = header.slots
-            self.metadata = header.metadata
-            if MANIFEST_KEY in self.metadata:
-                self.manifest = parse_json(self.metadata[MANIFEST_KEY], what="the jaxstow manifest", file=self.file)
-                self._check_plain_keys(self.manifest)
-
-    def _check_plain_keys(self, manifest: Any) -> None:
-        """Check that the keys beside jaxstow's own are exactly the user's string metadata.
-
-        Only version 4 on writes them; a newer version is left to the manifest's check, which says it is newer.
-        """
-        plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
-        version = manifest.get("version") if isinstance(manifest, dict) else None
-        if version_at_least(version, FORMAT_VERSION + 1):
-            return
-        if plain and not version_at_least(version, PLAIN_METADATA_VERSION):
-            raise CorruptFileError(
-                f"the header's metadata keys {excerpt(sorted(self.metadata))} are not jaxstow's: the header is corrupt",
-                file=self.file,
-            )
-        if version_at_least(version, PLAIN_METADATA_VERSION) and plain != plain_metadata(manifest.get("metadata")):
-            raise CorruptFileError(
-                "the header's plain metadata keys differ from the manifest's string metadata: the header is corrupt",
-                file=self.file,
-            )
+        self.slots, self.metadata, self.manifest = header.slots, header.metadata, header.manifest
+        #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.
+        self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
 
     def _read_header(self, raw: bytes, fast: bool) -> _Header:
         length = len(raw)
@@ -263,7 +228,7 @@ class NativeReader:
             raise FormatError("the header is not a JSON object", file=self.file)
         last = next(reversed(header), None)
         metadata = header.pop("__metadata__", None) or {}
-        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        if not isinstance(metadata, dict) or not set(map(type, metadata.values())) <= {str}:
             raise FormatError("__metadata__ must map strings to strings", file=self.file)
         if claimed and not (
             last == "__metadata__"
@@ -276,8 +241,10 @@ class NativeReader:
                 f"checksum last, in the header's last member): the header is corrupt",
                 file=self.file,
             )
+        text = metadata.get(MANIFEST_KEY)
+        manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
         slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
-        return _Header(slots, metadata)
+        return _Header(slots, metadata, manifest)
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""

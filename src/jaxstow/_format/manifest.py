@@ -14,10 +14,8 @@ described only when asked for. A manifest being written keeps its entries (``lea
 >>> manifest = {"format": "jaxstow", "version": 3, "structure": {"dict": [["w", "*"]]}, "metadata": None,
 ...             "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]}
 >>> stored = columnar(manifest)
->>> stored["paths"], stored["kinds"], stored["details"]
-(['w'], 'a', {})
->>> check_columns(check_manifest(stored, slots, file="f.jxs"), slots, file="f.jxs").checksum(0)
-'d0a66a65c7528968'
+>>> stored["paths"], stored["kinds"], check_columns(stored, slots, file="f.jxs").checksum(0)
+(['w'], 'a', 'd0a66a65c7528968')
 >>> check_manifest({**manifest, "version": "1.1"}, slots, file="f.jxs")
 Traceback (most recent call last):
 ...
@@ -35,10 +33,10 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING, json_problem
-from jaxstow._format.leaves import StoredLeaf, check_entry
+from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
 from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import FormatError, NewerFormatError, excerpt
+from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError, excerpt
 
 __all__ = [
     "COLUMNAR_VERSION",
@@ -50,6 +48,7 @@ __all__ = [
     "LeafColumns",
     "StoredLeaves",
     "check_columns",
+    "check_leaves",
     "check_manifest",
     "check_nesting",
     "columnar",
@@ -68,6 +67,7 @@ PLAIN_METADATA_VERSION = 4
 #: The user's metadata keys may not start with it: ``__metadata__`` holds jaxstow's own keys beside the user's.
 RESERVED_PREFIX = "jaxstow"
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
@@ -113,6 +113,43 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     return manifest
 
 
+def check_leaves(
+    manifest: Any, slots: Mapping[str, TensorSlot], *, plain: Mapping[str, str] | None, file: str
+) -> tuple[LeafColumns | None, set[str]]:
+    """A file's manifest checked whole against the file's tensors ``slots``: its columns (version 3 on, ``None``
+    before) and the names of the tensors its leaves are stored in, which the caller compares with ``slots``.
+
+    ``plain`` is a native header's own ``__metadata__`` beside the manifest (``None`` for an npz): exactly the user's
+    string metadata, from version 4 on, or the header is corrupt.
+    """
+    if plain is not None:
+        _check_plain_keys(manifest, plain, file=file)
+    checked = check_manifest(manifest, slots, file=file)
+    if checked["version"] < COLUMNAR_VERSION:
+        return None, tensor_names(checked)
+    columns = check_columns(checked, slots, file=file)
+    return columns, columns.tensor_names()
+
+
+def _check_plain_keys(manifest: Any, plain: Mapping[str, str], *, file: str) -> None:
+    """Check that the keys beside jaxstow's own in a native header (``plain``) are exactly the user's string metadata.
+
+    Only version 4 on writes them; a newer version is left to :func:`check_manifest`, which says it is newer.
+    """
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version_at_least(version, FORMAT_VERSION + 1):
+        return
+    if plain and not version_at_least(version, PLAIN_METADATA_VERSION):
+        raise CorruptFileError(
+            f"the header's metadata keys {excerpt(sorted(plain))} are not jaxstow's: the header is corrupt", file=file
+        )
+    if version_at_least(version, PLAIN_METADATA_VERSION) and plain != plain_metadata(manifest.get("metadata")):
+        raise CorruptFileError(
+            "the header's plain metadata keys differ from the manifest's string metadata: the header is corrupt",
+            file=file,
+        )
+
+
 def version_at_least(version: Any, least: int) -> bool:
     """Whether a manifest's ``version`` (anything, in a file not checked yet) is an integer of at least ``least``."""
     return type(version) is int and version >= least
@@ -125,8 +162,6 @@ def metadata_problem(metadata: Any) -> str | None:
     :func:`check_nesting`, whose keys do not start with :data:`RESERVED_PREFIX`.
 
     >>> from jaxstow._format.manifest import metadata_problem
-    >>> metadata_problem({"epoch": 3, "run": "a"}) is None
-    True
     >>> metadata_problem({"jaxstow_header_xxh3": "0"})
     "key 'jaxstow_header_xxh3' starts with 'jaxstow', which the file's own keys use: rename it"
     """
@@ -158,11 +193,7 @@ def plain_metadata(metadata: Any) -> dict[str, str]:
 
 
 def _unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return _SURROGATE.search(text) is None  # UTF-8 encodes every code point but these
 
 
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
@@ -369,14 +400,10 @@ class StoredLeaves(MutableMapping[str, Stored]):
     first asked for.
 
     >>> import io, numpy as np, jaxstow
-    >>> saved = io.BytesIO()
-    >>> jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2})
-    >>> with jaxstow.open(io.BytesIO(saved.getvalue())) as reader:
-    ...     leaves = reader.stored
-    ...     print(type(leaves).__name__, list(leaves), leaves.described())
-    ...     print(leaves["w"].shape, [leaf.path for leaf in leaves.described()])
-    StoredLeaves ['b', 'w'] []
-    (3,) ['w']
+    >>> saved = io.BytesIO(); jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2}); _ = saved.seek(0)
+    >>> leaves = jaxstow.open(saved).stored
+    >>> list(leaves), leaves.described(), leaves["w"].shape, [leaf.path for leaf in leaves.described()]
+    (['b', 'w'], [], (3,), ['w'])
     """
 
     def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:

@@ -181,7 +181,8 @@ class Reader(OpenedFile):
         ...     reader.load(like={"w": np.zeros(2)}, partial=True, as_numpy=True)
         {'w': array([1., 1.])}
         """
-        self.check_open("loading the tree")
+        if self.closed:
+            self.check_open("loading the tree")
         try:
             return restore(self, like, **options)
         except UnknownNameError as error:  # one error names every library to import, not one library per attempt
@@ -234,7 +235,7 @@ def open_reader_at(location: Location, settings: StorageSettings | None = None, 
     as a folder, whose error, when it is none that loads, says what it is and what reads it.
     """
     try:
-        source = location.open(settings)
+        container = _container_at(location, settings)
     except (IsAFolderError, PathNotFoundError) as error:
         folder = _folder_at(location, settings, error)
         if mmap:
@@ -243,7 +244,7 @@ def open_reader_at(location: Location, settings: StorageSettings | None = None, 
                 f"mmap=True maps one local file, and {location.name} is a folder of safetensors files"
             ) from None
         return folder
-    return Reader(_container(location, source), mmap=mmap)
+    return Reader(container, mmap=mmap)
 
 
 def open_folder_at(
@@ -336,7 +337,10 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
     try:
         for target in targets:
             location = locate(target)
-            containers.append(_container(location, _opened_file(location)))
+            try:
+                containers.append(_container_at(location))
+            except IsAFolderError as error:
+                raise explained(error, location) from None
         return Reader(containers)
     except BaseException:
         for container in containers:
@@ -347,20 +351,14 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
         raise
 
 
-def _opened_file(location: Location) -> ReadSource:
-    """The source of the file at ``location``; a folder there is an error that says what it is and what reads it."""
-    try:
-        return location.open()
-    except IsAFolderError as error:
-        raise explained(error, location) from None
+def _container_at(location: Location, settings: StorageSettings | None = None) -> Container:
+    """The container of the file at ``location``, which owns the source opened (closed on failure).
 
-
-def _container(location: Location, source: ReadSource) -> Container:
-    """The container on ``source``, the file at ``location``, which it then owns (``source`` is closed on failure).
-
-    When it is not one jaxstow reads (a file of another library), the error says what it is and what reads it: the one
+    A folder there, or a URL that names no object, raises as :meth:`~jaxstow._storage.opening.Location.open` does.
+    When it is a file jaxstow does not read (another library's), the error says what it is and what reads it: the one
     call to :func:`~jaxstow._read.foreign.explained`, made only then, on the source already open.
     """
+    source = location.open(settings)
     try:
         return open_container(source)
     except FormatError as error:
