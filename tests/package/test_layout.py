@@ -217,6 +217,42 @@ def test_a_load_resolves_its_argument_once_and_goes_straight_to_the_bytes(tmp_pa
     assert left_and_back <= 6, modules
 
 
+def entered(run: Callable[[], Any]) -> list[str]:
+    """The jaxstow modules that ``run()`` enters, in order, each as often as it is entered again (a call into a
+    function, a method, a generator or a comprehension of a module after one of another)."""
+    sequence: list[str] = []
+
+    def profile(frame: FrameType, event: str, value: Any) -> None:
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("jaxstow.") and (not sequence or sequence[-1] != module):
+            sequence.append(module)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return sequence
+
+
+def test_a_load_of_a_local_file_passes_through_at_most_12_modules_going_down(tmp_path):
+    """Every module a ``load(path)`` of arrays and plain values enters counts: the one opening step, the header
+    checked in one module, the restore; few returns to a module left before (the bound is what it takes now)."""
+    import numpy as np
+
+    import jaxstow
+
+    path = str(tmp_path / "model.jxs")
+    jaxstow.save(path, {"w": np.arange(10.0), "b": {"c": np.ones((3, 3), np.float32)}, "depth": 2, "name": "mlp"})
+    jaxstow.load(path)  # imports and compiles what a load needs
+    sequence = entered(lambda: jaxstow.load(path))
+    modules = list(dict.fromkeys(sequence))
+    assert len(modules) <= 12, modules
+    back = sum(module in sequence[:i] for i, module in enumerate(sequence))
+    assert back <= 22, " > ".join(sequence)
+    assert not any(module.startswith(("jaxstow._read.sharded_folder", "jaxstow._write")) for module in modules)
+
+
 def test_a_refused_file_is_recognised_from_the_source_already_open(tmp_path):
     """A file of another library is opened once: its kind is read from the source the failed open left open."""
     import flax.serialization

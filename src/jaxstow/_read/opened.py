@@ -326,9 +326,9 @@ class OpenedFile(Mapping[str, Any]):
         values: list[Any] = [None] * len(columns.paths)
         for i, array in zip(positions, arrays, strict=True):
             values[i] = array
-        for i, entry in columns.entries.items():
+        for i, entry in columns.entries.items():  # decoded in one go, each as self.value decodes it
             if entry["kind"] == "value":
-                values[i] = self.value(entry["path"])
+                values[i] = decode_value(entry.get("value"), path=entry["path"], file=self.file)
         return values
 
     @property
