@@ -177,6 +177,7 @@ def test_a_foreign_tree_is_restored_from_memory_never_saved_and_read_again(tmp_p
         sys.setprofile(None)
     assert loaded == {"dense": {"kernel": loaded["dense"]["kernel"]}, "step": 3}
     np.testing.assert_array_equal(loaded["dense"]["kernel"], _flax_params()["dense"]["kernel"])
+    assert loaded["dense"]["kernel"].flags.writeable  # the caller's own array, as a load gives
     encoded = sorted(name for name in called if name.startswith(("jaxstow._write", "jaxstow._format.native")))
     assert encoded == [], f"the foreign tree went through a jaxstow file: {encoded}"
     like = {"dense": {"kernel": jax.ShapeDtypeStruct((3, 2), jnp.float32)}}
@@ -300,6 +301,7 @@ def test_equinox_streams_load_into_like(files):
 def test_orbax_checkpoints_and_manager_steps_load_through_orbax(files):
     checkpoint = jaxstow.load(files["orbax"], from_format="orbax", as_numpy=True)
     assert checkpoint["step"] == 7 and checkpoint["w"].tolist() == list(range(8))  # saved over 4 devices
+    assert checkpoint["w"].flags.writeable
     step = jaxstow.load(files["run/20"], from_format="orbax", as_numpy=True)
     assert step["extra"] == {"epoch": 2, "note": "orbax"} and step["state"]["w"].tolist() == [20.0] * 3
     with pytest.raises(FormatError, match="is an orbax manager folder, of several steps"):

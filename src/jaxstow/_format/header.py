@@ -34,13 +34,7 @@ from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.manifest import LeafColumns, check_leaves
-from jaxstow._format.native import (
-    DATA_ALIGNMENT,
-    HASH_KEY,
-    HASH_SUFFIX,
-    MANIFEST_KEY,
-    MAX_HEADER_BYTES,
-)
+from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.npz import NpzReader
 from jaxstow._format.source import ReadSource
