@@ -364,6 +364,10 @@ def test_first_answers_of_a_restore_that_fails_before_its_reads_are_let_go(s3):
     items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(6)}
     wrong = {name: {"w": np.zeros(3, np.float32)} for name in items}
     calls: list[str] = []
+
+    def count(**_):
+        calls.append("GetObject")
+
     client = _client(url_filesystem(url, options)[0], transfer.requests).client
     with CheckpointManager(url, storage_options=options, transfer=transfer) as manager:
         manager.save(1, items)
@@ -371,8 +375,11 @@ def test_first_answers_of_a_restore_that_fails_before_its_reads_are_let_go(s3):
         for _ in range(3):
             with pytest.raises(StructureMismatchError):
                 manager.restore(like=wrong)
-        client.meta.events.register("before-call.s3.GetObject", lambda **_: calls.append("GetObject"))
-        restored = manager.restore(as_numpy=True)
+        client.meta.events.register("before-call.s3.GetObject", count)
+        try:
+            restored = manager.restore(as_numpy=True)
+        finally:
+            client.meta.events.unregister("before-call.s3.GetObject", count)
     assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
     assert len(calls) == len(items)
 
