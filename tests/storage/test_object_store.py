@@ -282,6 +282,27 @@ def test_the_bandwidth_cap_is_never_exceeded(s3):
         assert cap / 3 <= size / seconds <= 1.1 * cap, (size / seconds / MiB, saved, loaded)
 
 
+def test_a_capped_restore_of_many_small_items_is_paced_by_their_bytes(s3):
+    """Each item's first request asks for a whole part, of which a small item fills little: the cap counts the bytes
+    that come, so 16 items of 256 KiB under a cap of 4 MiB/s take about a second, not the 20 s that 16 parts of
+    5 MiB would."""
+    server, prefix, _ = s3
+    url = server.url(prefix, "run")
+    options = server.storage_options
+    items = {f"item{i}": {"w": np.full(MiB // 16, i, np.float32)} for i in range(16)}
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, items)
+    cap = 4 * MiB
+    capped = Transfer(part_size=5 * MiB, requests=4, max_bytes_per_second=cap)
+    with CheckpointManager(url, storage_options=options, transfer=capped) as manager:
+        start = time.monotonic()
+        restored = manager.restore(as_numpy=True)
+        seconds = time.monotonic() - start
+    assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
+    size = 16 * (MiB // 4 + 4096)
+    assert cap / 3 <= size / seconds <= 1.1 * cap, (size / seconds / MiB, seconds)
+
+
 _MEMORY = """
 import sys, numpy as np, jaxstow
 sys.path.insert(0, "bench")

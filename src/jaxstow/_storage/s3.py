@@ -214,8 +214,8 @@ class S3Bucket:
         if keep is not None and not held:
             length, keep = keep, None
         arguments = {**self._arguments(key, version, Range=f"bytes=0-{length - 1}"), **self.extra("GetObject")}
-        if self.lanes.read_pace is not None:
-            self.lanes.read_pace.wait(length)
+        if self.lanes.read_pace is not None:  # the rest of a body left open is paced as it is read
+            self.lanes.read_pace.wait(length if keep is None else keep)
 
         def first() -> tuple[bytes, int, OpenBody | None]:
             try:
@@ -355,8 +355,11 @@ class S3Object(SourceBase):
             self._open = None
         done = body.position - offset
         _copy(self._head, offset, views_before(views, done))
+        lanes = self._bucket.lanes
         try:
-            with self._bucket.lanes.reading:
+            with lanes.reading:
+                if lanes.read_pace is not None:
+                    lanes.read_pace.wait(min(wanted - done, body.end - body.position))
                 done += body.read_into(views_after(views, done))
         except BrokenBody as broken:  # closed: the rest is asked for, under the retry policy
             return done + broken.count
