@@ -1,0 +1,106 @@
+"""The memory of a leaf read alone: huge pages, kept for the next leaf once the arrays over it are gone.
+
+Memory the process never touched costs a page fault per 4 KiB page, and on a virtual machine that hands freed pages
+back to its host far more than the read into it. A buffer from :func:`leaf_buffer` starts on a 2 MiB boundary, its
+whole 2 MiB extents in huge pages (one fault each, not 512); when the last array over it goes, it is kept, its pages
+still in place, for the next buffer of its size (a loop that reads leaves one by one and lets each go, as the
+allocator gives ``np.empty`` the memory just freed). At most :data:`KEPT_BYTES` are kept, none over
+:data:`LARGEST_KEPT` (larger ones go back to the system at once, as the allocator's own do), and a forked child keeps
+none of its parent's.
+
+>>> from jaxstow._util.buffers import leaf_buffer
+>>> first = leaf_buffer(3 << 20)
+>>> address, size = first.ctypes.data, first.nbytes
+>>> del first
+>>> again = leaf_buffer(3 << 20)
+>>> again.ctypes.data == address, again.nbytes == size, address % (2 << 20)
+(True, True, 0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+__all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "leaf_buffer"]
+
+#: The size of a huge page, and the least a buffer of :func:`leaf_buffer` should hold.
+HUGE_PAGE = 2 << 20
+#: The most bytes of buffers kept for the next reads, and the largest buffer kept.
+KEPT_BYTES = 64 << 20
+LARGEST_KEPT = 32 << 20
+_ANONYMOUS = hasattr(mmap, "MAP_ANONYMOUS")
+_ADVISED = getattr(mmap, "MADV_HUGEPAGE", None) is not None
+
+
+class _Kept:
+    """The mappings whose arrays are gone, by size, waiting for the next buffer of that size."""
+
+    def __init__(self, most: int, largest: int) -> None:
+        self.most, self.largest = most, largest  # attributes: module globals may be gone at the interpreter's exit
+        self.reset()
+
+    def reset(self) -> None:
+        self.lock = threading.Lock()
+        self.sizes: dict[int, list[mmap.mmap]] = {}
+        self.held = 0
+
+    def take(self, size: int) -> mmap.mmap | None:
+        with self.lock:
+            mappings = self.sizes.get(size)
+            if not mappings:
+                return None
+            self.held -= size
+            return mappings.pop()
+
+    def give(self, mapping: mmap.mmap, size: int) -> None:
+        with self.lock:
+            if size <= self.largest and self.held + size <= self.most:
+                self.sizes.setdefault(size, []).append(mapping)
+                self.held += size
+
+
+_KEPT = _Kept(KEPT_BYTES, LARGEST_KEPT)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_KEPT.reset)
+
+
+class _Owner:
+    """The owner of a mapping, the base of the arrays over it; given back to :data:`_KEPT` when they are all gone."""
+
+    def __init__(self, mapping: mmap.mmap, size: int, interface: dict[str, Any], kept: _Kept) -> None:
+        self.mapping, self.size, self.kept = mapping, size, kept
+        self.__array_interface__ = interface
+
+    def __del__(self) -> None:
+        self.kept.give(self.mapping, self.size)
+
+
+def leaf_buffer(nbytes: int) -> np.ndarray | None:
+    """An uninitialised uint8 buffer of ``nbytes`` on a 2 MiB boundary, in huge pages where the system has them.
+
+    Taken from the buffers kept after their arrays went, when one of its size is there, else freshly mapped; ``None``
+    on a system without anonymous mappings (the caller then takes ``np.empty``'s memory).
+    """
+    if not _ANONYMOUS:
+        return None
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # whole extents, and room to start on a boundary
+    mapping = _KEPT.take(size)
+    fresh = mapping is None
+    if mapping is None:
+        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    view = np.frombuffer(mapping, np.uint8)
+    address = view.ctypes.data
+    del view  # no export of the mapping outlives this call: the owner alone holds it
+    start = -address % HUGE_PAGE
+    if fresh and _ADVISED:  # only the extents the buffer fills: a huge page never holds bytes beyond it
+        with contextlib.suppress(OSError):  # no transparent huge pages in this kernel: small pages
+            mapping.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % HUGE_PAGE)
+    interface = {"shape": (nbytes,), "typestr": "|u1", "data": (address + start, False), "version": 3}
+    buffer: np.ndarray = np.asarray(_Owner(mapping, size, interface, _KEPT))
+    return buffer

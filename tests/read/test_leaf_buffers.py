@@ -1,0 +1,119 @@
+"""A leaf read alone: its memory kept for the next leaf once its arrays are gone, never while one is alive, and every
+leaf still verified against its checksum, a corrupt byte anywhere in it refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow._util import buffers
+from jaxstow.errors import CorruptFileError
+
+# Not a multiple of the pieces a leaf is read and hashed in, so that the last piece is a short one.
+SHAPE = (1027, 1031)
+
+
+def _leaves(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {f"l{i}": rng.standard_normal(SHAPE, dtype=np.float32) for i in range(count)}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    tree = _leaves(4)
+    path = tmp_path / "leaves.jxs"
+    jaxstow.save(path, tree)
+    return path, tree
+
+
+def test_leaves_read_one_by_one_and_let_go_reuse_one_buffer_and_are_right_each_time(saved):
+    path, tree = saved
+    addresses = set()
+    with jaxstow.open(path) as reader:
+        for _ in range(3):
+            for name, expected in tree.items():
+                leaf = reader[name]
+                np.testing.assert_array_equal(leaf, expected)
+                assert leaf.ctypes.data % buffers.HUGE_PAGE == 0 and leaf.flags.writeable
+                addresses.add(leaf.ctypes.data)
+                del leaf
+    assert len(addresses) == 1
+
+
+def test_memory_under_a_live_leaf_a_view_or_a_jax_array_is_never_read_into(saved):
+    path, tree = saved
+    with jaxstow.open(path) as reader:
+        kept = reader["l0"]
+        view = reader["l1"][3:, ::2]
+        on_device = jax.device_put(reader["l2"])
+        others = [reader["l3"] for _ in range(3)]
+        np.testing.assert_array_equal(kept, tree["l0"])
+        np.testing.assert_array_equal(view, tree["l1"][3:, ::2])
+        np.testing.assert_array_equal(np.asarray(on_device), tree["l2"])
+        assert len({kept.ctypes.data, *(other.ctypes.data for other in others)}) == 4
+
+
+def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(saved, tmp_path):
+    path, tree = saved
+    data = bytearray(path.read_bytes())
+    with jaxstow.open(path) as reader:
+        slot = reader.container.slots["l2"]
+    for at in (0, slot.nbytes // 2, slot.nbytes - 1):  # the first piece, one in the middle, the short last one
+        damaged = tmp_path / f"damaged-{at}.jxs"
+        changed = bytearray(data)
+        changed[slot.offset + at] ^= 0x10
+        damaged.write_bytes(changed)
+        with jaxstow.open(path) as good, jaxstow.open(damaged) as bad:
+            np.testing.assert_array_equal(good["l2"], tree["l2"])  # dropped at once: its memory is kept
+            with pytest.raises(CorruptFileError, match="checksum mismatch") as raised:
+                bad["l2"]
+            assert raised.value.path == "l2" and str(damaged) in str(raised.value)
+            np.testing.assert_array_equal(bad["l1"], tree["l1"])
+
+
+def test_the_memory_kept_is_bounded(tmp_path):
+    sizes = [(1 << 20) * mib + 4 for mib in (2, 3, 5, 9, 17, 33)]
+    path = tmp_path / "sizes.jxs"
+    jaxstow.save(path, {f"s{size}": np.ones(size, np.uint8) for size in sizes})
+    with jaxstow.open(path) as reader:
+        for _ in range(2):
+            leaves = [reader[f"s{size}"] for size in sizes for _ in range(3)]
+            assert all(leaf.all() for leaf in leaves)
+            del leaves
+            assert buffers._KEPT.held <= buffers.KEPT_BYTES
+            assert max(buffers._KEPT.sizes, default=0) <= buffers.LARGEST_KEPT
+
+
+def _run(script: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_a_leaf_alive_at_exit_and_a_forked_child_leave_no_trace(saved):
+    path, _ = saved
+    done = _run(
+        f"""
+        import os, jaxstow
+        from jaxstow._util import buffers
+        reader = jaxstow.open({str(path)!r})
+        dropped, kept = reader["l0"], reader["l1"]
+        del dropped
+        assert buffers._KEPT.held > 0
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if buffers._KEPT.held == 0 and kept.sum() == kept.sum() else 3)
+        assert os.waitpid(child, 0)[1] == 0
+        print("ok")
+        """
+    )
+    assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+    assert "Exception ignored" not in done.stderr and "Traceback" not in done.stderr, done.stderr
