@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "leaf_buffer"]
+__all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "leaf_buffer", "release_kept"]
 
 #: The size of a huge page, and the least a buffer of :func:`leaf_buffer` should hold.
 HUGE_PAGE = 2 << 20
@@ -39,16 +39,28 @@ _ADVISED = getattr(mmap, "MADV_HUGEPAGE", None) is not None
 
 
 class _Kept:
-    """The mappings whose arrays are gone, by size, waiting for the next buffer of that size."""
+    """The mappings whose arrays are gone, by size, waiting for the next buffer of that size.
+
+    An array can go inside a garbage collection that an allocation under the lock starts, and its owner then gives
+    its mapping back on the thread that holds the lock: the lock is re-entrant, and nothing the collector tracks is
+    made under it.
+    """
 
     def __init__(self, most: int, largest: int) -> None:
         self.most, self.largest = most, largest  # attributes: module globals may be gone at the interpreter's exit
         self.reset()
 
     def reset(self) -> None:
-        self.lock = threading.Lock()
+        """Start empty, with a lock of its own (in a forked child, whose parent's lock may be held by a thread gone)."""
+        self.lock = threading.RLock()
         self.sizes: dict[int, list[mmap.mmap]] = {}
         self.held = 0
+
+    def release(self) -> None:
+        empty: dict[int, list[mmap.mmap]] = {}
+        with self.lock:
+            kept, self.sizes, self.held = self.sizes, empty, 0
+        del kept  # the mappings unmapped as they go, outside the lock
 
     def take(self, size: int) -> mmap.mmap | None:
         with self.lock:
@@ -59,15 +71,21 @@ class _Kept:
             return mappings.pop()
 
     def give(self, mapping: mmap.mmap, size: int) -> None:
+        first: list[mmap.mmap] = []
         with self.lock:
             if size <= self.largest and self.held + size <= self.most:
-                self.sizes.setdefault(size, []).append(mapping)
+                self.sizes.setdefault(size, first).append(mapping)
                 self.held += size
 
 
 _KEPT = _Kept(KEPT_BYTES, LARGEST_KEPT)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_KEPT.reset)
+
+
+def release_kept() -> None:
+    """Hand the buffers kept for the next reads back to the system (as ``malloc_trim`` does the allocator's)."""
+    _KEPT.release()
 
 
 class _Owner:
