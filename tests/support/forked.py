@@ -108,22 +108,28 @@ class Popen(subprocess.Popen):  # type: ignore[type-arg]
             self._connection.connect(path)
             socket.send_fds(self._connection, [json.dumps(request).encode()], streams)
             self._connection.shutdown(socket.SHUT_WR)
-            self._answers = self._connection.makefile("r")
-            self.pid = int(self._answers.readline())
+            self._answered = b""
+            self.pid = int(self._answer())
         finally:
             self._close_pipe_fds(p2cread, p2cwrite, c2pread, c2pwrite, errread, errwrite)  # the child's ends
         self._child_created = True
+
+    def _answer(self) -> bytes:
+        """The server's next line: the child's pid, then its exit status."""
+        while b"\n" not in self._answered:
+            received = self._connection.recv(64)
+            if not received:
+                raise RuntimeError(f"the fork server ended before the process it forked for {self.args} did")
+            self._answered += received
+        line, self._answered = self._answered.split(b"\n", 1)
+        return line
 
     def _ended(self, timeout: float | None) -> bool:
         if self.returncode is None:
             ready, _, _ = select.select([self._connection], [], [], timeout)
             if not ready:
                 return False
-            answer = self._answers.readline()
-            if not answer:
-                raise RuntimeError(f"the fork server ended before process {self.pid}, which it forked, did")
-            self.returncode = int(answer)
-            self._answers.close()
+            self.returncode = int(self._answer())
             self._connection.close()
         return True
 
