@@ -33,4 +33,5 @@ def main() -> None:
     sys.exit(status)
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -13,6 +13,7 @@ forks. What its imports printed to stderr is printed again by each child, as a f
 from __future__ import annotations
 
 import atexit
+import contextlib
 import io
 import json
 import os
@@ -97,8 +98,9 @@ def _end_by_ctrl_c() -> None:
     then killed by SIGINT."""
     threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a flush that fails changes nothing: the signal gives the status
+            stream.flush()
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
 
