@@ -8,9 +8,9 @@ session with ``start_new_session=True``; its program runs as ``python -c CODE``,
 SCRIPT`` runs it, in ``__main__``, and it ends as the interpreter ends (threads joined, exit handlers run). What it
 cannot be is a fresh interpreter: the modules the server imported stay imported, with what they read from the
 environment when they were. So each server is started with the environment of the first program it runs, and a
-program whose environment differs in what is read at import (``XLA_FLAGS``, ``JAX_*``, ``PYTHON*``, ...) gets a
-server of its own. A test of what a fresh interpreter does (its imports, their order against exit handlers, its
-startup, a terminal) starts one with ``subprocess``.
+program whose environment differs in what is read at startup or import (``XLA_FLAGS``, ``JAX_*``, ``PYTHON*``,
+glibc's ``MALLOC_*``, ...) gets a server of its own. A test of what a fresh interpreter does (its imports, their
+order against exit handlers, its startup, a terminal) starts one with ``subprocess``.
 
 >>> done = run([sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a"], capture_output=True, text=True)
 >>> done.returncode, done.stdout
@@ -33,8 +33,23 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-#: Environment variables read when numpy, jax or Python start: a program whose values differ gets a server of its own.
-IMPORT_TIME = ("XLA_", "JAX_", "TF_", "PYTHON", "OPENBLAS_", "OMP_", "MKL_", "TPU_", "CUDA_", "LD_", "FSSPEC")
+#: Environment variables read when the C library, Python, numpy or jax start: a program whose values differ gets a
+#: server of its own, started with them.
+IMPORT_TIME = (
+    "MALLOC_",
+    "GLIBC_",
+    "LD_",
+    "PYTHON",
+    "OPENBLAS_",
+    "OMP_",
+    "MKL_",
+    "XLA_",
+    "JAX_",
+    "TF_",
+    "TPU_",
+    "CUDA_",
+    "FSSPEC",
+)
 _SUPPORT = Path(__file__).parent
 _lock = threading.Lock()
 _servers: dict[tuple[tuple[str, str], ...], tuple[subprocess.Popen[str], str]] = {}
