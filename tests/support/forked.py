@@ -80,7 +80,7 @@ def server(env: Mapping[str, str]) -> str:
             _stop(*_servers.pop(next(iter(_servers))))
         folder = tempfile.mkdtemp(prefix="jaxstow-fork-")
         path = os.path.join(folder, "socket")
-        code = f"import sys; sys.path.insert(0, {str(_SUPPORT)!r}); import fork_server; fork_server.main({path!r})"
+        code = f"import sys; sys.path.insert(0, {str(_SUPPORT)!r}); import fork_server; del sys.path[0]; fork_server.main({path!r})"
         process = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env), text=True
         )

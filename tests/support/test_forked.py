@@ -17,13 +17,13 @@ _PYTHON = sys.executable
 
 def test_a_program_gets_its_arguments_folder_environment_and_exit_status(tmp_path):
     (tmp_path / "script.py").write_text(
-        "import os, sys\nprint(__name__, __file__, sys.path[0], sys.argv)\nsys.exit(4)\n"
+        "import sys\nprint(__name__, __file__, sys.path[0], '' in sys.path, sys.argv)\nsys.exit(4)\n"
     )
     done = forked.run(
         [_PYTHON, "script.py", "a", "b"], cwd=tmp_path, env={**os.environ, "HELLO": "x"}, capture_output=True, text=True
     )
     assert (done.returncode, done.stderr) == (4, "")
-    assert done.stdout == f"__main__ script.py {tmp_path} ['script.py', 'a', 'b']\n"
+    assert done.stdout == f"__main__ script.py {tmp_path} False ['script.py', 'a', 'b']\n"
     code = "import os, sys; print(os.getcwd(), os.environ['HELLO'], sys.argv[1:], sys.stdin.read()); sys.exit('no')"
     done = forked.run(
         [_PYTHON, "-c", code, "c"], cwd=tmp_path, env={**os.environ, "HELLO": "y"}, input=b"in", capture_output=True
