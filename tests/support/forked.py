@@ -10,7 +10,7 @@ cannot be is a fresh interpreter: the modules the server imported stay imported,
 environment when they were. So each server is started with the environment of the first program it runs, and a
 program whose environment differs in what is read at startup or import (``XLA_FLAGS``, ``JAX_*``, ``PYTHON*``,
 glibc's ``MALLOC_*``, ...) gets a server of its own. A test of what a fresh interpreter does (its imports, their
-order against exit handlers, its startup, a terminal) starts one with ``subprocess``.
+order against exit handlers, its startup, a terminal, its memory peak to the MiB) starts one with ``subprocess``.
 
 >>> done = run([sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a"], capture_output=True, text=True)
 >>> done.returncode, done.stdout

@@ -8,10 +8,10 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import textwrap
 
-import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,7 +126,7 @@ def test_a_save_from_an_accelerator_peaks_at_its_budget_not_at_a_copy(tmp_path, 
     would cost 256 MiB more."""
     # glibc's malloc keeps freed blocks of a piece's size in its heap once it has freed one (its mmap threshold
     # adapts); a fixed threshold gives them back, so that the peak counts what the save holds, not what malloc keeps.
-    result = forked.run(
+    result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_PEAK), str(tmp_path / limit), limit],
         capture_output=True,
         text=True,

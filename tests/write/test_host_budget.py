@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import textwrap
 import tracemalloc
 
-import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,7 +62,7 @@ print(json.dumps({"extra_mib": extra, "same": same}))
 
 
 def _peak(tmp_path, tree_mib: int, limit: str, kind: str = "numpy") -> dict:
-    result = forked.run(
+    result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_PEAK), str(tmp_path / f"{kind}-{limit}"), str(tree_mib), limit, kind],
         capture_output=True,
         text=True,
