@@ -1,13 +1,14 @@
-"""The server side of ``forked.py``: a process that imports numpy, jax and jaxstow, then forks a child
-for each request on the Unix socket SOCKET and runs a Python program in it as ``python ARGS`` would.
+"""The server side of ``forked.py``: a process that imports numpy, jax and jaxstow, then forks a child for each
+request on the Unix socket SOCKET and runs a Python program in it as ``python ARGS`` would.
 
 Started as ``python -c "import fork_server; fork_server.main(SOCKET)"``: the ``__main__`` module each child runs its
-program in is then not the server's. A request is one JSON line (``argv``: the arguments after ``python``, ``cwd``, ``env``, ``session``) sent with three
-file descriptors, the child's stdin, stdout and stderr. The server answers on the same connection with the child's
-pid, then, once the child has ended, its exit status as ``subprocess`` gives it (``-N`` for signal N). The server
-starts no thread and initializes no jax backend: each child starts its own, under the environment it is given, and
-the server refuses to serve if anything (a BLAS thread pool left running) would be running beside the thread that
-forks. What its imports printed to stderr is printed again by each child, as a fresh interpreter would print it.
+program in is then not the server's. A request is one JSON line (``argv``: the arguments after ``python``, ``cwd``,
+``env``, ``session``) sent with three file descriptors, the child's stdin, stdout and stderr. The server answers on
+the same connection with the child's pid, then, once the child has ended, its exit status as ``subprocess`` gives it
+(``-N`` for signal N). The server starts no thread and initializes no jax backend: each child starts its own, under
+the environment it is given, and the server refuses to serve if anything (a BLAS thread pool left running) would be
+running beside the thread that forks. What its imports printed to stderr is printed again by each child, as a fresh
+interpreter would print it.
 """
 
 from __future__ import annotations

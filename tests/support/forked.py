@@ -12,8 +12,8 @@ program whose environment differs in what is read at startup or import (``XLA_FL
 glibc's ``MALLOC_*``, ...) gets a server of its own. A test of what a fresh interpreter does (its imports, their
 order against exit handlers, its startup, a terminal, its memory peak to the MiB) starts one with ``subprocess``.
 
->>> done = run([sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a"], capture_output=True, text=True)
->>> done.returncode, done.stdout
+>>> done = run([sys.executable, "-c", "import sys; print(sys.argv[1:]); sys.exit(3)", "a"], capture_output=True)
+>>> done.returncode, done.stdout.decode()
 (3, "['a']\\n")
 """
 
@@ -80,7 +80,10 @@ def server(env: Mapping[str, str]) -> str:
             _stop(*_servers.pop(next(iter(_servers))))
         folder = tempfile.mkdtemp(prefix="jaxstow-fork-")
         path = os.path.join(folder, "socket")
-        code = f"import sys; sys.path.insert(0, {str(_SUPPORT)!r}); import fork_server; del sys.path[0]; fork_server.main({path!r})"
+        code = (  # sys.path as `python -c` has it once fork_server is imported
+            f"import sys; sys.path.insert(0, {str(_SUPPORT)!r}); import fork_server; del sys.path[0]; "
+            f"fork_server.main({path!r})"
+        )
         process = subprocess.Popen(
             [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(env), text=True
         )
