@@ -1,14 +1,14 @@
-"""A host callback for blocks of samples that hands the host the run's own buffers on the CPU, and copies them once
-from an accelerator.
+"""A call from a compiled program to a Python function on the host, for blocks of samples: on the CPU it reads the
+run's own buffers, from an accelerator the copies XLA made.
 
-``jax.pure_callback`` copies every operand into new host arrays (and puts them on the CPU device) before calling its
-function: a block of samples lands in fresh memory at every call. :func:`send_block` spares that: on the CPU (jax
-0.6.1 on) its function reads the block in place, in the buffer the run carries, through the callback that
-``jax.experimental.buffer_callback`` uses; from an accelerator (or a computation sharded over several CPU devices,
-whose partitioner would call that one on every device) it receives the host arrays XLA copied the block into. Either
-way the arrays are valid only during the call: the function copies what it keeps. Like ``pure_callback`` it is free
-of side effects for XLA, so it costs nothing at the steps of a loop that do not call it, and in a computation sharded
-over several devices it runs once, on one of them; its answer orders the calls.
+:func:`send_block` calls its function, on the CPU in a computation on one device, through an XLA FFI call of
+jaxstow's own (a ``ctypes`` handler), with numpy views of the operands' buffers, valid during the call only (the
+function copies what it keeps); elsewhere (an accelerator, a computation sharded over several devices) through jax's
+host callback, pinned to one device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
+so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
+Python host callback of jax's to the program: jax runs such a program synchronously, and XLA's CPU runtime then hands
+much of each step of a loop of many small operations between its threads (a NUTS run took twice as long, in most
+runs). A function that fails here is printed, and its answer is zeros: the caller records its own failures.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -25,6 +25,11 @@ over several devices it runs once, on one of them; its answer orders the calls.
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import sys
+import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,42 +48,218 @@ Receive = Callable[..., np.ndarray]
 _send_block_p = jax_compat.new_primitive("jaxstow_send_block")
 
 
-def send_block(receive: Receive, numbers: jax.Array, leaves: Sequence[jax.Array]) -> jax.Array:
-    """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``."""
-    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive)
+def send_block(
+    receive: Receive,
+    numbers: jax.Array,
+    leaves: Sequence[jax.Array],
+    *,
+    side_effect: bool = False,
+    owner: object = None,
+) -> jax.Array:
+    """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``.
+
+    With ``side_effect``, XLA calls it exactly as often as the program asks, never fewer times nor more. A compiled
+    program holds ``receive`` as long as ``owner`` lives (forever without one); once ``owner`` is gone, its calls do
+    nothing and answer zeros.
+    """
+    held = None if owner is None else _Owner(owner)  # the program's parameters must not keep it alive
+    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive, side_effect=side_effect, owner=held)
     return answer
 
 
-def _answer_spec(numbers: Any, *leaves: Any, receive: Receive) -> Any:
-    del leaves, receive
+def _answer_spec(numbers: Any, *leaves: Any, **_: Any) -> Any:
     return jax_compat.shaped_array(numbers.shape[1:], jnp.int32)
 
 
-def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
+def _call_now(numbers: Any, *leaves: Any, receive: Receive, **_: Any) -> jax.Array:
     """Outside jit: call ``receive`` at once."""
     return jnp.asarray(receive(np.asarray(numbers), *(np.asarray(leaf) for leaf in leaves)), jnp.int32)
 
 
-def _lower_copied(ctx: Any, *operands: Any, receive: Receive) -> Any:
+def _lower_copied(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """The block copied to the host by XLA (any platform)."""
-    return jax_compat.emit_host_callback(ctx, lambda *arrays: (receive(*arrays),), operands)
+    del owner  # jax keeps the callback with the program
+    return jax_compat.emit_host_callback(
+        ctx, lambda *arrays: (receive(*arrays),), operands, has_side_effect=side_effect
+    )
 
 
-def _lower_in_place(ctx: Any, *operands: Any, receive: Receive) -> Any:
+class _Owner:
+    """A weak reference to the owner of a host function, as a parameter of the primitive."""
+
+    def __init__(self, owner: object) -> None:
+        self.reference = weakref.ref(owner)
+
+
+class _Call:
+    """A host function called from compiled programs: the arrays its operands hold, as numpy arrays."""
+
+    def __init__(self, receive: Receive) -> None:
+        self.receive = receive
+
+    def __call__(self, frame: _CallFrame) -> None:
+        arrays = [_array(frame.args.items[index]) for index in range(frame.args.size)]
+        _array(frame.rets.items[0])[...] = self.receive(*arrays)
+
+
+_calls: dict[int, _Call] = {}  # by the number the program calls it by, each as long as its owner lives
+_names = itertools.count()
+_TARGET = "jaxstow_send_block"
+
+
+class _ExtensionBase(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.c_void_p)]
+
+
+class _ApiVersion(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("major_version", ctypes.c_int),
+        ("minor_version", ctypes.c_int),
+    ]
+
+
+class _Api(ctypes.Structure):  # its first fields
+    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p), ("api_version", _ApiVersion)]
+
+
+class _Metadata(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("api_version", _ApiVersion),
+        ("traits", ctypes.c_uint32),
+        ("state_type_id", ctypes.c_int64),
+    ]
+
+
+class _MetadataExtension(ctypes.Structure):
+    _fields_ = [("extension_base", _ExtensionBase), ("metadata", ctypes.POINTER(_Metadata))]
+
+
+class _Buffer(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("data", ctypes.c_void_p),
+        ("rank", ctypes.c_int64),
+        ("dims", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+class _Items(ctypes.Structure):  # XLA_FFI_Args and XLA_FFI_Rets
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("size", ctypes.c_int64),
+        ("types", ctypes.c_void_p),
+        ("items", ctypes.POINTER(ctypes.POINTER(_Buffer))),
+    ]
+
+
+class _Scalar(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("value", ctypes.POINTER(ctypes.c_uint64))]
+
+
+class _Attrs(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.c_void_p),
+        ("size", ctypes.c_int64),
+        ("types", ctypes.POINTER(ctypes.c_int)),
+        ("names", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(ctypes.POINTER(_Scalar))),
+    ]
+
+
+class _CallFrame(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("extension_start", ctypes.POINTER(_ExtensionBase)),
+        ("api", ctypes.POINTER(_Api)),
+        ("ctx", ctypes.c_void_p),
+        ("stage", ctypes.c_int),
+        ("args", _Items),
+        ("rets", _Items),
+        ("attrs", _Attrs),
+        ("future", ctypes.c_void_p),
+    ]
+
+
+#: XLA's FFI (``xla/ffi/api/c_api.h``): the metadata extension's type, the execute stage, a scalar attribute's type.
+_METADATA, _EXECUTE, _SCALAR = 1, 3, 3
+#: Its data types (``XLA_FFI_DataType``) as numpy's, for those a block of samples may hold.
+_DTYPES = {
+    1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.uint8, 7: np.uint16, 8: np.uint32,
+    9: np.uint64, 10: np.float16, 11: np.float32, 12: np.float64, 15: np.complex64, 18: np.complex128,
+}  # fmt: skip
+
+
+def _array(buffer: Any) -> np.ndarray:
+    """The numpy view of an FFI buffer of XLA's (row-major, as jax lays out a custom call's operands)."""
+    described = buffer.contents
+    shape = tuple(described.dims[axis] for axis in range(described.rank))
+    dtype = np.dtype(_dtype(described.dtype))
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if not nbytes:
+        return np.zeros(shape, dtype)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(described.data), dtype).reshape(shape)
+
+
+def _dtype(code: int) -> Any:
+    if code in _DTYPES:
+        return _DTYPES[code]
+    import ml_dtypes
+
+    return {16: ml_dtypes.bfloat16}[code]
+
+
+def _handle(address: int) -> None:
+    """The FFI handler XLA calls: answers the metadata query, and calls the call its attribute names."""
+    frame = _CallFrame.from_address(address)
+    if frame.extension_start and frame.extension_start.contents.type == _METADATA:
+        extension = ctypes.cast(frame.extension_start, ctypes.POINTER(_MetadataExtension)).contents
+        version = frame.api.contents.api_version  # the runtime's own: every handler of that version is compatible
+        extension.metadata.contents.api_version = _ApiVersion(
+            ctypes.sizeof(_ApiVersion), None, version.major_version, version.minor_version
+        )
+        extension.metadata.contents.traits = 0
+        return
+    if frame.stage != _EXECUTE or frame.attrs.size != 1 or frame.attrs.types[0] != _SCALAR:
+        return
+    call = _calls.get(frame.attrs.attrs[0].contents.value[0])
+    if call is not None:
+        call(frame)
+
+
+def _dispatch(address: int) -> None:
+    try:
+        _handle(address)
+    except BaseException:  # nothing may leave a ctypes function: print it, as jax prints a failed callback's
+        traceback.print_exc(file=sys.stderr)
+
+
+_HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(_dispatch)
+
+
+def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """On the CPU, in a computation on one device: the block read in place, and the answer written into the
-    result's buffer."""
+    result's buffer, by XLA's FFI call of :func:`_handle`."""
     if not jax_compat.lowers_for_one_device(ctx):
-        return _lower_copied(ctx, *operands, receive=receive)
-
-    def call(*buffers: Any) -> None:
-        *arrays, answer = (np.asarray(buffer) for buffer in buffers)
-        answer[...] = receive(*arrays)
-
-    return jax_compat.emit_buffer_callback(ctx, call, operands)
+        return _lower_copied(ctx, *operands, receive=receive, side_effect=side_effect, owner=owner)
+    name = next(_names)
+    holder = None if owner is None else owner.reference()
+    if owner is None or holder is not None:
+        _calls[name] = _Call(receive)
+    if holder is not None:
+        weakref.finalize(holder, _calls.pop, name, None)
+    lower = jax.ffi.ffi_lowering(_TARGET, has_side_effect=side_effect)
+    return lower(ctx, *operands, call=np.uint64(name))
 
 
 _send_block_p.def_abstract_eval(_answer_spec)
 _send_block_p.def_impl(_call_now)
+jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_HANDLER), platform="cpu")  # type: ignore[no-untyped-call]
 jax_compat.register_uncached_lowering(_send_block_p, _lower_copied)
-if jax_compat.BUFFER_CALLBACKS:
-    jax_compat.register_uncached_lowering(_send_block_p, _lower_in_place, platform="cpu")
+jax_compat.register_uncached_lowering(_send_block_p, _lower_in_place, platform="cpu")
