@@ -1,10 +1,10 @@
 """A jit-compiled run that streams its samples is dispatched as one that keeps them: it returns before the run ends.
 
-A program that holds a Python host callback of jax's runs synchronously on the CPU, and XLA's CPU runtime then hands
-much of every step of a loop of many small operations between the threads of its pool (a NUTS run took 2 to 2.5 times
-as long, in most runs); ``io.save``'s calls to the host are XLA calls of jaxstow's own, which leave the program as jax
-dispatches any other. These tests would fail with a host callback of jax's in the program (the call returns only once
-the run is over).
+A program that holds a Python host callback of jax's runs synchronously on the CPU, and in most runs XLA's CPU runtime
+hands much of every step of such a loop of many small operations between the threads of its pool (a NUTS run took 2 to
+2.5 times as long); ``io.save``'s calls to the host are XLA calls of jaxstow's own, which leave the program as jax
+dispatches any other. These tests fail with a host callback of jax's in the program (the call returns only once the
+run is over).
 """
 
 from __future__ import annotations
@@ -72,3 +72,22 @@ def test_send_block_outside_jit_and_inside_answer_alike() -> None:
     x = jnp.arange(6.0).reshape(3, 2)
     assert send(x).tolist() == jax.jit(send)(x).tolist() == [0, 1, 2]
     assert received[0] == received[1] == ([[0, 1, 2], [0, 2, 4]], [x.tolist(), (x > 1).tolist()])
+
+
+def test_send_block_hands_over_every_dtype_a_sample_may_hold_and_empty_leaves() -> None:
+    received = []
+
+    def receive(numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        received.append([(leaf.dtype, leaf.shape, leaf.tolist()) for leaf in leaves])
+        return numbers[0]
+
+    leaves = [
+        jnp.arange(4, dtype=jnp.bfloat16).reshape(2, 2),
+        jnp.array([True, False]),
+        jnp.arange(3, dtype=jnp.int8),
+        jnp.zeros((0, 3), jnp.float32),
+        jnp.array([1 + 2j], jnp.complex64),
+    ]
+    answer = jax.jit(lambda *leaves: send_block(receive, jnp.zeros((1, 2), jnp.int32) + 7, list(leaves)))(*leaves)
+    assert answer.tolist() == [7, 7]
+    assert received == [[(leaf.dtype, leaf.shape, np.asarray(leaf).tolist()) for leaf in leaves]]

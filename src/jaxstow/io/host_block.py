@@ -6,9 +6,10 @@ jaxstow's own (a ``ctypes`` handler), with numpy views of the operands' buffers,
 function copies what it keeps); elsewhere (an accelerator, a computation sharded over several devices) through jax's
 host callback, pinned to one device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
 so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
-Python host callback of jax's to the program: jax runs such a program synchronously, and XLA's CPU runtime then hands
-much of each step of a loop of many small operations between its threads (a NUTS run took twice as long, in most
-runs). A function that fails here is printed, and its answer is zeros: the caller records its own failures.
+Python host callback of jax's to the program: with one, even one never called, XLA's CPU runtime hands much of each
+step of a loop of many small operations between its threads in most runs (a NUTS run took twice as long), which
+neither jax's synchronous dispatch of such programs nor the call itself explains. A function that fails here is
+printed, and its answer is zeros: the caller records its own failures.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -92,14 +93,42 @@ class _Owner:
 
 
 class _Call:
-    """A host function called from compiled programs: the arrays its operands hold, as numpy arrays."""
+    """A host function called from a compiled program, given numpy views of the buffers of the operands, whose
+    shapes and dtypes the program fixed."""
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, operands: Sequence[Any], answer: Any) -> None:
         self.receive = receive
+        self.operands = [_Layout(aval) for aval in operands]
+        self.answer = _Layout(answer)
 
     def __call__(self, frame: _CallFrame) -> None:
-        arrays = [_array(frame.args.items[index]) for index in range(frame.args.size)]
-        _array(frame.rets.items[0])[...] = self.receive(*arrays)
+        items = frame.args.items
+        arrays = [layout.view(items[index].contents.data) for index, layout in enumerate(self.operands)]
+        self.answer.view(frame.rets.items[0].contents.data)[...] = self.receive(*arrays)
+
+
+class _Layout:
+    """An array's shape and dtype, and how to view the bytes at an address as one."""
+
+    def __init__(self, aval: Any) -> None:
+        self.shape, self.dtype = tuple(aval.shape), np.dtype(aval.dtype)
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3}  # any dtype: ml_dtypes' too
+        self.empty = nbytes == 0
+
+    def view(self, address: int | None) -> np.ndarray:
+        if self.empty or not address:
+            return np.zeros(self.shape, self.dtype)
+        raw: np.ndarray = np.asarray(_Memory({**self.interface, "data": (address, False)}))
+        array: np.ndarray = raw.view(self.dtype).reshape(self.shape)
+        return array
+
+
+class _Memory:
+    """Bytes at an address, as numpy's array interface describes them."""
+
+    def __init__(self, interface: dict[str, Any]) -> None:
+        self.__array_interface__ = interface
 
 
 _calls: dict[int, _Call] = {}  # by the number the program calls it by, each as long as its owner lives
@@ -189,30 +218,6 @@ class _CallFrame(ctypes.Structure):
 
 #: XLA's FFI (``xla/ffi/api/c_api.h``): the metadata extension's type, the execute stage, a scalar attribute's type.
 _METADATA, _EXECUTE, _SCALAR = 1, 3, 3
-#: Its data types (``XLA_FFI_DataType``) as numpy's, for those a block of samples may hold.
-_DTYPES = {
-    1: np.bool_, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.uint8, 7: np.uint16, 8: np.uint32,
-    9: np.uint64, 10: np.float16, 11: np.float32, 12: np.float64, 15: np.complex64, 18: np.complex128,
-}  # fmt: skip
-
-
-def _array(buffer: Any) -> np.ndarray:
-    """The numpy view of an FFI buffer of XLA's (row-major, as jax lays out a custom call's operands)."""
-    described = buffer.contents
-    shape = tuple(described.dims[axis] for axis in range(described.rank))
-    dtype = np.dtype(_dtype(described.dtype))
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if not nbytes:
-        return np.zeros(shape, dtype)
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(described.data), dtype).reshape(shape)
-
-
-def _dtype(code: int) -> Any:
-    if code in _DTYPES:
-        return _DTYPES[code]
-    import ml_dtypes
-
-    return {16: ml_dtypes.bfloat16}[code]
 
 
 def _handle(address: int) -> None:
@@ -251,7 +256,7 @@ def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: boo
     name = next(_names)
     holder = None if owner is None else owner.reference()
     if owner is None or holder is not None:
-        _calls[name] = _Call(receive)
+        _calls[name] = _Call(receive, ctx.avals_in, ctx.avals_out[0])
     if holder is not None:
         weakref.finalize(holder, _calls.pop, name, None)
     lower = jax.ffi.ffi_lowering(_TARGET, has_side_effect=side_effect)
