@@ -9,6 +9,9 @@ run is over).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import jax
@@ -91,3 +94,40 @@ def test_send_block_hands_over_every_dtype_a_sample_may_hold_and_empty_leaves() 
     answer = jax.jit(lambda *leaves: send_block(receive, jnp.zeros((1, 2), jnp.int32) + 7, list(leaves)))(*leaves)
     assert answer.tolist() == [7, 7]
     assert received == [[(leaf.dtype, leaf.shape, np.asarray(leaf).tolist()) for leaf in leaves]]
+
+
+CHECKPOINT_RUNNING_JAX = """
+import os
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one CPU: XLA's pool has one thread, busy with the run
+import jax, jax.numpy as jnp
+from jaxstow import io, scheduler
+
+class Jitting(io.MemoryCollector):
+    def checkpoint_chains(self, checkpoints):  # runs inside the run's call to the host
+        for checkpoint in checkpoints.values():
+            total = jax.jit(lambda x: jnp.sin(x) @ jnp.cos(x).T)(jnp.ones((64, 64)) * checkpoint.step).sum()
+            keys = jax.random.key_data(checkpoint.solver_state["key"])
+            print(checkpoint.step, bool(jnp.isfinite(total)), keys.shape, flush=True)
+
+init_save, save, postprocess_save = io.save(Jitting(), checkpoint_every=5, block_size=4)
+state = init_save({"x": jnp.zeros(2)}, {"key": jax.random.key(0)}, scheduler.static_information(samples_collected=20))
+
+def body(carry, t):
+    state, key = carry
+    key, sub = jax.random.split(key)
+    state, _ = save(state, True, {"x": jax.random.normal(sub, (2,))}, solver_state={"key": key})
+    return (state, key), None
+
+run = jax.jit(lambda state: jax.lax.scan(body, (state, jax.random.key(1)), jnp.arange(20))[0][0])
+print("kept", int(postprocess_save(run(state), None)["sample_count"]))
+"""
+
+
+def test_a_collector_that_runs_jax_inside_the_run_does_not_deadlock_it_on_one_cpu() -> None:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHECKPOINT_RUNNING_JAX], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [f"{step} True (2,)" for step in (5, 10, 15, 20)]
+    assert done.stdout.splitlines() == [*lines, "kept 20"]
