@@ -47,6 +47,10 @@ __all__ = [
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 #: The jax versions jaxstow is tested with.
 TESTED = "0.4.38 to 0.12"
+#: Whether the installed jax has ``jax.ffi`` with XLA's FFI on the CPU as ``io.save``'s calls to the host use it (a
+#: handler of jaxstow's own, through XLA's C API): from 0.6.1 on, where jax's own CPU callback of buffers is an FFI
+#: target too. Before, those calls are jax's Python host callbacks.
+OWN_FFI_CALLS = JAX_VERSION >= (0, 6, 1)
 
 
 @dataclasses.dataclass(frozen=True)

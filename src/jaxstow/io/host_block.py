@@ -2,7 +2,7 @@
 run's own buffers, from an accelerator the copies XLA made.
 
 :func:`send_block` calls its function, on the CPU in a computation on one device, through an XLA FFI call of
-jaxstow's own (a ``ctypes`` handler), with numpy views of the operands' buffers, valid during the call only (the
+jaxstow's own (a ``ctypes`` handler; jax 0.6.1 on), with numpy views of the operands' buffers, valid during the call only (the
 function copies what it keeps); elsewhere (an accelerator, a computation sharded over several devices) through jax's
 host callback, pinned to one device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
 so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
@@ -265,6 +265,7 @@ def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: boo
 
 _send_block_p.def_abstract_eval(_answer_spec)
 _send_block_p.def_impl(_call_now)
-jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_HANDLER), platform="cpu")  # type: ignore[no-untyped-call]
 jax_compat.register_uncached_lowering(_send_block_p, _lower_copied)
-jax_compat.register_uncached_lowering(_send_block_p, _lower_in_place, platform="cpu")
+if jax_compat.OWN_FFI_CALLS:
+    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_HANDLER), platform="cpu")  # type: ignore[no-untyped-call]
+    jax_compat.register_uncached_lowering(_send_block_p, _lower_in_place, platform="cpu")
