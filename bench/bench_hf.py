@@ -4,8 +4,8 @@ The folder holds LLM-shaped leaves (attention 4096x4096 and MLP 11008x4096 bfloa
 embedding), written by ``safetensors.numpy.save_file`` with ``model.safetensors.index.json``. Restored, page cache
 warm, to ``jax.Array`` on one device and onto a 4-device mesh (rows split over the devices), by:
 
-- ``jaxstow.load(folder)`` (one device) and ``jaxstow.load(folder, like, sharding=...)`` (each device's rows read by
-  byte ranges);
+- ``jaxstow.load(folder)`` (one device) and ``jaxstow.huggingface.load(folder, like, names=str, sharding=...)``
+  (each device's rows read by byte ranges);
 - ``safetensors.flax.load_file`` per shard (one device), then ``jax.device_put`` onto the mesh;
 - the raw read limit: every shard file read with 8 threads into fresh memory (``bench/cold.py``'s ``parallel_read``).
 
@@ -75,6 +75,7 @@ def _run(rounds: int) -> None:
     from timing import format_table, median, warm_cache
 
     import jaxstow
+    from jaxstow import huggingface
 
     mesh = jax.make_mesh((4,), ("x",))
     rows = NamedSharding(mesh, P("x"))
@@ -97,7 +98,7 @@ def _run(rounds: int) -> None:
         methods: dict[str, Callable[[], Any]] = {
             "jaxstow.load, 1 device": lambda: jaxstow.load(folder),
             "safetensors.flax.load_file per shard, 1 device": safetensors_flax,
-            "jaxstow.load, 4-device mesh": lambda: jaxstow.load(folder, like, names=str, sharding=rows),
+            "jaxstow.huggingface.load, 4-device mesh": lambda: huggingface.load(folder, like, names=str, sharding=rows),
             "load_file per shard + device_put, 4-device mesh": lambda: placed(safetensors_flax()),
         }
         times: dict[str, list[float]] = {name: [] for name in [*methods, "raw read limit (8 threads)"]}

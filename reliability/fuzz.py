@@ -16,8 +16,7 @@ import ml_dtypes
 import numpy as np
 
 import jaxstow
-from jaxstow._format.columns import CHECKSUMMED, KIND_NAMES
-from jaxstow._format.manifest import plain_metadata
+from jaxstow._format.manifest import CHECKSUMMED, KIND_NAMES, plain_metadata
 from jaxstow.errors import JaxstowError
 from reliability.forge import forge_native, split_native
 from reliability.outcomes import Result, attempt, attempt_any, sample_tree, saved_bytes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -28,6 +29,12 @@ collect_ignore = ["distributed"]
 
 # Four CPU devices, so that shardings over several devices are tested for real; set before jax starts.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+
+# A program compiled by one process of the suite (a sampler a test kills and starts again, a demo, a page's example) is
+# not compiled again by the next: jax's persistent compilation cache, shared by the test workers and the processes they
+# start. Programs holding host callbacks are never cached by jax, so the in-jit saving paths are compiled every time.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"jaxstow-tests-{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ the file alone, without pickle and without a template; nothing in a file can run
 :func:`save`, :func:`load` and :func:`load_metadata`; :func:`open` (a :class:`Reader`, lazy); :class:`LoadOptions`;
 :class:`Transfer` (object stores); :func:`saveable` (names for code); :class:`CheckpointManager`, with its
 :class:`KeepPolicy` and :class:`LocalTier`; and the faces
-:mod:`jaxstow.io`, :mod:`jaxstow.train`, :mod:`jaxstow.objax` and :mod:`jaxstow.flarejax`. Every error is a
+:mod:`jaxstow.huggingface` (Hugging Face folders in and out), :mod:`jaxstow.io`, :mod:`jaxstow.train`,
+:mod:`jaxstow.objax` and :mod:`jaxstow.flarejax`. Every error is a
 :class:`jaxstow.errors.JaxstowError`.
 
 The guides: docs/saving-and-loading.md, docs/restoring.md, docs/checkpointing.md, docs/sampling.md,
@@ -34,7 +35,7 @@ from jaxstow._util.deprecation import moved
 from jaxstow._version import __version__
 
 if TYPE_CHECKING:
-    from jaxstow import checkpoint, io, objax, train
+    from jaxstow import checkpoint, huggingface, io, objax, train
     from jaxstow.checkpoint import CheckpointManager, LocalTier
     from jaxstow.checkpoint.hf_export import export_safetensors
     from jaxstow.io import scheduler
@@ -52,6 +53,7 @@ __all__ = [
     "errors",
     "export_safetensors",
     "flarejax",
+    "huggingface",
     "io",
     "load",
     "load_metadata",
@@ -70,6 +72,7 @@ _FACES = {
     "LocalTier": ("jaxstow.checkpoint", "LocalTier"),
     "checkpoint": ("jaxstow.checkpoint", None),
     "export_safetensors": ("jaxstow.checkpoint.hf_export", "export_safetensors"),
+    "huggingface": ("jaxstow.huggingface", None),
     "io": ("jaxstow.io", None),
     "objax": ("jaxstow.objax", None),
     "scheduler": ("jaxstow.io.scheduler", None),  # jax_sgmc's ``from jax_sgmc import io, scheduler``

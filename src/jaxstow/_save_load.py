@@ -17,23 +17,23 @@ docs/saving-and-loading.md and docs/restoring.md.
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import jax
 import numpy as np
 
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import read_foreign
+from jaxstow._read.memory_tree import TreeInMemory
 from jaxstow._read.options import LoadOptions
-from jaxstow._read.reader import Reader, open_container_at, open_reader_at
-from jaxstow._read.sharded_folder import Names, Transposed
-from jaxstow._storage.opening import Location, locate
-from jaxstow._storage.paths import PathOrFile, display_name
+from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
+from jaxstow._read.restore import restore
+from jaxstow._storage.opening import Location, PathOrFile, display_name, locate, reached
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
+from jaxstow._util.deprecation import moved_keywords
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
@@ -100,8 +100,6 @@ def load(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    names: Names | None = None,
-    transposed: Transposed | None = None,
     **options: Unpack[LoadOptions],
 ) -> Any:
     """Load the pytree of a file written by :func:`save`, by safetensors or by ``numpy.savez``.
@@ -116,9 +114,8 @@ def load(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while it matches.
-        names: for a Hugging Face folder, each tensor's path in ``like`` (``a.b.0.c`` -> ``a/b/0/c`` by default).
-        transposed: for such a folder, the 2-d tensors stored turned over (torch's ``weight``): names, or a predicate.
         **options: the options of :class:`jaxstow.LoadOptions` (``as_numpy``, ``sharding``, ``select``, ...).
+            ``names=`` and ``transposed=`` are deprecated here: :func:`jaxstow.huggingface.load` takes them.
 
     Raises:
         StructureMismatchError: ``like`` does not fit; the message lists every mismatched leaf.
@@ -130,18 +127,23 @@ def load(
     >>> jaxstow.load(buffer, like={"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
     {'w': Array([1., 1.], dtype=float32)}
     """
-    settings = storage_settings(storage_options, transfer, cache_dir)
+    view: dict[str, Any] = {}
+    if options.keys() & set(HUGGING_FACE_OPTIONS):  # deprecated here: jaxstow.huggingface.load takes them
+        given = cast(dict[str, Any], options)
+        view = moved_keywords("jaxstow.load", given, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.load")
+    settings = reached(storage_options, transfer, cache_dir)
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    with open_reader_at(location, settings, names=names, transposed=transposed) as reader:
+    with open_folder_at(location, settings, **view) if view else open_reader_at(location, settings) as reader:
         return reader.load(like, **options)
 
 
 def _load_foreign(
-    location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings
+    location: Location, like: Any, from_format: str, options: LoadOptions, settings: StorageSettings | None
 ) -> Any:
-    """A file of another library, read into memory, then restored as a jaxstow file is (equinox: into ``like``)."""
+    """A file of another library, read into memory, then restored from there as a jaxstow file is (equinox: into
+    ``like``); errors name the file."""
     tree = read_foreign(location, from_format, like=like, settings=settings)
     if from_format == "equinox":
         other = sorted(set(options) - {"as_numpy", "progress"})
@@ -149,11 +151,8 @@ def _load_foreign(
             raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
         as_numpy = options.get("as_numpy", False)
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
-    buffer = io.BytesIO()
-    save(buffer, tree)
-    buffer.seek(0)
-    with Reader(open_container_at(Location(location.name, file=buffer))) as reader:  # named as the file in errors
-        return reader.load(like, **options)
+    with TreeInMemory(tree, name=location.name) as opened:
+        return restore(opened, like, **options)
 
 
 def _is_destination(target: Any) -> bool:
@@ -185,6 +184,5 @@ def load_metadata(
     >>> jaxstow.load_metadata(io.BytesIO(save({"x": np.ones(2)}, metadata={"source": "hub"})))
     {'source': 'hub'}
     """
-    settings = storage_settings(storage_options, transfer, cache_dir)
-    with open_reader_at(locate(path_or_file), settings) as reader:
+    with open_reader_at(locate(path_or_file), reached(storage_options, transfer, cache_dir)) as reader:
         return reader.metadata

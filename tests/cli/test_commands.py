@@ -1,4 +1,5 @@
-"""The ``jaxstow`` command, run for real (``python -m jaxstow``) in subprocesses on real files and folders."""
+"""The ``jaxstow`` command on real files and folders, each command in a process of its own (tests/support/forked_cli.py);
+the terminal case runs ``python -m jaxstow`` itself."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import subprocess
 import sys
 
 import equinox as eqx
+import forked_cli
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -23,9 +25,7 @@ from jaxstow.cli import main
 
 def jaxstow_command(*args: object, check: int | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m jaxstow ARGS``; ``check`` is the exit status expected."""
-    done = subprocess.run(
-        [sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=300
-    )
+    done = forked_cli.jaxstow_command(*args)
     if check is not None:
         assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
     return done
@@ -324,9 +324,7 @@ def test_ls_and_verify_a_folder_on_s3(s3_server):
     env = {**os.environ, "FSSPEC_S3": json.dumps(s3_server.storage_options)}  # fsspec's own configuration
 
     def command(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "jaxstow", *args], capture_output=True, text=True, env=env, timeout=300
-        )
+        return forked_cli.jaxstow_command(*args, env=env)
 
     listed = command("ls", url)
     assert listed.returncode == 0, listed.stderr

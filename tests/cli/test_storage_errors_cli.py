@@ -1,16 +1,15 @@
 """The ``jaxstow`` command on a full disk, a read-only folder and a name too long: one line naming the file asked for
-and the cause in words, exit status 2, no traceback, the file there before left whole. Run for real
-(``python -m jaxstow``) on a 1 MiB tmpfs mounted for the test (``tests/support/tmpfs.py``)."""
+and the cause in words, exit status 2, no traceback, the file there before left whole. Each command in a process of its own
+(``tests/support/forked_cli.py``), on a 1 MiB tmpfs mounted for the test (``tests/support/tmpfs.py``)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from forked_cli import jaxstow_command
 from tmpfs import leftovers, make_read_only, small_tmpfs
 
 import jaxstow
@@ -32,9 +31,7 @@ def big(tmp_path: Path) -> Path:
 
 def _jaxstow(*args: object) -> tuple[int, list[str]]:
     """Run the command; its exit status and the lines of its standard error."""
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=120, check=False
-    )
+    result = jaxstow_command(*args)
     assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, result.stderr.strip().splitlines()
 

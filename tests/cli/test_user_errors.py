@@ -1,5 +1,6 @@
 """The ``jaxstow`` command on a user's mistakes: one line on stderr and exit status 2, never a traceback; status 1
-only for damage or differences; a closed pipe ends quietly. Run for real (``python -m jaxstow``) in subprocesses."""
+only for damage or differences; a closed pipe ends quietly. Each command runs in a process of its own
+(tests/support/forked_cli.py); the closed pipe is met by ``python -m jaxstow`` itself."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import forked_cli
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -29,13 +31,7 @@ _NO_CLOUD = {
 
 def jaxstow_command(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {key: value for key, value in os.environ.items() if not key.startswith(("AWS_", "FSSPEC_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "jaxstow", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**clean, **_NO_CLOUD, **(env or {})},
-    )
+    return forked_cli.jaxstow_command(*args, env={**clean, **_NO_CLOUD, **(env or {})})
 
 
 def assert_one_line_error(done: subprocess.CompletedProcess[str], command: str, *expected: str) -> None:

@@ -26,6 +26,7 @@ _NAV_ENTRY = re.compile(r"^\s*- (?:[^:]+: )?\"?([\w./-]+\.md)\"?\s*$")
 FACES = {
     "jaxstow": "api/jaxstow.md",
     "jaxstow.checkpoint": "api/checkpoint.md",
+    "jaxstow.huggingface": "api/huggingface.md",
     "jaxstow.io": "api/io.md",
     "jaxstow.train": "api/train.md",
     "jaxstow.objax": "api/objax.md",
@@ -39,6 +40,8 @@ MAIN_APIS = {
     "jaxstow.load": "jaxstow.load",
     "jaxstow.load_metadata": "jaxstow.load_metadata",
     "jaxstow.open": "jaxstow.open",
+    "jaxstow.huggingface.load": "jaxstow.huggingface.load",
+    "jaxstow.huggingface.open": "jaxstow.huggingface.open",
     "CheckpointManager": "jaxstow.CheckpointManager",
     "KeepPolicy": "jaxstow.KeepPolicy",
     "LocalTier": "jaxstow.LocalTier",

@@ -11,9 +11,9 @@ import pytest
 
 import jaxstow
 from jaxstow._format import tensor_reads
+from jaxstow._format.header import SlotTable, slot_table
 from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_reads import read_tensors
-from jaxstow._format.tensor_table import SlotTable, slot_table
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import CorruptFileError, FormatError
 from reliability.forge import forge_native, split_native

@@ -18,6 +18,7 @@ import pytest
 import xxhash
 
 import jaxstow
+from jaxstow._format import header as native_header
 from jaxstow._format import native
 from jaxstow._format.dtypes import (
     _DTYPES,
@@ -29,7 +30,8 @@ from jaxstow._format.dtypes import (
     name_of_dtype,
     safetensors_code,
 )
-from jaxstow._format.manifest import FORMAT_VERSION, MAX_INTEGER_DIGITS, MAX_NESTING
+from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
+from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._format.native import DATA_ALIGNMENT, MAX_HEADER_BYTES
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow.errors import FormatError, MetadataError
@@ -109,7 +111,7 @@ def test_the_header_checksum_as_the_spec_states_it(path):
     data = path.read_bytes()
     with jaxstow.open(path):
         pass  # the reader takes the file
-    assert _spec_header_checksum()(data) == native.header_checksum(_source(data))
+    assert _spec_header_checksum()(data) == native_header.header_checksum(_source(data))
     damaged = bytearray(data)
     damaged[20] ^= 1
     with pytest.raises(AssertionError, match="the header is corrupt"):
@@ -164,7 +166,8 @@ def test_the_writer_refuses_a_header_over_the_reader_s_limit_before_writing(tmp_
     (length,) = struct.unpack("<Q", path.read_bytes()[:8])
     limit = 2 * DATA_ALIGNMENT - 8
     assert length > limit
-    monkeypatch.setattr(native, "MAX_HEADER_BYTES", limit)
+    monkeypatch.setattr(native, "MAX_HEADER_BYTES", limit)  # the writer's limit
+    monkeypatch.setattr(native_header, "MAX_HEADER_BYTES", limit)  # the reader's, the same
     with pytest.raises(jaxstow.errors.CorruptFileError, match=f"header length {length} exceeds the limit of {limit}"):
         jaxstow.load(path)
     with pytest.raises(FormatError, match=rf"{re.escape(str(tmp_path / 'new.jxs'))}: the header would take {length}"):

@@ -1,6 +1,6 @@
 """The header's one validator against the rules of the spec, entry by entry, over thousands of mutated headers.
 
-:func:`~jaxstow._format.tensor_table.slot_table` (vectorised) decides whether a header's tensor table is valid;
+:func:`~jaxstow._format.header.slot_table` (vectorised) decides whether a header's tensor table is valid;
 :func:`~jaxstow._format.tensor_table.entry_slots` applies the rules of ``docs/format.md`` one entry at a time and is
 what names the problem when the table is refused. Both must refuse exactly the same headers, and give the same
 tensors for the others. Headers are mutated at random (seeded): offsets, shapes, dtypes, names, overlaps, holes, huge,
@@ -25,7 +25,8 @@ import pytest
 
 import jaxstow
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
-from jaxstow._format.tensor_table import check_header, entry_slots, slot_table
+from jaxstow._format.header import check_header, slot_table
+from jaxstow._format.tensor_table import entry_slots
 from jaxstow.errors import FormatError, JaxstowError
 from reliability.forge import forge_native
 

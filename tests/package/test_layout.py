@@ -139,18 +139,18 @@ def test_no_import_circle():
 
 def test_the_layout_test_sees_a_violation():
     """The checks above are only as good as the graph: it holds the imports that matter."""
-    assert "jaxstow._format.source" in GRAPH["jaxstow._format.native"]
+    assert "jaxstow._format.source" in GRAPH["jaxstow._format.header"]
     assert "jaxstow._read.restore" in GRAPH["jaxstow._read.reader"]
     assert "jaxstow._storage.remote" in GRAPH["jaxstow._storage.opening"]  # imported inside a function
     assert "jaxstow.train" in GRAPH["jaxstow"]  # only under TYPE_CHECKING (and imported on first use)
-    assert "jaxstow._read.opened" in GRAPH["jaxstow._read.column_reads"]
-    assert "jaxstow._read.opened" not in GRAPH["jaxstow._read.leaf_index"]
+    assert "jaxstow._read.opened" in GRAPH["jaxstow._read.per_process"]
+    assert "jaxstow._read.opened" not in GRAPH["jaxstow._read.shard_reads"]
     # A circle closed only by a type-checking import, or only by an import inside a function, is found.
     typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from jaxstow._read.opened import OpenedFile\n"
-    late = "def read():\n    from jaxstow._read.leaf_index import StoredLeaves\n"
+    late = "def read():\n    from jaxstow._read.shard_reads import ShardReads\n"
     graph = dict(GRAPH)
-    graph["jaxstow._read.leaf_index"] = imported("jaxstow._read.leaf_index", typed)
-    assert "jaxstow._read.opened -> jaxstow._read.leaf_index -> jaxstow._read.opened" in circles_in(graph)
+    graph["jaxstow._read.shard_reads"] = imported("jaxstow._read.shard_reads", typed)
+    assert "jaxstow._read.opened -> jaxstow._read.shard_reads -> jaxstow._read.opened" in circles_in(graph)
     graph = dict(GRAPH)
     graph["jaxstow._format.tensor_reads"] = imported("jaxstow._format.tensor_reads", late)
     assert any("jaxstow._format.tensor_reads" in circle for circle in circles_in(graph))
@@ -207,14 +207,50 @@ def test_a_load_resolves_its_argument_once_and_goes_straight_to_the_bytes(tmp_pa
     jaxstow.load(path)  # imports and compiles what a load needs
     modules, calls = traced(lambda: jaxstow.load(path), path)
     assert calls["jaxstow._storage.opening.locate"] == 1
-    assert calls["jaxstow._storage.paths.local_path"] == 1
-    assert calls["jaxstow._storage.paths.display_name"] == 0
+    assert calls["jaxstow._storage.opening.local_path"] == 1
+    assert calls["jaxstow._storage.opening.display_name"] == 0
     assert not any(name.startswith("jaxstow._read.foreign.") for name in calls)
     visited = set(modules)
     assert len(visited) <= 10, modules
     assert {"jaxstow._save_load", "jaxstow._storage.opening", "jaxstow._storage.sources"} <= visited, modules
     left_and_back = sum(a != b and b in modules[:i] for i, (a, b) in enumerate(itertools.pairwise(modules), 1))
     assert left_and_back <= 6, modules
+
+
+def entered(run: Callable[[], Any]) -> list[str]:
+    """The jaxstow modules that ``run()`` enters, in order, each as often as it is entered again (a call into a
+    function, a method, a generator or a comprehension of a module after one of another)."""
+    sequence: list[str] = []
+
+    def profile(frame: FrameType, event: str, value: Any) -> None:
+        module = frame.f_globals.get("__name__", "")
+        if event == "call" and module.startswith("jaxstow.") and (not sequence or sequence[-1] != module):
+            sequence.append(module)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return sequence
+
+
+def test_a_load_of_a_local_file_passes_through_at_most_12_modules_going_down(tmp_path):
+    """Every module a ``load(path)`` of arrays and plain values enters counts: the one opening step, the header
+    checked in one module, the restore; few returns to a module left before (the bound is what it takes now)."""
+    import numpy as np
+
+    import jaxstow
+
+    path = str(tmp_path / "model.jxs")
+    jaxstow.save(path, {"w": np.arange(10.0), "b": {"c": np.ones((3, 3), np.float32)}, "depth": 2, "name": "mlp"})
+    jaxstow.load(path)  # imports and compiles what a load needs
+    sequence = entered(lambda: jaxstow.load(path))
+    modules = list(dict.fromkeys(sequence))
+    assert len(modules) <= 12, modules
+    back = sum(module in sequence[:i] for i, module in enumerate(sequence))
+    assert back <= 22, " > ".join(sequence)
+    assert not any(module.startswith(("jaxstow._read.sharded_folder", "jaxstow._write")) for module in modules)
 
 
 def test_a_refused_file_is_recognised_from_the_source_already_open(tmp_path):

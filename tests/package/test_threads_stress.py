@@ -198,12 +198,12 @@ def _deleting_on_open(reader: CheckpointManager, writer: CheckpointManager, step
     original = getattr(store, method)
     done = []
 
-    def reading(name: str, *args: object) -> object:
+    def reading(name: str, *args: object, **kwargs: object) -> object:
         if name == str(step) and not done:
             done.append(step)
             writer.save(step + 1, _state(step + 1), metrics={"loss": 0.5})
             writer.wait()
-        return original(name, *args)
+        return original(name, *args, **kwargs)
 
     setattr(store, method, reading)
 

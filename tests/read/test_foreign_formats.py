@@ -160,6 +160,67 @@ def test_pytorch_state_dicts_load_through_weights_only(files):
         jaxstow.load(files["net.pt"], {"weight": like["weight"]}, from_format="torch")
 
 
+def test_a_foreign_tree_is_restored_from_memory_never_saved_and_read_again(tmp_path):
+    """The tree a foreign file holds is restored as it was read: no jaxstow file is written or parsed on the way."""
+    path = tmp_path / "params.msgpack"
+    path.write_bytes(serialization.to_bytes({**_flax_params(), "step": 3, "name": "adam"}))
+    called: set[str] = set()
+
+    def profile(frame, event, arg) -> None:
+        if event == "call":
+            called.add(frame.f_globals.get("__name__", ""))
+
+    sys.setprofile(profile)
+    try:
+        loaded = jaxstow.load(path, from_format="flax", select=["dense/kernel", "step"], as_numpy=True)
+    finally:
+        sys.setprofile(None)
+    assert loaded == {"dense": {"kernel": loaded["dense"]["kernel"]}, "step": 3}
+    np.testing.assert_array_equal(loaded["dense"]["kernel"], _flax_params()["dense"]["kernel"])
+    assert loaded["dense"]["kernel"].flags.writeable  # the caller's own array, as a load gives
+    encoded = sorted(name for name in called if name.startswith(("jaxstow._write", "jaxstow._format.native")))
+    assert encoded == [], f"the foreign tree went through a jaxstow file: {encoded}"
+    like = {"dense": {"kernel": jax.ShapeDtypeStruct((3, 2), jnp.float32)}}
+    with pytest.raises(StructureMismatchError) as caught:  # the errors of a restore name the file read
+        jaxstow.load(path, like, from_format="flax", partial=True)
+    assert str(path) in str(caught.value) and "'dense/kernel'" in str(caught.value)
+
+
+_PEAK = """
+import sys
+import jax, jaxstow, torch
+
+def high_water():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+path, mode = sys.argv[1], sys.argv[2]
+torch.save({"warm": torch.ones(4)}, path + ".warm.pt")
+jax.block_until_ready(jaxstow.load(path + ".warm.pt", from_format="torch", as_numpy=mode == "numpy"))  # warmed up
+base = high_water()
+restored = jaxstow.load(path, from_format="torch", as_numpy=mode == "numpy")
+jax.block_until_ready(restored)
+peak = high_water()
+assert all(float(restored[f"layer{i}"][3, 5]) == i for i in range(len(restored)))
+print(peak - base, sum(leaf.nbytes for leaf in jax.tree.leaves(restored)))
+"""
+
+
+@NEEDS_TORCH
+@pytest.mark.parametrize("mode", ["jax", "numpy"])
+def test_a_large_torch_file_is_held_once_while_it_loads(tmp_path, mode):
+    """torch.load's tensors are the restored arrays' memory: 128 MiB of tensors grow a fresh process by 128 MiB (and
+    some change), where saving them again into a buffer and reading that back took three times as much."""
+    path = str(tmp_path / "big.pt")
+    torch.save({f"layer{i}": torch.full((512, 1024), float(i)) for i in range(64)}, path)
+    done = subprocess.run([sys.executable, "-c", _PEAK, path, mode], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    grown, tree_bytes = map(int, done.stdout.split())
+    assert tree_bytes == 128 << 20
+    assert grown >= 0.9 * tree_bytes, f"loading {tree_bytes} bytes grew the process by only {grown}"
+    assert grown <= tree_bytes + (64 << 20), f"loading {tree_bytes} bytes of tensors grew the process by {grown}"
+
+
 class _Payload:
     """An object whose unpickling would run code: creating a marker folder."""
 
@@ -240,6 +301,7 @@ def test_equinox_streams_load_into_like(files):
 def test_orbax_checkpoints_and_manager_steps_load_through_orbax(files):
     checkpoint = jaxstow.load(files["orbax"], from_format="orbax", as_numpy=True)
     assert checkpoint["step"] == 7 and checkpoint["w"].tolist() == list(range(8))  # saved over 4 devices
+    assert checkpoint["w"].flags.writeable
     step = jaxstow.load(files["run/20"], from_format="orbax", as_numpy=True)
     assert step["extra"] == {"epoch": 2, "note": "orbax"} and step["state"]["w"].tolist() == [20.0] * 3
     with pytest.raises(FormatError, match="is an orbax manager folder, of several steps"):

@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from safetensors.numpy import save_file
 
 import jaxstow
+from jaxstow import huggingface
 from jaxstow._format.dtypes import READ_ONLY_CODES, SAFETENSORS_CODES
 from jaxstow.errors import (
     ArgumentError,
@@ -104,7 +106,7 @@ def test_open_is_lazy_and_reads_slices_by_byte_ranges(folder):
 
 
 def test_like_takes_dotted_names_as_paths_and_transposed_weights(folder):
-    restored = jaxstow.load(folder, _like(), transposed=lambda name: name.endswith("proj.weight"))
+    restored = huggingface.load(folder, _like(), transposed=lambda name: name.endswith("proj.weight"))
     for layer in (0, 1):
         _equal(restored["model"]["layers"][layer]["proj"]["weight"], TENSORS[f"model.layers.{layer}.proj.weight"].T)
         _equal(restored["model"]["layers"][layer]["proj"]["bias"], TENSORS[f"model.layers.{layer}.proj.bias"])
@@ -118,15 +120,15 @@ def test_names_map_onto_another_tree_and_leave_tensors_out(folder):
         return "head/kernel" if tensor == "lm_head.weight" else "embedding" if tensor == "model.embed.weight" else None
 
     like = {"head": {"kernel": jnp.zeros((16, 8))}, "embedding": jnp.zeros((16, 8))}
-    restored = jaxstow.load(folder, like, names=names, transposed={"lm_head.weight"})
+    restored = huggingface.load(folder, like, names=names, transposed={"lm_head.weight"})
     _equal(restored["head"]["kernel"], TENSORS["lm_head.weight"].T)
     _equal(restored["embedding"], TENSORS["model.embed.weight"])
-    mapped = jaxstow.load(folder, like, names={"lm_head.weight": "head/kernel", "model.embed.weight": "embedding"},
-                          transposed={"lm_head.weight"})  # fmt: skip
+    mapped = huggingface.load(folder, like, names={"lm_head.weight": "head/kernel", "model.embed.weight": "embedding"},
+                              transposed={"lm_head.weight"})  # fmt: skip
     _equal(mapped["head"]["kernel"], TENSORS["lm_head.weight"].T)
-    without_like = jaxstow.load(folder, names=names, as_numpy=True)
+    without_like = huggingface.load(folder, names=names, as_numpy=True)
     assert sorted(without_like) == ["embedding", "head/kernel"]
-    with jaxstow.open(folder, names=names) as reader:
+    with huggingface.open(folder, names=names) as reader:
         assert sorted(reader.load(as_numpy=True)) == ["embedding", "head/kernel"]
         assert sorted(reader.load(names=str, as_numpy=True)) == sorted(TENSORS)
         turned = reader.load(like, transposed={"lm_head.weight"})
@@ -165,7 +167,7 @@ def test_each_device_reads_only_its_rows(folder):
 
 def test_transposed_tensors_land_sharded(folder):
     mesh = jax.make_mesh((2, 2), ("a", "b"))
-    restored = jaxstow.load(
+    restored = huggingface.load(
         folder,
         _like(),
         transposed=lambda name: "proj.weight" in name,
@@ -263,14 +265,14 @@ def test_an_index_pointing_outside_the_folder_is_refused(folder):
 
 def test_arguments_that_do_not_fit(folder, tmp_path):
     with pytest.raises(ArgumentError, match="only 2-d tensors"):
-        jaxstow.load(folder, _like(), transposed={"model.layers.0.proj.bias"})
+        huggingface.load(folder, _like(), transposed={"model.layers.0.proj.bias"})
     with pytest.raises(ArgumentError, match="lacks"):
-        jaxstow.load(folder, _like(), transposed={"no.such"})
+        huggingface.load(folder, _like(), transposed={"no.such"})
     with pytest.raises(ArgumentError, match="the path 'same'"):
-        jaxstow.load(folder, {"same": jnp.zeros(1)}, names=lambda name: "same")
+        huggingface.load(folder, {"same": jnp.zeros(1)}, names=lambda name: "same")
     jaxstow.save(tmp_path / "file.jxs", {"w": jnp.ones(2)})
-    with pytest.raises(ArgumentError, match="for a folder of safetensors files"):
-        jaxstow.load(tmp_path / "file.jxs", names=lambda name: name)
+    with pytest.raises(ArgumentError, match=r"file\.jxs: is a file, not a folder of safetensors files"):
+        huggingface.load(tmp_path / "file.jxs", names=lambda name: name)
     with pytest.raises(ArgumentError, match="folder of safetensors files"):
         jaxstow.open(folder, mmap=True)
 
@@ -283,8 +285,8 @@ def test_a_folder_on_s3(s3_server, tmp_path):
     fs, root = fsspec.core.url_to_fs(url, **s3_server.storage_options)
     for path in local.iterdir():
         fs.put_file(str(path), f"{root}/{path.name}")
-    restored = jaxstow.load(url, _like(), transposed=lambda name: "proj.weight" in name,
-                            storage_options=s3_server.storage_options)  # fmt: skip
+    restored = huggingface.load(url, _like(), transposed=lambda name: "proj.weight" in name,
+                                storage_options=s3_server.storage_options)  # fmt: skip
     _equal(restored["model"]["layers"][1]["proj"]["weight"], TENSORS["model.layers.1.proj.weight"].T)
     with jaxstow.open(url + "/", storage_options=s3_server.storage_options) as reader:
         _equal(reader.read("model.embed.weight", np.s_[3]), TENSORS["model.embed.weight"][3])
@@ -335,9 +337,9 @@ def test_a_square_tensor_marked_transposed_is_turned_over(tmp_path, n, marks):
     transposed = {"fc.weight"} if marks == "set" else (lambda name: name.endswith(".weight"))
     like = {"fc": {"kernel": jnp.zeros((n, n))}}
     names = {"fc.weight": "fc/kernel"}
-    loaded = jaxstow.load(folder, like=like, names=names, transposed=transposed)
+    loaded = huggingface.load(folder, like=like, names=names, transposed=transposed)
     _equal(loaded["fc"]["kernel"], weight.T)
-    with jaxstow.open(folder, names=names, transposed=transposed) as reader:
+    with huggingface.open(folder, names=names, transposed=transposed) as reader:
         _equal(reader.load(like)["fc"]["kernel"], weight.T)
         _equal(reader["fc/kernel"], weight.T)
         _equal(reader.read("fc/kernel", np.s_[1]), weight.T[1])
@@ -346,7 +348,7 @@ def test_a_square_tensor_marked_transposed_is_turned_over(tmp_path, n, marks):
     with jaxstow.open(folder) as reader:  # a plain reader: the names and marks given to its load
         _equal(reader.load(like, names=names, transposed=transposed)["fc"]["kernel"], weight.T)
         _equal(reader["fc.weight"], weight)  # and as stored when nothing marks it
-    with jaxstow.open(folder, transposed=transposed) as reader:  # by tensor name, turned over
+    with huggingface.open(folder, transposed=transposed) as reader:  # by tensor name, turned over
         _equal(reader["fc.weight"], weight.T)
         _equal(reader.read("fc.weight", np.s_[:, 0]), weight.T[:, 0])
         _equal(reader.load(as_numpy=True)["fc.weight"], weight.T)
@@ -356,7 +358,7 @@ def test_a_square_tensor_turns_over_onto_a_mesh(tmp_path):
     folder, weight = _square_folder(tmp_path, 16)
     mesh = jax.make_mesh((2, 2), ("a", "b"))
     like = {"fc": {"kernel": jax.ShapeDtypeStruct((16, 16), jnp.float32, sharding=NamedSharding(mesh, P("a", "b")))}}
-    loaded = jaxstow.load(folder, like, names={"fc.weight": "fc/kernel"}, transposed={"fc.weight"})
+    loaded = huggingface.load(folder, like, names={"fc.weight": "fc/kernel"}, transposed={"fc.weight"})
     kernel = loaded["fc"]["kernel"]
     assert kernel.sharding.spec == P("a", "b")
     for shard in kernel.addressable_shards:  # each device's box, read by byte ranges from the turned tensor
@@ -366,8 +368,8 @@ def test_a_square_tensor_turns_over_onto_a_mesh(tmp_path):
 def test_a_turned_tensor_that_does_not_fit_names_both_shapes(tmp_path):
     folder = _write(tmp_path / "hf", {"fc.weight": np.zeros((4, 3), np.float32)}, [["fc.weight"]])
     with pytest.raises(StructureMismatchError) as info:
-        jaxstow.load(folder, {"fc": {"kernel": jnp.zeros((4, 3))}}, names={"fc.weight": "fc/kernel"},
-                     transposed={"fc.weight"})  # fmt: skip
+        huggingface.load(folder, {"fc": {"kernel": jnp.zeros((4, 3))}}, names={"fc.weight": "fc/kernel"},
+                         transposed={"fc.weight"})  # fmt: skip
     message = str(info.value)
     assert "'fc/kernel': the file has float32[3, 4] (tensor 'fc.weight' stored as [4, 3], turned over by " in message
     assert "expected float32[4, 3]" in message
@@ -423,3 +425,43 @@ def test_a_checkpoint_folder_with_a_stray_safetensors_file_points_to_the_manager
         jaxstow.load(run)
     with pytest.raises(IsAFolderError, match=r"step 1 of a checkpoint folder.*\.restore\(1\)"):
         jaxstow.open(run / "1")  # a step's item files are safetensors files too: still a step
+
+
+def test_jaxstow_load_still_takes_names_and_transposed_with_a_warning_naming_their_home(folder):
+    like = {"head": {"kernel": jnp.zeros((16, 8))}}
+    names = {"lm_head.weight": "head/kernel"}
+    with pytest.warns(DeprecationWarning, match=r"jaxstow\.load\(names=\.\.\., transposed=\.\.\.\) is deprecated: use "
+                      r"jaxstow\.huggingface\.load") as caught:  # fmt: skip
+        restored = jaxstow.load(folder, like, names=names, transposed={"lm_head.weight"})
+    assert [warning.filename for warning in caught] == [__file__]  # the warning points at the caller's line
+    _equal(restored["head"]["kernel"], TENSORS["lm_head.weight"].T)
+    expected = huggingface.load(folder, like, names=names, transposed={"lm_head.weight"})
+    _equal(restored["head"]["kernel"], expected["head"]["kernel"])
+    jaxstow.save(folder.parent / "file.jxs", {"w": jnp.ones(2)})
+    with pytest.warns(DeprecationWarning), pytest.raises(ArgumentError, match="is a file, not a folder"):
+        jaxstow.load(folder.parent / "file.jxs", names=str)
+
+
+def test_jaxstow_open_still_takes_names_and_transposed_with_a_warning_naming_their_home(folder):
+    with pytest.warns(DeprecationWarning, match=r"jaxstow\.open\(transposed=\.\.\.\) is deprecated: use "
+                      r"jaxstow\.huggingface\.open"):  # fmt: skip
+        reader = jaxstow.open(folder, transposed={"lm_head.weight"})
+    with reader:
+        assert reader.info("lm_head.weight").shape == (16, 8)
+        _equal(reader.read("lm_head.weight", np.s_[0]), TENSORS["lm_head.weight"][:, 0])
+    with pytest.raises(ArgumentError, match="unexpected keyword argument 'nmes'"):
+        jaxstow.open(folder, nmes=str)
+
+
+def test_the_hugging_face_face_reads_folders_only_and_plain_folders_load_without_it(folder, tmp_path):
+    with huggingface.open(folder, names=lambda name: name.replace(".", "/")) as reader:
+        assert isinstance(reader, jaxstow.Reader)
+        assert sorted(reader.paths) == sorted(name.replace(".", "/") for name in TENSORS)
+    jaxstow.save(tmp_path / "model.jxs", {"w": jnp.ones(2)})
+    for call in (huggingface.load, huggingface.open):
+        with pytest.raises(ArgumentError, match=r"model\.jxs: is a file.*jaxstow\.load\("):
+            call(tmp_path / "model.jxs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a plain folder, without names or transposed: no warning
+        assert sorted(jaxstow.load(folder, as_numpy=True)) == sorted(TENSORS)
+    assert jaxstow.huggingface.export_safetensors is jaxstow.export_safetensors

@@ -112,7 +112,7 @@ def test_deep_nesting_is_a_format_error(tmp_path):
 
 @pytest.mark.parametrize("kind", ["tuple", "list"])
 def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
-    from jaxstow._format.manifest import MAX_NESTING
+    from jaxstow._format.json_values import MAX_NESTING
 
     levels = MAX_NESTING // 2 + 20  # valid JSON that json.loads parses, deeper than the decoders recurse
     nested = f'{{"{kind}":[' * levels + "%s" + "]}" * levels
@@ -127,7 +127,7 @@ def test_a_structure_nested_beyond_the_limit_is_refused_before_recursing(kind):
 
 @pytest.mark.parametrize("suffix", ["jxs", "npz"])
 def test_a_tree_too_deep_to_load_is_refused_at_save_and_one_level_less_round_trips(tmp_path, suffix):
-    from jaxstow._format.manifest import MAX_NESTING
+    from jaxstow._format.json_values import MAX_NESTING
 
     def nested(levels):
         tree = np.ones(1, np.float32)

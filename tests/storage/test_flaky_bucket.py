@@ -185,7 +185,8 @@ def test_restores_at_8_percent_faults_come_back_right_and_skip_only_the_damaged_
     ("kinds", "paths"),
     [
         (("503", "500", "reset", "short"), r"/run/2/.*\.safetensors"),  # every request for step 2's files
-        (("short",), r"/run/2/.*\.safetensors bytes=[1-9]"),  # their headers read whole, their data cut short
+        # Their headers read whole, their data cut short (a first request that brings data with the header included).
+        (("short",), r"/run/2/.*\.safetensors bytes=(?!0-65535$)"),
     ],
     ids=["every-request", "data-cut-short"],
 )

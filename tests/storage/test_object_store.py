@@ -20,7 +20,7 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager, KeepPolicy, Transfer
-from jaxstow.errors import CheckpointError, CorruptFileError, PathNotFoundError
+from jaxstow.errors import CheckpointError, CorruptFileError, PathNotFoundError, StructureMismatchError
 
 MiB = 1 << 20
 
@@ -282,6 +282,27 @@ def test_the_bandwidth_cap_is_never_exceeded(s3):
         assert cap / 3 <= size / seconds <= 1.1 * cap, (size / seconds / MiB, saved, loaded)
 
 
+def test_a_capped_restore_of_many_small_items_is_paced_by_their_bytes(s3):
+    """Each item's first request asks for a whole part, of which a small item fills little: the cap counts the bytes
+    that come, so 16 items of 256 KiB under a cap of 4 MiB/s take about a second, not the 20 s that 16 parts of
+    5 MiB would."""
+    server, prefix, _ = s3
+    url = server.url(prefix, "run")
+    options = server.storage_options
+    items = {f"item{i}": {"w": np.full(MiB // 16, i, np.float32)} for i in range(16)}
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, items)
+    cap = 4 * MiB
+    capped = Transfer(part_size=5 * MiB, requests=4, max_bytes_per_second=cap)
+    with CheckpointManager(url, storage_options=options, transfer=capped) as manager:
+        start = time.monotonic()
+        restored = manager.restore(as_numpy=True)
+        seconds = time.monotonic() - start
+    assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
+    size = 16 * (MiB // 4 + 4096)
+    assert cap / 3 <= size / seconds <= 1.1 * cap, (size / seconds / MiB, seconds)
+
+
 _MEMORY = """
 import sys, numpy as np, jaxstow
 sys.path.insert(0, "bench")
@@ -312,26 +333,76 @@ def test_a_transfer_takes_no_more_memory_than_the_tree_and_the_parts_in_flight(s
     assert load_peak <= tree + parts + slack, load_peak / MiB
 
 
-def test_a_step_of_many_items_opens_each_file_with_one_request(s3):
+def test_a_step_of_many_items_reads_each_file_with_one_request_per_part(s3):
+    """Each item's header comes with the first part of its data, in one request; each later request starts where a
+    part of the file starts (a multiple of part_size), never a few bytes past one, so that no part of the store's is
+    read twice."""
     from jaxstow._storage.remote import url_filesystem
     from jaxstow._storage.s3 import _client
 
     server, prefix, _ = s3
     url = server.url(prefix, "run")
     options = server.storage_options
-    items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(16)}
-    calls: dict[str, int] = {}
-    client, _ = _client(url_filesystem(url, options)[0], Transfer().requests)
-    client.meta.events.register(
-        "before-call.s3", lambda model, **_: calls.update({model.name: calls.get(model.name, 0) + 1})
-    )
-    with CheckpointManager(url, storage_options=options) as manager:
+    transfer = Transfer(part_size=5 * MiB, requests=4)
+    # Leaves of 1 to 17 MiB after a 4 KiB header: files of 1 to 4 parts, the last of a few bytes for some.
+    sizes = {"a": MiB, "b": 5 * MiB - 4096, "c": 5 * MiB, "d": 6 * MiB, "e": 11 * MiB, "f": 17 * MiB}
+    items = {name: {"w": np.full(size // 4, i, np.float32)} for i, (name, size) in enumerate(sizes.items())}
+    ranges: dict[str, list[tuple[int, int]]] = {}
+
+    def seen(params, **_):
+        start, _, end = params["Range"].removeprefix("bytes=").partition("-")
+        ranges.setdefault(params["Key"].rsplit("/", 1)[-1].split(".")[0], []).append((int(start), int(end)))
+
+    client = _client(url_filesystem(url, options)[0], transfer.requests).client
+    with CheckpointManager(url, storage_options=options, transfer=transfer) as manager:
         manager.save(1, items)
         manager.wait()
-        calls.clear()
-        restored = manager.restore(as_numpy=True)
-    assert [float(restored[f"item{i}"]["w"][0]) for i in range(16)] == list(map(float, range(16)))
-    assert calls == {"GetObject": 32}  # per file: its first 64 KiB (size and header), then the rest of its data
+        client.meta.events.register("provide-client-params.s3.GetObject", seen)
+        try:
+            restored = manager.restore(as_numpy=True)
+        finally:
+            client.meta.events.unregister("provide-client-params.s3.GetObject", seen)
+    assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
+    part = transfer.part_size
+    for name, size in sizes.items():
+        asked = sorted(ranges[name])
+        assert asked[0][0] == 0 and asked[0][1] >= min(part, size + 4096) - 1, (name, asked)  # header and data
+        assert all(start % part == 0 for start, _ in asked[1:]), (name, asked)
+        assert len(asked) <= -(-(size + 4096) // part), (name, asked)  # at most one request per part of the file
+    assert {name: len(asked) for name, asked in ranges.items()} == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 2, "f": 4}
+
+
+def test_first_answers_of_a_restore_that_fails_before_its_reads_are_let_go(s3):
+    """Restores refused after the items are opened (``like`` does not fit) leave no answer half read: the restore
+    after them still gets each item's header and data in one request, as it would with none failed before."""
+    from jaxstow._storage.remote import url_filesystem
+    from jaxstow._storage.s3 import _client
+
+    server, prefix, _ = s3
+    url = server.url(prefix, "run")
+    options = server.storage_options
+    transfer = Transfer(part_size=5 * MiB, requests=2)
+    items = {f"item{i}": {"w": np.full(MiB // 4, i, np.float32)} for i in range(6)}
+    wrong = {name: {"w": np.zeros(3, np.float32)} for name in items}
+    calls: list[str] = []
+
+    def count(**_):
+        calls.append("GetObject")
+
+    client = _client(url_filesystem(url, options)[0], transfer.requests).client
+    with CheckpointManager(url, storage_options=options, transfer=transfer) as manager:
+        manager.save(1, items)
+        manager.wait()
+        for _ in range(3):
+            with pytest.raises(StructureMismatchError):
+                manager.restore(like=wrong)
+        client.meta.events.register("before-call.s3.GetObject", count)
+        try:
+            restored = manager.restore(as_numpy=True)
+        finally:
+            client.meta.events.unregister("before-call.s3.GetObject", count)
+    assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
+    assert len(calls) == len(items)
 
 
 def test_a_missing_object_is_named(s3):

@@ -251,12 +251,12 @@ def test_a_folder_pauses_while_it_parses_headers_never_while_it_lists_reads_or_c
     watch({
         ("jaxstow._read.sharded_folder", "folder_listing"): "listing",
         ("jaxstow._read.folder_members", "open_local_member"): "opening",
-        ("jaxstow._format.native", "raw_header"): "reading a header",
-        ("jaxstow._format.native", "_read_header"): "parsing a header",
+        ("jaxstow._format.header", "raw_header"): "reading a header",
+        ("jaxstow._format.header", "_read_header"): "parsing a header",
         ("jaxstow._read.sharded_folder", "_leaves"): "building the leaves",
     })
     where = "folder"
-    tree = jaxstow.load(sys.argv[1], names=names, as_numpy=True)
+    tree = jaxstow.huggingface.load(sys.argv[1], names=names, as_numpy=True)
     sys.setprofile(None)
     print(len(jax.tree_util.tree_leaves(tree)), json.dumps({what: sorted(states) for what, states in seen.items()}))
     """
@@ -284,8 +284,8 @@ def test_a_load_pauses_only_while_it_parses_a_header_never_while_it_reads_or_a_f
     jaxstow.save(sys.argv[1] + ".jxs", {f"layer{i}": np.ones(2) for i in range(50)})
     watch({
         ("torch.serialization", "load"): "torch's load",
-        ("jaxstow._format.native", "raw_header"): "reading the header",
-        ("jaxstow._format.native", "_read_header"): "parsing the header",
+        ("jaxstow._format.header", "raw_header"): "reading the header",
+        ("jaxstow._format.header", "_read_header"): "parsing the header",
         os.preadv: "reading",
         ("jaxstow._read.restore", "restore"): "restoring",
     })

@@ -1,4 +1,5 @@
-"""Whether a value survives a trip through strict JSON unchanged, and if not, which key spoils it.
+"""Whether a value survives a trip through strict JSON unchanged, and if not, which key spoils it; the limits on the
+JSON a jaxstow file holds (its nesting, its integers' digits), beyond which a save and a load both refuse it.
 
 >>> import numpy as np
 >>> from jaxstow._format.json_values import json_problem
@@ -17,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["json_problem"]
+__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem"]
+
+#: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
+#: refuses deeper files before its decoders recurse that far.
+MAX_NESTING = 400
+#: The most decimal digits of an integer anywhere in a manifest (a value, the metadata): Python's default bound on
+#: converting integers to and from text, fixed here so that a save refuses what a load of any jaxstow would refuse.
+MAX_INTEGER_DIGITS = 4300
 
 
 def json_problem(value: Any, key: str = "") -> str | None:

@@ -1,4 +1,4 @@
-"""Leaves as the file stores them, and back.
+"""Leaves as the file stores them, and back: each leaf's manifest entry, written and checked.
 
 Every leaf of a tree becomes one manifest entry. Arrays (jax, numpy or torch), numpy scalars and typed PRNG keys are
 *stored leaves*: their bytes go to the data region, checksummed, their dtype and shape are their tensor's (or in the
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -24,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
+from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
@@ -34,15 +37,25 @@ __all__ = [
     "EncodedLeaf",
     "EncodedShard",
     "StoredLeaf",
+    "check_entry",
     "decode_value_entry",
     "encode_leaf",
     "is_sharded",
     "key_impl_name",
     "share_box",
     "stored_leaf_from_entry",
+    "tensor_names",
 ]
 
 Entry = dict[str, Any]
+#: The kinds of leaf whose entry describes an array: stored leaves and sharded ones.
+_ARRAY_KINDS = frozenset({"array", "npscalar", "key", "torch", "sharded"})
+_CHECKSUM = re.compile(r"[0-9a-f]{16}")
+_IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+#: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
+_IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
+
+
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
 
@@ -271,3 +284,104 @@ def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dt
 def decode_value_entry(entry: Entry, *, file: str) -> Any:
     """The Python value of a ``value`` entry."""
     return decode_value(entry.get("value"), path=entry["path"], file=file)
+
+
+def check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, file: str) -> None:
+    """Check the manifest entry ``entry`` (the ``index``-th) of a leaf of a file holding the tensors ``slots``.
+
+    A stored leaf's dtype and shape are filled in from its tensor where the entry leaves them out; a
+    :class:`FormatError` names the field that is wrong.
+    """
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
+        raise FormatError(f"manifest entry {index} is not an object with a string path", file=file)
+    path, kind = entry["path"], entry.get("kind")
+    if kind == "value":
+        if "value" not in entry:
+            raise FormatError("a value entry has no value", file=file, path=path)
+        return
+    if kind == "per_process":
+        check_per_process_entry(entry, slots.get(path), file=file)
+        _check_checksum(entry.get("xxh3"), file=file, path=path)
+        return
+    if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
+        raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=file, path=path)
+    if "dtype" in entry or "shape" in entry or kind == "sharded":
+        dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
+        if dtype is None:
+            raise FormatError(f"unknown dtype {excerpt(entry.get('dtype'))}", file=file, path=path)
+        shape = entry.get("shape")
+        shape = checked_shape(shape, dtype, file=file, path=path)
+    else:
+        dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
+    _check_checksum(entry.get("xxh3"), file=file, path=path)
+    if kind == "sharded":
+        _check_shards(entry.get("shards"), file=file, path=path)
+    if kind == "npscalar" and shape:
+        raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
+    if kind == "key":
+        impl = entry.get("impl")
+        if isinstance(impl, str):
+            entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
+        _check_key(impl, dtype, shape, file=file, path=path)
+
+
+def _check_checksum(checksum: Any, *, file: str, path: str) -> None:
+    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
+        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
+
+
+def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
+    """The dtype and shape of a leaf stored exactly as its tensor, written into its entry."""
+    if slot is None:
+        raise FormatError(
+            "the manifest lists this leaf but the file holds no tensor for it", file=file, path=entry["path"]
+        )
+    name = name_of_dtype(slot.dtype)
+    if name is None:
+        raise FormatError(f"the tensor's dtype {slot.dtype} is not one jaxstow stores", file=file, path=entry["path"])
+    entry["dtype"], entry["shape"] = name, list(slot.shape)
+    return slot.dtype, entry["shape"]
+
+
+def _check_shards(shards: Any, *, file: str, path: str) -> None:
+    """The shards' tensor names and checksums (their boxes are checked against the shape where they are read)."""
+    if not isinstance(shards, list):
+        raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
+    for shard in shards:
+        checksum = shard.get("xxh3") if isinstance(shard, dict) else None
+        if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
+            checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
+        ):
+            raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
+
+
+def tensor_names(manifest: dict[str, Any]) -> set[str]:
+    """The names of the tensors a checked manifest's leaves are stored in (a sharded leaf's shards each have one)."""
+    names: set[str] = set()
+    for entry in manifest["leaves"]:
+        if entry["kind"] == "sharded":
+            names.update(shard["tensor"] for shard in entry["shards"])
+        elif entry["kind"] != "value":
+            names.add(entry["path"])
+    return names
+
+
+def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
+    key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
+    if key_shape is None:
+        raise FormatError(f"unknown PRNG key implementation {excerpt(impl)}", file=file, path=path)
+    if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
+        raise FormatError(
+            f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",
+            file=file,
+            path=path,
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _key_data_shape(impl: str) -> tuple[int, ...] | None:
+    """The trailing shape of one key's data for a PRNG implementation jax knows, or ``None``."""
+    try:
+        return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
+    except (TypeError, ValueError, KeyError):
+        return None

@@ -1,17 +1,21 @@
-"""The jaxstow manifest's schema, checked field by field (type, range, depth) before anything uses it.
+"""The jaxstow manifest: its schema checked field by field (type, range, depth) before anything uses it, and its leaves.
 
-A file that passes is safe to hand to the loaders: every leaf entry has a unique string path and a known kind,
-stored leaves a known dtype, a valid shape and a well-formed checksum, PRNG keys an implementation this jax has.
-Checking fills in a stored leaf's dtype and shape from its tensor where the entry leaves them out (docs/format.md).
+A file that passes is safe to hand to the loaders: every leaf has a unique string path and a known kind, stored leaves
+a known dtype, a valid shape and a well-formed checksum, PRNG keys an implementation this jax has. From version 3 on,
+the leaves are columns (``paths``, ``kinds``, ``xxh3`` and ``details`` for the few leaves that need more than their
+tensor says: docs/format.md, "Leaf columns"), checked as wholes, each detail as a version 2 entry is
+(:func:`~jaxstow._format.leaves.check_entry`); a file read keeps its stored leaves by path as :class:`StoredLeaves`, each
+described only when asked for. A manifest being written keeps its entries (``leaves``) until its header is written.
 
 >>> import numpy as np
->>> from jaxstow._format.manifest import check_manifest
+>>> from jaxstow._format.manifest import check_columns, check_manifest, columnar
 >>> from jaxstow._format.tensor_reads import TensorSlot
 >>> slots = {"w": TensorSlot.at("w", np.dtype(np.float32), (2, 3), 0)}
->>> manifest = {"format": "jaxstow", "version": 2, "structure": {"dict": [["w", "*"]]}, "metadata": None,
+>>> manifest = {"format": "jaxstow", "version": 3, "structure": {"dict": [["w", "*"]]}, "metadata": None,
 ...             "leaves": [{"path": "w", "kind": "array", "xxh3": "d0a66a65c7528968"}]}
->>> check_manifest(manifest, slots, file="f.jxs")["leaves"]
-[{'path': 'w', 'kind': 'array', 'xxh3': 'd0a66a65c7528968', 'dtype': 'float32', 'shape': [2, 3]}]
+>>> stored = columnar(manifest)
+>>> stored["paths"], stored["kinds"], check_columns(stored, slots, file="f.jxs").checksum(0)
+(['w'], 'a', 'd0a66a65c7528968')
 >>> check_manifest({**manifest, "version": "1.1"}, slots, file="f.jxs")
 Traceback (most recent call last):
 ...
@@ -21,31 +25,36 @@ jaxstow.errors.FormatError: f.jxs: malformed format version '1.1' (expected a po
 from __future__ import annotations
 
 import functools
+import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-import jax
 import numpy as np
 
-from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
-from jaxstow._format.json_values import json_problem
-from jaxstow._format.per_process import check_per_process_entry
+from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING, json_problem
+from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
+from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import FormatError, NewerFormatError, excerpt
+from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError, excerpt
 
 __all__ = [
+    "COLUMNAR_VERSION",
     "FORMAT_NAME",
     "FORMAT_VERSION",
-    "MAX_INTEGER_DIGITS",
-    "MAX_NESTING",
+    "KIND_NAMES",
     "PLAIN_METADATA_VERSION",
     "RESERVED_PREFIX",
+    "LeafColumns",
+    "StoredLeaves",
+    "check_columns",
+    "check_leaves",
     "check_manifest",
     "check_nesting",
+    "columnar",
     "metadata_problem",
     "plain_metadata",
-    "tensor_names",
+    "version_at_least",
 ]
 
 FORMAT_NAME = "jaxstow"
@@ -57,20 +66,8 @@ FORMAT_VERSION = 4
 PLAIN_METADATA_VERSION = 4
 #: The user's metadata keys may not start with it: ``__metadata__`` holds jaxstow's own keys beside the user's.
 RESERVED_PREFIX = "jaxstow"
-#: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
-#: refuses deeper files before its decoders recurse that far.
-MAX_NESTING = 400
-#: The most decimal digits of an integer anywhere in a manifest (a value, the metadata): Python's default bound on
-#: converting integers to and from text, fixed here so that a save refuses what a load of any jaxstow would refuse.
-MAX_INTEGER_DIGITS = 4300
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
-
-_STORED_KINDS = frozenset({"array", "npscalar", "key", "torch"})
-_ARRAY_KINDS = _STORED_KINDS | {"sharded"}
-_CHECKSUM = re.compile(r"[0-9a-f]{16}")
-_IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
-#: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
-_IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str) -> dict[str, Any]:
@@ -102,18 +99,60 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
     problem = _limits_problem(manifest.get("metadata"))
     if problem is not None:
         raise FormatError(f"the manifest's metadata {problem}", file=file)
-    if version >= 3:  # the leaves are columns, checked by jaxstow._format.columns
+    if version >= COLUMNAR_VERSION:  # the leaves are columns, checked by check_columns
         return manifest
     leaves = manifest.get("leaves")
     if not isinstance(leaves, list):
         raise FormatError("the manifest has no list of leaves", file=file)
     seen: set[str] = set()
     for index, entry in enumerate(leaves):
-        _check_entry(entry, index, slots, file=file)
+        check_entry(entry, index, slots, file=file)
         if entry["path"] in seen:
             raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
         seen.add(entry["path"])
     return manifest
+
+
+def check_leaves(
+    manifest: Any, slots: Mapping[str, TensorSlot], *, plain: Mapping[str, str] | None, file: str
+) -> tuple[LeafColumns | None, set[str]]:
+    """A file's manifest checked whole against the file's tensors ``slots``: its columns (version 3 on, ``None``
+    before) and the names of the tensors its leaves are stored in, which the caller compares with ``slots``.
+
+    ``plain`` is a native header's own ``__metadata__`` beside the manifest (``None`` for an npz): exactly the user's
+    string metadata, from version 4 on, or the header is corrupt.
+    """
+    if plain is not None:
+        _check_plain_keys(manifest, plain, file=file)
+    checked = check_manifest(manifest, slots, file=file)
+    if checked["version"] < COLUMNAR_VERSION:
+        return None, tensor_names(checked)
+    columns = check_columns(checked, slots, file=file)
+    return columns, columns.tensor_names()
+
+
+def _check_plain_keys(manifest: Any, plain: Mapping[str, str], *, file: str) -> None:
+    """Check that the keys beside jaxstow's own in a native header (``plain``) are exactly the user's string metadata.
+
+    Only version 4 on writes them; a newer version is left to :func:`check_manifest`, which says it is newer.
+    """
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version_at_least(version, FORMAT_VERSION + 1):
+        return
+    if plain and not version_at_least(version, PLAIN_METADATA_VERSION):
+        raise CorruptFileError(
+            f"the header's metadata keys {excerpt(sorted(plain))} are not jaxstow's: the header is corrupt", file=file
+        )
+    if version_at_least(version, PLAIN_METADATA_VERSION) and plain != plain_metadata(manifest.get("metadata")):
+        raise CorruptFileError(
+            "the header's plain metadata keys differ from the manifest's string metadata: the header is corrupt",
+            file=file,
+        )
+
+
+def version_at_least(version: Any, least: int) -> bool:
+    """Whether a manifest's ``version`` (anything, in a file not checked yet) is an integer of at least ``least``."""
+    return type(version) is int and version >= least
 
 
 def metadata_problem(metadata: Any) -> str | None:
@@ -123,8 +162,6 @@ def metadata_problem(metadata: Any) -> str | None:
     :func:`check_nesting`, whose keys do not start with :data:`RESERVED_PREFIX`.
 
     >>> from jaxstow._format.manifest import metadata_problem
-    >>> metadata_problem({"epoch": 3, "run": "a"}) is None
-    True
     >>> metadata_problem({"jaxstow_header_xxh3": "0"})
     "key 'jaxstow_header_xxh3' starts with 'jaxstow', which the file's own keys use: rename it"
     """
@@ -156,11 +193,7 @@ def plain_metadata(metadata: Any) -> dict[str, str]:
 
 
 def _unicode(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return _SURROGATE.search(text) is None  # UTF-8 encodes every code point but these
 
 
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
@@ -190,7 +223,8 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
 
 
 def _limits_problem(value: Any) -> str | None:
-    """How a JSON value breaks the limits of :func:`check_nesting`, or ``None``."""
+    """How a JSON value breaks the limits a jaxstow file holds (:data:`MAX_NESTING` levels, integers of
+    :data:`MAX_INTEGER_DIGITS` digits), or ``None``."""
     depth, huge = _nesting(value)
     if depth > MAX_NESTING:
         return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
@@ -222,97 +256,195 @@ def _nesting(value: Any) -> tuple[int, bool]:
     return deepest, huge
 
 
-def _check_entry(entry: Any, index: int, slots: Mapping[str, TensorSlot], *, file: str) -> None:
-    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)):
-        raise FormatError(f"manifest entry {index} is not an object with a string path", file=file)
-    path, kind = entry["path"], entry.get("kind")
-    if kind == "value":
-        if "value" not in entry:
-            raise FormatError("a value entry has no value", file=file, path=path)
-        return
-    if kind == "per_process":
-        check_per_process_entry(entry, slots.get(path), file=file)
-        _check_checksum(entry.get("xxh3"), file=file, path=path)
-        return
-    if not isinstance(kind, str) or kind not in _ARRAY_KINDS:
-        raise FormatError(f"unknown leaf kind {excerpt(kind)}", file=file, path=path)
-    if "dtype" in entry or "shape" in entry or kind == "sharded":
-        dtype = dtype_from_name(entry["dtype"]) if isinstance(entry.get("dtype"), str) else None
-        if dtype is None:
-            raise FormatError(f"unknown dtype {excerpt(entry.get('dtype'))}", file=file, path=path)
-        shape = entry.get("shape")
-        shape = checked_shape(shape, dtype, file=file, path=path)
-    else:
-        dtype, shape = _as_its_tensor(entry, slots.get(path), file=file)
-    _check_checksum(entry.get("xxh3"), file=file, path=path)
-    if kind == "sharded":
-        _check_shards(entry.get("shards"), file=file, path=path)
-    if kind == "npscalar" and shape:
-        raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=path)
-    if kind == "key":
-        impl = entry.get("impl")
-        if isinstance(impl, str):
-            entry["impl"] = impl = _IMPL_TAGS.get(impl, impl)
-        _check_key(impl, dtype, shape, file=file, path=path)
+#: The first format version whose manifest holds columns.
+COLUMNAR_VERSION = 3
+KIND_LETTERS = {
+    "array": "a",
+    "npscalar": "n",
+    "key": "k",
+    "torch": "t",
+    "sharded": "s",
+    "value": "v",
+    "per_process": "p",
+}
+KIND_NAMES = {letter: kind for kind, letter in KIND_LETTERS.items()}
+#: The kinds of leaf whose bytes are one tensor named by the leaf's path, each with a checksum in ``xxh3``.
+CHECKSUMMED = "anktp"
+_COLUMN_KEYS = ("paths", "kinds", "xxh3", "details")
+_HEX = re.compile(r"[0-9a-f]*")
+_INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
+_STORED_MARKS = bytes(int(chr(byte) in CHECKSUMMED) for byte in range(256))
 
 
-def _check_checksum(checksum: Any, *, file: str, path: str) -> None:
-    if checksum is not None and not (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum)):
-        raise FormatError(f"malformed checksum {excerpt(checksum)} (expected 16 hex digits)", file=file, path=path)
+def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as a file of version 3 or later holds it.
+
+    Its ``leaves`` entries turned into columns (any other manifest as it is).
+    """
+    leaves = manifest.get("leaves")
+    version = manifest.get("version")
+    if not (type(version) is int and version >= COLUMNAR_VERSION) or not isinstance(leaves, list):
+        return manifest
+    out = {key: value for key, value in manifest.items() if key != "leaves"}
+    kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])
+    out["paths"] = [entry["path"] for entry in leaves]
+    out["kinds"] = kinds
+    out["xxh3"] = [entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED]
+    out["details"] = {
+        str(i): {key: value for key, value in entry.items() if key not in ("path", "kind", "xxh3")}
+        for i, (entry, kind) in enumerate(zip(leaves, kinds, strict=True))
+        if len(entry) > 2 + (kind in CHECKSUMMED)
+    }
+    return out
 
 
-def _as_its_tensor(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> tuple[np.dtype, list[int]]:
-    """The dtype and shape of a leaf stored exactly as its tensor, written into its entry."""
-    if slot is None:
+class LeafColumns:
+    """A checked version 3 manifest's leaves.
+
+    The columns, and the detail of each leaf that has one as a version 2 entry (with its path and kind), checked.
+    """
+
+    def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
+        self.paths = paths
+        self.kinds = kinds
+        self.checksums = checksums
+        self.entries = entries
+        # The leaves stored as one tensor named by their path: their letters marked 1, the others 0.
+        self.stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
+        self._rank = np.cumsum(self.stored) - 1  # each such leaf's place in ``checksums``
+
+    def checksum(self, index: int) -> str:
+        """The checksum of the stored leaf at ``index``."""
+        return self.checksums[int(self._rank[index])]
+
+    def stored_paths(self) -> list[str]:
+        return list(itertools.compress(self.paths, self.stored.tolist()))
+
+    def tensor_names(self) -> set[str]:
+        """The names of the tensors the leaves are stored in (a sharded leaf's shards each have one)."""
+        names = set(self.stored_paths())
+        for entry in self.entries.values():
+            if entry["kind"] == "sharded":
+                names.update(shard["tensor"] for shard in entry["shards"])
+        return names
+
+
+def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
+    """The leaves of a version 3 manifest, every column and detail checked against the file's tensors ``slots``.
+
+    The manifest's other fields are checked already, by :func:`~jaxstow._format.manifest.check_manifest`.
+    """
+    paths, kinds, checksums, details = (manifest.get(key) for key in _COLUMN_KEYS)
+    if not (isinstance(paths, list) and set(map(type, paths)) <= {str}):
+        raise FormatError("the manifest's paths must be a list of strings", file=file)
+    if not (isinstance(kinds, str) and len(kinds) == len(paths) and set(kinds) <= set(KIND_NAMES)):
         raise FormatError(
-            "the manifest lists this leaf but the file holds no tensor for it", file=file, path=entry["path"]
-        )
-    name = name_of_dtype(slot.dtype)
-    if name is None:
-        raise FormatError(f"the tensor's dtype {slot.dtype} is not one jaxstow stores", file=file, path=entry["path"])
-    entry["dtype"], entry["shape"] = name, list(slot.shape)
-    return slot.dtype, entry["shape"]
-
-
-def _check_shards(shards: Any, *, file: str, path: str) -> None:
-    """The shards' tensor names and checksums (their boxes are checked against the shape where they are read)."""
-    if not isinstance(shards, list):
-        raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
-    for shard in shards:
-        checksum = shard.get("xxh3") if isinstance(shard, dict) else None
-        if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str)) or not (
-            checksum is None or (isinstance(checksum, str) and _CHECKSUM.fullmatch(checksum))
-        ):
-            raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
-
-
-def tensor_names(manifest: dict[str, Any]) -> set[str]:
-    """The names of the tensors a checked manifest's leaves are stored in (a sharded leaf's shards each have one)."""
-    names: set[str] = set()
-    for entry in manifest["leaves"]:
-        if entry["kind"] == "sharded":
-            names.update(shard["tensor"] for shard in entry["shards"])
-        elif entry["kind"] != "value":
-            names.add(entry["path"])
-    return names
-
-
-def _check_key(impl: Any, dtype: np.dtype, shape: list[int], *, file: str, path: str) -> None:
-    key_shape = _key_data_shape(impl) if isinstance(impl, str) and _IMPL_NAME.fullmatch(impl) else None
-    if key_shape is None:
-        raise FormatError(f"unknown PRNG key implementation {excerpt(impl)}", file=file, path=path)
-    if dtype != np.uint32 or tuple(shape[len(shape) - len(key_shape) :]) != key_shape or len(shape) < len(key_shape):
-        raise FormatError(
-            f"{impl} keys are stored as uint32[..., {', '.join(map(str, key_shape))}], not {dtype}{shape}",
+            f"the manifest's kinds must be a string of one letter per leaf from 'anktsvp', not {excerpt(kinds, 45)}",
             file=file,
-            path=path,
+        )
+    stored = sum(kinds.count(letter) for letter in CHECKSUMMED)
+    if not (
+        isinstance(checksums, list)
+        and len(checksums) == stored
+        and set(map(type, checksums)) <= {str}
+        and set(map(len, checksums)) <= {16}
+        and _HEX.fullmatch("".join(checksums))
+    ):
+        raise FormatError(
+            f"the manifest's xxh3 must be 16 hex digits for each of its {stored} stored leaves", file=file
+        )
+    if len(set(paths)) != len(paths):
+        seen: set[str] = set()
+        twice = next(path for path in paths if path in seen or seen.add(path))  # type: ignore[func-returns-value]
+        raise FormatError("the manifest lists this leaf twice", file=file, path=twice)
+    if not isinstance(details, dict):
+        raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
+    columns = LeafColumns(paths, kinds, checksums, {})
+    entries = columns.entries
+    for key, detail in details.items():
+        index = int(key) if _INDEX.fullmatch(key) else len(paths)
+        if index >= len(paths) or not isinstance(detail, dict):
+            raise FormatError(
+                f"malformed detail {excerpt(key)} of the manifest (expected a leaf index and an object)", file=file
+            )
+        entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
+        if kinds[index] in CHECKSUMMED:
+            entry["xxh3"] = columns.checksum(index)
+        if kinds[index] != "v":  # a value's one rule, that its detail holds it, is checked below with the others'
+            check_entry(entry, index, slots, file=file)
+        entries[index] = entry
+    for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards"), ("p", "processes")):
+        start = kinds.find(letter)
+        while start >= 0:
+            if start not in entries or needs not in entries[start]:
+                raise FormatError(
+                    f"a {KIND_NAMES[letter]} leaf needs its {needs} in the details", file=file, path=paths[start]
+                )
+            start = kinds.find(letter, start + 1)
+    start = kinds.find("n")
+    while start >= 0:
+        if start not in entries and paths[start] in slots and slots[paths[start]].shape:
+            shape = list(slots[paths[start]].shape)
+            raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=paths[start])
+        start = kinds.find("n", start + 1)
+    return columns
+
+
+#: The kinds of leaf kept apart from the stored ones: values and per-process leaves.
+_NOT_STORED = "vp"
+
+
+class StoredLeaves(MutableMapping[str, Stored]):
+    """The stored leaves of a version 3 file by path.
+
+    Those with details are made (and checked) when the file is opened, the others, stored exactly as their tensors, when
+    first asked for.
+
+    >>> import io, numpy as np, jaxstow
+    >>> saved = io.BytesIO(); jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2}); _ = saved.seek(0)
+    >>> leaves = jaxstow.open(saved).stored
+    >>> list(leaves), leaves.described(), leaves["w"].shape, [leaf.path for leaf in leaves.described()]
+    (['b', 'w'], [], (3,), ['w'])
+    """
+
+    def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:
+        self._columns = columns
+        self._slots = slots
+        self._made = made
+
+    @functools.cached_property
+    def _index(self) -> dict[str, int]:  # made when a leaf is first asked for: a whole restore never asks
+        return dict(zip(self._columns.paths, range(len(self._columns.paths)), strict=True))
+
+    def __getitem__(self, path: str) -> Stored:
+        leaf = self._made.get(path)
+        if leaf is None:
+            i = self._index[path]
+            if not self._columns.stored[i] or self._columns.kinds[i] == "p":
+                raise KeyError(path)
+            slot = self._slots[path]
+            kind = KIND_NAMES[self._columns.kinds[i]]
+            leaf = self._made[path] = StoredLeaf(path, kind, slot.dtype, slot.shape, self._columns.checksum(i), None)
+        return leaf
+
+    def described(self) -> list[Stored]:
+        """The leaves described so far: those with details (sharded leaves among them) and those asked for."""
+        return list(self._made.values())
+
+    def __setitem__(self, path: str, leaf: Stored) -> None:
+        self._made[path] = leaf
+
+    def __delitem__(self, path: str) -> None:
+        raise TypeError("the leaves of a file cannot be removed")
+
+    def __contains__(self, path: object) -> bool:
+        i = self._index.get(path) if isinstance(path, str) else None
+        return i is not None and self._columns.kinds[i] not in _NOT_STORED
+
+    def __iter__(self) -> Iterator[str]:
+        return (
+            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
         )
 
-
-@functools.lru_cache(maxsize=16)
-def _key_data_shape(impl: str) -> tuple[int, ...] | None:
-    """The trailing shape of one key's data for a PRNG implementation jax knows, or ``None``."""
-    try:
-        return tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl))).shape)
-    except (TypeError, ValueError, KeyError):
-        return None
+    def __len__(self) -> int:
+        return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))

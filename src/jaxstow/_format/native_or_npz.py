@@ -1,13 +1,14 @@
-"""Opening a file as the right container (native safetensors or npz) and checking its manifest.
+"""The containers of a file, native safetensors or npz: the one a save writes, and what the read path needs of one.
+
+A name ending in ``.npz`` gets an npz archive, any other the native container; :func:`write_container` writes either.
+:class:`Container` is what the loaders need of a file opened (:func:`jaxstow._format.header.open_container`).
 
 >>> import io, numpy as np
->>> from jaxstow._format.native_or_npz import open_container, write_container
+>>> from jaxstow._format.native_or_npz import container_kind, write_container
 >>> buffer = io.BytesIO()
 >>> write_container(buffer, "native", [("w", np.zeros(2))], None)
->>> _ = buffer.seek(0)
->>> from jaxstow._storage.opening import open_source
->>> type(open_container(open_source(buffer))).__name__
-'NativeReader'
+>>> container_kind("model.npz"), container_kind("model.jxs"), buffer.getvalue()[8:9]
+('npz', 'native', b'{')
 """
 
 from __future__ import annotations
@@ -18,17 +19,14 @@ from typing import Any, BinaryIO, Literal, Protocol
 
 import numpy as np
 
-from jaxstow._format.columns import COLUMNAR_VERSION, LeafColumns, check_columns
 from jaxstow._format.dtypes import name_of_dtype
-from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION, check_manifest, tensor_names
-from jaxstow._format.native import Complete, NativeReader, write_native
+from jaxstow._format.manifest import FORMAT_NAME, FORMAT_VERSION, LeafColumns
+from jaxstow._format.native import Complete, write_native
 from jaxstow._format.native import stores_exactly as native_stores_exactly
-from jaxstow._format.npz import NpzReader, write_npz
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
+from jaxstow._format.npz import write_npz
 from jaxstow._format.pieces import HostArray
-from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import TensorSlot, Verify
-from jaxstow.errors import CorruptFileError
 
 __all__ = [
     "FORMAT_NAME",
@@ -36,11 +34,8 @@ __all__ = [
     "Container",
     "container_kind",
     "describe_raw_leaves",
-    "open_container",
     "write_container",
 ]
-
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 Kind = Literal["native", "npz"]
 
@@ -113,33 +108,3 @@ def describe_raw_leaves(kind: Kind, tensors: Sequence[tuple[str, HostArray, dict
     for name, array, entry in tensors:
         if array.dtype in raw and entry.get("path") == name:  # a shard's dtype is its leaf's
             entry["dtype"], entry["shape"] = name_of_dtype(array.dtype), list(array.shape)
-
-
-def open_container(source: ReadSource) -> Container:
-    """Open a source as the container its first bytes announce, which then owns the source.
-
-    Closing the container closes the source. On failure the source stays open, for the caller to tell what else the file
-    is, and to close.
-    """
-    magic = source.read(0, 4) if source.size >= 4 else b""
-    reader: Container = NpzReader(source) if magic in _ZIP_MAGIC else NativeReader(source)
-    _check_manifest(reader)
-    return reader
-
-
-def _check_manifest(reader: Container) -> None:
-    """The manifest is well formed and lists exactly the file's tensors (an npz member hidden by damage is caught)."""
-    if reader.manifest is None:
-        return
-    manifest = check_manifest(reader.manifest, reader.slots, file=reader.file)
-    if manifest["version"] >= COLUMNAR_VERSION:
-        reader.columns = check_columns(manifest, reader.slots, file=reader.file)
-        stored = reader.columns.tensor_names()
-    else:
-        stored = tensor_names(manifest)
-    if stored != reader.slots.keys():
-        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
-        raise CorruptFileError(
-            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
-            file=reader.file,
-        )

@@ -26,10 +26,9 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import as_bytes, checksum_bytes
-from jaxstow._format.columns import LeafColumns, columnar
 from jaxstow._format.dtypes import MAX_AXES, checked_shape
 from jaxstow._format.json_codec import dump_json, parse_json
-from jaxstow._format.manifest import check_nesting
+from jaxstow._format.manifest import LeafColumns, check_nesting, columnar
 from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, excerpt

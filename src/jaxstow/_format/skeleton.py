@@ -18,11 +18,8 @@ True
 from __future__ import annotations
 
 import base64
-import binascii
 import functools
-import itertools
 import os
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -31,35 +28,26 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
-from jaxstow._format.manifest import MAX_NESTING
-from jaxstow._format.plain_trees import plain_treedef
+from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
-__all__ = ["decode_treedef", "decode_value", "encode_treedef", "encode_value", "names_in", "with_every_library"]
+__all__ = ["NAME_TAGS", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
 
 _LEAF = jax.tree_util.tree_structure(0)
 _NONE = jax.tree_util.tree_structure(None)
 _REGISTRY = jax.tree_util.default_registry
 #: ``PyTreeDef.from_node_data_and_children`` (jax 0.4.36 and newer; ``make_...`` before).
 _FROM_NODE_DATA = getattr(PyTreeDef, "from_node_data_and_children", None) or PyTreeDef.make_from_node_data_and_children
-#: What malformed JSON of the right syntax can make decoding raise; each becomes a :class:`FormatError`.
-_DECODE_ERRORS = (
-    TypeError,
-    ValueError,
-    KeyError,
-    IndexError,
-    AttributeError,
-    OverflowError,
-    RecursionError,
-    binascii.Error,
-)
+#: What malformed JSON of the right syntax can make decoding raise (binascii's errors are ValueErrors); each becomes a
+#: :class:`FormatError`.
+_DECODE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
 
 JSON = Any
 
 #: The tags whose string names an object: a node type, a reference, a class, a partial's function, a graph's node type.
-_NAME_TAGS = frozenset({"node", "ref", "object", "func", "nodetype"})
+NAME_TAGS = frozenset({"node", "ref", "object", "func", "nodetype"})
 
 
 def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
@@ -276,10 +264,65 @@ def _is_leaf(treedef: PyTreeDef) -> bool:
     return bool(treedef.num_leaves == 1 and treedef.num_nodes == 1)
 
 
+_PLAIN_LEAF = object()
+
+
+def _plain_treedef(data: Any, depth: int) -> PyTreeDef | None:
+    """The tree structure of a well-formed encoded structure made only of dicts, lists, tuples and ``None``, the most
+    common kind: the containers themselves around placeholder leaves, flattened by jax in one call.
+
+    Well formed: dict keys plain strings or integers, sorted and unique as jax orders them, nesting within bounds
+    (``depth`` JSON levels around it already). ``None`` otherwise, for the node-by-node decoder to build or to name what
+    is wrong.
+
+    >>> _plain_treedef({"dict": [["a", {"list": ["*", None]}], ["b", "*"]]}, 0)
+    PyTreeDef({'a': [*, None], 'b': *})
+    >>> _plain_treedef({"dict": [["b", "*"], ["a", "*"]]}, 0) is None  # not in jax's order
+    True
+    """
+    try:
+        containers = _container(data, depth)
+    except _NotPlain:
+        return None
+    return jax.tree.structure(containers, is_leaf=_is_plain_leaf)
+
+
+def _is_plain_leaf(node: Any) -> bool:
+    return node is _PLAIN_LEAF
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _container(data: Any, depth: int) -> Any:
+    if data == "*":
+        return _PLAIN_LEAF
+    if data is None:
+        return None
+    if depth > MAX_NESTING or type(data) is not dict or len(data) != 1:
+        raise _NotPlain
+    [(tag, items)] = data.items()
+    if type(items) is not list:
+        raise _NotPlain
+    if tag == "dict":
+        if not (set(map(type, items)) <= {list} and set(map(len, items)) <= {2}):
+            raise _NotPlain
+        keys = [pair[0] for pair in items]
+        kinds = set(map(type, keys))
+        if not (kinds <= {str} or kinds <= {int}) or keys != sorted(keys) or len(set(keys)) != len(keys):
+            raise _NotPlain
+        return {key: _PLAIN_LEAF if child == "*" else _container(child, depth + 3) for key, child in items}
+    if tag in ("list", "tuple"):
+        children = [_PLAIN_LEAF if child == "*" else _container(child, depth + 2) for child in items]
+        return children if tag == "list" else tuple(children)
+    raise _NotPlain
+
+
 def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> PyTreeDef:
     """The tree structure :func:`encode_treedef` wrote. Only registered pytree node types are ever constructed.
 
-    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow._format.manifest.MAX_NESTING`
+    Every node is checked before it is built, nesting is bounded by :data:`~jaxstow._format.json_values.MAX_NESTING`
     (``depth`` counts the JSON levels around a node, as a save counts them), and the whole structure is
     unflattened once with placeholder leaves, so that a node type refusing its auxiliary data is a
     :class:`FormatError` here rather than a builtin error later.
@@ -288,7 +331,7 @@ def decode_treedef(data: JSON, *, path: str = "", file: str | None = None) -> Py
 
 
 def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> PyTreeDef:
-    plain = plain_treedef(data, depth)
+    plain = _plain_treedef(data, depth)
     if plain is not None:  # dicts, lists, tuples and None only: built at once by jax itself
         return plain
     try:
@@ -397,34 +440,3 @@ def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, fi
             file=file,
             path=path,
         ) from None
-
-
-def names_in(data: JSON) -> Iterator[str]:
-    """Every object name that ``data``, structures and values as this module writes them, holds; nothing is looked up.
-
-    >>> sorted(names_in([{"node": "equinox.nn.MLP", "aux": {"ref": "jax.nn.relu"}, "children": []}, {"list": ["a"]}]))
-    ['equinox.nn.MLP', 'jax.nn.relu']
-    """
-    pending = [data]
-    while pending:  # without recursion, whatever the depth
-        item = pending.pop()
-        if isinstance(item, dict):
-            for tag, value in item.items():
-                if tag in _NAME_TAGS and isinstance(value, str):
-                    yield value
-                else:
-                    pending.append(value)
-        elif isinstance(item, list):
-            pending.extend(item)
-
-
-def with_every_library(
-    error: UnknownNameError, manifest: dict[str, Any] | None, values: Iterable[dict[str, Any]]
-) -> UnknownNameError:
-    """``error``, about a name of a library that is not imported, made to name every library not imported that the
-    file names: in its ``manifest``'s structure or in the entries of its ``values``. One error then says all there
-    is to import. ``error`` itself when it is about something else (nothing is read then).
-    """
-    structure = None if manifest is None else manifest.get("structure")
-    found = itertools.chain(names_in(structure), *(names_in(entry.get("value")) for entry in values))
-    return registry.naming_every_library(error, found)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import mmap
 import threading
@@ -36,6 +37,7 @@ __all__ = [
     "LOCAL_DISK",
     "TensorSlot",
     "aligned_empty",
+    "pieces_of",
     "read_range",
     "read_slots",
     "read_tensors",
@@ -173,6 +175,27 @@ def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> Non
         raise
 
 
+def pieces_of(offset: int, length: int, piece: int) -> list[tuple[int, int]]:
+    """Where a read of ``length`` bytes at ``offset`` is cut, as (start within the read, bytes) pairs.
+
+    At the multiples of ``piece`` from the source's start, where an object store's parts and chunks begin, so that no
+    request reads a part of the store's for a few bytes of it; a first or last piece under a quarter of ``piece`` is
+    joined to the one next to it.
+
+    >>> pieces_of(4096, 40 << 20, 16 << 20)  # a leaf after a file's header: 16 MiB - 4 KiB, 16 MiB, 8 MiB + 4 KiB
+    [(0, 16773120), (16773120, 16777216), (33550336, 8392704)]
+    >>> pieces_of(4096, 16 << 20, 16 << 20)  # 4 KiB past a part's end: one piece
+    [(0, 16777216)]
+    """
+    cuts = list(range((offset // piece + 1) * piece, offset + length, piece))
+    if cuts and cuts[0] - offset < piece // 4:
+        del cuts[0]
+    if cuts and offset + length - cuts[-1] < piece // 4:
+        del cuts[-1]
+    bounds = [offset, *cuts, offset + length]
+    return [(start - offset, end - start) for start, end in itertools.pairwise(bounds)]
+
+
 def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
     """Fill ``buffer`` with the bytes at ``offset``.
 
@@ -184,7 +207,7 @@ def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
     if plan is None or len(buffer) < plan.threshold or in_pool():
         source.read_into(offset, buffer)
         return
-    pieces = [(offset + at, buffer[at : at + plan.piece]) for at in range(0, len(buffer), plan.piece)]
+    pieces = [(offset + at, buffer[at : at + size]) for at, size in pieces_of(offset, len(buffer), plan.piece)]
     run_all(plan.pool(), [functools.partial(source.read_into, at, part) for at, part in pieces])
 
 
@@ -198,26 +221,20 @@ def _read_in_parallel(
     """
     spans = [_span(run, columns) for run in runs]
     buffers = [aligned_empty(size) for _, size in spans]
-    left = [max(1, -(-size // plan.piece)) for _, size in spans]
+    pieces = [pieces_of(start, size, plan.piece) for start, size in spans]
+    left = [len(cut) for cut in pieces]
     parts: list[list[np.ndarray]] = [[] for _ in runs]
     lock = threading.Lock()
 
-    def read(r: int, at: int) -> None:
-        source.read_into(spans[r][0] + at, buffers[r].data[at : at + plan.piece])
+    def read(r: int, at: int, size: int) -> None:
+        source.read_into(spans[r][0] + at, buffers[r].data[at : at + size])
         with lock:
             left[r] -= 1
             last = left[r] == 0
         if last:
             parts[r] = _cut(buffers[r], runs[r], columns, digests)
 
-    run_all(
-        plan.pool(),
-        [
-            functools.partial(read, r, at)
-            for r, (_, size) in enumerate(spans)
-            for at in range(0, max(size, 1), plan.piece)
-        ],
-    )
+    run_all(plan.pool(), [functools.partial(read, r, at, size) for r, cut in enumerate(pieces) for at, size in cut])
     return parts
 
 

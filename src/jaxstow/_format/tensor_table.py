@@ -1,17 +1,14 @@
-"""A safetensors header's tensor entries, checked as wholes: the one decision on whether the tensor table is valid.
+"""A safetensors header's tensor entries checked one by one, to say which tensor is wrong and how.
 
-The rules are docs/format.md's ("Tensor entries"). :func:`slot_table` decides, exactly, with numpy over columns of
-offsets, sizes and dtype codes; when it refuses, :func:`entry_slots` applies the same rules entry by entry only to say
-which tensor is wrong and how (``tests/format/test_validator_fuzz.py`` checks that the two refuse the same headers).
+The rules are docs/format.md's ("Tensor entries"). The one decision on whether a tensor table is valid is
+:func:`~jaxstow._format.header.slot_table`'s, over all entries at once with numpy; when it refuses, :func:`entry_slots`
+applies the same rules entry by entry only to name the first tensor that breaks one and the rule
+(``tests/format/test_validator_fuzz.py`` checks that the two refuse the same headers).
 
->>> import numpy as np
->>> from jaxstow._format.tensor_table import check_header
+>>> from jaxstow._format.tensor_table import entry_slots
 >>> header = {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
-...           "b": {"dtype": "U8", "shape": [], "data_offsets": [24, 25]}}
->>> check_header(header, data_start=4096, file_size=4096 + 25, file="f.jxs")["w"]
-TensorSlot(name='w', dtype=dtype('float32'), shape=(2, 3), offset=4096, nbytes=24)
->>> header["b"]["data_offsets"] = [24, True]
->>> check_header(header, data_start=4096, file_size=4096 + 25, file="f.jxs")
+...           "b": {"dtype": "U8", "shape": [], "data_offsets": [24, True]}}
+>>> entry_slots(header, data_start=4096, file_size=4096 + 25, file="f.jxs")
 Traceback (most recent call last):
 ...
 jaxstow.errors.FormatError: leaf 'b' of f.jxs: malformed data_offsets [24, True]
@@ -19,143 +16,18 @@ jaxstow.errors.FormatError: leaf 'b' of f.jxs: malformed data_offsets [24, True]
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterator, KeysView, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, PACKED_CODES, READ_CODES, checked_shape, dtype_from_code
+from jaxstow._format.dtypes import PACKED_CODES, checked_shape, dtype_from_code
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import FormatError, TruncatedFileError, excerpt
 
-__all__ = ["SlotTable", "check_header", "entry_slots", "slot_table"]
-
-_ITEMSIZES = {code: dtype.itemsize for code, dtype in READ_CODES.items()}
-#: Below this many bytes (as a float product), a shape's bytes surely fit MAX_ARRAY_BYTES: the float product of at
-#: most MAX_AXES factors is off by far less than this margin. Shapes at or above it are counted exactly.
-_SURELY_FITS = MAX_ARRAY_BYTES * (1 - 1e-9)
-
-
-class SlotTable(Mapping[str, TensorSlot]):
-    """A file's tensors by name, kept as columns; a :class:`TensorSlot` is made only for a tensor asked for."""
-
-    def __init__(
-        self,
-        names: list[str],
-        dtypes: list[np.dtype],
-        shapes: Sequence[Sequence[int]],
-        offsets: np.ndarray,
-        nbytes: np.ndarray,
-    ) -> None:
-        self.names = names
-        self.dtypes = dtypes
-        self.shapes = shapes
-        self.offsets = offsets  # where each tensor starts in the file
-        self.nbytes = nbytes
-        self.index = dict(zip(names, range(len(names)), strict=True))
-
-    def __getitem__(self, name: str) -> TensorSlot:
-        i = self.index[name]
-        return TensorSlot(name, self.dtypes[i], tuple(self.shapes[i]), int(self.offsets[i]), int(self.nbytes[i]))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.index
-
-    def keys(self) -> KeysView[str]:
-        return self.index.keys()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names)
-
-    def __len__(self) -> int:
-        return len(self.names)
-
-
-def check_header(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> SlotTable:
-    """The tensors of a parsed header (without ``__metadata__``), checked.
-
-    Else the error of the first entry that breaks a rule, naming the tensor: a
-    :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
-    :class:`~jaxstow.errors.FormatError` otherwise.
-    """
-    table = slot_table(header, data_start=data_start, file_size=file_size)
-    if table is not None:
-        return table
-    entry_slots(header, data_start=data_start, file_size=file_size, file=file)  # raises, naming what is wrong
-    raise FormatError("the header's tensor entries are malformed", file=file)  # the two disagree: still refused
-
-
-def _only(values: Any, kind: type) -> bool:
-    """Whether every item of ``values`` has exactly the type ``kind`` (``bool`` is not ``int``)."""
-    return set(map(type, values)) <= {kind}
-
-
-def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> SlotTable | None:
-    """The tensors of a parsed header (without ``__metadata__``) if every rule holds, ``None`` otherwise."""
-    names, infos = list(header), list(header.values())
-    if not _only(infos, dict):
-        return None
-    try:
-        codes = [info["dtype"] for info in infos]
-        shapes = [info["shape"] for info in infos]
-        spans = [info["data_offsets"] for info in infos]
-        itemsizes = np.array([_ITEMSIZES[code] for code in codes], np.int64)  # an unhashable code: TypeError
-    except (KeyError, TypeError):
-        return None
-    if not (_only(shapes, list) and _only(spans, list) and set(map(len, spans)) <= {2}):
-        return None
-    dims = list(itertools.chain.from_iterable(shapes))
-    bounds = list(itertools.chain.from_iterable(spans))
-    if not (_only(dims, int) and _only(bounds, int)):
-        return None
-    try:
-        sizes = np.array(dims, np.int64)
-        ends = np.array(bounds, np.int64).reshape(-1, 2)
-    except OverflowError:  # beyond int64: no shape or offset within the bounds is that large
-        return None
-    ndims = np.array(list(map(len, shapes)), np.int64)
-    begin, end = ends[:, 0], ends[:, 1]
-    if (sizes < 0).any() or (ndims > MAX_AXES).any() or (begin < 0).any() or (begin > end).any():
-        return None
-    if not _shapes_fit(shapes, sizes, ndims, itemsizes):
-        return None
-    # Every shape now spans at most MAX_ARRAY_BYTES (axes of size 0 counted as 1), so its bytes fit an int64 exactly.
-    starts = np.cumsum(ndims) - ndims
-    elements = np.multiply.reduceat(np.append(sizes, 1), starts) if len(starts) else starts
-    nbytes = np.where(ndims == 0, 1, elements) * itemsizes
-    if not np.array_equal(nbytes, end - begin):
-        return None
-    order = np.lexsort((end, begin))
-    data_size = file_size - data_start
-    if len(order):
-        tiled = begin[order[0]] == 0 and (begin[order[1:]] == end[order[:-1]]).all() and end[order[-1]] == data_size
-    else:
-        tiled = data_size == 0
-    if not tiled:
-        return None
-    dtypes = [READ_CODES[code] for code in codes]
-    return SlotTable(names, dtypes, shapes, begin + data_start, nbytes)
-
-
-def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsizes: np.ndarray) -> bool:
-    """Whether every shape spans at most MAX_ARRAY_BYTES, axes of size 0 counted as 1.
-
-    Shapes are non-negative, of at most MAX_AXES axes. Computed as floats (a product too large becomes inf, never a
-    wrapped number), and exactly in Python for the few shapes near the bound.
-    """
-    if not len(ndims):
-        return True
-    starts = np.cumsum(ndims) - ndims
-    bounded = np.multiply.reduceat(np.append(np.maximum(sizes, 1), 1).astype(np.float64), starts)
-    bounded = np.where(ndims == 0, 1.0, bounded) * itemsizes
-    near = np.flatnonzero(~(bounded < _SURELY_FITS))
-    return all(math.prod(max(size, 1) for size in shapes[row]) * int(itemsizes[row]) <= MAX_ARRAY_BYTES for row in near)
+__all__ = ["entry_slots"]
 
 
 def entry_slots(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> dict[str, TensorSlot]:
-    """The same rules as :func:`slot_table`, entry by entry.
+    """The same rules as :func:`~jaxstow._format.header.slot_table`, entry by entry.
 
     The tensors of a parsed header, or the :class:`~jaxstow.errors.JaxstowError` of the first entry (in the header's
     order) that breaks one, naming it.

@@ -7,12 +7,12 @@ flax's ``kernel`` (in, out)): the names alone decide which, never the shapes, so
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
->>> from jaxstow._read.sharded_folder import FolderFile, open_folder
+>>> from jaxstow._read.sharded_folder import FolderFile, folder_listing, open_folder
 >>> from jaxstow._storage.opening import locate
 >>> folder = tempfile.mkdtemp()
 >>> save_file({"fc.weight": np.arange(4.0).reshape(2, 2)}, os.path.join(folder, "model.safetensors"))
->>> with open_folder(locate(folder), FolderFile, transposed={"fc.weight"}) as opened:
-...     print(opened.paths, opened.read("fc.weight", np.s_[0]), opened.mapped(None).paths)
+>>> with open_folder(folder_listing(locate(folder)), FolderFile, transposed={"fc.weight"}) as opened:
+...     print(opened.paths, opened["fc.weight"][0], opened.mapped(None).paths)
 ['fc.weight'] [0. 2.] ['fc/weight']
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
-from jaxstow._read.opened import LeafInfo, OpenedFile
+from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
 from jaxstow._util.gc_pause import with_gc_paused
@@ -84,10 +84,6 @@ class FolderFile(OpenedFile):
             names=names if names is not None else _dotted,
             transposed=transposed,
         )
-
-    def info(self, path: str) -> LeafInfo:
-        """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
-        return super().info(path)._replace(kind="array")
 
     def shard_of(self, path: str) -> str:
         """The file that holds the tensor at ``path``."""

@@ -116,7 +116,7 @@ def open_local_member(folder: str, name: str, shown: str, settings: StorageSetti
     A link is followed only where it leads inside the folder, or into the ``blobs/`` of the Hugging Face cache whose
     snapshot the folder is (or is in); anything else is a :class:`~jaxstow.errors.PathError` naming the file.
     """
-    refuse_options(shown, settings or StorageSettings())
+    refuse_options(shown, settings)
     real_folder = os.path.realpath(folder)
     resolved = os.path.realpath(os.path.join(folder, name))
     blobs = hub_blobs(real_folder)

@@ -304,7 +304,7 @@ def _read_flax(data: bytes, name: str) -> Any:
                 raise FormatError(
                     f"an array of unknown dtype {excerpt(dtype_name)} or shape {excerpt(shape)}", file=name
                 )
-            array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+            array = np.frombuffer(bytearray(buffer), dtype=dtype).reshape(shape)  # its own memory, writable
             return array[()] if code == 3 else array
         if code == 2:  # a complex number
             real, imag = msgpack.unpackb(payload)

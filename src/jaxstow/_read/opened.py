@@ -1,12 +1,13 @@
 """A file opened lazily: its leaves by path, read on demand, verified against their checksums.
 
 :class:`OpenedFile` holds what the header says (paths, kinds, dtypes, shapes, the structure) and reads whole leaves,
-slices of leaves (by byte ranges) or the boxes of sharded leaves. Restoring a tree from it is
-:mod:`jaxstow._read.restore`'s job; :class:`jaxstow.Reader` joins the two.
+boxes of leaves (by byte ranges) or the boxes of sharded leaves. Restoring a tree from it is
+:mod:`jaxstow._read.restore`'s job; :class:`jaxstow.Reader` adds what a user asks of a file (its leaves described,
+slices, the tree restored).
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._read.opened import OpenedFile
->>> from jaxstow._format.native_or_npz import open_container
+>>> from jaxstow._format.header import open_container
 >>> from jaxstow._storage.opening import open_source
 >>> buffer = io.BytesIO()
 >>> jaxstow.save(buffer, {"w": jnp.arange(3.0), "depth": 2})
@@ -24,55 +25,35 @@ import math
 import mmap as mmap_module
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any, Self
 
 import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.checksum import checksum_bytes
-from jaxstow._format.columns import LeafColumns
-from jaxstow._format.leaves import StoredLeaf, decode_value_entry, stored_leaf_from_entry
-from jaxstow._format.native import NativeReader
+from jaxstow._format.header import NativeReader, SlotTable
+from jaxstow._format.leaves import StoredLeaf, stored_leaf_from_entry
+from jaxstow._format.manifest import LeafColumns, StoredLeaves
 from jaxstow._format.native_or_npz import Container
-from jaxstow._format.per_process import PerProcess
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
-from jaxstow._format.skeleton import decode_treedef
+from jaxstow._format.skeleton import decode_treedef, decode_value
+from jaxstow._format.tensor_reads import read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.leaf_index import StoredLeaves
 from jaxstow._read.shard_reads import ShardReads
-from jaxstow._read.slicing import full_box, parse_index, read_box
+from jaxstow._read.slicing import full_box, read_box
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, SliceError, excerpt
+from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
 
-__all__ = ["LeafInfo", "OpenedFile"]
+__all__ = ["OpenedFile"]
 
 #: The kinds of leaf indexed apart from the stored ones: their values are decoded, not placed on devices.
 _KEPT_APART = ("value", "per_process")
 _STORED_KINDS = ("array", "npscalar", "key", "torch")
-_shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
 
 
 def _ignore(nbytes: int) -> None:
     del nbytes
-
-
-class LeafInfo(NamedTuple):
-    """One leaf of a file, as its header describes it (:meth:`jaxstow.Reader.info`).
-
-    Attributes:
-        path: the leaf's path in the tree, such as ``"params/w"``.
-        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"``, ``"value"`` or ``"per_process"``.
-        dtype: a stored leaf's dtype; ``None`` for a value.
-        shape: a stored leaf's shape (a PRNG key's leaves out its key data); ``None`` for a value.
-        nbytes: the bytes a stored leaf takes in the file; 0 for a value.
-    """
-
-    path: str
-    kind: str
-    dtype: np.dtype | None
-    shape: tuple[int, ...] | None
-    nbytes: int
 
 
 class OpenedFile(Mapping[str, Any]):
@@ -212,11 +193,11 @@ class OpenedFile(Mapping[str, Any]):
     def __getitem__(self, path: str) -> Any:
         if self.closed:
             self.check_open(f"reading leaf {excerpt(path)}")
-        self._check_path(path)
+        self.check_path(path)
         if path in self.per_process:
             raise RequestError("a per-process leaf: restore it with load()", file=self.file, path=path)
         if path in self.value_entries:
-            return decode_value_entry(self.value_entries[path], file=self.file)
+            return self.value(path)
         return self.read_stored([self.stored[path]])[path]
 
     def __iter__(self) -> Iterator[str]:
@@ -228,37 +209,17 @@ class OpenedFile(Mapping[str, Any]):
     def __contains__(self, path: object) -> bool:
         return path in self.stored or path in self.value_entries
 
-    def _check_path(self, path: str) -> None:
+    def check_path(self, path: str) -> None:
+        """Raise a :class:`~jaxstow.errors.RequestError` listing the file's leaves if it has none at ``path``."""
         if path not in self:
             shown = ", ".join(self.paths[:8]) + (", ..." if len(self.paths) > 8 else "")
             raise RequestError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)
 
     # What the header says.
 
-    def info(self, path: str) -> LeafInfo:
-        """Describe the leaf at ``path`` from the header alone.
-
-        Args:
-            path: the leaf's path, one of :attr:`paths`.
-
-        Returns:
-            Its :class:`LeafInfo`: kind, dtype, shape and size.
-
-        Raises:
-            RequestError: the file has no such leaf.
-
-        >>> import io, numpy as np, jaxstow
-        >>> buffer = io.BytesIO()
-        >>> jaxstow.save(buffer, {"w": np.ones((4, 3), np.float32)}); _ = buffer.seek(0)
-        >>> jaxstow.open(buffer).info("w")
-        LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
-        """
-        self._check_path(path)
-        if path in self.value_entries:
-            return LeafInfo(path, self.value_entries[path]["kind"], None, None, 0)
-        leaf = self.stored[path]
-        shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
-        return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
+    def value(self, path: str) -> Any:
+        """The value of the value leaf at ``path`` (one of :attr:`value_entries`)."""
+        return decode_value(self.value_entries[path].get("value"), path=path, file=self.file)
 
     def origin(self, path: str) -> str:
         """What a message adds to the leaf at ``path`` to say where it comes from: nothing, for a leaf of one file."""
@@ -281,48 +242,7 @@ class OpenedFile(Mapping[str, Any]):
         self._treedef = treedef
         return treedef
 
-    @property
-    def abstract(self) -> Any:
-        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf and plain values as they are."""
-        leaves = [self._abstract_leaf(path) for path in self.paths]
-        treedef = self.treedef()
-        return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
-
-    def _abstract_leaf(self, path: str) -> Any:
-        if path in self.per_process:
-            return PerProcess(None, iterator=self.value_entries[path].get("iterator", False))
-        if path in self.value_entries:
-            return decode_value_entry(self.value_entries[path], file=self.file)
-        leaf = self.stored[path]
-        if leaf.kind == "key":
-            data = _shape_dtype(leaf.shape, leaf.dtype)
-            key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
-            return _shape_dtype(key.shape, key.dtype)
-        return _shape_dtype(leaf.shape, leaf.dtype)
-
     # Reading.
-
-    def read(self, path: str, index: Any = ...) -> np.ndarray:
-        """Read the part ``index`` of the array at ``path``, touching only the bytes it needs.
-
-        Args:
-            path: the leaf's path, one of :attr:`paths`.
-            index: integers, slices and ``...``, as numpy takes them (``numpy.s_[1:3, 0]``); ``...`` reads the whole
-                leaf and verifies it against its checksum.
-
-        Returns:
-            A numpy array.
-
-        Raises:
-            SliceError: the index is out of bounds or not made of integers and slices, or the leaf is no array.
-        """
-        self._check_path(path)
-        leaf = self.stored.get(path)
-        if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
-            kind = "a value" if leaf is None else f"a {leaf.kind}"
-            raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
-        box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
-        return np.asarray(self.read_box(path, box)[rest])
 
     def read_box(self, path: str, box: Box) -> np.ndarray:
         """The elements of ``box`` (start and stop along every axis) of the array at ``path``.
@@ -366,6 +286,50 @@ class OpenedFile(Mapping[str, Any]):
         if leaf.kind == "key":
             return jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
         return array
+
+    def read_all(self) -> list[Any] | None:
+        """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns.
+
+        One pass over the slot table, with no Python object per leaf but the array itself, and every checksum compared
+        at once. ``None`` for a file this cannot read so (another container or version, sharded or per-process leaves,
+        a memory map).
+        """
+        slots, columns = self.container.slots, self.container.columns
+        source = getattr(self.container, "source", None)
+        if columns is None or not isinstance(slots, SlotTable) or source is None or self._map is not None:
+            return None
+        if "s" in columns.kinds or "p" in columns.kinds:
+            return None
+        paths = columns.stored_paths()
+        rows = np.fromiter(map(slots.index.__getitem__, paths), np.int64, len(paths))
+        row_list = rows.tolist()
+        dtypes = [slots.dtypes[row] for row in row_list]
+        shapes = [slots.shapes[row] for row in row_list]
+        positions = np.flatnonzero(columns.stored).tolist()
+        special = [(k, i) for k, i in enumerate(positions) if i in columns.entries or columns.kinds[i] != "a"]
+        leaves = {k: self.stored[columns.paths[i]] for k, i in special}
+        for k, leaf in leaves.items():  # leaves stored as raw bytes have their dtype and shape in their details
+            dtypes[k], shapes[k] = leaf.dtype, leaf.shape
+        nbytes = slots.nbytes[rows]
+        self.on_read(int(nbytes.sum()))
+        digests: list[str] = []
+        arrays: list[Any] = read_tensors(source, slots.offsets[rows], nbytes, dtypes, shapes, digests)
+        if digests != columns.checksums:
+            k = next(
+                k for k, (found, wanted) in enumerate(zip(digests, columns.checksums, strict=True)) if found != wanted
+            )
+            self.verify(paths[k], digests[k], columns.checksums[k])
+        for k, leaf in leaves.items():
+            arrays[k] = self.as_leaf(leaf, arrays[k])
+        if len(positions) == len(columns.paths):
+            return arrays
+        values: list[Any] = [None] * len(columns.paths)
+        for i, array in zip(positions, arrays, strict=True):
+            values[i] = array
+        for i, entry in columns.entries.items():  # decoded in one go, each as self.value decodes it
+            if entry["kind"] == "value":
+                values[i] = decode_value(entry.get("value"), path=entry["path"], file=self.file)
+        return values
 
     @property
     def memory_mapped(self) -> bool:

@@ -1,7 +1,7 @@
 """The options of a restore, defined once.
 
 :func:`jaxstow.load`, :meth:`jaxstow.Reader.load` and :meth:`jaxstow.CheckpointManager.restore` take them as keyword
-arguments, typed by :class:`LoadOptions`; :func:`check_options` refuses any other.
+arguments, typed by :class:`LoadOptions`; :func:`jaxstow._read.restore.restore` refuses any other.
 """
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from collections.abc import Sequence
 from typing import Literal, TypedDict
 
 from jaxstow._read.placement import ShardingSpec
-from jaxstow.errors import ArgumentError
 
-__all__ = ["LoadOptions", "check_options"]
+__all__ = ["LoadOptions"]
 
 
 class LoadOptions(TypedDict, total=False):
@@ -47,18 +46,3 @@ class LoadOptions(TypedDict, total=False):
     progress: bool
     per_process: Literal["own", "all"]
     pipeline: bool
-
-
-def check_options(options: dict[str, object]) -> None:
-    """Refuse an option that :class:`LoadOptions` does not define (a misspelt one would be ignored otherwise).
-
-    >>> from jaxstow._read.options import check_options
-    >>> check_options({"as_nunpy": True})
-    Traceback (most recent call last):
-    ...
-    jaxstow.errors.ArgumentError: unknown load option 'as_nunpy'; the options are as_numpy, cast, partial, per_process, pipeline, progress, select, sharding
-    """
-    for name in options:
-        if name not in LoadOptions.__annotations__:
-            known = ", ".join(sorted(LoadOptions.__annotations__))
-            raise ArgumentError(f"unknown load option {name!r}; the options are {known}")

@@ -57,7 +57,8 @@ def quiet() -> Iterator[None]:
 
 
 def read_checkpoint(path: str) -> Any:
-    """The pytree of an orbax checkpoint folder, with numpy arrays and Python scalars as leaves."""
+    """The pytree of an orbax checkpoint folder, with numpy arrays (of their own memory, writable) and Python scalars
+    as leaves."""
     ocp = require("orbax.checkpoint", extra="orbax", purpose=f"reading the orbax checkpoint {path}")
     import jax
 
@@ -79,7 +80,7 @@ def read_checkpoint(path: str) -> Any:
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(abstract, restore_args=restore_args))
         except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
             raise FormatError(f"not an orbax checkpoint that orbax can restore ({error})", file=path) from None
-    return jax.tree.map(lambda leaf, scalar: np.asarray(leaf).item() if scalar else np.asarray(leaf), restored, scalars)
+    return jax.tree.map(lambda leaf, scalar: np.asarray(leaf).item() if scalar else np.array(leaf), restored, scalars)
 
 
 def _is_array(leaf: Any) -> bool:

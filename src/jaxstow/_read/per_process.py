@@ -1,4 +1,4 @@
-"""Per-process leaves restored: this process's own value, or every process's.
+"""Per-process leaves restored: this process's own value, or every process's, as a leaf or into ``like``'s subtree.
 
 A file of a save by ``N`` processes holds ``N`` values of each per-process leaf, one in each process's file; process
 ``k`` of a restore by ``N`` processes gets the value process ``k`` saved. With another number of processes the
@@ -14,21 +14,19 @@ values do not belong to anyone, so restoring raises unless every value is asked 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-from jaxstow._format.native_or_npz import open_container
+from jaxstow._format.header import open_container
+from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.per_process import PerProcess, is_stateful
-from jaxstow._read.column_reads import read_all
 from jaxstow._read.opened import OpenedFile
 from jaxstow._storage.opening import open_source
-from jaxstow.errors import ArgumentError, FormatError, RequestError
+from jaxstow.errors import FormatError, RequestError, StructureMismatchError
 
-__all__ = ["PER_PROCESS_CHOICES", "check_choice", "per_process_value", "set_into"]
-
-#: What ``per_process=`` may ask for: this process's own value, or a list of every process's.
-PER_PROCESS_CHOICES = ("own", "all")
+__all__ = ["fill_from_per_process", "per_process_templates", "per_process_value", "set_into"]
 
 
 def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
@@ -73,14 +71,42 @@ def _decode(opened: OpenedFile, path: str, process: int) -> Any:
     nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
     with nested:
         treedef = nested.treedef()
-        leaves = read_all(nested)
+        leaves = nested.read_all()
         if treedef is None or leaves is None:
             raise FormatError(f"process {process}'s value is not a file of plain arrays and values", file=where)
     return treedef.unflatten(leaves)
 
 
-def check_choice(choice: Any) -> bool:
-    """Whether ``per_process=`` asks for every process's value; raises on anything but the choices."""
-    if choice not in PER_PROCESS_CHOICES:
-        raise ArgumentError(f"per_process= takes 'own' or 'all', not {choice!r}")
-    return bool(choice == "all")
+def per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
+    """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
+    leaf's path, the positions of the subtree's leaves among ``paths``."""
+    found: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        parts = path.split("/")
+        parent = next(
+            ("/".join(parts[:end]) for end in range(1, len(parts)) if "/".join(parts[:end]) in opened.per_process), None
+        )
+        if parent is not None:
+            found.setdefault(parent, []).append(i)
+    return found
+
+
+def fill_from_per_process(
+    opened: OpenedFile, path: str, positions: dict[str, int], values: list[Any], *, every: bool
+) -> None:
+    """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there."""
+    if every:
+        raise RequestError(
+            "per_process='all' gives a list of every process's value, which a subtree of like cannot hold: put a "
+            "leaf (None, or jaxstow.per_process(...)) there",
+            file=opened.file,
+            path=path,
+        )
+    sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
+    got = {f"{path}/{sub_path}" if sub_path else path: leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
+    if got.keys() != positions.keys():
+        raise StructureMismatchError(
+            [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file
+        )
+    for leaf_path, i in positions.items():
+        values[i] = got[leaf_path]

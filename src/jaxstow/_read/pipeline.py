@@ -27,13 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 import xxhash
 
-from jaxstow._format.native import NativeReader
+from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
 
-__all__ = ["default_pipeline", "pipelined_paths", "restore_pipelined"]
+__all__ = ["pipelined_paths", "restore_pipelined"]
 
 #: The size of each host buffer, and so of each piece read and transferred.
 _PIECE_BYTES = 64 << 20
@@ -41,11 +41,6 @@ _PIECE_BYTES = 64 << 20
 _BUFFERS = 3
 #: Stage pieces through ``pinned_host`` memory on these platforms (where the device has that memory).
 _PINNED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
-
-
-def default_pipeline() -> bool:
-    """Whether restores go through the pipeline by default: on an accelerator, not on CPU (which adopts host buffers)."""
-    return jax.default_backend() != "cpu"
 
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:

@@ -13,25 +13,21 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxstow.errors import ShardingError
 
-__all__ = ["ShardingSpec", "check_fits", "is_placement", "place", "resolve_shardings", "saved_sharding"]
+__all__ = ["ShardingSpec", "check_fits", "is_placement", "resolve_shardings", "saved_sharding"]
 
 #: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
 #: a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding each sharded leaf was saved with.
 ShardingSpec = Any
 
-_ADOPT_BYTES = 1 << 16
-_partition_spec: Callable[..., Any] = (
-    jax.sharding.PartitionSpec
-)  # from this size on, arrays are handed to jax in one batch rather than copied
+_partition_spec: Callable[..., Any] = jax.sharding.PartitionSpec
 
 
 def is_placement(obj: Any) -> bool:
@@ -129,22 +125,3 @@ def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path
         raise ShardingError(
             f"shape {list(shape)} cannot be laid out on {placement}: {error}", file=file, path=path
         ) from None
-
-
-def place(arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> list[jax.Array]:
-    """Numpy arrays as ``jax.Array``s on their placements (``None``: the default device).
-
-    Large arrays go in one ``device_put`` batch, which adopts 64-byte-aligned host buffers on CPU without a copy;
-    small ones are copied by ``jnp.asarray``, which costs less per array than a batch entry.
-    """
-    out: list[Any] = list(arrays)
-    placed = [i for i, placement in enumerate(placements) if placement is not None]
-    default = [i for i, array in enumerate(arrays) if placements[i] is None and array.nbytes >= _ADOPT_BYTES]
-    for batch, where in ((placed, [placements[i] for i in placed]), (default, None)):
-        if batch:
-            for i, array in zip(batch, jax.device_put([arrays[i] for i in batch], where), strict=True):
-                out[i] = array
-    small = set(range(len(arrays))) - set(placed) - set(default)
-    for i in small:
-        out[i] = jnp.asarray(arrays[i])
-    return out

@@ -1,31 +1,78 @@
 """``jaxstow.open`` and :class:`jaxstow.Reader`: a file opened lazily, only its header read until a leaf is asked for.
 
-A :class:`Reader` is an :class:`~jaxstow._read.opened.OpenedFile`, which reads leaves and slices, that also restores
-trees (:mod:`jaxstow._read.restore`). See docs/restoring.md.
+The one opening step of the read path (:func:`open_reader_at`) turns a location into a :class:`Reader`: a file's, or a
+folder of safetensors files'. A :class:`Reader` is an :class:`~jaxstow._read.opened.OpenedFile`, which indexes and
+reads leaves, that also describes them, reads slices and restores trees (:mod:`jaxstow._read.restore`). See
+docs/restoring.md.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Unpack
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Unpack
 
-from jaxstow._format.native_or_npz import Container, open_container
-from jaxstow._format.skeleton import with_every_library
+import jax
+import numpy as np
+
+from jaxstow._format.header import open_container
+from jaxstow._format.native_or_npz import Container
+from jaxstow._format.per_process import PerProcess
+from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
-from jaxstow._read.opened import LeafInfo, OpenedFile
+from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._read.sharded_folder import folder_listing, open_folder
-from jaxstow._storage.opening import Location, Readable, locate
-from jaxstow._storage.settings import StorageSettings, storage_settings
+from jaxstow._read.slicing import parse_index
+from jaxstow._storage.opening import Location, Readable, locate, reached
+from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnknownNameError
+from jaxstow._util.deprecation import moved_keywords
+from jaxstow.errors import (
+    ArgumentError,
+    FormatError,
+    IsAFolderError,
+    PathNotFoundError,
+    SliceError,
+    UnknownNameError,
+)
 
-__all__ = ["FolderReader", "LeafInfo", "Reader", "open", "open_container_at", "open_parts", "open_reader_at"]
+__all__ = [
+    "HUGGING_FACE_OPTIONS",
+    "FolderReader",
+    "LeafInfo",
+    "Reader",
+    "open",
+    "open_folder_at",
+    "open_parts",
+    "open_reader_at",
+]
+
+#: The options of a folder of safetensors files (:func:`jaxstow.huggingface.load` and ``open`` take them).
+HUGGING_FACE_OPTIONS = ("names", "transposed")
+_shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
+
+
+class LeafInfo(NamedTuple):
+    """One leaf of a file, as its header describes it (:meth:`jaxstow.Reader.info`).
+
+    Attributes:
+        path: the leaf's path in the tree, such as ``"params/w"``.
+        kind: ``"array"``, ``"npscalar"``, ``"key"`` (a typed PRNG key), ``"torch"``, ``"sharded"``, ``"value"`` or ``"per_process"``.
+        dtype: a stored leaf's dtype; ``None`` for a value.
+        shape: a stored leaf's shape (a PRNG key's leaves out its key data); ``None`` for a value.
+        nbytes: the bytes a stored leaf takes in the file; 0 for a value.
+    """
+
+    path: str
+    kind: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+    nbytes: int
 
 
 class Reader(OpenedFile):
@@ -46,6 +93,72 @@ class Reader(OpenedFile):
     ['name', 'w'] {'step': 3} [3. 6.]
     {'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
     """
+
+    def info(self, path: str) -> LeafInfo:
+        """Describe the leaf at ``path`` from the header alone.
+
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+
+        Returns:
+            Its :class:`LeafInfo`: kind, dtype, shape and size.
+
+        Raises:
+            RequestError: the file has no such leaf.
+
+        >>> import io, numpy as np, jaxstow
+        >>> buffer = io.BytesIO()
+        >>> jaxstow.save(buffer, {"w": np.ones((4, 3), np.float32)}); _ = buffer.seek(0)
+        >>> jaxstow.open(buffer).info("w")
+        LeafInfo(path='w', kind='array', dtype=dtype('float32'), shape=(4, 3), nbytes=48)
+        """
+        self.check_path(path)
+        if path in self.value_entries:
+            return LeafInfo(path, self.value_entries[path]["kind"], None, None, 0)
+        leaf = self.stored[path]
+        shape = leaf.shape[:-1] if leaf.kind == "key" else leaf.shape
+        return LeafInfo(path, leaf.kind, leaf.dtype, shape, leaf.nbytes)
+
+    @property
+    def abstract(self) -> Any:
+        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf and plain values as they are."""
+        leaves = [self._abstract_leaf(path) for path in self.paths]
+        treedef = self.treedef()
+        return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
+
+    def _abstract_leaf(self, path: str) -> Any:
+        if path in self.per_process:
+            return PerProcess(None, iterator=self.value_entries[path].get("iterator", False))
+        if path in self.value_entries:
+            return self.value(path)
+        leaf = self.stored[path]
+        if leaf.kind == "key":
+            data = _shape_dtype(leaf.shape, leaf.dtype)
+            key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
+            return _shape_dtype(key.shape, key.dtype)
+        return _shape_dtype(leaf.shape, leaf.dtype)
+
+    def read(self, path: str, index: Any = ...) -> np.ndarray:
+        """Read the part ``index`` of the array at ``path``, touching only the bytes it needs.
+
+        Args:
+            path: the leaf's path, one of :attr:`paths`.
+            index: integers, slices and ``...``, as numpy takes them (``numpy.s_[1:3, 0]``); ``...`` reads the whole
+                leaf and verifies it against its checksum.
+
+        Returns:
+            A numpy array.
+
+        Raises:
+            SliceError: the index is out of bounds or not made of integers and slices, or the leaf is no array.
+        """
+        self.check_path(path)
+        leaf = self.stored.get(path)
+        if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
+            kind = "a value" if leaf is None else f"a {leaf.kind}"
+            raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
+        box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
+        return np.asarray(self.read_box(path, box)[rest])
 
     def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
         """Restore the tree, or a part of it, as :func:`jaxstow.load` does.
@@ -68,7 +181,8 @@ class Reader(OpenedFile):
         ...     reader.load(like={"w": np.zeros(2)}, partial=True, as_numpy=True)
         {'w': array([1., 1.])}
         """
-        self.check_open("loading the tree")
+        if self.closed:
+            self.check_open("loading the tree")
         try:
             return restore(self, like, **options)
         except UnknownNameError as error:  # one error names every library to import, not one library per attempt
@@ -79,12 +193,12 @@ class Reader(OpenedFile):
 
 
 class FolderReader(FolderFile, Reader):
-    """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file; :func:`jaxstow.open` makes it.
+    """A folder of safetensors files (a Hugging Face sharded checkpoint) as one lazy file.
 
-    Its paths are the tensor names, or those ``names`` gives them; the 2-d tensors that ``transposed`` marks are read
-    turned over, by ``reader[path]``, :meth:`read` and :meth:`load` alike. :meth:`load` without ``like`` gives a flat
-    dict by path; with ``like``, the tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere.
-    See docs/other-formats.md.
+    :func:`jaxstow.huggingface.open` and :func:`jaxstow.open` make it. Its paths are the tensor names, or those
+    ``names`` gives them; the 2-d tensors that ``transposed`` marks are read turned over, by ``reader[path]``,
+    :meth:`read` and :meth:`load` alike. :meth:`load` without ``like`` gives a flat dict by path; with ``like``, the
+    tensor ``a.b.0.c`` fills the leaf ``a/b/0/c`` unless ``names`` maps it elsewhere. See docs/other-formats.md.
     """
 
     def load(
@@ -97,7 +211,7 @@ class FolderReader(FolderFile, Reader):
     ) -> Any:
         """Restore the tensors, as :meth:`Reader.load` does, by path or into ``like``'s paths.
 
-        ``names`` and ``transposed``, when given, stand for those given to :func:`jaxstow.open`.
+        ``names`` and ``transposed``, when given, stand for those the folder was opened with.
         """
         self.check_open("loading the tree")
         names = names if names is not None else self.names
@@ -108,36 +222,65 @@ class FolderReader(FolderFile, Reader):
             names = str  # without like, the tensors keep their names
         return restore(self.mapped(names, transposed), like, **options)
 
+    def info(self, path: str) -> LeafInfo:
+        """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
+        return super().info(path)._replace(kind="array")
 
-def open_reader_at(
+
+def open_reader_at(location: Location, settings: StorageSettings | None = None, *, mmap: bool = False) -> Reader:
+    """The one opening step: the file at ``location`` as a :class:`Reader`, or the folder of safetensors files there as
+    a :class:`FolderReader`.
+
+    The location is opened once: a file as its container; what is no file (a local folder, a URL that names no object)
+    as a folder, whose error, when it is none that loads, says what it is and what reads it.
+    """
+    try:
+        container = _container_at(location, settings)
+    except (IsAFolderError, PathNotFoundError) as error:
+        folder = _folder_at(location, settings, error)
+        if mmap:
+            folder.close()
+            raise ArgumentError(
+                f"mmap=True maps one local file, and {location.name} is a folder of safetensors files"
+            ) from None
+        return folder
+    return Reader(container, mmap=mmap)
+
+
+def open_folder_at(
     location: Location,
     settings: StorageSettings | None = None,
     *,
-    mmap: bool = False,
     names: Names | None = None,
     transposed: Transposed | None = None,
-) -> Reader:
-    """A reader of the file, or of the folder of safetensors files, at ``location``.
+) -> FolderReader:
+    """The folder of safetensors files at ``location``, its tensors named by ``names``, those ``transposed`` marks
+    turned over; a file there is an :class:`~jaxstow.errors.ArgumentError`."""
+    try:
+        source = location.open(settings)
+    except (IsAFolderError, PathNotFoundError) as error:
+        return _folder_at(location, settings, error, names=names, transposed=transposed)
+    source.close()
+    raise ArgumentError(
+        f"{location.name}: is a file, not a folder of safetensors files (names= and transposed= are for such folders): "
+        f"jaxstow.load({location.name!r}) reads it"
+    )
 
-    ``names`` and ``transposed`` are for a folder; a URL that names no object is looked at as a folder.
-    """
-    listing = folder_listing(location, settings) if location.path is not None else None
-    if listing is None:
-        try:
-            reader = Reader(open_container_at(location, settings), mmap=mmap)
-        except PathNotFoundError:
-            if location.url is None or folder_listing(location, settings) is None:
-                raise
-        else:
-            if names is not None or transposed is not None:
-                reader.close()
-                raise ArgumentError(
-                    f"names= and transposed= are for a folder of safetensors files, and {location.name} is a file"
-                )
-            return reader
-    if mmap:
-        raise ArgumentError(f"mmap=True maps one local file, and {location.name} is a folder of safetensors files")
-    return open_folder(location, FolderReader, settings, names=names, transposed=transposed)
+
+def _folder_at(
+    location: Location,
+    settings: StorageSettings | None,
+    error: IsAFolderError | PathNotFoundError,
+    **view: Any,
+) -> FolderReader:
+    """The folder of safetensors files at ``location``, which did not open as a file (``error``); ``error`` explained
+    if it is none."""
+    listing = None if location.path is None and location.url is None else folder_listing(location, settings)
+    if listing is not None:
+        return open_folder(listing, FolderReader, settings, **view)
+    if isinstance(error, IsAFolderError):
+        raise explained(error, location) from None
+    raise error
 
 
 def open(
@@ -147,13 +290,13 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
-    names: Names | None = None,
-    transposed: Transposed | None = None,
+    **shortcuts: Any,
 ) -> Reader:
     """Open a jaxstow, safetensors or npz file lazily: only its header is read until a leaf is asked for.
 
-    A folder of safetensors files (Hugging Face's index and shards) opens as one :class:`FolderReader` whose paths are
-    the tensor names (docs/other-formats.md). Close the reader returned, or use it in a ``with`` block.
+    A folder of safetensors files (Hugging Face's index and shards) opens as one reader whose paths are the tensor
+    names; :func:`jaxstow.huggingface.open` names them as a tree wants them (docs/other-formats.md). Close the reader
+    returned, or use it in a ``with`` block.
 
     Args:
         target: a file name, an fsspec URL or a binary file object.
@@ -161,9 +304,7 @@ def open(
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of a remote file, used again while its header checksum matches.
-        names: for a folder, each tensor's path (a function ``name -> path``, ``None`` to leave it out, or a mapping).
-        transposed: for a folder, the 2-d tensors stored turned over (torch's ``weight``), read turned over whatever
-            their shape: names, or a predicate.
+        **shortcuts: ``names=`` and ``transposed=``, deprecated: :func:`jaxstow.huggingface.open` takes them.
 
     Raises:
         FormatError: the file is not one jaxstow reads; the message names the call that reads it.
@@ -176,8 +317,14 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
-    settings = storage_settings(storage_options, transfer, cache_dir)
-    return open_reader_at(locate(target), settings, mmap=mmap, names=names, transposed=transposed)
+    location = locate(target)
+    settings = reached(storage_options, transfer, cache_dir)
+    if shortcuts:
+        view = moved_keywords("jaxstow.open", shortcuts, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.open")
+        if shortcuts:
+            raise ArgumentError(f"open() got an unexpected keyword argument {next(iter(shortcuts))!r}")
+        return open_folder_at(location, settings, **view)
+    return open_reader_at(location, settings, mmap=mmap)
 
 
 def open_parts(targets: Sequence[Readable]) -> Reader:
@@ -189,7 +336,11 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
     containers: list[Container] = []
     try:
         for target in targets:
-            containers.append(open_container_at(locate(target)))
+            location = locate(target)
+            try:
+                containers.append(_container_at(location))
+            except IsAFolderError as error:
+                raise explained(error, location) from None
         return Reader(containers)
     except BaseException:
         for container in containers:
@@ -200,17 +351,14 @@ def open_parts(targets: Sequence[Readable]) -> Reader:
         raise
 
 
-def open_container_at(location: Location, settings: StorageSettings | None = None) -> Container:
-    """The container of the file at ``location``.
+def _container_at(location: Location, settings: StorageSettings | None = None) -> Container:
+    """The container of the file at ``location``, which owns the source opened (closed on failure).
 
-    When it is not one jaxstow reads (a folder, a file of another library), the error says what it is and what reads it:
-    the one call to :func:`~jaxstow._read.foreign.explained`, made only then. The source opened belongs to the
-    container, or is closed on failure.
+    A folder there, or a URL that names no object, raises as :meth:`~jaxstow._storage.opening.Location.open` does.
+    When it is a file jaxstow does not read (another library's), the error says what it is and what reads it: the one
+    call to :func:`~jaxstow._read.foreign.explained`, made only then, on the source already open.
     """
-    try:
-        source = location.open(settings)
-    except IsAFolderError as error:
-        raise explained(error, location) from None
+    source = location.open(settings)
     try:
         return open_container(source)
     except FormatError as error:

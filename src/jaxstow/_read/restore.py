@@ -24,28 +24,28 @@ from collections.abc import Callable, Sequence
 from typing import Any, Unpack
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import decode_value_entry
 from jaxstow._format.shards import ShardedLeaf, Stored
-from jaxstow._format.skeleton import decode_value
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.column_reads import read_all
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.opened import OpenedFile
-from jaxstow._read.options import LoadOptions, check_options
-from jaxstow._read.per_process import check_choice, per_process_value, set_into
-from jaxstow._read.pipeline import default_pipeline, pipelined_paths, restore_pipelined
-from jaxstow._read.placement import ShardingSpec, check_fits, place, resolve_shardings, saved_sharding
+from jaxstow._read.options import LoadOptions
+from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
+from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
+from jaxstow._read.placement import ShardingSpec, check_fits, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
 from jaxstow._read.targets import Target, castable, describe_stored, target_of
 from jaxstow._util.progress import bar as progress_bar
-from jaxstow.errors import RequestError, StructureMismatchError
+from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
 
 __all__ = ["restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
+#: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
+_ADOPT_BYTES = 1 << 16
 
 
 class _Skipped:
@@ -59,8 +59,18 @@ _SKIPPED = _Skipped()
 
 
 def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
-    """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options."""
-    check_options(dict(options))
+    """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options.
+
+    An option :class:`LoadOptions` does not define is an :class:`~jaxstow.errors.ArgumentError` (a misspelt one would
+    be ignored otherwise), as is a ``per_process`` other than ``"own"`` and ``"all"``.
+    """
+    unknown = [name for name in options if name not in LoadOptions.__annotations__]
+    if unknown:
+        known = ", ".join(sorted(LoadOptions.__annotations__))
+        raise ArgumentError(f"unknown load option {unknown[0]!r}; the options are {known}")
+    choice = options.get("per_process", "own")
+    if choice not in ("own", "all"):
+        raise ArgumentError(f"per_process= takes 'own' or 'all', not {choice!r}")
 
     def run() -> Any:
         return _restore(
@@ -71,8 +81,8 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             partial=options.get("partial", False),
             select=options.get("select"),
             cast=options.get("cast", False),
-            every=check_choice(options.get("per_process", "own")),
-            pipeline=options.get("pipeline", default_pipeline()),
+            every=choice == "all",
+            pipeline=options.get("pipeline", jax.default_backend() != "cpu"),  # on CPU, host buffers are adopted
         )
 
     if not options.get("progress", False):
@@ -123,7 +133,7 @@ def _rebuild(
     every: bool,
     pipeline: bool,
 ) -> Any:
-    everything = read_all(opened) if select is None and sharding is None and not pipeline else None
+    everything = opened.read_all() if select is None and sharding is None and not pipeline else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
@@ -225,11 +235,29 @@ def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[in
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
-    for i, placed in zip(arrays, place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
+    for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
     for i in positions:
         if isinstance(values[i], jax.Array) and placements.get(i) is not None and i not in arrays:
             values[i] = jax.device_put(values[i], placements[i])
+
+
+def _place(arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> list[jax.Array]:
+    """Numpy arrays as ``jax.Array``s on their placements (``None``: the default device).
+
+    Large arrays go in one ``device_put`` batch, which adopts 64-byte-aligned host buffers on CPU without a copy;
+    small ones are copied by ``jnp.asarray``, which costs less per array than a batch entry.
+    """
+    out: list[Any] = list(arrays)
+    placed = [i for i, placement in enumerate(placements) if placement is not None]
+    default = [i for i, array in enumerate(arrays) if placements[i] is None and array.nbytes >= _ADOPT_BYTES]
+    for batch, where in ((placed, [placements[i] for i in placed]), (default, None)):
+        if batch:
+            for i, array in zip(batch, jax.device_put([arrays[i] for i in batch], where), strict=True):
+                out[i] = array
+    for i in set(range(len(arrays))) - set(placed) - set(default):
+        out[i] = jnp.asarray(arrays[i])
+    return out
 
 
 def _prune(tree: Any) -> Any:
@@ -261,7 +289,7 @@ def _fit(
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
     targets = [target_of(leaf) for leaf in wanted]
-    templates = _per_process_templates(opened, paths)
+    templates = per_process_templates(opened, paths) if opened.per_process else {}
     inside = {i for positions in templates.values() for i in positions}
     problems = [
         problem
@@ -297,45 +325,8 @@ def _fit(
     dtypes = {i: targets[i].dtype for i in arrays}
     values = _read(opened, paths, stored, arrays, placements, value, dtypes, as_numpy=as_numpy, pipeline=pipeline)
     for path, positions in templates.items():
-        _fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
+        fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
     return treedef.unflatten(values)
-
-
-def _per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
-    """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
-    leaf's path, the positions of the subtree's leaves among ``paths``."""
-    if not opened.per_process:
-        return {}
-    found: dict[str, list[int]] = {}
-    for i, path in enumerate(paths):
-        parts = path.split("/")
-        parent = next(
-            ("/".join(parts[:end]) for end in range(1, len(parts)) if "/".join(parts[:end]) in opened.per_process), None
-        )
-        if parent is not None:
-            found.setdefault(parent, []).append(i)
-    return found
-
-
-def _fill_from_per_process(
-    opened: OpenedFile, path: str, positions: dict[str, int], values: list[Any], *, every: bool
-) -> None:
-    """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there."""
-    if every:
-        raise RequestError(
-            "per_process='all' gives a list of every process's value, which a subtree of like cannot hold: put a "
-            "leaf (None, or jaxstow.per_process(...)) there",
-            file=opened.file,
-            path=path,
-        )
-    sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
-    got = {f"{path}/{sub_path}" if sub_path else path: leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
-    if got.keys() != positions.keys():
-        raise StructureMismatchError(
-            [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file
-        )
-    for leaf_path, i in positions.items():
-        values[i] = got[leaf_path]
 
 
 def _streamed(
@@ -352,7 +343,7 @@ def _value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     """The value at ``path``: a value leaf's, or a per-process leaf's own (``every``: each process's)."""
     if path in opened.per_process:
         return per_process_value(opened, path, every=every)
-    return decode_value_entry(opened.value_entries[path], file=opened.file)
+    return opened.value(path)
 
 
 def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any], *, as_numpy: bool, every: bool) -> Any:
@@ -377,7 +368,7 @@ def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
         return describe_stored(opened.stored[path]) + opened.origin(path)
     if path in opened.per_process:
         return "a per-process value"
-    return Target("value", value=decode_value_entry(opened.value_entries[path], file=opened.file)).describe()
+    return Target("value", value=opened.value(path)).describe()
 
 
 def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
@@ -389,7 +380,7 @@ def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> st
         return None
     if target.output == "value":
         if stored is None:
-            value = decode_value(opened.value_entries[path].get("value"), path=path, file=opened.file)
+            value = opened.value(path)
             wanted = target.value
             if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
                 return None

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxstow._format.checksum import checksum_bytes
-from jaxstow._format.native import NativeReader
+from jaxstow._format.header import NativeReader
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, StoredShard, intersect
 from jaxstow._format.source import Parallel

@@ -11,14 +11,14 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 
 >>> import os, tempfile, numpy as np
 >>> from safetensors.numpy import save_file
->>> from jaxstow._read.sharded_folder import FolderFile, open_folder
+>>> from jaxstow._read.sharded_folder import FolderFile, folder_listing, open_folder
 >>> from jaxstow._storage.opening import locate
 >>> folder = tempfile.mkdtemp()
 >>> save_file({"a.w": np.ones((2, 3), np.float32)}, os.path.join(folder, "model-00001-of-00002.safetensors"))
 >>> save_file({"b": np.zeros(4, np.int8)}, os.path.join(folder, "model-00002-of-00002.safetensors"))
->>> with open_folder(locate(folder), FolderFile) as opened:
-...     print(opened.paths, opened.read("a.w", np.s_[0, 1:]), opened.mapped(None, {"a.w"}).stored["a/w"].shape)
-['a.w', 'b'] [1. 1.] (3, 2)
+>>> with open_folder(folder_listing(locate(folder)), FolderFile) as opened:
+...     print(opened.paths, opened.read_box("a.w", ((0, 1), (1, 3))), opened.mapped(None, {"a.w"}).stored["a/w"].shape)
+['a.w', 'b'] [[1. 1.]] (3, 2)
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from jaxstow._format.header import NativeReader, claims_manifest, raw_header
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.kinds import folder_kind
 from jaxstow._format.manifest import check_nesting
-from jaxstow._format.native import MAX_HEADER_BYTES, NativeReader, claims_manifest, raw_header
+from jaxstow._format.native import MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import ShardedLeaf, StoredShard
 from jaxstow._format.source import ReadSource
@@ -177,20 +178,17 @@ def _shard_name(name: str) -> bool:
 
 
 def open_folder(
-    location: Location,
+    listing: Listing,
     kind: type[F],
     settings: StorageSettings | None = None,
     *,
     names: Names | None = None,
     transposed: Transposed | None = None,
 ) -> F:
-    """The sharded safetensors folder at ``location`` as a ``kind``, its files' headers read; an error if it is none.
+    """The sharded safetensors folder of ``listing`` (:func:`folder_listing`) as a ``kind``, its files' headers read.
 
     ``names`` and ``transposed`` give the view's paths and the tensors read turned over (see :class:`FolderFile`).
     """
-    listing = folder_listing(location, settings)
-    if listing is None:
-        raise PathNotFoundError("is no folder of safetensors files", file=location.name)
     containers: list[Container] = []
     budget = Budget()
     try:

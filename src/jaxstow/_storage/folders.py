@@ -112,12 +112,13 @@ class LocalStore:
         with storage_failures(path, doing="read it"), open(path, "rb") as file:
             return file.read()
 
-    def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
+    def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> ReadSource:
         """The file ``file`` of folder ``name``.
 
-        ``header``, its expected header checksum, is for caches of remote files: a local file is read where it is.
+        ``header``, its expected header checksum, is for caches of remote files, and ``whole`` for objects in a store:
+        a local file is read where it is.
         """
-        del header
+        del header, whole
         return open_source(self.path(name, file))
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:

@@ -1,8 +1,9 @@
-"""What a user names a file with, resolved once for reading.
+"""What a user names a file with (a path, a ``file://`` or fsspec URL, a binary file object), resolved once for reading.
 
-:func:`locate` turns a path, a ``file://`` or fsspec URL, a binary file object or a source into a :class:`Location`
-(how errors name it; its path, URL, file object or source) once, at the read path's entry; :meth:`Location.open`
-opens it as a source. fsspec is imported only when a URL other than ``file://`` is opened.
+:func:`local_path` tells a local path from a URL and :func:`display_name` how errors name a file. :func:`locate` turns
+a path, a URL, a binary file object or a source into a :class:`Location` (how errors name it; its path, URL, file
+object or source) once, at the read path's entry; :meth:`Location.open` opens it as a source. fsspec is imported only
+when a URL other than ``file://`` is opened.
 
 >>> import io, os, tempfile
 >>> from jaxstow._storage.opening import locate
@@ -14,25 +15,55 @@ opens it as a source. fsspec is imported only when a URL other than ``file://`` 
 (5, b'ello')
 >>> locate("s3://bucket/model.jxs").url, locate(io.BytesIO()).name
 ('s3://bucket/model.jxs', '<BytesIO>')
+>>> local_path("runs/a"), local_path("file:///tmp/runs"), local_path("s3://bucket/runs")
+('runs/a', '/tmp/runs', None)
 """
 
 from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
-from jaxstow._storage.paths import PathOrFile, display_name, local_path
-from jaxstow._storage.settings import StorageSettings
+from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sources import FileObject, LocalFile
+from jaxstow._storage.transfer import Transfer
 from jaxstow.errors import ArgumentError
 
-__all__ = ["Location", "Readable", "locate", "open_source", "refuse_options"]
+__all__ = [
+    "Location",
+    "PathOrFile",
+    "Readable",
+    "display_name",
+    "local_path",
+    "locate",
+    "open_source",
+    "reached",
+    "refuse_options",
+]
 
+#: What users name a file with: a path, a URL or a binary file object.
+PathOrFile = str | os.PathLike[str] | BinaryIO
 #: What the read path takes: a path, a URL, a binary file object or a source.
 Readable = PathOrFile | ReadSource
+
+
+def local_path(target: str | os.PathLike[str]) -> str | None:
+    """The local path that ``target`` names (a path or a ``file://`` URL), or ``None`` for any other URL."""
+    text = os.fspath(target)
+    if text.startswith("file://"):
+        return text.removeprefix("file://")
+    return None if "://" in text else text
+
+
+def display_name(target: Any) -> str:
+    """How error messages name a path or a file object."""
+    if isinstance(target, str | os.PathLike):
+        return os.fspath(target)
+    return str(getattr(target, "name", f"<{type(target).__name__}>"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,11 +85,6 @@ class Location:
     #: A source given as it is.
     source: ReadSource | None = None
 
-    @property
-    def is_folder(self) -> bool:
-        """Whether it is a local folder."""
-        return self.path is not None and os.path.isdir(self.path)
-
     def open(self, settings: StorageSettings | None = None) -> ReadSource:
         """The source to read (a source given is returned as it is).
 
@@ -71,7 +97,7 @@ class Location:
         if self.file is not None:
             return FileObject(self.file, self.name)
         if self.path is not None:
-            refuse_options(self.path, settings or StorageSettings())
+            refuse_options(self.path, settings)
             return LocalFile(self.path)
         from jaxstow._storage.remote import open_remote_source
 
@@ -101,17 +127,27 @@ def locate(target: Readable | Location) -> Location:
     return Location(display_name(target), file=target)
 
 
+def reached(
+    storage_options: Mapping[str, Any] | None, transfer: Transfer | None, cache_dir: str | os.PathLike[str] | None
+) -> StorageSettings | None:
+    """How a call reaches a URL (:func:`~jaxstow._storage.settings.storage_settings`, its arguments checked);
+    ``None`` when it gives none of them, which is all a local file needs."""
+    if storage_options is None and transfer is None and cache_dir is None:
+        return None
+    return storage_settings(storage_options, transfer, cache_dir)
+
+
 def open_source(target: Readable, settings: StorageSettings | None = None) -> ReadSource:
     """A :class:`ReadSource` for a path, a URL or a seekable binary file object (a source is returned as it is)."""
     return locate(target).open(settings)
 
 
-def refuse_options(path: str, settings: StorageSettings) -> None:
+def refuse_options(path: str, settings: StorageSettings | None) -> None:
     """Refuse storage options given with a local path, which would be ignored, with an ArgumentError.
 
     The transfer settings and the cache are for URLs and do nothing for a local path.
     """
-    if settings.options:
+    if settings is not None and settings.options:
         raise ArgumentError(
             f"storage_options are for fsspec URLs, not for the local path {path!r}: leave them out, or give a URL"
         )

@@ -86,16 +86,18 @@ def open_remote_source(url: str, settings: StorageSettings | None = None) -> Rea
     return object_source(fs, path, name=url, transfer=settings.transfer)
 
 
-def object_source(fs: Any, path: str, *, name: str, transfer: Transfer) -> ReadSource:
+def object_source(fs: Any, path: str, *, name: str, transfer: Transfer, whole: bool = False) -> ReadSource:
     """The object at ``path`` of the fsspec file system ``fs``, read by ranged requests as ``transfer`` says.
 
-    Through botocore for S3, through fsspec for any other store.
+    Through botocore for S3, through fsspec for any other store. ``whole``: it is to be read from its start on, so an
+    S3 object's first request asks for a whole part (its header and the first of its data), not only for its head.
     """
-    from jaxstow._storage.s3 import S3Bucket, S3Object, is_s3
+    from jaxstow._storage.s3 import HEAD_BYTES, S3Bucket, S3Object, is_s3
 
     if is_s3(fs):
         bucket, key, version = fs.split_path(path)
-        return S3Object(S3Bucket(fs, bucket, transfer), key, name=name, version=version)
+        first = transfer.part_size if whole else HEAD_BYTES
+        return S3Object(S3Bucket(fs, bucket, transfer), key, name=name, version=version, first=first)
     return RemoteSource(fs, path, name=name, transfer=transfer)
 
 

@@ -98,14 +98,15 @@ class RemoteStore:
         with storage_errors(self.url(name, self.marker)):
             return bytes(self.fs.cat_file(self.path(name, self.marker)))
 
-    def source(self, name: str, file: str, header: str | None = None) -> ReadSource:
-        """The file ``file`` of folder ``name``.
+    def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> ReadSource:
+        """The file ``file`` of folder ``name``; ``whole``: it is to be read from its start on (its first request then
+        brings the first part of its data with its header).
 
         With a cache, its local copy (used without asking the store when its header checksum is ``header``).
         """
         url = self.url(name, file)
         opener = functools.partial(
-            object_source, self.fs, self.path(name, file), name=url, transfer=self.settings.transfer
+            object_source, self.fs, self.path(name, file), name=url, transfer=self.settings.transfer, whole=whole
         )
         if self.settings.cache_dir is None:
             return opener()

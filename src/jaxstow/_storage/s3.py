@@ -26,9 +26,10 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
+from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_start, views_after, views_before
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
@@ -42,7 +43,16 @@ _MISSING = frozenset({"NoSuchKey", "404", "NoSuchBucket", "NotFound"})
 
 T = TypeVar("T")
 
-_clients: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], tuple[Any, int | None]]] = weakref.WeakKeyDictionary()
+
+class _Client(NamedTuple):
+    """A botocore client, the attempts its retry settings give, and how many answers it may leave half read."""
+
+    client: Any
+    attempts: int | None
+    open_bodies: threading.BoundedSemaphore
+
+
+_clients: weakref.WeakKeyDictionary[Any, dict[tuple[int, int], _Client]] = weakref.WeakKeyDictionary()
 _clients_lock = threading.Lock()
 
 
@@ -51,12 +61,13 @@ def is_s3(fs: Any) -> bool:
     return type(fs).__name__ == "S3FileSystem" and hasattr(fs, "split_path")
 
 
-def _client(fs: Any, requests: int) -> tuple[Any, int | None]:
+def _client(fs: Any, requests: int) -> _Client:
     """A botocore client with the settings of the s3fs file system ``fs``, as s3fs makes its own, and the attempts
     its retry settings give (``None``: they name none).
 
-    It pools enough connections for ``requests`` reads and as many uploads; one per file system and size, made once per
-    process. Its own retries are off: :class:`S3Bucket` retries every request with the one policy.
+    It pools enough connections for ``requests`` reads, as many uploads, as many answers left half read
+    (:class:`OpenBody`, at most ``requests``) and as many objects being opened; one per file system and size, made
+    once per process. Its own retries are off: :class:`S3Bucket` retries every request with the one policy.
     """
     with _clients_lock:
         made = _clients.setdefault(fs, {})
@@ -66,7 +77,7 @@ def _client(fs: Any, requests: int) -> tuple[Any, int | None]:
         return made[key]
 
 
-def _new_client(fs: Any, requests: int) -> tuple[Any, int | None]:
+def _new_client(fs: Any, requests: int) -> _Client:
     config_module = require("botocore.config", extra="s3", purpose="reading and writing s3:// objects")
     session_module = require("botocore.session", extra="s3", purpose="reading and writing s3:// objects")
 
@@ -83,7 +94,7 @@ def _new_client(fs: Any, requests: int) -> tuple[Any, int | None]:
     config = dict(fs.config_kwargs)
     config.setdefault("connect_timeout", fs.connect_timeout)
     config.setdefault("read_timeout", fs.read_timeout)
-    config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 2 * requests + 4)
+    config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 4 * requests + 4)
     config["s3"] = {"payload_signing_enabled": False, **config.get("s3", {})}
     session = session_module.Session(**fs.kwargs)
     retries = dict(config.get("retries") or {})
@@ -95,7 +106,7 @@ def _new_client(fs: Any, requests: int) -> tuple[Any, int | None]:
         client_kwargs = {name: value for name, value in client_kwargs.items() if name not in secret}
         config["signature_version"] = require("botocore", extra="s3", purpose="anonymous s3:// access").UNSIGNED
     client = session.create_client("s3", config=config_module.Config(**config), **init, **client_kwargs)
-    return client, attempts
+    return _Client(client, attempts, threading.BoundedSemaphore(requests))
 
 
 @contextlib.contextmanager
@@ -124,7 +135,7 @@ class S3Bucket:
         self.fs = fs
         self.bucket = bucket
         self.lanes: Lanes = lanes(transfer)
-        self.client, configured = _client(fs, transfer.requests)
+        self.client, configured, self.open_bodies = _client(fs, transfer.requests)
         self.retries: Retries = transfer.retries(configured)
         self._extra = dict(fs.s3_additional_kwargs)
         self._extra.update(fs.req_kw)
@@ -155,7 +166,7 @@ class S3Bucket:
         def rest() -> int:
             nonlocal done
             try:
-                done += self._get(key, offset + done, _after(views, done), version=version)
+                done += self._get(key, offset + done, views_after(views, done), version=version)
             except BrokenBody as broken:
                 done += broken.count
                 raise
@@ -175,7 +186,7 @@ class S3Bucket:
             if error_code(error) == "InvalidRange":
                 return 0  # the range starts at or past the end
             raise
-        return _read_body(response, views)
+        return read_body(response, views)
 
     def _arguments(self, key: str, version: str | None, **more: str) -> dict[str, Any]:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, **more}
@@ -190,29 +201,56 @@ class S3Bucket:
             lambda: int(self.client.head_object(**arguments)["ContentLength"]), url=url, doing="reading its size"
         )
 
-    def head(self, key: str, length: int, *, url: str, version: str | None) -> tuple[bytes, int]:
-        """The first ``length`` bytes of the object (fewer if it is shorter) and its size, from one GET."""
-        arguments = {**self._arguments(key, version, Range=f"bytes=0-{length - 1}"), **self.extra("GetObject")}
-        if self.lanes.read_pace is not None:
-            self.lanes.read_pace.wait(length)
+    def head(
+        self, key: str, length: int, *, url: str, version: str | None, keep: int | None = None
+    ) -> tuple[bytes, int, OpenBody | None]:
+        """The first ``length`` bytes of the object (fewer if it is shorter) and its size, from one GET.
 
-        def first() -> tuple[bytes, int]:
+        With ``keep``, only the first ``keep`` of those bytes are read, and the rest of the answer is left unread, an
+        :class:`OpenBody` (``None`` when nothing is left) that holds one of :attr:`open_bodies` until it ends; when
+        none is free, only the first ``keep`` bytes are asked for.
+        """
+        held = keep is not None and self.open_bodies.acquire(blocking=False)
+        if keep is not None and not held:
+            length, keep = keep, None
+        arguments = {**self._arguments(key, version, Range=f"bytes=0-{length - 1}"), **self.extra("GetObject")}
+        if self.lanes.read_pace is not None:  # the rest of a body left open is paced as it is read
+            self.lanes.read_pace.wait(length if keep is None else keep)
+
+        def first() -> tuple[bytes, int, OpenBody | None]:
             try:
                 response = self.client.get_object(**arguments)
             except Exception as error:
                 if error_code(error) == "InvalidRange":
-                    return b"", -1  # an empty object
+                    return b"", -1, None  # an empty object
                 raise
-            data = response["Body"].read()
-            promised = int(response.get("ContentLength", len(data)))
-            if len(data) < promised:
-                raise BrokenBody(len(data), promised)
             total = str(response.get("ContentRange", "")).rpartition("/")[2]
-            return data, int(total) if total.isdigit() else len(data)
+            if "ContentLength" not in response:  # no length promised: the body is read to its end
+                whole = response["Body"].read()
+                return whole, int(total) if total.isdigit() else len(whole), None
+            promised = int(response["ContentLength"])
+            size = int(total) if total.isdigit() else promised  # a whole object, when the server ignores ranges
+            data = bytearray(min(promised, length if keep is None else keep))  # never more than asked for
+            if len(data) == promised:
+                read_body(response, [memoryview(data)])
+                return bytes(data), size, None
+            read_start(response, [memoryview(data)])
+            if keep is None:  # a server that ignores ranges sends more: that is not read
+                let_go(response)
+                return bytes(data), size, None
+            return bytes(data), size, OpenBody(response, len(data), promised, self.open_bodies.release)
 
-        # Not counted in the requests in flight: a few KiB, to start the large ones sooner.
-        data, total = self.request(first, url=url, doing=f"reading its first {length} bytes (GetObject)")
-        return (data, total) if total >= 0 else (b"", self.size(key, url=url, version=version))
+        # Not counted in the requests in flight: a few KiB, to start the large ones sooner; what is left of a first
+        # part is counted as it is read.
+        try:
+            data, total, body = self.request(first, url=url, doing=f"reading its first {length} bytes (GetObject)")
+        except BaseException:
+            if held:
+                self.open_bodies.release()
+            raise
+        if held and body is None:
+            self.open_bodies.release()
+        return (data, total, body) if total >= 0 else (b"", self.size(key, url=url, version=version), None)
 
     def unfinished_uploads(self, prefix: str, *, url: str) -> list[dict[str, Any]]:
         """The multipart uploads started under ``prefix`` and neither completed nor aborted.
@@ -247,87 +285,97 @@ class S3Bucket:
                 self.request(abort, url=url, doing=f"aborting the upload of {upload['Key']}")
 
 
-def _after(views: Sequence[memoryview], count: int) -> list[memoryview]:
-    """``views`` without their first ``count`` bytes."""
-    rest = []
+def _copy(data: bytes, offset: int, views: Sequence[memoryview]) -> None:
+    """Fill ``views``, one after another, with the bytes of ``data`` from ``offset`` on."""
+    whole = memoryview(data)
     for view in views:
-        if count >= len(view):
-            count -= len(view)
-            continue
-        rest.append(view[count:])
-        count = 0
-    return rest
-
-
-def _read_body(response: dict[str, Any], views: Sequence[memoryview]) -> int:
-    """Read a GET's body into ``views``, one after another; how many bytes it had.
-
-    From the socket straight into them through http.client (urllib3's own ``readinto`` reads into a new buffer and
-    copies), then give the connection back to the pool. A body that ends or breaks off before the bytes its answer
-    promised (its ``Content-Length``) is a :class:`BrokenBody` saying how many bytes came.
-    """
-    body = response["Body"]
-    raw = getattr(body, "_raw_stream", None)
-    stream = getattr(raw, "_fp", None) or body
-    promised = min(int(response.get("ContentLength", sum(len(view) for view in views))), sum(map(len, views)))
-    done = 0
-    try:
-        for view in views:
-            filled = 0
-            while filled < len(view):
-                count = stream.readinto(view[filled:])
-                if not count:
-                    break
-                filled += count
-            done += filled
-            if filled < len(view):
-                break
-    except Exception as error:
-        body.close()
-        raise BrokenBody(done, promised, error) from error
-    if done < promised:
-        body.close()
-        raise BrokenBody(done, promised)
-    if raw is not None and stream is not body:
-        raw.release_conn()
-    return done
+        view[:] = whole[offset : offset + len(view)]
+        offset += len(view)
 
 
 class S3Object(SourceBase):
     """One object of a bucket, read by ranged GETs on the shared lanes of its :class:`Transfer`.
 
     Opening it reads its first :data:`HEAD_BYTES`, which tell its size and hold a jaxstow header of up to that size, so
-    opening and reading the header take one request.
+    opening and reading the header take one request. With ``first`` larger, that request asks for the object's first
+    ``first`` bytes and leaves what follows its head unread until a read asks for it: a file read from its start on
+    (a step's item) gets its header and its first part of data from one request, and its later parts from requests
+    that start where the transfer's parts of the object do.
     """
 
-    def __init__(self, bucket: S3Bucket, key: str, *, name: str, version: str | None = None) -> None:
+    def __init__(
+        self, bucket: S3Bucket, key: str, *, name: str, version: str | None = None, first: int = HEAD_BYTES
+    ) -> None:
         self.name = name
         self.parallel = bucket.lanes.reads
         self._bucket = bucket
         self._key = key
         self._version = version
-        self._head, self.size = bucket.head(key, HEAD_BYTES, url=name, version=version)
+        self._lock = threading.Lock()
+        self._closed = False
+        keep = HEAD_BYTES if first > HEAD_BYTES else None
+        self._head, self.size, self._open = bucket.head(
+            key, max(first, HEAD_BYTES), url=name, version=version, keep=keep
+        )
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         self.read_scatter(offset, [buffer])
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: one request."""
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: one request (none for bytes of the
+        head, or of the first request's body not read yet)."""
         views = [buffer.cast("B") for buffer in buffers]
         wanted = sum(len(view) for view in views)
         if offset + wanted <= len(self._head):
-            for view in views:
-                view[:] = self._head[offset : offset + len(view)]
-                offset += len(view)
+            _copy(self._head, offset, views)
             return
         if offset + wanted > self.size:  # the object ends before: damage, found without asking the store
             raise self._truncated(offset, wanted, max(0, self.size - offset))
-        got = self._bucket.get_into(self._key, offset, views, url=self.name, version=self._version) if wanted else 0
-        if got != wanted:  # the object is shorter than when it was opened: replaced meanwhile
-            raise self._truncated(offset, wanted, got)
+        done = self._from_open_body(offset, views) if self._open is not None else 0
+        if done == wanted:
+            return
+        rest = views_after(views, done)
+        got = self._bucket.get_into(self._key, offset + done, rest, url=self.name, version=self._version)
+        if got != wanted - done:  # the object is shorter than when it was opened: replaced meanwhile
+            raise self._truncated(offset, wanted, done + got)
+
+    def _from_open_body(self, offset: int, views: list[memoryview]) -> int:
+        """How many of the bytes wanted from ``offset`` on came from the head and the first request's open body.
+
+        The body serves a read that asks for the bytes where it stands, or for bytes of the head and those after it;
+        one read at a time, and the others ask the store.
+        """
+        wanted = sum(len(view) for view in views)
+        with self._lock:
+            body = self._open
+            if body is None or not offset <= body.position < offset + wanted:
+                return 0
+            if offset < body.position and body.position != len(self._head):  # bytes before it not in the head
+                return 0
+            self._open = None
+        done = body.position - offset
+        _copy(self._head, offset, views_before(views, done))
+        lanes = self._bucket.lanes
+        try:
+            with lanes.reading:
+                if lanes.read_pace is not None:
+                    lanes.read_pace.wait(min(wanted - done, body.end - body.position))
+                done += body.read_into(views_after(views, done))
+        except BrokenBody as broken:  # closed: the rest is asked for, under the retry policy
+            return done + broken.count
+        with self._lock:
+            if not body.ended and not self._closed:
+                self._open, body = body, None
+        if body is not None:
+            body.close()
+        return done
 
     def close(self) -> None:
-        """Nothing to release: the connections belong to the shared client."""
+        """Drop the first request's body if it is not read to its end; the connections belong to the shared client."""
+        with self._lock:
+            body, self._open, self._closed = self._open, None, True
+        if body is not None:
+            body.close()
 
 
 class ViewsSource(SourceBase):

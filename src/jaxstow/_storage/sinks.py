@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write
 from jaxstow._storage.failures import storage_failures
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
 

@@ -18,8 +18,7 @@ from typing import BinaryIO, Protocol
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.folders import LocalStore
-from jaxstow._storage.opening import refuse_options
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path, refuse_options
 from jaxstow._storage.settings import StorageSettings
 
 __all__ = ["Staging", "Store", "open_store"]
@@ -64,7 +63,10 @@ class Store(Protocol):
 
     def read_marker(self, name: str) -> bytes: ...
 
-    def source(self, name: str, file: str, header: str | None = None) -> ReadSource: ...
+    def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> ReadSource:
+        """The file ``file`` of folder ``name``, its header checksum ``header`` if known; ``whole``: it is to be read
+        from its start on."""
+        ...
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> Staging: ...
 

@@ -42,7 +42,7 @@ from jaxstow._format.native_or_npz import (
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.skeleton import encode_treedef
-from jaxstow._storage.paths import PathOrFile, local_path
+from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.gc_pause import gc_paused

@@ -37,8 +37,7 @@ from jaxstow._read.sharded_folder import child, list_folder
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.atomic import fsync_directory, temporary_sibling
 from jaxstow._storage.failures import storage_failures
-from jaxstow._storage.opening import locate
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow.errors import ArgumentError, PathError

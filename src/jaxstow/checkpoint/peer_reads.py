@@ -136,9 +136,9 @@ class PeerStep(LocalStore):
     def read_marker(self, name: str) -> bytes:
         return self._marker
 
-    def source(self, name: str, file: str, header: str | None = None) -> Any:
+    def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> Any:
         """``file`` where this process holds it, else read from the process that does."""
-        del header
+        del header, whole
         owner = self._owners.get(file)
         if owner is None:
             raise FileNotFoundError(file)

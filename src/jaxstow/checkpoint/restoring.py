@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Unpack
+
+import jax
 
 from jaxstow._format.source import ReadSource
 from jaxstow._names.registry import every_library_of
@@ -46,15 +47,16 @@ def restore_items(
     likes: Mapping[str, Any],
     *,
     where: str,
+    at_once: int = _ITEMS,
     **options: Unpack[LoadOptions],
 ) -> dict[str, Any]:
     """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, a list of them
     for an item saved by several processes, or a function that opens them) restored, fitted into ``likes[name]``
     where there is one; ``options`` go to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over
-    the items. Without ``select`` each item is opened and restored on its own thread, as soon as one is free."""
+    the items. Without ``select`` each item is opened and restored on its own thread, ``at_once`` at a time."""
     select = options.get("select")
     if select is None and len(sources) > 1:
-        return _side_by_side(sources, likes, options)
+        return _side_by_side(sources, likes, options, at_once)
     with contextlib.ExitStack() as stack:
         readers = open_readers(stack, sources)
         chosen = _spread_selection(select, readers, where=where)
@@ -70,33 +72,23 @@ def restore_items(
         return _results(futures)
 
 
-def _side_by_side(sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions) -> dict[str, Any]:
-    """Every item restored on its own thread, opened ahead of it on a pool of its own; the first error, in the items'
-    order, is raised once all have ended.
+def _side_by_side(
+    sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions, at_once: int
+) -> dict[str, Any]:
+    """Every item opened and restored on its own thread, ``at_once`` at a time, in order; the first error, in the
+    items' order, is raised once all have ended.
 
-    Opening an object-store item waits on a request for its header; opened ahead (at most :data:`_ITEMS` items beyond
-    those being restored), no restoring thread waits on one, so the reads of the items restored keep the transfer's
-    requests in flight.
+    An object-store item opened to be read whole gets its header with the first part of its data, in one request,
+    and its thread reads on from that answer: it waits for no request that brings no data.
     """
     names = list(sources)
-    opened: list[Future[list[Any]]] = []
-    lock = threading.Lock()
-    with (
-        ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-open") as openers,
-        ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as restorers,
-    ):
 
-        def open_through(stop: int) -> None:  # the items before ``stop`` opened, or being opened, in order
-            with lock:
-                opened.extend(openers.submit(_targets, sources[name]) for name in names[len(opened) : stop])
+    def restore(name: str) -> Any:
+        with open_parts(_targets(sources[name])) as reader:
+            return reader.load(likes.get(name), **_item_options(options, name, {}))
 
-        def restore(index: int) -> Any:
-            open_through(index + 1 + _ITEMS)
-            with open_parts(opened[index].result()) as reader:
-                return reader.load(likes.get(names[index]), **_item_options(options, names[index], {}))
-
-        open_through(_ITEMS)
-        futures = {name: restorers.submit(restore, index) for index, name in enumerate(names)}
+    with ThreadPoolExecutor(min(len(names), at_once), thread_name_prefix="jaxstow-restore") as restorers:
+        futures = {name: restorers.submit(restore, name) for name in names}
         wait(futures.values())
     return _results(futures)
 
@@ -179,6 +171,8 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
 
 def _restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
     record = folder.checked_record(step)
+    # Every leaf read, from the first on: an object's first request then brings data with the header.
+    whole = options.get("select") is None and not options.get("partial") and jax.process_count() == 1
     if record.single:
         if items is not None:
             raise CheckpointError(
@@ -186,12 +180,15 @@ def _restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str]
                 "without items=",
                 file=folder.url(step),
             )
-        with open_parts(folder.open_files(record, [SINGLE_ITEM])[SINGLE_ITEM]) as reader:
+        with open_parts(folder.open_files(record, [SINGLE_ITEM], whole=whole)[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
-    sources: Mapping[str, Any]
     if isinstance(folder.store, LocalStore):  # an open local file is read whole even if its step is deleted
-        sources = folder.open_files(record, names)
-    else:  # each item is opened as a thread is free for it
-        sources = {name: functools.partial(folder.open_item, record, name) for name in names}
-    return restore_items(sources, like or {}, where=folder.url(step), **options)
+        return restore_items(folder.open_files(record, names), like or {}, where=folder.url(step), **options)
+    # Each item opened as a thread is free for it; no more items at once than requests in flight, each of whose first
+    # answer a thread reads on from.
+    from jaxstow._storage.remote_store import RemoteStore
+
+    sources = {name: functools.partial(folder.open_item, record, name, whole=whole) for name in names}
+    at_once = min(_ITEMS, folder.store.settings.transfer.requests) if isinstance(folder.store, RemoteStore) else _ITEMS
+    return restore_items(sources, like or {}, where=folder.url(step), at_once=at_once, **options)

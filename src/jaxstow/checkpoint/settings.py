@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path
 from jaxstow.errors import ArgumentError
 
 __all__ = ["SETTINGS", "LocalTier", "grouped_settings"]

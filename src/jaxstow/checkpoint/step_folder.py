@@ -189,16 +189,19 @@ class StepFolder:
         except JaxstowError:
             return None
 
-    def open_files(self, record: StepRecord, items: Sequence[str]) -> dict[str, list[ReadSource]]:
+    def open_files(
+        self, record: StepRecord, items: Sequence[str], *, whole: bool = False
+    ) -> dict[str, list[ReadSource]]:
         """The files of ``items`` (each one file, or one per process that saved the step), opened side by side and
-        each checked against the header checksum the record names; a missing file is a CheckpointError naming it."""
+        each checked against the header checksum the record names; a missing file is a CheckpointError naming it.
+        ``whole``: they are to be read whole (on an object store, each first request brings data with the header)."""
         name = self.names.name(record.step)
         wanted = [(item, file) for item in items for file in record.item_files(item)]
 
         def open_checked(item: str, file: str) -> ReadSource:
             where = self.url(record.step, file)
             try:
-                source = self.store.source(name, file, (record.headers or {}).get(file))
+                source = self.store.source(name, file, (record.headers or {}).get(file), whole=whole)
             except FileNotFoundError:
                 raise missing_item_file(record, item, where) from None
             try:
@@ -224,9 +227,9 @@ class StepFolder:
             opened[item].append(future.result())
         return opened
 
-    def open_item(self, record: StepRecord, item: str) -> list[ReadSource]:
+    def open_item(self, record: StepRecord, item: str, *, whole: bool = False) -> list[ReadSource]:
         """The files of one item, opened and checked as :meth:`open_files` does."""
-        return self.open_files(record, [item])[item]
+        return self.open_files(record, [item], whole=whole)[item]
 
     def chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
         """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""

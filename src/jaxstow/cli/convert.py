@@ -35,7 +35,7 @@ from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
 from jaxstow.checkpoint import CheckpointManager

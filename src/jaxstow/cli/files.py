@@ -34,8 +34,7 @@ from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
-from jaxstow._storage.opening import locate, open_source
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path, locate, open_source
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.store import Store, open_store
 from jaxstow._storage.transfer import Transfer
@@ -202,7 +201,10 @@ def hf_listing(target: str) -> Listing | None:
 def open_hf_folder(target: str) -> Iterator[FolderReader]:
     """The Hugging Face folder at ``target`` as one lazy file, every shard's header read and checked, the index against
     the shards; closed when the block ends."""
-    reader = open_folder(locate(target), FolderReader, storage(target))
+    listing = folder_listing(locate(target), storage(target))
+    if listing is None:
+        raise PathNotFoundError("is no folder of safetensors files", file=target)
+    reader = open_folder(listing, FolderReader, storage(target))
     try:
         yield reader
     finally:

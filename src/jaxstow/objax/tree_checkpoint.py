@@ -13,7 +13,7 @@ from jaxstow._save_load import load, save
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._storage.lock import Lock, lock_store
-from jaxstow._storage.paths import local_path
+from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
 from jaxstow.objax.variables import load_var_collection, save_var_collection

@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxstow._format.npz import MANIFEST_MEMBER
 from jaxstow._save_load import load, save
-from jaxstow._storage.paths import PathOrFile, display_name, local_path
+from jaxstow._storage.opening import PathOrFile, display_name, local_path
 from jaxstow.errors import VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]

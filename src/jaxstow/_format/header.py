@@ -1,0 +1,370 @@
+"""A file's container opened: an npz archive, or a native (safetensors) file whose header is read and checked first.
+
+The first bytes decide: a zip archive is an npz; anything else must be a safetensors file. A native header is checked
+before anything is allocated, in one place: its length against the file, the checksum that a header written by
+jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy (:func:`slot_table`; the rules of
+docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
+manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors.
+
+>>> import io, numpy as np
+>>> from jaxstow._format.header import open_container
+>>> from jaxstow._format.native import write_native
+>>> from jaxstow._storage.opening import open_source
+>>> buffer = io.BytesIO()
+>>> _ = write_native(buffer, [("w", np.arange(3, dtype=np.float32))], None)
+>>> _ = buffer.seek(0)
+>>> container = open_container(open_source(buffer))
+>>> type(container).__name__, container.slots["w"].offset, container.read(["w"])["w"]
+('NativeReader', 4096, array([0., 1., 2.], dtype=float32))
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+from collections.abc import Iterator, KeysView, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from jaxstow._format.checksum import ZERO_CHECKSUM
+from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
+from jaxstow._format.json_codec import parse_json
+from jaxstow._format.manifest import LeafColumns, check_leaves
+from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
+from jaxstow._format.native_or_npz import Container
+from jaxstow._format.npz import NpzReader
+from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import TensorSlot, Verify, read_slots
+from jaxstow._format.tensor_table import entry_slots
+from jaxstow._util.gc_pause import gc_paused
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
+
+__all__ = [
+    "NativeReader",
+    "SlotTable",
+    "check_header",
+    "claims_manifest",
+    "header_checksum",
+    "open_container",
+    "raw_header",
+    "slot_table",
+]
+
+#: A jaxstow header's checksum (16 hex digits) follows these bytes, and :data:`~jaxstow._format.native.HASH_SUFFIX`
+#: follows it.
+_HASH_PREFIX = f'"{HASH_KEY}":"'.encode()
+_HEX_DIGITS = frozenset(b"0123456789abcdef")
+_ZEROS = ZERO_CHECKSUM.encode("ascii")
+#: The signs of a header written by jaxstow: its manifest's key, its checksum's key, its format's name.
+_JAXSTOW_MARKS = (b'"jaxstow":"', _HASH_PREFIX, b'\\"format\\":\\"jaxstow\\"')
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def open_container(source: ReadSource) -> Container:
+    """Open a source as the container its first bytes announce, which then owns the source.
+
+    The first page read decides, and holds a small native header whole. The manifest must be well formed and list
+    exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
+    failure the source stays open, for the caller to tell what else the file is, and to close.
+    """
+    first = source.read(0, min(source.size, DATA_ALIGNMENT))
+    reader: Container = (
+        NpzReader(source) if first[:4] in _ZIP_MAGIC else NativeReader(source, raw_header(source, first))
+    )
+    if reader.manifest is None:
+        return reader
+    plain = reader.plain if isinstance(reader, NativeReader) else None
+    reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
+    if stored != reader.slots.keys():
+        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
+        raise CorruptFileError(
+            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
+            file=reader.file,
+        )
+    return reader
+
+
+def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
+    """The header text of a safetensors file (padding included), after checking that the file can be one.
+
+    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte more of it is read: one
+    read of the file's first :data:`DATA_ALIGNMENT` bytes (``first``, when they are read already), which hold a small
+    header whole, and one for the rest.
+    """
+    size = source.size
+    if size < 8:
+        raise TruncatedFileError(f"{source.describe_size()} is too short for a safetensors header", file=source.name)
+    first = source.read(0, min(size, DATA_ALIGNMENT)) if first is None else first
+    (length,) = struct.unpack_from("<Q", first)
+    if size == 8 or first[8:9] != b"{":
+        raise FormatError(
+            f"not a jaxstow, safetensors or npz file (it starts with {excerpt(first[:16])})", file=source.name
+        )
+    if length > MAX_HEADER_BYTES:
+        raise CorruptFileError(
+            f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
+        )
+    if 8 + length > size:
+        raise TruncatedFileError(
+            f"the header claims {length} bytes but the file has only {size - 8} after the length", file=source.name
+        )
+    if 8 + length <= len(first):
+        return first[8 : 8 + length]
+    return first[8:] + source.read(len(first), 8 + length - len(first))
+
+
+def header_checksum(source: ReadSource) -> str:
+    """The checksum a jaxstow file's header ends with, checked against the header text without parsing it.
+
+    >>> import io, numpy as np
+    >>> from jaxstow._format.native import write_native
+    >>> from jaxstow._storage.opening import open_source
+    >>> buffer = io.BytesIO()
+    >>> written = write_native(buffer, [("w", np.zeros(2))], {"format": "jaxstow"})
+    >>> _ = buffer.seek(0)
+    >>> header_checksum(open_source(buffer)) == written
+    True
+    """
+    raw = raw_header(source)
+    if not claims_manifest(raw):
+        raise FormatError("not a jaxstow file: its header has no jaxstow manifest", file=source.name)
+    return _check_header_checksum(raw, file=source.name)
+
+
+def claims_manifest(raw: bytes) -> bool:
+    """Whether a header's text (:func:`raw_header`) shows a sign of a jaxstow manifest: its key, its checksum's key or
+    its format name. Such a header must then pass its checksum; a plain safetensors file's shows none."""
+    return any(mark in raw for mark in _JAXSTOW_MARKS)
+
+
+def _checksum_at(raw: bytes) -> int | None:
+    """Where the checksum a header's text (``raw``: the bytes after the length, padding included) ends with starts.
+
+    The 16 hex digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding;
+    ``None`` if it does not end so. Found from the end, without a copy of the text.
+    """
+    end = raw.rfind(HASH_SUFFIX)
+    start = end - len(ZERO_CHECKSUM)
+    if (
+        start < len(_HASH_PREFIX)
+        or raw.count(b" ", end + len(HASH_SUFFIX)) != len(raw) - end - len(HASH_SUFFIX)
+        or not raw.endswith(_HASH_PREFIX, 0, start)
+        or not _HEX_DIGITS.issuperset(raw[start:end])
+    ):
+        return None
+    return start
+
+
+def _check_header_checksum(raw: bytes, *, file: str) -> str:
+    """The checksum a jaxstow header's text ends with.
+
+    A :class:`CorruptFileError` unless it is the xxh3-64 of the text (padding taken off) with those 16 digits replaced
+    by ``0`` (any change, keys included, is caught). Hashed in place, the digits' zeros fed between the text around
+    them.
+    """
+    start = _checksum_at(raw)
+    if start is not None:
+        end = start + len(ZERO_CHECKSUM)
+        text = memoryview(raw)
+        digest = xxhash.xxh3_64()
+        digest.update(text[:start])
+        digest.update(_ZEROS)
+        digest.update(text[end : end + len(HASH_SUFFIX)])
+        recorded = raw[start:end].decode("ascii")
+        if digest.hexdigest() == recorded:
+            return recorded
+    raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
+
+
+@dataclass(frozen=True)
+class _Header:
+    slots: Mapping[str, TensorSlot]
+    metadata: dict[str, str]
+    manifest: Any
+
+
+class NativeReader:
+    """Reads a safetensors file, with or without a jaxstow manifest; validates the header before allocating.
+
+    A header that shows any sign of having been written by jaxstow (its manifest key, its checksum key or the
+    manifest's format name) must pass the header checksum, so a damaged key never turns a jaxstow file into a plain
+    safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
+    (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
+    must be its string values (:attr:`plain`, which :func:`open_container` checks). ``raw``, when given, is the
+    header's text already read (:func:`raw_header`);
+    ``fast=False`` parses it with memory that follows its entries, not its length (see
+    :func:`~jaxstow._format.json_codec.parse_json`).
+    """
+
+    def __init__(self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True) -> None:
+        self.source = source
+        self.file = source.name
+        self.manifest: dict[str, Any] | None = None
+        self.columns: LeafColumns | None = None
+        raw = raw_header(source) if raw is None else raw
+        with gc_paused():  # the header read, parsing it makes objects for each tensor: see jaxstow._util.gc_pause
+            header = self._read_header(raw, fast)
+        self.slots, self.metadata, self.manifest = header.slots, header.metadata, header.manifest
+        #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.
+        self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
+
+    def _read_header(self, raw: bytes, fast: bool) -> _Header:
+        length = len(raw)
+        claimed = claims_manifest(raw)
+        recorded = _check_header_checksum(raw, file=self.file) if claimed else None
+        error = CorruptFileError if claimed else FormatError
+        header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False, fast=fast)
+        if not isinstance(header, dict):
+            raise FormatError("the header is not a JSON object", file=self.file)
+        last = next(reversed(header), None)
+        metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(metadata, dict) or not set(map(type, metadata.values())) <= {str}:
+            raise FormatError("__metadata__ must map strings to strings", file=self.file)
+        if claimed and not (
+            last == "__metadata__"
+            and MANIFEST_KEY in metadata
+            and next(reversed(metadata)) == HASH_KEY
+            and metadata[HASH_KEY] == recorded
+        ):
+            raise CorruptFileError(
+                f"the header's metadata keys {excerpt(list(metadata))} are not jaxstow's (the manifest, then the "
+                f"checksum last, in the header's last member): the header is corrupt",
+                file=self.file,
+            )
+        text = metadata.get(MANIFEST_KEY)
+        manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
+        slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
+        return _Header(slots, metadata, manifest)
+
+    def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
+        """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""
+        return read_slots(self.source, [self.slots[name] for name in names], verify)
+
+    def close(self) -> None:
+        self.source.close()
+
+
+_ITEMSIZES = {code: dtype.itemsize for code, dtype in READ_CODES.items()}
+#: Below this many bytes (as a float product), a shape's bytes surely fit MAX_ARRAY_BYTES: the float product of at
+#: most MAX_AXES factors is off by far less than this margin. Shapes at or above it are counted exactly.
+_SURELY_FITS = MAX_ARRAY_BYTES * (1 - 1e-9)
+
+
+class SlotTable(Mapping[str, TensorSlot]):
+    """A file's tensors by name, kept as columns; a :class:`TensorSlot` is made only for a tensor asked for."""
+
+    def __init__(
+        self,
+        names: list[str],
+        dtypes: list[np.dtype],
+        shapes: Sequence[Sequence[int]],
+        offsets: np.ndarray,
+        nbytes: np.ndarray,
+    ) -> None:
+        self.names = names
+        self.dtypes = dtypes
+        self.shapes = shapes
+        self.offsets = offsets  # where each tensor starts in the file
+        self.nbytes = nbytes
+        self.index = dict(zip(names, range(len(names)), strict=True))
+
+    def __getitem__(self, name: str) -> TensorSlot:
+        i = self.index[name]
+        return TensorSlot(name, self.dtypes[i], tuple(self.shapes[i]), int(self.offsets[i]), int(self.nbytes[i]))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.index
+
+    def keys(self) -> KeysView[str]:
+        return self.index.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def check_header(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> SlotTable:
+    """The tensors of a parsed header (without ``__metadata__``), checked.
+
+    Else the error of the first entry that breaks a rule, naming the tensor: a
+    :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
+    :class:`~jaxstow.errors.FormatError` otherwise.
+    """
+    table = slot_table(header, data_start=data_start, file_size=file_size)
+    if table is not None:
+        return table
+    entry_slots(header, data_start=data_start, file_size=file_size, file=file)  # raises, naming what is wrong
+    raise FormatError("the header's tensor entries are malformed", file=file)  # the two disagree: still refused
+
+
+def _only(values: Any, kind: type) -> bool:
+    """Whether every item of ``values`` has exactly the type ``kind`` (``bool`` is not ``int``)."""
+    return set(map(type, values)) <= {kind}
+
+
+def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> SlotTable | None:
+    """The tensors of a parsed header (without ``__metadata__``) if every rule holds, ``None`` otherwise."""
+    names, infos = list(header), list(header.values())
+    if not _only(infos, dict):
+        return None
+    try:
+        codes = [info["dtype"] for info in infos]
+        shapes = [info["shape"] for info in infos]
+        spans = [info["data_offsets"] for info in infos]
+        itemsizes = np.array([_ITEMSIZES[code] for code in codes], np.int64)  # an unhashable code: TypeError
+    except (KeyError, TypeError):
+        return None
+    if not (_only(shapes, list) and _only(spans, list) and set(map(len, spans)) <= {2}):
+        return None
+    dims = list(itertools.chain.from_iterable(shapes))
+    bounds = list(itertools.chain.from_iterable(spans))
+    if not (_only(dims, int) and _only(bounds, int)):
+        return None
+    try:
+        sizes = np.array(dims, np.int64)
+        ends = np.array(bounds, np.int64).reshape(-1, 2)
+    except OverflowError:  # beyond int64: no shape or offset within the bounds is that large
+        return None
+    ndims = np.array(list(map(len, shapes)), np.int64)
+    begin, end = ends[:, 0], ends[:, 1]
+    if (sizes < 0).any() or (ndims > MAX_AXES).any() or (begin < 0).any() or (begin > end).any():
+        return None
+    if not _shapes_fit(shapes, sizes, ndims, itemsizes):
+        return None
+    # Every shape now spans at most MAX_ARRAY_BYTES (axes of size 0 counted as 1), so its bytes fit an int64 exactly.
+    starts = np.cumsum(ndims) - ndims
+    elements = np.multiply.reduceat(np.append(sizes, 1), starts) if len(starts) else starts
+    nbytes = np.where(ndims == 0, 1, elements) * itemsizes
+    if not np.array_equal(nbytes, end - begin):
+        return None
+    order = np.lexsort((end, begin))
+    data_size = file_size - data_start
+    if len(order):
+        tiled = begin[order[0]] == 0 and (begin[order[1:]] == end[order[:-1]]).all() and end[order[-1]] == data_size
+    else:
+        tiled = data_size == 0
+    if not tiled:
+        return None
+    dtypes = [READ_CODES[code] for code in codes]
+    return SlotTable(names, dtypes, shapes, begin + data_start, nbytes)
+
+
+def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsizes: np.ndarray) -> bool:
+    """Whether every shape spans at most MAX_ARRAY_BYTES, axes of size 0 counted as 1.
+
+    Shapes are non-negative, of at most MAX_AXES axes. Computed as floats (a product too large becomes inf, never a
+    wrapped number), and exactly in Python for the few shapes near the bound.
+    """
+    if not len(ndims):
+        return True
+    starts = np.cumsum(ndims) - ndims
+    bounded = np.multiply.reduceat(np.append(np.maximum(sizes, 1), 1).astype(np.float64), starts)
+    bounded = np.where(ndims == 0, 1.0, bounded) * itemsizes
+    near = np.flatnonzero(~(bounded < _SURELY_FITS))
+    return all(math.prod(max(size, 1) for size in shapes[row]) * int(itemsizes[row]) <= MAX_ARRAY_BYTES for row in near)
