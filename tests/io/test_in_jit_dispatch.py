@@ -9,10 +9,12 @@ run is over).
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ import pytest
 
 from jaxstow import io, scheduler
 from jaxstow._util import jax_compat
+from jaxstow.io import host_block
 from jaxstow.io.host_block import send_block
 
 STEPS = 400
@@ -133,3 +136,75 @@ def test_a_collector_that_runs_jax_inside_the_run_does_not_deadlock_it_on_one_cp
     assert done.returncode == 0, done.stderr[-2000:]
     lines = [f"{step} True (2,)" for step in (5, 10, 15, 20)]
     assert done.stdout.splitlines() == [*lines, "kept 20"]
+
+
+@pytest.mark.parametrize("side_effect", [False, True], ids=["blocks", "checkpoints"])
+def test_a_host_function_that_raises_fails_the_run_and_the_next_run_works(side_effect) -> None:
+    def receive(numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        if leaves[0].sum() < 0:
+            raise ValueError(f"no room for the block of chain {numbers[0]}")
+        return numbers[0] + len(leaves)
+
+    run = jax.jit(lambda x: send_block(receive, jnp.arange(3)[None], [x], side_effect=side_effect))
+    with pytest.raises(Exception, match=r"ValueError: no room for the block of chain \[0 1 2\]") as raised:
+        run(-jnp.ones(2)).block_until_ready()
+    assert "receive" in str(raised.value)  # the traceback names the function
+    assert run(jnp.ones(2)).tolist() == [1, 2, 3]  # the same program, and the process, still work
+    with pytest.raises(Exception, match="no room"):
+        run(-jnp.ones(2)).block_until_ready()
+
+
+def test_a_compiled_run_whose_saving_strategy_is_gone_fails_instead_of_answering_zeros() -> None:
+    class Strategy:
+        def receive(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+            return numbers[0] + 1
+
+    strategy = Strategy()
+    method, held = weakref.WeakMethod(strategy.receive), weakref.ref(strategy)
+
+    def send(x: jax.Array) -> jax.Array:
+        return send_block(lambda *arrays: method()(*arrays), jnp.ones((1, 2), jnp.int32), [x], owner=held())
+
+    run = jax.jit(send).lower(jnp.ones(2)).compile()  # the program alone, without the function it was made from
+    assert run(jnp.ones(2)).tolist() == [2, 2]
+    del strategy
+    gc.collect()
+    with pytest.raises(Exception, match=r"is gone|'NoneType' object is not callable"):
+        run(jnp.ones(2)).block_until_ready()
+
+
+@pytest.mark.skipif(not jax_compat.OWN_FFI_CALLS, reason="jax's host callbacks carry no call of jaxstow's")
+@pytest.mark.parametrize(
+    ("operands", "attribute", "expected"),
+    [
+        ((jnp.arange(3), jnp.ones(5)), "issued", r"args 1 is a buffer of XLA type 11 and rank 1 \(dims \(5,\)\)"),
+        ((jnp.arange(3), jnp.ones(2, jnp.int32)), "issued", "args 1 is a buffer of XLA type 4"),
+        ((jnp.arange(3),), "issued", "the call has 1 args, not 2"),
+        ((jnp.arange(3), jnp.ones(2)), "unknown", r"call 1099511627776\) is gone"),
+        ((jnp.arange(3), jnp.ones(2)), "int32", "not uint64"),
+    ],
+    ids=["a longer buffer", "another dtype", "an operand fewer", "an unknown call", "an attribute of another type"],
+)
+def test_a_call_frame_other_than_the_one_lowered_fails_the_run_before_any_buffer_is_read(
+    operands, attribute, expected
+) -> None:
+    """A program that calls jaxstow's FFI target with other operands or attributes than ``send_block`` lowered."""
+    received = []
+
+    def receive(numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        received.append(numbers.copy())
+        return np.int32(0)
+
+    assert int(jax.jit(lambda x: send_block(receive, jnp.arange(3), [x]))(jnp.ones(2))) == 0
+    issued = max(host_block._calls)  # that program's call: (3,) int32 and (2,) float32
+    call = {"issued": np.uint64(issued), "unknown": np.uint64(2**40), "int32": np.int32(issued)}[attribute]
+    target = jax.ffi.ffi_call("jaxstow_send_block", jax.ShapeDtypeStruct((), jnp.int32))
+    with pytest.raises(Exception, match=f"unexpected call frame: .*{expected}"):
+        jax.jit(lambda *operands: target(*operands, call=call))(*operands).block_until_ready()
+    assert len(received) == 1
+
+
+def test_a_host_function_answering_another_shape_fails_the_run() -> None:
+    run = jax.jit(lambda x: send_block(lambda numbers, *leaves: numbers, jnp.arange(3)[None], [x]))
+    with pytest.raises(Exception, match=r"shape.*\(3,\)"):
+        run(jnp.ones(2)).block_until_ready()

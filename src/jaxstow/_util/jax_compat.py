@@ -47,10 +47,11 @@ __all__ = [
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 #: The jax versions jaxstow is tested with.
 TESTED = "0.4.38 to 0.12"
-#: Whether the installed jax has ``jax.ffi`` with XLA's FFI on the CPU as ``io.save``'s calls to the host use it (a
-#: handler of jaxstow's own, through XLA's C API): from 0.6.1 on, where jax's own CPU callback of buffers is an FFI
-#: target too. Before, those calls are jax's Python host callbacks.
-OWN_FFI_CALLS = JAX_VERSION >= (0, 6, 1)
+#: Whether ``io.save``'s calls to the host are, on the CPU, XLA FFI calls of a handler of jaxstow's own, which reads
+#: XLA's FFI C API (``jaxstow.io.xla_ffi``): on the jax versions whose header it was checked against and tested with,
+#: 0.10 to 0.12. On the others they are jax's Python host callbacks (right, but a loop holding one runs slower on the
+#: CPU).
+OWN_FFI_CALLS = (0, 10) <= JAX_VERSION[:2] <= (0, 12)
 
 
 @dataclasses.dataclass(frozen=True)

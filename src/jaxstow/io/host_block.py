@@ -8,8 +8,8 @@ host callback, pinned to one device. Like ``pure_callback`` it is free of side e
 so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
 Python host callback of jax's to the program: with one, even one never called, XLA's CPU runtime hands much of each
 step of a loop of many small operations between its threads in most runs (a NUTS run took twice as long), which
-neither jax's synchronous dispatch of such programs nor the call itself explains. A function that fails here is
-printed, and its answer is zeros: the caller records its own failures.
+neither jax's synchronous dispatch of such programs nor the call itself explains. A function that raises fails the
+run as a failing ``jax.pure_callback`` does: waiting for its result raises, with the function's traceback.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -22,12 +22,18 @@ printed, and its answer is zeros: the caller records its own failures.
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
 >>> send(jnp.ones(3)), received[1:]  # outside jit it calls receive at once
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
+>>> def fail(numbers, *leaves):
+...     raise ValueError("no room for this block")
+>>> jax.jit(lambda x: send_block(fail, jnp.arange(4), [x]))(jnp.ones(3)).block_until_ready()
+Traceback (most recent call last):
+...
+jax...: ...ValueError: no room for this block...
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
+import os
 import sys
 import traceback
 import weakref
@@ -39,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._util import jax_compat
+from jaxstow.io import xla_ffi
 
 __all__ = ["send_block"]
 
@@ -60,8 +67,8 @@ def send_block(
     """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``.
 
     With ``side_effect``, XLA calls it exactly as often as the program asks, never fewer times nor more. A compiled
-    program holds ``receive`` as long as ``owner`` lives (forever without one); once ``owner`` is gone, its calls do
-    nothing and answer zeros.
+    program holds ``receive`` as long as ``owner`` lives (forever without one); once ``owner`` is gone, a call of it
+    fails the run. An exception of ``receive`` fails the run: waiting for its result raises.
     """
     held = None if owner is None else _Owner(owner)  # the program's parameters must not keep it alive
     answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive, side_effect=side_effect, owner=held)
@@ -92,33 +99,21 @@ class _Owner:
         self.reference = weakref.ref(owner)
 
 
-class _Call:
-    """A host function called from a compiled program, given numpy views of the buffers of the operands, whose
-    shapes and dtypes the program fixed."""
-
-    def __init__(self, receive: Receive, operands: Sequence[Any], answer: Any) -> None:
-        self.receive = receive
-        self.operands = [_Layout(aval) for aval in operands]
-        self.answer = _Layout(answer)
-
-    def __call__(self, frame: _CallFrame) -> None:
-        items = frame.args.items
-        arrays = [layout.view(items[index].contents.data) for index, layout in enumerate(self.operands)]
-        self.answer.view(frame.rets.items[0].contents.data)[...] = self.receive(*arrays)
-
-
 class _Layout:
-    """An array's shape and dtype, and how to view the bytes at an address as one."""
+    """An array's shape and dtype, its XLA type, and how to view the bytes at an address as one."""
 
     def __init__(self, aval: Any) -> None:
-        self.shape, self.dtype = tuple(aval.shape), np.dtype(aval.dtype)
-        nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        self.code = xla_ffi.dtype_code(aval.dtype)
+        self.shape, self.dtype = tuple(aval.shape), np.dtype(aval.dtype) if self.code else None
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * (self.dtype.itemsize if self.dtype else 0)
         self.interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3}  # any dtype: ml_dtypes' too
         self.empty = nbytes == 0
 
     def view(self, address: int | None) -> np.ndarray:
-        if self.empty or not address:
+        if self.empty:
             return np.zeros(self.shape, self.dtype)
+        if not address:
+            raise xla_ffi.FrameError(f"a buffer of shape {self.shape} has no data")
         raw: np.ndarray = np.asarray(_Memory({**self.interface, "data": (address, False)}))
         array: np.ndarray = raw.view(self.dtype).reshape(self.shape)
         return array
@@ -131,132 +126,91 @@ class _Memory:
         self.__array_interface__ = interface
 
 
+class _Call:
+    """A host function called from a compiled program, given numpy views of the buffers of the operands, whose
+    shapes and dtypes the program fixed (each checked against the call frame's buffer before it is read)."""
+
+    def __init__(self, receive: Receive, operands: Sequence[Any], answer: Any) -> None:
+        self.receive = receive
+        self.operands = [_Layout(aval) for aval in operands]
+        self.answer = _Layout(answer)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether XLA's buffers of every operand and the answer can be read as numpy arrays."""
+        return all(layout.code is not None for layout in (*self.operands, self.answer))
+
+    def __call__(self, frame: xla_ffi.CallFrame) -> None:
+        count = len(self.operands)
+        arrays = [
+            layout.view(xla_ffi.buffer_data(frame.args, "args", index, count, layout.code or 0, layout.shape))
+            for index, layout in enumerate(self.operands)
+        ]
+        answer = self.answer
+        result = answer.view(xla_ffi.buffer_data(frame.rets, "rets", 0, 1, answer.code or 0, answer.shape))
+        answered = np.asarray(self.receive(*arrays))
+        if answered.shape != answer.shape:
+            raise ValueError(f"the host function answered shape {answered.shape}, not {answer.shape}")
+        result[...] = answered
+
+
 _calls: dict[int, _Call] = {}  # by the number the program calls it by, each as long as its owner lives
 _names = itertools.count()
 _TARGET = "jaxstow_send_block"
 
 
-class _ExtensionBase(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("type", ctypes.c_int), ("next", ctypes.c_void_p)]
-
-
-class _ApiVersion(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("major_version", ctypes.c_int),
-        ("minor_version", ctypes.c_int),
-    ]
-
-
-class _Api(ctypes.Structure):  # its first fields
-    _fields_ = [("struct_size", ctypes.c_size_t), ("extension_start", ctypes.c_void_p), ("api_version", _ApiVersion)]
-
-
-class _Metadata(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("api_version", _ApiVersion),
-        ("traits", ctypes.c_uint32),
-        ("state_type_id", ctypes.c_int64),
-    ]
-
-
-class _MetadataExtension(ctypes.Structure):
-    _fields_ = [("extension_base", _ExtensionBase), ("metadata", ctypes.POINTER(_Metadata))]
-
-
-class _Buffer(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("dtype", ctypes.c_int),
-        ("data", ctypes.c_void_p),
-        ("rank", ctypes.c_int64),
-        ("dims", ctypes.POINTER(ctypes.c_int64)),
-    ]
-
-
-class _Items(ctypes.Structure):  # XLA_FFI_Args and XLA_FFI_Rets
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("size", ctypes.c_int64),
-        ("types", ctypes.c_void_p),
-        ("items", ctypes.POINTER(ctypes.POINTER(_Buffer))),
-    ]
-
-
-class _Scalar(ctypes.Structure):
-    _fields_ = [("dtype", ctypes.c_int), ("value", ctypes.POINTER(ctypes.c_uint64))]
-
-
-class _Attrs(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.c_void_p),
-        ("size", ctypes.c_int64),
-        ("types", ctypes.POINTER(ctypes.c_int)),
-        ("names", ctypes.c_void_p),
-        ("attrs", ctypes.POINTER(ctypes.POINTER(_Scalar))),
-    ]
-
-
-class _CallFrame(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_size_t),
-        ("extension_start", ctypes.POINTER(_ExtensionBase)),
-        ("api", ctypes.POINTER(_Api)),
-        ("ctx", ctypes.c_void_p),
-        ("stage", ctypes.c_int),
-        ("args", _Items),
-        ("rets", _Items),
-        ("attrs", _Attrs),
-        ("future", ctypes.c_void_p),
-    ]
-
-
-#: XLA's FFI (``xla/ffi/api/c_api.h``): the metadata extension's type, the execute stage, a scalar attribute's type.
-_METADATA, _EXECUTE, _SCALAR = 1, 3, 3
-
-
-def _handle(address: int) -> None:
-    """The FFI handler XLA calls: answers the metadata query, and calls the call its attribute names."""
-    frame = _CallFrame.from_address(address)
-    if frame.extension_start and frame.extension_start.contents.type == _METADATA:
-        extension = ctypes.cast(frame.extension_start, ctypes.POINTER(_MetadataExtension)).contents
-        version = frame.api.contents.api_version  # the runtime's own: every handler of that version is compatible
-        extension.metadata.contents.api_version = _ApiVersion(
-            ctypes.sizeof(_ApiVersion), None, version.major_version, version.minor_version
+def _execute(frame: xla_ffi.CallFrame) -> None:
+    """Call the call the frame's attribute names."""
+    if frame.stage != xla_ffi.EXECUTE:
+        raise xla_ffi.FrameError(f"the call is at stage {frame.stage}, not at execution ({xla_ffi.EXECUTE})")
+    number = xla_ffi.scalar_attribute(frame, "call")
+    call = _calls.get(number)
+    if call is None:
+        raise xla_ffi.FrameError(
+            f"its host function (call {number}) is gone: its owner was freed, or the program was not made by this "
+            "process's jaxstow; keep io.save's functions while the run runs"
         )
-        extension.metadata.contents.traits = 0
-        return
-    if frame.stage != _EXECUTE or frame.attrs.size != 1 or frame.attrs.types[0] != _SCALAR:
-        return
-    call = _calls.get(frame.attrs.attrs[0].contents.value[0])
-    if call is not None:
-        call(frame)
+    call(frame)
 
 
-def _dispatch(address: int) -> None:
+def _dispatch(address: int) -> int | None:
+    """The FFI handler XLA calls: ``None`` once done, else an ``XLA_FFI_Error`` that fails the run."""
+    api = xla_ffi.trusted_api(address)
     try:
-        _handle(address)
-    except BaseException:  # nothing may leave a ctypes function: print it, as jax prints a failed callback's
-        traceback.print_exc(file=sys.stderr)
+        frame = xla_ffi.call_frame(address)
+        if xla_ffi.is_metadata_query(frame):  # when the CPU backend registers the handler
+            xla_ffi.answer_metadata(frame)
+        elif api is None:  # never lowered to (see _lower_in_place), and no error can be made: abort, not answer wrong
+            print(f"jaxstow: {_TARGET}: XLA's FFI API is not the one jaxstow reads", file=sys.stderr, flush=True)
+            os.abort()
+        else:
+            _execute(frame)
+    except BaseException as failure:  # nothing may leave a ctypes function
+        if api is None:  # a metadata query of an API that is not read: jax's callbacks are lowered to
+            traceback.print_exc(file=sys.stderr)
+            return None
+        if isinstance(failure, xla_ffi.FrameError):
+            message, code = f"an unexpected call frame: {failure}", xla_ffi.INVALID_ARGUMENT
+        else:
+            message, code = f"the host function raised:\n{traceback.format_exc()}", xla_ffi.INTERNAL
+        return xla_ffi.error(api, f"jaxstow: {_TARGET}: {message}", code)
+    return None
 
 
-_HANDLER = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(_dispatch)
+_HANDLER = xla_ffi.HANDLER(_dispatch)
 
 
 def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """On the CPU, in a computation on one device: the block read in place, and the answer written into the
-    result's buffer, by XLA's FFI call of :func:`_handle`."""
-    if not jax_compat.lowers_for_one_device(ctx):
+    result's buffer, by XLA's FFI call of :func:`_handle`; jax's callback where XLA's FFI API was not checked or a
+    dtype is not read in place."""
+    call = _Call(receive, ctx.avals_in, ctx.avals_out[0])
+    if not (jax_compat.lowers_for_one_device(ctx) and xla_ffi.trusted_api_seen() and call.in_place):
         return _lower_copied(ctx, *operands, receive=receive, side_effect=side_effect, owner=owner)
     name = next(_names)
     holder = None if owner is None else owner.reference()
     if owner is None or holder is not None:
-        _calls[name] = _Call(receive, ctx.avals_in, ctx.avals_out[0])
+        _calls[name] = call
     if holder is not None:
         weakref.finalize(holder, _calls.pop, name, None)
     lower = jax.ffi.ffi_lowering(_TARGET, has_side_effect=side_effect)
