@@ -2,9 +2,10 @@
 run's own buffers, from an accelerator the copies XLA made.
 
 :func:`send_block` calls its function, on the CPU in a computation on one device, through an XLA FFI call of
-jaxstow's own (a ``ctypes`` handler; jax 0.6.1 on), with numpy views of the operands' buffers, valid during the call only (the
-function copies what it keeps); elsewhere (an accelerator, a computation sharded over several devices) through jax's
-host callback, pinned to one device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
+jaxstow's own (a ``ctypes`` handler, :mod:`jaxstow.io.xla_ffi`; on the jax versions of ``jax_compat.OWN_FFI_CALLS``),
+with numpy views of the operands' buffers, valid during the call only (the function copies what it keeps); elsewhere
+(an accelerator, a computation sharded over several devices, another jax) through jax's host callback, pinned to one
+device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
 so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
 Python host callback of jax's to the program: with one, even one never called, XLA's CPU runtime hands much of each
 step of a loop of many small operations between its threads in most runs (a NUTS run took twice as long), which
@@ -202,7 +203,7 @@ _HANDLER = xla_ffi.HANDLER(_dispatch)
 
 def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """On the CPU, in a computation on one device: the block read in place, and the answer written into the
-    result's buffer, by XLA's FFI call of :func:`_handle`; jax's callback where XLA's FFI API was not checked or a
+    result's buffer, by XLA's FFI call of :func:`_dispatch`; jax's callback where XLA's FFI API was not checked or a
     dtype is not read in place."""
     call = _Call(receive, ctx.avals_in, ctx.avals_out[0])
     if not (jax_compat.lowers_for_one_device(ctx) and xla_ffi.trusted_api_seen() and call.in_place):
