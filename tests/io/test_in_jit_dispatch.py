@@ -4,7 +4,8 @@ A program that holds a Python host callback of jax's runs synchronously on the C
 hands much of every step of such a loop of many small operations between the threads of its pool (a NUTS run took 2 to
 2.5 times as long); ``io.save``'s calls to the host are XLA calls of jaxstow's own, which leave the program as jax
 dispatches any other. These tests fail with a host callback of jax's in the program (the call returns only once the
-run is over).
+run is over). A call that fails fails the run, on every path, as a failing ``jax.pure_callback`` does, and XLA's call
+frame is refused, before a buffer is read, where it is not the one ``send_block`` lowered.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _run(save, checkpoint: bool):
     return jax.jit(lambda state, x: jax.lax.scan(body, (state, x), jnp.arange(STEPS))[0])
 
 
-@pytest.mark.skipif(not jax_compat.OWN_FFI_CALLS, reason="before jax 0.6.1 the calls are jax's host callbacks")
+@pytest.mark.skipif(not jax_compat.OWN_FFI_CALLS, reason="jax's host callbacks on this jax")
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["blocks", "blocks and checkpoints"])
 def test_a_run_that_saves_returns_before_it_ends_and_keeps_every_sample(tmp_path, checkpoint) -> None:
     collector = io.HDF5Collector(tmp_path / "samples.h5") if checkpoint else io.MemoryCollector()

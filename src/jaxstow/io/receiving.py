@@ -132,7 +132,7 @@ class Receiver:
         for index in np.ndindex(chain_ids.shape):
             state = solver_treedef.unflatten(
                 [
-                    np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
+                    np.array(leaf[index]) if impl is None else _key(np.array(leaf[index]), impl)
                     for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
                 ]
             )
@@ -177,3 +177,10 @@ class Receiver:
             if failure is not None:
                 what, error = failure
                 raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
+
+
+def _key(data: np.ndarray, impl: Any) -> jax.Array:
+    """A PRNG key of ``impl`` from its data, copied out of the run's buffer: a jax array, which jax 0.4 does not make
+    of a numpy array (its key would then have no sharding)."""
+    key: jax.Array = jax.random.wrap_key_data(jax.device_put(data), impl=impl)
+    return key
