@@ -147,11 +147,11 @@ def test_a_host_function_that_raises_fails_the_run_and_the_next_run_works(side_e
         return numbers[0] + len(leaves)
 
     run = jax.jit(lambda x: send_block(receive, jnp.arange(3)[None], [x], side_effect=side_effect))
-    with pytest.raises(Exception, match=r"ValueError: no room for the block of chain \[0 1 2\]") as raised:
+    with pytest.raises(RuntimeError, match=r"ValueError: no room for the block of chain \[0 1 2\]") as raised:
         run(-jnp.ones(2)).block_until_ready()
     assert "receive" in str(raised.value)  # the traceback names the function
     assert run(jnp.ones(2)).tolist() == [1, 2, 3]  # the same program, and the process, still work
-    with pytest.raises(Exception, match="no room"):
+    with pytest.raises(RuntimeError, match="no room"):
         run(-jnp.ones(2)).block_until_ready()
 
 
@@ -170,7 +170,8 @@ def test_a_compiled_run_whose_saving_strategy_is_gone_fails_instead_of_answering
     assert run(jnp.ones(2)).tolist() == [2, 2]
     del strategy
     gc.collect()
-    with pytest.raises(Exception, match=r"is gone|'NoneType' object is not callable"):
+    # jax raises a failure of a program called as a Compiled object as a ValueError from jax 0.10 on
+    with pytest.raises((RuntimeError, ValueError), match=r"is gone|'NoneType' object is not callable"):
         run(jnp.ones(2)).block_until_ready()
 
 
@@ -200,12 +201,12 @@ def test_a_call_frame_other_than_the_one_lowered_fails_the_run_before_any_buffer
     issued = max(host_block._calls)  # that program's call: (3,) int32 and (2,) float32
     call = {"issued": np.uint64(issued), "unknown": np.uint64(2**40), "int32": np.int32(issued)}[attribute]
     target = jax.ffi.ffi_call("jaxstow_send_block", jax.ShapeDtypeStruct((), jnp.int32))
-    with pytest.raises(Exception, match=f"unexpected call frame: .*{expected}"):
+    with pytest.raises(RuntimeError, match=f"unexpected call frame: .*{expected}"):
         jax.jit(lambda *operands: target(*operands, call=call))(*operands).block_until_ready()
     assert len(received) == 1
 
 
 def test_a_host_function_answering_another_shape_fails_the_run() -> None:
     run = jax.jit(lambda x: send_block(lambda numbers, *leaves: numbers, jnp.arange(3)[None], [x]))
-    with pytest.raises(Exception, match=r"shape.*\(3,\)"):
+    with pytest.raises(RuntimeError, match=r"shape.*\(3,\)"):
         run(jnp.ones(2)).block_until_ready()

@@ -191,10 +191,10 @@ def _dispatch(address: int) -> int | None:
             traceback.print_exc(file=sys.stderr)
             return None
         if isinstance(failure, xla_ffi.FrameError):
-            message, code = f"an unexpected call frame: {failure}", xla_ffi.INVALID_ARGUMENT
+            message = f"an unexpected call frame: {failure}"
         else:
-            message, code = f"the host function raised:\n{traceback.format_exc()}", xla_ffi.INTERNAL
-        return xla_ffi.error(api, f"jaxstow: {_TARGET}: {message}", code)
+            message = f"the host function raised:\n{traceback.format_exc()}"
+        return xla_ffi.error(api, f"jaxstow: {_TARGET}: {message}")
     return None
 
 

@@ -31,8 +31,8 @@ __all__ = [
 
 #: The metadata extension's type, the execute stage, a buffer's argument type, a scalar attribute's type, uint64.
 METADATA, EXECUTE, BUFFER, SCALAR, U64 = 1, 3, 1, 3, 9
-#: ``XLA_FFI_Error_Code``: INVALID_ARGUMENT for a frame that is not the expected one, INTERNAL for a failed function.
-INVALID_ARGUMENT, INTERNAL = 3, 13
+#: ``XLA_FFI_Error_Code`` INTERNAL, of every failure: jax raises it as the RuntimeError of a failed callback.
+INTERNAL = 13
 
 #: ``XLA_FFI_DataType`` of the dtypes whose buffers hold one whole item per element (``xla_data.proto``'s
 #: ``PrimitiveType``); sub-byte types, which XLA may pack, are left to jax's callbacks.
@@ -270,9 +270,9 @@ def buffer_data(items: _Items, what: str, index: int, count: int, code: int, sha
     return address
 
 
-def error(api: Api, message: str, code: int) -> int:
+def error(api: Api, message: str) -> int:
     """A new ``XLA_FFI_Error`` of ``message`` (owned by XLA once the handler returns it)."""
-    args = _ErrorCreateArgs(ctypes.sizeof(_ErrorCreateArgs), None, message.encode("utf-8", "replace"), code)
+    args = _ErrorCreateArgs(ctypes.sizeof(_ErrorCreateArgs), None, message.encode("utf-8", "replace"), INTERNAL)
     address: int = api.error_create(ctypes.byref(args))
     return address
 
