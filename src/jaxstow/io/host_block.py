@@ -1,16 +1,11 @@
-"""A call from a compiled program to a Python function on the host, for blocks of samples: on the CPU it reads the
-run's own buffers, from an accelerator the copies XLA made.
+"""A call from a compiled program to a Python function on the host, for blocks of samples.
 
 :func:`send_block` calls its function, on the CPU in a computation on one device, through an XLA FFI call of
-jaxstow's own (a ``ctypes`` handler, :mod:`jaxstow.io.xla_ffi`; on the jax versions of ``jax_compat.OWN_FFI_CALLS``),
-with numpy views of the operands' buffers, valid during the call only (the function copies what it keeps); elsewhere
-(an accelerator, a computation sharded over several devices, another jax) through jax's host callback, pinned to one
-device. Like ``pure_callback`` it is free of side effects for XLA unless asked for one,
-so it costs nothing at the steps of a loop that do not call it; its answer orders the calls. On the CPU it adds no
-Python host callback of jax's to the program: with one, even one never called, XLA's CPU runtime hands much of each
-step of a loop of many small operations between its threads in most runs (a NUTS run took twice as long), which
-neither jax's synchronous dispatch of such programs nor the call itself explains. A function that raises fails the
-run as a failing ``jax.pure_callback`` does: waiting for its result raises, with the function's traceback.
+jaxstow's own (:mod:`jaxstow.io.xla_ffi`, on the jax of ``jax_compat.OWN_FFI_CALLS``) with numpy views of the
+operands' buffers, valid during the call only; elsewhere through jax's host callback, pinned to one device, with the
+copies XLA made (a program holding one of those runs a loop slower on the CPU: docs/architecture.md). Like
+``pure_callback`` it is free of side effects for XLA unless asked for one; its answer orders the calls. A function
+that raises fails the run as a failing ``jax.pure_callback`` does.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -23,8 +18,7 @@ run as a failing ``jax.pure_callback`` does: waiting for its result raises, with
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
 >>> send(jnp.ones(3)), received[1:]  # outside jit it calls receive at once
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
->>> def fail(numbers, *leaves):
-...     raise ValueError("no room for this block")
+>>> def fail(numbers, *leaves): raise ValueError("no room for this block")
 >>> jax.jit(lambda x: send_block(fail, jnp.arange(4), [x]))(jnp.ones(3)).block_until_ready()
 Traceback (most recent call last):
 ...
