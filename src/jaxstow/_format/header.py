@@ -4,7 +4,9 @@ The first bytes decide: a zip archive is an npz; anything else must be a safeten
 before anything is allocated, in one place: its length against the file, the checksum that a header written by
 jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy (:func:`slot_table`; the rules of
 docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
-manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors.
+manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
+is kept by its bytes (:mod:`jaxstow._format.header_cache`): a file opened again whose header and size are the same
+takes its tensor table and metadata from there, and checks its manifest, parsed again, only.
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
@@ -20,11 +22,13 @@ manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import struct
 from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -32,6 +36,7 @@ import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
+from jaxstow._format.header_cache import HeaderCache, process_wide
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.manifest import LeafColumns, check_leaves
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
@@ -72,19 +77,21 @@ def open_container(source: ReadSource) -> Container:
     failure the source stays open, for the caller to tell what else the file is, and to close.
     """
     first = source.read(0, min(source.size, DATA_ALIGNMENT))
-    reader: Container = (
-        NpzReader(source) if first[:4] in _ZIP_MAGIC else NativeReader(source, raw_header(source, first))
-    )
-    if reader.manifest is None:
-        return reader
-    plain = reader.plain if isinstance(reader, NativeReader) else None
-    reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
-    if stored != reader.slots.keys():
-        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
-        raise CorruptFileError(
-            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
-            file=reader.file,
-        )
+    raw = None if first[:4] in _ZIP_MAGIC else raw_header(source, first)
+    kept = None if raw is None else _CHECKED.get(raw, source.size)
+    reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
+    if reader.manifest is not None:
+        plain = reader.plain if isinstance(reader, NativeReader) else None
+        reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
+        if stored != reader.slots.keys():
+            missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
+            raise CorruptFileError(
+                f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: "
+                f"{extra[:5]})",
+                file=reader.file,
+            )
+    if raw is not None and kept is None and isinstance(reader, NativeReader):  # every check passed
+        _CHECKED.keep(raw, source.size, reader.header)
     return reader
 
 
@@ -182,9 +189,15 @@ def _check_header_checksum(raw: bytes, *, file: str) -> str:
 
 @dataclass(frozen=True)
 class _Header:
-    slots: Mapping[str, TensorSlot]
-    metadata: dict[str, str]
-    manifest: Any
+    """What a checked header holds, kept as it is (:data:`_CHECKED`): each reader copies the metadata and parses the
+    manifest's text (one of its values) into objects of its own."""
+
+    slots: SlotTable
+    metadata: MappingProxyType[str, str]
+
+
+#: The headers of the native files opened, kept for the next open of the same bytes.
+_CHECKED: HeaderCache[_Header] = process_wide()
 
 
 class NativeReader:
@@ -195,20 +208,24 @@ class NativeReader:
     safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
     (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
     must be its string values (:attr:`plain`, which :func:`open_container` checks). ``raw``, when given, is the
-    header's text already read (:func:`raw_header`);
+    header's text already read (:func:`raw_header`), ``header`` what it gave when checked before;
     ``fast=False`` parses it with memory that follows its entries, not its length (see
     :func:`~jaxstow._format.json_codec.parse_json`).
     """
 
-    def __init__(self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True) -> None:
+    def __init__(
+        self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True, header: _Header | None = None
+    ) -> None:
         self.source = source
         self.file = source.name
         self.manifest: dict[str, Any] | None = None
         self.columns: LeafColumns | None = None
-        raw = raw_header(source) if raw is None else raw
-        with gc_paused():  # the header read, parsing it makes objects for each tensor: see jaxstow._util.gc_pause
-            header = self._read_header(raw, fast)
-        self.slots, self.metadata, self.manifest = header.slots, header.metadata, header.manifest
+        # Parsing a header makes objects for each tensor (see jaxstow._util.gc_pause); a header kept has its table.
+        with gc_paused() if header is None else contextlib.nullcontext():
+            self.header = header or self._read_header(raw_header(source) if raw is None else raw, fast)
+            self.slots, self.metadata = self.header.slots, dict(self.header.metadata)
+            text = self.metadata.get(MANIFEST_KEY)
+            self.manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
         #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.
         self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
 
@@ -235,10 +252,8 @@ class NativeReader:
                 f"checksum last, in the header's last member): the header is corrupt",
                 file=self.file,
             )
-        text = metadata.get(MANIFEST_KEY)
-        manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
         slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
-        return _Header(slots, metadata, manifest)
+        return _Header(slots, MappingProxyType(metadata))
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""
@@ -255,7 +270,8 @@ _SURELY_FITS = MAX_ARRAY_BYTES * (1 - 1e-9)
 
 
 class SlotTable(Mapping[str, TensorSlot]):
-    """A file's tensors by name, kept as columns; a :class:`TensorSlot` is made only for a tensor asked for."""
+    """A file's tensors by name, kept as columns that cannot change (readers of one file share them); a
+    :class:`TensorSlot` is made only for a tensor asked for."""
 
     def __init__(
         self,
@@ -265,16 +281,17 @@ class SlotTable(Mapping[str, TensorSlot]):
         offsets: np.ndarray,
         nbytes: np.ndarray,
     ) -> None:
-        self.names = names
-        self.dtypes = dtypes
-        self.shapes = shapes
+        self.names = tuple(names)
+        self.dtypes = tuple(dtypes)
+        self.shapes = tuple(map(tuple, shapes))
         self.offsets = offsets  # where each tensor starts in the file
         self.nbytes = nbytes
-        self.index = dict(zip(names, range(len(names)), strict=True))
+        offsets.flags.writeable = nbytes.flags.writeable = False
+        self.index = MappingProxyType(dict(zip(names, range(len(names)), strict=True)))
 
     def __getitem__(self, name: str) -> TensorSlot:
         i = self.index[name]
-        return TensorSlot(name, self.dtypes[i], tuple(self.shapes[i]), int(self.offsets[i]), int(self.nbytes[i]))
+        return TensorSlot(name, self.dtypes[i], self.shapes[i], int(self.offsets[i]), int(self.nbytes[i]))
 
     def __contains__(self, name: object) -> bool:
         return name in self.index
