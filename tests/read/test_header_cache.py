@@ -12,15 +12,19 @@ import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
+from format_trees import assert_same, expected
 
 import jaxstow
 from jaxstow._format import header
 from jaxstow._format.header_cache import HeaderCache
 from jaxstow._format.native import write_native
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError
+
+DATA = Path(__file__).parents[1] / "data"
 
 
 def _tree(seed: int = 0) -> dict[str, object]:
@@ -60,6 +64,21 @@ def test_a_second_open_of_an_unchanged_file_takes_the_checked_header_and_gives_a
         _equal(loaded, tree)
         assert again.metadata == metadata and again["w"].tobytes() == tree["w"].tobytes()
     _equal(jaxstow.load(path, as_numpy=True), tree)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_a_file_of_every_version_opened_again_describes_and_reads_every_leaf_as_at_first(version):
+    """Keys, packed dtypes, sharded leaves and values: each leaf's entry made again as checking made it."""
+    path = DATA / f"format_v{version}.jxs"
+    header._CHECKED.reset()  # the first open below checks the header whole
+    with jaxstow.open(path) as first, jaxstow.open(path) as again:
+        assert again.container.slots is first.container.slots and again.paths == first.paths
+        assert [again.info(leaf) for leaf in again.paths] == [first.info(leaf) for leaf in first.paths]
+        if version >= 3:
+            assert again.container.columns.entries == first.container.columns.entries
+        assert again.container.manifest == first.container.manifest
+        assert_same(again.load(as_numpy=True), first.load(as_numpy=True))
+        assert_same(again.load(as_numpy=True), expected(sharded=True))
 
 
 def test_a_file_rewritten_in_place_with_another_header_of_the_same_size_is_read_as_it_is_now(saved, tmp_path):

@@ -38,7 +38,7 @@ from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.header_cache import HeaderCache, process_wide
 from jaxstow._format.json_codec import parse_json
-from jaxstow._format.manifest import LeafColumns, check_leaves
+from jaxstow._format.manifest import COLUMNAR_VERSION, LeafColumns, check_leaves, columns_again, version_at_least
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.npz import NpzReader
@@ -74,15 +74,20 @@ def open_container(source: ReadSource) -> Container:
 
     The first page read decides, and holds a small native header whole. The manifest must be well formed and list
     exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
-    failure the source stays open, for the caller to tell what else the file is, and to close.
+    failure the source stays open, for the caller to tell what else the file is, and to close. A native header that
+    passed every check before, byte for byte in a file of the same size, is taken as it was then, its manifest parsed
+    again into objects of this reader's own.
     """
     first = source.read(0, min(source.size, DATA_ALIGNMENT))
     raw = None if first[:4] in _ZIP_MAGIC else raw_header(source, first)
     kept = None if raw is None else _CHECKED.get(raw, source.size)
     reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
-    if reader.manifest is not None:
+    manifest = reader.manifest
+    if manifest is not None and kept is not None and version_at_least(manifest.get("version"), COLUMNAR_VERSION):
+        reader.columns = columns_again(manifest, reader.slots, file=reader.file)  # its text passed before
+    elif manifest is not None:  # checked whole (a manifest before version 3 has its entries completed so)
         plain = reader.plain if isinstance(reader, NativeReader) else None
-        reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
+        reader.columns, stored = check_leaves(manifest, reader.slots, plain=plain, file=reader.file)
         if stored != reader.slots.keys():
             missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
             raise CorruptFileError(
