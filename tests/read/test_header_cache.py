@@ -168,8 +168,9 @@ def test_what_one_reader_gives_can_be_changed_without_changing_the_next_reader_o
         first.value_entries["config/depth"]["value"] = 7
         first.container.manifest["structure"] = None
         first.container.metadata["jaxstow"] = "{}"
-        with pytest.raises(ValueError, match="read-only"):
-            first.container.slots.offsets[0] = 0
+        for shared in (first.container.slots.offsets, *first.container.columns.marks):
+            with pytest.raises(ValueError, match="read-only"):
+                shared[0] = 0
         with pytest.raises(TypeError):
             first.container.slots.index["w"] = 5  # type: ignore[index]
     with jaxstow.open(path) as again:

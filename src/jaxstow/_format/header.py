@@ -27,7 +27,7 @@ import itertools
 import math
 import struct
 from collections.abc import Iterator, KeysView, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -84,7 +84,7 @@ def open_container(source: ReadSource) -> Container:
     reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
     manifest = reader.manifest
     if manifest is not None and kept is not None and version_at_least(manifest.get("version"), COLUMNAR_VERSION):
-        reader.columns = columns_again(manifest, reader.slots, file=reader.file)  # its text passed before
+        reader.columns = columns_again(manifest, reader.slots, file=reader.file, marks=kept.marks)  # passed before
     elif manifest is not None:  # checked whole (a manifest before version 3 has its entries completed so)
         plain = reader.plain if isinstance(reader, NativeReader) else None
         reader.columns, stored = check_leaves(manifest, reader.slots, plain=plain, file=reader.file)
@@ -96,7 +96,8 @@ def open_container(source: ReadSource) -> Container:
                 file=reader.file,
             )
     if raw is not None and kept is None and isinstance(reader, NativeReader):  # every check passed
-        _CHECKED.keep(raw, source.size, reader.header)
+        marks = None if reader.columns is None else reader.columns.marks
+        _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks))
     return reader
 
 
@@ -199,6 +200,8 @@ class _Header:
 
     slots: SlotTable
     metadata: MappingProxyType[str, str]
+    #: The manifest's columns' read-only :attr:`~jaxstow._format.manifest.LeafColumns.marks`, from version 3 on.
+    marks: tuple[np.ndarray, np.ndarray] | None = None
 
 
 #: The headers of the native files opened, kept for the next open of the same bytes.

@@ -268,16 +268,30 @@ class LeafColumns:
     """A checked version 3 manifest's leaves.
 
     The columns, and the detail of each leaf that has one as a version 2 entry (with its path and kind), checked.
+    ``marks``: :attr:`marks` of columns of the same kinds, made before (they cannot change).
     """
 
-    def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        paths: list[str],
+        kinds: str,
+        checksums: list[str],
+        entries: dict[int, dict[str, Any]],
+        marks: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.paths = paths
         self.kinds = kinds
         self.checksums = checksums
         self.entries = entries
-        # The leaves stored as one tensor named by their path: their letters marked 1, the others 0.
-        self.stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
-        self._rank = np.cumsum(self.stored) - 1  # each such leaf's place in ``checksums``
+        if marks is None:  # the leaves stored as one tensor named by their path: their letters marked 1, the others 0
+            stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
+            rank = np.cumsum(stored) - 1  # each such leaf's place in ``checksums``
+            rank.flags.writeable = False
+            marks = (stored, rank)
+        #: Which leaves are stored as one tensor, and each one's place in ``checksums``: read-only arrays.
+        self.marks = marks
+        self.stored: np.ndarray = marks[0]
+        self._rank: np.ndarray = marks[1]
 
     def checksum(self, index: int) -> str:
         """The checksum of the stored leaf at ``index``."""
@@ -348,11 +362,18 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
     return columns
 
 
-def columns_again(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
+def columns_again(
+    manifest: dict[str, Any],
+    slots: Mapping[str, TensorSlot],
+    *,
+    file: str,
+    marks: tuple[np.ndarray, np.ndarray] | None = None,
+) -> LeafColumns:
     """The columns of a version 3 manifest whose columns are checked (by :func:`check_columns`, now or on the same
-    text parsed before), each detail's entry made, completed and checked by :func:`~jaxstow._format.leaves.check_entry`."""
+    text parsed before, which gave ``marks``), each detail's entry made, completed and checked by
+    :func:`~jaxstow._format.leaves.check_entry`."""
     paths, kinds = manifest["paths"], manifest["kinds"]
-    columns = LeafColumns(paths, kinds, manifest["xxh3"], {})
+    columns = LeafColumns(paths, kinds, manifest["xxh3"], {}, marks)
     for key, detail in manifest["details"].items():
         index = int(key)
         entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
