@@ -6,7 +6,8 @@ jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy
 docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
 manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
 is kept by its bytes (:mod:`jaxstow._format.header_cache`): a file opened again whose header and size are the same
-takes its tensor table and metadata from there, and checks its manifest, parsed again, only.
+takes its tensor table and metadata from there, and its manifest, parsed again, is not checked whole again (from
+version 3 on; each leaf's detail is, as its entry is made).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
