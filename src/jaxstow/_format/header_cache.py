@@ -3,10 +3,11 @@
 What opening derives from a native header (its tensor table and ``__metadata__``, see
 :func:`jaxstow._format.header.open_container`) is a function of the header's bytes and the file's size alone (the
 file's name only appears in the errors, and errors are not kept), so it is kept under exactly those. The next open of
-a file whose header reads the same, byte for byte, and whose size is the same takes it: the header is read again, not
-parsed and checked again. Only what passed every check is kept, and only parts nobody changes; the data is read and
-verified against its checksums on every read, as before. At most :data:`KEPT_HEADERS` headers of at most
-:data:`KEPT_HEADER_BYTES` bytes in all are kept, the least recently used going first; a forked child starts with none.
+a file whose header reads the same, byte for byte, and whose size is the same takes it: the header is read again, its
+JSON and tensor table not parsed and checked again. Only what passed every check is kept, and only parts nobody
+changes; the data is read and verified against its checksums on every read, as before. At most :data:`KEPT_HEADERS`
+headers of at most :data:`KEPT_HEADER_BYTES` bytes in all are kept, the least recently used going first; a forked
+child starts with none.
 
 >>> from jaxstow._format.header_cache import HeaderCache
 >>> cache = HeaderCache(most=2, most_bytes=100)
