@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 from distributed_runs import free_port, launch
 
@@ -162,7 +163,7 @@ def test_one_file_of_an_array_spanning_processes_is_refused(tmp_path):
     )
     port = str(free_port())
     processes = [
-        subprocess.Popen([sys.executable, str(worker), str(i), port, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        forked.Popen([sys.executable, str(worker), str(i), port, str(tmp_path)], stdout=subprocess.PIPE, text=True)
         for i in range(2)
     ]
     outputs = [process.communicate(timeout=120)[0] for process in processes]

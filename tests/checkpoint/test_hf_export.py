@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
@@ -40,7 +41,7 @@ def saved_by_four(tmp_path_factory) -> Path:
         port = probe.getsockname()[1]
     environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
     processes = [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, str(WORKER), "save", str(index), "4", "1", str(port), str(folder)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -204,7 +205,7 @@ def test_the_export_holds_one_file_of_tensors_at_a_time(tmp_path):
     layers = {f"layer{i}": np.full((4096, 1024), i, np.float32) for i in range(8)}  # 16 MiB each, 128 MiB in all
     jaxstow.save(tmp_path / "big.jxs", layers)
     del layers
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-c", _MEASURE, str(tmp_path / "big.jxs"), str(tmp_path / "hf")],
         capture_output=True,
         text=True,

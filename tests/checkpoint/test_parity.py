@@ -15,6 +15,7 @@ import time
 import warnings
 from pathlib import Path
 
+import forked
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -120,7 +121,7 @@ def test_a_preemption_notice_makes_every_process_save_the_same_step(tmp_path):
     port, folder = _free_port(), tmp_path / "run"
     environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
     processes = [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, str(PREEMPTED), str(index), str(port), str(folder)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -14,6 +14,7 @@ import textwrap
 import threading
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 
@@ -38,7 +39,7 @@ print("the loop ended", flush=True)
 @pytest.mark.timeout(120)
 def test_sigterm_saves_the_next_step_finishes_the_one_in_flight_and_ends_the_process_as_sigterm(tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    process = subprocess.Popen(
+    process = forked.Popen(
         [sys.executable, "-c", textwrap.dedent(_TRAINING), str(folder)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -72,7 +73,7 @@ def test_a_signal_that_no_save_follows_ends_the_process_at_close(tmp_path: Path)
         print("evaluated", flush=True)
     print("after close", flush=True)
     """
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", textwrap.dedent(program), str(tmp_path)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == -signal.SIGTERM, done.stderr
@@ -99,7 +100,7 @@ def test_sigterm_without_preemption_signals_loses_the_save_in_flight_and_keeps_t
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     folder = tmp_path / "run"
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", textwrap.dedent(_TERMINATED), str(folder), "plain"],
         capture_output=True,
         text=True,
@@ -121,7 +122,7 @@ def test_sigterm_without_preemption_signals_loses_the_save_in_flight_and_keeps_t
 
 def test_sigterm_turned_into_an_exit_by_the_program_finishes_the_save_in_flight(tmp_path: Path) -> None:
     folder = tmp_path / "run"
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", textwrap.dedent(_TERMINATED), str(folder), "exit"],
         capture_output=True,
         text=True,

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import forked
 import pytest
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
@@ -40,7 +41,7 @@ def _start(action: str, folder: Path, *extra: str, recoverable: bool = True) -> 
     environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
     flags = ["--process-timeout", str(TIMEOUT), *extra, *(["--recoverable"] if recoverable else [])]
     return [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, str(WORKER), action, str(index), "3", "1", str(port), str(folder), *flags],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 import uuid
 
+import forked
 import fsspec
 import jax.numpy as jnp
 import numpy as np
@@ -115,7 +115,7 @@ def test_lock_object(remote):
     first.close()
     assert LOCK_NAME not in " ".join(_files(url, options))
     # The lock of a process of this host that no longer runs is taken over.
-    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    finished = forked.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = Holder(int(finished.stdout), Holder.me().host, "2020-01-01T00:00:00+00:00", "feed")
     fs, root = fsspec.core.url_to_fs(url, **options)
     fs.pipe_file(f"{root}/{LOCK_NAME}", dead.to_json())

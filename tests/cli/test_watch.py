@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import forked
 import jax
 import jax.numpy as jnp
 import pytest
@@ -41,7 +42,7 @@ io.run_chains(sys.argv[1], start, step, num_steps=int(sys.argv[2]), checkpoint_e
 
 def _start_run(path: Path) -> subprocess.Popen[str]:
     """A long run (a million steps) in a process of its own, once it has written and checkpointed some draws."""
-    process = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_RUN), str(path), "1000000"], text=True)
+    process = forked.Popen([sys.executable, "-c", textwrap.dedent(_RUN), str(path), "1000000"], text=True)
     deadline = time.monotonic() + 120
     while True:
         assert process.poll() is None, "the run ended before it was watched"
@@ -55,7 +56,7 @@ def _start_run(path: Path) -> subprocess.Popen[str]:
 
 
 def _watch(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-m", "jaxstow", "watch", *map(str, args)], capture_output=True, text=True, timeout=120
     )
 
@@ -63,7 +64,7 @@ def _watch(*args: object) -> subprocess.CompletedProcess[str]:
 def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tmp_path: Path) -> None:
     path = tmp_path / "walk.h5"
     run = _start_run(path)
-    watcher = subprocess.Popen(
+    watcher = forked.Popen(
         [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

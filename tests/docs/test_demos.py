@@ -1,14 +1,15 @@
 """Every demo that ``make demo`` runs, run as ``make demo`` runs it: a script in a process of its own, which must end
 with status 0 (each demo checks its own results and exits otherwise) and print no Python warning: a demo does what
-the docs recommend, which warns of nothing."""
+the docs recommend, which warns of nothing. Each process is forked from a server that has imported jax and jaxstow
+(``tests/support/forked.py``), which prints again what those imports printed."""
 
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forked
 import pytest
 
 #: A warning as Python's ``warnings`` module prints it: ``file:line: SomeWarning: message``.
@@ -26,7 +27,7 @@ def test_the_demo_runs_to_its_end_printing_no_warning(demo, missing_optional):
     missing = missing_optional(demo.read_text(), anywhere=True)
     if missing:
         pytest.skip(f"{demo.name} needs {', '.join(missing)}, not installed here")
-    ran = subprocess.run([sys.executable, str(demo)], capture_output=True, text=True, timeout=280)
+    ran = forked.run([sys.executable, str(demo)], capture_output=True, text=True, timeout=280)
     assert ran.returncode == 0, (
         f"{demo.name} ended with status {ran.returncode}:\n{ran.stdout[-2000:]}\n{ran.stderr[-4000:]}"
     )

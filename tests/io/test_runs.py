@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forked
 import h5py
 import jax
 import jax.numpy as jnp
@@ -195,7 +196,7 @@ def _watch(path: str, *options: str, block_rich: bool = False, **kwargs: Any) ->
         "sys.meta_path.insert(0, Blocker())\n"
     )
     script = (blocker if block_rich else "") + "import sys; from jaxstow.cli import main; sys.exit(main(sys.argv[1:]))"
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-c", script, "watch", path, *options], capture_output=True, text=True, timeout=120, **kwargs
     )
 
@@ -244,7 +245,7 @@ def test_watch_refreshes_until_ctrl_c_and_says_what_is_missing(processes, killed
         time.sleep(0.01)
     os.kill(process.pid, signal.SIGSTOP)  # the run holds still, alive, its lock held: it goes on for the watcher
     try:
-        watcher = subprocess.Popen(
+        watcher = forked.Popen(
             [sys.executable, "-m", "jaxstow", "watch", path, "--interval", "0.1"], stdout=subprocess.PIPE, text=True
         )
         assert watcher.stdout is not None

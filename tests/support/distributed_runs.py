@@ -1,4 +1,6 @@
-"""Runs of real ``jax.distributed`` processes on the loopback interface: start a worker script in each, read reports."""
+"""Runs of real ``jax.distributed`` processes on the loopback interface: start a worker script in each, read reports.
+The processes are forked from a server that has imported jax and jaxstow (``forked.py``), without initializing a
+backend: each worker sets its device count, starts its backend and joins the run itself."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+import forked
 
 
 def free_port() -> int:
@@ -25,7 +29,7 @@ def launch(
     port = free_port()
     environment = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"} | (env or {})
     return [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, str(worker), *arguments(index, port)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

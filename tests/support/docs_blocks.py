@@ -3,6 +3,8 @@
 - A page's ```python blocks run in one Python session that lives through the whole page, so names and files carry
   over from block to block as in a reader's session; every page has a session and a fresh folder of its own. The
   session has 4 CPU devices (``XLA_FLAGS``, as the pages say where a block needs them) and matplotlib draws to files.
+  The session's process and those of the ``jaxstow`` commands are forked from servers that have imported jax and
+  jaxstow (``forked.py``); the other commands (``python script.py``, ...) start as a reader's shell starts them.
 - A ```python block whose first line is ``# NAME.py: ...`` is a script the reader saves: it is written to NAME.py
   in the folder, for a console block to run.
 - A ```console block's ``$ command`` lines run in a shell in the same folder, at their place in the page, and what
@@ -32,6 +34,8 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import forked
 
 ROOT = Path(__file__).parents[2]
 #: Every page of the documentation, the README first.
@@ -216,15 +220,12 @@ def needed_packages(found: list[Block]) -> str:
 
 
 def _commands() -> str:
-    """A folder holding ``jaxstow``: this Python's own script where the project is installed, else one that runs
-    ``python -m jaxstow`` (the project run from its sources, ``PYTHONPATH=src``, as the version matrix does)."""
-    installed = os.path.join(os.path.dirname(sys.executable), "jaxstow")
-    if os.path.exists(installed):
-        return os.path.dirname(installed)
+    """A folder holding ``jaxstow``: a command that runs ``python -m jaxstow`` forked from the fork server its
+    environment names (``fork_client.py``), or started afresh where it names none."""
     folder = Path(tempfile.gettempdir()) / f"jaxstow-docs-commands-{os.getpid()}"
     folder.mkdir(exist_ok=True)
     script = folder / "jaxstow"
-    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jaxstow "$@"\n')
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "{Path(__file__).parent / "fork_client.py"}" "$@"\n')
     script.chmod(0o755)
     return str(folder)
 
@@ -245,7 +246,7 @@ class Session:
 
     def __init__(self, page: str, folder: Path, env: dict[str, str]) -> None:
         self.page = page
-        self.process = subprocess.Popen(
+        self.process = forked.Popen(
             [sys.executable, "-c", _SESSION],
             cwd=folder,
             env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
@@ -281,6 +282,7 @@ class Session:
 
 def run_console(block: Block, folder: Path, env: dict[str, str]) -> str:
     """Run a console block's commands; the block as they print it."""
+    env = {**env, "JAXSTOW_TESTS_FORK_SERVER": forked.server(env)}  # where `jaxstow` forks its process from
     parts = []
     for command, _ in transcript(block.text):
         done = subprocess.run(  # a terminal shows both streams

@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import forked
 import h5py
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ _SIZES = {"1 KB": 256, "200 MB": 50_000_000}
 
 
 def _start(program: str, *arguments: str, **environment: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, "-c", textwrap.dedent(program), *arguments],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

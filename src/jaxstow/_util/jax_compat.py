@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from jaxstow.errors import MissingDependencyError
 
@@ -34,7 +33,6 @@ __all__ = [
     "SHIMS",
     "Shim",
     "distributed_client",
-    "emit_buffer_callback",
     "emit_host_callback",
     "lowers_for_one_device",
     "enclosing_vmaps",
@@ -49,9 +47,11 @@ __all__ = [
 JAX_VERSION: tuple[int, ...] = tuple(jax.__version_info__)
 #: The jax versions jaxstow is tested with.
 TESTED = "0.4.38 to 0.12"
-#: Whether the installed jax has XLA's CPU host callback that reads its operands in place (the FFI target of
-#: ``jax.experimental.buffer_callback``, from 0.6.1 on).
-BUFFER_CALLBACKS = JAX_VERSION >= (0, 6, 1)
+#: Whether ``io.save``'s calls to the host are, on the CPU, XLA FFI calls of a handler of jaxstow's own, which reads
+#: XLA's FFI C API (``jaxstow.io.xla_ffi``): on the jax versions whose header it was checked against and tested with,
+#: 0.10 to 0.12. On the others they are jax's Python host callbacks (right, but a loop holding one runs slower on the
+#: CPU).
+OWN_FFI_CALLS = (0, 10) <= JAX_VERSION[:2] <= (0, 12)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,11 +160,13 @@ def one_device_sharding(ctx: Any) -> Any:
     return pin(context, None) if JAX_VERSION < (0, 5, 0) else pin(context, None, ctx.avals_out)
 
 
-def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operands: Sequence[Any]) -> Sequence[Any]:
+def emit_host_callback(
+    ctx: Any, callback: Callable[..., Sequence[Any]], operands: Sequence[Any], *, has_side_effect: bool = False
+) -> Sequence[Any]:
     """Emit XLA's Python host callback of ``callback`` on ``operands`` in the lowering rule's context ``ctx``.
 
-    As ``jax.pure_callback`` emits it, free of side effects for XLA and run on one device, but without its copy of
-    every operand to the CPU device; returns its results. ``returns_token=False`` from jax 0.8.2 on (before, it
+    As ``jax.pure_callback`` emits it (free of side effects for XLA unless ``has_side_effect``) and run on one device,
+    but without its copy of every operand to the CPU device; returns its results. ``returns_token=False`` from jax 0.8.2 on (before, it
     returns no token unless given one).
     """
     emit = EMIT_PYTHON_CALLBACK.resolve()
@@ -176,7 +178,7 @@ def emit_host_callback(ctx: Any, callback: Callable[..., Sequence[Any]], operand
         list(operands),
         ctx.avals_in,
         ctx.avals_out,
-        has_side_effect=False,
+        has_side_effect=has_side_effect,
         sharding=one_device_sharding(ctx),
         **extra,
     )
@@ -187,25 +189,6 @@ def lowers_for_one_device(ctx: Any) -> bool:
     """Whether the lowering rule's context ``ctx`` lowers a computation that runs on one device (not sharded over
     several, nor per device under ``shard_map`` or ``pmap``)."""
     return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
-
-
-def emit_buffer_callback(ctx: Any, callback: Callable[..., None], operands: Sequence[Any]) -> Sequence[Any]:
-    """Emit XLA's CPU host callback that hands ``callback(*operands, *results)`` the operands' own buffers, read in
-    place, and the results' buffers to write; returns the results. For a computation on one device (see
-    :func:`lowers_for_one_device`): a sharding that pins it to one device of several is dropped by jax's partitioner.
-
-    It is the callback of ``jax.experimental.buffer_callback``, from 0.6.1 on (see :data:`BUFFER_CALLBACKS`), free of
-    side effects for XLA as ``jax.pure_callback``'s is.
-    """
-
-    def host_callback(_context: Any, *buffers: Any) -> tuple[()]:
-        callback(*buffers)
-        return ()
-
-    ctx.module_context.add_host_callback(host_callback)
-    index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
-    results = jax.ffi.ffi_lowering("xla_buffer_python_cpu_callback", has_side_effect=False)(ctx, *operands, index=index)
-    return list(results)
 
 
 def enclosing_vmaps() -> list[tuple[Any, int]]:

@@ -38,7 +38,6 @@ __all__ = [
     "shared_chains",
     "shared_state_error",
     "spec_of",
-    "token_spec",
     "write_rows",
 ]
 
@@ -73,11 +72,6 @@ def spec_of(tree: Any) -> Any:
 def row_spec(buffer: Any, chain_ndim: int) -> Any:
     """The spec of one sample stored in ``buffer``, whose leaves are ``(*chains, rows, *leaf)``."""
     return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[chain_ndim + 1 :], leaf.dtype), buffer)
-
-
-def token_spec(chains: tuple[int, ...]) -> Any:
-    """The spec of the int32 token that a host callback answers with, one per chain."""
-    return _shape_dtype(chains, jnp.int32)
 
 
 def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:

@@ -1,14 +1,11 @@
-"""A host callback for blocks of samples that hands the host the run's own buffers on the CPU, and copies them once
-from an accelerator.
+"""A call from a compiled program to a Python function on the host, for blocks of samples.
 
-``jax.pure_callback`` copies every operand into new host arrays (and puts them on the CPU device) before calling its
-function: a block of samples lands in fresh memory at every call. :func:`send_block` spares that: on the CPU (jax
-0.6.1 on) its function reads the block in place, in the buffer the run carries, through the callback that
-``jax.experimental.buffer_callback`` uses; from an accelerator (or a computation sharded over several CPU devices,
-whose partitioner would call that one on every device) it receives the host arrays XLA copied the block into. Either
-way the arrays are valid only during the call: the function copies what it keeps. Like ``pure_callback`` it is free
-of side effects for XLA, so it costs nothing at the steps of a loop that do not call it, and in a computation sharded
-over several devices it runs once, on one of them; its answer orders the calls.
+:func:`send_block` calls its function, on the CPU in a computation on one device, through an XLA FFI call of
+jaxstow's own (:mod:`jaxstow.io.xla_ffi`, on the jax of ``jax_compat.OWN_FFI_CALLS``) with numpy views of the
+operands' buffers, valid during the call only; elsewhere through jax's host callback, pinned to one device, with the
+copies XLA made (a program holding one of those runs a loop slower on the CPU: docs/architecture.md). Like
+``pure_callback`` it is free of side effects for XLA unless asked for one; its answer orders the calls. A function
+that raises fails the run as a failing ``jax.pure_callback`` does.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow.io.host_block import send_block
@@ -21,10 +18,20 @@ over several devices it runs once, on one of them; its answer orders the calls.
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
 >>> send(jnp.ones(3)), received[1:]  # outside jit it calls receive at once
 (Array(0, dtype=int32), [([0, 1, 2, 3], [np.float32(3.0), np.float32(6.0)])])
+>>> def fail(numbers, *leaves): raise ValueError("no room for this block")
+>>> jax.jit(lambda x: send_block(fail, jnp.arange(4), [x]))(jnp.ones(3)).block_until_ready()
+Traceback (most recent call last):
+...
+jax...: ...ValueError: no room for this block...
 """
 
 from __future__ import annotations
 
+import itertools
+import os
+import sys
+import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._util import jax_compat
+from jaxstow.io import xla_ffi
 
 __all__ = ["send_block"]
 
@@ -43,42 +51,170 @@ Receive = Callable[..., np.ndarray]
 _send_block_p = jax_compat.new_primitive("jaxstow_send_block")
 
 
-def send_block(receive: Receive, numbers: jax.Array, leaves: Sequence[jax.Array]) -> jax.Array:
-    """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``."""
-    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive)
+def send_block(
+    receive: Receive,
+    numbers: jax.Array,
+    leaves: Sequence[jax.Array],
+    *,
+    side_effect: bool = False,
+    owner: object = None,
+) -> jax.Array:
+    """Call ``receive(numbers, *leaves)`` on the host; returns its answer, int32 of shape ``numbers.shape[1:]``.
+
+    With ``side_effect``, XLA calls it exactly as often as the program asks, never fewer times nor more. A compiled
+    program holds ``receive`` as long as ``owner`` lives (forever without one); once ``owner`` is gone, a call of it
+    fails the run. An exception of ``receive`` fails the run: waiting for its result raises.
+    """
+    held = None if owner is None else _Owner(owner)  # the program's parameters must not keep it alive
+    answer: jax.Array = _send_block_p.bind(numbers, *leaves, receive=receive, side_effect=side_effect, owner=held)
     return answer
 
 
-def _answer_spec(numbers: Any, *leaves: Any, receive: Receive) -> Any:
-    del leaves, receive
+def _answer_spec(numbers: Any, *leaves: Any, **_: Any) -> Any:
     return jax_compat.shaped_array(numbers.shape[1:], jnp.int32)
 
 
-def _call_now(numbers: Any, *leaves: Any, receive: Receive) -> jax.Array:
+def _call_now(numbers: Any, *leaves: Any, receive: Receive, **_: Any) -> jax.Array:
     """Outside jit: call ``receive`` at once."""
     return jnp.asarray(receive(np.asarray(numbers), *(np.asarray(leaf) for leaf in leaves)), jnp.int32)
 
 
-def _lower_copied(ctx: Any, *operands: Any, receive: Receive) -> Any:
+def _lower_copied(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """The block copied to the host by XLA (any platform)."""
-    return jax_compat.emit_host_callback(ctx, lambda *arrays: (receive(*arrays),), operands)
+    del owner  # jax keeps the callback with the program
+    return jax_compat.emit_host_callback(
+        ctx, lambda *arrays: (receive(*arrays),), operands, has_side_effect=side_effect
+    )
 
 
-def _lower_in_place(ctx: Any, *operands: Any, receive: Receive) -> Any:
+class _Owner:
+    """A weak reference to the owner of a host function, as a parameter of the primitive."""
+
+    def __init__(self, owner: object) -> None:
+        self.reference = weakref.ref(owner)
+
+
+class _Layout:
+    """An array's shape and dtype, its XLA type, and how to view the bytes at an address as one."""
+
+    def __init__(self, aval: Any) -> None:
+        self.code = xla_ffi.dtype_code(aval.dtype)
+        self.shape, self.dtype = tuple(aval.shape), np.dtype(aval.dtype) if self.code else None
+        nbytes = int(np.prod(self.shape, dtype=np.int64)) * (self.dtype.itemsize if self.dtype else 0)
+        self.interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3}  # any dtype: ml_dtypes' too
+        self.empty = nbytes == 0
+
+    def view(self, address: int | None) -> np.ndarray:
+        if self.empty:
+            return np.zeros(self.shape, self.dtype)
+        if not address:
+            raise xla_ffi.FrameError(f"a buffer of shape {self.shape} has no data")
+        raw: np.ndarray = np.asarray(_Memory({**self.interface, "data": (address, False)}))
+        array: np.ndarray = raw.view(self.dtype).reshape(self.shape)
+        return array
+
+
+class _Memory:
+    """Bytes at an address, as numpy's array interface describes them."""
+
+    def __init__(self, interface: dict[str, Any]) -> None:
+        self.__array_interface__ = interface
+
+
+class _Call:
+    """A host function called from a compiled program, given numpy views of the buffers of the operands, whose
+    shapes and dtypes the program fixed (each checked against the call frame's buffer before it is read)."""
+
+    def __init__(self, receive: Receive, operands: Sequence[Any], answer: Any) -> None:
+        self.receive = receive
+        self.operands = [_Layout(aval) for aval in operands]
+        self.answer = _Layout(answer)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether XLA's buffers of every operand and the answer can be read as numpy arrays."""
+        return all(layout.code is not None for layout in (*self.operands, self.answer))
+
+    def __call__(self, frame: xla_ffi.CallFrame) -> None:
+        count = len(self.operands)
+        arrays = [
+            layout.view(xla_ffi.buffer_data(frame.args, "args", index, count, layout.code or 0, layout.shape))
+            for index, layout in enumerate(self.operands)
+        ]
+        answer = self.answer
+        result = answer.view(xla_ffi.buffer_data(frame.rets, "rets", 0, 1, answer.code or 0, answer.shape))
+        answered = np.asarray(self.receive(*arrays))
+        if answered.shape != answer.shape:
+            raise ValueError(f"the host function answered shape {answered.shape}, not {answer.shape}")
+        result[...] = answered
+
+
+_calls: dict[int, _Call] = {}  # by the number the program calls it by, each as long as its owner lives
+_names = itertools.count()
+_TARGET = "jaxstow_send_block"
+
+
+def _execute(frame: xla_ffi.CallFrame) -> None:
+    """Call the call the frame's attribute names."""
+    if frame.stage != xla_ffi.EXECUTE:
+        raise xla_ffi.FrameError(f"the call is at stage {frame.stage}, not at execution ({xla_ffi.EXECUTE})")
+    number = xla_ffi.scalar_attribute(frame, "call")
+    call = _calls.get(number)
+    if call is None:
+        raise xla_ffi.FrameError(
+            f"its host function (call {number}) is gone: its owner was freed, or the program was not made by this "
+            "process's jaxstow; keep io.save's functions while the run runs"
+        )
+    call(frame)
+
+
+def _dispatch(address: int) -> int | None:
+    """The FFI handler XLA calls: ``None`` once done, else an ``XLA_FFI_Error`` that fails the run."""
+    api = xla_ffi.trusted_api(address)
+    try:
+        frame = xla_ffi.call_frame(address)
+        if xla_ffi.is_metadata_query(frame):  # when the CPU backend registers the handler
+            xla_ffi.answer_metadata(frame)
+        elif api is None:  # never lowered to (see _lower_in_place), and no error can be made: abort, not answer wrong
+            print(f"jaxstow: {_TARGET}: XLA's FFI API is not the one jaxstow reads", file=sys.stderr, flush=True)
+            os.abort()
+        else:
+            _execute(frame)
+    except BaseException as failure:  # nothing may leave a ctypes function
+        if api is None:  # a metadata query of an API that is not read: jax's callbacks are lowered to
+            traceback.print_exc(file=sys.stderr)
+            return None
+        if isinstance(failure, xla_ffi.FrameError):
+            message = f"an unexpected call frame: {failure}"
+        else:
+            message = f"the host function raised:\n{traceback.format_exc()}"
+        return xla_ffi.error(api, f"jaxstow: {_TARGET}: {message}")
+    return None
+
+
+_HANDLER = xla_ffi.HANDLER(_dispatch)
+
+
+def _lower_in_place(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
     """On the CPU, in a computation on one device: the block read in place, and the answer written into the
-    result's buffer."""
-    if not jax_compat.lowers_for_one_device(ctx):
-        return _lower_copied(ctx, *operands, receive=receive)
-
-    def call(*buffers: Any) -> None:
-        *arrays, answer = (np.asarray(buffer) for buffer in buffers)
-        answer[...] = receive(*arrays)
-
-    return jax_compat.emit_buffer_callback(ctx, call, operands)
+    result's buffer, by XLA's FFI call of :func:`_dispatch`; jax's callback where XLA's FFI API was not checked or a
+    dtype is not read in place."""
+    call = _Call(receive, ctx.avals_in, ctx.avals_out[0])
+    if not (jax_compat.lowers_for_one_device(ctx) and xla_ffi.trusted_api_seen() and call.in_place):
+        return _lower_copied(ctx, *operands, receive=receive, side_effect=side_effect, owner=owner)
+    name = next(_names)
+    holder = None if owner is None else owner.reference()
+    if owner is None or holder is not None:
+        _calls[name] = call
+    if holder is not None:
+        weakref.finalize(holder, _calls.pop, name, None)
+    lower = jax.ffi.ffi_lowering(_TARGET, has_side_effect=side_effect)
+    return lower(ctx, *operands, call=np.uint64(name))
 
 
 _send_block_p.def_abstract_eval(_answer_spec)
 _send_block_p.def_impl(_call_now)
 jax_compat.register_uncached_lowering(_send_block_p, _lower_copied)
-if jax_compat.BUFFER_CALLBACKS:
+if jax_compat.OWN_FFI_CALLS:
+    jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(_HANDLER), platform="cpu")  # type: ignore[no-untyped-call]
     jax_compat.register_uncached_lowering(_send_block_p, _lower_in_place, platform="cpu")

@@ -55,6 +55,7 @@ class Receiver:
         self.live: dict[int, int | None] = {}
         self.failures: dict[int, tuple[str, Exception]] = {}
         self.checkpoint_spec: Any = None
+        self.checkpoint_layout: PyTreeDef | None = None  # of (buffer, checkpoint), as a checkpoint's call sends them
         self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
         register_sender = getattr(collector, "register_sender", None)
@@ -74,7 +75,7 @@ class Receiver:
         loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
         """
         chain_ids, firsts, fills = np.array(numbers)  # a copy: the callback's arguments are the run's memory
-        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]  # io_callback hands over jax arrays
+        leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         blocks = self._blocks(chain_ids, firsts, fills, leaves)
         if self.at_once:
             self._hand_over(blocks)
@@ -95,6 +96,12 @@ class Receiver:
     def receive_block(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
         """The callback of blocks without a checkpoint."""
         return self.receive(numbers, leaves)
+
+    def receive_checkpoint(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        """The callback of blocks with a checkpoint: the leaves of ``(buffer, checkpoint)``."""
+        assert self.checkpoint_layout is not None
+        buffer, checkpoint = self.checkpoint_layout.unflatten(leaves)
+        return self.receive(numbers, buffer, checkpoint)
 
     def _blocks(self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, leaves: list[Any]) -> list[Block]:
         """Each chain's block: its rows of every leaf. Chains that share a state, or whose run is over, get none."""
@@ -125,7 +132,7 @@ class Receiver:
         for index in np.ndindex(chain_ids.shape):
             state = solver_treedef.unflatten(
                 [
-                    np.array(leaf[index]) if impl is None else jax.random.wrap_key_data(leaf[index], impl=impl)
+                    np.array(leaf[index]) if impl is None else _key(np.array(leaf[index]), impl)
                     for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
                 ]
             )
@@ -170,3 +177,10 @@ class Receiver:
             if failure is not None:
                 what, error = failure
                 raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
+
+
+def _key(data: np.ndarray, impl: Any) -> jax.Array:
+    """A PRNG key of ``impl`` from its data, copied out of the run's buffer: a jax array, which jax 0.4 does not make
+    of a numpy array (its key would then have no sharding)."""
+    key: jax.Array = jax.random.wrap_key_data(jax.device_put(data), impl=impl)
+    return key

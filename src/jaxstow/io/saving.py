@@ -5,9 +5,9 @@ The saving state carries a device buffer of ``block_size`` samples per chain. ``
 host in one host callback that also carries each chain's id and the index of its block's first sample, so the
 collector can place blocks that arrive in any order (or twice: a block lands at its own rows). That makes delivering
 blocks free of side effects, so it is a callback like ``pure_callback`` (:mod:`jaxstow.io.host_block`, which spares
-the block a copy), costing nothing at the steps that send no block; an ``io_callback``, whose side-effect machinery
-runs at every step, is used only with checkpoints. Every
-``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector checkpoints.
+the block a copy), costing nothing at the steps that send no block; the same callback, with a side effect, takes the
+checkpoints. Every ``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector
+checkpoints.
 
 On the host, :mod:`jaxstow.io.receiving` hands the blocks to the collector: inside the callback, from the run's own
 buffer, to a collector that copies them at once (the built-in ones), else as copies on a thread of the strategy's
@@ -25,7 +25,6 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import io_callback
 from jax.tree_util import PyTreeDef
 
 from jaxstow._util import jax_compat
@@ -39,7 +38,6 @@ from jaxstow.io.batching import (
     shared_chains,
     shared_state_error,
     spec_of,
-    token_spec,
     write_rows,
 )
 from jaxstow.io.collector import DataCollector
@@ -314,7 +312,6 @@ class _Streaming:
         buffer = write_rows(state.buffer, state.fill, sample)
         fill = state.fill + keep.astype(jnp.int32)
         full = jnp.any(fill == jax.tree.leaves(buffer)[0].shape[fill.ndim])
-        answer = token_spec(state.token.shape)
 
         def wait(token: jax.Array, blocks: Any, *_: Any) -> Any:
             return token, blocks[0], blocks[1]
@@ -324,11 +321,14 @@ class _Streaming:
             # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
             numbers = jnp.stack([token, sent, fill])
             if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-                token = io_callback(_weakly(self.host.receive), answer, numbers, buffer, *checkpoint)
+                leaves, self.host.checkpoint_layout = jax.tree.flatten((buffer, *checkpoint))
+                token = send_block(
+                    _weakly(self.host.receive_checkpoint), numbers, leaves, side_effect=True, owner=self.host
+                )
             else:
                 # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
                 # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer))
+                token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
             return token, sent + fill, jnp.zeros_like(fill)
 
         def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
