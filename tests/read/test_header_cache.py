@@ -20,7 +20,7 @@ from format_trees import assert_same, expected
 
 import jaxstow
 from jaxstow._format import header
-from jaxstow._format.header_cache import HeaderCache
+from jaxstow._format.header import HeaderCache
 from jaxstow._format.native import write_native
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError
 

@@ -5,9 +5,8 @@ before anything is allocated, in one place: its length against the file, the che
 jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy (:func:`slot_table`; the rules of
 docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
 manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
-is kept by its bytes (:mod:`jaxstow._format.header_cache`): a file opened again whose header and size are the same
-takes its tensor table and metadata from there, and its manifest, parsed again, is not checked whole again (from
-version 3 on; each leaf's detail is, as its entry is made).
+is kept by its bytes (:class:`HeaderCache`): a file opened again whose header and size are the same takes its tensor
+table and metadata from there, its manifest parsed again but not checked whole again (from version 3 on).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
@@ -26,18 +25,20 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, KeysView, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
-from jaxstow._format.header_cache import HeaderCache, process_wide
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.manifest import COLUMNAR_VERSION, LeafColumns, check_leaves, columns_again, version_at_least
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
@@ -50,6 +51,7 @@ from jaxstow._util.gc_pause import gc_paused
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
+    "HeaderCache",
     "NativeReader",
     "SlotTable",
     "check_header",
@@ -119,13 +121,11 @@ def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
             f"not a jaxstow, safetensors or npz file (it starts with {excerpt(first[:16])})", file=source.name
         )
     if length > MAX_HEADER_BYTES:
-        raise CorruptFileError(
-            f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
-        )
+        limit = MAX_HEADER_BYTES
+        raise CorruptFileError(f"header length {length} exceeds the limit of {limit} bytes", file=source.name)
     if 8 + length > size:
-        raise TruncatedFileError(
-            f"the header claims {length} bytes but the file has only {size - 8} after the length", file=source.name
-        )
+        claim = f"the header claims {length} bytes but the file has only {size - 8} after the length"
+        raise TruncatedFileError(claim, file=source.name)
     if 8 + length <= len(first):
         return first[8 : 8 + length]
     return first[8:] + source.read(len(first), 8 + length - len(first))
@@ -194,6 +194,58 @@ def _check_header_checksum(raw: bytes, *, file: str) -> str:
     raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
 
 
+T = TypeVar("T")
+
+
+class HeaderCache(Generic[T]):
+    """What was derived from headers that passed every check, by their bytes and their file's size; thread-safe.
+
+    Found by the xxh3 of the bytes and the size, then compared byte for byte: a header that differs in any byte, or a
+    file of another size, is never taken for one kept. At most ``most`` headers of ``most_bytes`` bytes in all, the
+    least recently used going first.
+
+    >>> cache = HeaderCache(most=2, most_bytes=100)
+    >>> cache.keep(b'{"a":1}', 50, "checked")
+    >>> cache.get(b'{"a":1}', 50), cache.get(b'{"a":1}', 51), cache.get(b'{"a":2}', 50)
+    ('checked', None, None)
+    """
+
+    def __init__(self, most: int, most_bytes: int) -> None:
+        self.most, self.most_bytes = most, most_bytes
+        self.reset()
+
+    def reset(self) -> None:
+        """Start empty, with a lock of its own (in a forked child, whose parent's lock may be held by a thread gone)."""
+        self.lock = threading.RLock()  # re-entrant: a collection started under it may run code that opens a file
+        self.kept: OrderedDict[tuple[int, int], tuple[bytes, T]] = OrderedDict()
+        self.held = 0
+
+    def get(self, raw: bytes, size: int) -> T | None:
+        """What was kept for the header ``raw`` of a file of ``size`` bytes, or ``None``."""
+        key = (xxhash.xxh3_64_intdigest(raw), size)
+        with self.lock:
+            found = self.kept.get(key)
+            if found is None or found[0] != raw:
+                return None
+            self.kept.move_to_end(key)
+            return found[1]
+
+    def keep(self, raw: bytes, size: int, derived: T) -> None:
+        """Keep ``derived``, what the header ``raw`` of a file of ``size`` bytes gave after passing every check."""
+        if len(raw) > self.most_bytes:
+            return
+        raw, gone = bytes(raw), []
+        key = (xxhash.xxh3_64_intdigest(raw), size)
+        with self.lock:
+            before = self.kept.pop(key, None)
+            self.held += len(raw) - (0 if before is None else len(before[0]))
+            self.kept[key] = (raw, derived)
+            while len(self.kept) > self.most or self.held > self.most_bytes:
+                gone.append(self.kept.popitem(last=False)[1])
+                self.held -= len(gone[-1][0])
+        del before, gone  # let go outside the lock
+
+
 @dataclass(frozen=True)
 class _Header:
     """What a checked header holds, kept as it is (:data:`_CHECKED`): each reader copies the metadata and parses the
@@ -205,8 +257,10 @@ class _Header:
     marks: tuple[np.ndarray, np.ndarray] | None = None
 
 
-#: The headers of the native files opened, kept for the next open of the same bytes.
-_CHECKED: HeaderCache[_Header] = process_wide()
+#: The headers of native files opened, kept for the next open of the same bytes; a forked child starts with none.
+_CHECKED: HeaderCache[_Header] = HeaderCache(most=32, most_bytes=16 << 20)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CHECKED.reset)
 
 
 class NativeReader:

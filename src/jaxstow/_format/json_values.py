@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem", "limits_problem"]
+__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem"]
 
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
@@ -26,7 +26,6 @@ MAX_NESTING = 400
 #: The most decimal digits of an integer anywhere in a manifest (a value, the metadata): Python's default bound on
 #: converting integers to and from text, fixed here so that a save refuses what a load of any jaxstow would refuse.
 MAX_INTEGER_DIGITS = 4300
-_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
 
 def json_problem(value: Any, key: str = "") -> str | None:
@@ -55,37 +54,3 @@ def json_problem(value: Any, key: str = "") -> str | None:
     if isinstance(value, np.ndarray):
         return f"{where}an array of shape {value.shape} is not a JSON value (convert it with .tolist())"
     return f"{where}{value!r} of type {type(value).__name__} is not a JSON value"
-
-
-def limits_problem(value: Any) -> str | None:
-    """How a JSON value breaks the limits a jaxstow file holds (:data:`MAX_NESTING` levels, integers of
-    :data:`MAX_INTEGER_DIGITS` digits), or ``None``."""
-    depth, huge = _nesting(value)
-    if depth > MAX_NESTING:
-        return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
-    if huge:
-        return f"holds an integer of more than {MAX_INTEGER_DIGITS} digits; a jaxstow file holds at most {MAX_INTEGER_DIGITS}"
-    return None
-
-
-def _nesting(value: Any) -> tuple[int, bool]:
-    """The most JSON containers around any part of ``value``, and whether it holds too long an integer.
-
-    An empty container holds no part. Counted level by level; an integer is too long beyond :data:`MAX_INTEGER_DIGITS`
-    digits.
-    """
-    deepest, level, huge = 0, [value], False
-    while level:
-        inner: list[Any] = []
-        for node in level:
-            if type(node) is str:  # most parts of a structure are its leaves, "*"
-                continue
-            if isinstance(node, dict):
-                inner.extend(node.values())
-            elif isinstance(node, list | tuple):  # metadata may hold tuples, saved as lists
-                inner.extend(node)
-            elif type(node) is int and not -_INTEGER_BOUND < node < _INTEGER_BOUND:
-                huge = True
-        deepest += bool(inner)
-        level = inner
-    return deepest, huge

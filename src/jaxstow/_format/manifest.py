@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.json_values import json_problem, limits_problem
+from jaxstow._format.json_codec import limits_problem
+from jaxstow._format.json_values import json_problem
 from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
 from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
@@ -199,7 +200,7 @@ def _unicode(text: str) -> bool:
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     """Refuse, before anything is written, a manifest that a load would refuse for its size.
 
-    That is a structure, value or metadata breaking :func:`~jaxstow._format.json_values.limits_problem`'s limits:
+    That is a structure, value or metadata breaking :func:`~jaxstow._format.json_codec.limits_problem`'s limits:
     nesting too deep, or holding too long an integer.
 
     >>> from jaxstow._format.manifest import check_nesting
