@@ -242,14 +242,16 @@ def test_a_load_of_a_local_file_passes_through_at_most_12_modules_going_down(tmp
 
     import jaxstow
 
-    path = str(tmp_path / "model.jxs")
-    jaxstow.save(path, {"w": np.arange(10.0), "b": {"c": np.ones((3, 3), np.float32)}, "depth": 2, "name": "mlp"})
-    jaxstow.load(path)  # imports and compiles what a load needs
+    path, other = str(tmp_path / "model.jxs"), str(tmp_path / "other.jxs")
+    tree = {"w": np.arange(10.0), "b": {"c": np.ones((3, 3), np.float32)}, "depth": 2, "name": "mlp"}
+    jaxstow.save(other, tree)
+    jaxstow.load(other)  # imports and compiles what a load needs
+    jaxstow.save(path, {**tree, "depth": 3})  # a file opened for the first time: its header checked whole
     sequence = entered(lambda: jaxstow.load(path))
     modules = list(dict.fromkeys(sequence))
     assert len(modules) <= 12, modules
     back = sum(module in sequence[:i] for i, module in enumerate(sequence))
-    assert back <= 22, " > ".join(sequence)
+    assert back <= 25, " > ".join(sequence)
     assert not any(module.startswith(("jaxstow._read.sharded_folder", "jaxstow._write")) for module in modules)
 
 

@@ -4,7 +4,9 @@ The first bytes decide: a zip archive is an npz; anything else must be a safeten
 before anything is allocated, in one place: its length against the file, the checksum that a header written by
 jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy (:func:`slot_table`; the rules of
 docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
-manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors.
+manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
+is kept by its bytes (:class:`HeaderCache`): a file opened again whose header and size are the same takes its tensor
+table and metadata from there, its manifest parsed again but not checked whole again (from version 3 on).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
@@ -20,12 +22,17 @@ manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import os
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, KeysView, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import xxhash
@@ -33,7 +40,7 @@ import xxhash
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.json_codec import parse_json
-from jaxstow._format.manifest import LeafColumns, check_leaves
+from jaxstow._format.manifest import COLUMNAR_VERSION, LeafColumns, check_leaves, columns_again, version_at_least
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.npz import NpzReader
@@ -44,6 +51,7 @@ from jaxstow._util.gc_pause import gc_paused
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
+    "HeaderCache",
     "NativeReader",
     "SlotTable",
     "check_header",
@@ -69,22 +77,30 @@ def open_container(source: ReadSource) -> Container:
 
     The first page read decides, and holds a small native header whole. The manifest must be well formed and list
     exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
-    failure the source stays open, for the caller to tell what else the file is, and to close.
+    failure the source stays open, for the caller to tell what else the file is, and to close. A native header that
+    passed every check before, byte for byte in a file of the same size, is taken as it was then, its manifest parsed
+    again into objects of this reader's own.
     """
     first = source.read(0, min(source.size, DATA_ALIGNMENT))
-    reader: Container = (
-        NpzReader(source) if first[:4] in _ZIP_MAGIC else NativeReader(source, raw_header(source, first))
-    )
-    if reader.manifest is None:
-        return reader
-    plain = reader.plain if isinstance(reader, NativeReader) else None
-    reader.columns, stored = check_leaves(reader.manifest, reader.slots, plain=plain, file=reader.file)
-    if stored != reader.slots.keys():
-        missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
-        raise CorruptFileError(
-            f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: {extra[:5]})",
-            file=reader.file,
-        )
+    raw = None if first[:4] in _ZIP_MAGIC else raw_header(source, first)
+    kept = None if raw is None else _CHECKED.get(raw, source.size)
+    reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
+    manifest = reader.manifest
+    if manifest is not None and kept is not None and version_at_least(manifest.get("version"), COLUMNAR_VERSION):
+        reader.columns = columns_again(manifest, reader.slots, file=reader.file, marks=kept.marks)  # passed before
+    elif manifest is not None:  # checked whole (a manifest before version 3 has its entries completed so)
+        plain = reader.plain if isinstance(reader, NativeReader) else None
+        reader.columns, stored = check_leaves(manifest, reader.slots, plain=plain, file=reader.file)
+        if stored != reader.slots.keys():
+            missing, extra = sorted(stored - reader.slots.keys()), sorted(reader.slots.keys() - stored)
+            raise CorruptFileError(
+                f"the file's tensors do not match its manifest (missing: {missing[:5]}, not in the manifest: "
+                f"{extra[:5]})",
+                file=reader.file,
+            )
+    if raw is not None and kept is None and isinstance(reader, NativeReader):  # every check passed
+        marks = None if reader.columns is None else reader.columns.marks
+        _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks))
     return reader
 
 
@@ -105,13 +121,11 @@ def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
             f"not a jaxstow, safetensors or npz file (it starts with {excerpt(first[:16])})", file=source.name
         )
     if length > MAX_HEADER_BYTES:
-        raise CorruptFileError(
-            f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes", file=source.name
-        )
+        limit = MAX_HEADER_BYTES
+        raise CorruptFileError(f"header length {length} exceeds the limit of {limit} bytes", file=source.name)
     if 8 + length > size:
-        raise TruncatedFileError(
-            f"the header claims {length} bytes but the file has only {size - 8} after the length", file=source.name
-        )
+        claim = f"the header claims {length} bytes but the file has only {size - 8} after the length"
+        raise TruncatedFileError(claim, file=source.name)
     if 8 + length <= len(first):
         return first[8 : 8 + length]
     return first[8:] + source.read(len(first), 8 + length - len(first))
@@ -180,11 +194,73 @@ def _check_header_checksum(raw: bytes, *, file: str) -> str:
     raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
 
 
+T = TypeVar("T")
+
+
+class HeaderCache(Generic[T]):
+    """What was derived from headers that passed every check, by their bytes and their file's size; thread-safe.
+
+    Found by the xxh3 of the bytes and the size, then compared byte for byte: a header that differs in any byte, or a
+    file of another size, is never taken for one kept. At most ``most`` headers of ``most_bytes`` bytes in all, the
+    least recently used going first.
+
+    >>> cache = HeaderCache(most=2, most_bytes=100)
+    >>> cache.keep(b'{"a":1}', 50, "checked")
+    >>> cache.get(b'{"a":1}', 50), cache.get(b'{"a":1}', 51), cache.get(b'{"a":2}', 50)
+    ('checked', None, None)
+    """
+
+    def __init__(self, most: int, most_bytes: int) -> None:
+        self.most, self.most_bytes = most, most_bytes
+        self.reset()
+
+    def reset(self) -> None:
+        """Start empty, with a lock of its own (in a forked child, whose parent's lock may be held by a thread gone)."""
+        self.lock = threading.RLock()  # re-entrant: a collection started under it may run code that opens a file
+        self.kept: OrderedDict[tuple[int, int], tuple[bytes, T]] = OrderedDict()
+        self.held = 0
+
+    def get(self, raw: bytes, size: int) -> T | None:
+        """What was kept for the header ``raw`` of a file of ``size`` bytes, or ``None``."""
+        key = (xxhash.xxh3_64_intdigest(raw), size)
+        with self.lock:
+            found = self.kept.get(key)
+            if found is None or found[0] != raw:
+                return None
+            self.kept.move_to_end(key)
+            return found[1]
+
+    def keep(self, raw: bytes, size: int, derived: T) -> None:
+        """Keep ``derived``, what the header ``raw`` of a file of ``size`` bytes gave after passing every check."""
+        if len(raw) > self.most_bytes:
+            return
+        raw, gone = bytes(raw), []
+        key = (xxhash.xxh3_64_intdigest(raw), size)
+        with self.lock:
+            before = self.kept.pop(key, None)
+            self.held += len(raw) - (0 if before is None else len(before[0]))
+            self.kept[key] = (raw, derived)
+            while len(self.kept) > self.most or self.held > self.most_bytes:
+                gone.append(self.kept.popitem(last=False)[1])
+                self.held -= len(gone[-1][0])
+        del before, gone  # let go outside the lock
+
+
 @dataclass(frozen=True)
 class _Header:
-    slots: Mapping[str, TensorSlot]
-    metadata: dict[str, str]
-    manifest: Any
+    """What a checked header holds, kept as it is (:data:`_CHECKED`): each reader copies the metadata and parses the
+    manifest's text (one of its values) into objects of its own."""
+
+    slots: SlotTable
+    metadata: MappingProxyType[str, str]
+    #: The manifest's columns' read-only :attr:`~jaxstow._format.manifest.LeafColumns.marks`, from version 3 on.
+    marks: tuple[np.ndarray, np.ndarray] | None = None
+
+
+#: The headers of native files opened, kept for the next open of the same bytes; a forked child starts with none.
+_CHECKED: HeaderCache[_Header] = HeaderCache(most=32, most_bytes=16 << 20)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CHECKED.reset)
 
 
 class NativeReader:
@@ -195,20 +271,24 @@ class NativeReader:
     safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
     (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
     must be its string values (:attr:`plain`, which :func:`open_container` checks). ``raw``, when given, is the
-    header's text already read (:func:`raw_header`);
+    header's text already read (:func:`raw_header`), ``header`` what it gave when checked before;
     ``fast=False`` parses it with memory that follows its entries, not its length (see
     :func:`~jaxstow._format.json_codec.parse_json`).
     """
 
-    def __init__(self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True) -> None:
+    def __init__(
+        self, source: ReadSource, raw: bytes | None = None, *, fast: bool = True, header: _Header | None = None
+    ) -> None:
         self.source = source
         self.file = source.name
         self.manifest: dict[str, Any] | None = None
         self.columns: LeafColumns | None = None
-        raw = raw_header(source) if raw is None else raw
-        with gc_paused():  # the header read, parsing it makes objects for each tensor: see jaxstow._util.gc_pause
-            header = self._read_header(raw, fast)
-        self.slots, self.metadata, self.manifest = header.slots, header.metadata, header.manifest
+        # Parsing a header makes objects for each tensor (see jaxstow._util.gc_pause); a header kept has its table.
+        with gc_paused() if header is None else contextlib.nullcontext():
+            self.header = header or self._read_header(raw_header(source) if raw is None else raw, fast)
+            self.slots, self.metadata = self.header.slots, dict(self.header.metadata)
+            text = self.metadata.get(MANIFEST_KEY)
+            self.manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
         #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.
         self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
 
@@ -235,10 +315,8 @@ class NativeReader:
                 f"checksum last, in the header's last member): the header is corrupt",
                 file=self.file,
             )
-        text = metadata.get(MANIFEST_KEY)
-        manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
         slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
-        return _Header(slots, metadata, manifest)
+        return _Header(slots, MappingProxyType(metadata))
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
         """The stored arrays of ``names``, each in its own 64-byte-aligned buffer where that matters."""
@@ -255,7 +333,8 @@ _SURELY_FITS = MAX_ARRAY_BYTES * (1 - 1e-9)
 
 
 class SlotTable(Mapping[str, TensorSlot]):
-    """A file's tensors by name, kept as columns; a :class:`TensorSlot` is made only for a tensor asked for."""
+    """A file's tensors by name, kept as columns that cannot change (readers of one file share them); a
+    :class:`TensorSlot` is made only for a tensor asked for."""
 
     def __init__(
         self,
@@ -265,16 +344,17 @@ class SlotTable(Mapping[str, TensorSlot]):
         offsets: np.ndarray,
         nbytes: np.ndarray,
     ) -> None:
-        self.names = names
-        self.dtypes = dtypes
-        self.shapes = shapes
+        self.names = tuple(names)
+        self.dtypes = tuple(dtypes)
+        self.shapes = tuple(map(tuple, shapes))
         self.offsets = offsets  # where each tensor starts in the file
         self.nbytes = nbytes
-        self.index = dict(zip(names, range(len(names)), strict=True))
+        offsets.flags.writeable = nbytes.flags.writeable = False
+        self.index = MappingProxyType(dict(zip(names, range(len(names)), strict=True)))
 
     def __getitem__(self, name: str) -> TensorSlot:
         i = self.index[name]
-        return TensorSlot(name, self.dtypes[i], tuple(self.shapes[i]), int(self.offsets[i]), int(self.nbytes[i]))
+        return TensorSlot(name, self.dtypes[i], self.shapes[i], int(self.offsets[i]), int(self.nbytes[i]))
 
     def __contains__(self, name: object) -> bool:
         return name in self.index

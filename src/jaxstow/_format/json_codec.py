@@ -3,7 +3,8 @@
 :func:`dump_json` writes with orjson, and with the standard library what orjson cannot write exactly (integers
 beyond 64 bits, lone surrogates). :func:`parse_json` turns every failure into a jaxstow error, never a builtin one
 (``json.loads`` raises a bare ``ValueError`` or ``RecursionError`` for huge integers and deep nesting). Code that
-walks a parsed value bounds its depth itself (:mod:`jaxstow._format.skeleton`).
+walks a parsed value bounds its depth itself (:mod:`jaxstow._format.skeleton`); :func:`limits_problem` tells whether
+a value stays within the nesting and integer digits a jaxstow file holds.
 
 >>> from jaxstow._format.json_codec import dump_json, parse_json
 >>> dump_json({"a": [1, 2**70]})
@@ -23,9 +24,12 @@ from typing import Any
 
 import orjson
 
+from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow.errors import FormatError
 
-__all__ = ["dump_json", "parse_json"]
+__all__ = ["dump_json", "limits_problem", "parse_json"]
+
+_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
 #: Compact; the values written are trees of fresh dicts and lists, never circular, so that check is skipped.
 _STANDARD = json.JSONEncoder(separators=(",", ":"), check_circular=False)
@@ -81,3 +85,37 @@ def parse_json(
         return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
     except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
+
+
+def limits_problem(value: Any) -> str | None:
+    """How a JSON value breaks the limits a jaxstow file holds (:data:`MAX_NESTING` levels, integers of
+    :data:`MAX_INTEGER_DIGITS` digits), or ``None``."""
+    depth, huge = _nesting(value)
+    if depth > MAX_NESTING:
+        return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
+    if huge:
+        return f"holds an integer of more than {MAX_INTEGER_DIGITS} digits; a jaxstow file holds at most {MAX_INTEGER_DIGITS}"
+    return None
+
+
+def _nesting(value: Any) -> tuple[int, bool]:
+    """The most JSON containers around any part of ``value``, and whether it holds too long an integer.
+
+    An empty container holds no part. Counted level by level; an integer is too long beyond :data:`MAX_INTEGER_DIGITS`
+    digits.
+    """
+    deepest, level, huge = 0, [value], False
+    while level:
+        inner: list[Any] = []
+        for node in level:
+            if type(node) is str:  # most parts of a structure are its leaves, "*"
+                continue
+            if isinstance(node, dict):
+                inner.extend(node.values())
+            elif isinstance(node, list | tuple):  # metadata may hold tuples, saved as lists
+                inner.extend(node)
+            elif type(node) is int and not -_INTEGER_BOUND < node < _INTEGER_BOUND:
+                huge = True
+        deepest += bool(inner)
+        level = inner
+    return deepest, huge

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING, json_problem
+from jaxstow._format.json_codec import limits_problem
+from jaxstow._format.json_values import json_problem
 from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
 from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
@@ -52,6 +53,7 @@ __all__ = [
     "check_manifest",
     "check_nesting",
     "columnar",
+    "columns_again",
     "metadata_problem",
     "plain_metadata",
     "version_at_least",
@@ -66,7 +68,6 @@ FORMAT_VERSION = 4
 PLAIN_METADATA_VERSION = 4
 #: The user's metadata keys may not start with it: ``__metadata__`` holds jaxstow's own keys beside the user's.
 RESERVED_PREFIX = "jaxstow"
-_INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -96,7 +97,7 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise FormatError(
             f"the manifest's metadata must be a JSON object, not {excerpt(manifest['metadata'])}", file=file
         )
-    problem = _limits_problem(manifest.get("metadata"))
+    problem = limits_problem(manifest.get("metadata"))
     if problem is not None:
         raise FormatError(f"the manifest's metadata {problem}", file=file)
     if version >= COLUMNAR_VERSION:  # the leaves are columns, checked by check_columns
@@ -170,7 +171,7 @@ def metadata_problem(metadata: Any) -> str | None:
     reserved = next((key for key in metadata if isinstance(key, str) and key.startswith(RESERVED_PREFIX)), None)
     if reserved is not None:
         return f"key {excerpt(reserved)} starts with {RESERVED_PREFIX!r}, which the file's own keys use: rename it"
-    limits = _limits_problem(metadata)
+    limits = limits_problem(metadata)
     return json_problem(metadata) if limits is None else f"it {limits}"
 
 
@@ -199,8 +200,8 @@ def _unicode(text: str) -> bool:
 def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     """Refuse, before anything is written, a manifest that a load would refuse for its size.
 
-    That is a structure, value or metadata nesting deeper than :data:`MAX_NESTING` JSON levels, or holding an integer
-    of more than :data:`MAX_INTEGER_DIGITS` digits.
+    That is a structure, value or metadata breaking :func:`~jaxstow._format.json_codec.limits_problem`'s limits:
+    nesting too deep, or holding too long an integer.
 
     >>> from jaxstow._format.manifest import check_nesting
     >>> check_nesting({"structure": "*", "metadata": {"n": 10**5000}}, file="f.jxs")
@@ -217,43 +218,9 @@ def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
     ]
     parts.append((None, "the metadata", manifest.get("metadata")))
     for path, what, part in parts:
-        problem = _limits_problem(part)
+        problem = limits_problem(part)
         if problem is not None:
             raise FormatError(f"{what} {problem}", file=file, path=path)
-
-
-def _limits_problem(value: Any) -> str | None:
-    """How a JSON value breaks the limits a jaxstow file holds (:data:`MAX_NESTING` levels, integers of
-    :data:`MAX_INTEGER_DIGITS` digits), or ``None``."""
-    depth, huge = _nesting(value)
-    if depth > MAX_NESTING:
-        return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
-    if huge:
-        return f"holds an integer of more than {MAX_INTEGER_DIGITS} digits; a jaxstow file holds at most {MAX_INTEGER_DIGITS}"
-    return None
-
-
-def _nesting(value: Any) -> tuple[int, bool]:
-    """The most JSON containers around any part of ``value``, and whether it holds too long an integer.
-
-    An empty container holds no part. Counted level by level; an integer is too long beyond :data:`MAX_INTEGER_DIGITS`
-    digits.
-    """
-    deepest, level, huge = 0, [value], False
-    while level:
-        inner: list[Any] = []
-        for node in level:
-            if type(node) is str:  # most parts of a structure are its leaves, "*"
-                continue
-            if isinstance(node, dict):
-                inner.extend(node.values())
-            elif isinstance(node, list | tuple):  # metadata may hold tuples, saved as lists
-                inner.extend(node)
-            elif type(node) is int and not -_INTEGER_BOUND < node < _INTEGER_BOUND:
-                huge = True
-        deepest += bool(inner)
-        level = inner
-    return deepest, huge
 
 
 #: The first format version whose manifest holds columns.
@@ -271,7 +238,7 @@ KIND_NAMES = {letter: kind for kind, letter in KIND_LETTERS.items()}
 #: The kinds of leaf whose bytes are one tensor named by the leaf's path, each with a checksum in ``xxh3``.
 CHECKSUMMED = "anktp"
 _COLUMN_KEYS = ("paths", "kinds", "xxh3", "details")
-_HEX = re.compile(r"[0-9a-f]*")
+_HEX_DIGITS = b"0123456789abcdef"
 _INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
 _STORED_MARKS = bytes(int(chr(byte) in CHECKSUMMED) for byte in range(256))
 
@@ -302,16 +269,30 @@ class LeafColumns:
     """A checked version 3 manifest's leaves.
 
     The columns, and the detail of each leaf that has one as a version 2 entry (with its path and kind), checked.
+    ``marks``: :attr:`marks` of columns of the same kinds, made before (they cannot change).
     """
 
-    def __init__(self, paths: list[str], kinds: str, checksums: list[str], entries: dict[int, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        paths: list[str],
+        kinds: str,
+        checksums: list[str],
+        entries: dict[int, dict[str, Any]],
+        marks: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         self.paths = paths
         self.kinds = kinds
         self.checksums = checksums
         self.entries = entries
-        # The leaves stored as one tensor named by their path: their letters marked 1, the others 0.
-        self.stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
-        self._rank = np.cumsum(self.stored) - 1  # each such leaf's place in ``checksums``
+        if marks is None:  # the leaves stored as one tensor named by their path: their letters marked 1, the others 0
+            stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
+            rank = np.cumsum(stored) - 1  # each such leaf's place in ``checksums``
+            rank.flags.writeable = False
+            marks = (stored, rank)
+        #: Which leaves are stored as one tensor, and each one's place in ``checksums``: read-only arrays.
+        self.marks = marks
+        self.stored: np.ndarray = marks[0]
+        self._rank: np.ndarray = marks[1]
 
     def checksum(self, index: int) -> str:
         """The checksum of the stored leaf at ``index``."""
@@ -348,7 +329,7 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         and len(checksums) == stored
         and set(map(type, checksums)) <= {str}
         and set(map(len, checksums)) <= {16}
-        and _HEX.fullmatch("".join(checksums))
+        and not "".join(checksums).encode("utf-8", "surrogatepass").translate(None, _HEX_DIGITS)
     ):
         raise FormatError(
             f"the manifest's xxh3 must be 16 hex digits for each of its {stored} stored leaves", file=file
@@ -359,20 +340,12 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         raise FormatError("the manifest lists this leaf twice", file=file, path=twice)
     if not isinstance(details, dict):
         raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
-    columns = LeafColumns(paths, kinds, checksums, {})
-    entries = columns.entries
     for key, detail in details.items():
-        index = int(key) if _INDEX.fullmatch(key) else len(paths)
-        if index >= len(paths) or not isinstance(detail, dict):
+        if not (_INDEX.fullmatch(key) and int(key) < len(paths) and isinstance(detail, dict)):
             raise FormatError(
                 f"malformed detail {excerpt(key)} of the manifest (expected a leaf index and an object)", file=file
             )
-        entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
-        if kinds[index] in CHECKSUMMED:
-            entry["xxh3"] = columns.checksum(index)
-        if kinds[index] != "v":  # a value's one rule, that its detail holds it, is checked below with the others'
-            check_entry(entry, index, slots, file=file)
-        entries[index] = entry
+    entries = (columns := columns_again(manifest, slots, file=file)).entries
     for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards"), ("p", "processes")):
         start = kinds.find(letter)
         while start >= 0:
@@ -387,6 +360,29 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
             shape = list(slots[paths[start]].shape)
             raise FormatError(f"a numpy scalar has shape [], not {shape}", file=file, path=paths[start])
         start = kinds.find("n", start + 1)
+    return columns
+
+
+def columns_again(
+    manifest: dict[str, Any],
+    slots: Mapping[str, TensorSlot],
+    *,
+    file: str,
+    marks: tuple[np.ndarray, np.ndarray] | None = None,
+) -> LeafColumns:
+    """The columns of a version 3 manifest whose columns are checked (by :func:`check_columns`, now or on the same
+    text parsed before, which gave ``marks``), each detail's entry made, completed and checked by
+    :func:`~jaxstow._format.leaves.check_entry`."""
+    paths, kinds = manifest["paths"], manifest["kinds"]
+    columns = LeafColumns(paths, kinds, manifest["xxh3"], {}, marks)
+    for key, detail in manifest["details"].items():
+        index = int(key)
+        entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
+        if kinds[index] in CHECKSUMMED:
+            entry["xxh3"] = columns.checksum(index)
+        if kinds[index] != "v":  # a value's one rule, that its detail holds it, is check_columns'
+            check_entry(entry, index, slots, file=file)
+        columns.entries[index] = entry
     return columns
 
 
