@@ -31,12 +31,14 @@ import dataclasses
 import functools
 import os
 import re
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
 from jaxstow.io.hdf5 import DRAWS_DONE
 from jaxstow.io.swmr import open_for_reading
@@ -44,6 +46,9 @@ from jaxstow.io.swmr import open_for_reading
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
 _CHAIN_GROUP = re.compile(r"chain~(\d+)")
+#: How often a file whose writer changed it under the reader is opened again before the read is given up.
+_READ_ATTEMPTS = 5
+_Read = TypeVar("_Read")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,17 +64,14 @@ class FileDraws:
 def read_draws(source: Any) -> FileDraws:
     """The samples in an HDF5Collector's file: a path (opened in SWMR mode where it can be) or an open ``h5py.File``."""
     if isinstance(source, str | os.PathLike):
-        with open_for_reading(source) as file:
-            return _read(file, name=os.fspath(source))
-    return _read(source, name=str(getattr(source, "filename", source)))
+        return _read_consistently(source, _read)
+    return _read(source, str(getattr(source, "filename", source)))
 
 
 def run_finished(path: str | os.PathLike[str]) -> bool:
     """Whether every chain of the file at ``path`` has finished its run, as ``read_draws(path).finished`` says, but
     without reading a sample (the module's example shows both)."""
-    name = os.fspath(path)
-    with open_for_reading(name) as file:
-        return _locate(file, name=name)[2]
+    return _read_consistently(path, lambda file, name: _locate(file, name=name)[2])
 
 
 def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
@@ -94,24 +96,55 @@ def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
            [10., 11., 12., 13.],
            [20., 21., 22., 23.]], dtype=float32)
     """
+    return _read_consistently(path, _stack)
+
+
+def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
+    chains, done, _ = _locate(file, name=name)
+    if len(set(done)) > 1:
+        raise FormatError(f"the chains hold different numbers of samples ({done}); read_draws reads them", file=name)
+    stacked = {}
+    for key, first in chains[0].items():
+        array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
+        for index, datasets in enumerate(chains):
+            if done[0]:
+                datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])
+        stacked[key] = array
+    return stacked
+
+
+def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], _Read]) -> _Read:
+    """``read(file, name)`` on the file at ``path`` opened for reading, opened again when HDF5 fails to read it.
+
+    A writer may change the file under a reader in ways SWMR mode does not cover (a run that starts over empties it;
+    a killed writer's successor extends it): HDF5 then fails on structures it sees half old, half new. What reads
+    whole on a later opening is the file as it is then; a file that never does is damaged, and says so.
+    """
     name = os.fspath(path)
-    with open_for_reading(name) as file:
-        chains, done, _ = _locate(file, name=name)
-        if len(set(done)) > 1:
-            raise FormatError(
-                f"the chains hold different numbers of samples ({done}); read_draws reads them", file=name
-            )
-        stacked = {}
-        for key, first in chains[0].items():
-            array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
-            for index, datasets in enumerate(chains):
-                if done[0]:
-                    datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])
-            stacked[key] = array
-        return stacked
+    failure: Exception | None = None
+    for attempt in range(_READ_ATTEMPTS):
+        if attempt:
+            time.sleep(0.01 * 2**attempt)
+        with open_for_reading(name) as file:
+            try:
+                return read(file, name)
+            except JaxstowError:
+                raise
+            except (
+                RuntimeError,
+                OSError,
+                KeyError,
+                ValueError,
+            ) as error:  # what h5py raises for a structure it fails on
+                failure = error
+    raise FormatError(
+        f"could not be read in {_READ_ATTEMPTS} attempts: HDF5 failed on its structure ({failure}); if a writer was "
+        "starting over meanwhile, read it again, else the file is damaged",
+        file=name,
+    ) from failure
 
 
-def _read(file: Any, *, name: str) -> FileDraws:
+def _read(file: Any, name: str) -> FileDraws:
     chains, done, finished = _locate(file, name=name)
     samples = [
         {key: dataset[:count] for key, dataset in datasets.items()}
@@ -127,9 +160,9 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
     following = file.mode == "r" and file.swmr_mode  # a reader of a live file: see what the writer added since
     items = sorted(
         (int(match.group(1)), item)
-        for key, item in file.items()
-        if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(item, h5py.Group | h5py.Dataset)
-    )
+        for key in file
+        if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(item := file[key], h5py.Group | h5py.Dataset)
+    )  # file[key], not file.items(): an object HDF5 fails to open raises, rather than being passed over
     if not items:
         raise FormatError("holds no /chain~{id} group: it was not written by an HDF5Collector", file=name)
     counts = file.get(DRAWS_DONE)

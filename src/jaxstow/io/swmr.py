@@ -35,6 +35,7 @@ from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, FormatError
+from jaxstow.io.hdf5_retries import reading_access
 
 __all__ = [
     "DISK_DRIVERS",
@@ -120,7 +121,8 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
             file=name,
         )
     try:
-        return h5py.File(name, "r", swmr=superblock.version >= SWMR_SUPERBLOCK)
+        flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if superblock.version >= SWMR_SUPERBLOCK else 0)
+        return h5py.File(h5py.h5f.open(os.fsencode(name), flags, fapl=reading_access()))
     except BlockingIOError:
         raise FormatError(
             'is locked by its writer: a file opened without libver="latest" cannot be read by another process '
