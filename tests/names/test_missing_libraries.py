@@ -1,15 +1,18 @@
 """A file that names objects of several libraries, loaded in a fresh process that imported none of them, fails once,
 with one error naming every library to import ("import equinox and optax first"), never one library per attempt;
-once they are imported, it loads. Each save and load runs in a process of its own, with the real libraries."""
+once they are imported, it loads. The saves run in the test's process; each load in a process of its own that has
+imported numpy, jax and jaxstow only (forked: ``tests/support/forked.py``), with the real libraries."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import ModuleType
 
+import forked
 import pytest
 
 import jaxstow
@@ -37,6 +40,7 @@ def items():
 #: Loads ``load`` in a process that imports only jaxstow, then again after importing ``then``; prints what happened.
 _LOAD = """
 import json, sys
+sys.path.insert(0, sys.argv[1])
 import jaxstow
 
 def attempt():
@@ -57,33 +61,33 @@ print(json.dumps({"before": before, "imported_by_loading": imported, "after": at
 """
 
 
-def _run(script: str, folder: Path, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), str(folder), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=folder,
-        env={"PYTHONPATH": f"{folder}:{Path(jaxstow.__file__).parents[1]}", "JAX_PLATFORMS": "cpu"},
-        check=False,
+def _load(folder: Path, load: str, build: str, *then: str) -> dict:
+    script = textwrap.dedent(_LOAD.replace("LOAD", load).replace("BUILD", build))
+    done = forked.run(
+        [sys.executable, "-c", script, str(folder), *then], capture_output=True, text=True, timeout=300, cwd=folder
     )
     assert done.returncode == 0, done.stderr
-    return done.stdout
+    return json.loads(done.stdout.splitlines()[-1])
 
 
-def _load(folder: Path, load: str, build: str, *then: str) -> dict:
-    script = _LOAD.replace("LOAD", load).replace("BUILD", build)
-    return json.loads(_run(script, folder, *then).splitlines()[-1])
+def _state(folder: Path) -> ModuleType:
+    """``state.py`` of ``folder``, imported in this process (which may have imported the libraries already)."""
+    spec = importlib.util.spec_from_file_location(f"state_{folder.name}", folder / "state.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "state.py").write_text(_STATE)
+    monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def test_a_model_and_its_optimizer_state_name_both_libraries_in_one_error(folder: Path) -> None:
-    _run("import jaxstow, state; jaxstow.save('mixed.jxs', state.mixed())", folder)
+    jaxstow.save("mixed.jxs", _state(folder).mixed())
     loaded = _load(folder, "jaxstow.load('mixed.jxs')", "mixed", "equinox", "optax")
     before = loaded["before"]
     assert before["libraries"] == ["equinox", "optax"], before
@@ -94,7 +98,8 @@ def test_a_model_and_its_optimizer_state_name_both_libraries_in_one_error(folder
 
 
 def test_a_step_whose_items_name_one_library_each_names_both_in_one_error(folder: Path) -> None:
-    _run("import jaxstow, state\nwith jaxstow.CheckpointManager('run') as m: m.save(1, state.items())", folder)
+    with jaxstow.CheckpointManager("run") as manager:
+        manager.save(1, _state(folder).items())
     loaded = _load(folder, "jaxstow.CheckpointManager('run').restore(1)", "items", "equinox", "optax")
     before = loaded["before"]
     assert before["libraries"] == ["equinox", "optax"], before
@@ -110,7 +115,7 @@ def test_three_libraries_are_listed_in_order(folder: Path) -> None:
         + "\ndef three():\n    from flax import nnx\n"
         + "    return {**mixed(), 'layer': nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))}\n"
     )
-    _run("import jaxstow, state; jaxstow.save('three.jxs', state.three())", folder)
+    jaxstow.save("three.jxs", _state(folder).three())
     loaded = _load(folder, "jaxstow.load('three.jxs')", "three", "equinox", "flax.nnx", "optax")
     assert loaded["before"]["libraries"] == ["equinox", "flax.nnx", "optax"], loaded  # import flax leaves nnx out
     assert loaded["before"]["error"].endswith("import equinox, flax.nnx and optax first"), loaded
@@ -118,7 +123,7 @@ def test_three_libraries_are_listed_in_order(folder: Path) -> None:
 
 
 def test_a_file_naming_one_library_not_imported_says_to_import_it_alone(folder: Path) -> None:
-    _run("import jaxstow, state; jaxstow.save('opt.jxs', state.sgd())", folder)
+    jaxstow.save("opt.jxs", _state(folder).sgd())
     loaded = _load(folder, "jaxstow.load('opt.jxs')", "sgd", "optax")
     assert loaded["before"]["libraries"] == ["optax"]
     assert loaded["before"]["error"].endswith(
