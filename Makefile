@@ -23,8 +23,11 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests bench examples reliability conftest.py docs/hooks
 	$(PY) -m mypy
 
+# Two workers, one a core; the ten slowest tests printed at the end. Python's bytecode caches are written even where
+# the machine sets PYTHONDONTWRITEBYTECODE: each worker and each Python program the tests start would otherwise compile
+# the project, and rewrite the tests' asserts, from source again.
 test: lint test-bare
-	$(PY) -m pytest -n 2 --durations=10  # two workers, one a core; the ten slowest tests printed at the end
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 2 --durations=10
 
 # A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
 # built now, and tests/package/required_only runs against that copy, on its own: `--confcutdir=.` leaves out the
