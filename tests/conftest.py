@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from seaweed import Server, seaweed, weed_binary
+from xla_flags import xla_flags
 
 # A suite started in the background by a shell without job control (`make test &`, nohup) inherits Ctrl-C ignored, and
 # so would every process it starts: the tests that press Ctrl-C need it to reach them as it reaches a user's script.
@@ -27,8 +28,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Scripts that the tests start as processes of their own, not test modules.
 collect_ignore = ["distributed"]
 
-# Four CPU devices, so that shardings over several devices are tested for real; set before jax starts.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+# Four CPU devices, so that shardings over several devices are tested for real, compiled quickly; before jax starts.
+os.environ.setdefault("XLA_FLAGS", xla_flags(4))
 
 # A program compiled by one process of the suite (a sampler a test kills and starts again, a demo, a page's example) is
 # not compiled again by the next: jax's persistent compilation cache, shared by the test workers and the processes they

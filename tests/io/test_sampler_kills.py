@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from xla_flags import FAST_COMPILE
 
 import jaxstow.io.live
 from jaxstow import io
@@ -86,9 +87,6 @@ RUNS = {"blackjax": blackjax_run, "numpyro": numpyro_run}
 
 #: Quicker to compile (each process compiles its sampler anew), and the same in every process, the uninterrupted one
 #: included: the draws of one compiled program are compared.
-FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
 def _run(kind: str, path: str) -> None:
     import jax
 

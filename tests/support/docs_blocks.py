@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import forked
+from xla_flags import xla_flags
 
 ROOT = Path(__file__).parents[2]
 #: Every page of the documentation, the README first.
@@ -249,7 +250,7 @@ class Session:
         self.process = forked.Popen(
             [sys.executable, "-c", _SESSION],
             cwd=folder,
-            env={**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"},
+            env={**env, "XLA_FLAGS": xla_flags(4)},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
