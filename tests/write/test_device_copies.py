@@ -104,7 +104,7 @@ rows = [24576, 24576, 16384]  # 96, 96 and 64 MiB: the first two larger than a b
 tree = {f"layer{i}": jnp.full((count, 1024), i, jnp.float32) for i, count in enumerate(rows)}
 limit = None if limit_mib == "default" else int(limit_mib) << 20
 manager = jaxstow.CheckpointManager(folder, host_memory_limit=limit)
-manager.save(0, {"w": jnp.zeros(4)})  # jax, threads and the lock settle before the measure
+manager.save(0, {"state": tree})  # jax, its threads, the programs that cut pieces and the lock settle first
 manager.wait()
 with open("/proc/self/clear_refs", "w") as refs:
     refs.write("5")  # the peak restarts from what is resident now, the tree included
