@@ -3,6 +3,7 @@ stopped by Ctrl-C (SIGINT), each run by ``io.run_chains`` in a process of its ow
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -21,7 +22,8 @@ from jaxstow import io
 from jaxstow.cli import main
 from jaxstow.io.live import read_draws
 
-pytest.importorskip("arviz", reason="jaxstow watch needs ArviZ (the arviz extra)")
+if importlib.util.find_spec("arviz") is None:
+    pytest.skip("jaxstow watch needs ArviZ (the arviz extra)", allow_module_level=True)
 
 _RUN = """
 import sys, jax, jax.numpy as jnp

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+
 import h5py
 import jax
 import jax.numpy as jnp
@@ -12,12 +15,21 @@ import pytest
 from jaxstow import io
 from jaxstow.errors import CollectorError, JaxstowError, MissingDependencyError
 
-az = pytest.importorskip("arviz")
-ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
-only_arviz_0 = pytest.mark.skipif(
-    ARVIZ_1, reason=f"ArviZ {az.__version__} holds a run in a DataTree, not InferenceData"
-)
-only_arviz_1 = pytest.mark.skipif(not ARVIZ_1, reason=f"ArviZ {az.__version__} is 0.x")
+if importlib.util.find_spec("arviz") is None:
+    pytest.skip("needs ArviZ (pip install 'jaxstow[arviz]')", allow_module_level=True)
+ARVIZ = importlib.metadata.version("arviz")
+ARVIZ_1 = int(ARVIZ.split(".")[0]) >= 1
+only_arviz_0 = pytest.mark.skipif(ARVIZ_1, reason=f"ArviZ {ARVIZ} holds a run in a DataTree, not InferenceData")
+only_arviz_1 = pytest.mark.skipif(not ARVIZ_1, reason=f"ArviZ {ARVIZ} is 0.x")
+
+
+@pytest.fixture
+def az():
+    """ArviZ, imported by the tests that call it, not while the suite is collected (it imports matplotlib)."""
+    import arviz
+
+    return arviz
+
 
 CHAINS, STEPS = 3, 40
 
@@ -69,7 +81,7 @@ def test_one_chain_is_one_chain_not_hundreds():
     np.testing.assert_array_equal(idata.posterior["theta"].values[0], _expected_theta()[1])
 
 
-def test_an_hdf5_collectors_file_by_path_or_open(tmp_path):
+def test_an_hdf5_collectors_file_by_path_or_open(tmp_path, az):
     path = tmp_path / "samples.h5"
     with h5py.File(path, "w") as file:
         _run(io.HDF5Collector(file))
@@ -106,7 +118,7 @@ def test_files_and_objects_that_hold_no_samples(tmp_path):
 
 
 @only_arviz_0
-def test_arviz_0_gets_inference_data_and_its_datatree():
+def test_arviz_0_gets_inference_data_and_its_datatree(az):
     results = _run(io.MemoryCollector())
     idata = io.to_inference_data(results)
     assert isinstance(idata, az.InferenceData)
@@ -122,7 +134,7 @@ def _no_xarray_datatree(self):
 
 @only_arviz_0
 @pytest.mark.parametrize("older", ["no conversion", "an xarray without DataTree", "the datatree package's"])
-def test_an_arviz_0_without_xarrays_datatree_is_named_with_what_to_install(monkeypatch, older):
+def test_an_arviz_0_without_xarrays_datatree_is_named_with_what_to_install(monkeypatch, older, az):
     if older == "no conversion":
         monkeypatch.delattr(az.InferenceData, "to_datatree")
     elif older == "an xarray without DataTree":
@@ -134,7 +146,7 @@ def test_an_arviz_0_without_xarrays_datatree_is_named_with_what_to_install(monke
 
 
 @only_arviz_1
-def test_arviz_1_gets_a_datatree_its_functions_take():
+def test_arviz_1_gets_a_datatree_its_functions_take(az):
     import xarray
 
     results = _run(io.MemoryCollector())

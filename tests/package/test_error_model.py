@@ -20,7 +20,6 @@ import flax.serialization
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 import jaxstow
 from jaxstow._read.foreign import DESCRIBED, FROM_FORMATS, recognise
@@ -162,6 +161,7 @@ def _orbax_folders(root: Path) -> dict[str, Path]:
 def every_kind(tmp_path_factory) -> dict[str, Path]:
     """A file or folder of every kind jaxstow recognises, by kind name."""
     import equinox as eqx
+    import torch
     from safetensors.numpy import save_file
 
     root = tmp_path_factory.mktemp("kinds")
@@ -273,6 +273,8 @@ def test_the_kinds_that_fit_still_read(every_kind):
 def test_a_torch_file_of_other_objects_is_refused_without_torchs_advice(tmp_path):
     import fractions
 
+    import torch
+
     torch.save({"w": torch.ones(2), "ratio": fractions.Fraction(1, 3)}, tmp_path / "objects.pt")
     with pytest.raises(FormatError) as caught:
         jaxstow.load(tmp_path / "objects.pt", from_format="torch")
@@ -300,6 +302,8 @@ def run_blocked(blocked: list[str], script: str) -> subprocess.CompletedProcess[
 
 
 def test_every_face_names_its_own_extra(tmp_path, every_kind):
+    import torch
+
     torch_leaf = tmp_path / "torch_leaf.jxs"
     jaxstow.save(torch_leaf, {"w": torch.ones(2)})
     checks = {

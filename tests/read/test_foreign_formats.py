@@ -6,6 +6,7 @@ command line's output."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -29,16 +30,16 @@ from jaxstow import CheckpointManager
 from jaxstow.cli import main
 from jaxstow.errors import FormatError, JaxstowError, PathError, StructureMismatchError
 
-try:
-    import torch
-except ImportError:  # the files of PyTorch are left out, and their tests skipped
-    torch = None
-NEEDS_TORCH = pytest.mark.skipif(torch is None, reason="needs torch (pip install 'jaxstow[torch]')")
+# Without torch the files of PyTorch are left out, and their tests skipped; torch is imported where it is used.
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+NEEDS_TORCH = pytest.mark.skipif(not HAS_TORCH, reason="needs torch (pip install 'jaxstow[torch]')")
 ocp = pytest.importorskip("orbax.checkpoint")
 serialization = pytest.importorskip("flax.serialization")
 
 
 def _state_dict():
+    import torch
+
     torch.manual_seed(0)
     layer = torch.nn.Linear(3, 2)
     return {"weight": layer.weight.detach().clone(), "bias": layer.bias.detach().to(torch.bfloat16)}
@@ -63,7 +64,9 @@ def files(tmp_path_factory) -> dict[str, Path]:
     """One real file or folder of each kind, written by its own library."""
     folder = tmp_path_factory.mktemp("foreign")
     paths = {name: folder / name for name in ("net.pt", "legacy.pt", "data.pkl", "model.eqx", "params.msgpack")}
-    if torch is not None:
+    if HAS_TORCH:
+        import torch
+
         torch.save(_state_dict(), paths["net.pt"])
         torch.save(_state_dict(), paths["legacy.pt"], _use_new_zipfile_serialization=False)
     paths["data.pkl"].write_bytes(pickle.dumps({"w": np.ones(2)}))
@@ -211,6 +214,8 @@ print(peak - base, sum(leaf.nbytes for leaf in jax.tree.leaves(restored)))
 def test_a_large_torch_file_is_held_once_while_it_loads(tmp_path, mode):
     """torch.load's tensors are the restored arrays' memory: 128 MiB of tensors grow a fresh process by 128 MiB (and
     some change), where saving them again into a buffer and reading that back took three times as much."""
+    import torch
+
     path = str(tmp_path / "big.pt")
     torch.save({f"layer{i}": torch.full((512, 1024), float(i)) for i in range(64)}, path)
     done = subprocess.run([sys.executable, "-c", _PEAK, path, mode], capture_output=True, text=True, timeout=300)
@@ -233,6 +238,8 @@ class _Payload:
 
 @NEEDS_TORCH
 def test_no_code_of_a_file_is_run(tmp_path):
+    import torch
+
     marker = tmp_path / "code-ran"
     torch.save({"w": torch.ones(2), "evil": _Payload(str(marker))}, tmp_path / "evil.pt")
     (tmp_path / "evil.pkl").write_bytes(pickle.dumps(_Payload(str(marker))))
@@ -344,7 +351,7 @@ def test_convert_a_manager_step_every_item_and_other_files(files, tmp_path, caps
     assert jaxstow.load(tmp_path / "step.jxs")["extra"]["note"] == "orbax"
     for name, label in [
         ("orbax", "orbax checkpoint"),
-        *([("legacy.pt", "PyTorch legacy")] if torch is not None else []),
+        *([("legacy.pt", "PyTorch legacy")] if HAS_TORCH else []),
         ("params.msgpack", "flax msgpack"),
     ]:
         done = _convert(files[name], tmp_path / f"{name}.jxs")

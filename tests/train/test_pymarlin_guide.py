@@ -7,6 +7,7 @@ other order, and which need no ``map_location``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,13 @@ import pytest
 import jaxstow
 from jaxstow.train import AbstractCheckpointer, Checkpoint, SingleProcess, TorchModule, Trainer, TrainerArguments
 
-torch = pytest.importorskip("torch")
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("needs torch", allow_module_level=True)
 
 
 def _module_interface() -> TorchModule:
+    import torch
+
     def loss_fn(model: Any, batch: Any) -> Any:
         x, y = batch
         return torch.nn.functional.mse_loss(model(x), y)
