@@ -7,6 +7,7 @@ faces in a venv where they are truly absent.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -32,6 +33,9 @@ from jaxstow.errors import (
     excerpt,
 )
 from reliability.forge import forge_native
+
+if importlib.util.find_spec("torch") is None:  # imported by the tests that use it, not while the suite is collected
+    pytest.skip("needs torch (pip install 'jaxstow[torch]')", allow_module_level=True)
 
 ROOT = Path(__file__).parents[2]
 
