@@ -23,12 +23,13 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests bench examples reliability conftest.py docs/hooks
 	$(PY) -m mypy
 
-# Two workers, one a core; a worker out of tests takes the last ones queued for the other (worksteal: the long
-# multi-process cases would otherwise leave a worker idle at the end); the ten slowest tests printed at the end.
+# Three workers: on two cores a third runs while the others wait on the processes their tests start. Each worker
+# starts on its share of the long modules (tests/support/long_first.py), and one out of tests takes the last ones
+# queued for another (worksteal), so that none waits idle at the end; the ten slowest tests printed at the end.
 # Python's bytecode caches are written even where the machine sets PYTHONDONTWRITEBYTECODE: each worker and each
 # Python program the tests start would otherwise compile the project, and rewrite the tests' asserts, from source again.
 test: lint test-bare
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 2 --dist worksteal --durations=10
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 3 --dist worksteal --durations=10
 
 # A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
 # built now, and tests/package/required_only runs against that copy, on its own: `--confcutdir=.` leaves out the
@@ -74,7 +75,7 @@ test-matrix: .venv-lowest/.installed .venv-newest/.installed
 	@if why=$$($(PYTHON) tests/versions.py interpreter); then \
 		$(MAKE) --no-print-directory .venv-newest-python/.installed || exit 1; \
 		echo "== newest-python: $$(.venv-newest-python/bin/python tests/versions.py report newest-python)"; \
-		PYTHONPATH=src .venv-newest-python/bin/python -m pytest -n 2 --dist worksteal -p no:cacheprovider || exit 1; \
+		PYTHONPATH=src .venv-newest-python/bin/python -m pytest -n 3 --dist worksteal -p no:cacheprovider || exit 1; \
 	else \
 		echo "== newest-python: skipped: $$why"; \
 	fi
