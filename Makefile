@@ -23,9 +23,9 @@ lint: $(STAMP)
 	$(PY) -m ruff format --check src tests bench examples reliability conftest.py docs/hooks
 	$(PY) -m mypy
 
-# Three workers: on two cores a third runs while the others wait on the processes their tests start. Each worker
-# starts on its share of the long modules (tests/support/long_first.py), and one out of tests takes the last ones
-# queued for another (worksteal), so that none waits idle at the end; the ten slowest tests printed at the end.
+# Three workers: on two cores a third runs while the others wait on the processes their tests start (a sampler
+# killed and started again, a timeout waited out); a worker out of tests takes the last ones queued for another
+# (worksteal), so that none waits idle at the end; the ten slowest tests printed at the end.
 # Python's bytecode caches are written even where the machine sets PYTHONDONTWRITEBYTECODE: each worker and each
 # Python program the tests start would otherwise compile the project, and rewrite the tests' asserts, from source again.
 test: lint test-bare

@@ -22,9 +22,6 @@ from _pytest.doctest import DoctestModule
 
 _PYPROJECT = Path(__file__).parent / "pyproject.toml"
 
-# The order of the tests for the workers of `pytest -n N` (tests/support/long_first.py).
-pytest_plugins = ["long_first"]
-
 
 def _optional_distributions() -> set[str]:
     extras = tomllib.loads(_PYPROJECT.read_text())["project"]["optional-dependencies"]
