@@ -48,7 +48,8 @@ test-bare: $(BARE)/.installed
 # The ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
 # newest release the index serves, on $(PYTHON), each running the core tests; and the newest release of everything
 # on the newest supported Python (pyenv's or on PATH), running the whole suite, or saying why it is skipped. The venvs
-# are kept, so a second run only tests.
+# are kept, so a second run only tests. The source goes on PYTHONPATH as an absolute path: the programs a test starts
+# from a folder of its own must find it too.
 .venv-%/.installed: pyproject.toml tests/versions.py
 	rm -rf .venv-$*
 	$(PYTHON) -m venv .venv-$*
@@ -69,13 +70,13 @@ test-bare: $(BARE)/.installed
 test-matrix: .venv-lowest/.installed .venv-newest/.installed
 	@for end in lowest newest; do \
 		echo "== $$end: $$(.venv-$$end/bin/python tests/versions.py report $$end)"; \
-		PYTHONPATH=src .venv-$$end/bin/python -m pytest -n 2 -p no:cacheprovider $$($(PYTHON) tests/versions.py tests) \
+		PYTHONPATH=$(CURDIR)/src .venv-$$end/bin/python -m pytest -n 2 -p no:cacheprovider $$($(PYTHON) tests/versions.py tests) \
 			|| exit 1; \
 	done
 	@if why=$$($(PYTHON) tests/versions.py interpreter); then \
 		$(MAKE) --no-print-directory .venv-newest-python/.installed || exit 1; \
 		echo "== newest-python: $$(.venv-newest-python/bin/python tests/versions.py report newest-python)"; \
-		PYTHONPATH=src .venv-newest-python/bin/python -m pytest -n 3 --dist worksteal -p no:cacheprovider || exit 1; \
+		PYTHONPATH=$(CURDIR)/src .venv-newest-python/bin/python -m pytest -n 3 --dist worksteal -p no:cacheprovider || exit 1; \
 	else \
 		echo "== newest-python: skipped: $$why"; \
 	fi
