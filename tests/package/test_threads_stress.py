@@ -2,8 +2,8 @@
 policy.
 
 Names of functions and classes (``jax.nn.relu``, ``equinox.nn.MLP``, optax's states) are looked up in tables that
-jaxstow builds on first use in a process, so every case that needs a fresh process runs in real fresh subprocesses,
-several of them. The reader of a checkpoint directory races a real writer process whose ``keep_last=1`` deletes
+jaxstow builds on first use in a process, so every case that needs a fresh process runs in several processes of its
+own, forked from a server that has imported jaxstow and looked up no name (``tests/support/forked.py``). The reader of a checkpoint directory races a real writer process whose ``keep_last=1`` deletes
 each step as soon as the next one is committed.
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import forked
 import jax
 import numpy as np
 import pytest
@@ -123,7 +124,7 @@ _WRITER = """
 
 
 def _python(code: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return forked.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
