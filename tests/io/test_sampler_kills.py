@@ -33,7 +33,7 @@ from jaxstow.errors import JaxstowError
 if importlib.util.find_spec("blackjax") is None or importlib.util.find_spec("numpyro") is None:
     pytest.skip("needs blackjax and numpyro (pip install 'jaxstow[blackjax,numpyro]')", allow_module_level=True)
 
-KILLS = 5
+KILLS = 3
 Y = [28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0]
 SIGMA = [15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0]
 
@@ -52,7 +52,7 @@ def blackjax_run(path: str) -> dict[str, np.ndarray]:
 
     nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
     positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
-    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=8000, checkpoint_every=250)
+    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=4000, checkpoint_every=125)
 
 
 def numpyro_run(path: str) -> dict[str, np.ndarray]:
@@ -72,13 +72,13 @@ def numpyro_run(path: str) -> dict[str, np.ndarray]:
 
     mcmc = MCMC(
         HMC(model, num_steps=8, trajectory_length=None),
-        num_warmup=1000,
-        num_samples=16000,
+        num_warmup=500,
+        num_samples=8000,
         num_chains=4,
         progress_bar=False,
     )
     return io.numpyro.run(
-        mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=250
+        mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=125
     )
 
 
