@@ -25,10 +25,11 @@ lint: $(STAMP)
 
 # Three workers: on two cores a third runs while the others wait on the processes their tests start (a sampler
 # killed and started again, a timeout waited out); a worker out of tests takes the last ones queued for another
-# (worksteal), so that none waits idle at the end; the ten slowest tests printed at the end.
+# (worksteal), so that none waits idle at the end; the ten slowest tests printed at the end. `make lint` and
+# `make test-bare` run as two of the suite's tests (tests/package/test_make_checks.py), beside the others.
 # Python's bytecode caches are written even where the machine sets PYTHONDONTWRITEBYTECODE: each worker and each
 # Python program the tests start would otherwise compile the project, and rewrite the tests' asserts, from source again.
-test: lint test-bare
+test: $(STAMP) $(BARE)/.installed
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n 3 --dist worksteal --durations=10
 
 # A venv with the required dependencies only (what `pip install jaxstow` gives): the project is installed from a wheel
@@ -47,7 +48,8 @@ test-bare: $(BARE)/.installed
 
 # The ends of the supported versions (tests/versions.py): every dependency at its declared lower bound, and at the
 # newest release the index serves, on $(PYTHON), each running the core tests; and the newest release of everything
-# on the newest supported Python (pyenv's or on PATH), running the whole suite, or saying why it is skipped. The venvs
+# on the newest supported Python (pyenv's or on PATH), running the whole suite (less `make lint` and `make test-bare`,
+# which check the source, not the versions), or saying why it is skipped. The venvs
 # are kept, so a second run only tests. The source goes on PYTHONPATH as an absolute path: the programs a test starts
 # from a folder of its own must find it too.
 .venv-%/.installed: pyproject.toml tests/versions.py
@@ -76,7 +78,8 @@ test-matrix: .venv-lowest/.installed .venv-newest/.installed
 	@if why=$$($(PYTHON) tests/versions.py interpreter); then \
 		$(MAKE) --no-print-directory .venv-newest-python/.installed || exit 1; \
 		echo "== newest-python: $$(.venv-newest-python/bin/python tests/versions.py report newest-python)"; \
-		PYTHONPATH=$(CURDIR)/src .venv-newest-python/bin/python -m pytest -n 3 --dist worksteal -p no:cacheprovider || exit 1; \
+		PYTHONPATH=$(CURDIR)/src .venv-newest-python/bin/python -m pytest -n 3 --dist worksteal -p no:cacheprovider \
+			--ignore=tests/package/test_make_checks.py || exit 1; \
 	else \
 		echo "== newest-python: skipped: $$why"; \
 	fi
