@@ -148,6 +148,39 @@ def test_a_second_ctrl_c_stops_the_wait_and_the_process_ends_as_ctrl_c_ends_it(t
     assert "jaxstow: the queued writes of slow-writer: abandoned by Ctrl-C, unfinished" in stderr
 
 
+@pytest.mark.timeout(60)
+def test_a_ctrl_c_whose_exception_python_drops_still_stops_the_wait() -> None:
+    """Python drops the ``KeyboardInterrupt`` of a Ctrl-C that lands while the main thread runs a garbage-collection
+    callback (jax has one): the wait at exit still ends. Here the callback presses Ctrl-C itself during the wait."""
+    program = """
+    import gc, logging, signal, time
+    from jaxstow.io.job_queue import JobQueue
+    writer = JobQueue("slow-writer")
+    writer.submit(lambda: time.sleep(60))
+    waiting, pressed = [], []
+
+    class Waiting(logging.Handler):
+        def emit(self, record):
+            waiting.append(record.getMessage())
+
+    def ctrl_c_inside(phase, info):
+        if waiting and not pressed:  # the exit's wait has begun
+            pressed.append(True)
+            signal.raise_signal(signal.SIGINT)
+            sum(range(1000))  # its handler runs here, and the KeyboardInterrupt it raises is printed and dropped
+
+    logging.getLogger("jaxstow").addHandler(Waiting())
+    gc.callbacks.append(ctrl_c_inside)
+    gc.set_threshold(1)
+    """
+    started = time.monotonic()
+    status, stderr = _finish(_start(program), timeout=40)
+    assert "KeyboardInterrupt" in stderr and "Exception ignored" in stderr, stderr  # Python dropped it
+    assert "jaxstow: the queued writes of slow-writer: abandoned by Ctrl-C, unfinished" in stderr, stderr
+    assert status == 120, stderr
+    assert time.monotonic() - started < 30
+
+
 def test_blocks_of_a_collector_still_queued_at_the_exit_reach_the_hdf5_file(tmp_path: Path) -> None:
     path = tmp_path / "samples.h5"
     program = """

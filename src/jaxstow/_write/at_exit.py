@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TextIO
 
@@ -128,6 +129,47 @@ class _Waited:
         return "unfinished" if self.unfinished else "failed" if self.failed else "done"
 
 
+#: Set by Ctrl-C during the exit's wait. Python drops the ``KeyboardInterrupt`` of a Ctrl-C that lands while the main
+#: thread runs a garbage-collection callback (jax has one) or a ``__del__``: the wait then ends by this flag.
+_ctrl_c = threading.Event()
+_SLICE = 0.25  # seconds between two looks at the flag
+
+
+@contextlib.contextmanager
+def _ctrl_c_noted() -> Iterator[None]:
+    """Meanwhile, Ctrl-C sets :data:`_ctrl_c` before it raises, where Python's own handler is in place."""
+    _ctrl_c.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:  # a handler of the program's own: left as it is
+        yield
+        return
+
+    def noted(number: int, frame: object) -> None:
+        _ctrl_c.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _finished(item: InFlight, deadline: float) -> bool:
+    """Wait for ``item`` until ``deadline``; ``KeyboardInterrupt`` once Ctrl-C was pressed, even if Python lost it."""
+    while True:
+        left = deadline - time.monotonic()
+        if item.finish(max(0.0, min(_SLICE, left))):
+            return True
+        if _ctrl_c.is_set():
+            raise KeyboardInterrupt
+        if left <= _SLICE:
+            return False
+
+
 def _wait() -> _Waited:
     """Wait for every tracked write, at most :func:`exit_wait` seconds, or until Ctrl-C; print what did not end well."""
     with _lock:
@@ -138,17 +180,18 @@ def _wait() -> _Waited:
     seconds = exit_wait()
     deadline = time.monotonic() + seconds
     try:
-        if not all(item.finish(0) for item in pending):
-            logger.warning(
-                "waiting up to %g s for %s to finish before the process ends (Ctrl-C again to abandon it)",
-                seconds,
-                "; ".join(item.what for item in pending),
-            )
-        for item in pending:
-            if not item.finish(max(0.0, deadline - time.monotonic())):
-                waited.unfinished.append(item)
-            elif (error := item.uncollected_error()) is not None:
-                waited.failed.append((item, error))
+        with _ctrl_c_noted():
+            if not all(item.finish(0) for item in pending):
+                logger.warning(
+                    "waiting up to %g s for %s to finish before the process ends (Ctrl-C again to abandon it)",
+                    seconds,
+                    "; ".join(item.what for item in pending),
+                )
+            for item in pending:
+                if not _finished(item, deadline):
+                    waited.unfinished.append(item)
+                elif (error := item.uncollected_error()) is not None:
+                    waited.failed.append((item, error))
     except KeyboardInterrupt:
         waited.abandoned = True
         waited.unfinished = [item for item in pending if not item.finish(0)]
