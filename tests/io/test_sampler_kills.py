@@ -12,7 +12,6 @@ the killed ones.
 from __future__ import annotations
 
 import contextlib
-import functools
 import importlib.util
 import multiprocessing
 import os
@@ -132,8 +131,12 @@ def _follow(path: str, seen: list[Any], done: Any, process: Any = None) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("kind", sorted(RUNS))
 def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_run(kind, processes, tmp_path):
-    reference = processes.Process(target=_run, args=(kind, str(tmp_path / "uninterrupted.h5")))
+    uninterrupted = str(tmp_path / "uninterrupted.h5")
+    reference = processes.Process(target=_run, args=(kind, uninterrupted))
     reference.start()
+    # The killed runs start once the uninterrupted one has checkpointed: its sampler is compiled and cached by then,
+    # so that no two processes compile it at once.
+    _follow(uninterrupted, [], lambda: _checkpoint_mark(uninterrupted) is not None or not reference.is_alive())
     path = str(tmp_path / "killed.h5")
     moments = random.Random(kind)
     seen: list[Any] = []
@@ -156,7 +159,7 @@ def test_a_run_killed_at_random_moments_ends_with_the_draws_of_an_uninterrupted_
     reference.join()
     assert reference.exitcode == 0
 
-    expected = functools.partial(RUNS[kind])(str(tmp_path / "uninterrupted.h5"))  # finished: read from its file
+    expected = RUNS[kind](uninterrupted)  # finished: read from its file
     got = RUNS[kind](path)
     assert sorted(got) == sorted(expected)
     for name in expected:
