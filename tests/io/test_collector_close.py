@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
+
+import forked
 
 _PROGRAM = """
 import os, tempfile, jax.numpy as jnp, numpy as np
@@ -28,6 +29,6 @@ for _ in range(12):
 
 
 def test_close_waits_for_the_blocks_on_their_way_and_the_exit_reports_nothing() -> None:
-    ran = subprocess.run([sys.executable, "-c", textwrap.dedent(_PROGRAM)], capture_output=True, text=True, timeout=200)
+    ran = forked.run([sys.executable, "-c", textwrap.dedent(_PROGRAM)], capture_output=True, text=True, timeout=200)
     assert ran.returncode == 0, ran.stderr
     assert "failed" not in ran.stderr, ran.stderr

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import forked
 import h5py
 import jax
 import jax.numpy as jnp
@@ -77,7 +78,7 @@ print(json.dumps({"sizes": sizes, "addresses": len(addresses), "chains": collect
 def test_a_strategy_used_for_100_runs_stays_the_size_of_one_run(kind, tmp_path) -> None:
     """Each run keeps 8 MB of samples and drops them: the process must not grow by a run's samples per run (800 MB
     over the runs), nor by a tenth of them."""
-    ran = subprocess.run(
+    ran = forked.run(
         [sys.executable, "-c", textwrap.dedent(_MANY_RUNS), kind, str(tmp_path)],
         capture_output=True,
         text=True,
@@ -167,7 +168,7 @@ def test_a_collector_whose_file_another_process_took_between_runs_names_it(tmp_p
     path = tmp_path / "samples.h5"
     init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)
     postprocess_save(_compiled(save)(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))[0], None)
-    taking = subprocess.Popen(
+    taking = forked.Popen(
         [sys.executable, "-c", f"import sys, time; from jaxstow import io; w = io.HDF5Collector({str(path)!r}); "
          "print('held', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE,
