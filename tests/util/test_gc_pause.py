@@ -3,20 +3,21 @@ back as it was when the last one ends, however the pauses nest, overlap across t
 while a save builds and writes a local file and while a file's or a folder's headers are parsed, never around the
 reads of a load, a foreign library's load, a caller's function, an upload or a commit.
 
-Whether a pause is taken depends on every thread of the process, so the cases that take one run in a fresh process,
-which has no thread left over from other tests."""
+Whether a pause is taken depends on every thread of the process, so the cases that take one run in a process of
+their own, forked from a server that runs no thread (``tests/support/forked.py``), with no thread left over from other
+tests."""
 
 from __future__ import annotations
 
 import gc
 import json
-import subprocess
 import sys
 import textwrap
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 
@@ -41,8 +42,8 @@ for thread in threading.enumerate():
 
 
 def _run(program: str, *arguments: str) -> str:
-    """Run ``program`` in a fresh process, where the only thread is the one that runs it."""
-    process = subprocess.run(
+    """Run ``program`` in a process of its own, where the only thread is the one that runs it."""
+    process = forked.run(
         [sys.executable, "-c", _ALONE + textwrap.dedent(program), *arguments],
         capture_output=True,
         text=True,
