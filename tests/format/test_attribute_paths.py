@@ -4,11 +4,11 @@ that a node's structure keeps them at (``opt/2/2``), and the error for an optax 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
 import equinox as eqx
+import forked
 import jax
 import jax.numpy as jnp
 import optax
@@ -93,7 +93,7 @@ def test_load_errors_name_the_attribute_and_like_restores_without_registering(tm
     tree = {"opt": optimizer} if kind == "ModelAndOptimizer" else nnx.split(optimizer)
     jaxstow.save(tmp_path / "opt.jxs", tree)
     script = textwrap.dedent(LOAD_WITHOUT_REGISTERING)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", script, str(tmp_path / "opt.jxs"), kind], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]

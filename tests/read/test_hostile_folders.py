@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
 
+import forked
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -268,7 +268,7 @@ def test_the_command_refuses_a_hostile_folder_in_one_line(tmp_path, command):
     (linked / FIRST).unlink()
     (linked / FIRST).symlink_to("/dev/zero")
     for target, expected in [(fifo, f"{INDEX}: is a FIFO"), (linked, f"{FIRST}: is a link to /dev/zero")]:
-        done = subprocess.run(
+        done = forked.run(
             [sys.executable, "-m", "jaxstow", command, str(target)], capture_output=True, text=True, timeout=120
         )
         assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import equinox as eqx
+import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -166,9 +167,7 @@ def test_saveable_as_decorator_defaults_to_module_qualname():
 
 
 def _run(code: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, check=True
-    )
+    return forked.run([sys.executable, "-c", textwrap.dedent(code), *args], capture_output=True, text=True, check=True)
 
 
 def test_a_name_unknown_at_load_raises_a_clear_error(tmp_path):
@@ -207,7 +206,7 @@ def test_a_library_that_is_not_imported_is_named_in_the_error(tmp_path):
         "import sys, optax, jax.numpy as jnp, jaxstow; jaxstow.save(sys.argv[1], optax.sgd(0.1).init(jnp.ones(2)))",
         str(path),
     )
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-c", "import sys, jaxstow; jaxstow.load(sys.argv[1])", str(path)],
         capture_output=True,
         text=True,

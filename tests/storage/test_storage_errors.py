@@ -3,7 +3,7 @@
 Each gives a ``StorageError`` (also an ``OSError`` with its ``errno`` and ``filename``) naming the file the user asked
 for, never a temporary name, and the cause in words; what was saved before stays whole, and no temporary file stays.
 The disk is a 1 MiB tmpfs mounted for the test (``tests/support/tmpfs.py``). The manager and the HDF5 collector run in
-real subprocesses, whose standard error is read whole.
+processes of their own (forked from the suite's server), whose standard error is read whole.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from tmpfs import leftovers, make_read_only, small_tmpfs
@@ -35,7 +36,7 @@ def disk(tmp_path: Path):
 
 
 def _python(program: str, *args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-c", textwrap.dedent(program), *map(str, args)],
         capture_output=True,
         text=True,
