@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import forked
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -27,9 +28,7 @@ METADATA = {"model": "mlp", "epoch": 3, "run": {"lr": 0.1, "name": "inner"}, "no
 
 
 def jaxstow_command(*args: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+    return forked.run([sys.executable, "-m", "jaxstow", *map(str, args)], capture_output=True, text=True, timeout=120)
 
 
 def test_safetensors_shows_the_string_metadata_of_a_jaxstow_file(tmp_path):

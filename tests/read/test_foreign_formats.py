@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import equinox as eqx
+import forked
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -318,7 +319,7 @@ def test_orbax_checkpoints_and_manager_steps_load_through_orbax(files):
 
 
 def _convert(*args: object) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-m", "jaxstow", "convert", *map(str, args)], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 import io
-import subprocess
 import sys
 
 import equinox as eqx
+import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,7 +34,7 @@ def test_a_partial_activation_saves_and_loads_in_a_fresh_process(tmp_path):
         "np.testing.assert_array_equal(np.asarray(model(jnp.linspace(-1.0, 1.0, 3))), np.load(sys.argv[1] + '/expected.npy')); "
         "print('same')"
     )
-    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = forked.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "same", done.stderr[-3000:]
 
 

@@ -8,12 +8,12 @@ import json
 import os
 import pickle
 import re
-import subprocess
 import sys
 import textwrap
 import zipfile
 
 import equinox as eqx
+import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -330,14 +330,14 @@ def test_a_save_beyond_the_file_size_limit_removes_its_temporary_file(tmp_path, 
             print("failed", error.errno)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
+    result = forked.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("failed"), result.stdout + result.stderr
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_the_next_save_removes_temporary_files_of_dead_writers_only(tmp_path):
-    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
+    dead = int(forked.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True).stdout)
     jaxstow.save(tmp_path / "model.jxs", TREE)
     [name] = os.listdir(tmp_path)
     from jaxstow._storage.atomic import temporary_sibling
