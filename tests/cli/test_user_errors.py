@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 
+import forked
 import forked_cli
 import jax.numpy as jnp
 import numpy as np
@@ -97,7 +98,7 @@ def jaxstow_bytes(tree) -> bytes:
 def test_a_closed_pipe_ends_quietly(tmp_path):
     path = tmp_path / "wide.jxs"
     jaxstow.save(path, {f"leaf{i:04d}": np.zeros(2, np.float32) for i in range(3000)})  # a table of ~150 kB
-    reader = subprocess.Popen(
+    reader = forked.Popen(
         [sys.executable, "-m", "jaxstow", "inspect", str(path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

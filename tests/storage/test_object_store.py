@@ -14,6 +14,7 @@ import time
 import uuid
 
 import botocore.session
+import forked
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -172,7 +173,7 @@ else:
 
 def _kill_mid_upload(client, bucket: str, prefix: str, url: str, endpoint: str, kind: str) -> None:
     """Start a slow save of 60 MiB and SIGKILL it once an upload under ``prefix`` has a part stored."""
-    writer = subprocess.Popen([sys.executable, "-c", _KILLED_SAVE, url, endpoint, kind])
+    writer = forked.Popen([sys.executable, "-c", _KILLED_SAVE, url, endpoint, kind])
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -225,7 +226,7 @@ def test_jaxstow_uploads_lists_and_aborts_unfinished_uploads(s3):
     options = ["--storage-options", json.dumps(server.storage_options)]
 
     def command(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        return forked.run(
             [sys.executable, "-m", "jaxstow", "uploads", server.url(prefix), *options, *args],
             capture_output=True,
             text=True,
