@@ -168,11 +168,13 @@ def test_what_one_reader_gives_can_be_changed_without_changing_the_next_reader_o
         first.value_entries["config/depth"]["value"] = 7
         first.container.manifest["structure"] = None
         first.container.metadata["jaxstow"] = "{}"
-        for shared in (first.container.slots.offsets, *first.container.columns.marks):
+        marks = first.container.columns.marks
+        for shared in (first.container.slots.offsets, marks.stored, marks.rank):
             with pytest.raises(ValueError, match="read-only"):
                 shared[0] = 0
-        with pytest.raises(TypeError):
-            first.container.slots.index["w"] = 5  # type: ignore[index]
+        for index in (first.container.slots.index, marks.index()):
+            with pytest.raises(TypeError):
+                index["w"] = 5  # type: ignore[index]
     with jaxstow.open(path) as again:
         assert again.container.slots is first.container.slots
         assert again.metadata == {"step": 3, "history": {"loss": [1.0, 0.5]}, "note": "first"}

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstow
-from jaxstow._format.header import header_checksum
+from jaxstow._format.header_checksum import header_checksum
 from jaxstow._steps.record import StepRecord, check_item_header, check_metadata, check_metrics, missing_item_file
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError

@@ -11,7 +11,7 @@ import pytest
 
 import jaxstow
 from jaxstow._format.checksum import checksum
-from jaxstow._format.header import header_checksum
+from jaxstow._format.header_checksum import header_checksum
 from jaxstow._storage.sources import LocalFile
 from jaxstow._write import encoded as encoded_module
 from jaxstow._write.encoded import encode_tree

@@ -6,7 +6,7 @@ jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy
 docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
 manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
 is kept by its bytes (:class:`HeaderCache`): a file opened again whose header and size are the same takes its tensor
-table and metadata from there, its manifest parsed again but not checked whole again (from version 3 on).
+table, metadata and manifest from there (a manifest before version 3 is parsed and checked whole again).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
@@ -23,6 +23,7 @@ table and metadata from there, its manifest parsed again but not checked whole a
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
 import math
 import os
@@ -40,7 +41,7 @@ import xxhash
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
 from jaxstow._format.json_codec import parse_json
-from jaxstow._format.manifest import COLUMNAR_VERSION, LeafColumns, check_leaves, columns_again, version_at_least
+from jaxstow._format.manifest import ColumnMarks, LeafColumns, check_leaves, columns_again
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.npz import NpzReader
@@ -55,8 +56,8 @@ __all__ = [
     "NativeReader",
     "SlotTable",
     "check_header",
+    "check_header_checksum",
     "claims_manifest",
-    "header_checksum",
     "open_container",
     "raw_header",
     "slot_table",
@@ -78,15 +79,15 @@ def open_container(source: ReadSource) -> Container:
     The first page read decides, and holds a small native header whole. The manifest must be well formed and list
     exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
     failure the source stays open, for the caller to tell what else the file is, and to close. A native header that
-    passed every check before, byte for byte in a file of the same size, is taken as it was then, its manifest parsed
-    again into objects of this reader's own.
+    passed every check before, byte for byte in a file of the same size, is taken as it was then, with a copy of its
+    manifest (from version 3 on; parsed again before).
     """
     first = source.read(0, min(source.size, DATA_ALIGNMENT))
     raw = None if first[:4] in _ZIP_MAGIC else raw_header(source, first)
     kept = None if raw is None else _CHECKED.get(raw, source.size)
     reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
     manifest = reader.manifest
-    if manifest is not None and kept is not None and version_at_least(manifest.get("version"), COLUMNAR_VERSION):
+    if manifest is not None and kept is not None and kept.manifest is not None:  # version 3 on
         reader.columns = columns_again(manifest, reader.slots, file=reader.file, marks=kept.marks)  # passed before
     elif manifest is not None:  # checked whole (a manifest before version 3 has its entries completed so)
         plain = reader.plain if isinstance(reader, NativeReader) else None
@@ -100,7 +101,8 @@ def open_container(source: ReadSource) -> Container:
             )
     if raw is not None and kept is None and isinstance(reader, NativeReader):  # every check passed
         marks = None if reader.columns is None else reader.columns.marks
-        _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks))
+        parsed = None if reader.columns is None or manifest is None else _own_copy(manifest)
+        _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks, manifest=parsed))
     return reader
 
 
@@ -131,24 +133,6 @@ def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
     return first[8:] + source.read(len(first), 8 + length - len(first))
 
 
-def header_checksum(source: ReadSource) -> str:
-    """The checksum a jaxstow file's header ends with, checked against the header text without parsing it.
-
-    >>> import io, numpy as np
-    >>> from jaxstow._format.native import write_native
-    >>> from jaxstow._storage.opening import open_source
-    >>> buffer = io.BytesIO()
-    >>> written = write_native(buffer, [("w", np.zeros(2))], {"format": "jaxstow"})
-    >>> _ = buffer.seek(0)
-    >>> header_checksum(open_source(buffer)) == written
-    True
-    """
-    raw = raw_header(source)
-    if not claims_manifest(raw):
-        raise FormatError("not a jaxstow file: its header has no jaxstow manifest", file=source.name)
-    return _check_header_checksum(raw, file=source.name)
-
-
 def claims_manifest(raw: bytes) -> bool:
     """Whether a header's text (:func:`raw_header`) shows a sign of a jaxstow manifest: its key, its checksum's key or
     its format name. Such a header must then pass its checksum; a plain safetensors file's shows none."""
@@ -173,7 +157,7 @@ def _checksum_at(raw: bytes) -> int | None:
     return start
 
 
-def _check_header_checksum(raw: bytes, *, file: str) -> str:
+def check_header_checksum(raw: bytes, *, file: str) -> str:
     """The checksum a jaxstow header's text ends with.
 
     A :class:`CorruptFileError` unless it is the xxh3-64 of the text (padding taken off) with those 16 digits replaced
@@ -254,13 +238,25 @@ class _Header:
     slots: SlotTable
     metadata: MappingProxyType[str, str]
     #: The manifest's columns' read-only :attr:`~jaxstow._format.manifest.LeafColumns.marks`, from version 3 on.
-    marks: tuple[np.ndarray, np.ndarray] | None = None
+    marks: ColumnMarks | None = None
+    #: The manifest parsed then, from version 3 on: never handed out, each reader takes its own copy of it.
+    manifest: Mapping[str, Any] | None = None
 
 
 #: The headers of native files opened, kept for the next open of the same bytes; a forked child starts with none.
 _CHECKED: HeaderCache[_Header] = HeaderCache(most=32, most_bytes=16 << 20)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_CHECKED.reset)
+
+
+def _own_copy(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a version 3 manifest whose parts a reader hands out or may change are its own (the user's metadata,
+    the details, the paths); the rest (the structure, the kinds, the checksums) is only ever read, and shared."""
+    own = {**manifest, "paths": list(manifest["paths"])}
+    for key in ("metadata", "details"):
+        if own.get(key):
+            own[key] = copy.deepcopy(own[key])
+    return own
 
 
 class NativeReader:
@@ -288,14 +284,17 @@ class NativeReader:
             self.header = header or self._read_header(raw_header(source) if raw is None else raw, fast)
             self.slots, self.metadata = self.header.slots, dict(self.header.metadata)
             text = self.metadata.get(MANIFEST_KEY)
-            self.manifest = None if text is None else parse_json(text, what="the jaxstow manifest", file=self.file)
+            if self.header.manifest is not None:
+                self.manifest = _own_copy(self.header.manifest)
+            elif text is not None:
+                self.manifest = parse_json(text, what="the jaxstow manifest", file=self.file)
         #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.
         self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
 
     def _read_header(self, raw: bytes, fast: bool) -> _Header:
         length = len(raw)
         claimed = claims_manifest(raw)
-        recorded = _check_header_checksum(raw, file=self.file) if claimed else None
+        recorded = check_header_checksum(raw, file=self.file) if claimed else None
         error = CorruptFileError if claimed else FormatError
         header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False, fast=fast)
         if not isinstance(header, dict):

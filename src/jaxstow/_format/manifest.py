@@ -8,7 +8,8 @@ tensor says: docs/format.md, "Leaf columns"), checked as wholes, each detail as 
 described only when asked for. A manifest being written keeps its entries (``leaves``) until its header is written.
 
 >>> import numpy as np
->>> from jaxstow._format.manifest import check_columns, check_manifest, columnar
+>>> from jaxstow._format.manifest import check_columns, check_manifest
+>>> from jaxstow._format.manifest_written import columnar
 >>> from jaxstow._format.tensor_reads import TensorSlot
 >>> slots = {"w": TensorSlot.at("w", np.dtype(np.float32), (2, 3), 0)}
 >>> manifest = {"format": "jaxstow", "version": 3, "structure": {"dict": [["w", "*"]]}, "metadata": None,
@@ -24,16 +25,15 @@ jaxstow.errors.FormatError: f.jxs: malformed format version '1.1' (expected a po
 
 from __future__ import annotations
 
-import functools
 import itertools
 import re
 from collections.abc import Iterator, Mapping, MutableMapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from jaxstow._format.json_codec import limits_problem
-from jaxstow._format.json_values import json_problem
 from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
 from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
@@ -46,15 +46,13 @@ __all__ = [
     "KIND_NAMES",
     "PLAIN_METADATA_VERSION",
     "RESERVED_PREFIX",
+    "ColumnMarks",
     "LeafColumns",
     "StoredLeaves",
     "check_columns",
     "check_leaves",
     "check_manifest",
-    "check_nesting",
-    "columnar",
     "columns_again",
-    "metadata_problem",
     "plain_metadata",
     "version_at_least",
 ]
@@ -156,25 +154,6 @@ def version_at_least(version: Any, least: int) -> bool:
     return type(version) is int and version >= least
 
 
-def metadata_problem(metadata: Any) -> str | None:
-    """What keeps ``metadata`` from being saved with a file, or ``None``.
-
-    It must be a dict of strict JSON (see :func:`~jaxstow._format.json_values.json_problem`) within the limits of
-    :func:`check_nesting`, whose keys do not start with :data:`RESERVED_PREFIX`.
-
-    >>> from jaxstow._format.manifest import metadata_problem
-    >>> metadata_problem({"jaxstow_header_xxh3": "0"})
-    "key 'jaxstow_header_xxh3' starts with 'jaxstow', which the file's own keys use: rename it"
-    """
-    if not isinstance(metadata, dict):
-        return f"a dict, not {type(metadata).__name__}"
-    reserved = next((key for key in metadata if isinstance(key, str) and key.startswith(RESERVED_PREFIX)), None)
-    if reserved is not None:
-        return f"key {excerpt(reserved)} starts with {RESERVED_PREFIX!r}, which the file's own keys use: rename it"
-    limits = limits_problem(metadata)
-    return json_problem(metadata) if limits is None else f"it {limits}"
-
-
 def plain_metadata(metadata: Any) -> dict[str, str]:
     """The entries of the user's ``metadata`` that a native header holds as plain ``__metadata__`` keys.
 
@@ -197,32 +176,6 @@ def _unicode(text: str) -> bool:
     return _SURROGATE.search(text) is None  # UTF-8 encodes every code point but these
 
 
-def check_nesting(manifest: dict[str, Any], *, file: str | None = None) -> None:
-    """Refuse, before anything is written, a manifest that a load would refuse for its size.
-
-    That is a structure, value or metadata breaking :func:`~jaxstow._format.json_codec.limits_problem`'s limits:
-    nesting too deep, or holding too long an integer.
-
-    >>> from jaxstow._format.manifest import check_nesting
-    >>> check_nesting({"structure": "*", "metadata": {"n": 10**5000}}, file="f.jxs")
-    Traceback (most recent call last):
-    ...
-    jaxstow.errors.FormatError: f.jxs: the metadata holds an integer of more than 4300 digits; a jaxstow file holds at most 4300
-    """
-    parts: list[tuple[str | None, str, Any]] = [("", "the structure", manifest.get("structure"))]
-    values = [entry for entry in manifest.get("leaves", ()) if entry.get("kind") == "value"]
-    parts += [(entry["path"], "the value", entry.get("value")) for entry in values]
-    details, paths = manifest.get("details", {}), manifest.get("paths", [])  # a version 3 manifest read from a file
-    parts += [
-        (paths[int(index)], "the value", detail["value"]) for index, detail in details.items() if "value" in detail
-    ]
-    parts.append((None, "the metadata", manifest.get("metadata")))
-    for path, what, part in parts:
-        problem = limits_problem(part)
-        if problem is not None:
-            raise FormatError(f"{what} {problem}", file=file, path=path)
-
-
 #: The first format version whose manifest holds columns.
 COLUMNAR_VERSION = 3
 KIND_LETTERS = {
@@ -243,33 +196,39 @@ _INDEX = re.compile(r"0|[1-9][0-9]{0,17}")
 _STORED_MARKS = bytes(int(chr(byte) in CHECKSUMMED) for byte in range(256))
 
 
-def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a file of version 3 or later holds it.
+class ColumnMarks:
+    """What the paths and kinds of a manifest's columns give, which cannot change: shared by every reader of the
+    same header.
 
-    Its ``leaves`` entries turned into columns (any other manifest as it is).
+    :attr:`stored` and :attr:`rank` are read-only arrays; :meth:`index` is made when a leaf is first asked for (a
+    whole restore never asks).
+
+    >>> marks = ColumnMarks(["a", "b", "c"], "ava")
+    >>> marks.stored.tolist(), marks.rank.tolist(), marks.index()["c"]
+    ([True, False, True], [0, 0, 1], 2)
     """
-    leaves = manifest.get("leaves")
-    version = manifest.get("version")
-    if not (type(version) is int and version >= COLUMNAR_VERSION) or not isinstance(leaves, list):
-        return manifest
-    out = {key: value for key, value in manifest.items() if key != "leaves"}
-    kinds = "".join([KIND_LETTERS[entry["kind"]] for entry in leaves])
-    out["paths"] = [entry["path"] for entry in leaves]
-    out["kinds"] = kinds
-    out["xxh3"] = [entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED]
-    out["details"] = {
-        str(i): {key: value for key, value in entry.items() if key not in ("path", "kind", "xxh3")}
-        for i, (entry, kind) in enumerate(zip(leaves, kinds, strict=True))
-        if len(entry) > 2 + (kind in CHECKSUMMED)
-    }
-    return out
+
+    def __init__(self, paths: list[str], kinds: str) -> None:
+        self._paths = tuple(paths)
+        #: Which leaves are stored as one tensor named by their path: their letters marked 1, the others 0.
+        self.stored: np.ndarray = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
+        #: Each such leaf's place in the checksums.
+        self.rank: np.ndarray = np.cumsum(self.stored) - 1
+        self.rank.flags.writeable = False
+        self._index: Mapping[str, int] | None = None
+
+    def index(self) -> Mapping[str, int]:
+        """Each path's place in the columns."""
+        if self._index is None:  # two threads at once make equal ones
+            self._index = MappingProxyType(dict(zip(self._paths, range(len(self._paths)), strict=True)))
+        return self._index
 
 
 class LeafColumns:
     """A checked version 3 manifest's leaves.
 
     The columns, and the detail of each leaf that has one as a version 2 entry (with its path and kind), checked.
-    ``marks``: :attr:`marks` of columns of the same kinds, made before (they cannot change).
+    ``marks``: the :attr:`marks` of columns of the same paths and kinds, made before.
     """
 
     def __init__(
@@ -278,21 +237,15 @@ class LeafColumns:
         kinds: str,
         checksums: list[str],
         entries: dict[int, dict[str, Any]],
-        marks: tuple[np.ndarray, np.ndarray] | None = None,
+        marks: ColumnMarks | None = None,
     ) -> None:
         self.paths = paths
         self.kinds = kinds
         self.checksums = checksums
         self.entries = entries
-        if marks is None:  # the leaves stored as one tensor named by their path: their letters marked 1, the others 0
-            stored = np.frombuffer(kinds.encode("ascii").translate(_STORED_MARKS), np.bool_)
-            rank = np.cumsum(stored) - 1  # each such leaf's place in ``checksums``
-            rank.flags.writeable = False
-            marks = (stored, rank)
-        #: Which leaves are stored as one tensor, and each one's place in ``checksums``: read-only arrays.
-        self.marks = marks
-        self.stored: np.ndarray = marks[0]
-        self._rank: np.ndarray = marks[1]
+        self.marks = ColumnMarks(paths, kinds) if marks is None else marks
+        self.stored: np.ndarray = self.marks.stored
+        self._rank: np.ndarray = self.marks.rank
 
     def checksum(self, index: int) -> str:
         """The checksum of the stored leaf at ``index``."""
@@ -368,7 +321,7 @@ def columns_again(
     slots: Mapping[str, TensorSlot],
     *,
     file: str,
-    marks: tuple[np.ndarray, np.ndarray] | None = None,
+    marks: ColumnMarks | None = None,
 ) -> LeafColumns:
     """The columns of a version 3 manifest whose columns are checked (by :func:`check_columns`, now or on the same
     text parsed before, which gave ``marks``), each detail's entry made, completed and checked by
@@ -408,14 +361,10 @@ class StoredLeaves(MutableMapping[str, Stored]):
         self._slots = slots
         self._made = made
 
-    @functools.cached_property
-    def _index(self) -> dict[str, int]:  # made when a leaf is first asked for: a whole restore never asks
-        return dict(zip(self._columns.paths, range(len(self._columns.paths)), strict=True))
-
     def __getitem__(self, path: str) -> Stored:
         leaf = self._made.get(path)
         if leaf is None:
-            i = self._index[path]
+            i = self._columns.marks.index()[path]
             if not self._columns.stored[i] or self._columns.kinds[i] == "p":
                 raise KeyError(path)
             slot = self._slots[path]
@@ -434,7 +383,7 @@ class StoredLeaves(MutableMapping[str, Stored]):
         raise TypeError("the leaves of a file cannot be removed")
 
     def __contains__(self, path: object) -> bool:
-        i = self._index.get(path) if isinstance(path, str) else None
+        i = self._columns.marks.index().get(path) if isinstance(path, str) else None
         return i is not None and self._columns.kinds[i] not in _NOT_STORED
 
     def __iter__(self) -> Iterator[str]:

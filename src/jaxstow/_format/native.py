@@ -29,7 +29,8 @@ import numpy as np
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
 from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
 from jaxstow._format.json_codec import dump_json
-from jaxstow._format.manifest import PLAIN_METADATA_VERSION, check_nesting, columnar, plain_metadata, version_at_least
+from jaxstow._format.manifest import PLAIN_METADATA_VERSION, plain_metadata, version_at_least
+from jaxstow._format.manifest_written import check_nesting, columnar
 from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow.errors import FormatError
 
@@ -80,7 +81,7 @@ def write_native(
     Whatever the reader would refuse is refused before anything is written, with a :class:`FormatError` naming the
     file (the sink's name): a tensor named ``__metadata__`` (the header's own key), an array of more axes than
     :data:`~jaxstow._format.dtypes.MAX_AXES`, a manifest over the limits of
-    :func:`~jaxstow._format.manifest.check_nesting`, and a header longer than :data:`MAX_HEADER_BYTES`.
+    :func:`~jaxstow._format.manifest_written.check_nesting`, and a header longer than :data:`MAX_HEADER_BYTES`.
     """
     file = _sink_name(sink)
     _check_tensors(tensors, file=file)

@@ -28,7 +28,8 @@ import numpy as np
 from jaxstow._format.checksum import as_bytes, checksum_bytes
 from jaxstow._format.dtypes import MAX_AXES, checked_shape
 from jaxstow._format.json_codec import dump_json, parse_json
-from jaxstow._format.manifest import LeafColumns, check_nesting, columnar
+from jaxstow._format.manifest import LeafColumns
+from jaxstow._format.manifest_written import check_nesting, columnar
 from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, excerpt
@@ -66,7 +67,7 @@ def write_npz(
     """Write ``tensors`` and then the manifest (finished by ``complete()``) as an uncompressed npz.
 
     Leaf names a zip member cannot hold faithfully, arrays of more axes than a file holds and a manifest over the
-    limits of :func:`~jaxstow._format.manifest.check_nesting` are refused before anything is written. Every member
+    limits of :func:`~jaxstow._format.manifest_written.check_nesting` are refused before anything is written. Every member
     carries its CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
     """
     for name, array in tensors:

@@ -271,10 +271,11 @@ def _read_one(
             digests[:] = [xxh3_64_hexdigest(data)]
     else:
         digest = xxh3_64()
+        read_into, update = source.read_into, digest.update
         for at in range(0, len(buffer), _HASHED_PIECE):
             piece = data[at : at + _HASHED_PIECE]
-            source.read_into(offset + at, piece)
-            digest.update(piece)
+            read_into(offset + at, piece)
+            update(piece)
         digests[:] = [digest.hexdigest()]
     return buffer.view(dtype).reshape(shape)
 

@@ -193,12 +193,13 @@ class OpenedFile(Mapping[str, Any]):
     def __getitem__(self, path: str) -> Any:
         if self.closed:
             self.check_open(f"reading leaf {excerpt(path)}")
+        leaf = self.stored.get(path) if isinstance(path, str) else None
+        if leaf is not None:
+            return self.as_leaf(leaf, self.read_arrays([leaf])[path])
         self.check_path(path)
         if path in self.per_process:
             raise RequestError("a per-process leaf: restore it with load()", file=self.file, path=path)
-        if path in self.value_entries:
-            return self.value(path)
-        return self.read_stored([self.stored[path]])[path]
+        return self.value(path)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.paths)
@@ -339,7 +340,8 @@ class OpenedFile(Mapping[str, Any]):
     def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
         """The bytes of whole stored leaves as numpy arrays of their true dtype and shape, verified."""
         self.check_open("reading leaves")
-        if self._map is not None and not any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
+        any_sharded = any(isinstance(leaf, ShardedLeaf) for leaf in leaves)
+        if self._map is not None and not any_sharded:
             out = {}
             for leaf in leaves:
                 view = self._mapped(leaf)
@@ -349,7 +351,7 @@ class OpenedFile(Mapping[str, Any]):
         for leaf in leaves:
             self.on_read(leaf.nbytes)
         sharded: dict[str, np.ndarray] = {}
-        if any(isinstance(leaf, ShardedLeaf) for leaf in leaves):
+        if any_sharded:
             reads = ShardReads(self.containers, self.verify)
             planned = {
                 leaf.path: reads.box(leaf, full_box(leaf.shape)) for leaf in leaves if isinstance(leaf, ShardedLeaf)

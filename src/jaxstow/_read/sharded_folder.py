@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 from jaxstow._format.header import NativeReader, claims_manifest, raw_header
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.kinds import folder_kind
-from jaxstow._format.manifest import check_nesting
+from jaxstow._format.manifest_written import check_nesting
 from jaxstow._format.native import MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import ShardedLeaf, StoredShard

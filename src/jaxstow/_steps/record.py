@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes
-from jaxstow._format.header import header_checksum
+from jaxstow._format.header_checksum import header_checksum
 from jaxstow._format.json_codec import parse_json
 from jaxstow._format.json_values import json_problem
 from jaxstow._format.native_or_npz import FORMAT_VERSION

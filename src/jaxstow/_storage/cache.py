@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from jaxstow._format.header import header_checksum
+from jaxstow._format.header_checksum import header_checksum
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import run_all
 from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling

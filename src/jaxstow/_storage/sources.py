@@ -70,17 +70,26 @@ class LocalFile(SourceBase):
 
     def __init__(self, path: str, *, name: str | None = None, follow: bool = True) -> None:
         self.name = path if name is None else name
-        self._descriptor = _open_regular(path, self.name, follow=follow)
-        self.size = os.fstat(self._descriptor).st_size
+        self._descriptor, self.size = _open_regular(path, self.name, follow=follow)
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = self._pread(length, offset)
+        while len(data) < length:  # a read cut short: read on from there
+            more = self._pread(length - len(data), offset + len(data))
+            if not more:
+                raise self._truncated(offset, length, len(data))
+            data += more
+        return data
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
-        buffer = buffer.cast("B")
-        done = 0
-        while done < len(buffer):
-            count = self._preadv([buffer[done:]], offset + done)
-            if count == 0:
-                raise self._truncated(offset, len(buffer), done)
-            done += count
+        done = self._preadv([buffer], offset)
+        if done < buffer.nbytes:  # a read cut short: read on from there
+            buffer = buffer.cast("B")
+            while done < len(buffer):
+                count = self._preadv([buffer[done:]], offset + done)
+                if count == 0:
+                    raise self._truncated(offset, len(buffer), done)
+                done += count
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls."""
@@ -103,6 +112,12 @@ class LocalFile(SourceBase):
         except OSError as error:  # an I/O error of the device: named, with this file
             raise storage_error(error, self.name, doing="read it") from error
 
+    def _pread(self, length: int, offset: int) -> bytes:
+        try:
+            return os.pread(self._descriptor, length, offset)
+        except OSError as error:
+            raise storage_error(error, self.name, doing="read it") from error
+
     def fileno(self) -> int:
         """The open file descriptor, for positional reads."""
         return self._descriptor
@@ -120,8 +135,9 @@ _SPECIAL = {
 }
 
 
-def _open_regular(path: str, name: str, *, follow: bool) -> int:
-    """A descriptor of the regular file at ``path``, opened read-only without blocking; an error naming ``name`` else."""
+def _open_regular(path: str, name: str, *, follow: bool) -> tuple[int, int]:
+    """A descriptor of the regular file at ``path``, opened read-only without blocking, and the file's size; an error
+    naming ``name`` else."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         _check_regular((os.stat if follow else os.lstat)(path).st_mode, name)
@@ -137,12 +153,13 @@ def _open_regular(path: str, name: str, *, follow: bool) -> int:
     except ValueError as error:  # a NUL byte or a lone surrogate in the name
         raise PathError(f"cannot open it: {error}", file=name) from None
     try:
-        _check_regular(os.fstat(descriptor).st_mode, name)  # what was opened, should it have changed since the check
+        opened = os.fstat(descriptor)
+        _check_regular(opened.st_mode, name)  # what was opened, should it have changed since the check
         os.set_blocking(descriptor, True)
     except BaseException:
         os.close(descriptor)
         raise
-    return descriptor
+    return descriptor, opened.st_size
 
 
 def _check_regular(mode: int, name: str) -> None:

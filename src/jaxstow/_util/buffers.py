@@ -23,7 +23,7 @@ import contextlib
 import mmap
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,13 @@ KEPT_BYTES = 64 << 20
 LARGEST_KEPT = 32 << 20
 _ANONYMOUS = hasattr(mmap, "MAP_ANONYMOUS")
 _ADVISED = getattr(mmap, "MADV_HUGEPAGE", None) is not None
+
+
+class _Mapping(NamedTuple):
+    """An anonymous mapping, and the address of its first 2 MiB boundary, where its buffers start."""
+
+    mapping: mmap.mmap
+    start: int
 
 
 class _Kept:
@@ -53,16 +60,16 @@ class _Kept:
     def reset(self) -> None:
         """Start empty, with a lock of its own (in a forked child, whose parent's lock may be held by a thread gone)."""
         self.lock = threading.RLock()
-        self.sizes: dict[int, list[mmap.mmap]] = {}
+        self.sizes: dict[int, list[_Mapping]] = {}
         self.held = 0
 
     def release(self) -> None:
-        empty: dict[int, list[mmap.mmap]] = {}
+        empty: dict[int, list[_Mapping]] = {}
         with self.lock:
             kept, self.sizes, self.held = self.sizes, empty, 0
         del kept  # the mappings unmapped as they go, outside the lock
 
-    def take(self, size: int) -> mmap.mmap | None:
+    def take(self, size: int) -> _Mapping | None:
         with self.lock:
             mappings = self.sizes.get(size)
             if not mappings:
@@ -70,8 +77,8 @@ class _Kept:
             self.held -= size
             return mappings.pop()
 
-    def give(self, mapping: mmap.mmap, size: int) -> None:
-        first: list[mmap.mmap] = []
+    def give(self, mapping: _Mapping, size: int) -> None:
+        first: list[_Mapping] = []
         with self.lock:
             if size <= self.largest and self.held + size <= self.most:
                 self.sizes.setdefault(size, first).append(mapping)
@@ -91,7 +98,7 @@ def release_kept() -> None:
 class _Owner:
     """The owner of a mapping, the base of the arrays over it; given back to :data:`_KEPT` when they are all gone."""
 
-    def __init__(self, mapping: mmap.mmap, size: int, interface: dict[str, Any], kept: _Kept) -> None:
+    def __init__(self, mapping: _Mapping, size: int, interface: dict[str, Any], kept: _Kept) -> None:
         self.mapping, self.size, self.kept = mapping, size, kept
         self.__array_interface__ = interface
 
@@ -109,16 +116,22 @@ def leaf_buffer(nbytes: int) -> np.ndarray | None:
         return None
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # whole extents, and room to start on a boundary
     mapping = _KEPT.take(size)
-    fresh = mapping is None
     if mapping is None:
-        mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapping = _mapped(size, nbytes)
+    interface = {"shape": (nbytes,), "typestr": "|u1", "data": (mapping.start, False), "version": 3}
+    buffer: np.ndarray = np.asarray(_Owner(mapping, size, interface, _KEPT))
+    return buffer
+
+
+def _mapped(size: int, nbytes: int) -> _Mapping:
+    """A fresh anonymous mapping of ``size`` bytes, the extents a buffer of ``nbytes`` fills from its first 2 MiB
+    boundary advised into huge pages."""
+    mapping = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     view = np.frombuffer(mapping, np.uint8)
     address = view.ctypes.data
     del view  # no export of the mapping outlives this call: the owner alone holds it
-    start = -address % HUGE_PAGE
-    if fresh and _ADVISED:  # only the extents the buffer fills: a huge page never holds bytes beyond it
+    offset = -address % HUGE_PAGE
+    if _ADVISED:  # only the extents the buffer fills: a huge page never holds bytes beyond it
         with contextlib.suppress(OSError):  # no transparent huge pages in this kernel: small pages
-            mapping.madvise(mmap.MADV_HUGEPAGE, start, nbytes - nbytes % HUGE_PAGE)
-    interface = {"shape": (nbytes,), "typestr": "|u1", "data": (address + start, False), "version": 3}
-    buffer: np.ndarray = np.asarray(_Owner(mapping, size, interface, _KEPT))
-    return buffer
+            mapping.madvise(mmap.MADV_HUGEPAGE, offset, nbytes - nbytes % HUGE_PAGE)
+    return _Mapping(mapping, address + offset)

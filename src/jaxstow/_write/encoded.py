@@ -30,7 +30,7 @@ import numpy as np
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf
-from jaxstow._format.manifest import metadata_problem
+from jaxstow._format.manifest_written import metadata_problem
 from jaxstow._format.native_or_npz import (
     FORMAT_NAME,
     FORMAT_VERSION,
