@@ -282,6 +282,29 @@ def test_chains_sharded_over_devices_deliver_each_block_once() -> None:
         np.testing.assert_array_equal(result["samples"]["x"][:, 0], np.arange(16) + 100 * chain)
 
 
+def test_the_chains_of_a_vmap_reach_a_collector_that_stores_them_together_in_one_call(tmp_path) -> None:
+    """Every block a callback carries goes to ``save_chains`` at once: one write (and one flush) for all chains."""
+
+    calls: list[list[int]] = []
+
+    class Together(io.MemoryCollector):
+        def save_chains(self, blocks):
+            calls.append(sorted(blocks))
+            super().save_chains(blocks)
+
+    collector = Together()
+    init_save, save, postprocess_save = io.save(collector, block_size=4)
+    information = scheduler.static_information(samples_collected=STEPS)
+    state = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(3))
+    keep = jnp.ones((3, STEPS), bool)
+    run = jax.jit(jax.vmap(functools.partial(_scan, save), in_axes=(0, None, 0)))
+    state, outputs = run(state, jnp.zeros(3), keep)
+    results = postprocess_save(state, None)
+    assert calls == [[0, 1, 2]] * (STEPS // 4)  # three full blocks; the rest at postprocess_save
+    for chain, result in enumerate(results):
+        _assert_trees_equal(result["samples"], jax.tree.map(lambda leaf, chain=chain: np.asarray(leaf[chain]), outputs))
+
+
 def test_chains_declaring_different_counts_still_stack() -> None:
     init_save, save, postprocess_save = io.save(io.MemoryCollector())
     sample = {"w": jnp.zeros(1000)}  # 4 KB: the declared counts below would give blocks of 128 and 2 rows

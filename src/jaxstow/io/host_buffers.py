@@ -28,10 +28,13 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IDLE_LIMIT", "copy", "empty", "idle_bytes", "release"]
+__all__ = ["COPIED_APART", "IDLE_LIMIT", "copy", "empty", "idle_bytes", "release"]
 
 #: At most this many bytes of idle buffers are kept for the next run; a buffer given back beyond them is freed.
 IDLE_LIMIT = 256 << 20
+#: Copies of fewer bytes come from the allocator, which hands out again the memory freed last, already backed: the
+#: blocks of samples that a run hands over copied every few thousand steps, where the pool would cost more than the copy.
+COPIED_APART = 1 << 20
 
 _lock = threading.RLock()  # a finalizer may give a buffer back in the middle of a call that holds it
 _idle: list[np.ndarray] = []  # buffers no array views any more, smallest first
@@ -74,7 +77,9 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 def copy(array: np.ndarray) -> np.ndarray:
-    """A copy of ``array`` in a buffer from :func:`empty`."""
+    """A copy of ``array`` in a buffer from :func:`empty`, or from the allocator under :data:`COPIED_APART` bytes."""
+    if array.nbytes < COPIED_APART:
+        return np.array(array)
     copied = empty(np.shape(array), array.dtype)
     copied[...] = array
     return copied

@@ -119,8 +119,15 @@ class Receiver:
         return blocks
 
     def _hand_over(self, blocks: list[Block]) -> None:
-        for chain_id, first, values in blocks:
-            self.deliver(chain_id, first, values)
+        """Hand the blocks of one callback to the collector together (one write, and one flush, for all chains)."""
+        live = {chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures}
+        if not live:
+            return
+        try:
+            self.collector.save_chains(live)
+        except Exception as error:
+            for chain_id, (first, values) in live.items():
+                self.failures[chain_id] = (_saving(chain_id, first, values), error)
 
     def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
         steps, solver, scheduler = checkpoint
@@ -128,14 +135,14 @@ class Receiver:
         solver_leaves = jax.tree.leaves(jax.device_get(solver))
         solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
         scheduler = jax.device_get(scheduler)
+        chains = list(np.ndindex(chain_ids.shape))
+        per_chain = [  # each leaf's value for every chain, in the order of ``chains``
+            [np.array(leaf[index]) for index in chains] if impl is None else _keys(leaf, impl, chain_ids.shape)
+            for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
+        ]
         records = {}
-        for index in np.ndindex(chain_ids.shape):
-            state = solver_treedef.unflatten(
-                [
-                    np.array(leaf[index]) if impl is None else _key(np.array(leaf[index]), impl)
-                    for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
-                ]
-            )
+        for position, index in enumerate(chains):
+            state = solver_treedef.unflatten([values[position] for values in per_chain])
             records[int(chain_ids[index])] = ChainCheckpoint(
                 step=int(steps[index]),
                 sample_count=int(counts[index]),
@@ -153,9 +160,7 @@ class Receiver:
 
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
-        rows = len(values[0]) if values else 0
-        what = f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
-        self.attempt(chain_id, what, self.collector.save, chain_id, first, values)
+        self.attempt(chain_id, _saving(chain_id, first, values), self.collector.save, chain_id, first, values)
 
     def attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
         """Run a collector call unless the chain failed before; remember the first failure."""
@@ -179,8 +184,15 @@ class Receiver:
                 raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
 
 
-def _key(data: np.ndarray, impl: Any) -> jax.Array:
-    """A PRNG key of ``impl`` from its data, copied out of the run's buffer: a jax array, which jax 0.4 does not make
-    of a numpy array (its key would then have no sharding)."""
-    key: jax.Array = jax.random.wrap_key_data(jax.device_put(data), impl=impl)
-    return key
+def _saving(chain_id: int, first: int, values: Sequence[np.ndarray]) -> str:
+    """What a block's delivery was doing, for a failure's message."""
+    rows = len(values[0]) if values else 0
+    return f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
+
+
+def _keys(data: np.ndarray, impl: Any, chains: tuple[int, ...]) -> list[jax.Array]:
+    """The PRNG keys of ``impl`` of the chains (of shape ``chains``, in ``np.ndindex`` order) from their data, copied
+    out of the run's buffer in one transfer: jax arrays, which jax 0.4 does not make of numpy arrays (a key would then
+    have no sharding)."""
+    flat = np.array(data).reshape(-1, *np.shape(data)[len(chains) :])
+    return list(jax.random.wrap_key_data(jax.device_put(flat), impl=impl))
