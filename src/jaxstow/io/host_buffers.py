@@ -34,7 +34,7 @@ __all__ = ["COPIED_APART", "IDLE_LIMIT", "copy", "empty", "idle_bytes", "release
 IDLE_LIMIT = 256 << 20
 #: Copies of fewer bytes come from the allocator, which hands out again the memory freed last, already backed: the
 #: blocks of samples that a run hands over copied every few thousand steps, where the pool would cost more than the copy.
-COPIED_APART = 1 << 20
+COPIED_APART = 128 << 10
 
 _lock = threading.RLock()  # a finalizer may give a buffer back in the middle of a call that holds it
 _idle: list[np.ndarray] = []  # buffers no array views any more, smallest first
