@@ -135,14 +135,14 @@ class Receiver:
         solver_leaves = jax.tree.leaves(jax.device_get(solver))
         solver_treedef: PyTreeDef = jax.tree.structure(self.checkpoint_spec)
         scheduler = jax.device_get(scheduler)
-        chains = list(np.ndindex(chain_ids.shape))
-        per_chain = [  # each leaf's value for every chain, in the order of ``chains``
-            [np.array(leaf[index]) for index in chains] if impl is None else _keys(leaf, impl, chain_ids.shape)
-            for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
-        ]
         records = {}
-        for position, index in enumerate(chains):
-            state = solver_treedef.unflatten([values[position] for values in per_chain])
+        for index in np.ndindex(chain_ids.shape):
+            state = solver_treedef.unflatten(
+                [
+                    np.array(leaf[index]) if impl is None else _key(np.array(leaf[index]), impl)
+                    for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
+                ]
+            )
             records[int(chain_ids[index])] = ChainCheckpoint(
                 step=int(steps[index]),
                 sample_count=int(counts[index]),
@@ -190,9 +190,8 @@ def _saving(chain_id: int, first: int, values: Sequence[np.ndarray]) -> str:
     return f"saving samples {first}..{first + rows - 1} of chain {chain_id}"
 
 
-def _keys(data: np.ndarray, impl: Any, chains: tuple[int, ...]) -> list[jax.Array]:
-    """The PRNG keys of ``impl`` of the chains (of shape ``chains``, in ``np.ndindex`` order) from their data, copied
-    out of the run's buffer in one transfer: jax arrays, which jax 0.4 does not make of numpy arrays (a key would then
-    have no sharding)."""
-    flat = np.array(data).reshape(-1, *np.shape(data)[len(chains) :])
-    return list(jax.random.wrap_key_data(jax.device_put(flat), impl=impl))
+def _key(data: np.ndarray, impl: Any) -> jax.Array:
+    """A PRNG key of ``impl`` from its data, copied out of the run's buffer: a jax array, which jax 0.4 does not make
+    of a numpy array (its key would then have no sharding)."""
+    key: jax.Array = jax.random.wrap_key_data(jax.device_put(data), impl=impl)
+    return key
