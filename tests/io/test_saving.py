@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
+from jaxstow.io import hdf5 as hdf5_module
 
 STEPS = 15
 Stats = namedtuple("Stats", ["step", "energy"])
@@ -301,6 +302,37 @@ def test_the_chains_of_a_vmap_reach_a_collector_that_stores_them_together_in_one
     state, outputs = run(state, jnp.zeros(3), keep)
     results = postprocess_save(state, None)
     assert calls == [[0, 1, 2]] * (STEPS // 4)  # three full blocks; the rest at postprocess_save
+    for chain, result in enumerate(results):
+        _assert_trees_equal(result["samples"], jax.tree.map(lambda leaf, chain=chain: np.asarray(leaf[chain]), outputs))
+
+
+def test_the_chains_of_a_vmap_are_finalized_and_handed_back_together(tmp_path, monkeypatch) -> None:
+    """``postprocess_save`` finalizes the chains of a run in one ``finalize_chains`` call and reads their samples in
+    one ``finished_chains`` call; an ``HDF5Collector``'s file, closed once every chain is final, is opened once for
+    all of them, and each chain gets its own samples back."""
+    calls: list[tuple[str, list[int]]] = []
+    opened: list[str] = []
+
+    class Together(io.HDF5Collector):
+        def finalize_chains(self, chain_ids):
+            calls.append(("finalize", list(chain_ids)))
+            super().finalize_chains(chain_ids)
+
+        def finished_chains(self, chain_ids):
+            calls.append(("finished", list(chain_ids)))
+            return super().finished_chains(chain_ids)
+
+    collector = Together(str(tmp_path / "together.h5"))
+    reopen = hdf5_module.open_for_reading
+    monkeypatch.setattr(hdf5_module, "open_for_reading", lambda path: (opened.append(str(path)), reopen(path))[1])
+    init_save, save, postprocess_save = io.save(collector, block_size=4)
+    information = scheduler.static_information(samples_collected=STEPS)
+    state = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(3))
+    run = jax.jit(jax.vmap(functools.partial(_scan, save), in_axes=(0, None, 0)))
+    state, outputs = run(state, jnp.zeros(3), jnp.ones((3, STEPS), bool))
+    results = postprocess_save(state, None)
+    assert calls == [("finalize", [0, 1, 2]), ("finished", [0, 1, 2])]
+    assert opened == [str(tmp_path / "together.h5")]
     for chain, result in enumerate(results):
         _assert_trees_equal(result["samples"], jax.tree.map(lambda leaf, chain=chain: np.asarray(leaf[chain]), outputs))
 

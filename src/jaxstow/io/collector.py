@@ -136,9 +136,22 @@ class DataCollector(abc.ABC):
     def finalize(self, chain_id: int) -> None:
         """Called after the run: wait for all writing of the chain to be finished."""
 
+    def finalize_chains(self, chain_ids: Sequence[int]) -> None:
+        """:meth:`finalize` for the chains of one run (those of one ``vmap``) together, which
+        :func:`jaxstow.io.save` calls. By default :meth:`finalize` for each; a collector that finishes them better
+        together overrides it (the :class:`~jaxstow.io.HDF5Collector` flushes its file once for all)."""
+        for chain_id in chain_ids:
+            self.finalize(chain_id)
+
     @abc.abstractmethod
     def finished(self, chain_id: int) -> Any:
         """The chain's samples as the collector holds them, after :meth:`finalize`."""
+
+    def finished_chains(self, chain_ids: Sequence[int]) -> list[Any]:
+        """:meth:`finished` for the chains of one run together, in the order given, which :func:`jaxstow.io.save`
+        calls. By default :meth:`finished` for each; the :class:`~jaxstow.io.HDF5Collector` reads them all from one
+        opening of its file."""
+        return [self.finished(chain_id) for chain_id in chain_ids]
 
     def release(self, chain_id: int) -> None:
         """Called after :meth:`finished`: the chain's run is over and its samples were handed to the caller, so the

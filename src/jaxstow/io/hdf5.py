@@ -375,20 +375,26 @@ class HDF5Collector(KeepsChains, DataCollector):
         write_checkpoints(path, self._latest)
 
     def finalize(self, chain_id: int) -> None:
-        """Wait for the writes, trim the datasets to the samples kept, record ``sample_count``, flush.
+        """Finalize one chain (see :meth:`finalize_chains`)."""
+        self.finalize_chains([chain_id])
+
+    def finalize_chains(self, chain_ids: Sequence[int]) -> None:
+        """Wait for the writes, trim each chain's datasets to the samples kept, record its ``sample_count``, flush once.
 
         The checkpoints are removed once every registered chain is finalized: a run killed in between resumes.
         """
         self._writer.wait()
-        end = self._chains.ends[chain_id]
         with self._failures():
-            for dataset in self._datasets[chain_id]:
-                dataset.resize(end, axis=0)
-            self._published[chain_id] = end
+            for chain_id in chain_ids:
+                end = self._chains.ends[chain_id]
+                for dataset in self._datasets[chain_id]:
+                    dataset.resize(end, axis=0)
+                self._published[chain_id] = end
             self._publish()
-            self._file[group_name(chain_id)].attrs["sample_count"] = end
+            for chain_id in chain_ids:
+                self._file[group_name(chain_id)].attrs["sample_count"] = self._chains.ends[chain_id]
             self._file.flush()
-        self._finalized.add(chain_id)
+        self._finalized.update(chain_ids)
         path = self.checkpoint_path
         if self._finalized >= set(self._datasets):
             if path is not None:
@@ -417,13 +423,20 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._senders.append(wait)
 
     def finished(self, chain_id: int) -> Any:
-        """The chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read (into
-        memory that the arrays of earlier runs gave back, see :mod:`~jaxstow.io.host_buffers`)."""
-        layout = self._chains.layout(chain_id)
+        """The chain's samples (see :meth:`finished_chains`)."""
+        return self.finished_chains([chain_id])[0]
+
+    def finished_chains(self, chain_ids: Sequence[int]) -> list[Any]:
+        """Each chain's samples as the sample is structured: datasets of a file given open, or NumPy arrays read (into
+        memory that the arrays of earlier runs gave back, see :mod:`~jaxstow.io.host_buffers`), the file opened once."""
+        layouts = [self._chains.layout(chain_id) for chain_id in chain_ids]
         if self._lock is None:
-            return layout.treedef.unflatten(self._datasets[chain_id])
+            return [layout.treedef.unflatten(self._datasets[c]) for c, layout in zip(chain_ids, layouts, strict=True)]
         with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
-            return layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
+            return [
+                layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
+                for chain_id, layout in zip(chain_ids, layouts, strict=True)
+            ]
 
     def release(self, chain_id: int) -> None:
         """Forget the chain, whose run is over: its samples are in the file."""

@@ -27,6 +27,7 @@ from jaxstow.io import host_buffers
 from jaxstow.io.chains import SampleLayout
 
 __all__ = [
+    "DIRECT_CHUNK_BYTES",
     "checkpoint_path",
     "dataset_name",
     "group_name",
@@ -35,6 +36,9 @@ __all__ = [
     "write_block",
     "write_hyperslab",
 ]
+
+#: Chunks of at least this many bytes are read back raw, one call each; smaller ones in one read of the rows.
+DIRECT_CHUNK_BYTES = 256 << 10
 
 
 def checkpoint_path(filename: str, folder: str | None = None) -> str:
@@ -106,21 +110,24 @@ def write_hyperslab(dataset: Any, first: int, value: np.ndarray) -> None:
 
 def read_whole(dataset: Any) -> np.ndarray:
     """Every row of ``dataset``, read into memory that earlier arrays gave back (:mod:`~jaxstow.io.host_buffers`): the
-    whole chunks as raw chunks where no filter transforms them (as :func:`write_block` writes them, without HDF5's
-    copy through its own buffers), the rest as one hyperslab."""
-    out = host_buffers.empty(dataset.shape, dataset.dtype)
+    whole chunks of at least :data:`DIRECT_CHUNK_BYTES` as raw chunks where no filter transforms them (as
+    :func:`write_block` writes them, without HDF5's copy through its own buffers), the rest as one hyperslab (smaller
+    chunks cost more as calls of their own than that copy)."""
+    out = host_buffers.empty(dataset.id.shape, dataset.id.dtype)
     if out.size == 0:
         return out
     rows, whole = len(out), 0
-    if dataset.id.get_create_plist().get_nfilters() == 0:
-        chunk = dataset.chunks[0]
+    chunk = dataset.chunks[0] if out.nbytes >= DIRECT_CHUNK_BYTES and dataset.chunks else 0
+    if chunk * (out.nbytes // rows) >= DIRECT_CHUNK_BYTES and dataset.id.get_create_plist().get_nfilters() == 0:
         whole = rows // chunk * chunk
         raw, row_bytes = out.reshape(-1).view(np.uint8), out.nbytes // rows
         for start in range(0, whole, chunk):
             offset = (start, *(0 for _ in out.shape[1:]))
             dataset.id.read_direct_chunk(offset, out=raw[start * row_bytes : (start + chunk) * row_bytes])
-    if whole < rows:
-        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+    h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+    if whole == 0:
+        dataset.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
+    elif whole < rows:
         space = dataset.id.get_space()
         space.select_hyperslab((whole, *(0 for _ in out.shape[1:])), out[whole:].shape)
         dataset.id.read(h5py.h5s.create_simple(out[whole:].shape), space, out[whole:])

@@ -171,6 +171,17 @@ class Receiver:
         except Exception as error:
             self.failures[chain_id] = (what, error)
 
+    def attempt_together(self, chain_ids: Sequence[int], what: str, action: Callable[[list[int]], Any]) -> None:
+        """Run a collector call on the chains that did not fail before, together; a failure is each one's."""
+        live = [chain_id for chain_id in chain_ids if chain_id not in self.failures]
+        if not live:
+            return
+        try:
+            action(live)
+        except Exception as error:
+            for chain_id in live:
+                self.failures[chain_id] = (what, error)
+
     def wait(self) -> None:
         """Wait until every block queued for the collector is handed over."""
         self._deliveries.wait()

@@ -175,8 +175,7 @@ def _sample(
             _write_warmup(file, warmup(state))
     if finished is not None:
         _hand_over(collector, counts, *finished, checkpoint_every=checkpoint_every)
-    for chain in range(chains):
-        collector.finalize(chain)
+    collector.finalize_chains(list(range(chains)))
 
 
 def _hand_over(

@@ -242,8 +242,7 @@ class _Streaming:
             first, rows = int(state.sent[index]), int(state.fill[index])
             if rows:
                 host.deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
-        for chain_id in chain_ids:
-            host.attempt(chain_id, f"finalizing chain {chain_id}", self.collector.finalize, chain_id)
+        host.attempt_together(chain_ids, "finalizing the run's chains", self.collector.finalize_chains)
         host.raise_failures(chain_ids)
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
@@ -257,9 +256,10 @@ class _Streaming:
                 f"all of them were passed to the {name}; declare the right number, or "
                 "samples_collected=None when it is not known in advance",
             )
+        samples = self.collector.finished_chains(list(counts))
         results = []
-        for chain_id, count in counts.items():
-            results.append({"sample_count": jnp.asarray(count), "samples": self.collector.finished(chain_id)})
+        for (chain_id, count), chain_samples in zip(counts.items(), samples, strict=True):
+            results.append({"sample_count": jnp.asarray(count), "samples": chain_samples})
             self.collector.release(chain_id)
             del host.live[chain_id]
         return results[0] if np.ndim(state.chain_id) == 0 else results
