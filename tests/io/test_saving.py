@@ -25,6 +25,7 @@ import pytest
 
 from jaxstow import io, scheduler
 from jaxstow.io import hdf5 as hdf5_module
+from jaxstow.io import receiving
 
 STEPS = 15
 Stats = namedtuple("Stats", ["step", "energy"])
@@ -335,6 +336,52 @@ def test_the_chains_of_a_vmap_are_finalized_and_handed_back_together(tmp_path, m
     assert opened == [str(tmp_path / "together.h5")]
     for chain, result in enumerate(results):
         _assert_trees_equal(result["samples"], jax.tree.map(lambda leaf, chain=chain: np.asarray(leaf[chain]), outputs))
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_checkpointed_prng_keys_resume_as_keys_and_a_collector_that_checkpoints_itself_gets_jax_keys(
+    kind, tmp_path, monkeypatch
+):
+    """The built-in collectors take a checkpoint's keys as their data (no call into jax inside the run) and give
+    them back as the same typed keys; a subclass overriding ``checkpoint_chains`` still gets jax keys."""
+    given: list[Any] = []
+    made: list[str] = []  # the keys made by a call into jax inside the run, per collector
+    make_key = receiving._key
+    monkeypatch.setattr(receiving, "_key", lambda data, impl: (made.append(name), make_key(data, impl))[1])
+    base = io.MemoryCollector if kind == "memory" else io.HDF5Collector
+
+    class Logged(base):  # type: ignore[misc, valid-type]
+        def checkpoint_chains(self, checkpoints):
+            given.extend(checkpoint.solver_state["key"] for checkpoint in checkpoints.values())
+            super().checkpoint_chains(checkpoints)
+
+    def collector(cls, name):
+        return cls(save_dir=tmp_path / name) if kind == "memory" else cls(str(tmp_path / f"{name}.h5"))
+
+    def step(save, carry, t):
+        saving_state, solver = carry
+        key, noise = jax.random.split(solver["key"])
+        sample = _sample(jax.random.normal(noise, (3,)), t)
+        return (save(saving_state, True, sample, solver_state={"key": key})[0], {"key": key}), solver["key"]
+
+    for cls, name in ((base, "plain"), (Logged, "logged")):
+        first = collector(cls, name)
+        init_save, save, _ = io.save(first, checkpoint_every=5)
+        solver = {"key": jax.random.key(3)}
+        state = init_save(INIT_SAMPLE, solver, scheduler.static_information(samples_collected=STEPS))
+        run = jax.jit(lambda carry, save=save: jax.lax.scan(functools.partial(step, save), carry, jnp.arange(7)))
+        (state, _), keys = run((state, solver))
+        jax.block_until_ready(state)  # no postprocess_save: the run stops after its checkpoint at step 5
+        if kind == "hdf5":
+            first.close()  # as a process that ends without finishing its run: the checkpoint stays
+        resumed = collector(base, name)
+        io.save(resumed, checkpoint_every=5)[0](INIT_SAMPLE, solver, scheduler.static_information())
+        key = resumed.resume()[0].solver_state["key"]
+        assert jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+        np.testing.assert_array_equal(jax.random.key_data(key), jax.random.key_data(keys[5]))
+    assert made == ["logged"]
+    assert len(given) == 1 and jnp.issubdtype(given[0].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(given[0]), jax.random.key_data(keys[5]))
 
 
 def test_chains_declaring_different_counts_still_stack() -> None:

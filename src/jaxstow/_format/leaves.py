@@ -36,6 +36,7 @@ from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 __all__ = [
     "EncodedLeaf",
     "EncodedShard",
+    "KeyData",
     "StoredLeaf",
     "check_entry",
     "decode_value_entry",
@@ -54,6 +55,25 @@ _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 _IMPL_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 #: The tags by which jax before 0.4.36 printed its PRNG implementations, as files saved with it name them.
 _IMPL_TAGS = {"fry": "threefry2x32", "urbg": "unsafe_rbg"}
+
+
+class KeyData:
+    """Typed PRNG keys held as their raw data on the host, with their implementation's registered name: stored, and
+    loaded back, as the keys themselves. Made without a call into jax, which inside a running program's host callback
+    waits on the program.
+
+    >>> import os, tempfile, jaxstow
+    >>> key = jax.random.key(7)
+    >>> path = os.path.join(tempfile.mkdtemp(), "key.jxs")
+    >>> jaxstow.save(path, {"key": KeyData(np.asarray(jax.random.key_data(key)), key_impl_name(key.dtype))})
+    >>> bool(jaxstow.load(path)["key"] == key)
+    True
+    """
+
+    __slots__ = ("data", "impl")
+
+    def __init__(self, data: np.ndarray, impl: str) -> None:
+        self.data, self.impl = data, impl
 
 
 #: ``(start, stop)`` along every axis.
@@ -104,6 +124,10 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         array = np.asarray(leaf)
         if array.flags.c_contiguous:
             return EncodedLeaf({"path": path, "kind": "array"}, array)
+    if type(leaf) is KeyData:
+        stored = _stored(path, "key", leaf.data, file)
+        stored.entry["impl"] = leaf.impl
+        return stored
     if isinstance(leaf, jax.Array):
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):

@@ -10,7 +10,7 @@ import numpy as np
 
 from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once"]
+__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once", "stores_key_data"]
 
 
 class ChainCheckpoint(NamedTuple):
@@ -71,6 +71,10 @@ class DataCollector(abc.ABC):
     #: :meth:`save` is called with the copies, which it may keep, on a thread of its own. A subclass that overrides
     #: :meth:`save` or :meth:`save_chains` gets the copies on that thread unless it sets this again.
     copies_blocks: ClassVar[bool] = False
+    #: ``True`` where :meth:`checkpoint` and :meth:`checkpoint_chains` store the solver state with
+    #: :func:`jaxstow.save` and take its PRNG keys as :class:`~jaxstow._format.leaves.KeyData`, made inside the run
+    #: without a call into jax (the built-in collectors); a subclass that overrides either gets jax keys.
+    _stores_key_data: ClassVar[bool] = False
 
     @abc.abstractmethod
     def register_data_loader(self, data_loader: DataLoader) -> None:
@@ -176,9 +180,28 @@ def copies_at_once(collector: DataCollector) -> bool:
     >>> copies_at_once(io.MemoryCollector()), copies_at_once(Logged())
     (True, False)
     """
+    return _set_by(collector, "copies_blocks", ("save", "save_chains"))
+
+
+def stores_key_data(collector: DataCollector) -> bool:
+    """Whether ``collector``'s checkpoints take PRNG keys as their data on the host (``_stores_key_data``), as
+    :func:`copies_at_once` decides for :meth:`~DataCollector.checkpoint` and :meth:`~DataCollector.checkpoint_chains`.
+
+    >>> from jaxstow import io
+    >>> class Logged(io.HDF5Collector):
+    ...     def checkpoint_chains(self, checkpoints):
+    ...         super().checkpoint_chains(checkpoints)
+    >>> stores_key_data(io.MemoryCollector()), stores_key_data(Logged.__new__(Logged))
+    (True, False)
+    """
+    return _set_by(collector, "_stores_key_data", ("checkpoint", "checkpoint_chains"))
+
+
+def _set_by(collector: DataCollector, flag: str, methods: tuple[str, ...]) -> bool:
+    """``flag`` as the class that set it last sets it, unless a class below that one overrides one of ``methods``."""
     for kind in type(collector).__mro__:
-        if "copies_blocks" in vars(kind):
-            return bool(vars(kind)["copies_blocks"])
-        if "save" in vars(kind) or "save_chains" in vars(kind):
+        if flag in vars(kind):
+            return bool(vars(kind)[flag])
+        if any(method in vars(kind) for method in methods):
             return False
     return False

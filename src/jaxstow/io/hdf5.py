@@ -106,6 +106,7 @@ class HDF5Collector(KeepsChains, DataCollector):
     """
 
     copies_blocks = True
+    _stores_key_data = True
 
     def __init__(
         self,
@@ -305,9 +306,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             self._counts = counts
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
-        write_hyperslab(
-            counts, 0, np.asarray(self._published, np.int64)
-        )  # after every block: h5py's slicing costs more
+        write_hyperslab(counts, 0, np.asarray(self._published, np.int64))  # after each block: h5py's slicing costs more
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""

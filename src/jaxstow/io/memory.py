@@ -58,6 +58,7 @@ class MemoryCollector(KeepsChains, DataCollector):
     """
 
     copies_blocks = True
+    _stores_key_data = True
 
     def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
         self._save_dir = None if save_dir is None else os.fspath(save_dir)

@@ -20,10 +20,11 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow._format.leaves import KeyData
 from jaxstow.errors import CollectorError, failed
 from jaxstow.io import host_buffers
 from jaxstow.io.batching import shared_chains, shared_state_error
-from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data
 from jaxstow.io.job_queue import JobQueue
 
 __all__ = ["Receiver", "ran_already"]
@@ -56,7 +57,9 @@ class Receiver:
         self.failures: dict[int, tuple[str, Exception]] = {}
         self.checkpoint_spec: Any = None
         self.checkpoint_layout: PyTreeDef | None = None  # of (buffer, checkpoint), as a checkpoint's call sends them
-        self.key_impls: list[Any] = []  # per leaf of the checkpointed state: its PRNG implementation, if a key
+        self.key_data = stores_key_data(collector)
+        #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
+        self.key_impls: list[tuple[Any, str] | None] = []
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
         register_sender = getattr(collector, "register_sender", None)
         if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
@@ -139,7 +142,7 @@ class Receiver:
         for index in np.ndindex(chain_ids.shape):
             state = solver_treedef.unflatten(
                 [
-                    np.array(leaf[index]) if impl is None else _key(np.array(leaf[index]), impl)
+                    self._leaf(np.array(leaf[index]), impl)
                     for leaf, impl in zip(solver_leaves, self.key_impls, strict=True)
                 ]
             )
@@ -157,6 +160,12 @@ class Receiver:
         except Exception as error:
             for chain_id, record in live.items():
                 self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)
+
+    def _leaf(self, data: np.ndarray, impl: tuple[Any, str] | None) -> Any:
+        """A checkpointed leaf, copied out of the run's buffer; a PRNG key as the collector takes it."""
+        if impl is None:
+            return data
+        return KeyData(data, impl[1]) if self.key_data else _key(data, impl[0])
 
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.tree_util import PyTreeDef
 
+from jaxstow._format.leaves import key_impl_name
 from jaxstow._util import jax_compat
 from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
@@ -210,7 +211,8 @@ class _Streaming:
         self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
         self.host.checkpoint_spec = checkpoint_spec
         self.host.key_impls = [
-            jax.random.key_impl(leaf) if _is_key(leaf) else None for leaf in jax.tree.leaves(init_checkpoint)
+            (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if _is_key(leaf) else None
+            for leaf in jax.tree.leaves(init_checkpoint)
         ]
         resumed = self.collector.resume().get(chain_id)
         if resumed is None:
