@@ -42,7 +42,9 @@ class DataCollector(abc.ABC):
     """Collects sampled data and data loader states, as jax_sgmc's ``io.DataCollector`` does.
 
     :func:`jaxstow.io.save` calls :meth:`register_chain` once per chain, :meth:`save` with whole blocks of samples,
-    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize`, :meth:`finished` and :meth:`release`:
+    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize`, :meth:`finished` and :meth:`release`
+    (through :meth:`save_chains`, :meth:`checkpoint_chains`, :meth:`finalize_chains` and :meth:`finished_chains`,
+    which take the chains of one ``vmap`` together and by default call those for each):
 
     >>> import jax.numpy as jnp
     >>> from jaxstow import io
