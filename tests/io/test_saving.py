@@ -384,6 +384,44 @@ def test_checkpointed_prng_keys_resume_as_keys_and_a_collector_that_checkpoints_
     np.testing.assert_array_equal(jax.random.key_data(given[0]), jax.random.key_data(keys[5]))
 
 
+def test_a_subclass_overriding_the_calls_for_one_chain_sees_every_chain(tmp_path) -> None:
+    """A subclass of a built-in collector that overrides ``save``, ``checkpoint``, ``finalize`` or ``finished`` gets a
+    call for each chain, though the built-in collector takes the chains of a run together."""
+    seen: dict[str, set[int]] = {"save": set(), "checkpoint": set(), "finalize": set(), "finished": set()}
+
+    class Logged(io.HDF5Collector):
+        def save(self, chain_id, first, values):
+            seen["save"].add(chain_id)
+            super().save(chain_id, first, values)
+
+        def checkpoint(self, chain_id, checkpoint):
+            seen["checkpoint"].add(chain_id)
+            super().checkpoint(chain_id, checkpoint)
+
+        def finalize(self, chain_id):
+            seen["finalize"].add(chain_id)
+            super().finalize(chain_id)
+
+        def finished(self, chain_id):
+            seen["finished"].add(chain_id)
+            return super().finished(chain_id)
+
+    init_save, save, postprocess_save = io.save(Logged(str(tmp_path / "logged.h5")), block_size=4, checkpoint_every=5)
+    information = scheduler.static_information(samples_collected=STEPS)
+    state = jax.vmap(lambda _: init_save(INIT_SAMPLE, jnp.zeros(3), information))(jnp.arange(3))
+
+    def step(saving_state, t):
+        sample = _sample(jnp.full(3, t, jnp.float32), t)
+        return save(saving_state, True, sample, solver_state=sample["x"])[0], sample
+
+    run = jax.jit(jax.vmap(lambda s: jax.lax.scan(step, s, jnp.arange(STEPS))))
+    state, outputs = run(state)
+    results = postprocess_save(state, None)
+    assert seen == {name: {0, 1, 2} for name in seen}
+    for chain, result in enumerate(results):
+        _assert_trees_equal(result["samples"], jax.tree.map(lambda leaf, chain=chain: np.asarray(leaf[chain]), outputs))
+
+
 def test_chains_declaring_different_counts_still_stack() -> None:
     init_save, save, postprocess_save = io.save(io.MemoryCollector())
     sample = {"w": jnp.zeros(1000)}  # 4 KB: the declared counts below would give blocks of 128 and 2 rows

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
 from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once", "stores_key_data"]
+__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once", "stores_key_data", "together"]
 
 
 class ChainCheckpoint(NamedTuple):
@@ -43,8 +44,7 @@ class DataCollector(abc.ABC):
 
     :func:`jaxstow.io.save` calls :meth:`register_chain` once per chain, :meth:`save` with whole blocks of samples,
     :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize`, :meth:`finished` and :meth:`release`
-    (through :meth:`save_chains`, :meth:`checkpoint_chains`, :meth:`finalize_chains` and :meth:`finished_chains`,
-    which take the chains of one ``vmap`` together and by default call those for each):
+    (each through its ``_chains`` method, which takes the chains of one ``vmap`` together, calling it for each):
 
     >>> import jax.numpy as jnp
     >>> from jaxstow import io
@@ -197,6 +197,31 @@ def stores_key_data(collector: DataCollector) -> bool:
     (True, False)
     """
     return _set_by(collector, "_stores_key_data", ("checkpoint", "checkpoint_chains"))
+
+
+def together(collector: DataCollector, name: str) -> Callable[..., Any]:
+    """``collector``'s method ``<name>_chains``, which takes the chains of a run together; where a subclass overrides
+    the method ``name`` for one chain below the class that defines ``<name>_chains``, :class:`DataCollector`'s, which
+    calls that override for each chain (so that a subclass's ``save``, ``checkpoint``, ``finalize`` or ``finished``
+    sees every chain, as :func:`jaxstow.io.save` calls it).
+
+    >>> from jaxstow import io
+    >>> class Logged(io.HDF5Collector):
+    ...     def finalize(self, chain_id):
+    ...         super().finalize(chain_id)
+    >>> collector = Logged.__new__(Logged)
+    >>> together(collector, "finalize").func is DataCollector.finalize_chains
+    True
+    >>> together(collector, "save") == collector.save_chains
+    True
+    """
+    for kind in type(collector).__mro__:
+        if f"{name}_chains" in vars(kind):
+            break
+        if name in vars(kind):
+            return functools.partial(vars(DataCollector)[f"{name}_chains"], collector)
+    method: Callable[..., Any] = getattr(collector, f"{name}_chains")
+    return method
 
 
 def _set_by(collector: DataCollector, flag: str, methods: tuple[str, ...]) -> bool:

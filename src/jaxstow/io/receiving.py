@@ -24,7 +24,7 @@ from jaxstow._format.leaves import KeyData
 from jaxstow.errors import CollectorError, failed
 from jaxstow.io import host_buffers
 from jaxstow.io.batching import shared_chains, shared_state_error
-from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data
+from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data, together
 from jaxstow.io.job_queue import JobQueue
 
 __all__ = ["Receiver", "ran_already"]
@@ -127,7 +127,7 @@ class Receiver:
         if not live:
             return
         try:
-            self.collector.save_chains(live)
+            together(self.collector, "save")(live)
         except Exception as error:
             for chain_id, (first, values) in live.items():
                 self.failures[chain_id] = (_saving(chain_id, first, values), error)
@@ -156,7 +156,7 @@ class Receiver:
         if not live:
             return
         try:  # the chains of one step together: a collector may store them all at once
-            self.collector.checkpoint_chains(live)
+            together(self.collector, "checkpoint")(live)
         except Exception as error:
             for chain_id, record in live.items():
                 self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)

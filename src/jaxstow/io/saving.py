@@ -41,7 +41,7 @@ from jaxstow.io.batching import (
     spec_of,
     write_rows,
 )
-from jaxstow.io.collector import DataCollector
+from jaxstow.io.collector import DataCollector, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already
@@ -244,7 +244,7 @@ class _Streaming:
             first, rows = int(state.sent[index]), int(state.fill[index])
             if rows:
                 host.deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
-        host.attempt_together(chain_ids, "finalizing the run's chains", self.collector.finalize_chains)
+        host.attempt_together(chain_ids, "finalizing the run's chains", together(self.collector, "finalize"))
         host.raise_failures(chain_ids)
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
@@ -258,7 +258,7 @@ class _Streaming:
                 f"all of them were passed to the {name}; declare the right number, or "
                 "samples_collected=None when it is not known in advance",
             )
-        samples = self.collector.finished_chains(list(counts))
+        samples = together(self.collector, "finished")(list(counts))
         results = []
         for (chain_id, count), chain_samples in zip(counts.items(), samples, strict=True):
             results.append({"sample_count": jnp.asarray(count), "samples": chain_samples})
