@@ -13,6 +13,7 @@ import textwrap
 import time
 import uuid
 
+import botocore.client
 import botocore.session
 import forked
 import jax.numpy as jnp
@@ -151,6 +152,28 @@ def test_an_interrupted_save_leaves_the_previous_object_and_no_upload(s3):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         sys.unraisablehook = previous_hook
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [1.0] * 4
+    assert _unfinished(client, server.bucket, prefix) == []
+
+
+def test_a_save_interrupted_as_its_upload_starts_leaves_the_previous_object_and_no_upload(s3, monkeypatch):
+    # Ctrl-C while CreateMultipartUpload is answered: the server made the upload, the saver never learnt its id.
+    server, prefix, client = s3
+    url = server.url(prefix, "model.jxs")
+    options = server.storage_options
+    jaxstow.save(url, {"v": np.ones(4)}, storage_options=options)
+    answer = botocore.client.BaseClient._make_api_call
+
+    def interrupted_once_answered(self, operation, params):
+        answered = answer(self, operation, params)
+        if operation == "CreateMultipartUpload":
+            raise KeyboardInterrupt
+        return answered
+
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", interrupted_once_answered)
+    with pytest.raises(KeyboardInterrupt):
+        jaxstow.save(url, _tree(12), storage_options=options, transfer=Transfer(part_size=5 * MiB))
+    monkeypatch.undo()
     assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [1.0] * 4
     assert _unfinished(client, server.bucket, prefix) == []
 

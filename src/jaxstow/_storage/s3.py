@@ -268,6 +268,10 @@ class S3Bucket:
                 return found
             arguments.update(KeyMarker=page["NextKeyMarker"], UploadIdMarker=page["NextUploadIdMarker"])
 
+    def abort_uploads_to(self, key: str, *, url: str) -> None:
+        """Abort every unfinished multipart upload to exactly ``key`` (not those to keys that start with it)."""
+        self.abort_uploads([up for up in self.unfinished_uploads(key, url=url) if up["Key"] == key], url=url)
+
     def abort_uploads(self, uploads: Sequence[dict[str, Any]], *, url: str) -> None:
         """Abort the given multipart uploads; their parts are deleted, and an upload gone already is no error."""
         for upload in uploads:

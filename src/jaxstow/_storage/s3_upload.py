@@ -37,6 +37,7 @@ class S3Upload:
         self._pending_bytes = 0
         self._written = 0
         self._upload_id: str | None = None
+        self._starting = False  # CreateMultipartUpload was sent
         self._parts: list[Future[dict[str, Any]]] = []
         self._failed = threading.Event()
         self.closed = False
@@ -92,6 +93,7 @@ class S3Upload:
     def _send(self, views: list[memoryview]) -> None:
         if self._upload_id is None:
             bucket = self._bucket
+            self._starting = True  # an interrupt before the answer is kept leaves an upload of unknown id: see abort
             self._upload_id = bucket.request(
                 lambda: bucket.client.create_multipart_upload(
                     Bucket=bucket.bucket, Key=self._key, **bucket.extra("CreateMultipartUpload")
@@ -209,15 +211,19 @@ class S3Upload:
     def abort(self) -> None:
         """Drop the parts not yet sent and abort the multipart upload.
 
-        Idempotent; never raises for a server that cannot be reached, whose upload then stays unfinished.
+        Idempotent; never raises for a server that cannot be reached, whose upload then stays unfinished. An
+        upload whose start was interrupted before its id was known (Ctrl-C while CreateMultipartUpload was answered)
+        is found among the key's unfinished uploads and aborted with them.
         """
         self.closed = True
         for future in self._parts:
             future.cancel()
         wait(self._parts)
         self._pending.clear()
-        if self._upload_id is not None:
-            upload = {"Key": self._key, "UploadId": self._upload_id}
-            self._upload_id = None
-            with contextlib.suppress(StorageError):
-                self._bucket.abort_uploads([upload], url=self.name)
+        upload_id, started = self._upload_id, self._starting
+        self._upload_id, self._starting = None, False
+        with contextlib.suppress(StorageError):
+            if upload_id is not None:
+                self._bucket.abort_uploads([{"Key": self._key, "UploadId": upload_id}], url=self.name)
+            elif started:
+                self._bucket.abort_uploads_to(self._key, url=self.name)

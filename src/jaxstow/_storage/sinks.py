@@ -76,7 +76,7 @@ def object_upload(fs: Any, path: str, *, url: str, transfer: Transfer, whole: bo
         bucket_name, key, _ = fs.split_path(path)
         bucket = S3Bucket(fs, bucket_name, transfer)
         if whole:
-            bucket.abort_uploads([up for up in bucket.unfinished_uploads(key, url=url) if up["Key"] == key], url=url)
+            bucket.abort_uploads_to(key, url=url)
         return S3Upload(bucket, key, url=url)
     return _FileUpload(fs, path, url=url, whole=whole)
 
