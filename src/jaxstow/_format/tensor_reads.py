@@ -51,8 +51,9 @@ _RUN = 16 << 20  # the most bytes one coalesced read fetches
 #: ``readinto`` and 4 reach 0.8x of it. Below 32 MiB one thread reads faster than the pieces are handed out.
 LOCAL_DISK = Parallel(readers=16, piece=8 << 20, threshold=32 << 20)
 #: A tensor read alone from a local disk on one thread is read and hashed this many bytes at a time: each piece is
-#: hashed from the cache it was just copied into (a 4 MiB leaf 0.04-0.07 ms sooner than read, then hashed, here).
-_HASHED_PIECE = 256 << 10
+#: hashed from the cache it was just copied into, a core's L2 on current servers (a 4 MiB leaf 0.04-0.07 ms sooner
+#: than read, then hashed; 1 MiB pieces 8-15% sooner than 256 KiB ones, in fewer calls).
+_HASHED_PIECE = 1 << 20
 
 
 class TensorSlot(NamedTuple):
