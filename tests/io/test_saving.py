@@ -501,6 +501,45 @@ def test_the_run_goes_on_while_the_collector_is_busy() -> None:
     _assert_trees_equal(samples, _as_numpy(outputs))
 
 
+@pytest.mark.parametrize("chains", [None, 2])
+def test_a_block_goes_at_the_call_that_fills_it_or_a_row_short_when_that_sample_is_not_kept(chains) -> None:
+    # A block is sent at the call one more kept sample would fill it at, decided the call before; that call's sample
+    # may not be kept: its block goes a row short, and the rows stay exactly the kept samples.
+    blocks = []
+
+    class Logged(io.MemoryCollector):
+        def save_chains(self, chains):
+            blocks.extend(
+                (chain_id, first, len(jax.tree.leaves(values)[0])) for chain_id, (first, values) in chains.items()
+            )
+            super().save_chains(chains)
+
+    init_save, save, postprocess_save = io.save(Logged(), block_size=4)
+    information = scheduler.static_information(samples_collected=STEPS)
+    keep = np.ones(STEPS, bool)
+    keep[[3, 9, 10]] = False  # the 4th call would fill the first block, and keeps nothing
+    run = jax.jit(functools.partial(_scan, save))
+    if chains is None:
+        state, outputs = run(init_save(INIT_SAMPLE, None, information), jnp.zeros(3), jnp.asarray(keep))
+        jax.block_until_ready(state)
+        assert blocks == [(0, 0, 3), (0, 3, 4), (0, 7, 4)]  # sent at calls 4, 8 and 14, inside the run
+        outputs, keeps = [outputs], [keep]
+    else:
+        keeps = [keep, np.ones(STEPS, bool)]
+        states = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(chains))
+        state, outputs = jax.block_until_ready(
+            jax.vmap(run)(states, jnp.zeros((chains, 3)), jnp.asarray(np.stack(keeps)))
+        )
+        outputs = [jax.tree.map(lambda leaf, i=i: leaf[i], outputs) for i in range(chains)]
+        assert blocks[:4] == [(0, 0, 3), (1, 0, 4), (0, 3, 4), (1, 4, 4)]  # every chain goes when one is due
+    results = postprocess_save(state, None)
+    for result, chain_outputs, chain_keep in zip([results] if chains is None else results, outputs, keeps, strict=True):
+        assert int(result["sample_count"]) == int(chain_keep.sum())
+        _assert_trees_equal(
+            result["samples"], jax.tree.map(lambda leaf, kept=chain_keep: np.asarray(leaf)[kept], chain_outputs)
+        )
+
+
 def test_blocks_queued_when_a_program_ends_still_reach_the_collector(tmp_path) -> None:
     log = tmp_path / "blocks.txt"
     program = textwrap.dedent(

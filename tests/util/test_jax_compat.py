@@ -4,6 +4,7 @@ at both ends of the supported jax versions."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import re
 
@@ -39,6 +40,18 @@ def test_the_arguments_each_version_takes_are_those_of_the_installed_jax() -> No
     assert ("returns_token" in parameters(jax_compat.EMIT_PYTHON_CALLBACK)) == (version >= (0, 8, 2))
     assert len(parameters(jax_compat.CALLBACK_OP_SHARDING)) == (2 if version < (0, 5, 0) else 3)
     assert version >= (0, 4, 38)
+
+
+def test_a_switch_in_range_takes_no_clamp_where_jax_allows_and_is_lax_switch_elsewhere(monkeypatch) -> None:
+    in_range = jax.jit(lambda index, x: jax_compat.switch_in_range(index, [lambda x: x - 1, lambda x: x + 1], x))
+    assert [int(in_range(jnp.int32(index), 10)) for index in (0, 1)] == [9, 11]
+    text = in_range.lower(jnp.int32(1), 10).as_text()
+    has_it = jax_compat.JAX_VERSION >= (0, 10)  # the versions it was checked on; jax 0.4.38 has no such name
+    assert ("clamp" in text) != has_it
+    missing = dataclasses.replace(jax_compat.SWITCH_IN_RANGE, attribute="no_such_name")
+    monkeypatch.setattr(jax_compat, "SWITCH_IN_RANGE", missing)  # as on a jax without it
+    clamped = jax.jit(lambda index, x: jax_compat.switch_in_range(index, [lambda x: x - 1, lambda x: x + 1], x))
+    assert int(clamped(jnp.int32(1), 10)) == 11 and "clamp" in clamped.lower(jnp.int32(1), 10).as_text()
 
 
 def _missing(name: str, purpose: str = ".*") -> str:

@@ -4,10 +4,10 @@ jaxstow is tested with jax 0.4.38 to 0.12. Three features need more than jax's p
 hands blocks of samples to the host without a copy (:mod:`jaxstow.io.host_block`), the per-chain saving states that
 ``io.save``'s ``init_save`` returns under ``jax.vmap`` (:mod:`jaxstow.io.saving`), and the messages between the
 processes of a ``jax.distributed`` run (:mod:`jaxstow._coordination`). They use only what this module gives,
-and this module uses only the names of jax's in :data:`SHIMS`, each a :class:`Shim` saying what it is for; each
-function says where jax versions differ. A name the installed jax lacks raises a
-:class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name and its purpose, where the feature
-that needs it starts (``import jaxstow.io``, a loop's compilation, ``init_save``, a checkpoint saved by several
+and this module uses only the names of jax's in :data:`SHIMS` (and, where jax has them, :data:`OPTIONAL_SHIMS`),
+each a :class:`Shim` saying what it is for; each function says where jax versions differ. A name of :data:`SHIMS`
+the installed jax lacks raises a :class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name
+and its purpose, where the feature that needs it starts (``import jaxstow.io``, a loop's compilation, ``init_save``, a checkpoint saved by several
 processes).
 
 >>> from jaxstow._util import jax_compat
@@ -41,6 +41,7 @@ __all__ = [
     "one_device_sharding",
     "register_uncached_lowering",
     "shaped_array",
+    "switch_in_range",
 ]
 
 #: The installed jax's version, as numbers: ``(0, 10, 2)``.
@@ -114,7 +115,15 @@ BATCH_TRACER = Shim(
     "BatchTracer",
     "to return init_save's per-chain saving states mapped by the jax.vmap calls around it",
 )
-#: Every name of jax's that jaxstow uses beyond its public API.
+SWITCH_IN_RANGE = Shim(
+    "jax._src.lax.control_flow.conditionals",
+    "_switch_internal",
+    "to branch on an index known to be in range without lax.switch's clamp, which XLA's CPU runtime runs as a step of "
+    "its own at every iteration of a loop",
+)
+#: The names jaxstow uses where the installed jax has them, and does without otherwise (jax 0.4.38 has none).
+OPTIONAL_SHIMS = (SWITCH_IN_RANGE,)
+#: Every name of jax's that jaxstow needs beyond its public API.
 SHIMS = (
     PRIMITIVE,
     SHAPED_ARRAY,
@@ -214,6 +223,21 @@ def mapped_by(value: Any, vmaps: Sequence[tuple[Any, int]]) -> Any:
     for trace, _ in vmaps:
         value = tracer(trace, value, 0)
     return value
+
+
+def switch_in_range(index: jax.Array, branches: Sequence[Callable[..., Any]], *operands: Any) -> Any:
+    """``jax.lax.switch(index, branches, *operands)`` for an int32 ``index`` known to name one of the ``branches``:
+    without the clamp ``lax.switch`` puts before the branch, where the installed jax allows (:data:`OPTIONAL_SHIMS`).
+
+    >>> import jax.numpy as jnp
+    >>> int(switch_in_range(jnp.int32(1), [lambda x: x - 1, lambda x: x + 1], 41))
+    42
+    """
+    try:
+        in_range = SWITCH_IN_RANGE.resolve()
+    except MissingDependencyError:
+        return jax.lax.switch(index, branches, *operands)
+    return in_range(index, branches, operands, branches_platforms=None)
 
 
 def distributed_client() -> Any:

@@ -67,10 +67,27 @@ class SavingState(NamedTuple):
 
     chain_id: jax.Array
     buffer: Any
-    sent: jax.Array  # samples kept and sent to the host since the start of the run
-    fill: jax.Array  # samples kept since then, in the first rows of the buffer
+    #: ``(*chains, 3)``: the :attr:`token`, :attr:`sent` and :attr:`fill` of each chain, one array (a loop carries
+    #: them in one buffer).
+    counts: jax.Array
+    #: 1 where one more sample kept fills the chain's block: without checkpoints, the next call of ``save`` sends it.
+    full: jax.Array
     step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
-    token: jax.Array  # the chain's id, as the host's last answer: orders the callbacks and names the chain to the host
+
+    @property
+    def token(self) -> jax.Array:
+        """The chain's id, as the host's last answer: orders the callbacks and names the chain to the host."""
+        return self.counts[..., 0]
+
+    @property
+    def sent(self) -> jax.Array:
+        """The samples kept and sent to the host since the start of the run."""
+        return self.counts[..., 1]
+
+    @property
+    def fill(self) -> jax.Array:
+        """The samples kept since then, in the first rows of the buffer."""
+        return self.counts[..., 2]
 
     @property
     def sample_count(self) -> jax.Array:
@@ -121,9 +138,8 @@ class _Moving(NamedTuple):
     """The fields of a :class:`SavingState` that a step of ``save`` may change (``step`` only with checkpoints)."""
 
     buffer: Any
-    sent: jax.Array
-    fill: jax.Array
-    token: jax.Array
+    counts: jax.Array
+    full: jax.Array
     step: jax.Array | None
 
 
@@ -191,12 +207,11 @@ class _Streaming:
         state = SavingState(
             chain_id=jnp.asarray(chain_ids),
             buffer=jax.tree.map(lambda leaf: jnp.zeros((*chains, rows, *leaf.shape), leaf.dtype), spec),
-            sent=jnp.asarray(sent),
-            fill=jnp.zeros(chains, jnp.int32),
+            # The id travels as the host's answer (the token), not as ``chain_id``: a value the compiler sees never
+            # change, used in the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
+            counts=jnp.asarray(np.stack([chain_ids, sent, np.zeros_like(sent)], axis=-1)),
+            full=jnp.full(chains, int(rows == 1), jnp.int32),
             step=jnp.asarray(steps),
-            # The id travels as the host's answer, not as ``chain_id``: a value the compiler sees never change, used in
-            # the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
-            token=jnp.asarray(chain_ids),
         )
         return jax.tree.map(lambda leaf: jax_compat.mapped_by(leaf, vmaps), state) if vmaps else state
 
@@ -293,58 +308,71 @@ class _Streaming:
         # Only what a step changes goes through it: the compiler cannot see that a field passed through the step
         # (a custom_vmap call) stays the same, and such a field slows every step of the loop down.
         step = saving_state.step if self.checkpoint_every else None
-        moving = _Moving(saving_state.buffer, saving_state.sent, saving_state.fill, saving_state.token, step)
+        moving = _Moving(saving_state.buffer, saving_state.counts, saving_state.full, step)
         # Wrapped at each trace, not once: a wrapper kept on the strategy would hold it in a reference cycle, and
         # with it the collector's storage, until the garbage collector ran.
         moved = chain_polymorphic(self._chains_step, state_name="saving state")(moving, keep, sample, checkpoint)
         return SavingState(
             saving_state.chain_id,
             moved.buffer,
-            moved.sent,
-            moved.fill,
+            moved.counts,
+            moved.full,
             saving_state.step if moved.step is None else moved.step,
-            moved.token,
         ), None
 
     def _chains_step(self, state: _Moving, keep: jax.Array, sample: Any, checkpoint: Any) -> _Moving:
-        # Every scalar operation here runs at every step: the bookkeeping of a flush happens in its branch. None of it
-        # starts before the sample is computed: work of a step that XLA's CPU runtime may run beside the sampler's
-        # keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
-        state, keep, sample, checkpoint = jax.lax.optimization_barrier((state, keep, sample, checkpoint))  # type: ignore[no-untyped-call]
-        buffer = write_rows(state.buffer, state.fill, sample)
-        fill = state.fill + keep.astype(jnp.int32)
-        full = jnp.any(fill == jax.tree.leaves(buffer)[0].shape[fill.ndim])
-
-        def wait(token: jax.Array, blocks: Any, *_: Any) -> Any:
-            return token, blocks[0], blocks[1]
-
-        def send(token: jax.Array, blocks: Any, *checkpoint: Any) -> Any:
-            sent, fill, buffer = blocks
-            # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
-            numbers = jnp.stack([token, sent, fill])
-            if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-                leaves, self.host.checkpoint_layout = jax.tree.flatten((buffer, *checkpoint))
-                token = send_block(
-                    _weakly(self.host.receive_checkpoint), numbers, leaves, side_effect=True, owner=self.host
-                )
-            else:
-                # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
-                # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-                token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
-            return token, sent + fill, jnp.zeros_like(fill)
-
-        def send_blocks_only(token: jax.Array, blocks: Any, *_: Any) -> Any:
-            return send(token, blocks)
-
+        # None of it starts before the sample is computed: work of a step that XLA's CPU runtime may run beside the
+        # sampler's keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
+        kept = keep.astype(jnp.int32)  # before the barrier: a constant stays one, computed at no step
+        state, kept, sample, checkpoint = jax.lax.optimization_barrier((state, kept, sample, checkpoint))  # type: ignore[no-untyped-call]
+        rows = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
         if checkpoint is None or state.step is None:
-            step = state.step
-            token, sent, fill = jax.lax.cond(full, send, wait, state.token, (state.sent, fill, buffer))
-        else:
-            step = state.step + 1
-            due = jnp.any(step % self.checkpoint_every == 0)
-            blocks = (state.sent, fill, buffer)
-            branch = jnp.where(due, 2, full.astype(jnp.int32))
-            token, sent, fill = jax.lax.switch(
-                branch, [wait, send_blocks_only, send], state.token, blocks, (step, *checkpoint)
+            return self._blocks_step(state, kept, rows, sample)
+        buffer = write_rows(state.buffer, state.counts[..., 2], sample)
+        counts = state.counts.at[..., 2].add(kept)
+        step = state.step + 1
+        due = jnp.any(step % self.checkpoint_every == 0)
+        branch = jnp.where(due, 2, jnp.any(counts[..., 2] == rows).astype(jnp.int32))
+
+        def wait(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
+            return counts
+
+        def send_blocks_only(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
+            return self._send(counts, buffer)
+
+        counts = jax.lax.switch(branch, [wait, send_blocks_only, self._send], counts, buffer, (step, *checkpoint))
+        return _Moving(buffer, counts, state.full, step)
+
+    def _blocks_step(self, state: _Moving, kept: jax.Array, rows: int, sample: Any) -> _Moving:
+        """A step without checkpoints. Every operation here runs at every step, and XLA's CPU runtime runs a loop's
+        body one operation after the other only while it holds at most 8 of them (else it schedules them on its pool
+        at every step): whether this call sends is known since the call before (``state.full``: one more sample
+        kept fills a block), so the step tests nothing, and the counts change as one array."""
+        buffer = write_rows(state.buffer, state.counts[..., 2], sample)
+
+        def wait(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
+            counts = counts.at[..., 2].add(kept)
+            return counts, (counts[..., 2] + 1 == rows).astype(jnp.int32)
+
+        def send(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
+            # This sample fills the block, or, not kept, leaves it a row short: it goes either way.
+            return wait(self._send(counts.at[..., 2].add(kept), buffer), jnp.zeros_like(kept), buffer)
+
+        index = state.full if state.full.ndim == 0 else jnp.any(state.full).astype(jnp.int32)
+        counts, full = jax_compat.switch_in_range(index, [wait, send], state.counts, kept, buffer)
+        return _Moving(buffer, counts, full, state.step)
+
+    def _send(self, counts: jax.Array, buffer: Any, *checkpoint: Any) -> jax.Array:
+        """Send every chain's block (``checkpoint``: with the checkpoint, a side effect); the counts after it."""
+        # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
+        numbers = jnp.moveaxis(counts, -1, 0)
+        if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
+            leaves, self.host.checkpoint_layout = jax.tree.flatten((buffer, *checkpoint))
+            token = send_block(
+                _weakly(self.host.receive_checkpoint), numbers, leaves, side_effect=True, owner=self.host
             )
-        return _Moving(buffer, sent, fill, token, step)
+        else:
+            # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
+            # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
+            token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
+        return jnp.stack([token, numbers[1] + numbers[2], jnp.zeros_like(token)], axis=-1)
