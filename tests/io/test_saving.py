@@ -520,19 +520,21 @@ def test_a_block_goes_at_the_call_that_fills_it_or_a_row_short_when_that_sample_
     keep[[3, 9, 10]] = False  # the 4th call would fill the first block, and keeps nothing
     run = jax.jit(functools.partial(_scan, save))
     if chains is None:
+        keeps = [keep]
         state, outputs = run(init_save(INIT_SAMPLE, None, information), jnp.zeros(3), jnp.asarray(keep))
-        jax.block_until_ready(state)
-        assert blocks == [(0, 0, 3), (0, 3, 4), (0, 7, 4)]  # sent at calls 4, 8 and 14, inside the run
-        outputs, keeps = [outputs], [keep]
+        outputs = [outputs]
+        sent = {0: [(0, 0, 3), (0, 3, 4), (0, 7, 4)]}  # (chain, first row, rows), sent by the run at calls 4, 8, 14
     else:
         keeps = [keep, np.ones(STEPS, bool)]
         states = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(chains))
-        state, outputs = jax.block_until_ready(
-            jax.vmap(run)(states, jnp.zeros((chains, 3)), jnp.asarray(np.stack(keeps)))
-        )
+        state, outputs = jax.vmap(run)(states, jnp.zeros((chains, 3)), jnp.asarray(np.stack(keeps)))
         outputs = [jax.tree.map(lambda leaf, i=i: leaf[i], outputs) for i in range(chains)]
-        assert blocks[:4] == [(0, 0, 3), (1, 0, 4), (0, 3, 4), (1, 4, 4)]  # every chain goes when one is due
-    results = postprocess_save(state, None)
+        # Every chain's block goes when one chain's is due: at calls 4, 8 and 12 (chain 1's).
+        sent = {0: [(0, 0, 3), (0, 3, 4), (0, 7, 2)], 1: [(1, 0, 4), (1, 4, 4), (1, 8, 4)]}
+    results = postprocess_save(
+        state, None
+    )  # the run's blocks all delivered, in order, when it returns; it sends the rest
+    assert {chain: [block for block in blocks if block[0] == chain] for chain in sent} == sent
     for result, chain_outputs, chain_keep in zip([results] if chains is None else results, outputs, keeps, strict=True):
         assert int(result["sample_count"]) == int(chain_keep.sum())
         _assert_trees_equal(
