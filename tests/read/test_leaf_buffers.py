@@ -7,16 +7,20 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+from concurrent.futures import wait
 
 import jax
 import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._format.tensor_reads import LOCAL_DISK
+from jaxstow._storage.sources import LocalFile
 from jaxstow._util import buffers
 from jaxstow.errors import CorruptFileError
 
-# Not a multiple of the pieces a leaf is read and hashed in, so that the last piece is a short one.
+# Over the size read in two halves at once, its halves no multiple of a page.
 SHAPE = (1027, 1031)
 
 
@@ -76,7 +80,8 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
     data = bytearray(path.read_bytes())
     with jaxstow.open(path) as reader:
         slot = reader.container.slots["l2"]
-    for at in (0, slot.nbytes // 2, slot.nbytes - 1):  # the first piece, one in the middle, the short last one
+    cut = slot.nbytes // 2 // 64 * 64  # where the halves read at once meet
+    for at in (0, cut - 1, cut, slot.nbytes - 1):  # each half's first and last byte
         damaged = tmp_path / f"damaged-{at}.jxs"
         changed = bytearray(data)
         changed[slot.offset + at] ^= 0x10
@@ -87,6 +92,49 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
                 bad["l2"]
             assert raised.value.path == "l2" and str(damaged) in str(raised.value)
             np.testing.assert_array_equal(bad["l1"], tree["l1"])
+
+
+def _read_threads(monkeypatch) -> list[str]:
+    """The names of the threads that read from local files from now on, one per read."""
+    threads: list[str] = []
+    read_into = LocalFile.read_into
+
+    def recorded(self, offset, buffer):
+        threads.append(threading.current_thread().name)
+        read_into(self, offset, buffer)
+
+    monkeypatch.setattr(LocalFile, "read_into", recorded)
+    return threads
+
+
+def test_a_leaf_read_again_is_read_in_halves_at_once_and_right(saved, monkeypatch):
+    path, tree = saved
+    buffers.release_kept()
+    threads = _read_threads(monkeypatch)
+    with jaxstow.open(path) as reader:
+        np.testing.assert_array_equal(reader["l0"], tree["l0"])  # fresh memory: one thread, one read
+        assert threads == [threading.current_thread().name]
+        for name in ("l0", "l1"):  # the memory the first read let go: its pages in place
+            threads.clear()
+            np.testing.assert_array_equal(reader[name], tree[name])
+            assert len(threads) == 2 and threading.current_thread().name in threads
+            assert any(thread.startswith("jaxstow-read") for thread in threads)
+
+
+def test_a_leaf_read_while_every_reader_of_the_pool_is_busy_is_read_whole_by_its_caller(saved, monkeypatch):
+    path, tree = saved
+    release = threading.Event()
+    pool = LOCAL_DISK.pool()
+    busy = [pool.submit(release.wait, 60) for _ in range(LOCAL_DISK.readers)]
+    threads = _read_threads(monkeypatch)
+    try:
+        with jaxstow.open(path) as reader:
+            for name in ("l0", "l1", "l2"):
+                np.testing.assert_array_equal(reader[name], tree[name])
+    finally:
+        release.set()
+        wait(busy)
+    assert set(threads) == {threading.current_thread().name}
 
 
 def test_the_memory_kept_is_bounded(tmp_path):

@@ -10,11 +10,11 @@ none of its parent's.
 
 >>> from jaxstow._util.buffers import leaf_buffer
 >>> first = leaf_buffer(3 << 20)
->>> address, size = first.ctypes.data, first.nbytes
+>>> address, size = first.array.ctypes.data, first.array.nbytes
 >>> del first
 >>> again = leaf_buffer(3 << 20)
->>> again.ctypes.data == address, again.nbytes == size, address % (2 << 20)
-(True, True, 0)
+>>> again.array.ctypes.data == address, again.array.nbytes == size, address % (2 << 20), again.touched
+(True, True, 0, True)
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "leaf_buffer", "release_kept"]
+__all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "LeafBuffer", "leaf_buffer", "release_kept"]
 
 #: The size of a huge page, and the least a buffer of :func:`leaf_buffer` should hold.
 HUGE_PAGE = 2 << 20
@@ -106,21 +106,28 @@ class _Owner:
         self.kept.give(self.mapping, self.size)
 
 
-def leaf_buffer(nbytes: int) -> np.ndarray | None:
+class LeafBuffer(NamedTuple):
+    """A buffer of :func:`leaf_buffer`, and whether its pages are in place (kept from an earlier read)."""
+
+    array: np.ndarray
+    touched: bool
+
+
+def leaf_buffer(nbytes: int) -> LeafBuffer | None:
     """An uninitialised uint8 buffer of ``nbytes`` on a 2 MiB boundary, in huge pages where the system has them.
 
-    Taken from the buffers kept after their arrays went, when one of its size is there, else freshly mapped; ``None``
-    on a system without anonymous mappings (the caller then takes ``np.empty``'s memory).
+    Taken from the buffers kept after their arrays went, when one of its size is there (``touched``), else freshly
+    mapped; ``None`` on a system without anonymous mappings (the caller then takes ``np.empty``'s memory).
     """
     if not _ANONYMOUS:
         return None
     size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # whole extents, and room to start on a boundary
     mapping = _KEPT.take(size)
+    touched = mapping is not None
     if mapping is None:
         mapping = _mapped(size, nbytes)
     interface = {"shape": (nbytes,), "typestr": "|u1", "data": (mapping.start, False), "version": 3}
-    buffer: np.ndarray = np.asarray(_Owner(mapping, size, interface, _KEPT))
-    return buffer
+    return LeafBuffer(np.asarray(_Owner(mapping, size, interface, _KEPT)), touched)
 
 
 def _mapped(size: int, nbytes: int) -> _Mapping:
