@@ -22,6 +22,7 @@ from jaxstow.errors import CorruptFileError
 
 # Over the size read in two halves at once, its halves no multiple of a page.
 SHAPE = (1027, 1031)
+_READ_INTO = LocalFile.read_into
 
 
 def _leaves(count: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -94,14 +95,19 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
             np.testing.assert_array_equal(bad["l1"], tree["l1"])
 
 
-def _read_threads(monkeypatch) -> list[str]:
-    """The names of the threads that read from local files from now on, one per read."""
+def _read_threads(monkeypatch, *, pool_first: bool = False) -> list[str]:
+    """The names of the threads that read from local files from now on, one per read; with ``pool_first``, a read on
+    the caller's thread waits until one has started on the disk's pool."""
     threads: list[str] = []
-    read_into = LocalFile.read_into
+    started = threading.Event()
 
     def recorded(self, offset, buffer):
         threads.append(threading.current_thread().name)
-        read_into(self, offset, buffer)
+        if threading.current_thread().name.startswith("jaxstow-read"):
+            started.set()
+        elif pool_first:
+            assert started.wait(60), "no read started on the pool"
+        _READ_INTO(self, offset, buffer)
 
     monkeypatch.setattr(LocalFile, "read_into", recorded)
     return threads
@@ -110,14 +116,15 @@ def _read_threads(monkeypatch) -> list[str]:
 def test_a_leaf_read_again_is_read_in_halves_at_once_and_right(saved, monkeypatch):
     path, tree = saved
     buffers.release_kept()
-    threads = _read_threads(monkeypatch)
+    caller = threading.current_thread().name
     with jaxstow.open(path) as reader:
-        np.testing.assert_array_equal(reader["l0"], tree["l0"])  # fresh memory: one thread, one read
-        assert threads == [threading.current_thread().name]
+        threads = _read_threads(monkeypatch)
+        np.testing.assert_array_equal(reader["l0"], tree["l0"])  # fresh memory: one read, on this thread
+        assert threads == [caller]
         for name in ("l0", "l1"):  # the memory the first read let go: its pages in place
-            threads.clear()
+            threads = _read_threads(monkeypatch, pool_first=True)
             np.testing.assert_array_equal(reader[name], tree[name])
-            assert len(threads) == 2 and threading.current_thread().name in threads
+            assert len(threads) == 2 and caller in threads
             assert any(thread.startswith("jaxstow-read") for thread in threads)
 
 

@@ -30,6 +30,7 @@ from xxhash import xxh3_64, xxh3_64_hexdigest
 
 from jaxstow._format.source import Parallel, ReadSource, in_pool
 from jaxstow._util.buffers import HUGE_PAGE, leaf_buffer
+from jaxstow._util.pools import submit
 
 __all__ = [
     "ALIGNMENT",
@@ -145,7 +146,7 @@ def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> Non
     The first failure cancels the jobs not yet started and is raised once the running ones have ended (so no thread
     writes into a buffer after its reader gave up).
     """
-    futures: list[Future[None]] = [pool.submit(job) for job in jobs]
+    futures: list[Future[None]] = [submit(pool, job) for job in jobs]
     try:
         for future in futures:
             future.result()
@@ -289,7 +290,7 @@ def _read_and_hash_halves(source: ReadSource, offset: int, data: memoryview) -> 
     """
     cut = len(data) // 2 // ALIGNMENT * ALIGNMENT
     first, second = data[:cut], data[cut:]
-    reading = LOCAL_DISK.pool().submit(source.read_into, offset + cut, second)
+    reading = submit(LOCAL_DISK.pool(), source.read_into, offset + cut, second)
     try:
         source.read_into(offset, first)
         digest = xxh3_64(first)

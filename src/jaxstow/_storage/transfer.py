@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from jaxstow._format.source import Parallel
 from jaxstow._storage.retrying import DEFAULT_ATTEMPTS, Retries
+from jaxstow._util.pools import submit
 from jaxstow.errors import ArgumentError
 
 T = TypeVar("T")
@@ -132,22 +133,14 @@ class Lanes:
     def upload(self, job: Callable[..., T], *args: Any) -> Future[T]:
         """Run ``job(*args)`` on the pool that uploads parts (``requests`` threads, made on first use).
 
-        Once the interpreter has begun to exit, ``concurrent.futures`` refuses new work: the job then runs on the
-        caller's thread, so that a save still in flight at exit completes (its future is already done).
+        Once the interpreter has begun to exit, the job runs on the caller's thread (:func:`~jaxstow._util.pools.submit`),
+        so that a save still in flight at exit completes (its future is already done).
         """
         with self._lock:
             if self._uploads is None:
                 self._uploads = ThreadPoolExecutor(self.transfer.requests, thread_name_prefix="jaxstow-upload")
             pool = self._uploads
-        try:
-            return pool.submit(job, *args)
-        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-            done: Future[T] = Future()
-            try:
-                done.set_result(job(*args))
-            except BaseException as error:
-                done.set_exception(error)
-            return done
+        return submit(pool, job, *args)
 
 
 _lanes: dict[Transfer, Lanes] = {}

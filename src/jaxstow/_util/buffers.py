@@ -8,13 +8,14 @@ allocator gives ``np.empty`` the memory just freed). At most :data:`KEPT_BYTES` 
 :data:`LARGEST_KEPT` (larger ones go back to the system at once, as the allocator's own do), and a forked child keeps
 none of its parent's.
 
->>> from jaxstow._util.buffers import leaf_buffer
+>>> from jaxstow._util.buffers import leaf_buffer, release_kept
+>>> release_kept()  # none kept yet
 >>> first = leaf_buffer(3 << 20)
->>> address, size = first.array.ctypes.data, first.array.nbytes
+>>> address, size, fresh = first.array.ctypes.data, first.array.nbytes, not first.touched
 >>> del first
 >>> again = leaf_buffer(3 << 20)
->>> again.array.ctypes.data == address, again.array.nbytes == size, address % (2 << 20), again.touched
-(True, True, 0, True)
+>>> fresh, again.touched, again.array.ctypes.data == address, again.array.nbytes == size, address % (2 << 20)
+(True, True, True, True, 0)
 """
 
 from __future__ import annotations

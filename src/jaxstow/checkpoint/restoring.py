@@ -33,6 +33,7 @@ from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.selection import Selection
 from jaxstow._storage.folders import LocalStore
+from jaxstow._util.pools import submit
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError
@@ -65,7 +66,9 @@ def restore_items(
             return {name: readers[name].load(likes.get(name), **_item_options(options, name, chosen)) for name in names}
         with ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
             futures = {
-                name: pool.submit(readers[name].load, likes.get(name), **_item_options(options, name, chosen))
+                name: submit(
+                    pool, functools.partial(readers[name].load, likes.get(name), **_item_options(options, name, chosen))
+                )
                 for name in names
             }
             wait(futures.values())
@@ -88,7 +91,7 @@ def _side_by_side(
             return reader.load(likes.get(name), **_item_options(options, name, {}))
 
     with ThreadPoolExecutor(min(len(names), at_once), thread_name_prefix="jaxstow-restore") as restorers:
-        futures = {name: restorers.submit(restore, name) for name in names}
+        futures = {name: submit(restorers, restore, name) for name in names}
         wait(futures.values())
     return _results(futures)
 

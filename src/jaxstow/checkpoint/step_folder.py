@@ -27,6 +27,7 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
+from jaxstow._util.pools import submit
 from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowError, StepNotFoundError
 
 #: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
@@ -214,7 +215,7 @@ class StepFolder:
         if len(wanted) == 1:
             return {items[0]: [open_checked(*wanted[0])]}
         with ThreadPoolExecutor(max(1, min(len(wanted), _OPENING)), thread_name_prefix="jaxstow-open") as pool:
-            futures = [pool.submit(open_checked, item, file) for item, file in wanted]
+            futures = [submit(pool, open_checked, item, file) for item, file in wanted]
             wait(futures)
         failed = [future for future in futures if future.exception() is not None]
         if failed:
