@@ -47,10 +47,12 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.hdf5_layout import (
+    DRAWS_DONE,
     checkpoint_path,
     dataset_name,
     group_name,
     layout_problems,
+    new_draws_done,
     read_whole,
     write_block,
     write_hyperslab,
@@ -72,8 +74,6 @@ __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
 #: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
 #: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
 _MAX_CHUNK_ROWS = 4096
-#: The dataset that counts, per chain, the samples written to the file so far.
-DRAWS_DONE = "draws_done"
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
 
@@ -302,7 +302,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         if counts is None or not counts.id.valid:  # not looked up yet in the file as it is open now
             counts = self._file.get(DRAWS_DONE)
             if counts is None:
-                counts = self._file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+                counts = new_draws_done(self._file)
             self._counts = counts
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)

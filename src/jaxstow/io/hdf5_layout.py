@@ -17,6 +17,7 @@ back.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,10 +29,13 @@ from jaxstow.io.chains import SampleLayout
 
 __all__ = [
     "DIRECT_CHUNK_BYTES",
+    "DRAWS_DONE",
+    "RUN_ID",
     "checkpoint_path",
     "dataset_name",
     "group_name",
     "layout_problems",
+    "new_draws_done",
     "read_whole",
     "write_block",
     "write_hyperslab",
@@ -39,6 +43,18 @@ __all__ = [
 
 #: Chunks of at least this many bytes are read back raw, one call each; smaller ones in one read of the rows.
 DIRECT_CHUNK_BYTES = 256 << 10
+#: The dataset that counts, per chain, the samples written to the file so far.
+DRAWS_DONE = "draws_done"
+#: The file's attribute that names, at random, the run that started it empty (made with ``/draws_done``): a reader
+#: that finds another one after its read knows that the file was emptied and written again meanwhile.
+RUN_ID = "jaxstow_run_id"
+
+
+def new_draws_done(file: Any) -> Any:
+    """Create ``/draws_done`` in a file that a run starts empty, and give the file a new :data:`RUN_ID`."""
+    counts = file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
+    file.attrs[RUN_ID] = secrets.token_hex(16)
+    return counts
 
 
 def checkpoint_path(filename: str, folder: str | None = None) -> str:

@@ -40,12 +40,14 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
-from jaxstow.io.hdf5 import DRAWS_DONE
+from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ID
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
 _CHAIN_GROUP = re.compile(r"chain~(\d+)")
+#: What h5py raises for a structure it fails on.
+_STRUCTURE_FAILURES = (RuntimeError, OSError, KeyError, ValueError)
 #: How often a file whose writer changed it under the reader is opened again before the read is given up.
 _READ_ATTEMPTS = 5
 _Read = TypeVar("_Read")
@@ -114,11 +116,13 @@ def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
 
 
 def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], _Read]) -> _Read:
-    """``read(file, name)`` on the file at ``path`` opened for reading, opened again when HDF5 fails to read it.
+    """``read(file, name)`` on the file at ``path`` opened for reading, read again when the file changed under it.
 
     A writer may change the file under a reader in ways SWMR mode does not cover (a run that starts over empties it;
-    a killed writer's successor extends it): HDF5 then fails on structures it sees half old, half new. What reads
-    whole on a later opening is the file as it is then; a file that never does is damaged, and says so.
+    a killed writer's successor extends it): HDF5 then fails on structures it sees half old, half new, or, where
+    the file was emptied in place and written again, reads the new run's bytes as the old run's rows. So a read
+    counts only if the file's run (its :data:`~jaxstow.io.hdf5_layout.RUN_ID`) is the same when it is opened again after
+    it. What reads whole on a later opening is the file as it is then; a file that never does is damaged, and says so.
     """
     name = os.fspath(path)
     failure: Exception | None = None
@@ -127,19 +131,25 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
             time.sleep(0.01 * 2**attempt)
         with open_for_reading(name) as file:
             try:
-                return read(file, name)
+                run = file.attrs.get(RUN_ID)
+                result = read(file, name)
             except JaxstowError:
                 raise
-            except (
-                RuntimeError,
-                OSError,
-                KeyError,
-                ValueError,
-            ) as error:  # what h5py raises for a structure it fails on
+            except _STRUCTURE_FAILURES as error:
                 failure = error
+                continue
+        try:
+            with open_for_reading(name) as file:
+                now = file.attrs.get(RUN_ID)
+        except (JaxstowError, *_STRUCTURE_FAILURES) as error:  # caught in the middle of starting over
+            failure = error
+            continue
+        if now == run:
+            return result
+        failure = RuntimeError(f"another run started the file over while it was read (run {run} before, {now} after)")
     raise FormatError(
-        f"could not be read in {_READ_ATTEMPTS} attempts: HDF5 failed on its structure ({failure}); if a writer was "
-        "starting over meanwhile, read it again, else the file is damaged",
+        f"could not be read in {_READ_ATTEMPTS} attempts ({failure}); if a writer was starting over meanwhile, read "
+        "it again, else the file is damaged",
         file=name,
     ) from failure
 

@@ -24,6 +24,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import struct
@@ -31,6 +32,7 @@ import warnings
 from types import TracebackType
 from typing import Any
 
+from jaxstow._storage.atomic import temporary_sibling
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._util.optional import require
@@ -138,7 +140,9 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
 
     The writer flags that a killed writer left are cleared first. A file that is not HDF5, or whose flags no killed
     writer left, is refused before anything is changed. A run that starts over removes ``checkpoint`` before it
-    empties the file, so that a kill in between leaves no checkpoint of rows the file lost.
+    empties the file, so that a kill in between leaves no checkpoint of rows the file lost; it empties the file by
+    putting an empty one in its place, so that a reader in the middle of a read goes on reading the file as it was
+    (an HDF5 file emptied in place would have the reader take the new run's bytes for the old run's rows).
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
@@ -150,9 +154,23 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
         continued = exists and os.path.exists(checkpoint)
         if not continued and os.path.exists(checkpoint):
             os.unlink(checkpoint)
-        return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
+        if not continued and os.path.exists(name):
+            _replace_with_empty(h5py, os.path.realpath(name))
+        return h5py.File(name, "a", libver="latest", locking=False), lock  # made here if it did not exist
     except BaseException:
         lock.release(failed=True)
+        raise
+
+
+def _replace_with_empty(h5py: Any, path: str) -> None:
+    """Put an empty HDF5 file in the place of the one at ``path``, which a reader that has it open keeps whole."""
+    empty = temporary_sibling(path)
+    try:
+        h5py.File(empty, "w", libver="latest", locking=False).close()
+        os.replace(empty, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(empty)
         raise
 
 
