@@ -19,7 +19,7 @@ import pytest
 
 import jaxstow
 from jaxstow import io
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, JaxstowError, PathNotFoundError
 from jaxstow.io.live import read_draws
 from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
@@ -94,6 +94,15 @@ def test_a_damaged_object_header_is_a_format_error_in_a_moment_not_a_hang_nor_an
                 outcomes.add("read")
             assert time.monotonic() - started < 30  # HDF5's own retries in SWMR mode waited for ever before
     assert "refused" in outcomes
+
+
+def test_a_missing_file_or_a_folder_is_a_jaxstow_error_naming_it(tmp_path):
+    missing = tmp_path / "samples.h5"
+    with pytest.raises(PathNotFoundError, match="no such file") as caught:
+        read_draws(str(missing))
+    assert str(missing) in str(caught.value) and isinstance(caught.value, FileNotFoundError)
+    with pytest.raises(JaxstowError, match=str(tmp_path)):
+        read_draws(str(tmp_path))
 
 
 def test_a_killed_writers_flags_are_cleared_and_what_it_wrote_is_read(tmp_path):

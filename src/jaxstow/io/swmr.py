@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any
 
 from jaxstow._storage.atomic import temporary_sibling
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._util.optional import require
@@ -93,7 +94,7 @@ class Superblock:
 def read_superblock(path: str | os.PathLike[str]) -> Superblock:
     """The superblock of the HDF5 file at ``path`` (looked for at 0, 512, 1024, ... as HDF5 does)."""
     name = os.fspath(path)
-    with open(name, "rb") as file:
+    with storage_failures(name, doing="read it"), open(name, "rb") as file:
         end = os.fstat(file.fileno()).st_size
         offset = 0
         while offset + 12 <= end:
@@ -156,7 +157,7 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
             os.unlink(checkpoint)
         if not continued and os.path.exists(name):
             _replace_with_empty(h5py, os.path.realpath(name))
-        return h5py.File(name, "a", libver="latest", locking=False), lock  # made here if it did not exist
+        return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
     except BaseException:
         lock.release(failed=True)
         raise
