@@ -35,13 +35,22 @@ from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
 from jaxstow.errors import PathNotFoundError, StorageError
 
-__all__ = ["HEAD_BYTES", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_errors"]
+__all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_errors"]
 
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
 _MISSING = frozenset({"NoSuchKey", "404", "NoSuchBucket", "NotFound"})
 
 T = TypeVar("T")
+
+
+class Head(NamedTuple):
+    """What an object's first GET told: its first bytes, its size, the rest of the answer left unread, its ETag."""
+
+    data: bytes
+    size: int
+    body: OpenBody | None
+    etag: str | None
 
 
 class _Client(NamedTuple):
@@ -123,6 +132,12 @@ def s3_errors(url: str) -> Iterator[None]:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
             raise PathNotFoundError("no such file or folder", file=url) from None
+        if code == "PreconditionFailed":
+            raise StorageError(
+                "the object was replaced while it was read (its ETag is not the one it had when it was opened): "
+                "nothing of it was used; read it again",
+                file=url,
+            ) from None
         raise StorageError(f"the storage failed: {error}", file=url) from error
     except botocore.BotoCoreError as error:
         raise StorageError(f"the storage failed: {type(error).__name__}: {error}", file=url) from error
@@ -153,12 +168,20 @@ class S3Bucket:
             return self.retries.call(send, url=url, doing=doing)
 
     def get_into(
-        self, key: str, offset: int, views: Sequence[memoryview], *, url: str, version: str | None = None
+        self,
+        key: str,
+        offset: int,
+        views: Sequence[memoryview],
+        *,
+        url: str,
+        version: str | None = None,
+        etag: str | None = None,
     ) -> int:
         """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET.
 
         Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
-        object).
+        object). With ``etag``, the GET asks for the object only if it still has that ETag (``If-Match``): one
+        replaced since is a :class:`StorageError` that says so, never its bytes.
         """
         wanted = sum(len(view) for view in views)
         done = 0
@@ -166,7 +189,7 @@ class S3Bucket:
         def rest() -> int:
             nonlocal done
             try:
-                done += self._get(key, offset + done, views_after(views, done), version=version)
+                done += self._get(key, offset + done, views_after(views, done), version=version, etag=etag)
             except BrokenBody as broken:
                 done += broken.count
                 raise
@@ -177,9 +200,11 @@ class S3Bucket:
                 self.lanes.read_pace.wait(wanted)
             return self.request(rest, url=url, doing=f"reading bytes {offset}-{offset + wanted - 1} (GetObject)")
 
-    def _get(self, key: str, offset: int, views: list[memoryview], *, version: str | None) -> int:
+    def _get(self, key: str, offset: int, views: list[memoryview], *, version: str | None, etag: str | None) -> int:
         length = sum(len(view) for view in views)
         arguments = self._arguments(key, version, Range=f"bytes={offset}-{offset + length - 1}")
+        if etag is not None and not version:
+            arguments["IfMatch"] = etag
         try:
             response = self.client.get_object(**arguments, **self.extra("GetObject"))
         except Exception as error:
@@ -201,10 +226,8 @@ class S3Bucket:
             lambda: int(self.client.head_object(**arguments)["ContentLength"]), url=url, doing="reading its size"
         )
 
-    def head(
-        self, key: str, length: int, *, url: str, version: str | None, keep: int | None = None
-    ) -> tuple[bytes, int, OpenBody | None]:
-        """The first ``length`` bytes of the object (fewer if it is shorter) and its size, from one GET.
+    def head(self, key: str, length: int, *, url: str, version: str | None, keep: int | None = None) -> Head:
+        """The first ``length`` bytes of the object (fewer if it is shorter), its size and ETag, from one GET.
 
         With ``keep``, only the first ``keep`` of those bytes are read, and the rest of the answer is left unread, an
         :class:`OpenBody` (``None`` when nothing is left) that holds one of :attr:`open_bodies` until it ends; when
@@ -217,40 +240,41 @@ class S3Bucket:
         if self.lanes.read_pace is not None:  # the rest of a body left open is paced as it is read
             self.lanes.read_pace.wait(length if keep is None else keep)
 
-        def first() -> tuple[bytes, int, OpenBody | None]:
+        def first() -> Head:
             try:
                 response = self.client.get_object(**arguments)
             except Exception as error:
                 if error_code(error) == "InvalidRange":
-                    return b"", -1, None  # an empty object
+                    return Head(b"", -1, None, None)  # an empty object
                 raise
+            etag = response.get("ETag")
             total = str(response.get("ContentRange", "")).rpartition("/")[2]
             if "ContentLength" not in response:  # no length promised: the body is read to its end
                 whole = response["Body"].read()
-                return whole, int(total) if total.isdigit() else len(whole), None
+                return Head(whole, int(total) if total.isdigit() else len(whole), None, etag)
             promised = int(response["ContentLength"])
             size = int(total) if total.isdigit() else promised  # a whole object, when the server ignores ranges
             data = bytearray(min(promised, length if keep is None else keep))  # never more than asked for
             if len(data) == promised:
                 read_body(response, [memoryview(data)])
-                return bytes(data), size, None
+                return Head(bytes(data), size, None, etag)
             read_start(response, [memoryview(data)])
             if keep is None:  # a server that ignores ranges sends more: that is not read
                 let_go(response)
-                return bytes(data), size, None
-            return bytes(data), size, OpenBody(response, len(data), promised, self.open_bodies.release)
+                return Head(bytes(data), size, None, etag)
+            return Head(bytes(data), size, OpenBody(response, len(data), promised, self.open_bodies.release), etag)
 
         # Not counted in the requests in flight: a few KiB, to start the large ones sooner; what is left of a first
         # part is counted as it is read.
         try:
-            data, total, body = self.request(first, url=url, doing=f"reading its first {length} bytes (GetObject)")
+            head = self.request(first, url=url, doing=f"reading its first {length} bytes (GetObject)")
         except BaseException:
             if held:
                 self.open_bodies.release()
             raise
-        if held and body is None:
+        if held and head.body is None:
             self.open_bodies.release()
-        return (data, total, body) if total >= 0 else (b"", self.size(key, url=url, version=version), None)
+        return head if head.size >= 0 else Head(b"", self.size(key, url=url, version=version), None, None)
 
     def unfinished_uploads(self, prefix: str, *, url: str) -> list[dict[str, Any]]:
         """The multipart uploads started under ``prefix`` and neither completed nor aborted.
@@ -318,7 +342,7 @@ class S3Object(SourceBase):
         self._lock = threading.Lock()
         self._closed = False
         keep = HEAD_BYTES if first > HEAD_BYTES else None
-        self._head, self.size, self._open = bucket.head(
+        self._head, self.size, self._open, self._etag = bucket.head(
             key, max(first, HEAD_BYTES), url=name, version=version, keep=keep
         )
 
@@ -339,7 +363,9 @@ class S3Object(SourceBase):
         if done == wanted:
             return
         rest = views_after(views, done)
-        got = self._bucket.get_into(self._key, offset + done, rest, url=self.name, version=self._version)
+        got = self._bucket.get_into(
+            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag
+        )
         if got != wanted - done:  # the object is shorter than when it was opened: replaced meanwhile
             raise self._truncated(offset, wanted, done + got)
 
