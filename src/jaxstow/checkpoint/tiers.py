@@ -29,6 +29,7 @@ from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
 from jaxstow.checkpoint.shared import Committed, commit_content, commit_step
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_owner import check_owner, claim, run_identity
 from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
 
@@ -49,6 +50,8 @@ class Tiers:
         # may share one directory.
         if coordinator.many:
             root = os.path.join(root, f"process-{coordinator.index}")
+        self.run = run_identity(directory)
+        check_owner(root, self.run)
         self.store = LocalStore(root, marker=RECORD_NAME)
         self.names = StepNames("%d")
         self.folder = StepFolder(self.store, self.names)
@@ -86,6 +89,7 @@ class Tiers:
         thread) when the step is due there, send copies to the peers and prune the local tier."""
         if self._lock is None:
             self._lock = lock_store(self.store)
+            claim(self.store.root, self.run)
             self.store.cleanup(lambda name: self.names.step(name) is not None)
         step = content.step
         folder, what = self.names.name(step), f"step {step} of {self.directory}"

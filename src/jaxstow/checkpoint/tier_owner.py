@@ -1,0 +1,102 @@
+"""Whose steps a local tier holds: the persistent directory of the run that first wrote it, kept in a small file
+beside the steps.
+
+A local tier's directory is often a fixed path in a cluster's job settings (``/mnt/ssd/checkpoints``), the same for
+every run. A manager whose persistent directory is not the one a local tier was first written for refuses the tier,
+naming both, rather than restore the other run's steps or take them for its own progress. A tier written before it
+held this file is taken as this run's; so is one moved or copied together with its persistent directory (the record
+holds the path from one to the other too).
+
+>>> import os, tempfile
+>>> from jaxstow.checkpoint.tier_owner import check_owner, claim
+>>> local = tempfile.mkdtemp()
+>>> claim(local, "/runs/a")
+>>> check_owner(local, "/runs/a")  # the same run: nothing to say
+>>> check_owner(local, "/runs/b")
+Traceback (most recent call last):
+...
+jaxstow.errors.CheckpointError: the local tier ... holds the steps of the run saved to /runs/a, not to /runs/b: ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from jaxstow._storage.atomic import atomic_write
+from jaxstow._storage.failures import storage_failures
+from jaxstow.errors import CheckpointError, CorruptFileError
+
+__all__ = ["OWNER_NAME", "check_owner", "claim", "run_identity"]
+
+#: The file in a local tier's directory that names the persistent directory whose run wrote the tier.
+OWNER_NAME = ".jaxstow-tier.json"
+_KEYS = ("persistent", "from_tier")
+
+
+def run_identity(location: str) -> str:
+    """The persistent directory as a run is told by: a URL as it is, a local path with its links resolved."""
+    return location if "://" in location else os.path.realpath(location)
+
+
+def _record(root: str, persistent: str) -> dict[str, str]:
+    """What the local tier ``root`` records of the run saved to ``persistent``: the directory, and a local one's path
+    from ``root`` too, which still leads there once both folders were moved or copied together."""
+    if "://" in persistent:
+        return {"persistent": persistent}
+    return {"persistent": persistent, "from_tier": os.path.relpath(persistent, root)}
+
+
+def _owner(root: str) -> dict[str, str] | None:
+    """The record of the run whose steps the local tier ``root`` holds; ``None`` when it has none."""
+    path = os.path.join(root, OWNER_NAME)
+    try:
+        with storage_failures(path, doing="read it"), open(path, "rb") as file:
+            text = file.read()
+    except FileNotFoundError:
+        return None
+    try:
+        record = json.loads(text)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict) or not all(isinstance(record.get(key, ""), str) for key in _KEYS):
+        record = None
+    if record is None or not isinstance(record.get("persistent"), str):
+        raise CorruptFileError(
+            "is not the record of a local tier's run (a JSON object with a string 'persistent'): delete it, with the "
+            "steps beside it if they are not this run's",
+            file=path,
+        )
+    return {key: record[key] for key in _KEYS if key in record}
+
+
+def _is_owner(root: str, owner: dict[str, str], persistent: str) -> bool:
+    if owner["persistent"] == persistent:
+        return True
+    relative = owner.get("from_tier")
+    return relative is not None and "://" not in persistent and run_identity(os.path.join(root, relative)) == persistent
+
+
+def check_owner(root: str, persistent: str) -> None:
+    """Refuse the local tier ``root`` if another run's persistent directory wrote it.
+
+    Raises:
+        CheckpointError: ``root`` holds the steps of the run saved to another persistent directory.
+        CorruptFileError: Its record is not one.
+    """
+    owner = _owner(root)
+    if owner is not None and not _is_owner(root, owner, persistent):
+        raise CheckpointError(
+            f"the local tier {root} holds the steps of the run saved to {owner['persistent']}, not to {persistent}: "
+            f"give each run a local directory of its own, or delete {root} if that run is over (or if its persistent "
+            "directory was moved: its steps are there)"
+        )
+
+
+def claim(root: str, persistent: str) -> None:
+    """Record in the local tier ``root`` that its steps are those of the run saved to ``persistent``."""
+    record = _record(root, persistent)
+    if _owner(root) != record:
+        os.makedirs(root, exist_ok=True)
+        with atomic_write(os.path.join(root, OWNER_NAME)) as file:
+            file.write(json.dumps(record).encode())
