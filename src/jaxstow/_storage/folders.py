@@ -130,12 +130,18 @@ class LocalStore:
         return LocalStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
-        """Delete a committed folder: renamed to a temporary name first, so that no one sees it half deleted."""
+        """Delete a committed folder: renamed to a temporary name first, so that no one sees it half deleted.
+
+        A folder that is a link (a step archived elsewhere and linked back) loses its link; what it points to stays.
+        """
         doomed = temporary_sibling(self.path(name))
         with storage_failures(self.path(name), doing="delete it"):
             os.rename(self.path(name), doomed)
             fsync_directory(self.root)
-            shutil.rmtree(doomed)
+            if os.path.islink(doomed):
+                os.unlink(doomed)
+            else:
+                shutil.rmtree(doomed)
 
     def files(self) -> list[str]:
         """The names of the files directly in the root (not temporary ones, not hidden ones such as the lock)."""

@@ -1,0 +1,30 @@
+"""A step folder that is a link (a step archived on another disk and linked back into the run's folder): it restores
+as any step, and the keep policy that prunes it removes the link, never what it points to, and saves on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from jaxstow import CheckpointManager, KeepPolicy
+
+
+def test_a_linked_step_pruned_loses_its_link_and_keeps_its_archive(tmp_path):
+    run, archive = tmp_path / "run", tmp_path / "archive"
+    with CheckpointManager(run) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": np.full(2, float(step))})
+    archive.mkdir()
+    shutil.move(run / "1", archive / "1")
+    os.symlink(archive / "1", run / "1")
+    with CheckpointManager(run, keep=KeepPolicy(keep_last=2)) as manager:
+        np.testing.assert_array_equal(manager.restore(1)["w"], np.full(2, 1.0))
+        manager.save(4, {"w": np.full(2, 4.0)})
+        manager.wait()
+        assert manager.steps() == [3, 4]
+    assert sorted(os.listdir(run)) == ["3", "4"]  # no link, no leftover under a temporary name
+    assert sorted(os.listdir(archive / "1")) == ["checkpoint.json", "w.safetensors"]
+    with CheckpointManager(archive.parent / "archive") as archived:
+        np.testing.assert_array_equal(archived.restore(1)["w"], np.full(2, 1.0))
