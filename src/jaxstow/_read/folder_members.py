@@ -133,7 +133,10 @@ def open_local_member(folder: str, name: str, shown: str, settings: StorageSetti
 def hub_blobs(real_folder: str) -> str | None:
     """The ``blobs`` folder of the Hugging Face cache repository whose snapshot holds ``real_folder`` (a real path).
 
-    ``None`` when it is in no snapshot: ``.../models--org--name/snapshots/<revision>/`` or a folder in one.
+    ``None`` when it is in no snapshot: ``.../models--org--name/snapshots/<revision>/`` or a folder in one. The hub
+    makes ``blobs`` a folder of the repository's own: one that is a link, or leads out of the repository's folder, is
+    a :class:`~jaxstow.errors.PathError` naming it, so that a folder made to look like a snapshot never reads a file
+    elsewhere through it.
 
     >>> hub_blobs("/cache/hub/models--org--name/snapshots/0123abcd/transformer")
     '/cache/hub/models--org--name/blobs'
@@ -143,7 +146,16 @@ def hub_blobs(real_folder: str) -> str | None:
     parts = real_folder.split(os.sep)
     for at in range(len(parts) - 2, 0, -1):
         if parts[at] == "snapshots" and _HUB_REPOSITORY.fullmatch(parts[at - 1]) and parts[at + 1]:
-            return os.path.realpath(os.sep.join([*parts[:at], "blobs"]))
+            repository = os.path.realpath(os.sep.join(parts[:at]))
+            blobs = os.path.join(repository, "blobs")
+            resolved = os.path.realpath(blobs)
+            if os.path.islink(blobs) or not _inside(resolved, repository):
+                raise PathError(
+                    f"is a link to {resolved}: the blobs of a Hugging Face cache's repository are a folder of the "
+                    "repository's own, so no file of its snapshots is read through this one",
+                    file=blobs,
+                )
+            return resolved
     return None
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import datetime
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, excerpt
 
 __all__ = ["KeepPolicy"]
 
@@ -47,7 +48,7 @@ class KeepPolicy:
             seconds), as orbax's ``keep_time_interval`` does.
 
     Raises:
-        ArgumentError: a value out of range, or ``keep_best`` without ``metric``.
+        ArgumentError: a value out of range or of the wrong type, or ``keep_best`` without ``metric``.
 
     >>> from jaxstow import KeepPolicy
     >>> KeepPolicy(keep_last=2, keep_every=10).to_delete([5, 10, 15, 20, 25], {})
@@ -68,11 +69,13 @@ class KeepPolicy:
         if isinstance(interval, datetime.timedelta):
             object.__setattr__(self, "keep_every_seconds", interval.total_seconds())
         elif interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < math.inf
+            isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < sys.float_info.max
         ):
             raise ArgumentError(
                 f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
             )
+        if self.metric is not None and not isinstance(self.metric, str):
+            raise ArgumentError(f"metric must be the name of a metric (a string) or None, not {excerpt(self.metric)}")
         if self.mode not in ("min", "max"):
             raise ArgumentError(f'mode must be "min" or "max", not {self.mode!r}')
         if self.keep_best is not None and not self.metric:

@@ -13,14 +13,41 @@ stray files, unfinished writes and ``007`` next to ``7`` are never taken for ste
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow.errors import ArgumentError
 
-__all__ = ["StepNames"]
+__all__ = ["StepNames", "check_step"]
 
 _FIELD = re.compile(r"%0?\d*d")
+
+
+def check_step(step: Any, *, what: str = "a step") -> int:
+    """``step`` as an ``int``: a non-negative Python, numpy or jax integer, or a 0-d integer array such as
+    ``nnx.Optimizer.step``'s value; anything else (a float, a bool, a negative number) is an
+    :class:`~jaxstow.errors.ArgumentError` that names ``what`` it is and the value.
+
+    >>> import jax.numpy as jnp, numpy as np
+    >>> check_step(3), check_step(np.int64(4)), check_step(jnp.asarray(5, jnp.uint32))
+    (3, 4, 5)
+    >>> check_step(2.7, what="idx")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: idx must be a non-negative integer (Python, numpy or a 0-d jax integer array), not 2.7
+    """
+    try:
+        number = None if isinstance(step, bool) else operator.index(step)
+    except TypeError:  # floats, bools, arrays with elements or of another kind, tracers
+        number = None
+    if number is None or number < 0:
+        raise ArgumentError(
+            f"{what} must be a non-negative integer (Python, numpy or a 0-d jax integer array), not {step!r}"
+        )
+    return number
 
 
 class StepNames:
@@ -35,7 +62,9 @@ class StepNames:
         self._pattern = re.compile(re.escape(prefix) + r"(\s*\d+)" + re.escape(suffix))
 
     def name(self, step: int) -> str:
-        return self.format % step
+        """The name of ``step``; an :class:`~jaxstow.errors.ArgumentError` unless it is a non-negative integer (a float
+        or a negative number would make the name of another step, or one never read back as a step)."""
+        return self.format % check_step(step)
 
     def step(self, name: str) -> int | None:
         """The step that ``name`` stands for, or ``None`` if it is not a step name."""

@@ -16,9 +16,9 @@ jaxstow.errors.CorruptFileError: 3/checkpoint.json: the record's checksum does n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import numbers
 import re
 import time
 from collections.abc import Mapping
@@ -31,6 +31,7 @@ from jaxstow._format.json_codec import parse_json
 from jaxstow._format.json_values import json_problem
 from jaxstow._format.native_or_npz import FORMAT_VERSION
 from jaxstow._format.source import ReadSource
+from jaxstow._steps.keep import KeepPolicy
 from jaxstow._version import __version__
 from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError, excerpt
 
@@ -41,6 +42,8 @@ RECORD_NAME = "checkpoint.json"
 _RECORD_VERSION = 2  # 2: the record's own checksum and each item's header checksum
 _CHECKSUM_KEY = "record_xxh3"
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
+#: The first second of the year 9999: no step is saved later, and ``datetime`` shows every time before it in any zone.
+_LAST_TIME = 253370764800
 
 Metrics = dict[str, float | None]
 
@@ -59,6 +62,10 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
             number = None if isinstance(value, bool | str | bytes) else float(value)
         except (TypeError, ValueError):
             number = None
+        except OverflowError:  # an int beyond a float's range
+            raise ArgumentError(
+                f"metric {name!r} of step {step} must be a number a float holds, not {excerpt(value)}"
+            ) from None
         if number is None:
             raise ArgumentError(f"metric {name!r} of step {step} must be a number, not {value!r}")
         out[name] = number if math.isfinite(number) else None
@@ -157,8 +164,8 @@ class StepRecord:
             and (not single or len(files) == 1)
             and (metrics is None or _is_metrics(metrics))
             and (metadata is None or isinstance(metadata, dict))
-            and (keep_policy is None or isinstance(keep_policy, dict))
-            and isinstance(record.get("time"), numbers.Real)
+            and (keep_policy is None or _is_keep_policy(keep_policy))
+            and _is_time(record.get("time"))
             and isinstance(parts, dict)
             and all(
                 item in files and isinstance(names, list) and all(map(_is_plain_name, names))
@@ -167,7 +174,9 @@ class StepRecord:
             and (headers is None or _is_headers(headers, files, parts))
         )
         if not valid:
-            raise CorruptFileError("the step record lacks a field or has one of the wrong type", file=where)
+            raise CorruptFileError(
+                "the step record lacks a field or has one of the wrong type or out of range", file=where
+            )
         return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy, parts, headers)
 
 
@@ -194,9 +203,37 @@ def _is_headers(headers: Any, files: dict[str, Any], parts: Any) -> bool:
 
 
 def _is_metrics(metrics: Any) -> bool:
-    return isinstance(metrics, dict) and all(
-        isinstance(value, int | float | None) and not isinstance(value, bool) for value in metrics.values()
-    )
+    """Whether ``metrics`` is what :func:`check_metrics` stores: names to finite numbers or ``None``."""
+    return isinstance(metrics, dict) and all(value is None or _finite(value) is not None for value in metrics.values())
+
+
+def _is_time(time: Any) -> bool:
+    """Whether ``time`` is a time a step was saved at: seconds since 1970, before the year 9999."""
+    seconds = _finite(time)
+    return seconds is not None and 0 <= seconds < _LAST_TIME
+
+
+def _is_keep_policy(policy: Any) -> bool:
+    """Whether ``policy`` holds keep rules that :class:`KeepPolicy` accepts (fields of later versions aside)."""
+    if not isinstance(policy, dict):
+        return False
+    known = {field.name for field in dataclasses.fields(KeepPolicy)}
+    try:
+        KeepPolicy(**{name: value for name, value in policy.items() if name in known})
+    except ArgumentError:
+        return False
+    return True
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float, if it is a JSON number (not a bool) that has one."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def check_item_header(record: StepRecord, item: str, file: str, source: ReadSource, where: str) -> None:

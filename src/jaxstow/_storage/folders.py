@@ -29,7 +29,7 @@ from typing import BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, temporary_sibling
 from jaxstow._storage.failures import storage_error, storage_failures
-from jaxstow._storage.opening import open_source
+from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CheckpointError, NotAFolderError
 
 __all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
@@ -74,7 +74,7 @@ class LocalStore:
     """Folders in the local directory ``root``, each committed by one rename once its ``marker`` file is written."""
 
     def __init__(self, root: str, *, marker: str) -> None:
-        self.root = root
+        self.root = os.path.abspath(root)  # once: a later change of the working directory leads nowhere else
         self.location = root
         self.marker = marker
 
@@ -82,8 +82,8 @@ class LocalStore:
         return os.path.join(self.root, *parts)
 
     def url(self, *parts: str) -> str:
-        """The path of ``parts`` under the root, for messages."""
-        return self.path(*parts)
+        """The path of ``parts`` under the root as it was given, for messages."""
+        return os.path.join(self.location, *parts)
 
     def ensure(self) -> None:
         """Create the folder; a file in its place raises a NotAFolderError, a folder that cannot be made a StorageError."""
@@ -119,7 +119,7 @@ class LocalStore:
         a local file is read where it is.
         """
         del header, whole
-        return open_source(self.path(name, file))
+        return LocalFile(self.path(name, file), name=self.url(name, file))
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
         """Start writing folder ``name`` under a temporary name.

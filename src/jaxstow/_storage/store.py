@@ -86,14 +86,14 @@ class Store(Protocol):
 def open_store(directory: str | os.PathLike[str], *, marker: str, settings: StorageSettings | None = None) -> Store:
     """The store for a local path, a ``file://`` URL or any other fsspec URL (reached as ``settings`` say).
 
-    A relative path is made absolute once, here: the store keeps to the folder it was opened on when the process
-    changes its working directory later.
+    A local store keeps to the folder a relative path named when it was opened, whatever working directory the
+    process changes to later.
     """
     settings = settings or StorageSettings()
     path = local_path(directory)
     if path is not None:
         refuse_options(path, settings)
-        return LocalStore(os.path.abspath(path), marker=marker)
+        return LocalStore(path, marker=marker)
     from jaxstow._storage.remote_store import RemoteStore
 
     return RemoteStore(os.fspath(directory), marker=marker, settings=settings)

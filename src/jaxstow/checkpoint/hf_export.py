@@ -31,16 +31,18 @@ import numpy as np
 from jaxstow._format.dtypes import safetensors_code
 from jaxstow._format.native import write_native
 from jaxstow._format.shards import Stored
-from jaxstow._format.source import ReadSource
 from jaxstow._read.reader import Reader, open_parts, open_reader_at
 from jaxstow._read.sharded_folder import child, list_folder
+from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.atomic import fsync_directory, temporary_sibling
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sinks import atomic_sink
-from jaxstow.errors import ArgumentError, PathError
+from jaxstow._storage.store import open_store
+from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.errors import ArgumentError, CheckpointError, PathError
 
 __all__ = ["Exported", "export_safetensors", "parse_size"]
 
@@ -111,6 +113,9 @@ def export_safetensors(
     Raises:
         ArgumentError: an unknown item, two tensors of one name, a dtype safetensors has no code for.
         PathError: ``out_folder`` holds files already.
+        CheckpointError: the step's folder is not named by the step its record names, or an item file is missing.
+        CorruptFileError: the step's record, or an item file's header, does not check (a file that is not the one
+            its record names).
     """
     limit = parse_size(max_shard_size)
     settings = storage_settings(storage_options, None, None)
@@ -144,28 +149,35 @@ def _open_items(
         if item is not None:
             raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
         return [(None, stack.enter_context(open_reader_at(location, settings)))]
-    record = StepRecord.from_json(listed[1](RECORD_NAME), where=child(source, RECORD_NAME))
+    folder, record = _step(source, settings)
     if item is not None and item not in record.files:
         raise ArgumentError(f"step {record.step} has no item {item!r} (its items: {', '.join(sorted(record.files))})")
     chosen = [item] if item is not None else sorted(record.files)
     prefixed = not record.single and item is None
     return [
-        (name if prefixed else None, stack.enter_context(open_parts(_sources(source, record, name, settings))))
-        for name in chosen
+        (name if prefixed else None, stack.enter_context(open_parts(folder.open_item(record, name)))) for name in chosen
     ]
 
 
-def _sources(step: str, record: StepRecord, item: str, settings: StorageSettings) -> list[ReadSource]:
-    """The files of ``item``, opened (those opened already closed if one fails)."""
-    sources: list[ReadSource] = []
-    try:
-        for file in record.item_files(item):
-            sources.append(locate(child(step, file)).open(settings))
-    except BaseException:
-        for source in sources:
-            source.close()
-        raise
-    return sources
+def _step(source: str, settings: StorageSettings) -> tuple[StepFolder, StepRecord]:
+    """The checkpoint folder of the step at ``source`` and the step's record, read as the manager's restore reads
+    them: the record checksummed and naming the step its folder's name says (each item file is checked against the
+    header the record names as it is opened)."""
+    path = local_path(source)
+    if path is not None:
+        parent, name = os.path.split(os.path.abspath(path))
+    else:
+        parent, _, name = source.rstrip("/").rpartition("/")
+    names = StepNames("%d")
+    step = names.step(name)
+    if step is None:
+        raise CheckpointError(
+            f"holds a {RECORD_NAME}, but {name!r} is no step's folder: a checkpoint folder names each step's folder by "
+            "its number, which its record must name too",
+            file=source,
+        )
+    folder = StepFolder(open_store(parent, marker=RECORD_NAME, settings=settings), names)
+    return folder, folder.read_record(step, check_files=False)
 
 
 def _tensors(
@@ -218,7 +230,7 @@ def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:
     for tensor in shard:
         wanted.setdefault(id(tensor.reader), (tensor.reader, []))[1].append(tensor.leaf)
     arrays = {key: reader.read_arrays(leaves) for key, (reader, leaves) in wanted.items()}
-    return [(t.name, np.ascontiguousarray(arrays[id(t.reader)][t.leaf.path])) for t in shard]
+    return [(t.name, np.require(arrays[id(t.reader)][t.leaf.path], requirements="C")) for t in shard]
 
 
 @contextlib.contextmanager

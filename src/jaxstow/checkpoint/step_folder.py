@@ -17,14 +17,13 @@
 from __future__ import annotations
 
 import contextlib
-import operator
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
-from jaxstow._steps.names import StepNames
+from jaxstow._steps.names import StepNames, check_step
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
 from jaxstow._util.pools import submit
@@ -34,25 +33,6 @@ from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowE
 _OPENING = 16
 
 __all__ = ["StepFolder", "check_step"]
-
-
-def check_step(step: Any) -> int:
-    """``step`` as an ``int``: a non-negative Python, numpy or jax integer, or a 0-d integer array such as
-    ``nnx.Optimizer.step``'s value.
-
-    >>> import jax.numpy as jnp, numpy as np
-    >>> check_step(3), check_step(np.int64(4)), check_step(jnp.asarray(5, jnp.uint32))
-    (3, 4, 5)
-    """
-    try:
-        number = None if isinstance(step, bool) else operator.index(step)
-    except TypeError:  # floats, bools, arrays with elements or of another kind, tracers
-        number = None
-    if number is None or number < 0:
-        raise ArgumentError(
-            f"a step must be a non-negative integer (Python, numpy or a 0-d jax integer array), not {step!r}"
-        )
-    return number
 
 
 class StepFolder:
@@ -171,7 +151,9 @@ class StepFolder:
             raise CheckpointError(f"step {step} has no {RECORD_NAME} any more", file=where) from None
         record = StepRecord.from_json(data, where=where)
         if record.step != step:
-            raise CheckpointError(f"the record says step {record.step}, but its folder is step {step}", file=where)
+            raise CheckpointError(
+                f"{where}: the record says step {record.step}, but its folder is step {step}", file=where
+            )
         if check_files:
             for sources in self.open_files(record, sorted(record.files)).values():
                 for source in sources:

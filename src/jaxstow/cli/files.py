@@ -33,21 +33,27 @@ from jaxstow._read.reader import FolderReader, Reader, open_parts
 from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
-from jaxstow._steps.record import RECORD_NAME, StepRecord
+from jaxstow._steps.record import RECORD_NAME, StepRecord, missing_item_file
 from jaxstow._storage.opening import local_path, locate, open_source
 from jaxstow._storage.settings import StorageSettings, storage_settings
-from jaxstow._storage.store import Store, open_store
+from jaxstow._storage.store import open_store
 from jaxstow._storage.transfer import Transfer
+from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import (
     ArgumentError,
+    CheckpointError,
     FormatError,
     IsAFolderError,
+    JaxstowError,
     NotAFolderError,
     PathError,
     PathNotFoundError,
+    StepNotFoundError,
+    StorageError,
 )
 
 __all__ = [
+    "DamagedStep",
     "Leaf",
     "Step",
     "add_storage_arguments",
@@ -63,6 +69,7 @@ __all__ = [
     "open_hf_folder",
     "open_source_at",
     "read_arrays",
+    "read_steps",
     "require_folder",
     "storage",
     "use_storage_arguments",
@@ -286,48 +293,84 @@ def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]
 
 @dataclass(frozen=True)
 class Step:
-    """A committed step of a checkpoint folder: its record, and where its files are."""
+    """A committed step of a checkpoint folder whose record checks: the record, and the folder it is in."""
 
     record: StepRecord
-    store: Store
-    name: str
+    folder: StepFolder
+
+    @property
+    def step(self) -> int:
+        return self.record.step
 
     def url(self, file: str) -> str:
-        return self.store.url(self.name, file)
+        return self.folder.url(self.record.step, file)
 
     def sources(self, item: str) -> list[ReadSource]:
-        """The files of ``item``: one, or one per process that saved the step."""
-        return [self.store.source(self.name, file) for file in self.record.item_files(item)]
+        """The files of ``item`` (one, or one per process that saved the step), opened and each checked against the
+        header checksum the record names, as the manager's restore checks them: a missing file is a
+        :class:`~jaxstow.errors.CheckpointError`, a file that is not the one saved a
+        :class:`~jaxstow.errors.CorruptFileError`, each naming the file."""
+        return self.folder.open_item(self.record, item)
 
     def size(self) -> int:
-        """Bytes of the step's item files."""
+        """Bytes of the step's item files; a :class:`~jaxstow.errors.CheckpointError` names one that is missing."""
         total = 0
+        name = self.folder.names.name(self.record.step)
         for item in self.record.files:
-            for source in self.sources(item):
+            for file in self.record.item_files(item):
+                try:
+                    source = self.folder.store.source(name, file)
+                except FileNotFoundError:
+                    raise missing_item_file(self.record, item, self.url(file)) from None
                 total += source.size
                 source.close()
         return total
 
 
-def checkpoint_steps(folder: str) -> list[Step]:
-    """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first."""
+@dataclass(frozen=True)
+class DamagedStep:
+    """A committed step of a checkpoint folder whose record does not check: its number, where its record is, and why."""
+
+    step: int
+    record_url: str
+    problem: JaxstowError
+
+
+def read_steps(folder: str) -> list[Step | DamagedStep]:
+    """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first.
+
+    Each record is read and checked as the manager reads it: a step whose record is damaged, or says another step, is
+    a :class:`DamagedStep`, and the others are read all the same. A step deleted meanwhile is left out; a storage that
+    fails raises its :class:`~jaxstow.errors.StorageError`.
+    """
     require_folder(folder)
-    store = open_store(folder, marker=RECORD_NAME, settings=storage(folder))
-    names = StepNames("%d")
+    steps = StepFolder(open_store(folder, marker=RECORD_NAME, settings=storage(folder)), StepNames("%d"))
+    found: list[Step | DamagedStep] = []
+    for number in steps.committed():
+        try:
+            found.append(Step(steps.read_record(number, check_files=False), steps))
+        except StepNotFoundError:
+            continue  # deleted since it was listed
+        except StorageError:  # says nothing of the step
+            raise
+        except (FormatError, CheckpointError) as error:  # as the manager's damaged_steps() counts damage
+            found.append(DamagedStep(number, steps.url(number, RECORD_NAME), error))
+    return found
+
+
+def checkpoint_steps(folder: str) -> list[Step]:
+    """The committed steps of a checkpoint folder, oldest first; the first damaged record raises its error."""
     steps = []
-    for step in names.steps(store.committed()):
-        name = names.name(step)
-        where = store.url(name, RECORD_NAME)
-        record = StepRecord.from_json(store.read_marker(name), where=where)
-        if record.step != step:
-            raise FormatError(f"the record says step {record.step}, but its folder is step {step}", file=where)
-        steps.append(Step(record, store, name))
+    for step in read_steps(folder):
+        if isinstance(step, DamagedStep):
+            raise step.problem
+        steps.append(step)
     return steps
 
 
-def committed_steps(folder: str) -> list[Step]:
-    """:func:`checkpoint_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
-    steps = checkpoint_steps(folder)
+def committed_steps(folder: str) -> list[Step | DamagedStep]:
+    """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
+    steps = read_steps(folder)
     if not steps:
         path = local_path(folder)
         foreign = folder_problem(path) if path is not None else "is a folder"

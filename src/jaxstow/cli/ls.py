@@ -28,9 +28,10 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
-from jaxstow.cli.files import Step, committed_steps, file_sizes, hf_listing, open_hf_folder
+from jaxstow.cli.files import DamagedStep, Step, committed_steps, file_sizes, hf_listing, open_hf_folder
 from jaxstow.cli.inspect import HF_FOLDER
 from jaxstow.cli.output import Table, print_json
+from jaxstow.errors import CheckpointError
 
 __all__ = ["HELP", "arguments", "keep_policy", "run"]
 
@@ -53,44 +54,65 @@ def run(args: argparse.Namespace) -> int:
     if hf_listing(args.folder) is not None:
         return _hf_folder(args)
     steps = committed_steps(args.folder)
-    policy = keep_policy(steps[-1])
+    readable = [step for step in steps if isinstance(step, Step)]
+    policy = keep_policy(readable[-1]) if readable else None
     metric = None if policy is None else policy.metric
     reasons = (
         {}
         if policy is None
-        else policy.reasons(
-            [step.record.step for step in steps],
-            {step.record.step: step.record.metric(metric) for step in steps} if metric else {},
-            {step.record.step: step.record.time for step in steps},
+        else policy.reasons(  # a damaged step ranks last and has no time, as the manager's prune sees it
+            [step.step for step in steps],
+            {step.step: step.record.metric(metric) for step in readable} if metric else {},
+            {step.step: step.record.time for step in readable},
         )
     )
-    rows: list[dict[str, Any]] = [
-        {
-            "step": step.record.step,
-            "time": step.record.time,
-            "bytes": step.size(),
-            "metrics": step.record.metrics or {},
-            "items": None if step.record.single else sorted(step.record.files),
-            "kept_by": reasons.get(step.record.step),
-        }
-        for step in steps
-    ]
+    rows = [_row(step, reasons.get(step.step)) for step in steps]
+    damaged = [row for row in rows if row["damaged"] is not None]
     if args.json:
-        print_json({"folder": args.folder, "keep_policy": steps[-1].record.keep_policy, "steps": rows})
-        return 0
+        print_json(
+            {
+                "folder": args.folder,
+                "keep_policy": readable[-1].record.keep_policy if readable else None,
+                "steps": rows,
+            }
+        )
+        return 1 if damaged else 0
     table = Table(["step", "time", "size", "metrics", "kept by"], right=["step", "size"])
     for row in rows:
-        when = datetime.datetime.fromtimestamp(row["time"]).isoformat(sep=" ", timespec="seconds")
+        when = "-" if row["time"] is None else _when(row["time"])
         metrics = " ".join(
             f"{name}={value:.6g}" if value is not None else f"{name}=nan" for name, value in row["metrics"].items()
         )
         kept = ", ".join(row["kept_by"]) if row["kept_by"] is not None else "-"
-        table.add(row["step"], when, format_bytes(row["bytes"]), metrics, kept)
+        size = "-" if row["bytes"] is None else format_bytes(row["bytes"])
+        table.add(row["step"], when, size, "DAMAGED" if row["damaged"] is not None else metrics, kept)
     table.show()
-    total = format_bytes(sum(row["bytes"] for row in rows))
+    for row in damaged:
+        print(f"DAMAGED  step {row['step']}: {row['damaged']}")
+    total = format_bytes(sum(row["bytes"] or 0 for row in rows))
     rules = "unknown (written by an older jaxstow)" if policy is None else _describe(policy)
-    print(f"{len(rows)} step{'s' if len(rows) != 1 else ''}, {total}; keep rules: {rules}")
-    return 0
+    count = f"{len(rows)} step{'s' if len(rows) != 1 else ''}" + (f" ({len(damaged)} damaged)" if damaged else "")
+    print(f"{count}, {total}; keep rules: {rules}")
+    return 1 if damaged else 0
+
+
+def _row(step: Step | DamagedStep, kept_by: list[str] | None) -> dict[str, Any]:
+    """A step's line: its time, size, metrics and items, or ``damaged``, why it cannot be read (a record that does
+    not check, an item file missing)."""
+    row: dict[str, Any] = {"step": step.step, "time": None, "bytes": None, "metrics": {}, "items": None}
+    if isinstance(step, DamagedStep):
+        return {**row, "kept_by": kept_by, "damaged": str(step.problem)}
+    row |= {"time": step.record.time, "metrics": step.record.metrics or {}}
+    row["items"] = None if step.record.single else sorted(step.record.files)
+    try:
+        row["bytes"] = step.size()
+    except CheckpointError as error:  # an item file missing
+        return {**row, "kept_by": kept_by, "damaged": str(error)}
+    return {**row, "kept_by": kept_by, "damaged": None}
+
+
+def _when(time: float) -> str:
+    return datetime.datetime.fromtimestamp(time).isoformat(sep=" ", timespec="seconds")
 
 
 def _hf_folder(args: argparse.Namespace) -> int:

@@ -26,6 +26,8 @@ from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, ten
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.cli.files import (
+    DamagedStep,
+    Step,
     committed_steps,
     describe,
     hf_listing,
@@ -35,9 +37,17 @@ from jaxstow.cli.files import (
     verify_checksums,
 )
 from jaxstow.cli.output import print_json
-from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, NewerFormatError, PathNotFoundError
+from jaxstow.errors import (
+    CheckpointError,
+    CorruptFileError,
+    FormatError,
+    JaxstowError,
+    NewerFormatError,
+    PathNotFoundError,
+    StorageError,
+)
 
-__all__ = ["HELP", "FileReport", "arguments", "run", "verify_file", "verify_hf_folder"]
+__all__ = ["HELP", "FileReport", "arguments", "run", "verify_file", "verify_hf_folder", "verify_step"]
 
 #: What a Hugging Face folder's report says of its files: they carry no checksums, so only their structure was checked.
 NO_CHECKSUMS = "structure only: safetensors files carry no checksums, so their data could not be checked"
@@ -90,11 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if listing is not None:
         reports = verify_hf_folder(listing)
     elif is_folder(args.target):
-        steps = committed_steps(args.target)
         reports = [
-            verify_file(step.sources(item), step.url(step.record.files[item]), progress=args.progress)
-            for step in steps
-            for item in sorted(step.record.files)
+            report for step in committed_steps(args.target) for report in verify_step(step, progress=args.progress)
         ]
     else:
         reports = [verify_file(args.target, args.target, progress=args.progress)]
@@ -131,6 +138,26 @@ def run(args: argparse.Namespace) -> int:
         + (f" ({NO_CHECKSUMS})" if listing is not None else "")
     )
     return 1 if damaged else 0
+
+
+def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[FileReport]:
+    """Verify every item file of a step of a checkpoint folder, as the manager's restore checks it first: the record
+    (a damaged one is damage to the step), each file's presence and its header against the checksum the record names
+    (a file that is not the one saved is damage to that file), then every leaf."""
+    if isinstance(step, DamagedStep):
+        return [FileReport(step.record_url, damage=[step.problem])]
+    reports = []
+    for item in sorted(step.record.files):
+        name = step.url(step.record.files[item])
+        try:
+            sources = step.sources(item)
+        except StorageError:  # says nothing of the step
+            raise
+        except (FormatError, CheckpointError) as error:  # missing, or not the file the record names
+            reports.append(FileReport(name, damage=[error]))
+            continue
+        reports.append(verify_file(sources, name, progress=progress))
+    return reports
 
 
 def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool = False) -> FileReport:

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from jaxstow._save_load import load, save
 from jaxstow._steps.keep import KeepPolicy
-from jaxstow._steps.names import StepNames
+from jaxstow._steps.names import StepNames, check_step
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import storage_settings
@@ -66,7 +66,9 @@ class TreeCheckpoint:
             storage_options: Passed to fsspec for a URL ``logdir`` (by jaxstow's own save and load functions;
                 others reach the store themselves, e.g. through fsspec's environment variables).
         """
-        self.logdir = os.fspath(logdir)
+        local = local_path(logdir)
+        # A local folder is made absolute once: a later change of the working directory leads nowhere else.
+        self.logdir = os.fspath(logdir) if local is None else os.path.abspath(local)
         self.keep_ckpts = keep_ckpts
         self.storage_options = storage_options
         self._policy = KeepPolicy(keep_last=keep_ckpts)
@@ -86,8 +88,9 @@ class TreeCheckpoint:
         return os.path.join(self.logdir, self.DIR_NAME)
 
     def path(self, idx: int) -> str:
-        """The file of index ``idx``."""
-        return self._store.url(self._names.name(idx))
+        """The file of index ``idx``, a non-negative integer (Python or numpy; anything else is an
+        :class:`~jaxstow.errors.ArgumentError`)."""
+        return self._store.url(self._names.name(check_step(idx, what="idx")))
 
     def indices(self) -> list[int]:
         """The indices of the checkpoints in the folder, in increasing order."""
@@ -104,9 +107,12 @@ class TreeCheckpoint:
     def find(self, idx: int | None = None) -> tuple[int, str]:
         """The index and path of checkpoint ``idx`` (the latest by default), or ``(0, "")`` if there is none.
 
-        A missing ``idx`` raises :class:`FileNotFoundError`.
+        A missing ``idx`` raises :class:`FileNotFoundError`, one that is no non-negative integer an
+        :class:`~jaxstow.errors.ArgumentError`.
         """
-        if idx is None:
+        if idx is not None:
+            idx = check_step(idx, what="idx")
+        else:
             indices = self.indices()
             if not indices:
                 return 0, ""
@@ -130,6 +136,7 @@ class TreeCheckpoint:
 
         Raises:
             FileNotFoundError: There is no checkpoint ``idx``.
+            ArgumentError: ``idx`` is no non-negative integer.
         """
         idx, path = self.find(idx)
         if not path:
@@ -138,7 +145,12 @@ class TreeCheckpoint:
         return self._function(type(self).LOAD_FN)(path, like), idx, path
 
     def save(self, tree: Any, idx: int) -> None:
-        """Save ``tree`` as checkpoint ``idx`` (atomically), then delete all but the ``keep_ckpts`` latest."""
+        """Save ``tree`` as checkpoint ``idx`` (atomically), then delete all but the ``keep_ckpts`` latest.
+
+        ``idx`` is a non-negative integer (Python or numpy): a float, a bool or a negative number is an
+        :class:`~jaxstow.errors.ArgumentError`, and nothing is written.
+        """
+        idx = check_step(idx, what="idx")
         if self._lock is None:
             self._lock = lock_store(self._store)
             self._store.cleanup(lambda name: False)

@@ -2,7 +2,9 @@
 for model files, and finding them again in a folder.
 
 A name matches exactly or not at all: another prefix, another extension, a model file among checkpoints or a
-temporary file of a save in progress is never taken for one of this checkpointer's files.
+temporary file of a save in progress is never taken for one of this checkpointer's files. Its index is written as the
+checkpointer writes it, in ASCII digits without padding: ``run_02.pt`` next to ``run_2.pt``, or ``run_\u0661\u0660.pt``
+(Arabic-Indic digits), is no file of this checkpointer, whatever order the folder lists its files in.
 
 >>> import os, tempfile
 >>> from jaxstow.train.files import FileNames
@@ -10,7 +12,7 @@ temporary file of a save in progress is never taken for one of this checkpointer
 >>> names.checkpoint(12), names.model(12)
 ('run_12.pt', 'run_model_12.pt')
 >>> folder = tempfile.mkdtemp()
->>> for name in ["run_2.pt", "run_10.pt", "run_model_11.pt", "run_9.xpt", "run_3.pt.bak", "other_7.pt"]:
+>>> for name in ["run_2.pt", "run_10.pt", "run_model_11.pt", "run_9.xpt", "run_3.pt.bak", "other_7.pt", "run_010.pt"]:
 ...     open(os.path.join(folder, name), "wb").close()
 >>> sorted(names.find(folder))
 [2, 10]
@@ -49,16 +51,20 @@ class FileNames:
 
     def _pattern(self, *, model: bool) -> re.Pattern[str]:
         infix = "_model" if model else ""
-        return re.compile(rf"{re.escape(self.prefix)}{infix}_(-?\d+){re.escape('.' + self.ext)}")
+        return re.compile(rf"{re.escape(self.prefix)}{infix}_(-?[0-9]+){re.escape('.' + self.ext)}")
 
     def find(self, folder: str | os.PathLike[str], *, model: bool = False) -> dict[int, str]:
-        """The checkpoints (or model files) in ``folder``, as ``{index: path}``; empty if the folder does not exist."""
+        """The checkpoints (or model files) in ``folder``, as ``{index: path}``; empty if the folder does not exist.
+
+        Only names this checkpointer writes count, so that each index has one file at most.
+        """
         if not os.path.isdir(folder):
             return {}
         pattern = self._pattern(model=model)
+        written = self.model if model else self.checkpoint
         found = {}
         for entry in os.scandir(folder):
             match = pattern.fullmatch(entry.name)
-            if match is not None and entry.is_file():
+            if match is not None and written(int(match.group(1))) == entry.name and entry.is_file():
                 found[int(match.group(1))] = entry.path
         return found

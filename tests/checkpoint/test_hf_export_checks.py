@@ -1,0 +1,59 @@
+"""A checkpoint step is exported only as the manager's restore would read it: an item file that is not the one its
+record names, or a step folder copied under another step's number, is refused and nothing is written; arrays of no
+dimension keep their shape ``()``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import forked_cli
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import jaxstow
+from jaxstow import CheckpointManager
+from jaxstow.errors import CheckpointError, CorruptFileError
+
+
+@pytest.fixture
+def run(tmp_path):
+    folder = tmp_path / "run"
+    with CheckpointManager(folder) as manager:
+        for step in (1, 2):
+            manager.save(step, {"params": {"w": np.full(3, step, np.float32)}, "opt": {"mu": np.full(3, 10.0 * step)}})
+    return folder
+
+
+def test_a_step_with_an_item_file_of_another_step_is_not_exported(run, tmp_path):
+    shutil.copy(run / "1" / "params.safetensors", run / "2" / "params.safetensors")
+    with pytest.raises(CorruptFileError, match=r"params\.safetensors: .*step 2.*not the one that was saved"):
+        jaxstow.export_safetensors(run / "2", tmp_path / "hf")
+    done = forked_cli.jaxstow_command("export", run / "2", tmp_path / "hf")
+    assert done.returncode == 2 and "not the one that was saved" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "hf").exists()
+
+
+def test_a_step_folder_copied_under_another_number_is_not_exported(run, tmp_path):
+    shutil.copytree(run / "1", run / "5")
+    with pytest.raises(CheckpointError, match="the record says step 1, but its folder is step 5"):
+        jaxstow.export_safetensors(run / "5", tmp_path / "hf")
+    shutil.copytree(run / "1", tmp_path / "best")
+    with pytest.raises(CheckpointError, match="'best' is no step's folder"):
+        jaxstow.export_safetensors(tmp_path / "best", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    exported = jaxstow.export_safetensors(run / "2", tmp_path / "hf")  # an intact step still exports
+    assert exported.tensors == 2
+    back = jaxstow.load(tmp_path / "hf", as_numpy=True)
+    np.testing.assert_array_equal(back["params.w"], np.full(3, 2, np.float32))
+
+
+def test_arrays_of_no_dimension_keep_their_shape(tmp_path):
+    jaxstow.save(tmp_path / "m.jxs", {"scale": np.array(3.5, np.float32), "step_size": np.float32(0.1)})
+    jaxstow.export_safetensors(tmp_path / "m.jxs", tmp_path / "hf")
+    with safe_open(os.fspath(tmp_path / "hf" / "model-00001-of-00001.safetensors"), "np") as opened:
+        assert opened.get_tensor("scale").shape == () and opened.get_tensor("scale") == np.float32(3.5)
+        assert opened.get_tensor("step_size").shape == ()
+    back = jaxstow.load(tmp_path / "hf", as_numpy=True)
+    assert back["scale"].shape == () and back["step_size"].shape == ()

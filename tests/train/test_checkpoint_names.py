@@ -1,0 +1,48 @@
+"""DefaultCheckpointer takes only the names it writes: an index in non-ASCII digits or zero-padded is no checkpoint of
+it, so it never resumes from another tool's file and each index has one file, whatever order the folder lists them in."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+import jaxstow
+from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+from jaxstow.train.files import FileNames
+
+
+def _args(folder: Path, **overrides: object) -> DefaultCheckpointerArguments:
+    return DefaultCheckpointerArguments(
+        **{"save_dir": folder, "model_state_save_dir": folder, "load_dir": folder, **overrides}
+    )
+
+
+def _state(epoch: int) -> Checkpoint:
+    return Checkpoint(module_interface_state={"w": np.full(2, float(epoch))}, trainer_state={"last_epoch": epoch})
+
+
+def test_an_index_in_other_digits_is_never_resumed_from(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path))
+    for epoch in range(3):
+        checkpointer.save(_state(epoch), epoch)
+    for digits in ("\u0661\u0660\u0660", "\uff11\uff10\uff10", "\u0967\u0966\u0966"):  # 100 in Arabic-Indic, ...
+        jaxstow.save(tmp_path / f"checkpoint_{digits}.jxs", _state(100))
+    assert DefaultCheckpointer.get_latest_file(tmp_path, "checkpoint", "jxs") == str(tmp_path / "checkpoint_2.jxs")
+    assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 2}
+    assert sorted(FileNames("checkpoint", "jxs").find(tmp_path)) == [0, 1, 2]
+
+
+def test_a_padded_index_is_not_the_checkpoint_of_that_index(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path))
+    checkpointer.save(_state(2), 2)
+    for name in ("checkpoint_02.jxs", "checkpoint_002.jxs", "checkpoint_+3.jxs", "checkpoint_-0.jxs"):
+        jaxstow.save(tmp_path / name, _state(99))
+    found = FileNames("checkpoint", "jxs").find(tmp_path)
+    assert found == {2: os.path.join(tmp_path, "checkpoint_2.jxs")}
+    assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 2}
+    DefaultCheckpointer(_args(tmp_path, load_dir=None, delete_existing_checkpoints=True))  # only the files it wrote
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["checkpoint_02.jxs", "checkpoint_002.jxs", "checkpoint_+3.jxs", "checkpoint_-0.jxs"]
+    )
