@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from jax.custom_batching import custom_vmap
 
@@ -42,6 +43,12 @@ __all__ = [
 ]
 
 State = TypeVar("State")
+
+#: The kinds of number, each holding the values of those before it.
+_KINDS = (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating)
+#: The ranges of numpy's dtypes and of those of ml_dtypes (int4, float8, ...).
+_iinfo: Callable[[np.dtype[Any]], Any] = ml_dtypes.iinfo
+_finfo: Callable[[np.dtype[Any]], Any] = ml_dtypes.finfo
 
 #: At most this many bytes of samples in a block: what :func:`jaxstow.io.save` sends to the host per chain in one
 #: callback, and the HDF5 collector's chunk. A block that fits in a core's cache leaves the device buffer and lands in
@@ -78,7 +85,8 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
     """``value`` checked against ``spec`` (structure and shapes) and cast to its dtypes; ``hint`` says what to do
     when the structure differs.
 
-    Python numbers and weakly typed values take the spec's dtype; any other dtype must match.
+    Python numbers and weakly typed values take the spec's dtype, if it holds them: of the same kind (bool, integer,
+    real, complex) or a wider one, and, for a Python number, within its range. Any other dtype must match.
     """
     paths, leaves, treedef = flatten_with_paths(value)
     specs, spec_treedef = jax.tree.flatten(spec)
@@ -94,8 +102,37 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
             raise ArgumentError(
                 f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)}"
             )
+        if weak and (loss := _cast_loss(leaf, dtype, np.dtype(wanted.dtype))):
+            raise ArgumentError(
+                f"{what} leaf {path!r} is {loss}, which its dtype {wanted.dtype} cannot hold: declare the leaf with the "
+                "dtype of what is saved in it (e.g. init it as 0.0, not 0, for a real number), or convert the value "
+                "to its dtype yourself"
+            )
         out.append(jnp.asarray(leaf, wanted.dtype))
     return treedef.unflatten(out)
+
+
+def _kind(dtype: Any) -> int:
+    """0 for bool, 1 for an integer, 2 for a real and 3 for a complex number: a kind holds the values of those before
+    it."""
+    return next(rank for rank, kind in enumerate(_KINDS) if jnp.issubdtype(dtype, kind))
+
+
+def _cast_loss(leaf: Any, dtype: Any, wanted: np.dtype[Any]) -> str:
+    """What a weakly typed ``leaf`` of ``dtype`` is, if ``wanted`` cannot hold it: of a wider kind, or a Python number
+    out of its range; ``""`` if it can."""
+    number = isinstance(leaf, bool | int | float | complex)
+    what = f"the Python {type(leaf).__name__} {leaf!r}" if number else f"a weakly typed {dtype}"
+    if _kind(dtype) > _kind(wanted):
+        return what
+    if number and jnp.issubdtype(wanted, jnp.integer):
+        info = _iinfo(wanted)
+        return "" if info.min <= leaf <= info.max else what
+    if number and jnp.issubdtype(wanted, jnp.inexact):
+        most = float(_finfo(wanted).max)
+        parts = (complex(leaf).real, complex(leaf).imag)
+        return "" if all(abs(part) <= most or not np.isfinite(part) for part in parts) else what
+    return ""
 
 
 def block_rows(sample_bytes: int, samples_collected: int | None, most: int) -> int:

@@ -24,9 +24,9 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._save_load import load, save
-from jaxstow.errors import ArgumentError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
-from jaxstow.io.dictionize import pytree_dict_keys
+from jaxstow.io.dictionize import joined_names, pytree_dict_keys
 
 __all__ = [
     "ChainBook",
@@ -67,7 +67,7 @@ class SampleLayout:
                 )
             shapes.append(tuple(int(size) for size in np.shape(leaf)))
             dtypes.append(np.dtype(dtype))
-        names = ["/".join(str(key) for key in keys) for keys in pytree_dict_keys(sample)]
+        names = joined_names(pytree_dict_keys(sample), "/")
         return cls(treedef, names, shapes, dtypes)
 
     @property
@@ -127,6 +127,16 @@ class ChainBook:
         self.ends[chain_id] = max(self.ends[chain_id], end)
         return end
 
+    def trim(self, chain_id: int, count: int) -> None:
+        """Keep the chain's first ``count`` rows only: the rest arrived from no sample of the run (see
+        :meth:`~jaxstow.io.DataCollector.trim_chains`)."""
+        self.layout(chain_id)
+        if count > self.ends[chain_id]:
+            raise CollectorError(
+                f"chain {chain_id} kept {count} samples, but only {self.ends[chain_id]} reached the collector"
+            )
+        self.ends[chain_id] = count
+
     def with_loader_state(self, chain_id: int, checkpoint: ChainCheckpoint) -> ChainCheckpoint:
         """``checkpoint`` with the registered data loader's current state for the chain."""
         if self.data_loader is None:
@@ -150,6 +160,11 @@ class KeepsChains:
     def register_data_loader(self, data_loader: DataLoader) -> None:
         """Register a data loader whose state is checkpointed with the chains."""
         self._chains.data_loader = data_loader
+
+    def trim_chains(self, counts: Mapping[int, int]) -> None:
+        """Keep each chain's first ``counts[chain_id]`` samples only (see :meth:`~jaxstow.io.DataCollector.trim_chains`)."""
+        for chain_id, count in counts.items():
+            self._chains.trim(chain_id, count)
 
 
 def _stored(checkpoint: ChainCheckpoint) -> dict[str, Any]:

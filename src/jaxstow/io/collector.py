@@ -43,8 +43,8 @@ class DataCollector(abc.ABC):
     """Collects sampled data and data loader states, as jax_sgmc's ``io.DataCollector`` does.
 
     :func:`jaxstow.io.save` calls :meth:`register_chain` once per chain, :meth:`save` with whole blocks of samples,
-    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`finalize`, :meth:`finished` and :meth:`release`
-    (each through its ``_chains`` method, which takes the chains of one ``vmap`` together, calling it for each):
+    :meth:`checkpoint` every ``checkpoint_every`` steps, then :meth:`trim_chains`, :meth:`finalize`, :meth:`finished`,
+    :meth:`release` (each through its ``_chains`` method, taking a ``vmap``'s chains together, calling it for each):
 
     >>> import jax.numpy as jnp
     >>> from jaxstow import io
@@ -103,8 +103,9 @@ class DataCollector(abc.ABC):
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Store a block of samples of the chain ``chain_id``, at its rows.
 
-        Blocks may arrive in any order, and more than once: a second delivery must change nothing. It is called from
-        a thread of its own, one block at a time, while the run goes on.
+        Blocks may arrive in any order, and more than once: a second delivery must change nothing; rows past the
+        chain's last sample may arrive too (see :meth:`trim_chains`). It is called from a thread of its own, one block
+        at a time, while the run goes on.
 
         Args:
             chain_id: The chain's id, from :meth:`register_chain`.
@@ -137,6 +138,15 @@ class DataCollector(abc.ABC):
         """
         for chain_id, checkpoint in checkpoints.items():
             self.checkpoint(chain_id, checkpoint)
+
+    def trim_chains(self, counts: Mapping[int, int]) -> None:
+        """Called after the last block of a run and before :meth:`finalize_chains`, with the number of samples each
+        chain kept, by chain id: rows at or past it that :meth:`save` got are no samples of the run, and must be
+        dropped. They come from a ``jax.lax.cond`` or ``jax.lax.while_loop`` that ``jax.vmap`` ran for every chain,
+        keeping the result of only some (its blocks reach the host either way), or from an earlier call of a
+        compiled run with the same initial saving state. By default nothing.
+        """
+        del counts
 
     @abc.abstractmethod
     def finalize(self, chain_id: int) -> None:

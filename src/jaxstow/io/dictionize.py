@@ -16,7 +16,7 @@ namedtuples (by field name), equinox Modules (by field name) and flax ``FrozenDi
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -25,7 +25,7 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format.keypaths import key_to_str
 from jaxstow.errors import ArgumentError, StructureMismatchError
 
-__all__ = ["dict_to_pytree", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
+__all__ = ["dict_to_pytree", "joined_names", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
 
 Rule = Callable[[Any], Iterable[tuple[Any, Any]]]
 Keys = tuple[Any, ...]
@@ -108,6 +108,31 @@ def pytree_to_dict(tree: Any) -> Any:
             raise ValueError(f"the dictionize rule for {type(tree).__qualname__} gives two children the key {key!r}")
         as_dict[key] = pytree_to_dict(child)
     return as_dict
+
+
+def joined_names(keys: Sequence[Keys], separator: str) -> list[str]:
+    """Each leaf's keys (as :func:`pytree_dict_keys` gives them) joined by ``separator``: the names the collectors
+    (``/``) and the readers of samples (``.``) give the leaves.
+
+    Raises:
+        ArgumentError: Two leaves get one name, which would hold only one of them.
+
+    >>> joined_names([("layer", "bias"), ("w",)], ".")
+    ['layer.bias', 'w']
+    >>> joined_names([("layer.bias",), ("layer", "bias")], ".")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: the sample leaves ('layer.bias',) and ('layer', 'bias') are both named 'layer.bias' ...
+    """
+    names = [separator.join(str(key) for key in leaf) for leaf in keys]
+    first: dict[str, Keys] = {}
+    for leaf, name in zip(keys, names, strict=True):
+        if first.setdefault(name, leaf) is not leaf:
+            raise ArgumentError(
+                f"the sample leaves {first[name]} and {leaf} are both named {name!r} (their dict keys joined by "
+                f"{separator!r}), which holds one of them only: rename the keys of one of them"
+            )
+    return names
 
 
 def pytree_dict_keys(tree: Any) -> list[Keys]:

@@ -1,11 +1,12 @@
 """``HDF5Collector``: the samples of every chain in an HDF5 file, written by a background thread.
 
 The file holds one dataset per leaf of the sample at ``/chain~{id}/<keys>`` (the keys of
-:func:`~jaxstow.io.pytree_to_dict` joined by ``/``), of shape ``(samples, *leaf)`` and the leaf's dtype. Datasets
-are chunked and resizable: they grow as blocks arrive and are trimmed to the samples kept when the run ends, when
-``/chain~{id}`` also gets the attribute ``sample_count``. The dataset ``/draws_done`` holds, per chain, how many samples
-are written so far: each block is flushed to the file before it counts it, so a reader in SWMR mode sees the samples
-up to that count, never a torn block.
+:func:`~jaxstow.io.pytree_to_dict` joined by ``/``), of shape ``(samples, *leaf)`` and the leaf's dtype (one of
+``ml_dtypes``, which HDF5 lacks, as :mod:`~jaxstow.io.hdf5_dtypes` says). Datasets are chunked and resizable: they
+grow as blocks arrive and are trimmed to the samples kept when the run ends, when ``/chain~{id}`` also gets the
+attribute ``sample_count``. The dataset ``/draws_done`` holds, per chain, how many samples are written so far: each
+block is flushed to the file before it counts it, so a reader in SWMR mode sees the samples up to that count, never a
+torn block.
 
 >>> import os, tempfile, h5py, jax, jax.numpy as jnp
 >>> from jaxstow import io
@@ -35,7 +36,6 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
-from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import (
     ChainBook,
     KeepsChains,
@@ -49,11 +49,13 @@ from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
     checkpoint_path,
+    create_datasets,
     dataset_name,
     group_name,
     layout_problems,
     new_draws_done,
     read_whole,
+    readable,
     write_block,
     write_hyperslab,
 )
@@ -70,10 +72,6 @@ from jaxstow.io.swmr import (
 
 __all__ = ["DRAWS_DONE", "HDF5Collector", "checkpoint_path", "layout_problems"]
 
-#: At most this many rows per chunk. Every leaf's chunks hold the rows of one block of ``io.save`` (a power of two, at
-#: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
-#: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
-_MAX_CHUNK_ROWS = 4096
 _DESCRIPTOR_DRIVERS = ("sec2", "direct")  # whose file handle is a file descriptor, to fsync
 
 
@@ -261,20 +259,7 @@ class HDF5Collector(KeepsChains, DataCollector):
                     "open the file with mode 'w' to replace them, or use another file"
                 )
             del self._file[group]  # interrupted before its first checkpoint: start again
-        datasets = []
-        rows = block_rows(layout.row_bytes, capacity, _MAX_CHUNK_ROWS)
-        for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
-            datasets.append(
-                self._file.create_dataset(
-                    dataset_name(chain_id, name),
-                    shape=(capacity, *shape),
-                    maxshape=(None, *shape),
-                    chunks=(rows, *shape),
-                    dtype=dtype,
-                    compression=self._compression,
-                )
-            )
-        return datasets
+        return create_datasets(self._file, chain_id, layout, capacity, self._compression)
 
     def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
         group = group_name(chain_id)
@@ -430,7 +415,10 @@ class HDF5Collector(KeepsChains, DataCollector):
         memory that the arrays of earlier runs gave back, see :mod:`~jaxstow.io.host_buffers`), the file opened once."""
         layouts = [self._chains.layout(chain_id) for chain_id in chain_ids]
         if self._lock is None:
-            return [layout.treedef.unflatten(self._datasets[c]) for c, layout in zip(chain_ids, layouts, strict=True)]
+            return [
+                layout.treedef.unflatten([readable(dataset) for dataset in self._datasets[chain_id]])
+                for chain_id, layout in zip(chain_ids, layouts, strict=True)
+            ]
         with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
             return [
                 layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])

@@ -1,6 +1,6 @@
-"""Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, how the datasets
-a file holds differ from those of a run, and how a block of rows is written into a chain's chunked datasets and read
-back.
+"""Where an :class:`~jaxstow.io.HDF5Collector`'s file keeps each chain's samples and checkpoints, how a chain's
+datasets are made and named (and read back under which names), how the datasets a file holds differ from those of a
+run, and how a block of rows is written into a chain's chunked datasets and read back.
 
 >>> import os, tempfile, h5py, numpy as np
 >>> from jaxstow.io.chains import SampleLayout
@@ -24,25 +24,36 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.errors import ArgumentError
 from jaxstow.io import host_buffers
+from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import SampleLayout
+from jaxstow.io.dictionize import joined_names
+from jaxstow.io.hdf5_dtypes import as_sample, as_stored, mark, sample_dtype, stored_dtype
 
 __all__ = [
     "DIRECT_CHUNK_BYTES",
     "DRAWS_DONE",
     "RUN_ID",
     "checkpoint_path",
+    "create_datasets",
     "dataset_name",
     "group_name",
     "layout_problems",
     "new_draws_done",
     "read_whole",
+    "readable",
+    "variable_names",
     "write_block",
     "write_hyperslab",
 ]
 
 #: Chunks of at least this many bytes are read back raw, one call each; smaller ones in one read of the rows.
 DIRECT_CHUNK_BYTES = 256 << 10
+#: At most this many rows per chunk. Every leaf's chunks hold the rows of one block of ``io.save`` (a power of two, at
+#: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
+#: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
+_MAX_CHUNK_ROWS = 4096
 #: The dataset that counts, per chain, the samples written to the file so far.
 DRAWS_DONE = "draws_done"
 #: The file's attribute that names, at random, the run that started it empty (made with ``/draws_done``): a reader
@@ -73,6 +84,55 @@ def dataset_name(chain_id: int, name: str) -> str:
     return f"{group_name(chain_id)}/{name}" if name else group_name(chain_id)
 
 
+def create_datasets(
+    file: Any, chain_id: int, layout: SampleLayout, capacity: int, compression: str | None
+) -> list[Any]:
+    """Create the chain's datasets, of ``capacity`` rows each, growing along the rows; a leaf of a dtype that HDF5
+    lacks held as :mod:`~jaxstow.io.hdf5_dtypes` says."""
+    _check_names(layout.names)
+    datasets = []
+    rows = block_rows(layout.row_bytes, capacity, _MAX_CHUNK_ROWS)
+    for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
+        dataset = file.create_dataset(
+            dataset_name(chain_id, name),
+            shape=(capacity, *shape),
+            # A chunk holds at least one element: an axis of none may grow, so that the chunk fits it.
+            maxshape=(None, *(size or None for size in shape)),
+            chunks=(rows, *(size or 1 for size in shape)),
+            dtype=stored_dtype(dtype),
+            compression=compression,
+        )
+        mark(dataset, dtype)
+        datasets.append(dataset)
+    return datasets
+
+
+def variable_names(names: Sequence[str]) -> list[str]:
+    """The names that the readers give a chain's datasets, named ``names`` in its group: their keys joined by ``.``.
+
+    Raises:
+        ArgumentError: Two datasets get one name.
+    """
+    return joined_names([tuple(name.split("/")) if name else () for name in names], ".")
+
+
+def _check_names(names: Sequence[str]) -> None:
+    """Refuse the leaves of a sample, named ``names``, that the file or its readers cannot tell apart."""
+    groups = {name[:end] for name in names for end, char in enumerate(name) if char == "/"}
+    for name in names:
+        if (name or len(names) > 1) and {"", "."} & set(name.split("/")):  # "": the sample is one array
+            raise ArgumentError(
+                f"the sample leaf {name!r} has an empty key or the key '.', which no dataset of an HDF5 file can be "
+                "named by: rename the key"
+            )
+        if name in groups:
+            raise ArgumentError(
+                f"the sample leaf {name!r} would be a dataset of the HDF5 file where the leaves under {name + '/'!r} "
+                "need a group of that name: rename one of them"
+            )
+    variable_names(names)
+
+
 def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
     """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples)."""
     h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
@@ -86,8 +146,9 @@ def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 
         wanted = f"{dtype}[*, {', '.join(map(str, shape))}]".replace(", ]", "]")
         if dataset is None:
             problems.append(f"{where}: the run samples {wanted}, the file does not hold it")
-        elif dataset.shape[1:] != shape or dataset.dtype != dtype:
-            problems.append(f"{where}: the file holds {dataset.dtype}{list(dataset.shape)}, the run samples {wanted}")
+        elif dataset.shape[1:] != shape or sample_dtype(dataset) != dtype:
+            held_now = f"{sample_dtype(dataset)}{list(dataset.shape)}"
+            problems.append(f"{where}: the file holds {held_now}, the run samples {wanted}")
         elif len(dataset) < rows:
             problems.append(f"{where}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
     problems += [
@@ -103,6 +164,9 @@ def write_block(datasets: Sequence[Any], first: int, end: int, values: Sequence[
     for dataset, value in zip(datasets, values, strict=True):
         if len(dataset) < end:
             dataset.resize(max(end, 2 * len(dataset)), axis=0)
+        if value.size == 0:  # rows of no element: the dataset's length holds them
+            continue
+        value = as_stored(value)
         chunk = dataset.chunks[0]
         head, tail = end, end
         if dataset.id.get_create_plist().get_nfilters() == 0:  # raw chunks only where no filter transforms them
@@ -131,7 +195,7 @@ def read_whole(dataset: Any) -> np.ndarray:
     chunks cost more as calls of their own than that copy)."""
     out = host_buffers.empty(dataset.id.shape, dataset.id.dtype)
     if out.size == 0:
-        return out
+        return as_sample(dataset, out)
     rows, whole = len(out), 0
     chunk = dataset.chunks[0] if out.nbytes >= DIRECT_CHUNK_BYTES and dataset.chunks else 0
     if chunk * (out.nbytes // rows) >= DIRECT_CHUNK_BYTES and dataset.id.get_create_plist().get_nfilters() == 0:
@@ -147,4 +211,10 @@ def read_whole(dataset: Any) -> np.ndarray:
         space = dataset.id.get_space()
         space.select_hyperslab((whole, *(0 for _ in out.shape[1:])), out[whole:].shape)
         dataset.id.read(h5py.h5s.create_simple(out[whole:].shape), space, out[whole:])
-    return out
+    return as_sample(dataset, out)
+
+
+def readable(dataset: Any) -> Any:
+    """``dataset`` as a run on a file given open hands it over: itself, or its rows read, if it holds a dtype that
+    HDF5 lacks (h5py would give its values as raw bytes)."""
+    return dataset if sample_dtype(dataset) == dataset.dtype else read_whole(dataset)

@@ -34,7 +34,7 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, CollectorError, JaxstowError, MissingDependencyError
 from jaxstow.io.arviz_data import arviz_major, from_posterior
-from jaxstow.io.dictionize import pytree_dict_keys
+from jaxstow.io.dictionize import joined_names, pytree_dict_keys
 from jaxstow.io.live import read_draws
 from jaxstow.io.memory import MemoryCollector
 
@@ -149,7 +149,7 @@ def _chains_of(samples: Any) -> tuple[Chains, bool]:
 
 def _variables(tree: Any) -> dict[str, np.ndarray]:
     """A chain's samples as variables named by their dict keys joined with ``.``; datasets are read whole."""
-    names = [".".join(str(key) for key in keys) for keys in pytree_dict_keys(tree)]
+    names = joined_names(pytree_dict_keys(tree), ".")
     return {name: np.asarray(leaf[()]) for name, leaf in zip(names, jax.tree.leaves(tree), strict=True)}
 
 

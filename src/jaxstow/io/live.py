@@ -40,7 +40,8 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
-from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ID
+from jaxstow.io.hdf5_dtypes import as_sample
+from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ID, variable_names
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
@@ -109,9 +110,9 @@ def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
     for key, first in chains[0].items():
         array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
         for index, datasets in enumerate(chains):
-            if done[0]:
+            if array.size:
                 datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])
-        stacked[key] = array
+        stacked[key] = as_sample(first, array)
     return stacked
 
 
@@ -157,7 +158,7 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
 def _read(file: Any, name: str) -> FileDraws:
     chains, done, finished = _locate(file, name=name)
     samples = [
-        {key: dataset[:count] for key, dataset in datasets.items()}
+        {key: as_sample(dataset, dataset[:count]) for key, dataset in datasets.items()}
         for datasets, count in zip(chains, done, strict=True)
     ]
     return FileDraws(samples, done, finished)
@@ -199,7 +200,7 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         if following:
             for dataset in datasets.values():
                 dataset.refresh()
-        chains.append({key.replace("/", "."): dataset for key, dataset in datasets.items()})
+        chains.append(dict(zip(variable_names(list(datasets)), datasets.values(), strict=True)))
         done.append(int(count))
     return chains, done, finished
 

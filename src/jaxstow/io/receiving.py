@@ -56,7 +56,6 @@ class Receiver:
         self.live: dict[int, int | None] = {}
         self.failures: dict[int, tuple[str, Exception]] = {}
         self.checkpoint_spec: Any = None
-        self.checkpoint_layout: PyTreeDef | None = None  # of (buffer, checkpoint), as a checkpoint's call sends them
         self.key_data = stores_key_data(collector)
         #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
         self.key_impls: list[tuple[Any, str] | None] = []
@@ -100,10 +99,10 @@ class Receiver:
         """The callback of blocks without a checkpoint."""
         return self.receive(numbers, leaves)
 
-    def receive_checkpoint(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
-        """The callback of blocks with a checkpoint: the leaves of ``(buffer, checkpoint)``."""
-        assert self.checkpoint_layout is not None
-        buffer, checkpoint = self.checkpoint_layout.unflatten(leaves)
+    def receive_checkpoint(self, layout: PyTreeDef, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+        """The callback of blocks with a checkpoint: the leaves of ``(buffer, checkpoint)``, whose structure
+        ``layout`` is, as the program that sends them traced it."""
+        buffer, checkpoint = layout.unflatten(leaves)
         return self.receive(numbers, buffer, checkpoint)
 
     def _blocks(self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, leaves: list[Any]) -> list[Block]:

@@ -152,8 +152,9 @@ def _is_key(leaf: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
 
 
-def _weakly(method: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-    """``method`` as a host callback that does not keep its strategy alive.
+def _weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.ndarray]:
+    """``method`` as a host callback that does not keep its strategy alive, called with ``first`` before the
+    callback's arrays.
 
     JAX holds a compiled program's callbacks in reference cycles, which only the garbage collector frees: a strategy
     (and its collector's storage) held by them would outlive the run until it ran. The caller holds the strategy
@@ -165,7 +166,7 @@ def _weakly(method: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
         bound = reference()
         if bound is None:
             raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
-        return bound(*arrays)
+        return bound(*first, *arrays)
 
     return call
 
@@ -176,6 +177,7 @@ def _fresh_state(
 ) -> tuple[jax.Array, list[jax.Array], jax.Array, jax.Array, jax.Array]:
     """The arrays of a new :class:`SavingState` (``table``: each chain's id, samples sent and step; ``layout``: each
     sample leaf's shape and dtype), made in one call: each array made alone costs a dispatch of its own."""
+    table = jnp.asarray(table)  # a numpy array under jax.disable_jit()
     chains = table.shape[:-1]
     buffers = [jnp.zeros((*chains, rows, *shape), dtype) for shape, dtype in layout]
     # The id travels as the host's answer (the token), not as ``chain_id``: a value the compiler sees never change,
@@ -268,9 +270,14 @@ class _Streaming:
             first, rows = int(state.sent[index]), int(state.fill[index])
             if rows:
                 host.deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
+        counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
+        host.attempt_together(
+            chain_ids,
+            "trimming the run's chains",
+            lambda live: self.collector.trim_chains({c: counts[c] for c in live}),
+        )
         host.attempt_together(chain_ids, "finalizing the run's chains", together(self.collector, "finalize"))
         host.raise_failures(chain_ids)
-        counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
             (chain_id, count, declared)
             for chain_id, count in counts.items()
@@ -300,8 +307,13 @@ class _Streaming:
         scheduler_state: Any = None,
         solver_state: Any = None,
     ) -> tuple[SavingState, None]:
-        """Buffer ``sample`` if ``keep``; send full buffers (and checkpoints) to the host."""
+        """Buffer ``sample`` if ``keep``; send full buffers (and checkpoints) to the host.
+
+        What is saved is a value, which no gradient flows through: a function that calls ``save`` may be
+        differentiated (``jax.grad``), and its gradient is that of the same function without the call.
+        """
         sample = conform(sample, row_spec(saving_state.buffer, np.ndim(saving_state.chain_id)), what="sample")
+        sample = jax.lax.stop_gradient(sample)
         keep = keep_flags(keep, np.shape(saving_state.chain_id))
         checkpoint = None
         if self.checkpoint_every:
@@ -313,7 +325,7 @@ class _Streaming:
                 "save(saving_state, keep, sample, solver_state=state), with the structure of init_checkpoint",
             )
             solver = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, solver)
-            checkpoint = (solver, scheduler_state)
+            checkpoint = jax.lax.stop_gradient((solver, scheduler_state))
         # Only what a step changes goes through it: the compiler cannot see that a field passed through the step
         # (a custom_vmap call) stays the same, and such a field slows every step of the loop down.
         step = saving_state.step if self.checkpoint_every else None
@@ -376,9 +388,10 @@ class _Streaming:
         # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
         numbers = jnp.moveaxis(counts, -1, 0)
         if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-            leaves, self.host.checkpoint_layout = jax.tree.flatten((buffer, *checkpoint))
+            # The layout goes with this program's callback: another program of the strategy has one of its own.
+            leaves, layout = jax.tree.flatten((buffer, *checkpoint))
             token = send_block(
-                _weakly(self.host.receive_checkpoint), numbers, leaves, side_effect=True, owner=self.host
+                _weakly(self.host.receive_checkpoint, layout), numbers, leaves, side_effect=True, owner=self.host
             )
         else:
             # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which

@@ -1,0 +1,113 @@
+"""Rows that reach the collector but are no samples of the run: a chain whose ``save`` a ``jax.lax.cond`` or
+``jax.lax.while_loop`` skips under ``jax.vmap`` (which runs the branch for every chain, blocks sent to the host
+included, and keeps its result for some), and a compiled run called twice with one initial saving state.
+
+What ``postprocess_save`` returns, what the HDF5 file keeps (its datasets, ``sample_count``, ``/draws_done``) and what
+the readers see must be exactly each chain's samples, as many as its final saving state counts.
+"""
+
+from __future__ import annotations
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io, scheduler
+from jaxstow.io.hdf5_layout import DRAWS_DONE
+from jaxstow.io.live import read_draws
+
+STEPS = 16
+STOPS = jnp.array([5, 16])  # chain 0 saves its first 5 steps only, chain 1 all of them
+
+
+def _collector(kind: str, tmp_path):
+    return io.MemoryCollector() if kind == "memory" else io.HDF5Collector(tmp_path / "samples.h5")
+
+
+def _assert_file_holds(path, expected: list[np.ndarray]) -> None:
+    """The finished file holds exactly ``expected`` per chain, for h5py and for every reader of jaxstow's."""
+    with h5py.File(path, "r") as file:
+        assert list(file[DRAWS_DONE][()]) == [len(draws) for draws in expected]
+        for chain, draws in enumerate(expected):
+            assert file[f"chain~{chain}"].attrs["sample_count"] == len(draws)
+            np.testing.assert_array_equal(file[f"chain~{chain}/x"][()], draws)
+    read = read_draws(path)
+    assert read.finished and read.done == [len(draws) for draws in expected]
+    for chain, draws in enumerate(expected):
+        np.testing.assert_array_equal(read.chains[chain]["x"], draws)
+    shortest = min(len(draws) for draws in expected)
+    posterior = io.to_inference_data(str(path), truncate=True).posterior["x"].values
+    np.testing.assert_array_equal(posterior, np.stack([draws[:shortest] for draws in expected]))
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_a_chain_that_cond_keeps_from_saving_gets_no_sample_of_the_other_branch(kind, tmp_path):
+    collector = _collector(kind, tmp_path)
+    init_save, save, postprocess_save = io.save(collector)
+    information = scheduler.static_information(samples_collected=STEPS)  # blocks of 2 rows
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(2))
+
+    def chain(state, stop):
+        def step(state, i):
+            keep_going = lambda state: save(state, True, {"x": i.astype(jnp.float32)})[0]  # noqa: E731
+            return jax.lax.cond(i < stop, keep_going, lambda state: state, state), None
+
+        return jax.lax.scan(step, state, jnp.arange(STEPS))[0]
+
+    results = postprocess_save(jax.jit(jax.vmap(chain))(states, STOPS), None)
+    expected = [np.arange(5, dtype=np.float32), np.arange(STEPS, dtype=np.float32)]
+    for result, draws in zip(results, expected, strict=True):
+        assert int(result["sample_count"]) == len(draws)
+        np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), draws)
+    if kind == "hdf5":
+        _assert_file_holds(tmp_path / "samples.h5", expected)
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 3])
+def test_a_while_loop_that_ends_early_for_one_chain_gives_it_only_its_samples(checkpoint_every, tmp_path):
+    init_save, save, postprocess_save = io.save(
+        io.MemoryCollector(save_dir=tmp_path), checkpoint_every=checkpoint_every, block_size=4
+    )
+    information = scheduler.static_information(samples_collected=None)
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, jnp.zeros(()), information))(jnp.arange(2))
+
+    def chain(state, steps):
+        def body(carry):
+            state, i = carry
+            x = i.astype(jnp.float32)
+            return save(state, True, {"x": x}, solver_state=x)[0], i + 1
+
+        return jax.lax.while_loop(lambda carry: carry[1] < steps, body, (state, 0))[0]
+
+    results = postprocess_save(jax.jit(jax.vmap(chain))(states, jnp.array([3, 10])), None)
+    for result, steps in zip(results, [3, 10], strict=True):
+        assert int(result["sample_count"]) == steps
+        np.testing.assert_array_equal(result["samples"]["x"], np.arange(steps, dtype=np.float32))
+    for chain, steps in enumerate([3, 10]):
+        with np.load(tmp_path / f"chain_{chain}.npz") as stored:
+            np.testing.assert_array_equal(stored["x"], np.arange(steps, dtype=np.float32))
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_a_run_called_twice_with_one_initial_state_returns_the_second_calls_samples_only(kind, tmp_path):
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=8)
+    state = init_save({"x": jnp.zeros(())}, None, scheduler.static_information(samples_collected=None))
+
+    @jax.jit
+    def run(state, keep, offset):
+        def step(state, i):
+            return save(state, keep[i], {"x": i + offset})[0], None
+
+        return jax.lax.scan(step, state, jnp.arange(len(keep)))[0]
+
+    many = np.ones(200, bool)
+    few = np.arange(200) % 3 == 0
+    jax.block_until_ready(run(state, many, 1000.0))  # a warm-up call, whose 200 samples are not the run's
+    result = postprocess_save(run(state, few, 0.0), None)
+    expected = np.nonzero(few)[0].astype(np.float32)
+    assert int(result["sample_count"]) == len(expected)
+    np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), expected)
+    if kind == "hdf5":
+        _assert_file_holds(tmp_path / "samples.h5", [expected])
