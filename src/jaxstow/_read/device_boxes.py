@@ -42,7 +42,8 @@ def read_onto_devices(
     until they are gathered (:mod:`jaxstow._read.broadcast`).
 
     The boxes of this process's devices read from the shards that overlap them, together when their bounding box holds
-    little else (then whole shards are read, and verified).
+    little else (then whole shards are read, and verified); 64-bit integers that jax with x64 off would wrap are
+    refused when the array is built.
     """
     leaf = opened.stored[path]
     exchange = broadcast.active(opened.file)
@@ -68,6 +69,7 @@ def read_onto_devices(
             parts[box] = _cast(opened.read_box(path, box), dtype)
 
     def build() -> jax.Array:
+        opened.check_narrowing([(path, part) for part in parts.values()])
         return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])
 
     return build() if exchange is None else broadcast.Pending(tag, build)

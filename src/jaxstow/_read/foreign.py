@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name
+from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -268,7 +269,10 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
         ) from None
     import jax
 
-    return jax.tree.map(lambda leaf: tensor_to_numpy(leaf) if is_tensor(leaf) else leaf, _plain(state))
+    def as_array(key_path: Any, leaf: Any) -> Any:
+        return tensor_to_numpy(leaf, file=name, path=path_to_str(key_path)) if is_tensor(leaf) else leaf
+
+    return jax.tree_util.tree_map_with_path(as_array, _plain(state))
 
 
 def _torch_problem(error: Exception) -> str:

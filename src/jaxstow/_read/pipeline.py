@@ -102,6 +102,7 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
                 whole = piece.last and not parts
                 shape = leaf.shape if whole else (-1,)
                 data = piece.buffer[: piece.nbytes].view(leaf.dtype).reshape(shape)
+                opened.check_narrowing([(path, data)])
                 parts.append(_transfer(data, placement if whole else None))
                 free.put(piece.buffer)
                 del data

@@ -31,7 +31,7 @@ from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
-from jaxstow._read.opened import OpenedFile
+from jaxstow._read.opened import WIDE_INTEGERS, OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
@@ -137,7 +137,7 @@ def _rebuild(
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
-        _to_devices(everything, numpy_leaves, {}, as_numpy=as_numpy)
+        _to_devices(opened, opened.paths, everything, numpy_leaves, {}, as_numpy=as_numpy)
         return dict(zip(opened.paths, everything, strict=True)) if treedef is None else treedef.unflatten(everything)
     paths = opened.paths
     chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
@@ -194,7 +194,7 @@ def _read(
     )
     data.update(restore_pipelined(opened, list(streamed.values())))
     values = [None if i in by_ranges else value(i, data) for i in range(len(paths))]
-    _to_devices(values, on_devices, placements, as_numpy=as_numpy)
+    _to_devices(opened, paths, values, on_devices, placements, as_numpy=as_numpy)
     for i in by_ranges:
         values[i] = read_onto_devices(opened, paths[i], placements[i], dtypes.get(i))
     return values
@@ -227,14 +227,26 @@ def _placements(
     return placements
 
 
-def _to_devices(values: list[Any], positions: Sequence[int], placements: dict[int, Any], *, as_numpy: bool) -> None:
-    """Put the numpy arrays at ``positions`` of ``values`` on their devices, in place (unless ``as_numpy``).
+def _to_devices(
+    opened: OpenedFile,
+    paths: Sequence[str],
+    values: list[Any],
+    positions: Sequence[int],
+    placements: dict[int, Any],
+    *,
+    as_numpy: bool,
+) -> None:
+    """Put the numpy arrays at ``positions`` of ``values`` (the leaves at ``paths``) on their devices, in place
+    (unless ``as_numpy``); 64-bit integers that jax with x64 off would wrap are refused first.
 
     PRNG keys there, already on a device, move to their placement.
     """
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
+    wide = [(paths[i], values[i]) for i in arrays if values[i].dtype in WIDE_INTEGERS]
+    if wide:
+        opened.check_narrowing(wide)
     for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
     for i in positions:
@@ -288,7 +300,7 @@ def _fit(
     pipeline: bool,
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
-    targets = [target_of(leaf) for leaf in wanted]
+    targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
     templates = per_process_templates(opened, paths) if opened.per_process else {}
     inside = {i for positions in templates.values() for i in positions}
     problems = [
@@ -357,7 +369,7 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
     if target.dtype is not None and value.dtype != target.dtype:
         value = value.astype(target.dtype)
     if target.output == "torch" and not as_numpy:
-        return tensor_from_numpy(np.ascontiguousarray(value), file=opened.file, path=path)
+        return tensor_from_numpy(value, file=opened.file, path=path)
     if target.output == "npscalar":
         return value[()]
     return value

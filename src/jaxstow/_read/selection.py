@@ -2,7 +2,8 @@
 
 A pattern is a leaf path in which ``*`` stands for any part of one path segment, ``?`` for one character and ``**``
 for any number of whole segments. A pattern also selects everything below the path it names, so ``"params"`` and
-``"params/**"`` are the same.
+``"params/**"`` are the same. An empty dict key is an empty segment: the leaf ``{"a": {"": x}}`` holds is ``"a/"``,
+which ``"a"``, ``"a/"``, ``"a/*"`` and ``"**"`` select.
 
 >>> from jaxstow._read.selection import Selection
 >>> selection = Selection(["params/**", "step"])
@@ -10,6 +11,8 @@ for any number of whole segments. A pattern also selects everything below the pa
 ['params/dense/kernel', 'step']
 >>> Selection(["layers/*/bias"]).matches("layers/0/bias")
 True
+>>> [Selection(pattern).matches("a/") for pattern in ("a", "a/", "a/*", "**", "a/?")]
+[True, True, True, True, False]
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ from jaxstow.errors import ArgumentError, SelectionError
 
 __all__ = ["Selection"]
 
-_SEGMENTS = "(?:[^/]+/)*"  # any number of whole segments
+_SEGMENTS = "(?:[^/]*/)*"  # any number of whole segments, empty ones (empty dict keys) too
 _WILDCARDS = {"*": "[^/]*", "?": "[^/]"}
 
 
 def _compile(pattern: str) -> re.Pattern[str]:
     """A regex that matches ``path + "/"`` for every path the pattern selects."""
     body = ""
-    for segment in pattern.strip("/").split("/"):
+    for segment in pattern.split("/"):
         if segment == "**":
             body += _SEGMENTS
         else:

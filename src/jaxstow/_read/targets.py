@@ -10,8 +10,8 @@ A ``like`` leaf may be a ``jax.Array``, a numpy array or scalar, a ``jax.ShapeDt
 'bfloat16[2, 3]'
 >>> castable(np.dtype(np.float32), np.dtype(jnp.bfloat16)), castable(np.dtype(np.int8), np.dtype(np.int32))
 (True, True)
->>> castable(np.dtype(np.float32), np.dtype(np.int32))
-False
+>>> castable(np.dtype(np.float32), np.dtype(np.int32)), castable(np.dtype(np.int64), np.dtype(np.float64))
+(False, False)
 """
 
 from __future__ import annotations
@@ -27,14 +27,16 @@ import numpy as np
 
 from jaxstow._format.leaves import key_impl_name
 from jaxstow._format.shards import Stored
-from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
+from jaxstow._format.torch_leaves import is_tensor, tensor_dtype
 from jaxstow._names import registry
+from jaxstow.errors import RequestError
 
 __all__ = ["Target", "castable", "describe_stored", "target_of"]
 
 Output = Literal["jax", "numpy", "npscalar", "torch", "key", "value"]
 _SCALARS = (bool, int, float, complex, str, bytes)
 _iinfo: Callable[[np.dtype], Any] = ml_dtypes.iinfo
+_finfo: Callable[[np.dtype], Any] = ml_dtypes.finfo
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,9 @@ def _is_key_dtype(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
 
 
-def target_of(leaf: Any) -> Target:
-    """The request a ``like`` leaf makes."""
+def target_of(leaf: Any, *, file: str | None = None, path: str | None = None) -> Target:
+    """The request a ``like`` leaf makes; a :class:`~jaxstow.errors.RequestError` naming ``path`` of ``file`` for a
+    ``torch.Tensor`` of a dtype no stored leaf becomes."""
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and _is_key_dtype(leaf.dtype):
         return Target("key", shape=tuple(leaf.shape), sharding=_sharding_of(leaf), impl=key_impl_name(leaf.dtype))
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
@@ -75,8 +78,15 @@ def target_of(leaf: Any) -> Target:
     if isinstance(leaf, np.generic):
         return Target("npscalar", leaf.dtype, ())
     if is_tensor(leaf):
-        array = tensor_to_numpy(leaf)
-        return Target("torch", array.dtype, array.shape)
+        dtype = tensor_dtype(leaf)
+        if dtype is None:
+            raise RequestError(
+                f"like holds a torch.Tensor of dtype {leaf.dtype}, which neither numpy nor ml_dtypes has, so no stored "
+                "leaf restores into it: pass a tensor of another dtype and convert the result",
+                file=file,
+                path=path,
+            )
+        return Target("torch", dtype, tuple(leaf.shape))
     return Target("value", value=leaf)
 
 
@@ -104,22 +114,36 @@ def _kind(dtype: np.dtype) -> str | None:
 def castable(source: np.dtype, target: np.dtype) -> bool:
     """Whether ``cast=True`` may turn ``source`` into ``target``.
 
-    Between floats (any precision), between complex types, from float to complex, from bool to any number, and from
-    integers to integers or floats that hold every value. Anything that loses values between kinds, such as float to
-    int, is refused.
+    Between floats (any precision), between complex types, from float to complex, from bool to any number that holds
+    0 and 1, and from integers to integers or floats that hold every value: a float holds the integers up to
+    ``2 ** (nmant + 1)``, so int32 casts to float64 but int64 does not (a complex type by its component float).
+    Anything that loses values between kinds, such as float to int, is refused.
     """
     if source == target:
         return True
     source_kind, target_kind = _kind(source), _kind(target)
     if source_kind is None or target_kind is None:
         return False
-    if source_kind == "bool" or (source_kind, target_kind) in {("float", "float"), ("complex", "complex")}:
+    if (source_kind, target_kind) in {("float", "float"), ("complex", "complex"), ("float", "complex")}:
         return True
-    if (source_kind, target_kind) == ("float", "complex"):
-        return True
-    if source_kind == "int" and target_kind == "int":
-        low, high = _iinfo(source), _iinfo(target)
-        return bool(high.min <= low.min and low.max <= high.max)
-    if source_kind == "int" and target_kind in ("float", "complex"):
-        return bool(np.can_cast(source, target, "safe")) if source.kind in "iu" and target.kind in "fc" else False
+    if source_kind in ("bool", "int") and target_kind == "int":
+        low, high = _integer_range(source)
+        return bool(_iinfo(target).min <= low and high <= _iinfo(target).max)
+    if source_kind in ("bool", "int") and target_kind in ("float", "complex"):
+        return _holds_integers(target, *_integer_range(source))
     return False
+
+
+def _integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """The lowest and highest value of a bool or integer dtype."""
+    if dtype == np.bool_:
+        return 0, 1
+    return int(_iinfo(dtype).min), int(_iinfo(dtype).max)
+
+
+def _holds_integers(dtype: np.dtype, low: int, high: int) -> bool:
+    """Whether the float or complex ``dtype`` holds every integer from ``low`` to ``high`` exactly."""
+    component = np.empty(0, dtype).real.dtype
+    info = _finfo(component)
+    widest = max(high, -low)
+    return bool(float(info.min) <= low and high <= float(info.max) and widest <= 2 ** (int(info.nmant) + 1))

@@ -228,7 +228,7 @@ def _tree_tensors(tree: Any) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
     tensors, values = [], []
     for path, leaf in zip(paths, leaves, strict=True):
         if isinstance(leaf, np.ndarray | np.generic):
-            tensors.append((path, np.ascontiguousarray(leaf)))
+            tensors.append((path, np.asarray(leaf, order="C")))
         else:
             values.append(path)
     return tensors, values
