@@ -140,7 +140,7 @@ def test_live_reads_while_it_writes_then_a_kill_before_the_first_checkpoint_and_
     processes, tmp_path, capsys
 ):
     path = str(tmp_path / "samples.h5")
-    writer = Writer(processes, path, "w", latest=True, every=STEPS, pause=0.02)  # its first checkpoint: its end
+    writer = Writer(processes, path, "w", latest=True, every=STEPS, pause=0.05)  # its first checkpoint: its end
     reads, failures, seen = 0, [], []
     deadline = time.monotonic() + 30
     while (reads < 50 or not seen or min(seen[-1].done) < 8) and time.monotonic() < deadline:

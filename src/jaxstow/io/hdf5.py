@@ -144,7 +144,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
         self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
         if isinstance(file, str | os.PathLike):
-            name = os.fspath(file)
+            name = os.path.abspath(file)  # later runs open it again: the same file, whatever the working directory
             if os.path.isdir(name):
                 raise IsAFolderError("is a folder: HDF5Collector needs the path of an HDF5 file to write", file=name)
             with storage_failures(name, hdf5=True):
