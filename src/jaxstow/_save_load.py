@@ -17,6 +17,7 @@ docs/saving-and-loading.md and docs/restoring.md.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping
 from typing import Any, Unpack, cast
@@ -57,7 +58,7 @@ def save(
 
     A name ending in ``.npz`` gets an npz archive, any other name the native format (safetensors with the jaxstow
     manifest). A name or URL is written atomically, a file object as is. FlareJax's order, ``save(tree, path)``, is
-    taken too. See docs/saving-and-loading.md and docs/object-storage.md.
+    taken too, whatever methods the tree has (``write``). See docs/saving-and-loading.md and docs/object-storage.md.
 
     Args:
         path_or_file: a file name, an fsspec URL or a binary file object.
@@ -79,7 +80,7 @@ def save(
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
-    if not _is_destination(path_or_file) and isinstance(tree, str | os.PathLike):
+    if isinstance(tree, str | os.PathLike) and not isinstance(path_or_file, str | os.PathLike | io.IOBase):
         path_or_file, tree = tree, path_or_file
     if not _is_destination(path_or_file):
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")

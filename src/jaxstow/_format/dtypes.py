@@ -32,6 +32,7 @@ __all__ = [
     "name_of_dtype",
     "safetensors_code",
     "checked_shape",
+    "unstored_dtype_advice",
 ]
 
 _NAMES = (
@@ -121,6 +122,27 @@ _NAME_OF = {dtype: name for name, dtype in _DTYPES.items()}
 def name_of_dtype(dtype: np.dtype) -> str | None:
     """The table's name for ``dtype``, or ``None`` when jaxstow cannot store it (object, string, big-endian, ...)."""
     return _NAME_OF.get(dtype)
+
+
+def unstored_dtype_advice(dtype: np.dtype, what: str = "an array") -> str:
+    """Why a file cannot hold ``what`` (an array, a numpy scalar) of ``dtype``, outside the table, and what to save.
+
+    >>> print(unstored_dtype_advice(np.dtype([("x", "i4"), ("y", "f4")])))
+    an array of the structured dtype [('x', '<i4'), ('y', '<f4')], which a file does not store: save each field as a leaf of its own, {name: array[name] for name in array.dtype.names}
+    """
+    if dtype.names is not None:
+        return (
+            f"{what} of the structured dtype {dtype}, which a file does not store: save each field as a leaf of its "
+            "own, {name: array[name] for name in array.dtype.names}"
+        )
+    if dtype.kind == "O":
+        return f"{what} of Python objects (dtype object), which a file does not store: save them as a list instead"
+    if dtype.kind in "USV":
+        return f"{what} of dtype {dtype}, strings or raw bytes, which a file does not store: save .tolist() of it"
+    return (
+        f"{what} of dtype {dtype}, which a file does not store (docs/format.md lists the dtypes it does): convert it "
+        "with .astype(...) to one of them"
+    )
 
 
 def is_shape(value: object) -> TypeGuard[list[int]]:

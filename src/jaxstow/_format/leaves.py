@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
 from jaxstow._format.skeleton import decode_value, encode_value
@@ -138,7 +138,7 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
             return _encode_sharded(path, leaf, file=file)
         return _stored(path, "array", leaf, file)
     if is_tensor(leaf):
-        return _stored(path, "torch", tensor_to_numpy(leaf), file)
+        return _stored(path, "torch", tensor_to_numpy(leaf, file=file, path=path), file)
     if isinstance(leaf, np.ndarray):
         return _stored(path, "array", leaf, file)
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
@@ -237,14 +237,27 @@ def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
 
 
 def _host_array(leaf: Any, *, path: str, file: str | None) -> tuple[np.ndarray, str]:
-    """``leaf``'s bytes on the host, C-contiguous and in native byte order, and the name of its dtype."""
+    """``leaf``'s bytes on the host, C-contiguous and in native byte order, and the name of its dtype.
+
+    A masked array, whose mask would be lost, and a dtype outside the table are refused.
+    """
+    if isinstance(leaf, np.ma.MaskedArray):
+        raise UnsaveableObjectError(
+            leaf,
+            file=file,
+            path=path,
+            advice="a numpy masked array, whose mask a file does not hold: save its .data and .mask as two leaves, "
+            "or .filled(value) of it",
+        )
     array = np.asarray(leaf)
     dtype = name_of_dtype(array.dtype)
     if dtype is None:
         native = array.dtype.newbyteorder("=")
         dtype = name_of_dtype(native) if array.dtype.byteorder not in "=|" else None
         if dtype is None:
-            raise UnsaveableObjectError(leaf, file=file, path=path)
+            what = "a numpy scalar" if isinstance(leaf, np.generic) else "an array"
+            advice = unstored_dtype_advice(array.dtype, what)
+            raise UnsaveableObjectError(leaf, file=file, path=path, advice=advice)
         array = array.astype(native)
     if not array.flags.c_contiguous:
         array = array.copy(order="C")

@@ -18,6 +18,7 @@ True
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import os
 from typing import Any
@@ -26,8 +27,9 @@ import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
 
-from jaxstow._format.attribute_paths import attributes, aux_path, join, renamed, renamed_child, replace_json
-from jaxstow._format.dtypes import dtype_from_name, name_of_dtype
+from jaxstow._format import objects
+from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
+from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
@@ -46,28 +48,28 @@ _DECODE_ERRORS = (TypeError, ValueError, KeyError, IndexError, AttributeError, O
 
 JSON = Any
 
-#: The tags whose string names an object: a node type, a reference, a class, a partial's function, a graph's node type.
-NAME_TAGS = frozenset({"node", "ref", "object", "func", "nodetype"})
+#: The tags whose string names an object: a node type, a reference, a class, a partial's function, a graph's node type,
+#: an enum member's class.
+NAME_TAGS = frozenset({"node", "ref", "object", "func", "nodetype", "enum"})
 
 
 def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     """A non-array value (scalar, string, container, dtype, registered object) as tagged JSON."""
-    if obj is None or isinstance(obj, bool | str):
+    kind = type(obj)
+    if obj is None or kind is str or kind is int or kind is bool:  # not their subclasses: enums, numpy strings
         return obj
-    if isinstance(obj, int) and type(obj) is int:
-        return obj
-    if type(obj) is float:
+    if kind is float:
         return {"float": repr(obj)}
-    if type(obj) is complex:
+    if kind is complex:
         return {"complex": [repr(obj.real), repr(obj.imag)]}
-    if type(obj) is bytes:
+    if kind is bytes:
         return {"bytes": base64.b64encode(obj).decode("ascii")}
     prefix = f"{path}/" if path else ""
-    if type(obj) is tuple:
+    if kind is tuple:
         return {"tuple": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
-    if type(obj) is list:
+    if kind is list:
         return {"list": [encode_value(item, path=f"{prefix}{i}", file=file) for i, item in enumerate(obj)]}
-    if type(obj) is dict:
+    if kind is dict:
         return {
             "dict": [
                 [encode_value(key, path=path, file=file), encode_value(value, path=f"{prefix}{key}", file=file)]
@@ -76,53 +78,38 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
         }
     if isinstance(obj, np.dtype):
         return {"dtype": _dtype_name(obj, path=path, file=file)}
-    if isinstance(obj, np.generic) and not isinstance(obj, np.void):
-        dtype = _dtype_name(obj.dtype, path=path, file=file)
+    if kind is np.str_:
+        return {"npstr": str(obj)}
+    if isinstance(obj, np.generic):
+        dtype = _dtype_name(obj.dtype, path=path, file=file, scalar=obj)
         return {"npscalar": dtype, "bytes": base64.b64encode(np.asarray(obj).tobytes()).decode("ascii")}
     if isinstance(obj, PyTreeDef):
         return {"treedef": encode_treedef(obj, path=path, file=file)}
     name = registry.name_of(obj)
     if name is not None:
         return {"ref": name}
+    if isinstance(obj, enum.Enum):
+        return objects.encode_member(obj, file=file, path=path)
     part = lambda value, field: encode_value(value, path=join(path, field), file=file)  # noqa: E731
-    if type(obj) is functools.partial:
+    if kind is functools.partial:
         return partials.encode(obj, part, file=file, path=path)
     rebuildable = static_objects.encode(obj, part, file=file, path=path)
     if rebuildable is not None:
         return rebuildable
-    class_name = registry.attribute_class_name(type(obj))
+    class_name = registry.attribute_class_name(kind)
     if class_name is None:
         raise UnsaveableObjectError(obj, file=file, path=path, advice=unsaveable_advice(obj))
-    return {
-        "object": class_name,
-        "attrs": [[key, encode_value(value, path=join(path, key), file=file)] for key, value in attributes(obj)],
-    }
+    return objects.encode_attributes(obj, class_name, part, file=file, path=path)
 
 
-def _rebuild_object(name: JSON, attrs: list[Any], *, path: str, file: str | None, depth: int) -> object:
-    """An instance of the class ``name`` (saved by its attributes), made without calling ``__init__``."""
-    if not isinstance(name, str):
-        raise FormatError(f"unreadable class name {excerpt(name)} in the structure", file=file, path=path)
-    cls = registry.lookup(name, file=file, path=path)
-    if not isinstance(cls, type) or registry.attribute_class_name(cls) != name:
-        raise FormatError(
-            f"{excerpt(name)} names no class whose instances are saved by their attributes", file=file, path=path
-        )
-    obj: object = cls.__new__(cls)  # type: ignore[call-overload]
-    for pair in attrs:
-        if not (isinstance(pair, list) and len(pair) == 2):
-            raise FormatError(f"unreadable value {excerpt(pair)} in the structure", file=file, path=path)
-        key, value = pair
-        if not isinstance(key, str) or (key.startswith("__") and key.endswith("__")):
-            raise FormatError(f"{excerpt(key)} cannot be an attribute of a {name} instance", file=file, path=path)
-        object.__setattr__(obj, key, _decode_checked(value, path=join(path, key), file=file, depth=depth + 3))
-    return obj
-
-
-def _dtype_name(dtype: np.dtype, *, path: str, file: str | None) -> str:
+def _dtype_name(dtype: np.dtype, *, path: str, file: str | None, scalar: np.generic | None = None) -> str:
+    """The table's name of ``dtype``: a value's own, or the dtype of the numpy ``scalar`` that is the value."""
     name = name_of_dtype(dtype)
+    if name is None and scalar is not None:
+        raise UnsaveableObjectError(scalar, file=file, path=path, advice=unstored_dtype_advice(dtype, "a numpy scalar"))
     if name is None:
-        raise UnsaveableObjectError(dtype, file=file, path=path)
+        advice = "a dtype outside the table of those a file stores (docs/format.md): save its name, str(dtype)"
+        raise UnsaveableObjectError(dtype, file=file, path=path, advice=advice)
     return name
 
 
@@ -160,6 +147,10 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return _decode_container(tag, data[tag], path=path, file=file, depth=depth)
         if tag == "dtype":
             return _parse_dtype(data[tag], path=path, file=file)
+        if tag == "npstr" and isinstance(data[tag], str) and len(data) == 1:
+            return np.str_(data[tag])
+        if tag == "enum":
+            return objects.decode_member(data, file=file, path=path)
         if tag == "npscalar":
             dtype = _parse_dtype(data[tag], path=path, file=file)
             raw = base64.b64decode(data["bytes"], validate=True)
@@ -172,9 +163,9 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
             return _checked_treedef(data[tag], path=path, file=file, depth=depth + 1)
         if tag == "ref" and isinstance(data[tag], str):
             return registry.lookup(data[tag], file=file, path=path)
-        if tag == "object" and isinstance(data.get("attrs"), list):
-            return _rebuild_object(data[tag], data["attrs"], path=path, file=file, depth=depth)
         fields = lambda value, field: _decode_checked(value, path=join(path, field), file=file, depth=depth + 3)  # noqa: E731
+        if tag == "object" and isinstance(data.get("attrs"), list):
+            return objects.rebuild(data[tag], data["attrs"], fields, file=file, path=path)
         if tag == "partial":
             return partials.decode(data, fields, file=file, path=path)
         if tag == "object":

@@ -47,6 +47,7 @@ from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
+from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 
@@ -129,7 +130,7 @@ def encode_tree(
             raise MetadataError(
                 f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
             )
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    leaves, treedef = flatten(tree, file=file)
     structure = encode_treedef(treedef, file=file or None)
     paths = container_paths(structure)
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
@@ -137,12 +138,13 @@ def encode_tree(
     _check_unique(paths, file=file)
     if part or (hosting is not None and not hosting.counts(copy=copy)):
         hosting = None  # nothing to count; a part after the first holds only sharded leaves, saved shard by shard
-    encoded = [
-        _encode_per_process(path, leaf, part=part, file=file)
-        if is_per_process(leaf)
-        else _encode(path, leaf, file, copy, hosting)
-        for path, leaf in zip(paths, leaves, strict=True)
-    ]
+    with naming_deleted_arrays(lambda: paths, leaves, file=file):
+        encoded = [
+            _encode_per_process(path, leaf, part=part, file=file)
+            if is_per_process(leaf)
+            else _encode(path, leaf, file, copy, hosting)
+            for path, leaf in zip(paths, leaves, strict=True)
+        ]
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:

@@ -24,9 +24,11 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.leaves import is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._write.encoded import EncodedTree, encode_tree
+from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
 
 __all__ = ["HeldTree", "hold"]
@@ -47,14 +49,15 @@ class HeldTree:
             # Copies are taken now (within a budget: by the writer); encoding knows which stored leaves need one.
             self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
         else:
-            leaves, self._treedef = jax.tree_util.tree_flatten(tree)
+            leaves, self._treedef = flatten(tree, file=file)
             # A part after the first writes only its sharded leaves: the others are not registered to be fetched.
-            self._leaves = _hold_on_host(leaves, keep=None if part else budget)
-            # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
-            # encoded: on the host, views of their buffers keep a later donation from reusing them; on an
-            # accelerator, the budget waits until they are read.
-            later = [leaf for leaf in self._leaves if isinstance(leaf, jax.Array)]
-            self._guards = [view for leaf in later if on_host(leaf) for view in _host_views(leaf)]
+            with naming_deleted_arrays(lambda: flatten_with_paths(tree)[0], leaves, file=file):
+                self._leaves = _hold_on_host(leaves, keep=None if part else budget)
+                # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
+                # encoded: on the host, views of their buffers keep a later donation from reusing them; on an
+                # accelerator, the budget waits until they are read.
+                later = [leaf for leaf in self._leaves if isinstance(leaf, jax.Array)]
+                self._guards = [view for leaf in later if on_host(leaf) for view in _host_views(leaf)]
             if budget is not None and not all(on_host(leaf) for leaf in later):
                 budget.wait_for_encoding()
                 self._awaited = True

@@ -1,0 +1,85 @@
+"""A tree flattened for a save, with jax's bare errors about it turned into jaxstow's, naming the file and the place.
+
+jax cannot flatten a dict whose keys it cannot sort (``int`` and ``str`` keys mixed), and cannot read an array that has
+been deleted (donated to a jitted function); both say neither where nor what to do. The search for the place runs only
+once jax has failed, so that a save pays nothing for it.
+
+>>> import jax.numpy as jnp
+>>> from jaxstow._write.flattening import flatten
+>>> flatten({"layers": [{1: jnp.ones(2), "bias": jnp.zeros(2)}]}, file="model.jxs")
+Traceback (most recent call last):
+    ...
+jaxstow.errors.ArgumentError: cannot save the dict at 'layers/0' of model.jxs: its keys mix int and str, which jax cannot sort (it orders a dict's leaves by their keys): give it keys of one type, such as {str(key): value for key, value in d.items()}
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import jax
+from jax.tree_util import PyTreeDef
+
+from jaxstow._format.keypaths import path_to_str
+from jaxstow.errors import ArgumentError, JaxstowError
+
+__all__ = ["flatten", "naming_deleted_arrays"]
+
+
+def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
+    """jax's leaves and structure of ``tree``; a dict whose keys jax cannot sort is an :class:`ArgumentError`."""
+    try:
+        return jax.tree_util.tree_flatten(tree)
+    except ValueError:
+        found = _unsortable_dict(tree, ())
+        if found is None:
+            raise
+    path, keys = found
+    where = f"the dict at {path!r}" if path else "the dict at the root of the tree"
+    kinds = " and ".join(sorted({type(key).__name__ for key in keys}))
+    raise ArgumentError(
+        f"cannot save {where}{f' of {file}' if file else ''}: its keys mix {kinds}, which jax cannot sort (it orders "
+        "a dict's leaves by their keys): give it keys of one type, such as {str(key): value for key, value in "
+        "d.items()}",
+        file=file or None,
+        path=path,
+    ) from None
+
+
+def _unsortable_dict(node: Any, keys: tuple[Any, ...]) -> tuple[str, list[Any]] | None:
+    """The path and keys of the first dict under ``node`` (at the key path ``keys``) that jax cannot flatten."""
+    try:
+        children, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda child: child is not node)
+    except ValueError:
+        return (path_to_str(keys), list(node)) if isinstance(node, dict) else None
+    for key_path, child in children:
+        found = _unsortable_dict(child, keys + key_path) if key_path else None
+        if found is not None:
+            return found
+    return None
+
+
+@contextlib.contextmanager
+def naming_deleted_arrays(paths: Callable[[], Sequence[str]], leaves: Sequence[Any], *, file: str) -> Iterator[None]:
+    """Within it, a deleted jax array among ``leaves`` read by the save is an :class:`ArgumentError` naming its path.
+
+    jax raises a ``RuntimeError`` reading one, a ``ValueError`` aliasing one (as a save does on an accelerator).
+    ``paths()`` gives the leaves' paths, asked for only then.
+    """
+    try:
+        yield
+    except JaxstowError:
+        raise
+    except (RuntimeError, ValueError):
+        deleted = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array) and leaf.is_deleted()]
+        if not deleted:
+            raise
+        leaf, path = leaves[deleted[0]], paths()[deleted[0]]
+        raise ArgumentError(
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: its array ({leaf.dtype}{list(leaf.shape)}) "
+            "has been deleted, as donating it to a jitted function (donate_argnums) does: save it before the call "
+            "that donates it, or save what the call returned",
+            file=file or None,
+            path=path,
+        ) from None

@@ -1,0 +1,60 @@
+"""Leaves a file cannot hold as they are are refused at save, naming the leaf and what to save instead; none is saved
+as something else."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import UnsaveableObjectError
+
+SUFFIXES = ["model.jxs", "model.npz"]
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.parametrize(
+    "masked",
+    [np.ma.array([1.0, 2.0], mask=[0, 1]), np.ma.array([1.0, 2.0]), np.ma.masked],
+    ids=["masked", "nothing masked", "the masked constant"],
+)
+def test_a_masked_array_is_refused_and_a_matrix_keeps_its_values(tmp_path, suffix, masked):
+    path = tmp_path / suffix
+    with pytest.raises(UnsaveableObjectError) as caught:
+        jaxstow.save(path, {"layers": [np.ones(2), masked]})
+    assert caught.value.path == "layers/1" and caught.value.file == str(path)
+    assert "a numpy masked array, whose mask a file does not hold: save its .data and .mask as two leaves" in str(
+        caught.value
+    )
+    assert ".filled(value)" in str(caught.value)
+    assert not path.exists()
+    jaxstow.save(path, {"m": np.matrix([[1.0, 2.0], [3.0, 4.0]])})
+    loaded = jaxstow.load(path, as_numpy=True)["m"]
+    assert type(loaded) is np.ndarray and loaded.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+@pytest.mark.parametrize(
+    ("leaf", "advice"),
+    [
+        (np.array([1, "a"], dtype=object), r"an array of Python objects \(dtype object\), .*save them as a list"),
+        (
+            np.zeros(2, dtype=[("x", "i4"), ("y", "f4")]),
+            r"an array of the structured dtype .*save each field as a leaf of its own",
+        ),
+        (np.rec.array([(1, 2.0)], dtype=[("x", "i4"), ("y", "f4")]), "an array of the structured dtype"),
+        (np.array(["ab", "c"]), r"an array of dtype <U2, strings or raw bytes, .*save \.tolist\(\) of it"),
+        (np.array(["2020-01-01"], dtype="datetime64[D]"), r"an array of dtype datetime64\[D\].*\.astype\(\.\.\.\)"),
+        (np.void(b"ab"), r"a numpy scalar of dtype \|V2, strings or raw bytes"),
+        (np.zeros(1, dtype=[("x", "i4")])[0], "a numpy scalar of the structured dtype"),
+        (np.bytes_(b"ab"), r"a numpy scalar of dtype \|S2"),
+        (np.datetime64("2020-01-01"), r"a numpy scalar of dtype datetime64\[D\]"),
+        (np.dtype(object), r"a dtype outside the table .*save its name, str\(dtype\)"),
+    ],
+    ids=lambda value: str(getattr(value, "dtype", value))[:24],
+)
+def test_a_dtype_a_file_does_not_store_is_refused_with_what_to_save(tmp_path, leaf, advice):
+    path = tmp_path / "model.jxs"
+    with pytest.raises(UnsaveableObjectError, match=advice) as caught:
+        jaxstow.save(path, {"x": {"y": leaf}})
+    assert caught.value.path == "x/y" and caught.value.file == str(path)
+    assert "register it" not in str(caught.value)
