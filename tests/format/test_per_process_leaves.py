@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from memory_files import saved_in_memory
 
 import jaxstow
 from jaxstow._format.per_process import check_per_process_entry
@@ -38,27 +39,20 @@ def golden_tree() -> dict:
     }
 
 
-def _saved(tree) -> io.BytesIO:
-    buffer = io.BytesIO()
-    jaxstow.save(buffer, tree)
-    buffer.seek(0)
-    return buffer
-
-
 def test_the_golden_file_loads_to_each_value_plain_and_the_writer_writes_its_bytes():
     restored = jaxstow.load(GOLDEN)
     assert restored["step"] == 3 and restored["it"] == b"position=42"
     assert restored["loader"]["epoch"] == 1 and restored["loader"]["name"] == "shard-a"
     np.testing.assert_array_equal(restored["loader"]["seen"], np.arange(3, dtype=np.int32))
-    assert _saved(golden_tree()).getvalue() == GOLDEN.read_bytes(), "the bytes of a per-process leaf changed"
+    assert saved_in_memory(golden_tree()).getvalue() == GOLDEN.read_bytes(), "the bytes of a per-process leaf changed"
 
 
 def test_a_live_iterator_in_like_takes_its_state_and_all_gives_a_list():
     live = Loader(0)
     like = {"step": 0, "loader": jaxstow.per_process(None), "it": live}
-    restored = jaxstow.load(_saved(golden_tree()), like=like)
+    restored = jaxstow.load(saved_in_memory(golden_tree()), like=like)
     assert restored["it"] is live and live.position == 42
-    every = jaxstow.load(_saved(golden_tree()), per_process="all")
+    every = jaxstow.load(saved_in_memory(golden_tree()), per_process="all")
     assert every["it"] == [b"position=42"] and every["loader"][0]["epoch"] == 1
 
 
@@ -87,7 +81,7 @@ def test_the_value_is_taken_when_the_save_is_asked_for(tmp_path):
 
 def test_a_bad_choice_and_a_damaged_count_are_refused(tmp_path):
     with pytest.raises(ArgumentError, match="per_process= takes 'own' or 'all'"):
-        jaxstow.load(_saved(golden_tree()), per_process="mine")
+        jaxstow.load(saved_in_memory(golden_tree()), per_process="mine")
     damaged = tmp_path / "damaged.jxs"
     data = GOLDEN.read_bytes()
     entry = rb"\"processes\":1,\"process\":0"
@@ -108,7 +102,7 @@ def test_a_grain_iterator_is_saved_per_process_and_set_back():
     grain = pytest.importorskip("grain")
     iterator = iter(grain.MapDataset.range(10).to_iter_dataset())
     assert [next(iterator), next(iterator)] == [0, 1]
-    saved = _saved({"data": iterator})
+    saved = saved_in_memory({"data": iterator})
     fresh = iter(grain.MapDataset.range(10).to_iter_dataset())
     assert jaxstow.load(saved, like={"data": fresh})["data"] is fresh
     assert next(fresh) == 2

@@ -3,13 +3,12 @@ jax's x64 mode off, empty dict keys under ``select``."""
 
 from __future__ import annotations
 
-import io
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from memory_files import saved_in_memory
 
 import jaxstow
 from jaxstow._read.targets import castable
@@ -21,17 +20,10 @@ torch = pytest.importorskip("torch")
 _BEYOND_32_BITS = 2**40 + 5
 
 
-def _saved(tree) -> io.BytesIO:
-    buffer = io.BytesIO()
-    jaxstow.save(buffer, tree)
-    buffer.seek(0)
-    return buffer
-
-
 def test_a_0d_tensor_restored_into_a_torch_like_keeps_its_shape():
     norm = torch.nn.BatchNorm1d(3)
     norm.num_batches_tracked += 4
-    restored = jaxstow.load(_saved(norm.state_dict()), like=norm.state_dict())
+    restored = jaxstow.load(saved_in_memory(norm.state_dict()), like=norm.state_dict())
     assert restored["num_batches_tracked"].shape == torch.Size([])
     assert restored["num_batches_tracked"].dtype == torch.int64 and int(restored["num_batches_tracked"]) == 4
     assert restored["weight"].shape == torch.Size([3])
@@ -39,7 +31,7 @@ def test_a_0d_tensor_restored_into_a_torch_like_keeps_its_shape():
 
 def test_numpy_0d_leaves_restored_into_torch_likes_keep_their_shape():
     like = {"scalar": torch.tensor(0.0), "array": torch.tensor(0, dtype=torch.int32)}
-    saved = _saved({"scalar": np.float32(2.5), "array": np.array(7, np.int32)})
+    saved = saved_in_memory({"scalar": np.float32(2.5), "array": np.array(7, np.int32)})
     restored = jaxstow.load(saved, like=like)
     assert restored["scalar"].shape == torch.Size([]) and float(restored["scalar"]) == 2.5
     assert restored["array"].shape == torch.Size([]) and int(restored["array"]) == 7
@@ -49,7 +41,7 @@ def test_a_torch_like_of_a_dtype_numpy_lacks_is_refused_by_path():
     with pytest.raises(
         RequestError, match=r"leaf 'w' of <BytesIO>: like holds a torch.Tensor of dtype torch.complex32"
     ):
-        jaxstow.load(_saved({"w": np.ones(2, np.complex64)}), like={"w": torch.ones(2, dtype=torch.complex32)})
+        jaxstow.load(saved_in_memory({"w": np.ones(2, np.complex64)}), like={"w": torch.ones(2, dtype=torch.complex32)})
 
 
 @pytest.mark.parametrize(
@@ -59,13 +51,13 @@ def test_a_torch_like_of_a_dtype_numpy_lacks_is_refused_by_path():
 def test_cast_refuses_64_bit_integers_into_floats_that_round_them(source, target):
     value = np.array([2**53 + 1], source)
     with pytest.raises(StructureMismatchError, match=f"cast=True does not turn {np.dtype(source)} into"):
-        jaxstow.load(_saved({"i": value}), like={"i": np.zeros(1, target)}, cast=True, as_numpy=True)
+        jaxstow.load(saved_in_memory({"i": value}), like={"i": np.zeros(1, target)}, cast=True, as_numpy=True)
     tree = {"i8": np.array([-128, 127], np.int8), "i16": np.array([-32768, 32767], np.int16)}
     tree["i32"] = np.array([-(2**31), 2**31 - 1], np.int32)
     tree["u32"] = np.array([2**32 - 1], np.uint32)
     like = {"i8": np.zeros(2, np.float32), "i16": np.zeros(2, np.float32), "i32": np.zeros(2, np.float64)}
     like["u32"] = np.zeros(1, np.complex128)
-    restored = jaxstow.load(_saved(tree), like=like, cast=True, as_numpy=True)
+    restored = jaxstow.load(saved_in_memory(tree), like=like, cast=True, as_numpy=True)
     for path, value in tree.items():
         assert restored[path].dtype == like[path].dtype
         assert [int(x.real) for x in restored[path]] == value.tolist()
@@ -107,7 +99,7 @@ def test_castable_is_exact():
 
 
 def test_int64_beyond_32_bits_is_refused_with_x64_off():
-    saved = _saved({"step": np.array([_BEYOND_32_BITS], np.int64), "w": np.ones(2, np.float32)})
+    saved = saved_in_memory({"step": np.array([_BEYOND_32_BITS], np.int64), "w": np.ones(2, np.float32)})
     with jax.enable_x64(False):
         with pytest.raises(RequestError) as caught:
             jaxstow.load(saved)
@@ -122,7 +114,7 @@ def test_int64_beyond_32_bits_is_refused_with_x64_off():
     fitting = {"i": np.array([-(2**31), 2**31 - 1], np.int64), "u": np.array([2**32 - 1], np.uint64)}
     fitting["empty"] = np.zeros(0, np.int64)
     with jax.enable_x64(False):
-        restored = jaxstow.load(_saved(fitting))
+        restored = jaxstow.load(saved_in_memory(fitting))
         saved.seek(0)
         assert jaxstow.load(saved, as_numpy=True)["step"].tolist() == [_BEYOND_32_BITS]
     assert restored["i"].dtype == jnp.int32 and restored["i"].tolist() == fitting["i"].tolist()
@@ -137,9 +129,9 @@ def test_int64_beyond_32_bits_is_refused_with_x64_off():
 def test_uint64_and_negative_int64_beyond_32_bits_are_refused_with_x64_off():
     with jax.enable_x64(False):
         with pytest.raises(RequestError, match=r"uint64 values beyond 32 bits \(up to 4294967296\)"):
-            jaxstow.load(_saved({"u": np.array([2**32], np.uint64)}))
+            jaxstow.load(saved_in_memory({"u": np.array([2**32], np.uint64)}))
         with pytest.raises(RequestError, match=r"int64 values beyond 32 bits \(down to -2147483649\)"):
-            jaxstow.load(_saved({"i": np.array([-(2**31) - 1, 0], np.int64)}))
+            jaxstow.load(saved_in_memory({"i": np.array([-(2**31) - 1, 0], np.int64)}))
 
 
 def test_int64_beyond_32_bits_is_refused_by_the_pipeline_and_on_several_devices(tmp_path):
@@ -174,5 +166,5 @@ def test_select_takes_leaves_under_empty_dict_keys():
         "*/": {"a": {"": [1.0]}, "d": {"": {"c": [2.0]}}},
     }
     for pattern, expected in selections.items():
-        restored = jaxstow.load(_saved(tree), select=[pattern], as_numpy=True)
+        restored = jaxstow.load(saved_in_memory(tree), select=[pattern], as_numpy=True)
         assert jax.tree.map(lambda leaf: leaf.tolist(), restored) == expected, pattern
