@@ -18,6 +18,7 @@ TREES = {
     "nested dicts": {"b": {"y": np.ones(1), "x": 2}, "a": [np.zeros(2), None, (3, {"k": 4.0})]},
     "int and bool keys": {1: np.ones(1), 0: {True: 2, False: 3}},
     "keys with slashes and spaces": {"a/b": 1, "c d": {"": 2}},
+    "an empty key at the root": {"": {"c": np.ones(2), "": 1}, "d": 3},
     "empty containers": {"a": {}, "b": [], "c": (), "d": None, "e": 1},
     "a bare leaf": np.ones(3),
     "a tuple of lists": ([1, 2], [3]),
@@ -40,3 +41,12 @@ def test_plain_containers_give_jaxs_paths(tree):
 def test_other_nodes_leave_the_paths_to_jax(tree):
     assert container_paths(encode_treedef(jax.tree_util.tree_structure(tree))) is None
     assert [leaf.entry["path"] for leaf in encode_tree(tree).leaves] == flatten_with_paths(tree)[0]
+
+
+def test_an_empty_key_at_the_root_restores_onto_its_own_like(tmp_path):
+    import jaxstow
+
+    tree = {"": {"c": np.arange(2.0)}, "d": np.ones(1)}
+    jaxstow.save(tmp_path / "empty.jxs", tree)
+    back = jaxstow.load(tmp_path / "empty.jxs", like=tree, as_numpy=True)
+    np.testing.assert_array_equal(back[""]["c"], [0.0, 1.0])

@@ -59,16 +59,17 @@ def container_paths(structure: JSON) -> list[str] | None:
     ['']
     """
     paths: list[str] = []
-    return paths if _collect_paths(structure, "", paths) else None
+    return paths if _collect_paths(structure, None, paths) else None
 
 
-def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
-    """Append the leaf paths under ``node`` (at ``path``) to ``paths``, in leaf order.
+def _collect_paths(node: JSON, path: str | None, paths: list[str]) -> bool:
+    """Append the leaf paths under ``node`` (at ``path``, ``None`` at the root) to ``paths``, in leaf order.
 
-    ``False`` for a node that is not a container :func:`container_paths` can name.
+    ``False`` for a node that is not a container :func:`container_paths` can name. The root is told apart from a
+    node under an empty key, as jax does: ``{"": {"c": x}}`` names its leaf ``/c``.
     """
     if node == "*":
-        paths.append(path)
+        paths.append(path or "")
         return True
     if node is None:
         return True
@@ -83,7 +84,7 @@ def _collect_paths(node: JSON, path: str, paths: list[str]) -> bool:
         named = enumerate(children)
     else:
         return False
-    prefix = f"{path}/" if path else ""
+    prefix = "" if path is None else f"{path}/"
     for name, child in named:
         if child == "*":  # most children are leaves: answered here, without a call
             paths.append(f"{prefix}{name}")
