@@ -99,3 +99,13 @@ def test_what_cannot_make_a_file_is_refused_naming_it(tmp_path):
     assert caught.value.path == "a/b"
     with pytest.raises(jaxstow.errors.UnsaveableObjectError, match="cannot save leaf 'f'"):
         encode_tree({"f": lambda x: x}, file="out.jxs")
+
+
+def test_metadata_with_a_tuple_is_refused_rather_than_coming_back_a_list(tmp_path):
+    with pytest.raises(MetadataError, match=r"key 'image/size': the tuple \(224, 224\) would come back as a list"):
+        jaxstow.save(tmp_path / "m.jxs", TREE, metadata={"image": {"size": (224, 224)}})
+    assert not (tmp_path / "m.jxs").exists()
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager, pytest.raises(MetadataError, match="tuple"):
+        manager.save(1, TREE, metadata={"shape": (2, 3)})
+    jaxstow.save(tmp_path / "m.jxs", TREE, metadata={"image": {"size": [224, 224]}})
+    assert jaxstow.load_metadata(tmp_path / "m.jxs") == {"image": {"size": [224, 224]}}

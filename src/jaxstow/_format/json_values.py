@@ -9,6 +9,8 @@ True
 "key 'run/loss': nan is not a JSON number (JSON has no NaN or infinity)"
 >>> json_problem({"step": np.int64(7)})
 "key 'step': np.int64(7) is a numpy int64, not a JSON value (convert it with .item())"
+>>> json_problem({"size": (224, 224)})
+"key 'size': the tuple (224, 224) would come back as a list (JSON has no tuples): pass list(...) of it"
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ def json_problem(value: Any, key: str = "") -> str | None:
         return None
     if type(value) is float:
         return None if math.isfinite(value) else f"{where}{value!r} is not a JSON number (JSON has no NaN or infinity)"
-    if type(value) in (list, tuple):
+    if type(value) is tuple:
+        return f"{where}the tuple {value!r} would come back as a list (JSON has no tuples): pass list(...) of it"
+    if type(value) is list:
         for index, item in enumerate(value):
             problem = json_problem(item, f"{key}/{index}" if key else str(index))
             if problem is not None:
