@@ -36,6 +36,7 @@ from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 __all__ = [
     "EncodedLeaf",
     "EncodedShard",
+    "EncodedValue",
     "KeyData",
     "StoredLeaf",
     "check_entry",
@@ -74,6 +75,18 @@ class KeyData:
 
     def __init__(self, data: np.ndarray, impl: str) -> None:
         self.data, self.impl = data, impl
+
+
+class EncodedValue:
+    """A value leaf already encoded (its tagged JSON), as a background save holds an object the caller may change.
+
+    Not a tuple, which jax would take for a node of the tree.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 #: ``(start, stop)`` along every axis.
@@ -143,7 +156,8 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         return _stored(path, "array", leaf, file)
     if isinstance(leaf, np.generic) and not isinstance(leaf, np.void | np.str_ | np.bytes_ | np.object_):
         return _stored(path, "npscalar", leaf, file)
-    return EncodedLeaf({"path": path, "kind": "value", "value": encode_value(leaf, path=path, file=file)})
+    value = leaf.value if type(leaf) is EncodedValue else encode_value(leaf, path=path, file=file)
+    return EncodedLeaf({"path": path, "kind": "value", "value": value})
 
 
 def key_impl_name(dtype: Any) -> str:

@@ -16,6 +16,7 @@ jaxstow.errors.CorruptFileError: 3/checkpoint.json: the record's checksum does n
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -73,13 +74,16 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
 
 
 def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
-    """``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise."""
+    """A copy of ``metadata`` if it is a JSON-able dict (or ``None``); a clear error otherwise.
+
+    A copy, so that what a step records is the dict as it was at the save, whatever the caller changes after.
+    """
     if metadata is None:
         return None
     problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
     if problem is not None:
         raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
-    return cast(dict[str, Any], metadata)
+    return cast(dict[str, Any], copy.deepcopy(metadata))
 
 
 def _is_plain_name(name: object) -> bool:

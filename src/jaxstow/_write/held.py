@@ -25,11 +25,14 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import is_sharded
+from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
+from jaxstow._format.skeleton import encode_value
+from jaxstow._names import registry
 from jaxstow._write.encoded import EncodedTree, encode_tree
 from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
+from jaxstow.errors import JaxstowError
 
 __all__ = ["HeldTree", "hold"]
 
@@ -138,6 +141,20 @@ def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
         if _is_plain_array(leaf) and not is_sharded(leaf)
         else held(leaf)
         if is_per_process(leaf)
-        else leaf
+        else _value_now(leaf)
         for leaf, kept in zip(leaves, kept_back, strict=True)
     ]
+
+
+def _value_now(leaf: Any) -> Any:
+    """A leaf as it is when the save is asked for: an object of a registered class saved by its attributes is encoded
+    now, so that the caller's changes after ``save`` returns are not saved; every other leaf as it is.
+
+    JAX arrays are immutable; numpy arrays and torch tensors that the caller will change need ``copy=True``.
+    """
+    if isinstance(leaf, jax.Array | np.ndarray | np.generic) or registry.attribute_class_name(type(leaf)) is None:
+        return leaf
+    try:
+        return EncodedValue(encode_value(leaf))
+    except JaxstowError:  # refused again when the tree is encoded, naming its leaf
+        return leaf

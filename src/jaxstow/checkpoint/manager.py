@@ -255,7 +255,8 @@ class CheckpointManager(StepQueries):
             metrics: Numbers (e.g. ``{"loss": 0.1}``) that rank steps for ``keep_best``; back from :meth:`metrics`.
             metadata: Any JSON-able dict; back from :meth:`metadata`.
             force: Replace an existing step atomically.
-            copy: Copy the arrays before returning, for numpy buffers that the caller changes in place.
+            copy: Copy the arrays before returning, for numpy buffers or torch tensors that the caller changes in
+                place (a torch optimizer's step does). Other objects in the tree are saved as they are at the call.
 
         Raises:
             CheckpointError: The step exists (without ``force``), another writer holds the lock, the last save failed.

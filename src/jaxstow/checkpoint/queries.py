@@ -14,6 +14,7 @@ from (which step is due, whether a step exists) is agreed (:mod:`jaxstow.checkpo
 from __future__ import annotations
 
 import contextlib
+import copy
 from typing import Any, Literal
 
 from jaxstow._steps.keep import KeepPolicy
@@ -142,12 +143,15 @@ class StepQueries:
         return self._folder.existing(step)
 
     def metrics(self, step: int) -> dict[str, float | None] | None:
-        """The metrics saved with ``step``, held by either tier (non-finite values read back as ``None``)."""
-        return self._record(self._held(step)).metrics
+        """The metrics saved with ``step``, held by either tier (non-finite values read back as ``None``): a copy,
+        which the caller may change without changing what the keep policy ranks."""
+        metrics = self._record(self._held(step)).metrics
+        return None if metrics is None else dict(metrics)
 
     def metadata(self, step: int) -> dict[str, Any] | None:
-        """The metadata saved with ``step``, held by either tier."""
-        return self._record(self._held(step)).metadata
+        """The metadata saved with ``step``, held by either tier: a copy, which the caller may change."""
+        metadata = self._record(self._held(step)).metadata
+        return None if metadata is None else copy.deepcopy(metadata)
 
     def items(self, step: int) -> list[str] | None:
         """The names of the items of ``step`` (held by either tier), or ``None`` if it was saved as one tree."""
