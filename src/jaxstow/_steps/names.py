@@ -26,9 +26,9 @@ __all__ = ["StepNames", "check_step"]
 _FIELD = re.compile(r"%0?\d*d")
 
 
-def check_step(step: Any, *, what: str = "a step") -> int:
-    """``step`` as an ``int``: a non-negative Python, numpy or jax integer, or a 0-d integer array such as
-    ``nnx.Optimizer.step``'s value; anything else (a float, a bool, a negative number) is an
+def check_step(step: Any, *, what: str = "a step", negative: bool = False) -> int:
+    """``step`` as an ``int``: a non-negative (or, with ``negative``, any) Python, numpy or jax integer, or a 0-d
+    integer array such as ``nnx.Optimizer.step``'s value; anything else (a float, a bool, a negative number) is an
     :class:`~jaxstow.errors.ArgumentError` that names ``what`` it is and the value.
 
     >>> import jax.numpy as jnp, numpy as np
@@ -43,10 +43,9 @@ def check_step(step: Any, *, what: str = "a step") -> int:
         number = None if isinstance(step, bool) else operator.index(step)
     except TypeError:  # floats, bools, arrays with elements or of another kind, tracers
         number = None
-    if number is None or number < 0:
-        raise ArgumentError(
-            f"{what} must be a non-negative integer (Python, numpy or a 0-d jax integer array), not {step!r}"
-        )
+    if number is None or (number < 0 and not negative):
+        kind = "an integer" if negative else "a non-negative integer"
+        raise ArgumentError(f"{what} must be {kind} (Python, numpy or a 0-d jax integer array), not {step!r}")
     return number
 
 

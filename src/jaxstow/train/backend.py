@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CheckpointError
 from jaxstow.train.module import CallbackInterface, ModuleInterface
 
 __all__ = ["SingleProcess", "TrainerBackend", "TrainerBackendArguments"]
@@ -158,4 +158,9 @@ class SingleProcess(TrainerBackend):
 
     def update_state(self, state: dict[str, Any]) -> None:
         """Continue counting from a saved ``global_step``."""
+        if not isinstance(state, dict) or "global_step" not in state:
+            raise CheckpointError(
+                "the checkpoint resumed from has no trainer_backend_state['global_step']: it was not written by this "
+                "backend; resume from a Trainer's checkpoint, or start a new run in another save_dir"
+            )
         self.global_step = int(state["global_step"])

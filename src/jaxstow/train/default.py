@@ -7,6 +7,7 @@ import logging
 import os
 
 from jaxstow._save_load import load, save
+from jaxstow._steps.names import check_step
 from jaxstow.errors import ArgumentError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
@@ -102,7 +103,11 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
     def save(self, checkpoint_state: Checkpoint, index: int, force: bool = False) -> str | None:
         """Write ``checkpoint_state`` to ``save_dir`` if checkpointing is on and ``index`` is a multiple of the
-        period or ``force`` is set; the path written, or ``None``."""
+        period or ``force`` is set; the path written, or ``None``.
+
+        ``index`` is an integer (Python, numpy or a 0-d jax array); a float or a bool, whose file would never be
+        resumed from, is an :class:`~jaxstow.errors.ArgumentError`."""
+        index = check_step(index, what="the checkpoint's index", negative=True)
         if not self.args.checkpoint or (index % self.args.period != 0 and not force):
             return None
         return self._write(self.args.save_dir, self.names.checkpoint(index), checkpoint_state)
@@ -110,6 +115,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def save_model(self, model_state: object, index: int) -> str | None:
         """Write the module's state to ``model_state_save_dir`` if checkpointing is on and that folder is set; the
         path written, or ``None``. Model files are never taken as checkpoints to resume from."""
+        index = check_step(index, what="the model file's index", negative=True)
         if not self.args.checkpoint or not self.args.model_state_save_dir:
             return None
         return self._write(self.args.model_state_save_dir, self.names.model(index), model_state)

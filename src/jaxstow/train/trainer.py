@@ -6,7 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CheckpointError
 from jaxstow.train.arguments import TrainerArguments, step_batch_size
 from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
@@ -192,9 +192,23 @@ class Trainer:
 
     def update_state(self, state: dict[str, Any]) -> None:
         """Restore the trainer's own state from :meth:`get_state`'s tree (optimisers and schedulers in order)."""
+        if not isinstance(state, dict) or "last_epoch" not in state:
+            raise CheckpointError(
+                "the checkpoint resumed from has no trainer_state['last_epoch']: it was not written by a Trainer; "
+                "resume from a Trainer's checkpoint, or start a new run in another save_dir"
+            )
+        for kind, objects in (("optimizers", self.optimizers), ("schedulers", self.schedulers)):
+            saved = state.get(kind, [])
+            if len(saved) != len(objects):
+                raise CheckpointError(
+                    f"the checkpoint resumed from holds the states of {len(saved)} {kind} but the module's "
+                    f"get_optimizers_schedulers gave {len(objects)}: resuming would restore some and start the "
+                    "others afresh; resume with the same optimisers and schedulers, or start a new run in another "
+                    "save_dir"
+                )
         self.last_epoch = int(state["last_epoch"])
         for kind, objects in (("optimizers", self.optimizers), ("schedulers", self.schedulers)):
-            for obj, saved in zip(objects, state.get(kind, []), strict=False):
+            for obj, saved in zip(objects, state.get(kind, []), strict=True):
                 obj.load_state_dict(saved)
 
     # -- sizes ---------------------------------------------------------------------------------------------------

@@ -1,0 +1,79 @@
+"""A trainer resumes only from what it can restore whole, and a checkpoint's index is an integer it will resume."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow import train
+from jaxstow.errors import ArgumentError, CheckpointError
+
+torch = pytest.importorskip("torch")
+
+
+class Module(train.ModuleInterface):
+    def __init__(self, optimizers: int) -> None:
+        self.weight = torch.nn.Parameter(torch.ones(2))
+        self.count = optimizers
+
+    def get_train_dataloader(self, sampler, batch_size):
+        return range(2)
+
+    def train_step(self, global_step, batch, device):
+        loss = (self.weight**2).sum()
+        loss.backward()
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+        return float(loss)
+
+    def get_optimizers_schedulers(self, estimated_global_steps_per_epoch, epochs):
+        self.optimizers = [torch.optim.Adam([self.weight], lr=0.1) for _ in range(self.count)]
+        return self.optimizers, []
+
+    def get_state(self):
+        return {"weight": self.weight.detach().clone()}
+
+    def update_state(self, state):
+        self.weight.data.copy_(state["weight"])
+
+
+def _arguments(folder, epochs):
+    checkpointing = train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder, log_level="ERROR")
+    return train.TrainerArguments(epochs=epochs, checkpointer_args=checkpointing)
+
+
+def test_a_resume_with_another_number_of_optimizers_is_refused(tmp_path):
+    train.Trainer(Module(1), _arguments(tmp_path, 2)).train()
+    with pytest.raises(CheckpointError, match=r"holds the states of 1 optimizers but .* gave 2"):
+        train.Trainer(Module(2), _arguments(tmp_path, 4))
+    assert train.Trainer(Module(1), _arguments(tmp_path, 4)).last_epoch == 1
+
+
+def test_a_checkpoint_without_the_trainers_state_is_refused(tmp_path):
+    state = train.Checkpoint(module_interface_state={"weight": torch.ones(2)}, trainer_state={})
+    jaxstow.save(tmp_path / "checkpoint_9.jxs", state)
+    with pytest.raises(CheckpointError, match=r"no trainer_state\[.last_epoch.\]"):
+        train.Trainer(Module(1), _arguments(tmp_path, 12))
+
+
+@pytest.mark.parametrize("index", [3.0, np.float64(3), True, np.array([3])], ids=["float", "np.float64", "bool", "1-d"])
+def test_an_index_that_is_not_an_integer_is_refused(tmp_path, index):
+    arguments = train.DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=tmp_path, load_dir=tmp_path)
+    checkpointer = train.DefaultCheckpointer(arguments)
+    with pytest.raises(ArgumentError, match="index must be an integer"):
+        checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 3}), index)
+    with pytest.raises(ArgumentError, match="index must be an integer"):
+        checkpointer.save_model({"w": np.ones(1)}, index)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_numpy_and_jax_integer_indices_name_the_file_it_resumes(tmp_path):
+    arguments = train.DefaultCheckpointerArguments(save_dir=tmp_path, load_dir=tmp_path)
+    checkpointer = train.DefaultCheckpointer(arguments)
+    checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 1}), 1)
+    checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 3}), jnp.asarray(3))
+    assert train.DefaultCheckpointer(arguments).load().trainer_state == {"last_epoch": 3}
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint_1.jxs", "checkpoint_3.jxs"]
