@@ -141,6 +141,20 @@ def test_an_objax_archive_with_a_missing_value_is_refused(tmp_path) -> None:
         objax_io.load_var_collection(path, objax.nn.Linear(2, 4).vars())
 
 
+def test_two_stored_variables_under_one_name_are_refused_and_nothing_is_assigned(tmp_path) -> None:
+    layer = objax.nn.Linear(2, 2)
+    before = np.asarray(layer.w.value)
+    path = tmp_path / "two.jxs"
+    objax_io.save_var_collection(path, {"(Enc).w": objax.TrainVar(jnp.ones((2, 2))), "(Dec).w": layer.w})
+    with pytest.raises(VariableMismatchError, match=r"'\(Linear\).w': two stored variables are renamed to it"):
+        objax_io.load_var_collection(path, layer.vars(), renamer=lambda name: "(Linear)." + name.split(".")[-1])
+    path = tmp_path / "twice.npz"
+    np.savez(path, names=np.array(["(Linear).w", "(Linear).w"]), **{"0": np.ones((2, 2), np.float32), "1": before})
+    with pytest.raises(VariableMismatchError, match=r"'\(Linear\).w': named twice"):
+        objax_io.load_var_collection(path, layer.vars())
+    np.testing.assert_array_equal(layer.w.value, before)
+
+
 def test_the_checkpoint_keeps_the_latest_and_restores_any(tmp_path, capsys) -> None:
     modules = [_mlp() for _ in range(4)]
     ckpt = objax_io.Checkpoint(tmp_path, keep_ckpts=2)

@@ -7,6 +7,7 @@ shaped like its variables works. See docs/checkpointing.md.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import zipfile
@@ -105,7 +106,18 @@ def load_var_collection(
                 file=display_name(file),
             )
     rename = renamer or (lambda name: name)
-    values = {rename(name): value for name, value in stored.items()}
+    values: dict[str, Any] = {}
+    for name, value in stored.items():
+        renamed = rename(name)
+        if renamed in values:
+            raise VariableMismatchError(
+                [
+                    f"{renamed!r}: two stored variables are renamed to it (the second is {name!r}); give the renamer "
+                    "a rule that keeps them apart"
+                ],
+                file=display_name(file),
+            )
+        values[renamed] = value
     assignments, problems = [], []
     for variable, names in _by_variable(vc).values():
         name = next((name for name in names if name in values), None)
@@ -147,6 +159,11 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
             raise VariableMismatchError(
                 ["an Objax archive holds `names` and one array per name, `0` to `len(names) - 1`"],
                 file=display_name(file),
+            )
+        twice = sorted(name for name, count in collections.Counter(map(str, names)).items() if count > 1)
+        if twice:
+            raise VariableMismatchError(
+                [f"{name!r}: named twice in the archive's `names`" for name in twice], file=display_name(file)
             )
         return {str(name): archive[str(index)] for index, name in enumerate(names)}
 
