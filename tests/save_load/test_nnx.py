@@ -152,3 +152,23 @@ def test_a_file_can_rebuild_only_flax_graph_records():
         decode_value({"object": "flax.nnx.graphlib.NodeDef", "fields": fields}, file="evil.jxs")
     with pytest.raises(FormatError, match=r"cannot rebuild flax\.nnx\.graphlib\.NodeRef from its fields"):
         decode_value({"object": "flax.nnx.graphlib.NodeRef", "fields": [["shell", "rm -rf /"]]}, file="evil.jxs")
+
+
+class Tied(nnx.Module):
+    def __init__(self, *, rngs: nnx.Rngs) -> None:
+        self.embed = nnx.Linear(2, 2, rngs=rngs)
+        self.unembed = self.embed  # tied weights
+
+
+def test_a_module_with_tied_weights_is_refused_saying_to_split_it(tmp_path):
+    model = Tied(rngs=nnx.Rngs(0))
+    with pytest.raises(jaxstow.errors.ArgumentError, match=r"'unembed/bias' .* Variable at 'embed/bias' .*nnx\.split"):
+        jaxstow.save(tmp_path / "tied.jxs", model)
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager, pytest.raises(jaxstow.errors.ArgumentError):
+        manager.save(1, {"model": model})
+    assert not (tmp_path / "tied.jxs").exists()
+    graphdef, state = nnx.split(model)
+    jaxstow.save(tmp_path / "split.jxs", {"graphdef": graphdef, "state": state})
+    loaded = jaxstow.load(tmp_path / "split.jxs")
+    restored = nnx.merge(loaded["graphdef"], loaded["state"])
+    assert restored.embed is restored.unembed

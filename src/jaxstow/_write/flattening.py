@@ -15,10 +15,12 @@ jaxstow.errors.ArgumentError: cannot save the dict at 'layers/0' of model.jxs: i
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import path_to_str
@@ -30,11 +32,14 @@ __all__ = ["flatten", "naming_deleted_arrays"]
 def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
     """jax's leaves and structure of ``tree``; a dict whose keys jax cannot sort is an :class:`ArgumentError`."""
     try:
-        return jax.tree_util.tree_flatten(tree)
+        leaves, treedef = jax.tree_util.tree_flatten(tree)
     except ValueError:
         found = _unsortable_dict(tree, ())
         if found is None:
             raise
+    else:
+        _refuse_shared_variables(tree, leaves, file=file)
+        return leaves, treedef
     path, keys = found
     where = f"the dict at {path!r}" if path else "the dict at the root of the tree"
     kinds = " and ".join(sorted({type(key).__name__ for key in keys}))
@@ -45,6 +50,35 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         file=file or None,
         path=path,
     ) from None
+
+
+def _refuse_shared_variables(tree: Any, leaves: Sequence[Any], *, file: str) -> None:
+    """Refuse a tree in which one flax nnx ``Variable`` sits at two places (tied weights, a shared submodule).
+
+    jax flattens it once per place, so a file would restore two independent copies, and an update through one
+    would no longer reach the other; ``nnx.split`` keeps the sharing in its graph definition. Looked for only when
+    one array is a leaf twice, which an nnx tree without sharing never has.
+    """
+    nnx = sys.modules.get("flax.nnx")
+    arrays = [id(leaf) for leaf in leaves if isinstance(leaf, jax.Array | np.ndarray)]
+    if nnx is None or len(set(arrays)) == len(arrays):
+        return
+    first: dict[int, str] = {}
+    is_variable = lambda node: isinstance(node, nnx.Variable)  # noqa: E731
+    for key_path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)[0]:
+        if not is_variable(node):
+            continue
+        path = path_to_str(key_path)
+        if id(node) in first:
+            raise ArgumentError(
+                f"cannot save {path!r}{f' of {file}' if file else ''}: it is the flax nnx Variable at "
+                f"{first[id(node)]!r} too (tied weights, a shared submodule), which a file would restore as two "
+                "independent copies: save graphdef, state = nnx.split(model) as {'graphdef': graphdef, 'state': "
+                "state} and nnx.merge them after loading, which keeps the sharing",
+                file=file or None,
+                path=path,
+            )
+        first[id(node)] = path
 
 
 def _unsortable_dict(node: Any, keys: tuple[Any, ...]) -> tuple[str, list[Any]] | None:
