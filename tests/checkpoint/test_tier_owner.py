@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -77,3 +78,23 @@ def test_a_damaged_record_of_the_tiers_run_is_named(tmp_path):
     (ssd / OWNER_NAME).write_text("[1, 2]")
     with pytest.raises(CorruptFileError, match=OWNER_NAME):
         CheckpointManager(tmp_path / "run", local=LocalTier(ssd))
+
+
+def test_a_run_started_again_at_a_deleted_runs_path_does_not_resume_its_local_tier(tmp_path):
+    ssd, persistent = tmp_path / "ssd", tmp_path / "runs" / "exp"
+    _run(persistent, ssd, range(1, 16), 1.0)
+    shutil.rmtree(persistent)  # "start this experiment over"
+    with pytest.raises(CheckpointError, match=r"earlier run saved to .*exp, which has lost every step") as raised:
+        CheckpointManager(persistent, save_every=10, local=LocalTier(ssd))
+    assert f"delete {ssd}" in str(raised.value)
+    os.remove(ssd / OWNER_NAME)  # the way the message gives to go on from the tier's steps
+    with CheckpointManager(persistent, save_every=10, local=LocalTier(ssd)) as manager:
+        assert manager.latest_step() == 15
+
+
+def test_a_run_that_crashed_before_its_first_persistent_step_resumes_from_its_local_tier(tmp_path):
+    ssd, persistent = tmp_path / "ssd", tmp_path / "run"
+    _run(persistent, ssd, range(1, 8), 1.0)  # persistent steps every 10: none yet
+    with CheckpointManager(persistent, save_every=10, local=LocalTier(ssd)) as manager:
+        assert manager.latest_step() == 7
+        np.testing.assert_array_equal(manager.restore(as_numpy=True)["w"], [1.0, 1.0])

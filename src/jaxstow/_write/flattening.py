@@ -64,7 +64,10 @@ def _refuse_shared_variables(tree: Any, leaves: Sequence[Any], *, file: str) -> 
     if nnx is None or len(set(arrays)) == len(arrays):
         return
     first: dict[int, str] = {}
-    is_variable = lambda node: isinstance(node, nnx.Variable)  # noqa: E731
+
+    def is_variable(node: Any) -> bool:
+        return isinstance(node, nnx.Variable)
+
     for key_path, node in jax.tree_util.tree_flatten_with_path(tree, is_leaf=is_variable)[0]:
         if not is_variable(node):
             continue

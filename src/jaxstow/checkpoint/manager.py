@@ -125,6 +125,8 @@ class CheckpointManager(StepQueries):
             if local is None
             else Tiers(local, self._coordinator, directory=self._store.location, progress=progress)
         )
+        if self._tiers is not None:
+            self._tiers.check_not_stale(self._folder.committed)
         self._notice: PreemptionNotice | None = None
         if self._coordinator.many:
             if preemption_signals:

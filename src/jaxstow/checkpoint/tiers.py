@@ -29,7 +29,7 @@ from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
 from jaxstow.checkpoint.shared import Committed, commit_content, commit_step
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.checkpoint.tier_owner import check_owner, claim, run_identity
+from jaxstow.checkpoint.tier_owner import check_not_stale, check_owner, claim, mark_copied, run_identity
 from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
 
@@ -63,6 +63,7 @@ class Tiers:
         self._uploading: set[int] = set()
         self._pruning = threading.Lock()
         self._lock: Lock | None = None
+        self._copied = False  # a step of this manager's reached the persistent directory (and the record says so)
         replicas = (1 if coordinator.many else 0) if settings.replicas is None else settings.replicas
         self.peers: PeerCopies | None = None
         if coordinator.many:
@@ -71,6 +72,11 @@ class Tiers:
     @property
     def directory(self) -> str:
         return self.store.root
+
+    def check_not_stale(self, persistent_steps: Callable[[], list[int]]) -> None:
+        """Refuse this tier if it holds an earlier run's steps: copied to the persistent directory, which holds none
+        now (see :func:`~jaxstow.checkpoint.tier_owner.check_not_stale`)."""
+        check_not_stale(self.store.root, self.run, persistent_steps, has_steps=bool(self.steps()))
 
     def steps(self) -> list[int]:
         """The steps committed in this process's local tier (its own files and the record)."""
@@ -103,6 +109,9 @@ class Tiers:
             def upload() -> None:
                 try:
                     persistent(record)
+                    if not self._copied:
+                        mark_copied(self.store.root, self.run)
+                        self._copied = True
                 finally:
                     self._uploading.discard(step)
                     self._prune()

@@ -107,12 +107,12 @@ def load_var_collection(
             )
     rename = renamer or (lambda name: name)
     values: dict[str, Any] = {}
-    for name, value in stored.items():
-        renamed = rename(name)
+    for stored_name, value in stored.items():
+        renamed = rename(stored_name)
         if renamed in values:
             raise VariableMismatchError(
                 [
-                    f"{renamed!r}: two stored variables are renamed to it (the second is {name!r}); give the renamer "
+                    f"{renamed!r}: two stored variables are renamed to it (the second is {stored_name!r}); give the renamer "
                     "a rule that keeps them apart"
                 ],
                 file=display_name(file),
