@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -113,3 +114,23 @@ def test_the_flarejax_forms_of_saveable_and_save(tmp_path: Path) -> None:
     loaded = jaxstow.load(tmp_path / "counter.jxs")
     assert type(loaded) is Counter and loaded.count == 3
     assert jaxstow.load(tmp_path / "kept.jxs") == "a string tree"
+
+
+@jaxstow.saveable(name="tests.attributes.Scaler")
+class _Scaler:
+    def __init__(self) -> None:
+        self.mean = np.zeros(3)
+
+
+@jaxstow.saveable(name="tests.attributes.Masked")
+class Masked(eqx.Module):
+    weight: jnp.ndarray
+    mask: np.ndarray = eqx.field(static=True)
+
+
+def test_an_array_where_only_static_data_goes_is_refused_saying_what_works(tmp_path: Path) -> None:
+    for tree, path in ((Masked(jnp.ones(1), np.arange(3)), "mask"), ({"scaler": _Scaler()}, "scaler/mean")):
+        with pytest.raises(UnsaveableObjectError, match=r"only static data may go .* make it a pytree field") as caught:
+            jaxstow.save(tmp_path / "m.jxs", tree)
+        assert caught.value.path == path
+        assert "saveable" not in str(caught.value)

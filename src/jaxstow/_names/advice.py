@@ -25,6 +25,12 @@ _OPTAX_TRANSFORMATIONS = ("GradientTransformation", "GradientTransformationExtra
 def unsaveable_advice(obj: object) -> str | None:
     """The advice for ``obj`` when it is an object that registering alone does not describe well; ``None`` otherwise."""
     kind = type(obj)
+    if _is_array(obj):
+        return (
+            "an array where only static data may go (an equinox static field, an attribute of a registered plain "
+            "class, a node's auxiliary data), which a file keeps as JSON: make it a pytree field (not static), so "
+            "that it is saved as a tensor, or hold a tuple of its values (tuple(array.tolist()))"
+        )
     if kind.__module__.startswith("optax") and kind.__name__ in _OPTAX_TRANSFORMATIONS:
         return (
             "an optax transformation, a closure jaxstow cannot name by itself: register it where it is made, "
@@ -33,6 +39,17 @@ def unsaveable_advice(obj: object) -> str | None:
             "nnx.update(optimizer, jaxstow.load(path, like=nnx.state(optimizer)))"
         )
     return None
+
+
+def _is_array(obj: object) -> bool:
+    """Whether ``obj`` is a numpy array, a jax array or a torch tensor, told by their modules (none imported here)."""
+    module = type(obj).__module__
+    return type(obj).__name__ in ("ndarray", "ArrayImpl", "Tensor", "Array") and module.split(".")[0] in (
+        "numpy",
+        "jaxlib",
+        "jax",
+        "torch",
+    )
 
 
 def import_advice(library: str, libraries: Sequence[str], *, also: str = "the file also names") -> str:
