@@ -55,7 +55,8 @@ def load(
     Args:
         folder: the folder's path or fsspec URL (``s3://bucket/model/``).
         like: a pytree of arrays or ``jax.ShapeDtypeStruct`` to fit the tensors into; ``None``: a flat dict by path.
-        names: each tensor's path: a function ``name -> path`` (``None`` leaves the tensor unread) or a dict.
+        names: each tensor's path: a function ``name -> path`` or a dict (``None``, and for a dict a name it lacks,
+            leave the tensor unread).
         transposed: the 2-d tensors stored turned over (torch's ``weight``): a set of names, or a predicate.
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.

@@ -135,6 +135,13 @@ def test_names_map_onto_another_tree_and_leave_tensors_out(folder):
     _equal(turned["head"]["kernel"], TENSORS["lm_head.weight"].T)
 
 
+def test_a_names_dict_leaves_out_a_tensor_mapped_to_none_and_refuses_a_path_that_is_no_string(folder):
+    names = {"lm_head.weight": "head", "model.embed.weight": None}
+    assert sorted(huggingface.load(folder, names=names, as_numpy=True)) == ["head"]
+    with pytest.raises(ArgumentError, match=r"names= gives 'lm_head\.weight' the path 3: a string, or None"):
+        huggingface.load(folder, names={"lm_head.weight": 3}, as_numpy=True)
+
+
 def test_partial_cast_and_select(folder):
     like = {"lm_head": {"weight": jax.ShapeDtypeStruct((8, 16), jnp.float64)}}
     with pytest.raises(StructureMismatchError, match="pass cast=True"):

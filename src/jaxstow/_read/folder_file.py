@@ -159,10 +159,9 @@ def _path_mapping(names: Names | None, tensors: list[str]) -> dict[str, str]:
         unknown = sorted(set(names) - set(tensors))
         if unknown:
             raise ArgumentError(f"names= maps tensors the folder lacks: {unknown[:5]}")
-        return {tensor: names[tensor] for tensor in tensors if tensor in names}
     mapping = {}
     for tensor in tensors:
-        path = names(tensor)
+        path = names.get(tensor) if isinstance(names, Mapping) else names(tensor)
         if path is not None and not isinstance(path, str):
             raise ArgumentError(f"names= gives {tensor!r} the path {path!r}: a string, or None to leave it out")
         if path is not None:

@@ -60,8 +60,10 @@ def _refuse_shared_variables(tree: Any, leaves: Sequence[Any], *, file: str) -> 
     one array is a leaf twice, which an nnx tree without sharing never has.
     """
     nnx = sys.modules.get("flax.nnx")
+    if nnx is None:
+        return
     arrays = [id(leaf) for leaf in leaves if isinstance(leaf, jax.Array | np.ndarray)]
-    if nnx is None or len(set(arrays)) == len(arrays):
+    if len(set(arrays)) == len(arrays):
         return
     first: dict[int, str] = {}
 
