@@ -25,7 +25,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import StoredLeaf
+from jaxstow._format.leaves import StoredLeaf, key_impl_name
 from jaxstow._format.manifest import LeafColumns
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow._read.opened import OpenedFile
@@ -72,7 +72,10 @@ class TreeInMemory(OpenedFile):
         for path, leaf in zip(paths, leaves, strict=True):
             if path in arrays or path in self._values:
                 raise FormatError("holds two leaves at this path (keys that read the same)", file=name, path=path)
-            if isinstance(leaf, np.ndarray | np.generic | jax.Array):
+            if isinstance(leaf, jax.Array) and jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+                array = arrays[path] = np.asarray(jax.random.key_data(leaf))
+                stored[path] = StoredLeaf(path, "key", array.dtype, array.shape, None, key_impl_name(leaf.dtype))
+            elif isinstance(leaf, np.ndarray | np.generic | jax.Array):
                 array = arrays[path] = np.asarray(leaf)
                 kind = "npscalar" if isinstance(leaf, np.generic) else "array"
                 stored[path] = StoredLeaf(path, kind, array.dtype, array.shape, None, None)

@@ -1,7 +1,8 @@
 """orbax's checkpoints read through orbax: a checkpoint folder, a step of a ``CheckpointManager``, a manager's steps.
 
-A pytree is restored with an abstract target built from its own metadata, every array on this process's first CPU
-device; JSON items are read as JSON, and orbax's warnings kept out of the caller's output. Needs orbax
+A pytree is restored as numpy, every array and scalar in the dtype its own metadata records (never narrowed by jax's
+x64 mode), typed PRNG keys wrapped again; JSON items are read as JSON, and orbax's warnings kept out of the caller's
+output. Needs orbax
 (``pip install 'jaxstow[orbax]'``).
 
 >>> import os, tempfile, numpy as np, orbax.checkpoint as ocp
@@ -31,15 +32,18 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._format.keypaths import path_to_str
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, excerpt
 
-__all__ = ["manager_steps", "quiet", "read_checkpoint", "read_step", "step_number"]
+__all__ = ["key_impls", "manager_steps", "quiet", "read_checkpoint", "read_step", "step_number"]
 
 _PYTREE_HANDLERS = ("StandardCheckpointHandler", "PyTreeCheckpointHandler")
 _JSON_HANDLERS = ("JsonCheckpointHandler",)
 _STEP_NAME = re.compile(r"(?:.+_)?(\d+)")
 _METRICS_ITEM = "metrics"
+#: orbax's metadata of the leaves read as numpy: arrays and scalars.
+_NUMERIC_METADATA = ("ArrayMetadata", "ScalarMetadata")
 
 
 @contextlib.contextmanager
@@ -57,12 +61,23 @@ def quiet() -> Iterator[None]:
 
 
 def read_checkpoint(path: str) -> Any:
-    """The pytree of an orbax checkpoint folder, with numpy arrays (of their own memory, writable) and Python scalars
-    as leaves."""
+    """The pytree of an orbax checkpoint folder, with numpy arrays (writable) and Python scalars and strings as leaves.
+
+    Every array and scalar is read as numpy in the dtype it was saved with, whatever jax's x64 mode: an int64 beyond 32
+    bits, a float64, a uint64 or a complex128 comes back exact (jaxstow's own check refuses what jax would narrow, on
+    the way to jax). A typed PRNG key comes back a key, its key data wrapped with the implementation orbax recorded.
+
+    >>> import os, tempfile, numpy as np, orbax.checkpoint as ocp
+    >>> from jaxstow._read.orbax_steps import read_checkpoint
+    >>> folder = os.path.join(tempfile.mkdtemp(), "ckpt")
+    >>> with ocp.PyTreeCheckpointer() as checkpointer:
+    ...     checkpointer.save(folder, {"step": np.array([2**40 + 1], np.int64), "n": 2**40 + 1, "name": "run"})
+    >>> read_checkpoint(folder)
+    {'n': 1099511627777, 'name': 'run', 'step': array([1099511627777])}
+    """
     ocp = require("orbax.checkpoint", extra="orbax", purpose=f"reading the orbax checkpoint {path}")
     import jax
 
-    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
     with quiet():
         checkpointer = ocp.PyTreeCheckpointer()
         try:
@@ -70,21 +85,77 @@ def read_checkpoint(path: str) -> Any:
             tree = getattr(getattr(metadata, "item_metadata", metadata), "tree", None)
             if tree is None:
                 raise ValueError("it has no tree metadata")
-            scalars = jax.tree.map(lambda leaf: type(leaf).__name__ == "ScalarMetadata", tree)
-            shaped = jax.ShapeDtypeStruct
-            abstract = jax.tree.map(
-                lambda leaf: shaped(leaf.shape, leaf.dtype, sharding=cpu) if _is_array(leaf) else leaf,  # type: ignore[no-untyped-call]
-                tree,
-            )
-            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
-            restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(abstract, restore_args=restore_args))
+            restore_args = jax.tree.map(lambda leaf: _restore_arg(ocp, leaf), tree)
+            restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
         except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
             raise FormatError(f"not an orbax checkpoint that orbax can restore ({error})", file=path) from None
-    return jax.tree.map(lambda leaf, scalar: np.asarray(leaf).item() if scalar else np.array(leaf), restored, scalars)
+    impls = key_impls(path)
+    return jax.tree_util.tree_map_with_path(
+        lambda key_path, leaf, meta: _leaf(leaf, meta, impls, path=path, where=path_to_str(key_path)), restored, tree
+    )
 
 
-def _is_array(leaf: Any) -> bool:
-    return getattr(leaf, "shape", None) is not None and getattr(leaf, "dtype", None) is not None
+def _restore_arg(ocp: Any, leaf: Any) -> Any:
+    """How orbax restores a leaf: an array or a scalar as numpy in its saved dtype (never a jax array, which x64 off
+    would narrow), anything else (a string) as orbax's own handler reads it."""
+    if type(leaf).__name__ in _NUMERIC_METADATA and getattr(leaf, "dtype", None) is not None:
+        return ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.dtype(leaf.dtype))
+    return ocp.RestoreArgs()
+
+
+def _leaf(leaf: Any, meta: Any, impls: dict[str, str], *, path: str, where: str) -> Any:
+    """A restored leaf as jaxstow hands it on: a scalar as a Python number, an array as a writable numpy array, a
+    typed PRNG key as a key, a string as ``str``."""
+    kind = type(meta).__name__
+    if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "US":  # a string in numpy's clothes
+        return str(leaf.item() if leaf.dtype.kind == "U" else leaf.item().decode("utf-8", "replace"))
+    if kind == "ScalarMetadata" and isinstance(leaf, np.ndarray | np.generic):
+        return np.asarray(leaf).item()
+    if kind not in _NUMERIC_METADATA or not isinstance(leaf, np.ndarray):
+        return leaf
+    array = leaf if leaf.flags.writeable else np.array(leaf)
+    impl = impls.get(str(getattr(meta, "name", "")))
+    if impl is None:
+        return array
+    import jax
+
+    try:
+        return jax.random.wrap_key_data(jax.device_put(array), impl=impl)
+    except (TypeError, ValueError) as error:
+        raise FormatError(
+            f"holds a PRNG key of implementation {excerpt(impl)} whose key data ({array.dtype}, shape "
+            f"{array.shape}) jax cannot wrap here ({error}); restore it with orbax, or load it where jax knows that "
+            "implementation",
+            file=path,
+            path=where,
+        ) from None
+
+
+def key_impls(path: str) -> dict[str, str]:
+    """The PRNG key implementation orbax recorded for each typed key leaf of a checkpoint, by orbax's name of the leaf
+    (``params.rng``): orbax writes a key as its key data and the implementation beside it, in ``array_metadatas``.
+
+    Empty for a checkpoint without keys, or written by an orbax that recorded none.
+    """
+    from etils import epath
+
+    folder = epath.Path(path) / "array_metadatas"
+    impls: dict[str, str] = {}
+    try:
+        files = sorted(folder.iterdir()) if folder.exists() else []
+        for file in files:
+            found = json.loads(file.read_text()).get("array_metadatas")
+            for item in found if isinstance(found, list) else ():
+                entry = item.get("array_metadata") if isinstance(item, dict) else None
+                if not isinstance(entry, dict):
+                    continue
+                extra, name = entry.get("ext_metadata"), entry.get("param_name")
+                impl = extra.get("random_key_impl") if isinstance(extra, dict) else None
+                if isinstance(impl, str) and isinstance(name, str):
+                    impls[name] = impl
+    except (OSError, ValueError, AttributeError) as error:
+        raise FormatError(f"its array metadata cannot be read ({error})", file=path) from None
+    return impls
 
 
 def read_step(path: str) -> tuple[Any, Any]:

@@ -1,7 +1,10 @@
-"""``jaxstow diff A B``: the leaves only in A, only in B, with another dtype or shape, or with other values.
+"""``jaxstow diff A B``: the leaves only in A, only in B, with another dtype or shape, or with other values; and where
+the stored structures differ.
 
-Values are compared exactly; for differing arrays the largest absolute difference is shown. Exit status 1 when the
-files differ, 0 when every leaf is the same.
+Values are compared exactly: integers in their own dtype (an int64 or uint64 beyond float64's 53 bits too), value leaves
+with their types (``1``, ``True`` and ``1.0`` differ); for differing arrays the largest absolute difference is shown.
+The structures (node kinds, classes and their static data) are compared node by node
+(:mod:`jaxstow.cli.diff_structure`). Exit status 1 when the files differ, 0 when they are the same.
 
 >>> import os, tempfile, jax.numpy as jnp, jaxstow
 >>> from jaxstow.cli import main
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._read.reader import Reader
+from jaxstow.cli.diff_structure import flat_structure, same_value, structure_differences
 from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
 from jaxstow.cli.output import Table, print_json
@@ -40,8 +44,9 @@ HELP = "compare two files leaf by leaf; exit status 1 when they differ"
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     """Compare two jaxstow, safetensors or npz files leaf by leaf: leaves only in A, only in B, with another dtype or
-    shape, or with other values (with the largest absolute difference). Exit status 1 when they differ, 0 when they are
-    the same."""
+    shape, or with other values (with the largest absolute difference); and their structures: where a node is of
+    another kind or class, or a class's static data (hyperparameters) differ. Exit status 1 when they differ, 0 when
+    they are the same."""
     parser.add_argument("a", metavar="A", help="a file (a path or an fsspec URL)")
     parser.add_argument("b", metavar="B", help="the file to compare it with")
     parser.add_argument("--json", action="store_true", help="print the differences as JSON, for scripts")
@@ -50,8 +55,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with open_file(args.a) as first, open_file(args.b) as second:
         found, compared = differences(first, second)
+    structural = [item for item in found if item["kind"] == "structure"]
     if args.json:
-        print_json({"a": args.a, "b": args.b, "same": not found, "leaves": compared, "differences": found})
+        report = {"a": args.a, "b": args.b, "same": not found, "leaves": compared, "differences": found}
+        print_json({**report, "same_structure": not structural})
         return 1 if found else 0
     if not found:
         print(f"the same: {compared} leaves")
@@ -60,12 +67,15 @@ def run(args: argparse.Namespace) -> int:
     for item in found:
         table.add(item["path"] or "(root)", item["difference"])
     table.show()
-    print(f"{len(found)} of {compared} leaves differ")
+    if structural:
+        print(f"the structure differs in {len(structural)} place{'s' * (len(structural) != 1)}")
+    print(f"{len(found) - len(structural)} of {compared} leaves differ")
     return 1
 
 
 def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], int]:
-    """The differing leaves of two files (path, kind of difference, text), and how many leaf paths were compared."""
+    """The differences of two files (path, kind of difference, text): each differing leaf, and each place their
+    structures differ (kind ``"structure"``); and how many leaf paths were compared."""
     a = {leaf.path: leaf for leaf in describe(first)}
     b = {leaf.path: leaf for leaf in describe(second)}
     found: list[dict[str, Any]] = []
@@ -79,9 +89,12 @@ def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], in
             what = "an array in A, a value in B" if left.stored else "a value in A, an array in B"
             found.append({"path": path, "kind": "kind", "difference": what})
         elif not left.stored:
-            if left.value != right.value:
+            if not same_value(left.value, right.value):
                 text = f"value {value_text(left.value, 30)} -> {value_text(right.value, 30)}"
                 found.append({"path": path, "kind": "value", "difference": text})
+        elif _stored_kind(first, left) != _stored_kind(second, right):
+            what = f"{_stored_kind(first, left)} in A, {_stored_kind(second, right)} in B"
+            found.append({"path": path, "kind": "kind", "difference": what})
         elif left.dtype != right.dtype:
             found.append({"path": path, "kind": "dtype", "difference": f"dtype {left.dtype} -> {right.dtype}"})
         elif left.shape != right.shape:
@@ -92,8 +105,25 @@ def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], in
         change = compare_arrays(read_arrays(first, [left])[left.path], read_arrays(second, [right])[right.path])
         if change is not None:
             found.append({"path": left.path, "kind": "values", "difference": change})
-    found.sort(key=lambda item: item["path"])
+    found.extend(structure_differences(_structure(first), _structure(second), list(a), list(b)))
+    found.sort(key=lambda item: (item["path"], item["kind"] == "structure"))
     return found, len(a.keys() | b.keys())
+
+
+def _structure(reader: Reader) -> Any:
+    """A file's encoded structure as its header holds it (never decoded: its classes need not exist here); a plain
+    file's is a flat dict of its names."""
+    manifest = reader.container.manifest
+    return manifest.get("structure") if manifest is not None else flat_structure(reader.paths)
+
+
+def _stored_kind(reader: Reader, leaf: Leaf) -> str:
+    """What a stored leaf loads as, in words: ``an array`` (sharded or not), ``a numpy scalar``, ``a torch tensor``,
+    ``a threefry2x32 PRNG key``."""
+    if leaf.kind == "key":
+        impl = getattr(reader.stored[leaf.path], "impl", None)
+        return f"a {impl} PRNG key" if impl else "a PRNG key"
+    return {"npscalar": "a numpy scalar", "torch": "a torch tensor"}.get(leaf.kind, "an array")
 
 
 def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
@@ -105,9 +135,15 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
     True
     >>> compare_arrays(np.array([1, 5, 3]), np.array([1, 2, 3]))
     'values differ: 1 of 3 elements, max |A - B| = 3'
+    >>> compare_arrays(np.array([2**62], np.int64), np.array([2**62 + 1], np.int64))  # float64 rounds both alike
+    'values differ: 1 of 1 elements, max |A - B| = 1'
     """
     if a.tobytes() == b.tobytes():
         return None
+    if a.dtype.kind in "iub" and a.dtype == b.dtype:  # exact, in their own dtype: float64 would round beyond 2**53
+        unequal = a != b
+        count = int(np.count_nonzero(unequal))
+        return f"values differ: {count} of {a.size} elements, max |A - B| = {_integer_gap(a[unequal], b[unequal])}"
     try:
         wide_a, wide_b = _widen(a), _widen(b)
     except (TypeError, ValueError):  # a dtype with no arithmetic: compare bytes
@@ -119,6 +155,24 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
     gap = np.abs(wide_a[unequal] - wide_b[unequal])
     largest = float(np.max(gap))
     return f"values differ: {count} of {a.size} elements, max |A - B| = {largest:.6g}"
+
+
+def _integer_gap(a: np.ndarray, b: np.ndarray) -> int:
+    """The largest ``|a - b|`` of two integer (or bool) arrays of one dtype, exactly: the difference of each pair is
+    taken in the unsigned integers of the same width, where it neither overflows nor wraps.
+
+    >>> import numpy as np
+    >>> _integer_gap(np.array([-(2**63)], np.int64), np.array([2**63 - 1], np.int64)) == 2**64 - 1
+    True
+    """
+    if a.size == 0:
+        return 0
+    if a.dtype.kind == "b":
+        return 1
+    unsigned = np.dtype(f"u{a.dtype.itemsize}")
+    wide_a, wide_b = a.view(unsigned), b.view(unsigned)  # two's complement: a - b mod 2**n is exact where a > b
+    gap = np.where(a > b, wide_a - wide_b, wide_b - wide_a)
+    return int(gap.max())
 
 
 def _widen(array: np.ndarray) -> np.ndarray:
