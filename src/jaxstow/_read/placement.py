@@ -19,7 +19,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxstow.errors import ShardingError
+from jaxstow._format.keypaths import key_to_str, path_to_str
+from jaxstow.errors import ShardingError, excerpt
 
 __all__ = ["ShardingSpec", "check_fits", "is_placement", "resolve_shardings", "saved_sharding"]
 
@@ -55,14 +56,25 @@ def resolve_shardings(
     if callable(spec):
         return {i: _call(spec, path, shape, dtype, file) for i, (path, shape, dtype) in arrays.items()}
     positions_tree = index_tree()
+    # Paired up to the restored tree's leaves: a None in it (saved so, or left by select=) is a node without leaves,
+    # matched by a None of the broadcast spec; a None leaf of the spec where the tree has a leaf is paired with it.
+    pairs: list[tuple[Any, Any]] = []
     try:
-        broadcast = jax.tree.broadcast(spec, positions_tree, is_leaf=lambda x: x is None or is_placement(x))
+        broadcast = jax.tree.broadcast(spec, positions_tree, is_leaf=_is_spec_leaf)
+        jax.tree.map(lambda position, placement: pairs.append((position, placement)), positions_tree, broadcast)
     except (ValueError, TypeError) as error:
-        raise ShardingError(f"sharding= is not a prefix of the restored tree: {error}", file=file) from None
-    positions = jax.tree.leaves(positions_tree)
-    placements = jax.tree.leaves(broadcast, is_leaf=lambda x: x is None or is_placement(x))
+        found = _mismatch(spec, positions_tree, ())
+        if found is None:
+            raise ShardingError(f"sharding= is not a prefix of the restored tree: {error}", file=file) from None
+        where, problem = found
+        raise ShardingError(
+            f"sharding= is not a prefix of the restored tree here: {problem}; give a sharding, a device or None for the "
+            "whole subtree, or a subtree of the restored tree's structure",
+            file=file,
+            path=where,
+        ) from None
     out: dict[int, Any] = {}
-    for position, placement in zip(positions, placements, strict=True):
+    for position, placement in pairs:
         if position in arrays and placement is not None:
             if not is_placement(placement):
                 raise ShardingError(
@@ -72,6 +84,42 @@ def resolve_shardings(
                 )
             out[position] = placement
     return out
+
+
+def _is_spec_leaf(obj: Any) -> bool:
+    return obj is None or is_placement(obj)
+
+
+def _mismatch(spec: Any, full: Any, where: tuple[Any, ...]) -> tuple[str, str] | None:
+    """The first place where the tree ``spec`` is not a prefix of ``full``: its path and what differs there."""
+    if _is_spec_leaf(spec) or full is None:  # jax.tree.broadcast drops whatever a prefix holds at a None
+        return None
+    spec_children = _children(spec)
+    full_children = _children(full)
+    if full_children is None or spec_children is None or type(spec) is not type(full):
+        theirs = "a leaf" if full_children is None else f"a {type(full).__name__}"
+        ours = "a leaf" if spec_children is None else f"a {type(spec).__name__}"
+        return path_to_str(where), f"it holds {ours} ({excerpt(spec, 60)}) where the restored tree has {theirs}"
+    spec_keys = [key for key, _ in spec_children]
+    full_keys = [key for key, _ in full_children]
+    if [key_to_str(key) for key in spec_keys] != [key_to_str(key) for key in full_keys]:
+        return path_to_str(where), (
+            f"it holds a {type(spec).__name__} of keys {excerpt([key_to_str(key) for key in spec_keys])} where the "
+            f"restored tree's {type(full).__name__} has keys {excerpt([key_to_str(key) for key in full_keys])}"
+        )
+    for (key, spec_child), (_, full_child) in zip(spec_children, full_children, strict=True):
+        found = _mismatch(spec_child, full_child, (*where, key))
+        if found is not None:
+            return found
+    return None
+
+
+def _children(node: Any) -> list[tuple[Any, Any]] | None:
+    """The (key, child) pairs of a pytree node, or ``None`` for a leaf."""
+    flat, _ = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda child: child is not node)
+    if len(flat) == 1 and not flat[0][0]:  # the node itself, at the empty path
+        return None
+    return [(path[0], child) for path, child in flat]
 
 
 def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype: np.dtype, file: str | None) -> Any:

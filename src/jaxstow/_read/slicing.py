@@ -29,7 +29,7 @@ from jaxstow._format.shards import Box
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import aligned_empty, read_range
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import SliceError
+from jaxstow.errors import SliceError, excerpt
 
 __all__ = ["Box", "box_nbytes", "full_box", "parse_index", "read_box"]
 
@@ -53,24 +53,34 @@ def parse_index(
 ) -> tuple[Box, tuple[Any, ...]]:
     """The box that ``index`` touches, and the index that picks the result out of that box.
 
-    ``index`` is what numpy takes between brackets, limited to integers, slices (any step) and one ``...``.
+    ``index`` is what numpy takes between brackets, limited to integers, slices (any nonzero step) and one ``...``;
+    anything else (a numpy array or a list, a boolean mask, ``None``, a step of 0) is a :class:`SliceError` naming
+    the leaf and saying what to do instead.
+
+    >>> parse_index((..., np.array([0, 2])), (3, 4), file="model.jxs", path="w")
+    Traceback (most recent call last):
+    jaxstow.errors.SliceError: leaf 'w' of model.jxs: index (Ellipsis, array([0, 2])): ...
     """
     items = index if isinstance(index, tuple) else (index,)
-    if sum(item is Ellipsis for item in items) > 1:
-        raise SliceError(f"an index can hold one '...', not {index!r}", file=file, path=path)
-    if Ellipsis in items:
-        at = items.index(Ellipsis)
+    ellipses = [at for at, item in enumerate(items) if item is Ellipsis]  # by identity: == on an array is elementwise
+    if len(ellipses) > 1:
+        raise SliceError(f"an index can hold one '...', not {excerpt(index)}", file=file, path=path)
+    for item in items:
+        if item is not Ellipsis and not isinstance(item, slice) and not _is_integer(item):
+            raise SliceError(f"index {excerpt(index)}: {_unsupported(item)}; {_SUPPORTED}", file=file, path=path)
+    if ellipses:
+        at = ellipses[0]
         fill = len(shape) - (len(items) - 1)
         items = (*items[:at], *(slice(None),) * max(fill, 0), *items[at + 1 :])
     if len(items) > len(shape):
         raise SliceError(
-            f"index {index!r} has {len(items)} axes but the array has shape {list(shape)}", file=file, path=path
+            f"index {excerpt(index)} has {len(items)} axes but the array has shape {list(shape)}", file=file, path=path
         )
     items = (*items, *(slice(None),) * (len(shape) - len(items)))
     box: list[tuple[int, int]] = []
     rest: list[Any] = []
     for axis, (item, size) in enumerate(zip(items, shape, strict=True)):
-        if isinstance(item, int | np.integer) and not isinstance(item, bool):
+        if _is_integer(item):
             position = int(item) + size if item < 0 else int(item)
             if not 0 <= position < size:
                 raise SliceError(
@@ -79,7 +89,7 @@ def parse_index(
             box.append((position, position + 1))
             rest.append(0)
         elif isinstance(item, slice):
-            chosen = range(*item.indices(size))
+            chosen = range(*_bounds(item, size, index, file=file, path=path))
             if not chosen:
                 box.append((0, 0))
                 rest.append(slice(None))
@@ -89,12 +99,52 @@ def parse_index(
             box.append((low, high))
             rest.append(slice(chosen[0] - low, stop if stop >= 0 else None, chosen.step))
         else:
-            raise SliceError(
-                f"index {index!r}: only integers, slices and '...' select a part of a stored array, not {item!r}",
-                file=file,
-                path=path,
-            )
+            raise AssertionError(f"unchecked index item {item!r}")
     return tuple(box), tuple(rest)
+
+
+def _is_integer(item: Any) -> bool:
+    return isinstance(item, int | np.integer) and not isinstance(item, bool | np.bool_)
+
+
+_SUPPORTED = (
+    "only integers, slices and '...' select a part of a stored array, a slice's step not 0 (such as "
+    "np.s_[2:10, ::2]); to pick elements by an array, a list or a mask, read the part that holds them and index the "
+    "result in memory"
+)
+
+
+def _unsupported(item: Any) -> str:
+    """What is wrong with an index item that :func:`parse_index` does not take, in words."""
+    if isinstance(item, np.ndarray | list | tuple):
+        try:
+            mask = np.asarray(item).dtype == np.bool_
+        except ValueError:  # a ragged list
+            mask = False
+        kind = (
+            "a boolean mask"
+            if mask
+            else "a numpy array"
+            if isinstance(item, np.ndarray)
+            else f"a {type(item).__name__}"
+        )
+        return f"{kind} picks elements one by one, which a lazy read does not do"
+    if item is None:
+        return "None (np.newaxis) adds an axis, which a lazy read does not do"
+    if isinstance(item, bool | np.bool_):
+        return f"{item!r} is a boolean, not an integer"
+    return f"{excerpt(item, 60)} is not an integer, a slice or '...'"
+
+
+def _bounds(item: slice, size: int, index: Any, *, file: str | None, path: str | None) -> tuple[int, int, int]:
+    """``item.indices(size)``, or a :class:`SliceError` for a step of 0 or bounds that are not integers."""
+    try:
+        return item.indices(size)
+    except ValueError:  # Python's words: "slice step cannot be zero"
+        problem = "a slice's step cannot be 0"
+    except TypeError:
+        problem = f"{excerpt(item, 60)} has bounds or a step that are not integers"
+    raise SliceError(f"index {excerpt(index)}: {problem}; {_SUPPORTED}", file=file, path=path)
 
 
 def read_box(

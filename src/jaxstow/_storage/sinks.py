@@ -1,8 +1,10 @@
-"""Files written all or nothing, wherever they go: a local path, an ``s3://`` object, any other fsspec URL.
+"""Files written all or nothing, wherever they go: a local path, an ``s3://`` object, any other fsspec URL; and a
+caller's file object written whole, or an error naming it.
 
 A local path gets a temporary sibling, fsynced and renamed (:func:`~jaxstow._storage.atomic.atomic_write`); ``s3://``
 a multipart upload completed only when every byte is written, after aborting a killed writer's unfinished uploads to
 the same key (:class:`~jaxstow._storage.s3_upload.S3Upload`); any other URL a temporary object moved into place.
+A file object is written as it is, through :func:`file_object_sink`.
 
 >>> import jaxstow
 >>> from jaxstow._storage.sinks import atomic_sink
@@ -15,18 +17,21 @@ the same key (:class:`~jaxstow._storage.s3_upload.S3Upload`); any other URL a te
 from __future__ import annotations
 
 import contextlib
+import io
+import operator
 import os
 import secrets
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NoReturn, cast
 
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write
-from jaxstow._storage.failures import storage_failures
+from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
+from jaxstow.errors import JaxstowError, StorageError, excerpt
 
-__all__ = ["atomic_sink", "object_upload"]
+__all__ = ["atomic_sink", "file_object_sink", "object_upload"]
 
 
 @contextlib.contextmanager
@@ -126,3 +131,136 @@ class _FileUpload:
         with contextlib.suppress(Exception):
             if self._fs.exists(self._path):
                 self._fs.rm(self._path)
+
+
+def file_object_sink(file: BinaryIO) -> BinaryIO:
+    """``file``, a caller's binary file object, written whole by every write, or a :class:`StorageError` naming it.
+
+    A raw stream (an unbuffered file, a pipe, a socket's ``makefile(buffering=0)``) may write fewer bytes than it is
+    given and say so by what ``write`` returns: the rest is written until none is left. A raw stream that would
+    block (``write`` returns ``None``) or one that writes nothing is an error, as is an ``OSError`` of its writes,
+    flushes and seeks (a full disk), chained; but one of jaxstow's own temporary files (a checkpoint's staging
+    folder) lets its ``OSError`` through, to its owner, which names the file being written. A write returning ``None`` on a file object that is not a raw stream
+    is taken to have written everything, as ``io.BufferedWriter``'s documentation promises of its writes.
+
+    >>> import io
+    >>> class Short(io.RawIOBase):  # writes at most 3 bytes a call, as a pipe or a socket may
+    ...     def __init__(self): self.data = bytearray()
+    ...     def writable(self): return True
+    ...     def write(self, b): self.data += bytes(b)[:3]; return min(len(b), 3)
+    >>> short = Short()
+    >>> file_object_sink(short).write(b"0123456789"), bytes(short.data)
+    (10, b'0123456789')
+    >>> class Blocked(Short):
+    ...     name = "pipe:[1234]"
+    ...     def write(self, b): return None
+    >>> file_object_sink(Blocked()).write(b"x")
+    Traceback (most recent call last):
+    jaxstow.errors.StorageError: pipe:[1234]: cannot write it: the file object is non-blocking and would block...
+    """
+    return cast(BinaryIO, _WholeWrites(file))
+
+
+class _WholeWrites:
+    """A caller's file object whose writes are written whole; see :func:`file_object_sink`."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+        self._raw = isinstance(file, io.RawIOBase)
+        self.name = getattr(file, "name", "")  # what the writers name in their errors
+        # jaxstow's own temporary file (a checkpoint's staging folder): its owner names the final file in its errors
+        self._own = isinstance(self.name, str) and TEMPORARY_MARKER in self.name
+
+    def write(self, data: Any) -> int:
+        try:
+            written = self._file.write(data)
+            total = memoryview(data).nbytes
+            if written == total or (not self._raw and not _is_count(written)):
+                return total  # whole: all but raw streams write whole or raise, whatever they return
+            done = self._count(written)
+            if done < total:
+                view = memoryview(data).cast("B")
+                while done < total:
+                    done += self._count(self._file.write(view[done:]))
+            return total
+        except JaxstowError:
+            raise
+        except OSError as error:
+            if self._own:
+                raise
+            raise self._error(error) from error
+
+    def _count(self, written: Any) -> int:
+        """How many bytes a write says it wrote, which must be some."""
+        if written is None:
+            self._refuse(
+                "the file object is non-blocking and would block; give a blocking one (a socket with no timeout of "
+                "0, a pipe without O_NONBLOCK), or save to an io.BytesIO and send its bytes"
+            )
+        if not _is_count(written):
+            self._refuse(f"its write() returned {excerpt(written, 60)}, not how many bytes it wrote")
+        count = operator.index(written)
+        if count <= 0:
+            self._refuse(
+                f"its write() wrote {count} bytes of those left and would write no more; check that the file object "
+                "(a pipe, a socket) is still open at its other end"
+            )
+        return count
+
+    def flush(self) -> None:
+        flush = getattr(self._file, "flush", None)
+        if flush is None:
+            return
+        try:
+            flush()
+        except OSError as error:
+            if self._own:
+                raise
+            raise self._error(error) from error
+
+    def seekable(self) -> bool:
+        return bool(getattr(self._file, "seekable", lambda: False)())
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        try:
+            return self._file.seek(offset, whence)
+        except io.UnsupportedOperation:  # a question zipfile asks, which it answers itself
+            raise
+        except OSError as error:  # a buffered file flushes before it seeks: a full disk shows here
+            if self._own:
+                raise
+            raise self._error(error) from error
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def _label(self) -> str:
+        """How errors name the file object: its name, else its type (and file descriptor)."""
+        name = self.name
+        if isinstance(name, str) and name:
+            return name
+        if isinstance(name, int) and not isinstance(name, bool):
+            return f"<{type(self._file).__name__} of file descriptor {name}>"
+        return f"<{type(self._file).__name__}>"
+
+    def _refuse(self, problem: str) -> NoReturn:
+        raise StorageError(f"cannot write it: {problem}", file=self._label())
+
+    def _error(self, error: OSError) -> StorageError:
+        """The :class:`StorageError` naming the file object for ``error``, to raise ``from error``."""
+        name = self.name
+        if isinstance(name, str) and name and os.path.exists(name):
+            return storage_error(error, name)  # a file opened by its path: the words name its folder
+        strerror = error.strerror or f"{type(error).__name__}: {error}"
+        return StorageError(
+            f"cannot write it: {strerror[:1].lower()}{strerror[1:]}", file=self._label(), errno=error.errno
+        )
+
+
+def _is_count(written: Any) -> bool:
+    """Whether a write's result is a count of bytes (an integer, not a bool)."""
+    try:
+        operator.index(written)
+    except TypeError:
+        return False
+    return not isinstance(written, bool)

@@ -44,7 +44,7 @@ from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
-from jaxstow._storage.sinks import atomic_sink
+from jaxstow._storage.sinks import atomic_sink, file_object_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
 from jaxstow._write.flattening import flatten, naming_deleted_arrays
@@ -80,7 +80,9 @@ class EncodedTree:
     ) -> str | None:
         """Write the file, checksums included.
 
-        A path or a URL (reached as ``settings`` say) is written atomically, a file object as it is.
+        A path or a URL (reached as ``settings`` say) is written atomically, a file object as it is: every write
+        whole, even to a raw stream that writes part of what it is given (a socket, a pipe), and an ``OSError`` a
+        :class:`~jaxstow.errors.StorageError` naming it (:func:`~jaxstow._storage.sinks.file_object_sink`).
 
         Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
         on ``bar``, a :class:`~jaxstow._util.progress.Bar`, when one is given. Returns the header's checksum of a native
@@ -91,8 +93,9 @@ class EncodedTree:
         """
         kind = container_kind(path_or_file)
         if not isinstance(path_or_file, str | os.PathLike):
-            header_checksum = self._write(_counted(path_or_file, bar), kind)
-            path_or_file.flush()
+            sink = file_object_sink(path_or_file)  # written whole, its OSErrors a StorageError naming it
+            header_checksum = self._write(_counted(sink, bar), kind)
+            sink.flush()
             return header_checksum
         local = local_path(path_or_file) is not None
         with atomic_sink(path_or_file, settings) as sink, gc_paused() if local else contextlib.nullcontext():

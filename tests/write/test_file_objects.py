@@ -1,0 +1,161 @@
+"""Saving to a caller's file object writes every byte or raises a StorageError naming it.
+
+A raw stream (an unbuffered file, a pipe, a socket's ``makefile(buffering=0)``) may write fewer bytes than it is
+given; the rest is written until none is left. One that would block, one that writes nothing and one whose disk is
+full are errors naming the file object, with the cause chained.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+from tmpfs import small_tmpfs
+
+import jaxstow
+from jaxstow.errors import StorageError
+
+TREE = {
+    "w": np.arange(100_000, dtype=np.float32),
+    "b": np.ones(7, np.int64),
+    "many": [np.full(3, i) for i in range(50)],
+}
+
+
+def _assert_same(loaded, tree=TREE):
+    np.testing.assert_array_equal(loaded["w"], tree["w"])
+    np.testing.assert_array_equal(loaded["b"], tree["b"])
+    for got, want in zip(loaded["many"], tree["many"], strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+class _Short(io.RawIOBase):
+    """A raw stream that writes at most ``most`` bytes a call and says how many, as a pipe or a socket may."""
+
+    def __init__(self, most: int = 1000, name: str | None = None) -> None:
+        self.data = bytearray()
+        self.most = most
+        self.calls = 0
+        if name is not None:
+            self.name = name
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int | None:
+        self.calls += 1
+        part = memoryview(b).cast("B")[: self.most]
+        self.data += part
+        return len(part)
+
+
+@pytest.mark.parametrize("name", [None, "model.npz"])
+def test_a_raw_stream_writing_part_of_each_buffer_gets_every_byte(name):
+    short = _Short(name=name)
+    jaxstow.save(short, TREE)
+    whole = io.BytesIO()
+    if name is not None:
+        whole.name = name
+    jaxstow.save(whole, TREE)
+    if name is None:  # an npz archive written where it cannot seek back has its sizes after each member instead
+        assert bytes(short.data) == whole.getvalue()
+    assert short.calls > len(whole.getvalue()) // 1000  # it was written a part at a time
+    _assert_same(jaxstow.load(io.BytesIO(bytes(short.data)), as_numpy=True))
+
+
+def test_an_unbuffered_socket_file_with_a_timeout_gets_every_byte():
+    sender, receiver = socket.socketpair()
+    sender.settimeout(30)  # non-blocking underneath: send() may send part of what it is given
+    received: list[bytes] = []
+
+    def read() -> None:
+        while chunk := receiver.recv(1 << 16):
+            received.append(chunk)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    tree = {"w": np.arange(4_000_000, dtype=np.float32)}
+    try:
+        with sender.makefile("wb", buffering=0) as file:
+            jaxstow.save(file, tree)
+    finally:
+        sender.shutdown(socket.SHUT_WR)
+        sender.close()
+        reader.join()
+        receiver.close()
+    np.testing.assert_array_equal(jaxstow.load(io.BytesIO(b"".join(received)), as_numpy=True)["w"], tree["w"])
+
+
+def test_a_non_blocking_pipe_that_would_block_is_an_error_naming_it():
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        blocked = pytest.raises(StorageError, match=rf"<FileIO of file descriptor {write_end}>: .*would block")
+        with os.fdopen(write_end, "wb", buffering=0) as file, blocked:  # nobody reads: the pipe fills
+            jaxstow.save(file, {"w": np.zeros(1 << 20, np.uint8)})
+    finally:
+        os.close(read_end)
+
+
+class _Stuck(_Short):
+    def write(self, b) -> int:
+        return 0
+
+
+def test_a_stream_that_writes_nothing_is_an_error_naming_it():
+    with pytest.raises(StorageError, match=r"stream\.bin: cannot write it: its write\(\) wrote 0 bytes"):
+        jaxstow.save(_Stuck(name="stream.bin"), TREE)
+
+
+def test_a_full_device_is_a_storage_error_naming_the_file_object():
+    for buffering in (-1, 0):
+        full = pytest.raises(StorageError, match="/dev/full: cannot write it: no space left")
+        with open("/dev/full", "wb", buffering=buffering) as file, full as raised:
+            jaxstow.save(file, TREE)
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == "/dev/full"
+        assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.errno == errno.ENOSPC
+
+
+class _Failing(io.RawIOBase):
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_an_os_error_of_a_nameless_file_object_names_its_type():
+    with pytest.raises(StorageError, match=r"<_Failing>: cannot write it: input/output error") as raised:
+        jaxstow.save(_Failing(), TREE)
+    assert raised.value.errno == errno.EIO and raised.value.__cause__ is not None
+
+
+def test_a_file_object_on_a_full_disk_names_its_file(tmp_path):
+    with small_tmpfs(tmp_path / "small", size="1m") as folder:
+        path = folder / "model.jxs"
+        full = pytest.raises(
+            StorageError, match=f"{path}: cannot write it: no space left on the device holding {folder}"
+        )
+        with full, open(path, "wb") as file:  # its close at the end of the block raises no bare OSError either
+            jaxstow.save(file, {"w": np.ones(1 << 19, np.float32)})  # 2 MB on 1 MB
+
+
+def test_a_file_object_whose_write_returns_nothing_is_taken_as_written_whole():
+    class Collecting:  # no io base class: a write that returns None writes everything, as before
+        def __init__(self) -> None:
+            self.parts: list[bytes] = []
+
+        def write(self, b) -> None:
+            self.parts.append(bytes(b))
+
+        def flush(self) -> None:
+            pass
+
+    collecting = Collecting()
+    jaxstow.save(collecting, TREE)
+    _assert_same(jaxstow.load(io.BytesIO(b"".join(collecting.parts)), as_numpy=True))
