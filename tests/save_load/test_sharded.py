@@ -90,6 +90,16 @@ def test_restored_on_another_mesh_and_cast(tmp_path, tree):
     assert {shard.data.shape for shard in restored["b"].addressable_shards} == {(4,)}
 
 
+def test_a_cast_onto_another_mesh_that_would_overflow_is_refused(tmp_path, mesh):
+    values = np.full((8, 8), 1e5, np.float32)
+    jaxstow.save(tmp_path / "t.jxs", {"w": jax.device_put(values, NamedSharding(mesh, P("data", "model")))})
+    line = jax.make_mesh((4,), ("x",))
+    like = {"w": jax.ShapeDtypeStruct((8, 8), jnp.float16, sharding=NamedSharding(line, P(None, "x")))}
+    with pytest.raises(jaxstow.errors.RequestError, match="from -65504.0 to 65504.0") as raised:
+        jaxstow.load(tmp_path / "t.jxs", like=like, cast=True)
+    assert raised.value.path == "w"
+
+
 def test_a_damaged_shard_is_found_when_read(tmp_path, tree):
     jaxstow.save(tmp_path / "t.jxs", tree)
     with jaxstow.open(tmp_path / "t.jxs") as reader:

@@ -18,6 +18,7 @@ import numpy as np
 from jaxstow._format.shards import Box, ShardedLeaf
 from jaxstow._read import broadcast
 from jaxstow._read.opened import OpenedFile
+from jaxstow._read.targets import cast_values
 
 __all__ = ["bound_for_devices", "read_onto_devices"]
 
@@ -50,7 +51,7 @@ def read_onto_devices(
     parts: dict[Box, np.ndarray] = {}
     tag = "/".join(opened.file.replace("\\", "/").split("/")[-2:]) + f":{path}"  # the step's folder and file
     if exchange is not None:  # boxes other processes hold too: each reads a range now, the rest is gathered later
-        read = lambda box: _cast(opened.read_box(path, box), dtype)  # noqa: E731
+        read = lambda box: _cast(opened.read_box(path, box), dtype, opened, path)  # noqa: E731
         parts = exchange.share(tag, placement, leaf.shape, np.dtype(dtype or leaf.dtype), read)
     boxes = {_box(index, leaf.shape) for index in placement.addressable_devices_indices_map(leaf.shape).values()}
     boxes -= parts.keys()
@@ -59,14 +60,14 @@ def read_onto_devices(
         for axis in range(len(leaf.shape) if boxes else 0)
     )
     together = bool(boxes) and _volume(bound) <= _TOGETHER * sum(_volume(box) for box in boxes)
-    whole = _cast(opened.read_box(path, bound), dtype) if together else None
+    whole = _cast(opened.read_box(path, bound), dtype, opened, path) if together else None
     for box in sorted(boxes):  # replicas of a box are read once
         if whole is not None:
             parts[box] = whole[
                 tuple(slice(a - start, b - start) for (a, b), (start, _) in zip(box, bound, strict=True))
             ]
         else:
-            parts[box] = _cast(opened.read_box(path, box), dtype)
+            parts[box] = _cast(opened.read_box(path, box), dtype, opened, path)
 
     def build() -> jax.Array:
         opened.check_narrowing([(path, part) for part in parts.values()])
@@ -86,5 +87,9 @@ def _volume(box: Box) -> int:
     return math.prod(stop - start for start, stop in box)
 
 
-def _cast(array: np.ndarray, dtype: np.dtype | None) -> np.ndarray:
-    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+def _cast(array: np.ndarray, dtype: np.dtype | None, opened: OpenedFile, path: str) -> np.ndarray:
+    """A box as ``dtype`` (``None``: as stored); a cast that would not keep its values is refused, naming the leaf."""
+    if dtype is None or array.dtype == dtype:
+        return array
+    cast: np.ndarray = cast_values(array, dtype, file=opened.file, path=path)
+    return cast

@@ -21,6 +21,7 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any, Unpack
 
 import jax
@@ -37,7 +38,9 @@ from jaxstow._read.per_process import fill_from_per_process, per_process_templat
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, resolve_shardings, saved_sharding
 from jaxstow._read.selection import Selection
-from jaxstow._read.targets import Target, castable, describe_stored, target_of
+from jaxstow._read.structure import check_rebuilt, like_paths_in_file
+from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
+from jaxstow._util.jax_compat import CURRENT_TRACE
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
 
@@ -62,8 +65,15 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
     """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options.
 
     An option :class:`LoadOptions` does not define is an :class:`~jaxstow.errors.ArgumentError` (a misspelt one would
-    be ignored otherwise), as is a ``per_process`` other than ``"own"`` and ``"all"``.
+    be ignored otherwise), as is a ``per_process`` other than ``"own"`` and ``"all"``; a restore inside ``jax.jit``,
+    ``vmap`` or ``grad`` is a :class:`~jaxstow.errors.RequestError` (the arrays would be baked into the trace).
     """
+    if _tracing():
+        raise RequestError(
+            "a file cannot be loaded inside jax.jit/vmap/grad: its arrays would become constants of the traced "
+            "function, which would not read the file again; load it outside and pass the arrays in",
+            file=opened.file,
+        )
     unknown = [name for name in options if name not in LoadOptions.__annotations__]
     if unknown:
         known = ", ".join(sorted(LoadOptions.__annotations__))
@@ -91,6 +101,34 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
     with progress_bar(total, f"loading {opened.file}", enabled=True) as bar:
         opened.on_read = bar.update
         return run()
+
+
+def _tracing() -> bool:
+    """Whether jax is tracing a function here (``jit``, ``vmap``, ``grad``, ...): the current trace is not eval."""
+    return type(_current_trace()()).__name__ != "EvalTrace"
+
+
+_current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)
+
+
+def _has_nodes(opened: OpenedFile) -> bool:
+    """Whether the file's structure has nodes other than dicts, lists, tuples and ``None`` (``True`` if unknown),
+    read from the header's JSON: cheaper than from the structure jax built."""
+    manifest = getattr(opened.container, "manifest", None)
+    stack = [manifest.get("structure")] if isinstance(manifest, dict) else []
+    while stack:
+        node = stack.pop()
+        if type(node) is dict:
+            [(tag, items)] = node.items() if len(node) == 1 else [("node", None)]
+            if tag not in ("dict", "list", "tuple") or type(items) is not list:
+                return True
+            try:  # a malformed header is named by the structure's decoder
+                stack += (
+                    [pair[1] for pair in items if pair[1] != "*"] if tag == "dict" else [i for i in items if i != "*"]
+                )
+            except (LookupError, TypeError):
+                return True
+    return not isinstance(manifest, dict)
 
 
 def _restore(
@@ -133,6 +171,8 @@ def _rebuild(
     every: bool,
     pipeline: bool,
 ) -> Any:
+    if _has_nodes(opened) and (saved := opened.treedef()) is not None:
+        check_rebuilt(opened, saved)
     everything = opened.read_all() if select is None and sharding is None and not pipeline else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
@@ -300,18 +340,19 @@ def _fit(
     pipeline: bool,
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
+    paths, problems = like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) else (paths, [])
     targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
     templates = per_process_templates(opened, paths) if opened.per_process else {}
     inside = {i for positions in templates.values() for i in positions}
-    problems = [
+    problems += [
         problem
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if i not in inside and (problem := _problem(opened, path, target, cast=cast)) is not None
+        if i not in inside and (problem := fit_problem(opened, path, target, cast=cast)) is not None
     ]
     if not partial:
         expected = set(paths) | set(templates)
         problems += [
-            f"{path!r}: in the file but not in the structure ({_describe_file_leaf(opened, path)}); pass partial=True "
+            f"{path!r}: in the file but not in the structure ({describe_file_leaf(opened, path)}); pass partial=True "
             "to leave it unread"
             for path in opened.paths
             if path not in expected
@@ -367,49 +408,9 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
     if target.output == "key":
         return opened.as_leaf(opened.stored[path], value)
     if target.dtype is not None and value.dtype != target.dtype:
-        value = value.astype(target.dtype)
+        value = cast_values(value, target.dtype, file=opened.file, path=path)
     if target.output == "torch" and not as_numpy:
         return tensor_from_numpy(value, file=opened.file, path=path)
     if target.output == "npscalar":
         return value[()]
     return value
-
-
-def _describe_file_leaf(opened: OpenedFile, path: str) -> str:
-    if path in opened.stored:
-        return describe_stored(opened.stored[path]) + opened.origin(path)
-    if path in opened.per_process:
-        return "a per-process value"
-    return Target("value", value=opened.value(path)).describe()
-
-
-def _problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
-    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
-    if path not in opened:
-        return f"{path!r}: missing from the file (expected {target.describe()})"
-    stored = opened.stored.get(path)
-    if target.output == "value" and path in opened.per_process:
-        return None
-    if target.output == "value":
-        if stored is None:
-            value = opened.value(path)
-            wanted = target.value
-            if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
-                return None
-        return f"{path!r}: the file has {_describe_file_leaf(opened, path)}, expected {target.describe()}"
-    mismatch = f"{path!r}: the file has {_describe_file_leaf(opened, path)}, expected {target.describe()}"
-    if stored is None:
-        return mismatch
-    if target.output == "key":
-        fits = stored.kind == "key" and stored.impl == target.impl and _shape(stored) == target.shape
-        return None if fits else mismatch
-    if stored.kind == "key" or stored.shape != target.shape:
-        return mismatch
-    assert target.dtype is not None
-    if stored.dtype == target.dtype:
-        return None
-    if castable(stored.dtype, target.dtype):
-        return None if cast else f"{mismatch}; pass cast=True to convert it"
-    if cast:
-        return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
-    return mismatch

@@ -5,19 +5,23 @@ A ``like`` leaf may be a ``jax.Array``, a numpy array or scalar, a ``jax.ShapeDt
 ``torch.Tensor`` or a plain value (a number, a string, a function), which must equal the file's.
 
 >>> import jax, jax.numpy as jnp, numpy as np
->>> from jaxstow._read.targets import castable, target_of
+>>> from jaxstow._read.targets import cast_values, castable, target_of
 >>> target_of(jax.ShapeDtypeStruct((2, 3), jnp.bfloat16)).describe()
 'bfloat16[2, 3]'
 >>> castable(np.dtype(np.float32), np.dtype(jnp.bfloat16)), castable(np.dtype(np.int8), np.dtype(np.int32))
 (True, True)
 >>> castable(np.dtype(np.float32), np.dtype(np.int32)), castable(np.dtype(np.int64), np.dtype(np.float64))
 (False, False)
+>>> cast_values(np.array([1e5], np.float32), np.dtype(np.float16), path="w")
+Traceback (most recent call last):
+jaxstow.errors.RequestError: leaf 'w': cast=True would turn values from 100000.0 to 100000.0 into inf or NaN ...
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from typing import Any, Literal
 
 import jax
@@ -29,9 +33,10 @@ from jaxstow._format.leaves import key_impl_name
 from jaxstow._format.shards import Stored
 from jaxstow._format.torch_leaves import is_tensor, tensor_dtype
 from jaxstow._names import registry
+from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import RequestError
 
-__all__ = ["Target", "castable", "describe_stored", "target_of"]
+__all__ = ["Target", "cast_values", "castable", "describe_file_leaf", "describe_stored", "fit_problem", "target_of"]
 
 Output = Literal["jax", "numpy", "npscalar", "torch", "key", "value"]
 _SCALARS = (bool, int, float, complex, str, bytes)
@@ -147,3 +152,103 @@ def _holds_integers(dtype: np.dtype, low: int, high: int) -> bool:
     info = _finfo(component)
     widest = max(high, -low)
     return bool(float(info.min) <= low and high <= float(info.max) and widest <= 2 ** (int(info.nmant) + 1))
+
+
+def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: str | None = None) -> Any:
+    """``array`` (numpy or ``jax.Array``) as ``dtype``, refused with a :class:`~jaxstow.errors.RequestError` naming
+    ``path`` of ``file`` where a float cast would not keep a value: a finite value outside ``dtype``'s finite range
+    (it would become inf or NaN, or be clipped), a negative one for a type without a sign, an inf or a NaN for a type
+    without it. Rounding within the range is what a cast does, and allowed.
+    """
+    source = np.dtype(array.dtype)
+    cast = array.astype(dtype)
+    if not _may_lose(source, np.dtype(dtype)):
+        return cast
+    xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
+    complex_target = _kind(np.dtype(dtype)) == "complex"
+    parts = [(array.real, cast.real), (array.imag, cast.imag)] if _kind(source) == "complex" else [(array, cast)]
+    wide = np.float64 if _component(source).itemsize > 4 else np.float32
+    highest = float(_finfo(_component(np.dtype(dtype))).max)
+    for before, after in parts:
+        values = xp.asarray(before).astype(wide)
+        kept = xp.asarray(after.real if complex_target else after).astype(wide)
+        finite = xp.isfinite(values)
+        if bool(xp.any(finite & (~xp.isfinite(kept) | (kept * values < 0) | (xp.abs(values) > highest)))):
+            held = values[finite]
+            problem = f"values from {float(held.min())!r} to {float(held.max())!r} into inf or NaN or clip them"
+        elif bool(xp.any((~finite & ~xp.isnan(values) & (kept != values)) | (xp.isnan(values) & ~xp.isnan(kept)))):
+            problem = f"its inf or NaN into other values, which {dtype} has none of"
+        else:
+            continue
+        raise RequestError(
+            f"cast=True would turn {problem}: {_range(np.dtype(dtype))}; restore it as {source} or a wider float",
+            file=file,
+            path=path,
+        )
+    return cast
+
+
+def _component(dtype: np.dtype) -> np.dtype:
+    """The float type of a complex type's parts; a float type itself."""
+    return np.empty(0, dtype).real.dtype
+
+
+@cache
+def _may_lose(source: np.dtype, target: np.dtype) -> bool:
+    """Whether a float or complex cast from ``source`` to ``target`` can lose a value, not only precision."""
+    if _kind(source) not in ("float", "complex") or _kind(target) not in ("float", "complex"):
+        return False
+    source, target = _component(source), _component(target)
+    if float(_finfo(target).max) < float(_finfo(source).max) or float(_finfo(target).min) > float(_finfo(source).min):
+        return True
+    probe = np.array([-np.inf, np.inf, np.nan, -1.0], source)
+    return not np.array_equal(probe.astype(target).astype(np.float64), probe.astype(np.float64), equal_nan=True)
+
+
+def _range(dtype: np.dtype) -> str:
+    info = _finfo(_component(dtype))
+    low, high = float(info.min), float(info.max)
+    if low > 0:
+        return f"{dtype} holds only positive values, from {low!r} to {high!r}"
+    return f"{dtype} holds finite values from {low!r} to {high!r}"
+
+
+def describe_file_leaf(opened: OpenedFile, path: str) -> str:
+    """The file's leaf at ``path`` as messages show it, with where it comes from."""
+    if path in opened.stored:
+        return describe_stored(opened.stored[path]) + opened.origin(path)
+    if path in opened.per_process:
+        return "a per-process value"
+    return Target("value", value=opened.value(path)).describe()
+
+
+def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
+    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
+    if path not in opened:
+        return f"{path!r}: missing from the file (expected {target.describe()})"
+    stored = opened.stored.get(path)
+    if target.output == "value" and path in opened.per_process:
+        return None
+    if target.output == "value":
+        if stored is None:
+            value = opened.value(path)
+            wanted = target.value
+            if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
+                return None
+        return f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
+    mismatch = f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
+    if stored is None:
+        return mismatch
+    if target.output == "key":
+        fits = stored.kind == "key" and stored.impl == target.impl and stored.shape[:-1] == target.shape
+        return None if fits else mismatch
+    if stored.kind == "key" or stored.shape != target.shape:
+        return mismatch
+    assert target.dtype is not None
+    if stored.dtype == target.dtype:
+        return None
+    if castable(stored.dtype, target.dtype):
+        return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if cast:
+        return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
+    return mismatch

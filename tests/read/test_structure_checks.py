@@ -1,0 +1,221 @@
+"""The file's saved structure against the tree it is restored as: classes, static data and leaf names checked.
+
+A ``like`` of another class or other static data is refused, so is a class whose fields changed since the save (its
+values would land in other fields); leaves that nodes name by position in an order of the process's own (FlareJax
+orders attributes by hash) are found by the node's names. Partial, abstract and container ``like`` trees still fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import StructureMismatchError
+
+
+def _name() -> str:
+    return f"tests.structure.{uuid.uuid4().hex[:8]}"
+
+
+def _saved(tree) -> io.BytesIO:
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, tree)
+    buffer.seek(0)
+    return buffer
+
+
+# ``like`` holds another class, or the same class with other static data.
+
+
+def test_a_like_of_another_class_is_refused_naming_both():
+    flr = pytest.importorskip("flarejax")
+
+    class Encoder(flr.Module):
+        def __init__(self):
+            self.w_in = jnp.full((2,), 1.0)
+            self.w_out = jnp.full((2,), 2.0)
+
+    class Decoder(flr.Module):
+        def __init__(self):
+            self.q = jnp.zeros(2)
+            self.r = jnp.zeros(2)
+
+    jaxstow.saveable(Encoder, name=_name())
+    jaxstow.saveable(Decoder, name=_name())
+    with pytest.raises(StructureMismatchError, match=r"the file has class Encoder .*, like has class Decoder"):
+        jaxstow.load(_saved(Encoder()), like=Decoder())
+
+
+def test_a_node_registered_with_its_fields_in_another_order_is_refused():
+    class Bag:
+        def __init__(self, **fields):
+            self.__dict__.update(fields)
+
+    jax.tree_util.register_pytree_node(
+        Bag,
+        lambda bag: (list(bag.__dict__.values()), list(bag.__dict__)),
+        lambda keys, values: Bag(**dict(zip(keys, values, strict=True))),
+    )
+    jaxstow.saveable(Bag, name=_name())
+    buffer = _saved(Bag(weight=jnp.full(2, 1.0), bias=jnp.full(2, 2.0)))
+    with pytest.raises(StructureMismatchError, match=r"\['weight', 'bias'\].*\['bias', 'weight'\]"):
+        jaxstow.load(buffer, like=Bag(bias=jnp.zeros(2), weight=jnp.zeros(2)))
+    buffer.seek(0)
+    same = jaxstow.load(buffer, like=Bag(weight=jnp.zeros(2), bias=jnp.zeros(2)))
+    assert same.weight.tolist() == [1.0, 1.0] and same.bias.tolist() == [2.0, 2.0]
+
+
+class Dense(eqx.Module):
+    w: jax.Array
+    torch_layout: bool = eqx.field(static=True)
+
+
+def test_a_static_field_that_differs_from_the_file_is_refused_naming_it():
+    buffer = _saved(Dense(jnp.arange(4.0).reshape(2, 2), torch_layout=False))
+    like = eqx.filter_eval_shape(lambda: Dense(jnp.zeros((2, 2)), torch_layout=True))
+    with pytest.raises(StructureMismatchError, match="torch_layout=False, like's has torch_layout=True") as caught:
+        jaxstow.load(buffer, like=like)
+    assert "<BytesIO>" in str(caught.value)
+    buffer.seek(0)
+    restored = jaxstow.load(buffer, like=eqx.filter_eval_shape(lambda: Dense(jnp.zeros((2, 2)), torch_layout=False)))
+    assert restored.torch_layout is False and restored.w.tolist() == [[0.0, 1.0], [2.0, 3.0]]
+
+
+def test_static_mismatches_are_listed_with_the_leaves_that_do_not_fit():
+    buffer = _saved({"model": Dense(jnp.zeros((2, 2)), torch_layout=False), "step": jnp.int32(1)})
+    with pytest.raises(StructureMismatchError) as caught:
+        jaxstow.load(buffer, like={"model": Dense(jnp.zeros((3, 2)), torch_layout=True), "step": jnp.int32(0)})
+    problems = caught.value.problems
+    assert any("'model'" in problem and "torch_layout" in problem for problem in problems)
+    assert any(problem.startswith("'model/w'") for problem in problems)
+
+
+# What still fits: partial, abstract, numpy and torch-free like trees, None leaves, a container into a module.
+
+
+def test_partial_abstract_and_numpy_likes_of_the_saved_class_still_fit():
+    model = eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(0))
+    buffer = _saved({"model": model, "opt": {"mu": jnp.ones(3), "nu": jnp.zeros(3)}, "step": 4})
+    abstract = {"model": eqx.filter_eval_shape(lambda: eqx.nn.MLP(3, 2, 8, 2, key=jax.random.key(1)))}
+    restored = jaxstow.load(buffer, like=abstract, partial=True)
+    assert jnp.array_equal(restored["model"].layers[0].weight, model.layers[0].weight)
+    buffer.seek(0)
+    as_numpy = jax.tree.map(lambda leaf: np.asarray(leaf) if isinstance(leaf, jax.Array) else leaf, {"model": model})
+    restored = jaxstow.load(buffer, like={**as_numpy, "opt": {"mu": np.zeros(3, np.float32)}}, partial=True)
+    assert isinstance(restored["model"].layers[1].bias, np.ndarray) and restored["opt"]["mu"].tolist() == [1.0] * 3
+    buffer.seek(0)
+    without_bias = eqx.tree_at(lambda m: m.layers[0].bias, model, None, is_leaf=lambda x: x is None)
+    restored = jaxstow.load(buffer, like={"model": without_bias}, partial=True)
+    assert restored["model"].layers[0].bias is None
+
+
+def test_a_state_dict_restores_into_a_module_of_those_names():
+    buffer = _saved({"w": jnp.arange(4.0).reshape(2, 2)})
+    restored = jaxstow.load(buffer, like=Dense(jnp.zeros((2, 2)), torch_layout=True))
+    assert restored.w.tolist() == [[0.0, 1.0], [2.0, 3.0]] and restored.torch_layout is True
+
+
+def test_a_dict_where_the_file_has_a_list_is_refused():
+    model = Dense(jnp.zeros(1), torch_layout=True)
+    buffer = _saved({"layers": [jnp.ones(2)], "model": model})
+    with pytest.raises(StructureMismatchError, match="'layers': the file has a list, like has a dict"):
+        jaxstow.load(buffer, like={"layers": {"0": jnp.zeros(2)}, "model": model})
+
+
+# Leaves a node names by position, in an order of the process's own.
+
+
+FLAREJAX_PROGRAM = textwrap.dedent(
+    """
+    import sys, jax.numpy as jnp, jaxstow, flarejax as flr
+    class Net(flr.Module):
+        def __init__(self, scale=1.0):
+            for i, name in enumerate(["alpha", "beta", "gamma", "delta", "eps"]):
+                setattr(self, name, jnp.full((3,), scale * (i + 1)))
+    jaxstow.saveable(Net, name="tests.structure.Net")
+    if sys.argv[1] == "save":
+        jaxstow.save(sys.argv[2], Net())
+    else:
+        restored = jaxstow.load(sys.argv[2], like=Net(0.0))
+        print([float(getattr(restored, name)[0]) for name in ["alpha", "beta", "gamma", "delta", "eps"]])
+    """
+)
+
+
+def test_a_flarejax_model_restores_into_like_in_a_process_of_another_hash_seed(tmp_path):
+    pytest.importorskip("flarejax")
+    path = str(tmp_path / "net.jxs")
+
+    def run(mode: str, seed: str) -> str:
+        environment = {**os.environ, "PYTHONHASHSEED": seed, "JAX_PLATFORMS": "cpu"}
+        command = [sys.executable, "-W", "ignore", "-c", FLAREJAX_PROGRAM, mode, path]
+        return subprocess.run(command, env=environment, check=True, capture_output=True, text=True).stdout
+
+    run("save", "1")
+    for seed in ("7", "12", "1"):
+        assert run("load", seed).strip() == "[1.0, 2.0, 3.0, 4.0, 5.0]"
+
+
+# Without like=: a class whose fields changed since the save.
+
+
+def test_an_equinox_class_whose_fields_changed_order_is_refused_rather_than_rebuilt_swapped():
+    name = _name()
+
+    class Block(eqx.Module):
+        w: jax.Array
+        b: jax.Array
+
+    jaxstow.saveable(Block, name=name)
+    buffer = _saved({"block": Block(jnp.full(2, 1.0), jnp.full(2, 2.0))})
+    assert jaxstow.load(buffer)["block"].b.tolist() == [2.0, 2.0]
+
+    class Block(eqx.Module):  # the next version of the code: b renamed and moved first
+        bias: jax.Array
+        w: jax.Array
+
+    jaxstow.saveable(Block, name=name)
+    for select in (None, ["block/w"]):
+        buffer.seek(0)
+        with pytest.raises(StructureMismatchError, match=r"'block/w': Block at 'block' names its leaves") as caught:
+            jaxstow.load(buffer, select=select)
+        assert "['bias', 'w'] now, the file ['w', 'b']" in str(caught.value)
+
+
+def test_a_registered_dataclass_whose_fields_changed_order_is_refused():
+    name = _name()
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["w", "b"], meta_fields=[])
+    @dataclasses.dataclass
+    class Pair:
+        w: jax.Array
+        b: jax.Array
+
+    jaxstow.saveable(Pair, name=name)
+    buffer = _saved(Pair(jnp.full(2, 1.0), jnp.full(2, 2.0)))
+
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["b", "w"], meta_fields=[])
+    @dataclasses.dataclass
+    class Pair:  # the class as the next version defines it
+        b: jax.Array
+        w: jax.Array
+
+    jaxstow.saveable(Pair, name=name)
+    with pytest.raises(StructureMismatchError, match=r"Pair names its leaves \['b', 'w'\] now, the file \['w', 'b'\]"):
+        jaxstow.load(buffer)
+    buffer.seek(0)
+    restored = jaxstow.load(buffer, like=Pair(b=jnp.zeros(2), w=jnp.zeros(2)))  # matched by name
+    assert restored.w.tolist() == [1.0, 1.0] and restored.b.tolist() == [2.0, 2.0]
