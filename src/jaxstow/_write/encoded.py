@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 
 import jax
 import numpy as np
+import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
@@ -51,7 +52,7 @@ from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 
-__all__ = ["EncodedTree", "encode_tree"]
+__all__ = ["EncodedTree", "differing_leaves", "encode_tree"]
 
 _PARALLEL_HASH_BYTES = 32 << 20
 
@@ -62,8 +63,9 @@ class EncodedTree:
 
     leaves: list[EncodedLeaf]
     manifest: dict[str, Any]
-    #: For a part of a tree saved by several processes: its structure, leaf paths, dtypes and shapes, hashed, which is
-    #: the same in every process saving the same tree.
+    #: For a part of a tree saved by several processes: its structure, leaf paths, dtypes and shapes, and the values
+    #: every process saves once for all (small ones), hashed, which is the same in every process saving the same
+    #: tree (:func:`_digest`).
     digest: str = ""
 
     @property
@@ -221,9 +223,55 @@ def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: s
 
 
 def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
-    """What every process saving the same tree agrees on: its structure, and each leaf's path, kind, dtype and shape."""
+    """What every process saving the same tree agrees on: its structure, each leaf's path, kind, dtype and shape,
+    then (after a ``:``) the values that every process saves once for all, in groups of leaves
+    (:data:`_VALUE_GROUPS` at most, 8 hex digits each): the value leaves, and the bytes of each stored array of at
+    most :data:`_VALUE_BYTES`. Larger unsharded arrays are left out, for the cost of hashing them in every process
+    of every save; sharded arrays (each process saves its own shards) and per-process leaves too, so no shard
+    another process holds is ever read. See :func:`differing_leaves`."""
     summary = [structure, [[leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)] for leaf in leaves]]
-    return hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+    layout = hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
+    values = [_value_print(leaf) for leaf in leaves]
+    size = -(-len(values) // _VALUE_GROUPS) or 1
+    groups = (
+        xxhash.xxh3_64_hexdigest("\n".join(values[start : start + size]).encode())[:8]
+        for start in range(0, len(values), size)
+    )
+    return f"{layout}:{''.join(groups)}"
+
+
+#: The largest unsharded array whose bytes the digest of a tree saved by several processes covers: larger ones
+#: (replicated parameters, for instance) would cost every process a pass over them on every save.
+_VALUE_BYTES = 64 << 10
+#: The most groups of leaves whose values a digest holds a hash of: a digest stays under a few KiB however many
+#: leaves the tree has, and a difference is located to a group of leaves.
+_VALUE_GROUPS = 512
+
+
+def differing_leaves(digest: str, other: str, count: int) -> tuple[int, int] | None:
+    """The first group of leaves (``start``, ``stop``) whose values two digests of a tree of ``count`` leaves hash
+    differently; ``None`` where their values agree or their layouts differ."""
+    layout, _, values = digest.partition(":")
+    other_layout, _, other_values = other.partition(":")
+    if layout != other_layout or values == other_values:
+        return None
+    size = -(-count // _VALUE_GROUPS) or 1
+    for group, start in enumerate(range(0, count, size)):
+        if values[8 * group : 8 * group + 8] != other_values[8 * group : 8 * group + 8]:
+            return start, min(start + size, count)
+    return None
+
+
+def _value_print(leaf: EncodedLeaf) -> str:
+    """What a leaf's value contributes to the digest: its JSON (a value leaf), its bytes' xxh3 (a stored array of at
+    most :data:`_VALUE_BYTES`, a deferred one read for it), or nothing (sharded, per-process and larger leaves)."""
+    kind = leaf.entry["kind"]
+    if kind == "value":
+        return json.dumps(leaf.entry.get("value"), sort_keys=True, separators=(",", ":"), default=str)
+    array = leaf.array
+    if kind in ("sharded", "per_process") or array is None or array.nbytes > _VALUE_BYTES:
+        return ""
+    return array.digest() if isinstance(array, Deferred) else checksum(array)
 
 
 def _layout(leaf: EncodedLeaf) -> list[Any]:

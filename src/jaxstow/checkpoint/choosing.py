@@ -31,7 +31,7 @@ from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tier_restore import restore_tiers
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.together import restore_together
-from jaxstow.errors import StepNotFoundError
+from jaxstow.errors import CheckpointError, StepNotFoundError
 
 __all__ = ["restore_chosen"]
 
@@ -53,6 +53,8 @@ def restore_chosen(
     ``tiers`` where it holds the newest; and the step restored. Under ``jax.distributed`` the processes agree on
     ``coordinator``, and boxes several of them hold are read once where ``broadcast`` says so (``None``: where it
     pays, :mod:`jaxstow.checkpoint.read_once`). The caller has waited for its own save in flight."""
+    if coordinator.many:
+        _check_same_request(coordinator, folder, step, fallback=fallback)
     if tiers is not None and not fallback:
         return restore_tiers(tiers, folder, step, restore, coordinator=coordinator, broadcast=broadcast)
 
@@ -89,3 +91,32 @@ def restore_chosen(
     if newest is None:
         raise StepNotFoundError(f"{folder.store.location} holds no committed step to restore")
     return trees[0], recovery.Restored(newest)
+
+
+def _check_same_request(coordinator: Coordinator, folder: StepFolder, step: int | None, *, fallback: bool) -> None:
+    """Every process asked for the same ``step`` and ``fallback``, which process 0 checks (a process's own ``step``
+    is never used to choose, so one that asked another would silently get process 0's); else a
+    :class:`CheckpointError` in every process naming those that differ and what they asked."""
+    where = folder.store.location
+    asked = {"step": step, "fallback": fallback}
+    with coordinator.conversation("restore-request") as talk:
+        talk.tell("asked", asked)
+
+        def compare() -> bool:
+            heard = talk.collect("asked", waiting_for=f"the step it restores from {where}")
+            requests = {index: message.value() for index, message in sorted(heard.items())}
+            differ = [index for index, request in requests.items() if request != asked]
+            if differ:
+                raise CheckpointError(
+                    "the processes asked to restore different steps: "
+                    + "; ".join(f"process {index} {_described(requests[index])}" for index in [0, *differ])
+                    + ": pass the same step= and fallback= to restore() in every process",
+                    file=where,
+                )
+            return True
+
+        talk.decide("same", compare, waiting_for=f"the check of the step to restore from {where}")
+
+
+def _described(request: dict[str, object]) -> str:
+    return f"asked restore(step={request['step']}, fallback={request['fallback']})"

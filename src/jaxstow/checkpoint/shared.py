@@ -24,6 +24,8 @@ docs/scaling.md ("The commit protocol").
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +33,7 @@ from typing import Any
 from jaxstow._coordination import Conversation
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.store import Staging, Store
+from jaxstow._write.encoded import differing_leaves
 from jaxstow.checkpoint.writing import StepContent, write_items
 from jaxstow.errors import CheckpointError
 
@@ -151,12 +154,20 @@ def commit_content(
     """Commit the step of ``content`` as ``folder`` of ``store`` (:func:`commit_step`): each process writes its file
     of every item, reported as ``what`` (a progress bar if ``bar``); process 0 makes the record."""
     me = talk.coordinator.index
+    many = talk.coordinator.many
+
+    def write(staging: Staging) -> dict[str, Any]:
+        summary = write_items(staging, me, content, what=what, bar=bar)
+        if many:  # process 0's metrics and metadata are recorded: every process must have saved the same
+            summary["annotations"] = _annotations(content)
+        return summary
+
     return commit_step(
         talk,
         store,
         folder,
         content.step,
-        lambda staging: write_items(staging, me, content, what=what, bar=bar),
+        write,
         lambda summaries: record_of(summaries, content, where=store.url(folder)),
         shared=shared,
         replace=replace,
@@ -191,9 +202,11 @@ def _stage(store: Store, folder: str, step: int, *, replace: bool) -> Staging:
 
 def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> StepRecord:
     """The record of the step of ``content`` that every process saved, from their ``summaries`` (in process order),
-    checked to agree: a :class:`CheckpointError` names every process that saved another step or another tree."""
+    checked to agree: a :class:`CheckpointError` names every process that saved another step, another tree, other
+    values than process 0 where each process saves them once for all (small unsharded leaves, see
+    :func:`~jaxstow._write.encoded.encode_tree`), or other metrics or metadata (process 0's are recorded)."""
     step = content.step
-    _check_agreement(summaries, step=step, where=where)
+    _check_agreement(summaries, content, where=where)
     files = summaries[0]["files"]
     parts = {name: [other["files"][name] for other in summaries[1:]] for name in files} if summaries[1:] else {}
     headers = {file: header for summary in summaries for file, header in summary["headers"].items()}
@@ -209,19 +222,69 @@ def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: s
     )
 
 
-def _check_agreement(summaries: list[dict[str, Any]], *, step: int, where: str) -> None:
-    """Raise naming every process that saved another step or another tree than process 0."""
+_PER_PROCESS_ADVICE = (
+    "every process must save the same value there (process 0's is the one saved): wrap state that is each "
+    "process's own in jaxstow.per_process(...)"
+)
+
+
+def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> None:
+    """Raise naming every process that saved another step, another tree, other values or other metrics or metadata
+    than process 0."""
+    step = content.step
     problems = []
+    values = False  # whether values, metrics or metadata differ (rather than the step or the tree)
     first = summaries[0]
+    digests = first["digests"]
     for index, summary in enumerate(summaries):
         if summary.get("step") != step:
             problems.append(f"process {index} saved step {summary.get('step')}, process 0 step {step}")
-        elif summary.get("digests") != first["digests"]:
-            differing = sorted(
-                name
-                for name in {*first["digests"], *summary.get("digests", {})}
-                if first["digests"].get(name) != summary.get("digests", {}).get(name)
+            continue
+        theirs = summary.get("digests", {})
+        differing = sorted(name for name in {*digests, *theirs} if digests.get(name) != theirs.get(name))
+        layouts = [name for name in differing if _layout(digests.get(name)) != _layout(theirs.get(name))]
+        if layouts:
+            problems.append(f"process {index} saved other trees than process 0 for the items {layouts}")
+        elif differing:
+            values = True
+            name = differing[0]
+            problems.append(
+                f"process {index} saved other values than process 0 for the items {differing} "
+                f"({_differing_leaves(content, name, digests[name], theirs[name])})"
             )
-            problems.append(f"process {index} saved other trees than process 0 for the items {differing}")
+        if summary.get("annotations") != first.get("annotations"):
+            what = [
+                kind
+                for kind in ("metrics", "metadata")
+                if summary.get("annotations", {}).get(kind) != first.get("annotations", {}).get(kind)
+            ]
+            values = True
+            problems.append(f"process {index} saved other {' and '.join(what)} than process 0")
     if problems:
-        raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems), file=where)
+        advice = f"; {_PER_PROCESS_ADVICE}" if values else ""
+        raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems) + advice, file=where)
+
+
+def _layout(digest: str | None) -> str | None:
+    return None if digest is None else digest.partition(":")[0]
+
+
+def _differing_leaves(content: StepContent, name: str, ours: str, theirs: str) -> str:
+    """Where in item ``name`` the values first differ: a leaf's path, or the paths of a group of leaves."""
+    if name not in content.held:
+        return f"item {name!r}"
+    paths = [entry["path"] for entry in content.held[name].encode().manifest["leaves"]]
+    found = differing_leaves(ours, theirs, len(paths))
+    if found is None:
+        return f"item {name!r}"
+    start, stop = found
+    first, last = (f"{name}/{paths[k]}" if paths[k] else name for k in (start, stop - 1))
+    return f"first at the leaf {first}" if stop - start == 1 else f"first among the leaves {first} to {last}"
+
+
+def _annotations(content: StepContent) -> dict[str, str]:
+    """Hashes of the metrics and metadata of ``content``, to compare with other processes'."""
+    return {
+        kind: hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+        for kind, value in (("metrics", content.metrics), ("metadata", content.metadata))
+    }

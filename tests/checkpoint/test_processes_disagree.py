@@ -1,0 +1,59 @@
+"""Processes of one ``jax.distributed`` run that ask for different things: each is refused in every process, naming
+what differs, rather than given process 0's silently (``tests/distributed/disagree_worker.py``, real processes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from distributed_runs import launch
+
+WORKER = Path(__file__).parents[1] / "distributed" / "disagree_worker.py"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> list[dict]:
+    folder = tmp_path_factory.mktemp("disagree") / "run"
+    processes = launch(WORKER, 2, lambda index, port: [str(index), str(port), str(folder)])
+    found = []
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
+        found.append(json.loads(out.strip().splitlines()[-1]))
+    return found
+
+
+def test_the_same_values_commit_and_restore(reports):
+    for report in reports:
+        assert report["errors"]["1"] is None and report["errors"]["2"] is None, report["errors"]
+        assert report["steps"] == [1, 2]
+    assert [report["restored"]["mine"] for report in reports] == [{"p": 0}, {"p": 1}]
+
+
+@pytest.mark.parametrize(
+    ("step", "named"),
+    [
+        ("3", "other values than process 0 for the items ['state'] (first at the leaf state/host)"),
+        ("4", "other values than process 0 for the items ['state'] (first at the leaf state/k)"),
+        ("5", "process 1 saved other metrics than process 0"),
+        ("6", "process 1 saved other metadata than process 0"),
+    ],
+    ids=["small-array", "python-value", "metrics", "metadata"],
+)
+def test_other_unsharded_values_commit_nothing_in_any_process(reports, step, named):
+    for report in reports:
+        error = report["errors"][step]
+        assert error is not None and "not committed" in error, report["errors"]
+        assert named in error and "jaxstow.per_process(...)" in error, error
+        assert int(step) not in report["steps"]
+
+
+def test_processes_that_ask_for_different_steps_all_fail(reports):
+    for report in reports:
+        error = report["different_steps"]
+        assert error is not None, report
+        assert "process 0 asked restore(step=2, fallback=False)" in error, error
+        assert "process 1 asked restore(step=1, fallback=False)" in error, error
+    for report in reports:  # the same step everywhere still restores, the values saved once for all
+        assert report["restored"]["step"] == 1 and report["restored"]["host"] == [0.0] * 4
