@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.remote import storage_errors
 from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError, JaxstowError
 
@@ -240,16 +241,28 @@ def _release_local(descriptor: int, path: str) -> None:
 
 
 class RemoteLock:
-    """The lock object of a directory on an object store, created only if absent."""
+    """The lock object of a directory on an object store, created only if absent.
+
+    The lock of a dead holder is taken over only if it is still that holder's: on S3 by a PUT conditional on its ETag
+    (``If-Match``), so that of writers taking it over at once, one wins; elsewhere by a PUT read back. What the store
+    refuses is a :class:`~jaxstow.errors.StorageError` naming the lock object.
+    """
 
     def __init__(self, store: RemoteStore) -> None:
+        self._store = store
         self._fs = store.fs
         self._path = store.path(LOCK_NAME)
+        self._url = store.url(LOCK_NAME)
         self._holder = Holder.me()
-        hint = f"If that writer is gone, delete {store.url(LOCK_NAME)}."
+        hint = f"If that writer is gone, delete {self._url}."
+        with storage_errors(self._url):
+            self._take(store.location, hint)
+
+    def _take(self, location: str, hint: str) -> None:
         if self._fs.exists(self._path):
-            self._take_over(store.location, hint)
-            return
+            with contextlib.suppress(FileNotFoundError):  # released meanwhile: then created below
+                self._take_over(location, hint)
+                return
         try:
             with self._fs.open(self._path, "xb") as sink:  # a conditional PUT on S3: fails if another writer won
                 sink.write(self._holder.to_json())
@@ -259,20 +272,65 @@ class RemoteLock:
             holder = Holder.parse(self._fs.cat_file(self._path))
             if holder == self._holder:  # this PUT's own, sent again by the client after its answer was lost
                 return
-            raise _held_error(store.location, holder, hint) from None
+            raise _held_error(location, holder, hint) from None
 
     def _take_over(self, location: str, hint: str) -> None:
-        previous = Holder.parse(self._fs.cat_file(self._path))
+        from jaxstow._storage.s3 import is_s3
+
+        s3 = is_s3(self._fs)
+        found, etag = _s3_read(self._store, self._path) if s3 else (bytes(self._fs.cat_file(self._path)), None)
+        previous = Holder.parse(found)
         if previous is None or not previous.is_gone():
             raise _held_error(location, previous, hint)
         logger.warning("%s: taking over the lock of %s, which no longer runs", location, previous.describe())
-        self._fs.pipe_file(self._path, self._holder.to_json())
+        if s3 and etag is not None:
+            _s3_replace(self._store, self._path, self._holder.to_json(), etag)
+        else:
+            self._fs.pipe_file(self._path, self._holder.to_json())
+        self._fs.invalidate_cache(self._path)
+        now = Holder.parse(self._fs.cat_file(self._path))
+        if now != self._holder:  # another writer took it over first
+            raise _held_error(location, now, hint)
 
     def release(self) -> None:
         """Delete the lock object if it is still this one's (idempotent)."""
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError), storage_errors(self._url):
+            self._fs.invalidate_cache(self._path)
             if Holder.parse(self._fs.cat_file(self._path)) == self._holder:
                 self._fs.rm(self._path)
+
+
+def _s3_read(store: RemoteStore, path: str) -> tuple[bytes, str | None]:
+    """The bytes of the S3 object at ``path`` and its ETag, from one GET."""
+    from jaxstow._storage.s3 import S3Bucket
+
+    name, key, _ = store.fs.split_path(path)
+    bucket = S3Bucket(store.fs, name, store.settings.transfer)
+
+    def get() -> tuple[bytes, str | None]:
+        answer = bucket.client.get_object(Bucket=name, Key=key, **bucket.extra("GetObject"))
+        return bytes(answer["Body"].read()), answer.get("ETag")
+
+    return bucket.request(get, url=store.url(LOCK_NAME), doing="reading the lock (GetObject)")
+
+
+def _s3_replace(store: RemoteStore, path: str, data: bytes, etag: str) -> None:
+    """Write ``data`` to the S3 object at ``path`` only if its ETag is still ``etag``; another writer's change is left
+    as it is (the caller reads the object back to learn who won)."""
+    from jaxstow._storage.retrying import error_code
+    from jaxstow._storage.s3 import S3Bucket
+
+    name, key, _ = store.fs.split_path(path)
+    bucket = S3Bucket(store.fs, name, store.settings.transfer)
+
+    def put() -> None:
+        try:
+            bucket.client.put_object(Bucket=name, Key=key, Body=data, IfMatch=etag, **bucket.extra("PutObject"))
+        except Exception as error:
+            if error_code(error) != "PreconditionFailed":  # replaced since it was read: another writer's now
+                raise
+
+    bucket.request(put, url=store.url(LOCK_NAME), doing="taking over the lock (PutObject with If-Match)")
 
 
 def lock_store(store: Store) -> Lock:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import posixpath
 import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
@@ -32,9 +33,35 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import FormatError
+from jaxstow.errors import ArgumentError, FormatError
 
-__all__ = ["RemoteStaging", "RemoteStore"]
+__all__ = ["RemoteStaging", "RemoteStore", "check_segments"]
+
+
+def check_segments(url: str) -> None:
+    """Refuse a URL whose path has an empty, ``.`` or ``..`` segment (``s3://bucket/runs//a``).
+
+    Object stores keep such keys as they are, but listings come back normalised (s3fs drops the empty segment), so
+    a directory there would be written and never found again. The error names the URL to use instead.
+
+    >>> check_segments("s3://bucket/runs/a/"), check_segments("memory:///runs/a")
+    (None, None)
+    >>> check_segments("s3://bucket/runs//a")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: s3://bucket/runs//a: a checkpoint URL cannot have an empty, '.' or '..' segment in its path (its listings would not find what is written there); use s3://bucket/runs/a
+    """
+    scheme, separator, path = url.rstrip("/").rpartition("://")
+    rooted = path[: len(path) - len(path.lstrip("/"))]  # memory:///a, hdfs:///a: a path from the store's root
+    segments = path.removeprefix(rooted).split("/")
+    if not separator or not any(segment in ("", ".", "..") for segment in segments):
+        return
+    cleaned = rooted + posixpath.normpath("/".join(segment for segment in segments if segment)).lstrip("/")
+    raise ArgumentError(
+        f"{url}: a checkpoint URL cannot have an empty, '.' or '..' segment in its path (its listings would not find "
+        f"what is written there); use {scheme}{separator}{cleaned}",
+        file=url,
+    )
 
 
 def _marked_files(marker: bytes, *, where: str) -> set[str]:
@@ -58,6 +85,7 @@ class RemoteStore:
     """
 
     def __init__(self, url: str, *, marker: str, settings: StorageSettings | None = None) -> None:
+        check_segments(url)
         self.settings = settings or StorageSettings()
         self.fs, root = url_filesystem(url, self.settings.options)
         self.root = root.rstrip("/")

@@ -14,7 +14,9 @@ signs them again.
 Every request goes through one :class:`~jaxstow._storage.retrying.Retries` policy, reads and writes alike: botocore's
 own retries are turned off in this client, and the attempts its ``retries`` config (or ``AWS_MAX_ATTEMPTS``) gives
 are this policy's, unless the :class:`Transfer` names its own. A ranged GET whose body breaks off is taken up again
-where it broke.
+where it broke; one answered with other bytes than those asked for, or fewer where the object does not end (a server
+or proxy that ignores or cuts ``Range``), is tried again too (:func:`~jaxstow._storage.s3_body.read_range`), and
+never taken for the object's bytes or its end.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
-from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_start, views_after, views_before
+from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_range, read_start, views_after, views_before
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
@@ -176,12 +178,14 @@ class S3Bucket:
         url: str,
         version: str | None = None,
         etag: str | None = None,
+        size: int | None = None,
     ) -> int:
         """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET.
 
         Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
         object). With ``etag``, the GET asks for the object only if it still has that ETag (``If-Match``): one
-        replaced since is a :class:`StorageError` that says so, never its bytes.
+        replaced since is a :class:`StorageError` that says so, never its bytes. With ``size`` (of an object pinned by
+        its ``etag`` or ``version``), an answer that ends before it is a fault of the storage, tried again.
         """
         wanted = sum(len(view) for view in views)
         done = 0
@@ -189,7 +193,7 @@ class S3Bucket:
         def rest() -> int:
             nonlocal done
             try:
-                done += self._get(key, offset + done, views_after(views, done), version=version, etag=etag)
+                done += self._get(key, offset + done, views_after(views, done), version=version, etag=etag, size=size)
             except BrokenBody as broken:
                 done += broken.count
                 raise
@@ -200,7 +204,9 @@ class S3Bucket:
                 self.lanes.read_pace.wait(wanted)
             return self.request(rest, url=url, doing=f"reading bytes {offset}-{offset + wanted - 1} (GetObject)")
 
-    def _get(self, key: str, offset: int, views: list[memoryview], *, version: str | None, etag: str | None) -> int:
+    def _get(
+        self, key: str, offset: int, views: list[memoryview], *, version: str | None, etag: str | None, size: int | None
+    ) -> int:
         length = sum(len(view) for view in views)
         arguments = self._arguments(key, version, Range=f"bytes={offset}-{offset + length - 1}")
         if etag is not None and not version:
@@ -211,7 +217,7 @@ class S3Bucket:
             if error_code(error) == "InvalidRange":
                 return 0  # the range starts at or past the end
             raise
-        return read_body(response, views)
+        return read_range(response, offset, views, size=size)
 
     def _arguments(self, key: str, version: str | None, **more: str) -> dict[str, Any]:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, **more}
@@ -363,8 +369,9 @@ class S3Object(SourceBase):
         if done == wanted:
             return
         rest = views_after(views, done)
+        pinned = self.size if self._etag or self._version else None  # the object cannot have changed: nor its size
         got = self._bucket.get_into(
-            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag
+            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag, size=pinned
         )
         if got != wanted - done:  # the object is shorter than when it was opened: replaced meanwhile
             raise self._truncated(offset, wanted, done + got)

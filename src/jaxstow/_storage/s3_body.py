@@ -3,18 +3,37 @@
 :func:`read_body` reads a whole answer into buffers one after another. :class:`OpenBody` is what is left of an answer
 whose first bytes were read: an object opened to be read from its start on asks for a whole first part in one
 request, reads its header's bytes, and leaves the rest on the wire; the read that asks for the bytes that follow then
-takes them from the socket into its own buffers, with no request of its own and no copy.
+takes them from the socket into its own buffers, with no request of its own and no copy. :func:`read_range` reads
+the answer to a ranged GET only once it is the bytes asked for: a server or proxy that ignores ``Range`` (a ``200``
+with the whole object) has the bytes before the offset skipped, and an answer that starts elsewhere, or stops short of
+the bytes asked for where the object does not end, is a :class:`WrongAnswer`, a fault of the storage to try again,
+never bytes taken for others or for the object's end.
+
+>>> import io
+>>> answer = {"Body": io.BytesIO(b"0123456789"), "ContentLength": 10, "ResponseMetadata": {"HTTPStatusCode": 200}}
+>>> into = bytearray(3)
+>>> read_range(answer, 4, [memoryview(into)]), bytes(into)  # the whole object, for bytes 4-6: the first 4 skipped
+(3, b'456')
+>>> short = {"Body": io.BytesIO(b"45"), "ContentLength": 2, "ContentRange": "bytes 4-6/10"}
+>>> read_range(short, 4, [memoryview(into)])
+Traceback (most recent call last):
+...
+jaxstow._storage.s3_body.WrongAnswer: asked for bytes 4-6, the server sent 2 of them (Content-Range bytes 4-6/10, Content-Length 2), and the object does not end there
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from jaxstow._storage.retrying import BrokenBody
 
-__all__ = ["OpenBody", "let_go", "read_body", "read_start", "views_after", "views_before"]
+__all__ = ["OpenBody", "WrongAnswer", "let_go", "read_body", "read_range", "read_start", "views_after", "views_before"]
+
+_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+_SKIP = 1 << 20
 
 
 def _stream(body: Any) -> tuple[Any, Any]:
@@ -103,6 +122,89 @@ def read_body(response: dict[str, Any], views: Sequence[memoryview]) -> int:
     if raw is not None:
         raw.release_conn()
     return done
+
+
+class WrongAnswer(BrokenBody):
+    """An answer to a ranged GET that is not the bytes asked for (``count`` of them, those that came first, are)."""
+
+    def __init__(self, count: int, problem: str) -> None:
+        super().__init__(count, count)
+        self.args = (problem,)
+
+
+def read_range(response: dict[str, Any], offset: int, views: Sequence[memoryview], *, size: int | None = None) -> int:
+    """Read the answer to a GET of the bytes at ``offset`` into ``views``, one after another, and give its connection
+    back (or drop it, if bytes are left unread); how many bytes there were (fewer only where the object ends).
+
+    A ``206`` must start at ``offset`` and hold every byte asked for, up to the object's end; a ``200`` (a server that
+    ignores ``Range``) is the whole object, whose first ``offset`` bytes are skipped. Any other answer is a
+    :class:`WrongAnswer`, its connection dropped; a body that breaks off a :class:`BrokenBody`. ``size``: the object's
+    size, known (an answer that says it ends before is wrong too).
+    """
+    length = sum(map(len, views))
+    asked = f"bytes {offset}-{offset + length - 1}"
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    answered = response.get("ContentRange")
+    sent = int(response["ContentLength"]) if "ContentLength" in response else None
+    skip, total = 0, None
+    if answered is not None:
+        found = _RANGE.fullmatch(str(answered).strip())
+        if found is None or int(found[1]) != offset:
+            let_go(response)
+            raise WrongAnswer(0, f"asked for {asked}, the server answered with {answered!r}")
+        total = int(found[3]) if found[3] != "*" else None
+        covered = int(found[2]) + 1 - offset
+        sent = covered if sent is None else min(sent, covered)
+    elif status == 206:
+        let_go(response)
+        raise WrongAnswer(0, f"asked for {asked}, the server answered 206 with no Content-Range")
+    else:  # the whole object: a server or proxy that ignores Range
+        skip, total = offset, sent
+        sent = None if sent is None else max(0, sent - offset)
+    if size is not None:
+        total = size
+    expected = length if total is None else max(0, min(length, total - offset))
+    wanted = views_before(views, expected if sent is None else min(expected, sent))
+    try:
+        _skip(response, skip)
+        done = read_start(response, wanted)
+    except BrokenBody:
+        raise
+    except BaseException:
+        let_go(response)
+        raise
+    if done < expected:
+        let_go(response)
+        raise WrongAnswer(
+            done,
+            f"asked for {asked}, the server sent {done} of them (Content-Range {answered}, Content-Length "
+            f"{response.get('ContentLength')}), and the object does not end there",
+        )
+    if sent is not None and done == sent:
+        raw = _stream(response["Body"])[1]
+        if raw is not None:
+            raw.release_conn()
+    else:
+        let_go(response)
+    return done
+
+
+def _skip(response: dict[str, Any], count: int) -> None:
+    """Read and drop the first ``count`` bytes of a GET's body."""
+    if not count:
+        return
+    scratch = memoryview(bytearray(min(count, _SKIP)))
+    body = response["Body"]
+    stream, raw = _stream(body)
+    try:
+        while count:
+            done = _fill(stream, [scratch[: min(count, len(scratch))]], count)
+            if not done:
+                raise BrokenBody(0, count)
+            count -= done
+    except BrokenBody as broken:  # none of the bytes asked for came
+        _drop(body, raw)
+        raise BrokenBody(0, count, broken) from broken
 
 
 def let_go(response: dict[str, Any]) -> None:
