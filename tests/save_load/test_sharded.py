@@ -95,7 +95,7 @@ def test_a_cast_onto_another_mesh_that_would_overflow_is_refused(tmp_path, mesh)
     jaxstow.save(tmp_path / "t.jxs", {"w": jax.device_put(values, NamedSharding(mesh, P("data", "model")))})
     line = jax.make_mesh((4,), ("x",))
     like = {"w": jax.ShapeDtypeStruct((8, 8), jnp.float16, sharding=NamedSharding(line, P(None, "x")))}
-    with pytest.raises(jaxstow.errors.RequestError, match="from -65504.0 to 65504.0") as raised:
+    with pytest.raises(jaxstow.errors.RequestError, match=r"from -65504\.0 to 65504\.0") as raised:
         jaxstow.load(tmp_path / "t.jxs", like=like, cast=True)
     assert raised.value.path == "w"
 
