@@ -20,7 +20,9 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, Sequence
 from functools import cache
 from typing import Any, Unpack
 
@@ -44,7 +46,7 @@ from jaxstow._util.jax_compat import CURRENT_TRACE
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
 
-__all__ = ["restore"]
+__all__ = ["read_while_tracing", "restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
 #: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
@@ -104,8 +106,23 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
 
 
 def _tracing() -> bool:
-    """Whether jax is tracing a function here (``jit``, ``vmap``, ``grad``, ...): the current trace is not eval."""
-    return type(_current_trace()()).__name__ != "EvalTrace"
+    """Whether jax is tracing a user's function here (``jit``, ``vmap``, ``grad``, ...): the current trace is not
+    eval, and jaxstow itself is not reading on purpose while it traces (:func:`read_while_tracing`)."""
+    return not _READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace"
+
+
+_READING_WHILE_TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxstow_reading", default=False)
+
+
+@contextlib.contextmanager
+def read_while_tracing() -> Iterator[None]:
+    """Within it, restores run while jax traces: for jaxstow's own reads at trace time, such as ``io.save``'s
+    ``init_save`` taking up a chain from its checkpoint, whose values are meant to be the traced program's."""
+    token = _READING_WHILE_TRACING.set(True)
+    try:
+        yield
+    finally:
+        _READING_WHILE_TRACING.reset(token)
 
 
 _current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)

@@ -34,7 +34,7 @@ from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import StructureMismatchError, UnknownNameError
 
 __all__ = ["check_rebuilt", "like_paths_in_file"]
 
@@ -154,7 +154,10 @@ def like_paths_in_file(
     Where the file's classes rebuild its structure as it was saved, leaves named by position (in an order the
     process chose) are found by their node's own names.
     """
-    treedef = opened.treedef()
+    try:
+        treedef = opened.treedef()
+    except UnknownNameError:  # names this process lacks, which like= gives the values of: matched by path
+        return like_paths, []
     rebuilt = None if treedef is None else _rebuilt(treedef)
     if rebuilt is None:
         return like_paths, []

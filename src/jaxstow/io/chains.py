@@ -23,6 +23,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._read.restore import read_while_tracing
 from jaxstow._save_load import load, save
 from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
@@ -186,7 +187,8 @@ def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | 
     """The checkpoint record stored at ``path`` by :func:`write_checkpoint` and its samples, or ``None``."""
     if not os.path.exists(path):
         return None
-    record = load(path)
+    with read_while_tracing():  # init_save may run under jit or vmap: the checkpoint is the traced program's start
+        record = load(path)
     samples = record["samples"]
     return record["checkpoint"], None if samples is None else {name: np.asarray(a) for name, a in samples.items()}
 
@@ -195,7 +197,9 @@ def read_checkpoints(path: str) -> dict[int, dict[str, Any]]:
     """The checkpoint records stored at ``path`` by :func:`write_checkpoints`, by chain id (none if no file)."""
     if not os.path.exists(path):
         return {}
-    return {int(chain_id): record for chain_id, record in load(path)["chains"].items()}
+    with read_while_tracing():
+        chains = load(path)["chains"]
+    return {int(chain_id): record for chain_id, record in chains.items()}
 
 
 def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id: int, file: str) -> ChainCheckpoint:
