@@ -14,10 +14,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import pytest
+from faulty_proxy import QuietServer
 
 from jaxstow._storage.lock import LOCK_NAME, Holder, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
@@ -118,7 +119,7 @@ def _refusing_lock_puts(upstream: str) -> Iterator[str]:
 
         do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

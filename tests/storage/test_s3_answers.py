@@ -11,11 +11,12 @@ import re
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
+from faulty_proxy import QuietServer
 
 import jaxstow
 from jaxstow import CheckpointManager
@@ -89,7 +90,7 @@ class RangeProxy:
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
 

@@ -30,10 +30,12 @@ import random
 import re
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import urlsplit
 
 __all__ = ["KINDS", "FaultyProxy", "faulty_proxy"]
@@ -45,6 +47,17 @@ _ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
 }
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect"}
+
+
+class QuietServer(ThreadingHTTPServer):
+    """A threading HTTP server that does not print the tracebacks of clients that hung up, as a reader that gives up
+    on an answer and retries does."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class FaultyProxy:
@@ -74,7 +87,7 @@ class FaultyProxy:
         self.requests = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = QuietServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
 
