@@ -41,7 +41,9 @@ class Module(train.ModuleInterface):
 
 
 def _arguments(folder, epochs):
-    checkpointing = train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder, log_level="ERROR")
+    checkpointing = train.DefaultCheckpointerArguments(
+        save_dir=folder, model_state_save_dir=folder, load_dir=folder, log_level="ERROR"
+    )
     return train.TrainerArguments(epochs=epochs, checkpointer_args=checkpointing)
 
 
