@@ -31,6 +31,7 @@ from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.opened import OpenedFile
+from jaxstow._util.pinned import pinned_sharding
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
 
 __all__ = ["pipelined_paths", "restore_pipelined"]
@@ -39,8 +40,6 @@ __all__ = ["pipelined_paths", "restore_pipelined"]
 _PIECE_BYTES = 64 << 20
 #: Host buffers in the pool: one being read, one being transferred, one spare.
 _BUFFERS = 3
-#: Stage pieces through ``pinned_host`` memory on these platforms (where the device has that memory).
-_PINNED_PLATFORMS = frozenset({"gpu", "cuda", "rocm", "tpu"})
 
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
@@ -138,8 +137,9 @@ def _transfer(data: np.ndarray, placement: Any) -> jax.Array:
     """``data`` copied onto ``placement`` (the default device for ``None``), the copy done when this returns."""
     device = next(iter(placement.device_set)) if isinstance(placement, jax.sharding.Sharding) else placement
     device = device or jax.devices()[0]
-    if device.platform in _PINNED_PLATFORMS and "pinned_host" in {m.kind for m in device.addressable_memories()}:
-        staged = jax.device_put(data, jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host"))
+    pinned = pinned_sharding(device)
+    if pinned is not None:
+        staged = jax.device_put(data, pinned)
         target = (
             placement if isinstance(placement, jax.sharding.Sharding) else jax.sharding.SingleDeviceSharding(device)
         )

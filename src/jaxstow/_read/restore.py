@@ -42,11 +42,12 @@ from jaxstow._read.placement import ShardingSpec, check_fits, resolve_shardings,
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
+from jaxstow._util.host_memory import default_host_budget
 from jaxstow._util.jax_compat import CURRENT_TRACE
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
 
-__all__ = ["read_while_tracing", "restore"]
+__all__ = ["pipeline_by_default", "read_while_tracing", "restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
 #: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
@@ -94,7 +95,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             select=options.get("select"),
             cast=options.get("cast", False),
             every=choice == "all",
-            pipeline=options.get("pipeline", jax.default_backend() != "cpu"),  # on CPU, host buffers are adopted
+            pipeline=options.get("pipeline", pipeline_by_default(opened)),
         )
 
     if not options.get("progress", False):
@@ -146,6 +147,16 @@ def _has_nodes(opened: OpenedFile) -> bool:
             except (LookupError, TypeError):
                 return True
     return not isinstance(manifest, dict)
+
+
+def pipeline_by_default(opened: OpenedFile) -> bool:
+    """Whether a restore of ``opened`` takes the pipeline unless told: on an accelerator, for a file whose arrays
+    would not fit in the host's default budget (a quarter of physical memory). Below that, reading every array at
+    once by the disk's parallel readers and putting them on their devices in one batch is faster (an H200, 4 GiB from
+    the page cache: 0.40 s against 1.4 s); on CPU, the read buffers become the arrays."""
+    if jax.default_backend() == "cpu":
+        return False
+    return sum(leaf.nbytes for leaf in opened.stored.values()) > default_host_budget()
 
 
 def _restore(

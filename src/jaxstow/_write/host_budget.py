@@ -3,7 +3,8 @@
 A save registers with a :class:`HostBudget` the arrays that would cost host memory: arrays on an accelerator, and,
 with ``copy=True``, numpy arrays the caller may change. At most ``limit`` bytes of them are held on the host at a time,
 what the writer has in hand included. While all the bytes not yet fetched fit in what the budget has left, each array
-is fetched whole, with no copy on its device: its device-to-host copy is started (``copy_to_host_async``), then its
+is fetched whole, with no copy on its device: its device-to-host copy is started (into the device's page-locked
+``pinned_host`` memory where it has one, a direct transfer at the link's speed; else ``copy_to_host_async``), then its
 host array taken. An array larger than what is left is fetched in pieces (flat slices of at most ``piece_bytes``),
 each cut on its device, brought to the host and freed there before the next is cut: the device holds at most one
 piece beyond the caller's arrays. Each piece or array is released once the writer has the next one.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -37,9 +37,11 @@ import numpy as np
 
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.pieces import Deferred
+from jaxstow._util.host_memory import default_host_budget
+from jaxstow._util.pinned import pinned_sharding
 from jaxstow.errors import ArgumentError
 
-__all__ = ["HostBudget", "default_limit", "on_host"]
+__all__ = ["HostBudget", "on_host"]
 
 #: Platforms whose arrays are host memory already: holding them for a save is a zero-copy view.
 _HOST_PLATFORMS = frozenset({"cpu"})
@@ -47,15 +49,10 @@ _HOST_PLATFORMS = frozenset({"cpu"})
 _MAX_PIECE_BYTES = 256 << 20
 
 
-def default_limit() -> int:
-    """A quarter of the machine's physical memory."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
-
-
 def checked_limit(limit: int | None) -> int:
     """``limit``, or the default for ``None``; a limit that is not a positive integer raises an ArgumentError."""
     if limit is None:
-        return default_limit()
+        return default_host_budget()
     if isinstance(limit, bool) or not isinstance(limit, int | np.integer) or limit <= 0:
         raise ArgumentError(f"host_memory_limit must be a positive number of bytes, not {limit!r}")
     return int(limit)
@@ -187,6 +184,18 @@ def _accelerators_present() -> bool:
     return not platforms <= _HOST_PLATFORMS
 
 
+def _towards_host(array: jax.Array) -> jax.Array:
+    """``array`` with its copy to the host started: a copy of it in its device's ``pinned_host`` memory (where the
+    device has that memory), else ``array`` itself, its ``copy_to_host_async`` called. Its ``numpy.asarray`` waits for
+    the copy."""
+    pinned = pinned_sharding(next(iter(array.devices())))
+    if pinned is not None:
+        moved: jax.Array = jax.device_put(array, pinned)
+        return moved
+    array.copy_to_host_async()
+    return array
+
+
 @functools.partial(jax.jit, static_argnames=("lead", "count"))
 def _rows(source: jax.Array, start: Any, *, lead: int, count: int) -> jax.Array:
     """Rows ``start`` to ``start + count`` of ``source`` seen as ``lead`` rows, cut on its device: one computation
@@ -265,7 +274,7 @@ class _Fetched(Deferred):
         self._started = True
         self._budget._count(self.nbytes, self.nbytes)
         if self._on_device:
-            self._source.copy_to_host_async()
+            self._source = _towards_host(self._source)
         else:
             self._whole = np.array(self._source, order="C").reshape(-1)  # a transposed array in its C order
             self._done_reading()
@@ -319,6 +328,6 @@ class _Fetched(Deferred):
             elements: np.ndarray = source.flat[start:stop]  # a copy of these alone, in C order (a transposed array)
             return elements
         if len(self._bounds) == 1:
-            return np.asarray(source).reshape(-1)
+            return np.asarray(_towards_host(source)).reshape(-1)
         piece = _rows(source, start // self._row, lead=self._lead, count=(stop - start) // self._row)
-        return np.asarray(piece).reshape(-1)
+        return np.asarray(_towards_host(piece)).reshape(-1)
