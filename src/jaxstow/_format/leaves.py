@@ -28,6 +28,7 @@ import numpy as np
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
+from jaxstow._format.sharding_description import describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -229,19 +230,6 @@ def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice,
     part = (*box[:axis], (low, high), *box[axis + 1 :])
     within = tuple(slice(low - start, high - start) if i == axis else slice(None) for i in range(len(box)))
     return part, within
-
-
-def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
-    """A named sharding as JSON (mesh shape, axis names and types, partition spec).
-
-    ``None`` for shardings without a mesh.
-    """
-    if not isinstance(sharding, jax.sharding.NamedSharding):
-        return None
-    spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
-    mesh = sharding.mesh
-    types = [kind.name for kind in mesh.axis_types]
-    return {"mesh": list(mesh.devices.shape), "axes": list(mesh.axis_names), "axis_types": types, "spec": spec}
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:

@@ -146,8 +146,20 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
             file=file,
             path=path,
         )
-    types = tuple(getattr(jax.sharding.AxisType, kind) for kind in description.get("axis_types", ["Auto"] * len(axes)))
-    mesh = jax.sharding.Mesh(np.array(devices[:count]).reshape(mesh_shape), tuple(axes), axis_types=types)
+    kinds = description.get("axis_types", ["Auto"] * len(axes))
+    grid = np.array(devices[:count]).reshape(mesh_shape)
+    if not hasattr(jax.sharding, "AxisType"):  # jax before 0.5: every mesh axis is what later ones call Auto
+        if set(kinds) != {"Auto"} and kinds:
+            raise ShardingError(
+                f"the leaf was saved on a mesh whose axes are {kinds}, which jax {jax.__version__} cannot make (it "
+                "has Auto axes alone); pass sharding= to lay it out on a mesh of this jax",
+                file=file,
+                path=path,
+            )
+        mesh = jax.sharding.Mesh(grid, tuple(axes))
+    else:
+        types = tuple(getattr(jax.sharding.AxisType, kind) for kind in kinds)
+        mesh = jax.sharding.Mesh(grid, tuple(axes), axis_types=types)
     parts = [tuple(part) if isinstance(part, list) else part for part in spec]
     return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
 
