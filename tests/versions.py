@@ -50,6 +50,8 @@ CORE_TESTS = (
     "tests/io/test_saving.py",
     "tests/util/test_jax_compat.py",
     "tests/coordination/test_coordinator.py",
+    "tests/save_load/test_saved_mesh.py",
+    "tests/save_load/test_weak_types.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)

@@ -90,6 +90,8 @@ class OpenedFile(Mapping[str, Any]):
         )
         self.stored: MutableMapping[str, Stored] = {}
         self.value_entries: dict[str, dict[str, Any]] = {}
+        #: The paths of the arrays saved weakly typed (``jnp.asarray(2.0)``), restored so.
+        self.weak: set[str] = set()
         #: The per-process leaves: by path, each process's entry and the index of the file that holds its value.
         self.per_process: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
         if leaves is not None:
@@ -128,6 +130,12 @@ class OpenedFile(Mapping[str, Any]):
         return columns.paths
 
     def _describe(self, entry: dict[str, Any]) -> Stored:
+        if "weak" in entry:
+            if entry["weak"] is not True:
+                raise FormatError(
+                    f"malformed weak {excerpt(entry['weak'])} (true or absent)", file=self.file, path=entry["path"]
+                )
+            self.weak.add(entry["path"])
         if entry["kind"] == "sharded":
             return sharded_leaf_from_entry(entry, self.container.slots, source=0, file=self.file)
         return stored_leaf_from_entry(entry, self.container.slots.get(entry["path"]), file=self.file)

@@ -8,7 +8,8 @@ and this module uses only the names of jax's in :data:`SHIMS` (and, where jax ha
 each a :class:`Shim` saying what it is for; each function says where jax versions differ. A name of :data:`SHIMS`
 the installed jax lacks raises a :class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name
 and its purpose, where the feature that needs it starts (``import jaxstow.io``, a loop's compilation, ``init_save``, a checkpoint saved by several
-processes).
+processes). Two more, :data:`OPTIONAL_SHIMS`, are used where the installed jax has them: a ``lax.switch`` without
+its clamp, and the conversion that restores an array saved weakly typed as one.
 
 >>> from jaxstow._util import jax_compat
 >>> jax_compat.new_primitive("example").name
@@ -42,6 +43,7 @@ __all__ = [
     "register_uncached_lowering",
     "shaped_array",
     "switch_in_range",
+    "weakly_typed",
 ]
 
 #: The installed jax's version, as numbers: ``(0, 10, 2)``.
@@ -121,8 +123,13 @@ SWITCH_IN_RANGE = Shim(
     "to branch on an index known to be in range without lax.switch's clamp, which XLA's CPU runtime runs as a step of "
     "its own at every iteration of a loop",
 )
-#: The names jaxstow uses where the installed jax has them, and does without otherwise (jax 0.4.38 has none).
-OPTIONAL_SHIMS = (SWITCH_IN_RANGE,)
+WEAK_TYPE = Shim(
+    "jax._src.lax.lax",
+    "_convert_element_type",
+    "to restore an array saved weakly typed (jnp.asarray(2.0)) as one, which promotes as a Python scalar does",
+)
+#: The names jaxstow uses where the installed jax has them, and does without otherwise.
+OPTIONAL_SHIMS = (SWITCH_IN_RANGE, WEAK_TYPE)
 #: Every name of jax's that jaxstow needs beyond its public API.
 SHIMS = (
     PRIMITIVE,
@@ -238,6 +245,23 @@ def switch_in_range(index: jax.Array, branches: Sequence[Callable[..., Any]], *o
     except MissingDependencyError:
         return jax.lax.switch(index, branches, *operands)
     return in_range(index, branches, operands, branches_platforms=None)
+
+
+def weakly_typed(array: jax.Array) -> jax.Array:
+    """``array`` as a weakly typed array of its dtype and sharding (as ``jnp.asarray(2.0)`` is), which promotes as a
+    Python scalar does; ``array`` itself where the installed jax lacks the means (:data:`OPTIONAL_SHIMS`).
+
+    >>> import jax.numpy as jnp
+    >>> weak = weakly_typed(jnp.float32(2.0))
+    >>> weak.weak_type, (jnp.ones(2, jnp.bfloat16) * weak).dtype
+    (True, dtype(bfloat16))
+    """
+    try:
+        convert = WEAK_TYPE.resolve()
+    except MissingDependencyError:
+        return array
+    weak: jax.Array = convert(array, array.dtype, weak_type=True)
+    return weak
 
 
 def distributed_client() -> Any:

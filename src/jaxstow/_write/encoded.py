@@ -20,7 +20,7 @@ import io
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -52,7 +52,7 @@ from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 
-__all__ = ["EncodedTree", "differing_leaves", "encode_tree"]
+__all__ = ["EncodedTree", "differing_leaves", "encode_tree", "weakly_typed_leaves"]
 
 _PARALLEL_HASH_BYTES = 32 << 20
 
@@ -119,8 +119,12 @@ def encode_tree(
     file: str = "",
     part: int | None = None,
     hosting: HostBudget | None = None,
+    weak: Sequence[int] | None = None,
 ) -> EncodedTree:
     """Encode ``tree`` for writing. ``copy=True`` copies the host arrays the caller could change (numpy buffers).
+
+    The arrays of a weak type (``jnp.asarray(2.0)``) are marked so, to be restored so: those of ``tree``, or, for a
+    tree held on the host, the leaves at ``weak`` (from :func:`weakly_typed_leaves` of the tree the caller gave).
 
     With ``hosting``, the arrays whose bytes would cost host memory (on an accelerator, or to copy) are brought to the
     host in pieces while written, within its budget (:mod:`jaxstow._write.host_budget`).
@@ -150,6 +154,9 @@ def encode_tree(
             else _encode(path, leaf, file, copy, hosting)
             for path, leaf in zip(paths, leaves, strict=True)
         ]
+    for i in weakly_typed_leaves(leaves) if weak is None else weak:
+        if encoded[i].entry["kind"] in ("array", "sharded"):
+            encoded[i].entry["weak"] = True
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:
@@ -208,6 +215,22 @@ def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | N
     if deferred is not None:
         return EncodedLeaf({"path": path, "kind": "array"}, deferred)
     return encode_leaf(path, leaf, file=file or None)
+
+
+def weakly_typed_leaves(leaves: Sequence[Any]) -> list[int]:
+    """The indices of the ``jax.Array``\\ s of ``leaves`` of a weak type (``jnp.asarray(2.0)``)."""
+    return [i for i, leaf in enumerate(leaves) if _is_jax_array_type(type(leaf)) and leaf.aval.weak_type]
+
+
+#: Whether each class of leaf seen is one of ``jax.Array``\\ s: asked once per class (``isinstance`` costs more).
+_JAX_ARRAY_TYPES: dict[type, bool] = {}
+
+
+def _is_jax_array_type(kind: type) -> bool:
+    known = _JAX_ARRAY_TYPES.get(kind)
+    if known is None:
+        known = _JAX_ARRAY_TYPES[kind] = issubclass(kind, jax.Array)
+    return known
 
 
 def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:

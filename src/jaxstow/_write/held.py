@@ -29,7 +29,7 @@ from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
 from jaxstow._names import registry
-from jaxstow._write.encoded import EncodedTree, encode_tree
+from jaxstow._write.encoded import EncodedTree, encode_tree, weakly_typed_leaves
 from jaxstow._write.flattening import flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
 from jaxstow.errors import JaxstowError
@@ -53,6 +53,7 @@ class HeldTree:
             self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
         else:
             leaves, self._treedef = flatten(tree, file=file)
+            self._weak = weakly_typed_leaves(leaves)  # held on the host, they are numpy arrays
             # A part after the first writes only its sharded leaves: the others are not registered to be fetched.
             with naming_deleted_arrays(lambda: flatten_with_paths(tree)[0], leaves, file=file):
                 self._leaves = _hold_on_host(leaves, keep=None if part else budget)
@@ -71,7 +72,7 @@ class HeldTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is None:
             tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
-            self._ready = encode_tree(tree, file=self._file, part=self._part, hosting=self._budget)
+            self._ready = encode_tree(tree, file=self._file, part=self._part, hosting=self._budget, weak=self._weak)
         if self._budget is not None:
             if self._awaited:
                 self._awaited = False
