@@ -50,6 +50,7 @@ CORE_TESTS = (
     "tests/io/test_saving.py",
     "tests/util/test_jax_compat.py",
     "tests/coordination/test_coordinator.py",
+    "tests/read/test_sharding_trees.py",
     "tests/save_load/test_saved_mesh.py",
     "tests/save_load/test_weak_types.py",
 )

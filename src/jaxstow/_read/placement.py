@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import key_to_str, path_to_str
+from jaxstow._util.jax_compat import tree_broadcast
 from jaxstow.errors import ShardingError, excerpt
 
 __all__ = ["ShardingSpec", "check_fits", "is_placement", "resolve_shardings", "saved_sharding"]
@@ -60,7 +61,7 @@ def resolve_shardings(
     # matched by a None of the broadcast spec; a None leaf of the spec where the tree has a leaf is paired with it.
     pairs: list[tuple[Any, Any]] = []
     try:
-        broadcast = jax.tree.broadcast(spec, positions_tree, is_leaf=_is_spec_leaf)
+        broadcast = tree_broadcast(spec, positions_tree, is_leaf=_is_spec_leaf)
         jax.tree.map(lambda position, placement: pairs.append((position, placement)), positions_tree, broadcast)
     except (ValueError, TypeError) as error:
         found = _mismatch(spec, positions_tree, ())

@@ -8,8 +8,9 @@ and this module uses only the names of jax's in :data:`SHIMS` (and, where jax ha
 each a :class:`Shim` saying what it is for; each function says where jax versions differ. A name of :data:`SHIMS`
 the installed jax lacks raises a :class:`~jaxstow.errors.MissingDependencyError` naming the jax version, the name
 and its purpose, where the feature that needs it starts (``import jaxstow.io``, a loop's compilation, ``init_save``, a checkpoint saved by several
-processes). Two more, :data:`OPTIONAL_SHIMS`, are used where the installed jax has them: a ``lax.switch`` without
-its clamp, and the conversion that restores an array saved weakly typed as one.
+processes). Three more, :data:`OPTIONAL_SHIMS`, are used where the installed jax has them: a ``lax.switch``
+without its clamp, the conversion that restores an array saved weakly typed as one, and the broadcast of a prefix
+tree on jax before ``jax.tree.broadcast``.
 
 >>> from jaxstow._util import jax_compat
 >>> jax_compat.new_primitive("example").name
@@ -43,6 +44,7 @@ __all__ = [
     "register_uncached_lowering",
     "shaped_array",
     "switch_in_range",
+    "tree_broadcast",
     "weakly_typed",
 ]
 
@@ -128,8 +130,13 @@ WEAK_TYPE = Shim(
     "_convert_element_type",
     "to restore an array saved weakly typed (jnp.asarray(2.0)) as one, which promotes as a Python scalar does",
 )
+BROADCAST_PREFIX = Shim(
+    "jax._src.tree_util",
+    "broadcast_prefix",
+    "to lay a tree of shardings over the restored tree on jax before jax.tree.broadcast (0.4.38)",
+)
 #: The names jaxstow uses where the installed jax has them, and does without otherwise.
-OPTIONAL_SHIMS = (SWITCH_IN_RANGE, WEAK_TYPE)
+OPTIONAL_SHIMS = (SWITCH_IN_RANGE, WEAK_TYPE, BROADCAST_PREFIX)
 #: Every name of jax's that jaxstow needs beyond its public API.
 SHIMS = (
     PRIMITIVE,
@@ -262,6 +269,19 @@ def weakly_typed(array: jax.Array) -> jax.Array:
         return array
     weak: jax.Array = convert(array, array.dtype, weak_type=True)
     return weak
+
+
+def tree_broadcast(prefix: Any, full: Any, *, is_leaf: Callable[[Any], bool]) -> Any:
+    """``jax.tree.broadcast(prefix, full, is_leaf=is_leaf)``, on jax before it (0.4.38) too.
+
+    >>> tree_broadcast({"a": 1, "b": None}, {"a": [0, 0], "b": 0}, is_leaf=lambda x: x is None)
+    {'a': [1, 1], 'b': None}
+    """
+    public = getattr(jax.tree, "broadcast", None)
+    if public is not None:
+        return public(prefix, full, is_leaf=is_leaf)
+    leaves = BROADCAST_PREFIX.resolve()(prefix, full, is_leaf=is_leaf)
+    return jax.tree.unflatten(jax.tree.structure(full), leaves)
 
 
 def distributed_client() -> Any:
