@@ -56,7 +56,7 @@ class CheckpointManager(StepQueries):
     >>> from jaxstow import KeepPolicy
     >>> with CheckpointManager(tempfile.mkdtemp(), keep=KeepPolicy(keep_last=2)) as manager:
     ...     for step in range(4):
-    ...         tree = {"params": {"w": jnp.full(2, step)}, "epoch": step // 2}
+    ...         tree = {"params": {"w": jnp.full(2, step, jnp.int32)}, "epoch": step // 2}
     ...         manager.save(step, tree, metrics={"loss": 1 / (1 + step)})
     ...     print(manager.steps(), manager.metrics(3), manager.restore())
     [2, 3] {'loss': 0.25} {'epoch': 1, 'params': {'w': Array([3, 3], dtype=int32)}}

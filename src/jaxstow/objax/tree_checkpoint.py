@@ -37,7 +37,7 @@ class TreeCheckpoint:
     >>> from jaxstow.objax import TreeCheckpoint
     >>> ckpt = TreeCheckpoint(logdir=tempfile.mkdtemp(), keep_ckpts=2)
     >>> for idx in (1, 5, 3, 10, 7):
-    ...     ckpt.save({"b": jnp.full(1, idx)}, idx=idx)
+    ...     ckpt.save({"b": jnp.full(1, idx, jnp.int32)}, idx=idx)
     >>> tree, idx, path = ckpt.restore()
     >>> idx, path.rsplit("/", 2)[1:], tree["b"]
     (10, ['ckpt', '0000000010.npz'], Array([10], dtype=int32))
