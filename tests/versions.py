@@ -46,6 +46,7 @@ CORE_TESTS = (
     "tests/read/test_reader.py",
     "tests/checkpoint/test_manager.py",
     "tests/checkpoint/test_policy.py",
+    "tests/checkpoint/test_remote.py",
     "tests/cli/test_commands.py",
     "tests/io/test_saving.py",
     "tests/util/test_jax_compat.py",

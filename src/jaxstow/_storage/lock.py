@@ -241,7 +241,8 @@ def _release_local(descriptor: int, path: str) -> None:
 
 
 class RemoteLock:
-    """The lock object of a directory on an object store, created only if absent.
+    """The lock object of a directory on an object store, created only if absent (on a store that cannot, such as
+    fsspec 2024.2's memory store: written, then read back).
 
     The lock of a dead holder is taken over only if it is still that holder's: on S3 by a PUT conditional on its ETag
     (``If-Match``), so that of writers taking it over at once, one wins; elsewhere by a PUT read back. What the store
@@ -266,6 +267,8 @@ class RemoteLock:
         try:
             with self._fs.open(self._path, "xb") as sink:  # a conditional PUT on S3: fails if another writer won
                 sink.write(self._holder.to_json())
+        except ValueError:  # a store that cannot create only if absent (fsspec 2024.2's memory store)
+            self._write_and_read_back(location, hint)
         except OSError:
             if not self._fs.exists(self._path):
                 raise
@@ -285,8 +288,16 @@ class RemoteLock:
         logger.warning("%s: taking over the lock of %s, which no longer runs", location, previous.describe())
         if s3 and etag is not None:
             _s3_replace(self._store, self._path, self._holder.to_json(), etag)
+            self._check_mine(location, hint)
         else:
-            self._fs.pipe_file(self._path, self._holder.to_json())
+            self._write_and_read_back(location, hint)
+
+    def _write_and_read_back(self, location: str, hint: str) -> None:
+        """Write the lock object, then read it back: another writer's, written meanwhile, is an error."""
+        self._fs.pipe_file(self._path, self._holder.to_json())
+        self._check_mine(location, hint)
+
+    def _check_mine(self, location: str, hint: str) -> None:
         self._fs.invalidate_cache(self._path)
         now = Holder.parse(self._fs.cat_file(self._path))
         if now != self._holder:  # another writer took it over first
