@@ -135,3 +135,54 @@ def test_a_finished_run_is_told_finished(tmp_path: Path, capsys: pytest.CaptureF
     assert [chain["draws"] for chain in report["chains"]] == [20, 20]
     assert main(["watch", path]) == 0  # without --once: it ends at once
     assert capsys.readouterr().out.startswith(f"{path}: finished, 2 chains\n")
+
+
+@pytest.mark.parametrize("kind", ["a jaxstow file", "a text file", "an HDF5 file of something else"])
+def test_watching_a_file_that_never_becomes_a_run_ends_at_once(tmp_path: Path, kind: str) -> None:
+    import h5py
+    import numpy as np
+
+    import jaxstow
+
+    path = tmp_path / "wrong"
+    if kind == "a jaxstow file":
+        jaxstow.save(path, {"x": np.ones(3)})
+    elif kind == "a text file":
+        path.write_text("draws\n")
+    else:
+        with h5py.File(path, "w") as file:
+            file["x"] = np.ones(3)
+    shown = _watch(path, "--interval", "0.1")  # it used to wait for ever, saying "waiting"
+    assert shown.returncode == 2 and shown.stdout == ""
+    assert shown.stderr.startswith(f"jaxstow watch: {path}: ") and "Traceback" not in shown.stderr
+    expected = "holds no /chain~{id} group" if kind.startswith("an HDF5") else "is not an HDF5 file"
+    assert expected in shown.stderr
+
+
+def test_watching_waits_for_a_file_not_there_yet_or_held_by_its_writer(tmp_path: Path) -> None:
+    import h5py
+    import numpy as np
+
+    path = tmp_path / "walk.h5"
+    watcher = forked.Popen(
+        [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watcher.stdout is not None
+        assert json.loads(watcher.stdout.readline())["state"].startswith("waiting: ")  # no file yet
+        with h5py.File(path, "w") as file:  # a writer that holds HDF5's lock on it: no one else may read it yet
+            file["x"] = np.ones(3)
+            file.flush()
+            states = [json.loads(watcher.stdout.readline())["state"] for _ in range(50)]  # 5 s of refreshes
+            assert all(state.startswith("waiting: ") for state in states)
+            assert "is locked by its writer" in states[-1]
+        with h5py.File(path, "w"):
+            pass  # no writer, and no run: it never becomes one
+        _, errors = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+        watcher.wait()
+    assert watcher.returncode == 2 and "holds no /chain~{id} group" in errors

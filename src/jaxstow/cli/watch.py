@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import json
 import math
 import os
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 current = report(args.file)
             except (JaxstowError, OSError) as error:
-                if args.once:
+                if args.once or not _may_become_a_run(args.file):
                     raise
                 current = {"file": args.file, "state": f"waiting: {error}", "chains": [], "variables": []}
             if clear:
@@ -130,6 +131,24 @@ def _writer_state(path: str) -> tuple[str, str | None]:
         "no process writes it: its writer closed it before every chain finished (an error, or Ctrl-C); run it again "
         "to continue from its last checkpoint"
     )
+
+
+def _may_become_a_run(path: str) -> bool:
+    """Whether a file that cannot be read as a run yet may still become one, so that watching waits for it: it does not
+    exist yet, is empty, or a writer has it open (its lock, its superblock's flags, or HDF5's own lock on the file).
+    Any other file (not HDF5, or an HDF5 file no one writes that holds no run) never will: watching it ends at once.
+    """
+    try:
+        if os.path.getsize(path) == 0 or os.path.exists(_lock_file(path)):
+            return True
+        superblock = read_superblock(path)
+        with open(path, "rb") as file:
+            fcntl.flock(file, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while a writer holds HDF5's lock on it
+    except (FileNotFoundError, BlockingIOError):
+        return True
+    except (JaxstowError, OSError):
+        return False
+    return superblock.writer is not None
 
 
 def _died(path: str) -> str | None:
