@@ -63,15 +63,16 @@ def _watch(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _watching(path: Path, *, interval: float) -> subprocess.Popen[str]:
+    """``jaxstow watch --json`` started on ``path``, its output and errors piped."""
+    command = [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", str(interval)]
+    return forked.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tmp_path: Path) -> None:
     path = tmp_path / "walk.h5"
     run = _start_run(path)
-    watcher = forked.Popen(
-        [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", "0.2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    watcher = _watching(path, interval=0.2)
     try:
         assert watcher.stdout is not None
         first = json.loads(watcher.stdout.readline())
@@ -164,12 +165,7 @@ def test_watching_waits_for_a_file_not_there_yet_or_held_by_its_writer(tmp_path:
     import numpy as np
 
     path = tmp_path / "walk.h5"
-    watcher = forked.Popen(
-        [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", "0.1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    watcher = _watching(path, interval=0.1)
     try:
         assert watcher.stdout is not None
         assert json.loads(watcher.stdout.readline())["state"].startswith("waiting: ")  # no file yet
