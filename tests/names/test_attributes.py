@@ -91,6 +91,7 @@ def test_an_attribute_that_is_not_a_value_is_refused_with_its_path(tmp_path: Pat
         ({"object": "tests.Schedule", "attrs": [["__class__", {"ref": "tests.Frozen"}]]}, "cannot be an attribute"),
         ({"object": "tests.Schedule", "attrs": [[3, 1]]}, "cannot be an attribute"),
         ({"object": "tests.Schedule", "attrs": [["steps"]]}, "unreadable value"),
+        ({"object": "tests.Schedule", "attrs": [["steps", 3], ["name", "x"], ["steps", 4]]}, "'steps' is named twice"),
     ],
 )
 def test_a_file_cannot_make_other_objects_or_set_special_attributes(data: dict, message: str) -> None:

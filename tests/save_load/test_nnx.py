@@ -152,6 +152,10 @@ def test_a_file_can_rebuild_only_flax_graph_records():
         decode_value({"object": "flax.nnx.graphlib.NodeDef", "fields": fields}, file="evil.jxs")
     with pytest.raises(FormatError, match=r"cannot rebuild flax\.nnx\.graphlib\.NodeRef from its fields"):
         decode_value({"object": "flax.nnx.graphlib.NodeRef", "fields": [["shell", "rm -rf /"]]}, file="evil.jxs")
+    with pytest.raises(FormatError, match=r"'index' is named twice"):
+        decode_value({"object": "flax.nnx.graphlib.NodeRef", "fields": [["index", 0], ["index", 1]]}, file="evil.jxs")
+    with pytest.raises(FormatError, match=r"unreadable fields of flax\.nnx\.graphlib\.NodeRef"):
+        decode_value({"object": "flax.nnx.graphlib.NodeRef", "fields": [["index"]]}, file="evil.jxs")
 
 
 class Tied(nnx.Module):

@@ -23,6 +23,7 @@ from typing import Any
 
 from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._names import registry
+from jaxstow._names.repeated_keys import refuse_repeated
 from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 
 __all__ = ["decode_member", "encode_attributes", "encode_member", "rebuild"]
@@ -123,12 +124,13 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
         raise FormatError(
             f"{excerpt(name)} names no class whose instances are saved by their attributes", file=file, path=path
         )
-    obj: object = cls.__new__(cls)  # type: ignore[call-overload]
     for pair in attrs:
         if not (isinstance(pair, list) and len(pair) == 2):
             raise FormatError(f"unreadable value {excerpt(pair)} in the structure", file=file, path=path)
-        key, value = pair
-        if not isinstance(key, str) or _is_dunder(key):
-            raise FormatError(f"{excerpt(key)} cannot be an attribute of a {name} instance", file=file, path=path)
+        if not isinstance(pair[0], str) or _is_dunder(pair[0]):
+            raise FormatError(f"{excerpt(pair[0])} cannot be an attribute of a {name} instance", file=file, path=path)
+    refuse_repeated([key for key, _ in attrs], file=file, path=path)
+    obj: object = cls.__new__(cls)  # type: ignore[call-overload]
+    for key, value in attrs:
         object.__setattr__(obj, key, decode_part(value, key))
     return obj

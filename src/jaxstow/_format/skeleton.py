@@ -33,6 +33,7 @@ from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtyp
 from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
+from jaxstow._names.repeated_keys import refuse_repeated
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
 __all__ = ["NAME_TAGS", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
@@ -131,11 +132,17 @@ def _decode_checked(data: JSON, *, path: str, file: str | None, depth: int) -> A
         ) from None
 
 
+#: The tagged values written with a second member, and its name: every other tag stands alone.
+_SECOND_MEMBERS = {"npscalar": ("bytes",), "enum": ("member",), "object": ("attrs", "fields")}
+
+
 def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any:
     if data is None or isinstance(data, bool | str | int):
         return data
     if isinstance(data, dict) and len(data) in (1, 2):
         tag = next(iter(data))
+        if len(data) == 2 and not any(member in data for member in _SECOND_MEMBERS.get(tag, ())):
+            raise FormatError(f"unreadable value {excerpt(data)} in the structure", file=file, path=path)
         if tag == "float" and isinstance(data[tag], str):
             return _parse_float(data[tag], path=path, file=file)
         if tag == "complex":
@@ -182,11 +189,11 @@ def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, dep
         )
     if tag == "list":
         return [_decode_checked(item, path=f"{prefix}{i}", file=file, depth=depth + 2) for i, item in enumerate(items)]
+    keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in items]
+    refuse_repeated(keys, file=file, path=path)
     return {
-        _decode_checked(key, path=path, file=file, depth=depth + 3): _decode_checked(
-            value, path=f"{prefix}{key}", file=file, depth=depth + 3
-        )
-        for key, value in items
+        key: _decode_checked(value, path=f"{prefix}{key}", file=file, depth=depth + 3)
+        for key, (_, value) in zip(keys, items, strict=True)
     }
 
 
@@ -355,6 +362,7 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
         keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
+        refuse_repeated(keys, file=file, path=path)
         prefix = f"{path}/" if path else ""
         children = [
             _decode_treedef(c, path=f"{prefix}{k}", file=file, depth=depth + 3)

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from jaxstow._names import registry
+from jaxstow._names.repeated_keys import refuse_repeated
 from jaxstow.errors import FormatError, UnsaveableObjectError
 
 __all__ = ["decode", "encode"]
@@ -85,6 +86,7 @@ def decode(data: JSON, decode_part: Part, *, file: str | None, path: str) -> fun
         and all(map(_is_keyword, keywords))
     ):
         raise FormatError(f"unreadable functools.partial {str(data)[:200]} in the structure", file=file, path=path)
+    refuse_repeated([key for key, _ in keywords], file=file, path=f"{path}/keywords" if path else "keywords")
     function = registry.lookup(name, file=file, path=f"{path}/func" if path else "func")
     if not callable(function):
         raise FormatError(

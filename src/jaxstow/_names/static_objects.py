@@ -24,7 +24,8 @@ from typing import Any
 
 from jaxstow._names import registry
 from jaxstow._names.advice import import_advice
-from jaxstow.errors import FormatError, UnknownNameError, UnsaveableObjectError
+from jaxstow._names.repeated_keys import refuse_repeated
+from jaxstow.errors import FormatError, UnknownNameError, UnsaveableObjectError, excerpt
 
 __all__ = ["REBUILDABLE", "decode", "encode", "graph_path"]
 
@@ -92,6 +93,9 @@ def decode(data: JSON, decode_value: Callable[[JSON, str], Any], *, file: str | 
     cls = _imported(name)
     if cls is None:
         raise _not_imported(name, file=file, path=path)
+    if not all(isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) for pair in fields):
+        raise FormatError(f"unreadable fields of {name} {excerpt(fields)} in the structure", file=file, path=path)
+    refuse_repeated([field for field, _ in fields], file=file, path=path)
     kwargs = {}
     for field, value in fields:
         if isinstance(value, dict) and set(value) == {_TYPE_TAG}:
