@@ -3,6 +3,8 @@ jax's x64 mode off, empty dict keys under ``select``."""
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -132,6 +134,43 @@ def test_uint64_and_negative_int64_beyond_32_bits_are_refused_with_x64_off():
             jaxstow.load(saved_in_memory({"u": np.array([2**32], np.uint64)}))
         with pytest.raises(RequestError, match=r"int64 values beyond 32 bits \(down to -2147483649\)"):
             jaxstow.load(saved_in_memory({"i": np.array([-(2**31) - 1, 0], np.int64)}))
+
+
+def test_float64_beyond_float32_range_is_refused_with_x64_off_rather_than_made_infinite(tmp_path):
+    """jax with x64 off keeps float64 as float32: a finite value beyond its range would come back inf, silently."""
+    tree = {"x": np.array([1e300, 1.0]), "c": np.array([1 + 1e300j]), "low": np.array([-1e39, 0.5])}
+    path = tmp_path / "wide.jxs"
+    jaxstow.save(path, tree)
+    with jax.enable_x64(False):
+        for leaf, beyond in (("x", "up to 1e+300"), ("c", "up to 1e+300"), ("low", "down to -1e+39")):
+            like = {leaf: jax.ShapeDtypeStruct(tree[leaf].shape, tree[leaf].dtype)}
+            message = rf"leaf '{leaf}' of .*wide\.jxs: holds {tree[leaf].dtype} values beyond float32's range"
+            for options in ({"select": [leaf]}, {"select": [leaf], "pipeline": True}, {"like": like, "partial": True}):
+                with pytest.raises(RequestError, match=rf"{message} \({re.escape(beyond)}\)"):
+                    jaxstow.load(path, **options)
+        assert jaxstow.load(path, as_numpy=True)["x"].tolist() == [1e300, 1.0]
+        kept = {"inf": np.array([np.inf, -np.inf, np.nan, 1e-300, 3.0e38])}  # nothing finite made infinite
+        restored = jaxstow.load(saved_in_memory(kept))["inf"]
+    assert restored.dtype == jnp.float32 and np.isinf(restored[:2]).all() and np.isnan(restored[2])
+    with jax.enable_x64(True):
+        assert jaxstow.load(path)["x"].tolist() == [1e300, 1.0]
+
+
+def test_a_cast_into_float64_that_jax_keeps_as_float32_is_refused_where_it_would_round(tmp_path):
+    """int32 fits float64 exactly, but not the float32 that jax with x64 off makes of it."""
+    path = tmp_path / "ids.jxs"
+    jaxstow.save(path, {"ids": np.array([16_777_217, 2**31 - 1], np.int32)})
+    like = {"ids": jax.ShapeDtypeStruct((2,), np.float64)}
+    with jax.enable_x64(False):
+        with pytest.raises(
+            StructureMismatchError,
+            match=r"jax with x64 off keeps float64 as float32, and cast=True does not turn int32 into float32",
+        ):
+            jaxstow.load(path, like=like, cast=True)
+        assert jaxstow.load(path, like=like, cast=True, as_numpy=True)["ids"].tolist() == [16_777_217, 2**31 - 1]
+    with jax.enable_x64(True):
+        restored = jaxstow.load(path, like=like, cast=True)["ids"]
+    assert restored.dtype == jnp.float64 and restored.tolist() == [16_777_217, 2**31 - 1]
 
 
 def test_int64_beyond_32_bits_is_refused_by_the_pipeline_and_on_several_devices(tmp_path):

@@ -40,15 +40,13 @@ from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sha
 from jaxstow._format.skeleton import decode_treedef, decode_value
 from jaxstow._format.tensor_reads import read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.narrowing import narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
 
-__all__ = ["WIDE_INTEGERS", "OpenedFile"]
-
-#: The dtypes that jax keeps as 32 bits while its x64 mode is off (:meth:`OpenedFile.check_narrowing`).
-WIDE_INTEGERS = frozenset({np.dtype(np.int64), np.dtype(np.uint64)})
+__all__ = ["OpenedFile"]
 
 #: The kinds of leaf indexed apart from the stored ones: their values are decoded, not placed on devices.
 _KEPT_APART = ("value", "per_process")
@@ -300,24 +298,11 @@ class OpenedFile(Mapping[str, Any]):
         return array
 
     def check_narrowing(self, arrays: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Refuse the arrays (by leaf path) bound for jax that it would wrap: 64-bit integers beyond 32 bits while
-        jax's x64 mode is off, which it keeps as 32 bits. Only their minimum and maximum are looked at."""
+        """Refuse the arrays (by leaf path) bound for jax that jax with x64 off would change (wrapped integers,
+        floats made infinite: :func:`~jaxstow._read.narrowing.narrowing_problem`)."""
         for path, array in arrays:
-            if array.dtype not in WIDE_INTEGERS or array.size == 0:
-                continue
-            narrow = np.dtype(jax.dtypes.canonicalize_dtype(array.dtype))
-            if narrow == array.dtype:
-                continue
-            low, high, limits = int(array.min()), int(array.max()), np.iinfo(narrow)
-            if limits.min <= low and high <= limits.max:
-                continue
-            beyond = f"down to {low}" if low < limits.min else f"up to {high}"
-            raise RequestError(
-                f"holds {array.dtype} values beyond 32 bits ({beyond}), which jax with x64 off would keep as {narrow} "
-                "and wrap; turn x64 on first (jax.config.update('jax_enable_x64', True)) or load with as_numpy=True",
-                file=self.file,
-                path=path,
-            )
+            if (problem := narrowing_problem(array)) is not None:
+                raise RequestError(problem, file=self.file, path=path)
 
     def read_all(self) -> list[Any] | None:
         """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns.

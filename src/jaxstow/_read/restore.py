@@ -34,7 +34,8 @@ from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
-from jaxstow._read.opened import WIDE_INTEGERS, OpenedFile
+from jaxstow._read.narrowing import NARROWED
+from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
@@ -310,16 +311,14 @@ def _to_devices(
     as_numpy: bool,
 ) -> None:
     """Put the numpy arrays at ``positions`` of ``values`` (the leaves at ``paths``) on their devices, in place
-    (unless ``as_numpy``); 64-bit integers that jax with x64 off would wrap are refused first.
+    (unless ``as_numpy``); 64-bit arrays that jax with x64 off would change are refused first.
 
     PRNG keys there, already on a device, move to their placement; arrays saved weakly typed come back so.
     """
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
-    wide = [(paths[i], values[i]) for i in arrays if values[i].dtype in WIDE_INTEGERS]
-    if wide:
-        opened.check_narrowing(wide)
+    opened.check_narrowing([(paths[i], values[i]) for i in arrays if values[i].dtype in NARROWED])
     for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
     for i in positions:
@@ -381,7 +380,7 @@ def _fit(
     problems += [
         problem
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if i not in inside and (problem := fit_problem(opened, path, target, cast=cast)) is not None
+        if i not in inside and (problem := fit_problem(opened, path, target, cast=cast, as_numpy=as_numpy)) is not None
     ]
     if not partial:
         expected = set(paths) | set(templates)

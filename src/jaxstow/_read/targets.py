@@ -222,8 +222,9 @@ def describe_file_leaf(opened: OpenedFile, path: str) -> str:
     return Target("value", value=opened.value(path)).describe()
 
 
-def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) -> str | None:
-    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits."""
+def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as_numpy: bool = False) -> str | None:
+    """What keeps the file's leaf at ``path`` from filling ``target``; ``None`` if it fits. A cast is judged into the
+    dtype jax keeps of the target's (float32 for float64 with x64 off) where the leaf becomes a jax array."""
     if path not in opened:
         return f"{path!r}: missing from the file (expected {target.describe()})"
     stored = opened.stored.get(path)
@@ -247,8 +248,19 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool) ->
     assert target.dtype is not None
     if stored.dtype == target.dtype:
         return None
-    if castable(stored.dtype, target.dtype):
+    kept = (
+        np.dtype(jax.dtypes.canonicalize_dtype(target.dtype))
+        if target.output == "jax" and not as_numpy
+        else target.dtype
+    )
+    if castable(stored.dtype, target.dtype) and castable(stored.dtype, kept):
         return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if cast and kept != target.dtype:  # x64 off
+        return (
+            f"{mismatch}; jax with x64 off keeps {target.dtype} as {kept}, and cast=True does not turn "
+            f"{stored.dtype} into {kept}, which would lose values; turn x64 on first "
+            "(jax.config.update('jax_enable_x64', True))"
+        )
     if cast:
         return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
     return mismatch
