@@ -16,7 +16,8 @@ own retries are turned off in this client, and the attempts its ``retries`` conf
 are this policy's, unless the :class:`Transfer` names its own. A ranged GET whose body breaks off is taken up again
 where it broke; one answered with other bytes than those asked for, or fewer where the object does not end (a server
 or proxy that ignores or cuts ``Range``), is tried again too (:func:`~jaxstow._storage.s3_body.read_range`), and
-never taken for the object's bytes or its end.
+never taken for the object's bytes or its end. One answered from another object than the first answer's (another
+ETag: replaced, and ``If-Match`` ignored) is a :class:`~jaxstow.errors.StorageError` that says so, never its bytes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
+from jaxstow._storage import s3_body
 from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
 from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_range, read_start, views_after, views_before
 from jaxstow._storage.sources import SourceBase
@@ -42,6 +44,7 @@ __all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "ViewsSource", "is_s3",
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
 _MISSING = frozenset({"NoSuchKey", "404", "NoSuchBucket", "NotFound"})
+_REPLACED = "the object was replaced while it was read ({}): nothing of it was used; open it and read it again"
 
 T = TypeVar("T")
 
@@ -124,22 +127,21 @@ def _new_client(fs: Any, requests: int) -> _Client:
 def s3_errors(url: str) -> Iterator[None]:
     """A failed request as a jaxstow error naming ``url``.
 
-    A missing object or bucket is a :class:`PathNotFoundError`, any other failure a :class:`StorageError`.
+    A missing object or bucket is a :class:`PathNotFoundError`, any other failure a :class:`StorageError`: one that
+    says so for an object replaced while it was read (``If-Match`` refused, or :class:`~.s3_body.Replaced`).
     """
     botocore = require("botocore.exceptions", extra="s3", purpose="reading and writing s3:// objects")
 
     try:
         yield
+    except s3_body.Replaced as replaced:
+        raise StorageError(_REPLACED.format(replaced), file=url) from None
     except botocore.ClientError as error:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
             raise PathNotFoundError("no such file or folder", file=url) from None
         if code == "PreconditionFailed":
-            raise StorageError(
-                "the object was replaced while it was read (its ETag is not the one it had when it was opened): "
-                "nothing of it was used; read it again",
-                file=url,
-            ) from None
+            raise StorageError(_REPLACED.format("its ETag is not the one it had when opened"), file=url) from None
         raise StorageError(f"the storage failed: {error}", file=url) from error
     except botocore.BotoCoreError as error:
         raise StorageError(f"the storage failed: {type(error).__name__}: {error}", file=url) from error
@@ -183,9 +185,10 @@ class S3Bucket:
         """Read the bytes at ``offset`` into ``views``, one after another, with one ranged GET.
 
         Taken up again where a broken connection cut it. Returns how many bytes there were (fewer at the end of the
-        object). With ``etag``, the GET asks for the object only if it still has that ETag (``If-Match``): one
-        replaced since is a :class:`StorageError` that says so, never its bytes. With ``size`` (of an object pinned by
-        its ``etag`` or ``version``), an answer that ends before it is a fault of the storage, tried again.
+        object). ``etag`` and ``size``: the object's, as its first answer told them. The GET asks for the object only
+        if it still has that ETag (``If-Match``), and an answer with another ETag (a server that ignores ``If-Match``),
+        or another size and no ETag, is a :class:`StorageError` saying it was replaced, never its bytes; one that ends
+        before ``size`` is a fault of the storage, tried again.
         """
         wanted = sum(len(view) for view in views)
         done = 0
@@ -214,10 +217,12 @@ class S3Bucket:
         try:
             response = self.client.get_object(**arguments, **self.extra("GetObject"))
         except Exception as error:
-            if error_code(error) == "InvalidRange":
-                return 0  # the range starts at or past the end
-            raise
-        return read_range(response, offset, views, size=size)
+            if error_code(error) != "InvalidRange":
+                raise
+            if size is not None:  # the range starts at or past the end, and the object went on past it
+                raise s3_body.Replaced(f"it now ends before byte {offset}, and had {size} bytes") from None
+            return 0
+        return read_range(response, offset, views, size=size, etag=etag)
 
     def _arguments(self, key: str, version: str | None, **more: str) -> dict[str, Any]:
         arguments: dict[str, Any] = {"Bucket": self.bucket, "Key": key, **more}
@@ -254,12 +259,12 @@ class S3Bucket:
                     return Head(b"", -1, None, None)  # an empty object
                 raise
             etag = response.get("ETag")
-            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+            total = s3_body.first_size(response, length)
             if "ContentLength" not in response:  # no length promised: the body is read to its end
                 whole = response["Body"].read()
-                return Head(whole, int(total) if total.isdigit() else len(whole), None, etag)
+                return Head(whole, len(whole) if total is None else total, None, etag)
             promised = int(response["ContentLength"])
-            size = int(total) if total.isdigit() else promised  # a whole object, when the server ignores ranges
+            size = promised if total is None else total  # a whole object, when the server ignores ranges
             data = bytearray(min(promised, length if keep is None else keep))  # never more than asked for
             if len(data) == promised:
                 read_body(response, [memoryview(data)])
@@ -368,13 +373,10 @@ class S3Object(SourceBase):
         done = self._from_open_body(offset, views) if self._open is not None else 0
         if done == wanted:
             return
-        rest = views_after(views, done)
-        pinned = self.size if self._etag or self._version else None  # the object cannot have changed: nor its size
-        got = self._bucket.get_into(
-            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag, size=pinned
+        rest = views_after(views, done)  # every byte of it, or an error: the object has ``size`` bytes
+        self._bucket.get_into(
+            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag, size=self.size
         )
-        if got != wanted - done:  # the object is shorter than when it was opened: replaced meanwhile
-            raise self._truncated(offset, wanted, done + got)
 
     def _from_open_body(self, offset: int, views: list[memoryview]) -> int:
         """How many of the bytes wanted from ``offset`` on came from the head and the first request's open body.

@@ -7,7 +7,8 @@ takes them from the socket into its own buffers, with no request of its own and 
 the answer to a ranged GET only once it is the bytes asked for: a server or proxy that ignores ``Range`` (a ``200``
 with the whole object) has the bytes before the offset skipped, and an answer that starts elsewhere, or stops short of
 the bytes asked for where the object does not end, is a :class:`WrongAnswer`, a fault of the storage to try again,
-never bytes taken for others or for the object's end.
+never bytes taken for others or for the object's end. An answer from another object than the one opened (another
+ETag than the first answer's, a server or cache that ignores ``If-Match``) is :class:`Replaced`, never read.
 
 >>> import io
 >>> answer = {"Body": io.BytesIO(b"0123456789"), "ContentLength": 10, "ResponseMetadata": {"HTTPStatusCode": 200}}
@@ -19,6 +20,11 @@ never bytes taken for others or for the object's end.
 Traceback (most recent call last):
 ...
 jaxstow._storage.s3_body.WrongAnswer: asked for bytes 4-6, the server sent 2 of them (Content-Range bytes 4-6/10, Content-Length 2), and the object does not end there
+>>> other = {"Body": io.BytesIO(b"456"), "ContentLength": 3, "ContentRange": "bytes 4-6/10", "ETag": '"b"'}
+>>> read_range(other, 4, [memoryview(into)], size=10, etag='"a"')
+Traceback (most recent call last):
+...
+jaxstow._storage.s3_body.Replaced: its ETag is now "b", where it was "a" when it was opened
 """
 
 from __future__ import annotations
@@ -30,7 +36,18 @@ from typing import Any
 
 from jaxstow._storage.retrying import BrokenBody
 
-__all__ = ["OpenBody", "WrongAnswer", "let_go", "read_body", "read_range", "read_start", "views_after", "views_before"]
+__all__ = [
+    "OpenBody",
+    "Replaced",
+    "WrongAnswer",
+    "first_size",
+    "let_go",
+    "read_body",
+    "read_range",
+    "read_start",
+    "views_after",
+    "views_before",
+]
 
 _RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _SKIP = 1 << 20
@@ -132,14 +149,76 @@ class WrongAnswer(BrokenBody):
         self.args = (problem,)
 
 
-def read_range(response: dict[str, Any], offset: int, views: Sequence[memoryview], *, size: int | None = None) -> int:
+class Replaced(Exception):
+    """An answer from another object than the one opened: its ETag is not the first answer's, or, where an ETag does
+    not tell, its size. Not a fault that passes: the object now in the store is another."""
+
+
+def _content_range(response: dict[str, Any], offset: int, asked: str) -> tuple[int, int | None]:
+    """The last byte and the object's size (``None``: not told) that an answer's ``Content-Range`` names; one that
+    does not start at ``offset`` or contradicts itself (a last byte at or past the size) is a :class:`WrongAnswer`."""
+    answered = response.get("ContentRange")
+    found = _RANGE.fullmatch(str(answered).strip())
+    total = int(found[3]) if found is not None and found[3] != "*" else None
+    if found is None or int(found[1]) != offset or (total is not None and int(found[2]) >= total):
+        let_go(response)
+        raise WrongAnswer(0, f"asked for {asked}, the server answered with {answered!r}")
+    return int(found[2]), total
+
+
+def _same_object(response: dict[str, Any], etag: str | None, size: int | None, total: int | None) -> None:
+    """Raise unless an answer is from the object whose first answer had ``etag`` and ``size``: :class:`Replaced` if
+    its ETag is another, or its size where no ETag tells; a :class:`WrongAnswer` if the same ETag comes with another
+    size (answers that contradict each other). Its connection is dropped then."""
+    now = response.get("ETag")
+    problem: Exception | None = None
+    if etag is not None and now is not None and now != etag:
+        problem = Replaced(f"its ETag is now {now}, where it was {etag} when it was opened")
+    elif size is not None and total is not None and total != size:
+        if etag is not None and now == etag:
+            problem = WrongAnswer(0, f"the server says the object has {total} bytes, and said {size} for its ETag")
+        else:
+            problem = Replaced(f"it now has {total} bytes, where it had {size} when it was opened")
+    if problem is not None:
+        let_go(response)
+        raise problem
+
+
+def first_size(response: dict[str, Any], length: int) -> int | None:
+    """The object's size, as the answer to a GET of its first ``length`` bytes tells it in its ``Content-Range``
+    (``None``: it has none, the whole object, or a size not told).
+
+    One that contradicts itself (a last byte at or past the object's size, more bytes than it names) is a
+    :class:`WrongAnswer`, its connection dropped: never a size taken for the object's.
+    """
+    asked = f"bytes 0-{length - 1}"
+    if response.get("ContentRange") is None:
+        return None
+    end, total = _content_range(response, 0, asked)
+    if int(response.get("ContentLength", end + 1)) > end + 1:
+        let_go(response)
+        raise WrongAnswer(
+            0, f"asked for {asked}, the server sent Content-Length {response['ContentLength']} for {end + 1} bytes"
+        )
+    return total
+
+
+def read_range(
+    response: dict[str, Any],
+    offset: int,
+    views: Sequence[memoryview],
+    *,
+    size: int | None = None,
+    etag: str | None = None,
+) -> int:
     """Read the answer to a GET of the bytes at ``offset`` into ``views``, one after another, and give its connection
     back (or drop it, if bytes are left unread); how many bytes there were (fewer only where the object ends).
 
     A ``206`` must start at ``offset`` and hold every byte asked for, up to the object's end; a ``200`` (a server that
     ignores ``Range``) is the whole object, whose first ``offset`` bytes are skipped. Any other answer is a
-    :class:`WrongAnswer`, its connection dropped; a body that breaks off a :class:`BrokenBody`. ``size``: the object's
-    size, known (an answer that says it ends before is wrong too).
+    :class:`WrongAnswer`, its connection dropped; a body that breaks off a :class:`BrokenBody`. ``size`` and ``etag``:
+    the object's, as its first answer told them; an answer with another ETag, or another size and no ETag to tell, is
+    :class:`Replaced` (none of its bytes read), and one that ends before ``size`` is wrong too.
     """
     length = sum(map(len, views))
     asked = f"bytes {offset}-{offset + length - 1}"
@@ -148,12 +227,8 @@ def read_range(response: dict[str, Any], offset: int, views: Sequence[memoryview
     sent = int(response["ContentLength"]) if "ContentLength" in response else None
     skip, total = 0, None
     if answered is not None:
-        found = _RANGE.fullmatch(str(answered).strip())
-        if found is None or int(found[1]) != offset:
-            let_go(response)
-            raise WrongAnswer(0, f"asked for {asked}, the server answered with {answered!r}")
-        total = int(found[3]) if found[3] != "*" else None
-        covered = int(found[2]) + 1 - offset
+        end, total = _content_range(response, offset, asked)
+        covered = end + 1 - offset
         sent = covered if sent is None else min(sent, covered)
     elif status == 206:
         let_go(response)
@@ -161,6 +236,7 @@ def read_range(response: dict[str, Any], offset: int, views: Sequence[memoryview
     else:  # the whole object: a server or proxy that ignores Range
         skip, total = offset, sent
         sent = None if sent is None else max(0, sent - offset)
+    _same_object(response, etag, size, total)
     if size is not None:
         total = size
     expected = length if total is None else max(0, min(length, total - offset))
