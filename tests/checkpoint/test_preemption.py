@@ -17,6 +17,7 @@ from pathlib import Path
 import forked
 import numpy as np
 import pytest
+from tmpfs import small_tmpfs
 
 from jaxstow import CheckpointManager
 from jaxstow._storage.lock import LOCK_NAME
@@ -177,3 +178,37 @@ def test_signals_that_cannot_be_caught_or_a_manager_off_the_main_thread_are_refu
     thread.join()
     assert len(refused) == 1 and "main thread" in str(refused[0])
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+_PREEMPTED_ON_A_FULL_DISK = """
+import os, signal, sys, numpy as np
+from jaxstow import CheckpointManager
+manager = CheckpointManager(sys.argv[1], save_every=1000, preemption_signals=[signal.SIGTERM])
+for step in range(1, 2000):
+    if step == 500:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if manager.should_save(step):  # step 500's 4 MB do not fit the disk
+        manager.save(step, {"w": np.full(1000 if step < 500 else 1_000_000, step, np.float32)})
+print("the loop ended", flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_preemption_whose_save_fails_on_a_full_disk_says_so_and_ends_with_a_failed_status(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "small", "1m") as disk:
+        done = forked.run(
+            [sys.executable, "-c", textwrap.dedent(_PREEMPTED_ON_A_FULL_DISK), str(disk / "run")],
+            capture_output=True,
+            text=True,
+            timeout=100,
+        )
+        assert done.returncode == 120, done.stderr  # not 143 (-15): the preemption did not go well
+        assert "the loop ended" not in done.stdout
+        assert "now that its checkpoint is saved" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert "SIGTERM: ending the process, as the signal asked, but its checkpoint was NOT saved" in done.stderr
+        why = "saving step 500 to {} failed in the background: {}: cannot write it: no space left on the device"
+        last = done.stderr.splitlines()[-1]  # the error, once more, in the same line as the end it brings
+        assert why.format(disk / "run", disk / "run" / "500" / "w.safetensors") in last, done.stderr
+        with CheckpointManager(disk / "run") as manager:
+            assert manager.steps() == [1]
+            assert manager.restore(1)["w"].tolist() == [1.0] * 1000

@@ -31,10 +31,23 @@ from typing import Any, Literal, Protocol, TextIO
 
 from jaxstow.errors import JaxstowError
 
-__all__ = ["EXIT_WAIT", "InFlight", "end_by_signal", "exit_wait", "exiting", "finish_all", "track", "untrack"]
+__all__ = [
+    "EXIT_WAIT",
+    "FAILED_EXIT",
+    "InFlight",
+    "end_by_signal",
+    "end_with_failure",
+    "exit_wait",
+    "exiting",
+    "finish_all",
+    "track",
+    "untrack",
+]
 
 logger = logging.getLogger(__name__)
 
+#: The exit status of a process whose writes in flight did not all end well.
+FAILED_EXIT = 120
 #: Seconds the exit waits for writes in flight unless ``JAXSTOW_EXIT_WAIT`` says otherwise.
 EXIT_WAIT = 600.0
 
@@ -106,6 +119,13 @@ def finish_all() -> Literal["done", "failed", "unfinished"]:
     if waited.abandoned:
         end_by_signal(signal.SIGINT)
     return waited.outcome
+
+
+def end_with_failure() -> None:
+    """End the process with status :data:`FAILED_EXIT`, as an exit whose writes did not end well does (its exit
+    handlers still run)."""
+    _flush()
+    raise SystemExit(FAILED_EXIT)
 
 
 def end_by_signal(number: int) -> None:

@@ -402,11 +402,13 @@ class CheckpointManager(StepQueries):
     def close(self) -> None:
         """Finish the save in flight, release the lock and raise the save's error, if any (idempotent).
 
-        After one of ``preemption_signals``, the error is printed instead and the process ends as the signal would.
+        After one of ``preemption_signals``, the process ends instead: as the signal would, or, where the save failed,
+        with status 120 and the error in one line.
         """
         if self._closed:
             return
         self._closed = True
+        failure = None
         try:
             try:
                 self._writer.close()
@@ -416,7 +418,7 @@ class CheckpointManager(StepQueries):
         except CheckpointError as error:
             if self._preempted() is None:
                 raise
-            logger.error("%s", error, exc_info=error)
+            failure = " ".join(str(error).splitlines())
         finally:
             if self._lock is not None:
                 self._lock.release()
@@ -425,7 +427,7 @@ class CheckpointManager(StepQueries):
             if self._notice is not None:
                 self._notice.close()
         if preempted is not None:
-            end_process(preempted)
+            end_process(preempted, failure=failure)
 
     def _preempted(self) -> signal.Signals | None:
         """The preemption signal that arrived, if any."""

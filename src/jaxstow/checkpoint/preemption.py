@@ -71,12 +71,21 @@ class PreemptionNotice:
             _received = None
 
 
-def end_process(number: signal.Signals) -> None:
+def end_process(number: signal.Signals, *, failure: str | None = None) -> None:
     """End the process as signal ``number`` ends it by default, once every write in flight has finished (see
-    :func:`jaxstow._write.at_exit.finish_all`, which prints any that failed)."""
-    at_exit.finish_all()
-    logger.warning("%s: ending the process, as the signal asked, now that its checkpoint is saved", number.name)
-    at_exit.end_by_signal(number)
+    :func:`jaxstow._write.at_exit.finish_all`, which prints any that failed); with exit status
+    :data:`~jaxstow._write.at_exit.FAILED_EXIT` instead where the checkpoint was not saved (``failure`` says why, or a
+    write failed or did not finish), so that no scheduler or script takes it for a preemption that went well."""
+    if at_exit.finish_all() == "done" and failure is None:
+        logger.warning("%s: ending the process, as the signal asked, now that its checkpoint is saved", number.name)
+        at_exit.end_by_signal(number)
+    logger.error(
+        "%s: ending the process, as the signal asked, but its checkpoint was NOT saved (exit status %d): %s",
+        number.name,
+        at_exit.FAILED_EXIT,
+        failure or "see above",
+    )
+    at_exit.end_with_failure()
 
 
 def _check(signals: Iterable[int | signal.Signals]) -> list[signal.Signals]:
