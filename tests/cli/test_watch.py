@@ -138,7 +138,9 @@ def test_a_finished_run_is_told_finished(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out.startswith(f"{path}: finished, 2 chains\n")
 
 
-@pytest.mark.parametrize("kind", ["a jaxstow file", "a text file", "an HDF5 file of something else"])
+@pytest.mark.parametrize(
+    "kind", ["a jaxstow file", "a text file", "an HDF5 file of something else", "a FIFO", "a folder"]
+)
 def test_watching_a_file_that_never_becomes_a_run_ends_at_once(tmp_path: Path, kind: str) -> None:
     import h5py
     import numpy as np
@@ -150,14 +152,20 @@ def test_watching_a_file_that_never_becomes_a_run_ends_at_once(tmp_path: Path, k
         jaxstow.save(path, {"x": np.ones(3)})
     elif kind == "a text file":
         path.write_text("draws\n")
+    elif kind == "a FIFO":
+        os.mkfifo(path)  # opened to be read, it would wait for a writer: never
+    elif kind == "a folder":
+        path.mkdir()
     else:
         with h5py.File(path, "w") as file:
             file["x"] = np.ones(3)
     shown = _watch(path, "--interval", "0.1")  # it used to wait for ever, saying "waiting"
     assert shown.returncode == 2 and shown.stdout == ""
     assert shown.stderr.startswith(f"jaxstow watch: {path}: ") and "Traceback" not in shown.stderr
-    expected = "holds no /chain~{id} group" if kind.startswith("an HDF5") else "is not an HDF5 file"
-    assert expected in shown.stderr
+    expected = {"an HDF5 file of something else": "holds no /chain~{id} group", "a FIFO": "is a FIFO (a named pipe)"}
+    assert {**expected, "a folder": "is a folder"}.get(kind, "is not an HDF5 file") in shown.stderr
+    once = _watch(path, "--once")
+    assert once.returncode == 2 and once.stderr == shown.stderr
 
 
 def test_watching_waits_for_a_file_not_there_yet_or_held_by_its_writer(tmp_path: Path) -> None:

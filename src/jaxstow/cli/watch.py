@@ -32,6 +32,7 @@ import fcntl
 import json
 import math
 import os
+import stat
 import sys
 import time
 import warnings
@@ -139,7 +140,10 @@ def _may_become_a_run(path: str) -> bool:
     Any other file (not HDF5, or an HDF5 file no one writes that holds no run) never will: watching it ends at once.
     """
     try:
-        if os.path.getsize(path) == 0 or os.path.exists(_lock_file(path)):
+        found = os.stat(path)
+        if not stat.S_ISREG(found.st_mode):  # a folder, a FIFO: never a run
+            return False
+        if found.st_size == 0 or os.path.exists(_lock_file(path)):
             return True
         superblock = read_superblock(path)
         with open(path, "rb") as file:

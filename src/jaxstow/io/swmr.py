@@ -33,9 +33,9 @@ from types import TracebackType
 from typing import Any
 
 from jaxstow._storage.atomic import temporary_sibling
-from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
+from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, FormatError
 from jaxstow.io.hdf5_retries import reading_access
@@ -92,13 +92,14 @@ class Superblock:
 
 
 def read_superblock(path: str | os.PathLike[str]) -> Superblock:
-    """The superblock of the HDF5 file at ``path`` (looked for at 0, 512, 1024, ... as HDF5 does)."""
+    """The superblock of the HDF5 file at ``path`` (looked for at 0, 512, 1024, ... as HDF5 does); a path that is not
+    a regular file (a folder, a FIFO) is a :class:`~jaxstow.errors.PathError`, never waited on."""
     name = os.fspath(path)
-    with storage_failures(name, doing="read it"), open(name, "rb") as file:
-        end = os.fstat(file.fileno()).st_size
-        offset = 0
+    source = LocalFile(name)
+    with contextlib.closing(source):
+        end, offset = source.size, 0
         while offset + 12 <= end:
-            head = os.pread(file.fileno(), 12, offset)
+            head = source.read(offset, 12)
             if head[:8] == _SIGNATURE:
                 version, offset_size = head[8], head[9]
                 flags = head[11] if version >= 2 else 0
