@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tmpfs import make_read_only, small_tmpfs
 
 import jaxstow
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, NotAFolderError, StorageError
 from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
 
 
@@ -180,3 +181,19 @@ def test_default_folders_follow_the_working_directory_when_the_arguments_are_mad
         monkeypatch.chdir(tmp_path / name)
         args = DefaultCheckpointerArguments()
         assert args.save_dir == args.model_state_save_dir == str(tmp_path / name / "checkpoints")
+
+
+def test_a_save_dir_that_cannot_be_made_is_a_jaxstow_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("")
+    for save_dir, error, message in [
+        (tmp_path / "afile", NotAFolderError, "is a file, not a folder"),
+        (tmp_path / "afile" / "sub", NotAFolderError, "a part of its path is a file"),
+    ]:
+        with pytest.raises(error, match=message) as raised:
+            DefaultCheckpointer(_args(tmp_path, save_dir=save_dir)).save(_state(0), 0)
+        assert raised.value.file == str(save_dir)
+    with small_tmpfs(tmp_path / "small") as disk:
+        make_read_only(disk)
+        with pytest.raises(StorageError, match="cannot make the folder") as raised:
+            DefaultCheckpointer(_args(tmp_path, save_dir=disk / "checkpoints")).save(_state(0), 0)
+        assert raised.value.file == str(disk / "checkpoints")

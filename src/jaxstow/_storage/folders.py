@@ -32,7 +32,7 @@ from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CheckpointError, NotAFolderError
 
-__all__ = ["LocalStaging", "LocalStore", "remove_leftovers"]
+__all__ = ["LocalStaging", "LocalStore", "make_folder", "remove_leftovers"]
 
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
@@ -70,6 +70,19 @@ def _exchange(first: str, second: str) -> None:
         raise CheckpointError(f"cannot replace {second} atomically with {first}: {os.strerror(code)}")
 
 
+def make_folder(root: str) -> None:
+    """Create the folder ``root`` and its parents; a file in its place raises a NotAFolderError, a folder that cannot
+    be made (no space, no permission) a StorageError."""
+    try:
+        os.makedirs(root, exist_ok=True)
+    except FileExistsError:
+        raise NotAFolderError("is a file, not a folder for checkpoints", file=root) from None
+    except NotADirectoryError:
+        raise NotAFolderError("cannot be a folder: a part of its path is a file", file=root) from None
+    except OSError as error:
+        raise storage_error(error, root, doing="make the folder") from error
+
+
 class LocalStore:
     """Folders in the local directory ``root``, each committed by one rename once its ``marker`` file is written."""
 
@@ -86,15 +99,8 @@ class LocalStore:
         return os.path.join(self.location, *parts)
 
     def ensure(self) -> None:
-        """Create the folder; a file in its place raises a NotAFolderError, a folder that cannot be made a StorageError."""
-        try:
-            os.makedirs(self.root, exist_ok=True)
-        except FileExistsError:
-            raise NotAFolderError("is a file, not a folder for checkpoints", file=self.root) from None
-        except NotADirectoryError:
-            raise NotAFolderError("cannot be a folder: a part of its path is a file", file=self.root) from None
-        except OSError as error:
-            raise storage_error(error, self.root, doing="make the folder") from error
+        """Create the folder (:func:`make_folder`)."""
+        make_folder(self.root)
 
     def committed(self) -> list[str]:
         """Names of the committed folders: not temporary, and holding their marker."""

@@ -8,6 +8,7 @@ import os
 
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
+from jaxstow._storage.folders import make_folder
 from jaxstow.errors import ArgumentError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
@@ -130,7 +131,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
         return checkpoint
 
     def _write(self, folder: PathLike, name: str, tree: object) -> str:
-        os.makedirs(folder, exist_ok=True)
+        make_folder(os.fspath(folder))
         path = os.path.join(folder, name)
         save(path, tree)
         self.logger.info("saved %s", path)
