@@ -122,6 +122,14 @@ def test_a_several_item_step_of_one_process(tmp_path):
     assert sorted(_read_back(tmp_path / "hf")) == ["OPT/MU", "PARAMS/W"]
 
 
+def test_the_item_of_a_step_of_one_item_names_no_tensor(tmp_path):
+    """Prefixes keep the items of a step with several apart; a step of one item needs none."""
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": {"layer": {"w": jnp.arange(4.0)}}})
+    jaxstow.export_safetensors(tmp_path / "run" / "1", tmp_path / "hf")
+    assert sorted(_read_back(tmp_path / "hf")) == ["layer.w"]
+
+
 def test_an_item_of_one_array_is_named_by_its_item(tmp_path):
     with CheckpointManager(tmp_path / "run") as manager:
         manager.save(1, {"w": jnp.arange(4), "b": jnp.ones(2)})

@@ -153,7 +153,7 @@ def _open_items(
     if item is not None and item not in record.files:
         raise ArgumentError(f"step {record.step} has no item {item!r} (its items: {', '.join(sorted(record.files))})")
     chosen = [item] if item is not None else sorted(record.files)
-    prefixed = not record.single and item is None
+    prefixed = item is None and len(chosen) > 1  # names stay apart: the items of a step with several
     return [
         (name if prefixed else None, stack.enter_context(open_parts(folder.open_item(record, name)))) for name in chosen
     ]
