@@ -28,7 +28,7 @@ import pytest
 
 from jaxstow import io
 from jaxstow.cli import main
-from jaxstow.errors import CheckpointError, FormatError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, StructureMismatchError
 
 STEPS = 4000
 EVERY = 100
@@ -275,3 +275,38 @@ def test_watch_and_to_inference_data_of_a_finished_run(tmp_path, capsys):
     assert x["r_hat"] is not None and x["ess_bulk"] is not None
     np.testing.assert_array_equal(io.to_inference_data(path).posterior["x"].values, final["x"])
     assert os.listdir(tmp_path) == ["walk.h5"]
+
+
+def _counting(keep: Any) -> tuple[Any, Any]:
+    """``start`` and ``step`` of two chains that draw the step's number, kept where ``keep(t)`` says."""
+
+    def start() -> dict[str, jax.Array]:
+        return {"t": jnp.zeros(2, jnp.int32)}
+
+    def step(state: dict[str, jax.Array], t: jax.Array) -> tuple[Any, Any, Any]:
+        return {"t": state["t"] + 1}, {"t": jnp.full(2, t)}, keep(t)
+
+    return start, step
+
+
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.uint8, jnp.bool_])
+def test_keep_flags_of_integers_keep_where_they_are_nonzero(tmp_path, dtype):
+    start, step = _counting(lambda t: jnp.full(2, (t % 3 == 0) * 2).astype(dtype))
+    draws = io.run_chains(str(tmp_path / "every3.h5"), start, step, num_steps=23, checkpoint_every=5)
+    np.testing.assert_array_equal(draws["t"], np.tile(np.arange(0, 23, 3), (2, 1)))
+
+
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        (lambda t: t % 3 == 0, r"one flag per chain, shape \(2,\), got shape \(\)"),
+        (lambda t: jnp.ones(3, bool), r"one flag per chain, shape \(2,\), got shape \(3,\)"),
+        (lambda t: jnp.ones(2, jnp.float32), "booleans .* got dtype float32"),
+    ],
+    ids=["one-flag-for-all-chains", "a-flag-too-many", "floats"],
+)
+def test_keep_flags_that_are_not_one_boolean_per_chain_are_refused(tmp_path, keep, message):
+    path = tmp_path / "refused.h5"
+    with pytest.raises(ArgumentError, match=message):
+        io.run_chains(str(path), *_counting(keep), num_steps=10, checkpoint_every=5)
+    assert not os.listdir(tmp_path)

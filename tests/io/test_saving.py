@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
+from jaxstow.errors import ArgumentError
 from jaxstow.io import hdf5 as hdf5_module
 from jaxstow.io import receiving
 
@@ -628,3 +629,19 @@ def test_misuse_is_reported_clearly() -> None:
         jax.vmap(shared)(jnp.zeros((2, 3)), jnp.ones((2, STEPS), bool))
     with pytest.raises(ValueError, match="samples_collected=N"):
         io.no_save()[0](INIT_SAMPLE, None, scheduler.static_information())
+
+
+@pytest.mark.parametrize("sample", [{}, None, {"a": {}, "b": None}], ids=["empty-dict", "none", "nested-empty"])
+def test_a_sample_of_no_arrays_is_refused_before_a_chain_is_registered(strategy, sample) -> None:
+    init_save, save, postprocess_save = strategy.triple
+    information = scheduler.static_information(samples_collected=STEPS)
+    with pytest.raises(ArgumentError, match="sample must hold at least one array"):
+        init_save(sample, None, information)
+    keep = _keep_list(0, (STEPS,))
+    state = init_save(INIT_SAMPLE, None, information)  # the strategy serves a run all the same, as its first chain
+    state, outputs = jax.jit(functools.partial(_scan, save))(state, jnp.zeros(3), keep)
+    result = postprocess_save(state, None)
+    want = jax.tree.map(lambda leaf: np.asarray(leaf)[np.asarray(keep)], outputs)
+    _assert_trees_equal(_as_numpy(result["samples"]), want)
+    if strategy.kind == "hdf5":
+        assert [name for name in strategy.file if name.startswith("chain~")] == ["chain~0"]

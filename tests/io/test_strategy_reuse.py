@@ -21,7 +21,7 @@ import pytest
 
 from jaxstow import io, scheduler
 from jaxstow.errors import CheckpointError, CollectorError
-from jaxstow.io import host_buffers
+from jaxstow.io import batching, host_buffers
 
 STEPS = 64
 INFORMATION = scheduler.static_information(samples_collected=STEPS)
@@ -226,3 +226,42 @@ def test_a_subclass_that_stores_blocks_its_own_way_gets_copies_it_may_keep_on_ev
         _check(postprocess_save(final, None), kept)
     blocks = np.concatenate(collector.kept)  # had they been views of the run's buffer, the last block everywhere
     np.testing.assert_array_equal(blocks, np.tile(np.arange(STEPS, dtype=np.float32), 2))
+
+
+def _run_of(init_save, save, postprocess_save, width, collected, steps=16):
+    """A run of samples of ``width`` float32 numbers; its buffer's shape, and its samples against the scan's."""
+    state = init_save({"w": jnp.zeros(width)}, None, scheduler.static_information(samples_collected=collected))
+    shape = state.buffer["w"].shape
+
+    def step(state, t):
+        sample = {"w": jnp.full(width, t)}
+        return save(state, True, sample)[0], sample
+
+    state, outputs = jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(float(steps))))(state)
+    np.testing.assert_array_equal(postprocess_save(state, None)["samples"]["w"][:], outputs["w"])
+    return shape
+
+
+def test_each_run_of_a_reused_strategy_gets_blocks_of_its_own_samples_size() -> None:
+    reused = io.save(io.MemoryCollector())
+    assert _run_of(*reused, width=1, collected=None) == (1 << 16, 1)  # scalars: the most rows a block takes
+    second = _run_of(*reused, width=1024, collected=16)  # 4 KiB samples, 16 of them
+    assert second == _run_of(*io.save(io.MemoryCollector()), width=1024, collected=16)
+    assert int(np.prod(second)) * 4 <= batching.BLOCK_BYTES
+    big = _run_of(*reused, width=1 << 16, collected=None, steps=20)  # 256 KiB samples: 4 to a block of 1 MiB
+    assert big == (4, 1 << 16)
+
+
+def test_a_block_size_given_serves_every_run_and_the_chains_of_one_run_share_theirs() -> None:
+    fixed = io.save(io.MemoryCollector(), block_size=8)
+    assert _run_of(*fixed, width=1, collected=None) == (8, 1)
+    assert _run_of(*fixed, width=1024, collected=16) == (8, 1024)
+    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+    states = [  # chains of one run, registered one by one with counts of their own: their states stack
+        init_save({"w": jnp.zeros(3)}, None, scheduler.static_information(samples_collected=count))
+        for count in (4096, 64)
+    ]
+    assert states[0].buffer["w"].shape == states[1].buffer["w"].shape
+    state = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)
+    state = jax.jit(jax.vmap(lambda s: save(s, True, {"w": jnp.ones(3)})[0]))(state)
+    assert [int(result["sample_count"]) for result in postprocess_save(state, None)] == [1, 1]

@@ -82,8 +82,14 @@ def sample(
 
     Returns:
         The draws, ``{name: array}`` shaped ``(chains, draws, ...)``.
+
+    Raises:
+        ArgumentError: ``thin`` is not an integer of at least 1, or the positions have no common leading axis.
     """
     require("h5py", extra="blackjax", purpose="jaxstow.io.blackjax.sample")  # before the run, which needs it to write
+    if isinstance(thin, bool) or not isinstance(thin, int | np.integer) or thin < 1:
+        raise ArgumentError(f"thin must be an integer of at least 1 (1 keeps every draw), got {thin!r}")
+    thin = int(thin)
     if not jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))  # a raw key of the default implementation
     impl = str(jax.random.key_impl(key))

@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.saving import Saving
+from jaxstow.io.saving import Saving, refuse_leafless
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["DeviceSamples", "no_save"]
@@ -39,7 +39,7 @@ def no_save() -> Saving:
         ``(init_save, save, postprocess_save)``, with the signatures of :func:`~jaxstow.io.save`'s.
 
     Raises:
-        ArgumentError: ``init_save`` is not given ``samples_collected``.
+        ArgumentError: ``init_save`` is not given ``samples_collected``, or is given a sample of no arrays.
         SampleCountError: ``postprocess_save`` finds more samples kept than ``samples_collected``.
 
     >>> import jax.numpy as jnp
@@ -65,7 +65,9 @@ def _init(
             "scheduler.static_information(samples_collected=N) with N >= 1, or stream them with "
             f"io.save(io.MemoryCollector()) (got samples_collected={capacity})"
         )
-    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec_of(init_sample))
+    spec = spec_of(init_sample)
+    refuse_leafless(spec)
+    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec)
     return DeviceSamples(samples, jnp.zeros((), jnp.int32))
 
 

@@ -62,7 +62,8 @@ def run(
         checkpoint_every: The steps between checkpoints.
 
     Returns:
-        The constrained values of the model's sites and deterministic sites, ``{site: (chains, draws, ...)}``.
+        The constrained values of the model's sites and deterministic sites, ``{site: (chains, draws, ...)}``: the
+        draws ``mcmc.run`` keeps (with ``thinning``, ``num_samples // thinning`` of them, the last draw included).
     """
     require("h5py", extra="numpyro", purpose="jaxstow.io.numpyro.run")  # before the run, which needs it to write
     kernel = mcmc.sampler
@@ -75,9 +76,12 @@ def run(
     )  # vectorized; traced and compiled as one program rather than op by op
     constrain = jax.vmap(kernel.postprocess_fn(model_args, kwargs))
 
+    kept = num_samples // thinning * thinning  # numpyro's fori_collect keeps the last of every thinning draws
+
     def step(state: Any, t: jax.Array) -> tuple[Any, Any, jax.Array]:
         state = kernel.sample(state, model_args, kwargs)
-        keep = (t >= num_warmup) & ((t - num_warmup) % thinning == 0)
+        before_end = num_warmup + num_samples - 1 - t  # the draws after this one
+        keep = (before_end < kept) & (before_end % thinning == 0)
         return state, constrain(state.z), jnp.full((chains,), keep)
 
     def warmup(state: Any) -> dict[str, jax.Array]:
@@ -96,7 +100,7 @@ def run(
         step,
         num_steps=num_warmup + num_samples,
         checkpoint_every=checkpoint_every,
-        draws_per_chain=-(-num_samples // thinning),
+        draws_per_chain=num_samples // thinning,
         identity={
             "sampler": f"numpyro.{type(kernel).__name__}",
             "key": np.asarray(raw).tolist(),

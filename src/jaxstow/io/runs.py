@@ -80,7 +80,8 @@ def run_chains(
         start: Returns the state of every chain, stacked (leading axis: the chains), PRNG keys as raw key data
             (``jax.random.key_data``); called only when the run starts.
         step: ``step(state, t)`` advances every chain by step ``t`` (an int32 from 0) and returns
-            ``(state, draws, keep)``: the draws of every chain (leading axis the chains) and whether each keeps them.
+            ``(state, draws, keep)``: the draws of every chain (leading axis the chains) and whether each keeps them,
+            ``keep`` shaped ``(chains,)``, booleans or integers (nonzero keeps).
         num_steps: The steps of the run.
         checkpoint_every: The state is checkpointed with the draws after every ``checkpoint_every`` steps.
         draws_per_chain: If known, sizes the file and the blocks of draws.
@@ -95,6 +96,7 @@ def run_chains(
     Raises:
         CheckpointError: Another process writes the run, or the file's run has other settings or ``identity``.
         StructureMismatchError: The file holds draws or a state of another structure.
+        ArgumentError: ``keep`` is not one boolean or integer per chain.
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose="run_chains")
@@ -103,7 +105,7 @@ def run_chains(
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
     state_spec = spec_of(jax.eval_shape(start))  # without weak types, as _strong leaves the state
     chains = _chain_count(state_spec)
-    run = jax.jit(functools.partial(_sample_rows, step))  # not donated: a segment's state is checkpointed later
+    run = jax.jit(functools.partial(_sample_rows, step, chains))  # not donated: a segment's state is checkpointed later
     steps = spec_of(np.arange(checkpoint_every, dtype=np.int32))
     drawn = jax.eval_shape(run, state_spec, steps)[1][0]  # traced once: for the draws' shapes, and for the run
     draw_spec = jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[:1] + leaf.shape[2:], leaf.dtype), drawn)
@@ -208,16 +210,32 @@ def _hand_over(
         )
 
 
-def _sample_rows(step: Step, state: Any, steps: jax.Array) -> tuple[Any, Any]:
+def _sample_rows(step: Step, chains: int, state: Any, steps: jax.Array) -> tuple[Any, Any]:
     """A segment: the sampler's steps, the draws and keep flags stacked (no host callback: a compilation cache can
     keep the program for the next process)."""
 
     def one(state: Any, t: jax.Array) -> tuple[Any, Any]:
         state, draws, keep = step(state, t)
-        return _strong(state), (draws, keep)  # the types a segment starts with, whatever step returns
+        return _strong(state), (draws, _keep_flags(keep, chains))  # the types a segment starts with
 
     state, drawn = jax.lax.scan(one, state, steps)
     return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), drawn)  # each chain's rows contiguous
+
+
+def _keep_flags(keep: Any, chains: int) -> jax.Array:
+    """``keep`` as one boolean per chain: booleans, or integers where nonzero keeps."""
+    flags = jnp.asarray(keep)
+    if not (jnp.issubdtype(flags.dtype, jnp.bool_) or jnp.issubdtype(flags.dtype, jnp.integer)):
+        raise ArgumentError(
+            f"step must return keep as booleans (or integers, nonzero to keep), got dtype {flags.dtype}: return "
+            "e.g. jnp.full(chains, t % thin == 0)"
+        )
+    if flags.shape != (chains,):
+        raise ArgumentError(
+            f"step must return keep as one flag per chain, shape ({chains},), got shape {flags.shape}: give one flag "
+            f"to every chain with jnp.full(({chains},), keep)"
+        )
+    return flags.astype(jnp.bool_)
 
 
 def _segments(done: int, num_steps: int, every: int, rows: int, warmup_steps: int) -> Iterator[tuple[int, int]]:

@@ -115,7 +115,8 @@ def save(
         ``postprocess_save(saving_state, solver_state)`` returns the samples.
 
     Raises:
-        ArgumentError: A negative ``checkpoint_every`` or a ``block_size`` below 1.
+        ArgumentError: A negative ``checkpoint_every`` or a ``block_size`` below 1; ``init_save`` given a sample of
+            no arrays (``{}``, ``None``).
 
     >>> import jax, jax.numpy as jnp
     >>> from jaxstow import io, scheduler
@@ -146,6 +147,15 @@ class _Moving(NamedTuple):
 
 def _sample_bytes(spec: Any) -> int:
     return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
+
+
+def refuse_leafless(spec: Any) -> None:
+    """Refuse a sample of no arrays (``{}``, ``None``): there is nothing to save of it."""
+    if not jax.tree.leaves(spec):
+        raise ArgumentError(
+            f"init_save's sample must hold at least one array, got {spec!r}, a tree of none: save the values to "
+            "keep, e.g. {'x': x}, or count the kept steps without io.save"
+        )
 
 
 def _is_key(leaf: Any) -> bool:
@@ -194,6 +204,8 @@ class _Streaming:
         self.collector = collector
         self.checkpoint_every = checkpoint_every
         self.block_size = block_size
+        #: The sample bytes and rows of the blocks of the run whose chains are registered (with no ``block_size``).
+        self.run_blocks: tuple[int, int] | None = None
         self.host = Receiver(collector)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
@@ -207,24 +219,34 @@ class _Streaming:
         """
         information = StaticInformation() if static_information is None else static_information
         spec = spec_of(init_sample)
+        refuse_leafless(spec)
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
         if self.host.live and checkpoint_treedef != jax.tree.structure(self.host.checkpoint_spec):
             raise ArgumentError("every chain of one saving strategy needs an init_checkpoint of the same structure")
         vmaps = jax_compat.enclosing_vmaps()
         chains = tuple(size for _, size in vmaps)
+        rows = self._block_rows(_sample_bytes(spec), information.samples_collected, running=bool(self.host.live))
         registered = [
             self._register(init_sample, init_checkpoint, information, checkpoint_spec)
             for _ in range(int(np.prod(chains)))
         ]
         table = np.array(registered, np.int32).reshape(*chains, 3)
-        if self.block_size is None:  # chosen once: the chains' states stack only if their buffers have one shape
-            self.block_size = block_rows(_sample_bytes(spec), information.samples_collected, _MAX_BLOCK)
         treedef: PyTreeDef = jax.tree.structure(spec)
         layout = tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in jax.tree.leaves(spec))
-        chain_id, buffers, counts, full, step = _fresh_state(table, rows=self.block_size, layout=layout)
+        chain_id, buffers, counts, full, step = _fresh_state(table, rows=rows, layout=layout)
         state = SavingState(chain_id, treedef.unflatten(buffers), counts, full, step)
         return jax.tree.map(lambda leaf: jax_compat.mapped_by(leaf, vmaps), state) if vmaps else state
+
+    def _block_rows(self, sample_bytes: int, samples_collected: int | None, *, running: bool) -> int:
+        """The rows of a chain's block: ``block_size``, else chosen for each run from its samples; a chain added to
+        a run whose chains are registered gets theirs (the chains' states stack only if their buffers have one
+        shape)."""
+        if self.block_size is not None:
+            return self.block_size
+        if not (running and self.run_blocks is not None and self.run_blocks[0] == sample_bytes):
+            self.run_blocks = (sample_bytes, block_rows(sample_bytes, samples_collected, _MAX_BLOCK))
+        return self.run_blocks[1]
 
     def _register(
         self, init_sample: Any, init_checkpoint: Any, information: StaticInformation, checkpoint_spec: Any
