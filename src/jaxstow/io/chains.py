@@ -87,6 +87,8 @@ class ChainBook:
     def __init__(self) -> None:
         self.layouts: dict[int, SampleLayout] = {}
         self.ends: dict[int, int] = {}
+        #: The spans of rows ``[first, end)`` that arrived, merged where they arrived in order.
+        self.arrived: dict[int, list[tuple[int, int]]] = {}
         self.resumed: dict[int, ChainCheckpoint] = {}
         self.data_loader: DataLoader | None = None
         self.next_id = 0  # the id of the next chain registered: the number registered so far
@@ -97,13 +99,14 @@ class ChainBook:
         self.next_id += 1
         self.layouts[chain_id] = layout
         self.ends[chain_id] = 0 if resumed is None else resumed.sample_count
+        self.arrived[chain_id] = [(0, self.ends[chain_id])]  # the rows of a run resumed are there already
         if resumed is not None:
             self.resumed[chain_id] = resumed
         return chain_id
 
     def drop(self, chain_id: int) -> None:
         """Forget the chain: its run is over."""
-        for book in (self.layouts, self.ends, self.resumed):
+        for book in (self.layouts, self.ends, self.arrived, self.resumed):
             book.pop(chain_id, None)
 
     def layout(self, chain_id: int) -> SampleLayout:
@@ -126,6 +129,11 @@ class ChainBook:
                 )
         end = first + rows
         self.ends[chain_id] = max(self.ends[chain_id], end)
+        spans = self.arrived[chain_id]
+        if spans and spans[-1][0] <= first <= spans[-1][1]:  # in order, or again: one span
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((first, end))
         return end
 
     def trim(self, chain_id: int, count: int) -> None:
@@ -135,6 +143,13 @@ class ChainBook:
         if count > self.ends[chain_id]:
             raise CollectorError(
                 f"chain {chain_id} kept {count} samples, but only {self.ends[chain_id]} reached the collector"
+            )
+        missing = _first_gap(self.arrived[chain_id], count)
+        if missing is not None:
+            raise CollectorError(
+                f"chain {chain_id}: its samples {missing[0]} to {missing[1] - 1} never reached the collector: was its "
+                "saving state given to the save of another strategy (io.save made twice)? Give each strategy's save "
+                "the state of its own init_save"
             )
         self.ends[chain_id] = count
 
@@ -232,3 +247,15 @@ def remove_checkpoint(path: str) -> None:
     """Delete the checkpoint at ``path``, if any: the run it belongs to is complete."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def _first_gap(spans: list[tuple[int, int]], count: int) -> tuple[int, int] | None:
+    """The first rows ``[start, end)`` below ``count`` that no span covers, or ``None``."""
+    covered = 0
+    for first, end in sorted(spans):
+        if first > covered:
+            return covered, min(first, count)
+        covered = max(covered, end)
+        if covered >= count:
+            return None
+    return (covered, count) if covered < count else None
