@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
+import jaxstow
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write, remove_dead_leftovers, temporary_sibling
 from jaxstow.errors import IsAFolderError, PathNotFoundError
 
@@ -110,3 +113,28 @@ def test_a_missing_folder_or_a_folder_at_the_path_is_refused_naming_the_path(tmp
     with pytest.raises(IsAFolderError, match="it is a folder") as caught, atomic_write(tmp_path / "taken"):
         pass
     assert caught.value.file == str(tmp_path / "taken")
+
+
+def test_a_file_replaced_keeps_its_permissions_and_its_temporary_file_never_had_more(tmp_path):
+    path = tmp_path / "secret.jxs"
+    jaxstow.save(path, {"w": np.ones(3)})
+    os.chmod(path, 0o600)  # only its owner may read it
+    modes = []
+    with atomic_write(path) as sink:
+        modes += [stat.S_IMODE(os.fstat(sink.fileno()).st_mode)]  # before a byte is written
+        sink.write(b"new")
+    assert modes == [0o600] and stat.S_IMODE(os.stat(path).st_mode) == 0o600 and path.read_bytes() == b"new"
+    jaxstow.save(path, {"w": np.zeros(4)})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    os.chmod(path, 0o640)
+    jaxstow.save(path, {"w": np.zeros(5)})
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+    fresh = tmp_path / "fresh.jxs"
+    jaxstow.save(fresh, {"w": np.zeros(1)})
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o666 & ~_umask()  # a new file: as any new file
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

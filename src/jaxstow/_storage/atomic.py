@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -123,7 +124,8 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder.
 
     Any failure (disk full, I/O error, an exception in the block, Ctrl-C) removes the temporary file and leaves the
-    previous file as it was. Temporary files that killed saves left in the folder are removed first. An ``OSError``
+    previous file as it was. A file replaced keeps its permissions (a file only its owner may read stays so), which
+    the temporary file has before a byte is written to it. Temporary files that killed saves left in the folder are removed first. An ``OSError``
     (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming ``path``, not the temporary
     file.
     """
@@ -138,6 +140,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     with storage_failures(final):
         sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
         try:
+            _keep_mode(final, sink.fileno())
             yield sink
             sink.flush()
             os.fsync(sink.fileno())
@@ -150,3 +153,13 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
+
+
+def _keep_mode(final: str, descriptor: int) -> None:
+    """Give the open file ``descriptor`` the permission bits of the file at ``final``, if there is one."""
+    try:
+        mode = os.stat(final).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        os.fchmod(descriptor, stat.S_IMODE(mode))
