@@ -219,3 +219,26 @@ def test_a_registered_dataclass_whose_fields_changed_order_is_refused():
     buffer.seek(0)
     restored = jaxstow.load(buffer, like=Pair(b=jnp.zeros(2), w=jnp.zeros(2)))  # matched by name
     assert restored.w.tolist() == [1.0, 1.0] and restored.b.tolist() == [2.0, 2.0]
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=[])
+@dataclasses.dataclass
+class _Checked:
+    w: jax.Array
+
+    def __post_init__(self) -> None:
+        if self.w.ndim != 2:  # checks its arrays, which jax's pytree classes must not
+            raise ValueError("w must be 2-d")
+
+
+jaxstow.saveable(_Checked, name="tests.structure_checks.Checked")
+
+
+def test_a_class_that_checks_its_leaves_when_built_is_told_what_jax_asks_of_it(tmp_path):
+    path = tmp_path / "checked.jxs"
+    jaxstow.save(path, _Checked(jnp.ones((2, 2))))
+    with pytest.raises(
+        jaxstow.errors.FormatError,
+        match=r"has no attribute 'ndim'\): a node's class refused stand-in leaves, as one whose __init__ or __post_init__ checks its arrays does",
+    ):
+        jaxstow.load(path)

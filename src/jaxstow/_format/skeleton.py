@@ -339,7 +339,11 @@ def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> 
         raise
     except Exception as error:  # a node type's own unflatten may raise anything on data it never wrote
         raise FormatError(
-            f"the structure cannot be rebuilt ({type(error).__name__}: {error})", file=file, path=path
+            f"the structure cannot be rebuilt ({type(error).__name__}: {error}): a node's class refused stand-in "
+            "leaves, as one whose __init__ or __post_init__ checks its arrays does (jax's pytree classes must accept "
+            "any leaves: jax too builds them so; check elsewhere), or the file was changed",
+            file=file,
+            path=path,
         ) from None
     return treedef
 
