@@ -10,85 +10,47 @@ bytes, a checksum mismatch or a truncated file.
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import re
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import Any
-from urllib.parse import urlsplit
 
 import fsspec
 import numpy as np
 import pytest
 import safetensors.numpy
-from faulty_proxy import QuietServer
+from rewriting_proxy import Headers, RewritingProxy, running
 
 import jaxstow
 from jaxstow.errors import FormatError, StorageError
 
 MiB = 1 << 20
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect"}
 _QUICK = jaxstow.Transfer(attempts=3, backoff=0.0, part_size=5 * MiB)
 
 
-class LyingProxy:
+class LyingProxy(RewritingProxy):
     """Forwards to ``upstream``, dropping ``If-Match`` from every request; with ``total``, a GET that starts at byte 0
     is answered with a ``Content-Range`` that names ``total`` as the object's size. ``if_match``: the ``If-Match``
     headers dropped."""
 
     def __init__(self, upstream: str) -> None:
-        parts = urlsplit(upstream)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        super().__init__(upstream)
         self.total: int | None = None
         self.if_match: list[str] = []
-        proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def request(self, command: str, path: str, headers: dict[str, str]) -> dict[str, str]:
+        self.if_match += [value for name, value in headers.items() if name.lower() == "if-match"]
+        return {name: value for name, value in headers.items() if name.lower() != "if-match"}
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def forward(self) -> None:
-                with contextlib.suppress(ConnectionError):
-                    self._forward()
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                headers = {}
-                for name, value in self.headers.items():
-                    if name.lower() == "if-match":
-                        proxy.if_match.append(value)
-                    elif name.lower() != "expect":
-                        headers[name] = value
-                connection = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-                connection.request(self.command, self.path, body=body, headers=headers)
-                answer = connection.getresponse()
-                data, answer_headers = answer.read(), answer.getheaders()
-                connection.close()
-                first = re.fullmatch(r"bytes=0-\d+", self.headers.get("Range", ""))
-                if proxy.total is not None and first and answer.status == 206:
-                    answer_headers = [
-                        (name, re.sub(r"/\d+$", f"/{proxy.total}", value) if name.lower() == "content-range" else value)
-                        for name, value in answer_headers
-                    ]
-                self.send_response(answer.status, answer.reason)
-                for name, value in answer_headers:
-                    if name.lower() not in _HOP_BY_HOP:
-                        self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data) if self.command != "HEAD" else 0))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
-
-        self.server = QuietServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+    def answer(
+        self, command: str, path: str, asked: dict[str, str], status: int, headers: Headers, data: bytes
+    ) -> tuple[Headers, bytes]:
+        if self.total is not None and re.fullmatch(r"bytes=0-\d+", asked.get("Range", "")) and status == 206:
+            headers = [
+                (name, re.sub(r"/\d+$", f"/{self.total}", value) if name.lower() == "content-range" else value)
+                for name, value in headers
+            ]
+        return headers, data
 
 
 def _weights(seed: int) -> dict[str, np.ndarray]:
@@ -139,11 +101,8 @@ def test_a_file_left_alone_reads_whole_after_many_lazy_reads(bucket):
 @pytest.fixture
 def lying(s3_server) -> Iterator[tuple[LyingProxy, dict[str, Any]]]:
     """The proxy, and storage options that go through it."""
-    proxy = LyingProxy(s3_server.endpoint)
-    threading.Thread(target=proxy.server.serve_forever, daemon=True).start()
-    yield proxy, {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
-    proxy.server.shutdown()
-    proxy.server.server_close()
+    with running(LyingProxy(s3_server.endpoint)) as proxy:
+        yield proxy, {**s3_server.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
 
 
 def test_a_replaced_plain_file_is_refused_where_the_server_ignores_if_match(bucket, lying):

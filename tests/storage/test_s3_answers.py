@@ -5,28 +5,22 @@ bytes or a :class:`StorageError`, never other bytes, and a cut answer is never t
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import re
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
-from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
-from faulty_proxy import QuietServer
+from rewriting_proxy import Headers, RewritingProxy, running
 
 import jaxstow
 from jaxstow import CheckpointManager
 from jaxstow.errors import FormatError, StorageError
 
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "expect"}
 _QUICK = jaxstow.Transfer(attempts=3, backoff=0.0)
 
 
-class RangeProxy:
+class RangeProxy(RewritingProxy):
     """Forwards to ``upstream``; ranged GETs of paths matching ``paths`` are answered as ``mode`` says.
 
     ``"ignore"``: the ``Range`` of a GET that does not start at 0 is dropped (the whole object, ``200``);
@@ -36,73 +30,41 @@ class RangeProxy:
     """
 
     def __init__(self, upstream: str) -> None:
-        parts = urlsplit(upstream)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+        super().__init__(upstream)
         self.mode: str | None = None
         self.paths = ""
         self.hits = 0
-        proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+    def _mode(self, command: str, path: str, asked: dict[str, str]) -> tuple[str | None, re.Match[str] | None]:
+        start = re.match(r"bytes=(\d+)-", asked.get("Range", ""))
+        mode = self.mode if command == "GET" and start and re.search(self.paths, path) else None
+        return (None if mode == "end" and start and int(start[1]) == 0 else mode), start
 
-            def log_message(self, *args: object) -> None:
-                pass
+    def request(self, command: str, path: str, headers: dict[str, str]) -> dict[str, str]:
+        mode, start = self._mode(command, path, headers)
+        if mode == "ignore" and start and int(start[1]) > 0:
+            self.hits += 1
+            return {name: value for name, value in headers.items() if name.lower() != "range"}
+        return headers
 
-            def forward(self) -> None:
-                with contextlib.suppress(ConnectionError):
-                    self._forward()
-
-            def _forward(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length) if length else None
-                headers = {name: value for name, value in self.headers.items() if name.lower() != "expect"}
-                asked = re.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
-                mode = proxy.mode if self.command == "GET" and asked and re.search(proxy.paths, self.path) else None
-                if mode == "end" and asked and int(asked[1]) == 0:
-                    mode = None
-                if mode == "ignore" and asked and int(asked[1]) > 0:
-                    headers = {name: value for name, value in headers.items() if name.lower() != "range"}
-                    proxy.hits += 1
-                connection = http.client.HTTPConnection(*proxy.upstream, timeout=60)
-                connection.request(self.command, self.path, body=body, headers=headers)
-                answer = connection.getresponse()
-                data, answer_headers = answer.read(), answer.getheaders()
-                connection.close()
-                if mode in ("halve", "end") and answer.status == 206 and len(data) > 1:
-                    data = data[: len(data) // 2]
-                    proxy.hits += 1
-                if mode == "end" and answer.status == 206 and asked:
-                    first = int(asked[1])
-                    claimed = f"bytes {first}-{first + len(data) - 1}/{first + len(data)}"
-                    answer_headers = [(n, claimed if n.lower() == "content-range" else v) for n, v in answer_headers]
-                self.send_response(answer.status, answer.reason)
-                for name, value in answer_headers:
-                    if name.lower() not in _HOP_BY_HOP:
-                        self.send_header(name, value)
-                if self.command == "HEAD":
-                    self.send_header("Content-Length", answer.getheader("Content-Length") or "0")
-                    self.end_headers()
-                    return
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
-
-        self.server = QuietServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+    def answer(
+        self, command: str, path: str, asked: dict[str, str], status: int, headers: Headers, data: bytes
+    ) -> tuple[Headers, bytes]:
+        mode, start = self._mode(command, path, asked)
+        if mode in ("halve", "end") and status == 206 and len(data) > 1:
+            data = data[: len(data) // 2]
+            self.hits += 1
+        if mode == "end" and status == 206 and start:
+            first = int(start[1])
+            claimed = f"bytes {first}-{first + len(data) - 1}/{first + len(data)}"
+            headers = [(n, claimed if n.lower() == "content-range" else v) for n, v in headers]
+        return headers, data
 
 
 @pytest.fixture
 def proxy(s3_server) -> Iterator[RangeProxy]:
-    proxy = RangeProxy(s3_server.endpoint)
-    thread = threading.Thread(target=proxy.server.serve_forever, daemon=True)
-    thread.start()
-    yield proxy
-    proxy.server.shutdown()
-    proxy.server.server_close()
+    with running(RangeProxy(s3_server.endpoint)) as proxy:
+        yield proxy
 
 
 def _through(s3_server, proxy: RangeProxy) -> dict:
