@@ -54,6 +54,7 @@ CORE_TESTS = (
     "tests/read/test_sharding_trees.py",
     "tests/save_load/test_saved_mesh.py",
     "tests/save_load/test_weak_types.py",
+    "tests/format/test_repeated_keys.py",
 )
 #: The newest Python the project supports, and the newest end of the matrix runs on.
 NEWEST_PYTHON = (3, 13)

@@ -54,7 +54,8 @@ def _floats_beyond(part: np.ndarray, dtype: np.dtype) -> str | None:
     if -largest <= low and high <= largest:
         return None
     finite = part[np.isfinite(part)]  # infinities stay infinite: only finite values beyond the range count
-    overflowing = finite[np.isinf(finite.astype(np.float32))]
+    with np.errstate(over="ignore"):  # the overflow looked for
+        overflowing = finite[np.isinf(finite.astype(np.float32))]
     if overflowing.size == 0:
         return None
     low, high = float(overflowing.min()), float(overflowing.max())
