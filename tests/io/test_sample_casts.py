@@ -1,7 +1,9 @@
 """A saved value of no dtype of its own (a Python number, a weakly typed array) takes the dtype its leaf was declared
 with, but only where that dtype holds it: a value of a wider kind, or a Python number out of the dtype's range, is an
 :class:`~jaxstow.errors.ArgumentError` naming the leaf and both dtypes, never a sample silently rounded, flipped or
-turned infinite."""
+turned infinite. A
+traced value (under jit, a fori_loop index) has no value to check, so its leaf's dtype must hold every value of its own
+dtype, or it is refused when traced."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ from jaxstow.errors import ArgumentError
 INFORMATION = scheduler.static_information(samples_collected=4)
 
 
-def _saved(init, value, *, jit: bool):
+STRATEGIES = {"save": lambda: io.save(io.MemoryCollector()), "no_save": io.no_save}
+
+
+def _saved(init, value, *, jit: bool, strategy: str = "save"):
     """The samples of a run that saves ``value`` twice into the leaf ``x`` declared as ``init``."""
-    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+    init_save, save, postprocess_save = STRATEGIES[strategy]()
     state = init_save({"x": init}, None, INFORMATION)
 
     def run(state):
@@ -53,7 +58,6 @@ def test_a_value_its_leaf_cannot_hold_is_refused(init, value, named, jit):
     [
         (0.0, 3, np.float32(3)),
         (jnp.float16(0), 2.5, np.float16(2.5)),
-        (jnp.float16(0), lambda: jnp.asarray(1.0) * 2.5, np.float16(2.5)),
         (0, True, np.int32(1)),
         (jnp.int8(0), -128, np.int8(-128)),
         (0j, 2.0, np.complex64(2)),
@@ -64,3 +68,98 @@ def test_a_value_its_leaf_holds_is_saved_in_the_leafs_dtype(init, value, expecte
     saved = _saved(init, value, jit=True)
     assert saved.dtype == expected.dtype
     np.testing.assert_array_equal(saved, [expected, expected])
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(
+    ("init", "value", "named"),
+    [
+        (jnp.int8(0), jnp.asarray(300), "a weakly typed int32 holding 300, which its dtype int8"),
+        (jnp.float16(0), jnp.asarray(70000.0), "a weakly typed float32 holding 70000.0, which its dtype float16"),
+        (jnp.uint8(0), jnp.asarray(-1), "a weakly typed int32 holding -1, which its dtype uint8"),
+        (
+            jnp.int16(0),
+            jnp.broadcast_to(jnp.asarray(40000), (2,)),
+            "a weakly typed int32 holding 40000, which its dtype int16",
+        ),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_concrete_weak_array_out_of_its_leafs_range_is_refused(init, value, named, jit, strategy):
+    init = jnp.zeros(np.shape(value), init.dtype)
+    with pytest.raises(ArgumentError, match=rf"sample leaf 'x' is {named} cannot hold: .*init it as 0\.0"):
+        _saved(init, value, jit=jit, strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(
+    ("dtype", "value"),
+    [
+        (jnp.int8, lambda: jnp.asarray(300)),
+        (jnp.int16, lambda: jnp.asarray(3) * 2),
+        (jnp.uint8, lambda: jnp.asarray(-1)),
+        (jnp.uint16, lambda: jnp.asarray(1) + 1),
+        (jnp.uint32, lambda: jnp.asarray(1) + 1),
+        (jnp.float16, lambda: jnp.asarray(1) + 1),
+        (jnp.float16, lambda: jnp.asarray(70000.0)),
+        (jnp.float16, lambda: jnp.asarray(1.0) * 2.5),
+    ],
+)
+def test_a_traced_weak_value_its_leaf_cannot_hold_every_value_of_is_refused(dtype, value, strategy):
+    weak = jnp.result_type(value())
+    with pytest.raises(
+        ArgumentError,
+        match=rf"sample leaf 'x' is a weakly typed {weak} computed under .* its dtype {jnp.dtype(dtype)} cannot hold "
+        rf"every {weak}, .*value\.astype\(jnp\.{jnp.dtype(dtype)}\).*init it as jnp\.{weak}\(0\)",
+    ):
+        _saved(jnp.zeros((), dtype), value, jit=True, strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_fori_loop_index_is_refused_from_an_int16_leaf_not_wrapped(strategy):
+    init_save, save, _ = STRATEGIES[strategy]()
+    state = init_save({"i": jnp.int16(0)}, None, INFORMATION)
+    run = jax.jit(lambda s: jax.lax.fori_loop(32766, 32770, lambda i, s: save(s, True, {"i": i})[0], s))
+    with pytest.raises(ArgumentError, match=r"sample leaf 'i' is a weakly typed int32 .* int16 cannot hold every"):
+        run(state)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_fori_loop_index_is_saved_into_an_int32_leaf_or_cast_by_the_caller(strategy):
+    for init, cast in ((jnp.int32(0), lambda i: i), (jnp.int16(0), lambda i: i.astype(jnp.int16))):
+        init_save, save, postprocess_save = STRATEGIES[strategy]()
+        state = init_save({"i": init}, None, INFORMATION)
+        run = jax.jit(
+            lambda s, save=save, cast=cast: jax.lax.fori_loop(3, 7, lambda i, s: save(s, True, {"i": cast(i)})[0], s)
+        )
+        saved = postprocess_save(run(state), None)["samples"]["i"]
+        assert saved.dtype == init.dtype
+        np.testing.assert_array_equal(saved, np.arange(3, 7, dtype=init.dtype))
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(
+    ("init", "value", "expected"),
+    [
+        (0.0, 0.5, np.float32(0.5)),
+        (jnp.bfloat16(0), 0.5, jnp.bfloat16(0.5)),
+        (jnp.bfloat16(0), lambda: jnp.asarray(2.0), jnp.bfloat16(2.0)),
+        (jnp.bfloat16(0), jnp.asarray(2.0), jnp.bfloat16(2.0)),
+        (jnp.bfloat16(0), lambda: jnp.asarray(3e38) * 1.1, jnp.bfloat16(3.3e38)),
+        (jnp.bfloat16(0), lambda: jnp.asarray(7) * 2, jnp.bfloat16(14)),
+        (0.0, lambda: jnp.asarray(7) * 2, np.float32(14)),
+        (0.0, lambda: jnp.asarray(2**24 + 1), np.float32(2**24)),
+        (0j, lambda: jnp.asarray(1.5) * 2, np.complex64(3)),
+        (0, lambda: jnp.asarray(7) * 2, np.int32(14)),
+        (jnp.int8(0), jnp.asarray(-128), np.int8(-128)),
+        (jnp.uint8(0), jnp.asarray(255), np.uint8(255)),
+        (jnp.float16(0), jnp.asarray(1.0) * 2.5, np.float16(2.5)),
+        (jnp.float16(0), jnp.asarray(65504.0), np.float16(65504)),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_weak_value_its_leaf_holds_is_saved_exactly(init, value, expected, jit, strategy):
+    saved = _saved(init, value, jit=jit, strategy=strategy)
+    expected = np.asarray(expected)
+    assert saved.dtype == expected.dtype
+    np.testing.assert_array_equal(np.asarray(saved), np.stack([expected, expected]))

@@ -86,7 +86,24 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
     when the structure differs.
 
     Python numbers and weakly typed values take the spec's dtype, if it holds them: of the same kind (bool, integer,
-    real, complex) or a wider one, and, for a Python number, within its range. Any other dtype must match.
+    real, complex) or a wider one, and within its range. The range of a Python number or of a concrete array is
+    checked on its values; a traced one (under ``jit``, ``vmap`` or a loop, such as a ``fori_loop`` index) has no
+    values yet, so the spec's dtype must hold every value of the array's own dtype, rounding aside: a weak int32 is
+    saved into an int32, int64, bfloat16 or float32 leaf but refused from an int16 or float16 one, a weak float32 into a
+    float32 or bfloat16 (which only round it) but not a float16 one (which would overflow it). Any other dtype must
+    match.
+
+    >>> from jaxstow.io.batching import conform
+    >>> int16 = jax.ShapeDtypeStruct((), jnp.int16)
+    >>> conform(jnp.asarray(300), int16, what="sample")                    # concrete: its value fits
+    Array(300, dtype=int16)
+    >>> try:
+    ...     jax.jit(lambda i: conform(i + 1, int16, what="sample"))(7)        # traced: any int32 may come
+    ... except ArgumentError as error:
+    ...     print(error)
+    sample leaf '' is a weakly typed int32 ... cannot hold every int32, ... (value.astype(jnp.int16)), ...
+    >>> jax.jit(lambda i: conform((i + 1).astype(jnp.int16), int16, what="sample"))(7)
+    Array(8, dtype=int16)
     """
     paths, leaves, treedef = flatten_with_paths(value)
     specs, spec_treedef = jax.tree.flatten(spec)
@@ -108,6 +125,14 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
                 "dtype of what is saved in it (e.g. init it as 0.0, not 0, for a real number), or convert the value "
                 "to its dtype yourself"
             )
+        if weak and isinstance(leaf, jax.core.Tracer) and not _holds_all(np.dtype(wanted.dtype), dtype):
+            raise ArgumentError(
+                f"{what} leaf {path!r} is a weakly typed {dtype} computed under a transformation (jit, vmap, a loop), "
+                f"so its value is unknown when it is cast, and its dtype {wanted.dtype} cannot hold every {dtype}, "
+                f"which would wrap or overflow: convert the value yourself where you know it fits "
+                f"(value.astype(jnp.{wanted.dtype})), or declare the leaf with a dtype that holds it (e.g. init it as "
+                f"jnp.{dtype}(0))"
+            )
         out.append(jnp.asarray(leaf, wanted.dtype))
     return treedef.unflatten(out)
 
@@ -118,17 +143,53 @@ def _kind(dtype: Any) -> int:
     return next(rank for rank, kind in enumerate(_KINDS) if jnp.issubdtype(dtype, kind))
 
 
+_WEAK_WIDTHS = {
+    np.dtype(wide): np.dtype(narrow)
+    for wide, narrow in [("int64", "int32"), ("uint64", "uint32"), ("float64", "float32"), ("complex128", "complex64")]
+}
+
+
+def _holds_all(wanted: np.dtype[Any], dtype: Any) -> bool:
+    """Whether ``wanted`` holds every value of ``dtype`` (of a kind it holds), rounding aside: an integer range within
+    its own, or no larger than its largest real, and a real's exponents within its own. A 64-bit weak type (x64 on)
+    counts as its 32-bit twin: a Python number's default width either way, as with x64 off."""
+    dtype = _WEAK_WIDTHS.get(np.dtype(dtype), dtype)
+    if _kind(dtype) == 0 or wanted == dtype:
+        return True
+    if jnp.issubdtype(dtype, jnp.integer):
+        source = _iinfo(dtype)
+        if jnp.issubdtype(wanted, jnp.integer):
+            target = _iinfo(wanted)
+            return bool(target.min <= source.min and source.max <= target.max)
+        return bool(max(-int(source.min), int(source.max)) <= float(_finfo(wanted).max))
+    return bool(_finfo(dtype).maxexp <= _finfo(wanted).maxexp)
+
+
 def _cast_loss(leaf: Any, dtype: Any, wanted: np.dtype[Any]) -> str:
-    """What a weakly typed ``leaf`` of ``dtype`` is, if ``wanted`` cannot hold it: of a wider kind, or a Python number
-    out of its range; ``""`` if it can."""
+    """What a weakly typed, concrete ``leaf`` of ``dtype`` is, if ``wanted`` cannot hold it: of a wider kind, or a
+    Python number or array with values out of its range; ``""`` if it can."""
     number = isinstance(leaf, bool | int | float | complex)
     what = f"the Python {type(leaf).__name__} {leaf!r}" if number else f"a weakly typed {dtype}"
     if _kind(dtype) > _kind(wanted):
         return what
-    if number and jnp.issubdtype(wanted, jnp.integer):
+    if isinstance(leaf, jax.core.Tracer):  # no values to check: conform checked the dtypes
+        return ""
+    if not number:
+        values = np.asarray(leaf)
+        if values.size == 0 or _holds_all(wanted, dtype):
+            return ""
+        real, imag = np.real(values).astype(np.float64), np.imag(values).astype(np.float64)
+        if jnp.issubdtype(wanted, jnp.integer):
+            info = _iinfo(wanted)
+            out = (real < info.min) | (real > info.max)
+        else:
+            most = float(_finfo(wanted).max)
+            out = np.logical_or(*((np.abs(part) > most) & np.isfinite(part) for part in (real, imag)))
+        return f"{what} holding {values[out].flat[0].item()!r}" if out.any() else ""
+    if jnp.issubdtype(wanted, jnp.integer):
         info = _iinfo(wanted)
         return "" if info.min <= leaf <= info.max else what
-    if number and jnp.issubdtype(wanted, jnp.inexact):
+    if jnp.issubdtype(wanted, jnp.inexact):
         most = float(_finfo(wanted).max)
         parts = (complex(leaf).real, complex(leaf).imag)
         return "" if all(abs(part) <= most or not np.isfinite(part) for part in parts) else what
