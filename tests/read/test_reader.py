@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 
+import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -201,3 +203,24 @@ def test_ranged_reads_on_a_real_s3_server(s3_server):
         start = source.bytes_read
         reader.read("big", np.s_[100:110])
         assert source.bytes_read - start == 10 * 512 * 4
+
+
+_CUT_WHILE_MAPPED = """
+import os, sys, numpy as np, jaxstow
+jaxstow.save(sys.argv[1], {"w": np.arange(100_000, dtype=np.float32)})
+with jaxstow.open(sys.argv[1], mmap=True) as reader:
+    os.truncate(sys.argv[1], 5000)  # rewritten in place by another program, say
+    for read in (lambda: reader["w"], lambda: reader.read("w", np.s_[99_000:])):
+        try:
+            read()
+        except jaxstow.errors.TruncatedFileError as error:
+            print(error)
+"""
+
+
+def test_a_memory_mapped_file_cut_short_since_it_was_opened_is_a_truncated_file_not_a_dead_process(tmp_path):
+    path = tmp_path / "cut.jxs"
+    done = forked.run([sys.executable, "-c", _CUT_WHILE_MAPPED, str(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)  # -7 (SIGBUS): the pages under the view were gone
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and all(f"leaf 'w' of {path}: the file now has 5000 bytes" in line for line in lines)

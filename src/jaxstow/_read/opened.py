@@ -23,6 +23,7 @@ import builtins
 import contextlib
 import math
 import mmap as mmap_module
+import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from types import TracebackType
 from typing import Any, Self
@@ -44,7 +45,7 @@ from jaxstow._read.narrowing import narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
+from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, TruncatedFileError, excerpt
 
 __all__ = ["OpenedFile"]
 
@@ -385,8 +386,18 @@ class OpenedFile(Mapping[str, Any]):
         return arrays
 
     def _mapped(self, leaf: Stored) -> np.ndarray:
+        """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError, not a
+        view whose pages are gone (touching one ends the process with SIGBUS)."""
         assert self._map is not None
         slot = self.container.slots[leaf.path]
+        now = os.fstat(self.container.source.fileno()).st_size  # type: ignore[attr-defined]  # a LocalFile here
+        if now < slot.offset + slot.nbytes:
+            raise TruncatedFileError(
+                f"the file now has {now} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: it was cut "
+                "short since it was opened",
+                file=self.file,
+                path=leaf.path,
+            )
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
         return view.view(leaf.dtype).reshape(leaf.shape)
 
