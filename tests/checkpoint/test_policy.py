@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import jax.numpy as jnp
@@ -35,6 +36,21 @@ def test_keep_last(tmp_path):
 def test_keep_last_counts_step_numbers_not_save_order(tmp_path):
     # Objax's sequence: a lower step saved late is dropped once two higher ones exist.
     assert _run(tmp_path, [1, 5, 3, 10, 7], keep_last=2) == [7, 10]
+
+
+def test_a_step_the_keep_policy_deletes_as_soon_as_it_is_saved_is_told_with_what_to_do(tmp_path, caplog):
+    """A run gone back to step 3 of 1..5: what it saves next is older than the steps kept, and deleted at once."""
+    _run(tmp_path, range(1, 6), keep_last=2)
+    with (
+        caplog.at_level(logging.INFO, logger="jaxstow"),
+        CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager,
+    ):
+        manager.save(3, {"w": jnp.full(2, 33)}, force=True)
+        manager.wait()
+        assert manager.steps() == [4, 5]
+    told = [record for record in caplog.records if "step 3 was saved and at once deleted" in record.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.WARNING and "manager.delete(step)" in told[0].getMessage()
+    assert not any("deleted step 3 (keep policy)" in record.getMessage() for record in caplog.records)
 
 
 def test_keep_every(tmp_path):

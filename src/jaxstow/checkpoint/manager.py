@@ -381,7 +381,15 @@ class CheckpointManager(StepQueries):
         """In process 0, once a step is committed: remember its record, apply the keep policy; each step deleted."""
         self._folder.remember(record)
         for step in self._folder.prune(self._policy):
-            logger.info("%s: deleted step %d (keep policy)", self.directory, step)
+            if step == record.step:  # a run gone back to an earlier step: its new work would be lost unseen
+                logger.warning(
+                    "%s: step %d was saved and at once deleted by the keep policy, which keeps the newest steps: "
+                    "delete the later steps first (manager.delete(step)) when a run goes back to an earlier one",
+                    self.directory,
+                    step,
+                )
+            else:
+                logger.info("%s: deleted step %d (keep policy)", self.directory, step)
             yield step
 
     def _committed(self, committed: Committed) -> None:
