@@ -20,11 +20,6 @@ ETag than the first answer's, a server or cache that ignores ``If-Match``) is :c
 Traceback (most recent call last):
 ...
 jaxstow._storage.s3_body.WrongAnswer: asked for bytes 4-6, the server sent 2 of them (Content-Range bytes 4-6/10, Content-Length 2), and the object does not end there
->>> other = {"Body": io.BytesIO(b"456"), "ContentLength": 3, "ContentRange": "bytes 4-6/10", "ETag": '"b"'}
->>> read_range(other, 4, [memoryview(into)], size=10, etag='"a"')
-Traceback (most recent call last):
-...
-jaxstow._storage.s3_body.Replaced: its ETag is now "b", where it was "a" when it was opened
 """
 
 from __future__ import annotations
@@ -219,6 +214,13 @@ def read_range(
     :class:`WrongAnswer`, its connection dropped; a body that breaks off a :class:`BrokenBody`. ``size`` and ``etag``:
     the object's, as its first answer told them; an answer with another ETag, or another size and no ETag to tell, is
     :class:`Replaced` (none of its bytes read), and one that ends before ``size`` is wrong too.
+
+    >>> import io
+    >>> other = {"Body": io.BytesIO(b"456"), "ContentLength": 3, "ContentRange": "bytes 4-6/10", "ETag": '"b"'}
+    >>> read_range(other, 4, [memoryview(bytearray(3))], size=10, etag='"a"')
+    Traceback (most recent call last):
+    ...
+    jaxstow._storage.s3_body.Replaced: its ETag is now "b", where it was "a" when it was opened
     """
     length = sum(map(len, views))
     asked = f"bytes {offset}-{offset + length - 1}"

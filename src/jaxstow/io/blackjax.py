@@ -68,11 +68,12 @@ def sample(
         algorithm: A blackjax ``SamplingAlgorithm`` (``blackjax.nuts(logdensity, step_size, inverse_mass_matrix)``,
             ``blackjax.sgld(grad_estimator)``, ...), or, with ``warmup``, a function of the warm-up's parameters
             that returns one (``functools.partial(blackjax.nuts, logdensity)``).
-        positions: The chains' initial positions, a pytree whose leaves have a leading axis of chains.
+        positions: The chains' initial positions, a pytree whose leaves have a leading axis of chains (else an
+            ArgumentError).
         key: The run's PRNG key (typed or raw); the warm-up and each chain get keys split from it.
         num_samples: The steps after the warm-up.
         checkpoint_every: The steps between checkpoints.
-        thin: Keep every ``thin``-th draw.
+        thin: Keep every ``thin``-th draw (an integer of at least 1, else an ArgumentError).
         warmup: A blackjax adaptation (``blackjax.window_adaptation(blackjax.nuts, logdensity)``), run on every
             chain for ``num_warmup`` steps; its parameters are kept in the file's ``/warmup`` group.
         num_warmup: The steps of the warm-up.
@@ -82,9 +83,6 @@ def sample(
 
     Returns:
         The draws, ``{name: array}`` shaped ``(chains, draws, ...)``.
-
-    Raises:
-        ArgumentError: ``thin`` is not an integer of at least 1, or the positions have no common leading axis.
     """
     require("h5py", extra="blackjax", purpose="jaxstow.io.blackjax.sample")  # before the run, which needs it to write
     if isinstance(thin, bool) or not isinstance(thin, int | np.integer) or thin < 1:

@@ -81,7 +81,7 @@ def run_chains(
             (``jax.random.key_data``); called only when the run starts.
         step: ``step(state, t)`` advances every chain by step ``t`` (an int32 from 0) and returns
             ``(state, draws, keep)``: the draws of every chain (leading axis the chains) and whether each keeps them,
-            ``keep`` shaped ``(chains,)``, booleans or integers (nonzero keeps).
+            ``keep`` shaped ``(chains,)``, booleans or integers (nonzero keeps; else an ArgumentError).
         num_steps: The steps of the run.
         checkpoint_every: The state is checkpointed with the draws after every ``checkpoint_every`` steps.
         draws_per_chain: If known, sizes the file and the blocks of draws.
@@ -96,7 +96,6 @@ def run_chains(
     Raises:
         CheckpointError: Another process writes the run, or the file's run has other settings or ``identity``.
         StructureMismatchError: The file holds draws or a state of another structure.
-        ArgumentError: ``keep`` is not one boolean or integer per chain.
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose="run_chains")
