@@ -115,8 +115,7 @@ def save(
         ``postprocess_save(saving_state, solver_state)`` returns the samples.
 
     Raises:
-        ArgumentError: A negative ``checkpoint_every`` or a ``block_size`` below 1; ``init_save`` given a sample of
-            no arrays (``{}``, ``None``).
+        ArgumentError: A negative ``checkpoint_every``, a ``block_size`` below 1, a sample of no arrays.
 
     >>> import jax, jax.numpy as jnp
     >>> from jaxstow import io, scheduler
