@@ -503,9 +503,11 @@ def test_the_run_goes_on_while_the_collector_is_busy() -> None:
 
 
 @pytest.mark.parametrize("chains", [None, 2])
-def test_a_block_goes_at_the_call_that_fills_it_or_a_row_short_when_that_sample_is_not_kept(chains) -> None:
-    # A block is sent at the call one more kept sample would fill it at, decided the call before; that call's sample
-    # may not be kept: its block goes a row short, and the rows stay exactly the kept samples.
+def test_a_full_block_goes_at_the_next_call_without_that_calls_sample(chains) -> None:
+    # A block is sent at the call after the one that filled it (decided by that one), without the sample of the call
+    # that sends it, which starts the next block (kept or not): the rows stay exactly the kept samples. A chain whose
+    # block is sent a few rows short (another chain's is full) starts the next one there, in a ring of two blocks:
+    # a block that wraps around its end reaches the collector in two pieces.
     blocks = []
 
     class Logged(io.MemoryCollector):
@@ -518,20 +520,21 @@ def test_a_block_goes_at_the_call_that_fills_it_or_a_row_short_when_that_sample_
     init_save, save, postprocess_save = io.save(Logged(), block_size=4)
     information = scheduler.static_information(samples_collected=STEPS)
     keep = np.ones(STEPS, bool)
-    keep[[3, 9, 10]] = False  # the 4th call would fill the first block, and keeps nothing
+    keep[[3, 9, 10]] = False  # the 4th and 10th calls keep nothing
     run = jax.jit(functools.partial(_scan, save))
     if chains is None:
         keeps = [keep]
         state, outputs = run(init_save(INIT_SAMPLE, None, information), jnp.zeros(3), jnp.asarray(keep))
         outputs = [outputs]
-        sent = {0: [(0, 0, 3), (0, 3, 4), (0, 7, 4)]}  # (chain, first row, rows), sent by the run at calls 4, 8, 14
+        sent = {0: [(0, 0, 4), (0, 4, 4)]}  # (chain, first row, rows), sent by the run at calls 6 and 10
     else:
         keeps = [keep, np.ones(STEPS, bool)]
         states = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(chains))
         state, outputs = jax.vmap(run)(states, jnp.zeros((chains, 3)), jnp.asarray(np.stack(keeps)))
         outputs = [jax.tree.map(lambda leaf, i=i: leaf[i], outputs) for i in range(chains)]
-        # Every chain's block goes when one chain's is due: at calls 4, 8 and 12 (chain 1's).
-        sent = {0: [(0, 0, 3), (0, 3, 4), (0, 7, 2)], 1: [(1, 0, 4), (1, 4, 4), (1, 8, 4)]}
+        # Every chain's block goes when one chain's is full: at calls 5, 9 and 13 (chain 1's). Chain 0's third
+        # block lies in ring rows 7 and 0.
+        sent = {0: [(0, 0, 3), (0, 3, 4), (0, 7, 1), (0, 8, 1)], 1: [(1, 0, 4), (1, 4, 4), (1, 8, 4)]}
     results = postprocess_save(
         state, None
     )  # the run's blocks all delivered, in order, when it returns; it sends the rest
@@ -564,7 +567,8 @@ def test_blocks_queued_when_a_program_ends_still_reach_the_collector(tmp_path) -
     )
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert log.read_text().split() == [str(first) for first in range(0, 20, 2)]
+    # Every block sent: all but the last, which the call after it would have sent (or postprocess_save).
+    assert log.read_text().split() == [str(first) for first in range(0, 18, 2)]
 
 
 def test_a_collector_error_surfaces_in_postprocess_with_its_cause() -> None:

@@ -229,9 +229,10 @@ def test_a_subclass_that_stores_blocks_its_own_way_gets_copies_it_may_keep_on_ev
 
 
 def _run_of(init_save, save, postprocess_save, width, collected, steps=16):
-    """A run of samples of ``width`` float32 numbers; its buffer's shape, and its samples against the scan's."""
+    """A run of samples of ``width`` float32 numbers; its blocks' shape, and its samples against the scan's."""
     state = init_save({"w": jnp.zeros(width)}, None, scheduler.static_information(samples_collected=collected))
-    shape = state.buffer["w"].shape
+    rows, *sample = state.buffer["w"].shape  # a ring of two blocks
+    shape = (rows // 2, *sample)
 
     def step(state, t):
         sample = {"w": jnp.full(width, t)}

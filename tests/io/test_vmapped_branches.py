@@ -65,6 +65,40 @@ def test_a_chain_that_cond_keeps_from_saving_gets_no_sample_of_the_other_branch(
         _assert_file_holds(tmp_path / "samples.h5", expected)
 
 
+@pytest.mark.parametrize("block_size", [None, 1, 3, 4])
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_a_save_in_both_branches_of_a_per_chain_cond_keeps_the_branch_each_chain_took(kind, block_size, tmp_path):
+    # The accept/reject pattern: vmap runs both branches for every chain, and each branch's save fills blocks.
+    chains, steps = 3, 40
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=block_size)
+    information = scheduler.static_information(samples_collected=steps)
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(chains))
+    accepted = jax.random.bernoulli(jax.random.key(0), 0.5, (chains, steps))
+    kept = jax.random.bernoulli(jax.random.key(1), 0.8, (chains, steps))  # some draws not kept, chain by chain
+
+    def chain(state, accepted, kept, number):
+        def step(state, i):
+            proposal, current = (1000 * number + i).astype(jnp.float32), -(1000 * number + i).astype(jnp.float32)
+            state = jax.lax.cond(
+                accepted[i],
+                lambda state: save(state, kept[i], {"x": proposal})[0],
+                lambda state: save(state, kept[i], {"x": current})[0],
+                state,
+            )
+            return state, jnp.where(accepted[i], proposal, current)
+
+        return jax.lax.scan(step, state, jnp.arange(steps))
+
+    state, draws = jax.jit(jax.vmap(chain))(states, accepted, kept, jnp.arange(chains))
+    results = postprocess_save(state, None)
+    expected = [np.asarray(draws[c])[np.asarray(kept[c])] for c in range(chains)]
+    for result, draws_kept in zip(results, expected, strict=True):
+        assert int(result["sample_count"]) == len(draws_kept)
+        np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), draws_kept)
+    if kind == "hdf5":
+        _assert_file_holds(tmp_path / "samples.h5", expected)
+
+
 @pytest.mark.parametrize("checkpoint_every", [0, 3])
 def test_a_while_loop_that_ends_early_for_one_chain_gives_it_only_its_samples(checkpoint_every, tmp_path):
     init_save, save, postprocess_save = io.save(

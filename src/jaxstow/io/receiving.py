@@ -27,13 +27,27 @@ from jaxstow.io.batching import shared_chains, shared_state_error
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data, together
 from jaxstow.io.job_queue import JobQueue
 
-__all__ = ["Receiver", "ran_already"]
+__all__ = ["Receiver", "ran_already", "ring_pieces"]
 
 #: At most this many callbacks' blocks wait for a collector fed on the strategy's thread; a callback beyond them
 #: waits until one is delivered.
 _PENDING_DELIVERIES = 4
 
 Block = tuple[int, int, Sequence[np.ndarray]]  # chain id, index of the first row, the rows of each leaf
+
+
+def ring_pieces(first: int, fill: int, row: int, ring: int) -> list[tuple[int, slice]]:
+    """A block's pieces in its chain's ring of ``ring`` rows: the index of each piece's first sample, and its rows.
+
+    The block is the ``fill`` rows before ``row`` (counted past the ring's end), its first sample the ``first``.
+
+    >>> ring_pieces(8, 3, 5, 5), ring_pieces(8, 3, 6, 5), ring_pieces(8, 0, 2, 5)
+    ([(8, slice(2, 5, None))], [(8, slice(3, 5, None)), (10, slice(0, 1, None))], [])
+    """
+    start = (row - fill) % ring
+    head = min(fill, ring - start)
+    pieces = [(first, slice(start, start + head)), (first + head, slice(0, fill - head))]
+    return [(index, rows) for index, rows in pieces if rows.stop > rows.start]
 
 
 def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
@@ -72,24 +86,23 @@ class Receiver:
     def receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
         """The callback: hand the blocks to the collector (or queue copies of them), and answer with the token.
 
-        ``numbers`` holds each chain's token (its id), samples sent before its block and rows in its block. A
-        checkpoint is taken before the callback returns, after every block before it: the host's state (a data
-        loader's position) must be read at this step, and the run must not go on before its checkpoint is stored.
+        ``numbers`` holds each chain's token (its id), samples sent before its block, rows in its block and the ring
+        row after them (see :func:`ring_pieces`). A checkpoint is taken before the callback returns, after every
+        block before it: the host's state (a data loader's position) must be read at this step, and the run must not
+        go on before its checkpoint is stored.
         """
-        chain_ids, firsts, fills = np.array(numbers)  # a copy: the callback's arguments are the run's memory
+        chain_ids, firsts, fills, rows = np.array(numbers)  # a copy: the callback's arguments are the run's memory
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
-        blocks = self._blocks(chain_ids, firsts, fills, leaves)
+        rounds = self._blocks(chain_ids, firsts, fills, rows, leaves)
         if self.at_once:
-            self._hand_over(blocks)
+            self._hand_over(rounds)
         else:
-            blocks = [
-                (chain_id, first, [host_buffers.copy(value) for value in values]) for chain_id, first, values in blocks
-            ]
+            rounds = [[_copied(block) for block in blocks] for blocks in rounds]
             if checkpoint is None:
-                self._deliveries.submit(functools.partial(self._hand_over, blocks))
+                self._deliveries.submit(functools.partial(self._hand_over, rounds))
             else:
                 self._deliveries.wait()
-                self._hand_over(blocks)
+                self._hand_over(rounds)
         if checkpoint is not None:
             self._checkpoint(chain_ids, firsts + fills, checkpoint)
         token: np.ndarray = chain_ids.astype(np.int32)
@@ -105,31 +118,39 @@ class Receiver:
         buffer, checkpoint = layout.unflatten(leaves)
         return self.receive(numbers, buffer, checkpoint)
 
-    def _blocks(self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, leaves: list[Any]) -> list[Block]:
-        """Each chain's block: its rows of every leaf. Chains that share a state, or whose run is over, get none."""
+    def _blocks(
+        self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, rows: np.ndarray, leaves: list[Any]
+    ) -> list[list[Block]]:
+        """Each chain's block, its rows of every leaf, in one piece or two (where it wraps around the ring): the
+        first pieces, then the second ones. Chains that share a state, or whose run is over, get none."""
         if shared := shared_chains(chain_ids):  # their blocks would mix: they are kept from the collector
             error = shared_state_error(shared, self.name)
             for chain_id in shared:
                 self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
-        blocks: list[Block] = []
+        rounds: list[list[Block]] = [[], []]
         for index in np.ndindex(chain_ids.shape):
-            chain_id, count = int(chain_ids[index]), int(fills[index])
+            chain_id = int(chain_ids[index])
             if chain_id not in self.live:
                 self.failures.setdefault(chain_id, ("receiving the run's blocks", ran_already([chain_id], self.name)))
-            elif count and chain_id not in self.failures:
-                blocks.append((chain_id, int(firsts[index]), [leaf[index][:count] for leaf in leaves]))
-        return blocks
+            elif chain_id not in self.failures:
+                ring = len(leaves[0][index])
+                pieces = ring_pieces(int(firsts[index]), int(fills[index]), int(rows[index]), ring)
+                for blocks, (first, piece) in zip(rounds, pieces, strict=False):
+                    blocks.append((chain_id, first, [leaf[index][piece] for leaf in leaves]))
+        return [blocks for blocks in rounds if blocks]
 
-    def _hand_over(self, blocks: list[Block]) -> None:
-        """Hand the blocks of one callback to the collector together (one write, and one flush, for all chains)."""
-        live = {chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures}
-        if not live:
-            return
-        try:
-            together(self.collector, "save")(live)
-        except Exception as error:
-            for chain_id, (first, values) in live.items():
-                self.failures[chain_id] = (_saving(chain_id, first, values), error)
+    def _hand_over(self, rounds: list[list[Block]]) -> None:
+        """Hand the blocks of one callback to the collector, each round's together (one write, and one flush, for
+        all chains)."""
+        for blocks in rounds:
+            live = {chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures}
+            if not live:
+                continue
+            try:
+                together(self.collector, "save")(live)
+            except Exception as error:
+                for chain_id, (first, values) in live.items():
+                    self.failures[chain_id] = (_saving(chain_id, first, values), error)
 
     def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
         steps, solver, scheduler = checkpoint
@@ -201,6 +222,12 @@ class Receiver:
             if failure is not None:
                 what, error = failure
                 raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
+
+
+def _copied(block: Block) -> Block:
+    """A block whose rows are copies, kept past the callback."""
+    chain_id, first, values = block
+    return chain_id, first, [host_buffers.copy(value) for value in values]
 
 
 def _saving(chain_id: int, first: int, values: Sequence[np.ndarray]) -> str:

@@ -1,9 +1,12 @@
 """``jaxstow.io.save``: stream the samples of a jit-compiled run to a data collector on the host, in blocks.
 
-The saving state carries a device buffer of ``block_size`` samples per chain. ``save`` writes each sample into it
-(counting it only if ``keep`` is true); when a chain's buffer is full, every chain's buffered samples go to the
-host in one host callback that also carries each chain's id and the index of its block's first sample, so the
-collector can place blocks that arrive in any order (or twice: a block lands at its own rows). That makes delivering
+The saving state carries a device buffer of two blocks of ``block_size`` samples per chain, used as a ring. ``save``
+writes each sample into its next row (counting it only if ``keep`` is true); the call after a chain's block filled
+sends every chain's block to the host, in one host callback that also carries each chain's id, the index of its
+block's first sample and where the block lies in the ring, so the collector can place blocks that arrive in any
+order (or twice: a block lands at its own rows). The block sent holds none of that call's sample (written into the
+row after the block, where the next block starts): it is the same in both branches of a ``lax.cond`` that ``vmap``
+runs for every chain, whichever each chain takes. That makes delivering
 blocks free of side effects, so it is a callback like ``pure_callback`` (:mod:`jaxstow.io.host_block`, which spares
 the block a copy), costing nothing at the steps that send no block; the same callback, with a side effect, takes the
 checkpoints. Every ``checkpoint_every`` steps the buffers are sent along with the solver state, which the collector
@@ -45,12 +48,12 @@ from jaxstow.io.batching import (
 from jaxstow.io.collector import DataCollector, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
-from jaxstow.io.receiving import Receiver, ran_already
+from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
 
-#: At most this many rows in a chain's device buffer when ``block_size`` is not given (see ``batching.block_rows``).
+#: At most this many rows in a chain's block when ``block_size`` is not given (see ``batching.block_rows``).
 _MAX_BLOCK = 1 << 16
 
 InitSave = Callable[..., Any]
@@ -63,15 +66,15 @@ class SavingState(NamedTuple):
     """The device side of :func:`save` for one chain (or, stacked, for several).
 
     Every field has the chains' shape, except ``buffer``: the sample's structure with leaves
-    ``(*chains, block_size, *leaf)``.
+    ``(*chains, 2 * block_size, *leaf)``, a ring of two blocks.
     """
 
     chain_id: jax.Array
     buffer: Any
-    #: ``(*chains, 3)``: the :attr:`token`, :attr:`sent` and :attr:`fill` of each chain, one array (a loop carries
-    #: them in one buffer).
+    #: ``(*chains, 4)``: the :attr:`token`, :attr:`sent`, :attr:`fill` and :attr:`row` of each chain, one array (a
+    #: loop carries them in one buffer).
     counts: jax.Array
-    #: 1 where one more sample kept fills the chain's block: without checkpoints, the next call of ``save`` sends it.
+    #: 1 where the chain's block is full: without checkpoints, the next call of ``save`` sends it.
     full: jax.Array
     step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
 
@@ -87,8 +90,14 @@ class SavingState(NamedTuple):
 
     @property
     def fill(self) -> jax.Array:
-        """The samples kept since then, in the first rows of the buffer."""
+        """The samples kept since then, in the block (the rows of the ring before :attr:`row`)."""
         return self.counts[..., 2]
+
+    @property
+    def row(self) -> jax.Array:
+        """The ring row of the next sample, counted on past the ring's end until the next block: the block is the
+        ``fill`` rows before it."""
+        return self.counts[..., 3]
 
     @property
     def sample_count(self) -> jax.Array:
@@ -106,7 +115,7 @@ def save(
     Args:
         data_collector: Where the samples go (a :class:`~jaxstow.io.MemoryCollector` by default).
         checkpoint_every: Checkpoint ``solver_state`` and ``scheduler_state`` every ``n`` calls of ``save`` (0: never).
-        block_size: Samples per chain buffered on the device (by default a power of two, at most 1 MiB).
+        block_size: Samples per chain sent at once (default: a power of two, at most 1 MiB; two held per chain).
 
     Returns:
         ``(init_save, save, postprocess_save)``: ``init_save(init_sample, init_checkpoint, static_information)``
@@ -133,6 +142,11 @@ def save(
         MemoryCollector() if data_collector is None else data_collector, checkpoint_every, block_size
     )
     return streaming.init, streaming.save, streaming.postprocess
+
+
+def _count(counts: jax.Array, kept: jax.Array) -> jax.Array:
+    """The counts after a sample: a row filled and the next row, where kept."""
+    return counts.at[..., 2:].add(kept[..., None])
 
 
 class _Moving(NamedTuple):
@@ -188,11 +202,11 @@ def _fresh_state(
     sample leaf's shape and dtype), made in one call: each array made alone costs a dispatch of its own."""
     table = jnp.asarray(table)  # a numpy array under jax.disable_jit()
     chains = table.shape[:-1]
-    buffers = [jnp.zeros((*chains, rows, *shape), dtype) for shape, dtype in layout]
+    buffers = [jnp.zeros((*chains, 2 * rows, *shape), dtype) for shape, dtype in layout]
     # The id travels as the host's answer (the token), not as ``chain_id``: a value the compiler sees never change,
     # used in the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
-    counts = table.at[..., 2].set(0)  # token (the id), sent, fill
-    full = jnp.full(chains, int(rows == 1), jnp.int32)
+    counts = jnp.zeros((*chains, 4), jnp.int32).at[..., :2].set(table[..., :2])  # token (the id), sent, fill, row
+    full = jnp.zeros(chains, jnp.int32)
     return table[..., 0], buffers, counts, full, table[..., 2]
 
 
@@ -288,9 +302,9 @@ class _Streaming:
             raise ran_already(over, name)
         leaves = jax.tree.leaves(state.buffer)
         for index, chain_id in zip(chains, chain_ids, strict=True):
-            first, rows = int(state.sent[index]), int(state.fill[index])
-            if rows:
-                host.deliver(chain_id, first, [leaf[index][:rows] for leaf in leaves])
+            numbers = (int(state.sent[index]), int(state.fill[index]), int(state.row[index]))
+            for first, rows in ring_pieces(*numbers, len(leaves[0][index])):
+                host.deliver(chain_id, first, [leaf[index][rows] for leaf in leaves])
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         host.attempt_together(
             chain_ids,
@@ -367,14 +381,14 @@ class _Streaming:
         # sampler's keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
         kept = keep.astype(jnp.int32)  # before the barrier: a constant stays one, computed at no step
         state, kept, sample, checkpoint = jax.lax.optimization_barrier((state, kept, sample, checkpoint))  # type: ignore[no-untyped-call]
-        rows = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
+        ring = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
+        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 3], ring), sample)
         if checkpoint is None or state.step is None:
-            return self._blocks_step(state, kept, rows, sample)
-        buffer = write_rows(state.buffer, state.counts[..., 2], sample)
-        counts = state.counts.at[..., 2].add(kept)
+            return self._blocks_step(state._replace(buffer=buffer), kept, ring // 2)
+        counts = _count(state.counts, kept)
         step = state.step + 1
         due = jnp.any(step % self.checkpoint_every == 0)
-        branch = jnp.where(due, 2, jnp.any(counts[..., 2] == rows).astype(jnp.int32))
+        branch = jnp.where(due, 2, jnp.any(counts[..., 2] == ring // 2).astype(jnp.int32))
 
         def wait(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
             return counts
@@ -385,24 +399,24 @@ class _Streaming:
         counts = jax.lax.switch(branch, [wait, send_blocks_only, self._send], counts, buffer, (step, *checkpoint))
         return _Moving(buffer, counts, state.full, step)
 
-    def _blocks_step(self, state: _Moving, kept: jax.Array, rows: int, sample: Any) -> _Moving:
-        """A step without checkpoints. Every operation here runs at every step, and XLA's CPU runtime runs a loop's
-        body one operation after the other only while it holds at most 8 of them (else it schedules them on its pool
-        at every step): whether this call sends is known since the call before (``state.full``: one more sample
-        kept fills a block), so the step tests nothing, and the counts change as one array."""
-        buffer = write_rows(state.buffer, state.counts[..., 2], sample)
+    def _blocks_step(self, state: _Moving, kept: jax.Array, rows: int) -> _Moving:
+        """A step without checkpoints, its sample written. Every operation here runs at every step, and XLA's CPU
+        runtime runs a loop's body one operation after the other only while it holds at most 8 of them (else it
+        schedules them on its pool at every step): whether this call sends is known since the call before
+        (``state.full``: a block of ``rows`` is full), so the step tests nothing, and the counts change as one array.
+        """
 
         def wait(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
-            counts = counts.at[..., 2].add(kept)
-            return counts, (counts[..., 2] + 1 == rows).astype(jnp.int32)
+            counts = _count(counts, kept)
+            return counts, (counts[..., 2] == rows).astype(jnp.int32)
 
         def send(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
-            # This sample fills the block, or, not kept, leaves it a row short: it goes either way.
-            return wait(self._send(counts.at[..., 2].add(kept), buffer), jnp.zeros_like(kept), buffer)
+            # The blocks go without this call's sample, which starts the next one (a block of rows or one short).
+            return wait(self._send(counts, buffer), kept, buffer)
 
         index = state.full if state.full.ndim == 0 else jnp.any(state.full).astype(jnp.int32)
-        counts, full = jax_compat.switch_in_range(index, [wait, send], state.counts, kept, buffer)
-        return _Moving(buffer, counts, full, state.step)
+        counts, full = jax_compat.switch_in_range(index, [wait, send], state.counts, kept, state.buffer)
+        return _Moving(state.buffer, counts, full, state.step)
 
     def _send(self, counts: jax.Array, buffer: Any, *checkpoint: Any) -> jax.Array:
         """Send every chain's block (``checkpoint``: with the checkpoint, a side effect); the counts after it."""
@@ -418,4 +432,6 @@ class _Streaming:
             # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
             # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
             token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
-        return jnp.stack([token, numbers[1] + numbers[2], jnp.zeros_like(token)], axis=-1)
+        ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
+        zero = jnp.zeros_like(token)
+        return jnp.stack([token, numbers[1] + numbers[2], zero, jax.lax.rem(numbers[3], ring)], axis=-1)
