@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._format.skeleton import decode_value
+from jaxstow.errors import FormatError
 
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -95,6 +97,15 @@ def test_python_values_keep_their_type_including_nan(tmp_path):
         got = restored[key]
         assert type(got) is type(expected), key
         assert got == expected or (key == "nan" and math.isnan(got)), key
+
+
+@pytest.mark.parametrize("text", ["1e400", "-1e309", ("0.5", "1e400")])
+def test_a_float_beyond_float64s_range_is_refused_not_read_as_infinity(text):
+    """repr writes infinity as 'inf'; a value that only float() rounds to it is no value jaxstow wrote."""
+    value = {"complex": list(text)} if isinstance(text, tuple) else {"float": text}
+    with pytest.raises(FormatError, match="beyond the range of a float"):
+        decode_value(value)
+    assert decode_value({"float": "-inf"}) == float("-inf") and decode_value({"complex": ["inf", "0.0"]}).real > 1e308
 
 
 def test_containers_round_trip_with_their_types(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import enum
 import functools
+import math
 import os
 from typing import Any
 
@@ -199,9 +200,12 @@ def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, dep
 
 def _parse_float(text: str, *, path: str, file: str | None) -> float:
     try:
-        return float(text)
+        value = float(text)
     except (TypeError, ValueError):
         raise FormatError(f"{excerpt(text)} is not a float", file=file, path=path) from None
+    if math.isinf(value) and text.lstrip("+-") != "inf":  # as repr writes infinity; float() rounds "1e400" to it
+        raise FormatError(f"{excerpt(text)} is beyond the range of a float", file=file, path=path)
+    return value
 
 
 def _parse_dtype(name: str, *, path: str, file: str | None) -> np.dtype:
