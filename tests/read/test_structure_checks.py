@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import FormatError, StructureMismatchError
 
 
 def _name() -> str:
@@ -219,6 +219,64 @@ def test_a_registered_dataclass_whose_fields_changed_order_is_refused():
     buffer.seek(0)
     restored = jaxstow.load(buffer, like=Pair(b=jnp.zeros(2), w=jnp.zeros(2)))  # matched by name
     assert restored.w.tolist() == [1.0, 1.0] and restored.b.tolist() == [2.0, 2.0]
+
+
+def test_a_class_that_lost_a_field_is_refused_rather_than_given_the_lost_fields_values():
+    name = _name()
+
+    class Net(eqx.Module):
+        encoder: jax.Array
+        decoder: jax.Array
+
+    jaxstow.saveable(Net, name=name)
+    buffer = _saved(Net(jnp.full(3, 1.0), jnp.full(3, 2.0)))
+
+    class Net(eqx.Module):  # the next version: no encoder (the file's encoder would fill the decoder)
+        decoder: jax.Array
+
+    jaxstow.saveable(Net, name=name)
+    with pytest.raises(StructureMismatchError, match=r"Net names its leaves \['decoder'\] now, the file \['encoder'"):
+        jaxstow.load(buffer)
+    buffer.seek(0)
+    restored = jaxstow.load(buffer, like=Net(jnp.zeros(3)), partial=True)  # matched by name, the encoder left
+    assert restored.decoder.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_registered_dataclass_that_lost_a_data_field_or_gained_a_static_one_is_refused():
+    name = _name()
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        old: jax.Array
+        w: jax.Array
+        width: int = dataclasses.field(metadata={"static": True})
+
+    jaxstow.saveable(Layer, name=name)
+    buffer = _saved(Layer(jnp.full(2, 1.0), jnp.full(2, 2.0), 64))
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:  # type: ignore[no-redef]  # the next version: no 'old'
+        w: jax.Array
+        width: int = dataclasses.field(metadata={"static": True})
+
+    jaxstow.saveable(Layer, name=name)
+    with pytest.raises(StructureMismatchError, match=r"Layer names its leaves \['w'\] now, the file \['old', 'w'\]"):
+        jaxstow.load(buffer)
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:  # type: ignore[no-redef]  # a static field more, which jax would read from past the file's data
+        old: jax.Array
+        w: jax.Array
+        width: int = dataclasses.field(metadata={"static": True})
+        depth: int = dataclasses.field(default=2, metadata={"static": True})
+
+    jaxstow.saveable(Layer, name=name)
+    buffer.seek(0)
+    with pytest.raises(FormatError, match=r"static fields \('width', 'depth'\)"):
+        jaxstow.load(buffer)
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=[])

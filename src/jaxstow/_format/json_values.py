@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem"]
+from jaxstow.errors import FormatError, excerpt
+
+__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem", "parse_float"]
 
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
@@ -58,3 +60,19 @@ def json_problem(value: Any, key: str = "") -> str | None:
     if isinstance(value, np.ndarray):
         return f"{where}an array of shape {value.shape} is not a JSON value (convert it with .tolist())"
     return f"{where}{value!r} of type {type(value).__name__} is not a JSON value"
+
+
+def parse_float(text: str, *, path: str, file: str | None) -> float:
+    """A float as ``repr`` writes it into a file; a :class:`~jaxstow.errors.FormatError` for text that is none, or
+    that only ``float()`` would round to infinity (``"1e400"``).
+
+    >>> parse_float("0.1", path="lr", file=None), parse_float("-inf", path="lr", file=None)
+    (0.1, -inf)
+    """
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise FormatError(f"{excerpt(text)} is not a float", file=file, path=path) from None
+    if math.isinf(value) and text.lstrip("+-") != "inf":
+        raise FormatError(f"{excerpt(text)} is beyond the range of a float", file=file, path=path)
+    return value

@@ -20,7 +20,6 @@ from __future__ import annotations
 import base64
 import enum
 import functools
-import math
 import os
 from typing import Any
 
@@ -31,10 +30,11 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format import objects
 from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
-from jaxstow._format.json_values import MAX_NESTING
+from jaxstow._format.json_values import MAX_NESTING, parse_float
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow._names.repeated_keys import refuse_repeated
+from jaxstow._util import jax_compat
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
 __all__ = ["NAME_TAGS", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
@@ -145,10 +145,10 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
         if len(data) == 2 and not any(member in data for member in _SECOND_MEMBERS.get(tag, ())):
             raise FormatError(f"unreadable value {excerpt(data)} in the structure", file=file, path=path)
         if tag == "float" and isinstance(data[tag], str):
-            return _parse_float(data[tag], path=path, file=file)
+            return parse_float(data[tag], path=path, file=file)
         if tag == "complex":
             real, imag = data[tag]
-            return complex(_parse_float(real, path=path, file=file), _parse_float(imag, path=path, file=file))
+            return complex(parse_float(real, path=path, file=file), parse_float(imag, path=path, file=file))
         if tag == "bytes":
             return base64.b64decode(data[tag], validate=True)
         if tag in ("tuple", "list", "dict"):
@@ -196,16 +196,6 @@ def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, dep
         key: _decode_checked(value, path=f"{prefix}{key}", file=file, depth=depth + 3)
         for key, (_, value) in zip(keys, items, strict=True)
     }
-
-
-def _parse_float(text: str, *, path: str, file: str | None) -> float:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise FormatError(f"{excerpt(text)} is not a float", file=file, path=path) from None
-    if math.isinf(value) and text.lstrip("+-") != "inf":  # as repr writes infinity; float() rounds "1e400" to it
-        raise FormatError(f"{excerpt(text)} is beyond the range of a float", file=file, path=path)
-    return value
 
 
 def _parse_dtype(name: str, *, path: str, file: str | None) -> np.dtype:
@@ -438,6 +428,14 @@ def _is_pair_list(data: JSON) -> bool:
 
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
+    meta = jax_compat.dataclass_meta_fields(node_type)
+    if meta is not None and not (isinstance(aux, tuple) and len(aux) == len(meta)):
+        raise FormatError(
+            f"the static data {excerpt(aux)} does not fit {node_type.__qualname__}'s static fields {meta}: the class "
+            "changed since the save; load the file with the class as it was saved",
+            file=file,
+            path=path,
+        )
     try:
         return _FROM_NODE_DATA(_REGISTRY, (node_type, aux), children)
     except (TypeError, ValueError, RuntimeError) as error:

@@ -54,13 +54,14 @@ class _Position:
 
 def _rebuilt(treedef: PyTreeDef) -> tuple[Any, list[str], list[int]] | None:
     """The structure built by this process's classes around placeholder leaves, the paths jax gives its leaves and
-    the file's position of each; ``None`` if a class refuses placeholders, or leaves them out.
+    the file's position of each (fewer than the file's leaves where a class lost fields); ``None`` if a class
+    refuses placeholders, or makes leaves of its own.
 
     A class that keeps only arrays as its children (FlareJax's modules) is given small arrays as placeholders.
     """
     count = treedef.num_leaves
     found = _placed(treedef, [_Position(i) for i in range(count)])
-    if found is None and count:
+    if count and (found is None or len(found[2]) != count):
         arrays = jax.device_put([np.zeros((), np.uint8)] * count)
         found = _placed(treedef, arrays)
     return found
@@ -74,7 +75,7 @@ def _placed(treedef: PyTreeDef, placeholders: list[Any]) -> tuple[Any, list[str]
     except Exception:  # a node type's own unflatten or flatten may refuse anything
         return None
     positions = [where.get(id(leaf), -1) for leaf in leaves]
-    if len(leaves) != len(placeholders) or -1 in positions:
+    if -1 in positions:
         return None
     return tree, paths, positions
 

@@ -135,8 +135,14 @@ BROADCAST_PREFIX = Shim(
     "broadcast_prefix",
     "to lay a tree of shardings over the restored tree on jax before jax.tree.broadcast (0.4.38)",
 )
+NODE_REGISTRY = Shim(
+    "jax._src.tree_util",
+    "_registry",
+    "to check a file's static data against a class registered with jax.tree_util.register_dataclass, which jax "
+    "rebuilds from too few static values by reading past them (the process crashes)",
+)
 #: The names jaxstow uses where the installed jax has them, and does without otherwise.
-OPTIONAL_SHIMS = (SWITCH_IN_RANGE, WEAK_TYPE, BROADCAST_PREFIX)
+OPTIONAL_SHIMS = (SWITCH_IN_RANGE, WEAK_TYPE, BROADCAST_PREFIX, NODE_REGISTRY)
 #: Every name of jax's that jaxstow needs beyond its public API.
 SHIMS = (
     PRIMITIVE,
@@ -290,3 +296,28 @@ def distributed_client() -> Any:
     ``None`` before ``jax.distributed.initialize()``.
     """
     return DISTRIBUTED_CLIENT.resolve()
+
+
+def dataclass_meta_fields(node_type: type) -> tuple[str, ...] | None:
+    """The static fields of a class registered with ``jax.tree_util.register_dataclass``, in the order of its static
+    data; ``None`` for another class, or where the installed jax does not tell them (:data:`OPTIONAL_SHIMS`).
+
+    >>> import dataclasses, jax
+    >>> @jax.tree_util.register_dataclass
+    ... @dataclasses.dataclass
+    ... class Layer:
+    ...     w: jax.Array
+    ...     width: int = dataclasses.field(metadata={"static": True})
+    >>> dataclass_meta_fields(Layer), dataclass_meta_fields(dict)
+    (('width',), None)
+    """
+    try:
+        registry = NODE_REGISTRY.resolve()
+    except MissingDependencyError:
+        return None
+    flatten = getattr(registry.get(node_type), "to_iter", None)
+    code, cells = getattr(flatten, "__code__", None), getattr(flatten, "__closure__", None) or ()
+    if code is None or not getattr(flatten, "__qualname__", "").lstrip("_").startswith("register_dataclass."):
+        return None
+    meta = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=False)).get("meta_fields")
+    return tuple(meta) if isinstance(meta, tuple | list) else None
