@@ -166,3 +166,19 @@ def test_the_command_line_verifies_each_shard(tmp_path, tree):
         file.write(b"\x01")
     damaged = subprocess.run(verify, capture_output=True, text=True)
     assert damaged.returncode == 1 and "leaf 'b'" in damaged.stdout
+
+
+@pytest.mark.parametrize(
+    ("shape", "spec"), [((8, 0), P("data")), ((0, 4), P(None, "model")), ((0, 0), P()), ((4, 0), P("data", "model"))]
+)
+def test_an_empty_sharded_array_loads_back_whole_and_onto_a_sharding(tmp_path, mesh, shape, spec):
+    empty = jax.device_put(jnp.zeros(shape, jnp.float32), NamedSharding(mesh, spec))
+    jaxstow.save(tmp_path / "empty.jxs", {"w": jnp.arange(3.0), "empty": empty})
+    restored = jaxstow.load(tmp_path / "empty.jxs")
+    assert restored["empty"].shape == shape and restored["w"].tolist() == [0.0, 1.0, 2.0]
+    onto = jaxstow.load(tmp_path / "empty.jxs", sharding={"w": None, "empty": NamedSharding(mesh, spec)})
+    assert onto["empty"].shape == shape and onto["empty"].sharding == NamedSharding(mesh, spec)
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"empty": empty})
+        manager.wait()
+        assert manager.damaged_steps() == {} and manager.restore(1)["empty"].shape == shape

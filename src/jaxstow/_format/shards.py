@@ -116,8 +116,11 @@ def _shard(
     if not (isinstance(shard, dict) and isinstance(shard.get("tensor"), str) and isinstance(shard.get("box"), list)):
         raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
     box = shard["box"]
-    valid = len(box) == len(shape) and all(
-        isinstance(axis, list) and len(axis) == 2 and set(map(type, axis)) == {int} and 0 <= axis[0] < axis[1] <= size
+    valid = len(box) == len(shape) and all(  # an axis of no elements is split into empty ranges at 0
+        isinstance(axis, list)
+        and len(axis) == 2
+        and set(map(type, axis)) == {int}
+        and (0 <= axis[0] < axis[1] <= size or axis == [0, 0] == [0, size])
         for axis, size in zip(box, shape, strict=False)
     )
     if not valid:
