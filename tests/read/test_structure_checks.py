@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._write.encoded import encode_tree
 from jaxstow.errors import FormatError, StructureMismatchError
 
 
@@ -277,6 +278,73 @@ def test_a_registered_dataclass_that_lost_a_data_field_or_gained_a_static_one_is
     buffer.seek(0)
     with pytest.raises(FormatError, match=r"static fields \('width', 'depth'\)"):
         jaxstow.load(buffer)
+
+
+def test_static_fields_that_changed_order_are_refused_rather_than_given_each_others_values():
+    name = _name()
+
+    class Dense(eqx.Module):
+        w: jax.Array
+        n_in: int = eqx.field(static=True)
+        n_out: int = eqx.field(static=True)
+
+    jaxstow.saveable(Dense, name=name)
+    swapped_values = _saved(Dense(jnp.ones((5, 3)), n_in=3, n_out=5))
+    same_values = _saved(Dense(jnp.ones((3, 3)), n_in=3, n_out=3))
+
+    class Dense(eqx.Module):  # the next version: n_out first
+        w: jax.Array
+        n_out: int = eqx.field(static=True)
+        n_in: int = eqx.field(static=True)
+
+    jaxstow.saveable(Dense, name=name)
+    with pytest.raises(
+        StructureMismatchError, match=r"static data saved in 'n_in' \(3\) would be rebuilt into 'n_out'"
+    ):
+        jaxstow.load(swapped_values)
+    restored = jaxstow.load(same_values)  # either order gives each field its value
+    assert (restored.n_in, restored.n_out) == (3, 3)
+
+
+def test_a_registered_dataclass_whose_static_fields_changed_order_is_refused():
+    name = _name()
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Config:
+        w: jax.Array
+        width: int = dataclasses.field(metadata={"static": True})
+        depth: int = dataclasses.field(metadata={"static": True})
+
+    jaxstow.saveable(Config, name=name)
+    buffer = _saved(Config(jnp.ones(2), width=64, depth=3))
+    assert jaxstow.load(buffer).width == 64
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Config:  # type: ignore[no-redef]  # the next version: depth first
+        w: jax.Array
+        depth: int = dataclasses.field(metadata={"static": True})
+        width: int = dataclasses.field(metadata={"static": True})
+
+    jaxstow.saveable(Config, name=name)
+    buffer.seek(0)
+    with pytest.raises(StructureMismatchError, match=r"saved in 'width' \(64\) would be rebuilt into 'depth'"):
+        jaxstow.load(buffer)
+
+
+def test_a_file_without_the_names_of_its_static_data_still_loads(tmp_path):
+    """Files written before the names were recorded: their static data is rebuilt by position, as it was."""
+
+    class Dense(eqx.Module):
+        w: jax.Array
+        n_in: int = eqx.field(static=True)
+
+    jaxstow.saveable(Dense, name=_name())
+    frozen = encode_tree(Dense(jnp.ones(2), n_in=7))
+    assert "n_in" in frozen.manifest["structure"].pop("aux_names")
+    frozen.write(tmp_path / "older.jxs")
+    assert jaxstow.load(tmp_path / "older.jxs").n_in == 7
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=[])

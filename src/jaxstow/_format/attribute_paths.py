@@ -27,7 +27,7 @@ from jaxstow._format.keypaths import key_to_str
 from jaxstow._names import static_objects
 from jaxstow.errors import JaxstowError
 
-__all__ = ["attributes", "aux_path", "child_name", "join", "renamed", "renamed_child", "replace_json"]
+__all__ = ["attributes", "aux_path", "built_node", "child_name", "join", "renamed", "renamed_child", "replace_json"]
 
 E = TypeVar("E", bound=JaxstowError)
 _LEAF = jax.tree_util.tree_structure(0)
@@ -58,6 +58,12 @@ def _built(node_type: type, aux: Any, count: int) -> tuple[Any, list[_Placeholde
         return treedef.unflatten(placeholders), placeholders
     except Exception:  # a node type's unflatten may refuse anything; then positions stay
         return None
+
+
+def built_node(node_type: type, aux: Any, count: int) -> Any:
+    """The node built from ``aux`` around placeholder children, or ``None`` if it cannot be built so."""
+    built = _built(node_type, aux, count)
+    return None if built is None else built[0]
 
 
 def child_name(node_type: type, aux: Any, count: int, index: int) -> str:

@@ -31,6 +31,7 @@ from jaxstow._format import objects
 from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.json_values import MAX_NESTING, parse_float
+from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow._names.repeated_keys import refuse_repeated
@@ -249,7 +250,7 @@ def encode_treedef(treedef: PyTreeDef, *, path: str = "", file: str | None = Non
         ]
     except JaxstowError as error:  # named after the child's key, not its place among the children
         raise renamed_child(error, path, node_type, aux, count) from None
-    return {"node": name, "aux": encoded_aux, "children": encoded_children}
+    return with_static_names({"node": name, "aux": encoded_aux, "children": encoded_children}, node_type, aux, count)
 
 
 def _is_leaf(treedef: PyTreeDef) -> bool:
@@ -392,7 +393,9 @@ def _decode_node(node_type: type, data: JSON, *, path: str, file: str | None, de
         ]
     except JaxstowError as error:
         raise renamed_child(error, path, node_type, aux, count) from None
-    return _make(node_type, aux, children, path=path, file=file)
+    treedef = _make(node_type, aux, children, path=path, file=file)
+    check_static_names(node_type, aux, count, data.get(AUX_NAMES), path=path, file=file)
+    return treedef
 
 
 def _in_aux(
