@@ -53,3 +53,22 @@ def test_an_unsaveable_leaf_is_refused_when_encoded_not_when_held():
     with pytest.raises(UnsaveableObjectError, match=r"cannot save leaf 'act/f' of run/7/params\.safetensors") as caught:
         held.encode()
     assert caught.value.file == "run/7/params.safetensors"
+
+
+def test_sharded_keys_and_int4_arrays_donated_after_hold_are_written_as_they_were():
+    """numpy cannot view their buffers (its arrays of them are copies): the save holds copies of its own."""
+    mesh = jax.make_mesh((4,), ("data",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    make = jax.jit(
+        lambda: {"keys": jax.random.split(jax.random.key(3), 8), "q": jnp.arange(32, dtype=jnp.int4).reshape(8, 4)},
+        out_shardings=sharding,
+    )
+    state = make()
+    expected = {"keys": np.asarray(jax.random.key_data(state["keys"])), "q": np.asarray(state["q"])}
+    held = hold(state)
+    step = jax.jit(lambda state: {"keys": state["keys"], "q": state["q"] + 1}, donate_argnums=0)
+    jax.block_until_ready(step(state))
+    assert state["q"].is_deleted()  # donated
+    written = _written(held)
+    np.testing.assert_array_equal(jax.random.key_data(written["keys"]), expected["keys"])
+    np.testing.assert_array_equal(np.asarray(written["q"]), expected["q"])

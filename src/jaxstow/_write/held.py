@@ -58,10 +58,14 @@ class HeldTree:
             with naming_deleted_arrays(lambda: flatten_with_paths(tree)[0], leaves, file=file):
                 self._leaves = _hold_on_host(leaves, keep=None if part else budget)
                 # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
-                # encoded: on the host, views of their buffers keep a later donation from reusing them; on an
-                # accelerator, the budget waits until they are read.
+                # encoded: on the host, views of their buffers (else copies) keep a later donation from reusing
+                # them; on an accelerator, the budget waits until they are read.
+                self._guards: list[np.ndarray] = []
+                self._leaves = [
+                    _guarded(leaf, self._guards) if isinstance(leaf, jax.Array) and on_host(leaf) else leaf
+                    for leaf in self._leaves
+                ]
                 later = [leaf for leaf in self._leaves if isinstance(leaf, jax.Array)]
-                self._guards = [view for leaf in later if on_host(leaf) for view in _host_views(leaf)]
             if budget is not None and not all(on_host(leaf) for leaf in later):
                 budget.wait_for_encoding()
                 self._awaited = True
@@ -115,13 +119,21 @@ def _is_key(leaf: Any) -> bool:
     )
 
 
-def _host_views(leaf: jax.Array) -> list[np.ndarray]:
-    """Host views of the buffers of ``leaf``, an array in host memory: they keep a donation from reusing them."""
-    if _is_key(leaf):
-        return [np.asarray(jax.random.key_data(leaf))]
+def _guarded(leaf: jax.Array, guards: list[np.ndarray]) -> jax.Array:
+    """``leaf``, an array in host memory, with views of its buffers added to ``guards``: they keep a donation from
+    reusing them. Where numpy cannot view them (typed PRNG keys, sub-byte dtypes such as int4, whose host arrays are
+    copies), a copy of ``leaf`` of the save's own, with its sharding, which no donation of the caller's reaches."""
     if _is_plain_array(leaf):
-        return [np.asarray(shard.data) for shard in leaf.addressable_shards]
-    return []
+        buffers = [shard.data for shard in leaf.addressable_shards]
+        views = [np.asarray(data) for data in buffers]
+        if all(view.ctypes.data == data.unsafe_buffer_pointer() for view, data in zip(views, buffers, strict=True)):
+            guards.extend(views)
+            return leaf
+    copied: jax.Array = _copy(leaf)
+    return copied
+
+
+_copy = jax.jit(lambda leaf: leaf.copy())
 
 
 def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
