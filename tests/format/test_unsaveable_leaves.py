@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import UnsaveableObjectError
+from jaxstow.errors import ArgumentError, UnsaveableObjectError
 
 SUFFIXES = ["model.jxs", "model.npz"]
 
@@ -58,3 +58,38 @@ def test_a_dtype_a_file_does_not_store_is_refused_with_what_to_save(tmp_path, le
         jaxstow.save(path, {"x": {"y": leaf}})
     assert caught.value.path == "x/y" and caught.value.file == str(path)
     assert "register it" not in str(caught.value)
+
+
+class _Node:
+    """A registered class saved by its attributes, whose children point back at their parent."""
+
+    def __init__(self, parent: _Node | None = None) -> None:
+        self.parent, self.children = parent, []
+
+
+jaxstow.saveable(_Node, name="tests.unsaveable_leaves.Node")
+
+
+def _cyclic() -> _Node:
+    root = _Node()
+    root.children.append(_Node(root))
+    return root
+
+
+def _deep() -> list:
+    deep: list = [np.ones(1)]
+    for _ in range(600):
+        deep = [deep]
+    return deep
+
+
+@pytest.mark.parametrize(("make", "where"), [(_cyclic, "leaf 'tree'"), (_deep, "the tree")], ids=["cycle", "deep"])
+def test_a_tree_that_leads_back_to_itself_or_nests_too_deep_is_refused_and_nothing_written(tmp_path, make, where):
+    with pytest.raises(ArgumentError, match=f"cannot save {where} of .*leads back to itself"):
+        jaxstow.save(tmp_path / "cyclic.jxs", {"tree": make(), "w": np.ones(2)})
+    assert not (tmp_path / "cyclic.jxs").exists()
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        with pytest.raises((ArgumentError, jaxstow.errors.CheckpointError), match="leads back to itself"):
+            manager.save(1, {"tree": make()})
+            manager.wait()
+        assert manager.steps() == []

@@ -48,7 +48,7 @@ from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
-from jaxstow._write.flattening import flatten, naming_deleted_arrays
+from jaxstow._write.flattening import cycle_error, flatten, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
 from jaxstow.errors import FormatError, MetadataError, ShardingError
 
@@ -140,7 +140,10 @@ def encode_tree(
                 f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
             )
     leaves, treedef = flatten(tree, file=file)
-    structure = encode_treedef(treedef, file=file or None)
+    try:
+        structure = encode_treedef(treedef, file=file or None)
+    except RecursionError:
+        raise cycle_error(file) from None
     paths = container_paths(structure)
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
         paths, leaves, _ = flatten_with_paths(tree)
@@ -214,7 +217,10 @@ def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | N
     deferred = None if hosting is None else hosting.defer(leaf, copy=copy)
     if deferred is not None:
         return EncodedLeaf({"path": path, "kind": "array"}, deferred)
-    return encode_leaf(path, leaf, file=file or None)
+    try:
+        return encode_leaf(path, leaf, file=file or None)
+    except RecursionError:  # an object saved by its attributes whose attributes lead back to it
+        raise cycle_error(file, path) from None
 
 
 def weakly_typed_leaves(leaves: Sequence[Any]) -> list[int]:

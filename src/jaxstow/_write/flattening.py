@@ -33,6 +33,8 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
     """jax's leaves and structure of ``tree``; a dict whose keys jax cannot sort is an :class:`ArgumentError`."""
     try:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
+    except RecursionError:
+        raise cycle_error(file) from None
     except ValueError:
         found = _unsortable_dict(tree, ())
         if found is None:
@@ -50,6 +52,18 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         file=file or None,
         path=path,
     ) from None
+
+
+def cycle_error(file: str, path: str | None = None) -> ArgumentError:
+    """The error of a tree (or of its leaf at ``path``) that leads back to itself, or nests deeper than Python
+    follows."""
+    what = "the tree" if path is None else f"leaf {path!r}"
+    return ArgumentError(
+        f"cannot save {what}{f' of {file}' if file else ''}: it nests deeper than Python follows, or an object in "
+        "it leads back to itself through its attributes (a parent pointer): save it without the cycle",
+        file=file or None,
+        path=path,
+    )
 
 
 def _refuse_shared_variables(tree: Any, leaves: Sequence[Any], *, file: str) -> None:

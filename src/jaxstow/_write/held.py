@@ -169,5 +169,5 @@ def _value_now(leaf: Any) -> Any:
         return leaf
     try:
         return EncodedValue(encode_value(leaf))
-    except JaxstowError:  # refused again when the tree is encoded, naming its leaf
+    except (JaxstowError, RecursionError):  # refused again when the tree is encoded, naming its leaf
         return leaf
