@@ -127,3 +127,15 @@ def test_checkpoint_items_with_their_own_shardings(tmp_path, mesh):
     _check(restored["params"], state["params"])
     assert chosen["opt"]["mu"].sharding == NamedSharding(mesh, P())
     assert chosen["params"]["w"].devices() == {jax.devices()[0]}
+
+
+def test_a_mesh_or_a_failing_function_given_as_sharding_is_a_sharding_error(saved, mesh):
+    with pytest.raises(ShardingError, match=r"got a Mesh.*NamedSharding\(mesh, PartitionSpec"):
+        jaxstow.load(saved, sharding=mesh)
+
+    def wrong_signature(path):  # a function of one argument where three are passed
+        return None
+
+    with pytest.raises(ShardingError, match=r"the sharding function .* failed") as raised:
+        jaxstow.load(saved, sharding=wrong_signature)
+    assert raised.value.path is not None and raised.value.file is not None

@@ -54,6 +54,12 @@ def resolve_shardings(
         return {}
     if is_placement(spec):
         return dict.fromkeys(arrays, spec)
+    if isinstance(spec, jax.sharding.Mesh):  # callable (a context manager): not the function it would be taken for
+        raise ShardingError(
+            "sharding= got a Mesh, which names devices but not how an array is split over them: pass "
+            "NamedSharding(mesh, PartitionSpec(...)), or a tree or a function (path, shape, dtype) of them",
+            file=file,
+        )
     if callable(spec):
         return {i: _call(spec, path, shape, dtype, file) for i, (path, shape, dtype) in arrays.items()}
     positions_tree = index_tree()
@@ -124,7 +130,10 @@ def _children(node: Any) -> list[tuple[Any, Any]] | None:
 
 
 def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype: np.dtype, file: str | None) -> Any:
-    placement = function(path, shape, dtype)
+    try:
+        placement = function(path, shape, dtype)
+    except Exception as error:
+        raise ShardingError(f"the sharding function {function!r} failed: {error}", file=file, path=path) from error
     if placement is not None and not is_placement(placement):
         raise ShardingError(
             f"the sharding function returned {placement!r}, not a jax sharding, a device or None", file=file, path=path
