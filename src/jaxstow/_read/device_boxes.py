@@ -8,6 +8,7 @@ share and the rest is gathered later.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from jaxstow._format.shards import Box, ShardedLeaf
 from jaxstow._read import broadcast
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.targets import cast_values
+from jaxstow.errors import ShardingError
 
 __all__ = ["bound_for_devices", "read_onto_devices"]
 
@@ -71,9 +73,27 @@ def read_onto_devices(
 
     def build() -> jax.Array:
         opened.check_narrowing([(path, part) for part in parts.values()])
+        if not placement.addressable_devices:  # another process's devices only: this process holds none of it
+            return _held_elsewhere(leaf.shape, placement, np.dtype(dtype or leaf.dtype), opened.file, path)
         return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])
 
     return build() if exchange is None else broadcast.Pending(tag, build)
+
+
+def _held_elsewhere(
+    shape: tuple[int, ...], placement: jax.sharding.Sharding, dtype: np.dtype, file: str, path: str
+) -> jax.Array:
+    """The array laid out on devices of other processes only, of which this process holds no shard."""
+    if "dtype" not in inspect.signature(jax.make_array_from_callback).parameters:  # jax before 0.5
+        raise ShardingError(
+            "the sharding lays the leaf out on other processes' devices only; this jax cannot make an array of "
+            "which a process holds no shard: give every process a sharding over devices of its own",
+            file=file,
+            path=path,
+        )
+    nothing = np.broadcast_to(np.zeros((), dtype), shape)  # what jax asks of a replicated array: no memory
+    held: jax.Array = jax.make_array_from_callback(shape, placement, lambda index: nothing, dtype=dtype)
+    return held
 
 
 def _box(index: tuple[slice, ...] | None, shape: tuple[int, ...]) -> Box:
