@@ -187,10 +187,10 @@ def test_blocks_of_a_collector_still_queued_at_the_exit_reach_the_hdf5_file(tmp_
     import sys, h5py, jax, jax.numpy as jnp
     from jaxstow import io, scheduler
     init_save, save, _ = io.save(io.HDF5Collector(h5py.File(sys.argv[1], "w", libver="latest")), block_size=2)
-    state = init_save(jnp.zeros(250_000), None, scheduler.static_information(samples_collected=40))
+    state = init_save(jnp.zeros(250_000), None, scheduler.static_information(samples_collected=41))
     step = lambda state, t: (save(state, True, jnp.full(250_000, t, jnp.float32))[0], None)
-    jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(40))[0])(state))
-    """  # the run is abandoned with blocks queued: postprocess_save is never called
+    jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(41))[0])(state))
+    """  # the run is abandoned with blocks queued: postprocess_save, which would send the 41st, is never called
     status, stderr = _finish(_start(program, str(path)))
     assert status == 0, stderr
     with h5py.File(path, "r") as file:
