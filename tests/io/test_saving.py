@@ -635,6 +635,15 @@ def test_misuse_is_reported_clearly() -> None:
         io.no_save()[0](INIT_SAMPLE, None, scheduler.static_information())
 
 
+def test_a_typed_prng_key_in_the_sample_is_refused_saying_to_save_its_data() -> None:
+    init_save, _, _ = io.save(io.MemoryCollector())
+    information = scheduler.static_information(samples_collected=STEPS)
+    with pytest.raises(ArgumentError, match=r"typed PRNG key at \['key'\]: save its data, jax.random.key_data"):
+        init_save({"x": jnp.float32(0), "key": jax.random.key(0)}, None, information)
+    state = init_save({"x": jnp.float32(0), "key": jax.random.key_data(jax.random.key(0))}, None, information)
+    assert state.buffer["key"].dtype == jnp.uint32
+
+
 @pytest.mark.parametrize("sample", [{}, None, {"a": {}, "b": None}], ids=["empty-dict", "none", "nested-empty"])
 def test_a_sample_of_no_arrays_is_refused_before_a_chain_is_registered(strategy, sample) -> None:
     init_save, save, postprocess_save = strategy.triple

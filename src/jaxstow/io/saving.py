@@ -171,6 +171,16 @@ def refuse_leafless(spec: Any) -> None:
         )
 
 
+def _refuse_keys(spec: Any) -> None:
+    """Refuse a sample with a typed PRNG key, which the buffer of samples cannot hold: its data can be saved."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(spec)[0]:
+        if _is_key(leaf):
+            raise ArgumentError(
+                f"init_save's sample holds a typed PRNG key at {jax.tree_util.keystr(path)}: save its data, "
+                "jax.random.key_data(key), and rebuild the key with jax.random.wrap_key_data"
+            )
+
+
 def _is_key(leaf: Any) -> bool:
     return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
 
@@ -233,6 +243,7 @@ class _Streaming:
         information = StaticInformation() if static_information is None else static_information
         spec = spec_of(init_sample)
         refuse_leafless(spec)
+        _refuse_keys(spec)
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
         if self.host.live and checkpoint_treedef != jax.tree.structure(self.host.checkpoint_spec):
