@@ -23,6 +23,7 @@ import numpy as np
 from jaxstow._save_load import save
 from jaxstow.errors import ArgumentError, CollectorError
 from jaxstow.io import host_buffers
+from jaxstow.io.chain_commits import commit_chains, settle
 from jaxstow.io.chains import (
     ChainBook,
     KeepsChains,
@@ -52,7 +53,8 @@ class MemoryCollector(KeepsChains, DataCollector):
     functions) used for any number of runs holds only the run going on.
 
     With ``save_dir``, :meth:`finalize` also writes one ``chain_{id}.npz`` per chain whose keys are the sample's
-    dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``. A checkpoint
+    dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``, those of a step's
+    chains committed together (a crash leaves every chain at one step). A checkpoint
     holds the samples kept so far, so its cost grows with them; for long checkpointed runs prefer the
     :class:`~jaxstow.io.HDF5Collector`.
     """
@@ -88,6 +90,8 @@ class MemoryCollector(KeepsChains, DataCollector):
         capacity = (static_information.samples_collected if static_information is not None else None) or 0
         chain_id = self._chains.next_id
         path = self._path(chain_id, _CHECKPOINT)
+        if path is not None:
+            settle(chain_id, path)
         stored = None if path is None else read_checkpoint(path)
         resumed = None
         if stored is not None and path is not None:
@@ -120,12 +124,24 @@ class MemoryCollector(KeepsChains, DataCollector):
 
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
-        path = self._path(chain_id, _CHECKPOINT)
-        if path is None:
+        self.checkpoint_chains({chain_id: checkpoint})
+
+    def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
+        """Write the checkpoints of a step's chains and the samples they count to ``save_dir``, a file each,
+        committed together (:mod:`jaxstow.io.chain_commits`): a crash leaves every chain at one step."""
+        if self._save_dir is None:
             raise ArgumentError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        samples = self._kept(chain_id, checkpoint.sample_count)
-        write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples)
+        os.makedirs(self._save_dir, exist_ok=True)
+
+        def write(chain_id: int, path: str) -> None:
+            checkpoint = checkpoints[chain_id]
+            samples = self._kept(chain_id, checkpoint.sample_count)
+            write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples)
+
+        commit_chains(
+            {chain_id: os.path.join(self._save_dir, f"chain_{chain_id}{_CHECKPOINT}") for chain_id in checkpoints},
+            write,
+        )
 
     def finalize(self, chain_id: int) -> None:
         """With ``save_dir``, write ``chain_{id}.npz`` and remove the chain's checkpoint: the run is complete."""
