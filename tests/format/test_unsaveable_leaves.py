@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import ArgumentError, UnsaveableObjectError
+from jaxstow.errors import ArgumentError, FormatError, UnsaveableObjectError
 
 SUFFIXES = ["model.jxs", "model.npz"]
 
@@ -83,13 +83,18 @@ def _deep() -> list:
     return deep
 
 
-@pytest.mark.parametrize(("make", "where"), [(_cyclic, "leaf 'tree'"), (_deep, "the tree")], ids=["cycle", "deep"])
-def test_a_tree_that_leads_back_to_itself_or_nests_too_deep_is_refused_and_nothing_written(tmp_path, make, where):
-    with pytest.raises(ArgumentError, match=f"cannot save {where} of .*leads back to itself"):
+#: What each tree is refused with: Python follows a 600-deep list further on some versions (3.13), where the limit of
+#: the file's own nesting refuses it.
+_REFUSALS = {"cycle": "cannot save leaf 'tree' of .*leads back to itself", "deep": "leads back to itself|nests .* deep"}
+
+
+@pytest.mark.parametrize(("make", "name"), [(_cyclic, "cycle"), (_deep, "deep")], ids=["cycle", "deep"])
+def test_a_tree_that_leads_back_to_itself_or_nests_too_deep_is_refused_and_nothing_written(tmp_path, make, name):
+    with pytest.raises((ArgumentError, FormatError), match=_REFUSALS[name]):
         jaxstow.save(tmp_path / "cyclic.jxs", {"tree": make(), "w": np.ones(2)})
     assert not (tmp_path / "cyclic.jxs").exists()
     with jaxstow.CheckpointManager(tmp_path / "run") as manager:
-        with pytest.raises((ArgumentError, jaxstow.errors.CheckpointError), match="leads back to itself"):
+        with pytest.raises(jaxstow.errors.JaxstowError, match=_REFUSALS[name].split(" of ")[-1]):
             manager.save(1, {"tree": make()})
             manager.wait()
         assert manager.steps() == []
