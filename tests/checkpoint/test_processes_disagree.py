@@ -57,3 +57,13 @@ def test_processes_that_ask_for_different_steps_all_fail(reports):
         assert "process 1 asked restore(step=1, fallback=False)" in error, error
     for report in reports:  # the same step everywhere still restores, the values saved once for all
         assert report["restored"]["step"] == 1 and report["restored"]["host"] == [0.0] * 4
+
+
+def test_processes_whose_managers_keep_other_steps_commit_nothing(reports):
+    # Process 0's keep policy deletes the steps of all: one that differs elsewhere would be ignored there, silently.
+    for report in reports:
+        error = report["other_keep"]
+        assert error is not None and "not committed" in error, report
+        assert "process 1 keeps other steps than process 0" in error, error
+        assert "same keep=KeepPolicy(...) in every process" in error and "per_process" not in error, error
+        assert report["kept_steps"] == []

@@ -3,8 +3,9 @@
 
 It saves steps with the same unsharded values in both processes (numpy arrays copied or not, a per-process leaf of
 its own), then steps where process 1 saves another small array, another Python value, or other metrics or metadata,
-then restores a different step in each process, and the same step in both. It prints one JSON line: the steps
-committed, the error of each save or restore that failed (``None`` where it did not), and the values restored.
+then restores a different step in each process, and the same step in both; then saves a step to a second folder
+through managers that keep other steps in each process. It prints one JSON line: the steps committed, the error of
+each save or restore that failed (``None`` where it did not), and the values restored.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jaxstow  # noqa: E402
-from jaxstow import CheckpointManager  # noqa: E402
+from jaxstow import CheckpointManager, KeepPolicy  # noqa: E402
 
 mesh = jax.make_mesh((2,), ("x",))
 whole = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
@@ -71,5 +72,13 @@ with CheckpointManager(folder, process_timeout=30) as manager:
         "mine": restored["mine"],
         "step": manager.restored.step if manager.restored else None,
     }
+with CheckpointManager(folder + "-kept", keep=KeepPolicy(keep_last=2 + process), process_timeout=30) as manager:
+    try:
+        manager.save(1, state())
+        manager.wait()
+        report["other_keep"] = None
+    except Exception as error:
+        report["other_keep"] = f"{type(error).__name__}: {error}"
+    report["kept_steps"] = manager.steps()
 print(json.dumps(report), flush=True)
 jax.distributed.shutdown()

@@ -229,11 +229,12 @@ _PER_PROCESS_ADVICE = (
 
 
 def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> None:
-    """Raise naming every process that saved another step, another tree, other values or other metrics or metadata
-    than process 0."""
+    """Raise naming every process that saved another step, another tree, other values, other metrics or metadata, or
+    with another keep policy than process 0."""
     step = content.step
     problems = []
     values = False  # whether values, metrics or metadata differ (rather than the step or the tree)
+    policies = False  # whether keep policies differ
     first = summaries[0]
     digests = first["digests"]
     for index, summary in enumerate(summaries):
@@ -252,16 +253,18 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
                 f"process {index} saved other values than process 0 for the items {differing} "
                 f"({_differing_leaves(content, name, digests[name], theirs[name])})"
             )
-        if summary.get("annotations") != first.get("annotations"):
-            what = [
-                kind
-                for kind in ("metrics", "metadata")
-                if summary.get("annotations", {}).get(kind) != first.get("annotations", {}).get(kind)
-            ]
+        ours, others = first.get("annotations", {}), summary.get("annotations", {})
+        what = [kind for kind in ("metrics", "metadata") if others.get(kind) != ours.get(kind)]
+        if what:
             values = True
             problems.append(f"process {index} saved other {' and '.join(what)} than process 0")
+        if others.get("keep policy") != ours.get("keep policy"):
+            policies = True
+            problems.append(f"process {index} keeps other steps than process 0 (its CheckpointManager's keep=)")
     if problems:
         advice = f"; {_PER_PROCESS_ADVICE}" if values else ""
+        if policies:
+            advice += "; make the CheckpointManager with the same keep=KeepPolicy(...) in every process"
         raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems) + advice, file=where)
 
 
@@ -283,8 +286,10 @@ def _differing_leaves(content: StepContent, name: str, ours: str, theirs: str) -
 
 
 def _annotations(content: StepContent) -> dict[str, str]:
-    """Hashes of the metrics and metadata of ``content``, to compare with other processes'."""
+    """Hashes of the metrics, metadata and keep policy of ``content``, to compare with other processes' (process 0's
+    are recorded, and its policy deletes the steps)."""
+    kinds = (("metrics", content.metrics), ("metadata", content.metadata), ("keep policy", content.keep_policy))
     return {
         kind: hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()[:16]
-        for kind, value in (("metrics", content.metrics), ("metadata", content.metadata))
+        for kind, value in kinds
     }
