@@ -49,11 +49,16 @@ def test_other_unsharded_values_commit_nothing_in_any_process(reports, step, nam
         assert int(step) not in report["steps"]
 
 
-def test_processes_that_ask_for_different_steps_all_fail(reports):
+def test_processes_that_ask_for_different_steps_or_items_all_fail(reports):
     for report in reports:
         error = report["different_steps"]
         assert error is not None, report
         assert "process 0 asked restore(step=2, fallback=False)" in error, error
+        assert "process 1 asked restore(step=1, fallback=False)" in error, error
+    for report in reports:
+        error = report["different_items"]
+        assert error is not None, report
+        assert "process 0 asked restore(step=1, fallback=False, items=['state'])" in error, error
         assert "process 1 asked restore(step=1, fallback=False)" in error, error
     for report in reports:  # the same step everywhere still restores, the values saved once for all
         assert report["restored"]["step"] == 1 and report["restored"]["host"] == [0.0] * 4

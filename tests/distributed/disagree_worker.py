@@ -3,9 +3,9 @@
 
 It saves steps with the same unsharded values in both processes (numpy arrays copied or not, a per-process leaf of
 its own), then steps where process 1 saves another small array, another Python value, or other metrics or metadata,
-then restores a different step in each process, and the same step in both; then saves a step to a second folder
-through managers that keep other steps in each process. It prints one JSON line: the steps committed, the error of
-each save or restore that failed (``None`` where it did not), and the values restored.
+then restores a different step in each process, other items in each, and the same step in both; then saves a step
+to a second folder through managers that keep other steps in each process. It prints one JSON line: the steps
+committed, the error of each save or restore that failed (``None`` where it did not), and the values restored.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ with CheckpointManager(folder, process_timeout=30) as manager:
         report["different_steps"] = None
     except Exception as error:
         report["different_steps"] = f"{type(error).__name__}: {error}"
+    try:
+        manager.restore(step=1, like=like, items=["state"] if process == 0 else None)
+        report["different_items"] = None
+    except Exception as error:
+        report["different_items"] = f"{type(error).__name__}: {error}"
     restored = manager.restore(step=1, like=like)["state"]
     report["restored"] = {
         "host": restored["host"].tolist(),

@@ -22,7 +22,7 @@ same step in every process of a ``jax.distributed`` run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from jaxstow._coordination import Coordinator
@@ -47,14 +47,16 @@ def restore_chosen(
     coordinator: Coordinator,
     tiers: Tiers | None,
     broadcast: bool | None,
+    items: Sequence[str] | None = None,
 ) -> tuple[T, recovery.Restored]:
     """``restore(chosen, folder_holding_it)`` of the step chosen: ``step`` (the newest committed one by default, and
     with ``fallback`` the newest intact one up to it) of ``folder`` or, without ``fallback``, of the local tier of
     ``tiers`` where it holds the newest; and the step restored. Under ``jax.distributed`` the processes agree on
     ``coordinator``, and boxes several of them hold are read once where ``broadcast`` says so (``None``: where it
-    pays, :mod:`jaxstow.checkpoint.read_once`). The caller has waited for its own save in flight."""
+    pays, :mod:`jaxstow.checkpoint.read_once`); every process must ask for the same ``items``. The caller has waited
+    for its own save in flight."""
     if coordinator.many:
-        _check_same_request(coordinator, folder, step, fallback=fallback)
+        _check_same_request(coordinator, folder, step, fallback=fallback, items=items)
     if tiers is not None and not fallback:
         return restore_tiers(tiers, folder, step, restore, coordinator=coordinator, broadcast=broadcast)
 
@@ -93,12 +95,15 @@ def restore_chosen(
     return trees[0], recovery.Restored(newest)
 
 
-def _check_same_request(coordinator: Coordinator, folder: StepFolder, step: int | None, *, fallback: bool) -> None:
-    """Every process asked for the same ``step`` and ``fallback``, which process 0 checks (a process's own ``step``
-    is never used to choose, so one that asked another would silently get process 0's); else a
-    :class:`CheckpointError` in every process naming those that differ and what they asked."""
+def _check_same_request(
+    coordinator: Coordinator, folder: StepFolder, step: int | None, *, fallback: bool, items: Sequence[str] | None
+) -> None:
+    """Every process asked for the same ``step``, ``fallback`` and ``items``, which process 0 checks (a process's
+    own ``step`` is never used to choose, so one that asked another would silently get process 0's, and the reads
+    shared among the processes are planned for the same items in each); else a :class:`CheckpointError` in every
+    process naming those that differ and what they asked."""
     where = folder.store.location
-    asked = {"step": step, "fallback": fallback}
+    asked = {"step": step, "fallback": fallback, "items": None if items is None else sorted(items)}
     with coordinator.conversation("restore-request") as talk:
         talk.tell("asked", asked)
 
@@ -110,7 +115,7 @@ def _check_same_request(coordinator: Coordinator, folder: StepFolder, step: int 
                 raise CheckpointError(
                     "the processes asked to restore different steps: "
                     + "; ".join(f"process {index} {_described(requests[index])}" for index in [0, *differ])
-                    + ": pass the same step= and fallback= to restore() in every process",
+                    + ": pass the same step=, fallback= and items= to restore() in every process",
                     file=where,
                 )
             return True
@@ -119,4 +124,5 @@ def _check_same_request(coordinator: Coordinator, folder: StepFolder, step: int 
 
 
 def _described(request: dict[str, object]) -> str:
-    return f"asked restore(step={request['step']}, fallback={request['fallback']})"
+    items = "" if request["items"] is None else f", items={request['items']}"
+    return f"asked restore(step={request['step']}, fallback={request['fallback']}{items})"

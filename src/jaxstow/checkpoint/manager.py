@@ -188,6 +188,7 @@ class CheckpointManager(StepQueries):
             coordinator=self._coordinator,
             tiers=self._tiers,
             broadcast=self._broadcast_restore,
+            items=items,
         )
         return tree
 
