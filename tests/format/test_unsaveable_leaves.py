@@ -3,6 +3,8 @@ as something else."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -97,4 +99,23 @@ def test_a_tree_that_leads_back_to_itself_or_nests_too_deep_is_refused_and_nothi
         with pytest.raises(jaxstow.errors.JaxstowError, match=_REFUSALS[name].split(" of ")[-1]):
             manager.save(1, {"tree": make()})
             manager.wait()
+        assert manager.steps() == []
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [jax.jit, jax.vmap, jax.grad],
+    ids=["jit", "vmap", "grad"],
+)
+def test_a_save_inside_a_traced_function_is_refused_naming_the_leaf(tmp_path, transform):
+    def step(x):
+        jaxstow.save(tmp_path / "inside.jxs", {"layers": [{"w": x}]})
+        return x.sum()
+
+    with pytest.raises(ArgumentError, match=r"cannot save leaf 'layers/0/w' of .*inside\.jxs: it is a value traced"):
+        transform(step)(jnp.ones(3))
+    assert not (tmp_path / "inside.jxs").exists()
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        with pytest.raises(ArgumentError, match="save the function's results outside it"):
+            jax.jit(lambda x: manager.save(1, {"w": x}) or x)(jnp.ones(3))
         assert manager.steps() == []

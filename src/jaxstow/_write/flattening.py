@@ -40,6 +40,7 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         if found is None:
             raise
     else:
+        _refuse_traced(tree, leaves, file=file)
         _refuse_shared_variables(tree, leaves, file=file)
         return leaves, treedef
     path, keys = found
@@ -61,6 +62,23 @@ def cycle_error(file: str, path: str | None = None) -> ArgumentError:
     return ArgumentError(
         f"cannot save {what}{f' of {file}' if file else ''}: it nests deeper than Python follows, or an object in "
         "it leads back to itself through its attributes (a parent pointer): save it without the cycle",
+        file=file or None,
+        path=path,
+    )
+
+
+def _refuse_traced(tree: Any, leaves: Sequence[Any], *, file: str) -> None:
+    """A leaf traced by ``jax.jit``, ``vmap`` or ``grad`` (the save called inside them) is an :class:`ArgumentError`
+    naming its path: it has no value to write yet."""
+    traced = next((index for index, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)), None)
+    if traced is None:
+        return
+    path = path_to_str(jax.tree_util.tree_flatten_with_path(tree)[0][traced][0])
+    what = f"leaf {path!r}" if path else "the array"
+    raise ArgumentError(
+        f"cannot save {what}{f' of {file}' if file else ''}: it is a value traced by jax.jit, vmap or grad, "
+        "which has no value yet (the save is called inside the traced function, where it would run once, at "
+        "tracing): save the function's results outside it, or stream values from inside jit with jaxstow.io.save",
         file=file or None,
         path=path,
     )
