@@ -139,6 +139,20 @@ def test_existing_step_needs_force_which_replaces_it(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if TEMPORARY_MARKER in name]
 
 
+def test_a_closed_manager_reads_a_step_another_manager_replaced(tmp_path):
+    # While it held the lock it kept the records it had read; once closed, another manager may replace a step.
+    with CheckpointManager(tmp_path) as first:
+        for step in (1, 2):
+            first.save(step, {"w": np.full(2, step)}, metrics={"loss": float(step)})
+        assert first.metrics(2) == {"loss": 2.0}
+    with CheckpointManager(tmp_path) as second:
+        second.save(2, {"w": np.full(2, 22)}, metrics={"loss": 0.5}, force=True)
+    assert first.metrics(2) == {"loss": 0.5} and first.best_step("loss") == 2
+    restored = first.restore(fallback=True)
+    assert first.restored is not None and (first.restored.step, first.restored.skipped) == (2, {})
+    np.testing.assert_array_equal(restored["w"], [22, 22])
+
+
 def test_delete(tmp_path):
     with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=5)) as manager:
         for step in range(3):

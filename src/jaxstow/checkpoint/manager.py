@@ -432,6 +432,7 @@ class CheckpointManager(StepQueries):
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+                self._folder.stop_caching()  # a manager closed still answers, from what is stored now
             preempted = self._preempted()  # read last, so that a signal that came during the wait counts
             if self._notice is not None:
                 self._notice.close()

@@ -124,6 +124,12 @@ class StepFolder:
         if self.cache:
             self._records[record.step] = record
 
+    def stop_caching(self) -> None:
+        """Read every record from storage again from now on: once this process lets the lock go, another may replace
+        a step."""
+        self.cache = False
+        self._records.clear()
+
     def forget(self, step: int) -> None:
         """Drop the record of a deleted step."""
         self._records.pop(step, None)
