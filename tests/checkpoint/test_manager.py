@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -151,6 +152,17 @@ def test_a_closed_manager_reads_a_step_another_manager_replaced(tmp_path):
     restored = first.restore(fallback=True)
     assert first.restored is not None and (first.restored.step, first.restored.skipped) == (2, {})
     np.testing.assert_array_equal(restored["w"], [22, 22])
+
+
+def test_an_ordered_dict_is_one_tree_and_keeps_its_order(tmp_path):
+    # As named items it came back a plain dict in sorted order: its leaves, paired by position, swapped.
+    state = collections.OrderedDict([("weights", np.full(2, 7.0, np.float32)), ("bias", np.zeros(2, np.float32))])
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, state)
+        for restored in (manager.restore(), manager.restore(like=state)):
+            assert type(restored) is collections.OrderedDict and list(restored) == ["weights", "bias"]
+            assert jax.tree.structure(restored) == jax.tree.structure(state)
+            np.testing.assert_array_equal(jax.tree.leaves(restored)[0], [7.0, 7.0])
 
 
 def test_delete(tmp_path):

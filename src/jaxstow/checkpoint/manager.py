@@ -254,7 +254,8 @@ class CheckpointManager(StepQueries):
 
         Args:
             step: A non-negative Python, numpy or 0-d jax integer.
-            items: A dict of named pytrees, or one pytree.
+            items: A dict of named pytrees, or one pytree (a dict of another class, such as an ``OrderedDict``, is
+                one pytree, and comes back as it was).
             metrics: Numbers (e.g. ``{"loss": 0.1}``) that rank steps for ``keep_best``; back from :meth:`metrics`.
             metadata: Any JSON-able dict; back from :meth:`metadata`.
             force: Replace an existing step atomically.

@@ -36,8 +36,9 @@ _ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def split_items(items: Any) -> tuple[dict[str, Any], bool]:
-    """Named items (a dict with string keys) or one tree; the flag says which."""
-    if not (isinstance(items, dict) and all(isinstance(name, str) for name in items)):
+    """Named items (a plain dict with string keys) or one tree; the flag says which. A dict of another class (an
+    ``OrderedDict``, whose leaves follow its order) is one tree: as named items it would come back a plain dict."""
+    if not (type(items) is dict and all(isinstance(name, str) for name in items)):
         return {SINGLE_ITEM: items}, True
     bad = [name for name in items if not _ITEM_NAME.fullmatch(name)]
     if bad:
