@@ -154,6 +154,20 @@ def test_the_queries_count_a_step_held_by_either_tier(tmp_path):
             manager.metrics(7)
 
 
+def test_a_step_deleted_is_deleted_from_both_tiers_and_may_be_saved_again(tmp_path):
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, save_every=2, local=LocalTier(local, keep_last=2)) as manager:
+        _run(manager, range(1, 5))  # 1, 2 and 4 persistent (the first, and every second), 3 and 4 local
+        manager.delete(4)  # in both tiers
+        assert manager.steps() == [1, 2, 3] and manager.steps(tier="local") == [3]
+        assert manager.restore()["w"].tolist() == [3.0] * 3 and manager.restored.step == 3
+        manager.delete(3)  # local only
+        assert manager.steps() == [1, 2] and manager.restore()["w"].tolist() == [2.0] * 3
+        manager.save(4, {"w": jnp.full(3, 40.0)})
+        assert manager.restore()["w"].tolist() == [40.0] * 3
+    assert manager.steps(tier="persistent") == [1, 2, 4]
+
+
 def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earlier(tmp_path):
     store, local = tmp_path / "store", tmp_path / "local"
     with CheckpointManager(store, save_every=5, local=LocalTier(local)) as manager:
@@ -260,6 +274,14 @@ def test_processes_whose_local_directories_differ_agree_on_the_steps_to_save(run
         assert "error" not in report, report
         assert report["picked"] == [7, 8] and report["local"] == [7, 8], report
         assert report["persistent"] == [1, 4, 8], report
+
+
+def test_a_step_deleted_is_gone_from_every_local_tier_and_every_peer_copy(run):
+    assert (run / "local3" / "process-3" / "peer-copies" / "p1" / "6").is_dir()
+    reports = _reports(_start("delete", run))
+    assert [(report.get("restored"), report.get("local")) for report in reports] == [(5, [5])] * 4, reports
+    copies = [path for path in run.glob("local*/process-*/peer-copies/*/*") if path.name == "6"]
+    assert not copies and not list(run.glob("local*/process-*/6"))
 
 
 @pytest.mark.parametrize("lost", ["every-local-directory", "a-process-and-its-keeper"])

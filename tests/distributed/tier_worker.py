@@ -5,7 +5,8 @@ persistent directory is ``BASE/persistent`` (or ``--directory``, a URL with opti
 ``save`` saves steps 1 to 6 (every step locally, every 4th persistently), prints a line and waits to be killed
 (SIGKILL, mid-run), as process 0 always does; ``restore`` restores the newest step restorable and checks every value
 it holds; ``resume`` asks :meth:`should_save` about steps 1 to 8 without restoring, saves the steps it picks and
-reports them. ``train`` is a run that goes on after a restart: it restores the newest step restorable (checking every
+reports them; ``delete`` deletes the newest step, then restores the newest one left. ``train`` is a run that goes on
+after a restart: it restores the newest step restorable (checking every
 value), prints it, then saves every step due from the next one on, printing a line per save, until it is killed.
 ``--stop save`` makes process ``--victim`` stop itself (SIGSTOP) as it begins sending its copies of step 2 to its
 peers, ``--stop copy`` as it begins copying step 4 to the persistent directory, ``--stop fetch`` as it begins sending
@@ -21,7 +22,7 @@ import signal
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("action", choices=["save", "restore", "resume", "train"])
+parser.add_argument("action", choices=["save", "restore", "resume", "train", "delete"])
 parser.add_argument("process", type=int)
 parser.add_argument("count", type=int)
 parser.add_argument("port", type=int)
@@ -135,6 +136,9 @@ try:
         report.update(local=manager.steps(tier="local"), persistent=manager.steps(tier="persistent"))
     elif args.action == "train":
         train()
+    elif args.action == "delete":
+        manager.delete(manager.latest_step())
+        report.update(restored=restore_checked(), local=manager.steps(tier="local"))
     else:
         report.update(restored=restore_checked(), local=manager.steps(tier="local"))
 except Exception as error:

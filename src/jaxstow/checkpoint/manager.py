@@ -309,12 +309,17 @@ class CheckpointManager(StepQueries):
             self.close()  # ends the process
 
     def delete(self, step: int) -> None:
-        """Delete a committed step now, whatever the keep policy says (after the save in flight)."""
+        """Delete a committed step now, whatever the keep policy says (after the save, and the copy, in flight): from
+        ``directory`` and, with a local tier, from every process's tier and the copies its peers keep."""
         self._check_open()
         self._writer.wait()
-        step = self._existing(step)
+        if self._tiers is not None:
+            self._tiers.uploads.wait()  # a copy in flight would commit the step again
+        step = self._held(step)
         self._agreed = None  # what is saved is agreed again at the next question or save
-        if self._coordinator.index != 0:  # process 0 deletes for all
+        if self._tiers is not None:
+            self._tiers.delete(step)  # each process its own
+        if self._coordinator.index != 0 or step not in self._folder.committed():  # process 0 deletes for all
             return
         if self._lock is None:
             self._take_lock()

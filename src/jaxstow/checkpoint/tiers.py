@@ -93,10 +93,7 @@ class Tiers:
         """Write ``content`` as a local step, every process together on ``talk`` (``decided`` hears that process 0
         decided it committed); hand its record to ``persistent`` (the copy to ``directory``, run on the upload
         thread) when the step is due there, send copies to the peers and prune the local tier."""
-        if self._lock is None:
-            self._lock = lock_store(self.store)
-            claim(self.store.root, self.run)
-            self.store.cleanup(lambda name: self.names.step(name) is not None)
+        self._take_lock()
         step = content.step
         folder, what = self.names.name(step), f"step {step} of {self.directory}"
         record = commit_content(
@@ -148,6 +145,22 @@ class Tiers:
         return commit_step(
             talk, store, folder, step, copy, lambda _: record, shared=True, replace=False, decided=decided, after=after
         )
+
+    def delete(self, step: int) -> None:
+        """Delete ``step`` from this process's local tier, and the copies of other processes' files of it kept here."""
+        self._take_lock()
+        folder = self.names.name(step)
+        copies = [self.peers.store(owner) for owner in self.coordinator.others] if self.peers is not None else []
+        with self._pruning:
+            for store in [self.store, *copies]:
+                if folder in store.committed():
+                    store.delete(folder)
+
+    def _take_lock(self) -> None:
+        if self._lock is None:
+            self._lock = lock_store(self.store)
+            claim(self.store.root, self.run)
+            self.store.cleanup(lambda name: self.names.step(name) is not None)
 
     def _prune(self) -> None:
         """Delete the local steps older than the newest ``keep_last``, but for one being copied (it goes once
