@@ -1,4 +1,4 @@
-"""``io.blackjax.sample``: the arguments it refuses before anything runs."""
+"""``io.blackjax.sample``: the arguments it refuses before anything runs, and a file of a run from other positions."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 blackjax = pytest.importorskip("blackjax")
 
@@ -22,3 +22,13 @@ def test_a_thin_that_is_no_count_of_at_least_one_is_refused(tmp_path, thin):
             str(tmp_path / "walk.h5"), walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=6, thin=thin
         )
     assert not os.listdir(tmp_path)
+
+
+def test_the_same_file_from_other_positions_is_refused_not_answered_with_the_first_runs_draws(tmp_path):
+    walk = blackjax.rmh(lambda x: -0.5 * jnp.sum(x**2), blackjax.mcmc.random_walk.normal(jnp.ones(1)))
+    path = str(tmp_path / "walk.h5")
+    first = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=6)
+    with pytest.raises(CheckpointError, match="holds a run started from other arrays"):
+        io.blackjax.sample(path, walk, jnp.full((2, 1), 50.0), jax.random.key(0), num_samples=6)
+    again = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=6)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))

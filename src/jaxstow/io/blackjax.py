@@ -39,6 +39,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError
+from jaxstow.io.argument_digest import argument_digest
 from jaxstow.io.runs import run_chains
 
 __all__ = ["sample"]
@@ -141,6 +142,7 @@ def sample(
             "num_warmup": num_warmup if warmup is not None else 0,
             "num_samples": num_samples,
             "thin": thin,
+            "arguments": argument_digest(positions),
         },
         warmup=(lambda state: state[1]) if warmup is not None else None,
     )

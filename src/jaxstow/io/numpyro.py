@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.io.argument_digest import argument_digest
 from jaxstow.io.runs import run_chains
 
 __all__ = ["run"]
@@ -71,8 +72,9 @@ def run(
     kwargs = dict(model_kwargs or {})
     raw = jax.random.key_data(rng_key) if jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key) else rng_key
     raw = jnp.asarray(raw, jnp.uint32)
+    keys = jax.random.split(raw, chains) if chains > 1 else raw[None]  # as mcmc.run splits them: one chain, not
     initial = jax.jit(lambda keys: kernel.init(keys, num_warmup, init_params, model_args, kwargs))(
-        jax.random.split(raw, chains)
+        keys
     )  # vectorized; traced and compiled as one program rather than op by op
     constrain = jax.vmap(kernel.postprocess_fn(model_args, kwargs))
 
@@ -107,6 +109,7 @@ def run(
             "num_warmup": num_warmup,
             "num_samples": num_samples,
             "thinning": thinning,
+            "arguments": argument_digest((model_args, kwargs, init_params)),
         },
         warmup=warmup,
         warmup_steps=num_warmup,

@@ -51,6 +51,8 @@ __all__ = ["run_chains"]
 
 #: The root attribute that records what started the run: compared when it is continued.
 RUN_ATTRIBUTE = "jaxstow_run"
+#: The members of the run's record that files of earlier versions lack: compared only where the file has them.
+_RECORDED_LATER = frozenset({"arguments"})
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
 #: At most this many bytes of draws (of every chain) wait on the device for the host to hand them to the collector.
@@ -311,11 +313,17 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
             )
         saved = json.loads(text)
         for key in sorted(set(saved) | set(record)):
+            if key in _RECORDED_LATER and key not in saved:  # a file of an earlier version: nothing to compare
+                continue
             if saved.get(key) != record.get(key):
+                started = (
+                    "from other arrays (data or initial values) than this call gives: their digests differ"
+                    if key == "arguments"
+                    else f"with {key}={saved.get(key)!r}, but this call gives {key}={record.get(key)!r}"
+                )
                 raise CheckpointError(
-                    f"{name} holds a run started with {key}={saved.get(key)!r}, but this call gives "
-                    f"{key}={record.get(key)!r}; continue it with the arguments it was started with, or write this "
-                    "run to another file (nothing was written)",
+                    f"{name} holds a run started {started}; continue it with the arguments it was started with, or "
+                    "write this run to another file (nothing was written)",
                     file=name,
                     path=key,
                 )
