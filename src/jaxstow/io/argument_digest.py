@@ -37,7 +37,7 @@ def argument_digest(tree: Any) -> str:
         if isinstance(leaf, jax.Array | np.ndarray | np.generic):
             array = np.ascontiguousarray(jax.device_get(leaf))
             digest.update(f"{array.dtype.str}{array.shape}".encode())
-            digest.update(array.reshape(-1).view(np.uint8))
+            digest.update(array.reshape(-1).view(np.uint8).data)
         else:
             digest.update((repr(leaf) if isinstance(leaf, _PLAIN) else type(leaf).__qualname__).encode())
     return digest.hexdigest()
