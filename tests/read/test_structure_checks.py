@@ -306,6 +306,42 @@ def test_static_fields_that_changed_order_are_refused_rather_than_given_each_oth
     assert (restored.n_in, restored.n_out) == (3, 3)
 
 
+def test_one_object_in_two_static_fields_loads_as_saved_with_and_without_like(tmp_path):
+    # Conv2d's stride and dilation are one tuple object, (1, 1): its saved names once pointed both at one field.
+    conv = eqx.nn.Conv2d(3, 4, 3, padding="SAME", key=jax.random.key(0))
+    assert conv.stride is conv.dilation
+    for restored in (jaxstow.load(_saved(conv)), jaxstow.load(_saved(conv), like=conv)):
+        assert (restored.stride, restored.dilation, restored.padding) == (conv.stride, conv.dilation, conv.padding)
+        np.testing.assert_array_equal(restored.weight, conv.weight)
+    # A file saved so (each item named after the first field holding it) loads: the values it swaps are equal.
+    frozen = encode_tree(conv)
+    frozen.manifest["structure"]["aux_names"] = [
+        "dilation" if name == "stride" else name for name in frozen.manifest["structure"]["aux_names"]
+    ]
+    frozen.write(tmp_path / "named-alike.jxs")
+    assert jaxstow.load(tmp_path / "named-alike.jxs").stride == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("saved", "like"),
+    [(1, True), (3, 3.0), (0.0, -0.0), (np.int64(3), 3), (np.float64(0.5), 0.5), ((1, 2), [1, 2])],
+    ids=["int-bool", "int-float", "zero-sign", "numpy-int", "numpy-float", "tuple-list"],
+)
+def test_static_data_equal_by_eq_but_of_another_class_or_sign_is_refused(saved, like):
+    # jax's == takes 1 for True: the like's value would have come back in place of the file's.
+    class Hyper(eqx.Module):
+        w: jax.Array
+        h: object = eqx.field(static=True)
+
+    jaxstow.saveable(Hyper, name=_name())
+    buffer = _saved(Hyper(jnp.ones(2), saved))
+    with pytest.raises(StructureMismatchError, match=r"static data, not restored from like's leaves"):
+        jaxstow.load(buffer, like=Hyper(jnp.zeros(2), like))
+    buffer.seek(0)
+    restored = jaxstow.load(buffer, like=Hyper(jnp.zeros(2), saved))
+    assert type(restored.h) is type(saved) and repr(restored.h) == repr(saved)
+
+
 def test_a_registered_dataclass_whose_static_fields_changed_order_is_refused():
     name = _name()
 

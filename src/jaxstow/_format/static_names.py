@@ -44,7 +44,10 @@ def static_names(node_type: type, aux: Any, count: int) -> list[str | None] | No
     if built is None:
         return None
     held = attributes(built)
-    names = [next((name for name, value in held if value is item), None) for item in aux]
+    holders = [[name for name, value in held if value is item] for item in aux]
+    # An object that several attributes hold (one tuple as two fields' default) names none of them: it is the same
+    # value whichever it goes to.
+    names = [found[0] if len(found) == 1 else None for found in holders]
     return names if any(names) else None
 
 
@@ -59,8 +62,9 @@ def static_problem(node_type: type, aux: Any, count: int, saved: Any) -> str | N
     if built is None:
         return None  # a class that cannot be built so is refused, or named, where it is rebuilt
     held = attributes(built)
+    now = dict(held)
     for item, was in zip(aux, saved, strict=True):
-        if was is not None and not any(name == was and value is item for name, value in held):
+        if was is not None and not (was in now and _alike(now[was], item)):
             is_now = next((name for name, value in held if value is item), None)
             where = f"into {is_now!r}" if is_now else "into no attribute"
             return (
@@ -68,6 +72,16 @@ def static_problem(node_type: type, aux: Any, count: int, saved: Any) -> str | N
                 "the class changed since the save"
             )
     return None
+
+
+def _alike(value: Any, item: Any) -> bool:
+    """Whether an attribute's ``value`` is ``item``, or an equal value of its class: the same static data either way."""
+    if value is item:
+        return True
+    try:
+        return type(value) is type(item) and bool(value == item)
+    except Exception:  # a value that == does not answer with one truth value
+        return False
 
 
 def with_static_names(node: dict[str, Any], node_type: type, aux: Any, count: int) -> dict[str, Any]:

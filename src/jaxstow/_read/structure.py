@@ -165,7 +165,9 @@ def like_paths_in_file(
     tree, paths, positions = rebuilt
     faithful = paths == opened.paths  # the classes name the leaves as the saving process did
     try:
-        same = faithful and jax.tree.structure(tree) == like_treedef
+        rebuilt_treedef = jax.tree.structure(tree)
+        # jax's equality takes 1 for True and 3 for 3.0 in static data: their reprs tell them apart
+        same = faithful and rebuilt_treedef == like_treedef and str(rebuilt_treedef) == str(like_treedef)
     except Exception:  # aux data that cannot be compared is compared node by node
         same = False
     problems: list[str] = []
@@ -214,12 +216,19 @@ def _family(node_type: type) -> str:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Whether two nodes' aux data are equal; ``True`` when they cannot be compared."""
+    """Whether two nodes' aux data (or static values) are the same: of one class, containers item by item (a dict's
+    order aside), floats to the sign and NaN, anything else by ``==``; ``True`` when they cannot be compared."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple | list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
+    if isinstance(a, float | complex | np.inexact):
+        return repr(a) == repr(b)  # -0.0 is not 0.0, and a NaN is itself here
     try:
         equal = a == b
-        if isinstance(equal, bool):
-            return equal or repr(a) == repr(b)  # a NaN equals itself here
-        return bool(equal)
+        return equal if isinstance(equal, bool) else bool(equal)
     except Exception:
         return True
 
