@@ -48,6 +48,37 @@ def test_default_equinox_mlp_rebuilds_without_a_template(tmp_path):
     assert jnp.array_equal(restored(x), mlp(x))
 
 
+_KEYS = jax.random.split(KEY, 8)
+#: equinox's layers as a user makes them, each saved and loaded whole, and into a fresh twin (like=).
+EQUINOX_LAYERS = {
+    "Linear": lambda key: eqx.nn.Linear(3, 4, key=key),
+    "Linear scalar": lambda key: eqx.nn.Linear("scalar", 2, use_bias=False, key=key),
+    "Conv1d": lambda key: eqx.nn.Conv1d(2, 3, 3, stride=2, key=key),
+    "Conv2d": lambda key: eqx.nn.Conv2d(3, 4, 3, padding="SAME", key=key),
+    "ConvTranspose2d": lambda key: eqx.nn.ConvTranspose2d(2, 2, 3, key=key),
+    "LayerNorm": lambda key: eqx.nn.LayerNorm(5, eps=1e-6),
+    "GroupNorm": lambda key: eqx.nn.GroupNorm(2, 4),
+    "Embedding": lambda key: eqx.nn.Embedding(10, 4, key=key),
+    "GRUCell": lambda key: eqx.nn.GRUCell(3, 4, key=key),
+    "LSTMCell": lambda key: eqx.nn.LSTMCell(3, 4, key=key),
+    "MultiheadAttention": lambda key: eqx.nn.MultiheadAttention(2, 8, key=key),
+    "Dropout": lambda key: eqx.nn.Dropout(0.1),
+    "MaxPool2d": lambda key: eqx.nn.MaxPool2d(2, stride=2),
+    "PReLU": lambda key: eqx.nn.PReLU(),
+    "Sequential": lambda key: eqx.nn.Sequential([eqx.nn.Linear(2, 3, key=key), eqx.nn.Lambda(jax.nn.relu)]),
+    "BatchNorm with state": lambda key: eqx.nn.make_with_state(eqx.nn.BatchNorm)(4, "batch"),
+}
+
+
+@pytest.mark.parametrize("make", EQUINOX_LAYERS.values(), ids=EQUINOX_LAYERS.keys())
+def test_equinox_layers_load_whole_and_into_a_fresh_twin(tmp_path, make):
+    layer = make(_KEYS[0])
+    jaxstow.save(tmp_path / "layer.jxs", layer)
+    for restored in (jaxstow.load(tmp_path / "layer.jxs"), jaxstow.load(tmp_path / "layer.jxs", like=make(_KEYS[1]))):
+        assert jax.tree.structure(restored) == jax.tree.structure(layer)
+        _same_leaves(restored, layer)
+
+
 # The FlareJax scenario: Linear layers, a registered lambda and jax.nn.softmax.
 activation = jaxstow.saveable(lambda x: jnp.maximum(0, x), name="tests.flarejax_activation")
 
