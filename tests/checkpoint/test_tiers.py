@@ -168,6 +168,19 @@ def test_a_step_deleted_is_deleted_from_both_tiers_and_may_be_saved_again(tmp_pa
     assert manager.steps(tier="persistent") == [1, 2, 4]
 
 
+def test_a_step_saved_again_with_force_is_replaced_in_both_tiers(tmp_path):
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, save_every=2, local=LocalTier(local)) as manager:
+        _run(manager, range(1, 4))  # 1 and 2 persistent, 2 and 3 local
+        manager.save(2, {"w": jnp.full(3, 20.0)}, metrics={"loss": 0.5}, force=True)
+        manager.save(3, {"w": jnp.full(3, 30.0)}, force=True)  # a local step only: it stays one
+        assert manager.restore(2)["w"].tolist() == [20.0] * 3 and manager.metrics(2) == {"loss": 0.5}
+    assert manager.steps(tier="persistent") == [1, 2]
+    shutil.rmtree(local)  # a host replaced: the persistent directory holds the new values
+    with CheckpointManager(persistent) as manager:
+        assert manager.restore()["w"].tolist() == [20.0] * 3 and manager.metrics(2) == {"loss": 0.5}
+
+
 def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earlier(tmp_path):
     store, local = tmp_path / "store", tmp_path / "local"
     with CheckpointManager(store, save_every=5, local=LocalTier(local)) as manager:

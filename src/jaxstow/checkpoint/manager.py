@@ -277,6 +277,8 @@ class CheckpointManager(StepQueries):
             )
         checked_metadata = check_metadata(metadata, step=step)
         self._writer.wait()
+        if force and self._tiers is not None:
+            self._tiers.uploads.wait()  # whether the step is in ``directory`` already, where it is to be replaced
         me = self._coordinator.index
         if self._lock is None and me == 0:
             self._take_lock()
@@ -297,7 +299,9 @@ class CheckpointManager(StepQueries):
         write: Callable[[], None]
         if self._tiers is not None:
             due = self._schedule.should_save(step, newest=agreed.newest)
-            upload = functools.partial(self._copy, talk=self._coordinator.conversation("copy")) if due else None
+            replacing = force and agreed.persistent(step)  # the new values go where the old ones are
+            copy_talk = self._coordinator.conversation("copy") if due or replacing else None
+            upload = functools.partial(self._copy, talk=copy_talk, replace=replacing) if copy_talk else None
             write = functools.partial(
                 self._tiers.save, content, talk=talk, persistent=upload, decided=self._decided(False)
             )
@@ -367,11 +371,12 @@ class CheckpointManager(StepQueries):
         )
         self._committed(committed)
 
-    def _copy(self, record: StepRecord, *, talk: Conversation) -> None:
-        """Copy a local step to ``directory`` (on the local tier's upload thread), then apply the keep policy."""
+    def _copy(self, record: StepRecord, *, talk: Conversation, replace: bool) -> None:
+        """Copy a local step to ``directory`` (on the local tier's upload thread; ``replace``: the step there, saved
+        with ``force=True``), then apply the keep policy."""
         if self._tiers is not None:
             committed = self._tiers.copy_to(
-                self._store, record, talk=talk, decided=self._decided(True), after=self._after_commit
+                self._store, record, talk=talk, decided=self._decided(True), after=self._after_commit, replace=replace
             )
             self._committed(committed)
 

@@ -107,6 +107,11 @@ class AgreedSteps:
         with self._lock:
             return step in self._persistent or step in self._local
 
+    def persistent(self, step: int) -> bool:
+        """Whether ``step`` is saved already in the persistent store."""
+        with self._lock:
+            return step in self._persistent
+
     def issued(self, step: int) -> None:
         """Note a save of ``step``: the newest step saved from now on, committed or not."""
         self._newest = step if self._newest is None else max(self._newest, step)

@@ -126,10 +126,11 @@ class Tiers:
         talk: Conversation,
         decided: Callable[[StepRecord], None],
         after: Callable[[StepRecord], Iterator[int]],
+        replace: bool = False,
     ) -> Committed:
         """Copy this process's local files of ``record``'s step into ``store``, every process together on ``talk``;
         process 0 commits the step there with the same record once every process copied its own (``decided``
-        hears it), then runs ``after`` (the keep policy)."""
+        hears it; ``replace``: in place of the step there), then runs ``after`` (the keep policy)."""
         step, me = record.step, self.coordinator.index
         folder = self.names.name(step)
         where = store.url(folder)
@@ -143,7 +144,16 @@ class Tiers:
             return step
 
         return commit_step(
-            talk, store, folder, step, copy, lambda _: record, shared=True, replace=False, decided=decided, after=after
+            talk,
+            store,
+            folder,
+            step,
+            copy,
+            lambda _: record,
+            shared=True,
+            replace=replace,
+            decided=decided,
+            after=after,
         )
 
     def delete(self, step: int) -> None:
