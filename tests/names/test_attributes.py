@@ -70,6 +70,34 @@ def test_slots_frozen_dataclasses_and_nesting(tmp_path: Path) -> None:
     assert hash(frozen) == hash(Frozen("a", frozen.inner))
 
 
+@jaxstow.saveable(name="tests.PrivateSlots")
+class PrivateSlots:
+    __slots__ = ("__scale", "width")
+
+    def __init__(self, scale: float, width: int) -> None:
+        self.__scale = scale
+        self.width = width
+
+    @property
+    def scale(self) -> float:
+        return self.__scale
+
+
+@jaxstow.saveable(name="tests.SlotsAgain")
+class SlotsAgain(Slotted):
+    __slots__ = ("depth", "rate")  # declares its parent's slot again, as Python allows
+
+
+def test_private_slots_and_a_slot_declared_again_come_back(tmp_path: Path) -> None:
+    # A private slot was looked up by its bare name and silently left out; a slot declared again was saved twice.
+    again = SlotsAgain(0.25)
+    again.depth = 3
+    jaxstow.save(tmp_path / "run.jxs", {"private": PrivateSlots(0.5, 64), "again": again})
+    loaded = jaxstow.load(tmp_path / "run.jxs")
+    assert (loaded["private"].scale, loaded["private"].width) == (0.5, 64)
+    assert (loaded["again"].rate, loaded["again"].depth) == (0.25, 3)
+
+
 def test_an_unregistered_class_is_refused_naming_the_file_and_the_leaf(tmp_path: Path) -> None:
     with pytest.raises(UnsaveableObjectError, match=r"leaf 'config' of .*run\.jxs.*jaxstow\.saveable"):
         jaxstow.save(tmp_path / "run.jxs", {"config": Unregistered(), "w": jnp.ones(1)})

@@ -119,14 +119,25 @@ def _key(mapping: Mapping[Any, Any], segment: str) -> Any:
 
 
 def attributes(obj: object) -> list[tuple[str, Any]]:
-    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order."""
+    """An instance's attributes: its ``__dict__``, then the slots it has a value for, in a stable order (a private
+    slot, ``__x`` of class ``C``, by the name Python stores it under, ``_C__x``; a slot a subclass declares again,
+    once)."""
     found = sorted(getattr(obj, "__dict__", {}).items())
+    seen = {name for name, _ in found}
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
-            if slot not in ("__dict__", "__weakref__") and hasattr(obj, slot):
-                found.append((slot, getattr(obj, slot)))
+            name = _mangled(cls, slot)
+            if slot not in ("__dict__", "__weakref__") and name not in seen and hasattr(obj, name):
+                seen.add(name)
+                found.append((name, getattr(obj, name)))
     return found
+
+
+def _mangled(cls: type, name: str) -> str:
+    """``name`` as Python stores a private name of ``cls`` (``__x`` in ``C``: ``_C__x``)."""
+    owner = cls.__name__.lstrip("_")
+    return f"_{owner}{name}" if name.startswith("__") and not name.endswith("__") and owner else name
 
 
 def replace_json(data: Any, segments: Sequence[str], replacement: Any) -> Any:
