@@ -61,3 +61,27 @@ def test_the_same_file_with_other_data_is_refused_not_answered_with_the_first_ru
     assert path.read_bytes() == written
     again = io.numpyro.run(mcmc(), str(path), jax.random.key(0), model_args=(Y,))  # the same data: read back
     np.testing.assert_array_equal(again["mu"], first["mu"])
+
+
+def test_sites_named_with_a_slash_keep_numpyros_names(tmp_path):
+    # numpyro.handlers.scope names sites 'group/mu': a '/' made a group of the file, read back as 'group.mu'.
+    def inner() -> None:
+        numpyro.sample("mu", dist.Normal(0.0, 1.0))
+
+    def scoped() -> None:
+        numpyro.sample("group", dist.Normal(0.0, 1.0))
+        numpyro.handlers.scope(inner, prefix="group")()
+        numpyro.sample("group.nu", dist.Normal(0.0, 1.0))
+
+    def mcmc() -> object:
+        return infer.MCMC(
+            infer.NUTS(scoped), num_warmup=5, num_samples=4, num_chains=2, chain_method="vectorized", progress_bar=False
+        )
+
+    reference = mcmc()
+    reference.run(jax.random.key(0))
+    expected = reference.get_samples(group_by_chain=True)
+    draws = io.numpyro.run(mcmc(), str(tmp_path / "run.h5"), jax.random.key(0))
+    assert sorted(draws) == sorted(expected) == ["group", "group.nu", "group/mu"]
+    for site, values in expected.items():
+        np.testing.assert_array_equal(draws[site], values)

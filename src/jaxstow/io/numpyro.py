@@ -65,6 +65,7 @@ def run(
     Returns:
         The constrained values of the model's sites and deterministic sites, ``{site: (chains, draws, ...)}``: the
         draws ``mcmc.run`` keeps (with ``thinning``, ``num_samples // thinning`` of them, the last draw included).
+        Sites keep numpyro's names; in the file, a ``/`` in one (``numpyro.handlers.scope``'s) is ``%2F``.
     """
     require("h5py", extra="numpyro", purpose="jaxstow.io.numpyro.run")  # before the run, which needs it to write
     kernel = mcmc.sampler
@@ -84,7 +85,8 @@ def run(
         state = kernel.sample(state, model_args, kwargs)
         before_end = num_warmup + num_samples - 1 - t  # the draws after this one
         keep = (before_end < kept) & (before_end % thinning == 0)
-        return state, constrain(state.z), jnp.full((chains,), keep)
+        draws = {_stored(site): value for site, value in constrain(state.z).items()}
+        return state, draws, jnp.full((chains,), keep)
 
     def warmup(state: Any) -> dict[str, jax.Array]:
         adapted = state.adapt_state
@@ -96,7 +98,7 @@ def run(
             **{f"inverse_mass_matrix/{','.join(sites)}": matrix for sites, matrix in matrices.items()},
         }
 
-    return run_chains(
+    draws = run_chains(
         path,
         lambda: initial,
         step,
@@ -114,3 +116,14 @@ def run(
         warmup=warmup,
         warmup_steps=num_warmup,
     )
+    return {_site(name): values for name, values in draws.items()}
+
+
+def _stored(site: str) -> str:
+    """A site's name as the file names its dataset: a ``/`` (``numpyro.handlers.scope``'s) would make it a group."""
+    return site.replace("%", "%25").replace("/", "%2F")
+
+
+def _site(name: str) -> str:
+    """The site a dataset of the file holds (:func:`_stored`'s inverse)."""
+    return name.replace("%2F", "/").replace("%25", "%")
