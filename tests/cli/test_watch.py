@@ -138,6 +138,30 @@ def test_a_finished_run_is_told_finished(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out.startswith(f"{path}: finished, 2 chains\n")
 
 
+def test_draws_of_bfloat16_complex_and_nan_are_summarized_in_valid_json(tmp_path: Path, capsys) -> None:
+    # bfloat16 made ArviZ's diagnostics fail; a complex mean lost its imaginary part; a NaN mean was not JSON.
+    def start() -> dict[str, jax.Array]:
+        return {"t": jnp.zeros(2)}
+
+    def step(state: dict[str, jax.Array], t: jax.Array) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array]:
+        x = state["t"] + jnp.array([0.0, 0.5])
+        draws = {"b": x.astype(jnp.bfloat16), "z": x + 2j * x, "n": jnp.where(t == 3, jnp.nan, x)}
+        return {"t": state["t"] + 1}, draws, jnp.ones(2, bool)
+
+    path = str(tmp_path / "kinds.h5")
+    io.run_chains(path, start, step, num_steps=8, checkpoint_every=4)
+    assert main(["watch", path, "--once", "--json"]) == 0
+    rows = {
+        row["variable"]: row for row in json.loads(capsys.readouterr().out, parse_constant=pytest.fail)["variables"]
+    }
+    assert sorted(rows) == ["b", "n", "z.imag", "z.real"]
+    assert rows["b"]["mean"] == pytest.approx(3.75) and rows["b"]["ess_bulk"] is not None
+    assert (rows["z.real"]["mean"], rows["z.imag"]["mean"]) == (pytest.approx(3.75), pytest.approx(7.5))
+    assert rows["n"]["mean"] is None
+    assert main(["watch", path, "--once"]) == 0
+    assert any(line.split()[:2] == ["n", "-"] for line in capsys.readouterr().out.splitlines())
+
+
 @pytest.mark.parametrize(
     "kind", ["a jaxstow file", "a text file", "an HDF5 file of something else", "a FIFO", "a folder"]
 )

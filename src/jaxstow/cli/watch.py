@@ -181,7 +181,7 @@ def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
     common = min(draws.done)
     if common == 0:
         return []
-    posterior = {name: np.stack([chain[name][:common] for chain in draws.chains]) for name in draws.chains[0]}
+    posterior = _real({name: np.stack([chain[name][:common] for chain in draws.chains]) for name in draws.chains[0]})
     rows = []
     diagnose = len(draws.chains) > 1 and common >= 4  # ArviZ's R-hat and ESS need two chains of four draws
     if diagnose:
@@ -196,7 +196,7 @@ def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
         shape = values.shape[2:]
         for flat, index in enumerate(np.ndindex(*shape)):
             label = f"{name}[{','.join(map(str, index))}]" if shape else name
-            row = {"variable": label, "mean": float(means[flat]), "r_hat": None, "ess_bulk": None}
+            row = {"variable": label, "mean": _number(means[flat]), "r_hat": None, "ess_bulk": None}
             if diagnose:
                 row["r_hat"] = _number(rhat[name].values[index])
                 row["ess_bulk"] = _number(ess[name].values[index])
@@ -204,9 +204,22 @@ def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
     return rows
 
 
+def _real(posterior: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The variables in float64, as ArviZ's diagnostics take them (not bfloat16, say): a complex one as its real and
+    imaginary parts, ``name.real`` and ``name.imag``."""
+    real = {}
+    for name, values in posterior.items():
+        if np.iscomplexobj(values):
+            real[f"{name}.real"], real[f"{name}.imag"] = values.real, values.imag
+        else:
+            real[name] = values
+    return {name: values.astype(np.float64) for name, values in real.items()}
+
+
 def _number(value: Any) -> float | None:
+    """A finite number, else ``None`` (shown as '-', and JSON's ``null``: JSON has no NaN)."""
     number = float(value)
-    return None if math.isnan(number) else number
+    return number if math.isfinite(number) else None
 
 
 def _show(current: dict[str, Any], *, as_json: bool) -> None:
@@ -227,7 +240,7 @@ def _show(current: dict[str, Any], *, as_json: bool) -> None:
     for row in current["variables"]:
         variables.add(
             row["variable"],
-            f"{row['mean']:.4g}",
+            "-" if row["mean"] is None else f"{row['mean']:.4g}",
             "-" if row["r_hat"] is None else f"{row['r_hat']:.3f}",
             "-" if row["ess_bulk"] is None else f"{row['ess_bulk']:.0f}",
         )
