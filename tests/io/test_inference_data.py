@@ -95,6 +95,15 @@ def test_an_hdf5_collectors_file_by_path_or_open(tmp_path, az):
     assert {"mean", "sd", "r_hat", "ess_bulk"} <= set(summary.columns)
 
 
+def test_results_whose_hdf5_file_was_closed_say_to_pass_the_path(tmp_path, az):
+    path = tmp_path / "samples.h5"
+    with h5py.File(path, "w") as file:
+        results = _run(io.HDF5Collector(file))  # their samples are the file's datasets
+    with pytest.raises(CollectorError, match=r"an HDF5 file that was closed since .*pass the file's path"):
+        io.to_inference_data(results)
+    assert io.to_inference_data(path).posterior.sizes["chain"] == 3
+
+
 def test_chains_of_different_lengths_need_truncate():
     results = _run(io.MemoryCollector(), keep_every=(1, 2, 4))
     with pytest.raises(JaxstowError, match=r"different numbers of samples \(\[40, 20, 10\]\).*truncate=True"):

@@ -150,7 +150,18 @@ def _chains_of(samples: Any) -> tuple[Chains, bool]:
 def _variables(tree: Any) -> dict[str, np.ndarray]:
     """A chain's samples as variables named by their dict keys joined with ``.``; datasets are read whole."""
     names = joined_names(pytree_dict_keys(tree), ".")
-    return {name: np.asarray(leaf[()]) for name, leaf in zip(names, jax.tree.leaves(tree), strict=True)}
+    return {name: _read(leaf) for name, leaf in zip(names, jax.tree.leaves(tree), strict=True)}
+
+
+def _read(leaf: Any) -> np.ndarray:
+    """A leaf's values: an array, or an h5py dataset read whole while its file is open."""
+    identifier = getattr(leaf, "id", None)
+    if type(leaf).__module__.startswith("h5py") and identifier is not None and not identifier.valid:
+        raise CollectorError(
+            "the samples are datasets of an HDF5 file that was closed since (the HDF5Collector was given the open "
+            "file): pass the file's path to to_inference_data, or call it before the file is closed"
+        )
+    return np.asarray(leaf[()])
 
 
 def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
