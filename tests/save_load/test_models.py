@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import math
 import subprocess
@@ -77,6 +78,13 @@ def test_equinox_layers_load_whole_and_into_a_fresh_twin(tmp_path, make):
     for restored in (jaxstow.load(tmp_path / "layer.jxs"), jaxstow.load(tmp_path / "layer.jxs", like=make(_KEYS[1]))):
         assert jax.tree.structure(restored) == jax.tree.structure(layer)
         _same_leaves(restored, layer)
+
+
+def test_a_partial_keeps_keywords_that_are_no_identifiers(tmp_path):
+    # Any string passes as **kwargs; one that is no identifier was saved, then refused at load as unreadable.
+    activation = functools.partial(jax.nn.gelu, approximate=False, **{"scale-factor": 2.0})
+    restored = _roundtrip(tmp_path, {"activation": activation})["activation"]
+    assert restored.func is jax.nn.gelu and restored.keywords == {"approximate": False, "scale-factor": 2.0}
 
 
 # The FlareJax scenario: Linear layers, a registered lambda and jax.nn.softmax.

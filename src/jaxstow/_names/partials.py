@@ -100,4 +100,4 @@ def decode(data: JSON, decode_part: Part, *, file: str | None, path: str) -> fun
 
 
 def _is_keyword(pair: Any) -> bool:
-    return isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str) and pair[0].isidentifier()
+    return isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)  # any name **kwargs passes
