@@ -48,6 +48,17 @@ def test_a_file_gives_back_weakly_typed_arrays_as_such(tmp_path, pipeline):
     assert type(as_numpy["lr"]) is np.ndarray and as_numpy["lr"].dtype == np.float32
 
 
+def test_like_decides_the_weak_type_of_what_it_restores(tmp_path):
+    # The file's weak lr restored into a strong template (eval_shape of a state made strong): strong, as like asks.
+    jaxstow.save(tmp_path / "state.jxs", _state())
+    strong = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype) for name, leaf in _state().items()}
+    restored = jaxstow.load(tmp_path / "state.jxs", like=strong)
+    assert not any(leaf.weak_type for leaf in restored.values())
+    assert (restored["w"] * restored["lr"]).dtype == jnp.float32
+    weak = {name: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=True) for name, leaf in _state().items()}
+    assert all(leaf.weak_type for leaf in jaxstow.load(tmp_path / "state.jxs", like=weak).values())
+
+
 def test_a_resumed_step_is_not_compiled_again_and_computes_in_the_same_dtypes(tmp_path):
     state = _state()
     step = jax.jit(lambda s: {**s, "w": s["w"] - s["lr"] * s["w"], "count": s["count"] + 1})

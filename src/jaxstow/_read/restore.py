@@ -44,7 +44,7 @@ from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
 from jaxstow._util.host_memory import default_host_budget
-from jaxstow._util.jax_compat import CURRENT_TRACE, weakly_typed
+from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
 
@@ -248,11 +248,9 @@ def _read(
     pipeline: bool,
 ) -> list[Any]:
     """The restored leaves, in order: the stored leaves at ``stored`` read, each leaf made by ``value(i, data)``
-    from the arrays read by path, and the ``arrays`` put on their devices.
-
-    A sharded leaf bound for several devices is read box by box onto its placement (cast to ``dtypes[i]``), the
-    whole arrays the pipeline takes are streamed to their devices, the rest read at once.
-    """
+    from the arrays read by path, and the ``arrays`` put on their devices. A sharded leaf bound for several devices
+    is read box by box onto its placement (cast to ``dtypes[i]``), the whole arrays the pipeline takes are streamed
+    to their devices, the rest read at once."""
     by_ranges = set() if as_numpy else bound_for_devices(opened, paths, placements)
     on_devices = [i for i in arrays if i not in by_ranges]
     streamed = _streamed(opened, on_devices, paths, placements, pipeline=pipeline)
@@ -412,6 +410,8 @@ def _fit(
     values = _read(opened, paths, stored, arrays, placements, value, dtypes, as_numpy=as_numpy, pipeline=pipeline)
     for path, positions in templates.items():
         fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
+    for i in arrays:  # weakly typed as the like leaf is: it promotes alike, and like's traced functions fit it
+        values[i] = typed_as(values[i], wanted[i])
     return treedef.unflatten(values)
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "shaped_array",
     "switch_in_range",
     "tree_broadcast",
+    "typed_as",
     "weakly_typed",
 ]
 
@@ -260,9 +261,23 @@ def switch_in_range(index: jax.Array, branches: Sequence[Callable[..., Any]], *o
     return in_range(index, branches, operands, branches_platforms=None)
 
 
-def weakly_typed(array: jax.Array) -> jax.Array:
+def typed_as(value: Any, leaf: Any) -> Any:
+    """``value`` weakly typed where ``leaf`` is (a jax array, a ``ShapeDtypeStruct``), strongly where it is not.
+
+    >>> import jax, jax.numpy as jnp
+    >>> typed_as(jnp.asarray(2.0), jax.ShapeDtypeStruct((), jnp.float32)).weak_type
+    False
+    """
+    weak = getattr(leaf, "weak_type", None)
+    if not isinstance(value, jax.Array) or not isinstance(weak, bool) or value.weak_type == weak:
+        return value
+    return weakly_typed(value, weak)
+
+
+def weakly_typed(array: jax.Array, weak: bool = True) -> jax.Array:
     """``array`` as a weakly typed array of its dtype and sharding (as ``jnp.asarray(2.0)`` is), which promotes as a
-    Python scalar does; ``array`` itself where the installed jax lacks the means (:data:`OPTIONAL_SHIMS`).
+    Python scalar does (with ``weak=False``, as a strongly typed one); ``array`` itself where the installed jax lacks
+    the means (:data:`OPTIONAL_SHIMS`).
 
     >>> import jax.numpy as jnp
     >>> weak = weakly_typed(jnp.float32(2.0))
@@ -273,8 +288,8 @@ def weakly_typed(array: jax.Array) -> jax.Array:
         convert = WEAK_TYPE.resolve()
     except MissingDependencyError:
         return array
-    weak: jax.Array = convert(array, array.dtype, weak_type=True)
-    return weak
+    typed: jax.Array = convert(array, array.dtype, weak_type=weak)
+    return typed
 
 
 def tree_broadcast(prefix: Any, full: Any, *, is_leaf: Callable[[Any], bool]) -> Any:

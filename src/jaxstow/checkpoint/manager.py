@@ -316,9 +316,7 @@ class CheckpointManager(StepQueries):
         """Delete a committed step now, whatever the keep policy says (after the save, and the copy, in flight): from
         ``directory`` and, with a local tier, from every process's tier and the copies its peers keep."""
         self._check_open()
-        self._writer.wait()
-        if self._tiers is not None:
-            self._tiers.uploads.wait()  # a copy in flight would commit the step again
+        self.wait()  # the save and the copy in flight: a copy would commit the step again
         step = self._held(step)
         self._agreed = None  # what is saved is agreed again at the next question or save
         if self._tiers is not None:
@@ -372,8 +370,7 @@ class CheckpointManager(StepQueries):
         self._committed(committed)
 
     def _copy(self, record: StepRecord, *, talk: Conversation, replace: bool) -> None:
-        """Copy a local step to ``directory`` (on the local tier's upload thread; ``replace``: the step there, saved
-        with ``force=True``), then apply the keep policy."""
+        """Copy a local step to ``directory`` (``replace``: the step there, of a forced save), then keep by policy."""
         if self._tiers is not None:
             committed = self._tiers.copy_to(
                 self._store, record, talk=talk, decided=self._decided(True), after=self._after_commit, replace=replace
@@ -392,17 +389,7 @@ class CheckpointManager(StepQueries):
     def _after_commit(self, record: StepRecord) -> Iterator[int]:
         """In process 0, once a step is committed: remember its record, apply the keep policy; each step deleted."""
         self._folder.remember(record)
-        for step in self._folder.prune(self._policy):
-            if step == record.step:  # a run gone back to an earlier step: its new work would be lost unseen
-                logger.warning(
-                    "%s: step %d was saved and at once deleted by the keep policy, which keeps the newest steps: "
-                    "delete the later steps first (manager.delete(step)) when a run goes back to an earlier one",
-                    self.directory,
-                    step,
-                )
-            else:
-                logger.info("%s: deleted step %d (keep policy)", self.directory, step)
-            yield step
+        yield from self._folder.prune(self._policy, saved=record.step)
 
     def _committed(self, committed: Committed) -> None:
         """In every process, once a step is committed: forget the steps process 0 deleted."""

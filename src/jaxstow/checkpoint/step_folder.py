@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
@@ -33,6 +34,8 @@ from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowE
 _OPENING = 16
 
 __all__ = ["StepFolder", "check_step"]
+
+logger = logging.getLogger("jaxstow.checkpoint.manager")
 
 
 class StepFolder:
@@ -107,8 +110,9 @@ class StepFolder:
                 f"delete() or the keep policy of the process that saves there); its committed steps are {steps}"
             ) from None
 
-    def prune(self, policy: KeepPolicy) -> Iterator[int]:
-        """Delete the committed steps that ``policy`` keeps no more, oldest first; each step once deleted."""
+    def prune(self, policy: KeepPolicy, *, saved: int) -> Iterator[int]:
+        """Delete the committed steps that ``policy`` keeps no more, oldest first, once step ``saved`` is committed;
+        each step once deleted (logged: with a warning where it is ``saved``)."""
         steps = self.committed()
         records = {step: self.unchecked_record(step) for step in steps} if policy.ranks or policy.times else {}
         metric = policy.metric or ""
@@ -117,6 +121,15 @@ class StepFolder:
         for step in policy.to_delete(steps, values, times):
             self.store.delete(self.names.name(step))
             self.forget(step)
+            if step == saved:  # a run gone back to an earlier step: its new work would be lost unseen
+                logger.warning(
+                    "%s: step %d was saved and at once deleted by the keep policy, which keeps the newest steps: "
+                    "delete the later steps first (manager.delete(step)) when a run goes back to an earlier one",
+                    self.store.location,
+                    step,
+                )
+            else:
+                logger.info("%s: deleted step %d (keep policy)", self.store.location, step)
             yield step
 
     def remember(self, record: StepRecord) -> None:
