@@ -86,6 +86,21 @@ def test_a_failed_load_assigns_nothing_and_lists_every_problem() -> None:
         np.testing.assert_array_equal(value, before[name])
 
 
+def test_a_variable_holding_no_array_is_named_not_an_attribute_error() -> None:
+    class Holder:  # an object of no array value where the collection has a variable
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+        def assign(self, value: object, check: bool = True) -> None:
+            self.value = value
+
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"w": np.ones(2, np.float32)})
+    buffer.seek(0)
+    with pytest.raises(VariableMismatchError, match=r"'w': the variable holds str, not an array, to load into"):
+        objax_io.load_var_collection(buffer, {"w": Holder("ones")})
+
+
 def test_a_dtype_mismatch_is_refused() -> None:
     module = _mlp()
     buffer = io.BytesIO()

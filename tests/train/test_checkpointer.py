@@ -143,6 +143,7 @@ def test_get_latest_file_gives_the_largest_index_or_nothing(tmp_path: Path) -> N
         ({"period": 0}, "period must be a positive integer, not 0"),
         ({"period": -2}, "period must be a positive integer, not -2"),
         ({"log_level": "LOUD"}, "log_level must be one of"),
+        ({"log_level": True}, "log_level must be one of"),
         ({"load_dir": None, "load_filename": "checkpoint_1.jxs"}, "needs load_dir"),
         ({"delete_existing_checkpoints": True}, "would delete the checkpoints"),
     ],
@@ -154,6 +155,12 @@ def test_unworkable_arguments_are_refused_at_construction(
     with pytest.raises(ValueError, match=message):
         DefaultCheckpointer(_args(tmp_path, **overrides))
     assert os.listdir(tmp_path) == ["checkpoint_1.jxs"]
+
+
+@pytest.mark.parametrize("level", [logging.DEBUG, "warning"])
+def test_a_log_level_is_a_name_or_one_of_loggings_numbers(tmp_path: Path, level: int | str) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path, log_level=level))
+    assert checkpointer.logger.level == (level if isinstance(level, int) else logging.WARNING)
 
 
 def test_delete_existing_checkpoints_deletes_only_this_checkpointers_files(tmp_path: Path) -> None:

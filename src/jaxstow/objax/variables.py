@@ -124,8 +124,10 @@ def load_var_collection(
         if name is None:
             problems.append(f"{' = '.join(map(repr, names))}: no stored value")
             continue
-        value, expected = values[name], variable.value
-        if value.shape != expected.shape or value.dtype != expected.dtype:
+        value, expected = values[name], getattr(variable, "value", None)
+        if expected is None or not (hasattr(expected, "shape") and hasattr(expected, "dtype")):
+            problems.append(f"{name!r}: the variable holds {type(expected).__name__}, not an array, to load into")
+        elif value.shape != expected.shape or value.dtype != expected.dtype:
             problems.append(f"{name!r}: stored {_describe(value)}, the variable holds {_describe(expected)}")
         assignments.append((variable, value))
     if problems:

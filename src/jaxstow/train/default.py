@@ -40,7 +40,8 @@ class DefaultCheckpointerArguments:
         file_prefix: files are named ``{file_prefix}_{index}.{file_ext}`` and ``{file_prefix}_model_{index}.{file_ext}``.
         file_ext: the extension, without its dot. ``npz`` writes numpy archives, anything else the native format (a
             safetensors file).
-        log_level: level of the checkpointer's logger (``"DEBUG"``, ``"INFO"``, ``"WARNING"``, ...).
+        log_level: level of the checkpointer's logger (``"DEBUG"``, ``"INFO"``, ``"WARNING"``, ..., or
+            ``logging.INFO``, ...).
     """
 
     checkpoint: bool = True
@@ -52,7 +53,7 @@ class DefaultCheckpointerArguments:
     load_filename: str | None = None
     file_prefix: str = "checkpoint"
     file_ext: str = "jxs"
-    log_level: str = "INFO"
+    log_level: str | int = "INFO"
 
 
 class DefaultCheckpointer(AbstractCheckpointer):
@@ -93,7 +94,8 @@ class DefaultCheckpointer(AbstractCheckpointer):
         """
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
-        self.logger.setLevel(self.args.log_level.upper())
+        level = self.args.log_level
+        self.logger.setLevel(level if isinstance(level, int) else level.upper())
         if self.args.delete_existing_checkpoints:
             self._delete_own_files()
 
@@ -183,7 +185,8 @@ def _check(args: DefaultCheckpointerArguments) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
     if not isinstance(args.period, int) or args.period <= 0:
         raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
-    if args.log_level.upper() not in logging.getLevelNamesMapping():
+    level = args.log_level
+    if isinstance(level, bool) or not (isinstance(level, int) or str(level).upper() in logging.getLevelNamesMapping()):
         raise ArgumentError(
             f"DefaultCheckpointerArguments.log_level must be one of {sorted(logging.getLevelNamesMapping())}, "
             f"not {args.log_level!r}"
