@@ -268,8 +268,8 @@ def typed_as(value: Any, leaf: Any) -> Any:
     >>> typed_as(jnp.asarray(2.0), jax.ShapeDtypeStruct((), jnp.float32)).weak_type
     False
     """
-    weak = getattr(leaf, "weak_type", None)
-    if not isinstance(value, jax.Array) or not isinstance(weak, bool) or value.weak_type == weak:
+    weak, now = getattr(leaf, "weak_type", None), getattr(value, "weak_type", None)  # a key array has no weak type
+    if not isinstance(value, jax.Array) or not isinstance(weak, bool) or not isinstance(now, bool) or now == weak:
         return value
     return weakly_typed(value, weak)
 
