@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+import threading
 
 import forked
 import jax
@@ -169,6 +170,33 @@ def test_npz_files_open_lazily_too(tmp_path):
     with jaxstow.open(tmp_path / "plain.npz") as reader:
         assert reader.paths == ["a", "b"] and reader.info("b").shape == (3, 3)
         np.testing.assert_array_equal(reader.read("a", np.s_[2:5]), np.arange(10.0)[2:5])
+
+
+def test_a_reader_of_a_file_object_serves_several_threads_their_own_bytes():
+    # One thread's seek landed between another's seek and read: slices (unverified) held another leaf's values.
+    switch = sys.getswitchinterval()
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {f"w{i}": np.full((64, 64), i, np.int32) for i in range(4)})
+    buffer.seek(0)
+    reader = jaxstow.open(buffer)
+    wrong: list[int] = []
+
+    def read(i: int) -> None:
+        for _ in range(3000):
+            if not (reader.read(f"w{i}", np.s_[i + 1, 3:60:5]) == i).all():
+                wrong.append(i)
+                return
+
+    sys.setswitchinterval(1e-6)  # threads switch between any two bytecodes
+    try:
+        threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not wrong
 
 
 def test_a_folder_is_not_a_file(tmp_path):

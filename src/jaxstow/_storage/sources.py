@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import stat
+import threading
 from collections.abc import Sequence
 from typing import BinaryIO
 
@@ -179,6 +180,7 @@ class FileObject(SourceBase):
         self._file = file
         self._start = file.tell()
         self.size = file.seek(0, io.SEEK_END) - self._start
+        self._lock = threading.Lock()  # a seek and the read after it: one thread's, not another's between them
 
     def describe_size(self) -> str:
         if self.size == 0 and self._start > 0:
@@ -187,13 +189,14 @@ class FileObject(SourceBase):
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
-        self._file.seek(self._start + offset)
-        done = 0
-        while done < len(buffer):
-            count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
-            if not count:
-                raise self._truncated(offset, len(buffer), done)
-            done += count
+        with self._lock:
+            self._file.seek(self._start + offset)
+            done = 0
+            while done < len(buffer):
+                count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
+                if not count:
+                    raise self._truncated(offset, len(buffer), done)
+                done += count
 
     def close(self) -> None:
         """The caller owns the file object: it stays open, back at the position it had, ready to be read again."""
