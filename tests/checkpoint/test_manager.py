@@ -113,6 +113,16 @@ def test_partial_items(tmp_path):
             manager.restore(2, items=["state"])
 
 
+def test_a_selection_of_keys_holding_wildcard_characters_restores_those_keys(tmp_path):
+    # Each item was given the leaves chosen as patterns of [c] classes, which select does not know: another leaf came
+    # back ('a*' asked, 'a[*]' given), or none.
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, {"params": {"a*": np.full(1, 3.0), "a[*]": np.full(1, 4.0), "attn[0]": np.full(1, 1.0)}})
+        assert manager.restore(select=["params/a?"]) == {"params": {"a*": np.full(1, 3.0)}}
+        restored = manager.restore(select=["params/**"])["params"]
+    assert {key: float(value[0]) for key, value in restored.items()} == {"a*": 3.0, "a[*]": 4.0, "attn[0]": 1.0}
+
+
 def test_restore_onto_a_device_and_a_sharding(tmp_path):
     device = jax.devices()[0]
     with CheckpointManager(tmp_path) as manager:

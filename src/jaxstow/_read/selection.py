@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from jaxstow.errors import ArgumentError, SelectionError
 
-__all__ = ["Selection"]
+__all__ = ["LeafPaths", "Selection"]
 
 _SEGMENTS = "(?:[^/]*/)*"  # any number of whole segments, empty ones (empty dict keys) too
 _WILDCARDS = {"*": "[^/]*", "?": "[^/]"}
@@ -39,6 +39,11 @@ def _compile(pattern: str) -> re.Pattern[str]:
     return re.compile(body + _SEGMENTS)
 
 
+class LeafPaths(tuple[str, ...]):
+    """Leaf paths chosen already (a step's selection, spread over its items): each selects itself, none of its
+    characters a wildcard."""
+
+
 class Selection:
     """A set of path patterns; a path is selected when any of them matches it."""
 
@@ -48,7 +53,11 @@ class Selection:
         )
         if not self.patterns or not all(isinstance(pattern, str) for pattern in self.patterns):
             raise ArgumentError(f"select takes path patterns (strings), not {patterns!r}")
-        self._compiled = [_compile(pattern) for pattern in self.patterns]
+        exact = isinstance(patterns, LeafPaths)
+        self._compiled = [
+            re.compile(re.escape(pattern) + "/" + _SEGMENTS) if exact else _compile(pattern)
+            for pattern in self.patterns
+        ]
 
     def matches(self, path: str) -> bool:
         """Whether any pattern selects ``path``."""

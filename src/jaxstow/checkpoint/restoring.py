@@ -31,7 +31,7 @@ from jaxstow._names.registry import every_library_of
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
-from jaxstow._read.selection import Selection
+from jaxstow._read.selection import LeafPaths, Selection
 from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import submit
 from jaxstow.checkpoint.step_folder import StepFolder
@@ -130,7 +130,7 @@ def open_readers(stack: contextlib.ExitStack, sources: Mapping[str, Any]) -> dic
 
 def _spread_selection(
     select: str | Sequence[str] | None, readers: Mapping[str, Reader], *, where: str
-) -> dict[str, list[str]]:
+) -> dict[str, LeafPaths]:
     """The leaf paths chosen in each item; an item with none is left out, and a pattern matching nothing is an error."""
     if select is None:
         return {}
@@ -138,16 +138,11 @@ def _spread_selection(
     chosen: dict[str, list[str]] = {}
     for path in Selection(select).choose(everything, file=where):
         name, _, inner = path.partition("/")
-        chosen.setdefault(name, []).append(_literal(inner))
-    return chosen
+        chosen.setdefault(name, []).append(inner)
+    return {name: LeafPaths(paths) for name, paths in chosen.items()}  # each its own path, whatever it holds
 
 
-def _literal(path: str) -> str:
-    """A pattern that matches ``path`` itself, whatever characters it holds."""
-    return "".join(f"[{char}]" if char in "*?[" else char for char in path)
-
-
-def _item_options(options: LoadOptions, name: str, chosen: Mapping[str, list[str]]) -> LoadOptions:
+def _item_options(options: LoadOptions, name: str, chosen: Mapping[str, LeafPaths]) -> LoadOptions:
     """The options of one item: its share of the selection, and its own sharding."""
     item = options.copy()
     item["select"] = chosen.get(name)
