@@ -123,6 +123,17 @@ def test_a_selection_of_keys_holding_wildcard_characters_restores_those_keys(tmp
     assert {key: float(value[0]) for key, value in restored.items()} == {"a*": 3.0, "a[*]": 4.0, "attn[0]": 1.0}
 
 
+def test_a_sharding_dict_keyed_by_no_item_is_refused_naming_the_items(tmp_path):
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, {"params": {"w": np.arange(4.0)}, "opt": {"mu": np.zeros(2)}})
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        with pytest.raises(
+            jaxstow.errors.ShardingError, match=r"keyed by 'parms', .*\(its items are 'opt', 'params'\)"
+        ):
+            manager.restore(sharding={"parms": device})  # a typo placed 'params' on the default device, silently
+        assert manager.restore(sharding={"params": device}, items=["params"])["params"]["w"].sharding == device
+
+
 def test_restore_onto_a_device_and_a_sharding(tmp_path):
     device = jax.devices()[0]
     with CheckpointManager(tmp_path) as manager:

@@ -36,7 +36,7 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import submit
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, ShardingError
 
 __all__ = ["open_readers", "restore_items", "restore_step"]
 
@@ -150,6 +150,19 @@ def _item_options(options: LoadOptions, name: str, chosen: Mapping[str, LeafPath
     return item
 
 
+def _check_sharded_items(sharding: ShardingSpec, names: Sequence[str], *, where: str) -> None:
+    """Refuse a ``sharding`` dict keyed by a name that is none of the step's items (a typo would place the item it
+    meant on the default device, silently)."""
+    if not isinstance(sharding, Mapping) or is_placement(sharding):
+        return
+    if unknown := sorted(str(key) for key in sharding if key not in names):
+        raise ShardingError(
+            f"sharding= is keyed by {', '.join(map(repr, unknown))}, which the step has no item of (its items are "
+            f"{', '.join(map(repr, names))}): key it by item name",
+            file=where,
+        )
+
+
 def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
     if sharding is None or is_placement(sharding):
         return sharding
@@ -181,6 +194,7 @@ def _restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str]
         with open_parts(folder.open_files(record, [SINGLE_ITEM], whole=whole)[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
     names = folder.chosen_items(step, record, items, like)
+    _check_sharded_items(options.get("sharding"), sorted(record.files), where=folder.url(step))
     if isinstance(folder.store, LocalStore):  # an open local file is read whole even if its step is deleted
         return restore_items(folder.open_files(record, names), like or {}, where=folder.url(step), **options)
     # Each item opened as a thread is free for it; no more items at once than requests in flight, each of whose first
