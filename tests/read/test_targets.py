@@ -125,6 +125,23 @@ def test_select_inside_a_module_leaves_none_where_a_leaf_was_not_read(tmp_path):
     np.testing.assert_array_equal(restored["model"].weight, model.weight)
 
 
+def test_select_drops_unchosen_keys_of_dicts_in_lists_and_subtrees_left_with_no_leaf(tmp_path):
+    # The dicts inside a list kept their unchosen keys as None; a dict whose leaves were all left out stayed, with
+    # its children that hold none ({'count': None, 'hist': {}}).
+    tree = {
+        "layers": [{"w": np.ones(1), "b": np.zeros(1)}, {"w": np.full(1, 3.0), "b": np.zeros(1)}],
+        "opt": {"count": None, "hist": {}, "mu": np.ones(2)},
+        "params": {"w": np.ones(1), "cfg": None},
+    }
+    jaxstow.save(tmp_path / "tree.jxs", tree)
+    weights = jaxstow.load(tmp_path / "tree.jxs", select="layers/*/w", as_numpy=True)
+    assert jax.tree.structure(weights) == jax.tree.structure({"layers": [{"w": 0}, {"w": 0}]})
+    first = jaxstow.load(tmp_path / "tree.jxs", select="layers/0", as_numpy=True)
+    assert first["layers"][1] is None and sorted(first["layers"][0]) == ["b", "w"]
+    params = jaxstow.load(tmp_path / "tree.jxs", select="params", as_numpy=True)
+    assert list(params) == ["params"] and params["params"]["cfg"] is None  # chosen with its subtree
+
+
 def test_select_wildcards(saved):
     restored = jaxstow.load(saved, select=["*/m?", "**/count"], as_numpy=True)
     assert sorted(restored["opt"]) == ["count", "mu"] and "params" not in restored

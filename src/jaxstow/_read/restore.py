@@ -40,6 +40,7 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, resolve_shardings, saved_sharding
+from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
@@ -53,16 +54,6 @@ __all__ = ["pipeline_by_default", "read_while_tracing", "restore"]
 _SCALARS = (bool, int, float, complex, str, bytes)
 #: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
 _ADOPT_BYTES = 1 << 16
-
-
-class _Skipped:
-    """Stands for a leaf that was not restored, while the tree is rebuilt and pruned."""
-
-    def __repr__(self) -> str:
-        return "<not restored>"
-
-
-_SKIPPED = _Skipped()
 
 
 def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
@@ -209,10 +200,10 @@ def _rebuild(
     paths = opened.paths
     chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
     treedef = opened.treedef()
-    positions = [i if path in chosen else _SKIPPED for i, path in enumerate(paths)]
+    positions = [i if path in chosen else SKIPPED for i, path in enumerate(paths)]
 
     def index_tree() -> Any:
-        return _prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
+        return prune(dict(zip(paths, positions, strict=True)) if treedef is None else treedef.unflatten(positions))
 
     stored = [i for i, path in enumerate(paths) if path in chosen and path in opened.stored]
     arrays = {
@@ -224,7 +215,7 @@ def _rebuild(
     def value(i: int, data: dict[str, Any]) -> Any:
         path = paths[i]
         if path not in chosen:
-            return _SKIPPED
+            return SKIPPED
         if path in data:
             return opened.as_leaf(opened.stored[path], data[path])
         return _value(opened, path, every=every)
@@ -232,7 +223,7 @@ def _rebuild(
     placements = _placements(opened, sharding, index_tree, arrays)
     values = _read(opened, paths, stored, arrays, placements, value, {}, as_numpy=as_numpy, pipeline=pipeline)
     tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
-    return _prune(tree) if select is not None else tree
+    return prune(tree) if select is not None else tree
 
 
 def _read(
@@ -341,22 +332,6 @@ def _place(arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> list[jax.
     for i in set(range(len(arrays))) - set(placed) - set(default):
         out[i] = jnp.asarray(arrays[i])
     return out
-
-
-def _prune(tree: Any) -> Any:
-    """``tree`` without the leaves not restored.
-
-    Dropped from dicts, ``None`` elsewhere; a node left with none of its leaves is dropped as a whole.
-    """
-    if tree is _SKIPPED:
-        return _SKIPPED
-    if type(tree) is dict:
-        kept = {key: pruned for key, value in tree.items() if (pruned := _prune(value)) is not _SKIPPED}
-        return kept if kept or not tree else _SKIPPED
-    leaves = jax.tree.leaves(tree)
-    if leaves and all(leaf is _SKIPPED for leaf in leaves):
-        return _SKIPPED
-    return jax.tree.map(lambda leaf: None if leaf is _SKIPPED else leaf, tree)
 
 
 def _fit(
