@@ -142,6 +142,14 @@ def test_select_drops_unchosen_keys_of_dicts_in_lists_and_subtrees_left_with_no_
     assert list(params) == ["params"] and params["params"]["cfg"] is None  # chosen with its subtree
 
 
+def test_a_like_with_two_leaves_of_one_path_is_refused(tmp_path):
+    # 'a/b' as a key and as a nested path: both were filled from the one file leaf.
+    jaxstow.save(tmp_path / "tree.jxs", {"a": {"b": np.ones(1), "c": np.zeros(1)}})
+    like = {"a/b": np.zeros(1), "a": {"b": np.zeros(1), "c": np.zeros(1)}}
+    with pytest.raises(StructureMismatchError, match="'a/b': like has two leaves of this path"):
+        jaxstow.load(tmp_path / "tree.jxs", like=like)
+
+
 def test_select_wildcards(saved):
     restored = jaxstow.load(saved, select=["*/m?", "**/count"], as_numpy=True)
     assert sorted(restored["opt"]) == ["count", "mu"] and "params" not in restored

@@ -346,6 +346,12 @@ def _fit(
     pipeline: bool,
 ) -> Any:
     paths, wanted, treedef = flatten_with_paths(like)
+    if len(set(paths)) < len(paths):  # one file leaf would fill both
+        twice = sorted({path for path in paths if paths.count(path) > 1})
+        raise StructureMismatchError(
+            [f"{path!r}: like has two leaves of this path (a key with '/' beside a nested one?)" for path in twice],
+            file=opened.file,
+        )
     paths, problems = like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) else (paths, [])
     targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
     templates = per_process_templates(opened, paths) if opened.per_process else {}
