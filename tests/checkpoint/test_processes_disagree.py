@@ -10,6 +10,7 @@ import pytest
 from distributed_runs import launch
 
 WORKER = Path(__file__).parents[1] / "distributed" / "disagree_worker.py"
+LOCAL_MESH_WORKER = Path(__file__).parents[1] / "distributed" / "local_mesh_worker.py"
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +73,17 @@ def test_processes_whose_managers_keep_other_steps_commit_nothing(reports):
         assert "process 1 keeps other steps than process 0" in error, error
         assert "same keep=KeepPolicy(...) in every process" in error and "per_process" not in error, error
         assert report["kept_steps"] == []
+
+
+def test_arrays_on_each_processs_own_devices_are_its_values_saved_once_and_compared(tmp_path):
+    # Each process wrote such an array whole, as if shards of one: every box twice, and a restore handed one process
+    # the other's values. Now they are saved as the processes' unsharded values are: once, compared where small.
+    processes = launch(LOCAL_MESH_WORKER, 2, lambda index, port: [str(index), str(port), str(tmp_path / "run")])
+    for process in processes:
+        out, err = process.communicate(timeout=240)
+        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["errors"]["1"] is None, report
+        assert "process 1 saved other values than process 0" in report["errors"]["2"], report
+        assert report["steps"] == [1]
+        assert report["restored"] == report["fitted"] == {"large": True, "small": True}, report

@@ -30,7 +30,7 @@ import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
-from jaxstow._format.leaves import EncodedLeaf, encode_leaf
+from jaxstow._format.leaves import EncodedLeaf, encode_leaf, is_sharded
 from jaxstow._format.manifest_written import metadata_problem
 from jaxstow._format.native_or_npz import (
     FORMAT_NAME,
@@ -154,7 +154,7 @@ def encode_tree(
         encoded = [
             _encode_per_process(path, leaf, part=part, file=file)
             if is_per_process(leaf)
-            else _encode(path, leaf, file, copy, hosting)
+            else _encode(path, _whole_if_own(leaf) if part is not None else leaf, file, copy, hosting)
             for path, leaf in zip(paths, leaves, strict=True)
         ]
     for i in weakly_typed_leaves(leaves) if weak is None else weak:
@@ -209,6 +209,15 @@ def _encode_per_process(path: str, leaf: Any, *, part: int | None, file: str) ->
     if not isinstance(leaf, PerProcess) or leaf.iterator:
         entry["iterator"] = True
     return EncodedLeaf(entry, np.frombuffer(buffer.getbuffer(), np.uint8))
+
+
+def _whole_if_own(leaf: Any) -> Any:
+    """Of a tree that several processes save, an array sharded over this process's own devices only (a mesh of its
+    local devices), as one host array: it is this process's value, saved once for all (by process 0, compared as
+    the others' unsharded values are), not shards of one global array that each process would write whole."""
+    if isinstance(leaf, jax.Array) and isinstance(leaf.dtype, np.dtype) and is_sharded(leaf):
+        return np.asarray(leaf) if leaf.is_fully_addressable else leaf
+    return leaf
 
 
 def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | None) -> EncodedLeaf:
