@@ -290,7 +290,10 @@ def _read_and_hash_halves(source: ReadSource, offset: int, data: memoryview) -> 
     """
     cut = len(data) // 2 // ALIGNMENT * ALIGNMENT
     first, second = data[:cut], data[cut:]
-    reading = submit(LOCAL_DISK.pool(), source.read_into, offset + cut, second)
+    # The pool's job takes its half from a list: the pool's thread holds the job a moment after its result is set,
+    # and the job's own arguments then, so that the leaf's memory would outlive its arrays and not be reused.
+    handed = [second]
+    reading = submit(LOCAL_DISK.pool(), lambda: source.read_into(offset + cut, handed.pop()))
     try:
         source.read_into(offset, first)
         digest = xxh3_64(first)
