@@ -23,7 +23,7 @@ from jaxstow._format.keypaths import key_to_str, path_to_str
 from jaxstow._util.jax_compat import tree_broadcast
 from jaxstow.errors import ShardingError, excerpt
 
-__all__ = ["ShardingSpec", "check_fits", "is_placement", "resolve_shardings", "saved_sharding"]
+__all__ = ["ShardingSpec", "check_fits", "is_placement", "place_whole", "resolve_shardings", "saved_sharding"]
 
 #: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
 #: a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding each sharded leaf was saved with.
@@ -195,3 +195,15 @@ def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path
         raise ShardingError(
             f"shape {list(shape)} cannot be laid out on {placement}: {error}", file=file, path=path
         ) from None
+
+
+def place_whole(array: jax.Array, placement: Any) -> jax.Array:
+    """``array``, which this process holds whole (a typed PRNG key), on ``placement``; also on a sharding over the
+    devices of several processes, where jax's ``device_put`` refuses an extended dtype: each of this process's devices
+    gets its part, and the processes' parts make one array (each process holds the same whole)."""
+    if not isinstance(placement, jax.sharding.Sharding) or placement.is_fully_addressable:
+        placed: jax.Array = jax.device_put(array, placement)
+        return placed
+    parts = placement.addressable_devices_indices_map(array.shape)
+    pieces = [jax.device_put(array[index], device) for device, index in parts.items()]
+    return jax.make_array_from_single_device_arrays(array.shape, placement, pieces)

@@ -39,7 +39,7 @@ from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
-from jaxstow._read.placement import ShardingSpec, check_fits, resolve_shardings, saved_sharding
+from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
@@ -312,7 +312,7 @@ def _to_devices(
         values[i] = placed
     for i in positions:
         if isinstance(values[i], jax.Array) and placements.get(i) is not None and i not in arrays:
-            values[i] = jax.device_put(values[i], placements[i])
+            values[i] = place_whole(values[i], placements[i])
         values[i] = _weak_if_saved(opened, paths[i], values[i]) if opened.weak else values[i]
 
 

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import EncodedValue, is_sharded
+from jaxstow._format.leaves import EncodedValue, is_sharded, on_own_device
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
 from jaxstow._names import registry
@@ -151,7 +151,7 @@ def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
         kept
         if kept is not None
         else np.asarray(leaf)
-        if _is_plain_array(leaf) and not is_sharded(leaf)
+        if _is_plain_array(leaf) and not is_sharded(leaf) and on_own_device(leaf)
         else held(leaf)
         if is_per_process(leaf)
         else _value_now(leaf)

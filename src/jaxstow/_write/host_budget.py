@@ -141,6 +141,7 @@ class HostBudget:
             _accelerators_present()
             and isinstance(leaf, jax.Array)
             and isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding)
+            and leaf.is_fully_addressable
             and isinstance(leaf.dtype, np.dtype)
             and leaf.size > 0
             and name_of_dtype(leaf.dtype) is not None

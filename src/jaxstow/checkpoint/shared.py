@@ -78,7 +78,16 @@ def commit_step(
     with talk:
         coordinator = talk.coordinator
         where = store.url(folder)
-        staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
+        try:
+            staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
+        except CheckpointError as error:
+            if coordinator.index == 0:
+                raise
+            # Process 0's folder is gone: it failed and removed it (its outcome says why), or this process does not
+            # see process 0's storage (process 0 says so, from this process's report).
+            talk.fail("done", error)
+            talk.decide("outcome", dict, waiting_for=f"the commit of step {step} ({where})")
+            raise
         try:
             summary = write(staging)
             staging.complete()
