@@ -275,6 +275,11 @@ def test_arguments_that_do_not_fit(folder, tmp_path):
         huggingface.load(folder, _like(), transposed={"model.layers.0.proj.bias"})
     with pytest.raises(ArgumentError, match="lacks"):
         huggingface.load(folder, _like(), transposed={"no.such"})
+    for wrong in (True, 1, {"model.layers.0.proj.weight": True}, "model.layers.0.proj.weight", [1]):
+        with pytest.raises(ArgumentError, match="transposed= "):
+            huggingface.load(folder, _like(), transposed=wrong)
+    with pytest.raises(ArgumentError, match=r"names= takes a mapping .*dict\(pairs\)"):
+        huggingface.load(folder, names=[("lm_head.weight", "head")])
     with pytest.raises(ArgumentError, match="the path 'same'"):
         huggingface.load(folder, {"same": jnp.zeros(1)}, names=lambda name: "same")
     jaxstow.save(tmp_path / "file.jxs", {"w": jnp.ones(2)})
@@ -359,6 +364,18 @@ def test_a_square_tensor_marked_transposed_is_turned_over(tmp_path, n, marks):
         _equal(reader["fc.weight"], weight.T)
         _equal(reader.read("fc.weight", np.s_[:, 0]), weight.T[:, 0])
         _equal(reader.load(as_numpy=True)["fc.weight"], weight.T)
+
+
+def test_names_to_turn_given_by_an_iterator_are_all_turned(tmp_path):
+    # An iterator was read out by the check of unknown names, so nothing was turned: a square weight came back as
+    # stored, silently.
+    folder, weight = _square_folder(tmp_path, 3)
+    like, names = {"fc": {"kernel": jnp.zeros((3, 3))}}, {"fc.weight": "fc/kernel"}
+    loaded = huggingface.load(folder, like=like, names=names, transposed=(name for name in ["fc.weight"]))
+    _equal(loaded["fc"]["kernel"], weight.T)
+    with huggingface.open(folder, transposed=iter(["fc.weight"])) as reader:
+        _equal(reader["fc.weight"], weight.T)
+        _equal(reader.load(as_numpy=True)["fc.weight"], weight.T)  # the names kept, not the iterator read again
 
 
 def test_a_square_tensor_turns_over_onto_a_mesh(tmp_path):

@@ -19,7 +19,7 @@ flax's ``kernel`` (in, out)): the names alone decide which, never the shapes, so
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any
 
 import numpy as np
@@ -36,8 +36,10 @@ __all__ = ["FolderFile", "Names", "Transposed"]
 
 #: A tensor name's path in a tree: a function (``None``: leave the tensor out) or a mapping (absent: left out).
 Names = Callable[[str], str | None] | Mapping[str, str]
-#: The 2-d tensors stored transposed: a set of tensor names or a predicate on them.
-Transposed = Callable[[str], bool] | Collection[str]
+#: The 2-d tensors stored transposed: tensor names (a set, a list, an iterator) or a predicate on them.
+Transposed = Callable[[str], bool] | Iterable[str]
+#: ``Transposed`` as checked: a predicate, or the names.
+_Marks = Callable[[str], bool] | frozenset[str]
 
 
 class FolderFile(OpenedFile):
@@ -59,6 +61,7 @@ class FolderFile(OpenedFile):
         names: Names | None = None,
         transposed: Transposed | None = None,
     ) -> None:
+        transposed = _marks(transposed)  # read once: an iterator is a collection only the first time
         layout, presented, turned = _view(tensors, names, transposed)
         super().__init__(containers, leaves=presented)
         self.file = folder
@@ -125,7 +128,7 @@ def _dotted(tensor: str) -> str:
 
 
 def _view(
-    tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: Transposed | None
+    tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: _Marks | None
 ) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
     """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks."""
     mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
@@ -155,6 +158,11 @@ def _laid_out(
 def _path_mapping(names: Names | None, tensors: list[str]) -> dict[str, str]:
     if names is None:
         return {tensor: tensor for tensor in tensors}
+    if not (isinstance(names, Mapping) or callable(names)):
+        raise ArgumentError(
+            f"names= takes a mapping from tensor names to paths or a function of a name, not {excerpt(names)}"
+            + (": dict(pairs) makes one of pairs" if isinstance(names, list | tuple) else "")
+        )
     if isinstance(names, Mapping):
         unknown = sorted(set(names) - set(tensors))
         if unknown:
@@ -169,14 +177,28 @@ def _path_mapping(names: Names | None, tensors: list[str]) -> dict[str, str]:
     return mapping
 
 
-def _marked(transposed: Transposed | None, tensors: list[str]) -> set[str]:
+def _marks(transposed: Transposed | None) -> _Marks | None:
+    """``transposed=`` checked: ``None``, a predicate, or the names it gives (an iterator's, read once)."""
+    if transposed is None or callable(transposed):
+        return transposed
+    if isinstance(transposed, str | Mapping) or not isinstance(transposed, Iterable):
+        raise ArgumentError(
+            f"transposed= takes a collection of tensor names or a predicate on a name, not {excerpt(transposed)}"
+            + (": pass the names to turn" if isinstance(transposed, Mapping) else "")
+        )
+    marks = frozenset(transposed)
+    strange = [mark for mark in marks if not isinstance(mark, str)]
+    if strange:
+        raise ArgumentError(f"transposed= holds {excerpt(strange[0])}, not a tensor name")
+    return marks
+
+
+def _marked(transposed: _Marks | None, tensors: list[str]) -> set[str]:
     if transposed is None:
         return set()
     if callable(transposed):
         return {tensor for tensor in tensors if transposed(tensor)}
-    if isinstance(transposed, str):
-        raise ArgumentError("transposed= takes a set of tensor names or a predicate, not one string")
-    unknown = sorted(set(transposed) - set(tensors))
+    unknown = sorted(transposed - set(tensors))
     if unknown:
         raise ArgumentError(f"transposed= names tensors the folder lacks: {unknown[:5]}")
     return set(transposed)
