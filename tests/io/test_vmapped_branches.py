@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
+from jaxstow.errors import CollectorError
 from jaxstow.io.hdf5_layout import DRAWS_DONE
 from jaxstow.io.live import read_draws
 
@@ -145,3 +146,20 @@ def test_a_run_called_twice_with_one_initial_state_returns_the_second_calls_samp
     np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), expected)
     if kind == "hdf5":
         _assert_file_holds(tmp_path / "samples.h5", [expected])
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_the_first_of_two_calls_from_one_initial_state_is_refused_not_given_the_seconds_samples(kind, tmp_path):
+    # The host keeps each chain's rows as the call that sent them last gave them: the earlier call's final state was
+    # given the later call's rows where both sent blocks, silently.
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=2)
+    state = init_save({"x": jnp.zeros(())}, None, scheduler.static_information(samples_collected=None))
+
+    @jax.jit
+    def run(state, offset):
+        return jax.lax.scan(lambda state, i: (save(state, True, {"x": i + offset})[0], None), state, jnp.arange(5.0))[0]
+
+    first = run(state, 0.0)
+    jax.block_until_ready(run(state, 100.0))
+    with pytest.raises(CollectorError, match=r"another run went on from the same saving state .* call init_save"):
+        postprocess_save(first, None)

@@ -68,6 +68,8 @@ class Receiver:
         self.collector = collector
         self.at_once = copies_at_once(collector)
         self.live: dict[int, int | None] = {}
+        #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
+        self.starts: dict[int, int] = {}
         self.failures: dict[int, tuple[str, Exception]] = {}
         self.checkpoint_spec: Any = None
         self.key_data = stores_key_data(collector)
@@ -186,6 +188,26 @@ class Receiver:
         if impl is None:
             return data
         return KeyData(data, impl[1]) if self.key_data else _key(data, impl[0])
+
+    def check_rows_kept(self, chain_id: int, numbers: tuple[int, int, int], ring: Sequence[Any], samples: Any) -> None:
+        """Check that the collector kept the last sample of the chain's last full block as the run's final state
+        holds it (``numbers`` and ``ring`` of its buffer): a state from which another run went on, later (two calls
+        from one initial state), would else get that run's rows, silently."""
+        sent, fill, row = numbers
+        stored = jax.tree.leaves(samples)
+        if sent <= self.starts.pop(chain_id, 0) or len(stored) != len(ring):
+            return
+        position = (row - fill - 1) % len(ring[0])
+        for kept, held in zip(stored, ring, strict=True):
+            if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
+                return  # a collector of its own that gives other samples than it got
+            if np.asarray(kept[sent - 1]).tobytes() != held[position].tobytes():
+                raise CollectorError(
+                    f"the {self.name} holds other samples of chain {chain_id} than this run's final state: another "
+                    "run went on from the same saving state and sent its samples after this one (s1 = run(state); "
+                    "s2 = run(state); postprocess_save(s1)); the samples of the run that ran last are kept: to keep "
+                    "both, call init_save for each"
+                )
 
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""

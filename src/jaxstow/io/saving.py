@@ -287,10 +287,10 @@ class _Streaming:
             for leaf in jax.tree.leaves(init_checkpoint)
         ]
         resumed = self.collector.resume().get(chain_id)
-        if resumed is None:
-            return chain_id, 0, 0
-        conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
-        return chain_id, resumed.sample_count, resumed.step
+        if resumed is not None:
+            conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
+        self.host.starts[chain_id], step = (0, 0) if resumed is None else (resumed.sample_count, resumed.step)
+        return chain_id, self.host.starts[chain_id], step
 
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
         """Send the buffered rest, wait for the collector and hand the samples over (``solver_state`` is unused).
@@ -311,11 +311,11 @@ class _Streaming:
             for chain_id in over:
                 host.failures.pop(chain_id, None)
             raise ran_already(over, name)
-        leaves = jax.tree.leaves(state.buffer)
-        for index, chain_id in zip(chains, chain_ids, strict=True):
-            numbers = (int(state.sent[index]), int(state.fill[index]), int(state.row[index]))
-            for first, rows in ring_pieces(*numbers, len(leaves[0][index])):
-                host.deliver(chain_id, first, [leaf[index][rows] for leaf in leaves])
+        numbers = [(int(state.sent[index]), int(state.fill[index]), int(state.row[index])) for index in chains]
+        rings = [[leaf[index] for leaf in jax.tree.leaves(state.buffer)] for index in chains]
+        for chain_id, chain_numbers, ring in zip(chain_ids, numbers, rings, strict=True):
+            for first, rows in ring_pieces(*chain_numbers, len(ring[0])):
+                host.deliver(chain_id, first, [leaf[rows] for leaf in ring])
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         host.attempt_together(
             chain_ids,
@@ -336,6 +336,8 @@ class _Streaming:
                 "samples_collected=None when it is not known in advance",
             )
         samples = together(self.collector, "finished")(list(counts))
+        for chain_id, chain_numbers, ring, chain_samples in zip(chain_ids, numbers, rings, samples, strict=True):
+            host.check_rows_kept(chain_id, chain_numbers, ring, chain_samples)
         results = []
         for (chain_id, count), chain_samples in zip(counts.items(), samples, strict=True):
             results.append({"sample_count": jnp.asarray(count), "samples": chain_samples})
