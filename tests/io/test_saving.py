@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CollectorError
 from jaxstow.io import hdf5 as hdf5_module
 from jaxstow.io import receiving
 
@@ -617,8 +617,27 @@ def test_a_finished_run_is_not_overwritten(tmp_path) -> None:
     with h5py.File(path, "w") as file:
         init_save, _, postprocess_save = io.save(io.HDF5Collector(file))
         postprocess_save(init_save(INIT_SAMPLE, None, scheduler.static_information()), None)
-    with h5py.File(path, "a") as file, pytest.raises(FileExistsError, match=r"finished run at /chain~0"):
+    with h5py.File(path, "a") as file, pytest.raises(CollectorError, match=r"finished run at /chain~0"):
         io.HDF5Collector(file).register_chain(INIT_SAMPLE, None, scheduler.static_information())
+
+
+def test_a_second_collector_on_one_open_file_leaves_the_first_runs_chains_alone(tmp_path) -> None:
+    # Both collectors' chain ids start at 0: the second took the first's unfinished /chain~0 for its own and
+    # deleted its samples.
+    path = tmp_path / "two.h5"
+    with h5py.File(path, "w", libver="latest") as file:
+        first_init, first_save, first_post = io.save(io.HDF5Collector(file))
+        state = first_init(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+        second_init, _, _ = io.save(io.HDF5Collector(file))
+        with pytest.raises(CollectorError, match=r"/chain~0 holds the samples of another HDF5Collector's run"):
+            second_init(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+        steps = jnp.arange(STEPS, dtype=jnp.int32)
+        state, _ = jax.lax.scan(lambda state, t: first_save(state, True, _sample(jnp.ones(3) * t, t)), state, steps)
+        result = first_post(state, None)
+        np.testing.assert_array_equal(result["samples"]["stats"].step[:], np.arange(STEPS))
+        third_init, _, _ = io.save(io.HDF5Collector(file))  # the first run is over: its chain is finished, not taken
+        with pytest.raises(CollectorError, match=r"finished run at /chain~0"):
+            third_init(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
 
 
 def test_misuse_is_reported_clearly() -> None:

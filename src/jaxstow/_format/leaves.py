@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype, unstored_dtype_advice
+from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
 from jaxstow._format.sharding_description import describe_sharding
@@ -45,7 +46,6 @@ __all__ = [
     "encode_leaf",
     "is_sharded",
     "key_impl_name",
-    "on_own_device",
     "share_box",
     "stored_leaf_from_entry",
     "tensor_names",
@@ -130,12 +130,6 @@ def is_sharded(leaf: Any) -> bool:
     return len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable
 
 
-def on_own_device(leaf: jax.Array) -> bool:
-    """Whether an array on one device is on one of this process's devices: always, with one process; under
-    ``jax.distributed``, ``jax.device_put(x, jax.devices()[k])`` puts it on another process's device ``k``."""
-    return jax.process_count() == 1 or leaf.is_fully_addressable
-
-
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
     # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
@@ -152,31 +146,15 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
         stored.entry["impl"] = leaf.impl
         return stored
     if isinstance(leaf, jax.Array):
+        if (problem := held_elsewhere(leaf)) is not None:
+            raise ShardingError(problem, file=file, path=path)
         # Typed PRNG keys have one of jax's extended dtypes; every other array a numpy dtype.
         if not isinstance(leaf.dtype, np.dtype) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
-            if not (leaf.is_fully_addressable or leaf.is_fully_replicated):
-                raise ShardingError(
-                    f"the PRNG keys are laid out over the devices of several processes ({leaf.sharding}), and keys "
-                    "are saved whole, which no process holds: save their data, jax.random.key_data(keys) (saved "
-                    "shard by shard), and make them keys again with jax.random.wrap_key_data after the restore",
-                    file=file,
-                    path=path,
-                )
             stored = _stored(path, "key", jax.random.key_data(leaf), file)
             stored.entry["impl"] = key_impl_name(leaf.dtype)
             return stored
         if is_sharded(leaf):
             return _encode_sharded(path, leaf, file=file)
-        if not on_own_device(leaf):
-            (device,) = leaf.sharding.device_set
-            owner = device.process_index  # type: ignore[attr-defined]
-            raise ShardingError(
-                f"the array is on {device}, a device of process {owner}, not of this one ({jax.process_index()}): "
-                "each process saves the values it holds; lay it out over the global mesh, jax.device_put(x, "
-                "NamedSharding(mesh, PartitionSpec())), or keep it on one of this process's devices",
-                file=file,
-                path=path,
-            )
         return _stored(path, "array", leaf, file)
     if is_tensor(leaf):
         return _stored(path, "torch", tensor_to_numpy(leaf, file=file, path=path), file)

@@ -24,8 +24,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxstow._format.held_elsewhere import on_own_device
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.leaves import EncodedValue, is_sharded, on_own_device
+from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
 from jaxstow._names import registry

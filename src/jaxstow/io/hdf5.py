@@ -46,6 +46,7 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
+from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
     checkpoint_path,
@@ -195,6 +196,7 @@ class HDF5Collector(KeepsChains, DataCollector):
                 )
             self._open_again()  # this run goes on in the file
         chain_id = self._chains.next_id
+        claim(self._file, group_name(chain_id), self)
         path = self.checkpoint_path
         if self._stored is None:
             self._stored = {} if path is None else read_checkpoints(path)
@@ -254,7 +256,7 @@ class HDF5Collector(KeepsChains, DataCollector):
                     [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
                 )
             if "sample_count" in self._file[group].attrs:
-                raise FileExistsError(
+                raise CollectorError(
                     f"{self._file.filename} already holds the samples of a finished run at {group}; "
                     "open the file with mode 'w' to replace them, or use another file"
                 )
@@ -427,6 +429,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
     def release(self, chain_id: int) -> None:
         """Forget the chain, whose run is over: its samples are in the file."""
+        give_up(self._filename, group_name(chain_id), self)
         self._datasets.pop(chain_id, None)
         self._finalized.discard(chain_id)
         self._latest.pop(chain_id, None)
