@@ -48,6 +48,22 @@ def test_one_sharding_for_every_array(saved, mesh):
     assert all(leaf.sharding == replicated for leaf in jax.tree.leaves(restored) if isinstance(leaf, jax.Array))
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (4, 1)])
+def test_a_spec_longer_than_a_leaf_is_named_on_a_mesh_of_one_device_along_it_too(tmp_path, shape):
+    # A restart on a host with one device: jax checks no partition spec there, and device_put failed with a bare
+    # AssertionError on the step counter.
+    saved = tmp_path / "state.jxs"
+    jaxstow.save(saved, {"w": jnp.arange(4.0), "step": jnp.int32(7)})
+    small = jax.make_mesh(shape, ("data", "model"), devices=jax.devices()[: shape[0] * shape[1]])
+    with pytest.raises(
+        ShardingError, match=r"shape \[\] cannot be laid out on .* spec names 1 axes, and the array has 0"
+    ) as raised:
+        jaxstow.load(saved, sharding=NamedSharding(small, P("model")))
+    assert raised.value.path == "step"
+    with pytest.raises(ShardingError, match=r"shape \[4\] cannot .* names 2 axes, and the array has 1"):
+        jaxstow.load(saved, sharding={"w": NamedSharding(small, P(None, "model")), "step": None})
+
+
 def test_a_leaf_its_sharding_cannot_hold_is_named(saved, mesh):
     rows = NamedSharding(mesh, P("data", "model"))
     with pytest.raises(ShardingError) as raised:

@@ -189,6 +189,14 @@ def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path
             file=file,
             path=path,
         )
+    spec = getattr(placement, "spec", ())
+    if isinstance(spec, jax.sharding.PartitionSpec) and len(spec) > len(shape):  # jax checks no spec on one device
+        raise ShardingError(
+            f"shape {list(shape)} cannot be laid out on {placement}: its partition spec names {len(spec)} axes, "
+            f"and the array has {len(shape)}",
+            file=file,
+            path=path,
+        )
     try:
         placement.shard_shape(shape)
     except Exception as error:  # jax raises several types here (IndivisibleError, IndexError, ValueError)
