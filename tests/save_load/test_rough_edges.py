@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import threading
 
 import jax.numpy as jnp
@@ -43,6 +44,18 @@ def test_a_missing_folder_at_save_names_the_users_path(tmp_path):
     with pytest.raises(PathError, match=r"taken\.jxs: cannot write it: it is a folder"):
         jaxstow.save(tmp_path / "taken.jxs", {"w": jnp.ones(2)})
     assert os.listdir(tmp_path) == ["taken.jxs"]
+
+
+def test_a_save_onto_a_pipe_or_device_leaves_it_alone(tmp_path):
+    # The atomic rename put a regular file in place of the node (as root, `jaxstow convert x.jxs /dev/null` replaced
+    # the machine's /dev/null).
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with pytest.raises(
+        PathError, match=r"pipe: cannot write it: it is a FIFO \(a named pipe\); jaxstow writes regular"
+    ):
+        jaxstow.save(pipe, {"w": jnp.ones(2)})
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and os.listdir(tmp_path) == ["pipe"]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,8 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from jaxstow._storage.failures import storage_failures
-from jaxstow.errors import IsAFolderError, PathNotFoundError
+from jaxstow._storage.sources import special_kind
+from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError
 
 __all__ = [
     "NAME_MAX",
@@ -135,6 +136,12 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         raise PathNotFoundError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
     if os.path.isdir(final):
         raise IsAFolderError("cannot write it: it is a folder", file=final)
+    try:
+        mode = os.stat(final).st_mode
+    except OSError:
+        mode = stat.S_IFREG  # nothing there yet (or a dangling link, which the file replaces)
+    if not stat.S_ISREG(mode):  # a device, a pipe: the save would put a file in its place
+        raise PathError(f"cannot write it: it is {special_kind(mode)}; jaxstow writes regular files", file=final)
     remove_dead_leftovers(folder)
     temporary = temporary_sibling(final)
     with storage_failures(final):

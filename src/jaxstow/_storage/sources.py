@@ -168,8 +168,12 @@ def _check_regular(mode: int, name: str) -> None:
         return
     if stat.S_ISDIR(mode):
         raise IsAFolderError("is a folder, not a file", file=name)
-    kind = _SPECIAL.get(stat.S_IFMT(mode), "no regular file")
-    raise PathError(f"is {kind}, not a file: jaxstow reads regular files only", file=name)
+    raise PathError(f"is {special_kind(mode)}, not a file: jaxstow reads regular files only", file=name)
+
+
+def special_kind(mode: int) -> str:
+    """What a path of ``mode`` (``os.stat``'s) that is no regular file nor folder is, in words."""
+    return _SPECIAL.get(stat.S_IFMT(mode), "no regular file")
 
 
 class FileObject(SourceBase):
