@@ -21,7 +21,7 @@ from safetensors import safe_open
 import jaxstow
 from jaxstow import CheckpointManager
 from jaxstow.cli import main
-from jaxstow.errors import ArgumentError, PathError
+from jaxstow.errors import ArgumentError, FormatError, PathError
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 ROWS, COLUMNS = 512, 384  # the worker's arrays
@@ -156,6 +156,25 @@ def test_errors_leave_no_folder(tmp_path):
     (tmp_path / "hf" / "other").write_text("")
     with pytest.raises(PathError, match="exists already"):
         jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "hf", names=lambda p: p if p == "a.b" else None)
+
+
+def test_names_as_a_mapping_and_names_that_are_no_strings(tmp_path):
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.arange(4.0), "b": np.zeros(2)})
+    exported = jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "hf", names={"w": "dense.weight"})
+    assert exported.tensors == 1 and exported.left_out == ["b"]
+    assert list(_read_back(tmp_path / "hf")) == ["dense.weight"]
+    for wrong, message in [
+        (lambda path: path.encode(), r"names= gives '\w' the name b'\w': a string"),
+        (lambda path: 5, r"the name 5: a string"),
+        ([("w", "weight")], r"names= takes a function of a leaf's path or a mapping"),
+        ({"nothing": "x"}, r"names= maps paths the source lacks: \['nothing'\]"),
+    ]:
+        with pytest.raises(ArgumentError, match=message):
+            jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "other", names=wrong)
+    # a name safetensors' parser cannot read (a lone surrogate) is refused, naming the folder's file, not a temporary
+    with pytest.raises(FormatError, match=r"of .*other/model-00001-of-00001\.safetensors: .* lone surrogate"):
+        jaxstow.export_safetensors(tmp_path / "model.jxs", tmp_path / "other", names=lambda path: path + "\ud800")
+    assert sorted(os.listdir(tmp_path)) == ["hf", "model.jxs"]
 
 
 def test_the_command(saved_by_four, tmp_path, capsys):

@@ -119,18 +119,29 @@ def write_native(
 def _sink_name(sink: BinaryIO) -> str | None:
     """The file a sink writes, for messages.
 
-    Its name, with the suffix of a temporary sibling (an atomic write's ``.name.jaxstow-tmp-...``) taken off.
+    Its name, with the suffix of a temporary sibling (an atomic write's ``.name.jaxstow-tmp-...``, of the file or of
+    a folder written whole) taken off.
     """
     name = getattr(sink, "name", None)
     if not isinstance(name, str) or not name:
         return None
-    folder, base = os.path.split(name)
-    final = _TEMPORARY_SIBLING.fullmatch(base)
-    return os.path.join(folder, final.group(1)) if final else name
+    parts = [(final.group(1) if (final := _TEMPORARY_SIBLING.fullmatch(part)) else part) for part in name.split(os.sep)]
+    return os.sep.join(parts)
 
 
 def _check_tensors(tensors: Sequence[tuple[str, HostArray]], *, file: str | None) -> None:
-    """Refuse tensors the reader would refuse: one named ``__metadata__``, one of more axes than a file holds."""
+    """Refuse tensors the reader would refuse: one named ``__metadata__``, one of more axes than a file holds, and one
+    whose name is no valid Unicode (a lone surrogate), which safetensors' parser refuses with the whole header."""
+    try:
+        "".join(name for name, _ in tensors).encode("utf-8")
+    except UnicodeEncodeError as error:
+        odd = next(name for name, _ in tensors if error.object[error.start] in name)
+        raise FormatError(
+            "a safetensors file cannot name a tensor with a lone surrogate (no valid Unicode; the safetensors library "
+            "refuses the whole file); rename the key",
+            file=file,
+            path=odd,
+        ) from None
     for name, array in tensors:
         if name == "__metadata__":
             raise FormatError(

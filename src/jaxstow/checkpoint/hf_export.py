@@ -42,7 +42,7 @@ from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.store import open_store
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import ArgumentError, CheckpointError, PathError
+from jaxstow.errors import ArgumentError, CheckpointError, PathError, excerpt
 
 __all__ = ["Exported", "export_safetensors", "parse_size"]
 
@@ -89,7 +89,7 @@ def export_safetensors(
     *,
     max_shard_size: int | str = "5GB",
     item: str | None = None,
-    names: Callable[[str], str | None] | None = None,
+    names: Callable[[str], str | None] | Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> Exported:
     """Write a checkpoint step (of any number of processes) or one file as a Hugging Face sharded safetensors folder.
@@ -104,14 +104,16 @@ def export_safetensors(
         max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int); a larger
             tensor gets a file of its own.
         item: of a step, export this item only.
-        names: each tensor's name from its path (``item/a/b``), ``None`` to leave it out.
+        names: each tensor's name from its path (``item/a/b``), ``None`` to leave it out; or a mapping from paths
+            to names, which leaves out the paths it lacks.
         storage_options: fsspec's options, for URLs.
 
     Returns:
         The files written, the number of tensors, their bytes and the leaves left out.
 
     Raises:
-        ArgumentError: an unknown item, two tensors of one name, a dtype safetensors has no code for.
+        ArgumentError: an unknown item, two tensors of one name, a name that is no string, a dtype safetensors has
+            no code for.
         PathError: ``out_folder`` holds files already.
         CheckpointError: the step's folder is not named by the step its record names, or an item file is missing.
         CorruptFileError: the step's record, or an item file's header, does not check (a file that is not the one
@@ -181,9 +183,10 @@ def _step(source: str, settings: StorageSettings) -> tuple[StepFolder, StepRecor
 
 
 def _tensors(
-    items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | None
+    items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | Mapping[str, str] | None
 ) -> tuple[list[_Tensor], list[str]]:
     """Every array to export, named; and the paths of the leaves left out (plain values, PRNG keys)."""
+    name_of = _naming(names)
     tensors: list[_Tensor] = []
     left_out: list[str] = []
     seen: dict[str, str] = {}
@@ -194,7 +197,9 @@ def _tensors(
             if leaf is None or leaf.kind == "key":
                 left_out.append(full)
                 continue
-            name = names(full) if names is not None else full.replace("/", ".")
+            name = name_of(full)
+            if name is not None and not isinstance(name, str):
+                raise ArgumentError(f"names= gives {full!r} the name {excerpt(name)}: a string, or None to leave it out")
             if name is None:
                 left_out.append(full)
                 continue
@@ -204,7 +209,20 @@ def _tensors(
                 raise ArgumentError(f"{full!r} is {leaf.dtype}, which safetensors has no code for", file=reader.file)
             seen[name] = full
             tensors.append(_Tensor(reader, leaf, name))
+    if isinstance(names, Mapping) and (unknown := sorted(set(names) - {*seen.values(), *left_out})):
+        raise ArgumentError(f"names= maps paths the source lacks: {unknown[:5]}")
     return tensors, left_out
+
+
+def _naming(names: Callable[[str], str | None] | Mapping[str, str] | None) -> Callable[[str], Any]:
+    """``names=`` as a function of a path: dotted paths by default."""
+    if names is None:
+        return lambda path: path.replace("/", ".")
+    if isinstance(names, Mapping):
+        return names.get
+    if not callable(names):
+        raise ArgumentError(f"names= takes a function of a leaf's path or a mapping from paths, not {excerpt(names)}")
+    return names
 
 
 def _plan(tensors: list[_Tensor], limit: int) -> list[list[_Tensor]]:
