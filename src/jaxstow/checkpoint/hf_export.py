@@ -199,7 +199,9 @@ def _tensors(
                 continue
             name = name_of(full)
             if name is not None and not isinstance(name, str):
-                raise ArgumentError(f"names= gives {full!r} the name {excerpt(name)}: a string, or None to leave it out")
+                raise ArgumentError(
+                    f"names= gives {full!r} the name {excerpt(name)}: a string, or None to leave it out"
+                )
             if name is None:
                 left_out.append(full)
                 continue
