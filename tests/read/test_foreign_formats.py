@@ -253,6 +253,18 @@ def test_no_code_of_a_file_is_run(tmp_path):
     assert not marker.exists()
 
 
+def test_a_torch_dict_of_keys_that_do_not_sort_is_a_format_error_naming_it(tmp_path):
+    import torch
+
+    torch.save({"net": {"weight": torch.ones(2), 0: torch.zeros(1)}}, tmp_path / "mixed.pt")  # torch loads it
+    for options in ({}, {"as_numpy": True}):
+        with pytest.raises(
+            FormatError, match=r"leaf 'net' of .*mixed\.pt: a dict whose keys are of types \['int', 'str'\]"
+        ):
+            jaxstow.load(tmp_path / "mixed.pt", from_format="torch", **options)
+    assert main(["convert", str(tmp_path / "mixed.pt"), str(tmp_path / "mixed.jxs")]) == 2
+
+
 def test_flax_msgpack_loads_as_nested_dicts_chunked_arrays_included(tmp_path, monkeypatch):
     loaded = jaxstow.load(io.BytesIO(serialization.to_bytes(_flax_params())), from_format="flax", as_numpy=True)
     np.testing.assert_array_equal(loaded["dense"]["kernel"], _flax_params()["dense"]["kernel"])

@@ -272,7 +272,7 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
     def as_array(key_path: Any, leaf: Any) -> Any:
         return tensor_to_numpy(leaf, file=name, path=path_to_str(key_path)) if is_tensor(leaf) else leaf
 
-    return jax.tree_util.tree_map_with_path(as_array, _plain(state))
+    return jax.tree_util.tree_map_with_path(as_array, _plain(state, name))
 
 
 def _torch_problem(error: Exception) -> str:
@@ -288,12 +288,22 @@ def _torch_problem(error: Exception) -> str:
     return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
 
 
-def _plain(tree: Any) -> Any:
-    """OrderedDicts as dicts, all the way down (torch's state dicts are OrderedDicts)."""
+def _plain(tree: Any, name: str, path: str = "") -> Any:
+    """OrderedDicts as dicts, all the way down (torch's state dicts are OrderedDicts); a dict whose keys do not sort
+    (``"weight"`` beside ``0``), which jax cannot hold, is a :class:`FormatError` naming its path in the file."""
     if isinstance(tree, dict):
-        return {key: _plain(value) for key, value in tree.items()}
+        try:
+            sorted(tree)
+        except TypeError:
+            kinds = sorted({type(key).__name__ for key in tree})
+            raise FormatError(
+                f"a dict whose keys are of types {kinds}, which do not sort, so jax cannot hold it",
+                file=name,
+                path=path,
+            ) from None
+        return {key: _plain(value, name, f"{path}/{key}".lstrip("/")) for key, value in tree.items()}
     if type(tree) in (list, tuple):
-        return type(tree)(_plain(value) for value in tree)
+        return type(tree)(_plain(value, name, f"{path}/{index}".lstrip("/")) for index, value in enumerate(tree))
     return tree
 
 
