@@ -105,3 +105,20 @@ def test_a_run_that_starts_over_puts_a_new_file_in_the_old_ones_place(tmp_path) 
     assert not [name for name in os.listdir(tmp_path) if name != "samples.h5"]
     with h5py.File(path, "r") as file:
         np.testing.assert_array_equal(file["chain~0/w"][:, 0], -np.arange(200, dtype=np.float32))
+
+
+def test_reading_the_file_in_the_process_that_writes_it_says_where_to_read_it(tmp_path) -> None:
+    # HDF5 opens a file once per process, with its first opening's flags: h5py's OSError about locking flags.
+    from jaxstow import scheduler
+    from jaxstow.errors import CollectorError
+    from jaxstow.io.live import read_draws
+
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=2)
+    state = init_save({"x": jnp.zeros(())}, None, scheduler.static_information(samples_collected=None))
+    state = jax.lax.scan(lambda state, t: (save(state, True, {"x": t})[0], None), state, jnp.arange(5.0))[0]
+    for read in (read_draws, io.to_inference_data):
+        with pytest.raises(CollectorError, match=r"open for writing in this process .* read it from another process"):
+            read(str(path))
+    assert postprocess_save(state, None)["samples"]["x"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert read_draws(str(path)).done == [5]

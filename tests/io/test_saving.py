@@ -677,3 +677,33 @@ def test_a_sample_of_no_arrays_is_refused_before_a_chain_is_registered(strategy,
     _assert_trees_equal(_as_numpy(result["samples"]), want)
     if strategy.kind == "hdf5":
         assert [name for name in strategy.file if name.startswith("chain~")] == ["chain~0"]
+
+
+class _Registers(io.DataCollector):
+    """A collector whose ``register_chain`` returns what it is given."""
+
+    def __init__(self, chain_id: Any) -> None:
+        self.chain_id = chain_id
+
+    def register_data_loader(self, data_loader: Any) -> None: ...
+
+    def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None) -> Any:
+        return self.chain_id
+
+    def save(self, chain_id: int, first: int, values: Any) -> None: ...
+
+    def checkpoint(self, chain_id: int, checkpoint: Any) -> None: ...
+
+    def finalize(self, chain_id: int) -> None: ...
+
+    def finished(self, chain_id: int) -> Any: ...
+
+    def resume(self) -> dict:
+        return {}
+
+
+@pytest.mark.parametrize("chain_id", [None, "chain-a", 2**40, -1, True])
+def test_a_collector_that_registers_no_chain_id_is_named(chain_id) -> None:
+    init_save, _, _ = io.save(_Registers(chain_id))
+    with pytest.raises(CollectorError, match=r"_Registers\.register_chain returned .*, which is no chain id"):
+        init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=4))

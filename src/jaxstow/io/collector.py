@@ -9,9 +9,18 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
+from jaxstow.errors import CollectorError, excerpt
 from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["ChainCheckpoint", "DataCollector", "DataLoader", "copies_at_once", "stores_key_data", "together"]
+__all__ = [
+    "ChainCheckpoint",
+    "DataCollector",
+    "DataLoader",
+    "copies_at_once",
+    "registered_chain",
+    "stores_key_data",
+    "together",
+]
 
 
 class ChainCheckpoint(NamedTuple):
@@ -178,6 +187,17 @@ class DataCollector(abc.ABC):
     @abc.abstractmethod
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""
+
+
+def registered_chain(collector: DataCollector, sample: Any, checkpoint: Any, information: StaticInformation) -> int:
+    """The id ``collector.register_chain`` gives a new chain, checked to be one: an ``int`` from 0 to 2**31 - 1."""
+    chain_id = collector.register_chain(init_sample=sample, init_checkpoint=checkpoint, static_information=information)
+    if isinstance(chain_id, int | np.integer) and not isinstance(chain_id, bool) and 0 <= chain_id < 2**31:
+        return int(chain_id)
+    raise CollectorError(
+        f"{type(collector).__name__}.register_chain returned {excerpt(chain_id)}, which is no chain id: it returns an "
+        "int from 0 to 2**31 - 1 that names the chain in its other calls (a missing return gives None)"
+    )
 
 
 def copies_at_once(collector: DataCollector) -> bool:

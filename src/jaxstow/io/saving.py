@@ -45,7 +45,7 @@ from jaxstow.io.batching import (
     spec_of,
     write_rows,
 )
-from jaxstow.io.collector import DataCollector, together
+from jaxstow.io.collector import DataCollector, registered_chain, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
@@ -276,9 +276,7 @@ class _Streaming:
         self, init_sample: Any, init_checkpoint: Any, information: StaticInformation, checkpoint_spec: Any
     ) -> tuple[int, int, int]:
         """Register one chain; its id, and the samples and steps of the checkpoint it continues from (or 0, 0)."""
-        chain_id = self.collector.register_chain(
-            init_sample=init_sample, init_checkpoint=init_checkpoint, static_information=information
-        )
+        chain_id = registered_chain(self.collector, init_sample, init_checkpoint, information)
         self.host.live[chain_id] = information.samples_collected
         self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
         self.host.checkpoint_spec = checkpoint_spec

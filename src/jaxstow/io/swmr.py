@@ -37,7 +37,7 @@ from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, FormatError
+from jaxstow.errors import CheckpointError, CollectorError, FormatError
 from jaxstow.io.hdf5_retries import reading_access
 
 __all__ = [
@@ -133,6 +133,14 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
             'before its writer closes it; write it with h5py.File(path, "w", libver="latest") to read it while '
             "it is written",
             file=name,
+        ) from None
+    except OSError as error:
+        if "locking flag values don't match" not in str(error):
+            raise
+        raise CollectorError(  # HDF5 opens a file once per process, with the flags of its first opening
+            f"{name} is open for writing in this process (a run of an HDF5Collector), where HDF5 cannot open it "
+            "again to read: read it from another process, or once the run's postprocess_save has returned (which "
+            "returns its samples here)"
         ) from None
 
 
