@@ -214,3 +214,12 @@ def test_watching_waits_for_a_file_not_there_yet_or_held_by_its_writer(tmp_path:
         watcher.kill()
         watcher.wait()
     assert watcher.returncode == 2 and "holds no /chain~{id} group" in errors
+
+
+@pytest.mark.parametrize("interval", ["-1", "nan", "inf", "0", "two"])
+def test_an_interval_that_is_no_time_between_refreshes_is_refused_at_once(tmp_path, interval, capsys) -> None:
+    # It was taken, and the watch ended after its first refresh with "sleep length must be non-negative".
+    with pytest.raises(SystemExit) as exited:
+        main(["watch", str(tmp_path / "samples.h5"), "--interval", interval])
+    assert exited.value.code == 2
+    assert "is no number of seconds from 0.01 to 86400" in capsys.readouterr().err

@@ -148,6 +148,11 @@ def test_checkpoint_items_with_their_own_shardings(tmp_path, mesh):
 def test_a_mesh_or_a_failing_function_given_as_sharding_is_a_sharding_error(saved, mesh):
     with pytest.raises(ShardingError, match=r"got a Mesh.*NamedSharding\(mesh, PartitionSpec"):
         jaxstow.load(saved, sharding=mesh)
+    with CheckpointManager(saved.parent / "run") as manager:  # a manager's items once took it for a function
+        manager.save(1, {"state": _state()})
+        manager.wait()
+        with pytest.raises(ShardingError, match=r"got a Mesh.*NamedSharding\(mesh, PartitionSpec"):
+            manager.restore(sharding=mesh)
 
     def wrong_signature(path):  # a function of one argument where three are passed
         return None

@@ -164,7 +164,7 @@ def _check_sharded_items(sharding: ShardingSpec, names: Sequence[str], *, where:
 
 
 def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
-    if sharding is None or is_placement(sharding):
+    if sharding is None or is_placement(sharding) or isinstance(sharding, jax.sharding.Mesh):  # a Mesh: load says
         return sharding
     if isinstance(sharding, Mapping):
         return sharding.get(name)

@@ -65,8 +65,19 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     (its writer gave up); the exit status is 1 if it died or stopped."""
     parser.add_argument("file", help="the run's HDF5 file")
     parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes (default 2)")
+    parser.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes (default 2)")
     parser.add_argument("--json", action="store_true", help="print each refresh as one line of JSON, for scripts")
+
+
+def _seconds(text: str) -> float:
+    """``--interval``: a number of seconds from 0.01 to a day."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0.01 <= seconds <= 86400:  # NaN too
+        raise argparse.ArgumentTypeError(f"{text!r} is no number of seconds from 0.01 to 86400")
+    return seconds
 
 
 def run(args: argparse.Namespace) -> int:
