@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import re
+import struct
 import sys
 import textwrap
 import zipfile
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import xxhash
 
 import jaxstow
 from jaxstow._format.manifest import FORMAT_VERSION
@@ -60,6 +62,24 @@ def test_a_foreign_file_is_named_as_such(tmp_path, content):
     path.write_bytes(content)
     with pytest.raises(FormatError, match=r"foreign\.bin: (is an? [^:]*, )?not a jaxstow, safetensors or npz file"):
         jaxstow.load(path)
+
+
+def test_details_nested_deeper_than_python_copies_are_a_format_error(tmp_path):
+    # Deeper than a file holds, within what the JSON parser reads: copied before the limits were checked, a bare
+    # RecursionError from load, open and the command.
+    data = _saved(tmp_path, {"w": np.arange(3.0), "v": 1})
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    deep = "[" * 510 + "]" * 510
+    manifest = header["__metadata__"]["jaxstow"].replace('"details":{', '"details":{"1":{"junk":' + deep + "},", 1)
+    header["__metadata__"].update(jaxstow="MANIFEST", jaxstow_header_xxh3="0" * 16)
+    text = json.dumps(header, separators=(",", ":")).replace('"MANIFEST"', json.dumps(manifest)).encode()
+    text = text[:-19] + xxhash.xxh3_64_hexdigest(text).encode() + b'"}}'
+    path = tmp_path / "deep.jxs"
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
+    for read in (jaxstow.load, jaxstow.open):
+        with pytest.raises(FormatError, match=r"deep\.jxs: the manifest's details nest deeper than a jaxstow file"):
+            read(path)
 
 
 @pytest.mark.parametrize("key", [b'"jaxstow":"', b'"jaxstow_header_xxh3":"', b'"__metadata__":'])

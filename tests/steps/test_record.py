@@ -67,6 +67,13 @@ def test_a_truncated_or_empty_record_is_corrupt():
             StepRecord.from_json(data[:length], where=WHERE)
 
 
+def test_a_record_whose_version_is_changed_to_1_still_has_its_checksum_checked():
+    # Version 1 records have no checksum: two bytes (the version and a metric) changed the best step, unseen.
+    data = _record().to_json().replace(b'"record_version": 2', b'"record_version": 1')
+    with pytest.raises(CorruptFileError, match="checksum does not match"):
+        StepRecord.from_json(data, where=WHERE)
+
+
 def test_a_record_of_a_newer_jaxstow_says_to_upgrade():
     data = _record().to_json().replace(b'"record_version": 2', b'"record_version": 3')
     with pytest.raises(FormatError, match=r"record version 3.*reads versions up to 2: upgrade jaxstow") as caught:

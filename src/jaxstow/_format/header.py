@@ -101,7 +101,7 @@ def open_container(source: ReadSource) -> Container:
             )
     if raw is not None and kept is None and isinstance(reader, NativeReader):  # every check passed
         marks = None if reader.columns is None else reader.columns.marks
-        parsed = None if reader.columns is None or manifest is None else _own_copy(manifest)
+        parsed = None if reader.columns is None or manifest is None else _own_copy(manifest, file=reader.file)
         _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks, manifest=parsed))
     return reader
 
@@ -249,13 +249,19 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_CHECKED.reset)
 
 
-def _own_copy(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def _own_copy(manifest: Mapping[str, Any], *, file: str) -> dict[str, Any]:
     """A copy of a version 3 manifest whose parts a reader hands out or may change are its own (the user's metadata,
-    the details, the paths); the rest (the structure, the kinds, the checksums) is only ever read, and shared."""
+    the details, the paths); the rest (the structure, the kinds, the checksums) is only ever read, and shared.
+
+    Parts nested deeper than Python can copy (their limits are checked later, part by part) are a
+    :class:`~jaxstow.errors.FormatError`."""
     own = {**manifest, "paths": list(manifest["paths"])}
     for key in ("metadata", "details"):
         if own.get(key):
-            own[key] = copy.deepcopy(own[key])
+            try:
+                own[key] = copy.deepcopy(own[key])
+            except RecursionError:
+                raise FormatError(f"the manifest's {key} nest deeper than a jaxstow file holds", file=file) from None
     return own
 
 
@@ -285,7 +291,7 @@ class NativeReader:
             self.slots, self.metadata = self.header.slots, dict(self.header.metadata)
             text = self.metadata.get(MANIFEST_KEY)
             if self.header.manifest is not None:
-                self.manifest = _own_copy(self.header.manifest)
+                self.manifest = _own_copy(self.header.manifest, file=self.file)
             elif text is not None:
                 self.manifest = parse_json(text, what="the jaxstow manifest", file=self.file)
         #: The keys of ``__metadata__`` beside jaxstow's own: the user's string metadata, in a jaxstow file.

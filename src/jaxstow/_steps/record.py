@@ -155,7 +155,9 @@ class StepRecord:
                 f"{version}); this jaxstow {__version__} reads versions up to {_RECORD_VERSION}: upgrade jaxstow",
                 file=where,
             )
-        if version >= 2:
+        # A record of version 1 holds neither field: one that does was written at version 2 (a version changed to 1
+        # would leave its metrics unchecked).
+        if version >= 2 or _CHECKSUM_KEY in record or "headers" in record:
             _check_record_checksum(data, record.get(_CHECKSUM_KEY), where=where)
         step, files, single = record.get("step"), record.get("files"), record.get("single")
         metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
