@@ -287,12 +287,12 @@ def test_help_of_every_command(capsys):
         assert exited.value.code == 0 and f"usage: jaxstow {command}" in capsys.readouterr().out
 
 
-def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
-    pytest.importorskip("rich")
+def _in_a_terminal(*arguments: str) -> str:
+    """What ``jaxstow ARGUMENTS`` prints to a terminal (a pseudo-terminal of 120 columns)."""
     controller, terminal = pty.openpty()
     try:
         subprocess.run(
-            [sys.executable, "-m", "jaxstow", "inspect", str(model_file)],
+            [sys.executable, "-m", "jaxstow", *arguments],
             stdout=terminal,
             stderr=subprocess.DEVNULL,
             env={**os.environ, "COLUMNS": "120", "TERM": "xterm"},
@@ -311,9 +311,29 @@ def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
             drawn += chunk
     finally:
         os.close(controller)
-    text = drawn.decode()
+    return drawn.decode()
+
+
+def test_tables_are_drawn_by_rich_in_a_terminal(model_file):
+    pytest.importorskip("rich")
+    text = _in_a_terminal("inspect", str(model_file))
     assert "┃" in text or "│" in text  # rich's box drawing
     assert "layers/0/weight" in text
+
+
+def test_names_from_a_file_cannot_drive_the_terminal_nor_fake_a_row(tmp_path):
+    # A tensor name holding an escape sequence and a line break was printed raw: the terminal obeyed it, and the
+    # table gained a row the file does not hold; in a terminal, rich read "[bold]" as its markup.
+    from safetensors.numpy import save_file
+
+    name = "evil\x1b[31m[bold]red\nfake.row  float32  (9,)  36 B"
+    save_file({name: np.ones(2, np.float32)}, str(tmp_path / "odd.safetensors"))
+    plain = jaxstow_command("inspect", tmp_path / "odd.safetensors", check=0).stdout
+    assert "\x1b" not in plain and not any(line.startswith("fake.row") for line in plain.splitlines())
+    assert "evil\\x1b[31m[bold]red\\nfake.row" in plain
+    pytest.importorskip("rich")
+    drawn = _in_a_terminal("inspect", str(tmp_path / "odd.safetensors"))
+    assert "[bold]" in drawn and "\\x1b[31m" in drawn and "\x1b[31m" not in drawn
 
 
 def test_ls_and_verify_a_folder_on_s3(s3_server):

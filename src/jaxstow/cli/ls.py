@@ -30,7 +30,7 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
 from jaxstow.cli.files import DamagedStep, Step, committed_steps, file_sizes, hf_listing, open_hf_folder
 from jaxstow.cli.inspect import HF_FOLDER
-from jaxstow.cli.output import Table, print_json
+from jaxstow.cli.output import Table, print_json, printable
 from jaxstow.errors import CheckpointError
 
 __all__ = ["HELP", "arguments", "keep_policy", "run"]
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         table.add(row["step"], when, size, "DAMAGED" if row["damaged"] is not None else metrics, kept)
     table.show()
     for row in damaged:
-        print(f"DAMAGED  step {row['step']}: {row['damaged']}")
+        print(f"DAMAGED  step {row['step']}: {printable(str(row['damaged']))}")
     total = format_bytes(sum(row["bytes"] or 0 for row in rows))
     rules = "unknown (written by an older jaxstow)" if policy is None else _describe(policy)
     count = f"{len(rows)} step{'s' if len(rows) != 1 else ''}" + (f" ({len(damaged)} damaged)" if damaged else "")

@@ -8,16 +8,31 @@
 path           dtype    size
 w              float32  24 B
 layers/0/bias  float32   8 B
+
+A cell's control characters (a name from an untrusted file may hold a terminal's escape sequences, or a line break
+that would fake a row) are shown as escapes, and a cell is never read as rich's markup:
+
+>>> print(printable("evil\\x1b[31m\\nrow"))
+evil\\x1b[31m\\nrow
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Table", "print_json", "styled_terminal"]
+__all__ = ["Table", "print_json", "printable", "styled_terminal"]
+
+#: The C0 and C1 control characters and DEL.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters shown as Python's escapes (``\\x1b``, ``\\n``)."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def styled_terminal() -> bool:
@@ -43,7 +58,7 @@ class Table:
     def add(self, *cells: object) -> None:
         if len(cells) != len(self.columns):
             raise ValueError(f"a row needs {len(self.columns)} cells, not {len(cells)}")
-        self.rows.append(["" if cell is None else str(cell) for cell in cells])
+        self.rows.append(["" if cell is None else printable(str(cell)) for cell in cells])
 
     def plain(self) -> str:
         """The table as aligned text, two spaces between columns, no trailing spaces."""
@@ -64,12 +79,13 @@ class Table:
             return
         from rich.console import Console
         from rich.table import Table as RichTable
+        from rich.text import Text
 
         drawn = RichTable(title=self.title, title_justify="left", header_style="bold")
         for column in self.columns:
             drawn.add_column(column, justify="right" if column in self.right else "left", overflow="fold")
         for row in self.rows:
-            drawn.add_row(*row)
+            drawn.add_row(*map(Text, row))  # as text, not markup
         Console().print(drawn)
 
 

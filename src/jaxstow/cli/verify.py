@@ -36,7 +36,7 @@ from jaxstow.cli.files import (
     storage,
     verify_checksums,
 )
-from jaxstow.cli.output import print_json
+from jaxstow.cli.output import print_json, printable
 from jaxstow.errors import (
     CheckpointError,
     CorruptFileError,
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             checksums = f"{report.checksums} checksum{'s' if report.checksums != 1 else ''}"
             print(f"ok       {report.file}: {checksums}, {format_bytes(report.nbytes)} read{note}")
         for item in report.damage:
-            print(f"DAMAGED  {item}")
+            print(f"DAMAGED  {printable(str(item))}")
     files = f"{len(reports)} file{'s' if len(reports) != 1 else ''}"
     print(
         (f"{len(damaged)} of {files} damaged" if damaged else f"{files} intact")
