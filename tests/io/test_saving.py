@@ -707,3 +707,30 @@ def test_a_collector_that_registers_no_chain_id_is_named(chain_id) -> None:
     init_save, _, _ = io.save(_Registers(chain_id))
     with pytest.raises(CollectorError, match=r"_Registers\.register_chain returned .*, which is no chain id"):
         init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=4))
+
+
+def test_arguments_given_wrong_are_named_where_they_are_given(tmp_path) -> None:
+    # Each raised Python's or jax's error from inside the run (AttributeError, TypeError, ValueError).
+    for collector, message in [
+        (str(tmp_path / "samples.h5"), r"data_collector must be a collector.*io\.HDF5Collector\('.*samples\.h5'\)"),
+        (io.MemoryCollector, r"data_collector is the class MemoryCollector: pass an instance"),
+    ]:
+        with pytest.raises(ArgumentError, match=message):
+            io.save(collector)
+    for options, message in [
+        ({"block_size": 2.5}, r"block_size must be a number of samples, at least 1, got 2\.5"),
+        ({"checkpoint_every": "10"}, r"checkpoint_every must be 0 \(never\) or a number of steps, got '10'"),
+    ]:
+        with pytest.raises(ArgumentError, match=message):
+            io.save(io.MemoryCollector(), **options)
+    init_save, save, _ = io.save(io.MemoryCollector())
+    with pytest.raises(ArgumentError, match=r"static_information must be scheduler\.static_information"):
+        init_save(INIT_SAMPLE, None, 100)
+    with pytest.raises(ArgumentError, match=r"leaf \['x'\] is 'abc': samples and states hold arrays and numbers"):
+        init_save({"x": "abc"}, None, scheduler.static_information())
+    state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
+    with pytest.raises(ArgumentError, match=r"keep is None: pass True"):
+        save(state, None, INIT_SAMPLE)
+    h5py.File(tmp_path / "done.h5", "w").close()
+    with h5py.File(tmp_path / "done.h5", "r") as file, pytest.raises(ArgumentError, match=r"open read-only"):
+        io.HDF5Collector(file)

@@ -25,7 +25,7 @@ import numpy as np
 from jax.custom_batching import custom_vmap
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow.errors import ArgumentError, CollectorError
+from jaxstow.errors import ArgumentError, CollectorError, excerpt
 
 __all__ = [
     "BLOCKS_PER_RUN",
@@ -72,8 +72,19 @@ def _shape_dtype(shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def spec_of(tree: Any) -> Any:
-    """``tree`` with every leaf replaced by its shape and dtype."""
-    return jax.tree.map(lambda leaf: _shape_dtype(np.shape(leaf), jnp.result_type(leaf)), tree)
+    """``tree`` with every leaf replaced by its shape and dtype; a leaf that is no array nor number (a string) is an
+    :class:`~jaxstow.errors.ArgumentError` naming it."""
+
+    def spec(path: Any, leaf: Any) -> Any:
+        try:
+            return _shape_dtype(np.shape(leaf), jnp.result_type(leaf))
+        except TypeError:
+            where = jax.tree_util.keystr(path) or "the root"
+            raise ArgumentError(
+                f"leaf {where} is {excerpt(leaf)}: samples and states hold arrays and numbers"
+            ) from None
+
+    return jax.tree_util.tree_map_with_path(spec, tree)
 
 
 def row_spec(buffer: Any, chain_ndim: int) -> Any:
@@ -212,6 +223,8 @@ def block_rows(sample_bytes: int, samples_collected: int | None, most: int) -> i
 
 def keep_flags(keep: Any, chains: tuple[int, ...]) -> jax.Array:
     """``keep`` as one boolean per chain."""
+    if keep is None:
+        raise ArgumentError("keep is None: pass True to keep the sample, or one boolean per chain")
     flags = jnp.asarray(keep, jnp.bool_)
     if flags.shape != chains:
         raise ArgumentError(f"keep must be one boolean per chain (shape {chains}), got shape {flags.shape}")

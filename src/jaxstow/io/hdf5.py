@@ -152,6 +152,8 @@ class HDF5Collector(KeepsChains, DataCollector):
                 file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
         elif not isinstance(file, h5py.File):
             raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
+        elif file.mode == "r":
+            raise ArgumentError(f"{file.filename} is open read-only: open it with mode 'a' or 'w' to write samples")
         if self._checkpoint_dir is None and file.driver in DISK_DRIVERS:
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         self._h5py = h5py

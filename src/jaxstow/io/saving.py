@@ -49,6 +49,7 @@ from jaxstow.io.collector import DataCollector, registered_chain, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
+from jaxstow.io.save_arguments import checked_collector, checked_information, checked_steps
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
@@ -134,13 +135,11 @@ def save(
     >>> print(postprocess_save(state, None))
     {'sample_count': Array(3, dtype=int32, weak_type=True), 'samples': {'iteration': array([0, 2, 4], dtype=int32)}}
     """
-    if checkpoint_every < 0:
-        raise ArgumentError(f"checkpoint_every must be 0 (never) or a number of steps, got {checkpoint_every}")
-    if block_size is not None and block_size < 1:
-        raise ArgumentError(f"block_size must be at least 1, got {block_size}")
-    streaming = _Streaming(
-        MemoryCollector() if data_collector is None else data_collector, checkpoint_every, block_size
-    )
+    checked_steps("checkpoint_every", checkpoint_every, least=0, meaning="0 (never) or a number of steps")
+    if block_size is not None:
+        checked_steps("block_size", block_size, least=1, meaning="a number of samples, at least 1")
+    collector = MemoryCollector() if data_collector is None else checked_collector(data_collector)
+    streaming = _Streaming(collector, int(checkpoint_every), None if block_size is None else int(block_size))
     return streaming.init, streaming.save, streaming.postprocess
 
 
@@ -240,7 +239,7 @@ class _Streaming:
 
         Under ``jax.vmap``, one chain per element mapped, in order, whose states come back mapped as the samples are.
         """
-        information = StaticInformation() if static_information is None else static_information
+        information = checked_information(static_information)
         spec = spec_of(init_sample)
         refuse_leafless(spec)
         _refuse_keys(spec)

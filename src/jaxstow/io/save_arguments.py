@@ -1,0 +1,57 @@
+"""The arguments of :func:`jaxstow.io.save` and of the ``init_save`` it returns, checked where they are given: a
+mistake is an :class:`~jaxstow.errors.ArgumentError` that names it, not Python's or jax's error from inside a run.
+
+>>> from jaxstow import io
+>>> from jaxstow.io.save_arguments import checked_collector
+>>> checked_collector("samples.h5")
+Traceback (most recent call last):
+...
+jaxstow.errors.ArgumentError: data_collector must be a collector, io.MemoryCollector() or io.HDF5Collector(path), not 'samples.h5': io.HDF5Collector('samples.h5') writes to that file
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxstow.errors import ArgumentError, excerpt
+from jaxstow.io.collector import DataCollector
+from jaxstow.io.scheduler import static_information as StaticInformation
+
+__all__ = ["checked_collector", "checked_information", "checked_steps"]
+
+
+def checked_collector(collector: Any) -> DataCollector:
+    """``data_collector=``: an instance with the methods of a :class:`~jaxstow.io.DataCollector`."""
+    if isinstance(collector, type):
+        raise ArgumentError(
+            f"data_collector is the class {collector.__name__}: pass an instance, io.save({collector.__name__}(...))"
+        )
+    if not callable(getattr(collector, "register_chain", None)):
+        hint = f": io.HDF5Collector({collector!r}) writes to that file" if isinstance(collector, str) else ""
+        raise ArgumentError(
+            "data_collector must be a collector, io.MemoryCollector() or io.HDF5Collector(path), not "
+            f"{excerpt(collector)}{hint}"
+        )
+    checked: DataCollector = collector
+    return checked
+
+
+def checked_steps(name: str, value: Any, *, least: int, meaning: str) -> None:
+    """A count of ``name=``: an integer from ``least`` on (``meaning`` says what it counts)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+        raise ArgumentError(f"{name} must be {meaning}, got {excerpt(value)}")
+
+
+def checked_information(information: Any) -> StaticInformation:
+    """``init_save``'s ``static_information``: ``scheduler.static_information(...)``, or ``None`` for its defaults."""
+    if information is None:
+        return StaticInformation()
+    if not hasattr(information, "samples_collected"):  # jax_sgmc's own tuple of the same fields too
+        raise ArgumentError(
+            "static_information must be scheduler.static_information(samples_collected=...), not "
+            f"{excerpt(information)}"
+        )
+    checked: StaticInformation = information
+    return checked
