@@ -78,7 +78,7 @@ def test_details_nested_deeper_than_python_copies_are_a_format_error(tmp_path):
     path = tmp_path / "deep.jxs"
     path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + length :])
     for read in (jaxstow.load, jaxstow.open):
-        with pytest.raises(FormatError, match=r"deep\.jxs: the manifest's details nest deeper than a jaxstow file"):
+        with pytest.raises(FormatError, match=r"deep\.jxs: the manifest nests deeper than a jaxstow file"):
             read(path)
 
 

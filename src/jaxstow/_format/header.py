@@ -250,18 +250,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _own_copy(manifest: Mapping[str, Any], *, file: str) -> dict[str, Any]:
-    """A copy of a version 3 manifest whose parts a reader hands out or may change are its own (the user's metadata,
-    the details, the paths); the rest (the structure, the kinds, the checksums) is only ever read, and shared.
-
-    Parts nested deeper than Python can copy (their limits are checked later, part by part) are a
-    :class:`~jaxstow.errors.FormatError`."""
+    """A copy of a version 3 manifest whose parts a reader hands out or may change are its own (metadata, details,
+    paths; the rest is only ever read, and shared); parts too deep to copy are a FormatError (limits come later)."""
     own = {**manifest, "paths": list(manifest["paths"])}
-    for key in ("metadata", "details"):
-        if own.get(key):
-            try:
-                own[key] = copy.deepcopy(own[key])
-            except RecursionError:
-                raise FormatError(f"the manifest's {key} nest deeper than a jaxstow file holds", file=file) from None
+    try:
+        own.update({key: copy.deepcopy(own[key]) for key in ("metadata", "details") if own.get(key)})
+    except RecursionError:
+        raise FormatError("the manifest nests deeper than a jaxstow file holds", file=file) from None
     return own
 
 

@@ -112,8 +112,7 @@ def export_safetensors(
         The files written, the number of tensors, their bytes and the leaves left out.
 
     Raises:
-        ArgumentError: an unknown item, two tensors of one name, a name that is no string, a dtype safetensors has
-            no code for.
+        ArgumentError: an unknown item, two tensors of one name (or one no string), a dtype safetensors lacks.
         PathError: ``out_folder`` holds files already.
         CheckpointError: the step's folder is not named by the step its record names, or an item file is missing.
         CorruptFileError: the step's record, or an item file's header, does not check (a file that is not the one
