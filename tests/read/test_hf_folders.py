@@ -489,3 +489,18 @@ def test_the_hugging_face_face_reads_folders_only_and_plain_folders_load_without
         warnings.simplefilter("error")  # a plain folder, without names or transposed: no warning
         assert sorted(jaxstow.load(folder, as_numpy=True)) == sorted(TENSORS)
     assert jaxstow.huggingface.export_safetensors is jaxstow.export_safetensors
+
+
+def test_a_folder_in_an_fsspec_store_of_folders_is_read_as_one(tmp_path):
+    # memory:// lists a folder as an object of 0 bytes: it was read as a file, "too short for a safetensors header".
+    fsspec = pytest.importorskip("fsspec")
+    url = f"memory://jaxstow-tests/{tmp_path.name}"
+    jaxstow.save(tmp_path / "model.jxs", {"a": {"w": np.arange(6.0, dtype=np.float32).reshape(2, 3)}})
+    try:
+        jaxstow.export_safetensors(tmp_path / "model.jxs", f"{url}/hf")
+        for loaded in (huggingface.load(f"{url}/hf", as_numpy=True), jaxstow.load(f"{url}/hf", as_numpy=True)):
+            _equal(loaded["a.w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
+        jaxstow.export_safetensors(f"{url}/hf", f"{url}/again")
+        _equal(huggingface.load(f"{url}/again", as_numpy=True)["a.w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
+    finally:
+        fsspec.filesystem("memory").rm(f"/jaxstow-tests/{tmp_path.name}", recursive=True)

@@ -25,7 +25,7 @@ from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Transfer, lanes
 from jaxstow._util.optional import require
-from jaxstow.errors import JaxstowError, MissingDependencyError, PathNotFoundError, StorageError
+from jaxstow.errors import IsAFolderError, JaxstowError, MissingDependencyError, PathNotFoundError, StorageError
 
 __all__ = ["RemoteSource", "object_source", "open_remote_source", "storage_errors", "url_filesystem"]
 
@@ -113,7 +113,10 @@ class RemoteSource(SourceBase):
         self._retries = transfer.retries()
         self.parallel = self._lanes.reads
         with storage_errors(name):
-            self.size = int(self._retries.call(lambda: fs.size(path), url=name, doing="reading its size"))
+            info = self._retries.call(lambda: fs.info(path), url=name, doing="reading its size")
+        if info.get("type") == "directory":  # a store of folders (memory://, a local file system) has them
+            raise IsAFolderError("is a folder, not a file", file=name)
+        self.size = int(info["size"])
 
     def read(self, offset: int, length: int) -> bytes:
         if not length:
