@@ -1,4 +1,4 @@
-"""``jaxstow diff`` says "the same" only for files that load as the same tree: integers are compared exactly in their
+"""``jaxstow diff`` says "the same" only for files that load as the same tree, bit for bit: integers are compared exactly in their
 own dtype, value leaves with their types, and the stored structures (kinds of node, classes, their static data) node
 by node, each place they differ named."""
 
@@ -132,3 +132,14 @@ def test_a_class_this_process_does_not_know_is_compared_by_its_stored_structure(
     done = forked_cli.jaxstow_command("diff", tmp_path / "a.jxs", tmp_path / "b.jxs")
     assert done.returncode == 1 and done.stderr == ""
     assert "(root)  structure differs: static data of test_diff_exact.Block: 1 'relu' -> 'tanh'" in done.stdout
+
+
+def test_the_same_values_in_other_bytes_are_a_difference(tmp_path, capsys):
+    # "the same" for -0.0 against 0.0 and NaNs of other payloads: a bitwise reproduction was reported reproduced.
+    other_nan = np.array([0x7FC00001], np.uint32).view(np.float32)[0]
+    a = np.array([0.0, np.nan, 1.0], np.float32)
+    b = np.array([-0.0, other_nan, 1.0], np.float32)
+    assert _diff(tmp_path, {"x": a}, {"x": b}) == 1
+    out = _rows(capsys)
+    assert out[1].endswith("the same values in other bytes: 2 of 3 elements (-0.0 for 0.0, or NaNs of other payloads)")
+    assert out[-1] == "1 of 1 leaves differ"

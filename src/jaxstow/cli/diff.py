@@ -127,12 +127,15 @@ def _stored_kind(reader: Reader, leaf: Leaf) -> str:
 
 
 def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
-    """``None`` if two arrays of one dtype and shape are equal (NaN equal to NaN), else what differs.
+    """``None`` if two arrays of one dtype and shape hold the same bytes, else what differs: the values, or only their
+    bytes (``-0.0`` for ``0.0``, NaNs of other payloads), which a bitwise reproduction would tell apart.
 
     >>> import numpy as np
     >>> from jaxstow.cli.diff import compare_arrays
     >>> compare_arrays(np.array([1.0, np.nan]), np.array([1.0, np.nan])) is None
     True
+    >>> compare_arrays(np.array([0.0, 1.0]), np.array([-0.0, 1.0]))
+    'the same values in other bytes: 1 of 2 elements (-0.0 for 0.0, or NaNs of other payloads)'
     >>> compare_arrays(np.array([1, 5, 3]), np.array([1, 2, 3]))
     'values differ: 1 of 3 elements, max |A - B| = 3'
     >>> compare_arrays(np.array([2**62], np.int64), np.array([2**62 + 1], np.int64))  # float64 rounds both alike
@@ -151,7 +154,11 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
     unequal = ~((wide_a == wide_b) | (np.isnan(wide_a) & np.isnan(wide_b)))
     count = int(np.count_nonzero(unequal))
     if count == 0:
-        return None  # the same numbers with other bytes (-0.0 and 0.0, NaN payloads)
+        other = np.count_nonzero(a.reshape(-1, 1).view(np.uint8) != b.reshape(-1, 1).view(np.uint8), axis=1)
+        return (
+            f"the same values in other bytes: {np.count_nonzero(other)} of {a.size} elements (-0.0 for 0.0, or NaNs "
+            "of other payloads)"
+        )
     gap = np.abs(wide_a[unequal] - wide_b[unequal])
     largest = float(np.max(gap))
     return f"values differ: {count} of {a.size} elements, max |A - B| = {largest:.6g}"
