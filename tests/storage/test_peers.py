@@ -66,6 +66,32 @@ def pair():
         end.close()
 
 
+def test_a_run_whose_coordinator_is_on_ipv6_listens_on_its_interface(monkeypatch):
+    # The probe of the route to the coordinator was IPv4 only: for [::1] it fell back to the host name's address, a
+    # LAN interface, where the run is on loopback.
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    import jax._src.distributed as distributed
+
+    from jaxstow._storage.peer_wire import reachable_host
+
+    monkeypatch.setattr(distributed.global_state, "coordinator_address", "[::1]:1234")
+    monkeypatch.delenv("JAXSTOW_PEER_HOST", raising=False)
+    assert reachable_host() == "::1"
+    key = secrets.token_bytes(32)
+    ends = [PeerTransport(index, 2, secret=key, timeout=2, host="::1") for index in range(2)]
+    try:
+        assert all(end.address.startswith("[::1]:") for end in ends)
+        for end in ends:
+            end.connect([ends[0].address, ends[1].address])
+        arrived = ends[1].expect(0, "hello", limit=10)
+        ends[0].send(1, "hello", b"over ipv6")
+        assert arrived.wait() == b"over ipv6"
+    finally:
+        for end in ends:
+            end.close()
+
+
 def test_a_message_longer_than_its_receiver_asked_for_is_refused_unread(pair):
     one, two = pair
     small = two.expect(0, "small", limit=10)

@@ -186,12 +186,11 @@ def reachable_host() -> str:
     except MissingDependencyError:
         coordinator = None
     if coordinator:
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                probe.connect((coordinator.rpartition(":")[0].strip("[]"), 9))
-                return str(probe.getsockname()[0])
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # the coordinator's family first: an IPv6 run stays on its interface
+            for family, _, _, _, address in socket.getaddrinfo(coordinator.rpartition(":")[0].strip("[]"), 9):
+                with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as probe:
+                    probe.connect(address)
+                    return str(probe.getsockname()[0])
     return socket.gethostbyname(socket.gethostname())
 
 
