@@ -94,3 +94,33 @@ def test_without_asynchronous_jobs_run_on_the_callers_thread_and_errors_propagat
     with pytest.raises(ZeroDivisionError):
         writer.submit(lambda: 1 / 0, what="at once")
     writer.close()
+
+
+def test_a_wait_interrupted_by_ctrl_c_leaves_the_job_and_its_error_to_the_next_wait():
+    # The job was forgotten before it was waited for: after Ctrl-C, the next wait and close returned at once, and the
+    # job's error (a full disk) was never raised; a next save ran beside it.
+    import signal
+
+    writer = BackgroundWriter()
+    release = threading.Event()
+
+    def job() -> None:
+        assert release.wait(timeout=10)
+        raise OSError(28, "No space left on device")
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        writer.submit(job, what="saving step 2 to /ckpt")
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            writer.wait()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    release.set()
+    with pytest.raises(CheckpointError, match=r"saving step 2 to /ckpt failed in the background: .*No space left"):
+        writer.wait()
+    writer.close()  # raised once

@@ -78,10 +78,11 @@ class BackgroundWriter:
         self.wait()
 
     def _raise_pending(self) -> None:
-        if self._pending is None:
+        pending = self._pending
+        if pending is None:
             return
-        pending, self._pending = self._pending, None
-        pending.done.wait()
+        pending.done.wait()  # the job stays pending until it ended: a Ctrl-C here leaves it for the next wait
+        self._pending = None
         at_exit.untrack(pending)
         error = pending.error
         if error is not None:
