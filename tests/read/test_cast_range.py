@@ -84,3 +84,32 @@ def test_cast_values_checks_jax_arrays_on_their_device():
     assert cast_values(jnp.array([1.0, 2.0]), np.dtype(jnp.float8_e4m3fn)).dtype == jnp.float8_e4m3fn
     with pytest.raises(RequestError, match=r"leaf 'w' of f\.jxs"):
         cast_values(jnp.array([1e5]), np.dtype(jnp.float16), file="f.jxs", path="w")
+
+
+@NEEDS_MX
+@pytest.mark.parametrize("as_numpy", [True, False], ids=["numpy", "jax"])
+@pytest.mark.parametrize(
+    ("source", "target", "values"),
+    [
+        (ml_dtypes.float8_e4m3fn, "e8m0", [2.0, 0.5, 4.0]),
+        ("e8m0", ml_dtypes.float8_e5m2, [2.0, 0.5, 4.0]),
+        ("e8m0", "e2m1", [2.0, 0.5, 4.0]),
+        (ml_dtypes.uint2, ml_dtypes.int4, [0, 1, 3]),
+    ],
+    ids=["e4m3-e8m0", "e8m0-e5m2", "e8m0-e2m1", "uint2-int4"],
+)
+def test_casts_numpy_has_no_rule_for_go_through_float32(source, target, values, as_numpy):
+    # numpy refused them with a bare TypeError ("Cannot cast array data ... according to the rule 'unsafe'").
+    source, target = ({"e8m0": E8M0, "e2m1": E2M1}.get(kind, kind) for kind in (source, target))
+    restored = _load(np.array(values, np.float32).astype(source), np.dtype(target), as_numpy=as_numpy)
+    assert restored.dtype == np.dtype(target) and np.asarray(restored).astype(np.float32).tolist() == values
+
+
+def test_a_refused_cast_warns_of_nothing_first():
+    # numpy's RuntimeWarning "overflow encountered in cast" came before the RequestError: under -W error, instead.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RequestError, match="into inf or NaN"):
+            _load(np.array([1e39, 1.0]), np.dtype(np.float32), as_numpy=True)

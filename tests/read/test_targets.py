@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import io
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -195,3 +198,28 @@ def test_options_that_do_not_go_together(saved):
         jaxstow.load(saved, partial=True)
     with pytest.raises(RequestError, match="as_numpy=True gives numpy arrays"):
         jaxstow.load(saved, as_numpy=True, sharding=jax.devices()[0])
+
+
+class _Settings:
+    """A plain class saved by its attributes."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+
+def test_a_model_with_a_partial_or_a_saved_object_loads_back_into_itself():
+    # A partial or an object the load rebuilds is never the like's own: "the file has functools.partial(...),
+    # expected functools.partial(...)" for the very model saved.
+    jaxstow.saveable(_Settings, name="tests.read.test_targets._Settings")
+    activation = functools.partial(jax.nn.leaky_relu, negative_slope=0.2)
+    model = eqx.nn.MLP(2, 2, 4, 1, activation=activation, key=jax.random.key(0))
+    tree = {"model": model, "settings": _Settings(0.5), "f": activation}
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, tree)
+    for like in (tree, eqx.filter_eval_shape(lambda: tree)):
+        buffer.seek(0)
+        loaded = jaxstow.load(buffer, like=like)
+        assert loaded["f"].keywords == {"negative_slope": 0.2} and loaded["settings"].rate == 0.5
+    buffer.seek(0)
+    with pytest.raises(StructureMismatchError, match=r"'f': the file has functools\.partial"):
+        jaxstow.load(buffer, like={**tree, "f": functools.partial(jax.nn.gelu)})

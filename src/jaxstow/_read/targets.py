@@ -2,7 +2,8 @@
 
 A ``like`` leaf may be a ``jax.Array``, a numpy array or scalar, a ``jax.ShapeDtypeStruct`` (what ``jax.eval_shape``,
 ``eqx.filter_eval_shape`` and ``nnx.eval_shape`` give, with or without a ``.sharding``), a typed PRNG key, a
-``torch.Tensor`` or a plain value (a number, a string, a function), which must equal the file's.
+``torch.Tensor`` or a plain value: a function or class, which must be the file's; a number or a string, of the
+file's type; a ``functools.partial`` or an object saved by its attributes, made of such values.
 
 >>> import jax, jax.numpy as jnp, numpy as np
 >>> from jaxstow._read.targets import cast_values, castable, target_of
@@ -19,6 +20,7 @@ jaxstow.errors.RequestError: leaf 'w': cast=True would turn values from 100000.0
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -161,7 +163,8 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
     without it. Rounding within the range is what a cast does, and allowed.
     """
     source = np.dtype(array.dtype)
-    cast = array.astype(dtype)
+    with np.errstate(over="ignore", invalid="ignore"):  # what the cast would lose is refused below, not warned of
+        cast = _converted(array, np.dtype(dtype))
     if not _may_lose(source, np.dtype(dtype)):
         return cast
     xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
@@ -186,6 +189,15 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
             path=path,
         )
     return cast
+
+
+def _converted(array: Any, dtype: np.dtype) -> Any:
+    """``array.astype(dtype)``; through float32 where numpy has no cast between two of ml_dtypes' small floats (or
+    ints), such as float8_e4m3fn to float8_e8m0fnu, or uint2 to int4."""
+    try:
+        return array.astype(dtype)
+    except TypeError:
+        return array.astype(np.float32).astype(dtype)
 
 
 def _component(dtype: np.dtype) -> np.dtype:
@@ -234,7 +246,7 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
         if stored is None:
             value = opened.value(path)
             wanted = target.value
-            if value is wanted or (type(value) is type(wanted) and isinstance(wanted, _SCALARS)):
+            if _alike(value, wanted):
                 return None
         return f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
     mismatch = f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
@@ -264,3 +276,38 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     if cast:
         return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
     return mismatch
+
+
+def _alike(value: Any, wanted: Any, depth: int = 0) -> bool:
+    """Whether a value read from the file fills a like's plain value: the same object (a function, a class, an enum
+    member), one of the same scalar type or array layout, or a ``functools.partial`` or an object saved by its
+    attributes made of such values (each rebuilt by the load, so never the like's own).
+
+    >>> import functools, jax
+    >>> _alike(functools.partial(jax.nn.leaky_relu, negative_slope=0.2), functools.partial(jax.nn.leaky_relu, negative_slope=0.1))
+    True
+    >>> _alike(functools.partial(jax.nn.relu), functools.partial(jax.nn.gelu))
+    False
+    """
+    if value is wanted:
+        return True
+    if type(value) is not type(wanted) or depth > _MAX_DEPTH:
+        return False
+    if isinstance(wanted, _SCALARS):
+        return True
+    if isinstance(wanted, np.ndarray | np.generic):
+        return bool(value.shape == wanted.shape and value.dtype == wanted.dtype)
+    if isinstance(wanted, list | tuple):
+        return len(value) == len(wanted) and all(_alike(a, b, depth + 1) for a, b in zip(value, wanted, strict=True))
+    if isinstance(wanted, dict):
+        return value.keys() == wanted.keys() and all(_alike(value[key], wanted[key], depth + 1) for key in wanted)
+    if isinstance(wanted, functools.partial):
+        parts = (value.func, value.args, value.keywords), (wanted.func, wanted.args, wanted.keywords)
+        return _alike(*parts, depth + 1)
+    if hasattr(wanted, "__dict__") and not callable(wanted):  # an object saved by its attributes
+        return _alike(vars(value), vars(wanted), depth + 1)
+    return False
+
+
+#: How deep :func:`_alike` looks into a value (the file's values nest at most as deep).
+_MAX_DEPTH = 400

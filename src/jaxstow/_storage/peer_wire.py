@@ -29,7 +29,17 @@ from typing import BinaryIO
 from jaxstow._util import jax_compat
 from jaxstow.errors import MissingDependencyError
 
-__all__ = ["CHALLENGE", "FRAME", "HELLO", "Link", "connection_key", "read_hello", "reachable_host"]
+__all__ = [
+    "CHALLENGE",
+    "FRAME",
+    "HELLO",
+    "Link",
+    "connection_key",
+    "host_and_port",
+    "listening",
+    "read_hello",
+    "reachable_host",
+]
 
 MAGIC = b"JXP2"
 CHALLENGE = struct.Struct("!4s16s")  # magic, the receiver's nonce
@@ -174,6 +184,22 @@ def file_pieces(file: BinaryIO, offset: int, length: int) -> Iterator[memoryview
             return
         yield buffer[:got]
         done += got
+
+
+def listening(host: str, *, backlog: int) -> tuple[socket.socket, str]:
+    """A socket listening on ``host`` (an IPv4 or IPv6 address), at a port the system picks, and its address as the
+    peers are told it (``[::1]:4321`` for IPv6)."""
+    listener = socket.create_server(
+        (host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=backlog
+    )
+    port = listener.getsockname()[1]
+    return listener, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def host_and_port(address: str) -> tuple[str, int]:
+    """A peer's address as :func:`listening` gives it, taken apart."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 def reachable_host() -> str:

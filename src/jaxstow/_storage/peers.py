@@ -135,17 +135,12 @@ class PeerTransport:
         self._handlers: dict[str, Callable[[int, bytes], None]] = {}
         self._servers: ThreadPoolExecutor | None = None
         self._closed = False
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family, backlog=max(128, 2 * count))  # a burst queues
-        port = self._listener.getsockname()[1]
-        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._listener, self.address = wire.listening(host, backlog=max(128, 2 * count))  # a burst queues, not retried
         threading.Thread(target=self._accept, name="jaxstow-peers", daemon=True).start()
 
     def connect(self, addresses: Sequence[str]) -> None:
         """Where every process of the run listens (``host:port``, by index); connections open on first use."""
-        self._addresses = [
-            (address.rpartition(":")[0].strip("[]"), int(address.rpartition(":")[2])) for address in addresses
-        ]
+        self._addresses = [wire.host_and_port(address) for address in addresses]
 
     def expect(
         self,
