@@ -83,6 +83,48 @@ def test_a_signal_that_no_save_follows_ends_the_process_at_close(tmp_path: Path)
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+def test_a_manager_dropped_unclosed_leaves_the_signal_to_end_the_process(tmp_path: Path) -> None:
+    # Its handler stayed: the scheduler's SIGTERM was recorded for a manager that no longer was, and the process went
+    # on running.
+    program = """
+    import gc, os, signal, sys, time, numpy as np
+    from jaxstow import CheckpointManager
+    def train():
+        manager = CheckpointManager(sys.argv[1], preemption_signals=[signal.SIGTERM])
+        manager.save(1, {"w": np.ones(3)})
+        manager.wait()  # and no close
+    train()
+    gc.collect()
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+    print("still running", flush=True)
+    """
+    done = forked.run(
+        [sys.executable, "-c", textwrap.dedent(program), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    assert done.stdout == ""
+
+
+def test_a_run_that_raises_after_the_signal_shows_its_error_and_no_saved_checkpoint(tmp_path: Path) -> None:
+    # The error was swallowed: no traceback, exit status 143 and "now that its checkpoint is saved".
+    program = """
+    import os, signal, sys, numpy as np
+    from jaxstow import CheckpointManager
+    with CheckpointManager(sys.argv[1], preemption_signals=[signal.SIGTERM]) as manager:
+        manager.save(1, {"w": np.ones(3)})
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise RuntimeError("NaN loss at step 2")  # the step after the signal fails before it saves
+    """
+    done = forked.run(
+        [sys.executable, "-c", textwrap.dedent(program), str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 120, done.stderr
+    assert "Traceback" in done.stderr and "RuntimeError: NaN loss at step 2" in done.stderr
+    assert "NOT saved (exit status 120): the run raised RuntimeError: NaN loss at step 2" in done.stderr
+    assert CheckpointManager(tmp_path).steps() == [1]
+
+
 _TERMINATED = """
 import os, signal, sys, numpy as np
 from jaxstow import CheckpointManager

@@ -107,10 +107,8 @@ class CheckpointManager(StepQueries):
             require_progress_bar()
         settings = storage_settings(storage_options, transfer, cache_dir)
         self._store: Store = open_store(directory, marker=RECORD_NAME, settings=settings)
-        self._names = StepNames("%d")
+        self._names, self._policy, self._progress = StepNames("%d"), policy, progress
         self._folder = StepFolder(self._store, self._names)
-        self._policy = policy
-        self._progress = progress
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
         self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=asynchronous)
@@ -121,13 +119,12 @@ class CheckpointManager(StepQueries):
         self._broadcast_restore = broadcast_restore
         self._agreed: AgreedSteps | None = None
         self._tiers = (
-            None
-            if local is None
-            else Tiers(local, self._coordinator, directory=self._store.location, progress=progress)
+            Tiers(local, self._coordinator, directory=self._store.location, progress=progress) if local else None
         )
         if self._tiers is not None:
             self._tiers.check_not_stale(self._folder.committed)
         self._notice: PreemptionNotice | None = None
+        self._raised: str | None = None  # what the block of a with statement raised, after a preemption signal
         if self._coordinator.many:
             if preemption_signals:
                 logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
@@ -435,7 +432,7 @@ class CheckpointManager(StepQueries):
             if self._notice is not None:
                 self._notice.close()
         if preempted is not None:
-            end_process(preempted, failure=failure)
+            end_process(preempted, failure=failure or self._raised)
 
     def _preempted(self) -> signal.Signals | None:
         """The preemption signal that arrived, if any."""
@@ -447,4 +444,7 @@ class CheckpointManager(StepQueries):
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
+        if error is not None and self._preempted() is not None:  # the steps after the signal failed: none was saved
+            logger.error("the run raised %s after a preemption signal", type(error).__name__, exc_info=error)
+            self._raised = f"the run raised {type(error).__name__}: {error}"
         self.close()

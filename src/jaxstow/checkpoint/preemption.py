@@ -21,6 +21,7 @@ import collections
 import logging
 import signal
 import threading
+import weakref
 from collections.abc import Iterable
 from types import FrameType
 from typing import Any
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 _received: signal.Signals | None = None
 _previous: dict[signal.Signals, Any] = {}  # the handler each caught signal had before
 _users: collections.Counter[signal.Signals] = collections.Counter()
+_open: weakref.WeakSet[PreemptionNotice] = weakref.WeakSet()  # a notice dropped unclosed (its manager too) is gone
 
 
 class PreemptionNotice:
@@ -52,6 +54,7 @@ class PreemptionNotice:
                 _previous[number] = signal.signal(number, _record)
             _users[number] += 1
         self.signals = wanted
+        _open.add(self)
 
     @property
     def received(self) -> signal.Signals | None:
@@ -67,6 +70,7 @@ class PreemptionNotice:
                 del _users[number]
                 signal.signal(number, _previous.pop(number))
         self.signals = []
+        _open.discard(self)
         if not _users:
             _received = None
 
@@ -103,6 +107,12 @@ def _check(signals: Iterable[int | signal.Signals]) -> list[signal.Signals]:
 
 def _record(number: int, frame: FrameType | None) -> None:
     global _received
+    caught = signal.Signals(number)
+    if not any(caught in notice.signals for notice in _open):  # every manager that caught it was dropped unclosed
+        _users.pop(caught, None)
+        signal.signal(caught, _previous.pop(caught, signal.SIG_DFL))
+        signal.raise_signal(caught)  # as if it had never been caught
+        return
     if _received is None:
         _received = signal.Signals(number)
         logger.warning("%s received: the next step is saved, then the process ends", _received.name)

@@ -96,6 +96,8 @@ def commit_step(
             talk.fail("done", error)
             if coordinator.index == 0:
                 talk.fail("outcome", error)
+            elif shared and isinstance(error, Exception):  # process 0's failure, removing the folder, may be the cause
+                talk.decide("outcome", dict, waiting_for=f"the commit of step {step} ({where})")
             raise
         talk.tell("done", summary)
         record: StepRecord | None = None
