@@ -32,11 +32,12 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.placement import ShardingSpec, is_placement
 from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.selection import LeafPaths, Selection
+from jaxstow._steps.record import StepRecord
 from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import submit
-from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
-from jaxstow.errors import CheckpointError, ShardingError
+from jaxstow.errors import CheckpointError, FormatError, ShardingError
 
 __all__ = ["open_readers", "restore_items", "restore_step"]
 
@@ -175,13 +176,25 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
 
 def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
     """Restore one committed step of ``folder`` as it was saved: one tree, or a dict of (some of) its named items; a
-    :class:`~jaxstow.errors.StepNotFoundError` if the step is deleted before it is read."""
+    :class:`~jaxstow.errors.StepNotFoundError` if the step is deleted before it is read.
+
+    A step replaced while it is read (``save(step, force=True)`` by the process that saves here) is read again,
+    whole, from its new record: its old files gone or new ones in their place are no damage."""
     with folder.reading(step):
-        return _restore_step(folder, step, like, items, options)
+        record = folder.checked_record(step)
+        for _ in range(REPLACED_READS - 1):
+            try:
+                return _restore_step(folder, step, record, like, items, options)
+            except (CheckpointError, FormatError):
+                if (now := folder.checked_record(step)) == record:
+                    raise
+                record = now  # replaced while it was read: read the new one
+        return _restore_step(folder, step, record, like, items, options)
 
 
-def _restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] | None, options: LoadOptions) -> Any:
-    record = folder.checked_record(step)
+def _restore_step(
+    folder: StepFolder, step: int, record: StepRecord, like: Any, items: Sequence[str] | None, options: LoadOptions
+) -> Any:
     # Every leaf read, from the first on: an object's first request then brings data with the header.
     whole = options.get("select") is None and not options.get("partial") and jax.process_count() == 1
     if record.single:

@@ -33,7 +33,11 @@ from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowE
 #: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
 _OPENING = 16
 
-__all__ = ["StepFolder", "check_step"]
+__all__ = ["REPLACED_READS", "StepFolder", "check_step"]
+
+#: The reads of a step that the process saving here replaces (``force=True``) again and again before a mismatch of
+#: its files and its record is taken for damage.
+REPLACED_READS = 3
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 
@@ -157,8 +161,12 @@ class StepFolder:
 
     def read_record(self, step: int, *, check_files: bool) -> StepRecord:
         """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too; a
-        :class:`StepNotFoundError` if the step is deleted meanwhile."""
+        :class:`StepNotFoundError` if the step is deleted meanwhile. Files that do not match their record are read
+        again with the record: the process that saves here may be replacing the step (``force=True``)."""
         with self.reading(step):
+            for _ in range(REPLACED_READS - 1 if check_files else 0):
+                with contextlib.suppress(CheckpointError, FormatError):
+                    return self._read_record(step, check_files=check_files)
             return self._read_record(step, check_files=check_files)
 
     def _read_record(self, step: int, *, check_files: bool) -> StepRecord:

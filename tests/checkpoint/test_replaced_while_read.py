@@ -1,0 +1,43 @@
+"""A step that the process saving a folder replaces (``save(step, force=True)``) while another process reads it: the
+reader gets the old step or the new one, whole, never a step called damaged (``CorruptFileError``: its files and
+its record taken from two saves) nor, with ``fallback=True``, an older step in its place."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+from jaxstow import CheckpointManager
+
+WRITER = """
+import sys, numpy as np
+from jaxstow import CheckpointManager
+with CheckpointManager(sys.argv[1]) as manager:
+    for value in range(1, 100_000):
+        manager.save(5, {"a": np.full(50_000, float(value)), "b": np.full(5, float(value))}, force=True,
+                     metrics={"v": float(value)})
+"""
+
+
+def test_a_step_replaced_while_it_is_read_comes_back_whole(tmp_path):
+    folder = tmp_path / "run"
+    with CheckpointManager(folder) as manager:
+        manager.save(5, {"a": np.zeros(50_000), "b": np.zeros(5)}, metrics={"v": 0.0})
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder)])
+    try:
+        reader, restored, start = CheckpointManager(folder), 0, time.monotonic()
+        while time.monotonic() - start < 6:
+            for fallback in (False, True):
+                tree = reader.restore(5, fallback=fallback, as_numpy=True)
+                assert (tree["a"] == tree["a"][0]).all() and (tree["b"] == tree["a"][0]).all()
+                assert reader.restored is None or reader.restored.step == 5
+                assert reader.metrics(5)["v"] >= 0
+                restored += 1
+        assert restored > 50
+    finally:
+        writer.kill()
+        writer.wait()
