@@ -176,3 +176,27 @@ def test_a_module_with_tied_weights_is_refused_saying_to_split_it(tmp_path):
     loaded = jaxstow.load(tmp_path / "split.jxs")
     restored = nnx.merge(loaded["graphdef"], loaded["state"])
     assert restored.embed is restored.unembed
+
+
+class _Regularized(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.norm = nnx.BatchNorm(4, rngs=rngs)
+        self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+
+def test_a_module_saved_in_eval_mode_and_a_like_in_train_mode_name_the_mode(tmp_path):
+    # The message named nnx's own _pytree__state, which differs between any two modules, not use_running_average.
+    from jaxstow.errors import StructureMismatchError
+
+    module = _Regularized(nnx.Rngs(0, dropout=1))
+    module.eval()
+    jaxstow.save(tmp_path / "eval.jxs", module)
+    like = _Regularized(nnx.Rngs(0, dropout=1))
+    like.eval()
+    loaded = jaxstow.load(tmp_path / "eval.jxs", like=like)
+    assert loaded.norm.use_running_average and loaded.drop.deterministic
+    with pytest.raises(StructureMismatchError) as raised:
+        jaxstow.load(tmp_path / "eval.jxs", like=_Regularized(nnx.Rngs(0, dropout=1)))
+    assert "BatchNorm has use_running_average=True, like's has use_running_average=False" in str(raised.value)
+    assert "Dropout has deterministic=True, like's has deterministic=False" in str(raised.value)
+    assert "_pytree__state" not in str(raised.value)

@@ -237,14 +237,17 @@ def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any) -> 
     """What differs between two nodes of one class: the first attribute whose static values differ, or their aux."""
     name = _class_name(saved)
     theirs = dict(attributes(like))
-    for attribute, value in attributes(saved):
-        if attribute not in theirs or _holds_children(value):
-            continue
-        if not _same(value, theirs[attribute]):
-            return (
-                f"the file's {name} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} (static "
-                "data, not restored from like's leaves); pass a like built with the saved value"
-            )
+    differing = [
+        (attribute, value)
+        for attribute, value in attributes(saved)
+        if attribute in theirs and not _holds_children(value) and not _same(value, theirs[attribute])
+    ]
+    if differing:  # a public attribute first: a private one (nnx's _pytree__state) may differ for any two objects
+        attribute, value = min(differing, key=lambda pair: pair[0].startswith("_"))
+        return (
+            f"the file's {name} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} (static "
+            "data, not restored from like's leaves); pass a like built with the saved value"
+        )
     return (
         f"the file's {name} has static data {saved_aux!r}, like's {like_aux!r}: they were built otherwise (or list "
         "their fields in another order); pass a like built as the saved one"
