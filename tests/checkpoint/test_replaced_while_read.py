@@ -14,12 +14,14 @@ import numpy as np
 from jaxstow import CheckpointManager
 
 WRITER = """
-import sys, numpy as np
+import sys, time, numpy as np
 from jaxstow import CheckpointManager
 with CheckpointManager(sys.argv[1]) as manager:
     for value in range(1, 100_000):
         manager.save(5, {"a": np.full(50_000, float(value)), "b": np.full(5, float(value))}, force=True,
                      metrics={"v": float(value)})
+        manager.wait()
+        time.sleep(0.02)  # a step replaced every few tens of milliseconds, for seconds
 """
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
@@ -33,11 +34,17 @@ from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowE
 #: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
 _OPENING = 16
 
-__all__ = ["REPLACED_READS", "StepFolder", "check_step"]
+__all__ = ["REPLACED_READS", "StepFolder", "check_step", "replaced_pause"]
 
 #: The reads of a step that the process saving here replaces (``force=True``) again and again before a mismatch of
 #: its files and its record is taken for damage.
-REPLACED_READS = 3
+REPLACED_READS = 5
+
+
+def replaced_pause(attempt: int) -> None:
+    """Wait a moment before the next read of a step that may be being replaced: 10, 20, 40 ms, ..."""
+    time.sleep(0.01 * 2**attempt)
+
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 
@@ -164,9 +171,10 @@ class StepFolder:
         :class:`StepNotFoundError` if the step is deleted meanwhile. Files that do not match their record are read
         again with the record: the process that saves here may be replacing the step (``force=True``)."""
         with self.reading(step):
-            for _ in range(REPLACED_READS - 1 if check_files else 0):
+            for attempt in range(REPLACED_READS - 1 if check_files else 0):
                 with contextlib.suppress(CheckpointError, FormatError):
                     return self._read_record(step, check_files=check_files)
+                replaced_pause(attempt)
             return self._read_record(step, check_files=check_files)
 
     def _read_record(self, step: int, *, check_files: bool) -> StepRecord:
