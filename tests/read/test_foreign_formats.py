@@ -253,6 +253,7 @@ def test_no_code_of_a_file_is_run(tmp_path):
     assert not marker.exists()
 
 
+@NEEDS_TORCH
 def test_a_torch_dict_of_keys_that_do_not_sort_is_a_format_error_naming_it(tmp_path):
     import torch
 
