@@ -15,6 +15,7 @@ from pathlib import Path
 import forked
 import pytest
 from distributed_runs import free_port, launch
+from distributed_runs import reports as reports_of
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 HEADERS = 64 << 10  # every file's header and the step's record, read by every process
@@ -32,20 +33,11 @@ def _start(
     )
 
 
-def _reports(processes: list[subprocess.Popen[str]]) -> list[dict]:
-    reports = []
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
-        reports.append(json.loads(out.strip().splitlines()[-1]))
-    return reports
-
-
 @pytest.fixture(scope="module")
 def saved_by_two(tmp_path_factory) -> Path:
     """Steps 1 and 2 saved by 2 processes x 2 devices on one global 2x2 mesh."""
     folder = tmp_path_factory.mktemp("two-processes") / "run"
-    reports = _reports(_start("save", 2, 2, folder))
+    reports = reports_of(_start("save", 2, 2, folder))
     assert [report["steps"] for report in reports] == [[1, 2], [1, 2]]
     return folder
 
@@ -66,7 +58,7 @@ def test_each_process_writes_its_own_shards_once(saved_by_two):
     ids=["1x4-other-mesh", "1x1-no-target", "4x1", "2x2"],
 )
 def test_restore_on_another_topology_reads_only_what_it_holds(saved_by_two, count, devices, extra):
-    for report in _reports(_start("restore", count, devices, saved_by_two, *extra)):
+    for report in reports_of(_start("restore", count, devices, saved_by_two, *extra)):
         assert report["steps"] == [1, 2]
         assert report["bytes_read"] <= 1.05 * report["bytes_held"] + HEADERS, report
 
@@ -74,8 +66,8 @@ def test_restore_on_another_topology_reads_only_what_it_holds(saved_by_two, coun
 def test_on_a_real_s3_server(s3_server):
     url = s3_server.url("two-processes")
     options = s3_server.storage_options
-    assert [report["steps"] for report in _reports(_start("save", 2, 2, url, options=options))] == [[1, 2], [1, 2]]
-    for report in _reports(_start("restore", 1, 4, url, options=options)):
+    assert [report["steps"] for report in reports_of(_start("save", 2, 2, url, options=options))] == [[1, 2], [1, 2]]
+    for report in reports_of(_start("restore", 1, 4, url, options=options)):
         assert report["bytes_held"] > 0 and report["steps"] == [1, 2]
 
 
@@ -98,7 +90,7 @@ def test_a_process_killed_mid_save_leaves_no_step(tmp_path):
 
 def test_processes_that_disagree_on_the_step_commit_nothing(tmp_path):
     folder = tmp_path / "run"
-    reports = _reports(_start("disagree", 2, 2, folder))
+    reports = reports_of(_start("disagree", 2, 2, folder))
     assert "process 1 saved step 3, process 0 step 2" in reports[0]["error"]
     assert "not committed" in reports[1]["error"]
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
@@ -106,7 +98,7 @@ def test_processes_that_disagree_on_the_step_commit_nothing(tmp_path):
 
 def test_processes_that_save_other_trees_commit_nothing(tmp_path):
     folder = tmp_path / "run"
-    reports = _reports(_start("other-tree", 2, 2, folder))
+    reports = reports_of(_start("other-tree", 2, 2, folder))
     assert "process 1 saved other trees than process 0 for the items ['meta']" in reports[0]["error"]
     assert "not committed" in reports[1]["error"]
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]

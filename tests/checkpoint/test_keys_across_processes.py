@@ -4,25 +4,18 @@ in every process, with the fix, and at once rather than after the processes' tim
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from distributed_runs import launch
+from distributed_runs import launch, reports
 
 WORKER = Path(__file__).parents[1] / "distributed" / "global_keys_worker.py"
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> list[dict]:
+@pytest.fixture(scope="module", name="reports")
+def reports_of_two(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("global-keys") / "run"
-    processes = launch(WORKER, 2, lambda index, port: [str(index), str(port), str(folder)])
-    found = []
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
-        found.append(json.loads(out.strip().splitlines()[-1]))
-    return found
+    return reports(launch(WORKER, 2, lambda index, port: [str(index), str(port), str(folder)]))
 
 
 def test_keys_replicated_over_the_global_mesh_restore_onto_it(reports):

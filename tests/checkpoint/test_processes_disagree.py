@@ -3,26 +3,19 @@ what differs, rather than given process 0's silently (``tests/distributed/disagr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from distributed_runs import launch
+from distributed_runs import launch, reports
 
 WORKER = Path(__file__).parents[1] / "distributed" / "disagree_worker.py"
 LOCAL_MESH_WORKER = Path(__file__).parents[1] / "distributed" / "local_mesh_worker.py"
 
 
-@pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> list[dict]:
+@pytest.fixture(scope="module", name="reports")
+def reports_of_two(tmp_path_factory) -> list[dict]:
     folder = tmp_path_factory.mktemp("disagree") / "run"
-    processes = launch(WORKER, 2, lambda index, port: [str(index), str(port), str(folder)])
-    found = []
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
-        found.append(json.loads(out.strip().splitlines()[-1]))
-    return found
+    return reports(launch(WORKER, 2, lambda index, port: [str(index), str(port), str(folder)]))
 
 
 def test_the_same_values_commit_and_restore(reports):
@@ -78,11 +71,9 @@ def test_processes_whose_managers_keep_other_steps_commit_nothing(reports):
 def test_arrays_on_each_processs_own_devices_are_its_values_saved_once_and_compared(tmp_path):
     # Each process wrote such an array whole, as if shards of one: every box twice, and a restore handed one process
     # the other's values. Now they are saved as the processes' unsharded values are: once, compared where small.
-    processes = launch(LOCAL_MESH_WORKER, 2, lambda index, port: [str(index), str(port), str(tmp_path / "run")])
-    for process in processes:
-        out, err = process.communicate(timeout=240)
-        assert process.returncode == 0, f"process failed ({process.returncode}):\n{out}\n{err[-3000:]}"
-        report = json.loads(out.strip().splitlines()[-1])
+    for report in reports(
+        launch(LOCAL_MESH_WORKER, 2, lambda index, port: [str(index), str(port), str(tmp_path / "run")])
+    ):
         assert report["errors"]["1"] is None, report
         assert "process 1 saved other values than process 0" in report["errors"]["2"], report
         assert report["steps"] == [1]
