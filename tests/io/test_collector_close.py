@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import forked
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxstow import io
+from jaxstow.errors import CheckpointError
 
 _PROGRAM = """
 import os, tempfile, jax.numpy as jnp, numpy as np
@@ -32,3 +39,23 @@ def test_close_waits_for_the_blocks_on_their_way_and_the_exit_reports_nothing() 
     ran = forked.run([sys.executable, "-c", textwrap.dedent(_PROGRAM)], capture_output=True, text=True, timeout=200)
     assert ran.returncode == 0, ran.stderr
     assert "failed" not in ran.stderr, ran.stderr
+
+
+def test_a_new_collector_of_a_file_whose_run_failed_in_this_process_says_to_close_the_first(tmp_path: Path) -> None:
+    path = str(tmp_path / "samples.h5")
+
+    def run(collector: io.HDF5Collector, fail: bool) -> dict:
+        init_save, save, postprocess_save = io.save(collector)
+        state = init_save({"x": jnp.zeros(3)}, None, io.scheduler.static_information(samples_collected=10))
+        state, _ = jax.lax.scan(lambda s, i: (save(s, True, {"x": jnp.ones(3) * i})[0], None), state, jnp.arange(10.0))
+        if fail:
+            raise RuntimeError("the user's code after the scan failed")
+        return postprocess_save(state, None)
+
+    first = io.HDF5Collector(path)
+    with pytest.raises(RuntimeError):
+        run(first, fail=True)
+    with pytest.raises(CheckpointError, match=r"this one\).*whose run did not reach postprocess_save.*close\(\) first"):
+        run(io.HDF5Collector(path), fail=False)
+    first.close()
+    assert run(io.HDF5Collector(path), fail=False)["samples"]["x"][:, 0].tolist() == list(range(10))

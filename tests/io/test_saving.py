@@ -731,6 +731,9 @@ def test_arguments_given_wrong_are_named_where_they_are_given(tmp_path) -> None:
     state = init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=STEPS))
     with pytest.raises(ArgumentError, match=r"keep is None: pass True"):
         save(state, None, INIT_SAMPLE)
+    for keep in ["no", 0.5]:  # a string is true whatever it says, and a fraction is not a flag
+        with pytest.raises(ArgumentError, match=r"keep must be a boolean \(or an integer flag\) for each chain"):
+            save(state, keep, INIT_SAMPLE)
     h5py.File(tmp_path / "done.h5", "w").close()
     with h5py.File(tmp_path / "done.h5", "r") as file, pytest.raises(ArgumentError, match=r"open read-only"):
         io.HDF5Collector(file)

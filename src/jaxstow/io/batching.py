@@ -225,6 +225,8 @@ def keep_flags(keep: Any, chains: tuple[int, ...]) -> jax.Array:
     """``keep`` as one boolean per chain."""
     if keep is None:
         raise ArgumentError("keep is None: pass True to keep the sample, or one boolean per chain")
+    if isinstance(keep, (str, bytes)) or jnp.asarray(keep).dtype.kind not in "biu":
+        raise ArgumentError(f"keep must be a boolean (or an integer flag) for each chain, got {keep!r}")
     flags = jnp.asarray(keep, jnp.bool_)
     if flags.shape != chains:
         raise ArgumentError(f"keep must be one boolean per chain (shape {chains}), got shape {flags.shape}")
