@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 import pytest
 
+from jaxstow.errors import CheckpointError, StructureMismatchError
 from jaxstow.train import EquinoxOptaxModule
 
 
@@ -30,20 +31,22 @@ def test_equinox_module_takes_a_state_of_the_same_model() -> None:
     [
         (
             lambda: _module(8),
-            r"'model' does not fit this module's: layers/0/weight is float32\[8, 2\], expected float32\[4, 2\]",
+            r"the checkpoint's 'model': layers/0/weight is float32\[8, 2\], expected float32\[4, 2\]",
         ),
         (lambda: _module(4, jnp.float16), r"layers/0/bias is float16\[4\], expected float32\[4\]"),
     ],
     ids=["wider", "float16"],
 )
 def test_equinox_module_refuses_a_state_of_another_model(other: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(StructureMismatchError, match=message):
         _module(4).update_state(other().get_state())
 
 
 def test_equinox_module_refuses_a_pytorch_state() -> None:
     with pytest.raises(
-        ValueError,
-        match=r"'model' does not fit this module's: missing array layers/0/weight; missing array layers/0/bias",
+        StructureMismatchError,
+        match=r"'model': missing array layers/0/weight\n.*'model': missing array layers/0/bias",
     ):
         _module(4).update_state({"model": {"0.weight": None}, "opt_state": ()})
+    with pytest.raises(CheckpointError, match=r"holds \['model'\], not the 'model' and 'opt_state'"):
+        _module(4).update_state({"model": {"0.weight": None}})

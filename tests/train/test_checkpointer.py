@@ -146,6 +146,14 @@ def test_get_latest_file_gives_the_largest_index_or_nothing(tmp_path: Path) -> N
         ({"log_level": True}, "log_level must be one of"),
         ({"load_dir": None, "load_filename": "checkpoint_1.jxs"}, "needs load_dir"),
         ({"delete_existing_checkpoints": True}, "would delete the checkpoints"),
+        ({"file_prefix": "run1/ckpt"}, r"file_prefix must be a non-empty name without a folder separator"),
+        ({"file_prefix": None}, r"file_prefix must be a non-empty name"),
+        ({"file_ext": ""}, r"file_ext must be a non-empty name"),
+        ({"save_dir": ""}, r"save_dir must be a folder \(str or os.PathLike\), not ''"),
+        ({"save_dir": None}, r"save_dir must be a folder"),
+        ({"load_dir": 5}, r"load_dir must be a folder \(str or os.PathLike\), or None, not 5"),
+        ({"model_state_save_dir": ["a"]}, r"model_state_save_dir must be a folder"),
+        ({"load_filename": 7}, r"load_filename must be a file name in load_dir, not 7"),
     ],
 )
 def test_unworkable_arguments_are_refused_at_construction(
@@ -171,6 +179,15 @@ def test_delete_existing_checkpoints_deletes_only_this_checkpointers_files(tmp_p
     DefaultCheckpointer(_args(saves, model_state_save_dir=models, load_dir=None, delete_existing_checkpoints=True))
     assert sorted(os.listdir(saves)) == sorted(strangers)
     assert sorted(os.listdir(models)) == sorted(strangers)
+
+
+def test_delete_existing_checkpoints_refuses_to_delete_the_load_filename_it_resumes_from(tmp_path: Path) -> None:
+    saves = tmp_path / "saves"
+    path = DefaultCheckpointer(_args(saves)).save(_state(7), 7)
+    args = _args(saves, load_dir=tmp_path, load_filename="saves/checkpoint_7.jxs", delete_existing_checkpoints=True)
+    with pytest.raises(ValueError, match=r"would delete .*saves/checkpoint_7\.jxs, the load_filename to resume from"):
+        DefaultCheckpointer(args)
+    assert path is not None and os.path.exists(path)
 
 
 def test_npz_extension_writes_numpy_archives(tmp_path: Path) -> None:

@@ -79,3 +79,27 @@ def test_numpy_and_jax_integer_indices_name_the_file_it_resumes(tmp_path):
     checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 3}), jnp.asarray(3))
     assert train.DefaultCheckpointer(arguments).load().trainer_state == {"last_epoch": 3}
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint_1.jxs", "checkpoint_3.jxs"]
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ({"last_epoch": "x"}, r"trainer_state\['last_epoch'\] = 'x', not an integer"),
+        ({"last_epoch": 2.7}, r"trainer_state\['last_epoch'\] = 2\.7, not an integer"),
+        ({"optimizers": None}, r"trainer_state\['optimizers'\] = None, not a list"),
+        ({"global_step": "zz"}, r"trainer_backend_state\['global_step'\] = 'zz', not an integer"),
+    ],
+    ids=["string-epoch", "fractional-epoch", "no-optimizer-list", "string-step"],
+)
+def test_a_damaged_trainer_state_is_refused_naming_the_field(tmp_path, damage, message):
+    optimizer = torch.optim.Adam([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    trainer_state = {"last_epoch": 1, "optimizers": [optimizer.state_dict()], "schedulers": []}
+    backend_state = {"global_step": 2}
+    for key, value in damage.items():
+        (backend_state if key == "global_step" else trainer_state)[key] = value
+    jaxstow.save(
+        tmp_path / "checkpoint_1.jxs", train.Checkpoint({"weight": torch.ones(2)}, trainer_state, backend_state)
+    )
+    args = train.DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=None, load_dir=tmp_path)
+    with pytest.raises(CheckpointError, match=message):
+        train.Trainer(Module(1), train.TrainerArguments(epochs=2, checkpointer_args=args))

@@ -15,6 +15,7 @@ from typing import Any
 
 from jaxstow.errors import ArgumentError, CheckpointError
 from jaxstow.train.module import CallbackInterface, ModuleInterface
+from jaxstow.train.state import saved_count
 
 __all__ = ["SingleProcess", "TrainerBackend", "TrainerBackendArguments"]
 
@@ -163,4 +164,4 @@ class SingleProcess(TrainerBackend):
                 "the checkpoint resumed from has no trainer_backend_state['global_step']: it was not written by this "
                 "backend; resume from a Trainer's checkpoint, or start a new run in another save_dir"
             )
-        self.global_step = int(state["global_step"])
+        self.global_step = saved_count(state, "global_step", part="trainer_backend_state")

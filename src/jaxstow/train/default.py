@@ -97,7 +97,16 @@ class DefaultCheckpointer(AbstractCheckpointer):
         level = self.args.log_level
         self.logger.setLevel(level if isinstance(level, int) else level.upper())
         if self.args.delete_existing_checkpoints:
-            self._delete_own_files()
+            doomed = self._own_files()
+            resume = self._named_resume_file()
+            if resume is not None and os.path.realpath(resume) in {os.path.realpath(path) for path in doomed}:
+                raise ArgumentError(
+                    f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete {resume}, the "
+                    "load_filename to resume from, before it is resumed from; unset one of them"
+                )
+            for path in doomed:
+                os.remove(path)
+                self.logger.info("deleted %s", path)
 
     @property
     def names(self) -> FileNames:
@@ -144,8 +153,8 @@ class DefaultCheckpointer(AbstractCheckpointer):
         if not load_dir:
             self.logger.info("no load_dir: starting from scratch")
             return None
-        if self.args.load_filename:
-            path = os.path.join(load_dir, self.args.load_filename)
+        path = self._named_resume_file()
+        if path is not None:
             if not os.path.isfile(path):
                 raise PathNotFoundError("load_filename names no file in load_dir", file=path)
             return path
@@ -172,17 +181,48 @@ class DefaultCheckpointer(AbstractCheckpointer):
         found = FileNames(file_prefix, file_ext).find(load_dir)
         return found[max(found)] if found else ""
 
-    def _delete_own_files(self) -> None:
-        doomed = list(self.names.find(self.args.save_dir).values())
+    def _named_resume_file(self) -> str | None:
+        if not (self.args.load_dir and self.args.load_filename):
+            return None
+        return os.path.join(self.args.load_dir, self.args.load_filename)
+
+    def _own_files(self) -> list[str]:
+        """This checkpointer's files (its prefix and extension) in ``save_dir`` and ``model_state_save_dir``."""
+        own = list(self.names.find(self.args.save_dir).values())
         if self.args.model_state_save_dir:
-            doomed += self.names.find(self.args.model_state_save_dir, model=True).values()
-        for path in doomed:
-            os.remove(path)
-            self.logger.info("deleted %s", path)
+            own += self.names.find(self.args.model_state_save_dir, model=True).values()
+        return own
+
+
+def _check_path(args: DefaultCheckpointerArguments, field: str, *, optional: bool) -> None:
+    value = getattr(args, field)
+    if optional and value in (None, ""):
+        return
+    if not isinstance(value, (str, os.PathLike)) or os.fspath(value) == "":
+        allowed = "a folder (str or os.PathLike)" + (", or None" if optional else "")
+        raise ArgumentError(f"DefaultCheckpointerArguments.{field} must be {allowed}, not {value!r}")
+
+
+def _check_name_part(args: DefaultCheckpointerArguments, field: str) -> None:
+    value = getattr(args, field)
+    if not isinstance(value, str) or not value or any(sep and sep in value for sep in (os.sep, os.altsep)):
+        raise ArgumentError(
+            f"DefaultCheckpointerArguments.{field} must be a non-empty name without a folder separator (the files "
+            f"go in save_dir and are found there), not {value!r}"
+        )
 
 
 def _check(args: DefaultCheckpointerArguments) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
+    _check_path(args, "save_dir", optional=False)
+    _check_path(args, "model_state_save_dir", optional=True)
+    _check_path(args, "load_dir", optional=True)
+    if args.load_filename is not None and not isinstance(args.load_filename, str):
+        raise ArgumentError(
+            f"DefaultCheckpointerArguments.load_filename must be a file name in load_dir, not {args.load_filename!r}"
+        )
+    _check_name_part(args, "file_prefix")
+    _check_name_part(args, "file_ext")
     if not isinstance(args.period, int) or args.period <= 0:
         raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
     level = args.log_level

@@ -9,6 +9,7 @@ import jax
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._util.optional import require
+from jaxstow.errors import CheckpointError, StructureMismatchError
 from jaxstow.train.module import ModuleInterface
 
 # Missing, each is named with its extra, before the imports below fail with a bare ModuleNotFoundError.
@@ -102,6 +103,12 @@ class EquinoxOptaxModule(ModuleInterface):
 
     def update_state(self, state: dict[str, Any]) -> None:
         """Take the model and optimiser state of a checkpoint; their arrays must have this module's shapes and dtypes."""
+        if not isinstance(state, dict) or not {"model", "opt_state"} <= set(state):
+            found = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise CheckpointError(
+                f"the checkpoint's module state holds {found}, not the 'model' and 'opt_state' of an "
+                "EquinoxOptaxModule: resume from a file this module's Trainer wrote"
+            )
         for name in ("model", "opt_state"):
             _check_same_arrays(name, getattr(self, name), state[name])
         self.model, self.opt_state = state["model"], state["opt_state"]
@@ -121,7 +128,7 @@ def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
     if not problems and found_structure != expected_structure:
         problems.append("its static fields or hyperparameters differ")
     if problems:
-        raise ValueError(f"the checkpoint's {name!r} does not fit this module's: {'; '.join(problems)}")
+        raise StructureMismatchError([f"the checkpoint's {name!r}: {problem}" for problem in problems])
 
 
 def _arrays_by_path(tree: Any) -> tuple[dict[str, str], Any]:

@@ -23,9 +23,10 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 
 from jaxstow._names.registry import saveable
-from jaxstow.errors import CheckpointError
+from jaxstow._steps.names import check_step
+from jaxstow.errors import ArgumentError, CheckpointError
 
-__all__ = ["Checkpoint", "Stateful", "as_checkpoint"]
+__all__ = ["Checkpoint", "Stateful", "as_checkpoint", "saved_count", "saved_list"]
 
 
 @runtime_checkable
@@ -81,3 +82,35 @@ def as_checkpoint(loaded: Any, *, file: str) -> Checkpoint:
         "a file written by save(), not by save_model()",
         file=file,
     )
+
+
+def saved_count(state: dict[str, Any], key: str, *, part: str) -> int:
+    """The integer ``state[key]`` of a checkpoint's ``part`` (``"trainer_state"``, ...), or a
+    :class:`~jaxstow.errors.CheckpointError` naming it: a count is never rounded or guessed.
+
+    >>> saved_count({"last_epoch": 3}, "last_epoch", part="trainer_state")
+    3
+    >>> saved_count({"last_epoch": 2.7}, "last_epoch", part="trainer_state")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.CheckpointError: the checkpoint resumed from has trainer_state['last_epoch'] = 2.7, not an integer: resume from a file a Trainer wrote
+    """
+    try:
+        return check_step(state[key], what=f"{part}[{key!r}]", negative=True)
+    except ArgumentError:
+        raise CheckpointError(
+            f"the checkpoint resumed from has {part}[{key!r}] = {state[key]!r}, not an integer: resume from a file a "
+            "Trainer wrote"
+        ) from None
+
+
+def saved_list(state: dict[str, Any], key: str, *, part: str) -> list[Any]:
+    """The list ``state[key]`` of a checkpoint's ``part`` (empty when absent), or a
+    :class:`~jaxstow.errors.CheckpointError` naming it."""
+    found = state.get(key, [])
+    if not isinstance(found, (list, tuple)):
+        raise CheckpointError(
+            f"the checkpoint resumed from has {part}[{key!r}] = {found!r}, not a list of states: resume from a file "
+            "a Trainer wrote"
+        )
+    return list(found)

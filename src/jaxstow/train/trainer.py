@@ -12,7 +12,7 @@ from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendA
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.default import DefaultCheckpointer
 from jaxstow.train.module import ModuleInterface
-from jaxstow.train.state import Checkpoint
+from jaxstow.train.state import Checkpoint, saved_count, saved_list
 
 __all__ = ["Trainer"]
 
@@ -197,8 +197,9 @@ class Trainer:
                 "the checkpoint resumed from has no trainer_state['last_epoch']: it was not written by a Trainer; "
                 "resume from a Trainer's checkpoint, or start a new run in another save_dir"
             )
+        saved_states = {kind: saved_list(state, kind, part="trainer_state") for kind in ("optimizers", "schedulers")}
         for kind, objects in (("optimizers", self.optimizers), ("schedulers", self.schedulers)):
-            saved = state.get(kind, [])
+            saved = saved_states[kind]
             if len(saved) != len(objects):
                 raise CheckpointError(
                     f"the checkpoint resumed from holds the states of {len(saved)} {kind} but the module's "
@@ -206,9 +207,9 @@ class Trainer:
                     "others afresh; resume with the same optimisers and schedulers, or start a new run in another "
                     "save_dir"
                 )
-        self.last_epoch = int(state["last_epoch"])
+        self.last_epoch = saved_count(state, "last_epoch", part="trainer_state")
         for kind, objects in (("optimizers", self.optimizers), ("schedulers", self.schedulers)):
-            for obj, saved in zip(objects, state.get(kind, []), strict=True):
+            for obj, saved in zip(objects, saved_states[kind], strict=True):
                 obj.load_state_dict(saved)
 
     # -- sizes ---------------------------------------------------------------------------------------------------
