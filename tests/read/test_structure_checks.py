@@ -279,6 +279,19 @@ def test_a_registered_dataclass_that_lost_a_data_field_or_gained_a_static_one_is
     with pytest.raises(FormatError, match=r"static fields \('width', 'depth'\)"):
         jaxstow.load(buffer)
 
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:  # type: ignore[no-redef]  # a data field more, with a default: jax read past the children and crashed
+        old: jax.Array
+        w: jax.Array
+        width: int = dataclasses.field(metadata={"static": True})
+        scale: jax.Array | None = None
+
+    jaxstow.saveable(Layer, name=name)
+    buffer.seek(0)
+    with pytest.raises(FormatError, match=r"2 children do not fit .*Layer's 3 data fields \('old', 'w', 'scale'\)"):
+        jaxstow.load(buffer)
+
 
 def test_static_fields_that_changed_order_are_refused_rather_than_given_each_others_values():
     name = _name()

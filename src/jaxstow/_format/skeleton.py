@@ -431,14 +431,23 @@ def _is_pair_list(data: JSON) -> bool:
 
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
-    meta = jax_compat.dataclass_meta_fields(node_type)
-    if meta is not None and not (isinstance(aux, tuple) and len(aux) == len(meta)):
-        raise FormatError(
-            f"the static data {excerpt(aux)} does not fit {node_type.__qualname__}'s static fields {meta}: the class "
-            "changed since the save; load the file with the class as it was saved",
-            file=file,
-            path=path,
-        )
+    fields = jax_compat.dataclass_fields(node_type)
+    if fields is not None:  # jax trusts the counts: too few children or static values read past their ends
+        data, meta = fields
+        if not (isinstance(aux, tuple) and len(aux) == len(meta)):
+            raise FormatError(
+                f"the static data {excerpt(aux)} does not fit {node_type.__qualname__}'s static fields {meta}: the "
+                "class changed since the save; load the file with the class as it was saved",
+                file=file,
+                path=path,
+            )
+        if len(children) < len(data):  # more are caught by name (check_static_names), with a better message
+            raise FormatError(
+                f"{len(children)} children do not fit {node_type.__qualname__}'s {len(data)} data fields {data}: the "
+                "class changed since the save; load the file with the class as it was saved",
+                file=file,
+                path=path,
+            )
     try:
         return _FROM_NODE_DATA(_REGISTRY, (node_type, aux), children)
     except (TypeError, ValueError, RuntimeError) as error:

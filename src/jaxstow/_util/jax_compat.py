@@ -313,9 +313,10 @@ def distributed_client() -> Any:
     return DISTRIBUTED_CLIENT.resolve()
 
 
-def dataclass_meta_fields(node_type: type) -> tuple[str, ...] | None:
-    """The static fields of a class registered with ``jax.tree_util.register_dataclass``, in the order of its static
-    data; ``None`` for another class, or where the installed jax does not tell them (:data:`OPTIONAL_SHIMS`).
+def dataclass_fields(node_type: type) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The data fields (the children, in order) and the static fields (the static data, in order) of a class
+    registered with ``jax.tree_util.register_dataclass``; ``None`` for another class, or where the installed jax does
+    not tell them (:data:`OPTIONAL_SHIMS`).
 
     >>> import dataclasses, jax
     >>> @jax.tree_util.register_dataclass
@@ -323,8 +324,8 @@ def dataclass_meta_fields(node_type: type) -> tuple[str, ...] | None:
     ... class Layer:
     ...     w: jax.Array
     ...     width: int = dataclasses.field(metadata={"static": True})
-    >>> dataclass_meta_fields(Layer), dataclass_meta_fields(dict)
-    (('width',), None)
+    >>> dataclass_fields(Layer), dataclass_fields(dict)
+    ((('w',), ('width',)), None)
     """
     try:
         registry = NODE_REGISTRY.resolve()
@@ -334,5 +335,8 @@ def dataclass_meta_fields(node_type: type) -> tuple[str, ...] | None:
     code, cells = getattr(flatten, "__code__", None), getattr(flatten, "__closure__", None) or ()
     if code is None or not getattr(flatten, "__qualname__", "").lstrip("_").startswith("register_dataclass."):
         return None
-    meta = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=False)).get("meta_fields")
-    return tuple(meta) if isinstance(meta, tuple | list) else None
+    found = dict(zip(code.co_freevars, (cell.cell_contents for cell in cells), strict=False))
+    data, meta = found.get("data_fields"), found.get("meta_fields")
+    if not (isinstance(data, tuple | list) and isinstance(meta, tuple | list)):
+        return None
+    return tuple(data), tuple(meta)
