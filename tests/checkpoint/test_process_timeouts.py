@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import forked
+import numpy as np
 import pytest
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
@@ -115,10 +116,29 @@ def test_a_save_whose_process_stops_dies_or_stalls_ends_everywhere_with_no_step(
         assert "step 2" in report["error"], report
         assert report["seconds"] <= SLOWER * (TIMEOUT + (GRACE if index else 0)), report
     assert _steps(folder) == ["1"]
+    assert not [path.name for path in folder.iterdir() if "jaxstow-tmp" in path.name]  # nor a staging folder left
     from jaxstow import CheckpointManager
 
     with CheckpointManager(folder) as manager:
         assert manager.steps() == [1]
+
+
+def test_a_step_process_0_commits_after_the_others_gave_up_waiting_holds_their_files(tmp_path):
+    """The others told their files, then stopped waiting for the outcome: process 0, which heard them, commits the
+    step, which must restore whole (their files were removed once, and the keep policy then deleted the step before)."""
+    folder = tmp_path / "run"
+    processes = _start("save", folder, "--slow-writes", str(TIMEOUT + GRACE + 3))
+    try:
+        reports = [_line(process, 120) for process in processes]
+    finally:
+        _end(processes)
+    assert reports[0].get("steps") == [1, 2], reports
+    assert all("process 0 did not report the commit of step 2" in report["error"] for report in reports[1:]), reports
+    from jaxstow import CheckpointManager
+
+    with CheckpointManager(folder) as manager:
+        restored = manager.restore(step=2)["params"]
+    np.testing.assert_array_equal(restored["w"], np.arange(512 * 384, dtype=np.float32).reshape(512, 384) + 2000)
 
 
 @pytest.mark.parametrize("how", ["SIGSTOP", "SIGKILL", "stalled"])

@@ -7,7 +7,7 @@ step 2 on a mesh of this run's devices (or, in one process with ``--no-target``,
 every value (with ``--pause-before-restore``, a pause between them, announced by a line; with ``--fallback``, the
 newest intact step); ``disagree`` saves another
 step in process 1, ``other-tree`` another tree. ``--stall K`` makes process K pause for a minute instead, alive but
-silent; ``--recoverable`` sets ``jax_enable_recoverability``, so that a dead peer does not end the others.
+silent; ``--slow-writes S`` makes process 0's files of step 2 take S seconds longer to write (a slow disk); ``--recoverable`` sets ``jax_enable_recoverability``, so that a dead peer does not end the others.
 Each prints one JSON line of what it saw (with ``seconds``, the time the save or restore of step 2 took, and ``error``
 if it failed). ``FOLDER`` may be a URL, with fsspec options as JSON in ``JAXSTOW_STORAGE_OPTIONS``.
 """
@@ -31,6 +31,7 @@ parser.add_argument("--no-target", action="store_true")
 parser.add_argument("--pause-before-commit", type=float, default=0.0)
 parser.add_argument("--pause-before-restore", type=float, default=0.0)
 parser.add_argument("--stall", type=int, default=-1)
+parser.add_argument("--slow-writes", type=float, default=0.0)
 parser.add_argument("--process-timeout", type=float, default=30.0)
 parser.add_argument("--heartbeat", type=int, default=10)
 parser.add_argument("--recoverable", action="store_true")
@@ -120,6 +121,11 @@ if args.action in ("save", "disagree", "other-tree"):
     with CheckpointManager(args.folder, process_timeout=args.process_timeout, storage_options=OPTIONS) as manager:
         step = 3 if args.action == "disagree" and args.process == 1 else 2
         start = time.monotonic()
+        if args.slow_writes and args.process == 0:  # a slow disk: its files take longer than the others' timeouts
+            import jaxstow.checkpoint.shared as shared
+
+            write_items = shared.write_items
+            shared.write_items = lambda *a, **k: (time.sleep(args.slow_writes), write_items(*a, **k))[1]  # type: ignore[attr-defined]
         try:
             state = sharded_state(2)
             if args.action == "other-tree" and args.process == 1:

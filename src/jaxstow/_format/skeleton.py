@@ -29,13 +29,13 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format import objects
 from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
+from jaxstow._format.dataclass_fit import check_dataclass_fit
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.json_values import MAX_NESTING, parse_float
 from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow._names.repeated_keys import refuse_repeated
-from jaxstow._util import jax_compat
 from jaxstow.errors import FormatError, JaxstowError, UnknownNameError, UnsaveableObjectError, excerpt
 
 __all__ = ["NAME_TAGS", "decode_treedef", "decode_value", "encode_treedef", "encode_value"]
@@ -431,23 +431,7 @@ def _is_pair_list(data: JSON) -> bool:
 
 
 def _make(node_type: type, aux: Any, children: list[PyTreeDef], *, path: str, file: str | None) -> PyTreeDef:
-    fields = jax_compat.dataclass_fields(node_type)
-    if fields is not None:  # jax trusts the counts: too few children or static values read past their ends
-        data, meta = fields
-        if not (isinstance(aux, tuple) and len(aux) == len(meta)):
-            raise FormatError(
-                f"the static data {excerpt(aux)} does not fit {node_type.__qualname__}'s static fields {meta}: the "
-                "class changed since the save; load the file with the class as it was saved",
-                file=file,
-                path=path,
-            )
-        if len(children) < len(data):  # more are caught by name (check_static_names), with a better message
-            raise FormatError(
-                f"{len(children)} children do not fit {node_type.__qualname__}'s {len(data)} data fields {data}: the "
-                "class changed since the save; load the file with the class as it was saved",
-                file=file,
-                path=path,
-            )
+    check_dataclass_fit(node_type, aux, len(children), path=path, file=file)
     try:
         return _FROM_NODE_DATA(_REGISTRY, (node_type, aux), children)
     except (TypeError, ValueError, RuntimeError) as error:

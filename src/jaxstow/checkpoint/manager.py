@@ -34,7 +34,7 @@ from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
 from jaxstow.checkpoint.settings import LocalTier, grouped_settings
-from jaxstow.checkpoint.shared import Committed, commit_content
+from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items
@@ -277,33 +277,32 @@ class CheckpointManager(StepQueries):
         if force and self._tiers is not None:
             self._tiers.uploads.wait()  # whether the step is in ``directory`` already, where it is to be replaced
         me = self._coordinator.index
-        if self._lock is None and me == 0:
-            self._take_lock()
         agreed = self._agree()
         if agreed.holds(step) and not force:
             raise CheckpointError(
                 f"step {step} already exists in {self.directory}; pass force=True to replace it",
                 file=self._folder.url(step),
             )
-        part = me if self._coordinator.many else None
-        budget = HostBudget(self._host_memory_limit)
-        held = {
-            name: hold(tree, copy=copy, file=self._folder.url(step, name + EXTENSION), part=part, budget=budget)
-            for name, tree in named.items()
-        }
+        talk = self._coordinator.conversation("save")  # in call order: the same in every process, whatever fails
+        due = self._tiers is not None and self._schedule.should_save(step, newest=agreed.newest)
+        replacing = force and self._tiers is not None and agreed.persistent(step)  # new values where the old ones are
+        copy_talk = self._coordinator.conversation("copy") if due or replacing else None
+        try:  # a failure here (the lock is process 0's alone) fails the step in every process
+            if self._lock is None and me == 0:
+                self._take_lock()
+            budget = HostBudget(self._host_memory_limit)
+            file = functools.partial(self._folder.url, step)
+            part = me if self._coordinator.many else None
+            held = {n: hold(t, copy=copy, file=file(n + EXTENSION), part=part, budget=budget) for n, t in named.items()}
+        except BaseException as error:
+            abandon(talk, error)
+            raise
         content = StepContent(step, held, single, checked_metrics, checked_metadata, dataclasses.asdict(self._policy))
-        talk = self._coordinator.conversation("save")  # named here, in call order: the same in every process
-        write: Callable[[], None]
+        write: Callable[[], None] = functools.partial(self._write, content, talk=talk, replace=force)
         if self._tiers is not None:
-            due = self._schedule.should_save(step, newest=agreed.newest)
-            replacing = force and agreed.persistent(step)  # the new values go where the old ones are
-            copy_talk = self._coordinator.conversation("copy") if due or replacing else None
             upload = functools.partial(self._copy, talk=copy_talk, replace=replacing) if copy_talk else None
-            write = functools.partial(
-                self._tiers.save, content, talk=talk, persistent=upload, decided=self._decided(False)
-            )
-        else:
-            write = functools.partial(self._write, content, talk=talk, replace=force)
+            tiers, decided = self._tiers, self._decided(False)
+            write = functools.partial(tiers.save, content, talk=talk, persistent=upload, decided=decided)
         agreed.issued(step)
         self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
         if self._preempted() is not None:

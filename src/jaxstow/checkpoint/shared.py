@@ -37,7 +37,7 @@ from jaxstow._write.encoded import differing_leaves
 from jaxstow.checkpoint.writing import StepContent, write_items
 from jaxstow.errors import CheckpointError
 
-__all__ = ["Committed", "commit_content", "commit_step", "record_of"]
+__all__ = ["Committed", "abandon", "commit_content", "commit_step", "record_of"]
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,11 @@ def commit_step(
 
         def decide() -> dict[str, Any]:
             nonlocal record
-            heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
-            failed = [
-                f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error
-            ]
-            try:
+            try:  # a process that never reports leaves no staging folder behind either
+                heard = talk.collect("done", waiting_for=f"its files of step {step} ({where})")
+                failed = [
+                    f"process {message.sender} failed: {message.error}" for message in heard.values() if message.error
+                ]
                 if failed:
                     raise CheckpointError(f"step {step} is not committed: {'; '.join(failed)}", file=where)
                 record = make_record([heard[index].payload for index in range(coordinator.count)])
@@ -130,8 +130,10 @@ def commit_step(
         try:
             outcome = talk.decide("outcome", decide, waiting_for=f"the commit of step {step} ({where})")
         except BaseException:
-            if not shared or coordinator.index != 0:
-                staging.abort()  # this process's own files: the step was not committed
+            # Its own folder; not its files in process 0's, which process 0 may commit still, having heard them
+            # (the wait ran out here), and removes whole where it fails.
+            if not shared:
+                staging.abort()
             raise
         marker = str(outcome["record"]).encode()
         if record is None:
@@ -147,6 +149,18 @@ def commit_step(
         if pruning:
             raise pruning[0]
         return Committed(record, [int(old) for old in outcome["deleted"]])
+
+
+def abandon(talk: Conversation, error: BaseException) -> None:
+    """Fail the step of ``talk`` (closed here) in every process, from one process that met ``error`` before writing
+    anything: process 0 fails the staging folder and the outcome, which every process waits for; another process
+    fails its files, which process 0 waits for. The processes' next conversations then pair up again."""
+    with talk:
+        if talk.coordinator.index == 0:
+            talk.fail("staging", error)
+            talk.fail("outcome", error)
+        else:
+            talk.fail("done", error)
 
 
 def commit_content(
