@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from jaxstow._format.header import open_container
 from jaxstow._format.keypaths import flatten_with_paths
@@ -26,7 +27,7 @@ from jaxstow._read.opened import OpenedFile
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError
 
-__all__ = ["fill_from_per_process", "per_process_templates", "per_process_value", "set_into"]
+__all__ = ["fill_from_per_process", "per_process_templates", "per_process_value", "set_into", "stored_bytes"]
 
 
 def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
@@ -63,11 +64,16 @@ def set_into(like: Any, value: Any) -> Any:
     return value
 
 
-def _decode(opened: OpenedFile, path: str, process: int) -> Any:
+def stored_bytes(opened: OpenedFile, path: str, process: int) -> np.ndarray:
+    """The bytes ``process``'s value at ``path`` is stored as (a file of its own), checked against its checksum."""
     source, entry = opened.per_process[path][process]
     container = opened.containers[source]
+    return container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3")))[path]
+
+
+def _decode(opened: OpenedFile, path: str, process: int) -> Any:
     where = f"{opened.file}:{path}"
-    data = container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3")))[path]
+    data = stored_bytes(opened, path, process)
     nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
     with nested:
         treedef = nested.treedef()

@@ -1,4 +1,5 @@
-"""Every stored leaf of a file read and compared with its recorded checksums.
+"""Every stored leaf of a file (and every process's value of a per-process leaf) read and compared with its recorded
+checksums.
 
 What ``jaxstow verify`` and the checkpoint manager's recovery helpers check.
 
@@ -20,6 +21,7 @@ from collections.abc import Callable
 
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._read.opened import OpenedFile
+from jaxstow._read.per_process import stored_bytes
 from jaxstow.errors import CorruptFileError
 
 __all__ = ["verify_checksums"]
@@ -31,6 +33,13 @@ def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tupl
     ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums.
     """
     checked, damage = 0, []
+    for path, values in reader.per_process.items():  # each process's value, a file of its own in a tensor
+        for process, (_, entry) in sorted(values.items()):
+            checked += entry.get("xxh3") is not None
+            try:
+                on_read(stored_bytes(reader, path, process).nbytes)
+            except CorruptFileError as error:
+                damage.append(error)
     for leaf in reader.stored.values():
         sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
         checked += sum(checksum is not None for checksum in sums)

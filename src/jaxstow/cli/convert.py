@@ -33,6 +33,7 @@ from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
+from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
 from jaxstow._storage.opening import local_path
@@ -190,11 +191,26 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
     if container.container.manifest is None:
         _save(dst, dict(tensors), progress=progress)
         return len(tensors)
+    tensors += _per_process_tensors(container)
     container_kind: ContainerKind = "npz" if dst.lower().endswith(".npz") else "native"
     # The same bytes: the manifest, checksums included, still holds, told the dtypes the new container keeps raw.
     manifest = _raw_described(container.container.manifest, container_kind, tensors)
     _write_raw(dst, lambda sink: write_container(sink, container_kind, tensors, manifest), tensors, progress=progress)
     return len(leaves)
+
+
+def _per_process_tensors(container: Reader) -> list[tuple[str, np.ndarray]]:
+    """The tensors of the file's per-process leaves (each a file of its own, named by the leaf's path), checked."""
+    tensors = []
+    for path, values in container.per_process.items():
+        if any(source != 0 for source, _ in values.values()):
+            raise ArgumentError(
+                f"{container.file}: leaf {path!r} holds values of processes kept in other files of a checkpoint step; "
+                "convert a file that holds its tree alone",
+                file=container.file,
+            )
+        tensors += [(path, stored_bytes(container, path, process)) for process in values]
+    return tensors
 
 
 def _raw_described(

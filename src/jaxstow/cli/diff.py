@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow.cli.diff_structure import flat_structure, same_value, structure_differences
 from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
@@ -88,6 +89,9 @@ def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], in
         elif left.stored != right.stored:
             what = "an array in A, a value in B" if left.stored else "a value in A, an array in B"
             found.append({"path": path, "kind": "kind", "difference": what})
+        elif left.dtype == right.dtype == "per_process":  # each process's value, a file of its own
+            if not _same_per_process(first, second, path):
+                found.append({"path": path, "kind": "value", "difference": "another value of some process"})
         elif not left.stored:
             if not same_value(left.value, right.value):
                 text = f"value {value_text(left.value, 30)} -> {value_text(right.value, 30)}"
@@ -108,6 +112,14 @@ def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], in
     found.extend(structure_differences(_structure(first), _structure(second), list(a), list(b)))
     found.sort(key=lambda item: (item["path"], item["kind"] == "structure"))
     return found, len(a.keys() | b.keys())
+
+
+def _same_per_process(first: Reader, second: Reader, path: str) -> bool:
+    """Whether both files hold the same processes' values at ``path``, byte for byte (checksums checked)."""
+    a, b = first.per_process[path], second.per_process[path]
+    return a.keys() == b.keys() and all(
+        np.array_equal(stored_bytes(first, path, process), stored_bytes(second, path, process)) for process in a
+    )
 
 
 def _structure(reader: Reader) -> Any:
@@ -140,6 +152,10 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
     'values differ: 1 of 3 elements, max |A - B| = 3'
     >>> compare_arrays(np.array([2**62], np.int64), np.array([2**62 + 1], np.int64))  # float64 rounds both alike
     'values differ: 1 of 1 elements, max |A - B| = 1'
+    >>> compare_arrays(np.array([np.nan, 1.0]), np.array([2.0, 1001.0]))
+    'values differ: 2 of 2 elements (1 a NaN against a number), max |A - B| = 1000'
+    >>> compare_arrays(np.array([complex(np.nan, 1)]), np.array([complex(np.nan, 2)]))
+    'values differ: 1 of 1 elements (1 a NaN against a number)'
     """
     if a.tobytes() == b.tobytes():
         return None
@@ -151,7 +167,11 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
         wide_a, wide_b = _widen(a), _widen(b)
     except (TypeError, ValueError):  # a dtype with no arithmetic: compare bytes
         return "the bytes differ"
-    unequal = ~((wide_a == wide_b) | (np.isnan(wide_a) & np.isnan(wide_b)))
+    parts_a, parts_b = _parts(wide_a), _parts(wide_b)  # complex: each part alike, NaN or not, else it differs
+    same = np.logical_and.reduce(
+        [(x == y) | (np.isnan(x) & np.isnan(y)) for x, y in zip(parts_a, parts_b, strict=True)]
+    )
+    unequal = ~same
     count = int(np.count_nonzero(unequal))
     if count == 0:
         other = np.count_nonzero(a.reshape(-1, 1).view(np.uint8) != b.reshape(-1, 1).view(np.uint8), axis=1)
@@ -159,9 +179,20 @@ def compare_arrays(a: np.ndarray, b: np.ndarray) -> str | None:
             f"the same values in other bytes: {np.count_nonzero(other)} of {a.size} elements (-0.0 for 0.0, or NaNs "
             "of other payloads)"
         )
-    gap = np.abs(wide_a[unequal] - wide_b[unequal])
-    largest = float(np.max(gap))
-    return f"values differ: {count} of {a.size} elements, max |A - B| = {largest:.6g}"
+    with_nan = unequal & (np.isnan(wide_a) | np.isnan(wide_b))  # NaN against a number: no gap to measure
+    measured = unequal & ~with_nan
+    text = f"values differ: {count} of {a.size} elements"
+    if np.any(with_nan):
+        text += f" ({int(np.count_nonzero(with_nan))} a NaN against a number)"
+    if np.any(measured):
+        with np.errstate(over="ignore", invalid="ignore"):  # float64's extremes: a gap beyond it is inf
+            largest = float(np.max(np.abs(wide_a[measured] - wide_b[measured])))
+        text += f", max |A - B| = {largest:.6g}"
+    return text
+
+
+def _parts(values: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (values.real, values.imag) if np.iscomplexobj(values) else (values,)
 
 
 def _integer_gap(a: np.ndarray, b: np.ndarray) -> int:
