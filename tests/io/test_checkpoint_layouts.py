@@ -7,8 +7,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxstow import io, scheduler
+from jaxstow.errors import StructureMismatchError
 from jaxstow.io.chains import read_checkpoint
 
 
@@ -55,3 +57,18 @@ def test_a_program_with_other_leaves_runs_again_after_another_was_traced(tmp_pat
         np.testing.assert_array_equal(result["samples"]["a"], steps)
         np.testing.assert_array_equal(result["samples"]["b"], 10 + steps)
     np.testing.assert_array_equal(second["samples"]["a"], 100 + steps)
+
+
+def test_a_checkpoint_whose_samples_do_not_fit_the_runs_sample_is_refused_naming_the_leaf(tmp_path):
+    information = scheduler.static_information(samples_collected=None)
+    init_save, save, _ = io.save(io.MemoryCollector(save_dir=tmp_path), checkpoint_every=2, block_size=2)
+    state = init_save({"x": jnp.float32(0)}, jnp.float32(0), information)
+    for step in range(5):  # checkpointed at steps 2 and 4, then the run stops (its process would die here)
+        state = save(state, True, {"x": jnp.float32(step + 0.5)}, solver_state=jnp.float32(step))[0]
+    for sample, message in [
+        ({"x": jnp.int32(0)}, r"'x': held as float32\[\*\], the run samples int32\[\*\]"),  # was cast to 0, 1, 2, 3
+        ({"y": jnp.float32(0)}, r"'y': the run samples float32\[\*\], not held"),  # was a KeyError
+    ]:
+        init_save, _, _ = io.save(io.MemoryCollector(save_dir=tmp_path), checkpoint_every=2, block_size=2)
+        with pytest.raises(StructureMismatchError, match=message):
+            init_save(sample, jnp.float32(0), information)

@@ -14,7 +14,7 @@ from jaxstow import io, scheduler
 from jaxstow.io.live import read_draws, read_stacked
 
 STEPS = 6
-DTYPES = [jnp.bfloat16, jnp.float8_e4m3fn, jnp.int4]
+DTYPES = [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int4]  # e5m2: of the kind "f" in ml_dtypes
 
 
 def _run(collector, sample, make, steps=STEPS):

@@ -47,6 +47,7 @@ def test_read_draws_refuses_two_datasets_of_one_dotted_name(tmp_path):
         ({"a": {"b": jnp.zeros(())}, "a/b/c": jnp.zeros(())}, r"leaf 'a/b' would be a dataset"),
         ({".": jnp.zeros(()), "x": jnp.zeros(())}, r"leaf '\.' has an empty key or the key '\.'"),
         ({"": jnp.zeros(()), "x": jnp.zeros(())}, r"leaf '' has an empty key"),
+        ({"a\x00b": jnp.zeros(())}, r"leaf 'a\\x00b' has a key holding a NUL character"),  # HDF5 named it 'a'
     ],
 )
 def test_the_hdf5_collector_refuses_names_it_cannot_keep_apart_at_init_save(sample, problem, tmp_path):

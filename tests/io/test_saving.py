@@ -588,6 +588,36 @@ def test_a_collector_error_surfaces_in_postprocess_with_its_cause() -> None:
     assert isinstance(raised.value.__cause__, OSError)
 
 
+def test_a_collector_that_calls_sys_exit_fails_the_run_rather_than_hanging_it() -> None:
+    program = textwrap.dedent(
+        """
+        import sys, jax, jax.numpy as jnp
+        from jaxstow import io, scheduler
+
+        class Quits(io.DataCollector):  # its save runs on the strategy's thread, which SystemExit ended
+            def register_data_loader(self, data_loader): pass
+            def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None): return 0
+            def save(self, chain_id, first, values): sys.exit("disk quota reached, giving up")
+            def checkpoint(self, chain_id, checkpoint): pass
+            def finalize(self, chain_id): pass
+            def finished(self, chain_id): return None
+            def resume(self): return {}
+
+        init_save, save, postprocess_save = io.save(Quits(), block_size=2)
+        state = init_save(jnp.float32(0), None, scheduler.static_information(samples_collected=20))
+        step = lambda state, i: (save(state, True, i.astype(jnp.float32))[0], None)
+        state = jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(20))[0])(state)
+        try:
+            postprocess_save(state, None)
+        except io.CollectorError as error:
+            print(error)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Quits failed while saving samples 0..1 of chain 0: disk quota reached" in done.stdout, done.stdout
+
+
 def test_a_closed_hdf5_file_surfaces_in_postprocess(tmp_path) -> None:
     file = h5py.File(tmp_path / "closed.h5", "w")
     init_save, save, postprocess_save = io.save(io.HDF5Collector(file))  # one block holds the whole run
@@ -706,6 +736,14 @@ class _Registers(io.DataCollector):
 def test_a_collector_that_registers_no_chain_id_is_named(chain_id) -> None:
     init_save, _, _ = io.save(_Registers(chain_id))
     with pytest.raises(CollectorError, match=r"_Registers\.register_chain returned .*, which is no chain id"):
+        init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=4))
+
+
+def test_a_collector_that_gives_a_live_chain_id_again_is_named_at_init_save() -> None:
+    # Its run went on, and postprocess_save then told the user to call init_save inside the vmap, which they did.
+    init_save, _, _ = io.save(_Registers(0))
+    init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=4))
+    with pytest.raises(CollectorError, match=r"register_chain returned the chain id 0, which a chain whose run is not"):
         init_save(INIT_SAMPLE, None, scheduler.static_information(samples_collected=4))
 
 

@@ -163,3 +163,20 @@ def test_the_first_of_two_calls_from_one_initial_state_is_refused_not_given_the_
     jax.block_until_ready(run(state, 100.0))
     with pytest.raises(CollectorError, match=r"another run went on from the same saving state .* call init_save"):
         postprocess_save(first, None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_the_longer_of_two_calls_from_one_initial_state_is_refused_not_given_a_mix_of_both(kind, tmp_path):
+    # The shorter call, sent after the longer, wrote over the longer's first rows only: its last block (the one row
+    # compared before) was untouched, and postprocess_save gave the shorter call's rows followed by the longer's.
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=2)
+    state = init_save({"x": jnp.zeros(())}, None, scheduler.static_information(samples_collected=None))
+
+    def run(state, steps, offset):
+        scan = jax.lax.scan(lambda state, i: (save(state, True, {"x": i + offset})[0], None), state, jnp.arange(steps))
+        return scan[0]
+
+    longer = jax.jit(lambda state: run(state, 12, 1000.0))(state)
+    jax.block_until_ready(jax.jit(lambda state: run(state, 5, 0.0))(state))
+    with pytest.raises(CollectorError, match=r"samples of chain \d+ from two runs: .* call init_save for each run"):
+        postprocess_save(longer, None)

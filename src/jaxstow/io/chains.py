@@ -71,10 +71,33 @@ class SampleLayout:
         names = joined_names(pytree_dict_keys(sample), "/")
         return cls(treedef, names, shapes, dtypes)
 
+    def problems_with(self, held: Mapping[str, np.ndarray]) -> list[str]:
+        """How the arrays ``held`` by name (a chain's samples kept before) differ from the samples of this layout.
+
+        >>> import numpy as np
+        >>> layout = SampleLayout.of({"x": np.zeros(2, np.float32)})
+        >>> layout.problems_with({"x": np.zeros((3, 2), np.int32), "y": np.zeros(3)})
+        ["'x': held as int32[*, 2], the run samples float32[*, 2]", "'y': held, the run does not sample it"]
+        """
+        problems = []
+        for name, shape, dtype in zip(self.names, self.shapes, self.dtypes, strict=True):
+            found = held.get(name)
+            if found is None:
+                problems.append(f"{name!r}: the run samples {_rows_of(dtype, shape)}, not held")
+            elif found.shape[1:] != shape or found.dtype != dtype:
+                now = _rows_of(found.dtype, found.shape[1:])
+                problems.append(f"{name!r}: held as {now}, the run samples {_rows_of(dtype, shape)}")
+        problems += [f"{name!r}: held, the run does not sample it" for name in held if name not in self.names]
+        return problems
+
     @property
     def row_bytes(self) -> int:
         """The bytes of one sample."""
         return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in zip(self.shapes, self.dtypes, strict=True))
+
+
+def _rows_of(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    return f"{dtype}[{', '.join(['*', *map(str, shape)])}]"
 
 
 class ChainBook:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
@@ -189,10 +189,18 @@ class DataCollector(abc.ABC):
         """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""
 
 
-def registered_chain(collector: DataCollector, sample: Any, checkpoint: Any, information: StaticInformation) -> int:
-    """The id ``collector.register_chain`` gives a new chain, checked to be one: an ``int`` from 0 to 2**31 - 1."""
+def registered_chain(
+    collector: DataCollector, sample: Any, checkpoint: Any, information: StaticInformation, *, taken: Container[int]
+) -> int:
+    """The id ``collector.register_chain`` gives a new chain, checked to be one: an ``int`` from 0 to 2**31 - 1, none
+    of the ``taken`` ids of the chains whose run is not over."""
     chain_id = collector.register_chain(init_sample=sample, init_checkpoint=checkpoint, static_information=information)
     if isinstance(chain_id, int | np.integer) and not isinstance(chain_id, bool) and 0 <= chain_id < 2**31:
+        if int(chain_id) in taken:
+            raise CollectorError(
+                f"{type(collector).__name__}.register_chain returned the chain id {chain_id}, which a chain whose run "
+                "is not over holds (its postprocess_save not called yet): it must return a new id for each chain"
+            )
         return int(chain_id)
     raise CollectorError(
         f"{type(collector).__name__}.register_chain returned {excerpt(chain_id)}, which is no chain id: it returns an "

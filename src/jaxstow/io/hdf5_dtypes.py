@@ -29,7 +29,8 @@ DTYPE_ATTRIBUTE = "jaxstow_dtype"
 
 
 def _of_ml_dtypes(dtype: np.dtype[Any]) -> bool:
-    return dtype.kind == "V" and dtype.names is None and getattr(ml_dtypes, dtype.name, None) is not None
+    # By its type, not its kind: ml_dtypes gives some of its dtypes the kind "f" (float8_e5m2), which h5py refuses.
+    return dtype.names is None and dtype.type is getattr(ml_dtypes, dtype.name, None)
 
 
 def stored_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:

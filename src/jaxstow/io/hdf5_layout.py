@@ -125,6 +125,8 @@ def _check_names(names: Sequence[str]) -> None:
                 f"the sample leaf {name!r} has an empty key or the key '.', which no dataset of an HDF5 file can be "
                 "named by: rename the key"
             )
+        if "\x00" in name:  # HDF5 ends a name there: "a\x00b" would be "a", and "\x00" empty
+            raise ArgumentError(f"the sample leaf {name!r} has a key holding a NUL character ('\\x00'): rename the key")
         if name in groups:
             raise ArgumentError(
                 f"the sample leaf {name!r} would be a dataset of the HDF5 file where the leaves under {name + '/'!r} "

@@ -43,7 +43,7 @@ class JobQueue:
         self._jobs: collections.deque[Callable[[], object]] = collections.deque()
         self._running = False  # a job is being run
         self._thread_alive = False
-        self._error: Exception | None = None
+        self._error: BaseException | None = None
         self._raised = False  # the error has reached a caller
         self._changed = threading.Condition()
 
@@ -68,7 +68,7 @@ class JobQueue:
             try:
                 if self._error is None:
                     job()
-            except Exception as error:
+            except BaseException as error:  # SystemExit too: a thread that ended would leave submit waiting for ever
                 self._error = error
             finally:
                 del job  # what the job holds is freed now, not when the next one comes

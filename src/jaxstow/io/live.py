@@ -175,6 +175,10 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(item := file[key], h5py.Group | h5py.Dataset)
     )  # file[key], not file.items(): an object HDF5 fails to open raises, rather than being passed over
     if not items:
+        if following:  # a file an HDF5Collector is writing, whose run has not called init_save yet
+            raise FormatError(
+                "holds no chain yet: the run writing it has not started (init_save); read it later", file=name
+            )
         raise FormatError("holds no /chain~{id} group: it was not written by an HDF5Collector", file=name)
     counts = file.get(DRAWS_DONE)
     if counts is not None:

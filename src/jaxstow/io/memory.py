@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._save_load import save
-from jaxstow.errors import ArgumentError, CollectorError
+from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
 from jaxstow.io.chains import (
@@ -93,6 +93,10 @@ class MemoryCollector(KeepsChains, DataCollector):
         if path is not None:
             settle(chain_id, path)
         stored = None if path is None else read_checkpoint(path)
+        if stored is not None and stored[1] is not None and (problems := layout.problems_with(stored[1])):
+            raise StructureMismatchError(
+                [f"the samples of chain {chain_id} {problem}" for problem in problems], file=path
+            )
         resumed = None
         if stored is not None and path is not None:
             resumed = restore_checkpoint(stored[0], init_checkpoint, chain_id=chain_id, file=path)

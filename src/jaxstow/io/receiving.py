@@ -13,6 +13,7 @@ per chain and raised by ``postprocess_save``, with their cause.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from jaxstow.io import host_buffers
 from jaxstow.io.batching import shared_chains, shared_state_error
 from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data, together
 from jaxstow.io.job_queue import JobQueue
+from jaxstow.io.row_writes import RowWrites
 
 __all__ = ["Receiver", "ran_already", "ring_pieces"]
 
@@ -70,12 +72,13 @@ class Receiver:
         self.live: dict[int, int | None] = {}
         #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
         self.starts: dict[int, int] = {}
-        self.failures: dict[int, tuple[str, Exception]] = {}
+        self.failures: dict[int, tuple[str, BaseException]] = {}
         self.checkpoint_spec: Any = None
         self.key_data = stores_key_data(collector)
         #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
         self.key_impls: list[tuple[Any, str] | None] = []
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
+        self._writes = RowWrites()
         register_sender = getattr(collector, "register_sender", None)
         if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
             register_sender(self._deliveries.wait)
@@ -148,9 +151,13 @@ class Receiver:
             live = {chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures}
             if not live:
                 continue
+            for chain_id, (first, values) in live.items():
+                self._writes.note(chain_id, first, len(values[0]) if values else 0)
             try:
                 together(self.collector, "save")(live)
-            except Exception as error:
+            except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
+                if not isinstance(error, Exception) and threading.current_thread() is threading.main_thread():
+                    raise
                 for chain_id, (first, values) in live.items():
                     self.failures[chain_id] = (_saving(chain_id, first, values), error)
 
@@ -194,6 +201,14 @@ class Receiver:
         holds it (``numbers`` and ``ring`` of its buffer): a state from which another run went on, later (two calls
         from one initial state), would else get that run's rows, silently."""
         sent, fill, row = numbers
+        mixed = self._writes.mixed(chain_id, sent + fill)
+        self._writes.forget(chain_id)
+        if mixed:
+            raise CollectorError(
+                f"the {self.name} holds samples of chain {chain_id} from two runs: another run went on from the same "
+                "saving state and sent its samples after this one (s1 = run(state); s2 = run(state); "
+                "postprocess_save(s1)), over some of this run's: call init_save for each run"
+            )
         stored = jax.tree.leaves(samples)
         if sent <= self.starts.pop(chain_id, 0) or len(stored) != len(ring):
             return
@@ -211,6 +226,7 @@ class Receiver:
 
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
+        self._writes.note(chain_id, first, len(values[0]) if values else 0)
         self.attempt(chain_id, _saving(chain_id, first, values), self.collector.save, chain_id, first, values)
 
     def attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:

@@ -275,7 +275,7 @@ class _Streaming:
         self, init_sample: Any, init_checkpoint: Any, information: StaticInformation, checkpoint_spec: Any
     ) -> tuple[int, int, int]:
         """Register one chain; its id, and the samples and steps of the checkpoint it continues from (or 0, 0)."""
-        chain_id = registered_chain(self.collector, init_sample, init_checkpoint, information)
+        chain_id = registered_chain(self.collector, init_sample, init_checkpoint, information, taken=self.host.live)
         self.host.live[chain_id] = information.samples_collected
         self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
         self.host.checkpoint_spec = checkpoint_spec
@@ -392,7 +392,7 @@ class _Streaming:
         kept = keep.astype(jnp.int32)  # before the barrier: a constant stays one, computed at no step
         state, kept, sample, checkpoint = jax.lax.optimization_barrier((state, kept, sample, checkpoint))  # type: ignore[no-untyped-call]
         ring = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
-        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 3], ring), sample)
+        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 3], jnp.int32(ring)), sample)
         if checkpoint is None or state.step is None:
             return self._blocks_step(state._replace(buffer=buffer), kept, ring // 2)
         counts = _count(state.counts, kept)
@@ -444,4 +444,4 @@ class _Streaming:
             token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
         ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
         zero = jnp.zeros_like(token)
-        return jnp.stack([token, numbers[1] + numbers[2], zero, jax.lax.rem(numbers[3], ring)], axis=-1)
+        return jnp.stack([token, numbers[1] + numbers[2], zero, jax.lax.rem(numbers[3], jnp.int32(ring))], axis=-1)

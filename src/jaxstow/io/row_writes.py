@@ -1,0 +1,76 @@
+"""Which delivery wrote the rows a collector holds of each chain, to tell one run's samples from a mix of two.
+
+A run delivers its chain's blocks in row order (a block may come again, whole after a part of it); two runs that go on
+from one saving state deliver the same rows twice, the second run's later. Rows are kept as runs of rows written in
+order, each with the number of the latest delivery into it: a chain's rows hold one run's samples while those numbers
+never fall from row to row.
+
+>>> writes = RowWrites()
+>>> for first, count in [(0, 4), (4, 4), (8, 2), (8, 4)]:   # a run of 12 samples, a block sent in part, then whole
+...     writes.note(7, first, count)
+>>> writes.mixed(7, 12)
+False
+>>> writes.note(7, 0, 4)                                     # another run from the same state: rows 0..3 again
+>>> writes.mixed(7, 12), writes.mixed(7, 4)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+__all__ = ["RowWrites"]
+
+
+@dataclasses.dataclass
+class _Rows:
+    start: int
+    end: int
+    delivery: int
+
+
+class RowWrites:
+    """The rows delivered of each chain, as runs of rows with the number of the latest delivery into each."""
+
+    def __init__(self) -> None:
+        self._rows: dict[int, list[_Rows]] = {}
+        self._last_first: dict[int, int] = {}
+        self._last_delivery: dict[int, int] = {}
+        self._deliveries = 0
+
+    def note(self, chain_id: int, first: int, count: int) -> None:
+        """Note a delivery of ``count`` rows of chain ``chain_id`` from row ``first``."""
+        if count <= 0:
+            return
+        self._deliveries += 1
+        end = first + count
+        rows = self._rows.setdefault(chain_id, [])
+        last = rows[-1] if rows else None
+        if last is not None and last.delivery == self._last_delivery[chain_id] and last.end == first:
+            last.end, last.delivery = end, self._deliveries  # the next block of a run: the common case, at once
+            self._last_first[chain_id], self._last_delivery[chain_id] = first, self._deliveries
+            return
+        kept = [_Rows(part.start, min(part.end, first), part.delivery) for part in rows if part.start < first]
+        kept += [_Rows(max(part.start, end), part.end, part.delivery) for part in rows if part.end > end]
+        new = _Rows(first, end, self._deliveries)
+        kept = sorted((part for part in [*kept, new] if part.end > part.start), key=lambda part: part.start)
+        at = kept.index(new)
+        before = kept[at - 1] if at else None
+        on_from_last = before is not None and before.delivery == self._last_delivery.get(chain_id)
+        if on_from_last and before is not None and before.end == first >= self._last_first[chain_id]:
+            before.end, before.delivery = end, self._deliveries  # on from the run's last block: one run of rows
+            del kept[at]
+        rows[:] = kept
+        self._last_first[chain_id], self._last_delivery[chain_id] = first, self._deliveries
+
+    def mixed(self, chain_id: int, count: int) -> bool:
+        """Whether the first ``count`` rows of the chain were written by deliveries of more than one run."""
+        deliveries = [part.delivery for part in self._rows.get(chain_id, []) if part.start < count]
+        return any(later < earlier for earlier, later in itertools.pairwise(deliveries))
+
+    def forget(self, chain_id: int) -> None:
+        """Forget the chain (its run is over)."""
+        self._rows.pop(chain_id, None)
+        self._last_first.pop(chain_id, None)
+        self._last_delivery.pop(chain_id, None)
