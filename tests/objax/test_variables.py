@@ -156,6 +156,50 @@ def test_an_objax_archive_with_a_missing_value_is_refused(tmp_path) -> None:
         objax_io.load_var_collection(path, objax.nn.Linear(2, 4).vars())
 
 
+class _Held:  # a variable holding a numpy array, as far as loading goes
+    def __init__(self, value: np.ndarray) -> None:
+        self.value = value
+
+    def assign(self, value: np.ndarray, check: bool = True) -> None:
+        self.value = value
+
+
+def test_numpy_variables_of_64_bits_get_their_values_whole() -> None:
+    buffer = io.BytesIO()  # jax (x64 off) narrowed them: 2**40 + 5 became 5, 1e300 became inf
+    objax_io.save_var_collection(buffer, {"step": _Held(np.array([2**40 + 5])), "acc": _Held(np.array([1e300]))})
+    buffer.seek(0)
+    fresh = {"step": _Held(np.zeros(1, np.int64)), "acc": _Held(np.zeros(1, np.float64))}
+    objax_io.load_var_collection(buffer, fresh)
+    assert fresh["step"].value.dtype == np.int64 and fresh["step"].value.tolist() == [2**40 + 5]
+    assert fresh["acc"].value.tolist() == [1e300]
+
+
+@pytest.mark.parametrize("layout", ["jaxstow", "objax"])
+def test_a_file_object_at_the_first_of_two_archives_is_refused_not_read_as_the_second(layout, tmp_path) -> None:
+    layer, parts = objax.nn.Linear(2, 2), []
+    for scale in (1.0, 2.0):  # zipfile finds an archive from its end: the second, from the first's position
+        path = tmp_path / f"{scale}.npz"
+        if layout == "objax":
+            np.savez(path, names=np.array(["(Linear).w"]), **{"0": np.full((2, 2), scale, np.float32)})
+        else:
+            jaxstow.save(path, {"(Linear).w": np.full((2, 2), scale, np.float32)})
+        parts.append(path.read_bytes())
+    with pytest.raises(jaxstow.errors.FormatError, match="holds other data before the npz archive"):
+        objax_io.load_var_collection(io.BytesIO(b"".join(parts)), {"(Linear).w": layer.w})
+
+
+def test_an_objax_archive_is_checked_before_anything_is_allocated(tmp_path) -> None:
+    path = tmp_path / "hostile.npz"
+    np.savez(path, names=np.array(["(Linear).w"]), **{"0": np.ones((2, 2), np.float32)})
+    data = path.read_bytes().replace(b"'shape': (2, 2)", b"'shape': (9, 9)")  # no more bytes than (2, 2)
+    path.write_bytes(data)
+    with pytest.raises(jaxstow.errors.CorruptFileError, match=r"the npy header promises|Bad CRC-32"):
+        objax_io.load_var_collection(path, {"(Linear).w": objax.nn.Linear(2, 2).w})
+    np.savez(path, names=np.array(["(Linear).w"]), **{"0": np.array([None, 1], object)})
+    with pytest.raises(jaxstow.errors.FormatError, match="object arrays are never loaded"):
+        objax_io.load_var_collection(path, {"(Linear).w": objax.nn.Linear(2, 2).w})
+
+
 def test_two_stored_variables_under_one_name_are_refused_and_nothing_is_assigned(tmp_path) -> None:
     layer = objax.nn.Linear(2, 2)
     before = np.asarray(layer.w.value)

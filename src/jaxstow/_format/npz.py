@@ -143,16 +143,18 @@ def _declared_members(source: ReadSource) -> int | None:
 
 
 class NpzReader:
-    """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles.
+    """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles (``text_members`` may hold
+    fixed-width text, which no other member may).
 
     Members are found only through the central directory (``zipfile`` checks each local header's name against it),
     every member is read to its end so that its CRC-32 is checked, and any anomaly of the archive is a
     :class:`CorruptFileError` or :class:`FormatError` naming the file.
     """
 
-    def __init__(self, source: ReadSource) -> None:
+    def __init__(self, source: ReadSource, *, text_members: frozenset[str] = frozenset()) -> None:
         self.source = source
         self.file = source.name
+        self._text_members = text_members  # members that may hold fixed-width text (Objax's `names`)
         try:
             self._archive = zipfile.ZipFile(io.BufferedReader(SourceFile(source), 1 << 20))
             infos = self._archive.infolist()
@@ -162,6 +164,12 @@ class NpzReader:
             raise CorruptFileError(
                 f"not a readable npz archive ({type(error).__name__}: {error})", file=self.file
             ) from None
+        if infos and min(info.header_offset for info in infos) != 0:  # zipfile finds the last archive of several
+            raise FormatError(
+                "holds other data before the npz archive at its end (a file object at the first of several archives "
+                "written one after the other?): read each archive from its own file or buffer",
+                file=self.file,
+            )
         self._members = self._index(infos)
         declared = _declared_members(source)
         if declared != len(infos):
@@ -204,7 +212,7 @@ class NpzReader:
             raise CorruptFileError(
                 f"unreadable npy member ({type(error).__name__}: {error})", file=self.file, path=name
             ) from None
-        if dtype.newbyteorder("=") not in _NUMPY_DTYPES:
+        if dtype.newbyteorder("=") not in _NUMPY_DTYPES and not (name in self._text_members and dtype.kind == "U"):
             raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
         slot = TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
         self._check_size(slot, header_bytes)

@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.npz import MANIFEST_MEMBER
+from jaxstow._format.npz import MANIFEST_MEMBER, NpzReader
 from jaxstow._save_load import load, save
-from jaxstow._storage.opening import PathOrFile, display_name, local_path
+from jaxstow._storage.opening import PathOrFile, display_name, local_path, open_source
 from jaxstow.errors import VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]
@@ -135,8 +135,11 @@ def load_var_collection(
         if unused:
             problems.append(f"stored but not in the collection (renamed?): {', '.join(map(repr, unused))}")
         raise VariableMismatchError(problems, file=display_name(file))
-    for variable, value in assignments:
-        variable.assign(jnp.asarray(value), check=False)
+    for variable, value in assignments:  # as the variable holds it: jax would narrow a numpy variable's 64 bits
+        held = variable.value
+        variable.assign(
+            np.array(value) if isinstance(held, np.ndarray | np.generic) else jnp.asarray(value), check=False
+        )
 
 
 def _describe(array: Any) -> str:
@@ -155,19 +158,24 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
             members = set(archive.namelist())
         if "names.npy" not in members or f"{MANIFEST_MEMBER}.npy" in members:
             return None
-    with _kept_position(file) as readable, np.load(readable, allow_pickle=False) as archive:
-        names = archive["names"]
-        if names.ndim != 1 or members != {"names.npy", *(f"{index}.npy" for index in range(len(names)))}:
-            raise VariableMismatchError(
-                ["an Objax archive holds `names` and one array per name, `0` to `len(names) - 1`"],
-                file=display_name(file),
-            )
-        twice = sorted(name for name, count in collections.Counter(map(str, names)).items() if count > 1)
-        if twice:
-            raise VariableMismatchError(
-                [f"{name!r}: named twice in the archive's `names`" for name in twice], file=display_name(file)
-            )
-        return {str(name): archive[str(index)] for index, name in enumerate(names)}
+    with _kept_position(file) as readable:  # every size, count and CRC checked before anything is allocated
+        archive = NpzReader(open_source(readable), text_members=frozenset({"names"}))
+        try:
+            names = archive.read(["names"])["names"] if "names" in archive.slots else np.zeros(0)
+            expected = {"names", *(str(index) for index in range(len(names)))}
+            if names.ndim != 1 or names.dtype.kind != "U" or set(archive.slots) != expected:
+                raise VariableMismatchError(
+                    ["an Objax archive holds `names` (text) and one array per name, `0` to `len(names) - 1`"],
+                    file=display_name(file),
+                )
+            twice = sorted(name for name, count in collections.Counter(map(str, names)).items() if count > 1)
+            if twice:
+                raise VariableMismatchError(
+                    [f"{name!r}: named twice in the archive's `names`" for name in twice], file=display_name(file)
+                )
+            return {str(name): archive.read([str(index)])[str(index)] for index, name in enumerate(names)}
+        finally:
+            archive.close()
 
 
 @contextlib.contextmanager
