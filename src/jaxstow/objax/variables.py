@@ -159,11 +159,11 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
         if "names.npy" not in members or f"{MANIFEST_MEMBER}.npy" in members:
             return None
     with _kept_position(file) as readable:  # every size, count and CRC checked before anything is allocated
-        archive = NpzReader(open_source(readable), text_members=frozenset({"names"}))
+        reader = NpzReader(open_source(readable), text_members=frozenset({"names"}))
         try:
-            names = archive.read(["names"])["names"] if "names" in archive.slots else np.zeros(0)
+            names = reader.read(["names"])["names"] if "names" in reader.slots else np.zeros(0)
             expected = {"names", *(str(index) for index in range(len(names)))}
-            if names.ndim != 1 or names.dtype.kind != "U" or set(archive.slots) != expected:
+            if names.ndim != 1 or names.dtype.kind != "U" or set(reader.slots) != expected:
                 raise VariableMismatchError(
                     ["an Objax archive holds `names` (text) and one array per name, `0` to `len(names) - 1`"],
                     file=display_name(file),
@@ -173,9 +173,9 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
                 raise VariableMismatchError(
                     [f"{name!r}: named twice in the archive's `names`" for name in twice], file=display_name(file)
                 )
-            return {str(name): archive.read([str(index)])[str(index)] for index, name in enumerate(names)}
+            return {str(name): reader.read([str(index)])[str(index)] for index, name in enumerate(names)}
         finally:
-            archive.close()
+            reader.close()
 
 
 @contextlib.contextmanager
