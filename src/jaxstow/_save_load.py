@@ -84,6 +84,9 @@ def save(
         path_or_file, tree = tree, path_or_file
     if not _is_destination(path_or_file):
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
+    if getattr(path_or_file, "closed", False) or isinstance(path_or_file, io.TextIOBase):
+        what = "closed" if getattr(path_or_file, "closed", False) else "open in text mode"
+        raise ArgumentError(f"save writes to a binary file object; this one is {what}: open it with mode 'wb'")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
     with gc_paused():  # the tree's objects, which live until it is written: see jaxstow._util.gc_pause

@@ -17,7 +17,7 @@ import pytest
 import jaxstow
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.atomic import TEMPORARY_MARKER
-from jaxstow.errors import CheckpointError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CheckpointError, StructureMismatchError
 
 
 def _train_state(seed: int = 0) -> dict:
@@ -108,6 +108,9 @@ def test_partial_items(tmp_path):
             manager.restore(items=["ema"])
         with pytest.raises(TypeError, match=r"a list of item names, such as \['params'\]"):
             manager.restore(items="params")
+        for twice in (["epoch", "epoch"], ["params", "params"]):  # a value item's step was called damaged
+            with pytest.raises(ArgumentError, match=r"items names \['.*'\] twice: name each item once"):
+                manager.restore(items=twice, fallback=True)
         manager.save(2, jnp.ones(2))
         with pytest.raises(CheckpointError, match="saved as one tree"):
             manager.restore(2, items=["state"])

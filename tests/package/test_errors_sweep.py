@@ -70,6 +70,11 @@ def _like_on_an_abstract_mesh(where):
     return jaxstow.load(where / "w.jxs", like=jax.eval_shape(lambda: {"w": w, "step": 0}))  # shardings of no devices
 
 
+def _closed(file: Any) -> Any:
+    file.close()
+    return file
+
+
 CASES: dict[str, Case] = {
     # jaxstow.save / load / load_metadata / open
     "save into a missing folder": lambda w: jaxstow.save(w / "no" / "such" / "x.jxs", {"a": 1}),
@@ -83,6 +88,10 @@ CASES: dict[str, Case] = {
     "load junk": lambda w: jaxstow.load(w / "junk.bin"),
     "load a number": lambda w: jaxstow.load(42),
     "load a text-mode file": lambda w: jaxstow.load(open(w / "w.jxs")),  # noqa: SIM115
+    "load a closed file": lambda w: jaxstow.load(_closed(open(w / "w.jxs", "rb"))),  # noqa: SIM115
+    "save to a closed file": lambda w: jaxstow.save(_closed(io.BytesIO()), {"a": 1}),
+    "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),
+    "read a list of leaves by index": lambda w: jaxstow.open(w / "w.jxs")[["w", "step"]],
     "load into the wrong structure": lambda w: jaxstow.load(w / "w.jxs", like={"v": np.zeros(2)}),
     "load with a lossy cast": lambda w: jaxstow.load(w / "w.jxs", like={"w": np.zeros((2, 3), np.int8), "step": 0}),
     "load with a wrong select": lambda w: jaxstow.load(w / "w.jxs", select=5),

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -57,6 +58,17 @@ def test_every_dtype_comes_back_as_the_default_path_gives_it(tmp_path):
     like = {k: v for k, v in jaxstow.load(path, pipeline=False).items() if k not in ("int64", "uint64")}
     options = {"cast": True, "partial": True}
     _same(jaxstow.load(path, like, pipeline=True, **options), jaxstow.load(path, like, pipeline=False, **options))
+
+
+def test_an_abstract_target_of_64_bit_dtypes_is_restored_quietly_as_by_the_default_path(tmp_path):
+    # The pipeline's narrowed arrays were cast again to the like's 64-bit dtypes: jax's warning, an error under -W error.
+    path = tmp_path / "wide.jxs"
+    jaxstow.save(path, {"f": np.linspace(0, 1, 16), "i": np.arange(16)})
+    with jaxstow.open(path) as reader:
+        like = reader.abstract
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _same(jaxstow.load(path, like=like, pipeline=True), jaxstow.load(path, like=like, pipeline=False))
 
 
 @pytest.fixture(scope="module")

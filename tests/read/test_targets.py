@@ -135,6 +135,8 @@ def test_select_drops_unchosen_keys_of_dicts_in_lists_and_subtrees_left_with_no_
         "layers": [{"w": np.ones(1), "b": np.zeros(1)}, {"w": np.full(1, 3.0), "b": np.zeros(1)}],
         "opt": {"count": None, "hist": {}, "mu": np.ones(2)},
         "params": {"w": np.ones(1), "cfg": None},
+        "ema": None,  # a sibling holding no leaf, not chosen: it stayed too
+        "extra": {},
     }
     jaxstow.save(tmp_path / "tree.jxs", tree)
     weights = jaxstow.load(tmp_path / "tree.jxs", select="layers/*/w", as_numpy=True)

@@ -218,10 +218,14 @@ class OpenedFile(Mapping[str, Any]):
         return len(self.paths)
 
     def __contains__(self, path: object) -> bool:
-        return path in self.stored or path in self.value_entries
+        return isinstance(path, str) and (path in self.stored or path in self.value_entries)
 
     def check_path(self, path: str) -> None:
         """Raise a :class:`~jaxstow.errors.RequestError` listing the file's leaves if it has none at ``path``."""
+        if not isinstance(path, str):
+            raise RequestError(
+                f"a leaf is named by its path, a string such as 'params/w', not {path!r}", file=self.file
+            )
         if path not in self:
             shown = ", ".join(self.paths[:8]) + (", ..." if len(self.paths) > 8 else "")
             raise RequestError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)

@@ -4,6 +4,8 @@ and tuples too), ``None`` elsewhere; a node left with none of its leaves goes as
 >>> from jaxstow._read.pruning import SKIPPED, prune
 >>> prune({"layers": [{"w": 1, "b": SKIPPED}, {"w": SKIPPED, "b": SKIPPED}], "opt": {"mu": SKIPPED, "count": None}})
 {'layers': [{'w': 1}, None]}
+>>> prune({"params": {"w": 1, "frozen": None}, "ema": None, "step": SKIPPED})   # what was chosen, whole
+{'params': {'w': 1, 'frozen': None}}
 """
 
 from __future__ import annotations
@@ -37,10 +39,16 @@ def prune(tree: Any) -> Any:
             child is not SKIPPED and jax.tree.leaves(child) for child in pruned.values()
         ):
             return SKIPPED
-        if type(tree) is dict:
-            return {key: child for key, child in pruned.items() if child is not SKIPPED}
+        if type(tree) is dict:  # where the selection left keys out, it leaves out those that hold no leaf too
+            cut = any(child is SKIPPED for child in pruned.values())
+            return {key: child for key, child in pruned.items() if child is not SKIPPED and not (cut and _empty(child))}
         return type(tree)(None if child is SKIPPED else child for child in pruned.values())
     leaves = jax.tree.leaves(tree)
     if leaves and all(leaf is SKIPPED for leaf in leaves):
         return SKIPPED
     return jax.tree.map(lambda leaf: None if leaf is SKIPPED else leaf, tree)
+
+
+def _empty(tree: Any) -> bool:
+    """Whether ``tree`` holds no leaf (``None``, ``{}``, ``()``)."""
+    return not jax.tree.leaves(tree)

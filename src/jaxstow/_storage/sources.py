@@ -19,7 +19,14 @@ from typing import BinaryIO
 from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow._storage.failures import storage_error
-from jaxstow.errors import IsAFolderError, NotAFolderError, PathError, PathNotFoundError, TruncatedFileError
+from jaxstow.errors import (
+    ArgumentError,
+    IsAFolderError,
+    NotAFolderError,
+    PathError,
+    PathNotFoundError,
+    TruncatedFileError,
+)
 
 __all__ = ["FileObject", "LocalFile", "SourceBase"]
 
@@ -182,6 +189,8 @@ class FileObject(SourceBase):
     def __init__(self, file: BinaryIO, name: str) -> None:
         self.name = name
         self._file = file
+        if getattr(file, "closed", False):
+            raise ArgumentError(f"{name}: the file object is closed: open it again (in binary mode) before using it")
         self._start = file.tell()
         self.size = file.seek(0, io.SEEK_END) - self._start
         self._lock = threading.Lock()  # a seek and the read after it: one thread's, not another's between them

@@ -255,6 +255,8 @@ class StepFolder:
         if isinstance(items, str):
             raise ArgumentError(f"items must be a list of item names, such as [{items!r}], not a string")
         names = saved if items is None else list(items)
+        if twice := sorted({name for name in names if names.count(name) > 1}, key=str):
+            raise ArgumentError(f"items names {twice} twice: name each item once")
         unknown = [name for name in names if name not in record.files]
         if unknown:
             raise CheckpointError(f"step {step} of {self.store.location} has no item {unknown} (its items: {saved})")
