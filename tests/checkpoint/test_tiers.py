@@ -57,6 +57,23 @@ def test_the_newest_local_step_is_restored_and_the_persistent_one_once_the_local
             manager.restore(6)
 
 
+def test_damage_is_found_in_each_step_as_a_restore_reads_it_from_the_local_tier_too(tmp_path):
+    # Only the directory's steps were checked: damage in the newest local step went unseen, though restore met it,
+    # and latest_intact_step skipped the intact local step 5 (restore(latest_intact_step()) gave step 4).
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local, keep_last=3)) as manager:
+        _run(manager, range(1, 7))
+        assert manager.steps() == [1, 4, 5, 6] and manager.steps(tier="persistent") == [1, 4]
+    damaged = local / "6" / "w.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1
+    damaged.write_bytes(bytes(data))
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local, keep_last=3)) as manager:
+        assert list(manager.damaged_steps()) == [6] and "checksum mismatch" in manager.damaged_steps()[6]
+        assert manager.latest_intact_step() == 5
+        assert manager.restore(manager.latest_intact_step())["w"].tolist() == [5.0] * 3
+
+
 def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
     url = s3_server.url("tiers")
     options = s3_server.storage_options

@@ -11,9 +11,10 @@ import pytest
 from memory_files import saved_in_memory
 
 import jaxstow
+from jaxstow import CheckpointManager
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import ArgumentError, FormatError, RequestError, StructureMismatchError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError, RequestError, StructureMismatchError
 
 GOLDEN = Path(__file__).parents[1] / "data" / "per_process_v4.jxs"
 
@@ -54,6 +55,50 @@ def test_a_live_iterator_in_like_takes_its_state_and_all_gives_a_list():
     assert restored["it"] is live and live.position == 42
     every = jaxstow.load(saved_in_memory(golden_tree()), per_process="all")
     assert every["it"] == [b"position=42"] and every["loader"][0]["epoch"] == 1
+
+
+class ListLoader:
+    """A data iterator whose state is a list (of its epoch and position)."""
+
+    def __init__(self, epoch: int, position: int) -> None:
+        self.state = [epoch, position]
+
+    def get_state(self) -> list[int]:
+        return list(self.state)
+
+    def set_state(self, state: list[int]) -> None:
+        self.state = list(state)
+
+
+def test_a_live_iterator_whose_state_is_a_list_takes_it_and_all_gives_a_list_of_them():
+    # A list was taken for the list of every process's values: the live iterator was left where it was, silently.
+    live = ListLoader(0, 0)
+    restored = jaxstow.load(saved_in_memory({"loader": ListLoader(2, 130)}), like={"loader": live})
+    assert restored["loader"] is live and live.state == [2, 130]
+    every = jaxstow.load(saved_in_memory({"loader": ListLoader(2, 130)}), like={"loader": live}, per_process="all")
+    assert every["loader"] == [[2, 130]]
+
+
+@pytest.mark.parametrize(
+    ("leaf", "message"),
+    [
+        (ListLoader(1, 2), None),
+        (Loader(3), None),
+        (jaxstow.per_process({"child": Loader(5)}), r"holds Loader, itself a per-process value or a data iterator"),
+        (jaxstow.per_process(memoryview(b"abc")), r"of type memoryview cannot be copied"),
+    ],
+    ids=["list-state", "bytes-state", "nested-iterator", "memoryview"],
+)
+def test_a_state_that_could_not_be_restored_is_refused_when_the_save_is_asked(tmp_path, leaf, message):
+    # A nested iterator was saved and committed, then every restore of the step refused it: the step was lost.
+    with CheckpointManager(tmp_path) as manager:
+        if message is None:
+            manager.save(1, {"loader": leaf})
+        else:
+            with pytest.raises(ArgumentError, match=message):
+                manager.save(1, {"loader": leaf})
+            with pytest.raises(JaxstowError, match=r"itself a per-process value|mutable buffer"):
+                jaxstow.save(tmp_path / "loader.jxs", {"loader": leaf})
 
 
 def test_a_plain_template_in_like_takes_the_value_leaf_by_leaf():

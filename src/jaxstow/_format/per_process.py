@@ -15,10 +15,11 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import jax
 import numpy as np
 
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import FormatError, excerpt
+from jaxstow.errors import ArgumentError, FormatError, excerpt
 
 __all__ = [
     "PerProcess",
@@ -92,15 +93,31 @@ def is_per_process(leaf: Any) -> bool:
 
 
 def state_of(leaf: Any) -> Any:
-    """The value to save for a per-process leaf: the wrapped value, or the iterator's state (wrapped or not)."""
+    """The value to save for a per-process leaf: the wrapped value, or the iterator's state (wrapped or not), checked
+    to hold no per-process leaf of its own (which could never be restored: a state is plain values)."""
     value = leaf.value if isinstance(leaf, PerProcess) else leaf
-    return value.get_state() if is_stateful(value) else value
+    state = value.get_state() if is_stateful(value) else value
+    inner = [part for part in jax.tree.leaves(state, is_leaf=is_per_process) if is_per_process(part)]
+    if inner:
+        raise ArgumentError(
+            f"a per-process value or a data iterator's state holds {type(inner[0]).__name__}, itself a per-process "
+            "value or a data iterator, which could not be restored: give get_state() its inner iterators' states "
+            "(their get_state()), plain arrays and values"
+        )
+    return state
 
 
 def held(leaf: Any) -> PerProcess:
     """A per-process leaf as it is when a save is asked for: its value or state copied, kept from later changes."""
     iterator = not isinstance(leaf, PerProcess) or leaf.iterator or is_stateful(leaf.value)
-    return PerProcess(copy.deepcopy(state_of(leaf)), iterator=iterator)
+    state = state_of(leaf)
+    try:
+        return PerProcess(copy.deepcopy(state), iterator=iterator)
+    except (TypeError, copy.Error) as error:  # a memoryview, a lock: what no copy keeps from later changes
+        raise ArgumentError(
+            f"a per-process value or a data iterator's state of type {type(state).__name__} cannot be copied when the "
+            f"save is asked for ({error}): give it plain arrays, numbers, strings and bytes"
+        ) from None
 
 
 def check_per_process_entry(entry: dict[str, Any], slot: TensorSlot | None, *, file: str) -> None:

@@ -54,11 +54,12 @@ def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     return _decode(opened, path, jax.process_index())
 
 
-def set_into(like: Any, value: Any) -> Any:
+def set_into(like: Any, value: Any, *, every: bool) -> Any:
     """What a restored per-process value becomes where ``like`` has a leaf: a live iterator (wrapped in
-    :func:`~jaxstow.per_process` or not) takes it as its state."""
+    :func:`~jaxstow.per_process` or not) takes it as its state, whatever it is (a list too), unless ``every``
+    process's value was asked for (a list of them)."""
     live = like.value if isinstance(like, PerProcess) else like
-    if is_stateful(live) and not isinstance(value, list | PerProcess):
+    if is_stateful(live) and not every and not isinstance(value, PerProcess):
         live.set_state(value)
         return live
     return value

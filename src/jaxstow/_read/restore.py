@@ -417,7 +417,7 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
     """The restored leaf at ``path`` in the form ``target`` asks for."""
     if target.output == "value":
         value = _value(opened, path, every=every)
-        return set_into(target.value, value) if path in opened.per_process else value
+        return set_into(target.value, value, every=every) if path in opened.per_process else value
     value = data[path]
     if target.output == "key":
         return opened.as_leaf(opened.stored[path], value)

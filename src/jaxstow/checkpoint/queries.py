@@ -90,7 +90,8 @@ class StepQueries:
         return step
 
     def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
-        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight).
+        """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight):
+        with a local tier (in one process), each step as a restore reads it, from the local tier if it holds it.
 
         Args:
             verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
@@ -99,7 +100,14 @@ class StepQueries:
         """
         self._settle()
         verify = recovery.check_verify(verify)
-        return recovery.damaged(self._folder, self._folder.committed(), verify=verify, progress=self._bar(progress))
+        bar = self._bar(progress)
+        local = [step for step in self._restorable() if self._folder_of(step) is not self._folder]
+        found = recovery.damaged(
+            self._folder, [s for s in self._restorable() if s not in local], verify=verify, progress=bar
+        )
+        if local and self._tiers is not None:
+            found |= recovery.damaged(self._tiers.folder, local, verify=verify, progress=bar)
+        return dict(sorted(found.items()))
 
     def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
         """The newest committed step that is not damaged (see :meth:`damaged_steps`, whose arguments it takes), or None.
@@ -108,9 +116,23 @@ class StepQueries:
         """
         self._settle()
         verify = recovery.check_verify(verify)
-        return recovery.newest_intact(
-            self._folder, lambda: self._folder.committed()[::-1], verify=verify, progress=self._bar(progress)
+        bar = self._bar(progress)
+        return recovery.newest_accepted(
+            lambda: self._restorable()[::-1],
+            lambda step: recovery.step_damage(self._folder_of(step), step, verify=verify, progress=bar) is None,
         )
+
+    def _restorable(self) -> list[int]:
+        """The committed steps a restore reads, as :meth:`_folder_of` finds them. Under ``jax.distributed`` a local
+        step spans every process's tier, which no one process can check: the directory's steps only."""
+        if self._tiers is None or self._tiers.coordinator.many:
+            return self._folder.committed()
+        return sorted({*self._folder.committed(), *self._tiers.steps()})
+
+    def _folder_of(self, step: int) -> StepFolder:
+        """Where a restore of ``step`` reads it: the local tier of one process that holds it, else the directory."""
+        local = self._tiers is not None and not self._tiers.coordinator.many and step in self._tiers.steps()
+        return self._tiers.folder if local and self._tiers is not None else self._folder
 
     def _bar(self, progress: bool | None) -> bool:
         if progress:
