@@ -190,3 +190,20 @@ def test_a_damaged_step_moves_every_process_to_the_step_before(saved, tmp_path):
     finally:
         _end(processes)
     assert [report.get("restored") for report in reports] == [1, 1, 1], reports
+
+
+def test_a_damaged_leaf_in_another_process_file_is_named_with_that_file(saved, tmp_path):
+    # The error named the first file of the tree (params.safetensors, intact) for a shard of params.p1.safetensors.
+    import shutil
+
+    from jaxstow import CheckpointManager
+    from jaxstow.errors import CorruptFileError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(saved, copy, ignore=shutil.ignore_patterns(".jaxstow.lock"))
+    damaged = copy / "2" / "params.p1.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 1  # in the data of its last shard
+    damaged.write_bytes(bytes(data))
+    with CheckpointManager(copy) as manager, pytest.raises(CorruptFileError, match=r"params\.p1\.safetensors"):
+        manager.restore(step=2)

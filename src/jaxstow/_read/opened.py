@@ -405,12 +405,13 @@ class OpenedFile(Mapping[str, Any]):
         view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
         return view.view(leaf.dtype).reshape(leaf.shape)
 
-    def verify(self, path: str, found: str, wanted: str | None) -> None:
-        """Raise a :class:`~jaxstow.errors.CorruptFileError` naming the leaf if ``found``, an xxh3, is not ``wanted``."""
+    def verify(self, path: str, found: str, wanted: str | None, source: int = 0) -> None:
+        """Raise a :class:`~jaxstow.errors.CorruptFileError` naming the leaf and its file (of the tree's files, the
+        ``source``-th) if ``found``, an xxh3, is not ``wanted``."""
         if wanted is not None and found != wanted:
             raise CorruptFileError(
                 f"checksum mismatch (expected xxh3 {wanted}, found {found}): the file is corrupt",
-                file=self.file,
+                file=self.containers[source].file if source else self.file,
                 path=path,
             )
 

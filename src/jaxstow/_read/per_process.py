@@ -69,7 +69,7 @@ def stored_bytes(opened: OpenedFile, path: str, process: int) -> np.ndarray:
     """The bytes ``process``'s value at ``path`` is stored as (a file of its own), checked against its checksum."""
     source, entry = opened.per_process[path][process]
     container = opened.containers[source]
-    return container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3")))[path]
+    return container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3"), source))[path]
 
 
 def _decode(opened: OpenedFile, path: str, process: int) -> Any:

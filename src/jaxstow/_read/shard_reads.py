@@ -32,8 +32,9 @@ from jaxstow._read.slicing import full_box, read_box
 
 __all__ = ["ShardReads"]
 
-#: ``verify(path, found, wanted)`` raises when a shard's checksum is not the one recorded.
-Verify = Callable[[str, str, str | None], None]
+#: ``verify(path, found, wanted, source)`` raises when a shard's checksum (of the ``source``-th file) is not the one
+#: recorded.
+Verify = Callable[[str, str, str | None, int], None]
 _PIECE = 16 << 20  # reads of a source with no parallel plan are joined up to this
 
 
@@ -186,4 +187,4 @@ class ShardReads:
 
     def _check(self, leaf: ShardedLeaf, found: str, shard: StoredShard) -> None:
         if self._verify is not None:
-            self._verify(leaf.path, found, shard.checksum)
+            self._verify(leaf.path, found, shard.checksum, shard.source)
