@@ -62,6 +62,19 @@ def _scan_without_solver_state(where):
     return jax.lax.scan(step, state, jnp.arange(4.0))
 
 
+def _holding_itself() -> dict:
+    metadata: dict = {"run": "a"}
+    metadata["self"] = metadata
+    return metadata
+
+
+def _nested(levels: int) -> list:
+    tree: list = [1]
+    for _ in range(levels):
+        tree = [tree]
+    return tree
+
+
 def _like_on_an_abstract_mesh(where):
     rows = jax.sharding.NamedSharding(
         jax.make_mesh((2,), ("d",), devices=jax.devices()[:2]), jax.sharding.PartitionSpec("d")
@@ -91,6 +104,10 @@ CASES: dict[str, Case] = {
     "load a closed file": lambda w: jaxstow.load(_closed(open(w / "w.jxs", "rb"))),  # noqa: SIM115
     "save to a closed file": lambda w: jaxstow.save(_closed(io.BytesIO()), {"a": 1}),
     "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),
+    "save metadata that holds itself": lambda w: jaxstow.save(w / "m.jxs", {"a": 1}, metadata=_holding_itself()),
+    "save a tree 1000 levels deep": lambda w: jaxstow.save(w / "m.jxs", _nested(1000)),
+    "save an npz leaf of too long a name": lambda w: jaxstow.save(w / "m.npz", {"x" * 70000: np.ones(1)}),
+    "save a dict key of 5000 digits": lambda w: jaxstow.save(w / "m.jxs", {10**5000: np.ones(1), 1: np.ones(1)}),
     "read a list of leaves by index": lambda w: jaxstow.open(w / "w.jxs")[["w", "step"]],
     "load into the wrong structure": lambda w: jaxstow.load(w / "w.jxs", like={"v": np.zeros(2)}),
     "load with a lossy cast": lambda w: jaxstow.load(w / "w.jxs", like={"w": np.zeros((2, 3), np.int8), "step": 0}),
@@ -127,6 +144,9 @@ CASES: dict[str, Case] = {
     "manager: saving a step again": _with_manager(lambda m: m.save(1, {"params": {"w": jnp.ones(3)}})),
     "manager: a set in the tree": _with_manager(lambda m: (m.save(5, {"a": {1, 2}}), m.wait())),
     "manager: restore a missing step": _with_manager(lambda m: m.restore(99)),
+    "manager: metadata that holds itself": _with_manager(lambda m: m.save(5, {"a": 1}, metadata=_holding_itself())),
+    "manager: metadata of a huge integer": _with_manager(lambda m: m.save(5, {"a": 1}, metadata={"n": 10**5000})),
+    "manager: a tree 1000 levels deep": _with_manager(lambda m: m.save(5, {"a": _nested(1000)})),
     "manager: items as one string": _with_manager(lambda m: m.restore(items="params")),
     "manager: an unknown item": _with_manager(lambda m: m.restore(items=["nothing"])),
     "manager: like that is no dict": _with_manager(lambda m: m.restore(like=[1, 2])),

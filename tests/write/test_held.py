@@ -3,8 +3,11 @@ is written, and errors in the tree surface when it is encoded, on the writer's s
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import io
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +49,42 @@ def test_typed_prng_keys_are_held_as_keys():
     assert jax.dtypes.issubdtype(written["key"].dtype, jax.dtypes.prng_key)
     np.testing.assert_array_equal(jax.random.key_data(written["key"]), jax.random.key_data(key))
     np.testing.assert_array_equal(jax.random.key_data(written["keys"]), jax.random.key_data(jax.random.split(key, 3)))
+
+
+class _Model(eqx.Module):
+    w: jax.Array
+    sizes: list = eqx.field(static=True)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["w"], meta_fields=["tags"])
+@dataclasses.dataclass
+class _Tagged:
+    w: jax.Array
+    tags: list
+
+    def __post_init__(self) -> None:  # a class that checks its arrays: never to be rebuilt around host copies
+        if isinstance(self.w, np.ndarray):
+            raise TypeError(f"w must be a jax.Array, got {type(self.w).__name__}")
+
+
+def _act(x: jax.Array, scales: list | None = None) -> jax.Array:
+    return x
+
+
+jaxstow.saveable(_Tagged, name="tests.held.Tagged")
+jaxstow.saveable(_act, name="tests.held.act")
+
+
+def test_static_data_and_values_changed_after_hold_are_written_as_they_were():
+    tree = {"model": _Model(jnp.ones(2), [16, 16]), "tagged": _Tagged(jnp.ones(2), ["a"])}
+    tree["act"] = functools.partial(_act, scales=[1.0])
+    held = hold(tree)
+    tree["model"].sizes.append(99)  # the caller goes on changing its objects once save returned
+    tree["tagged"].tags.append("changed")
+    tree["act"].keywords["scales"].append(2.0)
+    written = _written(held)  # and the class that refuses numpy arrays was not rebuilt around them
+    assert written["model"].sizes == [16, 16] and written["tagged"].tags == ["a"]
+    assert written["act"].keywords["scales"] == [1.0]
 
 
 def test_an_unsaveable_leaf_is_refused_when_encoded_not_when_held():

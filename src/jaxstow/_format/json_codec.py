@@ -87,10 +87,18 @@ def parse_json(
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
 
 
+#: Levels of a value counted before it is called too deep as it is: a value that holds itself has no end.
+_DEEPEST_COUNTED = 2 * MAX_NESTING
+
+
 def limits_problem(value: Any) -> str | None:
     """How a JSON value breaks the limits a jaxstow file holds (:data:`MAX_NESTING` levels, integers of
     :data:`MAX_INTEGER_DIGITS` digits), or ``None``."""
     depth, huge = _nesting(value)
+    if depth > _DEEPEST_COUNTED:
+        return (
+            f"nests more than {_DEEPEST_COUNTED} JSON levels deep (or holds itself); a file holds at most {MAX_NESTING}"
+        )
     if depth > MAX_NESTING:
         return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"
     if huge:
@@ -118,4 +126,6 @@ def _nesting(value: Any) -> tuple[int, bool]:
                 huge = True
         deepest += bool(inner)
         level = inner
+        if deepest > _DEEPEST_COUNTED:  # a value that holds itself, or far too deep: no need to go on
+            break
     return deepest, huge

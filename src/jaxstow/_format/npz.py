@@ -96,6 +96,7 @@ def _check_member_name(name: str) -> None:
         "it has a '.' or '..' component": "." in parts or ".." in parts,
         f"{MANIFEST_MEMBER!r} is the manifest's member": name == MANIFEST_MEMBER,
         "it is not valid Unicode (a lone surrogate)": not _encodable(name),
+        "it is longer than a zip member's name may be (65531 bytes)": _encodable(name) and len(name.encode()) > 65531,
     }
     for problem, found in problems.items():
         if found:

@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes
 from jaxstow._format.header_checksum import header_checksum
-from jaxstow._format.json_codec import parse_json
+from jaxstow._format.json_codec import limits_problem, parse_json
 from jaxstow._format.json_values import json_problem
 from jaxstow._format.native_or_npz import FORMAT_VERSION
 from jaxstow._format.source import ReadSource
@@ -80,7 +80,10 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     """
     if metadata is None:
         return None
-    problem = json_problem(metadata) if isinstance(metadata, dict) else f"a dict, not {type(metadata).__name__}"
+    if not isinstance(metadata, dict):
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict, not {type(metadata).__name__}")
+    limits = limits_problem(metadata)  # first: a value nested too deep, or holding itself, is walked level by level
+    problem = json_problem(metadata) if limits is None else f"it {limits}"
     if problem is not None:
         raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
     return cast(dict[str, Any], copy.deepcopy(metadata))

@@ -29,7 +29,6 @@ import numpy as np
 import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
-from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf, is_sharded
 from jaxstow._format.manifest_written import metadata_problem
 from jaxstow._format.native_or_npz import (
@@ -42,15 +41,15 @@ from jaxstow._format.native_or_npz import (
 )
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
-from jaxstow._format.skeleton import encode_treedef
 from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
-from jaxstow._write.flattening import cycle_error, flatten, naming_deleted_arrays
+from jaxstow._write.flattening import cycle_error, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
-from jaxstow.errors import FormatError, MetadataError, ShardingError
+from jaxstow._write.taken_apart import TakenApart, take_apart
+from jaxstow.errors import MetadataError, ShardingError
 
 __all__ = ["EncodedTree", "differing_leaves", "encode_tree", "weakly_typed_leaves"]
 
@@ -112,7 +111,7 @@ class EncodedTree:
 
 
 def encode_tree(
-    tree: Any,
+    tree: Any | TakenApart,
     *,
     metadata: dict[str, Any] | None = None,
     copy: bool = False,
@@ -121,7 +120,8 @@ def encode_tree(
     hosting: HostBudget | None = None,
     weak: Sequence[int] | None = None,
 ) -> EncodedTree:
-    """Encode ``tree`` for writing. ``copy=True`` copies the host arrays the caller could change (numpy buffers).
+    """Encode ``tree`` for writing (a tree, or one :func:`~jaxstow._write.taken_apart.take_apart` took apart when
+    the save was asked for). ``copy=True`` copies the host arrays the caller could change (numpy buffers).
 
     The arrays of a weak type (``jnp.asarray(2.0)``) are marked so, to be restored so: those of ``tree``, or, for a
     tree held on the host, the leaves at ``weak`` (from :func:`weakly_typed_leaves` of the tree the caller gave).
@@ -139,15 +139,8 @@ def encode_tree(
             raise MetadataError(
                 f"metadata for {file or 'the file'} must be a JSON-able dict: {problem}", file=file or None
             )
-    leaves, treedef = flatten(tree, file=file)
-    try:
-        structure = encode_treedef(treedef, file=file or None)
-    except RecursionError:
-        raise cycle_error(file) from None
-    paths = container_paths(structure)
-    if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
-        paths, leaves, _ = flatten_with_paths(tree)
-    _check_unique(paths, file=file)
+    parts = tree if isinstance(tree, TakenApart) else take_apart(tree, file=file)
+    leaves, structure, paths = parts.leaves, parts.structure, parts.paths
     if part or (hosting is not None and not hosting.counts(copy=copy)):
         hosting = None  # nothing to count; a part after the first holds only sharded leaves, saved shard by shard
     with naming_deleted_arrays(lambda: paths, leaves, file=file):
@@ -321,21 +314,6 @@ def _layout(leaf: EncodedLeaf) -> list[Any]:
 
 def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
     return sink if bar is None else counted(sink, bar)
-
-
-def _check_unique(paths: list[str], *, file: str) -> None:
-    if len(set(paths)) == len(paths):
-        return
-    seen: dict[str, int] = {}
-    for index, path in enumerate(paths):
-        if path in seen:
-            raise FormatError(
-                f"leaves {seen[path]} and {index} of the tree both have the path {path!r}; rename a key so that "
-                "every leaf has its own path",
-                file=file or None,
-                path=path,
-            )
-        seen[path] = index
 
 
 @contextlib.contextmanager

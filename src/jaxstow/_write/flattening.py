@@ -35,6 +35,10 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
     except RecursionError:
         raise cycle_error(file) from None
+    except SystemError as error:  # jax's C++ flatten reports its RecursionError so
+        if not isinstance(error.__cause__, RecursionError):
+            raise
+        raise cycle_error(file) from None
     except ValueError:
         found = _unsortable_dict(tree, ())
         if found is None:

@@ -1,4 +1,5 @@
-"""A tree held for a save that finishes later: its structure now, its arrays on the host, encoded when written.
+"""A tree held for a save that finishes later: its structure encoded now, its arrays on the host, encoded when
+written.
 
 :func:`hold` runs on the caller's thread and does only what cannot wait: it takes the tree's structure and holds
 every array on the host (zero-copy for CPU arrays, which also keeps a later donation from reusing their buffers).
@@ -25,14 +26,13 @@ import jax
 import numpy as np
 
 from jaxstow._format.held_elsewhere import on_own_device
-from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
-from jaxstow._names import registry
 from jaxstow._write.encoded import EncodedTree, encode_tree, weakly_typed_leaves
-from jaxstow._write.flattening import flatten, naming_deleted_arrays
+from jaxstow._write.flattening import naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
+from jaxstow._write.taken_apart import take_apart
 from jaxstow.errors import JaxstowError
 
 __all__ = ["HeldTree", "hold"]
@@ -53,10 +53,12 @@ class HeldTree:
             # Copies are taken now (within a budget: by the writer); encoding knows which stored leaves need one.
             self._ready = encode_tree(tree, copy=True, file=file, part=part, hosting=budget)
         else:
-            leaves, self._treedef = flatten(tree, file=file)
+            # The structure now: static data as it is at the call, and no class rebuilt around host copies later.
+            self._parts = take_apart(tree, file=file)
+            leaves = self._parts.leaves
             self._weak = weakly_typed_leaves(leaves)  # held on the host, they are numpy arrays
             # A part after the first writes only its sharded leaves: the others are not registered to be fetched.
-            with naming_deleted_arrays(lambda: flatten_with_paths(tree)[0], leaves, file=file):
+            with naming_deleted_arrays(lambda: self._parts.paths, leaves, file=file):
                 self._leaves = _hold_on_host(leaves, keep=None if part else budget)
                 # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
                 # encoded: on the host, views of their buffers (else copies) keep a later donation from reusing
@@ -76,8 +78,8 @@ class HeldTree:
     def encode(self) -> EncodedTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is None:
-            tree = jax.tree_util.tree_unflatten(self._treedef, self._leaves)
-            self._ready = encode_tree(tree, file=self._file, part=self._part, hosting=self._budget, weak=self._weak)
+            parts = self._parts.with_leaves(self._leaves)
+            self._ready = encode_tree(parts, file=self._file, part=self._part, hosting=self._budget, weak=self._weak)
         if self._budget is not None:
             if self._awaited:
                 self._awaited = False
@@ -161,12 +163,13 @@ def _hold_on_host(leaves: list[Any], *, keep: HostBudget | None) -> list[Any]:
 
 
 def _value_now(leaf: Any) -> Any:
-    """A leaf as it is when the save is asked for: an object of a registered class saved by its attributes is encoded
-    now, so that the caller's changes after ``save`` returns are not saved; every other leaf as it is.
+    """A leaf as it is when the save is asked for: a value that is no array (an object of a registered class saved by
+    its attributes, a ``functools.partial`` and its arguments, a number) is encoded now, so that the caller's changes
+    after ``save`` returns are not saved; an array as it is.
 
     JAX arrays are immutable; numpy arrays and torch tensors that the caller will change need ``copy=True``.
     """
-    if isinstance(leaf, jax.Array | np.ndarray | np.generic) or registry.attribute_class_name(type(leaf)) is None:
+    if isinstance(leaf, jax.Array | np.ndarray | np.generic) or (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
         return leaf
     try:
         return EncodedValue(encode_value(leaf))

@@ -1,0 +1,73 @@
+"""A tree taken apart for a save: its leaves, its structure encoded as the file holds it, and each leaf's path.
+
+The structure is encoded when the save is asked for, whatever runs later: a background save then writes the static
+data (hyperparameters, a class's static fields) as they were at the call, however the caller changes its objects
+after ``save`` returns, and never rebuilds the caller's classes around the host copies of their arrays.
+
+>>> import jax.numpy as jnp
+>>> from jaxstow._write.taken_apart import take_apart
+>>> sizes = [16, 16]
+>>> parts = take_apart({"sizes": sizes, "w": jnp.ones(2)}, file="model.jxs")
+>>> sizes.append(99)
+>>> parts.paths, parts.structure == take_apart({"sizes": [16, 16], "w": jnp.ones(2)}, file="").structure
+(['sizes/0', 'sizes/1', 'w'], True)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from jaxstow._format.keypaths import container_paths, flatten_with_paths
+from jaxstow._format.skeleton import encode_treedef
+from jaxstow._write.flattening import cycle_error, flatten
+from jaxstow.errors import FormatError
+
+__all__ = ["TakenApart", "take_apart"]
+
+
+@dataclass(frozen=True)
+class TakenApart:
+    """A tree's leaves (in jax's order), its encoded structure (JSON of its own) and each leaf's path."""
+
+    leaves: list[Any]
+    structure: Any
+    paths: list[str]
+
+    def with_leaves(self, leaves: list[Any]) -> TakenApart:
+        """The same tree with other leaves in their places (held on the host, say)."""
+        return TakenApart(leaves, self.structure, self.paths)
+
+
+def take_apart(tree: Any, *, file: str) -> TakenApart:
+    """``tree`` taken apart; ``file`` names the destination in errors (a cycle, two leaves of one path)."""
+    leaves, treedef = flatten(tree, file=file)
+    try:
+        structure = encode_treedef(treedef, file=file or None)
+    except RecursionError:
+        raise cycle_error(file) from None
+    try:
+        paths = container_paths(structure)
+        if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
+            paths, leaves, _ = flatten_with_paths(tree)
+    except ValueError as error:  # str() of an int key beyond Python's limit of digits
+        raise FormatError(
+            f"a dict key of the tree cannot be a path: {error}; use shorter keys", file=file or None
+        ) from None
+    _check_unique(paths, file=file)
+    return TakenApart(leaves, structure, paths)
+
+
+def _check_unique(paths: list[str], *, file: str) -> None:
+    if len(set(paths)) == len(paths):
+        return
+    seen: dict[str, int] = {}
+    for index, path in enumerate(paths):
+        if path in seen:
+            raise FormatError(
+                f"leaves {seen[path]} and {index} of the tree both have the path {path!r}; rename a key so that "
+                "every leaf has its own path",
+                file=file or None,
+                path=path,
+            )
+        seen[path] = index
