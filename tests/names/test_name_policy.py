@@ -82,6 +82,20 @@ def test_the_model_libraries_serialisation_file_and_debugging_helpers_are_refuse
     )
 
 
+@pytest.mark.parametrize(
+    ("name", "module", "word"),
+    [
+        ("flax.nnx.display", "flax.nnx.visualization", "display"),
+        ("equinox._module._flatten.generate_flatten_functions", "equinox._module._flatten", "generate"),
+        ("flax.configurations.bool_flag", "flax.configurations", "config"),
+        ("flarejax.flr._module.dicts_to_object", "flarejax.flr._module", "dicts_to"),
+        ("flax.linen.module._global_interceptor_stack", "flax.linen.module", "interceptor"),
+    ],
+)
+def test_display_code_generation_and_global_settings_of_the_model_libraries_are_refused(name, module, word):
+    assert f"({word!r})" in (refusal(name, _defined_in(module)) or "")
+
+
 def test_a_short_harmful_word_counts_only_as_a_whole_word():
     """``io`` refuses ``flax.io`` but not ``scale_by_ratio``; longer words count anywhere (``load`` in ``loader``)."""
     assert refusal("optax.scale_by_ratio", _defined_in("optax._src.transform")) is None

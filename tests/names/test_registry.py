@@ -42,6 +42,17 @@ def test_a_registered_name_comes_first_and_a_new_object_under_it_warns_and_wins(
         saveable(second, name="tests.names.activation")  # the same object again: no warning
 
 
+def test_a_librarys_name_is_not_taken_over_by_another_object():
+    # It was: files naming jax.nn.relu loaded the user's function here, and its files loaded jax's relu elsewhere.
+    def mine(x):
+        return -x
+
+    with pytest.raises(ArgumentError, match=r"saveable\(name='jax.nn.relu'\): that name is .*'my_project.relu'"):
+        saveable(mine, name="jax.nn.relu")
+    assert lookup("jax.nn.relu") is jax.nn.relu and name_of(mine) is None
+    saveable(jax.nn.relu, name="jax.nn.relu")  # the library's own object under its own name: nothing changes
+
+
 @saveable
 def module_level_activation(x):
     return x
@@ -115,6 +126,14 @@ def test_a_node_type_of_an_imported_module_is_found_by_module_and_qualname():
     assert lookup("functools.partial", node_type=True) is functools.partial
     with pytest.raises(UnknownNameError):
         lookup("functools.partial")  # only as a node type: the caller then checks it is one
+
+
+def test_a_namedtuple_of_the_standard_library_is_refused_as_a_node_type():
+    # platform.uname_result was rebuilt from a file, and reading it ran `uname -p` in a subprocess.
+    import platform  # noqa: F401 - imported, as a process that loads files may have it
+
+    with pytest.raises(RefusedNameError, match=r"'platform.uname_result'.* a namedtuple of Python's standard library"):
+        lookup("platform.uname_result", node_type=True)
 
 
 def test_an_unknown_name_says_how_to_make_it_known():

@@ -37,7 +37,8 @@ FORBIDDEN_MODULES = frozenset(
 )  # fmt: skip
 _HARMFUL_WORDS = (
     "serial", "save", "load", "checkpoint", "restore", "file", "open", "write", "read", "print", "callback",
-    "debug", "breakpoint", "import", "exec", "eval", "io", "tabulate", "summary",
+    "debug", "breakpoint", "import", "exec", "eval", "io", "tabulate", "summary", "display", "generate", "config",
+    "flag", "interceptor", "global", "dicts_to",
 )  # fmt: skip
 _SCALAR_META = type(jnp.float32)
 #: numpy and jax.numpy functions that are not ufuncs but are as pure: reductions and layout changes, none of which

@@ -217,6 +217,13 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     key = name if name is not None else _default_name(obj)
     if not key or not isinstance(key, str):
         raise ArgumentError(f"a registered name must be a non-empty string, not {key!r}")
+    if key.partition(".")[0] in known().names:  # a library's name: files would load its object, not this one
+        theirs = _libraries.tables().by_name.get(key)
+        if theirs is not None and theirs is not obj:
+            raise ArgumentError(
+                f"saveable(name={key!r}): that name is {theirs!r}'s, which every process loads it as; give {obj!r} a "
+                "name of your own, such as 'my_project." + key.rpartition(".")[2] + "'"
+            )
     with _registering:
         previous = _registered.get(key)
         if previous is not None and previous is not obj:
@@ -284,6 +291,9 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
         found = _find_imported(name)
         if isinstance(found, type):
             reason = refusal(name, found)
+            if reason is None and issubclass(found, tuple) and name.partition(".")[0] in sys.stdlib_module_names:
+                # Any namedtuple is a node to jax; the standard library's are not data (platform's runs `uname`).
+                reason = "a namedtuple of Python's standard library, which a file may name only once registered"
             if reason is not None:
                 raise RefusedNameError(name, f"{reason}; {describe_policy()}", file=file, path=path)
             return found

@@ -81,7 +81,7 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     if metadata is None:
         return None
     if not isinstance(metadata, dict):
-        raise MetadataError(f"metadata of step {step} must be a JSON-able dict, not {type(metadata).__name__}")
+        raise MetadataError(f"metadata of step {step} must be a JSON-able dict: a dict, not {type(metadata).__name__}")
     limits = limits_problem(metadata)  # first: a value nested too deep, or holding itself, is walked level by level
     problem = json_problem(metadata) if limits is None else f"it {limits}"
     if problem is not None:
