@@ -417,3 +417,30 @@ def test_a_class_that_checks_its_leaves_when_built_is_told_what_jax_asks_of_it(t
         match=r"has no attribute 'ndim'\): a node's class refused stand-in leaves, as one whose __init__ or __post_init__ checks its arrays does",
     ):
         jaxstow.load(path)
+
+
+def test_a_class_that_refuses_the_restored_arrays_is_a_format_error_naming_the_file():
+    # Its own ValueError came out of load, naming no file: the stand-in leaves of the first check passed its check.
+    name = _name()
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:
+        w: jax.Array
+
+    jaxstow.saveable(Layer, name=name)
+    buffer = _saved(Layer(jnp.ones(3)))
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class Layer:  # type: ignore[no-redef]  # the next version checks its arrays, which the file's do not pass
+        w: jax.Array
+
+        def __post_init__(self) -> None:
+            if isinstance(self.w, jax.Array) and self.w.shape[-1] != 4:
+                raise ValueError(f"w must end in 4, got {self.w.shape}")
+
+    jaxstow.saveable(Layer, name=name)
+    with pytest.raises(FormatError, match=r"refused the restored values \(ValueError: w must end in 4") as caught:
+        jaxstow.load(buffer)
+    assert isinstance(caught.value.__cause__, ValueError)

@@ -42,7 +42,7 @@ from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
-from jaxstow._read.structure import check_rebuilt, like_paths_in_file
+from jaxstow._read.structure import check_rebuilt, like_paths_in_file, rebuilt
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
 from jaxstow._util.host_memory import default_host_budget
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
@@ -196,7 +196,11 @@ def _rebuild(
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
         _to_devices(opened, opened.paths, everything, numpy_leaves, {}, as_numpy=as_numpy)
-        return dict(zip(opened.paths, everything, strict=True)) if treedef is None else treedef.unflatten(everything)
+        return (
+            dict(zip(opened.paths, everything, strict=True))
+            if treedef is None
+            else rebuilt(opened, treedef, everything)
+        )
     paths = opened.paths
     chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
     treedef = opened.treedef()
@@ -222,7 +226,7 @@ def _rebuild(
 
     placements = _placements(opened, sharding, index_tree, arrays)
     values = _read(opened, paths, stored, arrays, placements, value, {}, as_numpy=as_numpy, pipeline=pipeline)
-    tree = dict(zip(paths, values, strict=True)) if treedef is None else treedef.unflatten(values)
+    tree = dict(zip(paths, values, strict=True)) if treedef is None else rebuilt(opened, treedef, values)
     return prune(tree) if select is not None else tree
 
 
@@ -393,7 +397,7 @@ def _fit(
         fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
     for i in arrays:  # weakly typed as the like leaf is: it promotes alike, and like's traced functions fit it
         values[i] = typed_as(values[i], wanted[i])
-    return treedef.unflatten(values)
+    return rebuilt(opened, treedef, values)
 
 
 def _streamed(
