@@ -81,14 +81,28 @@ def test_unfinished_uploads_are_never_listed_and_are_removed_by_the_next_writer(
     with CheckpointManager(url, storage_options=options) as manager:
         manager.save(1, {"w": jnp.ones(2)})
     fs, root = fsspec.core.url_to_fs(url, **options)
-    # What a writer killed in the middle of uploads leaves: step 2 without its record, an orphan file in step 1.
+    # What a writer killed in the middle of uploads leaves: step 2 marked as being written, without its record, and
+    # an orphan file in step 1. Beside them, folders of step-like names that no manager wrote: they stay.
+    fs.pipe_file(f"{root}/2/.jaxstow-writing", b"")
     fs.pipe_file(f"{root}/2/w.safetensors", b"half an upload")
     fs.pipe_file(f"{root}/1/w.1234abcd.safetensors", b"a replacement never committed")
+    fs.pipe_file(f"{root}/2024/results.csv", b"the user's own")
+    fs.pipe_file(f"{root}/100/_CHECKPOINT_METADATA", b"an orbax step")
     with CheckpointManager(url, storage_options=options) as manager:
         assert manager.steps() == [1]
         manager.save(3, {"w": jnp.full(2, 3.0)})
         assert manager.steps() == [1, 3]
-    assert _files(url, options) == ["1/checkpoint.json", "1/w.safetensors", "3/checkpoint.json", "3/w.safetensors"]
+        with pytest.raises(CheckpointError, match=r"/100 holds objects that no checkpoint manager wrote"):
+            manager.save(100, {"w": jnp.ones(2)})
+            manager.wait()
+    assert _files(url, options) == [
+        "1/checkpoint.json",
+        "1/w.safetensors",
+        "100/_CHECKPOINT_METADATA",
+        "2024/results.csv",
+        "3/checkpoint.json",
+        "3/w.safetensors",
+    ]
 
 
 def test_corrupt_object_is_caught(remote):

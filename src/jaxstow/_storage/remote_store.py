@@ -33,9 +33,13 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import ArgumentError, FormatError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError
 
-__all__ = ["RemoteStaging", "RemoteStore", "check_segments"]
+__all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
+
+#: The object a manager puts first in a new folder it writes, and removes once the folder is committed: what marks
+#: an unfinished folder of its own, which the next writer removes (a folder without it is another's, left alone).
+WRITING = ".jaxstow-writing"
 
 
 def check_segments(url: str) -> None:
@@ -167,8 +171,9 @@ class RemoteStore:
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove what unfinished writes left.
 
-        Folders that ``owns`` without a marker, files no marker lists, and on S3 unfinished multipart uploads under the
-        root: only the lock's holder writes here, so they are dead writers'.
+        Folders that ``owns`` marked as being written (:data:`WRITING`) without a marker, files no marker lists, and
+        on S3 unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead
+        writers'. A folder of another's, even of a step's name, is left alone.
 
         Returns the removed paths, relative to the root.
         """
@@ -188,7 +193,7 @@ class RemoteStore:
                     if file != self.marker and file not in listed:
                         self.fs.rm(self.path(folder, file))
                         removed.append(f"{folder}/{file}")
-            elif owns(folder) or TEMPORARY_MARKER in folder:
+            elif (owns(folder) and WRITING in files) or TEMPORARY_MARKER in folder:  # never a folder of another's
                 _remove_tree(self.fs, self.path(folder))
                 removed.append(folder)
         return removed
@@ -226,6 +231,18 @@ class RemoteStaging:
             self._generation = secrets.token_hex(4) if replace else None
         self._written: list[str] = []
         self._uploads: list[Any] = []
+        if token is None and not replace:  # a new folder: marked as this manager's, before anything is written to it
+            url = store.url(name)
+            with storage_errors(url):
+                store.fs.invalidate_cache(store.path(name))
+                found = [path.rsplit("/", 1)[-1] for path in store.fs.find(store.path(name))]
+                if found and WRITING not in found:
+                    raise CheckpointError(
+                        f"{url} holds objects that no checkpoint manager wrote ({', '.join(found[:3])}): the folder of "
+                        "a step is the manager's alone; move them, or give the manager a prefix of its own",
+                        file=url,
+                    )
+                store.fs.pipe_file(store.path(name, WRITING), b"")
 
     @property
     def token(self) -> str:
@@ -263,6 +280,9 @@ class RemoteStaging:
         self.complete()
         with storage_errors(store.url(self._name)):
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            if self._generation is None and not self._joined:
+                with contextlib.suppress(FileNotFoundError):
+                    store.fs.rm(store.path(self._name, WRITING))
             if self._generation is not None:
                 keep = {*_marked_files(marker, where=store.url(self._name, store.marker)), store.marker}
                 store.fs.invalidate_cache(store.path(self._name))
