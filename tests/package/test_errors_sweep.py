@@ -106,6 +106,10 @@ CASES: dict[str, Case] = {
     "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),
     "save metadata that holds itself": lambda w: jaxstow.save(w / "m.jxs", {"a": 1}, metadata=_holding_itself()),
     "save a tree 1000 levels deep": lambda w: jaxstow.save(w / "m.jxs", _nested(1000)),
+    "save onto a folder of a URL": lambda w: (  # the file was moved into the folder, and the save said nothing
+        jaxstow.save("memory://jaxstow-sweep/folder/inside.jxs", {"a": 1}),
+        jaxstow.save("memory://jaxstow-sweep/folder", {"a": 1}),
+    ),
     "save an npz leaf of too long a name": lambda w: jaxstow.save(w / "m.npz", {"x" * 70000: np.ones(1)}),
     "save a dict key of 5000 digits": lambda w: jaxstow.save(w / "m.jxs", {10**5000: np.ones(1), 1: np.ones(1)}),
     "read a list of leaves by index": lambda w: jaxstow.open(w / "w.jxs")[["w", "step"]],

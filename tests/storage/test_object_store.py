@@ -22,7 +22,7 @@ import pytest
 
 import jaxstow
 from jaxstow import CheckpointManager, KeepPolicy, Transfer
-from jaxstow.errors import CheckpointError, CorruptFileError, PathNotFoundError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, PathNotFoundError, StructureMismatchError
 
 MiB = 1 << 20
 
@@ -259,8 +259,27 @@ def test_jaxstow_uploads_lists_and_aborts_unfinished_uploads(s3):
     listed = command("--json")
     assert listed.returncode == 0 and json.loads(listed.stdout)["unfinished"][0]["key"] == f"s3://{server.bucket}/{key}"
     assert "0 uploads aborted" in command("--abort", "--older-than", "3600").stdout  # too recent
+    refused = command("--abort", "--older-than", "nan")  # it matched no upload, and said "0 aborted"
+    assert refused.returncode == 2 and "'nan' is no number of seconds" in refused.stderr
+    sibling = f"{prefix}/left2/model.jxs"  # a folder beside left/, whose name starts alike: not under left/
+    client.create_multipart_upload(Bucket=server.bucket, Key=sibling)
+    left = forked.run(
+        [sys.executable, "-m", "jaxstow", "uploads", server.url(prefix, "left"), *options, "--abort"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "1 upload aborted" in left.stdout, left.stdout + left.stderr
+    assert _unfinished(client, server.bucket, prefix) == [sibling]
     assert "1 upload aborted" in command("--abort").stdout
     assert _unfinished(client, server.bucket, prefix) == []
+
+
+def test_a_storage_option_s3fs_does_not_know_is_named_with_the_fix(s3):
+    server, prefix, _ = s3
+    options = {**server.storage_options, "region_name": "us-east-1"}  # belongs in client_kwargs: botocore's TypeError
+    with pytest.raises(ArgumentError, match=r"storage_options .*'region_name'.* goes in client_kwargs"):
+        jaxstow.save(server.url(prefix, "model.jxs"), {"w": np.ones(2)}, storage_options=options)
 
 
 def test_a_cached_file_is_read_from_the_local_disk_while_its_header_matches(s3, tmp_path):

@@ -37,7 +37,7 @@ from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_range, re
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
-from jaxstow.errors import PathNotFoundError, StorageError
+from jaxstow.errors import ArgumentError, PathNotFoundError, StorageError
 
 __all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_errors"]
 
@@ -110,7 +110,13 @@ def _new_client(fs: Any, requests: int) -> _Client:
     config.setdefault("read_timeout", fs.read_timeout)
     config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 4 * requests + 4)
     config["s3"] = {"payload_signing_enabled": False, **config.get("s3", {})}
-    session = session_module.Session(**fs.kwargs)
+    try:
+        session = session_module.Session(**fs.kwargs)
+    except TypeError as error:  # s3fs passes the options it does not know on to botocore's session
+        raise ArgumentError(
+            f"storage_options {sorted(fs.kwargs)} hold an option s3fs does not know ({error}); a client's option, "
+            "such as region_name, goes in client_kwargs: storage_options={'client_kwargs': {'region_name': ...}}"
+        ) from None
     retries = dict(config.get("retries") or {})
     attempts = configured_attempts(retries, session.get_config_variable("max_attempts"))
     config["retries"] = {**{name: value for name, value in retries.items() if name == "mode"}, "total_max_attempts": 1}

@@ -29,7 +29,7 @@ from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
-from jaxstow.errors import JaxstowError, StorageError, excerpt
+from jaxstow.errors import IsAFolderError, JaxstowError, StorageError, excerpt
 
 __all__ = ["atomic_sink", "file_object_sink", "object_upload"]
 
@@ -98,6 +98,8 @@ class _FileUpload:
         folder, _, name = path.rpartition("/")
         self._path = f"{folder}/.{name}{TEMPORARY_MARKER}{os.getpid()}-{secrets.token_hex(4)}" if whole else path
         with storage_errors(url):
+            if whole and fs.isdir(path):  # the file would be moved into it, and nothing would be at the URL
+                raise IsAFolderError("cannot write it: it is a folder", file=url)
             self._file = fs.open(self._path, "wb")
 
     def write(self, data: Any) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 
 from jaxstow.cli.files import storage
 from jaxstow.cli.output import Table, print_json
@@ -30,9 +31,25 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", help="an s3:// prefix: a bucket, a folder or a file")
     parser.add_argument("--abort", action="store_true", help="abort the uploads listed")
     parser.add_argument(
-        "--older-than", type=float, default=0.0, metavar="SECONDS", help="only uploads started this long ago or more"
+        "--older-than", type=_age, default=0.0, metavar="SECONDS", help="only uploads started this long ago or more"
     )
     parser.add_argument("--json", action="store_true", help="print the uploads as JSON, for scripts")
+
+
+def _age(text: str) -> float:
+    """``--older-than``: a number of seconds, 0 or more (NaN matched no upload, and none was aborted)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number of seconds, 0 or more")
+    return seconds
+
+
+def _under(key: str, prefix: str) -> bool:
+    """Whether ``key`` is the file ``prefix`` names or lies in the folder it names (not in a sibling, ``run2/``)."""
+    return not prefix or key == prefix or key.startswith(prefix.rstrip("/") + "/")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     found = [
         upload
         for upload in bucket.unfinished_uploads(prefix, url=args.url)
-        if (now - upload["Initiated"]).total_seconds() >= args.older_than
+        if _under(upload["Key"], prefix) and (now - upload["Initiated"]).total_seconds() >= args.older_than
     ]
     if args.abort:
         bucket.abort_uploads(found, url=args.url)
