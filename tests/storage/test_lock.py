@@ -79,6 +79,16 @@ def test_holders_are_parsed_from_what_they_wrote_and_garbage_is_no_holder():
     assert not me.is_gone()
     assert Holder(_dead_pid(), socket.gethostname(), "", "").is_gone()
     assert not Holder(_dead_pid(), socket.gethostname() + "-elsewhere", "", "").is_gone()  # not this host's to say
+    assert Holder.parse(b'{"pid": 99999999999999999999, "host": "h", "since": "s", "token": "t"}') is None
+
+
+def test_a_holder_in_another_pid_namespace_is_never_taken_for_gone():
+    # A container with the host's name but its own PID namespace (docker --network=host) saw a live writer's pid as
+    # free, took its object-store lock over and aborted its uploads.
+    other = Holder(_dead_pid(), socket.gethostname(), "", "", pid_space="pid:[1]")
+    assert not other.is_gone() and not other.is_me()
+    assert "in another PID namespace" in other.describe()
+    assert Holder.parse(other.to_json()) == other
 
 
 def _remote_store() -> RemoteStore:

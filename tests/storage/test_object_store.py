@@ -275,6 +275,14 @@ def test_jaxstow_uploads_lists_and_aborts_unfinished_uploads(s3):
     assert _unfinished(client, server.bucket, prefix) == []
 
 
+def test_a_manager_of_a_mistyped_bucket_makes_no_bucket(s3):
+    server, prefix, client = s3
+    url = f"s3://{server.bucket}-typo/{prefix}/run"  # s3fs's makedirs made the bucket, and the run went there
+    with pytest.raises(PathNotFoundError, match=r"the bucket '.*-typo' does not exist: create it first"):
+        CheckpointManager(url, storage_options=server.storage_options).save(1, {"w": np.ones(2)})
+    assert f"{server.bucket}-typo" not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]
+
+
 def test_a_storage_option_s3fs_does_not_know_is_named_with_the_fix(s3):
     server, prefix, _ = s3
     options = {**server.storage_options, "region_name": "us-east-1"}  # belongs in client_kwargs: botocore's TypeError

@@ -59,11 +59,13 @@ class Holder:
     host: str
     since: str
     token: str
+    #: The process's PID namespace (``/proc/self/ns/pid``): a container's processes are not seen from another's.
+    pid_space: str = ""
 
     @classmethod
     def me(cls) -> Holder:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8))
+        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), _pid_space())
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -73,20 +75,29 @@ class Holder:
         """The holder a lock file names; ``None`` for an empty or unreadable one."""
         try:
             fields = json.loads(data)
-            return cls(int(fields["pid"]), str(fields["host"]), str(fields["since"]), str(fields["token"]))
-        except (ValueError, KeyError, TypeError):
+            pid = int(fields["pid"])
+            if not 0 < pid < 2**31:  # no process has it: a damaged or forged file
+                return None
+            space = str(fields.get("pid_space", ""))
+            return cls(pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space)
+        except (ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def describe(self) -> str:
-        return f"process {self.pid} on host {self.host} since {self.since}"
+        elsewhere = " (in another PID namespace: a container?)" if self._other_space() else ""
+        return f"process {self.pid} on host {self.host}{elsewhere} since {self.since}"
 
     def is_me(self) -> bool:
         """Whether the holder is this process."""
-        return self.pid == os.getpid() and self.host == socket.gethostname()
+        return self.pid == os.getpid() and self.host == socket.gethostname() and not self._other_space()
+
+    def _other_space(self) -> bool:
+        return bool(self.pid_space) and self.pid_space != _pid_space()
 
     def is_gone(self) -> bool:
-        """Whether the holder is a process of this host that no longer runs."""
-        if self.host != socket.gethostname():
+        """Whether the holder is a process of this host, seen from here, that no longer runs; one of another PID
+        namespace (a container sharing the host's name) cannot be seen, so is never called gone."""
+        if self.host != socket.gethostname() or self._other_space():
             return False
         try:
             os.kill(self.pid, 0)
@@ -95,6 +106,13 @@ class Holder:
         except PermissionError:
             return False
         return False
+
+
+def _pid_space() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:  # not Linux
+        return ""
 
 
 def _held_error(location: str, holder: Holder | None, hint: str) -> CheckpointError:

@@ -33,7 +33,7 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, PathNotFoundError
 
 __all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
 
@@ -105,8 +105,16 @@ class RemoteStore:
         return "/".join((self.location, *parts))
 
     def ensure(self) -> None:
-        """Create the root (a no-op on stores without folders)."""
+        """Create the root (a no-op on stores without folders); never a bucket, which a mistyped name would make."""
+        from jaxstow._storage.s3 import is_s3
+
         with storage_errors(self.location):
+            bucket = self.root.split("/", 1)[0]
+            if is_s3(self.fs) and not self.fs.exists(bucket):
+                raise PathNotFoundError(
+                    f"the bucket {bucket!r} does not exist: create it first (a checkpoint manager makes none)",
+                    file=self.location,
+                )
             self.fs.makedirs(self.root, exist_ok=True)
 
     def _files(self) -> list[str]:
