@@ -336,6 +336,16 @@ def test_names_from_a_file_cannot_drive_the_terminal_nor_fake_a_row(tmp_path):
     assert "[bold]" in drawn and "\\x1b[31m" in drawn and "\x1b[31m" not in drawn
 
 
+def test_a_metric_name_in_a_step_record_cannot_drive_the_terminal(tmp_path):
+    # ls printed the keep rules (a metric named in the record) raw.
+    metric = "loss\x1b[2J\nforged line"
+    with CheckpointManager(tmp_path / "run", keep=KeepPolicy(keep_best=1, metric=metric)) as manager:
+        manager.save(1, {"w": jnp.ones(2)}, metrics={metric: 0.5})
+    listed = jaxstow_command("ls", tmp_path / "run", check=0).stdout
+    assert "\x1b" not in listed and "loss\\x1b[2J\\nforged line" in listed
+    assert not any(line.startswith("forged line") for line in listed.splitlines())
+
+
 def test_ls_and_verify_a_folder_on_s3(s3_server):
     url = s3_server.url("cli-run")
     with CheckpointManager(url, keep=KeepPolicy(keep_last=2), storage_options=s3_server.storage_options) as manager:

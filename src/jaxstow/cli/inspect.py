@@ -32,7 +32,7 @@ from jaxstow._format.npz import NpzReader
 from jaxstow._read.reader import FolderReader, Reader
 from jaxstow._util.progress import format_bytes
 from jaxstow.cli.files import Leaf, describe, file_size, hf_listing, open_file, open_hf_folder
-from jaxstow.cli.output import Table, print_json
+from jaxstow.cli.output import Table, print_json, printable
 
 __all__ = ["HELP", "HF_FOLDER", "arguments", "folder_summary", "run", "summary"]
 
@@ -73,9 +73,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(report)
         return 0
     version = f" (format {report['version']})" if report["version"] is not None else ""
-    print(f"{report['file']}: {report['format']}{version}, {format_bytes(report['file_bytes'])}")
+    print(f"{printable(report['file'])}: {report['format']}{version}, {format_bytes(report['file_bytes'])}")
     if report["structure"] is not None:
-        print(f"structure: {report['structure']}")
+        print(f"structure: {printable(str(report['structure']))}")
     leaves = report["leaves"]
     has_values = any(leaf["kind"] == "value" for leaf in leaves)
     columns = ["path", "dtype", "shape", "size", *(["value"] if has_values else [])]

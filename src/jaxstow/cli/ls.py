@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     total = format_bytes(sum(row["bytes"] or 0 for row in rows))
     rules = "unknown (written by an older jaxstow)" if policy is None else _describe(policy)
     count = f"{len(rows)} step{'s' if len(rows) != 1 else ''}" + (f" ({len(damaged)} damaged)" if damaged else "")
-    print(f"{count}, {total}; keep rules: {rules}")
+    print(f"{count}, {total}; keep rules: {printable(rules)}")
     return 1 if damaged else 0
 
 

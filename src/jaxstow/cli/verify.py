@@ -125,11 +125,11 @@ def run(args: argparse.Namespace) -> int:
         return 1 if damaged else 0
     for report in reports:
         if not report.damage and report.structure is not None:
-            print(f"ok       {report.file}: {report.structure}")
+            print(f"ok       {printable(report.file)}: {printable(report.structure)}")
         elif not report.damage:
             note = _note(report)
             checksums = f"{report.checksums} checksum{'s' if report.checksums != 1 else ''}"
-            print(f"ok       {report.file}: {checksums}, {format_bytes(report.nbytes)} read{note}")
+            print(f"ok       {printable(report.file)}: {checksums}, {format_bytes(report.nbytes)} read{note}")
         for item in report.damage:
             print(f"DAMAGED  {printable(str(item))}")
     files = f"{len(reports)} file{'s' if len(reports) != 1 else ''}"

@@ -42,7 +42,7 @@ import numpy as np
 
 from jaxstow._storage.lock import Holder
 from jaxstow._util.optional import require
-from jaxstow.cli.output import Table
+from jaxstow.cli.output import Table, printable
 from jaxstow.errors import JaxstowError
 from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
@@ -238,9 +238,9 @@ def _show(current: dict[str, Any], *, as_json: bool) -> None:
         print(json.dumps(current), flush=True)  # one line per refresh
         return
     chains = current["chains"]
-    print(f"{current['file']}: {current['state']}" + (f", {len(chains)} chains" if chains else ""))
+    print(f"{printable(current['file'])}: {current['state']}" + (f", {len(chains)} chains" if chains else ""))
     if current.get("why"):
-        print(f"  {current['why']}")
+        print(f"  {printable(current['why'])}")
     if not chains:
         return
     table = Table(["chain", "draws", "state"], right=["draws"])
