@@ -89,6 +89,7 @@ class LocalStore:
     def __init__(self, root: str, *, marker: str) -> None:
         self.root = os.path.abspath(root)  # once: a later change of the working directory leads nowhere else
         self.location = root
+        self.identity = os.path.realpath(self.root)
         self.marker = marker
 
     def path(self, *parts: str) -> str:

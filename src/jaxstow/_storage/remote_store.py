@@ -94,6 +94,7 @@ class RemoteStore:
         self.fs, root = url_filesystem(url, self.settings.options)
         self.root = root.rstrip("/")
         self.location = url.rstrip("/")
+        self.identity = self.location
         self.marker = marker
 
     def path(self, *parts: str) -> str:

@@ -53,6 +53,8 @@ class Store(Protocol):
     """Named folders, each committed by its marker."""
 
     location: str
+    #: The same in every process that names the folder, however each spells it: what processes agree on it by.
+    identity: str
     marker: str
 
     def url(self, *parts: str) -> str: ...

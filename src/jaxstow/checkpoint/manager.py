@@ -115,7 +115,7 @@ class CheckpointManager(StepQueries):
         self._host_memory_limit = checked_limit(host_memory_limit)
         self._lock: Lock | None = None
         self._closed = False
-        self._coordinator = Coordinator(self._store.location, timeout=process_timeout)
+        self._coordinator = Coordinator(self._store.identity, timeout=process_timeout)
         self._broadcast_restore = broadcast_restore
         self._agreed: AgreedSteps | None = None
         self._tiers = (
