@@ -336,6 +336,23 @@ def test_names_from_a_file_cannot_drive_the_terminal_nor_fake_a_row(tmp_path):
     assert "[bold]" in drawn and "\\x1b[31m" in drawn and "\x1b[31m" not in drawn
 
 
+def test_a_folder_in_place_of_an_item_file_is_damage_to_its_step_and_the_others_are_checked(tmp_path):
+    # verify and ls stopped at that step with status 2: a later step's damage was never reported.
+    with CheckpointManager(tmp_path / "run") as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": jnp.full(2, step, jnp.float32)})
+    (tmp_path / "run" / "2" / "w.safetensors").unlink()
+    (tmp_path / "run" / "2" / "w.safetensors").mkdir()
+    damaged = tmp_path / "run" / "3" / "w.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 1
+    damaged.write_bytes(bytes(data))
+    verified = jaxstow_command("verify", tmp_path / "run", check=1).stdout
+    assert "2/w.safetensors: is a folder, not a file" in verified and "3/w.safetensors: checksum mismatch" in verified
+    listed = jaxstow_command("ls", tmp_path / "run", check=1).stdout
+    assert "DAMAGED  step 2: " in listed and "3 steps (1 damaged)" in listed
+
+
 def test_a_metric_name_in_a_step_record_cannot_drive_the_terminal(tmp_path):
     # ls printed the keep rules (a metric named in the record) raw.
     metric = "loss\x1b[2J\nforged line"

@@ -19,6 +19,7 @@ evil\\x1b[31m\\nrow
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Sequence
@@ -90,6 +91,27 @@ class Table:
 
 
 def print_json(data: Any) -> None:
-    """Print ``data`` as indented JSON."""
-    json.dump(data, sys.stdout, indent=2)
+    """Print ``data`` as indented strict JSON: a float that is not finite (a file's metadata may hold one) as the
+    string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, which any parser reads.
+
+    >>> print_json({"loss": float("nan"), "steps": [1, float("-inf")]})
+    {
+      "loss": "NaN",
+      "steps": [
+        1,
+        "-Infinity"
+      ]
+    }
+    """
+    json.dump(_strict(data), sys.stdout, indent=2, allow_nan=False)
     sys.stdout.write("\n")
+
+
+def _strict(data: Any) -> Any:
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else "Infinity" if data > 0 else "-Infinity"
+    if isinstance(data, dict):
+        return {key: _strict(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [_strict(value) for value in data]
+    return data

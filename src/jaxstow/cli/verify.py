@@ -41,6 +41,7 @@ from jaxstow.errors import (
     CheckpointError,
     CorruptFileError,
     FormatError,
+    IsAFolderError,
     JaxstowError,
     NewerFormatError,
     PathNotFoundError,
@@ -153,7 +154,7 @@ def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[Fil
             sources = step.sources(item)
         except StorageError:  # says nothing of the step
             raise
-        except (FormatError, CheckpointError) as error:  # missing, or not the file the record names
+        except (FormatError, CheckpointError, IsAFolderError) as error:  # missing, a folder, or not the file named
             reports.append(FileReport(name, damage=[error]))
             continue
         reports.append(verify_file(sources, name, progress=progress))
