@@ -58,6 +58,14 @@ def test_processes_that_ask_for_different_steps_or_items_all_fail(reports):
         assert report["restored"]["step"] == 1 and report["restored"]["host"] == [0.0] * 4
 
 
+def test_processes_restoring_a_leaf_onto_other_shardings_are_refused_everywhere(reports):
+    # Each side held its own layout of one global array: the next collective on it hung, then failed in gloo.
+    for report in reports:
+        for broadcast in ("None", "True"):
+            error = report[f"other_shardings_{broadcast}"]
+            assert error is not None and "onto other shardings, than process 0" in error, (broadcast, report)
+
+
 def test_processes_whose_managers_keep_other_steps_commit_nothing(reports):
     # Process 0's keep policy deletes the steps of all: one that differs elsewhere would be ignored there, silently.
     for report in reports:

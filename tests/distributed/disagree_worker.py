@@ -3,7 +3,8 @@
 
 It saves steps with the same unsharded values in both processes (numpy arrays copied or not, a per-process leaf of
 its own), then steps where process 1 saves another small array, another Python value, or other metrics or metadata,
-then restores a different step in each process, other items in each, and the same step in both; then saves a step
+then restores a different step in each process, other items in each, one leaf onto another sharding in each, and the
+same step in both; then saves a step
 to a second folder through managers that keep other steps in each process. It prints one JSON line: the steps
 committed, the error of each save or restore that failed (``None`` where it did not), and the values restored.
 """
@@ -77,6 +78,16 @@ with CheckpointManager(folder, process_timeout=30) as manager:
         "mine": restored["mine"],
         "step": manager.restored.step if manager.restored else None,
     }
+for broadcast in (None, True):  # one leaf restored onto another sharding in each process: the sides disagreed
+    with CheckpointManager(folder, process_timeout=30, broadcast_restore=broadcast) as manager:
+        like = state()
+        layout = NamedSharding(mesh, P() if process == 1 else P("x"))
+        like["state"]["w"] = jax.make_array_from_callback(whole.shape, layout, lambda index: whole[index])
+        try:
+            manager.restore(step=1, like=like)
+            report[f"other_shardings_{broadcast}"] = None
+        except Exception as error:
+            report[f"other_shardings_{broadcast}"] = f"{type(error).__name__}: {error}"
 with CheckpointManager(folder + "-kept", keep=KeepPolicy(keep_last=2 + process), process_timeout=30) as manager:
     try:
         manager.save(1, state())

@@ -112,7 +112,7 @@ def _run(processes: int, leaves, *, chunk_bytes: int):
                     return aligned
 
                 boxes = exchange.share(f"1/f:{name}", Placement(indices), value.shape, value.dtype, read)
-                tree[name] = Pending(name, lambda boxes=boxes: boxes)
+                tree[name] = Pending(name, lambda boxes=boxes: boxes, shape=value.shape, sharding=Placement(indices))
             digests[me] = exchange.digest()
             got[me] = exchange.deliver(tree, barriers[me].append)
         except BaseException as error:

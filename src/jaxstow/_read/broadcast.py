@@ -108,9 +108,13 @@ class _Range(NamedTuple):
 class Pending:
     """Stands for a restored leaf until :meth:`Exchange.deliver` gathers its boxes and builds it."""
 
-    def __init__(self, tag: str, build: Callable[[], jax.Array]) -> None:
+    def __init__(
+        self, tag: str, build: Callable[[], jax.Array], *, shape: tuple[int, ...], sharding: jax.sharding.Sharding
+    ) -> None:
         self.tag = tag
         self.build = build
+        self.shape = shape  # what the leaf will be, and where
+        self.sharding = sharding
 
     def __repr__(self) -> str:
         return f"<{self.tag}: pending>"

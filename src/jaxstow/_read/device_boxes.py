@@ -77,7 +77,7 @@ def read_onto_devices(
             return _held_elsewhere(leaf.shape, placement, np.dtype(dtype or leaf.dtype), opened.file, path)
         return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])
 
-    return build() if exchange is None else broadcast.Pending(tag, build)
+    return build() if exchange is None else broadcast.Pending(tag, build, shape=leaf.shape, sharding=placement)
 
 
 def _held_elsewhere(

@@ -13,13 +13,16 @@ collective. See docs/scaling.md ("Restoring together").
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
+import jax
+
 from jaxstow._coordination import Conversation, Coordinator
 from jaxstow._read import gathering
-from jaxstow._read.broadcast import Exchange, reading_once
+from jaxstow._read.broadcast import Exchange, Pending, reading_once
 from jaxstow.checkpoint.read_once import pays
 from jaxstow.checkpoint.recovery import Restored, step_damage
 from jaxstow.checkpoint.step_folder import StepFolder
@@ -99,6 +102,8 @@ def _restore_first(
         exchange = Exchange() if once and able else None
         tree, report, error = _attempt(folder, step, restore, fallback=fallback, exchange=exchange)
         ranges = exchange.digest() if exchange is not None else "" if able else _UNABLE
+        if error is None and ranges != _UNABLE:
+            ranges += "/" + _global_layout(tree)  # global arrays on other shardings: each side thinks it holds its own
         if talk.coordinator.index != 0 and error is not None and report.startswith(_FAILED):
             talk.tell(f"{step}/report", {"outcome": report, "ranges": ranges})
             raise error  # this process's own error; the others learn of it from process 0's verdict
@@ -119,6 +124,18 @@ def _restore_first(
     raise CheckpointError(
         f"{where} holds no step that restores intact in every process" + (f" ({reasons})" if reasons else "")
     )
+
+
+def _global_layout(tree: Any) -> str:
+    """A digest of where the arrays of ``tree`` that span processes lie: their shapes and shardings, which every
+    process must restore alike (arrays of this process's devices alone may differ)."""
+    parts = [
+        f"{index}:{leaf.shape}:{getattr(getattr(leaf.sharding, 'mesh', None), 'shape', None)}:"
+        f"{getattr(leaf.sharding, 'spec', leaf.sharding)}"
+        for index, leaf in enumerate(jax.tree.leaves(tree))
+        if isinstance(leaf, jax.Array | Pending) and not leaf.sharding.is_fully_addressable  # Pending: to be gathered
+    ]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _verdict(talk: Conversation, step: int, report: str, ranges: str, *, where: str) -> str:
