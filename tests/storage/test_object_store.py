@@ -229,6 +229,26 @@ def test_a_save_killed_mid_upload_leaves_the_previous_object_and_the_next_save_a
     assert jaxstow.load(url, storage_options=options, as_numpy=True)["v"].tolist() == [0.0, 0.0]
 
 
+def test_a_program_that_ends_without_closing_its_manager_leaves_no_lock(s3):
+    # The lock object stayed, and the next run (on any host) was refused until someone deleted it.
+    server, prefix, client = s3
+    url = server.url(prefix, "run")
+    program = textwrap.dedent(
+        f"""
+        import json, sys, numpy as np
+        from jaxstow import CheckpointManager
+        manager = CheckpointManager({url!r}, storage_options=json.loads(sys.argv[1]))
+        manager.save(1, {{"w": np.ones(1000)}})  # still being written as the program ends
+        """
+    )
+    ended = forked.run([sys.executable, "-c", program, json.dumps(server.storage_options)], capture_output=True)
+    assert ended.returncode == 0, ended.stderr
+    assert not _exists(client, server.bucket, f"{prefix}/run/.jaxstow.lock")
+    with CheckpointManager(url, storage_options=server.storage_options) as manager:
+        assert manager.steps() == [1]
+        manager.save(2, {"w": np.ones(2)})
+
+
 def test_a_new_manager_aborts_the_uploads_a_killed_one_left(s3):
     server, prefix, client = s3
     url = server.url(prefix, "run")

@@ -32,7 +32,7 @@ import socket
 import weakref
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
@@ -276,6 +276,9 @@ class RemoteLock:
         hint = f"If that writer is gone, delete {self._url}."
         with storage_errors(self._url):
             self._take(store.location, hint)
+        # Released when this object goes, or when the program ends without close(): else the next run, on any host,
+        # would be refused until someone deleted the lock object.
+        self._finalizer = weakref.finalize(self, _release_remote, self._fs, self._path, self._url, self._holder)
 
     def _take(self, location: str, hint: str) -> None:
         if self._fs.exists(self._path):
@@ -323,10 +326,22 @@ class RemoteLock:
 
     def release(self) -> None:
         """Delete the lock object if it is still this one's (idempotent)."""
-        with contextlib.suppress(FileNotFoundError), storage_errors(self._url):
-            self._fs.invalidate_cache(self._path)
-            if Holder.parse(self._fs.cat_file(self._path)) == self._holder:
-                self._fs.rm(self._path)
+        self._finalizer.detach()
+        _release_remote(self._fs, self._path, self._url, self._holder, quiet=False)
+
+
+def _release_remote(fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True) -> None:
+    """Delete the lock object at ``path`` if ``holder`` holds it; ``quiet``: at exit or collection, where no one is
+    told, a failure is logged."""
+    try:
+        with contextlib.suppress(FileNotFoundError), storage_errors(url):
+            fs.invalidate_cache(path)
+            if Holder.parse(fs.cat_file(path)) == holder:
+                fs.rm(path)
+    except Exception as error:
+        if not quiet:
+            raise
+        logger.warning("%s: the lock object stays: %s", url, error)
 
 
 def _s3_read(store: RemoteStore, path: str) -> tuple[bytes, str | None]:
