@@ -106,6 +106,10 @@ CASES: dict[str, Case] = {
     "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),
     "save metadata that holds itself": lambda w: jaxstow.save(w / "m.jxs", {"a": 1}, metadata=_holding_itself()),
     "save a tree 1000 levels deep": lambda w: jaxstow.save(w / "m.jxs", _nested(1000)),
+    "manager onto a file of a URL": lambda w: (  # its steps went under the object's key, where no reader looks
+        jaxstow.save("memory://jaxstow-sweep/model.jxs", {"a": 1}),
+        CheckpointManager("memory://jaxstow-sweep/model.jxs").save(1, {"a": 1}),
+    ),
     "save onto a folder of a URL": lambda w: (  # the file was moved into the folder, and the save said nothing
         jaxstow.save("memory://jaxstow-sweep/folder/inside.jxs", {"a": 1}),
         jaxstow.save("memory://jaxstow-sweep/folder", {"a": 1}),

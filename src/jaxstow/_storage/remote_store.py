@@ -33,7 +33,7 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError, PathNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, NotAFolderError, PathNotFoundError
 
 __all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
 
@@ -116,6 +116,8 @@ class RemoteStore:
                     f"the bucket {bucket!r} does not exist: create it first (a checkpoint manager makes none)",
                     file=self.location,
                 )
+            if self.fs.isfile(self.root):  # its steps would go under the object's key, where no reader of it looks
+                raise NotAFolderError("is a file, not a folder for checkpoints", file=self.location)
             self.fs.makedirs(self.root, exist_ok=True)
 
     def _files(self) -> list[str]:
