@@ -64,6 +64,15 @@ def test_a_foreign_file_is_named_as_such(tmp_path, content):
         jaxstow.load(path)
 
 
+def test_the_error_of_a_file_that_is_none_shows_none_of_its_bytes(tmp_path):
+    # It quoted the first 16: a checkpoint's symlink to a token file put the token in the message, and in the logs.
+    (tmp_path / "token").write_bytes(b"hf_SECRETSECRETSECRET\n")
+    (tmp_path / "model.jxs").symlink_to(tmp_path / "token")
+    with pytest.raises(FormatError, match="not a jaxstow, safetensors or npz file") as caught:
+        jaxstow.load(tmp_path / "model.jxs")
+    assert "SECRET" not in str(caught.value)
+
+
 def test_details_nested_deeper_than_python_copies_are_a_format_error(tmp_path):
     # Deeper than a file holds, within what the JSON parser reads: copied before the limits were checked, a bare
     # RecursionError from load, open and the command.

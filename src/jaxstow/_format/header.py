@@ -119,9 +119,8 @@ def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
     first = source.read(0, min(size, DATA_ALIGNMENT)) if first is None else first
     (length,) = struct.unpack_from("<Q", first)
     if size == 8 or first[8:9] != b"{":
-        raise FormatError(
-            f"not a jaxstow, safetensors or npz file (it starts with {excerpt(first[:16])})", file=source.name
-        )
+        # What it starts with is not shown: the file may be anything a path leads to (a symlink to a token, a key).
+        raise FormatError("not a jaxstow, safetensors or npz file (no safetensors header starts it)", file=source.name)
     if length > MAX_HEADER_BYTES:
         limit = MAX_HEADER_BYTES
         raise CorruptFileError(f"header length {length} exceeds the limit of {limit} bytes", file=source.name)
