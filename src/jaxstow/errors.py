@@ -14,6 +14,7 @@ cannot save leaf 'act' of never-written.jxs: <function <lambda> ...> is neither 
 from __future__ import annotations
 
 import io
+import re
 import reprlib
 import socket
 import types
@@ -98,9 +99,25 @@ class JaxstowError(Exception):
     """Base class of jaxstow's errors; ``file`` and ``path`` say where the problem is."""
 
     def __init__(self, message: str, *, file: str | None = None, path: str | None = None) -> None:
-        super().__init__(message)
-        self.file = file
+        super().__init__(_without_passwords(message))  # a URL's password never reaches a message, nor a log
+        self.file = None if file is None else _without_passwords(file)
         self.path = path
+
+
+#: The password of a URL's ``user:password@``.
+_URL_PASSWORD = re.compile(r"(://[^/\s:@]*):[^@\s/]*@")
+
+
+def _without_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it masked.
+
+    >>> _without_passwords("http://me:hunter2@host/m.jxs: no such file")
+    'http://me:***@host/m.jxs: no such file'
+    >>> error = PathNotFoundError("no such file", file="https://me:hunter2@host/m.jxs")
+    >>> str(error), error.file, error.filename
+    ('https://me:***@host/m.jxs: no such file', 'https://me:***@host/m.jxs', 'https://me:***@host/m.jxs')
+    """
+    return _URL_PASSWORD.sub(r"\1:***@", text) if "@" in text else text
 
 
 class FormatError(JaxstowError, ValueError):
@@ -132,7 +149,7 @@ class PathError(JaxstowError, OSError):
 
     def __init__(self, problem: str, *, file: str) -> None:
         super().__init__(f"{file}: {problem}", file=file)
-        self.filename = file
+        self.filename = self.file
 
     def __str__(self) -> str:  # OSError would format its arguments otherwise
         return str(self.args[0])
@@ -163,7 +180,7 @@ class StorageError(JaxstowError, OSError):
         super().__init__(f"{file}: {problem}", file=file)
         self.errno = errno
         self.strerror = problem
-        self.filename = file
+        self.filename = self.file
 
     def __str__(self) -> str:  # OSError would format its arguments otherwise
         return str(self.args[0])
