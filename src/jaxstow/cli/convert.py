@@ -17,6 +17,7 @@ files, any other name a jaxstow file), unless ``--to`` says otherwise. See docs/
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.kinds import KINDS, Kind
 from jaxstow._format.native import stores_exactly as native_stores_exactly
+from jaxstow._format.native import write_native
 from jaxstow._format.native_or_npz import Kind as ContainerKind
 from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
@@ -131,7 +133,7 @@ def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | Non
     if target == "jaxstow":
         _save(dst, tree, metadata=metadata, progress=progress)
         return len(tensors) + len(values)
-    return _write_plain(dst, target, tensors, values, progress=progress)
+    return _write_plain(dst, target, tensors, values, metadata, progress=progress)
 
 
 def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
@@ -178,23 +180,26 @@ def _format_of(dst: str) -> str:
 
 def _convert_container(container: Reader, dst: str, target: str, *, progress: bool) -> int:
     leaves = describe(container)
+    manifest = container.container.manifest
+    # The user's metadata goes along: a jaxstow file's (JSON), or a plain safetensors file's strings.
+    metadata = manifest.get("metadata") if manifest is not None else getattr(container.container, "plain", None)
     if target == "jaxstow" and any(leaf.kind == "sharded" for leaf in leaves):  # shards become whole arrays
         tree = container.load(as_numpy=True)
-        _save(dst, tree, progress=progress)
+        _save(dst, tree, metadata=metadata or None, progress=progress)
         return len(leaves)
     stored = [leaf for leaf in leaves if leaf.stored]
     arrays = read_arrays(container, stored)
     tensors = [(leaf.path, arrays[leaf.path]) for leaf in stored]
     if target != "jaxstow":
         values = [leaf.path for leaf in leaves if not leaf.stored]
-        return _write_plain(dst, target, tensors, values, progress=progress)
-    if container.container.manifest is None:
-        _save(dst, dict(tensors), progress=progress)
+        return _write_plain(dst, target, tensors, values, metadata or None, progress=progress)
+    if manifest is None:
+        _save(dst, dict(tensors), metadata=metadata or None, progress=progress)
         return len(tensors)
     tensors += _per_process_tensors(container)
     container_kind: ContainerKind = "npz" if dst.lower().endswith(".npz") else "native"
     # The same bytes: the manifest, checksums included, still holds, told the dtypes the new container keeps raw.
-    manifest = _raw_described(container.container.manifest, container_kind, tensors)
+    manifest = _raw_described(manifest, container_kind, tensors)
     _write_raw(dst, lambda sink: write_container(sink, container_kind, tensors, manifest), tensors, progress=progress)
     return len(leaves)
 
@@ -251,9 +256,16 @@ def _tree_tensors(tree: Any) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
 
 
 def _write_plain(
-    dst: str, target: str, tensors: list[tuple[str, np.ndarray]], values: list[str], *, progress: bool
+    dst: str,
+    target: str,
+    tensors: list[tuple[str, np.ndarray]],
+    values: list[str],
+    metadata: dict[str, Any] | None,
+    *,
+    progress: bool,
 ) -> int:
-    """Write the arrays as a plain safetensors or npz file; leaves that such a file cannot hold are named."""
+    """Write the arrays as a plain safetensors or npz file; leaves that such a file cannot hold are named, and so
+    is metadata it cannot hold (safetensors holds string values, npz none)."""
     if values:
         shown = ", ".join(repr(path) for path in values[:5]) + (", ..." if len(values) > 5 else "")
         print(
@@ -262,10 +274,19 @@ def _write_plain(
         )
     kind: ContainerKind = "npz" if target == "npz" else "native"
     stores_exactly = npz_stores_exactly if kind == "npz" else native_stores_exactly
+    plain = metadata if kind == "native" and metadata and all(type(v) is str for v in metadata.values()) else None
+    if metadata and plain is None:
+        print(
+            f"note: the metadata ({', '.join(map(repr, metadata))}) has no place in a plain {target} file",
+            file=sys.stderr,
+        )
     if all(stores_exactly(array.dtype) for _, array in tensors):
-        _write_raw(dst, lambda sink: write_container(sink, kind, tensors, None), tensors, progress=progress)
+        write = functools.partial(write_native, tensors=tensors, manifest=None, plain=plain)
+        if kind == "npz":
+            write = functools.partial(write_container, kind=kind, tensors=tensors, manifest=None)
+        _write_raw(dst, lambda sink: write(sink), tensors, progress=progress)
     elif container_kind(dst) == kind:  # the rule of save: raw bytes, their true dtypes in a jaxstow manifest
-        _save(dst, dict(tensors), progress=progress)
+        _save(dst, dict(tensors), metadata=metadata, progress=progress)
     else:
         raw = next(path for path, array in tensors if not stores_exactly(array.dtype))
         raise ArgumentError(
