@@ -42,12 +42,12 @@ from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
-from jaxstow._read.structure import check_rebuilt, like_paths_in_file, rebuilt
+from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
 from jaxstow._util.host_memory import default_host_budget
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
-from jaxstow.errors import ArgumentError, RequestError, StructureMismatchError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError, RequestError, StructureMismatchError
 
 __all__ = ["pipeline_by_default", "read_while_tracing", "restore"]
 
@@ -196,11 +196,7 @@ def _rebuild(
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
         _to_devices(opened, opened.paths, everything, numpy_leaves, {}, as_numpy=as_numpy)
-        return (
-            dict(zip(opened.paths, everything, strict=True))
-            if treedef is None
-            else rebuilt(opened, treedef, everything)
-        )
+        return _rebuilt(opened, treedef, opened.paths, everything)
     paths = opened.paths
     chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
     treedef = opened.treedef()
@@ -226,7 +222,7 @@ def _rebuild(
 
     placements = _placements(opened, sharding, index_tree, arrays)
     values = _read(opened, paths, stored, arrays, placements, value, {}, as_numpy=as_numpy, pipeline=pipeline)
-    tree = dict(zip(paths, values, strict=True)) if treedef is None else rebuilt(opened, treedef, values)
+    tree = _rebuilt(opened, treedef, paths, values)
     return prune(tree) if select is not None else tree
 
 
@@ -397,7 +393,7 @@ def _fit(
         fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, every=every)
     for i in arrays:  # weakly typed as the like leaf is: it promotes alike, and like's traced functions fit it
         values[i] = typed_as(values[i], wanted[i])
-    return rebuilt(opened, treedef, values)
+    return _rebuilt(opened, treedef, paths, values)
 
 
 def _streamed(
@@ -434,3 +430,20 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
     if target.output == "npscalar":
         return value[()]
     return value
+
+
+def _rebuilt(opened: OpenedFile, treedef: Any, paths: Sequence[str], values: list[Any]) -> Any:
+    """The tree of ``values`` (a plain file's: a dict by ``paths``); a class of it that refuses them (its
+    ``__post_init__`` checks its arrays) is a :class:`FormatError` naming the file, its own error the cause."""
+    if treedef is None:
+        return dict(zip(paths, values, strict=True))
+    try:
+        return treedef.unflatten(values)
+    except JaxstowError:
+        raise
+    except Exception as error:
+        raise FormatError(
+            f"a class of the saved tree refused the restored values ({type(error).__name__}: {error}); has it changed "
+            "since the save?",
+            file=opened.file,
+        ) from error

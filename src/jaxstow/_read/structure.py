@@ -34,9 +34,9 @@ from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
-from jaxstow.errors import FormatError, JaxstowError, StructureMismatchError, UnknownNameError
+from jaxstow.errors import StructureMismatchError, UnknownNameError
 
-__all__ = ["check_rebuilt", "like_paths_in_file", "rebuilt"]
+__all__ = ["check_rebuilt", "like_paths_in_file"]
 
 _MAPPINGS = (dict, OrderedDict, defaultdict)
 _SEQUENCES = (list, tuple)
@@ -270,18 +270,3 @@ def _type_name(node_type: type) -> str:
     name = registry.type_name(node_type)
     qualified = f"{node_type.__module__}.{node_type.__qualname__}"
     return node_type.__name__ if name == qualified else f"{node_type.__name__} (saved as {name!r})"
-
-
-def rebuilt(opened: OpenedFile, treedef: Any, values: list[Any]) -> Any:
-    """The tree of ``values``; a class of it that refuses them (its ``__post_init__`` checks its arrays) is a
-    :class:`FormatError` naming the file, its own error the cause."""
-    try:
-        return treedef.unflatten(values)
-    except JaxstowError:
-        raise
-    except Exception as error:
-        raise FormatError(
-            f"a class of the saved tree refused the restored values ({type(error).__name__}: {error}); has it changed "
-            "since the save?",
-            file=opened.file,
-        ) from error

@@ -6,10 +6,8 @@ the socket into its place in the final buffer (no copy in Python), ``requests`` 
 bandwidth cap when there is one. Chosen by measurement against obstore and s3fs (``bench/bench_object_store.py``):
 the least client CPU per byte read of the three, and the only one of them that lands bytes in a given buffer.
 
-Payloads are not signed (``UNSIGNED-PAYLOAD``, what botocore does over https), so that hashing every byte twice is
-not the price of an http endpoint; each part still carries its CRC32, which the server checks, and every leaf its
-xxh3, which every read checks. ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` in the storage options
-signs them again.
+Payloads are not signed (``UNSIGNED-PAYLOAD``, as botocore over https): each part carries its CRC32, which the server
+checks, and every leaf its xxh3. ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` signs them again.
 
 Every request goes through one :class:`~jaxstow._storage.retrying.Retries` policy, reads and writes alike: botocore's
 own retries are turned off in this client, and the attempts its ``retries`` config (or ``AWS_MAX_ATTEMPTS``) gives
@@ -110,13 +108,11 @@ def _new_client(fs: Any, requests: int) -> _Client:
     config.setdefault("read_timeout", fs.read_timeout)
     config["max_pool_connections"] = max(int(config.get("max_pool_connections", 0)), 4 * requests + 4)
     config["s3"] = {"payload_signing_enabled": False, **config.get("s3", {})}
-    try:
+    try:  # s3fs passes the options it does not know on to botocore's session
         session = session_module.Session(**fs.kwargs)
-    except TypeError as error:  # s3fs passes the options it does not know on to botocore's session
-        raise ArgumentError(
-            f"storage_options {sorted(fs.kwargs)} hold an option s3fs does not know ({error}); a client's option, "
-            "such as region_name, goes in client_kwargs: storage_options={'client_kwargs': {'region_name': ...}}"
-        ) from None
+    except TypeError as error:
+        unknown = f"storage_options {sorted(fs.kwargs)} hold an option s3fs does not know ({error})"
+        raise ArgumentError(f"{unknown}; a client's option goes in client_kwargs") from None
     retries = dict(config.get("retries") or {})
     attempts = configured_attempts(retries, session.get_config_variable("max_attempts"))
     config["retries"] = {**{name: value for name, value in retries.items() if name == "mode"}, "total_max_attempts": 1}
