@@ -44,9 +44,12 @@ def test_missing_index_raises_file_not_found(tmp_path):
     ckpt = Checkpoint(tmp_path, keep_ckpts=3)
     ckpt.save(_tree(2), 2)
     with pytest.raises(
-        FileNotFoundError, match=r"no checkpoint 4 in .*0000000004\.npz does not exist \(indices: \[2\]\)"
-    ):
+        FileNotFoundError, match=r"0000000004\.npz: no checkpoint 4 here \(its indices: \[2\]\)"
+    ) as raised:
         ckpt.restore(idx=4)
+    assert isinstance(raised.value, jaxstow.errors.PathNotFoundError)
+    with pytest.raises(jaxstow.errors.ArgumentError, match=r"notes\.txt is not a checkpoint file name"):
+        Checkpoint.checkpoint_idx("notes.txt")
 
 
 def test_stray_files_are_ignored(tmp_path):

@@ -230,7 +230,7 @@ def test_the_checkpoint_keeps_the_latest_and_restores_any(tmp_path, capsys) -> N
     _assert_same(modules[1], target)
     assert capsys.readouterr().out.splitlines()[0] == f"Resuming from {tmp_path}/ckpt/0000000003.npz"
     assert ckpt.checkpoint_idx("/runs/ckpt/0000000042.npz") == 42
-    with pytest.raises(FileNotFoundError, match="no checkpoint 1 in"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint 1 here"):
         ckpt.restore(target.vars(), idx=1)
 
 

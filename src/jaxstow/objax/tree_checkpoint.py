@@ -16,6 +16,7 @@ from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
+from jaxstow.errors import ArgumentError, PathNotFoundError
 from jaxstow.objax.variables import load_var_collection, save_var_collection
 
 __all__ = ["TreeCheckpoint"]
@@ -101,14 +102,14 @@ class TreeCheckpoint:
         """The index of the checkpoint file ``filename`` (a path or a name)."""
         idx = StepNames(cls.FILE_FORMAT).step(os.path.basename(filename))
         if idx is None:
-            raise ValueError(f"{filename} is not a checkpoint file name (made by {cls.FILE_FORMAT!r})")
+            raise ArgumentError(f"{filename} is not a checkpoint file name (made by {cls.FILE_FORMAT!r})")
         return idx
 
     def find(self, idx: int | None = None) -> tuple[int, str]:
         """The index and path of checkpoint ``idx`` (the latest by default), or ``(0, "")`` if there is none.
 
-        A missing ``idx`` raises :class:`FileNotFoundError`, one that is no non-negative integer an
-        :class:`~jaxstow.errors.ArgumentError`.
+        A missing ``idx`` raises :class:`~jaxstow.errors.PathNotFoundError` (a ``FileNotFoundError``), one that is no
+        non-negative integer an :class:`~jaxstow.errors.ArgumentError`.
         """
         if idx is not None:
             idx = check_step(idx, what="idx")
@@ -119,9 +120,7 @@ class TreeCheckpoint:
             idx = indices[-1]
         path = self.path(idx)
         if self._names.name(idx) not in self._store.files():
-            raise FileNotFoundError(
-                f"no checkpoint {idx} in {self.directory}: {path} does not exist (indices: {self.indices()})"
-            )
+            raise PathNotFoundError(f"no checkpoint {idx} here (its indices: {self.indices()})", file=path)
         return idx, path
 
     def restore(self, like: Any = None, idx: int | None = None) -> tuple[Any, int, str]:
