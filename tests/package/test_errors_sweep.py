@@ -102,6 +102,8 @@ CASES: dict[str, Case] = {
     "load a number": lambda w: jaxstow.load(42),
     "load a text-mode file": lambda w: jaxstow.load(open(w / "w.jxs")),  # noqa: SIM115
     "load a closed file": lambda w: jaxstow.load(_closed(open(w / "w.jxs", "rb"))),  # noqa: SIM115
+    "load from a pipe": lambda w: jaxstow.load(os.fdopen(os.pipe()[0], "rb")),
+    "objax: load variables from a pipe": lambda w: objax_io.load_var_collection(os.fdopen(os.pipe()[0], "rb"), {}),
     "save to a closed file": lambda w: jaxstow.save(_closed(io.BytesIO()), {"a": 1}),
     "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),
     "save metadata that holds itself": lambda w: jaxstow.save(w / "m.jxs", {"a": 1}, metadata=_holding_itself()),

@@ -191,8 +191,14 @@ class FileObject(SourceBase):
         self._file = file
         if getattr(file, "closed", False):
             raise ArgumentError(f"{name}: the file object is closed: open it again (in binary mode) before using it")
-        self._start = file.tell()
-        self.size = file.seek(0, io.SEEK_END) - self._start
+        try:
+            self._start = file.tell()
+            self.size = file.seek(0, io.SEEK_END) - self._start
+        except (OSError, AttributeError) as error:  # a pipe, a socket's file: io.UnsupportedOperation is an OSError
+            raise ArgumentError(
+                f"{name}: a file object to read must be seekable, and this one is not ({type(error).__name__}: "
+                f"{error}): read it whole into io.BytesIO(...) first"
+            ) from None
         self._lock = threading.Lock()  # a seek and the read after it: one thread's, not another's between them
 
     def describe_size(self) -> str:

@@ -21,7 +21,7 @@ import numpy as np
 from jaxstow._format.npz import MANIFEST_MEMBER, NpzReader
 from jaxstow._save_load import load, save
 from jaxstow._storage.opening import PathOrFile, display_name, local_path, open_source
-from jaxstow.errors import VariableMismatchError
+from jaxstow.errors import ArgumentError, VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]
 
@@ -184,7 +184,15 @@ def _kept_position(file: PathOrFile) -> Iterator[str | BinaryIO]:
     if isinstance(file, str | os.PathLike):
         yield os.fspath(file)
         return
-    start = file.tell()
+    try:
+        start = file.tell() if not getattr(file, "closed", False) and file.seekable() else None
+    except (OSError, AttributeError, ValueError):  # a pipe, a socket: io.UnsupportedOperation is an OSError
+        start = None
+    if start is None:
+        raise ArgumentError(
+            f"{display_name(file)}: a file object to read must be open and seekable: read it whole into "
+            "io.BytesIO(...) first"
+        )
     try:
         yield file
     finally:
