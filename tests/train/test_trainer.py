@@ -271,10 +271,13 @@ def test_only_the_main_process_saves(tmp_path: Path) -> None:
     ("overrides", "message"),
     [
         ({"train_batch_size": 1, "world_size": 2}, r"share of train_batch_size \(0\)"),
-        ({"gpu_batch_size_limit": 0}, r"gpu_batch_size_limit \(0\) must both be at least 1"),
+        ({"gpu_batch_size_limit": 0}, r"gpu_batch_size_limit must be an integer of at least 1, not 0"),
+        ({"world_size": 0}, r"world_size must be an integer of at least 1, not 0"),  # was a ZeroDivisionError
+        ({"epochs": "3"}, r"epochs must be an integer of at least 0, not '3'"),  # was a TypeError
+        ({"epochs": 2.5}, r"epochs must be an integer of at least 0, not 2\.5"),
     ],
 )
-def test_batch_sizes_that_cannot_work_are_refused(overrides: dict[str, int], message: str) -> None:
+def test_batch_sizes_that_cannot_work_are_refused(overrides: dict[str, object], message: str) -> None:
     args = TrainerArguments(epochs=1)
     args.distributed_training_args.world_size = overrides.pop("world_size", 1)
     for name, value in overrides.items():

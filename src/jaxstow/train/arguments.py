@@ -16,7 +16,7 @@ import dataclasses
 from jaxstow.errors import ArgumentError
 from jaxstow.train.default import DefaultCheckpointerArguments
 
-__all__ = ["DistributedTrainingArguments", "TrainerArguments", "step_batch_size"]
+__all__ = ["DistributedTrainingArguments", "TrainerArguments", "check_trainer_arguments", "step_batch_size"]
 
 
 @dataclasses.dataclass
@@ -68,3 +68,26 @@ def step_batch_size(batch_size: int, *, limit: int) -> int:
     while batch_size > limit:
         batch_size //= 2
     return batch_size
+
+
+def check_trainer_arguments(args: TrainerArguments) -> None:
+    """Refuse counts that are no integers, or below their least, naming the field, before anything runs.
+
+    >>> check_trainer_arguments(TrainerArguments(epochs="3"))
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: TrainerArguments.epochs must be an integer of at least 0, not '3'
+    """
+    distributed = args.distributed_training_args
+    counts = [
+        ("TrainerArguments.epochs", args.epochs, 0),
+        ("TrainerArguments.train_batch_size", args.train_batch_size, 1),
+        ("TrainerArguments.gpu_batch_size_limit", args.gpu_batch_size_limit, 1),
+        ("TrainerArguments.val_batch_size", args.val_batch_size, 1),
+        ("DistributedTrainingArguments.world_size", distributed.world_size, 1),
+        ("DistributedTrainingArguments.global_rank", distributed.global_rank, 0),
+        ("DistributedTrainingArguments.local_rank", distributed.local_rank, 0),
+    ]
+    for name, value, least in counts:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ArgumentError(f"{name} must be an integer of at least {least}, not {value!r}")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxstow.errors import ArgumentError, CheckpointError
-from jaxstow.train.arguments import TrainerArguments, step_batch_size
+from jaxstow.train.arguments import TrainerArguments, check_trainer_arguments, step_batch_size
 from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.default import DefaultCheckpointer
@@ -67,6 +67,7 @@ class Trainer:
         """
         self.module = module
         self.args = args if args is not None else TrainerArguments()
+        check_trainer_arguments(self.args)
         self.trainer_backend: TrainerBackend = trainer_backend if trainer_backend is not None else SingleProcess()
         self.checkpointer = (
             checkpointer if checkpointer is not None else DefaultCheckpointer(self.args.checkpointer_args)
