@@ -103,6 +103,8 @@ CASES: dict[str, Case] = {
     "load a text-mode file": lambda w: jaxstow.load(open(w / "w.jxs")),  # noqa: SIM115
     "load a closed file": lambda w: jaxstow.load(_closed(open(w / "w.jxs", "rb"))),  # noqa: SIM115
     "load from a pipe": lambda w: jaxstow.load(os.fdopen(os.pipe()[0], "rb")),
+    "objax: save arrays that are no variables": lambda w: objax_io.save_var_collection(w / "v.jxs", {"w": np.ones(2)}),
+    "objax: a renamer that is a dict": lambda w: objax_io.load_var_collection(w / "w.jxs", {}, renamer={"w": "v"}),
     "objax: load variables from a pipe": lambda w: objax_io.load_var_collection(os.fdopen(os.pipe()[0], "rb"), {}),
     "save to a closed file": lambda w: jaxstow.save(_closed(io.BytesIO()), {"a": 1}),
     "save to a text-mode file": lambda w: jaxstow.save(io.StringIO(), {"a": 1}),

@@ -55,7 +55,9 @@ class StepNames:
     def __init__(self, format: str) -> None:
         fields = _FIELD.findall(format)
         if len(fields) != 1 or format.count("%") != 1:
-            raise ValueError(f"a step name format needs exactly one integer field such as %d or %010d, not {format!r}")
+            raise ArgumentError(
+                f"a step name format needs exactly one integer field such as %d or %010d, not {format!r}"
+            )
         prefix, suffix = _FIELD.split(format)
         self.format = format
         self._pattern = re.compile(re.escape(prefix) + r"(\s*\d+)" + re.escape(suffix))

@@ -36,9 +36,16 @@ def _target(variable: Any) -> Any:
 
 def _by_variable(collection: Mapping[str, Any]) -> dict[int, tuple[Any, list[str]]]:
     """Each distinct variable of ``collection`` (by identity), with every name it goes by, in order."""
+    if not isinstance(collection, Mapping):
+        raise ArgumentError(f"vc must be a variable collection (module.vars()), not {type(collection).__name__}")
     variables: dict[int, tuple[Any, list[str]]] = {}
     for name, variable in collection.items():
         target = _target(variable)
+        if not (hasattr(target, "value") and callable(getattr(target, "assign", None))):
+            raise ArgumentError(
+                f"vc[{name!r}] is a {type(target).__name__}, not a variable (with .value and .assign): pass "
+                "module.vars(), whose values are Objax variables"
+            )
         variables.setdefault(id(target), (target, []))[1].append(name)
     return variables
 
@@ -105,10 +112,14 @@ def load_var_collection(
                 [f"{name!r}: stored {type(stored[name]).__name__}, not an array" for name in others],
                 file=display_name(file),
             )
+    if renamer is not None and not callable(renamer):
+        raise ArgumentError(f"renamer must be a function of a name (objax.io.Renamer), not {type(renamer).__name__}")
     rename = renamer or (lambda name: name)
     values: dict[str, Any] = {}
     for stored_name, value in stored.items():
         renamed = rename(stored_name)
+        if not isinstance(renamed, str):
+            raise ArgumentError(f"renamer({stored_name!r}) returned {renamed!r}, not a name (a str)")
         if renamed in values:
             raise VariableMismatchError(
                 [
