@@ -343,6 +343,26 @@ def test_a_step_restored_again_from_the_cache_needs_no_file_from_the_store(s3, t
         manager.restore()
 
 
+def test_a_cached_copy_gone_bad_is_fetched_again_and_never_makes_its_step_damaged(s3, tmp_path):
+    # The copy's damage made the step damaged: restore(fallback=True) went back to step 1, and so did
+    # latest_intact_step, though step 2 was intact in the store.
+    server, prefix, _ = s3
+    url, options = server.url(prefix, "run"), server.storage_options
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        for step in (1, 2):
+            manager.save(step, {"w": np.full(64, float(step))})
+        manager.restore()  # the cache holds step 2
+    [copy] = [path for path in tmp_path.rglob("w.safetensors") if path.parent.name == "2"]
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 1  # bit rot on the local disk
+    copy.write_bytes(bytes(data))
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        assert manager.restore(fallback=True, as_numpy=True)["w"][0] == 2.0 and manager.restored.step == 2
+    copy.write_bytes(bytes(data))
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        assert manager.latest_intact_step() == 2 and manager.damaged_steps() == {}
+
+
 def test_the_bandwidth_cap_is_never_exceeded(s3):
     """The cap paces requests, so no machine moves the bytes faster than it (10% for what is not paced: the header's
     request); a slower machine may take longer, down to a third of the cap, far below what the loopback server

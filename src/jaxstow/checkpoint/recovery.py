@@ -38,7 +38,7 @@ from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.restoring import open_readers
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError, StepNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, StepNotFoundError
 
 __all__ = [
     "VANISHED",
@@ -120,7 +120,10 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
         with folder.reading(step):
             record = folder.read_record(step, check_files=verify == "headers")
             if verify == "data":
-                return _data_damage(folder, record, progress=progress)
+                damage = _data_damage(folder, record, progress=progress)
+                if damage and any([folder.evict_damaged_copy(error) for error in damage]):  # local copies gone bad
+                    damage = _data_damage(folder, record, progress=progress)  # fetched again from the store
+                return _described(damage)
     except StepNotFoundError:
         raise
     except (FormatError, CheckpointError) as error:  # a damaged record or header, a missing file
@@ -128,8 +131,8 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
     return None
 
 
-def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> str | None:
-    """Read every leaf of every item of a step; the first damage found (and how much more there is), or ``None``."""
+def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> list[CorruptFileError]:
+    """Read every leaf of every item of a step; the damage found."""
     step = record.step
     with contextlib.ExitStack() as stack:
         readers = list(open_readers(stack, folder.open_files(record, sorted(record.files))).values())
@@ -139,6 +142,11 @@ def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> s
             for reader in readers:
                 damage += verify_checksums(reader, read.update)[1]
         logger.info("%s: read and checked every leaf of step %d (%s)", folder.store.location, step, format_bytes(total))
+    return damage
+
+
+def _described(damage: list[CorruptFileError]) -> str | None:
+    """The first damage found (and how much more there is), or ``None``."""
     if not damage:
         return None
     more = f" (and {len(damage) - 1} more damaged leaves)" if len(damage) > 1 else ""

@@ -185,7 +185,9 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
         for attempt in range(REPLACED_READS - 1):
             try:
                 return _restore_step(folder, step, record, like, items, options)
-            except (CheckpointError, FormatError):
+            except (CheckpointError, FormatError) as error:
+                if folder.evict_damaged_copy(error):  # a local copy gone bad (cache_dir): read from the store
+                    continue
                 if (now := folder.checked_record(step)) == record:
                     raise
                 record = now  # replaced while it was read: read the new one

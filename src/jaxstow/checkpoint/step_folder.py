@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -29,7 +30,14 @@ from jaxstow._steps.names import StepNames, check_step
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
 from jaxstow._util.pools import submit
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError, JaxstowError, StepNotFoundError
+from jaxstow.errors import (
+    ArgumentError,
+    CheckpointError,
+    CorruptFileError,
+    FormatError,
+    JaxstowError,
+    StepNotFoundError,
+)
 
 #: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
 _OPENING = 16
@@ -82,6 +90,20 @@ class StepFolder:
         if step not in steps:
             raise StepNotFoundError(f"step {step} is not in {self.store.location}; its committed steps are {steps}")
         return step
+
+    def evict_damaged_copy(self, error: BaseException) -> bool:
+        """Remove the local copy (``cache_dir``) that ``error``, a checksum mismatch, names, so that the next read
+        fetches the file from the store again; whether there was one. Only the store's bytes make a step damaged."""
+        cache = getattr(getattr(self.store, "settings", None), "cache_dir", None)
+        named = getattr(error, "file", None)
+        if not (cache and named and isinstance(error, CorruptFileError)):
+            return False
+        copy = os.path.abspath(named)
+        if not copy.startswith(os.path.abspath(cache) + os.sep) or not os.path.isfile(copy):
+            return False
+        logger.warning("%s: the local copy %s is damaged (%s); fetching it again", self.store.location, copy, error)
+        os.remove(copy)
+        return True
 
     @contextlib.contextmanager
     def reading(self, step: int) -> Iterator[None]:
