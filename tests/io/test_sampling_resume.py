@@ -13,6 +13,7 @@ import glob
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import time
 from multiprocessing.connection import Connection
@@ -27,6 +28,7 @@ from jax.experimental import io_callback
 
 import jaxstow
 from jaxstow import io, scheduler
+from jaxstow.errors import StructureMismatchError
 
 STEPS = 240
 SEGMENT = 4  # steps per jit call
@@ -150,6 +152,20 @@ def test_memory_collector_resumes_from_its_save_dir(tmp_path) -> None:
     with np.load(tmp_path / "resumed" / "chain_0.npz") as npz:
         np.testing.assert_array_equal(npz["x"], expected["samples"]["x"])
     assert not (tmp_path / "resumed" / "chain_0.checkpoint.jxs").exists()
+
+
+def test_an_older_copy_of_the_hdf5_file_beside_a_newer_checkpoint_is_refused(tmp_path) -> None:
+    # A copy of a live run that took the file first and the checkpoint later: the rows between would be zeros.
+    path = tmp_path / "samples.h5"
+    for stop in (20, 60):
+        collector = io.HDF5Collector(path)
+        _sample(collector, stop=stop)
+        collector.close()
+        if stop == 20:
+            shutil.copy(path, tmp_path / "copy.h5")
+    shutil.copy(tmp_path / "copy.h5", path)
+    with pytest.raises(StructureMismatchError, match=r"/draws_done: the file counts \d+ samples of chain 0, the check"):
+        _sample(io.HDF5Collector(path))
 
 
 def test_a_checkpoint_that_does_not_match_the_run_is_refused(tmp_path) -> None:

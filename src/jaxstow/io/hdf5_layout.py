@@ -136,7 +136,8 @@ def _check_names(names: Sequence[str]) -> None:
 
 
 def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 0) -> list[str]:
-    """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples)."""
+    """How the chain's datasets in ``file`` differ from ``layout`` (and from holding ``rows`` samples, counted in
+    ``/draws_done``)."""
     h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
     group = file[group_name(chain_id)]
     held = {"": group} if isinstance(group, h5py.Dataset) else {}  # a sample that is one array: no group
@@ -153,6 +154,10 @@ def layout_problems(file: Any, chain_id: int, layout: SampleLayout, rows: int = 
             problems.append(f"{where}: the file holds {held_now}, the run samples {wanted}")
         elif len(dataset) < rows:
             problems.append(f"{where}: the file holds {len(dataset)} samples, the checkpoint counts {rows}")
+    counts = file.get(DRAWS_DONE)
+    counted = int(counts[chain_id]) if counts is not None and chain_id < len(counts) else 0
+    if counted < rows:  # an older copy of the file beside a newer checkpoint: the rows between are not in it
+        problems.append(f"/{DRAWS_DONE}: the file counts {counted} samples of chain {chain_id}, the checkpoint {rows}")
     problems += [
         f"{dataset_name(chain_id, name)}: the file holds {item.dtype}{list(item.shape)}, the run does not sample it"
         for name, item in held.items()
