@@ -28,7 +28,7 @@ from jax.experimental import io_callback
 
 import jaxstow
 from jaxstow import io, scheduler
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import CollectorError, StructureMismatchError
 
 STEPS = 240
 SEGMENT = 4  # steps per jit call
@@ -152,6 +152,14 @@ def test_memory_collector_resumes_from_its_save_dir(tmp_path) -> None:
     with np.load(tmp_path / "resumed" / "chain_0.npz") as npz:
         np.testing.assert_array_equal(npz["x"], expected["samples"]["x"])
     assert not (tmp_path / "resumed" / "chain_0.checkpoint.jxs").exists()
+
+
+def test_memory_collector_refuses_to_replace_the_samples_of_a_finished_run(tmp_path) -> None:
+    _sample(io.MemoryCollector(save_dir=tmp_path), stop=STEPS)
+    finished = (tmp_path / "chain_0.npz").read_bytes()
+    with pytest.raises(CollectorError, match=r"chain_0.npz holds the samples of chain 0 of a finished run"):
+        _sample(io.MemoryCollector(save_dir=tmp_path))  # the same script run again, in another process as here
+    assert (tmp_path / "chain_0.npz").read_bytes() == finished
 
 
 def test_an_older_copy_of_the_hdf5_file_beside_a_newer_checkpoint_is_refused(tmp_path) -> None:

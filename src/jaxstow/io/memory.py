@@ -54,7 +54,8 @@ class MemoryCollector(KeepsChains, DataCollector):
 
     With ``save_dir``, :meth:`finalize` also writes one ``chain_{id}.npz`` per chain whose keys are the sample's
     dict keys joined by ``/``, and checkpoints are written there as ``chain_{id}.checkpoint.jxs``, those of a step's
-    chains committed together (a crash leaves every chain at one step). A checkpoint
+    chains committed together (a crash leaves every chain at one step). A later run resumes from the checkpoints, and
+    refuses to replace the samples of a finished run (another process's chain 0 is this one's chain 0). A checkpoint
     holds the samples kept so far, so its cost grows with them; for long checkpointed runs prefer the
     :class:`~jaxstow.io.HDF5Collector`.
     """
@@ -93,6 +94,12 @@ class MemoryCollector(KeepsChains, DataCollector):
         if path is not None:
             settle(chain_id, path)
         stored = None if path is None else read_checkpoint(path)
+        finished = self._path(chain_id, ".npz")
+        if stored is None and finished is not None and os.path.exists(finished):
+            raise CollectorError(
+                f"{finished} holds the samples of chain {chain_id} of a finished run, which this run would replace: "
+                "move them away, or give MemoryCollector another save_dir"
+            )
         if stored is not None and stored[1] is not None and (problems := layout.problems_with(stored[1])):
             raise StructureMismatchError(
                 [f"the samples of chain {chain_id} {problem}" for problem in problems], file=path
@@ -148,13 +155,22 @@ class MemoryCollector(KeepsChains, DataCollector):
         )
 
     def finalize(self, chain_id: int) -> None:
-        """With ``save_dir``, write ``chain_{id}.npz`` and remove the chain's checkpoint: the run is complete."""
-        path, checkpoint_path = self._path(chain_id, ".npz"), self._path(chain_id, _CHECKPOINT)
-        if path is None or checkpoint_path is None:
+        """Finalize one chain (see :meth:`finalize_chains`)."""
+        self.finalize_chains([chain_id])
+
+    def finalize_chains(self, chain_ids: Sequence[int]) -> None:
+        """With ``save_dir``, write ``chain_{id}.npz`` of each chain, then remove their checkpoints: the run is
+        complete. A run killed in between resumes every chain; a ``chain_{id}.npz`` without its checkpoint is a
+        finished run's, which a later run refuses to replace."""
+        if self._save_dir is None:
             return
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        save(path, self._kept(chain_id, self._chains.ends[chain_id]))
-        remove_checkpoint(checkpoint_path)
+        os.makedirs(self._save_dir, exist_ok=True)
+        for chain_id in chain_ids:
+            save(
+                os.path.join(self._save_dir, f"chain_{chain_id}.npz"), self._kept(chain_id, self._chains.ends[chain_id])
+            )
+        for chain_id in chain_ids:
+            remove_checkpoint(os.path.join(self._save_dir, f"chain_{chain_id}{_CHECKPOINT}"))
 
     def finished(self, chain_id: int) -> Any:
         """The chain's samples in the structure of the sample, as numpy arrays of the samples kept.
