@@ -170,9 +170,8 @@ class ChainBook:
         missing = _first_gap(self.arrived[chain_id], count)
         if missing is not None:
             raise CollectorError(
-                f"chain {chain_id}: its samples {missing[0]} to {missing[1] - 1} never reached the collector: was its "
-                "saving state given to the save of another strategy (io.save made twice)? Give each strategy's save "
-                "the state of its own init_save"
+                f"chain {chain_id}: its samples {missing[0]} to {missing[1] - 1} never reached the collector: give "
+                "postprocess_save the saving state that the run's last call of save returned"
             )
         self.ends[chain_id] = count
 

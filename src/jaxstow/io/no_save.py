@@ -11,7 +11,8 @@ import numpy as np
 
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.saving import Saving, refuse_leafless
+from jaxstow.io.save_arguments import refuse_leafless
+from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["DeviceSamples", "no_save"]

@@ -13,7 +13,9 @@ per chain and raised by ``postprocess_save``, with their cause.
 from __future__ import annotations
 
 import functools
+import itertools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +32,10 @@ from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.row_writes import RowWrites
 
 __all__ = ["Receiver", "ran_already", "ring_pieces"]
+
+#: The number of the next saving strategy made in this process, and each strategy's host by its number.
+_NUMBERS = itertools.count(1)
+_HOSTS: weakref.WeakValueDictionary[int, Receiver] = weakref.WeakValueDictionary()
 
 #: At most this many callbacks' blocks wait for a collector fed on the strategy's thread; a callback beyond them
 #: waits until one is delivered.
@@ -68,6 +74,8 @@ class Receiver:
 
     def __init__(self, collector: DataCollector) -> None:
         self.collector = collector
+        self.number = next(_NUMBERS)  # in every saving state it makes, which brings it to the host with each block
+        _HOSTS[self.number] = self
         self.at_once = copies_at_once(collector)
         self.live: dict[int, int | None] = {}
         #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
@@ -91,12 +99,14 @@ class Receiver:
     def receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
         """The callback: hand the blocks to the collector (or queue copies of them), and answer with the token.
 
-        ``numbers`` holds each chain's token (its id), samples sent before its block, rows in its block and the ring
-        row after them (see :func:`ring_pieces`). A checkpoint is taken before the callback returns, after every
+        ``numbers`` holds each chain's strategy, token (its id), samples sent before its block, rows in its block and
+        the ring row after them (see :func:`ring_pieces`). A checkpoint is taken before the callback returns, after every
         block before it: the host's state (a data loader's position) must be read at this step, and the run must not
         go on before its checkpoint is stored.
         """
-        chain_ids, firsts, fills, rows = np.array(numbers)  # a copy: the callback's arguments are the run's memory
+        strategies, chain_ids, firsts, fills, rows = np.array(numbers)  # a copy: the arguments are the run's memory
+        if np.any(strategies != self.number):
+            return self._forward(strategies, numbers, buffer, checkpoint)
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         rounds = self._blocks(chain_ids, firsts, fills, rows, leaves)
         if self.at_once:
@@ -110,6 +120,26 @@ class Receiver:
                 self._hand_over(rounds)
         if checkpoint is not None:
             self._checkpoint(chain_ids, firsts + fills, checkpoint)
+        token: np.ndarray = chain_ids.astype(np.int32)
+        return token
+
+    def _forward(self, strategies: np.ndarray, numbers: Any, buffer: Any, checkpoint: Any) -> np.ndarray:
+        """Hand the blocks of another strategy's saving state to that strategy's host: the function that runs the
+        chains calls the save of an earlier ``io.save``, which jax keeps with a function it traced once (a notebook
+        cell that makes ``io.save`` again, but not the function calling ``save``)."""
+        owners = {int(number) for number in strategies.flat}
+        owner = _HOSTS.get(owners.pop())
+        if not owners and owner is not None:
+            return owner.receive(numbers, buffer, checkpoint)
+        chain_ids = np.array(numbers)[1]
+        for index in np.ndindex(chain_ids.shape):  # states of several strategies stacked: none gets the blocks
+            host = _HOSTS.get(int(strategies[index]))
+            if host is not None:
+                error = CollectorError(
+                    f"the saving state of chain {int(chain_ids[index])} was stacked with those of another io.save: "
+                    "stack only the states that one init_save made"
+                )
+                host.failures.setdefault(int(chain_ids[index]), ("receiving the run's blocks", error))
         token: np.ndarray = chain_ids.astype(np.int32)
         return token
 

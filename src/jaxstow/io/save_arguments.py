@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxstow.errors import ArgumentError, excerpt
 from jaxstow.io.collector import DataCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
 
-__all__ = ["checked_collector", "checked_information", "checked_steps"]
+__all__ = ["checked_collector", "checked_information", "checked_steps", "is_key", "refuse_keys", "refuse_leafless"]
 
 
 def checked_collector(collector: Any) -> DataCollector:
@@ -55,3 +57,27 @@ def checked_information(information: Any) -> StaticInformation:
         )
     checked: StaticInformation = information
     return checked
+
+
+def refuse_leafless(spec: Any) -> None:
+    """Refuse a sample of no arrays (``{}``, ``None``): there is nothing to save of it."""
+    if not jax.tree.leaves(spec):
+        raise ArgumentError(
+            f"init_save's sample must hold at least one array, got {spec!r}, a tree of none: save the values to "
+            "keep, e.g. {'x': x}, or count the kept steps without io.save"
+        )
+
+
+def refuse_keys(spec: Any) -> None:
+    """Refuse a sample with a typed PRNG key, which the buffer of samples cannot hold: its data can be saved."""
+    for path, leaf in jax.tree_util.tree_flatten_with_path(spec)[0]:
+        if is_key(leaf):
+            raise ArgumentError(
+                f"init_save's sample holds a typed PRNG key at {jax.tree_util.keystr(path)}: save its data, "
+                "jax.random.key_data(key), and rebuild the key with jax.random.wrap_key_data"
+            )
+
+
+def is_key(leaf: Any) -> bool:
+    """Whether ``leaf`` is a typed PRNG key (or a tree spec of one)."""
+    return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))

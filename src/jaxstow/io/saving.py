@@ -49,7 +49,14 @@ from jaxstow.io.collector import DataCollector, registered_chain, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
-from jaxstow.io.save_arguments import checked_collector, checked_information, checked_steps
+from jaxstow.io.save_arguments import (
+    checked_collector,
+    checked_information,
+    checked_steps,
+    is_key,
+    refuse_keys,
+    refuse_leafless,
+)
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = ["Saving", "SavingState", "save"]
@@ -72,33 +79,38 @@ class SavingState(NamedTuple):
 
     chain_id: jax.Array
     buffer: Any
-    #: ``(*chains, 4)``: the :attr:`token`, :attr:`sent`, :attr:`fill` and :attr:`row` of each chain, one array (a
-    #: loop carries them in one buffer).
+    #: ``(*chains, 5)``: the :attr:`strategy`, :attr:`token`, :attr:`sent`, :attr:`fill` and :attr:`row` of each
+    #: chain, one array (a loop carries them in one buffer).
     counts: jax.Array
     #: 1 where the chain's block is full: without checkpoints, the next call of ``save`` sends it.
     full: jax.Array
     step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
 
     @property
+    def strategy(self) -> jax.Array:
+        """The number of the saving strategy whose ``init_save`` made the state: its host takes no other's blocks."""
+        return self.counts[..., 0]
+
+    @property
     def token(self) -> jax.Array:
         """The chain's id, as the host's last answer: orders the callbacks and names the chain to the host."""
-        return self.counts[..., 0]
+        return self.counts[..., 1]
 
     @property
     def sent(self) -> jax.Array:
         """The samples kept and sent to the host since the start of the run."""
-        return self.counts[..., 1]
+        return self.counts[..., 2]
 
     @property
     def fill(self) -> jax.Array:
         """The samples kept since then, in the block (the rows of the ring before :attr:`row`)."""
-        return self.counts[..., 2]
+        return self.counts[..., 3]
 
     @property
     def row(self) -> jax.Array:
         """The ring row of the next sample, counted on past the ring's end until the next block: the block is the
         ``fill`` rows before it."""
-        return self.counts[..., 3]
+        return self.counts[..., 4]
 
     @property
     def sample_count(self) -> jax.Array:
@@ -145,7 +157,7 @@ def save(
 
 def _count(counts: jax.Array, kept: jax.Array) -> jax.Array:
     """The counts after a sample: a row filled and the next row, where kept."""
-    return counts.at[..., 2:].add(kept[..., None])
+    return counts.at[..., 3:].add(kept[..., None])
 
 
 class _Moving(NamedTuple):
@@ -159,29 +171,6 @@ class _Moving(NamedTuple):
 
 def _sample_bytes(spec: Any) -> int:
     return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
-
-
-def refuse_leafless(spec: Any) -> None:
-    """Refuse a sample of no arrays (``{}``, ``None``): there is nothing to save of it."""
-    if not jax.tree.leaves(spec):
-        raise ArgumentError(
-            f"init_save's sample must hold at least one array, got {spec!r}, a tree of none: save the values to "
-            "keep, e.g. {'x': x}, or count the kept steps without io.save"
-        )
-
-
-def _refuse_keys(spec: Any) -> None:
-    """Refuse a sample with a typed PRNG key, which the buffer of samples cannot hold: its data can be saved."""
-    for path, leaf in jax.tree_util.tree_flatten_with_path(spec)[0]:
-        if _is_key(leaf):
-            raise ArgumentError(
-                f"init_save's sample holds a typed PRNG key at {jax.tree_util.keystr(path)}: save its data, "
-                "jax.random.key_data(key), and rebuild the key with jax.random.wrap_key_data"
-            )
-
-
-def _is_key(leaf: Any) -> bool:
-    return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
 
 
 def _weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.ndarray]:
@@ -207,16 +196,16 @@ def _weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.
 def _fresh_state(
     table: jax.Array, *, rows: int, layout: tuple[tuple[tuple[int, ...], np.dtype], ...]
 ) -> tuple[jax.Array, list[jax.Array], jax.Array, jax.Array, jax.Array]:
-    """The arrays of a new :class:`SavingState` (``table``: each chain's id, samples sent and step; ``layout``: each
+    """The arrays of a new :class:`SavingState` (``table``: each chain's strategy, id, samples sent and step; ``layout``: each
     sample leaf's shape and dtype), made in one call: each array made alone costs a dispatch of its own."""
     table = jnp.asarray(table)  # a numpy array under jax.disable_jit()
     chains = table.shape[:-1]
     buffers = [jnp.zeros((*chains, 2 * rows, *shape), dtype) for shape, dtype in layout]
     # The id travels as the host's answer (the token), not as ``chain_id``: a value the compiler sees never change,
     # used in the loop, slows the whole loop down (about 6% of an SGLD step of 8 chains).
-    counts = jnp.zeros((*chains, 4), jnp.int32).at[..., :2].set(table[..., :2])  # token (the id), sent, fill, row
+    counts = jnp.zeros((*chains, 5), jnp.int32).at[..., :3].set(table[..., :3])  # strategy, token (id), sent, fill, row
     full = jnp.zeros(chains, jnp.int32)
-    return table[..., 0], buffers, counts, full, table[..., 2]
+    return table[..., 1], buffers, counts, full, table[..., 3]
 
 
 class _Streaming:
@@ -242,7 +231,7 @@ class _Streaming:
         information = checked_information(static_information)
         spec = spec_of(init_sample)
         refuse_leafless(spec)
-        _refuse_keys(spec)
+        refuse_keys(spec)
         checkpoint_spec = spec_of(init_checkpoint)
         checkpoint_treedef: PyTreeDef = jax.tree.structure(checkpoint_spec)
         if self.host.live and checkpoint_treedef != jax.tree.structure(self.host.checkpoint_spec):
@@ -254,7 +243,7 @@ class _Streaming:
             self._register(init_sample, init_checkpoint, information, checkpoint_spec)
             for _ in range(int(np.prod(chains)))
         ]
-        table = np.array(registered, np.int32).reshape(*chains, 3)
+        table = np.array([(self.host.number, *chain) for chain in registered], np.int32).reshape(*chains, 4)
         treedef: PyTreeDef = jax.tree.structure(spec)
         layout = tuple((tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in jax.tree.leaves(spec))
         chain_id, buffers, counts, full, step = _fresh_state(table, rows=rows, layout=layout)
@@ -280,7 +269,7 @@ class _Streaming:
         self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
         self.host.checkpoint_spec = checkpoint_spec
         self.host.key_impls = [
-            (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if _is_key(leaf) else None
+            (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if is_key(leaf) else None
             for leaf in jax.tree.leaves(init_checkpoint)
         ]
         resumed = self.collector.resume().get(chain_id)
@@ -369,7 +358,7 @@ class _Streaming:
                 hint="checkpoint_every checkpoints the solver state: pass it to every save, "
                 "save(saving_state, keep, sample, solver_state=state), with the structure of init_checkpoint",
             )
-            solver = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if _is_key(leaf) else leaf, solver)
+            solver = jax.tree.map(lambda leaf: jax.random.key_data(leaf) if is_key(leaf) else leaf, solver)
             checkpoint = jax.lax.stop_gradient((solver, scheduler_state))
         # Only what a step changes goes through it: the compiler cannot see that a field passed through the step
         # (a custom_vmap call) stays the same, and such a field slows every step of the loop down.
@@ -392,13 +381,13 @@ class _Streaming:
         kept = keep.astype(jnp.int32)  # before the barrier: a constant stays one, computed at no step
         state, kept, sample, checkpoint = jax.lax.optimization_barrier((state, kept, sample, checkpoint))  # type: ignore[no-untyped-call]
         ring = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
-        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 3], jnp.int32(ring)), sample)
+        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 4], jnp.int32(ring)), sample)
         if checkpoint is None or state.step is None:
             return self._blocks_step(state._replace(buffer=buffer), kept, ring // 2)
         counts = _count(state.counts, kept)
         step = state.step + 1
         due = jnp.any(step % self.checkpoint_every == 0)
-        branch = jnp.where(due, 2, jnp.any(counts[..., 2] == ring // 2).astype(jnp.int32))
+        branch = jnp.where(due, 2, jnp.any(counts[..., 3] == ring // 2).astype(jnp.int32))
 
         def wait(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
             return counts
@@ -418,7 +407,7 @@ class _Streaming:
 
         def wait(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
             counts = _count(counts, kept)
-            return counts, (counts[..., 2] == rows).astype(jnp.int32)
+            return counts, (counts[..., 3] == rows).astype(jnp.int32)
 
         def send(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
             # The blocks go without this call's sample, which starts the next one (a block of rows or one short).
@@ -444,4 +433,6 @@ class _Streaming:
             token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
         ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
         zero = jnp.zeros_like(token)
-        return jnp.stack([token, numbers[1] + numbers[2], zero, jax.lax.rem(numbers[3], jnp.int32(ring))], axis=-1)
+        return jnp.stack(
+            [numbers[0], token, numbers[2] + numbers[3], zero, jax.lax.rem(numbers[4], jnp.int32(ring))], axis=-1
+        )

@@ -1,0 +1,60 @@
+"""A notebook cell that makes ``io.save`` again, beside a function traced with the save of the first: jax runs its
+trace again, calling the first strategy's save with the second's state; each run's samples still reach the collector
+of the ``init_save`` that made its state, never another's."""
+
+from __future__ import annotations
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io
+from jaxstow.errors import CollectorError
+from jaxstow.io import live, scheduler
+
+N = 40
+save = None  # the global that the cell below makes again, as a notebook does
+
+
+def update(saving_state, value):
+    return save(saving_state, True, {"x": value})  # the global save of when jax traced it first
+
+
+def _cell(collector, start: float, block_size: int = 8):
+    """The notebook cell: a strategy made anew, a run of ``update``."""
+    global save
+    init_save, save, postprocess_save = io.save(collector, block_size=block_size)
+    state = init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=N))
+    final, _ = jax.lax.scan(update, state, start + jnp.arange(N, dtype=jnp.float32))
+    return final, postprocess_save
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_each_run_reaches_its_own_collector(tmp_path, kind):
+    def collector(name):
+        return io.MemoryCollector() if kind == "memory" else io.HDF5Collector(str(tmp_path / f"{name}.h5"))
+
+    first, post_first = _cell(collector("a"), 0.0)
+    second, post_second = _cell(collector("b"), 1000.0)  # update's trace is jax's, with the first strategy's save
+    np.testing.assert_array_equal(np.asarray(post_first(first, None)["samples"]["x"][:]), np.arange(N))
+    np.testing.assert_array_equal(np.asarray(post_second(second, None)["samples"]["x"][:]), 1000 + np.arange(N))
+    if kind == "hdf5":
+        for name, start in (("a", 0), ("b", 1000)):
+            draws = live.read_draws(str(tmp_path / f"{name}.h5"))
+            assert draws.finished and draws.done == [N]
+            np.testing.assert_array_equal(draws.chains[0]["x"], start + np.arange(N))
+            with h5py.File(tmp_path / f"{name}.h5", "r") as file:
+                assert file["chain~0"].attrs["sample_count"] == N
+
+
+def test_states_of_two_strategies_stacked_into_one_run_are_refused():
+    init_a, save_a, post_a = io.save(io.MemoryCollector(), block_size=4)
+    init_b, _, _ = io.save(io.MemoryCollector(), block_size=4)
+    sample, info = {"x": jnp.float32(0)}, scheduler.static_information(samples_collected=8)
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), init_a(sample, None, info), init_b(sample, None, info))
+    run = jax.vmap(lambda state: jax.lax.scan(lambda s, v: save_a(s, True, {"x": v}), state, jnp.arange(8.0))[0])
+    final = run(stacked)
+    with pytest.raises(CollectorError, match=r"stacked with those of another io\.save"):
+        post_a(jax.tree.map(lambda leaf: leaf[0], final), None)
