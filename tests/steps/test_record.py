@@ -8,6 +8,7 @@ import math
 import random
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxstow
@@ -110,6 +111,9 @@ def test_metrics_are_floats_and_what_json_cannot_hold_becomes_none():
         ({1: 0.5}, "metric names of step 3 must be strings, not 1"),
         ({"loss": True}, "metric 'loss' of step 3 must be a number, not True"),
         ({"loss": "0.5"}, "metric 'loss' of step 3 must be a number, not '0.5'"),
+        ({"loss": np.complex64(1 + 2j)}, "must be a number, not np.complex64"),  # float() would drop 2j, warning only
+        ({"loss": jnp.complex64(1)}, "must be a number, not Array"),
+        ({"loss": np.bool_(True)}, "must be a number, not np.True_"),
     ]:
         with pytest.raises(ArgumentError, match=message.replace("[", r"\[")):
             check_metrics(metrics, step=3)

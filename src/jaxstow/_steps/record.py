@@ -60,7 +60,7 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
         if not isinstance(name, str):
             raise ArgumentError(f"metric names of step {step} must be strings, not {name!r}")
         try:
-            number = None if isinstance(value, bool | str | bytes) else float(value)
+            number = None if _not_a_number(value) else float(value)
         except (TypeError, ValueError):
             number = None
         except OverflowError:  # an int beyond a float's range
@@ -71,6 +71,11 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
             raise ArgumentError(f"metric {name!r} of step {step} must be a number, not {value!r}")
         out[name] = number if math.isfinite(number) else None
     return out
+
+
+def _not_a_number(value: Any) -> bool:
+    """A truth value, text or a complex number, which ``float`` would take (numpy's with only a warning)."""
+    return isinstance(value, bool | str | bytes) or getattr(getattr(value, "dtype", None), "kind", "") in ("b", "c")
 
 
 def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
