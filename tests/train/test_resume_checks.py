@@ -8,7 +8,7 @@ import pytest
 
 import jaxstow
 from jaxstow import train
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError, StructureMismatchError
 
 torch = pytest.importorskip("torch")
 
@@ -103,3 +103,31 @@ def test_a_damaged_trainer_state_is_refused_naming_the_field(tmp_path, damage, m
     args = train.DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=None, load_dir=tmp_path)
     with pytest.raises(CheckpointError, match=message):
         train.Trainer(Module(1), train.TrainerArguments(epochs=2, checkpointer_args=args))
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        (lambda: torch.nn.Linear(3, 1), r"'weight' is float64\[1, 3\], the model's is float32\[1, 3\]"),
+        (lambda: torch.nn.Linear(3, 2).double(), r"'weight' is float64\[1, 3\], the model's is float64\[2, 3\]"),
+        (lambda: torch.nn.Linear(3, 1, bias=False).double(), r"unexpected tensor 'bias'"),
+    ],
+)
+def test_a_torch_model_resumes_only_from_tensors_of_its_own_shapes_and_dtypes(tmp_path, layer, message):
+    def module(model):
+        def loss_fn(model, batch):
+            return model(batch).square().mean()
+
+        data = lambda epoch: [torch.ones(4, 3, dtype=next(model.parameters()).dtype)]  # noqa: E731
+        return train.TorchModule(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn, data)
+
+    folder = str(tmp_path)
+    arguments = train.TrainerArguments(
+        epochs=1, checkpointer_args=train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder)
+    )
+    train.Trainer(module(torch.nn.Linear(3, 1).double()), arguments).train()
+    other = layer()
+    before = [tensor.clone() for tensor in other.state_dict().values()]
+    with pytest.raises(StructureMismatchError, match=message):  # torch would cast the first silently
+        train.Trainer(module(other), arguments)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.state_dict().values(), strict=True))

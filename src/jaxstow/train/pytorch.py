@@ -6,9 +6,10 @@ works without torch installed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from jaxstow.errors import StructureMismatchError
 from jaxstow.train.module import ModuleInterface
 
 __all__ = ["TorchModule"]
@@ -84,6 +85,36 @@ class TorchModule(ModuleInterface):
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def update_state(self, state: dict[str, Any]) -> None:
-        """Load the model's and the optimiser's state dicts (``load_state_dict`` checks names and shapes)."""
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        """Load the model's and the optimiser's state dicts, the model's tensors checked first: their names, shapes
+        and dtypes (torch's ``load_state_dict`` would cast another dtype silently).
+
+        Raises:
+            StructureMismatchError: The state does not fit the model or its optimiser.
+        """
+        problems = _tensor_problems(self.model.state_dict(), state.get("model") if isinstance(state, Mapping) else None)
+        if problems:
+            raise StructureMismatchError([f"the checkpoint's 'model': {problem}" for problem in problems])
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (KeyError, RuntimeError, TypeError, ValueError) as error:
+            raise StructureMismatchError([f"the checkpoint's state does not fit the module: {error}"]) from None
+
+
+def _tensor_problems(expected: Mapping[str, Any], found: Any) -> list[str]:
+    """How the state dict ``found`` differs from ``expected`` in its tensors' names, shapes and dtypes."""
+    if not isinstance(found, Mapping):
+        return [f"a state dict, not {type(found).__name__}"]
+    problems = [f"missing tensor {name!r}" for name in expected if name not in found]
+    problems += [f"unexpected tensor {name!r}" for name in found if name not in expected]
+    for name, tensor in expected.items():
+        if name in found and _described(found[name]) != _described(tensor):
+            problems.append(f"{name!r} is {_described(found[name])}, the model's is {_described(tensor)}")
+    return problems
+
+
+def _described(tensor: Any) -> str:
+    shape, dtype = getattr(tensor, "shape", None), getattr(tensor, "dtype", None)
+    if shape is None or dtype is None:
+        return f"a {type(tensor).__name__}"
+    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
