@@ -58,6 +58,16 @@ def test_a_step_without_a_time_is_kept_by_no_time_rule():
     assert policy.reasons([1, 2, 3], {}, {2: 0.0, 3: 5.0}) == {1: [], 2: ["every 10 s"], 3: ["newest"]}
 
 
+def test_a_clock_set_back_starts_the_intervals_again():
+    # Steps 1-3 saved on a clock years ahead, then the clock corrected: the hourly steps after it are kept.
+    ahead = 1.9e9
+    times = {1: ahead, 2: ahead + 7200, 3: ahead + 14400, **{step: 1.7e9 + (step - 4) * 7200 for step in range(4, 10)}}
+    policy = KeepPolicy(keep_last=2, keep_every_seconds=3600)
+    assert policy.to_delete(list(range(1, 10)), {}, times) == []
+    times = {1: 100, 2: 130, 3: 90, 4: 120, 5: 125}
+    assert KeepPolicy(keep_every_seconds=60).to_delete([1, 2, 3, 4, 5], {}, times) == [2, 4]
+
+
 def test_any_rule_keeps_and_to_delete_is_the_rest_oldest_first():
     rng = random.Random(0)
     for _ in range(200):

@@ -166,10 +166,15 @@ class KeepPolicy:
 
 
 def _one_per_interval(steps: Sequence[int], times: Mapping[int, float], interval: float) -> list[int]:
-    """The oldest step with a time, then each step saved at least ``interval`` seconds after the last one taken."""
+    """The oldest step with a time, then each step saved at least ``interval`` seconds after the last one taken, or
+    before it: a clock set back (a host whose clock ran ahead, corrected) starts the intervals again from there.
+
+    >>> _one_per_interval([1, 2, 3, 4, 5, 6], {1: 0, 2: 30, 3: 60, 4: 10, 5: 40, 6: 70}, 60)
+    [1, 3, 4, 6]
+    """
     taken: list[int] = []
     for step in steps:
         time = times.get(step)
-        if time is not None and (not taken or time - times[taken[-1]] >= interval):
+        if time is not None and (not taken or not 0 <= time - times[taken[-1]] < interval):
             taken.append(step)
     return taken
