@@ -179,6 +179,58 @@ def test_the_hdf5_collector_on_a_full_disk_names_its_file(disk):
     assert set(jaxstow.load(checkpoint)["chains"]) == {0} and leftovers(disk) == []  # whole: the run resumes
 
 
+_COLLECTOR_RETRIED = """
+    import json, os, sys, jax, jax.numpy as jnp, numpy as np
+    from jaxstow import io
+    from jaxstow.errors import CheckpointError, StorageError
+    path, filler = sys.argv[1:]
+
+    def run(collector):
+        init_save, save, postprocess_save = io.save(collector, checkpoint_every=50)
+        state = init_save({"w": jnp.zeros(500)}, 0.0, io.scheduler.static_information(samples_collected=400))
+        start = int(state.step)
+
+        def step(state, i):
+            return save(state, True, {"w": jnp.full(500, i, jnp.float32)}, solver_state=i.astype(jnp.float32))[0], None
+
+        state = jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(start, 400))[0])(state)
+        return postprocess_save(state, None)
+
+    report = {"errors": []}
+    collector = io.HDF5Collector(path)
+    for call in (lambda: run(collector), collector.close, lambda: io.HDF5Collector(path)) if filler else ():
+        try:  # the disk fills, the file cannot be closed, and a new collector is sent to close the first again
+            call()
+        except (CheckpointError, StorageError) as error:
+            report["errors"].append(str(error).split("; ")[-1] if "close()" in str(error) else type(error).__name__)
+    if filler:  # the user frees some space and closes the first collector: its failure is not raised again
+        os.remove(filler)
+        collector.close()
+    else:  # and runs again, in a new process (HDF5 may crash in a process where a flush of the file failed)
+        report = {"again": np.asarray(run(collector)["samples"]["w"][:, 0]).tolist() == list(range(400))}
+    print(json.dumps(report), flush=True)
+    os._exit(0)
+"""
+
+
+def test_the_hdf5_collector_whose_close_failed_on_a_full_disk_closes_again_and_its_run_resumes(tmp_path):
+    with small_tmpfs(tmp_path / "small", "3m") as disk:
+        free = os.statvfs(disk)
+        (disk / "filler").write_bytes(bytes(free.f_bavail * free.f_frsize - 300_000))
+        result = _python(_COLLECTOR_RETRIED, disk / "samples.h5", disk / "filler")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout) == {
+            "errors": [
+                "CollectorStorageError",
+                "StorageError",
+                "call that collector's close() first (again, once the cause is gone, if it raised: a full disk)",
+            ]
+        }
+        again = _python(_COLLECTOR_RETRIED, disk / "samples.h5", "")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"again": True}
+
+
 def test_the_hdf5_collector_in_a_read_only_folder_names_its_file(disk):
     make_read_only(disk)
     with pytest.raises(StorageError) as caught:

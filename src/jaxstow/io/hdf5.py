@@ -398,7 +398,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         try:
             for wait in self._senders:
                 wait()
-            self._writer.wait()
+            self._writer.wait(again=False)  # a failure raised before, the run's or an earlier close()'s, is known
         finally:
             if self._lock is not None:
                 if self._file:

@@ -98,10 +98,12 @@ class JobQueue:
                 self._thread_alive = True
                 threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
-    def wait(self) -> None:
-        """Wait until every queued job has run; raise the first failure, if any."""
+    def wait(self, *, again: bool = True) -> None:
+        """Wait until every queued job has run; raise the first failure, if any (``again=False``: unless it was
+        raised before)."""
         self.finish(None)
-        self._raise_failure()
+        if again or not self._raised:
+            self._raise_failure()
 
     def finish(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` seconds (``None``: for ever) until every queued job has run; whether they have."""

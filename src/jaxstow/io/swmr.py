@@ -279,7 +279,7 @@ class WriterLock:
     ...         WriterLock(path)                       # another process would get the same
     ...     except CheckpointError as error:
     ...         print(error)
-    /.../samples.h5 is being written by another run (process ..., this one); one process at a time writes a file, any number may read it: a collector of this file whose run did not reach postprocess_save (it failed?) is still open; call that collector's close() first
+    /.../samples.h5 is being written by another run (process ..., this one); one process at a time writes a file, any number may read it: a collector of this file whose run did not reach postprocess_save (it failed?) is still open; call that collector's close() first (again, once the cause is gone, if it raised: a full disk)
     >>> lock.killed, os.path.exists(path + ".lock")
     (False, False)
     """
@@ -297,7 +297,7 @@ class WriterLock:
         who = "a process" if holder is None else f"process {holder.pid}{', this one' if holder.is_me() else ''}"
         fix = (
             ": a collector of this file whose run did not reach postprocess_save (it failed?) is still open; call "
-            "that collector's close() first"
+            "that collector's close() first (again, once the cause is gone, if it raised: a full disk)"
             if holder is not None and holder.is_me()
             else ""
         )
