@@ -629,19 +629,6 @@ def test_a_closed_hdf5_file_surfaces_in_postprocess(tmp_path) -> None:
     assert raised.value.__cause__ is not None
 
 
-def test_checkpoints_need_somewhere_to_go() -> None:
-    init_save, save, postprocess_save = io.save(io.MemoryCollector(), checkpoint_every=5)
-    solver = {"x": jnp.zeros(3)}
-    state = init_save(INIT_SAMPLE, solver, scheduler.static_information(samples_collected=None))
-
-    def step(state, t):
-        return save(state, True, _sample(jnp.zeros(3), t), solver_state=solver)
-
-    state, _ = jax.lax.scan(step, state, jnp.arange(STEPS))
-    with pytest.raises(io.CollectorError, match=r"checkpointing chain 0 at step 5: .*give it a save_dir"):
-        postprocess_save(state, None)
-
-
 def test_a_finished_run_is_not_overwritten(tmp_path) -> None:
     path = tmp_path / "done.h5"
     with h5py.File(path, "w") as file:
@@ -761,6 +748,12 @@ def test_arguments_given_wrong_are_named_where_they_are_given(tmp_path) -> None:
     ]:
         with pytest.raises(ArgumentError, match=message):
             io.save(io.MemoryCollector(), **options)
+    for collector, message in [  # each refused at the run's first checkpoint, once the run had gone that far
+        (io.MemoryCollector(), r"checkpoint_every=10\): MemoryCollector\(\) has nowhere to keep checkpoints"),
+        (io.HDF5Collector(h5py.File("memory.h5", "w", driver="core", backing_store=False)), r"is not on disk"),
+    ]:
+        with pytest.raises(ArgumentError, match=message):
+            io.save(collector, checkpoint_every=10)
     init_save, save, _ = io.save(io.MemoryCollector())
     with pytest.raises(ArgumentError, match=r"static_information must be scheduler\.static_information"):
         init_save(INIT_SAMPLE, None, 100)

@@ -138,6 +138,11 @@ class DataCollector(abc.ABC):
         Once the checkpoint is stored, those samples and the checkpoint must survive a crash together.
         """
 
+    def checkpoint_problem(self) -> str | None:
+        """Why the collector cannot keep checkpoints, if it cannot (``None``: it can): ``io.save(collector,
+        checkpoint_every=n)`` refuses it at once, not at the run's first checkpoint."""
+        return None
+
     def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
         """The checkpoints of several chains taken at the same step (those of one ``vmap``), by chain id.
 

@@ -340,15 +340,21 @@ class HDF5Collector(KeepsChains, DataCollector):
         """Queue the chain's checkpoint (see :meth:`checkpoint_chains`)."""
         self.checkpoint_chains({chain_id: checkpoint})
 
+    def checkpoint_problem(self) -> str | None:
+        """For a file not on disk without a ``checkpoint_dir``, that checkpoints cannot go next to it."""
+        if self.checkpoint_path is not None or type(self).checkpoint_chains is not HDF5Collector.checkpoint_chains:
+            return None
+        return (
+            f"the HDF5 file {self._file.filename} is not on disk, so checkpoints cannot go next to it: give "
+            "HDF5Collector a checkpoint_dir"
+        )
+
     def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
         """Queue the checkpoints: after the blocks before them are written and flushed to disk, commit them, with the
         latest checkpoint of every other chain, atomically in one file."""
         path = self.checkpoint_path
         if path is None:
-            raise ArgumentError(
-                f"the HDF5 file {self._file.filename} is not on disk, so checkpoints cannot go next to it: "
-                "give HDF5Collector a checkpoint_dir"
-            )
+            raise ArgumentError(self.checkpoint_problem() or "")
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
         self._writer.submit(functools.partial(self._commit, path, records))
 

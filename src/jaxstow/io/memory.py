@@ -137,11 +137,17 @@ class MemoryCollector(KeepsChains, DataCollector):
         """Write the checkpoint and the samples it counts to ``save_dir`` atomically."""
         self.checkpoint_chains({chain_id: checkpoint})
 
+    def checkpoint_problem(self) -> str | None:
+        """Without ``save_dir``, that the collector has nowhere to keep checkpoints (unless a subclass keeps them)."""
+        if self._save_dir is not None or type(self).checkpoint_chains is not MemoryCollector.checkpoint_chains:
+            return None
+        return "MemoryCollector() has nowhere to keep checkpoints: give it a save_dir"
+
     def checkpoint_chains(self, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
         """Write the checkpoints of a step's chains and the samples they count to ``save_dir``, a file each,
         committed together (:mod:`jaxstow.io.chain_commits`): a crash leaves every chain at one step."""
         if self._save_dir is None:
-            raise ArgumentError("MemoryCollector() has nowhere to keep checkpoints: give it a save_dir")
+            raise ArgumentError(self.checkpoint_problem() or "")
         os.makedirs(self._save_dir, exist_ok=True)
 
         def write(chain_id: int, path: str) -> None:

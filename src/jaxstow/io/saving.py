@@ -151,6 +151,9 @@ def save(
     if block_size is not None:
         checked_steps("block_size", block_size, least=1, meaning="a number of samples, at least 1")
     collector = MemoryCollector() if data_collector is None else checked_collector(data_collector)
+    problem = getattr(collector, "checkpoint_problem", lambda: None)() if checkpoint_every else None
+    if problem is not None:
+        raise ArgumentError(f"io.save(checkpoint_every={checkpoint_every}): {problem}")
     streaming = _Streaming(collector, int(checkpoint_every), None if block_size is None else int(block_size))
     return streaming.init, streaming.save, streaming.postprocess
 
