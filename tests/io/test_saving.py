@@ -768,3 +768,23 @@ def test_arguments_given_wrong_are_named_where_they_are_given(tmp_path) -> None:
     h5py.File(tmp_path / "done.h5", "w").close()
     with h5py.File(tmp_path / "done.h5", "r") as file, pytest.raises(ArgumentError, match=r"open read-only"):
         io.HDF5Collector(file)
+
+
+@pytest.mark.parametrize(
+    ("resumed", "message"),
+    [
+        (None, r"Silent\.resume\(\) returned None: it returns a dict of chain ids"),
+        (
+            {0: {"step": 3}},
+            r"Silent\.resume\(\) gave chain 0 \{'step': 3\}: it gives each chain the io\.ChainCheckpoint",
+        ),
+    ],
+)
+def test_a_collectors_resume_that_returns_no_checkpoints_is_named(resumed, message) -> None:
+    class Silent(io.MemoryCollector):
+        def resume(self):
+            return resumed
+
+    init_save, _, _ = io.save(Silent())
+    with pytest.raises(CollectorError, match=message):
+        init_save(INIT_SAMPLE, None, scheduler.static_information())

@@ -18,6 +18,7 @@ __all__ = [
     "DataLoader",
     "copies_at_once",
     "registered_chain",
+    "resumed_chain",
     "stores_key_data",
     "together",
 ]
@@ -211,6 +212,23 @@ def registered_chain(
         f"{type(collector).__name__}.register_chain returned {excerpt(chain_id)}, which is no chain id: it returns an "
         "int from 0 to 2**31 - 1 that names the chain in its other calls (a missing return gives None)"
     )
+
+
+def resumed_chain(collector: DataCollector, chain_id: int) -> ChainCheckpoint | None:
+    """The checkpoint ``collector.resume()`` gives the chain to continue from, checked to be one (or ``None``)."""
+    resumed = collector.resume()
+    if not isinstance(resumed, Mapping):
+        raise CollectorError(
+            f"{type(collector).__name__}.resume() returned {excerpt(resumed)}: it returns a dict of chain ids to the "
+            "ChainCheckpoint each continues from ({} when none does; a missing return gives None)"
+        )
+    checkpoint = resumed.get(chain_id)
+    if checkpoint is not None and not isinstance(checkpoint, ChainCheckpoint):
+        raise CollectorError(
+            f"{type(collector).__name__}.resume() gave chain {chain_id} {excerpt(checkpoint)}: it gives each chain "
+            "the io.ChainCheckpoint that its checkpoint() was given"
+        )
+    return checkpoint
 
 
 def copies_at_once(collector: DataCollector) -> bool:

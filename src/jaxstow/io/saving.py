@@ -45,7 +45,7 @@ from jaxstow.io.batching import (
     spec_of,
     write_rows,
 )
-from jaxstow.io.collector import DataCollector, registered_chain, together
+from jaxstow.io.collector import DataCollector, registered_chain, resumed_chain, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
@@ -275,7 +275,7 @@ class _Streaming:
             (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if is_key(leaf) else None
             for leaf in jax.tree.leaves(init_checkpoint)
         ]
-        resumed = self.collector.resume().get(chain_id)
+        resumed = resumed_chain(self.collector, chain_id)
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
         self.host.starts[chain_id], step = (0, 0) if resumed is None else (resumed.sample_count, resumed.step)
