@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict, namedtuple
 
 import equinox as eqx
@@ -12,7 +13,7 @@ import pytest
 from flax.core import FrozenDict
 
 from jaxstow import io
-from jaxstow.errors import StructureMismatchError
+from jaxstow.errors import ArgumentError, StructureMismatchError
 
 Stats = namedtuple("Stats", ["zeta", "alpha"])  # fields deliberately not in sorted order
 
@@ -62,7 +63,7 @@ def test_equinox_modules_and_flax_frozen_dicts_by_field_and_key() -> None:
     np.testing.assert_array_equal(restored.weight, linear.weight)
 
 
-def test_the_most_specific_rule_applies_and_rules_register_once() -> None:
+def test_the_most_specific_rule_applies_and_the_newest_rule_of_a_type_wins() -> None:
     class Pair(tuple):  # a tuple subclass, registered as its own pytree node
         pass
 
@@ -73,8 +74,16 @@ def test_the_most_specific_rule_applies_and_rules_register_once() -> None:
         return zip(("first", "second"), pair, strict=True)
 
     assert io.pytree_to_dict(Pair((1.0, 2.0))) == {"first": 1.0, "second": 2.0}
-    with pytest.raises(ValueError, match="already registered"):
-        io.register_dictionize_rule(Pair)(pair_to_dict)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        io.register_dictionize_rule(Pair)(pair_to_dict)  # the same rule again: nothing changes
+
+    def renamed(pair: Pair):  # the cell defining the rule run again, changed
+        return zip(("left", "right"), pair, strict=True)
+
+    with pytest.warns(UserWarning, match=r"the rule for .*Pair was .*pair_to_dict and now is .*renamed"):
+        io.register_dictionize_rule(Pair)(renamed)
+    assert io.pytree_to_dict(Pair((1.0, 2.0))) == {"left": 1.0, "right": 2.0}
 
 
 def test_unknown_node_types_and_incomplete_rules_are_errors() -> None:
@@ -87,7 +96,7 @@ def test_unknown_node_types_and_incomplete_rules_are_errors() -> None:
         io.pytree_to_dict({"box": Box(1.0, 2.0)})
 
     io.register_dictionize_rule(Box)(lambda box: [("a", box.a)])  # forgets b
-    with pytest.raises(ValueError, match="account for 1 of the 2 leaves"):
+    with pytest.raises(ArgumentError, match="account for 1 of the 2 leaves"):
         io.pytree_dict_keys(Box(1.0, 2.0))
 
 

@@ -16,6 +16,7 @@ namedtuples (by field name), equinox Modules (by field name) and flax ``FrozenDi
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -44,8 +45,7 @@ def register_dictionize_rule(type: type) -> Callable[[Rule], Rule]:
     Returns:
         A decorator of the rule, a function from a node to ``(key, child)`` pairs in jax's flattening order.
 
-    Raises:
-        ValueError: ``type`` has a rule already.
+    A rule registered again for ``type`` (a notebook cell run again) replaces the earlier one, with a warning.
 
     >>> from jaxstow import io
     >>> from jax.tree_util import register_pytree_node
@@ -61,9 +61,14 @@ def register_dictionize_rule(type: type) -> Callable[[Rule], Rule]:
     """
 
     def register(rule: Rule) -> Rule:
-        if type in _rules:
-            raise ValueError(f"a dictionize rule for {type.__module__}.{type.__qualname__} is already registered")
+        previous = _rules.get(type)
         _rules[type] = rule
+        if previous is not None and previous is not rule:  # a notebook cell run again: the newer rule wins
+            warnings.warn(
+                f"jaxstow.io.register_dictionize_rule: the rule for {type.__module__}.{type.__qualname__} was "
+                f"{previous.__qualname__} and now is {rule.__qualname__}",
+                stacklevel=2,
+            )
         return rule
 
     return register
@@ -90,7 +95,7 @@ def pytree_to_dict(tree: Any) -> Any:
 
     Raises:
         ArgumentError: A node has no rule (register one with :func:`register_dictionize_rule`).
-        ValueError: A rule gives two children the same key.
+        ArgumentError: A rule gives two children the same key.
 
     >>> from jaxstow import io
     >>> some_tree = {'a': 0.0, 'b': {'b1': [0.0, 0.1], 'b2': 0.0}}
@@ -105,7 +110,10 @@ def pytree_to_dict(tree: Any) -> Any:
     as_dict: dict[Any, Any] = {}
     for key, child in _rule_for(tree)(tree):
         if key in as_dict:
-            raise ValueError(f"the dictionize rule for {type(tree).__qualname__} gives two children the key {key!r}")
+            raise ArgumentError(
+                f"the dictionize rule for {type(tree).__qualname__} gives two children the key {key!r}: give each "
+                "child a key of its own"
+            )
         as_dict[key] = pytree_to_dict(child)
     return as_dict
 
@@ -159,7 +167,7 @@ def pytree_dict_keys(tree: Any) -> list[Keys]:
 
     walk(numbered, ())
     if len(found) != treedef.num_leaves:
-        raise ValueError(
+        raise ArgumentError(
             f"the dictionize rules account for {len(found)} of the {treedef.num_leaves} leaves of {treedef}; "
             "a rule must return every child of its node"
         )
