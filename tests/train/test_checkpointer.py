@@ -13,7 +13,7 @@ from tmpfs import make_read_only, small_tmpfs
 
 import jaxstow
 from jaxstow.errors import CheckpointError, NotAFolderError, StorageError
-from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
+from jaxstow.train import AbstractCheckpointer, Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
 
 
 def _args(folder: Path, **overrides: Any) -> DefaultCheckpointerArguments:
@@ -169,6 +169,26 @@ def test_unworkable_arguments_are_refused_at_construction(
 def test_a_log_level_is_a_name_or_one_of_loggings_numbers(tmp_path: Path, level: int | str) -> None:
     checkpointer = DefaultCheckpointer(_args(tmp_path, log_level=level))
     assert checkpointer.logger.level == (level if isinstance(level, int) else logging.WARNING)
+
+
+def test_a_log_level_is_the_checkpointers_own_and_its_records_reach_the_usual_handlers(tmp_path: Path, caplog) -> None:
+    class Mine(AbstractCheckpointer):
+        def save(self, checkpoint_state, index, force=False):
+            pass
+
+        def load(self):
+            self.logger.warning("mine: no checkpoint loaded")
+            return Checkpoint()
+
+    quiet = DefaultCheckpointer(_args(tmp_path, log_level="ERROR", load_dir=tmp_path / "nothing"))
+    loud = DefaultCheckpointer(_args(tmp_path, log_level="INFO", load_dir=tmp_path / "nothing"))
+    with caplog.at_level(logging.INFO, logger="jaxstow"):
+        Mine().load()
+        quiet.load()
+        loud.load()
+    messages = [record.getMessage() for record in caplog.records]  # the quiet one's warning is not among them
+    assert len(messages) == 2 and messages[0] == "mine: no checkpoint loaded", messages
+    assert messages[1].startswith("no checkpoint checkpoint_<index>.jxs in ") and messages[1].endswith("from scratch")
 
 
 def test_delete_existing_checkpoints_deletes_only_this_checkpointers_files(tmp_path: Path) -> None:

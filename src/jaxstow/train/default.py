@@ -95,7 +95,12 @@ class DefaultCheckpointer(AbstractCheckpointer):
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
         level = self.args.log_level
-        self.logger.setLevel(level if isinstance(level, int) else level.upper())
+        # A logger of its own, at its own level, whose records go to the handlers of the class's logger and above:
+        # setting the class's level would set every checkpointer's.
+        self.logger = logging.Logger(
+            AbstractCheckpointer.logger.name, level if isinstance(level, int) else level.upper()
+        )
+        self.logger.parent = AbstractCheckpointer.logger
         if self.args.delete_existing_checkpoints:
             doomed = self._own_files()
             resume = self._named_resume_file()
