@@ -110,6 +110,16 @@ def test_a_dtype_mismatch_is_refused() -> None:
         objax_io.load_var_collection(buffer, module.vars())
 
 
+def test_a_big_endian_variable_loads_back_what_it_saved() -> None:
+    variable = objax.StateVar(np.arange(4, dtype=">f4"))
+    buffer = io.BytesIO()
+    objax_io.save_var_collection(buffer, {"w": variable})
+    buffer.seek(0)
+    variable.value = np.zeros(4, ">f4")
+    objax_io.load_var_collection(buffer, {"w": variable})  # the file holds its little-endian equal
+    np.testing.assert_array_equal(variable.value, np.arange(4))
+
+
 def test_stored_variables_the_collection_lacks_are_ignored_and_names_are_renamed(tmp_path) -> None:
     big, small = _mlp(layers=3), _mlp(layers=3)
     path = tmp_path / "big.npz"

@@ -175,6 +175,19 @@ def test_cast_between_floats_and_widening_ints(saved):
     np.testing.assert_array_equal(restored["params"]["w"], _state()["params"]["w"].astype(jnp.bfloat16))
 
 
+def test_a_big_endian_array_loads_back_into_itself(tmp_path):
+    # The file holds it as its little-endian equal: a like of ">f4" asks for float32, with or without cast.
+    big = {"a": np.arange(6, dtype=">f4"), "b": np.arange(3, dtype=">i8")}
+    jaxstow.save(tmp_path / "big.jxs", big)
+    targets = [big, {"a": jax.ShapeDtypeStruct((6,), np.dtype(">f4")), "b": np.zeros(3, ">i8")}]
+    for like in targets:
+        for cast in (False, True):
+            restored = jaxstow.load(tmp_path / "big.jxs", like=like, cast=cast)
+            assert [np.dtype(leaf.dtype) for leaf in (restored["a"], restored["b"])] == [np.float32, np.int64]
+            np.testing.assert_array_equal(restored["a"], big["a"])
+            np.testing.assert_array_equal(restored["b"], big["b"])
+
+
 def test_a_dtype_mismatch_suggests_cast(saved):
     like = {"params": {"w": jax.ShapeDtypeStruct((3, 4), jnp.bfloat16)}}
     with pytest.raises(StructureMismatchError, match="pass cast=True to convert it"):

@@ -73,17 +73,28 @@ def _is_key_dtype(dtype: Any) -> bool:
     return bool(jnp.issubdtype(dtype, jax.dtypes.prng_key))
 
 
+def _native(dtype: Any) -> np.dtype:
+    """``dtype`` in this machine's byte order: a file stores big-endian values as their little-endian equal, so a
+    ``like`` leaf of ``>f4`` asks for float32.
+
+    >>> _native(np.dtype(">f4")), _native(np.dtype("<i8")), _native(np.dtype("bool"))
+    (dtype('float32'), dtype('int64'), dtype('bool'))
+    """
+    native: np.dtype = np.dtype(dtype)
+    return native if native.isnative else native.newbyteorder("=")
+
+
 def target_of(leaf: Any, *, file: str | None = None, path: str | None = None) -> Target:
     """The request a ``like`` leaf makes; a :class:`~jaxstow.errors.RequestError` naming ``path`` of ``file`` for a
     ``torch.Tensor`` of a dtype no stored leaf becomes."""
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and _is_key_dtype(leaf.dtype):
         return Target("key", shape=tuple(leaf.shape), sharding=_sharding_of(leaf), impl=key_impl_name(leaf.dtype))
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
-        return Target("jax", np.dtype(leaf.dtype), tuple(leaf.shape), _sharding_of(leaf))
+        return Target("jax", _native(leaf.dtype), tuple(leaf.shape), _sharding_of(leaf))
     if isinstance(leaf, np.ndarray):
-        return Target("numpy", leaf.dtype, leaf.shape)
+        return Target("numpy", _native(leaf.dtype), leaf.shape)
     if isinstance(leaf, np.generic):
-        return Target("npscalar", leaf.dtype, ())
+        return Target("npscalar", _native(leaf.dtype), ())
     if is_tensor(leaf):
         dtype = tensor_dtype(leaf)
         if dtype is None:

@@ -138,7 +138,7 @@ def load_var_collection(
         value, expected = values[name], getattr(variable, "value", None)
         if expected is None or not (hasattr(expected, "shape") and hasattr(expected, "dtype")):
             problems.append(f"{name!r}: the variable holds {type(expected).__name__}, not an array, to load into")
-        elif value.shape != expected.shape or value.dtype != expected.dtype:
+        elif value.shape != expected.shape or value.dtype != _native(expected.dtype):
             problems.append(f"{name!r}: stored {_describe(value)}, the variable holds {_describe(expected)}")
         assignments.append((variable, value))
     if problems:
@@ -208,3 +208,9 @@ def _kept_position(file: PathOrFile) -> Iterator[str | BinaryIO]:
         yield file
     finally:
         file.seek(start)
+
+
+def _native(dtype: Any) -> Any:
+    """A numpy dtype in this machine's byte order (a file holds big-endian values as their little-endian equal);
+    another dtype (a PRNG key's) as it is."""
+    return dtype.newbyteorder("=") if isinstance(dtype, np.dtype) else dtype
