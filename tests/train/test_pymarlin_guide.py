@@ -116,3 +116,30 @@ def test_the_guides_custom_checkpointer_saves_every_fifth_epoch_and_resumes(
     for name, tensor in resumed.module.model.state_dict().items():
         np.testing.assert_array_equal(tensor.numpy(), trainer.module.model.state_dict()[name].numpy())
     assert sorted(resumed.train()) == [6, 7]
+
+
+def test_the_guides_trainer_get_state_that_adds_its_arguments_saves_and_resumes(tmp_path: Path) -> None:
+    from jaxstow.train import DefaultCheckpointer, DefaultCheckpointerArguments
+
+    class MyTrainer(Trainer):  # the guide's example of Trainer.get_state
+        def __init__(self, module, args, trainer_backend, checkpointer):
+            super().__init__(module, args, trainer_backend, checkpointer)
+
+        def get_state(self) -> dict:
+            state_dict = {
+                "last_epoch": self.last_epoch,
+                "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+                "schedulers": [scheduler.state_dict() for scheduler in self.schedulers],
+                "args": self.args,  # Adding something else we want to save
+            }
+            return state_dict
+
+    folder = str(tmp_path)
+    checkpoints = DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder)
+    args = TrainerArguments(epochs=2, checkpointer_args=checkpoints)
+    MyTrainer(_module_interface(), args, SingleProcess(), DefaultCheckpointer(checkpoints)).train()
+    assert jaxstow.load(tmp_path / "checkpoint_1.jxs").trainer_state["args"] == args
+    resumed = MyTrainer(
+        _module_interface(), TrainerArguments(epochs=3), SingleProcess(), DefaultCheckpointer(checkpoints)
+    )
+    assert resumed.last_epoch == 1

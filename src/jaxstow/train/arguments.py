@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxstow._names.registry import saveable
 from jaxstow.errors import ArgumentError
 from jaxstow.train.default import DefaultCheckpointerArguments
 
@@ -51,6 +52,12 @@ class TrainerArguments:
     distributed_training_args: DistributedTrainingArguments = dataclasses.field(
         default_factory=DistributedTrainingArguments
     )
+
+
+# Stable names, so that a trainer's state may hold its arguments (pymarlin's Trainer.get_state example saves
+# self.args) and files keep loading wherever the classes live.
+saveable(DistributedTrainingArguments, name="jaxstow.train.DistributedTrainingArguments")
+saveable(TrainerArguments, name="jaxstow.train.TrainerArguments")
 
 
 def step_batch_size(batch_size: int, *, limit: int) -> int:

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 
+from jaxstow._names.registry import saveable
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
 from jaxstow._storage.folders import make_folder
@@ -54,6 +55,9 @@ class DefaultCheckpointerArguments:
     file_prefix: str = "checkpoint"
     file_ext: str = "jxs"
     log_level: str | int = "INFO"
+
+
+saveable(DefaultCheckpointerArguments, name="jaxstow.train.DefaultCheckpointerArguments")  # see TrainerArguments
 
 
 class DefaultCheckpointer(AbstractCheckpointer):
