@@ -80,3 +80,18 @@ def test_a_commit_cut_short_after_its_mark_is_finished_for_every_chain(tmp_path)
     for chain, path in paths.items():
         settle(chain, path)
         assert Path(path).read_text() == f"step 10 of {chain}" and not os.path.exists(path + ".next")
+
+
+def test_a_commit_that_fills_the_disk_leaves_no_file_of_its_step_and_names_the_checkpoint(tmp_path):
+    from tmpfs import small_tmpfs  # here: the killed runs import this module where tests/support is not on the path
+
+    import jaxstow
+    from jaxstow.errors import StorageError
+
+    with small_tmpfs(tmp_path / "small", "1m") as disk:
+        paths = {chain: str(disk / f"chain_{chain}.checkpoint.jxs") for chain in range(3)}
+        commit_chains(paths, lambda chain, path: jaxstow.save(path, {"x": np.full(10, chain)}))  # the step before
+        with pytest.raises(StorageError, match=rf"^{paths[2]}: cannot write it: no space left"):
+            commit_chains(paths, lambda chain, path: jaxstow.save(path, {"x": np.full(40_000 * (chain + 1), chain)}))
+        assert sorted(os.listdir(disk)) == sorted(os.path.basename(path) for path in paths.values())
+        assert [jaxstow.load(path)["x"].tolist() for path in paths.values()] == [[chain] * 10 for chain in range(3)]

@@ -25,6 +25,8 @@ import os
 from collections.abc import Callable, Mapping
 
 from jaxstow._storage.atomic import atomic_write, fsync_directory
+from jaxstow._storage.failures import storage_error
+from jaxstow.errors import StorageError
 
 __all__ = ["commit_chains", "settle"]
 
@@ -38,10 +40,19 @@ def commit_chains(paths: Mapping[int, str], write: Callable[[int, str], object])
     mark = os.path.join(folder, f"chains_{min(paths)}-{max(paths)}{_MARK}")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(mark)  # of a step before, whose files are all in place
-    for chain_id, path in paths.items():
-        write(chain_id, path + _NEXT)
-    with atomic_write(mark) as out:
-        out.write(json.dumps(sorted(paths)).encode())
+    try:
+        for chain_id, path in paths.items():
+            try:
+                write(chain_id, path + _NEXT)
+            except StorageError as error:  # named as the chain's checkpoint, not the name it is written under
+                raise storage_error(error, path) from error
+        with atomic_write(mark) as out:
+            out.write(json.dumps(sorted(paths)).encode())
+    except BaseException:  # the step is not committed: the files written for it go (a full disk keeps its space)
+        for path in paths.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path + _NEXT)
+        raise
     for path in paths.values():
         os.replace(path + _NEXT, path)
     fsync_directory(folder)
