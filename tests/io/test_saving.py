@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
-from jaxstow.errors import ArgumentError, CollectorError
+from jaxstow.errors import ArgumentError, CollectorError, NotAFolderError
 from jaxstow.io import hdf5 as hdf5_module
 from jaxstow.io import receiving
 
@@ -788,3 +788,17 @@ def test_a_collectors_resume_that_returns_no_checkpoints_is_named(resumed, messa
     init_save, _, _ = io.save(Silent())
     with pytest.raises(CollectorError, match=message):
         init_save(INIT_SAMPLE, None, scheduler.static_information())
+
+
+def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
+    (tmp_path / "samples").write_text("the user's file")
+    with pytest.raises(NotAFolderError, match=r"samples: is a file, not a folder for MemoryCollector's save_dir"):
+        io.MemoryCollector(save_dir=tmp_path / "samples")
+    init_save, save, postprocess_save = io.save(io.MemoryCollector(save_dir=tmp_path / "samples" / "in"), 2)
+    state = init_save(INIT_SAMPLE, 0.0, scheduler.static_information(samples_collected=4))
+    state, _ = jax.lax.scan(
+        lambda s, t: save(s, True, _sample(jnp.zeros(3), t), solver_state=0.0), state, jnp.arange(4)
+    )
+    with pytest.raises(CollectorError, match=r"samples/in: cannot be a folder: a part of its path is a file"):
+        postprocess_save(state, None)
+    assert (tmp_path / "samples").read_text() == "the user's file"

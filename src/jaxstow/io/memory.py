@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from jaxstow._save_load import save
-from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
+from jaxstow._storage.folders import make_folder
+from jaxstow.errors import ArgumentError, CollectorError, NotAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
 from jaxstow.io.chains import (
@@ -65,6 +66,8 @@ class MemoryCollector(KeepsChains, DataCollector):
 
     def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
         self._save_dir = None if save_dir is None else os.fspath(save_dir)
+        if self._save_dir is not None and os.path.exists(self._save_dir) and not os.path.isdir(self._save_dir):
+            raise NotAFolderError("is a file, not a folder for MemoryCollector's save_dir", file=self._save_dir)
         self._chains = ChainBook()
         self._samples: dict[int, list[np.ndarray]] = {}  # the storage of each chain whose run goes on
         self._given: dict[int, list[np.ndarray]] = {}  # what finished() last returned of each such chain
@@ -148,7 +151,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         committed together (:mod:`jaxstow.io.chain_commits`): a crash leaves every chain at one step."""
         if self._save_dir is None:
             raise ArgumentError(self.checkpoint_problem() or "")
-        os.makedirs(self._save_dir, exist_ok=True)
+        make_folder(self._save_dir)
 
         def write(chain_id: int, path: str) -> None:
             checkpoint = checkpoints[chain_id]
@@ -170,7 +173,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         finished run's, which a later run refuses to replace."""
         if self._save_dir is None:
             return
-        os.makedirs(self._save_dir, exist_ok=True)
+        make_folder(self._save_dir)
         for chain_id in chain_ids:
             save(
                 os.path.join(self._save_dir, f"chain_{chain_id}.npz"), self._kept(chain_id, self._chains.ends[chain_id])
