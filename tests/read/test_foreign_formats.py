@@ -358,6 +358,25 @@ def test_convert_an_orbax_manager_folder_into_a_checkpoint_folder_with_its_steps
     theirs.close()
 
 
+def test_converting_a_manager_folder_is_all_or_nothing_and_never_over_steps_already_there(files, tmp_path):
+    from tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "1m") as disk:
+        (disk / "filler").write_bytes(bytes(1_000_000))  # room for about two of the three steps
+        convert = [sys.executable, "-m", "jaxstow", "convert", str(files["run"]), str(disk / "run")]
+        full = forked.run(convert, capture_output=True, text=True, timeout=300)
+        assert full.returncode == 2 and full.stderr.count("no space left on the device") == 1, full.stderr
+        assert "Traceback" not in full.stderr and CheckpointManager(disk / "run").steps() == []
+        (disk / "filler").unlink()
+        _convert(files["run"], disk / "run")  # the same command again, once there is room
+        assert CheckpointManager(disk / "run").steps() == [10, 20, 30]
+        again = forked.run(convert, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2
+    assert again.stderr.strip().endswith(
+        "holds steps 10, 20, 30 already: convert into a new folder, or remove it first"
+    )
+
+
 def test_convert_a_manager_step_every_item_and_other_files(files, tmp_path, capsys):
     done = _convert(files["run/20"], tmp_path / "step.jxs")
     assert done.stderr == "" and "(orbax manager step) -> " in done.stdout and ": 4 leaves" in done.stdout

@@ -17,7 +17,9 @@ files, any other name a jaxstow file), unless ``--to`` says otherwise. See docs/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import logging
 import os
 import sys
 from collections.abc import Callable
@@ -51,7 +53,7 @@ from jaxstow.cli.files import (
     read_arrays,
     storage,
 )
-from jaxstow.errors import ArgumentError, FormatError, PathError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError, PathError
 
 __all__ = ["HELP", "arguments", "run", "source_kind"]
 
@@ -145,14 +147,34 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     with CheckpointManager(
         dst, progress=progress, storage_options=settings.options, transfer=settings.transfer
     ) as manager:
-        for step, name in steps:
-            tree, metrics = orbax_steps.read_step(os.path.join(folder, name))
-            numbers, other = _numbers(metrics)
-            if other:
-                print(
-                    f"note: step {step}: metrics that are not numbers are left out: {', '.join(other)}", file=sys.stderr
-                )
-            manager.save(step, tree, metrics=numbers, metadata={"orbax_metrics": metrics} if other else None)
+        if held := sorted(set(manager.steps()) & {step for step, _ in steps}):
+            raise PathError(
+                f"holds step{'s' * (len(held) > 1)} {', '.join(map(str, held))} already: convert into a new folder, "
+                "or remove it first",
+                file=dst,
+            )
+        converted: list[int] = []
+        background = logging.getLogger("jaxstow._write.background")  # its failures are this command's error
+        background.disabled, was = True, background.disabled
+        try:
+            for step, name in steps:
+                tree, metrics = orbax_steps.read_step(os.path.join(folder, name))
+                numbers, other = _numbers(metrics)
+                if other:
+                    print(
+                        f"note: step {step}: metrics that are not numbers are left out: {', '.join(other)}",
+                        file=sys.stderr,
+                    )
+                manager.save(step, tree, metrics=numbers, metadata={"orbax_metrics": metrics} if other else None)
+                manager.wait()  # committed before the next is read: a failure is this step's
+                converted.append(step)
+        except BaseException:  # all or nothing: the steps converted so far go (a full disk gets their space back)
+            for step in converted:
+                with contextlib.suppress(JaxstowError):
+                    manager.delete(step)
+            raise
+        finally:
+            background.disabled = was
     return len(steps)
 
 
