@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import struct
 
@@ -160,3 +161,22 @@ def test_verify_is_checked_and_progress_is_drawn(saved, capsys):
         manager.damaged_steps(verify="all")
     assert manager.latest_intact_step(progress=True) == 3
     assert "verifying step 3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "loop"])
+def test_an_item_file_that_is_no_regular_file_is_damage_skipped_by_recovery_and_listed(saved, tmp_path, capsys, kind):
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    item = run / "3" / "params.safetensors"
+    item.unlink()
+    if kind == "fifo":
+        os.mkfifo(item)  # a read of it would wait for a writer for ever
+    else:
+        item.symlink_to("/dev/zero" if kind == "device" else item)
+    manager = CheckpointManager(run)
+    assert list(manager.damaged_steps()) == [3] and manager.latest_intact_step() == 2
+    _check_restored(manager.restore(fallback=True, as_numpy=True), 2)
+    assert manager.restored is not None and list(manager.restored.skipped) == [3]
+    for command in ("ls", "verify"):
+        assert main([command, str(run)]) == 1
+        assert "damaged" in capsys.readouterr().out

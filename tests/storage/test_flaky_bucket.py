@@ -320,6 +320,21 @@ def test_retry_settings_out_of_range_are_refused(fields, message):
         Transfer(**fields)
 
 
+def test_data_damaged_once_on_its_way_is_read_again_not_taken_for_a_damaged_step(bucket):
+    """One answer for step 2's data with a bit flipped on the way: the step is read again, not skipped for step 1."""
+    run = CheckpointManager(bucket.url("run"), storage_options=bucket.options, transfer=FAST)
+    calls = {
+        "fallback": lambda: _same(run.restore(fallback=True, as_numpy=True), bucket.steps[2]),
+        "damaged_steps": lambda: run.damaged_steps() == {},
+        "latest_intact_step": lambda: run.latest_intact_step() == 2,
+    }
+    for name, call in calls.items():
+        with bucket.faults(1.0, kinds=("flip",), paths=r"/run/2/.*\.safetensors bytes=(?!0-65535$)", budget=1) as proxy:
+            assert call(), name
+        assert proxy.faults["flip"] >= 1, name  # one, or two drawn at once by parallel reads of the first read
+    assert run.restored is not None and (run.restored.step, run.restored.skipped) == (2, {})
+
+
 def test_corrupt_data_is_not_taken_for_a_storage_failure(bucket):
     """The damaged step's data, read whole and clean, is damage (and named so), not a failure to retry."""
     with pytest.raises(CorruptFileError, match="checksum"):

@@ -10,7 +10,9 @@ Each request it forwards draws, from one seeded generator, whether it fails and 
 - ``slow``: the answer held back for ``slow_seconds`` before its first byte;
 - ``stall``: half of the body sent, then nothing for ``slow_seconds``, then the rest;
 - ``lost`` (not among the :data:`KINDS` drawn unless asked for): the request reaches the server, and the answer is
-  lost to a reset, so that a client that sends it again repeats what was done.
+  lost to a reset, so that a client that sends it again repeats what was done;
+- ``flip`` (nor this one): the answer whole, but with one bit of its body flipped on the way (a faulty link or
+  middlebox that no checksum of the transport caught).
 
 ``rate`` and ``kinds`` may be changed while it runs (a save through a clean proxy, then reads through a faulty one);
 ``faults`` counts the faults sent by kind (an answer with no body is never cut short or stalled). Only requests of the
@@ -136,14 +138,16 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
                 proxy.sent(fault)
                 return self._reset() if fault == "reset" else self._error(*_ERRORS[fault])
             status, reason, headers, data = self._upstream(body)
-            if fault in ("short", "stall") and (self.command == "HEAD" or len(data) < 2):
-                fault = None  # no body to cut
+            if fault in ("short", "stall", "flip") and (self.command == "HEAD" or len(data) < 2):
+                fault = None  # no body to cut or change
             if fault is not None:
                 proxy.sent(fault)
             if fault == "lost":
                 return self._reset()
             if fault == "slow":
                 time.sleep(proxy.slow_seconds)
+            if fault == "flip":
+                data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x10]) + data[len(data) // 2 + 1 :]
             self.send_response(status, reason)
             for name, value in headers:
                 if name.lower() not in _HOP_BY_HOP:

@@ -28,6 +28,7 @@ docs/object-storage.md) says nothing of the step: it ends every call here, and n
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,16 @@ from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.restoring import open_readers
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, StepNotFoundError
+from jaxstow.errors import (
+    ArgumentError,
+    CheckpointError,
+    CorruptFileError,
+    FormatError,
+    JaxstowError,
+    PathError,
+    StepNotFoundError,
+    StorageError,
+)
 
 __all__ = [
     "VANISHED",
@@ -121,14 +131,25 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
             record = folder.read_record(step, check_files=verify == "headers")
             if verify == "data":
                 damage = _data_damage(folder, record, progress=progress)
-                if damage and any([folder.evict_damaged_copy(error) for error in damage]):  # local copies gone bad
-                    damage = _data_damage(folder, record, progress=progress)  # fetched again from the store
+                if damage:  # read again (local copies gone bad fetched again): bytes damaged on their way are not
+                    for error in damage:
+                        folder.evict_damaged_copy(error)
+                    damage = _data_damage(folder, record, progress=progress)
                 return _described(damage)
-    except StepNotFoundError:
-        raise
-    except (FormatError, CheckpointError) as error:  # a damaged record or header, a missing file
+    except JaxstowError as error:
+        if not is_damage(error):
+            raise
         return str(error)
     return None
+
+
+def is_damage(error: JaxstowError) -> bool:
+    """Whether ``error``, met reading a step, says that the step is damaged: its record or a header does not check,
+    an item file is missing or is no regular file (a folder, a pipe, a device, a symbolic link to itself); not that the
+    step is gone (:class:`~jaxstow.errors.StepNotFoundError`) or that the storage failed."""
+    if isinstance(error, StorageError):
+        return error.errno == errno.ELOOP
+    return isinstance(error, FormatError | CheckpointError | PathError) and not isinstance(error, StepNotFoundError)
 
 
 def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> list[CorruptFileError]:
@@ -165,12 +186,13 @@ def restore_newest_intact(
     def accept(step: int) -> bool:
         problem = step_damage(folder, step, verify="headers", progress=False)
         if problem is None:
-            try:
-                restored.append(restore(step))
-                return True
-            except FormatError as error:  # damage in the data read, found by its checksum
-                problem = str(error)
-        skipped[step] = problem
+            for _ in range(2):  # read again once: bytes damaged on their way (a flaky network) are no damage
+                try:
+                    restored.append(restore(step))
+                    return True
+                except FormatError as error:  # damage in the data read, found by its checksum
+                    problem = str(error)
+        skipped[step] = str(problem)
         logger.warning("%s: step %d is damaged, skipped: %s", folder.store.location, step, problem)
         return False
 

@@ -38,18 +38,16 @@ from jaxstow._storage.opening import local_path, locate, open_source
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.store import open_store
 from jaxstow._storage.transfer import Transfer
+from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import (
     ArgumentError,
-    CheckpointError,
-    FormatError,
     IsAFolderError,
     JaxstowError,
     NotAFolderError,
     PathError,
     PathNotFoundError,
     StepNotFoundError,
-    StorageError,
 )
 
 __all__ = [
@@ -351,9 +349,9 @@ def read_steps(folder: str) -> list[Step | DamagedStep]:
             found.append(Step(steps.read_record(number, check_files=False), steps))
         except StepNotFoundError:
             continue  # deleted since it was listed
-        except StorageError:  # says nothing of the step
-            raise
-        except (FormatError, CheckpointError) as error:  # as the manager's damaged_steps() counts damage
+        except JaxstowError as error:
+            if not is_damage(error):  # as the manager's damaged_steps() counts damage; a storage failure ends it
+                raise
             found.append(DamagedStep(number, steps.url(number, RECORD_NAME), error))
     return found
 

@@ -28,10 +28,11 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.progress import format_bytes
+from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.cli.files import DamagedStep, Step, committed_steps, file_sizes, hf_listing, open_hf_folder
 from jaxstow.cli.inspect import HF_FOLDER
 from jaxstow.cli.output import Table, print_json, printable
-from jaxstow.errors import CheckpointError, IsAFolderError
+from jaxstow.errors import JaxstowError
 
 __all__ = ["HELP", "arguments", "keep_policy", "run"]
 
@@ -106,7 +107,9 @@ def _row(step: Step | DamagedStep, kept_by: list[str] | None) -> dict[str, Any]:
     row["items"] = None if step.record.single else sorted(step.record.files)
     try:
         row["bytes"] = step.size()
-    except (CheckpointError, IsAFolderError) as error:  # an item file missing, or a folder in its place
+    except JaxstowError as error:
+        if not is_damage(error):  # an item file missing, or no file in its place
+            raise
         return {**row, "kept_by": kept_by, "damaged": str(error)}
     return {**row, "kept_by": kept_by, "damaged": None}
 

@@ -25,6 +25,7 @@ from jaxstow._read.foreign import pointed
 from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
+from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.cli.files import (
     DamagedStep,
     Step,
@@ -38,14 +39,11 @@ from jaxstow.cli.files import (
 )
 from jaxstow.cli.output import print_json, printable
 from jaxstow.errors import (
-    CheckpointError,
     CorruptFileError,
     FormatError,
-    IsAFolderError,
     JaxstowError,
     NewerFormatError,
     PathNotFoundError,
-    StorageError,
 )
 
 __all__ = ["HELP", "FileReport", "arguments", "run", "verify_file", "verify_hf_folder", "verify_step"]
@@ -152,9 +150,9 @@ def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[Fil
         name = step.url(step.record.files[item])
         try:
             sources = step.sources(item)
-        except StorageError:  # says nothing of the step
-            raise
-        except (FormatError, CheckpointError, IsAFolderError) as error:  # missing, a folder, or not the file named
+        except JaxstowError as error:
+            if not is_damage(error):  # missing, no file, or not the file named; a storage failure ends it
+                raise
             reports.append(FileReport(name, damage=[error]))
             continue
         reports.append(verify_file(sources, name, progress=progress))
