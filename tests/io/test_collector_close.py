@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import CheckpointError, CollectorError
 
 _PROGRAM = """
 import os, tempfile, jax.numpy as jnp, numpy as np
@@ -59,3 +59,24 @@ def test_a_new_collector_of_a_file_whose_run_failed_in_this_process_says_to_clos
         run(io.HDF5Collector(path), fail=False)
     first.close()
     assert run(io.HDF5Collector(path), fail=False)["samples"]["x"][:, 0].tolist() == list(range(10))
+
+
+def test_a_file_kept_open_by_the_chains_of_a_failed_run_says_to_close_the_collector(tmp_path: Path) -> None:
+    path = str(tmp_path / "samples.h5")
+    collector = io.HDF5Collector(path)
+    init_save, save, postprocess_save = io.save(collector)
+
+    def run(fail: bool) -> dict:
+        state = init_save({"x": jnp.zeros(3)}, None, io.scheduler.static_information(samples_collected=4))
+        state, _ = jax.lax.scan(lambda s, i: (save(s, True, {"x": jnp.ones(3) * i})[0], None), state, jnp.arange(4.0))
+        if fail:
+            raise RuntimeError("the user's code after the scan failed")
+        return postprocess_save(state, None)
+
+    with pytest.raises(RuntimeError):
+        run(fail=True)
+    assert run(fail=False)["samples"]["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]  # the strategy used again
+    with pytest.raises(CollectorError, match=r"a collector with chains of a run that failed keeps it open until its"):
+        io.live.read_draws(path)
+    collector.close()
+    assert io.live.read_draws(path).chains[1]["x"][:, 0].tolist() == [0.0, 1.0, 2.0, 3.0]

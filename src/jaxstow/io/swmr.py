@@ -140,7 +140,7 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
         raise CollectorError(  # HDF5 opens a file once per process, with the flags of its first opening
             f"{name} is open for writing in this process (a run of an HDF5Collector), where HDF5 cannot open it "
             "again to read: read it from another process, or once the run's postprocess_save has returned (which "
-            "returns its samples here)"
+            "returns its samples here); a collector with chains of a run that failed keeps it open until its close()"
         ) from None
 
 
