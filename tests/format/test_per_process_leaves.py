@@ -113,6 +113,25 @@ def test_a_plain_template_in_like_takes_the_value_leaf_by_leaf():
         jaxstow.load(io.BytesIO(buffer.getvalue()), like=like, per_process="all")
 
 
+def test_a_template_leaf_that_asks_for_something_else_than_the_saved_leaf_is_refused():
+    import jax
+
+    buffer = io.BytesIO()
+    saved = {"epoch": np.int64(2), "pos": np.arange(3, dtype=np.int32), "name": "train"}
+    jaxstow.save(buffer, {"loader": jaxstow.per_process(saved)})
+    right = {"epoch": 0, "pos": jax.ShapeDtypeStruct((3,), np.int32), "name": ""}
+    restored = jaxstow.load(io.BytesIO(buffer.getvalue()), like={"loader": right})["loader"]
+    assert restored["epoch"] == 2 and restored["name"] == "train" and isinstance(restored["pos"], jax.Array)
+    wrong = {"epoch": jax.ShapeDtypeStruct((), np.float32), "pos": np.zeros(5, np.float32), "name": 7}
+    with pytest.raises(StructureMismatchError) as caught:
+        jaxstow.load(io.BytesIO(buffer.getvalue()), like={"loader": wrong})
+    assert caught.value.problems == [
+        "'loader/epoch': the saved value is int64[], like has float32[]",
+        "'loader/name': the saved value is str 'train', like has int 7",
+        "'loader/pos': the saved value is int32[3], like has float32[5]",
+    ]
+
+
 def test_the_value_is_taken_when_the_save_is_asked_for(tmp_path):
     loader, state = Loader(1), {"epoch": 1}
     with jaxstow.CheckpointManager(tmp_path / "run") as manager:

@@ -24,6 +24,7 @@ from jaxstow._format.header import open_container
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.per_process import PerProcess, is_stateful
 from jaxstow._read.opened import OpenedFile
+from jaxstow._read.targets import Target
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError
 
@@ -99,9 +100,16 @@ def per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str,
 
 
 def fill_from_per_process(
-    opened: OpenedFile, path: str, positions: dict[str, int], values: list[Any], *, every: bool
+    opened: OpenedFile,
+    path: str,
+    positions: dict[str, int],
+    values: list[Any],
+    targets: Sequence[Target],
+    *,
+    every: bool,
 ) -> None:
-    """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there."""
+    """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there
+    (``targets``: what each leaf of ``like`` asks for), each saved leaf checked to be what its like leaf asks for."""
     if every:
         raise RequestError(
             "per_process='all' gives a list of every process's value, which a subtree of like cannot hold: put a "
@@ -115,5 +123,32 @@ def fill_from_per_process(
         raise StructureMismatchError(
             [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file
         )
+    problems = [
+        f"{leaf_path!r}: the saved value is {_described(got[leaf_path])}, like has {targets[i].describe()}"
+        for leaf_path, i in positions.items()
+        if not _fits(got[leaf_path], targets[i])
+    ]
+    if problems:
+        raise StructureMismatchError(problems, file=opened.file)
     for leaf_path, i in positions.items():
-        values[i] = got[leaf_path]
+        value = got[leaf_path]
+        if targets[i].output == "jax" and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype:  # x64 off: numpy
+            value = jax.numpy.asarray(value)
+        values[i] = value
+
+
+def _fits(saved: Any, target: Target) -> bool:
+    """Whether a leaf of a per-process value is what a like leaf asks for: an array of its shape and dtype for an
+    array (or a ``ShapeDtypeStruct``); text for text, and no array for a number (``None`` takes anything)."""
+    if target.output == "value":
+        wanted = target.value
+        return wanted is None or (
+            isinstance(wanted, str | bytes) == isinstance(saved, str | bytes) and np.ndim(saved) <= np.ndim(wanted)
+        )
+    dtype = getattr(saved, "dtype", None)
+    return dtype is not None and np.dtype(dtype) == target.dtype and tuple(np.shape(saved)) == tuple(target.shape or ())
+
+
+def _described(saved: Any) -> str:
+    dtype = getattr(saved, "dtype", None)
+    return f"{dtype}{list(np.shape(saved))}" if dtype is not None else f"{type(saved).__name__} {saved!r}"[:80]
