@@ -444,3 +444,23 @@ def test_a_class_that_refuses_the_restored_arrays_is_a_format_error_naming_the_f
     with pytest.raises(FormatError, match=r"refused the restored values \(ValueError: w must end in 4") as caught:
         jaxstow.load(buffer)
     assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_a_class_that_gained_a_field_since_the_save_restores_into_like_by_path():
+    name = f"tests.gained_{uuid.uuid4().hex}"
+
+    def model(*fields: str) -> type:
+        cls = dataclasses.make_dataclass("Model", fields)
+        jax.tree_util.register_dataclass(cls, data_fields=list(fields), meta_fields=[])
+        return jaxstow.saveable(cls, name=name)
+
+    old = model("a", "b")
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, old(np.ones(2, np.float32), np.zeros(2, np.float32)))
+    with pytest.warns(UserWarning, match="now names"):
+        new = model("a", "b", "c")  # the class as the code defines it now
+    like = new(*(np.zeros(2, np.float32) for _ in range(3)))
+    with pytest.raises(StructureMismatchError, match=r"'c': missing from the file \(expected float32\[2\]\)"):
+        jaxstow.load(io.BytesIO(buffer.getvalue()), like=like)
+    with pytest.raises(FormatError, match="2 children do not fit"):  # without like, the file's own structure
+        jaxstow.load(io.BytesIO(buffer.getvalue()))

@@ -34,7 +34,7 @@ from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
-from jaxstow.errors import StructureMismatchError, UnknownNameError
+from jaxstow.errors import FormatError, StructureMismatchError, UnknownNameError
 
 __all__ = ["check_rebuilt", "like_paths_in_file"]
 
@@ -157,7 +157,8 @@ def like_paths_in_file(
     """
     try:
         treedef = opened.treedef()
-    except UnknownNameError:  # names this process lacks, which like= gives the values of: matched by path
+    except (UnknownNameError, FormatError):  # names this process lacks, or classes that changed since the save
+        # (a field gained, a node that refuses the file's children): like= gives their structure, matched by path
         return like_paths, []
     rebuilt = None if treedef is None else _rebuilt(treedef)
     if rebuilt is None:
