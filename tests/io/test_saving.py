@@ -802,3 +802,47 @@ def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
     with pytest.raises(CollectorError, match=r"samples/in: cannot be a folder: a part of its path is a file"):
         postprocess_save(state, None)
     assert (tmp_path / "samples").read_text() == "the user's file"
+
+
+class _ReferenceCollector(io.DataCollector):
+    """A collector written to jax_sgmc's interface: ``save(chain_id, values)`` of one sample's leaves at a time."""
+
+    def __init__(self) -> None:
+        self.data: dict[int, list] = {}
+
+    def register_data_loader(self, data_loader):
+        pass
+
+    def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None):
+        self.data[len(self.data)] = []
+        return len(self.data) - 1
+
+    def save(self, chain_id, values):
+        self.data[chain_id].append(float(values[0]))
+
+    def checkpoint(self, chain_id, state):
+        pass
+
+    def finalize(self, chain_id):
+        pass
+
+    def finished(self, chain_id):
+        return self.data[chain_id]
+
+    def resume(self):
+        return {}
+
+
+@pytest.mark.parametrize("block_size", [None, 1, 3])
+def test_a_collector_of_jax_sgmcs_interface_gets_every_sample_once_in_order(block_size) -> None:
+    init_save, save, postprocess_save = io.save(_ReferenceCollector(), block_size=block_size)
+    states = jax.vmap(lambda _: init_save({"x": jnp.float32(0)}, None, scheduler.static_information()))(jnp.arange(2))
+
+    def step(states, t):
+        return jax.vmap(lambda state, chain: save(state, t % 3 != 0, {"x": 10 * t + chain})[0])(
+            states, jnp.arange(2)
+        ), None
+
+    states = jax.jit(lambda states: jax.lax.scan(step, states, jnp.arange(20.0))[0])(states)
+    results = postprocess_save(states, None)
+    assert [result["samples"] for result in results] == [[10.0 * t + c for t in range(20) if t % 3] for c in range(2)]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import abc
 import functools
+import inspect
+import weakref
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -19,6 +21,7 @@ __all__ = [
     "copies_at_once",
     "registered_chain",
     "resumed_chain",
+    "save_block",
     "stores_key_data",
     "together",
 ]
@@ -130,7 +133,7 @@ class DataCollector(abc.ABC):
         By default one :meth:`save` per chain; a collector that stores them better together overrides it.
         """
         for chain_id, (first, values) in blocks.items():
-            self.save(chain_id, first, values)
+            save_block(self, chain_id, first, values)
 
     @abc.abstractmethod
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
@@ -229,6 +232,54 @@ def resumed_chain(collector: DataCollector, chain_id: int) -> ChainCheckpoint | 
             "the io.ChainCheckpoint that its checkpoint() was given"
         )
     return checkpoint
+
+
+def save_block(collector: DataCollector, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+    """``collector.save(chain_id, first, values)``; for a collector written to jax_sgmc's interface, whose
+    ``save(chain_id, values)`` takes one sample's leaves, that of each row of the block in turn.
+
+    >>> from jaxstow import io
+    >>> class Rows(io.MemoryCollector):
+    ...     def save(self, chain_id, values):
+    ...         print(chain_id, [value.tolist() for value in values])
+    >>> save_block(Rows(), 0, 0, [np.array([[1, 2], [3, 4]]), np.array([5, 6])])
+    0 [[1, 2], 5]
+    0 [[3, 4], 6]
+    """
+    if not _takes_rows(type(collector)):
+        collector.save(chain_id, first, values)
+        return
+    given = _rows_given.setdefault(collector, {})
+    start = given.get(chain_id, 0)  # rows given before (a block delivered again) are not given twice
+    if first > start:
+        raise CollectorError(
+            f"{type(collector).__name__}.save(chain_id, values) takes the samples in order, but samples {start} to "
+            f"{first - 1} of chain {chain_id} have not arrived before sample {first}: implement "
+            "save(chain_id, first, values), which takes blocks in any order"
+        )
+    for row in range(start - first, len(values[0]) if values else 0):
+        collector.save(chain_id, [value[row] for value in values])  # type: ignore[call-arg]
+        given[chain_id] = first + row + 1
+
+
+#: Per collector of jax_sgmc's interface, the samples of each chain given to its ``save`` so far.
+_rows_given: weakref.WeakKeyDictionary[DataCollector, dict[int, int]] = weakref.WeakKeyDictionary()
+
+
+@functools.cache
+def _takes_rows(kind: type[DataCollector]) -> bool:
+    """Whether ``kind.save`` takes ``(chain_id, values)`` alone, as jax_sgmc's ``DataCollector.save`` does."""
+    try:
+        parameters = list(inspect.signature(kind.save).parameters.values())
+    except (TypeError, ValueError):  # no signature to read: the interface documented here
+        return False
+    if any(parameter.kind is inspect.Parameter.VAR_POSITIONAL for parameter in parameters):
+        return False
+    positional = [parameter for parameter in parameters if parameter.kind in _POSITIONAL]
+    return len(positional) == 3  # self, chain_id, values
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
 def copies_at_once(collector: DataCollector) -> bool:

@@ -27,7 +27,14 @@ from jaxstow._format.leaves import KeyData
 from jaxstow.errors import CollectorError, failed
 from jaxstow.io import host_buffers
 from jaxstow.io.batching import shared_chains, shared_state_error
-from jaxstow.io.collector import ChainCheckpoint, DataCollector, copies_at_once, stores_key_data, together
+from jaxstow.io.collector import (
+    ChainCheckpoint,
+    DataCollector,
+    copies_at_once,
+    save_block,
+    stores_key_data,
+    together,
+)
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.row_writes import RowWrites
 
@@ -257,7 +264,7 @@ class Receiver:
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
         self._writes.note(chain_id, first, len(values[0]) if values else 0)
-        self.attempt(chain_id, _saving(chain_id, first, values), self.collector.save, chain_id, first, values)
+        self.attempt(chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values)
 
     def attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
         """Run a collector call unless the chain failed before; remember the first failure."""
