@@ -21,7 +21,7 @@ def test_objax_sequence(tmp_path):
     ckpt = Checkpoint(logdir=tmp_path, keep_ckpts=2)
     for idx in (1, 5, 3, 10, 7):
         ckpt.save(_tree(idx), idx=idx)
-    assert sorted(os.listdir(tmp_path / "ckpt")) == [".jaxstow.lock", "0000000007.npz", "0000000010.npz"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["0000000007.npz", "0000000010.npz"]
     tree, idx, path = ckpt.restore()
     assert idx == 10 and path == os.path.join(tmp_path, "ckpt", "0000000010.npz")
     np.testing.assert_array_equal(tree["linear"]["b"], np.full(2, 10.0))
@@ -76,7 +76,6 @@ def test_subclass_overriding_names(tmp_path):
     for idx in (1, 2, 3):
         ckpt.save(_tree(idx), idx)
     assert sorted(os.listdir(tmp_path / "weights")) == [
-        ".jaxstow.lock",
         "step-000002.safetensors",
         "step-000003.safetensors",
     ]
@@ -109,16 +108,18 @@ def test_subclass_overriding_save_and_load(tmp_path):
     assert calls == [("save", "8.jxs"), ("load", "8.jxs")]
 
 
-def test_two_writers_on_one_folder(tmp_path):
+def test_two_checkpoints_of_one_folder_save_in_turn_and_a_writer_holding_its_lock_is_named(tmp_path):
     first = Checkpoint(tmp_path, keep_ckpts=2)
     first.save(_tree(1), 1)
-    second = Checkpoint(tmp_path, keep_ckpts=2)
-    assert second.restore()[1] == 1  # reading needs no lock
-    with pytest.raises(CheckpointError, match=r"ckpt is being written by another checkpoint manager \(process"):
-        second.save(_tree(2), 2)
-    del first
+    second = Checkpoint(tmp_path, keep_ckpts=2)  # a notebook cell run again: the first is still alive, as in Objax
+    assert second.restore()[1] == 1
     second.save(_tree(2), 2)
-    assert second.indices() == [1, 2]
+    first.save(_tree(3), 3)
+    assert second.indices() == [2, 3] and sorted(os.listdir(tmp_path / "ckpt")) == ["0000000002.npz", "0000000003.npz"]
+    with jaxstow.CheckpointManager(tmp_path / "ckpt") as holder:  # another writer, holding the folder's lock
+        holder.save(4, {"w": np.ones(2)})
+        with pytest.raises(CheckpointError, match=r"ckpt is being written by another checkpoint manager \(process"):
+            second.save(_tree(5), 5)
 
 
 def test_leftovers_of_interrupted_saves_are_removed(tmp_path):

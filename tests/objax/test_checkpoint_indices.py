@@ -23,7 +23,7 @@ def test_a_tree_checkpoint_refuses_an_index_that_is_no_non_negative_integer(tmp_
     ckpt.save({"w": np.full(2, 1.0)}, idx=1)
     with pytest.raises(ArgumentError, match="^idx must be a non-negative integer .*not " + re.escape(repr(idx)[:12])):
         ckpt.save({"w": np.full(2, 9.0)}, idx=idx)
-    assert sorted(os.listdir(tmp_path / "ckpt")) == [".jaxstow.lock", "0000000001.npz"]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["0000000001.npz"]
     tree, restored, _ = ckpt.restore()
     assert restored == 1 and tree["w"].tolist() == [1.0, 1.0]
     with pytest.raises(ArgumentError, match=r"^idx must be a non-negative integer"):

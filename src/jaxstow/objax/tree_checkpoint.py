@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from jaxstow._save_load import load, save
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames, check_step
-from jaxstow._storage.lock import Lock, lock_store
+from jaxstow._storage.lock import lock_store
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
@@ -30,9 +30,10 @@ class TreeCheckpoint:
     """Keeps the ``keep_ckpts`` latest checkpoints of a run in ``logdir/DIR_NAME``, one file per index.
 
     ``logdir/ckpt/0000000042.npz`` is the checkpoint of index 42; stray files are ignored. Unlike Objax's,
-    :meth:`restore` returns the restored tree (JAX trees are values, not variables). The first save takes the
-    folder's lock, as :class:`~jaxstow.CheckpointManager` does. Subclasses may override ``DIR_NAME``, ``FILE_MATCH``
-    (a glob), ``FILE_FORMAT``, ``SAVE_FN(path, tree)`` and ``LOAD_FN(path, like)`` (in ``staticmethod``).
+    :meth:`restore` returns the restored tree (JAX trees are values, not variables). Each save holds the folder's
+    lock while it writes: a save of another process meanwhile is refused, and any other checkpoint object of the folder
+    may save after it. Subclasses may override ``DIR_NAME``, ``FILE_MATCH`` (a glob), ``FILE_FORMAT``,
+    ``SAVE_FN(path, tree)`` and ``LOAD_FN(path, like)`` (in ``staticmethod``).
 
     >>> import tempfile, jax.numpy as jnp
     >>> from jaxstow.objax import TreeCheckpoint
@@ -77,7 +78,6 @@ class TreeCheckpoint:
         self._store: Store = open_store(
             self.directory, marker="", settings=storage_settings(storage_options, None, None)
         )
-        self._lock: Lock | None = None
         if makedir:
             self._store.ensure()
 
@@ -150,12 +150,14 @@ class TreeCheckpoint:
         :class:`~jaxstow.errors.ArgumentError`, and nothing is written.
         """
         idx = check_step(idx, what="idx")
-        if self._lock is None:
-            self._lock = lock_store(self._store)
-            self._store.cleanup(lambda name: False)
-        self._function(type(self).SAVE_FN)(self.path(idx), tree)
-        for old in self._policy.to_delete(self.indices(), {}):
-            self._store.remove(self._names.name(old))
+        lock = lock_store(self._store)  # for this save alone: another Checkpoint of the folder may save next
+        try:
+            self._store.cleanup(lambda name: False)  # what a save killed midway left
+            self._function(type(self).SAVE_FN)(self.path(idx), tree)
+            for old in self._policy.to_delete(self.indices(), {}):
+                self._store.remove(self._names.name(old))
+        finally:
+            lock.release()
 
     def _function(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, given the storage options if it is one of jaxstow's (which take them)."""
