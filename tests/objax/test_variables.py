@@ -253,3 +253,18 @@ def test_an_empty_checkpoint_folder_restores_nothing(tmp_path, capsys) -> None:
     assert all(np.array_equal(after[name], before[name]) for name in before)
     with pytest.raises(TypeError, match="variable collection"):
         objax_io.Checkpoint(tmp_path, keep_ckpts=2, verbose=False).save(module, 1)
+
+
+def test_a_file_name_in_folders_not_made_yet_makes_them_as_objax_does(tmp_path) -> None:
+    module = _mlp()
+    objax_io.save_var_collection(str(tmp_path / "deep" / "sub" / "net.npz"), module.vars())
+    objax_io.load_var_collection(str(tmp_path / "deep" / "sub" / "net.npz"), module.vars())
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(jaxstow.errors.NotAFolderError):
+        objax_io.save_var_collection(str(tmp_path / "file" / "net.npz"), module.vars())
+
+
+def test_a_file_whose_dict_keys_are_no_names_is_refused_naming_the_file(tmp_path) -> None:
+    jaxstow.save(tmp_path / "ints.jxs", {0: np.ones(3, np.float32)})
+    with pytest.raises(VariableMismatchError, match=r"ints\.jxs does not fit .*\n  - 0: a key of the file's dict that"):
+        objax_io.load_var_collection(str(tmp_path / "ints.jxs"), {"0": objax.StateVar(np.zeros(3, np.float32))})

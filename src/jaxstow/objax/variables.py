@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxstow._format.npz import MANIFEST_MEMBER, NpzReader
 from jaxstow._save_load import load, save
+from jaxstow._storage.folders import make_folder
 from jaxstow._storage.opening import PathOrFile, display_name, local_path, open_source
 from jaxstow.errors import ArgumentError, VariableMismatchError
 
@@ -55,8 +56,8 @@ def save_var_collection(
 ) -> None:
     """Save the values of the variables of ``vc``, each once, under the first name it goes by, as Objax does.
 
-    The file is a jaxstow file of ``{name: value}``, written atomically when given a file name, at the current
-    position of a file object. See :func:`load_var_collection` for an example.
+    The file is a jaxstow file of ``{name: value}``, written atomically when given a file name (its folders made if
+    missing, as Objax does), at the current position of a file object. See :func:`load_var_collection` for an example.
 
     Args:
         file: A path, an fsspec URL or a binary file object.
@@ -64,6 +65,9 @@ def save_var_collection(
         storage_options: Passed to fsspec for a URL ``file``.
     """
     tree = {names[0]: variable.value for variable, names in _by_variable(vc).values()}
+    local = local_path(file) if isinstance(file, str | os.PathLike) else None
+    if local is not None and os.path.dirname(local):  # its folders made first, as Objax does
+        make_folder(os.path.dirname(local))
     save(file, tree, storage_options=storage_options)
 
 
@@ -105,6 +109,12 @@ def load_var_collection(
         if not isinstance(stored, dict):
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
+            )
+        unnamed = [name for name in stored if not isinstance(name, str)]
+        if unnamed:
+            raise VariableMismatchError(
+                [f"{name!r}: a key of the file's dict that is no variable name (a str)" for name in unnamed],
+                file=display_name(file),
             )
         others = [name for name, value in stored.items() if not isinstance(value, np.ndarray | np.generic | jax.Array)]
         if others:
