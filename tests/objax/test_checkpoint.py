@@ -133,6 +133,7 @@ def test_leftovers_of_interrupted_saves_are_removed(tmp_path):
     assert not leftover.exists() and ckpt.indices() == [4]
 
 
-def test_keep_ckpts_must_be_positive(tmp_path):
-    with pytest.raises(ValueError, match="keep_last must be a positive integer or None, not 0"):
-        Checkpoint(tmp_path, keep_ckpts=0)
+@pytest.mark.parametrize("keep", [0, -1, 2.5, "3", True])
+def test_keep_ckpts_out_of_range_is_named_as_the_argument_given(tmp_path, keep):
+    with pytest.raises(jaxstow.errors.ArgumentError, match=r"^keep_ckpts must be how many checkpoints to keep"):
+        Checkpoint(tmp_path, keep_ckpts=keep)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
+import numbers
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -54,7 +55,7 @@ class TreeCheckpoint:
     def __init__(
         self,
         logdir: str | os.PathLike[str],
-        keep_ckpts: int,
+        keep_ckpts: int | None,
         makedir: bool = True,
         *,
         storage_options: Mapping[str, Any] | None = None,
@@ -63,7 +64,7 @@ class TreeCheckpoint:
 
         Args:
             logdir: A path or an fsspec URL (``s3://bucket/run``); each file is saved all or nothing.
-            keep_ckpts: How many of the highest indices to keep.
+            keep_ckpts: How many of the highest indices to keep (``None``: every one).
             makedir: Create the folder now.
             storage_options: Passed to fsspec for a URL ``logdir`` (by jaxstow's own save and load functions;
                 others reach the store themselves, e.g. through fsspec's environment variables).
@@ -73,7 +74,10 @@ class TreeCheckpoint:
         self.logdir = os.fspath(logdir) if local is None else os.path.abspath(local)
         self.keep_ckpts = keep_ckpts
         self.storage_options = storage_options
-        self._policy = KeepPolicy(keep_last=keep_ckpts)
+        valid = keep_ckpts is None or (isinstance(keep_ckpts, numbers.Integral) and not isinstance(keep_ckpts, bool))
+        if not valid or (keep_ckpts is not None and keep_ckpts < 1):
+            raise ArgumentError(f"keep_ckpts must be how many checkpoints to keep, at least 1, not {keep_ckpts!r}")
+        self._policy = KeepPolicy(keep_last=None if keep_ckpts is None else int(keep_ckpts))
         self._names = StepNames(self.FILE_FORMAT)
         self._store: Store = open_store(
             self.directory, marker="", settings=storage_settings(storage_options, None, None)
