@@ -19,6 +19,7 @@ array([[ 8,  9],
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any
@@ -193,8 +194,8 @@ def _read_runs(source: ReadSource, starts: list[int], run_bytes: int, data: memo
 
     One system call each on a local file.
     """
-    descriptor = source.fileno() if isinstance(source, LocalFile) else None
-    for position, start in enumerate(starts):
-        part = data[position * run_bytes : (position + 1) * run_bytes]
-        if descriptor is None or os.preadv(descriptor, [part], start) != run_bytes:
-            source.read_into(start, part)
+    with source.in_use() if isinstance(source, LocalFile) else contextlib.nullcontext(None) as descriptor:
+        for position, start in enumerate(starts):
+            part = data[position * run_bytes : (position + 1) * run_bytes]
+            if descriptor is None or os.preadv(descriptor, [part], start) != run_bytes:
+                source.read_into(start, part)

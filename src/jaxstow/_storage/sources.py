@@ -9,11 +9,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from jaxstow._format.source import Parallel
@@ -21,6 +22,7 @@ from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow._storage.failures import storage_error
 from jaxstow.errors import (
     ArgumentError,
+    ClosedError,
     IsAFolderError,
     NotAFolderError,
     PathError,
@@ -79,40 +81,64 @@ class LocalFile(SourceBase):
     def __init__(self, path: str, *, name: str | None = None, follow: bool = True) -> None:
         self.name = path if name is None else name
         self._descriptor, self.size = _open_regular(path, self.name, follow=follow)
+        # Reads in flight: close() leaves the descriptor to the last of them, so that no read of another thread
+        # lands on a descriptor the system gave meanwhile to another file.
+        self._state = threading.Lock()
+        self._readers = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[int]:
+        """The descriptor, open while the block runs; a :class:`~jaxstow.errors.ClosedError` once closed."""
+        with self._state:
+            if self._closed:
+                raise ClosedError("reading it", file=self.name)
+            self._readers += 1
+        try:
+            yield self._descriptor
+        finally:
+            with self._state:
+                self._readers -= 1
+                last = self._closed and not self._readers
+            if last:
+                os.close(self._descriptor)
 
     def read(self, offset: int, length: int) -> bytes:
-        data = self._pread(length, offset)
-        while len(data) < length:  # a read cut short: read on from there
-            more = self._pread(length - len(data), offset + len(data))
-            if not more:
-                raise self._truncated(offset, length, len(data))
-            data += more
-        return data
+        with self.in_use():
+            data = self._pread(length, offset)
+            while len(data) < length:  # a read cut short: read on from there
+                more = self._pread(length - len(data), offset + len(data))
+                if not more:
+                    raise self._truncated(offset, length, len(data))
+                data += more
+            return data
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
-        done = self._preadv([buffer], offset)
-        if done < buffer.nbytes:  # a read cut short: read on from there
-            buffer = buffer.cast("B")
-            while done < len(buffer):
-                count = self._preadv([buffer[done:]], offset + done)
-                if count == 0:
-                    raise self._truncated(offset, len(buffer), done)
-                done += count
+        with self.in_use():
+            done = self._preadv([buffer], offset)
+            if done < buffer.nbytes:  # a read cut short: read on from there
+                buffer = buffer.cast("B")
+                while done < len(buffer):
+                    count = self._preadv([buffer[done:]], offset + done)
+                    if count == 0:
+                        raise self._truncated(offset, len(buffer), done)
+                    done += count
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls."""
         views = [buffer.cast("B") for buffer in buffers if buffer.nbytes]
         wanted = sum(len(view) for view in views)
         done = 0
-        while views:
-            count = self._preadv(views, offset + done)
-            if count == 0:
-                raise self._truncated(offset, wanted, done)
-            done += count
-            while views and count >= len(views[0]):
-                count -= len(views.pop(0))
-            if views:
-                views[0] = views[0][count:]
+        with self.in_use():
+            while views:
+                count = self._preadv(views, offset + done)
+                if count == 0:
+                    raise self._truncated(offset, wanted, done)
+                done += count
+                while views and count >= len(views[0]):
+                    count -= len(views.pop(0))
+                if views:
+                    views[0] = views[0][count:]
 
     def _preadv(self, views: list[memoryview], offset: int) -> int:
         try:
@@ -131,7 +157,13 @@ class LocalFile(SourceBase):
         return self._descriptor
 
     def close(self) -> None:
-        os.close(self._descriptor)
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+            last = not self._readers
+        if last:
+            os.close(self._descriptor)
 
 
 _SPECIAL = {
