@@ -10,6 +10,7 @@ import functools
 import logging
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Unpack
@@ -24,6 +25,7 @@ from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import require_progress_bar
+from jaxstow._util.serialized import serialized
 from jaxstow._write.background import BackgroundWriter
 from jaxstow._write.held import hold
 from jaxstow._write.host_budget import HostBudget, checked_limit
@@ -115,6 +117,7 @@ class CheckpointManager(StepQueries):
         self._host_memory_limit = checked_limit(host_memory_limit)
         self._lock: Lock | None = None
         self._closed = False
+        self._calls = threading.RLock()  # save, delete and close: one at a time, whichever threads call them
         self._coordinator = Coordinator(self._store.identity, timeout=process_timeout)
         self._broadcast_restore = broadcast_restore
         self._agreed: AgreedSteps | None = None
@@ -125,9 +128,8 @@ class CheckpointManager(StepQueries):
             self._tiers.check_not_stale(self._folder.committed)
         self._notice: PreemptionNotice | None = None
         self._raised: str | None = None  # what the block of a with statement raised, after a preemption signal
-        if self._coordinator.many:
-            if preemption_signals:
-                logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
+        if self._coordinator.many and preemption_signals:
+            logger.info("%s: under jax.distributed, jax's preemption sync point decides", self.directory)
         elif preemption_signals:
             self._notice = self._schedule.notice = PreemptionNotice(preemption_signals)
 
@@ -172,15 +174,11 @@ class CheckpointManager(StepQueries):
             CheckpointError: The step cannot be restored, in any process (each one that failed is named).
         """
         options.setdefault("progress", self._progress)
-
-        def restore(chosen: int, folder: StepFolder) -> Any:
-            return restore_step(folder, chosen, like, items, options)
-
         self._settle()
         tree, self.restored = restore_chosen(
             self._folder,
             step,
-            restore,
+            lambda chosen, folder: restore_step(folder, chosen, like, items, options),
             fallback=fallback,
             coordinator=self._coordinator,
             tiers=self._tiers,
@@ -218,9 +216,7 @@ class CheckpointManager(StepQueries):
         step = check_step(step)
         newest = self._agree().newest
         wanted = self._schedule.should_save(step, newest=newest)
-        if self._tiers is None:
-            return wanted
-        return self._tiers.schedule.should_save(step, newest=newest) or wanted
+        return (self._tiers is not None and self._tiers.schedule.should_save(step, newest=newest)) or wanted
 
     def reached_preemption(self, step: int) -> bool:
         """Whether ``step`` is the step to save before a preemption.
@@ -235,6 +231,7 @@ class CheckpointManager(StepQueries):
         """
         return self._schedule.reached_preemption(check_step(step))
 
+    @serialized
     def save(
         self,
         step: int,
@@ -308,6 +305,7 @@ class CheckpointManager(StepQueries):
         if self._preempted() is not None:
             self.close()  # ends the process
 
+    @serialized
     def delete(self, step: int) -> None:
         """Delete a committed step now, whatever the keep policy says (after the save, and the copy, in flight): from
         ``directory`` and, with a local tier, from every process's tier and the copies its peers keep."""
@@ -402,6 +400,7 @@ class CheckpointManager(StepQueries):
         if self._tiers is not None:
             self._tiers.uploads.wait()
 
+    @serialized
     def close(self) -> None:
         """Finish the save in flight, release the lock and raise the save's error, if any (idempotent).
 
