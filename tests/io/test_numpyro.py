@@ -63,6 +63,22 @@ def test_the_same_file_with_other_data_is_refused_not_answered_with_the_first_ru
     np.testing.assert_array_equal(again["mu"], first["mu"])
 
 
+@pytest.mark.parametrize("settings", [{"target_accept_prob": 0.99}, {"max_tree_depth": 2}, {"dense_mass": True}])
+def test_the_same_file_with_other_kernel_settings_is_refused(tmp_path, settings):
+    def mcmc(**settings) -> object:
+        return infer.MCMC(
+            infer.NUTS(model, **settings), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False
+        )
+
+    path = tmp_path / "run.h5"
+    io.numpyro.run(mcmc(), str(path), jax.random.key(0), model_args=(Y,))
+    written = path.read_bytes()
+    name, value = next(iter(settings.items()))
+    with pytest.raises(CheckpointError, match=rf"run\.h5 holds a run started with settings=.*'{name}': {value}"):
+        io.numpyro.run(mcmc(**settings), str(path), jax.random.key(0), model_args=(Y,))
+    assert path.read_bytes() == written
+
+
 def test_sites_named_with_a_slash_keep_numpyros_names(tmp_path):
     # numpyro.handlers.scope names sites 'group/mu': a '/' made a group of the file, read back as 'group.mu'.
     def inner() -> None:

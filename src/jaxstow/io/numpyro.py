@@ -20,6 +20,7 @@ See :func:`jaxstow.io.run_chains` and docs/sampling-runs.md.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -107,6 +108,7 @@ def run(
         draws_per_chain=num_samples // thinning,
         identity={
             "sampler": f"numpyro.{type(kernel).__name__}",
+            "settings": _settings(kernel),
             "key": np.asarray(raw).tolist(),
             "num_warmup": num_warmup,
             "num_samples": num_samples,
@@ -117,6 +119,29 @@ def run(
         warmup_steps=num_warmup,
     )
     return {_site(name): values for name, values in draws.items()}
+
+
+def _settings(kernel: Any) -> dict[str, Any]:
+    """The kernel's settings that change its draws (``target_accept_prob``, ``max_tree_depth``, ``dense_mass``, ...,
+    and the initialization strategy), as numpyro's kernels keep them: a run goes on only with the same.
+
+    >>> from numpyro.infer import NUTS
+    >>> settings = _settings(NUTS(lambda: None, max_tree_depth=3))
+    >>> settings["max_tree_depth"], settings["target_accept_prob"], settings["init_strategy"]
+    (3, 0.8, 'numpyro.infer.initialization.init_to_uniform')
+    """
+    settings = {
+        name.lstrip("_"): value
+        for name, value in sorted(vars(kernel).items())
+        if isinstance(value, bool | int | float | str)
+    }
+    strategy = getattr(kernel, "_init_strategy", None)
+    if isinstance(strategy, functools.partial):
+        keywords = ", ".join(f"{name}={value!r}" for name, value in sorted(strategy.keywords.items()))
+        settings["init_strategy"] = f"{strategy.func.__module__}.{strategy.func.__qualname__}({keywords})"
+    elif callable(strategy):
+        settings["init_strategy"] = f"{getattr(strategy, '__module__', '')}.{getattr(strategy, '__qualname__', '')}"
+    return settings
 
 
 def _stored(site: str) -> str:
