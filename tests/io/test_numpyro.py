@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 numpyro = pytest.importorskip("numpyro")
 dist = pytest.importorskip("numpyro.distributions")
@@ -77,6 +77,29 @@ def test_the_same_file_with_other_kernel_settings_is_refused(tmp_path, settings)
     with pytest.raises(CheckpointError, match=rf"run\.h5 holds a run started with settings=.*'{name}': {value}"):
         io.numpyro.run(mcmc(**settings), str(path), jax.random.key(0), model_args=(Y,))
     assert path.read_bytes() == written
+
+
+def test_one_mcmc_object_serves_mcmc_run_and_several_files(tmp_path):
+    mcmc = infer.MCMC(
+        infer.NUTS(model), num_warmup=10, num_samples=10, num_chains=2, chain_method="vectorized", progress_bar=False
+    )
+    mcmc.run(jax.random.key(0), Y)
+    theirs = mcmc.get_samples(group_by_chain=True)["mu"]
+    for name in ("a.h5", "b.h5"):
+        ours = io.numpyro.run(mcmc, str(tmp_path / name), jax.random.key(0), model_args=(Y,))
+        np.testing.assert_array_equal(ours["mu"], theirs)
+    mcmc.run(jax.random.key(0), Y)  # numpyro's own run still works after ours
+    np.testing.assert_array_equal(mcmc.get_samples(group_by_chain=True)["mu"], theirs)
+
+
+def test_kernels_and_keys_it_cannot_run_as_mcmc_run_are_refused_before_the_run(tmp_path):
+    sa = infer.MCMC(infer.SA(model), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False)
+    with pytest.raises(ArgumentError, match=r"runs numpyro's HMC and NUTS kernels, .* not SA: run SA with mcmc\.run"):
+        io.numpyro.run(sa, str(tmp_path / "sa.h5"), jax.random.key(0), model_args=(Y,))
+    nuts = infer.MCMC(infer.NUTS(model), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False)
+    with pytest.raises(ArgumentError, match=r"takes a threefry2x32 key \(jax\.random\.key\(seed\)\), not one of rbg"):
+        io.numpyro.run(nuts, str(tmp_path / "rbg.h5"), jax.random.key(0, impl="rbg"), model_args=(Y,))
+    assert not list(tmp_path.iterdir())
 
 
 def test_sites_named_with_a_slash_keep_numpyros_names(tmp_path):

@@ -20,6 +20,7 @@ See :func:`jaxstow.io.run_chains` and docs/sampling-runs.md.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 from collections.abc import Mapping
@@ -29,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow._format.leaves import key_impl_name
 from jaxstow._util.optional import require
+from jaxstow.errors import ArgumentError
 from jaxstow.io.argument_digest import argument_digest
 from jaxstow.io.runs import run_chains
 
@@ -54,7 +57,7 @@ def run(
     checkpoint, with draws bit for bit those of an uninterrupted run. See docs/sampling-runs.md.
 
     Args:
-        mcmc: A ``numpyro.infer.MCMC``: its kernel (``NUTS``, ``HMC``, any kernel whose state numpyro vectorizes),
+        mcmc: A ``numpyro.infer.MCMC``: its kernel (``NUTS`` or ``HMC``),
             ``num_warmup``, ``num_samples``, ``num_chains`` and ``thinning`` are used.
         path: The HDF5 file (see :func:`jaxstow.io.run_chains`).
         rng_key: The run's PRNG key.
@@ -69,11 +72,24 @@ def run(
         Sites keep numpyro's names; in the file, a ``/`` in one (``numpyro.handlers.scope``'s) is ``%2F``.
     """
     require("h5py", extra="numpyro", purpose="jaxstow.io.numpyro.run")  # before the run, which needs it to write
-    kernel = mcmc.sampler
+    hmc = require("numpyro.infer", extra="numpyro", purpose="jaxstow.io.numpyro.run").HMC
+    if not isinstance(mcmc.sampler, hmc):  # NUTS too; the draws of other kernels would not be mcmc.run's
+        name = type(mcmc.sampler).__name__
+        raise ArgumentError(
+            f"io.numpyro.run runs numpyro's HMC and NUTS kernels, whose draws it gives as mcmc.run does, not {name}: "
+            f"run {name} with mcmc.run"
+        )
+    kernel = copy.copy(mcmc.sampler)  # initialized here: numpyro vectorizes a kernel's step at each init of it
     num_warmup, num_samples, chains, thinning = mcmc.num_warmup, mcmc.num_samples, mcmc.num_chains, mcmc.thinning
     kwargs = dict(model_kwargs or {})
-    raw = jax.random.key_data(rng_key) if jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key) else rng_key
-    raw = jnp.asarray(raw, jnp.uint32)
+    if jnp.issubdtype(jnp.result_type(rng_key), jax.dtypes.prng_key):
+        if (impl := key_impl_name(jnp.result_type(rng_key))) != "threefry2x32":
+            raise ArgumentError(
+                f"io.numpyro.run takes a threefry2x32 key (jax.random.key(seed)), not one of {impl}: numpyro's "
+                "kernel state holds its keys as raw data, which this run could not checkpoint as keys of another kind"
+            )
+        rng_key = jax.random.key_data(rng_key)
+    raw = jnp.asarray(rng_key, jnp.uint32)
     keys = jax.random.split(raw, chains) if chains > 1 else raw[None]  # as mcmc.run splits them: one chain, not
     initial = jax.jit(lambda keys: kernel.init(keys, num_warmup, init_params, model_args, kwargs))(
         keys
