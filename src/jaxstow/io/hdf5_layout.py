@@ -108,12 +108,20 @@ def create_datasets(
 
 
 def variable_names(names: Sequence[str]) -> list[str]:
-    """The names that the readers give a chain's datasets, named ``names`` in its group: their keys joined by ``.``.
+    """The names that the readers give a chain's datasets, named ``names`` in its group: their keys joined by ``.``,
+    a key's ``%2F`` and ``%25`` read as the ``/`` and ``%`` they stand for (a ``/`` in a key, such as a numpyro site's
+    of ``numpyro.handlers.scope``, is written so: it would make a group).
+
+    >>> variable_names(["theta", "g%2Fmu", "a/b"])
+    ['theta', 'g/mu', 'a.b']
 
     Raises:
         ArgumentError: Two datasets get one name.
     """
-    return joined_names([tuple(name.split("/")) if name else () for name in names], ".")
+    keys = [
+        tuple(key.replace("%2F", "/").replace("%25", "%") for key in name.split("/")) if name else () for name in names
+    ]
+    return joined_names(keys, ".")
 
 
 def _check_names(names: Sequence[str]) -> None:
