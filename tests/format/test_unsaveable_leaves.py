@@ -119,3 +119,17 @@ def test_a_save_inside_a_traced_function_is_refused_naming_the_leaf(tmp_path, tr
         with pytest.raises(ArgumentError, match="save the function's results outside it"):
             jax.jit(lambda x: manager.save(1, {"w": x}) or x)(jnp.ones(3))
         assert manager.steps() == []
+
+
+def test_a_dict_nested_past_what_jax_follows_is_refused_and_the_interpreter_goes_on(tmp_path):
+    # Two keys at each level: jax sorts them, and a recursion error in its sort left Python's recursion count broken.
+    tree: dict = {"x": np.ones(1)}
+    for level in range(3000):
+        tree = {str(level): tree, "x": np.ones(1)}
+    with pytest.raises(ArgumentError, match="nests deeper than Python follows"):
+        jaxstow.save(tmp_path / "deep.jxs", tree)
+    nested: list = [1]
+    for _ in range(200):
+        nested = [nested]
+    jaxstow.save(tmp_path / "after.jxs", {"w": np.ones(2)}, metadata={"nested": nested})  # recursion works still
+    assert jaxstow.load_metadata(tmp_path / "after.jxs")["nested"] == nested

@@ -31,6 +31,8 @@ __all__ = ["flatten", "naming_deleted_arrays"]
 
 def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
     """jax's leaves and structure of ``tree``; a dict whose keys jax cannot sort is an :class:`ArgumentError`."""
+    if _deeper_than(tree, _DEEPEST):  # jax's flatten of such a tree can leave Python's recursion count broken
+        raise cycle_error(file)
     try:
         leaves, treedef = jax.tree_util.tree_flatten(tree)
     except RecursionError:
@@ -57,6 +59,32 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         file=file or None,
         path=path,
     ) from None
+
+
+#: The deepest nesting of dicts, lists and tuples saved: a file's structure holds no deeper one (its JSON would be
+#: refused when read), and jax's flatten of a much deeper one breaks the interpreter's recursion count.
+_DEEPEST = 400
+
+
+def _deeper_than(tree: Any, depth: int) -> bool:
+    """Whether dicts, lists and tuples in ``tree`` nest deeper than ``depth``, found without recursion.
+
+    >>> nested = [1]
+    >>> for _ in range(500):
+    ...     nested = {"a": nested}
+    >>> _deeper_than(nested, 400), _deeper_than({"a": [1, (2,)]}, 400)
+    (True, False)
+    """
+    stack: list[tuple[Any, int]] = [(tree, 0)]
+    while stack:
+        node, level = stack.pop()
+        if level > depth:
+            return True
+        if isinstance(node, dict):
+            stack.extend((child, level + 1) for child in node.values())
+        elif isinstance(node, list | tuple):
+            stack.extend((child, level + 1) for child in node)
+    return False
 
 
 def cycle_error(file: str, path: str | None = None) -> ArgumentError:
