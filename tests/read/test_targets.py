@@ -238,3 +238,11 @@ def test_a_model_with_a_partial_or_a_saved_object_loads_back_into_itself():
     buffer.seek(0)
     with pytest.raises(StructureMismatchError, match=r"'f': the file has functools\.partial"):
         jaxstow.load(buffer, like={**tree, "f": functools.partial(jax.nn.gelu)})
+
+
+@pytest.mark.timeout(120)  # a regular expression of the pattern backtracked through the key for hours
+def test_a_pattern_of_many_stars_over_a_long_key_is_answered(tmp_path):
+    jaxstow.save(tmp_path / "long.jxs", {"a" * 3000: np.ones(2), "weights": np.zeros(2)})  # a file's keys are anyone's
+    with pytest.raises(SelectionError, match=r"'\*a\*a\*a\*weights' match no leaf"):
+        jaxstow.load(tmp_path / "long.jxs", select="*a*a*a*weights")
+    assert list(jaxstow.load(tmp_path / "long.jxs", select=["**/" * 8 + "w*s"])) == ["weights"]

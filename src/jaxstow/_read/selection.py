@@ -17,26 +17,60 @@ True
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from jaxstow.errors import ArgumentError, SelectionError
 
 __all__ = ["LeafPaths", "Selection"]
 
-_SEGMENTS = "(?:[^/]*/)*"  # any number of whole segments, empty ones (empty dict keys) too
-_WILDCARDS = {"*": "[^/]*", "?": "[^/]"}
+
+def _pattern(pattern: str) -> Callable[[str], bool]:
+    """Whether a path is selected by ``pattern``: its segments, then any number of whole segments (everything below).
+
+    Matched segment by segment, in time that grows with the lengths of the pattern and the path (a regular expression
+    of the pattern would backtrack through a long key exponentially often).
+    """
+    segments = pattern.split("/")
+
+    def matches(path: str) -> bool:
+        parts = path.split("/")
+        reached = {0}  # the numbers of the path's segments matched so far, along each way
+        for segment in segments:
+            if segment == "**":
+                reached = set(range(min(reached), len(parts) + 1))
+            else:
+                reached = {at + 1 for at in reached if at < len(parts) and _segment_matches(segment, parts[at])}
+            if not reached:
+                return False
+        return True
+
+    return matches
 
 
-def _compile(pattern: str) -> re.Pattern[str]:
-    """A regex that matches ``path + "/"`` for every path the pattern selects."""
-    body = ""
-    for segment in pattern.split("/"):
-        if segment == "**":
-            body += _SEGMENTS
+def _segment_matches(pattern: str, text: str) -> bool:
+    """Whether one segment of a pattern (``*``: any characters, ``?``: one) matches one segment of a path.
+
+    >>> _segment_matches("*a*a*b", "a" * 3000), _segment_matches("la*r?", "layers"), _segment_matches("", "")
+    (False, True, True)
+    """
+    at = done = 0
+    star, resume = -1, 0
+    while done < len(text):
+        if at < len(pattern) and pattern[at] != "*" and pattern[at] in ("?", text[done]):
+            at, done = at + 1, done + 1
+        elif at < len(pattern) and pattern[at] == "*":
+            star, resume, at = at, done, at + 1
+        elif star >= 0:  # the last star takes one more character
+            resume += 1
+            at, done = star + 1, resume
         else:
-            body += "".join(_WILDCARDS.get(char, re.escape(char)) for char in segment) + "/"
-    return re.compile(body + _SEGMENTS)
+            return False
+    return all(char == "*" for char in pattern[at:])
+
+
+def _exact(pattern: str) -> Callable[[str], bool]:
+    """Whether a path is ``pattern`` or below it, none of its characters a wildcard."""
+    return lambda path: path == pattern or path.startswith(pattern + "/")
 
 
 class LeafPaths(tuple[str, ...]):
@@ -54,22 +88,19 @@ class Selection:
         if not self.patterns or not all(isinstance(pattern, str) for pattern in self.patterns):
             raise ArgumentError(f"select takes path patterns (strings), not {patterns!r}")
         exact = isinstance(patterns, LeafPaths)
-        self._compiled = [
-            re.compile(re.escape(pattern) + "/" + _SEGMENTS) if exact else _compile(pattern)
-            for pattern in self.patterns
-        ]
+        self._matchers = [_exact(pattern) if exact else _pattern(pattern) for pattern in self.patterns]
 
     def matches(self, path: str) -> bool:
         """Whether any pattern selects ``path``."""
-        return any(compiled.fullmatch(path + "/") for compiled in self._compiled)
+        return any(matcher(path) for matcher in self._matchers)
 
     def choose(self, paths: Iterable[str], *, file: str | None = None) -> list[str]:
         """The selected paths, in order; a pattern that matches none of them is an error naming it."""
         paths = list(paths)
         unmatched = [
             pattern
-            for pattern, compiled in zip(self.patterns, self._compiled, strict=True)
-            if not any(compiled.fullmatch(path + "/") for path in paths)
+            for pattern, matcher in zip(self.patterns, self._matchers, strict=True)
+            if not any(matcher(path) for path in paths)
         ]
         if unmatched:
             shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
