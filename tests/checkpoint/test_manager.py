@@ -311,3 +311,18 @@ def test_fsspec_file_url_is_a_local_path(tmp_path):
     with CheckpointManager(f"file://{tmp_path}") as manager:
         manager.save(1, {"w": jnp.ones(1)})
     assert os.path.isfile(tmp_path / "1" / "checkpoint.json")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("a.b", r"may hold only letters, digits, '_' and '-'; \['a\.b'\] do not"),
+        ("k" * 300, r"300 characters are more than the 200 an item name may have"),
+    ],
+)
+def test_item_names_that_cannot_be_file_names_are_refused_at_the_call(tmp_path, name, message):
+    with CheckpointManager(tmp_path / "run") as manager:
+        with pytest.raises(ArgumentError, match=message):
+            manager.save(1, {name: np.ones(2), "w": np.ones(2)})
+        manager.save(1, {"k" * 200: np.ones(2)})  # the longest
+    assert CheckpointManager(tmp_path / "run").steps() == [1]

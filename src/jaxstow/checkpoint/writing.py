@@ -33,6 +33,7 @@ SINGLE_ITEM = "state"
 #: The extension of every item file.
 EXTENSION = ".safetensors"
 _ITEM_NAME = re.compile(r"[A-Za-z0-9_-]+")
+_LONGEST_ITEM = 200  # with the process's suffix, ".safetensors" and a temporary name's, within 255 bytes
 
 
 def split_items(items: Any) -> tuple[dict[str, Any], bool]:
@@ -45,6 +46,11 @@ def split_items(items: Any) -> tuple[dict[str, Any], bool]:
         raise ArgumentError(
             f"item names become file names, so they may hold only letters, digits, '_' and '-'; {bad!r} do not "
             "(to save a dict with such keys as one tree, wrap it: save(step, {'state': tree}))"
+        )
+    if long := [name for name in items if len(name) > _LONGEST_ITEM]:
+        raise ArgumentError(
+            f"item names become file names, which file systems keep short: {len(long[0])} characters are more than "
+            f"the {_LONGEST_ITEM} an item name may have ({long[0][:40]!r}...); give it a shorter name"
         )
     return dict(items), False
 
