@@ -396,3 +396,41 @@ def test_convert_a_manager_step_every_item_and_other_files(files, tmp_path, caps
     for name in ("model.eqx", "data.pkl"):
         assert main(["convert", str(files[name]), str(tmp_path / "x.jxs")]) == 2
         assert "jaxstow convert cannot read" in capsys.readouterr().err and not (tmp_path / "x.jxs").exists()
+
+
+def _msgpack_array(array: np.ndarray) -> object:
+    import msgpack
+
+    return msgpack.ExtType(1, msgpack.packb((array.shape, array.dtype.name, array.tobytes())))
+
+
+@pytest.mark.parametrize(
+    ("tree", "message"),
+    [
+        ({"w": {"__msgpack_chunked_array__": True}}, r"a chunked array that is not flax's \(KeyError"),
+        (
+            {"w": {"__msgpack_chunked_array__": True, "shape": {"0": 5}, "chunks": {"0": _msgpack_array(np.ones(3))}}},
+            r"a chunked array that is not flax's \(ValueError: 'cannot reshape",
+        ),
+        ({"w": {"__msgpack_chunked_array__": True, "shape": {"0": 0}, "chunks": {}}}, "of no array or of several"),
+        (
+            {
+                "w": {
+                    "__msgpack_chunked_array__": True,
+                    "shape": {"0": 4},
+                    "chunks": {"0": _msgpack_array(np.ones(2, np.float32)), "1": _msgpack_array(np.ones(2, np.int64))},
+                }
+            },
+            "of no array or of several dtypes",
+        ),
+        ({1: _msgpack_array(np.ones(1)), "a": _msgpack_array(np.ones(1))}, "whose keys are of types"),
+    ],
+    ids=["no-shape", "shape-of-other-size", "no-chunks", "chunks-of-two-dtypes", "keys-that-do-not-sort"],
+)
+def test_a_flax_msgpack_file_flax_never_writes_is_a_format_error(tmp_path, tree, message):
+    import msgpack
+
+    path = tmp_path / "hostile.msgpack"
+    path.write_bytes(msgpack.packb(tree))
+    with pytest.raises(FormatError, match=message):
+        jaxstow.load(path, from_format="flax")

@@ -331,17 +331,30 @@ def _read_flax(data: bytes, name: str) -> Any:
         raise
     except Exception as error:  # msgpack raises its own errors and ValueError on damage
         raise FormatError(f"not a flax msgpack file ({type(error).__name__}: {error})", file=name) from None
-    return _unchunked(tree)
+    return _plain(_unchunked(tree, name, ""), name)
 
 
-def _unchunked(tree: Any) -> Any:
-    """flax's chunked large arrays (``{"__msgpack_chunked_array__": True, ...}``) joined back."""
+def _unchunked(tree: Any, name: str, path: str) -> Any:
+    """flax's chunked large arrays (``{"__msgpack_chunked_array__": True, ...}``) joined back, each checked to be
+    what flax writes: chunks of one dtype, as many elements as its shape."""
     if not isinstance(tree, dict):
         return tree
     if tree.get("__msgpack_chunked_array__") is True:
-        shape = tuple(tree["shape"][str(i)] for i in range(len(tree["shape"])))
-        return np.concatenate([tree["chunks"][str(i)] for i in range(len(tree["chunks"]))]).reshape(shape)
-    return {key: _unchunked(value) for key, value in tree.items()}
+        try:
+            shape = tuple(tree["shape"][str(i)] for i in range(len(tree["shape"])))
+            chunks = [tree["chunks"][str(i)] for i in range(len(tree["chunks"]))]
+            if not chunks or not all(
+                isinstance(chunk, np.ndarray) and chunk.dtype == chunks[0].dtype for chunk in chunks
+            ):
+                raise ValueError("chunks of no array or of several dtypes")
+            return np.concatenate(chunks).reshape(shape)
+        except (KeyError, TypeError, ValueError) as error:
+            raise FormatError(
+                f"a chunked array that is not flax's ({type(error).__name__}: {excerpt(str(error))})",
+                file=name,
+                path=path or None,
+            ) from None
+    return {key: _unchunked(value, name, f"{path}/{key}".lstrip("/")) for key, value in tree.items()}
 
 
 def _read_equinox(source: ReadSource, name: str, like: Any) -> Any:
