@@ -308,6 +308,13 @@ def _write_plain(
             write = functools.partial(write_container, kind=kind, tensors=tensors, manifest=None)
         _write_raw(dst, lambda sink: write(sink), tensors, progress=progress)
     elif container_kind(dst) == kind:  # the rule of save: raw bytes, their true dtypes in a jaxstow manifest
+        as_bytes = [f"{path!r} ({array.dtype})" for path, array in tensors if not stores_exactly(array.dtype)]
+        shown = ", ".join(as_bytes[:5]) + (", ..." if len(as_bytes) > 5 else "")
+        print(
+            f"note: {len(as_bytes)} leaves of a dtype the {target} format has no code for here ({shown}) are kept as raw "
+            "bytes (uint8), their true dtypes in a jaxstow manifest: other tools read bytes, jaxstow the arrays",
+            file=sys.stderr,
+        )
         _save(dst, dict(tensors), metadata=metadata, progress=progress)
     else:
         raw = next(path for path, array in tensors if not stores_exactly(array.dtype))
