@@ -335,6 +335,19 @@ def test_data_damaged_once_on_its_way_is_read_again_not_taken_for_a_damaged_step
     assert run.restored is not None and (run.restored.step, run.restored.skipped) == (2, {})
 
 
+def test_a_file_the_store_acknowledged_but_did_not_keep_commits_no_step(bucket):
+    run = CheckpointManager(bucket.url("kept"), storage_options=bucket.options, transfer=FAST)
+    run.save(1, bucket.steps[1])
+    run.wait()
+    with bucket.faults(1.0, kinds=("dropped",), paths=r"/kept/2/.*\.safetensors", methods=("PUT",)) as proxy:
+        run.save(2, bucket.steps[2])
+        with pytest.raises(StorageError, match=r"the store acknowledged .*\.safetensors but does not keep"):
+            run.wait()
+    assert proxy.faults["dropped"] >= 1
+    assert run.steps() == [1] and _same(run.restore(as_numpy=True), bucket.steps[1])
+    run.close()
+
+
 def test_corrupt_data_is_not_taken_for_a_storage_failure(bucket):
     """The damaged step's data, read whole and clean, is damage (and named so), not a failure to retry."""
     with pytest.raises(CorruptFileError, match="checksum"):

@@ -12,7 +12,9 @@ Each request it forwards draws, from one seeded generator, whether it fails and 
 - ``lost`` (not among the :data:`KINDS` drawn unless asked for): the request reaches the server, and the answer is
   lost to a reset, so that a client that sends it again repeats what was done;
 - ``flip`` (nor this one): the answer whole, but with one bit of its body flipped on the way (a faulty link or
-  middlebox that no checksum of the transport caught).
+  middlebox that no checksum of the transport caught);
+- ``dropped`` (nor this one): a write (``PUT``) answered ``200`` with the ETag of its body, never reaching the server
+  (a store that acknowledges what it does not keep).
 
 ``rate`` and ``kinds`` may be changed while it runs (a save through a clean proxy, then reads through a faulty one);
 ``faults`` counts the faults sent by kind (an answer with no body is never cut short or stalled). Only requests of the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import hashlib
 import http.client
 import random
 import re
@@ -137,6 +140,13 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             if fault in ("reset", *_ERRORS):
                 proxy.sent(fault)
                 return self._reset() if fault == "reset" else self._error(*_ERRORS[fault])
+            if fault == "dropped" and self.command == "PUT":
+                proxy.sent(fault)
+                self.send_response(200)
+                self.send_header("ETag", f'"{hashlib.md5(body or b"").hexdigest()}"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return None
             status, reason, headers, data = self._upstream(body)
             if fault in ("short", "stall", "flip") and (self.command == "HEAD" or len(data) < 2):
                 fault = None  # no body to cut or change

@@ -25,6 +25,7 @@ import functools
 import json
 import posixpath
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
@@ -33,7 +34,14 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError, NotAFolderError, PathNotFoundError
+from jaxstow.errors import (
+    ArgumentError,
+    CheckpointError,
+    FormatError,
+    NotAFolderError,
+    PathNotFoundError,
+    StorageError,
+)
 
 __all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
 
@@ -286,10 +294,12 @@ class RemoteStaging:
                 upload.complete()
 
     def commit(self, marker: bytes) -> None:
-        """Write the marker, which makes the folder visible (and, on replacing, switches to the new files)."""
+        """Write the marker, which makes the folder visible (and, on replacing, switches to the new files), once the
+        store lists every file the marker names: a store that acknowledged a file it did not keep commits nothing."""
         store = self._store
         self.complete()
         with storage_errors(store.url(self._name)):
+            self._check_listed(_marked_files(marker, where=store.url(self._name, store.marker)))
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
             if self._generation is None and not self._joined:
                 with contextlib.suppress(FileNotFoundError):
@@ -300,6 +310,21 @@ class RemoteStaging:
                 for path in store.fs.find(store.path(self._name)):
                     if path.rsplit("/", 1)[-1] not in keep:
                         store.fs.rm(path)
+
+    def _check_listed(self, files: set[str]) -> None:
+        """Raise a :class:`StorageError` if the store does not list one of ``files`` (after a moment's waits)."""
+        store, missing = self._store, sorted(files)
+        for attempt in range(3):
+            store.fs.invalidate_cache(store.path(self._name))
+            missing = sorted(files - {path.rsplit("/", 1)[-1] for path in store.fs.find(store.path(self._name))})
+            if not missing:
+                return
+            time.sleep(0.1 * 2**attempt)
+        raise StorageError(
+            f"the store acknowledged {', '.join(missing)} but does not keep {'them' if len(missing) > 1 else 'it'}: "
+            "the folder is not committed",
+            file=store.url(self._name, missing[0]),
+        )
 
     def abort(self) -> None:
         """Remove what this write uploaded (joined through another process's token: only its own files).
