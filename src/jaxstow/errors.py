@@ -216,7 +216,8 @@ class UnsaveableObjectError(JaxstowError, TypeError):
 
     def __init__(self, obj: object, *, file: str | None = None, path: str = "", advice: str | None = None) -> None:
         super().__init__(
-            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {obj!r} is {advice or _unsaveable_advice(obj)}",
+            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: {excerpt(obj)} is "
+            f"{advice or _unsaveable_advice(obj)}",
             file=file,
             path=path,
         )

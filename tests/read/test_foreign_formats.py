@@ -434,3 +434,11 @@ def test_a_flax_msgpack_file_flax_never_writes_is_a_format_error(tmp_path, tree,
     path.write_bytes(msgpack.packb(tree))
     with pytest.raises(FormatError, match=message):
         jaxstow.load(path, from_format="flax")
+
+
+def test_a_torch_file_holding_a_tensor_of_no_array_is_a_format_error_quoting_it_briefly(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"s": torch.eye(100).to_sparse()}, tmp_path / "sparse.pt")
+    with pytest.raises(FormatError, match=r"leaf 's' of .*sparse\.pt: holds tensor\(.*, a tensor of layout") as caught:
+        jaxstow.load(tmp_path / "sparse.pt", from_format="torch")
+    assert len(str(caught.value)) < 400 and "cannot save" not in str(caught.value)

@@ -39,7 +39,7 @@ from jaxstow._read import orbax_steps
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnsaveableObjectError, excerpt
 
 __all__ = [
     "DESCRIBED",
@@ -270,7 +270,14 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
     import jax
 
     def as_array(key_path: Any, leaf: Any) -> Any:
-        return tensor_to_numpy(leaf, file=name, path=path_to_str(key_path)) if is_tensor(leaf) else leaf
+        if not is_tensor(leaf):
+            return leaf
+        path = path_to_str(key_path)
+        try:
+            return tensor_to_numpy(leaf, file=name, path=path)
+        except UnsaveableObjectError as error:  # said of a save: here the file holds it
+            problem = str(error).partition(" is ")[2]
+            raise FormatError(f"holds {excerpt(leaf)}, {problem}", file=name, path=path) from None
 
     return jax.tree_util.tree_map_with_path(as_array, _plain(state, name))
 
