@@ -43,7 +43,8 @@ def from_posterior(
         dims: Passed to ``arviz.from_dict``.
 
     Returns:
-        An ``arviz.InferenceData`` with ArviZ 0.x, an ``xarray.DataTree`` with ArviZ 1.x.
+        An ``arviz.InferenceData`` with ArviZ 0.x, an ``xarray.DataTree`` with ArviZ 1.x (whose variables may not
+        hold a ``/``: ``group/mu``, a numpyro site of ``numpyro.handlers.scope``, is ``group%2Fmu`` there).
 
     Raises:
         MissingDependencyError: ArviZ is not installed.
@@ -53,6 +54,18 @@ def from_posterior(
         "coords": dict(coords) if coords is not None else None,
         "dims": {name: list(names) for name, names in dims.items()} if dims is not None else None,
     }
-    if arviz_major(arviz) >= 1:
-        return arviz.from_dict({"posterior": dict(posterior)}, **options)
+    if arviz_major(arviz) >= 1:  # a DataTree, whose variables may not hold a "/": spelt as the file spells it
+        named = {_without_slash(name): values for name, values in posterior.items()}
+        if dims is not None:
+            options["dims"] = {_without_slash(name): list(names) for name, names in dims.items()}
+        return arviz.from_dict({"posterior": named}, **options)
     return arviz.from_dict(posterior=dict(posterior), **options)
+
+
+def _without_slash(name: str) -> str:
+    """A variable's name with its ``/`` as ``%2F`` (and so its ``%`` as ``%25``), if it has one.
+
+    >>> _without_slash("group/mu"), _without_slash("theta"), _without_slash("a%/b")
+    ('group%2Fmu', 'theta', 'a%25%2Fb')
+    """
+    return name.replace("%", "%25").replace("/", "%2F") if "/" in name else name
