@@ -1,7 +1,7 @@
 """Restoring to and saving from the device jax sees: jaxstow against its peers and the limits, in one run.
 
-Restore (warm page cache; cold too where the cache can be dropped): ``jaxstow.load`` (its default path, and the
-pipeline), ``safetensors.flax.load_file`` followed by ``jax.device_put``, fastsafetensors and InstantTensor where they
+Restore (warm page cache; cold too where the cache can be dropped): ``jaxstow.load`` (its default, the pipeline on
+an accelerator, and each of its two paths), ``safetensors.flax.load_file`` followed by ``jax.device_put``, fastsafetensors and InstantTensor where they
 import; the limits, measured in the same run: a bare ``device_put`` of the same bytes from ``pinned_host`` memory, and
 a bare read of the file. Save: the time the caller is blocked, the total time and the peak extra host memory of
 ``jaxstow.CheckpointManager.save`` (its default ``host_memory_limit``, and a budget of a quarter of the tree) against
@@ -75,6 +75,7 @@ def _restorers(path: str, nbytes: int) -> dict[str, Callable[[], Any]]:
     restorers: dict[str, Callable[[], Any]] = {
         "jaxstow.load (default)": lambda: jaxstow.load(path),
         "jaxstow.load (pipeline=True)": lambda: jaxstow.load(path, pipeline=True),
+        "jaxstow.load (pipeline=False)": lambda: jaxstow.load(path, pipeline=False),
         "safetensors.flax + device_put": lambda: jax.device_put(load_file(path), device),
     }
     if importlib.util.find_spec("fastsafetensors") is not None:

@@ -28,9 +28,8 @@ class LoadOptions(TypedDict, total=False):
         progress: draw a progress bar of the bytes read on stderr, with ``tqdm`` (``False``).
         per_process: ``"own"`` restores each process its own value of every :func:`jaxstow.per_process` leaf (the
             default; the process count must be the saving one's), ``"all"`` a list of every process's value.
-        pipeline: read whole arrays through a small pool of host buffers, each piece's transfer to its device
-            overlapping the next read (default: on GPU and TPU, for a file larger than a quarter of physical memory;
-            a smaller one is read at once and put on its devices in one batch; on CPU, host buffers are adopted).
+        pipeline: read whole arrays through a pool of host buffers, many leaves at once, each piece's transfer to
+            its device overlapping the other reads (default: on GPU and TPU; on CPU, host buffers are adopted).
 
     >>> import io, numpy as np, jaxstow
     >>> options = jaxstow.LoadOptions(as_numpy=True, select="w")

@@ -1,10 +1,12 @@
-"""Restoring arrays to accelerators through a small pool of host buffers, each piece's transfer overlapping the next read.
+"""Restoring arrays to accelerators through a pool of host buffers, many leaves read and transferred at once.
 
-A reader thread reads each leaf of a native file, in flat pieces of at most ``_PIECE_BYTES``, into one of
-``_BUFFERS`` reusable host buffers and checksums it on the way; the caller's thread hands each piece to the device
-(through page-locked ``pinned_host`` memory where the device offers it, off CPU) and gives its buffer back once the
-transfer is done. Host memory is the pool, whatever the model's size; a leaf of several pieces is joined on the device.
-A failed read or transfer stops the reader, drops the buffers and raises a JaxstowError naming the leaf.
+Up to ``_READERS`` threads each take a leaf of a native file, read it in flat pieces of at most ``_PIECE_BYTES``
+into a host buffer of the pool, checksum it on the way and hand each piece to the device (through page-locked
+``pinned_host`` memory where the device offers it), giving the buffer back once the transfer is done: one thread's
+transfer overlaps the others' reads, and host memory is the pool (at most one buffer a thread), whatever the model's
+size. A leaf of several pieces is joined on its device, one such leaf at a time, so that the device holds at most one
+leaf twice. Leaves under ``_PIECE_BYTES // 64`` are left to the caller, which reads them at once. A failed read or
+transfer stops the readers, drops the buffers and raises a JaxstowError naming the leaf.
 
 >>> import io, jax, jax.numpy as jnp, jaxstow
 >>> buffer = io.BytesIO()
@@ -16,10 +18,10 @@ Array([[0., 1., 2.],
 
 from __future__ import annotations
 
-import queue
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import jax
@@ -38,12 +40,14 @@ __all__ = ["pipelined_paths", "restore_pipelined"]
 
 #: The size of each host buffer, and so of each piece read and transferred.
 _PIECE_BYTES = 64 << 20
-#: Host buffers in the pool: one being read, one being transferred, one spare.
-_BUFFERS = 3
+#: Leaves read and transferred at once. On an H200 with 16 cores, 4 GiB of 64 MiB leaves from the page cache: 16
+#: threads read and hash them in 0.15 s, 8 in 0.24 s, 4 in 0.38 s.
+_READERS = 16
 
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
-    """Those of ``paths`` the pipeline restores: whole, unsharded arrays of a native file read from its source."""
+    """Those of ``paths`` the pipeline restores: whole, unsharded arrays of a native file read from its source, of
+    ``_PIECE_BYTES // 64`` bytes or more (smaller ones cost more to transfer one by one than in a batch)."""
     if (
         not paths
         or opened.memory_mapped
@@ -57,15 +61,31 @@ def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
         if (leaf := opened.stored.get(path)) is not None
         and leaf.kind == "array"
         and not isinstance(leaf, ShardedLeaf)
-        and leaf.nbytes > 0
+        and leaf.nbytes >= max(1, _PIECE_BYTES // 64)
     ]
 
 
-class _Piece:
-    """A piece read into a pool buffer: its leaf, its bytes, whether it is its leaf's last."""
+class _Pool:
+    """Host buffers of ``nbytes``, made as threads first ask and then handed round; :meth:`drop` lets them go."""
 
-    def __init__(self, path: str, buffer: np.ndarray, nbytes: int, last: bool) -> None:
-        self.path, self.buffer, self.nbytes, self.last = path, buffer, nbytes, last
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return aligned_empty(self.nbytes)  # at most one a reader: each gives its buffer back before taking another
+
+    def give(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buffer)
+
+    def drop(self) -> None:
+        with self._lock:
+            self._free.clear()
 
 
 def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> dict[str, jax.Array]:
@@ -75,62 +95,105 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
     container = opened.container
     assert isinstance(container, NativeReader)
     leaves = sorted(leaves, key=lambda leaf: container.slots[leaf[0]].offset)  # the file read front to back
-    free: queue.Queue[np.ndarray] = queue.Queue()
-    for _ in range(_BUFFERS):
-        free.put(aligned_empty(_PIECE_BYTES))
-    ready: queue.Queue[_Piece | BaseException | None] = queue.Queue()
+    pool = _Pool(min(_PIECE_BYTES, max(opened.stored[path].nbytes for path, _ in leaves)))
     stop = threading.Event()
-    reader = threading.Thread(
-        target=_read,
-        args=(opened, container, [path for path, _ in leaves], free, ready, stop),
-        name="jaxstow-pipeline-reader",
-        daemon=True,
-    )
-    reader.start()
-    out: dict[str, jax.Array] = {}
-    parts: list[jax.Array] = []
-    path = ""
+    # A leaf of one piece is a job of its own; the leaves of several are one job, so that one is joined at a time.
+    several = [leaf for leaf in leaves if opened.stored[leaf[0]].nbytes > _PIECE_BYTES]
+    jobs = [[leaf] for leaf in leaves if opened.stored[leaf[0]].nbytes <= _PIECE_BYTES] + ([several] if several else [])
+
+    def restore_leaves(job: list[tuple[str, Any]]) -> dict[str, jax.Array]:
+        out = {}
+        for path, placement in job:
+            if stop.is_set():
+                raise _Stopped
+            try:
+                out[path] = _restore_leaf(opened, container, path, placement, pool, stop)
+            except JaxstowError as error:
+                raise _naming(error, path) from None
+        return out
+
+    executor = ThreadPoolExecutor(min(_READERS, len(jobs)), thread_name_prefix="jaxstow-pipeline-reader")
+    futures = [executor.submit(restore_leaves, job) for job in jobs]
     try:
-        for path, placement in leaves:
-            leaf = opened.stored[path]
-            while True:
-                piece = ready.get()
-                if isinstance(piece, BaseException):
-                    raise piece
-                assert piece is not None and piece.path == path
-                whole = piece.last and not parts
-                shape = leaf.shape if whole else (-1,)
-                data = piece.buffer[: piece.nbytes].view(leaf.dtype).reshape(shape)
-                opened.check_narrowing([(path, data)])
-                parts.append(_transfer(data, placement if whole else None))
-                free.put(piece.buffer)
-                del data
-                if piece.last:
-                    break
-            array = parts[0] if len(parts) == 1 else jnp.concatenate(parts).reshape(leaf.shape)
-            if len(parts) > 1 and placement is not None:
-                array = jax.device_put(array, placement)
-            out[path], parts = array, []
-    except JaxstowError:
-        out.clear()
-        raise
-    except Exception as error:
-        out.clear()
-        traceback.clear_frames(error.__traceback__)  # their locals hold pool buffers
-        raise DeviceTransferError(
-            f"{opened.file}: moving leaf {path!r} to its device failed: {error}", file=opened.file, path=path
-        ) from error
+        wait(futures, return_when=FIRST_EXCEPTION)
+        if any(future.done() and future.exception() for future in futures):
+            stop.set()
+            wait(futures)
+            raise _first_failure(futures, container)
+        return {path: array for future in futures for path, array in future.result().items()}
     finally:
         stop.set()
-        while reader.is_alive():  # a reader waiting for a buffer gets one, sees stop and ends
-            free.put(np.empty(0, np.uint8))
-            reader.join(0.01)
-        # The buffers go now, not with the traceback, which holds this frame.
-        free.queue.clear()
-        ready.queue.clear()
-        parts.clear()
-        piece = None
-    return out
+        executor.shutdown(wait=True, cancel_futures=True)
+        pool.drop()  # the buffers go now, not with an error's traceback
+        futures.clear()
+
+
+class _Stopped(Exception):
+    """A reader told to stop once another leaf failed."""
+
+
+def _first_failure(futures: list[Future[dict[str, jax.Array]]], container: NativeReader) -> BaseException:
+    """The failure of the leaf first in the file among those that failed, its frames (which hold pool buffers)
+    cleared."""
+    failures = [
+        error for future in futures if (error := future.exception()) is not None and not isinstance(error, _Stopped)
+    ]
+    for error in failures:
+        traceback.clear_frames(error.__traceback__)
+
+    def where(error: BaseException) -> float:
+        path = error.path if isinstance(error, JaxstowError) else None
+        return container.slots[path].offset if path is not None and path in container.slots else float("inf")
+
+    return min(failures, key=where)
+
+
+def _restore_leaf(
+    opened: OpenedFile, container: NativeReader, path: str, placement: Any, pool: _Pool, stop: threading.Event
+) -> jax.Array:
+    """The leaf at ``path`` read piece by piece into a pool buffer, verified, on ``placement``."""
+    leaf, slot = opened.stored[path], container.slots[path]
+    hasher = xxhash.xxh3_64()
+    parts: list[jax.Array] = []
+    buffer = pool.take()
+    try:
+        for start, stop_at in _pieces(slot.nbytes):
+            if stop.is_set():
+                raise _Stopped
+            piece = buffer[: stop_at - start]
+            _read_piece(opened, container, path, slot.offset + start, piece)
+            hasher.update(piece.data)
+            last = stop_at == slot.nbytes
+            if last:
+                opened.verify(path, hasher.hexdigest(), leaf.checksum)
+            whole = last and not parts
+            data = piece.view(leaf.dtype).reshape(leaf.shape if whole else (-1,))
+            opened.check_narrowing([(path, data)])
+            try:
+                parts.append(_transfer(data, placement if whole else None))
+            except Exception as error:
+                raise DeviceTransferError(
+                    f"{opened.file}: moving leaf {path!r} to its device failed: {error}", file=opened.file, path=path
+                ) from error
+            del data
+    finally:
+        pool.give(buffer)
+    if len(parts) == 1:
+        return parts[0]
+    array = jnp.concatenate(parts).reshape(leaf.shape)
+    parts.clear()
+    return jax.device_put(array, placement) if placement is not None else array
+
+
+def _read_piece(opened: OpenedFile, container: NativeReader, path: str, offset: int, piece: np.ndarray) -> None:
+    """Fill ``piece`` with the file's bytes at ``offset``; a failure is a StorageError naming the leaf ``path``."""
+    try:
+        container.source.read_into(offset, piece.data)
+    except JaxstowError:
+        raise
+    except Exception as error:
+        raise StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or "") from error
+    opened.on_read(len(piece))
 
 
 def _transfer(data: np.ndarray, placement: Any) -> jax.Array:
@@ -148,42 +211,6 @@ def _transfer(data: np.ndarray, placement: Any) -> jax.Array:
         array = jax.device_put(data.copy() if device.platform == "cpu" else data, placement)
     array.block_until_ready()
     return array
-
-
-def _read(
-    opened: OpenedFile,
-    container: NativeReader,
-    paths: list[str],
-    free: queue.Queue[np.ndarray],
-    ready: queue.Queue[_Piece | BaseException | None],
-    stop: threading.Event,
-) -> None:
-    """Read every leaf of ``paths`` into pool buffers, piece by piece, verified; an error ends the reading."""
-    path = ""
-    buffer: np.ndarray | None = None
-    try:
-        for path in paths:
-            leaf, slot = opened.stored[path], container.slots[path]
-            hasher = xxhash.xxh3_64()
-            for start, stop_at in _pieces(slot.nbytes):
-                buffer = free.get()
-                if stop.is_set():
-                    return
-                container.source.read_into(slot.offset + start, buffer[: stop_at - start].data)
-                opened.on_read(stop_at - start)
-                hasher.update(buffer[: stop_at - start].data)
-                last = stop_at == slot.nbytes
-                if last:
-                    opened.verify(path, hasher.hexdigest(), leaf.checksum)
-                ready.put(_Piece(path, buffer, stop_at - start, last))
-                buffer = None
-    except Exception as error:
-        buffer = None  # the error's traceback holds this frame: the buffer goes with the pool
-        traceback.clear_frames(error.__traceback__)
-        if isinstance(error, JaxstowError):
-            ready.put(_naming(error, path))
-        else:
-            ready.put(StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or ""))
 
 
 def _naming(error: JaxstowError, path: str) -> JaxstowError:
