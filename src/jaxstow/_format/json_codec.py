@@ -27,7 +27,7 @@ import orjson
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow.errors import FormatError
 
-__all__ = ["dump_json", "limits_problem", "parse_json"]
+__all__ = ["dump_json", "limits_problem", "parse_json", "repeated_tensor"]
 
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
@@ -85,6 +85,31 @@ def parse_json(
         return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
     except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
+
+
+def repeated_tensor(text: bytes, tensors: int) -> str | None:
+    """The first name a safetensors header's text (parsed to ``tensors`` tensors) lists twice, or ``None``.
+
+    A parser keeps the last of a repeated member, as safetensors' does: such a header says two things of one tensor,
+    and none is the truth. Counted first (one ``"data_offsets"`` a tensor, one ``"__metadata__"``), parsed again only
+    where the counts show more (a string of the metadata may spell them too).
+
+    >>> repeated_tensor(b'{"w":{"data_offsets":[0,4]},"w":{"data_offsets":[4,8]}}', 1)
+    'w'
+    >>> repeated_tensor(b'{"w":{"data_offsets":[0,4]},"__metadata__":{"note":"data_offsets"}}', 1) is None
+    True
+    """
+    if text.count(b'"data_offsets"') <= tensors and text.count(b'"__metadata__"') <= 1:
+        return None
+    repeated: list[str] = []
+
+    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in pairs]
+        repeated.extend(name for name in names if names.count(name) > 1)
+        return dict(pairs)
+
+    json.loads(text.decode("utf-8"), object_pairs_hook=members)  # parsed before: valid JSON
+    return repeated[0] if repeated else None
 
 
 #: Levels of a value counted before it is called too deep as it is: a value that holds itself has no end.

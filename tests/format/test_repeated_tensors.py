@@ -1,0 +1,47 @@
+"""A header that lists a tensor twice says two things of it: a FormatError naming it, never the last one read as the
+truth (as safetensors' own parser and a JSON object's last member would have it)."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import FormatError
+
+
+def _safetensors(path, header: str, data: bytes) -> None:
+    text = header.encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_a_tensor_listed_twice_with_other_dtypes_is_refused_naming_it(tmp_path):
+    path = tmp_path / "twice.safetensors"
+    entry = '"dtype":"{}","shape":[4],"data_offsets":[0,16]'
+    _safetensors(
+        path,
+        f'{{"w":{{{entry.format("F32")}}},"w":{{{entry.format("I32")}}}}}',
+        np.arange(4.0, dtype=np.float32).tobytes(),
+    )
+    for load in (lambda: jaxstow.load(path), lambda: jaxstow.load(path, as_numpy=True), lambda: jaxstow.open(path)):
+        with pytest.raises(FormatError, match="lists 'w' twice") as caught:
+            load()
+        assert caught.value.path == "w" and str(path) in str(caught.value)
+
+
+def test_two_metadata_members_are_refused(tmp_path):
+    path = tmp_path / "metadata.safetensors"
+    header = '{"__metadata__":{"a":"1"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"a":"2"}}'
+    _safetensors(path, header, np.zeros(1, np.float32).tobytes())
+    with pytest.raises(FormatError, match="lists '__metadata__' twice"):
+        jaxstow.load(path)
+
+
+def test_metadata_that_spells_the_members_names_is_no_repetition(tmp_path):
+    path = tmp_path / "spelled.safetensors"
+    header = '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"note":"\\"data_offsets\\" and \\"__metadata__\\""}}'
+    _safetensors(path, header, np.ones(1, np.float32).tobytes())
+    np.testing.assert_array_equal(jaxstow.load(path, as_numpy=True)["w"], np.ones(1, np.float32))
