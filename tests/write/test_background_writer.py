@@ -124,3 +124,32 @@ def test_a_wait_interrupted_by_ctrl_c_leaves_the_job_and_its_error_to_the_next_w
     with pytest.raises(CheckpointError, match=r"saving step 2 to /ckpt failed in the background: .*No space left"):
         writer.wait()
     writer.close()  # raised once
+
+
+def test_every_thread_waiting_while_a_job_fails_gets_its_error_and_a_later_wait_none():
+    writer = BackgroundWriter()
+    release = threading.Event()
+
+    def job() -> None:
+        assert release.wait(timeout=10)
+        raise OSError("no space left on the device")
+
+    writer.submit(job, what="saving step 7")
+    outcomes: list[str] = []
+
+    def wait() -> None:
+        try:
+            writer.wait()
+            outcomes.append("returned")
+        except CheckpointError as error:
+            outcomes.append(type(error.__cause__).__name__)
+
+    waiters = [threading.Thread(target=wait) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    time.sleep(0.1)  # every waiter is waiting for the job
+    release.set()
+    for waiter in waiters:
+        waiter.join(timeout=10)
+    assert outcomes == ["OSError"] * 3
+    writer.wait()  # the failure was raised: a wait after it returns

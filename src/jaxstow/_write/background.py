@@ -69,8 +69,16 @@ class BackgroundWriter:
             pending.done.wait()
 
     def wait(self) -> None:
-        """Wait until no job runs; raise the error of the last one, if it failed."""
+        """Wait until no job runs; raise the error of the last one, if it failed.
+
+        Every thread waiting while the job ran gets its error; a wait that starts after it was raised does not.
+        """
+        pending = self._pending
+        if pending is not None:
+            pending.done.wait()
         with self._lock:
+            if pending is not None and pending is not self._pending and pending.error is not None:
+                raise _failure(pending) from pending.error  # another waiter took it meanwhile: it is this one's too
             self._raise_pending()
 
     def close(self) -> None:
@@ -84,11 +92,16 @@ class BackgroundWriter:
         pending.done.wait()  # the job stays pending until it ended: a Ctrl-C here leaves it for the next wait
         self._pending = None
         at_exit.untrack(pending)
-        error = pending.error
-        if error is not None:
-            raise failed(
-                CheckpointError, f"{pending.what} failed in the background: {_described(error)}", error
-            ) from error
+        if pending.error is not None:
+            raise _failure(pending) from pending.error
+
+
+def _failure(pending: _Job) -> JaxstowError:
+    """The error :meth:`BackgroundWriter.wait` raises for a job that failed."""
+    assert pending.error is not None
+    return failed(
+        CheckpointError, f"{pending.what} failed in the background: {_described(pending.error)}", pending.error
+    )
 
 
 class _Job:
