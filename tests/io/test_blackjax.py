@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -32,3 +33,40 @@ def test_the_same_file_from_other_positions_is_refused_not_answered_with_the_fir
         io.blackjax.sample(path, walk, jnp.full((2, 1), 50.0), jax.random.key(0), num_samples=6)
     again = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=6)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))
+
+
+def test_a_run_continued_with_another_step_size_or_adaptation_setting_is_refused(tmp_path):
+    def logdensity(x):
+        return -0.5 * jnp.sum(x**2)
+
+    path = str(tmp_path / "mala.h5")
+    first = io.blackjax.sample(
+        path, blackjax.mala(logdensity, step_size=0.1), jnp.zeros((2, 1)), jax.random.key(0), num_samples=4
+    )
+    with pytest.raises(CheckpointError, match="made with other settings") as caught:
+        io.blackjax.sample(
+            path, blackjax.mala(logdensity, step_size=0.5), jnp.zeros((2, 1)), jax.random.key(0), num_samples=4
+        )
+    assert caught.value.path == "algorithm_settings"
+    again = io.blackjax.sample(
+        path, blackjax.mala(logdensity, step_size=0.1), jnp.zeros((2, 1)), jax.random.key(0), num_samples=4
+    )
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))
+
+    adapted = str(tmp_path / "adapted.h5")
+
+    def run(target: float, doublings: int):
+        return io.blackjax.sample(
+            adapted,
+            functools.partial(blackjax.nuts, logdensity, max_num_doublings=doublings),
+            jnp.zeros((2, 1)),
+            jax.random.key(0),
+            num_samples=4,
+            warmup=blackjax.window_adaptation(blackjax.nuts, logdensity, target_acceptance_rate=target),
+            num_warmup=10,
+        )
+
+    run(0.8, 5)
+    for target, doublings in [(0.95, 5), (0.8, 3)]:
+        with pytest.raises(CheckpointError, match="made with other settings"):
+            run(target, doublings)

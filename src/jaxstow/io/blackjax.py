@@ -27,6 +27,8 @@ See :func:`jaxstow.io.run_chains` and docs/sampling-runs.md.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -143,9 +145,50 @@ def sample(
             "num_samples": num_samples,
             "thin": thin,
             "arguments": argument_digest(positions),
+            "algorithm_settings": argument_digest([_settings(algorithm), _settings(warmup)]),
         },
         warmup=(lambda state: state[1]) if warmup is not None else None,
     )
+
+
+def _settings(made: Any, depth: int = 4) -> list[Any]:
+    """The values (arrays, numbers, strings) ``made`` was made with: a partial's arguments, the values a blackjax
+    algorithm's or adaptation's functions hold (``blackjax.nuts(f, step_size=0.1)``'s ``step`` holds its step size
+    and mass matrix), and those of the functions they hold, ``depth`` levels down (a window adaptation's target
+    acceptance rate, three down), so that a run continued with other settings is refused. Functions count by their values alone.
+
+    >>> import blackjax, functools, jax.numpy as jnp
+    >>> mala = lambda step_size: blackjax.mala(lambda x: -jnp.sum(x**2), step_size=step_size)
+    >>> (0.25,) in _settings(mala(0.25)), _settings(mala(0.25)) == _settings(mala(0.5))
+    (True, False)
+    >>> {"max_num_doublings": 5} in _settings(functools.partial(blackjax.nuts, lambda x: x, max_num_doublings=5))
+    True
+    """
+    found: list[Any] = []
+    _collect(made, depth, found, set())
+    return found
+
+
+def _collect(made: Any, depth: int, found: list[Any], seen: set[int]) -> None:
+    if made is None or id(made) in seen:
+        return
+    seen.add(id(made))
+    if isinstance(made, functools.partial):
+        values = [made.func, *made.args, made.keywords]
+    else:
+        functions = (
+            [made] if inspect.isfunction(made) else [getattr(made, name, None) for name in ("init", "step", "run")]
+        )
+        cells = [cell for function in functions for cell in getattr(function, "__closure__", None) or ()]
+        values = [cell.cell_contents for cell in cells if cell.cell_contents is not None]
+    for value in values:
+        if callable(value):
+            if depth > 0:
+                _collect(value, depth - 1, found, seen)
+        elif isinstance(value, np.ndarray) and value.dtype == object:
+            found.append(type(value).__qualname__)  # no bytes to compare
+        else:
+            found.append(value)
 
 
 def _chain_count(positions: Any) -> int:

@@ -52,7 +52,13 @@ __all__ = ["run_chains"]
 #: The root attribute that records what started the run: compared when it is continued.
 RUN_ATTRIBUTE = "jaxstow_run"
 #: The members of the run's record that files of earlier versions lack: compared only where the file has them.
-_RECORDED_LATER = frozenset({"arguments"})
+_RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings"})
+#: What a run started with another digest of these was started from.
+_DIGESTS = {
+    "arguments": "from other arrays (data or initial values) than this call gives",
+    "algorithm_settings": "with an algorithm or warm-up made with other settings (step size, mass matrix, ...) than "
+    "this call's",
+}
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
 #: At most this many bytes of draws (of every chain) wait on the device for the host to hand them to the collector.
@@ -317,8 +323,8 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
                 continue
             if saved.get(key) != record.get(key):
                 started = (
-                    "from other arrays (data or initial values) than this call gives: their digests differ"
-                    if key == "arguments"
+                    f"{_DIGESTS[key]}: their digests differ"
+                    if key in _DIGESTS
                     else f"with {key}={saved.get(key)!r}, but this call gives {key}={record.get(key)!r}"
                 )
                 raise CheckpointError(
