@@ -248,3 +248,53 @@ def test_host_memory_of_a_pipelined_restore_is_the_pool_beyond_the_arrays(tmp_pa
     # its device and the allocator's slack (8 to 60 MiB measured on an idle machine, up to 70 MiB on a loaded one),
     # never a second copy of the tree (2x) as a restore that read the whole file to the host first would hold.
     assert measured["extra"] <= 1.75 * measured["tree"], measured
+
+
+def test_leaves_restored_into_pinned_host_memory_are_copies_not_the_pools_buffer(tmp_path, monkeypatch):
+    monkeypatch.setattr(pinned, "PINNED_PLATFORMS", pinned.PINNED_PLATFORMS | {"cpu"})
+    monkeypatch.setattr(pipeline, "_READERS", 1)  # one buffer, used by every leaf in turn
+    tree = {f"l{i}": np.full(1000, i, np.float32) for i in range(4)}  # 4000 bytes: 16 pieces each
+    path = tmp_path / "pinned.safetensors"
+    jaxstow.save(path, tree)
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    restored = jaxstow.load(path, sharding=host, pipeline=True)
+    for name, value in tree.items():
+        assert restored[name].sharding.memory_kind == "pinned_host"
+        np.testing.assert_array_equal(np.asarray(restored[name]), value)
+
+
+def test_a_corrupt_64_bit_leaf_with_x64_off_is_reported_corrupt_not_out_of_range(tmp_path):
+    assert not jax.config.jax_enable_x64
+    path = tmp_path / "wide.safetensors"
+    jaxstow.save(path, {"a": np.ones(512, np.float64)})  # 4 KiB: 16 pieces
+    data = bytearray(path.read_bytes())
+    data[-8:] = np.array([1e300]).tobytes()  # a value float32 cannot hold, in the last piece
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="checksum") as caught:
+        jaxstow.load(path, pipeline=True)
+    assert caught.value.path == "a"
+
+
+@pytest.mark.parametrize("use_pipeline", [False, True])
+def test_a_file_object_whose_reads_fail_gives_a_storage_error(tmp_path, use_pipeline):
+    import io
+
+    from jaxstow.errors import StorageError
+
+    class Failing(io.BytesIO):
+        failing = False
+
+        def readinto(self, buffer):
+            if self.failing:
+                raise OSError(5, "Input/output error")
+            return super().readinto(buffer)
+
+    saved = io.BytesIO()
+    jaxstow.save(saved, {f"l{i}": np.full(200, i, np.float32) for i in range(3)})
+    source = Failing(saved.getvalue())
+    reader = jaxstow.open(source)
+    source.failing = True
+    with pytest.raises(StorageError, match=r"the file object's read failed.*Input/output error"):
+        reader.load(pipeline=use_pipeline)
+    with pytest.raises(StorageError, match="the file object's read failed"):
+        jaxstow.open(source)

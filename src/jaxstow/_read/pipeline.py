@@ -32,6 +32,7 @@ import xxhash
 from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import aligned_empty
+from jaxstow._read.narrowing import NARROWED
 from jaxstow._read.opened import OpenedFile
 from jaxstow._util.pinned import pinned_sharding
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
@@ -47,7 +48,8 @@ _READERS = 16
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
     """Those of ``paths`` the pipeline restores: whole, unsharded arrays of a native file read from its source, of
-    ``_PIECE_BYTES // 64`` bytes or more (smaller ones cost more to transfer one by one than in a batch)."""
+    ``_PIECE_BYTES // 64`` bytes or more (smaller ones cost more to transfer one by one than in a batch), and not
+    64-bit ones that jax with x64 off narrows (their values are checked whole, once verified, by the batch path)."""
     if (
         not paths
         or opened.memory_mapped
@@ -62,6 +64,7 @@ def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
         and leaf.kind == "array"
         and not isinstance(leaf, ShardedLeaf)
         and leaf.nbytes >= max(1, _PIECE_BYTES // 64)
+        and (leaf.dtype not in NARROWED or jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype)
     ]
 
 
@@ -168,7 +171,6 @@ def _restore_leaf(
                 opened.verify(path, hasher.hexdigest(), leaf.checksum)
             whole = last and not parts
             data = piece.view(leaf.dtype).reshape(leaf.shape if whole else (-1,))
-            opened.check_narrowing([(path, data)])
             try:
                 parts.append(_transfer(data, placement if whole else None))
             except Exception as error:
@@ -192,23 +194,28 @@ def _read_piece(opened: OpenedFile, container: NativeReader, path: str, offset: 
     except JaxstowError:
         raise
     except Exception as error:
-        raise StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or "") from error
+        failure = StorageError(f"reading leaf {path!r} failed: {error}", file=opened.file or "")
+        failure.path = path
+        raise failure from error
     opened.on_read(len(piece))
 
 
 def _transfer(data: np.ndarray, placement: Any) -> jax.Array:
-    """``data`` copied onto ``placement`` (the default device for ``None``), the copy done when this returns."""
+    """``data`` copied onto ``placement`` (the default device for ``None``), the copy done when this returns.
+
+    Staged through ``pinned_host`` memory where the device has it, unless that is where it goes (a copy put there may
+    be the pool's buffer itself); a CPU device may alias host memory (even with ``may_alias=False``): such a one gets
+    a copy of its own.
+    """
     device = next(iter(placement.device_set)) if isinstance(placement, jax.sharding.Sharding) else placement
     device = device or jax.devices()[0]
+    target = placement if isinstance(placement, jax.sharding.Sharding) else jax.sharding.SingleDeviceSharding(device)
     pinned = pinned_sharding(device)
-    if pinned is not None:
-        staged = jax.device_put(data, pinned)
-        target = (
-            placement if isinstance(placement, jax.sharding.Sharding) else jax.sharding.SingleDeviceSharding(device)
-        )
-        array: jax.Array = jax.device_put(staged, target)
-    else:  # a CPU device may alias host memory (even with may_alias=False): it gets a copy of its own
-        array = jax.device_put(data.copy() if device.platform == "cpu" else data, placement)
+    if pinned is not None and target.memory_kind != pinned.memory_kind:
+        array: jax.Array = jax.device_put(jax.device_put(data, pinned), target)
+    else:
+        own = data.copy() if device.platform == "cpu" or pinned is not None else data
+        array = jax.device_put(own, target)
     array.block_until_ready()
     return array
 

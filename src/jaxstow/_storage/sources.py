@@ -27,6 +27,7 @@ from jaxstow.errors import (
     NotAFolderError,
     PathError,
     PathNotFoundError,
+    StorageError,
     TruncatedFileError,
 )
 
@@ -241,13 +242,17 @@ class FileObject(SourceBase):
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
         with self._lock:
-            self._file.seek(self._start + offset)
             done = 0
-            while done < len(buffer):
-                count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
-                if not count:
-                    raise self._truncated(offset, len(buffer), done)
-                done += count
+            try:
+                self._file.seek(self._start + offset)
+                while done < len(buffer):
+                    count = self._file.readinto(buffer[done:])  # type: ignore[attr-defined]
+                    if not count:
+                        raise self._truncated(offset, len(buffer), done)
+                    done += count
+            except OSError as error:  # the file object's own failure, named; no folder to speak of
+                problem = f"cannot read it: the file object's read failed ({type(error).__name__}: {error})"
+                raise StorageError(problem, file=self.name, errno=error.errno) from error
 
     def close(self) -> None:
         """The caller owns the file object: it stays open, back at the position it had, ready to be read again."""
