@@ -103,6 +103,18 @@ def test_a_sharded_weakly_typed_array_keeps_its_type_and_sharding(tmp_path):
     np.testing.assert_array_equal(np.asarray(restored), np.full(8, 2.0, np.float32))
 
 
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_weakly_typed_array_restored_into_host_memory_stays_there_and_weak(tmp_path, pipeline):
+    if "pinned_host" not in {memory.kind for memory in jax.devices()[0].addressable_memories()}:
+        pytest.skip("this jax's devices have no pinned_host memory")
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    jaxstow.save(tmp_path / "weak.jxs", {"scale": jnp.asarray(2.0), "w": jnp.ones(4)})
+    restored = jaxstow.load(tmp_path / "weak.jxs", sharding=host, pipeline=pipeline)
+    assert restored["scale"].weak_type and not restored["w"].weak_type
+    assert {leaf.sharding.memory_kind for leaf in restored.values()} == {"pinned_host"}
+    assert float(restored["scale"]) == 2.0
+
+
 def test_a_cast_array_is_of_its_target_dtype_not_weak(tmp_path):
     jaxstow.save(tmp_path / "lr.jxs", {"lr": jnp.asarray(0.5)})
     like = {"lr": jax.ShapeDtypeStruct((), jnp.float64 if jax.config.jax_enable_x64 else jnp.bfloat16)}

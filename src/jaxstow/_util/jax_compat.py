@@ -276,8 +276,9 @@ def typed_as(value: Any, leaf: Any) -> Any:
 
 def weakly_typed(array: jax.Array, weak: bool = True) -> jax.Array:
     """``array`` as a weakly typed array of its dtype and sharding (as ``jnp.asarray(2.0)`` is), which promotes as a
-    Python scalar does (with ``weak=False``, as a strongly typed one); ``array`` itself where the installed jax lacks
-    the means (:data:`OPTIONAL_SHIMS`).
+    Python scalar does (with ``weak=False``, as a strongly typed one), in its memory (an array in host memory is
+    converted on its device and put back); ``array`` itself where the installed jax lacks the means
+    (:data:`OPTIONAL_SHIMS`).
 
     >>> import jax.numpy as jnp
     >>> weak = weakly_typed(jnp.float32(2.0))
@@ -288,6 +289,11 @@ def weakly_typed(array: jax.Array, weak: bool = True) -> jax.Array:
         convert = WEAK_TYPE.resolve()
     except MissingDependencyError:
         return array
+    sharding = array.sharding
+    if sharding.memory_kind not in (None, "device"):  # host memory: converted on the device, then put back
+        on_device = jax.device_put(array, sharding.with_memory_kind("device"))
+        back: jax.Array = jax.device_put(convert(on_device, array.dtype, weak_type=weak), sharding)
+        return back
     typed: jax.Array = convert(array, array.dtype, weak_type=weak)
     return typed
 
