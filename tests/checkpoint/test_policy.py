@@ -112,3 +112,16 @@ def test_step_names():
     for bad in ("%s", "%d-%d", "no field", "%d%%"):
         with pytest.raises(ValueError, match="exactly one integer field"):
             StepNames(bad)
+
+
+@pytest.mark.parametrize(("mode", "best"), [("max", float("inf")), ("min", float("-inf"))])
+def test_an_infinite_metric_in_the_best_direction_is_kept_as_the_best(tmp_path, mode, best):
+    """JSON has no infinity: an infinite metric is recorded apart, and read back as one, not as no value."""
+    values = {1: 0.5, 2: best, 3: 0.7, 4: 0.6, 5: -best}
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_best=1, metric="acc", mode=mode)) as manager:
+        for step, value in values.items():
+            manager.save(step, {"w": jnp.full(2, step)}, metrics={"acc": value})
+        assert manager.steps() == [2, 5] and manager.best_step() == 2
+    with CheckpointManager(tmp_path) as reopened:
+        assert reopened.metrics(2) == {"acc": best} and reopened.metrics(5) == {"acc": -best}
+        assert reopened.best_step(metric="acc", mode=mode) == 2

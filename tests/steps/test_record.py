@@ -98,11 +98,11 @@ def test_a_record_that_names_what_it_cannot_is_corrupt_even_with_its_checksum_ri
         StepRecord.from_json(_record(**changes).to_json(), where=WHERE)
 
 
-def test_metrics_are_floats_and_what_json_cannot_hold_becomes_none():
+def test_metrics_are_floats_nan_becoming_none_and_infinities_kept():
     assert check_metrics({"loss": 1, "nan": math.nan, "inf": -math.inf, "np": jnp.float32(0.5)}, step=3) == {
         "loss": 1.0,
         "nan": None,
-        "inf": None,
+        "inf": -math.inf,
         "np": 0.5,
     }
     assert check_metrics(None, step=3) is None

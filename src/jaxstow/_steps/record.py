@@ -69,7 +69,7 @@ def check_metrics(metrics: Mapping[str, Any] | None, *, step: int) -> Metrics | 
             ) from None
         if number is None:
             raise ArgumentError(f"metric {name!r} of step {step} must be a number, not {value!r}")
-        out[name] = number if math.isfinite(number) else None
+        out[name] = None if math.isnan(number) else number
     return out
 
 
@@ -132,7 +132,8 @@ class StepRecord:
             "files": self.files,
             "headers": self.headers,
             "single": self.single,
-            "metrics": self.metrics,
+            "metrics": None if self.metrics is None else {k: _finite_or_none(v) for k, v in self.metrics.items()},
+            **({"infinite_metrics": infinite} if (infinite := _infinite(self.metrics)) else {}),
             "metadata": self.metadata,
             "keep_policy": self.keep_policy,
             **({"parts": self.parts} if self.parts else {}),
@@ -186,11 +187,14 @@ class StepRecord:
                 for item, names in parts.items()
             )
             and (headers is None or _is_headers(headers, files, parts))
+            and _is_infinite_metrics(infinite := record.get("infinite_metrics", {}), metrics)
         )
         if not valid:
             raise CorruptFileError(
                 "the step record lacks a field or has one of the wrong type or out of range", file=where
             )
+        if infinite:
+            metrics = {**metrics, **{name: float(sign) for name, sign in infinite.items()}}
         return cls(step, files, single, metrics, metadata, float(record["time"]), keep_policy, parts, headers)
 
 
@@ -219,6 +223,23 @@ def _is_headers(headers: Any, files: dict[str, Any], parts: Any) -> bool:
 def _is_metrics(metrics: Any) -> bool:
     """Whether ``metrics`` is what :func:`check_metrics` stores: names to finite numbers or ``None``."""
     return isinstance(metrics, dict) and all(value is None or _finite(value) is not None for value in metrics.values())
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return None if isinstance(value, float) and math.isinf(value) else value
+
+
+def _infinite(metrics: Metrics | None) -> dict[str, str]:
+    """The infinite metrics, which JSON has no number for: stored as ``"inf"`` or ``"-inf"`` beside ``None`` in
+    ``metrics`` (which a reader that knows nothing of them takes for no value)."""
+    return {k: str(v) for k, v in (metrics or {}).items() if isinstance(v, float) and math.isinf(v)}
+
+
+def _is_infinite_metrics(infinite: Any, metrics: Any) -> bool:
+    return isinstance(infinite, dict) and all(
+        sign in ("inf", "-inf") and isinstance(metrics, dict) and name in metrics and metrics[name] is None
+        for name, sign in infinite.items()
+    )
 
 
 def _is_time(time: Any) -> bool:
