@@ -106,6 +106,20 @@ def test_error_surfaces_at_close_and_at_the_end_of_with(tmp_path):
         again.save(5, {"w": jnp.ones(1)})
 
 
+def test_an_error_the_with_block_raises_goes_on_holding_the_failed_save_as_a_note(tmp_path, caplog):
+    with pytest.raises(KeyError, match="lr") as caught, CheckpointManager(tmp_path) as manager:
+        manager.save(0, {"f": print})
+        raise KeyError("lr")
+    assert caught.value.__notes__ == [f"closing the checkpoint manager also failed: {_failure_of_step_0(tmp_path)}"]
+    assert "saving step 0" in caplog.text  # logged when it came
+
+
+def _failure_of_step_0(folder) -> str:
+    with pytest.raises(CheckpointError) as caught, CheckpointManager(folder) as manager:
+        manager.save(0, {"f": print})
+    return str(caught.value)
+
+
 def test_failed_commit_leaves_nothing_behind(tmp_path):
     """The commit's rename fails (a file sits where the step's folder goes): the temporary folder is removed."""
     good = {"w": jnp.ones(3)}

@@ -31,6 +31,7 @@ from jaxstow._write.held import hold
 from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.choosing import restore_chosen
+from jaxstow.checkpoint.exiting import close_on_exit
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
@@ -445,4 +446,4 @@ class CheckpointManager(StepQueries):
         if error is not None and self._preempted() is not None:  # the steps after the signal failed: none was saved
             logger.error("the run raised %s after a preemption signal", type(error).__name__, exc_info=error)
             self._raised = f"the run raised {type(error).__name__}: {error}"
-        self.close()
+        close_on_exit(self.close, error)
