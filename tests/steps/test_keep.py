@@ -111,3 +111,19 @@ def test_a_timedelta_is_stored_as_seconds():
 def test_rules_that_cannot_be_followed_are_refused(arguments, message):
     with pytest.raises(ArgumentError, match=message.replace("(", r"\(")):
         KeepPolicy(**arguments)
+
+
+def test_numpy_integers_are_counts_and_stored_as_python_ones(tmp_path):
+    import json
+
+    import numpy as np
+
+    from jaxstow import CheckpointManager, LocalTier
+
+    policy = KeepPolicy(keep_last=np.int64(2), keep_every=np.int32(10), keep_every_seconds=np.float32(5))
+    assert (type(policy.keep_last), type(policy.keep_every), type(policy.keep_every_seconds)) == (int, int, float)
+    tier = LocalTier(tmp_path / "local", save_every=np.int64(2), keep_last=np.uint8(1), replicas=np.int64(0))
+    assert (tier.save_every, tier.keep_last, tier.replicas) == (2, 1, 0)
+    with CheckpointManager(tmp_path / "run", keep=policy, save_every=np.int64(5)) as manager:
+        manager.save(0, {"w": np.zeros(2)})
+    assert json.loads((tmp_path / "run" / "0" / "checkpoint.json").read_text())["keep_policy"]["keep_last"] == 2

@@ -19,19 +19,16 @@ from __future__ import annotations
 
 import datetime
 import math
+import numbers
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
+from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError, excerpt
 
 __all__ = ["KeepPolicy"]
-
-
-def _check_count(name: str, value: int | None) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ArgumentError(f"{name} must be a positive integer or None, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -64,16 +61,21 @@ class KeepPolicy:
 
     def __post_init__(self) -> None:
         for name in ("keep_last", "keep_every", "keep_best"):
-            _check_count(name, getattr(self, name))
+            if (value := getattr(self, name)) is not None:
+                object.__setattr__(self, name, count(value, name, or_none=True))
         interval = self.keep_every_seconds
         if isinstance(interval, datetime.timedelta):
             object.__setattr__(self, "keep_every_seconds", interval.total_seconds())
         elif interval is not None and (
-            isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval < sys.float_info.max
+            isinstance(interval, bool)
+            or not isinstance(interval, numbers.Real)
+            or not 0 < interval < sys.float_info.max
         ):
             raise ArgumentError(
                 f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
             )
+        elif interval is not None:
+            object.__setattr__(self, "keep_every_seconds", float(interval))
         if self.metric is not None and not isinstance(self.metric, str):
             raise ArgumentError(f"metric must be the name of a metric (a string) or None, not {excerpt(self.metric)}")
         if self.mode not in ("min", "max"):

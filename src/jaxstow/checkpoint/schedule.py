@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable, Iterable
 
 from jaxstow._coordination import Coordinator
+from jaxstow._util.counts import count
 from jaxstow.checkpoint.preemption import PreemptionNotice
-from jaxstow.errors import ArgumentError
 
 __all__ = ["AgreedSteps", "SaveSchedule", "agree_steps"]
 
@@ -41,9 +41,7 @@ class SaveSchedule:
     def __init__(
         self, save_every: int = 1, *, notice: PreemptionNotice | None = None, option: str = "save_every"
     ) -> None:
-        if isinstance(save_every, bool) or not isinstance(save_every, int) or save_every < 1:
-            raise ArgumentError(f"{option} must be a positive integer, not {save_every!r}")
-        self.save_every = save_every
+        self.save_every = count(save_every, option)
         self.notice = notice
         self._preempted_at: int | None = None
 

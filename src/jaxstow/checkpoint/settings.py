@@ -25,6 +25,7 @@ from typing import Any
 
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._storage.opening import local_path
+from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError
 
 __all__ = ["SETTINGS", "LocalTier", "grouped_settings"]
@@ -76,12 +77,9 @@ class LocalTier:
                 f"LocalTier's directory must be a local path (each process's own fast storage), not {self.directory!r}"
             )
         for name in ("save_every", "keep_last"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ArgumentError(f"LocalTier's {name} must be a positive integer, not {value!r}")
-        replicas = self.replicas
-        if replicas is not None and (isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0):
-            raise ArgumentError(f"LocalTier's replicas must be a non-negative integer or None, not {replicas!r}")
+            object.__setattr__(self, name, count(getattr(self, name), f"LocalTier's {name}"))
+        if self.replicas is not None:
+            object.__setattr__(self, "replicas", count(self.replicas, "LocalTier's replicas", least=0, or_none=True))
 
     @property
     def root(self) -> str:
