@@ -182,7 +182,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         """Where the checkpoints of the chains go (``None`` for a file that is not on disk, without a folder)."""
         if self._checkpoint_dir is None:
             return None
-        return checkpoint_path(self._file.filename, self._checkpoint_dir)
+        return checkpoint_path(self._filename, self._checkpoint_dir)  # no HDF5 call: read on the callback thread
 
     def register_chain(
         self, init_sample: Any = None, init_checkpoint: Any = None, static_information: StaticInformation | None = None

@@ -190,8 +190,19 @@ def write_block(datasets: Sequence[Any], first: int, end: int, values: Sequence[
         write_hyperslab(dataset, first, value[: head - first])
         for start in range(head, tail, chunk):
             offset = (start, *(0 for _ in value.shape[1:]))
-            dataset.id.write_direct_chunk(offset, np.ascontiguousarray(value[start - first : start - first + chunk]))
+            raw = np.ascontiguousarray(value[start - first : start - first + chunk])
+            with _hdf5_lock():  # h5py < 3.16 calls H5DOwrite_chunk without its lock, and without the GIL
+                dataset.id.write_direct_chunk(offset, raw)
         write_hyperslab(dataset, tail, value[tail - first :])
+
+
+def _hdf5_lock() -> Any:
+    """h5py's lock around every call into HDF5 (a library not built for threads), which h5py before 3.16 does not
+    take in ``DatasetID.write_direct_chunk`` and ``read_direct_chunk``: they would run in HDF5 beside another
+    thread's h5py call (h5py/h5py#2764). Reentrant, so harmless where h5py takes it itself."""
+    from h5py._objects import phil
+
+    return phil
 
 
 def write_hyperslab(dataset: Any, first: int, value: np.ndarray) -> None:
@@ -218,7 +229,8 @@ def read_whole(dataset: Any) -> np.ndarray:
         raw, row_bytes = out.reshape(-1).view(np.uint8), out.nbytes // rows
         for start in range(0, whole, chunk):
             offset = (start, *(0 for _ in out.shape[1:]))
-            dataset.id.read_direct_chunk(offset, out=raw[start * row_bytes : (start + chunk) * row_bytes])
+            with _hdf5_lock():  # as in write_block
+                dataset.id.read_direct_chunk(offset, out=raw[start * row_bytes : (start + chunk) * row_bytes])
     h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
     if whole == 0:
         dataset.id.read(h5py.h5s.ALL, h5py.h5s.ALL, out)
