@@ -270,7 +270,10 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
         differing = sorted(name for name in {*digests, *theirs} if digests.get(name) != theirs.get(name))
         layouts = [name for name in differing if _layout(digests.get(name)) != _layout(theirs.get(name))]
         if layouts:
-            problems.append(f"process {index} saved other trees than process 0 for the items {layouts}")
+            problems.append(
+                f"process {index} saved other trees than process 0 for the items {layouts} (a library that orders "
+                "leaves by Python's hash, as FlareJax does, needs the same PYTHONHASHSEED in every process)"
+            )
         elif differing:
             values = True
             name = differing[0]
