@@ -191,3 +191,23 @@ def test_verify_reports_a_damaged_hugging_face_folder_as_damage(hf_folders):
         done = jaxstow_command("verify", hf_folders / folder)
         assert done.returncode == 1 and "Traceback" not in done.stderr, (done.stdout, done.stderr)
         assert "DAMAGED  leaf '" in done.stdout and "1 of 3 files damaged" in done.stdout
+
+
+def test_names_from_a_hugging_face_folder_reach_the_terminal_escaped(tmp_path):
+    from safetensors.numpy import save_file
+
+    shard = "model-00001-of-00001.safetensors"
+    odd_index, odd_folder = tmp_path / "odd-index", tmp_path / "odd-names"
+    for folder in (odd_index, odd_folder):
+        folder.mkdir()
+        save_file({"a": np.zeros(2, np.float32)}, folder / shard)
+    (odd_index / "\x1b]0;pwned\x07\x1b[31mevil.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": shard}})
+    )
+    odd_map = {"a": shard, "\x1b[2J\x1b[31mred": "\x1b]0;t\x07x.safetensors"}
+    (odd_folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": odd_map}))
+    for command in ("inspect", "ls"):
+        for folder in (odd_index, odd_folder):
+            done = jaxstow_command(command, folder)
+            assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
+            assert "\\x1b" in done.stdout + done.stderr

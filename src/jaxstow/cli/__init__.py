@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, watch
 from jaxstow.cli.files import add_storage_arguments, use_storage_arguments
+from jaxstow.cli.output import printable
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
@@ -93,7 +94,8 @@ _CLOSED_PIPE = 141
 
 
 def describe(error: BaseException) -> str:
-    """An error as one line: jaxstow's and the operating system's own messages as they are, others with their type.
+    """An error as one line: jaxstow's and the operating system's own messages as they are, others with their type,
+    their control characters escaped (a name from a file could else drive the terminal).
 
     >>> from jaxstow.cli import describe
     >>> from jaxstow.errors import StructureMismatchError
@@ -103,7 +105,7 @@ def describe(error: BaseException) -> str:
     "KeyError: 'w'"
     """
     text = str(error) if isinstance(error, JaxstowError | OSError) else f"{type(error).__name__}: {error}"
-    return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return " ".join(printable(line.strip()) for line in text.splitlines() if line.strip())
 
 
 def _discard_output() -> None:

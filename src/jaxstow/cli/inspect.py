@@ -145,8 +145,9 @@ def folder_summary(folder: FolderReader) -> dict[str, Any]:
 
 def _show_folder(report: dict[str, Any]) -> None:
     shards = len(report["shards"])
-    index = f", index {report['index']}" if report["index"] else ", no index"
-    print(f"{report['file']}: {HF_FOLDER}, {_plural(shards, 'shard')}{index}, {format_bytes(report['file_bytes'])}")
+    index = f", index {printable(report['index'])}" if report["index"] else ", no index"
+    size = format_bytes(report["file_bytes"])
+    print(f"{printable(report['file'])}: {HF_FOLDER}, {_plural(shards, 'shard')}{index}, {size}")
     table = Table(["path", "shard", "dtype", "shape", "size"], right=["size"])
     for leaf in report["leaves"]:
         table.add(leaf["path"], leaf["shard"], leaf["dtype"], str(tuple(leaf["shape"])), format_bytes(leaf["nbytes"]))

@@ -140,8 +140,8 @@ def _hf_folder(args: argparse.Namespace) -> int:
     table.show()
     tensors = sum(counts)
     described = f"{len(names)} shard{'s' if len(names) != 1 else ''}, {tensors} tensor{'s' if tensors != 1 else ''}"
-    where = f"index {index}" if index else "no index"
-    print(f"{args.folder}: a {HF_FOLDER} of {described}, {format_bytes(sum(sizes))}; {where}")
+    where = f"index {printable(index)}" if index else "no index"
+    print(f"{printable(args.folder)}: a {HF_FOLDER} of {described}, {format_bytes(sum(sizes))}; {where}")
     return 0
 
 
