@@ -39,7 +39,7 @@ import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
-from jaxstow._format.json_codec import parse_json, repeated_tensor
+from jaxstow._format.json_codec import parse_json, tensor_names_problem
 from jaxstow._format.manifest import ColumnMarks, LeafColumns, check_leaves, columns_again
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
@@ -298,8 +298,8 @@ class NativeReader:
         header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False, fast=fast)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
-        if (twice := repeated_tensor(raw, len(header) - ("__metadata__" in header))) is not None:
-            raise error(f"the header lists {twice!r} twice: which is meant cannot be told", file=self.file, path=twice)
+        if (problem := tensor_names_problem(raw, header)) is not None:
+            raise error(problem[1], file=self.file, path=problem[0])
         last = next(reversed(header), None)
         metadata = header.pop("__metadata__", None) or {}
         if not isinstance(metadata, dict) or not set(map(type, metadata.values())) <= {str}:

@@ -27,7 +27,7 @@ import orjson
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow.errors import FormatError
 
-__all__ = ["dump_json", "limits_problem", "parse_json", "repeated_tensor"]
+__all__ = ["dump_json", "limits_problem", "parse_json", "tensor_names_problem"]
 
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
@@ -87,18 +87,29 @@ def parse_json(
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
 
 
-def repeated_tensor(text: bytes, tensors: int) -> str | None:
-    """The first name a safetensors header's text (parsed to ``tensors`` tensors) lists twice, or ``None``.
+def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str, str] | None:
+    """The first tensor name of a safetensors header that breaks a rule, shown printable, and the rule; or ``None``.
 
-    A parser keeps the last of a repeated member, as safetensors' does: such a header says two things of one tensor,
-    and none is the truth. Counted first (one ``"data_offsets"`` a tensor, one ``"__metadata__"``), parsed again only
-    where the counts show more (a string of the metadata may spell them too).
+    A name listed twice (a parser keeps the last, as safetensors' does: the header says two things of one tensor,
+    and none is the truth), counted first (one ``"data_offsets"`` a tensor, one ``"__metadata__"``) and parsed again
+    only where the counts show more (a string of the metadata may spell them too); a name with a lone surrogate,
+    which UTF-8 cannot write (only an escape in the text gives one, and the writer refuses such a name).
 
-    >>> repeated_tensor(b'{"w":{"data_offsets":[0,4]},"w":{"data_offsets":[4,8]}}', 1)
-    'w'
-    >>> repeated_tensor(b'{"w":{"data_offsets":[0,4]},"__metadata__":{"note":"data_offsets"}}', 1) is None
+    >>> text = b'{"w":{"data_offsets":[0,4]},"w":{"data_offsets":[4,8]}}'
+    >>> tensor_names_problem(text, parse_json(text, what="the header", file=None))
+    ('w', "the header lists 'w' twice: which is meant cannot be told")
+    >>> text = b'{"w":{"data_offsets":[0,4]},"__metadata__":{"note":"data_offsets"}}'
+    >>> tensor_names_problem(text, parse_json(text, what="the header", file=None)) is None
     True
+    >>> tensor_names_problem(b'{"\\\\ud800x":{}}', {chr(0xD800) + "x": {}})[0]  # the text escapes it
+    '\\\\ud800x'
     """
+    if b"\\ud" in text or b"\\uD" in text:
+        for name in header:
+            shown = name.encode("utf-8", "backslashreplace").decode("utf-8")
+            if shown != name and not name.isascii() and _has_surrogate(name):
+                return shown, "the tensor name holds a lone surrogate, which UTF-8 cannot write"
+    tensors = len(header) - ("__metadata__" in header)
     if text.count(b'"data_offsets"') <= tensors and text.count(b'"__metadata__"') <= 1:
         return None
     repeated: list[str] = []
@@ -109,7 +120,11 @@ def repeated_tensor(text: bytes, tensors: int) -> str | None:
         return dict(pairs)
 
     json.loads(text.decode("utf-8"), object_pairs_hook=members)  # parsed before: valid JSON
-    return repeated[0] if repeated else None
+    return (repeated[0], f"the header lists {repeated[0]!r} twice: which is meant cannot be told") if repeated else None
+
+
+def _has_surrogate(name: str) -> bool:
+    return any("\ud800" <= char <= "\udfff" for char in name)
 
 
 #: Levels of a value counted before it is called too deep as it is: a value that holds itself has no end.

@@ -105,7 +105,7 @@ def describe(error: BaseException) -> str:
     "KeyError: 'w'"
     """
     text = str(error) if isinstance(error, JaxstowError | OSError) else f"{type(error).__name__}: {error}"
-    return " ".join(printable(line.strip()) for line in text.splitlines() if line.strip())
+    return " ".join(printable(line.strip(), backslashes=False) for line in text.splitlines() if line.strip())
 
 
 def _discard_output() -> None:

@@ -29,19 +29,21 @@ __all__ = ["Table", "print_json", "printable", "styled_terminal"]
 
 #: The C0 and C1 control characters and DEL, and the marks that reorder or join text on a terminal (bidirectional
 #: overrides, isolates and marks, zero-width characters): a key could else show as another.
-_CONTROL = re.compile("[\\\\\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+_CONTROL_OR_BACKSLASH = re.compile(f"[\\\\{_CONTROL.pattern[1:]}")
 
 
-def printable(text: str) -> str:
+def printable(text: str, *, backslashes: bool = True) -> str:
     """``text`` with its control characters shown as Python's escapes (``\\x1b``, ``\\n``, ``\\u202e``), and its
-    backslashes doubled, so that no text shows as another's escape.
+    backslashes doubled, so that no text shows as another's escape (not with ``backslashes=False``, for a message
+    whose names are quoted with their escapes already).
 
     >>> printable("a\\x1b[31mb"), printable("\\u202eevil")
     ('a\\\\x1b[31mb', '\\\\u202eevil')
     >>> print(printable("a\\nb"), printable("a\\\\nb"))  # a line break, and a backslash before an n
     a\\nb a\\\\nb
     """
-    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+    return (_CONTROL_OR_BACKSLASH if backslashes else _CONTROL).sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def styled_terminal() -> bool:

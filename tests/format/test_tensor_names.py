@@ -1,5 +1,6 @@
-"""A header that lists a tensor twice says two things of it: a FormatError naming it, never the last one read as the
-truth (as safetensors' own parser and a JSON object's last member would have it)."""
+"""Tensor names a header cannot mean: one listed twice says two things of its tensor (a FormatError naming it, never
+the last one read as the truth, as safetensors' own parser and a JSON object's last member would have it); one with a
+lone surrogate, which UTF-8 cannot write (a FormatError, not a name that fails whatever prints it)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,16 @@ def test_metadata_that_spells_the_members_names_is_no_repetition(tmp_path):
     header = '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"note":"\\"data_offsets\\" and \\"__metadata__\\""}}'
     _safetensors(path, header, np.ones(1, np.float32).tobytes())
     np.testing.assert_array_equal(jaxstow.load(path, as_numpy=True)["w"], np.ones(1, np.float32))
+
+
+def test_a_tensor_name_with_a_lone_surrogate_is_refused_and_the_cli_says_so_in_one_line(tmp_path):
+    from forked_cli import jaxstow_command
+
+    path = tmp_path / "surrogate.safetensors"
+    _safetensors(path, '{"\\ud800x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}', bytes(4))
+    with pytest.raises(FormatError, match="lone surrogate") as caught:
+        jaxstow.load(path)
+    assert caught.value.path == "\\ud800x"
+    for command in ("verify", "inspect"):
+        done = jaxstow_command(command, path)
+        assert done.returncode == 2 and "lone surrogate" in done.stderr and "Traceback" not in done.stderr
