@@ -13,7 +13,7 @@ import struct
 import numpy as np
 import pytest
 
-from jaxstow import CheckpointManager
+from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.checkpoint import restoring, step_folder
 from jaxstow.cli import main
 from jaxstow.errors import CheckpointError, CorruptFileError
@@ -180,3 +180,24 @@ def test_an_item_file_that_is_no_regular_file_is_damage_skipped_by_recovery_and_
     for command in ("ls", "verify"):
         assert main([command, str(run)]) == 1
         assert "damaged" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("found_by", ["restore", "damaged_steps"])
+def test_a_step_found_damaged_does_not_count_among_the_steps_keep_last_keeps(tmp_path, found_by):
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager:
+        for step in (1, 2):
+            manager.save(step, {"w": np.full(1000, float(step))})
+    with open(tmp_path / "2" / "w.safetensors", "r+b") as file:  # bit rot in step 2's data
+        file.seek(-8, 2)
+        file.write(b"\xff" * 8)
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager:
+        if found_by == "restore":
+            assert float(manager.restore(fallback=True)["w"][0]) == 1.0
+        else:
+            assert list(manager.damaged_steps()) == [2]
+        manager.save(3, {"w": np.full(1000, 3.0)})
+        manager.wait()
+        assert manager.steps() == [1, 2, 3]  # two intact steps, and the damaged one left for a look
+        manager.save(4, {"w": np.full(1000, 4.0)})
+        manager.wait()
+        assert manager.steps() == [2, 3, 4]

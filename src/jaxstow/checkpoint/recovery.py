@@ -193,6 +193,7 @@ def restore_newest_intact(
                 except FormatError as error:  # damage in the data read, found by its checksum
                     problem = str(error)
         skipped[step] = str(problem)
+        folder.damaged.add(step)
         logger.warning("%s: step %d is damaged, skipped: %s", folder.store.location, step, problem)
         return False
 
@@ -211,6 +212,7 @@ def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progres
     for step in steps:
         with contextlib.suppress(StepNotFoundError):
             found[step] = step_damage(folder, step, verify=verify, progress=progress)
+    folder.damaged.update(step for step, problem in found.items() if problem is not None)
     return {step: problem for step, problem in found.items() if problem is not None}
 
 

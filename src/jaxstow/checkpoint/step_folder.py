@@ -69,6 +69,9 @@ class StepFolder:
         self.names = names
         self.cache = False
         self._records: dict[int, StepRecord] = {}
+        #: Steps this process found damaged: the keep policy neither counts them among the steps it keeps nor
+        #: deletes them (an intact older step is worth more than a damaged newer one).
+        self.damaged: set[int] = set()
 
     def url(self, step: int, *parts: str) -> str:
         """Where ``step`` (or a file in it) is, for messages."""
@@ -151,7 +154,7 @@ class StepFolder:
         metric = policy.metric or ""
         values = {step: record.metric(metric) if record else None for step, record in records.items()}
         times = {step: record.time for step, record in records.items() if record is not None}
-        for step in policy.to_delete(steps, values, times):
+        for step in policy.to_delete([step for step in steps if step not in self.damaged], values, times):
             self.store.delete(self.names.name(step))
             self.forget(step)
             if step == saved:  # a run gone back to an earlier step: its new work would be lost unseen
@@ -167,6 +170,7 @@ class StepFolder:
 
     def remember(self, record: StepRecord) -> None:
         """Keep the record of a step this process has just committed."""
+        self.damaged.discard(record.step)
         if self.cache:
             self._records[record.step] = record
 
@@ -179,6 +183,7 @@ class StepFolder:
     def forget(self, step: int) -> None:
         """Drop the record of a deleted step."""
         self._records.pop(step, None)
+        self.damaged.discard(step)
 
     def record(self, step: int) -> StepRecord:
         """A step's record, its item files checked."""
