@@ -168,8 +168,25 @@ def test_the_single_file_reader_refuses_a_fifo_and_a_device_at_once(tmp_path):
         ('{"metadata": {"n": ' + "9" * 5000 + '}, "weight_map": {}}', "4300 digits"),
         ('{"metadata": {"l": [' + ",".join(["0"] * (MAX_FOLDER_TENSORS + 300)) + "]}}", "more entries than"),
         ("", "not valid JSON"),
+        (
+            '{"weight_map": {"embed.w": "model-00002-of-00002.safetensors", "head.b": "model-00002-of-00002.safetensors",'
+            ' "embed.w": "model-00001-of-00002.safetensors"}}',
+            "gives 'embed.w' twice",
+        ),
     ],
-    ids=["empty", "NUL", "surrogate", "climbs out", "absolute", "number", "deep", "huge integer", "entries", "blank"],
+    ids=[
+        "empty",
+        "NUL",
+        "surrogate",
+        "climbs out",
+        "absolute",
+        "number",
+        "deep",
+        "huge integer",
+        "entries",
+        "blank",
+        "twice",
+    ],
 )
 def test_a_malformed_index_is_a_format_error_naming_it(folder, text, expected):
     (folder / INDEX).write_text(text)

@@ -27,7 +27,7 @@ import orjson
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow.errors import FormatError
 
-__all__ = ["dump_json", "limits_problem", "parse_json", "tensor_names_problem"]
+__all__ = ["dump_json", "limits_problem", "parse_json", "repeated_member", "tensor_names_problem"]
 
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
@@ -112,15 +112,27 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str, str]
     tensors = len(header) - ("__metadata__" in header)
     if text.count(b'"data_offsets"') <= tensors and text.count(b'"__metadata__"') <= 1:
         return None
+    twice = repeated_member(text)
+    return None if twice is None else (twice, f"the header lists {twice!r} twice: which is meant cannot be told")
+
+
+def repeated_member(text: bytes) -> str | None:
+    """The first name an object of the JSON ``text`` (valid, parsed before) gives twice, or ``None``: a parser keeps
+    the last of them, and the text says two things of one name.
+
+    >>> repeated_member(b'{"weight_map": {"a": "1.safetensors", "a": "2.safetensors"}}')
+    'a'
+    """
     repeated: list[str] = []
 
     def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         names = [name for name, _ in pairs]
-        repeated.extend(name for name in names if names.count(name) > 1)
+        if len(set(names)) < len(names):
+            repeated.extend(name for name in names if names.count(name) > 1)
         return dict(pairs)
 
-    json.loads(text.decode("utf-8"), object_pairs_hook=members)  # parsed before: valid JSON
-    return (repeated[0], f"the header lists {repeated[0]!r} twice: which is meant cannot be told") if repeated else None
+    json.loads(text.decode("utf-8"), object_pairs_hook=members)
+    return repeated[0] if repeated else None
 
 
 def _has_surrogate(name: str) -> bool:

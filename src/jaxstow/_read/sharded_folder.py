@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._format.header import NativeReader, claims_manifest, raw_header
-from jaxstow._format.json_codec import parse_json
+from jaxstow._format.json_codec import parse_json, repeated_member
 from jaxstow._format.kinds import folder_kind
 from jaxstow._format.manifest_written import check_nesting
 from jaxstow._format.native import MAX_HEADER_BYTES
@@ -156,6 +156,8 @@ def _parse_index(data: bytes, *, file: str) -> tuple[dict[str, str], dict[str, A
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not _shard_name(shard):
             raise FormatError(f"maps to {excerpt(shard)}, not a .safetensors file of the folder", file=file, path=name)
+    if (twice := repeated_member(data)) is not None:
+        raise FormatError(f"gives {excerpt(twice)} twice: which is meant cannot be told", file=file, path=twice)
     metadata = index.get("metadata")
     if not isinstance(metadata, dict):
         return weight_map, None
