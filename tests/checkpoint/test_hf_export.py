@@ -241,3 +241,20 @@ def test_the_export_holds_one_file_of_tensors_at_a_time(tmp_path):
     grown = int(result.stdout.split()[-1])
     assert len(os.listdir(tmp_path / "hf")) == 5  # 4 files of two layers, and the index
     assert (16 << 20) <= grown <= (32 << 20) + (16 << 20), f"exporting 128 MiB in files of 32 MiB grew it by {grown}"
+
+
+def test_the_metadata_saved_with_a_file_or_each_item_goes_to_the_index(tmp_path):
+    from jaxstow.huggingface import export_safetensors
+
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.ones(3, np.float32)}, metadata={"epoch": 3, "tags": ["a"]})
+    export_safetensors(tmp_path / "model.jxs", tmp_path / "file-out")
+    index = json.loads((tmp_path / "file-out" / "model.safetensors.index.json").read_text())
+    assert index["metadata"] == {"total_size": 12, "jaxstow_metadata": {"epoch": 3, "tags": ["a"]}}
+    with jaxstow.open(tmp_path / "file-out") as reader:
+        assert reader.metadata["jaxstow_metadata"] == {"epoch": 3, "tags": ["a"]}
+
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": {"w": np.ones(2)}, "opt": {"m": np.zeros(2)}})
+    export_safetensors(tmp_path / "run" / "1", tmp_path / "step-out")
+    index = json.loads((tmp_path / "step-out" / "model.safetensors.index.json").read_text())
+    assert set(index["metadata"]) == {"total_size"}  # items saved without metadata: nothing more

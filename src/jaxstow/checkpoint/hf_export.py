@@ -96,7 +96,8 @@ def export_safetensors(
 
     Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
     item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
-    Plain values and PRNG keys are left out. The folder appears whole, or not at all; no ``config.json`` is written.
+    Plain values and PRNG keys are left out; the metadata saved with the file (or each item) goes to the index's
+    ``metadata``, as ``jaxstow_metadata``. The folder appears whole, or not at all; no ``config.json`` is written.
 
     Args:
         source: a step's folder (``run/5``), a jaxstow, safetensors or npz file, or a sharded safetensors folder.
@@ -122,17 +123,27 @@ def export_safetensors(
     settings = storage_settings(storage_options, None, None)
     out, source = os.fspath(out_folder), os.fspath(source)
     with contextlib.ExitStack() as stack:
-        tensors, left_out = _tensors(_open_items(stack, source, item, _for(source, settings)), names)
+        items = _open_items(stack, source, item, _for(source, settings))
+        tensors, left_out = _tensors(items, names)
         shards = _plan(tensors, limit)
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         weight_map = {tensor.name: file for file, shard in zip(files, shards, strict=True) for tensor in shard}
         total = sum(tensor.leaf.nbytes for tensor in tensors)
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        index = {"metadata": {"total_size": total, **_kept(items)}, "weight_map": dict(sorted(weight_map.items()))}
         with _staged(out, _for(out, settings)) as write:
             for file, shard in zip(files, shards, strict=True):
                 write(file, functools.partial(_write_shard, shard))
             write(INDEX_NAME, lambda sink: sink.write(json.dumps(index, indent=2).encode() + b"\n"))
     return Exported(files, len(tensors), total, left_out)
+
+
+def _kept(items: list[tuple[str | None, Reader]]) -> dict[str, Any]:
+    """The metadata saved with the items, for the index's ``metadata`` (which the transformers library passes over):
+    under ``jaxstow_metadata``, by item name where the step has several; nothing where none has any."""
+    saved = {name or "": reader.metadata for name, reader in items if reader.metadata}
+    if not saved:
+        return {}
+    return {"jaxstow_metadata": saved if len(items) > 1 else next(iter(saved.values()))}
 
 
 def _for(target: str, settings: StorageSettings) -> StorageSettings:
