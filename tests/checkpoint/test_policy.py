@@ -50,6 +50,7 @@ def test_a_step_the_keep_policy_deletes_as_soon_as_it_is_saved_is_told_with_what
         assert manager.steps() == [4, 5]
     told = [record for record in caplog.records if "step 3 was saved and at once deleted" in record.getMessage()]
     assert len(told) == 1 and told[0].levelno == logging.WARNING and "manager.delete(step)" in told[0].getMessage()
+    assert "no rule of the keep policy (keep_last=2) keeps it beside the later steps [4, 5]" in told[0].getMessage()
     assert not any("deleted step 3 (keep policy)" in record.getMessage() for record in caplog.records)
 
 

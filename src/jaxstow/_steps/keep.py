@@ -83,6 +83,14 @@ class KeepPolicy:
         if self.keep_best is not None and not self.metric:
             raise ArgumentError("keep_best ranks steps by a metric: name it with metric=..., e.g. metric='loss'")
 
+    def __str__(self) -> str:
+        """The rules in words: ``keep_last=2, keep_best=1 by loss (min)``."""
+        rules = [f"keep_last={self.keep_last}"] if self.keep_last else []
+        rules += [f"keep_every={self.keep_every}"] if self.keep_every else []
+        rules += [f"keep_every_seconds={self.interval:g}"] if self.interval else []
+        rules += [f"keep_best={self.keep_best} by {self.metric} ({self.mode})"] if self.keep_best else []
+        return ", ".join(rules) or "none (every step is kept)"
+
     @property
     def ranks(self) -> bool:
         """Whether the policy needs each step's metric."""

@@ -159,10 +159,13 @@ class StepFolder:
             self.forget(step)
             if step == saved:  # a run gone back to an earlier step: its new work would be lost unseen
                 logger.warning(
-                    "%s: step %d was saved and at once deleted by the keep policy, which keeps the newest steps: "
-                    "delete the later steps first (manager.delete(step)) when a run goes back to an earlier one",
+                    "%s: step %d was saved and at once deleted: no rule of the keep policy (%s) keeps it beside "
+                    "the later steps %s; delete the later steps first (manager.delete(step)) when a run goes back to an "
+                    "earlier one",
                     self.store.location,
                     step,
+                    policy,
+                    [later for later in steps if later > step][:5],
                 )
             else:
                 logger.info("%s: deleted step %d (keep policy)", self.store.location, step)

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
     for row in damaged:
         print(f"DAMAGED  step {row['step']}: {printable(str(row['damaged']))}")
     total = format_bytes(sum(row["bytes"] or 0 for row in rows))
-    rules = "unknown (written by an older jaxstow)" if policy is None else _describe(policy)
+    rules = "unknown (written by an older jaxstow)" if policy is None else str(policy)
     count = f"{len(rows)} step{'s' if len(rows) != 1 else ''}" + (f" ({len(damaged)} damaged)" if damaged else "")
     print(f"{count}, {total}; keep rules: {printable(rules)}")
     return 1 if damaged else 0
@@ -154,11 +154,3 @@ def keep_policy(step: Step) -> KeepPolicy | None:
         return KeepPolicy(**recorded)
     except (TypeError, ValueError):
         return None
-
-
-def _describe(policy: KeepPolicy) -> str:
-    rules = [f"keep_last={policy.keep_last}"] if policy.keep_last else []
-    rules += [f"keep_every={policy.keep_every}"] if policy.keep_every else []
-    rules += [f"keep_every_seconds={policy.interval:g}"] if policy.interval else []
-    rules += [f"keep_best={policy.keep_best} by {policy.metric} ({policy.mode})"] if policy.keep_best else []
-    return ", ".join(rules) or "none (every step is kept)"
