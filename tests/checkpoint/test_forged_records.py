@@ -60,9 +60,9 @@ def test_a_forged_record_is_damaged_when_read(run, changes):
     with pytest.raises(CorruptFileError, match=r"2/checkpoint\.json: the step record lacks a field"):
         manager.metrics(2)
     assert manager.damaged_steps(verify="headers").keys() == {2}
-    manager.save(4, {"w": np.zeros(2)}, metrics={"loss": 5.0})  # its prune ranks the damaged step last
+    manager.save(4, {"w": np.zeros(2)}, metrics={"loss": 5.0})  # its prune leaves the damaged step out of its rules
     manager.close()
-    assert manager.steps() == [3, 4]
+    assert manager.steps() == [2, 3, 4]  # the best and the last of the intact steps; the damaged one left for a look
 
 
 @pytest.mark.parametrize("changes", FORGED, ids=lambda changes: repr(changes)[:40])
