@@ -298,3 +298,16 @@ def test_a_file_object_whose_reads_fail_gives_a_storage_error(tmp_path, use_pipe
         reader.load(pipeline=use_pipeline)
     with pytest.raises(StorageError, match="the file object's read failed"):
         jaxstow.open(source)
+
+
+def test_a_device_out_of_memory_joining_a_leaf_is_a_transfer_error_naming_it(tmp_path, monkeypatch):
+    path, _ = _saved_layers(tmp_path, count=2)  # 4 KiB leaves of 16 pieces: joined on the device
+
+    def exhausted(*args, **kwargs):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4096 bytes")
+
+    monkeypatch.setattr(pipeline.jnp, "concatenate", exhausted)
+    with pytest.raises(DeviceTransferError, match="RESOURCE_EXHAUSTED") as caught:
+        jaxstow.load(path, pipeline=True)
+    assert caught.value.path == "layer0"
+    assert not _pipeline_threads()

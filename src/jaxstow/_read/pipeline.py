@@ -1,12 +1,13 @@
 """Restoring arrays to accelerators through a pool of host buffers, many leaves read and transferred at once.
 
-Up to ``_READERS`` threads each take a leaf of a native file, read it in flat pieces of at most ``_PIECE_BYTES``
-into a host buffer of the pool, checksum it on the way and hand each piece to the device (through page-locked
-``pinned_host`` memory where the device offers it), giving the buffer back once the transfer is done: one thread's
-transfer overlaps the others' reads, and host memory is the pool (at most one buffer a thread), whatever the model's
-size. A leaf of several pieces is joined on its device, one such leaf at a time, so that the device holds at most one
-leaf twice. Leaves under ``_PIECE_BYTES // 64`` are left to the caller, which reads them at once. A failed read or
-transfer stops the readers, drops the buffers and raises a JaxstowError naming the leaf.
+Up to ``_READERS`` threads (one for a source that serves one read at a time) each take a leaf of a native file, read
+it in flat pieces of at most ``_PIECE_BYTES`` into a host buffer of the pool, checksum it on the way and hand each
+piece to the device (through page-locked ``pinned_host`` memory where the device offers it), giving the buffer back
+once the transfer is done: one thread's transfer overlaps the others' reads, and host memory is the pool (at most one
+buffer a thread), whatever the model's size. A leaf of several pieces is joined on its device, one such leaf at a
+time, so that the device holds at most one leaf twice. Leaves under ``_PIECE_BYTES // 64``, and 64-bit leaves that
+jax with x64 off narrows (checked whole), are left to the caller, which reads them at once. A failed read or transfer
+stops the readers, drops the buffers and raises a JaxstowError naming the leaf.
 
 >>> import io, jax, jax.numpy as jnp, jaxstow
 >>> buffer = io.BytesIO()
@@ -18,6 +19,7 @@ Array([[0., 1., 2.],
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
@@ -115,7 +117,8 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
                 raise _naming(error, path) from None
         return out
 
-    executor = ThreadPoolExecutor(min(_READERS, len(jobs)), thread_name_prefix="jaxstow-pipeline-reader")
+    readers = _READERS if container.source.parallel is not None else 1  # a source that serves one read at a time
+    executor = ThreadPoolExecutor(min(readers, len(jobs)), thread_name_prefix="jaxstow-pipeline-reader")
     futures = [executor.submit(restore_leaves, job) for job in jobs]
     try:
         wait(futures, return_when=FIRST_EXCEPTION)
@@ -171,20 +174,30 @@ def _restore_leaf(
                 opened.verify(path, hasher.hexdigest(), leaf.checksum)
             whole = last and not parts
             data = piece.view(leaf.dtype).reshape(leaf.shape if whole else (-1,))
-            try:
+            with _moving(opened, path):
                 parts.append(_transfer(data, placement if whole else None))
-            except Exception as error:
-                raise DeviceTransferError(
-                    f"{opened.file}: moving leaf {path!r} to its device failed: {error}", file=opened.file, path=path
-                ) from error
             del data
     finally:
         pool.give(buffer)
     if len(parts) == 1:
         return parts[0]
-    array = jnp.concatenate(parts).reshape(leaf.shape)
-    parts.clear()
-    return jax.device_put(array, placement) if placement is not None else array
+    with _moving(opened, path):  # joined on the device, which may lack the memory
+        array = jnp.concatenate(parts).reshape(leaf.shape)
+        parts.clear()
+        return jax.device_put(array, placement) if placement is not None else array
+
+
+@contextlib.contextmanager
+def _moving(opened: OpenedFile, path: str) -> Iterator[None]:
+    """A failure of the device (out of memory, a lost device) as a DeviceTransferError naming the leaf ``path``."""
+    try:
+        yield
+    except JaxstowError:
+        raise
+    except Exception as error:
+        raise DeviceTransferError(
+            f"{opened.file}: moving leaf {path!r} to its device failed: {error}", file=opened.file, path=path
+        ) from error
 
 
 def _read_piece(opened: OpenedFile, container: NativeReader, path: str, offset: int, piece: np.ndarray) -> None:
