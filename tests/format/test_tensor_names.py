@@ -59,3 +59,40 @@ def test_a_tensor_name_with_a_lone_surrogate_is_refused_and_the_cli_says_so_in_o
     for command in ("verify", "inspect"):
         done = jaxstow_command(command, path)
         assert done.returncode == 2 and "lone surrogate" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("header", "expected", "path"),
+    [
+        (
+            '{"w":{"dtype":"F32","dtype":"I32","shape":[1],"data_offsets":[0,4]}}',
+            "an entry of the header gives 'dtype' twice",
+            None,
+        ),
+        (
+            '{"__metadata__":{"a":"1"},"__metadat\\u0061__":{"a":"2"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}',
+            "lists '__metadata__' twice",
+            "__metadata__",
+        ),
+        (
+            '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"\\u0077":{"dtype":"I32","shape":[1],"data_offsets":[0,4]}}',
+            "lists 'w' twice",
+            "w",
+        ),
+        (
+            '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"data_offsets":[0,4],"x":'
+            + "[" * 1010
+            + "]" * 1010
+            + "}}",
+            "nests too deep",
+            None,
+        ),
+    ],
+    ids=["within an entry", "escaped metadata", "escaped name", "deep"],
+)
+def test_repetitions_an_escape_or_an_entry_hides_are_refused_too(tmp_path, header, expected, path):
+    file = tmp_path / "hidden.safetensors"
+    _safetensors(file, header, np.ones(1, np.float32).tobytes())
+    with pytest.raises(FormatError, match=expected) as caught:
+        jaxstow.load(file)
+    assert caught.value.path == path

@@ -87,15 +87,17 @@ def parse_json(
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
 
 
-def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str, str] | None:
-    """The first tensor name of a safetensors header that breaks a rule, shown printable, and the rule; or ``None``.
+def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | None, str] | None:
+    """The first tensor name of a safetensors header that breaks a rule, shown printable (``None`` for the header as
+    a whole), and the rule; or ``None``.
 
-    A name listed twice (a parser keeps the last, as safetensors' does: the header says two things of one tensor,
-    and none is the truth), counted first (one ``"data_offsets"`` a tensor, one ``"__metadata__"``) and parsed again
-    only where the counts show more (a string of the metadata may spell them too); a name with a lone surrogate,
-    which UTF-8 cannot write (only an escape in the text gives one, and the writer refuses such a name).
+    A member given twice (a parser keeps the last, as safetensors' does: the header says two things of one tensor,
+    and none is the truth): looked for only where the text spells a member of a tensor's entry more often than the
+    header has tensors, ``__metadata__`` twice, or any escape (``\\u0061`` spells ``a``), as the standard library
+    parses it again; a name with a lone surrogate, which UTF-8 cannot write (only an escape gives one, and the writer
+    refuses such a name).
 
-    >>> text = b'{"w":{"data_offsets":[0,4]},"w":{"data_offsets":[4,8]}}'
+    >>> text = b'{"w":{"dtype":"F32","data_offsets":[0,4]},"w":{"dtype":"I32","data_offsets":[4,8]}}'
     >>> tensor_names_problem(text, parse_json(text, what="the header", file=None))
     ('w', "the header lists 'w' twice: which is meant cannot be told")
     >>> text = b'{"w":{"data_offsets":[0,4]},"__metadata__":{"note":"data_offsets"}}'
@@ -104,16 +106,28 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str, str]
     >>> tensor_names_problem(b'{"\\\\ud800x":{}}', {chr(0xD800) + "x": {}})[0]  # the text escapes it
     '\\\\ud800x'
     """
-    if b"\\ud" in text or b"\\uD" in text:
+    escaped = b"\\u" in text
+    if escaped:
         for name in header:
             shown = name.encode("utf-8", "backslashreplace").decode("utf-8")
             if shown != name and not name.isascii() and _has_surrogate(name):
                 return shown, "the tensor name holds a lone surrogate, which UTF-8 cannot write"
     tensors = len(header) - ("__metadata__" in header)
-    if text.count(b'"data_offsets"') <= tensors and text.count(b'"__metadata__"') <= 1:
+    if not escaped and text.count(b'"__metadata__"') <= 1 and all(text.count(key) <= tensors for key in _ENTRY_KEYS):
         return None
-    twice = repeated_member(text)
-    return None if twice is None else (twice, f"the header lists {twice!r} twice: which is meant cannot be told")
+    try:
+        twice = repeated_member(text)
+    except RecursionError:  # orjson takes 1024 levels, the standard library fewer: no header nests so deep
+        return None, "the header nests too deep to be one of safetensors"
+    if twice is None:
+        return None
+    if twice in header:
+        return twice, f"the header lists {twice!r} twice: which is meant cannot be told"
+    return None, f"an entry of the header gives {twice!r} twice: which is meant cannot be told"
+
+
+#: The members of a tensor's entry: each spelled once a tensor in a header that repeats none.
+_ENTRY_KEYS = (b'"dtype"', b'"shape"', b'"data_offsets"')
 
 
 def repeated_member(text: bytes) -> str | None:
