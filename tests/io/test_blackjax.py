@@ -70,3 +70,36 @@ def test_a_run_continued_with_another_step_size_or_adaptation_setting_is_refused
     for target, doublings in [(0.95, 5), (0.8, 3)]:
         with pytest.raises(CheckpointError, match="made with other settings"):
             run(target, doublings)
+
+
+def test_a_run_continued_with_another_algorithm_of_the_same_settings_is_refused(tmp_path):
+    def logdensity(x):
+        return -0.5 * jnp.sum(x**2)
+
+    path, mass = str(tmp_path / "swap.h5"), jnp.ones(1)
+    io.blackjax.sample(path, blackjax.nuts(logdensity, 0.1, mass), jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
+    with pytest.raises(CheckpointError, match="made with other settings"):
+        io.blackjax.sample(
+            path, blackjax.hmc(logdensity, 0.1, mass, 10), jnp.zeros((2, 1)), jax.random.key(0), num_samples=4
+        )
+
+
+def test_a_logdensity_holding_arrays_of_objects_or_an_empty_cell_runs(tmp_path):
+    import numpy as np
+
+    labels = {"names": np.array(["a", "b"], dtype=object), "y": np.ones(3)}
+
+    def logdensity(x):
+        if x is None:  # never: the cell of `later` stays empty while the run is set up
+            return later
+        return -0.5 * jnp.sum(x**2) * labels["y"].sum()
+
+    draws = io.blackjax.sample(
+        str(tmp_path / "objects.h5"),
+        blackjax.mala(logdensity, 0.1),
+        jnp.zeros((2, 1)),
+        jax.random.key(0),
+        num_samples=4,
+    )
+    assert draws["position"].shape == (2, 4, 1)
+    later = None  # the cell logdensity holds stays empty until here

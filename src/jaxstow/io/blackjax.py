@@ -151,17 +151,18 @@ def sample(
     )
 
 
-def _settings(made: Any, depth: int = 4) -> list[Any]:
+def _settings(made: Any, depth: int = 6) -> list[Any]:
     """The values (arrays, numbers, strings) ``made`` was made with: a partial's arguments, the values a blackjax
     algorithm's or adaptation's functions hold (``blackjax.nuts(f, step_size=0.1)``'s ``step`` holds its step size
     and mass matrix), and those of the functions they hold, ``depth`` levels down (a window adaptation's target
-    acceptance rate, three down), so that a run continued with other settings is refused. Functions count by their values alone.
+    acceptance rate, five down), so that a run continued with other settings is refused. Functions count by their
+    names (the same in every process) and the values they hold.
 
     >>> import blackjax, functools, jax.numpy as jnp
     >>> mala = lambda step_size: blackjax.mala(lambda x: -jnp.sum(x**2), step_size=step_size)
-    >>> (0.25,) in _settings(mala(0.25)), _settings(mala(0.25)) == _settings(mala(0.5))
+    >>> 0.25 in _settings(mala(0.25)), _settings(mala(0.25)) == _settings(mala(0.5))
     (True, False)
-    >>> {"max_num_doublings": 5} in _settings(functools.partial(blackjax.nuts, lambda x: x, max_num_doublings=5))
+    >>> "blackjax.mcmc.nuts.build_kernel" in _settings(functools.partial(blackjax.nuts, lambda x: x))
     True
     """
     found: list[Any] = []
@@ -175,20 +176,38 @@ def _collect(made: Any, depth: int, found: list[Any], seen: set[int]) -> None:
     seen.add(id(made))
     if isinstance(made, functools.partial):
         values = [made.func, *made.args, made.keywords]
-    else:
-        functions = (
-            [made] if inspect.isfunction(made) else [getattr(made, name, None) for name in ("init", "step", "run")]
-        )
-        cells = [cell for function in functions for cell in getattr(function, "__closure__", None) or ()]
-        values = [cell.cell_contents for cell in cells if cell.cell_contents is not None]
-    for value in values:
-        if callable(value):
+    elif inspect.isfunction(made):
+        values = [contents for cell in made.__closure__ or () if (contents := _contents(cell)) is not None]
+    else:  # an algorithm, an adaptation, or a maker of them (blackjax.nuts): the functions it holds
+        values = [getattr(made, name, None) for name in _HELD]
+    for leaf in (leaf for value in values for leaf in jax.tree.leaves(value)):
+        if callable(leaf):  # by its name, the same in every process: nuts' kernel is not hmc's
+            found.append(f"{getattr(leaf, '__module__', '')}.{getattr(leaf, '__qualname__', type(leaf).__qualname__)}")
             if depth > 0:
-                _collect(value, depth - 1, found, seen)
-        elif isinstance(value, np.ndarray) and value.dtype == object:
-            found.append(type(value).__qualname__)  # no bytes to compare
+                _collect(leaf, depth - 1, found, seen)
         else:
-            found.append(value)
+            found.append(_comparable(leaf))
+
+
+#: The functions a blackjax algorithm (``init``, ``step``), adaptation (``run``) or maker of them holds.
+_HELD = ("init", "step", "run", "build_kernel", "differentiable")
+
+
+def _contents(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # a cell not filled yet
+        return None
+
+
+def _comparable(leaf: Any) -> Any:
+    """``leaf`` as :func:`~jaxstow.io.argument_digest.argument_digest` can take it: an array whose bytes cannot be
+    read (of objects, deleted, traced) by its class's name."""
+    if isinstance(leaf, np.ndarray) and leaf.dtype == object:
+        return type(leaf).__qualname__
+    if isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, jax.Array) and leaf.is_deleted()):
+        return type(leaf).__qualname__
+    return leaf
 
 
 def _chain_count(positions: Any) -> int:
