@@ -161,7 +161,7 @@ class FileLock:
                 _give_up(descriptor, path, getattr(self, "found", b""))
                 raise
         self.path = path
-        self._release = weakref.finalize(self, _release_local, descriptor, path)
+        self._release = weakref.finalize(self, _release_local, descriptor, path, os.getpid())
         self._release.atexit = release_at_exit
 
     @property
@@ -246,11 +246,12 @@ def _give_up(descriptor: int, path: str, found: bytes) -> None:
     os.close(descriptor)
 
 
-def _release_local(descriptor: int, path: str) -> None:
+def _release_local(descriptor: int, path: str, owner: int | None = None) -> None:
     """Remove the lock file and release the lock; a file that cannot be removed (a folder made read-only) stays, and
-    the next holder takes it over as a dead holder's."""
+    the next holder takes it over as a dead holder's. A process forked from the ``owner`` that took it (which inherits
+    the object) only closes its copy of the descriptor: the lock stays its parent's."""
     try:
-        if _is_current(descriptor, path):
+        if (owner is None or owner == os.getpid()) and _is_current(descriptor, path):
             os.unlink(path)
     except OSError as error:
         logger.warning("%s: the lock is released, but its file stays: %s", path, error.strerror or error)
@@ -333,6 +334,8 @@ class RemoteLock:
 def _release_remote(fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True) -> None:
     """Delete the lock object at ``path`` if ``holder`` holds it; ``quiet``: at exit or collection, where no one is
     told, a failure is logged."""
+    if holder.pid != os.getpid():  # a process forked from the holder: the lock stays its parent's
+        return
     try:
         with contextlib.suppress(FileNotFoundError), storage_errors(url):
             fs.invalidate_cache(path)

@@ -72,6 +72,17 @@ _in_flight: dict[int, InFlight] = {}
 _exiting = False
 
 
+def _forked() -> None:
+    """In a child forked meanwhile: its parent's writes go on in the parent, whose threads the child lacks; the child
+    waits for none of them at its exit (nor for a lock a thread of the parent held)."""
+    global _lock
+    _lock = threading.Lock()
+    _in_flight.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def track(item: InFlight) -> bool:
     """Wait for ``item`` at exit (until :func:`untrack`).
 
