@@ -134,14 +134,19 @@ def finish_all() -> Literal["done", "failed", "unfinished"]:
 
 def end_with_failure() -> None:
     """End the process with status :data:`FAILED_EXIT`, as an exit whose writes did not end well does (its exit
-    handlers still run)."""
+    handlers still run, but off the main thread, where a ``SystemExit`` would end that thread alone)."""
     _flush()
+    if threading.current_thread() is not threading.main_thread():
+        os._exit(FAILED_EXIT)
     raise SystemExit(FAILED_EXIT)
 
 
 def end_by_signal(number: int) -> None:
-    """End the process as signal ``number`` ends it by default (a scheduler sees it killed by that signal)."""
+    """End the process as signal ``number`` ends it by default (a scheduler sees it killed by that signal); off the
+    main thread, where no handler can be set back, with the status a shell reports for that signal (128 + it)."""
     _flush()
+    if threading.current_thread() is not threading.main_thread():
+        os._exit(128 + number)
     signal.signal(number, signal.SIG_DFL)
     signal.raise_signal(number)
     raise SystemExit(128 + number)  # reached only if this thread blocks the signal

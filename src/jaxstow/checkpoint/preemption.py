@@ -50,8 +50,8 @@ class PreemptionNotice:
                 "signal handlers"
             )
         for number in wanted:
-            if not _users[number]:
-                _previous[number] = signal.signal(number, _record)
+            if not _users[number] and (previous := signal.signal(number, _record)) is not _record:
+                _previous[number] = previous  # else put there by a notice closed off the main thread: kept
             _users[number] += 1
         self.signals = wanted
         _open.add(self)
@@ -62,13 +62,21 @@ class PreemptionNotice:
         return _received
 
     def close(self) -> None:
-        """Stop catching the signals: each gets back the handler it had, once no open notice names it (idempotent)."""
+        """Stop catching the signals: each gets back the handler it had, once no open notice names it (idempotent).
+
+        A handler the program set meanwhile stays. Off the main thread, where no handler can be set, the signals'
+        catcher stays until one of them comes: it then puts the handler back and raises the signal again.
+        """
         global _received
+        main = threading.current_thread() is threading.main_thread()
         for number in self.signals:
             _users[number] -= 1
             if not _users[number]:
                 del _users[number]
-                signal.signal(number, _previous.pop(number))
+                if main:
+                    previous = _previous.pop(number)
+                    if signal.getsignal(number) is _record:
+                        signal.signal(number, previous)
         self.signals = []
         _open.discard(self)
         if not _users:
@@ -82,6 +90,7 @@ def end_process(number: signal.Signals, *, failure: str | None = None) -> None:
     write failed or did not finish), so that no scheduler or script takes it for a preemption that went well."""
     if at_exit.finish_all() == "done" and failure is None:
         logger.warning("%s: ending the process, as the signal asked, now that its checkpoint is saved", number.name)
+        _program_handler(number)
         at_exit.end_by_signal(number)
     logger.error(
         "%s: ending the process, as the signal asked, but its checkpoint was NOT saved (exit status %d): %s",
@@ -90,6 +99,15 @@ def end_process(number: signal.Signals, *, failure: str | None = None) -> None:
         failure or "see above",
     )
     at_exit.end_with_failure()
+
+
+def _program_handler(number: signal.Signals) -> None:
+    """Run the handler the program had set for signal ``number`` before it was caught, if it had one: the signal
+    then does what the program made it do (a handler that returns lets the process end as the signal ends it)."""
+    if threading.current_thread() is threading.main_thread():
+        handler = signal.getsignal(number)  # the notice, closed, has put it back
+        if callable(handler) and handler is not _record:
+            signal.raise_signal(number)
 
 
 def _check(signals: Iterable[int | signal.Signals]) -> list[signal.Signals]:
