@@ -63,12 +63,20 @@ os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.3)
 print("alive", flush=True)
 """,
+    "no save and no close after the signal": """
+manager = CheckpointManager(folder, preemption_signals=[signal.SIGTERM])
+manager.save(1, {"w": np.zeros(4)})
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.3)
+print("the script's end", flush=True)
+""",
 }
 _EXPECTED = {  # status, what standard output ends with
     "a loop in a worker thread": (128 + signal.SIGTERM, ""),
     "closed in a worker thread": (-signal.SIGTERM, "closed"),
     "a handler of the program's before": (-signal.SIGTERM, "the program's handler"),
     "a handler of the program's after": (0, "the program's handler\nalive"),
+    "no save and no close after the signal": (-signal.SIGTERM, "the script's end"),
 }
 
 

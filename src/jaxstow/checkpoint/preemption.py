@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import signal
@@ -55,6 +56,8 @@ class PreemptionNotice:
             _users[number] += 1
         self.signals = wanted
         _open.add(self)
+        atexit.unregister(_at_exit)  # registered once
+        atexit.register(_at_exit)
 
     @property
     def received(self) -> signal.Signals | None:
@@ -99,6 +102,14 @@ def end_process(number: signal.Signals, *, failure: str | None = None) -> None:
         failure or "see above",
     )
     at_exit.end_with_failure()
+
+
+def _at_exit() -> None:
+    """At the interpreter's exit, a caught signal that no save or close of its manager followed ends the process as
+    it asked (once the writes in flight are done), not with the status of a run that went well."""
+    if _received is not None and _open:
+        logger.warning("%s was caught, but no save or close followed it: the process ends as it asked", _received.name)
+        end_process(_received)
 
 
 def _program_handler(number: signal.Signals) -> None:
