@@ -96,8 +96,8 @@ def export_safetensors(
 
     Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
     item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
-    Plain values and PRNG keys are left out; the metadata saved with the file (or each item) goes to the index's
-    ``metadata``, as ``jaxstow_metadata``. The folder appears whole, or not at all; no ``config.json`` is written.
+    Plain values and PRNG keys are left out; saved metadata goes to the index's ``metadata`` (``jaxstow_metadata``).
+    The folder appears whole, or not at all; no ``config.json`` is written.
 
     Args:
         source: a step's folder (``run/5``), a jaxstow, safetensors or npz file, or a sharded safetensors folder.
@@ -116,8 +116,7 @@ def export_safetensors(
         ArgumentError: an unknown item, two tensors of one name (or one no string), a dtype safetensors lacks.
         PathError: ``out_folder`` holds files already.
         CheckpointError: the step's folder is not named by the step its record names, or an item file is missing.
-        CorruptFileError: the step's record, or an item file's header, does not check (a file that is not the one
-            its record names).
+        CorruptFileError: the step's record, or an item file's header, does not check (another file than its own).
     """
     limit = parse_size(max_shard_size)
     settings = storage_settings(storage_options, None, None)
