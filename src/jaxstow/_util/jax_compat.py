@@ -290,12 +290,19 @@ def weakly_typed(array: jax.Array, weak: bool = True) -> jax.Array:
     except MissingDependencyError:
         return array
     sharding = array.sharding
-    if sharding.memory_kind not in (None, "device"):  # host memory: converted on the device, then put back
-        on_device = jax.device_put(array, sharding.with_memory_kind("device"))
+    computed = _default_memory_kind(sharding)
+    if sharding.memory_kind not in (None, computed):  # host memory: converted on the device, then put back
+        on_device = jax.device_put(array, sharding.with_memory_kind(computed))
         back: jax.Array = jax.device_put(convert(on_device, array.dtype, weak_type=weak), sharding)
         return back
     typed: jax.Array = convert(array, array.dtype, weak_type=weak)
     return typed
+
+
+def _default_memory_kind(sharding: jax.sharding.Sharding) -> str:
+    """The memory kind computations on ``sharding``'s devices use (``device``; a CPU's ``unpinned_host`` at jax 0.4)."""
+    device: Any = next(iter(sharding.device_set))
+    return str(device.default_memory().kind)
 
 
 def tree_broadcast(prefix: Any, full: Any, *, is_leaf: Callable[[Any], bool]) -> Any:
