@@ -164,3 +164,33 @@ def test_blackjax_sgld_with_minibatches_and_thinning(tmp_path):
     np.testing.assert_allclose(draws["position"][:, 150:].mean(axis=(0, 1)), [1.0, -2.0, 0.5], atol=0.05)
     again = sample(str(tmp_path / "sgld.h5"))  # finished: read from the file
     np.testing.assert_array_equal(again["position"], draws["position"])
+
+
+def test_a_collector_leaves_an_hdf5_file_it_did_not_write_as_it_is(tmp_path):
+    from jaxstow.errors import CollectorError
+
+    data = tmp_path / "data.h5"
+    with h5py.File(data, "w") as file:
+        file["measurements"] = np.arange(5.0)
+    with pytest.raises(CollectorError, match=r"data\.h5 holds HDF5 data that no jaxstow collector wrote"):
+        io.HDF5Collector(str(data))
+    with h5py.File(data, "r") as file:
+        np.testing.assert_array_equal(file["measurements"][:], np.arange(5.0))
+
+    run = str(tmp_path / "run.h5")
+    io.run_chains(
+        run,
+        lambda: jnp.zeros(2),
+        lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
+        num_steps=4,
+        checkpoint_every=2,
+    )
+    with pytest.raises(CollectorError, match=r"holds a run of io\.run_chains"):
+        io.HDF5Collector(run)
+    assert io.run_chains(
+        run,
+        lambda: jnp.zeros(2),
+        lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
+        num_steps=4,
+        checkpoint_every=2,
+    )["x"].shape == (2, 4)

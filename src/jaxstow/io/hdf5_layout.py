@@ -59,6 +59,8 @@ DRAWS_DONE = "draws_done"
 #: The file's attribute that names, at random, the run that started it empty (made with ``/draws_done``): a reader
 #: that finds another one after its read knows that the file was emptied and written again meanwhile.
 RUN_ID = "jaxstow_run_id"
+#: The root attribute of a file of ``io.run_chains`` that records what started the run: compared when it is continued.
+RUN_ATTRIBUTE = "jaxstow_run"
 
 
 def new_draws_done(file: Any) -> Any:

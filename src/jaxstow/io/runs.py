@@ -43,14 +43,13 @@ from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
+from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 from jaxstow.io.live import read_stacked, run_finished
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
 
 __all__ = ["run_chains"]
 
-#: The root attribute that records what started the run: compared when it is continued.
-RUN_ATTRIBUTE = "jaxstow_run"
 #: The members of the run's record that files of earlier versions lack: compared only where the file has them.
 _RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings"})
 #: What a run started with another digest of these was started from.

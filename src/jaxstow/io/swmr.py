@@ -37,7 +37,8 @@ from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, CollectorError, FormatError
+from jaxstow.errors import CheckpointError, CollectorError, FormatError, excerpt
+from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_retries import reading_access
 
 __all__ = [
@@ -162,6 +163,8 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
         if exists:
             lock.clear_stale_flags()
         continued = exists and os.path.exists(checkpoint)
+        if not continued and exists:
+            _check_collectors_own(name)
         if not continued and os.path.exists(checkpoint):
             os.unlink(checkpoint)
         if not continued and os.path.exists(name):
@@ -170,6 +173,25 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
     except BaseException:
         lock.release(failed=True)
         raise
+
+
+def _check_collectors_own(name: str) -> None:
+    """Refuse to start a run over in an HDF5 file that a collector's run did not write (what it holds is not ours to
+    empty): one that holds anything but is not marked as a collector's, or one of ``io.run_chains``."""
+    with open_for_reading(name) as file:
+        keys, attributes = sorted(file.keys()), set(file.attrs.keys())
+    if RUN_ATTRIBUTE in attributes:
+        raise CollectorError(
+            f"{name} holds a run of io.run_chains (or io.blackjax.sample, io.numpyro.run): it is left as it is; continue it "
+            "with the call that started it, or give the collector another file",
+            file=name,
+        )
+    if (keys or attributes) and RUN_ID not in attributes:
+        raise CollectorError(
+            f"{name} holds HDF5 data that no jaxstow collector wrote ({excerpt(keys or sorted(attributes))}): it is left "
+            "as it is; give the collector another file",
+            file=name,
+        )
 
 
 def _replace_with_empty(h5py: Any, path: str) -> None:
