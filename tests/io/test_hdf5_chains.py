@@ -194,3 +194,20 @@ def test_a_collector_leaves_an_hdf5_file_it_did_not_write_as_it_is(tmp_path):
         num_steps=4,
         checkpoint_every=2,
     )["x"].shape == (2, 4)
+
+
+def test_a_live_reader_of_a_file_cut_in_its_first_bytes_gets_a_format_error(tmp_path):
+    run = str(tmp_path / "run.h5")
+    io.run_chains(
+        run,
+        lambda: jnp.zeros(2),
+        lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
+        num_steps=4,
+        checkpoint_every=2,
+    )
+    data = (tmp_path / "run.h5").read_bytes()
+    cut = tmp_path / "cut.h5"
+    for length in (14, 28, 42):
+        cut.write_bytes(data[:length])
+        with pytest.raises(FormatError, match="could not be read"):
+            read_draws(str(cut))

@@ -130,7 +130,14 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
     for attempt in range(_READ_ATTEMPTS):
         if attempt:
             time.sleep(0.01 * 2**attempt)
-        with open_for_reading(name) as file:
+        try:
+            opened = open_for_reading(name)
+        except JaxstowError:
+            raise
+        except OSError as error:  # HDF5's own, on a file half written (or emptied) under the reader
+            failure = error
+            continue
+        with opened as file:
             try:
                 run = file.attrs.get(RUN_ID)
                 result = read(file, name)
