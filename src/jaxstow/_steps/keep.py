@@ -69,7 +69,7 @@ class KeepPolicy:
         elif interval is not None and (
             isinstance(interval, bool)
             or not isinstance(interval, numbers.Real)
-            or not 0 < interval < sys.float_info.max
+            or not 0 < (interval if isinstance(interval, int) else float(interval)) < sys.float_info.max
         ):
             raise ArgumentError(
                 f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
