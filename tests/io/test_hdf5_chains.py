@@ -178,33 +178,25 @@ def test_a_collector_leaves_an_hdf5_file_it_did_not_write_as_it_is(tmp_path):
         np.testing.assert_array_equal(file["measurements"][:], np.arange(5.0))
 
     run = str(tmp_path / "run.h5")
-    io.run_chains(
-        run,
+    _counting_run(run)
+    with pytest.raises(CollectorError, match=r"holds a run of io\.run_chains"):
+        io.HDF5Collector(run)
+    assert _counting_run(run)["x"].shape == (2, 4)  # the run, left as it was, is read back
+
+
+def _counting_run(path: str) -> dict:
+    """A run of two chains counting four steps, each kept, checkpointed every two."""
+    return io.run_chains(
+        path,
         lambda: jnp.zeros(2),
         lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
         num_steps=4,
         checkpoint_every=2,
     )
-    with pytest.raises(CollectorError, match=r"holds a run of io\.run_chains"):
-        io.HDF5Collector(run)
-    assert io.run_chains(
-        run,
-        lambda: jnp.zeros(2),
-        lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
-        num_steps=4,
-        checkpoint_every=2,
-    )["x"].shape == (2, 4)
 
 
 def test_a_live_reader_of_a_file_cut_in_its_first_bytes_gets_a_format_error(tmp_path):
-    run = str(tmp_path / "run.h5")
-    io.run_chains(
-        run,
-        lambda: jnp.zeros(2),
-        lambda state, t: (state + 1, {"x": state}, jnp.ones(2, bool)),
-        num_steps=4,
-        checkpoint_every=2,
-    )
+    _counting_run(str(tmp_path / "run.h5"))
     data = (tmp_path / "run.h5").read_bytes()
     cut = tmp_path / "cut.h5"
     for length in (14, 28, 42):
