@@ -142,3 +142,33 @@ def test_a_process_whose_writes_all_ended_well_exits_as_its_script_says(tmp_path
         status, stderr = _run(program, str(tmp_path / str(wanted)), str(wanted))
         assert status == wanted, stderr
         _order(stderr, "the handler registered before jaxstow was imported ran", "the interpreter shut down")
+
+
+def test_a_library_that_puts_sys_stderr_back_at_exit_does_not_hide_a_failed_save(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    program = """
+    import io, shutil, numpy as np
+    original = sys.stderr
+    class Tee(io.TextIOBase):  # a log tee, as logging libraries install and undo
+        def write(self, text):
+            return original.write(text)
+        def flush(self):
+            original.flush()
+    sys.stderr = Tee()
+    atexit.register(lambda: setattr(sys, "stderr", original))  # runs after jaxstow's handler: registered first
+    from jaxstow import CheckpointManager
+    manager = CheckpointManager(sys.argv[1])
+    manager.save(1, {"w": np.ones(256, np.float32)})
+    manager.wait()
+    shutil.rmtree(sys.argv[1]); open(sys.argv[1], "w").close()
+    manager.save(2, {"w": np.ones(256, np.float32)})
+    """
+    status, stderr = _run(program, str(folder))
+    assert status == 120, stderr
+    _order(
+        stderr,
+        f"jaxstow: saving step 2 to {folder}: failed before the process ended:",
+        "the handler registered before jaxstow was imported ran",
+        "the interpreter shut down",
+    )
+    assert "Traceback" not in stderr

@@ -5,9 +5,12 @@ collector's queued blocks) registers an :mod:`atexit` handler, and each later on
 before every handler registered before that write began (``atexit`` runs the last registered first). At exit the
 handler waits for every tracked write at most ``JAXSTOW_EXIT_WAIT`` seconds (:data:`EXIT_WAIT` by default); a Ctrl-C
 stops the wait. A failure no caller collected, or a write still running, is printed naming what it was (one of
-jaxstow's errors in one line, another with its traceback), and the exit status becomes 120 once every other exit
-handler and the interpreter's shutdown have run: Python gives that status when flushing ``sys.stderr`` fails during
-its finalization (see :func:`sys.exit`), and the handler leaves a stand-in there whose flush fails then, and only then.
+jaxstow's errors in one line, another with its traceback), and the exit status becomes 120.
+
+How the process ends is set by :func:`end_later`, and carried out once every other exit handler has run, by the
+interpreter's final flush of ``sys.stdout`` and ``sys.stderr``: stand-ins left there end it then, and only then, by
+a signal or with status 120 (Python gives that status when that flush fails, see :func:`sys.exit`). Nothing ends
+the process early: every exit handler of every library runs, on every way out.
 
 >>> from jaxstow._write.at_exit import EXIT_WAIT, exit_wait
 >>> exit_wait() == EXIT_WAIT
@@ -35,8 +38,7 @@ __all__ = [
     "EXIT_WAIT",
     "FAILED_EXIT",
     "InFlight",
-    "end_by_signal",
-    "end_with_failure",
+    "end_later",
     "exit_wait",
     "exiting",
     "finish_all",
@@ -70,6 +72,8 @@ class InFlight(Protocol):
 _lock = threading.Lock()
 _in_flight: dict[int, InFlight] = {}
 _exiting = False
+#: How the process ends after its exit handlers, once :func:`end_later` has said: a status, or minus a signal.
+_ending: int | None = None
 
 
 def _forked() -> None:
@@ -120,36 +124,28 @@ def exit_wait() -> float:
     return max(0.0, seconds)
 
 
-def finish_all() -> Literal["done", "failed", "unfinished"]:
+def finish_all() -> Literal["done", "failed", "unfinished", "abandoned"]:
     """Wait for every tracked write, at most :func:`exit_wait` seconds; print each that failed or is still running.
 
-    Returns ``"done"`` when all ended well, ``"failed"`` when one failed, ``"unfinished"`` when one still runs. A
-    ``KeyboardInterrupt`` during the wait ends the process as Ctrl-C does (this is the wait of a signal that ends it).
+    Returns ``"done"`` when all ended well, ``"failed"`` when one failed, ``"unfinished"`` when one still runs, and
+    ``"abandoned"`` when a Ctrl-C stopped the wait (this is the wait of a signal that ends the process).
     """
     waited = _wait()
-    if waited.abandoned:
-        end_by_signal(signal.SIGINT)
-    return waited.outcome
+    return "abandoned" if waited.abandoned else waited.outcome
 
 
-def end_with_failure() -> None:
-    """End the process with status :data:`FAILED_EXIT`, as an exit whose writes did not end well does (its exit
-    handlers still run, but off the main thread, where a ``SystemExit`` would end that thread alone)."""
-    _flush()
-    if threading.current_thread() is not threading.main_thread():
-        os._exit(FAILED_EXIT)
-    raise SystemExit(FAILED_EXIT)
-
-
-def end_by_signal(number: int) -> None:
-    """End the process as signal ``number`` ends it by default (a scheduler sees it killed by that signal); off the
-    main thread, where no handler can be set back, with the status a shell reports for that signal (128 + it)."""
-    _flush()
-    if threading.current_thread() is not threading.main_thread():
-        os._exit(128 + number)
-    signal.signal(number, signal.SIG_DFL)
-    signal.raise_signal(number)
-    raise SystemExit(128 + number)  # reached only if this thread blocks the signal
+def end_later(status: int) -> None:
+    """End the process with ``status`` once every exit handler has run: :data:`FAILED_EXIT`, or minus a signal's
+    number to end it as that signal ends it by default (a scheduler sees it killed by that signal). The first status
+    set is kept. The caller then leaves as its thread can (a ``SystemExit``, or returning from an exit handler)."""
+    global _ending
+    with _lock:
+        if _ending is None:
+            _ending = status
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, _EndingFlush):
+            setattr(sys, name, _EndingFlush(stream, last=name == "stderr"))
 
 
 @dataclass
@@ -250,22 +246,17 @@ def _print(lines: list[str], error: BaseException | None = None) -> None:
         print("".join(traceback.format_exception(error)).rstrip(), file=sys.stderr)
 
 
-def _flush() -> None:
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or replaced by a non-stream
-            stream.flush()
+class _EndingFlush:
+    """Stands for ``sys.stdout`` or ``sys.stderr`` once the process is to end otherwise than as it is exiting; only
+    the interpreter's final flush is changed: it ends the process (``last``: flushed last; the other leaves it to this
+    one unless it was replaced meanwhile, say by a library that put the stream back at exit).
 
-
-class _FailingFinalFlush:
-    """Stands for ``sys.stderr`` once a write failed at exit; only its flush by the interpreter's finalization fails.
-
-    Python flushes ``sys.stderr`` after every exit handler has run, ignores an error of that flush silently and then
-    exits with status 120; every other use goes to the stream it stands for.
+    Python flushes both after every exit handler has run: a signal ends the process there, and a flush that fails
+    makes the status 120 (silently for ``sys.stderr``); every other use goes to the stream it stands for.
     """
 
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
+    def __init__(self, stream: TextIO | None, *, last: bool) -> None:
+        self._stream, self._last = stream, last
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -276,8 +267,25 @@ class _FailingFinalFlush:
     def flush(self) -> None:
         if self._stream is not None:
             self._stream.flush()
-        if sys.is_finalizing():
-            raise OSError("a write of jaxstow failed or did not finish before the process ended")
+        replaced = not isinstance(sys.stderr, _EndingFlush)
+        if sys.is_finalizing() and _ending is not None and (self._last or replaced):
+            if _ending < 0:
+                if replaced:
+                    with contextlib.suppress(OSError, ValueError, AttributeError):  # closed, or not a stream
+                        sys.stderr.flush()
+                signal.signal(-_ending, signal.SIG_DFL)
+                signal.raise_signal(-_ending)
+            if replaced:  # the interpreter reports a failed flush of sys.stdout: said above already
+                sys.unraisablehook = _quiet_about(_FAILED_FLUSH, sys.unraisablehook)
+            raise _FAILED_FLUSH
+
+
+_FAILED_FLUSH = OSError("a write of jaxstow failed or did not finish before the process ended")
+
+
+def _quiet_about(error: BaseException, hook: Any) -> Any:
+    """``sys.unraisablehook`` that says nothing of ``error`` and passes anything else to ``hook``."""
+    return lambda unraisable: None if unraisable.exc_value is error else hook(unraisable)
 
 
 def _at_exit() -> None:
@@ -285,6 +293,5 @@ def _at_exit() -> None:
     global _exiting
     with _lock:
         _exiting = True
-    waited = _wait()
-    if waited.outcome != "done" and not isinstance(sys.stderr, _FailingFinalFlush):
-        sys.stderr = _FailingFinalFlush(sys.stderr)  # type: ignore[assignment]
+    if _wait().outcome != "done":
+        end_later(FAILED_EXIT)

@@ -38,6 +38,7 @@ _received: signal.Signals | None = None
 _previous: dict[signal.Signals, Any] = {}  # the handler each caught signal had before
 _users: collections.Counter[signal.Signals] = collections.Counter()
 _open: weakref.WeakSet[PreemptionNotice] = weakref.WeakSet()  # a notice dropped unclosed (its manager too) is gone
+_leaving: int | None = None  # the exit status end_process raised SystemExit with
 
 
 class PreemptionNotice:
@@ -86,22 +87,39 @@ class PreemptionNotice:
             _received = None
 
 
-def end_process(number: signal.Signals, *, failure: str | None = None) -> None:
+def end_process(number: signal.Signals, *, failure: str | None = None, exiting: bool = False) -> None:
     """End the process as signal ``number`` ends it by default, once every write in flight has finished (see
-    :func:`jaxstow._write.at_exit.finish_all`, which prints any that failed); with exit status
-    :data:`~jaxstow._write.at_exit.FAILED_EXIT` instead where the checkpoint was not saved (``failure`` says why, or a
-    write failed or did not finish), so that no scheduler or script takes it for a preemption that went well."""
-    if at_exit.finish_all() == "done" and failure is None:
+    :func:`jaxstow._write.at_exit.finish_all`, which prints any that failed) and every exit handler has run; with exit
+    status :data:`~jaxstow._write.at_exit.FAILED_EXIT` instead where the checkpoint was not saved (``failure`` says
+    why, or a write failed or did not finish), so that no scheduler or script takes it for a preemption that went well.
+
+    The process leaves as a script that ends does: a ``SystemExit`` in this thread and, from another thread, in the
+    main thread too (sent the signal, which the catcher turns into one); an exit handler (``exiting``) returns.
+    """
+    global _leaving
+    outcome = at_exit.finish_all()
+    if outcome == "abandoned":  # a Ctrl-C stopped the wait
+        status = -signal.SIGINT
+    elif outcome == "done" and failure is None:
         logger.warning("%s: ending the process, as the signal asked, now that its checkpoint is saved", number.name)
         _program_handler(number)
-        at_exit.end_by_signal(number)
-    logger.error(
-        "%s: ending the process, as the signal asked, but its checkpoint was NOT saved (exit status %d): %s",
-        number.name,
-        at_exit.FAILED_EXIT,
-        failure or "see above",
-    )
-    at_exit.end_with_failure()
+        status = -number
+    else:
+        logger.error(
+            "%s: ending the process, as the signal asked, but its checkpoint was NOT saved (exit status %d): %s",
+            number.name,
+            at_exit.FAILED_EXIT,
+            failure or "see above",
+        )
+        status = at_exit.FAILED_EXIT
+    at_exit.end_later(status)
+    if exiting:
+        return
+    _leaving = 128 - status if status < 0 else status  # the shell's status, should the stand-ins be replaced
+    main = threading.main_thread()
+    if threading.current_thread() is not main and main.is_alive() and main.ident is not None:
+        signal.pthread_kill(main.ident, number)
+    raise SystemExit(_leaving)
 
 
 def _at_exit() -> None:
@@ -109,7 +127,7 @@ def _at_exit() -> None:
     it asked (once the writes in flight are done), not with the status of a run that went well."""
     if _received is not None and _open:
         logger.warning("%s was caught, but no save or close followed it: the process ends as it asked", _received.name)
-        end_process(_received)
+        end_process(_received, exiting=True)
 
 
 def _program_handler(number: signal.Signals) -> None:
@@ -136,6 +154,8 @@ def _check(signals: Iterable[int | signal.Signals]) -> list[signal.Signals]:
 
 def _record(number: int, frame: FrameType | None) -> None:
     global _received
+    if _leaving is not None:  # sent by end_process from another thread: the main thread leaves too
+        raise SystemExit(_leaving)
     caught = signal.Signals(number)
     if not any(caught in notice.signals for notice in _open):  # every manager that caught it was dropped unclosed
         _users.pop(caught, None)
