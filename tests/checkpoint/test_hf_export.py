@@ -258,3 +258,32 @@ def test_the_metadata_saved_with_a_file_or_each_item_goes_to_the_index(tmp_path)
     export_safetensors(tmp_path / "run" / "1", tmp_path / "step-out")
     index = json.loads((tmp_path / "step-out" / "model.safetensors.index.json").read_text())
     assert set(index["metadata"]) == {"total_size"}  # items saved without metadata: nothing more
+
+
+def test_an_item_of_one_array_is_named_by_the_item_and_a_nameless_array_asks_for_a_name(tmp_path):
+    from jaxstow.huggingface import export_safetensors
+
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"emb": np.arange(6.0, dtype=np.float32).reshape(2, 3)}, metadata={"lr": 0.1})
+        manager.save(2, {"emb": np.ones(4, np.float32), "head": {"w": np.zeros(2, np.float32)}})
+        manager.save(3, np.arange(3.0, dtype=np.float32))
+    export_safetensors(tmp_path / "run" / "1", tmp_path / "one")
+    index = json.loads((tmp_path / "one" / "model.safetensors.index.json").read_text())
+    assert list(index["weight_map"]) == ["emb"]
+    assert index["metadata"]["jaxstow_step_metadata"] == {"lr": 0.1}  # the step's own metadata is kept too
+    restored = jaxstow.load(tmp_path / "one", like={"emb": np.zeros((2, 3), np.float32)})
+    np.testing.assert_array_equal(restored["emb"], np.arange(6.0).reshape(2, 3))
+    export_safetensors(tmp_path / "run" / "2", tmp_path / "item", item="emb")
+    assert list(json.loads((tmp_path / "item" / "model.safetensors.index.json").read_text())["weight_map"]) == ["emb"]
+
+    jaxstow.save(tmp_path / "bare.jxs", np.arange(5.0, dtype=np.float32))
+    for source in (tmp_path / "bare.jxs", tmp_path / "run" / "3"):
+        with pytest.raises(ArgumentError, match="holds one array, which has no name to export it by"):
+            export_safetensors(source, tmp_path / "nameless")
+        assert not (tmp_path / "nameless").exists()
+    export_safetensors(tmp_path / "bare.jxs", tmp_path / "named", names={"": "weight"})
+    assert list(json.loads((tmp_path / "named" / "model.safetensors.index.json").read_text())["weight_map"]) == [
+        "weight"
+    ]
+    with pytest.raises(ArgumentError, match="as a path or URL"):
+        export_safetensors({"w": np.ones(3)}, tmp_path / "tree")

@@ -96,7 +96,8 @@ def export_safetensors(
 
     Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
     item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
-    Plain values and PRNG keys are left out; saved metadata goes to the index's ``metadata`` (``jaxstow_metadata``).
+    Plain values and PRNG keys are left out; saved metadata goes to the index's ``metadata`` (``jaxstow_metadata``,
+    and ``jaxstow_step_metadata`` for a step's own).
     The folder appears whole, or not at all; no ``config.json`` is written.
 
     Args:
@@ -120,15 +121,19 @@ def export_safetensors(
     """
     limit = parse_size(max_shard_size)
     settings = storage_settings(storage_options, None, None)
+    for role, path in (("the step or file to export", source), ("the folder to write", out_folder)):
+        if not isinstance(path, str | os.PathLike):
+            raise ArgumentError(f"export_safetensors takes {role} as a path or URL, not {excerpt(path)}")
     out, source = os.fspath(out_folder), os.fspath(source)
     with contextlib.ExitStack() as stack:
-        items = _open_items(stack, source, item, _for(source, settings))
+        items, step_metadata = _open_items(stack, source, item, _for(source, settings))
         tensors, left_out = _tensors(items, names)
         shards = _plan(tensors, limit)
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         weight_map = {tensor.name: file for file, shard in zip(files, shards, strict=True) for tensor in shard}
         total = sum(tensor.leaf.nbytes for tensor in tensors)
-        index = {"metadata": {"total_size": total, **_kept(items)}, "weight_map": dict(sorted(weight_map.items()))}
+        kept = {**_kept(items), **({"jaxstow_step_metadata": step_metadata} if step_metadata else {})}
+        index = {"metadata": {"total_size": total, **kept}, "weight_map": dict(sorted(weight_map.items()))}
         with _staged(out, _for(out, settings)) as write:
             for file, shard in zip(files, shards, strict=True):
                 write(file, functools.partial(_write_shard, shard))
@@ -152,22 +157,24 @@ def _for(target: str, settings: StorageSettings) -> StorageSettings:
 
 def _open_items(
     stack: contextlib.ExitStack, source: str, item: str | None, settings: StorageSettings
-) -> list[tuple[str | None, Reader]]:
-    """The readers of the step's items (each with its name, ``None`` for a step of one tree), or of the one file."""
+) -> tuple[list[tuple[str | None, Reader]], dict[str, Any] | None]:
+    """The readers of the step's items, or of the one file, each with the name its tensors' names start with (the
+    item's, where the step has several or the item is one array); and the metadata saved with the step."""
     location = locate(source)
     listed = list_folder(location, settings)
     if listed is None or RECORD_NAME not in listed[0]:
         if item is not None:
             raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
-        return [(None, stack.enter_context(open_reader_at(location, settings)))]
+        return [(None, stack.enter_context(open_reader_at(location, settings)))], None
     folder, record = _step(source, settings)
     if item is not None and item not in record.files:
         raise ArgumentError(f"step {record.step} has no item {item!r} (its items: {', '.join(sorted(record.files))})")
     chosen = [item] if item is not None else sorted(record.files)
     prefixed = item is None and len(chosen) > 1  # names stay apart: the items of a step with several
-    return [
-        (name if prefixed else None, stack.enter_context(open_parts(folder.open_item(record, name)))) for name in chosen
-    ]
+    readers = [(name, stack.enter_context(open_parts(folder.open_item(record, name)))) for name in chosen]
+    one_array = not record.single and all(reader.paths == [""] for _, reader in readers)  # a named item of one array
+    named = [(name if prefixed or one_array else None, reader) for name, reader in readers]
+    return named, record.metadata
 
 
 def _step(source: str, settings: StorageSettings) -> tuple[StepFolder, StepRecord]:
@@ -214,6 +221,10 @@ def _tensors(
             if name is None:
                 left_out.append(full)
                 continue
+            if not name:
+                raise ArgumentError(
+                    f"{reader.file} holds one array, which has no name to export it by: pass names={{'': 'weight'}}"
+                )
             if name in seen:
                 raise ArgumentError(f"{seen[name]!r} and {full!r} would both be the tensor {name!r}: pass names=")
             if safetensors_code(leaf.dtype) is None:
