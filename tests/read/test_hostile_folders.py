@@ -19,7 +19,12 @@ import pytest
 from safetensors.numpy import save_file
 
 import jaxstow
-from jaxstow._read.folder_members import MAX_FOLDER_HEADER_BYTES, MAX_FOLDER_TENSORS, MAX_INDEX_BYTES
+from jaxstow._read.folder_members import (
+    MAX_FOLDER_HEADER_BYTES,
+    MAX_FOLDER_TENSORS,
+    MAX_INDEX_BYTES,
+    VALUES_PER_TENSOR,
+)
 from jaxstow.errors import FormatError, IsAFolderError, JaxstowError, PathError
 from reliability.folder_model import MANY_TENSORS, safetensors_bytes, socket_at
 from reliability.folders import bounded
@@ -249,6 +254,21 @@ def test_a_header_of_too_many_tensors_is_refused_before_it_is_parsed(folder):
         f"its header of up to {MANY_TENSORS + 1} tensors, with the {before} tensors of the folder's files before it, is "
         f"more than the {MAX_FOLDER_TENSORS} a folder may hold (a file this large loads on its own: jaxstow.load("
     ) in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["[]", "0", '""'])
+def test_a_header_of_values_that_are_no_tensors_is_charged_for_them_before_it_is_parsed(folder, value):
+    count = MAX_FOLDER_TENSORS * VALUES_PER_TENSOR + 1  # values, not entries: lists, numbers, strings
+    extra = '"x":[' + ",".join([value] * count) + "],"
+    shard = safetensors_bytes({"head.b": TENSORS["head.b"]}, extra)
+    (folder / SECOND).write_bytes(shard)
+    tracemalloc.start()
+    try:
+        with bounded(10), pytest.raises(FormatError, match=f"more than the {MAX_FOLDER_TENSORS} a folder may hold"):
+            jaxstow.open(folder)
+        assert tracemalloc.get_traced_memory()[1] < 3 * len(shard) + (16 << 20)  # the text read, never parsed
+    finally:
+        tracemalloc.stop()
 
 
 def test_headers_past_what_a_folder_may_take_are_refused_before_they_are_read(folder):

@@ -52,6 +52,9 @@ MAX_INDEX_BYTES = 64 * 2**20
 MAX_FOLDER_TENSORS = 2**19
 #: The bytes the headers of a folder's files may take together (each also within one file's limit).
 MAX_FOLDER_HEADER_BYTES = 64 * 2**20
+#: The values (lists, and the items after each comma) one tensor's entry may hold on average before a folder's
+#: header is charged more tensors than its entries: a 4-axis tensor's entry and its comma hold 9.
+VALUES_PER_TENSOR = 12
 #: A repository's folder in a Hugging Face cache, named by its kind and id (``models--org--name``).
 _HUB_REPOSITORY = re.compile(r"(?:models|datasets|spaces)--.+")
 
@@ -167,8 +170,9 @@ class Budget:
     """What the headers of one folder's files may take together, spent as each is read.
 
     Their bytes: :data:`MAX_FOLDER_HEADER_BYTES`; their tensors: :data:`MAX_FOLDER_TENSORS`, counted from the text
-    before it is parsed (every ``{`` but the first opens at most one tensor's entry), so that parsing them never takes
-    more memory than these allow.
+    before it is parsed (every ``{`` but the first opens at most one tensor's entry, and every :data:`VALUES_PER_TENSOR`
+    values, each a ``[`` or after a ``,``, count as one entry more where they outnumber those), so that parsing them
+    never takes more memory than these allow, whatever values the text is made of.
     """
 
     def __init__(self) -> None:
@@ -186,7 +190,8 @@ class Budget:
     def spend(self, raw: bytes, *, file: str) -> None:
         """Spend a header's text (read, not parsed), refusing it if the folder's tensors would pass their limit."""
         self.check_length(len(raw), file=file)
-        entries = raw.count(b"{") - 1
+        values = raw.count(b"[") + raw.count(b",")
+        entries = max(raw.count(b"{") - 1, -(-values // VALUES_PER_TENSOR))
         if entries > self.tensors:
             limit = f"{MAX_FOLDER_TENSORS} a folder may hold"
             raise _over_budget(
