@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import subprocess
@@ -411,6 +412,23 @@ def test_a_stray_safetensors_file_beside_a_jaxstow_file_is_refused(tmp_path):
         assert "holds model.jxs (a jaxstow file) beside notes-export.safetensors" in message
         assert f"jaxstow.load({str(folder / 'model.jxs')!r})" in message
     assert jaxstow.load(folder / "model.jxs", as_numpy=True)["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["model.jaxstow", "model", "params.ckpt", "MODEL.JXS", "weights.NPZ"])
+def test_a_jaxstow_or_npz_file_of_any_name_beside_a_stray_safetensors_file_is_refused(tmp_path, name):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    if name.endswith("NPZ"):
+        with open(folder / name, "wb") as file:
+            np.savez(file, w=np.ones(3))
+    else:
+        jaxstow.save(folder / name, {"w": jnp.ones(3)})
+    save_file({"notes": np.zeros(2, np.float32)}, str(folder / "notes-export.safetensors"))
+    (folder / "config.json").write_text("{}")
+    (folder / "README").write_text("a model")
+    for call in (jaxstow.load, jaxstow.open, huggingface.load):
+        with pytest.raises(IsAFolderError, match=f"holds {re.escape(name)} \\(an? .+\\) beside notes-export"):
+            call(folder)
 
 
 def test_a_folder_holding_an_npz_or_a_jaxstow_safetensors_file_is_refused(tmp_path):

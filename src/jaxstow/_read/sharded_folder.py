@@ -23,6 +23,8 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -79,7 +81,8 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     """The files of the folder at ``location`` if it is a sharded safetensors folder; ``None`` if it is none.
 
     A folder with an index is one. A folder without is one when it holds ``.safetensors`` files and no other file that
-    jaxstow loads whole (``.jxs``, ``.npz``); a folder holding those raises an :class:`~jaxstow.errors.IsAFolderError`
+    jaxstow loads whole (``.jxs``, ``.npz``, or a local file of another name that starts as a safetensors file does);
+    a folder holding those raises an :class:`~jaxstow.errors.IsAFolderError`
     naming them and the call that loads one. A checkpoint folder, one of its steps or an orbax folder is none: the
     reader's error names it and what restores it.
     """
@@ -100,7 +103,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     if folder_kind(lambda sub: names if sub == "" else _subfolder(location, sub, settings)).name != "unknown":
         return None
     files = sorted(name for name in names if name.endswith(".safetensors"))
-    whole = sorted(name for name in names if name.endswith(WHOLE_FILES))
+    whole = sorted(name for name in names if name.lower().endswith(WHOLE_FILES) or _named_otherwise(location, name))
     if whole:
         raise IsAFolderError(_not_shards(location.name, whole, files), file=location.name)
     return Listing(location.name, files, None, None, None) if files else None
@@ -110,14 +113,39 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
 WHOLE_FILES = (".jxs", ".npz")
 
 
+def _named_otherwise(location: Location, name: str) -> bool:
+    """Whether the file ``name`` of a local folder starts as a safetensors or jaxstow file does, though its name does
+    not end in ``.safetensors`` (``jaxstow.save`` takes any name): one model file of the folder that no shard's name
+    shows, read on its own. Its first 9 bytes are read, and only from a regular file."""
+    if location.path is None or name.endswith(".safetensors") or name.endswith((".json", ".md", ".txt")):
+        return False
+    path = os.path.join(location.path, name)
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
+        with open(path, "rb") as file:
+            start, size = file.read(9), os.fstat(file.fileno()).st_size
+    except OSError:
+        return False
+    return len(start) == 9 and start[8:9] == b"{" and 2 <= struct.unpack("<Q", start[:8])[0] <= size - 8
+
+
 def _not_shards(folder: str, whole: Sequence[str], shards: Sequence[str]) -> str:
     """Why a folder without an index that holds files loaded whole is no folder of shards, and what loads one."""
-    described = [f"{name} ({'an npz file' if name.endswith('.npz') else 'a jaxstow file'})" for name in whole]
+    described = [f"{name} ({_kind(name)})" for name in whole]
     beside = f" beside {_few(shards)}" if shards else ""
     return (
         f"holds {_few(described)}{beside}, and no model{INDEX_SUFFIX}: a folder loads as one model only when its model "
         f"files are all plain safetensors files. Load one file: jaxstow.load({child(folder, whole[0])!r})"
     )
+
+
+def _kind(name: str) -> str:
+    """What a file that a folder's shards cannot hold is (one named ``.safetensors`` is there for its manifest)."""
+    lowered = name.lower()
+    if lowered.endswith(".npz"):
+        return "an npz file"
+    return "a jaxstow file" if lowered.endswith((".jxs", ".safetensors")) else "a jaxstow or safetensors file"
 
 
 def _few(names: Sequence[str]) -> str:
