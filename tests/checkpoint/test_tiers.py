@@ -222,7 +222,7 @@ def test_an_option_of_the_local_tier_without_one_is_refused_naming_it(tmp_path, 
     with pytest.raises(
         ArgumentError,
         match=rf"{name}={value} sets the local tier, but the manager of .*run has no local directory: pass "
-        rf"local=LocalTier\(directory, {name}={value}\) .* or leave {name}={value} out",
+        rf"local=LocalTier\(directory, {name.removeprefix('local_')}={value}\) .* or leave {name}={value} out",
     ):
         CheckpointManager(tmp_path / "run", **options)
     before = signal.getsignal(signal.SIGUSR1)

@@ -25,6 +25,18 @@ def test_a_thin_that_is_no_count_of_at_least_one_is_refused(tmp_path, thin):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("warmup", [False, True])
+def test_something_that_is_no_algorithm_is_refused_before_anything_runs(tmp_path, warmup):
+    logdensity = lambda x: -0.5 * jnp.sum(x**2)  # noqa: E731
+    adaptation = blackjax.window_adaptation(blackjax.nuts, logdensity) if warmup else None
+    with pytest.raises(ArgumentError, match="algorithm must be a blackjax SamplingAlgorithm"):
+        io.blackjax.sample(
+            str(tmp_path / "run.h5"), object(), jnp.zeros((2, 1)), jax.random.key(0), num_samples=6,
+            warmup=adaptation, num_warmup=5,
+        )  # fmt: skip
+    assert not os.listdir(tmp_path)
+
+
 def test_the_same_file_from_other_positions_is_refused_not_answered_with_the_first_runs_draws(tmp_path):
     walk = blackjax.rmh(lambda x: -0.5 * jnp.sum(x**2), blackjax.mcmc.random_walk.normal(jnp.ones(1)))
     path = str(tmp_path / "walk.h5")

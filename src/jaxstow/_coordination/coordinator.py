@@ -43,14 +43,19 @@ _started: dict[str, itertools.count[int]] = {}
 _started_lock = threading.Lock()
 # Process 0: the conversations of every scope whose keys go once every process has closed them.
 _closing: list[str] = []
+#: The longest wait, in seconds, jax.distributed's key-value store takes (its milliseconds are a 32-bit integer).
+MAX_TIMEOUT = (2**31 - 1) // 1000
 
 
 class Coordinator:
     """This process's index among ``count`` processes, and the conversations they have within ``scope``."""
 
     def __init__(self, scope: str, *, timeout: float) -> None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
-            raise ArgumentError(f"process_timeout must be a positive number of seconds, not {timeout!r}")
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_TIMEOUT:
+            raise ArgumentError(
+                f"process_timeout must be a positive number of seconds, at most {MAX_TIMEOUT} (about 24 days: the "
+                f"longest wait jax.distributed's key-value store takes), not {timeout!r}"
+            )
         self.index = int(jax.process_index())
         self.count = int(jax.process_count())
         self.timeout = float(timeout)

@@ -9,6 +9,7 @@ docs/restoring.md.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, Unpack
@@ -19,6 +20,7 @@ import numpy as np
 from jaxstow._format.header import open_container
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.per_process import PerProcess
+from jaxstow._format.shards import Stored
 from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
@@ -39,6 +41,7 @@ from jaxstow.errors import (
     PathNotFoundError,
     SliceError,
     UnknownNameError,
+    excerpt,
 )
 
 __all__ = [
@@ -93,6 +96,17 @@ class Reader(OpenedFile):
     ['name', 'w'] {'step': 3} [3. 6.]
     {'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
     """
+
+    def __init__(
+        self,
+        containers: Container | Sequence[Container],
+        *,
+        mmap: bool = False,
+        leaves: Mapping[str, Stored] | None = None,
+    ) -> None:
+        if isinstance(containers, str | bytes | os.PathLike | io.IOBase):
+            raise ArgumentError(f"a Reader is made by jaxstow.open({excerpt(containers)}), not by jaxstow.Reader(...)")
+        super().__init__(containers, mmap=mmap, leaves=leaves)
 
     def info(self, path: str) -> LeafInfo:
         """Describe the leaf at ``path`` from the header alone.

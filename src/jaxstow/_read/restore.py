@@ -36,7 +36,7 @@ from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.narrowing import NARROWED
 from jaxstow._read.opened import OpenedFile
-from jaxstow._read.options import LoadOptions
+from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
@@ -46,7 +46,7 @@ from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
-from jaxstow.errors import ArgumentError, FormatError, JaxstowError, RequestError, StructureMismatchError
+from jaxstow.errors import FormatError, JaxstowError, RequestError, StructureMismatchError
 
 __all__ = ["pipeline_by_default", "read_while_tracing", "restore"]
 
@@ -68,13 +68,8 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             "function, which would not read the file again; load it outside and pass the arrays in",
             file=opened.file,
         )
-    unknown = [name for name in options if name not in LoadOptions.__annotations__]
-    if unknown:
-        known = ", ".join(sorted(LoadOptions.__annotations__))
-        raise ArgumentError(f"unknown load option {unknown[0]!r}; the options are {known}")
-    choice = options.get("per_process", "own")
-    if choice not in ("own", "all"):
-        raise ArgumentError(f"per_process= takes 'own' or 'all', not {choice!r}")
+    check_options(options)
+    choice, pipeline = options.get("per_process", "own"), options.get("pipeline")
 
     def run() -> Any:
         return _restore(
@@ -86,7 +81,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             select=options.get("select"),
             cast=options.get("cast", False),
             every=choice == "all",
-            pipeline=options.get("pipeline", pipeline_by_default()),
+            pipeline=pipeline_by_default() if pipeline is None else bool(pipeline),
         )
 
     if not options.get("progress", False):

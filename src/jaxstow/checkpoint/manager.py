@@ -36,7 +36,7 @@ from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
-from jaxstow.checkpoint.settings import LocalTier, grouped_settings
+from jaxstow.checkpoint.settings import LocalTier, checked_broadcast, grouped_settings
 from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.tiers import Tiers
@@ -120,7 +120,7 @@ class CheckpointManager(StepQueries):
         self._closed = False
         self._calls = threading.RLock()  # save, delete and close: one at a time, whichever threads call them
         self._coordinator = Coordinator(self._store.identity, timeout=process_timeout)
-        self._broadcast_restore = broadcast_restore
+        self._broadcast_restore = checked_broadcast(broadcast_restore)
         self._agreed: AgreedSteps | None = None
         self._tiers = (
             Tiers(local, self._coordinator, directory=self._store.location, progress=progress) if local else None

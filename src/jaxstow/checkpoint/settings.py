@@ -23,12 +23,14 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._storage.opening import local_path
 from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError
 
-__all__ = ["SETTINGS", "LocalTier", "grouped_settings"]
+__all__ = ["SETTINGS", "LocalTier", "checked_broadcast", "grouped_settings"]
 
 #: The keyword settings of ``CheckpointManager`` itself (a shortcut's name is refused if misspelled, with these).
 SETTINGS = (
@@ -72,6 +74,10 @@ class LocalTier:
     replicas: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.directory, str | os.PathLike) or not os.fspath(self.directory):
+            raise ArgumentError(
+                f"LocalTier's directory must be a local path, such as '/mnt/ssd/run', not {self.directory!r}"
+            )
         if local_path(self.directory) is None:
             raise ArgumentError(
                 f"LocalTier's directory must be a local path (each process's own fast storage), not {self.directory!r}"
@@ -115,14 +121,20 @@ def grouped_settings(
         if local is not None:
             raise ArgumentError(f"local={local!r} and {given} both set the local tier: put them into the LocalTier")
         if "directory" not in tier:
+            fields = _call(tier)
             raise ArgumentError(
                 f"{given} {'set' if ',' in given else 'sets'} the local tier, but the manager of {directory} has no "
-                f"local directory: pass local=LocalTier(directory, {given}) (each process's fast storage, such as a "
+                f"local directory: pass local=LocalTier(directory, {fields}) (each process's fast storage, such as a "
                 f"local SSD) to save there too, or leave {given} out (save_every is the schedule of {directory} itself)"
             )
         local = LocalTier(tier.pop("directory"), **tier)
         shown = _call({"directory": local.directory, **tier}, "LocalTier").replace("directory=", "", 1)
         _deprecated(given, f"pass local={shown} (from jaxstow import LocalTier)")
+    if local is not None and (path := local_path(directory)) is not None and local.root == os.path.abspath(path):
+        raise ArgumentError(
+            f"local=LocalTier({local.directory!r}) is the checkpoint directory itself: the local tier is a folder of "
+            "each process's fast storage, apart from the directory (a folder inside it works too)"
+        )
     asynchronous = shortcuts.get("async_save", True)
     if "async_save" in shortcuts:
         if not isinstance(asynchronous, bool):
@@ -132,6 +144,13 @@ def grouped_settings(
             "saves run in the background: leave async_save out, and call manager.wait() after a save to wait for it",
         )
     return keep or KeepPolicy(), local, asynchronous
+
+
+def checked_broadcast(value: Any) -> bool | None:
+    """``broadcast_restore`` as given, once it is ``True``, ``False`` or ``None`` (jaxstow decides)."""
+    if value is not None and not isinstance(value, bool | np.bool_):
+        raise ArgumentError(f"broadcast_restore takes True, False or None (jaxstow decides), not {value!r}")
+    return None if value is None else bool(value)
 
 
 def _call(values: dict[str, Any], name: str = "") -> str:

@@ -91,6 +91,12 @@ def sample(
     if isinstance(thin, bool) or not isinstance(thin, int | np.integer) or thin < 1:
         raise ArgumentError(f"thin must be an integer of at least 1 (1 keeps every draw), got {thin!r}")
     thin = int(thin)
+    if not _is_algorithm(algorithm, made_by_warmup=warmup is not None):
+        raise ArgumentError(
+            f"algorithm must be a blackjax SamplingAlgorithm, such as blackjax.nuts(logdensity, step_size, "
+            f"inverse_mass_matrix) (with warmup=: a function of the warm-up's parameters that gives one, such as "
+            f"functools.partial(blackjax.nuts, logdensity)); got {type(algorithm).__name__}"
+        )
     if not jnp.issubdtype(jnp.result_type(key), jax.dtypes.prng_key):
         key = jax.random.wrap_key_data(jnp.asarray(key, jnp.uint32))  # a raw key of the default implementation
     impl = str(jax.random.key_impl(key))
@@ -218,3 +224,11 @@ def _chain_count(positions: Any) -> int:
             f"(got leading sizes {sorted(map(str, sizes))})"
         )
     return int(sizes.pop())  # type: ignore[arg-type]
+
+
+def _is_algorithm(algorithm: Any, *, made_by_warmup: bool) -> bool:
+    """Whether ``algorithm`` is a blackjax algorithm (its ``init`` and ``step``), or a function of the warm-up's
+    parameters that makes one."""
+    if made_by_warmup:
+        return callable(algorithm)
+    return callable(getattr(algorithm, "init", None)) and callable(getattr(algorithm, "step", None))

@@ -1,0 +1,42 @@
+"""Options and constructors given values they do not take: an ``ArgumentError`` naming the option, never a value
+taken for True because it is not empty (``pipeline="no"`` turned the pipeline on) nor Python's own error."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import jaxstow
+from jaxstow.errors import ArgumentError
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, {"w": np.arange(3.0)})
+    return path
+
+
+@pytest.mark.parametrize("option", ["as_numpy", "partial", "cast", "progress", "pipeline"])
+@pytest.mark.parametrize("value", ["no", 1, 0, [], "False"])
+def test_a_switch_given_anything_but_true_or_false_is_refused(saved, option, value):
+    like = {"w": np.zeros(3)} if option in ("partial", "cast") else None
+    with pytest.raises(ArgumentError, match=f"{option}= takes True or False, not "):
+        jaxstow.load(saved, like, **{option: value})
+    with jaxstow.open(saved) as reader, pytest.raises(ArgumentError, match=f"{option}= takes True or False"):
+        reader.load(like, **{option: value})
+
+
+def test_numpy_booleans_and_pipeline_none_are_taken(saved):
+    assert isinstance(jaxstow.load(saved, as_numpy=np.True_)["w"], np.ndarray)
+    restored = jaxstow.load(saved, pipeline=None)  # None: the default of the platform
+    np.testing.assert_array_equal(np.asarray(restored["w"]), np.arange(3.0))
+    np.testing.assert_array_equal(jaxstow.load(saved, pipeline=np.False_, as_numpy=True)["w"], np.arange(3.0))
+
+
+@pytest.mark.parametrize("source", ["model.jxs", io.BytesIO()])
+def test_a_reader_is_made_by_open_and_its_constructor_says_so(source):
+    with pytest.raises(ArgumentError, match=r"a Reader is made by jaxstow\.open\(.*\), not by jaxstow\.Reader"):
+        jaxstow.Reader(source)
