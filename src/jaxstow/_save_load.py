@@ -39,6 +39,7 @@ from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
+from jaxstow._write.taken_apart import take_apart
 from jaxstow.errors import ArgumentError
 
 __all__ = ["load", "load_metadata", "save"]
@@ -89,8 +90,9 @@ def save(
         raise ArgumentError(f"save writes to a binary file object; this one is {what}: open it with mode 'wb'")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
+    parts = take_apart(tree, file=name).computed()  # the caller's flatten functions, and the wait, run unpaused
     with gc_paused():  # the tree's objects, which live until it is written: see jaxstow._util.gc_pause
-        encoded = encode_tree(tree, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
+        encoded = encode_tree(parts, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
         nbytes = encoded.nbytes
     with progress_bar(nbytes, f"saving {name}", enabled=progress) as bar:
         encoded.write(path_or_file, bar=bar, settings=settings)

@@ -47,7 +47,7 @@ from jaxstow._format.npz import NpzReader
 from jaxstow._format.source import ReadSource
 from jaxstow._format.tensor_reads import TensorSlot, Verify, read_slots
 from jaxstow._format.tensor_table import entry_slots
-from jaxstow._util.gc_pause import gc_paused
+from jaxstow._util.gc_pause import PAUSED_FROM, gc_paused
 from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = [
@@ -278,9 +278,9 @@ class NativeReader:
         self.file = source.name
         self.manifest: dict[str, Any] | None = None
         self.columns: LeafColumns | None = None
-        # Parsing a header makes objects for each tensor (see jaxstow._util.gc_pause); a header kept has its table.
-        with gc_paused() if header is None else contextlib.nullcontext():
-            self.header = header or self._read_header(raw_header(source) if raw is None else raw, fast)
+        raw = raw_header(source) if raw is None and header is None else raw  # read unpaused; parsed paused if long
+        with gc_paused() if raw is not None and len(raw) >= PAUSED_FROM else contextlib.nullcontext():
+            self.header = header or self._read_header(raw or b"", fast)
             self.slots, self.metadata = self.header.slots, dict(self.header.metadata)
             text = self.metadata.get(MANIFEST_KEY)
             if self.header.manifest is not None:

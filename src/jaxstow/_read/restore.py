@@ -68,7 +68,8 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
             "function, which would not read the file again; load it outside and pass the arrays in",
             file=opened.file,
         )
-    check_options(options)
+    if options:
+        check_options(options)
     choice, pipeline = options.get("per_process", "own"), options.get("pipeline")
 
     def run() -> Any:

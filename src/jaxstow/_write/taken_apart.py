@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import jax
+
 from jaxstow._format.keypaths import container_paths, flatten_with_paths
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._write.flattening import cycle_error, flatten
@@ -37,6 +39,14 @@ class TakenApart:
     def with_leaves(self, leaves: list[Any]) -> TakenApart:
         """The same tree with other leaves in their places (held on the host, say)."""
         return TakenApart(leaves, self.structure, self.paths)
+
+    def computed(self) -> TakenApart:
+        """The same, once every array of it is computed: the wait for them, done before the collector is paused
+        (:mod:`jaxstow._util.gc_pause` pauses it around jaxstow's own objects only)."""
+        for leaf in self.leaves:
+            if isinstance(leaf, jax.Array) and not leaf.is_deleted():
+                leaf.block_until_ready()
+        return self
 
 
 def take_apart(tree: Any, *, file: str) -> TakenApart:

@@ -97,8 +97,7 @@ def export_safetensors(
     Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
     item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
     Plain values and PRNG keys are left out; saved metadata goes to the index's ``metadata`` (``jaxstow_metadata``,
-    and ``jaxstow_step_metadata`` for a step's own).
-    The folder appears whole, or not at all; no ``config.json`` is written.
+    ``jaxstow_step_metadata`` for a step's own). The folder appears whole, or not at all; no ``config.json`` is written.
 
     Args:
         source: a step's folder (``run/5``), a jaxstow, safetensors or npz file, or a sharded safetensors folder.
