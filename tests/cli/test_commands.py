@@ -434,6 +434,19 @@ def test_verify_a_hugging_face_folder_checks_its_structure_and_says_no_checksums
     assert report["intact"] and "carry no checksums" in report["checked"] and len(report["files"]) == 3
 
 
+def test_verify_names_a_tensor_that_a_shard_holds_and_the_index_leaves_out(tmp_path):
+    folder = tmp_path / "hf"
+    hf_folder(folder)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.proj.bias"]  # every load leaves it out, as transformers does
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    done = jaxstow_command("verify", folder, check=1)
+    assert (
+        f"DAMAGED  {folder}/model-00002-of-00002.safetensors: holds 'model.proj.bias', which "
+        "model.safetensors.index.json does not map: every load leaves it out"
+    ) in done.stdout
+
+
 def test_ls_says_what_a_hugging_face_folder_is(tmp_path):
     folder = tmp_path / "hf"
     hf_folder(folder)

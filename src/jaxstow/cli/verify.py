@@ -189,6 +189,8 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
         for name, report in zip(listing.files, reports, strict=True):
             containers.append(_shard(listing, name, report, settings, budget))
         _, problems = tensor_files(listing, containers)
+        for problem in _unmapped(listing, containers):
+            next(report for report in reports if report.file == problem.file).damage.append(problem)
     finally:
         for container in containers:
             if container is not None:
@@ -200,6 +202,25 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
     for problem in problems:
         next((report for report in reports if report.file == problem.file), reports[0]).damage.append(problem)
     return reports
+
+
+def _unmapped(listing: Listing, containers: list[Container | None]) -> list[FormatError]:
+    """The tensors that a shard holds and the folder's index does not map: every load leaves them out."""
+    if listing.weight_map is None:
+        return []
+    problems = []
+    for name, container in zip(listing.files, containers, strict=True):
+        left_out = sorted(set(container.slots) - set(listing.weight_map)) if container is not None else []
+        if left_out:
+            shown = ", ".join(map(repr, left_out[:5])) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
+            problems.append(
+                FormatError(
+                    f"holds {shown}, which {listing.index_name} does not map: every load leaves "
+                    f"{'it' if len(left_out) == 1 else 'them'} out",
+                    file=child(listing.folder, name),
+                )
+            )
+    return problems
 
 
 def _shard(
