@@ -223,3 +223,24 @@ def test_an_interval_that_is_no_time_between_refreshes_is_refused_at_once(tmp_pa
         main(["watch", str(tmp_path / "samples.h5"), "--interval", interval])
     assert exited.value.code == 2
     assert "is no number of seconds from 0.01 to 86400" in capsys.readouterr().err
+
+
+def test_a_killed_run_in_a_file_the_program_opened_itself_is_not_told_plainly_running(tmp_path: Path) -> None:
+    """Such a file holds no writer lock of jaxstow's: whether its writer lives cannot be told, and watch says so."""
+    path = tmp_path / "own.h5"
+    program = """
+    import os, signal, sys, h5py, jax, jax.numpy as jnp
+    from jaxstow import io, scheduler
+    collector = io.HDF5Collector(h5py.File(sys.argv[1], "w", libver="latest"))
+    init_save, save, _ = io.save(collector, checkpoint_every=10)
+    state = init_save({"x": jnp.zeros(2)}, None, scheduler.static_information(samples_collected=1000))
+    step = lambda state, t: (save(state, True, {"x": jnp.full(2, t, jnp.float32)})[0], None)
+    jax.block_until_ready(jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(50))[0])(state))
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+    killed = forked.run([sys.executable, "-c", textwrap.dedent(program), str(path)], capture_output=True, text=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    report = json.loads(_watch(path, "--once", "--json").stdout)
+    assert report["state"] == "running"
+    assert "a writer has it open, or had it and was killed" in report["why"]
+    assert "HDF5Collector(path) takes one" in report["why"]

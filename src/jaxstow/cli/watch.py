@@ -136,9 +136,14 @@ def _writer_state(path: str) -> tuple[str, str | None]:
     died = _died(path)
     if died is not None:
         return "died", died
+    if os.path.exists(_lock_file(path)):
+        return "running", None  # under a live writer's lock
     superblock = read_superblock(path)
-    if os.path.exists(_lock_file(path)) or superblock.version < SWMR_SUPERBLOCK or superblock.writer is not None:
-        return "running", None  # under a live writer's lock, or a writer's without one (killed or not: who knows)
+    if superblock.version < SWMR_SUPERBLOCK or superblock.writer is not None:  # a writer's without a lock
+        return "running", (
+            "as far as can be told: a writer has it open, or had it and was killed; a file the program opened itself "
+            "(h5py.File) has no writer lock of jaxstow's to tell which (HDF5Collector(path) takes one)"
+        )
     return "stopped", (
         "no process writes it: its writer closed it before every chain finished (an error, or Ctrl-C); run it again "
         "to continue from its last checkpoint"
@@ -177,8 +182,8 @@ def _died(path: str) -> str | None:
     if holder is None or not holder.is_gone():  # a lock being taken, or held (here, or on another host)
         return None
     return (
-        f"its writer, {holder.describe()}, ended before the run finished (killed: it left its lock file behind); "
-        "run it again to continue from its last checkpoint"
+        f"its writer, {holder.describe()}, ended before the run finished (killed, or it exited without finishing "
+        "the run: it left its lock file behind); run it again to continue from its last checkpoint"
     )
 
 
