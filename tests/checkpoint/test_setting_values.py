@@ -45,3 +45,15 @@ def test_the_advice_for_a_local_tier_option_without_a_local_tier_is_one_that_wor
     advice = "LocalTier(directory, save_every=5, keep_last=3)"
     assert f"pass local={advice}" in str(refused.value)
     LocalTier(tmp_path / "ssd", save_every=5, keep_last=3)  # the advice, followed
+
+
+def test_the_constructor_shows_its_twelve_settings_and_still_takes_the_deprecated_shortcuts(tmp_path):
+    import inspect
+    import warnings
+
+    parameters = inspect.signature(CheckpointManager).parameters
+    assert len(parameters) == 12 and list(parameters)[:3] == ["directory", "save_every", "keep"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        CheckpointManager(tmp_path / "run", keep_last=2).close()
+    assert any("keep_last=2" in str(warning.message) for warning in caught)

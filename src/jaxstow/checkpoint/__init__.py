@@ -14,9 +14,12 @@ from typing import Any
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._util.deprecation import moved
 from jaxstow.checkpoint.manager import CheckpointManager
-from jaxstow.checkpoint.settings import LocalTier
+from jaxstow.checkpoint.settings import LocalTier, without_shortcuts
 
 __all__ = ["CheckpointManager", "KeepPolicy", "LocalTier"]
+
+#: What users see of the constructor (``inspect.signature``, ``help``): the deprecated shortcuts left out.
+CheckpointManager.__signature__ = without_shortcuts(CheckpointManager.__init__)  # type: ignore[attr-defined]
 
 
 def __getattr__(name: str) -> Any:

@@ -18,8 +18,10 @@ LocalTier(directory='/mnt/ssd/run', save_every=1, keep_last=3, replicas=None)
 from __future__ import annotations
 
 import difflib
+import inspect
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ from jaxstow._storage.opening import local_path
 from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError
 
-__all__ = ["SETTINGS", "LocalTier", "checked_broadcast", "grouped_settings"]
+__all__ = ["SETTINGS", "LocalTier", "checked_broadcast", "grouped_settings", "without_shortcuts"]
 
 #: The keyword settings of ``CheckpointManager`` itself (a shortcut's name is refused if misspelled, with these).
 SETTINGS = (
@@ -151,6 +153,14 @@ def checked_broadcast(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool | np.bool_):
         raise ArgumentError(f"broadcast_restore takes True, False or None (jaxstow decides), not {value!r}")
     return None if value is None else bool(value)
+
+
+def without_shortcuts(init: Callable[..., None]) -> inspect.Signature:
+    """The signature of a class made by ``init``, as its users see it: the deprecated shortcuts, which ``init`` takes
+    as ``**shortcuts``, left out (``inspect.signature``, ``help``)."""
+    signature = inspect.signature(init)
+    kept = [p for p in list(signature.parameters.values())[1:] if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return signature.replace(parameters=kept)
 
 
 def _call(values: dict[str, Any], name: str = "") -> str:
