@@ -522,3 +522,28 @@ def test_a_folder_in_an_fsspec_store_of_folders_is_read_as_one(tmp_path):
         _equal(huggingface.load(f"{url}/again", as_numpy=True)["a.w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
     finally:
         fsspec.filesystem("memory").rm(f"/jaxstow-tests/{tmp_path.name}", recursive=True)
+
+
+def test_the_index_of_a_folder_stands_for_its_folder_and_an_http_folder_is_explained(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    folder = _write(tmp_path / "hf")
+    index = folder / "model.safetensors.index.json"
+    np.testing.assert_array_equal(huggingface.load(index)["model.embed.weight"], TENSORS["model.embed.weight"])
+    with huggingface.open(str(index)) as reader:
+        assert sorted(reader.paths) == sorted(huggingface.load(folder))
+    with pytest.raises(FormatError, match=r"is the index of a Hugging Face folder .*jaxstow\.huggingface\.load\("):
+        jaxstow.load(index)
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for url in (f"http://127.0.0.1:{server.server_port}/", f"http://127.0.0.1:{server.server_port}/{index.name}"):
+            with pytest.raises(ArgumentError, match="an http\\(s\\) URL names one file, and a folder there cannot be"):
+                huggingface.load(url)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -167,6 +167,13 @@ def pointed(error: FormatError, target: Readable | Location) -> FormatError:
 
 
 def _pointed(error: FormatError, location: Location, source: ReadSource | None = None) -> FormatError:
+    shown = _shown(location)
+    if shown is not None and shown.endswith(".safetensors.index.json"):
+        return FormatError(
+            "is the index of a Hugging Face folder of safetensors files, not a file of tensors: "
+            f"jaxstow.huggingface.load({shown!r}) reads the folder",
+            file=location.name,
+        )
     kind = _kind(location, source)
     if not kind.foreign or kind.name == "unknown":
         return error

@@ -28,7 +28,7 @@ from jaxstow._read.foreign import explained
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
-from jaxstow._read.sharded_folder import folder_listing, open_folder
+from jaxstow._read.sharded_folder import INDEX_SUFFIX, folder_listing, open_folder
 from jaxstow._read.slicing import parse_index
 from jaxstow._storage.opening import Location, Readable, locate, reached
 from jaxstow._storage.settings import StorageSettings
@@ -268,13 +268,23 @@ def open_folder_at(
     names: Names | None = None,
     transposed: Transposed | None = None,
 ) -> FolderReader:
-    """The folder of safetensors files at ``location``, its tensors named by ``names``, those ``transposed`` marks
-    turned over; a file there is an :class:`~jaxstow.errors.ArgumentError`."""
+    """The folder of safetensors files at ``location`` (or the folder whose index it is), its tensors named by
+    ``names``, those ``transposed`` marks turned over; another file there is an :class:`~jaxstow.errors.ArgumentError`."""
+    where = location.path or location.url
+    if where is not None and where.endswith(INDEX_SUFFIX) and not (location.url or "").startswith(("http:", "https:")):
+        parent = os.path.dirname(where) if location.path is not None else where.rpartition("/")[0]
+        return open_folder_at(locate(parent or "."), settings, names=names, transposed=transposed)
     try:
         source = location.open(settings)
     except (IsAFolderError, PathNotFoundError) as error:
         return _folder_at(location, settings, error, names=names, transposed=transposed)
     source.close()
+    if (location.url or "").startswith(("http:", "https:")):
+        raise ArgumentError(
+            f"{location.name}: an http(s) URL names one file, and a folder there cannot be listed: download the "
+            "folder first (huggingface_hub.snapshot_download gives a local one), or read it from a store that lists "
+            "its folders (s3://, gs://, az://, file://)"
+        )
     raise ArgumentError(
         f"{location.name}: is a file, not a folder of safetensors files (names= and transposed= are for such folders): "
         f"jaxstow.load({location.name!r}) reads it"
