@@ -211,3 +211,17 @@ def test_names_from_a_hugging_face_folder_reach_the_terminal_escaped(tmp_path):
             done = jaxstow_command(command, folder)
             assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
             assert "\\x1b" in done.stdout + done.stderr
+
+
+def test_a_link_that_leads_round_in_a_circle_is_told_as_such_not_as_missing(tmp_path):
+    (tmp_path / "a.jxs").symlink_to(tmp_path / "b.jxs")
+    (tmp_path / "b.jxs").symlink_to(tmp_path / "a.jxs")
+    for command in ("inspect", "verify"):
+        done = jaxstow_command(command, tmp_path / "a.jxs")
+        assert_one_line_error(done, command, f"{tmp_path / 'a.jxs'}: cannot open it: too many levels of symbolic links")
+
+
+def test_saving_under_a_file_as_if_it_were_a_folder_says_it_is_a_file(tmp_path):
+    (tmp_path / "train.py").write_text("")
+    with pytest.raises(jaxstow.errors.PathError, match=r"cannot write it: .*train\.py is a file, not a folder"):
+        jaxstow.save(tmp_path / "train.py" / "model.jxs", {"w": np.ones(2)})

@@ -133,6 +133,8 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     final = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(final))
     if not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise PathError(f"cannot write it: {folder} is a file, not a folder", file=final)
         raise PathNotFoundError(f"cannot write it: the folder {folder} does not exist (create it first)", file=final)
     if os.path.isdir(final):
         raise IsAFolderError("cannot write it: it is a folder", file=final)

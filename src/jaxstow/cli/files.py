@@ -166,10 +166,10 @@ def open_source_at(target: str) -> ReadSource:
         raise IsAFolderError(
             "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
         )
-    if kind is None:
+    if kind is None and (path is None or not os.path.lexists(path)):
         raise PathNotFoundError("no such file", file=target)
     if path is not None:
-        return open_source(path)
+        return open_source(path)  # a link that leads nowhere: its error says why
     from jaxstow._storage.remote import object_source, url_filesystem
 
     settings = storage()
