@@ -547,3 +547,15 @@ def test_the_index_of_a_folder_stands_for_its_folder_and_an_http_folder_is_expla
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_an_index_that_is_no_object_and_names_that_meet_say_what_to_do(tmp_path):
+    folder = _write(tmp_path / "hf")
+    (folder / "model.safetensors.index.json").write_text("[1, 2]")
+    with pytest.raises(FormatError, match=r"is no index: a JSON object with a weight_map, not \[1, 2\]"):
+        huggingface.load(folder)
+    clash = tmp_path / "clash"
+    clash.mkdir()
+    save_file({"a.b": np.ones(2, np.float32), "a/b": np.zeros(2, np.float32)}, str(clash / "model.safetensors"))
+    with pytest.raises(ArgumentError, match=r"without it: every dot a slash\) gives .* pass a names= that tells"):
+        huggingface.load(clash)

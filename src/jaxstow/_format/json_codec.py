@@ -163,7 +163,8 @@ def limits_problem(value: Any) -> str | None:
     depth, huge = _nesting(value)
     if depth > _DEEPEST_COUNTED:
         return (
-            f"nests more than {_DEEPEST_COUNTED} JSON levels deep (or holds itself); a file holds at most {MAX_NESTING}"
+            f"nests JSON levels deeper than {_DEEPEST_COUNTED} (where counting stopped), or holds itself; a jaxstow "
+            f"file holds at most {MAX_NESTING} levels"
         )
     if depth > MAX_NESTING:
         return f"nests {depth} JSON levels deep; a jaxstow file holds at most {MAX_NESTING}"

@@ -146,7 +146,10 @@ def _laid_out(
     for tensor, path in mapping.items():
         leaf = tensors[tensor]
         if path in layout:
-            raise ArgumentError(f"names= gives {layout[path].shards[0].tensor!r} and {tensor!r} the path {path!r}")
+            raise ArgumentError(
+                f"names= (without it: every dot a slash) gives {layout[path].shards[0].tensor!r} and {tensor!r} the "
+                f"path {path!r}: pass a names= that tells them apart"
+            )
         layout[path] = presented[path] = leaf._replace(path=path)
         if tensor in marked:
             if len(leaf.shape) != 2:

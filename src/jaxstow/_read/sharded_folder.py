@@ -172,7 +172,9 @@ def _parse_index(data: bytes, *, file: str) -> tuple[dict[str, str], dict[str, A
     if data.count(b",") > MAX_FOLDER_TENSORS + _INDEX_SLACK:
         raise FormatError(f"holds more entries than the {MAX_FOLDER_TENSORS} tensors a folder may hold", file=file)
     index = parse_json(data, what="the index", file=file, fast=False)
-    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(index, dict):
+        raise FormatError(f"is no index: a JSON object with a weight_map, not {excerpt(index)}", file=file)
+    weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict):
         raise FormatError(f"needs a weight_map of tensor names to file names, not {excerpt(weight_map)}", file=file)
     if not weight_map:
