@@ -169,3 +169,10 @@ def test_arviz_1_gets_a_datatree_its_functions_take(az):
     np.testing.assert_array_equal(tree.posterior["layer.bias"].values, _expected_theta()[..., 0])
     rhat = az.rhat(tree)
     assert rhat["theta"].values.shape == (2,) and float(rhat["theta"].values[0]) > 2  # chains 1000 apart
+
+
+def test_a_variable_named_with_a_slash_reaches_the_datatree_at_either_major(az):
+    """numpyro's ``handlers.scope`` names its sites ``scope/name``: a DataTree's variables may not hold a ``/``."""
+    tree = io.to_datatree({"sample_count": 4, "samples": {"grp/s": np.arange(4.0), "theta": np.ones(4)}})
+    assert sorted(tree["posterior"].data_vars) == ["grp%2Fs", "theta"]
+    np.testing.assert_array_equal(tree["posterior"]["grp%2Fs"].values, [np.arange(4.0)])

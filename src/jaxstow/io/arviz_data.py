@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxstow._util.optional import require
 
-__all__ = ["arviz_major", "from_posterior"]
+__all__ = ["arviz_major", "from_posterior", "without_slash"]
 
 
 def arviz_major(arviz: Any) -> int:
@@ -55,17 +55,17 @@ def from_posterior(
         "dims": {name: list(names) for name, names in dims.items()} if dims is not None else None,
     }
     if arviz_major(arviz) >= 1:  # a DataTree, whose variables may not hold a "/": spelt as the file spells it
-        named = {_without_slash(name): values for name, values in posterior.items()}
+        named = {without_slash(name): values for name, values in posterior.items()}
         if dims is not None:
-            options["dims"] = {_without_slash(name): list(names) for name, names in dims.items()}
+            options["dims"] = {without_slash(name): list(names) for name, names in dims.items()}
         return arviz.from_dict({"posterior": named}, **options)
     return arviz.from_dict(posterior=dict(posterior), **options)
 
 
-def _without_slash(name: str) -> str:
+def without_slash(name: str) -> str:
     """A variable's name with its ``/`` as ``%2F`` (and so its ``%`` as ``%25``), if it has one.
 
-    >>> _without_slash("group/mu"), _without_slash("theta"), _without_slash("a%/b")
+    >>> without_slash("group/mu"), without_slash("theta"), without_slash("a%/b")
     ('group%2Fmu', 'theta', 'a%25%2Fb')
     """
     return name.replace("%", "%25").replace("/", "%2F") if "/" in name else name
