@@ -40,3 +40,22 @@ def test_numpy_booleans_and_pipeline_none_are_taken(saved):
 def test_a_reader_is_made_by_open_and_its_constructor_says_so(source):
     with pytest.raises(ArgumentError, match=r"a Reader is made by jaxstow\.open\(.*\), not by jaxstow\.Reader"):
         jaxstow.Reader(source)
+
+
+@pytest.mark.parametrize("value", ["false", "no", 1])
+def test_mmap_given_anything_but_true_or_false_is_refused(saved, value):
+    with pytest.raises(ArgumentError, match="mmap= takes True or False"):
+        jaxstow.open(saved, mmap=value)
+
+
+def test_a_cast_within_range_raises_no_warning_of_numpy(tmp_path):
+    import warnings
+
+    import ml_dtypes
+
+    path = tmp_path / "big.jxs"
+    jaxstow.save(path, {"w": np.array([3e38, -3e38, 1.0], np.float32)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        restored = jaxstow.load(path, like={"w": np.zeros(3, ml_dtypes.bfloat16)}, cast=True)
+    assert restored["w"].dtype == ml_dtypes.bfloat16 and float(restored["w"][2]) == 1.0

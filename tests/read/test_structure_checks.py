@@ -464,3 +464,25 @@ def test_a_class_that_gained_a_field_since_the_save_restores_into_like_by_path()
         jaxstow.load(io.BytesIO(buffer.getvalue()), like=like)
     with pytest.raises(FormatError, match="2 children do not fit"):  # without like, the file's own structure
         jaxstow.load(io.BytesIO(buffer.getvalue()))
+
+
+@pytest.mark.parametrize("as_numpy", [False, True])
+def test_python_scalars_restore_into_the_abstract_tree_jax_eval_shape_makes_of_them(tmp_path, as_numpy):
+    def init():
+        return {"w": jnp.zeros(3), "step": 0, "lr": 0.1, "done": False}
+
+    path = tmp_path / "state.jxs"
+    jaxstow.save(path, {"w": jnp.arange(3.0), "step": 7, "lr": 0.05, "done": True})
+    restored = jaxstow.load(path, like=jax.eval_shape(init), as_numpy=as_numpy)
+    assert {name: restored[name].item() for name in ("step", "done")} == {"step": 7, "done": True}
+    assert restored["lr"] == np.float32(0.05)
+    if not as_numpy:
+        assert restored["step"].weak_type and restored["lr"].weak_type  # as jax made them of the Python scalars
+        assert jax.jit(lambda state: state["step"] + 1)(restored).dtype == jnp.int32
+
+    jaxstow.save(path, {"w": jnp.arange(3.0), "step": 2**40, "lr": 0.05, "done": True})
+    with pytest.raises(StructureMismatchError, match=r"'step': the file has int 1099511627776, expected int32\[\]"):
+        jaxstow.load(path, like=jax.eval_shape(init))  # an int beyond int32 with x64 off: refused, never wrapped
+    strong = {"w": jnp.zeros(3), "step": jnp.int32(0), "lr": jnp.float32(0), "done": False}
+    with pytest.raises(StructureMismatchError, match=r"'lr': the file has float 0\.05, expected float32\[\]"):
+        jaxstow.load(path, like=jax.eval_shape(lambda: strong))  # a strongly typed target: another request

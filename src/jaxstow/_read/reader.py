@@ -341,6 +341,8 @@ def open(
     ...     print(view.shape, view.flags.writeable)
     (1000, 4) False
     """
+    if not isinstance(mmap, bool | np.bool_):
+        raise ArgumentError(f"mmap= takes True or False, not {excerpt(mmap)}")
     location = locate(target)
     settings = reached(storage_options, transfer, cache_dir)
     if shortcuts:

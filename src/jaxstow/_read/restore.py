@@ -43,7 +43,7 @@ from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resol
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
-from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, target_of
+from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import FormatError, JaxstowError, RequestError, StructureMismatchError
@@ -349,6 +349,7 @@ def _fit(
         )
     paths, problems = like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) else (paths, [])
     targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
+    targets = scalar_targets(opened, paths, targets, wanted, as_numpy=as_numpy)  # eval_shape's of Python scalars
     templates = per_process_templates(opened, paths) if opened.per_process else {}
     inside = {i for positions in templates.values() for i in positions}
     problems += [
@@ -377,7 +378,7 @@ def _fit(
         if sharding is None and targets[i].sharding is not None:
             placements[i] = targets[i].sharding
             check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
-    stored = [i for i, target in enumerate(targets) if target.output != "value" and i not in inside]
+    stored = [i for i, target in enumerate(targets) if target.output not in ("value", "scalar") and i not in inside]
 
     def value(i: int, data: dict[str, Any]) -> Any:
         return None if i in inside else _output(opened, paths[i], targets[i], data, as_numpy=as_numpy, every=every)
@@ -413,6 +414,8 @@ def _output(opened: OpenedFile, path: str, target: Target, data: dict[str, Any],
     if target.output == "value":
         value = _value(opened, path, every=every)
         return set_into(target.value, value, every=every) if path in opened.per_process else value
+    if target.output == "scalar":  # made already
+        return target.value
     value = data[path]
     if target.output == "key":
         return opened.as_leaf(opened.stored[path], value)

@@ -38,9 +38,18 @@ from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import RequestError
 
-__all__ = ["Target", "cast_values", "castable", "describe_file_leaf", "describe_stored", "fit_problem", "target_of"]
+__all__ = [
+    "Target",
+    "cast_values",
+    "castable",
+    "describe_file_leaf",
+    "describe_stored",
+    "fit_problem",
+    "scalar_targets",
+    "target_of",
+]
 
-Output = Literal["jax", "numpy", "npscalar", "torch", "key", "value"]
+Output = Literal["jax", "numpy", "npscalar", "torch", "key", "value", "scalar"]
 _SCALARS = (bool, int, float, complex, str, bytes)
 _iinfo: Callable[[np.dtype], Any] = ml_dtypes.iinfo
 _finfo: Callable[[np.dtype], Any] = ml_dtypes.finfo
@@ -187,7 +196,9 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
         values = xp.asarray(before).astype(wide)
         kept = xp.asarray(after.real if complex_target else after).astype(wide)
         finite = xp.isfinite(values)
-        if bool(xp.any(finite & (~xp.isfinite(kept) | (kept * values < 0) | (xp.abs(values) > highest)))):
+        if bool(
+            xp.any(finite & (~xp.isfinite(kept) | (xp.sign(kept) * xp.sign(values) < 0) | (xp.abs(values) > highest)))
+        ):
             held = values[finite]
             problem = f"values from {float(held.min())!r} to {float(held.max())!r} into inf or NaN or clip them"
         elif bool(xp.any((~finite & ~xp.isnan(values) & (kept != values)) | (xp.isnan(values) & ~xp.isnan(kept)))):
@@ -236,6 +247,40 @@ def _range(dtype: np.dtype) -> str:
     return f"{dtype} holds finite values from {low!r} to {high!r}"
 
 
+def scalar_targets(
+    opened: OpenedFile, paths: list[str], targets: list[Target], wanted: list[Any], *, as_numpy: bool
+) -> list[Target]:
+    """``targets``, where the file holds a Python scalar and the ``like`` leaf is the weakly typed 0-d array that
+    ``jax.eval_shape`` makes of one (of its dtype), a ``"scalar"`` target holding it as that jax scalar (numpy's with
+    ``as_numpy``), on the ``like`` leaf's sharding if it has one."""
+    chosen = []
+    for path, target, leaf in zip(paths, targets, wanted, strict=True):
+        scalar = _eval_shape_of(opened, path, target, leaf)
+        if scalar is not None:
+            placed = jax.device_put(scalar, target.sharding) if target.sharding is not None else scalar
+            target = Target(
+                "scalar", target.dtype, (), target.sharding, value=np.asarray(scalar) if as_numpy else placed
+            )
+        chosen.append(target)
+    return chosen
+
+
+def _eval_shape_of(opened: OpenedFile, path: str, target: Target, leaf: Any) -> jax.Array | None:
+    """The file's Python scalar at ``path`` as the jax scalar ``leaf`` stands for, if it is that scalar's shape."""
+    if target.output != "jax" or target.shape != () or path in opened.stored or path in opened.per_process:
+        return None
+    value = opened.value(path) if path in opened else None
+    if type(value) not in (bool, int, float, complex):
+        return None
+    if not getattr(leaf, "weak_type", False) and type(value) is not bool:  # jax has no weakly typed bool
+        return None
+    try:
+        scalar = jnp.asarray(value)
+    except OverflowError:  # an int beyond int32 with x64 off: no such scalar
+        return None
+    return scalar if np.dtype(scalar.dtype) == target.dtype else None
+
+
 def describe_file_leaf(opened: OpenedFile, path: str) -> str:
     """The file's leaf at ``path`` as messages show it, with where it comes from."""
     if path in opened.stored:
@@ -250,6 +295,8 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     dtype jax keeps of the target's (float32 for float64 with x64 off) where the leaf becomes a jax array."""
     if path not in opened:
         return f"{path!r}: missing from the file (expected {target.describe()})"
+    if target.output == "scalar":  # chosen as it fits (scalar_targets)
+        return None
     stored = opened.stored.get(path)
     if target.output == "value" and path in opened.per_process:
         return None
