@@ -90,7 +90,7 @@ def save(
         raise ArgumentError(f"save writes to a binary file object; this one is {what}: open it with mode 'wb'")
     settings = storage_settings(storage_options, transfer, None)
     name = display_name(path_or_file)
-    parts = take_apart(tree, file=name).computed()  # the caller's flatten functions, and the wait, run unpaused
+    parts = take_apart(tree, file=name, paused=gc_paused).computed()  # the caller's code, and the wait, unpaused
     with gc_paused():  # the tree's objects, which live until it is written: see jaxstow._util.gc_pause
         encoded = encode_tree(parts, metadata=metadata, file=name, hosting=HostBudget(host_memory_limit))
         nbytes = encoded.nbytes

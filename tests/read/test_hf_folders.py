@@ -559,3 +559,16 @@ def test_an_index_that_is_no_object_and_names_that_meet_say_what_to_do(tmp_path)
     save_file({"a.b": np.ones(2, np.float32), "a/b": np.zeros(2, np.float32)}, str(clash / "model.safetensors"))
     with pytest.raises(ArgumentError, match=r"without it: every dot a slash\) gives .* pass a names= that tells"):
         huggingface.load(clash, {"a": {"b": np.zeros(2, np.float32)}})
+
+
+def test_a_shard_of_more_tensors_than_one_scattered_read_takes_loads(tmp_path):
+    """A read of many small tensors in a row fills their buffers at once, and the system takes at most 1024 of
+    them per call: a shard of 1,500 tensors was refused as "invalid argument"."""
+    folder = tmp_path / "many"
+    folder.mkdir()
+    tensors = {f"layer{i}.bias": np.full(2, i, np.float32) for i in range(1500)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    loaded = huggingface.load(folder, as_numpy=True)
+    assert len(loaded) == 1500
+    for name in ("layer0.bias", "layer1023.bias", "layer1024.bias", "layer1499.bias"):
+        np.testing.assert_array_equal(loaded[name], tensors[name])

@@ -31,7 +31,16 @@ from jaxstow.errors import (
     TruncatedFileError,
 )
 
-__all__ = ["FileObject", "LocalFile", "SourceBase"]
+__all__ = ["IOV_MAX", "FileObject", "LocalFile", "SourceBase"]
+
+
+def _iov_max() -> int:
+    """The most buffers one ``preadv`` call takes: the system's (1024 on Linux and macOS), 1024 where it says none."""
+    told = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else -1
+    return told if 0 < told < 1024 else 1024
+
+
+IOV_MAX = _iov_max()
 
 
 class SourceBase:
@@ -126,13 +135,14 @@ class LocalFile(SourceBase):
                     done += count
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
-        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls."""
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls, each of at most
+        :data:`IOV_MAX` buffers (the system refuses more)."""
         views = [buffer.cast("B") for buffer in buffers if buffer.nbytes]
         wanted = sum(len(view) for view in views)
         done = 0
         with self.in_use():
             while views:
-                count = self._preadv(views, offset + done)
+                count = self._preadv(views[:IOV_MAX], offset + done)
                 if count == 0:
                     raise self._truncated(offset, wanted, done)
                 done += count

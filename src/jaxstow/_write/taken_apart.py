@@ -15,8 +15,11 @@ after ``save`` returns, and never rebuilds the caller's classes around the host 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
@@ -26,6 +29,8 @@ from jaxstow._write.flattening import cycle_error, flatten
 from jaxstow.errors import FormatError
 
 __all__ = ["TakenApart", "take_apart"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -49,23 +54,32 @@ class TakenApart:
         return self
 
 
-def take_apart(tree: Any, *, file: str) -> TakenApart:
-    """``tree`` taken apart; ``file`` names the destination in errors (a cycle, two leaves of one path)."""
+def take_apart(
+    tree: Any, *, file: str, paused: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+) -> TakenApart:
+    """``tree`` taken apart; ``file`` names the destination in errors (a cycle, two leaves of one path). ``paused``
+    is around the objects jaxstow builds of its structure, not around the tree's flatten functions (the caller's)."""
     leaves, treedef = flatten(tree, file=file)
+    with paused():
+        try:
+            structure = encode_treedef(treedef, file=file or None)
+        except RecursionError:
+            raise cycle_error(file) from None
+        paths = _named(lambda: container_paths(structure), file)
+    if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
+        paths, leaves, _ = _named(lambda: flatten_with_paths(tree), file)
+    _check_unique(paths, file=file)
+    return TakenApart(leaves, structure, paths)
+
+
+def _named(paths: Callable[[], T], file: str) -> T:
+    """``paths()``, which names leaves by their keys; a key too long to be a path is a :class:`FormatError`."""
     try:
-        structure = encode_treedef(treedef, file=file or None)
-    except RecursionError:
-        raise cycle_error(file) from None
-    try:
-        paths = container_paths(structure)
-        if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
-            paths, leaves, _ = flatten_with_paths(tree)
+        return paths()
     except ValueError as error:  # str() of an int key beyond Python's limit of digits
         raise FormatError(
             f"a dict key of the tree cannot be a path: {error}; use shorter keys", file=file or None
         ) from None
-    _check_unique(paths, file=file)
-    return TakenApart(leaves, structure, paths)
 
 
 def _check_unique(paths: list[str], *, file: str) -> None:
