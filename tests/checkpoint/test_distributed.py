@@ -104,6 +104,16 @@ def test_processes_that_save_other_trees_commit_nothing(tmp_path):
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
 
 
+def test_processes_that_lay_out_an_array_otherwise_commit_nothing_and_keep_the_step_before(tmp_path):
+    """Process 1 builds its mesh of the same devices in reverse order: each process's shards are right for its own
+    layout, but together they would cover some boxes twice and others never; step 2 is refused, step 1 kept."""
+    folder = tmp_path / "run"
+    reports = reports_of(_start("other-layout", 2, 2, folder))
+    assert "process 1 saved other trees than process 0 for the items ['params']" in reports[0]["error"]
+    assert "in the same device order" in reports[0]["error"] and "not committed" in reports[1]["error"]
+    assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
+
+
 def test_a_missing_file_of_another_process_is_named(saved_by_two, tmp_path):
     import shutil
 

@@ -6,7 +6,7 @@ DEVICES PORT FOLDER``.
 step 2 on a mesh of this run's devices (or, in one process with ``--no-target``, whole arrays on one CPU) and checks
 every value (with ``--pause-before-restore``, a pause between them, announced by a line; with ``--fallback``, the
 newest intact step); ``disagree`` saves another
-step in process 1, ``other-tree`` another tree. ``--stall K`` makes process K pause for a minute instead, alive but
+step in process 1, ``other-tree`` another tree, ``other-layout`` its arrays on a mesh of the devices in reverse order. ``--stall K`` makes process K pause for a minute instead, alive but
 silent; ``--slow-writes S`` makes process 0's files of step 2 take S seconds longer to write (a slow disk); ``--recoverable`` sets ``jax_enable_recoverability``, so that a dead peer does not end the others.
 Each prints one JSON line of what it saw (with ``seconds``, the time the save or restore of step 2 took, and ``error``
 if it failed). ``FOLDER`` may be a URL, with fsspec options as JSON in ``JAXSTOW_STORAGE_OPTIONS``.
@@ -21,7 +21,7 @@ import sys
 import time
 
 parser = argparse.ArgumentParser()
-parser.add_argument("action", choices=["save", "restore", "disagree", "other-tree"])
+parser.add_argument("action", choices=["save", "restore", "disagree", "other-tree", "other-layout"])
 parser.add_argument("process", type=int)
 parser.add_argument("count", type=int)
 parser.add_argument("devices", type=int)
@@ -68,9 +68,12 @@ def expected(step: int) -> dict[str, np.ndarray]:
     return {"w": base, "b": base[0] * 2, "r": base[:8, 0].copy(), "count": np.int32(step)}
 
 
-def global_mesh() -> jax.sharding.Mesh:
+def global_mesh(reverse: bool = False) -> jax.sharding.Mesh:
     count = len(jax.devices())
-    return jax.make_mesh((2, count // 2) if count % 2 == 0 else (1, count), ("data", "model"))
+    shape = (2, count // 2) if count % 2 == 0 else (1, count)
+    if reverse:  # the same shape and axes, its devices in another order: another layout of the same arrays
+        return jax.sharding.Mesh(np.array(jax.devices()[::-1]).reshape(shape), ("data", "model"))
+    return jax.make_mesh(shape, ("data", "model"))
 
 
 def layouts(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
@@ -81,8 +84,8 @@ def layouts(mesh: jax.sharding.Mesh) -> dict[str, NamedSharding]:
     }
 
 
-def sharded_state(step: int) -> dict:
-    values, shardings = expected(step), layouts(global_mesh())
+def sharded_state(step: int, reverse: bool = False) -> dict:
+    values, shardings = expected(step), layouts(global_mesh(reverse))
     state = {
         name: jax.make_array_from_callback(
             values[name].shape, shardings[name], lambda index, name=name: values[name][index]
@@ -113,7 +116,7 @@ def bytes_read() -> int:
 
 
 report: dict = {"process": args.process}
-if args.action in ("save", "disagree", "other-tree"):
+if args.action in ("save", "disagree", "other-tree", "other-layout"):
     with CheckpointManager(args.folder, process_timeout=60, storage_options=OPTIONS) as manager:
         manager.save(1, sharded_state(1))  # processes start at different times: no short timeout yet
         manager.wait()
@@ -127,7 +130,7 @@ if args.action in ("save", "disagree", "other-tree"):
             write_items = shared.write_items
             shared.write_items = lambda *a, **k: (time.sleep(args.slow_writes), write_items(*a, **k))[1]  # type: ignore[attr-defined]
         try:
-            state = sharded_state(2)
+            state = sharded_state(2, reverse=args.action == "other-layout" and args.process == 1)
             if args.action == "other-tree" and args.process == 1:
                 state["meta"]["extra"] = np.float32(1)
             manager.save(step, state)

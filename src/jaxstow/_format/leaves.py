@@ -16,6 +16,7 @@ strings, registered functions) is a *value* kept in the manifest as tagged JSON.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -112,6 +113,9 @@ class EncodedLeaf(NamedTuple):
     entry: Entry
     array: HostArray | None = None
     shards: tuple[EncodedShard, ...] = ()
+    #: A sharded array's layout over every device of every process (which processes hold each box), hashed: the
+    #: processes saving it must agree on it, or their files would not cover the array exactly once.
+    holders: str = ""
 
     def tensors(self) -> list[tuple[str, HostArray, Entry]]:
         """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
@@ -204,7 +208,8 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
-    return EncodedLeaf(entry, None, tuple(shards))
+    layout = hashlib.sha256(repr(sorted(holders.items())).encode()).hexdigest()[:16]
+    return EncodedLeaf(entry, None, tuple(shards), layout)
 
 
 def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:

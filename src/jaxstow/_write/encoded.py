@@ -306,9 +306,12 @@ def _value_print(leaf: EncodedLeaf) -> str:
 
 
 def _layout(leaf: EncodedLeaf) -> list[Any]:
-    """A leaf's dtype and shape: its array's, or its entry's (sharded arrays)."""
+    """A leaf's dtype and shape: its array's, or its entry's (sharded arrays, with their sharding and the processes
+    that hold each of their boxes, which every process sees whole)."""
     if leaf.array is not None and leaf.entry["kind"] != "per_process":  # each process's value is its own
         return [str(leaf.array.dtype), list(leaf.array.shape)]
+    if leaf.entry["kind"] == "sharded":
+        return [leaf.entry.get("dtype"), leaf.entry.get("shape"), leaf.entry.get("sharding"), leaf.holders]
     return [leaf.entry.get("dtype"), leaf.entry.get("shape")]
 
 

@@ -271,8 +271,10 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
         layouts = [name for name in differing if _layout(digests.get(name)) != _layout(theirs.get(name))]
         if layouts:
             problems.append(
-                f"process {index} saved other trees than process 0 for the items {layouts} (a library that orders "
-                "leaves by Python's hash, as FlareJax does, needs the same PYTHONHASHSEED in every process)"
+                f"process {index} saved other trees than process 0 for the items {layouts}: another structure, or "
+                "a leaf of another dtype, shape or layout (every process builds a global array on the same mesh, "
+                "in the same device order, with the same partition spec; a library that orders leaves by Python's "
+                "hash, as FlareJax does, needs the same PYTHONHASHSEED in every process)"
             )
         elif differing:
             values = True
