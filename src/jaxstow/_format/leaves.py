@@ -208,8 +208,7 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
-    layout = hashlib.sha256(repr(sorted(holders.items())).encode()).hexdigest()[:16]
-    return EncodedLeaf(entry, None, tuple(shards), layout)
+    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape))
 
 
 def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -223,6 +222,12 @@ def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Bo
     for device, index in sharding.devices_indices_map(shape).items():
         holders.setdefault(_as_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
     return {box: sorted(processes) for box, processes in holders.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _holders_digest(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> str:
+    """:func:`_holders`, hashed (once per layout: every save of a run has the same)."""
+    return hashlib.sha256(repr(sorted(_holders(sharding, shape).items())).encode()).hexdigest()[:16]
 
 
 def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice, ...] | None]:
