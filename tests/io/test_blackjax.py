@@ -115,3 +115,14 @@ def test_a_logdensity_holding_arrays_of_objects_or_an_empty_cell_runs(tmp_path):
     )
     assert draws["position"].shape == (2, 4, 1)
     later = None  # the cell logdensity holds stays empty until here
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [("num_samples", 2.5), ("num_samples", -1), ("num_samples", "10"), ("num_warmup", 1.5)]
+)
+def test_a_count_of_steps_that_is_no_integer_is_refused(tmp_path, name, value):
+    walk = blackjax.rmh(lambda x: -0.5 * jnp.sum(x**2), blackjax.mcmc.random_walk.normal(jnp.ones(1)))
+    counts = {"num_samples": 6, "num_warmup": 0, name: value}
+    with pytest.raises(ArgumentError, match=rf"{name} must be an integer of at least 0, got {value!r}"):
+        io.blackjax.sample(str(tmp_path / "walk.h5"), walk, jnp.zeros((2, 1)), jax.random.key(0), **counts)
+    assert not os.listdir(tmp_path)

@@ -442,3 +442,14 @@ def test_a_torch_file_holding_a_tensor_of_no_array_is_a_format_error_quoting_it_
     with pytest.raises(FormatError, match=r"leaf 's' of .*sparse\.pt: holds tensor\(.*, a tensor of layout") as caught:
         jaxstow.load(tmp_path / "sparse.pt", from_format="torch")
     assert len(str(caught.value)) < 400 and "cannot save" not in str(caught.value)
+
+
+def test_a_flax_file_nested_past_what_jaxstow_holds_is_refused_naming_it(tmp_path):
+    msgpack = pytest.importorskip("msgpack")
+    nested: dict = {"v": 1}
+    for _ in range(500):
+        nested = {"k": nested}
+    path = tmp_path / "deep.msgpack"
+    path.write_bytes(msgpack.packb(nested))
+    with pytest.raises(FormatError, match=r"deep\.msgpack: nests dicts more than 400 levels deep"):
+        jaxstow.load(path, from_format="flax")

@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name
+from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
@@ -348,11 +349,14 @@ def _read_flax(data: bytes, name: str) -> Any:
     return _plain(_unchunked(tree, name, ""), name)
 
 
-def _unchunked(tree: Any, name: str, path: str) -> Any:
+def _unchunked(tree: Any, name: str, path: str, depth: int = 0) -> Any:
     """flax's chunked large arrays (``{"__msgpack_chunked_array__": True, ...}``) joined back, each checked to be
-    what flax writes: chunks of one dtype, as many elements as its shape."""
+    what flax writes: chunks of one dtype, as many elements as its shape. A tree nested past what a jaxstow file
+    holds (:data:`MAX_NESTING` levels) is a :class:`FormatError`, before Python's recursion would run out."""
     if not isinstance(tree, dict):
         return tree
+    if depth > MAX_NESTING:
+        raise FormatError(f"nests dicts more than {MAX_NESTING} levels deep, past what jaxstow holds", file=name)
     if tree.get("__msgpack_chunked_array__") is True:
         try:
             shape = tuple(tree["shape"][str(i)] for i in range(len(tree["shape"])))
@@ -368,7 +372,7 @@ def _unchunked(tree: Any, name: str, path: str) -> Any:
                 file=name,
                 path=path or None,
             ) from None
-    return {key: _unchunked(value, name, f"{path}/{key}".lstrip("/")) for key, value in tree.items()}
+    return {key: _unchunked(value, name, f"{path}/{key}".lstrip("/"), depth + 1) for key, value in tree.items()}
 
 
 def _read_equinox(source: ReadSource, name: str, like: Any) -> Any:

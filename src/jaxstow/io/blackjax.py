@@ -90,7 +90,10 @@ def sample(
     require("h5py", extra="blackjax", purpose="jaxstow.io.blackjax.sample")  # before the run, which needs it to write
     if isinstance(thin, bool) or not isinstance(thin, int | np.integer) or thin < 1:
         raise ArgumentError(f"thin must be an integer of at least 1 (1 keeps every draw), got {thin!r}")
-    thin = int(thin)
+    for option, value in (("num_samples", num_samples), ("num_warmup", num_warmup)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+            raise ArgumentError(f"{option} must be an integer of at least 0, got {value!r}")
+    thin, num_samples, num_warmup = int(thin), int(num_samples), int(num_warmup)
     if not _is_algorithm(algorithm, made_by_warmup=warmup is not None):
         raise ArgumentError(
             f"algorithm must be a blackjax SamplingAlgorithm, such as blackjax.nuts(logdensity, step_size, "

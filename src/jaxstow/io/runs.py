@@ -106,8 +106,10 @@ def run_chains(
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose="run_chains")
-    if checkpoint_every < 1 or num_steps < 0:
-        raise ArgumentError(f"need checkpoint_every >= 1 and num_steps >= 0, got {checkpoint_every} and {num_steps}")
+    for option, value, least in (("checkpoint_every", checkpoint_every, 1), ("num_steps", num_steps, 0)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
+            raise ArgumentError(f"{option} must be an integer of at least {least}, not {value!r}")
+    checkpoint_every, num_steps = int(checkpoint_every), int(num_steps)
     start = jax.jit(start)  # traced once: for the state's shapes here, and compiled when the run starts
     state_spec = spec_of(jax.eval_shape(start))  # without weak types, as _strong leaves the state
     chains = _chain_count(state_spec)
