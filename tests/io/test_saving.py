@@ -780,12 +780,12 @@ def test_arguments_given_wrong_are_named_where_they_are_given(tmp_path) -> None:
         ),
     ],
 )
-def test_a_collectors_resume_that_returns_no_checkpoints_is_named(resumed, message) -> None:
+def test_a_collectors_resume_that_returns_no_checkpoints_is_named(resumed, message, tmp_path) -> None:
     class Silent(io.MemoryCollector):
         def resume(self):
             return resumed
 
-    init_save, _, _ = io.save(Silent())
+    init_save, _, _ = io.save(Silent(save_dir=tmp_path), checkpoint_every=2)  # checkpointing: resume() must answer
     with pytest.raises(CollectorError, match=message):
         init_save(INIT_SAMPLE, None, scheduler.static_information())
 
@@ -846,3 +846,39 @@ def test_a_collector_of_jax_sgmcs_interface_gets_every_sample_once_in_order(bloc
     states = jax.jit(lambda states: jax.lax.scan(step, states, jnp.arange(20.0))[0])(states)
     results = postprocess_save(states, None)
     assert [result["samples"] for result in results] == [[10.0 * t + c for t in range(20) if t % 3] for c in range(2)]
+
+
+class _StubbedResume(_ReferenceCollector):
+    """jax_sgmc's interface, whose checkpointing is not supported: ``resume`` left a stub."""
+
+    def __init__(self, stub) -> None:
+        super().__init__()
+        self.stub = stub
+
+    def resume(self):
+        return self.stub()
+
+
+def _not_implemented():
+    raise NotImplementedError("checkpointing is not supported")
+
+
+def _broken():
+    raise KeyError("loader")
+
+
+@pytest.mark.parametrize("stub", [lambda: None, _not_implemented], ids=["returns nothing", "not implemented"])
+def test_a_collector_whose_resume_is_a_stub_works_without_checkpoints(stub) -> None:
+    collector = _StubbedResume(stub)
+    init_save, save, postprocess_save = io.save(collector)
+    state = init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=3))
+    state = jax.lax.scan(lambda s, t: (save(s, True, {"x": t})[0], None), state, jnp.arange(3.0))[0]
+    assert postprocess_save(state, None)["samples"] == [0.0, 1.0, 2.0]
+    with pytest.raises(CollectorError, match=r"_StubbedResume\.resume\(\) (is not implemented|returned None)"):
+        io.save(_StubbedResume(stub), checkpoint_every=2)[0]({"x": jnp.float32(0)}, 0.0, scheduler.static_information())
+
+
+def test_a_collectors_resume_that_fails_is_a_collector_error_and_its_chain_is_not_left_running() -> None:
+    init_save, _, _ = io.save(_StubbedResume(_broken))
+    with pytest.raises(CollectorError, match=r"_StubbedResume\.resume\(\) raised KeyError: 'loader'"):
+        init_save({"x": jnp.float32(0)}, None, scheduler.static_information())

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
-from jaxstow.errors import CollectorError, excerpt
+from jaxstow.errors import CollectorError, JaxstowError, excerpt
 from jaxstow.io.scheduler import static_information as StaticInformation
 
 __all__ = [
@@ -217,9 +217,29 @@ def registered_chain(
     )
 
 
-def resumed_chain(collector: DataCollector, chain_id: int) -> ChainCheckpoint | None:
-    """The checkpoint ``collector.resume()`` gives the chain to continue from, checked to be one (or ``None``)."""
-    resumed = collector.resume()
+def resumed_chain(collector: DataCollector, chain_id: int, *, checkpointing: bool) -> ChainCheckpoint | None:
+    """The checkpoint ``collector.resume()`` gives the chain to continue from, checked to be one (or ``None``).
+
+    Without ``checkpointing`` (``checkpoint_every=0``), a ``resume`` written as jax_sgmc's interface leaves it (one
+    that returns nothing, or raises ``NotImplementedError``) resumes nothing. Its other errors are a
+    :class:`~jaxstow.errors.CollectorError` naming it.
+    """
+    name = type(collector).__name__
+    try:
+        resumed = collector.resume()
+    except NotImplementedError:
+        if not checkpointing:
+            return None
+        raise CollectorError(
+            f"{name}.resume() is not implemented, and io.save(checkpoint_every=...) resumes chains from their "
+            "checkpoints with it: implement it, or save with checkpoint_every=0"
+        ) from None
+    except JaxstowError:
+        raise
+    except Exception as error:
+        raise CollectorError(f"{name}.resume() raised {type(error).__name__}: {error}") from error
+    if resumed is None and not checkpointing:
+        return None
     if not isinstance(resumed, Mapping):
         raise CollectorError(
             f"{type(collector).__name__}.resume() returned {excerpt(resumed)}: it returns a dict of chain ids to the "

@@ -275,7 +275,11 @@ class _Streaming:
             (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if is_key(leaf) else None
             for leaf in jax.tree.leaves(init_checkpoint)
         ]
-        resumed = resumed_chain(self.collector, chain_id)
+        try:
+            resumed = resumed_chain(self.collector, chain_id, checkpointing=self.checkpoint_every > 0)
+        except BaseException:
+            del self.host.live[chain_id]  # registered, but it never ran
+            raise
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
         self.host.starts[chain_id], step = (0, 0) if resumed is None else (resumed.sample_count, resumed.step)
