@@ -103,3 +103,27 @@ def test_unknown_node_types_and_incomplete_rules_are_errors() -> None:
 def test_empty_subtrees_and_single_leaves() -> None:
     assert io.pytree_to_dict({"a": [None], "b": 1.0}) == {"a": {}, "b": 1.0}
     assert io.pytree_dict_keys(jnp.zeros(3)) == [()]
+
+
+class _Node:
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(_Node, lambda node: ((node.value,), None), lambda _, children: _Node(*children))
+
+
+@pytest.mark.parametrize("gives", [5, [("a",)], ["ab", "cd", "ef"]], ids=["no pairs", "one of a pair", "strings"])
+def test_a_rule_that_gives_no_key_child_pairs_is_named_with_what_it_must_give(gives):
+    @io.register_dictionize_rule(_Node)
+    def rule(node):
+        return gives
+
+    with pytest.raises(
+        ArgumentError, match=r"the dictionize rule for _Node \(.*rule\) (gave|raised).*: a rule returns"
+    ):
+        io.pytree_to_dict(_Node(1.0))
+    with pytest.raises(ArgumentError, match="takes the class of a pytree node, not 'notatype'"):
+        io.register_dictionize_rule("notatype")
+    with pytest.raises(ArgumentError, match="jax cannot take this tree apart"):
+        io.pytree_to_dict({"b": 1.0, 2: 3.0})

@@ -15,6 +15,7 @@ namedtuples (by field name), equinox Modules (by field name) and flax ``FrozenDi
 
 from __future__ import annotations
 
+import builtins
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -24,7 +25,7 @@ import jax
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import key_to_str
-from jaxstow.errors import ArgumentError, StructureMismatchError
+from jaxstow.errors import ArgumentError, JaxstowError, StructureMismatchError, excerpt
 
 __all__ = ["dict_to_pytree", "joined_names", "pytree_dict_keys", "pytree_to_dict", "register_dictionize_rule"]
 
@@ -60,6 +61,9 @@ def register_dictionize_rule(type: type) -> Callable[[Rule], Rule]:
     {'this_is_the_key': {'a': 0.0, 'b': 0.5}}
     """
 
+    if not isinstance(type, builtins.type):
+        raise ArgumentError(f"register_dictionize_rule takes the class of a pytree node, not {excerpt(type)}")
+
     def register(rule: Rule) -> Rule:
         previous = _rules.get(type)
         _rules[type] = rule
@@ -88,6 +92,24 @@ def _rule_for(node: Any) -> Rule:
     )
 
 
+def _pairs(node: Any) -> list[tuple[Any, Any]]:
+    """What the rule for ``node`` gives, checked to be ``(key, child)`` pairs: a rule's mistake is named with it."""
+    rule = _rule_for(node)
+    try:
+        pairs = list(rule(node))
+        if all(isinstance(pair, tuple | list) and len(pair) == 2 for pair in pairs):
+            return [(key, child) for key, child in pairs]
+        problem = f"gave {excerpt(pairs)}"
+    except JaxstowError:
+        raise
+    except Exception as error:
+        problem = f"raised {type(error).__name__}: {error}"
+    raise ArgumentError(
+        f"the dictionize rule for {type(node).__qualname__} ({getattr(rule, '__qualname__', rule)}) {problem}: a "
+        "rule returns (key, child) pairs, one for each child in jax's flattening order"
+    )
+
+
 def pytree_to_dict(tree: Any) -> Any:
     """Constructs a dictionary from a pytree.
 
@@ -103,12 +125,16 @@ def pytree_to_dict(tree: Any) -> Any:
     >>> print(as_dict)
     {'a': 0.0, 'b': {'b1': {'list_element_0': 0.0, 'list_element_1': 0.1}, 'b2': 0.0}}
     """
-    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)):
+    try:
+        structure = jax.tree_util.tree_structure(tree)
+    except (TypeError, ValueError) as error:  # a dict of keys that do not sort together, say
+        raise ArgumentError(f"jax cannot take this tree apart ({error}); its dicts' keys must sort together") from None
+    if jax.tree_util.treedef_is_leaf(structure):
         return tree
     if not jax.tree_util.tree_leaves(tree):
         return {}
     as_dict: dict[Any, Any] = {}
-    for key, child in _rule_for(tree)(tree):
+    for key, child in _pairs(tree):
         if key in as_dict:
             raise ArgumentError(
                 f"the dictionize rule for {type(tree).__qualname__} gives two children the key {key!r}: give each "
