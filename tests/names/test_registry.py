@@ -3,7 +3,10 @@ names; what the name policy refuses is refused by the lookup too, and an unknown
 
 from __future__ import annotations
 
+import builtins
 import functools
+import os
+import pickle
 import subprocess
 import sys
 import types
@@ -116,10 +119,26 @@ def test_a_name_the_policy_refuses_is_refused_with_the_policy(name, reason):
 def test_a_node_type_of_a_forbidden_module_is_refused_and_a_function_there_is_never_found():
     with pytest.raises(RefusedNameError, match="comes from subprocess, which a file may never name"):
         lookup("subprocess.Popen", node_type=True)
-    for node_type in (False, True):
-        with pytest.raises(UnknownNameError) as caught:
+    for node_type in (False, True):  # never the advice to register it, which saveable refuses too
+        with pytest.raises(RefusedNameError, match=r"os\.system comes from os, which a file may never name") as caught:
             lookup("os.system", node_type=node_type)
-        assert not isinstance(caught.value, RefusedNameError)  # not a node type, and not a known library's name
+        assert "saveable(obj" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["builtins.eval", "subprocess.Popen", "pickle.loads", "importlib.import_module", "io.open", "numpy.lib.npyio.savetxt",
+     "numpy.ctypeslib.load_library", "jax.config.update", "jax.experimental.io_callback", "flax.io.remove"],
+)  # fmt: skip
+def test_a_name_no_registration_may_take_is_refused_naming_the_policy(name):
+    with pytest.raises(RefusedNameError, match=r"which jaxstow's name policy refuses: .*a file may name only pure"):
+        lookup(name)
+
+
+@pytest.mark.parametrize("obj", [os.system, subprocess.Popen, pickle.loads, builtins.eval])
+def test_saveable_refuses_what_reads_writes_imports_or_runs(obj):
+    with pytest.raises(ArgumentError, match="reads, writes, imports or runs something"):
+        saveable(obj, name="my_project.helper")
 
 
 def test_a_node_type_of_an_imported_module_is_found_by_module_and_qualname():

@@ -24,7 +24,7 @@ import numpy as np
 
 from jaxstow._names.libraries import known
 
-__all__ = ["FORBIDDEN_MODULES", "describe_policy", "refusal"]
+__all__ = ["FORBIDDEN_MODULES", "describe_policy", "module_of", "name_refusal", "refusal"]
 
 #: Modules whose objects are never named, whatever library re-exports them.
 FORBIDDEN_MODULES = frozenset(
@@ -83,7 +83,7 @@ def describe_policy() -> str:
 
 def refusal(name: str, obj: object) -> str | None:
     """Why the policy refuses to name ``obj`` as ``name``, or ``None`` when a file may name it."""
-    defined_in = _module_of(obj)
+    defined_in = module_of(obj)
     for module in (defined_in, name):
         if module.partition(".")[0] in FORBIDDEN_MODULES:
             return f"{name} comes from {module.partition('.')[0]}, which a file may never name"
@@ -98,7 +98,30 @@ def refusal(name: str, obj: object) -> str | None:
     return None
 
 
-def _module_of(obj: object) -> str:
+def name_refusal(name: str) -> str | None:
+    """Why the policy refuses ``name`` whatever object it would stand for, or ``None``: a name of a forbidden module,
+    a name of a library of numeric functions other than those known to be pure, or a model library's helper.
+
+    >>> name_refusal("os.system"), name_refusal("my_project.relu6")
+    ('os.system comes from os, which a file may never name', None)
+    """
+    root = name.partition(".")[0]
+    if root in FORBIDDEN_MODULES:
+        return f"{name} comes from {root}, which a file may never name"
+    policy = known().policy_of(name)
+    if policy == "numeric":
+        return f"{name} is not one of the activations, elementwise or reducing functions and scalar types it holds"
+    if policy == "model":
+        harmful = next(
+            (word for word in _HARMFUL_WORDS for part in name.lower().split(".") if _names_word(part, word)), None
+        )
+        if harmful is not None:
+            return f"{name} is a serialisation, file or debugging helper ({harmful!r}), which a file may never name"
+    return None
+
+
+def module_of(obj: object) -> str:
+    """The module that defines ``obj`` (a class or function), or its type (another object); ``""`` if none says."""
     owner = obj if isinstance(obj, type) or callable(obj) else type(obj)
     module = getattr(owner, "__module__", None)
     return module if isinstance(module, str) else ""

@@ -26,7 +26,7 @@ from typing import Any, TypeVar, overload
 
 from jaxstow._names.advice import import_advice
 from jaxstow._names.libraries import Libraries, known
-from jaxstow._names.policy import describe_policy, refusal
+from jaxstow._names.policy import FORBIDDEN_MODULES, describe_policy, module_of, name_refusal, refusal
 from jaxstow.errors import ArgumentError, RefusedNameError, UnknownNameError
 
 __all__ = ["attribute_class_name", "lookup", "name_of", "saveable"]
@@ -217,6 +217,13 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
     key = name if name is not None else _default_name(obj)
     if not key or not isinstance(key, str):
         raise ArgumentError(f"a registered name must be a non-empty string, not {key!r}")
+    module = module_of(obj).partition(".")[0]
+    if module in FORBIDDEN_MODULES or key.partition(".")[0] in FORBIDDEN_MODULES:
+        raise ArgumentError(
+            f"saveable({obj!r}, name={key!r}): an object of {module if module in FORBIDDEN_MODULES else key.partition('.')[0]} "
+            "reads, writes, imports or runs something, and a file that names it could make a load do so: register a "
+            "function of your own that does only what the model needs"
+        )
     if key.partition(".")[0] in known().names:  # a library's name: files would load its object, not this one
         theirs = _libraries.tables().by_name.get(key)
         if theirs is not None and theirs is not obj:
@@ -297,6 +304,9 @@ def lookup(name: str, *, node_type: bool = False, file: str | None = None, path:
             if reason is not None:
                 raise RefusedNameError(name, f"{reason}; {describe_policy()}", file=file, path=path)
             return found
+    reason = name_refusal(name)  # unregistered, and no registration may give it: never a hint to register it
+    if reason is not None:
+        raise RefusedNameError(name, f"{reason}; {describe_policy()}", file=file, path=path)
     root = name.partition(".")[0]
     advice = ""
     missing = not_imported([name])
