@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,10 @@ def json_problem(value: Any, key: str = "") -> str | None:
     return f"{where}{value!r} of type {type(value).__name__} is not a JSON value"
 
 
+#: A float as ``repr`` writes one: digits, a point, an exponent, ``inf`` or ``nan``, a sign; no spaces or underscores.
+_FLOAT_TEXT = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)")
+
+
 def parse_float(text: str, *, path: str, file: str | None) -> float:
     """A float as ``repr`` writes it into a file; a :class:`~jaxstow.errors.FormatError` for text that is none, or
     that only ``float()`` would round to infinity (``"1e400"``).
@@ -69,10 +74,9 @@ def parse_float(text: str, *, path: str, file: str | None) -> float:
     >>> parse_float("0.1", path="lr", file=None), parse_float("-inf", path="lr", file=None)
     (0.1, -inf)
     """
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        raise FormatError(f"{excerpt(text)} is not a float", file=file, path=path) from None
+    if not isinstance(text, str) or _FLOAT_TEXT.fullmatch(text) is None:  # float() also takes " 1_0.5 ", "Infinity"
+        raise FormatError(f"{excerpt(text)} is not a float as repr writes one", file=file, path=path)
+    value = float(text)
     if math.isinf(value) and text.lstrip("+-") != "inf":
         raise FormatError(f"{excerpt(text)} is beyond the range of a float", file=file, path=path)
     return value

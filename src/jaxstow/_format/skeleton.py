@@ -183,7 +183,10 @@ def _decode_value(data: JSON, *, path: str, file: str | None, depth: int) -> Any
 
 
 def _decode_container(tag: str, items: JSON, *, path: str, file: str | None, depth: int) -> Any:
-    """A tuple, list or dict of values."""
+    """A tuple, list or dict of values (a dict's as ``[key, value]`` pairs): a JSON array, as the format says."""
+    pairs = tag != "dict" or all(isinstance(item, list) and len(item) == 2 for item in items)
+    if not isinstance(items, list) or not pairs:
+        raise FormatError(f"a {tag} of {excerpt(items)}, which is no array of its items", file=file, path=path)
     prefix = f"{path}/" if path else ""
     if tag == "tuple":
         return tuple(
