@@ -225,3 +225,33 @@ def test_saving_under_a_file_as_if_it_were_a_folder_says_it_is_a_file(tmp_path):
     (tmp_path / "train.py").write_text("")
     with pytest.raises(jaxstow.errors.PathError, match=r"cannot write it: .*train\.py is a file, not a folder"):
         jaxstow.save(tmp_path / "train.py" / "model.jxs", {"w": np.ones(2)})
+
+
+def _resigned(tmp_path, value: object) -> str:
+    """A file whose value leaf holds ``value`` in a header signed again, every checksum of it right."""
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, {"n": 1, "w": np.ones(2, np.float32)})
+    tensors, manifest, data = split_native(path.read_bytes())
+    entries = json.loads(manifest)
+    index = next(key for key, entry in entries["details"].items() if "value" in entry)
+    entries["details"][index] = {"value": value}
+    path.write_bytes(forge_native(tensors, json.dumps(entries), data))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [({"foo": 1}, "unreadable value {'foo': 1}"), ({"ref": "os.system"}, "jaxstow's name policy refuses")],
+)
+def test_verify_finds_what_a_load_would_refuse_though_every_checksum_holds(tmp_path, value, said):
+    path = _resigned(tmp_path, value)
+    with pytest.raises(jaxstow.errors.FormatError if "foo" in said else jaxstow.errors.RefusedNameError):
+        jaxstow.load(path)
+    done = jaxstow_command("verify", path)
+    assert done.returncode == 1 and f"DAMAGED  leaf 'n' of {path}: " in done.stdout and said in done.stdout
+
+
+def test_verify_leaves_a_name_of_a_library_not_imported_to_the_load(tmp_path):
+    path = _resigned(tmp_path, {"ref": "my_project.activation"})
+    done = jaxstow_command("verify", path)
+    assert done.returncode == 0 and "1 file intact" in done.stdout

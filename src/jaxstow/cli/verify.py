@@ -17,11 +17,13 @@ ok       /.../model.jxs: 2 checksums, 36 B read
 from __future__ import annotations
 
 import argparse
+import functools
 from dataclasses import dataclass, field
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
+from jaxstow._read.reader import Reader
 from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
@@ -44,6 +46,8 @@ from jaxstow.errors import (
     JaxstowError,
     NewerFormatError,
     PathNotFoundError,
+    RefusedNameError,
+    UnknownNameError,
 )
 
 __all__ = ["HELP", "FileReport", "arguments", "run", "verify_file", "verify_hf_folder", "verify_step"]
@@ -171,11 +175,30 @@ def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progr
                 report.checksums, damage = verify_checksums(reader, read.update)
                 report.damage.extend(damage)
             report.nbytes = read.done
+            report.damage.extend(_refused_by_a_load(reader))
     except CorruptFileError as error:
         if not isinstance(target, list) and (foreign := pointed(error, target)) is not error:
             raise foreign from None  # another library's file: not damage, and verify cannot read it
         report.damage.append(error)
     return report
+
+
+def _refused_by_a_load(reader: Reader) -> list[JaxstowError]:
+    """What a load would refuse in the file's structure and values, though every checksum holds (a header signed
+    again by hand): values the format does not hold, names the policy refuses. A name of a library this process has
+    not imported is left to the load, which imports nothing either."""
+    found: list[JaxstowError] = []
+    checks = [functools.partial(reader.value, path) for path in reader.value_entries] + [reader.treedef]
+    for check in checks:
+        try:
+            check()
+        except RefusedNameError as error:
+            found.append(error)
+        except UnknownNameError:
+            continue
+        except FormatError as error:
+            found.append(error)
+    return found
 
 
 def verify_hf_folder(listing: Listing) -> list[FileReport]:
