@@ -170,3 +170,19 @@ def test_a_grain_iterator_is_saved_per_process_and_set_back():
     fresh = iter(grain.MapDataset.range(10).to_iter_dataset())
     assert jaxstow.load(saved, like={"data": fresh})["data"] is fresh
     assert next(fresh) == 2
+
+
+def test_none_or_a_template_in_a_per_process_values_place_restores_it_nested_or_at_the_root(tmp_path):
+    """docs/scaling.md: that place in like may hold per_process(...), None, or a template of the value."""
+    value = {"epoch": 3, "seen": [1, 2]}
+    template = {"epoch": 0, "seen": [0, 0]}
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"data": {"rng": jaxstow.per_process(value)}, "w": np.ones(2)})
+        manager.wait()
+        for place in (jaxstow.per_process(None), None, template):
+            restored = manager.restore(like={"data": {"rng": place}, "w": np.zeros(2)})
+            assert restored["data"]["rng"] == value
+    path = tmp_path / "root.jxs"
+    jaxstow.save(path, jaxstow.per_process(value))
+    for like in (jaxstow.per_process(None), template, template):  # the same file again: its header cached
+        assert jaxstow.load(path, like=like) == value

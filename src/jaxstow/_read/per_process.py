@@ -21,14 +21,21 @@ import jax
 import numpy as np
 
 from jaxstow._format.header import open_container
-from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._format.per_process import PerProcess, is_stateful
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.targets import Target
 from jaxstow._storage.opening import open_source
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError
 
-__all__ = ["fill_from_per_process", "per_process_templates", "per_process_value", "set_into", "stored_bytes"]
+__all__ = [
+    "fill_from_per_process",
+    "none_as_per_process",
+    "per_process_templates",
+    "per_process_value",
+    "set_into",
+    "stored_bytes",
+]
 
 
 def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
@@ -85,15 +92,29 @@ def _decode(opened: OpenedFile, path: str, process: int) -> Any:
     return treedef.unflatten(leaves)
 
 
+def none_as_per_process(like: Any, opened: OpenedFile) -> Any:
+    """``like`` with each ``None`` where the file holds a per-process leaf made ``per_process(None)``: that place
+    takes this process's value as it was saved (``None`` is no leaf to jax, so it would leave the place out)."""
+    if not opened.per_process:
+        return like
+    return jax.tree_util.tree_map_with_path(
+        lambda key_path, leaf: (
+            PerProcess(None) if leaf is None and path_to_str(key_path) in opened.per_process else leaf
+        ),
+        like,
+        is_leaf=lambda leaf: leaf is None,
+    )
+
+
 def per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
     """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
     leaf's path, the positions of the subtree's leaves among ``paths``."""
     found: dict[str, list[int]] = {}
+    root = "" in opened.per_process  # the whole tree is one process's value: like's leaves below it fill it
     for i, path in enumerate(paths):
         parts = path.split("/")
-        parent = next(
-            ("/".join(parts[:end]) for end in range(1, len(parts)) if "/".join(parts[:end]) in opened.per_process), None
-        )
+        parents = ["/".join(parts[:end]) for end in range(1, len(parts))]
+        parent = "" if root and path else next((name for name in parents if name in opened.per_process), None)
         if parent is not None:
             found.setdefault(parent, []).append(i)
     return found
@@ -118,7 +139,7 @@ def fill_from_per_process(
             path=path,
         )
     sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
-    got = {f"{path}/{sub_path}" if sub_path else path: leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
+    got = {"/".join(filter(None, (path, sub_path))): leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
     if got.keys() != positions.keys():
         raise StructureMismatchError(
             [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file

@@ -20,9 +20,7 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Unpack
 
@@ -37,18 +35,25 @@ from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.narrowing import NARROWED
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
-from jaxstow._read.per_process import fill_from_per_process, per_process_templates, per_process_value, set_into
+from jaxstow._read.per_process import (
+    fill_from_per_process,
+    none_as_per_process,
+    per_process_templates,
+    per_process_value,
+    set_into,
+)
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
+from jaxstow._read.tracing import READING_WHILE_TRACING
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import FormatError, JaxstowError, RequestError, StructureMismatchError
 
-__all__ = ["pipeline_by_default", "read_while_tracing", "restore"]
+__all__ = ["pipeline_by_default", "restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
 #: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
@@ -96,21 +101,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
 def _tracing() -> bool:
     """Whether jax is tracing a user's function here (``jit``, ``vmap``, ``grad``, ...): the current trace is not
     eval, and jaxstow itself is not reading on purpose while it traces (:func:`read_while_tracing`)."""
-    return not _READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace"
-
-
-_READING_WHILE_TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxstow_reading", default=False)
-
-
-@contextlib.contextmanager
-def read_while_tracing() -> Iterator[None]:
-    """Within it, restores run while jax traces: for jaxstow's own reads at trace time, such as ``io.save``'s
-    ``init_save`` taking up a chain from its checkpoint, whose values are meant to be the traced program's."""
-    token = _READING_WHILE_TRACING.set(True)
-    try:
-        yield
-    finally:
-        _READING_WHILE_TRACING.reset(token)
+    return not READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace"
 
 
 _current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)
@@ -340,14 +331,17 @@ def _fit(
     every: bool,
     pipeline: bool,
 ) -> Any:
-    paths, wanted, treedef = flatten_with_paths(like)
+    paths, wanted, treedef = flatten_with_paths(none_as_per_process(like, opened))
     if len(set(paths)) < len(paths):  # one file leaf would fill both
         twice = sorted({path for path in paths if paths.count(path) > 1})
         raise StructureMismatchError(
             [f"{path!r}: like has two leaves of this path (a key with '/' beside a nested one?)" for path in twice],
             file=opened.file,
         )
-    paths, problems = like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) else (paths, [])
+    whole = "" in opened.per_process  # the file's tree is one per-process value, which like's leaves fill
+    paths, problems = (
+        like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) and not whole else (paths, [])
+    )
     targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
     targets = scalar_targets(opened, paths, targets, wanted, as_numpy=as_numpy)  # eval_shape's of Python scalars
     templates = per_process_templates(opened, paths) if opened.per_process else {}

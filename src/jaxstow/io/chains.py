@@ -23,7 +23,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._read.restore import read_while_tracing
+from jaxstow._read.tracing import read_while_tracing
 from jaxstow._save_load import load, save
 from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
