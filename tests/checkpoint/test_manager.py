@@ -326,3 +326,25 @@ def test_item_names_that_cannot_be_file_names_are_refused_at_the_call(tmp_path, 
             manager.save(1, {name: np.ones(2), "w": np.ones(2)})
         manager.save(1, {"k" * 200: np.ones(2)})  # the longest
     assert CheckpointManager(tmp_path / "run").steps() == [1]
+
+
+def test_a_partial_restore_leaves_the_items_like_lacks_unread_and_lists_every_missing_leaf(tmp_path):
+    spec = jax.ShapeDtypeStruct
+    state = {"params": {"w": jnp.arange(4.0), "b": jnp.ones(3)}, "opt": {"mu": jnp.zeros(4)}}
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, state)
+        manager.wait()
+        restored = manager.restore(like={"params": {"w": spec((4,), jnp.float32)}}, partial=True)
+        assert list(restored) == ["params"] and list(restored["params"]) == ["w"]  # as jaxstow.load of one file
+        with pytest.raises(CheckpointError, match=r"it has no entry for \['opt'\]"):
+            manager.restore(like={"params": {"w": spec((4,), jnp.float32)}})  # without partial: every item
+        wanted = {
+            "params": {"w": spec((4,), jnp.float32), "zz": spec((1,), jnp.float32)},
+            "opt": {"mu": spec((4,), jnp.float32), "nu": spec((4,), jnp.float32)},
+        }
+        with pytest.raises(StructureMismatchError) as caught:
+            manager.restore(like=wanted, partial=True)
+    assert caught.value.problems == [
+        "'opt/nu': missing from the file (expected float32[4])",
+        "'params/zz': missing from the file (expected float32[1])",
+    ]

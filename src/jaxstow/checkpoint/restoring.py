@@ -37,7 +37,7 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import submit
 from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder, replaced_pause
 from jaxstow.checkpoint.writing import SINGLE_ITEM
-from jaxstow.errors import CheckpointError, FormatError, ShardingError
+from jaxstow.errors import CheckpointError, FormatError, ShardingError, StructureMismatchError
 
 __all__ = ["open_readers", "restore_items", "restore_step"]
 
@@ -99,11 +99,32 @@ def _side_by_side(
 
 def _results(futures: Mapping[str, Future[Any]]) -> dict[str, Any]:
     """Each item's tree; or the first error in the items' order, made to name every library not imported that the
-    items' errors name, so that one error says all there is to import."""
+    items' errors name, so that one error says all there is to import; where several items do not fit ``like``, one
+    error listing every problem of each, its leaves named with their items' names."""
+    errors = {name: future.exception() for name, future in futures.items() if future.exception() is not None}
+    mismatches = {name: error for name, error in errors.items() if type(error) is StructureMismatchError}
+    if len(mismatches) > 1 and len(mismatches) == len(errors):
+        raise StructureMismatchError(
+            [_in_item(name, problem) for name, error in mismatches.items() for problem in error.problems],
+            file=", ".join(str(error.file) for error in mismatches.values()),
+        )
     combined = every_library_of(future.exception() for future in futures.values())
     if combined is not None:
         raise combined
     return {name: future.result() for name, future in futures.items()}
+
+
+def _in_item(item: str, problem: str) -> str:
+    """A problem of an item's file, its leaf's path (quoted first) made the path within the step.
+
+    >>> _in_item("opt", "'nu': missing from the file"), _in_item("opt", "'': a per-process value")
+    ("'opt/nu': missing from the file", "'opt': a per-process value")
+    """
+    quote = problem[:1]
+    end = problem.find(quote + ":", 1) if quote in ("'", '"') else -1
+    if end < 0:
+        return f"{item}: {problem}"
+    return repr("/".join(filter(None, (item, problem[1:end])))) + problem[end + 1 :]
 
 
 def _targets(source: Any) -> list[Any]:
@@ -209,7 +230,7 @@ def _restore_step(
             )
         with open_parts(folder.open_files(record, [SINGLE_ITEM], whole=whole)[SINGLE_ITEM]) as reader:
             return reader.load(like, **options)
-    names = folder.chosen_items(step, record, items, like)
+    names = folder.chosen_items(step, record, items, like, partial=bool(options.get("partial")))
     _check_sharded_items(options.get("sharding"), sorted(record.files), where=folder.url(step))
     if isinstance(folder.store, LocalStore):  # an open local file is read whole even if its step is deleted
         return restore_items(folder.open_files(record, names), like or {}, where=folder.url(step), **options)

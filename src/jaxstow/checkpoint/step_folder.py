@@ -279,8 +279,11 @@ class StepFolder:
         """The files of one item, opened and checked as :meth:`open_files` does."""
         return self.open_files(record, [item], whole=whole)[item]
 
-    def chosen_items(self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any) -> list[str]:
-        """The items of ``step`` to restore: ``items`` (all by default), checked against the step and ``like``."""
+    def chosen_items(
+        self, step: int, record: StepRecord, items: Sequence[str] | None, like: Any, *, partial: bool = False
+    ) -> list[str]:
+        """The items of ``step`` to restore: ``items`` (all by default; with ``partial``, those ``like`` has), checked
+        against the step and ``like``."""
         saved = sorted(record.files)
         if isinstance(items, str):
             raise ArgumentError(f"items must be a list of item names, such as [{items!r}], not a string")
@@ -297,6 +300,8 @@ class StepFolder:
                 f"step {step} holds named items {saved}, so like must be a dict from item names to trees (or None to "
                 f"rebuild an item), not {type(like).__name__}"
             )
+        if partial and items is None:  # the items like leaves out are left unread, as its leaves within one are
+            names = [name for name in names if name in like]
         missing = [name for name in names if name not in like]
         extra = [name for name in like if name not in names]
         problems = [f"it has no entry for {missing}"] if missing else []
