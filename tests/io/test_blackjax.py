@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import io
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError, StructureMismatchError
 
 blackjax = pytest.importorskip("blackjax")
 
@@ -126,3 +126,17 @@ def test_a_count_of_steps_that_is_no_integer_is_refused(tmp_path, name, value):
     with pytest.raises(ArgumentError, match=rf"{name} must be an integer of at least 0, got {value!r}"):
         io.blackjax.sample(str(tmp_path / "walk.h5"), walk, jnp.zeros((2, 1)), jax.random.key(0), **counts)
     assert not os.listdir(tmp_path)
+
+
+def test_a_run_continued_with_another_chain_count_or_shape_names_what_differs(tmp_path):
+    path = str(tmp_path / "run.h5")
+    mala = blackjax.mala(lambda p: -0.5 * jnp.sum(p["x"] ** 2), 0.1)
+
+    def go(positions):
+        return io.blackjax.sample(path, mala, positions, jax.random.key(0), num_samples=20, checkpoint_every=10)
+
+    go({"x": jnp.zeros((2, 3))})
+    with pytest.raises(CheckpointError, match=r"holds a run started with chains=2, but this call gives chains=3"):
+        go({"x": jnp.zeros((3, 3))})
+    with pytest.raises(StructureMismatchError, match=r"/chain~0/x: the file holds float32\[20, 3\], the run samples"):
+        go({"x": jnp.zeros((2, 4))})

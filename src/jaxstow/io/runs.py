@@ -300,6 +300,24 @@ def _chain_spec(spec: Any) -> Any:
     return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[1:], leaf.dtype), spec)
 
 
+def _same_settings(name: str, saved: Mapping[str, Any], record: Mapping[str, Any], keys: list[str]) -> None:
+    """Refuse a run whose ``keys`` of ``record`` differ from those ``saved`` in the file at ``name``, naming the
+    first and both its values (or, for what is recorded as a digest, what it stands for)."""
+    for key in keys:
+        if saved.get(key) != record.get(key):
+            started = (
+                f"{_DIGESTS[key]}: their digests differ"
+                if key in _DIGESTS
+                else f"with {key}={saved.get(key)!r}, but this call gives {key}={record.get(key)!r}"
+            )
+            raise CheckpointError(
+                f"{name} holds a run started {started}; continue it with the arguments it was started with, or "
+                "write this run to another file (nothing was written)",
+                file=name,
+                path=key,
+            )
+
+
 def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec: Any, lock: WriterLock) -> bool:
     """Check, before writing anything, that the file at ``name`` holds this run, with the draws and checkpointed
     states of this run; whether it is finished (then its checkpoint is removed).
@@ -319,21 +337,8 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
                 file=name,
             )
         saved = json.loads(text)
-        for key in sorted(set(saved) | set(record)):
-            if key in _RECORDED_LATER and key not in saved:  # a file of an earlier version: nothing to compare
-                continue
-            if saved.get(key) != record.get(key):
-                started = (
-                    f"{_DIGESTS[key]}: their digests differ"
-                    if key in _DIGESTS
-                    else f"with {key}={saved.get(key)!r}, but this call gives {key}={record.get(key)!r}"
-                )
-                raise CheckpointError(
-                    f"{name} holds a run started {started}; continue it with the arguments it was started with, or "
-                    "write this run to another file (nothing was written)",
-                    file=name,
-                    path=key,
-                )
+        keys = sorted(key for key in set(saved) | set(record) if key in saved or key not in _RECORDED_LATER)
+        _same_settings(name, saved, record, [key for key in keys if key not in _DIGESTS])  # named, with both values
         stored = read_checkpoints(checkpoint_path(name))
         for chain, checkpoint in stored.items():
             restore_checkpoint(checkpoint, state_spec, chain_id=chain, file=checkpoint_path(name))
@@ -348,6 +353,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
             raise StructureMismatchError(
                 [*problems, "the run's draws are not those the file holds: write this run to another file"], file=name
             )
+        _same_settings(name, saved, record, [key for key in keys if key in _DIGESTS])  # what only a digest tells
     try:
         finished = run_finished(name)
     except JaxstowError:  # no chain registered yet: the run starts again
