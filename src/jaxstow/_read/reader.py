@@ -20,7 +20,6 @@ import numpy as np
 from jaxstow._format.header import open_container
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.per_process import PerProcess
-from jaxstow._format.shards import Stored
 from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
@@ -97,16 +96,10 @@ class Reader(OpenedFile):
     {'name': 'mlp', 'w': ShapeDtypeStruct(shape=(4, 3), dtype=float32)}
     """
 
-    def __init__(
-        self,
-        containers: Container | Sequence[Container],
-        *,
-        mmap: bool = False,
-        leaves: Mapping[str, Stored] | None = None,
-    ) -> None:
+    def __init__(self, containers: Container | Sequence[Container], **options: Any) -> None:
         if isinstance(containers, str | bytes | os.PathLike | io.IOBase):
             raise ArgumentError(f"a Reader is made by jaxstow.open({excerpt(containers)}), not by jaxstow.Reader(...)")
-        super().__init__(containers, mmap=mmap, leaves=leaves)
+        super().__init__(containers, **options)
 
     def info(self, path: str) -> LeafInfo:
         """Describe the leaf at ``path`` from the header alone.
