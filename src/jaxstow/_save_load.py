@@ -31,6 +31,7 @@ from jaxstow._read.memory_tree import TreeInMemory
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
 from jaxstow._read.restore import restore
+from jaxstow._storage.cache import CachedCopy
 from jaxstow._storage.opening import Location, PathOrFile, display_name, locate, reached
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
@@ -40,7 +41,7 @@ from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
 from jaxstow._write.taken_apart import take_apart
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CorruptFileError
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -141,7 +142,18 @@ def load(
     location = locate(path_or_file)
     if from_format is not None:
         return _load_foreign(location, like, from_format, options, settings)
-    with open_folder_at(location, settings, **view) if view else open_reader_at(location, settings) as reader:
+    if view:
+        with open_folder_at(location, settings, **view) as folder:
+            return folder.load(like, **options)
+    with open_reader_at(location, settings) as reader:
+        try:
+            return reader.load(like, **options)
+        except CorruptFileError:
+            copy = getattr(reader.container, "source", None)
+            if not isinstance(copy, CachedCopy):
+                raise
+            copy.evict()  # the cache's copy is damaged, not the store's file: fetched again, once
+    with open_reader_at(location, settings) as reader:
         return reader.load(like, **options)
 
 

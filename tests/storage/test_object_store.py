@@ -326,6 +326,20 @@ def test_a_cached_file_is_read_from_the_local_disk_while_its_header_matches(s3, 
     assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"].tolist() == [0.0] * 3
 
 
+def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again_for_a_load(s3, tmp_path):
+    server, prefix, _ = s3
+    url, options = server.url(prefix, "model.jxs"), server.storage_options
+    jaxstow.save(url, {"w": np.arange(1000.0)}, storage_options=options)
+    assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"][-1] == 999.0
+    copy = next(path for path in tmp_path.rglob("model.jxs"))
+    data = bytearray(copy.read_bytes())
+    data[-8:] = np.full(1, -1.0).tobytes()  # the copy's last value damaged, its header kept: the store's intact
+    copy.write_bytes(bytes(data))
+    restored = jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)
+    np.testing.assert_array_equal(restored["w"], np.arange(1000.0))
+    assert copy.read_bytes()[-8:] == np.full(1, 999.0).tobytes()  # the copy fetched again
+
+
 def test_a_step_restored_again_from_the_cache_needs_no_file_from_the_store(s3, tmp_path):
     server, prefix, client = s3
     url = server.url(prefix, "run")

@@ -46,3 +46,14 @@ def test_a_padded_index_is_not_the_checkpoint_of_that_index(tmp_path: Path) -> N
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["checkpoint_02.jxs", "checkpoint_002.jxs", "checkpoint_+3.jxs", "checkpoint_-0.jxs"]
     )
+
+
+def test_a_period_that_is_a_bool_and_an_extension_written_with_its_dot_are_refused(tmp_path: Path) -> None:
+    import pytest
+
+    from jaxstow.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="period must be a positive integer, not True"):
+        DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path, period=True))
+    with pytest.raises(ArgumentError, match=r"file_ext is the extension without its dot \('jxs'\), not '\.jxs'"):
+        DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path, file_ext=".jxs"))

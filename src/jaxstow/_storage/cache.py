@@ -32,9 +32,20 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CorruptFileError, FormatError, PathError, StorageError
 
-__all__ = ["cache_path", "cached_source"]
+__all__ = ["CachedCopy", "cache_path", "cached_source"]
 
 logger = logging.getLogger(__name__)
+
+
+class CachedCopy(LocalFile):
+    """The local copy of a remote file, matched to it by its header: a leaf found damaged in it is the copy's damage
+    (the disk's, or a hand's), not the store's, and :meth:`evict` lets the file be fetched again."""
+
+    def evict(self) -> None:
+        """Remove the copy: the next read of the file fetches it again."""
+        logger.warning("the copy of a file at %s was found damaged: it is fetched again from the store", self.name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name)
 
 
 def cache_path(cache_dir: str, url: str) -> str:
@@ -58,7 +69,7 @@ def cached_source(
     """
     path = cache_path(cache_dir, url)
     if expected is not None and _checksum_of(path) == expected:
-        return LocalFile(path)
+        return CachedCopy(path)
     remote = open_remote()
     if expected is None:
         try:
@@ -80,7 +91,7 @@ def cached_source(
             "not the one expected",
             file=path,
         )
-    return LocalFile(path)
+    return CachedCopy(path)
 
 
 def _checksum_of(path: str) -> str | None:

@@ -232,7 +232,12 @@ def _check(args: DefaultCheckpointerArguments) -> None:
         )
     _check_name_part(args, "file_prefix")
     _check_name_part(args, "file_ext")
-    if not isinstance(args.period, int) or args.period <= 0:
+    if args.file_ext.startswith("."):
+        raise ArgumentError(
+            f"DefaultCheckpointerArguments.file_ext is the extension without its dot ({args.file_ext[1:]!r}), not "
+            f"{args.file_ext!r}: the files would be named checkpoint_0.{args.file_ext}"
+        )
+    if isinstance(args.period, bool) or not isinstance(args.period, int) or args.period <= 0:
         raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
     level = args.log_level
     if isinstance(level, bool) or not (isinstance(level, int) or str(level).upper() in logging.getLevelNamesMapping()):
