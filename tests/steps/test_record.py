@@ -15,7 +15,13 @@ import jaxstow
 from jaxstow._format.header_checksum import header_checksum
 from jaxstow._steps.record import StepRecord, check_item_header, check_metadata, check_metrics, missing_item_file
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError
+from jaxstow.errors import (
+    ArgumentError,
+    CheckpointError,
+    CorruptFileError,
+    MetadataError,
+    NewerFormatError,
+)
 
 WHERE = "run/3/checkpoint.json"
 
@@ -77,9 +83,35 @@ def test_a_record_whose_version_is_changed_to_1_still_has_its_checksum_checked()
 
 def test_a_record_of_a_newer_jaxstow_says_to_upgrade():
     data = _record().to_json().replace(b'"record_version": 2', b'"record_version": 3')
-    with pytest.raises(FormatError, match=r"record version 3.*reads versions up to 2: upgrade jaxstow") as caught:
+    with pytest.raises(NewerFormatError, match=r"record version 3.*reads versions up to 2: upgrade jaxstow") as caught:
         StepRecord.from_json(data, where=WHERE)
     assert not isinstance(caught.value, CorruptFileError)
+    hostile = data.replace(b'"record_version": 3', b'"record_version": 3, "library": "\\u001b[2Jjaxstow 9"')
+    with pytest.raises(NewerFormatError) as caught:
+        StepRecord.from_json(hostile, where=WHERE)
+    assert "\x1b" not in str(caught.value) and "\\x1b[2Jjaxstow 9" in str(caught.value)  # escaped, never raw
+
+
+def test_a_step_of_a_newer_jaxstow_is_no_damage_to_ls_or_verify(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    import jaxstow._steps.record as record_module
+    from jaxstow import CheckpointManager
+
+    monkeypatch.setattr(record_module, "_RECORD_VERSION", 3)  # a jaxstow to come writes the step
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"w": np.ones(2)})
+    monkeypatch.undo()
+    with CheckpointManager(tmp_path / "run") as manager, pytest.raises(NewerFormatError, match="upgrade jaxstow"):
+        manager.restore(fallback=True)  # never taken for damage, nor skipped for an older step
+    for command in ("ls", "verify"):
+        done = subprocess.run(
+            [sys.executable, "-m", "jaxstow", command, str(tmp_path / "run")], capture_output=True, text=True
+        )
+        assert done.returncode == 2 and "DAMAGED" not in done.stdout and "upgrade jaxstow" in done.stderr, done
 
 
 @pytest.mark.parametrize(

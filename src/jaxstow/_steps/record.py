@@ -34,7 +34,14 @@ from jaxstow._format.native_or_npz import FORMAT_VERSION
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._version import __version__
-from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, FormatError, MetadataError, excerpt
+from jaxstow.errors import (
+    ArgumentError,
+    CheckpointError,
+    CorruptFileError,
+    MetadataError,
+    NewerFormatError,
+    excerpt,
+)
 
 __all__ = ["RECORD_NAME", "StepRecord", "check_item_header", "check_metadata", "check_metrics", "missing_item_file"]
 
@@ -149,8 +156,8 @@ class StepRecord:
     def from_json(cls, data: bytes, *, where: str) -> StepRecord:
         """Parse and check a record; ``where`` names it in errors.
 
-        Any change to a record is a :class:`CorruptFileError`; a record of a newer jaxstow a :class:`FormatError` naming
-        that version.
+        Any change to a record is a :class:`CorruptFileError`; a record of a newer jaxstow a :class:`NewerFormatError`
+        naming that version.
         """
         record = parse_json(data, what="the step record", file=where, error=CorruptFileError)
         version = record.get("record_version") if isinstance(record, dict) else None
@@ -159,9 +166,9 @@ class StepRecord:
                 f"record version {excerpt(version)} is malformed (expected a positive integer)", file=where
             )
         if version > _RECORD_VERSION:
-            raise FormatError(
-                f"the record was written by {record.get('library', 'a newer jaxstow')!s:.40} (record version "
-                f"{version}); this jaxstow {__version__} reads versions up to {_RECORD_VERSION}: upgrade jaxstow",
+            raise NewerFormatError(
+                f"the record was written by {excerpt(record.get('library', 'a newer jaxstow'), limit=40)} (record "
+                f"version {version}); this jaxstow {__version__} reads versions up to {_RECORD_VERSION}: upgrade jaxstow",
                 file=where,
             )
         # A record of version 1 holds neither field: one that does was written at version 2 (a version changed to 1

@@ -45,6 +45,7 @@ from jaxstow.errors import (
     CorruptFileError,
     FormatError,
     JaxstowError,
+    NewerFormatError,
     PathError,
     StepNotFoundError,
     StorageError,
@@ -149,7 +150,8 @@ def is_damage(error: JaxstowError) -> bool:
     step is gone (:class:`~jaxstow.errors.StepNotFoundError`) or that the storage failed."""
     if isinstance(error, StorageError):
         return error.errno == errno.ELOOP
-    return isinstance(error, FormatError | CheckpointError | PathError) and not isinstance(error, StepNotFoundError)
+    newer_or_gone = isinstance(error, NewerFormatError | StepNotFoundError)  # a newer jaxstow's: nothing is damaged
+    return isinstance(error, FormatError | CheckpointError | PathError) and not newer_or_gone
 
 
 def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> list[CorruptFileError]:
