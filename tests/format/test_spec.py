@@ -264,3 +264,24 @@ def test_the_checksum_key_must_close_the_header():
     padded = raw.ljust(length, b" ")
     with pytest.raises(jaxstow.errors.CorruptFileError, match="are not jaxstow's"):
         jaxstow.load(io.BytesIO(struct.pack("<Q", len(padded)) + padded + data))
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_json_that_rfc_8259_has_not_is_refused_in_a_header_and_in_a_manifest(constant):
+    plain = ('{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":' + constant + "}}").encode()
+    with pytest.raises(FormatError, match="is not valid JSON"):
+        jaxstow.load(io.BytesIO(len(plain).to_bytes(8, "little") + plain + bytes(4)))
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"w": np.ones(1, np.float32)}, metadata={"k": 1})
+    tensors, manifest, data = split_native(buffer.getvalue())
+    assert manifest is not None and '"k":1' in manifest
+    forged = forge_native(tensors, manifest.replace('"k":1', f'"k":{constant}'), data)
+    with pytest.raises(FormatError, match="the jaxstow manifest is not valid JSON"):
+        jaxstow.load(io.BytesIO(forged))
+
+
+@pytest.mark.parametrize("metadata", ["[]", "0", "false", '""'])
+def test_a_metadata_member_that_is_no_object_nor_null_is_refused_however_empty(metadata):
+    plain = ('{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":' + metadata + "}").encode()
+    with pytest.raises(FormatError, match="__metadata__ must map strings to strings"):
+        jaxstow.load(io.BytesIO(len(plain).to_bytes(8, "little") + plain + bytes(4)))

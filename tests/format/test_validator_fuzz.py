@@ -282,6 +282,9 @@ def test_a_refused_header_read_from_a_file_names_the_tensor_and_the_problem():
         data = bytes(size - DATA_START)
         with pytest.raises(JaxstowError) as raised:
             jaxstow.load(io.BytesIO(file + data))
+        if b"Infinity" in file or b"NaN" in file:  # Python's JSON writes them; JSON has none: no valid header
+            assert "is not valid JSON" in str(raised.value)
+            continue
         if slots.path is not None:
             assert f"leaf {slots.path!r}"[:60] in str(raised.value), (str(raised.value), str(slots))
         checked += 1

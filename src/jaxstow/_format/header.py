@@ -301,7 +301,7 @@ class NativeReader:
         if (problem := tensor_names_problem(raw, header)) is not None:
             raise error(problem[1], file=self.file, path=problem[0])
         last = next(reversed(header), None)
-        metadata = header.pop("__metadata__", None) or {}
+        metadata = {} if (metadata := header.pop("__metadata__", None)) is None else metadata  # not [], 0, ""
         if not isinstance(metadata, dict) or not set(map(type, metadata.values())) <= {str}:
             raise FormatError("__metadata__ must map strings to strings", file=self.file)
         if claimed and not (

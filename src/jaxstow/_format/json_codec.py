@@ -82,9 +82,14 @@ def parse_json(
         except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below
             pass
     try:  # bytes as UTF-8 only: json.loads would guess UTF-16 or UTF-32 from the first bytes
-        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text)
+        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text, parse_constant=_no_constant)
     except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
+
+
+def _no_constant(name: str) -> Any:
+    """``NaN``, ``Infinity`` and ``-Infinity``, which Python's parser takes and JSON (RFC 8259) has not."""
+    raise ValueError(f"{name} is no JSON value")
 
 
 def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | None, str] | None:
