@@ -3,6 +3,9 @@ as something else."""
 
 from __future__ import annotations
 
+import collections
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,3 +136,16 @@ def test_a_dict_nested_past_what_jax_follows_is_refused_and_the_interpreter_goes
         nested = [nested]
     jaxstow.save(tmp_path / "after.jxs", {"w": np.ones(2)}, metadata={"nested": nested})  # recursion works still
     assert jaxstow.load_metadata(tmp_path / "after.jxs")["nested"] == nested
+
+
+_Renamed = collections.namedtuple("_Elsewhere", "a")  # its module holds it under another name than its own
+
+
+def test_a_namedtuple_its_module_holds_under_another_name_is_refused_at_save_not_at_load():
+    with pytest.raises(UnsaveableObjectError, match="_Elsewhere"):
+        jaxstow.save(io.BytesIO(), {"p": _Renamed(np.ones(2))})
+    jaxstow.saveable(_Renamed, name="tests.renamed_point")  # registered: saved, and loaded by that name
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"p": _Renamed(np.ones(2))})
+    buffer.seek(0)
+    assert isinstance(jaxstow.load(buffer)["p"], _Renamed)

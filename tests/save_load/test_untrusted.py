@@ -25,7 +25,14 @@ import jaxstow
 from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._write.encoded import encode_tree
-from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, JaxstowError, RefusedNameError
+from jaxstow.errors import (
+    CheckpointError,
+    CorruptFileError,
+    FormatError,
+    JaxstowError,
+    NewerFormatError,
+    RefusedNameError,
+)
 from reliability.forge import forge_native, split_native
 
 TREE = {"w": np.arange(6, dtype=np.float32), "depth": 3, "act": jax.nn.relu}
@@ -419,5 +426,5 @@ def test_a_record_from_a_newer_jaxstow_names_its_version(run):
     record = run / "2" / "checkpoint.json"
     text = record.read_text().replace('"record_version": 2', '"record_version": 3')
     record.write_text(text.replace(f'"jaxstow {jaxstow.__version__}"', '"jaxstow 9.1.0"'))
-    with pytest.raises(FormatError, match=r"written by jaxstow 9\.1\.0 \(record version 3\).*upgrade jaxstow"):
+    with pytest.raises(NewerFormatError, match=r"written by 'jaxstow 9\.1\.0' \(record version 3\).*upgrade jaxstow"):
         jaxstow.CheckpointManager(run).metrics(2)

@@ -277,8 +277,19 @@ def attribute_class_name(cls: type) -> str | None:
 
 
 def type_name(cls: type) -> str:
-    """The name of a pytree node type: registered or known if it is, else its ``module.qualname``."""
-    return name_of(cls) or _default_name(cls)
+    """The name of a pytree node type: registered or known if it is, else its ``module.qualname``, once that name
+    finds it in its module (a namedtuple named otherwise than its variable would be saved under a name no load finds:
+    an :class:`~jaxstow.errors.ArgumentError`)."""
+    name = name_of(cls)
+    if name:
+        return name
+    name = _default_name(cls)
+    found: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        found = getattr(found, part, None)
+    if found is not cls:
+        raise ArgumentError(f"{cls!r} is not {name} in its module: register it with jaxstow.saveable(cls, name=...)")
+    return name
 
 
 def lookup(name: str, *, node_type: bool = False, file: str | None = None, path: str | None = None) -> object:
