@@ -81,7 +81,7 @@ _FACES = {
 
 
 def __dir__() -> list[str]:
-    return sorted(__all__)
+    return sorted([*__all__, "Checkpoint"])  # Checkpoint: still there, deprecated (jaxstow.objax.TreeCheckpoint)
 
 
 def __getattr__(name: str) -> Any:

@@ -111,7 +111,9 @@ def test_an_open_file_is_not_to_be_registered(tmp_path):
 
 def test_the_public_names_of_the_package():
     public = {"CheckpointManager", "io", "train", "objax", "save", "load", "open", "saveable", "errors", "Reader"}
-    assert public <= set(dir(jaxstow)) == set(jaxstow.__all__)
+    assert public <= set(jaxstow.__all__) and set(dir(jaxstow)) == {*jaxstow.__all__, "Checkpoint"}
+    with pytest.warns(DeprecationWarning, match="jaxstow.objax.TreeCheckpoint"):
+        assert jaxstow.Checkpoint is jaxstow.objax.TreeCheckpoint  # listed, and still there
     assert not [name for name in dir(jaxstow) if name.startswith("_") and name != "__version__"]
     for name in jaxstow.__all__:
         assert getattr(jaxstow, name) is not None
