@@ -73,7 +73,7 @@ def test_an_index_that_is_not_an_integer_is_refused(tmp_path, index):
 
 
 def test_numpy_and_jax_integer_indices_name_the_file_it_resumes(tmp_path):
-    arguments = train.DefaultCheckpointerArguments(save_dir=tmp_path, load_dir=tmp_path)
+    arguments = train.DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=tmp_path, load_dir=tmp_path)
     checkpointer = train.DefaultCheckpointer(arguments)
     checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 1}), 1)
     checkpointer.save(train.Checkpoint(trainer_state={"last_epoch": 3}), jnp.asarray(3))
@@ -123,7 +123,10 @@ def test_a_torch_model_resumes_only_from_tensors_of_its_own_shapes_and_dtypes(tm
 
     folder = str(tmp_path)
     arguments = train.TrainerArguments(
-        epochs=1, checkpointer_args=train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder)
+        epochs=1,
+        checkpointer_args=train.DefaultCheckpointerArguments(
+            save_dir=folder, model_state_save_dir=folder, load_dir=folder
+        ),
     )
     train.Trainer(module(torch.nn.Linear(3, 1).double()), arguments).train()
     other = layer()
