@@ -882,3 +882,11 @@ def test_a_collectors_resume_that_fails_is_a_collector_error_and_its_chain_is_no
     init_save, _, _ = io.save(_StubbedResume(_broken))
     with pytest.raises(CollectorError, match=r"_StubbedResume\.resume\(\) raised KeyError: 'loader'"):
         init_save({"x": jnp.float32(0)}, None, scheduler.static_information())
+
+
+def test_a_leaf_name_an_npz_archive_cannot_hold_is_refused_before_the_run_with_a_save_dir(tmp_path) -> None:
+    init_save, _, _ = io.save(io.MemoryCollector(save_dir=tmp_path / "samples"))
+    with pytest.raises(ArgumentError, match=r"leaf '\.': an npz archive cannot hold this leaf name.*save_dir keeps"):
+        init_save({".": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2))
+    init_save, _, _ = io.save(io.MemoryCollector())  # kept in memory alone: any name
+    init_save({".": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2))

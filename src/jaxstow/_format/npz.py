@@ -34,7 +34,7 @@ from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, excerpt
 
-__all__ = ["MANIFEST_MEMBER", "NpzReader", "stores_exactly", "write_npz"]
+__all__ = ["MANIFEST_MEMBER", "NpzReader", "check_member_name", "stores_exactly", "write_npz"]
 
 MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
@@ -71,7 +71,7 @@ def write_npz(
     carries its CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
     """
     for name, array in tensors:
-        _check_member_name(name)
+        check_member_name(name)
         if array.ndim > MAX_AXES:  # what the manifest of raw bytes, and numpy 1, could not read back
             checked_shape(list(array.shape), array.dtype, file=None, path=name)
     if manifest is not None:
@@ -86,7 +86,7 @@ def write_npz(
             _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
 
 
-def _check_member_name(name: str) -> None:
+def check_member_name(name: str) -> None:
     """Refuse a leaf name that would not come back as itself from a zip member name (or would name the manifest)."""
     parts = name.split("/")
     problems = {

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxstow._format.npz import check_member_name
 from jaxstow._save_load import save
 from jaxstow._storage.folders import make_folder
-from jaxstow.errors import ArgumentError, CollectorError, NotAFolderError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CollectorError, FormatError, NotAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
 from jaxstow.io.chains import (
@@ -91,6 +92,14 @@ class MemoryCollector(KeepsChains, DataCollector):
     ) -> int:
         """Register a chain; with a checkpoint of it in ``save_dir``, continue from there."""
         layout = SampleLayout.of(init_sample)
+        if self._save_dir is not None:  # each leaf a member of chain_{id}.npz: refused now, not once the run is over
+            for name in layout.names:
+                try:
+                    check_member_name(name)
+                except FormatError as error:
+                    raise ArgumentError(
+                        f"{error} (save_dir keeps each chain's samples as an npz archive)", path=name
+                    ) from None
         capacity = (static_information.samples_collected if static_information is not None else None) or 0
         chain_id = self._chains.next_id
         path = self._path(chain_id, _CHECKPOINT)
