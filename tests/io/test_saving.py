@@ -890,3 +890,15 @@ def test_a_leaf_name_an_npz_archive_cannot_hold_is_refused_before_the_run_with_a
         init_save({".": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2))
     init_save, _, _ = io.save(io.MemoryCollector())  # kept in memory alone: any name
     init_save({".": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2))
+
+
+def test_postprocess_save_inside_jit_says_to_call_it_outside() -> None:
+    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+
+    @jax.jit
+    def run(state):
+        state = jax.lax.scan(lambda s, t: (save(s, True, {"x": t})[0], None), state, jnp.arange(2.0))[0]
+        return postprocess_save(state, None)
+
+    with pytest.raises(ArgumentError, match=r"postprocess_save was called inside jax\.jit .* call it outside"):
+        run(init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2)))

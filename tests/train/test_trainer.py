@@ -114,6 +114,17 @@ def test_a_checkpointer_must_load_a_checkpoint() -> None:
         Trainer(Counter(), checkpointer=Recorder({"last_epoch": 3}))
 
 
+def test_arguments_in_another_order_than_pymarlins_are_refused_naming_the_order() -> None:
+    from jaxstow.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"args must be a jaxstow\.train\.TrainerArguments, not SingleProcess"):
+        Trainer(Counter(), SingleProcess(), TrainerArguments(epochs=1), Recorder())  # type: ignore[arg-type]
+    trainer = Trainer(
+        Counter(), trainer_backend=SingleProcess(), args=TrainerArguments(epochs=1), checkpointer=Recorder()
+    )
+    assert trainer.args.epochs == 1
+
+
 def test_an_epoch_without_batches_is_an_error() -> None:
     trainer = Trainer(Counter(batches=0), TrainerArguments(epochs=1), checkpointer=Recorder())
     with pytest.raises(ValueError, match=r"the train data loader of Counter gave no batches"):

@@ -292,6 +292,11 @@ class _Streaming:
         what it holds then is the collector's to give.
         """
         del solver_state
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(saving_state)):
+            raise ArgumentError(
+                "postprocess_save was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
+                "host, so call it outside, with the saving state the jitted run returns"
+            )
         state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
         host = self.host
         host.wait()

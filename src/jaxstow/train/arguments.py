@@ -85,6 +85,11 @@ def check_trainer_arguments(args: TrainerArguments) -> None:
     ...
     jaxstow.errors.ArgumentError: TrainerArguments.epochs must be an integer of at least 0, not '3'
     """
+    if not isinstance(args, TrainerArguments):
+        raise ArgumentError(
+            f"args must be a jaxstow.train.TrainerArguments, not {type(args).__name__}: Trainer takes (module, args, "
+            "trainer_backend, checkpointer), as PyMarlin's does; name them to pass them in another order"
+        )
     distributed = args.distributed_training_args
     counts = [
         ("TrainerArguments.epochs", args.epochs, 0),
