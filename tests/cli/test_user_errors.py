@@ -255,3 +255,12 @@ def test_verify_leaves_a_name_of_a_library_not_imported_to_the_load(tmp_path):
     path = _resigned(tmp_path, {"ref": "my_project.activation"})
     done = jaxstow_command("verify", path)
     assert done.returncode == 0 and "1 file intact" in done.stdout
+
+
+def test_verify_calls_a_plain_file_whose_shape_and_offsets_disagree_damaged(tmp_path):
+    header = b'{"a":{"dtype":"F32","shape":[5],"data_offsets":[0,12]}}'
+    path = tmp_path / "plain.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(12))
+    done = jaxstow_command("verify", path)
+    assert done.returncode == 1, done
+    assert f"DAMAGED  leaf 'a' of {path}: shape [5] of float32 needs 20 bytes" in done.stdout

@@ -59,3 +59,14 @@ def test_a_cast_within_range_raises_no_warning_of_numpy(tmp_path):
         warnings.simplefilter("error")
         restored = jaxstow.load(path, like={"w": np.zeros(3, ml_dtypes.bfloat16)}, cast=True)
     assert restored["w"].dtype == ml_dtypes.bfloat16 and float(restored["w"][2]) == 1.0
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"select": "z"}, {"like": {"u8": np.zeros(3, np.uint8), "z": np.zeros(3, complex)}}]
+)
+def test_a_leaf_stored_as_raw_bytes_at_an_odd_offset_comes_back_aligned(tmp_path, options):
+    tree = {"u8": np.arange(3, dtype=np.uint8), "z": np.array([1 + 2j, 3 - 4j, 5j])}  # complex128: raw bytes
+    jaxstow.save(tmp_path / "odd.jxs", tree)
+    restored = jaxstow.load(tmp_path / "odd.jxs", as_numpy=True, **options)
+    assert restored["z"].flags.aligned
+    np.testing.assert_array_equal(restored["z"], tree["z"])

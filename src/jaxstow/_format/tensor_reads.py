@@ -136,7 +136,8 @@ def _cut(buffer: np.ndarray, run: np.ndarray, columns: _Columns, digests: list[s
     for i, begin, length in zip(run.tolist(), (offsets[run] - start).tolist(), nbytes[run].tolist(), strict=True):
         if digests is not None:
             digests[i] = xxh3_64_hexdigest(data[begin : begin + length])
-        out.append(ndarray(shapes[i], dtypes[i], buffer, begin))
+        array = ndarray(shapes[i], dtypes[i], buffer, begin)
+        out.append(array if array.flags.aligned else array.copy())  # raw bytes at an odd offset (complex128): aligned
     return out
 
 

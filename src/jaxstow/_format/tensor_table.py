@@ -21,7 +21,7 @@ from typing import Any
 
 from jaxstow._format.dtypes import PACKED_CODES, checked_shape, dtype_from_code
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import FormatError, TruncatedFileError, excerpt
+from jaxstow.errors import CorruptFileError, FormatError, TruncatedFileError, excerpt
 
 __all__ = ["entry_slots"]
 
@@ -76,8 +76,8 @@ def _entry_slot(name: str, info: Any, data_start: int, file_size: int, file: str
         raise FormatError(f"malformed data_offsets {excerpt(offsets)}", file=file, path=name)
     begin, end = offsets
     expected = math.prod(shape) * dtype.itemsize
-    if end - begin != expected:
-        raise FormatError(
+    if end - begin != expected:  # a header damaged (one without a checksum, a plain file's): not another format
+        raise CorruptFileError(
             f"shape {shape} of {dtype} needs {expected} bytes, but data_offsets span {end - begin}",
             file=file,
             path=name,

@@ -386,7 +386,8 @@ class OpenedFile(Mapping[str, Any]):
         for leaf in leaves:
             array = arrays[leaf.path]
             if array.dtype != leaf.dtype or array.shape != leaf.shape:
-                arrays[leaf.path] = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
+                typed = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
+                arrays[leaf.path] = np.require(typed, requirements="A")  # raw bytes at an odd offset: copied aligned
         return arrays
 
     def _mapped(self, leaf: Stored) -> np.ndarray:
