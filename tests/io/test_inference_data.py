@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxstow import io
+from jaxstow import io, scheduler
 from jaxstow.errors import CollectorError, JaxstowError, MissingDependencyError
 
 if importlib.util.find_spec("arviz") is None:
@@ -111,6 +111,18 @@ def test_chains_of_different_lengths_need_truncate():
     idata = io.to_inference_data(results, truncate=True, dims={"theta": ["sign"]}, coords={"sign": ["+", "-"]})
     assert dict(idata.posterior.sizes) == {"chain": 3, "draw": 10, "sign": 2}
     np.testing.assert_array_equal(idata.posterior["theta"].values[2, :, 0], 2000.0 + 4 * np.arange(10))
+
+
+def test_runs_whose_draws_differ_in_shape_name_the_variable_and_both_shapes(tmp_path):
+    collector = io.HDF5Collector(tmp_path / "samples.h5")
+    init_save, save, postprocess_save = io.save(collector)
+    for width in (5, 7):  # one strategy, two runs of other shapes: each run its own chains of the file
+        state = init_save({"w": jnp.zeros(width)}, None, scheduler.static_information(samples_collected=3))
+        for _ in range(3):
+            state, _ = save(state, True, {"w": jnp.ones(width)})
+        postprocess_save(state, None)
+    with pytest.raises(JaxstowError, match=r"'w' has a draw of shape \(5,\) in chain 0 but \(7,\) in chain 1"):
+        io.to_inference_data(tmp_path / "samples.h5")
 
 
 def test_files_and_objects_that_hold_no_samples(tmp_path):

@@ -59,6 +59,20 @@ def _keep_list(seed: int, shape: tuple[int, ...]) -> jax.Array:
     return keep
 
 
+def test_a_state_of_another_kind_of_strategy_is_refused_naming_both() -> None:
+    information = scheduler.static_information(samples_collected=2)
+    init_device, save_device, postprocess_device = io.no_save()
+    init_host, save_host, postprocess_host = io.save(io.MemoryCollector())
+    on_device, on_host = init_device({"x": 0.0}, None, information), init_host({"x": 0.0}, None, information)
+    for save, state, expected in [(save_device, on_host, "SavingState"), (save_host, on_device, "DeviceSamples")]:
+        with pytest.raises(ArgumentError, match=rf"init_save returned .*got a {expected}: a state of another strategy"):
+            save(state, True, {"x": 1.0})
+    with pytest.raises(ArgumentError, match=r"no_save's postprocess_save needs .*got a SavingState"):
+        postprocess_device(on_host, None)
+    with pytest.raises(ArgumentError, match=r"postprocess_save needs .*got a DeviceSamples"):
+        postprocess_host(on_device, None)
+
+
 def _as_numpy(tree: Any) -> Any:
     return jax.tree.map(lambda leaf: np.asarray(leaf[:]), tree)
 
@@ -892,8 +906,9 @@ def test_a_leaf_name_an_npz_archive_cannot_hold_is_refused_before_the_run_with_a
     init_save({".": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2))
 
 
-def test_postprocess_save_inside_jit_says_to_call_it_outside() -> None:
-    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+@pytest.mark.parametrize("strategy", [io.no_save, lambda: io.save(io.MemoryCollector())], ids=["no_save", "save"])
+def test_postprocess_save_inside_jit_says_to_call_it_outside(strategy) -> None:
+    init_save, save, postprocess_save = strategy()
 
     @jax.jit
     def run(state):

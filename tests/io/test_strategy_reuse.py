@@ -164,6 +164,43 @@ def test_an_open_file_closed_by_the_user_between_runs_is_a_collector_error_sayin
         np.testing.assert_array_equal(done["chain~0/w"][:], np.asarray(kept["w"]))
 
 
+@pytest.mark.parametrize("replaced_by", ["another program's file", "a damaged file"])
+def test_a_file_replaced_between_runs_is_refused_and_left_as_it_is(replaced_by, tmp_path) -> None:
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)
+    postprocess_save(_compiled(save)(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))[0], None)
+    if replaced_by == "a damaged file":
+        os.truncate(path, 100)
+        expected = r"samples\.h5 cannot be read as an HDF5 file \(.*\): the file is damaged.*move it away"
+    else:
+        path.unlink()
+        with h5py.File(path, "w") as theirs:
+            theirs["mine"] = np.arange(3)
+        expected = r"samples\.h5 holds HDF5 data that no jaxstow collector wrote \(\['mine'\]\)"
+    before = path.read_bytes()
+    with pytest.raises(CollectorError, match=expected):
+        init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION)
+    assert path.read_bytes() == before
+
+
+def test_a_run_cut_short_after_a_finished_one_says_how_to_start_over(tmp_path) -> None:
+    path = tmp_path / "samples.h5"
+    information = scheduler.static_information(samples_collected=8)
+    collector = io.HDF5Collector(path)
+    init_save, save, postprocess_save = io.save(collector, checkpoint_every=2, block_size=2)
+    step = lambda t, state: save(state, True, {"w": 1.0 * t}, solver_state=0.0)[0]  # noqa: E731
+    run = jax.jit(lambda state: jax.lax.fori_loop(0, 4, step, state))
+    postprocess_save(run(init_save({"w": 0.0}, 0.0, information)), None)  # chain~0, finished
+    jax.block_until_ready(run(init_save({"w": 0.0}, 0.0, information)))  # chain~1: checkpointed, never finished
+    collector.close()  # as a kill leaves it
+    init_save, _, _ = io.save(io.HDF5Collector(path), checkpoint_every=2, block_size=2)  # the script run again
+    expected = (
+        r"finished run at /chain~0.*checkpoint holds \(\[1\]\); use another file, or delete .*samples\.h5 and its"
+    )
+    with pytest.raises(CollectorError, match=expected + r" checkpoint .*to start over"):
+        init_save({"w": 0.0}, 0.0, information)
+
+
 def test_a_collector_whose_file_another_process_took_between_runs_names_it(tmp_path) -> None:
     path = tmp_path / "samples.h5"
     init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)

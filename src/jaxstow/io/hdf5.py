@@ -66,6 +66,7 @@ from jaxstow.io.swmr import (
     DISK_DRIVERS,
     WriterLock,
     hold_metadata_in_memory,
+    open_appending,
     open_for_reading,
     open_writer,
     writes_live,
@@ -224,15 +225,8 @@ class HDF5Collector(KeepsChains, DataCollector):
     def _open_again(self) -> None:
         """Open the file the collector closed at the end of its last run again, to add the chains of another run."""
         assert self._lock is not None
-        name = self._lock.path
-        with storage_failures(name, hdf5=True):
-            lock = WriterLock(name)  # another process may have taken the file meanwhile: a CheckpointError names it
-            try:
-                self._file = self._h5py.File(name, "a", libver="latest", locking=False)
-            except BaseException:
-                lock.release(failed=True)
-                raise
-        self._lock = lock
+        with storage_failures(self._lock.path, hdf5=True):
+            self._file, self._lock = open_appending(self._lock.path)
         self._stored = {}  # the last run ended: its checkpoint is gone
         with self._failures():
             hold_metadata_in_memory(self._file)
@@ -258,9 +252,18 @@ class HDF5Collector(KeepsChains, DataCollector):
                     [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
                 )
             if "sample_count" in self._file[group].attrs:
+                where = "another file" if self._lock is None else f"another file, or delete {self._file.filename}"
+                if self._stored:  # a checkpoint of chains after the finished ones: a run cut short after others
+                    where += f" and its checkpoint {self.checkpoint_path} to start over"
                 raise CollectorError(
-                    f"{self._file.filename} already holds the samples of a finished run at {group}; "
-                    "open the file with mode 'w' to replace them, or use another file"
+                    f"{self._file.filename} already holds the samples of a finished run at {group}, where this run's "
+                    "chain would go: a collector made anew numbers its chains from /chain~0 and continues only the "
+                    f"chains its checkpoint holds ({sorted(self._stored or {}) or 'none'}); "
+                    + (
+                        "open the file with mode 'w' to replace them, or use another file"
+                        if self._lock is None
+                        else f"use {where}"
+                    )
                 )
             del self._file[group]  # interrupted before its first checkpoint: start again
         return create_datasets(self._file, chain_id, layout, capacity, self._compression)

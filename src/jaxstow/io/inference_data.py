@@ -172,6 +172,13 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
     for chain, variables in enumerate(chains):
         if list(variables) != names:
             raise JaxstowError(f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}")
+    for name in names:
+        shapes = [variables[name].shape[1:] for variables in chains]
+        if len(set(shapes)) > 1:
+            raise JaxstowError(
+                f"the variable {name!r} has a draw of shape {shapes[0]} in chain 0 but {_first_other(shapes)}: "
+                "ArviZ stacks the chains of a variable, so convert the runs of each shape on their own"
+            )
     counts = [len(next(iter(variables.values()))) if variables else 0 for variables in chains]
     draws = min(counts)
     if len(set(counts)) > 1 and not truncate:
@@ -180,3 +187,9 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
             f"pass truncate=True to keep the first {draws} of each"
         )
     return {name: np.stack([variables[name][:draws] for variables in chains]) for name in names}
+
+
+def _first_other(shapes: list[tuple[int, ...]]) -> str:
+    """Which chain first has a shape other than chain 0's, and that shape."""
+    chain = next(number for number, shape in enumerate(shapes) if shape != shapes[0])
+    return f"{shapes[chain]} in chain {chain}"

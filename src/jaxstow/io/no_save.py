@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.save_arguments import refuse_leafless
+from jaxstow.io.save_arguments import checked_state, refuse_leafless
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
 
@@ -77,6 +77,7 @@ def _save(
 ) -> tuple[DeviceSamples, None]:
     """Store ``sample`` if ``keep`` (``scheduler_state`` and ``solver_state`` are unused)."""
     del scheduler_state, solver_state
+    checked_state(saving_state, DeviceSamples, call="io.no_save's save")
     chain_ndim = np.ndim(saving_state.sample_count)
     sample = conform(sample, row_spec(saving_state.samples, chain_ndim), what="sample")
     capacity = jax.tree.leaves(saving_state.samples)[0].shape[chain_ndim]
@@ -96,6 +97,7 @@ def _save(
 def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:
     """The kept samples per chain, as device arrays (``solver_state`` is unused)."""
     del solver_state
+    checked_state(saving_state, DeviceSamples, call="io.no_save's postprocess_save")
     counts = np.asarray(saving_state.sample_count)
     capacity = jax.tree.leaves(saving_state.samples)[0].shape[counts.ndim]
     chains = list(np.ndindex(counts.shape))

@@ -81,3 +81,24 @@ def refuse_keys(spec: Any) -> None:
 def is_key(leaf: Any) -> bool:
     """Whether ``leaf`` is a typed PRNG key (or a tree spec of one)."""
     return bool(jnp.issubdtype(jnp.result_type(leaf), jax.dtypes.prng_key))
+
+
+def checked_state(state: Any, kind: type, *, call: str) -> None:
+    """Refuse a saving state that is not of ``kind`` (another strategy's), or, for ``postprocess_save``, one traced.
+
+    >>> checked_state((), tuple, call="save")
+    >>> checked_state({}, tuple, call="io.no_save's save")
+    Traceback (most recent call last):
+    ...
+    jaxstow.errors.ArgumentError: io.no_save's save needs the saving state its own init_save returned (a tuple), got a dict: a state of another strategy cannot go on in this one
+    """
+    if not isinstance(state, kind):
+        raise ArgumentError(
+            f"{call} needs the saving state its own init_save returned (a {kind.__name__}), got a "
+            f"{type(state).__name__}: a state of another strategy cannot go on in this one"
+        )
+    if "postprocess_save" in call and any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(state)):
+        raise ArgumentError(
+            f"{call} was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
+            "host, so call it outside, with the saving state the jitted run returns"
+        )

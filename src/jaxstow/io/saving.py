@@ -52,6 +52,7 @@ from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
 from jaxstow.io.save_arguments import (
     checked_collector,
     checked_information,
+    checked_state,
     checked_steps,
     is_key,
     refuse_keys,
@@ -292,11 +293,7 @@ class _Streaming:
         what it holds then is the collector's to give.
         """
         del solver_state
-        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(saving_state)):
-            raise ArgumentError(
-                "postprocess_save was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
-                "host, so call it outside, with the saving state the jitted run returns"
-            )
+        checked_state(saving_state, SavingState, call="postprocess_save")
         state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
         host = self.host
         host.wait()
@@ -358,6 +355,7 @@ class _Streaming:
         What is saved is a value, which no gradient flows through: a function that calls ``save`` may be
         differentiated (``jax.grad``), and its gradient is that of the same function without the call.
         """
+        checked_state(saving_state, SavingState, call="save")
         sample = conform(sample, row_spec(saving_state.buffer, np.ndim(saving_state.chain_id)), what="sample")
         sample = jax.lax.stop_gradient(sample)
         keep = keep_flags(keep, np.shape(saving_state.chain_id))

@@ -29,15 +29,17 @@ import dataclasses
 import os
 import struct
 import warnings
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
 from jaxstow._storage.atomic import temporary_sibling
+from jaxstow._storage.failures import errno_of
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, CollectorError, FormatError, excerpt
+from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_retries import reading_access
 
@@ -49,6 +51,7 @@ __all__ = [
     "clear_stale_writer",
     "hold_metadata_in_memory",
     "lookup3",
+    "open_appending",
     "open_for_reading",
     "open_writer",
     "read_superblock",
@@ -159,20 +162,60 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
     lock = WriterLock(name)
     try:
-        exists = os.path.exists(name) and os.path.getsize(name) > 0
-        if exists:
-            lock.clear_stale_flags()
-        continued = exists and os.path.exists(checkpoint)
-        if not continued and exists:
-            _check_collectors_own(name)
-        if not continued and os.path.exists(checkpoint):
-            os.unlink(checkpoint)
-        if not continued and os.path.exists(name):
-            _replace_with_empty(h5py, os.path.realpath(name))
-        return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
+        with _damage_refused(name):
+            exists = os.path.exists(name) and os.path.getsize(name) > 0
+            if exists:
+                lock.clear_stale_flags()
+            continued = exists and os.path.exists(checkpoint)
+            if not continued and exists:
+                _check_collectors_own(name)
+            if not continued and os.path.exists(checkpoint):
+                os.unlink(checkpoint)
+            if not continued and os.path.exists(name):
+                _replace_with_empty(h5py, os.path.realpath(name))
+            return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
     except BaseException:
         lock.release(failed=True)
         raise
+
+
+def open_appending(path: str | os.PathLike[str]) -> tuple[Any, WriterLock]:
+    """Open the HDF5 file at ``path``, which a collector's last run wrote, again under its :class:`WriterLock`, for
+    the chains of the collector's next run; return the file and the lock.
+
+    The file is the collector's as long as nothing else was put in its place meanwhile: a file that is not the
+    collector's (another program's HDF5 data, a damaged file) is refused, left as it is; a file removed meanwhile is
+    created again.
+    """
+    name = os.fspath(path)
+    h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
+    lock = WriterLock(name)  # another process may have taken the file meanwhile: a CheckpointError names it
+    try:
+        with _damage_refused(name):
+            if os.path.exists(name) and os.path.getsize(name) > 0:
+                _check_collectors_own(name)
+            return h5py.File(name, "a", libver="latest", locking=False), lock
+    except BaseException:
+        lock.release(failed=True)
+        raise
+
+
+@contextlib.contextmanager
+def _damage_refused(name: str) -> Iterator[None]:
+    """h5py's errors of a file it cannot read (damaged, truncated), which quote no errno, as a CollectorError."""
+    try:
+        yield
+    except JaxstowError:
+        raise
+    except (OSError, RuntimeError) as error:
+        if errno_of(error) is not None:
+            raise  # a system call's failure: the caller's StorageError names it
+        reason = str(error).split("(", 1)[-1].rstrip(")") if "(" in str(error) else str(error)
+        raise CollectorError(
+            f"{name} cannot be read as an HDF5 file ({reason}): the file is damaged, or not an HDF5 file; it is left "
+            "as it is: move it away to start the run over, or give the collector another file",
+            file=name,
+        ) from None
 
 
 def _check_collectors_own(name: str) -> None:
