@@ -476,10 +476,11 @@ def test_verify_a_damaged_hugging_face_folder_names_each_problem(tmp_path):
     assert f"ok       {folder}/model-00001-of-00002.safetensors" in done.stdout
     assert f"' of {cut}: the data ends at byte" in done.stdout  # the last tensor of the shard, named
     assert (
-        f"DAMAGED  leaf 'lm_head.weight' of {folder}/model-00001-of-00002.safetensors: holds no tensor of this name, "
-        "which model.safetensors.index.json maps to it"
-    ) in done.stdout
+        f"DAMAGED  leaf 'lm_head.weight' of {folder}/model.safetensors.index.json: maps it to "
+        "model-00001-of-00002.safetensors, which holds no tensor of this name"
+    ) in done.stdout  # the index's line: what it maps is not there
     assert "2 of 3 files damaged" in done.stdout and done.stderr == ""
+    assert done.stdout.count("DAMAGED") == 2
     cut.unlink()
     done = jaxstow_command("verify", folder, check=1)
     assert f"DAMAGED  {cut}: is missing: model.safetensors.index.json maps 2 tensors to it" in done.stdout

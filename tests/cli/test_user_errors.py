@@ -174,8 +174,12 @@ def hf_folders(tmp_path):
     [
         ("inspect", "cut", "cut/model-00002-of-00002.safetensors: the data ends at byte"),
         ("ls", "cut", "cut/model-00002-of-00002.safetensors: the data ends at byte"),
-        ("inspect", "unindexed", "unindexed/model-00001-of-00002.safetensors: holds no tensor of this name, which"),
-        ("ls", "unindexed", "unindexed/model-00001-of-00002.safetensors: holds no tensor of this name, which"),
+        (
+            "inspect",
+            "unindexed",
+            "unindexed/model.safetensors.index.json: maps it to model-00001-of-00002.safetensors,",
+        ),
+        ("ls", "unindexed", "unindexed/model.safetensors.index.json: maps it to model-00001-of-00002.safetensors,"),
         ("inspect", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),
         ("verify", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),
         ("ls", "mixed", "mixed: holds model.jxs (a jaxstow file) beside notes-export.safetensors"),

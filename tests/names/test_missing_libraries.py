@@ -108,15 +108,22 @@ def test_a_step_whose_items_name_one_library_each_names_both_in_one_error(folder
     assert loaded["after"] == {"same": True}
 
 
-def test_three_libraries_are_listed_in_order(folder: Path) -> None:
+@pytest.mark.parametrize("kept_in", ["one file", "a step's items"])
+def test_three_libraries_are_listed_in_order(folder: Path, kept_in: str) -> None:
     pytest.importorskip("flax")
     (folder / "state.py").write_text(
         _STATE
         + "\ndef three():\n    from flax import nnx\n"
         + "    return {**mixed(), 'layer': nnx.state(nnx.Linear(2, 3, rngs=nnx.Rngs(0)))}\n"
     )
-    jaxstow.save("three.jxs", _state(folder).three())
-    loaded = _load(folder, "jaxstow.load('three.jxs')", "three", "equinox", "flax.nnx", "optax")
+    if kept_in == "one file":
+        jaxstow.save("three.jxs", _state(folder).three())
+        load = "jaxstow.load('three.jxs')"
+    else:  # each item names one library, flax.nnx among them
+        with jaxstow.CheckpointManager("run") as manager:
+            manager.save(1, _state(folder).three())
+        load = "jaxstow.CheckpointManager('run').restore(1)"
+    loaded = _load(folder, load, "three", "equinox", "flax.nnx", "optax")
     assert loaded["before"]["libraries"] == ["equinox", "flax.nnx", "optax"], loaded  # import flax leaves nnx out
     assert loaded["before"]["error"].endswith("import equinox, flax.nnx and optax first"), loaded
     assert loaded["after"] == {"same": True}

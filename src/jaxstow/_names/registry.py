@@ -352,7 +352,7 @@ def _to_import(name: str) -> str | None:
     library = known().library(root)
     if library is None:
         return root if root not in sys.modules and _installed(root) else None
-    holding = [namespace for namespace in library.public_namespaces if name.startswith(f"{namespace}.")]
+    holding = [space for space in library.public_namespaces if name == space or name.startswith(f"{space}.")]
     module = min(holding, key=len, default=root)
     return None if module in sys.modules else module
 

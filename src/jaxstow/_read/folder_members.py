@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 from collections.abc import Callable
 
 from jaxstow._storage.opening import Location, refuse_options
@@ -42,6 +43,7 @@ __all__ = [
     "MAX_INDEX_BYTES",
     "Budget",
     "child",
+    "file_start",
     "list_folder",
     "open_local_member",
 ]
@@ -106,6 +108,32 @@ def list_folder(
         return data
 
     return names, read_remote
+
+
+def file_start(location: Location, name: str, count: int, settings: StorageSettings | None) -> tuple[bytes, int]:
+    """The first ``count`` bytes of the file ``name`` of the folder at ``location``, and the file's size.
+
+    A local file is read only if it is a regular file (``b""`` and 0 for anything else, or for one that cannot be
+    read); a file at a URL with one ranged read, after its size is looked up (a store's error names the file).
+    """
+    if location.path is not None:
+        path = os.path.join(location.path, name)
+        try:
+            if not stat.S_ISREG(os.stat(path).st_mode):
+                return b"", 0
+            with open(path, "rb") as file:
+                return file.read(count), os.fstat(file.fileno()).st_size
+        except OSError:
+            return b"", 0
+    assert location.url is not None
+    from jaxstow._storage.remote import storage_errors, url_filesystem
+
+    fs, root = url_filesystem(location.url, (settings or StorageSettings()).options)
+    with storage_errors(child(location.name, name)):
+        info = fs.info(posixpath.join(root, name))
+        if info.get("type") != "file":
+            return b"", 0
+        return bytes(fs.cat_file(posixpath.join(root, name), start=0, end=count)), int(info.get("size") or 0)
 
 
 def _too_large(file: str, size: int | None = None) -> FormatError:

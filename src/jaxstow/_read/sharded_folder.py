@@ -23,8 +23,6 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 
 from __future__ import annotations
 
-import os
-import stat
 import struct
 from collections.abc import Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -38,7 +36,14 @@ from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import ShardedLeaf, StoredShard
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
-from jaxstow._read.folder_members import MAX_FOLDER_TENSORS, Budget, child, list_folder, open_local_member
+from jaxstow._read.folder_members import (
+    MAX_FOLDER_TENSORS,
+    Budget,
+    child,
+    file_start,
+    list_folder,
+    open_local_member,
+)
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
@@ -81,7 +86,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     """The files of the folder at ``location`` if it is a sharded safetensors folder; ``None`` if it is none.
 
     A folder with an index is one. A folder without is one when it holds ``.safetensors`` files and no other file that
-    jaxstow loads whole (``.jxs``, ``.npz``, or a local file of another name that starts as a safetensors file does);
+    jaxstow loads whole (``.jxs``, ``.npz``, or a file of another name that starts as a safetensors file does);
     a folder holding those raises an :class:`~jaxstow.errors.IsAFolderError`
     naming them and the call that loads one. A checkpoint folder, one of its steps or an orbax folder is none: the
     reader's error names it and what restores it.
@@ -103,7 +108,9 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     if folder_kind(lambda sub: names if sub == "" else _subfolder(location, sub, settings)).name != "unknown":
         return None
     files = sorted(name for name in names if name.endswith(".safetensors"))
-    whole = sorted(name for name in names if name.lower().endswith(WHOLE_FILES) or _named_otherwise(location, name))
+    whole = sorted(
+        name for name in names if name.lower().endswith(WHOLE_FILES) or _named_otherwise(location, name, settings)
+    )
     if whole:
         raise IsAFolderError(_not_shards(location.name, whole, files), file=location.name)
     return Listing(location.name, files, None, None, None) if files else None
@@ -113,20 +120,13 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
 WHOLE_FILES = (".jxs", ".npz")
 
 
-def _named_otherwise(location: Location, name: str) -> bool:
-    """Whether the file ``name`` of a local folder starts as a safetensors or jaxstow file does, though its name does
-    not end in ``.safetensors`` (``jaxstow.save`` takes any name): one model file of the folder that no shard's name
-    shows, read on its own. Its first 9 bytes are read, and only from a regular file."""
-    if location.path is None or name.endswith(".safetensors") or name.endswith((".json", ".md", ".txt")):
+def _named_otherwise(location: Location, name: str, settings: StorageSettings | None) -> bool:
+    """Whether the file ``name`` starts as a safetensors or jaxstow file does, though its name does not end in
+    ``.safetensors`` (``jaxstow.save`` takes any name): one model file of the folder that no shard's name shows, read
+    on its own. Its first 9 bytes are read (locally, only from a regular file)."""
+    if name.endswith(".safetensors") or name.endswith((".json", ".md", ".txt")):
         return False
-    path = os.path.join(location.path, name)
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return False
-        with open(path, "rb") as file:
-            start, size = file.read(9), os.fstat(file.fileno()).st_size
-    except OSError:
-        return False
+    start, size = file_start(location, name, 9, settings)
     return len(start) == 9 and start[8:9] == b"{" and 2 <= struct.unpack("<Q", start[:8])[0] <= size - 8
 
 
@@ -326,8 +326,8 @@ def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tu
         if container is None:
             continue
         if tensor not in container.slots:
-            message = f"holds no tensor of this name, which {listing.index_name} maps to it"
-            problems.append(FormatError(message, file=container.file, path=tensor))
+            message = f"maps it to {shard}, which holds no tensor of this name"
+            problems.append(FormatError(message, file=child(listing.folder, str(listing.index_name)), path=tensor))
         else:
             mapped[tensor] = position[shard]
     return mapped, problems
