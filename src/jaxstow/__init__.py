@@ -35,10 +35,9 @@ from jaxstow._util.deprecation import moved
 from jaxstow._version import __version__
 
 if TYPE_CHECKING:
-    from jaxstow import checkpoint, huggingface, io, objax, train
+    from jaxstow import checkpoint, huggingface, io, objax, scheduler, train
     from jaxstow.checkpoint import CheckpointManager, LocalTier
     from jaxstow.checkpoint.hf_export import export_safetensors
-    from jaxstow.io import scheduler
 
 __all__ = [
     "CheckpointManager",
@@ -75,7 +74,7 @@ _FACES = {
     "huggingface": ("jaxstow.huggingface", None),
     "io": ("jaxstow.io", None),
     "objax": ("jaxstow.objax", None),
-    "scheduler": ("jaxstow.io.scheduler", None),  # jax_sgmc's ``from jax_sgmc import io, scheduler``
+    "scheduler": ("jaxstow.scheduler", None),  # jax_sgmc's ``from jax_sgmc import io, scheduler``
     "train": ("jaxstow.train", None),
 }
 

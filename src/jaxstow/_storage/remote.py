@@ -62,15 +62,23 @@ def storage_errors(url: str) -> Iterator[None]:
 
 def url_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
     """The fsspec file system of ``url`` and the path in it; a missing package names the extra that installs it."""
-    fsspec = require("fsspec", extra="fsspec", purpose=f"reading or writing {url}")
+    scheme = url.partition("://")[0].lower()
+    fsspec = require("fsspec", extra="s3" if scheme in _S3 else "fsspec", purpose=f"reading or writing {url}")
     try:
         with storage_errors(url):
             fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except StorageError as error:
         if isinstance(error.__cause__, ImportError):  # the protocol's own package (s3fs, gcsfs, ...) is missing
-            raise MissingDependencyError(f"{url}: {error.__cause__} (pip install 'jaxstow[fsspec]')") from None
+            package = _PROTOCOL_PACKAGES.get(scheme)
+            install = "'jaxstow[s3]'" if scheme in _S3 else f"'jaxstow[fsspec]' {package or '<the package it names>'}"
+            raise MissingDependencyError(f"{url}: {error.__cause__} (pip install {install})") from None
         raise
     return fs, path
+
+
+#: The URL schemes of S3, whose package the extra ``jaxstow[s3]`` installs, and the packages of other stores.
+_S3 = ("s3", "s3a")
+_PROTOCOL_PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 
 
 def open_remote_source(url: str, settings: StorageSettings | None = None) -> ReadSource:

@@ -1,5 +1,6 @@
 """Checkpoints of training runs: :class:`CheckpointManager`, its steps kept by a :class:`KeepPolicy`, a first tier on
 each process's fast storage given by a :class:`LocalTier`.
+A face: it imports the core (``jaxstow._*``) and no other face.
 
 >>> import tempfile, jax.numpy as jnp
 >>> from jaxstow.checkpoint import CheckpointManager, KeepPolicy

@@ -1,4 +1,5 @@
 """The ``jaxstow`` command: look into files and checkpoint folders, check them, compare them, convert them.
+The top layer: it imports the faces and the core; only ``python -m jaxstow`` imports it.
 
 One subcommand per module of this package: ``inspect``, ``verify``, ``diff``, ``ls``, ``convert``, ``uploads``,
 ``watch`` and ``export``, named after it. Each gives ``HELP``, its line in ``jaxstow --help``; ``arguments(parser)``,

@@ -43,7 +43,7 @@ import numpy as np
 from jaxstow._storage.lock import Holder
 from jaxstow._util.optional import require
 from jaxstow.cli.output import Table, printable
-from jaxstow.errors import JaxstowError
+from jaxstow.errors import JaxstowError, MissingDependencyError
 from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import SWMR_SUPERBLOCK, read_superblock
@@ -87,8 +87,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 current = report(args.file)
             except (JaxstowError, OSError) as error:
-                if args.once or not _may_become_a_run(args.file):
-                    raise
+                if args.once or isinstance(error, MissingDependencyError) or not _may_become_a_run(args.file):
+                    raise  # waiting would not help: installing a package, or another file, would
                 current = {"file": args.file, "state": f"waiting: {error}", "chains": [], "variables": []}
             if clear:
                 sys.stdout.write(_CLEAR)

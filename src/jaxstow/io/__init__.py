@@ -1,4 +1,5 @@
 """Save and checkpoint chains: samples leave a jit-compiled loop for the host, in blocks.
+A face: it imports the core (``jaxstow._*``) and no other face.
 
 Saving consists of two parts. A *data collector* serializes the samples and writes them to disk and/or keeps them
 in memory (:class:`MemoryCollector`, :class:`HDF5Collector`, or any :class:`DataCollector` of your own). A

@@ -252,18 +252,13 @@ class HDF5Collector(KeepsChains, DataCollector):
                     [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
                 )
             if "sample_count" in self._file[group].attrs:
-                where = "another file" if self._lock is None else f"another file, or delete {self._file.filename}"
-                if self._stored:  # a checkpoint of chains after the finished ones: a run cut short after others
-                    where += f" and its checkpoint {self.checkpoint_path} to start over"
+                checkpoint = f" and its checkpoint {self.checkpoint_path}" if self._stored else ""
+                advice = f"use another file, or delete {self._file.filename}{checkpoint} to start over"
                 raise CollectorError(
                     f"{self._file.filename} already holds the samples of a finished run at {group}, where this run's "
                     "chain would go: a collector made anew numbers its chains from /chain~0 and continues only the "
                     f"chains its checkpoint holds ({sorted(self._stored or {}) or 'none'}); "
-                    + (
-                        "open the file with mode 'w' to replace them, or use another file"
-                        if self._lock is None
-                        else f"use {where}"
-                    )
+                    + (advice if self._lock else "open the file with mode 'w' to replace them, or use another file")
                 )
             del self._file[group]  # interrupted before its first checkpoint: start again
         return create_datasets(self._file, chain_id, layout, capacity, self._compression)

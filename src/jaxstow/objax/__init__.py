@@ -1,4 +1,5 @@
 """Objax's ``objax.io`` for Objax modules on current JAX: variable collections to files and checkpoints.
+A face: it imports the core (``jaxstow._*``) and no other face.
 
 ``jaxstow.objax`` stands where ``objax.io`` stood: ``save_var_collection(file, module.vars())``,
 ``load_var_collection(file, module.vars(), renamer=None)`` and ``checkpoint.Checkpoint`` (also ``Checkpoint``), with

@@ -1,4 +1,5 @@
 """``jaxstow.train``: the checkpointer contract of a training loop, a default checkpointer, and a resumable trainer.
+A face: it imports the core (``jaxstow._*``) and no other face.
 
 A :class:`Trainer` trains a :class:`ModuleInterface` for a number of epochs with PyMarlin's contract, resuming from
 the checkpoint its checkpointer (an :class:`AbstractCheckpointer`, by default a :class:`DefaultCheckpointer`) loads.

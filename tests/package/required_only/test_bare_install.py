@@ -53,14 +53,18 @@ def test_the_command_line_prints_plain_text(tmp_path):
 
 
 def test_features_of_extras_name_the_extra(tmp_path):
-    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[fsspec\]'"):
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[s3\]'"):
         jaxstow.load("s3://bucket/model.jxs")
+    with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[fsspec\]'"):
+        jaxstow.load("gs://bucket/model.jxs")
     with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[progress\]'"):
         jaxstow.save(tmp_path / "x.jxs", {"w": jnp.ones(2)}, progress=True)
     with pytest.raises(MissingDependencyError, match=r"pip install 'jaxstow\[h5py\]'"):
         jaxstow.io.HDF5Collector(None)
     url = jaxstow_command("inspect", "s3://bucket/model.jxs")
-    assert url.returncode == 2 and "jaxstow[fsspec]" in url.stderr and "Traceback" not in url.stderr
+    assert url.returncode == 2 and "jaxstow[s3]" in url.stderr and "Traceback" not in url.stderr
+    watched = jaxstow_command("watch", "--interval", "0.1", str(tmp_path / "run.h5"))  # no waiting for h5py
+    assert watched.returncode == 2 and "jaxstow[h5py]" in watched.stderr and "Traceback" not in watched.stderr
 
 
 def test_every_face_names_its_own_extra(tmp_path):
