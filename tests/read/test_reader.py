@@ -103,6 +103,10 @@ def test_bad_slices_name_the_leaf_and_the_file(saved):
         with pytest.raises(SliceError, match=r"index 512 is out of bounds for axis 0 of shape \[512, 512\]") as raised:
             reader.read("big", 512)
         assert raised.value.path == "big" and raised.value.file == str(saved)
+        for past_the_end, reached in [(np.s_[500:520, :], 520), (np.s_[600:700], 600), (np.s_[:, -513:], -513)]:
+            with pytest.raises(SliceError, match=rf"reaches {reached}, past the end of axis \d of shape \[512, 512\]"):
+                reader.read("big", past_the_end)  # numpy would cut it short, or return nothing, without a word
+        assert reader.read("big", np.s_[512:, -512:]).shape == (0, 512)  # the ends themselves are bounds
         with pytest.raises(SliceError, match=r"only integers, slices and '\.\.\.'"):
             reader.read("big", np.s_[[1, 2]])
         with pytest.raises(SliceError, match="has 3 axes"):

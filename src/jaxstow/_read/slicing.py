@@ -90,7 +90,8 @@ def parse_index(
             box.append((position, position + 1))
             rest.append(0)
         elif isinstance(item, slice):
-            chosen = range(*_bounds(item, size, index, file=file, path=path))
+            where = f"axis {axis} of shape {list(shape)}"
+            chosen = range(*_bounds(item, size, index, where, file=file, path=path))
             if not chosen:
                 box.append((0, 0))
                 rest.append(slice(None))
@@ -137,15 +138,34 @@ def _unsupported(item: Any) -> str:
     return f"{excerpt(item, 60)} is not an integer, a slice or '...'"
 
 
-def _bounds(item: slice, size: int, index: Any, *, file: str | None, path: str | None) -> tuple[int, int, int]:
-    """``item.indices(size)``, or a :class:`SliceError` for a step of 0 or bounds that are not integers."""
+def _bounds(
+    item: slice, size: int, index: Any, where: str, *, file: str | None, path: str | None
+) -> tuple[int, int, int]:
+    """``item.indices(size)``, or a :class:`SliceError` for a step of 0, bounds that are not integers, or a bound
+    past either end of the axis (numpy would cut the slice short without a word: a lazy read refuses it)."""
     try:
-        return item.indices(size)
+        bounds = item.indices(size)
     except ValueError:  # Python's words: "slice step cannot be zero"
         problem = "a slice's step cannot be 0"
     except TypeError:
         problem = f"{excerpt(item, 60)} has bounds or a step that are not integers"
+    else:
+        outside = [int(bound) for bound in (item.start, item.stop) if bound is not None and not -size <= bound <= size]
+        if not outside:
+            return bounds
+        raise SliceError(
+            f"index {excerpt(index)}: the slice {_shown(item)} reaches {outside[0]}, past the end of {where}, "
+            f"which takes bounds from {-size} to {size}",
+            file=file,
+            path=path,
+        )
     raise SliceError(f"index {excerpt(index)}: {problem}; {_SUPPORTED}", file=file, path=path)
+
+
+def _shown(item: slice) -> str:
+    """A slice as it is written in an index (``3:20``, ``::2``)."""
+    parts = ["" if bound is None else str(bound) for bound in (item.start, item.stop)]
+    return ":".join(parts) + (f":{item.step}" if item.step is not None else "")
 
 
 def read_box(
