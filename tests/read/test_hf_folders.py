@@ -29,6 +29,7 @@ from jaxstow.errors import (
     ArgumentError,
     FormatError,
     IsAFolderError,
+    PathError,
     PathNotFoundError,
     StructureMismatchError,
     TruncatedFileError,
@@ -329,6 +330,50 @@ def test_a_jaxstow_file_of_any_name_beside_a_stray_safetensors_file_on_s3_is_ref
             call(url, storage_options=s3_server.storage_options)
     fs.rm(f"{root}/model.jaxstow")
     assert jaxstow.load(url, storage_options=s3_server.storage_options, as_numpy=True)["stray"].tolist() == [0, 0]
+
+
+def test_a_folder_on_s3_that_another_client_changes_is_listed_anew_at_each_load(s3_server, tmp_path):
+    import fsspec
+    from safetensors.numpy import save
+
+    url = s3_server.url("changing-folder")
+    other_client = fsspec.filesystem("s3", skip_instance_cache=True, **s3_server.storage_options)
+    root = url.removeprefix("s3://")
+    load = lambda: jaxstow.load(url, storage_options=s3_server.storage_options, as_numpy=True)  # noqa: E731
+    other_client.pipe_file(f"{root}/a.safetensors", save({"a": np.ones(2, np.float32)}))
+    assert sorted(load()) == ["a"]
+    other_client.pipe_file(f"{root}/b.safetensors", save({"b": np.zeros(3, np.float32)}))
+    assert sorted(load()) == ["a", "b"]
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.ones(2)})
+    other_client.put_file(str(tmp_path / "model.jxs"), f"{root}/model.jxs")
+    with pytest.raises(IsAFolderError, match=r"holds model\.jxs \(a jaxstow file\) beside a\.safetensors"):
+        load()
+
+
+def test_an_export_to_s3_cut_short_is_refused_by_loads_and_named_by_the_next_export(s3_server, tmp_path):
+    import fsspec
+
+    jaxstow.save(tmp_path / "model.jxs", {f"layer{i}": np.full(256, i, np.float32) for i in range(3)})
+    url, options = s3_server.url("cut-export"), s3_server.storage_options
+    jaxstow.export_safetensors(tmp_path / "model.jxs", url, max_shard_size=1024, storage_options=options)
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs.rm([f"{root}/model.safetensors.index.json", f"{root}/model-00003-of-00003.safetensors"])  # as a kill leaves it
+    with pytest.raises(PathNotFoundError, match=r"model-00003-of-00003\.safetensors: is missing"):
+        jaxstow.load(url, storage_options=options)
+    with pytest.raises(PathError, match=r"exists already: .*no index, as an export cut short leaves it: remove them"):
+        jaxstow.export_safetensors(tmp_path / "model.jxs", url, max_shard_size=1024, storage_options=options)
+
+
+def test_numbered_shards_without_an_index_are_refused_unless_all_are_there(tmp_path):
+    folder = tmp_path / "cut"
+    folder.mkdir()
+    for number in (1, 2):  # of 3: an interrupted download, copy or export
+        save_file({f"layer{number}": np.ones(2, np.float32)}, str(folder / f"model-0000{number}-of-00003.safetensors"))
+    for call in (jaxstow.load, huggingface.load, jaxstow.open):
+        with pytest.raises(PathNotFoundError, match=r"model-00003-of-00003\.safetensors: is missing: .*not all 3 of"):
+            call(folder)
+    save_file({"layer3": np.ones(2, np.float32)}, str(folder / "model-00003-of-00003.safetensors"))
+    assert sorted(jaxstow.load(folder)) == ["layer1", "layer2", "layer3"]
 
 
 def test_each_process_reads_only_the_rows_its_devices_hold(tmp_path):

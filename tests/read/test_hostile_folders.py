@@ -75,6 +75,18 @@ def test_a_shard_linked_to_a_file_outside_is_refused_by_every_call(folder, tmp_p
     _refused(folder, PathError, FIRST, f"is a link to {outside}, outside the folder")
 
 
+@pytest.mark.parametrize("form", ["file://{}", "file://localhost{}", "local://{}", "simplecache::file://{}"])
+def test_a_local_folder_named_by_any_url_of_fsspecs_is_read_under_the_same_rules(folder, tmp_path, form):
+    outside = tmp_path / "elsewhere.safetensors"
+    save_file({"embed.w": np.full((4, 3), 7, np.float32)}, str(outside))
+    (folder / FIRST).unlink()
+    (folder / FIRST).symlink_to(os.path.relpath(outside, folder))
+    _refused(form.format(folder), PathError, FIRST, "outside the folder")  # fsspec itself would follow the link
+    (folder / FIRST).unlink()
+    os.mkfifo(folder / FIRST)
+    _refused(form.format(folder), PathError, FIRST, "is a FIFO")  # fsspec itself would wait on it for ever
+
+
 @pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom", "/proc/self/environ"])
 def test_an_index_linked_to_a_device_is_refused_without_a_byte_read(folder, target):
     (folder / INDEX).unlink()

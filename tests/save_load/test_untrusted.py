@@ -428,3 +428,28 @@ def test_a_record_from_a_newer_jaxstow_names_its_version(run):
     record.write_text(text.replace(f'"jaxstow {jaxstow.__version__}"', '"jaxstow 9.1.0"'))
     with pytest.raises(NewerFormatError, match=r"written by 'jaxstow 9\.1\.0' \(record version 3\).*upgrade jaxstow"):
         jaxstow.CheckpointManager(run).metrics(2)
+
+
+def test_a_shard_box_a_file_stores_twice_is_damage_whichever_copy_a_read_would_take(tmp_path):
+    from forked_cli import jaxstow_command
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    sharding = NamedSharding(jax.make_mesh((4,), ("x",)), P("x"))
+    jaxstow.save(tmp_path / "good.jxs", {"v": jax.device_put(np.arange(8, dtype=np.float32), sharding)})
+    tensors, manifest_text, data = split_native((tmp_path / "good.jxs").read_bytes())
+    manifest = json.loads(manifest_text)
+    [shards] = [detail["shards"] for detail in manifest["details"].values()]
+    tensors["evil"] = {"dtype": "F32", "shape": [2], "data_offsets": [len(data), len(data) + 8]}
+    shards.append({"tensor": "evil", "box": shards[0]["box"]})  # rows 0:2 again, unchecked: 666, 666
+    forged = tmp_path / "forged.jxs"
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data + np.full(2, 666, np.float32).tobytes()))
+    for read in (
+        lambda: jaxstow.load(forged),
+        lambda: jaxstow.load(forged, sharding=sharding),
+        lambda: jaxstow.open(forged),
+    ):
+        with pytest.raises(FormatError, match=r"leaf 'v' of .*forged\.jxs: the shard box \[\[0, 2\]\] is stored twice"):
+            read()
+    verified = jaxstow_command("verify", str(forged))
+    assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr

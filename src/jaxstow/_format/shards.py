@@ -21,7 +21,7 @@ import numpy as np
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
 from jaxstow._format.tensor_reads import TensorSlot
-from jaxstow.errors import FormatError, excerpt
+from jaxstow.errors import CorruptFileError, FormatError, excerpt
 
 __all__ = [
     "AXIS_TYPES",
@@ -162,7 +162,18 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
 
 
 def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:
-    """Raise :class:`FormatError` unless the shards of ``leaf`` cover its whole array, each element once."""
+    """Raise :class:`FormatError` unless the shards of ``leaf`` cover its whole array, each element once.
+
+    A box stored by several files counts once (the files of a step may each hold it); one file holding a box twice
+    is damage, whichever of its copies a read would take.
+    """
+    stored = [(shard.source, shard.box) for shard in leaf.shards]
+    if len(set(stored)) != len(stored):
+        twice = next(box for number, (_, box) in enumerate(stored) if stored[number] in stored[:number])
+        shown = [list(axis) for axis in twice]
+        raise CorruptFileError(
+            f"the shard box {shown} is stored twice: the header is damaged", file=file, path=leaf.path
+        )
     boxes = {shard.box for shard in leaf.shards}
     covered = sum(math.prod(stop - start for start, stop in box) for box in boxes)
     overlapping = any(

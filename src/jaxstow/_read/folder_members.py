@@ -95,6 +95,7 @@ def list_folder(
 
     fs, root = url_filesystem(location.url, (settings or StorageSettings()).options)
     with storage_errors(location.url):
+        fs.invalidate_cache(root)  # listed as it is now: fsspec keeps what it listed before, in this process
         if not fs.isdir(root):
             return None
         names = [posixpath.basename(str(entry).rstrip("/")) for entry in fs.ls(root, detail=False)]

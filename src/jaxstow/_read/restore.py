@@ -159,7 +159,9 @@ def _restore(
         return _rebuild(opened, as_numpy=as_numpy, sharding=sharding, select=select, every=every, pipeline=pipeline)
     if select is not None:
         raise RequestError(
-            "select= chooses leaves without a template; with like=..., pass partial=True", file=opened.file
+            "select= chooses leaves without a template: with like=..., leave select= out and give like= only the "
+            "leaves to restore, with partial=True",
+            file=opened.file,
         )
     return _fit(
         opened, like, as_numpy=as_numpy, sharding=sharding, partial=partial, cast=cast, every=every, pipeline=pipeline

@@ -52,10 +52,19 @@ Readable = PathOrFile | ReadSource
 
 
 def local_path(target: str | os.PathLike[str]) -> str | None:
-    """The local path that ``target`` names (a path or a ``file://`` URL), or ``None`` for any other URL."""
+    """The local path that ``target`` names, or ``None`` for any other URL: a path, a ``file://`` or ``local://`` URL,
+    or an fsspec chain of caches ending in one (``simplecache::file:///data/model``), each read as the path itself,
+    under the rules of local files and folders.
+
+    >>> local_path("file:///data/model.jxs"), local_path("simplecache::local:///data"), local_path("s3://b/k")
+    ('/data/model.jxs', '/data', None)
+    """
     text = os.fspath(target)
-    if text.startswith("file://"):
-        return text.removeprefix("file://")
+    last = text.rpartition("::")[2]  # an fsspec chain reads the last URL's bytes
+    for scheme in ("file://", "local://"):
+        if last.startswith(scheme):
+            path = last.removeprefix(scheme)
+            return path.removeprefix("localhost") if path.startswith("localhost/") else path
     return None if "://" in text else text
 
 

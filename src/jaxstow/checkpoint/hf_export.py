@@ -315,8 +315,15 @@ def _remote_staged(out: str, settings: StorageSettings) -> Iterator[Callable[[st
 
     fs, root = url_filesystem(out, settings.options)
     with storage_errors(out):
-        if fs.exists(root) and fs.ls(root, detail=False):
-            raise PathError("exists already: the export writes a new folder (or into an empty one)", file=out)
+        fs.invalidate_cache(root)
+        held = fs.ls(root, detail=False) if fs.exists(root) else []
+    if held:
+        cut_short = not any(str(name).endswith(".index.json") for name in held)
+        raise PathError(
+            "exists already: the export writes a new folder (or into an empty one)"
+            + ("; it holds files and no index, as an export cut short leaves it: remove them" if cut_short else ""),
+            file=out,
+        )
     written: list[str] = []
 
     def write(name: str, fill: Callable[[Any], Any]) -> None:
