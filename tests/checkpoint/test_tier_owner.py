@@ -75,9 +75,10 @@ def test_a_run_moved_with_its_local_tier_restores_from_it(tmp_path):
 def test_a_damaged_record_of_the_tiers_run_is_named(tmp_path):
     ssd = tmp_path / "ssd"
     ssd.mkdir()
-    (ssd / OWNER_NAME).write_text("[1, 2]")
-    with pytest.raises(CorruptFileError, match=OWNER_NAME):
-        CheckpointManager(tmp_path / "run", local=LocalTier(ssd))
+    for damaged in ("[1, 2]", "[" * 100_000 + "]" * 100_000):  # not an object; nested past Python's parser
+        (ssd / OWNER_NAME).write_text(damaged)
+        with pytest.raises(CorruptFileError, match=OWNER_NAME):
+            CheckpointManager(tmp_path / "run", local=LocalTier(ssd))
 
 
 def test_a_run_started_again_at_a_deleted_runs_path_does_not_resume_its_local_tier(tmp_path):

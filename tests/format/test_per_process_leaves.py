@@ -186,3 +186,23 @@ def test_none_or_a_template_in_a_per_process_values_place_restores_it_nested_or_
     jaxstow.save(path, jaxstow.per_process(value))
     for like in (jaxstow.per_process(None), template, template):  # the same file again: its header cached
         assert jaxstow.load(path, like=like) == value
+
+
+def test_a_live_iterator_keeps_its_state_when_a_steps_restore_fails(tmp_path):
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"data": Loader(1), "params": {"w": np.ones(2)}})
+        manager.save(2, {"data": Loader(42), "params": {"w": np.ones(2)}})
+    live = Loader(7)
+    with pytest.raises(StructureMismatchError), jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.restore(like={"data": live, "params": {"w": np.ones(3)}})  # the data item is restored, params not
+    assert live.position == 7
+    damaged = tmp_path / "run" / "2" / "params.safetensors"
+    data = bytearray(damaged.read_bytes())
+    data[-1] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(JaxstowError, match="checksum mismatch"), jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.restore(like={"data": live, "params": {"w": np.ones(2)}})
+    assert live.position == 7
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.restore(like={"data": live, "params": {"w": np.ones(2)}}, fallback=True)
+    assert live.position == 1  # the step before the damaged one's

@@ -29,6 +29,7 @@ import pytest
 from jaxstow import io
 from jaxstow.cli import main
 from jaxstow.errors import ArgumentError, CheckpointError, FormatError, StructureMismatchError
+from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 
 STEPS = 4000
 EVERY = 100
@@ -142,6 +143,11 @@ def test_files_that_hold_no_such_run_are_left_alone(tmp_path):
     before = _fingerprint(tmp_path)
     with pytest.raises(CheckpointError, match=r"other.h5 exists but holds no run of jaxstow.io"):
         run(str(other))
+    with h5py.File(tmp_path / "damaged.h5", "w", libver="latest") as file:
+        file.attrs[RUN_ATTRIBUTE] = "[" * 100_000  # a run's record that is none
+    with pytest.raises(CheckpointError, match=r"damaged.h5's .* attribute is not the record of a run"):
+        run(str(tmp_path / "damaged.h5"))
+    before = _fingerprint(tmp_path)
     (tmp_path / "not-hdf5.h5").write_bytes(b"just bytes" * 100)
     with pytest.raises(FormatError, match=r"not-hdf5.h5: is not an HDF5 file"):
         run(str(tmp_path / "not-hdf5.h5"))

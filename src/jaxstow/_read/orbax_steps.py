@@ -153,7 +153,7 @@ def key_impls(path: str) -> dict[str, str]:
                 impl = extra.get("random_key_impl") if isinstance(extra, dict) else None
                 if isinstance(impl, str) and isinstance(name, str):
                     impls[name] = impl
-    except (OSError, ValueError, AttributeError) as error:
+    except (OSError, ValueError, RecursionError, AttributeError) as error:
         raise FormatError(f"its array metadata cannot be read ({error})", file=path) from None
     return impls
 
@@ -167,7 +167,7 @@ def read_step(path: str) -> tuple[Any, Any]:
     try:
         with open(os.path.join(path, "_CHECKPOINT_METADATA"), "rb") as file:
             handlers = json.loads(file.read()).get("item_handlers")
-    except (OSError, ValueError, AttributeError) as error:
+    except (OSError, ValueError, RecursionError, AttributeError) as error:
         raise FormatError(f"not a step of an orbax CheckpointManager ({error})", file=path) from None
     if not isinstance(handlers, dict):
         raise FormatError("not a step of an orbax CheckpointManager: it names no items", file=path)
@@ -198,7 +198,7 @@ def _read_json_item(folder: str) -> Any:
     try:
         with open(os.path.join(folder, names[0]), "rb") as file:
             return json.loads(file.read())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise FormatError(f"the JSON item cannot be read ({error})", file=folder) from None
 
 

@@ -80,7 +80,7 @@ class Holder:
                 return None
             space = str(fields.get("pid_space", ""))
             return cls(pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space)
-        except (ValueError, KeyError, TypeError, AttributeError):
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
             return None
 
     def describe(self) -> str:

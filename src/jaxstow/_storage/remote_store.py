@@ -84,7 +84,7 @@ def _marked_files(marker: bytes, *, where: str) -> set[str]:
         names = set(files.values() if isinstance(files, dict) else files)
         for part_files in parts.values():
             names.update(part_files)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as error:
         raise FormatError(f"the marker is not a JSON object with a 'files' entry ({error})", file=where) from None
     return names
 

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Unpack
 
 import jax
 
+from jaxstow._format.per_process import PerProcess, is_per_process, is_stateful
 from jaxstow._format.source import ReadSource
 from jaxstow._names.registry import every_library_of
 from jaxstow._read.options import LoadOptions
@@ -55,7 +56,37 @@ def restore_items(
     """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, a list of them
     for an item saved by several processes, or a function that opens them) restored, fitted into ``likes[name]``
     where there is one; ``options`` go to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over
-    the items. Without ``select`` each item is opened and restored on its own thread, ``at_once`` at a time."""
+    the items. Without ``select`` each item is opened and restored on its own thread, ``at_once`` at a time.
+
+    A live iterator of ``likes`` takes its state only if every item is restored: a failure puts back the state it had.
+    """
+    with _states_put_back_on_failure(likes):
+        return _restore_items(sources, likes, where=where, at_once=at_once, **options)
+
+
+@contextlib.contextmanager
+def _states_put_back_on_failure(likes: Mapping[str, Any]) -> Iterator[None]:
+    """On an error, give each live iterator of ``likes`` the state it had before (an item restored before the error
+    set it to the step's)."""
+    leaves = jax.tree.leaves(dict(likes), is_leaf=is_per_process)
+    live = [leaf.value if isinstance(leaf, PerProcess) else leaf for leaf in leaves]
+    before = [(iterator, iterator.get_state()) for iterator in live if is_stateful(iterator)]
+    try:
+        yield
+    except BaseException:
+        for iterator, state in before:
+            iterator.set_state(state)
+        raise
+
+
+def _restore_items(
+    sources: Mapping[str, Any],
+    likes: Mapping[str, Any],
+    *,
+    where: str,
+    at_once: int,
+    **options: Unpack[LoadOptions],
+) -> dict[str, Any]:
     select = options.get("select")
     if select is None and len(sources) > 1:
         return _side_by_side(sources, likes, options, at_once)

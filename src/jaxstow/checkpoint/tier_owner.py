@@ -63,7 +63,7 @@ def _owner(root: str) -> dict[str, Any] | None:
         return None
     try:
         record = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser goes down
         record = None
     if not isinstance(record, dict) or not all(isinstance(record.get(key, ""), str) for key in _KEYS):
         record = None

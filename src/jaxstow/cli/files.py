@@ -118,7 +118,7 @@ def _json_option(text: str | None, flag: str) -> dict[str, Any] | None:
         return None
     try:
         value = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ArgumentError(f"{flag} must be a JSON object: {error}") from None
     if not isinstance(value, dict):
         raise ArgumentError(f"{flag} must be a JSON object, not {type(value).__name__}")

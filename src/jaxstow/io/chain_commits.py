@@ -76,6 +76,6 @@ def _marked(mark: str) -> list[int]:
     try:
         with open(mark, "rb") as file:
             chains = json.loads(file.read())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return []
     return [chain for chain in chains if isinstance(chain, int)] if isinstance(chains, list) else []

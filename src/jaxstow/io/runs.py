@@ -336,7 +336,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
                 "is; write the run to another file",
                 file=name,
             )
-        saved = json.loads(text)
+        saved = _record_of(name, text)
         keys = sorted(key for key in set(saved) | set(record) if key in saved or key not in _RECORDED_LATER)
         _same_settings(name, saved, record, [key for key in keys if key not in _DIGESTS])  # named, with both values
         stored = read_checkpoints(checkpoint_path(name))
@@ -362,3 +362,18 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(checkpoint_path(name))
     return finished
+
+
+def _record_of(name: str, text: Any) -> dict[str, Any]:
+    """The run's record as the file's attribute holds it; a :class:`CheckpointError` if it holds none."""
+    try:
+        record = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        record = None
+    if not isinstance(record, dict):
+        raise CheckpointError(
+            f"{name}'s {RUN_ATTRIBUTE} attribute is not the record of a run (damaged, or not written by jaxstow.io): "
+            "it is left as it is; write the run to another file",
+            file=name,
+        )
+    return record
