@@ -42,6 +42,9 @@ def test_pure_functions_and_scalar_types_may_be_named(name, obj):
         ("numpy.fromfile", np.fromfile, "is not an activation"),
         ("numpy.memmap", np.memmap, "is not an activation"),
         ("jax.numpy.zeros", jnp.zeros, "is not an activation"),  # allocates by a size the file chose
+        ("numpy.void", np.void, "is not an activation"),  # numpy.void(2**40): as many bytes
+        ("numpy.bytes_", np.bytes_, "is not an activation"),
+        ("numpy.object_", np.object_, "is not an activation"),
         ("jax.numpy.load", jnp.load, "is not an activation"),
         ("jax.lax.while_loop", jax.lax.while_loop, "is not an activation"),
         ("jax.lax.full", jax.lax.full, "is not an activation"),

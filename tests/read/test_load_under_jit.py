@@ -58,7 +58,15 @@ def test_a_checkpoint_restore_inside_jit_is_refused(tmp_path):
 
 
 def test_telling_a_trace_apart_costs_microseconds():
-    from jaxstow._read.restore import _tracing
+    from jaxstow._read.tracing import refuse_while_tracing
 
-    assert not _tracing()
-    assert timeit.timeit(_tracing, number=10_000) / 10_000 < 5e-6
+    refuse_while_tracing("w.jxs")  # outside a transformation: nothing to refuse
+    assert timeit.timeit(lambda: refuse_while_tracing("w.jxs"), number=10_000) / 10_000 < 5e-6
+
+
+@pytest.mark.parametrize("read", [lambda reader: reader["w"], lambda reader: reader.read("w", np.s_[0:2])])
+def test_a_readers_leaf_read_inside_jit_is_refused_as_a_load_is(path, read):
+    with jaxstow.open(path) as reader:
+        with pytest.raises(RequestError, match=r"leaf 'w' of .*w\.jxs: a leaf cannot be read inside jax\.jit"):
+            jax.jit(lambda x: jnp.sum(read(reader)) * x)(1.0)
+        assert np.asarray(read(reader)).tolist()[:2] == [1.0, 1.0]  # outside, as ever

@@ -138,7 +138,8 @@ def _is_pure_numeric(name: str, obj: object) -> bool:
     if isinstance(obj, _SCALAR_META):
         return True
     if isinstance(obj, type):
-        return issubclass(obj, np.generic) or obj is jax.tree_util.Partial
+        scalar = issubclass(obj, np.generic) and not issubclass(obj, np.flexible | np.object_)  # void(n): n bytes
+        return scalar or obj is jax.tree_util.Partial
     if name.startswith(_ALLOWED_NUMERIC_PREFIXES) and not name.startswith("jax.nn.initializers."):
         return callable(obj) and not isinstance(obj, types.ModuleType)
     module, _, attribute = name.rpartition(".")

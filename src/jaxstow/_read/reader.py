@@ -29,6 +29,7 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import restore
 from jaxstow._read.sharded_folder import INDEX_SUFFIX, folder_listing, open_folder
 from jaxstow._read.slicing import parse_index
+from jaxstow._read.tracing import refuse_while_tracing
 from jaxstow._storage.opening import Location, Readable, locate, reached
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
@@ -160,6 +161,7 @@ class Reader(OpenedFile):
             SliceError: the index is out of bounds or not made of integers and slices, or the leaf is no array.
         """
         self.check_path(path)
+        refuse_while_tracing(self.file, reading="a leaf cannot be read", path=path)
         leaf = self.stored.get(path)
         if leaf is None or leaf.kind not in ("array", "npscalar", "torch", "sharded"):
             kind = "a value" if leaf is None else f"a {leaf.kind}"

@@ -21,7 +21,6 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import cache
 from typing import Any, Unpack
 
 import jax
@@ -48,8 +47,8 @@ from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
-from jaxstow._read.tracing import READING_WHILE_TRACING
-from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
+from jaxstow._read.tracing import refuse_while_tracing
+from jaxstow._util.jax_compat import typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import FormatError, JaxstowError, RequestError, StructureMismatchError
 
@@ -67,12 +66,7 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
     be ignored otherwise), as is a ``per_process`` other than ``"own"`` and ``"all"``; a restore inside ``jax.jit``,
     ``vmap`` or ``grad`` is a :class:`~jaxstow.errors.RequestError` (the arrays would be baked into the trace).
     """
-    if _tracing():
-        raise RequestError(
-            "a file cannot be loaded inside jax.jit/vmap/grad: its arrays would become constants of the traced "
-            "function, which would not read the file again; load it outside and pass the arrays in",
-            file=opened.file,
-        )
+    refuse_while_tracing(opened.file)
     if options:
         check_options(options)
     choice, pipeline = options.get("per_process", "own"), options.get("pipeline")
@@ -96,15 +90,6 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
     with progress_bar(total, f"loading {opened.file}", enabled=True) as bar:
         opened.on_read = bar.update
         return run()
-
-
-def _tracing() -> bool:
-    """Whether jax is tracing a user's function here (``jit``, ``vmap``, ``grad``, ...): the current trace is not
-    eval, and jaxstow itself is not reading on purpose while it traces (:func:`read_while_tracing`)."""
-    return not READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace"
-
-
-_current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)
 
 
 def _has_nodes(opened: OpenedFile) -> bool:
