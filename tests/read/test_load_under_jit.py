@@ -58,7 +58,7 @@ def test_a_checkpoint_restore_inside_jit_is_refused(tmp_path):
 
 
 def test_telling_a_trace_apart_costs_microseconds():
-    from jaxstow._read.tracing import refuse_while_tracing
+    from jaxstow._read.restore import refuse_while_tracing
 
     refuse_while_tracing("w.jxs")  # outside a transformation: nothing to refuse
     assert timeit.timeit(lambda: refuse_while_tracing("w.jxs"), number=10_000) / 10_000 < 5e-6

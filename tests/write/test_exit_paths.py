@@ -235,3 +235,45 @@ def test_an_upload_started_after_the_main_thread_ended_completes(s3_server) -> N
     assert status == 0, stderr
     loaded = jaxstow.load(url, storage_options=s3_server.storage_options, as_numpy=True)
     np.testing.assert_array_equal(loaded["w"], np.arange(10_000_000, dtype=np.float32))
+
+
+@pytest.mark.parametrize("saved_before", [False, True], ids=["first write at exit", "after a write"])
+def test_a_step_saved_by_the_programs_own_exit_handler_is_committed(tmp_path: Path, saved_before: bool) -> None:
+    program = """
+    import atexit, sys, numpy as np
+    from jaxstow import CheckpointManager
+    manager = CheckpointManager(sys.argv[1])
+    if sys.argv[2] == "True":
+        manager.save(1, {"w": np.ones(10, np.float32)})  # jaxstow's own exit handler is registered by now
+    atexit.register(lambda: manager.save(2, {"w": np.full(2_000_000, 2, np.float32)}))  # "save on exit"
+    """
+    status, stderr = _finish(_start(program, str(tmp_path), str(saved_before)))
+    assert status == 0, stderr
+    manager = CheckpointManager(tmp_path)
+    assert manager.steps() == ([1, 2] if saved_before else [2])
+    assert np.asarray(manager.restore()["w"]).tolist() == [2.0] * 2_000_000
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_step_saved_in_a_multiprocessing_worker_is_committed_before_the_worker_ends(tmp_path: Path, start_method):
+    program = """
+    import multiprocessing, sys, numpy as np
+    from jaxstow import CheckpointManager
+
+    def work(folder):
+        CheckpointManager(folder).save(1, {"w": np.arange(2_000_000, dtype=np.float32)})  # and returns at once
+
+    if __name__ == "__main__":
+        worker = multiprocessing.get_context(sys.argv[2]).Process(target=work, args=(sys.argv[1],))
+        worker.start()
+        worker.join()
+        sys.exit(worker.exitcode)
+    """
+    script = tmp_path / "train.py"  # spawn's worker imports its function from the script's file
+    script.write_text(textwrap.dedent(program))
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), start_method], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    restored = CheckpointManager(tmp_path / "run").restore(as_numpy=True)
+    np.testing.assert_array_equal(restored["w"], np.arange(2_000_000, dtype=np.float32))

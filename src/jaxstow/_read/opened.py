@@ -44,7 +44,6 @@ from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.narrowing import narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box
-from jaxstow._read.tracing import refuse_while_tracing
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, TruncatedFileError, excerpt
 
@@ -204,7 +203,6 @@ class OpenedFile(Mapping[str, Any]):
     def __getitem__(self, path: str) -> Any:
         if self.closed:
             self.check_open(f"reading leaf {excerpt(path)}")
-        refuse_while_tracing(self.file, reading="a leaf cannot be read", path=path)
         leaf = self.stored.get(path) if isinstance(path, str) else None
         if leaf is not None:
             return self.as_leaf(leaf, self.read_arrays([leaf])[path])

@@ -26,10 +26,9 @@ from jaxstow._read.folder_file import FolderFile, Names, Transposed
 from jaxstow._read.foreign import explained
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions
-from jaxstow._read.restore import restore
+from jaxstow._read.restore import refuse_while_tracing, restore
 from jaxstow._read.sharded_folder import INDEX_SUFFIX, folder_listing, open_folder
 from jaxstow._read.slicing import parse_index
-from jaxstow._read.tracing import refuse_while_tracing
 from jaxstow._storage.opening import Location, Readable, locate, reached
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
@@ -145,6 +144,10 @@ class Reader(OpenedFile):
             key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
             return _shape_dtype(key.shape, key.dtype)
         return _shape_dtype(leaf.shape, leaf.dtype)
+
+    def __getitem__(self, path: str) -> Any:
+        refuse_while_tracing(self.file, reading="a leaf cannot be read", path=path)
+        return super().__getitem__(path)
 
     def read(self, path: str, index: Any = ...) -> np.ndarray:
         """Read the part ``index`` of the array at ``path``, touching only the bytes it needs.

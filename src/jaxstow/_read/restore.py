@@ -21,6 +21,7 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import cache
 from typing import Any, Unpack
 
 import jax
@@ -47,12 +48,12 @@ from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
-from jaxstow._read.tracing import refuse_while_tracing
-from jaxstow._util.jax_compat import typed_as, weakly_typed
+from jaxstow._read.tracing import READING_WHILE_TRACING
+from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
 from jaxstow._util.progress import bar as progress_bar
 from jaxstow.errors import FormatError, JaxstowError, RequestError, StructureMismatchError
 
-__all__ = ["pipeline_by_default", "restore"]
+__all__ = ["pipeline_by_default", "refuse_while_tracing", "restore"]
 
 _SCALARS = (bool, int, float, complex, str, bytes)
 #: From this size on, arrays are handed to jax in one batch, which adopts their buffers, rather than copied.
@@ -60,12 +61,8 @@ _ADOPT_BYTES = 1 << 16
 
 
 def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
-    """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options.
-
-    An option :class:`LoadOptions` does not define is an :class:`~jaxstow.errors.ArgumentError` (a misspelt one would
-    be ignored otherwise), as is a ``per_process`` other than ``"own"`` and ``"all"``; a restore inside ``jax.jit``,
-    ``vmap`` or ``grad`` is a :class:`~jaxstow.errors.RequestError` (the arrays would be baked into the trace).
-    """
+    """The tree in ``opened``'s file, rebuilt or fitted into ``like``; see :class:`LoadOptions` for the options (one
+    it does not define is an :class:`~jaxstow.errors.ArgumentError`; :func:`refuse_while_tracing` says when it runs)."""
     refuse_while_tracing(opened.file)
     if options:
         check_options(options)
@@ -90,6 +87,21 @@ def restore(opened: OpenedFile, like: Any = None, **options: Unpack[LoadOptions]
     with progress_bar(total, f"loading {opened.file}", enabled=True) as bar:
         opened.on_read = bar.update
         return run()
+
+
+def refuse_while_tracing(file: str, *, reading: str = "a file cannot be loaded", path: str | None = None) -> None:
+    """A :class:`~jaxstow.errors.RequestError` where jax traces a user's function (``jit``, ``vmap``, ``grad``): the
+    current trace is not eval, and jaxstow is not reading on purpose while it traces (``read_while_tracing``)."""
+    if not READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace":
+        raise RequestError(
+            f"{reading} inside jax.jit/vmap/grad: its arrays would become constants of the traced function, which "
+            "would not read the file again; read it outside and pass the arrays in",
+            file=file,
+            path=path,
+        )
+
+
+_current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)
 
 
 def _has_nodes(opened: OpenedFile) -> bool:

@@ -15,14 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator
-from functools import cache
-from typing import Any
+from collections.abc import Iterator
 
-from jaxstow._util.jax_compat import CURRENT_TRACE
-from jaxstow.errors import RequestError
-
-__all__ = ["READING_WHILE_TRACING", "read_while_tracing", "refuse_while_tracing"]
+__all__ = ["READING_WHILE_TRACING", "read_while_tracing"]
 
 #: Set within :func:`read_while_tracing`.
 READING_WHILE_TRACING: contextvars.ContextVar[bool] = contextvars.ContextVar("jaxstow_reading", default=False)
@@ -37,18 +32,3 @@ def read_while_tracing() -> Iterator[None]:
         yield
     finally:
         READING_WHILE_TRACING.reset(token)
-
-
-def refuse_while_tracing(file: str, *, reading: str = "a file cannot be loaded", path: str | None = None) -> None:
-    """Raise a :class:`~jaxstow.errors.RequestError` if jax is tracing a user's function here (``jit``, ``vmap``,
-    ``grad``, ...): the current trace is not eval, and jaxstow itself is not reading on purpose while it traces."""
-    if not READING_WHILE_TRACING.get() and type(_current_trace()()).__name__ != "EvalTrace":
-        raise RequestError(
-            f"{reading} inside jax.jit/vmap/grad: its arrays would become constants of the traced function, which "
-            "would not read the file again; read it outside and pass the arrays in",
-            file=file,
-            path=path,
-        )
-
-
-_current_trace: Callable[[], Callable[[], Any]] = cache(CURRENT_TRACE.resolve)

@@ -4,7 +4,9 @@ Importing jaxstow registers nothing. The first :func:`track`-ed write (a backgro
 collector's queued blocks) registers an :mod:`atexit` handler, and each later one registers it again, so that it runs
 before every handler registered before that write began (``atexit`` runs the last registered first). At exit the
 handler waits for every tracked write at most ``JAXSTOW_EXIT_WAIT`` seconds (:data:`EXIT_WAIT` by default); a Ctrl-C
-stops the wait. A failure no caller collected, or a write still running, is printed naming what it was (one of
+stops the wait. A write begun in the main thread's exit handlers runs on that thread, before it returns; a process
+that :mod:`multiprocessing` started waits at its finalizers too (a forked one never runs :mod:`atexit`'s handlers).
+A failure no caller collected, or a write still running, is printed naming what it was (one of
 jaxstow's errors in one line, another with its traceback), and the exit status becomes 120.
 
 How the process ends is set by :func:`end_later`, and carried out once every other exit handler has run, by the
@@ -72,6 +74,8 @@ class InFlight(Protocol):
 _lock = threading.Lock()
 _in_flight: dict[int, InFlight] = {}
 _exiting = False
+#: Whether :func:`_hook_multiprocessing_child` ran in this process.
+_child_hooked = False
 #: How the process ends after its exit handlers, once :func:`end_later` has said: a status, or minus a signal.
 _ending: int | None = None
 
@@ -79,9 +83,10 @@ _ending: int | None = None
 def _forked() -> None:
     """In a child forked meanwhile: its parent's writes go on in the parent, whose threads the child lacks; the child
     waits for none of them at its exit (nor for a lock a thread of the parent held)."""
-    global _lock
+    global _lock, _child_hooked
     _lock = threading.Lock()
     _in_flight.clear()
+    _child_hooked = False
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -90,15 +95,32 @@ os.register_at_fork(after_in_child=_forked)
 def track(item: InFlight) -> bool:
     """Wait for ``item`` at exit (until :func:`untrack`).
 
-    ``False`` once the exit has begun: nothing waits for it then, so the caller runs its work on its own thread.
+    ``False`` once the exit has begun: nothing waits for it then, so the caller runs its work on its own thread. That
+    is so in the exit handlers of the main thread too (a program's own that saves, run before this module's: one
+    registered meanwhile would never run), which the main thread, no longer alive to :mod:`threading`, runs.
     """
+    main = threading.main_thread()
     with _lock:
-        if _exiting:
+        if _exiting or (threading.current_thread() is main and not main.is_alive()):
             return False
         _in_flight[id(item)] = item
+        if not _child_hooked:
+            _hook_multiprocessing_child()
         atexit.unregister(_at_exit)  # registered again: it runs before the handlers registered until now
         atexit.register(_at_exit)
         return True
+
+
+def _hook_multiprocessing_child() -> None:
+    """In a process that :mod:`multiprocessing` started, wait at its finalizers too: one it forked ends with
+    ``os._exit`` after them, and never runs :mod:`atexit`'s handlers."""
+    global _child_hooked
+    _child_hooked = True
+    started = sys.modules.get("multiprocessing")
+    if started is not None and started.parent_process() is not None:
+        from multiprocessing import util
+
+        util.Finalize(None, _at_exit, exitpriority=100)
 
 
 def exiting() -> bool:
