@@ -260,6 +260,11 @@ def test_convert_jaxstow_to_plain_safetensors_and_npz(tmp_path, model_file):
         assert archive["x"].dtype == np.uint8 and "__jaxstow__" in archive.files
     assert jaxstow.load(tmp_path / "bf16.npz", as_numpy=True)["x"].dtype == ml_dtypes.bfloat16
 
+    jaxstow.save(tmp_path / "key.jxs", {"key": jax.random.key(3)})
+    done = jaxstow_command("convert", tmp_path / "key.jxs", tmp_path / "key.npz", check=0)
+    assert "note: 1 PRNG keys ('key') are kept as their raw data, plain integers in a npz file" in done.stderr
+    assert jaxstow.load(tmp_path / "key.npz", as_numpy=True)["key"].dtype == np.uint32  # as the note says
+
 
 def test_convert_points_from_a_checkpoint_folder_to_its_files(tmp_path):
     with CheckpointManager(tmp_path / "run") as manager:

@@ -377,6 +377,24 @@ def test_converting_a_manager_folder_is_all_or_nothing_and_never_over_steps_alre
     )
 
 
+def test_a_manager_folders_conversion_killed_midway_leaves_no_run_and_can_be_run_again(files, tmp_path):
+    import glob
+    import signal
+    import time
+
+    convert = [sys.executable, "-m", "jaxstow", "convert", str(files["run"]), str(tmp_path / "run")]
+    process = forked.Popen(convert, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    while process.poll() is None and not glob.glob(str(tmp_path / ".run*" / "10")) + glob.glob(
+        str(tmp_path / "run/10")
+    ):
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)  # once its first step is committed (or after it ended)
+    process.communicate()
+    assert CheckpointManager(tmp_path / "run").steps() in ([], [10, 20, 30])  # whole, or no run at all
+    _convert(files["run"], tmp_path / "run")  # the same command again
+    assert CheckpointManager(tmp_path / "run").steps() == [10, 20, 30]
+
+
 def test_convert_a_manager_step_every_item_and_other_files(files, tmp_path, capsys):
     done = _convert(files["run/20"], tmp_path / "step.jxs")
     assert done.stderr == "" and "(orbax manager step) -> " in done.stdout and ": 4 leaves" in done.stdout

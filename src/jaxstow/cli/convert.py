@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
@@ -40,6 +41,7 @@ from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
+from jaxstow._storage.atomic import fsync_directory, temporary_sibling
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
@@ -140,9 +142,30 @@ def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | Non
 
 def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     """Every step of an orbax CheckpointManager folder saved as the same step of a jaxstow checkpoint folder, with
-    its items and metrics (a step of the one item ``default`` as one tree, as orbax restores it)."""
+    its items and metrics (a step of the one item ``default`` as one tree, as orbax restores it).
+
+    A new local folder is written under a temporary name and then renamed: it appears whole, or not at all, even if
+    the command is killed. Into a folder that holds a run already, or at a URL, the steps converted are removed again
+    if one fails or the command is interrupted."""
     folder = os.path.abspath(local_path(src) or src)
     steps = orbax_steps.manager_steps(folder)
+    target = local_path(dst)
+    if target is None or (os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target))):
+        _convert_steps(folder, steps, dst, progress=progress)
+        return len(steps)
+    staging = temporary_sibling(target)
+    try:
+        _convert_steps(folder, steps, staging, progress=progress)
+        os.rename(staging, target)  # over an empty folder too
+        fsync_directory(os.path.dirname(os.path.abspath(target)))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return len(steps)
+
+
+def _convert_steps(folder: str, steps: list[tuple[int, str]], dst: str, *, progress: bool) -> None:
+    """The steps of the orbax folder ``folder`` saved into the jaxstow run at ``dst``; all of them, or none."""
     settings = storage(dst)
     with CheckpointManager(
         dst, progress=progress, storage_options=settings.options, transfer=settings.transfer
@@ -153,7 +176,7 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
                 "or remove it first",
                 file=dst,
             )
-        converted: list[int] = []
+        begun: list[int] = []
         background = logging.getLogger("jaxstow._write.background")  # its failures are this command's error
         background.disabled, was = True, background.disabled
         try:
@@ -165,17 +188,18 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
                         f"note: step {step}: metrics that are not numbers are left out: {', '.join(other)}",
                         file=sys.stderr,
                     )
+                begun.append(step)
                 manager.save(step, tree, metrics=numbers, metadata={"orbax_metrics": metrics} if other else None)
                 manager.wait()  # committed before the next is read: a failure is this step's
-                converted.append(step)
-        except BaseException:  # all or nothing: the steps converted so far go (a full disk gets their space back)
-            for step in converted:
+        except BaseException:  # all or nothing: the steps begun so far go (a full disk gets their space back)
+            with contextlib.suppress(BaseException):
+                manager.wait()  # a step interrupted in flight ends first, then goes too
+            for step in begun:
                 with contextlib.suppress(JaxstowError):
                     manager.delete(step)
             raise
         finally:
             background.disabled = was
-    return len(steps)
 
 
 def _numbers(metrics: Any, prefix: str = "") -> tuple[dict[str, float], list[str]]:
@@ -214,6 +238,12 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
     tensors = [(leaf.path, arrays[leaf.path]) for leaf in stored]
     if target != "jaxstow":
         values = [leaf.path for leaf in leaves if not leaf.stored]
+        if keys := [repr(leaf.path) for leaf in stored if leaf.kind == "key"]:
+            print(
+                f"note: {len(keys)} PRNG keys ({', '.join(keys[:5])}) are kept as their raw data, plain integers in a "
+                f"{target} file: jax.random.wrap_key_data rebuilds each; convert to .jxs to keep them keys",
+                file=sys.stderr,
+            )
         return _write_plain(dst, target, tensors, values, metadata or None, progress=progress)
     if manifest is None:
         _save(dst, dict(tensors), metadata=metadata or None, progress=progress)
