@@ -355,7 +355,10 @@ def test_an_export_to_s3_cut_short_is_refused_by_loads_and_named_by_the_next_exp
 
     jaxstow.save(tmp_path / "model.jxs", {f"layer{i}": np.full(256, i, np.float32) for i in range(3)})
     url, options = s3_server.url("cut-export"), s3_server.storage_options
-    jaxstow.export_safetensors(tmp_path / "model.jxs", url, max_shard_size=1024, storage_options=options)
+    transfer = jaxstow.Transfer(part_size=5 * 2**20)  # as save, load and open take it
+    jaxstow.export_safetensors(
+        tmp_path / "model.jxs", url, max_shard_size=1024, storage_options=options, transfer=transfer
+    )
     fs, root = fsspec.core.url_to_fs(url, **options)
     fs.rm([f"{root}/model.safetensors.index.json", f"{root}/model-00003-of-00003.safetensors"])  # as a kill leaves it
     with pytest.raises(PathNotFoundError, match=r"model-00003-of-00003\.safetensors: is missing"):

@@ -41,6 +41,7 @@ from jaxstow._storage.opening import local_path, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.store import open_store
+from jaxstow._storage.transfer import Transfer
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import ArgumentError, CheckpointError, PathError, excerpt
 
@@ -91,6 +92,7 @@ def export_safetensors(
     item: str | None = None,
     names: Callable[[str], str | None] | Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    transfer: Transfer | None = None,
 ) -> Exported:
     """Write a checkpoint step (of any number of processes) or one file as a Hugging Face sharded safetensors folder.
 
@@ -107,7 +109,7 @@ def export_safetensors(
         item: of a step, export this item only.
         names: each tensor's name from its path (``item/a/b``), ``None`` to leave it out; or a mapping from paths
             to names, which leaves out the paths it lacks.
-        storage_options: fsspec's options, for URLs.
+        storage_options, transfer: fsspec's options, and a :class:`~jaxstow.Transfer`, for URLs.
 
     Returns:
         The files written, the number of tensors, their bytes and the leaves left out.
@@ -119,7 +121,7 @@ def export_safetensors(
         CorruptFileError: the step's record, or an item file's header, does not check (another file than its own).
     """
     limit = parse_size(max_shard_size)
-    settings = storage_settings(storage_options, None, None)
+    settings = storage_settings(storage_options, transfer, None)
     for role, path in (("the step or file to export", source), ("the folder to write", out_folder)):
         if not isinstance(path, str | os.PathLike):
             raise ArgumentError(f"export_safetensors takes {role} as a path or URL, not {excerpt(path)}")
