@@ -441,9 +441,10 @@ def test_a_shard_box_a_file_stores_twice_is_damage_whichever_copy_a_read_would_t
     manifest = json.loads(manifest_text)
     [shards] = [detail["shards"] for detail in manifest["details"].values()]
     tensors["evil"] = {"dtype": "F32", "shape": [2], "data_offsets": [len(data), len(data) + 8]}
-    shards.append({"tensor": "evil", "box": shards[0]["box"]})  # rows 0:2 again, unchecked: 666, 666
+    evil = np.full(2, 666, np.float32).tobytes()
+    shards.append({"tensor": "evil", "box": shards[0]["box"], "xxh3": xxhash.xxh3_64_hexdigest(evil)})  # rows 0:2 again
     forged = tmp_path / "forged.jxs"
-    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data + np.full(2, 666, np.float32).tobytes()))
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data + evil))
     for read in (
         lambda: jaxstow.load(forged),
         lambda: jaxstow.load(forged, sharding=sharding),
@@ -453,3 +454,8 @@ def test_a_shard_box_a_file_stores_twice_is_damage_whichever_copy_a_read_would_t
             read()
     verified = jaxstow_command("verify", str(forged))
     assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr
+
+    del shards[-1]["xxh3"]  # the same file, the copy unchecked: every shard of a file of version 3 on has a checksum
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data + evil))
+    with pytest.raises(CorruptFileError, match=r"leaf 'v' of .*forged\.jxs: a shard of this leaf has no checksum"):
+        jaxstow.load(forged)

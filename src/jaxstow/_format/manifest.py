@@ -307,6 +307,11 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
                     f"a {KIND_NAMES[letter]} leaf needs its {needs} in the details", file=file, path=paths[start]
                 )
             start = kinds.find(letter, start + 1)
+    start = kinds.find("s")
+    while start >= 0:  # versions 1 and 2 had shards without checksums: from 3 on, every shard is verified
+        if any(not isinstance(shard, dict) or "xxh3" not in shard for shard in entries[start]["shards"]):
+            raise CorruptFileError("a shard of this leaf has no checksum (xxh3)", file=file, path=paths[start])
+        start = kinds.find("s", start + 1)
     start = kinds.find("n")
     while start >= 0:
         if start not in entries and paths[start] in slots and slots[paths[start]].shape:
