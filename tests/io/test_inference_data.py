@@ -188,3 +188,28 @@ def test_a_variable_named_with_a_slash_reaches_the_datatree_at_either_major(az):
     tree = io.to_datatree({"sample_count": 4, "samples": {"grp/s": np.arange(4.0), "theta": np.ones(4)}})
     assert sorted(tree["posterior"].data_vars) == ["grp%2Fs", "theta"]
     np.testing.assert_array_equal(tree["posterior"]["grp%2Fs"].values, [np.arange(4.0)])
+
+
+def test_names_of_arvizs_dimensions_one_values_and_no_variables_are_refused_not_dropped(az):
+    for samples, message in [
+        ({"chain": np.ones(3), "x": np.ones(3)}, r"'chain' has the name of one of ArviZ's dimensions"),
+        ({"draw": np.ones(3)}, r"'draw' has the name"),
+        ({"m": np.ones((3, 2)), "m_dim_0": np.ones(3)}, r"'m_dim_0' has the name"),
+        ({"x": np.float32(3)}, r"'x' is one value, not an array of draws"),
+        ({}, r"the samples hold no variables"),
+    ]:
+        with pytest.raises(JaxstowError, match=message):
+            io.to_inference_data({"sample_count": 3, "samples": samples})
+    assert "theta_dim_0" in io.to_inference_data({"sample_count": 3, "samples": {"theta_dim_0": np.ones(3)}}).posterior
+
+
+def test_draws_of_ml_dtypes_reach_arviz_in_numpys_own_dtypes_exactly(az):
+    import ml_dtypes
+
+    draws = np.array([0.5, 1.5, -2.0], ml_dtypes.bfloat16)
+    idata = io.to_inference_data(
+        {"sample_count": 3, "samples": {"w": draws, "k": np.array([1, -2, 3], ml_dtypes.int4)}}
+    )
+    assert idata.posterior["w"].dtype == np.float32 and idata.posterior["w"].values[0].tolist() == [0.5, 1.5, -2.0]
+    assert idata.posterior["k"].dtype == np.int8 and idata.posterior["k"].values[0].tolist() == [1, -2, 3]
+    az.summary(idata)  # ArviZ's functions take them

@@ -163,3 +163,11 @@ def test_an_array_where_only_static_data_goes_is_refused_saying_what_works(tmp_p
             jaxstow.save(tmp_path / "m.jxs", tree)
         assert caught.value.path == path
         assert "saveable" not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", [__import__("decimal").Decimal("1.5"), __import__("datetime").date(2020, 1, 2)])
+def test_a_registered_class_written_in_c_is_refused_at_save_not_saved_empty(tmp_path: Path, value) -> None:
+    jaxstow.saveable(type(value), name=f"my_project.{type(value).__name__}")  # as the advice for an object says
+    with pytest.raises(UnsaveableObjectError, match=r"leaf 'lr' .*no __dict__ and no __slots__: written in C"):
+        jaxstow.save(tmp_path / "state.jxs", {"lr": value})  # it came back as Decimal('0'), or did not load
+    assert not (tmp_path / "state.jxs").exists()

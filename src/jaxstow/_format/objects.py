@@ -99,6 +99,15 @@ def encode_attributes(obj: object, class_name: str, encode_part: Part, *, file: 
             "register the object itself to save it by name, jaxstow.saveable(obj, name=...)",
         )
     held = attributes(obj)
+    if not held and not hasattr(obj, "__dict__") and not _declares_slots(type(obj)):
+        raise UnsaveableObjectError(
+            obj,
+            file=file,
+            path=path,
+            advice=f"an instance of {class_name}, a class that keeps its state out of Python's reach (no __dict__ and "
+            f"no __slots__: written in C), so it cannot be saved by its attributes: keep a value of it in the tree "
+            f"instead, such as str(...) or its fields",
+        )
     for key, _ in held:
         if _is_dunder(key):
             raise UnsaveableObjectError(
@@ -134,3 +143,8 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
     for key, value in attrs:
         object.__setattr__(obj, key, decode_part(value, key))
     return obj
+
+
+def _declares_slots(cls: type) -> bool:
+    """Whether a class of ``cls``'s, other than ``object``, declares ``__slots__`` (its instances' state is there)."""
+    return any("__slots__" in vars(base) for base in cls.__mro__ if base is not object)

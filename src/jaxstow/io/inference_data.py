@@ -25,6 +25,7 @@ array([2., 3., 4., 5., 6.], dtype=float32)
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -169,10 +170,22 @@ def _read(leaf: Any) -> np.ndarray:
 
 def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
     names = list(chains[0])
+    if not names:
+        raise JaxstowError("the samples hold no variables: there is nothing to convert")
     for chain, variables in enumerate(chains):
         if list(variables) != names:
             raise JaxstowError(f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}")
     for name in names:
+        if name in ("chain", "draw") or _DIMENSION.fullmatch(name) and _DIMENSION.fullmatch(name)[1] in names:
+            raise JaxstowError(
+                f"the variable {name!r} has the name of one of ArviZ's dimensions, which would hide it without a "
+                "word: rename it in the samples (a dict key) before converting"
+            )
+        if any(variables[name].ndim == 0 for variables in chains):
+            raise JaxstowError(
+                f"the variable {name!r} is one value, not an array of draws: give each chain's samples as "
+                "postprocess_save returns them, one row per draw"
+            )
         shapes = [variables[name].shape[1:] for variables in chains]
         if len(set(shapes)) > 1:
             raise JaxstowError(
@@ -186,7 +199,19 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
             f"the chains kept different numbers of samples ({counts}); ArviZ needs as many draws in every chain: "
             f"pass truncate=True to keep the first {draws} of each"
         )
-    return {name: np.stack([variables[name][:draws] for variables in chains]) for name in names}
+    return {name: _numpys(np.stack([variables[name][:draws] for variables in chains])) for name in names}
+
+
+def _numpys(draws: np.ndarray) -> np.ndarray:
+    """``draws`` in a dtype of numpy's own, which ArviZ's functions take: ``ml_dtypes``' (bfloat16, float8, int4)
+    widened to float32 or int8, which hold each value exactly."""
+    if not draws.dtype.type.__module__.startswith("ml_dtypes"):
+        return draws
+    return draws.astype(np.int8 if draws.dtype.name.startswith(("int", "uint")) else np.float32)
+
+
+#: ArviZ's name for an axis of a variable's draw (``theta_dim_0``), which a variable of that name would take over.
+_DIMENSION = re.compile(r"(.+)_dim_\d+")
 
 
 def _first_other(shapes: list[tuple[int, ...]]) -> str:
