@@ -176,7 +176,8 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
         if list(variables) != names:
             raise JaxstowError(f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}")
     for name in names:
-        if name in ("chain", "draw") or _DIMENSION.fullmatch(name) and _DIMENSION.fullmatch(name)[1] in names:
+        dimension = _DIMENSION.fullmatch(name)
+        if name in ("chain", "draw") or (dimension is not None and dimension[1] in names):
             raise JaxstowError(
                 f"the variable {name!r} has the name of one of ArviZ's dimensions, which would hide it without a "
                 "word: rename it in the samples (a dict key) before converting"
