@@ -367,6 +367,30 @@ def test_an_export_to_s3_cut_short_is_refused_by_loads_and_named_by_the_next_exp
         jaxstow.export_safetensors(tmp_path / "model.jxs", url, max_shard_size=1024, storage_options=options)
 
 
+def test_an_s3_url_ending_in_a_slash_names_the_folder_beside_an_object_of_the_same_name(s3_server, tmp_path):
+    import fsspec
+    from safetensors.numpy import save
+
+    url, options = s3_server.url("model"), s3_server.storage_options
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    jaxstow.save(tmp_path / "file.jxs", {"w": np.full(2, 1.0, np.float32)})
+    fs.put_file(str(tmp_path / "file.jxs"), root)  # the object "model", and the folder "model/" beside it
+    fs.pipe_file(f"{root}/model.safetensors", save({"w": np.full(2, 2.0, np.float32)}))
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["w"].tolist() == [1.0, 1.0]
+    for call in (jaxstow.load, huggingface.load):
+        assert call(url + "/", storage_options=options, as_numpy=True)["w"].tolist() == [2.0, 2.0]
+    with pytest.raises(PathError, match=r"model: is a file \(an object of the store\), not a folder"):
+        jaxstow.export_safetensors(tmp_path / "file.jxs", url, storage_options=options)
+    assert jaxstow.load(url, storage_options=options, as_numpy=True)["w"].tolist() == [1.0, 1.0]  # left as it was
+
+
+def test_a_tree_without_arrays_is_not_exported_to_a_folder_nothing_loads(tmp_path):
+    jaxstow.save(tmp_path / "plain.jxs", {"epoch": 3, "name": "run"})
+    with pytest.raises(ArgumentError, match=r"plain\.jxs: there is no array to export: it holds 'epoch', 'name'"):
+        jaxstow.export_safetensors(tmp_path / "plain.jxs", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_numbered_shards_without_an_index_are_refused_unless_all_are_there(tmp_path):
     folder = tmp_path / "cut"
     folder.mkdir()

@@ -247,6 +247,7 @@ def open_reader_at(location: Location, settings: StorageSettings | None = None, 
     as a folder, whose error, when it is none that loads, says what it is and what reads it.
     """
     try:
+        _refuse_as_a_file(location)
         container = _container_at(location, settings)
     except (IsAFolderError, PathNotFoundError) as error:
         folder = _folder_at(location, settings, error)
@@ -273,6 +274,7 @@ def open_folder_at(
         parent = os.path.dirname(where) if location.path is not None else where.rpartition("/")[0]
         return open_folder_at(locate(parent or "."), settings, names=names, transposed=transposed)
     try:
+        _refuse_as_a_file(location)
         source = location.open(settings)
     except (IsAFolderError, PathNotFoundError) as error:
         return _folder_at(location, settings, error, names=names, transposed=transposed)
@@ -287,6 +289,16 @@ def open_folder_at(
         f"{location.name}: is a file, not a folder of safetensors files (names= and transposed= are for such folders): "
         f"jaxstow.load({location.name!r}) reads it"
     )
+
+
+def _refuse_as_a_file(location: Location) -> None:
+    """A URL that ends in ``/`` names a folder, never the object of the same name an object store may hold beside
+    it (``s3://bucket/model`` and ``s3://bucket/model/...``): the folder is read, or its error raised."""
+    url = location.url or ""
+    if url.endswith("/") and not url.startswith(("http:", "https:")):  # a web server answers for "/" itself
+        raise IsAFolderError(
+            "names a folder (its URL ends in '/'), and it is no folder of safetensors files to load", file=location.name
+        )
 
 
 def _folder_at(

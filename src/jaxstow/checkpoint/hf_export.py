@@ -129,6 +129,11 @@ def export_safetensors(
     with contextlib.ExitStack() as stack:
         items, step_metadata = _open_items(stack, source, item, _for(source, settings))
         tensors, left_out = _tensors(items, names)
+        if not tensors:
+            shown = (
+                f": it holds {', '.join(map(repr, left_out[:5]))}, which a safetensors file cannot" if left_out else ""
+            )
+            raise ArgumentError(f"{source}: there is no array to export{shown}")
         shards = _plan(tensors, limit)
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
         weight_map = {tensor.name: file for file, shard in zip(files, shards, strict=True) for tensor in shard}
@@ -318,6 +323,8 @@ def _remote_staged(out: str, settings: StorageSettings) -> Iterator[Callable[[st
     fs, root = url_filesystem(out, settings.options)
     with storage_errors(out):
         fs.invalidate_cache(root)
+        if fs.isfile(root):
+            raise PathError("is a file (an object of the store), not a folder: export to another name", file=out)
         held = fs.ls(root, detail=False) if fs.exists(root) else []
     if held:
         cut_short = not any(str(name).endswith(".index.json") for name in held)
