@@ -19,7 +19,7 @@ import pytest
 
 import jaxstow
 from jaxstow import io
-from jaxstow.errors import FormatError, JaxstowError, PathNotFoundError
+from jaxstow.errors import CheckpointError, FormatError, JaxstowError, PathNotFoundError
 from jaxstow.io.live import read_draws
 from jaxstow.io.swmr import clear_stale_writer, open_for_reading, read_superblock
 
@@ -145,9 +145,9 @@ def test_blackjax_sgld_with_minibatches_and_thinning(tmp_path):
 
     gradient = blackjax.sgmcmc.gradients.grad_estimator(lambda w: -0.5 * jnp.sum(w**2), loglikelihood, 200)
 
-    def step_args(key, t):
+    def step_args(key, t, step_size=1e-3):
         rows = jax.random.randint(key, (20,), 0, 200)
-        return (x[rows], y[rows]), 1e-3
+        return (x[rows], y[rows]), step_size
 
     sample = functools.partial(
         io.blackjax.sample,
@@ -164,6 +164,10 @@ def test_blackjax_sgld_with_minibatches_and_thinning(tmp_path):
     np.testing.assert_allclose(draws["position"][:, 150:].mean(axis=(0, 1)), [1.0, -2.0, 0.5], atol=0.05)
     again = sample(str(tmp_path / "sgld.h5"))  # finished: read from the file
     np.testing.assert_array_equal(again["position"], draws["position"])
+    for other in (functools.partial(step_args, step_size=2e-2), lambda key, t: step_args(key, t, 2e-2)):
+        with pytest.raises(CheckpointError, match=r"with step_args or draw functions holding other values") as caught:
+            sample(str(tmp_path / "sgld.h5"), step_args=other)  # another step size: draws of two runs mixed
+        assert caught.value.path == "step_settings"
 
 
 def test_a_collector_leaves_an_hdf5_file_it_did_not_write_as_it_is(tmp_path):

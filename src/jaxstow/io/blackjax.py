@@ -155,6 +155,7 @@ def sample(
             "thin": thin,
             "arguments": argument_digest(positions),
             "algorithm_settings": argument_digest([_settings(algorithm), _settings(warmup)]),
+            "step_settings": argument_digest([_settings(_named_too(step_args)), _settings(_named_too(draw))]),
         },
         warmup=(lambda state: state[1]) if warmup is not None else None,
     )
@@ -177,6 +178,21 @@ def _settings(made: Any, depth: int = 6) -> list[Any]:
     found: list[Any] = []
     _collect(made, depth, found, set())
     return found
+
+
+def _named_too(function: Any) -> Any:
+    """``function`` (a user's ``step_args`` or ``draw``) with the values of its module that it names, and the numbers
+    and strings written in it, as the arguments of a partial, so that :func:`_settings` sees them beside those it
+    closes over (``eps`` of ``lambda k, t: (batch, eps)`` at the top of a script, or ``1e-3`` written in it)."""
+    if not inspect.isfunction(function):
+        return function
+    code = function.__code__
+    named = [function.__globals__.get(name) for name in code.co_names]
+    written = [value for value in code.co_consts if isinstance(value, int | float | complex | str)]  # 1e-3 in it
+    written += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    return functools.partial(
+        function, *(value for value in named if value is not None and not inspect.ismodule(value)), *written
+    )
 
 
 def _collect(made: Any, depth: int, found: list[Any], seen: set[int]) -> None:

@@ -51,12 +51,14 @@ from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
 __all__ = ["run_chains"]
 
 #: The members of the run's record that files of earlier versions lack: compared only where the file has them.
-_RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings"})
+_RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings", "step_settings"})
 #: What a run started with another digest of these was started from.
 _DIGESTS = {
     "arguments": "from other arrays (data or initial values) than this call gives",
     "algorithm_settings": "with an algorithm or warm-up made with other settings (step size, mass matrix, ...) than "
     "this call's",
+    "step_settings": "with step_args or draw functions holding other values (an SG-MCMC step size, a minibatch, ...) "
+    "than this call's",
 }
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
