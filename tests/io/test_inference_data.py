@@ -201,15 +201,3 @@ def test_names_of_arvizs_dimensions_one_values_and_no_variables_are_refused_not_
         with pytest.raises(JaxstowError, match=message):
             io.to_inference_data({"sample_count": 3, "samples": samples})
     assert "theta_dim_0" in io.to_inference_data({"sample_count": 3, "samples": {"theta_dim_0": np.ones(3)}}).posterior
-
-
-def test_draws_of_ml_dtypes_reach_arviz_in_numpys_own_dtypes_exactly(az):
-    import ml_dtypes
-
-    draws = np.array([0.5, 1.5, -2.0], ml_dtypes.bfloat16)
-    idata = io.to_inference_data(
-        {"sample_count": 3, "samples": {"w": draws, "k": np.array([1, -2, 3], ml_dtypes.int4)}}
-    )
-    assert idata.posterior["w"].dtype == np.float32 and idata.posterior["w"].values[0].tolist() == [0.5, 1.5, -2.0]
-    assert idata.posterior["k"].dtype == np.int8 and idata.posterior["k"].values[0].tolist() == [1, -2, 3]
-    az.summary(idata)  # ArviZ's functions take them

@@ -316,3 +316,39 @@ def test_keep_flags_that_are_not_one_boolean_per_chain_are_refused(tmp_path, kee
     with pytest.raises(ArgumentError, match=message):
         io.run_chains(str(path), *_counting(keep), num_steps=10, checkpoint_every=5)
     assert not os.listdir(tmp_path)
+
+
+def _small_run(path: str) -> Any:
+    def step(state: jax.Array, t: jax.Array) -> tuple[Any, Any, jax.Array]:
+        return state + 1, {"x": state, "t": jnp.full(2, t)}, jnp.ones(2, bool)
+
+    return io.run_chains(path, lambda: jnp.zeros(2), step, num_steps=8, checkpoint_every=4)
+
+
+def test_a_finished_runs_file_that_lost_a_chain_or_holds_one_of_another_shape_is_refused(tmp_path):
+    path = str(tmp_path / "walk.h5")
+    _small_run(path)
+    with h5py.File(path, "a") as file:
+        del file["chain~1"]  # as a damaged copy, or a hand edit, leaves it
+    with pytest.raises(CheckpointError, match=r"walk\.h5 holds the draws of 1 chains, but its run has 2"):
+        _small_run(path)
+    other = str(tmp_path / "other.h5")
+    _small_run(other)
+    with h5py.File(other, "a") as file:
+        del file["chain~1/x"]
+        file["chain~1/x"] = np.zeros((8, 2), np.float32)
+    with pytest.raises(FormatError, match=r"chain 1's draws of 'x' are float32\[2\], chain 0's float32\[\]"):
+        io.live.read_stacked(other)
+    assert main(["watch", "--once", other]) == 2  # one line naming the file, no traceback
+
+
+def test_a_step_that_keeps_no_arrays_is_refused_before_the_run(tmp_path):
+    with pytest.raises(ArgumentError, match=r"step keeps no arrays in its draws"):
+        io.run_chains(
+            str(tmp_path / "none.h5"),
+            lambda: jnp.zeros(2),
+            lambda state, t: (state, {}, jnp.ones(2, bool)),
+            num_steps=4,
+            checkpoint_every=2,
+        )
+    assert not (tmp_path / "none.h5").exists()

@@ -43,7 +43,7 @@ import numpy as np
 from jaxstow._storage.lock import Holder
 from jaxstow._util.optional import require
 from jaxstow.cli.output import Table, printable
-from jaxstow.errors import JaxstowError, MissingDependencyError
+from jaxstow.errors import FormatError, JaxstowError, MissingDependencyError
 from jaxstow.io.arviz_data import from_posterior
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import SWMR_SUPERBLOCK, read_superblock
@@ -121,7 +121,7 @@ def report(path: str) -> dict[str, Any]:
         "chains": [
             {"chain": chain, "draws": done, "finished": draws.finished or None} for chain, done in enumerate(draws.done)
         ],
-        "variables": _diagnostics(draws),
+        "variables": _diagnostics(draws, path),
     }
 
 
@@ -192,11 +192,19 @@ def _lock_file(path: str) -> str:
     return f"{path}.lock"
 
 
-def _diagnostics(draws: FileDraws) -> list[dict[str, Any]]:
+def _diagnostics(draws: FileDraws, path: str) -> list[dict[str, Any]]:
     """Mean, R-hat and bulk ESS of every element of every variable, over the draws that every chain has."""
     common = min(draws.done)
     if common == 0:
         return []
+    for name in draws.chains[0]:
+        if len({chain[name].shape[1:] if name in chain else None for chain in draws.chains}) > 1:
+            shapes = sorted({str(list(chain[name].shape[1:])) if name in chain else "none" for chain in draws.chains})
+            raise FormatError(
+                f"the chains' draws of {name!r} differ in shape ({', '.join(shapes)}): they cannot be "
+                "summed up together; io.live.read_draws reads each chain",
+                file=path,
+            )
     posterior = _real({name: np.stack([chain[name][:common] for chain in draws.chains]) for name in draws.chains[0]})
     rows = []
     diagnose = len(draws.chains) > 1 and common >= 4  # ArviZ's R-hat and ESS need two chains of four draws

@@ -200,15 +200,7 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
             f"the chains kept different numbers of samples ({counts}); ArviZ needs as many draws in every chain: "
             f"pass truncate=True to keep the first {draws} of each"
         )
-    return {name: _numpys(np.stack([variables[name][:draws] for variables in chains])) for name in names}
-
-
-def _numpys(draws: np.ndarray) -> np.ndarray:
-    """``draws`` in a dtype of numpy's own, which ArviZ's functions take: ``ml_dtypes``' (bfloat16, float8, int4)
-    widened to float32 or int8, which hold each value exactly."""
-    if not draws.dtype.type.__module__.startswith("ml_dtypes"):
-        return draws
-    return draws.astype(np.int8 if draws.dtype.name.startswith(("int", "uint")) else np.float32)
+    return {name: np.stack([variables[name][:draws] for variables in chains]) for name in names}
 
 
 #: ArviZ's name for an axis of a variable's draw (``theta_dim_0``), which a variable of that name would take over.

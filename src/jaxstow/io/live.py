@@ -110,6 +110,13 @@ def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
     for key, first in chains[0].items():
         array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
         for index, datasets in enumerate(chains):
+            if key not in datasets or datasets[key].shape[1:] != first.shape[1:] or datasets[key].dtype != first.dtype:
+                other = f"{datasets[key].dtype}{list(datasets[key].shape[1:])}" if key in datasets else "none"
+                raise FormatError(
+                    f"chain {index}'s draws of {key!r} are {other}, chain 0's {first.dtype}{list(first.shape[1:])}: "
+                    "they cannot be stacked; read_draws reads each chain",
+                    file=name,
+                )
             if array.size:
                 datasets[key].read_direct(array, np.s_[: done[0]], np.s_[index])
         stacked[key] = as_sample(first, array)

@@ -119,13 +119,15 @@ def run_chains(
     steps = spec_of(np.arange(checkpoint_every, dtype=np.int32))
     drawn = jax.eval_shape(run, state_spec, steps)[1][0]  # traced once: for the draws' shapes, and for the run
     draw_spec = jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[:1] + leaf.shape[2:], leaf.dtype), drawn)
+    if not jax.tree.leaves(draw_spec):
+        raise ArgumentError(f"step keeps no arrays in its draws ({drawn!r}): return what each kept step stores")
     warmup_spec = jax.eval_shape(warmup, state_spec) if warmup is not None else {}
     record = {**(identity or {}), "chains": chains, "num_steps": num_steps, "checkpoint_every": checkpoint_every}
     record = json.loads(json.dumps(record))  # as it reads back from the file
     with WriterLock(name) as lock:
         if os.path.exists(name):
             if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), lock):
-                return read_stacked(name)
+                return _all_chains(name, read_stacked(name), chains)
             lock.clear_stale_flags()  # the flags a killed writer left (only such a one: see _continued)
         # The run's lock keeps other writers out; a failing disk names the file.
         with storage_failures(name, hdf5=True), h5py.File(name, "a", libver="latest", locking=False) as file:
@@ -379,3 +381,15 @@ def _record_of(name: str, text: Any) -> dict[str, Any]:
             file=name,
         )
     return record
+
+
+def _all_chains(name: str, draws: dict[str, np.ndarray], chains: int) -> dict[str, np.ndarray]:
+    """The draws of a finished run, read from its file, if the file holds them of every chain of the run."""
+    held = sorted({int(np.shape(values)[0]) for values in draws.values()})
+    if held != [chains]:
+        raise CheckpointError(
+            f"{name} holds the draws of {', '.join(map(str, held))} chains, but its run has {chains}: the file is "
+            "damaged; write the run to another file",
+            file=name,
+        )
+    return draws
