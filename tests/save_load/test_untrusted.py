@@ -459,3 +459,18 @@ def test_a_shard_box_a_file_stores_twice_is_damage_whichever_copy_a_read_would_t
     forged.write_bytes(forge_native(tensors, json.dumps(manifest), data + evil))
     with pytest.raises(CorruptFileError, match=r"leaf 'v' of .*forged\.jxs: a shard of this leaf has no checksum"):
         jaxstow.load(forged)
+
+
+def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_damage_however_it_is_read(tmp_path):
+    header = json.dumps({"m": {"dtype": "BOOL", "shape": [3], "data_offsets": [0, 3]}}).encode()
+    path = tmp_path / "mask.safetensors"  # jax would print True where x == True is False, and sum it otherwise
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 2, 0]))
+    for read in (
+        lambda: jaxstow.load(path),
+        lambda: jaxstow.open(path)["m"],
+        lambda: jaxstow.open(path, mmap=True)["m"],
+    ):
+        with pytest.raises(CorruptFileError, match=r"leaf 'm' of .*mask\.safetensors: a bool tensor holds bytes other"):
+            read()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 1, 0]))
+    assert jaxstow.load(path, as_numpy=True)["m"].tolist() == [True, True, False]

@@ -31,12 +31,14 @@ from xxhash import xxh3_64, xxh3_64_hexdigest
 from jaxstow._format.source import Parallel, ReadSource, in_pool
 from jaxstow._util.buffers import HUGE_PAGE, leaf_buffer
 from jaxstow._util.pools import submit
+from jaxstow.errors import CorruptFileError
 
 __all__ = [
     "ALIGNMENT",
     "LOCAL_DISK",
     "TensorSlot",
     "aligned_empty",
+    "bools_checked",
     "pieces_of",
     "read_range",
     "read_slots",
@@ -335,3 +337,11 @@ def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify |
         for slot, digest in zip(slots, digests, strict=True):
             verify(slot.name, digest)
     return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}
+
+
+def bools_checked(array: np.ndarray, *, file: str, path: str) -> np.ndarray:
+    """``array``, unless it is of bools whose bytes are not all 0 or 1 (a file made by hand: numpy and jax would then
+    disagree on its values, ``x == True`` false where ``x`` prints ``True``), a :class:`CorruptFileError` then."""
+    if array.dtype == np.bool_ and array.size and int(array.reshape(-1).view(np.uint8).max()) > 1:
+        raise CorruptFileError("a bool tensor holds bytes other than 0 and 1", file=file, path=path)
+    return array

@@ -39,7 +39,7 @@ from jaxstow._format.manifest import LeafColumns, StoredLeaves
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef, decode_value
-from jaxstow._format.tensor_reads import read_tensors
+from jaxstow._format.tensor_reads import bools_checked, read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.narrowing import narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
@@ -367,7 +367,7 @@ class OpenedFile(Mapping[str, Any]):
             for leaf in leaves:
                 view = self._mapped(leaf)
                 self.verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
-                out[leaf.path] = view
+                out[leaf.path] = bools_checked(view, file=self.file, path=leaf.path)
             return out
         for leaf in leaves:
             self.on_read(leaf.nbytes)
@@ -388,7 +388,7 @@ class OpenedFile(Mapping[str, Any]):
             if array.dtype != leaf.dtype or array.shape != leaf.shape:
                 typed = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
                 arrays[leaf.path] = np.require(typed, requirements="A")  # raw bytes at an odd offset: copied aligned
-        return arrays
+        return {path: bools_checked(array, file=self.file, path=path) for path, array in arrays.items()}
 
     def _mapped(self, leaf: Stored) -> np.ndarray:
         """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError, not a
