@@ -223,6 +223,14 @@ class UnsaveableObjectError(JaxstowError, TypeError):
         )
         self.obj = obj
 
+    @staticmethod
+    def advises_registering(obj: object) -> bool:
+        """Whether the advice for ``obj``, unless a caller gives another, is to register it."""
+        return _unsaveable_advice(obj) == _REGISTER
+
+
+_REGISTER = "neither data nor registered; register it with jaxstow.saveable(obj, name=...)"
+
 
 def _unsaveable_advice(obj: object) -> str:
     """What to do about an object that is neither data nor registered: register it only where that helps."""
@@ -236,7 +244,7 @@ def _unsaveable_advice(obj: object) -> str:
         return "an iterator, whose values are not there to save: save list(...) of it instead"
     if isinstance(obj, bytearray | memoryview):
         return "a mutable buffer: save bytes(...) of it instead"
-    return "neither data nor registered; register it with jaxstow.saveable(obj, name=...)"
+    return _REGISTER
 
 
 class UnknownNameError(JaxstowError, LookupError):

@@ -93,6 +93,8 @@ def _generator():
         (iter([1, 2]), "an iterator"),
         (threading.Lock(), "a resource of this process"),
         (bytearray(b"ab"), "a mutable buffer: save bytes"),
+        (range(3), "an object of builtins, which no file may name .*keep a plain value"),  # saveable refuses it
+        (__import__("pathlib").Path("/x"), "an object of pathlib, which no file may name"),
     ],
 )
 def test_registering_is_advised_only_where_it_helps(tmp_path, leaf, advice):

@@ -7,7 +7,7 @@ objects of libraries that are not imported yet, all of which one error names at 
 >>> from jaxstow._names.advice import import_advice, unsaveable_advice
 >>> print(unsaveable_advice(optax.adam(1e-3)))
 an optax transformation, a closure jaxstow cannot name by itself: register it where it is made, tx = jaxstow.saveable(optax.adam(1e-3), name="my_project.adam") (and in the process that loads it), or leave it out of the file: save nnx.state(optimizer) and restore into a live optimizer, nnx.update(optimizer, jaxstow.load(path, like=nnx.state(optimizer)))
->>> unsaveable_advice(object()) is None
+>>> unsaveable_advice(type("Mine", (), {})()) is None
 True
 >>> print(import_advice("optax", ["equinox", "flax", "optax"]))
 it belongs to optax, and the file also names objects of equinox and flax; none of these libraries is imported in this process: import equinox, flax and optax first
@@ -16,6 +16,9 @@ it belongs to optax, and the file also names objects of equinox and flax; none o
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from jaxstow._names.policy import FORBIDDEN_MODULES, module_of
+from jaxstow.errors import UnsaveableObjectError
 
 __all__ = ["import_advice", "unsaveable_advice"]
 
@@ -30,6 +33,13 @@ def unsaveable_advice(obj: object) -> str | None:
             "an array where only static data may go (an equinox static field, an attribute of a registered plain "
             "class, a node's auxiliary data), which a file keeps as JSON: make it a pytree field (not static), so "
             "that it is saved as a tensor, or hold a tuple of its values (tuple(array.tolist()))"
+        )
+    root = module_of(obj).partition(".")[0]
+    if root in FORBIDDEN_MODULES and UnsaveableObjectError.advises_registering(obj):
+        return (
+            f"an object of {root}, which no file may name (registering it is refused: such objects read, write, "
+            "import or run something): keep a plain value of it in the tree instead, such as a string, a number or "
+            "a tuple of them"
         )
     if kind.__module__.startswith("optax") and kind.__name__ in _OPTAX_TRANSFORMATIONS:
         return (
