@@ -462,15 +462,25 @@ def test_a_shard_box_a_file_stores_twice_is_damage_whichever_copy_a_read_would_t
 
 
 def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_damage_however_it_is_read(tmp_path):
-    header = json.dumps({"m": {"dtype": "BOOL", "shape": [3], "data_offsets": [0, 3]}}).encode()
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    header = json.dumps({"m": {"dtype": "BOOL", "shape": [4], "data_offsets": [0, 4]}}).encode()
     path = tmp_path / "mask.safetensors"  # jax would print True where x == True is False, and sum it otherwise
-    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 2, 0]))
-    for read in (
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 2, 0, 1]))
+    sharding = NamedSharding(jax.make_mesh((4,), ("x",)), P("x"))
+    reads = [
         lambda: jaxstow.load(path),
+        lambda: jaxstow.load(path, pipeline=True),  # an accelerator's default
+        lambda: jaxstow.load(path, sharding=sharding),
         lambda: jaxstow.open(path)["m"],
+        lambda: jaxstow.open(path).read("m", np.s_[0:2]),
         lambda: jaxstow.open(path, mmap=True)["m"],
-    ):
-        with pytest.raises(CorruptFileError, match=r"leaf 'm' of .*mask\.safetensors: a bool tensor holds bytes other"):
+        lambda: jaxstow.load(tmp_path),  # the file as a folder's one shard
+        lambda: jaxstow.load(tmp_path, sharding=sharding),
+    ]
+    for read in reads:
+        with pytest.raises(CorruptFileError, match=r"leaf 'm' of .*: a bool tensor holds bytes other than 0 and 1"):
             read()
-    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 1, 0]))
-    assert jaxstow.load(path, as_numpy=True)["m"].tolist() == [True, True, False]
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 1, 0, 1]))
+    assert jaxstow.load(path, as_numpy=True)["m"].tolist() == [True, True, False, True]

@@ -7,8 +7,10 @@ import os
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import jaxstow
+from jaxstow.errors import ArgumentError
 from jaxstow.train import Checkpoint, DefaultCheckpointer, DefaultCheckpointerArguments
 from jaxstow.train.files import FileNames
 
@@ -57,3 +59,25 @@ def test_a_period_that_is_a_bool_and_an_extension_written_with_its_dot_are_refus
         DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path, period=True))
     with pytest.raises(ArgumentError, match=r"file_ext is the extension without its dot \('jxs'\), not '\.jxs'"):
         DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path, file_ext=".jxs"))
+
+
+@pytest.mark.parametrize("flag", ["checkpoint", "delete_existing_checkpoints"])
+def test_a_flag_given_as_text_is_refused_before_anything_is_deleted(tmp_path: Path, flag: str) -> None:
+    old = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path))
+    old.save(Checkpoint(trainer_state={"last_epoch": 0}), 0)
+    with pytest.raises(
+        ArgumentError, match=rf"DefaultCheckpointerArguments\.{flag} must be True or False, not 'false'"
+    ):
+        DefaultCheckpointer(
+            DefaultCheckpointerArguments(save_dir=tmp_path, load_dir=tmp_path / "other", **{flag: "false"})
+        )
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_0.jxs"]  # "false" from a config file deleted them all
+    with pytest.raises(ArgumentError, match=r"save's force must be True or False, not 'no'"):
+        old.save(Checkpoint(), 1, force="no")
+
+
+def test_a_load_dir_that_is_a_checkpoint_file_is_refused_not_started_from_scratch(tmp_path: Path) -> None:
+    old = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path))
+    path = old.save(Checkpoint(trainer_state={"last_epoch": 2}), 2)
+    with pytest.raises(ArgumentError, match=r"load_dir is the folder of the checkpoints, not the file .*checkpoint_2"):
+        DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path / "new", load_dir=path))

@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
+from jaxstow._format.tensor_reads import bools_checked
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
@@ -109,7 +110,8 @@ class FolderFile(OpenedFile):
         assembled = reads.box(stored, box[::-1] if turned else box)
         self.on_read(math.prod(stop - start for start, stop in box) * stored.dtype.itemsize)
         reads.run()
-        return np.ascontiguousarray(assembled().T) if turned else assembled()
+        part = bools_checked(assembled(), file=self.file, path=path)
+        return np.ascontiguousarray(part.T) if turned else part
 
     def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:
         """Whole tensors by path, read together (the tensors turned over each on its own)."""

@@ -269,7 +269,7 @@ class OpenedFile(Mapping[str, Any]):
         leaf = self.stored[path]
         self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
         if isinstance(leaf, ShardedLeaf):
-            return self._read_sharded(leaf, box)
+            return bools_checked(self._read_sharded(leaf, box), file=self.file, path=path)
         within = tuple(slice(start, stop) for start, stop in box)
         if box == full_box(leaf.shape) or not isinstance(self.container, NativeReader):
             part: np.ndarray = self.read_arrays([leaf])[path][within]
@@ -278,7 +278,7 @@ class OpenedFile(Mapping[str, Any]):
         else:
             slot = self.container.slots[path]
             part = read_box(self.container.source, slot.offset, leaf.dtype, leaf.shape, box)
-        return part
+        return bools_checked(part, file=self.file, path=path)
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
         """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""

@@ -33,7 +33,7 @@ import xxhash
 
 from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
-from jaxstow._format.tensor_reads import aligned_empty
+from jaxstow._format.tensor_reads import aligned_empty, bools_checked
 from jaxstow._read.narrowing import NARROWED
 from jaxstow._read.opened import OpenedFile
 from jaxstow._util.pinned import pinned_sharding
@@ -173,7 +173,9 @@ def _restore_leaf(
             if last:
                 opened.verify(path, hasher.hexdigest(), leaf.checksum)
             whole = last and not parts
-            data = piece.view(leaf.dtype).reshape(leaf.shape if whole else (-1,))
+            data = bools_checked(piece.view(leaf.dtype), file=opened.file, path=path).reshape(
+                leaf.shape if whole else (-1,)
+            )
             with _moving(opened, path):
                 parts.append(_transfer(data, placement if whole else None))
             del data

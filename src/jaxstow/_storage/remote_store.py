@@ -208,8 +208,8 @@ class RemoteStore:
         for folder, files in by_folder.items():
             if self.marker in files:
                 listed = _marked_files(self.read_marker(folder), where=self.url(folder, self.marker))
-                for file in files:
-                    if file != self.marker and file not in listed:
+                for file in files:  # a step's files that a replace cut short left; a user's own are kept
+                    if file != self.marker and file not in listed and _a_step_writes(file):
                         self.fs.rm(self.path(folder, file))
                         removed.append(f"{folder}/{file}")
             elif (owns(folder) and WRITING in files) or TEMPORARY_MARKER in folder:  # never a folder of another's
@@ -340,3 +340,9 @@ class RemoteStaging:
         for stored in self._written:
             with contextlib.suppress(FileNotFoundError):
                 self._store.fs.rm(self._store.path(self._name, stored))
+
+
+def _a_step_writes(name: str) -> bool:
+    """Whether a step's writer could have written the file ``name`` of a step's folder: an item's file, or a
+    temporary or marking one (not a file a user put there, such as ``eval_results.json``)."""
+    return name.endswith((".safetensors", ".npz", ".jxs")) or TEMPORARY_MARKER in name or name == WRITING

@@ -108,7 +108,8 @@ def _check_same_request(
         talk.tell("asked", asked)
 
         def compare() -> bool:
-            heard = talk.collect("asked", waiting_for=f"the step it restores from {where}")
+            wanted = "the latest step" if step is None else f"step {step}"
+            heard = talk.collect("asked", waiting_for=f"the step it restores ({wanted} asked here) from {where}")
             requests = {index: message.value() for index, message in sorted(heard.items())}
             differ = [index for index, request in requests.items() if request != asked]
             if differ:

@@ -115,7 +115,7 @@ class SingleProcess(TrainerBackend):
     def args(self) -> TrainerBackendArguments:
         """The arguments of :meth:`init`."""
         if self._args is None:
-            raise RuntimeError("SingleProcess.init(args) must be called before it trains or validates")
+            raise ArgumentError("SingleProcess.init(args) must be called before it trains or validates")
         return self._args
 
     def train_dl(self, dataloader: Iterable[Any], callback: CallbackInterface) -> list[list[Any]]:
@@ -131,7 +131,7 @@ class SingleProcess(TrainerBackend):
         if pending:
             outputs += self._end_global_step(pending, callback)
         if not outputs:
-            raise ValueError(f"the train data loader of {type(args.module).__name__} gave no batches")
+            raise ArgumentError(f"the train data loader of {type(args.module).__name__} gave no batches")
         return collate(outputs)
 
     def _end_global_step(self, step_outputs: list[Any], callback: CallbackInterface) -> list[Any]:

@@ -6,6 +6,8 @@ import dataclasses
 import logging
 import os
 
+import numpy as np
+
 from jaxstow._names.registry import saveable
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
@@ -129,6 +131,8 @@ class DefaultCheckpointer(AbstractCheckpointer):
         ``index`` is an integer (Python, numpy or a 0-d jax array); a float or a bool, whose file would never be
         resumed from, is an :class:`~jaxstow.errors.ArgumentError`."""
         index = check_step(index, what="the checkpoint's index", negative=True)
+        if not isinstance(force, bool | np.bool_):
+            raise ArgumentError(f"save's force must be True or False, not {force!r}")
         if not self.args.checkpoint or (index % self.args.period != 0 and not force):
             return None
         return self._write(self.args.save_dir, self.names.checkpoint(index), checkpoint_state)
@@ -236,6 +240,16 @@ def _check(args: DefaultCheckpointerArguments) -> None:
         raise ArgumentError(
             f"DefaultCheckpointerArguments.file_ext is the extension without its dot ({args.file_ext[1:]!r}), not "
             f"{args.file_ext!r}: the files would be named checkpoint_0.{args.file_ext}"
+        )
+    for flag in ("checkpoint", "delete_existing_checkpoints"):  # "false" from a config file would mean True
+        if not isinstance(getattr(args, flag), bool | np.bool_):
+            raise ArgumentError(
+                f"DefaultCheckpointerArguments.{flag} must be True or False, not {getattr(args, flag)!r}"
+            )
+    if args.load_dir and os.path.isfile(args.load_dir):
+        raise ArgumentError(
+            f"DefaultCheckpointerArguments.load_dir is the folder of the checkpoints, not the file {args.load_dir!r}: "
+            "give its folder as load_dir and its name as load_filename"
         )
     if isinstance(args.period, bool) or not isinstance(args.period, int) or args.period <= 0:
         raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")

@@ -168,7 +168,7 @@ class Trainer:
     def save_checkpoint(self, force: bool = False) -> None:
         """Hand the checkpointer the states of the module, the trainer and the backend (on the main process only)."""
         if self.is_main_process:
-            self.checkpointer.save(self.checkpoint_state(), self.last_epoch, force)
+            self.checkpointer.save(self.checkpoint_state(), index=self.last_epoch, force=force)
 
     def save_model_checkpoint(self) -> None:
         """Hand the checkpointer the module's state alone (on the main process only)."""
