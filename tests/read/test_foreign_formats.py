@@ -471,3 +471,16 @@ def test_a_flax_file_nested_past_what_jaxstow_holds_is_refused_naming_it(tmp_pat
     path.write_bytes(msgpack.packb(nested))
     with pytest.raises(FormatError, match=r"deep\.msgpack: nests dicts more than 400 levels deep"):
         jaxstow.load(path, from_format="flax")
+
+
+def test_tied_weights_and_views_of_a_torch_file_come_back_as_leaves_of_their_own(tmp_path):
+    torch = pytest.importorskip("torch")
+    weights = torch.arange(6.0)
+    torch.save(
+        {"embed": weights, "lm_head": weights, "row": weights[2:4], "turned": weights.view(2, 3).t()},
+        tmp_path / "tied.pt",
+    )
+    loaded = jaxstow.load(tmp_path / "tied.pt", from_format="torch", as_numpy=True)
+    loaded["embed"][2] = 99.0  # a leaf written to changes no other, as with a jaxstow file's leaves
+    assert loaded["lm_head"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and loaded["row"].tolist() == [2.0, 3.0]
+    assert loaded["turned"].tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]

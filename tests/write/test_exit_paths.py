@@ -255,19 +255,33 @@ def test_a_step_saved_by_the_programs_own_exit_handler_is_committed(tmp_path: Pa
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_a_step_saved_in_a_multiprocessing_worker_is_committed_before_the_worker_ends(tmp_path: Path, start_method):
+def test_a_step_saved_in_a_multiprocessing_worker_is_committed_and_a_failed_one_ends_it_with_120(
+    tmp_path: Path, start_method
+):
     program = """
-    import multiprocessing, sys, numpy as np
+    import multiprocessing, shutil, sys, numpy as np
     from jaxstow import CheckpointManager
 
     def work(folder):
         CheckpointManager(folder).save(1, {"w": np.arange(2_000_000, dtype=np.float32)})  # and returns at once
 
+    def fail(folder):
+        manager = CheckpointManager(folder)
+        manager.save(1, {"w": np.ones(256, np.float32)})
+        manager.wait()
+        shutil.rmtree(folder)
+        open(folder, "w").close()  # the folder is gone: step 2 cannot be written, and no caller hears of it
+        manager.save(2, {"w": np.ones(256, np.float32)})
+
     if __name__ == "__main__":
-        worker = multiprocessing.get_context(sys.argv[2]).Process(target=work, args=(sys.argv[1],))
+        context = multiprocessing.get_context(sys.argv[2])
+        worker = context.Process(target=work, args=(sys.argv[1],))
         worker.start()
         worker.join()
-        sys.exit(worker.exitcode)
+        failing = context.Process(target=fail, args=(sys.argv[1] + "-failing",))
+        failing.start()
+        failing.join()
+        sys.exit(worker.exitcode or (0 if failing.exitcode == 120 else 99))
     """
     script = tmp_path / "train.py"  # spawn's worker imports its function from the script's file
     script.write_text(textwrap.dedent(program))

@@ -6,6 +6,7 @@ is; the structure the tree's own. A restore from it takes every option of :func:
 ``as_numpy``, ``sharding``, ``select``, ...), and its errors name the file the tree came from.
 
 >>> import numpy as np
+
 >>> from jaxstow._read.memory_tree import TreeInMemory
 >>> from jaxstow._read.restore import restore
 >>> weights = np.arange(3.0)
@@ -23,6 +24,11 @@ from typing import Any
 import jax
 import numpy as np
 from jax.tree_util import PyTreeDef
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy before 2
+    from numpy import byte_bounds  # type: ignore[attr-defined,no-redef]
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.leaves import StoredLeaf, key_impl_name
@@ -81,6 +87,7 @@ class TreeInMemory(OpenedFile):
                 stored[path] = StoredLeaf(path, kind, array.dtype, array.shape, None, None)
             else:
                 self._values[path] = leaf
+        _unshared(arrays)
         super().__init__(_Arrays(arrays, name), leaves=stored)
         self.paths = paths
         self.value_entries = {path: {"path": path, "kind": "value"} for path in self._values}
@@ -93,3 +100,13 @@ class TreeInMemory(OpenedFile):
     def value(self, path: str) -> Any:
         """The value at ``path``, as the tree holds it."""
         return self._values[path]
+
+
+def _unshared(arrays: dict[str, np.ndarray]) -> None:
+    """Copy each array whose memory an array before it holds too (tied weights, views of one tensor in a torch
+    file): a restored leaf written to must not change another, as no two leaves of a jaxstow file share memory."""
+    end = -1
+    for low, high, path in sorted((*byte_bounds(array), path) for path, array in arrays.items() if array.nbytes):
+        if low < end:
+            arrays[path] = arrays[path].copy()
+        end = max(end, high)

@@ -120,7 +120,7 @@ def _hook_multiprocessing_child() -> None:
     if started is not None and started.parent_process() is not None:
         from multiprocessing import util
 
-        util.Finalize(None, _at_exit, exitpriority=100)
+        util.Finalize(None, _at_worker_exit, exitpriority=-100)  # the last: its SystemExit is the exit code
 
 
 def exiting() -> bool:
@@ -308,6 +308,14 @@ _FAILED_FLUSH = OSError("a write of jaxstow failed or did not finish before the 
 def _quiet_about(error: BaseException, hook: Any) -> Any:
     """``sys.unraisablehook`` that says nothing of ``error`` and passes anything else to ``hook``."""
     return lambda unraisable: None if unraisable.exc_value is error else hook(unraisable)
+
+
+def _at_worker_exit() -> None:
+    """:func:`_at_exit` in a process of :mod:`multiprocessing`, after its other finalizers: a failed write makes its
+    exit code :data:`FAILED_EXIT` (a ``SystemExit`` raised here is, where Python's last flush is skipped)."""
+    _at_exit()
+    if _ending is not None:
+        raise SystemExit(FAILED_EXIT if _ending > 0 else 128 - _ending)
 
 
 def _at_exit() -> None:
