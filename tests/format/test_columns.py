@@ -96,7 +96,7 @@ def _forged_columns(change) -> io.BytesIO:
         (lambda m: m.update(details={}), "a value leaf needs its value"),
         (lambda m: m.update(kinds="kva"), "a key leaf needs its impl"),
         (lambda m: m["details"]["1"].update(value={"ref": "os.system"}), "os.system"),
-        (lambda m: m.update(paths=["b", "n", "x"]), "do not match its manifest"),
+        (lambda m: m.update(paths=["b", "n", "x"]), "the structure names leaf 2 'w', but the manifest's paths 'x'"),
     ],
 )
 def test_malformed_columns_are_format_errors(change, message):

@@ -9,7 +9,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxstow._format.keypaths import container_paths, flatten_with_paths
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.manifest import container_paths
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._write.encoded import encode_tree
 

@@ -484,3 +484,18 @@ def test_a_bool_tensor_of_bytes_other_than_0_and_1_is_damage_however_it_is_read(
             read()
     path.write_bytes(struct.pack("<Q", len(header)) + header + bytes([1, 1, 0, 1]))
     assert jaxstow.load(path, as_numpy=True)["m"].tolist() == [True, True, False, True]
+
+
+def test_a_structure_that_names_its_leaves_otherwise_than_the_paths_is_damage(tmp_path):
+    from forked_cli import jaxstow_command
+
+    jaxstow.save(tmp_path / "good.jxs", {"lr": np.float32([0.001]), "step": np.int32([1000])})
+    tensors, manifest_text, data = split_native((tmp_path / "good.jxs").read_bytes())
+    manifest = json.loads(manifest_text)
+    manifest["structure"]["dict"].reverse()  # the keys swapped: each array would come back under the other's name
+    forged = tmp_path / "forged.jxs"
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data))
+    with pytest.raises(CorruptFileError, match=r"forged\.jxs: the structure names leaf 0 'step', but the manifest's"):
+        jaxstow.load(forged)
+    verified = jaxstow_command("verify", str(forged))
+    assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr

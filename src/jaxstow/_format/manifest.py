@@ -52,6 +52,7 @@ __all__ = [
     "check_columns",
     "check_leaves",
     "check_manifest",
+    "container_paths",
     "columns_again",
     "plain_metadata",
     "version_at_least",
@@ -291,6 +292,14 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         seen: set[str] = set()
         twice = next(path for path in paths if path in seen or seen.add(path))  # type: ignore[func-returns-value]
         raise FormatError("the manifest lists this leaf twice", file=file, path=twice)
+    named = container_paths(manifest.get("structure"))  # None: nodes whose children jax names
+    if named is not None and named != paths and len(set(named)) == len(named):  # a key named twice: said later
+        at = next((i for i, pair in enumerate(itertools.zip_longest(named, paths)) if pair[0] != pair[1]))
+        shown = [excerpt(names[at]) if at < len(names) else "none" for names in (named, paths)]
+        problem = (
+            f"the structure names leaf {at} {shown[0]}, but the manifest's paths {shown[1]}: the header is damaged"
+        )
+        raise CorruptFileError(problem, file=file)
     if not isinstance(details, dict):
         raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
     for key, detail in details.items():
@@ -398,3 +407,43 @@ class StoredLeaves(MutableMapping[str, Stored]):
 
     def __len__(self) -> int:
         return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))
+
+
+def container_paths(structure: Any) -> list[str] | None:
+    """The leaf paths of an encoded structure of dicts with plain keys, lists, tuples and ``None`` (as
+    :func:`~jaxstow._format.keypaths.path_to_str` writes them); ``None`` for one with other nodes, which jax names.
+
+    >>> container_paths({"dict": [["a", {"list": ["*", None, {"dict": [["b", "*"]]}]}], ["c", "*"]]})
+    ['a/0', 'a/2/b', 'c']
+    """
+    paths: list[str] = []
+    return paths if _collect_paths(structure, None, paths) else None
+
+
+def _collect_paths(node: Any, path: str | None, paths: list[str]) -> bool:
+    """Append the leaf paths under ``node`` (at ``path``; ``None``: the root, apart from an empty key's ``/c``) to
+    ``paths``; ``False`` for a node that is not a container :func:`container_paths` can name."""
+    if node == "*":
+        paths.append(path or "")
+        return True
+    if node is None:
+        return True
+    if not isinstance(node, dict) or len(node) != 1:
+        return False
+    [(tag, children)] = node.items()
+    if not isinstance(children, list):  # malformed: the structure's decoder names it
+        return False
+    if tag == "dict" and any(
+        type(pair) is not list or len(pair) != 2 or isinstance(pair[0], dict) for pair in children
+    ):
+        return False  # keys tagged as floats, tuples, ...
+    if tag not in ("dict", "list", "tuple"):
+        return False
+    named = children if tag == "dict" else enumerate(children)
+    prefix = "" if path is None else f"{path}/"
+    for name, child in named:
+        if child == "*":  # most children are leaves: answered here, without a call
+            paths.append(f"{prefix}{name}")
+        elif not _collect_paths(child, f"{prefix}{name}", paths):
+            return False
+    return True

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 import jax
 
-from jaxstow._format.keypaths import container_paths, flatten_with_paths
+from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.manifest import container_paths
 from jaxstow._format.skeleton import encode_treedef
 from jaxstow._write.flattening import cycle_error, flatten
 from jaxstow.errors import FormatError
