@@ -32,6 +32,7 @@ from jaxstow._read.reader import FolderReader, open_folder_at
 from jaxstow._storage.opening import Readable, locate, reached
 from jaxstow._storage.transfer import Transfer
 from jaxstow.checkpoint.hf_export import export_safetensors
+from jaxstow.errors import ArgumentError
 
 __all__ = ["export_safetensors", "load", "open"]
 
@@ -80,6 +81,7 @@ def open(
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
+    **misplaced: Any,
 ) -> FolderReader:
     """Open a folder of safetensors files lazily, as one file: every file's header is read now, a tensor when asked for.
 
@@ -99,5 +101,10 @@ def open(
         ArgumentError: a file rather than a folder (:func:`jaxstow.open` reads it).
         FormatError: a file of the folder is damaged or no plain safetensors file; the message names it.
     """
+    if misplaced:  # a load option given here (as_numpy=, like=...), or a misspelt keyword
+        raise ArgumentError(
+            f"huggingface.open() takes no {', '.join(map(repr, misplaced))}: it opens the folder; give load options "
+            "to reader.load(...), or call huggingface.load(folder, ...)"
+        )
     settings = reached(storage_options, transfer, cache_dir)
     return open_folder_at(locate(folder), settings, names=names, transposed=transposed)

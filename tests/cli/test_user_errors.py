@@ -268,3 +268,9 @@ def test_verify_calls_a_plain_file_whose_shape_and_offsets_disagree_damaged(tmp_
     done = jaxstow_command("verify", path)
     assert done.returncode == 1, done
     assert f"DAMAGED  leaf 'a' of {path}: shape [5] of float32 needs 20 bytes" in done.stdout
+
+
+def test_a_server_that_cannot_be_reached_is_named_so_not_as_a_missing_file():
+    done = jaxstow_command("inspect", "http://127.0.0.1:1/model.jxs")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "the storage failed" in done.stderr and "no such file" not in done.stderr, done.stderr

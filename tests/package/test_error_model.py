@@ -340,3 +340,21 @@ def test_the_command_line_names_the_extra_without_a_traceback(every_kind):
     done = run_blocked(["torch"], script)
     assert done.returncode == 2, done.stderr
     assert "pip install 'jaxstow[torch]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_arguments_of_the_wrong_kind_in_these_calls_are_argument_errors(tmp_path):
+    from jaxstow.errors import ArgumentError
+
+    for folder in (None, 3):
+        with pytest.raises(ArgumentError, match=r"a checkpoint folder is named by a path or a URL, not"):
+            jaxstow.CheckpointManager(folder)
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": {"w": np.ones(2)}})
+        manager.wait()
+        with pytest.raises(ArgumentError, match=r"items must be a list of item names, such as \['params'\], not 3"):
+            manager.restore(items=3)
+    jaxstow.save(tmp_path / "x.jxs", {"w": np.ones(2)})
+    assert jaxstow.load(tmp_path / "x.jxs", names=None, transposed=None, as_numpy=True)["w"].tolist() == [1.0, 1.0]
+    assert jaxstow.open(tmp_path / "x.jxs", names=None).paths == ["w"]  # None: as if not given, no warning
+    with pytest.raises(ArgumentError, match=r"huggingface\.open\(\) takes no 'as_numpy'"):
+        jaxstow.huggingface.open(tmp_path, as_numpy=True)

@@ -359,7 +359,8 @@ def open(
         view = moved_keywords("jaxstow.open", shortcuts, HUGGING_FACE_OPTIONS, use="jaxstow.huggingface.open")
         if shortcuts:
             raise ArgumentError(f"open() got an unexpected keyword argument {next(iter(shortcuts))!r}")
-        return open_folder_at(location, settings, **view)
+        if view:
+            return open_folder_at(location, settings, **view)
     return open_reader_at(location, settings, mmap=mmap)
 
 

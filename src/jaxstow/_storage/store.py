@@ -20,6 +20,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.opening import local_path, refuse_options
 from jaxstow._storage.settings import StorageSettings
+from jaxstow.errors import ArgumentError, excerpt
 
 __all__ = ["Staging", "Store", "open_store"]
 
@@ -91,6 +92,8 @@ def open_store(directory: str | os.PathLike[str], *, marker: str, settings: Stor
     A local store keeps to the folder a relative path named when it was opened, whatever working directory the
     process changes to later.
     """
+    if not isinstance(directory, str | os.PathLike):
+        raise ArgumentError(f"a checkpoint folder is named by a path or a URL, not {excerpt(directory)}")
     settings = settings or StorageSettings()
     path = local_path(directory)
     if path is not None:

@@ -40,9 +40,11 @@ def moved(old: str, module: str, name: str | None = None, *, use: str | None = N
 def moved_keywords(call: str, given: dict[str, Any], names: Iterable[str], *, use: str) -> dict[str, Any]:
     """Take the keywords ``names`` out of ``given`` (the keywords passed to ``call``), warning that ``use`` takes them.
 
-    Returns those taken, by name; the warning is the caller's caller's, once for all of them.
+    Returns those taken, by name (one given as ``None`` is dropped, as not given); the warning is the caller's
+    caller's, once for all of them.
     """
     taken = {name: given.pop(name) for name in names if name in given}
+    taken = {name: value for name, value in taken.items() if value is not None}  # None: as if not given
     if taken:
         shown = ", ".join(f"{name}=..." for name in taken)
         keywords = "them" if len(taken) > 1 else "it"

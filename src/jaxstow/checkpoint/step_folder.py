@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
@@ -285,8 +285,9 @@ class StepFolder:
         """The items of ``step`` to restore: ``items`` (all by default; with ``partial``, those ``like`` has), checked
         against the step and ``like``."""
         saved = sorted(record.files)
-        if isinstance(items, str):
-            raise ArgumentError(f"items must be a list of item names, such as [{items!r}], not a string")
+        if isinstance(items, str) or not (items is None or isinstance(items, Iterable)):
+            shown = repr(items) if isinstance(items, str) else "'params'"
+            raise ArgumentError(f"items must be a list of item names, such as [{shown}], not {items!r}")
         names = saved if items is None else list(items)
         if twice := sorted({name for name in names if names.count(name) > 1}, key=str):
             raise ArgumentError(f"items names {twice} twice: name each item once")

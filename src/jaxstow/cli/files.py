@@ -133,8 +133,13 @@ def kind_of_path(target: str) -> str | None:
     from jaxstow._storage.remote import storage_errors, url_filesystem
 
     fs, root = url_filesystem(target, storage().options)
-    with storage_errors(target):
-        info = fs.info(root) if fs.exists(root) else None
+    with storage_errors(target):  # not fs.exists, which takes a store it cannot reach for a missing file
+        try:
+            info = fs.info(root)
+        except FileNotFoundError as error:
+            if isinstance(error.__cause__, OSError):  # fsspec's http: a server it cannot reach, as a missing file
+                raise error.__cause__ from None
+            info = None
     if info is None:
         return None
     return "folder" if info.get("type") == "directory" else "file"
