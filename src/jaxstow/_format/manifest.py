@@ -292,7 +292,8 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         seen: set[str] = set()
         twice = next(path for path in paths if path in seen or seen.add(path))  # type: ignore[func-returns-value]
         raise FormatError("the manifest lists this leaf twice", file=file, path=twice)
-    named = container_paths(manifest.get("structure"))  # None: nodes whose children jax names
+    structure = manifest.get("structure")  # None in the files of a step's other processes, which hold no tree
+    named = None if structure is None else container_paths(structure)  # None: nodes whose children jax names
     if named is not None and named != paths and len(set(named)) == len(named):  # a key named twice: said later
         at = next((i for i, pair in enumerate(itertools.zip_longest(named, paths)) if pair[0] != pair[1]))
         shown = [excerpt(names[at]) if at < len(names) else "none" for names in (named, paths)]
