@@ -281,7 +281,9 @@ def test_a_step_saved_in_a_multiprocessing_worker_is_committed_and_a_failed_one_
         failing = context.Process(target=fail, args=(sys.argv[1] + "-failing",))
         failing.start()
         failing.join()
-        sys.exit(worker.exitcode or (0 if failing.exitcode == 120 else 99))
+        # from Python 3.13 a forked worker's code is set before its exit handlers run: the failure is only printed
+        failed = 0 if sys.argv[2] == "fork" and sys.version_info >= (3, 13) else 120
+        sys.exit(worker.exitcode or (0 if failing.exitcode == failed else 99))
     """
     script = tmp_path / "train.py"  # spawn's worker imports its function from the script's file
     script.write_text(textwrap.dedent(program))
@@ -289,5 +291,6 @@ def test_a_step_saved_in_a_multiprocessing_worker_is_committed_and_a_failed_one_
         [sys.executable, str(script), str(tmp_path / "run"), start_method], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
+    assert "run-failing: failed before the process ended" in done.stderr
     restored = CheckpointManager(tmp_path / "run").restore(as_numpy=True)
     np.testing.assert_array_equal(restored["w"], np.arange(2_000_000, dtype=np.float32))

@@ -117,7 +117,8 @@ def _hook_multiprocessing_child() -> None:
     global _child_hooked
     _child_hooked = True
     started = sys.modules.get("multiprocessing")
-    if started is not None and started.parent_process() is not None:
+    # From Python 3.13 a forked process runs its atexit handlers (this module's among them), too late to set its code
+    if started is not None and started.parent_process() is not None and sys.version_info < (3, 13):
         from multiprocessing import util
 
         util.Finalize(None, _at_worker_exit, exitpriority=-100)  # the last: its SystemExit is the exit code
