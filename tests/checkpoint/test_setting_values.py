@@ -33,6 +33,9 @@ def test_a_local_tier_whose_directory_is_no_path_is_refused(directory):
 def test_a_local_tier_in_the_checkpoint_directory_itself_is_refused_and_one_inside_it_works(tmp_path):
     with pytest.raises(ArgumentError, match="is the checkpoint directory itself"):
         CheckpointManager(tmp_path / "run", local=LocalTier(tmp_path / "run"))
+    (tmp_path / "alias").symlink_to(tmp_path / "run")  # was "being written by another checkpoint manager" (itself)
+    with pytest.raises(ArgumentError, match="is the checkpoint directory itself"):
+        CheckpointManager(tmp_path / "run", local=LocalTier(tmp_path / "alias"))
     with CheckpointManager(tmp_path / "run", local=LocalTier(tmp_path / "run" / "local")) as manager:
         manager.save(1, {"w": np.ones(2)})
         manager.wait()

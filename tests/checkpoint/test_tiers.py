@@ -72,6 +72,15 @@ def test_damage_is_found_in_each_step_as_a_restore_reads_it_from_the_local_tier_
         assert list(manager.damaged_steps()) == [6] and "checksum mismatch" in manager.damaged_steps()[6]
         assert manager.latest_intact_step() == 5
         assert manager.restore(manager.latest_intact_step())["w"].tolist() == [5.0] * 3
+        # restore(fallback=True) read the directory alone: step 4, with nothing said of steps 5 and 6
+        assert manager.restore(fallback=True)["w"].tolist() == [5.0] * 3
+        assert manager.restored.step == 5 and list(manager.restored.skipped) == [6]
+        assert manager.restore(5, fallback=True)["w"].tolist() == [5.0] * 3  # was "step 5 is not in" the directory
+        with pytest.raises(StepNotFoundError, match="nor in the local tier"):
+            manager.restore(3, fallback=True)
+    shutil.rmtree(local / "5")
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local, keep_last=3)) as manager:
+        assert manager.restore(fallback=True)["w"].tolist() == [4.0] * 3 and list(manager.restored.skipped) == [6]
 
 
 def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
@@ -225,6 +234,8 @@ def test_an_option_of_the_local_tier_without_one_is_refused_naming_it(tmp_path, 
         rf"local=LocalTier\(directory, {name.removeprefix('local_')}={value}\) .* or leave {name}={value} out",
     ):
         CheckpointManager(tmp_path / "run", **options)
+    with pytest.raises(ArgumentError, match=rf"{name}={value} sets the local tier, .* has no local directory"):
+        CheckpointManager(tmp_path / "run", local_directory=None, **options)  # None: as if not given
     before = signal.getsignal(signal.SIGUSR1)
     with pytest.raises(ArgumentError, match=r"local_save_every=5, local_keep_last=3 set the local tier"):
         CheckpointManager(tmp_path / "run", local_save_every=5, local_keep_last=3, preemption_signals=[signal.SIGUSR1])

@@ -63,6 +63,15 @@ def test_a_read_past_the_end_is_a_truncated_file_naming_it_and_the_offset(local_
     assert caught.value.file == local_file.name
 
 
+def test_a_file_cut_short_after_it_was_opened_is_told_so_not_given_its_old_size(tmp_path):
+    path = tmp_path / "shrinking.bin"
+    path.write_bytes(DATA)
+    source = LocalFile(str(path))
+    os.truncate(path, 60)  # was "the file ends after 16384 bytes, but 100 bytes were expected at offset 136"
+    with pytest.raises(TruncatedFileError, match=r"cut short after it was opened \(of 16384 bytes\), but 100 bytes"):
+        source.read(136, 100)
+
+
 def test_a_missing_file_is_named(tmp_path):
     with pytest.raises(PathNotFoundError, match="no such file") as caught:
         LocalFile(str(tmp_path / "missing.jxs"))

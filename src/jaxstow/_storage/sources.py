@@ -65,10 +65,12 @@ class SourceBase:
         return bytes(buffer)
 
     def _truncated(self, offset: int, wanted: int, got: int) -> TruncatedFileError:
+        shrunk = offset + wanted <= self.size  # it held them when it was opened
+        ends = (
+            f"was cut short after it was opened (of {self.size} bytes)" if shrunk else f"ends after {self.size} bytes"
+        )
         return TruncatedFileError(
-            f"the file ends after {self.size} bytes, but {wanted} bytes were expected at offset {offset} "
-            f"(only {got} there)",
-            file=self.name,
+            f"the file {ends}, but {wanted} bytes were expected at offset {offset} (only {got} there)", file=self.name
         )
 
     def describe_size(self) -> str:

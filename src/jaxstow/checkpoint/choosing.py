@@ -59,6 +59,8 @@ def restore_chosen(
         _check_same_request(coordinator, folder, step, fallback=fallback, items=items)
     if tiers is not None and not fallback:
         return restore_tiers(tiers, folder, step, restore, coordinator=coordinator, broadcast=broadcast)
+    if tiers is not None and not coordinator.many:
+        return _newest_intact_of_either_tier(folder, tiers, step, restore)
 
     def restore_here(chosen: int) -> T:
         return restore(chosen, folder)
@@ -93,6 +95,34 @@ def restore_chosen(
     if newest is None:
         raise StepNotFoundError(f"{folder.store.location} holds no committed step to restore")
     return trees[0], recovery.Restored(newest)
+
+
+def _newest_intact_of_either_tier(
+    folder: StepFolder, tiers: Tiers, step: int | None, restore: Callable[[int, StepFolder], T]
+) -> tuple[T, recovery.Restored]:
+    """``restore(fallback=True)`` in one process with a local tier: the newest intact step up to ``step`` of either
+    tier, each read where :meth:`~jaxstow.CheckpointManager.latest_intact_step` checks it (the local tier where it
+    holds the step), so that the two agree. Under ``jax.distributed`` a local step spans every process's tier, which
+    no one process can check, and ``fallback`` restores from ``directory`` alone."""
+
+    def folder_of(chosen: int) -> StepFolder:
+        return tiers.folder if chosen in tiers.steps() else folder
+
+    def held() -> list[int]:
+        return sorted({*folder.committed(), *tiers.steps()})
+
+    if step is not None and step not in held():
+        raise StepNotFoundError(
+            f"step {step} is neither in {folder.store.location} nor in the local tier {tiers.directory}; "
+            f"their committed steps are {held()}"
+        )
+
+    def candidates() -> list[int]:
+        return [older for older in reversed(held()) if step is None or older <= step]
+
+    return recovery.restore_newest_intact(
+        folder, candidates, lambda chosen: restore(chosen, folder_of(chosen)), folder_of=folder_of
+    )
 
 
 def _check_same_request(

@@ -177,16 +177,22 @@ def _described(damage: list[CorruptFileError]) -> str | None:
 
 
 def restore_newest_intact(
-    folder: StepFolder, choose: Callable[[], Sequence[int]], restore: Callable[[int], T]
+    folder: StepFolder,
+    choose: Callable[[], Sequence[int]],
+    restore: Callable[[int], T],
+    *,
+    folder_of: Callable[[int], StepFolder] | None = None,
 ) -> tuple[T, Restored]:
     """Restore the first step ``choose()`` lists (newest first, see :func:`newest_accepted`) whose record and
     headers check and whose restore reads only intact data; each step skipped is logged as a warning with its reason,
-    and a step deleted meanwhile is passed over. A failing storage ends it with its StorageError."""
+    and a step deleted meanwhile is passed over. A failing storage ends it with its StorageError. ``folder_of(step)``
+    is where a step is read (``folder`` by default: a local tier's steps are read from it)."""
     skipped: dict[int, str] = {}
     restored: list[T] = []
 
     def accept(step: int) -> bool:
-        problem = step_damage(folder, step, verify="headers", progress=False)
+        holder = folder if folder_of is None else folder_of(step)
+        problem = step_damage(holder, step, verify="headers", progress=False)
         if problem is None:
             for _ in range(2):  # read again once: bytes damaged on their way (a flaky network) are no damage
                 try:
@@ -195,17 +201,16 @@ def restore_newest_intact(
                 except FormatError as error:  # damage in the data read, found by its checksum
                     problem = str(error)
         skipped[step] = str(problem)
-        folder.damaged.add(step)
-        logger.warning("%s: step %d is damaged, skipped: %s", folder.store.location, step, problem)
+        holder.damaged.add(step)
+        logger.warning("%s: step %d is damaged, skipped: %s", holder.store.location, step, problem)
         return False
 
     step = newest_accepted(choose, accept)
     if step is not None:
         return restored[0], Restored(step, skipped)
     reasons = "; ".join(f"step {step}: {problem}" for step, problem in skipped.items())
-    raise CheckpointError(
-        f"{folder.store.location} holds no step that restores intact" + (f" ({reasons})" if reasons else "")
-    )
+    where = folder.store.location if folder_of is None else f"{folder.store.location} or its local tier"
+    raise CheckpointError(f"{where} holds no step that restores intact" + (f" ({reasons})" if reasons else ""))
 
 
 def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progress: bool) -> dict[int, str]:

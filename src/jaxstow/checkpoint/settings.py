@@ -117,9 +117,12 @@ def grouped_settings(
             raise ArgumentError(f"keep={keep!r} and {given} both set the keep rules: put {given} into the KeepPolicy")
         keep = KeepPolicy(**rules)
         _deprecated(given, f"pass keep={_call(rules, 'KeepPolicy')} (from jaxstow import KeepPolicy)")
-    tier = {field: shortcuts[name] for name, field in _LOCAL.items() if name in shortcuts}
+    named = [
+        name for name in _LOCAL if name in shortcuts and not (name == "local_directory" and shortcuts[name] is None)
+    ]
+    tier = {_LOCAL[name]: shortcuts[name] for name in named}
     if tier:
-        given = _call({name: shortcuts[name] for name in _LOCAL if name in shortcuts})
+        given = _call({name: shortcuts[name] for name in named})
         if local is not None:
             raise ArgumentError(f"local={local!r} and {given} both set the local tier: put them into the LocalTier")
         if "directory" not in tier:
@@ -132,7 +135,11 @@ def grouped_settings(
         local = LocalTier(tier.pop("directory"), **tier)
         shown = _call({"directory": local.directory, **tier}, "LocalTier").replace("directory=", "", 1)
         _deprecated(given, f"pass local={shown} (from jaxstow import LocalTier)")
-    if local is not None and (path := local_path(directory)) is not None and local.root == os.path.abspath(path):
+    if (
+        local is not None
+        and (path := local_path(directory)) is not None
+        and os.path.realpath(local.root) == os.path.realpath(path)
+    ):
         raise ArgumentError(
             f"local=LocalTier({local.directory!r}) is the checkpoint directory itself: the local tier is a folder of "
             "each process's fast storage, apart from the directory (a folder inside it works too)"
