@@ -49,8 +49,10 @@ from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import (
     checkpoint_steps,
     describe,
+    hf_listing,
     is_folder,
     open_file,
+    open_hf_folder,
     open_source_at,
     read_arrays,
     storage,
@@ -104,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
             raise FormatError(
                 f"is {DESCRIBED[kind.name]}, which jaxstow convert cannot read: {advice(kind, args.src)}", file=args.src
             )
+        elif is_folder(args.src):
+            with open_hf_folder(args.src) as container:
+                count = _convert_container(container, args.dst, target, progress=args.progress)
+            kind = Kind(kind.name, "Hugging Face folder", foreign=False)
         else:
             with open_file(args.src) as container:
                 count = _convert_container(container, args.dst, target, progress=args.progress)
@@ -118,8 +124,8 @@ def source_kind(src: str) -> Kind:
     if not is_folder(src):
         kind = recognise(src if local_path(src) is not None else open_source_at(src))
         return KINDS["safetensors"] if kind.name == "unknown" else kind  # its header's error says what is wrong
-    if local_path(src) is None:
-        return KINDS["orbax"]  # a folder at a URL: orbax reads it, or says why not
+    if local_path(src) is None:  # a folder at a URL: orbax reads it, or says why not
+        return KINDS["safetensors"] if hf_listing(src) is not None else KINDS["orbax"]
     kind = recognise(src)
     if kind.name == "jaxstow-step":
         raise PathError("is a step of a jaxstow checkpoint folder: convert one of its item files instead", file=src)
@@ -129,7 +135,9 @@ def source_kind(src: str) -> Kind:
         raise PathError(
             f"is a jaxstow checkpoint folder: convert one of its item files instead, such as {example}", file=src
         )
-    return kind if kind.name.startswith("orbax") else KINDS["orbax"]
+    if kind.name.startswith("orbax"):
+        return kind
+    return KINDS["safetensors"] if hf_listing(src) is not None else KINDS["orbax"]  # a Hugging Face folder
 
 
 def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:
