@@ -28,8 +28,8 @@ import jaxstow.io.memory as memory
 
 written, original = [], memory.write_checkpoint
 
-def write(path, checkpoint, samples=None):  # the process is killed after the given number of step 10's writes
-    original(path, checkpoint, samples)
+def write(path, checkpoint, samples=None, **where):  # the process is killed after the given number of step 10's writes
+    original(path, checkpoint, samples, **where)
     written.extend([path] if checkpoint.step == 10 else [])
     if len(written) == int(sys.argv[2]):
         os.kill(os.getpid(), signal.SIGKILL)

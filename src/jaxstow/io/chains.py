@@ -205,19 +205,23 @@ class KeepsChains:
             self._chains.trim(chain_id, count)
 
 
-def _stored(checkpoint: ChainCheckpoint) -> dict[str, Any]:
-    """A checkpoint as it is written: the solver state as its list of leaves (its structure is the run's)."""
-    return {**checkpoint._asdict(), "solver_state": jax.tree.leaves(checkpoint.solver_state)}
+def _stored(checkpoint: ChainCheckpoint, chain_id: int) -> dict[str, Any]:
+    """A checkpoint as it is written: the solver state as its list of leaves (its structure is the run's) and their
+    paths, which a resumed run's must match; and the chain it belongs to."""
+    paths, leaves, _ = flatten_with_paths(checkpoint.solver_state)
+    return {**checkpoint._asdict(), "solver_state": leaves, _PATHS: paths, _CHAIN: chain_id}
 
 
-def write_checkpoint(path: str, checkpoint: ChainCheckpoint, samples: dict[str, np.ndarray] | None = None) -> None:
-    """Write ``checkpoint`` (and optionally the samples kept so far) to ``path`` atomically."""
-    save(path, {"checkpoint": _stored(checkpoint), "samples": samples})
+def write_checkpoint(
+    path: str, checkpoint: ChainCheckpoint, samples: dict[str, np.ndarray] | None = None, *, chain_id: int
+) -> None:
+    """Write chain ``chain_id``'s ``checkpoint`` (and optionally the samples kept so far) to ``path`` atomically."""
+    save(path, {"checkpoint": _stored(checkpoint, chain_id), "samples": samples})
 
 
 def write_checkpoints(path: str, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
     """Write the checkpoints of several chains to ``path`` atomically, as one file."""
-    save(path, {"chains": {chain_id: _stored(checkpoint) for chain_id, checkpoint in checkpoints.items()}})
+    save(path, {"chains": {chain_id: _stored(checkpoint, chain_id) for chain_id, checkpoint in checkpoints.items()}})
 
 
 def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | None] | None:
@@ -246,10 +250,15 @@ def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id
     naming ``file`` and every leaf that differs: nothing is resumed from it.
     """
     paths, wanted, treedef = flatten_with_paths(init_checkpoint)
-    stored = list(record["solver_state"])
+    record = dict(record)
+    stored, stored_paths, owner = list(record.pop("solver_state")), record.pop(_PATHS, None), record.pop(_CHAIN, None)
     what = f"checkpointed solver state of chain {chain_id}"
-    if len(stored) != len(wanted):
+    if owner is not None and owner != chain_id:  # a chain's file copied or moved over another's
+        problems = [f"the checkpoint of chain {chain_id} holds the state of chain {owner}"]
+    elif len(stored) != len(wanted):
         problems = [f"{what} has {len(stored)} leaves, the run's has {len(wanted)} ({', '.join(paths) or 'none'})"]
+    elif stored_paths is not None and list(stored_paths) != paths:  # a field renamed: never matched by position
+        problems = [f"{what} has the leaves {list(stored_paths)}, the run's are {paths}"]
     else:
         problems = [
             f"{what} leaf {path!r} is {_kind(leaf)}, expected {_kind(want)}"
@@ -258,7 +267,11 @@ def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id
         ]
     if problems:
         raise StructureMismatchError(problems, file=file)
-    return ChainCheckpoint(**{**record, "solver_state": treedef.unflatten(stored)})
+    return ChainCheckpoint(**record, solver_state=treedef.unflatten(stored))
+
+
+#: The record's members besides the :class:`ChainCheckpoint`'s fields: the solver state's paths, and the chain.
+_PATHS, _CHAIN = "solver_paths", "chain"
 
 
 def _kind(leaf: Any) -> str:

@@ -20,9 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from jaxstow._format.npz import check_member_name
+from jaxstow._format.native_or_npz import write_container
+from jaxstow._format.npz import check_member_name, stores_exactly
 from jaxstow._save_load import save
 from jaxstow._storage.folders import make_folder
+from jaxstow._storage.sinks import atomic_sink
 from jaxstow.errors import ArgumentError, CollectorError, FormatError, NotAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
@@ -165,7 +167,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         def write(chain_id: int, path: str) -> None:
             checkpoint = checkpoints[chain_id]
             samples = self._kept(chain_id, checkpoint.sample_count)
-            write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples)
+            write_checkpoint(path, self._chains.with_loader_state(chain_id, checkpoint), samples, chain_id=chain_id)
 
         commit_chains(
             {chain_id: os.path.join(self._save_dir, f"chain_{chain_id}{_CHECKPOINT}") for chain_id in checkpoints},
@@ -184,7 +186,7 @@ class MemoryCollector(KeepsChains, DataCollector):
             return
         make_folder(self._save_dir)
         for chain_id in chain_ids:
-            save(
+            _write_npz(
                 os.path.join(self._save_dir, f"chain_{chain_id}.npz"), self._kept(chain_id, self._chains.ends[chain_id])
             )
         for chain_id in chain_ids:
@@ -231,3 +233,14 @@ class MemoryCollector(KeepsChains, DataCollector):
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
+
+
+def _write_npz(path: str, samples: dict[str, np.ndarray]) -> None:
+    """A chain's ``chain_{id}.npz`` as ``numpy.savez`` writes it, a member per leaf named by its path, all or nothing;
+    dtypes numpy lacks (bfloat16, float8, int4) as :func:`~jaxstow.save` writes them, raw bytes with their dtypes in
+    a jaxstow manifest (the member ``__jaxstow__``)."""
+    if not all(stores_exactly(array.dtype) for array in samples.values()):
+        save(path, samples)
+        return
+    with atomic_sink(path) as sink:
+        write_container(sink, "npz", list(samples.items()), None)
