@@ -76,6 +76,32 @@ def test_a_flag_given_as_text_is_refused_before_anything_is_deleted(tmp_path: Pa
         old.save(Checkpoint(), 1, force="no")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("checkpoint", "false", "checkpoint must be True or False"),
+        ("period", 0, "period must be a positive integer"),
+        ("file_ext", ".pt", "file_ext is the extension without its dot"),
+        ("save_dir", None, "save_dir must be a folder"),
+    ],
+)
+def test_arguments_set_after_the_checkpointer_is_made_are_checked_by_each_save(
+    tmp_path: Path, field: str, value: object, expected: str
+) -> None:
+    checkpointer = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path))
+    setattr(checkpointer.args, field, value)  # as a trainer sets checkpointer.args.checkpoint = True
+    with pytest.raises(ArgumentError, match=expected):  # "false" wrote the file; 0 was a ZeroDivisionError
+        checkpointer.save(Checkpoint(trainer_state={"last_epoch": 0}), 2)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_load_filename_set_after_the_checkpointer_is_made_is_checked_by_load(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path, load_dir=tmp_path))
+    checkpointer.args.load_filename = 5  # type: ignore[assignment]
+    with pytest.raises(ArgumentError, match="load_filename must be a file name in load_dir, not 5"):
+        checkpointer.load()  # was Python's TypeError of os.path.join
+
+
 def test_a_load_dir_that_is_a_checkpoint_file_is_refused_not_started_from_scratch(tmp_path: Path) -> None:
     old = DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path))
     path = old.save(Checkpoint(trainer_state={"last_epoch": 2}), 2)

@@ -54,6 +54,8 @@ DIRECT_CHUNK_BYTES = 256 << 10
 #: most 1 MiB of samples and an eighth of the declared count; see ``batching.block_rows``), so that full blocks fill
 #: whole chunks, and a chain's last chunk, written whole however few of its rows are kept, stays small.
 _MAX_CHUNK_ROWS = 4096
+#: The most bytes of rows a chain's datasets are made with; more grow as blocks arrive.
+_MOST_BYTES_MADE = 1 << 30
 #: The dataset that counts, per chain, the samples written to the file so far.
 DRAWS_DONE = "draws_done"
 #: The file's attribute that names, at random, the run that started it empty (made with ``/draws_done``): a reader
@@ -93,6 +95,8 @@ def create_datasets(
     lacks held as :mod:`~jaxstow.io.hdf5_dtypes` says."""
     _check_names(layout.names)
     datasets = []
+    # Made at most _MOST_BYTES_MADE: a capacity declared far above the samples kept (2**62) is not trimmed row by row.
+    capacity = min(capacity, max(_MAX_CHUNK_ROWS, _MOST_BYTES_MADE // max(1, layout.row_bytes)))
     rows = block_rows(layout.row_bytes, capacity, _MAX_CHUNK_ROWS)
     for name, shape, dtype in zip(layout.names, layout.shapes, layout.dtypes, strict=True):
         dataset = file.create_dataset(

@@ -123,10 +123,16 @@ class MemoryCollector(KeepsChains, DataCollector):
             resumed = restore_checkpoint(stored[0], init_checkpoint, chain_id=chain_id, file=path)
         for gone in [chain for chain in self._handed if self._held(chain) is None]:
             del self._handed[gone]
-        self._samples[chain_id] = [
-            host_buffers.empty((capacity, *shape), dtype)
-            for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
-        ]
+        try:
+            self._samples[chain_id] = [
+                host_buffers.empty((capacity, *shape), dtype)
+                for shape, dtype in zip(layout.shapes, layout.dtypes, strict=True)
+            ]
+        except (MemoryError, ValueError):  # numpy's "Unable to allocate" or "Maximum allowed dimension exceeded"
+            raise ArgumentError(
+                f"samples_collected={capacity} samples of {layout.row_bytes} bytes each are more than this process can "
+                "hold: declare the samples each chain keeps, or None to let the storage grow as they come"
+            ) from None
         self._chains.add(layout, resumed)
         if stored is not None and stored[1] is not None:
             self.save(chain_id, 0, [stored[1][name] for name in layout.names])

@@ -130,6 +130,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
         ``index`` is an integer (Python, numpy or a 0-d jax array); a float or a bool, whose file would never be
         resumed from, is an :class:`~jaxstow.errors.ArgumentError`."""
+        _check_use(self.args)
         index = check_step(index, what="the checkpoint's index", negative=True)
         if not isinstance(force, bool | np.bool_):
             raise ArgumentError(f"save's force must be True or False, not {force!r}")
@@ -140,6 +141,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def save_model(self, model_state: object, index: int) -> str | None:
         """Write the module's state to ``model_state_save_dir`` if checkpointing is on and that folder is set; the
         path written, or ``None``. Model files are never taken as checkpoints to resume from."""
+        _check_use(self.args)
         index = check_step(index, what="the model file's index", negative=True)
         if not self.args.checkpoint or not self.args.model_state_save_dir:
             return None
@@ -147,6 +149,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
     def load(self) -> Checkpoint:
         """The checkpoint at ``load_dir/load_filename``, else the latest in ``load_dir``, else ``Checkpoint()``."""
+        _check_use(self.args)
         path = self._resume_path()
         if path is None:
             return Checkpoint()
@@ -227,6 +230,21 @@ def _check_name_part(args: DefaultCheckpointerArguments, field: str) -> None:
 
 def _check(args: DefaultCheckpointerArguments) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
+    _check_use(args)
+    if (
+        args.delete_existing_checkpoints
+        and args.load_dir
+        and os.path.realpath(args.load_dir) == os.path.realpath(args.save_dir)
+    ):
+        raise ArgumentError(
+            f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete the checkpoints in {args.load_dir}, "
+            "which is also load_dir, before they are resumed from; unset one of them"
+        )
+
+
+def _check_use(args: DefaultCheckpointerArguments) -> None:
+    """Refuse arguments that a save or a load cannot work with: checked again by each, as a trainer may set them on
+    ``checkpointer.args`` after the checkpointer is made (``checkpointer.args.checkpoint = True``)."""
     _check_path(args, "save_dir", optional=False)
     _check_path(args, "model_state_save_dir", optional=True)
     _check_path(args, "load_dir", optional=True)
@@ -262,13 +280,4 @@ def _check(args: DefaultCheckpointerArguments) -> None:
     if args.load_filename and not args.load_dir:
         raise ArgumentError(
             f"DefaultCheckpointerArguments.load_filename={args.load_filename!r} needs load_dir, the folder it is in"
-        )
-    if (
-        args.delete_existing_checkpoints
-        and args.load_dir
-        and os.path.realpath(args.load_dir) == os.path.realpath(args.save_dir)
-    ):
-        raise ArgumentError(
-            f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete the checkpoints in {args.load_dir}, "
-            "which is also load_dir, before they are resumed from; unset one of them"
         )
