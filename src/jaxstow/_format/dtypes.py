@@ -173,6 +173,8 @@ def checked_shape(value: object, dtype: np.dtype, *, file: str | None, path: str
     ...
     jaxstow.errors.FormatError: leaf 'w' of f.jxs: shape [0, 4611686018427387904] of float32 spans more than 2**63 bytes (axes of size 0 counted as 1): no array holds it
     """
+    if value is None:
+        raise FormatError("no shape is given: a shape is a list of non-negative integers", file=file, path=path)
     if not is_shape(value):
         raise FormatError(
             f"a shape must be a list of non-negative integers, not {excerpt(value)}", file=file, path=path
