@@ -509,6 +509,13 @@ def test_a_stray_safetensors_file_beside_a_jaxstow_file_is_refused(tmp_path):
     assert jaxstow.load(folder / "model.jxs", as_numpy=True)["w"].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_a_plain_safetensors_file_named_in_capitals_is_not_called_a_jaxstow_file(tmp_path):
+    save_file({"w": np.ones(3, np.float32)}, str(tmp_path / "model.safetensors"))
+    save_file({"w": np.zeros(3, np.float32)}, str(tmp_path / "model.SAFETENSORS"))
+    with pytest.raises(IsAFolderError, match=r"holds model\.SAFETENSORS \(a jaxstow or safetensors file\) beside"):
+        jaxstow.load(tmp_path)  # was "(a jaxstow file)"
+
+
 @pytest.mark.parametrize("name", ["model.jaxstow", "model", "params.ckpt", "MODEL.JXS", "weights.NPZ"])
 def test_a_jaxstow_or_npz_file_of_any_name_beside_a_stray_safetensors_file_is_refused(tmp_path, name):
     folder = tmp_path / "run"

@@ -173,7 +173,12 @@ def _kind(name: str) -> str:
     lowered = name.lower()
     if lowered.endswith(".npz"):
         return "an npz file"
-    return "a jaxstow file" if lowered.endswith((".jxs", ".safetensors")) else "a jaxstow or safetensors file"
+    # A shard's name ends in ".safetensors" exactly: "model.SAFETENSORS" is named otherwise, of either kind.
+    return (
+        "a jaxstow file"
+        if lowered.endswith(".jxs") or name.endswith(".safetensors")
+        else "a jaxstow or safetensors file"
+    )
 
 
 def _few(names: Sequence[str]) -> str:
