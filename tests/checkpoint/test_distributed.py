@@ -17,6 +17,9 @@ import pytest
 from distributed_runs import free_port, launch
 from distributed_runs import reports as reports_of
 
+import jaxstow
+from jaxstow.errors import FormatError
+
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
 HEADERS = 64 << 10  # every file's header and the step's record, read by every process
 
@@ -50,6 +53,12 @@ def test_each_process_writes_its_own_shards_once(saved_by_two):
     whole = 512 * 384 * 4 + 384 * 4 + 8 * 4  # w, b and r, each element once
     params = sizes["params.safetensors"] + sizes["params.p1.safetensors"]
     assert whole < params < whole + 4 * 4096  # the data once, plus two headers
+
+
+def test_a_processs_file_loaded_alone_says_it_holds_one_processs_shards(saved_by_two):
+    for name, process in (("params.p1.safetensors", 1), ("params.safetensors", 0)):  # 0: "a file may be missing"
+        with pytest.raises(FormatError, match=f"holds only the shards of process {process} of a tree saved by several"):
+            jaxstow.load(saved_by_two / "2" / name)
 
 
 @pytest.mark.parametrize(

@@ -184,7 +184,8 @@ def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:
     if covered != math.prod(leaf.shape) or overlapping:
         raise FormatError(
             f"the stored shards ({len(boxes)}) do not cover the array of shape {list(leaf.shape)} exactly once "
-            "(a file of the checkpoint may be missing)",
+            "(a file of the checkpoint may be missing, or this file holds only the shards of process 0 of a tree "
+            "saved by several processes: restore it with the step's other files, jaxstow.CheckpointManager.restore)",
             file=file,
             path=leaf.path,
         )
