@@ -85,6 +85,17 @@ def test_subclass_overriding_names(tmp_path):
     assert jaxstow.load_metadata(path) is None and float(tree["linear"]["b"][0]) == 3.0
 
 
+def test_a_subclass_overriding_file_format_alone_finds_and_prunes_its_files(tmp_path):
+    class Stepped(Checkpoint):
+        FILE_FORMAT = "step-%06d.jxs"  # FILE_MATCH left "*.npz": indices() was [] and restore() (None, 0, '')
+
+    ckpt = Stepped(tmp_path, keep_ckpts=2)
+    for idx in (1, 2, 3):
+        ckpt.save(_tree(idx), idx)
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["step-000002.jxs", "step-000003.jxs"]
+    assert ckpt.indices() == [2, 3] and Stepped(tmp_path).restore()[1] == 3
+
+
 def test_subclass_overriding_save_and_load(tmp_path):
     calls = []
 

@@ -99,7 +99,10 @@ class TreeCheckpoint:
 
     def indices(self) -> list[int]:
         """The indices of the checkpoints in the folder, in increasing order."""
-        return self._names.steps(fnmatch.filter(self._store.files(), self.FILE_MATCH))
+        # A subclass that set FILE_FORMAT alone ("step-%06d.jxs") keeps Objax's FILE_MATCH ("*.npz"), which matches
+        # none of its files: its files are then those FILE_FORMAT names, as they are in any case.
+        match = self.FILE_MATCH if fnmatch.fnmatch(self._names.name(0), self.FILE_MATCH) else "*"
+        return self._names.steps(fnmatch.filter(self._store.files(), match))
 
     @classmethod
     def checkpoint_idx(cls, filename: str) -> int:
