@@ -93,7 +93,7 @@ def test_a_subclass_overriding_file_format_alone_finds_and_prunes_its_files(tmp_
     for idx in (1, 2, 3):
         ckpt.save(_tree(idx), idx)
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["step-000002.jxs", "step-000003.jxs"]
-    assert ckpt.indices() == [2, 3] and Stepped(tmp_path).restore()[1] == 3
+    assert ckpt.indices() == [2, 3] and Stepped(tmp_path, keep_ckpts=2).restore()[1] == 3
 
 
 def test_subclass_overriding_save_and_load(tmp_path):
