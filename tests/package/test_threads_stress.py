@@ -275,7 +275,7 @@ def test_tables_of_a_module_being_imported_are_built_again() -> None:
 
     module = types.ModuleType("equinox._being_imported")
     module.__spec__ = types.SimpleNamespace(_initializing=True)  # type: ignore[assignment]
-    tables = registry._Tables(len(sys.modules), (module,), {}, {}, {})
+    tables = registry._Tables(len(sys.modules), (module,), {}, {}, {}, {})
     assert not tables.current()
     module.__spec__._initializing = False
     assert tables.current()

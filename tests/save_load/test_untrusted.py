@@ -26,12 +26,14 @@ from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._write.encoded import encode_tree
 from jaxstow.errors import (
+    ArgumentError,
     CheckpointError,
     CorruptFileError,
     FormatError,
     JaxstowError,
     NewerFormatError,
     RefusedNameError,
+    UnsaveableObjectError,
 )
 from reliability.forge import forge_native, split_native
 
@@ -341,9 +343,28 @@ def test_pure_functions_and_classes_are_allowed(name):
     assert jaxstow._names.registry.lookup(name) is not None
 
 
-def test_a_registered_object_is_the_users_choice():
-    jaxstow.saveable(np.save, name="tests.numpy_save_on_purpose")
-    assert jaxstow._names.registry.lookup("tests.numpy_save_on_purpose") is np.save
+@pytest.mark.parametrize("name", [None, "tests.numpy_io_on_purpose"])
+@pytest.mark.parametrize("function", [np.save, np.savetxt, np.fromfile, jnp.load], ids=lambda f: f.__name__)
+def test_an_io_function_of_numpy_is_never_registered(function, name):
+    # It was, under its own name or another: a file naming it saved, and loaded where it was registered.
+    with pytest.raises(ArgumentError, match="which a file may never name, registered or not"):
+        jaxstow.saveable(function, name=name)
+    assert jaxstow._names.registry.name_of(function) is None  # registered under no name
+
+
+def test_the_advice_for_an_io_function_in_a_tree_is_not_to_register_it(tmp_path):
+    with pytest.raises(UnsaveableObjectError) as refused:
+        jaxstow.save(tmp_path / "m.jxs", {"act": jax.tree_util.Partial(np.savetxt, "victim.txt")})
+    assert "numpy.savetxt is not an activation" in str(refused.value) and "registering it is refused" in str(
+        refused.value
+    )
+
+
+def test_a_registered_function_of_ones_own_is_the_users_choice():
+    def clip6(x):
+        return jnp.clip(x, 0, 6)
+
+    assert jaxstow.saveable(clip6, name="tests.clip6") is clip6
 
 
 # -- saves that fail ------------------------------------------------------------------------------------------------

@@ -101,7 +101,9 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
         return rebuildable
     class_name = registry.attribute_class_name(kind)
     if class_name is None:
-        raise UnsaveableObjectError(obj, file=file, path=path, advice=unsaveable_advice(obj))
+        raise UnsaveableObjectError(
+            obj, file=file, path=path, advice=unsaveable_advice(obj, registry.refused_object(obj))
+        )
     return objects.encode_attributes(obj, class_name, part, file=file, path=path)
 
 

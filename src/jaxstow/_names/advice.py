@@ -25,8 +25,9 @@ __all__ = ["import_advice", "unsaveable_advice"]
 _OPTAX_TRANSFORMATIONS = ("GradientTransformation", "GradientTransformationExtraArgs")
 
 
-def unsaveable_advice(obj: object) -> str | None:
-    """The advice for ``obj`` when it is an object that registering alone does not describe well; ``None`` otherwise."""
+def unsaveable_advice(obj: object, refused: str | None = None) -> str | None:
+    """The advice for ``obj`` when it is an object that registering alone does not describe well; ``None`` otherwise.
+    ``refused``: why the name policy refuses ``obj`` under its library's names, if it does."""
     kind = type(obj)
     if _is_array(obj):
         return (
@@ -40,6 +41,11 @@ def unsaveable_advice(obj: object) -> str | None:
             f"an object of {root}, which no file may name (registering it is refused: such objects read, write, "
             "import or run something): keep a plain value of it in the tree instead, such as a string, a number or "
             "a tuple of them"
+        )
+    if refused is not None and UnsaveableObjectError.advises_registering(obj):
+        return (
+            f"not nameable in a file: {refused}, which no file may name (registering it is refused): pass a function "
+            "of your own that does only what the model needs, registered with jaxstow.saveable(fn, name=...)"
         )
     if kind.__module__.startswith("optax") and kind.__name__ in _OPTAX_TRANSFORMATIONS:
         return (

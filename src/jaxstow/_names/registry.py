@@ -59,6 +59,7 @@ class _Tables:
     by_name: dict[str, object]
     by_id: dict[int, str]
     refused: dict[str, str]  # names the name policy refuses, and why
+    refused_ids: dict[int, str]  # the objects of those names, by id, and why
     libraries: Libraries = dataclasses.field(default_factory=known)
 
     def current(self) -> bool:
@@ -77,7 +78,7 @@ class _LibraryIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tables = _Tables(-1, (), {}, {}, {})
+        self._tables = _Tables(-1, (), {}, {}, {}, {})
 
     def tables(self) -> _Tables:
         """The tables, rebuilt first if modules have been imported since they were built."""
@@ -97,19 +98,24 @@ class _LibraryIndex:
         by_name: dict[str, object] = dict(_BUILTINS)
         by_id: dict[int, str] = {id(obj): name for name, obj in _BUILTINS.items()}
         refused: dict[str, str] = {}
+        refused_ids: dict[int, str] = {}
         indexed = []
         names, searched = frozenset(libraries.names), libraries.searched_inside
         for module_name in libraries.public_namespaces:
             module = sys.modules.get(module_name)
             if module is not None:
                 indexed.append(module)
-                self._index(module_name, module, by_name, by_id, refused, libraries=names, defined_in=None)
+                self._index(
+                    module_name, module, by_name, by_id, (refused, refused_ids), libraries=names, defined_in=None
+                )
         for module_name, module in sorted(dict(sys.modules).items()):
             if module_name.partition(".")[0] in searched and isinstance(module, types.ModuleType):
                 indexed.append(module)
-                self._index(module_name, module, by_name, by_id, refused, libraries=names, defined_in=searched)
+                self._index(
+                    module_name, module, by_name, by_id, (refused, refused_ids), libraries=names, defined_in=searched
+                )
         pending = tuple(module for module in indexed if _initialising(module))
-        return _Tables(modules, pending, by_name, by_id, refused, libraries)
+        return _Tables(modules, pending, by_name, by_id, refused, refused_ids, libraries)
 
     @staticmethod
     def _index(
@@ -117,7 +123,7 @@ class _LibraryIndex:
         module: types.ModuleType,
         by_name: dict[str, object],
         by_id: dict[int, str],
-        refused: dict[str, str],
+        refused: tuple[dict[str, str], dict[int, str]],
         *,
         libraries: Collection[str],
         defined_in: Collection[str] | None,
@@ -135,7 +141,8 @@ class _LibraryIndex:
             name = f"{module_name}.{attribute}"
             reason = refusal(name, obj)
             if reason is not None:
-                refused.setdefault(name, reason)
+                refused[0].setdefault(name, reason)
+                refused[1].setdefault(id(obj), reason)
                 continue
             by_name.setdefault(name, obj)
             by_id.setdefault(id(obj), name)
@@ -224,6 +231,11 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
             "reads, writes, imports or runs something, and a file that names it could make a load do so: register a "
             "function of your own that does only what the model needs"
         )
+    if (problem := refused_object(obj)) is not None:  # numpy.savetxt, under any name: a file could write with it
+        raise ArgumentError(
+            f"saveable({obj!r}, name={key!r}): {problem}, which a file may never name, registered or not: register a "
+            "function of your own that does only what the model needs"
+        )
     if key.partition(".")[0] in known().names:  # a library's name: files would load its object, not this one
         theirs = _libraries.tables().by_name.get(key)
         if theirs is not None and theirs is not obj:
@@ -243,6 +255,18 @@ def saveable(obj: Any = None, *, name: str | None = None) -> Any:
             stacklevel=2,
         )
     return obj
+
+
+def refused_object(obj: object) -> str | None:
+    """Why the name policy refuses ``obj`` under every name a library gives it (``numpy.savetxt``), so that it is
+    never registered under another; ``None`` for an object it names, or one of no library.
+
+    >>> import numpy as np
+    >>> refused_object(np.savetxt), refused_object(np.tanh)
+    ('numpy.savetxt is not an activation, an elementwise or reducing function or a scalar type', None)
+    """
+    tables = _libraries.tables()
+    return None if id(obj) in tables.by_id else tables.refused_ids.get(id(obj))
 
 
 def name_of(obj: object) -> str | None:
