@@ -83,6 +83,32 @@ def test_damage_is_found_in_each_step_as_a_restore_reads_it_from_the_local_tier_
         assert manager.restore(fallback=True)["w"].tolist() == [4.0] * 3 and list(manager.restored.skipped) == [6]
 
 
+def _flip_last_byte(path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_step_held_in_both_tiers_is_read_from_its_intact_copy_and_its_damaged_one_is_named(tmp_path, caplog):
+    # A damaged local copy hid the intact persistent one (fallback restored step 3); a damaged persistent copy, which
+    # a new host would read, was in no query while the local one was intact.
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, save_every=2, local=LocalTier(local, keep_last=3)) as manager:
+        _run(manager, range(1, 5))
+        assert manager.steps(tier="persistent") == [1, 2, 4] and manager.steps(tier="local") == [2, 3, 4]
+    for damaged in (local, persistent):
+        copy = tmp_path / f"copy-of-{damaged.name}"
+        shutil.copytree(tmp_path, copy, ignore=shutil.ignore_patterns("copy-of-*"))
+        _flip_last_byte(copy / damaged.name / "4" / "w.safetensors")
+        with CheckpointManager(copy / "persistent", save_every=2, local=LocalTier(copy / "local", keep_last=3)) as m:
+            found = m.damaged_steps()
+            assert list(found) == [4] and f"{damaged.name}/4/w.safetensors" in found[4], found
+            assert m.latest_intact_step() == 4
+            for restored in (m.restore(), m.restore(4), m.restore(fallback=True)):
+                assert restored["w"].tolist() == [4.0] * 3 and m.restored.step == 4
+    assert "step 4 is damaged there, read from" in caplog.text
+
+
 def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
     url = s3_server.url("tiers")
     options = s3_server.storage_options

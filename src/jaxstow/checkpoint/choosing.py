@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from jaxstow._coordination import Coordinator
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tier_restore import restore_tiers
 from jaxstow.checkpoint.tiers import Tiers
@@ -100,13 +101,10 @@ def restore_chosen(
 def _newest_intact_of_either_tier(
     folder: StepFolder, tiers: Tiers, step: int | None, restore: Callable[[int, StepFolder], T]
 ) -> tuple[T, recovery.Restored]:
-    """``restore(fallback=True)`` in one process with a local tier: the newest intact step up to ``step`` of either
-    tier, each read where :meth:`~jaxstow.CheckpointManager.latest_intact_step` checks it (the local tier where it
-    holds the step), so that the two agree. Under ``jax.distributed`` a local step spans every process's tier, which
-    no one process can check, and ``fallback`` restores from ``directory`` alone."""
-
-    def folder_of(chosen: int) -> StepFolder:
-        return tiers.folder if chosen in tiers.steps() else folder
+    """``restore(fallback=True)`` in one process with a local tier: the newest step up to ``step`` of either tier
+    that restores intact from one of its copies (:mod:`~jaxstow.checkpoint.step_copies`), as
+    :meth:`~jaxstow.CheckpointManager.latest_intact_step` finds it. Under ``jax.distributed`` a local step spans
+    every process's tier, which no one process can check, and ``fallback`` restores from ``directory`` alone."""
 
     def held() -> list[int]:
         return sorted({*folder.committed(), *tiers.steps()})
@@ -117,11 +115,22 @@ def _newest_intact_of_either_tier(
             f"their committed steps are {held()}"
         )
 
+    def intact_copies(chosen: int) -> list[StepFolder]:
+        """The copies from the first whose record and headers check (the last copy if none does)."""
+        copies = copies_of(chosen, folder, tiers) or [folder]
+        for number, copy in enumerate(copies):
+            if recovery.step_damage(copy, chosen, verify="headers", progress=False) is None:
+                return copies[number:]
+        return copies[-1:]
+
     def candidates() -> list[int]:
         return [older for older in reversed(held()) if step is None or older <= step]
 
     return recovery.restore_newest_intact(
-        folder, candidates, lambda chosen: restore(chosen, folder_of(chosen)), folder_of=folder_of
+        folder,
+        candidates,
+        lambda chosen: restore_intact_copy(chosen, intact_copies(chosen), restore),
+        folder_of=lambda chosen: intact_copies(chosen)[0],
     )
 
 

@@ -21,6 +21,7 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.record import StepRecord
 from jaxstow._util.progress import require_progress_bar
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.step_copies import copies_of
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.errors import ArgumentError, StepNotFoundError
@@ -91,7 +92,8 @@ class StepQueries:
 
     def damaged_steps(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> dict[int, str]:
         """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight):
-        with a local tier (in one process), each step as a restore reads it, from the local tier if it holds it.
+        with a local tier (in one process), each step with a damaged copy, in the local tier or in ``directory``
+        (a new host reads the latter); a restore reads the other copy of a step held in both while one is intact.
 
         Args:
             verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
@@ -101,16 +103,20 @@ class StepQueries:
         self._settle()
         verify = recovery.check_verify(verify)
         bar = self._bar(progress)
-        local = [step for step in self._restorable() if self._folder_of(step) is not self._folder]
-        found = recovery.damaged(
-            self._folder, [s for s in self._restorable() if s not in local], verify=verify, progress=bar
-        )
-        if local and self._tiers is not None:
-            found |= recovery.damaged(self._tiers.folder, local, verify=verify, progress=bar)
-        return dict(sorted(found.items()))
+        found = {}
+        for step in self._restorable():
+            problems = [
+                problem
+                for folder in self._copies(step)
+                if (problem := recovery.damaged(folder, [step], verify=verify, progress=bar).get(step)) is not None
+            ]
+            if problems:
+                found[step] = "; ".join(problems)
+        return found
 
     def latest_intact_step(self, *, verify: recovery.Verify = "data", progress: bool | None = None) -> int | None:
-        """The newest committed step that is not damaged (see :meth:`damaged_steps`, whose arguments it takes), or None.
+        """The newest committed step that restores intact (see :meth:`damaged_steps`, whose arguments it takes): with
+        a local tier, one of whose copies is intact; or None.
 
         Older steps are not read. To restore it in one pass, use ``restore(fallback=True)``.
         """
@@ -119,20 +125,24 @@ class StepQueries:
         bar = self._bar(progress)
         return recovery.newest_accepted(
             lambda: self._restorable()[::-1],
-            lambda step: recovery.step_damage(self._folder_of(step), step, verify=verify, progress=bar) is None,
+            lambda step: any(
+                recovery.step_damage(folder, step, verify=verify, progress=bar) is None for folder in self._copies(step)
+            ),
         )
 
     def _restorable(self) -> list[int]:
-        """The committed steps a restore reads, as :meth:`_folder_of` finds them. Under ``jax.distributed`` a local
+        """The committed steps a restore reads, as :meth:`_copies` finds them. Under ``jax.distributed`` a local
         step spans every process's tier, which no one process can check: the directory's steps only."""
         if self._tiers is None or self._tiers.coordinator.many:
             return self._folder.committed()
         return sorted({*self._folder.committed(), *self._tiers.steps()})
 
-    def _folder_of(self, step: int) -> StepFolder:
-        """Where a restore of ``step`` reads it: the local tier of one process that holds it, else the directory."""
-        local = self._tiers is not None and not self._tiers.coordinator.many and step in self._tiers.steps()
-        return self._tiers.folder if local and self._tiers is not None else self._folder
+    def _copies(self, step: int) -> list[StepFolder]:
+        """Where a restore may read ``step``: in one process with a local tier, its copies there and in the
+        directory (:func:`~jaxstow.checkpoint.step_copies.copies_of`); else the directory."""
+        if self._tiers is None or self._tiers.coordinator.many:
+            return [self._folder]
+        return copies_of(step, self._folder, self._tiers) or [self._folder]
 
     def _bar(self, progress: bool | None) -> bool:
         if progress:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from jaxstow._coordination import Conversation, Coordinator
 from jaxstow.checkpoint.peer_copies import plan_local
 from jaxstow.checkpoint.recovery import Restored
+from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.checkpoint.together import restore_together
@@ -85,4 +86,6 @@ def restore_tiers(
             fallback=False,
             broadcast=broadcast if tier == "persistent" else False,
         )
+    if tier == "local":  # its copy in ``persistent`` too, where the local one is damaged
+        return restore_intact_copy(chosen, copies_of(chosen, persistent, tiers), restore), Restored(chosen)
     return restore(chosen, folder), Restored(chosen)
