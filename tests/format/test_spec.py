@@ -35,7 +35,7 @@ from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._format.native import DATA_ALIGNMENT, MAX_HEADER_BYTES
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
-from jaxstow.errors import FormatError, MetadataError
+from jaxstow.errors import CorruptFileError, FormatError, MetadataError
 from reliability.forge import forge_native, split_native
 
 ROOT = Path(__file__).parents[2]
@@ -239,10 +239,11 @@ def test_a_header_in_another_encoding_than_utf8_is_refused():
         jaxstow.load(io.BytesIO(struct.pack("<Q", len(padded)) + padded + bytes(8)))
 
 
-def test_bytes_after_the_last_tensor_are_refused():
+def test_bytes_after_the_last_tensor_are_damage():
     data = _saved({"w": np.arange(3, dtype=np.float32)})
-    with pytest.raises(FormatError, match="the data region must hold the tensors and nothing else"):
-        jaxstow.load(io.BytesIO(data + b"\0"))
+    for joined in (data + b"\0", data + data):  # a file written over in place, or two files joined
+        with pytest.raises(CorruptFileError, match="the data region must hold the tensors and nothing else"):
+            jaxstow.load(io.BytesIO(joined))  # a FormatError, not damage: jaxstow verify ended with status 2, not 1
 
 
 def test_the_checksum_key_must_close_the_header():

@@ -43,8 +43,8 @@ def entry_slots(header: dict[str, Any], *, data_start: int, file_size: int, file
                 path=slot.name,
             )
         end += slot.nbytes
-    if end != file_size:
-        raise FormatError(
+    if end != file_size:  # bytes after the tensors: a file written over in place, or two files joined
+        raise CorruptFileError(
             f"the tensors end at byte {end}, but the file has {file_size} bytes (the data region must hold the "
             "tensors and nothing else)",
             file=file,
