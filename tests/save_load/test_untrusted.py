@@ -282,6 +282,15 @@ def test_a_plain_npz_with_a_member_that_is_not_an_array_is_refused(tmp_path):
         jaxstow.load(tmp_path / "odd.npz")
 
 
+def test_an_npz_whose_manifest_member_was_renamed_is_damage_not_a_plain_npz(tmp_path):
+    jaxstow.save(tmp_path / "model.npz", {"k": jnp.array([1.0, 2.0], jnp.bfloat16), "s": 3})
+    with zipfile.ZipFile(tmp_path / "model.npz") as source, zipfile.ZipFile(tmp_path / "edited.npz", "w") as edited:
+        for info in source.infolist():
+            edited.writestr(info.filename.replace("__jaxstow__", "__jaxstox__"), source.read(info))
+    with pytest.raises(CorruptFileError, match="holds a jaxstow manifest as the member '__jaxstox__'"):
+        jaxstow.load(tmp_path / "edited.npz")  # was a flat dict: k as uint8 [128, 63, 0, 64], s gone
+
+
 # -- the name policy ------------------------------------------------------------------------------------------------
 
 

@@ -39,6 +39,8 @@ __all__ = ["MANIFEST_MEMBER", "NpzReader", "check_member_name", "stores_exactly"
 MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+#: How a jaxstow manifest starts (format.md: its first member is ``format``), to find one under another name.
+_MANIFEST_START = b'{"format":"jaxstow"'
 _MAX_INFLATION = 1032  # deflate's largest ratio of output to input
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory: signature, disks, counts, size, offset, comment length
 _EOCD_SIGNATURE = b"PK\x05\x06"
@@ -186,6 +188,21 @@ class NpzReader:
             text = self._load(MANIFEST_MEMBER).tobytes()
             self.manifest = parse_json(text, what="the jaxstow manifest", file=self.file, error=CorruptFileError)
         self.slots = {name: self._slot(name) for name in self._members if name != MANIFEST_MEMBER}
+        if self.manifest is None and (renamed := next(filter(self._holds_a_manifest, self.slots), None)):
+            raise CorruptFileError(
+                f"holds a jaxstow manifest as the member {renamed!r}, not {MANIFEST_MEMBER!r}: the archive was edited "
+                "or damaged, and read as a plain npz its leaves would lose their dtypes and structure",
+                file=self.file,
+            )
+
+    def _holds_a_manifest(self, name: str) -> bool:
+        """Whether the member ``name``, a 1-d ``uint8`` array as the manifest is, starts as a jaxstow manifest does."""
+        slot = self.slots[name]
+        if slot.dtype != np.uint8 or len(slot.shape) != 1:
+            return False
+        with self._archive.open(f"{name}.npy") as member:
+            _HEADER_READERS[np.lib.format.read_magic(member)](member)  # read, and checked, by _slot
+            return member.read(len(_MANIFEST_START)) == _MANIFEST_START
 
     def _index(self, infos: list[zipfile.ZipInfo]) -> dict[str, zipfile.ZipInfo]:
         members: dict[str, zipfile.ZipInfo] = {}
