@@ -140,3 +140,19 @@ def test_a_run_continued_with_another_chain_count_or_shape_names_what_differs(tm
         go({"x": jnp.zeros((3, 3))})
     with pytest.raises(StructureMismatchError, match=r"/chain~0/x: the file holds float32\[20, 3\], the run samples"):
         go({"x": jnp.zeros((2, 4))})
+
+
+def test_a_run_continued_with_other_data_read_from_the_script_is_refused(tmp_path):
+    # The docs' example: data at the top of the script, read by logdensity. Changed between a kill and the restart,
+    # the run went on (two posteriors' draws mixed), and a finished run returned the old draws.
+    namespace: dict = {"jnp": jnp, "y": jnp.array([28.0, 8.0])}
+    exec("def logdensity(mu):\n    return -0.5 * jnp.sum((y - mu) ** 2)", namespace)  # a module's global
+    walk = blackjax.mala(namespace["logdensity"], step_size=0.1)
+    path = str(tmp_path / "schools.h5")
+    first = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
+    namespace["y"] = jnp.array([500.0, 8.0])
+    with pytest.raises(CheckpointError, match=r"with functions \(a log density, a model, step_args or draw\) of other"):
+        io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
+    namespace["y"] = jnp.array([28.0, 8.0])  # the data it was started with: the run is read back
+    again = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))

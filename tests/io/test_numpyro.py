@@ -63,6 +63,22 @@ def test_the_same_file_with_other_data_is_refused_not_answered_with_the_first_ru
     np.testing.assert_array_equal(again["mu"], first["mu"])
 
 
+def test_the_same_file_with_another_model_is_refused(tmp_path):
+    def tight(y: jax.Array) -> None:  # the model's prior changed between a kill and the restart
+        mu = numpyro.sample("mu", dist.Normal(0.0, 0.01))
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    def mcmc(model) -> object:
+        return infer.MCMC(infer.NUTS(model), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False)
+
+    path = tmp_path / "run.h5"
+    io.numpyro.run(mcmc(model), str(path), jax.random.key(0), model_args=(Y,))
+    written = path.read_bytes()
+    with pytest.raises(CheckpointError, match=r"run\.h5 holds a run started with functions .* of other code or data"):
+        io.numpyro.run(mcmc(tight), str(path), jax.random.key(0), model_args=(Y,))  # returned the old draws
+    assert path.read_bytes() == written
+
+
 @pytest.mark.parametrize("settings", [{"target_accept_prob": 0.99}, {"max_tree_depth": 2}, {"dense_mass": True}])
 def test_the_same_file_with_other_kernel_settings_is_refused(tmp_path, settings):
     def mcmc(**settings) -> object:

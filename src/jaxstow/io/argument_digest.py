@@ -2,7 +2,8 @@
 so that the same call with other data starts no run on top of it.
 
 Arrays count by dtype, shape and every byte (typed PRNG keys by their data), plain values (numbers, strings, ``None``)
-by their ``repr``, any other object by its class alone, and the tree by its paths.
+by their ``repr``, any other object (an array of objects, deleted or traced too) by its class alone, and the tree by
+its paths.
 
 >>> import jax.numpy as jnp
 >>> from jaxstow.io.argument_digest import argument_digest
@@ -34,10 +35,19 @@ def argument_digest(tree: Any) -> str:
         digest.update(jax.tree_util.keystr(path).encode())
         if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
             leaf = jax.random.key_data(leaf)
-        if isinstance(leaf, jax.Array | np.ndarray | np.generic):
+        if _unreadable(leaf):  # of objects, deleted, or traced: by its class
+            digest.update(type(leaf).__qualname__.encode())
+        elif isinstance(leaf, jax.Array | np.ndarray | np.generic):
             array = np.ascontiguousarray(jax.device_get(leaf))
             digest.update(f"{array.dtype.str}{array.shape}".encode())
             digest.update(array.reshape(-1).view(np.uint8).data)
         else:
             digest.update((repr(leaf) if isinstance(leaf, _PLAIN) else type(leaf).__qualname__).encode())
     return digest.hexdigest()
+
+
+def _unreadable(leaf: Any) -> bool:
+    """Whether ``leaf`` is an array whose bytes cannot be read: of objects, deleted or traced."""
+    if isinstance(leaf, np.ndarray | np.generic):
+        return leaf.dtype == object
+    return isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, jax.Array) and leaf.is_deleted())

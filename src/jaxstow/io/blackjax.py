@@ -42,6 +42,7 @@ from jax.tree_util import PyTreeDef
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError
 from jaxstow.io.argument_digest import argument_digest
+from jaxstow.io.code_digest import code_digest
 from jaxstow.io.runs import run_chains
 
 __all__ = ["sample"]
@@ -155,7 +156,8 @@ def sample(
             "thin": thin,
             "arguments": argument_digest(positions),
             "algorithm_settings": argument_digest([_settings(algorithm), _settings(warmup)]),
-            "step_settings": argument_digest([_settings(_named_too(step_args)), _settings(_named_too(draw))]),
+            "step_settings": argument_digest([_settings(step_args), _settings(draw)]),
+            "code": code_digest([algorithm, warmup, step_args, draw]),
         },
         warmup=(lambda state: state[1]) if warmup is not None else None,
     )
@@ -180,21 +182,6 @@ def _settings(made: Any, depth: int = 6) -> list[Any]:
     return found
 
 
-def _named_too(function: Any) -> Any:
-    """``function`` (a user's ``step_args`` or ``draw``) with the values of its module that it names, and the numbers
-    and strings written in it, as the arguments of a partial, so that :func:`_settings` sees them beside those it
-    closes over (``eps`` of ``lambda k, t: (batch, eps)`` at the top of a script, or ``1e-3`` written in it)."""
-    if not inspect.isfunction(function):
-        return function
-    code = function.__code__
-    named = [function.__globals__.get(name) for name in code.co_names]
-    written = [value for value in code.co_consts if isinstance(value, int | float | complex | str)]  # 1e-3 in it
-    written += [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
-    return functools.partial(
-        function, *(value for value in named if value is not None and not inspect.ismodule(value)), *written
-    )
-
-
 def _collect(made: Any, depth: int, found: list[Any], seen: set[int]) -> None:
     if made is None or id(made) in seen:
         return
@@ -211,7 +198,7 @@ def _collect(made: Any, depth: int, found: list[Any], seen: set[int]) -> None:
             if depth > 0:
                 _collect(leaf, depth - 1, found, seen)
         else:
-            found.append(_comparable(leaf))
+            found.append(leaf)
 
 
 #: The functions a blackjax algorithm (``init``, ``step``), adaptation (``run``) or maker of them holds.
@@ -223,16 +210,6 @@ def _contents(cell: Any) -> Any:
         return cell.cell_contents
     except ValueError:  # a cell not filled yet
         return None
-
-
-def _comparable(leaf: Any) -> Any:
-    """``leaf`` as :func:`~jaxstow.io.argument_digest.argument_digest` can take it: an array whose bytes cannot be
-    read (of objects, deleted, traced) by its class's name."""
-    if isinstance(leaf, np.ndarray) and leaf.dtype == object:
-        return type(leaf).__qualname__
-    if isinstance(leaf, jax.core.Tracer) or (isinstance(leaf, jax.Array) and leaf.is_deleted()):
-        return type(leaf).__qualname__
-    return leaf
 
 
 def _chain_count(positions: Any) -> int:

@@ -34,6 +34,7 @@ from jaxstow._format.leaves import key_impl_name
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError
 from jaxstow.io.argument_digest import argument_digest
+from jaxstow.io.code_digest import code_digest
 from jaxstow.io.runs import run_chains
 
 __all__ = ["run"]
@@ -125,6 +126,7 @@ def run(
         identity={
             "sampler": f"numpyro.{type(kernel).__name__}",
             "settings": _settings(kernel),
+            "code": code_digest(getattr(kernel, "model", None)),
             "key": np.asarray(raw).tolist(),
             "num_warmup": num_warmup,
             "num_samples": num_samples,

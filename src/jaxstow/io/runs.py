@@ -51,7 +51,7 @@ from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
 __all__ = ["run_chains"]
 
 #: The members of the run's record that files of earlier versions lack: compared only where the file has them.
-_RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings", "step_settings"})
+_RECORDED_LATER = frozenset({"arguments", "algorithm_settings", "settings", "step_settings", "code"})
 #: What a run started with another digest of these was started from.
 _DIGESTS = {
     "arguments": "from other arrays (data or initial values) than this call gives",
@@ -59,6 +59,8 @@ _DIGESTS = {
     "this call's",
     "step_settings": "with step_args or draw functions holding other values (an SG-MCMC step size, a minibatch, ...) "
     "than this call's",
+    "code": "with functions (a log density, a model, step_args or draw) of other code or data than this call's (their "
+    "code, the functions they call, and the values of their modules they read, such as data at the top of a script)",
 }
 #: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
 WARMUP_GROUP = "warmup"
@@ -357,7 +359,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
             raise StructureMismatchError(
                 [*problems, "the run's draws are not those the file holds: write this run to another file"], file=name
             )
-        _same_settings(name, saved, record, [key for key in keys if key in _DIGESTS])  # what only a digest tells
+        _same_settings(name, saved, record, [key for key in _DIGESTS if key in keys])  # what only a digest tells
     try:
         finished = run_finished(name)
     except JaxstowError:  # no chain registered yet: the run starts again
