@@ -182,8 +182,12 @@ def test_an_item_file_that_is_no_regular_file_is_damage_skipped_by_recovery_and_
         assert "damaged" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("found_by", ["restore", "damaged_steps"])
+@pytest.mark.parametrize(
+    "found_by", ["restore", "damaged_steps", "latest_intact_step", "damaged_steps, then metrics", "the docs' recipe"]
+)
 def test_a_step_found_damaged_does_not_count_among_the_steps_keep_last_keeps(tmp_path, found_by):
+    # A query that read the step's record afterwards (metrics, items, best_step) forgot the damage, as did
+    # latest_intact_step: the keep policy then deleted intact step 1 and kept damaged step 2.
     with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager:
         for step in (1, 2):
             manager.save(step, {"w": np.full(1000, float(step))})
@@ -193,8 +197,14 @@ def test_a_step_found_damaged_does_not_count_among_the_steps_keep_last_keeps(tmp
     with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager:
         if found_by == "restore":
             assert float(manager.restore(fallback=True)["w"][0]) == 1.0
+        elif found_by == "latest_intact_step":
+            assert manager.latest_intact_step() == 1
+        elif found_by == "the docs' recipe":
+            assert float(manager.restore(manager.latest_intact_step())["w"][0]) == 1.0
         else:
             assert list(manager.damaged_steps()) == [2]
+            if found_by.endswith("metrics"):
+                assert manager.metrics(2) is None and manager.items(2) == ["w"]
         manager.save(3, {"w": np.full(1000, 3.0)})
         manager.wait()
         assert manager.steps() == [1, 2, 3]  # two intact steps, and the damaged one left for a look

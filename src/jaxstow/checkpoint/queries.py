@@ -123,12 +123,15 @@ class StepQueries:
         self._settle()
         verify = recovery.check_verify(verify)
         bar = self._bar(progress)
-        return recovery.newest_accepted(
-            lambda: self._restorable()[::-1],
-            lambda step: any(
-                recovery.step_damage(folder, step, verify=verify, progress=bar) is None for folder in self._copies(step)
-            ),
-        )
+
+        def intact(step: int) -> bool:
+            for folder in self._copies(step):
+                if recovery.step_damage(folder, step, verify=verify, progress=bar) is None:
+                    return True
+                folder.damaged.add(step)  # the keep policy keeps it for a look, and does not count it
+            return False
+
+        return recovery.newest_accepted(lambda: self._restorable()[::-1], intact)
 
     def _restorable(self) -> list[int]:
         """The committed steps a restore reads, as :meth:`_copies` finds them. Under ``jax.distributed`` a local

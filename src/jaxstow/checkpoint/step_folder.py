@@ -193,7 +193,8 @@ class StepFolder:
         record = self._records.get(step)
         if record is None:
             record = self.read_record(step, check_files=True)
-            self.remember(record)
+            if self.cache:  # kept, but not as committed: a step found damaged in its data stays so
+                self._records[step] = record
         return record
 
     def read_record(self, step: int, *, check_files: bool) -> StepRecord:
