@@ -548,3 +548,26 @@ def test_every_command_takes_urls_and_storage_options(s3, tmp_path, capsys):
     assert f"{a} (jaxstow) -> {b} (jaxstow)" in out and "the same: 1 leaves" in out and "1 file intact" in out
     assert main(["inspect", b, "--storage-options", "[1]"]) == 2
     assert "--storage-options must be a JSON object" in capsys.readouterr().err
+
+
+def test_a_reader_that_listed_a_step_being_written_reads_it_once_committed(s3):
+    # fsspec kept the listing of the step's folder made while it was written (no checkpoint.json yet): every later
+    # read of this process then found "no checkpoint.json any more", even after the writer had finished.
+    server, prefix, client = s3
+    url, options = server.url(prefix), server.storage_options
+    with CheckpointManager(url, storage_options=options) as writer:
+        writer.save(1, {"w": np.ones(3)})
+    with CheckpointManager(server.url(prefix + "-other"), storage_options=options) as other:
+        other.save(2, {"w": np.full(3, 2.0)})  # step 2, written elsewhere and copied in as a writer writes it
+
+    def copy(name: str) -> None:
+        source = {"Bucket": server.bucket, "Key": f"{prefix}-other/2/{name}"}
+        client.copy_object(Bucket=server.bucket, Key=f"{prefix}/2/{name}", CopySource=source)
+
+    copy("w.safetensors")
+    reader = CheckpointManager(url, storage_options=options)
+    assert reader.steps() == [1] and float(reader.restore()["w"][0]) == 1.0  # lists 2/ without its record
+    copy("checkpoint.json")  # the step committed
+    assert reader.steps() == [1, 2]
+    assert float(reader.restore()["w"][0]) == 2.0 and float(reader.restore(2)["w"][0]) == 2.0
+    reader.close()

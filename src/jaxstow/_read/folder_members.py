@@ -91,11 +91,11 @@ def list_folder(
         return os.listdir(folder), read_local
     if location.url is None:
         return None
-    from jaxstow._storage.remote import storage_errors, url_filesystem
+    from jaxstow._storage.remote import forget_listings, storage_errors, url_filesystem
 
     fs, root = url_filesystem(location.url, (settings or StorageSettings()).options)
     with storage_errors(location.url):
-        fs.invalidate_cache(root)  # listed as it is now: fsspec keeps what it listed before, in this process
+        forget_listings(fs, root)  # listed as it is now: fsspec keeps what it listed before, in this process
         if not fs.isdir(root):
             return None
         names = [posixpath.basename(str(entry).rstrip("/")) for entry in fs.ls(root, detail=False)]

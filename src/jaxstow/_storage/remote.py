@@ -76,6 +76,16 @@ def url_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -
     return fs, path
 
 
+def forget_listings(fs: Any, root: str) -> None:
+    """Drop what ``fs`` listed before of ``root`` and below, in this process: fsspec keeps listings (``dircache``),
+    and ``invalidate_cache(root)`` drops only those of ``root`` and its parents, so a folder listed while a step was
+    being written hid its ``checkpoint.json`` from every later read of this process."""
+    fs.invalidate_cache(root)
+    below = root.rstrip("/") + "/"
+    for listed in [path for path in list(getattr(fs, "dircache", {})) if str(path).startswith(below)]:
+        fs.invalidate_cache(listed)
+
+
 #: The URL schemes of S3, whose package the extra ``jaxstow[s3]`` installs, and the packages of other stores.
 _S3 = ("s3", "s3a")
 _PROTOCOL_PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}

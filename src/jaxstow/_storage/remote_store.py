@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
-from jaxstow._storage.remote import object_source, storage_errors, url_filesystem
+from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
 from jaxstow.errors import (
@@ -130,7 +130,7 @@ class RemoteStore:
 
     def _files(self) -> list[str]:
         """Every file under the root, as paths relative to it, fresh from the store."""
-        self.fs.invalidate_cache(self.root)
+        forget_listings(self.fs, self.root)
         try:
             with storage_errors(self.location):
                 found = self.fs.find(self.root)

@@ -318,11 +318,11 @@ def _staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Call
 
 @contextlib.contextmanager
 def _remote_staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Callable[[Any], Any]], None]]:
-    from jaxstow._storage.remote import storage_errors, url_filesystem
+    from jaxstow._storage.remote import forget_listings, storage_errors, url_filesystem
 
     fs, root = url_filesystem(out, settings.options)
     with storage_errors(out):
-        fs.invalidate_cache(root)
+        forget_listings(fs, root)
         if fs.isfile(root):
             raise PathError("is a file (an object of the store), not a folder: export to another name", file=out)
         held = fs.ls(root, detail=False) if fs.exists(root) else []
