@@ -279,6 +279,16 @@ def test_flax_msgpack_loads_as_nested_dicts_chunked_arrays_included(tmp_path, mo
     assert serialization.msgpack_restore((tmp_path / "chunked.msgpack").read_bytes())["big"].shape == (100,)
 
 
+@pytest.mark.parametrize("keys", [15, 16, 70000])  # a map of 16 or more keys starts otherwise (map16, map32)
+def test_a_flax_msgpack_file_of_many_keys_is_recognised_and_converted(tmp_path, capsys, keys):
+    params = {f"layer_{i}": np.full(2, i, np.float32) for i in range(keys)}
+    (tmp_path / "params.msgpack").write_bytes(serialization.to_bytes(params))
+    with pytest.raises(FormatError, match=r"is a flax msgpack file .* from_format='flax'"):
+        jaxstow.load(tmp_path / "params.msgpack")  # was "not a jaxstow, safetensors or npz file"
+    assert main(["convert", str(tmp_path / "params.msgpack"), str(tmp_path / "params.jxs")]) == 0
+    assert jaxstow.load(tmp_path / "params.jxs", as_numpy=True)["layer_15" if keys > 15 else "layer_14"][0] > 0
+
+
 def _packed_array(shape, dtype: str, buffer: bytes, code: int = 1) -> bytes:
     msgpack = pytest.importorskip("msgpack")
     return msgpack.packb({"w": msgpack.ExtType(code, msgpack.packb((shape, dtype, buffer)))})

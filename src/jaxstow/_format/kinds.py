@@ -74,6 +74,7 @@ _TORCH_LEGACY = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "lit
 _NPY = b"\x93NUMPY"
 _MSGPACK_MAPS = {*range(0x81, 0x90), 0xDE, 0xDF}  # a map of one or more entries (flax saves a dict)
 _MSGPACK_STRINGS = {*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB}
+_MSGPACK_FIRST_KEY = {0xDE: 3, 0xDF: 5}  # where a map's first key starts: after its 2- or 4-byte length (16+ keys)
 _MAX_NPY_HEADER = 1 << 16
 
 
@@ -95,7 +96,8 @@ def file_kind(source: ReadSource) -> Kind:
         return KINDS["pickle"]
     if head.startswith(_NPY):
         return KINDS["equinox" if _npy_follows(source, _npy_end(source, 0)) else "npy"]
-    if len(head) >= 2 and head[0] in _MSGPACK_MAPS and head[1] in _MSGPACK_STRINGS:
+    key = _MSGPACK_FIRST_KEY.get(head[0], 1) if head else 1  # after a map16's or map32's length
+    if len(head) > key and head[0] in _MSGPACK_MAPS and head[key] in _MSGPACK_STRINGS:
         return KINDS["flax"]
     return KINDS["unknown"]
 
