@@ -67,6 +67,14 @@ def test_all_chains_of_postprocess_save_become_chain_and_draw():
     np.testing.assert_array_equal(from_collector.posterior["theta"].values, _expected_theta())
 
 
+def test_the_rows_past_a_chains_sample_count_are_no_draws():
+    padded = [{"sample_count": 2, "samples": {"x": np.array([1.0, 2.0, 0.0, 0.0])}}]  # storage for 4, 2 kept
+    idata = io.to_inference_data(padded)  # the padding rows were two more draws
+    assert idata.posterior.sizes["draw"] == 2 and idata.posterior["x"].values.tolist() == [[1.0, 2.0]]
+    with pytest.raises(JaxstowError, match="chain 0 has sample_count 5, but 2 rows of samples"):
+        io.to_inference_data({"sample_count": 5, "samples": {"x": np.array([1.0, 2.0])}})
+
+
 def test_a_collector_whose_samples_were_dropped_says_what_to_pass_instead():
     collector = io.MemoryCollector()
     _run(collector)  # the results are dropped: the collector keeps nothing of a run that ended

@@ -142,13 +142,27 @@ def _chains_of(samples: Any) -> tuple[Chains, bool]:
         draws = read_draws(samples)
         return draws.chains, not draws.finished
     if isinstance(samples, Mapping) and "samples" in samples:
-        return [_variables(samples["samples"])], False
+        return [_counted(samples, 0)], False
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
-        return [_variables(chain["samples"]) for chain in samples], False
+        return [_counted(chain, number) for number, chain in enumerate(samples)], False
     raise ArgumentError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
     )
+
+
+def _counted(chain: Mapping[str, Any], number: int) -> dict[str, np.ndarray]:
+    """A chain's variables, its first ``sample_count`` rows where it gives one (rows past it are no draws: storage
+    allocated for more samples than were kept); more than its rows is a :class:`~jaxstow.errors.JaxstowError`."""
+    variables = _variables(chain["samples"])
+    count = chain.get("sample_count")
+    if count is None or not variables:
+        return variables
+    count = int(np.asarray(count))
+    rows = min((len(values) for values in variables.values() if np.ndim(values)), default=count)
+    if not 0 <= count <= rows:
+        raise JaxstowError(f"chain {number} has sample_count {count}, but {rows} rows of samples: give the rows kept")
+    return {name: values[:count] if np.ndim(values) else values for name, values in variables.items()}
 
 
 def _variables(tree: Any) -> dict[str, np.ndarray]:
