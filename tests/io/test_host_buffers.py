@@ -117,3 +117,26 @@ def test_idle_memory_is_capped():
     del arrays
     assert host_buffers.idle_bytes() <= host_buffers.IDLE_LIMIT
     assert host_buffers.idle_bytes() >= host_buffers.IDLE_LIMIT // 3 * 3
+
+
+def test_rows_that_never_arrived_are_refused_not_read_from_an_earlier_runs_storage():
+    # Storage reused from an earlier run holds its samples: a collector driven by hand whose rows 10 to 49 never
+    # arrived returned run 1's 7.0s there as this run's.
+    information = scheduler.static_information(samples_collected=100)
+    first = io.MemoryCollector()
+    chain = first.register_chain(
+        init_sample={"w": jnp.zeros(1000)}, init_checkpoint=None, static_information=information
+    )
+    first.save(chain, 0, [np.full((100, 1000), 7.0, np.float32)])
+    first.finalize(chain)
+    first.release(chain)
+    gc.collect()
+    second = io.MemoryCollector()
+    chain = second.register_chain(
+        init_sample={"w": jnp.zeros(1000)}, init_checkpoint=None, static_information=information
+    )
+    second.save(chain, 0, [np.full((10, 1000), 1.0, np.float32)])
+    second.save(chain, 50, [np.full((10, 1000), 2.0, np.float32)])
+    second.finalize(chain)
+    with pytest.raises(io.CollectorError, match="samples 10 to 49 never reached the collector"):
+        second.finished(chain)

@@ -167,13 +167,19 @@ class ChainBook:
             raise CollectorError(
                 f"chain {chain_id} kept {count} samples, but only {self.ends[chain_id]} reached the collector"
             )
+        self.refuse_gaps(chain_id, count)
+        self.ends[chain_id] = count
+
+    def refuse_gaps(self, chain_id: int, count: int) -> None:
+        """A :class:`CollectorError` if some of the chain's first ``count`` rows never arrived: storage reused from
+        an earlier run holds that run's samples there."""
         missing = _first_gap(self.arrived[chain_id], count)
         if missing is not None:
             raise CollectorError(
                 f"chain {chain_id}: its samples {missing[0]} to {missing[1] - 1} never reached the collector: give "
-                "postprocess_save the saving state that the run's last call of save returned"
+                "postprocess_save the saving state that the run's last call of save returned (driving a collector "
+                f"by hand: save every row below {count} first)"
             )
-        self.ends[chain_id] = count
 
     def with_loader_state(self, chain_id: int, checkpoint: ChainCheckpoint) -> ChainCheckpoint:
         """``checkpoint`` with the registered data loader's current state for the chain."""

@@ -151,6 +151,7 @@ class MemoryCollector(KeepsChains, DataCollector):
 
     def _kept(self, chain_id: int, count: int) -> dict[str, np.ndarray]:
         names = self._chains.layout(chain_id).names
+        self._chains.refuse_gaps(chain_id, count)
         return {name: array[:count] for name, array in zip(names, self._samples[chain_id], strict=True)}
 
     def checkpoint(self, chain_id: int, checkpoint: ChainCheckpoint) -> None:
