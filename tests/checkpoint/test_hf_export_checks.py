@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 import jaxstow
 from jaxstow import CheckpointManager
-from jaxstow.errors import CheckpointError, CorruptFileError
+from jaxstow.errors import CheckpointError, CorruptFileError, IsAFolderError
 
 
 @pytest.fixture
@@ -24,6 +24,12 @@ def run(tmp_path):
         for step in (1, 2):
             manager.save(step, {"params": {"w": np.full(3, step, np.float32)}, "opt": {"mu": np.full(3, 10.0 * step)}})
     return folder
+
+
+def test_a_run_folder_given_for_a_step_is_told_to_name_a_step(run, tmp_path):
+    with pytest.raises(IsAFolderError, match=r"is a checkpoint folder: export one of its steps, such as .*run/2"):
+        jaxstow.export_safetensors(run, tmp_path / "out")  # was "restore it with jaxstow.CheckpointManager(...)"
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_step_with_an_item_file_of_another_step_is_not_exported(run, tmp_path):

@@ -31,6 +31,7 @@ import numpy as np
 from jaxstow._format.dtypes import safetensors_code
 from jaxstow._format.native import write_native
 from jaxstow._format.shards import Stored
+from jaxstow._read.foreign import recognise
 from jaxstow._read.reader import Reader, open_parts, open_reader_at
 from jaxstow._read.sharded_folder import child, list_folder
 from jaxstow._steps.names import StepNames
@@ -43,7 +44,7 @@ from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.store import open_store
 from jaxstow._storage.transfer import Transfer
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import ArgumentError, CheckpointError, PathError, excerpt
+from jaxstow.errors import ArgumentError, CheckpointError, IsAFolderError, PathError, excerpt
 
 __all__ = ["Exported", "export_safetensors", "parse_size"]
 
@@ -171,6 +172,10 @@ def _open_items(
     if listed is None or RECORD_NAME not in listed[0]:
         if item is not None:
             raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
+        steps = sorted(int(name) for name in listed[0] if name.isdigit()) if listed is not None else []
+        if steps and recognise(location).name == "jaxstow-folder":  # "restore it with CheckpointManager" misleads
+            newest = f"{source.rstrip('/')}/{steps[-1]}"
+            raise IsAFolderError(f"is a checkpoint folder: export one of its steps, such as {newest}", file=source)
         return [(None, stack.enter_context(open_reader_at(location, settings)))], None
     folder, record = _step(source, settings)
     if item is not None and item not in record.files:
