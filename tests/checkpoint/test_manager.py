@@ -102,6 +102,12 @@ def test_partial_items(tmp_path):
         assert sorted(only) == ["epoch", "params"] and only["epoch"] == 7
         fitted = manager.restore(items=["params"], like={"params": _train_state(5)["params"]})
         _assert_same(fitted["params"], state["params"])
+        whole = manager.restore(items=["params"], like=_train_state(5))  # the whole state as like: its params used
+        assert sorted(whole) == ["params"]  # was "it has entries for ['epoch', ...], which are not restored"
+        _assert_same(whole["params"], state["params"])
+        with pytest.raises(CheckpointError, match=r"entries for \['ema'\], which are not restored") as refused:
+            manager.restore(items=["params"], like={**_train_state(5), "ema": None})  # no item of the step
+        assert "items=[...]" not in str(refused.value)  # given already
         with pytest.raises(
             CheckpointError, match=r"no item \['ema'\] \(its items: \['epoch', 'opt_state', 'params', 'rng'\]"
         ):

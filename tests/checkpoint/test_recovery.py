@@ -182,6 +182,18 @@ def test_an_item_file_that_is_no_regular_file_is_damage_skipped_by_recovery_and_
         assert "damaged" in capsys.readouterr().out
 
 
+def test_a_step_folder_copied_under_a_higher_number_does_not_make_the_keep_policy_delete_the_intact_steps(tmp_path):
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=2)) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": np.full(4, float(step))})
+    shutil.copytree(tmp_path / "2", tmp_path / "9")  # a "backup" copy: its record says step 2
+    with CheckpointManager(tmp_path, keep=KeepPolicy(keep_last=1)) as manager:
+        manager.save(4, {"w": np.full(4, 4.0)})
+        manager.wait()
+        assert manager.steps() == [4, 9]  # was [9]: 2, 3 and the new 4 deleted as older than "9"
+        assert float(manager.restore(fallback=True)["w"][0]) == 4.0
+
+
 @pytest.mark.parametrize(
     "found_by", ["restore", "damaged_steps", "latest_intact_step", "damaged_steps, then metrics", "the docs' recipe"]
 )

@@ -188,8 +188,11 @@ def test_the_writer_refuses_more_axes_than_a_file_holds(tmp_path, suffix):
     jaxstow.save(tmp_path / f"most{suffix}", {"w": most, "b": most.astype(ml_dtypes.bfloat16)})
     np.testing.assert_array_equal(jaxstow.load(tmp_path / f"most{suffix}", as_numpy=True)["b"], most)
     deeper = most[..., None]
-    with pytest.raises(FormatError, match=f"leaf 'w'.*{MAX_AXES + 1} axes has more than the {MAX_AXES} a jaxstow"):
+    with pytest.raises(
+        FormatError, match=f"leaf 'w'.*{MAX_AXES + 1} axes has more than the {MAX_AXES} a jaxstow"
+    ) as refused:
         jaxstow.save(tmp_path / f"deeper{suffix}", {"w": deeper})
+    assert refused.value.file == str(tmp_path / f"deeper{suffix}")  # an npz's was not named
     assert not (tmp_path / f"deeper{suffix}").exists()
 
 

@@ -12,6 +12,7 @@ threads of their own while the bytes are written, which is what ``concurrent.fut
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -294,3 +295,17 @@ def test_a_step_saved_in_a_multiprocessing_worker_is_committed_and_a_failed_one_
     assert "run-failing: failed before the process ended" in done.stderr
     restored = CheckpointManager(tmp_path / "run").restore(as_numpy=True)
     np.testing.assert_array_equal(restored["w"], np.arange(2_000_000, dtype=np.float32))
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "soon"])
+def test_an_exit_wait_that_is_no_number_of_seconds_is_the_default_not_no_wait(monkeypatch, caplog, value):
+    # nan and -1 meant "do not wait": the save in flight at the exit was lost, without a word.
+    from jaxstow._write.at_exit import EXIT_WAIT, exit_wait
+
+    monkeypatch.setenv("JAXSTOW_EXIT_WAIT", value)
+    with caplog.at_level(logging.WARNING, logger="jaxstow"):
+        assert exit_wait() == EXIT_WAIT
+    assert f"JAXSTOW_EXIT_WAIT={value!r} is not a number of seconds (0 or more)" in caplog.text
+    for given, seconds in (("0", 0.0), ("2.5", 2.5), ("inf", float("inf"))):
+        monkeypatch.setenv("JAXSTOW_EXIT_WAIT", given)
+        assert exit_wait() == seconds

@@ -41,6 +41,7 @@ __all__ = [
     "MANIFEST_KEY",
     "MAX_HEADER_BYTES",
     "Complete",
+    "sink_name",
     "stores_exactly",
     "write_native",
 ]
@@ -83,7 +84,7 @@ def write_native(
     :data:`~jaxstow._format.dtypes.MAX_AXES`, a manifest over the limits of
     :func:`~jaxstow._format.manifest_written.check_nesting`, and a header longer than :data:`MAX_HEADER_BYTES`.
     """
-    file = _sink_name(sink)
+    file = sink_name(sink)
     _check_tensors(tensors, file=file)
     if manifest is not None:
         check_nesting(manifest, file=file)
@@ -116,7 +117,7 @@ def write_native(
     return checksum
 
 
-def _sink_name(sink: BinaryIO) -> str | None:
+def sink_name(sink: BinaryIO) -> str | None:
     """The file a sink writes, for messages.
 
     Its name, with the suffix of a temporary sibling (an atomic write's ``.name.jaxstow-tmp-...``, of the file or of

@@ -30,6 +30,7 @@ from jaxstow._format.dtypes import MAX_AXES, checked_shape
 from jaxstow._format.json_codec import dump_json, parse_json
 from jaxstow._format.manifest import LeafColumns
 from jaxstow._format.manifest_written import check_nesting, columnar
+from jaxstow._format.native import sink_name
 from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.tensor_reads import TensorSlot, Verify
 from jaxstow.errors import CorruptFileError, FormatError, JaxstowError, excerpt
@@ -72,12 +73,13 @@ def write_npz(
     limits of :func:`~jaxstow._format.manifest_written.check_nesting` are refused before anything is written. Every member
     carries its CRC-32, and the manifest each leaf's xxh3 and the list of members, so any damage is found on reading.
     """
+    file = sink_name(sink)
     for name, array in tensors:
         check_member_name(name)
         if array.ndim > MAX_AXES:  # what the manifest of raw bytes, and numpy 1, could not read back
-            checked_shape(list(array.shape), array.dtype, file=None, path=name)
+            checked_shape(list(array.shape), array.dtype, file=file, path=name)
     if manifest is not None:
-        check_nesting(manifest)
+        check_nesting(manifest, file=file)
     with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
         for name, array in tensors:
             _write_member(archive, name, array)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -141,10 +142,14 @@ def exit_wait() -> float:
     try:
         seconds = float(value)
     except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:  # text, nan or a negative number: the default, not "do not wait" (a save would be lost)
         if value:
-            logger.warning("JAXSTOW_EXIT_WAIT=%r is not a number of seconds; waiting %g s", value, EXIT_WAIT)
+            logger.warning(
+                "JAXSTOW_EXIT_WAIT=%r is not a number of seconds (0 or more); waiting %g s", value, EXIT_WAIT
+            )
         return EXIT_WAIT
-    return max(0.0, seconds)
+    return seconds
 
 
 def finish_all() -> Literal["done", "failed", "unfinished", "abandoned"]:

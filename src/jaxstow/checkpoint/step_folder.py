@@ -154,7 +154,14 @@ class StepFolder:
         metric = policy.metric or ""
         values = {step: record.metric(metric) if record else None for step, record in records.items()}
         times = {step: record.time for step, record in records.items() if record is not None}
-        for step in policy.to_delete([step for step in steps if step not in self.damaged], values, times):
+        doomed = list(policy.to_delete([step for step in steps if step not in self.damaged], values, times))
+        # A step kept in place of the doomed ones must be one: a record that does not check (a folder copied under
+        # another number by hand) would have the rules delete every intact step.
+        kept = [step for step in steps if step not in self.damaged and step not in doomed] if doomed else []
+        if unreadable := [step for step in kept if (records.get(step) or self.unchecked_record(step)) is None]:
+            self.damaged.update(unreadable)
+            doomed = list(policy.to_delete([step for step in steps if step not in self.damaged], values, times))
+        for step in doomed:
             self.store.delete(self.names.name(step))
             self.forget(step)
             if step == saved:  # a run gone back to an earlier step: its new work would be lost unseen
@@ -305,15 +312,16 @@ class StepFolder:
         if partial and items is None:  # the items like leaves out are left unread, as its leaves within one are
             names = [name for name in names if name in like]
         missing = [name for name in names if name not in like]
-        extra = [name for name in like if name not in names]
+        # Entries of the step's other items are of no use with items= (a whole train state given as like): left.
+        extra = [name for name in like if name not in names and (items is None or name not in record.files)]
         problems = [f"it has no entry for {missing}"] if missing else []
         problems += [f"it has entries for {extra}, which are not restored"] if extra else []
         if problems:
             works = ", ".join(f"{name!r}: ..." for name in names)
             raise CheckpointError(
                 f"like does not match the items restored from step {step} ({names}): {'; '.join(problems)}. Give "
-                f"like one entry per item restored, like={{{works}}} (None rebuilds an item from its file), or "
-                "name the items to restore with items=[...]",
+                f"like one entry per item restored, like={{{works}}} (None rebuilds an item from its file)"
+                + (", or name the items to restore with items=[...]" if items is None else ""),
                 file=self.url(step),
             )
         return names
