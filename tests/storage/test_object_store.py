@@ -571,3 +571,17 @@ def test_a_reader_that_listed_a_step_being_written_reads_it_once_committed(s3):
     assert reader.steps() == [1, 2]
     assert float(reader.restore()["w"][0]) == 2.0 and float(reader.restore(2)["w"][0]) == 2.0
     reader.close()
+
+
+def test_a_file_is_not_saved_over_a_folder_of_the_store_nor_at_a_url_naming_one(s3):
+    # It was, as an object beside the run's steps: `jaxstow verify` of the run then read the object, "intact".
+    server, prefix, _ = s3
+    options = server.storage_options
+    with CheckpointManager(server.url(prefix, "run"), storage_options=options) as manager:
+        manager.save(1, {"w": np.ones(3)})
+    for target in (server.url(prefix, "run"), server.url(prefix, "run") + "/", server.url(prefix, "new") + "/"):
+        with pytest.raises(jaxstow.errors.IsAFolderError, match="is a folder"):
+            jaxstow.save(target, {"w": np.zeros(2)}, storage_options=options)
+    with CheckpointManager(server.url(prefix, "run"), storage_options=options) as manager:
+        assert manager.steps() == [1] and float(manager.restore()["w"][0]) == 1.0
+    jaxstow.save(server.url(prefix, "run.jxs"), {"w": np.zeros(2)}, storage_options=options)  # beside it: a file

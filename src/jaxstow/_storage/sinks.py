@@ -56,6 +56,9 @@ def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None
     fs, remote = url_filesystem(url, settings.options)
     upload = object_upload(fs, remote, url=url, transfer=settings.transfer, whole=True)
     try:
+        with storage_errors(url):  # as locally: a file is not written over a folder (a run's steps), nor named one
+            if url.endswith("/") or fs.isdir(remote):
+                raise IsAFolderError("is a folder (objects are stored under it): cannot write a file there", file=url)
         with storage_failures(url):
             yield upload  # type: ignore[misc]
         upload.finish()
