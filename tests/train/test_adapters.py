@@ -42,6 +42,15 @@ def test_equinox_module_refuses_a_state_of_another_model(other: Any, message: st
         _module(4).update_state(other().get_state())
 
 
+def test_equinox_module_refuses_a_state_of_other_functions() -> None:
+    # The file's relu went on silently where the code built the model with gelu (the same arrays).
+    module = _module(4)
+    gelu = eqx.nn.MLP(2, 1, width_size=4, depth=1, activation=jax.nn.gelu, key=jax.random.key(0))
+    module.model = gelu
+    with pytest.raises(StructureMismatchError, match="activation is relu in the file, but gelu in this module"):
+        module.update_state(_module(4).get_state())
+
+
 def test_equinox_module_refuses_a_pytorch_state() -> None:
     with pytest.raises(
         StructureMismatchError,

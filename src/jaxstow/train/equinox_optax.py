@@ -9,7 +9,7 @@ import jax
 
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, StructureMismatchError
+from jaxstow.errors import CheckpointError, StructureMismatchError, excerpt
 from jaxstow.train.module import ModuleInterface
 
 # Missing, each is named with its extra, before the imports below fail with a bare ModuleNotFoundError.
@@ -127,8 +127,35 @@ def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
     ]
     if not problems and found_structure != expected_structure:
         problems.append("its static fields or hyperparameters differ")
+    problems += _other_leaves_problems(expected, found) if not problems else []
     if problems:
         raise StructureMismatchError([f"the checkpoint's {name!r}: {problem}" for problem in problems])
+
+
+def _other_leaves_problems(expected: Any, found: Any) -> list[str]:
+    """The leaves other than arrays (an MLP's ``activation``, a ``Lambda``'s function) that differ: a resumed run
+    would go on with the file's functions while the code asks for others."""
+    expected_paths, expected_leaves, _ = flatten_with_paths(eqx.filter(expected, eqx.is_array, inverse=True))
+    found_leaves = dict(zip(*flatten_with_paths(eqx.filter(found, eqx.is_array, inverse=True))[:2], strict=True))
+    return [
+        f"{path} is {_shown(found_leaves.get(path))} in the file, but {_shown(leaf)} in this module"
+        for path, leaf in zip(expected_paths, expected_leaves, strict=True)
+        if not _same(leaf, found_leaves.get(path))
+    ]
+
+
+def _shown(leaf: Any) -> str:
+    name = getattr(leaf, "__name__", None)
+    return name if isinstance(name, str) and callable(leaf) else excerpt(leaf)
+
+
+def _same(first: Any, second: Any) -> bool:
+    if first is second:
+        return True
+    try:
+        return bool(first == second)
+    except Exception:  # a leaf whose == is an array or raises: not the same object
+        return False
 
 
 def _arrays_by_path(tree: Any) -> tuple[dict[str, str], Any]:
