@@ -134,3 +134,23 @@ def test_a_torch_model_resumes_only_from_tensors_of_its_own_shapes_and_dtypes(tm
     with pytest.raises(StructureMismatchError, match=message):  # torch would cast the first silently
         train.Trainer(module(other), arguments)
     assert all(torch.equal(a, b) for a, b in zip(before, other.state_dict().values(), strict=True))
+
+
+def test_a_torch_module_resumed_with_another_optimizer_is_refused_before_it_trains(tmp_path):
+    # Adam's state went into SGD without a word; its first step then failed with Python's KeyError: 'momentum'.
+    def module(optimizer):
+        model = torch.nn.Linear(3, 1)
+        return train.TorchModule(
+            model, optimizer(model.parameters()), lambda m, b: m(b).square().mean(), lambda epoch: [torch.ones(4, 3)]
+        )
+
+    folder = str(tmp_path)
+    arguments = train.TrainerArguments(
+        epochs=1, checkpointer_args=train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder)
+    )
+    train.Trainer(module(lambda p: torch.optim.Adam(p, lr=0.1)), arguments).train()
+    with pytest.raises(
+        StructureMismatchError, match=r"'optimizer': its groups have the settings \[.*'betas'.*SGD's lack"
+    ):
+        train.Trainer(module(lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)), arguments)
+    train.Trainer(module(lambda p: torch.optim.Adam(p, lr=0.1)), arguments)  # its own optimiser resumes

@@ -94,11 +94,30 @@ class TorchModule(ModuleInterface):
         problems = _tensor_problems(self.model.state_dict(), state.get("model") if isinstance(state, Mapping) else None)
         if problems:
             raise StructureMismatchError([f"the checkpoint's 'model': {problem}" for problem in problems])
+        if problem := _optimizer_problem(self.optimizer, state.get("optimizer")):
+            raise StructureMismatchError([f"the checkpoint's 'optimizer': {problem}"])
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         except (KeyError, RuntimeError, TypeError, ValueError) as error:
             raise StructureMismatchError([f"the checkpoint's state does not fit the module: {error}"]) from None
+
+
+def _optimizer_problem(optimizer: Any, found: Any) -> str | None:
+    """How the state dict ``found`` is not one of ``optimizer``'s kind: its groups' settings are another
+    optimiser's (Adam's ``betas`` where SGD has ``momentum``), which torch loads and the first step then fails on."""
+    groups = found.get("param_groups") if isinstance(found, Mapping) else None
+    if not isinstance(groups, list) or not all(isinstance(group, Mapping) for group in groups):
+        return f"an optimiser's state dict, not {type(found).__name__}"
+    # Settings the file lacks may be a later torch's, which load_state_dict fills in; settings it has more are not.
+    wanted = set().union(*(set(group) for group in optimizer.state_dict()["param_groups"]))
+    extra = sorted(set().union(*(set(group) for group in groups)) - wanted)
+    if extra:
+        return (
+            f"its groups have the settings {extra}, which {type(optimizer).__name__}'s lack: it holds the state of "
+            "another optimiser; resume with the optimiser it was saved with"
+        )
+    return None
 
 
 def _tensor_problems(expected: Mapping[str, Any], found: Any) -> list[str]:
