@@ -163,7 +163,7 @@ CASES: dict[str, Case] = {
     "manager: an unknown item": _with_manager(lambda m: m.restore(items=["nothing"])),
     "manager: like that is no dict": _with_manager(lambda m: m.restore(like=[1, 2])),
     "manager: like with items not restored": _with_manager(
-        lambda m: m.restore(like={"params": {"w": jnp.ones(3)}, "opt_state": {"mu": jnp.ones(3)}}, items=["params"])
+        lambda m: m.restore(like={"params": {"w": jnp.ones(3)}, "ema": {"mu": jnp.ones(3)}}, items=["params"])
     ),
     "manager: delete a missing step": _with_manager(lambda m: m.delete(99)),
     "manager: metadata of a missing step": _with_manager(lambda m: m.metadata(99)),

@@ -159,8 +159,8 @@ def _inside(library: str, names: Iterable[str], argument: str) -> tuple[str, ...
 register_library(
     "jax",
     public_namespaces=(
-        "jax", "jax.nn", "jax.nn.initializers", "jax.numpy", "jax.lax", "jax.random", "jax.scipy.special",
-        "jax.tree_util", "jax.dtypes",
+        "jax", "jax.nn", "jax.nn.initializers", "jax.numpy", "jax.numpy.linalg", "jax.lax", "jax.random",
+        "jax.scipy.special", "jax.tree_util", "jax.dtypes",
     ),
     policy="numeric",
 )  # fmt: skip

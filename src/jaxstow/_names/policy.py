@@ -143,6 +143,8 @@ def _is_pure_numeric(name: str, obj: object) -> bool:
     if name.startswith(_ALLOWED_NUMERIC_PREFIXES) and not name.startswith("jax.nn.initializers."):
         return callable(obj) and not isinstance(obj, types.ModuleType)
     module, _, attribute = name.rpartition(".")
+    if module == "jax.numpy.linalg":  # functions of the arrays they are given, none a constructor
+        return callable(obj) and not isinstance(obj, type)
     if module == "jax.lax":
         return callable(obj) and attribute not in _LAX_EXCLUDED
     if module in ("numpy", "jax.numpy") and attribute in _ARRAY_FUNCTIONS:
