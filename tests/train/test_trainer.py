@@ -215,7 +215,8 @@ def test_gradient_accumulation_validation_and_callbacks_in_order() -> None:
     assert trainer.trainer_backend.get_state() == {"global_step": 2}
 
 
-def test_optimizers_and_schedulers_of_the_module_are_checkpointed_by_the_trainer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["StepLR", "MultiStepLR"])  # MultiStepLR's state holds a collections.Counter
+def test_optimizers_and_schedulers_of_the_module_are_checkpointed_by_the_trainer(tmp_path: Path, kind: str) -> None:
     torch = pytest.importorskip("torch")
 
     class Regression(ModuleInterface):
@@ -227,7 +228,12 @@ def test_optimizers_and_schedulers_of_the_module_are_checkpointed_by_the_trainer
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.1, momentum=0.9)
 
         def get_optimizers_schedulers(self, estimated_global_steps_per_epoch: int, epochs: int) -> Any:
-            scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=estimated_global_steps_per_epoch)
+            steps = estimated_global_steps_per_epoch
+            scheduler = (
+                torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=steps)
+                if kind == "StepLR"
+                else torch.optim.lr_scheduler.MultiStepLR(self.optimizer, milestones=[steps, 2 * steps])
+            )
             self.scheduler = scheduler
             return [self.optimizer], [scheduler]
 

@@ -1,4 +1,5 @@
-"""Static objects of known libraries that a structure can hold, rebuilt from their fields: flax nnx's graph definitions.
+"""Static objects of known libraries that a structure can hold, rebuilt from their fields: flax nnx's graph
+definitions, and ``collections.Counter`` (a PyTorch ``MultiStepLR``'s state holds one).
 
 A flax nnx ``Module`` keeps static data in its pytree structure, and ``nnx.split`` returns a ``GraphDef``, a tree
 of frozen dataclasses: not data, and without a name of their own. :mod:`jaxstow._format.skeleton` stores them as
@@ -31,6 +32,7 @@ __all__ = ["REBUILDABLE", "decode", "encode", "graph_path"]
 
 #: The types rebuilt from their fields, by ``module.qualname``.
 REBUILDABLE = (
+    "collections.Counter",
     "flax.typing.HashableMapping",
     "flax.nnx.graphlib.GraphDef",
     "flax.nnx.graphlib.NodeDef",
@@ -69,6 +71,8 @@ def encode(obj: Any, encode_value: Callable[[Any, str], JSON], *, file: str | No
         return None
     if name == "flax.typing.HashableMapping":
         fields: dict[str, Any] = {"mapping": dict(obj)}
+    elif name == "collections.Counter":  # a PyTorch MultiStepLR's milestones
+        fields = {"counts": dict(obj)}
     elif dataclasses.is_dataclass(obj):
         fields = {field.name: getattr(obj, field.name) for field in dataclasses.fields(obj) if field.init}
     else:
@@ -103,6 +107,10 @@ def decode(data: JSON, decode_value: Callable[[JSON, str], Any], *, file: str | 
         else:
             kwargs[field] = decode_value(value, field)
     try:
+        if name == "collections.Counter":  # its keyword arguments are counts: given as one dict
+            if set(kwargs) != {"counts"} or not isinstance(kwargs["counts"], dict):
+                raise TypeError(f"a Counter holds one field, counts, a dict, not {sorted(kwargs)}")
+            return cls(kwargs["counts"])
         return cls(**kwargs)
     except TypeError as error:
         raise FormatError(f"cannot rebuild {name} from its fields ({error})", file=file, path=path) from None
