@@ -54,11 +54,10 @@ def atomic_sink(target: str | os.PathLike[str], settings: StorageSettings | None
 
     url = os.fspath(target)
     fs, remote = url_filesystem(url, settings.options)
+    if url.endswith("/"):  # a folder's name; one that is a folder of the store is refused by object_upload
+        raise IsAFolderError("is a folder (its name ends in /): cannot write a file there", file=url)
     upload = object_upload(fs, remote, url=url, transfer=settings.transfer, whole=True)
     try:
-        with storage_errors(url):  # as locally: a file is not written over a folder (a run's steps), nor named one
-            if url.endswith("/") or fs.isdir(remote):
-                raise IsAFolderError("is a folder (objects are stored under it): cannot write a file there", file=url)
         with storage_failures(url):
             yield upload  # type: ignore[misc]
         upload.finish()
@@ -85,6 +84,13 @@ def object_upload(fs: Any, path: str, *, url: str, transfer: Transfer, whole: bo
         bucket = S3Bucket(fs, bucket_name, transfer)
         if whole:
             bucket.abort_uploads_to(key, url=url)
+            listed = bucket.request(  # through botocore, as the upload: it runs while the interpreter exits too
+                lambda: bucket.client.list_objects_v2(Bucket=bucket_name, Prefix=f"{key}/", MaxKeys=1),
+                url=url,
+                doing="looking for a folder of its name (ListObjectsV2)",
+            )
+            if listed.get("KeyCount", 0):  # a file there would lie beside a run's steps, unseen by its readers
+                raise IsAFolderError("cannot write it: it is a folder (objects are stored under it)", file=url)
         return S3Upload(bucket, key, url=url)
     return _FileUpload(fs, path, url=url, whole=whole)
 
