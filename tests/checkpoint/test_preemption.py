@@ -254,3 +254,42 @@ def test_a_preemption_whose_save_fails_on_a_full_disk_says_so_and_ends_with_a_fa
         with CheckpointManager(disk / "run") as manager:
             assert manager.steps() == [1]
             assert manager.restore(1)["w"].tolist() == [1.0] * 1000
+
+
+_TWO_MANAGERS = """
+import os, signal, sys, numpy as np
+from jaxstow import CheckpointManager
+model = CheckpointManager(sys.argv[1] + "/model", save_every=100, preemption_signals=[signal.SIGTERM])
+data = CheckpointManager(sys.argv[1] + "/data", save_every=100, preemption_signals=[signal.SIGTERM])
+data_saves_at_preemption = sys.argv[2] == "yes"
+for step in range(1, 1_000):
+    if step == 7:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if model.should_save(step):
+        model.save(step, {"w": np.full(1000, step, np.float32)})
+        print("model saved", step, flush=True)
+    if data_saves_at_preemption and data.should_save(step) or step == 1:
+        data.save(step, {"position": np.int64(step)})
+        print("data saved", step, flush=True)
+print("the loop ended", flush=True)
+"""
+
+
+@pytest.mark.parametrize("data_saves_at_preemption", [True, False])
+def test_two_managers_that_caught_the_signal_both_save_its_step_before_the_process_ends(
+    tmp_path: Path, data_saves_at_preemption: bool
+) -> None:
+    answer = "yes" if data_saves_at_preemption else "no"
+    done = forked.run(
+        [sys.executable, "-c", textwrap.dedent(_TWO_MANAGERS), str(tmp_path), answer],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    with CheckpointManager(tmp_path / "model") as model, CheckpointManager(tmp_path / "data") as data:
+        assert model.steps() == [1, 7]
+        # The data pipeline's manager holds the model's step; one that let it pass without a save ends the process
+        # at the next step's question, its newest step older than the model's.
+        assert data.steps() == ([1, 7] if data_saves_at_preemption else [1])
+    assert "model saved 8" not in done.stdout and "the loop ended" not in done.stdout

@@ -98,8 +98,7 @@ class CheckpointManager(StepQueries):
                 ``True`` or ``False`` always or never (docs/scaling.md).
             preemption_signals: Signals (e.g. ``[signal.SIGTERM]``) after which a save ends the process
                 (docs/checkpointing.md#preemption).
-            **shortcuts: The keywords of earlier versions (``keep_last=``, ``local_directory=``, ``async_save=``,
-                ...), deprecated: each warns with the setting that replaces it.
+            **shortcuts: Earlier versions' keywords (``keep_last=``, ...), deprecated: each warns with its replacement.
 
         Raises:
             ArgumentError: A setting that is not valid, or one set twice (a shortcut and its grouped setting).
@@ -214,7 +213,7 @@ class CheckpointManager(StepQueries):
         ...     print(manager.steps())
         [1, 10, 20]
         """
-        step = check_step(step)
+        step = self._asked(step)
         newest = self._agree().newest
         wanted = self._schedule.should_save(step, newest=newest)
         return (self._tiers is not None and self._tiers.schedule.should_save(step, newest=newest)) or wanted
@@ -230,7 +229,7 @@ class CheckpointManager(StepQueries):
         ...     print(manager.reached_preemption(1))  # no SIGTERM has come
         False
         """
-        return self._schedule.reached_preemption(check_step(step))
+        return self._schedule.reached_preemption(self._asked(step))
 
     @serialized
     def save(
@@ -262,7 +261,7 @@ class CheckpointManager(StepQueries):
             ArgumentError: ``keep_best`` needs ``metrics`` naming its metric, or metrics/metadata are not valid.
         """
         self._check_open()
-        step = check_step(step)
+        step = self._asked(step)
         named, single = split_items(items)
         checked_metrics = check_metrics(metrics, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
@@ -303,8 +302,14 @@ class CheckpointManager(StepQueries):
             write = functools.partial(tiers.save, content, talk=talk, persistent=upload, decided=decided)
         agreed.issued(step)
         self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
-        if self._preempted() is not None:
-            self.close()  # ends the process
+        if self._notice is not None and self._notice.received is not None and self._notice.settle():
+            self.close()  # ends the process, every manager that caught the signal having saved its step
+
+    def _asked(self, step: int) -> int:
+        """``step`` checked; after this manager's preemption save, the next question or save ends the process."""
+        if self._notice is not None and self._notice.settled:
+            self.close()
+        return check_step(step)
 
     @serialized
     def delete(self, step: int) -> None:
@@ -339,12 +344,9 @@ class CheckpointManager(StepQueries):
         """The steps saved already, agreed by every process at the first question or save."""
         if self._agreed is None:
             tiers = self._tiers
+            local, keep_local = (tiers.steps, tiers.keep_last) if tiers is not None else (None, None)
             self._agreed = agree_steps(
-                self._coordinator,
-                self._folder.committed,
-                tiers.steps if tiers is not None else None,
-                where=self.directory,
-                keep_local=tiers.keep_last if tiers is not None else None,
+                self._coordinator, self._folder.committed, local, where=self.directory, keep_local=keep_local
             )
         return self._agreed
 
@@ -433,8 +435,7 @@ class CheckpointManager(StepQueries):
         if preempted is not None:
             end_process(preempted, failure=failure or self._raised)
 
-    def _preempted(self) -> signal.Signals | None:
-        """The preemption signal that arrived, if any."""
+    def _preempted(self) -> signal.Signals | None:  # the preemption signal that arrived, if any
         return self._notice.received if self._notice is not None else None
 
     def __enter__(self) -> CheckpointManager:

@@ -1,8 +1,9 @@
 """A preemption notice in one process: the signals a scheduler sends before it stops a job, caught and remembered.
 
 While a :class:`PreemptionNotice` is open, a signal it names only records its arrival (:attr:`received`); the
-manager saves at the next step and then calls :func:`end_process`. Handlers are shared between the notices of a
-process, and closing the last one puts them back.
+manager saves at the next step and then calls :func:`end_process`, once every open notice's manager has saved
+(:meth:`PreemptionNotice.settle`). Handlers are shared between the notices of a process, and closing the last one
+puts them back.
 
 >>> import os, signal
 >>> from jaxstow.checkpoint.preemption import PreemptionNotice
@@ -56,6 +57,7 @@ class PreemptionNotice:
                 _previous[number] = previous  # else put there by a notice closed off the main thread: kept
             _users[number] += 1
         self.signals = wanted
+        self.settled = False  # whether its manager has saved since the signal
         _open.add(self)
         atexit.unregister(_at_exit)  # registered once
         atexit.register(_at_exit)
@@ -64,6 +66,12 @@ class PreemptionNotice:
     def received(self) -> signal.Signals | None:
         """The first of the caught signals that arrived, or ``None``."""
         return _received
+
+    def settle(self) -> bool:
+        """Record that this notice's manager has saved the step of the preemption; return whether every open notice's
+        manager has (a model's and a data pipeline's managers both hold that step): the process may end."""
+        self.settled = True
+        return all(notice.settled for notice in _open)
 
     def close(self) -> None:
         """Stop catching the signals: each gets back the handler it had, once no open notice names it (idempotent).
