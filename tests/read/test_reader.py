@@ -164,6 +164,31 @@ def test_memory_mapped_views(saved):
     np.testing.assert_array_equal(view[1], BIG[1])  # views outlive the reader
 
 
+def test_a_memory_map_is_of_the_file_opened_even_once_another_has_its_name(tmp_path):
+    path = tmp_path / "f.jxs"
+    jaxstow.save(path, {"a": np.full((64, 64), 1, np.float32)})
+    with jaxstow.open(path, mmap=True) as reader:
+        jaxstow.save(path, {"a": np.full((64, 64), 2, np.float32)})  # replaced: the reader keeps the file it opened
+        np.testing.assert_array_equal(reader.read("a", np.s_[0:1, 0:1]), [[1]])
+        np.testing.assert_array_equal(reader["a"], np.full((64, 64), 1, np.float32))
+
+
+def test_arrays_loaded_from_a_memory_map_are_their_own_once_the_file_changes(tmp_path):
+    path = tmp_path / "f.jxs"
+    jaxstow.save(path, {"a": np.full((512, 256), 1, np.float32), "key": jax.random.key(3)})
+    with jaxstow.open(path, mmap=True) as reader:
+        loaded = reader.load()
+        fitted = reader.load(like={"a": jax.ShapeDtypeStruct((512, 256), jnp.float32), "key": jax.random.key(0)})
+    raw = path.read_bytes()
+    with open(path, "r+b") as file:  # another program writes the file in place, then cuts it short
+        file.seek(raw.find(np.full(256, 1, np.float32).tobytes()))
+        file.write(np.full(256, 5, np.float32).tobytes())
+        file.truncate(100)
+    for tree in (loaded, fitted):
+        assert isinstance(tree["a"], jax.Array) and float(tree["a"][0, 0]) == 1.0 and float(tree["a"][5, 5]) == 1.0
+        assert jnp.array_equal(jax.random.key_data(tree["key"]), jax.random.key_data(jax.random.key(3)))
+
+
 def test_memory_maps_need_a_local_native_file(saved):
     with pytest.raises(RequestError, match="mmap=True needs a local native"):
         jaxstow.open(io.BytesIO(saved.read_bytes()), mmap=True)

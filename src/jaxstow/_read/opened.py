@@ -19,7 +19,6 @@ slices, the tree restored).
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import math
 import mmap as mmap_module
@@ -195,8 +194,8 @@ class OpenedFile(Mapping[str, Any]):
         source = getattr(self.container, "source", None)
         if not (isinstance(self.container, NativeReader) and isinstance(source, LocalFile)):
             raise RequestError("mmap=True needs a local native (.jxs or safetensors) file", file=self.file)
-        with builtins.open(source.name, "rb") as handle:
-            return mmap_module.mmap(handle.fileno(), 0, access=mmap_module.ACCESS_READ)
+        with source.in_use() as descriptor:  # the file whose header was read, whatever has its name now
+            return mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_READ)
 
     # The mapping of paths to leaves.
 
@@ -299,7 +298,8 @@ class OpenedFile(Mapping[str, Any]):
         if leaf.kind == "torch":
             return tensor_from_numpy(array, file=self.file, path=leaf.path)
         if leaf.kind == "key":
-            return jax.random.wrap_key_data(jax.device_put(array), impl=leaf.impl)
+            own = array if self._map is None else np.array(array)  # not the map's pages, which the file can change
+            return jax.random.wrap_key_data(jax.device_put(own), impl=leaf.impl)
         return array
 
     def check_narrowing(self, arrays: Sequence[tuple[str, np.ndarray]]) -> None:

@@ -292,6 +292,8 @@ def _to_devices(
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
+    for i in arrays if opened.memory_mapped else ():  # a jax.Array on the map's pages would change with the file
+        values[i] = np.array(values[i])
     opened.check_narrowing([(paths[i], values[i]) for i in arrays if values[i].dtype in NARROWED])
     for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
