@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from jaxstow import CheckpointManager, KeepPolicy
-from jaxstow.checkpoint import restoring, step_folder
 from jaxstow.cli import main
 from jaxstow.errors import CheckpointError, CorruptFileError
 
@@ -80,11 +79,7 @@ def _check_restored(tree, step: int) -> None:
             np.testing.assert_array_equal(tree[item][name], value)
 
 
-def test_every_flip_in_the_newest_step_lands_the_recipe_on_the_step_before(saved, tmp_path, caplog, monkeypatch):
-    # No one replaces these steps: the pauses between the reads that wait out a replacement (150 ms a damaged step)
-    # would only make the 700 cases slow.
-    for module in (step_folder, restoring):
-        monkeypatch.setattr(module, "replaced_pause", lambda attempt: None)
+def test_every_flip_in_the_newest_step_lands_the_recipe_on_the_step_before(saved, tmp_path, caplog):
     places = _places(saved)
     assert len(places) > 300
     kinds = {"record": 0, "header": 0, "data": 0}

@@ -21,7 +21,7 @@ with CheckpointManager(sys.argv[1]) as manager:
         manager.save(5, {"a": np.full(50_000, float(value)), "b": np.full(5, float(value))}, force=True,
                      metrics={"v": float(value)})
         manager.wait()
-        time.sleep(0.02)  # a step replaced every few tens of milliseconds, for seconds
+        time.sleep(float(sys.argv[2]))  # a step replaced every few (tens of) milliseconds, for seconds
 """
 
 
@@ -29,7 +29,7 @@ def test_a_step_replaced_while_it_is_read_comes_back_whole(tmp_path):
     folder = tmp_path / "run"
     with CheckpointManager(folder) as manager:
         manager.save(5, {"a": np.zeros(50_000), "b": np.zeros(5)}, metrics={"v": 0.0})
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder)])
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0.02"])
     try:
         reader, restored, start = CheckpointManager(folder), 0, time.monotonic()
         while time.monotonic() - start < 6:
@@ -40,6 +40,30 @@ def test_a_step_replaced_while_it_is_read_comes_back_whole(tmp_path):
                 assert reader.metrics(5)["v"] >= 0
                 restored += 1
         assert restored > 50
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_step_replaced_again_and_again_is_never_called_damaged(tmp_path):
+    folder = tmp_path / "run"
+    with CheckpointManager(folder) as manager:
+        manager.save(4, {"a": np.zeros(5), "b": np.zeros(5)})
+        manager.save(5, {"a": np.zeros(50_000), "b": np.zeros(5)}, metrics={"v": 0.0})
+    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0"])
+    try:
+        checks, start = 0, time.monotonic()
+        while time.monotonic() - start < 6:
+            reader = CheckpointManager(folder)  # a fresh process's view: nothing remembered
+            assert reader.damaged_steps() == {}
+            assert reader.latest_intact_step() == 5
+            checks += 1
+        verified = [
+            subprocess.run([sys.executable, "-m", "jaxstow", "verify", str(folder)], capture_output=True, text=True)
+            for _ in range(3)
+        ]
+        assert [done.returncode for done in verified] == [0, 0, 0], [done.stdout[-300:] for done in verified]
+        assert checks > 20
     finally:
         writer.kill()
         writer.wait()

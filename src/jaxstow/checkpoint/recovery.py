@@ -127,16 +127,19 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
     """Why ``step`` cannot be restored as saved, or ``None`` if it is intact (as far as ``verify`` checks); a
     :class:`~jaxstow.errors.StepNotFoundError` if it is deleted meanwhile, and the storage's own
     :class:`~jaxstow.errors.StorageError` if it fails, neither of which is damage."""
+
+    def data_damage(record: StepRecord) -> str | None:
+        damage = _data_damage(folder, record, progress=progress)
+        if damage:  # read again (local copies gone bad fetched again): bytes damaged on their way are not
+            for error in damage:
+                folder.evict_damaged_copy(error)
+            damage = _data_damage(folder, record, progress=progress)
+        return _described(damage)
+
     try:
-        with folder.reading(step):
-            record = folder.read_record(step, check_files=verify == "headers")
-            if verify == "data":
-                damage = _data_damage(folder, record, progress=progress)
-                if damage:  # read again (local copies gone bad fetched again): bytes damaged on their way are not
-                    for error in damage:
-                        folder.evict_damaged_copy(error)
-                    damage = _data_damage(folder, record, progress=progress)
-                return _described(damage)
+        if verify == "data":
+            return folder.while_replaced(step, data_damage)
+        folder.read_record(step, check_files=verify == "headers")
     except JaxstowError as error:
         if not is_damage(error):
             raise

@@ -36,7 +36,7 @@ from jaxstow._read.selection import LeafPaths, Selection
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import submit
-from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder, replaced_pause
+from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError, FormatError, ShardingError, StructureMismatchError
 
@@ -234,7 +234,7 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
     whole, from its new record: its old files gone or new ones in their place are no damage."""
     with folder.reading(step):
         record = folder.checked_record(step)
-        for attempt in range(REPLACED_READS - 1):
+        for _ in range(REPLACED_READS - 1):
             try:
                 return _restore_step(folder, step, record, like, items, options)
             except (CheckpointError, FormatError) as error:
@@ -243,7 +243,6 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
                 if (now := folder.checked_record(step)) == record:
                     raise
                 record = now  # replaced while it was read: read the new one
-                replaced_pause(attempt)
         return _restore_step(folder, step, record, like, items, options)
 
 

@@ -20,9 +20,9 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, TypeVar
 
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
@@ -45,16 +45,18 @@ _OPENING = 16
 __all__ = ["REPLACED_READS", "StepFolder", "check_step", "replaced_pause"]
 
 #: The reads of a step that the process saving here replaces (``force=True``) again and again before a mismatch of
-#: its files and its record is taken for damage.
-REPLACED_READS = 5
+#: its files and its record is taken for damage (each read that failed found a new record: the step was replaced
+#: between the reads of its record and of its files).
+REPLACED_READS = 20
 
 
 def replaced_pause(attempt: int) -> None:
-    """Wait a moment before the next read of a step that may be being replaced: 10, 20, 40 ms, ..."""
-    time.sleep(0.01 * 2**attempt)
+    """Wait a moment before the next read of a step that may be being replaced: 10, 20, 40, 80, 160 ms, 160 ms, ..."""
+    time.sleep(0.01 * 2 ** min(attempt, 4))
 
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
+T = TypeVar("T")
 
 
 class StepFolder:
@@ -208,14 +210,33 @@ class StepFolder:
         """A step's record read from storage: checksummed, and with ``check_files`` its item files' headers too; a
         :class:`StepNotFoundError` if the step is deleted meanwhile. Files that do not match their record are read
         again with the record: the process that saves here may be replacing the step (``force=True``)."""
-        with self.reading(step):
-            for attempt in range(REPLACED_READS - 1 if check_files else 0):
-                with contextlib.suppress(CheckpointError, FormatError):
-                    return self._read_record(step, check_files=check_files)
-                replaced_pause(attempt)
-            return self._read_record(step, check_files=check_files)
+        if not check_files:
+            with self.reading(step):
+                return self._record_alone(step)
+        return self.while_replaced(step, self._files_checked)
 
-    def _read_record(self, step: int, *, check_files: bool) -> StepRecord:
+    def while_replaced(self, step: int, attempt: Callable[[StepRecord], T]) -> T:
+        """``attempt(record)`` with the step's record and, where it fails on the step's files (a
+        :class:`CheckpointError` or :class:`FormatError`) and the record has changed since, with the new one: the
+        process that saves here replaced the step (``force=True``) meanwhile. A failure is the step's own only where
+        its record stays the same (or the step was replaced ``REPLACED_READS`` times in a row)."""
+        with self.reading(step):
+            record, tries = self._record_alone(step), 1
+            while True:
+                try:
+                    return attempt(record)
+                except (CheckpointError, FormatError):
+                    try:
+                        now: StepRecord | None = self._record_alone(step)
+                    except (CheckpointError, FormatError):  # replaced in two moves (an object store): read again
+                        now = None
+                        replaced_pause(tries - 1)
+                    if now == record or tries == REPLACED_READS:
+                        raise
+                    record, tries = now or record, tries + 1
+
+    def _record_alone(self, step: int) -> StepRecord:
+        """The step's record, checksummed; its files unchecked."""
         name = self.names.name(step)
         where = self.url(step, RECORD_NAME)
         try:
@@ -227,10 +248,13 @@ class StepFolder:
             raise CheckpointError(
                 f"{where}: the record says step {record.step}, but its folder is step {step}", file=where
             )
-        if check_files:
-            for sources in self.open_files(record, sorted(record.files)).values():
-                for source in sources:
-                    source.close()
+        return record
+
+    def _files_checked(self, record: StepRecord) -> StepRecord:
+        """``record``, once each of its files is opened and checked against it."""
+        for sources in self.open_files(record, sorted(record.files)).values():
+            for source in sources:
+                source.close()
         return record
 
     def checked_record(self, step: int) -> StepRecord:

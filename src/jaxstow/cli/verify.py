@@ -28,6 +28,7 @@ from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, ten
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.recovery import is_damage
+from jaxstow.checkpoint.step_folder import REPLACED_READS
 from jaxstow.cli.files import (
     DamagedStep,
     Step,
@@ -149,18 +150,36 @@ def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[Fil
     (a file that is not the one saved is damage to that file), then every leaf."""
     if isinstance(step, DamagedStep):
         return [FileReport(step.record_url, damage=[step.problem])]
-    reports = []
+    for tries in range(1, REPLACED_READS + 1):
+        reports = _step_reports(step, progress=progress)
+        if not any(report.damage for report in reports) or tries == REPLACED_READS:
+            break
+        now = step.folder.checked_record(step.step)
+        if now == step.record:  # not replaced while it was read (save(step, force=True)): the damage is the step's
+            break
+        step = Step(now, step.folder)
+    return reports
+
+
+def _step_reports(step: Step, *, progress: bool) -> list[FileReport]:
+    """Every item file opened (and its header checked) first, then each read: the step is read as its record was."""
+    opened: dict[str, list[ReadSource] | JaxstowError] = {}
     for item in sorted(step.record.files):
-        name = step.url(step.record.files[item])
         try:
-            sources = step.sources(item)
+            opened[item] = step.sources(item)
         except JaxstowError as error:
             if not is_damage(error):  # missing, no file, or not the file named; a storage failure ends it
+                for sources in opened.values():
+                    for source in sources if isinstance(sources, list) else ():
+                        source.close()
                 raise
-            reports.append(FileReport(name, damage=[error]))
-            continue
-        reports.append(verify_file(sources, name, progress=progress))
-    return reports
+            opened[item] = error
+    return [
+        FileReport(step.url(step.record.files[item]), damage=[sources])
+        if isinstance(sources, JaxstowError)
+        else verify_file(sources, step.url(step.record.files[item]), progress=progress)
+        for item, sources in opened.items()
+    ]
 
 
 def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool = False) -> FileReport:
