@@ -27,6 +27,7 @@ from jaxstow import io, scheduler
 from jaxstow.errors import ArgumentError, CollectorError, NotAFolderError
 from jaxstow.io import hdf5 as hdf5_module
 from jaxstow.io import receiving
+from jaxstow.io.live import run_finished
 
 STEPS = 15
 Stats = namedtuple("Stats", ["step", "energy"])
@@ -917,3 +918,37 @@ def test_postprocess_save_inside_jit_says_to_call_it_outside(strategy) -> None:
 
     with pytest.raises(ArgumentError, match=r"postprocess_save was called inside jax\.jit .* call it outside"):
         run(init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=2)))
+
+
+def test_a_run_refused_for_its_declared_count_is_left_unfinished_and_the_right_call_resumes_it(tmp_path) -> None:
+    path = str(tmp_path / "samples.h5")
+
+    def run(declared: int | None) -> Any:
+        collector = io.HDF5Collector(path)
+        init_save, save, postprocess_save = io.save(collector, checkpoint_every=4)
+        information = scheduler.static_information(samples_collected=declared)
+        state = init_save({"x": jnp.zeros(3)}, {"x": jnp.zeros(3)}, information)
+        x = collector.resume()[0].solver_state["x"] if collector.resume() else jnp.zeros(3)
+
+        def step(carry, t):
+            state, x = carry
+            x = 0.7 * x + jnp.sin(t + jnp.arange(3.0))
+            state, _ = save(state, True, {"x": x}, solver_state={"x": x})
+            return (state, x), x
+
+        (state, _), _ = jax.jit(lambda s, x, ts: jax.lax.scan(step, (s, x), ts))(
+            state, x, jnp.arange(int(state.step), STEPS, dtype=jnp.float32)
+        )
+        return postprocess_save(state, None)
+
+    with pytest.raises(io.SampleCountError, match=r"kept 15 samples, .*the run is left unfinished: call it again"):
+        run(declared=3)
+    assert not run_finished(path)  # its checkpoint kept: not a finished run the next call starts over
+    resumed = run(declared=None)
+    x, want = np.zeros(3), []
+    for t in range(STEPS):
+        x = 0.7 * x + np.sin(t + np.arange(3.0))
+        want.append(x)
+    assert int(resumed["sample_count"]) == STEPS
+    np.testing.assert_allclose(np.asarray(resumed["samples"]["x"]), np.stack(want), rtol=1e-5)
+    assert run_finished(path)

@@ -312,24 +312,26 @@ class _Streaming:
             for first, rows in ring_pieces(*chain_numbers, len(ring[0])):
                 host.deliver(chain_id, first, [leaf[rows] for leaf in ring])
         counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
-        host.attempt_together(
-            chain_ids,
-            "trimming the run's chains",
-            lambda live: self.collector.trim_chains({c: counts[c] for c in live}),
-        )
-        host.attempt_together(chain_ids, "finalizing the run's chains", together(self.collector, "finalize"))
-        host.raise_failures(chain_ids)
         overflows = [
             (chain_id, count, declared)
             for chain_id, count in counts.items()
             if (declared := host.live.get(chain_id)) is not None and count > declared
         ]
-        if overflows:
-            raise SampleCountError(
-                overflows,
-                f"all of them were passed to the {name}; declare the right number, or "
-                "samples_collected=None when it is not known in advance",
+        if overflows and self.checkpoint_every:  # left unfinished, its checkpoints kept: the right call resumes
+            if callable(close := getattr(self.collector, "close", None)):  # its file, for that call
+                host.attempt_together(chain_ids, "closing the run's file", lambda live: close())
+        else:
+            host.attempt_together(
+                chain_ids,
+                "trimming the run's chains",
+                lambda live: self.collector.trim_chains({c: counts[c] for c in live}),
             )
+            host.attempt_together(chain_ids, "finalizing the run's chains", together(self.collector, "finalize"))
+        host.raise_failures(chain_ids)
+        if overflows:
+            after = ", and the run is left unfinished: call it again" if self.checkpoint_every else "; run it again"
+            advice = "declaring the right number, or samples_collected=None when it is not known in advance"
+            raise SampleCountError(overflows, f"all of them were passed to the {name}{after} {advice}")
         samples = together(self.collector, "finished")(list(counts))
         for chain_id, chain_numbers, ring, chain_samples in zip(chain_ids, numbers, rings, samples, strict=True):
             host.check_rows_kept(chain_id, chain_numbers, ring, chain_samples)
