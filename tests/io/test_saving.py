@@ -809,13 +809,9 @@ def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
     (tmp_path / "samples").write_text("the user's file")
     with pytest.raises(NotAFolderError, match=r"samples: is a file, not a folder for MemoryCollector's save_dir"):
         io.MemoryCollector(save_dir=tmp_path / "samples")
-    init_save, save, postprocess_save = io.save(io.MemoryCollector(save_dir=tmp_path / "samples" / "in"), 2)
-    state = init_save(INIT_SAMPLE, 0.0, scheduler.static_information(samples_collected=4))
-    state, _ = jax.lax.scan(
-        lambda s, t: save(s, True, _sample(jnp.zeros(3), t), solver_state=0.0), state, jnp.arange(4)
-    )
-    with pytest.raises(CollectorError, match=r"samples/in: cannot be a folder: a part of its path is a file"):
-        postprocess_save(state, None)
+    init_save = io.save(io.MemoryCollector(save_dir=tmp_path / "samples" / "in"), 2)[0]
+    with pytest.raises(NotAFolderError, match=r"samples/in: cannot be a folder: a part of its path is a file"):
+        init_save(INIT_SAMPLE, 0.0, scheduler.static_information(samples_collected=4))  # before the run, not after
     assert (tmp_path / "samples").read_text() == "the user's file"
 
 
@@ -952,3 +948,33 @@ def test_a_run_refused_for_its_declared_count_is_left_unfinished_and_the_right_c
     assert int(resumed["sample_count"]) == STEPS
     np.testing.assert_allclose(np.asarray(resumed["samples"]["x"]), np.stack(want), rtol=1e-5)
     assert run_finished(path)
+
+
+MEMORY_RUN = """
+import sys, time, jax, jax.numpy as jnp
+from jaxstow import io, scheduler
+init_save, save, postprocess_save = io.save(io.MemoryCollector(save_dir=sys.argv[1]), checkpoint_every=2)
+state = init_save({"x": jnp.zeros(())}, 0.0, scheduler.static_information(samples_collected=4))
+print("running", flush=True)
+if sys.argv[2] == "hold":
+    time.sleep(60)
+"""
+
+
+def test_a_memory_collectors_save_dir_is_written_by_one_process_at_a_time(tmp_path) -> None:
+    first = subprocess.Popen(
+        [sys.executable, "-c", MEMORY_RUN, str(tmp_path / "run"), "hold"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "running\n"
+        second = subprocess.run(
+            [sys.executable, "-c", MEMORY_RUN, str(tmp_path / "run"), "go"], capture_output=True, text=True, timeout=120
+        )
+        assert second.returncode == 1 and "is being written by another run (process" in second.stderr, second.stderr
+    finally:
+        first.kill()
+        first.wait()
+    # In one process, a new collector of the folder takes over from one whose run was dropped unfinished.
+    for _ in range(2):
+        init_save = io.save(io.MemoryCollector(save_dir=tmp_path / "run"), checkpoint_every=2)[0]
+        init_save({"x": jnp.zeros(())}, 0.0, scheduler.static_information(samples_collected=4))

@@ -39,10 +39,12 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
+from jaxstow.io.swmr import WriterLock
 
 __all__ = ["MemoryCollector"]
 
 _CHECKPOINT = ".checkpoint.jxs"
+_locks: dict[str, tuple[WriterLock, weakref.ref[MemoryCollector]]] = {}  # a folder's writer lock and its collector
 
 
 class MemoryCollector(KeepsChains, DataCollector):
@@ -75,6 +77,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         self._samples: dict[int, list[np.ndarray]] = {}  # the storage of each chain whose run goes on
         self._given: dict[int, list[np.ndarray]] = {}  # what finished() last returned of each such chain
         self._handed: dict[int, tuple[Any, list[weakref.ref[np.ndarray]]]] = {}  # runs over: what the caller holds
+        self._lock: str | None = None  # the key in _locks of save_dir's writer lock, while a run goes on
 
     @property
     def chain_count(self) -> int:
@@ -92,7 +95,31 @@ class MemoryCollector(KeepsChains, DataCollector):
     def register_chain(
         self, init_sample: Any = None, init_checkpoint: Any = None, static_information: StaticInformation | None = None
     ) -> int:
-        """Register a chain; with a checkpoint of it in ``save_dir``, continue from there."""
+        """Register a chain; with a checkpoint of it in ``save_dir``, continue from there. The first chain of a run
+        takes ``save_dir``'s writer lock: another process's collector of the folder is refused until the run is over,
+        as an :class:`~jaxstow.io.HDF5Collector`'s file is (in this process, the newest collector of a folder takes
+        the lock over from one whose run failed or was dropped: one run at a time writes a folder)."""
+        if self._save_dir is not None and self._lock is None:
+            self._lock = key = os.path.realpath(self._save_dir)
+            if key not in _locks:
+                make_folder(self._save_dir)
+                _locks[key] = (WriterLock(self._save_dir, lock_file=os.path.join(key, ".lock")), weakref.ref(self))
+            _locks[key] = (_locks[key][0], weakref.ref(self))
+        try:
+            return self._register(init_sample, init_checkpoint, static_information)
+        except BaseException:
+            if not self._samples:  # no run goes on
+                self.close()
+            raise
+
+    def close(self) -> None:
+        """Release ``save_dir`` for other collectors (idempotent): done once no chain's run goes on, and for a run
+        that failed before ``postprocess_save``, whose checkpoints the next run resumes from."""
+        key, self._lock = self._lock, None
+        if key is not None and key in _locks and _locks[key][1]() is self:
+            _locks.pop(key)[0].release()
+
+    def _register(self, init_sample: Any, init_checkpoint: Any, static_information: StaticInformation | None) -> int:
         layout = SampleLayout.of(init_sample)
         if self._save_dir is not None:  # each leaf a member of chain_{id}.npz: refused now, not once the run is over
             for name in layout.names:
@@ -236,6 +263,8 @@ class MemoryCollector(KeepsChains, DataCollector):
         self._handed[chain_id] = (self._chains.layout(chain_id).treedef, [weakref.ref(leaf) for leaf in leaves])
         del self._samples[chain_id]
         self._chains.drop(chain_id)
+        if not self._samples:
+            self.close()
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""

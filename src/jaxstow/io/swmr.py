@@ -330,7 +330,8 @@ def _clear_flags(name: str) -> bool:
 
 
 class WriterLock:
-    """``<file>.lock``: the lock that the one process writing an HDF5 file holds, until :meth:`release`.
+    """``<file>.lock``: the lock that the one process writing an HDF5 file (or a collector's folder) holds, until
+    :meth:`release`.
 
     The kernel releases it when its process ends, but only :meth:`release` removes the lock file, which names the
     process: one found when the lock is taken was left by a killed writer (:attr:`killed`), whose flags in the file
@@ -349,12 +350,13 @@ class WriterLock:
     (False, False)
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, lock_file: str | None = None) -> None:
         self.path = os.fspath(path)
         folder = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(folder):
             raise CheckpointError(f"{self.path}: the folder {folder} does not exist", file=self.path)
-        self._lock = FileLock(f"{self.path}.lock", self._held, release_at_exit=False, of=self.path)
+        lock_file = f"{self.path}.lock" if lock_file is None else lock_file  # a folder's: one inside it
+        self._lock = FileLock(lock_file, self._held, release_at_exit=False, of=self.path)
         #: Whether the last writer left the lock file: it was killed, and the writer flags in the file are its.
         self.killed = bool(self._lock.found)
 
