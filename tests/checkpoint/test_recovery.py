@@ -218,3 +218,19 @@ def test_a_step_found_damaged_does_not_count_among_the_steps_keep_last_keeps(tmp
         manager.save(4, {"w": np.full(1000, 4.0)})
         manager.wait()
         assert manager.steps() == [2, 3, 4]
+
+
+def test_saving_again_a_step_that_a_fallback_skipped_says_it_is_damaged(saved, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    start, _ = _tensor_ranges(run / "3" / "opt.safetensors")[0]
+    _flip(run / "3" / "opt.safetensors", start)
+    with CheckpointManager(run) as manager:
+        manager.restore(fallback=True)
+        assert manager.restored is not None and list(manager.restored.skipped) == [3]
+        with pytest.raises(CheckpointError, match="step 3 already exists in .*, damaged; pass force=True"):
+            manager.save(3, _state(3))
+        manager.save(3, _state(3), force=True)
+    with CheckpointManager(run) as manager:
+        assert manager.damaged_steps() == {}
+        _check_restored(manager.restore(as_numpy=True), 3)

@@ -273,11 +273,11 @@ class CheckpointManager(StepQueries):
         self._writer.wait()
         if force and self._tiers is not None:
             self._tiers.uploads.wait()  # whether the step is in ``directory`` already, where it is to be replaced
-        me = self._coordinator.index
-        agreed = self._agree()
+        me, agreed = self._coordinator.index, self._agree()
         if agreed.holds(step) and not force:
+            damaged = step in self._folder.damaged or step in (self.restored.skipped if self.restored else {})
             raise CheckpointError(
-                f"step {step} already exists in {self.directory}; pass force=True to replace it",
+                f"step {step} already exists in {self.directory}{', damaged' * damaged}; pass force=True to replace it",
                 file=self._folder.url(step),
             )
         talk = self._coordinator.conversation("save")  # in call order: the same in every process, whatever fails
