@@ -228,7 +228,7 @@ def test_saving_again_a_step_that_a_fallback_skipped_says_it_is_damaged(saved, t
     with CheckpointManager(run) as manager:
         manager.restore(fallback=True)
         assert manager.restored is not None and list(manager.restored.skipped) == [3]
-        with pytest.raises(CheckpointError, match="step 3 already exists in .*, damaged; pass force=True"):
+        with pytest.raises(CheckpointError, match=r"step 3 already exists in .*, damaged; pass force=True"):
             manager.save(3, _state(3))
         manager.save(3, _state(3), force=True)
     with CheckpointManager(run) as manager:
