@@ -50,3 +50,12 @@ def test_a_decision_that_fails_reaches_every_process(count):
         assert report["error"] == "CheckpointError: process 0 failed: ValueError: no step to restore"
     if count > 1:
         assert reports[0]["left"] == []  # the failed conversation was closed in every process, and its keys deleted
+
+
+def test_a_step_not_found_by_process_0_is_a_step_not_found_error_in_every_process():
+    # As in one process: the `except StepNotFoundError:` that starts a run afresh runs in every process, not in one.
+    reports = run("refuse missing", 2)
+    assert reports[0]["error"] == "StepNotFoundError: runs/test holds no committed step to restore"
+    assert reports[1]["error"] == (
+        "StepNotFoundError: process 0 failed: StepNotFoundError: runs/test holds no committed step to restore"
+    )

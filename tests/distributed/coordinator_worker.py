@@ -23,7 +23,7 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=
 
 from jaxstow._coordination import Coordinator  # noqa: E402
 from jaxstow._util import jax_compat  # noqa: E402
-from jaxstow.errors import CheckpointError  # noqa: E402
+from jaxstow.errors import CheckpointError, StepNotFoundError  # noqa: E402
 
 coordinator = Coordinator("runs/test", timeout=3)
 report: dict[str, object] = {"process": index}
@@ -50,9 +50,11 @@ try:
             if index == stalled:
                 time.sleep(12)
             talk.barrier("read", waiting_for="its part of the restore")
-    elif action == "refuse":
+    elif action in ("refuse", "refuse missing"):
 
         def choose() -> int:
+            if action == "refuse missing":
+                raise StepNotFoundError("runs/test holds no committed step to restore")
             raise ValueError("no step to restore")
 
         refused = coordinator.conversation("restore")
@@ -61,7 +63,7 @@ try:
 except (CheckpointError, ValueError) as error:
     report["error"] = f"{type(error).__name__}: {error}"
 report["seconds"] = round(time.monotonic() - started, 2)
-if action == "refuse" and count > 1:  # a conversation that failed is closed all the same: its keys go
+if action.startswith("refuse") and count > 1:  # a conversation that failed is closed all the same: its keys go
     with coordinator.conversation("after") as talk:
         talk.barrier("done", waiting_for="the end")
     report["left"] = [key for key, _ in jax_compat.distributed_client().key_value_dir_get(refused.name + "/")]

@@ -33,8 +33,9 @@ from typing import Any
 
 import jax
 
+from jaxstow import errors
 from jaxstow._util import jax_compat
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
 
 __all__ = ["Conversation", "Coordinator", "Message"]
 
@@ -101,9 +102,9 @@ class Message:
     error: str | None = None
 
     def value(self) -> Any:
-        """The payload, or a :class:`CheckpointError` naming the sender and its error."""
+        """The payload, or the sender's error (see :func:`failure`)."""
         if self.error is not None:
-            raise CheckpointError(f"process {self.sender} failed: {self.error}")
+            raise failure([self])
         return self.payload
 
 
@@ -165,7 +166,7 @@ class Conversation:
         messages = self.collect(what, waiting_for=waiting_for)
         failed = [message for message in messages.values() if message.error is not None]
         if failed:
-            raise CheckpointError("; ".join(f"process {m.sender} failed: {m.error}" for m in failed))
+            raise failure(failed)
         return [messages[index].payload for index in range(self.coordinator.count)]
 
     def decide(self, what: str, choose: Callable[[], Any], *, waiting_for: str) -> Any:
@@ -243,6 +244,23 @@ def _listed(client: Any, directory: str) -> list[str]:
         return [key.rsplit("/", 1)[-1] for key, _ in client.key_value_dir_get(directory + "/")]
     except Exception:  # jax raises its runtime's own error types here
         return []
+
+
+def failure(failed: list[Message]) -> JaxstowError:
+    """The error of processes that failed, naming each: of the class of their errors where jaxstow's errors of one
+    class that takes a message (a :class:`~jaxstow.errors.StepNotFoundError` in every process, as in one), else a
+    :class:`CheckpointError`.
+
+    >>> failure([Message(0, error="StepNotFoundError: runs/a holds no committed step to restore")])
+    StepNotFoundError('process 0 failed: StepNotFoundError: runs/a holds no committed step to restore')
+    """
+    message = "; ".join(f"process {m.sender} failed: {m.error}" for m in failed)
+    names = {(m.error or "").partition(":")[0] for m in failed}
+    kind = getattr(errors, names.pop(), None) if len(names) == 1 else None
+    taking_a_message = (JaxstowError.__init__, errors.FormatError.__init__, errors.RequestError.__init__)
+    if isinstance(kind, type) and issubclass(kind, JaxstowError) and kind.__init__ in taking_a_message:
+        return kind(message)
+    return CheckpointError(message)
 
 
 def _message(sender: int, text: str) -> Message:
