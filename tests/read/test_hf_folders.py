@@ -674,3 +674,9 @@ def test_a_shard_of_more_tensors_than_one_scattered_read_takes_loads(tmp_path):
     assert len(loaded) == 1500
     for name in ("layer0.bias", "layer1023.bias", "layer1024.bias", "layer1499.bias"):
         np.testing.assert_array_equal(loaded[name], tensors[name])
+
+
+def test_an_interrupted_saves_leftover_beside_a_model_is_no_model_of_the_folder(tmp_path):
+    save_file({"x": np.arange(3, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / ".m.jxs.jaxstow-tmp-12345-0123abcd-89abcdef").write_bytes(b"\x10" + bytes(7) + b"{" + bytes(20))
+    np.testing.assert_array_equal(huggingface.load(tmp_path, as_numpy=True)["x"], np.arange(3, dtype=np.float32))

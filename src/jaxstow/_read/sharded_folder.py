@@ -46,6 +46,7 @@ from jaxstow._read.folder_members import (
     open_local_member,
 )
 from jaxstow._read.slicing import full_box
+from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.gc_pause import with_gc_paused
@@ -96,6 +97,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     if listed is None:
         return None
     names, read = listed
+    names = [name for name in names if TEMPORARY_MARKER not in name]  # an interrupted save's leftovers: no model
     indexes = sorted(name for name in names if name.endswith(INDEX_SUFFIX))
     if len(indexes) > 1:
         chosen = [name for name in indexes if name == "model" + INDEX_SUFFIX]
