@@ -85,6 +85,14 @@ def test_leftovers_of_live_processes_and_temporary_folders_are_left_alone(tmp_pa
     assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(path) for path in (mine, folder))
 
 
+def test_a_leftover_naming_a_process_number_no_process_can_have_is_removed(tmp_path):
+    mine = temporary_sibling(str(tmp_path / "model.jxs"))
+    crafted = mine.replace(f"-tmp-{os.getpid()}-", f"-tmp-{'9' * 20}-")
+    open(crafted, "wb").close()
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.arange(3)})  # saves go on into the folder
+    assert sorted(os.listdir(tmp_path)) == ["model.jxs"]
+
+
 def test_a_leftover_of_another_host_is_left_alone(tmp_path):
     mine = temporary_sibling(str(tmp_path / "a.jxs"))  # .a.jxs.jaxstow-tmp-<pid>-<host hash>-<token>
     before_host, host, token = mine.rsplit("-", 2)

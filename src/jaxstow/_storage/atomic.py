@@ -104,7 +104,7 @@ def remove_dead_leftovers(folder: str) -> list[str]:
 def _running(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # or no process can have that number
         return False
     except PermissionError:  # it runs, as another user
         return True
