@@ -105,3 +105,9 @@ def test_a_short_harmful_word_counts_only_as_a_whole_word():
     assert refusal("optax.scale_io_by", _defined_in("optax._src.transform")) is not None
     assert refusal("equinox.nn.MLP", _defined_in("equinox.nn._mlp")) is None
     assert refusal("equinox.checkpoint_loader", _defined_in("equinox._misc")) is not None
+
+
+@pytest.mark.parametrize("name", ["jax.lax.psum_scatter_start", "jax.lax.all_gather_invariant", "jax.lax.pmax"])
+def test_a_collective_of_jax_lax_is_refused_whichever_jax_added_it(name):
+    found = refusal(name, _defined_in("jax._src.lax.parallel"))
+    assert found is not None and "is not an activation" in found

@@ -65,6 +65,11 @@ _LAX_EXCLUDED = frozenset(
         "scan", "map", "associative_scan", "reduce", "reduce_window", "scatter_apply",
     }
 )  # fmt: skip
+#: The collectives of jax.lax by their names' starts, so that those a newer jax adds (``psum_scatter_start``) are too.
+_LAX_COLLECTIVES = (
+    "psum", "pmean", "pmax", "pmin", "ppermute", "pshuffle", "pswapaxes", "pbroadcast", "pcast", "psend", "precv",
+    "all_gather", "all_to_all", "ragged_all_to_all", "axis_",
+)  # fmt: skip
 _ALLOWED_NUMERIC_PREFIXES = ("jax.nn.", "jax.scipy.special.")
 
 
@@ -146,7 +151,7 @@ def _is_pure_numeric(name: str, obj: object) -> bool:
     if module == "jax.numpy.linalg":  # functions of the arrays they are given, none a constructor
         return callable(obj) and not isinstance(obj, type)
     if module == "jax.lax":
-        return callable(obj) and attribute not in _LAX_EXCLUDED
+        return callable(obj) and attribute not in _LAX_EXCLUDED and not attribute.startswith(_LAX_COLLECTIVES)
     if module in ("numpy", "jax.numpy") and attribute in _ARRAY_FUNCTIONS:
         return callable(obj)
     return module == "jax.numpy" and isinstance(getattr(np, attribute, None), np.ufunc)
