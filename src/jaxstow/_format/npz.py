@@ -75,7 +75,7 @@ def write_npz(
     """
     file = sink_name(sink)
     for name, array in tensors:
-        check_member_name(name)
+        check_member_name(name, file=file)
         if array.ndim > MAX_AXES:  # what the manifest of raw bytes, and numpy 1, could not read back
             checked_shape(list(array.shape), array.dtype, file=file, path=name)
     if manifest is not None:
@@ -90,8 +90,9 @@ def write_npz(
             _write_member(archive, MANIFEST_MEMBER, np.frombuffer(text, dtype=np.uint8))
 
 
-def check_member_name(name: str) -> None:
-    """Refuse a leaf name that would not come back as itself from a zip member name (or would name the manifest)."""
+def check_member_name(name: str, *, file: str | None = None) -> None:
+    """Refuse a leaf name that would not come back as itself from a zip member name (or would name the manifest) in
+    the npz ``file``."""
     parts = name.split("/")
     problems = {
         "it holds a NUL character": "\0" in name,
@@ -106,6 +107,7 @@ def check_member_name(name: str) -> None:
         if found:
             raise FormatError(
                 f"an npz archive cannot hold this leaf name: {problem}; rename the key or save to the native format",
+                file=file,
                 path=name,
             )
 
