@@ -532,3 +532,13 @@ def test_a_structure_that_names_its_leaves_otherwise_than_the_paths_is_damage(tm
         jaxstow.load(forged)
     verified = jaxstow_command("verify", str(forged))
     assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_an_npz_member_longer_by_its_central_directory_than_by_its_local_header_is_damage(tmp_path):
+    jaxstow.save(tmp_path / "m.npz", {"w": np.arange(6, dtype=np.float32)})
+    data = bytearray((tmp_path / "m.npz").read_bytes())
+    entry = data.find(b"PK\x01\x02")
+    struct.pack_into("<I", data, entry + 20, struct.unpack_from("<I", data, entry + 20)[0] + 16)
+    (tmp_path / "bad.npz").write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError, match="(?i)overlapped entries"):  # on every Python, not from 3.12 on only
+        jaxstow.load(tmp_path / "bad.npz")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import struct
+import sys
 import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
@@ -43,6 +44,7 @@ _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.f
 #: How a jaxstow manifest starts (format.md: its first member is ``format``), to find one under another name.
 _MANIFEST_START = b'{"format":"jaxstow"'
 _MAX_INFLATION = 1032  # deflate's largest ratio of output to input
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a member's local header, its name's and extra field's lengths last
 _EOCD = struct.Struct("<4s4H2LH")  # end of central directory: signature, disks, counts, size, offset, comment length
 _EOCD_SIGNATURE = b"PK\x05\x06"
 _EOCD_SEARCH = _EOCD.size + 0xFFFF  # the record ends the file, followed by a comment of at most 65535 bytes
@@ -149,6 +151,23 @@ def _declared_members(source: ReadSource) -> int | None:
     return int(count)
 
 
+def _check_no_overlap(source: ReadSource, infos: list[zipfile.ZipInfo], directory: int) -> None:
+    """Refuse a member whose data, as long as the central directory says, runs into the next member or the
+    directory (at ``directory``), as ``zipfile`` does from Python 3.12 on ("overlapped entries")."""
+    ordered = sorted(infos, key=lambda info: info.header_offset)
+    for info, end in zip(ordered, [info.header_offset for info in ordered[1:]] + [directory], strict=True):
+        header = source.read(info.header_offset, _LOCAL_HEADER.size)
+        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise CorruptFileError(f"the member {excerpt(info.filename)} has no local header", file=source.name)
+        name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
+        if info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size > end:
+            raise CorruptFileError(
+                f"the member {excerpt(info.filename)} runs into the next one ({info.compress_size} bytes by the "
+                "central directory): overlapped entries",
+                file=source.name,
+            )
+
+
 class NpzReader:
     """Reads an npz archive written by jaxstow or by ``numpy.savez``; never unpickles (``text_members`` may hold
     fixed-width text, which no other member may).
@@ -177,6 +196,8 @@ class NpzReader:
                 "written one after the other?): read each archive from its own file or buffer",
                 file=self.file,
             )
+        if sys.version_info < (3, 12):  # zipfile checks it itself from 3.12 on
+            _check_no_overlap(source, infos, self._archive.start_dir)
         self._members = self._index(infos)
         declared = _declared_members(source)
         if declared != len(infos):
