@@ -540,5 +540,5 @@ def test_an_npz_member_longer_by_its_central_directory_than_by_its_local_header_
     entry = data.find(b"PK\x01\x02")
     struct.pack_into("<I", data, entry + 20, struct.unpack_from("<I", data, entry + 20)[0] + 16)
     (tmp_path / "bad.npz").write_bytes(bytes(data))
-    with pytest.raises(CorruptFileError, match="(?i)overlapped entries"):  # on every Python, not from 3.12 on only
+    with pytest.raises(CorruptFileError, match=r"(?i)overlapped entries"):  # on every Python, not from 3.12 on only
         jaxstow.load(tmp_path / "bad.npz")
