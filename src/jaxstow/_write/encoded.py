@@ -260,15 +260,18 @@ def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
     most :data:`_VALUE_BYTES`. Larger unsharded arrays are left out, for the cost of hashing them in every process
     of every save; sharded arrays (each process saves its own shards) and per-process leaves too, so no shard
     another process holds is ever read. See :func:`differing_leaves`."""
-    summary = [structure, [[leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)] for leaf in leaves]]
-    layout = hashlib.sha256(json.dumps(summary, separators=(",", ":")).encode()).hexdigest()[:16]
-    values = [_value_print(leaf) for leaf in leaves]
-    size = -(-len(values) // _VALUE_GROUPS) or 1
-    groups = (
-        xxhash.xxh3_64_hexdigest("\n".join(values[start : start + size]).encode())[:8]
-        for start in range(0, len(values), size)
+    described = [json.dumps([leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)]) for leaf in leaves]
+    layout = hashlib.sha256(json.dumps([structure, described], separators=(",", ":")).encode()).hexdigest()[:16]
+    return f"{layout}:{_grouped([_value_print(leaf) for leaf in leaves])}:{_grouped(described)}"
+
+
+def _grouped(prints: list[str]) -> str:
+    """A hash (8 hex digits) of each group of consecutive ``prints``, in at most :data:`_VALUE_GROUPS` groups."""
+    size = -(-len(prints) // _VALUE_GROUPS) or 1
+    return "".join(
+        xxhash.xxh3_64_hexdigest("\n".join(prints[start : start + size]).encode())[:8]
+        for start in range(0, len(prints), size)
     )
-    return f"{layout}:{''.join(groups)}"
 
 
 #: The largest unsharded array whose bytes the digest of a tree saved by several processes covers: larger ones
@@ -279,11 +282,22 @@ _VALUE_BYTES = 64 << 10
 _VALUE_GROUPS = 512
 
 
+def differing_layout(digest: str, other: str, count: int) -> int | None:
+    """The first leaf of a tree of ``count`` leaves whose path, kind, dtype or shape the other digest's tree does not
+    share at its place (``count`` where the other tree has more leaves); ``None`` where the layouts agree or cannot be
+    told apart leaf by leaf (a tree of half :data:`_VALUE_GROUPS` leaves or more has groups of several)."""
+    ours, theirs = (text.split(":")[2] if text.count(":") == 2 else "" for text in (digest, other))
+    few = _VALUE_GROUPS // 2  # fewer groups than that: one leaf each
+    if digest.partition(":")[0] == other.partition(":")[0] or not count < few or not len(theirs) < 8 * few:
+        return None
+    return next((k for k in range(count) if ours[8 * k : 8 * k + 8] != theirs[8 * k : 8 * k + 8]), count)
+
+
 def differing_leaves(digest: str, other: str, count: int) -> tuple[int, int] | None:
     """The first group of leaves (``start``, ``stop``) whose values two digests of a tree of ``count`` leaves hash
     differently; ``None`` where their values agree or their layouts differ."""
-    layout, _, values = digest.partition(":")
-    other_layout, _, other_values = other.partition(":")
+    layout, values = digest.split(":")[:2]
+    other_layout, other_values = other.split(":")[:2]
     if layout != other_layout or values == other_values:
         return None
     size = -(-count // _VALUE_GROUPS) or 1

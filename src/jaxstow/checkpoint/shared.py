@@ -33,7 +33,7 @@ from typing import Any
 from jaxstow._coordination import Conversation
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.store import Staging, Store
-from jaxstow._write.encoded import differing_leaves
+from jaxstow._write.encoded import differing_layout, differing_leaves
 from jaxstow.checkpoint.writing import StepContent, write_items
 from jaxstow.errors import CheckpointError
 
@@ -271,7 +271,9 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
         layouts = [name for name in differing if _layout(digests.get(name)) != _layout(theirs.get(name))]
         if layouts:
             problems.append(
-                f"process {index} saved other trees than process 0 for the items {layouts}: another structure, or "
+                f"process {index} saved other trees than process 0 for the items {layouts}"
+                f"{_differing_layout(content, layouts[0], digests.get(layouts[0]), theirs.get(layouts[0]))}: "
+                "another structure, or "
                 "a leaf of another dtype, shape or layout (every process builds a global array on the same mesh, "
                 "in the same device order, with the same partition spec; a library that orders leaves by Python's "
                 "hash, as FlareJax does, needs the same PYTHONHASHSEED in every process)"
@@ -300,6 +302,19 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
 
 def _layout(digest: str | None) -> str | None:
     return None if digest is None else digest.partition(":")[0]
+
+
+def _differing_layout(content: StepContent, name: str, ours: str | None, theirs: str | None) -> str:
+    """Where in item ``name`` the trees first differ, as `` (first at the leaf ...)``, if it can be told."""
+    if name not in content.held or ours is None or theirs is None:
+        return ""
+    paths = [entry["path"] for entry in content.held[name].encode().manifest["leaves"]]
+    found = differing_layout(ours, theirs, len(paths))
+    if found is None:
+        return ""
+    if found == len(paths):
+        return f" (its tree has more leaves, after process 0's last, {name}/{paths[-1]})" if paths else ""
+    return f" (from process 0's leaf {name}/{paths[found]} on)"
 
 
 def _differing_leaves(content: StepContent, name: str, ours: str, theirs: str) -> str:
