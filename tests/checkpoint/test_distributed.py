@@ -119,8 +119,9 @@ def test_processes_that_lay_out_an_array_otherwise_commit_nothing_and_keep_the_s
     layout, but together they would cover some boxes twice and others never; step 2 is refused, step 1 kept."""
     folder = tmp_path / "run"
     reports = reports_of(_start("other-layout", 2, 2, folder))
-    assert "process 1 saved other trees than process 0 for the items ['params'] (from process 0's leaf params/" in (
-        reports[0]["error"]
+    assert (
+        "process 1 saved other trees than process 0 for the items ['params'] (from process 0's leaf params/"
+        in (reports[0]["error"])
     )
     assert "in the same device order" in reports[0]["error"] and "not committed" in reports[1]["error"]
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
