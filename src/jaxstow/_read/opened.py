@@ -393,17 +393,21 @@ class OpenedFile(Mapping[str, Any]):
     def _mapped(self, leaf: Stored) -> np.ndarray:
         """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError, not a
         view whose pages are gone (touching one ends the process with SIGBUS)."""
-        assert self._map is not None
-        slot = self.container.slots[leaf.path]
-        now = os.fstat(self.container.source.fileno()).st_size  # type: ignore[attr-defined]  # a LocalFile here
-        if now < slot.offset + slot.nbytes:
-            raise TruncatedFileError(
-                f"the file now has {now} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: it was cut "
-                "short since it was opened",
-                file=self.file,
-                path=leaf.path,
-            )
-        view: np.ndarray = np.frombuffer(self._map, dtype=np.uint8, count=slot.nbytes, offset=slot.offset)
+        mapped, slot = self._map, self.container.slots[leaf.path]
+        with self.container.source.in_use() as descriptor:  # type: ignore[attr-defined]  # a LocalFile's; or closed
+            now = os.fstat(descriptor).st_size
+            if now < slot.offset + slot.nbytes:
+                raise TruncatedFileError(
+                    f"the file now has {now} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: it was "
+                    "cut short since it was opened",
+                    file=self.file,
+                    path=leaf.path,
+                )
+            try:  # the map closed meanwhile (by another thread) is a ClosedError
+                view: np.ndarray = np.frombuffer(mapped, np.uint8, slot.nbytes, slot.offset)  # type: ignore[arg-type]
+            except (TypeError, ValueError):
+                self.check_open(f"reading leaf {excerpt(leaf.path)}")
+                raise
         return view.view(leaf.dtype).reshape(leaf.shape)
 
     def verify(self, path: str, found: str, wanted: str | None, source: int = 0) -> None:
@@ -424,11 +428,8 @@ class OpenedFile(Mapping[str, Any]):
             raise ClosedError(what, file=self.file)
 
     def close(self) -> None:
-        """Release the file; a file object given by the caller stays open.
-
-        What the header said (paths, info, metadata, abstract) stays known, and reading a leaf raises a
-        :class:`~jaxstow.errors.ClosedError`. Closing twice does nothing.
-        """
+        """Release the file (a file object given by the caller stays open): what the header said stays known, and
+        reading a leaf raises a :class:`~jaxstow.errors.ClosedError`, in every thread. Closing twice does nothing."""
         if self.closed:
             return
         self.closed = True
