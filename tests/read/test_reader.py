@@ -284,27 +284,26 @@ def test_a_memory_mapped_file_cut_short_since_it_was_opened_is_a_truncated_file_
     assert len(lines) == 2 and all(f"leaf 'w' of {path}: the file now has 5000 bytes" in line for line in lines)
 
 
+def _read_until_closed(reader, started: threading.Barrier, i: int, failures: list[BaseException]) -> None:
+    started.wait()
+    try:
+        while True:
+            value = reader[f"l{i}"] if i % 2 else reader.read(f"l{i}", np.s_[10:20])
+            assert (np.asarray(value) == i).all()
+    except ClosedError:
+        return
+    except BaseException as error:  # anything else is a failure of the reader
+        failures.append(error)
+
+
 @pytest.mark.parametrize("mmap", [False, True])
 def test_a_reader_closed_while_other_threads_read_it_gives_them_closed_errors(tmp_path, mmap):
     path = tmp_path / "c.jxs"
     jaxstow.save(path, {f"l{i}": np.full(50_000, i, np.float32) for i in range(4)})
     failures: list[BaseException] = []
     for _ in range(20):
-        reader = jaxstow.open(path, mmap=mmap)
-        started = threading.Barrier(5)
-
-        def read(i: int) -> None:
-            started.wait()
-            try:
-                while True:
-                    value = reader[f"l{i}"] if i % 2 else reader.read(f"l{i}", np.s_[10:20])
-                    assert (np.asarray(value) == i).all()
-            except ClosedError:
-                return
-            except BaseException as error:  # anything else is a failure of the reader
-                failures.append(error)
-
-        threads = [threading.Thread(target=read, args=(i,)) for i in range(4)]
+        reader, started = jaxstow.open(path, mmap=mmap), threading.Barrier(5)
+        threads = [threading.Thread(target=_read_until_closed, args=(reader, started, i, failures)) for i in range(4)]
         for thread in threads:
             thread.start()
         started.wait()
