@@ -156,3 +156,27 @@ def test_a_run_continued_with_other_data_read_from_the_script_is_refused(tmp_pat
     namespace["y"] = jnp.array([28.0, 8.0])  # the data it was started with: the run is read back
     again = io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
     assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))
+
+
+class _Model:
+    """A model object whose method is the log density, its data an attribute."""
+
+    def __init__(self, y: jax.Array) -> None:
+        self.y = y
+
+    def logdensity(self, mu: jax.Array) -> jax.Array:
+        return -0.5 * jnp.sum((self.y - mu) ** 2)
+
+
+def test_a_run_whose_log_density_is_a_method_counts_its_objects_data(tmp_path):
+    path = str(tmp_path / "model.h5")
+
+    def sample(model: _Model) -> dict:
+        walk = blackjax.mala(model.logdensity, step_size=0.1)
+        return io.blackjax.sample(path, walk, jnp.zeros((2, 1)), jax.random.key(0), num_samples=4)
+
+    first = sample(_Model(jnp.array([28.0, 8.0])))
+    with pytest.raises(CheckpointError, match=r"with functions \(a log density, a model, step_args or draw\) of other"):
+        sample(_Model(jnp.array([500.0, 8.0])))
+    again = sample(_Model(jnp.array([28.0, 8.0])))  # the same data in another object: read back
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), again, first))

@@ -145,3 +145,21 @@ def test_sites_named_with_a_slash_keep_numpyros_names(tmp_path):
     name = "group/mu" if int(arviz.__version__.split(".")[0]) == 0 else "group%2Fmu"  # 1.x's DataTree takes no "/"
     assert sorted(posterior.data_vars) == sorted(["group", "group.nu", name])
     np.testing.assert_array_equal(posterior[name], expected["group/mu"])
+
+
+def test_data_in_a_pandas_dataframe_counts_by_its_values(tmp_path):
+    pandas = pytest.importorskip("pandas")
+
+    def frame_model(frame) -> None:
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=jnp.asarray(frame["y"].to_numpy()))
+
+    def mcmc() -> object:
+        return infer.MCMC(infer.NUTS(frame_model), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False)
+
+    path = str(tmp_path / "run.h5")
+    first = io.numpyro.run(mcmc(), path, jax.random.key(0), model_args=(pandas.DataFrame({"y": np.asarray(Y)}),))
+    with pytest.raises(CheckpointError, match=r"holds a run started from other arrays"):
+        io.numpyro.run(mcmc(), path, jax.random.key(0), model_args=(pandas.DataFrame({"y": np.asarray(Y) + 100}),))
+    again = io.numpyro.run(mcmc(), path, jax.random.key(0), model_args=(pandas.DataFrame({"y": np.asarray(Y)}),))
+    np.testing.assert_array_equal(again["mu"], first["mu"])

@@ -3,9 +3,10 @@ function, the values it closes over, and the values of its module that it reads 
 through the functions it calls. Recorded in the run's file, so that a run continued with another model or other data
 is refused rather than mixing two posteriors' draws.
 
-Code counts by its bytecode, constants and names (not its line numbers or comments), values as
-:func:`~jaxstow.io.argument_digest.argument_digest` counts them, and other callables (a class, a library's
-function object) by their names.
+Code counts by its syntax tree (not its line numbers or comments; the same under every Python), or by its bytecode
+where its source is not at hand; values as :func:`~jaxstow.io.argument_digest.argument_digest` counts them; a
+method by its code and its object's data; other callables (a class, a library's function object) by their names,
+and a callable object's data too.
 
 >>> import jax.numpy as jnp
 >>> from jaxstow.io.code_digest import code_digest
@@ -20,9 +21,13 @@ False
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import inspect
+import os
+import sysconfig
+import textwrap
 import types
 from typing import Any
 
@@ -32,6 +37,7 @@ __all__ = ["code_digest"]
 
 #: How many calls down the functions a function reads are followed (a model calling a helper calling another).
 _DEPTH = 4
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def code_digest(made: Any) -> str:
@@ -50,18 +56,24 @@ def _feed(made: Any, depth: int, digest: Any, seen: set[int]) -> None:
     elif isinstance(made, functools.partial):
         parts = [made.func, *made.args, *sorted(made.keywords.items())]
     elif inspect.isfunction(made) and depth > 0:
-        code = made.__code__
-        digest.update(_code_text(code).encode())
+        code, installed = made.__code__, _installed(made.__code__)  # a library's: by its name, and what it wraps
+        digest.update((f"{made.__module__}.{made.__qualname__}" if installed else _code_text(code)).encode())
         cells = [cell.cell_contents for cell in made.__closure__ or () if _filled(cell)]
-        read = [made.__globals__[name] for name in sorted(_names(code)) if name in made.__globals__]
+        read = (
+            [] if installed else [made.__globals__[name] for name in sorted(_names(code)) if name in made.__globals__]
+        )
         parts = [*cells, *read, *(made.__defaults__ or ()), *sorted((made.__kwdefaults__ or {}).items())]
-        depth -= 1
+        depth -= 0 if installed else 1
+    elif inspect.ismethod(made):  # a model object's method: its code, and the object's data
+        parts = [made.__func__, made.__self__]
     elif callable(made):  # a class, a builtin, a library's object: by its name, the same in every process
         wrapped = getattr(made, "__wrapped__", None)  # a jitted function's
         digest.update(
             f"{getattr(made, '__module__', '')}.{getattr(made, '__qualname__', type(made).__qualname__)}".encode()
         )
         parts = [wrapped] if inspect.isfunction(wrapped) else []
+        if not isinstance(made, type) and not inspect.isbuiltin(made) and wrapped is None:
+            digest.update(argument_digest(made).encode())  # a callable object (an equinox module): its data
     else:
         digest.update(argument_digest(made).encode())
         return
@@ -69,12 +81,38 @@ def _feed(made: Any, depth: int, digest: Any, seen: set[int]) -> None:
         _feed(part, depth, digest, seen)
 
 
+def _installed(code: types.CodeType) -> bool:
+    """Whether ``code`` is an installed library's (or Python's own): counted by its name, as its version may differ
+    from machine to machine while the run's own code does not."""
+    file = os.path.abspath(code.co_filename)
+    return any(part in ("site-packages", "dist-packages") for part in file.split(os.sep)) or file.startswith(_STDLIB)
+
+
 def _code_text(code: types.CodeType) -> str:
-    """A code object's bytecode, constants and names, of the code objects it holds too (lambdas, comprehensions)."""
+    """A code object's syntax tree, the same under every Python; where its source is not at hand, its bytecode,
+    constants and names, of the code objects it holds too (lambdas, comprehensions)."""
+    try:
+        return _canonical(ast.parse(textwrap.dedent(inspect.getsource(code))))
+    except (OSError, TypeError, SyntaxError, ValueError):  # no source (typed at a prompt), or a lambda's line alone
+        pass
     constants = [
         _code_text(value) if isinstance(value, types.CodeType) else _constant(value) for value in code.co_consts
     ]
     return f"{code.co_code.hex()}|{constants}|{code.co_names}|{code.co_varnames}"
+
+
+def _canonical(node: Any) -> str:
+    """A syntax tree as text, without the fields one Python has and another lacks or shows otherwise (empty ones)."""
+    if isinstance(node, ast.AST):
+        fields = [
+            f"{name}={_canonical(value)}"
+            for name, value in ast.iter_fields(node)
+            if value not in (None, []) and name not in ("type_params", "type_comment", "kind")
+        ]
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(map(_canonical, node))}]"
+    return repr(node)
 
 
 def _constant(value: Any) -> str:
