@@ -978,3 +978,37 @@ def test_a_memory_collectors_save_dir_is_written_by_one_process_at_a_time(tmp_pa
     for _ in range(2):
         init_save = io.save(io.MemoryCollector(save_dir=tmp_path / "run"), checkpoint_every=2)[0]
         init_save({"x": jnp.zeros(())}, 0.0, scheduler.static_information(samples_collected=4))
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_one_strategy_serves_runs_of_several_threads_at_once(tmp_path, kind) -> None:
+    collector = io.MemoryCollector() if kind == "memory" else io.HDF5Collector(str(tmp_path / "t.h5"))
+    init_save, save, postprocess_save = io.save(collector)
+    steps, offsets = 2000, (0, 100_000, 200_000, 300_000)
+
+    def compiled(offset: int) -> Any:
+        def step(state, i):
+            return save(state, i % 2 == 0, {"w": jnp.full(50, i + offset, jnp.float32)})[0], None
+
+        return jax.jit(lambda state: jax.lax.scan(step, state, jnp.arange(steps, dtype=jnp.float32))[0])
+
+    runs = {offset: compiled(offset) for offset in offsets}
+    got: dict[int, np.ndarray] = {}
+    failures: list[BaseException] = []
+
+    def run(offset: int) -> None:
+        try:
+            state = init_save({"w": jnp.zeros(50)}, None, scheduler.static_information(samples_collected=steps // 2))
+            got[offset] = np.asarray(postprocess_save(runs[offset](state), None)["samples"]["w"][:])
+        except BaseException as error:
+            failures.append(error)
+
+    threads = [threading.Thread(target=run, args=(offset,)) for offset in offsets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    for offset in offsets:
+        want = np.arange(0, steps, 2, dtype=np.float32) + offset
+        np.testing.assert_array_equal(got[offset], np.repeat(want[:, None], 50, axis=1))

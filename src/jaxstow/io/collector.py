@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import functools
 import inspect
+import threading
 import weakref
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -198,12 +199,19 @@ class DataCollector(abc.ABC):
         """Restore the data loader's state and return the last checkpoint of each registered chain that has one."""
 
 
+_REGISTERING = threading.Lock()
+
+
 def registered_chain(
     collector: DataCollector, sample: Any, checkpoint: Any, information: StaticInformation, *, taken: Container[int]
 ) -> int:
     """The id ``collector.register_chain`` gives a new chain, checked to be one: an ``int`` from 0 to 2**31 - 1, none
-    of the ``taken`` ids of the chains whose run is not over."""
-    chain_id = collector.register_chain(init_sample=sample, init_checkpoint=checkpoint, static_information=information)
+    of the ``taken`` ids of the chains whose run is not over. One at a time in a process: the runs of threads that
+    share a collector are given ids apart."""
+    with _REGISTERING:
+        chain_id = collector.register_chain(
+            init_sample=sample, init_checkpoint=checkpoint, static_information=information
+        )
     if isinstance(chain_id, int | np.integer) and not isinstance(chain_id, bool) and 0 <= chain_id < 2**31:
         if int(chain_id) in taken:
             raise CollectorError(
