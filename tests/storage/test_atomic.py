@@ -146,3 +146,13 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_save_through_a_symbolic_link_replaces_the_file_it_names(tmp_path):
+    (tmp_path / "runs").mkdir()
+    jaxstow.save(tmp_path / "runs" / "v3.jxs", {"w": np.zeros(3)})
+    (tmp_path / "latest.jxs").symlink_to(tmp_path / "runs" / "v3.jxs")
+    jaxstow.save(tmp_path / "latest.jxs", {"w": np.ones(3)})
+    assert (tmp_path / "latest.jxs").is_symlink()
+    np.testing.assert_array_equal(jaxstow.load(tmp_path / "runs" / "v3.jxs", as_numpy=True)["w"], np.ones(3))
+    assert sorted(os.listdir(tmp_path / "runs")) == ["v3.jxs"]

@@ -125,13 +125,14 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder.
 
     Any failure (disk full, I/O error, an exception in the block, Ctrl-C) removes the temporary file and leaves the
-    previous file as it was. A file replaced keeps its permissions (a file only its owner may read stays so), which
+    previous file as it was. A symbolic link to a file is written through: the file it names is replaced, not it. A file replaced keeps its permissions (a file only its owner may read stays so), which
     the temporary file has before a byte is written to it. Temporary files that killed saves left in the folder are removed first. An ``OSError``
     (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming ``path``, not the temporary
     file.
     """
     final = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(final))
+    written = os.path.realpath(final) if os.path.islink(final) and os.path.exists(final) else final  # through a link
+    folder = os.path.dirname(os.path.abspath(written))
     if not os.path.isdir(folder):
         if os.path.lexists(folder):
             raise PathError(f"cannot write it: {folder} is a file, not a folder", file=final)
@@ -145,16 +146,16 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     if not stat.S_ISREG(mode):  # a device, a pipe: the save would put a file in its place
         raise PathError(f"cannot write it: it is {special_kind(mode)}; jaxstow writes regular files", file=final)
     remove_dead_leftovers(folder)
-    temporary = temporary_sibling(final)
+    temporary = temporary_sibling(written)
     with storage_failures(final):
         sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
         try:
-            _keep_mode(final, sink.fileno())
+            _keep_mode(written, sink.fileno())
             yield sink
             sink.flush()
             os.fsync(sink.fileno())
             sink.close()
-            os.replace(temporary, final)
+            os.replace(temporary, written)
             fsync_directory(folder)
         except BaseException:
             with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
