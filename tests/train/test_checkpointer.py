@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +200,26 @@ def test_delete_existing_checkpoints_deletes_only_this_checkpointers_files(tmp_p
     DefaultCheckpointer(_args(saves, model_state_save_dir=models, load_dir=None, delete_existing_checkpoints=True))
     assert sorted(os.listdir(saves)) == sorted(strangers)
     assert sorted(os.listdir(models)) == sorted(strangers)
+
+
+def test_checkpointers_of_several_ranks_delete_their_files_at_once(tmp_path: Path) -> None:
+    saves = tmp_path / "saves"
+    _touch(saves, *(f"checkpoint_{index}.jxs" for index in range(2000)))
+    started, failures = threading.Barrier(2), []
+
+    def make() -> None:
+        started.wait()
+        try:
+            DefaultCheckpointer(_args(saves, load_dir=None, delete_existing_checkpoints=True))
+        except BaseException as error:  # a file the other deleted first is deleted, not an error
+            failures.append(error)
+
+    ranks = [threading.Thread(target=make) for _ in range(2)]
+    for rank in ranks:
+        rank.start()
+    for rank in ranks:
+        rank.join()
+    assert failures == [] and os.listdir(saves) == []
 
 
 def test_delete_existing_checkpoints_refuses_to_delete_the_load_filename_it_resumes_from(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -116,8 +117,9 @@ class DefaultCheckpointer(AbstractCheckpointer):
                     "load_filename to resume from, before it is resumed from; unset one of them"
                 )
             for path in doomed:
-                os.remove(path)
-                self.logger.info("deleted %s", path)
+                with contextlib.suppress(FileNotFoundError):  # deleted by another rank's checkpointer meanwhile
+                    os.remove(path)
+                    self.logger.info("deleted %s", path)
 
     @property
     def names(self) -> FileNames:
