@@ -28,6 +28,13 @@ def test_to_inference_data_refuses_two_leaves_of_one_dotted_name():
         io.to_inference_data([result])
 
 
+def test_arviz_refuses_two_variables_one_of_which_spells_the_others_slash():
+    pytest.importorskip("arviz")
+    result = {"sample_count": 4, "samples": {"g/mu": np.arange(4.0), "g%2Fmu": np.full(4, 100.0)}}
+    with pytest.raises(ArgumentError, match=r"'g%2Fmu' and 'g/mu' would both be named 'g%2Fmu' in ArviZ"):
+        io.to_datatree([result])  # and by to_inference_data with ArviZ 1.x: never one variable in the other's place
+
+
 def test_read_draws_refuses_two_datasets_of_one_dotted_name(tmp_path):
     path = tmp_path / "samples.h5"
     with h5py.File(path, "w") as file:

@@ -12,14 +12,15 @@ works with, so that :func:`~jaxstow.io.to_inference_data` and ``jaxstow watch`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from jaxstow._util.optional import require
+from jaxstow.errors import ArgumentError
 
-__all__ = ["arviz_major", "from_posterior", "without_slash"]
+__all__ = ["arviz_major", "from_posterior", "without_slash", "without_slashes"]
 
 
 def arviz_major(arviz: Any) -> int:
@@ -55,7 +56,7 @@ def from_posterior(
         "dims": {name: list(names) for name, names in dims.items()} if dims is not None else None,
     }
     if arviz_major(arviz) >= 1:  # a DataTree, whose variables may not hold a "/": spelt as the file spells it
-        named = {without_slash(name): values for name, values in posterior.items()}
+        named = {spelt: posterior[name] for name, spelt in without_slashes(posterior).items()}
         if dims is not None:
             options["dims"] = {without_slash(name): list(names) for name, names in dims.items()}
         return arviz.from_dict({"posterior": named}, **options)
@@ -69,3 +70,22 @@ def without_slash(name: str) -> str:
     ('group%2Fmu', 'theta', 'a%25%2Fb')
     """
     return name.replace("%", "%25").replace("/", "%2F") if "/" in name else name
+
+
+def without_slashes(names: Iterable[str]) -> dict[str, str]:
+    """Each of ``names`` as :func:`without_slash` spells it; two spelt alike (``g/mu`` and ``g%2Fmu``) are an
+    :class:`~jaxstow.errors.ArgumentError` naming both, never one variable in place of the other.
+
+    >>> without_slashes(["g/mu", "theta"])
+    {'g/mu': 'g%2Fmu', 'theta': 'theta'}
+    """
+    spelt: dict[str, str] = {}
+    for name in names:
+        twin = next((other for other, spelling in spelt.items() if spelling == without_slash(name)), None)
+        if twin is not None:
+            raise ArgumentError(
+                f"the variables {twin!r} and {name!r} would both be named {without_slash(name)!r} in ArviZ, whose "
+                "variable names hold no '/': rename one of them"
+            )
+        spelt[name] = without_slash(name)
+    return spelt

@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, CollectorError, JaxstowError, MissingDependencyError
-from jaxstow.io.arviz_data import arviz_major, from_posterior, without_slash
+from jaxstow.io.arviz_data import arviz_major, from_posterior, without_slashes
 from jaxstow.io.dictionize import joined_names, pytree_dict_keys
 from jaxstow.io.live import read_draws
 from jaxstow.io.memory import MemoryCollector
@@ -112,7 +112,7 @@ def to_datatree(
     arviz = require("arviz", extra="arviz", purpose="to_datatree")
     if arviz_major(arviz) >= 1:
         return data
-    slashed = {name: without_slash(name) for name in data.posterior.data_vars if "/" in name}
+    slashed = {name: spelt for name, spelt in without_slashes(data.posterior.data_vars).items() if name != spelt}
     if slashed:  # a DataTree's variables may not hold a "/": spelt as ArviZ 1.x spells them
         data = data.rename_vars(slashed)
     convert = getattr(data, "to_datatree", None)
