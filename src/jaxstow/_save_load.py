@@ -35,6 +35,7 @@ from jaxstow._storage.cache import CachedCopy
 from jaxstow._storage.opening import Location, PathOrFile, display_name, locate, reached
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
+from jaxstow._util.arguments import checked_arguments
 from jaxstow._util.deprecation import moved_keywords
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import bar as progress_bar
@@ -46,6 +47,7 @@ from jaxstow.errors import ArgumentError, CorruptFileError
 __all__ = ["load", "load_metadata", "save"]
 
 
+@checked_arguments
 def save(
     path_or_file: PathOrFile,
     tree: Any,

@@ -20,6 +20,7 @@ box (:mod:`jaxstow._read.device_boxes`), the rest at once.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any, Unpack
@@ -292,8 +293,8 @@ def _to_devices(
     if as_numpy:
         return
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
-    for i in arrays if opened.memory_mapped else ():  # a jax.Array on the map's pages would change with the file
-        values[i] = np.array(values[i])
+    for i in arrays:  # a jax.Array on a memory map's pages would change with the file
+        values[i] = np.array(values[i]) if _on_a_map(values[i]) else values[i]
     opened.check_narrowing([(paths[i], values[i]) for i in arrays if values[i].dtype in NARROWED])
     for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
@@ -301,6 +302,13 @@ def _to_devices(
         if isinstance(values[i], jax.Array) and placements.get(i) is not None and i not in arrays:
             values[i] = place_whole(values[i], placements[i])
         values[i] = _weak_if_saved(opened, paths[i], values[i]) if opened.weak else values[i]
+
+
+def _on_a_map(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a memory map (``jaxstow.open(path, mmap=True)``)."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return isinstance(array.base, mmap.mmap) or isinstance(getattr(array.base, "obj", None), mmap.mmap)
 
 
 def _place(arrays: Sequence[np.ndarray], placements: Sequence[Any]) -> list[jax.Array]:

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
+from jaxstow._util.arguments import checked_arguments
+
 __all__ = ["serialized"]
 
 Parameters = ParamSpec("Parameters")
@@ -43,11 +45,13 @@ def serialized(
     method: Callable[Concatenate[Self, Parameters], Result],
 ) -> Callable[Concatenate[Self, Parameters], Result]:
     """``method`` run while its object's ``_calls`` lock is held: its calls, and those of the object's other
-    serialized methods, one at a time."""
+    serialized methods, one at a time (arguments it does not take are an ``ArgumentError``, see
+    :mod:`jaxstow._util.arguments`)."""
+    checked = checked_arguments(method)
 
     @functools.wraps(method)
     def call(self: Self, /, *args: Parameters.args, **kwargs: Parameters.kwargs) -> Result:
         with self._calls:
-            return method(self, *args, **kwargs)
+            return checked(self, *args, **kwargs)
 
     return call

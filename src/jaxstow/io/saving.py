@@ -32,7 +32,7 @@ import numpy as np
 from jax.tree_util import PyTreeDef
 
 from jaxstow._format.leaves import key_impl_name
-from jaxstow._util import jax_compat
+from jaxstow._util import arguments, jax_compat
 from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
@@ -119,6 +119,7 @@ class SavingState(NamedTuple):
         return self.sent + self.fill
 
 
+@arguments.checked_arguments
 def save(
     data_collector: DataCollector | None = None, checkpoint_every: int = 0, *, block_size: int | None = None
 ) -> Saving:
@@ -156,7 +157,7 @@ def save(
     if problem is not None:
         raise ArgumentError(f"io.save(checkpoint_every={checkpoint_every}): {problem}")
     streaming = _Streaming(collector, int(checkpoint_every), None if block_size is None else int(block_size))
-    return streaming.init, streaming.save, streaming.postprocess
+    return arguments.checked_arguments(streaming.init, name="init_save"), streaming.save, streaming.postprocess
 
 
 def _count(counts: jax.Array, kept: jax.Array) -> jax.Array:
@@ -289,9 +290,7 @@ class _Streaming:
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
         """Send the buffered rest, wait for the collector and hand the samples over (``solver_state`` is unused).
 
-        The collector then keeps none of the run's samples (:meth:`DataCollector.release`), unless the run failed:
-        what it holds then is the collector's to give.
-        """
+        The collector then keeps none of the run's samples (:meth:`DataCollector.release`), unless the run failed."""
         del solver_state
         checked_state(saving_state, SavingState, call="postprocess_save")
         state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
