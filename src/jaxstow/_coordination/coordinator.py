@@ -22,6 +22,7 @@ closes it, after an error too). In one process, the same calls run without a key
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -29,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import jax
 
@@ -154,7 +155,7 @@ class Conversation:
                 left_ms = max(0, int((deadline - time.monotonic()) * 1000))
                 text = coordinator.client.blocking_key_value_get(self._key(f"{what}/{sender}"), left_ms)
             except Exception as error:  # jax raises its runtime's own error types here
-                said = self._said(what)
+                said = self._said(what, timeout=coordinator.grace)
                 missing = [other for other in senders if other not in got and other not in said]
                 raise CheckpointError(_missing(missing or [sender], waiting_for, limit, error)) from None
             got[sender] = _message(sender, str(text))
@@ -214,8 +215,8 @@ class Conversation:
                 _closing.append(self.name)
                 pending = list(_closing)
             for name in pending:
-                if len(_listed(coordinator.client, f"{name}/closed")) == coordinator.count:
-                    coordinator.client.key_value_delete(name)
+                if len(_listed(coordinator.client, f"{name}/closed", coordinator.grace)) == coordinator.count:
+                    _within(coordinator.grace, functools.partial(coordinator.client.key_value_delete, name))
                     with _started_lock:
                         if name in _closing:
                             _closing.remove(name)
@@ -225,25 +226,60 @@ class Conversation:
     def _say(self, what: str, message: dict[str, Any]) -> None:
         key = f"{what}/{self.coordinator.index}"
         text = json.dumps(message)
-        if self.coordinator.many:
-            self.coordinator.client.key_value_set(self._key(key), text)
+        if self.coordinator.many:  # the store is process 0's: bounded, should it be stopped (SIGSTOP)
+            client, limit = self.coordinator.client, self.coordinator.timeout
+            try:
+                _within(limit, lambda: client.key_value_set(self._key(key), text))
+            except TimeoutError:
+                raise CheckpointError(
+                    f"the coordination service (process 0's) did not take this process's {what} within {limit:g} s: "
+                    "process 0 is stalled or stopped"
+                ) from None
         else:
             self._own[key] = text
 
     def _key(self, what: str) -> str:
         return f"{self.name}/{what}"
 
-    def _said(self, what: str) -> set[int]:
+    def _said(self, what: str, *, timeout: float) -> set[int]:
         """The processes that said something under ``what``."""
-        return {int(sender) for sender in _listed(self.coordinator.client, self._key(what)) if sender.isdigit()}
+        listed = _listed(self.coordinator.client, self._key(what), timeout)
+        return {int(sender) for sender in listed if sender.isdigit()}
 
 
-def _listed(client: Any, directory: str) -> list[str]:
-    """The names of the keys in ``directory`` of the key-value store (none where it cannot be read)."""
+def _listed(client: Any, directory: str, timeout: float) -> list[str]:
+    """The names of the keys in ``directory`` of the key-value store (none where it cannot be read in time)."""
     try:
-        return [key.rsplit("/", 1)[-1] for key, _ in client.key_value_dir_get(directory + "/")]
+        return [
+            key.rsplit("/", 1)[-1] for key, _ in _within(timeout, lambda: client.key_value_dir_get(directory + "/"))
+        ]
     except Exception:  # jax raises its runtime's own error types here
         return []
+
+
+Answer = TypeVar("Answer")
+
+
+def _within(seconds: float, call: Callable[[], Answer]) -> Answer:
+    """``call()`` (a call to the key-value store, which has no deadline of its own) waited for ``seconds`` at most, in
+    a thread of its own: a :class:`TimeoutError` past them, as when the process serving the store is stopped."""
+    answer: list[Answer] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(call())
+        except BaseException as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=run, name="jaxstow-coordination", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if failed:
+        raise failed[0]
+    return answer[0]
 
 
 def failure(failed: list[Message]) -> JaxstowError:
