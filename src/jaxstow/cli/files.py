@@ -315,6 +315,14 @@ class Step:
         :class:`~jaxstow.errors.CorruptFileError`, each naming the file."""
         return self.folder.open_item(self.record, item)
 
+    def deleted(self) -> bool:
+        """Whether the step is gone from its folder since it was listed (the keep policy of a run saving there)."""
+        try:
+            self.folder.store.read_marker(self.folder.names.name(self.record.step))
+        except FileNotFoundError:
+            return True
+        return False
+
     def size(self) -> int:
         """Bytes of the step's item files; a :class:`~jaxstow.errors.CheckpointError` names one that is missing."""
         total = 0

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             {step.step: step.record.time for step in readable},
         )
     )
-    rows = [_row(step, reasons.get(step.step)) for step in steps]
+    rows = [row for step in steps if (row := _row(step, reasons.get(step.step))) is not None]
     damaged = [row for row in rows if row["damaged"] is not None]
     if args.json:
         print_json(
@@ -97,9 +97,9 @@ def run(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def _row(step: Step | DamagedStep, kept_by: list[str] | None) -> dict[str, Any]:
+def _row(step: Step | DamagedStep, kept_by: list[str] | None) -> dict[str, Any] | None:
     """A step's line: its time, size, metrics and items, or ``damaged``, why it cannot be read (a record that does
-    not check, an item file missing)."""
+    not check, an item file missing); ``None`` for a step deleted since it was listed."""
     row: dict[str, Any] = {"step": step.step, "time": None, "bytes": None, "metrics": {}, "items": None}
     if isinstance(step, DamagedStep):
         return {**row, "kept_by": kept_by, "damaged": str(step.problem)}
@@ -110,6 +110,8 @@ def _row(step: Step | DamagedStep, kept_by: list[str] | None) -> dict[str, Any]:
     except JaxstowError as error:
         if not is_damage(error):  # an item file missing, or no file in its place
             raise
+        if step.deleted():  # by the keep policy of a run saving there: no damage
+            return None
         return {**row, "kept_by": kept_by, "damaged": str(error)}
     return {**row, "kept_by": kept_by, "damaged": None}
 

@@ -48,6 +48,7 @@ from jaxstow.errors import (
     NewerFormatError,
     PathNotFoundError,
     RefusedNameError,
+    StepNotFoundError,
     UnknownNameError,
 )
 
@@ -104,9 +105,7 @@ def run(args: argparse.Namespace) -> int:
     if listing is not None:
         reports = verify_hf_folder(listing)
     elif is_folder(args.target):
-        reports = [
-            report for step in committed_steps(args.target) for report in verify_step(step, progress=args.progress)
-        ]
+        reports = [report for step in committed_steps(args.target) for report in _verified(step, args.progress)]
     else:
         reports = [verify_file(args.target, args.target, progress=args.progress)]
     damaged = [report for report in reports if report.damage]
@@ -142,6 +141,15 @@ def run(args: argparse.Namespace) -> int:
         + (f" ({NO_CHECKSUMS})" if listing is not None else "")
     )
     return 1 if damaged else 0
+
+
+def _verified(step: Step | DamagedStep, progress: bool) -> list[FileReport]:
+    """:func:`verify_step`, of a step the keep policy of a run saving there may delete meanwhile: then nothing."""
+    try:
+        reports = verify_step(step, progress=progress)
+    except StepNotFoundError:
+        return []
+    return [] if isinstance(step, Step) and any(report.damage for report in reports) and step.deleted() else reports
 
 
 def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[FileReport]:
