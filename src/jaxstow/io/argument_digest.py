@@ -53,7 +53,10 @@ def argument_digest(tree: Any, depth: int = 3) -> str:
 
 
 def _object_data(leaf: Any, depth: int) -> str:
-    """What another object holds: a pandas object's values and labels, an array-like's array, or its attributes."""
+    """What another object holds: a pandas object's values and labels, an array-like's array, or its attributes (not
+    a callable's: a function's attributes may be caches, which differ from process to process)."""
+    if callable(leaf):
+        return ""
     pandas = sys.modules.get("pandas")
     if pandas is not None and isinstance(leaf, pandas.DataFrame | pandas.Series | pandas.Index):
         labels = [list(leaf.columns)] if isinstance(leaf, pandas.DataFrame) else []
