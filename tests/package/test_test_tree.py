@@ -5,8 +5,11 @@ span the package. Test files are run under their bare names (pytest's default im
 
 from __future__ import annotations
 
+import subprocess
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).parents[1]
 PACKAGE = TESTS.parent / "src" / "jaxstow"
@@ -36,3 +39,21 @@ def test_every_folder_of_tests_is_a_layer_or_spans_the_package():
 def test_no_two_test_files_share_a_name():
     names = Counter(path.name for path in TESTS.rglob("test_*.py"))
     assert [name for name, count in names.items() if count > 1] == []
+
+
+#: What the repository's top level holds: the package, its tests, docs, examples, benchmarks and reliability suite,
+#: and the files that build, check and describe them. A file a test or a script left in the working folder is none.
+TOP_LEVEL = {
+    ".ci", "bench", "docs", "examples", "reliability", "src", "tests",
+    ".gitignore", ".pre-commit-config.yaml", "CHANGELOG.md", "LICENSE", "Makefile", "README.md", "conftest.py",
+    "mkdocs.yml", "pyproject.toml",
+}  # fmt: skip
+
+
+def test_the_repository_top_level_holds_only_the_projects_files():
+    root = TESTS.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    listed = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    stray = sorted({line.split("/")[0] for line in listed.splitlines()} - TOP_LEVEL)
+    assert stray == [], f"files committed at the top level that are not the project's: {stray}"
