@@ -21,6 +21,7 @@ from typing import Any
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.retrying import BrokenBody
+from jaxstow._storage.s3_endpoint import with_endpoint
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Transfer, lanes
@@ -66,7 +67,11 @@ def url_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -
     fsspec = require("fsspec", extra="s3" if scheme in _S3 else "fsspec", purpose=f"reading or writing {url}")
     try:
         with storage_errors(url):
-            fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+            options = dict(storage_options or {})
+            if scheme in _S3:  # an endpoint given wins over a configured one, wherever each is given
+                configured = fsspec.config.apply_config(fsspec.get_filesystem_class(scheme), {})
+                options = with_endpoint(url, options, configured)
+            fs, path = fsspec.core.url_to_fs(url, **options)
     except StorageError as error:
         if isinstance(error.__cause__, ImportError):  # the protocol's own package (s3fs, gcsfs, ...) is missing
             package = _PROTOCOL_PACKAGES.get(scheme)
