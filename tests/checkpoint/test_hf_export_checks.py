@@ -1,11 +1,14 @@
 """A checkpoint step is exported only as the manager's restore would read it: an item file that is not the one its
-record names, or a step folder copied under another step's number, is refused and nothing is written; arrays of no
-dimension keep their shape ``()``."""
+record names, or a step folder copied under another step's number, is refused and nothing is written; a run folder
+given for a step, on a local disk or on S3, is told which step to give; arrays of no dimension keep their shape
+``()``."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import uuid
 
 import forked_cli
 import numpy as np
@@ -30,6 +33,25 @@ def test_a_run_folder_given_for_a_step_is_told_to_name_a_step(run, tmp_path):
     with pytest.raises(IsAFolderError, match=r"is a checkpoint folder: export one of its steps, such as .*run/2"):
         jaxstow.export_safetensors(run, tmp_path / "out")  # was "restore it with jaxstow.CheckpointManager(...)"
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_folder_on_s3_is_told_to_name_a_step_as_a_local_one_is(s3_server, tmp_path):
+    url, options = s3_server.url(f"t-{uuid.uuid4().hex[:8]}", "run"), s3_server.storage_options
+    with CheckpointManager(url, storage_options=options) as manager:
+        for step in (1, 2):
+            manager.save(step, {"params": {"w": np.full(3, step, np.float32)}, "opt": {"mu": np.full(3, 10.0 * step)}})
+    told = f"{url}: is a checkpoint folder: export one of its steps, such as {url}/2"
+    with pytest.raises(IsAFolderError) as refused:  # was "no such file or folder"
+        jaxstow.export_safetensors(url, tmp_path / "out", storage_options=options)
+    assert str(refused.value) == told
+    flags = ["--storage-options", json.dumps(options)]
+    done = forked_cli.jaxstow_command("export", url + "/", tmp_path / "out", *flags)
+    assert done.returncode == 2 and done.stderr == f"jaxstow export: {url}/: {told.partition(': ')[2]}\n", done.stderr
+    assert not (tmp_path / "out").exists()
+    done = forked_cli.jaxstow_command("export", f"{url}/2", tmp_path / "hf", *flags)
+    assert done.returncode == 0, done.stderr
+    back = jaxstow.load(tmp_path / "hf", as_numpy=True)
+    np.testing.assert_array_equal(back["params.w"], np.full(3, 2, np.float32))
 
 
 def test_a_step_with_an_item_file_of_another_step_is_not_exported(run, tmp_path):

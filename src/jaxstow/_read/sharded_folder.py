@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._format.header import NativeReader, claims_manifest, raw_header
 from jaxstow._format.json_codec import parse_json, repeated_member
-from jaxstow._format.kinds import folder_kind
+from jaxstow._format.kinds import Kind, folder_kind
 from jaxstow._format.manifest_written import check_nesting
 from jaxstow._format.native import MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
@@ -63,6 +63,7 @@ __all__ = [
     "child",
     "folder_listing",
     "list_folder",
+    "listed_kind",
     "open_folder",
     "open_shard",
     "tensor_files",
@@ -108,7 +109,7 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
         index = indexes[0]
         weight_map, metadata = _parse_index(read(index), file=child(location.name, index))
         return Listing(location.name, sorted(set(weight_map.values())), index, weight_map, metadata)
-    if folder_kind(lambda sub: names if sub == "" else _subfolder(location, sub, settings)).name != "unknown":
+    if listed_kind(location, names, settings).name != "unknown":
         return None
     files = sorted(name for name in names if name.endswith(".safetensors"))
     whole = sorted(
@@ -185,6 +186,12 @@ def _kind(name: str) -> str:
 
 def _few(names: Sequence[str]) -> str:
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def listed_kind(location: Location, names: Sequence[str], settings: StorageSettings | None) -> Kind:
+    """The kind of the folder at ``location`` that holds ``names`` (a checkpoint folder, one of its steps, an orbax
+    folder...), its subfolders listed where it is: on a local disk or at a URL."""
+    return folder_kind(lambda sub: names if sub == "" else _subfolder(location, sub, settings))
 
 
 def _subfolder(location: Location, name: str, settings: StorageSettings | None) -> list[str] | None:

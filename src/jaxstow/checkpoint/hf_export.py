@@ -31,9 +31,8 @@ import numpy as np
 from jaxstow._format.dtypes import safetensors_code
 from jaxstow._format.native import write_native
 from jaxstow._format.shards import Stored
-from jaxstow._read.foreign import recognise
 from jaxstow._read.reader import Reader, open_parts, open_reader_at
-from jaxstow._read.sharded_folder import child, list_folder
+from jaxstow._read.sharded_folder import child, list_folder, listed_kind
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.atomic import fsync_directory, temporary_sibling
@@ -172,8 +171,10 @@ def _open_items(
     if listed is None or RECORD_NAME not in listed[0]:
         if item is not None:
             raise ArgumentError(f"item= chooses an item of a checkpoint step, and {source} is none")
-        steps = sorted(int(name) for name in listed[0] if name.isdigit()) if listed is not None else []
-        if steps and recognise(location).name == "jaxstow-folder":  # "restore it with CheckpointManager" misleads
+        names = listed[0] if listed is not None else []
+        steps = sorted(int(name) for name in names if name.isdigit())
+        # a checkpoint folder, here or at a URL: its own error ("restore it with CheckpointManager") would mislead
+        if steps and listed_kind(location, names, settings).name == "jaxstow-folder":
             newest = f"{source.rstrip('/')}/{steps[-1]}"
             raise IsAFolderError(f"is a checkpoint folder: export one of its steps, such as {newest}", file=source)
         return [(None, stack.enter_context(open_reader_at(location, settings)))], None
