@@ -48,8 +48,14 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     size = int(args.max_shard_size) if args.max_shard_size.isdigit() else args.max_shard_size
+    settings = storage()
     exported = export_safetensors(
-        args.src, args.dst, max_shard_size=size, item=args.item, storage_options=storage().options
+        args.src,
+        args.dst,
+        max_shard_size=size,
+        item=args.item,
+        storage_options=settings.options,
+        transfer=settings.transfer,
     )
     files = len(exported.files)
     print(
