@@ -76,7 +76,9 @@ def list_folder(
     """
     if location.path is not None:
         folder = location.path
-        if not os.path.isdir(folder):
+        try:
+            names = os.listdir(folder)
+        except (FileNotFoundError, NotADirectoryError):  # none, or deleted since (a step, by a run's keep policy)
             return None
 
         def read_local(name: str) -> bytes:
@@ -88,7 +90,7 @@ def list_folder(
             finally:
                 source.close()
 
-        return os.listdir(folder), read_local
+        return names, read_local
     if location.url is None:
         return None
     from jaxstow._storage.remote import forget_listings, storage_errors, url_filesystem
