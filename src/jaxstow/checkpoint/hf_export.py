@@ -42,6 +42,7 @@ from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.store import open_store
 from jaxstow._storage.transfer import Transfer
+from jaxstow._util.progress import Bar, bar, counted
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import ArgumentError, CheckpointError, IsAFolderError, PathError, excerpt
 
@@ -93,6 +94,7 @@ def export_safetensors(
     names: Callable[[str], str | None] | Mapping[str, str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
+    progress: bool = False,
 ) -> Exported:
     """Write a checkpoint step (of any number of processes) or one file as a Hugging Face sharded safetensors folder.
 
@@ -107,9 +109,9 @@ def export_safetensors(
         max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int); a larger
             tensor gets a file of its own.
         item: of a step, export this item only.
-        names: each tensor's name from its path (``item/a/b``), ``None`` to leave it out; or a mapping from paths
-            to names, which leaves out the paths it lacks.
+        names: a tensor's name from its path (``item/a/b``), ``None`` leaving it out; or a mapping (of the paths kept).
         storage_options, transfer: fsspec's options, and a :class:`~jaxstow.Transfer`, for URLs.
+        progress: draw a progress bar of the bytes written on stderr (needs ``tqdm``).
 
     Returns:
         The files written, the number of tensors, their bytes and the leaves left out.
@@ -140,9 +142,9 @@ def export_safetensors(
         total = sum(tensor.leaf.nbytes for tensor in tensors)
         kept = {**_kept(items), **({"jaxstow_step_metadata": step_metadata} if step_metadata else {})}
         index = {"metadata": {"total_size": total, **kept}, "weight_map": dict(sorted(weight_map.items()))}
-        with _staged(out, _for(out, settings)) as write:
+        with bar(total, f"exporting {out}", enabled=progress) as written, _staged(out, _for(out, settings)) as write:
             for file, shard in zip(files, shards, strict=True):
-                write(file, functools.partial(_write_shard, shard))
+                write(file, functools.partial(_write_shard, shard, written))
             write(INDEX_NAME, lambda sink: sink.write(json.dumps(index, indent=2).encode() + b"\n"))
     return Exported(files, len(tensors), total, left_out)
 
@@ -272,8 +274,8 @@ def _plan(tensors: list[_Tensor], limit: int) -> list[list[_Tensor]]:
     return shards
 
 
-def _write_shard(shard: list[_Tensor], sink: BinaryIO) -> None:
-    write_native(sink, _read(shard), None, plain={"format": "pt"})
+def _write_shard(shard: list[_Tensor], written: Bar, sink: BinaryIO) -> None:
+    write_native(counted(sink, written), _read(shard), None, plain={"format": "pt"})
 
 
 def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:

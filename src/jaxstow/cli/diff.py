@@ -31,6 +31,7 @@ import numpy as np
 
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
+from jaxstow._util.progress import bar
 from jaxstow.cli.diff_structure import flat_structure, same_value, structure_differences
 from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
@@ -51,11 +52,12 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("a", metavar="A", help="a file (a path or an fsspec URL)")
     parser.add_argument("b", metavar="B", help="the file to compare it with")
     parser.add_argument("--json", action="store_true", help="print the differences as JSON, for scripts")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes read (needs tqdm)")
 
 
 def run(args: argparse.Namespace) -> int:
     with open_file(args.a) as first, open_file(args.b) as second:
-        found, compared = differences(first, second)
+        found, compared = differences(first, second, progress=args.progress)
     structural = [item for item in found if item["kind"] == "structure"]
     if args.json:
         report = {"a": args.a, "b": args.b, "same": not found, "leaves": compared, "differences": found}
@@ -74,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
     return 1
 
 
-def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], int]:
+def differences(first: Reader, second: Reader, *, progress: bool = False) -> tuple[list[dict[str, Any]], int]:
     """The differences of two files (path, kind of difference, text): each differing leaf, and each place their
-    structures differ (kind ``"structure"``); and how many leaf paths were compared."""
+    structures differ (kind ``"structure"``); and how many leaf paths were compared. ``progress``: draw a progress
+    bar of the bytes of arrays read to compare values."""
     a = {leaf.path: leaf for leaf in describe(first)}
     b = {leaf.path: leaf for leaf in describe(second)}
     found: list[dict[str, Any]] = []
@@ -105,10 +108,13 @@ def differences(first: Reader, second: Reader) -> tuple[list[dict[str, Any]], in
             found.append({"path": path, "kind": "shape", "difference": f"shape {left.shape} -> {right.shape}"})
         else:
             both.append((left, right))
-    for left, right in both:  # one leaf at a time, so that memory holds two leaves at most
-        change = compare_arrays(read_arrays(first, [left])[left.path], read_arrays(second, [right])[right.path])
-        if change is not None:
-            found.append({"path": left.path, "kind": "values", "difference": change})
+    total = sum(left.nbytes + right.nbytes for left, right in both)
+    with bar(total, f"comparing {first.file} and {second.file}", enabled=progress) as read:
+        for left, right in both:  # one leaf at a time, so that memory holds two leaves at most
+            change = compare_arrays(read_arrays(first, [left])[left.path], read_arrays(second, [right])[right.path])
+            read.update(left.nbytes + right.nbytes)
+            if change is not None:
+                found.append({"path": left.path, "kind": "values", "difference": change})
     found.extend(structure_differences(_structure(first), _structure(second), list(a), list(b)))
     found.sort(key=lambda item: (item["path"], item["kind"] == "structure"))
     return found, len(a.keys() | b.keys())

@@ -44,6 +44,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         help="the most bytes of tensors per file: 5GB (5*10**9, the default), 500MB, 2GiB or a number of bytes",
     )
     parser.add_argument("--item", metavar="NAME", help="export only this item of the step (its names unprefixed)")
+    parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written (needs tqdm)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         item=args.item,
         storage_options=settings.options,
         transfer=settings.transfer,
+        progress=args.progress,
     )
     files = len(exported.files)
     print(
