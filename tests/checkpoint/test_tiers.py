@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -328,6 +329,44 @@ def test_a_replaced_host_gets_its_shards_of_the_newest_local_step_from_a_peer(ru
     assert (run / "local1" / "process-1" / "6" / "params.p1.safetensors").read_bytes() == (
         run / "local3" / "process-3" / "peer-copies" / "p1" / "6" / "params.p1.safetensors"
     ).read_bytes()
+
+
+def test_local_directories_that_come_back_to_other_processes_restore_the_newest_step(run):
+    """After a restart on other hosts, process k finds in its local directory the tier process k + 1 wrote (its
+    folder process-{k+1}, with the copies it kept): step 6 is restored from those, each process's own files taken
+    from where they are, never another's; before, every process saw an empty tier and restored step 4."""
+    names = {k: f"params.p{k}.safetensors" if k else "params.safetensors" for k in range(4)}
+    wrote = {k: (run / f"local{k}" / f"process-{k}" / "6" / names[k]).read_bytes() for k in range(4)}
+    for k in range(4):
+        (run / f"local{k}").rename(run / f"was{k}")
+    for k in range(4):
+        (run / f"was{(k + 1) % 4}").rename(run / f"local{k}")
+    reports = _reports(_start("restore", run))
+    assert [report.get("restored") for report in reports] == [6] * 4, reports  # each checked every value it holds
+    for k in range(4):
+        assert (run / f"local{k}" / f"process-{k}" / "6" / names[k]).read_bytes() == wrote[k]
+        assert (run / f"local{k}" / f"process-{(k + 1) % 4}" / "6").is_dir()  # the tier left there is kept
+    reports = _reports(_start("delete", run))  # step 6 deleted: from the tiers left there too, never restored again
+    assert [(report.get("restored"), report.get("local")) for report in reports] == [(5, [5])] * 4, reports
+    assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
+
+
+def test_a_tier_renamed_to_another_process_s_is_refused_naming_the_rename(run):
+    """Process 0's folder holds process 1's files and the other way round: an error in every process, which names
+    the folder to rename back, rather than a restore that takes one process's shards for another's."""
+    zero, one = run / "local0" / "process-0", run / "local1" / "process-1"
+    zero.rename(run / "swapped")
+    one.rename(zero)
+    (run / "swapped").rename(one)
+    reports = _reports(_start("restore", run))
+    assert all("error" in report for report in reports), reports
+    for k, other in [(0, 1), (1, 0)]:
+        assert re.search(
+            rf"local{k}/process-{k}/5 is step 5 of process {k}'s local tier, but holds process {other}'s files "
+            rf"instead of its own .*: is .*local{k}/process-{k} the tier of process {other}, renamed\? rename it back "
+            rf"to process-{other}",
+            reports[k]["error"],
+        ), reports[k]
 
 
 def test_processes_whose_local_directories_differ_agree_on_the_steps_to_save(run):

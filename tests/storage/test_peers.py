@@ -120,23 +120,30 @@ def test_files_are_served_by_ranges_and_only_from_committed_steps(pair, tmp_path
     (tmp_path / "5").mkdir()
     (tmp_path / "5" / "params.safetensors").write_bytes(bytes(range(256)) * 4096)
 
-    def locate(owner, step, file):
-        if (owner, step) != (0, 5):
+    def locate(owner, step, file, version):
+        if (owner, step, version) != (0, 5, "v"):
             raise FileNotFoundError(f"process {owner}'s step {step} is not committed here")
         return str(tmp_path / str(step) / file)
 
     serve_files(one, locate)
-    remote = PeerFile(two, 0, 0, 5, "params.safetensors")
+    remote = PeerFile(two, 0, 0, 5, "v", "params.safetensors")
     assert remote.size == 1 << 20 and remote.read(1000, 300) == (bytes(range(256)) * 4)[1000 % 256 :][:300]
     with open(tmp_path / "copy", "wb") as sink:
-        assert ask(two, 0, {"owner": 0, "step": 5, "file": "params.safetensors"}, sink=sink, limit=2 << 20) == 1 << 20
+        assert (
+            ask(two, 0, {"owner": 0, "step": 5, "version": "v", "file": "params.safetensors"}, sink=sink, limit=2 << 20)
+            == 1 << 20
+        )
     assert (tmp_path / "copy").read_bytes() == (tmp_path / "5" / "params.safetensors").read_bytes()
     with pytest.raises(CheckpointError, match="at most 1000 expected"):
-        ask(two, 0, {"owner": 0, "step": 5, "file": "params.safetensors"}, limit=1000)
+        ask(two, 0, {"owner": 0, "step": 5, "version": "v", "file": "params.safetensors"}, limit=1000)
     for wanted, problem in [
-        ({"owner": 0, "step": 5, "file": "../5/params.safetensors"}, "is not the name of a file"),
-        ({"owner": 1, "step": 5, "file": "params.safetensors"}, "not committed here"),
-        ({"owner": 0, "step": 5, "file": "params.safetensors", "offset": 1 << 20, "length": 1}, "not 1 at offset"),
+        ({"owner": 0, "step": 5, "version": "v", "file": "../5/params.safetensors"}, "is not the name of a file"),
+        ({"owner": 1, "step": 5, "version": "v", "file": "params.safetensors"}, "not committed here"),
+        ({"owner": 0, "step": 5, "version": "w", "file": "params.safetensors"}, "not committed here"),  # another save
+        (
+            {"owner": 0, "step": 5, "version": "v", "file": "params.safetensors", "offset": 1 << 20, "length": 1},
+            "not 1 at offset",
+        ),
     ]:
         with pytest.raises(CheckpointError, match=problem):
             ask(two, 0, wanted, limit=10)

@@ -3,7 +3,8 @@ the processes that lack them (a replaced host), over the authenticated :class:`~
 
 Process ``k``'s files of a step are kept by ``replicas`` other processes, those on other slices first, then on other
 hosts, then the next ones on the same host (:func:`choose_keepers`); each keeper streams them to
-``LOCAL_DIRECTORY/process-{index}/peer-copies/p{k}/{step}/`` and commits them with the step's record. The transport's
+``LOCAL_DIRECTORY/process-{index}/peer-copies/p{k}/{step}/`` and commits them with the step's record; where this
+process holds which files is :mod:`jaxstow.checkpoint.tier_holdings`'s. The transport's
 secret is made by process 0 and handed out through jax's key-value store, whose keys are deleted once every process
 read them. See docs/scaling.md ("Two tiers and peers") and docs/safety.md ("What a run exposes").
 
@@ -18,25 +19,26 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import socket
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, BinaryIO, cast
 
 import jax
 
 from jaxstow._coordination import Coordinator
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.peer_wire import reachable_host
 from jaxstow._storage.peers import PeerTransport, Pending
 from jaxstow.checkpoint.peer_reads import PeerStep, ask, serve_files
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_holdings import Holdings, files_of
 
-__all__ = ["COPIES", "PeerCopies", "choose_keepers", "files_of", "open_transport", "plan_local"]
+__all__ = ["PeerCopies", "choose_keepers", "open_transport", "plan_local"]
 
-#: The folder of a local directory that holds other processes' files.
-COPIES = "peer-copies"
 #: The largest record a process fetches from a peer.
 _RECORD_LIMIT = 64 << 20
 
@@ -93,17 +95,14 @@ def choose_keepers(owner: int, hosts: Sequence[str], *, replicas: int) -> list[i
     return sorted((other for other in range(count) if other != owner), key=rank)[:replicas]
 
 
-def files_of(record: StepRecord, process: int) -> list[str]:
-    """The files ``process`` wrote of the step ``record`` describes."""
-    return [record.item_files(item)[process] for item in sorted(record.files)]
-
-
 class PeerCopies:
-    """This process's part in keeping copies: the processes it sends its files to, those whose files it keeps."""
+    """This process's part in keeping copies: the processes it sends its files to, those whose files it keeps;
+    ``holdings``, where it holds whose files."""
 
-    def __init__(self, coordinator: Coordinator, local: LocalStore, *, replicas: int) -> None:
+    def __init__(self, coordinator: Coordinator, holdings: Holdings, *, replicas: int) -> None:
         self.coordinator = coordinator
-        self.local = local
+        self.holdings = holdings
+        self.local = holdings.local
         self.names = StepNames("%d")
         self.transport = open_transport(coordinator)
         try:
@@ -115,20 +114,11 @@ class PeerCopies:
         me, replicas = coordinator.index, min(replicas, coordinator.count - 1)
         self.keepers = choose_keepers(me, self.hosts, replicas=replicas)
         self.kept = [k for k in coordinator.others if me in choose_keepers(k, self.hosts, replicas=replicas)]
-        serve_files(self.transport, self.locate)
+        serve_files(self.transport, holdings.locate)
 
     def store(self, owner: int) -> LocalStore:
         """The committed copies of ``owner``'s files, one folder per step."""
-        return LocalStore(os.path.join(self.local.root, COPIES, f"p{owner}"), marker=RECORD_NAME)
-
-    def locate(self, owner: int, step: int, file: str) -> str:
-        """Where this process holds ``owner``'s ``file`` of ``step`` (its own local step, or a copy it keeps); a
-        FileNotFoundError where it holds no committed such step."""
-        store = self.local if owner == self.coordinator.index else self.store(owner)
-        folder = self.names.name(step)
-        if folder not in store.committed():
-            raise FileNotFoundError(f"{store.path(folder)} is not a committed step")
-        return store.path(folder, file)
+        return self.holdings.copies(owner)
 
     def exchange(self, record: StepRecord, *, keep_last: int) -> None:
         """Send this process's files of ``record``'s step to its keepers; receive (streamed to disk, at most the
@@ -166,61 +156,67 @@ class PeerCopies:
             for old in self.names.steps(store.committed())[:-keep_last]:
                 store.delete(self.names.name(old))
 
-    def inventory(self, own: list[int]) -> dict[str, list[int]]:
-        """Whose files of which steps this process holds: its own (``own``, committed locally) and its copies."""
-        held = {str(self.coordinator.index): own}
-        for owner in self.coordinator.others:
-            steps = self.names.steps(self.store(owner).committed())
-            if steps:
-                held[str(owner)] = steps
-        return held
-
-    def gather_step(self, step: int, plan: dict[str, list[int]], *, have: bool) -> StepFolder:
-        """The folder to restore ``step`` from, ``plan[owner]`` naming the processes that hold each process's files
-        (the owner first where it holds them). Without ``have`` (this process lost its own local step), its own files
-        come back whole from a process that keeps them, into its local tier; every other file is read where this
-        process holds it, else by the byte ranges the restore reads, from the first process holding it."""
-        me, folder = self.coordinator.index, self.names.name(step)
+    def gather_step(self, step: int, version: str, plan: dict[str, list[int]]) -> StepFolder:
+        """The folder to restore ``step`` as saved by ``version`` from, ``plan[owner]`` naming the processes that
+        hold each process's files (the owner first where it holds them). Where this process's own tier lacks its files
+        (a replaced host), they come back whole from the first process holding them (this one, where a tier left in
+        its local directory holds them), into its local tier; every other file is read where this process holds it,
+        else by the byte ranges the restore reads, from the first process holding it."""
+        me, folder, holdings = self.coordinator.index, self.names.name(step), self.holdings
         holders = {int(owner): found for owner, found in plan.items()}
-        if have:
-            marker = self.local.read_marker(folder)
-        else:
-            wanted = {"owner": me, "step": step, "file": RECORD_NAME}
-            marker = bytes(cast(bytearray, ask(self.transport, holders[me][0], wanted, limit=_RECORD_LIMIT)))
-        found = PeerStep(self.transport, self.local, step, marker, holders, self.locate)
-        if not have:
+        wanted = {"owner": me, "step": step, "version": version}
+        marker = self._fetch(holders[me][0], {**wanted, "file": RECORD_NAME}, None, limit=_RECORD_LIMIT)
+        found = PeerStep(self.transport, self.local, step, version, marker, holders, holdings.locate)
+        if not holdings.holds_own(step, version):
             self.local.ensure()
-            staging = self.local.stage(folder, replace=False)
+            staging = self.local.stage(folder, replace=folder in self.local.committed())
             try:
                 for file in files_of(found.record, me):
                     with staging.open(file) as (_, sink):
-                        wanted = {"owner": me, "step": step, "file": file}
-                        ask(self.transport, holders[me][0], wanted, sink=sink, limit=_free(self.local.root))
+                        self._fetch(holders[me][0], {**wanted, "file": file}, sink, limit=_free(self.local.root))
                 staging.commit(marker)
             except BaseException:
                 staging.abort()
                 raise
+            holdings.restored(step, version)
         return StepFolder(found, self.names)
+
+    def _fetch(self, holder: int, wanted: dict[str, Any], sink: BinaryIO | None, *, limit: int) -> bytes:
+        """The file ``wanted`` names, from ``holder`` (read here where it is this process): to ``sink``, else
+        returned."""
+        if holder != self.coordinator.index:
+            got = ask(self.transport, holder, wanted, sink=sink, limit=limit)
+            return b"" if sink is not None else bytes(cast(bytearray, got))
+        path = self.holdings.locate(wanted["owner"], wanted["step"], wanted["file"], wanted["version"])
+        with storage_failures(path, doing="read it"), open(path, "rb") as source:
+            if sink is None:
+                return source.read(limit)
+            shutil.copyfileobj(source, sink)
+            return b""
 
     def close(self) -> None:
         self.transport.close()
 
 
 def plan_local(
-    inventories: dict[int, dict[str, list[int]]], count: int, bound: int | None
-) -> tuple[int, dict[str, list[int]]]:
-    """The newest step (at most ``bound``) whose every process's files some process holds, and for each owner the
-    processes holding its files (the owner itself first); ``(-1, {})`` if there is none."""
-    holders: dict[int, dict[str, list[int]]] = {}
+    inventories: dict[int, dict[str, list[list[Any]]]], count: int, bound: int | None
+) -> tuple[int, str, dict[str, list[int]]]:
+    """The newest step (at most ``bound``) whose latest save some process holds every process's files of, that
+    save's version, and for each owner the processes holding its files (the owner itself first); ``(-1, "", {})``
+    if there is none. An earlier save of a step (saved again, with ``force=True`` or after a restart that did not
+    restore it) is never restored. ``inventories[process]``: what ``process`` holds,
+    :meth:`~jaxstow.checkpoint.tier_holdings.Holdings.inventory`."""
+    saves: dict[int, dict[tuple[float, str], dict[str, list[int]]]] = {}
     for process, held in sorted(inventories.items()):
-        for owner, steps in held.items():
-            for step in steps:
-                holders.setdefault(step, {}).setdefault(owner, []).append(process)
-    for step in sorted(holders, reverse=True):
-        if (bound is None or step <= bound) and len(holders[step]) == count:
-            plan = {owner: sorted(found, key=lambda k: k != int(owner)) for owner, found in holders[step].items()}
-            return step, plan
-    return -1, {}
+        for owner, entries in held.items():
+            for step, version, saved in entries:
+                found = saves.setdefault(int(step), {}).setdefault((float(saved), str(version)), {})
+                found.setdefault(owner, []).append(process)
+    for step in sorted(saves, reverse=True):
+        (_, version), found = max(saves[step].items())
+        if (bound is None or step <= bound) and len(found) == count:
+            return step, version, {owner: sorted(held, key=lambda k: k != int(owner)) for owner, held in found.items()}
+    return -1, "", {}
 
 
 def _free(root: str) -> int:

@@ -22,6 +22,7 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.peers import PeerTransport
 from jaxstow._storage.sources import SourceBase
+from jaxstow.checkpoint.tier_holdings import version_of
 from jaxstow.errors import CheckpointError, JaxstowError
 
 __all__ = ["PeerFile", "PeerStep", "ask", "serve_files"]
@@ -29,8 +30,9 @@ __all__ = ["PeerFile", "PeerStep", "ask", "serve_files"]
 _REQUEST, _REPLY = "read/", "got/"
 _SIZE = struct.Struct("!Q")
 _numbers = itertools.count()
-#: ``locate(owner, step, file)``: the path of a file this process holds, or a FileNotFoundError.
-Locate = Callable[[int, int, str], str]
+#: ``locate(owner, step, file, version)``: the path of a file this process holds of the save ``version`` of a step,
+#: or a FileNotFoundError.
+Locate = Callable[[int, int, str, str], str]
 
 
 def ask(
@@ -42,7 +44,7 @@ def ask(
     sink: BinaryIO | None = None,
     limit: int | None = None,
 ) -> bytearray | int:
-    """Bytes of a file ``holder`` holds (``wanted``: its owner, step and file, and the range or ``size``): into
+    """Bytes of a file ``holder`` holds (``wanted``: its owner, step, version and file, and the range or ``size``): into
     ``into`` (exactly its size), or at most ``limit`` bytes to ``sink`` or into memory."""
     reply = f"{_REPLY}{next(_numbers)}"
     pending = transport.expect(holder, reply, into=into, sink=sink, limit=limit)
@@ -65,7 +67,7 @@ def serve_files(transport: PeerTransport, locate: Locate) -> None:
         if not isinstance(reply, str) or not reply.startswith(_REPLY):
             return
         try:
-            path = locate(int(wanted["owner"]), int(wanted["step"]), _plain(wanted["file"]))
+            path = locate(int(wanted["owner"]), int(wanted["step"]), _plain(wanted["file"]), str(wanted["version"]))
             size = os.path.getsize(path)
             if wanted.get("size"):
                 transport.send(source, reply, _SIZE.pack(size))
@@ -88,12 +90,13 @@ def _plain(file: Any) -> str:
 
 
 class PeerFile(SourceBase):
-    """A file that process ``holder`` holds (``owner``'s file of ``step``), read by ranges as they are read."""
+    """A file that process ``holder`` holds (``owner``'s file of ``step`` as saved by ``version``), read by ranges
+    as they are read."""
 
-    def __init__(self, transport: PeerTransport, holder: int, owner: int, step: int, file: str) -> None:
+    def __init__(self, transport: PeerTransport, holder: int, owner: int, step: int, version: str, file: str) -> None:
         self.name = f"{file} of step {step} (process {owner}'s, held by process {holder})"
         self._transport, self._holder = transport, holder
-        self._wanted: dict[str, Any] = {"owner": owner, "step": step, "file": file}
+        self._wanted: dict[str, Any] = {"owner": owner, "step": step, "version": version, "file": file}
         size = bytearray(_SIZE.size)
         ask(transport, holder, {**self._wanted, "size": True}, into=memoryview(size))
         self.size = int(_SIZE.unpack(size)[0])
@@ -112,13 +115,15 @@ class PeerFile(SourceBase):
 class PeerStep(LocalStore):
     """One step of the local tiers as this process reads it: the files it holds where they are (in the local
     directory ``local``, its own, or among the copies it keeps, found by ``locate``), every other one a
-    :class:`PeerFile` read from the first process of ``holders[owner]``; ``marker``, the record of ``step``."""
+    :class:`PeerFile` read from the first process of ``holders[owner]``; ``marker``, the record of ``step`` as saved
+    by ``version``."""
 
     def __init__(
         self,
         transport: PeerTransport,
         local: LocalStore,
         step: int,
+        version: str,
         marker: bytes,
         holders: dict[int, list[int]],
         locate: Locate,
@@ -126,7 +131,10 @@ class PeerStep(LocalStore):
         super().__init__(local.root, marker=RECORD_NAME)
         self.name = StepNames("%d").name(step)
         self.record = StepRecord.from_json(marker, where=local.url(self.name, RECORD_NAME))
+        if version_of(self.record) != version:
+            raise CheckpointError(f"step {step} was saved again while it was restored: restore it again")
         self.holders, self._marker, self._transport, self._locate = holders, marker, transport, locate
+        self._version = version
         record = self.record
         self._owners = {file: owner for item in record.files for owner, file in enumerate(record.item_files(item))}
 
@@ -143,5 +151,5 @@ class PeerStep(LocalStore):
         if owner is None:
             raise FileNotFoundError(file)
         if owner == self._transport.index or self._transport.index in self.holders[owner]:
-            return open_source(self._locate(owner, self.record.step, file))
-        return PeerFile(self._transport, self.holders[owner][0], owner, self.record.step, file)
+            return open_source(self._locate(owner, self.record.step, file, self._version))
+        return PeerFile(self._transport, self.holders[owner][0], owner, self.record.step, self._version, file)

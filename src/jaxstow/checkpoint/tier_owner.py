@@ -31,7 +31,7 @@ from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.failures import storage_failures
 from jaxstow.errors import CheckpointError, CorruptFileError
 
-__all__ = ["OWNER_NAME", "check_not_stale", "check_owner", "claim", "mark_copied", "run_identity"]
+__all__ = ["OWNER_NAME", "check_not_stale", "check_owner", "claim", "mark_copied", "owned_by", "run_identity"]
 
 #: The file in a local tier's directory that names the persistent directory whose run wrote the tier.
 OWNER_NAME = ".jaxstow-tier.json"
@@ -99,6 +99,16 @@ def check_owner(root: str, persistent: str) -> None:
             f"give each run a local directory of its own, or delete {root} if that run is over (or if its persistent "
             "directory was moved: its steps are there)"
         )
+
+
+def owned_by(root: str, persistent: str) -> bool:
+    """Whether the local tier ``root`` records that the run saved to ``persistent`` wrote it (``False`` for a tier
+    without a record, or with a corrupt one: its steps are not known to be that run's)."""
+    try:
+        owner = _owner(root)
+    except CorruptFileError:
+        return False
+    return owner is not None and _is_owner(root, owner, persistent)
 
 
 def check_not_stale(root: str, persistent: str, persistent_steps: Callable[[], list[int]], has_steps: bool) -> None:

@@ -34,15 +34,21 @@ def choose(tiers: Tiers, talk: Conversation, persistent: list[int], bound: int |
     coordinator = talk.coordinator
     if not coordinator.many:
         return ("local", own[-1], tiers.folder) if own and own[-1] >= newest else ("persistent", newest, tiers.folder)
-    held = tiers.peers.inventory(own) if tiers.peers is not None else {str(coordinator.index): own}
+    try:
+        held = tiers.holdings.inventory(bound)
+    except BaseException as error:
+        talk.fail("held", error)
+        if coordinator.index == 0:
+            talk.fail("plan", error)  # the decision the others wait for
+        raise
     talk.tell("held", held)
 
     def decide() -> dict[str, Any]:
         reports = talk.collect("held", waiting_for="its local steps")
         inventories = {index: message.value() for index, message in reports.items()}
-        step, plan = plan_local(inventories, coordinator.count, bound)
+        step, version, plan = plan_local(inventories, coordinator.count, bound)
         return (
-            {"tier": "local", "step": step, "plan": plan}
+            {"tier": "local", "step": step, "version": version, "plan": plan}
             if step >= max(newest, 0)
             else {"tier": "persistent", "step": newest}
         )
@@ -52,7 +58,7 @@ def choose(tiers: Tiers, talk: Conversation, persistent: list[int], bound: int |
     if choice["tier"] == "persistent":
         return "persistent", step, tiers.folder
     if tiers.peers is not None:
-        return "local", step, tiers.peers.gather_step(step, choice["plan"], have=step in own)
+        return "local", step, tiers.peers.gather_step(step, str(choice["version"]), choice["plan"])
     return "local", step, tiers.folder
 
 

@@ -24,11 +24,12 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.store import Staging, Store
 from jaxstow._write.background import BackgroundWriter
-from jaxstow.checkpoint.peer_copies import PeerCopies, files_of
+from jaxstow.checkpoint.peer_copies import PeerCopies
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
 from jaxstow.checkpoint.shared import Committed, commit_content, commit_step
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_holdings import Holdings, files_of
 from jaxstow.checkpoint.tier_owner import check_not_stale, check_owner, claim, mark_copied, run_identity
 from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
@@ -66,8 +67,9 @@ class Tiers:
         self._copied = False  # a step of this manager's reached the persistent directory (and the record says so)
         replicas = (1 if coordinator.many else 0) if settings.replicas is None else settings.replicas
         self.peers: PeerCopies | None = None
+        self.holdings = Holdings(self.store, coordinator.index, coordinator.count)
         if coordinator.many:
-            self.peers = PeerCopies(coordinator, self.store, replicas=replicas)
+            self.peers = PeerCopies(coordinator, self.holdings, replicas=replicas)
 
     @property
     def directory(self) -> str:
@@ -75,8 +77,11 @@ class Tiers:
 
     def check_not_stale(self, persistent_steps: Callable[[], list[int]]) -> None:
         """Refuse this tier if it holds an earlier run's steps: copied to the persistent directory, which holds none
-        now (see :func:`~jaxstow.checkpoint.tier_owner.check_not_stale`)."""
+        now (see :func:`~jaxstow.checkpoint.tier_owner.check_not_stale`); find the tiers of this run other processes
+        left beside it (:meth:`~jaxstow.checkpoint.tier_holdings.Holdings.find_left`), refusing them alike."""
         check_not_stale(self.store.root, self.run, persistent_steps, has_steps=bool(self.steps()))
+        if self.coordinator.many:
+            self.holdings.find_left(self.run, persistent_steps)
 
     def steps(self) -> list[int]:
         """The steps committed in this process's local tier (its own files and the record)."""
@@ -157,7 +162,8 @@ class Tiers:
         )
 
     def delete(self, step: int) -> None:
-        """Delete ``step`` from this process's local tier, and the copies of other processes' files of it kept here."""
+        """Delete ``step`` from this process's local tier, the copies of other processes' files of it kept here, and
+        the tiers other processes left here."""
         self._take_lock()
         folder = self.names.name(step)
         copies = [self.peers.store(owner) for owner in self.coordinator.others] if self.peers is not None else []
@@ -165,6 +171,7 @@ class Tiers:
             for store in [self.store, *copies]:
                 if folder in store.committed():
                     store.delete(folder)
+            self.holdings.delete(step)
 
     def _take_lock(self) -> None:
         if self._lock is None:
