@@ -162,3 +162,32 @@ def test_a_step_of_many_items_gets_each_header_with_its_data(s3_server):
             assert all(np.array_equal(restored[name]["w"], item["w"]) for name, item in items.items())
         assert proxy.faults["slow"] == count
     assert seconds[1.0] - seconds[0.0] < 6.5 * delay, seconds
+
+
+def _flip(fs, path: str, offset: int) -> None:
+    data = bytearray(fs.cat_file(path))
+    data[offset] ^= 1
+    fs.pipe_file(path, bytes(data))
+
+
+def test_damage_is_checked_in_the_store_not_in_the_cache_s_intact_copies(s3_server, tmp_path):
+    # The cache's copies of steps 2 and 3 were checked: both intact, though the store's were damaged and a host
+    # without the copies restores neither (latest_intact_step gave 3, damaged_steps {}).
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    cached = {"storage_options": options, "cache_dir": tmp_path / "cache"}
+    with CheckpointManager(url, **cached) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": np.full(256, float(step), np.float32)})
+            manager.restore(step)  # a copy of each in the cache
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    _flip(fs, f"{root}/2/w.safetensors", 12)  # in its header
+    _flip(fs, f"{root}/3/w.safetensors", -1)  # in its data
+    answers = []
+    for settings in (cached, {"storage_options": options}):  # this host, and a host without the copies
+        with CheckpointManager(url, **settings) as manager:
+            found, headers = manager.damaged_steps(), manager.damaged_steps(verify="headers")
+            answers.append((sorted(found), sorted(headers), manager.latest_intact_step()))
+    assert answers == [([2, 3], [2], 1)] * 2, answers
+    assert "3/w.safetensors: checksum mismatch" in found[3], found
+    with CheckpointManager(url, **cached) as manager:  # the copies are kept, and a restore here still reads them
+        assert manager.restore(3, as_numpy=True)["w"][0] == 3.0

@@ -21,6 +21,8 @@ writer's unfinished uploads. See docs/scaling.md ("Object stores").
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import functools
 import json
 import posixpath
@@ -104,6 +106,13 @@ class RemoteStore:
         self.location = url.rstrip("/")
         self.identity = self.location
         self.marker = marker
+
+    def without_cache(self) -> RemoteStore:
+        """This store with every file read from the store itself, never from the cache's copies: as a host without
+        them reads it."""
+        uncached = copy.copy(self)
+        uncached.settings = dataclasses.replace(self.settings, cache_dir=None)
+        return uncached
 
     def path(self, *parts: str) -> str:
         """The file system path of ``parts`` under the root."""

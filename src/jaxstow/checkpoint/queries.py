@@ -94,6 +94,7 @@ class StepQueries:
         """The committed steps that cannot be restored as saved, each with the reason (waits for the save in flight):
         with a local tier (in one process), each step with a damaged copy, in the local tier or in ``directory``
         (a new host reads the latter); a restore reads the other copy of a step held in both while one is intact.
+        Every copy is read from its storage, never from ``cache_dir``'s copies: the answer is a fresh host's.
 
         Args:
             verify: ``"data"`` reads every leaf and checks its checksum, as ``jaxstow verify`` does (a flipped byte
@@ -141,11 +142,15 @@ class StepQueries:
         return sorted({*self._folder.committed(), *self._tiers.steps()})
 
     def _copies(self, step: int) -> list[StepFolder]:
-        """Where a restore may read ``step``: in one process with a local tier, its copies there and in the
-        directory (:func:`~jaxstow.checkpoint.step_copies.copies_of`); else the directory."""
+        """The copies of ``step`` a query of damage checks: in one process with a local tier, its copies there and in
+        the directory (:func:`~jaxstow.checkpoint.step_copies.copies_of`); else the directory's. Each is read as a
+        host without the cache's copies reads it (:meth:`~jaxstow.checkpoint.step_folder.StepFolder.in_store`): a
+        step is intact or damaged as the store holds it."""
         if self._tiers is None or self._tiers.coordinator.many:
-            return [self._folder]
-        return copies_of(step, self._folder, self._tiers) or [self._folder]
+            copies = [self._folder]
+        else:
+            copies = copies_of(step, self._folder, self._tiers) or [self._folder]
+        return [folder.in_store() for folder in copies]
 
     def _bar(self, progress: bool | None) -> bool:
         if progress:

@@ -130,9 +130,7 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
 
     def data_damage(record: StepRecord) -> str | None:
         damage = _data_damage(folder, record, progress=progress)
-        if damage:  # read again (local copies gone bad fetched again): bytes damaged on their way are not
-            for error in damage:
-                folder.evict_damaged_copy(error)
+        if damage:  # read again: bytes damaged on their way are not
             damage = _data_damage(folder, record, progress=progress)
         return _described(damage)
 

@@ -75,6 +75,16 @@ class StepFolder:
         #: deletes them (an intact older step is worth more than a damaged newer one).
         self.damaged: set[int] = set()
 
+    def in_store(self) -> StepFolder:
+        """This folder as a host without its local copies (``cache_dir``) reads it, every file from the store: what
+        damage is checked in. The steps found damaged there are this folder's."""
+        without_cache = getattr(self.store, "without_cache", None)
+        if without_cache is None:
+            return self
+        folder = StepFolder(without_cache(), self.names)
+        folder.damaged = self.damaged
+        return folder
+
     def url(self, step: int, *parts: str) -> str:
         """Where ``step`` (or a file in it) is, for messages."""
         return self.store.url(self.names.name(step), *parts)
