@@ -107,3 +107,29 @@ def test_a_load_dir_that_is_a_checkpoint_file_is_refused_not_started_from_scratc
     path = old.save(Checkpoint(trainer_state={"last_epoch": 2}), 2)
     with pytest.raises(ArgumentError, match=r"load_dir is the folder of the checkpoints, not the file .*checkpoint_2"):
         DefaultCheckpointer(DefaultCheckpointerArguments(save_dir=tmp_path / "new", load_dir=path))
+
+
+@pytest.mark.parametrize("prefix", ["checkpoint_model", "checkpoint_Model"])
+def test_a_prefix_whose_checkpoints_another_prefix_s_model_files_name_is_refused(tmp_path: Path, prefix: str) -> None:
+    # "checkpoint_model_7.jxs" is checkpoint 7 of "checkpoint_model" and model file 7 of "checkpoint": the first
+    # resumed from the second's model file, replaced it with its own save, and deleted it with
+    # delete_existing_checkpoints; the second's delete_existing_checkpoints deleted the first's checkpoints.
+    first = DefaultCheckpointer(_args(tmp_path))
+    first.save(_state(1), 1)
+    first.save_model({"w": np.full(2, 7.0)}, 7)
+    fix = (
+        rf"file_prefix '{prefix}' ends in '_model', so its checkpoints \({prefix}_<index>\.jxs\) are named as the "
+        r"model files of the prefix 'checkpoint' .* Choose a prefix that does not end in '_model', such as "
+        r"'checkpoint-model'"
+    )
+    with pytest.raises(ArgumentError, match=fix):
+        DefaultCheckpointer(_args(tmp_path, file_prefix=prefix, delete_existing_checkpoints=True, load_dir=None))
+    with pytest.raises(ArgumentError, match=fix):
+        DefaultCheckpointer.get_latest_file(tmp_path, prefix, "jxs")  # was the model file checkpoint_model_7.jxs
+    second = DefaultCheckpointer(_args(tmp_path, file_prefix="checkpoint-model"))
+    second.args.file_prefix = prefix  # as a trainer may set it once the checkpointer is made
+    with pytest.raises(ArgumentError, match=fix):
+        second.save(_state(7), 7)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_1.jxs", "checkpoint_model_7.jxs"]
+    assert jaxstow.load(tmp_path / "checkpoint_model_7.jxs", as_numpy=True)["w"].tolist() == [7.0, 7.0]
+    assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 1}

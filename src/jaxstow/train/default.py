@@ -256,6 +256,7 @@ def _check_use(args: DefaultCheckpointerArguments) -> None:
         )
     _check_name_part(args, "file_prefix")
     _check_name_part(args, "file_ext")
+    FileNames(args.file_prefix, args.file_ext)  # refuses a prefix whose checkpoints another prefix's model files name
     if args.file_ext.startswith("."):
         raise ArgumentError(
             f"DefaultCheckpointerArguments.file_ext is the extension without its dot ({args.file_ext[1:]!r}), not "

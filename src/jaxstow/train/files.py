@@ -4,7 +4,8 @@ for model files, and finding them again in a folder.
 A name matches exactly or not at all: another prefix, another extension, a model file among checkpoints or a
 temporary file of a save in progress is never taken for one of this checkpointer's files. Its index is written as the
 checkpointer writes it, in ASCII digits without padding: ``run_02.pt`` next to ``run_2.pt``, or ``run_\u0661\u0660.pt``
-(Arabic-Indic digits), is no file of this checkpointer, whatever order the folder lists its files in.
+(Arabic-Indic digits), is no file of this checkpointer, whatever order the folder lists its files in. A prefix ending
+in ``_model`` is refused: ``run_model_3.pt`` would be its checkpoint 3 and the model file 3 of the prefix ``run``.
 
 >>> import os, tempfile
 >>> from jaxstow.train.files import FileNames
@@ -18,6 +19,10 @@ checkpointer writes it, in ASCII digits without padding: ``run_02.pt`` next to `
 [2, 10]
 >>> sorted(names.find(folder, model=True))
 [11]
+>>> FileNames(prefix="run_model", ext="pt")
+Traceback (most recent call last):
+...
+jaxstow.errors.ArgumentError: file_prefix 'run_model' ends in '_model', so its checkpoints (run_model_<index>.pt) are ...
 """
 
 from __future__ import annotations
@@ -26,7 +31,11 @@ import dataclasses
 import os
 import re
 
+from jaxstow.errors import ArgumentError
+
 __all__ = ["FileNames"]
+
+_MODEL = "_model"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +44,18 @@ class FileNames:
 
     prefix: str
     ext: str
+
+    def __post_init__(self) -> None:
+        """Refuse a prefix ending in ``_model``, whose checkpoints are named as another prefix's model files."""
+        base = self.prefix[: -len(_MODEL)]
+        if base and self.prefix.lower().endswith(_MODEL):  # any case: a folder may not tell the cases apart
+            raise ArgumentError(
+                f"file_prefix {self.prefix!r} ends in {_MODEL!r}, so its checkpoints ({self.checkpoint_pattern}) are "
+                f"named as the model files of the prefix {base!r} ({base}_model_<index>.{self.ext}): either "
+                "checkpointer would load, list, replace or delete the other's files in a folder they share. Choose a "
+                f"prefix that does not end in {_MODEL!r}, such as {base + '-model'!r} (rename the files saved with "
+                f"{self.prefix!r} to resume from them: {self.checkpoint(3)} to {base}-model_3.{self.ext})"
+            )
 
     def checkpoint(self, index: int) -> str:
         """The name of the checkpoint saved under ``index``."""
