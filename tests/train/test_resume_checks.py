@@ -146,7 +146,10 @@ def test_a_torch_module_resumed_with_another_optimizer_is_refused_before_it_trai
 
     folder = str(tmp_path)
     arguments = train.TrainerArguments(
-        epochs=1, checkpointer_args=train.DefaultCheckpointerArguments(save_dir=folder, load_dir=folder)
+        epochs=1,
+        checkpointer_args=train.DefaultCheckpointerArguments(
+            save_dir=folder, load_dir=folder, model_state_save_dir=folder
+        ),
     )
     train.Trainer(module(lambda p: torch.optim.Adam(p, lr=0.1)), arguments).train()
     with pytest.raises(

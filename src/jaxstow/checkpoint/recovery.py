@@ -58,7 +58,6 @@ __all__ = [
     "check_verify",
     "damaged",
     "newest_accepted",
-    "newest_intact",
     "restore_newest_intact",
     "step_damage",
 ]
@@ -222,10 +221,3 @@ def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progres
             found[step] = step_damage(folder, step, verify=verify, progress=progress)
     folder.damaged.update(step for step, problem in found.items() if problem is not None)
     return {step: problem for step, problem in found.items() if problem is not None}
-
-
-def newest_intact(
-    folder: StepFolder, choose: Callable[[], Sequence[int]], *, verify: Verify, progress: bool
-) -> int | None:
-    """The newest step ``choose()`` lists (see :func:`newest_accepted`) that is intact; older steps are not read."""
-    return newest_accepted(choose, lambda step: step_damage(folder, step, verify=verify, progress=progress) is None)
