@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
-from jaxstow.errors import CollectorError, JaxstowError, MissingDependencyError
+from jaxstow.errors import ArgumentError, CollectorError, JaxstowError, MissingDependencyError
 
 if importlib.util.find_spec("arviz") is None:
     pytest.skip("needs ArviZ (pip install 'jaxstow[arviz]')", allow_module_level=True)
@@ -209,3 +209,33 @@ def test_names_of_arvizs_dimensions_one_values_and_no_variables_are_refused_not_
         with pytest.raises(JaxstowError, match=message):
             io.to_inference_data({"sample_count": 3, "samples": samples})
     assert "theta_dim_0" in io.to_inference_data({"sample_count": 3, "samples": {"theta_dim_0": np.ones(3)}}).posterior
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"dims": {"theta": ["sign", "extra"]}}, r"dims\['theta'\] names 2 axes .*have 1 axis: .*shape \(2,\)"),
+        ({"dims": {"mu": ["a"]}}, r"dims\['mu'\] names 1 axis \(\['a'\]\), but the draws of 'mu' have 0 axes"),
+        ({"dims": {"thetta": ["sign"]}}, r"dims names 'thetta', which is no variable of the draws: .*'theta'"),
+        ({"dims": {"theta": [0]}}, r"dims\['theta'\] is \[0\], but it takes a list of names \(str\).*shape \(2,\)"),
+        ({"dims": {"theta": "sign"}}, r"dims\['theta'\] is 'sign', but it takes a list of names"),
+        ({"dims": {"theta": ["chain"]}}, r"dims\['theta'\] names an axis 'chain'"),
+        ({"dims": {"theta": ["k"], "w": ["k", "j"]}}, r"dimension 'k' is axis 0 of the draws of 'w', shape \(3, 4\)"),
+        ({"dims": ["theta"]}, r"dims maps each variable to the names of the axes of its draws"),
+        ({"dims": {"theta": ["sign"]}, "coords": {"sign": ["+"]}}, r"coords\['sign'\] is \['\+'\], .*shape \(2,\)"),
+        ({"coords": {"sgn": ["+", "-"]}}, r"coords names 'sgn', which is no dimension of the draws"),
+        ({"coords": {"chain": ["only one"]}}, r"coords\['chain'\] .*the 2 chains: give a list of 2 labels"),
+        ({"coords": {"theta_dim_0": 5}}, r"coords\['theta_dim_0'\] is 5, .*give a list of 2 labels"),
+    ],
+)
+def test_dims_and_coords_that_do_not_fit_the_draws_name_the_variable_and_its_shape(labels, message, az):
+    """ArviZ raised KeyError or xarray's errors naming no variable, or padded a dimension of two lengths with NaN
+    and ignored dims of a variable that does not exist; at ArviZ 1.x, dims naming 'chain' stretched the chains."""
+    chain = {"sample_count": 4, "samples": {"theta": np.ones((4, 2)), "mu": np.ones(4), "w": np.ones((4, 3, 4))}}
+    with pytest.raises(ArgumentError, match=message):
+        io.to_inference_data([chain, chain], **labels)
+    data = io.to_inference_data(
+        [chain, chain], dims={"theta": ("sign",), "w": ["k", "j"]}, coords={"sign": ["+", "-"], "chain": ["a", "b"]}
+    )
+    assert dict(data.posterior["w"].sizes) == {"chain": 2, "draw": 4, "k": 3, "j": 4}
+    assert list(data.posterior["theta"].coords["sign"].values) == ["+", "-"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError
+from jaxstow.io.arviz_labels import checked_labels
 
 __all__ = ["arviz_major", "from_posterior", "without_slash", "without_slashes"]
 
@@ -40,8 +41,8 @@ def from_posterior(
     Args:
         posterior: The variables by name.
         purpose: What needs ArviZ, named in the error where it is not installed.
-        coords: Passed to ``arviz.from_dict``.
-        dims: Passed to ``arviz.from_dict``.
+        coords: Labels of dimensions, passed to ``arviz.from_dict`` once checked: one label per entry.
+        dims: Names of the axes of each variable's draws, passed to ``arviz.from_dict`` once checked: one per axis.
 
     Returns:
         An ``arviz.InferenceData`` with ArviZ 0.x, an ``xarray.DataTree`` with ArviZ 1.x (whose variables may not
@@ -49,16 +50,16 @@ def from_posterior(
 
     Raises:
         MissingDependencyError: ArviZ is not installed.
+        ArgumentError: ``coords`` or ``dims`` do not fit the variables (see :mod:`~jaxstow.io.arviz_labels`).
     """
     arviz = require("arviz", extra="arviz", purpose=purpose)
-    options = {
-        "coords": dict(coords) if coords is not None else None,
-        "dims": {name: list(names) for name, names in dims.items()} if dims is not None else None,
-    }
-    if arviz_major(arviz) >= 1:  # a DataTree, whose variables may not hold a "/": spelt as the file spells it
+    modern = arviz_major(arviz) >= 1  # a DataTree, whose variables may not hold a "/": spelt as the file spells it
+    labels, axes = checked_labels(posterior, coords, dims, spelt=without_slash if modern else str)
+    options: dict[str, Any] = {"coords": labels, "dims": axes}
+    if modern:
         named = {spelt: posterior[name] for name, spelt in without_slashes(posterior).items()}
-        if dims is not None:
-            options["dims"] = {without_slash(name): list(names) for name, names in dims.items()}
+        if axes is not None:
+            options["dims"] = {without_slash(name): names for name, names in axes.items()}
         return arviz.from_dict({"posterior": named}, **options)
     return arviz.from_dict(posterior=dict(posterior), **options)
 

@@ -62,13 +62,13 @@ def to_inference_data(
             are still held), or the HDF5 file of an :class:`~jaxstow.io.HDF5Collector` (a path or an open
             ``h5py.File``; a run still going on is read as far as every chain has written).
         truncate: Cut every chain to the shortest, rather than raise.
-        coords: Passed to ``arviz.from_dict``.
-        dims: Passed to ``arviz.from_dict``.
+        coords: Labels by dimension (``{"school": names}``), one per entry, for ``arviz.from_dict``.
+        dims: The names of each variable's axes of a draw (``{"theta": ["school"]}``), for ``arviz.from_dict``.
 
     Raises:
         JaxstowError: The chains kept different numbers of samples (without ``truncate``) or other variables, or
             there are none.
-        ArgumentError: ``samples`` is none of the above.
+        ArgumentError: ``samples`` is none of the above, or ``coords`` or ``dims`` do not fit the variables.
         CollectorError: A ``MemoryCollector`` whose runs are over, and whose samples nothing holds any more.
 
     >>> import numpy as np
