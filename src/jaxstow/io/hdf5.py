@@ -34,7 +34,7 @@ import numpy as np
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError
 from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
@@ -60,8 +60,10 @@ from jaxstow.io.hdf5_layout import (
     write_block,
     write_hyperslab,
 )
+from jaxstow.io.hdf5_resume import make_way, reopened
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
+from jaxstow.io.stopped_runs import StoppedRun
 from jaxstow.io.swmr import (
     DISK_DRIVERS,
     WriterLock,
@@ -164,6 +166,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._chains = ChainBook()
         self._datasets: dict[int, list[Any]] = {}  # per chain whose run goes on
         self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
+        self._stopped = StoppedRun()  # the chains of a stopped run that the run registered now continues
         self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._counts: Any = None  # the dataset /draws_done, once looked up in the file
@@ -210,12 +213,17 @@ class HDF5Collector(KeepsChains, DataCollector):
         resumed = None
         if record is not None and path is not None:
             resumed = restore_checkpoint(record, init_checkpoint, chain_id=chain_id, file=path)
+        advice = f"delete it and {self._filename}" if self._lock else "open the file with mode 'w'"
+        self._stopped = StoppedRun(self._stored, path or "", f"{advice} to start over, or use another file")
         with self._failures():
             if resumed is None:
+                make_way(self._file, chain_id, layout, self._stopped, own_file=self._lock is not None)
                 capacity = static_information.samples_collected if static_information is not None else None
-                self._datasets[chain_id] = self._create(chain_id, layout, capacity or 0)
+                self._datasets[chain_id] = create_datasets(
+                    self._file, chain_id, layout, capacity or 0, self._compression
+                )
             else:
-                self._datasets[chain_id] = self._reopen(chain_id, layout, resumed.sample_count)
+                self._datasets[chain_id] = reopened(self._file, chain_id, layout, resumed.sample_count, path)
                 self._latest[chain_id] = resumed
             self._published.append(0 if resumed is None else resumed.sample_count)
             self._count_draws()
@@ -243,46 +251,6 @@ class HDF5Collector(KeepsChains, DataCollector):
         else:
             self._file.flush()
 
-    def _create(self, chain_id: int, layout: SampleLayout, capacity: int) -> list[Any]:
-        group = group_name(chain_id)
-        if group in self._file:
-            problems = layout_problems(self._file, chain_id, layout)
-            if problems:
-                raise StructureMismatchError(
-                    [*problems, "the file holds the samples of another run: use another file"], file=self._file.filename
-                )
-            if "sample_count" in self._file[group].attrs:
-                checkpoint = f" and its checkpoint {self.checkpoint_path}" if self._stored else ""
-                advice = f"use another file, or delete {self._file.filename}{checkpoint} to start over"
-                raise CollectorError(
-                    f"{self._file.filename} already holds the samples of a finished run at {group}, where this run's "
-                    "chain would go: a collector made anew numbers its chains from /chain~0 and continues only the "
-                    f"chains its checkpoint holds ({sorted(self._stored or {}) or 'none'}); "
-                    + (advice if self._lock else "open the file with mode 'w' to replace them, or use another file")
-                )
-            del self._file[group]  # interrupted before its first checkpoint: start again
-        return create_datasets(self._file, chain_id, layout, capacity, self._compression)
-
-    def _reopen(self, chain_id: int, layout: SampleLayout, sample_count: int) -> list[Any]:
-        group = group_name(chain_id)
-        problems = (
-            layout_problems(self._file, chain_id, layout, sample_count)
-            if group in self._file
-            else [f"{group}: missing"]
-        )
-        if problems:
-            raise StructureMismatchError(
-                [
-                    *problems,
-                    f"the checkpoint {self.checkpoint_path} belongs to another file or run: delete it to start "
-                    "the chains again",
-                ],
-                file=self._file.filename,
-            )
-        if "sample_count" in self._file[group].attrs:  # finished, but not every chain was: the run goes on
-            del self._file[group].attrs["sample_count"]
-        return [self._file[dataset_name(chain_id, name)] for name in layout.names]
-
     def _count_draws(self) -> None:
         """Set ``/draws_done`` to the samples published of every chain (creating or growing the dataset)."""
         counts = self._counts
@@ -304,6 +272,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
         The copies go to memory that earlier blocks gave back once written (:mod:`~jaxstow.io.host_buffers`).
         """
+        self._stopped.refuse_fewer(self._datasets)
         ends = {
             chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()
         }
@@ -353,6 +322,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         path = self.checkpoint_path
         if path is None:
             raise ArgumentError(self.checkpoint_problem() or "")
+        self._stopped.refuse_fewer(self._datasets)
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
         self._writer.submit(functools.partial(self._commit, path, records))
 
@@ -375,6 +345,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
         The checkpoints are removed once every registered chain is finalized: a run killed in between resumes.
         """
+        self._stopped.refuse_fewer(self._datasets)
         self._writer.wait()
         with self._failures():
             for chain_id in chain_ids:
@@ -392,6 +363,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             if path is not None:
                 remove_checkpoint(path)
                 self._latest.clear()
+                self._stored = {}
             self.close()
 
     def close(self) -> None:

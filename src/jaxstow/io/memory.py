@@ -14,6 +14,7 @@ array([0., 3., 6.], dtype=float32)
 from __future__ import annotations
 
 import os
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -39,11 +40,14 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
+from jaxstow.io.stopped_runs import StoppedRun
 from jaxstow.io.swmr import WriterLock
 
 __all__ = ["MemoryCollector"]
 
 _CHECKPOINT = ".checkpoint.jxs"
+#: A chain's checkpoint, or a file its commit writes first (``.next``), in ``save_dir``.
+_CHECKPOINT_FILE = re.compile(rf"chain_(\d+){re.escape(_CHECKPOINT)}")
 _locks: dict[str, tuple[WriterLock, weakref.ref[MemoryCollector]]] = {}  # a folder's writer lock and its collector
 
 
@@ -78,6 +82,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         self._given: dict[int, list[np.ndarray]] = {}  # what finished() last returned of each such chain
         self._handed: dict[int, tuple[Any, list[weakref.ref[np.ndarray]]]] = {}  # runs over: what the caller holds
         self._lock: str | None = None  # the key in _locks of save_dir's writer lock, while a run goes on
+        self._stopped = StoppedRun()  # the chains of a stopped run in save_dir that the run registered now continues
 
     @property
     def chain_count(self) -> int:
@@ -99,13 +104,17 @@ class MemoryCollector(KeepsChains, DataCollector):
         takes ``save_dir``'s writer lock: another process's collector of the folder is refused until the run is over,
         as an :class:`~jaxstow.io.HDF5Collector`'s file is (in this process, the newest collector of a folder takes
         the lock over from one whose run failed or was dropped: one run at a time writes a folder)."""
-        if self._save_dir is not None and self._lock is None:
+        taking = self._save_dir is not None and self._lock is None  # the run's first chain
+        if self._save_dir is not None and taking:
             self._lock = key = os.path.realpath(self._save_dir)
             if key not in _locks:
                 make_folder(self._save_dir)
                 _locks[key] = (WriterLock(self._save_dir, lock_file=os.path.join(key, ".lock")), weakref.ref(self))
             _locks[key] = (_locks[key][0], weakref.ref(self))
         try:
+            if self._save_dir is not None and taking:
+                advice = "move its chain_*.checkpoint.jxs away to start over, or give MemoryCollector another save_dir"
+                self._stopped = StoppedRun(_stopped_chains(self._save_dir), self._save_dir, advice)
             return self._register(init_sample, init_checkpoint, static_information)
         except BaseException:
             if not self._samples:  # no run goes on
@@ -141,6 +150,8 @@ class MemoryCollector(KeepsChains, DataCollector):
                 f"{finished} holds the samples of chain {chain_id} of a finished run, which this run would replace: "
                 "move them away, or give MemoryCollector another save_dir"
             )
+        if stored is None:
+            self._stopped.refuse_new(chain_id)
         if stored is not None and stored[1] is not None and (problems := layout.problems_with(stored[1])):
             raise StructureMismatchError(
                 [f"the samples of chain {chain_id} {problem}" for problem in problems], file=path
@@ -196,6 +207,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         committed together (:mod:`jaxstow.io.chain_commits`): a crash leaves every chain at one step."""
         if self._save_dir is None:
             raise ArgumentError(self.checkpoint_problem() or "")
+        self._stopped.refuse_fewer(self._samples)
         make_folder(self._save_dir)
 
         def write(chain_id: int, path: str) -> None:
@@ -218,6 +230,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         finished run's, which a later run refuses to replace."""
         if self._save_dir is None:
             return
+        self._stopped.refuse_fewer(self._samples)
         make_folder(self._save_dir)
         for chain_id in chain_ids:
             _write_npz(
@@ -269,6 +282,15 @@ class MemoryCollector(KeepsChains, DataCollector):
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
         return self._chains.resume()
+
+
+def _stopped_chains(save_dir: str) -> list[int]:
+    """The chains whose checkpoints a run that stopped before it finished left in ``save_dir`` (a commit of them that
+    a crash cut short finished or forgotten first)."""
+    chains = {int(found[1]) for name in os.listdir(save_dir) if (found := _CHECKPOINT_FILE.match(name))}
+    for chain_id in chains:
+        settle(chain_id, os.path.join(save_dir, f"chain_{chain_id}{_CHECKPOINT}"))
+    return [chain_id for chain_id in chains if os.path.exists(os.path.join(save_dir, f"chain_{chain_id}{_CHECKPOINT}"))]
 
 
 def _write_npz(path: str, samples: dict[str, np.ndarray]) -> None:

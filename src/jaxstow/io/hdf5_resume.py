@@ -1,0 +1,60 @@
+"""Where an :class:`~jaxstow.io.HDF5Collector` puts a chain in a file that earlier runs wrote: its group reopened to
+continue from the checkpoint, or made afresh where nothing a run left is lost or mixed with the new one's samples.
+
+A chain made afresh may take the place of a run's group cut short before its first checkpoint (nothing of it can be
+continued), never of another run's samples, a finished run's, or a chain beside those a stopped run continues.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxstow.errors import CollectorError, StructureMismatchError
+from jaxstow.io.chains import SampleLayout
+from jaxstow.io.hdf5_layout import dataset_name, group_name, layout_problems
+from jaxstow.io.stopped_runs import StoppedRun
+
+__all__ = ["make_way", "reopened"]
+
+
+def make_way(file: Any, chain_id: int, layout: SampleLayout, stopped: StoppedRun, *, own_file: bool) -> None:
+    """Clear the way in ``file`` for chain ``chain_id`` of a run that starts it afresh, or refuse to: the group of a
+    run cut short before its first checkpoint is deleted. ``own_file``: the collector opened the file itself (the
+    advice is to delete it, rather than to open it with mode ``"w"``)."""
+    group = group_name(chain_id)
+    if group in file:
+        problems = layout_problems(file, chain_id, layout)
+        if problems:
+            raise StructureMismatchError(
+                [*problems, "the file holds the samples of another run: use another file"], file=file.filename
+            )
+        if "sample_count" in file[group].attrs:
+            checkpoint = f" and its checkpoint {stopped.where}" if stopped.chains else ""
+            advice = f"use another file, or delete {file.filename}{checkpoint} to start over"
+            raise CollectorError(
+                f"{file.filename} already holds the samples of a finished run at {group}, where this run's "
+                "chain would go: a collector made anew numbers its chains from /chain~0 and continues only the "
+                f"chains its checkpoint holds ({sorted(stopped.chains) or 'none'}); "
+                + (advice if own_file else "open the file with mode 'w' to replace them, or use another file")
+            )
+    stopped.refuse_new(chain_id)
+    if group in file:
+        del file[group]  # interrupted before its first checkpoint: start again
+
+
+def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, checkpoint: str | None) -> list[Any]:
+    """The datasets of chain ``chain_id`` in ``file``, to continue from its checkpoint (at ``checkpoint``), which
+    counts ``sample_count`` samples; a :class:`StructureMismatchError` if the file holds other samples there."""
+    group = group_name(chain_id)
+    problems = layout_problems(file, chain_id, layout, sample_count) if group in file else [f"{group}: missing"]
+    if problems:
+        raise StructureMismatchError(
+            [
+                *problems,
+                f"the checkpoint {checkpoint} belongs to another file or run: delete it to start the chains again",
+            ],
+            file=file.filename,
+        )
+    if "sample_count" in file[group].attrs:  # finished, but not every chain was: the run goes on
+        del file[group].attrs["sample_count"]
+    return [file[dataset_name(chain_id, name)] for name in layout.names]

@@ -1,0 +1,68 @@
+"""The chains of a run that stopped before it finished (killed, or stopped by hand), whose checkpoints a built-in
+collector continues: the run that continues it must have exactly those chains. A run of fewer would leave the others
+unfinished, their checkpoints dropped at its first checkpoint and deleted at its end, its samples silently missing;
+a run of more would start its other chains from nothing beside chains well on their way.
+
+A chain that the stopped run lacks is refused when it registers, before anything is written for it; a run that lacks
+some of the stopped run's chains, once it goes on (its first block, checkpoint or end: the collector knows then that
+every chain of the run is registered), before the collector writes anything of it.
+
+>>> from jaxstow.io.stopped_runs import StoppedRun
+>>> stopped = StoppedRun([0, 1, 2], "samples.h5", "delete samples.h5 to start over")
+>>> stopped.refuse_fewer([0, 1])
+Traceback (most recent call last):
+...
+jaxstow.errors.CollectorError: samples.h5 holds the checkpoints of a run of 3 chains (0, 1, 2) that stopped before it finished, and this run continues it with 2 chains (0, 1): chain 2 would be left unfinished. Continue the run with every chain it was started with (3), or delete samples.h5 to start over; its checkpoints are left as they are
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from jaxstow.errors import CollectorError
+
+__all__ = ["StoppedRun"]
+
+
+class StoppedRun:
+    """The chains whose checkpoints a stopped run left at ``where`` (none: no run to continue); ``advice`` says how
+    else to start over."""
+
+    def __init__(self, chains: Collection[int] = (), where: str = "", advice: str = "") -> None:
+        self.chains = frozenset(chains)
+        self.where = where
+        self.advice = advice
+
+    def refuse_new(self, chain_id: int) -> None:
+        """A :class:`CollectorError` if the run continues this one but registers ``chain_id``, which this one lacks."""
+        if self.chains and chain_id not in self.chains:
+            raise CollectorError(
+                f"{self._held()}, and this run continues it, but registers a chain {chain_id} too, which that run "
+                f"did not have. {self._how()}; nothing was written for chain {chain_id}",
+                file=self.where,
+            )
+
+    def refuse_fewer(self, live: Collection[int]) -> None:
+        """A :class:`CollectorError` if the run of the chains ``live`` continues this one without all its chains."""
+        missing = sorted(self.chains.difference(live)) if self.chains else []  # none: at no cost, at every block
+        if missing:
+            raise CollectorError(
+                f"{self._held()}, and this run continues it with {_chains(sorted(live))}: "
+                f"{_chains(missing, counted=False)} would be left unfinished. {self._how()}; its checkpoints are left "
+                "as they are",
+                file=self.where,
+            )
+
+    def _held(self) -> str:
+        return f"{self.where} holds the checkpoints of a run of {_chains(sorted(self.chains))} that stopped before it finished"
+
+    def _how(self) -> str:
+        return f"Continue the run with every chain it was started with ({len(self.chains)}), or {self.advice}"
+
+
+def _chains(ids: list[int], *, counted: bool = True) -> str:
+    """``3 chains (0, 1, 2)``, or without ``counted`` ``chains 1, 2`` (``chain 2`` for one)."""
+    listed = ", ".join(map(str, ids))
+    if not counted:
+        return f"chain {listed}" if len(ids) == 1 else f"chains {listed}"
+    return f"{len(ids)} chain{'s' if len(ids) != 1 else ''} ({listed})"
