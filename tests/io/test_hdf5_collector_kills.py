@@ -29,7 +29,7 @@ import pytest
 import jaxstow
 from jaxstow import io
 from jaxstow.cli import main
-from jaxstow.errors import CheckpointError, FormatError
+from jaxstow.errors import CheckpointError, CollectorError, FormatError
 from jaxstow.io.live import FileDraws, read_draws
 from jaxstow.io.swmr import clear_stale_writer, read_superblock
 
@@ -348,3 +348,32 @@ def test_the_path_form_refuses_a_file_it_cannot_continue_or_replace_and_changes_
     collector.finalize(0)  # the last chain: the file is closed, the lock released
     assert sorted(os.listdir(tmp_path)) == ["foreign.h5", "notes.h5", "samples.h5"]
     np.testing.assert_array_equal(collector.finished(0)["x"], _rows(0, 3))
+
+
+@pytest.mark.timeout(120)
+def test_a_run_whose_checkpoint_is_gone_is_refused_not_started_over_and_continues_once_it_is_back(processes, tmp_path):
+    path = str(tmp_path / "samples.h5")
+    writer = Writer(processes, path, "path", latest=True, every=40, pause=0.01)
+    while not _checkpoint(path) or min(read_draws(path).done) < 56:
+        time.sleep(0.01)
+    writer.kill()
+    os.replace(f"{path}.checkpoint.jxs", tmp_path / "elsewhere.jxs")  # deleted, or left behind by a copy of the file
+    before = read_draws(path)
+    gone = (
+        r"samples\.h5 holds the samples of a run that stopped before it finished \(/chain~0, /chain~1 unfinished\), "
+        r"checkpointed in .*samples\.h5\.checkpoint\.jxs, which is gone: .*Put the checkpoint back"
+    )
+    with pytest.raises(CollectorError, match=gone):
+        io.HDF5Collector(path)  # the same code run again: it started over, the samples lost
+    assert read_superblock(path).writer is None  # it cleared the killed writer's flags, and nothing else
+    information = io.scheduler.static_information(samples_collected=STEPS)
+    with h5py.File(path, "a", libver="latest") as file, pytest.raises(CollectorError, match=gone):  # jax_sgmc's form
+        io.save(io.HDF5Collector(file), checkpoint_every=40)[0]({"x": jnp.zeros(2)}, jnp.zeros(()), information)
+    after = read_draws(path)
+    assert after.done == before.done and min(after.done) >= 56
+    _assert_rows(after)
+
+    os.replace(tmp_path / "elsewhere.jxs", f"{path}.checkpoint.jxs")
+    writer = Writer(processes, path, "path", latest=True, every=40, pause=0.0)
+    assert writer.start > 0  # it continues from the checkpoint
+    _assert_finished_from_scratch_or_continued(path, writer.finish())

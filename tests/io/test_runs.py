@@ -28,7 +28,7 @@ import pytest
 
 from jaxstow import io
 from jaxstow.cli import main
-from jaxstow.errors import ArgumentError, CheckpointError, FormatError, StructureMismatchError
+from jaxstow.errors import ArgumentError, CheckpointError, CollectorError, FormatError, StructureMismatchError
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 
 STEPS = 4000
@@ -134,6 +134,19 @@ def test_the_killed_run_continues_to_the_draws_of_an_uninterrupted_run(killed_ru
         np.testing.assert_array_equal(draws[name], expected[name])
     np.testing.assert_array_equal(draws["t"][0], np.arange(STEPS))  # every step once: none twice, none lost
     assert sorted(os.listdir(continued)) == ["walk.h5"]
+
+
+def test_a_killed_run_whose_checkpoint_is_gone_is_refused_and_continues_once_it_is_back(killed_run, tmp_path):
+    folder = shutil.copytree(killed_run, tmp_path / "copied")  # the module's other tests need it killed
+    (folder / "walk.h5.checkpoint.jxs").rename(tmp_path / "elsewhere.jxs")  # deleted, or left behind by a copy
+    before = _fingerprint(folder)
+    gone = r"walk\.h5 holds the samples of a run that stopped before it finished \(/chain~0, /chain~1 unfinished\), "
+    with pytest.raises(CollectorError, match=gone + r"checkpointed in .*walk\.h5\.checkpoint\.jxs, which is gone"):
+        run(str(folder / "walk.h5"))  # h5py's KeyError and RuntimeError, the file left open for write
+    assert _fingerprint(folder) == before
+    (tmp_path / "elsewhere.jxs").rename(folder / "walk.h5.checkpoint.jxs")
+    draws, expected = run(str(folder / "walk.h5")), run(str(tmp_path / "uninterrupted.h5"))
+    np.testing.assert_array_equal(draws["x"], expected["x"])
 
 
 def test_files_that_hold_no_such_run_are_left_alone(tmp_path):

@@ -60,7 +60,7 @@ from jaxstow.io.hdf5_layout import (
     write_block,
     write_hyperslab,
 )
-from jaxstow.io.hdf5_resume import make_way, reopened
+from jaxstow.io.hdf5_resume import make_way, mark_checkpointed, reopened
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.stopped_runs import StoppedRun
@@ -168,6 +168,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._stored: dict[int, dict[str, Any]] | None = None  # the checkpoint records on disk, read once
         self._stopped = StoppedRun()  # the chains of a stopped run that the run registered now continues
         self._latest: dict[int, ChainCheckpoint] = {}  # each chain's latest checkpoint, all rewritten together
+        self._marked: set[int] = set()  # the chains whose groups say that they were checkpointed
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._counts: Any = None  # the dataset /draws_done, once looked up in the file
         self._finalized: set[int] = set()
@@ -335,6 +336,10 @@ class HDF5Collector(KeepsChains, DataCollector):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._latest.update(records)
         write_checkpoints(path, self._latest)
+        if unmarked := [chain_id for chain_id in records if chain_id not in self._marked]:
+            with self._failures():
+                mark_checkpointed(self._file, unmarked)  # once the checkpoint is there: a kill before, no mark
+            self._marked.update(unmarked)
 
     def finalize(self, chain_id: int) -> None:
         """Finalize one chain (see :meth:`finalize_chains`)."""

@@ -2,11 +2,14 @@
 continue from the checkpoint, or made afresh where nothing a run left is lost or mixed with the new one's samples.
 
 A chain made afresh may take the place of a run's group cut short before its first checkpoint (nothing of it can be
-continued), never of another run's samples, a finished run's, or a chain beside those a stopped run continues.
+continued), never of another run's samples, a finished run's, or a chain beside those a stopped run continues. A
+chain's group is marked once its first checkpoint is committed: a file whose run stopped after that, and whose
+checkpoint is gone (deleted, or left behind in a copy), is refused rather than started over, its samples lost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from jaxstow.errors import CollectorError, StructureMismatchError
@@ -14,7 +17,10 @@ from jaxstow.io.chains import SampleLayout
 from jaxstow.io.hdf5_layout import dataset_name, group_name, layout_problems
 from jaxstow.io.stopped_runs import StoppedRun
 
-__all__ = ["make_way", "reopened"]
+__all__ = ["make_way", "mark_checkpointed", "refuse_lost_checkpoint", "reopened"]
+
+#: The attribute of a chain's group that says a checkpoint of the chain was committed.
+CHECKPOINTED = "jaxstow_checkpointed"
 
 
 def make_way(file: Any, chain_id: int, layout: SampleLayout, stopped: StoppedRun, *, own_file: bool) -> None:
@@ -39,6 +45,8 @@ def make_way(file: Any, chain_id: int, layout: SampleLayout, stopped: StoppedRun
             )
     stopped.refuse_new(chain_id)
     if group in file:
+        if CHECKPOINTED in file[group].attrs:  # not finished, and its checkpoint is gone: raises, naming every chain
+            refuse_lost_checkpoint(file, stopped.where or "its checkpoint")
         del file[group]  # interrupted before its first checkpoint: start again
 
 
@@ -58,3 +66,26 @@ def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, 
     if "sample_count" in file[group].attrs:  # finished, but not every chain was: the run goes on
         del file[group].attrs["sample_count"]
     return [file[dataset_name(chain_id, name)] for name in layout.names]
+
+
+def mark_checkpointed(file: Any, chain_ids: Iterable[int]) -> None:
+    """Mark the groups of the chains, whose first checkpoint is committed, as checkpointed; flush the file."""
+    for chain_id in chain_ids:
+        file[group_name(chain_id)].attrs[CHECKPOINTED] = True
+    file.flush()
+
+
+def refuse_lost_checkpoint(file: Any, checkpoint: str) -> None:
+    """A :class:`CollectorError` if a chain of ``file`` was checkpointed but is not finished, while its checkpoint
+    (at ``checkpoint``) is gone: starting over would lose its samples."""
+    stopped = [
+        f"/{key}" for key, item in file.items() if CHECKPOINTED in item.attrs and "sample_count" not in item.attrs
+    ]
+    if stopped:
+        raise CollectorError(
+            f"{file.filename} holds the samples of a run that stopped before it finished ({', '.join(stopped)} "
+            f"unfinished), checkpointed in {checkpoint}, which is gone: without it the run cannot be continued, and "
+            f"starting over would lose its samples. Put the checkpoint back to continue the run, or move "
+            f"{file.filename} away to start over, or use another file; the file is left as it is",
+            file=file.filename,
+        )

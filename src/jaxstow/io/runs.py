@@ -44,6 +44,7 @@ from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
+from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.live import read_stacked, run_finished
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
@@ -346,6 +347,8 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         keys = sorted(key for key in set(saved) | set(record) if key in saved or key not in _RECORDED_LATER)
         _same_settings(name, saved, record, [key for key in keys if key not in _DIGESTS])  # named, with both values
         stored = read_checkpoints(checkpoint_path(name))
+        if not stored:
+            refuse_lost_checkpoint(file, checkpoint_path(name))
         for chain, checkpoint in stored.items():
             restore_checkpoint(checkpoint, state_spec, chain_id=chain, file=checkpoint_path(name))
         layout = SampleLayout.of(draw_spec)

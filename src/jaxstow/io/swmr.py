@@ -41,6 +41,7 @@ from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
+from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
 
 __all__ = [
@@ -168,7 +169,7 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
                 lock.clear_stale_flags()
             continued = exists and os.path.exists(checkpoint)
             if not continued and exists:
-                _check_collectors_own(name)
+                _check_collectors_own(name, checkpoint)
             if not continued and os.path.exists(checkpoint):
                 os.unlink(checkpoint)
             if not continued and os.path.exists(name):
@@ -218,11 +219,14 @@ def _damage_refused(name: str) -> Iterator[None]:
         ) from None
 
 
-def _check_collectors_own(name: str) -> None:
+def _check_collectors_own(name: str, checkpoint: str | None = None) -> None:
     """Refuse to start a run over in an HDF5 file that a collector's run did not write (what it holds is not ours to
-    empty): one that holds anything but is not marked as a collector's, or one of ``io.run_chains``."""
+    empty): one that holds anything but is not marked as a collector's, or one of ``io.run_chains``; and, given the
+    ``checkpoint`` it lacks, one whose run stopped after a checkpoint."""
     with open_for_reading(name) as file:
         keys, attributes = sorted(file.keys()), set(file.attrs.keys())
+        if checkpoint is not None and RUN_ATTRIBUTE not in attributes and RUN_ID in attributes:
+            refuse_lost_checkpoint(file, checkpoint)
     if RUN_ATTRIBUTE in attributes:
         raise CollectorError(
             f"{name} holds a run of io.run_chains (or io.blackjax.sample, io.numpyro.run): it is left as it is; continue it "
