@@ -377,3 +377,18 @@ def test_a_run_whose_checkpoint_is_gone_is_refused_not_started_over_and_continue
     writer = Writer(processes, path, "path", latest=True, every=40, pause=0.0)
     assert writer.start > 0  # it continues from the checkpoint
     _assert_finished_from_scratch_or_continued(path, writer.finish())
+
+
+@pytest.mark.timeout(120)
+def test_a_live_file_killed_before_its_first_checkpoint_and_opened_with_mode_a_starts_over(processes, tmp_path):
+    path = str(tmp_path / "samples.h5")
+    writer = Writer(processes, path, "w", latest=True, every=STEPS, pause=0.02)
+    while min(read_draws(path).done) < 8:
+        time.sleep(0.01)
+    writer.kill()
+    assert not _checkpoint(path), "the run checkpointed before it was killed: slow it down"
+    assert clear_stale_writer(path)
+
+    writer = Writer(processes, path, "a", latest=True, every=40, pause=0.0)  # h5py's KeyError deleting the chains
+    assert writer.start == 0  # nothing was checkpointed: it starts over in the chains' datasets
+    _assert_finished_from_scratch_or_continued(path, writer.finish())

@@ -50,7 +50,6 @@ from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
     checkpoint_path,
-    create_datasets,
     dataset_name,
     group_name,
     layout_problems,
@@ -60,7 +59,7 @@ from jaxstow.io.hdf5_layout import (
     write_block,
     write_hyperslab,
 )
-from jaxstow.io.hdf5_resume import make_way, mark_checkpointed, reopened
+from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.stopped_runs import StoppedRun
@@ -218,10 +217,15 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._stopped = StoppedRun(self._stored, path or "", f"{advice} to start over, or use another file")
         with self._failures():
             if resumed is None:
-                make_way(self._file, chain_id, layout, self._stopped, own_file=self._lock is not None)
                 capacity = static_information.samples_collected if static_information is not None else None
-                self._datasets[chain_id] = create_datasets(
-                    self._file, chain_id, layout, capacity or 0, self._compression
+                self._datasets[chain_id] = fresh_datasets(
+                    self._file,
+                    chain_id,
+                    layout,
+                    capacity or 0,
+                    self._stopped,
+                    own_file=self._lock is not None,
+                    compression=self._compression,
                 )
             else:
                 self._datasets[chain_id] = reopened(self._file, chain_id, layout, resumed.sample_count, path)

@@ -1,8 +1,8 @@
 """Where an :class:`~jaxstow.io.HDF5Collector` puts a chain in a file that earlier runs wrote: its group reopened to
 continue from the checkpoint, or made afresh where nothing a run left is lost or mixed with the new one's samples.
 
-A chain made afresh may take the place of a run's group cut short before its first checkpoint (nothing of it can be
-continued), never of another run's samples, a finished run's, or a chain beside those a stopped run continues. A
+A chain made afresh may take the datasets of a run's chain cut short before its first checkpoint (nothing of it can
+be continued), never of another run's samples, a finished run's, or a chain beside those a stopped run continues. A
 chain's group is marked once its first checkpoint is committed: a file whose run stopped after that, and whose
 checkpoint is gone (deleted, or left behind in a copy), is refused rather than started over, its samples lost.
 """
@@ -14,19 +14,29 @@ from typing import Any
 
 from jaxstow.errors import CollectorError, StructureMismatchError
 from jaxstow.io.chains import SampleLayout
-from jaxstow.io.hdf5_layout import dataset_name, group_name, layout_problems
+from jaxstow.io.hdf5_layout import create_datasets, dataset_name, group_name, layout_problems
 from jaxstow.io.stopped_runs import StoppedRun
 
-__all__ = ["make_way", "mark_checkpointed", "refuse_lost_checkpoint", "reopened"]
+__all__ = ["fresh_datasets", "mark_checkpointed", "refuse_lost_checkpoint", "reopened"]
 
 #: The attribute of a chain's group that says a checkpoint of the chain was committed.
 CHECKPOINTED = "jaxstow_checkpointed"
 
 
-def make_way(file: Any, chain_id: int, layout: SampleLayout, stopped: StoppedRun, *, own_file: bool) -> None:
-    """Clear the way in ``file`` for chain ``chain_id`` of a run that starts it afresh, or refuse to: the group of a
-    run cut short before its first checkpoint is deleted. ``own_file``: the collector opened the file itself (the
-    advice is to delete it, rather than to open it with mode ``"w"``)."""
+def fresh_datasets(
+    file: Any,
+    chain_id: int,
+    layout: SampleLayout,
+    capacity: int,
+    stopped: StoppedRun,
+    *,
+    own_file: bool,
+    compression: str | None,
+) -> list[Any]:
+    """The datasets in ``file`` of chain ``chain_id`` of a run that starts it afresh, made (of ``capacity`` rows, with
+    ``compression``), or those of a run cut short before its first checkpoint, whose rows the new ones replace (HDF5
+    in SWMR mode fails to delete a group of datasets written before); or a refusal. ``own_file``: the collector
+    opened the file itself (the advice is to delete it, rather than to open it with mode ``"w"``)."""
     group = group_name(chain_id)
     if group in file:
         problems = layout_problems(file, chain_id, layout)
@@ -44,10 +54,11 @@ def make_way(file: Any, chain_id: int, layout: SampleLayout, stopped: StoppedRun
                 + (advice if own_file else "open the file with mode 'w' to replace them, or use another file")
             )
     stopped.refuse_new(chain_id)
-    if group in file:
-        if CHECKPOINTED in file[group].attrs:  # not finished, and its checkpoint is gone: raises, naming every chain
-            refuse_lost_checkpoint(file, stopped.where or "its checkpoint")
-        del file[group]  # interrupted before its first checkpoint: start again
+    if group not in file:
+        return create_datasets(file, chain_id, layout, capacity, compression)
+    if CHECKPOINTED in file[group].attrs:  # not finished, and its checkpoint is gone: raises, naming every chain
+        refuse_lost_checkpoint(file, stopped.where or "its checkpoint")
+    return [file[dataset_name(chain_id, name)] for name in layout.names]  # cut short before its first checkpoint
 
 
 def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, checkpoint: str | None) -> list[Any]:
