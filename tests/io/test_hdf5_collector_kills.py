@@ -380,7 +380,9 @@ def test_a_run_whose_checkpoint_is_gone_is_refused_not_started_over_and_continue
 
 
 @pytest.mark.timeout(120)
-def test_a_live_file_killed_before_its_first_checkpoint_and_opened_with_mode_a_starts_over(processes, tmp_path):
+def test_a_live_file_killed_before_its_first_checkpoint_is_refused_in_mode_a_and_started_over_in_mode_w(
+    processes, tmp_path
+):
     path = str(tmp_path / "samples.h5")
     writer = Writer(processes, path, "w", latest=True, every=STEPS, pause=0.02)
     while min(read_draws(path).done) < 8:
@@ -388,7 +390,15 @@ def test_a_live_file_killed_before_its_first_checkpoint_and_opened_with_mode_a_s
     writer.kill()
     assert not _checkpoint(path), "the run checkpointed before it was killed: slow it down"
     assert clear_stale_writer(path)
+    before = read_draws(path).done
 
-    writer = Writer(processes, path, "a", latest=True, every=40, pause=0.0)  # h5py's KeyError deleting the chains
-    assert writer.start == 0  # nothing was checkpointed: it starts over in the chains' datasets
+    # One chain of this run would start over in the killed run's datasets, the other's rows left beside it
+    with h5py.File(path, "a", libver="latest") as file:  # h5py's KeyError deleting the chains, before
+        init_save, _, _ = io.save(io.HDF5Collector(file), checkpoint_every=40)
+        with pytest.raises(CollectorError, match=r"cut short before its first checkpoint.*open the file with mode 'w'"):
+            init_save({"x": jnp.zeros(2)}, jnp.zeros(()), io.scheduler.static_information(samples_collected=STEPS))
+    assert read_draws(path).done == before  # nothing of the killed run was touched
+
+    writer = Writer(processes, path, "w", latest=True, every=40, pause=0.0)
+    assert writer.start == 0
     _assert_finished_from_scratch_or_continued(path, writer.finish())
