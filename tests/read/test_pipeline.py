@@ -22,7 +22,7 @@ import jaxstow
 from jaxstow._format.dtypes import _DTYPES
 from jaxstow._read import pipeline, restore
 from jaxstow._util import pinned
-from jaxstow.errors import CorruptFileError, DeviceTransferError, JaxstowError
+from jaxstow.errors import CorruptFileError, DeviceTransferError, JaxstowError, TruncatedFileError
 
 
 @pytest.fixture(autouse=True)
@@ -172,8 +172,9 @@ def test_a_file_truncated_mid_restore_stops_the_pipeline_and_names_the_leaf(tmp_
     import gc
 
     gc.collect()
-    assert caught.value.path == "layer2", caught.value
-    assert "layer2" in str(caught.value)
+    # The first leaf read after the cut fails: the file no longer is the one whose header was read.
+    assert isinstance(caught.value, TruncatedFileError) and caught.value.path == "layer0", caught.value
+    assert "leaf 'layer0'" in str(caught.value) and "cut short since it was opened" in str(caught.value)
     assert not _pipeline_threads()
     assert buffers and all(ref() is None for ref in buffers), "pool buffers still held after the error"
 

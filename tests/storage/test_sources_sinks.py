@@ -15,7 +15,7 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.sources import FileObject, LocalFile
-from jaxstow.errors import ArgumentError, PathNotFoundError, TruncatedFileError
+from jaxstow.errors import ArgumentError, PathNotFoundError, StorageError, TruncatedFileError
 
 DATA = bytes(range(256)) * 64  # 16 KiB, every byte value
 
@@ -70,6 +70,21 @@ def test_a_file_cut_short_after_it_was_opened_is_told_so_not_given_its_old_size(
     os.truncate(path, 60)  # was "the file ends after 16384 bytes, but 100 bytes were expected at offset 136"
     with pytest.raises(TruncatedFileError, match=r"cut short after it was opened \(of 16384 bytes\), but 100 bytes"):
         source.read(136, 100)
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_a_file_written_in_place_is_an_error_at_the_next_read_unless_a_writer_is_known_to_change_it(tmp_path, live):
+    path = tmp_path / "growing.bin"
+    path.write_bytes(DATA)
+    source = LocalFile(str(path), live=live)  # live: an HDF5 file its SWMR writer appends to (io.swmr reads them)
+    with open(path, "ab") as file:
+        file.write(b"more")
+    if live:
+        assert source.read(0, 100) == DATA[:100]
+    else:
+        with pytest.raises(StorageError, match=r"changed since it was opened \(it now has 16388 bytes of the 16384"):
+            source.read(0, 100)
+    source.close()
 
 
 def test_a_missing_file_is_named(tmp_path):

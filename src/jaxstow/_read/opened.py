@@ -22,10 +22,9 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap as mmap_module
-import os
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import jax
 import numpy as np
@@ -391,18 +390,20 @@ class OpenedFile(Mapping[str, Any]):
         return {path: bools_checked(array, file=self.file, path=path) for path, array in arrays.items()}
 
     def _mapped(self, leaf: Stored) -> np.ndarray:
-        """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError, not a
-        view whose pages are gone (touching one ends the process with SIGBUS)."""
+        """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError (not a
+        view whose pages end the process with SIGBUS), one written in place since a StorageError (not its new bytes)."""
         mapped, slot = self._map, self.container.slots[leaf.path]
-        with self.container.source.in_use() as descriptor:  # type: ignore[attr-defined]  # a LocalFile's; or closed
-            now = os.fstat(descriptor).st_size
-            if now < slot.offset + slot.nbytes:
+        source = cast(LocalFile, self.container.source)  # type: ignore[attr-defined]  # a LocalFile's: _memory_map
+        with source.in_use(checked=False) as descriptor:  # closed: a ClosedError
+            now = source.status(descriptor)
+            if now.st_size < slot.offset + slot.nbytes:
                 raise TruncatedFileError(
-                    f"the file now has {now} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: it was "
-                    "cut short since it was opened",
+                    f"the file now has {now.st_size} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: "
+                    "it was cut short since it was opened",
                     file=self.file,
                     path=leaf.path,
                 )
+            source.check_unchanged(now)
             try:  # the map closed meanwhile (by another thread) is a ClosedError
                 view: np.ndarray = np.frombuffer(mapped, np.uint8, slot.nbytes, slot.offset)  # type: ignore[arg-type]
             except (TypeError, ValueError):

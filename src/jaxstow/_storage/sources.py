@@ -86,13 +86,19 @@ class LocalFile(SourceBase):
     file that cannot be opened or read (permission denied, an I/O error) a :class:`~jaxstow.errors.StorageError`,
     checked before it is opened and again on what was opened, which is opened without waiting (a FIFO never blocks).
     ``name`` names it in errors (``path`` by default); with ``follow=False``, ``path`` must not end in a link.
+
+    A file written in place since it was opened (its size or modification time changed) is an error at the read
+    after the change (:meth:`check_unchanged`), never its new bytes under its old header; ``live=True`` leaves out
+    that check, for a file that a writer is known to be changing (an HDF5 file in SWMR mode).
     """
 
     parallel = LOCAL_DISK
 
-    def __init__(self, path: str, *, name: str | None = None, follow: bool = True) -> None:
+    def __init__(self, path: str, *, name: str | None = None, follow: bool = True, live: bool = False) -> None:
         self.name = path if name is None else name
-        self._descriptor, self.size = _open_regular(path, self.name, follow=follow)
+        self._descriptor, opened = _open_regular(path, self.name, follow=follow)
+        self.size = opened.st_size
+        self._opened = None if live else (opened.st_size, opened.st_mtime_ns)
         # Reads in flight: close() leaves the descriptor to the last of them, so that no read of another thread
         # lands on a descriptor the system gave meanwhile to another file.
         self._state = threading.Lock()
@@ -100,14 +106,19 @@ class LocalFile(SourceBase):
         self._closed = False
 
     @contextlib.contextmanager
-    def in_use(self) -> Iterator[int]:
-        """The descriptor, open while the block runs; a :class:`~jaxstow.errors.ClosedError` once closed."""
+    def in_use(self, *, checked: bool = True) -> Iterator[int]:
+        """The descriptor, open while the block runs; a :class:`~jaxstow.errors.ClosedError` once closed.
+
+        What the block read is checked after it (:meth:`check_unchanged`), unless ``checked`` is false.
+        """
         with self._state:
             if self._closed:
                 raise ClosedError("reading it", file=self.name)
             self._readers += 1
         try:
             yield self._descriptor
+            if checked:
+                self.check_unchanged(self.status(self._descriptor))
         finally:
             with self._state:
                 self._readers -= 1
@@ -153,6 +164,31 @@ class LocalFile(SourceBase):
                 if views:
                     views[0] = views[0][count:]
 
+    def status(self, descriptor: int) -> os.stat_result:
+        """``os.fstat`` of ``descriptor`` (this file's, from :meth:`in_use`); a :class:`StorageError` if it fails."""
+        try:
+            return os.fstat(descriptor)
+        except OSError as error:
+            raise storage_error(error, self.name, doing="read it") from error
+
+    def check_unchanged(self, now: os.stat_result) -> None:
+        """Raise an error if ``now``, the file's status, says it was written since it was opened: a
+        :class:`~jaxstow.errors.TruncatedFileError` if it is shorter, a :class:`~jaxstow.errors.StorageError` if it
+        is longer or was modified.
+
+        Its change time is not compared: a rename over its name, an unlink or a ``chmod`` changes it, not its bytes.
+        """
+        if self._opened is None or (now.st_size, now.st_mtime_ns) == self._opened:
+            return
+        size = self._opened[0]
+        kind, what = (TruncatedFileError, "was cut short") if now.st_size < size else (StorageError, "changed")
+        how = f"it now has {now.st_size} bytes of the {size} it had" if now.st_size != size else "it was modified"
+        raise kind(
+            f"the file {what} since it was opened ({how}): another program wrote it in place, so what was read of it "
+            "no longer matches its header, and was not used; open it again to read what it holds now",
+            file=self.name,
+        )
+
     def _preadv(self, views: list[memoryview], offset: int) -> int:
         try:
             return os.preadv(self._descriptor, views, offset)
@@ -188,9 +224,9 @@ _SPECIAL = {
 }
 
 
-def _open_regular(path: str, name: str, *, follow: bool) -> tuple[int, int]:
-    """A descriptor of the regular file at ``path``, opened read-only without blocking, and the file's size; an error
-    naming ``name`` else."""
+def _open_regular(path: str, name: str, *, follow: bool) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at ``path``, opened read-only without blocking, and the file's status; an
+    error naming ``name`` else."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         _check_regular((os.stat if follow else os.lstat)(path).st_mode, name)
@@ -212,7 +248,7 @@ def _open_regular(path: str, name: str, *, follow: bool) -> tuple[int, int]:
     except BaseException:
         os.close(descriptor)
         raise
-    return descriptor, opened.st_size
+    return descriptor, opened
 
 
 def _check_regular(mode: int, name: str) -> None:

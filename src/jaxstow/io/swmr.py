@@ -100,7 +100,7 @@ def read_superblock(path: str | os.PathLike[str]) -> Superblock:
     """The superblock of the HDF5 file at ``path`` (looked for at 0, 512, 1024, ... as HDF5 does); a path that is not
     a regular file (a folder, a FIFO) is a :class:`~jaxstow.errors.PathError`, never waited on."""
     name = os.fspath(path)
-    source = LocalFile(name)
+    source = LocalFile(name, live=True)  # a live writer may change it meanwhile
     with contextlib.closing(source):
         end, offset = source.size, 0
         while offset + 12 <= end:
