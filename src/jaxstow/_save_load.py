@@ -61,8 +61,8 @@ def save(
     """Save a pytree, with its structure, to a file.
 
     A name ending in ``.npz`` gets an npz archive, any other name the native format (safetensors with the jaxstow
-    manifest). A name or URL is written atomically, a file object as is. FlareJax's order, ``save(tree, path)``, is
-    taken too, whatever methods the tree has (``write``). See docs/saving-and-loading.md and docs/object-storage.md.
+    manifest). A name or URL is written atomically, a file object from its position, cut where the save ends.
+    FlareJax's ``save(tree, path)`` is taken too, whatever methods the tree has. See docs/saving-and-loading.md.
 
     Args:
         path_or_file: a file name, an fsspec URL or a binary file object.

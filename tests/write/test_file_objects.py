@@ -18,7 +18,7 @@ import pytest
 from tmpfs import small_tmpfs
 
 import jaxstow
-from jaxstow.errors import StorageError
+from jaxstow.errors import ArgumentError, StorageError
 
 TREE = {
     "w": np.arange(100_000, dtype=np.float32),
@@ -159,3 +159,50 @@ def test_a_file_object_whose_write_returns_nothing_is_taken_as_written_whole():
     collecting = Collecting()
     jaxstow.save(collecting, TREE)
     _assert_same(jaxstow.load(io.BytesIO(b"".join(collecting.parts)), as_numpy=True))
+
+
+SMALL = {"w": np.arange(10, dtype=np.float32)}
+
+
+def _saved(tree, name: str) -> bytes:
+    fresh = io.BytesIO()
+    fresh.name = name
+    jaxstow.save(fresh, tree)
+    return fresh.getvalue()
+
+
+@pytest.mark.parametrize("name", ["model.jxs", "model.npz"])
+def test_a_file_object_holding_a_longer_earlier_save_holds_exactly_the_new_one(tmp_path, name):
+    path = tmp_path / name
+    jaxstow.save(path, TREE)
+    with open(path, "r+b") as file:  # was: the old save's tail left after the new one, a CorruptFileError to load
+        jaxstow.save(file, SMALL)
+    assert path.read_bytes() == _saved(SMALL, name)
+    np.testing.assert_array_equal(jaxstow.load(path, as_numpy=True)["w"], SMALL["w"])
+    buffer = io.BytesIO(b"kept" + _saved(TREE, name))
+    buffer.name = name
+    buffer.seek(4)  # saved at the position it stands, as objax.io.save_var_collection documents
+    jaxstow.save(buffer, SMALL)
+    assert buffer.getvalue()[:4] == b"kept" and buffer.tell() == len(buffer.getvalue()) == 4 + len(_saved(SMALL, name))
+    buffer.seek(4)
+    np.testing.assert_array_equal(jaxstow.load(buffer, as_numpy=True)["w"], SMALL["w"])
+
+
+class _Uncuttable(io.BytesIO):
+    """A seekable file object that cannot be truncated (a fixed-size region, say)."""
+
+    def truncate(self, size=None):
+        raise io.UnsupportedOperation("truncate")
+
+
+def test_a_file_object_holding_more_that_cannot_be_cut_is_refused_before_anything_is_written():
+    earlier = _saved(TREE, "model.jxs")
+    held = _Uncuttable(earlier)
+    with pytest.raises(ArgumentError, match=r"holds \d+ bytes after its position 0 .*nothing was written"):
+        jaxstow.save(held, SMALL)
+    assert held.getvalue() == earlier and held.tell() == 0
+    held.seek(0, io.SEEK_END)  # nothing after its position: saved as it is
+    jaxstow.save(held, SMALL)
+    np.testing.assert_array_equal(
+        jaxstow.load(io.BytesIO(held.getvalue()[len(earlier) :]), as_numpy=True)["w"], SMALL["w"]
+    )

@@ -12,6 +12,13 @@ A file object is written as it is, through :func:`file_object_sink`.
 ...     _ = sink.write(b"hello")
 >>> jaxstow._storage.remote.url_filesystem("memory://jaxstow-doc/sinks")[0].ls("/jaxstow-doc/sinks", detail=False)
 ['/jaxstow-doc/sinks/x.bin']
+>>> import io
+>>> from jaxstow._storage.sinks import file_object_sink
+>>> earlier = io.BytesIO(b"an earlier, longer content")
+>>> with file_object_sink(earlier) as sink:
+...     _ = sink.write(b"new")
+>>> earlier.getvalue()
+b'new'
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
-from jaxstow.errors import IsAFolderError, JaxstowError, StorageError, excerpt
+from jaxstow.errors import ArgumentError, IsAFolderError, JaxstowError, StorageError, excerpt
 
 __all__ = ["atomic_sink", "file_object_sink", "object_upload"]
 
@@ -144,15 +151,20 @@ class _FileUpload:
                 self._fs.rm(self._path)
 
 
-def file_object_sink(file: BinaryIO) -> BinaryIO:
-    """``file``, a caller's binary file object, written whole by every write, or a :class:`StorageError` naming it.
+@contextlib.contextmanager
+def file_object_sink(file: BinaryIO) -> Iterator[BinaryIO]:
+    """``file``, a caller's binary file object, written whole by every write, or a :class:`StorageError` naming it;
+    from its position on, it holds exactly what the block wrote (the module's example).
 
     A raw stream (an unbuffered file, a pipe, a socket's ``makefile(buffering=0)``) may write fewer bytes than it is
     given and say so by what ``write`` returns: the rest is written until none is left. A raw stream that would
     block (``write`` returns ``None``) or one that writes nothing is an error, as is an ``OSError`` of its writes,
     flushes and seeks (a full disk), chained; but one of jaxstow's own temporary files (a checkpoint's staging
-    folder) lets its ``OSError`` through, to its owner, which names the file being written. A write returning ``None`` on a file object that is not a raw stream
-    is taken to have written everything, as ``io.BufferedWriter``'s documentation promises of its writes.
+    folder) lets its ``OSError`` through, to its owner, which names the file being written. A write returning
+    ``None`` on a file object that is not a raw stream is taken to have written everything, as
+    ``io.BufferedWriter``'s documentation promises of its writes. A seekable one that held more after its position
+    (an earlier, longer content) is cut where the writes end, once flushed; one that cannot be cut (no working
+    ``truncate()``) is an :class:`ArgumentError` before anything is written.
 
     >>> import io
     >>> class Short(io.RawIOBase):  # writes at most 3 bytes a call, as a pipe or a socket may
@@ -160,16 +172,17 @@ def file_object_sink(file: BinaryIO) -> BinaryIO:
     ...     def writable(self): return True
     ...     def write(self, b): self.data += bytes(b)[:3]; return min(len(b), 3)
     >>> short = Short()
-    >>> file_object_sink(short).write(b"0123456789"), bytes(short.data)
-    (10, b'0123456789')
-    >>> class Blocked(Short):
-    ...     name = "pipe:[1234]"
-    ...     def write(self, b): return None
-    >>> file_object_sink(Blocked()).write(b"x")
-    Traceback (most recent call last):
-    jaxstow.errors.StorageError: pipe:[1234]: cannot write it: the file object is non-blocking and would block...
+    >>> with file_object_sink(short) as sink:
+    ...     _ = sink.write(b"0123456789")
+    >>> bytes(short.data)
+    b'0123456789'
     """
-    return cast(BinaryIO, _WholeWrites(file))
+    whole = _WholeWrites(file)
+    end = whole.end_beyond()
+    yield cast(BinaryIO, whole)
+    whole.flush()
+    if end is not None and whole.tell() < end:
+        whole.truncate()
 
 
 class _WholeWrites:
@@ -244,6 +257,36 @@ class _WholeWrites:
 
     def tell(self) -> int:
         return self._file.tell()
+
+    def end_beyond(self) -> int | None:
+        """Where the file object ends, if it holds bytes after its position (it can be cut there, or this is an
+        :class:`ArgumentError`); ``None`` if it holds none, or is not seekable (a pipe, a socket: nothing follows)."""
+        if not self.seekable():
+            return None
+        start = self.tell()
+        end = self.seek(0, io.SEEK_END)
+        self.seek(start)
+        if end <= start:
+            return None
+        try:
+            self._file.truncate(end)  # the size it has: a test that changes nothing
+        except (AttributeError, OSError) as error:  # io.UnsupportedOperation is an OSError
+            raise ArgumentError(
+                f"{self._label()}: the file object holds {end - start} bytes after its position {start} (an earlier "
+                f"content), which a shorter save would leave after its own, and cannot be cut ({type(error).__name__}: "
+                f"{error}); nothing was written: save to an empty file object (open(path, 'wb'), io.BytesIO()) or "
+                "truncate it first"
+            ) from None
+        return end
+
+    def truncate(self) -> None:
+        """Cut the file object where it stands."""
+        try:
+            self._file.truncate()
+        except OSError as error:
+            if self._own:
+                raise
+            raise self._error(error) from error
 
     def _label(self) -> str:
         """How errors name the file object: its name, else its type (and file descriptor)."""

@@ -82,8 +82,9 @@ class EncodedTree:
         """Write the file, checksums included.
 
         A path or a URL (reached as ``settings`` say) is written atomically, a file object as it is: every write
-        whole, even to a raw stream that writes part of what it is given (a socket, a pipe), and an ``OSError`` a
-        :class:`~jaxstow.errors.StorageError` naming it (:func:`~jaxstow._storage.sinks.file_object_sink`).
+        whole, even to a raw stream that writes part of what it is given (a socket, a pipe), an earlier, longer
+        content cut where the file ends, and an ``OSError`` a :class:`~jaxstow.errors.StorageError` naming it
+        (:func:`~jaxstow._storage.sinks.file_object_sink`).
 
         Large trees are checksummed on other threads while their bytes are being written. Written bytes are counted
         on ``bar``, a :class:`~jaxstow._util.progress.Bar`, when one is given. Returns the header's checksum of a native
@@ -94,10 +95,8 @@ class EncodedTree:
         """
         kind = container_kind(path_or_file)
         if not isinstance(path_or_file, str | os.PathLike):
-            sink = file_object_sink(path_or_file)  # written whole, its OSErrors a StorageError naming it
-            header_checksum = self._write(_counted(sink, bar), kind)
-            sink.flush()
-            return header_checksum
+            with file_object_sink(path_or_file) as sink:  # written whole, cut where the writes end, OSErrors named
+                return self._write(_counted(sink, bar), kind)
         local = local_path(path_or_file) is not None
         with atomic_sink(path_or_file, settings) as sink, gc_paused() if local else contextlib.nullcontext():
             return self._write(_counted(sink, bar), kind)

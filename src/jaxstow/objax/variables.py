@@ -57,7 +57,8 @@ def save_var_collection(
     """Save the values of the variables of ``vc``, each once, under the first name it goes by, as Objax does.
 
     The file is a jaxstow file of ``{name: value}``, written atomically when given a file name (its folders made if
-    missing, as Objax does), at the current position of a file object. See :func:`load_var_collection` for an example.
+    missing, as Objax does), at the current position of a file object, cut where the save ends (what followed, an
+    earlier content, is gone). See :func:`load_var_collection` for an example.
 
     Args:
         file: A path, an fsspec URL or a binary file object.
