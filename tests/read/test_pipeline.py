@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 import jaxstow
 from jaxstow._format.dtypes import _DTYPES
 from jaxstow._read import pipeline, restore
+from jaxstow._read.narrowing import held_problem
 from jaxstow._util import pinned
 from jaxstow.errors import CorruptFileError, DeviceTransferError, JaxstowError, TruncatedFileError
 
@@ -46,7 +47,8 @@ def _same(got, want):
 
 def test_every_dtype_comes_back_as_the_default_path_gives_it(tmp_path):
     rng = np.random.default_rng(0)
-    tree = {name: rng.integers(0, 2, (37, 5)).astype(dtype) for name, dtype in _DTYPES.items()}
+    held = {name: dtype for name, dtype in _DTYPES.items() if held_problem(dtype) is None}  # float6: not in jax 0.10
+    tree = {name: rng.integers(0, 2, (37, 5)).astype(dtype) for name, dtype in held.items()}
     tree |= {"zero_d": np.float32(3.5), "empty": np.zeros((0, 4), np.float32), "step": 7, "act": jax.nn.relu}
     path = tmp_path / "all.safetensors"
     jaxstow.save(path, tree)

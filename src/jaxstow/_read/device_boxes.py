@@ -72,7 +72,7 @@ def read_onto_devices(
             parts[box] = _cast(opened.read_box(path, box), dtype, opened, path)
 
     def build() -> jax.Array:
-        opened.check_narrowing([(path, part) for part in parts.values()])
+        opened.check_bound_for_jax([(path, part) for part in parts.values()])
         if not placement.addressable_devices:  # another process's devices only: this process holds none of it
             return _held_elsewhere(leaf.shape, placement, np.dtype(dtype or leaf.dtype), opened.file, path)
         return jax.make_array_from_callback(leaf.shape, placement, lambda index: parts[_box(index, leaf.shape)])

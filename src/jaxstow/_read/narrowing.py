@@ -1,5 +1,6 @@
 """What jax with x64 off does to a 64-bit array it is given: keeps it as 32 bits. Integers beyond 32 bits would wrap,
-and finite floats beyond float32's range would turn into infinities; such arrays are refused rather than changed.
+and finite floats beyond float32's range would turn into infinities; such arrays are refused rather than changed, as
+are arrays of a dtype this jax cannot make arrays of at all (one of ml_dtypes' that its XLA lacks: :func:`held_problem`).
 
 >>> import jax, numpy as np
 >>> from jaxstow._read.narrowing import narrowing_problem
@@ -11,10 +12,13 @@ holds float64 values beyond float32's range (down to -1e+39), which jax with x64
 
 from __future__ import annotations
 
+import functools
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["NARROWED", "narrowing_problem"]
+__all__ = ["NARROWED", "held_problem", "narrowing_problem"]
 
 #: The dtypes that jax keeps as 32 bits while its x64 mode is off.
 NARROWED = frozenset(np.dtype(name) for name in ("int64", "uint64", "float64", "complex128"))
@@ -39,6 +43,23 @@ def narrowing_problem(array: np.ndarray) -> str | None:
     if beyond is None:
         return None
     return f"{beyond}, which jax with x64 off would keep as {narrow} and turn into infinities; {_ADVICE}"
+
+
+@functools.cache
+def held_problem(dtype: np.dtype) -> str | None:
+    """Why this jax cannot make arrays of ``dtype``, or ``None``: one of ml_dtypes' (of kind ``V``, but for
+    float8_e5m2) that this jax's XLA lacks (the float6 dtypes, in jax 0.10), tried once on the default device."""
+    if dtype.kind != "V":
+        return None
+    try:
+        jnp.asarray(np.zeros(1, dtype))  # how small arrays are placed; large ones by device_put
+        jax.device_put(np.zeros(1, dtype)).block_until_ready()
+    except Exception as error:  # XLA's own error, whose type changes with jax's version
+        return (
+            f"holds {dtype} values, which this jax ({jax.__version__}) cannot make arrays of ({type(error).__name__}): "
+            "load with as_numpy=True, or upgrade jax"
+        )
+    return None
 
 
 def _integers_beyond(array: np.ndarray, limits: np.iinfo) -> str | None:

@@ -39,7 +39,7 @@ from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sha
 from jaxstow._format.skeleton import decode_treedef, decode_value
 from jaxstow._format.tensor_reads import bools_checked, read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
-from jaxstow._read.narrowing import narrowing_problem
+from jaxstow._read.narrowing import held_problem, narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box, read_box
 from jaxstow._storage.sources import LocalFile
@@ -301,11 +301,11 @@ class OpenedFile(Mapping[str, Any]):
             return jax.random.wrap_key_data(jax.device_put(own), impl=leaf.impl)
         return array
 
-    def check_narrowing(self, arrays: Sequence[tuple[str, np.ndarray]]) -> None:
-        """Refuse the arrays (by leaf path) bound for jax that jax with x64 off would change (wrapped integers,
-        floats made infinite: :func:`~jaxstow._read.narrowing.narrowing_problem`)."""
+    def check_bound_for_jax(self, arrays: Sequence[tuple[str, np.ndarray]]) -> None:
+        """Refuse the arrays (by leaf path) bound for jax that this jax cannot hold (:func:`held_problem`) or that
+        jax with x64 off would change (wrapped integers, floats made infinite: :func:`narrowing_problem`)."""
         for path, array in arrays:
-            if (problem := narrowing_problem(array)) is not None:
+            if (problem := held_problem(array.dtype) or narrowing_problem(array)) is not None:
                 raise RequestError(problem, file=self.file, path=path)
 
     def read_all(self) -> list[Any] | None:

@@ -5,8 +5,9 @@ it in flat pieces of at most ``_PIECE_BYTES`` into a host buffer of the pool, ch
 piece to the device (through page-locked ``pinned_host`` memory where the device offers it), giving the buffer back
 once the transfer is done: one thread's transfer overlaps the others' reads, and host memory is the pool (at most one
 buffer a thread), whatever the model's size. A leaf of several pieces is joined on its device, one such leaf at a
-time, so that the device holds at most one leaf twice. Leaves under ``_PIECE_BYTES // 64``, and 64-bit leaves that
-jax with x64 off narrows (checked whole), are left to the caller, which reads them at once. A failed read or transfer
+time, so that the device holds at most one leaf twice. Leaves under ``_PIECE_BYTES // 64``, 64-bit leaves that jax
+with x64 off narrows (checked whole) and leaves of a dtype this jax lacks are left to the caller, which reads them at
+once. A failed read or transfer
 stops the readers, drops the buffers and raises a JaxstowError naming the leaf.
 
 >>> import io, jax, jax.numpy as jnp, jaxstow
@@ -34,7 +35,7 @@ import xxhash
 from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import aligned_empty, bools_checked
-from jaxstow._read.narrowing import NARROWED
+from jaxstow._read.narrowing import NARROWED, held_problem
 from jaxstow._read.opened import OpenedFile
 from jaxstow._util.pinned import pinned_sharding
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
@@ -67,6 +68,7 @@ def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
         and not isinstance(leaf, ShardedLeaf)
         and leaf.nbytes >= max(1, _PIECE_BYTES // 64)
         and (leaf.dtype not in NARROWED or jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype)
+        and held_problem(leaf.dtype) is None  # left to the caller, which refuses it naming the leaf
     ]
 
 

@@ -33,7 +33,6 @@ from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
-from jaxstow._read.narrowing import NARROWED
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.options import LoadOptions, check_options
 from jaxstow._read.per_process import (
@@ -286,7 +285,7 @@ def _to_devices(
     as_numpy: bool,
 ) -> None:
     """Put the numpy arrays at ``positions`` of ``values`` (the leaves at ``paths``) on their devices, in place
-    (unless ``as_numpy``); 64-bit arrays that jax with x64 off would change are refused first.
+    (unless ``as_numpy``); arrays this jax cannot hold, or would change (x64 off), are refused first.
 
     PRNG keys there, already on a device, move to their placement; arrays saved weakly typed come back so.
     """
@@ -295,7 +294,7 @@ def _to_devices(
     arrays = [i for i in positions if isinstance(values[i], np.ndarray)]
     for i in arrays:  # a jax.Array on a memory map's pages would change with the file
         values[i] = np.array(values[i]) if _on_a_map(values[i]) else values[i]
-    opened.check_narrowing([(paths[i], values[i]) for i in arrays if values[i].dtype in NARROWED])
+    opened.check_bound_for_jax([(paths[i], values[i]) for i in arrays])
     for i, placed in zip(arrays, _place([values[i] for i in arrays], [placements.get(i) for i in arrays]), strict=True):
         values[i] = placed
     for i in positions:
