@@ -137,7 +137,7 @@ def unstored_dtype_advice(dtype: np.dtype, what: str = "an array") -> str:
         )
     if dtype.kind == "O":
         return f"{what} of Python objects (dtype object), which a file does not store: save them as a list instead"
-    if dtype.kind in "USV":
+    if dtype.kind in "US" or dtype.type is np.void:  # not ml_dtypes' own (int1, ...), whose kind is V too
         return f"{what} of dtype {dtype}, strings or raw bytes, which a file does not store: save .tolist() of it"
     return (
         f"{what} of dtype {dtype}, which a file does not store (docs/format.md lists the dtypes it does): convert it "
