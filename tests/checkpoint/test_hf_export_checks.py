@@ -1,23 +1,25 @@
 """A checkpoint step is exported only as the manager's restore would read it: an item file that is not the one its
 record names, or a step folder copied under another step's number, is refused and nothing is written; a run folder
 given for a step, on a local disk or on S3, is told which step to give; arrays of no dimension keep their shape
-``()``."""
+``()``; ml_dtypes' small types keep their safetensors codes, or are refused naming the leaf."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import struct
 import uuid
 
 import forked_cli
+import ml_dtypes
 import numpy as np
 import pytest
 from safetensors import safe_open
 
 import jaxstow
 from jaxstow import CheckpointManager
-from jaxstow.errors import CheckpointError, CorruptFileError, IsAFolderError
+from jaxstow.errors import ArgumentError, CheckpointError, CorruptFileError, IsAFolderError
 
 
 @pytest.fixture
@@ -85,3 +87,23 @@ def test_arrays_of_no_dimension_keep_their_shape(tmp_path):
         assert opened.get_tensor("step_size").shape == ()
     back = jaxstow.load(tmp_path / "hf", as_numpy=True)
     assert back["scale"].shape == () and back["step_size"].shape == ()
+
+
+def test_ml_dtypes_small_types_are_exported_under_their_codes_or_refused_naming_the_leaf(tmp_path):
+    scales = np.array([0.25, 1.0, 1024.0], np.float32).astype(ml_dtypes.float8_e8m0fnu)
+    fnuz = np.array([1.0, -2.0], np.float32).astype(ml_dtypes.float8_e4m3fnuz)
+    jaxstow.save(tmp_path / "m.jxs", {"scales": scales, "q": fnuz, "packed": np.zeros(4, ml_dtypes.float4_e2m1fn)})
+    with pytest.raises(ArgumentError, match=r"m\.jxs: leaf 'packed' is float4_e2m1fn, .*packs several .* names="):
+        jaxstow.export_safetensors(tmp_path / "m.jxs", tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    # was "'scales' is float8_e8m0fnu, which safetensors has no code for": F8_E8M0 is its code
+    jaxstow.export_safetensors(
+        tmp_path / "m.jxs", tmp_path / "hf", names=lambda path: None if path == "packed" else path
+    )
+    exported = tmp_path / "hf" / "model-00001-of-00001.safetensors"
+    (length,) = struct.unpack("<Q", exported.read_bytes()[:8])
+    header = json.loads(exported.read_bytes()[8 : 8 + length])
+    assert header["scales"]["dtype"] == "F8_E8M0" and header["q"]["dtype"] == "F8_E4M3FNUZ"
+    back = jaxstow.load(tmp_path / "hf", as_numpy=True)
+    for name, array in (("scales", scales), ("q", fnuz)):
+        assert back[name].dtype == array.dtype and back[name].tobytes() == array.tobytes()

@@ -30,6 +30,7 @@ __all__ = [
     "dtype_from_name",
     "is_shape",
     "name_of_dtype",
+    "plain_code",
     "safetensors_code",
     "checked_shape",
     "unstored_dtype_advice",
@@ -114,6 +115,19 @@ def dtype_from_code(code: str) -> np.dtype | None:
 def safetensors_code(dtype: np.dtype) -> str | None:
     """The safetensors code that stores ``dtype`` as it is, or ``None`` when it must be stored as raw bytes."""
     return _CODE_OF.get(np.dtype(dtype))
+
+
+_PLAIN_CODE_OF = {**{dtype: code for code, dtype in READ_ONLY_CODES.items()}, **_CODE_OF}
+
+
+def plain_code(dtype: np.dtype) -> str | None:
+    """The safetensors code that a plain file (no jaxstow manifest to name the dtype of raw bytes) stores ``dtype``
+    under: :func:`safetensors_code`'s, or a newer code (:data:`READ_ONLY_CODES`: ``F8_E8M0``, ...), its only way.
+
+    >>> plain_code(dtype_from_name("float8_e8m0fnu")), safetensors_code(dtype_from_name("float8_e8m0fnu"))
+    ('F8_E8M0', None)
+    """
+    return _PLAIN_CODE_OF.get(np.dtype(dtype))
 
 
 _NAME_OF = {dtype: name for name, dtype in _DTYPES.items()}

@@ -27,7 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
-from jaxstow._format.dtypes import MAX_AXES, checked_shape, safetensors_code
+from jaxstow._format.dtypes import MAX_AXES, checked_shape, plain_code, safetensors_code
 from jaxstow._format.json_codec import dump_json
 from jaxstow._format.manifest import PLAIN_METADATA_VERSION, plain_metadata, version_at_least
 from jaxstow._format.manifest_written import check_nesting, columnar
@@ -77,7 +77,7 @@ def write_native(
     they have the same length as the placeholders they replace). On a seekable sink the header is written first with
     the placeholders and rewritten once the manifest is complete; otherwise ``complete()`` is awaited first.
     Returns the header's checksum (``jaxstow_header_xxh3``), or ``None`` for a file without a manifest; such a
-    file's ``__metadata__`` is ``plain``, when given.
+    file's ``__metadata__`` is ``plain``, when given, and its dtypes take the newer codes too (:func:`plain_code`).
 
     Whatever the reader would refuse is refused before anything is written, with a :class:`FormatError` naming the
     file (the sink's name): a tensor named ``__metadata__`` (the header's own key), an array of more axes than
@@ -88,7 +88,7 @@ def write_native(
     _check_tensors(tensors, file=file)
     if manifest is not None:
         check_nesting(manifest, file=file)
-    codes = _Codes()
+    codes = _Codes(plain_code if manifest is None else safetensors_code)
     itemsizes = {codes.stored_itemsize(dtype) for dtype in {array.dtype for _, array in tensors}}
     ordered = sorted(tensors, key=lambda item: -codes.stored_itemsize(item[1].dtype)) if len(itemsizes) > 1 else tensors
     patch_later = complete is not None and bool(getattr(sink, "seekable", lambda: False)())
@@ -222,16 +222,18 @@ def _header(
 
 
 class _Codes:
-    """The safetensors code of each dtype met in one write (``None``: stored as raw bytes), looked up once each."""
+    """The safetensors code of each dtype met in one write (``None``: stored as raw bytes), looked up once each by
+    ``lookup`` (:func:`plain_code` for a file without a manifest, :func:`safetensors_code` else)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lookup: Callable[[np.dtype], str | None]) -> None:
+        self._lookup = lookup
         self._codes: dict[np.dtype, str | None] = {}
 
     def code(self, dtype: np.dtype) -> str | None:
         try:
             return self._codes[dtype]
         except KeyError:
-            return self._codes.setdefault(dtype, safetensors_code(dtype))
+            return self._codes.setdefault(dtype, self._lookup(dtype))
 
     def stored_itemsize(self, dtype: np.dtype) -> int:
         """The item size of the dtype the file stores ``dtype`` as."""

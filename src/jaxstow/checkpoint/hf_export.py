@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from jaxstow._format.dtypes import safetensors_code
+from jaxstow._format.dtypes import plain_code
 from jaxstow._format.native import write_native
 from jaxstow._format.shards import Stored
 from jaxstow._read.reader import Reader, open_parts, open_reader_at
@@ -241,8 +241,16 @@ def _tensors(
                 )
             if name in seen:
                 raise ArgumentError(f"{seen[name]!r} and {full!r} would both be the tensor {name!r}: pass names=")
-            if safetensors_code(leaf.dtype) is None:
-                raise ArgumentError(f"{full!r} is {leaf.dtype}, which safetensors has no code for", file=reader.file)
+            if plain_code(leaf.dtype) is None:
+                packed = leaf.dtype.name.startswith(("float4", "float6"))
+                why = "packs several elements of it to a byte" if packed else "has no code for it"
+                raise ArgumentError(
+                    f"{reader.file}: leaf {full!r} is {leaf.dtype}, which a plain safetensors file cannot hold as it "
+                    f"is (safetensors {why}): save it converted (.astype(...)) before exporting, or leave it out "
+                    "with names=",
+                    file=reader.file,
+                    path=full,
+                )
             seen[name] = full
             tensors.append(_Tensor(reader, leaf, name))
     if isinstance(names, Mapping) and (unknown := sorted(set(names) - {*seen.values(), *left_out})):
