@@ -331,16 +331,21 @@ def test_a_replaced_host_gets_its_shards_of_the_newest_local_step_from_a_peer(ru
     ).read_bytes()
 
 
+def _move_local_directories(run: Path) -> None:
+    """Process k's local directory becomes process k - 1's, as after a restart on other hosts."""
+    for k in range(4):
+        (run / f"local{k}").rename(run / f"was{k}")
+    for k in range(4):
+        (run / f"was{(k + 1) % 4}").rename(run / f"local{k}")
+
+
 def test_local_directories_that_come_back_to_other_processes_restore_the_newest_step(run):
     """After a restart on other hosts, process k finds in its local directory the tier process k + 1 wrote (its
     folder process-{k+1}, with the copies it kept): step 6 is restored from those, each process's own files taken
     from where they are, never another's; before, every process saw an empty tier and restored step 4."""
     names = {k: f"params.p{k}.safetensors" if k else "params.safetensors" for k in range(4)}
     wrote = {k: (run / f"local{k}" / f"process-{k}" / "6" / names[k]).read_bytes() for k in range(4)}
-    for k in range(4):
-        (run / f"local{k}").rename(run / f"was{k}")
-    for k in range(4):
-        (run / f"was{(k + 1) % 4}").rename(run / f"local{k}")
+    _move_local_directories(run)
     reports = _reports(_start("restore", run))
     assert [report.get("restored") for report in reports] == [6] * 4, reports  # each checked every value it holds
     for k in range(4):
@@ -348,6 +353,17 @@ def test_local_directories_that_come_back_to_other_processes_restore_the_newest_
         assert (run / f"local{k}" / f"process-{(k + 1) % 4}" / "6").is_dir()  # the tier left there is kept
     reports = _reports(_start("delete", run))  # step 6 deleted: from the tiers left there too, never restored again
     assert [(report.get("restored"), report.get("local")) for report in reports] == [(5, [5])] * 4, reports
+    assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
+
+
+def test_a_step_held_only_in_the_tiers_other_processes_left_is_listed_and_deleted_before_any_restore(run):
+    """The local directories came back to other processes: before any restore, latest_step() is step 6, as a restore
+    finds it, and deleting it deletes it from the tiers left there; before, latest_step() was the persistent step 4
+    (deleted instead), and the next restore brought step 6 back."""
+    _move_local_directories(run)
+    reports = _reports(_start("delete", run))
+    assert [(report.get("restored"), report.get("local")) for report in reports] == [(5, [5])] * 4, reports
+    assert (run / "persistent" / "4").is_dir()
     assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
 
 

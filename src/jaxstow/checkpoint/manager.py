@@ -344,7 +344,7 @@ class CheckpointManager(StepQueries):
         """The steps saved already, agreed by every process at the first question or save."""
         if self._agreed is None:
             tiers = self._tiers
-            local, keep_local = (tiers.steps, tiers.keep_last) if tiers is not None else (None, None)
+            local, keep_local = (tiers.held_steps, tiers.keep_last) if tiers is not None else (None, None)
             self._agreed = agree_steps(
                 self._coordinator, self._folder.committed, local, where=self.directory, keep_local=keep_local
             )

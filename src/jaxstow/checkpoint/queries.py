@@ -6,7 +6,9 @@ persistent ``directory``: a new host whose local tier is empty sees the steps of
 locally (not due in ``directory``, or its copy still to come) is listed, ranked and described like any other.
 
 Under ``jax.distributed`` the queries answer from what this process sees: they start no agreement with the other
-processes, so that a query made in one process only (a log line of process 0's) waits for no one. What a run decides
+processes, so that a query made in one process only (a log line of process 0's) waits for no one; a local step
+counts where this process's local directory holds files of it (its tier, or a tier another process left there after
+a restart on other hosts), as a restore counts it. What a run decides
 from (which step is due, whether a step exists) is agreed (:mod:`jaxstow.checkpoint.schedule`), and
 :meth:`~jaxstow.CheckpointManager.restore` agrees on the step it restores.
 """
@@ -43,7 +45,8 @@ class StepQueries:
 
     def steps(self, tier: Tier | None = None) -> list[int]:
         """The committed steps, in increasing order (waits for the save in flight); with ``local_directory``, those
-        of either tier, or of ``tier`` (``"local"``: this process's local tier, ``"persistent"``: ``directory``).
+        of either tier, or of ``tier`` (``"local"``: this process's local tier and the tiers other processes left in
+        its local directory, as a restore counts them; ``"persistent"``: ``directory``).
 
         Raises:
             ArgumentError: ``tier`` is not one of these, or is ``"local"`` for a manager without ``local_directory``.
@@ -66,15 +69,14 @@ class StepQueries:
     def _listed(self, tier: Tier | None = None) -> list[int]:
         """The committed steps of ``tier`` (of either by default), without waiting for the save in flight."""
         persistent = self._folder.committed() if tier != "local" else []
-        local = self._tiers.steps() if self._tiers is not None and tier != "persistent" else []
+        local = self._tiers.held_steps() if self._tiers is not None and tier != "persistent" else []
         return sorted({*persistent, *local})
 
     def _record(self, step: int) -> StepRecord:
         """The record of a committed step, from the local tier where it holds the step (its record's checksum
         checked: under jax.distributed it holds only this process's files), else from ``directory``."""
-        if self._tiers is not None and step in self._tiers.steps():
-            return self._tiers.folder.checked_record(step)
-        return self._folder.record(step)
+        local = self._tiers.held().get(step) if self._tiers is not None else None
+        return local.checked_record(step) if local is not None else self._folder.record(step)
 
     def _held(self, step: int) -> int:
         """``step`` once the save in flight is done, if a tier holds it; else a :class:`StepNotFoundError`."""

@@ -108,21 +108,34 @@ class Holdings:
                     if bound is not None and step > bound:
                         continue
                     record = self._holds(store, owner, step)
-                    if record is not None and (owner, step, version := version_of(record)) not in found:
+                    if isinstance(record, str):
+                        logger.warning("%s: not restored from: %s", store.url(self.names.name(step)), record)
+                    elif record is not None and (owner, step, version := version_of(record)) not in found:
                         found[owner, step, version] = store.path(self.names.name(step))
                         held.setdefault(str(owner), []).append([step, version, record.time])
         self._found = found
         return held
 
-    def _holds(self, store: LocalStore, owner: int, step: int) -> StepRecord | None:
-        """The record of ``step`` in ``store`` if its folder holds every file of ``owner``'s, else ``None``."""
+    def left_held(self) -> dict[int, LocalStore]:
+        """The steps of which the tiers left in the local directory hold some process's files in full, as
+        :meth:`inventory` counts them, each with the first folder holding it."""
+        held: dict[int, LocalStore] = {}
+        for owner in range(self.count):
+            for store in self.stores(owner)[1:]:
+                for step in self.names.steps(store.committed()):
+                    if step not in held and isinstance(self._holds(store, owner, step), StepRecord):
+                        held[step] = store
+        return held
+
+    def _holds(self, store: LocalStore, owner: int, step: int) -> StepRecord | str | None:
+        """The record of ``step`` in ``store`` if its folder holds every file of ``owner``'s, else why not (``None``:
+        saved by a run of another size, which the persistent tier restores)."""
         folder = self.names.name(step)
         try:
             record = StepRecord.from_json(store.read_marker(folder), where=store.url(folder, RECORD_NAME))
         except JaxstowError as error:
-            logger.warning("%s: not restored from: %s", store.url(folder), error)
-            return None
-        if _processes(record) != self.count:  # saved by a run of another size: restored from the persistent tier
+            return str(error)
+        if _processes(record) != self.count:
             return None
         missing = _missing(store, folder, record, owner)
         if not missing:
@@ -136,8 +149,7 @@ class Holdings:
                 "processes left in its local directory too)",
                 file=store.url(folder),
             )
-        logger.warning("%s: not restored from: it lacks %s", store.url(folder), ", ".join(missing))
-        return None
+        return f"it lacks {', '.join(missing)}"
 
     def locate(self, owner: int, step: int, file: str, version: str) -> str:
         """Where this process holds ``owner``'s ``file`` of ``step`` as saved by ``version``, as the last inventory

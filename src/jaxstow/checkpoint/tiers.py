@@ -87,6 +87,18 @@ class Tiers:
         """The steps committed in this process's local tier (its own files and the record)."""
         return self.folder.committed()
 
+    def held(self) -> dict[int, StepFolder]:
+        """The local steps this process holds, each with the folder to read its record from: those of its local tier,
+        then those the tiers other processes left in its local directory hold, as a restore counts them."""
+        held = dict.fromkeys(self.steps(), self.folder)
+        for step, store in self.holdings.left_held().items():
+            held.setdefault(step, StepFolder(store, self.names))
+        return held
+
+    def held_steps(self) -> list[int]:
+        """The steps of :meth:`held`, in increasing order."""
+        return sorted(self.held())
+
     def save(
         self,
         content: StepContent,
