@@ -367,6 +367,28 @@ def test_a_step_held_only_in_the_tiers_other_processes_left_is_listed_and_delete
     assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
 
 
+@pytest.mark.parametrize("damaged", ["one-copy", "every-copy"])
+def test_a_damaged_copy_of_a_process_s_files_is_never_committed_into_its_tier(run, damaged):
+    """The local directories came back to other processes: process 0's files of step 6 are held by process 1 (the
+    copy process 2 kept, in the tier it left there) and process 3 (process 0's tier, left there). A byte flipped in
+    the first copy: process 0 takes the second, checked; in both: step 5 is restored, and step 6 is not committed
+    into process 0's tier. Before, the first copy was committed unchecked, and every restore failed on it."""
+    wrote = (run / "local0" / "process-0" / "6" / "params.safetensors").read_bytes()
+    _move_local_directories(run)
+    copies = [
+        run / "local1" / "process-2" / "peer-copies" / "p0" / "6" / "params.safetensors",
+        run / "local3" / "process-0" / "6" / "params.safetensors",
+    ]
+    for copy in copies[: 1 if damaged == "one-copy" else 2]:
+        _flip_last_byte(copy)
+    step = 6 if damaged == "one-copy" else 5
+    for _ in range(2):  # the next restore too
+        reports = _reports(_start("restore", run))
+        assert [report.get("restored") for report in reports] == [step] * 4, reports
+    own = run / "local0" / "process-0" / "6"
+    assert (own / "params.safetensors").read_bytes() == wrote if step == 6 else not own.exists()
+
+
 def test_a_tier_renamed_to_another_process_s_is_refused_naming_the_rename(run):
     """Process 0's folder holds process 1's files and the other way round: an error in every process, which names
     the folder to rename back, rather than a restore that takes one process's shards for another's."""

@@ -17,6 +17,7 @@ What ``jaxstow verify`` and the checkpoint manager's recovery helpers check.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from jaxstow._format.shards import ShardedLeaf
@@ -24,7 +25,7 @@ from jaxstow._read.opened import OpenedFile
 from jaxstow._read.per_process import stored_bytes
 from jaxstow.errors import CorruptFileError
 
-__all__ = ["verify_checksums"]
+__all__ = ["verify_checksums", "verify_part"]
 
 
 def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tuple[int, list[CorruptFileError]]:
@@ -49,3 +50,33 @@ def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tupl
             damage.append(error)
         on_read(leaf.nbytes)
     return checked, damage
+
+
+def verify_part(reader: OpenedFile, source: int) -> list[CorruptFileError]:
+    """Read every tensor the ``source``-th of the files of ``reader`` (a tree saved by several processes, one file
+    each) holds, and compare it with its recorded checksum; the damage found. The other files are not read."""
+    wanted: dict[str, tuple[str, str | None]] = {}  # each tensor's leaf and checksum
+    for path, values in reader.per_process.items():
+        for held, entry in values.values():
+            if held == source:  # the value of the process that wrote this file
+                wanted[path] = (path, entry.get("xxh3"))
+    for leaf in reader.stored.values():
+        if isinstance(leaf, ShardedLeaf):
+            wanted.update(
+                {shard.tensor: (leaf.path, shard.checksum) for shard in leaf.shards if shard.source == source}
+            )
+        elif source == 0:
+            wanted[leaf.path] = (leaf.path, leaf.checksum)
+    damage = []
+    for tensor, (path, checksum) in wanted.items():
+        check = functools.partial(_check, reader, path, checksum, source)
+        try:
+            reader.containers[source].read([tensor], check)
+        except CorruptFileError as error:
+            damage.append(error)
+    return damage
+
+
+def _check(reader: OpenedFile, path: str, checksum: str | None, source: int, tensor: str, found: str) -> None:
+    del tensor
+    reader.verify(path, found, checksum, source)

@@ -17,6 +17,7 @@ read them. See docs/scaling.md ("Two tiers and peers") and docs/safety.md ("What
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import shutil
@@ -33,12 +34,14 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.peer_wire import reachable_host
 from jaxstow._storage.peers import PeerTransport, Pending
+from jaxstow.checkpoint.copy_check import copy_damage
 from jaxstow.checkpoint.peer_reads import PeerStep, ask, serve_files
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tier_holdings import Holdings, files_of
 
 __all__ = ["PeerCopies", "choose_keepers", "open_transport", "plan_local"]
 
+logger = logging.getLogger("jaxstow.checkpoint.manager")
 #: The largest record a process fetches from a peer.
 _RECORD_LIMIT = 64 << 20
 
@@ -156,30 +159,53 @@ class PeerCopies:
             for old in self.names.steps(store.committed())[:-keep_last]:
                 store.delete(self.names.name(old))
 
-    def gather_step(self, step: int, version: str, plan: dict[str, list[int]]) -> StepFolder:
+    def gather_step(self, step: int, version: str, plan: dict[str, list[int]]) -> StepFolder | None:
         """The folder to restore ``step`` as saved by ``version`` from, ``plan[owner]`` naming the processes that
         hold each process's files (the owner first where it holds them). Where this process's own tier lacks its files
-        (a replaced host), they come back whole from the first process holding them (this one, where a tier left in
-        its local directory holds them), into its local tier; every other file is read where this process holds it,
-        else by the byte ranges the restore reads, from the first process holding it."""
-        me, folder, holdings = self.coordinator.index, self.names.name(step), self.holdings
+        (a replaced host), they come back whole from the first process holding an intact copy (this one, where a tier
+        left in its local directory holds them), into its local tier, each copy checked before it is committed
+        (:func:`~jaxstow.checkpoint.copy_check.copy_damage`); ``None`` where no copy is intact. Every other file is
+        read where this process holds it, else by the byte ranges the restore reads, from the first process holding
+        it."""
+        me, holdings = self.coordinator.index, self.holdings
         holders = {int(owner): found for owner, found in plan.items()}
-        wanted = {"owner": me, "step": step, "version": version}
-        marker = self._fetch(holders[me][0], {**wanted, "file": RECORD_NAME}, None, limit=_RECORD_LIMIT)
+        wanted = {"owner": me, "step": step, "version": version, "file": RECORD_NAME}
+        marker = self._fetch(holders[me][0], wanted, None, limit=_RECORD_LIMIT)
         found = PeerStep(self.transport, self.local, step, version, marker, holders, holdings.locate)
         if not holdings.holds_own(step, version):
-            self.local.ensure()
-            staging = self.local.stage(folder, replace=folder in self.local.committed())
-            try:
-                for file in files_of(found.record, me):
-                    with staging.open(file) as (_, sink):
-                        self._fetch(holders[me][0], {**wanted, "file": file}, sink, limit=_free(self.local.root))
-                staging.commit(marker)
-            except BaseException:
-                staging.abort()
-                raise
+            if not any(self._take_own(found, version, holder) for holder in holders[me]):
+                return None
             holdings.restored(step, version)
         return StepFolder(found, self.names)
+
+    def _take_own(self, found: PeerStep, version: str, holder: int) -> bool:
+        """Commit into this process's own tier its files of ``found``'s step as ``holder`` holds them, if intact;
+        whether they were (a damaged copy is named in a warning)."""
+        me, step, folder = self.coordinator.index, found.record.step, found.name
+        self.local.ensure()
+        staging = self.local.stage(folder, replace=folder in self.local.committed())
+        try:
+            for file in files_of(found.record, me):
+                with staging.open(file) as (_, sink):
+                    wanted = {"owner": me, "step": step, "version": version, "file": file}
+                    self._fetch(holder, wanted, sink, limit=_free(self.local.root))
+            damage = copy_damage(found, me, lambda file: self.local.path(staging.token, file))
+            if damage is None:
+                staging.commit(found.read_marker(folder))
+                return True
+        except BaseException:
+            staging.abort()
+            raise
+        staging.abort()
+        where = (
+            f"process {holder}"
+            if holder != me
+            else os.path.dirname(self.holdings.locate(me, step, RECORD_NAME, version))
+        )
+        logger.warning(
+            "%s: its copy of process %d's files of step %d is damaged, not restored from: %s", where, me, step, damage
+        )
+        return False
 
     def _fetch(self, holder: int, wanted: dict[str, Any], sink: BinaryIO | None, *, limit: int) -> bytes:
         """The file ``wanted`` names, from ``holder`` (read here where it is this process): to ``sink``, else
@@ -199,9 +225,9 @@ class PeerCopies:
 
 
 def plan_local(
-    inventories: dict[int, dict[str, list[list[Any]]]], count: int, bound: int | None
+    inventories: dict[int, dict[str, list[list[Any]]]], count: int, bound: int | None, skipped: set[int]
 ) -> tuple[int, str, dict[str, list[int]]]:
-    """The newest step (at most ``bound``) whose latest save some process holds every process's files of, that
+    """The newest step (at most ``bound``, not in ``skipped``: a process holds no intact copy of its files) whose latest save some process holds every process's files of, that
     save's version, and for each owner the processes holding its files (the owner itself first); ``(-1, "", {})``
     if there is none. An earlier save of a step (saved again, with ``force=True`` or after a restart that did not
     restore it) is never restored. ``inventories[process]``: what ``process`` holds,
@@ -214,7 +240,7 @@ def plan_local(
                 found.setdefault(owner, []).append(process)
     for step in sorted(saves, reverse=True):
         (_, version), found = max(saves[step].items())
-        if (bound is None or step <= bound) and len(found) == count:
+        if (bound is None or step <= bound) and step not in skipped and len(found) == count:
             return step, version, {owner: sorted(held, key=lambda k: k != int(owner)) for owner, held in found.items()}
     return -1, "", {}
 

@@ -57,6 +57,7 @@ __all__ = [
     "Verify",
     "check_verify",
     "damaged",
+    "described",
     "newest_accepted",
     "restore_newest_intact",
     "step_damage",
@@ -131,7 +132,7 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
         damage = _data_damage(folder, record, progress=progress)
         if damage:  # read again: bytes damaged on their way are not
             damage = _data_damage(folder, record, progress=progress)
-        return _described(damage)
+        return described(damage)
 
     try:
         if verify == "data":
@@ -168,7 +169,7 @@ def _data_damage(folder: StepFolder, record: StepRecord, *, progress: bool) -> l
     return damage
 
 
-def _described(damage: list[CorruptFileError]) -> str | None:
+def described(damage: list[CorruptFileError]) -> str | None:
     """The first damage found (and how much more there is), or ``None``."""
     if not damage:
         return None

@@ -39,27 +39,39 @@ def choose(tiers: Tiers, talk: Conversation, persistent: list[int], bound: int |
     except BaseException as error:
         talk.fail("held", error)
         if coordinator.index == 0:
-            talk.fail("plan", error)  # the decision the others wait for
+            talk.fail("plan/0", error)  # the decision the others wait for
         raise
     talk.tell("held", held)
+    inventories: dict[int, Any] = {}
+    skipped: set[int] = set()  # local steps of which a process holds no intact copy of its files
 
     def decide() -> dict[str, Any]:
-        reports = talk.collect("held", waiting_for="its local steps")
-        inventories = {index: message.value() for index, message in reports.items()}
-        step, version, plan = plan_local(inventories, coordinator.count, bound)
+        if not inventories:
+            reports = talk.collect("held", waiting_for="its local steps")
+            inventories.update({index: message.value() for index, message in reports.items()})
+        step, version, plan = plan_local(inventories, coordinator.count, bound, skipped)
         return (
             {"tier": "local", "step": step, "version": version, "plan": plan}
             if step >= max(newest, 0)
             else {"tier": "persistent", "step": newest}
         )
 
-    choice = talk.decide("plan", decide, waiting_for="the step to restore")
-    step = int(choice["step"])
-    if choice["tier"] == "persistent":
-        return "persistent", step, tiers.folder
-    if tiers.peers is not None:
-        return "local", step, tiers.peers.gather_step(step, str(choice["version"]), choice["plan"])
-    return "local", step, tiers.folder
+    attempt = 0
+    while True:
+        choice = talk.decide(f"plan/{attempt}", decide, waiting_for="the step to restore")
+        step = int(choice["step"])
+        if choice["tier"] == "persistent" or tiers.peers is None:
+            return choice["tier"], step, tiers.folder
+        try:
+            folder = tiers.peers.gather_step(step, str(choice["version"]), choice["plan"])
+        except BaseException as error:
+            talk.fail(f"gathered/{attempt}", error)
+            raise
+        gathered = talk.gather(f"gathered/{attempt}", folder is not None, waiting_for="its files of the step")
+        if folder is not None and all(gathered):
+            return "local", step, folder
+        skipped.add(step)  # a process holds no intact copy of its files: the next step held, or the persistent one
+        attempt += 1
 
 
 def restore_tiers(
