@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import uuid
 
-import botocore.session
 import forked_cli
 import numpy as np
 
@@ -17,13 +16,7 @@ MiB = 1 << 20
 
 def test_export_uploads_in_the_parts_transfer_gives(s3_server, tmp_path):
     jaxstow.save(tmp_path / "model.jxs", {"w": np.ones(3 * MiB, np.float32)})  # 12 MiB, less than the default part
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=s3_server.endpoint,
-        aws_access_key_id="jaxstow",
-        aws_secret_access_key="jaxstow",
-        region_name="us-east-1",
-    )
+    client = s3_server.client()
     prefix = f"t-{uuid.uuid4().hex[:8]}"
     options = ["--storage-options", json.dumps(s3_server.storage_options)]
     parts = {}

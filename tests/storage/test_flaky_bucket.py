@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import botocore.exceptions
-import botocore.session
 import numpy as np
 import pytest
 from faulty_proxy import KINDS, FaultyProxy, faulty_proxy
@@ -84,13 +83,7 @@ def bucket(s3_server) -> Iterator[Bucket]:
         with CheckpointManager(s3_server.url(prefix, run), storage_options=direct, transfer=FAST) as manager:
             for step, state in steps.items():
                 manager.save(step, state)
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=s3_server.endpoint,
-        aws_access_key_id="jaxstow",
-        aws_secret_access_key="jaxstow",
-        region_name="us-east-1",
-    )
+    client = s3_server.client()
     key = f"{prefix}/damaged/2/params.safetensors"
     data = bytearray(client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read())
     data[-100] ^= 1  # one bit of the newest step's data, as a disk flips it

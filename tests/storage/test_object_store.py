@@ -14,7 +14,6 @@ import time
 import uuid
 
 import botocore.client
-import botocore.session
 import forked
 import jax.numpy as jnp
 import numpy as np
@@ -30,13 +29,7 @@ MiB = 1 << 20
 @pytest.fixture
 def s3(s3_server):
     """The server, a fresh prefix on it, and a plain botocore client to look at what is stored."""
-    client = botocore.session.get_session().create_client(
-        "s3",
-        endpoint_url=s3_server.endpoint,
-        aws_access_key_id="jaxstow",
-        aws_secret_access_key="jaxstow",
-        region_name="us-east-1",
-    )
+    client = s3_server.client()
     return s3_server, f"t-{uuid.uuid4().hex[:8]}", client
 
 

@@ -43,6 +43,18 @@ class Server:
     def url(self, *parts: str) -> str:
         return "/".join(("s3:/", self.bucket, *parts))
 
+    def client(self) -> Any:
+        """A plain botocore S3 client of this server, to look at what is stored without jaxstow."""
+        import botocore.session
+
+        return botocore.session.get_session().create_client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="jaxstow",
+            aws_secret_access_key="jaxstow",
+            region_name="us-east-1",
+        )
+
     def cpu_seconds(self) -> float:
         return process_cpu_seconds(self.pid)
 
