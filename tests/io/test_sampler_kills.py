@@ -33,6 +33,9 @@ if importlib.util.find_spec("blackjax") is None or importlib.util.find_spec("num
     pytest.skip("needs blackjax and numpyro (pip install 'jaxstow[blackjax,numpyro]')", allow_module_level=True)
 
 KILLS = 3
+#: Samples drawn between checkpoints. A killed process makes one or two checkpoints before its kill, so the three kills
+#: land in the first six segments of a run; the runs are twelve long, and what follows the kills runs uninterrupted.
+SEGMENT = 125
 Y = [28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0]
 SIGMA = [15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0]
 
@@ -51,7 +54,9 @@ def blackjax_run(path: str) -> dict[str, np.ndarray]:
 
     nuts = blackjax.nuts(logdensity, step_size=0.4, inverse_mass_matrix=jnp.ones(10))
     positions = {"mu": jnp.zeros(4), "log_tau": jnp.zeros(4), "eta": jnp.zeros((4, 8))}
-    return io.blackjax.sample(path, nuts, positions, jax.random.key(7), num_samples=4000, checkpoint_every=125)
+    return io.blackjax.sample(
+        path, nuts, positions, jax.random.key(7), num_samples=12 * SEGMENT, checkpoint_every=SEGMENT
+    )
 
 
 def numpyro_run(path: str) -> dict[str, np.ndarray]:
@@ -71,13 +76,13 @@ def numpyro_run(path: str) -> dict[str, np.ndarray]:
 
     mcmc = MCMC(
         HMC(model, num_steps=8, trajectory_length=None),
-        num_warmup=500,
-        num_samples=8000,
+        num_warmup=4 * SEGMENT,
+        num_samples=8 * SEGMENT,
         num_chains=4,
         progress_bar=False,
     )
     return io.numpyro.run(
-        mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=125
+        mcmc, path, jax.random.key(3), model_args=(jnp.array(SIGMA), jnp.array(Y)), checkpoint_every=SEGMENT
     )
 
 
