@@ -34,10 +34,9 @@ def fresh_datasets(
     compression: str | None,
 ) -> list[Any]:
     """The datasets in ``file`` of chain ``chain_id`` of a run that starts it afresh, made (of ``capacity`` rows, with
-    ``compression``), or, in a file the collector opened itself (``own_file``), those of a run cut short before its
-    first checkpoint, whose rows the new ones replace (HDF5 in SWMR mode fails to delete a group of datasets written
-    before); or a refusal: a file the user opened that holds such a run is for the user to empty (mode ``"w"``),
-    since chains of it that this run does not start again would stay beside this run's."""
+    ``compression``), in place of those of a run cut short before its first checkpoint (reused in a file the
+    collector opened itself, ``own_file``; deleted first in another); or a refusal: a file the user opened in SWMR mode
+    that holds such a run is for the user to empty (mode ``"w"``), since HDF5 fails to delete a group there."""
     group = group_name(chain_id)
     if group in file:
         problems = layout_problems(file, chain_id, layout)
@@ -59,12 +58,15 @@ def fresh_datasets(
         return create_datasets(file, chain_id, layout, capacity, compression)
     if CHECKPOINTED in file[group].attrs:  # not finished, and its checkpoint is gone: raises, naming every chain
         refuse_lost_checkpoint(file, stopped.where or "its checkpoint")
-    if not own_file:  # the run's other chains would stay beside this one's: the user empties the file
+    if own_file:  # cut short before its first checkpoint: its rows are replaced
+        return [file[dataset_name(chain_id, name)] for name in layout.names]
+    if file.swmr_mode:  # HDF5 cannot delete the group, and rows left in it would stay beside this run's
         raise CollectorError(
             f"{file.filename} holds the chains of a run cut short before its first checkpoint, from {group} on, "
             "which cannot be continued: open the file with mode 'w' to start over, or use another file"
         )
-    return [file[dataset_name(chain_id, name)] for name in layout.names]  # cut short before its first checkpoint
+    del file[group]
+    return create_datasets(file, chain_id, layout, capacity, compression)
 
 
 def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, checkpoint: str | None) -> list[Any]:
