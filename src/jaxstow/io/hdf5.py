@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -171,6 +172,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._counts: Any = None  # the dataset /draws_done, once looked up in the file
         self._finalized: set[int] = set()
+        self._closing = threading.Lock()  # a run's end closes the file while another thread's run reads its samples
         self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
         # A crash leaves the file as it was at the last checkpoint (or at the last block published, in SWMR mode):
@@ -386,9 +388,10 @@ class HDF5Collector(KeepsChains, DataCollector):
             self._writer.wait(again=False)  # a failure raised before, the run's or an earlier close()'s, is known
         finally:
             if self._lock is not None:
-                if self._file:
-                    with self._failures():
-                        self._file.close()
+                with self._closing:
+                    if self._file:
+                        with self._failures():
+                            self._file.close()
                 self._lock.release()
 
     def register_sender(self, wait: Callable[[], None]) -> None:
@@ -408,7 +411,10 @@ class HDF5Collector(KeepsChains, DataCollector):
                 layout.treedef.unflatten([readable(dataset) for dataset in self._datasets[chain_id]])
                 for chain_id, layout in zip(chain_ids, layouts, strict=True)
             ]
-        with contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file:
+        with (
+            self._closing,
+            contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file,
+        ):
             return [
                 layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
                 for chain_id, layout in zip(chain_ids, layouts, strict=True)

@@ -97,9 +97,7 @@ def mark_checkpointed(file: Any, chain_ids: Iterable[int]) -> None:
 def refuse_lost_checkpoint(file: Any, checkpoint: str) -> None:
     """A :class:`CollectorError` if a chain of ``file`` was checkpointed but is not finished, while its checkpoint
     (at ``checkpoint``) is gone: starting over would lose its samples."""
-    stopped = [
-        f"/{key}" for key, item in file.items() if CHECKPOINTED in item.attrs and "sample_count" not in item.attrs
-    ]
+    stopped = [f"/{key}" for key in file if _checkpointed_unfinished(file, key)]
     if stopped:
         raise CollectorError(
             f"{file.filename} holds the samples of a run that stopped before it finished ({', '.join(stopped)} "
@@ -108,3 +106,14 @@ def refuse_lost_checkpoint(file: Any, checkpoint: str) -> None:
             f"{file.filename} away to start over, or use another file; the file is left as it is",
             file=file.filename,
         )
+
+
+def _checkpointed_unfinished(file: Any, key: str) -> bool:
+    """Whether ``file[key]`` is a chain's group marked as checkpointed and not finished; an object whose header a
+    kill left unreadable is not (a file is flushed whole before a checkpoint is committed, and left alone after
+    the last one but for rows)."""
+    try:
+        attributes = file[key].attrs
+        return CHECKPOINTED in attributes and "sample_count" not in attributes
+    except (OSError, RuntimeError, KeyError, ValueError):  # h5py's errors of a damaged object header
+        return False
