@@ -1,15 +1,21 @@
 """An array saved sharded over a mesh of several axes comes back with ``sharding="saved"`` on the same layout, on
 every jax the project supports: jax before 0.5 gives a mesh's axis types as a dict of each type's axes, and has no
-``jax.sharding.AxisType`` to make a mesh's axes with."""
+``jax.sharding.AxisType`` to make a mesh's axes with. Its shards land on the devices they were saved on, whatever
+their order in the mesh."""
 
 from __future__ import annotations
+
+import io
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import jaxstow
+from jaxstow._write.encoded import encode_tree
+from jaxstow.errors import FormatError, ShardingError
 
 
 def test_an_array_on_a_mesh_of_two_axes_comes_back_on_its_saved_layout(tmp_path):
@@ -24,3 +30,52 @@ def test_an_array_on_a_mesh_of_two_axes_comes_back_on_its_saved_layout(tmp_path)
     restored = jaxstow.load(tmp_path / "w.jxs", sharding="saved")["w"]
     assert restored.sharding.spec == PartitionSpec("model", "data") and restored.sharding.mesh.shape == mesh.shape
     np.testing.assert_array_equal(np.asarray(restored), np.arange(32.0).reshape(4, 8))
+
+
+def _placed(array):
+    """Where each shard of ``array`` lies: its device's id, its index, its values."""
+    return sorted(
+        (shard.device.id, str(shard.index), np.asarray(shard.data).tolist()) for shard in array.addressable_shards
+    )
+
+
+def test_a_mesh_of_devices_in_another_order_comes_back_on_the_same_devices(tmp_path):
+    # The mesh came back on the first devices in their default order: the same values, each shard on another device.
+    mesh = Mesh(np.array(jax.devices()[:4][::-1]).reshape(2, 2), ("a", "b"))
+    tree = {
+        "both": jax.device_put(jnp.arange(16.0).reshape(4, 4), NamedSharding(mesh, PartitionSpec("a", "b"))),
+        "rows": jax.device_put(jnp.arange(8).reshape(4, 2), NamedSharding(mesh, PartitionSpec("a"))),
+        "copies": jax.device_put(jnp.ones(4), NamedSharding(mesh, PartitionSpec())),
+    }
+    jaxstow.save(tmp_path / "t.jxs", tree)
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": tree})
+        from_step = manager.restore(1, sharding="saved")["params"]
+    for restored in (jaxstow.load(tmp_path / "t.jxs", sharding="saved"), from_step):
+        for name, array in tree.items():
+            assert restored[name].sharding == array.sharding, name
+            assert _placed(restored[name]) == _placed(array), name
+
+
+def _with_devices(tree, ids) -> io.BytesIO:
+    """``tree`` saved as a file whose first leaf's sharding names the devices ``ids`` (every checksum holds)."""
+    encoded = encode_tree(tree)
+    encoded.manifest["leaves"][0]["sharding"]["devices"] = ids
+    buffer = io.BytesIO()
+    encoded.write(buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_a_file_saved_on_devices_this_process_lacks_is_refused_with_sharding_saved():
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    tree = {"w": jax.device_put(jnp.arange(4.0), NamedSharding(mesh, PartitionSpec("x")))}
+    with pytest.raises(
+        ShardingError, match=r"saved on the devices with ids \[0, 9\].* none with the ids \[9\]"
+    ) as raised:
+        jaxstow.load(_with_devices(tree, [0, 9]), sharding="saved")
+    assert raised.value.path == "w"
+    np.testing.assert_array_equal(jaxstow.load(_with_devices(tree, [0, 9]))["w"], np.arange(4.0))  # placed by default
+    for malformed in ([0, 0], [0], [0, -1], [0, True], "0, 1"):
+        with pytest.raises(FormatError, match="malformed sharding"):
+            jaxstow.load(_with_devices(tree, malformed))

@@ -144,6 +144,7 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
+        and _are_device_ids(sharding.get("devices"), math.prod(mesh))
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)
         and len(axes) == len(mesh)
@@ -159,6 +160,14 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
             for part in spec
         )
     )
+
+
+def _are_device_ids(ids: Any, count: int) -> bool:
+    """Whether ``ids`` is absent (files before the devices were written) or ``count`` distinct device ids."""
+    if ids is None:
+        return True
+    valid = isinstance(ids, list) and all(type(device) is int and device >= 0 for device in ids)
+    return valid and len(ids) == count == len(set(ids))
 
 
 def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:
