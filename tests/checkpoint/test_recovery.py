@@ -150,6 +150,30 @@ def test_fallback_starts_at_the_step_asked_for_and_fails_when_nothing_is_intact(
     assert manager.latest_intact_step() is None and sorted(manager.damaged_steps()) == [1, 2, 3]
 
 
+def test_a_damaged_step_asked_for_is_said_to_be_damaged_with_what_to_restore_instead(saved, tmp_path):
+    # The error was the file's alone ("leaf 'w' of .../params.safetensors: checksum mismatch"): no word that the step
+    # is there but damaged, nor of the steps that restore.
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    params = run / "2" / "params.safetensors"
+    _flip(params, _tensor_ranges(params)[-1][0])
+    opt = run / "3" / "opt.safetensors"
+    opt.write_bytes(opt.read_bytes()[:-8])  # truncated
+    manager = CheckpointManager(run)
+    for step, file in ((2, params), (None, opt)):
+        with pytest.raises(CorruptFileError) as raised:
+            manager.restore(step)
+        message = str(raised.value)
+        assert message.startswith(f"step {step or 3} of {run} is damaged: leaf ")
+        assert f"of {file}:" in message and "manager.latest_intact_step()" in message, message
+        assert raised.value.file == str(file)
+    assert manager.latest_intact_step() == 1
+    assert manager.restore(fallback=True, as_numpy=True)["opt"]["mu"][0] == 0.1 and list(manager.restored.skipped) == [
+        3,
+        2,
+    ]
+
+
 def test_verify_is_checked_and_progress_is_drawn(saved, capsys):
     manager = CheckpointManager(saved)
     with pytest.raises(ValueError, match='verify must be "data"'):

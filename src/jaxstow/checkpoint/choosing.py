@@ -32,7 +32,7 @@ from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tier_restore import restore_tiers
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.together import restore_together
-from jaxstow.errors import CheckpointError, StepNotFoundError
+from jaxstow.errors import CheckpointError, FormatError, NewerFormatError, StepNotFoundError
 
 __all__ = ["restore_chosen"]
 
@@ -58,6 +58,48 @@ def restore_chosen(
     for its own save in flight."""
     if coordinator.many:
         _check_same_request(coordinator, folder, step, fallback=fallback, items=items)
+    if fallback or coordinator.many:
+        return _restore_chosen(
+            folder, step, restore, fallback=fallback, coordinator=coordinator, tiers=tiers, broadcast=broadcast
+        )
+    tried: list[int] = []
+
+    def restore_noted(chosen: int, holder: StepFolder) -> T:
+        tried.append(chosen)
+        return restore(chosen, holder)
+
+    try:
+        return _restore_chosen(
+            folder, step, restore_noted, fallback=False, coordinator=coordinator, tiers=tiers, broadcast=broadcast
+        )
+    except FormatError as error:
+        if tried and not isinstance(error, NewerFormatError):
+            error.args = (_damage_advised(str(error), tried[-1], folder.store.location), *error.args[1:])
+        raise
+
+
+def _damage_advised(problem: str, step: int, where: str) -> str:
+    """The damage a restore of ``step`` met, said to be the step's, with what to restore instead.
+
+    >>> print(_damage_advised("leaf 'w' of runs/a/6/w.safetensors: checksum mismatch", 6, "runs/a"))
+    step 6 of runs/a is damaged: leaf 'w' of runs/a/6/w.safetensors: checksum mismatch; restore another step: manager.latest_intact_step() gives the newest intact one, and manager.restore(fallback=True) restores it
+    """
+    return (
+        f"step {step} of {where} is damaged: {problem}; restore another step: manager.latest_intact_step() gives "
+        "the newest intact one, and manager.restore(fallback=True) restores it"
+    )
+
+
+def _restore_chosen(
+    folder: StepFolder,
+    step: int | None,
+    restore: Callable[[int, StepFolder], T],
+    *,
+    fallback: bool,
+    coordinator: Coordinator,
+    tiers: Tiers | None,
+    broadcast: bool | None,
+) -> tuple[T, recovery.Restored]:
     if tiers is not None and not fallback:
         return restore_tiers(tiers, folder, step, restore, coordinator=coordinator, broadcast=broadcast)
     if tiers is not None and not coordinator.many:
