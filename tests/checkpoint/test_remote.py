@@ -191,3 +191,28 @@ def test_damage_is_checked_in_the_store_not_in_the_cache_s_intact_copies(s3_serv
     assert "3/w.safetensors: checksum mismatch" in found[3], found
     with CheckpointManager(url, **cached) as manager:  # the copies are kept, and a restore here still reads them
         assert manager.restore(3, as_numpy=True)["w"][0] == 3.0
+
+
+def test_a_step_damaged_in_the_store_and_in_the_cache_is_named_in_the_store_after_one_fetch(
+    s3_server, tmp_path, caplog
+):
+    # The cache's damaged copy was removed, fetched again (as damaged) from the store and removed again, 19 times,
+    # and the error named the cache's copy, not the file in the store.
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    cached = {"storage_options": options, "cache_dir": tmp_path / "cache"}
+    with CheckpointManager(url, **cached) as manager:
+        for step in (1, 2):
+            manager.save(step, {"w": np.full(256, float(step), np.float32)})
+            manager.restore(step)  # a copy of each in the cache
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    _flip(fs, f"{root}/2/w.safetensors", -1)  # in its data
+    copy = next((tmp_path / "cache").rglob("2/w.safetensors"))
+    data = bytearray(copy.read_bytes())
+    data[-1] ^= 1
+    copy.write_bytes(bytes(data))
+    with CheckpointManager(url, **cached) as manager, caplog.at_level("WARNING", logger="jaxstow"):
+        with pytest.raises(CorruptFileError) as raised:
+            manager.restore(2)
+        assert manager.restore(1, as_numpy=True)["w"][0] == 1.0
+    assert raised.value.file == f"{url}/2/w.safetensors" and str(raised.value).startswith(f"step 2 of {url} is damaged")
+    assert caplog.text.count("is damaged (") == 1, caplog.text  # the copy removed once

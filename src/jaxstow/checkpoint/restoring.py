@@ -231,7 +231,9 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
     :class:`~jaxstow.errors.StepNotFoundError` if the step is deleted before it is read.
 
     A step replaced while it is read (``save(step, force=True)`` by the process that saves here) is read again,
-    whole, from its new record: its old files gone or new ones in their place are no damage."""
+    whole, from its new record: its old files gone or new ones in their place are no damage. A local copy
+    (``cache_dir``) found damaged is removed, and the step read again from the store itself, whose damage is the
+    step's own."""
     with folder.reading(step):
         record = folder.checked_record(step)
         for _ in range(REPLACED_READS - 1):
@@ -239,6 +241,7 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
                 return _restore_step(folder, step, record, like, items, options)
             except (CheckpointError, FormatError) as error:
                 if folder.evict_damaged_copy(error):  # a local copy gone bad (cache_dir): read from the store
+                    folder = folder.in_store()
                     continue
                 if (now := folder.checked_record(step)) == record:
                     raise
