@@ -6,6 +6,7 @@ import dataclasses
 from pathlib import Path
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -157,12 +158,28 @@ class Masked(eqx.Module):
     mask: np.ndarray = eqx.field(static=True)
 
 
+def _scaler(**attributes) -> _Scaler:
+    scaler = _Scaler()
+    vars(scaler).update(attributes)
+    return scaler
+
+
 def test_an_array_where_only_static_data_goes_is_refused_saying_what_works(tmp_path: Path) -> None:
-    for tree, path in ((Masked(jnp.ones(1), np.arange(3)), "mask"), ({"scaler": _Scaler()}, "scaler/mean")):
+    # A PRNG key in a plain class's attribute was "neither data nor registered; register it with jaxstow.saveable".
+    cases = [
+        (Masked(jnp.ones(1), np.arange(3)), "mask"),
+        ({"scaler": _Scaler()}, "scaler/mean"),
+        (_scaler(mean=[jnp.ones(2)]), "mean/0"),
+        (_scaler(mean={"k": jnp.ones(2, jnp.bfloat16)}), "mean/k"),
+        (_scaler(mean=(1, (jnp.ones(2), "x"))), "mean/1/0"),
+        (_scaler(key=jax.random.key(0)), "key"),
+    ]
+    for tree, path in cases:
         with pytest.raises(UnsaveableObjectError, match=r"only static data may go .* make it a pytree field") as caught:
             jaxstow.save(tmp_path / "m.jxs", tree)
         assert caught.value.path == path
-        assert "saveable" not in str(caught.value)
+        assert "saveable" not in str(caught.value) and "register_pytree_node_class" in str(caught.value)
+    assert not (tmp_path / "m.jxs").exists()
 
 
 @pytest.mark.parametrize("value", [__import__("decimal").Decimal("1.5"), __import__("datetime").date(2020, 1, 2)])

@@ -32,8 +32,9 @@ def unsaveable_advice(obj: object, refused: str | None = None) -> str | None:
     if _is_array(obj):
         return (
             "an array where only static data may go (an equinox static field, an attribute of a registered plain "
-            "class, a node's auxiliary data), which a file keeps as JSON: make it a pytree field (not static), so "
-            "that it is saved as a tensor, or hold a tuple of its values (tuple(array.tolist()))"
+            "class, a node's auxiliary data), which a file keeps as JSON: make it a pytree field (not static), or "
+            "make the plain class a pytree (jax.tree_util.register_pytree_node_class), so that it is saved as a "
+            "tensor, or hold a tuple of its values (tuple(array.tolist()))"
         )
     root = module_of(obj).partition(".")[0]
     if root in FORBIDDEN_MODULES and UnsaveableObjectError.advises_registering(obj):
@@ -60,7 +61,9 @@ def unsaveable_advice(obj: object, refused: str | None = None) -> str | None:
 def _is_array(obj: object) -> bool:
     """Whether ``obj`` is a numpy array, a jax array or a torch tensor, told by their modules (none imported here)."""
     module = type(obj).__module__
-    return type(obj).__name__ in ("ndarray", "ArrayImpl", "Tensor", "Array") and module.split(".")[0] in (
+    return type(obj).__name__ in ("ndarray", "ArrayImpl", "PRNGKeyArray", "Tensor", "Array") and module.split(".")[
+        0
+    ] in (
         "numpy",
         "jaxlib",
         "jax",
