@@ -57,10 +57,11 @@ def test_a_mesh_of_devices_in_another_order_comes_back_on_the_same_devices(tmp_p
             assert _placed(restored[name]) == _placed(array), name
 
 
-def _with_devices(tree, ids) -> io.BytesIO:
-    """``tree`` saved as a file whose first leaf's sharding names the devices ``ids`` (every checksum holds)."""
+def _with_devices(tree, ids, **changes) -> io.BytesIO:
+    """``tree`` saved as a file whose first leaf's sharding names the devices ``ids`` (every checksum holds), with
+    ``changes`` to its other members."""
     encoded = encode_tree(tree)
-    encoded.manifest["leaves"][0]["sharding"]["devices"] = ids
+    encoded.manifest["leaves"][0]["sharding"].update(devices=ids, **changes)
     buffer = io.BytesIO()
     encoded.write(buffer)
     buffer.seek(0)
@@ -76,6 +77,6 @@ def test_a_file_saved_on_devices_this_process_lacks_is_refused_with_sharding_sav
         jaxstow.load(_with_devices(tree, [0, 9]), sharding="saved")
     assert raised.value.path == "w"
     np.testing.assert_array_equal(jaxstow.load(_with_devices(tree, [0, 9]))["w"], np.arange(4.0))  # placed by default
-    for malformed in ([0, 0], [0], [0, -1], [0, True], "0, 1"):
-        with pytest.raises(FormatError, match="malformed sharding"):
+    for malformed in ([0, 0], [0], [0, -1], [0, True], [0, 1.0], "0, 1", None, list(range(10**6))):
+        with pytest.raises(FormatError, match=r"names the devices .* its mesh \[2\] needs the ids of its 2 devices"):
             jaxstow.load(_with_devices(tree, malformed))

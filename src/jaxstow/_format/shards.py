@@ -97,8 +97,8 @@ def sharded_leaf_from_entry(entry: Entry, slots: Mapping[str, TensorSlot], *, so
     if not isinstance(shards, list):
         raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
     sharding = entry.get("sharding")
-    if sharding is not None and not _is_sharding_description(sharding, len(shape)):
-        raise FormatError(f"malformed sharding {excerpt(sharding)}", file=file, path=path)
+    if sharding is not None:
+        _check_sharding_description(sharding, len(shape), file=file, path=path)
     stored = tuple(_shard(shard, path, dtype, tuple(shape), slots, source=source, file=file) for shard in shards)
     return ShardedLeaf(path, "sharded", dtype, tuple(shape), None, None, stored, sharding)
 
@@ -137,6 +137,21 @@ def _shard(
     return StoredShard(tensor, source, tuple((start, stop) for start, stop in box), checksum)
 
 
+def _check_sharding_description(sharding: Any, ndim: int, *, file: str, path: str) -> None:
+    """Raise :class:`FormatError` unless ``sharding`` describes a mesh and a spec of at most ``ndim`` axes, and its
+    devices, where it names them, are its mesh's: as many ids as it has devices, each once."""
+    if not _is_sharding_description(sharding, ndim):
+        raise FormatError(f"malformed sharding {excerpt(sharding)}", file=file, path=path)
+    count = math.prod(sharding["mesh"])
+    if "devices" in sharding and not _are_device_ids(sharding["devices"], count):
+        raise FormatError(
+            f"its sharding names the devices {excerpt(sharding['devices'])} where its mesh {sharding['mesh']} needs "
+            f"the ids of its {count} devices, in its order (distinct non-negative integers): the header is damaged",
+            file=file,
+            path=path,
+        )
+
+
 def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     if not isinstance(sharding, dict):
         return False
@@ -144,7 +159,6 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
-        and _are_device_ids(sharding.get("devices"), math.prod(mesh))
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)
         and len(axes) == len(mesh)
@@ -163,11 +177,10 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
 
 
 def _are_device_ids(ids: Any, count: int) -> bool:
-    """Whether ``ids`` is absent (files before the devices were written) or ``count`` distinct device ids."""
-    if ids is None:
-        return True
-    valid = isinstance(ids, list) and all(type(device) is int and device >= 0 for device in ids)
-    return valid and len(ids) == count == len(set(ids))
+    """Whether ``ids`` is a list of ``count`` distinct device ids (its length checked before its items)."""
+    if not (isinstance(ids, list) and len(ids) == count):
+        return False
+    return all(type(device) is int and device >= 0 for device in ids) and len(set(ids)) == count
 
 
 def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:
