@@ -80,3 +80,14 @@ def test_a_file_saved_on_devices_this_process_lacks_is_refused_with_sharding_sav
     for malformed in ([0, 0], [0], [0, -1], [0, True], [0, 1.0], "0, 1", None, list(range(10**6))):
         with pytest.raises(FormatError, match=r"names the devices .* its mesh \[2\] needs the ids of its 2 devices"):
             jaxstow.load(_with_devices(tree, malformed))
+
+
+def test_a_file_whose_mesh_has_no_devices_is_refused_as_malformed():
+    # jax aborted the process (a failed check in its C++) as the mesh of shape [2, 0] was made for sharding="saved".
+    mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+    tree = {"w": jax.device_put(jnp.arange(4.0), NamedSharding(mesh, PartitionSpec("x")))}
+    for shape in ([2, 0], [0]):
+        axes = {"axes": ["x", "y"][: len(shape)], "axis_types": ["Auto"] * len(shape)}
+        with pytest.raises(FormatError, match="malformed sharding") as raised:
+            jaxstow.load(_with_devices(tree, [], mesh=shape, **axes), sharding="saved")
+        assert raised.value.path == "w"

@@ -138,8 +138,8 @@ def _shard(
 
 
 def _check_sharding_description(sharding: Any, ndim: int, *, file: str, path: str) -> None:
-    """Raise :class:`FormatError` unless ``sharding`` describes a mesh and a spec of at most ``ndim`` axes, and its
-    devices, where it names them, are its mesh's: as many ids as it has devices, each once."""
+    """Raise :class:`FormatError` unless ``sharding`` describes a mesh of at least one device and a spec of at most
+    ``ndim`` axes, and its devices, where it names them, are its mesh's: as many ids as it has devices, each once."""
     if not _is_sharding_description(sharding, ndim):
         raise FormatError(f"malformed sharding {excerpt(sharding)}", file=file, path=path)
     count = math.prod(sharding["mesh"])
@@ -159,6 +159,7 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
+        and 0 not in mesh  # jax aborts the process on a mesh of no devices
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)
         and len(axes) == len(mesh)
