@@ -389,6 +389,29 @@ def test_a_damaged_copy_of_a_process_s_files_is_never_committed_into_its_tier(ru
     assert (own / "params.safetensors").read_bytes() == wrote if step == 6 else not own.exists()
 
 
+@pytest.mark.parametrize("lost", ["nothing", "its-own-tier"])
+def test_a_step_of_which_every_copy_is_damaged_is_said_to_be_damaged_in_every_process(run, lost):
+    """Process 0's files of step 6 (not in the persistent tier) are damaged in its tier and in its keeper's copy, or
+    its tier is lost and the copy damaged: restore(6) names the damage and what to restore instead, the same in every
+    process. Before, the first said only that there was "no step 6" (the damage in a warning), and the second raised
+    the process's own CorruptFileError in process 0 and a CheckpointError in the others."""
+    copies = list(run.glob("local*/process-*/peer-copies/p0/6/params.safetensors"))
+    assert copies
+    if lost == "its-own-tier":
+        shutil.rmtree(run / "local0")
+    else:
+        copies.append(run / "local0" / "process-0" / "6" / "params.safetensors")
+    for copy in copies:
+        _flip_last_byte(copy)
+    errors = [report.get("error") for report in _reports(_start("restore", run, "--step", "6"))]
+    assert len(set(errors)) == 1, errors
+    assert re.fullmatch(
+        rf"FormatError: step 6 of {re.escape(str(run / 'persistent'))} is damaged: .*params.safetensors: checksum "
+        r"mismatch .*; restore another step: manager.latest_intact_step\(\) gives the newest intact one.*",
+        errors[0],
+    ), errors[0]
+
+
 def test_a_tier_renamed_to_another_process_s_is_refused_naming_the_rename(run):
     """Process 0's folder holds process 1's files and the other way round: an error in every process, which names
     the folder to rename back, rather than a restore that takes one process's shards for another's."""

@@ -31,6 +31,7 @@ parser.add_argument("--directory")
 parser.add_argument("--timeout", type=float, default=30.0)
 parser.add_argument("--stop", choices=["save", "copy", "fetch"])
 parser.add_argument("--victim", type=int, default=2)
+parser.add_argument("--step", type=int, help="the step restore restores (the newest restorable one by default)")
 args = parser.parse_args()
 os.environ["JAXSTOW_HOST_NAME"] = f"host{args.process // 2}"
 
@@ -93,7 +94,7 @@ def restore_checked() -> int:
             for name, value in expected(0).items()
         }
     }
-    restored = manager.restore(like=like)
+    restored = manager.restore(args.step, like=like)
     step = manager.restored.step
     for name, want in expected(step).items():
         for shard in restored["params"][name].addressable_shards:

@@ -74,20 +74,8 @@ def restore_chosen(
         )
     except FormatError as error:
         if tried and not isinstance(error, NewerFormatError):
-            error.args = (_damage_advised(str(error), tried[-1], folder.store.location), *error.args[1:])
+            error.args = (recovery.damage_advised(str(error), tried[-1], folder.store.location), *error.args[1:])
         raise
-
-
-def _damage_advised(problem: str, step: int, where: str) -> str:
-    """The damage a restore of ``step`` met, said to be the step's, with what to restore instead.
-
-    >>> print(_damage_advised("leaf 'w' of runs/a/6/w.safetensors: checksum mismatch", 6, "runs/a"))
-    step 6 of runs/a is damaged: leaf 'w' of runs/a/6/w.safetensors: checksum mismatch; restore another step: manager.latest_intact_step() gives the newest intact one, and manager.restore(fallback=True) restores it
-    """
-    return (
-        f"step {step} of {where} is damaged: {problem}; restore another step: manager.latest_intact_step() gives "
-        "the newest intact one, and manager.restore(fallback=True) restores it"
-    )
 
 
 def _restore_chosen(

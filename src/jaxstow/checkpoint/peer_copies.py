@@ -22,7 +22,7 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any, BinaryIO, cast
 
 import jax
@@ -159,12 +159,13 @@ class PeerCopies:
             for old in self.names.steps(store.committed())[:-keep_last]:
                 store.delete(self.names.name(old))
 
-    def gather_step(self, step: int, version: str, plan: dict[str, list[int]]) -> StepFolder | None:
+    def gather_step(self, step: int, version: str, plan: dict[str, list[int]]) -> StepFolder | str:
         """The folder to restore ``step`` as saved by ``version`` from, ``plan[owner]`` naming the processes that
         hold each process's files (the owner first where it holds them). Where this process's own tier lacks its files
         (a replaced host), they come back whole from the first process holding an intact copy (this one, where a tier
         left in its local directory holds them), into its local tier, each copy checked before it is committed
-        (:func:`~jaxstow.checkpoint.copy_check.copy_damage`); ``None`` where no copy is intact. Every other file is
+        (:func:`~jaxstow.checkpoint.copy_check.copy_damage`); where no copy is intact, the damage of the last one
+        tried. Every other file is
         read where this process holds it, else by the byte ranges the restore reads, from the first process holding
         it."""
         me, holdings = self.coordinator.index, self.holdings
@@ -173,14 +174,19 @@ class PeerCopies:
         marker = self._fetch(holders[me][0], wanted, None, limit=_RECORD_LIMIT)
         found = PeerStep(self.transport, self.local, step, version, marker, holders, holdings.locate)
         if not holdings.holds_own(step, version):
-            if not any(self._take_own(found, version, holder) for holder in holders[me]):
-                return None
+            damage = ""
+            for holder in holders[me]:
+                damage = self._take_own(found, version, holder)
+                if not damage:
+                    break
+            if damage:
+                return damage
             holdings.restored(step, version)
         return StepFolder(found, self.names)
 
-    def _take_own(self, found: PeerStep, version: str, holder: int) -> bool:
+    def _take_own(self, found: PeerStep, version: str, holder: int) -> str:
         """Commit into this process's own tier its files of ``found``'s step as ``holder`` holds them, if intact;
-        whether they were (a damaged copy is named in a warning)."""
+        ``""`` if they were, else their damage, where they are (also named in a warning)."""
         me, step, folder = self.coordinator.index, found.record.step, found.name
         self.local.ensure()
         staging = self.local.stage(folder, replace=folder in self.local.committed())
@@ -192,7 +198,7 @@ class PeerCopies:
             damage = copy_damage(found, me, lambda file: self.local.path(staging.token, file))
             if damage is None:
                 staging.commit(found.read_marker(folder))
-                return True
+                return ""
         except BaseException:
             staging.abort()
             raise
@@ -202,10 +208,9 @@ class PeerCopies:
             if holder != me
             else os.path.dirname(self.holdings.locate(me, step, RECORD_NAME, version))
         )
-        logger.warning(
-            "%s: its copy of process %d's files of step %d is damaged, not restored from: %s", where, me, step, damage
-        )
-        return False
+        damage = f"{where}: its copy of process {me}'s files of step {step} is damaged: {damage}"
+        logger.warning("%s; not restored from", damage)
+        return damage
 
     def _fetch(self, holder: int, wanted: dict[str, Any], sink: BinaryIO | None, *, limit: int) -> bytes:
         """The file ``wanted`` names, from ``holder`` (read here where it is this process): to ``sink``, else
@@ -225,7 +230,7 @@ class PeerCopies:
 
 
 def plan_local(
-    inventories: dict[int, dict[str, list[list[Any]]]], count: int, bound: int | None, skipped: set[int]
+    inventories: dict[int, dict[str, list[list[Any]]]], count: int, bound: int | None, skipped: Container[int]
 ) -> tuple[int, str, dict[str, list[int]]]:
     """The newest step (at most ``bound``, not in ``skipped``: a process holds no intact copy of its files) whose latest save some process holds every process's files of, that
     save's version, and for each owner the processes holding its files (the owner itself first); ``(-1, "", {})``

@@ -56,6 +56,7 @@ __all__ = [
     "Restored",
     "Verify",
     "check_verify",
+    "damage_advised",
     "damaged",
     "described",
     "newest_accepted",
@@ -222,3 +223,15 @@ def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progres
             found[step] = step_damage(folder, step, verify=verify, progress=progress)
     folder.damaged.update(step for step, problem in found.items() if problem is not None)
     return {step: problem for step, problem in found.items() if problem is not None}
+
+
+def damage_advised(problem: str, step: int, where: str) -> str:
+    """The damage a restore of ``step`` met, said to be the step's, with what to restore instead.
+
+    >>> print(damage_advised("leaf 'w' of runs/a/6/w.safetensors: checksum mismatch", 6, "runs/a"))
+    step 6 of runs/a is damaged: leaf 'w' of runs/a/6/w.safetensors: checksum mismatch; restore another step: manager.latest_intact_step() gives the newest intact one, and manager.restore(fallback=True) restores it
+    """
+    return (
+        f"step {step} of {where} is damaged: {problem}; restore another step: manager.latest_intact_step() gives "
+        "the newest intact one, and manager.restore(fallback=True) restores it"
+    )

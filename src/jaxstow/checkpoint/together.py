@@ -5,7 +5,8 @@ processes agree in one :class:`~jaxstow._coordination.Conversation`: process 0 p
 boxes several processes hold are read once (:mod:`jaxstow.checkpoint.read_once`), and says so; every process
 restores the step and reports; process 0's one verdict every process follows: all return their trees, or all raise
 a :class:`~jaxstow.errors.CheckpointError` naming the step and each process that failed or did not report. With
-``fallback``, damage found by any process moves all of them to the next older step together. A box read once is
+``fallback``, damage found by any process moves all of them to the next older step together; without, every process
+raises one :class:`~jaxstow.errors.FormatError` saying the step is damaged, where, and what to restore instead. A box read once is
 gathered over jax's collectives (:mod:`jaxstow._read.broadcast`) only after that verdict says every process read its
 ranges, so a process that died or stalled is named within ``process_timeout`` and no process waits for it in a
 collective. See docs/scaling.md ("Restoring together").
@@ -24,9 +25,9 @@ from jaxstow._coordination import Conversation, Coordinator
 from jaxstow._read import gathering
 from jaxstow._read.broadcast import Exchange, Pending, reading_once
 from jaxstow.checkpoint.read_once import pays
-from jaxstow.checkpoint.recovery import Restored, step_damage
+from jaxstow.checkpoint.recovery import Restored, damage_advised, step_damage
 from jaxstow.checkpoint.step_folder import StepFolder
-from jaxstow.errors import CheckpointError, FormatError
+from jaxstow.errors import CheckpointError, FormatError, NewerFormatError
 
 __all__ = ["restore_together"]
 
@@ -47,13 +48,16 @@ def restore_together(
     *,
     fallback: bool,
     broadcast: bool | None,
+    where: str | None = None,
 ) -> tuple[T, Restored]:
     """Restore in every process the first of the steps ``choose()`` gives in process 0 (newest first) that restores
     everywhere; without ``fallback`` only the first. A box that several processes need is read once and gathered
-    where ``broadcast`` says so (``None``: where it pays, :func:`~jaxstow.checkpoint.read_once.pays`)."""
+    where ``broadcast`` says so (``None``: where it pays, :func:`~jaxstow.checkpoint.read_once.pays`). Errors name
+    the run ``where`` (``folder``'s location by default: a local tier's differs between processes)."""
     with coordinator.conversation("restore") as talk:
         steps, once = _start(talk, folder, choose, fallback=fallback, broadcast=broadcast)
-        return _restore_first(talk, folder, steps, restore, fallback=fallback, once=once)
+        where = folder.store.location if where is None else where
+        return _restore_first(talk, folder, steps, restore, fallback=fallback, once=once, where=where)
 
 
 def _start(
@@ -93,9 +97,9 @@ def _restore_first(
     *,
     fallback: bool,
     once: bool,
+    where: str,
 ) -> tuple[T, Restored]:
     """Try ``steps`` in turn, every process together, until one restores everywhere."""
-    where = folder.store.location
     skipped: dict[int, str] = {}
     for step in steps:
         able = not once or gathering.available()
@@ -119,6 +123,8 @@ def _restore_first(
                 f"step {step} was not restored in every process ({verdict.removeprefix(_FAILED)})", file=where
             )
         skipped[step] = verdict.removeprefix(_DAMAGE)
+        if not fallback:  # the same error in every process, where only one may have met the damage
+            raise FormatError(damage_advised(skipped[step], step, where))
         logger.warning("%s: step %d is damaged, skipped: %s", where, step, skipped[step])
     reasons = "; ".join(f"step {step}: {problem}" for step, problem in skipped.items())
     raise CheckpointError(
@@ -199,7 +205,7 @@ def _attempt(
 ) -> tuple[T | None, str, BaseException | None]:
     """This process's restore of ``step`` (its shared boxes' ranges read for ``exchange``): the tree and ``ok``, or
     the report of what went wrong and the error. Damage (a damaged record, header or leaf) is what ``fallback``
-    moves past; any other error ends the restore."""
+    moves past, and without it the error every process raises; any other error ends the restore."""
     try:
         if fallback:
             damage = step_damage(folder, step, verify="headers", progress=False)
@@ -210,6 +216,7 @@ def _attempt(
         with reading_once(exchange, folder.url(step)):
             return restore(step), _OK, None
     except FormatError as error:
-        return None, (_DAMAGE if fallback else _FAILED) + f"{type(error).__name__}: {error}", error
+        newer = isinstance(error, NewerFormatError) and not fallback  # not damage: this jaxstow is too old
+        return None, (_FAILED if newer else _DAMAGE) + f"{type(error).__name__}: {error}", error
     except Exception as error:
         return None, _FAILED + f"{type(error).__name__}: {error}", error
