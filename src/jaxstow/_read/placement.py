@@ -143,9 +143,10 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
 
 def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
     """The sharding a leaf was saved with (its mesh's axis types included), on the devices it was saved on, in their
-    order in its mesh (a file written before the devices were recorded: this process's first devices).
+    order in its mesh (a file written before the devices were recorded: this process's first devices; devices not
+    all there: the first devices, in the saved mesh's relative order).
 
-    An error if there are too few, or if one of them is not among this process's devices.
+    An error if there are too few devices.
     """
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
@@ -158,7 +159,7 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
             path=path,
         )
     kinds = description.get("axis_types", ["Auto"] * len(axes))
-    grid = np.array(_saved_devices(description.get("devices"), devices, file=file, path=path)[:count])
+    grid = np.array(_saved_devices(description.get("devices"), devices)[:count])
     grid = grid.reshape(mesh_shape)
     if not hasattr(jax.sharding, "AxisType"):  # jax before 0.5: every mesh axis is what later ones call Auto
         if set(kinds) != {"Auto"} and kinds:
@@ -176,20 +177,19 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
     return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
 
 
-def _saved_devices(ids: list[int] | None, devices: list[jax.Device], *, file: str | None, path: str) -> list[Any]:
-    """The devices of ``ids`` (a mesh's, in its order) among ``devices``; all of ``devices`` for ``None``."""
+def _saved_devices(ids: list[int] | None, devices: list[jax.Device]) -> list[Any]:
+    """The devices of ``ids`` (a mesh's, in its order) among ``devices``; all of ``devices`` for ``None``.
+
+    Where one of them is not there (a restart on other hosts, other processes: other ids), the first ``len(ids)``
+    devices in the same relative order: the saved mesh's device of the lowest id on the first of them, and so on.
+    """
     if ids is None:
         return devices
     by_id = {device.id: device for device in devices}
-    if missing := [device for device in ids if device not in by_id]:
-        raise ShardingError(
-            f"the leaf was saved on the devices with ids {ids} (in its mesh's order), but this process sees none with "
-            f"the ids {missing} (its devices' are {sorted(by_id)}); pass sharding= to lay it out on the devices there "
-            "are",
-            file=file,
-            path=path,
-        )
-    return [by_id[device] for device in ids]
+    if all(device in by_id for device in ids):
+        return [by_id[device] for device in ids]
+    rank = {device: position for position, device in enumerate(sorted(ids))}
+    return [devices[rank[device]] for device in ids]
 
 
 #: The mesh of a sharding that names no devices (``jax.sharding.AbstractMesh``, where this jax has it).
