@@ -238,6 +238,27 @@ def test_convert_an_orbax_checkpoint(tmp_path):
     assert restored["params"]["b"].dtype == ml_dtypes.bfloat16 and int(restored["step"]) == 7
 
 
+@pytest.mark.skipif(not hasattr(ml_dtypes, "float8_e8m0fnu"), reason="needs ml_dtypes >= 0.5 (float8_e8m0fnu)")
+def test_convert_to_plain_safetensors_gives_float8_e8m0_and_fnuz_their_codes(tmp_path):
+    # They were written as raw bytes (U8) with a jaxstow manifest: other tools read bytes, not the arrays.
+    import torch
+    from safetensors import safe_open
+
+    names = ("float8_e8m0fnu", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    tree = {name: np.array([0.5, 2.0, 4.0], getattr(ml_dtypes, name)) for name in names}
+    jaxstow.save(tmp_path / "f8.jxs", tree)
+    done = jaxstow_command("convert", tmp_path / "f8.jxs", tmp_path / "f8.safetensors", check=0)
+    assert "raw bytes" not in done.stderr
+    with safe_open(str(tmp_path / "f8.safetensors"), framework="pt") as file:
+        assert file.metadata() is None  # a plain file: no jaxstow manifest
+        for name in names:
+            tensor = file.get_tensor(name)
+            assert tensor.dtype == getattr(torch, name), name
+            assert tensor.to(torch.float32).tolist() == [0.5, 2.0, 4.0], name
+    for name, array in jaxstow.load(tmp_path / "f8.safetensors", as_numpy=True).items():
+        assert array.dtype == tree[name].dtype and array.tobytes() == tree[name].tobytes(), name
+
+
 def test_convert_jaxstow_to_plain_safetensors_and_npz(tmp_path, model_file):
     from safetensors.numpy import load_file
 

@@ -157,6 +157,12 @@ def stores_exactly(dtype: np.dtype) -> bool:
     return safetensors_code(dtype) is not None
 
 
+def plain_stores_exactly(dtype: np.dtype) -> bool:
+    """Whether a plain safetensors file (no jaxstow manifest) stores ``dtype`` as it is: under a code a jaxstow file
+    keeps for its readers' sake as raw bytes (``F8_E8M0``, the fnuz float8 codes) too."""
+    return plain_code(dtype) is not None
+
+
 def _write_arrays(sink: BinaryIO, arrays: Sequence[HostArray]) -> None:
     """Write the arrays' bytes back to back.
 

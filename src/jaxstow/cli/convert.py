@@ -31,8 +31,8 @@ import numpy as np
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.kinds import KINDS, Kind
+from jaxstow._format.native import plain_stores_exactly, write_native
 from jaxstow._format.native import stores_exactly as native_stores_exactly
-from jaxstow._format.native import write_native
 from jaxstow._format.native_or_npz import Kind as ContainerKind
 from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
@@ -333,7 +333,7 @@ def _write_plain(
             file=sys.stderr,
         )
     kind: ContainerKind = "npz" if target == "npz" else "native"
-    stores_exactly = npz_stores_exactly if kind == "npz" else native_stores_exactly
+    stores_exactly = npz_stores_exactly if kind == "npz" else plain_stores_exactly
     plain = metadata if kind == "native" and metadata and all(type(v) is str for v in metadata.values()) else None
     if metadata and plain is None:
         print(
