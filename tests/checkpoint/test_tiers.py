@@ -412,6 +412,33 @@ def test_a_step_of_which_every_copy_is_damaged_is_said_to_be_damaged_in_every_pr
     ), errors[0]
 
 
+def _copy_to_persistent(run: Path, step: int) -> None:
+    """Every process's local files of ``step`` copied to the persistent tier, as a save due there would have."""
+    folder = run / "persistent" / str(step)
+    folder.mkdir()
+    for file in run.glob(f"local*/process-*/{step}/*.safetensors"):
+        shutil.copyfile(file, folder / file.name)
+    shutil.copyfile(run / "local0" / "process-0" / str(step) / "checkpoint.json", folder / "checkpoint.json")
+
+
+@pytest.mark.parametrize("intact", ["its-keeper-s-copy", "the-persistent-step"])
+def test_a_process_s_damaged_own_files_of_a_step_are_read_from_an_intact_copy(run, intact):
+    """A byte flipped in process 0's own file of step 6, of which process 2 keeps an intact copy (taken into process
+    0's tier in its place), or, that copy gone, the persistent tier holds step 6 intact: step 6 is restored, every
+    value checked, process 0 warning of its damaged file. Before, every process raised that step 6 is damaged."""
+    own = run / "local0" / "process-0" / "6" / "params.safetensors"
+    keeper = run / "local2" / "process-2" / "peer-copies" / "p0" / "6"
+    if intact == "the-persistent-step":
+        _copy_to_persistent(run, 6)
+        shutil.rmtree(keeper)
+    _flip_last_byte(own)
+    reports = _reports(_start("restore", run))
+    assert [report.get("restored") for report in reports] == [6] * 4, reports
+    assert any(f"{own.parent}: its copy of process 0's files" in line for line in reports[0]["warnings"]), reports[0]
+    if intact == "its-keeper-s-copy":
+        assert own.read_bytes() == (keeper / "params.safetensors").read_bytes()
+
+
 def test_a_tier_renamed_to_another_process_s_is_refused_naming_the_rename(run):
     """Process 0's folder holds process 1's files and the other way round: an error in every process, which names
     the folder to rename back, rather than a restore that takes one process's shards for another's."""

@@ -10,13 +10,14 @@ after a restart: it restores the newest step restorable (checking every
 value), prints it, then saves every step due from the next one on, printing a line per save, until it is killed.
 ``--stop save`` makes process ``--victim`` stop itself (SIGSTOP) as it begins sending its copies of step 2 to its
 peers, ``--stop copy`` as it begins copying step 4 to the persistent directory, ``--stop fetch`` as it begins sending
-a replaced process its files. Each prints one JSON line of what it saw.
+a replaced process its files. Each prints one JSON line of what it saw (with the warnings jaxstow logged).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import time
@@ -124,7 +125,17 @@ manager = CheckpointManager(
     process_timeout=args.timeout,
     storage_options=OPTIONS,
 )
-report: dict = {"process": args.process}
+report: dict = {"process": args.process, "warnings": []}
+
+
+class Warnings(logging.Handler):
+    """The warnings jaxstow logs, kept for the report."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        report["warnings"].append(record.getMessage())
+
+
+logging.getLogger("jaxstow").addHandler(Warnings(logging.WARNING))
 start = time.monotonic()
 try:
     if args.action in ("save", "resume"):

@@ -141,6 +141,15 @@ class PeerStep(LocalStore):
     def committed(self) -> list[str]:
         return [self.name]
 
+    def held(self) -> dict[int, str]:
+        """The folder this process reads each process's files of the step from, where it holds them itself."""
+        me, step = self._transport.index, self.record.step
+        return {
+            owner: os.path.dirname(self._locate(owner, step, RECORD_NAME, self._version))
+            for owner, holding in sorted(self.holders.items())
+            if owner == me or me in holding
+        }
+
     def read_marker(self, name: str) -> bytes:
         return self._marker
 

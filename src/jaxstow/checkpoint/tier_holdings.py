@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._steps.names import StepNames
@@ -92,9 +92,10 @@ class Holdings:
                 with contextlib.suppress(FileNotFoundError):
                     store.delete(folder)
 
-    def inventory(self, bound: int | None) -> dict[str, list[list[object]]]:
+    def inventory(self, bound: int | None, damaged: Container[str] = ()) -> dict[str, list[list[object]]]:
         """For each process whose files this process holds, ``[step, version, time]`` of each step it holds (at most
-        ``bound``) in full: every file the step's record lists for that process.
+        ``bound``) in full: every file the step's record lists for that process; a folder in ``damaged`` (found so by
+        the restore under way) holds none.
 
         Raises:
             CheckpointError: This process's own tier holds a step without its files (another process's folder
@@ -105,7 +106,7 @@ class Holdings:
         for owner in range(self.count):
             for store in self.stores(owner):
                 for step in self.names.steps(store.committed()):
-                    if bound is not None and step > bound:
+                    if (bound is not None and step > bound) or store.path(self.names.name(step)) in damaged:
                         continue
                     record = self._holds(store, owner, step)
                     if isinstance(record, str):

@@ -6,17 +6,19 @@ from what every process reports it holds. See docs/scaling.md ("Two tiers and pe
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, TypeVar
 
 from jaxstow._coordination import Conversation, Coordinator
+from jaxstow.checkpoint.copy_check import held_damage
 from jaxstow.checkpoint.peer_copies import plan_local
+from jaxstow.checkpoint.peer_reads import PeerStep
 from jaxstow.checkpoint.recovery import Restored, damage_advised
 from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.checkpoint.together import restore_together
-from jaxstow.errors import FormatError, StepNotFoundError
+from jaxstow.errors import FormatError, NewerFormatError, StepNotFoundError
 
 __all__ = ["choose", "restore_tiers"]
 
@@ -25,13 +27,14 @@ T = TypeVar("T")
 
 
 def choose(
-    tiers: Tiers, talk: Conversation, persistent: list[int], bound: int | None
+    tiers: Tiers, talk: Conversation, persistent: list[int], bound: int | None, damaged: Container[str] = ()
 ) -> tuple[Tier, int, StepFolder, dict[int, str]]:
     """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
-    by the local tiers and peers' copies, else the newest of ``persistent`` (process 0's listing); ``-1`` when
-    there is none. Every process reports what it holds; process 0 decides. With the local folder to read it from
-    (whose files held elsewhere are read from the peers holding them), and the damage of each local step passed
-    over because a process holds no intact copy of its files (the same in every process)."""
+    by the local tiers and peers' copies (but for this process's ``damaged`` folders), else the newest of
+    ``persistent`` (process 0's listing); ``-1`` when there is none. Every process reports what it holds; process 0
+    decides. With the local folder to read it from (whose files held elsewhere are read from the peers holding
+    them), and the damage of each local step passed over because a process holds no intact copy of its files (the
+    same in every process)."""
     own = [step for step in tiers.steps() if bound is None or step <= bound]
     newest = max((step for step in persistent if bound is None or step <= bound), default=-1)
     coordinator = talk.coordinator
@@ -39,7 +42,7 @@ def choose(
         tier: Tier = "local" if own and own[-1] >= newest else "persistent"
         return tier, own[-1] if tier == "local" else newest, tiers.folder, {}
     try:
-        held = tiers.holdings.inventory(bound)
+        held = tiers.holdings.inventory(bound, damaged)
     except BaseException as error:
         talk.fail("held", error)
         if coordinator.index == 0:
@@ -91,28 +94,73 @@ def restore_tiers(
 ) -> tuple[T, Restored]:
     """Restore ``step`` (the newest restorable one by default) from the fastest tier that holds it in full, the
     same in every process: ``restore(step, folder)`` reads it from the local tier's folder or ``persistent``
-    (reading shared boxes once as ``broadcast`` says, :func:`~jaxstow.checkpoint.together.restore_together`)."""
+    (reading shared boxes once as ``broadcast`` says, :func:`~jaxstow.checkpoint.together.restore_together`).
+    Under ``jax.distributed``, where the restore of a local step meets damage, every process checks the copies it
+    read from (:func:`~jaxstow.checkpoint.copy_check.held_damage`) and the same step is restored again without the
+    damaged ones: from the other copies of those files, or from the persistent tier; where neither holds it, the
+    damage met is raised in every process."""
     listed = persistent.committed() if coordinator.index == 0 else []
-    with coordinator.conversation("tiers") as talk:
-        tier, chosen, local, damaged = choose(tiers, talk, listed, step)
-    if step is not None and chosen != step and step in damaged:
-        raise FormatError(damage_advised(damaged[step], step, persistent.store.location))
-    if chosen < 0 or (step is not None and chosen != step):
-        what = "no step" if step is None else f"no step {step}"
-        raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
-    folder = local if tier == "local" else persistent
-    logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
-    if coordinator.many:
-        # A local step's files held elsewhere are read from the peers holding them, only the ranges needed.
-        return restore_together(
-            coordinator,
-            folder,
-            lambda: [chosen],
-            lambda s: restore(s, folder),
-            fallback=False,
-            broadcast=broadcast if tier == "persistent" else False,
-            where=persistent.store.location,
-        )
-    if tier == "local":  # its copy in ``persistent`` too, where the local one is damaged
-        return restore_intact_copy(chosen, copies_of(chosen, persistent, tiers), restore), Restored(chosen)
-    return restore(chosen, folder), Restored(chosen)
+    damaged: set[str] = set()  # this process's folders found damaged by this restore
+    met: tuple[int, FormatError] | None = None  # the step whose restore met damage, and the damage
+    while True:
+        with coordinator.conversation("tiers") as talk:
+            tier, chosen, local, passed = choose(tiers, talk, listed, step if met is None else met[0], damaged)
+        if met is not None and chosen != met[0]:  # held intact nowhere: the damage met, in every process
+            raise met[1]
+        if step is not None and chosen != step and step in passed:
+            raise FormatError(damage_advised(passed[step], step, persistent.store.location))
+        if chosen < 0 or (step is not None and chosen != step):
+            what = "no step" if step is None else f"no step {step}"
+            raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
+        folder = local if tier == "local" else persistent
+        logger.info("%s: restoring step %d from the %s tier", persistent.store.location, chosen, tier)
+        if not coordinator.many:
+            if tier == "local":  # its copy in ``persistent`` too, where the local one is damaged
+                return restore_intact_copy(chosen, copies_of(chosen, persistent, tiers), restore), Restored(chosen)
+            return restore(chosen, folder), Restored(chosen)
+        try:
+            # A local step's files held elsewhere are read from the peers holding them, only the ranges needed.
+            shared = broadcast if tier == "persistent" else False
+            return _restore_step(
+                coordinator, folder, chosen, restore, broadcast=shared, where=persistent.store.location
+            )
+        except FormatError as error:  # raised alike in every process: the damage met (a NewerFormatError is not)
+            if isinstance(error, NewerFormatError) or not isinstance(local.store, PeerStep) or tier != "local":
+                raise
+            found = _damaged_copies(coordinator, local.store)
+            if not any(found):
+                raise
+            damaged.update(found[coordinator.index])
+            met = chosen, error
+
+
+def _restore_step(
+    coordinator: Coordinator,
+    folder: StepFolder,
+    step: int,
+    restore: Callable[[int, StepFolder], T],
+    *,
+    broadcast: bool | None,
+    where: str,
+) -> tuple[T, Restored]:
+    """``restore(step, folder)`` in every process together, without fallback, errors naming the run ``where``."""
+    return restore_together(
+        coordinator,
+        folder,
+        lambda: [step],
+        lambda s: restore(s, folder),
+        fallback=False,
+        broadcast=broadcast,
+        where=where,
+    )
+
+
+def _damaged_copies(coordinator: Coordinator, step: PeerStep) -> list[list[str]]:
+    """The folders each process found damaged among those it read ``step`` from, the same list in every process."""
+    with coordinator.conversation("tiers-damage") as talk:
+        try:
+            found = list(held_damage(step))
+        except BaseException as error:
+            talk.fail("found", error)
+            raise
+        return [list(folders) for folders in talk.gather("found", found, waiting_for="its check of its copies")]
