@@ -28,6 +28,7 @@ from jaxstow._save_load import load, save
 from jaxstow.errors import ArgumentError, CollectorError, StructureMismatchError
 from jaxstow.io.collector import ChainCheckpoint, DataLoader
 from jaxstow.io.dictionize import joined_names, pytree_dict_keys
+from jaxstow.io.stopped_runs import StoppedRun
 
 __all__ = [
     "ChainBook",
@@ -200,6 +201,14 @@ class KeepsChains:
     """What the built-in collectors share: a :class:`ChainBook` of their chains, which holds the data loader too."""
 
     _chains: ChainBook
+    _stopped: StoppedRun  # the chains of a stopped run that the run registered now continues
+
+    def refuse_missing_chains(self) -> None:
+        """A :class:`CollectorError` if the chains registered continue a stopped run without all of its chains:
+        checked at each block, checkpoint and end of the run, and by :func:`jaxstow.io.save` when the run is traced,
+        before it computes anything (no chain registered: no run goes on, none to refuse)."""
+        if self._chains.layouts:
+            self._stopped.refuse_fewer(self._chains.layouts)
 
     def register_data_loader(self, data_loader: DataLoader) -> None:
         """Register a data loader whose state is checkpointed with the chains."""

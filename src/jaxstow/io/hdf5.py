@@ -279,7 +279,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
         The copies go to memory that earlier blocks gave back once written (:mod:`~jaxstow.io.host_buffers`).
         """
-        self._stopped.refuse_fewer(self._datasets)
+        self.refuse_missing_chains()
         ends = {
             chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()
         }
@@ -329,7 +329,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         path = self.checkpoint_path
         if path is None:
             raise ArgumentError(self.checkpoint_problem() or "")
-        self._stopped.refuse_fewer(self._datasets)
+        self.refuse_missing_chains()
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
         self._writer.submit(functools.partial(self._commit, path, records))
 
@@ -356,7 +356,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
         The checkpoints are removed once every registered chain is finalized: a run killed in between resumes.
         """
-        self._stopped.refuse_fewer(self._datasets)
+        self.refuse_missing_chains()
         self._writer.wait()
         with self._failures():
             for chain_id in chain_ids:

@@ -207,7 +207,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         committed together (:mod:`jaxstow.io.chain_commits`): a crash leaves every chain at one step."""
         if self._save_dir is None:
             raise ArgumentError(self.checkpoint_problem() or "")
-        self._stopped.refuse_fewer(self._samples)
+        self.refuse_missing_chains()
         make_folder(self._save_dir)
 
         def write(chain_id: int, path: str) -> None:
@@ -230,7 +230,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         finished run's, which a later run refuses to replace."""
         if self._save_dir is None:
             return
-        self._stopped.refuse_fewer(self._samples)
+        self.refuse_missing_chains()
         make_folder(self._save_dir)
         for chain_id in chain_ids:
             _write_npz(

@@ -38,7 +38,7 @@ from jaxstow.io.collector import (
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.row_writes import RowWrites
 
-__all__ = ["Receiver", "ran_already", "ring_pieces"]
+__all__ = ["Receiver", "ran_already", "ring_pieces", "weakly"]
 
 #: The number of the next saving strategy made in this process, and each strategy's host by its number.
 _NUMBERS = itertools.count(1)
@@ -73,6 +73,25 @@ def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
         "one run: call init_save for every run, outside jax.jit (a jit-compiled function that calls init_save "
         "registers its chains once, when it is traced, so that every call of it would write into the same chains)"
     )
+
+
+def weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.ndarray]:
+    """``method`` as a host callback that does not keep its strategy alive, called with ``first`` before the
+    callback's arrays.
+
+    JAX holds a compiled program's callbacks in reference cycles, which only the garbage collector frees: a strategy
+    (and its collector's storage) held by them would outlive the run until it ran. The caller holds the strategy
+    while it runs the program, through ``save`` and ``postprocess_save``.
+    """
+    reference = weakref.WeakMethod(method)
+
+    def call(*arrays: Any) -> np.ndarray:
+        bound = reference()
+        if bound is None:
+            raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
+        return bound(*first, *arrays)
+
+    return call
 
 
 class Receiver:

@@ -22,7 +22,6 @@ own. An error inside the collector surfaces there, with its cause.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,7 +32,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.leaves import key_impl_name
 from jaxstow._util import arguments, jax_compat
-from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
+from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
     chain_polymorphic,
@@ -48,7 +47,7 @@ from jaxstow.io.batching import (
 from jaxstow.io.collector import DataCollector, registered_chain, resumed_chain, together
 from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
-from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
+from jaxstow.io.receiving import Receiver, ran_already, ring_pieces, weakly
 from jaxstow.io.save_arguments import (
     checked_collector,
     checked_information,
@@ -176,25 +175,6 @@ class _Moving(NamedTuple):
 
 def _sample_bytes(spec: Any) -> int:
     return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
-
-
-def _weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.ndarray]:
-    """``method`` as a host callback that does not keep its strategy alive, called with ``first`` before the
-    callback's arrays.
-
-    JAX holds a compiled program's callbacks in reference cycles, which only the garbage collector frees: a strategy
-    (and its collector's storage) held by them would outlive the run until it ran. The caller holds the strategy
-    while it runs the program, through ``save`` and ``postprocess_save``.
-    """
-    reference = weakref.WeakMethod(method)
-
-    def call(*arrays: Any) -> np.ndarray:
-        bound = reference()
-        if bound is None:
-            raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
-        return bound(*first, *arrays)
-
-    return call
 
 
 @functools.partial(jax.jit, static_argnames=("rows", "layout"))
@@ -357,6 +337,9 @@ class _Streaming:
         differentiated (``jax.grad``), and its gradient is that of the same function without the call.
         """
         checked_state(saving_state, SavingState, call="save")
+        refuse_missing_chains = getattr(self.collector, "refuse_missing_chains", None)
+        if callable(refuse_missing_chains):  # a stopped run continued with fewer chains: refused before it computes
+            refuse_missing_chains()
         sample = conform(sample, row_spec(saving_state.buffer, np.ndim(saving_state.chain_id)), what="sample")
         sample = jax.lax.stop_gradient(sample)
         keep = keep_flags(keep, np.shape(saving_state.chain_id))
@@ -436,12 +419,12 @@ class _Streaming:
             # The layout goes with this program's callback: another program of the strategy has one of its own.
             leaves, layout = jax.tree.flatten((buffer, *checkpoint))
             token = send_block(
-                _weakly(self.host.receive_checkpoint, layout), numbers, leaves, side_effect=True, owner=self.host
+                weakly(self.host.receive_checkpoint, layout), numbers, leaves, side_effect=True, owner=self.host
             )
         else:
             # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
             # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-            token = send_block(_weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
+            token = send_block(weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
         ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
         zero = jnp.zeros_like(token)
         return jnp.stack(

@@ -4,8 +4,9 @@ unfinished, their checkpoints dropped at its first checkpoint and deleted at its
 a run of more would start its other chains from nothing beside chains well on their way.
 
 A chain that the stopped run lacks is refused when it registers, before anything is written for it; a run that lacks
-some of the stopped run's chains, once it goes on (its first block, checkpoint or end: the collector knows then that
-every chain of the run is registered), before the collector writes anything of it.
+some of the stopped run's chains, when the function that calls ``save`` is traced, before it computes a step (its
+chains are registered by then: their states are its arguments), and at the latest at its first block, checkpoint or
+end, before the collector writes anything of it.
 
 >>> from jaxstow.io.stopped_runs import StoppedRun
 >>> stopped = StoppedRun([0, 1, 2], "samples.h5", "delete samples.h5 to start over")
