@@ -103,7 +103,8 @@ class MemoryCollector(KeepsChains, DataCollector):
         """Register a chain; with a checkpoint of it in ``save_dir``, continue from there. The first chain of a run
         takes ``save_dir``'s writer lock: another process's collector of the folder is refused until the run is over,
         as an :class:`~jaxstow.io.HDF5Collector`'s file is (in this process, the newest collector of a folder takes
-        the lock over from one whose run failed or was dropped: one run at a time writes a folder)."""
+        the lock over from one whose run failed or was dropped, which then writes nothing there: one run at a time
+        writes a folder)."""
         taking = self._save_dir is not None and self._lock is None  # the run's first chain
         if self._save_dir is not None and taking:
             self._lock = key = os.path.realpath(self._save_dir)
@@ -208,6 +209,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         if self._save_dir is None:
             raise ArgumentError(self.checkpoint_problem() or "")
         self.refuse_missing_chains()
+        self._refuse_folder_taken_over()
         make_folder(self._save_dir)
 
         def write(chain_id: int, path: str) -> None:
@@ -220,6 +222,19 @@ class MemoryCollector(KeepsChains, DataCollector):
             write,
         )
 
+    def _refuse_folder_taken_over(self) -> None:
+        """A :class:`CollectorError` if this collector no longer holds ``save_dir``'s writer lock: a collector of the
+        folder made later in this process took it over while this run went on, and writes its own chains there."""
+        held = _locks.get(os.path.realpath(self._save_dir or ""))
+        if held is None or held[1]() is not self:
+            raise CollectorError(
+                f"{self._save_dir} was taken over by another MemoryCollector of the folder, made while this collector's "
+                "run went on (the newest collector of a folder writes it, as after a run that failed), or released by "
+                "this collector's close(): this run writes nothing there, so as not to replace that collector's chain "
+                "files. Give each collector a save_dir of its own, or make the next one once this run's "
+                "postprocess_save has returned"
+            )
+
     def finalize(self, chain_id: int) -> None:
         """Finalize one chain (see :meth:`finalize_chains`)."""
         self.finalize_chains([chain_id])
@@ -231,6 +246,7 @@ class MemoryCollector(KeepsChains, DataCollector):
         if self._save_dir is None:
             return
         self.refuse_missing_chains()
+        self._refuse_folder_taken_over()
         make_folder(self._save_dir)
         for chain_id in chain_ids:
             _write_npz(
