@@ -66,8 +66,8 @@ def to_inference_data(
         dims: The names of each variable's axes of a draw (``{"theta": ["school"]}``), for ``arviz.from_dict``.
 
     Raises:
-        JaxstowError: The chains kept different numbers of samples (without ``truncate``) or other variables, or
-            there are none.
+        JaxstowError: The chains kept different numbers of samples (without ``truncate``), other variables, or draws
+            of a variable in other shapes or dtypes; or there are none.
         ArgumentError: ``samples`` is none of the above, or ``coords`` or ``dims`` do not fit the variables.
         CollectorError: A ``MemoryCollector`` whose runs are over, and whose samples nothing holds any more.
 
@@ -207,6 +207,13 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
                 f"the variable {name!r} has a draw of shape {shapes[0]} in chain 0 but {_first_other(shapes)}: "
                 "ArviZ stacks the chains of a variable, so convert the runs of each shape on their own"
             )
+        dtypes = [variables[name].dtype for variables in chains]
+        if len(set(dtypes)) > 1:
+            raise JaxstowError(
+                f"the variable {name!r} has draws of {dtypes[0]} in chain 0 but {_first_other(dtypes)}: ArviZ stacks "
+                f"the chains of a variable, which would turn every draw into {np.result_type(*dtypes)} without a word, "
+                "so convert the runs of each dtype on their own"
+            )
     counts = [len(next(iter(variables.values()))) if variables else 0 for variables in chains]
     draws = min(counts)
     if len(set(counts)) > 1 and not truncate:
@@ -221,7 +228,7 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
 _DIMENSION = re.compile(r"(.+)_dim_\d+")
 
 
-def _first_other(shapes: list[tuple[int, ...]]) -> str:
-    """Which chain first has a shape other than chain 0's, and that shape."""
-    chain = next(number for number, shape in enumerate(shapes) if shape != shapes[0])
-    return f"{shapes[chain]} in chain {chain}"
+def _first_other(values: list[Any]) -> str:
+    """Which chain first has a value (a shape, a dtype) other than chain 0's, and that value."""
+    chain = next(number for number, value in enumerate(values) if value != values[0])
+    return f"{values[chain]} in chain {chain}"
