@@ -280,6 +280,22 @@ class Receiver:
                     "both, call init_save for each"
                 )
 
+    def refuse_initial_state(self, counts: dict[int, int]) -> None:
+        """A :class:`CollectorError` if the state given to ``postprocess_save``, whose chains kept ``counts`` samples,
+        counts none of the run's while the collector got some of them: it is the state that ``init_save`` returned
+        (or one that no step went through), given in place of the one the run returned. Nothing of the run is
+        trimmed or finalized then, so that ``postprocess_save`` of the run's state still gets every sample."""
+        if any(count != self.starts.get(chain_id, 0) for chain_id, count in counts.items()):
+            return
+        for chain_id in counts:
+            if (got := self._writes.end(chain_id) - self.starts.get(chain_id, 0)) > 0:
+                raise CollectorError(
+                    f"postprocess_save was given a saving state that counts none of the samples the {self.name} got "
+                    f"from the run (chain {chain_id}: {got} of them): the state init_save returned, not the one the "
+                    "run returned? Give it the state the run returned (final = run(state); postprocess_save(final, "
+                    "None)); nothing of the run was dropped"
+                )
+
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
         self._writes.note(chain_id, first, len(values[0]) if values else 0)

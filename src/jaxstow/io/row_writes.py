@@ -69,6 +69,10 @@ class RowWrites:
         deliveries = [part.delivery for part in self._rows.get(chain_id, []) if part.start < count]
         return any(later < earlier for earlier, later in itertools.pairwise(deliveries))
 
+    def end(self, chain_id: int) -> int:
+        """The end of the rows delivered of the chain (0: none)."""
+        return max((part.end for part in self._rows.get(chain_id, [])), default=0)
+
     def forget(self, chain_id: int) -> None:
         """Forget the chain (its run is over)."""
         self._rows.pop(chain_id, None)

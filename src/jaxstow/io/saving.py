@@ -285,12 +285,13 @@ class _Streaming:
             for chain_id in over:
                 host.failures.pop(chain_id, None)
             raise ran_already(over, name)
+        counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
+        host.refuse_initial_state(counts)
         numbers = [(int(state.sent[index]), int(state.fill[index]), int(state.row[index])) for index in chains]
         rings = [[leaf[index] for leaf in jax.tree.leaves(state.buffer)] for index in chains]
         for chain_id, chain_numbers, ring in zip(chain_ids, numbers, rings, strict=True):
             for first, rows in ring_pieces(*chain_numbers, len(ring[0])):
                 host.deliver(chain_id, first, [leaf[rows] for leaf in ring])
-        counts = {int(state.chain_id[index]): int(state.sent[index] + state.fill[index]) for index in chains}
         overflows = [
             (chain_id, count, declared)
             for chain_id, count in counts.items()
