@@ -83,7 +83,8 @@ def is_key(leaf: Any) -> bool:
 
 
 def checked_state(state: Any, kind: type, *, call: str) -> None:
-    """Refuse a saving state that is not of ``kind`` (another strategy's), or, for ``postprocess_save``, one traced.
+    """Refuse a saving state that is not of ``kind`` (another strategy's), or, for ``postprocess_save``, one traced or
+    one whose arrays are gone (donated to the run that it started).
 
     >>> checked_state((), tuple, call="save")
     >>> checked_state({}, tuple, call="io.no_save's save")
@@ -100,4 +101,11 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
         raise ArgumentError(
             f"{call} was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
             "host, so call it outside, with the saving state the jitted run returns"
+        )
+    if "postprocess_save" in call and any(
+        isinstance(leaf, jax.Array) and leaf.is_deleted() for leaf in jax.tree.leaves(state)
+    ):
+        raise ArgumentError(
+            f"{call} was given a saving state whose arrays are gone: donated to a run (donate_argnums), or deleted. "
+            "Give it the state the run returned (final = run(state); postprocess_save(final, None))"
         )
