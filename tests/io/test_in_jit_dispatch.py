@@ -31,20 +31,24 @@ STEPS = 400
 INFORMATION = scheduler.static_information(samples_collected=STEPS)
 
 
-def _slow_step(x: jax.Array) -> jax.Array:
-    """Some milliseconds of work, whatever the machine."""
-    return jax.lax.fori_loop(0, 200, lambda _, y: jnp.sin(y) @ jnp.cos(y).T / 64.0, x)
+#: The rounds of work of each step of the timed run: some milliseconds, whatever the machine. The run that compiles the
+#: program first runs it with none.
+WORK = 200
+
+
+def _slow_step(x: jax.Array, work: jax.Array) -> jax.Array:
+    return jax.lax.fori_loop(0, work, lambda _, y: jnp.sin(y) @ jnp.cos(y).T / 64.0, x)
 
 
 def _run(save, checkpoint: bool):
     def body(carry, t):
-        state, x = carry
-        x = _slow_step(x)
+        state, x, work = carry
+        x = _slow_step(x, work)
         solver = {"x": x} if checkpoint else None
         state, _ = save(state, True, {"s": jnp.sum(x), "t": t}, solver_state=solver)
-        return (state, x), None
+        return (state, x, work), None
 
-    return jax.jit(lambda state, x: jax.lax.scan(body, (state, x), jnp.arange(STEPS))[0])
+    return jax.jit(lambda state, x, work: jax.lax.scan(body, (state, x, work), jnp.arange(STEPS))[0][:2])
 
 
 @pytest.mark.skipif(not jax_compat.OWN_FFI_CALLS, reason="jax's host callbacks on this jax")
@@ -55,11 +59,11 @@ def test_a_run_that_saves_returns_before_it_ends_and_keeps_every_sample(tmp_path
     x = jnp.eye(64)
     sample = {"s": jnp.float32(0), "t": jnp.int32(0)}
     run = _run(save, checkpoint)
-    first = run(init_save(sample, {"x": x} if checkpoint else None, INFORMATION), x)  # compiles
+    first = run(init_save(sample, {"x": x} if checkpoint else None, INFORMATION), x, jnp.int32(0))  # compiles
     postprocess_save(first[0], None)
     state = init_save(sample, {"x": x} if checkpoint else None, INFORMATION)
     started = time.perf_counter()
-    state, last = run(state, x)
+    state, last = run(state, x, jnp.int32(WORK))
     returned = time.perf_counter() - started
     running = not last.is_ready()
     kept = postprocess_save(state, None)["samples"]
