@@ -63,13 +63,23 @@ def _watch(*args: object) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _watch_here(capsys: pytest.CaptureFixture[str], *args: object) -> subprocess.CompletedProcess[str]:
+    """``jaxstow watch ARGS`` run by the command's entry point in this process, which has ArviZ imported once, where
+    each process forked from the server imports it anew: what it prints and its exit status, as from ``_watch``."""
+    status = main(["watch", *map(str, args)])
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(["jaxstow", "watch", *map(str, args)], status, printed.out, printed.err)
+
+
 def _watching(path: Path, *, interval: float) -> subprocess.Popen[str]:
     """``jaxstow watch --json`` started on ``path``, its output and errors piped."""
     command = [sys.executable, "-m", "jaxstow", "watch", str(path), "--json", "--interval", str(interval)]
     return forked.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tmp_path: Path) -> None:
+def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "walk.h5"
     run = _start_run(path)
     watcher = _watching(path, interval=0.2)
@@ -77,7 +87,7 @@ def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tm
         assert watcher.stdout is not None
         first = json.loads(watcher.stdout.readline())
         assert first["state"] == "running" and first["why"] is None and min(c["draws"] for c in first["chains"]) > 0
-        once = _watch(path, "--once")
+        once = _watch_here(capsys, path, "--once")
         assert once.returncode == 0, once.stderr
         assert once.stdout.startswith(f"{path}: running, 2 chains\nchain  draws  state\n")
         os.kill(run.pid, signal.SIGKILL)
@@ -96,7 +106,7 @@ def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tm
     )
     assert [chain["draws"] for chain in last["chains"]] == read_draws(str(path)).done
 
-    shown = _watch(path, "--once")
+    shown = _watch_here(capsys, path, "--once")
     assert shown.returncode == 1, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"{path}: died, 2 chains"
@@ -105,16 +115,17 @@ def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(tm
 
     lock = Path(f"{path}.lock")  # the lock file a writer on another host (a shared file system) would have left
     lock.write_text(json.dumps({**json.loads(lock.read_text()), "host": "another-host"}))
-    assert json.loads(_watch(path, "--once", "--json").stdout)["state"] == "running"  # no telling from here
+    elsewhere = json.loads(_watch_here(capsys, path, "--once", "--json").stdout)
+    assert elsewhere["state"] == "running"  # no telling from here
 
 
-def test_a_run_stopped_by_ctrl_c_is_told_stopped(tmp_path: Path) -> None:
+def test_a_run_stopped_by_ctrl_c_is_told_stopped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "walk.h5"
     run = _start_run(path)
     run.send_signal(signal.SIGINT)
     run.wait(timeout=60)
     assert not Path(f"{path}.lock").exists()  # released: the writer ended on its own terms
-    shown = _watch(path, "--once", "--json")
+    shown = _watch_here(capsys, path, "--once", "--json")
     assert shown.returncode == 1, shown.stderr
     report = json.loads(shown.stdout)
     assert report["state"] == "stopped" and "its writer closed it before every chain finished" in report["why"]
@@ -225,7 +236,9 @@ def test_an_interval_that_is_no_time_between_refreshes_is_refused_at_once(tmp_pa
     assert "is no number of seconds from 0.01 to 86400" in capsys.readouterr().err
 
 
-def test_a_killed_run_in_a_file_the_program_opened_itself_is_not_told_plainly_running(tmp_path: Path) -> None:
+def test_a_killed_run_in_a_file_the_program_opened_itself_is_not_told_plainly_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Such a file holds no writer lock of jaxstow's: whether its writer lives cannot be told, and watch says so."""
     path = tmp_path / "own.h5"
     program = """
@@ -240,7 +253,7 @@ def test_a_killed_run_in_a_file_the_program_opened_itself_is_not_told_plainly_ru
     """
     killed = forked.run([sys.executable, "-c", textwrap.dedent(program), str(path)], capture_output=True, text=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    report = json.loads(_watch(path, "--once", "--json").stdout)
+    report = json.loads(_watch_here(capsys, path, "--once", "--json").stdout)
     assert report["state"] == "running"
     assert "a writer has it open, or had it and was killed" in report["why"]
     assert "HDF5Collector(path) takes one" in report["why"]
