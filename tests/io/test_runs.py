@@ -31,7 +31,7 @@ from jaxstow.cli import main
 from jaxstow.errors import ArgumentError, CheckpointError, CollectorError, FormatError, StructureMismatchError
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 
-STEPS = 4000
+STEPS = 1000
 EVERY = 100
 WORK = 20_000
 
