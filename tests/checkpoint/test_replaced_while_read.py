@@ -4,12 +4,13 @@ its record taken from two saves) nor, with ``fallback=True``, an older step in i
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 import time
 
+import forked
 import numpy as np
+from forked_cli import jaxstow_command
 
 from jaxstow import CheckpointManager
 
@@ -29,7 +30,7 @@ def test_a_step_replaced_while_it_is_read_comes_back_whole(tmp_path):
     folder = tmp_path / "run"
     with CheckpointManager(folder) as manager:
         manager.save(5, {"a": np.zeros(50_000), "b": np.zeros(5)}, metrics={"v": 0.0})
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0.02"])
+    writer = forked.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0.02"])
     try:
         reader, restored, start = CheckpointManager(folder), 0, time.monotonic()
         while time.monotonic() - start < 6:
@@ -50,7 +51,7 @@ def test_a_step_replaced_again_and_again_is_never_called_damaged(tmp_path):
     with CheckpointManager(folder) as manager:
         manager.save(4, {"a": np.zeros(5), "b": np.zeros(5)})
         manager.save(5, {"a": np.zeros(50_000), "b": np.zeros(5)}, metrics={"v": 0.0})
-    writer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0"])
+    writer = forked.Popen([sys.executable, "-c", textwrap.dedent(WRITER), str(folder), "0"])
     try:
         checks, start = 0, time.monotonic()
         while time.monotonic() - start < 6:
@@ -58,10 +59,7 @@ def test_a_step_replaced_again_and_again_is_never_called_damaged(tmp_path):
             assert reader.damaged_steps() == {}
             assert reader.latest_intact_step() == 5
             checks += 1
-        verified = [
-            subprocess.run([sys.executable, "-m", "jaxstow", "verify", str(folder)], capture_output=True, text=True)
-            for _ in range(3)
-        ]
+        verified = [jaxstow_command("verify", folder) for _ in range(3)]
         assert [done.returncode for done in verified] == [0, 0, 0], [done.stdout[-300:] for done in verified]
         assert checks > 20
     finally:
