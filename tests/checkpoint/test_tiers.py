@@ -367,6 +367,37 @@ def test_a_step_held_only_in_the_tiers_other_processes_left_is_listed_and_delete
     assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
 
 
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def test_the_tiers_other_processes_left_are_pruned_by_the_keep_policy_but_another_run_s_is_not(run):
+    """The local directories came back to other processes: process k holds the tier process k + 1 left (steps 5 and
+    6, with the copies it kept), and local0 a tier of another run too. Saving step 7 deletes step 5 from the tiers
+    left (keep_last=2: 6 and 7 are kept), and step 6 still restores from them; saving step 8 deletes step 6 and removes
+    the emptied tiers left. The other run's tier is untouched. Before, the tiers left kept every step for ever."""
+    _move_local_directories(run)
+    other = run / "local0" / "process-2"
+    shutil.copytree(run / "local1" / "process-2", other)
+    (other / ".jaxstow-tier.json").write_text(json.dumps({"persistent": str(run / "another-run")}))
+    others = _files(other)
+    left = {k: run / f"local{k}" / f"process-{(k + 1) % 4}" for k in range(4)}
+    reports = _reports(_start("resume", run, "--until", "7"))
+    assert [(report.get("picked"), report.get("local")) for report in reports] == [([7], [6, 7])] * 4, reports
+    for k in range(4):  # step 5 gone from the tier left and the copies it kept, step 6 kept in both
+        assert sorted(str(path.relative_to(left[k])) for path in left[k].glob("**/[56]") if path.is_dir()) == [
+            "6",
+            *(f"peer-copies/{keeps.name}/6" for keeps in (left[k] / "peer-copies").iterdir()),
+        ], k
+    reports = _reports(_start("restore", run, "--step", "6"))  # the steps kept in the tiers left still restore
+    assert [report.get("restored") for report in reports] == [6] * 4, reports
+    reports = _reports(_start("resume", run))
+    assert [(report.get("picked"), report.get("local")) for report in reports] == [([8], [7, 8])] * 4, reports
+    assert [k for k in range(4) if left[k].exists()] == []
+    assert _files(other) == others
+    assert sorted(os.listdir(run / "local0")) == ["process-0", "process-2"]
+
+
 @pytest.mark.parametrize("damaged", ["one-copy", "every-copy"])
 def test_a_damaged_copy_of_a_process_s_files_is_never_committed_into_its_tier(run, damaged):
     """The local directories came back to other processes: process 0's files of step 6 are held by process 1 (the

@@ -4,8 +4,8 @@ Process ``k``'s local directory is ``BASE/local{k}`` and its host ``host{k // 2}
 persistent directory is ``BASE/persistent`` (or ``--directory``, a URL with options in ``JAXSTOW_STORAGE_OPTIONS``).
 ``save`` saves steps 1 to 6 (every step locally, every 4th persistently), prints a line and waits to be killed
 (SIGKILL, mid-run), as process 0 always does; ``restore`` restores the newest step restorable and checks every value
-it holds; ``resume`` asks :meth:`should_save` about steps 1 to 8 without restoring, saves the steps it picks and
-reports them; ``delete`` deletes the newest step, then restores the newest one left. ``train`` is a run that goes on
+it holds; ``resume`` asks :meth:`should_save` about steps 1 to 8 (or ``--until``) without restoring, saves the
+steps it picks and reports them; ``delete`` deletes the newest step, then restores the newest one left. ``train`` is a run that goes on
 after a restart: it restores the newest step restorable (checking every
 value), prints it, then saves every step due from the next one on, printing a line per save, until it is killed.
 ``--stop save`` makes process ``--victim`` stop itself (SIGSTOP) as it begins sending its copies of step 2 to its
@@ -33,6 +33,7 @@ parser.add_argument("--timeout", type=float, default=30.0)
 parser.add_argument("--stop", choices=["save", "copy", "fetch"])
 parser.add_argument("--victim", type=int, default=2)
 parser.add_argument("--step", type=int, help="the step restore restores (the newest restorable one by default)")
+parser.add_argument("--until", type=int, default=8, help="the last step resume asks about")
 args = parser.parse_args()
 os.environ["JAXSTOW_HOST_NAME"] = f"host{args.process // 2}"
 
@@ -140,7 +141,7 @@ start = time.monotonic()
 try:
     if args.action in ("save", "resume"):
         report["picked"] = []
-        for step in range(1, 7 if args.action == "save" else 9):
+        for step in range(1, 7 if args.action == "save" else args.until + 1):
             if manager.should_save(step):
                 manager.save(step, {"params": state(step)})
                 report["picked"].append(step)

@@ -4,10 +4,10 @@ of its peers' files, and the tiers other processes of the run left in its local 
 Under ``jax.distributed`` each process keeps its tier in ``LOCAL_DIRECTORY/process-{index}``. After a restart on
 other hosts, a process may find there the folder of another rank (``process-1`` beside its own ``process-0``): those
 files, and the copies that folder keeps, are held too, and restored from, as a peer's copies are; they are read,
-and written only to delete a step the run deletes. Each held step is known by whose files it holds (the folder it is in: ``process-{k}`` or
-``peer-copies/p{k}``, every one of the files the record lists for that process present) and by its record's
-version (the save it belongs to), so a restore never takes one process's files for another's, nor mixes two saves
-of one step. See docs/scaling.md ("Two tiers and peers").
+and written only to delete a step the run deletes or prunes (:mod:`jaxstow.checkpoint.left_pruning`). Each held
+step is known by whose files it holds (the folder it is in: ``process-{k}`` or ``peer-copies/p{k}``, every one of
+the files the record lists for that process present) and by its record's version (the save it belongs to), so a
+restore never takes one process's files for another's, nor mixes two saves of one step. See docs/scaling.md ("Two tiers and peers").
 """
 
 from __future__ import annotations

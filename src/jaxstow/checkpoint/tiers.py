@@ -24,6 +24,7 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.store import Staging, Store
 from jaxstow._write.background import BackgroundWriter
+from jaxstow.checkpoint.left_pruning import prune_left
 from jaxstow.checkpoint.peer_copies import PeerCopies
 from jaxstow.checkpoint.schedule import SaveSchedule
 from jaxstow.checkpoint.settings import LocalTier
@@ -193,13 +194,17 @@ class Tiers:
 
     def _prune(self) -> None:
         """Delete the local steps older than the newest ``keep_last``, but for one being copied (it goes once
-        copied)."""
+        copied); from the tiers other processes left in the local directory, those older than the newest
+        ``keep_last`` that this process holds (:mod:`~jaxstow.checkpoint.left_pruning`)."""
         with self._pruning:
             steps = self.steps()
             for step in steps[: -self.keep_last]:
                 if step not in self._uploading:
                     self.store.delete(self.names.name(step))
                     logger.info("%s: deleted local step %d (its keep_last)", self.directory, step)
+            kept = self.held_steps()[-self.keep_last :] if self.holdings.left else []
+            if kept:
+                prune_left(self.holdings, kept[0])
 
     def close(self) -> None:
         """Finish the copy in flight (raising its error) and stop the transport."""
