@@ -244,9 +244,9 @@ def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | 
     if not os.path.exists(path):
         return None
     with read_while_tracing():  # init_save may run under jit or vmap: the checkpoint is the traced program's start
-        record = load(path)
-    samples = record["samples"]
-    return record["checkpoint"], None if samples is None else {name: np.asarray(a) for name, a in samples.items()}
+        checkpoint = load(path, select=["checkpoint"])["checkpoint"]
+        samples = load(path, select=["samples"], as_numpy=True)["samples"]  # the host's: never traced values
+    return checkpoint, None if samples is None else {name: np.asarray(a) for name, a in samples.items()}
 
 
 def read_checkpoints(path: str) -> dict[int, dict[str, Any]]:
