@@ -94,3 +94,84 @@ def test_a_file_whose_mesh_has_no_devices_is_refused_as_malformed():
         with pytest.raises(FormatError, match="malformed sharding") as raised:
             jaxstow.load(_with_devices(tree, [], mesh=shape, **axes), sharding="saved")
         assert raised.value.path == "w"
+
+
+def _on_one_device():
+    """Arrays whole on one device each, as a pipeline's stages hold them: on a device put there, on a mesh of one
+    device (its axis named), PRNG keys, and one on the first device, where arrays land by default."""
+    stage = Mesh(np.array(jax.devices()[2:3]), ("stage",))
+    return {
+        "put": jax.device_put(jnp.arange(3.0), jax.devices()[3]),
+        "stage": jax.device_put(jnp.arange(8.0).reshape(4, 2), NamedSharding(stage, PartitionSpec("stage"))),
+        "key": jax.device_put(jax.random.key(1), jax.devices()[1]),
+        "first": jax.device_put(jnp.ones(2), jax.devices()[0]),
+    }
+
+
+def _same(restored, saved):
+    for name, array in saved.items():
+        assert restored[name].sharding == array.sharding, name
+    for name in ("put", "stage", "first"):
+        assert _placed(restored[name]) == _placed(saved[name]), name
+    assert restored["key"] == saved["key"]
+
+
+def test_an_array_saved_whole_on_one_device_comes_back_on_that_device(tmp_path):
+    # Each array came back on the first device: a model whose stages filled the devices landed on one.
+    tree = _on_one_device()
+    jaxstow.save(tmp_path / "t.jxs", tree)
+    with jaxstow.open(tmp_path / "t.jxs") as reader:
+        from_reader = reader.load(sharding="saved")
+        stored = {name: reader.stored[name] for name in tree}
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"params": tree})  # held for a background write
+        manager.save(2, {"params": tree}, copy=True)
+        manager.wait()
+        from_steps = [manager.restore(step, sharding="saved")["params"] for step in (1, 2)]
+    for restored in (jaxstow.load(tmp_path / "t.jxs", sharding="saved"), from_reader, *from_steps):
+        _same(restored, tree)
+    for array in jaxstow.load(tmp_path / "t.jxs").values():  # without sharding=: the default device, as documented
+        assert array.sharding.device_set == {jax.devices()[0]}
+    assert stored["put"].sharding == {"device": jax.devices()[3].id}
+    assert stored["stage"].sharding["devices"] == [jax.devices()[2].id]
+    assert stored["first"].sharding is None  # nothing recorded: its file is as before
+
+
+def _whole_with(tree, path, sharding) -> io.BytesIO:
+    """``tree`` saved as a file whose leaf ``path`` records ``sharding`` as where it lay (every checksum holds)."""
+    encoded = encode_tree(tree)
+    next(entry for entry in encoded.manifest["leaves"] if entry["path"] == path)["sharding"] = sharding
+    buffer = io.BytesIO()
+    encoded.write(buffer)
+    buffer.seek(0)
+    return buffer
+
+
+def test_an_array_saved_on_a_device_this_process_lacks_comes_back_on_the_default_device():
+    # Restarted on another host (other ids): the device of the id is not there, and the array lands where it would
+    # without sharding=; a mesh of one device, on its first device (the rule for meshes).
+    tree = {"w": jnp.arange(3.0)}
+    restored = jaxstow.load(_whole_with(tree, "w", {"device": 2048}), sharding="saved")["w"]
+    assert restored.sharding.device_set == {jax.devices()[0]}
+    moved = {"mesh": [1], "axes": ["stage"], "axis_types": ["Auto"], "spec": ["stage"], "devices": [2048]}
+    restored = jaxstow.load(_whole_with(tree, "w", moved), sharding="saved")["w"]
+    assert restored.sharding == NamedSharding(Mesh(np.array(jax.devices()[:1]), ("stage",)), PartitionSpec("stage"))
+    np.testing.assert_array_equal(restored, np.arange(3.0))
+
+
+def test_a_malformed_record_of_the_device_an_array_lay_on_is_refused():
+    tree = {"w": jnp.arange(3.0)}
+    mesh = {"mesh": [1], "axes": ["x"], "axis_types": ["Auto"], "spec": ["x"]}
+    for malformed, problem in [
+        ({"device": -1}, "not the device an array stored whole lay on"),
+        ({"device": True}, "not the device an array stored whole lay on"),
+        ({"device": "3"}, "not the device an array stored whole lay on"),
+        ({"device": 3, "spec": []}, "not the device an array stored whole lay on"),
+        ([3], "malformed sharding"),
+        ({**mesh, "spec": ["x", "x"]}, "malformed sharding"),
+        ({**mesh, "devices": [1, 2]}, r"names the devices \[1, 2\] where its mesh \[1\] needs"),
+        ({**mesh, "mesh": [2], "devices": [1, 2]}, r"a mesh \[2\] of 2 devices, not of one"),
+    ]:
+        with pytest.raises(FormatError, match=problem) as raised:
+            jaxstow.load(_whole_with(tree, "w", malformed), sharding="saved")
+        assert raised.value.path == "w", malformed

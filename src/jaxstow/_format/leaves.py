@@ -30,7 +30,7 @@ from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
-from jaxstow._format.sharding_description import describe_sharding
+from jaxstow._format.sharding_description import check_whole_placement, describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -290,6 +290,9 @@ class StoredLeaf(NamedTuple):
     shape: tuple[int, ...]
     checksum: str | None
     impl: str | None
+    #: Where an array or PRNG keys lay on one device other than the first, as
+    #: :func:`~jaxstow._format.sharding_description.whole_placement` records it; ``None`` for the first device.
+    sharding: dict[str, Any] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -318,7 +321,10 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
         raise FormatError("a PRNG key entry needs its implementation name", file=file, path=path)
     if entry["kind"] == "npscalar" and dims:
         raise FormatError(f"a numpy scalar has shape [], not {list(dims)}", file=file, path=path)
-    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl)
+    sharding = entry.get("sharding") if entry["kind"] in ("array", "key") else None
+    if sharding is not None:
+        check_whole_placement(sharding, len(dims), file=file, path=path)
+    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl, sharding)
 
 
 def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:

@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxstow._format.dtypes import checked_shape, dtype_from_name, is_shape, name_of_dtype
+from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
+from jaxstow._format.sharding_description import check_sharding_description
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import CorruptFileError, FormatError, excerpt
 
 __all__ = [
-    "AXIS_TYPES",
     "Box",
     "ShardedLeaf",
     "Stored",
@@ -36,10 +36,6 @@ __all__ = [
 
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
-
-
-#: The mesh axis types a sharding description may name (``jax.sharding.AxisType``); files without them mean ``Auto``.
-AXIS_TYPES = ("Auto", "Explicit", "Manual")
 
 
 class StoredShard(NamedTuple):
@@ -98,7 +94,7 @@ def sharded_leaf_from_entry(entry: Entry, slots: Mapping[str, TensorSlot], *, so
         raise FormatError("a sharded leaf needs its list of shards", file=file, path=path)
     sharding = entry.get("sharding")
     if sharding is not None:
-        _check_sharding_description(sharding, len(shape), file=file, path=path)
+        check_sharding_description(sharding, len(shape), file=file, path=path)
     stored = tuple(_shard(shard, path, dtype, tuple(shape), slots, source=source, file=file) for shard in shards)
     return ShardedLeaf(path, "sharded", dtype, tuple(shape), None, None, stored, sharding)
 
@@ -135,53 +131,6 @@ def _shard(
     if not (slot.dtype == dtype and list(slot.shape) == extent):
         raw_leaf_layout({"path": path, "dtype": name_of_dtype(dtype), "shape": extent}, slot, file=file)
     return StoredShard(tensor, source, tuple((start, stop) for start, stop in box), checksum)
-
-
-def _check_sharding_description(sharding: Any, ndim: int, *, file: str, path: str) -> None:
-    """Raise :class:`FormatError` unless ``sharding`` describes a mesh of at least one device and a spec of at most
-    ``ndim`` axes, and its devices, where it names them, are its mesh's: as many ids as it has devices, each once."""
-    if not _is_sharding_description(sharding, ndim):
-        raise FormatError(f"malformed sharding {excerpt(sharding)}", file=file, path=path)
-    count = math.prod(sharding["mesh"])
-    if "devices" in sharding and not _are_device_ids(sharding["devices"], count):
-        raise FormatError(
-            f"its sharding names the devices {excerpt(sharding['devices'])} where its mesh {sharding['mesh']} needs "
-            f"the ids of its {count} devices, in its order (distinct non-negative integers): the header is damaged",
-            file=file,
-            path=path,
-        )
-
-
-def _is_sharding_description(sharding: Any, ndim: int) -> bool:
-    if not isinstance(sharding, dict):
-        return False
-    mesh, axes, spec = sharding.get("mesh"), sharding.get("axes"), sharding.get("spec")
-    types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
-    return (
-        is_shape(mesh)
-        and 0 not in mesh  # jax aborts the process on a mesh of no devices
-        and isinstance(axes, list)
-        and all(isinstance(axis, str) for axis in axes)
-        and len(axes) == len(mesh)
-        and isinstance(types, list)
-        and len(types) == len(axes)
-        and all(kind in AXIS_TYPES for kind in types)
-        and isinstance(spec, list)
-        and len(spec) <= ndim
-        and all(
-            part is None
-            or part in axes
-            or (isinstance(part, list) and all(isinstance(item, str) and item in axes for item in part))
-            for part in spec
-        )
-    )
-
-
-def _are_device_ids(ids: Any, count: int) -> bool:
-    """Whether ``ids`` is a list of ``count`` distinct device ids (its length checked before its items)."""
-    if not (isinstance(ids, list) and len(ids) == count):
-        return False
-    return all(type(device) is int and device >= 0 for device in ids) and len(set(ids)) == count
 
 
 def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:

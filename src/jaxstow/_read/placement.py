@@ -20,13 +20,22 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import key_to_str, path_to_str
+from jaxstow._format.shards import Stored
 from jaxstow._util.jax_compat import tree_broadcast
 from jaxstow.errors import ShardingError, excerpt
 
-__all__ = ["ShardingSpec", "check_fits", "is_placement", "place_whole", "resolve_shardings", "saved_sharding"]
+__all__ = [
+    "ShardingSpec",
+    "check_fits",
+    "is_placement",
+    "place_whole",
+    "resolve_shardings",
+    "saved_sharding",
+    "saved_shardings",
+]
 
 #: What ``sharding=`` accepts: a sharding or device, a pytree prefix of them (``None`` for the default placement),
-#: a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding each sharded leaf was saved with.
+#: a function ``(path, shape, dtype) -> sharding``, or ``"saved"`` for the sharding each array was saved with.
 ShardingSpec = Any
 
 _partition_spec: Callable[..., Any] = jax.sharding.PartitionSpec
@@ -141,13 +150,35 @@ def _call(function: Callable[..., Any], path: str, shape: tuple[int, ...], dtype
     return placement
 
 
-def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.NamedSharding:
+def saved_shardings(
+    stored: Mapping[str, Stored], arrays: Mapping[int, tuple[str, tuple[int, ...], np.dtype]], *, file: str | None
+) -> dict[int, jax.sharding.Sharding]:
+    """The placement of each array for ``sharding="saved"``: the sharding its leaf of ``stored`` was saved with, where
+    the file records one (sharded arrays, and arrays stored whole that lay on a device other than the first).
+
+    ``arrays`` maps positions to ``(path, shape, dtype)``; the others land on the default device.
+    """
+    placements: dict[int, jax.sharding.Sharding] = {}
+    for i, (path, _, _) in arrays.items():
+        leaf = stored.get(path)
+        description = None if leaf is None else leaf.sharding
+        placement = None if description is None else saved_sharding(description, file=file, path=path)
+        if placement is not None:
+            placements[i] = placement
+    return placements
+
+
+def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.Sharding | None:
     """The sharding a leaf was saved with (its mesh's axis types included), on the devices it was saved on, in their
     order in its mesh (a file written before the devices were recorded: this process's first devices; devices not
-    all there: the first devices, in the saved mesh's relative order).
+    all there: the first devices, in the saved mesh's relative order); for one device (``{"device": id}``), on that
+    one of this process's devices, or ``None`` (the default device) where it has none of that id.
 
     An error if there are too few devices.
     """
+    if "device" in description:
+        device = next((device for device in jax.local_devices() if device.id == description["device"]), None)
+        return None if device is None else jax.sharding.SingleDeviceSharding(device)
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
     devices = jax.devices()

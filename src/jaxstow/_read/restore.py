@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxstow._format.keypaths import flatten_with_paths
-from jaxstow._format.shards import ShardedLeaf, Stored
+from jaxstow._format.shards import Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
 from jaxstow._read.opened import OpenedFile
@@ -43,7 +43,7 @@ from jaxstow._read.per_process import (
     set_into,
 )
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
-from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_sharding
+from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_shardings
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
 from jaxstow._read.structure import check_rebuilt, like_paths_in_file
@@ -263,11 +263,7 @@ def _placements(
     ``index_tree()`` gives the restored tree with positions for leaves, needed only when ``sharding`` is a tree.
     """
     if isinstance(sharding, str) and sharding == "saved":
-        placements = {
-            i: saved_sharding(leaf.sharding, file=opened.file, path=path)
-            for i, (path, _, _) in arrays.items()
-            if isinstance(leaf := opened.stored.get(path), ShardedLeaf) and leaf.sharding is not None
-        }
+        placements = saved_shardings(opened.stored, arrays, file=opened.file)
     else:
         placements = resolve_shardings(sharding, index_tree, arrays, file=opened.file)
     for i, placement in placements.items():

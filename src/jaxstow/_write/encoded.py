@@ -41,6 +41,7 @@ from jaxstow._format.native_or_npz import (
 )
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
+from jaxstow._format.sharding_description import whole_placement
 from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
@@ -51,7 +52,7 @@ from jaxstow._write.host_budget import HostBudget
 from jaxstow._write.taken_apart import TakenApart, take_apart
 from jaxstow.errors import MetadataError, ShardingError
 
-__all__ = ["EncodedTree", "differing_leaves", "encode_tree", "weakly_typed_leaves"]
+__all__ = ["EncodedTree", "array_details", "differing_leaves", "encode_tree"]
 
 _PARALLEL_HASH_BYTES = 32 << 20
 
@@ -117,13 +118,13 @@ def encode_tree(
     file: str = "",
     part: int | None = None,
     hosting: HostBudget | None = None,
-    weak: Sequence[int] | None = None,
+    details: dict[int, dict[str, Any]] | None = None,
 ) -> EncodedTree:
     """Encode ``tree`` for writing (a tree, or one :func:`~jaxstow._write.taken_apart.take_apart` took apart when
     the save was asked for). ``copy=True`` copies the host arrays the caller could change (numpy buffers).
 
-    The arrays of a weak type (``jnp.asarray(2.0)``) are marked so, to be restored so: those of ``tree``, or, for a
-    tree held on the host, the leaves at ``weak`` (from :func:`weakly_typed_leaves` of the tree the caller gave).
+    The JAX arrays' entries get the members their bytes do not say: :func:`array_details` of ``tree``'s leaves, or,
+    for a tree held on the host, ``details`` (:func:`array_details` of the leaves of the tree the caller gave).
 
     With ``hosting``, the arrays whose bytes would cost host memory (on an accelerator, or to copy) are brought to the
     host in pieces while written, within its budget (:mod:`jaxstow._write.host_budget`).
@@ -149,9 +150,9 @@ def encode_tree(
             else _encode(path, _whole_if_own(leaf) if part is not None else leaf, file, copy, hosting)
             for path, leaf in zip(paths, leaves, strict=True)
         ]
-    for i in weakly_typed_leaves(leaves) if weak is None else weak:
-        if encoded[i].entry["kind"] in ("array", "sharded"):
-            encoded[i].entry["weak"] = True
+    for i, members in (array_details(leaves) if details is None else details).items():
+        kind = encoded[i].entry["kind"]
+        encoded[i].entry.update({key: value for key, value in members.items() if kind in _DETAILED_KINDS[key]})
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:
@@ -224,9 +225,30 @@ def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | N
         raise cycle_error(file, path) from None
 
 
-def weakly_typed_leaves(leaves: Sequence[Any]) -> list[int]:
-    """The indices of the ``jax.Array``\\ s of ``leaves`` of a weak type (``jnp.asarray(2.0)``)."""
-    return [i for i, leaf in enumerate(leaves) if _is_jax_array_type(type(leaf)) and leaf.aval.weak_type]
+def array_details(leaves: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    """The members of the entries of the ``jax.Array``\\ s of ``leaves`` (by index) that their bytes do not say:
+    ``weak`` for an array of a weak type (``jnp.asarray(2.0)``), restored so, and ``sharding`` for one on a device
+    other than this process's first (:func:`~jaxstow._format.sharding_description.whole_placement`), restored there
+    by ``sharding="saved"``. One pass over the leaves, reading each array's sharding once."""
+    details: dict[int, dict[str, Any]] = {}
+    first = jax.local_devices()[0]
+    for i, leaf in enumerate(leaves):
+        if not _is_jax_array_type(type(leaf)):
+            continue
+        sharding, weak = leaf.sharding, leaf.aval.weak_type
+        # Most arrays are on the first device, which records nothing: told so by the device object, at once.
+        placed = None if type(sharding) is _ONE_DEVICE and sharding._device is first else whole_placement(sharding)
+        if weak or placed is not None:
+            details[i] = {"weak": True} if weak else {}
+            if placed is not None:
+                details[i]["sharding"] = placed
+    return details
+
+
+_ONE_DEVICE = jax.sharding.SingleDeviceSharding
+
+#: The kinds of leaf whose entries get each member of :func:`array_details`.
+_DETAILED_KINDS = {"weak": ("array", "sharded"), "sharding": ("array", "key")}
 
 
 #: Whether each class of leaf seen is one of ``jax.Array``\\ s: asked once per class (``isinstance`` costs more).

@@ -29,7 +29,7 @@ from jaxstow._format.held_elsewhere import on_own_device
 from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
-from jaxstow._write.encoded import EncodedTree, encode_tree, weakly_typed_leaves
+from jaxstow._write.encoded import EncodedTree, array_details, encode_tree
 from jaxstow._write.flattening import naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
 from jaxstow._write.taken_apart import take_apart
@@ -56,7 +56,7 @@ class HeldTree:
             # The structure now: static data as it is at the call, and no class rebuilt around host copies later.
             self._parts = take_apart(tree, file=file)
             leaves = self._parts.leaves
-            self._weak = weakly_typed_leaves(leaves)  # held on the host, they are numpy arrays
+            self._details = array_details(leaves)  # held on the host, they are numpy arrays
             # A part after the first writes only its sharded leaves: the others are not registered to be fetched.
             with naming_deleted_arrays(lambda: self._parts.paths, leaves, file=file):
                 self._leaves = _hold_on_host(leaves, keep=None if part else budget)
@@ -79,7 +79,9 @@ class HeldTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is None:
             parts = self._parts.with_leaves(self._leaves)
-            self._ready = encode_tree(parts, file=self._file, part=self._part, hosting=self._budget, weak=self._weak)
+            self._ready = encode_tree(
+                parts, file=self._file, part=self._part, hosting=self._budget, details=self._details
+            )
         if self._budget is not None:
             if self._awaited:
                 self._awaited = False
