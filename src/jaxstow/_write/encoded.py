@@ -237,7 +237,8 @@ def array_details(leaves: Sequence[Any]) -> dict[int, dict[str, Any]]:
             continue
         sharding, weak = leaf.sharding, leaf.aval.weak_type
         # Most arrays are on the first device, which records nothing: told so by the device object, at once.
-        placed = None if type(sharding) is _ONE_DEVICE and sharding._device is first else whole_placement(sharding)
+        on_first = type(sharding) is _ONE_DEVICE and getattr(sharding, "_device", None) is first
+        placed = None if on_first else whole_placement(sharding)
         if weak or placed is not None:
             details[i] = {"weak": True} if weak else {}
             if placed is not None:
