@@ -137,6 +137,20 @@ def test_an_array_saved_whole_on_one_device_comes_back_on_that_device(tmp_path):
     assert stored["first"].sharding is None  # nothing recorded: its file is as before
 
 
+def test_an_array_saved_on_the_first_device_comes_back_there_under_another_default_device(tmp_path):
+    # Its entry records no device (where arrays land by default): it landed on the device jax.default_device named.
+    tree = _on_one_device()
+    jaxstow.save(tmp_path / "t.jxs", tree)
+    with jax.default_device(jax.devices()[2]):
+        restored = jaxstow.load(tmp_path / "t.jxs", sharding="saved")
+        assert restored["first"].sharding.device_set == {jax.devices()[0]}
+        _same(restored, tree)
+        for array in jaxstow.load(tmp_path / "t.jxs").values():  # without sharding=: the default device, as before
+            assert array.sharding.device_set == {jax.devices()[2]}
+    with jax.default_device("cpu"):  # a platform, not a device: where arrays land, the first device
+        _same(jaxstow.load(tmp_path / "t.jxs", sharding="saved"), tree)
+
+
 def _whole_with(tree, path, sharding) -> io.BytesIO:
     """``tree`` saved as a file whose leaf ``path`` records ``sharding`` as where it lay (every checksum holds)."""
     encoded = encode_tree(tree)

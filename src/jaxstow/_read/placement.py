@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import key_to_str, path_to_str
-from jaxstow._format.shards import Stored
+from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._util.jax_compat import tree_broadcast
 from jaxstow.errors import ShardingError, excerpt
 
@@ -156,16 +156,28 @@ def saved_shardings(
     """The placement of each array for ``sharding="saved"``: the sharding its leaf of ``stored`` was saved with, where
     the file records one (sharded arrays, and arrays stored whole that lay on a device other than the first).
 
-    ``arrays`` maps positions to ``(path, shape, dtype)``; the others land on the default device.
+    ``arrays`` maps positions to ``(path, shape, dtype)``; the others land on the default device, or, stored whole,
+    on the first device, where they lay, where ``jax.default_device`` names another (:func:`_first_if_not_default`).
     """
     placements: dict[int, jax.sharding.Sharding] = {}
+    first = _first_if_not_default()
     for i, (path, _, _) in arrays.items():
         leaf = stored.get(path)
         description = None if leaf is None else leaf.sharding
-        placement = None if description is None else saved_sharding(description, file=file, path=path)
+        if description is not None:
+            placement = saved_sharding(description, file=file, path=path)
+        else:
+            placement = None if isinstance(leaf, ShardedLeaf) else first
         if placement is not None:
             placements[i] = placement
     return placements
+
+
+def _first_if_not_default() -> jax.sharding.Sharding | None:
+    """This process's first device, where an array stored whole that records no device lay, where the default device
+    (``jax.default_device``) is another of its devices; ``None`` where arrays land there by default."""
+    default, own = getattr(jax.config, "jax_default_device", None), jax.local_devices()  # undeclared in Config
+    return jax.sharding.SingleDeviceSharding(own[0]) if default in own[1:] else None
 
 
 def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) -> jax.sharding.Sharding | None:
