@@ -189,3 +189,7 @@ def test_a_malformed_record_of_the_device_an_array_lay_on_is_refused():
         with pytest.raises(FormatError, match=problem) as raised:
             jaxstow.load(_whole_with(tree, "w", malformed), sharding="saved")
         assert raised.value.path == "w", malformed
+    # A single key's spec naming an axis: its data's axis [2] was taken for one, and only sharding="saved" failed.
+    with pytest.raises(FormatError, match="malformed sharding") as raised:
+        jaxstow.open(_whole_with({"k": jax.random.key(0)}, "k", {**mesh, "devices": [1]}))
+    assert raised.value.path == "k"

@@ -323,7 +323,8 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
         raise FormatError(f"a numpy scalar has shape [], not {list(dims)}", file=file, path=path)
     sharding = entry.get("sharding") if entry["kind"] in ("array", "key") else None
     if sharding is not None:
-        check_whole_placement(sharding, len(dims), file=file, path=path)
+        ndim = len(dims) - (entry["kind"] == "key")  # a key's data axis is no axis of the keys' array
+        check_whole_placement(sharding, ndim, file=file, path=path)
     return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl, sharding)
 
 
