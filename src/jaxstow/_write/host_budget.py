@@ -39,6 +39,7 @@ from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.pieces import Deferred
 from jaxstow._util.host_memory import default_host_budget
 from jaxstow._util.pinned import pinned_sharding
+from jaxstow._write.mapped_copies import mapped_copy, mapped_elements
 from jaxstow.errors import ArgumentError
 
 __all__ = ["HostBudget", "on_host"]
@@ -277,7 +278,7 @@ class _Fetched(Deferred):
         if self._on_device:
             self._source = _towards_host(self._source)
         else:
-            self._whole = np.array(self._source, order="C").reshape(-1)  # a transposed array in its C order
+            self._whole = mapped_copy(self._source)  # a transposed array in its C order
             self._done_reading()
 
     def take_rest(self) -> None:
@@ -325,9 +326,8 @@ class _Fetched(Deferred):
         source = self._source
         if not self._on_device:
             if source.flags.c_contiguous:
-                return np.array(source.reshape(-1)[start:stop])
-            elements: np.ndarray = source.flat[start:stop]  # a copy of these alone, in C order (a transposed array)
-            return elements
+                return mapped_copy(source.reshape(-1)[start:stop])
+            return mapped_elements(source, start, stop)  # these alone, in C order (a transposed array)
         if len(self._bounds) == 1:
             return np.asarray(_towards_host(source)).reshape(-1)
         piece = _rows(source, start // self._row, lead=self._lead, count=(stop - start) // self._row)
