@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-__all__ = ["ZERO_CHECKSUM", "as_bytes", "checksum", "checksum_bytes", "raw_buffer"]
+from jaxstow._format.block_checksums import Checksums
+
+__all__ = ["ZERO_CHECKSUM", "as_bytes", "checksum", "checksum_bytes", "checksums", "raw_buffer"]
 
 ZERO_CHECKSUM = "0" * 16
 
@@ -24,6 +26,12 @@ def checksum_bytes(data: bytes | memoryview) -> str:
 def checksum(array: np.ndarray) -> str:
     """The xxh3-64 of a C-contiguous array's bytes."""
     return xxhash.xxh3_64_hexdigest(array.data if _exports_buffer(array) else as_bytes(array))
+
+
+def checksums(array: np.ndarray, blocks: list[str] | None = None) -> tuple[str, list[str] | None]:
+    """The xxh3-64 of a C-contiguous array's bytes, and of its blocks, into ``blocks`` when given
+    (:class:`~jaxstow._format.block_checksums.Checksums`)."""
+    return Checksums.of(raw_buffer(array), blocks)
 
 
 def as_bytes(array: np.ndarray) -> memoryview:

@@ -293,6 +293,8 @@ class StoredLeaf(NamedTuple):
     #: Where an array or PRNG keys lay on one device other than the first, as
     #: :func:`~jaxstow._format.sharding_description.whole_placement` records it; ``None`` for the first device.
     sharding: dict[str, Any] | None = None
+    #: Its blocks' checksums as the manifest gives them, checked where used (:mod:`~jaxstow._format.block_checksums`).
+    blocks: object = None
 
     @property
     def nbytes(self) -> int:
@@ -325,7 +327,7 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
     if sharding is not None:
         ndim = len(dims) - (entry["kind"] == "key")  # a key's data axis is no axis of the keys' array
         check_whole_placement(sharding, ndim, file=file, path=path)
-    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl, sharding)
+    return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl, sharding, entry.get("blocks"))
 
 
 def raw_leaf_layout(entry: Entry, slot: TensorSlot, *, file: str) -> tuple[np.dtype, tuple[int, ...]]:

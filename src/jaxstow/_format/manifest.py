@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from jaxstow._format.json_codec import limits_problem
-from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
-from jaxstow._format.shards import Stored
+from jaxstow._format.leaves import check_entry, tensor_names
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError, excerpt
 
@@ -48,7 +47,6 @@ __all__ = [
     "RESERVED_PREFIX",
     "ColumnMarks",
     "LeafColumns",
-    "StoredLeaves",
     "check_columns",
     "check_leaves",
     "check_manifest",
@@ -239,11 +237,15 @@ class LeafColumns:
         checksums: list[str],
         entries: dict[int, dict[str, Any]],
         marks: ColumnMarks | None = None,
+        blocks: Mapping[str, object] = MappingProxyType({}),
     ) -> None:
         self.paths = paths
         self.kinds = kinds
         self.checksums = checksums
         self.entries = entries
+        #: The block checksums of the stored leaves that have them, by leaf index (decimal), as the manifest gives
+        #: them: :func:`~jaxstow._format.block_checksums.checked_blocks` checks one where it is used.
+        self.blocks = blocks
         self.marks = ColumnMarks(paths, kinds) if marks is None else marks
         self.stored: np.ndarray = self.marks.stored
         self._rank: np.ndarray = self.marks.rank
@@ -303,6 +305,8 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         raise CorruptFileError(problem, file=file)
     if not isinstance(details, dict):
         raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
+    if not isinstance(manifest.get("blocks", {}), dict):
+        raise FormatError("the manifest's blocks must be an object keyed by leaf index", file=file)
     for key, detail in details.items():
         if not (_INDEX.fullmatch(key) and int(key) < len(paths) and isinstance(detail, dict)):
             raise FormatError(
@@ -341,73 +345,18 @@ def columns_again(
     """The columns of a version 3 manifest whose columns are checked (by :func:`check_columns`, now or on the same
     text parsed before, which gave ``marks``), each detail's entry made, completed and checked by
     :func:`~jaxstow._format.leaves.check_entry`."""
-    paths, kinds = manifest["paths"], manifest["kinds"]
-    columns = LeafColumns(paths, kinds, manifest["xxh3"], {}, marks)
+    paths, kinds, blocks = manifest["paths"], manifest["kinds"], manifest.get("blocks", {})
+    columns = LeafColumns(paths, kinds, manifest["xxh3"], {}, marks, blocks)
     for key, detail in manifest["details"].items():
         index = int(key)
         entry = {**detail, "path": paths[index], "kind": KIND_NAMES[kinds[index]]}
         if kinds[index] in CHECKSUMMED:
             entry["xxh3"] = columns.checksum(index)
+            entry["blocks"] = blocks.get(key)
         if kinds[index] != "v":  # a value's one rule, that its detail holds it, is check_columns'
             check_entry(entry, index, slots, file=file)
         columns.entries[index] = entry
     return columns
-
-
-#: The kinds of leaf kept apart from the stored ones: values and per-process leaves.
-_NOT_STORED = "vp"
-
-
-class StoredLeaves(MutableMapping[str, Stored]):
-    """The stored leaves of a version 3 file by path.
-
-    Those with details are made (and checked) when the file is opened, the others, stored exactly as their tensors, when
-    first asked for.
-
-    >>> import io, numpy as np, jaxstow
-    >>> saved = io.BytesIO(); jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2}); _ = saved.seek(0)
-    >>> leaves = jaxstow.open(saved).stored
-    >>> list(leaves), leaves.described(), leaves["w"].shape, [leaf.path for leaf in leaves.described()]
-    (['b', 'w'], [], (3,), ['w'])
-    """
-
-    def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:
-        self._columns = columns
-        self._slots = slots
-        self._made = made
-
-    def __getitem__(self, path: str) -> Stored:
-        leaf = self._made.get(path)
-        if leaf is None:
-            i = self._columns.marks.index()[path]
-            if not self._columns.stored[i] or self._columns.kinds[i] == "p":
-                raise KeyError(path)
-            slot = self._slots[path]
-            kind = KIND_NAMES[self._columns.kinds[i]]
-            leaf = self._made[path] = StoredLeaf(path, kind, slot.dtype, slot.shape, self._columns.checksum(i), None)
-        return leaf
-
-    def described(self) -> list[Stored]:
-        """The leaves described so far: those with details (sharded leaves among them) and those asked for."""
-        return list(self._made.values())
-
-    def __setitem__(self, path: str, leaf: Stored) -> None:
-        self._made[path] = leaf
-
-    def __delitem__(self, path: str) -> None:
-        raise TypeError("the leaves of a file cannot be removed")
-
-    def __contains__(self, path: object) -> bool:
-        i = self._columns.marks.index().get(path) if isinstance(path, str) else None
-        return i is not None and self._columns.kinds[i] not in _NOT_STORED
-
-    def __iter__(self) -> Iterator[str]:
-        return (
-            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
-        )
-
-    def __len__(self) -> int:
-        return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))
 
 
 def container_paths(structure: Any) -> list[str] | None:

@@ -19,6 +19,9 @@ from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["check_nesting", "columnar", "metadata_problem"]
 
+#: The members of a leaf's entry that its columns hold, not its details.
+_COLUMNS = ("path", "kind", "xxh3", "blocks")
+
 
 def metadata_problem(metadata: Any) -> str | None:
     """What keeps ``metadata`` from being saved with a file, or ``None``.
@@ -80,8 +83,11 @@ def columnar(manifest: dict[str, Any]) -> dict[str, Any]:
     out["kinds"] = kinds
     out["xxh3"] = [entry["xxh3"] for entry, kind in zip(leaves, kinds, strict=True) if kind in CHECKSUMMED]
     out["details"] = {
-        str(i): {key: value for key, value in entry.items() if key not in ("path", "kind", "xxh3")}
+        str(i): {key: value for key, value in entry.items() if key not in _COLUMNS}
         for i, (entry, kind) in enumerate(zip(leaves, kinds, strict=True))
-        if len(entry) > 2 + (kind in CHECKSUMMED)
+        if len(entry) > 2 + (kind in CHECKSUMMED) + ("blocks" in entry)
     }
+    blocks = {str(i): entry["blocks"] for i, entry in enumerate(leaves) if "blocks" in entry}
+    if blocks:
+        out["blocks"] = blocks
     return out

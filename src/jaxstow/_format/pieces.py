@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import xxhash
 
+from jaxstow._format.block_checksums import Checksums, block_count
 from jaxstow._format.checksum import as_bytes
 
 __all__ = ["Deferred", "HostArray"]
@@ -42,7 +42,8 @@ class Deferred(abc.ABC):
         self.shape = tuple(shape)
         self.ndim = len(self.shape)
         self.nbytes = math.prod(self.shape) * self.dtype.itemsize
-        self._digest: str | None = None
+        self._checksums: tuple[str, list[str] | None] | None = None
+        self._blocks = [""] * block_count(self.nbytes) or None  # made now, before any piece: see Checksums
 
     @abc.abstractmethod
     def pieces(self, *, final: bool = True) -> Iterator[np.ndarray]:
@@ -50,20 +51,25 @@ class Deferred(abc.ABC):
 
     def written(self) -> Iterator[np.ndarray]:
         """The pieces of the pass that writes the tensor, checksummed as they pass."""
-        hasher = xxhash.xxh3_64()
+        checksums = Checksums(self.nbytes, self._blocks)
         for piece in self.pieces():
-            hasher.update(as_bytes(piece))
+            checksums.update(as_bytes(piece))
             yield piece
-        self._digest = hasher.hexdigest()
+        self._checksums = checksums.result()
 
     def digest(self) -> str:
         """The xxh3-64 of the tensor's bytes: the written pass's, or a pass of its own before one."""
-        if self._digest is None:
-            hasher = xxhash.xxh3_64()
+        return self.checksums()[0]
+
+    def checksums(self) -> tuple[str, list[str] | None]:
+        """The xxh3-64 of the tensor's bytes and its blocks' (:mod:`~jaxstow._format.block_checksums`): the written
+        pass's, or a pass of its own before one."""
+        if self._checksums is None:
+            checksums = Checksums(self.nbytes, self._blocks)
             for piece in self.pieces(final=False):
-                hasher.update(as_bytes(piece))
-            self._digest = hasher.hexdigest()
-        return self._digest
+                checksums.update(as_bytes(piece))
+            self._checksums = checksums.result()
+        return self._checksums
 
 
 #: A tensor to write: its bytes on the host now, or in pieces later.

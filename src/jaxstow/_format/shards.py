@@ -45,6 +45,8 @@ class StoredShard(NamedTuple):
     source: int
     box: Box
     checksum: str | None
+    #: Its blocks' checksums as the manifest gives them, checked where used (:mod:`~jaxstow._format.block_checksums`).
+    blocks: object = None
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -130,7 +132,7 @@ def _shard(
     extent = [stop - start for start, stop in box]
     if not (slot.dtype == dtype and list(slot.shape) == extent):
         raw_leaf_layout({"path": path, "dtype": name_of_dtype(dtype), "shape": extent}, slot, file=file)
-    return StoredShard(tensor, source, tuple((start, stop) for start, stop in box), checksum)
+    return StoredShard(tensor, source, tuple((start, stop) for start, stop in box), checksum, shard.get("blocks"))
 
 
 def check_coverage(leaf: ShardedLeaf, *, file: str) -> None:

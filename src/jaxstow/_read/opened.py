@@ -33,17 +33,20 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.header import NativeReader, SlotTable
 from jaxstow._format.leaves import StoredLeaf, stored_leaf_from_entry
-from jaxstow._format.manifest import LeafColumns, StoredLeaves
+from jaxstow._format.manifest import LeafColumns
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef, decode_value
+from jaxstow._format.stored_leaves import StoredLeaves
 from jaxstow._format.tensor_reads import bools_checked, read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
+from jaxstow._read.block_verified import read_part
+from jaxstow._read.mapped import mapped_leaf
 from jaxstow._read.narrowing import held_problem, narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
-from jaxstow._read.slicing import full_box, read_box
+from jaxstow._read.slicing import full_box
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, TruncatedFileError, excerpt
+from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
 
 __all__ = ["OpenedFile"]
 
@@ -272,10 +275,10 @@ class OpenedFile(Mapping[str, Any]):
         if box == full_box(leaf.shape) or not isinstance(self.container, NativeReader):
             part: np.ndarray = self.read_arrays([leaf])[path][within]
         elif self._map is not None:
-            part = self._mapped(leaf)[within]
+            part = self._mapped(leaf, box)[within]
         else:
-            slot = self.container.slots[path]
-            part = read_box(self.container.source, slot.offset, leaf.dtype, leaf.shape, box)
+            at, blocks = self.container.slots[path].offset, leaf.blocks
+            part = read_part(self.container.source, at, leaf.dtype, leaf.shape, box, blocks, file=self.file, path=path)
         return bools_checked(part, file=self.file, path=path)
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
@@ -389,27 +392,11 @@ class OpenedFile(Mapping[str, Any]):
                 arrays[leaf.path] = np.require(typed, requirements="A")  # raw bytes at an odd offset: copied aligned
         return {path: bools_checked(array, file=self.file, path=path) for path, array in arrays.items()}
 
-    def _mapped(self, leaf: Stored) -> np.ndarray:
-        """A view of the leaf in the memory map; a file cut short since it was opened is a TruncatedFileError (not a
-        view whose pages end the process with SIGBUS), one written in place since a StorageError (not its new bytes)."""
-        mapped, slot = self._map, self.container.slots[leaf.path]
+    def _mapped(self, leaf: Stored, box: Box | None = None) -> np.ndarray:
+        """A view of the leaf in the memory map (:func:`~jaxstow._read.mapped.mapped_leaf`)."""
         source = cast(LocalFile, self.container.source)  # type: ignore[attr-defined]  # a LocalFile's: _memory_map
-        with source.in_use(checked=False) as descriptor:  # closed: a ClosedError
-            now = source.status(descriptor)
-            if now.st_size < slot.offset + slot.nbytes:
-                raise TruncatedFileError(
-                    f"the file now has {now.st_size} bytes, and the leaf's end is at byte {slot.offset + slot.nbytes}: "
-                    "it was cut short since it was opened",
-                    file=self.file,
-                    path=leaf.path,
-                )
-            source.check_unchanged(now)
-            try:  # the map closed meanwhile (by another thread) is a ClosedError
-                view: np.ndarray = np.frombuffer(mapped, np.uint8, slot.nbytes, slot.offset)  # type: ignore[arg-type]
-            except (TypeError, ValueError):
-                self.check_open(f"reading leaf {excerpt(leaf.path)}")
-                raise
-        return view.view(leaf.dtype).reshape(leaf.shape)
+        slot = self.container.slots[leaf.path]
+        return mapped_leaf(self._map, slot, source, leaf, box, file=self.file, check_open=self.check_open)
 
     def verify(self, path: str, found: str, wanted: str | None, source: int = 0) -> None:
         """Raise a :class:`~jaxstow.errors.CorruptFileError` naming the leaf and its file (of the tree's files, the

@@ -28,7 +28,8 @@ from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, StoredShard, intersect
 from jaxstow._format.source import Parallel
 from jaxstow._format.tensor_reads import aligned_empty, run_all
-from jaxstow._read.slicing import full_box, read_box
+from jaxstow._read.block_verified import read_part
+from jaxstow._read.slicing import full_box
 
 __all__ = ["ShardReads"]
 
@@ -180,7 +181,11 @@ class ShardReads:
                 into[...] = part
             return part
         slot = container.slots[shard.tensor]
-        part = read_box(container.source, slot.offset, leaf.dtype, shard.shape, inner, into=into)
+        blocks = None if whole else shard.blocks  # a whole shard is verified against its checksum
+        file = container.file
+        part = read_part(
+            container.source, slot.offset, leaf.dtype, shard.shape, inner, blocks, file=file, path=leaf.path, into=into
+        )
         if whole:
             self._check(leaf, checksum_bytes(part.reshape(-1).view(np.uint8).data), shard)
         return part

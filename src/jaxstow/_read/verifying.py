@@ -20,10 +20,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from jaxstow._format.shards import ShardedLeaf
+import numpy as np
+
+from jaxstow._format.block_checksums import Checksums, checked_blocks
+from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.per_process import stored_bytes
-from jaxstow.errors import CorruptFileError
+from jaxstow.errors import CorruptFileError, FormatError
 
 __all__ = ["verify_checksums", "verify_part"]
 
@@ -45,7 +48,11 @@ def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tupl
         sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
         checked += sum(checksum is not None for checksum in sums)
         try:
-            reader.read_arrays([leaf])
+            whole = reader.read_arrays([leaf])[leaf.path]
+            for blocks, box, source in _blocks_of(leaf):
+                _check_blocks(
+                    np.ascontiguousarray(whole[tuple(slice(*axis) for axis in box)]), blocks, reader, leaf.path, source
+                )
         except CorruptFileError as error:
             damage.append(error)
         on_read(leaf.nbytes)
@@ -67,11 +74,17 @@ def verify_part(reader: OpenedFile, source: int) -> list[CorruptFileError]:
             )
         elif source == 0:
             wanted[leaf.path] = (leaf.path, leaf.checksum)
+    blocks = {leaf.path: leaf.blocks for leaf in reader.stored.values() if not isinstance(leaf, ShardedLeaf)}
+    for leaf in reader.stored.values():
+        if isinstance(leaf, ShardedLeaf):
+            blocks.update({shard.tensor: shard.blocks for shard in leaf.shards if shard.source == source})
     damage = []
     for tensor, (path, checksum) in wanted.items():
         check = functools.partial(_check, reader, path, checksum, source)
         try:
-            reader.containers[source].read([tensor], check)
+            data = reader.containers[source].read([tensor], check)[tensor]
+            if blocks.get(tensor) is not None:
+                _check_blocks(data, blocks[tensor], reader, path, source)
         except CorruptFileError as error:
             damage.append(error)
     return damage
@@ -80,3 +93,27 @@ def verify_part(reader: OpenedFile, source: int) -> list[CorruptFileError]:
 def _check(reader: OpenedFile, path: str, checksum: str | None, source: int, tensor: str, found: str) -> None:
     del tensor
     reader.verify(path, found, checksum, source)
+
+
+def _blocks_of(leaf: Stored) -> list[tuple[object, Box, int]]:
+    """The block checksums a leaf's tensors have (a sharded leaf's: each shard's), with the box each tensor holds and
+    the file (of the tree's files) that holds it."""
+    if isinstance(leaf, ShardedLeaf):
+        return [(shard.blocks, shard.box, shard.source) for shard in leaf.shards if shard.blocks is not None]
+    return [] if leaf.blocks is None else [(leaf.blocks, tuple((0, n) for n in leaf.shape), 0)]
+
+
+def _check_blocks(data: np.ndarray, blocks: object, reader: OpenedFile, path: str, source: int) -> None:
+    """A :class:`CorruptFileError` unless ``data``, a tensor's bytes that its whole checksum found intact, match its
+    block checksums too (which a slice of it is read against), and those are well formed."""
+    file = reader.containers[source].file if source else reader.file
+    try:
+        wanted = checked_blocks(blocks, data.nbytes, file=file, path=path)
+    except FormatError as error:
+        raise CorruptFileError(
+            f"its block checksums are malformed ({error}): the header is corrupt", file=file, path=path
+        ) from None
+    if "".join(Checksums.of(data.reshape(-1).view(np.uint8).data)[1] or []) != wanted:
+        raise CorruptFileError(
+            "its block checksums do not match its bytes: the header is corrupt", file=file, path=path
+        )

@@ -28,7 +28,8 @@ import jax
 import numpy as np
 import xxhash
 
-from jaxstow._format.checksum import ZERO_CHECKSUM, checksum
+from jaxstow._format.block_checksums import block_count
+from jaxstow._format.checksum import ZERO_CHECKSUM, checksum, checksums
 from jaxstow._format.leaves import EncodedLeaf, encode_leaf, is_sharded
 from jaxstow._format.manifest_written import metadata_problem
 from jaxstow._format.native_or_npz import (
@@ -357,38 +358,36 @@ def _counted(sink: BinaryIO, bar: Bar | None) -> BinaryIO:
 
 @contextlib.contextmanager
 def _checksums(pieces: list[tuple[str, HostArray, dict[str, Any]]]) -> Iterator[Callable[[], None] | None]:
-    """Fill the ``xxh3`` of each tensor's entry.
+    """Fill the ``xxh3`` of each tensor's entry, and the ``blocks`` of one of several blocks
+    (:mod:`~jaxstow._format.block_checksums`).
 
     At once for small trees (yields ``None``), or in the background (yields ``complete``).
 
     Large trees are hashed by a few threads that start now, each on a batch of tensors, so that hashing overlaps the
-    writing; their entries hold placeholders until ``complete()``, which waits for the threads. The threads are
-    plain ones, not a ``concurrent.futures`` pool, which refuses work once the interpreter has begun to exit. A
-    deferred tensor is hashed while it is written (or before, on a sink that cannot go back to its header).
+    writing; their entries hold placeholders of the same length until ``complete()``, which waits for the threads.
+    The threads are plain ones, not a ``concurrent.futures`` pool, which refuses work once the interpreter has begun
+    to exit. A deferred tensor is hashed while it is written (or before, on a sink that cannot go back to its header).
     """
     ready = [(array, entry) for _, array, entry in pieces if isinstance(array, np.ndarray)]
     deferred = [(array, entry) for _, array, entry in pieces if isinstance(array, Deferred)]
     arrays = [array for array, _ in ready]
-
-    def fill(digests: list[str]) -> None:
-        for (_, entry), digest in zip(ready, digests, strict=True):
-            entry["xxh3"] = digest
-
     if not deferred and sum(array.nbytes for array in arrays) <= _PARALLEL_HASH_BYTES:
-        fill([checksum(array) for array in arrays])
+        for array, entry in ready:
+            _fill(entry, checksums(array))
         yield None
         return
-    for _, _, entry in pieces:
-        entry["xxh3"] = ZERO_CHECKSUM
+    _fill_placeholders(pieces)  # in a function of its own: a loop here would hold its last tensor while written
     workers = min(4, os.cpu_count() or 1, max(1, len(arrays)))
-    batches = [_Hashing(arrays[i::workers]) for i in range(workers)]
+    blocks = [[""] * block_count(array.nbytes) or None for array in arrays]  # made before any piece: see Checksums
+    batches = [_Hashing(arrays[i::workers], blocks[i::workers]) for i in range(workers)]
     try:
 
         def complete() -> None:
             results = [batch.result() for batch in batches]
-            fill([results[i % workers][i // workers] for i in range(len(arrays))])
+            for i, (_, entry) in enumerate(ready):
+                _fill(entry, results[i % workers][i // workers])
             for array, entry in deferred:
-                entry["xxh3"] = array.digest()
+                _fill(entry, array.checksums())
 
         yield complete
     finally:
@@ -396,12 +395,24 @@ def _checksums(pieces: list[tuple[str, HostArray, dict[str, Any]]]) -> Iterator[
             batch.wait()
 
 
+def _fill_placeholders(pieces: list[tuple[str, HostArray, dict[str, Any]]]) -> None:
+    for _, tensor, entry in pieces:
+        _fill(entry, (ZERO_CHECKSUM, ZERO_CHECKSUM * block_count(tensor.nbytes) or None))
+
+
+def _fill(entry: dict[str, Any], sums: tuple[str, list[str] | str | None]) -> None:
+    entry["xxh3"], blocks = sums
+    if blocks is not None:
+        entry["blocks"] = blocks if isinstance(blocks, str) else "".join(blocks)
+
+
 class _Hashing:
     """The checksums of a batch of arrays, computed on a thread of its own, or at once where no thread can start."""
 
-    def __init__(self, arrays: list[np.ndarray]) -> None:
+    def __init__(self, arrays: list[np.ndarray], blocks: list[list[str] | None]) -> None:
         self._arrays = arrays
-        self._digests: list[str] = []
+        self._blocks = blocks
+        self._digests: list[tuple[str, list[str] | None]] = []
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = threading.Thread(target=self._run, name="jaxstow-checksum", daemon=True)
         try:
@@ -412,7 +423,7 @@ class _Hashing:
 
     def _run(self) -> None:
         try:
-            self._digests = [checksum(array) for array in self._arrays]
+            self._digests = [checksums(array, into) for array, into in zip(self._arrays, self._blocks, strict=True)]
         except BaseException as error:
             self._error = error
 
@@ -421,8 +432,9 @@ class _Hashing:
         if self._thread is not None:
             self._thread.join()
 
-    def result(self) -> list[str]:
-        """The batch's checksums, in order; raises the error of the hashing, if it failed."""
+    def result(self) -> list[tuple[str, list[str] | None]]:
+        """The batch's checksums (:func:`~jaxstow._format.checksum.checksums`), in order; raises the error of the
+        hashing, if it failed."""
         self.wait()
         if self._error is not None:
             raise self._error

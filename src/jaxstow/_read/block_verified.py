@@ -1,0 +1,224 @@
+"""A part of a stored array read and verified block by block: the blocks it touches are read whole and each compared
+with its checksum (:mod:`~jaxstow._format.block_checksums`), so that a slice, or a part of a shard, is never returned
+unverified from a file whose tensors have block checksums.
+
+Only the blocks the part touches are read: a range of whole blocks straight into place, a block it covers in part
+into a buffer of its own; a part that is many ranges (a column of a matrix) is read through a scratch buffer of the
+blocks they touch, at most :data:`_SCRATCH` bytes at a time.
+
+>>> import io, numpy as np
+>>> from jaxstow._format.block_checksums import Checksums
+>>> from jaxstow._storage.opening import open_source
+>>> array = np.arange(2**19, dtype=np.float32).reshape(512, 1024)
+>>> blocks = "".join(Checksums.of(array.data.cast("B"))[1])
+>>> source = open_source(io.BytesIO(array.tobytes()))
+>>> part = read_verified_box(source, 0, array.dtype, array.shape, ((3, 500), (2, 4)), blocks, file="f", path="w")
+>>> bool((part == array[3:500, 2:4]).all())
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxstow._format.block_checksums import BLOCK_BYTES, block_span, checked_blocks
+from jaxstow._format.checksum import checksum_bytes
+from jaxstow._format.shards import Box
+from jaxstow._format.source import ReadSource
+from jaxstow._format.tensor_reads import aligned_empty, read_range
+from jaxstow._read.slicing import read_box
+from jaxstow.errors import CorruptFileError
+
+__all__ = ["read_part", "read_verified_box", "verify_box_blocks"]
+
+#: The most bytes a part that is many ranges is read through at once (more: it is read in parts along an axis).
+_SCRATCH = 64 << 20
+
+
+class _Stored(NamedTuple):
+    """Where a tensor's bytes are: from ``offset`` of ``source``."""
+
+    source: ReadSource
+    offset: int
+
+
+class _Tensor:
+    """A stored tensor's layout and its blocks' checksums, checked."""
+
+    def __init__(
+        self,
+        dtype: np.dtype,
+        shape: tuple[int, ...],
+        blocks: object,
+        *,
+        file: str | None,
+        path: str,
+    ) -> None:
+        self.dtype, self.shape, self.file, self.path = dtype, shape, file, path
+        self.nbytes = math.prod(shape) * dtype.itemsize
+        self.blocks = checked_blocks(blocks, self.nbytes, file=file, path=path)
+        self.strides = tuple(math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape)))
+
+    def first_byte(self, box: Box) -> int:
+        return sum(start * stride for (start, _), stride in zip(box, self.strides, strict=True))
+
+    def end_byte(self, box: Box) -> int:
+        """One past the last byte of ``box`` (a box of at least one element)."""
+        last = sum((stop - 1) * stride for (_, stop), stride in zip(box, self.strides, strict=True))
+        return last + self.dtype.itemsize
+
+    def touched(self, box: Box) -> np.ndarray:
+        """Whether each block holds a byte of ``box`` (a box of at least one element)."""
+        count = -(-self.nbytes // BLOCK_BYTES)
+        first = self.first_byte(box)
+        if self.end_byte(box) - first == math.prod(stop - start for start, stop in box) * self.dtype.itemsize:
+            low, high = block_span(first, self.end_byte(box), self.nbytes)  # one range
+            marks = np.zeros(count, np.bool_)
+            marks[low:high] = True
+            return marks
+        last = max(axis for axis, (start, stop) in enumerate(box) if (start, stop) != (0, self.shape[axis]))
+        extent = [stop - start for start, stop in box[:last]]
+        run_bytes = (box[last][1] - box[last][0]) * self.strides[last]
+        starts = np.full(math.prod(extent), first, np.int64)
+        for axis, index in enumerate(np.indices(extent).reshape(last, -1)):
+            starts += index * self.strides[axis]
+        opened = np.bincount(starts // BLOCK_BYTES, minlength=count + 1)
+        closed = np.bincount((starts + run_bytes - 1) // BLOCK_BYTES + 1, minlength=count + 1)
+        return np.cumsum(opened - closed)[:count] > 0
+
+    def check(self, block: int, data: memoryview) -> None:
+        """Raise a :class:`CorruptFileError` naming the leaf unless ``data``, the bytes of ``block``, match its
+        checksum."""
+        found, wanted = checksum_bytes(data), self.blocks[16 * block : 16 * block + 16]
+        if found != wanted:
+            start = block * BLOCK_BYTES
+            raise CorruptFileError(
+                f"checksum mismatch in bytes {start} to {min(start + BLOCK_BYTES, self.nbytes)} of the leaf (block "
+                f"{block}: expected xxh3 {wanted}, found {found}): the file is corrupt",
+                file=self.file,
+                path=self.path,
+            )
+
+    def block_bytes(self, block: int) -> tuple[int, int]:
+        return block * BLOCK_BYTES, min((block + 1) * BLOCK_BYTES, self.nbytes)
+
+
+def read_verified_box(
+    source: ReadSource,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Box,
+    blocks: object,
+    *,
+    file: str | None,
+    path: str,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
+    """The elements of ``box`` of the row-major array of ``dtype`` and ``shape`` stored at ``offset`` of ``source``,
+    every block they touch verified against ``blocks`` (a :class:`FormatError` if those are malformed, a
+    :class:`CorruptFileError` naming ``file`` and ``path`` if a block does not match).
+
+    The result is ``into`` (a C-contiguous array of the box's shape and ``dtype``) filled, or a new 64-byte-aligned
+    array.
+    """
+    tensor = _Tensor(dtype, shape, blocks, file=file, path=path)
+    extent = tuple(stop - start for start, stop in box)
+    out = aligned_empty(math.prod(extent) * dtype.itemsize).view(dtype).reshape(extent) if into is None else into
+    if out.size:
+        _read_into(tensor, _Stored(source, offset), box, out)
+    return out
+
+
+def verify_box_blocks(
+    data: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], box: Box, blocks: object, *, file: str | None, path: str
+) -> None:
+    """Check every block of a tensor whose bytes are at hand (``data``, flat ``uint8``: a memory map's) that ``box``
+    touches, as :func:`read_verified_box` does."""
+    tensor = _Tensor(dtype, shape, blocks, file=file, path=path)
+    if math.prod(stop - start for start, stop in box):
+        for block in np.flatnonzero(tensor.touched(box)).tolist():
+            start, stop = tensor.block_bytes(block)
+            tensor.check(block, data[start:stop].data)
+
+
+def _read_into(tensor: _Tensor, stored: _Stored, box: Box, out: np.ndarray) -> None:
+    """Fill ``out`` (an array of ``box``'s shape, possibly a view into a larger one) with ``box``, verified."""
+    first, end = tensor.first_byte(box), tensor.end_byte(box)
+    if end - first == out.nbytes:  # one range
+        if out.flags.c_contiguous:
+            _read_range(tensor, stored, first, end, out.reshape(-1).view(np.uint8))
+        else:
+            whole = aligned_empty(out.nbytes)
+            _read_range(tensor, stored, first, end, whole)
+            out[...] = whole.view(tensor.dtype).reshape(out.shape)
+        return
+    splittable = [axis for axis, (start, stop) in enumerate(box) if stop - start > 1]
+    if end - first > _SCRATCH and splittable:
+        axis = splittable[0]
+        start, stop = box[axis]
+        middle = (start + stop) // 2
+        for part in ((start, middle), (middle, stop)):
+            within = tuple(
+                slice(part[0] - start, part[1] - start) if at == axis else slice(None) for at in range(len(box))
+            )
+            _read_into(tensor, stored, (*box[:axis], part, *box[axis + 1 :]), out[within])
+        return
+    low, high = block_span(first, end, tensor.nbytes)
+    base = low * BLOCK_BYTES
+    scratch = aligned_empty(min(high * BLOCK_BYTES, tensor.nbytes) - base)
+    marks = tensor.touched(box)[low:high]
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], marks, [False])).astype(np.int8)))
+    for run_start, run_stop in edges.reshape(-1, 2).tolist():
+        start, _ = tensor.block_bytes(low + run_start)
+        _, stop = tensor.block_bytes(low + run_stop - 1)
+        _read_blocks(tensor, stored, start, scratch[start - base : stop - base])
+    out[...] = np.ndarray(out.shape, tensor.dtype, buffer=scratch, offset=first - base, strides=tensor.strides)
+
+
+def _read_range(tensor: _Tensor, stored: _Stored, start: int, stop: int, into: np.ndarray) -> None:
+    """Read bytes ``start`` to ``stop`` of the tensor into ``into`` (flat ``uint8``), every block they touch verified:
+    the blocks they cover whole straight into place, the one or two they cover in part through buffers."""
+    low, high = block_span(start, stop, tensor.nbytes)
+    whole_low = low if start == tensor.block_bytes(low)[0] else low + 1
+    whole_high = high if stop == tensor.block_bytes(high - 1)[1] else high - 1
+    if whole_low < whole_high:
+        begin, _ = tensor.block_bytes(whole_low)
+        _, end = tensor.block_bytes(whole_high - 1)
+        _read_blocks(tensor, stored, begin, into[begin - start : end - start])
+    for block in sorted({low, high - 1} - set(range(whole_low, whole_high))):
+        begin, end = tensor.block_bytes(block)
+        buffer = aligned_empty(end - begin)
+        _read_blocks(tensor, stored, begin, buffer)
+        at, until = max(begin, start), min(end, stop)
+        into[at - start : until - start] = buffer[at - begin : until - begin]
+
+
+def _read_blocks(tensor: _Tensor, stored: _Stored, start: int, into: np.ndarray) -> None:
+    """Read whole blocks from byte ``start`` of the tensor (a block's first) into ``into``, and check each."""
+    read_range(stored.source, stored.offset + start, into.data)
+    first = start // BLOCK_BYTES
+    for at in range(0, into.size, BLOCK_BYTES):
+        tensor.check(first + at // BLOCK_BYTES, into[at : at + BLOCK_BYTES].data)
+
+
+def read_part(
+    source: ReadSource,
+    offset: int,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Box,
+    blocks: object,
+    *,
+    file: str | None,
+    path: str,
+    into: np.ndarray | None = None,
+) -> np.ndarray:
+    """:func:`read_verified_box` for a tensor with block checksums; for one without (one block, or a file written
+    before they were), :func:`~jaxstow._read.slicing.read_box`: its bytes unverified."""
+    if blocks is None:
+        return read_box(source, offset, dtype, shape, box, into=into)
+    return read_verified_box(source, offset, dtype, shape, box, blocks, file=file, path=path, into=into)
