@@ -234,9 +234,13 @@ def write_checkpoint(
     save(path, {"checkpoint": _stored(checkpoint, chain_id), "samples": samples})
 
 
-def write_checkpoints(path: str, checkpoints: Mapping[int, ChainCheckpoint]) -> None:
-    """Write the checkpoints of several chains to ``path`` atomically, as one file."""
-    save(path, {"chains": {chain_id: _stored(checkpoint, chain_id) for chain_id, checkpoint in checkpoints.items()}})
+def write_checkpoints(
+    path: str, checkpoints: Mapping[int, ChainCheckpoint], kept: Mapping[int, dict[str, Any]] | None = None
+) -> None:
+    """Write the checkpoints of several chains to ``path`` atomically, as one file, with the records ``kept`` as
+    :func:`read_checkpoints` read them (those of a stopped run's chains that no run has continued yet)."""
+    stored = {chain_id: _stored(checkpoint, chain_id) for chain_id, checkpoint in checkpoints.items()}
+    save(path, {"chains": {**(kept or {}), **stored}})
 
 
 def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | None] | None:

@@ -242,7 +242,6 @@ class HDF5Collector(KeepsChains, DataCollector):
         assert self._lock is not None
         with storage_failures(self._lock.path, hdf5=True):
             self._file, self._lock = open_appending(self._lock.path)
-        self._stored = {}  # the last run ended: its checkpoint is gone
         with self._failures():
             hold_metadata_in_memory(self._file)
             self._settle()
@@ -331,9 +330,16 @@ class HDF5Collector(KeepsChains, DataCollector):
             raise ArgumentError(self.checkpoint_problem() or "")
         self.refuse_missing_chains()
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
-        self._writer.submit(functools.partial(self._commit, path, records))
+        self._writer.submit(functools.partial(self._commit, path, records, self._waiting()))
 
-    def _commit(self, path: str, records: dict[int, ChainCheckpoint]) -> None:
+    def _waiting(self) -> dict[int, dict[str, Any]]:
+        """The checkpoint records of the stopped run's chains that this collector has not registered yet: a run of
+        one chain continues them one per call, and keeps theirs as they are for the calls to come."""
+        return {
+            chain_id: record for chain_id, record in (self._stored or {}).items() if chain_id >= self._chains.next_id
+        }
+
+    def _commit(self, path: str, records: dict[int, ChainCheckpoint], waiting: dict[int, dict[str, Any]]) -> None:
         with self._failures():
             self._publish()
             if self._file.driver in _DESCRIPTOR_DRIVERS:
@@ -341,7 +347,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         with storage_failures(os.path.dirname(path), doing="make the folder"):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._latest.update(records)
-        write_checkpoints(path, self._latest)
+        write_checkpoints(path, self._latest, waiting)
         if unmarked := [chain_id for chain_id in records if chain_id not in self._marked]:
             with self._failures():
                 mark_checkpointed(self._file, unmarked)  # once the checkpoint is there: a kill before, no mark
@@ -372,9 +378,12 @@ class HDF5Collector(KeepsChains, DataCollector):
         path = self.checkpoint_path
         if self._finalized >= set(self._datasets):
             if path is not None:
-                remove_checkpoint(path)
+                self._stored = self._waiting()
+                if self._stored:  # the finished chains' records go: a chain is never continued twice
+                    write_checkpoints(path, {}, self._stored)
+                else:
+                    remove_checkpoint(path)
                 self._latest.clear()
-                self._stored = {}
             self.close()
 
     def close(self) -> None:

@@ -47,11 +47,13 @@ def fresh_datasets(
         if "sample_count" in file[group].attrs:
             checkpoint = f" and its checkpoint {stopped.where}" if stopped.chains else ""
             advice = f"use another file, or delete {file.filename}{checkpoint} to start over"
+            waiting = stopped.waiting_after(chain_id)
             raise CollectorError(
                 f"{file.filename} already holds the samples of a finished run at {group}, where this run's "
                 "chain would go: a collector made anew numbers its chains from /chain~0 and continues only the "
                 f"chains its checkpoint holds ({sorted(stopped.chains) or 'none'}); "
                 + (advice if own_file else "open the file with mode 'w' to replace them, or use another file")
+                + (f". {waiting}" if waiting else "")
             )
     stopped.refuse_new(chain_id)
     if group not in file:

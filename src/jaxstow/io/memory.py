@@ -147,9 +147,14 @@ class MemoryCollector(KeepsChains, DataCollector):
         stored = None if path is None else read_checkpoint(path)
         finished = self._path(chain_id, ".npz")
         if stored is None and finished is not None and os.path.exists(finished):
+            waiting = self._stopped.waiting_after(chain_id)
             raise CollectorError(
-                f"{finished} holds the samples of chain {chain_id} of a finished run, which this run would replace: "
-                "move them away, or give MemoryCollector another save_dir"
+                f"{finished} holds the samples of chain {chain_id} of a finished run, which this run would replace"
+                + (
+                    f", and {waiting}; give MemoryCollector another save_dir to start anew"
+                    if waiting
+                    else ": move them away, or give MemoryCollector another save_dir"
+                )
             )
         if stored is None:
             self._stopped.refuse_new(chain_id)
