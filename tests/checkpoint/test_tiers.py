@@ -19,7 +19,7 @@ import pytest
 from distributed_runs import launch
 
 from jaxstow import CheckpointManager, KeepPolicy, LocalTier
-from jaxstow.errors import ArgumentError, StepNotFoundError
+from jaxstow.errors import ArgumentError, FormatError, StepNotFoundError
 
 WORKER = Path(__file__).parents[1] / "distributed" / "tier_worker.py"
 
@@ -108,6 +108,23 @@ def test_a_step_held_in_both_tiers_is_read_from_its_intact_copy_and_its_damaged_
             for restored in (m.restore(), m.restore(4), m.restore(fallback=True)):
                 assert restored["w"].tolist() == [4.0] * 3 and m.restored.step == 4
     assert "step 4 is damaged there, read from" in caplog.text
+
+
+def test_a_step_damaged_in_the_local_tier_alone_is_said_to_be_damaged_there(tmp_path):
+    # The message named the run's persistent directory, which never held step 6: the damaged copy is the local one.
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    with CheckpointManager(persistent, save_every=4, local=LocalTier(local)) as manager:
+        _run(manager, range(1, 7))
+        assert manager.steps(tier="persistent") == [1, 4] and manager.steps(tier="local") == [5, 6]
+    _flip_last_byte(local / "6" / "w.safetensors")
+    with (
+        CheckpointManager(persistent, save_every=4, local=LocalTier(local)) as manager,
+        pytest.raises(FormatError) as raised,
+    ):
+        manager.restore(6)
+    message = str(raised.value)
+    assert message.startswith(f"step 6 of the local tier {local} of {persistent} is damaged: "), message
+    assert f"{local / '6' / 'w.safetensors'}: checksum mismatch" in message
 
 
 def test_the_persistent_tier_may_be_an_object_store(tmp_path, s3_server):
@@ -437,7 +454,8 @@ def test_a_step_of_which_every_copy_is_damaged_is_said_to_be_damaged_in_every_pr
     errors = [report.get("error") for report in _reports(_start("restore", run, "--step", "6"))]
     assert len(set(errors)) == 1, errors
     assert re.fullmatch(
-        rf"FormatError: step 6 of {re.escape(str(run / 'persistent'))} is damaged: .*params.safetensors: checksum "
+        rf"FormatError: step 6 of the local tiers of {re.escape(str(run / 'persistent'))} is damaged: .*params"
+        r"\.safetensors: checksum "
         r"mismatch .*; restore another step: manager.latest_intact_step\(\) gives the newest intact one.*",
         errors[0],
     ), errors[0]

@@ -62,10 +62,10 @@ def restore_chosen(
         return _restore_chosen(
             folder, step, restore, fallback=fallback, coordinator=coordinator, tiers=tiers, broadcast=broadcast
         )
-    tried: list[int] = []
+    tried: list[tuple[int, StepFolder]] = []  # each step tried, and the folder it was read from
 
     def restore_noted(chosen: int, holder: StepFolder) -> T:
-        tried.append(chosen)
+        tried.append((chosen, holder))
         return restore(chosen, holder)
 
     try:
@@ -74,7 +74,11 @@ def restore_chosen(
         )
     except FormatError as error:
         if tried and not isinstance(error, NewerFormatError):
-            error.args = (recovery.damage_advised(str(error), tried[-1], folder.store.location), *error.args[1:])
+            chosen, holder = tried[-1]
+            where = run = folder.store.location
+            if holder.store.location != run:  # the copy in the local tier is the damaged one
+                where = recovery.local_tier_of(run, holder.store.location)
+            error.args = (recovery.damage_advised(str(error), chosen, where), *error.args[1:])
         raise
 
 

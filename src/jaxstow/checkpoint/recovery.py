@@ -225,6 +225,16 @@ def damaged(folder: StepFolder, steps: Sequence[int], *, verify: Verify, progres
     return {step: problem for step, problem in found.items() if problem is not None}
 
 
+def local_tier_of(run: str, folder: str | None = None) -> str:
+    """The local tier of the run ``run`` that holds a damaged step, as the damage is said: this process's ``folder``,
+    or, without it, every process's (each process holds its own files of a step).
+
+    >>> local_tier_of("runs/a", "/ssd/a"), local_tier_of("runs/a")
+    ('the local tier /ssd/a of runs/a', 'the local tiers of runs/a')
+    """
+    return f"the local tiers of {run}" if folder is None else f"the local tier {folder} of {run}"
+
+
 def damage_advised(problem: str, step: int, where: str) -> str:
     """The damage a restore of ``step`` met, said to be the step's, with what to restore instead.
 

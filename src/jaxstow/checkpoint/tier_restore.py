@@ -13,7 +13,7 @@ from jaxstow._coordination import Conversation, Coordinator
 from jaxstow.checkpoint.copy_check import held_damage
 from jaxstow.checkpoint.peer_copies import plan_local
 from jaxstow.checkpoint.peer_reads import PeerStep
-from jaxstow.checkpoint.recovery import Restored, damage_advised
+from jaxstow.checkpoint.recovery import Restored, damage_advised, local_tier_of
 from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tiers import Tier, Tiers
@@ -108,7 +108,7 @@ def restore_tiers(
         if met is not None and chosen != met[0]:  # held intact nowhere: the damage met, in every process
             raise met[1]
         if step is not None and chosen != step and step in passed:
-            raise FormatError(damage_advised(passed[step], step, persistent.store.location))
+            raise FormatError(damage_advised(passed[step], step, local_tier_of(persistent.store.location)))
         if chosen < 0 or (step is not None and chosen != step):
             what = "no step" if step is None else f"no step {step}"
             raise StepNotFoundError(f"{persistent.store.location} and the local tiers hold {what} to restore")
@@ -152,6 +152,7 @@ def _restore_step(
         fallback=False,
         broadcast=broadcast,
         where=where,
+        holder=where if folder.store.location == where else local_tier_of(where),
     )
 
 

@@ -49,15 +49,18 @@ def restore_together(
     fallback: bool,
     broadcast: bool | None,
     where: str | None = None,
+    holder: str | None = None,
 ) -> tuple[T, Restored]:
     """Restore in every process the first of the steps ``choose()`` gives in process 0 (newest first) that restores
     everywhere; without ``fallback`` only the first. A box that several processes need is read once and gathered
     where ``broadcast`` says so (``None``: where it pays, :func:`~jaxstow.checkpoint.read_once.pays`). Errors name
-    the run ``where`` (``folder``'s location by default: a local tier's differs between processes)."""
+    the run ``where`` (``folder``'s location by default: a local tier's differs between processes), and the damage
+    of a step the folders that hold it, ``holder`` (``where`` by default)."""
     with coordinator.conversation("restore") as talk:
         steps, once = _start(talk, folder, choose, fallback=fallback, broadcast=broadcast)
         where = folder.store.location if where is None else where
-        return _restore_first(talk, folder, steps, restore, fallback=fallback, once=once, where=where)
+        holder = where if holder is None else holder
+        return _restore_first(talk, folder, steps, restore, fallback=fallback, once=once, where=where, holder=holder)
 
 
 def _start(
@@ -98,6 +101,7 @@ def _restore_first(
     fallback: bool,
     once: bool,
     where: str,
+    holder: str,
 ) -> tuple[T, Restored]:
     """Try ``steps`` in turn, every process together, until one restores everywhere."""
     skipped: dict[int, str] = {}
@@ -124,7 +128,7 @@ def _restore_first(
             )
         skipped[step] = verdict.removeprefix(_DAMAGE)
         if not fallback:  # the same error in every process, where only one may have met the damage
-            raise FormatError(damage_advised(skipped[step], step, where))
+            raise FormatError(damage_advised(skipped[step], step, holder))
         logger.warning("%s: step %d is damaged, skipped: %s", where, step, skipped[step])
     reasons = "; ".join(f"step {step}: {problem}" for step, problem in skipped.items())
     raise CheckpointError(
