@@ -1,9 +1,9 @@
 """One process of a ``jax.distributed`` run of 1 CPU device a process, started by tests/read/test_block_checksums.py:
 ``blocks_worker.py ACTION PROCESS COUNT PORT FOLDER``.
 
-``save`` saves step 1, a (2048, 1024) float32 array (8 MiB) split by rows over every process's device. ``restore``
-restores it split by columns instead, so that every process reads a part of every saved shard, and checks every
-shard it holds. Prints one JSON line: the shards held, or the error.
+``save`` saves step 1, a (3072, 1024) float32 array (12 MiB) split by rows over every process's device. ``restore``
+(in another number of processes) restores it split by rows over its own, so that a process reads parts of the saved
+shards, and checks every shard it holds. Prints one JSON line: the shards held, or the error.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jaxstow.errors import JaxstowError  # noqa: E402
 
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=process)
-W = np.arange(2048 * 1024, dtype=np.float32).reshape(2048, 1024)
+W = np.arange(3072 * 1024, dtype=np.float32).reshape(3072, 1024)
 mesh = jax.make_mesh((jax.device_count(),), ("x",))
 report: dict[str, object] = {}
 with CheckpointManager(folder, process_timeout=60) as manager:
@@ -34,7 +34,7 @@ with CheckpointManager(folder, process_timeout=60) as manager:
         manager.wait()
     else:
         try:
-            restored = manager.restore(1, sharding={"w": NamedSharding(mesh, P(None, "x"))})["w"]
+            restored = manager.restore(1, sharding={"w": NamedSharding(mesh, P("x"))})["w"]
         except JaxstowError as error:
             report["error"] = f"{type(error).__name__}: {error}"
         else:

@@ -1,9 +1,11 @@
 """A part of a stored array read and verified block by block: the blocks it touches are read whole and each compared
-with its checksum (:mod:`~jaxstow._format.block_checksums`), so that a slice, or a part of a shard, is never returned
-unverified from a file whose tensors have block checksums.
+with its checksum (:mod:`~jaxstow._format.block_checksums`).
 
-Only the blocks the part touches are read: a range of whole blocks straight into place, a block it covers in part
-into a buffer of its own; a part that is many ranges (a column of a matrix) is read through a scratch buffer of the
+A part is read so where that reads at most :data:`_OVER_READ` times its bytes (a range of 20 MiB or more, or ranges
+that fill most of the blocks they touch), so that verifying never makes a restore read much more than it needs;
+otherwise (a few rows, a column of a matrix) its bytes are read as they are, unverified, as a part of a tensor without
+block checksums is. Only the blocks the part touches are read: a range of whole blocks straight into place, a block
+it covers in part into a buffer of its own; a part that is many ranges is read through a scratch buffer of the
 blocks they touch, at most :data:`_SCRATCH` bytes at a time.
 
 >>> import io, numpy as np
@@ -36,6 +38,8 @@ __all__ = ["read_part", "read_verified_box", "verify_box_blocks"]
 
 #: The most bytes a part that is many ranges is read through at once (more: it is read in parts along an axis).
 _SCRATCH = 64 << 20
+#: A part is verified where the blocks it touches hold at most this many times its bytes.
+_OVER_READ = 1.05
 
 
 class _Stored(NamedTuple):
@@ -89,6 +93,15 @@ class _Tensor:
         closed = np.bincount((starts + run_bytes - 1) // BLOCK_BYTES + 1, minlength=count + 1)
         return np.cumsum(opened - closed)[:count] > 0
 
+    def affordable(self, box: Box) -> bool:
+        """Whether the blocks ``box`` touches hold at most :data:`_OVER_READ` times its bytes."""
+        needed = math.prod(stop - start for start, stop in box) * self.dtype.itemsize
+        if not needed:
+            return True
+        touched = self.touched(box)
+        held = int(touched.sum()) * BLOCK_BYTES - (BLOCK_BYTES * len(touched) - self.nbytes) * bool(touched[-1])
+        return held <= _OVER_READ * needed
+
     def check(self, block: int, data: memoryview) -> None:
         """Raise a :class:`CorruptFileError` naming the leaf unless ``data``, the bytes of ``block``, match its
         checksum."""
@@ -125,21 +138,25 @@ def read_verified_box(
     The result is ``into`` (a C-contiguous array of the box's shape and ``dtype``) filled, or a new 64-byte-aligned
     array.
     """
-    tensor = _Tensor(dtype, shape, blocks, file=file, path=path)
+    return _read_verified(_Tensor(dtype, shape, blocks, file=file, path=path), _Stored(source, offset), box, into)
+
+
+def _read_verified(tensor: _Tensor, stored: _Stored, box: Box, into: np.ndarray | None) -> np.ndarray:
     extent = tuple(stop - start for start, stop in box)
-    out = aligned_empty(math.prod(extent) * dtype.itemsize).view(dtype).reshape(extent) if into is None else into
-    if out.size:
-        _read_into(tensor, _Stored(source, offset), box, out)
-    return out
+    if into is None:
+        into = aligned_empty(math.prod(extent) * tensor.dtype.itemsize).view(tensor.dtype).reshape(extent)
+    if into.size:
+        _read_into(tensor, stored, box, into)
+    return into
 
 
 def verify_box_blocks(
     data: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], box: Box, blocks: object, *, file: str | None, path: str
 ) -> None:
     """Check every block of a tensor whose bytes are at hand (``data``, flat ``uint8``: a memory map's) that ``box``
-    touches, as :func:`read_verified_box` does."""
+    touches, where :func:`read_part` would read them (its blocks' checksums are checked for form in any case)."""
     tensor = _Tensor(dtype, shape, blocks, file=file, path=path)
-    if math.prod(stop - start for start, stop in box):
+    if math.prod(stop - start for start, stop in box) and tensor.affordable(box):
         for block in np.flatnonzero(tensor.touched(box)).tolist():
             start, stop = tensor.block_bytes(block)
             tensor.check(block, data[start:stop].data)
@@ -217,8 +234,10 @@ def read_part(
     path: str,
     into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`read_verified_box` for a tensor with block checksums; for one without (one block, or a file written
-    before they were), :func:`~jaxstow._read.slicing.read_box`: its bytes unverified."""
-    if blocks is None:
-        return read_box(source, offset, dtype, shape, box, into=into)
-    return read_verified_box(source, offset, dtype, shape, box, blocks, file=file, path=path, into=into)
+    """:func:`read_verified_box` for a tensor with block checksums (checked for form), where the blocks ``box``
+    touches hold at most :data:`_OVER_READ` times its bytes; otherwise, and for a tensor without them (one block, or a
+    file written before they were), :func:`~jaxstow._read.slicing.read_box`: its bytes unverified."""
+    tensor = None if blocks is None else _Tensor(dtype, shape, blocks, file=file, path=path)
+    if tensor is not None and tensor.affordable(box):
+        return _read_verified(tensor, _Stored(source, offset), box, into)
+    return read_box(source, offset, dtype, shape, box, into=into)

@@ -63,7 +63,8 @@ class OpenedFile(Mapping[str, Any]):
     """A file's leaves by path, read on demand; a context manager that closes the file.
 
     What the header says is known at once; a whole leaf read (``opened[path]``) is verified against its checksum, a
-    slice against its blocks' (:mod:`~jaxstow._read.block_verified`). :class:`jaxstow.Reader` adds restoring trees.
+    slice against its blocks' where it nearly fills them (:mod:`~jaxstow._read.block_verified`). :class:`jaxstow.Reader`
+    adds restoring trees.
     """
 
     def __init__(
@@ -263,8 +264,9 @@ class OpenedFile(Mapping[str, Any]):
     def read_box(self, path: str, box: Box) -> np.ndarray:
         """The elements of ``box`` (start and stop along every axis) of the array at ``path``.
 
-        Only the blocks they touch are read; a whole leaf (or a whole shard) is verified against its checksum when
-        read, a part of one against its blocks' checksums, where it has them.
+        Only the bytes they take are read; a whole leaf (or a whole shard) is verified against its checksum when
+        read, a part of one against its blocks' checksums where it nearly fills them
+        (:func:`~jaxstow._read.block_verified.read_part`).
         """
         if self.closed:
             self.check_open(f"reading leaf {excerpt(path)}")
