@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from jaxstow._format.source import ReadSource
 
 
@@ -22,6 +24,16 @@ class CountingSource:
     def read_scatter(self, offset: int, buffers) -> None:
         self.bytes_read += sum(buffer.nbytes for buffer in buffers)
         self.inner.read_scatter(offset, buffers)
+
+    @contextlib.contextmanager
+    def reading(self):
+        with self.inner.reading() as read_into:
+
+            def counted(offset: int, buffer: memoryview) -> None:
+                self.bytes_read += buffer.nbytes
+                read_into(offset, buffer)
+
+            yield counted
 
     def read(self, offset: int, length: int) -> bytes:
         self.bytes_read += length

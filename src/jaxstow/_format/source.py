@@ -20,8 +20,9 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = ["Parallel", "ReadSource", "SourceFile", "in_pool"]
@@ -86,6 +87,11 @@ class ReadSource(Protocol):
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers``, one after another, with the bytes from ``offset`` on (one request where the source can)."""
+
+    def reading(self) -> AbstractContextManager[Callable[[int, memoryview], None]]:
+        """A function that reads as :meth:`read_into` does, for the reads of one block, from any thread: a source that
+        checks what each read got (a local file, that it was not written since it was opened) checks once, when the
+        block ends."""
 
     def read(self, offset: int, length: int) -> bytes:
         """The ``length`` bytes at ``offset``."""

@@ -14,7 +14,7 @@ import io
 import os
 import stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
 from jaxstow._format.source import Parallel
@@ -58,6 +58,10 @@ class SourceBase:
         for buffer in buffers:
             self.read_into(offset, buffer)
             offset += buffer.nbytes
+
+    def reading(self) -> contextlib.AbstractContextManager[Callable[[int, memoryview], None]]:
+        """A function that reads as :meth:`read_into` does, for the reads of one block: :meth:`read_into` itself."""
+        return contextlib.nullcontext(self.read_into)
 
     def read(self, offset: int, length: int) -> bytes:
         buffer = bytearray(length)
@@ -138,14 +142,25 @@ class LocalFile(SourceBase):
 
     def read_into(self, offset: int, buffer: memoryview) -> None:
         with self.in_use():
-            done = self._preadv([buffer], offset)
-            if done < buffer.nbytes:  # a read cut short: read on from there
-                buffer = buffer.cast("B")
-                while done < len(buffer):
-                    count = self._preadv([buffer[done:]], offset + done)
-                    if count == 0:
-                        raise self._truncated(offset, len(buffer), done)
-                    done += count
+            self._fill(offset, buffer)
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Callable[[int, memoryview], None]]:
+        """A function that reads as :meth:`read_into` does, from any thread, while the block runs (:meth:`in_use`):
+        the file is checked once, when the block ends, not after each read (the pieces of one leaf)."""
+        with self.in_use():
+            yield self._fill
+
+    def _fill(self, offset: int, buffer: memoryview) -> None:
+        """Fill ``buffer`` with the bytes at ``offset``, the descriptor in use."""
+        done = self._preadv([buffer], offset)
+        if done < buffer.nbytes:  # a read cut short: read on from there
+            buffer = buffer.cast("B")
+            while done < len(buffer):
+                count = self._preadv([buffer[done:]], offset + done)
+                if count == 0:
+                    raise self._truncated(offset, len(buffer), done)
+                done += count
 
     def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
         """Fill ``buffers``, one after another, with the bytes from ``offset`` on: ``preadv`` calls, each of at most
