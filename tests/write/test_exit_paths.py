@@ -5,7 +5,7 @@ A write that failed, or did not finish, at exit makes the status 120: Python's s
 
 Every scenario is a real Python process that saves and then exits: off the end of its script, with ``sys.exit(0)``,
 with an uncaught exception or with ``KeyboardInterrupt``, while a checkpoint step, a collector's blocks or a trainer's
-checkpoint are still being written. The 200 MB cases are larger than the size at which checksums are computed on
+checkpoint are still being written. The 40 MB cases are larger than the size at which checksums are computed on
 threads of their own while the bytes are written, which is what ``concurrent.futures`` refused during an exit.
 """
 
@@ -45,7 +45,7 @@ _ENDINGS = {
     "uncaught exception": ("raise ValueError('the run went wrong')", 1),
     "KeyboardInterrupt": ("raise KeyboardInterrupt", -signal.SIGINT),  # Python ends as Ctrl-C does
 }
-_SIZES = {"1 KB": 256, "200 MB": 50_000_000}
+_SIZES = {"1 KB": 256, "40 MB": 10_000_000}
 
 
 def _start(program: str, *arguments: str, **environment: str) -> subprocess.Popen[str]:
