@@ -205,16 +205,27 @@ def test_one_writer_at_a_time(processes, tmp_path):
         process.join()
 
 
-def _watch(path: str, *options: str, block_rich: bool = False, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    blocker = (
-        "import importlib.abc, sys\n"
-        "class Blocker(importlib.abc.MetaPathFinder):\n"
-        "    def find_spec(self, name, path, target=None):\n"
-        "        if name.split('.')[0] == 'rich':\n"
-        "            raise ModuleNotFoundError(name)\n"
-        "sys.meta_path.insert(0, Blocker())\n"
-    )
-    script = (blocker if block_rich else "") + "import sys; from jaxstow.cli import main; sys.exit(main(sys.argv[1:]))"
+#: ``jaxstow watch FILE --once --json``, then ``jaxstow watch FILE --once`` where rich is not installed, in one process:
+#: their exit statuses and outputs, as JSON.
+_WATCH_JSON_THEN_PLAIN = """
+import contextlib, importlib.abc, io, json, sys
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] == "rich":
+            raise ModuleNotFoundError(name)
+sys.meta_path.insert(0, Blocker())
+from jaxstow.cli import main
+ran = []
+for options in (["--once", "--json"], ["--once"]):
+    with contextlib.redirect_stdout(io.StringIO()) as output:
+        status = main(["watch", sys.argv[1], *options])
+    ran.append((status, output.getvalue()))
+print(json.dumps(ran))
+"""
+
+
+def _watch(path: str, *options: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    script = "import sys; from jaxstow.cli import main; sys.exit(main(sys.argv[1:]))"
     return forked.run(
         [sys.executable, "-c", script, "watch", path, *options], capture_output=True, text=True, timeout=120, **kwargs
     )
@@ -232,8 +243,9 @@ def test_other_processes_read_the_draws_so_far_while_the_run_goes_on(processes, 
     os.kill(process.pid, signal.SIGSTOP)  # the run holds still, wherever it is, while it is read
     try:
         idata = io.to_inference_data(path)  # this process reads while the run writes
-        watched = _watch(path, "--once", "--json")
-        plain = _watch(path, "--once", block_rich=True)
+        watched = forked.run(  # another process reads it, `jaxstow watch --once --json`, then without rich
+            [sys.executable, "-c", _WATCH_JSON_THEN_PLAIN, path], capture_output=True, text=True, timeout=120
+        )
     finally:
         os.kill(process.pid, signal.SIGCONT)
     process.join()
@@ -244,13 +256,15 @@ def test_other_processes_read_the_draws_so_far_while_the_run_goes_on(processes, 
     assert 0 < draws < STEPS
     np.testing.assert_array_equal(idata.posterior["x"].values, final["x"][:, :draws])
     assert watched.returncode == 0, watched.stderr
-    report = json.loads(watched.stdout)
+    (json_status, json_output), (plain_status, plain_output) = json.loads(watched.stdout)
+    assert json_status == 0, watched.stderr
+    report = json.loads(json_output)
     assert report["state"] == "running" and [chain["draws"] for chain in report["chains"]] == [draws, draws]
     assert [row["variable"] for row in report["variables"]] == ["t", "x"]
     assert report["variables"][0]["mean"] == (draws - 1) / 2  # t = 0, 1, ... over the draws so far
-    assert plain.returncode == 0, plain.stderr
-    assert plain.stdout.startswith(f"{path}: running, 2 chains\nchain  draws  state\n0  ")
-    assert "\nvariable  " in plain.stdout and "r_hat  ess_bulk\n" in plain.stdout
+    assert plain_status == 0, watched.stderr
+    assert plain_output.startswith(f"{path}: running, 2 chains\nchain  draws  state\n0  ")
+    assert "\nvariable  " in plain_output and "r_hat  ess_bulk\n" in plain_output
 
 
 def test_watch_refreshes_until_ctrl_c_and_says_what_is_missing(processes, killed_run, tmp_path):
