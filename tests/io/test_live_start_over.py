@@ -2,9 +2,10 @@
 or a user's ``h5py.File(path, "w")`` that HDF5 does not lock): it gets one run whole, the old or the new, never the
 new run's rows under the old run's counts.
 
-The reader is a real process, held between reading the counts and reading the rows they count (its ``_locate``
-wrapped to wait for a signal file) while this process starts the run over; rows are ``sign * k``, the old run's
-positive and the new run's negative, so that every row tells which run it is from.
+The reader is a real process (forked from a server that has imported jaxstow), held between reading the counts and
+reading the rows they count (its ``_locate`` wrapped to wait for a signal file) while this process starts the run
+over; rows are ``sign * k``, the old run's positive and the new run's negative, so that every row tells which run it
+is from.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import textwrap
 import time
 import warnings
 
+import forked
 import h5py
 import jax
 import jax.numpy as jnp
@@ -73,9 +75,7 @@ def _start_over(form: str, path: str, sign: float, steps: int) -> None:
 def test_a_reader_caught_by_a_start_over_gets_one_run_whole(form, old, new, tmp_path) -> None:
     path, go = str(tmp_path / "samples.h5"), str(tmp_path / "go")
     _start_over(form, path, 1.0, old)
-    reader = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(_READER), path, go], stdout=subprocess.PIPE, text=True
-    )
+    reader = forked.Popen([sys.executable, "-c", textwrap.dedent(_READER), path, go], stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
         while not os.path.exists(go + ".held"):
