@@ -17,6 +17,7 @@ from collections import namedtuple
 from typing import Any
 
 import equinox as eqx
+import forked
 import h5py
 import jax
 import jax.numpy as jnp
@@ -962,12 +963,12 @@ if sys.argv[2] == "hold":
 
 
 def test_a_memory_collectors_save_dir_is_written_by_one_process_at_a_time(tmp_path) -> None:
-    first = subprocess.Popen(
+    first = forked.Popen(
         [sys.executable, "-c", MEMORY_RUN, str(tmp_path / "run"), "hold"], stdout=subprocess.PIPE, text=True
     )
     try:
         assert first.stdout is not None and first.stdout.readline() == "running\n"
-        second = subprocess.run(
+        second = forked.run(
             [sys.executable, "-c", MEMORY_RUN, str(tmp_path / "run"), "go"], capture_output=True, text=True, timeout=120
         )
         assert second.returncode == 1 and "is being written by another run (process" in second.stderr, second.stderr
