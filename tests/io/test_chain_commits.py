@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import forked
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,11 +58,11 @@ def _run(save_dir) -> tuple[list[int], list]:
 @pytest.mark.parametrize("killed_after", [1, 2], ids=["one-of-three-written", "two-of-three-written"])
 def test_a_kill_between_the_chains_checkpoint_writes_resumes_every_chain_from_one_step(tmp_path, killed_after):
     program = RUN + textwrap.dedent(f"""
-        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        sys.path[:0] = [{os.path.dirname(__file__)!r}, {os.path.dirname(forked.__file__)!r}]  # this module's imports
         from test_chain_commits import _run
         _run(sys.argv[1])
     """)
-    done = subprocess.run([sys.executable, "-c", program, str(tmp_path), str(killed_after)], timeout=300)
+    done = forked.run([sys.executable, "-c", program, str(tmp_path), str(killed_after)], timeout=300)
     assert done.returncode == -9
     resumed, results = _run(tmp_path)
     assert resumed == [5] * CHAINS  # step 10 was not complete: every chain goes on from step 5
