@@ -4,8 +4,7 @@ A file that passes is safe to hand to the loaders: every leaf has a unique strin
 a known dtype, a valid shape and a well-formed checksum, PRNG keys an implementation this jax has. From version 3 on,
 the leaves are columns (``paths``, ``kinds``, ``xxh3`` and ``details`` for the few leaves that need more than their
 tensor says: docs/format.md, "Leaf columns"), checked as wholes, each detail as a version 2 entry is
-(:func:`~jaxstow._format.leaves.check_entry`); a file read keeps its stored leaves by path as :class:`StoredLeaves`, each
-described only when asked for. A manifest being written keeps its entries (``leaves``) until its header is written.
+(:func:`~jaxstow._format.leaves.check_entry`); a file read keeps its stored leaves by path as :class:`StoredLeaves`.
 
 >>> import numpy as np
 >>> from jaxstow._format.manifest import check_columns, check_manifest
@@ -27,14 +26,16 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 from jaxstow._format.json_codec import limits_problem
-from jaxstow._format.leaves import check_entry, tensor_names
+from jaxstow._format.leaf_entries import check_entries
+from jaxstow._format.leaves import StoredLeaf, check_entry, tensor_names
+from jaxstow._format.shards import Stored
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError, excerpt
 
@@ -47,12 +48,13 @@ __all__ = [
     "RESERVED_PREFIX",
     "ColumnMarks",
     "LeafColumns",
+    "StoredLeaves",
     "check_columns",
     "check_leaves",
     "check_manifest",
+    "plain_metadata",
     "container_paths",
     "columns_again",
-    "plain_metadata",
     "version_at_least",
 ]
 
@@ -99,15 +101,7 @@ def check_manifest(manifest: Any, slots: Mapping[str, TensorSlot], *, file: str)
         raise FormatError(f"the manifest's metadata {problem}", file=file)
     if version >= COLUMNAR_VERSION:  # the leaves are columns, checked by check_columns
         return manifest
-    leaves = manifest.get("leaves")
-    if not isinstance(leaves, list):
-        raise FormatError("the manifest has no list of leaves", file=file)
-    seen: set[str] = set()
-    for index, entry in enumerate(leaves):
-        check_entry(entry, index, slots, file=file)
-        if entry["path"] in seen:
-            raise FormatError("the manifest lists this leaf twice", file=file, path=entry["path"])
-        seen.add(entry["path"])
+    check_entries(manifest.get("leaves"), slots, file=file)
     return manifest
 
 
@@ -357,6 +351,63 @@ def columns_again(
             check_entry(entry, index, slots, file=file)
         columns.entries[index] = entry
     return columns
+
+
+#: The kinds of leaf kept apart from the stored ones: values and per-process leaves.
+_NOT_STORED = "vp"
+
+
+class StoredLeaves(MutableMapping[str, Stored]):
+    """The stored leaves of a version 3 file by path.
+
+    Those with details are made (and checked) when the file is opened, the others, stored exactly as their tensors, when
+    first asked for.
+
+    >>> import io, numpy as np, jaxstow
+    >>> saved = io.BytesIO(); jaxstow.save(saved, {"w": np.arange(3.0), "b": np.ones(2), "n": 2}); _ = saved.seek(0)
+    >>> leaves = jaxstow.open(saved).stored
+    >>> list(leaves), leaves.described(), leaves["w"].shape, [leaf.path for leaf in leaves.described()]
+    (['b', 'w'], [], (3,), ['w'])
+    """
+
+    def __init__(self, columns: LeafColumns, slots: Mapping[str, TensorSlot], made: dict[str, Stored]) -> None:
+        self._columns = columns
+        self._slots = slots
+        self._made = made
+
+    def __getitem__(self, path: str) -> Stored:
+        leaf = self._made.get(path)
+        if leaf is None:
+            i = self._columns.marks.index()[path]
+            if not self._columns.stored[i] or self._columns.kinds[i] == "p":
+                raise KeyError(path)
+            slot = self._slots[path]
+            kind = KIND_NAMES[self._columns.kinds[i]]
+            checksum, blocks = self._columns.checksum(i), self._columns.blocks.get(str(i))
+            leaf = self._made[path] = StoredLeaf(path, kind, slot.dtype, slot.shape, checksum, None, blocks=blocks)
+        return leaf
+
+    def described(self) -> list[Stored]:
+        """The leaves described so far: those with details (sharded leaves among them) and those asked for."""
+        return list(self._made.values())
+
+    def __setitem__(self, path: str, leaf: Stored) -> None:
+        self._made[path] = leaf
+
+    def __delitem__(self, path: str) -> None:
+        raise TypeError("the leaves of a file cannot be removed")
+
+    def __contains__(self, path: object) -> bool:
+        i = self._columns.marks.index().get(path) if isinstance(path, str) else None
+        return i is not None and self._columns.kinds[i] not in _NOT_STORED
+
+    def __iter__(self) -> Iterator[str]:
+        return (
+            path for path, kind in zip(self._columns.paths, self._columns.kinds, strict=True) if kind not in _NOT_STORED
+        )
+
+    def __len__(self) -> int:
+        return len(self._columns.kinds) - sum(map(self._columns.kinds.count, _NOT_STORED))
 
 
 def container_paths(structure: Any) -> list[str] | None:

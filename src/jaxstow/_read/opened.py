@@ -33,11 +33,10 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format.checksum import checksum_bytes
 from jaxstow._format.header import NativeReader, SlotTable
 from jaxstow._format.leaves import StoredLeaf, stored_leaf_from_entry
-from jaxstow._format.manifest import LeafColumns
+from jaxstow._format.manifest import LeafColumns, StoredLeaves
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef, decode_value
-from jaxstow._format.stored_leaves import StoredLeaves
 from jaxstow._format.tensor_reads import bools_checked, read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.block_verified import read_part
