@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import gc
 import io
 import json
@@ -78,6 +79,7 @@ def _child(request: dict, fds: list[int], preamble: bytes) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     _streams(bool(request["env"].get("PYTHONUNBUFFERED")))
+    faulthandler.enable()  # a crash (SIGSEGV at exit, say) prints every thread's stack to the test's stderr
     if preamble:
         sys.stderr.write(preamble.decode(errors="backslashreplace"))
     try:
