@@ -15,11 +15,16 @@ from jaxstow import io
 from jaxstow.errors import CheckpointError, CollectorError
 
 _PROGRAM = """
-import os, tempfile, jax.numpy as jnp, numpy as np
+import os, tempfile, time, jax.numpy as jnp, numpy as np
 from jaxstow import io
 
+class Slow(io.HDF5Collector):  # saves its own way: its blocks are queued, and delivered on another thread
+    def save_chains(self, blocks):
+        time.sleep(0.01)  # each block still on its way when close() is called
+        super().save_chains(blocks)
+
 def run(path, steps):
-    collector = io.HDF5Collector(path)
+    collector = Slow(path)
     init_save, save, postprocess_save = io.save(collector, checkpoint_every=4)
     state = init_save({"w": jnp.zeros(2)}, 0.0, io.scheduler.static_information(samples_collected=10))
     for step in range(int(state.step), steps):  # outside jit each sample is a block, handed over on another thread
