@@ -70,6 +70,26 @@ def _exchange(first: str, second: str) -> None:
         raise CheckpointError(f"cannot replace {second} atomically with {first}: {os.strerror(code)}")
 
 
+def _check_free(final: str, url: str, *, marker: str) -> None:
+    """Refuse to write a new folder ``final`` where something uncommitted already is: a folder without its
+    ``marker`` (a copy cut short, files put there by hand) that the commit's rename cannot replace, or a file."""
+    try:
+        found = sorted(os.listdir(final))
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise NotAFolderError("is a file where this folder is to be written: move it away", file=url) from None
+    except OSError as error:
+        raise storage_error(error, final, doing="look at it") from error
+    if found:
+        raise CheckpointError(
+            f"{url} holds {', '.join(found[:3])}{', ...' * (len(found) > 3)} but no {marker}, so it is not committed "
+            "(a copy cut short, files put there by hand), and this write would mix its files with those: move it "
+            "away or delete it, then save again",
+            file=url,
+        )
+
+
 def make_folder(root: str) -> None:
     """Create the folder ``root`` and its parents; a file in its place raises a NotAFolderError, a folder that cannot
     be made (no space, no permission) a StorageError."""
@@ -186,6 +206,8 @@ class LocalStaging:
         self._joined = token is not None
         self._written: list[str] = []
         if token is None:
+            if not replace:
+                _check_free(self._final, store.url(name), marker=store.marker)
             self._temporary = temporary_sibling(self._final)
             with storage_failures(self._final):
                 os.mkdir(self._temporary)
