@@ -24,6 +24,7 @@ from flax import nnx
 
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.cli import main
+from jaxstow.errors import CheckpointError
 
 ocp = pytest.importorskip("orbax.checkpoint")
 PREEMPTED = Path(__file__).parents[1] / "distributed" / "preempted.py"
@@ -83,6 +84,21 @@ def test_latest_and_best_step_agree_with_orbax(tmp_path):
             with pytest.raises(ValueError, match="best_step needs a metric"):
                 CheckpointManager(tmp_path / "other").best_step()
             assert ours.best_step("accuracy") is None
+
+
+def test_a_folder_of_orbax_steps_is_refused_with_the_command_that_converts_it(tmp_path):
+    run = tmp_path / "run"
+    with warnings.catch_warnings(), ocp.CheckpointManager(run) as theirs:
+        warnings.simplefilter("ignore")
+        for step in (1, 2):
+            theirs.save(step, args=ocp.args.StandardSave({"w": np.full(2, float(step))}))
+        theirs.wait_until_finished()
+    with pytest.raises(CheckpointError, match=r"orbax CheckpointManager \(\[1, 2\]\).*start again from scratch"):
+        CheckpointManager(run)  # whose latest_step() would be None: a resumed run would start over among orbax's
+    assert main(["convert", str(run), str(tmp_path / "converted")]) == 0
+    converted = CheckpointManager(tmp_path / "converted")
+    assert converted.latest_step() == 2
+    np.testing.assert_array_equal(converted.restore()["w"], [2.0, 2.0])
 
 
 def test_keep_every_seconds_keeps_one_step_per_interval_of_save_time(tmp_path, capsys):

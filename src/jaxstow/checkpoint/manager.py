@@ -19,10 +19,10 @@ from jaxstow._coordination import Conversation, Coordinator
 from jaxstow._read.options import LoadOptions
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
-from jaxstow._steps.record import RECORD_NAME, StepRecord, check_metadata, check_metrics
+from jaxstow._steps.record import StepRecord, check_metadata, check_metrics
 from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.settings import storage_settings
-from jaxstow._storage.store import Store, open_store
+from jaxstow._storage.store import Store
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import require_progress_bar
 from jaxstow._util.serialized import serialized
@@ -39,6 +39,7 @@ from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
 from jaxstow.checkpoint.settings import LocalTier, checked_broadcast, grouped_settings
 from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
+from jaxstow.checkpoint.steps_store import open_steps
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items
 from jaxstow.errors import ArgumentError, CheckpointError
@@ -107,8 +108,7 @@ class CheckpointManager(StepQueries):
         self._schedule = SaveSchedule(save_every)
         if progress:
             require_progress_bar()
-        settings = storage_settings(storage_options, transfer, cache_dir)
-        self._store: Store = open_store(directory, marker=RECORD_NAME, settings=settings)
+        self._store: Store = open_steps(directory, storage_settings(storage_options, transfer, cache_dir))
         self._names, self._policy, self._progress = StepNames("%d"), policy, progress
         self._folder = StepFolder(self._store, self._names)
         #: The step the last :meth:`restore` read and the steps it skipped (``fallback=True``); ``None`` before one.
