@@ -295,10 +295,11 @@ class RefusedNameError(UnknownNameError):
 
 
 class StructureMismatchError(JaxstowError, ValueError):
-    """Loading into a ``like`` tree failed; ``problems`` lists every mismatch, one per leaf path."""
+    """Loading into a ``like`` tree failed; ``problems`` lists every mismatch, one per leaf path, and ``fix`` (a
+    sentence after them) how to load it."""
 
-    def __init__(self, problems: Sequence[str], *, file: str | None = None) -> None:
-        lines = "\n".join(f"  - {problem}" for problem in problems)
+    def __init__(self, problems: Sequence[str], *, file: str | None = None, fix: str | None = None) -> None:
+        lines = "\n".join(f"  - {problem}" for problem in problems) + (f"\n{fix}" if fix else "")
         super().__init__(
             f"{file or 'the source'} does not fit the given structure ({len(problems)} problem"
             f"{'s' if len(problems) != 1 else ''}):\n{lines}",

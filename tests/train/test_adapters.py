@@ -10,13 +10,15 @@ import jax.numpy as jnp
 import optax
 import pytest
 
+from jaxstow import train
 from jaxstow.errors import CheckpointError, StructureMismatchError
 from jaxstow.train import EquinoxOptaxModule
 
 
 def _module(width: int, dtype: Any = jnp.float32) -> EquinoxOptaxModule:
     model = eqx.nn.MLP(2, 1, width_size=width, depth=1, key=jax.random.key(0), dtype=dtype)
-    return EquinoxOptaxModule(model, optax.sgd(0.1), lambda model, batch: jnp.zeros(()), lambda epoch: [])
+    loss = lambda model, batch: jnp.mean(jax.vmap(model)(batch) ** 2)  # noqa: E731
+    return EquinoxOptaxModule(model, optax.sgd(0.1), loss, lambda epoch: [jnp.ones((3, 2), dtype)])
 
 
 def test_equinox_module_takes_a_state_of_the_same_model() -> None:
@@ -59,3 +61,14 @@ def test_equinox_module_refuses_a_pytorch_state() -> None:
         _module(4).update_state({"model": {"0.weight": None}, "opt_state": ()})
     with pytest.raises(CheckpointError, match=r"holds \['model'\], not the 'model' and 'opt_state'"):
         _module(4).update_state({"model": {"0.weight": None}})
+
+
+def test_a_trainer_resumed_with_another_model_names_the_file_and_how_to_resume(tmp_path) -> None:
+    folder = str(tmp_path)
+    checkpointer = train.DefaultCheckpointerArguments(save_dir=folder, model_state_save_dir=folder, load_dir=folder)
+    arguments = train.TrainerArguments(epochs=2, checkpointer_args=checkpointer)
+    train.Trainer(_module(4), arguments).train()
+    wider = rf"{tmp_path}/checkpoint_1\.jxs does not fit .*\n.*'model': layers/0/weight is float32\[4, 2\], expected"
+    with pytest.raises(StructureMismatchError, match=wider + r"(.|\n)*start afresh: load_dir=None"):
+        train.Trainer(_module(8), arguments)
+    train.Trainer(_module(4), arguments)  # its own model resumes

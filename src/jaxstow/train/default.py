@@ -101,6 +101,8 @@ class DefaultCheckpointer(AbstractCheckpointer):
         """
         self.args = args if args is not None else DefaultCheckpointerArguments()
         _check(self.args)
+        #: The file the last :meth:`load` resumed from (``None``: none yet, or it started from scratch).
+        self.resumed_from: str | None = None
         level = self.args.log_level
         # A logger of its own, at its own level, whose records go to the handlers of the class's logger and above:
         # setting the class's level would set every checkpointer's.
@@ -152,7 +154,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def load(self) -> Checkpoint:
         """The checkpoint at ``load_dir/load_filename``, else the latest in ``load_dir``, else ``Checkpoint()``."""
         _check_use(self.args)
-        path = self._resume_path()
+        path = self.resumed_from = self._resume_path()
         if path is None:
             return Checkpoint()
         checkpoint = as_checkpoint(load(path), file=path)

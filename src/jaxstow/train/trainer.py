@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError, StructureMismatchError
 from jaxstow.train.arguments import TrainerArguments, check_trainer_arguments, step_batch_size
 from jaxstow.train.backend import SingleProcess, TrainerBackend, TrainerBackendArguments
 from jaxstow.train.checkpointer import AbstractCheckpointer
@@ -79,7 +80,8 @@ class Trainer:
                 "jaxstow.train.Checkpoint (Checkpoint() when there is nothing to resume from)"
             )
         if checkpoint.module_interface_state is not None:
-            self.module.update_state(checkpoint.module_interface_state)
+            with _resuming(self.checkpointer):
+                self.module.update_state(checkpoint.module_interface_state)
         self.optimizers, self.schedulers = self.module.get_optimizers_schedulers(
             self.estimated_global_steps_per_epoch, self.args.epochs
         )
@@ -95,7 +97,8 @@ class Trainer:
             )
         )
         if checkpoint.trainer_backend_state is not None:
-            self.trainer_backend.update_state(checkpoint.trainer_backend_state)
+            with _resuming(self.checkpointer):
+                self.trainer_backend.update_state(checkpoint.trainer_backend_state)
         logger.info(
             "train steps of %s samples (gradient accumulation %s), validation steps of %s, about %s global steps "
             "per epoch",
@@ -257,3 +260,21 @@ class Trainer:
             return 0
         world_size = self.args.distributed_training_args.world_size
         return batches // (world_size * self.gradient_accumulation) + 1
+
+
+@contextlib.contextmanager
+def _resuming(checkpointer: AbstractCheckpointer) -> Iterator[None]:
+    """A state of the checkpoint that does not fit the module or backend, raised again naming the file it came from
+    (a :class:`~jaxstow.train.DefaultCheckpointer`'s ``resumed_from``) and how to resume."""
+    try:
+        yield
+    except StructureMismatchError as error:
+        if error.file is not None:
+            raise
+        where = getattr(checkpointer, "resumed_from", None)
+        raise type(error)(
+            error.problems,
+            file=where if isinstance(where, str) else f"the checkpoint {type(checkpointer).__name__}.load() returned",
+            fix="Resume with the model and optimiser it was saved with, or start afresh: load_dir=None or another "
+            "folder.",
+        ) from None
