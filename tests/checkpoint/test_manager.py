@@ -230,6 +230,16 @@ def test_missing_steps_and_bad_arguments(tmp_path):
         manager.save(9, {"w": jnp.ones(1)})
 
 
+def test_a_manager_given_a_checkpoint_file_says_it_takes_a_folder(tmp_path):
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.ones(2)})
+    manager = CheckpointManager(tmp_path / "model.jxs")  # a file, where the folder of a run's steps belongs
+    with pytest.raises(NotADirectoryError, match=r"model\.jxs: is a file, not a folder .*jaxstow\.load reads a file"):
+        manager.latest_step()
+    with pytest.raises(NotADirectoryError, match=r"model\.jxs/run: cannot be a folder: a part of its path is a file"):
+        CheckpointManager(tmp_path / "model.jxs" / "run").save(1, {"w": np.ones(2)})
+    np.testing.assert_array_equal(jaxstow.load(tmp_path / "model.jxs")["w"], np.ones(2))
+
+
 def test_damaged_record_is_named(tmp_path):
     with CheckpointManager(tmp_path) as manager:
         manager.save(3, {"w": jnp.ones(1)})

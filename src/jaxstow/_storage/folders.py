@@ -182,10 +182,17 @@ class LocalStore:
     def _entries(self) -> list[os.DirEntry[str]]:
         """What the root holds; nothing if it does not exist."""
         try:
-            with storage_failures(self.root, doing="list the folder"):
-                return list(os.scandir(self.root))
+            return list(os.scandir(self.root))
         except FileNotFoundError:
             return []
+        except NotADirectoryError:
+            if not os.path.isfile(self.root):
+                raise NotAFolderError("cannot be a folder: a part of its path is a file", file=self.location) from None
+            raise NotAFolderError(
+                "is a file, not a folder for checkpoints: give a folder (jaxstow.load reads a file)", file=self.location
+            ) from None
+        except OSError as error:
+            raise storage_error(error, self.root, doing="list the folder") from error
 
     def cleanup(self, owns: Callable[[str], bool]) -> list[str]:
         """Remove temporary leftovers. Committed folders appear by rename only, so ``owns`` has nothing to add here."""
