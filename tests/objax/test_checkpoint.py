@@ -96,6 +96,17 @@ def test_a_subclass_overriding_file_format_alone_finds_and_prunes_its_files(tmp_
     assert ckpt.indices() == [2, 3] and Stepped(tmp_path, keep_ckpts=2).restore()[1] == 3
 
 
+def test_a_file_format_naming_a_subfolder_is_refused_before_anything_is_saved(tmp_path):
+    class Nested(Checkpoint):
+        FILE_FORMAT = (
+            "%05d/model.npz"  # saved once its folder was made by hand, then never found: restore() (None, 0, '')
+        )
+
+    with pytest.raises(ValueError, match=r"without a folder separator, not '%05d/model\.npz'.*DIR_NAME"):
+        Nested(tmp_path, keep_ckpts=2)
+    assert not (tmp_path / "ckpt").exists()
+
+
 def test_subclass_overriding_save_and_load(tmp_path):
     calls = []
 

@@ -14,6 +14,7 @@ stray files, unfinished writes and ``007`` next to ``7`` are never taken for ste
 from __future__ import annotations
 
 import operator
+import os
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -57,6 +58,11 @@ class StepNames:
         if len(fields) != 1 or format.count("%") != 1:
             raise ArgumentError(
                 f"a step name format needs exactly one integer field such as %d or %010d, not {format!r}"
+            )
+        if "/" in format or os.sep in format:  # its names would be in subfolders, which no listing of steps reads
+            raise ArgumentError(
+                f"a step name format names a file or folder in one folder, without a folder separator, not {format!r} "
+                "(to keep the steps in another folder, name that folder instead, e.g. DIR_NAME)"
             )
         prefix, suffix = _FIELD.split(format)
         self.format = format
