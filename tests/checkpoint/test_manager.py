@@ -170,6 +170,20 @@ def test_existing_step_needs_force_which_replaces_it(tmp_path):
     assert not [name for name in os.listdir(tmp_path) if TEMPORARY_MARKER in name]
 
 
+def test_flags_read_from_a_config_file_as_strings_are_refused_and_the_step_stays(tmp_path):
+    config = {"force": "false", "copy": "no", "fallback": "False"}  # as a YAML or argparse string arrives
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(5, {"w": jnp.zeros(3)})
+        with pytest.raises(TypeError, match=r"force must be True or False, not 'false'"):
+            manager.save(5, {"w": jnp.ones(3)}, force=config["force"])  # was taken for True: step 5 replaced
+        with pytest.raises(TypeError, match=r"copy must be True or False, not 'no'"):
+            manager.save(6, {"w": jnp.ones(3)}, copy=config["copy"])
+        with pytest.raises(TypeError, match=r"fallback must be True or False, not 'False'"):
+            manager.restore(fallback=config["fallback"])
+        assert manager.steps() == [5]
+        np.testing.assert_array_equal(manager.restore(5)["w"], np.zeros(3))
+
+
 def test_a_closed_manager_reads_a_step_another_manager_replaced(tmp_path):
     # While it held the lock it kept the records it had read; once closed, another manager may replace a step.
     with CheckpointManager(tmp_path) as first:

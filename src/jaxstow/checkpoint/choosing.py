@@ -27,6 +27,7 @@ from typing import TypeVar
 
 from jaxstow._coordination import Coordinator
 from jaxstow.checkpoint import recovery
+from jaxstow.checkpoint.settings import check_flags
 from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.checkpoint.tier_restore import restore_tiers
@@ -56,6 +57,7 @@ def restore_chosen(
     ``coordinator``, and boxes several of them hold are read once where ``broadcast`` says so (``None``: where it
     pays, :mod:`jaxstow.checkpoint.read_once`); every process must ask for the same ``items``. The caller has waited
     for its own save in flight."""
+    check_flags(fallback=fallback)
     if coordinator.many:
         _check_same_request(coordinator, folder, step, fallback=fallback, items=items)
     if fallback or coordinator.many:

@@ -36,7 +36,7 @@ from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
-from jaxstow.checkpoint.settings import LocalTier, checked_broadcast, grouped_settings
+from jaxstow.checkpoint.settings import LocalTier, check_flags, checked_broadcast, grouped_settings
 from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.steps_store import open_steps
@@ -263,13 +263,13 @@ class CheckpointManager(StepQueries):
         self._check_open()
         step = self._asked(step)
         named, single = split_items(items)
-        checked_metrics = check_metrics(metrics, step=step)
+        checked_metrics, checked_metadata = check_metrics(metrics, step=step), check_metadata(metadata, step=step)
         if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
             raise ArgumentError(
                 f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
                 f"metrics={{{self._policy.metric!r}: ...}}"
             )
-        checked_metadata = check_metadata(metadata, step=step)
+        check_flags(force=force, copy=copy)
         self._writer.wait()
         if force and self._tiers is not None:
             self._tiers.uploads.wait()  # whether the step is in ``directory`` already, where it is to be replaced

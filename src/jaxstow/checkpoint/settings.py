@@ -32,7 +32,7 @@ from jaxstow._storage.opening import local_path
 from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError
 
-__all__ = ["SETTINGS", "LocalTier", "checked_broadcast", "grouped_settings", "without_shortcuts"]
+__all__ = ["SETTINGS", "LocalTier", "check_flags", "checked_broadcast", "grouped_settings", "without_shortcuts"]
 
 #: The keyword settings of ``CheckpointManager`` itself (a shortcut's name is refused if misspelled, with these).
 SETTINGS = (
@@ -160,6 +160,14 @@ def checked_broadcast(value: Any) -> bool | None:
     if value is not None and not isinstance(value, bool | np.bool_):
         raise ArgumentError(f"broadcast_restore takes True, False or None (jaxstow decides), not {value!r}")
     return None if value is None else bool(value)
+
+
+def check_flags(**flags: Any) -> None:
+    """Refuse a flag (``force=``, ``copy=``, ``fallback=``) that is not ``True`` or ``False``: a string from a config
+    file, such as ``"false"``, would count as true, and ``force`` would replace a saved step."""
+    for name, value in flags.items():
+        if not isinstance(value, bool | np.bool_):
+            raise ArgumentError(f"{name} must be True or False, not {value!r} (a string such as 'false' is true)")
 
 
 def without_shortcuts(init: Callable[..., None]) -> inspect.Signature:
