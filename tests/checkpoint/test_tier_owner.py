@@ -72,6 +72,20 @@ def test_a_run_moved_with_its_local_tier_restores_from_it(tmp_path):
     assert json.loads((tmp_path / "new/ssd" / OWNER_NAME).read_text())["persistent"] == str(tmp_path / "new/run")
 
 
+def test_a_run_moved_without_its_local_tier_is_told_which_steps_only_the_tier_holds(tmp_path):
+    ssd = tmp_path / "ssd"
+    _run(tmp_path / "old", ssd, range(1, 16), 1.0)  # steps 1 and 10 persistent, 14 and 15 only on the SSD
+    os.rename(tmp_path / "old", tmp_path / "new")  # the experiment's folder moved, its local tier left behind
+    with pytest.raises(
+        CheckpointError, match=r"deleting it loses steps \[14, 15\], which .*new does not hold: .*move it back to .*old"
+    ) as raised:
+        CheckpointManager(tmp_path / "new", save_every=10, local=LocalTier(ssd))
+    assert "its steps are there" not in str(raised.value)  # what it said: deleting the tier then lost 14 and 15
+    os.rename(tmp_path / "new", tmp_path / "old")
+    with CheckpointManager(tmp_path / "old", save_every=10, local=LocalTier(ssd)) as manager:
+        assert manager.latest_step() == 15
+
+
 def test_a_damaged_record_of_the_tiers_run_is_named(tmp_path):
     ssd = tmp_path / "ssd"
     ssd.mkdir()

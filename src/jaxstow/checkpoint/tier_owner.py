@@ -27,8 +27,11 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from jaxstow._steps.names import StepNames
+from jaxstow._steps.record import RECORD_NAME
 from jaxstow._storage.atomic import atomic_write
 from jaxstow._storage.failures import storage_failures
+from jaxstow._storage.folders import LocalStore
 from jaxstow.errors import CheckpointError, CorruptFileError
 
 __all__ = ["OWNER_NAME", "check_not_stale", "check_owner", "claim", "mark_copied", "owned_by", "run_identity"]
@@ -94,11 +97,25 @@ def check_owner(root: str, persistent: str) -> None:
     """
     owner = _owner(root)
     if owner is not None and not _is_owner(root, owner, persistent):
+        lost = _only_here(root, persistent)
+        moved = (
+            f"; deleting it loses steps {lost}, which {persistent} does not hold: if that is the run's directory "
+            f"moved, move it back to {owner['persistent']} to resume from them"
+            if lost
+            else " (or if its persistent directory was moved: its steps are there)"
+        )
         raise CheckpointError(
             f"the local tier {root} holds the steps of the run saved to {owner['persistent']}, not to {persistent}: "
-            f"give each run a local directory of its own, or delete {root} if that run is over (or if its persistent "
-            "directory was moved: its steps are there)"
+            f"give each run a local directory of its own, or delete {root} if that run is over{moved}"
         )
+
+
+def _only_here(root: str, persistent: str) -> list[int]:
+    """The steps of the local tier ``root`` that the local directory ``persistent`` does not hold (for a URL: all)."""
+    steps = StepNames("%d").steps(LocalStore(root, marker=RECORD_NAME).committed())
+    if "://" in persistent:
+        return steps
+    return [step for step in steps if not os.path.isfile(os.path.join(persistent, str(step), RECORD_NAME))]
 
 
 def owned_by(root: str, persistent: str) -> bool:
