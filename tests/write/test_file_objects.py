@@ -8,6 +8,7 @@ full are errors naming the file object, with the cause chained.
 from __future__ import annotations
 
 import errno
+import gzip
 import io
 import os
 import socket
@@ -206,3 +207,13 @@ def test_a_file_object_holding_more_that_cannot_be_cut_is_refused_before_anythin
     np.testing.assert_array_equal(
         jaxstow.load(io.BytesIO(held.getvalue()[len(earlier) :]), as_numpy=True)["w"], SMALL["w"]
     )
+
+
+@pytest.mark.parametrize("name", ["model.jxs.gz", "model.npz"])
+def test_a_gzip_stream_is_saved_into_and_loads_back(tmp_path, name):
+    path = tmp_path / name
+    with gzip.open(path, "wb") as file:  # says it is seekable, yet seeks only forward: was a ValueError of gzip's
+        jaxstow.save(file, TREE, metadata={"epoch": 3})
+    with gzip.open(path, "rb") as file:
+        _assert_same(jaxstow.load(file, as_numpy=True))
+        assert jaxstow.load_metadata(file) == {"epoch": 3}

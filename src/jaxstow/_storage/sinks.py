@@ -191,6 +191,7 @@ class _WholeWrites:
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self._raw = isinstance(file, io.RawIOBase)
+        self._seekable = bool(getattr(file, "seekable", lambda: False)())
         self.name = getattr(file, "name", "")  # what the writers name in their errors
         # jaxstow's own temporary file (a checkpoint's staging folder): its owner names the final file in its errors
         self._own = isinstance(self.name, str) and TEMPORARY_MARKER in self.name
@@ -243,9 +244,11 @@ class _WholeWrites:
             raise self._error(error) from error
 
     def seekable(self) -> bool:
-        return bool(getattr(self._file, "seekable", lambda: False)())
+        return self._seekable
 
     def seek(self, offset: int, whence: int = 0) -> int:
+        if not self._seekable:  # zipfile then writes as to a stream
+            raise io.UnsupportedOperation("seek")
         try:
             return self._file.seek(offset, whence)
         except io.UnsupportedOperation:  # a question zipfile asks, which it answers itself
@@ -260,11 +263,18 @@ class _WholeWrites:
 
     def end_beyond(self) -> int | None:
         """Where the file object ends, if it holds bytes after its position (it can be cut there, or this is an
-        :class:`ArgumentError`); ``None`` if it holds none, or is not seekable (a pipe, a socket: nothing follows)."""
-        if not self.seekable():
+        :class:`ArgumentError`); ``None`` if it holds none, or is not seekable (a pipe, a socket: nothing follows).
+
+        One that says it is seekable but cannot seek to its end, as ``gzip.open(path, "wb")`` (which writes only
+        forward, at its end), is written as a stream."""
+        if not self._seekable:
             return None
         start = self.tell()
-        end = self.seek(0, io.SEEK_END)
+        try:
+            end = self._file.seek(0, io.SEEK_END)
+        except (ValueError, io.UnsupportedOperation):
+            self._seekable = False
+            return None
         self.seek(start)
         if end <= start:
             return None
