@@ -243,6 +243,28 @@ def test_a_class_that_lost_a_field_is_refused_rather_than_given_the_lost_fields_
     assert restored.decoder.tolist() == [2.0, 2.0, 2.0]
 
 
+def test_an_equinox_class_that_gained_a_field_is_refused_naming_it_where_it_sits():
+    name = _name()
+
+    class Block(eqx.Module):
+        w: jax.Array
+        act: object = eqx.field(static=True)
+
+    jaxstow.saveable(Block, name=name)
+    buffer = _saved({"net": {"blocks": [Block(jnp.ones(2), jax.nn.relu)]}})
+
+    class Block(eqx.Module):  # the next version: a bias more
+        w: jax.Array
+        b: jax.Array
+        act: object = eqx.field(static=True)
+
+    jaxstow.saveable(Block, name=name)
+    # was: "the root of the tree ...: the structure cannot be rebuilt (IndexError: tuple index out of range)"
+    with pytest.raises(FormatError, match=r"leaf 'net/blocks/0' of .*Block cannot be rebuilt from the file") as caught:
+        jaxstow.load(buffer)
+    assert "the class changed since the save (its fields now: w, b, act)" in str(caught.value)
+
+
 def test_a_registered_dataclass_that_lost_a_data_field_or_gained_a_static_one_is_refused():
     name = _name()
 
@@ -414,7 +436,7 @@ def test_a_class_that_checks_its_leaves_when_built_is_told_what_jax_asks_of_it(t
     jaxstow.save(path, _Checked(jnp.ones((2, 2))))
     with pytest.raises(
         jaxstow.errors.FormatError,
-        match=r"has no attribute 'ndim'\): a node's class refused stand-in leaves, as one whose __init__ or __post_init__ checks its arrays does",
+        match=r"_Checked cannot be rebuilt .*has no attribute 'ndim'\): .*refused stand-in leaves, as one whose __init__ or __post_init__ checks its arrays does",
     ):
         jaxstow.load(path)
 

@@ -33,6 +33,7 @@ from jaxstow._format.dataclass_fit import check_dataclass_fit
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.json_values import MAX_NESTING, parse_float
 from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
+from jaxstow._format.unbuilt_node import unbuilt_error
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow._names.repeated_keys import refuse_repeated
@@ -332,19 +333,14 @@ def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> 
     plain = _plain_treedef(data, depth)
     if plain is not None:  # dicts, lists, tuples and None only: built at once by jax itself
         return plain
+    treedef = None
     try:
         treedef = _decode_treedef(data, path=path, file=file, depth=depth)
         treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
     except JaxstowError:
         raise
     except Exception as error:  # a node type's own unflatten may raise anything on data it never wrote
-        raise FormatError(
-            f"the structure cannot be rebuilt ({type(error).__name__}: {error}): a node's class refused stand-in "
-            "leaves, as one whose __init__ or __post_init__ checks its arrays does (jax's pytree classes must accept "
-            "any leaves: jax too builds them so; check elsewhere), or the file was changed",
-            file=file,
-            path=path,
-        ) from None
+        raise unbuilt_error(error, treedef, path=path, file=file) from None
     return treedef
 
 
