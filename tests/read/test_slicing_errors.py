@@ -3,6 +3,7 @@ naming the leaf and the file and saying what is supported, and still take intege
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -33,6 +34,8 @@ def saved(tmp_path_factory):
         (np.s_[0.5:], "bounds or a step that are not integers"),
         (None, r"None \(np.newaxis\) adds an axis"),
         (True, "is a boolean, not an integer"),
+        (jnp.array([1]), "an array picks elements one by one"),
+        (jnp.float32(1.0), r"Array\(1\., dtype=float32\) is not an integer"),
     ],
 )
 def test_an_unsupported_index_names_the_leaf_and_what_is_supported(saved, index, words):
@@ -47,6 +50,15 @@ def test_supported_indices_still_read_what_numpy_picks(saved):
     with jaxstow.open(saved) as reader:
         for index in [np.s_[..., 1], np.s_[1, ...], np.s_[np.int64(2)], np.s_[::-2, 1:3], np.s_[...], np.s_[-1, ::3]]:
             np.testing.assert_array_equal(np.asarray(reader.read("w", index)), ARRAY[index])
+
+
+def test_a_0d_integer_array_of_jax_or_numpy_reads_as_the_integer_it_holds(saved):
+    # was: "Array(1, dtype=int32) is not an integer", for the index of a loop over jnp.arange or a jitted result
+    with jaxstow.open(saved) as reader:
+        for index in [jnp.int32(1), np.array(2), (jnp.array(-1), np.array(1)), np.s_[jnp.int32(0), 1:3]]:
+            np.testing.assert_array_equal(np.asarray(reader.read("w", index)), ARRAY[index])
+        with pytest.raises(SliceError, match=r"index 3 is out of bounds for axis 0 of shape \[3, 4\]"):
+            reader.read("w", jnp.int32(3))
 
 
 def test_two_ellipses_are_refused_beside_an_array(saved):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 from typing import Any
 
@@ -54,9 +55,9 @@ def parse_index(
 ) -> tuple[Box, tuple[Any, ...]]:
     """The box that ``index`` touches, and the index that picks the result out of that box.
 
-    ``index`` is what numpy takes between brackets, limited to integers, slices (any nonzero step) and one ``...``;
-    anything else (a numpy array or a list, a boolean mask, ``None``, a step of 0) is a :class:`SliceError` naming
-    the leaf and saying what to do instead.
+    ``index`` is what numpy takes between brackets, limited to integers (a 0-d integer array, jax's too), slices (any
+    nonzero step) and one ``...``; anything else (a numpy array or a list, a boolean mask, ``None``, a step of 0) is
+    a :class:`SliceError` naming the leaf and saying what to do instead.
 
     >>> parse_index((..., np.array([0, 2])), (3, 4), file="model.jxs", path="w")
     Traceback (most recent call last):
@@ -69,6 +70,7 @@ def parse_index(
     for item in items:
         if item is not Ellipsis and not isinstance(item, slice) and not _is_integer(item):
             raise SliceError(f"index {excerpt(index)}: {_unsupported(item)}; {_SUPPORTED}", file=file, path=path)
+    items = tuple(operator.index(item) if _is_integer(item) else item for item in items)
     if ellipses:
         at = ellipses[0]
         fill = len(shape) - (len(items) - 1)
@@ -106,7 +108,16 @@ def parse_index(
 
 
 def _is_integer(item: Any) -> bool:
-    return isinstance(item, int | np.integer) and not isinstance(item, bool | np.bool_)
+    """An integer as numpy takes one in an index: a Python or numpy integer, or a 0-d integer array (jax's too)."""
+    if isinstance(item, int | np.integer):
+        return not isinstance(item, bool)
+    if getattr(item, "shape", None) != () or "bool" in str(getattr(item, "dtype", "bool")):
+        return False
+    try:
+        operator.index(item)
+    except TypeError:  # a float, or a value traced by jax
+        return False
+    return True
 
 
 _SUPPORTED = (
@@ -118,7 +129,7 @@ _SUPPORTED = (
 
 def _unsupported(item: Any) -> str:
     """What is wrong with an index item that :func:`parse_index` does not take, in words."""
-    if isinstance(item, np.ndarray | list | tuple):
+    if isinstance(item, list | tuple) or (hasattr(item, "__array__") and getattr(item, "shape", None) != ()):
         try:
             mask = np.asarray(item).dtype == np.bool_
         except ValueError:  # a ragged list
@@ -126,9 +137,11 @@ def _unsupported(item: Any) -> str:
         kind = (
             "a boolean mask"
             if mask
+            else f"a {type(item).__name__}"
+            if isinstance(item, list | tuple)
             else "a numpy array"
             if isinstance(item, np.ndarray)
-            else f"a {type(item).__name__}"
+            else "an array"
         )
         return f"{kind} picks elements one by one, which a lazy read does not do"
     if item is None:
