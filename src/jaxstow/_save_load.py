@@ -42,7 +42,7 @@ from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
 from jaxstow._write.taken_apart import take_apart
-from jaxstow.errors import ArgumentError, CorruptFileError
+from jaxstow.errors import ArgumentError, CorruptFileError, excerpt
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -88,6 +88,8 @@ def save(
         path_or_file, tree = tree, path_or_file
     if not _is_destination(path_or_file):
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
+    if not isinstance(progress, bool | np.bool_):  # progress="no" would draw a bar
+        raise ArgumentError(f"progress= takes True or False, not {excerpt(progress)}")
     if getattr(path_or_file, "closed", False) or isinstance(path_or_file, io.TextIOBase):
         what = "closed" if getattr(path_or_file, "closed", False) else "open in text mode"
         raise ArgumentError(f"save writes to a binary file object; this one is {what}: open it with mode 'wb'")

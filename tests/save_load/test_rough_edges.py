@@ -13,7 +13,7 @@ import pytest
 import jaxstow
 from jaxstow import CheckpointManager
 from jaxstow._storage.atomic import TEMPORARY_MARKER
-from jaxstow.errors import JaxstowError, MetadataError, PathError, UnsaveableObjectError
+from jaxstow.errors import ArgumentError, JaxstowError, MetadataError, PathError, UnsaveableObjectError
 
 
 def test_a_folder_given_to_load_is_named(tmp_path):
@@ -44,6 +44,14 @@ def test_a_missing_folder_at_save_names_the_users_path(tmp_path):
     with pytest.raises(PathError, match=r"taken\.jxs: cannot write it: it is a folder"):
         jaxstow.save(tmp_path / "taken.jxs", {"w": jnp.ones(2)})
     assert os.listdir(tmp_path) == ["taken.jxs"]
+
+
+@pytest.mark.parametrize("progress", ["no", "False", 0, None])
+def test_a_progress_that_is_not_true_or_false_is_refused_before_anything_is_written(tmp_path, progress, capsys):
+    # was: progress="no" drew a progress bar, as any truthy value did
+    with pytest.raises(ArgumentError, match=f"progress= takes True or False, not {progress!r}"):
+        jaxstow.save(tmp_path / "model.jxs", {"w": jnp.ones(2)}, progress=progress)
+    assert os.listdir(tmp_path) == [] and capsys.readouterr().err == ""
 
 
 def test_a_save_onto_a_pipe_or_device_leaves_it_alone(tmp_path):
