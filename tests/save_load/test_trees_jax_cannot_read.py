@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import io
 from typing import NamedTuple
 
@@ -79,3 +80,20 @@ def test_a_dict_whose_keys_jax_cannot_sort_is_named_with_the_fix(tmp_path, tree,
     with CheckpointManager(tmp_path / "run") as manager, pytest.raises(ArgumentError, match=f"its keys mix {kinds}"):
         manager.save(1, {"params": tree})
         manager.wait_until_finished()
+
+
+class _Split(enum.Enum):  # members with no order among them
+    TRAIN = "train"
+    TEST = "test"
+
+
+def test_a_dict_keyed_by_members_of_an_enum_is_told_they_have_no_order_not_that_they_mix(tmp_path):
+    # was: "its keys mix _Split, which jax cannot sort", for keys all of one class
+    path = tmp_path / "model.jxs"
+    with pytest.raises(ArgumentError) as caught:
+        jaxstow.save(path, {"losses": {_Split.TRAIN: jnp.ones(1), _Split.TEST: jnp.zeros(1)}})
+    assert str(caught.value).startswith(
+        f"cannot save the dict at 'losses' of {path}: its keys are of the class _Split, which has no order for jax "
+        "to sort them by"
+    )
+    assert "{str(key): value for key, value in d.items()}" in str(caught.value) and not path.exists()

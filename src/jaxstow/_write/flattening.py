@@ -9,7 +9,7 @@ once jax has failed, so that a save pays nothing for it.
 >>> flatten({"layers": [{1: jnp.ones(2), "bias": jnp.zeros(2)}]}, file="model.jxs")
 Traceback (most recent call last):
     ...
-jaxstow.errors.ArgumentError: cannot save the dict at 'layers/0' of model.jxs: its keys mix int and str, which jax cannot sort (it orders a dict's leaves by their keys): give it keys of one type, such as {str(key): value for key, value in d.items()}
+jaxstow.errors.ArgumentError: cannot save the dict at 'layers/0' of model.jxs: its keys mix int and str, which jax cannot sort (it orders a dict's leaves by their keys): give it keys of one type that sorts, such as {str(key): value for key, value in d.items()}
 """
 
 from __future__ import annotations
@@ -51,11 +51,15 @@ def flatten(tree: Any, *, file: str) -> tuple[list[Any], PyTreeDef]:
         return leaves, treedef
     path, keys = found
     where = f"the dict at {path!r}" if path else "the dict at the root of the tree"
-    kinds = " and ".join(sorted({type(key).__name__ for key in keys}))
+    kinds = sorted({type(key).__name__ for key in keys})
+    problem = (
+        f"mix {' and '.join(kinds)}, which jax cannot sort"
+        if len(kinds) > 1
+        else f"are of the class {kinds[0]}, which has no order for jax to sort them by"
+    )
     raise ArgumentError(
-        f"cannot save {where}{f' of {file}' if file else ''}: its keys mix {kinds}, which jax cannot sort (it orders "
-        "a dict's leaves by their keys): give it keys of one type, such as {str(key): value for key, value in "
-        "d.items()}",
+        f"cannot save {where}{f' of {file}' if file else ''}: its keys {problem} (it orders a dict's leaves by their "
+        "keys): give it keys of one type that sorts, such as {str(key): value for key, value in d.items()}",
         file=file or None,
         path=path,
     ) from None
