@@ -13,7 +13,7 @@ import pytest
 
 import jaxstow
 from jaxstow._format.skeleton import decode_value
-from jaxstow.errors import FormatError, RequestError
+from jaxstow.errors import CorruptFileError, FormatError, RequestError
 
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -188,6 +188,19 @@ def test_file_objects_round_trip_and_can_be_read_twice():
     first = jaxstow.load(buffer)
     second = jaxstow.load(buffer)
     assert jnp.array_equal(first["w"], second["w"])
+
+
+def test_a_file_object_saved_into_twice_is_refused_saying_so_and_each_save_loads_from_where_it_begins(tmp_path):
+    with open(tmp_path / "runs.bin", "wb") as file:  # as pickle.dump is called once per object
+        jaxstow.save(file, {"run": 1})
+        second = file.tell()
+        jaxstow.save(file, {"run": 2})
+    with open(tmp_path / "runs.bin", "rb") as file:
+        # was: only "(the data region must hold the tensors and nothing else)", with no word of what to do
+        with pytest.raises(CorruptFileError, match=r"holds more after its end, as a file object saved into twice does"):
+            jaxstow.load(file)
+        file.seek(second)
+        assert jaxstow.load(file) == {"run": 2}
 
 
 def test_metadata_is_kept_and_must_be_json(tmp_path):

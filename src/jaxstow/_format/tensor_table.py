@@ -46,7 +46,8 @@ def entry_slots(header: dict[str, Any], *, data_start: int, file_size: int, file
     if end != file_size:  # bytes after the tensors: a file written over in place, or two files joined
         raise CorruptFileError(
             f"the tensors end at byte {end}, but the file has {file_size} bytes (the data region must hold the "
-            "tensors and nothing else)",
+            "tensors and nothing else): it was written over in place, or holds more after its end, as a file object "
+            "saved into twice does (load each save from its own file or buffer)",
             file=file,
         )
     return slots
