@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from permissions import obey_permission_bits
 
 import jaxstow
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write, remove_dead_leftovers, temporary_sibling
@@ -156,3 +157,29 @@ def test_a_save_through_a_symbolic_link_replaces_the_file_it_names(tmp_path):
     assert (tmp_path / "latest.jxs").is_symlink()
     np.testing.assert_array_equal(jaxstow.load(tmp_path / "runs" / "v3.jxs", as_numpy=True)["w"], np.ones(3))
     assert sorted(os.listdir(tmp_path / "runs")) == ["v3.jxs"]
+
+
+def test_a_file_its_owner_made_read_only_is_refused_not_replaced_by_the_rename(tmp_path):
+    path = tmp_path / "best.jxs"
+    jaxstow.save(path, {"w": np.ones(2)})
+    path.chmod(0o444)  # protected, as `chmod a-w best.jxs` does
+    program = """
+    import sys, numpy as np, jaxstow
+    try:
+        jaxstow.save(sys.argv[1], {"w": np.zeros(2)})
+    except jaxstow.errors.StorageError as error:
+        print(error)
+    """
+    try:
+        finished = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(program), str(path)],
+            capture_output=True,
+            text=True,
+            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
+        )
+    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
+        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
+    # was: saved without a word, the rename (which needs only the folder's permission) replacing the protected file
+    assert finished.stdout.startswith(f"{path}: cannot write it: it is read-only (-r--r--r--)"), finished.stderr
+    assert "chmod u+w" in finished.stdout and sorted(os.listdir(tmp_path)) == ["best.jxs"]
+    np.testing.assert_array_equal(jaxstow.load(path, as_numpy=True)["w"], np.ones(2))

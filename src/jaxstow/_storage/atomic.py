@@ -15,6 +15,7 @@ folder, so a crash leaves either the old file or the new one, never a torn one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -26,7 +27,7 @@ from typing import BinaryIO
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.sources import special_kind
-from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError
+from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError, StorageError
 
 __all__ = [
     "NAME_MAX",
@@ -125,8 +126,10 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     """Write ``path`` all or nothing: a temporary sibling, fsync, rename, fsync of the folder.
 
     Any failure (disk full, I/O error, an exception in the block, Ctrl-C) removes the temporary file and leaves the
-    previous file as it was. A symbolic link to a file is written through: the file it names is replaced, not it. A file replaced keeps its permissions (a file only its owner may read stays so), which
-    the temporary file has before a byte is written to it. Temporary files that killed saves left in the folder are removed first. An ``OSError``
+    previous file as it was. A symbolic link to a file is written through: the file it names is replaced, not it. A
+    file replaced keeps its permissions (a file only its owner may read stays so), which the temporary file has before
+    a byte is written to it; one this process may not write is refused, as ``open(path, "wb")`` refuses it, though the
+    rename would replace it. Temporary files that killed saves left in the folder are removed first. An ``OSError``
     (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming ``path``, not the temporary
     file.
     """
@@ -142,9 +145,16 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
     try:
         mode = os.stat(final).st_mode
     except OSError:
-        mode = stat.S_IFREG  # nothing there yet (or a dangling link, which the file replaces)
-    if not stat.S_ISREG(mode):  # a device, a pipe: the save would put a file in its place
+        mode = None  # nothing there yet (or a dangling link, which the file replaces)
+    if mode is not None and not stat.S_ISREG(mode):  # a device, a pipe: the save would put a file in its place
         raise PathError(f"cannot write it: it is {special_kind(mode)}; jaxstow writes regular files", file=final)
+    if mode is not None and _protected(written, folder):
+        raise StorageError(  # the rename needs only the folder's permission: refused as open(final, "wb") is
+            f"cannot write it: it is read-only ({stat.filemode(mode)}), which keeps it from being replaced; make it "
+            "writable (chmod u+w) to replace it, or save elsewhere",
+            file=final,
+            errno=errno.EACCES,
+        )
     remove_dead_leftovers(folder)
     temporary = temporary_sibling(written)
     with storage_failures(final):
@@ -163,6 +173,13 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
+
+
+def _protected(path: str, folder: str) -> bool:
+    """Whether this process may not write the file at ``path`` but may rename another over it in ``folder`` (a file
+    made read-only; on a read-only file system neither is allowed, which the write then says)."""
+    effective = os.access in os.supports_effective_ids
+    return not os.access(path, os.W_OK, effective_ids=effective) and os.access(folder, os.W_OK, effective_ids=effective)
 
 
 def _keep_mode(final: str, descriptor: int) -> None:
