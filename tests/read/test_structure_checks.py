@@ -508,3 +508,21 @@ def test_python_scalars_restore_into_the_abstract_tree_jax_eval_shape_makes_of_t
     strong = {"w": jnp.zeros(3), "step": jnp.int32(0), "lr": jnp.float32(0), "done": False}
     with pytest.raises(StructureMismatchError, match=r"'lr': the file has float 0\.05, expected float32\[\]"):
         jaxstow.load(path, like=jax.eval_shape(lambda: strong))  # a strongly typed target: another request
+
+
+def test_a_python_number_against_an_array_of_like_and_the_other_way_round_say_what_like_should_hold(tmp_path):
+    path = tmp_path / "state.jxs"
+    jaxstow.save(path, {"step": 7, "loss": np.float32(0.5)})
+    # was: only "'step': the file has int 7, expected int32[]", with nothing to do about it
+    with pytest.raises(StructureMismatchError) as caught:
+        jaxstow.load(path, like={"step": jax.ShapeDtypeStruct((), jnp.int32), "loss": 0.0})
+    assert (
+        "'step': the file has int 7, expected int32[]: the file holds a Python int there; give like an int in its "
+        "place, or jax.ShapeDtypeStruct((), jnp.int32, weak_type=True) as jax.eval_shape makes"
+    ) in str(caught.value)
+    assert (
+        "'loss': the file has float32[], expected float 0.0: the file holds an array there; give like an array or "
+        "jax.ShapeDtypeStruct((), jnp.float32) in its place"
+    ) in str(caught.value)
+    weak = {"step": jax.ShapeDtypeStruct((), jnp.int32, weak_type=True), "loss": np.float32(0)}
+    assert jaxstow.load(path, like=weak)["step"] == 7  # as the message says

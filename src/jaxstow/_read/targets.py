@@ -20,6 +20,7 @@ jaxstow.errors.RequestError: leaf 'w': cast=True would turn values from 100000.0
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -306,10 +307,15 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
             wanted = target.value
             if _alike(value, wanted):
                 return None
-        return f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
+        mismatch = f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
+        is_number = type(target.value) in (bool, int, float, complex)
+        if stored is not None and is_number and stored.kind in ("array", "npscalar", "sharded"):
+            shown = f"jax.ShapeDtypeStruct({stored.shape}, jnp.{stored.dtype})"
+            return f"{mismatch}: the file holds an array there; give like an array or {shown} in its place"
+        return mismatch
     mismatch = f"{path!r}: the file has {describe_file_leaf(opened, path)}, expected {target.describe()}"
     if stored is None:
-        return mismatch
+        return mismatch + _number_advice(opened, path, target)
     if target.output == "key":
         fits = stored.kind == "key" and stored.impl == target.impl and stored.shape[:-1] == target.shape
         return None if fits else mismatch
@@ -334,6 +340,21 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     if cast:
         return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
     return mismatch
+
+
+def _number_advice(opened: OpenedFile, path: str, target: Target) -> str:
+    """What to give ``like`` where the file holds a Python number at ``path`` and ``target`` is an array: the
+    number's type, or the weakly typed scalar jax makes of it (``jax.eval_shape``'s), which restores as a jax scalar."""
+    value = opened.value(path) if path not in opened.per_process else None
+    if type(value) not in (bool, int, float, complex):
+        return ""
+    name = type(value).__name__
+    scalar = ""
+    if type(value) is not bool and target.output == "jax":
+        with contextlib.suppress(OverflowError):  # an int beyond int32 with x64 off: no such scalar
+            weak = jnp.asarray(value).dtype
+            scalar = f", or jax.ShapeDtypeStruct((), jnp.{weak}, weak_type=True) as jax.eval_shape makes"
+    return f": the file holds a Python {name} there; give like {'an' if name == 'int' else 'a'} {name} in its place{scalar}"
 
 
 def _alike(value: Any, wanted: Any, depth: int = 0) -> bool:
