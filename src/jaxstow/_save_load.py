@@ -166,11 +166,11 @@ def _load_foreign(
 ) -> Any:
     """A file of another library, read into memory, then restored from there as a jaxstow file is (equinox: into
     ``like``); errors name the file."""
+    other = sorted(set(options) - {"as_numpy", "progress"})
+    if from_format == "equinox" and other:  # told before the stream is read: cast=True is no answer to its dtypes
+        raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
     tree = read_foreign(location, from_format, like=like, settings=settings)
     if from_format == "equinox":
-        other = sorted(set(options) - {"as_numpy", "progress"})
-        if other:
-            raise ArgumentError(f"from_format='equinox' reads into like, without the options {other}")
         as_numpy = options.get("as_numpy", False)
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
     with TreeInMemory(tree, name=location.name) as opened:

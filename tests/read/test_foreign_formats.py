@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 import jaxstow
 from jaxstow import CheckpointManager
 from jaxstow.cli import main
-from jaxstow.errors import FormatError, JaxstowError, PathError, StructureMismatchError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError, PathError, StructureMismatchError
 
 # Without torch the files of PyTorch are left out, and their tests skipped; torch is imported where it is used.
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -327,6 +327,10 @@ def test_equinox_streams_load_into_like(files):
         jaxstow.load(files["model.eqx"], eqx.nn.MLP(3, 2, 8, 3, key=jax.random.key(0)), from_format="equinox")
     with pytest.raises(JaxstowError, match="without the options"):
         jaxstow.load(files["model.eqx"], _mlp(seed=1), from_format="equinox", select=["layers/**"])
+    bf16 = jax.tree.map(lambda leaf: leaf.astype(jnp.bfloat16) if eqx.is_inexact_array(leaf) else leaf, _mlp(seed=1))
+    # was: "does not fit like (... has changed dtype from bfloat16 in `like` to float32 on disk.)", cast=True unheard
+    with pytest.raises(ArgumentError, match=r"from_format='equinox' reads into like, without the options \['cast'\]"):
+        jaxstow.load(files["model.eqx"], bf16, from_format="equinox", cast=True)
 
 
 def test_orbax_checkpoints_and_manager_steps_load_through_orbax(files):
