@@ -163,3 +163,25 @@ def test_a_weak_value_its_leaf_holds_is_saved_exactly(init, value, expected, jit
     expected = np.asarray(expected)
     assert saved.dtype == expected.dtype
     np.testing.assert_array_equal(np.asarray(saved), np.stack([expected, expected]))
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize(
+    ("init", "value", "named"),
+    [
+        (np.int64(0), np.int64(2**40), "a numpy int64 holding 1099511627776, which its dtype int32"),
+        (np.zeros(2, np.int64), np.array([5, -(2**40)]), "a numpy int64 holding -1099511627776, which its dtype int32"),
+        (np.uint64(0), np.uint64(2**63), "a numpy uint64 holding 9223372036854775808, which its dtype uint32"),
+        (np.zeros(1), np.array([1e300]), "a numpy float64 holding 1e\\+300, which its dtype float32"),
+    ],
+)
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_numpy_64_bit_value_out_of_32_bits_is_refused_with_x64_off(init, value, named, jit, strategy):
+    with pytest.raises(ArgumentError, match=rf"sample leaf 'x' is {named} cannot hold .*jax_enable_x64"):
+        _saved(init, value, jit=jit, strategy=strategy)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_numpy_64_bit_value_within_32_bits_is_saved_exactly_with_x64_off(strategy):
+    saved = _saved(np.zeros(2, np.int64), np.array([7, -(2**31)]), jit=True, strategy=strategy)
+    np.testing.assert_array_equal(np.asarray(saved), [[7, -(2**31)], [7, -(2**31)]])

@@ -130,6 +130,12 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
             raise ArgumentError(
                 f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)}"
             )
+        if narrowed := _narrowed(leaf, wanted.dtype):
+            raise ArgumentError(
+                f"{what} leaf {path!r} is {narrowed}, which its dtype {wanted.dtype} cannot hold (JAX keeps numpy's "
+                "64-bit arrays in 32 bits unless jax_enable_x64 is on): enable it, "
+                "jax.config.update('jax_enable_x64', True), before the run, or convert the value to its dtype yourself"
+            )
         if weak and (loss := _cast_loss(leaf, dtype, np.dtype(wanted.dtype))):
             raise ArgumentError(
                 f"{what} leaf {path!r} is {loss}, which its dtype {wanted.dtype} cannot hold: declare the leaf with the "
@@ -187,16 +193,7 @@ def _cast_loss(leaf: Any, dtype: Any, wanted: np.dtype[Any]) -> str:
         return ""
     if not number:
         values = np.asarray(leaf)
-        if values.size == 0 or _holds_all(wanted, dtype):
-            return ""
-        real, imag = np.real(values).astype(np.float64), np.imag(values).astype(np.float64)
-        if jnp.issubdtype(wanted, jnp.integer):
-            info = _iinfo(wanted)
-            out = (real < info.min) | (real > info.max)
-        else:
-            most = float(_finfo(wanted).max)
-            out = np.logical_or(*((np.abs(part) > most) & np.isfinite(part) for part in (real, imag)))
-        return f"{what} holding {values[out].flat[0].item()!r}" if out.any() else ""
+        return "" if _holds_all(wanted, dtype) else _out_of_range(values, wanted, what)
     if jnp.issubdtype(wanted, jnp.integer):
         info = _iinfo(wanted)
         return "" if info.min <= leaf <= info.max else what
@@ -205,6 +202,30 @@ def _cast_loss(leaf: Any, dtype: Any, wanted: np.dtype[Any]) -> str:
         parts = (complex(leaf).real, complex(leaf).imag)
         return "" if all(abs(part) <= most or not np.isfinite(part) for part in parts) else what
     return ""
+
+
+def _narrowed(leaf: Any, wanted: Any) -> str:
+    """What a numpy array or scalar of a 64-bit dtype that JAX keeps in 32 bits (x64 off) is, if ``wanted`` cannot
+    hold one of its values; ``""`` if it can, or if ``leaf`` is no such array."""
+    if not isinstance(leaf, np.ndarray | np.generic) or isinstance(leaf, bool | int | float | complex):
+        return ""  # a Python number (np.float64 is one) or a jax array: conform checks it otherwise
+    if leaf.dtype not in _WEAK_WIDTHS or jnp.result_type(leaf) == leaf.dtype:
+        return ""  # not 64 bits, or kept in 64 (x64 on)
+    return _out_of_range(np.asarray(leaf), np.dtype(wanted), f"a numpy {leaf.dtype}")
+
+
+def _out_of_range(values: np.ndarray[Any, Any], wanted: np.dtype[Any], what: str) -> str:
+    """``what`` and the first of ``values`` that ``wanted`` cannot hold, out of its range; ``""`` if it holds all."""
+    if values.size == 0:
+        return ""
+    real, imag = np.real(values).astype(np.float64), np.imag(values).astype(np.float64)
+    if jnp.issubdtype(wanted, jnp.integer):
+        info = _iinfo(wanted)
+        out = (real < info.min) | (real > info.max)
+    else:
+        most = float(_finfo(wanted).max)
+        out = np.logical_or(*((np.abs(part) > most) & np.isfinite(part) for part in (real, imag)))
+    return f"{what} holding {values[out].flat[0].item()!r}" if out.any() else ""
 
 
 def block_rows(sample_bytes: int, samples_collected: int | None, most: int) -> int:
