@@ -816,6 +816,21 @@ def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
     assert (tmp_path / "samples").read_text() == "the user's file"
 
 
+@pytest.mark.parametrize(
+    ("make", "named"),
+    [
+        (lambda: io.MemoryCollector(save_dir=3), "MemoryCollector's save_dir is a folder's path .* not 3"),
+        (lambda: io.MemoryCollector(["out"]), r"MemoryCollector's save_dir is a folder's path .* not \['out'\]"),
+        (lambda: io.HDF5Collector("s.h5", checkpoint_dir=1.5), "HDF5Collector's checkpoint_dir is .* not 1.5"),
+    ],
+)
+def test_a_collectors_folder_that_is_no_path_is_named(make, named, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ArgumentError, match=named):
+        make()
+    assert list(tmp_path.iterdir()) == []
+
+
 class _ReferenceCollector(io.DataCollector):
     """A collector written to jax_sgmc's interface: ``save(chain_id, values)`` of one sample's leaves at a time."""
 

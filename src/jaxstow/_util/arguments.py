@@ -14,12 +14,13 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, excerpt
 
-__all__ = ["checked_arguments"]
+__all__ = ["checked_arguments", "optional_path"]
 
 Parameters = ParamSpec("Parameters")
 Result = TypeVar("Result")
@@ -54,3 +55,20 @@ def checked_arguments(
         return function(*args, **kwargs)
 
     return checked
+
+
+def optional_path(value: object, *, what: str) -> str | None:
+    """``value``, a path (``str`` or ``os.PathLike``) or ``None``, as a ``str`` or ``None``; anything else is an
+    :class:`~jaxstow.errors.ArgumentError` naming ``what`` it is for.
+
+    >>> optional_path(None, what="save_dir") is None
+    True
+    >>> optional_path(3, what="MemoryCollector's save_dir")
+    Traceback (most recent call last):
+    jaxstow.errors.ArgumentError: MemoryCollector's save_dir is a folder's path (a str or os.PathLike) or None, not 3
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str | os.PathLike):
+        raise ArgumentError(f"{what} is a folder's path (a str or os.PathLike) or None, not {excerpt(value)}")
+    return os.fspath(value)

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._storage.failures import storage_failures
+from jaxstow._util.arguments import optional_path
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError
 from jaxstow.io import host_buffers
@@ -146,7 +147,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
         self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
-        self._checkpoint_dir = None if checkpoint_dir is None else os.fspath(checkpoint_dir)
+        self._checkpoint_dir = optional_path(checkpoint_dir, what="HDF5Collector's checkpoint_dir")
         if isinstance(file, str | os.PathLike):
             name = os.path.abspath(file)  # later runs open it again: the same file, whatever the working directory
             if os.path.isdir(name):

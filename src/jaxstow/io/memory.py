@@ -26,6 +26,7 @@ from jaxstow._format.npz import check_member_name, stores_exactly
 from jaxstow._save_load import save
 from jaxstow._storage.folders import make_folder
 from jaxstow._storage.sinks import atomic_sink
+from jaxstow._util.arguments import optional_path
 from jaxstow.errors import ArgumentError, CollectorError, FormatError, NotAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
@@ -74,7 +75,7 @@ class MemoryCollector(KeepsChains, DataCollector):
     _stores_key_data = True
 
     def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
-        self._save_dir = None if save_dir is None else os.fspath(save_dir)
+        self._save_dir = optional_path(save_dir, what="MemoryCollector's save_dir")
         if self._save_dir is not None and os.path.exists(self._save_dir) and not os.path.isdir(self._save_dir):
             raise NotAFolderError("is a file, not a folder for MemoryCollector's save_dir", file=self._save_dir)
         self._chains = ChainBook()
