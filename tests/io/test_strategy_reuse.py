@@ -164,6 +164,19 @@ def test_an_open_file_closed_by_the_user_between_runs_is_a_collector_error_sayin
         np.testing.assert_array_equal(done["chain~0/w"][:], np.asarray(kept["w"]))
 
 
+def test_an_open_file_closed_by_the_user_before_postprocess_save_is_a_collector_error_saying_what_to_do(tmp_path):
+    file = h5py.File(tmp_path / "samples.h5", "w", libver="latest")
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(file), block_size=16)
+    final, _ = _compiled(save)(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))
+    file.close()  # too early: the run's last rows are still to be written
+    with pytest.raises(
+        CollectorError,
+        match=r"samples\.h5 given to HDF5Collector was closed while its run went on: keep the file open until "
+        r"postprocess_save returns, or give HDF5Collector the path",
+    ):
+        postprocess_save(final, None)
+
+
 @pytest.mark.parametrize("replaced_by", ["another program's file", "a damaged file"])
 def test_a_file_replaced_between_runs_is_refused_and_left_as_it_is(replaced_by, tmp_path) -> None:
     path = tmp_path / "samples.h5"

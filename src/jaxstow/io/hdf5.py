@@ -36,7 +36,7 @@ import numpy as np
 from jaxstow._storage.failures import storage_failures
 from jaxstow._util.arguments import optional_path
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, CollectorError, IsAFolderError
+from jaxstow.errors import ArgumentError, IsAFolderError
 from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
@@ -48,6 +48,7 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
+from jaxstow.io.hdf5_closed import closed_file
 from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
@@ -198,11 +199,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         layout = SampleLayout.of(init_sample)
         if not self._file:  # closed when the last run ended
             if self._lock is None:
-                raise CollectorError(
-                    f"the h5py.File {self._filename} given to HDF5Collector was closed after its last run, so this run "
-                    "cannot go on in it: keep the file open for every run of the collector, or give HDF5Collector "
-                    "the path instead, which it opens for each run and closes at its end"
-                )
+                raise closed_file(self._filename, "after its last run, so this run cannot go on in it", "for every run")
             self._open_again()  # this run goes on in the file
         chain_id = self._chains.next_id
         claim(self._file, group_name(chain_id), self)
@@ -249,7 +246,9 @@ class HDF5Collector(KeepsChains, DataCollector):
 
     def _failures(self) -> contextlib.AbstractContextManager[None]:
         """h5py's errors of a failed system call (a full disk, an I/O error) as a StorageError naming the file."""
-        return storage_failures(self._file.filename, hdf5=True)
+        if not self._file and self._lock is None:  # the caller's file, closed while its run went on
+            raise closed_file(self._filename, "while its run went on", "until postprocess_save returns")
+        return storage_failures(self._filename, hdf5=True)
 
     def _settle(self) -> None:
         """Put the file on disk as it is now: flushed, and in SWMR mode from the first time it can be."""
