@@ -9,9 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxstow._util.arguments import checked_arguments
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.save_arguments import checked_state, refuse_leafless
+from jaxstow.io.save_arguments import checked_information, checked_state, refuse_leafless
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
 
@@ -51,7 +52,7 @@ def no_save() -> Saving:
     >>> postprocess_save(state, None)['samples']
     {'x': Array([1.], dtype=float32)}
     """
-    return _init, _save, _postprocess
+    return _CHECKED
 
 
 def _init(
@@ -59,7 +60,7 @@ def _init(
 ) -> DeviceSamples:
     """The empty device storage for ``samples_collected`` samples (``init_checkpoint`` is unused)."""
     del init_checkpoint
-    capacity = None if static_information is None else static_information.samples_collected
+    capacity = checked_information(static_information).samples_collected
     if capacity is None or capacity < 1:
         raise ArgumentError(
             "no_save keeps the samples in device memory, whose size is fixed at compile time: give "
@@ -123,3 +124,11 @@ def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:
 def _kept(leaf: jax.Array, *, index: tuple[int, ...], count: int) -> jax.Array:
     """The first ``count`` samples of the chain at ``index``, in one indexing operation (none if it is all of them)."""
     return leaf if not index and count == len(leaf) else leaf[(*index, slice(0, count))]
+
+
+#: The three functions, whose calls are checked against their signatures (a misspelt keyword names what they take).
+_CHECKED: Saving = (
+    checked_arguments(_init, name="init_save"),
+    checked_arguments(_save, name="save"),
+    checked_arguments(_postprocess, name="postprocess_save"),
+)

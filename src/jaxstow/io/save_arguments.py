@@ -92,6 +92,11 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
     ...
     jaxstow.errors.ArgumentError: io.no_save's save needs the saving state its own init_save returned (a tuple), got a dict: a state of another strategy cannot go on in this one
     """
+    if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], kind) and state[1] is None:
+        raise ArgumentError(
+            f"{call} was given what save returns, (saving_state, None), not the saving state: take its first element, "
+            "saving_state, _ = save(saving_state, keep, sample)"
+        )
     if not isinstance(state, kind):
         raise ArgumentError(
             f"{call} needs the saving state its own init_save returned (a {kind.__name__}), got a "

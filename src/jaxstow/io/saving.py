@@ -156,7 +156,11 @@ def save(
     if problem is not None:
         raise ArgumentError(f"io.save(checkpoint_every={checkpoint_every}): {problem}")
     streaming = _Streaming(collector, int(checkpoint_every), None if block_size is None else int(block_size))
-    return arguments.checked_arguments(streaming.init, name="init_save"), streaming.save, streaming.postprocess
+    return (
+        arguments.checked_arguments(streaming.init, name="init_save"),
+        arguments.checked_arguments(streaming.save, name="save"),
+        arguments.checked_arguments(streaming.postprocess, name="postprocess_save"),
+    )
 
 
 def _count(counts: jax.Array, kept: jax.Array) -> jax.Array:

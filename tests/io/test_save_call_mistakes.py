@@ -1,0 +1,45 @@
+"""The three functions of ``io.save`` and ``io.no_save`` called as a user porting from jax_sgmc may call them by
+mistake: an :class:`~jaxstow.errors.ArgumentError` that says what they take, never Python's bare ``TypeError`` or
+``AttributeError``."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxstow import io, scheduler
+from jaxstow.errors import ArgumentError
+
+INFORMATION = scheduler.static_information(samples_collected=4)
+STRATEGIES = {"save": lambda: io.save(io.MemoryCollector()), "no_save": io.no_save}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_a_misspelt_or_missing_argument_of_save_or_postprocess_save_names_what_they_take(strategy) -> None:
+    init_save, save, postprocess_save = STRATEGIES[strategy]()
+    state = init_save({"x": jnp.zeros(())}, None, INFORMATION)
+    with pytest.raises(ArgumentError, match=r"save\(\) got an unexpected keyword argument 'solver' .*solver_state"):
+        save(state, True, {"x": 1.0}, solver={"x": 1.0})
+    with pytest.raises(ArgumentError, match=r"save\(\) missing a required argument: 'sample'; it takes saving_state"):
+        jax.jit(lambda state: save(state, True))(state)
+    with pytest.raises(ArgumentError, match=r"postprocess_save\(\) got an unexpected keyword argument 'chain'"):
+        postprocess_save(state, chain=0)
+    state, _ = save(state, True, {"x": 1.0})
+    assert postprocess_save(state, None)["samples"]["x"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+def test_what_save_returns_given_as_the_state_says_to_take_its_first_element(strategy) -> None:
+    init_save, save, postprocess_save = STRATEGIES[strategy]()
+    returned = save(init_save({"x": jnp.zeros(())}, None, INFORMATION), True, {"x": 1.0})
+    for call in (lambda: save(returned, True, {"x": 2.0}), lambda: postprocess_save(returned, None)):
+        with pytest.raises(ArgumentError, match=r"given what save returns, .*saving_state, _ = save\("):
+            call()
+    assert postprocess_save(returned[0], None)["samples"]["x"].tolist() == [1.0]
+
+
+def test_no_saves_init_save_given_a_number_as_static_information_names_what_it_takes() -> None:
+    init_save = io.no_save()[0]
+    with pytest.raises(ArgumentError, match=r"static_information must be scheduler\.static_information\(.*not 4"):
+        init_save({"x": jnp.zeros(())}, None, 4)
