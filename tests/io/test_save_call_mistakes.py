@@ -43,3 +43,16 @@ def test_no_saves_init_save_given_a_number_as_static_information_names_what_it_t
     init_save = io.no_save()[0]
     with pytest.raises(ArgumentError, match=r"static_information must be scheduler\.static_information\(.*not 4"):
         init_save({"x": jnp.zeros(())}, None, 4)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
+@pytest.mark.parametrize("jit", [False, True])
+def test_a_sample_leaf_that_is_no_array_nor_number_is_named(strategy, jit) -> None:
+    init_save, save, _ = STRATEGIES[strategy]()
+    state = init_save({"x": jnp.zeros(()), "name": jnp.zeros(())}, None, INFORMATION)
+
+    def run(state):
+        return save(state, True, {"x": 1.0, "name": "chain a"})[0]
+
+    with pytest.raises(ArgumentError, match=r"sample leaf 'name' is 'chain a': samples and states hold arrays"):
+        (jax.jit(run) if jit else run)(state)

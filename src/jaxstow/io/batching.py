@@ -76,15 +76,17 @@ def spec_of(tree: Any) -> Any:
     :class:`~jaxstow.errors.ArgumentError` naming it."""
 
     def spec(path: Any, leaf: Any) -> Any:
-        try:
-            return _shape_dtype(np.shape(leaf), jnp.result_type(leaf))
-        except TypeError:
-            where = jax.tree_util.keystr(path) or "the root"
-            raise ArgumentError(
-                f"leaf {where} is {excerpt(leaf)}: samples and states hold arrays and numbers"
-            ) from None
+        return _shape_dtype(np.shape(leaf), _dtype_of(leaf, f"leaf {jax.tree_util.keystr(path) or 'the root'}"))
 
     return jax.tree_util.tree_map_with_path(spec, tree)
+
+
+def _dtype_of(leaf: Any, where: str) -> Any:
+    """The dtype JAX gives ``leaf``; a leaf of none (a string, an object) is an ArgumentError naming it ``where``."""
+    try:
+        return jnp.result_type(leaf)
+    except TypeError:
+        raise ArgumentError(f"{where} is {excerpt(leaf)}: samples and states hold arrays and numbers") from None
 
 
 def row_spec(buffer: Any, chain_ndim: int) -> Any:
@@ -124,7 +126,7 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
         )
     out = []
     for path, leaf, wanted in zip(paths, leaves, specs, strict=True):
-        dtype = jnp.result_type(leaf)
+        dtype = _dtype_of(leaf, f"{what} leaf {path!r}")
         weak = isinstance(leaf, bool | int | float | complex) or getattr(leaf, "weak_type", False)
         if np.shape(leaf) != wanted.shape or not (weak or dtype == wanted.dtype):
             raise ArgumentError(
