@@ -176,6 +176,23 @@ def test_an_older_copy_of_the_hdf5_file_beside_a_newer_checkpoint_is_refused(tmp
         _sample(io.HDF5Collector(path))
 
 
+def test_a_run_continued_with_other_samples_is_refused_with_advice_that_keeps_it_resumable(tmp_path) -> None:
+    path = tmp_path / "samples.h5"
+    collector = io.HDF5Collector(path)
+    _sample(collector, stop=20)  # abandoned midway, as if killed
+    collector.close()
+    other = io.HDF5Collector(path)
+    solver = (jax.random.key(0), jnp.zeros(DIM))
+    with pytest.raises(StructureMismatchError) as refused:
+        io.save(other, checkpoint_every=EVERY)[0]({"x": jnp.zeros(DIM, jnp.float16), "norm": [0.0]}, solver, None)
+    other.close()
+    assert "/chain~0/x: the file holds float32" in str(refused.value)
+    assert "delete" not in str(refused.value.problems[-1])  # what deleting the checkpoint leads to: a run refused
+    assert "move both away to start over" in str(refused.value)
+    expected = _sample(io.MemoryCollector(save_dir=tmp_path / "uninterrupted"))
+    _assert_samples_equal(_sample(io.HDF5Collector(path))["samples"], expected["samples"])  # still resumable
+
+
 def test_a_checkpoint_that_does_not_match_the_run_is_refused(tmp_path) -> None:
     _sample(io.MemoryCollector(save_dir=tmp_path), stop=20)
     init_save, _, _ = io.save(io.MemoryCollector(save_dir=tmp_path), checkpoint_every=EVERY)

@@ -77,13 +77,14 @@ def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, 
     group = group_name(chain_id)
     problems = layout_problems(file, chain_id, layout, sample_count) if group in file else [f"{group}: missing"]
     if problems:
-        raise StructureMismatchError(
-            [
-                *problems,
-                f"the checkpoint {checkpoint} belongs to another file or run: delete it to start the chains again",
-            ],
-            file=file.filename,
+        advice = (
+            f"the checkpoint {checkpoint} belongs to another file or run: delete it to start the chains again"
+            if group not in file
+            else f"{file.filename} and its checkpoint {checkpoint} hold a run of other samples, or two different runs: "
+            "continue the run with the samples it was started with and the file and checkpoint it wrote together, "
+            "or move both away to start over (deleting the checkpoint alone leaves a run that cannot be continued)"
         )
+        raise StructureMismatchError([*problems, advice], file=file.filename)
     if "sample_count" in file[group].attrs:  # finished, but not every chain was: the run goes on
         del file[group].attrs["sample_count"]
     return [file[dataset_name(chain_id, name)] for name in layout.names]
