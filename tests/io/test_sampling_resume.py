@@ -200,3 +200,20 @@ def test_a_checkpoint_that_does_not_match_the_run_is_refused(tmp_path) -> None:
         ValueError, match=r"checkpointed solver state of chain 0 leaf '1' is float32\[4\], expected float32\[5\]"
     ):
         init_save(INIT_SAMPLE, (jax.random.key(0), jnp.zeros(DIM + 1)), scheduler.static_information())
+
+
+@pytest.mark.parametrize("differs", ["samples", "solver state"])
+def test_a_memory_collectors_run_continued_with_other_samples_or_state_says_how_to_continue_or_start_over(
+    differs, tmp_path
+) -> None:
+    _sample(io.MemoryCollector(save_dir=tmp_path), stop=20)  # abandoned midway, as if killed
+    sample = {"x": jnp.zeros(DIM + 1), "norm": [0.0]} if differs == "samples" else INIT_SAMPLE
+    solver = (jax.random.key(0), jnp.zeros(DIM + (differs == "solver state")))
+    init_save = io.save(io.MemoryCollector(save_dir=tmp_path), checkpoint_every=EVERY)[0]
+    with pytest.raises(StructureMismatchError) as refused:
+        init_save(sample, solver, scheduler.static_information())
+    assert "float32[5]" in str(refused.value) or "float32[*, 5]" in str(refused.value)
+    assert refused.value.problems[-1].startswith("the stopped run was started with other samples or another solver")
+    assert "move its samples and checkpoints away together to start over" in str(refused.value)
+    expected = _sample(io.MemoryCollector(save_dir=tmp_path / "uninterrupted"))
+    _assert_samples_equal(_sample(io.MemoryCollector(save_dir=tmp_path))["samples"], expected["samples"])

@@ -31,6 +31,7 @@ from jaxstow.io.dictionize import joined_names, pytree_dict_keys
 from jaxstow.io.stopped_runs import StoppedRun
 
 __all__ = [
+    "OTHER_RUN",
     "ChainBook",
     "SampleLayout",
     "read_checkpoint",
@@ -285,8 +286,16 @@ def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id
             if _kind(leaf) != _kind(want)
         ]
     if problems:
-        raise StructureMismatchError(problems, file=file)
+        moved = owner is not None and owner != chain_id  # not another run's state: another chain's file
+        raise StructureMismatchError(problems if moved else [*problems, OTHER_RUN], file=file)
     return ChainCheckpoint(**record, solver_state=treedef.unflatten(stored))
+
+
+#: What to do about a stopped run whose samples or solver state differ from those of the run that continues it.
+OTHER_RUN = (
+    "the stopped run was started with other samples or another solver state: continue it with those, or move its "
+    "samples and checkpoints away together to start over (its samples without their checkpoints cannot be continued)"
+)
 
 
 #: The record's members besides the :class:`ChainCheckpoint`'s fields: the solver state's paths, and the chain.

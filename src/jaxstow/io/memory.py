@@ -31,6 +31,7 @@ from jaxstow.errors import ArgumentError, CollectorError, FormatError, NotAFolde
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
 from jaxstow.io.chains import (
+    OTHER_RUN,
     ChainBook,
     KeepsChains,
     SampleLayout,
@@ -161,7 +162,7 @@ class MemoryCollector(KeepsChains, DataCollector):
             self._stopped.refuse_new(chain_id)
         if stored is not None and stored[1] is not None and (problems := layout.problems_with(stored[1])):
             raise StructureMismatchError(
-                [f"the samples of chain {chain_id} {problem}" for problem in problems], file=path
+                [*(f"the samples of chain {chain_id} {problem}" for problem in problems), OTHER_RUN], file=path
             )
         resumed = None
         if stored is not None and path is not None:
