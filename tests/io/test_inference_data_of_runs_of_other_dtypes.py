@@ -1,7 +1,7 @@
 """A strategy reused for runs that sample a variable in another dtype (a step counter declared ``0`` in one run and
 ``0.0`` in the next) leaves chains of both in its file: ArviZ, which stacks the chains of a variable, would turn them
 all into one dtype without a word (int32 steps past 2**24 into float32 ones that are not those steps), so the
-conversion refuses them, as it refuses chains of other shapes."""
+conversion refuses them, as it refuses chains of other shapes or of other variables, saying to convert each run."""
 
 from __future__ import annotations
 
@@ -41,3 +41,19 @@ def test_chains_whose_draws_of_a_variable_differ_in_dtype_are_refused_naming_bot
         io.to_inference_data(results)
     one_run = io.to_inference_data(results[0])  # each run on its own
     assert np.asarray(one_run.posterior["step"]).dtype == np.int32
+
+
+def test_chains_of_runs_of_other_variables_are_refused_saying_to_convert_each_run(tmp_path) -> None:
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path))
+    results = []
+    for name in ("theta", "beta"):  # a notebook that samples again, another model
+        state = init_save({name: 0.0}, None, scheduler.static_information(samples_collected=3))
+        for t in range(3):
+            state, _ = save(state, True, {name: float(t)})
+        results.append(postprocess_save(state, None))
+    expected = r"chain 1 has the variables \['beta'\], but chain 0 has \['theta'\]: .* convert the runs of each on"
+    for given in (path, results):
+        with pytest.raises(JaxstowError, match=expected):
+            io.to_inference_data(given)
+    assert list(io.to_inference_data(results[1]).posterior.data_vars) == ["beta"]

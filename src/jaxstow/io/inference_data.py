@@ -188,7 +188,10 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
         raise JaxstowError("the samples hold no variables: there is nothing to convert")
     for chain, variables in enumerate(chains):
         if list(variables) != names:
-            raise JaxstowError(f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}")
+            raise JaxstowError(
+                f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}: ArviZ needs the same "
+                "variables in every chain, so convert the runs of each on their own (what postprocess_save returned)"
+            )
     for name in names:
         dimension = _DIMENSION.fullmatch(name)
         if name in ("chain", "draw") or (dimension is not None and dimension[1] in names):
