@@ -56,3 +56,16 @@ def test_a_sample_leaf_that_is_no_array_nor_number_is_named(strategy, jit) -> No
 
     with pytest.raises(ArgumentError, match=r"sample leaf 'name' is 'chain a': samples and states hold arrays"):
         (jax.jit(run) if jit else run)(state)
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda: scheduler.static_information(samples_collected=100, thinning=10), "keyword argument 'thinning'"),
+        (lambda: scheduler.static_information(100, 10), "too many positional arguments"),
+    ],
+)
+def test_static_information_given_what_it_does_not_take_names_what_it_takes(make, problem) -> None:
+    with pytest.raises(ArgumentError, match=rf"static_information\(\) .*{problem}.*; it takes samples_collected"):
+        make()
+    assert scheduler.static_information(100)._replace(samples_collected=5).samples_collected == 5

@@ -35,7 +35,7 @@ def checked_arguments(
     named = [
         (p.name, p.kind is inspect.Parameter.KEYWORD_ONLY)
         for p in signature.parameters.values()
-        if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if p.name not in ("self", "cls") and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
 
     @functools.wraps(function)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import operator
 from typing import Any, NamedTuple
 
+from jaxstow._util.arguments import checked_arguments
 from jaxstow.errors import ArgumentError
 
 __all__ = ["static_information"]
@@ -37,6 +38,9 @@ class static_information(_Fields):
 
     def __new__(cls, samples_collected: Any = None) -> static_information:
         return super().__new__(cls, _count(samples_collected))
+
+    # A field of jax_sgmc's scheduler that this one lacks (thinning=) named with what it takes, not a bare TypeError.
+    __new__ = checked_arguments(__new__, name="static_information")  # type: ignore[assignment]
 
 
 def _count(samples_collected: Any) -> int | None:
