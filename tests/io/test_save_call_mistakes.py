@@ -69,3 +69,16 @@ def test_static_information_given_what_it_does_not_take_names_what_it_takes(make
     with pytest.raises(ArgumentError, match=rf"static_information\(\) .*{problem}.*; it takes samples_collected"):
         make()
     assert scheduler.static_information(100)._replace(samples_collected=5).samples_collected == 5
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one collector", "a collector each"])
+def test_a_state_given_to_the_postprocess_save_of_another_strategy_is_refused_and_its_samples_kept(shared) -> None:
+    collector = io.MemoryCollector()
+    first = io.save(collector)
+    second = io.save(collector if shared else io.MemoryCollector())
+    state = first[0]({"x": jnp.zeros(())}, None, INFORMATION)
+    state = jax.jit(lambda s: jax.lax.scan(lambda s, t: first[1](s, True, {"x": t}), s, jnp.arange(4.0))[0])(state)
+    second[0]({"x": jnp.zeros(())}, None, INFORMATION)  # the other strategy's run, going on
+    with pytest.raises(ArgumentError, match=r"another io\.save strategy made: give it to the postprocess_save"):
+        second[2](state, None)
+    assert first[2](state, None)["samples"]["x"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -279,6 +279,11 @@ class _Streaming:
         checked_state(saving_state, SavingState, call="postprocess_save")
         state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
         host = self.host
+        if np.any(np.asarray(state.strategy) != host.number):  # its chains are another strategy's: left to it
+            raise ArgumentError(
+                "postprocess_save was given a saving state that the init_save of another io.save strategy made: give "
+                "it to the postprocess_save returned with that init_save, which has its samples"
+            )
         host.wait()
         name = type(self.collector).__name__
         if shared := shared_chains(state.chain_id):
