@@ -223,6 +223,14 @@ def test_hdf5_compression(tmp_path) -> None:
         _assert_trees_equal(_as_numpy(result["samples"]), want)
 
 
+@pytest.mark.parametrize(("compression", "named"), [("gzipp", "'gzipp'"), (99, "99"), (12, "12")])
+def test_an_hdf5_compression_h5py_cannot_use_is_refused_before_the_file_is_made(compression, named, tmp_path) -> None:
+    with pytest.raises(ArgumentError, match=rf"HDF5Collector's compression={named} cannot be used .*give 'gzip'"):
+        io.HDF5Collector(tmp_path / "samples.h5", compression=compression)
+    assert list(tmp_path.iterdir()) == []
+    assert io.HDF5Collector(tmp_path / "samples.h5", compression=4).close() is None  # a gzip level is one
+
+
 def test_fewer_samples_than_declared_leave_no_padding(strategy) -> None:
     init_save, save, postprocess_save = strategy.triple
     keep = jnp.arange(STEPS) % 4 == 0

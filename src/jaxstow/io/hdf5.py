@@ -52,6 +52,7 @@ from jaxstow.io.hdf5_closed import closed_file
 from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
+    checked_compression,
     checkpoint_path,
     dataset_name,
     group_name,
@@ -146,6 +147,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         >>> file.close()
         """
         h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+        checked_compression(h5py, compression)
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
         self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
         self._checkpoint_dir = optional_path(checkpoint_dir, what="HDF5Collector's checkpoint_dir")

@@ -35,6 +35,7 @@ __all__ = [
     "DIRECT_CHUNK_BYTES",
     "DRAWS_DONE",
     "RUN_ID",
+    "checked_compression",
     "checkpoint_path",
     "create_datasets",
     "dataset_name",
@@ -86,6 +87,21 @@ def group_name(chain_id: int) -> str:
 def dataset_name(chain_id: int, name: str) -> str:
     """The dataset of a chain's leaf, named by its dict keys joined by ``/`` (``""`` for a sample that is one array)."""
     return f"{group_name(chain_id)}/{name}" if name else group_name(chain_id)
+
+
+def checked_compression(h5py: Any, compression: Any) -> None:
+    """Refuse a ``compression`` that h5py cannot make a dataset with (an unknown filter, a gzip level past 9), tried on
+    a file in memory: an :class:`~jaxstow.errors.ArgumentError` before the collector opens its file."""
+    if compression is None:
+        return
+    try:
+        with h5py.File(secrets.token_hex(8), "w", driver="core", backing_store=False) as probe:
+            probe.create_dataset("probe", shape=(1,), chunks=(1,), dtype="f4", compression=compression)
+    except (ValueError, TypeError) as error:
+        raise ArgumentError(
+            f"HDF5Collector's compression={compression!r} cannot be used ({error}): give 'gzip' (or a gzip level, "
+            "0 to 9), 'lzf', another filter installed in HDF5, or None"
+        ) from None
 
 
 def create_datasets(
