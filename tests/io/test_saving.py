@@ -830,9 +830,15 @@ def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
         (lambda: io.MemoryCollector(save_dir=3), "MemoryCollector's save_dir is a folder's path .* not 3"),
         (lambda: io.MemoryCollector(["out"]), r"MemoryCollector's save_dir is a folder's path .* not \['out'\]"),
         (lambda: io.HDF5Collector("s.h5", checkpoint_dir=1.5), "HDF5Collector's checkpoint_dir is .* not 1.5"),
+        (lambda: io.MemoryCollector(""), "MemoryCollector's save_dir is a folder's path .* not ''"),
+        (
+            lambda: io.MemoryCollector(savedir="out"),
+            r"MemoryCollector\(\) got an unexpected keyword argument 'savedir' ",
+        ),
+        (lambda: io.HDF5Collector("s.h5", compresion="gzip"), r"'compresion' \(did you mean compression=\?\)"),
     ],
 )
-def test_a_collectors_folder_that_is_no_path_is_named(make, named, tmp_path, monkeypatch) -> None:
+def test_a_collectors_folder_that_is_no_path_or_a_misspelt_argument_is_named(make, named, tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ArgumentError, match=named):
         make()

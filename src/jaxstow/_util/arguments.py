@@ -69,6 +69,6 @@ def optional_path(value: object, *, what: str) -> str | None:
     """
     if value is None:
         return None
-    if not isinstance(value, str | os.PathLike):
+    if not isinstance(value, str | os.PathLike) or not os.fspath(value):
         raise ArgumentError(f"{what} is a folder's path (a str or os.PathLike) or None, not {excerpt(value)}")
     return os.fspath(value)

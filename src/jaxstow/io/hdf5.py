@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._storage.failures import storage_failures
-from jaxstow._util.arguments import optional_path
+from jaxstow._util.arguments import checked_arguments, optional_path
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, IsAFolderError
 from jaxstow.io import host_buffers
@@ -113,6 +113,7 @@ class HDF5Collector(KeepsChains, DataCollector):
     copies_blocks = True
     _stores_key_data = True
 
+    @functools.partial(checked_arguments, name="HDF5Collector")
     def __init__(
         self,
         file: Any,

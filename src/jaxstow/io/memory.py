@@ -13,6 +13,7 @@ array([0., 3., 6.], dtype=float32)
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import weakref
@@ -26,7 +27,7 @@ from jaxstow._format.npz import check_member_name, stores_exactly
 from jaxstow._save_load import save
 from jaxstow._storage.folders import make_folder
 from jaxstow._storage.sinks import atomic_sink
-from jaxstow._util.arguments import optional_path
+from jaxstow._util.arguments import checked_arguments, optional_path
 from jaxstow.errors import ArgumentError, CollectorError, FormatError, NotAFolderError, StructureMismatchError
 from jaxstow.io import host_buffers
 from jaxstow.io.chain_commits import commit_chains, settle
@@ -75,6 +76,7 @@ class MemoryCollector(KeepsChains, DataCollector):
     copies_blocks = True
     _stores_key_data = True
 
+    @functools.partial(checked_arguments, name="MemoryCollector")
     def __init__(self, save_dir: str | os.PathLike[str] | None = None) -> None:
         self._save_dir = optional_path(save_dir, what="MemoryCollector's save_dir")
         if self._save_dir is not None and os.path.exists(self._save_dir) and not os.path.isdir(self._save_dir):
