@@ -217,3 +217,22 @@ def test_a_memory_collectors_run_continued_with_other_samples_or_state_says_how_
     assert "move its samples and checkpoints away together to start over" in str(refused.value)
     expected = _sample(io.MemoryCollector(save_dir=tmp_path / "uninterrupted"))
     _assert_samples_equal(_sample(io.MemoryCollector(save_dir=tmp_path))["samples"], expected["samples"])
+
+
+@pytest.mark.parametrize("kind", ["hdf5", "memory"])
+def test_resume_called_before_init_save_on_a_stopped_run_is_refused_not_an_empty_answer(kind, tmp_path) -> None:
+    def collector() -> io.DataCollector:
+        return io.HDF5Collector(tmp_path / "samples.h5") if kind == "hdf5" else io.MemoryCollector(tmp_path / "run")
+
+    stopped = collector()
+    _sample(stopped, stop=20)  # abandoned midway, as if killed
+    stopped.close()
+    early = collector()
+    with pytest.raises(
+        CollectorError, match=r"collector\.resume\(\) was called before init_save .*call init_save first"
+    ):
+        early.resume()  # {} would let the caller start its solver anew while the chains go on from step 16
+    early.close()
+    expected = _sample(io.MemoryCollector(save_dir=tmp_path / "uninterrupted"))
+    _assert_samples_equal(_sample(collector())["samples"], expected["samples"])  # init_save, then resume: continued
+    assert io.MemoryCollector(tmp_path / "elsewhere").resume() == {}

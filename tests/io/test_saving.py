@@ -838,7 +838,9 @@ def test_a_memory_collectors_save_dir_that_is_a_file_is_named(tmp_path) -> None:
         (lambda: io.HDF5Collector("s.h5", compresion="gzip"), r"'compresion' \(did you mean compression=\?\)"),
     ],
 )
-def test_a_collectors_folder_that_is_no_path_or_a_misspelt_argument_is_named(make, named, tmp_path, monkeypatch) -> None:
+def test_a_collectors_folder_that_is_no_path_or_a_misspelt_argument_is_named(
+    make, named, tmp_path, monkeypatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ArgumentError, match=named):
         make()

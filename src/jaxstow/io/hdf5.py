@@ -66,7 +66,7 @@ from jaxstow.io.hdf5_layout import (
 from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
-from jaxstow.io.stopped_runs import StoppedRun
+from jaxstow.io.stopped_runs import StoppedRun, resumed_before_init
 from jaxstow.io.swmr import (
     DISK_DRIVERS,
     WriterLock,
@@ -442,4 +442,7 @@ class HDF5Collector(KeepsChains, DataCollector):
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
+        waiting = not self._datasets and self._file and DRAWS_DONE in self._file  # no chain registered: a stopped run?
+        if waiting and os.path.exists(path := self.checkpoint_path or ""):
+            raise resumed_before_init(path)
         return self._chains.resume()

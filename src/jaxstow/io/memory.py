@@ -43,7 +43,7 @@ from jaxstow.io.chains import (
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
 from jaxstow.io.scheduler import static_information as StaticInformation
-from jaxstow.io.stopped_runs import StoppedRun
+from jaxstow.io.stopped_runs import StoppedRun, resumed_before_init
 from jaxstow.io.swmr import WriterLock
 
 __all__ = ["MemoryCollector"]
@@ -306,7 +306,13 @@ class MemoryCollector(KeepsChains, DataCollector):
 
     def resume(self) -> Mapping[int, ChainCheckpoint]:
         """Restore the data loader's state; the checkpoints the registered chains continue from."""
+        if not self._samples and self._save_dir and any(map(_CHECKPOINT_FILE.match, _listed(self._save_dir))):
+            raise resumed_before_init(self._save_dir)
         return self._chains.resume()
+
+
+def _listed(folder: str) -> list[str]:
+    return os.listdir(folder) if os.path.isdir(folder) else []
 
 
 def _stopped_chains(save_dir: str) -> list[int]:

@@ -24,7 +24,7 @@ from collections.abc import Collection
 
 from jaxstow.errors import CollectorError
 
-__all__ = ["StoppedRun"]
+__all__ = ["StoppedRun", "resumed_before_init"]
 
 
 class StoppedRun:
@@ -75,6 +75,17 @@ class StoppedRun:
     def _how(self) -> str:
         every = f"every chain it was started with ({len(self.chains)})"
         return f"Continue the run with {every}, all at once or one chain per call, or {self.advice}"
+
+
+def resumed_before_init(where: str) -> CollectorError:
+    """The error of ``collector.resume()`` called before ``init_save`` while ``where`` holds a stopped run's
+    checkpoints: it would give none, and the caller would start the solver anew where the chains go on."""
+    return CollectorError(
+        f"{where} holds the checkpoints of a run that stopped before it finished, but collector.resume() was called "
+        "before init_save registered its chains, so it has none to give, and the run would go on from the chains' "
+        "checkpoints with a solver state started anew: call init_save first, then resume() for each chain's state",
+        file=where,
+    )
 
 
 def _chains(ids: list[int], *, counted: bool = True) -> str:
