@@ -10,8 +10,9 @@ import fsspec
 import numpy as np
 import pytest
 
+import jaxstow
 from jaxstow import CheckpointManager
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, StorageError
 
 
 @pytest.mark.parametrize(("middle", "fixed"), [("dbl//run", "dbl/run"), ("dot/./run", "dot/run"), ("a/../run", "run")])
@@ -31,3 +32,18 @@ def test_a_url_with_a_trailing_slash_lists_the_steps_saved(s3_server):
         manager.wait()
     with CheckpointManager(url, storage_options=s3_server.storage_options) as manager:
         assert manager.steps() == [1]
+
+
+@pytest.mark.parametrize("url", ["htps://host/model.jxs", "s4://bucket/model.jxs", "foo://bucket/run"])
+def test_a_url_of_an_unknown_scheme_says_so_and_what_to_give(url):
+    scheme = url.partition("://")[0]
+    for call in (
+        lambda: jaxstow.load(url),
+        lambda: jaxstow.save(url, {"v": np.ones(3)}),
+        lambda: CheckpointManager(url),
+    ):
+        with pytest.raises(StorageError, match=f"no storage is known by the URL scheme '{scheme}'") as raised:
+            call()
+        assert url in str(raised.value) and "Protocol not known" not in str(raised.value)
+    with pytest.raises(StorageError, match="did you mean 'https'"):
+        jaxstow.load("htps://host/model.jxs")

@@ -16,6 +16,7 @@ under its policy (:mod:`jaxstow._storage.retrying`): a body cut short is read ag
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -77,6 +78,14 @@ def url_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -
             package = _PROTOCOL_PACKAGES.get(scheme)
             install = "'jaxstow[s3]'" if scheme in _S3 else f"'jaxstow[fsspec]' {package or '<the package it names>'}"
             raise MissingDependencyError(f"{url}: {error.__cause__} (pip install {install})") from None
+        if isinstance(error.__cause__, ValueError) and "Protocol not known" in str(error.__cause__):
+            close = difflib.get_close_matches(scheme, fsspec.available_protocols(), n=3)
+            raise StorageError(
+                f"no storage is known by the URL scheme {scheme!r}"
+                + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else "")
+                + ": give a local path, or a URL of a scheme fsspec knows (s3://, gs://, az://, https://, ...)",
+                file=url,
+            ) from None
         raise
     return fs, path
 
