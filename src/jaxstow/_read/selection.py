@@ -105,7 +105,8 @@ class Selection:
         if unmatched:
             shown = ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else "")
             raise SelectionError(
-                f"select pattern{'s' if len(unmatched) > 1 else ''} {', '.join(map(repr, unmatched))} match no leaf "
+                f"select pattern{'s' if len(unmatched) > 1 else ''} {', '.join(map(repr, unmatched))} "
+                f"match{'' if len(unmatched) > 1 else 'es'} no leaf "
                 f"(the leaves are {shown or 'none'})",
                 file=file,
             )
