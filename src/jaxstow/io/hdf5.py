@@ -48,7 +48,7 @@ from jaxstow.io.chains import (
     write_checkpoints,
 )
 from jaxstow.io.collector import ChainCheckpoint, DataCollector
-from jaxstow.io.hdf5_closed import closed_file
+from jaxstow.io.hdf5_closed import closed_file, named_if_closed
 from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
@@ -249,9 +249,12 @@ class HDF5Collector(KeepsChains, DataCollector):
 
     def _failures(self) -> contextlib.AbstractContextManager[None]:
         """h5py's errors of a failed system call (a full disk, an I/O error) as a StorageError naming the file."""
-        if not self._file and self._lock is None:  # the caller's file, closed while its run went on
+        if self._caller_closed():
             raise closed_file(self._filename, "while its run went on", "until postprocess_save returns")
-        return storage_failures(self._filename, hdf5=True)
+        return named_if_closed(self._caller_closed, self._filename, storage_failures(self._filename, hdf5=True))
+
+    def _caller_closed(self) -> bool:
+        return not self._file and self._lock is None  # the caller's file, closed by its owner
 
     def _settle(self) -> None:
         """Put the file on disk as it is now: flushed, and in SWMR mode from the first time it can be."""
@@ -277,10 +280,8 @@ class HDF5Collector(KeepsChains, DataCollector):
         self.save_chains({chain_id: (first, values)})
 
     def save_chains(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]]) -> None:
-        """Queue copies of blocks of several chains, written together and then counted in ``/draws_done`` at once.
-
-        The copies go to memory that earlier blocks gave back once written (:mod:`~jaxstow.io.host_buffers`).
-        """
+        """Queue copies of blocks of several chains, written together and then counted in ``/draws_done`` at once; the
+        copies go to memory that earlier blocks gave back once written (:mod:`~jaxstow.io.host_buffers`)."""
         self.refuse_missing_chains()
         ends = {
             chain_id: self._chains.received(chain_id, first, values) for chain_id, (first, values) in blocks.items()
