@@ -23,11 +23,13 @@
 from __future__ import annotations
 
 import ast
+import atexit
 import builtins
 import difflib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -222,9 +224,11 @@ def needed_packages(found: list[Block]) -> str:
 
 def _commands() -> str:
     """A folder holding ``jaxstow``: a command that runs ``python -m jaxstow`` forked from the fork server its
-    environment names (``fork_client.py``), or started afresh where it names none."""
+    environment names (``fork_client.py``), or started afresh where it names none; removed when this process ends."""
     folder = Path(tempfile.gettempdir()) / f"jaxstow-docs-commands-{os.getpid()}"
-    folder.mkdir(exist_ok=True)
+    if not folder.exists():
+        folder.mkdir()
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     script = folder / "jaxstow"
     script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S -E "{Path(__file__).parent / "fork_client.py"}" "$@"\n')
     script.chmod(0o755)
