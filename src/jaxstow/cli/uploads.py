@@ -61,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if not is_s3(fs):
         raise ArgumentError(f"{args.url}: only s3:// stores have multipart uploads to list")
     bucket_name, prefix, _ = fs.split_path(path)
+    if not bucket_name:
+        raise ArgumentError(f"{args.url}: names no bucket: give s3://BUCKET or s3://BUCKET/PREFIX")
     bucket = S3Bucket(fs, bucket_name, settings.transfer)
     now = datetime.datetime.now(datetime.UTC)
     found = [
