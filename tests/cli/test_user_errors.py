@@ -72,6 +72,23 @@ def test_a_mistake_is_one_line_and_status_2(files, command, names, expected):
     assert_one_line_error(jaxstow_command(command, *(files / name for name in names)), command, f"{files}/{expected}")
 
 
+def test_uploads_of_a_url_without_a_bucket_asks_for_one():
+    assert_one_line_error(jaxstow_command("uploads", "s3://"), "uploads", "s3://: names no bucket: give s3://BUCKET")
+
+
+@pytest.mark.parametrize("command", ["ls", "verify"])
+def test_a_folder_of_files_is_no_checkpoint_folder_and_its_files_are_named(tmp_path, command):
+    folder = tmp_path / "models"
+    folder.mkdir()
+    for name in ("a.jxs", "b.jxs"):
+        jaxstow.save(folder / name, {"w": np.ones(2, np.float32)})
+    done = jaxstow_command(command, folder)
+    assert_one_line_error(
+        done, command, f"{folder}: holds no committed checkpoint step", "the files a.jxs, b.jxs", f"{folder}/a.jxs"
+    )
+    assert "loads as one model" not in done.stderr
+
+
 def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None

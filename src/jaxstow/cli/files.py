@@ -199,12 +199,19 @@ def open_file(target: str | ReadSource | Sequence[ReadSource]) -> Iterator[Reade
 def hf_listing(target: str) -> Listing | None:
     """The files of the Hugging Face folder of safetensors files at ``target`` (a path or an fsspec URL).
 
-    ``None`` when ``target`` is a file or another folder (a checkpoint folder, one of its steps); a folder without an
-    index that holds files jaxstow loads whole (``.jxs``, ``.npz``) raises an error that names them.
+    ``None`` when ``target`` is a file or another folder (a checkpoint folder, one of its steps, a local folder of
+    files jaxstow loads whole, ``.jxs`` and ``.npz``, which the command's own message names); a folder that holds such
+    files beside ``.safetensors`` files, and no index, raises an error that names them.
     """
     if kind_of_path(target) != "folder":
         return None
-    return folder_listing(locate(target), storage(target))
+    try:
+        return folder_listing(locate(target), storage(target))
+    except IsAFolderError:
+        path = local_path(target)
+        if path is None or any(name.endswith(".safetensors") for name in os.listdir(path)):
+            raise
+        return None  # files loaded whole, no index: a folder of files, not of shards
 
 
 @contextlib.contextmanager
@@ -379,6 +386,16 @@ def checkpoint_steps(folder: str) -> list[Step]:
     return steps
 
 
+def _files_in(path: str | None) -> str:
+    """The files a local folder holds, to give one of them instead (none named where there are none)."""
+    names = sorted(entry.name for entry in os.scandir(path) if entry.is_file()) if path is not None else []
+    if not names:
+        return ""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    files = "the files" if len(names) > 1 else "the file"
+    return f"; it holds {files} {shown}: give one file's path to read it, e.g. {os.path.join(path or '', names[0])}"
+
+
 def committed_steps(folder: str) -> list[Step | DamagedStep]:
     """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = read_steps(folder)
@@ -386,6 +403,6 @@ def committed_steps(folder: str) -> list[Step | DamagedStep]:
         path = local_path(folder)
         foreign = folder_problem(path) if path is not None else "is a folder"
         if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
-            foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)"
+            foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)" + _files_in(path)
         raise PathError(foreign, file=folder)
     return steps
