@@ -125,7 +125,10 @@ def advice(kind: Kind, target: str | None) -> str:
 
 
 def _stem(target: str) -> str:
-    return os.path.splitext(target.rstrip("/"))[0]
+    """The name of ``target`` without its suffix: where ``convert`` writes ``STEM.jxs`` (``STEM-jaxstow.jxs`` if that
+    is ``target`` itself, which a conversion cannot replace)."""
+    stem = os.path.splitext(target.rstrip("/"))[0]
+    return f"{stem}-jaxstow" if f"{stem}.jxs" == target.rstrip("/") else stem
 
 
 def recognise(target: Readable | Location) -> Kind:
