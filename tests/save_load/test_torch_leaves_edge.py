@@ -99,3 +99,16 @@ def test_a_tensor_from_a_memory_mapped_file_can_be_written(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.splitlines() == ["[5.0, 1.0, 1.0, 1.0]", "[1.0, 1.0, 1.0, 1.0]"]
+
+
+@pytest.mark.parametrize("options", [{}, {"select": "weight"}, {"pipeline": True}], ids=["whole", "select", "pipeline"])
+def test_as_numpy_gives_torch_leaves_as_numpy_with_or_without_like(tmp_path, options):
+    path = tmp_path / "state.jxs"
+    jaxstow.save(path, {"weight": torch.arange(6.0).reshape(2, 3), "half": torch.ones(2, dtype=torch.bfloat16)})
+    loaded = jaxstow.load(path, as_numpy=True, **options)
+    fitted = jaxstow.load(path, like={"weight": torch.zeros(2, 3), "half": torch.zeros(2, dtype=torch.bfloat16)})
+    for name, value in loaded.items():
+        assert type(value) is np.ndarray, (name, type(value))
+        assert value.tobytes() == tensor_to_numpy(fitted[name]).tobytes()
+    assert loaded["weight"].dtype == np.float32 and loaded["weight"].shape == (2, 3)
+    assert isinstance(jaxstow.load(path)["weight"], torch.Tensor)  # without as_numpy: the tensors saved

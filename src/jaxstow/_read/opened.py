@@ -295,11 +295,12 @@ class OpenedFile(Mapping[str, Any]):
         arrays = self.read_arrays(leaves)
         return {leaf.path: self.as_leaf(leaf, arrays[leaf.path]) for leaf in leaves}
 
-    def as_leaf(self, leaf: Stored, array: np.ndarray) -> Any:
-        """A stored leaf's array as the leaf it was: an array, a numpy scalar, a PRNG key or a torch tensor."""
+    def as_leaf(self, leaf: Stored, array: np.ndarray, *, as_numpy: bool = False) -> Any:
+        """A stored leaf's array as the leaf it was: an array, a numpy scalar, a PRNG key or a torch tensor (the
+        array itself with ``as_numpy``)."""
         if leaf.kind == "npscalar":
             return array[()]
-        if leaf.kind == "torch":
+        if leaf.kind == "torch" and not as_numpy:
             return tensor_from_numpy(array, file=self.file, path=leaf.path)
         if leaf.kind == "key":
             own = array if self._map is None else np.array(array)  # not the map's pages, which the file can change
@@ -313,8 +314,9 @@ class OpenedFile(Mapping[str, Any]):
             if (problem := held_problem(array.dtype) or narrowing_problem(array)) is not None:
                 raise RequestError(problem, file=self.file, path=path)
 
-    def read_all(self) -> list[Any] | None:
-        """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified), read by columns.
+    def read_all(self, *, as_numpy: bool = False) -> list[Any] | None:
+        """Every leaf of a version 3 native file in leaf order (arrays as numpy, verified; torch tensors as themselves
+        unless ``as_numpy``), read by columns.
 
         One pass over the slot table, with no Python object per leaf but the array itself, and every checksum compared
         at once. ``None`` for a file this cannot read so (another container or version, sharded or per-process leaves,
@@ -346,7 +348,7 @@ class OpenedFile(Mapping[str, Any]):
             )
             self.verify(paths[k], digests[k], columns.checksums[k])
         for k, leaf in leaves.items():
-            arrays[k] = self.as_leaf(leaf, arrays[k])
+            arrays[k] = self.as_leaf(leaf, arrays[k], as_numpy=as_numpy)
         if len(positions) == len(columns.paths):
             return arrays
         values: list[Any] = [None] * len(columns.paths)

@@ -176,7 +176,7 @@ def _rebuild(
 ) -> Any:
     if _has_nodes(opened) and (saved := opened.treedef()) is not None:
         check_rebuilt(opened, saved)
-    everything = opened.read_all() if select is None and sharding is None and not pipeline else None
+    everything = opened.read_all(as_numpy=as_numpy) if select is None and sharding is None and not pipeline else None
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
@@ -202,7 +202,7 @@ def _rebuild(
         if path not in chosen:
             return SKIPPED
         if path in data:
-            return opened.as_leaf(opened.stored[path], data[path])
+            return opened.as_leaf(opened.stored[path], data[path], as_numpy=as_numpy)
         return _value(opened, path, every=every)
 
     placements = _placements(opened, sharding, index_tree, arrays)
