@@ -81,7 +81,6 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    _refuse_converting_into_itself(args.src, args.dst)
     target = args.to or _format_of(args.dst)
     with orbax_steps.quiet():
         kind = source_kind(args.src)
@@ -117,17 +116,6 @@ def run(args: argparse.Namespace) -> int:
     size = _size(args.dst)
     print(f"{args.src} ({kind.label}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
     return 0
-
-
-def _refuse_converting_into_itself(src: str, dst: str) -> None:
-    """Refuse a destination that is the source: its conversion would replace the file (or folder) it reads."""
-    src_path, dst_path = local_path(src), local_path(dst)
-    if src_path is not None and dst_path is not None:
-        same = os.path.exists(dst_path) and os.path.exists(src_path) and os.path.samefile(src_path, dst_path)
-    else:
-        same = src.rstrip("/") == dst.rstrip("/")
-    if same:
-        raise ArgumentError(f"{dst} is {src} itself, which its conversion would replace: give another destination")
 
 
 def source_kind(src: str) -> Kind:

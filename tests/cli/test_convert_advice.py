@@ -1,0 +1,23 @@
+"""The advice for a foreign file named ``.jxs`` converts it beside itself, not in place (which would replace it)."""
+
+from __future__ import annotations
+
+import forked_cli
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstow
+
+flax_serialization = pytest.importorskip("flax.serialization")
+
+
+def test_the_advice_for_a_foreign_file_named_jxs_converts_it_beside_itself(tmp_path):
+    source = tmp_path / "params.jxs"
+    source.write_bytes(flax_serialization.to_bytes({"w": jnp.ones(3)}))
+    with pytest.raises(jaxstow.errors.FormatError) as raised:
+        jaxstow.load(source)
+    assert f"`jaxstow convert {source} {tmp_path / 'params-jaxstow.jxs'}` converts it" in str(raised.value)
+    done = forked_cli.jaxstow_command("convert", source, tmp_path / "params-jaxstow.jxs")
+    assert done.returncode == 0, done.stderr
+    np.testing.assert_array_equal(jaxstow.load(tmp_path / "params-jaxstow.jxs")["w"], np.ones(3, np.float32))
