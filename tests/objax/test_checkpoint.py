@@ -159,3 +159,36 @@ def test_leftovers_of_interrupted_saves_are_removed(tmp_path):
 def test_keep_ckpts_out_of_range_is_named_as_the_argument_given(tmp_path, keep):
     with pytest.raises(jaxstow.errors.ArgumentError, match=r"^keep_ckpts must be how many checkpoints to keep"):
         Checkpoint(tmp_path, keep_ckpts=keep)
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_save_that_higher_indices_of_another_run_would_delete_at_once_is_refused(tmp_path, keep):
+    Checkpoint(tmp_path, keep_ckpts=3).save(_tree(50), 50)  # an earlier run in the same logdir
+    Checkpoint(tmp_path, keep_ckpts=3).save(_tree(60), 60)
+    ckpt = Checkpoint(tmp_path, keep_ckpts=keep)
+    with pytest.raises(
+        CheckpointError,
+        match=r"0000000001\.npz: checkpoint 1 would be deleted as soon as it is saved, "
+        r"and restore\(\) would take checkpoint 60 instead: .*holds the higher indices 50, 60.*Give this "
+        r"run a logdir of its own",
+    ):
+        ckpt.save(_tree(1), 1)
+    assert ckpt.indices() == [50, 60]
+    assert ckpt.restore()[1] == 60
+    ckpt.save(_tree(61), 61)  # an index above them is kept
+    assert ckpt.indices() == [50, 60, 61][-keep:]
+
+
+def test_objax_variables_are_not_saved_to_be_deleted_by_later_checkpoints(tmp_path):
+    class Var:
+        def __init__(self, value):
+            self.value = value
+
+        def assign(self, value, check=True):
+            self.value = value
+
+    jaxstow.objax.Checkpoint(tmp_path, keep_ckpts=1, verbose=False).save({"(Linear).w": Var(jnp.ones(2))}, 9)
+    ckpt = jaxstow.objax.Checkpoint(tmp_path, keep_ckpts=1, verbose=False)
+    with pytest.raises(CheckpointError, match=r"checkpoint 3 would be deleted as soon as it is saved"):
+        ckpt.save({"(Linear).w": Var(jnp.zeros(2))}, 3)
+    assert ckpt.indices() == [9]

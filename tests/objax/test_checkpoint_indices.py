@@ -32,7 +32,7 @@ def test_a_tree_checkpoint_refuses_an_index_that_is_no_non_negative_integer(tmp_
 
 def test_numpy_and_python_integers_are_indices(tmp_path):
     ckpt = TreeCheckpoint(tmp_path, keep_ckpts=3)
-    for idx in (np.int64(2), np.uint8(3), 4, 0):
+    for idx in (0, np.int64(2), np.uint8(3), 4):
         ckpt.save({"w": np.full(2, float(idx))}, idx=idx)
     assert ckpt.indices() == [2, 3, 4]
     tree, idx, path = ckpt.restore(idx=np.int32(3))

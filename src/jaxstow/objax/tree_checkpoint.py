@@ -17,7 +17,7 @@ from jaxstow._storage.lock import lock_store
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store, open_store
-from jaxstow.errors import ArgumentError, PathNotFoundError
+from jaxstow.errors import ArgumentError, CheckpointError, PathNotFoundError
 from jaxstow.objax.variables import load_var_collection, save_var_collection
 
 __all__ = ["TreeCheckpoint"]
@@ -154,17 +154,36 @@ class TreeCheckpoint:
         """Save ``tree`` as checkpoint ``idx`` (atomically), then delete all but the ``keep_ckpts`` latest.
 
         ``idx`` is a non-negative integer (Python or numpy): a float, a bool or a negative number is an
-        :class:`~jaxstow.errors.ArgumentError`, and nothing is written.
+        :class:`~jaxstow.errors.ArgumentError`, and nothing is written. So is an ``idx`` that ``keep_ckpts`` higher
+        indices in the folder (another run's) would have deleted at once: a :class:`~jaxstow.errors.CheckpointError`.
         """
         idx = check_step(idx, what="idx")
         lock = lock_store(self._store)  # for this save alone: another Checkpoint of the folder may save next
         try:
             self._store.cleanup(lambda name: False)  # what a save killed midway left
+            self._refuse_deleted_at_once(idx)
             self._function(type(self).SAVE_FN)(self.path(idx), tree)
             for old in self._policy.to_delete(self.indices(), {}):
                 self._store.remove(self._names.name(old))
         finally:
             lock.release()
+
+    def _refuse_deleted_at_once(self, idx: int) -> None:
+        """Refuse to save ``idx`` where the keep rule would delete it as soon as it is written, and restore a higher
+        index in its place: the folder holds ``keep_ckpts`` higher ones."""
+        indices = self.indices()
+        if idx not in self._policy.to_delete(sorted({*indices, idx}), {}):
+            return
+        higher = [index for index in indices if index > idx]
+        shown = ", ".join(map(str, higher[:5])) + (", ..." if len(higher) > 5 else "")
+        raise CheckpointError(
+            f"{self.path(idx)}: checkpoint {idx} would be deleted as soon as it is saved, and restore() would take "
+            f"checkpoint {higher[-1]} instead: keep_ckpts={self.keep_ckpts} keeps the highest indices, and "
+            f"{self.directory} holds the higher indices {shown}, another run's or this run's before it went back. "
+            f"Give this run a logdir of its own, delete the higher checkpoints, or save under an index above "
+            f"{higher[-1]}",
+            file=self.path(idx),
+        )
 
     def _function(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """``function``, given the storage options if it is one of jaxstow's (which take them)."""
