@@ -13,7 +13,7 @@ import pytest
 
 import jaxstow
 from jaxstow._format.skeleton import decode_value
-from jaxstow.errors import FormatError, UnsaveableObjectError
+from jaxstow.errors import FormatError, StructureMismatchError, UnsaveableObjectError
 
 INIT_CALLS: list[str] = []
 
@@ -188,3 +188,38 @@ def test_a_registered_class_written_in_c_is_refused_at_save_not_saved_empty(tmp_
     with pytest.raises(UnsaveableObjectError, match=r"leaf 'lr' .*no __dict__ and no __slots__: written in C"):
         jaxstow.save(tmp_path / "state.jxs", {"lr": value})  # it came back as Decimal('0'), or did not load
     assert not (tmp_path / "state.jxs").exists()
+
+
+@dataclasses.dataclass
+class HyperRenamed:  # the next version of the code: rate renamed
+    width: int
+    learning_rate: float
+
+
+@dataclasses.dataclass
+class HyperGrown:  # the next version of the code: a field added, with a default
+    width: int
+    rate: float
+    learning_rate: float = 1e-3
+
+
+@pytest.mark.parametrize("changed", [HyperRenamed, HyperGrown], ids=lambda cls: cls.__name__)
+def test_a_dataclass_whose_fields_changed_since_the_save_is_refused_not_rebuilt_without_them(
+    tmp_path: Path, changed: type
+) -> None:
+    @dataclasses.dataclass
+    class Hyper:
+        width: int
+        rate: float
+
+    jaxstow.saveable(Hyper, name="tests.Hyper")
+    jaxstow.save(tmp_path / "model.jxs", {"hp": Hyper(3, 0.1), "w": jnp.ones(2)})
+    with pytest.warns(UserWarning, match="now names"):
+        jaxstow.saveable(changed, name="tests.Hyper")
+    with pytest.raises(
+        StructureMismatchError,
+        match=r"model\.jxs does not fit .*\n  - 'hp': the dataclass tests\.Hyper has the fields \['width', .*"
+        r"'learning_rate'\] now, the file holds the attributes \['rate', 'width'\]: \['learning_rate'\] would be "
+        r"missing from the instance \(renamed or added since the save\?\)\nLoad the file with the class as it was saved",
+    ):
+        jaxstow.load(tmp_path / "model.jxs")

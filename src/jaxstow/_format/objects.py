@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._names import registry
 from jaxstow._names.repeated_keys import refuse_repeated
-from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
+from jaxstow.errors import FormatError, StructureMismatchError, UnsaveableObjectError, excerpt
 
 __all__ = ["decode_member", "encode_attributes", "encode_member", "rebuild"]
 
@@ -139,10 +140,29 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
         if not isinstance(pair[0], str) or _is_dunder(pair[0]):
             raise FormatError(f"{excerpt(pair[0])} cannot be an attribute of a {name} instance", file=file, path=path)
     refuse_repeated([key for key, _ in attrs], file=file, path=path)
+    _refuse_missing_fields(cls, name, [key for key, _ in attrs], file=file, path=path)
     obj: object = cls.__new__(cls)  # type: ignore[call-overload]
     for key, value in attrs:
         object.__setattr__(obj, key, decode_part(value, key))
     return obj
+
+
+def _refuse_missing_fields(cls: type, name: str, saved: list[str], *, file: str | None, path: str) -> None:
+    """Refuse to rebuild a dataclass without a value for each of the fields its ``__init__`` sets: a field renamed or
+    added since the save would be missing from the instance, or read as the class's default."""
+    if not dataclasses.is_dataclass(cls):
+        return
+    fields = [field.name for field in dataclasses.fields(cls) if field.init]
+    missing = [field for field in fields if field not in saved]
+    if missing:
+        raise StructureMismatchError(
+            [
+                f"{path!r}: the dataclass {name} has the fields {fields} now, the file holds the attributes {saved}: "
+                f"{missing} would be missing from the instance (renamed or added since the save?)"
+            ],
+            file=file,
+            fix="Load the file with the class as it was saved, and build the new class from what it loads.",
+        )
 
 
 def _declares_slots(cls: type) -> bool:
