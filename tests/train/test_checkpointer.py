@@ -131,6 +131,26 @@ def test_a_file_holding_the_dict_of_a_checkpoints_fields_resumes_like_a_checkpoi
         DefaultCheckpointer(_args(tmp_path)).load()
 
 
+@pytest.mark.parametrize(
+    ("state", "found"),
+    [(None, "NoneType"), ({"w": np.ones(2)}, r"a dict with the keys \['w'\]")],
+    ids=["none", "module-state"],
+)
+def test_a_state_load_cannot_resume_from_is_refused_by_save_and_the_run_resumes_from_the_last_good_one(
+    tmp_path: Path, state: Any, found: str
+) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path))
+    checkpointer.save(_state(1), 1)
+    with pytest.raises(
+        jaxstow.errors.ArgumentError,
+        match=rf"checkpoint_2\.jxs: save\(\) keeps a jaxstow\.train\.Checkpoint \(or a dict of its fields\), not {found}, "
+        r"which load\(\) could not resume from: save Checkpoint\(module_interface_state=\.\.\.\)",
+    ):
+        checkpointer.save(state, 2, force=True)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint_1.jxs"]
+    assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 1}
+
+
 def test_get_latest_file_gives_the_largest_index_or_nothing(tmp_path: Path) -> None:
     _touch(tmp_path, "run_3.pt", "run_12.pt", "run_model_40.pt", "run_50.pt.bak")
     assert DefaultCheckpointer.get_latest_file(tmp_path, "run", "pt") == str(tmp_path / "run_12.pt")

@@ -16,7 +16,7 @@ from jaxstow._storage.folders import make_folder
 from jaxstow.errors import ArgumentError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
-from jaxstow.train.state import Checkpoint, as_checkpoint
+from jaxstow.train.state import Checkpoint, as_checkpoint, described_state, is_checkpoint
 
 __all__ = ["DefaultCheckpointer", "DefaultCheckpointerArguments"]
 
@@ -138,6 +138,13 @@ class DefaultCheckpointer(AbstractCheckpointer):
         index = check_step(index, what="the checkpoint's index", negative=True)
         if not isinstance(force, bool | np.bool_):
             raise ArgumentError(f"save's force must be True or False, not {force!r}")
+        if not is_checkpoint(checkpoint_state):  # load() would refuse the file, the newest, and resume from none
+            raise ArgumentError(
+                f"{os.path.join(self.args.save_dir, self.names.checkpoint(index))}: save() keeps a "
+                f"jaxstow.train.Checkpoint (or a dict of its fields), not {described_state(checkpoint_state)}, which "
+                "load() could not resume from: save Checkpoint(module_interface_state=...), or a module's state alone "
+                "with save_model()"
+            )
         if not self.args.checkpoint or (index % self.args.period != 0 and not force):
             return None
         return self._write(self.args.save_dir, self.names.checkpoint(index), checkpoint_state)

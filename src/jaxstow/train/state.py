@@ -26,7 +26,7 @@ from jaxstow._names.registry import saveable
 from jaxstow._steps.names import check_step
 from jaxstow.errors import ArgumentError, CheckpointError
 
-__all__ = ["Checkpoint", "Stateful", "as_checkpoint", "saved_count", "saved_list"]
+__all__ = ["Checkpoint", "Stateful", "as_checkpoint", "described_state", "is_checkpoint", "saved_count", "saved_list"]
 
 
 @runtime_checkable
@@ -66,6 +66,17 @@ saveable(Checkpoint, name="jaxstow.train.Checkpoint")
 _FIELDS = tuple(field.name for field in dataclasses.fields(Checkpoint))
 
 
+def is_checkpoint(state: Any) -> bool:
+    """Whether ``state`` is a :class:`Checkpoint` or the dict of some of its fields, which :func:`as_checkpoint`
+    takes."""
+    return isinstance(state, Checkpoint) or (isinstance(state, dict) and bool(state) and set(state) <= set(_FIELDS))
+
+
+def described_state(state: Any) -> str:
+    """What ``state``, which is no checkpoint, is, for a message: a dict's keys or a type's name."""
+    return f"a dict with the keys {sorted(map(str, state))}" if isinstance(state, dict) else type(state).__name__
+
+
 def as_checkpoint(loaded: Any, *, file: str) -> Checkpoint:
     """``loaded`` as a :class:`Checkpoint`: itself, or one made from a dict of its fields; ``file`` names it in errors.
 
@@ -74,12 +85,11 @@ def as_checkpoint(loaded: Any, *, file: str) -> Checkpoint:
     """
     if isinstance(loaded, Checkpoint):
         return loaded
-    if isinstance(loaded, dict) and loaded and set(loaded) <= set(_FIELDS):
+    if is_checkpoint(loaded):
         return Checkpoint(**loaded)
-    found = f"a dict with the keys {sorted(map(str, loaded))}" if isinstance(loaded, dict) else type(loaded).__name__
     raise CheckpointError(
-        f"{file} holds {found}, not a jaxstow.train.Checkpoint or a dict of its fields {list(_FIELDS)}; resume from "
-        "a file written by save(), not by save_model()",
+        f"{file} holds {described_state(loaded)}, not a jaxstow.train.Checkpoint or a dict of its fields "
+        f"{list(_FIELDS)}; resume from a file written by save(), not by save_model()",
         file=file,
     )
 
