@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import itertools
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -268,3 +269,31 @@ def test_a_file_whose_dict_keys_are_no_names_is_refused_naming_the_file(tmp_path
     jaxstow.save(tmp_path / "ints.jxs", {0: np.ones(3, np.float32)})
     with pytest.raises(VariableMismatchError, match=r"ints\.jxs does not fit .*\n  - 0: a key of the file's dict that"):
         objax_io.load_var_collection(str(tmp_path / "ints.jxs"), {"0": objax.StateVar(np.zeros(3, np.float32))})
+
+
+@pytest.mark.parametrize(
+    ("vc", "found"),
+    [
+        ({"(Linear).w": objax.StateVar(jnp.ones(2)), 0: objax.StateVar(jnp.ones(1))}, "the name 0"),
+        (
+            {"(Linear).w": objax.StateVar(jnp.ones(2)), "(Linear).steps": objax.StateVar(3)},
+            "'(Linear).steps' holding int",
+        ),
+        (
+            {"(Linear).w": objax.StateVar(jnp.ones(2)), "(Linear).cfg": objax.StateVar(None)},
+            "'(Linear).cfg' holding NoneType",
+        ),
+    ],
+    ids=["int-name", "int-value", "none-value"],
+)
+def test_a_collection_load_var_collection_could_not_read_back_is_refused_by_the_save(tmp_path, vc, found) -> None:
+    path = tmp_path / "net.npz"
+    objax_io.save_var_collection(path, _mlp().vars())
+    before = path.read_bytes()
+    with pytest.raises(
+        jaxstow.errors.ArgumentError,
+        match=rf"net\.npz: save_var_collection saves arrays under str names, which load_var_collection reads back; "
+        rf"vc has {re.escape(found)}: pass module\.vars\(\)",
+    ):
+        objax_io.save_var_collection(path, vc)
+    assert path.read_bytes() == before  # the earlier save is still there

@@ -64,8 +64,21 @@ def save_var_collection(
         file: A path, an fsspec URL or a binary file object.
         vc: The variable collection, ``module.vars()``.
         storage_options: Passed to fsspec for a URL ``file``.
+
+    Raises:
+        ArgumentError: A name that is no str or a value that is no array, which :func:`load_var_collection` could not
+            read back; nothing is written.
     """
     tree = {names[0]: variable.value for variable, names in _by_variable(vc).values()}
+    unnamed, others = _unloadable(tree)
+    if unnamed or others:  # a file load_var_collection would refuse
+        found = [f"the name {name!r}" for name in unnamed] + [
+            f"{name!r} holding {type(tree[name]).__name__}" for name in others
+        ]
+        raise ArgumentError(
+            f"{display_name(file)}: save_var_collection saves arrays under str names, which load_var_collection "
+            f"reads back; vc has {', '.join(found)}: pass module.vars(), or save other trees with jaxstow.save"
+        )
     local = local_path(file) if isinstance(file, str | os.PathLike) else None
     if local is not None and os.path.dirname(local):  # its folders made first, as Objax does
         make_folder(os.path.dirname(local))
@@ -111,13 +124,12 @@ def load_var_collection(
             raise VariableMismatchError(
                 ["the file holds no variable collection (a flat dict of arrays)"], file=display_name(file)
             )
-        unnamed = [name for name in stored if not isinstance(name, str)]
+        unnamed, others = _unloadable(stored)
         if unnamed:
             raise VariableMismatchError(
                 [f"{name!r}: a key of the file's dict that is no variable name (a str)" for name in unnamed],
                 file=display_name(file),
             )
-        others = [name for name, value in stored.items() if not isinstance(value, np.ndarray | np.generic | jax.Array)]
         if others:
             raise VariableMismatchError(
                 [f"{name!r}: stored {type(stored[name]).__name__}, not an array" for name in others],
@@ -162,6 +174,13 @@ def load_var_collection(
         variable.assign(
             np.array(value) if isinstance(held, np.ndarray | np.generic) else jnp.asarray(value), check=False
         )
+
+
+def _unloadable(tree: dict[Any, Any]) -> tuple[list[Any], list[Any]]:
+    """The names of ``tree`` that are no str, and those whose values are no arrays: no variable collection's."""
+    unnamed = [name for name in tree if not isinstance(name, str)]
+    others = [name for name, value in tree.items() if not isinstance(value, np.ndarray | np.generic | jax.Array)]
+    return unnamed, others
 
 
 def _describe(array: Any) -> str:
