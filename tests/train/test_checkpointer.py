@@ -282,3 +282,20 @@ def test_a_save_dir_that_cannot_be_made_is_a_jaxstow_error_naming_it(tmp_path: P
         with pytest.raises(StorageError, match="cannot make the folder") as raised:
             DefaultCheckpointer(_args(tmp_path, save_dir=disk / "checkpoints")).save(_state(0), 0)
         assert raised.value.file == str(disk / "checkpoints")
+
+
+def test_relative_folders_stay_those_of_the_working_directory_the_checkpointer_was_made_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    DefaultCheckpointer(_args(theirs / "ckpt")).save(_state(9), 9)  # another run's folder, of the same relative name
+    ours.mkdir()
+    monkeypatch.chdir(ours)
+    checkpointer = DefaultCheckpointer(_args(Path("ckpt")))
+    checkpointer.save(_state(1), 1)
+    monkeypatch.chdir(theirs)  # a notebook's %cd, a library that changes the working directory
+    assert checkpointer.save(_state(2), 2) == str(ours / "ckpt" / "checkpoint_2.jxs")
+    assert checkpointer.save_model({"w": np.ones(2)}, 2) == str(ours / "ckpt" / "checkpoint_model_2.jxs")
+    assert checkpointer.load().trainer_state == {"last_epoch": 2}
+    assert checkpointer.resumed_from == str(ours / "ckpt" / "checkpoint_2.jxs")
+    assert sorted(os.listdir(theirs / "ckpt")) == ["checkpoint_9.jxs"]

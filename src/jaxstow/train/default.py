@@ -37,7 +37,8 @@ class DefaultCheckpointerArguments:
             ``save_dir`` and ``model_state_save_dir`` when it is made; other files are left alone.
         period: keep the checkpoint of every index that is a multiple of ``period`` (a positive integer).
         save_dir: folder of the checkpoints, made when first needed; ``./checkpoints`` of the current folder at the
-            time the arguments are made.
+            time the arguments are made. A relative folder (here and below) is one of the working directory when the
+            checkpointer is made, whatever it is later.
         model_state_save_dir: folder of the model files written by ``save_model``; ``None`` or ``""`` writes none.
         load_dir: folder to resume from; ``None`` or ``""`` starts from scratch.
         load_filename: a file in ``load_dir`` to resume from; without it, the checkpoint with the largest index there.
@@ -100,7 +101,10 @@ class DefaultCheckpointer(AbstractCheckpointer):
             ArgumentError: An argument that is not valid.
         """
         self.args = args if args is not None else DefaultCheckpointerArguments()
-        _check(self.args)
+        #: The working directory when the checkpointer was made, which relative folders are taken from: a later
+        #: ``os.chdir`` (a notebook's ``%cd``, a library) leads neither saves nor the resume to another folder.
+        self.working_directory = os.getcwd()
+        _check(self.args, self.working_directory)
         #: The file the last :meth:`load` resumed from (``None``: none yet, or it started from scratch).
         self.resumed_from: str | None = None
         level = self.args.log_level
@@ -134,13 +138,13 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
         ``index`` is an integer (Python, numpy or a 0-d jax array); a float or a bool, whose file would never be
         resumed from, is an :class:`~jaxstow.errors.ArgumentError`."""
-        _check_use(self.args)
+        _check_use(self.args, self.working_directory)
         index = check_step(index, what="the checkpoint's index", negative=True)
         if not isinstance(force, bool | np.bool_):
             raise ArgumentError(f"save's force must be True or False, not {force!r}")
         if not is_checkpoint(checkpoint_state):  # load() would refuse the file, the newest, and resume from none
             raise ArgumentError(
-                f"{os.path.join(self.args.save_dir, self.names.checkpoint(index))}: save() keeps a "
+                f"{self._in(self.args.save_dir, self.names.checkpoint(index))}: save() keeps a "
                 f"jaxstow.train.Checkpoint (or a dict of its fields), not {described_state(checkpoint_state)}, which "
                 "load() could not resume from: save Checkpoint(module_interface_state=...), or a module's state alone "
                 "with save_model()"
@@ -152,7 +156,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def save_model(self, model_state: object, index: int) -> str | None:
         """Write the module's state to ``model_state_save_dir`` if checkpointing is on and that folder is set; the
         path written, or ``None``. Model files are never taken as checkpoints to resume from."""
-        _check_use(self.args)
+        _check_use(self.args, self.working_directory)
         index = check_step(index, what="the model file's index", negative=True)
         if not self.args.checkpoint or not self.args.model_state_save_dir:
             return None
@@ -160,7 +164,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
 
     def load(self) -> Checkpoint:
         """The checkpoint at ``load_dir/load_filename``, else the latest in ``load_dir``, else ``Checkpoint()``."""
-        _check_use(self.args)
+        _check_use(self.args, self.working_directory)
         path = self.resumed_from = self._resume_path()
         if path is None:
             return Checkpoint()
@@ -168,9 +172,13 @@ class DefaultCheckpointer(AbstractCheckpointer):
         self.logger.info("resumed from %s", path)
         return checkpoint
 
+    def _in(self, folder: PathLike, *name: str) -> str:
+        """``folder/name``, a relative ``folder`` taken from the working directory when the checkpointer was made."""
+        return os.path.join(self.working_directory, folder, *name)
+
     def _write(self, folder: PathLike, name: str, tree: object) -> str:
-        make_folder(os.fspath(folder))
-        path = os.path.join(folder, name)
+        make_folder(self._in(folder))
+        path = self._in(folder, name)
         save(path, tree)
         self.logger.info("saved %s", path)
         return path
@@ -185,7 +193,7 @@ class DefaultCheckpointer(AbstractCheckpointer):
             if not os.path.isfile(path):
                 raise PathNotFoundError("load_filename names no file in load_dir", file=path)
             return path
-        latest = self.get_latest_file(load_dir, self.args.file_prefix, self.args.file_ext)
+        latest = self.get_latest_file(self._in(load_dir), self.args.file_prefix, self.args.file_ext)
         if not latest:
             self.logger.warning(
                 "no checkpoint %s in %s: starting from scratch", self.names.checkpoint_pattern, load_dir
@@ -211,13 +219,13 @@ class DefaultCheckpointer(AbstractCheckpointer):
     def _named_resume_file(self) -> str | None:
         if not (self.args.load_dir and self.args.load_filename):
             return None
-        return os.path.join(self.args.load_dir, self.args.load_filename)
+        return self._in(self.args.load_dir, self.args.load_filename)
 
     def _own_files(self) -> list[str]:
         """This checkpointer's files (its prefix and extension) in ``save_dir`` and ``model_state_save_dir``."""
-        own = list(self.names.find(self.args.save_dir).values())
+        own = list(self.names.find(self._in(self.args.save_dir)).values())
         if self.args.model_state_save_dir:
-            own += self.names.find(self.args.model_state_save_dir, model=True).values()
+            own += self.names.find(self._in(self.args.model_state_save_dir), model=True).values()
         return own
 
 
@@ -239,9 +247,9 @@ def _check_name_part(args: DefaultCheckpointerArguments, field: str) -> None:
         )
 
 
-def _check(args: DefaultCheckpointerArguments) -> None:
+def _check(args: DefaultCheckpointerArguments, working_directory: str) -> None:
     """Refuse arguments that cannot work, before anything is written or deleted."""
-    _check_use(args)
+    _check_use(args, working_directory)
     if (
         args.delete_existing_checkpoints
         and args.load_dir
@@ -253,7 +261,7 @@ def _check(args: DefaultCheckpointerArguments) -> None:
         )
 
 
-def _check_use(args: DefaultCheckpointerArguments) -> None:
+def _check_use(args: DefaultCheckpointerArguments, working_directory: str) -> None:
     """Refuse arguments that a save or a load cannot work with: checked again by each, as a trainer may set them on
     ``checkpointer.args`` after the checkpointer is made (``checkpointer.args.checkpoint = True``)."""
     _check_path(args, "save_dir", optional=False)
@@ -276,7 +284,7 @@ def _check_use(args: DefaultCheckpointerArguments) -> None:
             raise ArgumentError(
                 f"DefaultCheckpointerArguments.{flag} must be True or False, not {getattr(args, flag)!r}"
             )
-    if args.load_dir and os.path.isfile(args.load_dir):
+    if args.load_dir and os.path.isfile(os.path.join(working_directory, args.load_dir)):
         raise ArgumentError(
             f"DefaultCheckpointerArguments.load_dir is the folder of the checkpoints, not the file {args.load_dir!r}: "
             "give its folder as load_dir and its name as load_filename"
