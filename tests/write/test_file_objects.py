@@ -217,3 +217,13 @@ def test_a_gzip_stream_is_saved_into_and_loads_back(tmp_path, name):
     with gzip.open(path, "rb") as file:
         _assert_same(jaxstow.load(file, as_numpy=True))
         assert jaxstow.load_metadata(file) == {"epoch": 3}
+
+
+@pytest.mark.parametrize("mode", ["ab", "a+b"])
+def test_a_file_opened_to_append_is_saved_into_as_a_stream_and_loads_back(tmp_path, mode):
+    path = tmp_path / "model.npz"
+    with open(path, mode) as file:  # its writes all land at its end: a seek back to complete the archive appended
+        jaxstow.save(file, TREE)
+    _assert_same(jaxstow.load(path, as_numpy=True))
+    with np.load(path) as archive:  # an archive numpy reads too
+        np.testing.assert_array_equal(archive["w"], TREE["w"])

@@ -191,7 +191,9 @@ class _WholeWrites:
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self._raw = isinstance(file, io.RawIOBase)
-        self._seekable = bool(getattr(file, "seekable", lambda: False)())
+        # One that writes only at its end (opened in mode "a") is written as a stream: a seek back to complete
+        # what was written (zipfile's headers) would append instead, and leave a corrupt archive.
+        self._seekable = bool(getattr(file, "seekable", lambda: False)()) and not _appends(file)
         self.name = getattr(file, "name", "")  # what the writers name in their errors
         # jaxstow's own temporary file (a checkpoint's staging folder): its owner names the final file in its errors
         self._own = isinstance(self.name, str) and TEMPORARY_MARKER in self.name
@@ -319,6 +321,12 @@ class _WholeWrites:
         return StorageError(
             f"cannot write it: {strerror[:1].lower()}{strerror[1:]}", file=self._label(), errno=error.errno
         )
+
+
+def _appends(file: Any) -> bool:
+    """Whether ``file`` writes at its end whatever its position: opened in mode ``"a"``."""
+    mode = getattr(file, "mode", "")
+    return isinstance(mode, str) and "a" in mode
 
 
 def _is_count(written: Any) -> bool:
