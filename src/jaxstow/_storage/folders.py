@@ -249,18 +249,34 @@ class LocalStaging:
         """Nothing to wait for: each file is written and fsynced when its block ends."""
 
     def commit(self, marker: bytes) -> None:
-        """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename."""
+        """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename.
+
+        Where the root cannot be fsynced after the rename (an I/O error), the rename is undone before the error is
+        raised: a commit that failed leaves the folder that was there before, as the error says.
+        """
         with self.open(self._store.marker) as (_, sink):
             sink.write(marker)
         with storage_failures(self._final):
             fsync_directory(self._temporary)
+            self._swap()
+            try:
+                fsync_directory(self._store.root)
+            except BaseException:
+                with contextlib.suppress(OSError, CheckpointError):  # the error raised is the fsync's
+                    self._swap(back=True)
+                raise
             if self._replace:
-                _exchange(self._temporary, self._final)
-                fsync_directory(self._store.root)
                 shutil.rmtree(self._temporary)  # now the replaced folder
-            else:
-                os.rename(self._temporary, self._final)
-                fsync_directory(self._store.root)
+
+    def _swap(self, *, back: bool = False) -> None:
+        """Put the temporary folder in the final one's place (swapping the two where it replaces one); ``back``
+        undoes it."""
+        if self._replace:
+            _exchange(self._temporary, self._final)
+        elif back:
+            os.rename(self._final, self._temporary)
+        else:
+            os.rename(self._temporary, self._final)
 
     def abort(self) -> None:
         """Remove the temporary folder (joined through another process's token: only this one's files).
