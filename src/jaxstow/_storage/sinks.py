@@ -177,12 +177,35 @@ def file_object_sink(file: BinaryIO) -> Iterator[BinaryIO]:
     >>> bytes(short.data)
     b'0123456789'
     """
-    whole = _WholeWrites(file)
-    end = whole.end_beyond()
-    yield cast(BinaryIO, whole)
-    whole.flush()
-    if end is not None and whole.tell() < end:
-        whole.truncate()
+    buffered = _buffered_file(file)
+    if buffered is None:
+        whole = _WholeWrites(file)
+    else:  # what the caller wrote before goes first; then the writes go beneath its buffer
+        _WholeWrites(buffered).flush()
+        whole = _WholeWrites(cast(BinaryIO, buffered.raw))
+    try:
+        end = whole.end_beyond()
+        yield cast(BinaryIO, whole)
+        whole.flush()
+        if end is not None and whole.tell() < end:
+            whole.truncate()
+    finally:
+        if buffered is not None and whole.seekable():
+            with contextlib.suppress(OSError, ValueError):  # its buffer is empty: it only learns where the writes ended
+                buffered.seek(buffered.raw.tell())
+
+
+def _buffered_file(file: BinaryIO) -> io.BufferedWriter | io.BufferedRandom | None:
+    """``file`` if it is a file opened buffered by its caller (``open(path, "wb")``), whose writes the save makes on
+    its raw file beneath the buffer: a write that fails (a full disk) leaves nothing in the buffer for the file's own
+    ``close()`` to fail on again, a bare ``OSError`` in place of the save's :class:`StorageError`. ``None`` for any
+    other file object, and for jaxstow's own temporary files (whose owner handles their close)."""
+    if type(file) not in (io.BufferedWriter, io.BufferedRandom):
+        return None
+    buffered = cast(io.BufferedWriter | io.BufferedRandom, file)
+    name = getattr(buffered, "name", "")
+    own = isinstance(name, str) and TEMPORARY_MARKER in name
+    return buffered if isinstance(getattr(buffered, "raw", None), io.FileIO) and not own else None
 
 
 class _WholeWrites:
