@@ -1,12 +1,15 @@
-"""The ``jaxstow`` command on a full disk, a read-only folder and a name too long: one line naming the file asked for
-and the cause in words, exit status 2, no traceback, the file there before left whole. Each command in a process of its own
+"""The ``jaxstow`` command on a full disk (its files, and its output redirected there), a read-only folder and a name
+too long: one line naming the file asked for and the cause in words, exit status 2, no traceback, the file there before left whole. Each command in a process of its own
 (``tests/support/forked_cli.py``), on a 1 MiB tmpfs mounted for the test (``tests/support/tmpfs.py``)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import forked
 import numpy as np
 import pytest
 from forked_cli import jaxstow_command
@@ -77,3 +80,26 @@ def test_convert_to_a_name_too_long_names_it(tmp_path):
         "255); use a shorter name"
     ]
     assert os.listdir(tmp_path) == ["small.npz"]
+
+
+@pytest.mark.parametrize("command", [["inspect", "--json"], ["verify"]])
+def test_output_redirected_to_a_full_disk_names_the_file_it_goes_to(disk, tmp_path, command):
+    """Was: ``jaxstow inspect: [Errno 28] No space left on device``, naming no file."""
+    source = tmp_path / "model.jxs"
+    jaxstow.save(source, {f"layer{i}": np.ones(3) for i in range(500)})  # an output of more than a page
+    free = os.statvfs(disk)
+    (disk / "filler").write_bytes(bytes(free.f_bavail * free.f_frsize))
+    output = disk / "out.txt"
+    with open(output, "wb") as redirected:
+        result = forked.run(
+            [sys.executable, "-m", "jaxstow", *command, str(source)],
+            stdout=redirected,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"jaxstow {command[0]}: {output}: cannot write the command's output there: no space left on the device "
+        f"holding {disk}; free some space there, or write elsewhere"
+    ]

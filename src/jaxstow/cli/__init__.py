@@ -10,7 +10,6 @@ docs/command-line.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -18,6 +17,7 @@ from jaxstow._version import __version__
 from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, watch
 from jaxstow.cli.files import add_storage_arguments, use_storage_arguments
 from jaxstow.cli.output import printable
+from jaxstow.cli.standard_output import discard_output, output_failure
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
@@ -79,13 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.run(args)
         sys.stdout.flush()  # here, so that a closed pipe is met while it can still be answered quietly
     except BrokenPipeError:
-        _discard_output()
+        discard_output()
         return _CLOSED_PIPE
     except KeyboardInterrupt:
         print(f"jaxstow {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as error:  # a user's input never ends in a traceback: one line, exit status 2
-        print(f"jaxstow {args.command}: {describe(error)}", file=sys.stderr)
+        print(f"jaxstow {args.command}: {describe(output_failure(error) or error)}", file=sys.stderr)
         return 2
     return status
 
@@ -107,14 +107,3 @@ def describe(error: BaseException) -> str:
     """
     text = str(error) if isinstance(error, JaxstowError | OSError) else f"{type(error).__name__}: {error}"
     return " ".join(printable(line.strip(), backslashes=False) for line in text.splitlines() if line.strip())
-
-
-def _discard_output() -> None:
-    """Point standard output at the null device, so that flushing it at exit does not fail again."""
-    try:
-        descriptor = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (captured output): nothing will be flushed
-        return
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, descriptor)
-    os.close(null)
