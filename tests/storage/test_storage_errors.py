@@ -58,6 +58,21 @@ def test_save_onto_a_full_disk_names_the_file_and_keeps_the_one_saved_before(dis
     assert sorted(os.listdir(disk)) == ["model.jxs"]
 
 
+def test_save_through_a_link_onto_a_full_disk_names_the_link_and_the_device_of_its_file(disk, tmp_path):
+    """Was: ``no space left on the device holding`` the link's folder, a device with space to spare."""
+    target, link = disk / "model.jxs", tmp_path / "link.jxs"
+    jaxstow.save(target, {"w": np.arange(10.0)})
+    link.symlink_to(target)
+    with pytest.raises(StorageError) as caught:
+        jaxstow.save(link, _TOO_BIG)
+    assert str(caught.value).startswith(f"{link}: cannot write it: no space left on the device holding {disk};")
+    make_read_only(disk)
+    with pytest.raises(StorageError, match=f"^{link}: cannot write it: the folder {disk} is read-only;"):
+        jaxstow.save(link, {"w": np.zeros(3)})
+    np.testing.assert_array_equal(jaxstow.load(link, as_numpy=True)["w"], np.arange(10.0))
+    assert os.listdir(disk) == ["model.jxs"] and link.is_symlink()
+
+
 def test_save_into_a_read_only_folder_names_the_target_not_the_temporary_file(disk):
     target = disk / "model.jxs"
     jaxstow.save(target, {"w": np.arange(10.0)})

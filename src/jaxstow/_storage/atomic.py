@@ -157,7 +157,7 @@ def atomic_write(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
         )
     remove_dead_leftovers(folder)
     temporary = temporary_sibling(written)
-    with storage_failures(final):
+    with storage_failures(final, folder=folder):  # the folder written in: a link's file's
         sink = open(temporary, "wb", buffering=_WRITE_BUFFER)  # noqa: SIM115 - closed below on every path
         try:
             _keep_mode(written, sink.fileno())

@@ -52,16 +52,20 @@ def errno_of(error: BaseException) -> int | None:
     return int(found[1]) if found else None
 
 
-def storage_error(error: BaseException, target: str | os.PathLike[str], *, doing: str = "write it") -> StorageError:
+def storage_error(
+    error: BaseException, target: str | os.PathLike[str], *, doing: str = "write it", folder: str | None = None
+) -> StorageError:
     """A :class:`StorageError` naming ``target`` for ``error``, met while ``doing`` (``"write it"``, ``"read it"``).
 
     ``error.errno`` (or the errno an HDF5 message quotes) picks the words: no space left, a read-only folder,
     permission denied, disk quota exceeded, an I/O error, a file name too long; another errno gets the system's own
-    words. The error keeps the errno; raise it ``from error``.
+    words. The words name ``target``'s folder, or ``folder``, where the file is written elsewhere (the file a
+    symbolic link names). The error keeps the errno; raise it ``from error``.
     """
     name = os.fspath(target)
     code = errno_of(error)
-    folder = name.rpartition("/")[0] if "://" in name else name if os.path.isdir(name) else _existing(name)
+    if folder is None:
+        folder = name.rpartition("/")[0] if "://" in name else name if os.path.isdir(name) else _existing(name)
     if code == errno.ENAMETOOLONG:
         cause, fix = _name_too_long(name)
     elif code in _WORDS:
@@ -75,13 +79,15 @@ def storage_error(error: BaseException, target: str | os.PathLike[str], *, doing
 
 
 @contextlib.contextmanager
-def storage_failures(target: str | os.PathLike[str], *, doing: str = "write it", hdf5: bool = False) -> Iterator[None]:
+def storage_failures(
+    target: str | os.PathLike[str], *, doing: str = "write it", hdf5: bool = False, folder: str | None = None
+) -> Iterator[None]:
     """Turn an ``OSError`` raised in the block into :func:`storage_error`'s :class:`StorageError` naming ``target``.
 
     A ``FileNotFoundError`` becomes a :class:`~jaxstow.errors.PathNotFoundError`; jaxstow's own errors pass unchanged
     (a source's read error already names its file). ``hdf5=True`` is for h5py's calls, which raise an ``OSError`` or
     a ``RuntimeError`` for a format's problems and a system call's failure alike: only those whose message quotes an
-    errno are turned.
+    errno are turned. ``folder``: as :func:`storage_error` takes it.
     """
     try:
         yield
@@ -92,7 +98,7 @@ def storage_failures(target: str | os.PathLike[str], *, doing: str = "write it",
             raise
         if isinstance(error, FileNotFoundError):  # still a FileNotFoundError, for the callers that look for one
             raise PathNotFoundError(f"cannot {doing}: no such file or folder", file=os.fspath(target)) from None
-        raise storage_error(error, target, doing=doing) from error
+        raise storage_error(error, target, doing=doing, folder=folder) from error
 
 
 def _name_too_long(name: str) -> tuple[str, str]:
