@@ -2,8 +2,7 @@
 device's I/O error): the save fails, and the step stays as it was before, as the error says, in the manager that
 saved and in a new one.
 
-No file system here fails an fsync on request: ``os.fsync`` of the run folder's descriptor alone fails, as a failing
-device's would; every other fsync (the files, the staging folder) is the system's own.
+The run folder's fsync fails as a failing device's would (``tests/support/failing_fsync.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from failing_fsync import failing_fsync
 
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow.errors import CheckpointStorageError
@@ -21,21 +21,7 @@ from jaxstow.errors import CheckpointStorageError
 
 @pytest.fixture
 def failing_sync(monkeypatch: pytest.MonkeyPatch):
-    """``failing_sync(folder)``: from now on, an fsync of ``folder`` fails with EIO; ``failing_sync(None)`` ends it."""
-    real = os.fsync
-    failing: list[str] = []
-
-    def fsync(descriptor: int) -> None:
-        if failing and os.readlink(f"/proc/self/fd/{descriptor}") == failing[0]:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real(descriptor)
-
-    monkeypatch.setattr(os, "fsync", fsync)
-
-    def fail(folder: Path | None) -> None:
-        failing[:] = [] if folder is None else [str(folder)]
-
-    return fail
+    return failing_fsync(monkeypatch)
 
 
 def _values(manager: CheckpointManager) -> dict[int, list[float]]:

@@ -35,6 +35,7 @@ __all__ = [
     "atomic_write",
     "fsync_directory",
     "remove_dead_leftovers",
+    "rename_durably",
     "temporary_sibling",
 ]
 
@@ -119,6 +120,26 @@ def fsync_directory(folder: str) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def rename_durably(source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` (a new name, or an empty folder) and fsync their folder; where that fsync fails
+    (a failing device), the rename is undone before its error is raised, so that nothing seems made that failed.
+
+    >>> import os, tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.mkdir(os.path.join(folder, "staging"))
+    >>> rename_durably(os.path.join(folder, "staging"), os.path.join(folder, "run"))
+    >>> os.listdir(folder)
+    ['run']
+    """
+    os.rename(source, target)
+    try:
+        fsync_directory(os.path.dirname(os.path.abspath(target)))
+    except BaseException:
+        with contextlib.suppress(OSError):  # the error raised is the fsync's
+            os.rename(target, source)
+        raise
 
 
 @contextlib.contextmanager

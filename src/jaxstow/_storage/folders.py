@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
-from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, temporary_sibling
+from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CheckpointError, NotAFolderError
@@ -258,25 +258,17 @@ class LocalStaging:
             sink.write(marker)
         with storage_failures(self._final):
             fsync_directory(self._temporary)
-            self._swap()
+            if not self._replace:
+                rename_durably(self._temporary, self._final)
+                return
+            _exchange(self._temporary, self._final)
             try:
                 fsync_directory(self._store.root)
             except BaseException:
-                with contextlib.suppress(OSError, CheckpointError):  # the error raised is the fsync's
-                    self._swap(back=True)
+                with contextlib.suppress(OSError, CheckpointError):  # swapped back; the error raised is the fsync's
+                    _exchange(self._temporary, self._final)
                 raise
-            if self._replace:
-                shutil.rmtree(self._temporary)  # now the replaced folder
-
-    def _swap(self, *, back: bool = False) -> None:
-        """Put the temporary folder in the final one's place (swapping the two where it replaces one); ``back``
-        undoes it."""
-        if self._replace:
-            _exchange(self._temporary, self._final)
-        elif back:
-            os.rename(self._final, self._temporary)
-        else:
-            os.rename(self._temporary, self._final)
+            shutil.rmtree(self._temporary)  # now the replaced folder
 
     def abort(self) -> None:
         """Remove the temporary folder (joined through another process's token: only this one's files).

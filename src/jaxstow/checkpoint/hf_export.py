@@ -35,7 +35,7 @@ from jaxstow._read.reader import Reader, open_parts, open_reader_at
 from jaxstow._read.sharded_folder import child, list_folder, listed_kind
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
-from jaxstow._storage.atomic import fsync_directory, temporary_sibling
+from jaxstow._storage.atomic import fsync_directory, rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
@@ -325,8 +325,7 @@ def _staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Call
             fsync_directory(staging)
             if os.path.isdir(path):
                 os.rmdir(path)
-            os.rename(staging, path)
-            fsync_directory(os.path.dirname(os.path.abspath(path)))
+            rename_durably(staging, path)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

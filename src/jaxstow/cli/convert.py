@@ -41,7 +41,8 @@ from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
-from jaxstow._storage.atomic import fsync_directory, temporary_sibling
+from jaxstow._storage.atomic import rename_durably, temporary_sibling
+from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
@@ -164,8 +165,8 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     staging = temporary_sibling(target)
     try:
         _convert_steps(folder, steps, staging, progress=progress)
-        os.rename(staging, target)  # over an empty folder too
-        fsync_directory(os.path.dirname(os.path.abspath(target)))
+        with storage_failures(target):
+            rename_durably(staging, target)  # over an empty folder too
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
