@@ -333,6 +333,26 @@ def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again_for_a_load(s3,
     assert copy.read_bytes()[-8:] == np.full(1, 999.0).tobytes()  # the copy fetched again
 
 
+def test_a_cached_copy_cut_short_is_fetched_again_for_a_load_an_open_and_its_metadata(s3, tmp_path):
+    """Was: a TruncatedFileError naming the copy at every read, for good: its header is read when the file is
+    opened, before the reads that fetch a damaged copy again."""
+    server, prefix, _ = s3
+    url, options = server.url(prefix, "model.jxs"), server.storage_options
+    jaxstow.save(url, {"w": np.arange(1000.0)}, storage_options=options, metadata={"epoch": 3})
+    jaxstow.load(url, storage_options=options, cache_dir=tmp_path)
+    copy = next(path for path in tmp_path.rglob("model.jxs"))
+    whole = copy.read_bytes()
+    reads = [
+        lambda: jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"].tolist(),
+        lambda: jaxstow.open(url, storage_options=options, cache_dir=tmp_path).read("w").tolist(),
+        lambda: jaxstow.load_metadata(url, storage_options=options, cache_dir=tmp_path),
+    ]
+    for read, expected in zip(reads, [np.arange(1000.0).tolist()] * 2 + [{"epoch": 3}], strict=True):
+        copy.write_bytes(whole[: len(whole) // 2])  # as a full disk or a crash leaves a copy written in place
+        assert read() == expected
+        assert copy.read_bytes() == whole  # the copy fetched again
+
+
 def test_a_step_restored_again_from_the_cache_needs_no_file_from_the_store(s3, tmp_path):
     server, prefix, client = s3
     url = server.url(prefix, "run")

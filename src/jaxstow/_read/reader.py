@@ -29,12 +29,14 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._read.restore import refuse_while_tracing, restore
 from jaxstow._read.sharded_folder import INDEX_SUFFIX, folder_listing, open_folder
 from jaxstow._read.slicing import parse_index
+from jaxstow._storage.cache import CachedCopy
 from jaxstow._storage.opening import Location, Readable, locate, reached
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved_keywords
 from jaxstow.errors import (
     ArgumentError,
+    CorruptFileError,
     FormatError,
     IsAFolderError,
     PathNotFoundError,
@@ -395,11 +397,20 @@ def _container_at(location: Location, settings: StorageSettings | None = None) -
 
     A folder there, or a URL that names no object, raises as :meth:`~jaxstow._storage.opening.Location.open` does.
     When it is a file jaxstow does not read (another library's), the error says what it is and what reads it: the one
-    call to :func:`~jaxstow._read.foreign.explained`, made only then, on the source already open.
+    call to :func:`~jaxstow._read.foreign.explained`, made only then, on the source already open. A local copy of a
+    URL's file (``cache_dir``) whose header does not fit it (cut short: a full disk, a crash) is fetched again, once.
     """
     source = location.open(settings)
     try:
-        return open_container(source)
+        try:
+            return open_container(source)
+        except CorruptFileError:
+            if not isinstance(source, CachedCopy):
+                raise
+            source.close()
+            source.evict()  # the copy's damage, not the store's file's
+            source = location.open(settings)
+            return open_container(source)
     except FormatError as error:
         with contextlib.closing(source):
             raise explained(error, location, source) from error.__cause__
