@@ -29,7 +29,7 @@ from jaxstow._format.skeleton import encode_treedef
 from jaxstow._write.flattening import cycle_error, flatten
 from jaxstow.errors import FormatError
 
-__all__ = ["TakenApart", "take_apart"]
+__all__ = ["TakenApart", "check_unique_paths", "take_apart"]
 
 T = TypeVar("T")
 
@@ -69,7 +69,7 @@ def take_apart(
         paths = _named(lambda: container_paths(structure), file)
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
         paths, leaves, _ = _named(lambda: flatten_with_paths(tree), file)
-    _check_unique(paths, file=file)
+    check_unique_paths(paths, file=file)
     return TakenApart(leaves, structure, paths)
 
 
@@ -83,7 +83,9 @@ def _named(paths: Callable[[], T], file: str) -> T:
         ) from None
 
 
-def _check_unique(paths: list[str], *, file: str) -> None:
+def check_unique_paths(paths: list[str], *, file: str) -> None:
+    """A :class:`FormatError` naming ``file`` and the path if two leaves have one path (a key ``"a/b"`` beside the
+    key ``"b"`` under ``"a"``, or ``0`` beside ``"0"``): no file keeps them apart."""
     if len(set(paths)) == len(paths):
         return
     seen: dict[str, int] = {}

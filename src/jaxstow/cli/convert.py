@@ -46,6 +46,7 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow._storage.sinks import atomic_sink
 from jaxstow._util.progress import bar, counted, format_bytes
+from jaxstow._write.taken_apart import check_unique_paths
 from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import (
     checkpoint_steps,
@@ -99,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
             path = os.path.abspath(local_path(args.src) or args.src)
             tree, metrics = orbax_steps.read_step(path)
             metadata = {"orbax_step": orbax_steps.step_number(os.path.basename(path)), "metrics": metrics}
-            count = _write_tree(args.dst, target, tree, metadata, progress=args.progress)
+            count = _write_tree(args.src, args.dst, target, tree, metadata, progress=args.progress)
         elif kind.reader in ("torch", "flax", "orbax"):
             tree = read_foreign(args.src, kind.reader, like=None)
-            count = _write_tree(args.dst, target, tree, None, progress=args.progress)
+            count = _write_tree(args.src, args.dst, target, tree, None, progress=args.progress)
         elif kind.foreign:  # read only with a template (equinox) or never (pickle)
             raise FormatError(
                 f"is {DESCRIBED[kind.name]}, which jaxstow convert cannot read: {advice(kind, args.src)}", file=args.src
@@ -141,8 +142,9 @@ def source_kind(src: str) -> Kind:
     return KINDS["safetensors"] if hf_listing(src) is not None else KINDS["orbax"]  # a Hugging Face folder
 
 
-def _write_tree(dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:
-    tensors, values = _tree_tensors(tree)
+def _write_tree(src: str, dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:
+    """Write the tree read from ``src``; two of its leaves at one path, which no file keeps apart, name ``src``."""
+    tensors, values = _tree_tensors(tree, src)
     if target == "jaxstow":
         _save(dst, tree, metadata=metadata, progress=progress)
         return len(tensors) + len(values)
@@ -304,9 +306,11 @@ def _raw_described(
     return {**manifest, "leaves": leaves}
 
 
-def _tree_tensors(tree: Any) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
-    """The arrays of a tree under their leaf paths, and the paths of the leaves that are not arrays."""
+def _tree_tensors(tree: Any, src: str) -> tuple[list[tuple[str, np.ndarray]], list[str]]:
+    """The arrays of the tree read from ``src`` under their leaf paths, and the paths of the leaves that are not
+    arrays; a :class:`FormatError` naming ``src`` if two leaves have one path."""
     paths, leaves, _ = flatten_with_paths(tree)
+    check_unique_paths(paths, file=src)
     tensors, values = [], []
     for path, leaf in zip(paths, leaves, strict=True):
         if isinstance(leaf, np.ndarray | np.generic):
