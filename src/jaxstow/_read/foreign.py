@@ -37,6 +37,7 @@ from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read import orbax_steps
+from jaxstow._read.equinox_stream import read_equinox
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
@@ -248,7 +249,7 @@ def read_foreign(
     with contextlib.closing(location.open(settings)) as source:
         _check_kind(location, from_format, _kind(location, source))
         if from_format == "equinox":
-            return _read_equinox(source, location.name, like)
+            return read_equinox(source.read(0, source.size), location.name, like)
         if from_format == "torch":
             return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name)
         return _read_flax(source.read(0, source.size), location.name)
@@ -376,26 +377,6 @@ def _unchunked(tree: Any, name: str, path: str, depth: int = 0) -> Any:
                 path=path or None,
             ) from None
     return {key: _unchunked(value, name, f"{path}/{key}".lstrip("/"), depth + 1) for key, value in tree.items()}
-
-
-def _read_equinox(source: ReadSource, name: str, like: Any) -> Any:
-    if like is None:
-        raise ArgumentError(
-            f"an equinox stream stores leaves without their structure: pass like=, the model {name} was saved from "
-            "(or an abstract copy of it)"
-        )
-    eqx = require("equinox", extra="equinox", purpose=f"reading the equinox stream {name}")
-    data = io.BytesIO(source.read(0, source.size))
-    try:
-        tree = eqx.tree_deserialise_leaves(data, like)
-    except Exception as error:  # equinox and numpy raise several kinds on a stream that does not fit
-        raise FormatError(f"the equinox stream does not fit like ({error})", file=name) from None
-    if data.tell() != len(data.getbuffer()):
-        raise FormatError(
-            f"the equinox stream holds more than like's leaves ({len(data.getbuffer()) - data.tell()} bytes left)",
-            file=name,
-        )
-    return tree
 
 
 def _read_orbax(location: Location) -> Any:
