@@ -103,3 +103,20 @@ def test_output_redirected_to_a_full_disk_names_the_file_it_goes_to(disk, tmp_pa
         f"jaxstow {command[0]}: {output}: cannot write the command's output there: no space left on the device "
         f"holding {disk}; free some space there, or write elsewhere"
     ]
+
+
+def test_convert_an_orbax_run_into_a_read_only_or_full_folder_names_the_target_not_the_temporary_one(disk, tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    with ocp.CheckpointManager(tmp_path / "orbax_run") as manager:
+        for step in (1, 2, 3):
+            manager.save(step, args=ocp.args.StandardSave({"w": np.full(100_000, step, np.float32)}))
+    status, lines = _jaxstow("convert", tmp_path / "orbax_run", disk / "run")
+    assert status == 2 and len(lines) == 1, lines
+    assert f"{disk / 'run'}/3/w.safetensors: cannot write it: no space left on the device" in lines[0]
+    assert "jaxstow-tmp" not in lines[0] and os.listdir(disk) == []
+    make_read_only(disk)
+    status, lines = _jaxstow("convert", tmp_path / "orbax_run", disk / "run")
+    assert status == 2 and lines == [
+        f"jaxstow convert: {disk / 'run'}: cannot make the folder: the folder {disk} is read-only; write to a folder "
+        "of a file system mounted read-write"
+    ]

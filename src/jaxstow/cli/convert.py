@@ -167,12 +167,22 @@ def _convert_manager(src: str, dst: str, *, progress: bool) -> int:
     staging = temporary_sibling(target)
     try:
         _convert_steps(folder, steps, staging, progress=progress)
-        with storage_failures(target):
+        with storage_failures(target, doing="make the folder"):
             rename_durably(staging, target)  # over an empty folder too
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, JaxstowError):
+            _told_as(error, staging, target)
         raise
     return len(steps)
+
+
+def _told_as(error: JaxstowError, staging: str, target: str) -> None:
+    """``error`` naming the folder asked for, ``target``, where it names the temporary one it was written as."""
+    pairs = [(os.path.abspath(staging), os.path.abspath(target)), (staging, target)]
+    for temporary, asked in pairs:
+        error.args = tuple(arg.replace(temporary, asked) if isinstance(arg, str) else arg for arg in error.args)
+        error.file = error.file.replace(temporary, asked) if error.file is not None else None
 
 
 def _convert_steps(folder: str, steps: list[tuple[int, str]], dst: str, *, progress: bool) -> None:
