@@ -89,6 +89,24 @@ def test_a_folder_of_files_is_no_checkpoint_folder_and_its_files_are_named(tmp_p
     assert "loads as one model" not in done.stderr
 
 
+@pytest.mark.parametrize("command", ["convert", "inspect", "verify", "ls"])
+def test_a_folder_of_a_hub_model_without_safetensors_files_names_its_torch_file_and_the_call(tmp_path, command):
+    torch = pytest.importorskip("torch")
+    model = tmp_path / "gpt2"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    torch.save({"wte.weight": torch.ones(4, 2)}, model / "pytorch_model.bin")
+    done = jaxstow_command(command, model, *([tmp_path / "gpt2.jxs"] if command == "convert" else []))
+    assert_one_line_error(
+        done,
+        command,
+        f"{model}: is a folder of no model jaxstow reads whole: it holds pytorch_model.bin, a PyTorch zip file "
+        f"(torch.save): jaxstow.load('{model}/pytorch_model.bin', from_format='torch') reads its tensors",
+    )
+    with pytest.raises(jaxstow.errors.IsAFolderError, match=r"it holds pytorch_model\.bin, a PyTorch zip file"):
+        jaxstow.load(model)
+
+
 def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None

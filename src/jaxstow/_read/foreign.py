@@ -49,6 +49,7 @@ __all__ = [
     "advice",
     "explained",
     "folder_problem",
+    "foreign_member",
     "pointed",
     "read_foreign",
     "recognise",
@@ -219,8 +220,40 @@ def folder_problem(path: str) -> str:
     if kind.name == "jaxstow-folder":
         return f"is a checkpoint folder, not a file: {advice(kind, path)}"
     if kind.name == "unknown":
-        return "is a folder, not a file"
+        held = foreign_member(path)
+        if held is None:
+            return "is a folder, not a file"
+        member = os.path.join(path, held[0])
+        return (
+            f"is a folder of no model jaxstow reads whole: it holds {held[0]}, {DESCRIBED[held[1].name]}: "
+            f"{advice(held[1], member)}"
+        )
     return f"is {DESCRIBED[kind.name]}, not a file: {advice(kind, path)}"
+
+
+#: The most files of a folder of no kind looked into for one of another library (their first bytes read).
+_FILES_LOOKED_INTO = 32
+
+
+def foreign_member(folder: str) -> tuple[str, Kind] | None:
+    """The first file of another library (``pytorch_model.bin``, ``flax_model.msgpack``) that a folder of no kind
+    holds, by name, and its kind; ``None`` if it holds none. Only regular files are read, and only their start."""
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return None
+    looked_into = 0
+    for name in names:
+        path = os.path.join(folder, name)
+        if name.endswith((".json", ".md", ".txt")) or not os.path.isfile(path):
+            continue
+        kind = _kind(Location(name, path=path))
+        if kind.foreign and kind.name != "unknown":
+            return name, kind
+        looked_into += 1
+        if looked_into == _FILES_LOOKED_INTO:
+            return None
+    return None
 
 
 def read_foreign(

@@ -37,7 +37,7 @@ from jaxstow._format.native_or_npz import Kind as ContainerKind
 from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
-from jaxstow._read.foreign import DESCRIBED, advice, read_foreign, recognise
+from jaxstow._read.foreign import DESCRIBED, advice, folder_problem, foreign_member, read_foreign, recognise
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._save_load import save
@@ -59,7 +59,7 @@ from jaxstow.cli.files import (
     read_arrays,
     storage,
 )
-from jaxstow.errors import ArgumentError, FormatError, JaxstowError, PathError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, JaxstowError, PathError
 
 __all__ = ["HELP", "arguments", "run", "source_kind"]
 
@@ -139,7 +139,11 @@ def source_kind(src: str) -> Kind:
         )
     if kind.name.startswith("orbax"):
         return kind
-    return KINDS["safetensors"] if hf_listing(src) is not None else KINDS["orbax"]  # a Hugging Face folder
+    if hf_listing(src) is not None:
+        return KINDS["safetensors"]  # a Hugging Face folder
+    if foreign_member(src) is not None:  # pytorch_model.bin, flax_model.msgpack: the file converts, not the folder
+        raise IsAFolderError(folder_problem(src), file=src)
+    return KINDS["orbax"]
 
 
 def _write_tree(src: str, dst: str, target: str, tree: Any, metadata: dict[str, Any] | None, *, progress: bool) -> int:

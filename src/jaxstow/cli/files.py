@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
-from jaxstow._read.foreign import folder_problem, recognise
+from jaxstow._read.foreign import folder_problem, foreign_member, recognise
 from jaxstow._read.reader import FolderReader, Reader, open_parts
 from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
@@ -166,7 +166,7 @@ def open_source_at(target: str) -> ReadSource:
     kind = kind_of_path(target)
     path = local_path(target)
     if kind == "folder":
-        if path is not None and recognise(path).name.startswith("orbax"):
+        if path is not None and (recognise(path).name.startswith("orbax") or foreign_member(path) is not None):
             raise IsAFolderError(folder_problem(path), file=target)
         raise IsAFolderError(
             "is a folder, not a file (for a checkpoint folder, use `jaxstow ls` or `jaxstow verify`)", file=target
