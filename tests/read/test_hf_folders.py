@@ -495,6 +495,23 @@ def test_a_turned_tensor_that_does_not_fit_names_both_shapes(tmp_path):
     assert "expected float32[4, 3]" in message
 
 
+def test_a_tensor_whose_shape_turned_over_fits_its_leaf_names_the_transposed_that_fits_it(tmp_path):
+    folder = _write(tmp_path / "hf", {"fc.weight": np.zeros((4, 3), np.float32)}, [["fc.weight"]])
+    names = {"fc.weight": "fc/kernel"}
+    with pytest.raises(StructureMismatchError) as info:
+        huggingface.load(folder, {"fc": {"kernel": jnp.zeros((3, 4))}}, names=names)
+    assert str(info.value).endswith(
+        "expected float32[3, 4]: the shape turned over; pass transposed={'fc.weight'} if it is stored (out, in), as "
+        "torch's Linear.weight is"
+    )
+    with pytest.raises(StructureMismatchError) as info:
+        huggingface.load(folder, {"fc": {"kernel": jnp.zeros((4, 3))}}, names=names, transposed={"fc.weight"})
+    assert str(info.value).endswith("like asks for it as stored; leave 'fc.weight' out of transposed=")
+    with pytest.raises(StructureMismatchError) as info:  # another shape altogether: no advice
+        huggingface.load(folder, {"fc": {"kernel": jnp.zeros((2, 6))}}, names=names)
+    assert str(info.value).endswith("expected float32[2, 6]")
+
+
 def test_a_stray_safetensors_file_beside_a_jaxstow_file_is_refused(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()

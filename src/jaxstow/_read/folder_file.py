@@ -101,6 +101,21 @@ class FolderFile(OpenedFile):
             return f" (tensor {tensor!r} stored as {list(stored.shape)}, turned over by transposed=)"
         return f" (tensor {tensor!r})" if tensor != path else ""
 
+    def shape_advice(self, path: str, shape: tuple[int, ...]) -> str:
+        """The ``transposed=`` that fits the 2-d tensor at ``path`` to ``shape`` where its shape turned over is it."""
+        stored = self.layout[path]
+        if len(stored.shape) != 2 or stored.shape == stored.shape[::-1]:
+            return ""
+        tensor = stored.shards[0].tensor
+        if path in self.turned and tuple(shape) == stored.shape:
+            return f": like asks for it as stored; leave {tensor!r} out of transposed="
+        if path not in self.turned and tuple(shape) == stored.shape[::-1]:
+            return (
+                f": the shape turned over; pass transposed={{{tensor!r}}} if it is stored (out, in), as torch's "
+                "Linear.weight is"
+            )
+        return ""
+
     def read_box(self, path: str, box: Box) -> np.ndarray:
         """The elements of ``box`` of the tensor at ``path``, read by byte ranges (turned over where marked)."""
         self.check_open(f"reading leaf {excerpt(path)}")

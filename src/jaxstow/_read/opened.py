@@ -242,6 +242,11 @@ class OpenedFile(Mapping[str, Any]):
         del path
         return ""
 
+    def shape_advice(self, path: str, shape: tuple[int, ...]) -> str:
+        """What a message adds where the leaf at ``path`` is not of the ``shape`` asked for: nothing, in one file."""
+        del path, shape
+        return ""
+
     def treedef(self) -> PyTreeDef | None:
         """The saved tree structure; ``None`` for a file without a jaxstow manifest (it holds a flat dict)."""
         manifest = self.container.manifest

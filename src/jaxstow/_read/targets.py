@@ -319,8 +319,10 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     if target.output == "key":
         fits = stored.kind == "key" and stored.impl == target.impl and stored.shape[:-1] == target.shape
         return None if fits else mismatch
-    if stored.kind == "key" or stored.shape != target.shape:
+    if stored.kind == "key":
         return mismatch
+    if stored.shape != target.shape:
+        return mismatch + (opened.shape_advice(path, target.shape) if target.shape is not None else "")
     assert target.dtype is not None
     if stored.dtype == target.dtype:
         return None
