@@ -32,3 +32,20 @@ def test_a_folder_of_neither_kind_is_still_named_as_no_orbax_checkpoint(tmp_path
     (tmp_path / "notes" / "readme.txt").write_text("nothing to convert")
     assert main(["convert", str(tmp_path / "notes"), str(tmp_path / "out.jxs")]) == 2
     assert "not an orbax checkpoint" in capsys.readouterr().err and not (tmp_path / "out.jxs").exists()
+
+
+def test_a_tensor_that_a_shard_holds_and_the_index_leaves_out_is_named_as_left_out(tmp_path: Path, capsys) -> None:
+    import json
+
+    jaxstow.save(tmp_path / "source.jxs", TREE)
+    jaxstow.export_safetensors(tmp_path / "source.jxs", tmp_path / "folder")  # one shard, named for "embed" too
+    index_path = tmp_path / "folder" / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = index["weight_map"].pop("head.bias")  # an index edited by hand, or of another export
+    index_path.write_text(json.dumps(index))
+    assert main(["convert", str(tmp_path / "folder"), str(tmp_path / "model.jxs")]) == 0
+    assert capsys.readouterr().err == (
+        f"note: {tmp_path / 'folder' / shard}: holds 'head.bias', which model.safetensors.index.json does not map: "
+        "every load leaves it out, and so does this conversion\n"
+    )
+    assert sorted(jaxstow.load(tmp_path / "model.jxs")) == ["embed"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._format.header import NativeReader, claims_manifest, raw_header
@@ -67,6 +67,7 @@ __all__ = [
     "open_folder",
     "open_shard",
     "tensor_files",
+    "unmapped",
 ]
 
 F = TypeVar("F", bound=FolderFile)
@@ -373,6 +374,26 @@ def tensor_files(listing: Listing, containers: Sequence[Container | None]) -> tu
         else:
             mapped[tensor] = position[shard]
     return mapped, problems
+
+
+def unmapped(index: str | None, mapped: Collection[str], containers: Sequence[Container | None]) -> list[FormatError]:
+    """The tensors that a file holds and the folder's index (``None``: none) does not map, by file: every load leaves
+    them out. A file not opened (``None``) is passed over."""
+    if index is None:
+        return []
+    problems = []
+    for container in containers:
+        left_out = sorted(set(container.slots) - set(mapped)) if container is not None else []
+        if container is not None and left_out:
+            shown = ", ".join(map(repr, left_out[:5])) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
+            problems.append(
+                FormatError(
+                    f"holds {shown}, which {index} does not map: every load leaves "
+                    f"{'it' if len(left_out) == 1 else 'them'} out",
+                    file=container.file,
+                )
+            )
+    return problems
 
 
 @with_gc_paused

@@ -40,6 +40,7 @@ from jaxstow._read import orbax_steps
 from jaxstow._read.foreign import DESCRIBED, advice, folder_problem, foreign_member, read_foreign, recognise
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
+from jaxstow._read.sharded_folder import unmapped
 from jaxstow._save_load import save
 from jaxstow._storage.atomic import rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_failures
@@ -110,6 +111,8 @@ def run(args: argparse.Namespace) -> int:
             )
         elif is_folder(args.src):
             with open_hf_folder(args.src) as container:
+                for left_out in unmapped(container.index, container.tensors, container.containers):
+                    print(f"note: {left_out}, and so does this conversion", file=sys.stderr)
                 count = _convert_container(container, args.dst, target, progress=args.progress)
             kind = Kind(kind.name, "Hugging Face folder", foreign=False)
         else:

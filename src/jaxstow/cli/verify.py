@@ -24,7 +24,7 @@ from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
 from jaxstow._read.reader import Reader
-from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files
+from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files, unmapped
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.recovery import is_damage
@@ -239,7 +239,7 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
         for name, report in zip(listing.files, reports, strict=True):
             containers.append(_shard(listing, name, report, settings, budget))
         _, problems = tensor_files(listing, containers)
-        for problem in _unmapped(listing, containers):
+        for problem in unmapped(listing.index_name, listing.weight_map or {}, containers):
             next(report for report in reports if report.file == problem.file).damage.append(problem)
     finally:
         for container in containers:
@@ -252,25 +252,6 @@ def verify_hf_folder(listing: Listing) -> list[FileReport]:
     for problem in problems:
         next((report for report in reports if report.file == problem.file), reports[0]).damage.append(problem)
     return reports
-
-
-def _unmapped(listing: Listing, containers: list[Container | None]) -> list[FormatError]:
-    """The tensors that a shard holds and the folder's index does not map: every load leaves them out."""
-    if listing.weight_map is None:
-        return []
-    problems = []
-    for name, container in zip(listing.files, containers, strict=True):
-        left_out = sorted(set(container.slots) - set(listing.weight_map)) if container is not None else []
-        if left_out:
-            shown = ", ".join(map(repr, left_out[:5])) + (f" and {len(left_out) - 5} more" if len(left_out) > 5 else "")
-            problems.append(
-                FormatError(
-                    f"holds {shown}, which {listing.index_name} does not map: every load leaves "
-                    f"{'it' if len(left_out) == 1 else 'them'} out",
-                    file=child(listing.folder, name),
-                )
-            )
-    return problems
 
 
 def _shard(
