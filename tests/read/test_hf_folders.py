@@ -403,6 +403,26 @@ def test_numbered_shards_without_an_index_are_refused_unless_all_are_there(tmp_p
     assert sorted(jaxstow.load(folder)) == ["layer1", "layer2", "layer3"]
 
 
+def test_an_index_that_passes_over_a_numbered_shard_the_folder_holds_is_refused(folder):
+    index_path = folder / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    index["weight_map"] = {
+        name: shard for name, shard in index["weight_map"].items() if shard != "model-00003-of-00003.safetensors"
+    }  # an index edited by hand, or cut short: layer 1 would be left out of every load
+    index_path.write_text(json.dumps(index))
+    for call in (jaxstow.load, huggingface.load, jaxstow.open):
+        with pytest.raises(FormatError) as info:
+            call(folder)
+        assert info.value.file == str(folder / "model.safetensors.index.json")
+        assert str(info.value).endswith(
+            "names model-00001-of-00003.safetensors, but not model-00003-of-00003.safetensors, which the folder "
+            "holds: every load would leave its tensors out. Fetch the model's model.safetensors.index.json again, or "
+            "move model-00003-of-00003.safetensors away if it is no part of the model"
+        )
+    (folder / "model-00003-of-00003.safetensors").rename(folder / "consolidated.safetensors")  # of no series
+    assert "model.layers.1.proj.bias" not in jaxstow.load(folder)
+
+
 def test_each_process_reads_only_the_rows_its_devices_hold(tmp_path):
     rows = np.arange(1024 * 256, dtype=np.float32).reshape(1024, 256)
     folder = _write(tmp_path / "hf", {"w": rows, "b": rows[0].copy()}, [["w"], ["b"]])

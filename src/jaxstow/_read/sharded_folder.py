@@ -23,7 +23,6 @@ bounded as :mod:`jaxstow._read.folder_members` says; each ``.safetensors`` file 
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -45,6 +44,7 @@ from jaxstow._read.folder_members import (
     list_folder,
     open_local_member,
 )
+from jaxstow._read.numbered_shards import refuse_missing_shards, refuse_unnamed_shards
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.opening import Location, locate
@@ -109,7 +109,9 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     if indexes:
         index = indexes[0]
         weight_map, metadata = _parse_index(read(index), file=child(location.name, index))
-        return Listing(location.name, sorted(set(weight_map.values())), index, weight_map, metadata)
+        named = sorted(set(weight_map.values()))
+        refuse_unnamed_shards(location.name, index, named, names)
+        return Listing(location.name, named, index, weight_map, metadata)
     if listed_kind(location, names, settings).name != "unknown":
         return None
     files = sorted(name for name in names if name.endswith(".safetensors"))
@@ -118,34 +120,8 @@ def folder_listing(location: Location, settings: StorageSettings | None = None) 
     )
     if whole:
         raise IsAFolderError(_not_shards(location.name, whole, files), file=location.name)
-    _refuse_missing_shards(location.name, files)
+    refuse_missing_shards(location.name, files)
     return Listing(location.name, files, None, None, None) if files else None
-
-
-#: A shard's name that says how many shards its model has (``model-00002-of-00003.safetensors``).
-_NUMBERED = re.compile(r"(?P<stem>.*)-(?P<number>\d+)-of-(?P<count>\d+)\.safetensors")
-
-
-def _refuse_missing_shards(folder: str, files: Sequence[str]) -> None:
-    """Refuse a folder without an index whose numbered shards (``-00002-of-00003``) are not all there, which an
-    interrupted copy, download or export leaves: it would load without the tensors of the shards it lacks."""
-    present = set(files)
-    for name in files:
-        found = _NUMBERED.fullmatch(name)
-        if found is None:
-            continue
-        stem, width, count = found["stem"], len(found["number"]), found["count"]
-        numbers = range(1, min(int(count), len(files) + 1) + 1)  # past what the folder holds, one is surely missing
-        missing = next(
-            (shard for i in numbers if (shard := f"{stem}-{i:0{width}d}-of-{count}.safetensors") not in present), None
-        )
-        if missing is not None:
-            raise PathNotFoundError(
-                f"is missing: the folder holds no index and shards named {stem}-*-of-{count}.safetensors, but not "
-                f"all {int(count)} of them, as an interrupted copy, download or export leaves it; fetch the missing "
-                "shards, or export the model again",
-                file=child(folder, missing),
-            )
 
 
 #: The files of a folder that jaxstow loads whole, each on its own: jaxstow's own and npz files.
