@@ -37,6 +37,7 @@ from jaxstow._format.native_or_npz import Kind as ContainerKind
 from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
+from jaxstow._read.folder_file import FolderFile
 from jaxstow._read.foreign import DESCRIBED, advice, folder_problem, foreign_member, read_foreign, recognise
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
@@ -255,8 +256,8 @@ def _format_of(dst: str) -> str:
 def _convert_container(container: Reader, dst: str, target: str, *, progress: bool) -> int:
     leaves = describe(container)
     manifest = container.container.manifest
-    # The user's metadata goes along: a jaxstow file's (JSON), or a plain safetensors file's strings.
-    metadata = manifest.get("metadata") if manifest is not None else getattr(container.container, "plain", None)
+    # The user's metadata goes along: a jaxstow file's (JSON), a plain safetensors file's strings, or the index's.
+    metadata = manifest.get("metadata") if manifest is not None else _plain_metadata(container)
     if target == "jaxstow" and any(leaf.kind == "sharded" for leaf in leaves):  # shards become whole arrays
         tree = container.load(as_numpy=True)
         _save(dst, tree, metadata=metadata or None, progress=progress)
@@ -282,6 +283,21 @@ def _convert_container(container: Reader, dst: str, target: str, *, progress: bo
     manifest = _raw_described(manifest, container_kind, tensors)
     _write_raw(dst, lambda sink: write_container(sink, container_kind, tensors, manifest), tensors, progress=progress)
     return len(leaves)
+
+
+def _plain_metadata(container: Reader) -> dict[str, Any] | None:
+    """The metadata of a file without a manifest: a plain safetensors file's; of a Hugging Face folder, its index's,
+    never a shard's ``{"format": "pt"}``: what a jaxstow export keeps there as it was saved (``jaxstow_metadata``, and
+    the step's as ``step_metadata``), and the index's other entries but ``total_size``, which the file does not keep."""
+    if not isinstance(container, FolderFile):
+        return getattr(container.container, "plain", None)
+    index = container.metadata if container.index is not None and container.metadata else {}
+    saved = index.get("jaxstow_metadata")
+    kept = dict(saved) if isinstance(saved, dict) else {}
+    kept.update({key: value for key, value in index.items() if key != "total_size" and not key.startswith("jaxstow")})
+    if "jaxstow_step_metadata" in index:
+        kept.setdefault("step_metadata", index["jaxstow_step_metadata"])
+    return kept or None
 
 
 def _per_process_tensors(container: Reader) -> list[tuple[str, np.ndarray]]:
