@@ -107,6 +107,19 @@ def test_a_folder_of_a_hub_model_without_safetensors_files_names_its_torch_file_
         jaxstow.load(model)
 
 
+def test_a_folder_of_a_sharded_torch_model_says_the_file_it_names_is_one_shard_of_several(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = tmp_path / "big"
+    model.mkdir()
+    for number in (1, 2):
+        torch.save({f"layer{number}": torch.ones(2)}, model / f"pytorch_model-0000{number}-of-00002.bin")
+    with pytest.raises(jaxstow.errors.IsAFolderError) as info:
+        jaxstow.load(model)
+    assert "it holds pytorch_model-00001-of-00002.bin (one of 2 shards of a model, each read the same way), a " in str(
+        info.value
+    )
+
+
 def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None

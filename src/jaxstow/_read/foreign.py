@@ -224,8 +224,10 @@ def folder_problem(path: str) -> str:
         if held is None:
             return "is a folder, not a file"
         member = os.path.join(path, held[0])
+        numbered = re.search(r"-\d+-of-(\d+)\.", held[0])  # pytorch_model-00001-of-00003.bin
+        shards = f" (one of {int(numbered[1])} shards of a model, each read the same way)" if numbered else ""
         return (
-            f"is a folder of no model jaxstow reads whole: it holds {held[0]}, {DESCRIBED[held[1].name]}: "
+            f"is a folder of no model jaxstow reads whole: it holds {held[0]}{shards}, {DESCRIBED[held[1].name]}: "
             f"{advice(held[1], member)}"
         )
     return f"is {DESCRIBED[kind.name]}, not a file: {advice(kind, path)}"
