@@ -287,3 +287,14 @@ def test_an_item_of_one_array_is_named_by_the_item_and_a_nameless_array_asks_for
     ]
     with pytest.raises(ArgumentError, match="as a path or URL"):
         export_safetensors({"w": np.ones(3)}, tmp_path / "tree")
+
+
+def test_names_that_give_a_leaf_the_empty_name_say_so_not_that_the_file_holds_one_array(tmp_path):
+    jaxstow.save(tmp_path / "two.jxs", {"w": np.zeros(2, np.float32), "b": np.ones(2, np.float32)})
+    for names in ({"w": "", "b": "b"}, lambda path: "" if path == "w" else path):
+        with pytest.raises(ArgumentError) as info:
+            jaxstow.export_safetensors(tmp_path / "two.jxs", tmp_path / "hf", names=names)
+        assert str(info.value) == (
+            "names= gives the leaf 'w' the empty name, which no tensor may have: give it a name, or None to leave it out"
+        )
+        assert not (tmp_path / "hf").exists()

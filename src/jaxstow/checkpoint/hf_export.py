@@ -235,6 +235,11 @@ def _tensors(
             if name is None:
                 left_out.append(full)
                 continue
+            if not name and full:
+                raise ArgumentError(
+                    f"names= gives the leaf {full!r} the empty name, which no tensor may have: give it a name, or None "
+                    "to leave it out"
+                )
             if not name:
                 raise ArgumentError(
                     f"{reader.file} holds one array, which has no name to export it by: pass names={{'': 'weight'}}"
