@@ -38,6 +38,7 @@ from jaxstow._format.source import ReadSource, SourceFile
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read import orbax_steps
 from jaxstow._read.equinox_stream import read_equinox
+from jaxstow._read.flax_state import into_like
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
@@ -287,7 +288,8 @@ def read_foreign(
             return read_equinox(source.read(0, source.size), location.name, like)
         if from_format == "torch":
             return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name)
-        return _read_flax(source.read(0, source.size), location.name)
+        tree = _read_flax(source.read(0, source.size), location.name)
+        return tree if like is None else into_like(tree, like)
 
 
 def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
