@@ -120,6 +120,22 @@ def test_a_folder_of_a_sharded_torch_model_says_the_file_it_names_is_one_shard_o
     )
 
 
+def test_converting_a_torch_file_onto_itself_is_refused_and_leaves_it_as_it_was(tmp_path):
+    torch = pytest.importorskip("torch")
+    source = tmp_path / "model.pt"
+    torch.save({"w": torch.ones(3)}, source)
+    before = source.read_bytes()
+    (tmp_path / "link.pt").symlink_to(source)
+    for destination in (source, tmp_path / "link.pt"):
+        assert_one_line_error(
+            jaxstow_command("convert", source, destination),
+            "convert",
+            f"{destination}: is SRC itself, a PyTorch zip file (torch.save): the jaxstow file written there would "
+            f"replace it, and jaxstow writes no such file back; give another DST, such as {tmp_path / 'model'}.jxs",
+        )
+    assert source.read_bytes() == before
+
+
 def test_a_newer_format_is_an_error_not_damage(tmp_path):
     tensors, manifest, data = split_native(jaxstow_bytes({"w": np.ones(3, np.float32)}))
     assert manifest is not None

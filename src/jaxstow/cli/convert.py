@@ -83,6 +83,12 @@ def run(args: argparse.Namespace) -> int:
     target = args.to or _format_of(args.dst)
     with orbax_steps.quiet():
         kind = source_kind(args.src)
+        if kind.foreign and kind.name != "orbax-manager" and _same_file(args.src, args.dst):  # the source would go
+            raise PathError(
+                f"is SRC itself, {DESCRIBED[kind.name]}: the {target} file written there would replace it, and jaxstow "
+                f"writes no such file back; give another DST, such as {os.path.splitext(args.src.rstrip('/'))[0]}.jxs",
+                file=args.dst,
+            )
         if kind.name == "orbax-manager":
             if target != "jaxstow":
                 raise PathError(
@@ -117,6 +123,17 @@ def run(args: argparse.Namespace) -> int:
     size = _size(args.dst)
     print(f"{args.src} ({kind.label}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
     return 0
+
+
+def _same_file(src: str, dst: str) -> bool:
+    """Whether ``dst`` names the file or folder ``src`` (a link to it too)."""
+    source, target = local_path(src), local_path(dst)
+    if source is None or target is None:
+        return src.rstrip("/") == dst.rstrip("/")
+    try:
+        return os.path.exists(target) and os.path.samefile(source, target)
+    except OSError:
+        return False
 
 
 def source_kind(src: str) -> Kind:
