@@ -96,6 +96,7 @@ def test_a_folder_of_a_hub_model_without_safetensors_files_names_its_torch_file_
     model.mkdir()
     (model / "config.json").write_text("{}")
     torch.save({"wte.weight": torch.ones(4, 2)}, model / "pytorch_model.bin")
+    torch.save({"step": torch.tensor(3)}, model / "optimizer.pt")  # sorted first, but not the model's weights
     done = jaxstow_command(command, model, *([tmp_path / "gpt2.jxs"] if command == "convert" else []))
     assert_one_line_error(
         done,

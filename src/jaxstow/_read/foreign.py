@@ -234,15 +234,18 @@ def folder_problem(path: str) -> str:
     return f"is {DESCRIBED[kind.name]}, not a file: {advice(kind, path)}"
 
 
+#: How the hub names a model's weights, looked into before the other files (``optimizer.pt``, ``training_args.bin``).
+_MODEL_NAMES = ("pytorch_model", "flax_model", "model")
 #: The most files of a folder of no kind looked into for one of another library (their first bytes read).
 _FILES_LOOKED_INTO = 32
 
 
 def foreign_member(folder: str) -> tuple[str, Kind] | None:
     """The first file of another library (``pytorch_model.bin``, ``flax_model.msgpack``) that a folder of no kind
-    holds, by name, and its kind; ``None`` if it holds none. Only regular files are read, and only their start."""
+    holds, by name (a model's weights first), and its kind; ``None`` if it holds none. Only regular files are read,
+    and only their start."""
     try:
-        names = sorted(os.listdir(folder))
+        names = sorted(os.listdir(folder), key=lambda name: (not name.startswith(_MODEL_NAMES), name))
     except OSError:
         return None
     looked_into = 0
