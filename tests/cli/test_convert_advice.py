@@ -21,3 +21,13 @@ def test_the_advice_for_a_foreign_file_named_jxs_converts_it_beside_itself(tmp_p
     done = forked_cli.jaxstow_command("convert", source, tmp_path / "params-jaxstow.jxs")
     assert done.returncode == 0, done.stderr
     np.testing.assert_array_equal(jaxstow.load(tmp_path / "params-jaxstow.jxs")["w"], np.ones(3, np.float32))
+
+
+def test_a_foreign_file_named_jxs_converted_in_place_is_refused_naming_the_file_beside_it(tmp_path):
+    source = tmp_path / "params.jxs"
+    source.write_bytes(flax_serialization.to_bytes({"w": jnp.ones(3)}))
+    before = source.read_bytes()
+    done = forked_cli.jaxstow_command("convert", source, source)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"give another DST, such as {tmp_path / 'params-jaxstow.jxs'}" in done.stderr
+    assert source.read_bytes() == before

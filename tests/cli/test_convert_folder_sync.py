@@ -28,7 +28,7 @@ def test_a_converted_run_whose_folder_cannot_be_synced_is_left_out_and_converts_
     fail = failing_fsync(monkeypatch)
     fail(out.parent)
     assert main(["convert", str(tmp_path / "orbax"), str(out)]) == 2
-    assert capsys.readouterr().err.startswith(f"jaxstow convert: {out}: cannot write it: I/O error")
+    assert capsys.readouterr().err.startswith(f"jaxstow convert: {out}: cannot make the folder: I/O error")
     assert os.listdir(out.parent) == []  # was: the run left in place, and converting again refused
     fail(None)
     assert main(["convert", str(tmp_path / "orbax"), str(out)]) == 0

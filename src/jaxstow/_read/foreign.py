@@ -48,6 +48,7 @@ __all__ = [
     "DESCRIBED",
     "FROM_FORMATS",
     "advice",
+    "converted_name",
     "explained",
     "folder_problem",
     "foreign_member",
@@ -115,7 +116,7 @@ def advice(kind: Kind, target: str | None) -> str:
             "jaxstow.save writes that as a jaxstow file"
         )
     if kind.reader is not None:
-        convert = "" if target is None else f", and `jaxstow convert {target} {_stem(target)}.jxs` converts it"
+        convert = "" if target is None else f", and `jaxstow convert {target} {converted_name(target)}` converts it"
         return f"jaxstow.load({shown}, from_format={kind.reader!r}) {_READS[kind.reader]}{convert}"
     if kind.name == "pickle":
         return (
@@ -127,11 +128,15 @@ def advice(kind: Kind, target: str | None) -> str:
     return "jaxstow reads jaxstow, safetensors and npz files"
 
 
-def _stem(target: str) -> str:
-    """The name of ``target`` without its suffix: where ``convert`` writes ``STEM.jxs`` (``STEM-jaxstow.jxs`` if that
-    is ``target`` itself, which a conversion cannot replace)."""
+def converted_name(target: str) -> str:
+    """Where ``jaxstow convert`` of the foreign file ``target`` writes, as advice names it: ``STEM.jxs``, or
+    ``STEM-jaxstow.jxs`` if that is ``target`` itself (a conversion in place would replace the file).
+
+    >>> converted_name("model.pt"), converted_name("params.jxs")
+    ('model.jxs', 'params-jaxstow.jxs')
+    """
     stem = os.path.splitext(target.rstrip("/"))[0]
-    return f"{stem}-jaxstow" if f"{stem}.jxs" == target.rstrip("/") else stem
+    return f"{stem}-jaxstow.jxs" if f"{stem}.jxs" == target.rstrip("/") else f"{stem}.jxs"
 
 
 def recognise(target: Readable | Location) -> Kind:

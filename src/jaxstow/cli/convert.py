@@ -35,7 +35,15 @@ from jaxstow._format.native_or_npz import container_kind, write_container
 from jaxstow._format.npz import stores_exactly as npz_stores_exactly
 from jaxstow._read import orbax_steps
 from jaxstow._read.folder_file import FolderFile
-from jaxstow._read.foreign import DESCRIBED, advice, folder_problem, foreign_member, read_foreign, recognise
+from jaxstow._read.foreign import (
+    DESCRIBED,
+    advice,
+    converted_name,
+    folder_problem,
+    foreign_member,
+    read_foreign,
+    recognise,
+)
 from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._read.sharded_folder import unmapped
@@ -86,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         if kind.foreign and kind.name != "orbax-manager" and _same_file(args.src, args.dst):  # the source would go
             raise PathError(
                 f"is SRC itself, {DESCRIBED[kind.name]}: the {target} file written there would replace it, and jaxstow "
-                f"writes no such file back; give another DST, such as {os.path.splitext(args.src.rstrip('/'))[0]}.jxs",
+                f"writes no such file back; give another DST, such as {converted_name(args.src)}",
                 file=args.dst,
             )
         if kind.name == "orbax-manager":
