@@ -17,6 +17,7 @@ import pytest
 
 import jaxstow
 from jaxstow._format import tensor_reads
+from jaxstow._format.block_checksums import BLOCK_BYTES
 from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util import buffers
@@ -94,9 +95,11 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
     data = bytearray(path.read_bytes())
     with jaxstow.open(path) as reader:
         slot = reader.container.slots["l2"]
-    cut = slot.nbytes // 2 // 64 * 64  # where the halves read at once meet
+    cut = slot.nbytes // 2 // 64 * 64  # where the halves read at once meet in a leaf without block checksums
     piece = tensor_reads._HASHED_PIECE  # each half is read and hashed in pieces of this size
-    for at in (0, piece - 1, piece, cut - 1, cut, cut + piece, slot.nbytes - 1):  # halves' and pieces' edges
+    block = BLOCK_BYTES  # a leaf with block checksums is verified block by block, its halves meeting at block 2
+    edges = (0, piece - 1, piece, cut - 1, cut, cut + piece, block - 1, block, 2 * block - 1, 2 * block)
+    for at in (*edges, slot.nbytes - 1):  # halves', blocks' and pieces' edges
         damaged = tmp_path / f"damaged-{at}.jxs"
         changed = bytearray(data)
         changed[slot.offset + at] ^= 0x10
@@ -154,7 +157,7 @@ def test_a_leaf_read_again_is_read_in_halves_at_once_and_right(saved, monkeypatc
             threads = _read_threads(monkeypatch, pool_first=True)
             np.testing.assert_array_equal(reader[name], tree[name])
             assert caller in threads
-            assert sum(thread.startswith("jaxstow-read") for thread in threads) == 1
+            assert len({thread for thread in threads if thread.startswith("jaxstow-read")}) == 1
 
 
 def test_a_leaf_read_while_every_reader_of_the_pool_is_busy_is_read_whole_by_its_caller(saved, monkeypatch):

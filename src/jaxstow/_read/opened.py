@@ -44,6 +44,7 @@ from jaxstow._read.mapped import mapped_leaf
 from jaxstow._read.narrowing import held_problem, narrowing_problem
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
+from jaxstow._read.whole_leaves import read_whole
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
 
@@ -391,8 +392,7 @@ class OpenedFile(Mapping[str, Any]):
             reads.run()
             sharded = {path: assembled() for path, assembled in planned.items()}
             leaves = [leaf for leaf in leaves if not isinstance(leaf, ShardedLeaf)]
-        expected = {leaf.path: leaf.checksum for leaf in leaves}
-        arrays = self.container.read([leaf.path for leaf in leaves], lambda n, d: self.verify(n, d, expected[n]))
+        arrays = read_whole(self.container, leaves, self.verify)
         arrays.update(sharded)
         for leaf in leaves:
             array = arrays[leaf.path]
