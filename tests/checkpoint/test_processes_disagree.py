@@ -43,6 +43,17 @@ def test_other_unsharded_values_commit_nothing_in_any_process(reports, step, nam
         assert int(step) not in report["steps"]
 
 
+@pytest.mark.parametrize(("step", "leaf"), [("7", "small"), ("8", "large")])
+def test_replicas_that_differ_between_processes_commit_nothing_rather_than_a_mix(reports, step, leaf):
+    # Each holder writes a share of a replicated array's rows: copies that differ were saved as a mix of them.
+    for report in reports:
+        error = report["errors"][step]
+        assert error is not None and "not committed" in error, report["errors"]
+        assert f"first at the leaf state/{leaf}, a global array whose replicas differ between processes" in error, error
+        assert "broadcast_one_to_all" in error and "process 0's is the one saved" not in error, error
+        assert int(step) not in report["steps"]
+
+
 def test_processes_that_ask_for_different_steps_or_items_all_fail(reports):
     for report in reports:
         error = report["different_steps"]

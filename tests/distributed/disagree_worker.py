@@ -1,8 +1,9 @@
 """One process of a 2-process ``jax.distributed`` run whose processes disagree, started by
 ``tests/checkpoint/test_processes_disagree.py``: ``disagree_worker.py PROCESS PORT FOLDER``.
 
-It saves steps with the same unsharded values in both processes (numpy arrays copied or not, a per-process leaf of
-its own), then steps where process 1 saves another small array, another Python value, or other metrics or metadata,
+It saves steps with the same values in both processes (numpy arrays copied or not, a per-process leaf of its own,
+global arrays replicated over both), then steps where process 1 saves another small array, another Python value,
+other metrics or metadata, or other copies of a small or a large replicated global array,
 then restores a different step in each process, other items in each, one leaf onto another sharding in each, and the
 same step in both; then saves a step
 to a second folder through managers that keep other steps in each process. It prints one JSON line: the steps
@@ -35,9 +36,15 @@ whole = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
 w = jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("x")), lambda index: whole[index])
 
 
-def state(*, host: float = 0.0, k: int = 0) -> dict:
+def replicated(rows: int, plus: float) -> jax.Array:
+    """A global array of ``rows`` rows replicated over both processes, ``plus`` added to the copy of this one."""
+    values = np.arange(rows * 64, dtype=np.float32).reshape(rows, 64) + plus
+    return jax.make_array_from_callback(values.shape, NamedSharding(mesh, P()), lambda index: values[index])
+
+
+def state(*, host: float = 0.0, k: int = 0, small: float = 0.0, large: float = 0.0) -> dict:
     leaves = {"w": w, "host": np.full(4, host, np.float32), "k": k, "mine": jaxstow.per_process({"p": process})}
-    return {"state": leaves}
+    return {"state": leaves | {"small": replicated(2, small), "large": replicated(1024, large)}}  # 512 B; 256 KiB
 
 
 other = 1.0 if process == 1 else 0.0
@@ -48,6 +55,8 @@ saves = {
     4: ({"items": state(k=process)}),
     5: ({"items": state(), "metrics": {"loss": other}}),
     6: ({"items": state(), "metadata": {"who": process}}),
+    7: ({"items": state(small=other)}),
+    8: ({"items": state(large=other)}),
 }
 report: dict = {"process": process, "errors": {}}
 with CheckpointManager(folder, process_timeout=30) as manager:

@@ -30,6 +30,7 @@ from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
+from jaxstow._format.replicas import Box, replica_print, share_box
 from jaxstow._format.sharding_description import check_whole_placement, describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
@@ -47,7 +48,6 @@ __all__ = [
     "encode_leaf",
     "is_sharded",
     "key_impl_name",
-    "share_box",
     "stored_leaf_from_entry",
     "tensor_names",
 ]
@@ -92,10 +92,6 @@ class EncodedValue:
         self.value = value
 
 
-#: ``(start, stop)`` along every axis.
-Box = tuple[tuple[int, int], ...]
-
-
 class EncodedShard(NamedTuple):
     """One stored shard of a sharded array: its entry in the leaf's ``shards`` list and its bytes."""
 
@@ -116,6 +112,8 @@ class EncodedLeaf(NamedTuple):
     #: A sharded array's layout over every device of every process (which processes hold each box), hashed: the
     #: processes saving it must agree on it, or their files would not cover the array exactly once.
     holders: str = ""
+    #: The prints of a sharded array's boxes that every process of the save holds (its replicas), which must agree.
+    replicas: str = ""
 
     def tensors(self) -> list[tuple[str, HostArray, Entry]]:
         """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
@@ -184,8 +182,10 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
 
     A shard held by several processes (replicated) is cut into as many ranges along its first axis long enough, one
     written by each of them, so that they share its writing; a shard held by one process alone is written whole.
+    Those that every process holds are printed (:func:`~jaxstow._format.replicas.replica_print`) for the processes
+    to compare: copies that differ would be saved as a mix of them.
     """
-    shards = []
+    shards, prints = [], []
     holders = _holders(leaf.sharding, leaf.shape)
     me = jax.process_index()
     chosen: dict[Box, Any] = {}
@@ -196,9 +196,14 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     for whole, shard in chosen.items():
         processes = holders[whole]
         box, within = share_box(whole, processes.index(me), len(processes))
-        if box is None:
+        everyone = len(processes) == jax.process_count() > 1
+        if box is None and not everyone:
             continue
         data, _ = _host_array(shard.data, path=path, file=file)
+        if everyone:
+            prints.append(f"{whole}:{replica_print(data)}")
+        if box is None:
+            continue
         if within is not None:
             data = np.ascontiguousarray(data[within])
         name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
@@ -208,7 +213,7 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
-    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape))
+    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape), ",".join(sorted(prints)))
 
 
 def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -228,23 +233,6 @@ def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Bo
 def _holders_digest(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> str:
     """:func:`_holders`, hashed (once per layout: every save of a run has the same)."""
     return hashlib.sha256(repr(sorted(_holders(sharding, shape).items())).encode()).hexdigest()[:16]
-
-
-def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice, ...] | None]:
-    """The part of ``box`` that the ``rank``-th of ``count`` holders writes, and where it lies within the box.
-
-    ``(None, None)`` when it writes nothing; the whole box (and ``None``) when it is the only holder.
-    """
-    if count == 1 or not box:
-        return (box, None) if rank == 0 else (None, None)
-    axis = next((axis for axis, (start, stop) in enumerate(box) if stop - start >= count), 0)
-    start, stop = box[axis]
-    low, high = start + (stop - start) * rank // count, start + (stop - start) * (rank + 1) // count
-    if low == high:
-        return None, None
-    part = (*box[:axis], (low, high), *box[axis + 1 :])
-    within = tuple(slice(low - start, high - start) if i == axis else slice(None) for i in range(len(box)))
-    return part, within
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.leaves import Entry, StoredLeaf, raw_leaf_layout
+from jaxstow._format.replicas import Box
 from jaxstow._format.sharding_description import check_sharding_description
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import CorruptFileError, FormatError, excerpt
@@ -33,9 +34,6 @@ __all__ = [
     "intersect",
     "sharded_leaf_from_entry",
 ]
-
-#: ``(start, stop)`` along every axis.
-Box = tuple[tuple[int, int], ...]
 
 
 class StoredShard(NamedTuple):

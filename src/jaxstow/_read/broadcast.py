@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
-from jaxstow._format.leaves import share_box
+from jaxstow._format.replicas import share_box
 from jaxstow._format.shards import Box
 from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.gathering import gather_rows

@@ -280,9 +280,10 @@ def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
     """What every process saving the same tree agrees on: its structure, each leaf's path, kind, dtype and shape,
     then (after a ``:``) the values that every process saves once for all, in groups of leaves
     (:data:`_VALUE_GROUPS` at most, 8 hex digits each): the value leaves, and the bytes of each stored array of at
-    most :data:`_VALUE_BYTES`. Larger unsharded arrays are left out, for the cost of hashing them in every process
-    of every save; sharded arrays (each process saves its own shards) and per-process leaves too, so no shard
-    another process holds is ever read. See :func:`differing_leaves`."""
+    most :data:`_VALUE_BYTES`, and the prints of the replicas of sharded arrays that every process holds. Larger
+    unsharded arrays are left out, for the cost of hashing them in every process of every save; per-process leaves
+    and shards that not every process holds too, so no shard another process holds is ever read. See
+    :func:`differing_leaves`."""
     described = [json.dumps([leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)]) for leaf in leaves]
     layout = hashlib.sha256(json.dumps([structure, described], separators=(",", ":")).encode()).hexdigest()[:16]
     return f"{layout}:{_grouped([_value_print(leaf) for leaf in leaves])}:{_grouped(described)}"
@@ -332,12 +333,15 @@ def differing_leaves(digest: str, other: str, count: int) -> tuple[int, int] | N
 
 def _value_print(leaf: EncodedLeaf) -> str:
     """What a leaf's value contributes to the digest: its JSON (a value leaf), its bytes' xxh3 (a stored array of at
-    most :data:`_VALUE_BYTES`, a deferred one read for it), or nothing (sharded, per-process and larger leaves)."""
+    most :data:`_VALUE_BYTES`, a deferred one read for it), its replicas' prints (a sharded array), or nothing
+    (per-process and larger leaves)."""
     kind = leaf.entry["kind"]
     if kind == "value":
         return json.dumps(leaf.entry.get("value"), sort_keys=True, separators=(",", ":"), default=str)
+    if kind == "sharded":
+        return leaf.replicas
     array = leaf.array
-    if kind in ("sharded", "per_process") or array is None or array.nbytes > _VALUE_BYTES:
+    if kind == "per_process" or array is None or array.nbytes > _VALUE_BYTES:
         return ""
     return array.digest() if isinstance(array, Deferred) else checksum(array)
 

@@ -228,8 +228,8 @@ def _stage(store: Store, folder: str, step: int, *, replace: bool) -> Staging:
 def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> StepRecord:
     """The record of the step of ``content`` that every process saved, from their ``summaries`` (in process order),
     checked to agree: a :class:`CheckpointError` names every process that saved another step, another tree, other
-    values than process 0 where each process saves them once for all (small unsharded leaves, see
-    :func:`~jaxstow._write.encoded.encode_tree`), or other metrics or metadata (process 0's are recorded)."""
+    values than process 0 where each process saves them once for all (small unsharded leaves, the replicas every
+    process holds, see :func:`~jaxstow._write.encoded.encode_tree`), or other metrics or metadata (process 0's are recorded)."""
     step = content.step
     _check_agreement(summaries, content, where=where)
     files = summaries[0]["files"]
@@ -250,6 +250,13 @@ def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: s
 _PER_PROCESS_ADVICE = (
     "every process must save the same value there (process 0's is the one saved): wrap state that is each "
     "process's own in jaxstow.per_process(...)"
+)
+
+
+_REPLICAS_ADVICE = (
+    "a global array whose replicas differ between processes, which would be saved as a mix of their copies: give "
+    "every process the same values (the same seed, or process 0's sent to all with "
+    "jax.experimental.multihost_utils.broadcast_one_to_all)"
 )
 
 
@@ -279,11 +286,10 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
                 "hash, as FlareJax does, needs the same PYTHONHASHSEED in every process)"
             )
         elif differing:
-            values = True
-            name = differing[0]
+            where_found = _differing_leaves(content, differing[0], digests[differing[0]], theirs[differing[0]])
+            values = values or _REPLICAS_ADVICE not in where_found  # process 0's value would be saved
             problems.append(
-                f"process {index} saved other values than process 0 for the items {differing} "
-                f"({_differing_leaves(content, name, digests[name], theirs[name])})"
+                f"process {index} saved other values than process 0 for the items {differing} ({where_found})"
             )
         ours, others = first.get("annotations", {}), summary.get("annotations", {})
         what = [kind for kind in ("metrics", "metadata") if others.get(kind) != ours.get(kind)]
@@ -321,13 +327,18 @@ def _differing_leaves(content: StepContent, name: str, ours: str, theirs: str) -
     """Where in item ``name`` the values first differ: a leaf's path, or the paths of a group of leaves."""
     if name not in content.held:
         return f"item {name!r}"
-    paths = [entry["path"] for entry in content.held[name].encode().manifest["leaves"]]
+    entries = content.held[name].encode().manifest["leaves"]
+    paths = [entry["path"] for entry in entries]
     found = differing_leaves(ours, theirs, len(paths))
     if found is None:
         return f"item {name!r}"
     start, stop = found
     first, last = (f"{name}/{paths[k]}" if paths[k] else name for k in (start, stop - 1))
-    return f"first at the leaf {first}" if stop - start == 1 else f"first among the leaves {first} to {last}"
+    if stop - start > 1:
+        return f"first among the leaves {first} to {last}"
+    if entries[start]["kind"] == "sharded":
+        return f"first at the leaf {first}, {_REPLICAS_ADVICE}"
+    return f"first at the leaf {first}"
 
 
 def _annotations(content: StepContent) -> dict[str, str]:
