@@ -21,8 +21,10 @@ from pathlib import Path
 import forked
 import numpy as np
 import pytest
+from distributed_runs import launch
 
 WORKER = Path(__file__).parents[1] / "distributed" / "worker.py"
+LONELY_WORKER = Path(__file__).parents[1] / "distributed" / "lonely_save_worker.py"
 TIMEOUT = 3.0
 GRACE = 5.0  # how much longer the others wait for process 0's outcome (Processes.grace)
 SLOWER = 3.0  # how much longer than its timeout a wait may take on a loaded machine (the step's own work included)
@@ -121,6 +123,23 @@ def test_a_save_whose_process_stops_dies_or_stalls_ends_everywhere_with_no_step(
 
     with CheckpointManager(folder) as manager:
         assert manager.steps() == [1]
+
+
+@pytest.mark.parametrize("saver", [0, 1])
+def test_a_save_that_one_process_alone_calls_ends_within_the_timeout_naming_the_other(tmp_path, saver):
+    folder = tmp_path / "run"
+    processes = launch(LONELY_WORKER, 2, lambda index, port: [str(index), str(port), str(folder), str(saver)])
+    try:
+        report = _line(processes[saver], SLOWER * (TIMEOUT + GRACE) + 10)
+    finally:
+        (tmp_path / "run.done").touch()
+        _end(processes)
+    other = 1 - saver  # process 0 never began the step: no second wait, for an outcome it never decides
+    waited = "its files of step 2" if saver == 0 else "the folder of step 2"
+    assert (
+        report["error"].startswith("CheckpointError") and f"process {other} did not report {waited}" in report["error"]
+    )
+    assert report["steps"] == [1] and _steps(folder) == ["1"]
 
 
 def test_a_step_process_0_commits_after_the_others_gave_up_waiting_holds_their_files(tmp_path):

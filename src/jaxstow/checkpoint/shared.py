@@ -78,8 +78,15 @@ def commit_step(
     with talk:
         coordinator = talk.coordinator
         where = store.url(folder)
+        made: list[Staging] = []  # process 0's shared staging folder, made as it decides
         try:
-            staging = _staging(talk, store, folder, step, shared=shared, replace=replace)
+            token = _staging_token(talk, store, folder, step, made, shared=shared, replace=replace)
+        except CheckpointError as error:
+            if coordinator.index != 0:  # process 0 failed or never answered: it decides no outcome to wait for
+                talk.fail("done", error)
+            raise
+        try:
+            staging = made[0] if made else _stage(store, folder, step, replace=replace, token=token)
         except CheckpointError as error:
             if coordinator.index == 0:
                 raise
@@ -201,22 +208,25 @@ def commit_content(
     )
 
 
-def _staging(talk: Conversation, store: Store, folder: str, step: int, *, shared: bool, replace: bool) -> Staging:
-    """This process's staging folder of ``folder``: its own, or the one process 0 made for every process."""
+def _staging_token(
+    talk: Conversation, store: Store, folder: str, step: int, made: list[Staging], *, shared: bool, replace: bool
+) -> str | None:
+    """The token of the staging folder process 0 made for every process (into ``made`` in process 0), or ``None``
+    where each process stages a folder of its own."""
     if not shared:
-        return _stage(store, folder, step, replace=replace)
-    made: list[Staging] = []
+        return None
 
     def make() -> str:
         made.append(_stage(store, folder, step, replace=replace))
         return made[0].token
 
-    where = store.url(folder)
-    token = talk.decide("staging", make, waiting_for=f"the folder of step {step} ({where})")
-    return made[0] if made else store.stage(folder, replace=False, token=token)
+    return str(talk.decide("staging", make, waiting_for=f"the folder of step {step} ({store.url(folder)})"))
 
 
-def _stage(store: Store, folder: str, step: int, *, replace: bool) -> Staging:
+def _stage(store: Store, folder: str, step: int, *, replace: bool, token: str | None = None) -> Staging:
+    """A staging folder of ``folder``: this process's own, or process 0's of that ``token``."""
+    if token is not None:
+        return store.stage(folder, replace=False, token=token)
     exists = folder in store.committed()
     if exists and not replace:
         raise CheckpointError(
