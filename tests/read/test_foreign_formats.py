@@ -483,8 +483,36 @@ def test_a_flax_file_nested_past_what_jaxstow_holds_is_refused_naming_it(tmp_pat
         nested = {"k": nested}
     path = tmp_path / "deep.msgpack"
     path.write_bytes(msgpack.packb(nested))
-    with pytest.raises(FormatError, match=r"deep\.msgpack: nests dicts more than 400 levels deep"):
+    with pytest.raises(FormatError, match=r"deep\.msgpack: nests dicts and lists more than 400 levels deep"):
         jaxstow.load(path, from_format="flax")
+
+
+def test_a_flax_file_of_lists_nested_past_what_jaxstow_holds_is_refused_naming_it(tmp_path):
+    msgpack = pytest.importorskip("msgpack")
+    nested: list = [1]
+    for _ in range(450):  # within msgpack's own bound, past the 400 levels of a jaxstow file
+        nested = [{"k": nested}]
+    path = tmp_path / "lists.msgpack"
+    path.write_bytes(msgpack.packb({"params": nested}))
+    with pytest.raises(
+        FormatError, match=r"leaf 'params/0/k/.*' of .*lists\.msgpack: nests dicts and lists more than 400"
+    ):
+        jaxstow.load(path, from_format="flax")
+
+
+def test_a_torch_file_of_lists_nested_past_what_jaxstow_holds_is_refused_naming_it(tmp_path):
+    torch = pytest.importorskip("torch")
+    nested: list = [torch.zeros(1)]
+    for _ in range(900):
+        nested = [nested]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # torch.save pickles recursively: a file made elsewhere, as deep as it likes
+    try:
+        torch.save({"layers": nested}, tmp_path / "deep.pt")
+    finally:
+        sys.setrecursionlimit(limit)
+    with pytest.raises(FormatError, match=r"leaf 'layers/0/0/.*' of .*deep\.pt: nests dicts and lists more than 400"):
+        jaxstow.load(tmp_path / "deep.pt", from_format="torch")
 
 
 def test_tied_weights_and_views_of_a_torch_file_come_back_as_leaves_of_their_own(tmp_path):

@@ -31,7 +31,6 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name
-from jaxstow._format.json_values import MAX_NESTING
 from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
@@ -39,6 +38,7 @@ from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read import orbax_steps
 from jaxstow._read.equinox_stream import read_equinox
 from jaxstow._read.flax_state import into_like
+from jaxstow._read.foreign_tree import plain_tree, within_nesting
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
@@ -336,7 +336,7 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
             problem = str(error).partition(" is ")[2]
             raise FormatError(f"holds {excerpt(leaf)}, {problem}", file=name, path=path) from None
 
-    return jax.tree_util.tree_map_with_path(as_array, _plain(state, name))
+    return jax.tree_util.tree_map_with_path(as_array, plain_tree(state, name))
 
 
 def _torch_problem(error: Exception) -> str:
@@ -350,25 +350,6 @@ def _torch_problem(error: Exception) -> str:
         return f"it holds an object of {unsupported.group(1)}, which torch.load(weights_only=True) never unpickles"
     line = text.strip().splitlines()[0] if text.strip() else ""
     return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
-
-
-def _plain(tree: Any, name: str, path: str = "") -> Any:
-    """OrderedDicts as dicts, all the way down (torch's state dicts are OrderedDicts); a dict whose keys do not sort
-    (``"weight"`` beside ``0``), which jax cannot hold, is a :class:`FormatError` naming its path in the file."""
-    if isinstance(tree, dict):
-        try:
-            sorted(tree)
-        except TypeError:
-            kinds = sorted({type(key).__name__ for key in tree})
-            raise FormatError(
-                f"a dict whose keys are of types {kinds}, which do not sort, so jax cannot hold it",
-                file=name,
-                path=path,
-            ) from None
-        return {key: _plain(value, name, f"{path}/{key}".lstrip("/")) for key, value in tree.items()}
-    if type(tree) in (list, tuple):
-        return type(tree)(_plain(value, name, f"{path}/{index}".lstrip("/")) for index, value in enumerate(tree))
-    return tree
 
 
 def _read_flax(data: bytes, name: str) -> Any:
@@ -395,17 +376,16 @@ def _read_flax(data: bytes, name: str) -> Any:
         raise
     except Exception as error:  # msgpack raises its own errors and ValueError on damage
         raise FormatError(f"not a flax msgpack file ({type(error).__name__}: {error})", file=name) from None
-    return _plain(_unchunked(tree, name, ""), name)
+    return plain_tree(_unchunked(tree, name, ""), name)
 
 
 def _unchunked(tree: Any, name: str, path: str, depth: int = 0) -> Any:
     """flax's chunked large arrays (``{"__msgpack_chunked_array__": True, ...}``) joined back, each checked to be
     what flax writes: chunks of one dtype, as many elements as its shape. A tree nested past what a jaxstow file
-    holds (:data:`MAX_NESTING` levels) is a :class:`FormatError`, before Python's recursion would run out."""
+    holds is a :class:`FormatError` (:func:`~jaxstow._read.foreign_tree.within_nesting`)."""
     if not isinstance(tree, dict):
         return tree
-    if depth > MAX_NESTING:
-        raise FormatError(f"nests dicts more than {MAX_NESTING} levels deep, past what jaxstow holds", file=name)
+    within_nesting(depth, name, path)
     if tree.get("__msgpack_chunked_array__") is True:
         try:
             shape = tuple(tree["shape"][str(i)] for i in range(len(tree["shape"])))
