@@ -1,11 +1,13 @@
 """A step record whose checksum is right but whose values no manager writes (a metric no float holds, a time no date
 has, keep rules no KeepPolicy takes) is a damaged record, named when it is read: the manager's queries, its prune and
 ``jaxstow ls`` say so instead of failing later with an OverflowError or a TypeError. A metric too large for a float is
-refused when it is saved."""
+refused when it is saved. A record too large to be one (a sparse file of gigabytes in its place) is refused unread,
+and metadata that would make one is refused when it is saved."""
 
 from __future__ import annotations
 
 import dataclasses
+import tracemalloc
 
 import forked_cli
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._steps.record import RECORD_NAME, StepRecord
-from jaxstow.errors import ArgumentError, CorruptFileError
+from jaxstow.errors import ArgumentError, CorruptFileError, MetadataError
 
 FORGED = [
     {"metrics": {"loss": 10**400}},
@@ -89,3 +91,28 @@ def test_keep_rules_of_the_wrong_type_are_refused():
         1: ["every 1e+300 s"],
         2: ["newest"],
     }
+
+
+def test_a_record_larger_than_any_jaxstow_writes_is_refused_unread(run):
+    record = run / "3" / RECORD_NAME
+    with record.open("r+b") as file:
+        file.truncate(256 << 20)  # sparse: 256 MiB that take no disk
+    manager = CheckpointManager(run)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptFileError, match=r"3/checkpoint\.json: is larger than the 67108864 bytes \(64 MiB\)"):
+            manager.restore(3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"refusing the record allocated {peak} bytes"
+    assert manager.restore(fallback=True)["w"].tolist() == [2.0, 2.0]
+    assert manager.restored.skipped.keys() == {3}
+
+
+def test_metadata_past_what_a_record_may_hold_is_refused_when_saved(tmp_path):
+    with CheckpointManager(tmp_path / "run") as manager:
+        with pytest.raises(MetadataError, match=r"metadata of step 1 takes 17825\d+ bytes in the step's record, more"):
+            manager.save(1, {"w": np.zeros(2)}, metadata={"notes": "x" * (17 << 20)})
+        manager.save(2, {"w": np.zeros(2)}, metadata={"notes": "x" * (15 << 20)})
+        assert manager.steps() == [2] and len(manager.metadata(2)["notes"]) == 15 << 20

@@ -33,6 +33,7 @@ from jaxstow._format.json_values import json_problem
 from jaxstow._format.native_or_npz import FORMAT_VERSION
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
+from jaxstow._storage.marker_limit import MAX_MARKER_BYTES
 from jaxstow._version import __version__
 from jaxstow.errors import (
     ArgumentError,
@@ -49,6 +50,8 @@ __all__ = ["RECORD_NAME", "StepRecord", "check_item_header", "check_metadata", "
 RECORD_NAME = "checkpoint.json"
 _RECORD_VERSION = 2  # 2: the record's own checksum and each item's header checksum
 _CHECKSUM_KEY = "record_xxh3"
+#: A quarter of what a reader reads of a record: the rest is ample for its files, headers, parts and metrics.
+_MAX_METADATA_BYTES = MAX_MARKER_BYTES // 4
 _CHECKSUM = re.compile(r"[0-9a-f]{16}")
 #: The first second of the year 9999: no step is saved later, and ``datetime`` shows every time before it in any zone.
 _LAST_TIME = 253370764800
@@ -98,6 +101,12 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
     problem = json_problem(metadata) if limits is None else f"it {limits}"
     if problem is not None:
         raise MetadataError(f"metadata of step {step} must be a JSON-able dict: {problem}")
+    written = len(json.dumps(metadata, indent=1))  # as the record holds it, which a reader reads up to a limit
+    if written > _MAX_METADATA_BYTES:
+        raise MetadataError(
+            f"metadata of step {step} takes {written} bytes in the step's record, more than the {_MAX_METADATA_BYTES} "
+            "(16 MiB) a step's metadata may take: save large data as an item of the step"
+        )
     return cast(dict[str, Any], copy.deepcopy(metadata))
 
 

@@ -29,6 +29,7 @@ from typing import BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_error, storage_failures
+from jaxstow._storage.marker_limit import MAX_MARKER_BYTES, refuse_large_marker
 from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CheckpointError, NotAFolderError
 
@@ -135,9 +136,13 @@ class LocalStore:
         )
 
     def read_marker(self, name: str) -> bytes:
+        """The marker of folder ``name``, refused unread where it is too large (:mod:`~jaxstow._storage.marker_limit`)."""
         path = self.path(name, self.marker)
         with storage_failures(path, doing="read it"), open(path, "rb") as file:
-            return file.read()
+            refuse_large_marker(os.fstat(file.fileno()).st_size, self.url(name, self.marker))
+            data = file.read(MAX_MARKER_BYTES + 1)  # grown since: read no more than the limit, and refuse it
+        refuse_large_marker(len(data), self.url(name, self.marker))
+        return data
 
     def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> ReadSource:
         """The file ``file`` of folder ``name``.

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._storage.marker_limit import refuse_large_marker
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
@@ -155,8 +156,16 @@ class RemoteStore:
         )
 
     def read_marker(self, name: str) -> bytes:
-        with storage_errors(self.url(name, self.marker)):
-            return bytes(self.fs.cat_file(self.path(name, self.marker)))
+        """The marker of folder ``name``, read as a file is (an answer cut short is the storage's fault, never a
+        damaged record), refused unread where its size is too large (:mod:`~jaxstow._storage.marker_limit`)."""
+        url = self.url(name, self.marker)
+        with storage_errors(url):
+            source = object_source(
+                self.fs, self.path(name, self.marker), name=url, transfer=self.settings.transfer, whole=True
+            )
+        with contextlib.closing(source):
+            refuse_large_marker(source.size, url)
+            return bytes(source.read(0, source.size))
 
     def source(self, name: str, file: str, header: str | None = None, *, whole: bool = False) -> ReadSource:
         """The file ``file`` of folder ``name``; ``whole``: it is to be read from its start on (its first request then

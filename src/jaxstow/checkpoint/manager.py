@@ -251,7 +251,7 @@ class CheckpointManager(StepQueries):
             items: A dict of named pytrees, or one pytree (a dict of another class, such as an ``OrderedDict``, is
                 one pytree, and comes back as it was).
             metrics: Numbers (e.g. ``{"loss": 0.1}``) that rank steps for ``keep_best``; back from :meth:`metrics`.
-            metadata: Any JSON-able dict; back from :meth:`metadata`.
+            metadata: Any JSON-able dict of at most 16 MiB (as the step's record holds it); back from :meth:`metadata`.
             force: Replace an existing step atomically.
             copy: Copy the arrays before returning, for numpy buffers or torch tensors that the caller changes in
                 place (a torch optimizer's step does). Other objects in the tree are saved as they are at the call.

@@ -32,6 +32,7 @@ from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.marker_limit import MAX_MARKER_BYTES
 from jaxstow._storage.peer_wire import reachable_host
 from jaxstow._storage.peers import PeerTransport, Pending
 from jaxstow.checkpoint.copy_check import copy_damage
@@ -42,8 +43,6 @@ from jaxstow.checkpoint.tier_holdings import Holdings, files_of
 __all__ = ["PeerCopies", "choose_keepers", "open_transport", "plan_local"]
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
-#: The largest record a process fetches from a peer.
-_RECORD_LIMIT = 64 << 20
 
 
 def open_transport(coordinator: Coordinator) -> PeerTransport:
@@ -171,7 +170,7 @@ class PeerCopies:
         me, holdings = self.coordinator.index, self.holdings
         holders = {int(owner): found for owner, found in plan.items()}
         wanted = {"owner": me, "step": step, "version": version, "file": RECORD_NAME}
-        marker = self._fetch(holders[me][0], wanted, None, limit=_RECORD_LIMIT)
+        marker = self._fetch(holders[me][0], wanted, None, limit=MAX_MARKER_BYTES)
         found = PeerStep(self.transport, self.local, step, version, marker, holders, holdings.locate)
         if not holdings.holds_own(step, version):
             damage = ""
