@@ -20,6 +20,7 @@ jaxstow.errors.FormatError: f.jxs: the header is not valid JSON (maximum recursi
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import orjson
@@ -82,7 +83,8 @@ def parse_json(
         except orjson.JSONDecodeError:  # NaN, overflowing numbers, lone surrogates, deep nesting: see below
             pass
     try:  # bytes as UTF-8 only: json.loads would guess UTF-16 or UTF-32 from the first bytes
-        return json.loads(text.decode("utf-8") if isinstance(text, bytes) else text, parse_constant=_no_constant)
+        decoded = text.decode("utf-8") if isinstance(text, bytes) else text
+        return json.loads(decoded, parse_constant=_no_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as problem:  # JSONDecodeError, bad UTF-8, too many digits, too deep
         raise error(f"{what} is not valid JSON ({problem})", file=file) from None
 
@@ -90,6 +92,15 @@ def parse_json(
 def _no_constant(name: str) -> Any:
     """``NaN``, ``Infinity`` and ``-Infinity``, which Python's parser takes and JSON (RFC 8259) has not."""
     raise ValueError(f"{name} is no JSON value")
+
+
+def _finite_float(literal: str) -> float:
+    """A number's value, unless it overflows a float (``1e999``): the fast parser refuses it, and a value read as
+    ``inf`` is one that no writer of ours wrote (they refuse infinite numbers)."""
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"the number {literal[:40]} overflows a float")
+    return value
 
 
 def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | None, str] | None:
