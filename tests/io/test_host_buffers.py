@@ -96,6 +96,34 @@ def test_a_finished_run_frees_its_collector_without_the_garbage_collector():
         gc.enable()
 
 
+def _abandoned_run(collector: io.MemoryCollector, *, jitted: bool) -> None:
+    """Stream ``STEPS`` samples into ``collector`` and raise, as a user's code may, before ``postprocess_save``."""
+    init_save, save, _ = io.save(collector, block_size=8)
+    state = init_save({"w": jnp.zeros(300)}, None, scheduler.static_information(samples_collected=STEPS))
+
+    def step(state, t):
+        return save(state, True, {"w": jnp.sin(jnp.arange(300.0) + t)})[0], None
+
+    def run(state):
+        return jax.lax.scan(step, state, jnp.arange(float(STEPS)))[0]
+
+    jax.block_until_ready((jax.jit(run) if jitted else run)(state))
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("jitted", [False, True], ids=["scan", "jit"])
+def test_a_run_abandoned_before_postprocess_save_frees_its_collector_once_its_strategy_is_gone(jitted):
+    """A run that raised before ``postprocess_save`` (an interrupted cell of a notebook, run again with a strategy
+    made anew): its draws go with the strategy, though JAX keeps the traced program in its caches."""
+    collector = io.MemoryCollector()
+    gone = weakref.ref(collector)
+    with pytest.raises(KeyboardInterrupt) as raised:
+        _abandoned_run(collector, jitted=jitted)
+    del collector, raised  # the traceback holds the run's frames
+    gc.collect()
+    assert gone() is None
+
+
 def _resident_bytes() -> int:
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * 4096
