@@ -313,11 +313,11 @@ class RemoteStaging:
 
     def commit(self, marker: bytes) -> None:
         """Write the marker, which makes the folder visible (and, on replacing, switches to the new files), once the
-        store lists every file the marker names: a store that acknowledged a file it did not keep commits nothing."""
+        store holds every file the marker names: a store that acknowledged a file it did not keep commits nothing."""
         store = self._store
         self.complete()
         with storage_errors(store.url(self._name)):
-            self._check_listed(_marked_files(marker, where=store.url(self._name, store.marker)))
+            self._check_kept(_marked_files(marker, where=store.url(self._name, store.marker)))
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
             if self._generation is None and not self._joined:
                 with contextlib.suppress(FileNotFoundError):
@@ -329,12 +329,17 @@ class RemoteStaging:
                     if path.rsplit("/", 1)[-1] not in keep:
                         store.fs.rm(path)
 
-    def _check_listed(self, files: set[str]) -> None:
-        """Raise a :class:`StorageError` if the store does not list one of ``files`` (after a moment's waits)."""
-        store, missing = self._store, sorted(files)
+    def _check_kept(self, files: set[str]) -> None:
+        """Raise a :class:`StorageError` if the store does not hold one of ``files`` (after a moment's waits).
+
+        One listing of the folder answers for most; each file it does not show is asked for by name, since a store
+        may list a new object seconds after it holds it."""
+        store, folder, missing = self._store, self._store.path(self._name), sorted(files)
         for attempt in range(3):
-            store.fs.invalidate_cache(store.path(self._name))
-            missing = sorted(files - {path.rsplit("/", 1)[-1] for path in store.fs.find(store.path(self._name))})
+            store.fs.invalidate_cache(folder)
+            listed = {path.rsplit("/", 1)[-1] for path in store.fs.find(folder)}
+            store.fs.invalidate_cache(folder)
+            missing = sorted(file for file in files - listed if not store.fs.isfile(store.path(self._name, file)))
             if not missing:
                 return
             time.sleep(0.1 * 2**attempt)
