@@ -18,7 +18,7 @@ import pytest
 from lagging_proxy import LaggingProxy
 from rewriting_proxy import running
 
-from jaxstow import CheckpointManager, Transfer
+from jaxstow import CheckpointManager, KeepPolicy, Transfer
 
 #: Seconds a new object stays out of the listings: longer than any test here.
 LAG = 600.0
@@ -49,3 +49,18 @@ def test_steps_saved_through_a_store_that_lists_new_objects_late_are_committed(l
     run = CheckpointManager(url, storage_options=server.storage_options)
     restored = run.restore(as_numpy=True)
     assert run.steps() == [1, 2] and np.array_equal(restored["params"]["w"], _state(2)["params"]["w"])
+
+
+def test_the_manager_that_saved_a_step_lists_restores_and_keeps_it_before_the_store_lists_it(lagging):
+    server, proxy, prefix = lagging
+    options = _through(server, proxy.endpoint)
+    keep = KeepPolicy(keep_last=2)
+    with CheckpointManager(server.url(prefix, "run"), storage_options=options, transfer=_QUICK, keep=keep) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, _state(step))
+            manager.wait()
+            assert manager.steps() == [1, 2, 3][max(0, step - 2) : step]
+            assert manager.latest_step() == step
+            restored = manager.restore(as_numpy=True)
+            assert np.array_equal(restored["opt"]["mu"], _state(step)["opt"]["mu"]), step
+    assert CheckpointManager(server.url(prefix, "run"), storage_options=server.storage_options).steps() == [2, 3]

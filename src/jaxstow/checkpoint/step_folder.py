@@ -90,8 +90,10 @@ class StepFolder:
         return self.store.url(self.names.name(step), *parts)
 
     def committed(self) -> list[int]:
-        """The committed steps, in increasing order."""
-        return self.names.steps(self.store.committed())
+        """The committed steps, in increasing order: those the store lists and, while this process holds the lock
+        (:attr:`cache`), those it committed or read since, which a store may list only seconds later."""
+        listed = self.names.steps(self.store.committed())
+        return sorted({*listed, *self._records}) if self.cache else listed
 
     def existing(self, step: int | None) -> int:
         """``step`` if it is committed, or the latest committed step for ``None``; a :class:`StepNotFoundError`
