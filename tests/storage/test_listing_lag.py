@@ -15,14 +15,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from faulty_proxy import faulty_proxy
 from lagging_proxy import LaggingProxy
 from rewriting_proxy import running
 
 from jaxstow import CheckpointManager, KeepPolicy, Transfer
+from jaxstow.errors import CheckpointStorageError
 
 #: Seconds a new object stays out of the listings: longer than any test here.
 LAG = 600.0
 _QUICK = Transfer(attempts=2, backoff=0.0)
+_STEP_FILES = ("checkpoint.json", "opt.safetensors", "params.safetensors")
 
 
 def _state(step: int) -> dict[str, Any]:
@@ -64,3 +67,31 @@ def test_the_manager_that_saved_a_step_lists_restores_and_keeps_it_before_the_st
             restored = manager.restore(as_numpy=True)
             assert np.array_equal(restored["opt"]["mu"], _state(step)["opt"]["mu"]), step
     assert CheckpointManager(server.url(prefix, "run"), storage_options=server.storage_options).steps() == [2, 3]
+
+
+def _keys(server: Any, prefix: str) -> list[str]:
+    """The objects under ``prefix``, listed straight from the server."""
+    listing = server.client().list_objects_v2(Bucket=server.bucket, Prefix=f"{prefix}/")
+    return sorted(entry["Key"].removeprefix(f"{prefix}/") for entry in listing.get("Contents", []))
+
+
+def test_steps_deleted_and_saves_that_failed_leave_no_object_the_listing_did_not_show(lagging):
+    """A step deleted by the keep policy and a save whose upload failed remove their files by name: none stays
+    behind unmarked, where no later manager would clean it and a new save of that step would be refused."""
+    server, proxy, prefix = lagging
+    url = server.url(prefix, "run")
+    with faulty_proxy(proxy.endpoint, rate=0.0, kinds=("500",), methods=("PUT", "POST")) as faulty:
+        options = _through(server, faulty.endpoint)
+        with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=KeepPolicy(keep_last=1)) as manager:
+            manager.save(1, _state(1))
+            manager.save(2, _state(2))
+            manager.wait()
+            faulty.rate, faulty.paths = 1.0, r"/run/3/params"
+            manager.save(3, _state(3))
+            with pytest.raises(CheckpointStorageError, match="params"):
+                manager.wait()
+            assert _keys(server, f"{prefix}/run") == [".jaxstow.lock", *(f"2/{name}" for name in _STEP_FILES)]
+            faulty.rate = 0.0
+            manager.save(3, _state(3))
+    assert faulty.faults["500"] >= 1
+    assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]

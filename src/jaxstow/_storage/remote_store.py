@@ -191,9 +191,16 @@ class RemoteStore:
         return RemoteStaging(self, name, replace=replace, token=token)
 
     def delete(self, name: str) -> None:
-        """Delete a committed folder: its marker first, so that it is never seen half deleted."""
+        """Delete a committed folder: its marker first, so that it is never seen half deleted, then the files it names,
+        by name (a store may list a new object seconds after it holds it), then whatever else the folder holds."""
+        marker = self.url(name, self.marker)
         with storage_errors(self.url(name)):
+            try:
+                files = _marked_files(self.read_marker(name), where=marker)
+            except FormatError:  # a damaged marker: the listing finds its files
+                files = set()
             self.fs.rm(self.path(name, self.marker))
+            _remove_files(self.fs, [self.path(name, file) for file in sorted(files)])
             _remove_tree(self.fs, self.path(name))
 
     def files(self) -> list[str]:
@@ -251,6 +258,13 @@ class RemoteStore:
 def _remove_tree(fs: Any, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.rm(path, recursive=True)
+
+
+def _remove_files(fs: Any, paths: list[str]) -> None:
+    """Delete the files ``paths`` named, whether or not the store lists them yet; those already gone are no error."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm(path)
 
 
 class RemoteStaging:
@@ -357,12 +371,11 @@ class RemoteStaging:
         for upload in self._uploads:
             upload.abort()
         self._uploads = []
-        if self._generation is None and not self._joined:
-            _remove_tree(self._store.fs, self._store.path(self._name))
-            return
-        for stored in self._written:
-            with contextlib.suppress(FileNotFoundError):
-                self._store.fs.rm(self._store.path(self._name, stored))
+        store, own = self._store, self._generation is None and not self._joined  # own: a new folder, this write's
+        names = [*self._written, *([WRITING] if own else [])]  # by name, listed yet or not; its mark last
+        _remove_files(store.fs, [store.path(self._name, name) for name in names])
+        if own:
+            _remove_tree(store.fs, store.path(self._name))
 
 
 def _a_step_writes(name: str) -> bool:
