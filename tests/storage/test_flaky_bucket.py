@@ -201,6 +201,8 @@ def test_a_step_whose_files_always_fail_is_a_storage_error_and_no_older_step_is_
             assert message.startswith(f"{bucket.url('run', '2')}/"), (name, message)
             assert "the storage failed: reading" in message and "(GetObject) failed 5 times (the last: " in message
             assert "this is the storage, not the file" in message, message
+            assert "jaxstow.Transfer(attempts=..., backoff=...) (now 5 attempts" in message, message
+            assert "from the command line, the environment's AWS_MAX_ATTEMPTS" in message, message
     assert run.restored is None
 
 

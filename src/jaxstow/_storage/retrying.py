@@ -191,7 +191,7 @@ class Retries:
             f"the storage failed: {doing} failed {times} (the last: {last}); this is the storage, not the file, "
             f"which may well be whole: try again later, or give the storage more room with "
             f"jaxstow.Transfer(attempts=..., backoff=...) (now {self.attempts} attempt{'s' * (self.attempts > 1)}, "
-            f"backoff {self.backoff:g} s)",
+            f"backoff {self.backoff:g} s), or, on S3 and from the command line, the environment's AWS_MAX_ATTEMPTS",
             file=url,
         )
 
