@@ -45,3 +45,52 @@ def test_a_forked_child_keeps_its_parents_lock_and_waits_for_none_of_its_saves(t
     assert report["lock"], "the child's exit removed its parent's lock file"
     assert report["child_exit_s"] < 30, report  # not JAXSTOW_EXIT_WAIT's 60 s for the parent's save
     assert report["steps"] == [1, 2]
+
+
+_CHILD_USES_THE_MANAGER = """
+import atexit, json, os, signal, sys
+import numpy as np
+from jaxstow import CheckpointManager, KeepPolicy
+parent = os.getpid()
+atexit.register(lambda: os.getpid() != parent and os._exit(0))  # registered first, run last: jax's own exit is left out
+folder, report = sys.argv[1], sys.argv[2]
+manager = CheckpointManager(folder, keep=KeepPolicy(keep_last=2))
+manager.save(1, {"w": np.full(4, 1.0)})
+manager.save(2, {"w": np.full(4, 2.0)})
+manager.wait()
+manager.save(3, {"w": np.full(8_000_000, 3.0, np.float32)})  # in flight while the child runs (or already written)
+child = os.fork()
+if child == 0:
+    signal.alarm(30)  # a child that hangs dies, and writes no report
+    answers = {}
+    try:
+        manager.save(4, {"w": np.full(4, 4.0)})
+        manager.wait()
+        answers["save"] = "saved"
+    except Exception as error:
+        answers["save"] = f"{type(error).__name__}: {error}"
+    manager.wait()
+    manager.close()
+    with open(report, "w") as file:
+        json.dump(answers, file)
+    sys.exit(0)
+os.waitpid(child, 0)
+manager.close()
+print(json.dumps({"steps": manager.steps(), "3": float(manager.restore(3)["w"][-1])}))
+"""
+
+
+def test_a_forked_child_cannot_save_with_its_parents_manager_and_its_wait_and_close_return(tmp_path):
+    folder, report = tmp_path / "run", tmp_path / "child.json"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(_CHILD_USES_THE_MANAGER), str(folder), str(report)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert report.exists(), "the child hung on its parent's save in flight"
+    answer = json.loads(report.read_text())["save"]
+    assert answer.startswith("CheckpointError: the checkpoint manager of ") and str(folder) in answer, answer
+    assert "forked" in answer and "from the parent process" in answer, answer
+    assert json.loads(done.stdout.splitlines()[-1]) == {"steps": [2, 3], "3": 3.0}

@@ -1,12 +1,14 @@
 """Saves that finish in the background: one writer thread, jobs in order, errors carried back to the caller.
 
 A job runs on a thread of its own, not in a ``concurrent.futures`` pool, so that it can still start threads while the
-interpreter shuts down; a job in flight at exit is finished first (:mod:`jaxstow._write.at_exit`).
+interpreter shuts down; a job in flight at exit is finished first (:mod:`jaxstow._write.at_exit`). A process forked
+while a job was in flight has no thread running it: the job is its parent's, which waits for it and reports it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 
@@ -64,7 +66,7 @@ class BackgroundWriter:
 
     def idle(self) -> None:
         """Wait until no job runs, keeping any error for the next :meth:`submit`, :meth:`wait` or :meth:`close`."""
-        pending = self._pending
+        pending = self._own()
         if pending is not None:
             pending.done.wait()
 
@@ -73,7 +75,7 @@ class BackgroundWriter:
 
         Every thread waiting while the job ran gets its error; a wait that starts after it was raised does not.
         """
-        pending = self._pending
+        pending = self._own()
         if pending is not None:
             pending.done.wait()
         with self._lock:
@@ -85,8 +87,14 @@ class BackgroundWriter:
         """Wait for the last job and raise its error, if any."""
         self.wait()
 
+    def _own(self) -> _Job | None:
+        """The last job, unless this process was forked from the one that submitted it (forgotten then)."""
+        if self._pending is not None and self._pending.pid != os.getpid():
+            self._pending = None
+        return self._pending
+
     def _raise_pending(self) -> None:
-        pending = self._pending
+        pending = self._own()
         if pending is None:
             return
         pending.done.wait()  # the job stays pending until it ended: a Ctrl-C here leaves it for the next wait
@@ -116,6 +124,7 @@ class _Job:
         self.what = what
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.pid = os.getpid()  # the process whose thread runs it
 
     def run(self) -> None:
         assert self._job is not None

@@ -20,7 +20,6 @@ from jaxstow._read.options import LoadOptions
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import StepRecord, check_metadata, check_metrics
-from jaxstow._storage.lock import Lock, lock_store
 from jaxstow._storage.settings import storage_settings
 from jaxstow._storage.store import Store
 from jaxstow._storage.transfer import Transfer
@@ -41,6 +40,7 @@ from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.steps_store import open_steps
 from jaxstow.checkpoint.tiers import Tiers
+from jaxstow.checkpoint.writer_lock import WriterLock
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items
 from jaxstow.errors import ArgumentError, CheckpointError
 
@@ -115,7 +115,7 @@ class CheckpointManager(StepQueries):
         self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=asynchronous)
         self._host_memory_limit = checked_limit(host_memory_limit)
-        self._lock: Lock | None = None
+        self._lock: WriterLock | None = None
         self._closed = False
         self._calls = threading.RLock()  # save, delete and close: one at a time, whichever threads call them
         self._coordinator = Coordinator(self._store.identity, timeout=process_timeout)
@@ -332,13 +332,12 @@ class CheckpointManager(StepQueries):
     def _check_open(self) -> None:
         if self._closed:
             raise CheckpointError(f"the checkpoint manager of {self.directory} is closed")
+        if self._lock is not None:
+            self._lock.check_here(self.directory)
 
     def _take_lock(self) -> None:
-        self._lock = lock_store(self._store)
+        self._lock = WriterLock(self._store, lambda name: self._names.step(name) is not None)
         self._folder.cache = True  # no one else can replace a step now
-        removed = self._store.cleanup(lambda name: self._names.step(name) is not None)
-        if removed:
-            logger.info("%s: removed leftovers of interrupted saves: %s", self.directory, ", ".join(removed))
 
     def _agree(self) -> AgreedSteps:
         """The steps saved already, agreed by every process at the first question or save."""

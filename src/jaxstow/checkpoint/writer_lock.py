@@ -1,0 +1,46 @@
+"""The writer's lock of a checkpoint directory as a manager holds it: taken by its first save, in one process.
+
+A process forked from the one that took it (``os.fork``, :mod:`multiprocessing`'s fork start method) inherits the
+manager, and the lock with it, but none of its threads: a save there would write beside the parent's saves, and its
+keep policy delete the parent's steps. :meth:`WriterLock.check_here` refuses that, naming the parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+from jaxstow._storage.lock import lock_store
+from jaxstow._storage.store import Store
+from jaxstow.errors import CheckpointError
+
+__all__ = ["WriterLock"]
+
+logger = logging.getLogger("jaxstow.checkpoint.manager")
+
+
+class WriterLock:
+    """The lock of ``store``'s directory, taken in this process, the leftovers of interrupted saves (the names that
+    ``leftover`` owns) removed once it is held."""
+
+    def __init__(self, store: Store, leftover: Callable[[str], bool]) -> None:
+        self._lock = lock_store(store)
+        self.pid = os.getpid()
+        removed = store.cleanup(leftover)
+        if removed:
+            logger.info("%s: removed leftovers of interrupted saves: %s", store.location, ", ".join(removed))
+
+    def check_here(self, directory: str) -> None:
+        """Raise a :class:`~jaxstow.errors.CheckpointError` in a process forked from the one that took the lock."""
+        if os.getpid() != self.pid:
+            raise CheckpointError(
+                f"the checkpoint manager of {directory} writes there from process {self.pid}, which this process "
+                f"({os.getpid()}) was forked from: a forked process cannot save or delete steps with its parent's "
+                "manager, whose saves and keep policy are the parent's. Save from the parent process (a forked "
+                "process may still restore steps), or give this process a CheckpointManager of a directory of its own"
+            )
+
+    def release(self) -> None:
+        """Release the lock; in a forked process, leave it to the parent (see :mod:`jaxstow._storage.lock`)."""
+        self._lock.release()
