@@ -31,7 +31,7 @@ from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, rename_du
 from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.marker_limit import MAX_MARKER_BYTES, refuse_large_marker
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import CheckpointError, NotAFolderError
+from jaxstow.errors import CheckpointError, NotAFolderError, PathNotFoundError
 
 __all__ = ["LocalStaging", "LocalStore", "make_folder", "remove_leftovers"]
 
@@ -221,7 +221,7 @@ class LocalStaging:
             if not replace:
                 _check_free(self._final, store.url(name), marker=store.marker)
             self._temporary = temporary_sibling(self._final)
-            with storage_failures(self._final):
+            with self._failures(self._final):
                 os.mkdir(self._temporary)
         else:  # another process made it
             self._temporary = os.path.join(store.root, os.path.basename(token))
@@ -243,7 +243,7 @@ class LocalStaging:
         self._written.append(file)
         final = os.path.join(self._final, file)
         with (
-            storage_failures(final),
+            self._failures(final),
             open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink,
         ):
             yield file, sink
@@ -261,7 +261,7 @@ class LocalStaging:
         """
         with self.open(self._store.marker) as (_, sink):
             sink.write(marker)
-        with storage_failures(self._final):
+        with self._failures(self._final):
             fsync_directory(self._temporary)
             if not self._replace:
                 rename_durably(self._temporary, self._final)
@@ -274,6 +274,23 @@ class LocalStaging:
                     _exchange(self._temporary, self._final)
                 raise
             shutil.rmtree(self._temporary)  # now the replaced folder
+
+    @contextlib.contextmanager
+    def _failures(self, target: str) -> Iterator[None]:
+        """:func:`storage_failures` naming ``target``; where the root was deleted (or moved) meanwhile, it says so."""
+        try:
+            with storage_failures(target):
+                yield
+        except PathNotFoundError:
+            if os.path.isdir(self._store.root):
+                raise
+            raise PathNotFoundError(
+                f"cannot write it: the folder {self._store.location} is gone, deleted or moved after its writer took "
+                "the lock in it (which went with it); nothing of this save is there. Close the writer (a "
+                "CheckpointManager) and open a new one, which makes the folder again and takes its lock, or save "
+                "elsewhere",
+                file=self._store.url(os.path.basename(self._final)),
+            ) from None
 
     def abort(self) -> None:
         """Remove the temporary folder (joined through another process's token: only this one's files).
