@@ -254,7 +254,8 @@ class CheckpointManager(StepQueries):
             metadata: Any JSON-able dict of at most 16 MiB (as the step's record holds it); back from :meth:`metadata`.
             force: Replace an existing step atomically.
             copy: Copy the arrays before returning, for numpy buffers or torch tensors that the caller changes in
-                place (a torch optimizer's step does). Other objects in the tree are saved as they are at the call.
+                place (a torch optimizer's step does), which are otherwise written as they are when the writer reads
+                them. Other objects in the tree are saved as they are at the call.
 
         Raises:
             CheckpointError: The step exists (without ``force``), another writer holds the lock, the last save failed.
