@@ -69,6 +69,26 @@ def test_every_shortcut_warns_with_its_grouped_form_and_saves_the_same(tmp_path)
     assert caught[0].filename == __file__  # the warning points at the caller's line
 
 
+@pytest.mark.parametrize(
+    ("orbax", "here"),
+    [
+        ("max_to_keep", "keep=KeepPolicy(keep_last=...)"),
+        ("save_interval_steps", "save_every=..."),
+        ("keep_period", "keep=KeepPolicy(keep_every=...)"),
+        ("enable_async_checkpointing", "saves run in the background"),
+        ("create", "the first save makes the folder"),
+    ],
+)
+def test_orbaxs_option_names_are_refused_with_the_setting_that_does_it_here(tmp_path, orbax, here):
+    with pytest.raises(ArgumentError) as raised:
+        CheckpointManager(tmp_path / "a", **{orbax: 3})
+    assert f"unexpected keyword argument {orbax!r} (orbax's CheckpointManagerOptions' {orbax}: here, " in str(
+        raised.value
+    )
+    assert here in str(raised.value)
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_shortcut_and_its_grouped_setting_together_are_refused(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # refused before any warning

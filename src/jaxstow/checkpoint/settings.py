@@ -51,6 +51,17 @@ SETTINGS = (
 _KEEP = ("keep_last", "keep_every", "keep_best", "metric", "mode", "keep_every_seconds")
 _LOCAL = {"local_directory": "directory", "local_save_every": "save_every", "local_keep_last": "keep_last"}
 _LOCAL |= {"local_replicas": "replicas"}
+#: orbax's names of settings (``ocp.CheckpointManagerOptions``), and how a jaxstow manager is given them.
+_ORBAX = {
+    "max_to_keep": "keep=KeepPolicy(keep_last=...)",
+    "keep_period": "keep=KeepPolicy(keep_every=...)",
+    "keep_time_interval": "keep=KeepPolicy(keep_every_seconds=...)",
+    "best_fn": "keep=KeepPolicy(keep_best=..., metric=NAME), the metrics given to save(..., metrics=)",
+    "best_mode": "keep=KeepPolicy(keep_best=..., metric=NAME, mode=...)",
+    "save_interval_steps": "save_every=...",
+    "enable_async_checkpointing": "saves run in the background; manager.wait() after a save waits for it",
+    "create": "nothing: the first save makes the folder",
+}
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,8 @@ def grouped_settings(
     if unknown:
         near = difflib.get_close_matches(unknown[0], [*SETTINGS, *_KEEP, *_LOCAL], n=1)
         hint = f" (did you mean {near[0]}?)" if near else ""
+        if unknown[0] in _ORBAX:
+            hint = f" (orbax's CheckpointManagerOptions' {unknown[0]}: here, {_ORBAX[unknown[0]]})"
         raise ArgumentError(f"CheckpointManager() got an unexpected keyword argument {unknown[0]!r}{hint}")
     if keep is not None and not isinstance(keep, KeepPolicy):
         raise ArgumentError(f"keep must be a jaxstow.KeepPolicy, such as KeepPolicy(keep_last=3), not {keep!r}")
