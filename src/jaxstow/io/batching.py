@@ -15,7 +15,6 @@ Array([[5., 0., 0.],
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -291,15 +290,12 @@ def shared_state_error(shared: dict[int, int], collector: str) -> CollectorError
 
 
 def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callable[..., State]:
-    """Wrap ``step(state, *operands) -> state``, a strategy's method written for any chain shape, so that ``vmap``
-    adds a chain axis.
+    """Wrap ``step(state, *operands) -> state``, written for any chain shape, so that ``vmap`` adds a chain axis.
 
     Under ``vmap`` the state must be mapped (one saving state per chain); operands that are not mapped are shared by
-    all chains. The batching rule holds the strategy weakly: JAX's caches of traced programs keep the rule as long as
-    the program, and with it what the rule holds (a run's draws, abandoned before ``postprocess_save``).
+    all chains.
     """
     wrapped = custom_vmap(step)
-    reference = weakref.WeakMethod(step)  # type: ignore[arg-type]  # a bound method: the strategy's
 
     def rule(axis_size: int, in_batched: list[Any], state: State, *operands: Any) -> tuple[State, Any]:
         if not all(jax.tree.leaves(in_batched[0])):
@@ -307,9 +303,6 @@ def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callabl
                 f"under jax.vmap, the {state_name} must be mapped along with the samples, one per chain, or every "
                 f"chain would write over the others' samples: {STATE_PER_CHAIN}"
             )
-        method = reference()
-        if method is None:
-            raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
 
         def broadcast(leaf: Any, mapped: bool) -> Any:
             return leaf if mapped else jnp.broadcast_to(jnp.asarray(leaf), (axis_size, *np.shape(leaf)))
@@ -317,7 +310,7 @@ def chain_polymorphic(step: Callable[..., State], *, state_name: str) -> Callabl
         operands = jax.tree.map(broadcast, operands, tuple(in_batched[1:]))
         # A wrapper of its own, not ``wrapped``: a rule holding that would be a reference cycle, which keeps ``step``
         # (and all it holds) until the garbage collector runs.
-        out = chain_polymorphic(method, state_name=state_name)(state, *operands)
+        out = chain_polymorphic(step, state_name=state_name)(state, *operands)
         return out, jax.tree.map(lambda _: True, out)
 
     wrapped.def_vmap(rule)

@@ -38,7 +38,7 @@ from jaxstow.io.collector import (
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.row_writes import RowWrites
 
-__all__ = ["Receiver", "ran_already", "ring_pieces", "weakly"]
+__all__ = ["Receiver", "ran_already", "ring_pieces", "routed"]
 
 #: The number of the next saving strategy made in this process, and each strategy's host by its number.
 _NUMBERS = itertools.count(1)
@@ -75,21 +75,24 @@ def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
     )
 
 
-def weakly(method: Callable[..., np.ndarray], *first: Any) -> Callable[..., np.ndarray]:
-    """``method`` as a host callback that does not keep its strategy alive, called with ``first`` before the
-    callback's arrays.
+def routed(method: str, *first: Any) -> Callable[..., np.ndarray]:
+    """A host callback that calls ``method`` of the host of the strategy whose number the saving state carries (the
+    first row of the callback's ``numbers``), with ``first`` before the callback's arrays.
 
-    JAX holds a compiled program's callbacks in reference cycles, which only the garbage collector frees: a strategy
-    (and its collector's storage) held by them would outlive the run until it ran. The caller holds the strategy
-    while it runs the program, through ``save`` and ``postprocess_save``.
+    It holds no strategy: JAX keeps a compiled program's callbacks in caches that outlive the run, and a function
+    traced with the ``save`` of one strategy may run with the state of another (a notebook cell that makes
+    ``io.save`` again). A strategy gone (nothing holds its functions) is a :class:`CollectorError`.
     """
-    reference = weakref.WeakMethod(method)
 
-    def call(*arrays: Any) -> np.ndarray:
-        bound = reference()
-        if bound is None:
+    def call(numbers: np.ndarray, *arrays: Any) -> np.ndarray:
+        strategies: np.ndarray = np.asarray(numbers)[0]
+        if not strategies.size:  # no chain: nothing to hand over
+            return strategies.astype(np.int32)
+        host = _HOSTS.get(int(strategies.flat[0]))
+        if host is None:
             raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
-        return bound(*first, *arrays)
+        answer: np.ndarray = getattr(host, method)(*first, numbers, *arrays)
+        return answer
 
     return call
 

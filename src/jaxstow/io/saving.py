@@ -42,12 +42,11 @@ from jaxstow.io.batching import (
     shared_chains,
     shared_state_error,
     spec_of,
-    write_rows,
 )
+from jaxstow.io.chain_steps import ChainSteps, Moving
 from jaxstow.io.collector import DataCollector, registered_chain, resumed_chain, together
-from jaxstow.io.host_block import send_block
 from jaxstow.io.memory import MemoryCollector
-from jaxstow.io.receiving import Receiver, ran_already, ring_pieces, weakly
+from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
 from jaxstow.io.save_arguments import (
     checked_collector,
     checked_information,
@@ -163,20 +162,6 @@ def save(
     )
 
 
-def _count(counts: jax.Array, kept: jax.Array) -> jax.Array:
-    """The counts after a sample: a row filled and the next row, where kept."""
-    return counts.at[..., 3:].add(kept[..., None])
-
-
-class _Moving(NamedTuple):
-    """The fields of a :class:`SavingState` that a step of ``save`` may change (``step`` only with checkpoints)."""
-
-    buffer: Any
-    counts: jax.Array
-    full: jax.Array
-    step: jax.Array | None
-
-
 def _sample_bytes(spec: Any) -> int:
     return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
 
@@ -207,6 +192,9 @@ class _Streaming:
         #: The sample bytes and rows of the blocks of the run whose chains are registered (with no ``block_size``).
         self.run_blocks: tuple[int, int] | None = None
         self.host = Receiver(collector)
+        #: What the compiled program of a run holds (JAX keeps it with the program, in caches that outlive the run):
+        #: nothing of the collector's, which the run's samples go to through the state's strategy number.
+        self.steps = ChainSteps(checkpoint_every)
 
     # -- outside jit ---------------------------------------------------------------------------------------------
 
@@ -367,10 +355,10 @@ class _Streaming:
         # Only what a step changes goes through it: the compiler cannot see that a field passed through the step
         # (a custom_vmap call) stays the same, and such a field slows every step of the loop down.
         step = saving_state.step if self.checkpoint_every else None
-        moving = _Moving(saving_state.buffer, saving_state.counts, saving_state.full, step)
+        moving = Moving(saving_state.buffer, saving_state.counts, saving_state.full, step)
         # Wrapped at each trace, not once: a wrapper kept on the strategy would hold it in a reference cycle, and
         # with it the collector's storage, until the garbage collector ran.
-        moved = chain_polymorphic(self._chains_step, state_name="saving state")(moving, keep, sample, checkpoint)
+        moved = chain_polymorphic(self.steps.step, state_name="saving state")(moving, keep, sample, checkpoint)
         return SavingState(
             saving_state.chain_id,
             moved.buffer,
@@ -378,65 +366,3 @@ class _Streaming:
             moved.full,
             saving_state.step if moved.step is None else moved.step,
         ), None
-
-    def _chains_step(self, state: _Moving, keep: jax.Array, sample: Any, checkpoint: Any) -> _Moving:
-        # None of it starts before the sample is computed: work of a step that XLA's CPU runtime may run beside the
-        # sampler's keeps a second thread of its pool awake, spinning between steps (twice the process's CPU time).
-        kept = keep.astype(jnp.int32)  # before the barrier: a constant stays one, computed at no step
-        state, kept, sample, checkpoint = jax.lax.optimization_barrier((state, kept, sample, checkpoint))  # type: ignore[no-untyped-call]
-        ring = jax.tree.leaves(state.buffer)[0].shape[kept.ndim]
-        buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 4], jnp.int32(ring)), sample)
-        if checkpoint is None or state.step is None:
-            return self._blocks_step(state._replace(buffer=buffer), kept, ring // 2)
-        counts = _count(state.counts, kept)
-        step = state.step + 1
-        due = jnp.any(step % self.checkpoint_every == 0)
-        branch = jnp.where(due, 2, jnp.any(counts[..., 3] == ring // 2).astype(jnp.int32))
-
-        def wait(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
-            return counts
-
-        def send_blocks_only(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
-            return self._send(counts, buffer)
-
-        counts = jax.lax.switch(branch, [wait, send_blocks_only, self._send], counts, buffer, (step, *checkpoint))
-        return _Moving(buffer, counts, state.full, step)
-
-    def _blocks_step(self, state: _Moving, kept: jax.Array, rows: int) -> _Moving:
-        """A step without checkpoints, its sample written. Every operation here runs at every step, and XLA's CPU
-        runtime runs a loop's body one operation after the other only while it holds at most 8 of them (else it
-        schedules them on its pool at every step): whether this call sends is known since the call before
-        (``state.full``: a block of ``rows`` is full), so the step tests nothing, and the counts change as one array.
-        """
-
-        def wait(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
-            counts = _count(counts, kept)
-            return counts, (counts[..., 3] == rows).astype(jnp.int32)
-
-        def send(counts: jax.Array, kept: jax.Array, buffer: Any) -> tuple[jax.Array, jax.Array]:
-            # The blocks go without this call's sample, which starts the next one (a block of rows or one short).
-            return wait(self._send(counts, buffer), kept, buffer)
-
-        index = state.full if state.full.ndim == 0 else jnp.any(state.full).astype(jnp.int32)
-        counts, full = jax_compat.switch_in_range(index, [wait, send], state.counts, kept, state.buffer)
-        return _Moving(state.buffer, counts, full, state.step)
-
-    def _send(self, counts: jax.Array, buffer: Any, *checkpoint: Any) -> jax.Array:
-        """Send every chain's block (``checkpoint``: with the checkpoint, a side effect); the counts after it."""
-        # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
-        numbers = jnp.moveaxis(counts, -1, 0)
-        if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-            # The layout goes with this program's callback: another program of the strategy has one of its own.
-            leaves, layout = jax.tree.flatten((buffer, *checkpoint))
-            token = send_block(
-                weakly(self.host.receive_checkpoint, layout), numbers, leaves, side_effect=True, owner=self.host
-            )
-        else:
-            # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
-            # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-            token = send_block(weakly(self.host.receive_block), numbers, jax.tree.leaves(buffer), owner=self.host)
-        ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
-        zero = jnp.zeros_like(token)
-        return jnp.stack(
-            [numbers[0], token, numbers[2] + numbers[3], zero, jax.lax.rem(numbers[4], jnp.int32(ring))], axis=-1
-        )
