@@ -5,6 +5,10 @@ straight from the server, whose listings are current.
 
 Saves commit (a file the listing leaves out is asked for by its key); the manager that saved a step lists, restores
 and keeps it by policy at once; deleted steps and failed saves leave no object behind.
+
+Listings that also keep showing, for :data:`LAG` seconds, the objects deleted through the proxy (list-after-delete)
+show a step committed a moment ago as it was before its commit: its ``.jaxstow-writing``, and not its record. A
+manager taking the directory over asks the store by key before it removes anything as unfinished.
 """
 
 from __future__ import annotations
@@ -95,3 +99,24 @@ def test_steps_deleted_and_saves_that_failed_leave_no_object_the_listing_did_not
             manager.save(3, _state(3))
     assert faulty.faults["500"] >= 1
     assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]
+
+
+@pytest.fixture
+def old_listing(s3_server) -> Iterator[tuple[Any, LaggingProxy, str]]:
+    """Listings as they were before the last commits: records listed late, deleted objects listed still."""
+    with running(LaggingProxy(s3_server.endpoint, lag=LAG, stale=LAG, late=r"/checkpoint\.json$")) as proxy:
+        yield s3_server, proxy, f"old-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_manager_taking_over_steps_committed_a_moment_ago_keeps_every_file_of_them(old_listing):
+    server, proxy, prefix = old_listing
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        for step in (1, 2):
+            manager.save(step, _state(step))
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        manager.save(3, _state(3))  # takes the directory over: removes what dead writers left unfinished
+    assert proxy.shown > 0 and proxy.hidden > 0
+    assert _keys(server, f"{prefix}/run") == [f"{step}/{name}" for step in (1, 2, 3) for name in _STEP_FILES]
+    run = CheckpointManager(url, storage_options=server.storage_options)
+    assert np.array_equal(run.restore(1, as_numpy=True)["params"]["w"], _state(1)["params"]["w"])

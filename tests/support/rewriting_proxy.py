@@ -43,6 +43,9 @@ class RewritingProxy:
         ``asked``."""
         return headers, data
 
+    def answered(self, command: str, path: str, body: bytes, status: int) -> None:
+        """Note that the request ``command path``, which sent ``body``, was answered with ``status``."""
+
 
 @contextlib.contextmanager
 def running(proxy: P) -> Iterator[P]:
@@ -78,6 +81,7 @@ def _handler(proxy: RewritingProxy) -> type[BaseHTTPRequestHandler]:
             data, answer_headers = answer.read(), answer.getheaders()
             connection.close()
             answer_headers, data = proxy.answer(self.command, self.path, asked, answer.status, answer_headers, data)
+            proxy.answered(self.command, self.path, body or b"", answer.status)
             self.send_response(answer.status, answer.reason)
             for name, value in answer_headers:
                 if name.lower() not in _HOP_BY_HOP:

@@ -219,28 +219,44 @@ class RemoteStore:
         on S3 unfinished multipart uploads under the root: only the lock's holder writes here, so they are dead
         writers'. A folder of another's, even of a step's name, is left alone.
 
+        What the listing shows is judged by what the store holds now, each marker asked for by key: a store may list
+        an object seconds after it holds it, or for seconds after it is deleted, and a step committed a moment ago
+        may be listed with the :data:`WRITING` it no longer holds and without its marker. A folder whose marker the
+        store holds is never removed; one is removed only while the store holds its :data:`WRITING`.
+
         Returns the removed paths, relative to the root.
         """
         removed = [f"{key} (an unfinished upload)" for key in self._abort_uploads()]
-        by_folder: dict[str, list[str]] = {}
-        for rel in self._files():
-            folder, _, rest = rel.partition("/")
-            if rest:
-                by_folder.setdefault(folder, []).append(rest)
-            elif TEMPORARY_MARKER in folder:
-                self.fs.rm(self.path(folder))
-                removed.append(folder)
-        for folder, files in by_folder.items():
-            if self.marker in files:
-                listed = _marked_files(self.read_marker(folder), where=self.url(folder, self.marker))
-                for file in files:  # a step's files that a replace cut short left; a user's own are kept
-                    if file != self.marker and file not in listed and _a_step_writes(file):
-                        self.fs.rm(self.path(folder, file))
-                        removed.append(f"{folder}/{file}")
-            elif (owns(folder) and WRITING in files) or TEMPORARY_MARKER in folder:  # never a folder of another's
-                _remove_tree(self.fs, self.path(folder))
-                removed.append(folder)
+        with storage_errors(self.location):
+            by_folder: dict[str, list[str]] = {}
+            for rel in self._files():
+                folder, _, rest = rel.partition("/")
+                if rest:
+                    by_folder.setdefault(folder, []).append(rest)
+                elif TEMPORARY_MARKER in folder:
+                    _remove_files(self.fs, [self.path(folder)])
+                    removed.append(folder)
+            forget_listings(self.fs, self.root)  # what follows asks the store by key, never the listing just made
+            for folder, files in by_folder.items():
+                if TEMPORARY_MARKER in folder:
+                    _remove_tree(self.fs, self.path(folder))
+                    removed.append(folder)
+                elif (marker := self._held_marker(folder)) is not None:
+                    listed = _marked_files(marker, where=self.url(folder, self.marker))
+                    leftovers = [file for file in files if file not in {*listed, self.marker} and _a_step_writes(file)]
+                    _remove_files(self.fs, [self.path(folder, file) for file in leftovers])  # a cut replace's files
+                    removed += [f"{folder}/{file}" for file in leftovers]
+                elif owns(folder) and WRITING in files and self.fs.isfile(self.path(folder, WRITING)):  # not another's
+                    _remove_tree(self.fs, self.path(folder))
+                    removed.append(folder)
         return removed
+
+    def _held_marker(self, name: str) -> bytes | None:
+        """The marker of folder ``name`` if the store holds it now (asked for by key, whatever the listing shows)."""
+        try:
+            return self.read_marker(name)
+        except PathNotFoundError:
+            return None
 
     def _abort_uploads(self) -> list[str]:
         """Abort the unfinished multipart uploads under the root (S3 only); their keys, relative to the root."""
