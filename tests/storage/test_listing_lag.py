@@ -120,3 +120,17 @@ def test_a_manager_taking_over_steps_committed_a_moment_ago_keeps_every_file_of_
     assert _keys(server, f"{prefix}/run") == [f"{step}/{name}" for step in (1, 2, 3) for name in _STEP_FILES]
     run = CheckpointManager(url, storage_options=server.storage_options)
     assert np.array_equal(run.restore(1, as_numpy=True)["params"]["w"], _state(1)["params"]["w"])
+
+
+def test_a_manager_taking_over_steps_deleted_a_moment_ago_saves_and_keeps_by_policy(old_listing):
+    server, proxy, prefix = old_listing
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    keep = KeepPolicy(keep_last=1)
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=keep) as manager:
+        for step in (1, 2):
+            manager.save(step, _state(step))
+    proxy.lag = 0.0  # the records are listed; step 1's, deleted, still is
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=keep) as manager:
+        manager.save(3, _state(3))
+    assert proxy.shown > 0
+    assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]

@@ -192,14 +192,16 @@ class RemoteStore:
 
     def delete(self, name: str) -> None:
         """Delete a committed folder: its marker first, so that it is never seen half deleted, then the files it names,
-        by name (a store may list a new object seconds after it holds it), then whatever else the folder holds."""
+        by name (a store may list a new object seconds after it holds it), then whatever else the folder holds. A
+        folder whose marker is gone already (a store may list a deleted object for seconds) is no error."""
         marker = self.url(name, self.marker)
         with storage_errors(self.url(name)):
+            held = self._held_marker(name)
             try:
-                files = _marked_files(self.read_marker(name), where=marker)
+                files = set() if held is None else _marked_files(held, where=marker)
             except FormatError:  # a damaged marker: the listing finds its files
                 files = set()
-            self.fs.rm(self.path(name, self.marker))
+            _remove_files(self.fs, [self.path(name, self.marker)])
             _remove_files(self.fs, [self.path(name, file) for file in sorted(files)])
             _remove_tree(self.fs, self.path(name))
 
