@@ -13,10 +13,13 @@ manager taking the directory over asks the store by key before it removes anythi
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import forked_cli
 import numpy as np
 import pytest
 from faulty_proxy import faulty_proxy
@@ -24,7 +27,7 @@ from lagging_proxy import LaggingProxy
 from rewriting_proxy import running
 
 from jaxstow import CheckpointManager, KeepPolicy, Transfer
-from jaxstow.errors import CheckpointStorageError
+from jaxstow.errors import CheckpointStorageError, StepNotFoundError
 
 #: Seconds a new object stays out of the listings: longer than any test here.
 LAG = 600.0
@@ -134,3 +137,22 @@ def test_a_manager_taking_over_steps_deleted_a_moment_ago_saves_and_keeps_by_pol
         manager.save(3, _state(3))
     assert proxy.shown > 0
     assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]
+
+
+def test_a_step_deleted_a_moment_ago_is_neither_restored_nor_reported_damaged(old_listing):
+    server, proxy, prefix = old_listing
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    proxy.lag = 0.0  # only the deleted step 1 is listed as it was
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=KeepPolicy(keep_last=2)) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, _state(step))
+    run = CheckpointManager(url, storage_options=options, transfer=_QUICK)
+    assert proxy.shown > 0
+    assert run.damaged_steps(verify="headers") == {} and run.latest_intact_step(verify="headers") == 3
+    with pytest.raises(StepNotFoundError, match=r"step 1 is not in .* any more"):
+        run.restore(1)
+    env = {**os.environ, "FSSPEC_S3": json.dumps(options)}
+    listed = forked_cli.jaxstow_command("ls", url, env=env)
+    assert listed.returncode == 0 and "DAMAGED" not in listed.stdout, listed.stdout + listed.stderr
+    verified = forked_cli.jaxstow_command("verify", url, env=env)
+    assert verified.returncode == 0 and f"ok       {url}/3/params.safetensors" in verified.stdout, verified.stderr

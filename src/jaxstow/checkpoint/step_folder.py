@@ -248,13 +248,18 @@ class StepFolder:
                     record, tries = now or record, tries + 1
 
     def _record_alone(self, step: int) -> StepRecord:
-        """The step's record, checksummed; its files unchecked."""
+        """The step's record, checksummed; its files unchecked. A record the store does not hold (asked for by key) is
+        a step deleted, whatever a listing shows: a store may list a deleted object for seconds."""
         name = self.names.name(step)
         where = self.url(step, RECORD_NAME)
         try:
             data = self.store.read_marker(name)
         except FileNotFoundError:
-            raise CheckpointError(f"step {step} has no {RECORD_NAME} any more", file=where) from None
+            raise StepNotFoundError(
+                f"step {step} is not in {self.store.location} any more: the store holds no {RECORD_NAME} of it (a "
+                "store may list a deleted step for a while)",
+                file=where,
+            ) from None
         record = StepRecord.from_json(data, where=where)
         if record.step != step:
             raise CheckpointError(
