@@ -300,11 +300,23 @@ def _packed_array(shape, dtype: str, buffer: bytes, code: int = 1) -> bytes:
         (_packed_array((2,), "float32", b"\0" * 8, code=99), "a msgpack extension of type 99"),
         (_packed_array((2,), "object", b"\0" * 16), "unknown dtype b'object'"),
         (_packed_array((2,), "<f4", b"\0" * 8), "unknown dtype b'<f4'"),
-        (_packed_array((3,), "float32", b"\0" * 8), "cannot reshape"),
+        (_packed_array((3,), "float32", b"\0" * 8), r"float32\[3\] holds 12 bytes, but its data is 8 bytes"),
         (_packed_array((-1,), "float32", b"\0" * 8), "or shape"),
+        (_packed_array(5, "float32", b"\0" * 8), "or shape 5"),
+        # a count where the bytes belong: numpy would make (and zero) 256 MiB of it before finding the size wrong
+        (_packed_array((2,), "float32", 2**28), r"float32\[2\] holds 8 bytes, but its data is 268435456"),
         (b"\x82\xa1w", "not a flax msgpack file"),
     ],
-    ids=["unknown-extension", "object-dtype", "numpy-spelling", "short-buffer", "negative-shape", "truncated"],
+    ids=[
+        "unknown-extension",
+        "object-dtype",
+        "numpy-spelling",
+        "short-buffer",
+        "negative-shape",
+        "shape-of-no-list",
+        "count-for-bytes",
+        "truncated",
+    ],
 )
 def test_crafted_msgpack_is_a_format_error(data, problem):
     with pytest.raises(FormatError, match=problem):

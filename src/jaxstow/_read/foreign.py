@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import re
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from jaxstow._format.dtypes import dtype_from_name
+from jaxstow._format.dtypes import dtype_from_name, is_shape
 from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
@@ -359,9 +360,16 @@ def _read_flax(data: bytes, name: str) -> Any:
         if code in (1, 3):  # an array, a numpy scalar: (shape, dtype name, bytes)
             shape, dtype_name, buffer = msgpack.unpackb(payload, raw=True)
             dtype = dtype_from_name(dtype_name.decode("ascii")) if isinstance(dtype_name, bytes) else None
-            if dtype is None or not all(isinstance(size, int) and size >= 0 for size in shape):
+            if dtype is None or not is_shape(shape):
                 raise FormatError(
                     f"an array of unknown dtype {excerpt(dtype_name)} or shape {excerpt(shape)}", file=name
+                )
+            if not isinstance(buffer, bytes) or len(buffer) != math.prod(shape) * dtype.itemsize:
+                raise FormatError(
+                    f"an array of {dtype}{shape} holds {math.prod(shape) * dtype.itemsize} bytes, but its data is "
+                    f"{f'{len(buffer)} bytes' if isinstance(buffer, bytes) else excerpt(buffer)}: flax writes the "
+                    "array's bytes",
+                    file=name,
                 )
             array = np.frombuffer(bytearray(buffer), dtype=dtype).reshape(shape)  # its own memory, writable
             return array[()] if code == 3 else array
