@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import warnings
@@ -33,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
+from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, excerpt
 
@@ -85,14 +87,35 @@ def read_checkpoint(path: str) -> Any:
             tree = getattr(getattr(metadata, "item_metadata", metadata), "tree", None)
             if tree is None:
                 raise ValueError("it has no tree metadata")
+            _check_fits(jax.tree.leaves(tree), path)
             restore_args = jax.tree.map(lambda leaf: _restore_arg(ocp, leaf), tree)
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+        except FormatError:
+            raise
         except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
             raise FormatError(f"not an orbax checkpoint that orbax can restore ({error})", file=path) from None
     impls = key_impls(path)
     return jax.tree_util.tree_map_with_path(
         lambda key_path, leaf, meta: _leaf(leaf, meta, impls, path=path, where=path_to_str(key_path)), restored, tree
     )
+
+
+def _check_fits(leaves: list[Any], path: str) -> None:
+    """Refuse a checkpoint whose metadata claims more bytes of arrays than this machine's memory, before orbax
+    allocates them: an allocation that large aborts the process (``std::bad_alloc``), whatever the files hold."""
+    claimed = sum(
+        math.prod(getattr(leaf, "shape", None) or ()) * np.dtype(leaf.dtype).itemsize
+        for leaf in leaves
+        if type(leaf).__name__ in _NUMERIC_METADATA and getattr(leaf, "dtype", None) is not None
+    )
+    memory = physical_memory()
+    if claimed > memory:
+        raise FormatError(
+            f"its metadata claims {claimed} bytes of arrays, more than the {memory} bytes of this machine's memory "
+            "that they are restored into: a checkpoint of that size is read with orbax on a machine that holds it, "
+            "and a folder that claims more than it holds is damaged or crafted",
+            file=path,
+        )
 
 
 def _restore_arg(ocp: Any, leaf: Any) -> Any:

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["default_host_budget"]
+__all__ = ["default_host_budget", "physical_memory"]
+
+
+def physical_memory() -> int:
+    """The machine's physical memory, in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def default_host_budget() -> int:
     """A quarter of the machine's physical memory, in bytes."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    return physical_memory() // 4

@@ -1,0 +1,42 @@
+"""Files and folders of other libraries crafted by a stranger (an orbax folder whose metadata claims what it does not
+hold): ``jaxstow.load(..., from_format=...)`` and ``jaxstow convert`` refuse each with a ``FormatError`` naming it,
+without running out of memory, aborting or running code."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import forked
+import numpy as np
+import pytest
+
+ocp = pytest.importorskip("orbax.checkpoint")
+
+
+def _orbax_folder(folder, tree):
+    """An orbax checkpoint of ``tree`` with a zarr folder per array (no OCDBT), whose metadata can be edited."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)) as checkpointer:
+            checkpointer.save(os.path.abspath(folder), args=ocp.args.PyTreeSave(tree))
+    return folder
+
+
+def _convert(src, dst):
+    return forked.run(
+        [sys.executable, "-m", "jaxstow", "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_an_orbax_folder_claiming_arrays_past_the_machines_memory_is_refused_before_they_are_allocated(tmp_path):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    zarray = folder / "w" / ".zarray"
+    claimed = {**json.loads(zarray.read_text()), "shape": [2**40]}  # 4 TiB of float32, from a folder of 1 KiB
+    zarray.write_text(json.dumps(claimed))
+    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: orbax's allocation aborted the process
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{folder}: its metadata claims 4398046511104 bytes of arrays, more than the" in done.stderr
+    assert not (tmp_path / "out.jxs").exists()
