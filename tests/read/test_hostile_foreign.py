@@ -40,3 +40,13 @@ def test_an_orbax_folder_claiming_arrays_past_the_machines_memory_is_refused_bef
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{folder}: its metadata claims 4398046511104 bytes of arrays, more than the" in done.stderr
     assert not (tmp_path / "out.jxs").exists()
+
+
+@pytest.mark.parametrize("name", ["w/.zarray", "_METADATA"])
+def test_an_orbax_metadata_file_nested_deep_is_refused_naming_it_before_tensorstore_parses_it(tmp_path, name):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    (folder / name).write_text("[" * 100_000 + "]" * 100_000)  # tensorstore's parser recursed until it crashed
+    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: the crash took the process down
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{folder / name}: orbax's metadata is not valid JSON (maximum recursion depth exceeded" in done.stderr
+    assert not (tmp_path / "out.jxs").exists()

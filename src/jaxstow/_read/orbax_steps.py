@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
+from jaxstow._read.orbax_files import check_metadata_files
 from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, excerpt
@@ -80,6 +81,8 @@ def read_checkpoint(path: str) -> Any:
     ocp = require("orbax.checkpoint", extra="orbax", purpose=f"reading the orbax checkpoint {path}")
     import jax
 
+    if os.path.isdir(path):
+        check_metadata_files(path)
     with quiet():
         checkpointer = ocp.PyTreeCheckpointer()
         try:
