@@ -13,6 +13,9 @@ import forked
 import numpy as np
 import pytest
 
+import jaxstow
+from jaxstow.errors import FormatError
+
 ocp = pytest.importorskip("orbax.checkpoint")
 
 
@@ -50,3 +53,17 @@ def test_an_orbax_metadata_file_nested_deep_is_refused_naming_it_before_tensorst
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{folder / name}: orbax's metadata is not valid JSON (maximum recursion depth exceeded" in done.stderr
     assert not (tmp_path / "out.jxs").exists()
+
+
+@pytest.mark.parametrize("item", ["../../../outside", "/etc", "missing"])
+def test_an_orbax_step_naming_an_item_outside_its_folder_is_refused_without_reading_there(tmp_path, item):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.json").write_text('{"token": "not for the step"}')  # what the item would read, as JSON
+    step = tmp_path / "run" / "deep" / "3"
+    step.mkdir(parents=True)
+    (step / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {item: "JsonCheckpointHandler"}}))
+    with pytest.raises(FormatError, match=rf"{step}: names the item '{item}', which is no folder of the step"):
+        jaxstow.load(step, from_format="orbax")
+    done = _convert(step, tmp_path / "out.jxs")
+    assert done.returncode == 2 and "which is no folder of the step" in done.stderr, done.stderr[-2000:]

@@ -201,6 +201,12 @@ def read_step(path: str) -> tuple[Any, Any]:
     for name, handler in sorted(handlers.items()):
         kind = str(handler).rpartition(".")[2]
         where = os.path.join(path, name)
+        if name in ("", ".", "..") or "/" in name or os.sep in name or not os.path.isdir(where):
+            raise FormatError(
+                f"names the item {excerpt(name)}, which is no folder of the step: orbax keeps each item in a folder "
+                "of the step named after it",
+                file=path,
+            )
         if kind in _JSON_HANDLERS:
             value = _read_json_item(where)
             if name == _METRICS_ITEM:
