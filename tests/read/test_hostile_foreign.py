@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import warnings
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, PathError
 
 ocp = pytest.importorskip("orbax.checkpoint")
 
@@ -67,3 +68,17 @@ def test_an_orbax_step_naming_an_item_outside_its_folder_is_refused_without_read
         jaxstow.load(step, from_format="orbax")
     done = _convert(step, tmp_path / "out.jxs")
     assert done.returncode == 2 and "which is no folder of the step" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("link", ["w", "w/0"])
+def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    elsewhere = _orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
+    shutil.rmtree(folder / "w")
+    if link == "w/0":
+        (folder / "w").mkdir()
+        shutil.copy(elsewhere / "w" / ".zarray", folder / "w" / ".zarray")
+    os.symlink(elsewhere / link, folder / link)
+    with pytest.raises(PathError, match=rf"{folder / link}: is a link to {elsewhere / link}, outside the orbax folder"):
+        jaxstow.load(folder, from_format="orbax")
+    assert jaxstow.load(elsewhere, from_format="orbax", as_numpy=True)["w"].tolist() == [7.0] * 4

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
-from jaxstow._read.orbax_files import check_metadata_files
+from jaxstow._read.orbax_files import check_folder
 from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, excerpt
@@ -82,7 +82,7 @@ def read_checkpoint(path: str) -> Any:
     import jax
 
     if os.path.isdir(path):
-        check_metadata_files(path)
+        check_folder(path)
     with quiet():
         checkpointer = ocp.PyTreeCheckpointer()
         try:
@@ -190,6 +190,7 @@ def read_step(path: str) -> tuple[Any, Any]:
     Items are pytrees or JSON; the metrics ``None`` if it has none. A step of the one item ``default`` gives that item's
     tree, as orbax's ``restore`` does.
     """
+    check_folder(path)
     try:
         with open(os.path.join(path, "_CHECKPOINT_METADATA"), "rb") as file:
             handlers = json.loads(file.read()).get("item_handlers")
