@@ -82,3 +82,17 @@ def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
     with pytest.raises(PathError, match=rf"{folder / link}: is a link to {elsewhere / link}, outside the orbax folder"):
         jaxstow.load(folder, from_format="orbax")
     assert jaxstow.load(elsewhere, from_format="orbax", as_numpy=True)["w"].tolist() == [7.0] * 4
+
+
+def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused_before_it_is_made(tmp_path):
+    torch = pytest.importorskip("torch")
+    # 4 bytes shown as 2**30 float32 (4 GiB), as torch.save keeps a view made by expand: its storage, shape, strides
+    torch.save({"w": torch.ones(1).expand(2**15, 2**15), "b": torch.ones(3).expand(2, 3)}, tmp_path / "huge.pt")
+    with pytest.raises(
+        FormatError,
+        match=r"leaf 'w' of .*huge\.pt: holds a tensor of shape \[32768, 32768\] and strides \[0, 0\] that repeats "
+        r"the 4 bytes of its storage into 4294967296, more than the file's \d+: save tensor.contiguous\(\) of it",
+    ):
+        jaxstow.load(tmp_path / "huge.pt", from_format="torch")
+    torch.save({"b": torch.ones(3).expand(2, 3)}, tmp_path / "small.pt")  # repeated within the file's size: made
+    assert jaxstow.load(tmp_path / "small.pt", from_format="torch", as_numpy=True)["b"].tolist() == [[1.0] * 3] * 2

@@ -296,7 +296,7 @@ def read_foreign(
         if from_format == "equinox":
             return read_equinox(source.read(0, source.size), location.name, like)
         if from_format == "torch":
-            return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name)
+            return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name, source.size)
         tree = _read_flax(source.read(0, source.size), location.name)
         return tree if like is None else into_like(tree, like)
 
@@ -317,7 +317,12 @@ def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
     )
 
 
-def _read_torch(file: BinaryIO, name: str) -> Any:
+def _read_torch(file: BinaryIO, name: str, size: int) -> Any:
+    """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays.
+
+    A tensor that repeats its storage's values (a stride of 0) into more bytes than the whole file is refused before
+    they are made.
+    """
     torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {name}")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
@@ -331,6 +336,16 @@ def _read_torch(file: BinaryIO, name: str) -> Any:
         if not is_tensor(leaf):
             return leaf
         path = path_to_str(key_path)
+        values = leaf.numel() * leaf.element_size()
+        stored = leaf.untyped_storage().nbytes() if leaf.layout == torch.strided else values  # sparse: refused below
+        if values > max(stored, size):
+            raise FormatError(
+                f"holds a tensor of shape {list(leaf.shape)} and strides {list(leaf.stride())} that repeats the "
+                f"{stored} bytes of its storage into {values}, more than the file's {size}: save "
+                "tensor.contiguous() of it where it is meant",
+                file=name,
+                path=path,
+            )
         try:
             return tensor_to_numpy(leaf, file=name, path=path)
         except UnsaveableObjectError as error:  # said of a save: here the file holds it
