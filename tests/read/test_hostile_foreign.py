@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 import shutil
 import sys
 import warnings
+import zipfile
 
 import forked
 import numpy as np
@@ -96,3 +99,38 @@ def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused
         jaxstow.load(tmp_path / "huge.pt", from_format="torch")
     torch.save({"b": torch.ones(3).expand(2, 3)}, tmp_path / "small.pt")  # repeated within the file's size: made
     assert jaxstow.load(tmp_path / "small.pt", from_format="torch", as_numpy=True)["b"].tolist() == [[1.0] * 3] * 2
+
+
+class _Runs:
+    """What unpickling would call: ``function(*arguments)``, such as ``os.system("touch MARKER")``."""
+
+    def __init__(self, function, *arguments) -> None:
+        self.call = (function, arguments)
+
+    def __reduce__(self):
+        return self.call
+
+
+@pytest.mark.parametrize(
+    ("call", "named"), [("system", r"(posix|nt)\.system"), ("eval", "eval")], ids=["os-system", "builtins-eval"]
+)
+def test_a_torch_file_naming_a_global_that_runs_code_is_refused_without_running_it_or_advising_to(
+    tmp_path, call, named
+):
+    torch = pytest.importorskip("torch")
+    marker = tmp_path / "code-ran"
+    payload = {
+        "system": _Runs(os.system, f"touch {marker}"),
+        "eval": _Runs(eval, f"open({str(marker)!r}, 'w')"),
+    }[call]
+    torch.save({"w": torch.ones(2)}, tmp_path / "plain.pt")
+    with zipfile.ZipFile(tmp_path / "plain.pt") as plain, zipfile.ZipFile(tmp_path / "evil.pt", "w") as evil:
+        for info in plain.infolist():  # torch's own zip, its pickle replaced by one that calls `call`
+            data = pickle.dumps({"w": payload}, protocol=2) if info.filename.endswith("data.pkl") else None
+            evil.writestr(info.filename, data or plain.read(info))
+    with pytest.raises(FormatError, match=rf"it holds an object of {named}, which torch.load\(weights_only=True\)"):
+        jaxstow.load(tmp_path / "evil.pt", from_format="torch")
+    done = _convert(tmp_path / "evil.pt", tmp_path / "evil.jxs")
+    assert done.returncode == 2 and "weights_only` set to `False" not in done.stderr, done.stderr[-2000:]
+    assert re.search(rf"it holds an object of {named}, which torch.load\(weights_only=True\)", done.stderr)
+    assert not marker.exists() and not (tmp_path / "evil.jxs").exists()

@@ -27,23 +27,22 @@ import io
 import math
 import os
 import re
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from jaxstow._format.dtypes import dtype_from_name, is_shape
-from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.kinds import KINDS, Kind, file_kind, folder_kind
 from jaxstow._format.source import ReadSource, SourceFile
-from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read import orbax_steps
 from jaxstow._read.equinox_stream import read_equinox
 from jaxstow._read.flax_state import into_like
 from jaxstow._read.foreign_tree import plain_tree, within_nesting
+from jaxstow._read.torch_file import read_torch
 from jaxstow._storage.opening import Location, Readable, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, UnsaveableObjectError, excerpt
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathNotFoundError, excerpt
 
 __all__ = [
     "DESCRIBED",
@@ -296,7 +295,7 @@ def read_foreign(
         if from_format == "equinox":
             return read_equinox(source.read(0, source.size), location.name, like)
         if from_format == "torch":
-            return _read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name, source.size)
+            return read_torch(io.BufferedReader(SourceFile(source), 1 << 20), location.name, source.size)
         tree = _read_flax(source.read(0, source.size), location.name)
         return tree if like is None else into_like(tree, like)
 
@@ -315,57 +314,6 @@ def _check_kind(location: Location, from_format: str, kind: Kind) -> None:
         f"is {what}, not {expected} as from_format={from_format!r} reads: {advice(kind, _shown(location))}",
         file=location.name,
     )
-
-
-def _read_torch(file: BinaryIO, name: str, size: int) -> Any:
-    """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays.
-
-    A tensor that repeats its storage's values (a stride of 0) into more bytes than the whole file is refused before
-    they are made.
-    """
-    torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {name}")
-    try:
-        state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises its unpickler's errors for anything but plain tensors
-        raise FormatError(
-            f"not a PyTorch file of tensors that loads without unpickling objects ({_torch_problem(error)})", file=name
-        ) from None
-    import jax
-
-    def as_array(key_path: Any, leaf: Any) -> Any:
-        if not is_tensor(leaf):
-            return leaf
-        path = path_to_str(key_path)
-        values = leaf.numel() * leaf.element_size()
-        stored = leaf.untyped_storage().nbytes() if leaf.layout == torch.strided else values  # sparse: refused below
-        if values > max(stored, size):
-            raise FormatError(
-                f"holds a tensor of shape {list(leaf.shape)} and strides {list(leaf.stride())} that repeats the "
-                f"{stored} bytes of its storage into {values}, more than the file's {size}: save "
-                "tensor.contiguous() of it where it is meant",
-                file=name,
-                path=path,
-            )
-        try:
-            return tensor_to_numpy(leaf, file=name, path=path)
-        except UnsaveableObjectError as error:  # said of a save: here the file holds it
-            problem = str(error).partition(" is ")[2]
-            raise FormatError(f"holds {excerpt(leaf)}, {problem}", file=name, path=path) from None
-
-    return jax.tree_util.tree_map_with_path(as_array, plain_tree(state, name))
-
-
-def _torch_problem(error: Exception) -> str:
-    """What torch.load found wrong, without its advice to unpickle anyway.
-
-    ``weights_only=False`` would run the file's code.
-    """
-    text = str(error)
-    unsupported = re.search(r"Unsupported global: GLOBAL (\S+)", text)
-    if unsupported:
-        return f"it holds an object of {unsupported.group(1)}, which torch.load(weights_only=True) never unpickles"
-    line = text.strip().splitlines()[0] if text.strip() else ""
-    return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
 
 
 def _read_flax(data: bytes, name: str) -> Any:

@@ -1,0 +1,78 @@
+"""A PyTorch file read through ``torch.load(weights_only=True)``, which unpickles nothing but tensors and plain
+containers: its tensors as numpy arrays, and what torch refused said without torch's advice to unpickle anyway."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, BinaryIO
+
+from jaxstow._format.keypaths import path_to_str
+from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
+from jaxstow._read.foreign_tree import plain_tree
+from jaxstow._util.optional import require
+from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
+
+__all__ = ["read_torch"]
+
+
+def read_torch(file: BinaryIO, name: str, size: int) -> Any:
+    """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays.
+
+    A tensor that repeats its storage's values (a stride of 0) into more bytes than the whole file is refused before
+    they are made.
+    """
+    torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {name}")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises its unpickler's errors for anything but plain tensors
+        raise FormatError(
+            f"not a PyTorch file of tensors that loads without unpickling objects ({_torch_problem(error)})", file=name
+        ) from None
+    import jax
+
+    def as_array(key_path: Any, leaf: Any) -> Any:
+        if not is_tensor(leaf):
+            return leaf
+        path = path_to_str(key_path)
+        values = leaf.numel() * leaf.element_size()
+        stored = leaf.untyped_storage().nbytes() if leaf.layout == torch.strided else values  # sparse: refused below
+        if values > max(stored, size):
+            raise FormatError(
+                f"holds a tensor of shape {list(leaf.shape)} and strides {list(leaf.stride())} that repeats the "
+                f"{stored} bytes of its storage into {values}, more than the file's {size}: save "
+                "tensor.contiguous() of it where it is meant",
+                file=name,
+                path=path,
+            )
+        try:
+            return tensor_to_numpy(leaf, file=name, path=path)
+        except UnsaveableObjectError as error:  # said of a save: here the file holds it
+            problem = str(error).partition(" is ")[2]
+            raise FormatError(f"holds {excerpt(leaf)}, {problem}", file=name, path=path) from None
+
+    return jax.tree_util.tree_map_with_path(as_array, plain_tree(state, name))
+
+
+def _torch_problem(error: Exception) -> str:
+    """What torch.load found wrong, without its advice to unpickle anyway.
+
+    ``weights_only=False`` would run the file's code.
+    """
+    text = str(error)
+    unsupported = re.search(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)", text)
+    if unsupported:
+        return f"it holds an object of {unsupported.group(1)}, which torch.load(weights_only=True) never unpickles"
+    lines = (line.strip().removeprefix("Weights only load failed.").strip() for line in text.splitlines())
+    line = next((line for line in lines if line and not line.startswith(_TORCH_ADVICE)), "")
+    return f"{type(error).__name__}: {line if len(line) <= 200 else line[:197] + '...'}"
+
+
+#: How the lines of torch's advice around what its unpickler refused start (to load with weights_only=False).
+_TORCH_ADVICE = (
+    "Re-running `torch.load`",
+    "This file can still be loaded",
+    "(1)",
+    "(2)",
+    "Please file an issue",
+    "Check the",
+)
