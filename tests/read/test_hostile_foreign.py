@@ -134,3 +134,11 @@ def test_a_torch_file_naming_a_global_that_runs_code_is_refused_without_running_
     assert done.returncode == 2 and "weights_only` set to `False" not in done.stderr, done.stderr[-2000:]
     assert re.search(rf"it holds an object of {named}, which torch.load\(weights_only=True\)", done.stderr)
     assert not marker.exists() and not (tmp_path / "evil.jxs").exists()
+
+
+@pytest.mark.parametrize("metadata", ["[]", '"x"', '{"tree_metadata": []}', '{"tree_metadata": 1.5}'])
+def test_orbax_metadata_of_json_that_is_not_orbaxs_is_a_format_error_naming_the_folder(tmp_path, metadata):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    (folder / "_METADATA").write_text(metadata)  # orbax raised AttributeError ('list' object has no attribute 'get')
+    with pytest.raises(FormatError, match=rf"{folder}: not an orbax checkpoint that orbax can restore"):
+        jaxstow.load(folder, from_format="orbax")

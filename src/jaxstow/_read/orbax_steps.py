@@ -95,7 +95,7 @@ def read_checkpoint(path: str) -> Any:
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
         except FormatError:
             raise
-        except (FileNotFoundError, ValueError, KeyError, TypeError) as error:
+        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError) as error:  # metadata not orbax's
             raise FormatError(f"not an orbax checkpoint that orbax can restore ({error})", file=path) from None
     impls = key_impls(path)
     return jax.tree_util.tree_map_with_path(
