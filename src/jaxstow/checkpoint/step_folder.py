@@ -247,6 +247,13 @@ class StepFolder:
                         raise
                     record, tries = now or record, tries + 1
 
+    def _others(self, step: int) -> list[int] | str:
+        """The committed steps but ``step`` (deleted, though a listing may show it), or why they are not known."""
+        try:
+            return [other for other in self.committed() if other != step]
+        except (OSError, JaxstowError) as failure:
+            return f"not known (listing them failed: {failure})"
+
     def _record_alone(self, step: int) -> StepRecord:
         """The step's record, checksummed; its files unchecked. A record the store does not hold (asked for by key) is
         a step deleted, whatever a listing shows: a store may list a deleted object for seconds."""
@@ -257,7 +264,7 @@ class StepFolder:
         except FileNotFoundError:
             raise StepNotFoundError(
                 f"step {step} is not in {self.store.location} any more: the store holds no {RECORD_NAME} of it (a "
-                "store may list a deleted step for a while)",
+                f"store may list a deleted step for a while); its committed steps are {self._others(step)}",
                 file=where,
             ) from None
         record = StepRecord.from_json(data, where=where)
