@@ -101,6 +101,36 @@ def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused
     assert jaxstow.load(tmp_path / "small.pt", from_format="torch", as_numpy=True)["b"].tolist() == [[1.0] * 3] * 2
 
 
+def _recompressed(plain, out, expanded=None):
+    """``plain``, torch's zip, with its tensor records compressed, each inflating to ``expanded`` zeros if given."""
+    with zipfile.ZipFile(plain) as source, zipfile.ZipFile(out, "w") as archive:
+        for info in source.infolist():
+            data = source.read(info)
+            record = zipfile.ZipInfo(info.filename)
+            if "/data/" in info.filename:
+                record.compress_type = zipfile.ZIP_DEFLATED
+                data = data if expanded is None else bytes(expanded)
+            archive.writestr(record, data)
+    return out
+
+
+def test_a_torch_record_compressed_to_expand_past_the_file_is_refused_before_torch_inflates_it(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.arange(4.0)}, tmp_path / "plain.pt")
+    # 16 bytes of tensor whose record inflates to 64 MiB: torch.load inflated it whole before comparing it with them
+    bomb = _recompressed(tmp_path / "plain.pt", tmp_path / "bomb.pt", expanded=2**26)
+    with pytest.raises(
+        FormatError,
+        match=rf"{re.escape(str(bomb))}: its record 'plain/data/0' expands from \d+ to 67108864 bytes, more than the "
+        r"file's \d+: torch.save stores records uncompressed, .* save its tensors again with torch.save",
+    ):
+        jaxstow.load(bomb, from_format="torch")
+    done = _convert(bomb, tmp_path / "bomb.jxs")
+    assert done.returncode == 2 and "expands from" in done.stderr, done.stderr[-2000:]
+    recompressed = _recompressed(tmp_path / "plain.pt", tmp_path / "recompressed.pt")  # within the file: read
+    assert jaxstow.load(recompressed, from_format="torch", as_numpy=True)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 class _Runs:
     """What unpickling would call: ``function(*arguments)``, such as ``os.system("touch MARKER")``."""
 

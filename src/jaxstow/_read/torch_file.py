@@ -4,6 +4,7 @@ containers: its tensors as numpy arrays, and what torch refused said without tor
 from __future__ import annotations
 
 import re
+import zipfile
 from typing import Any, BinaryIO
 
 from jaxstow._format.keypaths import path_to_str
@@ -18,10 +19,11 @@ __all__ = ["read_torch"]
 def read_torch(file: BinaryIO, name: str, size: int) -> Any:
     """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays.
 
-    A tensor that repeats its storage's values (a stride of 0) into more bytes than the whole file is refused before
-    they are made.
+    A record that expands to more bytes than the whole file, and a tensor that repeats its storage's values (a stride
+    of 0) into more bytes than the whole file, are refused before they are made.
     """
     torch = require("torch", extra="torch", purpose=f"reading the PyTorch file {name}")
+    _check_records(file, name, size)
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises its unpickler's errors for anything but plain tensors
@@ -51,6 +53,34 @@ def read_torch(file: BinaryIO, name: str, size: int) -> Any:
             raise FormatError(f"holds {excerpt(leaf)}, {problem}", file=name, path=path) from None
 
     return jax.tree_util.tree_map_with_path(as_array, plain_tree(state, name))
+
+
+def _check_records(file: BinaryIO, name: str, size: int) -> None:
+    """Refuse a record of a PyTorch zip file that expands to more bytes than the whole file, by its zip directory.
+
+    torch.save stores records uncompressed, so none is larger than the file; torch.load inflates a compressed record
+    whole before it compares it with its tensors, a thousand times the file's size for a file recompressed to do so.
+    A legacy file, no zip, is passed over. ``file`` is left at its start.
+    """
+    if file.read(4) in _ZIP_MAGIC:
+        try:
+            with zipfile.ZipFile(file) as archive:  # reads the central directory only; the file stays open
+                records = archive.infolist()
+        except Exception as error:  # zipfile raises many kinds on a damaged archive
+            raise FormatError(f"not a readable zip archive ({type(error).__name__}: {error})", file=name) from None
+        for record in records:
+            if record.file_size > size:
+                raise FormatError(
+                    f"its record {excerpt(record.filename)} expands from {record.compress_size} to {record.file_size} "
+                    f"bytes, more than the file's {size}: torch.save stores records uncompressed, so the file was "
+                    "compressed again by another tool; save its tensors again with torch.save",
+                    file=name,
+                )
+    file.seek(0)
+
+
+#: How a zip archive starts (torch.save's format since PyTorch 1.6).
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def _torch_problem(error: Exception) -> str:
