@@ -59,6 +59,21 @@ def test_an_orbax_metadata_file_nested_deep_is_refused_naming_it_before_tensorst
     assert not (tmp_path / "out.jxs").exists()
 
 
+def test_an_array_metadata_nested_deep_inside_an_ocdbt_database_is_refused_before_tensorstore_parses_it(tmp_path):
+    tensorstore = pytest.importorskip("tensorstore")
+    folder = tmp_path / "ckpt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True)) as checkpointer:  # orbax's default
+            checkpointer.save(folder, args=ocp.args.PyTreeSave({"w": np.ones(4, np.float32)}))
+    database = tensorstore.KvStore.open({"driver": "ocdbt", "base": f"file://{folder}/"}).result()
+    database.write(b"w/.zarray", b"[" * 100_000 + b"]" * 100_000).result()  # a key of the database, not a file
+    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: tensorstore's parser crashed it
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{folder / 'w' / '.zarray'}: orbax's metadata is not valid JSON (maximum recursion depth" in done.stderr
+    assert not (tmp_path / "out.jxs").exists()
+
+
 @pytest.mark.parametrize("item", ["../../../outside", "/etc", "missing"])
 def test_an_orbax_step_naming_an_item_outside_its_folder_is_refused_without_reading_there(tmp_path, item):
     outside = tmp_path / "outside"

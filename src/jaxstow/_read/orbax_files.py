@@ -6,7 +6,9 @@ stranger never reads a file elsewhere through one.
 tensorstore parses a zarr array's ``.zarray`` (or ``zarr.json``) recursively, so a file of JSON nested deep enough
 crashes the whole process (a segmentation fault) where Python would raise: every JSON file orbax or tensorstore reads
 is parsed here first, and one that is not JSON, or nests past what a jaxstow file holds, is a
-:class:`~jaxstow.errors.FormatError` naming it.
+:class:`~jaxstow.errors.FormatError` naming it: the files of the folder, and the keys of the OCDBT databases in it
+(``manifest.ocdbt``: orbax's default, which keeps each array's ``.zarray`` as a key), read through tensorstore's
+key-value store, which parses nothing.
 
 >>> import os, tempfile
 >>> from jaxstow._read.orbax_files import check_folder
@@ -55,7 +57,38 @@ def check_folder(folder: str) -> None:
                 if not os.path.isfile(path):  # a FIFO would block the read
                     raise FormatError("is not a regular file, where orbax keeps JSON metadata", file=path)
                 with open(path, "rb") as file:
-                    value = parse_json(file.read(), what="orbax's metadata", file=path)
-                problem = limits_problem(value)
-                if problem is not None:
-                    raise FormatError(problem, file=path)
+                    _check_json(file.read(_MAX_METADATA_BYTES + 1), path)
+        if "manifest.ocdbt" in names:
+            _check_database(root)
+
+
+#: The bytes a JSON metadata file of an orbax folder may take (orbax's are a few kB a leaf).
+_MAX_METADATA_BYTES = 64 << 20
+
+
+def _check_json(data: bytes, path: str) -> None:
+    """Refuse orbax's JSON metadata ``data`` at ``path`` (a file's read to one byte past the limit) unless it is JSON
+    within the limits of a jaxstow file."""
+    if len(data) > _MAX_METADATA_BYTES:
+        raise FormatError(f"is more than the {_MAX_METADATA_BYTES} bytes orbax's metadata may take", file=path)
+    problem = limits_problem(parse_json(data, what="orbax's metadata", file=path))
+    if problem is not None:
+        raise FormatError(problem, file=path)
+
+
+def _check_database(folder: str) -> None:
+    """Check the JSON metadata keys (``w/.zarray``) of the OCDBT database in ``folder``, as :func:`check_folder`
+    checks files; a database tensorstore cannot read is a :class:`~jaxstow.errors.FormatError` naming it."""
+    import tensorstore
+
+    try:
+        store = tensorstore.KvStore.open({"driver": "ocdbt", "base": {"driver": "file", "path": folder + os.sep}})
+        database = store.result()
+        keys = [
+            key for key in database.list().result() if os.path.basename(key.decode("utf-8", "replace")) in _JSON_NAMES
+        ]
+        values = [(key, database.read(key).result().value) for key in keys]
+    except Exception as error:  # tensorstore raises ValueError and others on a damaged database
+        raise FormatError(f"holds an OCDBT database that cannot be read ({error})", file=folder) from None
+    for key, value in values:
+        _check_json(value, os.path.join(folder, key.decode("utf-8", "backslashreplace")))
