@@ -41,6 +41,18 @@ def test_two_metadata_members_are_refused(tmp_path):
         jaxstow.load(path)
 
 
+def test_a_metadata_key_given_twice_is_refused_naming_it_and_one_spelled_as_a_value_too_is_read(tmp_path):
+    path = tmp_path / "metadata.safetensors"
+    entry = '"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}'
+    _safetensors(path, f'{{{entry},"__metadata__":{{"format":"pt","lr":"0.1","lr":"0.001"}}}}', bytes(4))
+    for load in (lambda: jaxstow.load(path), lambda: jaxstow.open(path)):  # the last value read as the truth before
+        with pytest.raises(FormatError, match=f"{path}: the header's __metadata__ gives 'lr' twice: which is meant"):
+            load()
+    _safetensors(path, f'{{{entry},"__metadata__":{{"format":"lr","lr":"format"}}}}', bytes(4))
+    with jaxstow.open(path) as reader:
+        assert reader.metadata == {"format": "lr", "lr": "format"}
+
+
 def test_metadata_that_spells_the_members_names_is_no_repetition(tmp_path):
     path = tmp_path / "spelled.safetensors"
     header = '{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"note":"\\"data_offsets\\" and \\"__metadata__\\""}}'

@@ -109,8 +109,8 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | Non
 
     A member given twice (a parser keeps the last, as safetensors' does: the header says two things of one tensor,
     and none is the truth): looked for only where the text spells a member of a tensor's entry more often than the
-    header has tensors, ``__metadata__`` twice, or any escape (``\\u0061`` spells ``a``), as the standard library
-    parses it again; a name with a lone surrogate, which UTF-8 cannot write (only an escape gives one, and the writer
+    header has tensors, ``__metadata__`` twice, a key of ``__metadata__`` other than once, or any escape
+    (``\\u0061`` spells ``a``), as the standard library parses it again; a name with a lone surrogate, which UTF-8 cannot write (only an escape gives one, and the writer
     refuses such a name).
 
     >>> text = b'{"w":{"dtype":"F32","data_offsets":[0,4]},"w":{"dtype":"I32","data_offsets":[4,8]}}'
@@ -129,7 +129,14 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | Non
             if shown != name and not name.isascii() and _has_surrogate(name):
                 return shown, "the tensor name holds a lone surrogate, which UTF-8 cannot write"
     tensors = len(header) - ("__metadata__" in header)
-    if not escaped and text.count(b'"__metadata__"') <= 1 and all(text.count(key) <= tensors for key in _ENTRY_KEYS):
+    metadata = header.get("__metadata__")
+    keys = list(metadata) if isinstance(metadata, dict) else []
+    if (
+        not escaped
+        and text.count(b'"__metadata__"') <= 1
+        and all(text.count(key) <= tensors for key in _ENTRY_KEYS)
+        and all(text.count(orjson.dumps(key)) == 1 for key in keys)  # spelled otherwise or more often: looked for
+    ):
         return None
     try:
         twice = repeated_member(text)
@@ -139,7 +146,8 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | Non
         return None
     if twice in header:
         return twice, f"the header lists {twice!r} twice: which is meant cannot be told"
-    return None, f"an entry of the header gives {twice!r} twice: which is meant cannot be told"
+    where = "the header's __metadata__" if twice in keys else "an entry of the header"
+    return None, f"{where} gives {twice!r} twice: which is meant cannot be told"
 
 
 #: The members of a tensor's entry: each spelled once a tensor in a header that repeats none.
