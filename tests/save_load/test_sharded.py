@@ -182,3 +182,16 @@ def test_an_empty_sharded_array_loads_back_whole_and_onto_a_sharding(tmp_path, m
         manager.save(1, {"empty": empty})
         manager.wait()
         assert manager.damaged_steps() == {} and manager.restore(1)["empty"].shape == shape
+
+
+@pytest.mark.parametrize("name", ["t.jxs", "t.npz"])
+def test_a_leaf_named_as_a_shard_is_kept_apart_from_the_shard(tmp_path, mesh, name):
+    sharded = jax.device_put(np.arange(8.0, dtype=np.float32), NamedSharding(mesh, P("data")))
+    tree = {"w": sharded, "w@0:4": np.full(4, 7.0, np.float32), "w@4:8": np.full(4, 9.0, np.float32)}
+    jaxstow.save(tmp_path / name, tree)
+    for restored in (jaxstow.load(tmp_path / name), jaxstow.load(tmp_path / name, sharding="saved")):
+        _same(restored, tree)
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"state": tree})
+        restored = manager.restore(sharding="saved")
+    _same(restored["state"], tree)

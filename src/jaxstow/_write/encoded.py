@@ -50,6 +50,7 @@ from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
 from jaxstow._write.flattening import cycle_error, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
+from jaxstow._write.shard_names import rename_taken_shards
 from jaxstow._write.taken_apart import TakenApart, take_apart
 from jaxstow.errors import MetadataError, ShardingError
 
@@ -159,6 +160,7 @@ def encode_tree(
     if copy:
         encoded = [_copied(leaf, given) for leaf, given in zip(encoded, leaves, strict=True)]
     digest = "" if part is None else _digest(structure, encoded)
+    rename_taken_shards(encoded)
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] in ("sharded", "per_process")]
         manifest = {
