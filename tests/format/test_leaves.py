@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import struct
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ import pytest
 
 import jaxstow
 from jaxstow._format.skeleton import decode_value
-from jaxstow.errors import CorruptFileError, FormatError, RequestError
+from jaxstow.errors import CorruptFileError, FormatError, RequestError, UnsaveableObjectError
 
 DTYPES = [
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -131,6 +132,26 @@ def test_python_values_keep_their_type_including_nan(tmp_path):
         got = restored[key]
         assert type(got) is type(expected), key
         assert got == expected or (key == "nan" and math.isnan(got)), key
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_nan_keeps_its_sign_and_one_with_a_payload_is_refused(tmp_path, suffix):
+    """inf - inf is a NaN with its sign set: it comes back bit for bit, in a float, a complex and a node's aux."""
+    bits = lambda value: struct.pack("<d", value)  # noqa: E731
+    negative = math.inf - math.inf
+    hyper = {"loss": negative, "z": complex(negative, -0.0), "partial": jax.tree_util.Partial(jnp.add, negative)}
+    jaxstow.save(tmp_path / suffix, hyper)
+    restored = jaxstow.load(tmp_path / suffix)
+    assert bits(restored["loss"]) == bits(negative)
+    assert bits(restored["z"].real) == bits(negative) and bits(restored["z"].imag) == bits(-0.0)
+    assert bits(restored["partial"].args[0]) == bits(negative)
+    payload = struct.unpack("<d", bytes.fromhex("0100000000fff87f"))[0]
+    with pytest.raises(UnsaveableObjectError, match=r"NaN with a payload.*numpy\.float64") as raised:
+        jaxstow.save(tmp_path / suffix, {"run": {"loss": payload}})
+    assert raised.value.path == "run/loss" and str(tmp_path / suffix) in str(raised.value)
+    assert bits(jaxstow.load(tmp_path / suffix)["loss"]) == bits(negative)  # the file saved before is kept
+    jaxstow.save(tmp_path / suffix, {"loss": np.float64(payload)})
+    assert jaxstow.load(tmp_path / suffix)["loss"].tobytes() == bits(payload)
 
 
 @pytest.mark.parametrize("text", ["1e400", "-1e309", ("0.5", "1e400")])

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 import re
+import struct
 from typing import Any
 
 import numpy as np
 
-from jaxstow.errors import FormatError, excerpt
+from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
 
-__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "json_problem", "parse_float"]
+__all__ = ["MAX_INTEGER_DIGITS", "MAX_NESTING", "float_text", "json_problem", "parse_float"]
 
 #: The most JSON levels around any part of a manifest's structure or of a value: a save refuses deeper trees, a load
 #: refuses deeper files before its decoders recurse that far.
@@ -65,6 +66,31 @@ def json_problem(value: Any, key: str = "") -> str | None:
 
 #: A float as ``repr`` writes one: digits, a point, an exponent, ``inf`` or ``nan``, a sign; no spaces or underscores.
 _FLOAT_TEXT = re.compile(r"[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)")
+
+
+#: The bits of the NaNs that text keeps: ``nan`` and ``-nan``.
+_PLAIN_NANS = {struct.pack("<d", math.nan): "nan", struct.pack("<d", -math.nan): "-nan"}
+
+
+def float_text(value: float, *, path: str, file: str | None) -> str:
+    """A float as a file writes it, which :func:`parse_float` reads back bit for bit: its ``repr``, or ``-nan`` for a
+    NaN with its sign set (as ``inf - inf`` makes).
+
+    A NaN with a payload, which no text keeps, is an :class:`~jaxstow.errors.UnsaveableObjectError` naming the leaf.
+
+    >>> float_text(0.1, path="lr", file=None), float_text(math.inf - math.inf, path="lr", file=None)
+    ('0.1', '-nan')
+    """
+    if not math.isnan(value):
+        return repr(value)
+    text = _PLAIN_NANS.get(struct.pack("<d", value))
+    if text is None:
+        advice = (
+            f"a float NaN with a payload (bits {struct.pack('>d', value).hex()}), which a file keeps only as a "
+            "number's text: save it as a numpy scalar (numpy.float64, numpy.complex128), whose bytes are kept"
+        )
+        raise UnsaveableObjectError(value, file=file, path=path, advice=advice)
+    return text
 
 
 def parse_float(text: str, *, path: str, file: str | None) -> float:

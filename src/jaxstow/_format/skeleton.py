@@ -31,7 +31,7 @@ from jaxstow._format import objects
 from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dataclass_fit import check_dataclass_fit
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
-from jaxstow._format.json_values import MAX_NESTING, parse_float
+from jaxstow._format.json_values import MAX_NESTING, float_text, parse_float
 from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
 from jaxstow._format.unbuilt_node import unbuilt_error
 from jaxstow._names import partials, registry, static_objects
@@ -63,9 +63,9 @@ def encode_value(obj: Any, *, path: str = "", file: str | None = None) -> JSON:
     if obj is None or kind is str or kind is int or kind is bool:  # not their subclasses: enums, numpy strings
         return obj
     if kind is float:
-        return {"float": repr(obj)}
+        return {"float": float_text(obj, path=path, file=file)}
     if kind is complex:
-        return {"complex": [repr(obj.real), repr(obj.imag)]}
+        return {"complex": [float_text(obj.real, path=path, file=file), float_text(obj.imag, path=path, file=file)]}
     if kind is bytes:
         return {"bytes": base64.b64encode(obj).decode("ascii")}
     prefix = f"{path}/" if path else ""
