@@ -151,6 +151,37 @@ def test_an_array_saved_on_the_first_device_comes_back_there_under_another_defau
         _same(jaxstow.load(tmp_path / "t.jxs", sharding="saved"), tree)
 
 
+def test_prng_keys_laid_out_on_several_devices_come_back_on_their_layout(tmp_path):
+    # Typed keys, stored whole, came back on one device with sharding="saved"; their raw data on its mesh.
+    mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("data", "model"))
+    tree = {
+        "keys": jax.device_put(jax.random.split(jax.random.key(0), 8), NamedSharding(mesh, PartitionSpec("data"))),
+        "grid": jax.device_put(
+            jax.random.split(jax.random.key(1, impl="rbg"), 4).reshape(2, 2),
+            NamedSharding(mesh, PartitionSpec("model", "data")),
+        ),
+        "one": jax.device_put(jax.random.key(2), NamedSharding(mesh, PartitionSpec())),
+        "raw": jax.device_put(jax.random.split(jax.random.PRNGKey(3), 8), NamedSharding(mesh, PartitionSpec("data"))),
+    }
+    jaxstow.save(tmp_path / "keys.jxs", tree)
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, {"rng": tree})
+        from_step = manager.restore(sharding="saved")["rng"]
+    data = lambda keys: keys if keys.dtype == np.uint32 else jax.random.key_data(keys)  # noqa: E731
+    for restored in (jaxstow.load(tmp_path / "keys.jxs", sharding="saved"), from_step):
+        for name, saved in tree.items():
+            assert restored[name].sharding == saved.sharding and restored[name].dtype == saved.dtype, name
+            assert _placed(data(restored[name])) == _placed(data(saved)), name
+    encoded = encode_tree({"k": tree["keys"]})
+    encoded.manifest["leaves"][0]["keys_sharding"]["spec"] = ["data", "model"]  # two axes for keys of one
+    buffer = io.BytesIO()
+    encoded.write(buffer)
+    buffer.seek(0)
+    with pytest.raises(FormatError, match="malformed sharding") as raised:
+        jaxstow.open(buffer)
+    assert raised.value.path == "k"
+
+
 def _whole_with(tree, path, sharding) -> io.BytesIO:
     """``tree`` saved as a file whose leaf ``path`` records ``sharding`` as where it lay (every checksum holds)."""
     encoded = encode_tree(tree)

@@ -31,7 +31,7 @@ from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
 from jaxstow._format.replicas import Box, replica_print, share_box
-from jaxstow._format.sharding_description import check_whole_placement, describe_sharding
+from jaxstow._format.sharding_description import check_sharding_description, check_whole_placement, describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
@@ -312,9 +312,12 @@ def stored_leaf_from_entry(entry: Entry, slot: TensorSlot | None, *, file: str) 
     if entry["kind"] == "npscalar" and dims:
         raise FormatError(f"a numpy scalar has shape [], not {list(dims)}", file=file, path=path)
     sharding = entry.get("sharding") if entry["kind"] in ("array", "key") else None
+    ndim = len(dims) - (entry["kind"] == "key")  # a key's data axis is no axis of the keys' array
     if sharding is not None:
-        ndim = len(dims) - (entry["kind"] == "key")  # a key's data axis is no axis of the keys' array
         check_whole_placement(sharding, ndim, file=file, path=path)
+    elif entry["kind"] == "key" and entry.get("keys_sharding") is not None:  # keys laid out on several devices
+        sharding = entry["keys_sharding"]
+        check_sharding_description(sharding, ndim, file=file, path=path)
     return StoredLeaf(path, entry["kind"], dtype, dims, checksum, impl, sharding, entry.get("blocks"))
 
 

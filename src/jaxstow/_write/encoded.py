@@ -20,7 +20,7 @@ import io
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -42,19 +42,19 @@ from jaxstow._format.native_or_npz import (
 )
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
-from jaxstow._format.sharding_description import whole_placement
 from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
+from jaxstow._write.array_details import DETAILED_KINDS, array_details
 from jaxstow._write.flattening import cycle_error, naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget
 from jaxstow._write.shard_names import rename_taken_shards
 from jaxstow._write.taken_apart import TakenApart, take_apart
 from jaxstow.errors import MetadataError, ShardingError
 
-__all__ = ["EncodedTree", "array_details", "differing_leaves", "encode_tree"]
+__all__ = ["EncodedTree", "differing_leaves", "encode_tree"]
 
 _PARALLEL_HASH_BYTES = 32 << 20
 
@@ -154,7 +154,7 @@ def encode_tree(
         ]
     for i, members in (array_details(leaves) if details is None else details).items():
         kind = encoded[i].entry["kind"]
-        encoded[i].entry.update({key: value for key, value in members.items() if kind in _DETAILED_KINDS[key]})
+        encoded[i].entry.update({key: value for key, value in members.items() if kind in DETAILED_KINDS[key]})
     if part is None:
         _check_addressable(encoded, leaves, file=file)
     if copy:
@@ -226,44 +226,6 @@ def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | N
         return encode_leaf(path, leaf, file=file or None)
     except RecursionError:  # an object saved by its attributes whose attributes lead back to it
         raise cycle_error(file, path) from None
-
-
-def array_details(leaves: Sequence[Any]) -> dict[int, dict[str, Any]]:
-    """The members of the entries of the ``jax.Array``\\ s of ``leaves`` (by index) that their bytes do not say:
-    ``weak`` for an array of a weak type (``jnp.asarray(2.0)``), restored so, and ``sharding`` for one on a device
-    other than this process's first (:func:`~jaxstow._format.sharding_description.whole_placement`), restored there
-    by ``sharding="saved"``. One pass over the leaves, reading each array's sharding once."""
-    details: dict[int, dict[str, Any]] = {}
-    first = jax.local_devices()[0]
-    for i, leaf in enumerate(leaves):
-        if not _is_jax_array_type(type(leaf)):
-            continue
-        sharding, weak = leaf.sharding, leaf.aval.weak_type
-        # Most arrays are on the first device, which records nothing: told so by the device object, at once.
-        on_first = type(sharding) is _ONE_DEVICE and getattr(sharding, "_device", None) is first
-        placed = None if on_first else whole_placement(sharding)
-        if weak or placed is not None:
-            details[i] = {"weak": True} if weak else {}
-            if placed is not None:
-                details[i]["sharding"] = placed
-    return details
-
-
-_ONE_DEVICE = jax.sharding.SingleDeviceSharding
-
-#: The kinds of leaf whose entries get each member of :func:`array_details`.
-_DETAILED_KINDS = {"weak": ("array", "sharded"), "sharding": ("array", "key")}
-
-
-#: Whether each class of leaf seen is one of ``jax.Array``\\ s: asked once per class (``isinstance`` costs more).
-_JAX_ARRAY_TYPES: dict[type, bool] = {}
-
-
-def _is_jax_array_type(kind: type) -> bool:
-    known = _JAX_ARRAY_TYPES.get(kind)
-    if known is None:
-        known = _JAX_ARRAY_TYPES[kind] = issubclass(kind, jax.Array)
-    return known
 
 
 def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: str) -> None:

@@ -29,7 +29,8 @@ from jaxstow._format.held_elsewhere import on_own_device
 from jaxstow._format.leaves import EncodedValue, is_sharded
 from jaxstow._format.per_process import held, is_per_process
 from jaxstow._format.skeleton import encode_value
-from jaxstow._write.encoded import EncodedTree, array_details, encode_tree
+from jaxstow._write.array_details import array_details
+from jaxstow._write.encoded import EncodedTree, encode_tree
 from jaxstow._write.flattening import naming_deleted_arrays
 from jaxstow._write.host_budget import HostBudget, on_host
 from jaxstow._write.taken_apart import take_apart
