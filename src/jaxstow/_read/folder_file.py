@@ -27,6 +27,7 @@ import numpy as np
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.tensor_reads import bools_checked
+from jaxstow._read.layer_kinds import refuse_split_kinds, square_kin
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
@@ -63,7 +64,7 @@ class FolderFile(OpenedFile):
         transposed: Transposed | None = None,
     ) -> None:
         transposed = _marks(transposed)  # read once: an iterator is a collection only the first time
-        layout, presented, turned = _view(tensors, names, transposed)
+        layout, presented, turned = _view(folder, tensors, names, transposed)
         super().__init__(containers, leaves=presented)
         self.file = folder
         self.metadata = metadata if metadata is not None else self.metadata
@@ -110,9 +111,11 @@ class FolderFile(OpenedFile):
         if path in self.turned and tuple(shape) == stored.shape:
             return f": like asks for it as stored; leave {tensor!r} out of transposed="
         if path not in self.turned and tuple(shape) == stored.shape[::-1]:
+            kin = square_kin(self.layout, path, self.turned)
             return (
                 f": the shape turned over; pass transposed={{{tensor!r}}} if it is stored (out, in), as torch's "
                 "Linear.weight is"
+                + (f", and with it the square tensors of its kind, whose shapes cannot tell: {kin[:5]}" if kin else "")
             )
         return ""
 
@@ -145,11 +148,12 @@ def _dotted(tensor: str) -> str:
 
 
 def _view(
-    tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: _Marks | None
+    folder: str, tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: _Marks | None
 ) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
     """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks."""
     mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
     marked = _marked(transposed, list(tensors))
+    refuse_split_kinds(folder, tensors, mapping, marked)
     return _laid_out(tensors, mapping, marked)
 
 
