@@ -103,3 +103,70 @@ def test_a_kind_left_out_whole_and_the_oblong_tensors_of_a_turned_kind_load_as_a
         huggingface.open(folder, transposed={"up_proj.weight"})
     params = huggingface.load(folder, names=_flax_path, as_numpy=True)  # nothing turned: every tensor as stored
     np.testing.assert_array_equal(params["params/q_proj/kernel"], model.q_proj.weight.detach().numpy())
+
+
+class TorchConvNet(torch.nn.Module):
+    """A conv of 3 channels to ``channels`` with a 3x3 window, weight (out, in, 3, 3), then a Linear."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv, self.fc = torch.nn.Conv2d(3, channels, 3), torch.nn.Linear(channels, 5)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.conv(images).permute(0, 2, 3, 1))
+
+
+class FlaxConvNet(nn.Module):
+    """The same in flax, on images (batch, height, width, channels): kernels (3, 3, in, out) and (in, out)."""
+
+    channels: int
+
+    @nn.compact
+    def __call__(self, images: jax.Array) -> jax.Array:
+        return nn.Dense(5, name="fc")(nn.Conv(self.channels, (3, 3), padding="VALID", name="conv")(images))
+
+
+def _conv_folder(tmp_path, channels: int):
+    torch.manual_seed(0)
+    model = TorchConvNet(channels)
+    save_file(model.state_dict(), str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    images = np.random.default_rng(0).standard_normal((1, 5, 5, 3)).astype(np.float32)
+    return tmp_path, model, images, FlaxConvNet(channels).init(jax.random.key(0), jnp.asarray(images))
+
+
+def test_a_conv_weight_whose_shape_reads_alike_in_torch_and_flax_is_refused_beside_turned_linear_weights(tmp_path):
+    folder, model, images, like = _conv_folder(tmp_path, 3)  # conv.weight (3, 3, 3, 3): OIHW and HWIO alike
+    names = lambda name: "params/" + name.replace(".", "/").replace("weight", "kernel")  # noqa: E731
+    with pytest.raises(ArgumentError) as refused:
+        huggingface.load(folder, like, names=names, transposed={"fc.weight"})
+    message = str(refused.value)
+    assert message.startswith(f"{folder}: transposed= turns 'fc.weight' over but not 'conv.weight' (leaf ")
+    assert "reads alike as torch's Conv weight (out, in, *window) and flax's kernel (*window, in, out)" in message
+    assert refused.value.path == "params/conv/kernel"
+
+    # What the message says: the conv left out of the load, read apart and turned.
+    without_conv = {"params": {"conv": {"bias": like["params"]["conv"]["bias"]}, "fc": like["params"]["fc"]}}
+    params = huggingface.load(
+        folder,
+        without_conv,
+        names=lambda name: None if name == "conv.weight" else names(name),
+        transposed={"fc.weight"},
+    )
+    with huggingface.open(folder) as reader:
+        params["params"]["conv"]["kernel"] = np.moveaxis(reader["conv.weight"], (0, 1), (-1, -2))
+    with torch.no_grad():
+        expected = model(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
+    np.testing.assert_allclose(FlaxConvNet(3).apply(params, jnp.asarray(images)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_conv_weight_in_torchs_layout_where_like_has_flaxs_names_the_turn_to_make(tmp_path):
+    folder, _, _, like = _conv_folder(tmp_path, 4)
+    names = lambda name: "params/" + name.replace(".", "/").replace("weight", "kernel")  # noqa: E731
+    with pytest.raises(StructureMismatchError) as info:
+        huggingface.load(folder, like, names=names, transposed={"fc.weight"})
+    assert str(info.value).endswith(
+        "'params/conv/kernel': the file has float32[4, 3, 3, 3] (tensor 'conv.weight'), expected float32[3, 3, 3, 4]: "
+        "torch's Conv weight (out, in, *window) where flax's kernel is (*window, in, out); transposed= turns only 2-d "
+        "tensors: read it apart as stored (huggingface.open(folder)[name]) and turn it with "
+        "numpy.moveaxis(weight, (0, 1), (-1, -2))"
+    )

@@ -27,7 +27,7 @@ import numpy as np
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.tensor_reads import bools_checked
-from jaxstow._read.layer_kinds import refuse_split_kinds, square_kin
+from jaxstow._read.layer_kinds import refuse_split_kinds, square_kin, torch_conv_as_flax
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
@@ -103,8 +103,15 @@ class FolderFile(OpenedFile):
         return f" (tensor {tensor!r})" if tensor != path else ""
 
     def shape_advice(self, path: str, shape: tuple[int, ...]) -> str:
-        """The ``transposed=`` that fits the 2-d tensor at ``path`` to ``shape`` where its shape turned over is it."""
+        """The ``transposed=`` that fits the 2-d tensor at ``path`` to ``shape`` where its shape turned over is it (for a
+        conv weight in torch's layout where ``shape`` is flax's, the turn to make after the load)."""
         stored = self.layout[path]
+        if len(stored.shape) > 2 and path not in self.turned and tuple(shape) == torch_conv_as_flax(stored.shape):
+            return (
+                ": torch's Conv weight (out, in, *window) where flax's kernel is (*window, in, out); transposed= turns "
+                "only 2-d tensors: read it apart as stored (huggingface.open(folder)[name]) and turn it with "
+                "numpy.moveaxis(weight, (0, 1), (-1, -2))"
+            )
         if len(stored.shape) != 2 or stored.shape == stored.shape[::-1]:
             return ""
         tensor = stored.shards[0].tensor
