@@ -66,7 +66,8 @@ def load(
 
     Raises:
         StructureMismatchError: ``like`` does not fit; the message names each tensor, as stored and as turned.
-        ArgumentError: a file rather than a folder, or ``names``/``transposed`` that do not fit the tensors.
+        ArgumentError: a file rather than a folder, ``names``/``transposed`` that do not fit the tensors, or a
+            ``transposed`` that splits a layer kind where a square tensor cannot tell (see docs/other-formats.md).
     """
     with open(folder, names=names, transposed=transposed, storage_options=storage_options, transfer=transfer,
               cache_dir=cache_dir) as reader:  # fmt: skip

@@ -505,6 +505,42 @@ def test_a_square_tensor_turns_over_onto_a_mesh(tmp_path):
         _equal(shard.data, weight.T[shard.index])
 
 
+def test_a_square_weight_left_turned_beside_gpt2_conv1d_weights_stored_in_out_is_refused(tmp_path):
+    # GPT-2's Conv1D stores its weight (in, out), flax's layout: a habit of marking every weight is refused by shape for
+    # the oblong ones only, and the square c_proj left marked would have loaded turned over.
+    tensors = {
+        "h.0.attn.c_attn.weight": RNG.standard_normal((8, 24)).astype(np.float32),
+        "h.0.attn.c_proj.weight": RNG.standard_normal((8, 8)).astype(np.float32),
+        "h.0.mlp.c_fc.weight": RNG.standard_normal((8, 32)).astype(np.float32),
+        "wte.weight": RNG.standard_normal((50, 8)).astype(np.float32),
+    }
+    folder = _write(tmp_path / "gpt2", tensors, [list(tensors)])
+    like = {
+        "h": [{"attn": {"c_attn": {"kernel": jnp.zeros((8, 24))}, "c_proj": {"kernel": jnp.zeros((8, 8))}},
+               "mlp": {"c_fc": {"kernel": jnp.zeros((8, 32))}}}],
+        "wte": {"embedding": jnp.zeros((50, 8))},
+    }  # fmt: skip
+    names = lambda name: name.replace(".", "/").replace("wte/weight", "wte/embedding").replace("weight", "kernel")  # noqa: E731
+    with pytest.raises(StructureMismatchError) as info:
+        huggingface.load(folder, like, names=names, transposed={name for name in tensors if name.startswith("h.")})
+    assert str(info.value).endswith(
+        "leave 'h.0.mlp.c_fc.weight' out of transposed=, and with it the square tensors of its kind, whose shapes "
+        "cannot tell: ['h.0.attn.c_proj.weight']"
+    )
+
+    with pytest.raises(ArgumentError) as refused:  # the oblong ones taken out as their own advice said, alone
+        huggingface.load(folder, like, names=names, transposed={"h.0.attn.c_proj.weight"})
+    assert str(refused.value) == (
+        f"{folder}: transposed= turns the square 'h.0.attn.c_proj.weight' over but not 'h.0.attn.c_attn.weight', "
+        "'h.0.mlp.c_fc.weight' of the same kind ('weight' tensors filling 'kernel' leaves): a folder stores a kind one "
+        "way round, and a square tensor's shape fits either way and cannot tell which: mark every 2-d one of them if "
+        "they are stored (out, in), as torch's Linear.weight is, or none if they are stored (in, out), as GPT-2's "
+        "Conv1D.weight is (leaf 'h/0/attn/c_proj/kernel': [8, 8])"
+    )
+    params = huggingface.load(folder, like, names=names, as_numpy=True)  # none: every kernel as stored
+    np.testing.assert_array_equal(params["h"][0]["attn"]["c_proj"]["kernel"], tensors["h.0.attn.c_proj.weight"])
+
+
 def test_a_turned_tensor_that_does_not_fit_names_both_shapes(tmp_path):
     folder = _write(tmp_path / "hf", {"fc.weight": np.zeros((4, 3), np.float32)}, [["fc.weight"]])
     with pytest.raises(StructureMismatchError) as info:

@@ -16,8 +16,8 @@ from jaxstow import huggingface
 from jaxstow.errors import ArgumentError, StructureMismatchError
 
 WIDTH, HIDDEN, VOCAB = 8, 32, 50
-#: The end of the refusal of a transposed= that leaves out the square kernels.
-ADD_SQUARE = re.escape("add 'o_proj.weight', 'q_proj.weight' to transposed=")
+#: What the refusal of a transposed= that leaves out the square kernels says to add.
+ADD_SQUARE = re.escape("add 'o_proj.weight', 'q_proj.weight' to transposed= (or, for one stored otherwise")
 
 
 class TorchBlock(torch.nn.Module):
@@ -74,12 +74,13 @@ def test_a_flax_model_loads_a_torch_folder_only_with_every_linear_weight_turned(
     with pytest.raises(ArgumentError) as refused:
         huggingface.load(folder, like, names=_flax_path, transposed=oblong)
     message = str(refused.value)
-    assert message.startswith(f"{folder}: transposed= turns 'down_proj.weight' over but not 'o_proj.weight' (leaf ")
-    assert (
-        "'params/o_proj/kernel'), a square [8, 8] tensor of the same kind ('weight' tensors filling 'kernel' "
-        in message
+    assert message == (
+        f"{folder}: transposed= turns 'down_proj.weight' over but not the square 'o_proj.weight', 'q_proj.weight' of "
+        "the same kind ('weight' tensors filling 'kernel' leaves), whose shape fits either way and cannot tell how it "
+        "is stored: a folder stores a kind one way round, so turn them all: add 'o_proj.weight', 'q_proj.weight' to "
+        "transposed= (or, for one stored otherwise, as GPT-2's Conv1D.weight (in, out) beside a Linear's, leave it out "
+        "of the load with names= and read it apart) (leaf 'params/o_proj/kernel': [8, 8])"
     )
-    assert message.endswith("add 'o_proj.weight', 'q_proj.weight' to transposed=")
     assert refused.value.path == "params/o_proj/kernel"
     with huggingface.open(folder) as reader, pytest.raises(ArgumentError, match=ADD_SQUARE):  # the reader's load too
         reader.load(like, names=_flax_path, transposed=lambda name: name in oblong)
@@ -140,7 +141,8 @@ def test_a_conv_weight_whose_shape_reads_alike_in_torch_and_flax_is_refused_besi
     with pytest.raises(ArgumentError) as refused:
         huggingface.load(folder, like, names=names, transposed={"fc.weight"})
     message = str(refused.value)
-    assert message.startswith(f"{folder}: transposed= turns 'fc.weight' over but not 'conv.weight' (leaf ")
+    assert message.startswith(f"{folder}: transposed= turns 'fc.weight' over but not 'conv.weight' of the same kind")
+    assert message.endswith("numpy.moveaxis(weight, (0, 1), (-1, -2)) (leaf 'params/conv/kernel': [3, 3, 3, 3])")
     assert "reads alike as torch's Conv weight (out, in, *window) and flax's kernel (*window, in, out)" in message
     assert refused.value.path == "params/conv/kernel"
 

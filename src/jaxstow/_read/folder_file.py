@@ -103,8 +103,9 @@ class FolderFile(OpenedFile):
         return f" (tensor {tensor!r})" if tensor != path else ""
 
     def shape_advice(self, path: str, shape: tuple[int, ...]) -> str:
-        """The ``transposed=`` that fits the 2-d tensor at ``path`` to ``shape`` where its shape turned over is it (for a
-        conv weight in torch's layout where ``shape`` is flax's, the turn to make after the load)."""
+        """The ``transposed=`` that fits the 2-d tensor at ``path`` to ``shape`` where its shape turned over is it, with
+        the square tensors of its kind, taken as it is (for a conv weight in torch's layout where ``shape`` is flax's,
+        the turn to make after the load)."""
         stored = self.layout[path]
         if len(stored.shape) > 2 and path not in self.turned and tuple(shape) == torch_conv_as_flax(stored.shape):
             return (
@@ -114,15 +115,14 @@ class FolderFile(OpenedFile):
             )
         if len(stored.shape) != 2 or stored.shape == stored.shape[::-1]:
             return ""
-        tensor = stored.shards[0].tensor
+        tensor, kin = stored.shards[0].tensor, square_kin(self.layout, path, self.turned)
+        with_kin = f", and with it the square tensors of its kind, whose shapes cannot tell: {kin[:5]}" if kin else ""
         if path in self.turned and tuple(shape) == stored.shape:
-            return f": like asks for it as stored; leave {tensor!r} out of transposed="
+            return f": like asks for it as stored; leave {tensor!r} out of transposed={with_kin}"
         if path not in self.turned and tuple(shape) == stored.shape[::-1]:
-            kin = square_kin(self.layout, path, self.turned)
             return (
                 f": the shape turned over; pass transposed={{{tensor!r}}} if it is stored (out, in), as torch's "
-                "Linear.weight is"
-                + (f", and with it the square tensors of its kind, whose shapes cannot tell: {kin[:5]}" if kin else "")
+                f"Linear.weight is{with_kin}"
             )
         return ""
 
