@@ -275,8 +275,15 @@ def test_an_index_pointing_outside_the_folder_is_refused(folder):
 
 
 def test_arguments_that_do_not_fit(folder, tmp_path):
-    with pytest.raises(ArgumentError, match="only 2-d tensors"):
-        huggingface.load(folder, _like(), transposed={"model.layers.0.proj.bias"})
+    with pytest.raises(ArgumentError) as info:  # the predicate of every weight meets a norm's, or a bias
+        huggingface.load(folder, _like(), transposed=lambda name: name.startswith("model.layers.0"))
+    assert str(info.value) == (
+        f"{folder}: transposed= marks 'model.layers.0.proj.bias', of shape [12]: only 2-d tensors turn (a conv weight "
+        "in torch's layout turns with numpy.moveaxis(weight, (0, 1), (-1, -2)) once read): leave it out of transposed=, whose predicate may test the layer's name, as "
+        "lambda name: name.endswith('proj.weight') does"
+    )
+    with pytest.raises(ArgumentError, match=r"marks 'model\.layers\.1\.proj\.bias' \(path 'bias'\), of shape \[12\]"):
+        huggingface.load(folder, names={"model.layers.1.proj.bias": "bias"}, transposed=lambda name: "bias" in name)
     with pytest.raises(ArgumentError, match="lacks"):
         huggingface.load(folder, _like(), transposed={"no.such"})
     for wrong in (True, 1, {"model.layers.0.proj.weight": True}, "model.layers.0.proj.weight", [1]):

@@ -161,12 +161,12 @@ def _view(
     mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
     marked = _marked(transposed, list(tensors))
     refuse_split_kinds(folder, tensors, mapping, marked)
-    return _laid_out(tensors, mapping, marked)
+    return _laid_out(folder, tensors, mapping, marked)
 
 
 @with_gc_paused  # a leaf per tensor: see jaxstow._util.gc_pause
 def _laid_out(
-    tensors: Mapping[str, ShardedLeaf], mapping: Mapping[str, str], marked: Set[str]
+    folder: str, tensors: Mapping[str, ShardedLeaf], mapping: Mapping[str, str], marked: Set[str]
 ) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
     """:func:`_view`'s leaves, once ``mapping`` gives each tensor kept its path and ``marked`` those turned over."""
     layout: dict[str, ShardedLeaf] = {}
@@ -181,7 +181,15 @@ def _laid_out(
         layout[path] = presented[path] = leaf._replace(path=path)
         if tensor in marked:
             if len(leaf.shape) != 2:
-                raise ArgumentError(f"transposed= marks {tensor!r}, of shape {list(leaf.shape)}: only 2-d tensors turn")
+                at_path = f" (path {path!r})" if path != tensor else ""
+                raise ArgumentError(
+                    f"{folder}: transposed= marks {tensor!r}{at_path}, of shape {list(leaf.shape)}: only 2-d tensors "
+                    "turn (a conv weight in torch's layout turns with numpy.moveaxis(weight, (0, 1), (-1, -2)) once "
+                    "read): leave it out of transposed=, whose predicate may test the layer's name, as "
+                    "lambda name: name.endswith('proj.weight') does",
+                    file=folder,
+                    path=path,
+                )
             presented[path] = leaf._replace(path=path, shape=leaf.shape[::-1])
     return layout, presented, frozenset(path for tensor, path in mapping.items() if tensor in marked)
 
