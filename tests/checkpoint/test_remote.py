@@ -16,6 +16,7 @@ from faulty_proxy import faulty_proxy
 import jaxstow
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.lock import LOCK_NAME, Holder
+from jaxstow._storage.recent import RECENT
 from jaxstow._storage.remote import RemoteSource
 from jaxstow.errors import CheckpointError, CorruptFileError
 
@@ -50,6 +51,7 @@ def test_round_trip(remote):
     assert restored["params"]["b"].dtype == jnp.bfloat16 and restored["epoch"] == 3 and fitted["epoch"] == 2
     assert isinstance(numpy_only["params"]["w"], np.ndarray)
     assert _files(url, options) == [
+        RECENT,
         "2/checkpoint.json",
         "2/epoch.safetensors",
         "2/params.safetensors",
@@ -73,7 +75,7 @@ def test_force_replaces_a_committed_step(remote):
         manager.save(7, {"w": jnp.ones(4)}, force=True)
         np.testing.assert_array_equal(manager.restore(7)["w"], np.ones(4))
     files = _files(url, options)
-    assert len(files) == 2 and files[0] == "7/checkpoint.json" and files[1].startswith("7/w.")
+    assert len(files) == 3 and files[:2] == [RECENT, "7/checkpoint.json"] and files[2].startswith("7/w.")
 
 
 def test_unfinished_uploads_are_never_listed_and_are_removed_by_the_next_writer(remote):
@@ -96,6 +98,7 @@ def test_unfinished_uploads_are_never_listed_and_are_removed_by_the_next_writer(
             manager.save(100, {"w": jnp.ones(2)})
             manager.wait()
     assert _files(url, options) == [
+        RECENT,
         "1/checkpoint.json",
         "1/w.safetensors",
         "100/_CHECKPOINT_METADATA",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from lagging_proxy import LaggingProxy
 from rewriting_proxy import running
 
 from jaxstow import CheckpointManager, KeepPolicy, Transfer
+from jaxstow._storage.recent import RECENT
 from jaxstow.errors import CheckpointStorageError, StepNotFoundError
 
 #: Seconds a new object stays out of the listings: longer than any test here.
@@ -97,11 +99,11 @@ def test_steps_deleted_and_saves_that_failed_leave_no_object_the_listing_did_not
             manager.save(3, _state(3))
             with pytest.raises(CheckpointStorageError, match="params"):
                 manager.wait()
-            assert _keys(server, f"{prefix}/run") == [".jaxstow.lock", *(f"2/{name}" for name in _STEP_FILES)]
+            assert _keys(server, f"{prefix}/run") == [RECENT, ".jaxstow.lock", *(f"2/{name}" for name in _STEP_FILES)]
             faulty.rate = 0.0
             manager.save(3, _state(3))
     assert faulty.faults["500"] >= 1
-    assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]
+    assert _keys(server, f"{prefix}/run") == [RECENT, *(f"3/{name}" for name in _STEP_FILES)]
 
 
 @pytest.fixture
@@ -120,7 +122,7 @@ def test_a_manager_taking_over_steps_committed_a_moment_ago_keeps_every_file_of_
     with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
         manager.save(3, _state(3))  # takes the directory over: removes what dead writers left unfinished
     assert proxy.shown > 0 and proxy.hidden > 0
-    assert _keys(server, f"{prefix}/run") == [f"{step}/{name}" for step in (1, 2, 3) for name in _STEP_FILES]
+    assert _keys(server, f"{prefix}/run") == [RECENT, *(f"{step}/{name}" for step in (1, 2, 3) for name in _STEP_FILES)]
     run = CheckpointManager(url, storage_options=server.storage_options)
     assert np.array_equal(run.restore(1, as_numpy=True)["params"]["w"], _state(1)["params"]["w"])
 
@@ -136,7 +138,7 @@ def test_a_manager_taking_over_steps_deleted_a_moment_ago_saves_and_keeps_by_pol
     with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=keep) as manager:
         manager.save(3, _state(3))
     assert proxy.shown > 0
-    assert _keys(server, f"{prefix}/run") == [f"3/{name}" for name in _STEP_FILES]
+    assert _keys(server, f"{prefix}/run") == [RECENT, *(f"3/{name}" for name in _STEP_FILES)]
 
 
 def test_a_step_deleted_a_moment_ago_is_neither_restored_nor_reported_damaged(old_listing):
@@ -149,10 +151,41 @@ def test_a_step_deleted_a_moment_ago_is_neither_restored_nor_reported_damaged(ol
     run = CheckpointManager(url, storage_options=options, transfer=_QUICK)
     assert proxy.shown > 0
     assert run.damaged_steps(verify="headers") == {} and run.latest_intact_step(verify="headers") == 3
-    with pytest.raises(StepNotFoundError, match=r"step 1 is not in .* any more"):
+    with pytest.raises(StepNotFoundError, match=r"step 1 is not in .*; its committed steps are \[2, 3\]"):
         run.restore(1)
     env = {**os.environ, "FSSPEC_S3": json.dumps(options)}
     listed = forked_cli.jaxstow_command("ls", url, env=env)
     assert listed.returncode == 0 and "DAMAGED" not in listed.stdout, listed.stdout + listed.stderr
     verified = forked_cli.jaxstow_command("verify", url, env=env)
     assert verified.returncode == 0 and f"ok       {url}/3/params.safetensors" in verified.stdout, verified.stderr
+
+
+def test_a_new_manager_and_jaxstow_ls_find_the_step_committed_last_though_the_store_lists_it_late(lagging):
+    server, proxy, prefix = lagging
+    proxy.late = re.compile(r"/run/2/")  # step 1 is listed, step 2 not yet
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        for step in (1, 2):
+            manager.save(step, _state(step))
+    run = CheckpointManager(url, storage_options=options, transfer=_QUICK)
+    assert run.steps() == [1, 2] and run.latest_step() == 2 and proxy.hidden > 0
+    assert np.array_equal(run.restore(as_numpy=True)["params"]["w"], _state(2)["params"]["w"])
+    env = {**os.environ, "FSSPEC_S3": json.dumps(options)}
+    listed = forked_cli.jaxstow_command("ls", "--json", url, env=env)
+    assert [row["step"] for row in json.loads(listed.stdout)["steps"]] == [1, 2], listed.stdout + listed.stderr
+
+
+def test_the_keep_policy_keeps_the_steps_a_step_deleted_a_moment_ago_would_have_pushed_out(old_listing):
+    server, proxy, prefix = old_listing
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    proxy.lag = 0.0  # the records are listed; step 3's, deleted, still is
+    keep = KeepPolicy(keep_last=2)
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=keep) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, _state(step))
+        manager.delete(3)  # a step that went wrong
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK, keep=keep) as manager:
+        manager.save(4, _state(4))
+        assert manager.steps() == [2, 4]
+    assert proxy.shown > 0
+    assert _keys(server, f"{prefix}/run") == [RECENT, *(f"{step}/{name}" for step in (2, 4) for name in _STEP_FILES)]

@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.marker_limit import refuse_large_marker
+from jaxstow._storage.recent import RECENT, note_change, recent_changes, reconciled
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
@@ -150,10 +151,15 @@ class RemoteStore:
         return [path.removeprefix(prefix) for path in found if path.startswith(prefix)]
 
     def committed(self) -> list[str]:
-        """Names of the folders whose marker is present."""
-        return sorted(
-            {rel.split("/")[0] for rel in self._files() if rel.endswith("/" + self.marker) and rel.count("/") == 1}
-        )
+        """Names of the folders whose marker is present: as listed, but for the folders committed or deleted last,
+        whose marker is asked for by key where the listing disagrees (:mod:`~jaxstow._storage.recent`)."""
+        listed = [rel.split("/")[0] for rel in self._files() if rel.endswith("/" + self.marker) and rel.count("/") == 1]
+        changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT))
+        return reconciled(listed, changes, holds=lambda name: self._held_marker(name) is not None)
+
+    def note(self, name: str, *, committed: bool) -> None:
+        """Note folder ``name`` as committed (or deleted) just now, for the listings that show it late."""
+        note_change(self.fs, self.path(RECENT), name, committed=committed, url=self.url(RECENT))
 
     def read_marker(self, name: str) -> bytes:
         """The marker of folder ``name``, read as a file is (an answer cut short is the storage's fault, never a
@@ -202,6 +208,7 @@ class RemoteStore:
             except FormatError:  # a damaged marker: the listing finds its files
                 files = set()
             _remove_files(self.fs, [self.path(name, self.marker)])
+            self.note(name, committed=False)
             _remove_files(self.fs, [self.path(name, file) for file in sorted(files)])
             _remove_tree(self.fs, self.path(name))
 
@@ -351,6 +358,7 @@ class RemoteStaging:
         with storage_errors(store.url(self._name)):
             self._check_kept(_marked_files(marker, where=store.url(self._name, store.marker)))
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            store.note(self._name, committed=True)
             if self._generation is None and not self._joined:
                 with contextlib.suppress(FileNotFoundError):
                     store.fs.rm(store.path(self._name, WRITING))

@@ -1,0 +1,70 @@
+"""The folders a :class:`~jaxstow._storage.remote_store.RemoteStore` committed or deleted last, kept in one object at
+its root (:data:`RECENT`) that is read by key: what a listing that lags shows wrongly for a while.
+
+A store may list a new object seconds after it holds it, and a deleted one for seconds after; an object asked for by
+key is as the store holds it. The writer (the lock's holder) notes each folder it commits or deletes, after doing
+so; a listing is then taken as it is for every folder but those it disagrees with the note about, whose marker is
+asked for by key. So a folder committed a moment ago is found, and one deleted a moment ago is not, by any process.
+
+>>> import fsspec
+>>> fs = fsspec.filesystem("memory")
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "2", committed=True, url="memory://recent-doc")
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "1", committed=False, url="memory://recent-doc")
+>>> changes = recent_changes(fs, "/recent-doc/.jaxstow-recent.json", url="memory://recent-doc")
+>>> reconciled(["1"], changes, holds=lambda name: name == "2")
+['2']
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from jaxstow._storage.remote import storage_errors
+
+__all__ = ["RECENT", "note_change", "reconciled", "recent_changes"]
+
+#: The object at a store's root that names the folders committed or deleted last.
+RECENT = ".jaxstow-recent.json"
+
+#: The changes it keeps, the newest: far more than a store's listings lag behind.
+_KEPT = 256
+
+logger = logging.getLogger("jaxstow.storage")
+
+
+def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, bool]:
+    """The folders changed last, oldest first, each with whether it was committed (else deleted); none where there is
+    no such object (a store no writer of this version wrote) or it cannot be read as one (logged: the listing decides
+    alone then)."""
+    with storage_errors(url):
+        try:
+            data = fs.cat_file(path)
+        except FileNotFoundError:
+            return {}
+    try:
+        changes = json.loads(data)["changes"]
+        return {str(name): bool(committed) for name, committed in changes}
+    except (ValueError, RecursionError, KeyError, TypeError) as error:
+        logger.warning("%s: not a list of changes (%s); the listing alone is read", url, error)
+        return {}
+
+
+def note_change(fs: Any, path: str, name: str, *, committed: bool, url: str) -> None:
+    """Note that folder ``name`` was committed (or deleted) just now."""
+    changes = recent_changes(fs, path, url=url)
+    changes.pop(name, None)
+    changes[name] = committed
+    kept = list(changes.items())[-_KEPT:]
+    with storage_errors(url):
+        fs.pipe_file(path, json.dumps({"changes": kept}).encode())
+
+
+def reconciled(listed: Iterable[str], changes: dict[str, bool], *, holds: Callable[[str], bool]) -> list[str]:
+    """The committed folders: those ``listed`` and those ``changes`` says were committed, where they agree; where they
+    do not, those whose marker the store ``holds``, asked for by key."""
+    shown = set(listed)
+    disputed = {name for name, committed in changes.items() if committed != (name in shown)}
+    return sorted({name for name in shown - disputed} | {name for name in disputed if holds(name)})
