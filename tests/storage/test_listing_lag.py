@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -173,6 +174,28 @@ def test_a_new_manager_and_jaxstow_ls_find_the_step_committed_last_though_the_st
     env = {**os.environ, "FSSPEC_S3": json.dumps(options)}
     listed = forked_cli.jaxstow_command("ls", "--json", url, env=env)
     assert [row["step"] for row in json.loads(listed.stdout)["steps"]] == [1, 2], listed.stdout + listed.stderr
+
+
+def test_a_step_deleted_a_moment_ago_is_saved_again_by_its_manager_and_by_a_new_one(old_listing):
+    server, proxy, prefix = old_listing
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    proxy.stale = 3.0
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        for step in (1, 2):
+            manager.save(step, _state(step))
+        manager.wait()
+        time.sleep(proxy.stale)  # listings no longer show the .jaxstow-writing each commit removed, as minutes later
+        manager.delete(2)  # its files are listed still
+        assert manager.steps() == [1]
+        manager.save(2, _state(20))
+        manager.wait()
+        manager.delete(2)
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        assert manager.steps() == [1]
+        manager.save(2, _state(21))
+    assert proxy.shown > 0
+    run = CheckpointManager(url, storage_options=server.storage_options)
+    assert run.steps() == [1, 2] and np.array_equal(run.restore(2, as_numpy=True)["opt"]["mu"], _state(21)["opt"]["mu"])
 
 
 def test_the_keep_policy_keeps_the_steps_a_step_deleted_a_moment_ago_would_have_pushed_out(old_listing):

@@ -312,6 +312,8 @@ class RemoteStaging:
             with storage_errors(url):
                 store.fs.invalidate_cache(store.path(name))
                 found = [path.rsplit("/", 1)[-1] for path in store.fs.find(store.path(name))]
+                store.fs.invalidate_cache(store.path(name))  # a listing may show objects deleted a moment ago
+                found = [file for file in found if WRITING in found or store.fs.isfile(store.path(name, file))]
                 if found and WRITING not in found:
                     raise CheckpointError(
                         f"{url} holds objects that no checkpoint manager wrote ({', '.join(found[:3])}): the folder of "
