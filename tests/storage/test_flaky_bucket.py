@@ -260,6 +260,18 @@ def test_a_lock_taken_by_a_request_whose_answer_was_lost_is_this_writers_own(buc
     assert _same(CheckpointManager(url, storage_options=bucket.options).restore(as_numpy=True), _step(1))
 
 
+def test_an_upload_started_by_a_request_whose_answer_was_lost_is_aborted_by_the_save(bucket):
+    """CreateMultipartUpload reaches the store and its answer is lost; the one sent again starts a second upload. The
+    first, whose id never came back, is aborted by the save that started it, not left for a later one."""
+    url = bucket.url("lost-start", "model.jxs")
+    with bucket.faults(1.0, kinds=("lost",), paths=r"\?uploads", methods=("POST",), budget=1) as proxy:
+        jaxstow.save(url, bucket.model, storage_options=bucket.options, transfer=FAST)
+    assert proxy.faults == {"lost": 1}
+    unfinished = bucket.client.list_multipart_uploads(Bucket=bucket.bucket, Prefix=f"{bucket.prefix}/lost-start/")
+    assert unfinished.get("Uploads", []) == []
+    assert _same(jaxstow.load(url, storage_options=bucket.options, as_numpy=True), bucket.model)
+
+
 def test_a_plain_fsspec_store_retries_too(bucket):
     """An ``http://`` URL is read through fsspec's HTTP file system, which retries nothing itself."""
     pytest.importorskip("aiohttp")

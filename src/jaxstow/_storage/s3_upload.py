@@ -5,7 +5,8 @@ upload ends) and sent ``requests`` at a time from the shared pool; a writer that
 ``requests`` parts are held. An object of one part is one PUT. Any failure aborts the upload, so the object never
 appears torn; a killed process's unfinished upload is aborted by the next save to the same key
 (:func:`jaxstow._storage.sinks.object_sink`) or by ``jaxstow uploads --abort``. Every request is retried under the
-bucket's policy (:meth:`S3Bucket.request`), as the reads are.
+bucket's policy (:meth:`S3Bucket.request`), as the reads are; a start sent again (its answer may have been lost after
+the store started an upload) is followed by the abort of the key's other unfinished uploads.
 """
 
 from __future__ import annotations
@@ -94,13 +95,22 @@ class S3Upload:
         if self._upload_id is None:
             bucket = self._bucket
             self._starting = True  # an interrupt before the answer is kept leaves an upload of unknown id: see abort
-            self._upload_id = bucket.request(
-                lambda: bucket.client.create_multipart_upload(
+            sent = 0
+
+            def start() -> str:
+                nonlocal sent
+                sent += 1
+                answer = bucket.client.create_multipart_upload(
                     Bucket=bucket.bucket, Key=self._key, **bucket.extra("CreateMultipartUpload")
-                )["UploadId"],
-                url=self.name,
-                doing="starting the upload (CreateMultipartUpload)",
-            )
+                )
+                return str(answer["UploadId"])
+
+            self._upload_id = bucket.request(start, url=self.name, doing="starting the upload (CreateMultipartUpload)")
+            if sent > 1:  # an answer that failed may have been lost after the store started an upload: abort it
+                others = bucket.unfinished_uploads(self._key, url=self.name)
+                bucket.abort_uploads(
+                    [up for up in others if up["Key"] == self._key and up["UploadId"] != self._upload_id], url=self.name
+                )
         self._lanes.uploading.acquire()
         if self._failed.is_set():
             self._lanes.uploading.release()
