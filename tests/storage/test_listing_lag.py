@@ -16,11 +16,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
+import textwrap
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import forked
 import forked_cli
 import numpy as np
 import pytest
@@ -212,3 +216,47 @@ def test_the_keep_policy_keeps_the_steps_a_step_deleted_a_moment_ago_would_have_
         assert manager.steps() == [2, 4]
     assert proxy.shown > 0
     assert _keys(server, f"{prefix}/run") == [RECENT, *(f"{step}/{name}" for step in (2, 4) for name in _STEP_FILES)]
+
+
+_KILLED_SAVE = textwrap.dedent(
+    """
+    import json, sys, numpy as np
+    from jaxstow import CheckpointManager, Transfer
+    slow = Transfer(part_size=5 << 20, requests=2, max_bytes_per_second=10 << 20)
+    with CheckpointManager(sys.argv[1], storage_options=json.loads(sys.argv[2]), transfer=slow) as manager:
+        manager.save(1, {"a": np.ones(2)})
+        manager.wait()
+        manager.save(2, {"a": np.ones(2), "big": np.ones(60 << 18, np.float32)})  # 60 MiB, six seconds
+    """
+)
+
+
+def test_a_save_killed_midway_leaves_nothing_behind_once_a_new_manager_takes_over(lagging):
+    """A save SIGKILLed with one file of its step stored and the next one uploading: the next manager, whose listing
+    shows none of them yet, removes the file and aborts the upload (found through .jaxstow-recent.json)."""
+    server, proxy, prefix = lagging
+    url, options = server.url(prefix, "run"), _through(server, proxy.endpoint)
+    client, root = server.client(), f"{prefix}/run"
+    writer = forked.Popen([sys.executable, "-c", _KILLED_SAVE, url, json.dumps(options)])
+    try:
+        deadline = time.monotonic() + 120
+        while not (_uploading(client, server.bucket, f"{root}/2/big") and "2/a.safetensors" in _keys(server, root)):
+            assert writer.poll() is None and time.monotonic() < deadline, "the save ended before it could be killed"
+            time.sleep(0.05)
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+        manager.save(3, _state(3))  # takes the directory over
+    assert proxy.hidden > 0
+    assert _keys(server, root) == [RECENT, "1/a.safetensors", "1/checkpoint.json", *(f"3/{n}" for n in _STEP_FILES)]
+    assert not _uploading(client, server.bucket, f"{root}/")
+
+
+def _uploading(client: Any, bucket: str, prefix: str) -> bool:
+    """Whether a multipart upload under ``prefix`` has a part stored."""
+    uploads = client.list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads", [])
+    return any(
+        client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts")
+        for upload in uploads
+    )

@@ -1,15 +1,16 @@
-"""The folders a :class:`~jaxstow._storage.remote_store.RemoteStore` committed or deleted last, kept in one object at
-its root (:data:`RECENT`) that is read by key: what a listing that lags shows wrongly for a while.
+"""The folders a :class:`~jaxstow._storage.remote_store.RemoteStore` committed, deleted or started last, kept in one
+object at its root (:data:`RECENT`) that is read by key: what a listing that lags shows wrongly for a while.
 
 A store may list a new object seconds after it holds it, and a deleted one for seconds after; an object asked for by
 key is as the store holds it. The writer (the lock's holder) notes each folder it commits or deletes, after doing
-so; a listing is then taken as it is for every folder but those it disagrees with the note about, whose marker is
-asked for by key. So a folder committed a moment ago is found, and one deleted a moment ago is not, by any process.
+so, and each new one before writing to it; a listing is then taken as it is for every folder but those it disagrees
+with the note about, whose marker is asked for by key. So a folder committed a moment ago is found, one deleted a
+moment ago is not, by any process, and the next writer finds the folders a killed one left unfinished.
 
 >>> import fsspec
 >>> fs = fsspec.filesystem("memory")
->>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "2", committed=True, url="memory://recent-doc")
->>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "1", committed=False, url="memory://recent-doc")
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "2", COMMITTED, url="memory://recent-doc")
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "1", DELETED, url="memory://recent-doc")
 >>> changes = recent_changes(fs, "/recent-doc/.jaxstow-recent.json", url="memory://recent-doc")
 >>> reconciled(["1"], changes, holds=lambda name: name == "2")
 ['2']
@@ -24,10 +25,16 @@ from typing import Any
 
 from jaxstow._storage.remote import storage_errors
 
-__all__ = ["RECENT", "note_change", "reconciled", "recent_changes"]
+__all__ = ["COMMITTED", "DELETED", "RECENT", "WRITTEN", "Change", "note_change", "reconciled", "recent_changes"]
 
-#: The object at a store's root that names the folders committed or deleted last.
+#: The object at a store's root that names the folders committed, deleted or started last.
 RECENT = ".jaxstow-recent.json"
+
+#: What became of a folder: committed (``true``), deleted (``false``), or started, being written (``null``).
+Change = bool | None
+COMMITTED: Change = True
+DELETED: Change = False
+WRITTEN: Change = None
 
 #: The changes it keeps, the newest: far more than a store's listings lag behind.
 _KEPT = 256
@@ -35,10 +42,9 @@ _KEPT = 256
 logger = logging.getLogger("jaxstow.storage")
 
 
-def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, bool]:
-    """The folders changed last, oldest first, each with whether it was committed (else deleted); none where there is
-    no such object (a store no writer of this version wrote) or it cannot be read as one (logged: the listing decides
-    alone then)."""
+def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, Change]:
+    """The folders changed last, oldest first, each with its :data:`Change`; none where there is no such object (a
+    store no writer of this version wrote) or it cannot be read as one (logged: the listing decides alone then)."""
     with storage_errors(url):
         try:
             data = fs.cat_file(path)
@@ -46,25 +52,25 @@ def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, bool]:
             return {}
     try:
         changes = json.loads(data)["changes"]
-        return {str(name): bool(committed) for name, committed in changes}
+        return {str(name): None if change is None else bool(change) for name, change in changes}
     except (ValueError, RecursionError, KeyError, TypeError) as error:
         logger.warning("%s: not a list of changes (%s); the listing alone is read", url, error)
         return {}
 
 
-def note_change(fs: Any, path: str, name: str, *, committed: bool, url: str) -> None:
-    """Note that folder ``name`` was committed (or deleted) just now."""
+def note_change(fs: Any, path: str, name: str, change: Change, *, url: str) -> None:
+    """Note that folder ``name`` was committed, deleted or started just now."""
     changes = recent_changes(fs, path, url=url)
     changes.pop(name, None)
-    changes[name] = committed
+    changes[name] = change
     kept = list(changes.items())[-_KEPT:]
     with storage_errors(url):
         fs.pipe_file(path, json.dumps({"changes": kept}).encode())
 
 
-def reconciled(listed: Iterable[str], changes: dict[str, bool], *, holds: Callable[[str], bool]) -> list[str]:
+def reconciled(listed: Iterable[str], changes: dict[str, Change], *, holds: Callable[[str], bool]) -> list[str]:
     """The committed folders: those ``listed`` and those ``changes`` says were committed, where they agree; where they
     do not, those whose marker the store ``holds``, asked for by key."""
     shown = set(listed)
-    disputed = {name for name, committed in changes.items() if committed != (name in shown)}
+    disputed = {name for name, change in changes.items() if (change is COMMITTED) != (name in shown)}
     return sorted({name for name in shown - disputed} | {name for name in disputed if holds(name)})

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.marker_limit import refuse_large_marker
-from jaxstow._storage.recent import RECENT, note_change, recent_changes, reconciled
+from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change, note_change, recent_changes, reconciled
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
@@ -49,8 +49,9 @@ from jaxstow.errors import (
 
 __all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
 
-#: The object a manager puts first in a new folder it writes, and removes once the folder is committed: what marks
-#: an unfinished folder of its own, which the next writer removes (a folder without it is another's, left alone).
+#: The object a manager puts first in a new folder it writes, naming the files it opens there before it writes them,
+#: and removes once the folder is committed: what marks an unfinished folder of its own, which the next writer removes
+#: with every file it names, listed yet or not (a folder without it is another's, left alone).
 WRITING = ".jaxstow-writing"
 
 
@@ -157,9 +158,9 @@ class RemoteStore:
         changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT))
         return reconciled(listed, changes, holds=lambda name: self._held_marker(name) is not None)
 
-    def note(self, name: str, *, committed: bool) -> None:
-        """Note folder ``name`` as committed (or deleted) just now, for the listings that show it late."""
-        note_change(self.fs, self.path(RECENT), name, committed=committed, url=self.url(RECENT))
+    def note(self, name: str, change: Change) -> None:
+        """Note folder ``name`` as committed, deleted or started just now, for the listings that show it late."""
+        note_change(self.fs, self.path(RECENT), name, change, url=self.url(RECENT))
 
     def read_marker(self, name: str) -> bytes:
         """The marker of folder ``name``, read as a file is (an answer cut short is the storage's fault, never a
@@ -208,7 +209,7 @@ class RemoteStore:
             except FormatError:  # a damaged marker: the listing finds its files
                 files = set()
             _remove_files(self.fs, [self.path(name, self.marker)])
-            self.note(name, committed=False)
+            self.note(name, DELETED)
             _remove_files(self.fs, [self.path(name, file) for file in sorted(files)])
             _remove_tree(self.fs, self.path(name))
 
@@ -231,7 +232,8 @@ class RemoteStore:
         What the listing shows is judged by what the store holds now, each marker asked for by key: a store may list
         an object seconds after it holds it, or for seconds after it is deleted, and a step committed a moment ago
         may be listed with the :data:`WRITING` it no longer holds and without its marker. A folder whose marker the
-        store holds is never removed; one is removed only while the store holds its :data:`WRITING`.
+        store holds is never removed; one is removed only while the store holds its :data:`WRITING`, with the files it
+        names. The folders started last (:mod:`~jaxstow._storage.recent`) are judged so too, listed or not.
 
         Returns the removed paths, relative to the root.
         """
@@ -246,6 +248,10 @@ class RemoteStore:
                     _remove_files(self.fs, [self.path(folder)])
                     removed.append(folder)
             forget_listings(self.fs, self.root)  # what follows asks the store by key, never the listing just made
+            changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT))
+            started = {folder for folder, change in changes.items() if change is WRITTEN}
+            for folder in started:  # a killed writer's, which the listing may not show yet
+                by_folder.setdefault(folder, [])
             for folder, files in by_folder.items():
                 if TEMPORARY_MARKER in folder:
                     _remove_tree(self.fs, self.path(folder))
@@ -255,10 +261,29 @@ class RemoteStore:
                     leftovers = [file for file in files if file not in {*listed, self.marker} and _a_step_writes(file)]
                     _remove_files(self.fs, [self.path(folder, file) for file in leftovers])  # a cut replace's files
                     removed += [f"{folder}/{file}" for file in leftovers]
-                elif owns(folder) and WRITING in files and self.fs.isfile(self.path(folder, WRITING)):  # not another's
-                    _remove_tree(self.fs, self.path(folder))
-                    removed.append(folder)
+                    if folder in started:  # committed by a writer killed before it noted so
+                        self.note(folder, COMMITTED)
+                elif owns(folder) and (WRITING in files or folder in started):  # not another's
+                    if (writing := self._held_writing(folder)) is not None:
+                        _remove_files(self.fs, [self.path(folder, file) for file in sorted(writing)])  # listed or not
+                        _remove_tree(self.fs, self.path(folder))
+                        _remove_files(self.fs, [self.path(folder, WRITING)])
+                        removed.append(folder)
+                    if folder in started:
+                        self.note(folder, DELETED)
         return removed
+
+    def _held_writing(self, name: str) -> set[str] | None:
+        """The files the :data:`WRITING` of folder ``name`` names (none in an earlier version's, which is empty), if
+        the store holds it now (asked for by key, whatever the listing shows)."""
+        try:
+            data = self.fs.cat_file(self.path(name, WRITING))
+        except FileNotFoundError:
+            return None
+        try:
+            return _marked_files(data, where=self.url(name, WRITING)) if data else set()
+        except FormatError:
+            return set()
 
     def _held_marker(self, name: str) -> bytes | None:
         """The marker of folder ``name`` if the store holds it now (asked for by key, whatever the listing shows)."""
@@ -307,7 +332,8 @@ class RemoteStaging:
             self._generation = secrets.token_hex(4) if replace else None
         self._written: list[str] = []
         self._uploads: list[Any] = []
-        if token is None and not replace:  # a new folder: marked as this manager's, before anything is written to it
+        self._own = token is None and not replace  # a new folder, this write's alone
+        if self._own:  # marked as this manager's, before anything is written to it
             url = store.url(name)
             with storage_errors(url):
                 store.fs.invalidate_cache(store.path(name))
@@ -320,12 +346,17 @@ class RemoteStaging:
                         "a step is the manager's alone; move them, or give the manager a prefix of its own",
                         file=url,
                     )
-                store.fs.pipe_file(store.path(name, WRITING), b"")
+                store.note(name, WRITTEN)
+                self._mark()
 
     @property
     def token(self) -> str:
         """What another process passes to :meth:`RemoteStore.stage` to write into this same folder."""
         return self._generation or ""
+
+    def _mark(self) -> None:
+        """(Re)write the folder's :data:`WRITING`, naming the files opened so far."""
+        self._store.fs.pipe_file(self._store.path(self._name, WRITING), json.dumps({"files": self._written}).encode())
 
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
@@ -337,6 +368,9 @@ class RemoteStaging:
         self._written.append(stored)
         store = self._store
         url = store.url(self._name, stored)
+        if self._own:  # named before it is written: the next writer removes it, listed yet or not, if this one dies
+            with storage_errors(url):
+                self._mark()
         upload = object_upload(
             store.fs, store.path(self._name, stored), url=url, transfer=store.settings.transfer, whole=False
         )
@@ -360,8 +394,8 @@ class RemoteStaging:
         with storage_errors(store.url(self._name)):
             self._check_kept(_marked_files(marker, where=store.url(self._name, store.marker)))
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
-            store.note(self._name, committed=True)
-            if self._generation is None and not self._joined:
+            store.note(self._name, COMMITTED)
+            if self._own:
                 with contextlib.suppress(FileNotFoundError):
                     store.fs.rm(store.path(self._name, WRITING))
             if self._generation is not None:
@@ -399,11 +433,12 @@ class RemoteStaging:
         for upload in self._uploads:
             upload.abort()
         self._uploads = []
-        store, own = self._store, self._generation is None and not self._joined  # own: a new folder, this write's
-        names = [*self._written, *([WRITING] if own else [])]  # by name, listed yet or not; its mark last
+        store = self._store
+        names = [*self._written, *([WRITING] if self._own else [])]  # by name, listed yet or not; its mark last
         _remove_files(store.fs, [store.path(self._name, name) for name in names])
-        if own:
+        if self._own:
             _remove_tree(store.fs, store.path(self._name))
+            store.note(self._name, DELETED)
 
 
 def _a_step_writes(name: str) -> bool:
