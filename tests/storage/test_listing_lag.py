@@ -260,3 +260,21 @@ def _uploading(client: Any, bucket: str, prefix: str) -> bool:
         client.list_parts(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"]).get("Parts")
         for upload in uploads
     )
+
+
+def test_a_step_committed_or_deleted_stays_so_where_noting_it_fails(lagging, caplog):
+    """A note in .jaxstow-recent.json that fails once the step is committed (or its record deleted) is logged: the
+    step stays committed (or deleted), never half removed."""
+    server, proxy, prefix = lagging
+    url = server.url(prefix, "run")
+    with faulty_proxy(proxy.endpoint, rate=0.0, kinds=("500",), methods=("PUT",), paths=r"/\.jaxstow-recent") as faulty:
+        options = _through(server, faulty.endpoint)
+        with CheckpointManager(url, storage_options=options, transfer=_QUICK) as manager:
+            manager.save(1, _state(1))
+            manager.save(2, _state(2))
+            manager.wait()
+            faulty.rate = 1.0
+            manager.delete(1)
+            assert manager.steps() == [2]
+    assert faulty.faults["500"] >= 1 and "1 is deleted, but noting so failed" in caplog.text
+    assert _keys(server, f"{prefix}/run") == [RECENT, *(f"2/{name}" for name in _STEP_FILES)]

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from jaxstow._storage.remote import storage_errors
+from jaxstow.errors import StorageError
 
 __all__ = ["COMMITTED", "DELETED", "RECENT", "WRITTEN", "Change", "note_change", "reconciled", "recent_changes"]
 
@@ -59,13 +60,25 @@ def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, Change]:
 
 
 def note_change(fs: Any, path: str, name: str, change: Change, *, url: str) -> None:
-    """Note that folder ``name`` was committed, deleted or started just now."""
-    changes = recent_changes(fs, path, url=url)
-    changes.pop(name, None)
-    changes[name] = change
-    kept = list(changes.items())[-_KEPT:]
-    with storage_errors(url):
-        fs.pipe_file(path, json.dumps({"changes": kept}).encode())
+    """Note that folder ``name`` was committed, deleted or started just now.
+
+    A folder to be started is not where this fails (its :class:`StorageError` is raised). A commit or deletion made
+    stays made: a failure to note it is logged, and other processes find the folder as their listing shows it.
+    """
+    try:
+        changes = recent_changes(fs, path, url=url)
+        changes.pop(name, None)
+        changes[name] = change
+        kept = list(changes.items())[-_KEPT:]
+        with storage_errors(url):
+            fs.pipe_file(path, json.dumps({"changes": kept}).encode())
+    except StorageError as error:
+        if change is WRITTEN:
+            raise
+        done = "committed" if change else "deleted"
+        logger.warning(
+            "%s: %s is %s, but noting so failed (other processes may see it late): %s", url, name, done, error
+        )
 
 
 def reconciled(listed: Iterable[str], changes: dict[str, Change], *, holds: Callable[[str], bool]) -> list[str]:
