@@ -58,3 +58,45 @@ def test_states_of_two_strategies_stacked_into_one_run_are_refused():
     final = run(stacked)
     with pytest.raises(CollectorError, match=r"stacked with those of another io\.save"):
         post_a(jax.tree.map(lambda leaf: leaf[0], final), None)
+
+
+def update_checkpointed(saving_state, value):
+    solver = {name: value for name in solver_names}  # the globals of when jax traced it first, as above
+    return save(saving_state, True, {"x": value}, solver_state=solver)
+
+
+solver_names = ("x",)
+
+
+def _checkpointing_cell(collector, checkpoint_every: int, names: tuple[str, ...] = ("x",)):
+    """The notebook cell again, its strategy checkpointing every ``checkpoint_every`` steps (0: never) a solver
+    state of the leaves ``names``."""
+    global save, solver_names
+    init_save, save, postprocess_save = io.save(collector, checkpoint_every=checkpoint_every, block_size=8)
+    solver_names = names
+    checkpoint = {name: jnp.float32(0) for name in names} if checkpoint_every else None
+    state = init_save({"x": jnp.float32(0)}, checkpoint, scheduler.static_information(samples_collected=N))
+    final, _ = jax.lax.scan(update_checkpointed, state, jnp.arange(N, dtype=jnp.float32))
+    return final, postprocess_save
+
+
+@pytest.mark.parametrize("every", [(0, 10), (10, 0)], ids=["then-checkpointed", "then-not"])
+def test_a_cell_made_again_with_other_checkpoints_is_refused_until_the_function_is_traced_again(every, tmp_path):
+    jax.clear_caches()  # a fresh notebook: no trace of update_checkpointed from another test
+    first, post_first = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "a.h5")), every[0])
+    np.testing.assert_array_equal(np.asarray(post_first(first, None)["samples"]["x"][:]), np.arange(N))
+    second, post_second = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "b.h5")), every[1])
+    with pytest.raises(CollectorError, match=r"traced with the save of another io\.save.*jax\.clear_caches\(\)"):
+        post_second(second, None)  # else b.h5 would hold no checkpoint, or a foreign error would end the run
+    jax.clear_caches()
+    third, post_third = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "c.h5")), every[1])
+    np.testing.assert_array_equal(np.asarray(post_third(third, None)["samples"]["x"][:]), np.arange(N))
+
+
+def test_a_cell_made_again_with_another_solver_state_is_refused_not_checkpointed_leaf_for_leaf(tmp_path):
+    jax.clear_caches()  # a fresh notebook, as above
+    first, post_first = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "a.h5")), 10, ("position", "key"))
+    post_first(first, None)
+    second, post_second = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "b.h5")), 10, ("momentum", "step"))
+    with pytest.raises(CollectorError, match=r"traced with the save of another io\.save.*solver state"):
+        post_second(second, None)  # else momentum would be checkpointed as key's values, step as position's

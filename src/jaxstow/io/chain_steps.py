@@ -99,11 +99,19 @@ class ChainSteps:
         if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
             # The layout goes with this program's callback: another program of the strategy has one of its own.
             leaves, layout = jax.tree.flatten((buffer, *checkpoint))
-            token = send_block(routed("receive_checkpoint", layout), numbers, leaves, side_effect=True, owner=self)
+            token = send_block(
+                routed("receive_checkpoint", self.checkpoint_every, layout),
+                numbers,
+                leaves,
+                side_effect=True,
+                owner=self,
+            )
         else:
             # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
             # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-            token = send_block(routed("receive_block"), numbers, jax.tree.leaves(buffer), owner=self)
+            token = send_block(
+                routed("receive_block", self.checkpoint_every), numbers, jax.tree.leaves(buffer), owner=self
+            )
         ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
         zero = jnp.zeros_like(token)
         return jnp.stack(

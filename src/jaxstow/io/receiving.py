@@ -101,8 +101,9 @@ class Receiver:
     """The host side of one saving strategy: its collector, the chains whose run goes on (and the number of samples
     each declared), and the failures met, per chain."""
 
-    def __init__(self, collector: DataCollector) -> None:
+    def __init__(self, collector: DataCollector, checkpoint_every: int) -> None:
         self.collector = collector
+        self.checkpoint_every = checkpoint_every
         self.number = next(_NUMBERS)  # in every saving state it makes, which brings it to the host with each block
         _HOSTS[self.number] = self
         self.at_once = copies_at_once(collector)
@@ -125,8 +126,9 @@ class Receiver:
         """The collector's class name, for messages."""
         return type(self.collector).__name__
 
-    def receive(self, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
-        """The callback: hand the blocks to the collector (or queue copies of them), and answer with the token.
+    def receive(self, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
+        """The callback of a program that checkpoints every ``checkpoint_every`` steps: hand the blocks to the
+        collector (or queue copies of them), and answer with the token.
 
         ``numbers`` holds each chain's strategy, token (its id), samples sent before its block, rows in its block and
         the ring row after them (see :func:`ring_pieces`). A checkpoint is taken before the callback returns, after every
@@ -135,7 +137,11 @@ class Receiver:
         """
         strategies, chain_ids, firsts, fills, rows = np.array(numbers)  # a copy: the arguments are the run's memory
         if np.any(strategies != self.number):
-            return self._forward(strategies, numbers, buffer, checkpoint)
+            return self._forward(strategies, checkpoint_every, numbers, buffer, checkpoint)
+        token: np.ndarray = chain_ids.astype(np.int32)
+        if problem := self._traced_otherwise(checkpoint_every, checkpoint):
+            self._refuse_program(chain_ids, problem)
+            return token
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
         rounds = self._blocks(chain_ids, firsts, fills, rows, leaves)
         if self.at_once:
@@ -149,17 +155,18 @@ class Receiver:
                 self._hand_over(rounds)
         if checkpoint is not None:
             self._checkpoint(chain_ids, firsts + fills, checkpoint)
-        token: np.ndarray = chain_ids.astype(np.int32)
         return token
 
-    def _forward(self, strategies: np.ndarray, numbers: Any, buffer: Any, checkpoint: Any) -> np.ndarray:
+    def _forward(
+        self, strategies: np.ndarray, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any
+    ) -> np.ndarray:
         """Hand the blocks of another strategy's saving state to that strategy's host: the function that runs the
         chains calls the save of an earlier ``io.save``, which jax keeps with a function it traced once (a notebook
         cell that makes ``io.save`` again, but not the function calling ``save``)."""
         owners = {int(number) for number in strategies.flat}
         owner = _HOSTS.get(owners.pop())
         if not owners and owner is not None:
-            return owner.receive(numbers, buffer, checkpoint)
+            return owner.receive(checkpoint_every, numbers, buffer, checkpoint)
         chain_ids = np.array(numbers)[1]
         for index in np.ndindex(chain_ids.shape):  # states of several strategies stacked: none gets the blocks
             host = _HOSTS.get(int(strategies[index]))
@@ -172,15 +179,39 @@ class Receiver:
         token: np.ndarray = chain_ids.astype(np.int32)
         return token
 
-    def receive_block(self, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+    def receive_block(self, checkpoint_every: int, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
         """The callback of blocks without a checkpoint."""
-        return self.receive(numbers, leaves)
+        return self.receive(checkpoint_every, numbers, leaves)
 
-    def receive_checkpoint(self, layout: PyTreeDef, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+    def receive_checkpoint(
+        self, checkpoint_every: int, layout: PyTreeDef, numbers: np.ndarray, *leaves: np.ndarray
+    ) -> np.ndarray:
         """The callback of blocks with a checkpoint: the leaves of ``(buffer, checkpoint)``, whose structure
         ``layout`` is, as the program that sends them traced it."""
         buffer, checkpoint = layout.unflatten(leaves)
-        return self.receive(numbers, buffer, checkpoint)
+        return self.receive(checkpoint_every, numbers, buffer, checkpoint)
+
+    def _traced_otherwise(self, checkpoint_every: int, checkpoint: Any) -> str:
+        """What the program sending a callback, traced with the ``save`` of a strategy (this one, or one made before
+        it), does otherwise than this strategy asks: checkpoints at other steps, or of a solver state of another
+        structure; ``""`` if nothing."""
+        if checkpoint_every != self.checkpoint_every:
+            return f"{_checkpoints(checkpoint_every)}, where this one {_checkpoints(self.checkpoint_every)}"
+        solver, wanted = None if checkpoint is None else jax.tree.structure(checkpoint[1]), self.checkpoint_spec
+        if solver is not None and solver != jax.tree.structure(wanted):
+            return f"checkpoints a solver state of the structure {solver}, where this one checkpoints {wanted}"
+        return ""
+
+    def _refuse_program(self, chain_ids: np.ndarray, problem: str) -> None:
+        """Keep the blocks of a program traced with another strategy's ``save`` from the collector: each chain fails."""
+        error = CollectorError(
+            f"the function that runs the chains was traced with the save of another io.save, which {problem}: jax "
+            "keeps the function it traced first (a notebook cell that makes io.save again, but not the function "
+            f"calling save), and the {self.name} got none of this run's samples; define that function again after "
+            "io.save, or call jax.clear_caches(), so that it is traced with this strategy's save, then run it again"
+        )
+        for index in np.ndindex(chain_ids.shape):
+            self.failures.setdefault(int(chain_ids[index]), ("receiving the run's blocks", error))
 
     def _blocks(
         self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, rows: np.ndarray, leaves: list[Any]
@@ -335,6 +366,11 @@ class Receiver:
             if failure is not None:
                 what, error = failure
                 raise failed(CollectorError, f"{self.name} failed while {what}: {error}", error) from error
+
+
+def _checkpoints(every: int) -> str:
+    """What a strategy that checkpoints every ``every`` steps (0: never) does, for messages."""
+    return f"checkpoints every {every} steps" if every else "never checkpoints"
 
 
 def _copied(block: Block) -> Block:

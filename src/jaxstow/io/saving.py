@@ -191,7 +191,7 @@ class _Streaming:
         self.block_size = block_size
         #: The sample bytes and rows of the blocks of the run whose chains are registered (with no ``block_size``).
         self.run_blocks: tuple[int, int] | None = None
-        self.host = Receiver(collector)
+        self.host = Receiver(collector, checkpoint_every)
         #: What the compiled program of a run holds (JAX keeps it with the program, in caches that outlive the run):
         #: nothing of the collector's, which the run's samples go to through the state's strategy number.
         self.steps = ChainSteps(checkpoint_every)
