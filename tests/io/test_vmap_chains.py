@@ -180,3 +180,21 @@ def test_no_save_keeps_each_chain_its_own_draws(in_axes) -> None:
         states = init_save(SAMPLE, None, information)
     final = jax.jit(jax.vmap(functools.partial(_walk, save), in_axes=(in_axes, 0, 0)))(states, KEYS, PERIODS)[0]
     _assert_each_chain_has_its_own_draws(postprocess_save(final, None))
+
+
+@pytest.mark.parametrize("strategy", ["no_save", "save"])
+def test_a_state_returned_with_its_chains_moved_by_out_axes_is_refused_not_read_along_another_axis(strategy) -> None:
+    init_save, save, postprocess_save = io.save(io.MemoryCollector()) if strategy == "save" else io.no_save()
+    information = scheduler.static_information(samples_collected=3)  # fewer than the chains: no count overflows
+    chains = 12
+    states = jax.vmap(lambda _: init_save({"x": jnp.float32(0)}, None, information))(jnp.arange(chains))
+
+    def run(state, start):  # three kept draws a chain: start, start + 1, start + 2
+        return jax.lax.scan(lambda s, x: save(s, True, {"x": x}), state, start + jnp.arange(3.0))[0]
+
+    final = jax.jit(jax.vmap(run, out_axes=-1))(states, 10.0 * jnp.arange(chains))  # the chains' axis now last
+    with pytest.raises(ArgumentError, match=r"out_axes other than 0.*jnp\.moveaxis"):
+        postprocess_save(final, None)  # else no_save gave chain c the c-th draw of each chain
+    moved_back = jax.tree.map(lambda leaf: jnp.moveaxis(leaf, -1, 0), final)
+    for chain, result in enumerate(postprocess_save(moved_back, None)):
+        np.testing.assert_array_equal(np.asarray(result["samples"]["x"]), 10.0 * chain + np.arange(3.0))

@@ -29,6 +29,11 @@ class DeviceSamples(NamedTuple):
     samples: Any
     sample_count: jax.Array
 
+    @property
+    def chains(self) -> tuple[int, ...]:
+        """The shape of the chains: ``()`` for one chain, one axis per ``vmap`` that made or ran them."""
+        return tuple(np.shape(self.sample_count))
+
 
 def no_save() -> Saving:
     """Does not save the data on the host but returns it instead, as jax_sgmc's ``io.no_save`` does.

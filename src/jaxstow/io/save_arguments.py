@@ -83,8 +83,9 @@ def is_key(leaf: Any) -> bool:
 
 
 def checked_state(state: Any, kind: type, *, call: str) -> None:
-    """Refuse a saving state that is not of ``kind`` (another strategy's), or, for ``postprocess_save``, one traced or
-    one whose arrays are gone (donated to the run that it started).
+    """Refuse a saving state that is not of ``kind`` (another strategy's), one whose arrays lack its ``chains`` as
+    their leading axes, or, for ``postprocess_save``, one traced or one whose arrays are gone (donated to the run that
+    it started).
 
     >>> checked_state((), tuple, call="save")
     >>> checked_state({}, tuple, call="io.no_save's save")
@@ -102,6 +103,7 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
             f"{call} needs the saving state its own init_save returned (a {kind.__name__}), got a "
             f"{type(state).__name__}: a state of another strategy cannot go on in this one"
         )
+    _refuse_moved_chains(state, call)
     if "postprocess_save" in call and any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(state)):
         raise ArgumentError(
             f"{call} was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
@@ -114,3 +116,19 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
             f"{call} was given a saving state whose arrays are gone: donated to a run (donate_argnums), or deleted. "
             "Give it the state the run returned (final = run(state); postprocess_save(final, None))"
         )
+
+
+def _refuse_moved_chains(state: Any, call: str) -> None:
+    """Refuse a state (with the ``chains`` shape of its chains) whose arrays do not all start with its chains' axes:
+    a ``vmap`` with ``out_axes`` other than 0 moved them, and each chain would be read along another axis."""
+    chains = getattr(state, "chains", None)
+    if chains is None:
+        return
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if tuple(np.shape(leaf)[: len(chains)]) != chains:
+            raise ArgumentError(
+                f"{call} was given a saving state whose chains, of the shape {chains}, do not lead its arrays: its "
+                f"leaf {jax.tree_util.keystr(path)} is shaped {tuple(np.shape(leaf))}, as a jax.vmap with out_axes "
+                "other than 0 leaves it. Return the saving state with out_axes=0 (the default), or move the axes "
+                "back with jnp.moveaxis before passing it on"
+            )

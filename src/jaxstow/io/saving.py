@@ -86,6 +86,11 @@ class SavingState(NamedTuple):
     step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
 
     @property
+    def chains(self) -> tuple[int, ...]:
+        """The shape of the chains: ``()`` for one chain, one axis per ``vmap`` that made or ran them."""
+        return tuple(np.shape(self.chain_id))
+
+    @property
     def strategy(self) -> jax.Array:
         """The number of the saving strategy whose ``init_save`` made the state: its host takes no other's blocks."""
         return self.counts[..., 0]
