@@ -4,6 +4,8 @@ of the ``init_save`` that made its state, never another's."""
 
 from __future__ import annotations
 
+import gc
+
 import h5py
 import jax
 import jax.numpy as jnp
@@ -100,3 +102,17 @@ def test_a_cell_made_again_with_another_solver_state_is_refused_not_checkpointed
     second, post_second = _checkpointing_cell(io.HDF5Collector(str(tmp_path / "b.h5")), 10, ("momentum", "step"))
     with pytest.raises(CollectorError, match=r"traced with the save of another io\.save.*solver state"):
         post_second(second, None)  # else momentum would be checkpointed as key's values, step as position's
+
+
+def test_a_state_made_before_its_cell_made_io_save_again_is_a_collector_error_saying_to_make_it_again():
+    global save
+    information = scheduler.static_information(samples_collected=N)
+    init_save, save, postprocess_save = io.save(io.MemoryCollector(), block_size=8)  # the cell of io.save
+    state = init_save({"x": jnp.float32(0)}, None, information)  # the cell of the state, run once
+    init_save, save, postprocess_save = io.save(io.MemoryCollector(), block_size=8)  # the first cell run again
+    gc.collect()  # nothing holds the strategy of the state any more
+    with pytest.raises(CollectorError, match=r"made by the init_save of an io\.save that is gone.*init_save\(\.\.\.\)"):
+        postprocess_save(jax.lax.scan(update, state, jnp.arange(N, dtype=jnp.float32))[0], None)  # not a jax error
+    state = init_save({"x": jnp.float32(0)}, None, information)
+    final, _ = jax.lax.scan(update, state, jnp.arange(N, dtype=jnp.float32))
+    np.testing.assert_array_equal(np.asarray(postprocess_save(final, None)["samples"]["x"]), np.arange(N))

@@ -38,7 +38,7 @@ from jaxstow.io.collector import (
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.row_writes import RowWrites
 
-__all__ = ["Receiver", "ran_already", "ring_pieces", "routed"]
+__all__ = ["Receiver", "ran_already", "ring_pieces", "routed", "strategy_gone"]
 
 #: The number of the next saving strategy made in this process, and each strategy's host by its number.
 _NUMBERS = itertools.count(1)
@@ -81,7 +81,8 @@ def routed(method: str, *first: Any) -> Callable[..., np.ndarray]:
 
     It holds no strategy: JAX keeps a compiled program's callbacks in caches that outlive the run, and a function
     traced with the ``save`` of one strategy may run with the state of another (a notebook cell that makes
-    ``io.save`` again). A strategy gone (nothing holds its functions) is a :class:`CollectorError`.
+    ``io.save`` again). A strategy gone (nothing holds its functions) gets nothing: its state is refused by
+    ``postprocess_save`` (:func:`strategy_gone`), not by a failure of the run outside jaxstow's errors.
     """
 
     def call(numbers: np.ndarray, *arrays: Any) -> np.ndarray:
@@ -89,12 +90,18 @@ def routed(method: str, *first: Any) -> Callable[..., np.ndarray]:
         if not strategies.size:  # no chain: nothing to hand over
             return strategies.astype(np.int32)
         host = _HOSTS.get(int(strategies.flat[0]))
-        if host is None:
-            raise CollectorError("the saving strategy of this run is gone: keep io.save's functions while it runs")
+        if host is None:  # its state outlived it: postprocess_save refuses the state, with nothing of it kept
+            token: np.ndarray = np.asarray(numbers)[1].astype(np.int32)
+            return token
         answer: np.ndarray = getattr(host, method)(*first, numbers, *arrays)
         return answer
 
     return call
+
+
+def strategy_gone(number: int) -> bool:
+    """Whether the strategy numbered ``number`` is gone: nothing holds its functions."""
+    return number not in _HOSTS
 
 
 class Receiver:

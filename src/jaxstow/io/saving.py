@@ -32,7 +32,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.leaves import key_impl_name
 from jaxstow._util import arguments, jax_compat
-from jaxstow.errors import ArgumentError, SampleCountError
+from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
     chain_polymorphic,
@@ -46,7 +46,7 @@ from jaxstow.io.batching import (
 from jaxstow.io.chain_steps import ChainSteps, Moving
 from jaxstow.io.collector import DataCollector, registered_chain, resumed_chain, together
 from jaxstow.io.memory import MemoryCollector
-from jaxstow.io.receiving import Receiver, ran_already, ring_pieces
+from jaxstow.io.receiving import Receiver, ran_already, ring_pieces, strategy_gone
 from jaxstow.io.save_arguments import (
     checked_collector,
     checked_information,
@@ -272,7 +272,15 @@ class _Streaming:
         checked_state(saving_state, SavingState, call="postprocess_save")
         state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
         host = self.host
-        if np.any(np.asarray(state.strategy) != host.number):  # its chains are another strategy's: left to it
+        strategies = np.asarray(state.strategy)
+        if any(strategy_gone(int(number)) for number in strategies.flat):
+            raise CollectorError(
+                "postprocess_save was given a saving state made by the init_save of an io.save that is gone (io.save "
+                "was called again, as a notebook cell run again does, and nothing holds the functions of the one "
+                "before): no collector got its run's samples. Make the state with this strategy's init_save, after "
+                "io.save, state = init_save(...), and run it again"
+            )
+        if np.any(strategies != host.number):  # its chains are another strategy's: left to it
             raise ArgumentError(
                 "postprocess_save was given a saving state that the init_save of another io.save strategy made: give "
                 "it to the postprocess_save returned with that init_save, which has its samples"
