@@ -12,8 +12,10 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
+import forked
 import jax.numpy as jnp
 import pytest
 from distributed_runs import launch
@@ -249,6 +251,43 @@ def test_a_step_saved_again_with_force_is_replaced_in_both_tiers(tmp_path):
     shutil.rmtree(local)  # a host replaced: the persistent directory holds the new values
     with CheckpointManager(persistent) as manager:
         assert manager.restore()["w"].tolist() == [20.0] * 3 and manager.metrics(2) == {"loss": 0.5}
+
+
+_RECORD_TOO_BIG = """
+import json, resource, signal, sys, numpy as np
+from jaxstow import CheckpointManager, LocalTier
+from jaxstow.errors import CheckpointError
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of ending the process
+report = {}
+with CheckpointManager(sys.argv[1], save_every=10, local=LocalTier(sys.argv[2])) as manager:
+    manager.save(1, {"w": np.ones(3)})
+    manager.wait()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.RLIM_INFINITY))  # the disk fills up
+    notes = {"notes": "x" * (1 << 17)}  # its record (checkpoint.json) is the one file past the limit
+    manager.save(2, {"w": np.full(3, 2.0)}, metadata=notes)
+    try:
+        manager.wait()
+    except CheckpointError as error:
+        report["error"] = str(error)
+    report["steps_after_the_failure"] = manager.steps()
+    resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))  # space freed
+    manager.save(2, {"w": np.full(3, 2.0)}, metadata=notes)
+    manager.wait()
+    report["steps"], report["restored"] = manager.steps(), manager.restore(2)["w"].tolist()
+print(json.dumps(report))
+"""
+
+
+def test_a_step_whose_local_record_could_not_be_written_is_not_held_and_may_be_saved_again(tmp_path):
+    local, persistent = tmp_path / "local", tmp_path / "persistent"
+    done = forked.run(
+        [sys.executable, "-c", _RECORD_TOO_BIG, str(persistent), str(local)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "saving step 2" in report["error"] and "checkpoint.json" in report["error"]
+    assert report["steps_after_the_failure"] == [1]
+    assert report["steps"] == [1, 2] and report["restored"] == [2.0] * 3
 
 
 def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earlier(tmp_path):

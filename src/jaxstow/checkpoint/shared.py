@@ -71,7 +71,8 @@ def commit_step(
         shared: One folder for every process, committed by process 0; else a folder per process, each committed
             by its own process with process 0's record.
         replace: Whether a committed folder of that name may be replaced; else it is a :class:`CheckpointError`.
-        decided: Called in every process once process 0 decided that the step is committed (its record).
+        decided: Called in every process once process 0 decided that the step is committed (its record), and,
+            where each process commits a folder of its own, once this process committed its own.
         after: In process 0, once the shared folder is committed: the steps it then deletes, one by one, told to
             every process with the outcome (an error of its own is raised in process 0 only).
     """
@@ -145,14 +146,14 @@ def commit_step(
         marker = str(outcome["record"]).encode()
         if record is None:
             record = StepRecord.from_json(marker, where=where)
-        if decided is not None:
-            decided(record)
         if not shared:
             try:
                 staging.commit(marker)
-            except BaseException:
+            except BaseException:  # a record that cannot be written (a full disk): the step is not held here
                 staging.abort()
                 raise
+        if decided is not None:
+            decided(record)
         if pruning:
             raise pruning[0]
         return Committed(record, [int(old) for old in outcome["deleted"]])
