@@ -8,7 +8,9 @@ import json
 import os
 import pickle
 import re
+import shutil
 import struct
+import subprocess
 import sys
 import textwrap
 import zipfile
@@ -417,6 +419,26 @@ def test_the_next_save_removes_temporary_files_of_dead_writers_only(tmp_path):
         open(path, "wb").close()
     jaxstow.save(tmp_path / "model.jxs", TREE)
     assert sorted(os.listdir(tmp_path)) == sorted([name, os.path.basename(mine)])
+
+
+def _in_another_pid_namespace() -> list[str]:
+    """The command prefix that runs a program in a PID namespace of its own, as a container sharing this host's name
+    (``docker run --network host``) does; skips the test where the system refuses one."""
+    for prefix in (["unshare", "--pid", "--fork"], ["unshare", "--user", "--map-root-user", "--pid", "--fork"]):
+        if shutil.which("unshare") and subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    pytest.skip("this system runs no program in a PID namespace of its own (unshare)")
+
+
+def test_a_save_from_another_pid_namespace_leaves_the_temporary_file_of_a_save_under_way_here(tmp_path):
+    from jaxstow._storage.atomic import temporary_sibling
+
+    under_way = temporary_sibling(str(tmp_path / "big.jxs"))  # a save of this live process, writing
+    open(under_way, "wb").close()
+    save = "import sys, numpy as np, jaxstow; jaxstow.save(sys.argv[1], {'w': np.ones(2)})"
+    command = [*_in_another_pid_namespace(), sys.executable, "-c", save, str(tmp_path / "small.jxs")]
+    subprocess.run(command, check=True, capture_output=True)
+    assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(under_way), "small.jxs"])
 
 
 # -- checkpoint records ---------------------------------------------------------------------------------------------

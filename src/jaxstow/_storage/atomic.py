@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from jaxstow._storage.failures import storage_failures
+from jaxstow._storage.pid_space import pid_space
 from jaxstow._storage.sources import special_kind
 from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError, StorageError
 
@@ -48,12 +49,14 @@ NAME_MAX = 255
 _WRITE_BUFFER = 1 << 20
 
 
-_HOST = f"{zlib.crc32(socket.gethostname().encode()):08x}"
+#: This host and PID namespace, hashed: a process id in a temporary name is looked up only where it means the same.
+_HOST = f"{zlib.crc32(f'{socket.gethostname()} {pid_space()}'.encode()):08x}"
 _TEMPORARY_FILE = re.compile(re.escape(TEMPORARY_MARKER) + r"(\d+)-([0-9a-f]{8})-[0-9a-f]{8}$")
 
 
 def temporary_sibling(path: str) -> str:
-    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host.
+    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host and PID
+    namespace.
 
     It is never longer than :data:`NAME_MAX` bytes: the start of a long name is kept, so that any name that fits its
     file system can be written.
@@ -74,8 +77,9 @@ def remove_dead_leftovers(folder: str) -> list[str]:
     """Delete the temporary files in ``folder`` whose writer, a process of this host, no longer runs.
 
     A killed save cannot clean up after itself; the next save into the same folder does. Files of live processes,
-    of other hosts and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone. Returns the
-    names deleted.
+    of other hosts or other PID namespaces (a container sharing this host's name, whose processes are not seen from
+    here) and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone. Returns the names
+    deleted.
 
     >>> import os, subprocess, sys, tempfile
     >>> from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.pid_space import pid_space
 from jaxstow._storage.remote import storage_errors
 from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError, JaxstowError
@@ -65,7 +66,7 @@ class Holder:
     @classmethod
     def me(cls) -> Holder:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), _pid_space())
+        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), pid_space())
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -92,7 +93,7 @@ class Holder:
         return self.pid == os.getpid() and self.host == socket.gethostname() and not self._other_space()
 
     def _other_space(self) -> bool:
-        return bool(self.pid_space) and self.pid_space != _pid_space()
+        return bool(self.pid_space) and self.pid_space != pid_space()
 
     def is_gone(self) -> bool:
         """Whether the holder is a process of this host, seen from here, that no longer runs; one of another PID
@@ -106,13 +107,6 @@ class Holder:
         except PermissionError:
             return False
         return False
-
-
-def _pid_space() -> str:
-    try:
-        return os.readlink("/proc/self/ns/pid")
-    except OSError:  # not Linux
-        return ""
 
 
 def _held_error(location: str, holder: Holder | None, hint: str) -> CheckpointError:
