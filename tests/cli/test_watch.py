@@ -119,6 +119,26 @@ def test_a_watched_run_whose_writer_is_killed_is_told_dead_and_the_watch_ends(
     assert elsewhere["state"] == "running"  # no telling from here
 
 
+def test_a_killed_run_whose_writer_s_process_id_now_names_another_process_is_told_dead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "walk.h5"
+    run = _start_run(path)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    unrelated = subprocess.Popen(["sleep", "600"])  # the process id the lock names, given to another program
+    try:
+        lock = Path(f"{path}.lock")
+        lock.write_text(json.dumps({**json.loads(lock.read_text()), "pid": unrelated.pid}))
+        shown = _watch_here(capsys, path, "--once", "--json")
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+    assert shown.returncode == 1, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["state"] == "died" and report["why"].startswith(f"its writer, process {unrelated.pid} on host ")
+
+
 def test_a_run_stopped_by_ctrl_c_is_told_stopped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "walk.h5"
     run = _start_run(path)

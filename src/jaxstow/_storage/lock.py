@@ -108,6 +108,23 @@ class Holder:
             return False
         return False
 
+    def left(self, lock_file: str) -> bool:
+        """Whether ``lock_file``, which names this holder, was left by a writer that ended: the holder is gone
+        (:meth:`is_gone`), or its process id, seen from here, now names a process that does not have the lock file
+        open (the id given to another program). Where that cannot be told (another host, another PID namespace, a
+        process whose open files this one may not list), it was not."""
+        if self.is_gone():
+            return True
+        if self.host != socket.gethostname() or self._other_space():
+            return False
+        try:
+            lock = os.stat(lock_file)
+            with os.scandir(f"/proc/{self.pid}/fd") as descriptors:
+                opened = [os.stat(descriptor.path) for descriptor in descriptors]
+        except OSError:  # no /proc (not Linux), another user's process, a lock file gone: no telling
+            return False
+        return not any((found.st_dev, found.st_ino) == (lock.st_dev, lock.st_ino) for found in opened)
+
 
 def _held_error(location: str, holder: Holder | None, hint: str) -> CheckpointError:
     who = holder.describe() if holder is not None else "a process whose lock file cannot be read"

@@ -128,8 +128,8 @@ def report(path: str) -> dict[str, Any]:
 def _writer_state(path: str) -> tuple[str, str | None]:
     """The state of a run that has not finished and, where it ended, why.
 
-    ``died``: its writer's lock, ``FILE.lock``, names a process of this host that no longer runs (it was killed before
-    the run finished); ``stopped``: no writer has the file open (its writer gave up, on an error or Ctrl-C); else
+    ``died``: its writer's lock, ``FILE.lock``, names a process of this host that no longer runs, or whose id now
+    names a program without the lock file open (it was killed before the run finished); ``stopped``: no writer has the file open (its writer gave up, on an error or Ctrl-C); else
     ``running``. A writer that holds no lock of jaxstow's (an ``h5py.File`` a program opened itself) counts as running
     while the file's flags say it has the file open, and one on another host while its lock stays.
     """
@@ -173,13 +173,13 @@ def _may_become_a_run(path: str) -> bool:
 
 def _died(path: str) -> str | None:
     """Why the run's writer died, if its lock file (which a writer killed leaves) names a process of this host that
-    no longer runs; else ``None``."""
+    no longer runs, or whose process id now names a program without the lock file open; else ``None``."""
     try:
         with open(_lock_file(path), "rb") as lock:
             holder = Holder.parse(lock.read())
     except FileNotFoundError:
         return None
-    if holder is None or not holder.is_gone():  # a lock being taken, or held (here, or on another host)
+    if holder is None or not holder.left(_lock_file(path)):  # a lock being taken, or held (here, or on another host)
         return None
     return (
         f"its writer, {holder.describe()}, ended before the run finished (killed, or it exited without finishing "
