@@ -87,13 +87,17 @@ def storage_failures(
     A ``FileNotFoundError`` becomes a :class:`~jaxstow.errors.PathNotFoundError`; jaxstow's own errors pass unchanged
     (a source's read error already names its file). ``hdf5=True`` is for h5py's calls, which raise an ``OSError`` or
     a ``RuntimeError`` for a format's problems and a system call's failure alike: only those whose message quotes an
-    errno are turned. ``folder``: as :func:`storage_error` takes it.
+    errno are turned, and one raised while a jaxstow error of the block goes up (a file closed after a full disk
+    failed a write) gives way to that error. ``folder``: as :func:`storage_error` takes it.
     """
     try:
         yield
     except JaxstowError:
         raise
     except (OSError, RuntimeError) as error:
+        block = error.__context__  # HDF5 failing again as the block's file closes: the block's own error tells why
+        if hdf5 and errno_of(error) is None and isinstance(block, JaxstowError):
+            raise block from block.__cause__
         if errno_of(error) is None if hdf5 else not isinstance(error, OSError):
             raise
         if isinstance(error, FileNotFoundError):  # still a FileNotFoundError, for the callers that look for one
