@@ -180,6 +180,13 @@ class FileLock:
         """The holder that ended without releasing the lock, if its lock file names one."""
         return Holder.parse(self.found)
 
+    def abandon(self) -> None:
+        """Release the lock, leaving its file naming this holder, as a holder that ended without releasing it leaves
+        it (idempotent)."""
+        detached = self._release.detach()
+        if detached is not None:
+            os.close(detached[2][0])
+
     def release(self, *, as_found: bool = False) -> None:
         """Remove the lock file and release the lock (idempotent).
 

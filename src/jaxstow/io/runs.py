@@ -43,6 +43,7 @@ from jaxstow.io.batching import _shape_dtype, spec_of
 from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
+from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.live import read_stacked, run_finished
@@ -133,24 +134,27 @@ def run_chains(
                 return _all_chains(name, read_stacked(name), chains)
             lock.clear_stale_flags()  # the flags a killed writer left (only such a one: see _continued)
         # The run's lock keeps other writers out; a failing disk names the file.
-        with storage_failures(name, hdf5=True), h5py.File(name, "a", libver="latest", locking=False) as file:
-            if RUN_ATTRIBUTE not in file.attrs:
-                file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
-                for key, spec in warmup_spec.items():
-                    file.create_dataset(f"{WARMUP_GROUP}/{key}", shape=spec.shape, dtype=spec.dtype)
-            _sample(
-                file,
-                start,
-                run,
-                state_spec,
-                draw_spec,
-                chains,
-                num_steps,
-                checkpoint_every,
-                draws_per_chain,
-                warmup,
-                warmup_steps,
-            )
+        with _flags_left_to_the_next_run(name, lock), storage_failures(name, hdf5=True):
+            with damage_refused(name, "write the run to another file"):  # cut short by a run that filled the disk
+                opened = h5py.File(name, "a", libver="latest", locking=False)
+            with opened as file:
+                if RUN_ATTRIBUTE not in file.attrs:
+                    file.attrs[RUN_ATTRIBUTE] = json.dumps(record)
+                    for key, spec in warmup_spec.items():
+                        file.create_dataset(f"{WARMUP_GROUP}/{key}", shape=spec.shape, dtype=spec.dtype)
+                _sample(
+                    file,
+                    start,
+                    run,
+                    state_spec,
+                    draw_spec,
+                    chains,
+                    num_steps,
+                    checkpoint_every,
+                    draws_per_chain,
+                    warmup,
+                    warmup_steps,
+                )
     return read_stacked(name)
 
 
@@ -371,6 +375,20 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(checkpoint_path(name))
     return finished
+
+
+@contextlib.contextmanager
+def _flags_left_to_the_next_run(name: str, lock: WriterLock) -> Iterator[None]:
+    """Where the block, which writes the file at ``name``, fails and leaves the file's writer flags set (a full disk
+    failed its close), leave the lock file naming this process, as a killed run's is: the next run then clears the
+    flags and continues from the last checkpoint, where it would refuse flags that no killed run left."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(JaxstowError, OSError):
+            if read_superblock(name).writer is not None:
+                lock.abandon()
+        raise
 
 
 def _record_of(name: str, text: Any) -> dict[str, Any]:

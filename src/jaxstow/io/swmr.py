@@ -29,17 +29,16 @@ import dataclasses
 import os
 import struct
 import warnings
-from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
 from jaxstow._storage.atomic import temporary_sibling
-from jaxstow._storage.failures import errno_of
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
+from jaxstow.errors import CheckpointError, CollectorError, FormatError, excerpt
+from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
@@ -64,6 +63,8 @@ _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 WRITE_ACCESS = 0x01
 SWMR_WRITE = 0x04
 _MASK = 0xFFFFFFFF
+#: What a collector whose file is damaged can do instead of moving it away.
+_ANOTHER_FILE = "give the collector another file"
 #: The first superblock version with the consistency flags that SWMR mode needs (``libver="latest"`` makes it).
 SWMR_SUPERBLOCK = 3
 #: The h5py drivers of files on disk, which other processes can open.
@@ -163,7 +164,7 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
     lock = WriterLock(name)
     try:
-        with _damage_refused(name):
+        with damage_refused(name, _ANOTHER_FILE):
             exists = os.path.exists(name) and os.path.getsize(name) > 0
             if exists:
                 lock.clear_stale_flags()
@@ -192,31 +193,13 @@ def open_appending(path: str | os.PathLike[str]) -> tuple[Any, WriterLock]:
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
     lock = WriterLock(name)  # another process may have taken the file meanwhile: a CheckpointError names it
     try:
-        with _damage_refused(name):
+        with damage_refused(name, _ANOTHER_FILE):
             if os.path.exists(name) and os.path.getsize(name) > 0:
                 _check_collectors_own(name)
             return h5py.File(name, "a", libver="latest", locking=False), lock
     except BaseException:
         lock.release(failed=True)
         raise
-
-
-@contextlib.contextmanager
-def _damage_refused(name: str) -> Iterator[None]:
-    """h5py's errors of a file it cannot read (damaged, truncated), which quote no errno, as a CollectorError."""
-    try:
-        yield
-    except JaxstowError:
-        raise
-    except (OSError, RuntimeError) as error:
-        if errno_of(error) is not None:
-            raise  # a system call's failure: the caller's StorageError names it
-        reason = str(error).split("(", 1)[-1].rstrip(")") if "(" in str(error) else str(error)
-        raise CollectorError(
-            f"{name} cannot be read as an HDF5 file ({reason}): the file is damaged, or not an HDF5 file; it is left "
-            "as it is: move it away to start the run over, or give the collector another file",
-            file=name,
-        ) from None
 
 
 def _check_collectors_own(name: str, checkpoint: str | None = None) -> None:
@@ -397,6 +380,11 @@ class WriterLock:
     def release(self, *, failed: bool = False) -> None:
         """Remove the lock file and release the lock; ``failed``: leave the lock file as it was found (idempotent)."""
         self._lock.release(as_found=failed)
+
+    def abandon(self) -> None:
+        """Release the lock, leaving the lock file naming this process, as a killed writer's: the next writer then
+        clears the writer flags in the file that this one could not (a full disk failed its close)."""
+        self._lock.abandon()
 
     def __enter__(self) -> WriterLock:
         return self
