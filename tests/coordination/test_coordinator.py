@@ -42,6 +42,16 @@ def test_a_silent_process_makes_the_others_raise_within_the_timeout_naming_it():
     assert "error" in reports[2]  # the late one finds the barrier broken too
 
 
+def test_a_call_one_process_made_alone_does_not_pair_with_the_others_next_call():
+    # Process 0's lone call times out naming process 1; the call every process makes next pairs up in each, rather
+    # than process 1 reading what process 0 said in its lone call and process 0 waiting for process 1 in vain.
+    reports = run("alone", 2)
+    assert "process 1 did not report its request within 3 s" in reports[0]["alone"]
+    for report in reports:
+        assert "error" not in report, report
+        assert report["gathered"] == [0, 1]
+
+
 @pytest.mark.parametrize("count", [1, 2])
 def test_a_decision_that_fails_reaches_every_process(count):
     reports = run("refuse", count)

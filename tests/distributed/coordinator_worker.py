@@ -3,7 +3,8 @@ PROCESS COUNT PORT``.
 
 ``talk`` runs a conversation of every kind of message and prints what it heard, then whether the keys of the finished
 conversations are gone (the second's once a conversation of another scope closed); ``stall K`` has process K sleep
-instead of reaching a barrier (alive but silent); ``refuse`` has process 0's decision raise, then runs another
+instead of reaching a barrier (alive but silent); ``alone`` has process 0 gather alone (it times out) before every
+process gathers; ``refuse`` has process 0's decision raise, then runs another
 conversation and prints whether the failed one's keys are gone. Each process prints one JSON line: what it heard, or
 ``error`` and ``seconds``.
 """
@@ -50,6 +51,17 @@ try:
             if index == stalled:
                 time.sleep(12)
             talk.barrier("read", waiting_for="its part of the restore")
+    elif action == "alone":  # process 0 makes a call the others do not; then every process makes the same call
+        if index == 0:
+            try:
+                with coordinator.conversation("restore") as talk:
+                    talk.gather("asked", "alone", waiting_for="its request")
+            except CheckpointError as error:
+                report["alone"] = str(error)
+        else:
+            time.sleep(5)
+        with coordinator.conversation("restore") as talk:
+            report["gathered"] = talk.gather("asked", index, waiting_for="its request")
     elif action in ("refuse", "refuse missing"):
 
         def choose() -> int:

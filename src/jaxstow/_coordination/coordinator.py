@@ -21,6 +21,7 @@ closes it, after an error too). In one process, the same calls run without a key
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -30,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import jax
 
@@ -45,6 +46,10 @@ _started: dict[str, itertools.count[int]] = {}
 _started_lock = threading.Lock()
 # Process 0: the conversations of every scope whose keys go once every process has closed them.
 _closing: list[str] = []
+#: The most conversations given up on by other processes that one start passes over.
+MAX_SKIPPED = 1000
+#: How often, in seconds, a process waiting for another's message checks whether the conversation was given up on.
+POLL = 0.5
 #: The longest wait, in seconds, jax.distributed's key-value store takes (its milliseconds are a 32-bit integer).
 MAX_TIMEOUT = (2**31 - 1) // 1000
 
@@ -88,10 +93,18 @@ class Coordinator:
         return max(5.0, self.timeout / 10)
 
     def conversation(self, kind: str) -> Conversation:
-        """The next conversation of ``kind`` in this scope, named the same in every process."""
+        """The next conversation of ``kind`` in this scope, named the same in every process: past those that other
+        processes gave up on before this one came (a call that ran alone in them, or that this process came to too
+        late), each closed here so that its keys go, so that this process's call pairs with their next."""
         with _started_lock:
-            number = next(_started.setdefault(f"{self.prefix}/{kind}", itertools.count(1)))
-        return Conversation(self, f"{self.prefix}/{kind}{number}")
+            numbers = _started.setdefault(f"{self.prefix}/{kind}", itertools.count(1))
+        for _ in range(MAX_SKIPPED):
+            with _started_lock:
+                talk = Conversation(self, f"{self.prefix}/{kind}{next(numbers)}")
+            if not talk.given_up():
+                break
+            talk.close()
+        return talk
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +165,53 @@ class Conversation:
         got: dict[int, Message] = {}
         for sender in senders:
             try:
-                left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-                text = coordinator.client.blocking_key_value_get(self._key(f"{what}/{sender}"), left_ms)
+                text = self._wait(f"{what}/{sender}", deadline)
+            except CheckpointError:
+                raise
             except Exception as error:  # jax raises its runtime's own error types here
                 said = self._said(what, timeout=coordinator.grace)
                 missing = [other for other in senders if other not in got and other not in said]
-                raise CheckpointError(_missing(missing or [sender], waiting_for, limit, error)) from None
-            got[sender] = _message(sender, str(text))
+                self._give_up(_missing(missing or [sender], waiting_for, limit, error))
+            got[sender] = _message(sender, text)
         return got
+
+    def given_up(self) -> dict[int, str]:
+        """Why each process that gave up on this conversation (its wait ran out) did, by process."""
+        if not self.coordinator.many:
+            return {}
+        try:
+            found = _within(
+                self.coordinator.grace, lambda: self.coordinator.client.key_value_dir_get(self._key("over/"))
+            )
+        except Exception:  # jax raises its runtime's own error types here; unread, it counts as not given up on
+            return {}
+        return {int(key.rsplit("/", 1)[-1]): str(why) for key, why in found}
+
+    def _wait(self, key: str, deadline: float) -> str:
+        """The message under ``key``, waited for until ``deadline``, or until another process gave up on this
+        conversation: a :class:`CheckpointError` saying which and why, at once rather than at the deadline."""
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return str(
+                    self.coordinator.client.blocking_key_value_get(self._key(key), max(0, int(min(left, POLL) * 1000)))
+                )
+            except Exception:
+                if left <= POLL:
+                    raise
+            over = {index: why for index, why in self.given_up().items() if index != self.coordinator.index}
+            if over:
+                raise CheckpointError(
+                    "; ".join(f"process {index} gave up on this call: {why}" for index, why in sorted(over.items()))
+                    + "; this process's call failed with it, and the next calls of every process pair up again"
+                )
+
+    def _give_up(self, why: str) -> NoReturn:
+        """Raise ``why``, marking the conversation given up on: a process that comes to it later passes over it."""
+        with contextlib.suppress(Exception):  # a store that cannot be reached: the others time out as this one did
+            key, client = self._key(f"over/{self.coordinator.index}"), self.coordinator.client
+            _within(self.coordinator.grace, lambda: client.key_value_set(key, why))
+        raise CheckpointError(why) from None
 
     def gather(self, what: str, payload: Any, *, waiting_for: str) -> list[Any]:
         """Say ``payload`` and hear every process's, in process order; raises naming every process that failed."""
