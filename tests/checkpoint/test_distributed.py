@@ -101,6 +101,7 @@ def test_processes_that_disagree_on_the_step_commit_nothing(tmp_path):
     folder = tmp_path / "run"
     reports = reports_of(_start("disagree", 2, 2, folder))
     assert "process 1 saved step 3, process 0 step 2" in reports[0]["error"]
+    assert "every process calls save for every step, in the same order" in reports[0]["error"]
     assert "not committed" in reports[1]["error"]
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
 
