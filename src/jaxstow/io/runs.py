@@ -46,6 +46,7 @@ from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
+from jaxstow.io.hdf5_writable import writable_file
 from jaxstow.io.live import read_stacked, run_finished
 from jaxstow.io.scheduler import static_information
 from jaxstow.io.swmr import WriterLock, open_for_reading, read_superblock
@@ -111,7 +112,7 @@ def run_chains(
         StructureMismatchError: The file holds draws or a state of another structure.
     """
     name = os.fspath(path)
-    h5py = require("h5py", extra="h5py", purpose="run_chains")
+    require("h5py", extra="h5py", purpose="run_chains")
     for option, value, least in (("checkpoint_every", checkpoint_every, 1), ("num_steps", num_steps, 0)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < least:
             raise ArgumentError(f"{option} must be an integer of at least {least}, not {value!r}")
@@ -136,7 +137,7 @@ def run_chains(
         # The run's lock keeps other writers out; a failing disk names the file.
         with _flags_left_to_the_next_run(name, lock), storage_failures(name, hdf5=True):
             with damage_refused(name, "write the run to another file"):  # cut short by a run that filled the disk
-                opened = h5py.File(name, "a", libver="latest", locking=False)
+                opened = writable_file(name, "a")
             with opened as file:
                 if RUN_ATTRIBUTE not in file.attrs:
                     file.attrs[RUN_ATTRIBUTE] = json.dumps(record)

@@ -42,6 +42,7 @@ from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
+from jaxstow.io.hdf5_writable import writable_file
 
 __all__ = [
     "DISK_DRIVERS",
@@ -175,7 +176,7 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
                 os.unlink(checkpoint)
             if not continued and os.path.exists(name):
                 _replace_with_empty(h5py, os.path.realpath(name))
-            return h5py.File(name, "a" if continued else "w", libver="latest", locking=False), lock
+            return writable_file(name, "a" if continued else "w"), lock
     except BaseException:
         lock.release(failed=True)
         raise
@@ -190,13 +191,13 @@ def open_appending(path: str | os.PathLike[str]) -> tuple[Any, WriterLock]:
     created again.
     """
     name = os.fspath(path)
-    h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
+    require("h5py", extra="h5py", purpose=f"writing {name}")
     lock = WriterLock(name)  # another process may have taken the file meanwhile: a CheckpointError names it
     try:
         with damage_refused(name, _ANOTHER_FILE):
             if os.path.exists(name) and os.path.getsize(name) > 0:
                 _check_collectors_own(name)
-            return h5py.File(name, "a", libver="latest", locking=False), lock
+            return writable_file(name, "a"), lock
     except BaseException:
         lock.release(failed=True)
         raise
