@@ -112,7 +112,7 @@ _THREADS = """
 """
 
 _WRITER = """
-    import os, sys, numpy as np
+    import os, sys, time, numpy as np
     from jaxstow import CheckpointManager, KeepPolicy
     folder, stop = sys.argv[1], sys.argv[2]
     with CheckpointManager(folder, keep=KeepPolicy(keep_last=1)) as manager:
@@ -120,6 +120,7 @@ _WRITER = """
         while not os.path.exists(stop):
             manager.save(step, {"a": np.full(4, step), "b": {"c": np.arange(step % 5)}, "n": step})
             step += 1
+            time.sleep(0.002)  # a reader starved of the CPU by a loaded machine still gets a step between two saves
 """
 
 
