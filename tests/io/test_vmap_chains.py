@@ -198,3 +198,21 @@ def test_a_state_returned_with_its_chains_moved_by_out_axes_is_refused_not_read_
     moved_back = jax.tree.map(lambda leaf: jnp.moveaxis(leaf, -1, 0), final)
     for chain, result in enumerate(postprocess_save(moved_back, None)):
         np.testing.assert_array_equal(np.asarray(result["samples"]["x"]), 10.0 * chain + np.arange(3.0))
+
+
+@pytest.mark.parametrize("chains", [2, 3])
+def test_no_save_refuses_moved_chains_where_the_room_is_as_long_as_the_chains(chains) -> None:
+    """Every shape of the moved state fits either way (room for as many draws as there are chains)."""
+    init_save, save, postprocess_save = io.no_save()
+    information = scheduler.static_information(samples_collected=chains)
+    states = jax.vmap(lambda _: init_save({"x": jnp.float32(0)}, None, information))(jnp.arange(chains))
+
+    def run(state, start):
+        return jax.lax.scan(lambda s, x: save(s, True, {"x": x}), state, start + jnp.arange(float(chains)))[0]
+
+    final = jax.jit(jax.vmap(run, out_axes=-1))(states, 10.0 * jnp.arange(chains))
+    with pytest.raises(ArgumentError, match=r"out_axes other than 0.*jnp\.moveaxis"):
+        postprocess_save(final, None)  # else chain c got the c-th draw of every chain
+    moved_back = jax.tree.map(lambda leaf: jnp.moveaxis(leaf, -1, 0), final)
+    for chain, result in enumerate(postprocess_save(moved_back, None)):
+        np.testing.assert_array_equal(np.asarray(result["samples"]["x"]), 10.0 * chain + np.arange(float(chains)))

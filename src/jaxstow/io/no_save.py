@@ -12,7 +12,7 @@ import numpy as np
 from jaxstow._util.arguments import checked_arguments
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.save_arguments import checked_information, checked_state, refuse_leafless
+from jaxstow.io.save_arguments import checked_information, chains_marker, checked_state, refuse_leafless
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
 
@@ -28,6 +28,9 @@ class DeviceSamples(NamedTuple):
 
     samples: Any
     sample_count: jax.Array
+    #: ``(*chains, 2)``: ``[0, 1]`` for each chain. Where a ``vmap`` put the chains' axes, it put this array's too,
+    #: and its values show it even where the room's length equals the number of chains, which shapes cannot.
+    chains_marker: jax.Array
 
     @property
     def chains(self) -> tuple[int, ...]:
@@ -75,7 +78,7 @@ def _init(
     spec = spec_of(init_sample)
     refuse_leafless(spec)
     samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec)
-    return DeviceSamples(samples, jnp.zeros((), jnp.int32))
+    return DeviceSamples(samples, jnp.zeros((), jnp.int32), chains_marker())
 
 
 def _save(
@@ -97,7 +100,7 @@ def _save(
     sample = jax.tree.map(unless_full, sample, saving_state.samples)
     samples = write_rows(saving_state.samples, jnp.minimum(saving_state.sample_count, capacity - 1), sample)
     count = saving_state.sample_count + keep_flags(keep, np.shape(saving_state.sample_count)).astype(jnp.int32)
-    return DeviceSamples(samples, count), None
+    return DeviceSamples(samples, count, saving_state.chains_marker), None
 
 
 def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:

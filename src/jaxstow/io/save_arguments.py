@@ -103,7 +103,6 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
             f"{call} needs the saving state its own init_save returned (a {kind.__name__}), got a "
             f"{type(state).__name__}: a state of another strategy cannot go on in this one"
         )
-    _refuse_moved_chains(state, call)
     if "postprocess_save" in call and any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(state)):
         raise ArgumentError(
             f"{call} was called inside jax.jit (or vmap, scan): it hands the run's samples over on the "
@@ -116,6 +115,13 @@ def checked_state(state: Any, kind: type, *, call: str) -> None:
             f"{call} was given a saving state whose arrays are gone: donated to a run (donate_argnums), or deleted. "
             "Give it the state the run returned (final = run(state); postprocess_save(final, None))"
         )
+    _refuse_moved_chains(state, call)
+
+
+def chains_marker() -> jax.Array:
+    """A chain's ``[0, 1]``, kept in a saving state: stacked by ``vmap``, its values show where the chains' axes
+    went, even where every shape of the state would fit either way (see :func:`checked_state`)."""
+    return jnp.arange(2, dtype=jnp.int8)
 
 
 def _refuse_moved_chains(state: Any, call: str) -> None:
@@ -126,9 +132,17 @@ def _refuse_moved_chains(state: Any, call: str) -> None:
         return
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         if tuple(np.shape(leaf)[: len(chains)]) != chains:
-            raise ArgumentError(
-                f"{call} was given a saving state whose chains, of the shape {chains}, do not lead its arrays: its "
-                f"leaf {jax.tree_util.keystr(path)} is shaped {tuple(np.shape(leaf))}, as a jax.vmap with out_axes "
-                "other than 0 leaves it. Return the saving state with out_axes=0 (the default), or move the axes "
-                "back with jnp.moveaxis before passing it on"
-            )
+            _refuse_moved(call, chains, f"its leaf {jax.tree_util.keystr(path)} is shaped {tuple(np.shape(leaf))}")
+    marker = getattr(state, "chains_marker", None)
+    if isinstance(marker, jax.core.Tracer) or marker is None:
+        return
+    if np.shape(marker) != (*chains, 2) or not np.array_equal(marker, np.broadcast_to(np.arange(2), (*chains, 2))):
+        _refuse_moved(call, chains, "its arrays' axes were moved (its chains_marker shows it)")
+
+
+def _refuse_moved(call: str, chains: tuple[int, ...], evidence: str) -> None:
+    raise ArgumentError(
+        f"{call} was given a saving state whose chains, of the shape {chains}, do not lead its arrays: {evidence}, "
+        "as a jax.vmap with out_axes other than 0 leaves it. Return the saving state with out_axes=0 (the default), "
+        "or move the axes back with jnp.moveaxis before passing it on"
+    )
