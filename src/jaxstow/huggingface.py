@@ -58,7 +58,8 @@ def load(
         like: a pytree of arrays or ``jax.ShapeDtypeStruct`` to fit the tensors into; ``None``: a flat dict by path.
         names: each tensor's path: a function ``name -> path`` or a dict (``None``, and for a dict a name it lacks,
             leave the tensor unread).
-        transposed: the 2-d tensors stored turned over (torch's ``weight``): a set of names, or a predicate.
+        transposed: the 2-d tensors stored turned over (torch's ``weight``): a set of names, or a predicate;
+            ``()``: none, every tensor as stored.
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of each remote file, used again while it matches.
@@ -66,8 +67,9 @@ def load(
 
     Raises:
         StructureMismatchError: ``like`` does not fit; the message names each tensor, as stored and as turned.
-        ArgumentError: a file rather than a folder, ``names``/``transposed`` that do not fit the tensors, or a
-            ``transposed`` that splits a layer kind where a square tensor cannot tell (see docs/other-formats.md).
+        ArgumentError: a file rather than a folder, ``names``/``transposed`` that do not fit the tensors, a
+            ``transposed`` that splits a layer kind where a square tensor cannot tell, or none that says how the
+            square ``weight`` tensors filling ``kernel`` leaves are stored (see docs/other-formats.md).
     """
     with open(folder, names=names, transposed=transposed, storage_options=storage_options, transfer=transfer,
               cache_dir=cache_dir) as reader:  # fmt: skip
@@ -93,7 +95,7 @@ def open(
     Args:
         folder: the folder's path or fsspec URL.
         names: each tensor's path: a function ``name -> path`` (``None`` leaves the tensor out) or a dict.
-        transposed: the 2-d tensors stored turned over: a set of names, or a predicate.
+        transposed: the 2-d tensors stored turned over: a set of names, or a predicate; ``()``: none.
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of each remote file, used again while it matches.

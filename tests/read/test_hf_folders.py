@@ -541,10 +541,10 @@ def test_a_square_weight_left_turned_beside_gpt2_conv1d_weights_stored_in_out_is
         f"{folder}: transposed= turns the square 'h.0.attn.c_proj.weight' over but not 'h.0.attn.c_attn.weight', "
         "'h.0.mlp.c_fc.weight' of the same kind ('weight' tensors filling 'kernel' leaves): a folder stores a kind one "
         "way round, and a square tensor's shape fits either way and cannot tell which: mark every 2-d one of them if "
-        "they are stored (out, in), as torch's Linear.weight is, or none if they are stored (in, out), as GPT-2's "
-        "Conv1D.weight is (leaf 'h/0/attn/c_proj/kernel': [8, 8])"
+        "they are stored (out, in), as torch's Linear.weight is, or pass transposed=() if they are stored (in, out), as "
+        "GPT-2's Conv1D.weight is (leaf 'h/0/attn/c_proj/kernel': [8, 8])"
     )
-    params = huggingface.load(folder, like, names=names, as_numpy=True)  # none: every kernel as stored
+    params = huggingface.load(folder, like, names=names, transposed=(), as_numpy=True)  # every kernel as stored
     np.testing.assert_array_equal(params["h"][0]["attn"]["c_proj"]["kernel"], tensors["h.0.attn.c_proj.weight"])
 
 

@@ -63,8 +63,13 @@ def test_a_flax_model_loads_a_torch_folder_only_with_every_linear_weight_turned(
     folder, model = torch_folder
     tokens = np.array([[1, 7, 3, 49]])
     like = FlaxBlock().init(jax.random.key(0), jnp.asarray(tokens))
-    with pytest.raises(StructureMismatchError) as info:  # the oblong kernels do not fit: the advice names the square
+    with pytest.raises(ArgumentError) as undecided:  # the square kernels' shapes cannot tell: transposed= must
         huggingface.load(folder, like, names=_flax_path)
+    assert "pass transposed={'down_proj.weight', 'o_proj.weight', 'q_proj.weight', 'up_proj.weight'} if" in str(
+        undecided.value
+    )
+    with pytest.raises(StructureMismatchError) as info:  # as stored, the oblong ones do not fit; the advice names the
+        huggingface.load(folder, like, names=_flax_path, transposed=())  # square ones with them
     assert "pass transposed={'up_proj.weight'} if it is stored (out, in)" in str(info.value)
     assert "the square tensors of its kind, whose shapes cannot tell: ['o_proj.weight', 'q_proj.weight']" in str(
         info.value
@@ -102,7 +107,7 @@ def test_a_kind_left_out_whole_and_the_oblong_tensors_of_a_turned_kind_load_as_a
         np.testing.assert_array_equal(reader["q_proj.weight"], model.q_proj.weight.detach().numpy().T)
     with pytest.raises(ArgumentError, match=ADD_SQUARE):
         huggingface.open(folder, transposed={"up_proj.weight"})
-    params = huggingface.load(folder, names=_flax_path, as_numpy=True)  # nothing turned: every tensor as stored
+    params = huggingface.load(folder, names=_flax_path, transposed=(), as_numpy=True)  # every tensor as stored
     np.testing.assert_array_equal(params["params/q_proj/kernel"], model.q_proj.weight.detach().numpy())
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._format.tensor_reads import bools_checked
-from jaxstow._read.layer_kinds import refuse_split_kinds, square_kin, torch_conv_as_flax
+from jaxstow._read.layer_kinds import refuse_split_kinds, refuse_undecided_kinds, square_kin, torch_conv_as_flax
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
@@ -161,6 +161,8 @@ def _view(
     mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
     marked = _marked(transposed, list(tensors))
     refuse_split_kinds(folder, tensors, mapping, marked)
+    if transposed is None or callable(transposed) or transposed:  # transposed=(): every tensor as stored
+        refuse_undecided_kinds(folder, tensors, mapping, marked)
     return _laid_out(folder, tensors, mapping, marked)
 
 

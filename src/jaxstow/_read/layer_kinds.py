@@ -5,7 +5,9 @@ filling flax's ``*/kernel`` leaves (every ``Linear``) are one kind, the ``*.weig
 A folder stores every tensor of a kind the same way round, so ``transposed=`` that turns some of a kind over and
 leaves out a square one of it (whose shape fits either way, so that no load would notice) is refused, naming it; so
 is one that turns a square one over and leaves out other 2-d ones of a kind that renames its leaves, and one that
-leaves out a conv weight whose shape reads alike in torch's layout and flax's (3x3 from 3 channels to 3).
+leaves out a conv weight whose shape reads alike in torch's layout and flax's (3x3 from 3 channels to 3). A kind that
+crosses layouts (torch's ``weight`` filling flax's ``kernel``, or the other way) and holds such a tensor loads only as
+``transposed=`` says: turning it, or ``transposed=()``, every tensor as stored.
 
 >>> from jaxstow._read.layer_kinds import kind
 >>> kind("layers.0.q_proj.weight", "layers/0/q_proj/kernel"), kind("fc.weight", "fc.weight")
@@ -19,7 +21,12 @@ from collections.abc import Mapping, Set
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow.errors import ArgumentError
 
-__all__ = ["kind", "refuse_split_kinds", "square_kin", "torch_conv_as_flax"]
+__all__ = ["kind", "refuse_split_kinds", "refuse_undecided_kinds", "square_kin", "torch_conv_as_flax"]
+
+#: The names of a weight stored (out, in) and (out, in, *window), as torch and equinox store it, and of one stored
+#: (in, out) and (*window, in, out), as flax and haiku do: a tensor named one way filling a leaf named the other
+#: crosses layouts.
+_OUT_IN, _IN_OUT = frozenset({"weight"}), frozenset({"kernel", "w"})
 
 
 def kind(tensor: str, path: str) -> tuple[str, str]:
@@ -50,10 +57,7 @@ def refuse_split_kinds(
     library's layers, never an embedding beside them); a tensor of more dims left out whose shape reads alike as
     torch's conv weight and flax's kernel.
     """
-    kinds: dict[tuple[str, str], list[str]] = {}
-    for tensor, path in sorted(mapping.items()):
-        kinds.setdefault(kind(tensor, path), []).append(tensor)
-    for (tensor_end, leaf_end), kin in kinds.items():
+    for (tensor_end, leaf_end), kin in _kinds(mapping).items():
         turned = [tensor for tensor in kin if tensor in marked]
         left = [tensor for tensor in kin if tensor not in marked]
         if not turned:
@@ -76,8 +80,8 @@ def refuse_split_kinds(
             problem = (
                 f"transposed= turns the square {_listed(square_turned)} over but not {_listed(flat_left)} {of_kind}: "
                 "a folder stores a kind one way round, and a square tensor's shape fits either way and cannot tell "
-                "which: mark every 2-d one of them if they are stored (out, in), as torch's Linear.weight is, or none "
-                "if they are stored (in, out), as GPT-2's Conv1D.weight is"
+                "which: mark every 2-d one of them if they are stored (out, in), as torch's Linear.weight is, or pass "
+                "transposed=() if they are stored (in, out), as GPT-2's Conv1D.weight is"
             )
             shown = square_turned[0]
         elif windowed:
@@ -95,9 +99,68 @@ def refuse_split_kinds(
         raise ArgumentError(f"{folder}: {problem} (leaf {leaf!r}: {list(shapes[shown])})", file=folder, path=leaf)
 
 
+def refuse_undecided_kinds(
+    folder: str, tensors: Mapping[str, ShardedLeaf], mapping: Mapping[str, str], marked: Set[str]
+) -> None:
+    """Refuse a kind of ``mapping`` that crosses layouts, that ``marked`` turns none of, and that holds a tensor whose
+    shape cannot tell its layout: a square 2-d one, or one of more dims that reads alike as torch's conv weight and
+    flax's kernel. Its shape would fit as stored, so that the load would give the layers turned over, silently.
+    """
+    for (tensor_end, leaf_end), kin in _kinds(mapping).items():
+        crossing = (tensor_end in _OUT_IN and leaf_end in _IN_OUT) or (tensor_end in _IN_OUT and leaf_end in _OUT_IN)
+        if not crossing or any(tensor in marked for tensor in kin):
+            continue
+        shapes = {tensor: tensors[tensor].shape for tensor in kin}
+        square = [tensor for tensor in kin if _square(shapes[tensor])]
+        windowed = [tensor for tensor in kin if len(shapes[tensor]) > 2 and _layout_blind(shapes[tensor])]
+        if not square and not windowed:
+            continue  # each tensor's shape tells its layout: a load that does not fit says which transposed= does
+        advice = []
+        if square:
+            flat = [tensor for tensor in kin if len(shapes[tensor]) == 2]
+            writer = "(out, in), as torch's Linear" if tensor_end in _OUT_IN else "(in, out), as flax's Dense"
+            advice.append(
+                f"no shape tells how this folder stores {_listed(square)} (square: either way round fits): pass "
+                f"transposed={_exact(flat)} if its 2-d {tensor_end!r} tensors are stored {writer} writes them"
+            )
+        if windowed:
+            turn = "(0, 1), (-1, -2)" if tensor_end in _OUT_IN else "(-1, -2), (0, 1)"
+            advice.append(
+                f"no shape tells how this folder stores {_listed(windowed)} (torch's conv weight (out, in, *window) and flax's "
+                "kernel (*window, in, out) read alike), which transposed= cannot turn (only 2-d tensors): one stored "
+                "the other way round is left out of this load (names= giving it None), read apart "
+                f"(huggingface.open(folder)[name]) and turned with numpy.moveaxis(weight, {turn})"
+            )
+        shown = (square or windowed)[0]
+        raise ArgumentError(
+            f"{folder}: names= fills {leaf_end!r} leaves with {tensor_end!r} tensors, across two layouts "
+            "(torch's Linear.weight is (out, in), flax's Dense kernel (in, out)), and transposed= turns none of them; "
+            + "; ".join(advice)
+            + "; or pass transposed=() if every tensor is stored as its leaf holds it, as GPT-2's Conv1D.weight is "
+            f"(in, out) (leaf {mapping[shown]!r}: {list(shapes[shown])})",
+            file=folder,
+            path=mapping[shown],
+        )
+
+
 def torch_conv_as_flax(shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape of flax's kernel (*window, in, out) for torch's conv weight of ``shape`` (out, in, *window)."""
     return (*shape[2:], shape[1], shape[0])
+
+
+def _kinds(mapping: Mapping[str, str]) -> dict[tuple[str, str], list[str]]:
+    """The tensors of ``mapping`` by their layer kind, each kind's in order of name."""
+    kinds: dict[tuple[str, str], list[str]] = {}
+    for tensor, path in sorted(mapping.items()):
+        kinds.setdefault(kind(tensor, path), []).append(tensor)
+    return kinds
+
+
+def _exact(tensors: list[str]) -> str:
+    """``tensors`` as the set to pass, whole where it is short."""
+    if len(tensors) <= 8:
+        return "{" + ", ".join(map(repr, tensors)) + "}"
+    return "{" + ", ".join(map(repr, tensors[:5])) + f", ...}} (all {len(tensors)} of the kind's 2-d tensors)"
 
 
 def _layout_blind(shape: tuple[int, ...]) -> bool:
