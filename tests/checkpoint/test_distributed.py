@@ -98,11 +98,15 @@ def test_a_process_killed_mid_save_leaves_no_step(tmp_path):
 
 
 def test_processes_that_disagree_on_the_step_commit_nothing(tmp_path):
+    # Process 1 saves step 3 where process 0 saves step 2, then neither saves again: process 0 is told at once, and
+    # process 1, which waits for process 0's next save (of step 3, to pair), names it once the timeout passes.
     folder = tmp_path / "run"
-    reports = reports_of(_start("disagree", 2, 2, folder))
-    assert "process 1 saved step 3, process 0 step 2" in reports[0]["error"]
-    assert "every process calls save for every step, in the same order" in reports[0]["error"]
-    assert "not committed" in reports[1]["error"]
+    reports = reports_of(_start("disagree", 2, 2, folder, "--process-timeout", "3"))
+    assert (
+        "step 2 is not saved: the processes' saves met with other steps (process 0: step 2, process 1: step 3)"
+        in (reports[0]["error"])
+    )
+    assert "process 0 did not report the steps of the save of step 3" in reports[1]["error"]
     assert sorted(path.name for path in folder.iterdir() if not path.name.startswith(".")) == ["1"]
 
 

@@ -134,8 +134,8 @@ def test_a_save_that_one_process_alone_calls_ends_within_the_timeout_naming_the_
     finally:
         (tmp_path / "run.done").touch()
         _end(processes)
-    other = 1 - saver  # process 0 never began the step: no second wait, for an outcome it never decides
-    waited = "its files of step 2" if saver == 0 else "the folder of step 2"
+    other = 1 - saver  # the step each process saves, which process 0 waits for and then tells: nothing is written
+    waited = "the step it saves (step 2 here" if saver == 0 else "the steps of the save of step 2"
     assert (
         report["error"].startswith("CheckpointError") and f"process {other} did not report {waited}" in report["error"]
     )

@@ -31,18 +31,19 @@ from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.exiting import close_on_exit
+from jaxstow.checkpoint.paired_saves import paired_save
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.queries import StepQueries
 from jaxstow.checkpoint.restoring import restore_step
 from jaxstow.checkpoint.schedule import AgreedSteps, SaveSchedule, agree_steps
-from jaxstow.checkpoint.settings import LocalTier, check_flags, checked_broadcast, grouped_settings
+from jaxstow.checkpoint.settings import LocalTier, check_flags, check_ranked, checked_broadcast, grouped_settings
 from jaxstow.checkpoint.shared import Committed, abandon, commit_content
 from jaxstow.checkpoint.step_folder import StepFolder, check_step
 from jaxstow.checkpoint.steps_store import open_steps
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.checkpoint.writer_lock import WriterLock
 from jaxstow.checkpoint.writing import EXTENSION, StepContent, split_items
-from jaxstow.errors import ArgumentError, CheckpointError
+from jaxstow.errors import CheckpointError
 
 __all__ = ["CheckpointManager"]
 
@@ -244,7 +245,9 @@ class CheckpointManager(StepQueries):
     ) -> None:
         """Save ``items`` as ``step``: a dict of named pytrees (one file each) or any other pytree (one file).
 
-        It returns once the arrays are held. After one of ``preemption_signals``, it ends the process once committed.
+        It returns once the arrays are held; under ``jax.distributed``, once every process called it with the same
+        step, or raises where another saves a later step (docs/many-processes.md). After one of ``preemption_signals``,
+        it ends the process once committed.
 
         Args:
             step: A non-negative Python, numpy or 0-d jax integer.
@@ -265,11 +268,7 @@ class CheckpointManager(StepQueries):
         step = self._asked(step)
         named, single = split_items(items)
         checked_metrics, checked_metadata = check_metrics(metrics, step=step), check_metadata(metadata, step=step)
-        if self._policy.ranks and self._policy.metric not in (checked_metrics or {}):
-            raise ArgumentError(
-                f"keep_best ranks steps by the metric {self._policy.metric!r}, so save(step={step}) needs "
-                f"metrics={{{self._policy.metric!r}: ...}}"
-            )
+        check_ranked(self._policy, checked_metrics, step=step)
         check_flags(force=force, copy=copy)
         self._writer.wait()
         if force and self._tiers is not None:
@@ -281,7 +280,7 @@ class CheckpointManager(StepQueries):
                 f"step {step} already exists in {self.directory}{', damaged' * damaged}; pass force=True to replace it",
                 file=self._folder.url(step),
             )
-        talk = self._coordinator.conversation("save")  # in call order: the same in every process, whatever fails
+        talk = paired_save(self._coordinator, step, where=self._folder.url(step))  # every process saves step
         due = self._tiers is not None and self._schedule.should_save(step, newest=agreed.newest)
         replacing = force and self._tiers is not None and agreed.persistent(step)  # new values where the old ones are
         copy_talk = self._coordinator.conversation("copy") if due or replacing else None

@@ -32,7 +32,15 @@ from jaxstow._storage.opening import local_path
 from jaxstow._util.counts import count
 from jaxstow.errors import ArgumentError
 
-__all__ = ["SETTINGS", "LocalTier", "check_flags", "checked_broadcast", "grouped_settings", "without_shortcuts"]
+__all__ = [
+    "SETTINGS",
+    "LocalTier",
+    "check_flags",
+    "check_ranked",
+    "checked_broadcast",
+    "grouped_settings",
+    "without_shortcuts",
+]
 
 #: The keyword settings of ``CheckpointManager`` itself (a shortcut's name is refused if misspelled, with these).
 SETTINGS = (
@@ -181,6 +189,15 @@ def check_flags(**flags: Any) -> None:
     for name, value in flags.items():
         if not isinstance(value, bool | np.bool_):
             raise ArgumentError(f"{name} must be True or False, not {value!r} (a string such as 'false' is true)")
+
+
+def check_ranked(policy: KeepPolicy, metrics: dict[str, Any] | None, *, step: int) -> None:
+    """Refuse a save of ``step`` without the metric that ``policy`` ranks steps by (its ``keep_best``)."""
+    if policy.ranks and policy.metric not in (metrics or {}):
+        raise ArgumentError(
+            f"keep_best ranks steps by the metric {policy.metric!r}, so save(step={step}) needs "
+            f"metrics={{{policy.metric!r}: ...}}"
+        )
 
 
 def without_shortcuts(init: Callable[..., None]) -> inspect.Signature:

@@ -278,13 +278,11 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
     problems = []
     values = False  # whether values, metrics or metadata differ (rather than the step or the tree)
     policies = False  # whether keep policies differ
-    steps = False  # whether steps differ
     first = summaries[0]
     digests = first["digests"]
     for index, summary in enumerate(summaries):
         if summary.get("step") != step:
             problems.append(f"process {index} saved step {summary.get('step')}, process 0 step {step}")
-            steps = True
             continue
         theirs = summary.get("digests", {})
         differing = sorted(name for name in {*digests, *theirs} if digests.get(name) != theirs.get(name))
@@ -316,17 +314,7 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
         advice = f"; {_PER_PROCESS_ADVICE}" if values else ""
         if policies:
             advice += "; make the CheckpointManager with the same keep=KeepPolicy(...) in every process"
-        if steps:
-            advice += f"; {_STEPS_ADVICE}"
         raise CheckpointError(f"step {step} is not committed: " + "; ".join(problems) + advice, file=where)
-
-
-#: What to do when processes saved other steps: one skipped a save (an exception it caught) or made one more.
-_STEPS_ADVICE = (
-    "a process skipped or added a save (an error it caught before save?), and the saves of the processes stay that "
-    "far apart: every process calls save for every step, in the same order; restart every process from the latest "
-    "committed step"
-)
 
 
 def _layout(digest: str | None) -> str | None:
