@@ -12,7 +12,7 @@ import numpy as np
 from jaxstow._util.arguments import checked_arguments
 from jaxstow.errors import ArgumentError, SampleCountError
 from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
-from jaxstow.io.save_arguments import checked_information, chains_marker, checked_state, refuse_leafless
+from jaxstow.io.save_arguments import chains_marker, checked_information, checked_state, refuse_leafless
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
 
