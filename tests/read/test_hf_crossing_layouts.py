@@ -207,3 +207,30 @@ def test_flaxs_square_kernels_load_into_equinox_weights_only_as_transposed_says(
     np.testing.assert_allclose(
         jax.vmap(eqx.combine(loaded, static))(INPUTS), FlaxMLP().apply(like, INPUTS), rtol=1e-5, atol=1e-6
     )
+
+
+def test_torch_weights_into_an_nnx_models_variables_load_only_as_transposed_says(square_mlp, tmp_path):
+    folder, expected = square_mlp  # nnx's State and Module hold each array at 'layer0/kernel/value'
+    graph, state = nnx.split(NnxMLP())
+    names = lambda name: "layer" + name.replace(".", "/").replace("weight", "kernel") + "/value"  # noqa: E731
+    for like in (state, NnxMLP()):
+        with pytest.raises(ArgumentError, match=r"pass transposed=\{'0.weight', '2.weight'\} if") as refused:
+            huggingface.load(folder, like, names=names)
+        assert refused.value.path == "layer0/kernel/value"
+    loaded = huggingface.load(folder, state, names=names, transposed={"0.weight", "2.weight"})
+    np.testing.assert_allclose(nnx.merge(graph, loaded)(INPUTS), expected, rtol=1e-5, atol=1e-6)
+    module = huggingface.load(folder, NnxMLP(), names=names, transposed=lambda name: name.endswith("weight"))
+    np.testing.assert_allclose(module(INPUTS), expected, rtol=1e-5, atol=1e-6)
+
+    jaxstow.save(tmp_path / "nnx.jxs", loaded)  # exported: 'layer0.kernel.value', into equinox's (out, in) weight
+    huggingface.export_safetensors(tmp_path / "nnx.jxs", tmp_path / "exported")
+    params, static = _equinox_mlp()
+
+    def eqx_names(name: str) -> str:  # 'layer0.kernel.value' -> 'layers/0/weight'
+        layer = name.removeprefix("layer").removesuffix(".value").replace("kernel", "weight")
+        return "layers/" + layer.replace(".", "/")
+
+    with pytest.raises(ArgumentError, match="if its 2-d 'kernel' tensors are stored"):
+        huggingface.load(tmp_path / "exported", params, names=eqx_names)
+    turned = huggingface.load(tmp_path / "exported", params, names=eqx_names, transposed=lambda name: "kernel" in name)
+    np.testing.assert_allclose(jax.vmap(eqx.combine(turned, static))(INPUTS), expected, rtol=1e-5, atol=1e-6)

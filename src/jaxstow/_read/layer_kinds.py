@@ -12,6 +12,8 @@ crosses layouts (torch's ``weight`` filling flax's ``kernel``, or the other way)
 >>> from jaxstow._read.layer_kinds import kind
 >>> kind("layers.0.q_proj.weight", "layers/0/q_proj/kernel"), kind("fc.weight", "fc.weight")
 (('weight', 'kernel'), ('weight', 'weight'))
+>>> kind("fc.weight", "fc/kernel/value")  # a flax nnx Variable's array
+('weight', 'kernel')
 """
 
 from __future__ import annotations
@@ -30,8 +32,12 @@ _OUT_IN, _IN_OUT = frozenset({"weight"}), frozenset({"kernel", "w"})
 
 
 def kind(tensor: str, path: str) -> tuple[str, str]:
-    """The layer kind of ``tensor`` read at ``path``: the last part of its name, and of the path it fills."""
-    return tensor.rsplit(".", 1)[-1], path.rsplit("/", 1)[-1].rsplit(".", 1)[-1]
+    """The layer kind of ``tensor`` read at ``path``: the last part of its name, and of the path it fills.
+
+    A flax nnx ``Variable``'s array lies at ``kernel/value`` (exported as ``kernel.value``): its name is the part
+    before ``value``.
+    """
+    return _layer_name(tensor.split(".")), _layer_name(path.replace("/", ".").split("."))
 
 
 def square_kin(layout: Mapping[str, ShardedLeaf], path: str, turned: Set[str]) -> list[str]:
@@ -161,6 +167,10 @@ def _exact(tensors: list[str]) -> str:
     if len(tensors) <= 8:
         return "{" + ", ".join(map(repr, tensors)) + "}"
     return "{" + ", ".join(map(repr, tensors[:5])) + f", ...}} (all {len(tensors)} of the kind's 2-d tensors)"
+
+
+def _layer_name(parts: list[str]) -> str:
+    return parts[-2] if len(parts) > 1 and parts[-1] == "value" else parts[-1]
 
 
 def _layout_blind(shape: tuple[int, ...]) -> bool:
