@@ -234,3 +234,77 @@ def test_torch_weights_into_an_nnx_models_variables_load_only_as_transposed_says
         huggingface.load(tmp_path / "exported", params, names=eqx_names)
     turned = huggingface.load(tmp_path / "exported", params, names=eqx_names, transposed=lambda name: "kernel" in name)
     np.testing.assert_allclose(jax.vmap(eqx.combine(turned, static))(INPUTS), expected, rtol=1e-5, atol=1e-6)
+
+
+class TorchDecoder(torch.nn.Module):
+    """A decoder named as Llama's: ``model.layers.0.self_attn.q_proj.weight``, ``model.embed_tokens.weight``, ..."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        block = lambda: torch.nn.ModuleDict(  # noqa: E731
+            {
+                "input_layernorm": torch.nn.LayerNorm(WIDTH),
+                "self_attn": torch.nn.ModuleDict(
+                    {f"{x}_proj": torch.nn.Linear(WIDTH, WIDTH, bias=False) for x in "qkvo"}
+                ),
+                "mlp": torch.nn.ModuleDict(
+                    {"up_proj": torch.nn.Linear(WIDTH, 32), "down_proj": torch.nn.Linear(32, WIDTH)}
+                ),
+            }
+        )
+        self.model = torch.nn.ModuleDict(
+            {
+                "embed_tokens": torch.nn.Embedding(40, WIDTH),
+                "layers": torch.nn.ModuleList([block() for _ in range(layers)]),
+            }
+        )
+        self.lm_head = torch.nn.Linear(WIDTH, 40, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.model["embed_tokens"](tokens)
+        for layer in self.model["layers"]:
+            h, attn, mlp = layer["input_layernorm"](x), layer["self_attn"], layer["mlp"]
+            x = x + attn["o_proj"](attn["q_proj"](h) * torch.sigmoid(attn["k_proj"](h)) + attn["v_proj"](h))
+            x = x + mlp["down_proj"](torch.relu(mlp["up_proj"](x)))
+        return self.lm_head(x)
+
+
+class FlaxDecoder(nn.Module):
+    """TorchDecoder in flax.linen, its layers' modules named ``layers_0_q_proj``, ``layers_0_input_layernorm``, ..."""
+
+    layers: int
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = nn.Embed(40, WIDTH, name="embed_tokens")(tokens)
+        for index in range(self.layers):
+            q, k, v, o = (nn.Dense(WIDTH, use_bias=False, name=f"layers_{index}_{x}_proj") for x in "qkvo")
+            up, down = nn.Dense(32, name=f"layers_{index}_up_proj"), nn.Dense(WIDTH, name=f"layers_{index}_down_proj")
+            h = nn.LayerNorm(epsilon=1e-5, name=f"layers_{index}_input_layernorm")(x)
+            x = x + o(q(h) * nn.sigmoid(k(h)) + v(h))
+            x = x + down(nn.relu(up(x)))
+        return nn.Dense(40, use_bias=False, name="lm_head")(x)
+
+
+def _decoder_path(name: str) -> str:
+    """``model.layers.0.self_attn.q_proj.weight`` -> ``params/layers_0_q_proj/kernel``, as FlaxDecoder names it."""
+    module, leaf = name.removeprefix("model.").rsplit(".", 1)
+    module = re.sub(r"layers\.(\d+)\.(self_attn\.|mlp\.)?", r"layers_\1_", module)
+    if leaf == "weight":
+        leaf = "scale" if module.endswith("layernorm") else "embedding" if module == "embed_tokens" else "kernel"
+    return f"params/{module}/{leaf}"
+
+
+def test_the_transposed_a_refusal_names_for_many_layers_pasted_as_is_loads_torchs_model(tmp_path):
+    torch.manual_seed(0)
+    tokens = np.array([[3, 0, 39, 7]])
+    folder, expected = _torch_folder(tmp_path, TorchDecoder(layers=4), tokens)
+    like = FlaxDecoder(layers=4).init(jax.random.key(0), tokens)
+    with pytest.raises(ArgumentError) as refused:
+        huggingface.load(folder, like, names=_decoder_path)
+    message = str(refused.value)
+    assert "and 11 more (square: either way round fits)" in message  # 16 square projections, 25 2-d weights
+    suggested = re.search(r"pass transposed=(.+) if its 2-d 'weight' tensors", message)
+    assert suggested is not None, message
+    params = huggingface.load(folder, like, names=_decoder_path, transposed=eval(suggested[1]))  # pasted as is
+    np.testing.assert_allclose(FlaxDecoder(layers=4).apply(params, tokens), expected, rtol=1e-4, atol=1e-5)

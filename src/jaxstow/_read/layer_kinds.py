@@ -127,7 +127,7 @@ def refuse_undecided_kinds(
             writer = "(out, in), as torch's Linear" if tensor_end in _OUT_IN else "(in, out), as flax's Dense"
             advice.append(
                 f"no shape tells how this folder stores {_listed(square)} (square: either way round fits): pass "
-                f"transposed={_exact(flat)} if its 2-d {tensor_end!r} tensors are stored {writer} writes them"
+                f"transposed={_exact(flat, mapping)} if its 2-d {tensor_end!r} tensors are stored {writer} writes them"
             )
         if windowed:
             turn = "(0, 1), (-1, -2)" if tensor_end in _OUT_IN else "(-1, -2), (0, 1)"
@@ -162,11 +162,13 @@ def _kinds(mapping: Mapping[str, str]) -> dict[tuple[str, str], list[str]]:
     return kinds
 
 
-def _exact(tensors: list[str]) -> str:
-    """``tensors`` as the set to pass, whole where it is short."""
-    if len(tensors) <= 8:
-        return "{" + ", ".join(map(repr, tensors)) + "}"
-    return "{" + ", ".join(map(repr, tensors[:5])) + f", ...}} (all {len(tensors)} of the kind's 2-d tensors)"
+def _exact(tensors: list[str], mapping: Mapping[str, str]) -> str:
+    """The ``transposed=`` that marks ``tensors`` alone of those ``mapping`` reads, to be pasted: the set where it is
+    short, else a predicate on the names' endings (``q_proj.weight``, one for every layer) where they tell them apart."""
+    endings = tuple(sorted({".".join(tensor.split(".")[-2:]) for tensor in tensors}))
+    if len(tensors) > 8 and {tensor for tensor in mapping if tensor.endswith(endings)} == set(tensors):
+        return f"lambda name: name.endswith({endings!r})"
+    return "{" + ", ".join(map(repr, tensors)) + "}"
 
 
 def _layer_name(parts: list[str]) -> str:
