@@ -284,6 +284,7 @@ class CheckpointManager(StepQueries):
         due = self._tiers is not None and self._schedule.should_save(step, newest=agreed.newest)
         replacing = force and self._tiers is not None and agreed.persistent(step)  # new values where the old ones are
         copy_talk = self._coordinator.conversation("copy") if due or replacing else None
+        agreed.issued(step)  # in every process alike, whether this one's part then fails now or in the background
         try:  # a failure here (the lock is process 0's alone) fails the step in every process
             if self._lock is None and me == 0:
                 self._take_lock()
@@ -300,7 +301,6 @@ class CheckpointManager(StepQueries):
             upload = functools.partial(self._copy, talk=copy_talk, replace=replacing) if copy_talk else None
             tiers, decided = self._tiers, self._decided(False)
             write = functools.partial(tiers.save, content, talk=talk, persistent=upload, decided=decided)
-        agreed.issued(step)
         self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
         if self._notice is not None and self._notice.received is not None and self._notice.settle():
             self.close()  # ends the process, every manager that caught the signal having saved its step
