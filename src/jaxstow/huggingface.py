@@ -59,7 +59,7 @@ def load(
         names: each tensor's path: a function ``name -> path`` or a dict (``None``, and for a dict a name it lacks,
             leave the tensor unread).
         transposed: the 2-d tensors stored turned over (torch's ``weight``): a set of names, or a predicate;
-            ``()``: none, every tensor as stored.
+            ``()`` (the empty tuple alone): none, every tensor as stored.
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of each remote file, used again while it matches.
@@ -95,7 +95,7 @@ def open(
     Args:
         folder: the folder's path or fsspec URL.
         names: each tensor's path: a function ``name -> path`` (``None`` leaves the tensor out) or a dict.
-        transposed: the 2-d tensors stored turned over: a set of names, or a predicate; ``()``: none.
+        transposed: the 2-d tensors stored turned over: a set of names, or a predicate; ``()`` (the empty tuple alone): none.
         storage_options: fsspec's options, for a URL.
         transfer: the requests in flight, their size and a bandwidth cap, for a URL.
         cache_dir: a folder keeping a local copy of each remote file, used again while it matches.

@@ -100,12 +100,21 @@ def test_a_torch_mlp_of_square_linears_loads_into_flax_only_as_transposed_says(s
         huggingface.load(folder, like, names=_linen_path, transposed=lambda name: name.endswith("proj.weight"))
     with pytest.raises(ArgumentError, match="transposed= turns none of them"):  # the reader too
         huggingface.open(folder, names=_linen_path)
+    with huggingface.open(folder) as reader:  # a set built from the names, which happens to match none
+        built = {name for name in reader.paths if name.endswith("proj.weight")}
+    for marks_none in (built, [], iter(())):
+        with pytest.raises(ArgumentError, match="transposed= turns none of them"):
+            huggingface.load(folder, like, names=_linen_path, transposed=marks_none)
 
     params = huggingface.load(folder, like, names=_linen_path, transposed={"0.weight", "2.weight"})
     np.testing.assert_allclose(FlaxMLP().apply(params, INPUTS), expected, rtol=1e-5, atol=1e-6)
     as_stored = huggingface.load(folder, like, names=_linen_path, transposed=(), as_numpy=True)  # said outright
     with huggingface.open(folder) as reader:
         np.testing.assert_array_equal(as_stored["params"]["layers_0"]["kernel"], reader["0.weight"])
+    with huggingface.open(folder, names=_linen_path, transposed=()) as reader:  # opened as stored, loaded so
+        np.testing.assert_array_equal(
+            reader.load(like, as_numpy=True)["params"]["layers_0"]["kernel"], as_stored["params"]["layers_0"]["kernel"]
+        )
 
     graph, state = nnx.split(NnxMLP())
     pure = nnx.to_pure_dict(state)

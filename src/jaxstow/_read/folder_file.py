@@ -63,8 +63,9 @@ class FolderFile(OpenedFile):
         names: Names | None = None,
         transposed: Transposed | None = None,
     ) -> None:
+        as_stored = isinstance(transposed, tuple) and not transposed  # transposed=(): every tensor as stored
         transposed = _marks(transposed)  # read once: an iterator is a collection only the first time
-        layout, presented, turned = _view(folder, tensors, names, transposed)
+        layout, presented, turned = _view(folder, tensors, names, transposed, as_stored=as_stored)
         super().__init__(containers, leaves=presented)
         self.file = folder
         self.metadata = metadata if metadata is not None else self.metadata
@@ -73,7 +74,7 @@ class FolderFile(OpenedFile):
         self.tensors = dict(tensors)
         self.layout = layout
         self.turned = turned
-        self.names, self.transposed = names, transposed
+        self.names, self.transposed = names, (() if as_stored else transposed)
 
     def mapped(self, names: Names | None = None, transposed: Transposed | None = None) -> FolderFile:
         """The same tensors by the paths ``names`` gives them (dots become slashes by default).
@@ -155,13 +156,22 @@ def _dotted(tensor: str) -> str:
 
 
 def _view(
-    folder: str, tensors: Mapping[str, ShardedLeaf], names: Names | None, transposed: _Marks | None
+    folder: str,
+    tensors: Mapping[str, ShardedLeaf],
+    names: Names | None,
+    transposed: _Marks | None,
+    *,
+    as_stored: bool,
 ) -> tuple[dict[str, ShardedLeaf], dict[str, ShardedLeaf], frozenset[str]]:
-    """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks."""
+    """The leaves by path as stored and as read, and the paths read turned over: those ``transposed`` marks.
+
+    Only ``transposed=()`` (``as_stored``) says that every tensor is as stored: an empty set or list, as a set built
+    from the names that matched none, marks none, as a predicate that is false for every name does.
+    """
     mapping = _path_mapping(names, list(tensors))  # the caller's functions run with the collector as they left it
     marked = _marked(transposed, list(tensors))
     refuse_split_kinds(folder, tensors, mapping, marked)
-    if transposed is None or callable(transposed) or transposed:  # transposed=(): every tensor as stored
+    if not as_stored:
         refuse_undecided_kinds(folder, tensors, mapping, marked)
     return _laid_out(folder, tensors, mapping, marked)
 
