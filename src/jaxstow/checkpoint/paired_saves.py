@@ -8,7 +8,7 @@ save to the next conversation, where the others' next save meets it. So the next
 one step pairs up and commits, as every later one does. One process is the case N=1: it always agrees with itself.
 
 >>> from jaxstow._coordination import Coordinator
->>> talk = paired_save(Coordinator("runs/a", timeout=60), 7, where="runs/a/7")
+>>> talk = paired_save(Coordinator("runs/b", timeout=60), 7, where="runs/b/7")
 >>> talk.name.endswith("save1")
 True
 >>> talk.close()
