@@ -27,6 +27,7 @@ jax...: ...ValueError: no room for this block...
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import sys
@@ -101,7 +102,7 @@ class _Layout:
         self.code = xla_ffi.dtype_code(aval.dtype)
         self.shape, self.dtype = tuple(aval.shape), np.dtype(aval.dtype) if self.code else None
         nbytes = int(np.prod(self.shape, dtype=np.int64)) * (self.dtype.itemsize if self.dtype else 0)
-        self.interface = {"shape": (nbytes,), "typestr": "|u1", "version": 3}  # any dtype: ml_dtypes' too
+        self.memory = ctypes.c_ubyte * nbytes  # any dtype: ml_dtypes' too
         self.empty = nbytes == 0
 
     def view(self, address: int | None) -> np.ndarray:
@@ -109,16 +110,8 @@ class _Layout:
             return np.zeros(self.shape, self.dtype)
         if not address:
             raise xla_ffi.FrameError(f"a buffer of shape {self.shape} has no data")
-        raw: np.ndarray = np.asarray(_Memory({**self.interface, "data": (address, False)}))
-        array: np.ndarray = raw.view(self.dtype).reshape(self.shape)
+        array: np.ndarray = np.frombuffer(memoryview(self.memory.from_address(address)), self.dtype).reshape(self.shape)
         return array
-
-
-class _Memory:
-    """Bytes at an address, as numpy's array interface describes them."""
-
-    def __init__(self, interface: dict[str, Any]) -> None:
-        self.__array_interface__ = interface
 
 
 class _Call:
@@ -129,6 +122,9 @@ class _Call:
         self.receive = receive
         self.operands = [_Layout(aval) for aval in operands]
         self.answer = _Layout(answer)
+        #: The XLA type and shape of each operand's buffer, and of the answer's, as the call frame must hold them.
+        self.operand_buffers = [(layout.code or 0, layout.shape) for layout in self.operands]
+        self.answer_buffer = [(self.answer.code or 0, self.answer.shape)]
 
     @property
     def in_place(self) -> bool:
@@ -136,13 +132,11 @@ class _Call:
         return all(layout.code is not None for layout in (*self.operands, self.answer))
 
     def __call__(self, frame: xla_ffi.CallFrame) -> None:
-        count = len(self.operands)
-        arrays = [
-            layout.view(xla_ffi.buffer_data(frame.args, "args", index, count, layout.code or 0, layout.shape))
-            for index, layout in enumerate(self.operands)
-        ]
+        addresses = xla_ffi.buffer_addresses(frame.args, "args", self.operand_buffers)
+        arrays = [layout.view(address) for layout, address in zip(self.operands, addresses, strict=True)]
+        (address,) = xla_ffi.buffer_addresses(frame.rets, "rets", self.answer_buffer)
         answer = self.answer
-        result = answer.view(xla_ffi.buffer_data(frame.rets, "rets", 0, 1, answer.code or 0, answer.shape))
+        result = answer.view(address)
         answered = np.asarray(self.receive(*arrays))
         if answered.shape != answer.shape:
             raise ValueError(f"the host function answered shape {answered.shape}, not {answer.shape}")

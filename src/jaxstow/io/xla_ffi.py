@@ -9,6 +9,7 @@ the one the program fixed raises :class:`FrameError`, which the handler answers 
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ __all__ = [
     "CallFrame",
     "FrameError",
     "answer_metadata",
-    "buffer_data",
+    "buffer_addresses",
     "call_frame",
     "dtype_code",
     "error",
@@ -250,24 +251,28 @@ def dtype_code(dtype: Any) -> int | None:
         return None
 
 
-def buffer_data(items: _Items, what: str, index: int, count: int, code: int, shape: tuple[int, ...]) -> int | None:
-    """The address of buffer ``index`` of ``count`` in the arguments or results ``items``, checked to hold XLA type
-    ``code`` and ``shape``."""
+def buffer_addresses(items: _Items, what: str, wanted: Sequence[tuple[int, tuple[int, ...]]]) -> list[int | None]:
+    """The address of each buffer of the arguments or results ``items`` (read once per call), checked to be as many
+    as ``wanted`` and to hold its XLA type and shape."""
     _check_size(items, "items", f"XLA_FFI_{what.capitalize()}")
-    if items.size != count:
-        raise FrameError(f"the call has {items.size} {what}, not {count}")
-    if items.types[index] != BUFFER:
-        raise FrameError(f"{what} {index} is of kind {items.types[index]}, not a buffer")
-    buffer = items.items[index].contents
-    _check_size(buffer, "dims", "XLA_FFI_Buffer")
-    dims = tuple(buffer.dims[axis] for axis in range(buffer.rank)) if 0 <= buffer.rank <= len(shape) else None
-    if buffer.dtype != code or dims != shape:
-        raise FrameError(
-            f"{what} {index} is a buffer of XLA type {buffer.dtype} and rank {buffer.rank} (dims {dims}), "
-            f"not of type {code} and shape {shape}"
-        )
-    address: int | None = buffer.data
-    return address
+    if items.size != len(wanted):
+        raise FrameError(f"the call has {items.size} {what}, not {len(wanted)}")
+    types, buffers = items.types, items.items
+    addresses: list[int | None] = []
+    for index, (code, shape) in enumerate(wanted):
+        if types[index] != BUFFER:
+            raise FrameError(f"{what} {index} is of kind {types[index]}, not a buffer")
+        buffer = buffers[index].contents
+        _check_size(buffer, "dims", "XLA_FFI_Buffer")
+        rank = buffer.rank
+        dims = tuple(buffer.dims[:rank]) if 0 <= rank <= len(shape) else None
+        if buffer.dtype != code or dims != shape:
+            raise FrameError(
+                f"{what} {index} is a buffer of XLA type {buffer.dtype} and rank {rank} (dims {dims}), "
+                f"not of type {code} and shape {shape}"
+            )
+        addresses.append(buffer.data)
+    return addresses
 
 
 def error(api: Api, message: str) -> int:
