@@ -16,7 +16,7 @@ Array([[5., 0., 0.],
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import jax
@@ -271,14 +271,14 @@ def write_rows(buffer: Any, rows: jax.Array, values: Any) -> Any:
     return jax.tree.map(lambda stack, value: stack.at[index].set(value), buffer, values)
 
 
-def shared_chains(chain_ids: Any) -> dict[int, int]:
+def shared_chains(chain_ids: Iterable[int]) -> dict[int, int]:
     """The chain ids that several chains of a run carry (their saving states are copies of one), and how many do.
 
-    >>> shared_chains(np.array([0, 1, 2])), shared_chains(np.array([[3, 3], [3, 4]]))
+    >>> shared_chains([0, 1, 2]), shared_chains([3, 3, 3, 4])
     ({}, {3: 3})
     """
     # Counted in Python: a run's callback asks it for every block, and np.unique costs tens of microseconds there.
-    counts = collections.Counter(np.asarray(chain_ids).ravel().tolist())
+    counts = collections.Counter(chain_ids)
     return {chain_id: count for chain_id, count in sorted(counts.items()) if count > 1}
 
 

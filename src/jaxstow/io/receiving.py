@@ -142,15 +142,19 @@ class Receiver:
         block before it: the host's state (a data loader's position) must be read at this step, and the run must not
         go on before its checkpoint is stored.
         """
-        strategies, chain_ids, firsts, fills, rows = np.array(numbers)  # a copy: the arguments are the run's memory
-        if np.any(strategies != self.number):
+        table = np.array(numbers)  # a copy: the arguments are the run's memory
+        strategies, chain_ids = table[0], table[1]
+        # Each chain's numbers as Python ints, in one call: the loops over chains read nothing of numpy's.
+        each_strategy, each_chain, each_first, each_fill, each_row = table.reshape(len(table), -1).tolist()
+        if any(strategy != self.number for strategy in each_strategy):
             return self._forward(strategies, checkpoint_every, numbers, buffer, checkpoint)
         token: np.ndarray = chain_ids.astype(np.int32)
         if problem := self._traced_otherwise(checkpoint_every, checkpoint):
             self._refuse_program(chain_ids, problem)
             return token
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
-        rounds = self._blocks(chain_ids, firsts, fills, rows, leaves)
+        rings = [leaf.reshape(-1, *leaf.shape[chain_ids.ndim :]) for leaf in leaves]  # the chains on one axis
+        rounds = self._blocks(each_chain, each_first, each_fill, each_row, rings)
         if self.at_once:
             self._hand_over(rounds)
         else:
@@ -161,7 +165,7 @@ class Receiver:
                 self._deliveries.wait()
                 self._hand_over(rounds)
         if checkpoint is not None:
-            self._checkpoint(chain_ids, firsts + fills, checkpoint)
+            self._checkpoint(chain_ids, table[2] + table[3], checkpoint)
         return token
 
     def _forward(
@@ -221,24 +225,23 @@ class Receiver:
             self.failures.setdefault(int(chain_ids[index]), ("receiving the run's blocks", error))
 
     def _blocks(
-        self, chain_ids: np.ndarray, firsts: np.ndarray, fills: np.ndarray, rows: np.ndarray, leaves: list[Any]
+        self, chain_ids: list[int], firsts: list[int], fills: list[int], rows: list[int], rings: list[np.ndarray]
     ) -> list[list[Block]]:
-        """Each chain's block, its rows of every leaf, in one piece or two (where it wraps around the ring): the
-        first pieces, then the second ones. Chains that share a state, or whose run is over, get none."""
+        """Each chain's block (the chains' numbers in a row, and each leaf's rings stacked in that order), its rows of
+        every leaf, in one piece or two (where it wraps around the ring): the first pieces, then the second ones.
+        Chains that share a state, or whose run is over, get none."""
         if shared := shared_chains(chain_ids):  # their blocks would mix: they are kept from the collector
             error = shared_state_error(shared, self.name)
             for chain_id in shared:
                 self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
         rounds: list[list[Block]] = [[], []]
-        for index in np.ndindex(chain_ids.shape):
-            chain_id = int(chain_ids[index])
+        ring = rings[0].shape[1]
+        for index, (chain_id, first, fill, row) in enumerate(zip(chain_ids, firsts, fills, rows, strict=True)):
             if chain_id not in self.live:
                 self.failures.setdefault(chain_id, ("receiving the run's blocks", ran_already([chain_id], self.name)))
             elif chain_id not in self.failures:
-                ring = len(leaves[0][index])
-                pieces = ring_pieces(int(firsts[index]), int(fills[index]), int(rows[index]), ring)
-                for blocks, (first, piece) in zip(rounds, pieces, strict=False):
-                    blocks.append((chain_id, first, [leaf[index][piece] for leaf in leaves]))
+                for blocks, (start, piece) in zip(rounds, ring_pieces(first, fill, row, ring), strict=False):
+                    blocks.append((chain_id, start, [leaf[index, piece] for leaf in rings]))
         return [blocks for blocks in rounds if blocks]
 
     def _hand_over(self, rounds: list[list[Block]]) -> None:

@@ -287,7 +287,7 @@ class _Streaming:
             )
         host.wait()
         name = type(self.collector).__name__
-        if shared := shared_chains(state.chain_id):
+        if shared := shared_chains(np.ravel(state.chain_id).tolist()):
             raise shared_state_error(shared, name)
         chains = list(np.ndindex(np.shape(state.chain_id)))
         chain_ids = [int(state.chain_id[index]) for index in chains]
