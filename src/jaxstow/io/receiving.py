@@ -153,7 +153,8 @@ class Receiver:
             self._refuse_program(chain_ids, problem)
             return token
         leaves = [np.asarray(leaf) for leaf in jax.tree.leaves(buffer)]
-        rings = [leaf.reshape(-1, *leaf.shape[chain_ids.ndim :]) for leaf in leaves]  # the chains on one axis
+        chains = len(each_chain)  # not -1: a leaf of no element has no size to tell it
+        rings = [leaf.reshape(chains, *leaf.shape[chain_ids.ndim :]) for leaf in leaves]  # the chains on one axis
         rounds = self._blocks(each_chain, each_first, each_fill, each_row, rings)
         if self.at_once:
             self._hand_over(rounds)
