@@ -30,7 +30,7 @@ from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype
 from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
-from jaxstow._format.replicas import Box, replica_print, share_box
+from jaxstow._format.replicas import Box, Holders, replica_print, share_box
 from jaxstow._format.sharding_description import check_sharding_description, check_whole_placement, describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
@@ -112,8 +112,9 @@ class EncodedLeaf(NamedTuple):
     #: A sharded array's layout over every device of every process (which processes hold each box), hashed: the
     #: processes saving it must agree on it, or their files would not cover the array exactly once.
     holders: str = ""
-    #: The prints of a sharded array's boxes that every process of the save holds (its replicas), which must agree.
-    replicas: str = ""
+    #: Of a sharded array, each set of processes that holds some of its boxes (its replicas), with the prints of
+    #: those boxes where this process is one of the set ("" where not), which must agree between the set's members.
+    replicas: tuple[tuple[Holders, str], ...] = ()
 
     def tensors(self) -> list[tuple[str, HostArray, Entry]]:
         """Each tensor this leaf stores: its name, its bytes and the entry that receives its checksum."""
@@ -182,11 +183,12 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
 
     A shard held by several processes (replicated) is cut into as many ranges along its first axis long enough, one
     written by each of them, so that they share its writing; a shard held by one process alone is written whole.
-    Those that every process holds are printed (:func:`~jaxstow._format.replicas.replica_print`) for the processes
-    to compare: copies that differ would be saved as a mix of them.
+    Those that several processes hold are printed (:func:`~jaxstow._format.replicas.replica_print`) for their
+    holders to compare: copies that differ would be saved as a mix of them.
     """
-    shards, prints = [], []
+    shards = []
     holders = _holders(leaf.sharding, leaf.shape)
+    prints: dict[Holders, list[str]] = {processes: [] for processes in _shared_by(leaf.sharding, leaf.shape)}
     me = jax.process_index()
     chosen: dict[Box, Any] = {}
     for shard in leaf.addressable_shards:
@@ -196,12 +198,9 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     for whole, shard in chosen.items():
         processes = holders[whole]
         box, within = share_box(whole, processes.index(me), len(processes))
-        everyone = len(processes) == jax.process_count() > 1
-        if box is None and not everyone:
-            continue
         data, _ = _host_array(shard.data, path=path, file=file)
-        if everyone:
-            prints.append(f"{whole}:{replica_print(data)}")
+        if len(processes) > 1:
+            prints[tuple(processes)].append(f"{whole}:{replica_print(data)}")
         if box is None:
             continue
         if within is not None:
@@ -213,7 +212,8 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
-    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape), ",".join(sorted(prints)))
+    replicas = tuple((processes, ",".join(sorted(found))) for processes, found in prints.items())
+    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape), replicas)
 
 
 def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
@@ -227,6 +227,12 @@ def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Bo
     for device, index in sharding.devices_indices_map(shape).items():
         holders.setdefault(_as_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
     return {box: sorted(processes) for box, processes in holders.items()}
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_by(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[Holders, ...]:
+    """Each set of several processes that holds some distinct shards of an array laid out so, in order."""
+    return tuple(sorted({tuple(processes) for processes in _holders(sharding, shape).values() if len(processes) > 1}))
 
 
 @functools.lru_cache(maxsize=256)

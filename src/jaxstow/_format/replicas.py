@@ -14,10 +14,12 @@ import numpy as np
 
 from jaxstow._format.checksum import as_bytes, checksum_bytes
 
-__all__ = ["Box", "replica_print", "share_box"]
+__all__ = ["Box", "Holders", "replica_print", "share_box"]
 
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
+#: The processes that hold a box, in order.
+Holders = tuple[int, ...]
 
 #: A replica of at most this many bytes is printed whole; a larger one by :data:`_WINDOWS` evenly spaced windows of
 #: :data:`_WINDOW` bytes, so that comparing replicas costs every process as little as a small array's bytes.

@@ -21,12 +21,11 @@ import json
 import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import jax
 import numpy as np
-import xxhash
 
 from jaxstow._format.block_checksums import block_count
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum, checksums
@@ -49,7 +48,9 @@ from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
 from jaxstow._write.array_details import DETAILED_KINDS, array_details
 from jaxstow._write.flattening import cycle_error, naming_deleted_arrays
+from jaxstow._write.grouped_prints import GROUPS, differing_group, grouped
 from jaxstow._write.host_budget import HostBudget
+from jaxstow._write.replica_sets import replica_summary
 from jaxstow._write.shard_names import rename_taken_shards
 from jaxstow._write.taken_apart import TakenApart, take_apart
 from jaxstow.errors import MetadataError, ShardingError
@@ -69,6 +70,9 @@ class EncodedTree:
     #: every process saves once for all (small ones), hashed, which is the same in every process saving the same
     #: tree (:func:`_digest`).
     digest: str = ""
+    #: For a part of a tree saved by several processes: the prints of the replicas this process holds of its sharded
+    #: arrays, per set of processes holding them (:func:`~jaxstow._write.replica_sets.replica_summary`).
+    replicas: dict[str, str] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -160,6 +164,7 @@ def encode_tree(
     if copy:
         encoded = [_copied(leaf, given) for leaf, given in zip(encoded, leaves, strict=True)]
     digest = "" if part is None else _digest(structure, encoded)
+    replicas = {} if part is None else replica_summary(encoded, part)
     rename_taken_shards(encoded)
     if part:
         encoded = [leaf for leaf in encoded if leaf.entry["kind"] in ("sharded", "per_process")]
@@ -177,7 +182,7 @@ def encode_tree(
             "leaves": [leaf.entry for leaf in encoded],
             "metadata": metadata,
         }
-    return EncodedTree(encoded, manifest, digest)
+    return EncodedTree(encoded, manifest, digest, replicas)
 
 
 def _copied(leaf: EncodedLeaf, given: Any) -> EncodedLeaf:
@@ -243,39 +248,27 @@ def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: s
 def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
     """What every process saving the same tree agrees on: its structure, each leaf's path, kind, dtype and shape,
     then (after a ``:``) the values that every process saves once for all, in groups of leaves
-    (:data:`_VALUE_GROUPS` at most, 8 hex digits each): the value leaves, and the bytes of each stored array of at
-    most :data:`_VALUE_BYTES`, and the prints of the replicas of sharded arrays that every process holds. Larger
-    unsharded arrays are left out, for the cost of hashing them in every process of every save; per-process leaves
-    and shards that not every process holds too, so no shard another process holds is ever read. See
-    :func:`differing_leaves`."""
+    (:mod:`~jaxstow._write.grouped_prints`): the value leaves, and the bytes of each stored array of at most
+    :data:`_VALUE_BYTES`. Larger unsharded arrays are left out, for the cost of hashing them in every process of
+    every save; per-process leaves too, and sharded arrays, whose replicas are compared between the processes that
+    hold them (:mod:`~jaxstow._write.replica_sets`). See :func:`differing_leaves`."""
     described = [json.dumps([leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)]) for leaf in leaves]
     layout = hashlib.sha256(json.dumps([structure, described], separators=(",", ":")).encode()).hexdigest()[:16]
-    return f"{layout}:{_grouped([_value_print(leaf) for leaf in leaves])}:{_grouped(described)}"
-
-
-def _grouped(prints: list[str]) -> str:
-    """A hash (8 hex digits) of each group of consecutive ``prints``, in at most :data:`_VALUE_GROUPS` groups."""
-    size = -(-len(prints) // _VALUE_GROUPS) or 1
-    return "".join(
-        xxhash.xxh3_64_hexdigest("\n".join(prints[start : start + size]).encode())[:8]
-        for start in range(0, len(prints), size)
-    )
+    return f"{layout}:{grouped([_value_print(leaf) for leaf in leaves])}:{grouped(described)}"
 
 
 #: The largest unsharded array whose bytes the digest of a tree saved by several processes covers: larger ones
 #: (replicated parameters, for instance) would cost every process a pass over them on every save.
 _VALUE_BYTES = 64 << 10
-#: The most groups of leaves whose values a digest holds a hash of: a digest stays under a few KiB however many
-#: leaves the tree has, and a difference is located to a group of leaves.
-_VALUE_GROUPS = 512
 
 
 def differing_layout(digest: str, other: str, count: int) -> int | None:
     """The first leaf of a tree of ``count`` leaves whose path, kind, dtype or shape the other digest's tree does not
     share at its place (``count`` where the other tree has more leaves); ``None`` where the layouts agree or cannot be
-    told apart leaf by leaf (a tree of half :data:`_VALUE_GROUPS` leaves or more has groups of several)."""
+    told apart leaf by leaf (a tree of half :data:`~jaxstow._write.grouped_prints.GROUPS` leaves or more has groups
+    of several)."""
     ours, theirs = (text.split(":")[2] if text.count(":") == 2 else "" for text in (digest, other))
-    few = _VALUE_GROUPS // 2  # fewer groups than that: one leaf each
+    few = GROUPS // 2  # fewer groups than that: one leaf each
     if digest.partition(":")[0] == other.partition(":")[0] or not count < few or not len(theirs) < 8 * few:
         return None
     return next((k for k in range(count) if ours[8 * k : 8 * k + 8] != theirs[8 * k : 8 * k + 8]), count)
@@ -288,22 +281,15 @@ def differing_leaves(digest: str, other: str, count: int) -> tuple[int, int] | N
     other_layout, other_values = other.split(":")[:2]
     if layout != other_layout or values == other_values:
         return None
-    size = -(-count // _VALUE_GROUPS) or 1
-    for group, start in enumerate(range(0, count, size)):
-        if values[8 * group : 8 * group + 8] != other_values[8 * group : 8 * group + 8]:
-            return start, min(start + size, count)
-    return None
+    return differing_group(values, other_values, count)
 
 
 def _value_print(leaf: EncodedLeaf) -> str:
     """What a leaf's value contributes to the digest: its JSON (a value leaf), its bytes' xxh3 (a stored array of at
-    most :data:`_VALUE_BYTES`, a deferred one read for it), its replicas' prints (a sharded array), or nothing
-    (per-process and larger leaves)."""
+    most :data:`_VALUE_BYTES`, a deferred one read for it), or nothing (sharded, per-process and larger leaves)."""
     kind = leaf.entry["kind"]
     if kind == "value":
         return json.dumps(leaf.entry.get("value"), sort_keys=True, separators=(",", ":"), default=str)
-    if kind == "sharded":
-        return leaf.replicas
     array = leaf.array
     if kind == "per_process" or array is None or array.nbytes > _VALUE_BYTES:
         return ""

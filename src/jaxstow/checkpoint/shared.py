@@ -34,6 +34,7 @@ from jaxstow._coordination import Conversation
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.store import Staging, Store
 from jaxstow._write.encoded import differing_layout, differing_leaves
+from jaxstow._write.replica_sets import differing_replicas
 from jaxstow.checkpoint.writing import StepContent, write_items
 from jaxstow.errors import CheckpointError
 
@@ -239,8 +240,9 @@ def _stage(store: Store, folder: str, step: int, *, replace: bool, token: str | 
 def record_of(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> StepRecord:
     """The record of the step of ``content`` that every process saved, from their ``summaries`` (in process order),
     checked to agree: a :class:`CheckpointError` names every process that saved another step, another tree, other
-    values than process 0 where each process saves them once for all (small unsharded leaves, the replicas every
-    process holds, see :func:`~jaxstow._write.encoded.encode_tree`), or other metrics or metadata (process 0's are recorded)."""
+    values than process 0 where each process saves them once for all (small unsharded leaves, see
+    :func:`~jaxstow._write.encoded.encode_tree`), other copies of a shard than another process holding it (see
+    :mod:`~jaxstow._write.replica_sets`), or other metrics or metadata (process 0's are recorded)."""
     step = content.step
     _check_agreement(summaries, content, where=where)
     files = summaries[0]["files"]
@@ -273,7 +275,7 @@ _REPLICAS_ADVICE = (
 
 def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, where: str) -> None:
     """Raise naming every process that saved another step, another tree, other values, other metrics or metadata, or
-    with another keep policy than process 0."""
+    with another keep policy than process 0, and every two processes holding other copies of a shard."""
     step = content.step
     problems = []
     values = False  # whether values, metrics or metadata differ (rather than the step or the tree)
@@ -298,7 +300,7 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
             )
         elif differing:
             where_found = _differing_leaves(content, differing[0], digests[differing[0]], theirs[differing[0]])
-            values = values or _REPLICAS_ADVICE not in where_found  # process 0's value would be saved
+            values = True  # process 0's value would be saved
             problems.append(
                 f"process {index} saved other values than process 0 for the items {differing} ({where_found})"
             )
@@ -310,6 +312,7 @@ def _check_agreement(summaries: list[dict[str, Any]], content: StepContent, *, w
         if others.get("keep policy") != ours.get("keep policy"):
             policies = True
             problems.append(f"process {index} keeps other steps than process 0 (its CheckpointManager's keep=)")
+    problems.extend(_replica_problems(summaries, content))
     if problems:
         advice = f"; {_PER_PROCESS_ADVICE}" if values else ""
         if policies:
@@ -344,12 +347,34 @@ def _differing_leaves(content: StepContent, name: str, ours: str, theirs: str) -
     if found is None:
         return f"item {name!r}"
     start, stop = found
-    first, last = (f"{name}/{paths[k]}" if paths[k] else name for k in (start, stop - 1))
-    if stop - start > 1:
-        return f"first among the leaves {first} to {last}"
-    if entries[start]["kind"] == "sharded":
-        return f"first at the leaf {first}, {_REPLICAS_ADVICE}"
-    return f"first at the leaf {first}"
+    return _leaves_named(name, paths, start, stop - 1)
+
+
+def _leaves_named(name: str, paths: list[str], first: int, last: int) -> str:
+    """The leaves of item ``name`` from its ``first`` to its ``last`` (one leaf where they are the same)."""
+    named = [f"{name}/{paths[k]}" if paths[k] else name for k in (first, last)]
+    return f"first at the leaf {named[0]}" if first == last else f"first among the leaves {named[0]} to {named[1]}"
+
+
+def _replica_problems(summaries: list[dict[str, Any]], content: StepContent) -> list[str]:
+    """Each two processes that hold other copies of a shard of an item, where every process saved the step and that
+    item's tree as process 0 did (the same layout: the same processes hold each shard)."""
+    problems = []
+    for name, item in content.held.items():
+        layout = _layout(summaries[0]["digests"].get(name))
+        if any(s.get("step") != content.step or _layout(s.get("digests", {}).get(name)) != layout for s in summaries):
+            continue
+        tree = item.encode()
+        paths = [entry["path"] for entry in tree.manifest["leaves"]]
+        for found in differing_replicas(
+            [summary.get("replicas", {}).get(name, {}) for summary in summaries], tree.leaves
+        ):
+            located = "" if found.leaves is None else f"{_leaves_named(name, paths, *found.leaves)}, "
+            problems.append(
+                f"processes {found.first} and {found.other} hold other copies of the shards they share of the items "
+                f"{[name]} ({located}{_REPLICAS_ADVICE})"
+            )
+    return problems
 
 
 def _annotations(content: StepContent) -> dict[str, str]:

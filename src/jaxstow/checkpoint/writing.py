@@ -71,15 +71,15 @@ class StepContent:
 def write_items(staging: Staging, me: int, content: StepContent, *, what: str, bar: bool) -> dict[str, Any]:
     """Write process ``me``'s file of each item of ``content`` into ``staging`` (``item.safetensors`` from process 0,
     ``item.p{me}.safetensors`` from the others), reported as ``what`` (a progress bar if ``bar``); its summary: the
-    step, the files as stored, the trees' digests and the files' header checksums."""
+    step, the files as stored, the trees' digests and replicas' prints, and the files' header checksums."""
     encoded = {name: item.encode() for name, item in content.held.items()}
     report = SaveReport(what, total=sum(tree.nbytes for tree in encoded.values()), bar=bar)
-    files, digests, headers = {}, {}, {}
+    files, digests, replicas, headers = {}, {}, {}, {}
     for name, tree in encoded.items():
         with staging.open(f"{name}{f'.p{me}' if me else ''}{EXTENSION}") as (stored, sink):
             header = tree.write(report.sink(sink))
-        files[name], digests[name] = stored, tree.digest
+        files[name], digests[name], replicas[name] = stored, tree.digest, tree.replicas
         if header is not None:
             headers[stored] = header
     report.finish()
-    return {"step": content.step, "files": files, "digests": digests, "headers": headers}
+    return {"step": content.step, "files": files, "digests": digests, "replicas": replicas, "headers": headers}
