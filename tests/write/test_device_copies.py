@@ -217,3 +217,26 @@ def test_sharded_arrays_donated_right_after_a_save_are_saved_as_they_were(tmp_pa
         manager.wait()
         restored = manager.restore(0, as_numpy=True)
     np.testing.assert_array_equal(restored["sharded"]["w"], np.arange(1 << 16, dtype=np.float32))
+
+
+def test_sharded_arrays_deleted_right_after_an_asynchronous_save_are_saved_as_they_were(tmp_path):
+    """``save`` returns once the arrays are held: the caller may then delete them (``x.delete()``, as a loop that frees
+    its device memory does), and the writer, still busy with the item before them, saves them as they were."""
+    mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    split, copied = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)) for axes in (("x",), ()))
+    items = {
+        "first": {"w": np.ones(64 * _MIB, np.uint8)},
+        "sharded": {
+            "split": jax.device_put(jnp.arange(1 << 16, dtype=jnp.float32), split),
+            "replicated": jax.device_put(jnp.arange(1 << 10, dtype=jnp.int32), copied),
+        },
+    }
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(0, items)
+        for array in jax.tree.leaves(items["sharded"]):
+            array.delete()
+        jax.block_until_ready([jnp.full(1 << 16, -7.0) for _ in range(8)])  # new arrays, where the deleted ones were
+        manager.wait()
+        restored = manager.restore(0, as_numpy=True)
+    np.testing.assert_array_equal(restored["sharded"]["split"], np.arange(1 << 16, dtype=np.float32))
+    np.testing.assert_array_equal(restored["sharded"]["replicated"], np.arange(1 << 10, dtype=np.int32))

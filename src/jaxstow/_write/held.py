@@ -62,12 +62,11 @@ class HeldTree:
             with naming_deleted_arrays(lambda: self._parts.paths, leaves, file=file):
                 self._leaves = _hold_on_host(leaves, keep=None if part else budget)
                 # Sharded arrays and typed PRNG keys (which keep their kind in the file) stay JAX arrays, read when
-                # encoded: on the host, views of their buffers (else copies) keep a later donation from reusing
-                # them; on an accelerator, the budget waits until they are read.
-                self._guards: list[np.ndarray] = []
+                # encoded: on the host, from views of their buffers (else copies), which a later donation or
+                # deletion of the caller's arrays does not reach; on an accelerator, the budget waits until they
+                # are read.
                 self._leaves = [
-                    _guarded(leaf, self._guards) if isinstance(leaf, jax.Array) and on_host(leaf) else leaf
-                    for leaf in self._leaves
+                    _guarded(leaf) if isinstance(leaf, jax.Array) and on_host(leaf) else leaf for leaf in self._leaves
                 ]
                 later = [leaf for leaf in self._leaves if isinstance(leaf, jax.Array)]
             if budget is not None and not all(on_host(leaf) for leaf in later):
@@ -79,7 +78,8 @@ class HeldTree:
     def encode(self) -> EncodedTree:
         """The tree's :class:`~jaxstow._write.encoded.EncodedTree`; errors in the tree (an unsaveable leaf) surface here."""
         if self._ready is None:
-            parts = self._parts.with_leaves(self._leaves)
+            leaves = [leaf.array() if isinstance(leaf, _HostShards) else leaf for leaf in self._leaves]
+            parts = self._parts.with_leaves(leaves)
             self._ready = encode_tree(
                 parts, file=self._file, part=self._part, hosting=self._budget, details=self._details
             )
@@ -125,16 +125,31 @@ def _is_key(leaf: Any) -> bool:
     )
 
 
-def _guarded(leaf: jax.Array, guards: list[np.ndarray]) -> jax.Array:
-    """``leaf``, an array in host memory, with views of its buffers added to ``guards``: they keep a donation from
-    reusing them. Where numpy cannot view them (typed PRNG keys, sub-byte dtypes such as int4, whose host arrays are
-    copies), a copy of ``leaf`` of the save's own, with its sharding, which no donation of the caller's reaches."""
+class _HostShards:
+    """A JAX array in host memory, held as views of its shards' buffers: the views keep a donation from reusing the
+    buffers, and :meth:`array` reads them even after the caller deleted the array (``delete()``)."""
+
+    def __init__(self, leaf: jax.Array, views: list[np.ndarray], shardings: list[jax.sharding.Sharding]) -> None:
+        self.shape, self.sharding = leaf.shape, leaf.sharding
+        self.shards = list(zip(views, shardings, strict=True))
+
+    def array(self) -> jax.Array:
+        """The array again, over the same buffers (``device_put`` of a host view copies nothing on the CPU)."""
+        shards = [jax.device_put(view, sharding) for view, sharding in self.shards]
+        return jax.make_array_from_single_device_arrays(self.shape, self.sharding, shards)
+
+
+def _guarded(leaf: jax.Array) -> _HostShards | jax.Array:
+    """``leaf``, an array in host memory, as views of its buffers, which the save reads whatever the caller does to
+    ``leaf`` later. Where numpy cannot view them (typed PRNG keys, sub-byte dtypes such as int4, whose host arrays
+    are copies), a copy of ``leaf`` of the save's own, with its sharding, which no donation of the caller's reaches."""
     if _is_plain_array(leaf):
         buffers = [shard.data for shard in leaf.addressable_shards]
+        if not buffers:  # on another process's devices: refused when encoded, naming them
+            return leaf
         views = [np.asarray(data) for data in buffers]
         if all(view.ctypes.data == data.unsafe_buffer_pointer() for view, data in zip(views, buffers, strict=True)):
-            guards.extend(views)
-            return leaf
+            return _HostShards(leaf, views, [data.sharding for data in buffers])
     copied: jax.Array = _copy(leaf)
     return copied
 
