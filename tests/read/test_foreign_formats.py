@@ -279,10 +279,19 @@ def test_flax_msgpack_loads_as_nested_dicts_chunked_arrays_included(tmp_path, mo
     assert serialization.msgpack_restore((tmp_path / "chunked.msgpack").read_bytes())["big"].shape == (100,)
 
 
-@pytest.mark.parametrize("keys", [15, 16, 70000])  # a map of 16 or more keys starts otherwise (map16, map32)
-def test_a_flax_msgpack_file_of_many_keys_is_recognised_and_converted(tmp_path, capsys, keys):
+def _as_map32(data: bytes) -> bytes:
+    """A msgpack map16 (``0xde``, a 2-byte count) written as a map32 (``0xdf``, a 4-byte count): the header flax gives
+    a map of 65536 keys or more, the same file otherwise."""
+    assert data[0] == 0xDE
+    return b"\xdf\0\0" + data[1:]
+
+
+# A map of 16 or more keys starts otherwise (map16, map32).
+@pytest.mark.parametrize(("keys", "header"), [(15, "fixmap"), (16, "map16"), (16, "map32")])
+def test_a_flax_msgpack_file_of_many_keys_is_recognised_and_converted(tmp_path, capsys, keys, header):
     params = {f"layer_{i}": np.full(2, i, np.float32) for i in range(keys)}
-    (tmp_path / "params.msgpack").write_bytes(serialization.to_bytes(params))
+    data = serialization.to_bytes(params)
+    (tmp_path / "params.msgpack").write_bytes(_as_map32(data) if header == "map32" else data)
     with pytest.raises(FormatError, match=r"is a flax msgpack file .* from_format='flax'"):
         jaxstow.load(tmp_path / "params.msgpack")  # was "not a jaxstow, safetensors or npz file"
     assert main(["convert", str(tmp_path / "params.msgpack"), str(tmp_path / "params.jxs")]) == 0
