@@ -28,7 +28,7 @@ from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError
 
-KILLS = 24
+KILLS = 12
 SEED = 0
 
 
