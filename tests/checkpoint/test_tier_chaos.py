@@ -19,7 +19,8 @@ from distributed_runs import launch
 
 WORKER = Path(__file__).parents[1] / "distributed" / "tier_worker.py"
 SEED = int(os.environ.get("JAXSTOW_CHAOS_SEED", "40"))
-CYCLES = int(os.environ.get("JAXSTOW_CHAOS_CYCLES", "6"))
+#: Seed 40's first restarts follow wipes of a directory on each host, both of host 0's (a host replaced), and one.
+CYCLES = int(os.environ.get("JAXSTOW_CHAOS_CYCLES", "4"))
 SAVES = 2  # the saves each process makes after a restart before the kill may come
 WAIT = 90.0  # seconds a restart may take to restore and save, on a loaded machine
 
