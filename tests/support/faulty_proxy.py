@@ -65,6 +65,17 @@ class QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class ProxyHandler(BaseHTTPRequestHandler):
+    """A proxy's handler: HTTP/1.1 (connections kept), no log lines, and each answer sent at once (without Nagle's
+    algorithm an answer's body, written after its headers, no longer waits 40 ms for the client's acknowledgement)."""
+
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 class FaultyProxy:
     """The proxy's settings and counts; ``endpoint`` is its URL."""
 
@@ -121,12 +132,7 @@ class FaultyProxy:
 
 
 def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    class Handler(ProxyHandler):
         def _serve(self) -> None:
             try:
                 self._forward()

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from faulty_proxy import QuietServer
+from faulty_proxy import ProxyHandler, QuietServer
 
 Headers = list[tuple[str, str]]
 P = TypeVar("P", bound="RewritingProxy")
@@ -60,12 +60,7 @@ def running(proxy: P) -> Iterator[P]:
 
 
 def _handler(proxy: RewritingProxy) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    class Handler(ProxyHandler):
         def forward(self) -> None:
             with contextlib.suppress(ConnectionError):
                 self._forward()
