@@ -14,11 +14,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import pytest
-from faulty_proxy import QuietServer
+from faulty_proxy import ProxyHandler, QuietServer
 
 from jaxstow._storage.lock import LOCK_NAME, Holder, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
@@ -86,12 +85,7 @@ def _refusing_lock_puts(upstream: str) -> Iterator[str]:
     """A proxy to ``upstream`` that answers ``400 Bad Request`` to every PUT of a lock object."""
     parts = urlsplit(upstream)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *args: object) -> None:
-            pass
-
+    class Handler(ProxyHandler):
         def forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
