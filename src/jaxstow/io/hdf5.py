@@ -36,7 +36,7 @@ import numpy as np
 from jaxstow._storage.failures import storage_failures
 from jaxstow._util.arguments import checked_arguments, optional_path
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError, IsAFolderError
+from jaxstow.errors import ArgumentError
 from jaxstow.io import host_buffers
 from jaxstow.io.chains import (
     ChainBook,
@@ -64,6 +64,7 @@ from jaxstow.io.hdf5_layout import (
     write_hyperslab,
 )
 from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
+from jaxstow.io.hdf5_writers import opened_again, opened_first
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
 from jaxstow.io.stopped_runs import StoppedRun, resumed_before_init
@@ -71,9 +72,7 @@ from jaxstow.io.swmr import (
     DISK_DRIVERS,
     WriterLock,
     hold_metadata_in_memory,
-    open_appending,
     open_for_reading,
-    open_writer,
     writes_live,
 )
 
@@ -151,13 +150,10 @@ class HDF5Collector(KeepsChains, DataCollector):
         checked_compression(h5py, compression)
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
         self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
+        self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(str(getattr(file, 'filename', file)))}")
         self._checkpoint_dir = optional_path(checkpoint_dir, what="HDF5Collector's checkpoint_dir")
         if isinstance(file, str | os.PathLike):
-            name = os.path.abspath(file)  # later runs open it again: the same file, whatever the working directory
-            if os.path.isdir(name):
-                raise IsAFolderError("is a folder: HDF5Collector needs the path of an HDF5 file to write", file=name)
-            with storage_failures(name, hdf5=True):
-                file, self._lock = open_writer(name, checkpoint_path(name, self._checkpoint_dir))
+            file, self._lock = opened_first(file, self._checkpoint_dir, self, self._writer, self._senders)
         elif not isinstance(file, h5py.File):
             raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
         elif file.mode == "r":
@@ -178,7 +174,6 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._counts: Any = None  # the dataset /draws_done, once looked up in the file
         self._finalized: set[int] = set()
         self._closing = threading.Lock()  # a run's end closes the file while another thread's run reads its samples
-        self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(file.filename)}")
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
         # A crash leaves the file as it was at the last checkpoint (or at the last block published, in SWMR mode):
         # the file is flushed before each checkpoint is committed, its HDF5 metadata is held in memory between
@@ -241,8 +236,7 @@ class HDF5Collector(KeepsChains, DataCollector):
     def _open_again(self) -> None:
         """Open the file the collector closed at the end of its last run again, to add the chains of another run."""
         assert self._lock is not None
-        with storage_failures(self._lock.path, hdf5=True):
-            self._file, self._lock = open_appending(self._lock.path)
+        self._file, self._lock = opened_again(self._lock.path, self, self._writer, self._senders)
         with self._failures():
             hold_metadata_in_memory(self._file)
             self._settle()
