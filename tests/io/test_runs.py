@@ -345,6 +345,17 @@ def test_keep_flags_that_are_not_one_boolean_per_chain_are_refused(tmp_path, kee
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize(
+    ("answer", "got"),
+    [(lambda state, t: (state + 1, {"x": state}), "a tuple of 2"), (lambda state, t: state + 1, "one value")],
+    ids=["state-and-draws-without-keep", "state-alone"],
+)
+def test_a_step_that_does_not_return_state_draws_and_keep_is_refused_by_name(tmp_path, answer, got):
+    with pytest.raises(ArgumentError, match=rf"step must return \(state, draws, keep\), got ({got})"):
+        io.run_chains(str(tmp_path / "walk.h5"), lambda: jnp.zeros(2), answer, num_steps=4, checkpoint_every=2)
+    assert not os.listdir(tmp_path)
+
+
 def _small_run(path: str) -> Any:
     def step(state: jax.Array, t: jax.Array) -> tuple[Any, Any, jax.Array]:
         return state + 1, {"x": state, "t": jnp.full(2, t)}, jnp.ones(2, bool)

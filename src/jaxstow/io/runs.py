@@ -235,11 +235,22 @@ def _sample_rows(step: Step, chains: int, state: Any, steps: jax.Array) -> tuple
     keep the program for the next process)."""
 
     def one(state: Any, t: jax.Array) -> tuple[Any, Any]:
-        state, draws, keep = step(state, t)
+        state, draws, keep = _state_draws_keep(step(state, t))
         return _strong(state), (draws, _keep_flags(keep, chains))  # the types a segment starts with
 
     state, drawn = jax.lax.scan(one, state, steps)
     return state, jax.tree.map(lambda leaf: jnp.moveaxis(leaf, 0, 1), drawn)  # each chain's rows contiguous
+
+
+def _state_draws_keep(answer: Any) -> tuple[Any, Any, Any]:
+    """``step``'s answer, checked to be ``(state, draws, keep)``."""
+    if isinstance(answer, tuple | list) and len(answer) == 3:
+        return answer[0], answer[1], answer[2]
+    got = f"a {type(answer).__name__} of {len(answer)}" if isinstance(answer, tuple | list) else "one value"
+    raise ArgumentError(
+        f"step must return (state, draws, keep), got {got}: return the new state, the draws of every chain and "
+        "whether each keeps them, such as `return state, draws, jnp.ones(chains, bool)` to keep every draw"
+    )
 
 
 def _keep_flags(keep: Any, chains: int) -> jax.Array:
