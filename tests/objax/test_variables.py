@@ -297,3 +297,21 @@ def test_a_collection_load_var_collection_could_not_read_back_is_refused_by_the_
     ):
         objax_io.save_var_collection(path, vc)
     assert path.read_bytes() == before  # the earlier save is still there
+
+
+def test_weights_saved_apart_are_refused_by_a_model_that_ties_them_unless_one_is_chosen(tmp_path) -> None:
+    untied = objax.nn.Sequential([objax.nn.Linear(2, 2), objax.functional.relu, objax.nn.Linear(2, 2)])
+    path = tmp_path / "untied.npz"
+    objax_io.save_var_collection(path, untied.vars())
+    layer = objax.nn.Linear(2, 2)
+    tied = objax.nn.Sequential([layer, objax.functional.relu, layer])  # one layer under two names
+    before = np.asarray(layer.w.value)
+    with pytest.raises(
+        VariableMismatchError, match=r"one variable here \(tied weights\), but the file holds different"
+    ):
+        objax_io.load_var_collection(path, tied.vars())
+    np.testing.assert_array_equal(layer.w.value, before)
+    objax_io.load_var_collection(path, tied.vars(), renamer=lambda name: name.replace("[2]", "[9]"))  # the first
+    np.testing.assert_array_equal(layer.w.value, untied[0].w.value)
+    objax_io.save_var_collection(path, tied.vars())  # saved tied: one value per variable, which loads back
+    objax_io.load_var_collection(path, tied.vars())

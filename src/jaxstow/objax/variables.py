@@ -101,8 +101,9 @@ def load_var_collection(
         storage_options: Passed to fsspec for a URL ``file``.
 
     Raises:
-        VariableMismatchError: Variables with no stored value, or of another shape or dtype, all listed (also a
-            ``ValueError`` and, as Objax raises, an ``AssertionError``).
+        VariableMismatchError: Variables with no stored value, or of another shape or dtype, or tied here but
+            stored apart with different values, all listed (also a ``ValueError`` and, as Objax raises, an
+            ``AssertionError``).
 
     >>> import io, jax.numpy as jnp
     >>> from jaxstow.objax import load_var_collection, save_var_collection
@@ -154,10 +155,14 @@ def load_var_collection(
         values[renamed] = value
     assignments, problems = [], []
     for variable, names in _by_variable(vc).values():
-        name = next((name for name in names if name in values), None)
-        if name is None:
+        stored_names = [name for name in names if name in values]
+        if not stored_names:
             problems.append(f"{' = '.join(map(repr, names))}: no stored value")
             continue
+        name = stored_names[0]
+        problems += [
+            _untied(names, name, other) for other in stored_names[1:] if not _same(values[name], values[other])
+        ]
         value, expected = values[name], getattr(variable, "value", None)
         if expected is None or not (hasattr(expected, "shape") and hasattr(expected, "dtype")):
             problems.append(f"{name!r}: the variable holds {type(expected).__name__}, not an array, to load into")
@@ -181,6 +186,25 @@ def _unloadable(tree: dict[Any, Any]) -> tuple[list[Any], list[Any]]:
     unnamed = [name for name in tree if not isinstance(name, str)]
     others = [name for name, value in tree.items() if not isinstance(value, np.ndarray | np.generic | jax.Array)]
     return unnamed, others
+
+
+def _same(first: Any, second: Any) -> bool:
+    """Whether two stored values are the same array, bit for bit (a typed PRNG key by its key data)."""
+    if first.dtype != second.dtype or first.shape != second.shape:
+        return False
+    if jnp.issubdtype(first.dtype, jax.dtypes.prng_key):
+        first, second = jax.random.key_data(first), jax.random.key_data(second)
+    return bool(np.asarray(first).tobytes() == np.asarray(second).tobytes())
+
+
+def _untied(names: list[str], kept: str, other: str) -> str:
+    """The problem of a variable that goes by ``names`` here (tied) and whose names ``kept`` and ``other`` hold
+    different values in the file (saved where they were two variables)."""
+    return (
+        f"{' = '.join(map(repr, names))}: one variable here (tied weights), but the file holds different values under "
+        f"{kept!r} and {other!r} (saved where they were two): load it into the model it was saved from, or choose "
+        f"one with renamer=lambda name: 'unused/' + name if name == {other!r} else name"
+    )
 
 
 def _describe(array: Any) -> str:
