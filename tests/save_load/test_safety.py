@@ -179,6 +179,20 @@ def test_an_npz_with_pickled_objects_is_refused(tmp_path):
         jaxstow.load(tmp_path / "objects.npz")
 
 
+def test_objax_and_flarejax_archives_given_to_load_name_the_call_that_reads_them(tmp_path):
+    objax = pytest.importorskip("objax")
+    flr = pytest.importorskip("flarejax")
+    objax.io.save_var_collection(str(tmp_path / "net.npz"), objax.nn.Linear(2, 2).vars())
+    with pytest.raises(FormatError, match=r"Objax archive .*jaxstow\.objax\.load_var_collection\('.*net\.npz', "):
+        jaxstow.load(tmp_path / "net.npz")
+    flr.save(flr.net.Sequential(flr.net.Linear(jnp.zeros(2, jnp.uint32), 3)), str(tmp_path / "model.npz"))
+    with pytest.raises(FormatError, match=r"FlareJax archive .*flarejax\.load\('.*model\.npz'\) and save it again"):
+        jaxstow.load(tmp_path / "model.npz")
+    np.savez(tmp_path / "labels.npz", labels=np.array(["cat", "dog"]))
+    with pytest.raises(FormatError, match=r"leaf 'labels' .*dtype <U3, .*numpy\.load\('.*labels\.npz'\)"):
+        jaxstow.load(tmp_path / "labels.npz")
+
+
 def test_bytes_are_identical_across_processes_and_hash_seeds(tmp_path):
     script = textwrap.dedent(
         """

@@ -59,6 +59,29 @@ def stores_exactly(dtype: np.dtype) -> bool:
     return dtype in _NUMPY_DTYPES
 
 
+def _refused_dtype(dtype: np.dtype, members: set[str], file: str | None) -> str:
+    """Why a member of ``dtype`` is not loaded from the archive of ``members``, and what reads the archive: Objax's
+    and FlareJax's own archives hold text (their names, their description) beside arrays named ``0``, ``1``, ..."""
+    if dtype.kind == "O":
+        return f"unsupported dtype {dtype} (object arrays are never loaded)"
+    shown = repr(file) if file is not None and not file.startswith("<") else "path"
+    numbered = {str(index) for index in range(len(members) - 1)}
+    if dtype.kind == "U" and members == {"names", *numbered}:
+        return (
+            "the variable names of an Objax archive (objax.io.save_var_collection), which holds variables, not a "
+            f"tree: load them into a module with jaxstow.objax.load_var_collection({shown}, module.vars())"
+        )
+    if dtype.kind == "U" and members == {"data", *numbered}:
+        return (
+            "the description of a FlareJax archive (flarejax.save), which only FlareJax reads: load the model with "
+            f"flarejax.load({shown}) and save it again with jaxstow.save(..., model)"
+        )
+    return (
+        f"unsupported dtype {dtype}, which no jaxstow leaf has (the archive was written by another tool): read it with "
+        f"numpy.load({shown})"
+    )
+
+
 def _numpy_native(array: np.ndarray) -> np.ndarray:
     return array if stores_exactly(array.dtype) else array.reshape(-1).view(np.uint8)
 
@@ -256,7 +279,7 @@ class NpzReader:
                 f"unreadable npy member ({type(error).__name__}: {error})", file=self.file, path=name
             ) from None
         if dtype.newbyteorder("=") not in _NUMPY_DTYPES and not (name in self._text_members and dtype.kind == "U"):
-            raise FormatError(f"unsupported dtype {dtype} (object arrays are never loaded)", file=self.file, path=name)
+            raise FormatError(_refused_dtype(dtype, set(self._members), self.file), file=self.file, path=name)
         slot = TensorSlot.at(name, dtype.newbyteorder("="), tuple(shape), 0)
         self._check_size(slot, header_bytes)
         return slot
