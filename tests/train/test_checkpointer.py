@@ -37,8 +37,9 @@ def _touch(folder: Path, *names: str) -> None:
         (folder / name).write_bytes(b"not a checkpoint")
 
 
-def test_period_2_saves_multiples_of_2_and_force_saves_any_index(tmp_path: Path) -> None:
-    checkpointer = DefaultCheckpointer(_args(tmp_path, period=2))
+@pytest.mark.parametrize("period", [2, np.int64(2)], ids=["int", "numpy-int"])
+def test_period_2_saves_multiples_of_2_and_force_saves_any_index(tmp_path: Path, period: int) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path, period=period))
     written = {epoch: checkpointer.save(_state(epoch), epoch) for epoch in range(5)}
     assert written == {
         epoch: str(tmp_path / f"checkpoint_{epoch}.jxs") if epoch % 2 == 0 else None for epoch in range(5)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import numbers
 import os
 
 import numpy as np
@@ -35,7 +36,8 @@ class DefaultCheckpointerArguments:
         checkpoint: whether to write anything at all; ``False`` turns every save, forced or not, into a no-op.
         delete_existing_checkpoints: delete this checkpointer's own files (its prefix and extension) from
             ``save_dir`` and ``model_state_save_dir`` when it is made; other files are left alone.
-        period: keep the checkpoint of every index that is a multiple of ``period`` (a positive integer).
+        period: keep the checkpoint of every index that is a multiple of ``period`` (a positive integer,
+            Python or numpy).
         save_dir: folder of the checkpoints, made when first needed; ``./checkpoints`` of the current folder at the
             time the arguments are made. A relative folder (here and below) is one of the working directory when the
             checkpointer is made, whatever it is later.
@@ -289,7 +291,7 @@ def _check_use(args: DefaultCheckpointerArguments, working_directory: str) -> No
             f"DefaultCheckpointerArguments.load_dir is the folder of the checkpoints, not the file {args.load_dir!r}: "
             "give its folder as load_dir and its name as load_filename"
         )
-    if isinstance(args.period, bool) or not isinstance(args.period, int) or args.period <= 0:
+    if isinstance(args.period, bool | np.bool_) or not isinstance(args.period, numbers.Integral) or args.period <= 0:
         raise ArgumentError(f"DefaultCheckpointerArguments.period must be a positive integer, not {args.period!r}")
     level = args.log_level
     if isinstance(level, bool) or not (isinstance(level, int) or str(level).upper() in logging.getLevelNamesMapping()):
