@@ -112,10 +112,16 @@ def test_an_attribute_that_is_not_a_value_is_refused_with_its_path(tmp_path: Pat
         jaxstow.save(tmp_path / "run.jxs", {"sched": schedule})
 
 
+@jaxstow.saveable(name="tests.attributes.Pair")
+class Pair(tuple):  # a subclass of a builtin value: never saved by its attributes
+    pass
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
         ({"object": "builtins.dict", "attrs": []}, "names no class whose instances are saved by their attributes"),
+        ({"object": "tests.attributes.Pair", "attrs": [["a", 1]]}, "a subclass of a builtin value"),
         ({"object": "jax.nn.relu", "attrs": []}, "names no class whose instances are saved by their attributes"),
         ({"object": "tests.Schedule", "attrs": [["__class__", {"ref": "tests.Frozen"}]]}, "cannot be an attribute"),
         ({"object": "tests.Schedule", "attrs": [[3, 1]]}, "cannot be an attribute"),

@@ -130,9 +130,12 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
     if not isinstance(name, str):
         raise FormatError(f"unreadable class name {excerpt(name)} in the structure", file=file, path=path)
     cls = registry.lookup(name, file=file, path=path)
-    if not isinstance(cls, type) or registry.attribute_class_name(cls) != name:
+    if not isinstance(cls, type) or registry.attribute_class_name(cls) != name or issubclass(cls, _VALUE_TYPES):
         raise FormatError(
-            f"{excerpt(name)} names no class whose instances are saved by their attributes", file=file, path=path
+            f"{excerpt(name)} names no class whose instances are saved by their attributes (a subclass of a builtin "
+            "value keeps its value out of them, and is never saved so)",
+            file=file,
+            path=path,
         )
     for pair in attrs:
         if not (isinstance(pair, list) and len(pair) == 2):
