@@ -152,6 +152,19 @@ def test_a_state_load_cannot_resume_from_is_refused_by_save_and_the_run_resumes_
     assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 1}
 
 
+def test_a_damaged_newest_checkpoint_is_refused_saying_how_to_resume_from_the_one_before(tmp_path: Path) -> None:
+    checkpointer = DefaultCheckpointer(_args(tmp_path))
+    for epoch in range(3):
+        checkpointer.save(_state(epoch), epoch)
+    newest = tmp_path / "checkpoint_2.jxs"
+    newest.write_bytes(newest.read_bytes()[:-100])  # cut short by a copy that failed
+    with pytest.raises(jaxstow.errors.JaxstowError, match=r"checkpoint_2\.jxs") as raised:
+        DefaultCheckpointer(_args(tmp_path)).load()
+    assert "move it aside" in " ".join(raised.value.__notes__) and "load_filename" in raised.value.__notes__[0]
+    resumed = DefaultCheckpointer(_args(tmp_path, load_filename="checkpoint_1.jxs")).load()
+    assert resumed.trainer_state == {"last_epoch": 1}
+
+
 def test_get_latest_file_gives_the_largest_index_or_nothing(tmp_path: Path) -> None:
     _touch(tmp_path, "run_3.pt", "run_12.pt", "run_model_40.pt", "run_50.pt.bak")
     assert DefaultCheckpointer.get_latest_file(tmp_path, "run", "pt") == str(tmp_path / "run_12.pt")

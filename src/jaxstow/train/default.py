@@ -14,7 +14,7 @@ from jaxstow._names.registry import saveable
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
 from jaxstow._storage.folders import make_folder
-from jaxstow.errors import ArgumentError, PathNotFoundError
+from jaxstow.errors import ArgumentError, JaxstowError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
 from jaxstow.train.state import Checkpoint, as_checkpoint, described_state, is_checkpoint
@@ -170,7 +170,15 @@ class DefaultCheckpointer(AbstractCheckpointer):
         path = self.resumed_from = self._resume_path()
         if path is None:
             return Checkpoint()
-        checkpoint = as_checkpoint(load(path), file=path)
+        try:
+            checkpoint = as_checkpoint(load(path), file=path)
+        except JaxstowError as error:
+            if self._named_resume_file() is None:
+                error.add_note(
+                    f"{path} is the newest checkpoint in load_dir: move it aside to resume from the one before it, "
+                    "or name the file to resume from with DefaultCheckpointerArguments(load_filename=...)"
+                )
+            raise
         self.logger.info("resumed from %s", path)
         return checkpoint
 
