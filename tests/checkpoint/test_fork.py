@@ -94,3 +94,48 @@ def test_a_forked_child_cannot_save_with_its_parents_manager_and_its_wait_and_cl
     assert answer.startswith("CheckpointError: the checkpoint manager of ") and str(folder) in answer, answer
     assert "forked" in answer and "from the parent process" in answer, answer
     assert json.loads(done.stdout.splitlines()[-1]) == {"steps": [2, 3], "3": 3.0}
+
+
+_RESTORES_AFTER_A_FORK = """
+import atexit, json, os, signal, sys, threading
+import numpy as np
+from jaxstow import CheckpointManager
+parent = os.getpid()
+atexit.register(lambda: os.getpid() != parent and os._exit(0))  # registered first, run last: jax's own exit is left out
+folder, report = sys.argv[1], sys.argv[2]
+manager = CheckpointManager(folder)
+manager.save(1, {f"item{i}": {"w": np.full(3, float(i))} for i in range(8)})
+manager.save(2, {"params": {"w": np.arange(4.0)}, "opt": {"m": np.full(3, 2.0)}})
+manager.wait()
+for _ in range(3):
+    manager.restore(1, as_numpy=True)  # the parent's threads that open and restore items started, and now idle
+child = os.fork()
+if child == 0:
+    signal.alarm(60)  # a child that hangs dies, and writes no report
+    two = manager.restore(2, as_numpy=True)
+    threads = sorted({thread.name.rsplit("_", 1)[0] for thread in threading.enumerate()})
+    eight = manager.restore(1, as_numpy=True)
+    with open(report, "w") as file:
+        json.dump({"two": two, "eight": eight, "threads": threads}, file, default=np.ndarray.tolist)
+    sys.exit(0)
+os.waitpid(child, 0)
+manager.close()
+print("parent done")
+"""
+
+
+def test_a_child_forked_after_restores_restores_side_by_side_on_threads_of_its_own(tmp_path):
+    folder, report = tmp_path / "run", tmp_path / "child.json"
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(_RESTORES_AFTER_A_FORK), str(folder), str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "parent done", done.stderr
+    assert report.exists(), "the child hung restoring"
+    answer = json.loads(report.read_text())
+    assert answer["two"] == {"params": {"w": [0.0, 1.0, 2.0, 3.0]}, "opt": {"m": [2.0, 2.0, 2.0]}}
+    assert answer["eight"] == {f"item{i}": {"w": [float(i)] * 3} for i in range(8)}
+    # its two items opened and restored side by side, each pair on a thread of the child's (none of its parent's)
+    assert {"jaxstow-open", "jaxstow-restore"} <= set(answer["threads"]), answer["threads"]

@@ -61,3 +61,25 @@ def test_a_save_racing_close_is_on_disk_before_close_returns_or_refused(tmp_path
     steps = CheckpointManager(tmp_path / "run").steps()
     assert steps == ([0, 1] if outcomes[0] == "ok" else [0])
     assert not os.path.exists(tmp_path / "run" / ".jaxstow.lock")
+
+
+def test_four_threads_restoring_from_one_manager_in_a_loop_each_get_their_steps_values(tmp_path):
+    manager = CheckpointManager(tmp_path / "run")
+    for step in range(1, 5):  # step 1 of 2 items ... step 4 of 5, each of its own values
+        manager.save(step, {f"item{item}": {"w": np.full(5, 10.0 * step + item)} for item in range(step + 1)})
+    manager.wait()
+    wrong: list[str] = []
+
+    def restore_in_a_loop(first: int) -> None:
+        for turn in range(40):
+            step = 1 + (first + turn) % 4
+            select = ["item1/**", "item0/**"] if turn % 3 == 0 else None  # the items chosen, then each restored
+            restored = manager.restore(step, as_numpy=True, select=select)
+            values = {name: item["w"].tolist() for name, item in restored.items()}
+            expected = {f"item{item}": [10.0 * step + item] * 5 for item in range(2 if select else step + 1)}
+            if values != expected:
+                wrong.append(f"step {step}: {values}, not {expected}")
+
+    assert _in_threads(*(lambda first=first: restore_in_a_loop(first) for first in range(4))) == ["ok"] * 4
+    assert wrong == []
+    manager.close()

@@ -2,7 +2,7 @@
 
 ``concurrent.futures`` refuses new work once the interpreter has begun to exit; every read that hands pieces to a
 pool of threads (a leaf of 3 MiB or more read again, a file of 32 MiB or more, the items of a checkpoint step) then
-reads them on its own thread, and gives the same arrays.
+reads them on its own thread, and gives the same arrays, whether or not the pools' threads were started before.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def read():
             np.testing.assert_array_equal(reader["leaf"], LEAF)
     whole = jaxstow.load(path, as_numpy=True)  # 44 MiB: pieces on the disk's pool
     np.testing.assert_array_equal(whole["big"], BIG)
-    step = CheckpointManager(folder).restore(1)  # two items, each restored on a thread of its own
+    step = CheckpointManager(folder).restore(1)  # two items, restored side by side
     np.testing.assert_array_equal(step["params"]["w"], BIG)
     np.testing.assert_array_equal(step["opt"]["m"], LEAF)
     print("read")
@@ -40,6 +40,12 @@ def read():
 
 _WAYS = {
     "atexit handler": "import atexit\natexit.register(read)\n",
+    "atexit handler after the same reads": (
+        "import atexit, contextlib, io\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    read()\n"
+        "atexit.register(read)\n"
+    ),
     "thread after the main thread": (
         "import threading\n"
         "def late():\n"

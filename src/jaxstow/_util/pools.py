@@ -16,12 +16,17 @@ none of jaxstow's. :func:`submit` runs the job at once instead, and hands back i
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import Executor, Future
+import collections
+import os
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-__all__ = ["submit"]
+__all__ = ["SharedPool", "submit"]
 
+A = TypeVar("A")
 T = TypeVar("T")
 
 
@@ -36,3 +41,79 @@ def submit(pool: Executor, job: Callable[..., T], *args: Any) -> Future[T]:
         except BaseException as error:
             done.set_exception(error)
         return done
+
+
+class SharedPool:
+    """The threads, ``size`` at most, that one purpose's short fan-outs share for the life of the process: made on
+    first use, started as the fan-outs need them, kept idle between them (they end at the interpreter's exit), and
+    made again in a process forked from this one, which has none of them.
+
+    A fan-out's caller runs its jobs too, and waits only for jobs already begun, so a job that fans out on the same
+    pool, or callers on many threads at once, cannot leave a job waiting for a thread.
+
+    >>> from jaxstow._util.pools import SharedPool
+    >>> [future.result() for future in SharedPool("doctest", 2).run_each(len, ["a", "bb", "ccc"])]
+    [1, 2, 3]
+    """
+
+    def __init__(self, purpose: str, size: int) -> None:
+        self.purpose = purpose
+        self.size = size
+        self.forget()
+        _SHARED.add(self)
+
+    def forget(self) -> None:
+        """Drop the threads (a forked child has none of its parent's, and its lock may have been held at the fork)."""
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.size, thread_name_prefix=f"jaxstow-{self.purpose}")
+            return self._pool
+
+    def run_each(self, job: Callable[[A], T], args: Sequence[A], *, at_once: int | None = None) -> list[Future[T]]:
+        """``job(arg)`` for each of ``args``, begun in their order, ``at_once`` at a time at most (``size`` by default),
+        one of them on this thread: each one's future, in order, once all have ended. Interrupted, the jobs not begun
+        are cancelled and those running waited for."""
+        futures: list[Future[T]] = [Future() for _ in args]
+        waiting = collections.deque(zip(args, futures, strict=True))
+
+        def run_waiting() -> None:
+            while begun := _next(waiting):
+                arg, future = begun
+                try:
+                    future.set_result(job(arg))
+                except BaseException as error:
+                    future.set_exception(error)
+
+        try:
+            for _ in range(min(len(args), at_once or self.size, self.size) - 1):
+                submit(self._executor(), run_waiting)
+            run_waiting()
+            wait(futures)
+        except BaseException:
+            while not_begun := _next(waiting):
+                not_begun[1].cancel()
+                not_begun[1].set_running_or_notify_cancel()  # done, for wait()
+            wait(futures)
+            raise
+        return futures
+
+
+def _next(waiting: collections.deque[tuple[A, Future[T]]]) -> tuple[A, Future[T]] | None:
+    """The first of ``waiting``, taken from it (by one thread of several), or ``None`` once it is empty."""
+    try:
+        return waiting.popleft()
+    except IndexError:
+        return None
+
+
+def _made_again_in_child() -> None:
+    for pool in list(_SHARED):
+        pool.forget()
+
+
+_SHARED: weakref.WeakSet[SharedPool] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_made_again_in_child)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from typing import Any, Unpack
 
 import jax
@@ -35,7 +35,7 @@ from jaxstow._read.reader import Reader, open_parts
 from jaxstow._read.selection import LeafPaths, Selection
 from jaxstow._steps.record import StepRecord
 from jaxstow._storage.folders import LocalStore
-from jaxstow._util.pools import submit
+from jaxstow._util.pools import SharedPool
 from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
 from jaxstow.errors import CheckpointError, FormatError, ShardingError, StructureMismatchError
@@ -43,6 +43,8 @@ from jaxstow.errors import CheckpointError, FormatError, ShardingError, Structur
 __all__ = ["open_readers", "restore_items", "restore_step"]
 
 _ITEMS = 16  # items restored at once
+#: The threads that restore a step's items side by side, shared by every restore of the process.
+_RESTORERS = SharedPool("restore", _ITEMS)
 
 
 def restore_items(
@@ -56,7 +58,7 @@ def restore_items(
     """Each item of ``sources`` (name -> path, file object or :class:`~jaxstow._format.source.ReadSource`, a list of them
     for an item saved by several processes, or a function that opens them) restored, fitted into ``likes[name]``
     where there is one; ``options`` go to :meth:`jaxstow.Reader.load`, with ``select`` and ``sharding`` spread over
-    the items. Without ``select`` each item is opened and restored on its own thread, ``at_once`` at a time.
+    the items. Without ``select`` the items are opened and restored side by side, ``at_once`` at a time.
 
     A live iterator of ``likes`` takes its state only if every item is restored: a failure puts back the state it had.
     """
@@ -96,21 +98,17 @@ def _restore_items(
         names = [name for name in readers if select is None or name in chosen]
         if len(names) <= 1:
             return {name: readers[name].load(likes.get(name), **_item_options(options, name, chosen)) for name in names}
-        with ThreadPoolExecutor(min(len(names), _ITEMS), thread_name_prefix="jaxstow-restore") as pool:
-            futures = {
-                name: submit(
-                    pool, functools.partial(readers[name].load, likes.get(name), **_item_options(options, name, chosen))
-                )
-                for name in names
-            }
-            wait(futures.values())
-        return _results(futures)
+
+        def restore(name: str) -> Any:
+            return readers[name].load(likes.get(name), **_item_options(options, name, chosen))
+
+        return _results(dict(zip(names, _RESTORERS.run_each(restore, names), strict=True)))
 
 
 def _side_by_side(
     sources: Mapping[str, Any], likes: Mapping[str, Any], options: LoadOptions, at_once: int
 ) -> dict[str, Any]:
-    """Every item opened and restored on its own thread, ``at_once`` at a time, in order; the first error, in the
+    """Every item opened and restored side by side, ``at_once`` at a time, in order; the first error, in the
     items' order, is raised once all have ended.
 
     An object-store item opened to be read whole gets its header with the first part of its data, in one request,
@@ -122,10 +120,7 @@ def _side_by_side(
         with open_parts(_targets(sources[name])) as reader:
             return reader.load(likes.get(name), **_item_options(options, name, {}))
 
-    with ThreadPoolExecutor(min(len(names), at_once), thread_name_prefix="jaxstow-restore") as restorers:
-        futures = {name: submit(restorers, restore, name) for name in names}
-        wait(futures.values())
-    return _results(futures)
+    return _results(dict(zip(names, _RESTORERS.run_each(restore, names, at_once=at_once), strict=True)))
 
 
 def _results(futures: Mapping[str, Future[Any]]) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
 from jaxstow._format.source import ReadSource
@@ -29,7 +28,7 @@ from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames, check_step
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
 from jaxstow._storage.store import Store
-from jaxstow._util.pools import submit
+from jaxstow._util.pools import SharedPool
 from jaxstow.errors import (
     ArgumentError,
     CheckpointError,
@@ -39,8 +38,9 @@ from jaxstow.errors import (
     StepNotFoundError,
 )
 
-#: Files of a step opened at once: on an object store each open is a request for the file's first bytes.
-_OPENING = 16
+#: The threads that open a step's files side by side (16 at once: on an object store each open is a request for the
+#: file's first bytes), shared by every restore and check of the process.
+_OPENERS = SharedPool("open", 16)
 
 __all__ = ["REPLACED_READS", "StepFolder", "check_step", "replaced_pause"]
 
@@ -302,7 +302,8 @@ class StepFolder:
         name = self.names.name(record.step)
         wanted = [(item, file) for item in items for file in record.item_files(item)]
 
-        def open_checked(item: str, file: str) -> ReadSource:
+        def open_checked(item_file: tuple[str, str]) -> ReadSource:
+            item, file = item_file
             where = self.url(record.step, file)
             try:
                 source = self.store.source(name, file, (record.headers or {}).get(file), whole=whole)
@@ -315,11 +316,7 @@ class StepFolder:
                 raise
             return source
 
-        if len(wanted) == 1:
-            return {items[0]: [open_checked(*wanted[0])]}
-        with ThreadPoolExecutor(max(1, min(len(wanted), _OPENING)), thread_name_prefix="jaxstow-open") as pool:
-            futures = [submit(pool, open_checked, item, file) for item, file in wanted]
-            wait(futures)
+        futures = _OPENERS.run_each(open_checked, wanted)
         failed = [future for future in futures if future.exception() is not None]
         if failed:
             for future in futures:
