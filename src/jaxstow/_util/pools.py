@@ -84,6 +84,7 @@ class SharedPool:
             while begun := _next(waiting):
                 arg, future = begun
                 try:
+                    future.set_running_or_notify_cancel()
                     future.set_result(job(arg))
                 except BaseException as error:
                     future.set_exception(error)
@@ -97,7 +98,7 @@ class SharedPool:
             while not_begun := _next(waiting):
                 not_begun[1].cancel()
                 not_begun[1].set_running_or_notify_cancel()  # done, for wait()
-            wait(futures)
+            wait([future for future in futures if future.running()])  # not one this thread took as it was interrupted
             raise
         return futures
 
