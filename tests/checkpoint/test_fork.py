@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 _FORKING = """
 import atexit, json, os, sys, time
@@ -80,14 +81,19 @@ print(json.dumps({"steps": manager.steps(), "3": float(manager.restore(3)["w"][-
 """
 
 
-def test_a_forked_child_cannot_save_with_its_parents_manager_and_its_wait_and_close_return(tmp_path):
-    folder, report = tmp_path / "run", tmp_path / "child.json"
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(_CHILD_USES_THE_MANAGER), str(folder), str(report)],
+def _forking(script: str, folder: Path, report: Path) -> subprocess.CompletedProcess[str]:
+    """``script``, which forks, run in a process of its own on ``folder``, its child reporting to ``report``."""
+    return subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(script), str(folder), str(report)],
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_a_forked_child_cannot_save_with_its_parents_manager_and_its_wait_and_close_return(tmp_path):
+    folder, report = tmp_path / "run", tmp_path / "child.json"
+    done = _forking(_CHILD_USES_THE_MANAGER, folder, report)
     assert done.returncode == 0, done.stderr
     assert report.exists(), "the child hung on its parent's save in flight"
     answer = json.loads(report.read_text())["save"]
@@ -126,12 +132,7 @@ print("parent done")
 
 def test_a_child_forked_after_restores_restores_side_by_side_on_threads_of_its_own(tmp_path):
     folder, report = tmp_path / "run", tmp_path / "child.json"
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", textwrap.dedent(_RESTORES_AFTER_A_FORK), str(folder), str(report)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _forking(_RESTORES_AFTER_A_FORK, folder, report)
     assert done.returncode == 0 and done.stdout.splitlines()[-1] == "parent done", done.stderr
     assert report.exists(), "the child hung restoring"
     answer = json.loads(report.read_text())
