@@ -144,8 +144,17 @@ def test_leaves_under_a_64th_of_a_piece_are_read_at_once_and_the_rest_streamed(t
     _same(restored, {name: jnp.asarray(value) for name, value in tree.items()})
 
 
-def _pipeline_threads() -> list[threading.Thread]:
-    return [thread for thread in threading.enumerate() if thread.name.startswith("jaxstow-pipeline")]
+def _threads_restoring() -> list[threading.Thread]:
+    """The threads still restoring a leaf of the pipeline (its reader threads stay, idle, for the next restore)."""
+    frames = sys._current_frames()
+    busy = []
+    for thread in threading.enumerate():
+        frame = frames.get(thread.ident) if thread.ident is not None else None
+        while frame is not None and frame.f_code is not pipeline._restore_leaf.__code__:
+            frame = frame.f_back
+        if frame is not None:
+            busy.append(thread)
+    return busy
 
 
 def _track_buffers(monkeypatch) -> list:
@@ -177,7 +186,7 @@ def test_a_file_truncated_mid_restore_stops_the_pipeline_and_names_the_leaf(tmp_
     # The first leaf read after the cut fails: the file no longer is the one whose header was read.
     assert isinstance(caught.value, TruncatedFileError) and caught.value.path == "layer0", caught.value
     assert "leaf 'layer0'" in str(caught.value) and "cut short since it was opened" in str(caught.value)
-    assert not _pipeline_threads()
+    assert not _threads_restoring()
     assert buffers and all(ref() is None for ref in buffers), "pool buffers still held after the error"
 
 
@@ -189,7 +198,7 @@ def test_a_corrupt_leaf_stops_the_pipeline_and_names_the_leaf(tmp_path, monkeypa
     with pytest.raises(CorruptFileError, match="checksum") as caught:
         jaxstow.load(path, pipeline=True)
     assert caught.value.path == "layer4"
-    assert not _pipeline_threads()
+    assert not _threads_restoring()
 
 
 def test_a_failed_transfer_stops_the_reader_and_names_the_leaf(tmp_path, monkeypatch):
@@ -210,7 +219,7 @@ def test_a_failed_transfer_stops_the_reader_and_names_the_leaf(tmp_path, monkeyp
 
     gc.collect()
     assert caught.value.path == "layer2"
-    assert not _pipeline_threads()
+    assert not _threads_restoring()
     assert buffers and all(ref() is None for ref in buffers)
 
 
@@ -313,4 +322,26 @@ def test_a_device_out_of_memory_joining_a_leaf_is_a_transfer_error_naming_it(tmp
     with pytest.raises(DeviceTransferError, match="RESOURCE_EXHAUSTED") as caught:
         jaxstow.load(path, pipeline=True)
     assert caught.value.path == "layer0"
-    assert not _pipeline_threads()
+    assert not _threads_restoring()
+
+
+def test_restores_one_after_another_share_the_reader_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_PIECE_BYTES", 2 << 20)
+    path = tmp_path / "leaves.safetensors"
+    tree = {f"l{i}": np.full(1 << 18, i, np.float32) for i in range(8)}  # 1 MiB each: one job a leaf
+    jaxstow.save(path, tree)
+    jaxstow.load(path, pipeline=True)  # the reader threads start
+    started = []
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    for _ in range(5):
+        loaded = jaxstow.load(path, pipeline=True)
+    assert all(np.array_equal(loaded[name], value) for name, value in tree.items())
+    # A pool made per restore starts 8 threads each time (40); shared ones at most a few, as some are still ending
+    # their last job when the next restore begins.
+    assert len([name for name in started if name.startswith("jaxstow-pipeline")]) < 8, started

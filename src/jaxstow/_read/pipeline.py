@@ -24,7 +24,7 @@ import contextlib
 import threading
 import traceback
 from collections.abc import Iterator, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -38,6 +38,7 @@ from jaxstow._format.tensor_reads import aligned_empty, bools_checked
 from jaxstow._read.narrowing import NARROWED, held_problem
 from jaxstow._read.opened import OpenedFile
 from jaxstow._util.pinned import pinned_sharding
+from jaxstow._util.pools import SharedPool
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
 
 __all__ = ["pipelined_paths", "restore_pipelined"]
@@ -47,6 +48,8 @@ _PIECE_BYTES = 64 << 20
 #: Leaves read and transferred at once. On an H200 with 16 cores, 4 GiB of 64 MiB leaves from the page cache: 16
 #: threads read and hash them in 0.15 s, 8 in 0.24 s, 4 in 0.38 s.
 _READERS = 16
+#: The reader threads, kept for the process and shared by every restore.
+_READER_THREADS = SharedPool("pipeline-reader", _READERS)
 
 
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
@@ -110,28 +113,27 @@ def restore_pipelined(opened: OpenedFile, leaves: Sequence[tuple[str, Any]]) -> 
 
     def restore_leaves(job: list[tuple[str, Any]]) -> dict[str, jax.Array]:
         out = {}
-        for path, placement in job:
-            if stop.is_set():
-                raise _Stopped
-            try:
-                out[path] = _restore_leaf(opened, container, path, placement, pool, stop)
-            except JaxstowError as error:
-                raise _naming(error, path) from None
+        try:
+            for path, placement in job:
+                if stop.is_set():
+                    raise _Stopped
+                try:
+                    out[path] = _restore_leaf(opened, container, path, placement, pool, stop)
+                except JaxstowError as error:
+                    raise _naming(error, path) from None
+        except BaseException:
+            stop.set()  # the other readers stop at their next piece
+            raise
         return out
 
     readers = _READERS if container.source.parallel is not None else 1  # a source that serves one read at a time
-    executor = ThreadPoolExecutor(min(readers, len(jobs)), thread_name_prefix="jaxstow-pipeline-reader")
-    futures = [executor.submit(restore_leaves, job) for job in jobs]
+    futures: list[Future[dict[str, jax.Array]]] = []
     try:
-        wait(futures, return_when=FIRST_EXCEPTION)
-        if any(future.done() and future.exception() for future in futures):
-            stop.set()
-            wait(futures)
+        futures += _READER_THREADS.run_each(restore_leaves, jobs, at_once=readers)
+        if any(future.exception() for future in futures):
             raise _first_failure(futures, container)
         return {path: array for future in futures for path, array in future.result().items()}
     finally:
-        stop.set()
-        executor.shutdown(wait=True, cancel_futures=True)
         pool.drop()  # the buffers go now, not with an error's traceback
         futures.clear()
 
