@@ -32,7 +32,8 @@ def unsaveable_advice(obj: object, refused: str | None = None) -> str | None:
     if _is_array(obj):
         return (
             "an array where only static data may go (an equinox static field, an attribute of a registered plain "
-            "class, a node's auxiliary data), which a file keeps as JSON: make it a pytree field (not static), or "
+            "class, a node's auxiliary data; a FlareJax module keeps numpy arrays there), which a file keeps as JSON: "
+            "make it a pytree field (not static; in a FlareJax module, hold jnp.asarray(array)), or "
             "make the plain class a pytree (jax.tree_util.register_pytree_node_class), so that it is saved as a "
             "tensor, or hold a tuple of its values (tuple(array.tolist()))"
         )
