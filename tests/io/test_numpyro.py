@@ -86,20 +86,26 @@ def test_the_same_file_with_another_model_is_refused(tmp_path):
     assert path.read_bytes() == written
 
 
-@pytest.mark.parametrize("settings", [{"target_accept_prob": 0.99}, {"max_tree_depth": 2}, {"dense_mass": True}])
-def test_the_same_file_with_other_kernel_settings_is_refused(tmp_path, settings):
-    def mcmc(**settings) -> object:
-        return infer.MCMC(
-            infer.NUTS(model, **settings), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False
-        )
+def nuts_mcmc(**settings) -> object:
+    return infer.MCMC(infer.NUTS(model, **settings), num_warmup=10, num_samples=10, num_chains=2, progress_bar=False)
 
+
+@pytest.fixture(scope="module")
+def nuts_run(tmp_path_factory) -> bytes:
+    """The bytes of a file NUTS with numpyro's default settings ran into: one run for every case of settings."""
+    path = tmp_path_factory.mktemp("nuts") / "run.h5"
+    io.numpyro.run(nuts_mcmc(), str(path), jax.random.key(0), model_args=(Y,))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("settings", [{"target_accept_prob": 0.99}, {"max_tree_depth": 2}, {"dense_mass": True}])
+def test_the_same_file_with_other_kernel_settings_is_refused(tmp_path, nuts_run, settings):
     path = tmp_path / "run.h5"
-    io.numpyro.run(mcmc(), str(path), jax.random.key(0), model_args=(Y,))
-    written = path.read_bytes()
+    path.write_bytes(nuts_run)
     name, value = next(iter(settings.items()))
     with pytest.raises(CheckpointError, match=rf"run\.h5 holds a run started with settings=.*'{name}': {value}"):
-        io.numpyro.run(mcmc(**settings), str(path), jax.random.key(0), model_args=(Y,))
-    assert path.read_bytes() == written
+        io.numpyro.run(nuts_mcmc(**settings), str(path), jax.random.key(0), model_args=(Y,))
+    assert path.read_bytes() == nuts_run
 
 
 def test_one_mcmc_object_serves_mcmc_run_and_several_files(tmp_path):
