@@ -166,7 +166,7 @@ def test_a_flarejax_model_restores_into_like_in_a_process_of_another_hash_seed(t
         return subprocess.run(command, env=environment, check=True, capture_output=True, text=True).stdout
 
     run("save", "1")
-    for seed in ("7", "12", "1"):
+    for seed in ("7", "12"):  # two orders of the names other than the saving process's
         assert run("load", seed).strip() == "[1.0, 2.0, 3.0, 4.0, 5.0]"
 
 
