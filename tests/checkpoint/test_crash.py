@@ -1,11 +1,12 @@
 """Crash safety and the writer's lock, with real processes killed by SIGKILL.
 
-A training process saves a step after every update, in the background, and is killed at a random moment: every
-third one the moment a step's staging folder appears (a save in flight), the others at a seeded random time after
-their first step is committed; then a reader checks the directory; then a new training process resumes from the latest step, taking over the dead one's
-lock and removing its leftovers; and so on. The processes are forked from a ``multiprocessing`` fork server that has
-already imported JAX and jaxstow, so each one starts in a fraction of a second, but each is a real process, killed by
-the kernel in the middle of whatever it was doing: writing an item, fsyncing, renaming, deleting an old step.
+A training process saves a step after every update, in the background, and is killed: every third one the moment a
+step's staging folder appears (a save in flight), the others at times spread over 0.3 s after their first step is
+committed (several saves); then a reader checks the directory; then a new training process resumes from the latest
+step, taking over the dead one's lock and removing its leftovers; and so on. The processes are forked from a
+``multiprocessing`` fork server that has already imported JAX and jaxstow, so each one starts in a fraction of a
+second, but each is a real process, killed by the kernel in the middle of whatever it was doing: writing an item,
+fsyncing, renaming, deleting an old step.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import random
 import signal
 import socket
 import time
@@ -28,8 +28,9 @@ from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow.errors import CheckpointError
 
-KILLS = 12
-SEED = 0
+IN_A_SAVE = "in a save"
+#: Where each trainer is killed: in a save, or that many seconds after its first step is committed.
+MOMENTS = (IN_A_SAVE, 0.0, 0.1, IN_A_SAVE, 0.2, 0.3)
 
 
 def _state(step: int) -> dict:
@@ -109,22 +110,21 @@ def _committed(directory, step: int) -> bool:
     return (directory / str(step)).is_dir()
 
 
-def test_sigkill_at_random_moments(tmp_path, processes):
-    rng = random.Random(SEED)
+def test_sigkill_at_moments_spread_over_a_run(tmp_path, processes):
     directory = tmp_path / "run"
     latest_seen = -1
     kills_with_leftovers = 0
     resumed_from = []
-    for kill in range(KILLS):
+    for moment in MOMENTS:
         stale = _staging(directory)
         trainer, first_step = _start(processes, _trainer, directory)
         resumed_from.append(first_step)
         assert first_step == latest_seen + 1, f"resumed at {first_step}, latest committed {latest_seen}"
-        if kill % 3 == 0:  # in the middle of a save
+        if moment == IN_A_SAVE:
             _wait_until(lambda stale=stale: bool(_staging(directory) - stale), trainer)
         else:  # somewhere after a step of its own is committed
             _wait_until(lambda first=first_step: _committed(directory, first), trainer)
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(moment)
         _kill(trainer)
 
         entries = os.listdir(directory)
@@ -143,8 +143,8 @@ def test_sigkill_at_random_moments(tmp_path, processes):
         kept = [step for step in steps if step % 50 and step < latest_seen - 3]
         assert not kept, f"steps {kept} outlived the keep policy ({steps})"
 
-    print(f"{KILLS} kills, {kills_with_leftovers} in the middle of a save, resumed at {resumed_from}")
-    assert latest_seen >= KILLS - KILLS // 3 - 1, f"committed steps were lost ({resumed_from})"
+    print(f"{len(MOMENTS)} kills, {kills_with_leftovers} in the middle of a save, resumed at {resumed_from}")
+    assert latest_seen >= len(MOMENTS) - MOMENTS.count(IN_A_SAVE) - 1, f"committed steps were lost ({resumed_from})"
     assert kills_with_leftovers > 0, "no kill ever hit a save in flight"
     # The next writer removes every leftover of the killed ones.
     with CheckpointManager(directory, keep=KeepPolicy(keep_last=3, keep_every=50)) as manager:
