@@ -2,9 +2,9 @@
 PROCESS COUNT PORT``.
 
 ``talk`` runs a conversation of every kind of message and prints what it heard, then whether the keys of the finished
-conversations are gone (the second's once a conversation of another scope closed); ``stall K`` has process K sleep
-instead of reaching a barrier (alive but silent); ``alone`` has process 0 gather alone (it times out) before every
-process gathers; ``refuse`` has process 0's decision raise, then runs another
+conversations are gone (the second's once a conversation of another scope closed); ``stall K`` has process K wait,
+alive but silent, until the others raised, then reach the barrier they gave up on; ``alone`` has process 0 gather
+alone (it times out) before every process gathers; ``refuse`` has process 0's decision raise, then runs another
 conversation and prints whether the failed one's keys are gone. Each process prints one JSON line: what it heard, or
 ``error`` and ``seconds``.
 """
@@ -48,8 +48,9 @@ try:
         report["left of the second"] = [key for key, _ in client.key_value_dir_get(second + "/")]
     elif action == "stall":
         with coordinator.conversation("restore") as talk:
-            if index == stalled:
-                time.sleep(8)  # past the 8 s within which the test wants the others to have raised
+            if index == stalled:  # silent until every other process raised, as it timed out waiting for this one
+                for other in set(range(count)) - {stalled}:
+                    jax_compat.distributed_client().blocking_key_value_get(f"raised/{other}", 60_000)
             talk.barrier("read", waiting_for="its part of the restore")
     elif action == "alone":  # process 0 makes a call the others do not; then every process makes the same call
         if index == 0:
@@ -58,8 +59,9 @@ try:
                     talk.gather("asked", "alone", waiting_for="its request")
             except CheckpointError as error:
                 report["alone"] = str(error)
-        else:
-            time.sleep(5)
+            jax_compat.distributed_client().key_value_set("alone", "done")
+        else:  # the others, past process 0's lone call
+            jax_compat.distributed_client().blocking_key_value_get("alone", 60_000)
         with coordinator.conversation("restore") as talk:
             report["gathered"] = talk.gather("asked", index, waiting_for="its request")
     elif action in ("refuse", "refuse missing"):
@@ -75,6 +77,8 @@ try:
 except (CheckpointError, ValueError) as error:
     report["error"] = f"{type(error).__name__}: {error}"
 report["seconds"] = round(time.monotonic() - started, 2)
+if action == "stall" and index != stalled:
+    jax_compat.distributed_client().key_value_set(f"raised/{index}", "1")
 if action.startswith("refuse") and count > 1:  # a conversation that failed is closed all the same: its keys go
     with coordinator.conversation("after") as talk:
         talk.barrier("done", waiting_for="the end")
