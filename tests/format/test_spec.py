@@ -31,6 +31,7 @@ from jaxstow._format.dtypes import (
     safetensors_code,
 )
 from jaxstow._format.header_checksum import header_checksum
+from jaxstow._format.json_codec import BYTES_PER_CONTAINER
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow._format.manifest import FORMAT_VERSION
 from jaxstow._format.native import DATA_ALIGNMENT, MAX_HEADER_BYTES
@@ -61,6 +62,7 @@ def _names(cell: str) -> list[str]:
 def test_the_limits_table_is_the_code_s_constants():
     constants = {
         "MAX_HEADER_BYTES": MAX_HEADER_BYTES,
+        "BYTES_PER_CONTAINER": BYTES_PER_CONTAINER,
         "MAX_AXES": MAX_AXES,
         "MAX_ARRAY_BYTES": MAX_ARRAY_BYTES,
         "MAX_NESTING": MAX_NESTING,

@@ -39,7 +39,7 @@ import xxhash
 
 from jaxstow._format.checksum import ZERO_CHECKSUM
 from jaxstow._format.dtypes import MAX_ARRAY_BYTES, MAX_AXES, READ_CODES
-from jaxstow._format.json_codec import parse_json, tensor_names_problem
+from jaxstow._format.json_codec import check_containers, parse_json, tensor_names_problem
 from jaxstow._format.manifest import ColumnMarks, LeafColumns, check_leaves, columns_again
 from jaxstow._format.native import DATA_ALIGNMENT, HASH_KEY, HASH_SUFFIX, MANIFEST_KEY, MAX_HEADER_BYTES
 from jaxstow._format.native_or_npz import Container
@@ -291,10 +291,10 @@ class NativeReader:
         self.plain = {key: value for key, value in self.metadata.items() if key not in (MANIFEST_KEY, HASH_KEY)}
 
     def _read_header(self, raw: bytes, fast: bool) -> _Header:
-        length = len(raw)
         claimed = claims_manifest(raw)
         recorded = check_header_checksum(raw, file=self.file) if claimed else None
         error = CorruptFileError if claimed else FormatError
+        check_containers(raw, file=self.file, error=error)
         header = parse_json(raw, what="the header", file=self.file, error=error, exact_integers=False, fast=fast)
         if not isinstance(header, dict):
             raise FormatError("the header is not a JSON object", file=self.file)
@@ -315,7 +315,7 @@ class NativeReader:
                 f"checksum last, in the header's last member): the header is corrupt",
                 file=self.file,
             )
-        slots = check_header(header, data_start=8 + length, file_size=self.source.size, file=self.file)
+        slots = check_header(header, data_start=8 + len(raw), file_size=self.source.size, file=self.file)
         return _Header(slots, MappingProxyType(metadata))
 
     def read(self, names: Sequence[str], verify: Verify | None = None) -> dict[str, np.ndarray]:
@@ -390,9 +390,9 @@ def _only(values: Any, kind: type) -> bool:
 
 def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> SlotTable | None:
     """The tensors of a parsed header (without ``__metadata__``) if every rule holds, ``None`` otherwise."""
-    names, infos = list(header), list(header.values())
-    if not _only(infos, dict):
+    if not _only(header.values(), dict):  # checked before the lists are made: every entry may be wrong
         return None
+    names, infos = list(header), list(header.values())
     try:
         codes = [info["dtype"] for info in infos]
         shapes = [info["shape"] for info in infos]

@@ -4,7 +4,9 @@
 beyond 64 bits, lone surrogates). :func:`parse_json` turns every failure into a jaxstow error, never a builtin one
 (``json.loads`` raises a bare ``ValueError`` or ``RecursionError`` for huge integers and deep nesting). Code that
 walks a parsed value bounds its depth itself (:mod:`jaxstow._format.skeleton`); :func:`limits_problem` tells whether
-a value stays within the nesting and integer digits a jaxstow file holds.
+a value stays within the nesting and integer digits a jaxstow file holds. :func:`check_containers` refuses a long
+header holding more objects and arrays than one per :data:`BYTES_PER_CONTAINER` bytes before it is parsed: parsing
+makes a Python object of about 64 bytes of each (for the 3 bytes of ``[],``), over 20 times the text's length.
 
 >>> from jaxstow._format.json_codec import dump_json, parse_json
 >>> dump_json({"a": [1, 2**70]})
@@ -23,12 +25,22 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import orjson
 
 from jaxstow._format.json_values import MAX_INTEGER_DIGITS, MAX_NESTING
 from jaxstow.errors import FormatError
 
-__all__ = ["dump_json", "limits_problem", "parse_json", "repeated_member", "tensor_names_problem"]
+__all__ = [
+    "BYTES_PER_CONTAINER",
+    "check_containers",
+    "containers_outside_strings",
+    "dump_json",
+    "limits_problem",
+    "parse_json",
+    "repeated_member",
+    "tensor_names_problem",
+]
 
 _INTEGER_BOUND = 10**MAX_INTEGER_DIGITS
 
@@ -161,6 +173,7 @@ def repeated_member(text: bytes) -> str | None:
     >>> repeated_member(b'{"weight_map": {"a": "1.safetensors", "a": "2.safetensors"}}')
     'a'
     """
+
     repeated: list[str] = []
 
     def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -220,3 +233,50 @@ def _nesting(value: Any) -> tuple[int, bool]:
         if deepest > _DEEPEST_COUNTED:  # a value that holds itself, or far too deep: no need to go on
             break
     return deepest, huge
+
+
+#: The bytes of a long header's text each object or array outside its strings needs, beyond the first two (the
+#: header and its ``__metadata__``): a tensor's entry holds three in at least 50 bytes (docs/format.md, "Limits").
+BYTES_PER_CONTAINER = 12
+#: The header length from which its objects and arrays are counted (a shorter one takes little memory whatever it is).
+COUNTED_FROM = 64 * 1024
+#: The bytes of text looked at at a time: the count's own memory is a few times this.
+_SLICE = 1 << 20
+_QUOTE, _BRACE, _BRACKET = ord('"'), ord("{"), ord("[")
+
+
+def containers_outside_strings(text: bytes) -> int:
+    r"""The ``{`` and ``[`` of the JSON ``text`` that lie outside its strings (exact for valid JSON), counted a slice
+    at a time with a few copies of it.
+
+    >>> containers_outside_strings(b'{"a\\\\":{"b":[1,"[{\\\\\\"}"]}}')  # {"a\\":{"b":[1,"[{\\\"}"]}}
+    3
+    """
+    if b"\\" in text:  # an escaped backslash, then an escaped quote, cannot open or close a string
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
+    codes = np.frombuffer(text, np.uint8)
+    inside = np.uint8(0)
+    count = 0
+    for start in range(0, len(codes), _SLICE):
+        part = codes[start : start + _SLICE]
+        opened = np.bitwise_xor.accumulate((part == _QUOTE).view(np.uint8)) ^ inside
+        count += int(np.count_nonzero(((part == _BRACE) | (part == _BRACKET)) & (opened == 0)))
+        inside = opened[-1]
+    return count
+
+
+def check_containers(raw: bytes, *, file: str, error: type[FormatError]) -> None:
+    """Refuse the header text ``raw`` with ``error`` if it is long and holds more objects and arrays than a
+    header of its length may."""
+    if len(raw) < COUNTED_FROM:
+        return
+    most = len(raw) // BYTES_PER_CONTAINER + 2
+    count = containers_outside_strings(raw)
+    if count > most:
+        raise error(
+            f"the header's {len(raw)} bytes hold {count} JSON objects and arrays, more than the {most} a header of "
+            f"this length may (one per {BYTES_PER_CONTAINER} bytes, beyond the header and its __metadata__; a "
+            "tensor's entry holds three in at least 50 bytes), so it is refused before it is parsed: the file is damaged "
+            "or was not made by a safetensors writer; get it again from its source, or save its tensors again with one",
+            file=file,
+        )
