@@ -108,3 +108,14 @@ def test_repetitions_an_escape_or_an_entry_hides_are_refused_too(tmp_path, heade
     with pytest.raises(FormatError, match=expected) as caught:
         jaxstow.load(file)
     assert caught.value.path == path
+
+
+def test_a_tensor_listed_twice_among_150000_is_refused_naming_it_at_once(tmp_path):
+    """The repeated name is found in one pass over the header's members (each member was counted against all of
+    them before: 150,000 tensors took hours)."""
+    path = tmp_path / "many.safetensors"
+    entries = [f'"t{i}":{{"dtype":"U8","shape":[1],"data_offsets":[{i},{i + 1}]}}' for i in range(150_000)]
+    _safetensors(path, "{" + ",".join([*entries, entries[7]]) + "}", bytes(150_000))
+    with pytest.raises(FormatError, match="lists 't7' twice") as caught:
+        jaxstow.open(path)
+    assert caught.value.path == "t7"

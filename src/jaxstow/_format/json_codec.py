@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -174,16 +175,21 @@ def repeated_member(text: bytes) -> str | None:
     'a'
     """
 
-    repeated: list[str] = []
+    def members(pairs: list[tuple[str, Any]]) -> None:
+        counts = Counter(name for name, _ in pairs)
+        if len(counts) < len(pairs):
+            raise _Repeated(next(name for name, _ in pairs if counts[name] > 1))
+        # None: no object is kept, so the parse takes little memory beyond the text's, whatever the text holds
 
-    def members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        names = [name for name, _ in pairs]
-        if len(set(names)) < len(names):
-            repeated.extend(name for name in names if names.count(name) > 1)
-        return dict(pairs)
+    try:
+        json.loads(text.decode("utf-8"), object_pairs_hook=members)
+    except _Repeated as found:  # the parse stops at the first object that gives a name twice
+        return str(found.args[0])
+    return None
 
-    json.loads(text.decode("utf-8"), object_pairs_hook=members)
-    return repeated[0] if repeated else None
+
+class _Repeated(Exception):
+    """The name an object of a JSON text gives twice (raised to stop the parse there)."""
 
 
 def _has_surrogate(name: str) -> bool:
