@@ -74,8 +74,9 @@ def test_ls_lists_a_forged_record_as_damaged(run, changes):
     assert done.returncode == 1 and done.stderr == "", (done.stdout, done.stderr)
     out = done.stdout.splitlines()
     assert [line.split()[0] for line in out[1:4]] == ["1", "2", "3"]
-    assert out[4] == f"DAMAGED  step 3: {run / '3' / RECORD_NAME}: the step record lacks a field or has one of the " + (
-        "wrong type or out of range"
+    assert out[4].startswith(
+        f"DAMAGED  step 3: {run / '3' / RECORD_NAME}: the step record lacks a field or has one of the wrong type or "
+        f"out of range: {next(iter(changes))!r} is "
     )
     assert out[5].startswith("3 steps (1 damaged), ")
 
@@ -116,3 +117,23 @@ def test_metadata_past_what_a_record_may_hold_is_refused_when_saved(tmp_path):
             manager.save(1, {"w": np.zeros(2)}, metadata={"notes": "x" * (17 << 20)})
         manager.save(2, {"w": np.zeros(2)}, metadata={"notes": "x" * (15 << 20)})
         assert manager.steps() == [2] and len(manager.metadata(2)["notes"]) == 15 << 20
+
+
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({"files": {"w": "../1/w.safetensors"}}, "'files' is {'w': '../1/w.safetensors'}, expected a dict of item"),
+        ({"files": {"w": "/etc/w.safetensors"}}, "'files' is {'w': '/etc/w.safetensors'}, expected a dict of item"),
+        ({"headers": {"w.safetensors": 7}}, "'headers' is {'w.safetensors': 7}, expected null or a dict of the"),
+        ({"parts": {"w": ["../2/w.safetensors"]}}, "'parts' is {'w': ['../2/w.safetensors']}, expected a dict of"),
+    ],
+)
+def test_a_record_naming_files_outside_its_step_is_refused_naming_the_field_and_what_it_must_hold(run, changes, shown):
+    _forge(run, 3, **changes)
+    with CheckpointManager(run) as manager, pytest.raises(CorruptFileError, match="restore another step") as caught:
+        manager.restore(3)
+    assert (
+        f"{run / '3' / RECORD_NAME}: the step record lacks a field or has one of the wrong type or out of range: "
+        + (shown)
+        in str(caught.value)
+    )

@@ -22,7 +22,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -186,28 +186,49 @@ class StepRecord:
             _check_record_checksum(data, record.get(_CHECKSUM_KEY), where=where)
         step, files, single = record.get("step"), record.get("files"), record.get("single")
         metrics, metadata, keep_policy = record.get("metrics"), record.get("metadata"), record.get("keep_policy")
-        parts, headers = record.get("parts", {}), record.get("headers")
-        valid = (
-            type(step) is int
-            and isinstance(files, dict)
-            and all(isinstance(k, str) and _is_plain_name(v) for k, v in files.items())
-            and isinstance(single, bool)
-            and (not single or len(files) == 1)
-            and (metrics is None or _is_metrics(metrics))
-            and (metadata is None or isinstance(metadata, dict))
-            and (keep_policy is None or _is_keep_policy(keep_policy))
-            and _is_time(record.get("time"))
-            and isinstance(parts, dict)
-            and all(
-                item in files and isinstance(names, list) and all(map(_is_plain_name, names))
-                for item, names in parts.items()
-            )
-            and (headers is None or _is_headers(headers, files, parts))
-            and _is_infinite_metrics(infinite := record.get("infinite_metrics", {}), metrics)
-        )
-        if not valid:
+        parts, headers, infinite = record.get("parts", {}), record.get("headers"), record.get("infinite_metrics", {})
+        fields: list[tuple[str, Callable[[], bool], str]] = [  # checked in order: a later check takes earlier ones
+            ("step", lambda: type(step) is int, "an integer"),
+            (
+                "files",
+                lambda: (
+                    isinstance(files, dict) and all(isinstance(k, str) and _is_plain_name(v) for k, v in files.items())
+                ),
+                "a dict of item names to names of files in the step's folder",
+            ),
+            (
+                "single",
+                lambda: isinstance(single, bool) and (not single or len(files) == 1),
+                "true (one item) or false",
+            ),
+            ("metrics", lambda: metrics is None or _is_metrics(metrics), "null or names to finite numbers or null"),
+            ("metadata", lambda: metadata is None or isinstance(metadata, dict), "null or a JSON object"),
+            ("keep_policy", lambda: keep_policy is None or _is_keep_policy(keep_policy), "null or KeepPolicy's rules"),
+            ("time", lambda: _is_time(record.get("time")), "seconds since 1970, before the year 9999"),
+            (
+                "parts",
+                lambda: (
+                    isinstance(parts, dict)
+                    and all(
+                        item in files and isinstance(names, list) and all(map(_is_plain_name, names))
+                        for item, names in parts.items()
+                    )
+                ),
+                "a dict of the step's items to lists of names of files in the step's folder",
+            ),
+            (
+                "headers",
+                lambda: headers is None or _is_headers(headers, files, parts),
+                "null or a dict of the step's files to 16 hex digits",
+            ),
+            ("infinite_metrics", lambda: _is_infinite_metrics(infinite, metrics), '"inf" or "-inf" by null metrics'),
+        ]
+        wrong = next(((name, expected) for name, valid, expected in fields if not valid()), None)
+        if wrong is not None:
             raise CorruptFileError(
-                "the step record lacks a field or has one of the wrong type or out of range", file=where
+                f"the step record lacks a field or has one of the wrong type or out of range: {wrong[0]!r} is "
+                f"{excerpt(record.get(wrong[0]))}, expected {wrong[1]}",
+                file=where,
             )
         if infinite:
             metrics = {**metrics, **{name: float(sign) for name, sign in infinite.items()}}
