@@ -196,12 +196,11 @@ def restore_newest_intact(
         holder = folder if folder_of is None else folder_of(step)
         problem = step_damage(holder, step, verify="headers", progress=False)
         if problem is None:
-            for _ in range(2):  # read again once: bytes damaged on their way (a flaky network) are no damage
-                try:
-                    restored.append(restore(step))
-                    return True
-                except FormatError as error:  # damage in the data read, found by its checksum
-                    problem = str(error)
+            try:  # ``restore`` reads again data that fails its checksum once: bytes damaged on their way are not
+                restored.append(restore(step))
+                return True
+            except FormatError as error:  # damage in the data read, found by its checksum
+                problem = str(error)
         skipped[step] = str(problem)
         holder.damaged.add(step)
         logger.warning("%s: step %d is damaged, skipped: %s", holder.store.location, step, problem)

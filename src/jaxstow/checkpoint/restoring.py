@@ -38,7 +38,7 @@ from jaxstow._storage.folders import LocalStore
 from jaxstow._util.pools import SharedPool
 from jaxstow.checkpoint.step_folder import REPLACED_READS, StepFolder
 from jaxstow.checkpoint.writing import SINGLE_ITEM
-from jaxstow.errors import CheckpointError, FormatError, ShardingError, StructureMismatchError
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, ShardingError, StructureMismatchError
 
 __all__ = ["open_readers", "restore_items", "restore_step"]
 
@@ -228,9 +228,10 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
     A step replaced while it is read (``save(step, force=True)`` by the process that saves here) is read again,
     whole, from its new record: its old files gone or new ones in their place are no damage. A local copy
     (``cache_dir``) found damaged is removed, and the step read again from the store itself, whose damage is the
-    step's own."""
+    step's own. Data that fails its checksum is read again once: bytes damaged on their way (a flaky network) are
+    no damage."""
     with folder.reading(step):
-        record = folder.checked_record(step)
+        record, read_again = folder.checked_record(step), False
         for _ in range(REPLACED_READS - 1):
             try:
                 return _restore_step(folder, step, record, like, items, options)
@@ -238,9 +239,12 @@ def restore_step(folder: StepFolder, step: int, like: Any, items: Sequence[str] 
                 if folder.evict_damaged_copy(error):  # a local copy gone bad (cache_dir): read from the store
                     folder = folder.in_store()
                     continue
-                if (now := folder.checked_record(step)) == record:
+                if (now := folder.checked_record(step)) != record:
+                    record, read_again = now, False  # replaced while it was read: read the new one
+                elif read_again or not isinstance(error, CorruptFileError):
                     raise
-                record = now  # replaced while it was read: read the new one
+                else:
+                    read_again = True  # bytes damaged on their way are no damage: the same read once more
         return _restore_step(folder, step, record, like, items, options)
 
 
