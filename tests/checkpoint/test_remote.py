@@ -236,3 +236,38 @@ def test_a_bit_flipped_on_its_way_is_read_again_not_taken_for_a_damaged_step(s3_
             restored = restore(CheckpointManager(url, storage_options=flaky))
         assert proxy.faults["flip"] == 1
         np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_delete_that_fails_once_the_record_is_written_takes_back_nothing(s3_server, force):
+    # The commit's removal of its leftovers (the folder's mark, the replaced files) failed, and the save removed the
+    # files of the step whose checkpoint.json it had just written: the step, old values and new, was lost for good.
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    with faulty_proxy(
+        s3_server.endpoint, rate=0.0, kinds=("500",), methods=("POST",), paths=r"\?delete", budget=3
+    ) as proxy:
+        flaky = {
+            **options,
+            "client_kwargs": {"endpoint_url": proxy.endpoint},
+            "config_kwargs": {"retries": {"max_attempts": 2}},
+        }
+        manager = CheckpointManager(url, storage_options=flaky)
+        manager.save(1, {"w": np.full(4, 1.0)})
+        manager.wait()
+        proxy.rate = 1.0  # the first DeleteObjects from now on fails, after botocore's retry too
+        manager.save(1 if force else 2, {"w": np.full(4, 5.0)}, force=force)
+        manager.wait()
+        manager.close()
+    assert proxy.faults["500"] == 3
+    with CheckpointManager(url, storage_options=options) as manager:
+        assert manager.steps() == [1] if force else [1, 2]
+        np.testing.assert_array_equal(manager.restore(as_numpy=True)["w"], np.full(4, 5.0))
+        manager.save(3, {"w": np.zeros(1)})  # the next writer removes the leftovers
+    files = _files(url, options)  # each step's record and one file: the replaced file and the marks are gone
+    assert [file.split("/")[0] for file in files if file != RECENT] == [
+        "1",
+        "1",
+        *["2", "2"][: 2 * (not force)],
+        "3",
+        "3",
+    ]

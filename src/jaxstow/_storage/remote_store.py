@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._storage.leftovers import removing
 from jaxstow._storage.marker_limit import refuse_large_marker
 from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change, note_change, recent_changes, reconciled
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
@@ -394,6 +395,7 @@ class RemoteStaging:
         with storage_errors(store.url(self._name)):
             self._check_kept(_marked_files(marker, where=store.url(self._name, store.marker)))
             store.fs.pipe_file(store.path(self._name, store.marker), marker)
+        with removing(store.url(self._name)):  # committed: a failure now takes nothing back
             store.note(self._name, COMMITTED)
             if self._own:
                 with contextlib.suppress(FileNotFoundError):
@@ -430,15 +432,15 @@ class RemoteStaging:
 
         A committed folder it was to replace stays as it was.
         """
-        for upload in self._uploads:
-            upload.abort()
-        self._uploads = []
-        store = self._store
+        uploads, self._uploads, store = self._uploads, [], self._store
         names = [*self._written, *([WRITING] if self._own else [])]  # by name, listed yet or not; its mark last
-        _remove_files(store.fs, [store.path(self._name, name) for name in names])
-        if self._own:
-            _remove_tree(store.fs, store.path(self._name))
-            store.note(self._name, DELETED)
+        with removing(store.url(self._name)):  # the write's own failure is the one raised
+            for upload in uploads:
+                upload.abort()
+            _remove_files(store.fs, [store.path(self._name, name) for name in names])
+            if self._own:
+                _remove_tree(store.fs, store.path(self._name))
+                store.note(self._name, DELETED)
 
 
 def _a_step_writes(name: str) -> bool:
