@@ -18,7 +18,7 @@ from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.lock import LOCK_NAME, Holder
 from jaxstow._storage.recent import RECENT
 from jaxstow._storage.remote import RemoteSource
-from jaxstow.errors import CheckpointError, CorruptFileError
+from jaxstow.errors import CheckpointError, CorruptFileError, StorageError
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -271,3 +271,27 @@ def test_a_delete_that_fails_once_the_record_is_written_takes_back_nothing(s3_se
         "3",
         "3",
     ]
+
+
+def test_a_step_saved_whose_keep_policy_deletion_fails_is_said_saved(s3_server):
+    # "saving step 2 ... failed in the background: .../1: the storage failed: ...": step 2 was committed and listed.
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    with faulty_proxy(s3_server.endpoint, rate=0.0, kinds=("500",), methods=("POST",), paths=r"\?delete") as proxy:
+        flaky = {**options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
+        flaky["config_kwargs"] = {"retries": {"max_attempts": 2}}
+        manager = CheckpointManager(url, storage_options=flaky, keep=KeepPolicy(keep_last=1))
+        manager.save(1, {"w": np.full(4, 1.0)})
+        manager.wait()
+        proxy.rate = 1.0  # every DeleteObjects fails: step 1's deletion by the keep policy too
+        manager.save(2, {"w": np.full(4, 2.0)})
+        with pytest.raises(
+            StorageError, match=r"step 2 is saved, but deleting step 1, which the keep policy"
+        ) as raised:
+            manager.wait()
+        assert f"{url}/1: the storage failed" in str(raised.value)
+        assert manager.steps() == [1, 2] and not manager.should_save(2)
+        proxy.rate = 0.0
+        manager.save(3, {"w": np.full(4, 3.0)})
+        manager.close()
+    with CheckpointManager(url, storage_options=options) as manager:
+        assert manager.steps() == [3] and manager.restore(as_numpy=True)["w"][0] == 3.0

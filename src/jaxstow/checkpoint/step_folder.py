@@ -36,6 +36,8 @@ from jaxstow.errors import (
     FormatError,
     JaxstowError,
     StepNotFoundError,
+    StorageError,
+    failed,
 )
 
 #: The threads that open a step's files side by side (16 at once: on an object store each open is a request for the
@@ -176,7 +178,15 @@ class StepFolder:
             self.damaged.update(unreadable)
             doomed = list(policy.to_delete([step for step in steps if step not in self.damaged], values, times))
         for step in doomed:
-            self.store.delete(self.names.name(step))
+            try:
+                self.store.delete(self.names.name(step))
+            except StorageError as error:  # the step saved is committed: only the deletion failed
+                raise failed(
+                    CheckpointError,
+                    f"step {saved} is saved, but deleting step {step}, which the keep policy keeps no more, failed "
+                    f"(the next save deletes it): {error}",
+                    error,
+                ) from error
             self.forget(step)
             if step == saved:  # a run gone back to an earlier step: its new work would be lost unseen
                 logger.warning(
