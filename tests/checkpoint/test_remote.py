@@ -295,3 +295,18 @@ def test_a_step_saved_whose_keep_policy_deletion_fails_is_said_saved(s3_server):
         manager.close()
     with CheckpointManager(url, storage_options=options) as manager:
         assert manager.steps() == [3] and manager.restore(as_numpy=True)["w"][0] == 3.0
+
+
+def test_a_record_damaged_on_its_way_is_read_again_not_taken_for_a_damaged_step(s3_server):
+    # One answer for step 2's checkpoint.json with a bit flipped by the network: "step 2 ... is damaged: ... the step
+    # record is not valid JSON", and restore(fallback=True) went back to step 1.
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    with CheckpointManager(url, storage_options=options) as manager:
+        for step in (1, 2):
+            manager.save(step, {"w": np.full(4, float(step))})
+    record = rf"/{url.rsplit('/', 1)[1]}/2/checkpoint\.json"
+    for restore in (lambda run: run.restore(as_numpy=True), lambda run: run.restore(fallback=True, as_numpy=True)):
+        with faulty_proxy(s3_server.endpoint, rate=1.0, kinds=("flip",), paths=record, budget=1) as proxy:
+            flaky = {**options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
+            assert restore(CheckpointManager(url, storage_options=flaky))["w"][0] == 2.0
+        assert proxy.faults["flip"] == 1

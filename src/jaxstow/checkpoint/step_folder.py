@@ -265,19 +265,25 @@ class StepFolder:
             return f"not known (listing them failed: {failure})"
 
     def _record_alone(self, step: int) -> StepRecord:
-        """The step's record, checksummed; its files unchecked. A record the store does not hold (asked for by key) is
-        a step deleted, whatever a listing shows: a store may list a deleted object for seconds."""
+        """The step's record, checksummed (one that fails is read again once); its files unchecked. A record the store
+        does not hold (asked for by key) is a step deleted, whatever a listing shows: a store may list a deleted object
+        for seconds."""
         name = self.names.name(step)
         where = self.url(step, RECORD_NAME)
         try:
             data = self.store.read_marker(name)
+            try:
+                record = StepRecord.from_json(data, where=where)
+            except FormatError:  # read again: bytes damaged on their way (a flaky network) are no damage
+                if (again := self.store.read_marker(name)) == data:
+                    raise
+                record = StepRecord.from_json(again, where=where)
         except FileNotFoundError:
             raise StepNotFoundError(
                 f"step {step} is not in {self.store.location} any more: the store holds no {RECORD_NAME} of it (a "
                 f"store may list a deleted step for a while); its committed steps are {self._others(step)}",
                 file=where,
             ) from None
-        record = StepRecord.from_json(data, where=where)
         if record.step != step:
             raise CheckpointError(
                 f"{where}: the record says step {record.step}, but its folder is step {step}", file=where
