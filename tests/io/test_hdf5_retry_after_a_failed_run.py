@@ -98,3 +98,18 @@ def test_a_failed_collector_that_the_caller_still_holds_is_not_taken_over(tmp_pa
             _run(path, None)
     held.pop().close()
     np.testing.assert_array_equal(_run(path, None), _uninterrupted())
+
+
+def test_a_failed_collector_held_only_by_its_kept_exception_is_closed_by_the_command_the_refusal_gives(tmp_path):
+    """The collector was made inside the function that failed: only that function's frames, which the exception kept
+    (as IPython's ``sys.last_exc``) holds, hold it, and the caller has no name to call its ``close()`` with."""
+    path = str(tmp_path / "samples.h5")
+    try:
+        _run(path, 23)
+    except RuntimeError as error:
+        kept = error
+    with pytest.raises(CheckpointError, match=r"where nothing names that collector") as refused:
+        _run(path, None)
+    exec(str(refused.value).rsplit(", run ", 1)[1])  # what the message says to run, as it says it
+    np.testing.assert_array_equal(_run(path, None), _uninterrupted())
+    assert kept.__traceback__ is not None

@@ -5,7 +5,8 @@ A run that fails (an exception inside ``jax.jit``) leaves its collector with wri
 with them its lock, until they are done. The newest collector of the file waits for them: a collector that nothing
 else holds (the caller dropped it, as a retry loop or a notebook cell run again does) is then gone, its file closed
 and its lock released, and the new collector takes the file over, continuing from the last checkpoint. One that the
-caller still holds may still be running, and is refused: one writer at a time.
+caller still holds may still be running, and is refused: one writer at a time. The refusal says how to close it
+where the caller has no name for it (:func:`close_writer`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from jaxstow.io.hdf5_layout import checkpoint_path
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.swmr import WriterLock, open_appending, open_writer
 
-__all__ = ["opened_again", "opened_first"]
+__all__ = ["close_writer", "opened_again", "opened_first"]
 
 #: Per file (its real path): the collector of this process that opened it last, its queued writes, and the waits for
 #: the blocks on their way to it (none of which holds the collector).
@@ -69,9 +70,16 @@ def _taken_over(
     with storage_failures(name, hdf5=True):
         try:
             opened = opening()
-        except CheckpointError:
+        except CheckpointError as refused:
             if not _dropped(key):
-                raise
+                if key not in _HOLDERS:
+                    raise
+                raise CheckpointError(
+                    f"{refused}; where nothing names that collector (the traceback of the exception that stopped its "
+                    "run holds it, as IPython's sys.last_exc, pdb or an exception object kept do), run "
+                    f"import jaxstow; jaxstow.io.hdf5_writers.close_writer({name!r})",
+                    file=name,
+                ) from None
             opened = opening()
     _HOLDERS[key] = (weakref.ref(collector), writes, senders)
     return opened
@@ -89,3 +97,15 @@ def _dropped(key: str) -> bool:
     if holder() is not None:
         gc.collect()  # a collector held only in a reference cycle (a failed run's frames may leave one)
     return holder() is None
+
+
+def close_writer(path: str | os.PathLike[str]) -> None:
+    """Close the :class:`~jaxstow.io.HDF5Collector` of this process that writes the file at ``path``, as its
+    ``close()`` does (its queued writes waited for, its file closed, its lock released), for a collector whose run
+    failed and that is held where the caller has no name for it: the traceback of the exception that stopped the run
+    (IPython's ``sys.last_exc``, pdb, an exception object kept). A file that no collector of this process writes is
+    left as it is."""
+    held = _HOLDERS.get(os.path.realpath(path))
+    collector = None if held is None else held[0]()
+    if collector is not None:
+        collector.close()
