@@ -185,3 +185,12 @@ def test_a_numpy_64_bit_value_out_of_32_bits_is_refused_with_x64_off(init, value
 def test_a_numpy_64_bit_value_within_32_bits_is_saved_exactly_with_x64_off(strategy):
     saved = _saved(np.zeros(2, np.int64), np.array([7, -(2**31)]), jit=True, strategy=strategy)
     np.testing.assert_array_equal(np.asarray(saved), [[7, -(2**31)], [7, -(2**31)]])
+
+
+@pytest.mark.parametrize("strategy", ["save", "no_save"])
+def test_a_value_of_another_dtype_is_refused_with_the_conversion_that_saves_it(strategy):
+    """A float64 computed where a float32 was declared (jax_enable_x64 on), here a bfloat16 into a float32 leaf."""
+    value = jnp.bfloat16(1.5)
+    with pytest.raises(ArgumentError, match=r"is bfloat16\[\], expected float32\[\].*value\.astype\(jnp\.float32\)"):
+        _saved(jnp.float32(0), value, jit=True, strategy=strategy)
+    np.testing.assert_array_equal(_saved(jnp.float32(0), value.astype(jnp.float32), jit=True, strategy=strategy), 1.5)

@@ -130,8 +130,14 @@ def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
         dtype = _dtype_of(leaf, f"{what} leaf {path!r}")
         weak = isinstance(leaf, bool | int | float | complex) or getattr(leaf, "weak_type", False)
         if np.shape(leaf) != wanted.shape or not (weak or dtype == wanted.dtype):
+            fix = (
+                f"declare the leaf with the shape {list(np.shape(leaf))}"
+                if np.shape(leaf) != wanted.shape
+                else f"convert the value yourself (value.astype(jnp.{wanted.dtype})), or declare the leaf as {dtype}"
+            )
             raise ArgumentError(
-                f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)}"
+                f"{what} leaf {path!r} is {dtype}{list(np.shape(leaf))}, expected {wanted.dtype}{list(wanted.shape)} "
+                f"as init_save was given it: {fix} there (its init_sample, or init_checkpoint for the solver state)"
             )
         if narrowed := _narrowed(leaf, wanted.dtype):
             raise ArgumentError(
