@@ -45,6 +45,15 @@ def test_no_saves_init_save_given_a_number_as_static_information_names_what_it_t
         init_save({"x": jnp.zeros(())}, None, 4)
 
 
+def test_no_saves_init_save_given_more_room_than_the_device_holds_says_to_stream_the_samples() -> None:
+    """A terabyte of room: jax's ``JaxRuntimeError: RESOURCE_EXHAUSTED`` before."""
+    information = scheduler.static_information(samples_collected=10**12)
+    with pytest.raises(
+        ArgumentError, match=r"samples_collected=1000000000000 .* more than the device can hold.*io\.save"
+    ):
+        io.no_save()[0]({"x": jnp.float32(0)}, None, information)
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 @pytest.mark.parametrize("jit", [False, True])
 def test_a_sample_leaf_that_is_no_array_nor_number_is_named(strategy, jit) -> None:

@@ -82,6 +82,11 @@ def spec_of(tree: Any) -> Any:
     return jax.tree_util.tree_map_with_path(spec, tree)
 
 
+def bytes_per_sample(spec: Any) -> int:
+    """The bytes of one sample of the structure ``spec`` (leaves with a shape and a dtype)."""
+    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
+
+
 def _dtype_of(leaf: Any, where: str) -> Any:
     """The dtype JAX gives ``leaf``; a leaf of none (a string, an object) is an ArgumentError naming it ``where``."""
     try:

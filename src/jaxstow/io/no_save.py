@@ -11,7 +11,7 @@ import numpy as np
 
 from jaxstow._util.arguments import checked_arguments
 from jaxstow.errors import ArgumentError, SampleCountError
-from jaxstow.io.batching import conform, keep_flags, row_spec, spec_of, write_rows
+from jaxstow.io.batching import bytes_per_sample, conform, keep_flags, row_spec, spec_of, write_rows
 from jaxstow.io.save_arguments import chains_marker, checked_information, checked_state, refuse_leafless
 from jaxstow.io.saving import Saving
 from jaxstow.io.scheduler import static_information as StaticInformation
@@ -78,7 +78,16 @@ def _init(
         )
     spec = spec_of(init_sample)
     refuse_leafless(spec)
-    samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec)
+    try:
+        samples = jax.tree.map(lambda leaf: jnp.zeros((capacity, *leaf.shape), leaf.dtype), spec)
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        raise ArgumentError(
+            f"no_save's room for samples_collected={capacity} samples of {bytes_per_sample(spec)} bytes each is more than "
+            "the device can hold: declare the samples each chain keeps, or stream them to the host, which holds more, "
+            "with io.save(io.MemoryCollector())"
+        ) from None
     return DeviceSamples(samples, jnp.zeros((), jnp.int32), chains_marker())
 
 

@@ -35,6 +35,7 @@ from jaxstow._util import arguments, jax_compat
 from jaxstow.errors import ArgumentError, CollectorError, SampleCountError
 from jaxstow.io.batching import (
     block_rows,
+    bytes_per_sample,
     chain_polymorphic,
     conform,
     keep_flags,
@@ -167,10 +168,6 @@ def save(
     )
 
 
-def _sample_bytes(spec: Any) -> int:
-    return sum(int(np.prod(leaf.shape)) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(spec))
-
-
 @functools.partial(jax.jit, static_argnames=("rows", "layout"))
 def _fresh_state(
     table: jax.Array, *, rows: int, layout: tuple[tuple[tuple[int, ...], np.dtype], ...]
@@ -220,7 +217,7 @@ class _Streaming:
             raise ArgumentError("every chain of one saving strategy needs an init_checkpoint of the same structure")
         vmaps = jax_compat.enclosing_vmaps()
         chains = tuple(size for _, size in vmaps)
-        rows = self._block_rows(_sample_bytes(spec), information.samples_collected, running=bool(self.host.live))
+        rows = self._block_rows(bytes_per_sample(spec), information.samples_collected, running=bool(self.host.live))
         registered = [
             self._register(init_sample, init_checkpoint, information, checkpoint_spec)
             for _ in range(int(np.prod(chains)))
