@@ -44,7 +44,8 @@ def no_save() -> Saving:
     The samples stay in device memory, whose size is fixed when the run is compiled, so
     ``static_information.samples_collected`` must be given. It is used as :func:`~jaxstow.io.save` is (see its
     example) and returns device arrays; donate the saving state to the run so that samples are written in place.
-    The arrays returned are their own, never the state's: it may go on into another run that it is donated to.
+    A chain that fills its room exactly is returned as the state's own array, not copied (a copy would hold the
+    samples twice on the device): give a later run a state of its own from ``init_save``, never the one returned.
 
     Returns:
         ``(init_save, save, postprocess_save)``, with the signatures of :func:`~jaxstow.io.save`'s.
@@ -140,10 +141,8 @@ def _postprocess(saving_state: DeviceSamples, solver_state: Any = None) -> Any:
 
 
 def _kept(leaf: jax.Array, *, index: tuple[int, ...], count: int) -> jax.Array:
-    """The first ``count`` samples of the chain at ``index``, in one operation, in an array of their own: never the
-    saving state's buffer (which jax's indexing returns for all of its rows), which a run given the state with
-    ``donate_argnums`` deletes or writes over."""
-    return jnp.copy(leaf) if not index and count == len(leaf) else leaf[(*index, slice(0, count))]
+    """The first ``count`` samples of the chain at ``index``, in one indexing operation (none if it is all of them)."""
+    return leaf if not index and count == len(leaf) else leaf[(*index, slice(0, count))]
 
 
 #: The three functions, whose calls are checked against their signatures (a misspelt keyword names what they take).
