@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import io, scheduler
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, CollectorError
 
 INFORMATION = scheduler.static_information(samples_collected=4)
 STRATEGIES = {"save": lambda: io.save(io.MemoryCollector()), "no_save": io.no_save}
@@ -91,3 +91,12 @@ def test_a_state_given_to_the_postprocess_save_of_another_strategy_is_refused_an
     with pytest.raises(ArgumentError, match=r"another io\.save strategy made: give it to the postprocess_save"):
         second[2](state, None)
     assert first[2](state, None)["samples"]["x"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_postprocess_save_called_twice_on_one_state_says_its_samples_came_back_the_first_time() -> None:
+    init_save, save, postprocess_save = io.save(io.MemoryCollector())
+    state, _ = save(init_save({"x": jnp.zeros(())}, None, INFORMATION), True, {"x": 1.0})
+    first = postprocess_save(state, None)
+    with pytest.raises(CollectorError, match=r"returns its samples once \(keep what it returned the first time\)"):
+        postprocess_save(state, None)
+    assert first["samples"]["x"].tolist() == [1.0]

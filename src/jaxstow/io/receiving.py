@@ -70,8 +70,9 @@ def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
     return CollectorError(
         f"chain{'s' if len(chain_ids) > 1 else ''} {', '.join(map(str, chain_ids))} of this run ran already: "
         f"postprocess_save returned their samples, and the {collector} got none of this run's; a saving state serves "
-        "one run: call init_save for every run, outside jax.jit (a jit-compiled function that calls init_save "
-        "registers its chains once, when it is traced, so that every call of it would write into the same chains)"
+        "one run, and postprocess_save returns its samples once (keep what it returned the first time): call "
+        "init_save for every run, outside jax.jit (a jit-compiled function that calls init_save registers its chains "
+        "once, when it is traced, so that every call of it would write into the same chains)"
     )
 
 
