@@ -260,6 +260,21 @@ def test_a_lock_taken_by_a_request_whose_answer_was_lost_is_this_writers_own(buc
     assert _same(CheckpointManager(url, storage_options=bucket.options).restore(as_numpy=True), _step(1))
 
 
+def test_a_lock_taken_by_a_request_whose_answer_was_lost_in_a_run_with_steps_is_this_writers_own(bucket):
+    """As above, in a run whose folder the manager lists before it takes the lock: the listing, which shows no lock
+    object, is not taken for the store's answer; the next manager of the process takes the lock too."""
+    url = bucket.url("lost-answer-again")
+    with CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(1, _step(1))
+    lost = bucket.faults(1.0, kinds=("lost",), paths=r"/\.jaxstow\.lock", methods=("PUT",), budget=1)
+    with lost as proxy, CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(2, _step(2))
+    assert proxy.faults == {"lost": 1}
+    with CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(3, _step(3))
+    assert manager.steps() == [1, 2, 3] and _same(manager.restore(2, as_numpy=True), _step(2))
+
+
 def test_an_upload_started_by_a_request_whose_answer_was_lost_is_aborted_by_the_save(bucket):
     """CreateMultipartUpload reaches the store and its answer is lost; the one sent again starts a second upload. The
     first, whose id never came back, is aborted by the save that started it, not left for a later one."""

@@ -300,6 +300,7 @@ class RemoteLock:
         self._finalizer = weakref.finalize(self, _release_remote, self._fs, self._path, self._url, self._holder)
 
     def _take(self, location: str, hint: str) -> None:
+        self._fs.invalidate_cache(self._path)  # a listing of the directory made before may not show the lock object
         if self._fs.exists(self._path):
             with contextlib.suppress(FileNotFoundError):  # released meanwhile: then created below
                 self._take_over(location, hint)
@@ -310,10 +311,11 @@ class RemoteLock:
         except ValueError:  # a store that cannot create only if absent (fsspec 2024.2's memory store)
             self._write_and_read_back(location, hint)
         except OSError:
+            self._fs.invalidate_cache(self._path)
             if not self._fs.exists(self._path):
                 raise
             holder = Holder.parse(self._fs.cat_file(self._path))
-            if holder == self._holder:  # this PUT's own, sent again by the client after its answer was lost
+            if holder == self._holder:  # this attempt's own PUT, sent again by the client after its answer was lost
                 return
             raise _held_error(location, holder, hint) from None
 
