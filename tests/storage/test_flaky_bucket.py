@@ -275,6 +275,29 @@ def test_a_lock_taken_by_a_request_whose_answer_was_lost_in_a_run_with_steps_is_
     assert manager.steps() == [1, 2, 3] and _same(manager.restore(2, as_numpy=True), _step(2))
 
 
+def test_a_lock_a_closed_manager_failed_to_delete_is_taken_over_by_the_next_manager_of_the_process(bucket):
+    """The store refuses to delete the lock object when the manager is closed (an error saying so); the next manager
+    of the same process takes the lock over rather than taking it for another writer's, and deletes it when closed."""
+    url, key = bucket.url("undeleted-lock"), f"{bucket.prefix}/undeleted-lock/.jaxstow.lock"
+    once = {
+        **bucket.options,
+        "config_kwargs": {**bucket.options["config_kwargs"], "retries": {"total_max_attempts": 1}},
+    }
+    manager = CheckpointManager(url, storage_options=once, transfer=FAST)  # botocore's retries of a deletion: none
+    manager.save(1, _step(1))
+    manager.wait()
+    refused = bucket.faults(1.0, kinds=("500",), paths=r"/\.jaxstow\.lock|\?delete", methods=("DELETE", "POST"))
+    with refused as proxy, pytest.raises(StorageError, match=r"undeleted-lock/\.jaxstow\.lock: the storage failed"):
+        manager.close()
+    assert proxy.faults["500"] >= 1
+    assert bucket.client.head_object(Bucket=bucket.bucket, Key=key)  # left in the store
+    with CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(2, _step(2))
+    assert manager.steps() == [1, 2]
+    with pytest.raises(botocore.exceptions.ClientError, match="404"):
+        bucket.client.head_object(Bucket=bucket.bucket, Key=key)
+
+
 def test_an_upload_started_by_a_request_whose_answer_was_lost_is_aborted_by_the_save(bucket):
     """CreateMultipartUpload reaches the store and its answer is lost; the one sent again starts a second upload. The
     first, whose id never came back, is aborted by the save that started it, not left for a later one."""

@@ -3,8 +3,8 @@
 :class:`FileLock` is an ``flock`` on a lock file that names its holder; the kernel releases it when its process ends,
 however it ends, and the file left says who was killed (:attr:`FileLock.found`). The checkpoint writer
 (:class:`LocalLock`) and the HDF5 writers hold it. On object stores the lock object is created only if absent, and
-one naming a dead process of this host is taken over. A live writer's lock gives a
-:class:`~jaxstow.errors.CheckpointError` naming it.
+one naming a dead process of this host, or a manager of this process closed since, is taken over. A live writer's
+lock gives a :class:`~jaxstow.errors.CheckpointError` naming it.
 
 >>> import tempfile, jaxstow
 >>> from jaxstow._storage.lock import LocalLock
@@ -50,6 +50,10 @@ logger = logging.getLogger(__name__)
 
 #: The lock file's name in a checkpoint directory.
 LOCK_NAME = ".jaxstow.lock"
+
+#: The tokens of the remote locks this process holds or is taking: a lock object naming this process with any other
+#: token is a leftover of one of its managers (closed, its lock object's deletion failed), and is taken over.
+_HELD_HERE: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -293,8 +297,13 @@ class RemoteLock:
         self._url = store.url(LOCK_NAME)
         self._holder = Holder.me()
         hint = f"If that writer is gone, delete {self._url}."
-        with storage_errors(self._url):
-            self._take(store.location, hint)
+        _HELD_HERE.add(self._holder.token)  # before the lock object names it
+        try:
+            with storage_errors(self._url):
+                self._take(store.location, hint)
+        except BaseException:
+            _HELD_HERE.discard(self._holder.token)
+            raise
         # Released when this object goes, or when the program ends without close(): else the next run, on any host,
         # would be refused until someone deleted the lock object.
         self._finalizer = weakref.finalize(self, _release_remote, self._fs, self._path, self._url, self._holder)
@@ -325,9 +334,11 @@ class RemoteLock:
         s3 = is_s3(self._fs)
         found, etag = _s3_read(self._store, self._path) if s3 else (bytes(self._fs.cat_file(self._path)), None)
         previous = Holder.parse(found)
-        if previous is None or not previous.is_gone():
+        left_here = previous is not None and previous.is_me() and previous.token not in _HELD_HERE
+        if previous is None or not (left_here or previous.is_gone()):
             raise _held_error(location, previous, hint)
-        logger.warning("%s: taking over the lock of %s, which no longer runs", location, previous.describe())
+        how = "a closed manager of this process left" if left_here else "no longer runs"
+        logger.warning("%s: taking over the lock of %s, which %s", location, previous.describe(), how)
         if s3 and etag is not None:
             _s3_replace(self._store, self._path, self._holder.to_json(), etag)
             self._check_mine(location, hint)
@@ -354,6 +365,7 @@ class RemoteLock:
 def _release_remote(fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True) -> None:
     """Delete the lock object at ``path`` if ``holder`` holds it; ``quiet``: at exit or collection, where no one is
     told, a failure is logged."""
+    _HELD_HERE.discard(holder.token)  # a lock object left (its deletion failed) is this process's next manager's
     if holder.pid != os.getpid():  # a process forked from the holder: the lock stays its parent's
         return
     try:
