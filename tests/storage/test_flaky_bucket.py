@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -295,6 +296,24 @@ def test_a_lock_a_closed_manager_failed_to_delete_is_taken_over_by_the_next_mana
         manager.save(2, _step(2))
     assert manager.steps() == [1, 2]
     with pytest.raises(botocore.exceptions.ClientError, match="404"):
+        bucket.client.head_object(Bucket=bucket.bucket, Key=key)
+
+
+@pytest.mark.parametrize("name", [".jaxstow.lock", ".jaxstow-recent.json"])
+def test_a_small_object_damaged_on_its_way_once_is_read_again(bucket, name):
+    """The lock object and the run's recent changes, read through fsspec, are read again when an answer arrives with
+    a bit flipped (botocore finds its checksum wrong), as data is: the save and the close go on."""
+    run = f"small-flip{name.replace('.', '-')}"
+    url = bucket.url(run)
+    with CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(1, _step(1))
+    flipped = bucket.faults(1.0, kinds=("flip",), paths=f"/{re.escape(name)} ", methods=("GET",), budget=1)
+    with flipped as proxy, CheckpointManager(url, storage_options=bucket.options, transfer=FAST) as manager:
+        manager.save(2, _step(2))
+    assert proxy.faults == {"flip": 1}
+    assert CheckpointManager(url, storage_options=bucket.options).steps() == [1, 2]
+    key = f"{bucket.prefix}/{run}/.jaxstow.lock"
+    with pytest.raises(botocore.exceptions.ClientError, match="404"):  # released
         bucket.client.head_object(Bucket=bucket.bucket, Key=key)
 
 

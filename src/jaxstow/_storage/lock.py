@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -38,6 +39,7 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.pid_space import pid_space
 from jaxstow._storage.remote import storage_errors
+from jaxstow._storage.small_reads import read_small
 from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError, JaxstowError
 
@@ -295,6 +297,9 @@ class RemoteLock:
         self._fs = store.fs
         self._path = store.path(LOCK_NAME)
         self._url = store.url(LOCK_NAME)
+        self._read = functools.partial(
+            read_small, self._fs, self._path, url=self._url, transfer=store.settings.transfer
+        )
         self._holder = Holder.me()
         hint = f"If that writer is gone, delete {self._url}."
         _HELD_HERE.add(self._holder.token)  # before the lock object names it
@@ -306,7 +311,9 @@ class RemoteLock:
             raise
         # Released when this object goes, or when the program ends without close(): else the next run, on any host,
         # would be refused until someone deleted the lock object.
-        self._finalizer = weakref.finalize(self, _release_remote, self._fs, self._path, self._url, self._holder)
+        self._finalizer = weakref.finalize(
+            self, _release_remote, self._read, self._fs, self._path, self._url, self._holder
+        )
 
     def _take(self, location: str, hint: str) -> None:
         self._fs.invalidate_cache(self._path)  # a listing of the directory made before may not show the lock object
@@ -323,7 +330,7 @@ class RemoteLock:
             self._fs.invalidate_cache(self._path)
             if not self._fs.exists(self._path):
                 raise
-            holder = Holder.parse(self._fs.cat_file(self._path))
+            holder = Holder.parse(self._read())
             if holder == self._holder:  # this attempt's own PUT, sent again by the client after its answer was lost
                 return
             raise _held_error(location, holder, hint) from None
@@ -332,7 +339,7 @@ class RemoteLock:
         from jaxstow._storage.s3 import is_s3
 
         s3 = is_s3(self._fs)
-        found, etag = _s3_read(self._store, self._path) if s3 else (bytes(self._fs.cat_file(self._path)), None)
+        found, etag = _s3_read(self._store, self._path) if s3 else (self._read(), None)
         previous = Holder.parse(found)
         left_here = previous is not None and previous.is_me() and previous.token not in _HELD_HERE
         if previous is None or not (left_here or previous.is_gone()):
@@ -352,26 +359,28 @@ class RemoteLock:
 
     def _check_mine(self, location: str, hint: str) -> None:
         self._fs.invalidate_cache(self._path)
-        now = Holder.parse(self._fs.cat_file(self._path))
+        now = Holder.parse(self._read())
         if now != self._holder:  # another writer took it over first
             raise _held_error(location, now, hint)
 
     def release(self) -> None:
         """Delete the lock object if it is still this one's (idempotent)."""
         self._finalizer.detach()
-        _release_remote(self._fs, self._path, self._url, self._holder, quiet=False)
+        _release_remote(self._read, self._fs, self._path, self._url, self._holder, quiet=False)
 
 
-def _release_remote(fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True) -> None:
-    """Delete the lock object at ``path`` if ``holder`` holds it; ``quiet``: at exit or collection, where no one is
-    told, a failure is logged."""
+def _release_remote(
+    read: Callable[[], bytes], fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True
+) -> None:
+    """Delete the lock object at ``path`` if ``holder`` holds it, as ``read`` reads it; ``quiet``: at exit or
+    collection, where no one is told, a failure is logged."""
     _HELD_HERE.discard(holder.token)  # a lock object left (its deletion failed) is this process's next manager's
     if holder.pid != os.getpid():  # a process forked from the holder: the lock stays its parent's
         return
     try:
         with contextlib.suppress(FileNotFoundError), storage_errors(url):
             fs.invalidate_cache(path)
-            if Holder.parse(fs.cat_file(path)) == holder:
+            if Holder.parse(read()) == holder:
                 fs.rm(path)
     except Exception as error:
         if not quiet:

@@ -7,11 +7,11 @@ so, and each new one before writing to it; a listing is then taken as it is for 
 with the note about, whose marker is asked for by key. So a folder committed a moment ago is found, one deleted a
 moment ago is not, by any process, and the next writer finds the folders a killed one left unfinished.
 
->>> import fsspec
->>> fs = fsspec.filesystem("memory")
->>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "2", COMMITTED, url="memory://recent-doc")
->>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "1", DELETED, url="memory://recent-doc")
->>> changes = recent_changes(fs, "/recent-doc/.jaxstow-recent.json", url="memory://recent-doc")
+>>> import fsspec, jaxstow
+>>> fs, where = fsspec.filesystem("memory"), {"url": "memory://recent-doc", "transfer": jaxstow.Transfer()}
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "2", COMMITTED, **where)
+>>> note_change(fs, "/recent-doc/.jaxstow-recent.json", "1", DELETED, **where)
+>>> changes = recent_changes(fs, "/recent-doc/.jaxstow-recent.json", **where)
 >>> reconciled(["1"], changes, holds=lambda name: name == "2")
 ['2']
 """
@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from jaxstow._storage.remote import storage_errors
+from jaxstow._storage.small_reads import read_small
+from jaxstow._storage.transfer import Transfer
 from jaxstow.errors import StorageError
 
 __all__ = ["COMMITTED", "DELETED", "RECENT", "WRITTEN", "Change", "note_change", "reconciled", "recent_changes"]
@@ -43,12 +45,13 @@ _KEPT = 256
 logger = logging.getLogger("jaxstow.storage")
 
 
-def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, Change]:
+def recent_changes(fs: Any, path: str, *, url: str, transfer: Transfer) -> dict[str, Change]:
     """The folders changed last, oldest first, each with its :data:`Change`; none where there is no such object (a
-    store no writer of this version wrote) or it cannot be read as one (logged: the listing decides alone then)."""
+    store no writer of this version wrote) or it cannot be read as one (logged: the listing decides alone then). It
+    is read under ``transfer``'s retry policy."""
     with storage_errors(url):
         try:
-            data = fs.cat_file(path)
+            data = read_small(fs, path, url=url, transfer=transfer)
         except FileNotFoundError:
             return {}
     try:
@@ -59,14 +62,14 @@ def recent_changes(fs: Any, path: str, *, url: str) -> dict[str, Change]:
         return {}
 
 
-def note_change(fs: Any, path: str, name: str, change: Change, *, url: str) -> None:
+def note_change(fs: Any, path: str, name: str, change: Change, *, url: str, transfer: Transfer) -> None:
     """Note that folder ``name`` was committed, deleted or started just now.
 
     A folder to be started is not where this fails (its :class:`StorageError` is raised). A commit or deletion made
     stays made: a failure to note it is logged, and other processes find the folder as their listing shows it.
     """
     try:
-        changes = recent_changes(fs, path, url=url)
+        changes = recent_changes(fs, path, url=url, transfer=transfer)
         changes.pop(name, None)
         changes[name] = change
         kept = list(changes.items())[-_KEPT:]

@@ -39,14 +39,8 @@ from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change,
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
-from jaxstow.errors import (
-    ArgumentError,
-    CheckpointError,
-    FormatError,
-    NotAFolderError,
-    PathNotFoundError,
-    StorageError,
-)
+from jaxstow._storage.small_reads import read_small
+from jaxstow.errors import ArgumentError, CheckpointError, FormatError, NotAFolderError, PathNotFoundError, StorageError
 
 __all__ = ["WRITING", "RemoteStaging", "RemoteStore", "check_segments"]
 
@@ -156,12 +150,12 @@ class RemoteStore:
         """Names of the folders whose marker is present: as listed, but for the folders committed or deleted last,
         whose marker is asked for by key where the listing disagrees (:mod:`~jaxstow._storage.recent`)."""
         listed = [rel.split("/")[0] for rel in self._files() if rel.endswith("/" + self.marker) and rel.count("/") == 1]
-        changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT))
+        changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT), transfer=self.settings.transfer)
         return reconciled(listed, changes, holds=lambda name: self._held_marker(name) is not None)
 
     def note(self, name: str, change: Change) -> None:
         """Note folder ``name`` as committed, deleted or started just now, for the listings that show it late."""
-        note_change(self.fs, self.path(RECENT), name, change, url=self.url(RECENT))
+        note_change(self.fs, self.path(RECENT), name, change, url=self.url(RECENT), transfer=self.settings.transfer)
 
     def read_marker(self, name: str) -> bytes:
         """The marker of folder ``name``, read as a file is (an answer cut short is the storage's fault, never a
@@ -249,7 +243,7 @@ class RemoteStore:
                     _remove_files(self.fs, [self.path(folder)])
                     removed.append(folder)
             forget_listings(self.fs, self.root)  # what follows asks the store by key, never the listing just made
-            changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT))
+            changes = recent_changes(self.fs, self.path(RECENT), url=self.url(RECENT), transfer=self.settings.transfer)
             started = {folder for folder, change in changes.items() if change is WRITTEN}
             for folder in started:  # a killed writer's, which the listing may not show yet
                 by_folder.setdefault(folder, [])
@@ -278,7 +272,9 @@ class RemoteStore:
         """The files the :data:`WRITING` of folder ``name`` names (none in an earlier version's, which is empty), if
         the store holds it now (asked for by key, whatever the listing shows)."""
         try:
-            data = self.fs.cat_file(self.path(name, WRITING))
+            data = read_small(
+                self.fs, self.path(name, WRITING), url=self.url(name, WRITING), transfer=self.settings.transfer
+            )
         except FileNotFoundError:
             return None
         try:

@@ -1,12 +1,12 @@
 """Requests to an object store tried again when they fail for a reason that passes, with exponential backoff.
 
 What passes: throttling (``503 SlowDown``, ``429``), other ``5xx`` answers, a connection refused, reset or timed out,
-and a body that breaks off or ends before the bytes its answer promised (:class:`BrokenBody`). What does not: a
-missing object, a refused permission, any other ``4xx``. One :class:`Retries` policy holds for every request jaxstow
-sends itself, reads and writes alike: ``attempts`` in all, and before the k-th retry a random wait of up to
-``backoff * 2 ** (k - 1)`` seconds (full jitter), at most :data:`MAX_BACKOFF`. A request that still fails is a
-:class:`~jaxstow.errors.StorageError` naming the URL, the operation, the attempts and the last failure: the storage
-failed, never the file.
+a body that breaks off or ends before the bytes its answer promised (:class:`BrokenBody`), and one that fails the
+checksum its answer gave. What does not: a missing object, a refused permission, any other ``4xx``. One
+:class:`Retries` policy holds for every request jaxstow sends itself, reads and writes alike: ``attempts`` in all, and
+before the k-th retry a random wait of up to ``backoff * 2 ** (k - 1)`` seconds (full jitter), at most
+:data:`MAX_BACKOFF`. A request that still fails is a :class:`~jaxstow.errors.StorageError` naming the URL, the
+operation, the attempts and the last failure: the storage failed, never the file.
 
 >>> from jaxstow._storage.retrying import Retries
 >>> answers = iter([ConnectionResetError(104, "Connection reset by peer"), b"data"])
@@ -86,6 +86,7 @@ _NAMES = frozenset(
         "ClientConnectionError",
         "ServerTimeoutError",
         "FSTimeoutError",  # fsspec
+        "FlexibleChecksumError",  # botocore: a body damaged on its way, found by the checksum its answer gave
     }
 )
 _ERRNOS = frozenset(
