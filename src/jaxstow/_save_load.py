@@ -152,11 +152,12 @@ def load(
     with open_reader_at(location, settings) as reader:
         try:
             return reader.load(like, **options)
-        except CorruptFileError:
+        except CorruptFileError:  # read again once: a bit flipped on the network is no damage
             copy = getattr(reader.container, "source", None)
-            if not isinstance(copy, CachedCopy):
+            if isinstance(copy, CachedCopy):
+                copy.evict()  # the cache's copy is damaged, not the store's file: fetched again
+            elif location.url is None:  # a local file or a file object: what was read is what it holds
                 raise
-            copy.evict()  # the cache's copy is damaged, not the store's file: fetched again, once
     with open_reader_at(location, settings) as reader:
         return reader.load(like, **options)
 

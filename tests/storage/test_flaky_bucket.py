@@ -399,6 +399,18 @@ def test_data_damaged_once_on_its_way_is_read_again_not_taken_for_a_damaged_step
     assert run.restored is not None and (run.restored.step, run.restored.skipped) == (2, {})
 
 
+def test_a_file_loaded_whose_data_is_damaged_once_on_its_way_is_read_again_and_really_damaged_one_is_corrupt(bucket):
+    """jaxstow.load of an intact file, one answer for its data with a bit flipped on the way: it is read again and
+    comes back whole. A file whose own bytes fail their checksum fails it twice: it is corrupt."""
+    url = bucket.url("model.jxs")
+    with bucket.faults(1.0, kinds=("flip",), paths=r"/model\.jxs bytes=(?!0-65535$)", budget=1) as proxy:
+        loaded = jaxstow.load(url, storage_options=bucket.options, transfer=FAST, as_numpy=True)
+    assert proxy.faults["flip"] >= 1  # one, or a few drawn at once by the first read's parallel requests
+    assert _same(loaded, bucket.model)
+    with pytest.raises(CorruptFileError, match=r"damaged/2/params\.safetensors: checksum mismatch"):
+        jaxstow.load(bucket.url("damaged", "2", "params.safetensors"), storage_options=bucket.options, transfer=FAST)
+
+
 def test_a_file_the_store_acknowledged_but_did_not_keep_commits_no_step(bucket):
     run = CheckpointManager(bucket.url("kept"), storage_options=bucket.options, transfer=FAST)
     run.save(1, bucket.steps[1])
