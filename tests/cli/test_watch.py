@@ -3,6 +3,7 @@ stopped by Ctrl-C (SIGINT), each run by ``io.run_chains`` in a process of its ow
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -277,3 +278,32 @@ def test_a_killed_run_in_a_file_the_program_opened_itself_is_not_told_plainly_ru
     assert report["state"] == "running"
     assert "a writer has it open, or had it and was killed" in report["why"]
     assert "HDF5Collector(path) takes one" in report["why"]
+
+
+def test_a_run_whose_writer_ends_just_after_its_draws_were_read_is_shown_with_all_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The draws are read, the writer writes more and is killed, then its death is found: the report of the ended run
+    shows every draw it wrote, not the count read before."""
+    from jaxstow.cli import watch
+
+    def start() -> dict[str, jax.Array]:
+        return {"x": jnp.array([0.0, 1.0])}
+
+    def step(state: dict[str, jax.Array], t: jax.Array) -> tuple[dict[str, jax.Array], dict[str, jax.Array], jax.Array]:
+        return {"x": state["x"] + 1}, {"x": state["x"]}, jnp.ones(2, bool)
+
+    path = str(tmp_path / "walk.h5")
+    io.run_chains(path, start, step, num_steps=20, checkpoint_every=5)
+    written = read_draws(path)
+    read_early = dataclasses.replace(
+        written,
+        chains=[{name: rows[:10] for name, rows in chain.items()} for chain in written.chains],
+        done=[10, 10],
+        finished=False,
+    )
+    reads = iter([read_early])
+    monkeypatch.setattr(watch, "read_draws", lambda source: next(reads, None) or read_draws(source))
+    monkeypatch.setattr(watch, "_writer_state", lambda source: ("died", "its writer was killed"))
+    report = watch.report(path)
+    assert [chain["draws"] for chain in report["chains"]] == [20, 20]

@@ -27,6 +27,7 @@ x         5.895  1.810         4
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import fcntl
 import json
@@ -113,6 +114,10 @@ def report(path: str) -> dict[str, Any]:
             raise
         return {"file": path, "state": "died", "why": died, "time": now, "chains": [], "variables": []}
     state, why = ("finished", None) if draws.finished else _writer_state(path)
+    if state in _ENDED:  # the writer may have written more before it ended, after the draws were read: read again
+        with contextlib.suppress(JaxstowError, OSError):
+            draws = read_draws(path)
+        state, why = ("finished", None) if draws.finished else (state, why)
     return {
         "file": path,
         "state": state,
