@@ -28,7 +28,9 @@ def train():
     for step in range(1, 100):
         if step == 5:
             os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.2)  # the main thread runs the handler
+            deadline = time.monotonic() + 120  # until the main thread has run the handler, however loaded the machine
+            while not manager.should_save(step) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if manager.should_save(step):
             manager.save(step, {"w": np.full(4, step)})
 thread = threading.Thread(target=train)
