@@ -334,3 +334,36 @@ def test_a_state_given_to_another_strategys_save_reaches_its_own_collector():
     state = jax.jit(run)(init_a({"x": jnp.float32(0)}, None, information))  # a's state, b's save
     np.testing.assert_array_equal(post_b(earlier, None)["samples"]["x"], np.arange(5))
     np.testing.assert_array_equal(post_a(state, None)["samples"]["x"], np.arange(5))
+
+
+def test_a_collector_of_jax_sgmcs_interface_that_gives_a_finished_chains_id_again_gets_the_new_runs_samples():
+    """A collector written to jax_sgmc's interface, one sample a call, whose ids restart once a run's chains are handed
+    over: the second run, chain 0 again, got none of its samples (its sample_count 8)."""
+
+    class Rows(io.DataCollector):
+        def __init__(self) -> None:
+            self.rows: dict[int, list[np.ndarray]] = {}
+
+        def register_data_loader(self, data_loader): ...
+        def checkpoint(self, chain_id, state): ...
+        def finalize(self, chain_id): ...
+        def resume(self):
+            return {}
+
+        def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None):
+            chain_id = len(self.rows)  # the first id free
+            self.rows[chain_id] = []
+            return chain_id
+
+        def save(self, chain_id, values):
+            self.rows[chain_id].append(np.array(values[1]))  # the leaf "w"
+
+        def finished(self, chain_id):
+            return np.array(self.rows.pop(chain_id))
+
+    init_save, save, postprocess_save = io.save(Rows(), block_size=16)
+    run = jax.jit(lambda state, offset: jax.lax.scan(lambda s, t: _step(save, s, t + offset), state, jnp.arange(8.0)))
+    for offset in (0.0, 100.0):  # each run's samples its own: none of the run before
+        final, kept = run(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION), offset)
+        np.testing.assert_array_equal(postprocess_save(final, None)["samples"], np.asarray(kept["w"]))
+

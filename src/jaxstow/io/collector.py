@@ -21,6 +21,7 @@ __all__ = [
     "DataLoader",
     "copies_at_once",
     "registered_chain",
+    "released",
     "resumed_chain",
     "save_block",
     "stores_key_data",
@@ -288,6 +289,13 @@ def save_block(collector: DataCollector, chain_id: int, first: int, values: Sequ
     for row in range(start - first, len(values[0]) if values else 0):
         collector.save(chain_id, [value[row] for value in values])  # type: ignore[call-arg]
         given[chain_id] = first + row + 1
+
+
+def released(collector: DataCollector, chain_id: int) -> None:
+    """``collector.release(chain_id)``, the chain's run over, and the count of its samples given to a collector of
+    jax_sgmc's interface forgotten: the collector may give the id to a chain of a later run, which starts at 0."""
+    collector.release(chain_id)
+    _rows_given.get(collector, {}).pop(chain_id, None)
 
 
 #: Per collector of jax_sgmc's interface, the samples of each chain given to its ``save`` so far.

@@ -45,7 +45,7 @@ from jaxstow.io.batching import (
     spec_of,
 )
 from jaxstow.io.chain_steps import ChainSteps, Moving
-from jaxstow.io.collector import DataCollector, registered_chain, resumed_chain, together
+from jaxstow.io.collector import DataCollector, registered_chain, released, resumed_chain, together
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces, strategy_gone
 from jaxstow.io.save_arguments import (
@@ -325,7 +325,7 @@ class _Streaming:
         results = []
         for (chain_id, count), chain_samples in zip(counts.items(), samples, strict=True):
             results.append({"sample_count": jnp.asarray(count), "samples": chain_samples})
-            self.collector.release(chain_id)
+            released(self.collector, chain_id)
             del host.live[chain_id]
         return results[0] if np.ndim(state.chain_id) == 0 else results
 
