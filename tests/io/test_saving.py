@@ -26,8 +26,7 @@ import pytest
 
 from jaxstow import io, scheduler
 from jaxstow.errors import ArgumentError, CollectorError, NotAFolderError
-from jaxstow.io import hdf5 as hdf5_module
-from jaxstow.io import receiving
+from jaxstow.io import hdf5_read_back, receiving
 from jaxstow.io.live import run_finished
 
 STEPS = 15
@@ -349,8 +348,8 @@ def test_the_chains_of_a_vmap_are_finalized_and_handed_back_together(tmp_path, m
             return super().finished_chains(chain_ids)
 
     collector = Together(str(tmp_path / "together.h5"))
-    reopen = hdf5_module.open_for_reading
-    monkeypatch.setattr(hdf5_module, "open_for_reading", lambda path: (opened.append(str(path)), reopen(path))[1])
+    reopen = hdf5_read_back.open_for_reading
+    monkeypatch.setattr(hdf5_read_back, "open_for_reading", lambda path: (opened.append(str(path)), reopen(path))[1])
     init_save, save, postprocess_save = io.save(collector, block_size=4)
     information = scheduler.static_information(samples_collected=STEPS)
     state = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(3))

@@ -367,3 +367,27 @@ def test_a_collector_of_jax_sgmcs_interface_that_gives_a_finished_chains_id_agai
         final, kept = run(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION), offset)
         np.testing.assert_array_equal(postprocess_save(final, None)["samples"], np.asarray(kept["w"]))
 
+
+@pytest.mark.parametrize("meanwhile", ["deleted", "replaced by another run's file", "replaced by other HDF5 data"])
+def test_a_file_deleted_or_replaced_before_postprocess_save_is_a_collector_error_saying_so(meanwhile, tmp_path):
+    """The collector given a path writes the run into the file it opened, then reads the samples back from the path:
+    a file in its place since gave the samples of another file's chain 0 or h5py's KeyError, and none a "no such
+    file" that said nothing of what happened."""
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)
+    final, _ = _compiled(save)(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))
+    jax.block_until_ready(final)
+    path.unlink()
+    if meanwhile == "replaced by another run's file":  # its chain 0 has the samples' structure
+        with h5py.File(path, "w") as theirs:
+            theirs.attrs["jaxstow_run_id"] = "0" * 32
+            theirs["chain~0/w"] = np.ones((STEPS, 300), np.float32)
+            theirs["chain~0/t"] = np.ones(STEPS, np.float32)
+    elif meanwhile == "replaced by other HDF5 data":
+        with h5py.File(path, "w") as theirs:
+            theirs["mine"] = np.arange(3)
+    before = path.read_bytes() if path.exists() else None
+    expected = r"samples\.h5 was deleted or replaced before postprocess_save returned.*keep the file until"
+    with pytest.raises(CollectorError, match=expected):
+        postprocess_save(final, None)
+    assert (path.read_bytes() if path.exists() else None) == before

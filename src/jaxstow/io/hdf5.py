@@ -52,6 +52,7 @@ from jaxstow.io.hdf5_closed import closed_file, named_if_closed
 from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
+    RUN_ID,
     checked_compression,
     checkpoint_path,
     dataset_name,
@@ -63,6 +64,7 @@ from jaxstow.io.hdf5_layout import (
     write_block,
     write_hyperslab,
 )
+from jaxstow.io.hdf5_read_back import read_back
 from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
 from jaxstow.io.hdf5_writers import opened_again, opened_first
 from jaxstow.io.job_queue import JobQueue
@@ -72,7 +74,6 @@ from jaxstow.io.swmr import (
     DISK_DRIVERS,
     WriterLock,
     hold_metadata_in_memory,
-    open_for_reading,
     writes_live,
 )
 
@@ -172,6 +173,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._marked: set[int] = set()  # the chains whose groups say that they were checkpointed
         self._published: list[int] = []  # per chain: the samples /draws_done counts
         self._counts: Any = None  # the dataset /draws_done, once looked up in the file
+        self._run_id: str | None = None  # the file's RUN_ID then: its samples are read back from that file only
         self._finalized: set[int] = set()
         self._closing = threading.Lock()  # a run's end closes the file while another thread's run reads its samples
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
@@ -264,7 +266,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             counts = self._file.get(DRAWS_DONE)
             if counts is None:
                 counts = new_draws_done(self._file)
-            self._counts = counts
+            self._counts, self._run_id = counts, self._file.attrs.get(RUN_ID)
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
         write_hyperslab(counts, 0, np.asarray(self._published, np.int64))  # after each block: h5py's slicing costs more
@@ -420,7 +422,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             ]
         with (
             self._closing,
-            contextlib.nullcontext(self._file) if self._file else open_for_reading(self._lock.path) as file,
+            contextlib.nullcontext(self._file) if self._file else read_back(self._lock.path, self._run_id) as file,
         ):
             return [
                 layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])
