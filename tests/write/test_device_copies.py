@@ -78,9 +78,17 @@ def test_a_save_holds_no_second_copy_of_its_arrays_on_the_device(as_if_on_an_acc
         np.testing.assert_array_equal(restored[name], np.asarray(array))
 
 
-def test_a_save_copies_to_the_host_through_the_devices_pinned_host_memory(tmp_path, monkeypatch):
+def _on_a_one_device_mesh(array: jax.Array) -> jax.Array:
+    """``array`` laid out by a mesh of one device, as every array is under ``jax.set_mesh`` on one GPU."""
+    mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
+    return jax.device_put(array, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+
+
+@pytest.mark.parametrize("place", [lambda array: array, _on_a_one_device_mesh], ids=["one device", "one-device mesh"])
+def test_a_save_copies_to_the_host_through_the_devices_pinned_host_memory(tmp_path, monkeypatch, place):
     """Where the device has page-locked host memory (a GPU's transfers to it are direct, tens of GB/s, those to
-    pageable memory a few), arrays fetched whole and pieces cut on the device alike are copied into it."""
+    pageable memory a few), arrays fetched whole and pieces cut on the device alike are copied into it, whether
+    the arrays lie on the device itself or on a mesh of that one device."""
     monkeypatch.setattr(host_budget, "_HOST_PLATFORMS", frozenset())
     monkeypatch.setattr(host_budget, "_accelerators_present", lambda: True)
     monkeypatch.setattr(pinned, "PINNED_PLATFORMS", pinned.PINNED_PLATFORMS | {"cpu"})
@@ -93,6 +101,7 @@ def test_a_save_copies_to_the_host_through_the_devices_pinned_host_memory(tmp_pa
 
     monkeypatch.setattr(host_budget, "_towards_host", watched)
     tree = {"whole": jnp.arange(4096.0), "cut": jnp.arange(64 * 1024, dtype=jnp.float32).reshape(64, 1024)}
+    tree = jax.tree.map(place, tree)
     jaxstow.save(tmp_path / "w.safetensors", tree, host_memory_limit=128 * _KIB)  # "cut" is 256 KiB: in pieces
     # (jax 0.4 gives a CPU device's pinned_host memory as unpinned_host)
     assert len(kinds) == 1 + 8 and set(kinds) <= {"pinned_host", "unpinned_host"}, kinds

@@ -141,7 +141,7 @@ class HostBudget:
         return (
             _accelerators_present()
             and isinstance(leaf, jax.Array)
-            and isinstance(leaf.sharding, jax.sharding.SingleDeviceSharding)
+            and len(leaf.sharding.device_set) == 1  # on one device, whatever its sharding (a one-device mesh too)
             and leaf.is_fully_addressable
             and isinstance(leaf.dtype, np.dtype)
             and leaf.size > 0
