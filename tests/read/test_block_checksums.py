@@ -198,3 +198,37 @@ def test_block_checksums_are_written_for_tensors_of_more_than_one_block_only(tmp
     manifest = json.loads(split_native((tmp_path / "model.jxs").read_bytes())[1] or "")
     large = str(manifest["paths"].index("large"))
     assert list(manifest["blocks"]) == [large] and len(manifest["blocks"][large]) == 2 * 16
+
+
+SMALL = np.arange(1000, dtype=np.float32).reshape(100, 10)  # 4000 bytes: one block, checked by the leaf's own xxh3
+NEARLY_WHOLE = (np.s_[1:], np.s_[:-1, :], np.s_[2:99])  # the slices that hold at least 95% of its bytes
+
+
+@pytest.mark.parametrize("opening", ["path", "mmap", "file object"])
+def test_a_slice_nearly_filling_a_leaf_of_one_block_is_verified_against_the_leaf_checksum(tmp_path, opening):
+    jaxstow.save(tmp_path / "model.jxs", {"small": SMALL})
+    damaged = tmp_path / "damaged.jxs"
+    damaged.write_bytes(_flipped((tmp_path / "model.jxs").read_bytes(), "small", 50 * 40 + 1))  # in row 50
+    source = io.BytesIO(damaged.read_bytes()) if opening == "file object" else damaged
+    with jaxstow.open(source, mmap=opening == "mmap") as reader:
+        for index in NEARLY_WHOLE:
+            with pytest.raises(
+                CorruptFileError, match=r"leaf 'small' of (.*damaged\.jxs|<BytesIO>): checksum mismatch"
+            ):
+                reader.read("small", index)  # was the damaged row, unverified
+        np.testing.assert_array_equal(reader.read("small", np.s_[51:]), SMALL[51:])  # narrower: read as it is
+    with jaxstow.open(tmp_path / "model.jxs", mmap=opening == "mmap") as reader:
+        for index in NEARLY_WHOLE:
+            np.testing.assert_array_equal(reader.read("small", index), SMALL[index])
+
+
+def test_a_part_nearly_filling_a_shard_of_one_block_is_verified_against_the_shard_checksum(tmp_path):
+    rows = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("x",)), P("x", None))
+    whole = np.concatenate([SMALL, SMALL + 1000])
+    jaxstow.save(tmp_path / "model.jxs", {"w": jax.device_put(whole, rows)})
+    path = tmp_path / "damaged.jxs"
+    path.write_bytes(_flipped((tmp_path / "model.jxs").read_bytes(), "w@100:200,0:10", 50 * 40 + 1))
+    with jaxstow.open(path) as reader:
+        np.testing.assert_array_equal(reader.read("w", np.s_[:99]), whole[:99])  # the first shard's
+        with pytest.raises(CorruptFileError, match=r"leaf 'w' of .*damaged\.jxs: checksum mismatch"):
+            reader.read("w", np.s_[101:])

@@ -1,5 +1,5 @@
 """A part of a stored array read and verified block by block: the blocks it touches are read whole and each compared
-with its checksum (:mod:`~jaxstow._format.block_checksums`).
+with its checksum (:mod:`~jaxstow._format.block_checksums`; an array of one block, which has none, with its own).
 
 A part is read so where that reads at most :data:`_OVER_READ` times its bytes (a range of 20 MiB or more, or ranges
 that fill most of the blocks they touch), so that verifying never makes a restore read much more than it needs;
@@ -22,7 +22,7 @@ True
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -34,12 +34,25 @@ from jaxstow._format.tensor_reads import aligned_empty, read_range
 from jaxstow._read.slicing import read_box
 from jaxstow.errors import CorruptFileError
 
-__all__ = ["read_part", "read_verified_box", "verify_box_blocks"]
+__all__ = ["Checksummed", "read_part", "read_verified_box", "verify_box_blocks"]
 
 #: The most bytes a part that is many ranges is read through at once (more: it is read in parts along an axis).
 _SCRATCH = 64 << 20
 #: A part is verified where the blocks it touches hold at most this many times its bytes.
 _OVER_READ = 1.05
+
+
+class Checksummed(Protocol):
+    """A stored tensor's checksums, as its entry gives them: its blocks' (``None``: none) and its own (``None``: none).
+
+    A stored leaf and a stored shard are such.
+    """
+
+    @property
+    def blocks(self) -> object: ...
+
+    @property
+    def checksum(self) -> str | None: ...
 
 
 class _Stored(NamedTuple):
@@ -50,20 +63,12 @@ class _Stored(NamedTuple):
 
 
 class _Tensor:
-    """A stored tensor's layout and its blocks' checksums, checked."""
+    """A stored tensor's layout and its blocks' checksums."""
 
-    def __init__(
-        self,
-        dtype: np.dtype,
-        shape: tuple[int, ...],
-        blocks: object,
-        *,
-        file: str | None,
-        path: str,
-    ) -> None:
-        self.dtype, self.shape, self.file, self.path = dtype, shape, file, path
+    def __init__(self, dtype: np.dtype, shape: tuple[int, ...], blocks: str, *, file: str | None, path: str) -> None:
+        """``blocks``: the checksum of each block, checked (:func:`_verifiable`)."""
+        self.dtype, self.shape, self.file, self.path, self.blocks = dtype, shape, file, path, blocks
         self.nbytes = math.prod(shape) * dtype.itemsize
-        self.blocks = checked_blocks(blocks, self.nbytes, file=file, path=path)
         self.strides = tuple(math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape)))
 
     def first_byte(self, box: Box) -> int:
@@ -119,6 +124,19 @@ class _Tensor:
         return block * BLOCK_BYTES, min((block + 1) * BLOCK_BYTES, self.nbytes)
 
 
+def _verifiable(
+    dtype: np.dtype, shape: tuple[int, ...], checks: Checksummed | None, *, file: str | None, path: str
+) -> _Tensor | None:
+    """The tensor, its parts verified by its blocks' checksums (a :class:`FormatError` if they are malformed), or, for
+    a tensor of one block, which has none, by its own checksum, that block's; ``None`` where it has neither."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if checks is not None and checks.blocks is not None:
+        return _Tensor(dtype, shape, checked_blocks(checks.blocks, nbytes, file=file, path=path), file=file, path=path)
+    if checks is not None and checks.checksum is not None and 0 < nbytes <= BLOCK_BYTES:
+        return _Tensor(dtype, shape, checks.checksum, file=file, path=path)
+    return None
+
+
 def read_verified_box(
     source: ReadSource,
     offset: int,
@@ -138,7 +156,8 @@ def read_verified_box(
     The result is ``into`` (a C-contiguous array of the box's shape and ``dtype``) filled, or a new 64-byte-aligned
     array.
     """
-    return _read_verified(_Tensor(dtype, shape, blocks, file=file, path=path), _Stored(source, offset), box, into)
+    checked = checked_blocks(blocks, math.prod(shape) * dtype.itemsize, file=file, path=path)
+    return _read_verified(_Tensor(dtype, shape, checked, file=file, path=path), _Stored(source, offset), box, into)
 
 
 def _read_verified(tensor: _Tensor, stored: _Stored, box: Box, into: np.ndarray | None) -> np.ndarray:
@@ -151,15 +170,23 @@ def _read_verified(tensor: _Tensor, stored: _Stored, box: Box, into: np.ndarray 
 
 
 def verify_box_blocks(
-    data: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], box: Box, blocks: object, *, file: str | None, path: str
+    data: np.ndarray,
+    dtype: np.dtype,
+    shape: tuple[int, ...],
+    box: Box,
+    checks: Checksummed,
+    *,
+    file: str | None,
+    path: str,
 ) -> None:
     """Check every block of a tensor whose bytes are at hand (``data``, flat ``uint8``: a memory map's) that ``box``
     touches, where :func:`read_part` would read them (its blocks' checksums are checked for form in any case)."""
-    tensor = _Tensor(dtype, shape, blocks, file=file, path=path)
-    if math.prod(stop - start for start, stop in box) and tensor.affordable(box):
-        for block in np.flatnonzero(tensor.touched(box)).tolist():
-            start, stop = tensor.block_bytes(block)
-            tensor.check(block, data[start:stop].data)
+    tensor = _verifiable(dtype, shape, checks, file=file, path=path)
+    if tensor is None or not math.prod(stop - start for start, stop in box) or not tensor.affordable(box):
+        return
+    for block in np.flatnonzero(tensor.touched(box)).tolist():
+        start, stop = tensor.block_bytes(block)
+        tensor.check(block, data[start:stop].data)
 
 
 def _read_into(tensor: _Tensor, stored: _Stored, box: Box, out: np.ndarray) -> None:
@@ -228,16 +255,17 @@ def read_part(
     dtype: np.dtype,
     shape: tuple[int, ...],
     box: Box,
-    blocks: object,
+    checks: Checksummed | None,
     *,
     file: str | None,
     path: str,
     into: np.ndarray | None = None,
 ) -> np.ndarray:
-    """:func:`read_verified_box` for a tensor with block checksums (checked for form), where the blocks ``box``
-    touches hold at most :data:`_OVER_READ` times its bytes; otherwise, and for a tensor without them (one block, or a
-    file written before they were), :func:`~jaxstow._read.slicing.read_box`: its bytes unverified."""
-    tensor = None if blocks is None else _Tensor(dtype, shape, blocks, file=file, path=path)
+    """:func:`read_verified_box` for a tensor whose ``checks`` hold block checksums (checked for form), or, for one of
+    a single block, its own checksum, where the blocks ``box`` touches hold at most :data:`_OVER_READ` times its
+    bytes; otherwise, and for a tensor with neither (a file written before block checksums, or by another writer) or
+    ``checks=None``, :func:`~jaxstow._read.slicing.read_box`: its bytes unverified."""
+    tensor = _verifiable(dtype, shape, checks, file=file, path=path)
     if tensor is not None and tensor.affordable(box):
         return _read_verified(tensor, _Stored(source, offset), box, into)
     return read_box(source, offset, dtype, shape, box, into=into)

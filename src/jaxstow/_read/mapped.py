@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from jaxstow._format.leaves import StoredLeaf
 from jaxstow._format.shards import Box, Stored
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow._read.block_verified import verify_box_blocks
@@ -56,7 +57,6 @@ def mapped_leaf(
         except (TypeError, ValueError):
             check_open(f"reading leaf {excerpt(leaf.path)}")
             raise
-    blocks = getattr(leaf, "blocks", None)
-    if box is not None and blocks is not None:
-        verify_box_blocks(view, leaf.dtype, leaf.shape, box, blocks, file=file, path=leaf.path)
+    if box is not None and isinstance(leaf, StoredLeaf):
+        verify_box_blocks(view, leaf.dtype, leaf.shape, box, leaf, file=file, path=leaf.path)
     return view.view(leaf.dtype).reshape(leaf.shape)

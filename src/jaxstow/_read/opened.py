@@ -285,8 +285,8 @@ class OpenedFile(Mapping[str, Any]):
         elif self._map is not None:
             part = self._mapped(leaf, box)[within]
         else:
-            at, blocks = self.container.slots[path].offset, leaf.blocks
-            part = read_part(self.container.source, at, leaf.dtype, leaf.shape, box, blocks, file=self.file, path=path)
+            at = self.container.slots[path].offset
+            part = read_part(self.container.source, at, leaf.dtype, leaf.shape, box, leaf, file=self.file, path=path)
         return bools_checked(part, file=self.file, path=path)
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:

@@ -181,10 +181,10 @@ class ShardReads:
                 into[...] = part
             return part
         slot = container.slots[shard.tensor]
-        blocks = None if whole else shard.blocks  # a whole shard is verified against its checksum
+        checks = None if whole else shard  # a whole shard is verified against its checksum below
         file = container.file
         part = read_part(
-            container.source, slot.offset, leaf.dtype, shard.shape, inner, blocks, file=file, path=leaf.path, into=into
+            container.source, slot.offset, leaf.dtype, shard.shape, inner, checks, file=file, path=leaf.path, into=into
         )
         if whole:
             self._check(leaf, checksum_bytes(part.reshape(-1).view(np.uint8).data), shard)
