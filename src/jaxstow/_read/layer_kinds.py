@@ -23,12 +23,27 @@ from collections.abc import Mapping, Set
 from jaxstow._format.shards import ShardedLeaf
 from jaxstow.errors import ArgumentError
 
-__all__ = ["kind", "refuse_split_kinds", "refuse_undecided_kinds", "square_kin", "torch_conv_as_flax"]
+__all__ = [
+    "crosses",
+    "is_square",
+    "kind",
+    "listed",
+    "reads_alike",
+    "refuse_split_kinds",
+    "refuse_undecided_kinds",
+    "square_kin",
+    "torch_conv_as_flax",
+]
 
 #: The names of a weight stored (out, in) and (out, in, *window), as torch and equinox store it, and of one stored
 #: (in, out) and (*window, in, out), as flax and haiku do: a tensor named one way filling a leaf named the other
 #: crosses layouts.
 _OUT_IN, _IN_OUT = frozenset({"weight"}), frozenset({"kernel", "w"})
+
+
+def crosses(tensor_end: str, leaf_end: str) -> bool:
+    """Whether a tensor named ``tensor_end`` filling a leaf named ``leaf_end`` crosses layouts (``weight``, ``kernel``)."""
+    return (tensor_end in _OUT_IN and leaf_end in _IN_OUT) or (tensor_end in _IN_OUT and leaf_end in _OUT_IN)
 
 
 def kind(tensor: str, path: str) -> tuple[str, str]:
@@ -48,7 +63,7 @@ def square_kin(layout: Mapping[str, ShardedLeaf], path: str, turned: Set[str]) -
         for other, leaf in layout.items()
         if other != path
         and (other in turned) == marked
-        and _square(leaf.shape)
+        and is_square(leaf.shape)
         and kind(leaf.shards[0].tensor, other) == wanted
     )
 
@@ -70,21 +85,21 @@ def refuse_split_kinds(
             continue
         shapes = {tensor: tensors[tensor].shape for tensor in kin}
         first_turned, of_kind = turned[0], f"of the same kind ({tensor_end!r} tensors filling {leaf_end!r} leaves)"
-        square_left = [tensor for tensor in left if _square(shapes[tensor])]
-        square_turned = [tensor for tensor in turned if _square(shapes[tensor])]
+        square_left = [tensor for tensor in left if is_square(shapes[tensor])]
+        square_turned = [tensor for tensor in turned if is_square(shapes[tensor])]
         flat_left = [tensor for tensor in left if len(shapes[tensor]) == 2]
-        windowed = [tensor for tensor in left if len(shapes[tensor]) > 2 and _layout_blind(shapes[tensor])]
+        windowed = [tensor for tensor in left if len(shapes[tensor]) > 2 and reads_alike(shapes[tensor])]
         if square_left:
             problem = (
-                f"transposed= turns {first_turned!r} over but not the square {_listed(square_left)} {of_kind}, whose "
+                f"transposed= turns {first_turned!r} over but not the square {listed(square_left)} {of_kind}, whose "
                 "shape fits either way and cannot tell how it is stored: a folder stores a kind one way round, so "
-                f"turn them all: add {_listed(square_left)} to transposed= (or, for one stored otherwise, as GPT-2's "
+                f"turn them all: add {listed(square_left)} to transposed= (or, for one stored otherwise, as GPT-2's "
                 "Conv1D.weight (in, out) beside a Linear's, leave it out of the load with names= and read it apart)"
             )
             shown = square_left[0]
         elif square_turned and flat_left and tensor_end != leaf_end:
             problem = (
-                f"transposed= turns the square {_listed(square_turned)} over but not {_listed(flat_left)} {of_kind}: "
+                f"transposed= turns the square {listed(square_turned)} over but not {listed(flat_left)} {of_kind}: "
                 "a folder stores a kind one way round, and a square tensor's shape fits either way and cannot tell "
                 "which: mark every 2-d one of them if they are stored (out, in), as torch's Linear.weight is, or pass "
                 "transposed=() if they are stored (in, out), as GPT-2's Conv1D.weight is"
@@ -92,7 +107,7 @@ def refuse_split_kinds(
             shown = square_turned[0]
         elif windowed:
             problem = (
-                f"transposed= turns {first_turned!r} over but not {_listed(windowed)} {of_kind}, whose shape reads "
+                f"transposed= turns {first_turned!r} over but not {listed(windowed)} {of_kind}, whose shape reads "
                 "alike as torch's Conv weight (out, in, *window) and flax's kernel (*window, in, out), so no load would "
                 "notice it left as stored; transposed= turns only 2-d tensors: leave it out of this load (names= "
                 "giving it None, like without its leaf), read it apart (huggingface.open(folder)[name]) and turn it "
@@ -113,12 +128,11 @@ def refuse_undecided_kinds(
     flax's kernel. Its shape would fit as stored, so that the load would give the layers turned over, silently.
     """
     for (tensor_end, leaf_end), kin in _kinds(mapping).items():
-        crossing = (tensor_end in _OUT_IN and leaf_end in _IN_OUT) or (tensor_end in _IN_OUT and leaf_end in _OUT_IN)
-        if not crossing or any(tensor in marked for tensor in kin):
+        if not crosses(tensor_end, leaf_end) or any(tensor in marked for tensor in kin):
             continue
         shapes = {tensor: tensors[tensor].shape for tensor in kin}
-        square = [tensor for tensor in kin if _square(shapes[tensor])]
-        windowed = [tensor for tensor in kin if len(shapes[tensor]) > 2 and _layout_blind(shapes[tensor])]
+        square = [tensor for tensor in kin if is_square(shapes[tensor])]
+        windowed = [tensor for tensor in kin if len(shapes[tensor]) > 2 and reads_alike(shapes[tensor])]
         if not square and not windowed:
             continue  # each tensor's shape tells its layout: a load that does not fit says which transposed= does
         advice = []
@@ -126,13 +140,13 @@ def refuse_undecided_kinds(
             flat = [tensor for tensor in kin if len(shapes[tensor]) == 2]
             writer = "(out, in), as torch's Linear" if tensor_end in _OUT_IN else "(in, out), as flax's Dense"
             advice.append(
-                f"no shape tells how this folder stores {_listed(square)} (square: either way round fits): pass "
+                f"no shape tells how this folder stores {listed(square)} (square: either way round fits): pass "
                 f"transposed={_exact(flat, mapping)} if its 2-d {tensor_end!r} tensors are stored {writer} writes them"
             )
         if windowed:
             turn = "(0, 1), (-1, -2)" if tensor_end in _OUT_IN else "(-1, -2), (0, 1)"
             advice.append(
-                f"no shape tells how this folder stores {_listed(windowed)} (torch's conv weight (out, in, *window) and flax's "
+                f"no shape tells how this folder stores {listed(windowed)} (torch's conv weight (out, in, *window) and flax's "
                 "kernel (*window, in, out) read alike), which transposed= cannot turn (only 2-d tensors): one stored "
                 "the other way round is left out of this load (names= giving it None), read apart "
                 f"(huggingface.open(folder)[name]) and turned with numpy.moveaxis(weight, {turn})"
@@ -175,13 +189,16 @@ def _layer_name(parts: list[str]) -> str:
     return parts[-2] if len(parts) > 1 and parts[-1] == "value" else parts[-1]
 
 
-def _layout_blind(shape: tuple[int, ...]) -> bool:
+def reads_alike(shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` reads alike as torch's conv weight and flax's kernel (3x3 from 3 channels to 3, or square)."""
     return shape == torch_conv_as_flax(shape)
 
 
-def _listed(tensors: list[str]) -> str:
+def listed(tensors: list[str]) -> str:
+    """The first five of ``tensors``, quoted, and how many more."""
     return ", ".join(map(repr, tensors[:5])) + (f" and {len(tensors) - 5} more" if len(tensors) > 5 else "")
 
 
-def _square(shape: tuple[int, ...]) -> bool:
+def is_square(shape: tuple[int, ...]) -> bool:
+    """Whether ``shape`` is 2-d and square, so that it fits either way round."""
     return len(shape) == 2 and shape[0] == shape[1]

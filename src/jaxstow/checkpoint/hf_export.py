@@ -43,6 +43,7 @@ from jaxstow._storage.sinks import atomic_sink
 from jaxstow._storage.store import open_store
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.progress import Bar, bar, counted
+from jaxstow.checkpoint.hf_export_layouts import ExportTransposed, turned_leaves
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import ArgumentError, CheckpointError, IsAFolderError, PathError, excerpt
 
@@ -66,6 +67,7 @@ class _Tensor(NamedTuple):
     reader: Reader
     leaf: Stored
     name: str
+    turned: bool  # written turned over (transposed=)
 
 
 def parse_size(size: int | str) -> int:
@@ -92,24 +94,24 @@ def export_safetensors(
     max_shard_size: int | str = "5GB",
     item: str | None = None,
     names: Callable[[str], str | None] | Mapping[str, str] | None = None,
+    transposed: ExportTransposed | None = None,
     storage_options: Mapping[str, Any] | None = None,
     transfer: Transfer | None = None,
     progress: bool = False,
 ) -> Exported:
     """Write a checkpoint step (of any number of processes) or one file as a Hugging Face sharded safetensors folder.
 
-    Arrays are written whole (a sharded array's shards joined) under their dotted path: ``params/dense/kernel`` of
-    item ``params`` becomes ``params.dense.kernel`` (without the item's name for a step of one tree or one ``item``).
-    Plain values and PRNG keys are left out; saved metadata goes to the index's ``metadata`` (``jaxstow_metadata``,
-    ``jaxstow_step_metadata`` for a step's own). The folder appears whole, or not at all; no ``config.json`` is written.
+    Arrays are written whole under their dotted path (``params/dense/kernel`` of item ``params``:
+    ``params.dense.kernel``, without the item's name for a step of one tree or one ``item``); plain values and PRNG
+    keys are left out, saved metadata goes to the index's ``metadata``. See docs/other-formats.md.
 
     Args:
         source: a step's folder (``run/5``), a jaxstow, safetensors or npz file, or a sharded safetensors folder.
         out_folder: the folder to write (a path or an fsspec URL); it must not exist, or be empty.
-        max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int); a larger
-            tensor gets a file of its own.
+        max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int).
         item: of a step, export this item only.
         names: a tensor's name from its path (``item/a/b``), ``None`` leaving it out; or a mapping (of the paths kept).
+        transposed: the 2-d leaves (paths, or a predicate on a path) written turned over; ``()``: all as saved.
         storage_options, transfer: fsspec's options, and a :class:`~jaxstow.Transfer`, for URLs.
         progress: draw a progress bar of the bytes written on stderr (needs ``tqdm``).
 
@@ -117,7 +119,8 @@ def export_safetensors(
         The files written, the number of tensors, their bytes and the leaves left out.
 
     Raises:
-        ArgumentError: an unknown item, two tensors of one name (or one no string), a dtype safetensors lacks.
+        ArgumentError: an unknown item, two tensors of one name, a dtype safetensors lacks; ``names=`` across
+            layouts (``kernel`` as ``weight``) of square leaves that ``transposed=`` does not decide.
         PathError: ``out_folder`` holds files already.
         CheckpointError: the step's folder is not named by the step its record names, or an item file is missing.
         CorruptFileError: the step's record, or an item file's header, does not check (another file than its own).
@@ -130,7 +133,7 @@ def export_safetensors(
     out, source = os.fspath(out_folder), os.fspath(source)
     with contextlib.ExitStack() as stack:
         items, step_metadata = _open_items(stack, source, item, _for(source, settings))
-        tensors, left_out = _tensors(items, names)
+        tensors, left_out = _tensors(source, items, names, transposed)
         if not tensors:
             shown = (
                 f": it holds {', '.join(map(repr, left_out[:5]))}, which a safetensors file cannot" if left_out else ""
@@ -213,13 +216,18 @@ def _step(source: str, settings: StorageSettings) -> tuple[StepFolder, StepRecor
 
 
 def _tensors(
-    items: list[tuple[str | None, Reader]], names: Callable[[str], str | None] | Mapping[str, str] | None
+    source: str,
+    items: list[tuple[str | None, Reader]],
+    names: Callable[[str], str | None] | Mapping[str, str] | None,
+    transposed: ExportTransposed | None,
 ) -> tuple[list[_Tensor], list[str]]:
-    """Every array to export, named; and the paths of the leaves left out (plain values, PRNG keys)."""
+    """Every array to export, named and marked if written turned over; and the paths of the leaves left out (plain
+    values, PRNG keys)."""
     name_of = _naming(names)
     tensors: list[_Tensor] = []
     left_out: list[str] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # path by tensor name
+    shapes: dict[str, tuple[int, ...]] = {}  # of every array, exported or not, by path
     for prefix, reader in items:
         for path in reader.paths:
             full = f"{prefix}/{path}" if prefix and path else prefix or path  # an item of one array: its name
@@ -227,6 +235,7 @@ def _tensors(
             if leaf is None or leaf.kind == "key":
                 left_out.append(full)
                 continue
+            shapes[full] = leaf.shape
             name = name_of(full)
             if name is not None and not isinstance(name, str):
                 raise ArgumentError(
@@ -257,10 +266,11 @@ def _tensors(
                     path=full,
                 )
             seen[name] = full
-            tensors.append(_Tensor(reader, leaf, name))
+            tensors.append(_Tensor(reader, leaf, name, turned=False))
     if isinstance(names, Mapping) and (unknown := sorted(set(names) - {*seen.values(), *left_out})):
         raise ArgumentError(f"names= maps paths the source lacks: {unknown[:5]}")
-    return tensors, left_out
+    turned = turned_leaves(source, {full: name for name, full in seen.items()}, shapes, transposed)
+    return [tensor._replace(turned=seen[tensor.name] in turned) for tensor in tensors], left_out
 
 
 def _naming(names: Callable[[str], str | None] | Mapping[str, str] | None) -> Callable[[str], Any]:
@@ -297,7 +307,8 @@ def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:
     for tensor in shard:
         wanted.setdefault(id(tensor.reader), (tensor.reader, []))[1].append(tensor.leaf)
     arrays = {key: reader.read_arrays(leaves) for key, (reader, leaves) in wanted.items()}
-    return [(t.name, np.require(arrays[id(t.reader)][t.leaf.path], requirements="C")) for t in shard]
+    read = [(t, arrays[id(t.reader)][t.leaf.path]) for t in shard]
+    return [(t.name, np.require(array.T if t.turned else array, requirements="C")) for t, array in read]
 
 
 @contextlib.contextmanager
