@@ -22,6 +22,7 @@ import pytest
 from jaxstow import io, scheduler
 from jaxstow.errors import CheckpointError, CollectorError
 from jaxstow.io import batching, host_buffers
+from jaxstow.io.live import read_draws
 
 STEPS = 64
 INFORMATION = scheduler.static_information(samples_collected=STEPS)
@@ -148,6 +149,25 @@ def test_the_next_run_of_an_hdf5_collector_goes_on_in_its_file_with_chains_of_it
         assert list(done["draws_done"][:]) == [STEPS] * 3
         np.testing.assert_array_equal(done["chain~2/w"][:], np.asarray(outputs[2]["w"]))
     assert io.to_inference_data(path).posterior.sizes["chain"] == 3
+
+
+def test_a_file_deleted_between_runs_is_started_anew_and_counts_the_chains_it_holds_only(tmp_path) -> None:
+    """The next run goes on numbering its chains in the file made again; its /draws_done counted the earlier run's
+    chain 0 ([64, 64]) that the file does not hold."""
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)
+    run = _compiled(save)
+    postprocess_save(run(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))[0], None)
+    os.remove(path)
+    final, kept = run(init_save({"w": jnp.zeros(300), "t": 0.0}, None, INFORMATION))
+    _check(postprocess_save(final, None), kept)
+    with h5py.File(path, "r") as done:
+        assert sorted(done) == ["chain~1", "draws_done"]
+        assert list(done["draws_done"][:]) == [0, STEPS]
+    draws = read_draws(path)
+    assert (draws.done, draws.finished) == ([STEPS], True)
+    posterior = io.to_inference_data(path).posterior
+    np.testing.assert_array_equal(posterior["w"].values[0], np.asarray(kept["w"]))
 
 
 def test_an_open_file_closed_by_the_user_between_runs_is_a_collector_error_saying_what_to_do(tmp_path) -> None:

@@ -264,8 +264,9 @@ class HDF5Collector(KeepsChains, DataCollector):
         counts = self._counts
         if counts is None or not counts.id.valid:  # not looked up yet in the file as it is open now
             counts = self._file.get(DRAWS_DONE)
-            if counts is None:
+            if counts is None:  # a file started anew (deleted since the last run): it holds this run's chains only
                 counts = new_draws_done(self._file)
+                self._published = [done if chain in self._datasets else 0 for chain, done in enumerate(self._published)]
             self._counts, self._run_id = counts, self._file.attrs.get(RUN_ID)
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
