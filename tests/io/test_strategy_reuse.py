@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
+from jaxstow.cli import watch
 from jaxstow.errors import CheckpointError, CollectorError
 from jaxstow.io import batching, host_buffers
 from jaxstow.io.live import read_draws
@@ -153,7 +154,7 @@ def test_the_next_run_of_an_hdf5_collector_goes_on_in_its_file_with_chains_of_it
 
 def test_a_file_deleted_between_runs_is_started_anew_and_counts_the_chains_it_holds_only(tmp_path) -> None:
     """The next run goes on numbering its chains in the file made again; its /draws_done counted the earlier run's
-    chain 0 ([64, 64]) that the file does not hold."""
+    chain 0 ([64, 64]) that the file does not hold, and watch called its /chain~1 chain 0."""
     path = tmp_path / "samples.h5"
     init_save, save, postprocess_save = io.save(io.HDF5Collector(path), block_size=16)
     run = _compiled(save)
@@ -165,7 +166,8 @@ def test_a_file_deleted_between_runs_is_started_anew_and_counts_the_chains_it_ho
         assert sorted(done) == ["chain~1", "draws_done"]
         assert list(done["draws_done"][:]) == [0, STEPS]
     draws = read_draws(path)
-    assert (draws.done, draws.finished) == ([STEPS], True)
+    assert (draws.ids, draws.done, draws.finished) == ([1], [STEPS], True)
+    assert watch.report(str(path))["chains"] == [{"chain": 1, "draws": STEPS, "finished": True}]
     posterior = io.to_inference_data(path).posterior
     np.testing.assert_array_equal(posterior["w"].values[0], np.asarray(kept["w"]))
 

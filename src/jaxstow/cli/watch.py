@@ -124,7 +124,8 @@ def report(path: str) -> dict[str, Any]:
         "why": why,
         "time": now,
         "chains": [
-            {"chain": chain, "draws": done, "finished": draws.finished or None} for chain, done in enumerate(draws.done)
+            {"chain": chain, "draws": done, "finished": draws.finished or None}
+            for chain, done in zip(draws.ids, draws.done, strict=True)
         ],
         "variables": _diagnostics(draws, path),
     }

@@ -57,11 +57,13 @@ _Read = TypeVar("_Read")
 @dataclasses.dataclass(frozen=True)
 class FileDraws:
     """Per chain (in the order of their ids): its variables (dict keys joined by ``.``) with the samples written so
-    far, and their number; ``finished`` once every chain's run has ended."""
+    far, and their number; ``finished`` once every chain's run has ended; per chain its id, ``N`` of ``/chain~N`` (a
+    file deleted between the runs of one collector holds the later runs' chains only, ``/chain~1``, ...)."""
 
     chains: list[dict[str, np.ndarray]]
     done: list[int]
     finished: bool
+    ids: list[int]
 
 
 def read_draws(source: Any) -> FileDraws:
@@ -103,7 +105,7 @@ def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
 
 
 def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
-    chains, done, _ = _locate(file, name=name)
+    chains, done, _, _ = _locate(file, name=name)
     if len(set(done)) > 1:
         raise FormatError(f"the chains hold different numbers of samples ({done}); read_draws reads them", file=name)
     stacked = {}
@@ -170,17 +172,18 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
 
 
 def _read(file: Any, name: str) -> FileDraws:
-    chains, done, finished = _locate(file, name=name)
+    chains, done, finished, ids = _locate(file, name=name)
     samples = [
         {key: as_sample(dataset, dataset[:count]) for key, dataset in datasets.items()}
         for datasets, count in zip(chains, done, strict=True)
     ]
-    return FileDraws(samples, done, finished)
+    return FileDraws(samples, done, finished, ids)
 
 
-def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], bool]:
+def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], bool, list[int]]:
     """Per chain (in the order of their ids) its datasets by variable and its count of samples written; whether every
-    chain's run has ended. In a file another process is writing, the counts are read before the rows they count."""
+    chain's run has ended; the chains' ids. In a file another process is writing, the counts are read before the rows
+    they count."""
     h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {name}")
     following = file.mode == "r" and file.swmr_mode  # a reader of a live file: see what the writer added since
     items = sorted(
@@ -220,7 +223,7 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
                 dataset.refresh()
         chains.append(dict(zip(variable_names(list(datasets)), datasets.values(), strict=True)))
         done.append(int(count))
-    return chains, done, finished
+    return chains, done, finished, [chain for chain, _ in items]
 
 
 def _collect(datasets: dict[str, Any], kind: type, key: str, node: Any) -> None:
