@@ -890,6 +890,78 @@ def test_a_collector_of_jax_sgmcs_interface_gets_every_sample_once_in_order(bloc
     assert [result["samples"] for result in results] == [[10.0 * t + c for t in range(20) if t % 3] for c in range(2)]
 
 
+class _Resumable(_ReferenceCollector):
+    """jax_sgmc's interface, one chain whose samples and checkpoint outlive its runs, as a file's would."""
+
+    def __init__(self, rows=(), checkpoint=None) -> None:
+        super().__init__()
+        self.data = {0: list(rows)}
+        self.checkpoints = {} if checkpoint is None else {0: checkpoint}
+        self.senders: list = []
+
+    def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None):
+        return 0
+
+    def checkpoint(self, chain_id, state):
+        self.checkpoints[chain_id] = state
+
+    def resume(self):
+        return dict(self.checkpoints)
+
+    def register_sender(self, wait):
+        self.senders.append(wait)
+
+    def stopped(self) -> list[float]:
+        """The samples that the checkpoint counts, all a crash leaves, once the run's blocks have arrived."""
+        for wait in self.senders:
+            wait()
+        return self.data[0][: self.checkpoints[0].sample_count]
+
+
+@pytest.mark.parametrize("continued_by", ["the same collector", "a new collector"])
+def test_a_collector_of_jax_sgmcs_interface_resumed_from_a_checkpoint_gets_the_samples_after_it(continued_by) -> None:
+    """The rows given to ``save(chain_id, values)`` were counted from 0 in a new collector (refused: samples 0 to 3
+    have not arrived) and from the stopped run's count in the same one (samples 4 and 5 of the resumed run lost)."""
+    information = scheduler.static_information(samples_collected=10)
+
+    def run(collector, steps):
+        init_save, save, postprocess_save = io.save(collector, checkpoint_every=4, block_size=2)
+        state = init_save({"x": jnp.float32(0)}, 0.0, information)
+        for step in range(int(state.step), steps):
+            state, _ = save(state, True, {"x": jnp.float32(step)}, solver_state=float(step))
+        return state, postprocess_save
+
+    collector = _Resumable()
+    jax.block_until_ready(run(collector, 6)[0])  # no postprocess_save: the run stops after its checkpoint at step 4
+    kept = collector.stopped()
+    assert kept == [0.0, 1.0, 2.0, 3.0]
+    if continued_by == "a new collector":  # the script run again
+        collector = _Resumable(kept, collector.checkpoints[0])
+    else:
+        collector.data[0] = kept
+    state, postprocess_save = run(collector, 10)
+    assert postprocess_save(state, None)["samples"] == [float(step) for step in range(10)]
+
+
+def test_a_collector_of_jax_sgmcs_interface_whose_run_stopped_gets_every_sample_of_a_fresh_run_of_its_chain() -> None:
+    """A chain id given again after a run that stopped before postprocess_save: the rows that run gave were counted as
+    given to the new one, whose first samples were dropped."""
+    collector = _Resumable()
+    init_save, save, postprocess_save = io.save(collector, block_size=2)
+    state = init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=6))
+    for step in range(6):
+        state, _ = save(state, True, {"x": jnp.float32(step)})
+    jax.block_until_ready(state)  # stopped: no postprocess_save
+    for wait in collector.senders:
+        wait()
+    collector.data[0] = []
+    init_save, save, postprocess_save = io.save(collector, block_size=2)
+    state = init_save({"x": jnp.float32(0)}, None, scheduler.static_information(samples_collected=6))
+    for step in range(6):
+        state, _ = save(state, True, {"x": jnp.float32(10 + step)})
+    assert postprocess_save(state, None)["samples"] == [10.0 + step for step in range(6)]
+
+
 class _StubbedResume(_ReferenceCollector):
     """jax_sgmc's interface, whose checkpointing is not supported: ``resume`` left a stub."""
 

@@ -23,6 +23,7 @@ __all__ = [
     "registered_chain",
     "released",
     "resumed_chain",
+    "rows_start",
     "save_block",
     "stores_key_data",
     "together",
@@ -289,6 +290,14 @@ def save_block(collector: DataCollector, chain_id: int, first: int, values: Sequ
     for row in range(start - first, len(values[0]) if values else 0):
         collector.save(chain_id, [value[row] for value in values])  # type: ignore[call-arg]
         given[chain_id] = first + row + 1
+
+
+def rows_start(collector: DataCollector, chain_id: int, first: int) -> None:
+    """The chain registered now, continuing from a checkpoint that counts ``first`` samples (else 0), is given to a
+    collector of jax_sgmc's interface from sample ``first`` on: the rows that an earlier run of its id gave it (a run
+    stopped before ``postprocess_save``) count no more."""
+    if _takes_rows(type(collector)):
+        _rows_given.setdefault(collector, {})[chain_id] = first
 
 
 def released(collector: DataCollector, chain_id: int) -> None:

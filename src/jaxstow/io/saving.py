@@ -45,7 +45,14 @@ from jaxstow.io.batching import (
     spec_of,
 )
 from jaxstow.io.chain_steps import ChainSteps, Moving
-from jaxstow.io.collector import DataCollector, registered_chain, released, resumed_chain, together
+from jaxstow.io.collector import (
+    DataCollector,
+    registered_chain,
+    released,
+    resumed_chain,
+    rows_start,
+    together,
+)
 from jaxstow.io.memory import MemoryCollector
 from jaxstow.io.receiving import Receiver, ran_already, ring_pieces, strategy_gone
 from jaxstow.io.save_arguments import (
@@ -259,6 +266,7 @@ class _Streaming:
         if resumed is not None:
             conform(resumed.solver_state, checkpoint_spec, what=f"checkpointed solver state of chain {chain_id}")
         self.host.starts[chain_id], step = (0, 0) if resumed is None else (resumed.sample_count, resumed.step)
+        rows_start(self.collector, chain_id, self.host.starts[chain_id])
         return chain_id, self.host.starts[chain_id], step
 
     def postprocess(self, saving_state: SavingState, solver_state: Any = None) -> Any:
