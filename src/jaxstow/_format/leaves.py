@@ -16,7 +16,6 @@ strings, registered functions) is a *value* kept in the manifest as tagged JSON.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import re
 from collections.abc import Mapping
@@ -31,6 +30,7 @@ from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.pieces import HostArray
 from jaxstow._format.replicas import Box, Holders, replica_print, share_box
+from jaxstow._format.shard_holders import as_box, holders, holders_digest, shared_by
 from jaxstow._format.sharding_description import check_sharding_description, check_whole_placement, describe_sharding
 from jaxstow._format.skeleton import decode_value, encode_value
 from jaxstow._format.tensor_reads import TensorSlot
@@ -187,16 +187,16 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     holders to compare: copies that differ would be saved as a mix of them.
     """
     shards = []
-    holders = _holders(leaf.sharding, leaf.shape)
-    prints: dict[Holders, list[str]] = {processes: [] for processes in _shared_by(leaf.sharding, leaf.shape)}
+    held_by = holders(leaf.sharding, leaf.shape)
+    prints: dict[Holders, list[str]] = {processes: [] for processes in shared_by(leaf.sharding, leaf.shape)}
     me = jax.process_index()
     chosen: dict[Box, Any] = {}
     for shard in leaf.addressable_shards:
-        whole = _as_box(shard.index, leaf.shape)
+        whole = as_box(shard.index, leaf.shape)
         if whole not in chosen or shard.replica_id < chosen[whole].replica_id:
             chosen[whole] = shard
     for whole, shard in chosen.items():
-        processes = holders[whole]
+        processes = held_by[whole]
         box, within = share_box(whole, processes.index(me), len(processes))
         data, _ = _host_array(shard.data, path=path, file=file)
         if len(processes) > 1:
@@ -213,32 +213,7 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     entry["shards"] = [shard.entry for shard in shards]
     entry["sharding"] = describe_sharding(leaf.sharding)
     replicas = tuple((processes, ",".join(sorted(found))) for processes, found in prints.items())
-    return EncodedLeaf(entry, None, tuple(shards), _holders_digest(leaf.sharding, leaf.shape), replicas)
-
-
-def _as_box(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
-    return tuple(tuple(axis.indices(size)[:2]) for axis, size in zip(index, shape, strict=True))  # type: ignore[misc]
-
-
-@functools.lru_cache(maxsize=256)
-def _holders(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> dict[Box, list[int]]:
-    """The processes holding each distinct shard of an array of ``shape`` laid out by ``sharding``, in order."""
-    holders: dict[Box, set[int]] = {}
-    for device, index in sharding.devices_indices_map(shape).items():
-        holders.setdefault(_as_box(index, shape), set()).add(int(device.process_index))  # type: ignore[attr-defined]
-    return {box: sorted(processes) for box, processes in holders.items()}
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_by(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> tuple[Holders, ...]:
-    """Each set of several processes that holds some distinct shards of an array laid out so, in order."""
-    return tuple(sorted({tuple(processes) for processes in _holders(sharding, shape).values() if len(processes) > 1}))
-
-
-@functools.lru_cache(maxsize=256)
-def _holders_digest(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> str:
-    """:func:`_holders`, hashed (once per layout: every save of a run has the same)."""
-    return hashlib.sha256(repr(sorted(_holders(sharding, shape).items())).encode()).hexdigest()[:16]
+    return EncodedLeaf(entry, None, tuple(shards), holders_digest(leaf.sharding, leaf.shape), replicas)
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:
