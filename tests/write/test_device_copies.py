@@ -206,26 +206,36 @@ def test_every_item_of_a_step_donated_right_after_the_save_is_saved_as_it_was(
     np.testing.assert_array_equal(jax.random.key_data(restored["item2"]["key"]), jax.random.key_data(jax.random.key(2)))
 
 
+@pytest.mark.parametrize("limit", [None, 16 * _KIB], ids=["within the budget", "beyond the budget"])
 @pytest.mark.parametrize("accelerator", [False, True], ids=["cpu", "as if on an accelerator"])
-def test_sharded_arrays_donated_right_after_a_save_are_saved_as_they_were(tmp_path, monkeypatch, accelerator):
-    """Sharded arrays are read when their tree is encoded: on the host a view of each shard keeps a donation from
-    reusing it, on an accelerator the save returns once they are read. The item before them takes a while to write."""
+def test_sharded_arrays_donated_right_after_a_save_are_saved_as_they_were(tmp_path, monkeypatch, accelerator, limit):
+    """Sharded arrays, split or replicated: on the host a view of each shard keeps a donation from reusing it; on an
+    accelerator each shard is brought to the host within the budget, and the save returns once the rest fits in it.
+    The item before them takes a while to write."""
     if accelerator:
         monkeypatch.setattr(host_budget, "_HOST_PLATFORMS", frozenset())
+        monkeypatch.setattr(host_budget, "_accelerators_present", lambda: True)
     mesh = jax.make_mesh((len(jax.devices()),), ("x",))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
-    items = {
-        "first": {"w": np.ones(64 * _MIB, np.uint8)},
-        "sharded": {"w": jax.device_put(jnp.arange(1 << 16, dtype=jnp.float32), sharding)},
-    }
+    split, copied = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)) for axes in (("x",), ()))
+
+    def made(value: float) -> dict[str, jax.Array]:
+        return {
+            "split": jax.device_put(jnp.arange(1 << 16, dtype=jnp.float32) + value, split),
+            "copied": jax.device_put(jnp.arange(1 << 14, dtype=jnp.float32) - value, copied),
+        }
+
+    items = {"first": {"w": np.ones(64 * _MIB, np.uint8)}, "sharded": made(0)}
     step = jax.jit(lambda tree: jax.tree.map(lambda x: x * 0 - 7, tree), donate_argnums=0)
-    jax.block_until_ready(step({"w": jax.device_put(jnp.zeros(1 << 16, jnp.float32), sharding)}))  # compiled now
-    with jaxstow.CheckpointManager(tmp_path / "run", local=jaxstow.LocalTier(tmp_path / "local")) as manager:
+    jax.block_until_ready(step(made(1)))  # compiled now
+    local = jaxstow.LocalTier(tmp_path / "local")
+    with jaxstow.CheckpointManager(tmp_path / "run", local=local, host_memory_limit=limit) as manager:
         manager.save(0, items)
         items["sharded"] = step(items["sharded"])
         manager.wait()
         restored = manager.restore(0, as_numpy=True)
-    np.testing.assert_array_equal(restored["sharded"]["w"], np.arange(1 << 16, dtype=np.float32))
+    assert np.all(np.asarray(items["sharded"]["split"]) == -7)
+    np.testing.assert_array_equal(restored["sharded"]["split"], np.arange(1 << 16, dtype=np.float32))
+    np.testing.assert_array_equal(restored["sharded"]["copied"], np.arange(1 << 14, dtype=np.float32))
 
 
 def test_sharded_arrays_deleted_right_after_an_asynchronous_save_are_saved_as_they_were(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -178,7 +179,10 @@ class _Unseekable(io.RawIOBase):
 
 @pytest.mark.parametrize("sink", [io.BytesIO, _Unseekable])
 def test_a_save_in_pieces_is_checksummed_like_a_whole_one(sink, as_if_on_an_accelerator):
+    mesh = jax.make_mesh((len(jax.devices()),), ("x",))
+    split, copied = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)) for axes in (("x",), ()))
     tree = {"w": jnp.arange(10_000, dtype=jnp.bfloat16), "i": jnp.arange(999, dtype=jnp.int8), "n": 3}
+    tree |= {"split": jax.device_put(jnp.arange(8192.0), split), "copied": jax.device_put(jnp.arange(4096.0), copied)}
     target = sink()
     jaxstow.save(target, tree, host_memory_limit=4096)
     whole = io.BytesIO()
@@ -186,7 +190,8 @@ def test_a_save_in_pieces_is_checksummed_like_a_whole_one(sink, as_if_on_an_acce
     data = target.getvalue() if isinstance(target, io.BytesIO) else target.buffer.getvalue()
     assert data == whole.getvalue()
     restored = jaxstow.load(io.BytesIO(data))
-    np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(tree["w"]))
+    for name in ("w", "split", "copied"):
+        np.testing.assert_array_equal(np.asarray(restored[name]), np.asarray(tree[name]))
 
 
 @pytest.mark.parametrize("limit", [0, -1, 1.5, True, "1G"])
@@ -195,3 +200,66 @@ def test_a_host_memory_limit_must_be_a_positive_number_of_bytes(tmp_path, limit)
         jaxstow.save(tmp_path / "a.safetensors", {"w": np.ones(2)}, host_memory_limit=limit)
     with pytest.raises(ArgumentError, match="host_memory_limit"):
         jaxstow.CheckpointManager(tmp_path / "run", host_memory_limit=limit)
+
+
+_SHARDED_PEAK = """
+import json, os, sys
+import jax, jax.numpy as jnp, numpy as np
+import jaxstow
+from jaxstow._write import host_budget
+
+host_budget._HOST_PLATFORMS = frozenset()  # the CPU's arrays taken down an accelerator's path
+host_budget._accelerators_present = lambda: True
+
+def peak_kib():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+
+def made(value):
+    split, copied = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)) for axes in (("x",), ()))
+    tree = {f"split{i}": jax.device_put(jnp.full((4096, 1024), value + i, jnp.float32), split) for i in range(4)}
+    tree |= {f"copied{i}": jax.device_put(jnp.full((2048, 1024), value - i, jnp.float32), copied) for i in range(2)}
+    return jax.block_until_ready(tree)
+
+mesh = jax.make_mesh((4,), ("x",))
+tree = made(0)  # 64 MiB split over 4 devices, and 2 parameters of 8 MiB copied on each: 80 MiB to write
+manager = jaxstow.CheckpointManager(sys.argv[1], host_memory_limit=8 << 20)
+manager.save(0, made(-1))  # jax, its threads, the programs that cut pieces and the lock settle first
+manager.wait()
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")  # the peak restarts from what is resident now, the tree included
+before = peak_kib()
+manager.save(1, tree)
+for array in tree.values():
+    array.delete()  # the next step's arrays take the place of these, as a training loop's do
+del tree
+tree = made(100)
+manager.wait()
+extra = (peak_kib() - before) / 1024
+restored = manager.restore(1, as_numpy=True)
+same = all(np.all(restored[f"split{i}"] == i) for i in range(4)) and all(
+    np.all(restored[f"copied{i}"] == -i) for i in range(2)
+)
+print(json.dumps({"extra_mib": extra, "same": same}))
+"""
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="measures the CPU taken as an accelerator")
+def test_arrays_sharded_over_several_devices_are_written_within_the_budget(tmp_path):
+    """Arrays split over 4 devices, and replicated on each, saved under 8 MiB: the save holds at most the budget of
+    them once it returns, so that the caller's next arrays take their place in memory instead of coming beside
+    them. Holding every shard until written would keep the whole 80 MiB with the next step's."""
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SHARDED_PEAK), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+            "MALLOC_MMAP_THRESHOLD_": "1048576",
+        },
+    )
+    measured = json.loads(result.stdout.splitlines()[-1])
+    assert measured["same"]
+    assert measured["extra_mib"] <= 8 + _ALLOWANCE_MIB, measured

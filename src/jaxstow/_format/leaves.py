@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -28,7 +28,7 @@ import numpy as np
 from jaxstow._format.dtypes import checked_shape, dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.held_elsewhere import held_elsewhere, on_own_device
 from jaxstow._format.per_process import check_per_process_entry
-from jaxstow._format.pieces import HostArray
+from jaxstow._format.pieces import Deferred, HostArray
 from jaxstow._format.replicas import Box, Holders, replica_print, share_box
 from jaxstow._format.shard_holders import as_box, holders, holders_digest, shared_by
 from jaxstow._format.sharding_description import check_sharding_description, check_whole_placement, describe_sharding
@@ -38,6 +38,7 @@ from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow.errors import FormatError, ShardingError, UnsaveableObjectError, excerpt
 
 __all__ = [
+    "Deferral",
     "EncodedLeaf",
     "EncodedShard",
     "EncodedValue",
@@ -93,10 +94,14 @@ class EncodedValue:
 
 
 class EncodedShard(NamedTuple):
-    """One stored shard of a sharded array: its entry in the leaf's ``shards`` list and its bytes."""
+    """One stored shard of a sharded array: its entry in the leaf's ``shards`` list and its bytes (or a Deferred)."""
 
     entry: Entry
-    array: np.ndarray
+    array: HostArray
+
+
+#: What takes a shard (on one device) for a save to bring to the host later: a :class:`Deferred`, or ``None``.
+Deferral = Callable[[jax.Array], Deferred | None]
 
 
 class EncodedLeaf(NamedTuple):
@@ -133,8 +138,11 @@ def is_sharded(leaf: Any) -> bool:
     return len(leaf.sharding.device_set) > 1 or not leaf.is_fully_addressable
 
 
-def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf:
-    """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves)."""
+def encode_leaf(path: str, leaf: Any, *, file: str | None = None, defer: Deferral | None = None) -> EncodedLeaf:
+    """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves).
+
+    ``defer`` may take each shard of a sharded array that this process alone holds, to be brought to the host later.
+    """
     # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
     # file stores.
     on_one_device = type(leaf) is np.ndarray or (
@@ -157,7 +165,7 @@ def encode_leaf(path: str, leaf: Any, *, file: str | None = None) -> EncodedLeaf
             stored.entry["impl"] = key_impl_name(leaf.dtype)
             return stored
         if is_sharded(leaf):
-            return _encode_sharded(path, leaf, file=file)
+            return _encode_sharded(path, leaf, file=file, defer=defer)
         return _stored(path, "array", leaf, file)
     if is_tensor(leaf):
         return _stored(path, "torch", tensor_to_numpy(leaf, file=file, path=path), file)
@@ -178,13 +186,14 @@ def key_impl_name(dtype: Any) -> str:
     return str(dtype._impl.name)
 
 
-def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedLeaf:
+def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None, defer: Deferral | None) -> EncodedLeaf:
     """A sharded array as this process's share of its distinct shards, each with its box in the whole array.
 
     A shard held by several processes (replicated) is cut into as many ranges along its first axis long enough, one
     written by each of them, so that they share its writing; a shard held by one process alone is written whole.
     Those that several processes hold are printed (:func:`~jaxstow._format.replicas.replica_print`) for their
-    holders to compare: copies that differ would be saved as a mix of them.
+    holders to compare: copies that differ would be saved as a mix of them. A shard that ``defer`` takes (one that
+    this process alone holds) is brought to the host while written.
     """
     shards = []
     held_by = holders(leaf.sharding, leaf.shape)
@@ -198,15 +207,16 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None) -> EncodedL
     for whole, shard in chosen.items():
         processes = held_by[whole]
         box, within = share_box(whole, processes.index(me), len(processes))
-        data, _ = _host_array(shard.data, path=path, file=file)
-        if len(processes) > 1:
-            prints[tuple(processes)].append(f"{whole}:{replica_print(data)}")
+        stored: HostArray | None = defer(shard.data) if defer is not None and len(processes) == 1 else None
+        if stored is None:
+            data, _ = _host_array(shard.data, path=path, file=file)
+            if len(processes) > 1:
+                prints[tuple(processes)].append(f"{whole}:{replica_print(data)}")
+            stored = data if within is None else np.ascontiguousarray(data[within])
         if box is None:
             continue
-        if within is not None:
-            data = np.ascontiguousarray(data[within])
         name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
-        shards.append(EncodedShard({"tensor": name, "box": [list(axis) for axis in box]}, data))
+        shards.append(EncodedShard({"tensor": name, "box": [list(axis) for axis in box]}, stored))
     shards.sort(key=lambda shard: shard.entry["box"])
     _, dtype = _host_array(np.empty(0, leaf.dtype), path=path, file=file)
     entry: Entry = {"path": path, "kind": "sharded", "dtype": dtype, "shape": list(leaf.shape)}

@@ -227,8 +227,9 @@ def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | N
     deferred = None if hosting is None else hosting.defer(leaf, copy=copy)
     if deferred is not None:
         return EncodedLeaf({"path": path, "kind": "array"}, deferred)
+    shards = None if hosting is None else functools.partial(hosting.defer, copy=copy)  # a sharded array's, each
     try:
-        return encode_leaf(path, leaf, file=file or None)
+        return encode_leaf(path, leaf, file=file or None, defer=shards)
     except RecursionError:  # an object saved by its attributes whose attributes lead back to it
         raise cycle_error(file, path) from None
 
