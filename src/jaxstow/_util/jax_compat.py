@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+from jax.extend.mlir.dialects import stablehlo
 
 from jaxstow.errors import MissingDependencyError
 
@@ -34,9 +35,11 @@ __all__ = [
     "JAX_VERSION",
     "SHIMS",
     "Shim",
+    "device_position",
     "distributed_client",
     "emit_host_callback",
     "lowers_for_one_device",
+    "lowers_per_device",
     "enclosing_vmaps",
     "mapped_by",
     "new_primitive",
@@ -191,15 +194,23 @@ def one_device_sharding(ctx: Any) -> Any:
 
 
 def emit_host_callback(
-    ctx: Any, callback: Callable[..., Sequence[Any]], operands: Sequence[Any], *, has_side_effect: bool = False
+    ctx: Any,
+    callback: Callable[..., Sequence[Any]],
+    operands: Sequence[Any],
+    *,
+    has_side_effect: bool = False,
+    operand_avals: Sequence[Any] | None = None,
 ) -> Sequence[Any]:
     """Emit XLA's Python host callback of ``callback`` on ``operands`` in the lowering rule's context ``ctx``.
 
     As ``jax.pure_callback`` emits it (free of side effects for XLA unless ``has_side_effect``) and run on one device,
-    but without its copy of every operand to the CPU device; returns its results. ``returns_token=False`` from jax 0.8.2 on (before, it
-    returns no token unless given one).
+    but without its copy of every operand to the CPU device; returns its results. ``operand_avals``: those of
+    ``operands``, where they are not the rule's own (``ctx.avals_in``). ``returns_token=False`` from jax 0.8.2 on
+    (before, it returns no token unless given one).
     """
     emit = EMIT_PYTHON_CALLBACK.resolve()
+    if operand_avals is not None:
+        ctx = dataclasses.replace(ctx, avals_in=list(operand_avals))
     extra = {"returns_token": False} if JAX_VERSION >= (0, 8, 2) else {}
     results, _, _ = emit(
         ctx,
@@ -219,6 +230,18 @@ def lowers_for_one_device(ctx: Any) -> bool:
     """Whether the lowering rule's context ``ctx`` lowers a computation that runs on one device (not sharded over
     several, nor per device under ``shard_map`` or ``pmap``)."""
     return getattr(ctx.module_context.axis_context, "num_devices", None) == 1
+
+
+def lowers_per_device(ctx: Any) -> bool:
+    """Whether the lowering rule's context ``ctx`` lowers a computation that each device runs on its own share
+    (inside ``shard_map``, or ``pmap``, which jax lowers as one): a host callback there runs once per device."""
+    return bool(getattr(ctx.module_context.axis_context, "manual_axes", None))
+
+
+def device_position() -> list[Any]:
+    """The device's replica and partition numbers (uint32), as values of the computation a lowering rule emits:
+    together they tell apart the devices that run a computation lowered per device."""
+    return [stablehlo.ReplicaIdOp().result, stablehlo.PartitionIdOp().result]
 
 
 def enclosing_vmaps() -> list[tuple[Any, int]]:

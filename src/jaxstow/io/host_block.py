@@ -45,8 +45,8 @@ from jaxstow.io import xla_ffi
 
 __all__ = ["send_block"]
 
-#: ``receive(numbers, *leaves)`` on the host, with numpy arrays valid during the call; answers int32 of shape
-#: ``numbers.shape[1:]``.
+#: ``receive(numbers, *leaves)`` on the host, with numpy arrays valid during the call (and ``device=``, the device's
+#: place, where each device of a ``shard_map`` or ``pmap`` calls it); answers int32 of shape ``numbers.shape[1:]``.
 Receive = Callable[..., np.ndarray]
 
 _send_block_p = jax_compat.new_primitive("jaxstow_send_block")
@@ -81,10 +81,24 @@ def _call_now(numbers: Any, *leaves: Any, receive: Receive, **_: Any) -> jax.Arr
 
 
 def _lower_copied(ctx: Any, *operands: Any, receive: Receive, side_effect: bool, owner: Any) -> Any:
-    """The block copied to the host by XLA (any platform)."""
+    """The block copied to the host by XLA (any platform). Where each device calls it (``shard_map``, ``pmap``),
+    ``receive`` also gets the device's place among them, ``device=(replica, partition)``."""
     del owner  # jax keeps the callback with the program
+    if not jax_compat.lowers_per_device(ctx):
+        return jax_compat.emit_host_callback(
+            ctx, lambda *arrays: (receive(*arrays),), operands, has_side_effect=side_effect
+        )
+
+    def call(replica: np.ndarray, partition: np.ndarray, *arrays: np.ndarray) -> tuple[np.ndarray]:
+        return (receive(*arrays, device=(int(replica), int(partition))),)
+
+    position = jax_compat.shaped_array((), np.uint32)
     return jax_compat.emit_host_callback(
-        ctx, lambda *arrays: (receive(*arrays),), operands, has_side_effect=side_effect
+        ctx,
+        call,
+        [*jax_compat.device_position(), *operands],
+        has_side_effect=side_effect,
+        operand_avals=[position, position, *ctx.avals_in],
     )
 
 

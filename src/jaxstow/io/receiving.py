@@ -16,6 +16,7 @@ import functools
 import itertools
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format.leaves import KeyData
 from jaxstow.errors import CollectorError, failed
 from jaxstow.io import host_buffers
-from jaxstow.io.batching import shared_chains, shared_state_error
+from jaxstow.io.batching import STATE_PER_CHAIN, shared_chains, shared_state_error
 from jaxstow.io.collector import (
     ChainCheckpoint,
     DataCollector,
@@ -49,6 +50,8 @@ _HOSTS: weakref.WeakValueDictionary[int, Receiver] = weakref.WeakValueDictionary
 _PENDING_DELIVERIES = 4
 
 Block = tuple[int, int, Sequence[np.ndarray]]  # chain id, index of the first row, the rows of each leaf
+#: The place of the device that sent a callback (replica, partition) where each device of a run sends its own.
+Device = tuple[int, int] | None
 
 
 def ring_pieces(first: int, fill: int, row: int, ring: int) -> list[tuple[int, slice]]:
@@ -86,7 +89,7 @@ def routed(method: str, *first: Any) -> Callable[..., np.ndarray]:
     ``postprocess_save`` (:func:`strategy_gone`), not by a failure of the run outside jaxstow's errors.
     """
 
-    def call(numbers: np.ndarray, *arrays: Any) -> np.ndarray:
+    def call(numbers: np.ndarray, *arrays: Any, device: Device = None) -> np.ndarray:
         strategies: np.ndarray = np.asarray(numbers)[0]
         if not strategies.size:  # no chain: nothing to hand over
             return strategies.astype(np.int32)
@@ -94,7 +97,7 @@ def routed(method: str, *first: Any) -> Callable[..., np.ndarray]:
         if host is None:  # its state outlived it: postprocess_save refuses the state, with nothing of it kept
             token: np.ndarray = np.asarray(numbers)[1].astype(np.int32)
             return token
-        answer: np.ndarray = getattr(host, method)(*first, numbers, *arrays)
+        answer: np.ndarray = getattr(host, method)(*first, numbers, *arrays, device=device)
         return answer
 
     return call
@@ -119,6 +122,9 @@ class Receiver:
         #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
         self.starts: dict[int, int] = {}
         self.failures: dict[int, tuple[str, BaseException]] = {}
+        #: Per live chain and first row of a block, the block's rows, their checksum and the device that sent them
+        #: first, where each device of the run sends its own blocks.
+        self.device_blocks: dict[int, dict[int, tuple[int, int, tuple[int, int]]]] = {}
         self.checkpoint_spec: Any = None
         self.key_data = stores_key_data(collector)
         #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
@@ -134,21 +140,24 @@ class Receiver:
         """The collector's class name, for messages."""
         return type(self.collector).__name__
 
-    def receive(self, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any = None) -> np.ndarray:
+    def receive(
+        self, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any = None, device: Device = None
+    ) -> np.ndarray:
         """The callback of a program that checkpoints every ``checkpoint_every`` steps: hand the blocks to the
         collector (or queue copies of them), and answer with the token.
 
         ``numbers`` holds each chain's strategy, token (its id), samples sent before its block, rows in its block and
-        the ring row after them (see :func:`ring_pieces`). A checkpoint is taken before the callback returns, after every
-        block before it: the host's state (a data loader's position) must be read at this step, and the run must not
-        go on before its checkpoint is stored.
+        the ring row after them (see :func:`ring_pieces`); ``device`` the place of the device that sends them, where
+        each device sends its own (see :meth:`_same_on_every_device`). A checkpoint is taken before the callback
+        returns, after every block before it: the host's state (a data loader's position) must be read at this step,
+        and the run must not go on before its checkpoint is stored.
         """
         table = np.array(numbers)  # a copy: the arguments are the run's memory
         strategies, chain_ids = table[0], table[1]
         # Each chain's numbers as Python ints, in one call: the loops over chains read nothing of numpy's.
         each_strategy, each_chain, each_first, each_fill, each_row = table.reshape(len(table), -1).tolist()
         if any(strategy != self.number for strategy in each_strategy):
-            return self._forward(strategies, checkpoint_every, numbers, buffer, checkpoint)
+            return self._forward(strategies, checkpoint_every, numbers, buffer, checkpoint, device)
         token: np.ndarray = chain_ids.astype(np.int32)
         if problem := self._traced_otherwise(checkpoint_every, checkpoint):
             self._refuse_program(chain_ids, problem)
@@ -157,6 +166,8 @@ class Receiver:
         chains = len(each_chain)  # not -1: a leaf of no element has no size to tell it
         rings = [leaf.reshape(chains, *leaf.shape[chain_ids.ndim :]) for leaf in leaves]  # the chains on one axis
         rounds = self._blocks(each_chain, each_first, each_fill, each_row, rings)
+        if device is not None:
+            self._same_on_every_device(rounds, device)
         if self.at_once:
             self._hand_over(rounds)
         else:
@@ -171,7 +182,7 @@ class Receiver:
         return token
 
     def _forward(
-        self, strategies: np.ndarray, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any
+        self, strategies: np.ndarray, checkpoint_every: int, numbers: Any, buffer: Any, checkpoint: Any, device: Device
     ) -> np.ndarray:
         """Hand the blocks of another strategy's saving state to that strategy's host: the function that runs the
         chains calls the save of an earlier ``io.save``, which jax keeps with a function it traced once (a notebook
@@ -179,7 +190,7 @@ class Receiver:
         owners = {int(number) for number in strategies.flat}
         owner = _HOSTS.get(owners.pop())
         if not owners and owner is not None:
-            return owner.receive(checkpoint_every, numbers, buffer, checkpoint)
+            return owner.receive(checkpoint_every, numbers, buffer, checkpoint, device)
         chain_ids = np.array(numbers)[1]
         for index in np.ndindex(chain_ids.shape):  # states of several strategies stacked: none gets the blocks
             host = _HOSTS.get(int(strategies[index]))
@@ -192,17 +203,37 @@ class Receiver:
         token: np.ndarray = chain_ids.astype(np.int32)
         return token
 
-    def receive_block(self, checkpoint_every: int, numbers: np.ndarray, *leaves: np.ndarray) -> np.ndarray:
+    def receive_block(
+        self, checkpoint_every: int, numbers: np.ndarray, *leaves: np.ndarray, device: Device = None
+    ) -> np.ndarray:
         """The callback of blocks without a checkpoint."""
-        return self.receive(checkpoint_every, numbers, leaves)
+        return self.receive(checkpoint_every, numbers, leaves, device=device)
 
     def receive_checkpoint(
-        self, checkpoint_every: int, layout: PyTreeDef, numbers: np.ndarray, *leaves: np.ndarray
+        self, checkpoint_every: int, layout: PyTreeDef, numbers: np.ndarray, *leaves: np.ndarray, device: Device = None
     ) -> np.ndarray:
         """The callback of blocks with a checkpoint: the leaves of ``(buffer, checkpoint)``, whose structure
         ``layout`` is, as the program that sends them traced it."""
         buffer, checkpoint = layout.unflatten(leaves)
-        return self.receive(checkpoint_every, numbers, buffer, checkpoint)
+        return self.receive(checkpoint_every, numbers, buffer, checkpoint, device)
+
+    def _same_on_every_device(self, rounds: list[list[Block]], device: tuple[int, int]) -> None:
+        """Note each block's rows (their checksum) and the device that sent them; a chain whose rows come from two
+        devices that differ fails: its saving state went to each device whole (``pmap`` with ``in_axes=None``,
+        ``shard_map`` with the spec ``P()``), so that their samples would mix in it. Devices that send the same rows
+        (a chain replicated along a mesh axis its sampler does not split) store them twice, as one."""
+        for chain_id, first, values in itertools.chain.from_iterable(rounds):
+            rows = len(values[0]) if values else 0
+            checksum = functools.reduce(lambda crc, leaf: zlib.crc32(np.ascontiguousarray(leaf).data, crc), values, 0)
+            sent = self.device_blocks.setdefault(chain_id, {}).setdefault(first, (rows, checksum, device))
+            if sent[2] != device and sent[:2] != (rows, checksum):  # from one device, a block may come again
+                error = CollectorError(
+                    f"the saving state of chain {chain_id} went to several devices (jax.pmap with in_axes=None for "
+                    "it, or jax.shard_map with in_specs=P() for it), which sent other samples as that chain's (rows "
+                    f"{first}..{first + rows - 1}), so that they would mix in it: split the states over the devices "
+                    f"as the chains are, one per chain (in_axes=0, or P(axis) with the chains' axis); {STATE_PER_CHAIN}"
+                )
+                self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
 
     def _traced_otherwise(self, checkpoint_every: int, checkpoint: Any) -> str:
         """What the program sending a callback, traced with the ``save`` of a strategy (this one, or one made before

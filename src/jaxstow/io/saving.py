@@ -253,6 +253,7 @@ class _Streaming:
         chain_id = registered_chain(self.collector, init_sample, init_checkpoint, information, taken=self.host.live)
         self.host.live[chain_id] = information.samples_collected
         self.host.failures.pop(chain_id, None)  # of a state of an earlier run, used again
+        self.host.device_blocks.pop(chain_id, None)
         self.host.checkpoint_spec = checkpoint_spec
         self.host.key_impls = [
             (jax.random.key_impl(leaf), key_impl_name(leaf.dtype)) if is_key(leaf) else None
@@ -335,6 +336,7 @@ class _Streaming:
             results.append({"sample_count": jnp.asarray(count), "samples": chain_samples})
             released(self.collector, chain_id)
             del host.live[chain_id]
+            host.device_blocks.pop(chain_id, None)
         return results[0] if np.ndim(state.chain_id) == 0 else results
 
     # -- inside jit ----------------------------------------------------------------------------------------------
