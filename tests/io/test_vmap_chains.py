@@ -216,3 +216,10 @@ def test_no_save_refuses_moved_chains_where_the_room_is_as_long_as_the_chains(ch
     moved_back = jax.tree.map(lambda leaf: jnp.moveaxis(leaf, -1, 0), final)
     for chain, result in enumerate(postprocess_save(moved_back, None)):
         np.testing.assert_array_equal(np.asarray(result["samples"]["x"]), 10.0 * chain + np.arange(float(chains)))
+
+
+def test_a_stacked_state_stepped_outside_vmap_with_stacked_samples_is_refused(collector) -> None:
+    init_save, save, _ = io.save(collector, block_size=4)
+    states = jax.vmap(lambda _: init_save(SAMPLE, None, INFORMATION))(jnp.arange(CHAINS))
+    with pytest.raises(ArgumentError, match=r"leaf 'x' has the shape \[4, 2\], the chains' axes \[4\] .*jax\.vmap"):
+        save(states, jnp.ones(CHAINS, bool), {"x": jnp.ones((CHAINS, 2))})

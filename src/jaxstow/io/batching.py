@@ -100,6 +100,20 @@ def row_spec(buffer: Any, chain_ndim: int) -> Any:
     return jax.tree.map(lambda leaf: _shape_dtype(leaf.shape[chain_ndim + 1 :], leaf.dtype), buffer)
 
 
+def refuse_chain_axes(sample: Any, spec: Any, chains: tuple[int, ...]) -> None:
+    """An :class:`~jaxstow.errors.ArgumentError` if a leaf of ``sample`` is ``spec``'s led by the ``chains`` axes of a
+    saving state of several chains: ``save`` takes each chain's own sample, as ``jax.vmap`` over the chains gives it."""
+    paths, leaves, _ = flatten_with_paths(sample)
+    for path, leaf, wanted in zip(paths, leaves, jax.tree.leaves(spec), strict=False):
+        if chains and np.shape(leaf) == (*chains, *wanted.shape):
+            raise ArgumentError(
+                f"sample leaf {path!r} has the shape {list(np.shape(leaf))}, the chains' axes {list(chains)} of the "
+                f"saving state before each chain's {list(wanted.shape)}: save takes one chain's sample and state, so "
+                "call it under jax.vmap over the chains, jax.vmap(save)(states, keep, samples), as the run that "
+                "steps them does"
+            )
+
+
 def conform(value: Any, spec: Any, *, what: str, hint: str = "") -> Any:
     """``value`` checked against ``spec`` (structure and shapes) and cast to its dtypes; ``hint`` says what to do
     when the structure differs.

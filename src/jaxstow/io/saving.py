@@ -39,6 +39,7 @@ from jaxstow.io.batching import (
     chain_polymorphic,
     conform,
     keep_flags,
+    refuse_chain_axes,
     row_spec,
     shared_chains,
     shared_state_error,
@@ -358,7 +359,9 @@ class _Streaming:
         refuse_missing_chains = getattr(self.collector, "refuse_missing_chains", None)
         if callable(refuse_missing_chains):  # a stopped run continued with fewer chains: refused before it computes
             refuse_missing_chains()
-        sample = conform(sample, row_spec(saving_state.buffer, np.ndim(saving_state.chain_id)), what="sample")
+        spec = row_spec(saving_state.buffer, np.ndim(saving_state.chain_id))
+        refuse_chain_axes(sample, spec, np.shape(saving_state.chain_id))
+        sample = conform(sample, spec, what="sample")
         sample = jax.lax.stop_gradient(sample)
         keep = keep_flags(keep, np.shape(saving_state.chain_id))
         checkpoint = None
