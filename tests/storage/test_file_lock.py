@@ -11,11 +11,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import jaxstow
 from jaxstow._storage.lock import LOCK_NAME, FileLock, Holder, LocalLock
-from jaxstow.errors import CheckpointError, JaxstowError
+from jaxstow.errors import CheckpointError, JaxstowError, PathError
 from jaxstow.io.swmr import WriterLock
 
 SOURCES = str(Path(jaxstow.__file__).parents[1])
@@ -117,3 +118,33 @@ def test_a_holder_that_gives_up_leaves_the_lock_file_as_found(tmp_path: Path) ->
     assert new.found == b"" and new.previous is None
     new.release(as_found=True)  # nothing was found: nothing is left
     assert not os.path.exists(path)
+
+
+def test_a_lock_file_that_is_a_link_is_refused_and_what_it_leads_to_is_left_as_it_was(tmp_path: Path) -> None:
+    run, notes = tmp_path / "run", tmp_path / "notes.txt"
+    run.mkdir()
+    notes.write_text("my notes\n")
+    (run / LOCK_NAME).symlink_to(notes)
+    manager = jaxstow.CheckpointManager(run)
+    with pytest.raises(PathError, match=r"is a link to .*notes\.txt: the lock's holder is written into") as caught:
+        manager.save(1, {"w": np.zeros(2)})
+    manager.close()
+    assert caught.value.file == str(run / LOCK_NAME) and f"rm '{run / LOCK_NAME}'" in str(caught.value)
+    samples = tmp_path / "samples.h5"
+    Path(f"{samples}.lock").symlink_to(notes)
+    with pytest.raises(PathError, match=r"samples\.h5\.lock: is a link to .*notes\.txt"):
+        WriterLock(samples)
+    assert notes.read_text() == "my notes\n" and (run / LOCK_NAME).is_symlink() and Path(f"{samples}.lock").is_symlink()
+
+
+def test_a_lock_file_with_another_name_elsewhere_is_refused(tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    (tmp_path / "run").mkdir()
+    os.link(notes, tmp_path / "run" / LOCK_NAME)
+    with pytest.raises(PathError, match=r"is a file with 2 names \(hard links\), the others elsewhere"):
+        LocalLock(str(tmp_path / "run"))
+    os.mkfifo(tmp_path / "fifo.lock")
+    with pytest.raises(PathError, match=r"fifo\.lock: is a FIFO \(a named pipe\), not a regular file"):
+        FileLock(str(tmp_path / "fifo.lock"), _refused)
+    assert notes.read_text() == "my notes\n"

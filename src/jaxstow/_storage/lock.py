@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.lock_file import open_lock_file
 from jaxstow._storage.pid_space import pid_space
 from jaxstow._storage.remote import storage_errors
 from jaxstow._storage.small_reads import read_small
@@ -215,7 +216,7 @@ class FileLock:
 def _take(path: str, held: Callable[[Holder | None], JaxstowError]) -> int:
     """The descriptor of the lock file at ``path``, locked; a lock held by another process raises ``held(holder)``."""
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = open_lock_file(path)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
