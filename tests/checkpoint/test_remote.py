@@ -310,3 +310,18 @@ def test_a_record_damaged_on_its_way_is_read_again_not_taken_for_a_damaged_step(
             flaky = {**options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
             assert restore(CheckpointManager(url, storage_options=flaky))["w"][0] == 2.0
         assert proxy.faults["flip"] == 1
+
+
+def test_a_writer_refused_by_a_damaged_record_leaves_no_lock(remote):
+    url, options = remote
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, {"w": np.zeros(2)})
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    fs.pipe_file(f"{root}/1/checkpoint.json", b"{")
+    manager = CheckpointManager(url, storage_options=options)
+    with pytest.raises(jaxstow.errors.FormatError, match="the marker is not a JSON") as caught:
+        manager.save(2, {"w": np.ones(2)})
+    manager.close()
+    fs.invalidate_cache()
+    # No writer holds it, while the error is kept (its traceback, as a notebook keeps it): the next one starts.
+    assert not fs.exists(f"{root}/{LOCK_NAME}") and caught.value.file == f"{url}/1/checkpoint.json"

@@ -27,7 +27,11 @@ class WriterLock:
     def __init__(self, store: Store, leftover: Callable[[str], bool]) -> None:
         self._lock = lock_store(store)
         self.pid = os.getpid()
-        removed = store.cleanup(leftover)
+        try:
+            removed = store.cleanup(leftover)
+        except BaseException:  # a folder it cannot clean up (a damaged record): no writer holds the lock then
+            self._lock.release()
+            raise
         if removed:
             logger.info("%s: removed leftovers of interrupted saves: %s", store.location, ", ".join(removed))
 
