@@ -137,3 +137,9 @@ def test_a_record_naming_files_outside_its_step_is_refused_naming_the_field_and_
         + (shown)
         in str(caught.value)
     )
+
+
+def test_a_record_naming_a_file_with_a_nul_is_damaged(run):
+    _forge(run, 2, files={"w": "w\0.safetensors"}, headers=None)  # as in a record of version 1, which has none
+    with pytest.raises(CorruptFileError, match=r"2/checkpoint\.json: the step record lacks a field .*'files' is"):
+        CheckpointManager(run).restore(2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -18,7 +19,7 @@ from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._storage.lock import LOCK_NAME, Holder
 from jaxstow._storage.recent import RECENT
 from jaxstow._storage.remote import RemoteSource
-from jaxstow.errors import CheckpointError, CorruptFileError, StorageError
+from jaxstow.errors import CheckpointError, CorruptFileError, FormatError, StorageError
 
 
 @pytest.fixture(params=["memory", "s3"])
@@ -319,9 +320,39 @@ def test_a_writer_refused_by_a_damaged_record_leaves_no_lock(remote):
     fs, root = fsspec.core.url_to_fs(url, **options)
     fs.pipe_file(f"{root}/1/checkpoint.json", b"{")
     manager = CheckpointManager(url, storage_options=options)
-    with pytest.raises(jaxstow.errors.FormatError, match="the marker is not a JSON") as caught:
+    with pytest.raises(FormatError, match="the marker is not a JSON") as caught:
         manager.save(2, {"w": np.ones(2)})
     manager.close()
     fs.invalidate_cache()
     # No writer holds it, while the error is kept (its traceback, as a notebook keeps it): the next one starts.
     assert not fs.exists(f"{root}/{LOCK_NAME}") and caught.value.file == f"{url}/1/checkpoint.json"
+
+
+def test_a_record_naming_a_file_outside_its_step_is_refused_by_the_next_writer(remote):
+    url, options = remote
+    with CheckpointManager(url, storage_options=options) as manager:
+        manager.save(1, {"w": np.zeros(2)})
+        manager.save(2, {"w": np.ones(2)})
+    fs, root = fsspec.core.url_to_fs(url, **options)
+    record = json.loads(fs.cat_file(f"{root}/1/checkpoint.json"))
+    record["files"]["w"] = "../2/w.safetensors"  # what cleaning up step 1's leftovers would keep, or delete beside
+    fs.pipe_file(f"{root}/1/checkpoint.json", json.dumps(record).encode())
+    with (
+        CheckpointManager(url, storage_options=options) as manager,
+        pytest.raises(FormatError, match=r"names '\.\./2/w\.safetensors', which leads outside the folder") as caught,
+    ):
+        manager.save(3, {"w": np.ones(2)})
+    assert caught.value.file == f"{url}/1/checkpoint.json"
+    np.testing.assert_array_equal(CheckpointManager(url, storage_options=options).restore(2)["w"], np.ones(2))
+
+
+def test_recent_changes_naming_a_folder_outside_the_run_are_not_read(caplog):
+    url = f"memory://jaxstow-tests/run-{uuid.uuid4().hex[:8]}"
+    with CheckpointManager(url) as manager:
+        manager.save(1, {"w": np.zeros(2)})
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.pipe_file(f"{root}/{RECENT}", json.dumps({"changes": [["1", True], ["../elsewhere", None]]}).encode())
+    with CheckpointManager(url) as manager, caplog.at_level("WARNING", logger="jaxstow"):
+        manager.save(2, {"w": np.ones(2)})
+        assert manager.steps() == [1, 2]
+    assert "names '../elsewhere', which leads outside the folder" in caplog.text

@@ -35,6 +35,7 @@ import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
 from jaxstow._read.orbax_files import check_folder
+from jaxstow._storage.member_names import is_member_name
 from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, excerpt
@@ -202,7 +203,7 @@ def read_step(path: str) -> tuple[Any, Any]:
     for name, handler in sorted(handlers.items()):
         kind = str(handler).rpartition(".")[2]
         where = os.path.join(path, name)
-        if name in ("", ".", "..") or "/" in name or os.sep in name or not os.path.isdir(where):
+        if not is_member_name(name) or not os.path.isdir(where):
             raise FormatError(
                 f"names the item {excerpt(name)}, which is no folder of the step: orbax keeps each item in a folder "
                 "of the step named after it",

@@ -47,6 +47,7 @@ from jaxstow._read.folder_members import (
 from jaxstow._read.numbered_shards import refuse_missing_shards, refuse_unnamed_shards
 from jaxstow._read.slicing import full_box
 from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._storage.member_names import is_member_name
 from jaxstow._storage.opening import Location, locate
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.gc_pause import with_gc_paused
@@ -224,7 +225,7 @@ def _shard_name(name: str) -> bool:
         name.endswith(".safetensors")
         and not name.startswith(".")
         and len(encoded) <= _MAX_NAME_BYTES
-        and not any(character in name for character in "/\\\0")
+        and is_member_name(name)
     )
 
 

@@ -34,6 +34,7 @@ from jaxstow._format.native_or_npz import FORMAT_VERSION
 from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._storage.marker_limit import MAX_MARKER_BYTES
+from jaxstow._storage.member_names import is_member_name
 from jaxstow._version import __version__
 from jaxstow.errors import (
     ArgumentError,
@@ -108,11 +109,6 @@ def check_metadata(metadata: Any, *, step: int) -> dict[str, Any] | None:
             "(16 MiB) a step's metadata may take: save large data as an item of the step"
         )
     return cast(dict[str, Any], copy.deepcopy(metadata))
-
-
-def _is_plain_name(name: object) -> bool:
-    """Whether ``name`` is a file name inside the step's folder, never a path out of it."""
-    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
 
 
 @dataclass(frozen=True)
@@ -192,7 +188,7 @@ class StepRecord:
             (
                 "files",
                 lambda: (
-                    isinstance(files, dict) and all(isinstance(k, str) and _is_plain_name(v) for k, v in files.items())
+                    isinstance(files, dict) and all(isinstance(k, str) and is_member_name(v) for k, v in files.items())
                 ),
                 "a dict of item names to names of files in the step's folder",
             ),
@@ -210,7 +206,7 @@ class StepRecord:
                 lambda: (
                     isinstance(parts, dict)
                     and all(
-                        item in files and isinstance(names, list) and all(map(_is_plain_name, names))
+                        item in files and isinstance(names, list) and all(map(is_member_name, names))
                         for item, names in parts.items()
                     )
                 ),

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from jaxstow._storage.member_names import check_member_name
 from jaxstow._storage.remote import storage_errors
 from jaxstow._storage.small_reads import read_small
 from jaxstow._storage.transfer import Transfer
@@ -56,8 +57,8 @@ def recent_changes(fs: Any, path: str, *, url: str, transfer: Transfer) -> dict[
             return {}
     try:
         changes = json.loads(data)["changes"]
-        return {str(name): None if change is None else bool(change) for name, change in changes}
-    except (ValueError, RecursionError, KeyError, TypeError) as error:
+        return {check_member_name(name, file=url): None if change is None else bool(change) for name, change in changes}
+    except (ValueError, RecursionError, KeyError, TypeError) as error:  # a FormatError is a ValueError
         logger.warning("%s: not a list of changes (%s); the listing alone is read", url, error)
         return {}
 

@@ -35,6 +35,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.leftovers import removing
 from jaxstow._storage.marker_limit import refuse_large_marker
+from jaxstow._storage.member_names import check_member_name
 from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change, note_change, recent_changes, reconciled
 from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
@@ -86,7 +87,7 @@ def _marked_files(marker: bytes, *, where: str) -> set[str]:
             names.update(part_files)
     except (ValueError, RecursionError, KeyError, TypeError, AttributeError) as error:
         raise FormatError(f"the marker is not a JSON object with a 'files' entry ({error})", file=where) from None
-    return names
+    return {check_member_name(name, file=where) for name in names}
 
 
 class RemoteStore:

@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
 from jaxstow._storage.folders import LocalStore
+from jaxstow._storage.member_names import is_member_name
 from jaxstow._storage.opening import open_source
 from jaxstow._storage.peers import PeerTransport
 from jaxstow._storage.sources import SourceBase
@@ -84,7 +85,7 @@ def serve_files(transport: PeerTransport, locate: Locate) -> None:
 
 
 def _plain(file: Any) -> str:
-    if not isinstance(file, str) or file in ("", ".", "..") or any(c in file for c in "/\\\0"):
+    if not is_member_name(file):
         raise ValueError(f"{file!r} is not the name of a file in a step's folder")
     return file
 

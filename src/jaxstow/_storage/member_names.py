@@ -1,0 +1,42 @@
+r"""Names read from a file that name files or folders of one folder: plain names in it, never paths out of it.
+
+A step's record names its item files, a store's marker and ``.jaxstow-writing`` the files of their folder, a store's
+``.jaxstow-recent.json`` the folders of its run, an index or an orbax step its files and item folders. A folder
+made elsewhere is untrusted input, and ``..``, a folder separator (``/`` or ``\``), an absolute path or a NUL in
+such a name would lead a read, a write or a deletion outside the folder, so such a name is refused wherever it is
+read, with an error naming the file that holds it.
+
+>>> is_member_name("params.safetensors"), is_member_name("../2/params.safetensors"), is_member_name("..\\x")
+(True, False, False)
+>>> check_member_name("../../elsewhere", file="s3://bucket/run/3/checkpoint.json")
+Traceback (most recent call last):
+...
+jaxstow.errors.FormatError: s3://bucket/run/3/checkpoint.json: names '../../elsewhere', which leads outside the folder: ...
+"""
+
+from __future__ import annotations
+
+from typing import TypeGuard
+
+from jaxstow.errors import FormatError, excerpt
+
+__all__ = ["check_member_name", "is_member_name"]
+
+
+def is_member_name(name: object) -> TypeGuard[str]:
+    """Whether ``name`` names a file or folder in a folder: a non-empty string, not ``.`` or ``..``, without ``/``,
+    ``\\`` or NUL."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
+def check_member_name(name: object, *, file: str) -> str:
+    """``name``, read from ``file``, if :func:`is_member_name`; a :class:`~jaxstow.errors.FormatError` naming
+    ``file``, the name and that it leads outside the folder else."""
+    if is_member_name(name):
+        return name
+    raise FormatError(
+        f"names {excerpt(name)}, which leads outside the folder: a file names another of its folder by its name "
+        "alone, without '/', '\\', '..' or a NUL; the file is damaged or was made to reach elsewhere: do not use "
+        "this folder, or delete the file that holds the name",
+        file=file,
+    )
