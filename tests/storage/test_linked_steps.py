@@ -1,5 +1,6 @@
 """A step folder that is a link (a step archived on another disk and linked back into the run's folder): it restores
-as any step, and the keep policy that prunes it removes the link, never what it points to, and saves on."""
+as any step, and the keep policy that prunes it removes the link, never what it points to, and saves on. An item file
+that is a link is read only where it leads within its step's folder."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
 from jaxstow import CheckpointManager, KeepPolicy
+from jaxstow.errors import PathError
 
 
 def test_a_linked_step_pruned_loses_its_link_and_keeps_its_archive(tmp_path):
@@ -28,3 +31,17 @@ def test_a_linked_step_pruned_loses_its_link_and_keeps_its_archive(tmp_path):
     assert sorted(os.listdir(archive / "1")) == ["checkpoint.json", "w.safetensors"]
     with CheckpointManager(archive.parent / "archive") as archived:
         np.testing.assert_array_equal(archived.restore(1)["w"], np.full(2, 1.0))
+
+
+def test_an_item_file_linked_outside_its_step_is_refused_and_one_linked_inside_is_read(tmp_path):
+    run = tmp_path / "run"
+    with CheckpointManager(run) as manager:
+        manager.save(1, {"w": np.arange(2.0)})
+    os.rename(run / "1" / "w.safetensors", tmp_path / "elsewhere.safetensors")
+    os.symlink(tmp_path / "elsewhere.safetensors", run / "1" / "w.safetensors")
+    with pytest.raises(PathError, match=r"w\.safetensors: is a link to .*elsewhere\.safetensors, outside the step's"):
+        CheckpointManager(run).restore(1)
+    os.rename(tmp_path / "elsewhere.safetensors", run / "1" / "kept.safetensors")
+    os.unlink(run / "1" / "w.safetensors")
+    os.symlink("kept.safetensors", run / "1" / "w.safetensors")
+    np.testing.assert_array_equal(CheckpointManager(run).restore(1)["w"], np.arange(2.0))

@@ -32,6 +32,7 @@ import re
 import stat
 from collections.abc import Callable
 
+from jaxstow._storage.member_names import is_inside
 from jaxstow._storage.opening import Location, refuse_options
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sources import LocalFile
@@ -154,7 +155,7 @@ def open_local_member(folder: str, name: str, shown: str, settings: StorageSetti
     real_folder = os.path.realpath(folder)
     resolved = os.path.realpath(os.path.join(folder, name))
     blobs = hub_blobs(real_folder)
-    if not any(_inside(resolved, root) for root in (real_folder, blobs) if root is not None):
+    if not any(is_inside(resolved, root) for root in (real_folder, blobs) if root is not None):
         within = "the folder and the cache's blobs" if blobs else "the folder"
         raise PathError(
             f"is a link to {resolved}, outside the folder: a folder's files are read only within {within}; copy the "
@@ -183,7 +184,7 @@ def hub_blobs(real_folder: str) -> str | None:
             repository = os.path.realpath(os.sep.join(parts[:at]))
             blobs = os.path.join(repository, "blobs")
             resolved = os.path.realpath(blobs)
-            if os.path.islink(blobs) or not _inside(resolved, repository):
+            if os.path.islink(blobs) or not is_inside(resolved, repository):
                 raise PathError(
                     f"is a link to {resolved}: the blobs of a Hugging Face cache's repository are a folder of the "
                     "repository's own, so no file of its snapshots is read through this one",
@@ -191,10 +192,6 @@ def hub_blobs(real_folder: str) -> str | None:
                 )
             return resolved
     return None
-
-
-def _inside(path: str, root: str) -> bool:
-    return path != root and os.path.commonpath([path, root]) == root
 
 
 class Budget:

@@ -30,8 +30,9 @@ from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.marker_limit import MAX_MARKER_BYTES, refuse_large_marker
+from jaxstow._storage.member_names import is_inside
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import CheckpointError, NotAFolderError, PathNotFoundError
+from jaxstow.errors import CheckpointError, NotAFolderError, PathError, PathNotFoundError
 
 __all__ = ["LocalStaging", "LocalStore", "make_folder", "remove_leftovers"]
 
@@ -151,7 +152,14 @@ class LocalStore:
         a local file is read where it is.
         """
         del header, whole
-        return LocalFile(self.path(name, file), name=self.url(name, file))
+        real_folder, resolved = os.path.realpath(self.path(name)), os.path.realpath(self.path(name, file))
+        if not is_inside(resolved, real_folder):
+            raise PathError(
+                f"is a link to {resolved}, outside the step's folder: a step's files are read only within it (a step "
+                "folder that is a link is read where it leads); copy the file into the step's folder if you trust it",
+                file=self.url(name, file),
+            )
+        return LocalFile(resolved, name=self.url(name, file), follow=False)
 
     def stage(self, name: str, *, replace: bool, token: str | None = None) -> LocalStaging:
         """Start writing folder ``name`` under a temporary name.

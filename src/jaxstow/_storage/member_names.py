@@ -4,7 +4,8 @@ A step's record names its item files, a store's marker and ``.jaxstow-writing`` 
 ``.jaxstow-recent.json`` the folders of its run, an index or an orbax step its files and item folders. A folder
 made elsewhere is untrusted input, and ``..``, a folder separator (``/`` or ``\``), an absolute path or a NUL in
 such a name would lead a read, a write or a deletion outside the folder, so such a name is refused wherever it is
-read, with an error naming the file that holds it.
+read, with an error naming the file that holds it. :func:`is_inside` tells whether a path, its links followed, stays
+in its folder.
 
 >>> is_member_name("params.safetensors"), is_member_name("../2/params.safetensors"), is_member_name("..\\x")
 (True, False, False)
@@ -16,11 +17,12 @@ jaxstow.errors.FormatError: s3://bucket/run/3/checkpoint.json: names '../../else
 
 from __future__ import annotations
 
+import os
 from typing import TypeGuard
 
 from jaxstow.errors import FormatError, excerpt
 
-__all__ = ["check_member_name", "is_member_name"]
+__all__ = ["check_member_name", "is_inside", "is_member_name"]
 
 
 def is_member_name(name: object) -> TypeGuard[str]:
@@ -40,3 +42,8 @@ def check_member_name(name: object, *, file: str) -> str:
         "this folder, or delete the file that holds the name",
         file=file,
     )
+
+
+def is_inside(path: str, root: str) -> bool:
+    """Whether the real path ``path`` lies in the folder whose real path is ``root`` (``root`` itself does not)."""
+    return path != root and os.path.commonpath([path, root]) == root
