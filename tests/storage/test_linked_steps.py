@@ -45,3 +45,16 @@ def test_an_item_file_linked_outside_its_step_is_refused_and_one_linked_inside_i
     os.unlink(run / "1" / "w.safetensors")
     os.symlink("kept.safetensors", run / "1" / "w.safetensors")
     np.testing.assert_array_equal(CheckpointManager(run).restore(1)["w"], np.arange(2.0))
+
+
+def test_a_linked_step_replaced_is_saved_and_keeps_its_archive(tmp_path):
+    run, archive = tmp_path / "run", tmp_path / "archive"
+    with CheckpointManager(run) as manager:
+        manager.save(1, {"w": np.zeros(2)})
+    shutil.move(run / "1", archive)
+    os.symlink(archive, run / "1")
+    with CheckpointManager(run) as manager:
+        manager.save(1, {"w": np.ones(2)}, force=True)
+        np.testing.assert_array_equal(manager.restore(1)["w"], np.ones(2))
+    assert not (run / "1").is_symlink() and sorted(os.listdir(archive)) == ["checkpoint.json", "w.safetensors"]
+    assert sorted(os.listdir(run)) == ["1"]

@@ -61,6 +61,15 @@ def remove_leftovers(directory: str) -> list[str]:
     return removed
 
 
+def _remove_folder(path: str) -> None:
+    """Delete the folder at ``path``; one that is a link (a step archived elsewhere) loses its link, never what it
+    points to."""
+    if os.path.islink(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
 def _exchange(first: str, second: str) -> None:
     """Swap two paths atomically (Linux ``renameat2``); a clear error where the system cannot."""
     renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
@@ -178,10 +187,7 @@ class LocalStore:
         with storage_failures(self.path(name), doing="delete it"):
             os.rename(self.path(name), doomed)
             fsync_directory(self.root)
-            if os.path.islink(doomed):
-                os.unlink(doomed)
-            else:
-                shutil.rmtree(doomed)
+            _remove_folder(doomed)
 
     def files(self) -> list[str]:
         """The names of the files directly in the root (not temporary ones, not hidden ones such as the lock)."""
@@ -281,7 +287,7 @@ class LocalStaging:
                 with contextlib.suppress(OSError, CheckpointError):  # swapped back; the error raised is the fsync's
                     _exchange(self._temporary, self._final)
                 raise
-            shutil.rmtree(self._temporary)  # now the replaced folder
+            _remove_folder(self._temporary)  # now the replaced folder
 
     @contextlib.contextmanager
     def _failures(self, target: str) -> Iterator[None]:
