@@ -32,8 +32,10 @@ the memory), every method five times per round, interleaved in shuffled orders, 
 median run (a slow mode shows in most runs; a moment's load, or a run whose fresh memory the VM happened to have at
 hand, in one: counting the fastest lets such a lucky run of the baseline set the round). The table gives each
 process's worst round and its median (the paired ratio of the stacked scan's wall time to the collector's, and of CPU
-time), and the minor page faults of each method's run (the memory it touched for the first time). Targets, on the worst round of all the
-processes: ``MemoryCollector`` >= 0.9x, ``HDF5Collector`` >= 0.8x.
+time), the minor page faults of each method's run (the memory it touched for the first time), and how much slower than
+its fastest a fixed Python loop timed before every run got (the machine's own speed, which moves on this virtual
+machine by more than the targets allow). Targets, on the worst round of all the processes: ``MemoryCollector`` >=
+0.9x, ``HDF5Collector`` >= 0.8x.
 
 Then a realistic sampler: 8 chains of stochastic-gradient Langevin dynamics on a Bayesian logistic regression with 100
 parameters (10,000 observations, minibatches of 500), 2,000 steps, every step's sample kept, saved with each collector,
@@ -296,6 +298,19 @@ RUNS_PER_ROUND = 5
 CONTROL = "stacked, again"
 
 
+def _fixed_loop() -> float:
+    """Seconds a fixed pure-Python loop takes (no memory allocated, no jax): the machine's own speed at the moment.
+
+    >>> _fixed_loop() > 0
+    True
+    """
+    start = time.perf_counter()
+    total = 0
+    for number in range(100_000):
+        total += number * number
+    return time.perf_counter() - start
+
+
 def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]]:
     """Runs as a user makes them, in this process: one strategy per collector, made once and used for every run (as a
     sampler that runs in batches, or a notebook that samples again, uses it), each run's samples dropped before the
@@ -305,7 +320,8 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
     Per collector and round: the paired ratio (the stacked scan's wall time over the collector's, the clock covering
     ``init_save``, the run and ``postprocess_save``), the same of CPU time, and per method the minor page faults of
     the timed run (memory it touched for the first time). The same ratios of the stacked scan over itself run again
-    in the round (``CONTROL``) show what two identical runs differ by.
+    in the round (``CONTROL``) show what two identical runs differ by, and a fixed Python loop timed before every
+    run (``_fixed_loop``) what the machine's own speed does meanwhile.
     """
     baseline = "stacked"
     stacked = jax.jit(functools.partial(_stacked, steps=SAMPLES))
@@ -334,7 +350,12 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
 
     paired = [CONTROL, *strategies]
     names = [baseline, *paired]
-    report: dict[str, dict[str, list[float]]] = {"wall": {}, "cpu": {}, "faults": {name: [] for name in names}}
+    report: dict[str, dict[str, list[float]]] = {
+        "wall": {},
+        "cpu": {},
+        "faults": {name: [] for name in names},
+        "machine": {"fixed loop": []},
+    }
     for name in paired:
         report["wall"][name], report["cpu"][name] = [], []
     shuffler = random.Random(1)
@@ -343,6 +364,9 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
         last = {}
         for _ in range(RUNS_PER_ROUND):
             for name in shuffler.sample(names, len(names)):
+                fixed_loop = _fixed_loop()
+                if counted:
+                    report["machine"]["fixed loop"].append(fixed_loop)
                 faults, wall, cpu = _minor_faults(), time.perf_counter(), time.process_time()
                 last[name] = go(name)
                 runs_of[name].append((time.perf_counter() - wall, time.process_time() - cpu, _minor_faults() - faults))
@@ -383,7 +407,7 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
         "median of the rounds",
         f"  {'process':<9}"
         + "".join(f"{short[name] + ' worst':>26}{'median':>16}" for name in names)
-        + f"{'faults: stacked':>18}{'memory':>8}{'HDF5':>8}",
+        + f"{'faults: stacked':>18}{'memory':>8}{'HDF5':>8}{'fixed loop: slowest/fastest':>29}",
     ]
     for number, report in enumerate(reports, 1):
         row = f"  {number:<9}"
@@ -393,7 +417,9 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
                 f"{min(wall):>17.2f}x ({min(cpu):.2f}x){statistics.median(wall):>7.2f}x ({statistics.median(cpu):.2f}x)"
             )
         faults = [statistics.median(report["faults"][name]) for name in ("stacked", *FRESH_TARGETS)]
-        lines.append(row + "".join(f"{count:>{width},.0f}" for count, width in zip(faults, (18, 8, 8), strict=True)))
+        fixed_loop = report["machine"]["fixed loop"]
+        row += "".join(f"{count:>{width},.0f}" for count, width in zip(faults, (18, 8, 8), strict=True))
+        lines.append(row + f"{max(fixed_loop) / min(fixed_loop):>28.2f}x")
     verdicts = []
     for name, target in FRESH_TARGETS.items():
         worst, rounds = _worst_process(reports, name)
@@ -405,6 +431,11 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
     verdicts.append(
         f"  fresh processes: the stacked scan against itself, worst round {worst:.2f}x (that process's rounds: "
         f"{rounds}): what two identical runs of a round differ by on this machine"
+    )
+    spread = max(max(loop) / min(loop) for loop in (report["machine"]["fixed loop"] for report in reports))
+    verdicts.append(
+        f"  fresh processes: a fixed Python loop (no memory, no jax) timed before every run took up to {spread:.2f}x "
+        "its fastest time in one process: the machine's own speed changes between runs by that much"
     )
     return lines, verdicts
 
