@@ -18,8 +18,8 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -100,8 +100,15 @@ class EncodedShard(NamedTuple):
     array: HostArray
 
 
-#: What takes a shard (on one device) for a save to bring to the host later: a :class:`Deferred`, or ``None``.
-Deferral = Callable[[jax.Array], Deferred | None]
+class Deferral(Protocol):
+    """What brings a save's shards (each on one device) to the host later, within a host-memory budget: a
+    :class:`~jaxstow._write.host_budget.HostBudget`."""
+
+    def defer(self, leaf: Any, *, copy: bool, within: tuple[slice, ...] | None = None) -> Deferred | None:
+        """A :class:`Deferred` for ``leaf`` (or its part ``within``) if its host copy costs memory, else ``None``."""
+
+    def replica_print(self, leaf: Any) -> str | None:
+        """The :func:`~jaxstow._format.replicas.replica_print` of ``leaf``, read within the budget, or ``None``."""
 
 
 class EncodedLeaf(NamedTuple):
@@ -141,7 +148,8 @@ def is_sharded(leaf: Any) -> bool:
 def encode_leaf(path: str, leaf: Any, *, file: str | None = None, defer: Deferral | None = None) -> EncodedLeaf:
     """Classify one leaf and turn it into a manifest entry (plus its host array for stored leaves).
 
-    ``defer`` may take each shard of a sharded array that this process alone holds, to be brought to the host later.
+    ``defer`` may take each shard of a sharded array (the part of it this process writes), to be brought to the host
+    later, and print the shards that several processes hold within its budget.
     """
     # The common case first, in as few steps as possible: an array on the host or on one device, whose dtype the
     # file stores.
@@ -192,8 +200,8 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None, defer: Defe
     A shard held by several processes (replicated) is cut into as many ranges along its first axis long enough, one
     written by each of them, so that they share its writing; a shard held by one process alone is written whole.
     Those that several processes hold are printed (:func:`~jaxstow._format.replicas.replica_print`) for their
-    holders to compare: copies that differ would be saved as a mix of them. A shard that ``defer`` takes (one that
-    this process alone holds) is brought to the host while written.
+    holders to compare: copies that differ would be saved as a mix of them. A shard (or the part of it this process
+    writes) that ``defer`` takes is brought to the host while written, and printed within its budget.
     """
     shards = []
     held_by = holders(leaf.sharding, leaf.shape)
@@ -207,14 +215,14 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None, defer: Defe
     for whole, shard in chosen.items():
         processes = held_by[whole]
         box, within = share_box(whole, processes.index(me), len(processes))
-        stored: HostArray | None = defer(shard.data) if defer is not None and len(processes) == 1 else None
-        if stored is None:
-            data, _ = _host_array(shard.data, path=path, file=file)
-            if len(processes) > 1:
-                prints[tuple(processes)].append(f"{whole}:{replica_print(data)}")
-            stored = data if within is None else np.ascontiguousarray(data[within])
+        if len(processes) > 1:
+            printed = None if defer is None else defer.replica_print(shard.data)
+            printed = printed or replica_print(_host_part(shard.data, None, path=path, file=file))
+            prints[tuple(processes)].append(f"{whole}:{printed}")
         if box is None:
             continue
+        deferred = None if defer is None else defer.defer(shard.data, copy=False, within=within)
+        stored = _host_part(shard.data, within, path=path, file=file) if deferred is None else deferred
         name = f"{path}@" + ",".join(f"{start}:{stop}" for start, stop in box)
         shards.append(EncodedShard({"tensor": name, "box": [list(axis) for axis in box]}, stored))
     shards.sort(key=lambda shard: shard.entry["box"])
@@ -224,6 +232,12 @@ def _encode_sharded(path: str, leaf: jax.Array, *, file: str | None, defer: Defe
     entry["sharding"] = describe_sharding(leaf.sharding)
     replicas = tuple((processes, ",".join(sorted(found))) for processes, found in prints.items())
     return EncodedLeaf(entry, None, tuple(shards), holders_digest(leaf.sharding, leaf.shape), replicas)
+
+
+def _host_part(shard: jax.Array, within: tuple[slice, ...] | None, *, path: str, file: str | None) -> np.ndarray:
+    """A shard's bytes on the host (or those of its part ``within``), C-contiguous."""
+    data, _ = _host_array(shard, path=path, file=file)
+    return data if within is None else np.ascontiguousarray(data[within])
 
 
 def _stored(path: str, kind: str, leaf: Any, file: str | None) -> EncodedLeaf:

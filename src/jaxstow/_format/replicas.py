@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxstow._format.checksum import as_bytes, checksum_bytes
 
-__all__ = ["Box", "Holders", "replica_print", "share_box"]
+__all__ = ["Box", "Holders", "print_ranges", "replica_print", "share_box"]
 
 #: ``(start, stop)`` along every axis.
 Box = tuple[tuple[int, int], ...]
@@ -45,13 +45,27 @@ def share_box(box: Box, rank: int, count: int) -> tuple[Box | None, tuple[slice,
 
 
 def replica_print(data: np.ndarray) -> str:
-    """An xxh3 of a replica's bytes: all of them up to 64 KiB, else 64 windows of 1 KiB spread evenly over them.
+    """An xxh3 of a replica's bytes: all of them up to 64 KiB, else 64 windows of 1 KiB spread evenly over them
+    (:func:`print_ranges`).
 
     Replicas that drifted apart (another seed, an update one process missed) differ nearly everywhere, so the
     windows tell them apart without a pass over every byte in every process of every save.
     """
     raw = np.frombuffer(as_bytes(np.ascontiguousarray(data)), np.uint8)
-    if raw.nbytes > _WHOLE:
-        starts = np.linspace(0, raw.nbytes - _WINDOW, _WINDOWS).astype(np.int64)
-        raw = raw[starts[:, None] + np.arange(_WINDOW)].reshape(-1)
+    ranges = print_ranges(raw.nbytes)
+    if len(ranges) > 1:
+        raw = np.concatenate([raw[low:high] for low, high in ranges])
     return checksum_bytes(raw.data)
+
+
+def print_ranges(nbytes: int) -> list[tuple[int, int]]:
+    """The byte ranges of a replica of ``nbytes`` that its print covers, in order: all of it up to 64 KiB, else 64
+    windows of 1 KiB spread evenly over it.
+
+    >>> print_ranges(10), print_ranges(1 << 20)[:2], len(print_ranges(1 << 20))
+    ([(0, 10)], [(0, 1024), (16627, 17651)], 64)
+    """
+    if nbytes <= _WHOLE:
+        return [(0, nbytes)]
+    starts = np.linspace(0, nbytes - _WINDOW, _WINDOWS).astype(np.int64)
+    return [(int(start), int(start) + _WINDOW) for start in starts]

@@ -147,13 +147,13 @@ def encode_tree(
             )
     parts = tree if isinstance(tree, TakenApart) else take_apart(tree, file=file)
     leaves, structure, paths = parts.leaves, parts.structure, parts.paths
-    if part or (hosting is not None and not hosting.counts(copy=copy)):
-        hosting = None  # nothing to count; a part after the first holds only sharded leaves, saved shard by shard
+    if hosting is not None and not hosting.counts(copy=copy):
+        hosting = None  # nothing to count
     with naming_deleted_arrays(lambda: paths, leaves, file=file):
         encoded = [
             _encode_per_process(path, leaf, part=part, file=file)
             if is_per_process(leaf)
-            else _encode(path, _whole_if_own(leaf) if part is not None else leaf, file, copy, hosting)
+            else _encode(path, _whole_if_own(leaf) if part is not None else leaf, file, copy, hosting, whole=not part)
             for path, leaf in zip(paths, leaves, strict=True)
         ]
     for i, members in (array_details(leaves) if details is None else details).items():
@@ -221,15 +221,16 @@ def _whole_if_own(leaf: Any) -> Any:
     return leaf
 
 
-def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | None) -> EncodedLeaf:
+def _encode(path: str, leaf: Any, file: str, copy: bool, hosting: HostBudget | None, *, whole: bool) -> EncodedLeaf:
+    """One leaf, its bytes brought to the host within ``hosting``: a sharded array's shards, and, where the file
+    holds them (``whole``: not a part after the first, which holds only sharded leaves), the other arrays'."""
     if isinstance(leaf, Deferred):  # registered with a budget when the tree was held
         return EncodedLeaf({"path": path, "kind": "array"}, leaf)
-    deferred = None if hosting is None else hosting.defer(leaf, copy=copy)
+    deferred = None if hosting is None or not whole else hosting.defer(leaf, copy=copy)
     if deferred is not None:
         return EncodedLeaf({"path": path, "kind": "array"}, deferred)
-    shards = None if hosting is None else functools.partial(hosting.defer, copy=copy)  # a sharded array's, each
     try:
-        return encode_leaf(path, leaf, file=file or None, defer=shards)
+        return encode_leaf(path, leaf, file=file or None, defer=hosting)
     except RecursionError:  # an object saved by its attributes whose attributes lead back to it
         raise cycle_error(file, path) from None
 

@@ -7,8 +7,8 @@ every array on the host (zero-copy for CPU arrays, which also keeps a later dona
 :class:`~jaxstow._write.host_budget.HostBudget`, arrays on an accelerator (and numpy arrays to copy) are registered
 with the budget now and brought to the host by the writer instead, whole or in pieces, within the budget; sharded
 arrays and PRNG keys on an accelerator make the budget wait for their encoding, which registers the shards it writes
-with the budget (or reads them: PRNG keys, shards that several processes hold). The
-caller waits for the budget's ``fetched``: once it is set, the save reads none of the caller's arrays.
+with the budget (every process's, and its share of those that several processes hold, which it prints within the
+budget) or reads them (PRNG keys). The caller waits for the budget's ``fetched``: once it is set, the save reads none of the caller's arrays.
 
 >>> import io, jax.numpy as jnp, jaxstow
 >>> from jaxstow._write.held import hold

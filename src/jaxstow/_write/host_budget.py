@@ -34,9 +34,13 @@ from typing import Any
 
 import jax
 import numpy as np
+import xxhash
 
+from jaxstow._format.checksum import as_bytes
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.pieces import Deferred
+from jaxstow._format.replicas import Box, print_ranges
+from jaxstow._format.shard_holders import as_box
 from jaxstow._util.host_memory import default_host_budget
 from jaxstow._util.pinned import pinned_sharding
 from jaxstow._write.mapped_copies import mapped_copy, mapped_elements
@@ -82,17 +86,35 @@ class HostBudget:
         self._in_hand = 0  # what the writer was last given, which it may hold until it has the next piece
         self._lock = threading.Lock()
 
-    def defer(self, leaf: Any, *, copy: bool) -> Deferred | None:
-        """A :class:`~jaxstow._format.pieces.Deferred` for ``leaf`` if holding it costs host memory, else ``None``."""
+    def defer(self, leaf: Any, *, copy: bool, within: tuple[slice, ...] | None = None) -> Deferred | None:
+        """A :class:`~jaxstow._format.pieces.Deferred` for ``leaf`` (or its part ``within``, slices of every axis) if
+        holding it costs host memory, else ``None``."""
         if not self.costs_memory(leaf, copy=copy):
             return None
-        tensor = _Fetched(leaf, self)
+        tensor = _Fetched(leaf, self, within)
         with self._lock:
             self._tensors.append(tensor)
             self._unfetched += tensor.nbytes
             self._reading += 1
             self.fetched.clear()
         return tensor
+
+    def replica_print(self, leaf: Any) -> str | None:
+        """The :func:`~jaxstow._format.replicas.replica_print` of ``leaf``, a shard whose host copy costs memory, read
+        from its device in pieces of at most ``piece_bytes``, each released before the next; else ``None``."""
+        if not self.costs_memory(leaf, copy=False):
+            return None
+        hasher = xxhash.xxh3_64()
+        itemsize = leaf.dtype.itemsize
+        step = max(1, self.piece_bytes // itemsize)
+        for low, high in print_ranges(leaf.nbytes):
+            for start in range(low // itemsize, -(-high // itemsize), step):
+                stop = min(start + step, -(-high // itemsize))
+                piece = np.asarray(_towards_host(_elements(leaf, start, count=stop - start)))
+                raw = as_bytes(piece)[max(low - start * itemsize, 0) : high - start * itemsize]
+                hasher.update(raw)
+                del piece, raw
+        return hasher.hexdigest()
 
     def wait_for_encoding(self) -> None:
         """A tree whose encoding reads the caller's arrays is held: :attr:`fetched` waits for :meth:`encoded`."""
@@ -198,11 +220,19 @@ def _towards_host(array: jax.Array) -> jax.Array:
     return array
 
 
-@functools.partial(jax.jit, static_argnames=("lead", "count"))
-def _rows(source: jax.Array, start: Any, *, lead: int, count: int) -> jax.Array:
-    """Rows ``start`` to ``start + count`` of ``source`` seen as ``lead`` rows, cut on its device: one computation
-    whose only buffer is its result (the 2-D view is no copy inside it, nor is a row index ever past ``lead``)."""
-    return jax.lax.dynamic_slice_in_dim(source.reshape(lead, -1), start, count, 0)
+@functools.partial(jax.jit, static_argnames=("lead", "count", "within"))
+def _rows(source: jax.Array, start: Any, *, lead: int, count: int, within: Box | None = None) -> jax.Array:
+    """Rows ``start`` to ``start + count`` of ``source`` (or of its part ``within``, a box in it) seen as ``lead``
+    rows, cut on its device: one computation whose only buffer is its result (the part and the 2-D view of it are no
+    copies inside it, nor is a row index ever past ``lead``)."""
+    part = source if within is None else source[tuple(slice(low, high) for low, high in within)]
+    return jax.lax.dynamic_slice_in_dim(part.reshape(lead, -1), start, count, 0)
+
+
+@functools.partial(jax.jit, static_argnames=("count",))
+def _elements(source: jax.Array, start: Any, *, count: int) -> jax.Array:
+    """Elements ``start`` to ``start + count`` of ``source`` in C order, cut on its device (no copy but the result)."""
+    return jax.lax.dynamic_slice_in_dim(source.reshape(-1), start, count, 0)
 
 
 def _row_axes(shape: tuple[int, ...], step: int) -> int:
@@ -217,9 +247,14 @@ class _Fetched(Deferred):
     that the host copy jax keeps with the array it copied is this save's, freed with it, not kept with the caller's.
     """
 
-    def __init__(self, source: Any, budget: HostBudget) -> None:
-        super().__init__(source.dtype, source.shape)
+    def __init__(self, source: Any, budget: HostBudget, within: tuple[slice, ...] | None = None) -> None:
         self._on_device = not isinstance(source, np.ndarray)
+        #: The part of a device array that this tensor is (its box in it), cut from it piece by piece; ``None`` for all.
+        self._within = None if within is None else as_box(within, source.shape)
+        if within is not None and not self._on_device:
+            source = source[within]  # a view
+        shape = source.shape if self._within is None else tuple(high - low for low, high in self._within)
+        super().__init__(source.dtype, shape)
         if self._on_device:
             source = jax.make_array_from_single_device_arrays(source.shape, source.sharding, [source])
         self._source: Any = source  # None once the save no longer reads it
@@ -276,7 +311,7 @@ class _Fetched(Deferred):
         self._started = True
         self._budget._count(self.nbytes, self.nbytes)
         if self._on_device:
-            self._source = _towards_host(self._source)
+            self._source = _towards_host(self._cut(0, self._lead))
         else:
             self._whole = mapped_copy(self._source)  # a transposed array in its C order
             self._done_reading()
@@ -328,7 +363,12 @@ class _Fetched(Deferred):
             if source.flags.c_contiguous:
                 return mapped_copy(source.reshape(-1)[start:stop])
             return mapped_elements(source, start, stop)  # these alone, in C order (a transposed array)
-        if len(self._bounds) == 1:
-            return np.asarray(_towards_host(source)).reshape(-1)
-        piece = _rows(source, start // self._row, lead=self._lead, count=(stop - start) // self._row)
-        return np.asarray(_towards_host(piece)).reshape(-1)
+        return np.asarray(_towards_host(self._cut(start // self._row, (stop - start) // self._row))).reshape(-1)
+
+    def _cut(self, row: int, count: int) -> jax.Array:
+        """Rows ``row`` to ``row + count`` of the source on its device: the source itself when they are all of it."""
+        whole: jax.Array = self._source
+        if self._within is None and count == self._lead:
+            return whole
+        cut: jax.Array = _rows(whole, row, lead=self._lead, count=count, within=self._within)
+        return cut
