@@ -62,13 +62,23 @@ def test_the_part_of_a_shard_a_process_writes_comes_in_pieces_cut_on_its_device(
     ("shape", "dtype"),
     [((1000,), jnp.float32), ((3, 70, 1000), jnp.bfloat16), ((257, 129), jnp.int32), ((5, 7), jnp.int8)],
 )
-def test_a_shared_shard_printed_piece_by_piece_prints_as_its_host_copy(as_if_on_an_accelerator, shape, dtype):
+def test_a_shared_shard_printed_piece_by_piece_prints_as_its_host_copy(
+    as_if_on_an_accelerator, monkeypatch, shape, dtype
+):
     """The print the holders of a shard compare, read from the device in pieces of a 4 KiB budget (windows that
-    start inside an element too), is the one of its bytes on the host: holders of either kind compare alike."""
+    start inside an element too), or at once within a large one, is the one of its bytes on the host: holders of
+    either kind compare alike."""
     source = (jax.random.normal(jax.random.key(0), shape) * 100).astype(dtype)
     budget = host_budget.HostBudget(limit=4 * _KIB)
+    brought = []
+    towards_host = host_budget._towards_host
+    monkeypatch.setattr(host_budget, "_towards_host", lambda array: brought.append(array.nbytes) or towards_host(array))
     printed = budget.replica_print(source)
     assert printed == replica_print(np.asarray(source))
+    assert 0 < max(brought) <= budget.piece_bytes, brought
+    brought.clear()
+    assert host_budget.HostBudget().replica_print(source) == printed  # the default budget: in one piece
+    assert sum(brought) <= 2 * min(source.nbytes, 64 * _KIB), brought  # the bytes printed, not a piece's worth
     assert budget.replica_print(source.at[(0,) * len(shape)].add(1)) != printed
     assert host_budget.HostBudget(limit=4 * _KIB).replica_print(np.ones(3)) is None  # on the host: read there
 

@@ -101,19 +101,28 @@ class HostBudget:
 
     def replica_print(self, leaf: Any) -> str | None:
         """The :func:`~jaxstow._format.replicas.replica_print` of ``leaf``, a shard whose host copy costs memory, read
-        from its device in pieces of at most ``piece_bytes``, each released before the next; else ``None``."""
+        from its device a piece at a time (the rows that hold the bytes it covers), else ``None``."""
         if not self.costs_memory(leaf, copy=False):
             return None
+        lead = math.prod(leaf.shape[: _indexed_axes(leaf.shape)])
+        row = leaf.nbytes // lead  # bytes of a row; a row index fits the int32 that jax indexes with
+        most = max(row, self.piece_bytes // 2)  # bytes of a range read at once: the rows that hold it fit a piece
+        spans = [
+            (low, min(low + most, stop))
+            for start, stop in print_ranges(leaf.nbytes)
+            for low in range(start, stop, most)
+        ]
+        count = min(lead, max(-(-high // row) - low // row for low, high in spans))  # rows that hold any range
+        per_call = min(len(spans), max(1, self.piece_bytes // (count * row)))
         hasher = xxhash.xxh3_64()
-        itemsize = leaf.dtype.itemsize
-        step = max(1, self.piece_bytes // itemsize)
-        for low, high in print_ranges(leaf.nbytes):
-            for start in range(low // itemsize, -(-high // itemsize), step):
-                stop = min(start + step, -(-high // itemsize))
-                piece = np.asarray(_towards_host(_elements(leaf, start, count=stop - start)))
-                raw = as_bytes(piece)[max(low - start * itemsize, 0) : high - start * itemsize]
-                hasher.update(raw)
-                del piece, raw
+        for first in range(0, len(spans), per_call):
+            group = spans[first : first + per_call]
+            starts = [min(low // row, lead - count) for low, _ in group]
+            padded = np.asarray(starts + starts[-1:] * (per_call - len(group)), np.int32)  # one program for every group
+            held = np.asarray(_towards_host(_row_groups(leaf, padded, lead=lead, count=count)))[: len(group)]
+            for (low, high), start, rows in zip(group, starts, held, strict=True):
+                hasher.update(as_bytes(rows)[low - start * row : high - start * row])
+            del held
         return hasher.hexdigest()
 
     def wait_for_encoding(self) -> None:
@@ -229,10 +238,17 @@ def _rows(source: jax.Array, start: Any, *, lead: int, count: int, within: Box |
     return jax.lax.dynamic_slice_in_dim(part.reshape(lead, -1), start, count, 0)
 
 
-@functools.partial(jax.jit, static_argnames=("count",))
-def _elements(source: jax.Array, start: Any, *, count: int) -> jax.Array:
-    """Elements ``start`` to ``start + count`` of ``source`` in C order, cut on its device (no copy but the result)."""
-    return jax.lax.dynamic_slice_in_dim(source.reshape(-1), start, count, 0)
+@functools.partial(jax.jit, static_argnames=("lead", "count"))
+def _row_groups(source: jax.Array, starts: Any, *, lead: int, count: int) -> jax.Array:
+    """For each of ``starts``, rows ``start`` to ``start + count`` of ``source`` seen as ``lead`` rows, cut on its
+    device in one computation whose only buffer is its result."""
+    rows = source.reshape(lead, -1)
+    return jax.vmap(lambda start: jax.lax.dynamic_slice_in_dim(rows, start, count, 0))(starts)
+
+
+def _indexed_axes(shape: tuple[int, ...]) -> int:
+    """How many leading axes of ``shape`` make the finest rows whose index fits an int32 (every axis, for most)."""
+    return max(axes for axes in range(len(shape) + 1) if math.prod(shape[:axes]) < 1 << 31)
 
 
 def _row_axes(shape: tuple[int, ...], step: int) -> int:
