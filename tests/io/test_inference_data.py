@@ -103,6 +103,66 @@ def test_an_hdf5_collectors_file_by_path_or_open(tmp_path, az):
     assert {"mean", "sd", "r_hat", "ess_bulk"} <= set(summary.columns)
 
 
+def _runs(collector, chains, deleted=None):
+    """A run of each number of ``chains`` in turn (chain ``c``'s draws are ``10 c, 10 c + 1, 10 c + 2``), the file
+    ``deleted`` after the first run, so that the later runs' chains alone are in it; the last run's results."""
+    init_save, save, postprocess_save = io.save(collector)
+    step = jax.jit(lambda state, t: save(state, True, {"x": 10.0 * state.chain_id + t})[0])
+    for run, count in enumerate(chains):
+        if run == 1 and deleted is not None:
+            deleted.unlink()
+        states = [init_save({"x": 0.0}, None, scheduler.static_information(samples_collected=3)) for _ in range(count)]
+        for t in range(3):
+            states = [step(state, float(t)) for state in states]
+        results = [postprocess_save(state, None) for state in states]
+    return results
+
+
+def test_the_chain_coordinate_holds_the_ids_of_the_chains_not_their_positions(tmp_path, az):
+    path = tmp_path / "samples.h5"
+    _runs(io.HDF5Collector(path), (1, 2), deleted=path)  # the file holds /chain~1 and /chain~2 alone
+    memory = io.MemoryCollector()
+    held = _runs(memory, (1, 2))  # the first run's samples dropped: it gives chains 1 and 2
+    for source in (path, memory):
+        posterior = io.to_inference_data(source).posterior
+        assert posterior["chain"].values.tolist() == [1, 2]  # they were 0 and 1, the draws of chain 1 at chain 0
+        assert posterior["x"].sel(chain=2).values.tolist() == [20.0, 21.0, 22.0]
+        assert {"r_hat", "ess_bulk"} <= set(az.summary(io.to_inference_data(source)).columns)
+        relabelled = io.to_inference_data(source, coords={"chain": ["b", "c"]}).posterior
+        assert relabelled["chain"].values.tolist() == ["b", "c"]
+    assert io.to_inference_data(held).posterior["chain"].values.tolist() == [0, 1]  # a list: its positions
+    with pytest.raises(ArgumentError, match=r"coords\['chain'\] is \[1\], but the dimension 'chain' is the 2 chains"):
+        io.to_inference_data(path, coords={"chain": [1]})
+
+
+def test_chains_numbered_from_0_are_labelled_as_arviz_labels_them(tmp_path, az):
+    import xarray
+
+    from jaxstow.io.arviz_data import from_posterior
+
+    path = tmp_path / "samples.h5"
+    _run(io.HDF5Collector(path))
+    posterior = io.to_inference_data(path, dims={"theta": ["sign"]}).posterior
+    arrays = {name: posterior[name].values for name in ("theta", "layer.bias")}
+    before = from_posterior(arrays, purpose="a test", dims={"theta": ["sign"]}).posterior  # no chain coordinate given
+    xarray.testing.assert_equal(
+        posterior.to_dataset() if ARVIZ_1 else posterior, before.to_dataset() if ARVIZ_1 else before
+    )
+    assert posterior["chain"].dtype == before["chain"].dtype and posterior["chain"].values.tolist() == [0, 1, 2]
+
+
+def test_a_mismatch_names_the_chains_by_their_ids(tmp_path):
+    path = tmp_path / "samples.h5"
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path))
+    for run, width in enumerate((3, 5, 7)):  # the file deleted after the first run: it holds chains 1 and 2
+        if run == 1:
+            path.unlink()
+        state = init_save({"w": jnp.zeros(width)}, None, scheduler.static_information(samples_collected=1))
+        postprocess_save(save(state, True, {"w": jnp.ones(width)})[0], None)
+    with pytest.raises(JaxstowError, match=r"'w' has a draw of shape \(5,\) in chain 1 but \(7,\) in chain 2"):
+        io.to_inference_data(path)
+
+
 def test_results_whose_hdf5_file_was_closed_say_to_pass_the_path(tmp_path, az):
     path = tmp_path / "samples.h5"
     with h5py.File(path, "w") as file:

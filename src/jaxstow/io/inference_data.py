@@ -53,8 +53,8 @@ def to_inference_data(
 ) -> Any:
     """ArviZ's data whose ``posterior`` holds every chain's samples, shaped ``(chain, draw, ...)``.
 
-    With ArviZ 0.x an ``arviz.InferenceData``; with ArviZ 1.x, which replaced it, an ``xarray.DataTree``. Both are
-    read alike (``data.posterior["theta"]``) and both are what ``arviz.summary`` and the plots of their ArviZ take.
+    With ArviZ 0.x an ``arviz.InferenceData``, with ArviZ 1.x an ``xarray.DataTree`` (read alike, as ArviZ's functions
+    take them); ``chain`` labels each chain by its id (``N`` of ``/chain~N``), in a list of results by its position.
 
     Args:
         samples: What ``postprocess_save`` returned (the list of all chains, or one chain's dict), a
@@ -78,10 +78,12 @@ def to_inference_data(
     {'chain': 1, 'draw': 4}
     """
     require("arviz", extra="arviz", purpose="to_inference_data")
-    chains, running = _chains_of(samples)
+    chains, running, ids = _chains_of(samples)
     if not chains:
         raise JaxstowError("there are no chains to convert: the source holds no samples")
-    posterior = _stack(chains, truncate=truncate or running)
+    posterior = _stack(chains, ids, truncate=truncate or running)
+    if coords is None or (isinstance(coords, Mapping) and "chain" not in coords):  # else checked as given
+        coords = {"chain": np.asarray(ids, np.int64), **(coords or {})}
     return from_posterior(posterior, purpose="to_inference_data", coords=coords, dims=dims)
 
 
@@ -128,8 +130,9 @@ def to_datatree(
     )
 
 
-def _chains_of(samples: Any) -> tuple[Chains, bool]:
-    """Every chain's variables (name -> array of draws), in chain order; and whether their run is still going on."""
+def _chains_of(samples: Any) -> tuple[Chains, bool, list[int]]:
+    """Every chain's variables (name -> array of draws), in chain order; whether their run is still going on; the
+    chains' ids (those the collector gave them, which its file keeps; positions in a list of results)."""
     if isinstance(samples, MemoryCollector):
         chains = samples.chains()
         if not chains and samples.chain_count:
@@ -137,14 +140,14 @@ def _chains_of(samples: Any) -> tuple[Chains, bool]:
                 "the MemoryCollector keeps no samples of a run that ended: postprocess_save handed them over, and "
                 "nothing holds them any more; pass what postprocess_save returns to to_inference_data instead"
             )
-        return [_variables(samples.finished(chain)) for chain in chains], False
+        return [_variables(samples.finished(chain)) for chain in chains], False, chains
     if isinstance(samples, str | os.PathLike) or type(samples).__module__.startswith("h5py"):
         draws = read_draws(samples)
-        return draws.chains, not draws.finished
+        return draws.chains, not draws.finished, draws.ids
     if isinstance(samples, Mapping) and "samples" in samples:
-        return [_counted(samples, 0)], False
+        return [_counted(samples, 0)], False, [0]
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
-        return [_counted(chain, number) for number, chain in enumerate(samples)], False
+        return [_counted(chain, number) for number, chain in enumerate(samples)], False, list(range(len(samples)))
     raise ArgumentError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
@@ -182,15 +185,17 @@ def _read(leaf: Any) -> np.ndarray:
     return np.asarray(leaf[()])
 
 
-def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
+def _stack(chains: Chains, ids: list[int], *, truncate: bool) -> dict[str, np.ndarray]:
+    """The chains' variables stacked, each ``(chain, draw, ...)``; a mismatch names the chains by their ``ids``."""
     names = list(chains[0])
     if not names:
         raise JaxstowError("the samples hold no variables: there is nothing to convert")
-    for chain, variables in enumerate(chains):
+    for chain, variables in zip(ids, chains, strict=True):
         if list(variables) != names:
             raise JaxstowError(
-                f"chain {chain} has the variables {list(variables)}, but chain 0 has {names}: ArviZ needs the same "
-                "variables in every chain, so convert the runs of each on their own (what postprocess_save returned)"
+                f"chain {chain} has the variables {list(variables)}, but chain {ids[0]} has {names}: ArviZ needs the "
+                "same variables in every chain, so convert the runs of each on their own (what postprocess_save "
+                "returned)"
             )
     for name in names:
         dimension = _DIMENSION.fullmatch(name)
@@ -207,15 +212,16 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
         shapes = [variables[name].shape[1:] for variables in chains]
         if len(set(shapes)) > 1:
             raise JaxstowError(
-                f"the variable {name!r} has a draw of shape {shapes[0]} in chain 0 but {_first_other(shapes)}: "
-                "ArviZ stacks the chains of a variable, so convert the runs of each shape on their own"
+                f"the variable {name!r} has a draw of shape {shapes[0]} in chain {ids[0]} but "
+                f"{_first_other(shapes, ids)}: ArviZ stacks the chains of a variable, so convert the runs of each shape "
+                "on their own"
             )
         dtypes = [variables[name].dtype for variables in chains]
         if len(set(dtypes)) > 1:
             raise JaxstowError(
-                f"the variable {name!r} has draws of {dtypes[0]} in chain 0 but {_first_other(dtypes)}: ArviZ stacks "
-                f"the chains of a variable, which would turn every draw into {np.result_type(*dtypes)} without a word, "
-                "so convert the runs of each dtype on their own"
+                f"the variable {name!r} has draws of {dtypes[0]} in chain {ids[0]} but {_first_other(dtypes, ids)}: "
+                "ArviZ stacks the chains of a variable, which would turn every draw into "
+                f"{np.result_type(*dtypes)} without a word, so convert the runs of each dtype on their own"
             )
     counts = [len(next(iter(variables.values()))) if variables else 0 for variables in chains]
     draws = min(counts)
@@ -231,7 +237,7 @@ def _stack(chains: Chains, *, truncate: bool) -> dict[str, np.ndarray]:
 _DIMENSION = re.compile(r"(.+)_dim_\d+")
 
 
-def _first_other(values: list[Any]) -> str:
-    """Which chain first has a value (a shape, a dtype) other than chain 0's, and that value."""
+def _first_other(values: list[Any], ids: list[int]) -> str:
+    """Which chain (of ``ids``) first has a value (a shape, a dtype) other than the first chain's, and that value."""
     chain = next(number for number, value in enumerate(values) if value != values[0])
-    return f"{values[chain]} in chain {chain}"
+    return f"{values[chain]} in chain {ids[chain]}"
