@@ -48,7 +48,9 @@ def test_a_run_that_fills_the_disk_continues_from_its_last_checkpoint_once_space
         path, filler = str(disk / "walk.h5"), disk / "filler"
         free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
         filler.write_bytes(bytes(free - 1_000_000))  # room for about half of the run's file
-        assert _run(path).startswith(f"StorageError {path}: cannot write it: no space left on the device holding ")
+        failed = _run(path)
+        assert failed.startswith("CollectorStorageError the queued write of samples "), failed  # which, and where
+        assert f" to {path} failed: {path}: cannot write it: no space left on the device holding " in failed, failed
         filler.unlink()
         assert _run(path) == "every draw True"  # it used to refuse the file, "open for writing by a writer ..."
 

@@ -64,6 +64,7 @@ from jaxstow.io.hdf5_layout import (
     write_block,
     write_hyperslab,
 )
+from jaxstow.io.hdf5_queued import checkpoints_of, queued, rows_of
 from jaxstow.io.hdf5_read_back import read_back
 from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
 from jaxstow.io.hdf5_writers import opened_again, opened_first
@@ -164,6 +165,8 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._h5py = h5py
         self._file = file
         self._filename: str = file.filename
+        own, path = self._lock is not None, self.checkpoint_path  # a failed write says how to resume: from there
+        self._queued = functools.partial(queued, filename=self._filename, checkpoint=path, own_file=own)
         self._compression = compression
         self._chains = ChainBook()
         self._datasets: dict[int, list[Any]] = {}  # per chain whose run goes on
@@ -287,7 +290,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             chain_id: (first, [host_buffers.copy(value) for value in values])
             for chain_id, (first, values) in blocks.items()
         }
-        self._writer.submit(functools.partial(self._write, copies, ends))
+        self._writer.submit(self._queued(rows_of(copies), functools.partial(self._write, copies, ends)))
 
     def _write(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
         """Write each chain's rows; in SWMR mode, where readers may come at any time, publish them at once."""
@@ -331,7 +334,8 @@ class HDF5Collector(KeepsChains, DataCollector):
             raise ArgumentError(self.checkpoint_problem() or "")
         self.refuse_missing_chains()
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
-        self._writer.submit(functools.partial(self._commit, path, records, self._waiting()))
+        commit = functools.partial(self._commit, path, records, self._waiting())
+        self._writer.submit(self._queued(checkpoints_of(records), commit))
 
     def _waiting(self) -> dict[int, dict[str, Any]]:
         """The checkpoint records of the stopped run's chains that this collector has not registered yet: a run of

@@ -1,0 +1,66 @@
+"""The error of an :class:`~jaxstow.io.HDF5Collector`'s write that failed on its writer thread.
+
+Such a write (a block of samples, a checkpoint) fails after the call that queued it has returned: the collector's next
+call raises it, whatever that call does. So the error names the write that failed (the rows and chains it held, or
+the checkpoint) and the file, keeps the failure as its cause, and says how the run goes on from there.
+
+>>> import numpy as np
+>>> from jaxstow.io.hdf5_queued import queued, rows_of
+>>> def write():
+...     raise OSError("the disk failed")
+>>> job = queued(rows_of({0: (32, [np.zeros((8, 2))])}), write, filename="samples.h5", checkpoint=None, own_file=True)
+>>> try:
+...     job()
+... except Exception as error:
+...     print(error)
+the queued write of samples 32..39 of chain 0 to samples.h5 failed: the disk failed; the run has no checkpoint to continue from: run it again to start it over
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jaxstow.errors import CollectorError, failed
+
+__all__ = ["checkpoints_of", "queued", "rows_of"]
+
+
+def rows_of(blocks: Mapping[int, tuple[int, Sequence[Any]]]) -> str:
+    """What a write of blocks (chain id -> first row, each leaf's rows) holds, as its failure names it."""
+    rows = [f"{first}..{first + len(values[0]) - 1} of chain {chain}" for chain, (first, values) in blocks.items()]
+    return f"samples {', '.join(rows)}"
+
+
+def checkpoints_of(steps: Mapping[int, Any]) -> str:
+    """What a checkpoint's commit (chain id -> its checkpoint, with its ``step``) writes, as its failure names it."""
+    chains = ", ".join(f"chain {chain} at step {checkpoint.step}" for chain, checkpoint in steps.items())
+    return f"the checkpoint of {chains} (with the samples before it)"
+
+
+def queued(
+    what: str, job: Callable[[], None], *, filename: str, checkpoint: str | None, own_file: bool
+) -> Callable[[], None]:
+    """``job``, whose exception becomes a :class:`~jaxstow.errors.CollectorError` (a ``CollectorStorageError`` for a
+    storage failure) saying that ``what`` was not written to ``filename`` and how to resume: from ``checkpoint``, the
+    path of the chains' checkpoints, where one was committed, the run run again as it was (``own_file``: the collector
+    opened the file itself) or with the file opened with mode ``"a"``."""
+
+    def run() -> None:
+        try:
+            job()
+        except Exception as error:
+            again = "run it again" if own_file else f"open {filename} with mode 'a' and run it again"
+            if checkpoint is not None and os.path.exists(checkpoint):
+                resume = (
+                    f"once that is fixed, {again}: it continues from the last checkpoint, in {checkpoint} (or says "
+                    "that the failed write left the file cut short)"
+                )
+            else:
+                resume = "the run has no checkpoint to continue from: run it again to start it over"
+            raise failed(
+                CollectorError, f"the queued write of {what} to {filename} failed: {error}; {resume}", error
+            ) from error
+
+    return run

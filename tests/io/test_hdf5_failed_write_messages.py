@@ -1,0 +1,69 @@
+"""An ``HDF5Collector``'s write that fails on its writer thread (a real full disk: a small tmpfs, skipped where mounting
+one is refused) is raised by the collector's next call, which does something else: the error names the rows and chain
+that were not written and the file, keeps the failure as its cause, and says how to resume, which then works."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io
+from jaxstow.errors import CollectorStorageError, StorageError
+from jaxstow.io.live import read_draws
+
+STEPS = 60
+
+
+def _run(path: str) -> dict[str, np.ndarray]:
+    """Samples of 16 KiB a step, in blocks of 8, checkpointed every 10 steps: the run's samples."""
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), checkpoint_every=10, block_size=8)
+    state = init_save({"w": jnp.zeros(4096)}, 0.0, io.scheduler.static_information(samples_collected=STEPS))
+
+    def step(state: Any, t: jax.Array) -> tuple[Any, None]:
+        return save(state, True, {"w": jnp.full(4096, t, jnp.float32)}, solver_state=t)[0], None
+
+    state = jax.jit(lambda state, steps: jax.lax.scan(step, state, steps)[0])(
+        state, jnp.arange(state.step, STEPS, dtype=jnp.float32)
+    )
+    return postprocess_save(state, None)["samples"]
+
+
+def test_a_failed_write_names_the_rows_it_held_and_how_to_resume_and_the_run_resumes(tmp_path):
+    from tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "4m") as disk:
+        path, filler = str(disk / "walk.h5"), disk / "filler"
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        filler.write_bytes(bytes(free - 500_000))  # room for about 25 of the 60 samples
+        with pytest.raises(CollectorStorageError) as failure:
+            _run(path)
+        message = str(failure.value)
+        named = re.fullmatch(
+            r"HDF5Collector failed while (.+?): the queued write of samples (\d+)\.\.(\d+) of chain 0 to (.+?) failed: "
+            r"(.+?): cannot write it: no space left on the device holding (.+?); free some space there, or write "
+            r"elsewhere; once that is fixed, run it again: it continues from the last checkpoint, in (.+?) \(or says "
+            r"that the failed write left the file cut short\)",
+            message,
+        )
+        assert named is not None, message  # it named only the call that raised it
+        assert named.group(4, 5, 6, 7) == (path, path, str(disk), f"{path}.checkpoint.jxs")
+        first, last = int(named[2]), int(named[3])
+        assert f"samples {first}..{last}" not in named[1]  # the call that raised it was another one
+        error = failure.value
+        assert isinstance(error.__cause__, CollectorStorageError)
+        assert isinstance(error.__cause__.__cause__, StorageError)
+        assert isinstance(error.__cause__.__cause__.__cause__, OSError)
+        assert error.errno == errno.ENOSPC and error.filename == path
+        io.hdf5_writers.close_writer(path)  # the failed run's collector, which its traceback holds
+        filler.unlink()
+        written = read_draws(path).done[0]
+        assert written <= first  # the rows named are not in the file
+        samples = _run(path)  # the same code run again, as the message says
+        assert np.array_equal(samples["w"][:, 0], np.arange(STEPS, dtype=np.float32))
