@@ -1,6 +1,7 @@
 """An ``HDF5Collector``'s write that fails on its writer thread (a real full disk: a small tmpfs, skipped where mounting
 one is refused) is raised by the collector's next call, which does something else: the error names the rows and chain
-that were not written and the file, keeps the failure as its cause, and says how to resume, which then works."""
+(or the checkpoint) that were not written and the file, keeps the failure as its cause, and says how to resume, which
+then works."""
 
 from __future__ import annotations
 
@@ -67,3 +68,26 @@ def test_a_failed_write_names_the_rows_it_held_and_how_to_resume_and_the_run_res
         assert written <= first  # the rows named are not in the file
         samples = _run(path)  # the same code run again, as the message says
         assert np.array_equal(samples["w"][:, 0], np.arange(STEPS, dtype=np.float32))
+
+
+def test_a_failed_checkpoint_names_the_checkpoint_and_its_file(tmp_path):
+    from tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "1m") as disk:
+        (disk / "filler").write_bytes(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 4096))
+        path, checkpoint = str(tmp_path / "walk.h5"), str(disk / "walk.h5.checkpoint.jxs")
+        collector = io.HDF5Collector(path, checkpoint_dir=disk)
+        init_save, save, postprocess_save = io.save(collector, checkpoint_every=2, block_size=2)
+        state = init_save({"w": jnp.zeros(4096)}, 0.0, io.scheduler.static_information(samples_collected=6))
+        with pytest.raises(CollectorStorageError) as failure:
+            for step in range(6):
+                state, _ = save(state, True, {"w": jnp.full(4096, step, jnp.float32)}, solver_state=float(step))
+            postprocess_save(state, None)
+        expected = (
+            f": the queued write of the checkpoint of chain 0 at step 2 to {checkpoint} (after the samples before it, "
+            f"to {path}) failed: {checkpoint}: cannot write it: no space left on the device holding {disk}; free some "
+            "space there, or write elsewhere; the run has no checkpoint to continue from: run it again to start it over"
+        )
+        assert expected in str(failure.value), str(failure.value)
+        assert failure.value.errno == errno.ENOSPC
+        collector.close()

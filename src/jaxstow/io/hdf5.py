@@ -290,7 +290,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             chain_id: (first, [host_buffers.copy(value) for value in values])
             for chain_id, (first, values) in blocks.items()
         }
-        self._writer.submit(self._queued(rows_of(copies), functools.partial(self._write, copies, ends)))
+        self._writer.submit(self._queued(rows_of(copies, self._filename), functools.partial(self._write, copies, ends)))
 
     def _write(self, blocks: Mapping[int, tuple[int, Sequence[np.ndarray]]], ends: dict[int, int]) -> None:
         """Write each chain's rows; in SWMR mode, where readers may come at any time, publish them at once."""
@@ -335,7 +335,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         self.refuse_missing_chains()
         records = {chain_id: self._chains.with_loader_state(chain_id, cp) for chain_id, cp in checkpoints.items()}
         commit = functools.partial(self._commit, path, records, self._waiting())
-        self._writer.submit(self._queued(checkpoints_of(records), commit))
+        self._writer.submit(self._queued(checkpoints_of(records, path, self._filename), commit))
 
     def _waiting(self) -> dict[int, dict[str, Any]]:
         """The checkpoint records of the stopped run's chains that this collector has not registered yet: a run of

@@ -8,7 +8,8 @@ the checkpoint) and the file, keeps the failure as its cause, and says how the r
 >>> from jaxstow.io.hdf5_queued import queued, rows_of
 >>> def write():
 ...     raise OSError("the disk failed")
->>> job = queued(rows_of({0: (32, [np.zeros((8, 2))])}), write, filename="samples.h5", checkpoint=None, own_file=True)
+>>> rows = rows_of({0: (32, [np.zeros((8, 2))])}, "samples.h5")
+>>> job = queued(rows, write, filename="samples.h5", checkpoint=None, own_file=True)
 >>> try:
 ...     job()
 ... except Exception as error:
@@ -27,25 +28,27 @@ from jaxstow.errors import CollectorError, failed
 __all__ = ["checkpoints_of", "queued", "rows_of"]
 
 
-def rows_of(blocks: Mapping[int, tuple[int, Sequence[Any]]]) -> str:
-    """What a write of blocks (chain id -> first row, each leaf's rows) holds, as its failure names it."""
+def rows_of(blocks: Mapping[int, tuple[int, Sequence[Any]]], filename: str) -> str:
+    """What a write of blocks (chain id -> first row, each leaf's rows) to ``filename`` holds, as its failure names
+    it."""
     rows = [f"{first}..{first + len(values[0]) - 1} of chain {chain}" for chain, (first, values) in blocks.items()]
-    return f"samples {', '.join(rows)}"
+    return f"samples {', '.join(rows)} to {filename}"
 
 
-def checkpoints_of(steps: Mapping[int, Any]) -> str:
-    """What a checkpoint's commit (chain id -> its checkpoint, with its ``step``) writes, as its failure names it."""
-    chains = ", ".join(f"chain {chain} at step {checkpoint.step}" for chain, checkpoint in steps.items())
-    return f"the checkpoint of {chains} (with the samples before it)"
+def checkpoints_of(checkpoints: Mapping[int, Any], path: str, filename: str) -> str:
+    """What the commit of ``checkpoints`` (chain id -> its checkpoint, with its ``step``) to ``path``, after the
+    samples before them to ``filename``, writes, as its failure names it."""
+    chains = ", ".join(f"chain {chain} at step {checkpoint.step}" for chain, checkpoint in checkpoints.items())
+    return f"the checkpoint of {chains} to {path} (after the samples before it, to {filename})"
 
 
 def queued(
     what: str, job: Callable[[], None], *, filename: str, checkpoint: str | None, own_file: bool
 ) -> Callable[[], None]:
     """``job``, whose exception becomes a :class:`~jaxstow.errors.CollectorError` (a ``CollectorStorageError`` for a
-    storage failure) saying that ``what`` was not written to ``filename`` and how to resume: from ``checkpoint``, the
-    path of the chains' checkpoints, where one was committed, the run run again as it was (``own_file``: the collector
-    opened the file itself) or with the file opened with mode ``"a"``."""
+    storage failure) saying that ``what`` was not written and how to resume: from ``checkpoint``, the path of the
+    chains' checkpoints, where one was committed, the run run again as it was (``own_file``: the collector opened its
+    file itself) or with its file, ``filename``, opened with mode ``"a"``."""
 
     def run() -> None:
         try:
@@ -59,8 +62,6 @@ def queued(
                 )
             else:
                 resume = "the run has no checkpoint to continue from: run it again to start it over"
-            raise failed(
-                CollectorError, f"the queued write of {what} to {filename} failed: {error}; {resume}", error
-            ) from error
+            raise failed(CollectorError, f"the queued write of {what} failed: {error}; {resume}", error) from error
 
     return run
