@@ -8,8 +8,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import sys
+import textwrap
 from typing import Any
 
+import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,9 +25,10 @@ from jaxstow.io.live import read_draws
 STEPS = 60
 
 
-def _run(path: str) -> dict[str, np.ndarray]:
-    """Samples of 16 KiB a step, in blocks of 8, checkpointed every 10 steps: the run's samples."""
-    init_save, save, postprocess_save = io.save(io.HDF5Collector(path), checkpoint_every=10, block_size=8)
+def _run(file: Any) -> dict[str, Any]:
+    """Samples of 16 KiB a step, in blocks of 8, checkpointed every 10 steps, into ``file`` (a path, or an open
+    ``h5py.File``): the run's samples."""
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(file), checkpoint_every=10, block_size=8)
     state = init_save({"w": jnp.zeros(4096)}, 0.0, io.scheduler.static_information(samples_collected=STEPS))
 
     def step(state: Any, t: jax.Array) -> tuple[Any, None]:
@@ -91,3 +95,44 @@ def test_a_failed_checkpoint_names_the_checkpoint_and_its_file(tmp_path):
         assert expected in str(failure.value), str(failure.value)
         assert failure.value.errno == errno.ENOSPC
         collector.close()
+
+
+#: The run of ``_run`` into an ``h5py.File`` the program opened, on a full disk; the file closed as the program ends.
+_FILLED = """
+import os, sys, h5py
+sys.path.insert(0, sys.argv[2])
+from test_hdf5_failed_write_messages import _run
+file = h5py.File(sys.argv[1], "w", libver="latest")
+try:
+    _run(file)
+except Exception as error:
+    print(error, flush=True)
+try:
+    file.close()
+except RuntimeError:  # HDF5 fails to flush the file as it closes it: its writer flags stay set
+    pass
+os._exit(0)  # HDF5 may crash at the interpreter's exit after a flush that failed
+"""
+
+
+def test_a_failed_write_into_the_callers_file_says_how_to_resume_it_and_it_resumes(tmp_path):
+    import forked  # here: the program imports this module, where tests/support is not on the path
+    from tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "4m") as disk:
+        path, filler = str(disk / "walk.h5"), disk / "filler"
+        filler.write_bytes(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 500_000))
+        program = [sys.executable, "-c", textwrap.dedent(_FILLED), path, os.path.dirname(__file__)]
+        done = forked.run(program, capture_output=True, text=True)
+        printed = done.stdout.strip() + done.stderr[-2000:]
+        assert printed.startswith("HDF5Collector failed while "), printed
+        assert printed.endswith(
+            f"; once that is fixed, close {path}, clear the writer flags its failed close may leave "
+            f"(jaxstow.io.swmr.clear_stale_writer({path!r})), open it with mode 'a' and run it again: it continues "
+            f"from the last checkpoint, in {path}.checkpoint.jxs (or says that the failed write left the file cut "
+            "short)"
+        ), printed
+        filler.unlink()
+        io.swmr.clear_stale_writer(path)  # as the error says
+        with h5py.File(path, "a", libver="latest") as file:
+            assert np.array_equal(_run(file)["w"][:, 0], np.arange(STEPS, dtype=np.float32))

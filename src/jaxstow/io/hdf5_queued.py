@@ -48,13 +48,20 @@ def queued(
     """``job``, whose exception becomes a :class:`~jaxstow.errors.CollectorError` (a ``CollectorStorageError`` for a
     storage failure) saying that ``what`` was not written and how to resume: from ``checkpoint``, the path of the
     chains' checkpoints, where one was committed, the run run again as it was (``own_file``: the collector opened its
-    file itself) or with its file, ``filename``, opened with mode ``"a"``."""
+    file itself) or with its file, ``filename``, closed, its writer flags cleared and opened with mode ``"a"``."""
 
     def run() -> None:
         try:
             job()
         except Exception as error:
-            again = "run it again" if own_file else f"open {filename} with mode 'a' and run it again"
+            again = (
+                "run it again"
+                if own_file
+                else (
+                    f"close {filename}, clear the writer flags its failed close may leave "
+                    f"(jaxstow.io.swmr.clear_stale_writer({filename!r})), open it with mode 'a' and run it again"
+                )
+            )
             if checkpoint is not None and os.path.exists(checkpoint):
                 resume = (
                     f"once that is fixed, {again}: it continues from the last checkpoint, in {checkpoint} (or says "
