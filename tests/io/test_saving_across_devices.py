@@ -8,6 +8,8 @@ must be exactly those of the same walk stacked by ``lax.scan`` without saving.
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -119,3 +121,73 @@ def test_chains_replicated_along_a_mesh_axis_their_walk_does_not_split_give_thei
     results = postprocess_save(jax.jit(run)(states, keys, jnp.zeros((2, 2))))
     for result, draws in zip(results, _expected(keys), strict=True):
         np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), draws)
+
+
+class _OneCallAtATime(io.DataCollector):
+    """A collector of jax_sgmc's interface (``save(chain_id, values)``, a sample at a time) that takes a while in each
+    call and notes every call that began while another was running."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, list[np.ndarray]] = {}
+        self.running = 0
+        self.overlapping: list[str] = []
+
+    def register_data_loader(self, data_loader) -> None:
+        pass
+
+    def register_chain(self, init_sample=None, init_checkpoint=None, static_information=None) -> int:
+        self.rows[len(self.rows)] = []
+        return len(self.rows) - 1
+
+    def _call(self, what: str, action) -> None:
+        self.running += 1
+        try:
+            if self.running > 1:
+                self.overlapping.append(what)
+            time.sleep(0.001)  # as a collector writing to storage does, letting the other threads run
+            action()
+        finally:
+            self.running -= 1
+
+    def save(self, chain_id, values) -> None:
+        self._call(f"save of chain {chain_id}", lambda: self.rows[chain_id].append(np.array(values[0])))
+
+    def checkpoint(self, chain_id, checkpoint) -> None:
+        self._call(f"checkpoint of chain {chain_id}", lambda: None)
+
+    def finalize(self, chain_id) -> None:
+        pass
+
+    def finished(self, chain_id):
+        return {"x": np.stack(self.rows[chain_id])}
+
+    def resume(self):
+        return {}
+
+
+class _CopyingBlocks(_OneCallAtATime):
+    """The same, taking whole blocks that it copies at once: it gets them inside the run, on the devices' threads."""
+
+    copies_blocks = True
+
+    def save(self, chain_id, first, values) -> None:  # type: ignore[override]
+        def store() -> None:
+            rows = self.rows[chain_id]
+            rows[first:] = list(np.array(values[0])) + rows[first + len(values[0]) :]
+
+        self._call(f"save of chain {chain_id}", store)
+
+
+@pytest.mark.parametrize(("kind", "checkpoint_every"), [(_OneCallAtATime, 2), (_CopyingBlocks, 0)])
+def test_a_collector_is_called_one_call_at_a_time_while_the_devices_call_back_at_once(kind, checkpoint_every) -> None:
+    collector = kind()
+    init_save, save, postprocess_save = io.save(collector, checkpoint_every, block_size=1)
+    keys = jax.random.split(jax.random.key(2), 2 * DEVICES)
+    states = jax.vmap(lambda _: init_save(SAMPLE, SAMPLE, INFORMATION))(jnp.arange(2 * DEVICES))
+    on_devices = jax.tree.map(lambda leaf: leaf.reshape(DEVICES, 2, *leaf.shape[1:]), (states, keys))
+    run = jax.pmap(jax.vmap(lambda state, key: _walk(save, state, key, jnp.zeros(2))[0]))
+    final = jax.tree.map(lambda leaf: leaf.reshape(2 * DEVICES, *leaf.shape[2:]), run(*on_devices))
+    results = postprocess_save(final)
+    assert collector.overlapping == []
+    for result, draws in zip(results, _expected(keys), strict=True):
+        np.testing.assert_array_equal(result["samples"]["x"], draws)

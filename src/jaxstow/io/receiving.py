@@ -131,6 +131,9 @@ class Receiver:
         self.key_impls: list[tuple[Any, str] | None] = []
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
         self._writes = RowWrites()
+        #: Held around each block or checkpoint handed to the collector, and its bookkeeping: the devices of a
+        #: ``pmap`` or ``shard_map`` call back at the same time, each on a thread of its own.
+        self._handing_over = threading.Lock()
         register_sender = getattr(collector, "register_sender", None)
         if register_sender is not None:  # a collector that closes its file waits for the blocks still on their way
             register_sender(self._deliveries.wait)
@@ -279,20 +282,23 @@ class Receiver:
 
     def _hand_over(self, rounds: list[list[Block]]) -> None:
         """Hand the blocks of one callback to the collector, each round's together (one write, and one flush, for
-        all chains)."""
-        for blocks in rounds:
-            live = {chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures}
-            if not live:
-                continue
-            for chain_id, (first, values) in live.items():
-                self._writes.note(chain_id, first, len(values[0]) if values else 0)
-            try:
-                together(self.collector, "save")(live)
-            except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
-                if not isinstance(error, Exception) and threading.current_thread() is threading.main_thread():
-                    raise
+        all chains), one callback's at a time."""
+        with self._handing_over:
+            for blocks in rounds:
+                live = {
+                    chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures
+                }
+                if not live:
+                    continue
                 for chain_id, (first, values) in live.items():
-                    self.failures[chain_id] = (_saving(chain_id, first, values), error)
+                    self._writes.note(chain_id, first, len(values[0]) if values else 0)
+                try:
+                    together(self.collector, "save")(live)
+                except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
+                    if not isinstance(error, Exception) and threading.current_thread() is threading.main_thread():
+                        raise
+                    for chain_id, (first, values) in live.items():
+                        self.failures[chain_id] = (_saving(chain_id, first, values), error)
 
     def _checkpoint(self, chain_ids: np.ndarray, counts: np.ndarray, checkpoint: Any) -> None:
         steps, solver, scheduler = checkpoint
@@ -318,7 +324,8 @@ class Receiver:
         if not live:
             return
         try:  # the chains of one step together: a collector may store them all at once
-            together(self.collector, "checkpoint")(live)
+            with self._handing_over:
+                together(self.collector, "checkpoint")(live)
         except Exception as error:
             for chain_id, record in live.items():
                 self.failures[chain_id] = (f"checkpointing chain {chain_id} at step {record.step}", error)
@@ -375,8 +382,11 @@ class Receiver:
 
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
-        self._writes.note(chain_id, first, len(values[0]) if values else 0)
-        self.attempt(chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values)
+        with self._handing_over:
+            self._writes.note(chain_id, first, len(values[0]) if values else 0)
+            self.attempt(
+                chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values
+            )
 
     def attempt(self, chain_id: int, what: str, action: Callable[..., Any], *args: Any) -> None:
         """Run a collector call unless the chain failed before; remember the first failure."""
