@@ -102,6 +102,20 @@ def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
     assert jaxstow.load(elsewhere, from_format="orbax", as_numpy=True)["w"].tolist() == [7.0] * 4
 
 
+@pytest.mark.parametrize("absolute", [True, False])
+def test_an_orbax_leaf_named_by_a_path_out_of_its_folder_is_refused_without_reading_there(tmp_path, absolute):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    elsewhere = _orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
+    name = str(elsewhere / "w") if absolute else "../elsewhere/w"
+    metadata = (folder / "_METADATA").read_text().replace('"key": "w"', f'"key": "{name}"')
+    (folder / "_METADATA").write_text(metadata)  # orbax read the array from the folder the name gives, outside
+    with pytest.raises(FormatError, match=rf"{folder / '_METADATA'}: names the leaf '{name}', which orbax reads"):
+        jaxstow.load(folder, from_format="orbax")
+    done = _convert(folder, tmp_path / "out.jxs")
+    assert done.returncode == 2 and f"names the leaf '{name}'" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
+
+
 def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused_before_it_is_made(tmp_path):
     torch = pytest.importorskip("torch")
     # 4 bytes shown as 2**30 float32 (4 GiB), as torch.save keeps a view made by expand: its storage, shape, strides

@@ -10,6 +10,10 @@ is parsed here first, and one that is not JSON, or nests past what a jaxstow fil
 (``manifest.ocdbt``: orbax's default, which keeps each array's ``.zarray`` as a key), read through tensorstore's
 key-value store, which parses nothing.
 
+orbax reads a leaf of a checkpoint without OCDBT from the folder its name gives (the keys of its path joined by
+``.``), and the names come from ``_METADATA``: a name that is absolute or climbs out with ``..`` is refused, as a link
+out of the folder is, before orbax reads a file there.
+
 >>> import os, tempfile
 >>> from jaxstow._read.orbax_files import check_folder
 >>> folder = tempfile.mkdtemp()
@@ -27,7 +31,8 @@ from __future__ import annotations
 import os
 
 from jaxstow._format.json_codec import limits_problem, parse_json
-from jaxstow.errors import FormatError, PathError
+from jaxstow._storage.member_names import is_member_path
+from jaxstow.errors import FormatError, PathError, excerpt
 
 __all__ = ["check_folder"]
 
@@ -39,7 +44,8 @@ _JSON_NAMES = frozenset((
 
 def check_folder(folder: str) -> None:
     """Refuse a link under the local ``folder`` that leads out of it (a :class:`~jaxstow.errors.PathError`), and a JSON
-    metadata file that is not JSON or nests too deep, before orbax reads them."""
+    metadata file that is not JSON or nests too deep, and a leaf name of ``_METADATA`` that leads out of the folder
+    (a :class:`~jaxstow.errors.FormatError`), before orbax reads them."""
     real_folder = os.path.realpath(folder)
     for root, folders, names in os.walk(folder):
         for name in folders + names:
@@ -57,7 +63,9 @@ def check_folder(folder: str) -> None:
                 if not os.path.isfile(path):  # a FIFO would block the read
                     raise FormatError("is not a regular file, where orbax keeps JSON metadata", file=path)
                 with open(path, "rb") as file:
-                    _check_json(file.read(_MAX_METADATA_BYTES + 1), path)
+                    metadata = _check_json(file.read(_MAX_METADATA_BYTES + 1), path)
+                if name == "_METADATA":
+                    _check_leaf_names(metadata, path)
         if "manifest.ocdbt" in names:
             _check_database(root)
 
@@ -66,14 +74,33 @@ def check_folder(folder: str) -> None:
 _MAX_METADATA_BYTES = 64 << 20
 
 
-def _check_json(data: bytes, path: str) -> None:
-    """Refuse orbax's JSON metadata ``data`` at ``path`` (a file's read to one byte past the limit) unless it is JSON
-    within the limits of a jaxstow file."""
+def _check_json(data: bytes, path: str) -> object:
+    """orbax's JSON metadata ``data`` at ``path`` (a file's read to one byte past the limit), parsed; a
+    :class:`~jaxstow.errors.FormatError` unless it is JSON within the limits of a jaxstow file."""
     if len(data) > _MAX_METADATA_BYTES:
         raise FormatError(f"is more than the {_MAX_METADATA_BYTES} bytes orbax's metadata may take", file=path)
-    problem = limits_problem(parse_json(data, what="orbax's metadata", file=path))
+    metadata = parse_json(data, what="orbax's metadata", file=path)
+    problem = limits_problem(metadata)
     if problem is not None:
         raise FormatError(problem, file=path)
+    return metadata
+
+
+def _check_leaf_names(metadata: object, path: str) -> None:
+    """Refuse a leaf of orbax's ``_METADATA`` (parsed, at ``path``) whose name, the keys of its ``key_metadata``
+    joined by ``.`` as orbax joins them, is no path within the folder."""
+    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
+    for leaf, entry in tree.items() if isinstance(tree, dict) else ():
+        keys = entry.get("key_metadata") if isinstance(entry, dict) else None
+        name = ".".join(str(key.get("key")) for key in keys if isinstance(key, dict)) if isinstance(keys, list) else ""
+        if not is_member_path(name):
+            raise FormatError(
+                f"names the leaf {excerpt(name)}, which orbax reads from a folder of that name, outside the "
+                "checkpoint: orbax names a leaf by its keys, within the folder; the file is damaged or was made to "
+                "reach elsewhere: do not use this checkpoint",
+                file=path,
+                path=leaf,
+            )
 
 
 def _check_database(folder: str) -> None:
