@@ -288,6 +288,20 @@ def test_jaxstow_uploads_lists_and_aborts_unfinished_uploads(s3):
     assert _unfinished(client, server.bucket, prefix) == []
 
 
+def test_jaxstow_uploads_of_a_folder_aborts_only_what_lies_in_it_whatever_the_keys(s3, capsys):
+    from jaxstow.cli import main
+
+    server, prefix, client = s3
+    inside = [f"{prefix}/run/{name}" for name in ("1/model.jxs", "L" * 900, "new\nline [31m", "sp ace %2F+")]
+    spared = [f"{prefix}/run", f"{prefix}/run2/model.jxs", f"{prefix}/runx", f"{prefix}/other/run/model.jxs"]
+    for key in inside + spared:
+        client.create_multipart_upload(Bucket=server.bucket, Key=key)
+    options = ["--storage-options", json.dumps(server.storage_options)]
+    assert main(["uploads", server.url(prefix, "run/"), *options, "--abort"]) == 0  # the folder: not the file "run"
+    assert f"{len(inside)} uploads aborted under" in capsys.readouterr().out
+    assert sorted(_unfinished(client, server.bucket, prefix)) == sorted(spared)
+
+
 def test_a_manager_of_a_mistyped_bucket_makes_no_bucket(s3):
     server, prefix, client = s3
     url = f"s3://{server.bucket}-typo/{prefix}/run"  # s3fs's makedirs made the bucket, and the run went there

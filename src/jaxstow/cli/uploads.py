@@ -2,7 +2,8 @@
 
 A process killed mid-save leaves an unfinished upload (its parts stored, and billed, but no object). The next save
 to the same key, and a checkpoint manager taking over its directory, abort such uploads themselves; this command
-finds those left anywhere else. ``--older-than SECONDS`` spares uploads still being written.
+finds those left anywhere else. ``--older-than SECONDS`` spares uploads still being written. ``s3://bucket/run`` names
+the file ``run`` and the folder ``run/`` (never ``run2/``); ``s3://bucket/run/`` the folder alone.
 
 Exit status 0; 2 on an error (a URL that is not ``s3://``, a server out of reach).
 """
@@ -47,9 +48,10 @@ def _age(text: str) -> float:
     return seconds
 
 
-def _under(key: str, prefix: str) -> bool:
-    """Whether ``key`` is the file ``prefix`` names or lies in the folder it names (not in a sibling, ``run2/``)."""
-    return not prefix or key == prefix or key.startswith(prefix.rstrip("/") + "/")
+def _under(key: str, prefix: str, *, folder: bool) -> bool:
+    """Whether ``key`` lies in the folder ``prefix`` names (not in a sibling, ``run2/``) or, unless the URL named a
+    ``folder`` (it ended in ``/``), is the file ``prefix`` names."""
+    return not prefix or key.startswith(prefix.rstrip("/") + "/") or (key == prefix and not folder)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     found = [
         upload
         for upload in bucket.unfinished_uploads(prefix, url=args.url)
-        if _under(upload["Key"], prefix) and (now - upload["Initiated"]).total_seconds() >= args.older_than
+        if _under(upload["Key"], prefix, folder=args.url.endswith("/"))
+        and (now - upload["Initiated"]).total_seconds() >= args.older_than
     ]
     if args.abort:
         bucket.abort_uploads(found, url=args.url)
