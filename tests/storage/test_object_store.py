@@ -302,6 +302,22 @@ def test_jaxstow_uploads_of_a_folder_aborts_only_what_lies_in_it_whatever_the_ke
     assert sorted(_unfinished(client, server.bucket, prefix)) == sorted(spared)
 
 
+def test_jaxstow_uploads_says_which_uploads_an_abort_left_unfinished(s3, capsys):
+    from jaxstow.cli import main
+
+    server, prefix, client = s3
+    client.create_multipart_upload(Bucket=server.bucket, Key=f"{prefix}/run/model.jxs")
+    odd = client.create_multipart_upload(Bucket=server.bucket, Key=f"{prefix}/run/a\x01b")["UploadId"]
+    # the server lists the key with U+FFFD for the control character: an abort of that key finds no upload
+    options = ["--storage-options", json.dumps(server.storage_options)]
+    assert main(["uploads", server.url(prefix), *options, "--abort"]) == 2
+    out, err = capsys.readouterr()
+    assert "1 upload aborted under" in out  # model.jxs; the other was said to be aborted too
+    assert f"{server.url(prefix)}: 1 upload still unfinished after aborting: " in err
+    assert f"(upload id {odd}): the server lists the key otherwise than it was written" in err
+    assert len(_unfinished(client, server.bucket, prefix)) == 1
+
+
 def test_a_manager_of_a_mistyped_bucket_makes_no_bucket(s3):
     server, prefix, client = s3
     url = f"s3://{server.bucket}-typo/{prefix}/run"  # s3fs's makedirs made the bucket, and the run went there

@@ -5,7 +5,8 @@ to the same key, and a checkpoint manager taking over its directory, abort such 
 finds those left anywhere else. ``--older-than SECONDS`` spares uploads still being written. ``s3://bucket/run`` names
 the file ``run`` and the folder ``run/`` (never ``run2/``); ``s3://bucket/run/`` the folder alone.
 
-Exit status 0; 2 on an error (a URL that is not ``s3://``, a server out of reach).
+Exit status 0; 2 on an error (a URL that is not ``s3://``, a server out of reach, an upload still listed after
+``--abort``).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+from typing import Any
 
 from jaxstow.cli.files import storage
 from jaxstow.cli.output import Table, print_json
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, StorageError, excerpt
 
 __all__ = ["HELP", "arguments", "run"]
 
@@ -73,8 +75,12 @@ def run(args: argparse.Namespace) -> int:
         if _under(upload["Key"], prefix, folder=args.url.endswith("/"))
         and (now - upload["Initiated"]).total_seconds() >= args.older_than
     ]
+    left: list[dict[str, Any]] = []
     if args.abort:
         bucket.abort_uploads(found, url=args.url)
+        listed = {upload["UploadId"] for upload in bucket.unfinished_uploads(prefix, url=args.url)}
+        left = [upload for upload in found if upload["UploadId"] in listed]
+        found = [upload for upload in found if upload["UploadId"] not in listed]
     rows = [
         {
             "key": f"s3://{bucket_name}/{upload['Key']}",
@@ -87,11 +93,24 @@ def run(args: argparse.Namespace) -> int:
     done = "aborted" if args.abort else "unfinished"
     if args.json:
         print_json({"url": args.url, done: rows})
-        return 0
-    if rows:
-        table = Table(["key", "started", "age", "upload id"], right=["age"])
-        for row in rows:
-            table.add(row["key"], row["started"], f"{row['age_seconds']} s", row["upload_id"])
-        table.show()
-    print(f"{len(rows)} upload{'s' if len(rows) != 1 else ''} {done} under {args.url}")
+    else:
+        if rows:
+            table = Table(["key", "started", "age", "upload id"], right=["age"])
+            for row in rows:
+                table.add(row["key"], row["started"], f"{row['age_seconds']} s", row["upload_id"])
+            table.show()
+        print(f"{len(rows)} upload{'s' if len(rows) != 1 else ''} {done} under {args.url}")
+    if left:
+        raise StorageError(_not_aborted(left, bucket_name), file=args.url)
     return 0
+
+
+def _not_aborted(left: list[dict[str, Any]], bucket_name: str) -> str:
+    """Why the uploads ``left`` are still listed after they were aborted, and how to end them."""
+    shown = ", ".join(f"{excerpt('s3://' + bucket_name + '/' + up['Key'])} (upload id {up['UploadId']})" for up in left)
+    return (
+        f"{len(left)} upload{'s' if len(left) != 1 else ''} still unfinished after aborting: {shown}: the server "
+        "lists the key otherwise than it was written (a character its listing cannot carry), so the abort reached no "
+        "upload; end it by its upload id with the store's own tools, or with a lifecycle rule "
+        "(AbortIncompleteMultipartUpload)"
+    )
