@@ -116,6 +116,23 @@ def test_an_orbax_leaf_named_by_a_path_out_of_its_folder_is_refused_without_read
     assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
 
 
+def test_an_orbax_json_item_that_is_a_fifo_is_refused_without_waiting_on_it(tmp_path):
+    run = tmp_path / "run"
+    options = ocp.CheckpointManagerOptions(best_fn=lambda metrics: metrics["loss"], best_mode="min")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ocp.CheckpointManager(run, options=options) as manager:
+            manager.save(1, args=ocp.args.StandardSave({"w": np.ones(2, np.float32)}), metrics={"loss": 0.5})
+            manager.wait_until_finished()
+    metrics = run / "1" / "metrics" / "metrics"
+    metrics.unlink()
+    os.mkfifo(metrics)  # opening it to read waited for a writer that never comes
+    done = _convert(run, tmp_path / "out")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{metrics}: is not a regular file, where orbax keeps JSON" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused_before_it_is_made(tmp_path):
     torch = pytest.importorskip("torch")
     # 4 bytes shown as 2**30 float32 (4 GiB), as torch.save keeps a view made by expand: its storage, shape, strides

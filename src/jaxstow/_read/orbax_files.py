@@ -34,7 +34,7 @@ from jaxstow._format.json_codec import limits_problem, parse_json
 from jaxstow._storage.member_names import is_member_path
 from jaxstow.errors import FormatError, PathError, excerpt
 
-__all__ = ["check_folder"]
+__all__ = ["check_folder", "read_json_file"]
 
 #: The files of an orbax folder that hold JSON: orbax's own and zarr's (versions 2 and 3).
 _JSON_NAMES = frozenset((
@@ -60,10 +60,7 @@ def check_folder(folder: str) -> None:
         for name in names:
             if name in _JSON_NAMES or os.path.basename(root) == "array_metadatas":
                 path = os.path.join(root, name)
-                if not os.path.isfile(path):  # a FIFO would block the read
-                    raise FormatError("is not a regular file, where orbax keeps JSON metadata", file=path)
-                with open(path, "rb") as file:
-                    metadata = _check_json(file.read(_MAX_METADATA_BYTES + 1), path)
+                metadata = _check_json(read_json_file(path), path)
                 if name == "_METADATA":
                     _check_leaf_names(metadata, path)
         if "manifest.ocdbt" in names:
@@ -74,12 +71,27 @@ def check_folder(folder: str) -> None:
 _MAX_METADATA_BYTES = 64 << 20
 
 
+def read_json_file(path: str) -> bytes:
+    """The bytes of the JSON file at ``path`` that orbax wrote (its metadata, a JSON item); a
+    :class:`~jaxstow.errors.FormatError` naming it if it is no regular file (reading a FIFO would wait forever) or
+    holds more than orbax's metadata may take."""
+    if not os.path.isfile(path):
+        raise FormatError("is not a regular file, where orbax keeps JSON", file=path)
+    with open(path, "rb") as file:
+        return _within_limit(file.read(_MAX_METADATA_BYTES + 1), path)
+
+
+def _within_limit(data: bytes, path: str) -> bytes:
+    """``data``, orbax's JSON at ``path`` (read to one byte past the limit), unless it is over the limit."""
+    if len(data) > _MAX_METADATA_BYTES:
+        raise FormatError(f"is more than the {_MAX_METADATA_BYTES} bytes orbax's metadata may take", file=path)
+    return data
+
+
 def _check_json(data: bytes, path: str) -> object:
     """orbax's JSON metadata ``data`` at ``path`` (a file's read to one byte past the limit), parsed; a
     :class:`~jaxstow.errors.FormatError` unless it is JSON within the limits of a jaxstow file."""
-    if len(data) > _MAX_METADATA_BYTES:
-        raise FormatError(f"is more than the {_MAX_METADATA_BYTES} bytes orbax's metadata may take", file=path)
-    metadata = parse_json(data, what="orbax's metadata", file=path)
+    metadata = parse_json(_within_limit(data, path), what="orbax's metadata", file=path)
     problem = limits_problem(metadata)
     if problem is not None:
         raise FormatError(problem, file=path)

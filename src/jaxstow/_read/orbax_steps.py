@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
-from jaxstow._read.orbax_files import check_folder
+from jaxstow._read.orbax_files import check_folder, read_json_file
 from jaxstow._storage.member_names import is_member_name
 from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
@@ -229,10 +229,10 @@ def _read_json_item(folder: str) -> Any:
     names = [name for name in sorted(os.listdir(folder)) if name != "commit_success.txt"]
     if len(names) != 1:
         raise FormatError(f"a JSON item holds one file, not {names}", file=folder)
+    data = read_json_file(os.path.join(folder, names[0]))
     try:
-        with open(os.path.join(folder, names[0]), "rb") as file:
-            return json.loads(file.read())
-    except (OSError, ValueError, RecursionError) as error:
+        return json.loads(data)
+    except (ValueError, RecursionError) as error:
         raise FormatError(f"the JSON item cannot be read ({error})", file=folder) from None
 
 
