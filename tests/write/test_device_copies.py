@@ -25,19 +25,6 @@ _KIB = 1 << 10
 _MIB = 1 << 20
 
 
-@pytest.fixture(params=["pageable", "pinned_host"])
-def as_if_on_an_accelerator(request, monkeypatch):
-    """CPU jax arrays taken down the path of accelerator arrays: fetched to the host by the writer, through the
-    device's ``pinned_host`` memory as on a GPU, or by ``copy_to_host_async``."""
-    monkeypatch.setattr(host_budget, "_HOST_PLATFORMS", frozenset())
-    monkeypatch.setattr(host_budget, "_accelerators_present", lambda: True)
-    if request.param == "pinned_host":
-        monkeypatch.setattr(
-            pinned, "PINNED_PLATFORMS", pinned.PINNED_PLATFORMS | {"cpu"}
-        )  # CPU devices have pinned_host memory
-    return request.param
-
-
 def _device_bytes() -> int:
     """The bytes of the distinct buffers of every live jax array in device memory (an alias of a buffer counted once;
     copies in ``pinned_host`` memory are the host's)."""

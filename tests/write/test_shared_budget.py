@@ -16,21 +16,10 @@ from distributed_runs import launch, reports
 
 from jaxstow._format.checksum import checksum
 from jaxstow._format.replicas import replica_print
-from jaxstow._util import pinned
 from jaxstow._write import host_budget
 
 _KIB = 1 << 10
 WORKER = Path(__file__).parents[1] / "distributed" / "budget_worker.py"
-
-
-@pytest.fixture(params=["pageable", "pinned_host"])
-def as_if_on_an_accelerator(request, monkeypatch):
-    """CPU jax arrays taken down the path of accelerator arrays: brought to the host by the budget, through the
-    device's ``pinned_host`` memory as on a GPU, or by ``copy_to_host_async``."""
-    monkeypatch.setattr(host_budget, "_HOST_PLATFORMS", frozenset())
-    monkeypatch.setattr(host_budget, "_accelerators_present", lambda: True)
-    if request.param == "pinned_host":
-        monkeypatch.setattr(pinned, "PINNED_PLATFORMS", pinned.PINNED_PLATFORMS | {"cpu"})
 
 
 @pytest.mark.parametrize(
