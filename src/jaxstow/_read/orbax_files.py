@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 
 from jaxstow._format.json_codec import limits_problem, parse_json
+from jaxstow._storage.failures import storage_error
 from jaxstow._storage.member_names import is_member_path
 from jaxstow.errors import FormatError, PathError, excerpt
 
@@ -77,8 +78,12 @@ def read_json_file(path: str) -> bytes:
     holds more than orbax's metadata may take."""
     if not os.path.isfile(path):
         raise FormatError("is not a regular file, where orbax keeps JSON", file=path)
-    with open(path, "rb") as file:
-        return _within_limit(file.read(_MAX_METADATA_BYTES + 1), path)
+    try:
+        with open(path, "rb") as file:
+            data = file.read(_MAX_METADATA_BYTES + 1)
+    except OSError as error:
+        raise storage_error(error, path, doing="read it") from error
+    return _within_limit(data, path)
 
 
 def _within_limit(data: bytes, path: str) -> bytes:
