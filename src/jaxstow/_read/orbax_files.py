@@ -10,9 +10,8 @@ is parsed here first, and one that is not JSON, or nests past what a jaxstow fil
 (``manifest.ocdbt``: orbax's default, which keeps each array's ``.zarray`` as a key), read through tensorstore's
 key-value store, which parses nothing.
 
-orbax reads a leaf of a checkpoint without OCDBT from the folder its name gives (the keys of its path joined by
-``.``), and the names come from ``_METADATA``: a name that is absolute or climbs out with ``..`` is refused, as a link
-out of the folder is, before orbax reads a file there.
+orbax reads a leaf without OCDBT from the folder its name in ``_METADATA`` gives (its keys joined by ``.``): a name
+that is absolute or climbs out with ``..`` is refused, as a link out of the folder is, before orbax reads there.
 
 >>> import os, tempfile
 >>> from jaxstow._read.orbax_files import check_folder
