@@ -3,20 +3,35 @@ process 0, which hosts the coordination service, last."""
 
 from __future__ import annotations
 
-import contextlib
 import os
+import sys
+import time
 
 from jaxstow._util import jax_compat
 
+PATIENCE = 200.0  # seconds; below the 240 s the tests give each process to end
 
-def leave_once_every_process_reported(process: int, count: int) -> None:
-    """End this process; process 0 first waits (a minute at most) for the others to say they printed their reports,
-    as they may still read what it sent until then."""
+
+def leave_once_every_process_reported(process: int, count: int, *, gone: frozenset[int] = frozenset()) -> None:
+    """End this process; process 0 first waits (``PATIENCE`` at most) for the others to say they printed their
+    reports, as they may still read what it sent until then, and a process that loses the coordination service
+    before it says so is ended by jax with a failure. Anything that goes wrong here is told on stderr: the reports are
+    printed already, and each process's exit status tells the test whether it failed before. Process 0 does not wait
+    for the processes in ``gone`` (killed or stopped on purpose)."""
     client = jax_compat.distributed_client()
     if process == 0:
-        for other in range(1, count):
-            with contextlib.suppress(Exception):  # a process that failed: its own exit status tells the test why
-                client.blocking_key_value_get(f"reported/{other}", 60_000)
+        deadline = time.monotonic() + PATIENCE
+        for other in sorted(set(range(1, count)) - gone):
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    client.blocking_key_value_get(f"reported/{other}", max(1, int(left * 1000)))
+                    break
+                except Exception as error:  # a process that failed: its own exit status tells the test why
+                    print(f"waiting for process {other}'s report: {error}", file=sys.stderr, flush=True)
+                    time.sleep(0.5)
     else:
-        client.key_value_set(f"reported/{process}", "1")
+        try:
+            client.key_value_set(f"reported/{process}", "1")
+        except Exception as error:
+            print(f"telling process 0 this report is printed: {error}", file=sys.stderr, flush=True)
     os._exit(0)

@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
+from leaving import leave_once_every_process_reported  # noqa: E402
 
 import jaxstow  # noqa: E402
 from jaxstow._read import broadcast  # noqa: E402
@@ -119,14 +120,11 @@ def leave(report: dict) -> None:
     """Prints the report and ends the process without jax's shutdown barrier, which a dead or stopped process would
     hold up; process 0, which runs jax's coordination service, waits until every other live process has reported."""
     print(json.dumps(report), flush=True)
-    if args.count > 1:
-        client = jax._src.distributed.global_state.client
-        if args.process == 0:
-            for other in set(range(1, args.count)) - {args.die, args.stop, args.stop_after_gather}:
-                client.blocking_key_value_get(f"worker-reported/{other}", 120_000)
-        else:
-            client.key_value_set(f"worker-reported/{args.process}", "1")
-    os._exit(0)
+    if args.count == 1:
+        os._exit(0)
+    leave_once_every_process_reported(
+        args.process, args.count, gone=frozenset({args.die, args.stop, args.stop_after_gather})
+    )
 
 
 report: dict = {"process": args.process}
