@@ -9,7 +9,9 @@ import os
 import pickle
 import re
 import shutil
+import socket
 import sys
+import tempfile
 import warnings
 import zipfile
 
@@ -129,8 +131,60 @@ def test_an_orbax_json_item_that_is_a_fifo_is_refused_without_waiting_on_it(tmp_
     os.mkfifo(metrics)  # opening it to read waited for a writer that never comes
     done = _convert(run, tmp_path / "out")
     assert done.returncode == 2, done.stderr[-2000:]
-    assert f"{metrics}: is not a regular file, where orbax keeps JSON" in done.stderr
+    assert f"{metrics}: is a FIFO, where orbax keeps regular files" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _ocdbt_folder(folder, tree):
+    """An orbax checkpoint of ``tree`` in an OCDBT database (orbax's default)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True)) as checkpointer:
+            checkpointer.save(os.path.abspath(folder), args=ocp.args.PyTreeSave(tree))
+    return folder
+
+
+def _replace_with(path, kind):
+    """Put a file of ``kind`` where ``path`` is; a bound socket is returned, to be closed."""
+    path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "socket":  # bound at a short path (a socket's path is at most 107 bytes), then moved in place
+        bound, short = socket.socket(socket.AF_UNIX), tempfile.mktemp(dir=path.parents[2])
+        bound.bind(short)
+        os.rename(short, path)
+        return bound
+    return None
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+@pytest.mark.parametrize("place", ["a zarr chunk", "a file of an OCDBT database", "an OCDBT manifest"])
+def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without_waiting_on_it(tmp_path, place, kind):
+    tree = {"w": np.ones(4, np.float32)}
+    if place == "a zarr chunk":
+        folder = _orbax_folder(tmp_path / "ckpt", tree)
+        target = folder / "w" / "0"
+    else:
+        folder = _ocdbt_folder(tmp_path / "ckpt", tree)
+        target = folder / "manifest.ocdbt" if place == "an OCDBT manifest" else next((folder / "d").iterdir())
+    bound = _replace_with(target, kind)
+    try:  # tensorstore waited on a FIFO for a writer that never comes
+        done = _convert(folder, tmp_path / "out.jxs")
+    finally:
+        if bound is not None:
+            bound.close()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{target}: is a {kind}, where orbax keeps regular files" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
+
+
+def test_an_orbax_file_that_is_a_link_to_nothing_is_refused_naming_it_and_where_it_leads(tmp_path):
+    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    chunk = folder / "w" / "0"
+    chunk.unlink()
+    os.symlink(folder / "w" / "gone", chunk)  # orbax said: not an orbax checkpoint that orbax can restore
+    with pytest.raises(FormatError, match=rf"{chunk}: is a link to {folder / 'w' / 'gone'}, which does not exist"):
+        jaxstow.load(folder, from_format="orbax")
 
 
 def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused_before_it_is_made(tmp_path):

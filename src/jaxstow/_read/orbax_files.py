@@ -28,6 +28,7 @@ jaxstow.errors.FormatError: /.../w/.zarray: nests 599 JSON levels deep; a jaxsto
 from __future__ import annotations
 
 import os
+import stat
 
 from jaxstow._format.json_codec import limits_problem, parse_json
 from jaxstow._storage.failures import storage_error
@@ -43,11 +44,13 @@ _JSON_NAMES = frozenset((
 
 
 def check_folder(folder: str) -> None:
-    """Refuse a link under the local ``folder`` that leads out of it (a :class:`~jaxstow.errors.PathError`), and a JSON
-    metadata file that is not JSON or nests too deep, and a leaf name of ``_METADATA`` that leads out of the folder
-    (a :class:`~jaxstow.errors.FormatError`), before orbax reads them."""
+    """Refuse a link under the local ``folder`` that leads out of it (a :class:`~jaxstow.errors.PathError`), and a file
+    that is no regular file (a FIFO, a socket, a device, a link that leads nowhere), a JSON metadata file that is not
+    JSON or nests too deep, and a leaf name of ``_METADATA`` that leads out of the folder (a
+    :class:`~jaxstow.errors.FormatError`), before orbax reads them."""
     real_folder = os.path.realpath(folder)
-    for root, folders, names in os.walk(folder):
+    walked = list(os.walk(folder))
+    for root, folders, names in walked:  # every file before any is read: the database's files are in d/
         for name in folders + names:
             path = os.path.join(root, name)
             resolved = os.path.realpath(path)
@@ -58,6 +61,9 @@ def check_folder(folder: str) -> None:
                     file=path,
                 )
         for name in names:
+            _check_regular(os.path.join(root, name))
+    for root, _, names in walked:
+        for name in names:
             if name in _JSON_NAMES or os.path.basename(root) == "array_metadatas":
                 path = os.path.join(root, name)
                 metadata = _check_json(read_json_file(path), path)
@@ -65,6 +71,32 @@ def check_folder(folder: str) -> None:
                     _check_leaf_names(metadata, path)
         if "manifest.ocdbt" in names:
             _check_database(root)
+
+
+#: What each kind of file that is neither a regular file nor a folder is called.
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"))
+
+
+def _check_regular(path: str) -> None:
+    """Refuse a file of the folder that is not a regular file (a FIFO or a device, whose read waits forever or never
+    ends) or a link that leads nowhere, before tensorstore opens it: a :class:`~jaxstow.errors.FormatError`."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise FormatError(
+            f"is a link to {os.readlink(path)}, which does not exist: orbax keeps its files in the checkpoint's "
+            "folder; copy the file it should lead to there",
+            file=path,
+        ) from None
+    except OSError as error:
+        raise storage_error(error, path, doing="look at it") from error
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "a block device")
+        raise FormatError(
+            f"is {kind}, where orbax keeps regular files (a read of it could wait forever): the folder was not "
+            "written by orbax, or was changed since; do not use it",
+            file=path,
+        )
 
 
 #: The bytes a JSON metadata file of an orbax folder may take (orbax's are a few kB a leaf).
