@@ -19,6 +19,7 @@ import pytest
 import jaxstow
 from jaxstow import CheckpointManager
 from jaxstow._format.manifest import FORMAT_VERSION
+from jaxstow.errors import PathNotFoundError
 from reliability.forge import forge_native, split_native
 
 #: No credentials from this machine's files or its cloud metadata service: only what a test gives.
@@ -212,6 +213,24 @@ def test_missing_credentials_are_one_line(s3_server):
     done = jaxstow_command("inspect", url, env={"FSSPEC_S3": endpoint})
     assert_one_line_error(done, "inspect", url)
     assert "credentials" in done.stderr.lower()
+
+
+@pytest.mark.parametrize("command", ["inspect", "ls", "verify", "uploads"])
+def test_a_bucket_that_does_not_exist_is_named_in_one_line(s3_server, command):
+    missing = f"s3://{s3_server.bucket}-typo/run/model.jxs"  # it said: no such file (or folder)
+    configured = {"FSSPEC_S3": json.dumps(s3_server.storage_options)}
+    done = jaxstow_command(command, missing, env=configured)
+    assert_one_line_error(done, command, f"{missing}: no bucket '{s3_server.bucket}-typo': the storage has none")
+    done = jaxstow_command(command, s3_server.url("no-such-key", "model.jxs"), env=configured)  # in a bucket there
+    assert done.returncode == (0 if command == "uploads" else 2) and "no bucket" not in done.stderr, done.stderr
+
+
+def test_a_load_from_a_bucket_that_does_not_exist_names_the_bucket(s3_server):
+    missing = f"s3://{s3_server.bucket}-typo/model.jxs"
+    with pytest.raises(PathNotFoundError, match=f"{missing}: no bucket '{s3_server.bucket}-typo'"):
+        jaxstow.load(missing, storage_options=s3_server.storage_options)
+    with pytest.raises(PathNotFoundError, match=r"model.jxs: no such file or folder$"):
+        jaxstow.load(s3_server.url("no-such-key", "model.jxs"), storage_options=s3_server.storage_options)
 
 
 @pytest.fixture

@@ -321,7 +321,7 @@ def test_jaxstow_uploads_says_which_uploads_an_abort_left_unfinished(s3, capsys)
 def test_a_manager_of_a_mistyped_bucket_makes_no_bucket(s3):
     server, prefix, client = s3
     url = f"s3://{server.bucket}-typo/{prefix}/run"  # s3fs's makedirs made the bucket, and the run went there
-    with pytest.raises(PathNotFoundError, match=r"the bucket '.*-typo' does not exist: create it first"):
+    with pytest.raises(PathNotFoundError, match=r"no bucket '.*-typo': the storage has none of that name"):
         CheckpointManager(url, storage_options=server.storage_options).save(1, {"w": np.ones(2)})
     assert f"{server.bucket}-typo" not in [bucket["Name"] for bucket in client.list_buckets()["Buckets"]]
 

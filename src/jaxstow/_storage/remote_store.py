@@ -37,7 +37,14 @@ from jaxstow._storage.leftovers import removing
 from jaxstow._storage.marker_limit import refuse_large_marker
 from jaxstow._storage.member_names import check_member_name
 from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change, note_change, recent_changes, reconciled
-from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
+from jaxstow._storage.remote import (
+    bucket_missing,
+    forget_listings,
+    nothing_at,
+    object_source,
+    storage_errors,
+    url_filesystem,
+)
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
 from jaxstow._storage.small_reads import read_small
@@ -123,15 +130,9 @@ class RemoteStore:
 
     def ensure(self) -> None:
         """Create the root (a no-op on stores without folders); never a bucket, which a mistyped name would make."""
-        from jaxstow._storage.s3 import is_s3
-
         with storage_errors(self.location):
-            bucket = self.root.split("/", 1)[0]
-            if is_s3(self.fs) and not self.fs.exists(bucket):
-                raise PathNotFoundError(
-                    f"the bucket {bucket!r} does not exist: create it first (a checkpoint manager makes none)",
-                    file=self.location,
-                )
+            if bucket_missing(self.fs, self.root):
+                raise nothing_at(self.location, bucket_missing=True)
             if self.fs.isfile(self.root):  # its steps would go under the object's key, where no reader of it looks
                 raise NotAFolderError("is a file, not a folder for checkpoints", file=self.location)
             self.fs.makedirs(self.root, exist_ok=True)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._storage import s3_body
+from jaxstow._storage.remote import nothing_at
 from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
 from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_range, read_start, views_after, views_before
 from jaxstow._storage.sources import SourceBase
@@ -141,7 +142,7 @@ def s3_errors(url: str) -> Iterator[None]:
     except botocore.ClientError as error:
         code = str(error.response.get("Error", {}).get("Code", ""))
         if code in _MISSING:
-            raise PathNotFoundError("no such file or folder", file=url) from None
+            raise nothing_at(url, bucket_missing=code == "NoSuchBucket") from None
         if code == "PreconditionFailed":
             raise StorageError(_REPLACED.format("its ETag is not the one it had when opened"), file=url) from None
         raise StorageError(f"the storage failed: {error}", file=url) from error
