@@ -29,15 +29,7 @@ from jaxstow._storage.transfer import Transfer, lanes
 from jaxstow._util.optional import require
 from jaxstow.errors import IsAFolderError, JaxstowError, MissingDependencyError, PathNotFoundError, StorageError
 
-__all__ = [
-    "RemoteSource",
-    "bucket_missing",
-    "nothing_at",
-    "object_source",
-    "open_remote_source",
-    "storage_errors",
-    "url_filesystem",
-]
+__all__ = ["RemoteSource", "object_source", "open_remote_source", "storage_errors", "url_filesystem"]
 
 
 @contextlib.contextmanager
@@ -68,36 +60,6 @@ def storage_errors(url: str) -> Iterator[None]:
             else ""
         )
         raise StorageError(f"the storage failed: {text}{hint}", file=url) from error
-
-
-def nothing_at(url: str, *, bucket_missing: bool = False) -> PathNotFoundError:
-    """The error of nothing at ``url``; where the store has no bucket of the URL's name, one that names the bucket.
-
-    >>> from jaxstow._storage.remote import nothing_at
-    >>> print(nothing_at("s3://mdoels/run/1", bucket_missing=True))
-    s3://mdoels/run/1: no bucket 'mdoels': the storage has none of that name (or hides it from these credentials); check the URL's bucket, or create it
-    """
-    if not bucket_missing:
-        return PathNotFoundError("no such file or folder", file=url)
-    bucket = url.partition("://")[2].partition("/")[0]
-    return PathNotFoundError(
-        f"no bucket {bucket!r}: the storage has none of that name (or hides it from these credentials); check the "
-        "URL's bucket, or create it",
-        file=url,
-    )
-
-
-def bucket_missing(fs: Any, root: str) -> bool:
-    """Whether ``fs``, an object store (its paths start with a bucket: ``s3://``, ``gs://``, ``az://``), has no bucket
-    ``root`` is in (one request)."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
-    if not set(protocols) & set(_BUCKETED):
-        return False
-    try:
-        fs.info(root.partition("/")[0])
-    except FileNotFoundError:
-        return True
-    return False
 
 
 def url_filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
@@ -140,8 +102,6 @@ def forget_listings(fs: Any, root: str) -> None:
 
 #: The URL schemes of S3, whose package the extra ``jaxstow[s3]`` installs, and the packages of other stores.
 _S3 = ("s3", "s3a")
-#: The schemes of object stores, whose paths start with a bucket (or container).
-_BUCKETED = (*_S3, "gs", "gcs", "az", "abfs", "abfss")
 _PROTOCOL_PACKAGES = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
 
 

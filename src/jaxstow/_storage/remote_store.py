@@ -33,18 +33,12 @@ from typing import Any, BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
+from jaxstow._storage.buckets import bucket_missing, nothing_at
 from jaxstow._storage.leftovers import removing
 from jaxstow._storage.marker_limit import refuse_large_marker
 from jaxstow._storage.member_names import check_member_name
 from jaxstow._storage.recent import COMMITTED, DELETED, RECENT, WRITTEN, Change, note_change, recent_changes, reconciled
-from jaxstow._storage.remote import (
-    bucket_missing,
-    forget_listings,
-    nothing_at,
-    object_source,
-    storage_errors,
-    url_filesystem,
-)
+from jaxstow._storage.remote import forget_listings, object_source, storage_errors, url_filesystem
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import object_upload
 from jaxstow._storage.small_reads import read_small

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
 from jaxstow._storage import s3_body
-from jaxstow._storage.remote import nothing_at
+from jaxstow._storage.buckets import nothing_at
 from jaxstow._storage.retrying import BrokenBody, Retries, configured_attempts, error_code
 from jaxstow._storage.s3_body import OpenBody, let_go, read_body, read_range, read_start, views_after, views_before
 from jaxstow._storage.sources import SourceBase

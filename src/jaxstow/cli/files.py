@@ -130,7 +130,8 @@ def kind_of_path(target: str) -> str | None:
     path = local_path(target)
     if path is not None:
         return "folder" if os.path.isdir(path) else "file" if os.path.exists(path) else None
-    from jaxstow._storage.remote import bucket_missing, nothing_at, storage_errors, url_filesystem
+    from jaxstow._storage.buckets import bucket_missing, nothing_at
+    from jaxstow._storage.remote import storage_errors, url_filesystem
 
     fs, root = url_filesystem(target, storage().options)
     with storage_errors(target):  # not fs.exists, which takes a store it cannot reach for a missing file
