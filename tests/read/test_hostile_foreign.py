@@ -25,11 +25,12 @@ from jaxstow.errors import FormatError, PathError
 ocp = pytest.importorskip("orbax.checkpoint")
 
 
-def _orbax_folder(folder, tree):
-    """An orbax checkpoint of ``tree`` with a zarr folder per array (no OCDBT), whose metadata can be edited."""
+def _orbax_folder(folder, tree, *, ocdbt=False):
+    """An orbax checkpoint of ``tree`` with a zarr folder per array, whose metadata can be edited (``ocdbt``: in an
+    OCDBT database, orbax's default)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=False)) as checkpointer:
+        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=ocdbt)) as checkpointer:
             checkpointer.save(os.path.abspath(folder), args=ocp.args.PyTreeSave(tree))
     return folder
 
@@ -135,15 +136,6 @@ def test_an_orbax_json_item_that_is_a_fifo_is_refused_without_waiting_on_it(tmp_
     assert not (tmp_path / "out").exists()
 
 
-def _ocdbt_folder(folder, tree):
-    """An orbax checkpoint of ``tree`` in an OCDBT database (orbax's default)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=True)) as checkpointer:
-            checkpointer.save(os.path.abspath(folder), args=ocp.args.PyTreeSave(tree))
-    return folder
-
-
 def _replace_with(path, kind):
     """Put a file of ``kind`` where ``path`` is; a bound socket is returned, to be closed."""
     path.unlink()
@@ -165,7 +157,7 @@ def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without
         folder = _orbax_folder(tmp_path / "ckpt", tree)
         target = folder / "w" / "0"
     else:
-        folder = _ocdbt_folder(tmp_path / "ckpt", tree)
+        folder = _orbax_folder(tmp_path / "ckpt", tree, ocdbt=True)
         target = folder / "manifest.ocdbt" if place == "an OCDBT manifest" else next((folder / "d").iterdir())
     bound = _replace_with(target, kind)
     try:  # tensorstore waited on a FIFO for a writer that never comes
