@@ -136,3 +136,28 @@ def test_a_failed_write_into_the_callers_file_says_how_to_resume_it_and_it_resum
         io.swmr.clear_stale_writer(path)  # as the error says
         with h5py.File(path, "a", libver="latest") as file:
             assert np.array_equal(_run(file)["w"][:, 0], np.arange(STEPS, dtype=np.float32))
+
+
+#: The run of ``_run`` into a path, on a full disk, the program then ending as any does.
+_FILLED_PATH = """
+import sys
+sys.path.insert(0, sys.argv[2])
+from test_hdf5_failed_write_messages import _run
+try:
+    _run(sys.argv[1])
+except Exception as error:
+    print(type(error).__name__, flush=True)
+"""
+
+
+def test_a_process_whose_collector_of_a_path_failed_on_a_full_disk_ends_normally(tmp_path):
+    # A file the caller opened, whose close then fails, makes HDF5 crash at the interpreter's exit (h5py#914).
+    import forked
+    from tmpfs import small_tmpfs
+
+    with small_tmpfs(tmp_path / "small", "4m") as disk:
+        path, filler = str(disk / "walk.h5"), disk / "filler"
+        filler.write_bytes(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 500_000))
+        program = [sys.executable, "-c", textwrap.dedent(_FILLED_PATH), path, os.path.dirname(__file__)]
+        done = forked.run(program, capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (0, "CollectorStorageError\n"), done.stderr[-3000:]
