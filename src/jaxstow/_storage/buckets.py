@@ -36,8 +36,9 @@ def nothing_at(url: str, *, bucket_missing: bool = False) -> PathNotFoundError:
 
 
 def bucket_missing(fs: Any, root: str) -> bool:
-    """Whether ``fs``, an object store (its paths start with a bucket: ``s3://``, ``gs://``, ``az://``), has no bucket
-    ``root`` is in (one request)."""
+    """Whether ``fs``, an object store (its paths start with a bucket: ``s3://``, ``gs://``, ``az://``), says it has no
+    bucket ``root`` is in (one request). Any other answer is no: credentials allowed to reach the objects of a bucket
+    need not be allowed to look at the bucket itself."""
     protocols = fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,)
     if not set(protocols) & set(_BUCKETED):
         return False
@@ -45,4 +46,6 @@ def bucket_missing(fs: Any, root: str) -> bool:
         fs.info(root.partition("/")[0])
     except FileNotFoundError:
         return True
+    except Exception:  # refused (PermissionError), or out of reach: the request the caller makes next says so
+        return False
     return False
