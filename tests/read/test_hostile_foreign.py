@@ -141,6 +141,8 @@ def _replace_with(path, kind):
     path.unlink()
     if kind == "FIFO":
         os.mkfifo(path)
+    elif kind == "link to nothing":
+        os.symlink(path.with_name("gone"), path)
     elif kind == "socket":  # bound at a short path (a socket's path is at most 107 bytes), then moved in place
         bound, short = socket.socket(socket.AF_UNIX), tempfile.mktemp(dir=path.parents[2])
         bound.bind(short)
@@ -149,7 +151,7 @@ def _replace_with(path, kind):
     return None
 
 
-@pytest.mark.parametrize("kind", ["FIFO", "socket"])
+@pytest.mark.parametrize("kind", ["FIFO", "socket", "link to nothing"])
 @pytest.mark.parametrize("place", ["a zarr chunk", "a file of an OCDBT database", "an OCDBT manifest"])
 def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without_waiting_on_it(tmp_path, place, kind):
     tree = {"w": np.ones(4, np.float32)}
@@ -160,23 +162,21 @@ def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without
         folder = _orbax_folder(tmp_path / "ckpt", tree, ocdbt=True)
         target = folder / "manifest.ocdbt" if place == "an OCDBT manifest" else next((folder / "d").iterdir())
     bound = _replace_with(target, kind)
-    try:  # tensorstore waited on a FIFO for a writer that never comes
-        done = _convert(folder, tmp_path / "out.jxs")
+    expected = (
+        f"is a link to {target.with_name('gone')}, which does not exist"
+        if kind == "link to nothing"
+        else f"is a {kind}, where orbax keeps regular files"
+    )
+    try:  # tensorstore waited on a FIFO for a writer that never comes; orbax called a link to nothing no checkpoint
+        done = _convert(folder, tmp_path / "out.jxs")  # a process of its own, with a timeout: a wait fails the test
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f"{target}: {expected}" in done.stderr, done.stderr[-2000:]
+        assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
+        with pytest.raises(FormatError, match=re.escape(f"{target}: {expected}")):  # the command did not wait
+            jaxstow.load(folder, from_format="orbax")
     finally:
         if bound is not None:
             bound.close()
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert f"{target}: is a {kind}, where orbax keeps regular files" in done.stderr, done.stderr[-2000:]
-    assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
-
-
-def test_an_orbax_file_that_is_a_link_to_nothing_is_refused_naming_it_and_where_it_leads(tmp_path):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
-    chunk = folder / "w" / "0"
-    chunk.unlink()
-    os.symlink(folder / "w" / "gone", chunk)  # orbax said: not an orbax checkpoint that orbax can restore
-    with pytest.raises(FormatError, match=rf"{chunk}: is a link to {folder / 'w' / 'gone'}, which does not exist"):
-        jaxstow.load(folder, from_format="orbax")
 
 
 def test_a_torch_tensor_repeating_its_storage_into_more_than_the_file_is_refused_before_it_is_made(tmp_path):
