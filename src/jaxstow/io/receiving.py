@@ -122,9 +122,9 @@ class Receiver:
         #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
         self.starts: dict[int, int] = {}
         self.failures: dict[int, tuple[str, BaseException]] = {}
-        #: Per live chain and first row of a block, the block's rows, their checksum and the device that sent them
-        #: first, where each device of the run sends its own blocks.
-        self.device_blocks: dict[int, dict[int, tuple[int, int, tuple[int, int]]]] = {}
+        #: Per live chain and block (its first row and number of rows), the checksum of its rows and the device that
+        #: sent them first, where each device of the run sends its own blocks.
+        self.device_blocks: dict[int, dict[tuple[int, int], tuple[int, tuple[int, int]]]] = {}
         self.checkpoint_spec: Any = None
         self.key_data = stores_key_data(collector)
         #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
@@ -169,17 +169,15 @@ class Receiver:
         chains = len(each_chain)  # not -1: a leaf of no element has no size to tell it
         rings = [leaf.reshape(chains, *leaf.shape[chain_ids.ndim :]) for leaf in leaves]  # the chains on one axis
         rounds = self._blocks(each_chain, each_first, each_fill, each_row, rings)
-        if device is not None:
-            self._same_on_every_device(rounds, device)
         if self.at_once:
-            self._hand_over(rounds)
+            self._hand_over(rounds, device)
         else:
             rounds = [[_copied(block) for block in blocks] for blocks in rounds]
             if checkpoint is None:
-                self._deliveries.submit(functools.partial(self._hand_over, rounds))
+                self._deliveries.submit(functools.partial(self._hand_over, rounds, device))
             else:
                 self._deliveries.wait()
-                self._hand_over(rounds)
+                self._hand_over(rounds, device)
         if checkpoint is not None:
             self._checkpoint(chain_ids, table[2] + table[3], checkpoint)
         return token
@@ -220,23 +218,24 @@ class Receiver:
         buffer, checkpoint = layout.unflatten(leaves)
         return self.receive(checkpoint_every, numbers, buffer, checkpoint, device)
 
-    def _same_on_every_device(self, rounds: list[list[Block]], device: tuple[int, int]) -> None:
-        """Note each block's rows (their checksum) and the device that sent them; a chain whose rows come from two
-        devices that differ fails: its saving state went to each device whole (``pmap`` with ``in_axes=None``,
-        ``shard_map`` with the spec ``P()``), so that their samples would mix in it. Devices that send the same rows
-        (a chain replicated along a mesh axis its sampler does not split) store them twice, as one."""
-        for chain_id, first, values in itertools.chain.from_iterable(rounds):
-            rows = len(values[0]) if values else 0
-            checksum = functools.reduce(lambda crc, leaf: zlib.crc32(np.ascontiguousarray(leaf).data, crc), values, 0)
-            sent = self.device_blocks.setdefault(chain_id, {}).setdefault(first, (rows, checksum, device))
-            if sent[2] != device and sent[:2] != (rows, checksum):  # from one device, a block may come again
-                error = CollectorError(
-                    f"the saving state of chain {chain_id} went to several devices (jax.pmap with in_axes=None for "
-                    "it, or jax.shard_map with in_specs=P() for it), which sent other samples as that chain's (rows "
-                    f"{first}..{first + rows - 1}), so that they would mix in it: split the states over the devices "
-                    f"as the chains are, one per chain (in_axes=0, or P(axis) with the chains' axis); {STATE_PER_CHAIN}"
-                )
-                self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
+    def _first_copy(self, device: tuple[int, int], chain_id: int, first: int, values: Sequence[np.ndarray]) -> bool:
+        """Whether no other device sent the block before, noting its rows' checksum and the device that sent it
+        first. A chain whose rows come from two devices that differ fails: its saving state went to each device whole
+        (``pmap`` with ``in_axes=None``, ``shard_map`` with the spec ``P()``), so that their samples would mix in it.
+        Devices that send the same rows (a chain replicated along a mesh axis its sampler does not split) store them
+        once: a copy that comes after the other devices' later blocks is no other run's."""
+        rows = len(values[0]) if values else 0
+        checksum = functools.reduce(lambda crc, leaf: zlib.crc32(np.ascontiguousarray(leaf).data, crc), values, 0)
+        sent = self.device_blocks.setdefault(chain_id, {}).setdefault((first, rows), (checksum, device))
+        if sent[1] != device and sent[0] != checksum:
+            error = CollectorError(
+                f"the saving state of chain {chain_id} went to several devices (jax.pmap with in_axes=None for "
+                "it, or jax.shard_map with in_specs=P() for it), which sent other samples as that chain's (rows "
+                f"{first}..{first + rows - 1}), so that they would mix in it: split the states over the devices "
+                f"as the chains are, one per chain (in_axes=0, or P(axis) with the chains' axis); {STATE_PER_CHAIN}"
+            )
+            self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
+        return sent[1] == device  # from one device, a block may come again
 
     def _traced_otherwise(self, checkpoint_every: int, checkpoint: Any) -> str:
         """What the program sending a callback, traced with the ``save`` of a strategy (this one, or one made before
@@ -280,13 +279,16 @@ class Receiver:
                     blocks.append((chain_id, start, [leaf[index, piece] for leaf in rings]))
         return [blocks for blocks in rounds if blocks]
 
-    def _hand_over(self, rounds: list[list[Block]]) -> None:
+    def _hand_over(self, rounds: list[list[Block]], device: Device) -> None:
         """Hand the blocks of one callback to the collector, each round's together (one write, and one flush, for
-        all chains), one callback's at a time."""
-        with self._handing_over:
+        all chains), one callback's at a time, those that another device sent before left out."""
+        with self._handing_over:  # each block compared with those handed over before it
             for blocks in rounds:
                 live = {
-                    chain_id: (first, values) for chain_id, first, values in blocks if chain_id not in self.failures
+                    chain_id: (first, values)
+                    for chain_id, first, values in blocks
+                    if (device is None or self._first_copy(device, chain_id, first, values))
+                    and chain_id not in self.failures
                 }
                 if not live:
                     continue
