@@ -277,7 +277,9 @@ class _Streaming:
         The collector then keeps none of the run's samples (:meth:`DataCollector.release`), unless the run failed."""
         del solver_state
         checked_state(saving_state, SavingState, call="postprocess_save")
-        state = jax.device_get(saving_state)  # the run is over: every block it sent is handed over, or queued
+        # The run is over on every device (a replicated state's copies too, whose blocks come from each device):
+        # every block it sent is handed over, or queued.
+        state = jax.device_get(jax.block_until_ready(saving_state))
         host = self.host
         strategies = np.asarray(state.strategy)
         if any(strategy_gone(int(number)) for number in strategies.flat):
