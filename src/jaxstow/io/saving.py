@@ -279,7 +279,7 @@ class _Streaming:
         checked_state(saving_state, SavingState, call="postprocess_save")
         # The run is over on every device (a replicated state's copies too, whose blocks come from each device):
         # every block it sent is handed over, or queued.
-        state = jax.device_get(jax.block_until_ready(saving_state))
+        state = jax.device_get(jax.block_until_ready(saving_state))  # type: ignore[no-untyped-call]
         host = self.host
         strategies = np.asarray(state.strategy)
         if any(strategy_gone(int(number)) for number in strategies.flat):
