@@ -5,11 +5,15 @@ then works."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import h5py
@@ -115,15 +119,22 @@ os._exit(0)  # HDF5 may crash at the interpreter's exit after a flush that faile
 """
 
 
-def test_a_failed_write_into_the_callers_file_says_how_to_resume_it_and_it_resumes(tmp_path):
+@contextlib.contextmanager
+def _on_a_full_disk(tmp_path: Path, program: str) -> Iterator[tuple[str, Path, subprocess.CompletedProcess[str]]]:
+    """``program`` run in a process of its own with a file's path on a full disk (room for about 25 of the 60
+    samples) and this folder as its arguments: the path, the file that fills the disk, and what it printed."""
     import forked  # here: the program imports this module, where tests/support is not on the path
     from tmpfs import small_tmpfs
 
     with small_tmpfs(tmp_path / "small", "4m") as disk:
         path, filler = str(disk / "walk.h5"), disk / "filler"
         filler.write_bytes(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 500_000))
-        program = [sys.executable, "-c", textwrap.dedent(_FILLED), path, os.path.dirname(__file__)]
-        done = forked.run(program, capture_output=True, text=True)
+        command = [sys.executable, "-c", textwrap.dedent(program), path, os.path.dirname(__file__)]
+        yield path, filler, forked.run(command, capture_output=True, text=True)
+
+
+def test_a_failed_write_into_the_callers_file_says_how_to_resume_it_and_it_resumes(tmp_path):
+    with _on_a_full_disk(tmp_path, _FILLED) as (path, filler, done):
         printed = done.stdout.strip() + done.stderr[-2000:]
         assert printed.startswith("HDF5Collector failed while "), printed
         assert printed.endswith(
@@ -152,12 +163,5 @@ except Exception as error:
 
 def test_a_process_whose_collector_of_a_path_failed_on_a_full_disk_ends_normally(tmp_path):
     # A file the caller opened, whose close then fails, makes HDF5 crash at the interpreter's exit (h5py#914).
-    import forked
-    from tmpfs import small_tmpfs
-
-    with small_tmpfs(tmp_path / "small", "4m") as disk:
-        path, filler = str(disk / "walk.h5"), disk / "filler"
-        filler.write_bytes(bytes(os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize - 500_000))
-        program = [sys.executable, "-c", textwrap.dedent(_FILLED_PATH), path, os.path.dirname(__file__)]
-        done = forked.run(program, capture_output=True, text=True)
+    with _on_a_full_disk(tmp_path, _FILLED_PATH) as (_, _, done):
         assert (done.returncode, done.stdout) == (0, "CollectorStorageError\n"), done.stderr[-3000:]
