@@ -59,19 +59,34 @@ class ChainSteps:
         buffer = write_rows(state.buffer, jax.lax.rem(state.counts[..., 4], jnp.int32(ring)), sample)
         if checkpoint is None or state.step is None:
             return self._blocks_step(state._replace(buffer=buffer), kept, ring // 2)
-        counts = _count(state.counts, kept)
-        step = state.step + 1
-        due = jnp.any(step % self.checkpoint_every == 0)
-        branch = jnp.where(due, 2, jnp.any(counts[..., 3] == ring // 2).astype(jnp.int32))
+        return self._checkpoint_step(state._replace(buffer=buffer), state.step + 1, kept, ring // 2, checkpoint)
 
-        def wait(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
-            return counts
+    def _checkpoint_step(self, state: Moving, step: jax.Array, kept: jax.Array, rows: int, checkpoint: Any) -> Moving:
+        """A step with checkpoints, its sample written. A full block goes at the call after the one that filled it,
+        without that call's sample, as without checkpoints; a checkpoint carries the rows of the block so far, this
+        call's sample included, and leaves them in the block, whose next sending holds them again. Both branches of a
+        ``lax.cond`` that ``vmap`` runs for every chain send checkpoints, each with its branch's sample for every
+        chain: the host keeps the last, and the block sent later, from the state that each chain kept, puts right the
+        rows of the chains that took the other branch (``step`` counts this call)."""
+        due = jnp.any(step % self.checkpoint_every == 0).astype(jnp.int32)
+        full = state.full if state.full.ndim == 0 else jnp.any(state.full).astype(jnp.int32)
 
-        def send_blocks_only(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
-            return self._send(counts, buffer)
+        def count(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
+            return _count(counts, kept)
 
-        counts = jax.lax.switch(branch, [wait, send_blocks_only, self._send], counts, buffer, (step, *checkpoint))
-        return Moving(buffer, counts, state.full, step)
+        def send(counts: jax.Array, buffer: Any, *_: Any) -> jax.Array:
+            return _count(self._send(counts, buffer), kept)
+
+        def take(counts: jax.Array, buffer: Any, *taken: Any) -> jax.Array:
+            return self._take_checkpoint(count(counts, buffer), buffer, taken)
+
+        def send_and_take(counts: jax.Array, buffer: Any, *taken: Any) -> jax.Array:
+            return self._take_checkpoint(send(counts, buffer), buffer, taken)
+
+        counts = jax_compat.switch_in_range(
+            full + 2 * due, [count, send, take, send_and_take], state.counts, state.buffer, step, *checkpoint
+        )
+        return Moving(state.buffer, counts, (counts[..., 3] == rows).astype(jnp.int32), step)
 
     def _blocks_step(self, state: Moving, kept: jax.Array, rows: int) -> Moving:
         """A step without checkpoints, its sample written. Every operation here runs at every step, and XLA's CPU
@@ -92,28 +107,26 @@ class ChainSteps:
         counts, full = jax_compat.switch_in_range(index, [wait, send], state.counts, kept, state.buffer)
         return Moving(state.buffer, counts, full, state.step)
 
-    def _send(self, counts: jax.Array, buffer: Any, *checkpoint: Any) -> jax.Array:
-        """Send every chain's block (``checkpoint``: with the checkpoint, a side effect); the counts after it."""
+    def _send(self, counts: jax.Array, buffer: Any) -> jax.Array:
+        """Send every chain's block; the counts after it, the block's rows sent."""
         # The numbers go as one small array: each argument of a callback costs its own transfer to the host.
         numbers = jnp.moveaxis(counts, -1, 0)
-        if checkpoint:  # a checkpoint must be taken exactly once, in order: a side effect
-            # The layout goes with this program's callback: another program of the strategy has one of its own.
-            leaves, layout = jax.tree.flatten((buffer, *checkpoint))
-            token = send_block(
-                routed("receive_checkpoint", self.checkpoint_every, layout),
-                numbers,
-                leaves,
-                side_effect=True,
-                owner=self,
-            )
-        else:
-            # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which
-            # costs every step of the loop whether a block is sent or not; the token orders the deliveries.
-            token = send_block(
-                routed("receive_block", self.checkpoint_every), numbers, jax.tree.leaves(buffer), owner=self
-            )
+        # Delivering a block twice stores the same rows twice, so it needs no side-effect machinery, which costs every
+        # step of the loop whether a block is sent or not; the token orders the deliveries.
+        token = send_block(routed("receive_block", self.checkpoint_every), numbers, jax.tree.leaves(buffer), owner=self)
         ring = jax.tree.leaves(buffer)[0].shape[numbers.ndim - 1]
         zero = jnp.zeros_like(token)
         return jnp.stack(
             [numbers[0], token, numbers[2] + numbers[3], zero, jax.lax.rem(numbers[4], jnp.int32(ring))], axis=-1
         )
+
+    def _take_checkpoint(self, counts: jax.Array, buffer: Any, checkpoint: tuple[Any, ...]) -> jax.Array:
+        """Send every chain's checkpoint, with the rows of its block so far, which stay in the block; the counts
+        after it."""
+        # A checkpoint must be taken exactly once, in order: a side effect. The layout goes with this program's
+        # callback: another program of the strategy has one of its own.
+        leaves, layout = jax.tree.flatten((buffer, checkpoint))
+        numbers = jnp.moveaxis(counts, -1, 0)
+        routine = routed("receive_checkpoint", self.checkpoint_every, layout)
+        token = send_block(routine, numbers, leaves, side_effect=True, owner=self)
+        return counts.at[..., 1].set(token)

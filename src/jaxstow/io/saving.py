@@ -90,7 +90,7 @@ class SavingState(NamedTuple):
     #: ``(*chains, 5)``: the :attr:`strategy`, :attr:`token`, :attr:`sent`, :attr:`fill` and :attr:`row` of each
     #: chain, one array (a loop carries them in one buffer).
     counts: jax.Array
-    #: 1 where the chain's block is full: without checkpoints, the next call of ``save`` sends it.
+    #: 1 where the chain's block is full: the next call of ``save`` sends it.
     full: jax.Array
     step: jax.Array  # calls of save since the start of the run (counted only with checkpoints)
 
