@@ -7,6 +7,7 @@ import functools
 import inspect
 import threading
 import weakref
+import zlib
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
@@ -24,6 +25,7 @@ __all__ = [
     "released",
     "resumed_chain",
     "rows_start",
+    "refuse_rows_beyond",
     "save_block",
     "stores_key_data",
     "together",
@@ -266,7 +268,8 @@ def resumed_chain(collector: DataCollector, chain_id: int, *, checkpointing: boo
 
 def save_block(collector: DataCollector, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
     """``collector.save(chain_id, first, values)``; for a collector written to jax_sgmc's interface, whose
-    ``save(chain_id, values)`` takes one sample's leaves, that of each row of the block in turn.
+    ``save(chain_id, values)`` takes one sample's leaves, that of each row of the block in turn, once: a sample given
+    before that comes again with other values is a :class:`CollectorError`, as such a collector cannot take it back.
 
     >>> from jaxstow import io
     >>> class Rows(io.MemoryCollector):
@@ -279,17 +282,56 @@ def save_block(collector: DataCollector, chain_id: int, first: int, values: Sequ
     if not _takes_rows(type(collector)):
         collector.save(chain_id, first, values)
         return
-    given = _rows_given.setdefault(collector, {})
-    start = given.get(chain_id, 0)  # rows given before (a block delivered again) are not given twice
-    if first > start:
+    given = _rows_given.setdefault(collector, {}).setdefault(chain_id, _RowsGiven(0))
+    if first > given.end:
         raise CollectorError(
-            f"{type(collector).__name__}.save(chain_id, values) takes the samples in order, but samples {start} to "
+            f"{type(collector).__name__}.save(chain_id, values) takes the samples in order, but samples {given.end} to "
             f"{first - 1} of chain {chain_id} have not arrived before sample {first}: implement "
             "save(chain_id, first, values), which takes blocks in any order"
         )
-    for row in range(start - first, len(values[0]) if values else 0):
-        collector.save(chain_id, [value[row] for value in values])  # type: ignore[call-arg]
-        given[chain_id] = first + row + 1
+    for row in range(len(values[0]) if values else 0):
+        sample = [value[row] for value in values]
+        checksum = functools.reduce(lambda crc, leaf: zlib.crc32(np.asarray(leaf).tobytes(), crc), sample, 0)
+        if first + row < given.end:  # given before (a block delivered again): the same sample, or one it lacks
+            if first + row >= given.first and given.checksums[first + row - given.first] != checksum:
+                raise CollectorError(
+                    _taken_back(collector, chain_id, f"sample {first + row} came again with other values")
+                )
+            continue
+        collector.save(chain_id, sample)  # type: ignore[call-arg]
+        given.checksums.append(checksum)
+
+
+class _RowsGiven:
+    """The samples of a chain given to a collector of jax_sgmc's interface: from the ``first``, a checksum of each."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+        self.checksums: list[int] = []
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.checksums)
+
+
+def _taken_back(collector: DataCollector, chain_id: int, what: str) -> str:
+    """The message of samples given to ``save(chain_id, values)`` that the run did not keep, which it cannot take back."""
+    return (
+        f"{type(collector).__name__}.save(chain_id, values) was given samples of chain {chain_id} that its run did not "
+        f"keep ({what}), and cannot take them back: another run went on from the same saving state (call init_save for "
+        "each run), or a save with checkpoint_every sits in a lax.cond or lax.while_loop whose predicate differs from "
+        "chain to chain under vmap (choose the sample there, and call save once per step, outside it); or implement "
+        "save(chain_id, first, values), which stores each block at its rows"
+    )
+
+
+def refuse_rows_beyond(collector: DataCollector, counts: Mapping[int, int]) -> None:
+    """A :class:`CollectorError` if a collector of jax_sgmc's interface was given more samples of a chain than its
+    run kept (``counts``, by chain id)."""
+    given = _rows_given.get(collector, {})
+    for chain_id, count in counts.items():
+        if (end := given[chain_id].end if chain_id in given else 0) > count:
+            raise CollectorError(_taken_back(collector, chain_id, f"{end} of them, where the run kept {count}"))
 
 
 def rows_start(collector: DataCollector, chain_id: int, first: int) -> None:
@@ -297,7 +339,7 @@ def rows_start(collector: DataCollector, chain_id: int, first: int) -> None:
     collector of jax_sgmc's interface from sample ``first`` on: the rows that an earlier run of its id gave it (a run
     stopped before ``postprocess_save``) count no more."""
     if _takes_rows(type(collector)):
-        _rows_given.setdefault(collector, {})[chain_id] = first
+        _rows_given.setdefault(collector, {})[chain_id] = _RowsGiven(first)
 
 
 def released(collector: DataCollector, chain_id: int) -> None:
@@ -308,7 +350,7 @@ def released(collector: DataCollector, chain_id: int) -> None:
 
 
 #: Per collector of jax_sgmc's interface, the samples of each chain given to its ``save`` so far.
-_rows_given: weakref.WeakKeyDictionary[DataCollector, dict[int, int]] = weakref.WeakKeyDictionary()
+_rows_given: weakref.WeakKeyDictionary[DataCollector, dict[int, _RowsGiven]] = weakref.WeakKeyDictionary()
 
 
 @functools.cache

@@ -48,6 +48,7 @@ from jaxstow.io.batching import (
 from jaxstow.io.chain_steps import ChainSteps, Moving
 from jaxstow.io.collector import (
     DataCollector,
+    refuse_rows_beyond,
     registered_chain,
     released,
     resumed_chain,
@@ -331,6 +332,7 @@ class _Streaming:
             after = ", and the run is left unfinished: call it again" if self.checkpoint_every else "; run it again"
             advice = "declaring the right number, or samples_collected=None when it is not known in advance"
             raise SampleCountError(overflows, f"all of them were passed to the {name}{after} {advice}")
+        refuse_rows_beyond(self.collector, counts)
         samples = together(self.collector, "finished")(list(counts))
         for chain_id, chain_numbers, ring, chain_samples in zip(chain_ids, numbers, rings, samples, strict=True):
             host.check_rows_kept(chain_id, chain_numbers, ring, chain_samples)
