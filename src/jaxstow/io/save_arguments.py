@@ -126,10 +126,18 @@ def chains_marker() -> jax.Array:
 
 def _refuse_moved_chains(state: Any, call: str) -> None:
     """Refuse a state (with the ``chains`` shape of its chains) whose arrays do not all start with its chains' axes:
-    a ``vmap`` with ``out_axes`` other than 0 moved them, and each chain would be read along another axis."""
+    a ``vmap`` with ``out_axes`` other than 0 moved them, and each chain would be read along another axis; or one
+    whose ``chain_fields`` lack them or have more (a ``vmap`` that mapped a part of the state only)."""
     chains = getattr(state, "chains", None)
     if chains is None:
         return
+    for name, axes in getattr(state, "chain_fields", {}).items():
+        if len(shape := np.shape(getattr(state, name))) != len(chains) + axes:  # out_axes keeps the axes, moved
+            raise ArgumentError(
+                f"{call} was given a saving state whose {name} is shaped {shape}, where its chains are {chains}: a "
+                "jax.vmap mapped some of its arrays and not others (in_axes=None for a part of it), so that they no "
+                "longer tell each chain's own apart; map the whole state with the chains, in_axes=0 for all of it"
+            )
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         if tuple(np.shape(leaf)[: len(chains)]) != chains:
             _refuse_moved(call, chains, f"its leaf {jax.tree_util.keystr(path)} is shaped {tuple(np.shape(leaf))}")

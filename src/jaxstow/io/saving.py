@@ -101,6 +101,11 @@ class SavingState(NamedTuple):
         return tuple(np.shape(self.chain_id))
 
     @property
+    def chain_fields(self) -> dict[str, int]:
+        """Fields that hold an array per chain, and the number of axes of each chain's (``checked_state`` checks)."""
+        return {"full": 0, "counts": 1}
+
+    @property
     def strategy(self) -> jax.Array:
         """The number of the saving strategy whose ``init_save`` made the state: its host takes no other's blocks."""
         return self.counts[..., 0]
