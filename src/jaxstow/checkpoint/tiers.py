@@ -174,9 +174,10 @@ class Tiers:
             after=after,
         )
 
-    def delete(self, step: int) -> None:
+    def delete(self, step: int, *, last_persistent: bool) -> None:
         """Delete ``step`` from this process's local tier, the copies of other processes' files of it kept here, and
-        the tiers other processes left here."""
+        the tiers other processes left here; ``last_persistent``: no other step is left in the persistent directory,
+        so that the tier's steps are not taken for an earlier run's when the manager is opened again."""
         self._take_lock()
         folder = self.names.name(step)
         copies = [self.peers.store(owner) for owner in self.coordinator.others] if self.peers is not None else []
@@ -185,6 +186,9 @@ class Tiers:
                 if folder in store.committed():
                     store.delete(folder)
             self.holdings.delete(step)
+        if last_persistent:
+            mark_copied(self.store.root, self.run, copied=False)
+            self._copied = False
 
     def _take_lock(self) -> None:
         if self._lock is None:
