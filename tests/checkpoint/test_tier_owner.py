@@ -113,3 +113,21 @@ def test_a_run_that_crashed_before_its_first_persistent_step_resumes_from_its_lo
     with CheckpointManager(persistent, save_every=10, local=LocalTier(ssd)) as manager:
         assert manager.latest_step() == 7
         np.testing.assert_array_equal(manager.restore(as_numpy=True)["w"], [1.0, 1.0])
+
+
+def test_a_run_whose_persistent_steps_were_all_deleted_by_its_manager_resumes_from_its_local_tier(tmp_path):
+    """Was: refused as an earlier run's tier once the run freed its persistent directory's space with delete()."""
+    ssd, persistent = tmp_path / "ssd", tmp_path / "run"
+    _run(persistent, ssd, range(1, 16), 1.0)  # steps 1 and 10 persistent, 14 and 15 only on the SSD
+    with CheckpointManager(persistent, save_every=10, local=LocalTier(ssd)) as manager:
+        for step in (1, 10):
+            manager.delete(step)
+        assert manager.steps(tier="persistent") == []
+    with CheckpointManager(persistent, save_every=10, local=LocalTier(ssd)) as manager:
+        assert manager.latest_step() == 15
+        np.testing.assert_array_equal(manager.restore(as_numpy=True)["w"], [1.0, 1.0])
+        manager.save(20, {"w": np.full(2, 20.0)})  # due in the persistent directory again
+    assert CheckpointManager(persistent).steps() == [20]
+    shutil.rmtree(persistent)  # the run's directory deleted by hand since: its tier is an earlier run's again
+    with pytest.raises(CheckpointError, match=r"earlier run saved to .*run, which has lost every step"):
+        CheckpointManager(persistent, save_every=10, local=LocalTier(ssd))

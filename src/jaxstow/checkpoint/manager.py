@@ -319,8 +319,8 @@ class CheckpointManager(StepQueries):
         self.wait()  # the save and the copy in flight: a copy would commit the step again
         step = self._held(step)
         self._agreed = None  # what is saved is agreed again at the next question or save
-        if self._tiers is not None:
-            self._tiers.delete(step)  # each process its own
+        if self._tiers is not None:  # each process its own
+            self._tiers.delete(step, last_persistent=not [kept for kept in self._folder.committed() if kept != step])
         if self._coordinator.index != 0 or step not in self._folder.committed():  # process 0 deletes for all
             return
         if self._lock is None:

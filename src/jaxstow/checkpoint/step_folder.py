@@ -27,6 +27,7 @@ from jaxstow._format.source import ReadSource
 from jaxstow._steps.keep import KeepPolicy
 from jaxstow._steps.names import StepNames, check_step
 from jaxstow._steps.record import RECORD_NAME, StepRecord, check_item_header, missing_item_file
+from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.store import Store
 from jaxstow._util.pools import SharedPool
 from jaxstow.errors import (
@@ -93,9 +94,11 @@ class StepFolder:
 
     def committed(self) -> list[int]:
         """The committed steps, in increasing order: those the store lists and, while this process holds the lock
-        (:attr:`cache`), those it committed or read since, which a store may list only seconds later."""
+        (:attr:`cache`), those it committed or read since, which an object store may list only seconds later (a
+        local folder lists each step as it is: one deleted by hand is gone at once)."""
         listed = self.names.steps(self.store.committed())
-        return sorted({*listed, *self._records}) if self.cache else listed
+        lags = self.cache and not isinstance(self.store, LocalStore)
+        return sorted({*listed, *self._records}) if lags else listed
 
     def existing(self, step: int | None) -> int:
         """``step`` if it is committed, or the latest committed step for ``None``; a :class:`StepNotFoundError`

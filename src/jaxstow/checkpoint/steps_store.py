@@ -25,7 +25,7 @@ from jaxstow._steps.record import RECORD_NAME
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.store import Store, open_store
-from jaxstow.errors import CheckpointError
+from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["open_steps"]
 
@@ -33,7 +33,13 @@ __all__ = ["open_steps"]
 def open_steps(directory: str | os.PathLike[str], settings: StorageSettings) -> Store:
     """The store of the steps in ``directory`` (a path or a URL); a local folder holding steps of an orbax
     ``CheckpointManager`` (a step folder with its ``_CHECKPOINT_METADATA``) is a :class:`CheckpointError` that names
-    them and says how to convert them."""
+    them and says how to convert them. An empty string (a setting left unset) is an :class:`ArgumentError`: it would
+    be the working directory, the steps saved among its files."""
+    if isinstance(directory, str) and not directory:
+        raise ArgumentError(
+            "a checkpoint manager's directory is a folder's path or a URL, not an empty string: give the folder of the "
+            "run, such as 'runs/exp1' (or '.' for the working directory)"
+        )
     store = open_store(directory, marker=RECORD_NAME, settings=settings)
     if not isinstance(store, LocalStore):
         return store

@@ -157,11 +157,12 @@ def claim(root: str, persistent: str) -> None:
         _write(root, record)
 
 
-def mark_copied(root: str, persistent: str) -> None:
-    """Record in the local tier ``root`` that a step of its run reached ``persistent``, once."""
+def mark_copied(root: str, persistent: str, *, copied: bool = True) -> None:
+    """Record in the local tier ``root`` that a step of its run reached ``persistent`` (once), or, ``copied=False``,
+    that its manager deleted the last step there: its steps are then this run's as before any step was copied."""
     owner = _owner(root)
-    if owner is None or not owner.get(_COPIED):
-        _write(root, {**_record(root, persistent), _COPIED: True})
+    if owner is None or bool(owner.get(_COPIED)) != copied:
+        _write(root, {**_record(root, persistent), **({_COPIED: True} if copied else {})})
 
 
 def _write(root: str, record: dict[str, Any]) -> None:

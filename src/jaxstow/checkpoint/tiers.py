@@ -66,6 +66,7 @@ class Tiers:
         self._pruning = threading.Lock()
         self._lock: Lock | None = None
         self._copied = False  # a step of this manager's reached the persistent directory (and the record says so)
+        self._exchanged = threading.Event()  # set once the step of the copy in flight is sent to the peers
         replicas = (1 if coordinator.many else 0) if settings.replicas is None else settings.replicas
         self.peers: PeerCopies | None = None
         self.holdings = Holdings(self.store, coordinator.index, coordinator.count)
@@ -119,6 +120,7 @@ class Tiers:
         ).record
         if persistent is not None:
             self.uploads.wait()  # one copy in flight at a time, in the same order in every process
+            self._exchanged = threading.Event()
             self._uploading.add(step)
 
             def upload() -> None:
@@ -132,8 +134,11 @@ class Tiers:
                     self._prune()
 
             self.uploads.submit(upload, what=f"copying step {step} from {self.directory}")
-        if self.peers is not None:
-            self.peers.exchange(record, keep_last=self.keep_last)
+        try:
+            if self.peers is not None:
+                self.peers.exchange(record, keep_last=self.keep_last)
+        finally:
+            self._exchanged.set()
         self._prune()
 
     def copy_to(
@@ -148,7 +153,10 @@ class Tiers:
     ) -> Committed:
         """Copy this process's local files of ``record``'s step into ``store``, every process together on ``talk``;
         process 0 commits the step there with the same record once every process copied its own (``decided``
-        hears it; ``replace``: in place of the step there), then runs ``after`` (the keep policy)."""
+        hears it; ``replace``: in place of the step there), then runs ``after`` (the keep policy).
+
+        A replacing copy that fails (a full disk) deletes the step's new values from the local tiers too, once they
+        are sent to the peers: the step keeps its old values in both tiers, as a failed save leaves a step."""
         step, me = record.step, self.coordinator.index
         folder = self.names.name(step)
         where = store.url(folder)
@@ -161,22 +169,29 @@ class Tiers:
                     shutil.copyfileobj(source, sink, _COPY_CHUNK)
             return step
 
-        return commit_step(
-            talk,
-            store,
-            folder,
-            step,
-            copy,
-            lambda _: record,
-            shared=True,
-            replace=replace,
-            decided=decided,
-            after=after,
-        )
+        try:
+            return commit_step(
+                talk,
+                store,
+                folder,
+                step,
+                copy,
+                lambda _: record,
+                shared=True,
+                replace=replace,
+                decided=decided,
+                after=after,
+            )
+        except BaseException:
+            if replace:
+                self._exchanged.wait()
+                self.delete(step, last_persistent=False)
+            raise
 
-    def delete(self, step: int) -> None:
+    def delete(self, step: int, *, last_persistent: bool) -> None:
         """Delete ``step`` from this process's local tier, the copies of other processes' files of it kept here, and
-        the tiers other processes left here."""
+        the tiers other processes left here; ``last_persistent``: no other step is left in the persistent directory,
+        so that the tier's steps are not taken for an earlier run's when the manager is opened again."""
         self._take_lock()
         folder = self.names.name(step)
         copies = [self.peers.store(owner) for owner in self.coordinator.others] if self.peers is not None else []
@@ -185,6 +200,9 @@ class Tiers:
                 if folder in store.committed():
                     store.delete(folder)
             self.holdings.delete(step)
+        if last_persistent:
+            mark_copied(self.store.root, self.run, copied=False)
+            self._copied = False
 
     def _take_lock(self) -> None:
         if self._lock is None:

@@ -2,7 +2,9 @@
 
 A process forked from the one that took it (``os.fork``, :mod:`multiprocessing`'s fork start method) inherits the
 manager, and the lock with it, but none of its threads: a save there would write beside the parent's saves, and its
-keep policy delete the parent's steps. :meth:`WriterLock.check_here` refuses that, naming the parent.
+keep policy delete the parent's steps. :meth:`WriterLock.check_here` refuses that, naming the parent; and a local
+directory given through a link that leads to another folder since the lock was taken, whose steps another manager may
+be writing.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 from collections.abc import Callable
 
+from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.lock import lock_store
 from jaxstow._storage.store import Store
 from jaxstow.errors import CheckpointError
@@ -27,6 +30,8 @@ class WriterLock:
     def __init__(self, store: Store, leftover: Callable[[str], bool]) -> None:
         self._lock = lock_store(store)
         self.pid = os.getpid()
+        self._root = store.root if isinstance(store, LocalStore) else None
+        self._locked = _real_folder(self._root)  # the folder whose lock this is
         try:
             removed = store.cleanup(leftover)
         except BaseException:  # a folder it cannot clean up (a damaged record): no writer holds the lock then
@@ -44,7 +49,20 @@ class WriterLock:
                 "manager, whose saves and keep policy are the parent's. Save from the parent process (a forked "
                 "process may still restore steps), or give this process a CheckpointManager of a directory of its own"
             )
+        now = _real_folder(self._root)
+        if now is not None and self._locked is not None and now != self._locked:
+            raise CheckpointError(
+                f"{directory} now leads to {now}, not to {self._locked}, the folder whose writer's lock this manager "
+                "holds (a link in its path was changed since): its saves and keep policy would act on another folder, "
+                "which another manager may be writing. Close this manager, and open one of the folder to write to"
+            )
 
     def release(self) -> None:
         """Release the lock; in a forked process, leave it to the parent (see :mod:`jaxstow._storage.lock`)."""
         self._lock.release()
+
+
+def _real_folder(root: str | None) -> str | None:
+    """The folder a local directory leads to now, its links resolved; ``None`` for a store or a folder gone (a save
+    then says that it is gone)."""
+    return os.path.realpath(root) if root is not None and os.path.isdir(root) else None
