@@ -20,9 +20,9 @@ import contextlib
 import contextvars
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import (
     ArgumentError,
+    CorruptFileError,
     IsAFolderError,
     JaxstowError,
     NotAFolderError,
@@ -55,6 +56,7 @@ __all__ = [
     "Leaf",
     "Step",
     "add_storage_arguments",
+    "at_url",
     "checkpoint_steps",
     "committed_steps",
     "describe",
@@ -67,6 +69,7 @@ __all__ = [
     "open_hf_folder",
     "open_source_at",
     "read_arrays",
+    "read_twice",
     "read_steps",
     "require_folder",
     "storage",
@@ -296,6 +299,25 @@ def value_type(value: Any) -> str:
     if isinstance(value, dict) and value:
         return str(next(iter(value)))
     return type(value).__name__
+
+
+def at_url(target: str) -> bool:
+    """Whether ``target`` is read from a store, over a network that may damage bytes on their way, not from a disk."""
+    return local_path(target) is None
+
+
+T = TypeVar("T")
+
+
+def read_twice(call: Callable[[], T], *targets: str) -> T:
+    """``call()``, which opens and reads ``targets``; called again, once, when it finds a checksum mismatch and one of
+    them is at a URL: bytes damaged on their way are no damage, and damage found twice is the file's."""
+    try:
+        return call()
+    except CorruptFileError:
+        if not any(at_url(target) for target in targets):
+            raise
+    return call()
 
 
 def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:

@@ -25,7 +25,6 @@ from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import pointed
 from jaxstow._read.reader import Reader
 from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files, unmapped
-from jaxstow._storage.opening import local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.recovery import is_damage
@@ -33,6 +32,7 @@ from jaxstow.checkpoint.step_folder import REPLACED_READS
 from jaxstow.cli.files import (
     DamagedStep,
     Step,
+    at_url,
     committed_steps,
     describe,
     hf_listing,
@@ -162,7 +162,7 @@ def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[Fil
         return [FileReport(step.record_url, damage=[step.problem])]
     for tries in range(1, REPLACED_READS + 1):
         reports = _step_reports(step, progress=progress)
-        if any(report.damage for report in reports) and _at_url(step.folder.url(step.step)):
+        if any(report.damage for report in reports) and at_url(step.folder.url(step.step)):
             reports = _step_reports(step, progress=progress)
         if not any(report.damage for report in reports) or tries == REPLACED_READS:
             break
@@ -199,14 +199,9 @@ def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progr
     (another format, a newer format version) is an error, not damage. A file at a URL found damaged is opened and
     read again, once: only damage found twice is reported, so that bytes damaged on their way are not."""
     report = _file_report(target, name, progress=progress)
-    if report.damage and isinstance(target, str) and _at_url(target):
+    if report.damage and isinstance(target, str) and at_url(target):
         report = _file_report(target, name, progress=progress)
     return report
-
-
-def _at_url(target: str) -> bool:
-    """Whether ``target`` is read from a store, over a network that may damage bytes on their way, not from a disk."""
-    return local_path(target) is None
 
 
 def _file_report(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool) -> FileReport:

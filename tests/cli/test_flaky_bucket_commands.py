@@ -1,6 +1,7 @@
-"""``jaxstow verify`` of files and runs in a bucket whose answers may come with a bit flipped on the way (a faulty link
-or middlebox, ``tests/support/faulty_proxy.py``): the file is read again, and only damage found twice is reported, as
-``CheckpointManager.damaged_steps()`` reports it; a file damaged in the bucket itself is still damaged."""
+"""Commands on files and runs in a bucket whose answers may come with a bit flipped on the way (a faulty link or
+middlebox, ``tests/support/faulty_proxy.py``): ``verify``, ``diff``, ``convert`` and ``export`` read the file again,
+and only damage found twice is reported, as ``CheckpointManager.damaged_steps()`` reports it; a file damaged in the
+bucket itself is still damaged."""
 
 from __future__ import annotations
 
@@ -73,3 +74,31 @@ def test_a_file_damaged_in_the_bucket_is_still_damaged(bucket, s3_server, capsys
     assert main(["verify", url, *flags]) == 1
     out = capsys.readouterr().out
     assert f"DAMAGED  leaf 'w2' of {url}: checksum mismatch" in out, out
+
+
+@pytest.mark.parametrize("command", ["diff", "convert", "export"])
+def test_a_command_whose_read_meets_a_bit_flipped_on_its_way_reads_again_and_gives_the_saved_values(
+    bucket, tmp_path, capsys, command
+):
+    proxy, flags, prefix = bucket
+    item = f"{prefix}/run/2/params.safetensors"
+    out = tmp_path / "out"
+    args = {
+        "diff": [item, f"{prefix}/run/2/params.safetensors"],
+        "convert": [item, f"{out}.npz"],
+        "export": [f"{prefix}/run/2", str(out)],
+    }[command]
+    proxy.faults.clear()
+    proxy.rate, proxy.paths = 1.0, r"/run/2/.* " + DATA
+    try:
+        status = main([command, *args, *flags])
+    finally:
+        proxy.rate = 0.0
+    assert proxy.faults["flip"] >= 1
+    assert status == 0, capsys.readouterr().err
+    if command == "convert":
+        with np.load(f"{out}.npz") as converted:
+            assert all(np.array_equal(converted[name], value) for name, value in _tree(2).items())
+    if command == "export":
+        tree = jaxstow.huggingface.load(str(out), as_numpy=True)
+        assert all(np.array_equal(tree[name], value) for name, value in _tree(2).items()), tree.keys()
