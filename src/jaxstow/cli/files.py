@@ -421,12 +421,24 @@ def _files_in(path: str | None) -> str:
     return f"; it holds {files} {shown}: give one file's path to read it, e.g. {os.path.join(path or '', names[0])}"
 
 
+def _step_at_url(folder: str) -> str:
+    """What the folder at a URL is, for a message: a step of a checkpoint folder (its record is there), or a folder."""
+    parent, _, name = folder.rstrip("/").rpartition("/")
+    if not name.isdigit():
+        return "is a folder"
+    try:
+        open_store(parent, marker=RECORD_NAME, settings=storage(folder)).read_marker(name)
+    except FileNotFoundError:
+        return "is a folder"
+    return f"is a folder, step {name} of the checkpoint folder {parent}: give that folder, or one of the step's files"
+
+
 def committed_steps(folder: str) -> list[Step | DamagedStep]:
     """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = read_steps(folder)
     if not steps:
         path = local_path(folder)
-        foreign = folder_problem(path) if path is not None else "is a folder"
+        foreign = folder_problem(path) if path is not None else _step_at_url(folder)
         if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
             foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)" + _files_in(path)
         raise PathError(foreign, file=folder)
