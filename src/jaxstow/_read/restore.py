@@ -369,7 +369,7 @@ def _fit(
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output in ("jax", "key") and i not in inside
+        if target.output in ("jax", "key", "scalar") and i not in inside  # a scalar is placed as an array is
     }
     placements = _placements(opened, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:

@@ -253,15 +253,13 @@ def scalar_targets(
 ) -> list[Target]:
     """``targets``, where the file holds a Python scalar and the ``like`` leaf is the weakly typed 0-d array that
     ``jax.eval_shape`` makes of one (of its dtype), a ``"scalar"`` target holding it as that jax scalar (numpy's with
-    ``as_numpy``), on the ``like`` leaf's sharding if it has one."""
+    ``as_numpy``), placed later as the restore's arrays are (``sharding=``, else the ``like`` leaf's sharding)."""
     chosen = []
     for path, target, leaf in zip(paths, targets, wanted, strict=True):
         scalar = _eval_shape_of(opened, path, target, leaf)
         if scalar is not None:
-            placed = jax.device_put(scalar, target.sharding) if target.sharding is not None else scalar
-            target = Target(
-                "scalar", target.dtype, (), target.sharding, value=np.asarray(scalar) if as_numpy else placed
-            )
+            value = np.asarray(scalar) if as_numpy else scalar
+            target = Target("scalar", target.dtype, (), target.sharding, value=value)
         chosen.append(target)
     return chosen
 
