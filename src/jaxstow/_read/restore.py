@@ -373,7 +373,7 @@ def _fit(
     }
     placements = _placements(opened, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:
-        if sharding is None and targets[i].sharding is not None:
+        if sharding is None and targets[i].sharding is not None and not as_numpy:  # numpy arrays lie nowhere
             placements[i] = targets[i].sharding
             check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
     stored = [i for i, target in enumerate(targets) if target.output not in ("value", "scalar") and i not in inside]

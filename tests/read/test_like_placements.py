@@ -1,5 +1,6 @@
-"""Python scalars restored into the weakly typed 0-d arrays ``jax.eval_shape`` makes of them land where ``sharding=``
-says, as every restored array does, over four CPU devices (tests/conftest.py)."""
+"""Where ``like``'s restored leaves land, over four CPU devices (tests/conftest.py): Python scalars restored into the
+weakly typed 0-d arrays ``jax.eval_shape`` makes of them where ``sharding=`` says, as every restored array does; with
+``as_numpy=True``, nowhere, whatever shardings ``like`` holds."""
 
 from __future__ import annotations
 
@@ -53,3 +54,15 @@ def test_a_sharding_that_cannot_hold_a_python_scalar_is_refused_naming_it(saved)
     rows = NamedSharding(jax.make_mesh((4,), ("x",)), P("x"))
     with pytest.raises(ShardingError, match=r"leaf 'lr' of .*state.jxs: shape \[\] cannot be laid out"):
         jaxstow.load(saved, like=_like(), sharding=rows)
+
+
+def test_as_numpy_takes_a_like_whose_shardings_name_an_abstract_mesh(saved):
+    # as_numpy=True places nothing: like's shardings (from jax.eval_shape under a mesh) are no reason to refuse,
+    # and sharding= (the advice given) is refused with as_numpy=True
+    abstract = NamedSharding(jax.make_mesh((4,), ("x",)).abstract_mesh, P())
+    like = {**_like(abstract), "w": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=abstract)}
+    restored = jaxstow.load(saved, like=like, as_numpy=True)
+    assert type(restored["lr"]) is np.ndarray and float(restored["lr"]) == 0.5
+    assert type(restored["w"]) is np.ndarray and restored["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ShardingError, match=r"leaf '(lr|w)' of .*state.jxs: its sharding .* has an abstract mesh"):
+        jaxstow.load(saved, like=like)
