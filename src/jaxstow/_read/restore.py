@@ -384,7 +384,8 @@ def _fit(
     dtypes = {i: targets[i].dtype for i in arrays}
     values = _read(opened, paths, stored, arrays, placements, value, dtypes, as_numpy=as_numpy, pipeline=pipeline)
     for path, positions in templates.items():
-        fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, targets, every=every)
+        filled = {paths[i]: i for i in positions}
+        fill_from_per_process(opened, path, filled, values, targets, every=every, as_numpy=as_numpy)
     for i in arrays:  # weakly typed as the like leaf is: it promotes alike, and like's traced functions fit it
         values[i] = typed_as(values[i], wanted[i])
     return _rebuilt(opened, treedef, paths, values)
