@@ -1,5 +1,6 @@
 """A per-process value restored into a template subtree of ``like``: each leaf in the form its like leaf asks for, as
-the file's other leaves are (numpy with ``as_numpy=True``, a tensor for a tensor, an array for an array)."""
+the file's other leaves are (numpy with ``as_numpy=True``, a tensor for a tensor, an array for an array); and a
+value at the empty dict key ``""`` told from a tree saved whole as one per-process value."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def test_a_tensor_or_an_array_of_like_gets_a_tensor_or_an_array():
     assert type(restored["loader"]["scale"]) is np.ndarray and restored["loader"]["scale"].shape == ()
     scalar = jaxstow.load(_saved(), like=_like(np.zeros(3, np.int32), np.float32(0)))["loader"]["scale"]
     assert type(scalar) is np.float32 and scalar == 1.5
+
+
+def test_a_per_process_value_at_the_empty_key_is_not_taken_for_the_whole_tree():
+    # {"": per_process(v)} names its value "" as a tree saved as per_process(tree) does: only the structure tells them
+    buffer = io.BytesIO()
+    jaxstow.save(buffer, {"": jaxstow.per_process({"a": np.arange(2, dtype=np.int32)}), "w": np.full(2, 7.0)})
+    for like in ({"": None, "w": np.zeros(2)}, {"": {"a": np.zeros(2, np.int32)}, "w": np.zeros(2)}):
+        buffer.seek(0)
+        restored = jaxstow.load(buffer, like=like)
+        assert restored[""]["a"].tolist() == [0, 1] and restored["w"].tolist() == [7.0, 7.0]
+    buffer.seek(0)
+    assert jaxstow.load(buffer, like={"w": np.zeros(2)}, partial=True)["w"].tolist() == [7.0, 7.0]
+    whole = io.BytesIO()
+    jaxstow.save(whole, jaxstow.per_process({"a": np.arange(2, dtype=np.int32), "w": np.full(2, 7.0)}))
+    whole.seek(0)
+    assert jaxstow.load(whole, like={"a": np.zeros(2, np.int32), "w": np.zeros(2)})["a"].tolist() == [0, 1]

@@ -36,6 +36,7 @@ __all__ = [
     "per_process_value",
     "set_into",
     "stored_bytes",
+    "whole_per_process",
 ]
 
 
@@ -107,11 +108,18 @@ def none_as_per_process(like: Any, opened: OpenedFile) -> Any:
     )
 
 
+def whole_per_process(opened: OpenedFile) -> bool:
+    """Whether the file's tree is one per-process value (``jaxstow.save(path, jaxstow.per_process(tree))``), not a
+    dict holding one at the empty key ``""``: both name it ``""``, but only the first's structure is a bare leaf."""
+    manifest = getattr(opened.container, "manifest", None)
+    return "" in opened.per_process and isinstance(manifest, dict) and manifest.get("structure") == "*"
+
+
 def per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
     """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
     leaf's path, the positions of the subtree's leaves among ``paths``."""
     found: dict[str, list[int]] = {}
-    root = "" in opened.per_process  # the whole tree is one process's value: like's leaves below it fill it
+    root = whole_per_process(opened)  # like's leaves below the root fill it
     for i, path in enumerate(paths):
         parts = path.split("/")
         parents = ["/".join(parts[:end]) for end in range(1, len(parts))]
@@ -141,8 +149,12 @@ def fill_from_per_process(
             file=opened.file,
             path=path,
         )
-    sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
-    got = {"/".join(filter(None, (path, sub_path))): leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
+    sub_paths, leaves, treedef = flatten_with_paths(per_process_value(opened, path, every=False))
+    bare, root = treedef.num_nodes == 1, whole_per_process(opened)  # below a dict's key "", like's paths start "/"
+    got = {
+        path if bare else sub_path if root else f"{path}/{sub_path}": leaf
+        for sub_path, leaf in zip(sub_paths, leaves, strict=True)
+    }
     if got.keys() != positions.keys():
         raise StructureMismatchError(
             [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file

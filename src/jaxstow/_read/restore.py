@@ -41,6 +41,7 @@ from jaxstow._read.per_process import (
     per_process_templates,
     per_process_value,
     set_into,
+    whole_per_process,
 )
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_shardings
@@ -342,7 +343,7 @@ def _fit(
             [f"{path!r}: like has two leaves of this path (a key with '/' beside a nested one?)" for path in twice],
             file=opened.file,
         )
-    whole = "" in opened.per_process  # the file's tree is one per-process value, which like's leaves fill
+    whole = whole_per_process(opened)  # the file's tree is one per-process value, which like's leaves fill
     paths, problems = (
         like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) and not whole else (paths, [])
     )
