@@ -184,7 +184,7 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
     """Append to ``problems`` where the rebuilt file structure ``saved`` and ``like`` differ, at and under ``path``.
 
     Leaves, ``None`` and missing children are left to the leaf-by-leaf checks. Without ``faithful``, the file's
-    classes no longer name its children as saved: only the classes are compared there.
+    classes no longer name its children as saved: only the classes and their static attributes are compared there.
     """
     ours, theirs = _one_level(saved), _one_level(like)
     if ours is None or theirs is None:
@@ -201,10 +201,13 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
         problems.append(f"{path!r}: the file has a {saved_type.__name__}, like has a {like_type.__name__}")
         return
     # A container against a node that names its children: the leaf paths decide.
-    if custom and not faithful:
+    if custom and not faithful:  # its static attributes are the file's still (the decoder checks their names)
+        attribute = _differing_attribute(saved, like, {*keys, *like_keys})
+        if attribute is not None:
+            problems.append(f"{path!r}: {attribute}")
         return
     if custom and keys == like_keys and not _same(saved_aux, like_aux):
-        problems.append(f"{path!r}: {_static_difference(saved, like, saved_aux, like_aux)}")
+        problems.append(f"{path!r}: {_static_difference(saved, like, saved_aux, like_aux, set(keys))}")
         return
     children = dict(zip(keys, values, strict=True))
     for key, value in zip(like_keys, like_values, strict=True):
@@ -234,24 +237,33 @@ def _same(a: Any, b: Any) -> bool:
         return True
 
 
-def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any) -> str:
+def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any, children: set[str]) -> str:
     """What differs between two nodes of one class: the first attribute whose static values differ, or their aux."""
-    name = _class_name(saved)
+    return _differing_attribute(saved, like, children) or (
+        f"the file's {_class_name(saved)} has static data {saved_aux!r}, like's {like_aux!r}: they were built "
+        "otherwise (or list their fields in another order); pass a like built as the saved one"
+    )
+
+
+def _differing_attribute(saved: Any, like: Any, children: set[str]) -> str | None:
+    """The first attribute of two nodes of one class, other than those named ``children``, whose static values
+    differ, told; ``None`` if none does."""
     theirs = dict(attributes(like))
     differing = [
         (attribute, value)
         for attribute, value in attributes(saved)
-        if attribute in theirs and not _holds_children(value) and not _same(value, theirs[attribute])
+        if attribute in theirs
+        and attribute not in children
+        and not _holds_children(value)
+        and not _same(value, theirs[attribute])
     ]
-    if differing:  # a public attribute first: a private one (nnx's _pytree__state) may differ for any two objects
-        attribute, value = min(differing, key=lambda pair: pair[0].startswith("_"))
-        return (
-            f"the file's {name} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} (static "
-            "data, not restored from like's leaves); pass a like built with the saved value"
-        )
+    if not differing:
+        return None
+    # a public attribute first: a private one (nnx's _pytree__state) may differ for any two objects
+    attribute, value = min(differing, key=lambda pair: pair[0].startswith("_"))
     return (
-        f"the file's {name} has static data {saved_aux!r}, like's {like_aux!r}: they were built otherwise (or list "
-        "their fields in another order); pass a like built as the saved one"
+        f"the file's {_class_name(saved)} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} "
+        "(static data, not restored from like's leaves); pass a like built with the saved value"
     )
 
 
