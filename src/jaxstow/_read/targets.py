@@ -186,9 +186,11 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
     source = np.dtype(array.dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # what the cast would lose is refused below, not warned of
         cast = _converted(array, np.dtype(dtype))
+    xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
+    if _kind(source) == "int" and _kind(np.dtype(dtype)) == "int" and not castable(source, np.dtype(dtype)):
+        _check_integers_fit(xp.asarray(array), np.dtype(dtype), file=file, path=path)
     if not _may_lose(source, np.dtype(dtype)):
         return cast
-    xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
     complex_target = _kind(np.dtype(dtype)) == "complex"
     parts = [(array.real, cast.real), (array.imag, cast.imag)] if _kind(source) == "complex" else [(array, cast)]
     wide = np.float64 if _component(source).itemsize > 4 else np.float32
@@ -212,6 +214,21 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
             path=path,
         )
     return cast
+
+
+def _check_integers_fit(array: Any, dtype: np.dtype, *, file: str | None, path: str | None) -> None:
+    """Refuse integers that ``dtype`` (a narrower integer type) would wrap, naming their range and ``dtype``'s."""
+    if array.size == 0:
+        return
+    low, high = int(array.min()), int(array.max())
+    info = _iinfo(dtype)
+    if low < int(info.min) or high > int(info.max):
+        raise RequestError(
+            f"cast=True would wrap values from {low} to {high}: {dtype} holds integers from {info.min} to {info.max}; "
+            f"restore it as {array.dtype} (with x64 on, for a jax array)",
+            file=file,
+            path=path,
+        )
 
 
 def _converted(array: Any, dtype: np.dtype) -> Any:
@@ -331,6 +348,9 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     )
     if castable(stored.dtype, target.dtype) and castable(stored.dtype, kept):
         return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if target.output == "jax" and not as_numpy and _x64_kept(stored.dtype) == target.dtype:
+        # x64 off: the int32 jax keeps of an int64, as a restore into jax.ShapeDtypeStruct(..., jnp.int64) gives it
+        return None if cast else f"{mismatch}; pass cast=True to convert it (its values are checked to fit)"
     if cast and kept != target.dtype:  # x64 off
         return (
             f"{mismatch}; jax with x64 off keeps {target.dtype} as {kept}, and cast=True does not turn "
@@ -340,6 +360,11 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     if cast:
         return f"{mismatch}; cast=True does not turn {stored.dtype} into {target.dtype}, which would lose values"
     return mismatch
+
+
+def _x64_kept(dtype: np.dtype) -> np.dtype:
+    """The dtype jax keeps of ``dtype`` (with x64 off, int32 of int64)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
 
 
 def _number_advice(opened: OpenedFile, path: str, target: Target) -> str:
