@@ -20,7 +20,6 @@ jaxstow.errors.RequestError: leaf 'w': cast=True would turn values from 100000.0
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -290,11 +289,23 @@ def _eval_shape_of(opened: OpenedFile, path: str, target: Target, leaf: Any) -> 
         return None
     if not getattr(leaf, "weak_type", False) and type(value) is not bool:  # jax has no weakly typed bool
         return None
+    scalar = _jax_scalar(value)
+    return scalar if scalar is not None and np.dtype(scalar.dtype) == target.dtype else None
+
+
+def _jax_scalar(value: Any) -> jax.Array | None:
+    """The weakly typed scalar jax makes of a Python number; ``None`` where it would not hold it (with x64 off, an int
+    beyond int32, or a finite float beyond float32's range, which would become inf).
+
+    >>> _jax_scalar(2**70) is None
+    True
+    """
     try:
         scalar = jnp.asarray(value)
-    except OverflowError:  # an int beyond int32 with x64 off: no such scalar
+    except OverflowError:
         return None
-    return scalar if np.dtype(scalar.dtype) == target.dtype else None
+    finite = np.isfinite(value) == np.isfinite(np.asarray(scalar))
+    return scalar if bool(np.all(finite)) else None
 
 
 def describe_file_leaf(opened: OpenedFile, path: str) -> str:
@@ -375,10 +386,13 @@ def _number_advice(opened: OpenedFile, path: str, target: Target) -> str:
         return ""
     name = type(value).__name__
     scalar = ""
-    if type(value) is not bool and target.output == "jax":
-        with contextlib.suppress(OverflowError):  # an int beyond int32 with x64 off: no such scalar
-            weak = jnp.asarray(value).dtype
-            scalar = f", or jax.ShapeDtypeStruct((), jnp.{weak}, weak_type=True) as jax.eval_shape makes"
+    held = _jax_scalar(value) if type(value) is not bool and target.output == "jax" else None
+    if held is not None:
+        scalar = f", or jax.ShapeDtypeStruct((), jnp.{held.dtype}, weak_type=True) as jax.eval_shape makes"
+    elif target.output == "jax" and type(value) is not bool:  # beyond every scalar this jax makes
+        x64 = _x64_kept(np.dtype(np.float64)) == np.float64
+        turn = "" if x64 else ": turn x64 on (jax.config.update('jax_enable_x64', True)) first"
+        scalar = f" (it is beyond the range of the scalars jax makes{turn})"
     return f": the file holds a Python {name} there; give like {'an' if name == 'int' else 'a'} {name} in its place{scalar}"
 
 
