@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
@@ -47,7 +46,7 @@ from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_shardings
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
-from jaxstow._read.structure import check_rebuilt, like_paths_in_file
+from jaxstow._read.structure import check_rebuilt, flatten_like, like_paths_in_file
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
 from jaxstow._read.tracing import READING_WHILE_TRACING
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
@@ -336,7 +335,7 @@ def _fit(
     every: bool,
     pipeline: bool,
 ) -> Any:
-    paths, wanted, treedef = flatten_with_paths(none_as_per_process(like, opened))
+    paths, wanted, treedef = flatten_like(like, lambda tree: none_as_per_process(tree, opened), file=opened.file)
     if len(set(paths)) < len(paths):  # one file leaf would fill both
         twice = sorted({path for path in paths if paths.count(path) > 1})
         raise StructureMismatchError(

@@ -23,7 +23,7 @@ jaxstow.errors.StructureMismatchError: ...: the file's Dense has transposed=Fals
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -34,9 +34,9 @@ from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
-from jaxstow.errors import FormatError, StructureMismatchError, UnknownNameError
+from jaxstow.errors import FormatError, RequestError, StructureMismatchError, UnknownNameError
 
-__all__ = ["check_rebuilt", "like_paths_in_file"]
+__all__ = ["check_rebuilt", "flatten_like", "like_paths_in_file"]
 
 _MAPPINGS = (dict, OrderedDict, defaultdict)
 _SEQUENCES = (list, tuple)
@@ -142,6 +142,19 @@ def _one_level(node: Any) -> tuple[list[str], list[Any], tuple[type, Any]] | Non
     if data is None:
         return None
     return [path_to_str(path) for path, _ in with_paths], [child for _, child in with_paths], data
+
+
+def flatten_like(like: Any, prepared: Callable[[Any], Any], *, file: str) -> tuple[list[str], list[Any], PyTreeDef]:
+    """The leaf paths, leaves and structure of ``prepared(like)``; a ``like`` that jax cannot flatten (a dict whose
+    keys mix ``int`` and ``str``, which it cannot sort) is a :class:`~jaxstow.errors.RequestError` naming the file."""
+    try:
+        return flatten_with_paths(prepared(like))
+    except (ValueError, TypeError) as error:
+        raise RequestError(
+            f"jax cannot flatten like ({type(error).__name__}: {error}): give each of its dicts keys of one type that "
+            "sorts, such as {str(key): value for key, value in d.items()}",
+            file=file,
+        ) from None
 
 
 def like_paths_in_file(
