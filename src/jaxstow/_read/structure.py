@@ -215,7 +215,7 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
         return
     # A container against a node that names its children: the leaf paths decide.
     if custom and not faithful:  # its static attributes are the file's still (the decoder checks their names)
-        attribute = _differing_attribute(saved, like, {*keys, *like_keys})
+        attribute = None if _same(saved_aux, like_aux) else _differing_attribute(saved, like, {*keys, *like_keys})
         if attribute is not None:
             problems.append(f"{path!r}: {attribute}")
         return
