@@ -344,9 +344,11 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
         return mismatch + _number_advice(opened, path, target)
     if target.output == "key":
         fits = stored.kind == "key" and stored.impl == target.impl and stored.shape[:-1] == target.shape
-        return None if fits else mismatch
+        raw = stored.kind != "key" and stored.dtype == np.uint32  # a key's bits, as jax.random.PRNGKey makes them
+        advice = "; give like a uint32 array there and make a key of it with jax.random.wrap_key_data" if raw else ""
+        return None if fits else mismatch + advice
     if stored.kind == "key":
-        return mismatch
+        return f"{mismatch}; the file holds a typed PRNG key there: give like a key (jax.random.key's) in its place"
     if stored.shape != target.shape:
         return mismatch + (opened.shape_advice(path, target.shape) if target.shape is not None else "")
     assert target.dtype is not None
