@@ -46,7 +46,7 @@ from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_shardings
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
-from jaxstow._read.structure import check_rebuilt, flatten_like, like_paths_in_file
+from jaxstow._read.structure import check_rebuilt, flatten_like, like_paths_in_file, where_like_sits
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
 from jaxstow._read.tracing import READING_WHILE_TRACING
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
@@ -364,7 +364,7 @@ def _fit(
             if path not in expected
         ]
     if problems:
-        raise StructureMismatchError(problems, file=opened.file)
+        raise StructureMismatchError(problems + where_like_sits(opened.paths, paths), file=opened.file)
 
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))

@@ -36,7 +36,7 @@ from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError, UnknownNameError
 
-__all__ = ["check_rebuilt", "flatten_like", "like_paths_in_file"]
+__all__ = ["check_rebuilt", "flatten_like", "like_paths_in_file", "where_like_sits"]
 
 _MAPPINGS = (dict, OrderedDict, defaultdict)
 _SEQUENCES = (list, tuple)
@@ -155,6 +155,28 @@ def flatten_like(like: Any, prepared: Callable[[Any], Any], *, file: str) -> tup
             "sorts, such as {str(key): value for key, value in d.items()}",
             file=file,
         ) from None
+
+
+def where_like_sits(file_paths: Sequence[str], like_paths: Sequence[str]) -> list[str]:
+    """A note, where none of ``like``'s leaves is in the file but all of them are below a subtree of it, that ``like``
+    holds such a subtree at the root: where (each such subtree), and how to give it there (``[]`` otherwise).
+
+    >>> where_like_sits(["params/enc/w", "params/dec/w", "step"], ["w"])[0]
+    "like's leaves are all in the file below 'params/enc' or 'params/dec': give like at its place, such as {'params': {'enc': like}}, with partial=True"
+    """
+    present = set(file_paths)
+    if not like_paths or not like_paths[0] or any(path in present for path in like_paths):
+        return []
+    ends = dict.fromkeys(path[: -len(like_paths[0]) - 1] for path in file_paths if path.endswith("/" + like_paths[0]))
+    below = [prefix for prefix in ends if all(f"{prefix}/{path}" in present for path in like_paths)]
+    if not below:
+        return []
+    keys = below[0].split("/")
+    nested = "".join(f"{{{key!r}: " for key in keys) + "like" + "}" * len(keys)
+    where = " or ".join(map(repr, below[:3])) + (" or others" if len(below) > 3 else "")
+    return [
+        f"like's leaves are all in the file below {where}: give like at its place, such as {nested}, with partial=True"
+    ]
 
 
 def like_paths_in_file(
