@@ -301,7 +301,8 @@ def _jax_scalar(value: Any) -> jax.Array | None:
     True
     """
     try:
-        scalar = jnp.asarray(value)
+        with np.errstate(over="ignore", invalid="ignore"):  # a float beyond float32: refused below, not warned of
+            scalar = jnp.asarray(value)
     except OverflowError:
         return None
     finite = np.isfinite(value) == np.isfinite(np.asarray(scalar))
