@@ -23,6 +23,7 @@ import numpy as np
 from jaxstow._format.header import open_container
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._format.per_process import PerProcess, is_stateful
+from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.targets import Target
 from jaxstow._storage.opening import open_source
@@ -35,6 +36,7 @@ __all__ = [
     "per_process_value",
     "set_into",
     "stored_bytes",
+    "whole_per_process",
 ]
 
 
@@ -106,11 +108,18 @@ def none_as_per_process(like: Any, opened: OpenedFile) -> Any:
     )
 
 
+def whole_per_process(opened: OpenedFile) -> bool:
+    """Whether the file's tree is one per-process value (``jaxstow.save(path, jaxstow.per_process(tree))``), not a
+    dict holding one at the empty key ``""``: both name it ``""``, but only the first's structure is a bare leaf."""
+    manifest = getattr(opened.container, "manifest", None)
+    return "" in opened.per_process and isinstance(manifest, dict) and manifest.get("structure") == "*"
+
+
 def per_process_templates(opened: OpenedFile, paths: Sequence[str]) -> dict[str, list[int]]:
     """The per-process leaves of the file that ``like`` has a subtree for (a plain template of the value): by the
     leaf's path, the positions of the subtree's leaves among ``paths``."""
     found: dict[str, list[int]] = {}
-    root = "" in opened.per_process  # the whole tree is one process's value: like's leaves below it fill it
+    root = whole_per_process(opened)  # like's leaves below the root fill it
     for i, path in enumerate(paths):
         parts = path.split("/")
         parents = ["/".join(parts[:end]) for end in range(1, len(parts))]
@@ -128,9 +137,11 @@ def fill_from_per_process(
     targets: Sequence[Target],
     *,
     every: bool,
+    as_numpy: bool,
 ) -> None:
     """Put this process's value of the per-process leaf at ``path`` into the leaves of ``like``'s subtree there
-    (``targets``: what each leaf of ``like`` asks for), each saved leaf checked to be what its like leaf asks for."""
+    (``targets``: what each leaf of ``like`` asks for), each saved leaf checked to be what its like leaf asks for and
+    handed back in its form (numpy with ``as_numpy``)."""
     if every:
         raise RequestError(
             "per_process='all' gives a list of every process's value, which a subtree of like cannot hold: put a "
@@ -138,8 +149,12 @@ def fill_from_per_process(
             file=opened.file,
             path=path,
         )
-    sub_paths, leaves, _ = flatten_with_paths(per_process_value(opened, path, every=False))
-    got = {"/".join(filter(None, (path, sub_path))): leaf for sub_path, leaf in zip(sub_paths, leaves, strict=True)}
+    sub_paths, leaves, treedef = flatten_with_paths(per_process_value(opened, path, every=False))
+    bare, root = treedef.num_nodes == 1, whole_per_process(opened)  # below a dict's key "", like's paths start "/"
+    got = {
+        path if bare else sub_path if root else f"{path}/{sub_path}": leaf
+        for sub_path, leaf in zip(sub_paths, leaves, strict=True)
+    }
     if got.keys() != positions.keys():
         raise StructureMismatchError(
             [f"{path!r}: the saved value has the leaves {sorted(got)}, like has {sorted(positions)}"], file=opened.file
@@ -152,10 +167,23 @@ def fill_from_per_process(
     if problems:
         raise StructureMismatchError(problems, file=opened.file)
     for leaf_path, i in positions.items():
-        value = got[leaf_path]
-        if targets[i].output == "jax" and jax.dtypes.canonicalize_dtype(value.dtype) == value.dtype:  # x64 off: numpy
-            value = jax.numpy.asarray(value)
-        values[i] = value
+        values[i] = _as_asked(got[leaf_path], targets[i], as_numpy=as_numpy, file=opened.file, path=leaf_path)
+
+
+def _as_asked(saved: Any, target: Target, *, as_numpy: bool, file: str, path: str) -> Any:
+    """A leaf of a per-process value as its ``like`` leaf asks for it: a plain value as saved; a numpy scalar, a numpy
+    array, a tensor or a ``jax.Array`` of its values (numpy with ``as_numpy``, or where jax with x64 off would narrow
+    it)."""
+    if target.output == "value":
+        return saved
+    array = np.asarray(saved)
+    if target.output == "npscalar":
+        return array[()]
+    if as_numpy or target.output == "numpy":
+        return array
+    if target.output == "torch":
+        return tensor_from_numpy(array, file=file, path=path)
+    return jax.numpy.asarray(array) if jax.dtypes.canonicalize_dtype(array.dtype) == array.dtype else array
 
 
 def _fits(saved: Any, target: Target) -> bool:

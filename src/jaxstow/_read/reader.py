@@ -130,7 +130,8 @@ class Reader(OpenedFile):
 
     @property
     def abstract(self) -> Any:
-        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf and plain values as they are."""
+        """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf (weakly typed where the array was) and
+        plain values as they are."""
         leaves = [self._abstract_leaf(path) for path in self.paths]
         treedef = self.treedef()
         return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
@@ -145,7 +146,7 @@ class Reader(OpenedFile):
             data = _shape_dtype(leaf.shape, leaf.dtype)
             key = jax.eval_shape(lambda d: jax.random.wrap_key_data(d, impl=leaf.impl), data)
             return _shape_dtype(key.shape, key.dtype)
-        return _shape_dtype(leaf.shape, leaf.dtype)
+        return _shape_dtype(leaf.shape, leaf.dtype, weak_type=path in self.weak)  # as jax.eval_shape would give it
 
     def __getitem__(self, path: str) -> Any:
         refuse_while_tracing(self.file, reading="a leaf cannot be read", path=path)

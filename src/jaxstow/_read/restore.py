@@ -29,7 +29,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.shards import Stored
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.device_boxes import bound_for_devices, read_onto_devices
@@ -41,12 +40,13 @@ from jaxstow._read.per_process import (
     per_process_templates,
     per_process_value,
     set_into,
+    whole_per_process,
 )
 from jaxstow._read.pipeline import pipelined_paths, restore_pipelined
 from jaxstow._read.placement import ShardingSpec, check_fits, place_whole, resolve_shardings, saved_shardings
 from jaxstow._read.pruning import SKIPPED, prune
 from jaxstow._read.selection import Selection
-from jaxstow._read.structure import check_rebuilt, like_paths_in_file
+from jaxstow._read.structure import check_rebuilt, flatten_like, like_paths_in_file, where_like_sits
 from jaxstow._read.targets import Target, cast_values, describe_file_leaf, fit_problem, scalar_targets, target_of
 from jaxstow._read.tracing import READING_WHILE_TRACING
 from jaxstow._util.jax_compat import CURRENT_TRACE, typed_as, weakly_typed
@@ -335,14 +335,14 @@ def _fit(
     every: bool,
     pipeline: bool,
 ) -> Any:
-    paths, wanted, treedef = flatten_with_paths(none_as_per_process(like, opened))
+    paths, wanted, treedef = flatten_like(like, lambda tree: none_as_per_process(tree, opened), file=opened.file)
     if len(set(paths)) < len(paths):  # one file leaf would fill both
         twice = sorted({path for path in paths if paths.count(path) > 1})
         raise StructureMismatchError(
             [f"{path!r}: like has two leaves of this path (a key with '/' beside a nested one?)" for path in twice],
             file=opened.file,
         )
-    whole = "" in opened.per_process  # the file's tree is one per-process value, which like's leaves fill
+    whole = whole_per_process(opened)  # the file's tree is one per-process value, which like's leaves fill
     paths, problems = (
         like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) and not whole else (paths, [])
     )
@@ -364,16 +364,16 @@ def _fit(
             if path not in expected
         ]
     if problems:
-        raise StructureMismatchError(problems, file=opened.file)
+        raise StructureMismatchError(problems + where_like_sits(opened.paths, paths), file=opened.file)
 
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))
         for i, (path, target) in enumerate(zip(paths, targets, strict=True))
-        if target.output in ("jax", "key") and i not in inside
+        if target.output in ("jax", "key", "scalar") and i not in inside  # a scalar is placed as an array is
     }
     placements = _placements(opened, sharding, lambda: treedef.unflatten(range(len(paths))), arrays)
     for i in arrays:
-        if sharding is None and targets[i].sharding is not None:
+        if sharding is None and targets[i].sharding is not None and not as_numpy:  # numpy arrays lie nowhere
             placements[i] = targets[i].sharding
             check_fits(placements[i], arrays[i][1], file=opened.file, path=arrays[i][0])
     stored = [i for i, target in enumerate(targets) if target.output not in ("value", "scalar") and i not in inside]
@@ -384,7 +384,8 @@ def _fit(
     dtypes = {i: targets[i].dtype for i in arrays}
     values = _read(opened, paths, stored, arrays, placements, value, dtypes, as_numpy=as_numpy, pipeline=pipeline)
     for path, positions in templates.items():
-        fill_from_per_process(opened, path, {paths[i]: i for i in positions}, values, targets, every=every)
+        filled = {paths[i]: i for i in positions}
+        fill_from_per_process(opened, path, filled, values, targets, every=every, as_numpy=as_numpy)
     for i in arrays:  # weakly typed as the like leaf is: it promotes alike, and like's traced functions fit it
         values[i] = typed_as(values[i], wanted[i])
     return _rebuilt(opened, treedef, paths, values)

@@ -23,7 +23,7 @@ jaxstow.errors.StructureMismatchError: ...: the file's Dense has transposed=Fals
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -34,9 +34,9 @@ from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
-from jaxstow.errors import FormatError, StructureMismatchError, UnknownNameError
+from jaxstow.errors import FormatError, RequestError, StructureMismatchError, UnknownNameError
 
-__all__ = ["check_rebuilt", "like_paths_in_file"]
+__all__ = ["check_rebuilt", "flatten_like", "like_paths_in_file", "where_like_sits"]
 
 _MAPPINGS = (dict, OrderedDict, defaultdict)
 _SEQUENCES = (list, tuple)
@@ -144,6 +144,41 @@ def _one_level(node: Any) -> tuple[list[str], list[Any], tuple[type, Any]] | Non
     return [path_to_str(path) for path, _ in with_paths], [child for _, child in with_paths], data
 
 
+def flatten_like(like: Any, prepared: Callable[[Any], Any], *, file: str) -> tuple[list[str], list[Any], PyTreeDef]:
+    """The leaf paths, leaves and structure of ``prepared(like)``; a ``like`` that jax cannot flatten (a dict whose
+    keys mix ``int`` and ``str``, which it cannot sort) is a :class:`~jaxstow.errors.RequestError` naming the file."""
+    try:
+        return flatten_with_paths(prepared(like))
+    except (ValueError, TypeError) as error:
+        raise RequestError(
+            f"jax cannot flatten like ({type(error).__name__}: {error}): give each of its dicts keys of one type that "
+            "sorts, such as {str(key): value for key, value in d.items()}",
+            file=file,
+        ) from None
+
+
+def where_like_sits(file_paths: Sequence[str], like_paths: Sequence[str]) -> list[str]:
+    """A note, where none of ``like``'s leaves is in the file but all of them are below a subtree of it, that ``like``
+    holds such a subtree at the root: where (each such subtree), and how to give it there (``[]`` otherwise).
+
+    >>> where_like_sits(["params/enc/w", "params/dec/w", "step"], ["w"])[0]
+    "like's leaves are all in the file below 'params/enc' or 'params/dec': give like at its place, such as {'params': {'enc': like}}, with partial=True"
+    """
+    present = set(file_paths)
+    if not like_paths or not like_paths[0] or any(path in present for path in like_paths):
+        return []
+    ends = dict.fromkeys(path[: -len(like_paths[0]) - 1] for path in file_paths if path.endswith("/" + like_paths[0]))
+    below = [prefix for prefix in ends if all(f"{prefix}/{path}" in present for path in like_paths)]
+    if not below:
+        return []
+    keys = below[0].split("/")
+    nested = "".join(f"{{{key!r}: " for key in keys) + "like" + "}" * len(keys)
+    where = " or ".join(map(repr, below[:3])) + (" or others" if len(below) > 3 else "")
+    return [
+        f"like's leaves are all in the file below {where}: give like at its place, such as {nested}, with partial=True"
+    ]
+
+
 def like_paths_in_file(
     opened: OpenedFile, like_paths: list[str], like_treedef: PyTreeDef, like: Any
 ) -> tuple[list[str], list[str]]:
@@ -184,7 +219,7 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
     """Append to ``problems`` where the rebuilt file structure ``saved`` and ``like`` differ, at and under ``path``.
 
     Leaves, ``None`` and missing children are left to the leaf-by-leaf checks. Without ``faithful``, the file's
-    classes no longer name its children as saved: only the classes are compared there.
+    classes no longer name its children as saved: only the classes and their static attributes are compared there.
     """
     ours, theirs = _one_level(saved), _one_level(like)
     if ours is None or theirs is None:
@@ -201,10 +236,13 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
         problems.append(f"{path!r}: the file has a {saved_type.__name__}, like has a {like_type.__name__}")
         return
     # A container against a node that names its children: the leaf paths decide.
-    if custom and not faithful:
+    if custom and not faithful:  # its static attributes are the file's still (the decoder checks their names)
+        attribute = None if _same(saved_aux, like_aux) else _differing_attribute(saved, like, {*keys, *like_keys})
+        if attribute is not None:
+            problems.append(f"{path!r}: {attribute}")
         return
     if custom and keys == like_keys and not _same(saved_aux, like_aux):
-        problems.append(f"{path!r}: {_static_difference(saved, like, saved_aux, like_aux)}")
+        problems.append(f"{path!r}: {_static_difference(saved, like, saved_aux, like_aux, set(keys))}")
         return
     children = dict(zip(keys, values, strict=True))
     for key, value in zip(like_keys, like_values, strict=True):
@@ -234,24 +272,33 @@ def _same(a: Any, b: Any) -> bool:
         return True
 
 
-def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any) -> str:
+def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any, children: set[str]) -> str:
     """What differs between two nodes of one class: the first attribute whose static values differ, or their aux."""
-    name = _class_name(saved)
+    return _differing_attribute(saved, like, children) or (
+        f"the file's {_class_name(saved)} has static data {saved_aux!r}, like's {like_aux!r}: they were built "
+        "otherwise (or list their fields in another order); pass a like built as the saved one"
+    )
+
+
+def _differing_attribute(saved: Any, like: Any, children: set[str]) -> str | None:
+    """The first attribute of two nodes of one class, other than those named ``children``, whose static values
+    differ, told; ``None`` if none does."""
     theirs = dict(attributes(like))
     differing = [
         (attribute, value)
         for attribute, value in attributes(saved)
-        if attribute in theirs and not _holds_children(value) and not _same(value, theirs[attribute])
+        if attribute in theirs
+        and attribute not in children
+        and not _holds_children(value)
+        and not _same(value, theirs[attribute])
     ]
-    if differing:  # a public attribute first: a private one (nnx's _pytree__state) may differ for any two objects
-        attribute, value = min(differing, key=lambda pair: pair[0].startswith("_"))
-        return (
-            f"the file's {name} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} (static "
-            "data, not restored from like's leaves); pass a like built with the saved value"
-        )
+    if not differing:
+        return None
+    # a public attribute first: a private one (nnx's _pytree__state) may differ for any two objects
+    attribute, value = min(differing, key=lambda pair: pair[0].startswith("_"))
     return (
-        f"the file's {name} has static data {saved_aux!r}, like's {like_aux!r}: they were built otherwise (or list "
-        "their fields in another order); pass a like built as the saved one"
+        f"the file's {_class_name(saved)} has {attribute}={value!r}, like's has {attribute}={theirs[attribute]!r} "
+        "(static data, not restored from like's leaves); pass a like built with the saved value"
     )
 
 

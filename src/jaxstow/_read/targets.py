@@ -20,7 +20,6 @@ jaxstow.errors.RequestError: leaf 'w': cast=True would turn values from 100000.0
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -186,9 +185,11 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
     source = np.dtype(array.dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # what the cast would lose is refused below, not warned of
         cast = _converted(array, np.dtype(dtype))
+    xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
+    if _kind(source) == "int" and _kind(np.dtype(dtype)) == "int" and not castable(source, np.dtype(dtype)):
+        _check_integers_fit(xp.asarray(array), np.dtype(dtype), file=file, path=path)
     if not _may_lose(source, np.dtype(dtype)):
         return cast
-    xp: Any = np if isinstance(array, np.ndarray | np.generic) else jnp
     complex_target = _kind(np.dtype(dtype)) == "complex"
     parts = [(array.real, cast.real), (array.imag, cast.imag)] if _kind(source) == "complex" else [(array, cast)]
     wide = np.float64 if _component(source).itemsize > 4 else np.float32
@@ -212,6 +213,21 @@ def cast_values(array: Any, dtype: np.dtype, *, file: str | None = None, path: s
             path=path,
         )
     return cast
+
+
+def _check_integers_fit(array: Any, dtype: np.dtype, *, file: str | None, path: str | None) -> None:
+    """Refuse integers that ``dtype`` (a narrower integer type) would wrap, naming their range and ``dtype``'s."""
+    if array.size == 0:
+        return
+    low, high = int(array.min()), int(array.max())
+    info = _iinfo(dtype)
+    if low < int(info.min) or high > int(info.max):
+        raise RequestError(
+            f"cast=True would wrap values from {low} to {high}: {dtype} holds integers from {info.min} to {info.max}; "
+            f"restore it as {array.dtype} (with x64 on, for a jax array)",
+            file=file,
+            path=path,
+        )
 
 
 def _converted(array: Any, dtype: np.dtype) -> Any:
@@ -253,15 +269,13 @@ def scalar_targets(
 ) -> list[Target]:
     """``targets``, where the file holds a Python scalar and the ``like`` leaf is the weakly typed 0-d array that
     ``jax.eval_shape`` makes of one (of its dtype), a ``"scalar"`` target holding it as that jax scalar (numpy's with
-    ``as_numpy``), on the ``like`` leaf's sharding if it has one."""
+    ``as_numpy``), placed later as the restore's arrays are (``sharding=``, else the ``like`` leaf's sharding)."""
     chosen = []
     for path, target, leaf in zip(paths, targets, wanted, strict=True):
         scalar = _eval_shape_of(opened, path, target, leaf)
         if scalar is not None:
-            placed = jax.device_put(scalar, target.sharding) if target.sharding is not None else scalar
-            target = Target(
-                "scalar", target.dtype, (), target.sharding, value=np.asarray(scalar) if as_numpy else placed
-            )
+            value = np.asarray(scalar) if as_numpy else scalar
+            target = Target("scalar", target.dtype, (), target.sharding, value=value)
         chosen.append(target)
     return chosen
 
@@ -275,11 +289,24 @@ def _eval_shape_of(opened: OpenedFile, path: str, target: Target, leaf: Any) -> 
         return None
     if not getattr(leaf, "weak_type", False) and type(value) is not bool:  # jax has no weakly typed bool
         return None
+    scalar = _jax_scalar(value)
+    return scalar if scalar is not None and np.dtype(scalar.dtype) == target.dtype else None
+
+
+def _jax_scalar(value: Any) -> jax.Array | None:
+    """The weakly typed scalar jax makes of a Python number; ``None`` where it would not hold it (with x64 off, an int
+    beyond int32, or a finite float beyond float32's range, which would become inf).
+
+    >>> _jax_scalar(2**70) is None
+    True
+    """
     try:
-        scalar = jnp.asarray(value)
-    except OverflowError:  # an int beyond int32 with x64 off: no such scalar
+        with np.errstate(over="ignore", invalid="ignore"):  # a float beyond float32: refused below, not warned of
+            scalar = jnp.asarray(value)
+    except OverflowError:
         return None
-    return scalar if np.dtype(scalar.dtype) == target.dtype else None
+    finite = np.isfinite(value) == np.isfinite(np.asarray(scalar))
+    return scalar if bool(np.all(finite)) else None
 
 
 def describe_file_leaf(opened: OpenedFile, path: str) -> str:
@@ -318,9 +345,11 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
         return mismatch + _number_advice(opened, path, target)
     if target.output == "key":
         fits = stored.kind == "key" and stored.impl == target.impl and stored.shape[:-1] == target.shape
-        return None if fits else mismatch
+        raw = stored.kind != "key" and stored.dtype == np.uint32  # a key's bits, as jax.random.PRNGKey makes them
+        advice = "; give like a uint32 array there and make a key of it with jax.random.wrap_key_data" if raw else ""
+        return None if fits else mismatch + advice
     if stored.kind == "key":
-        return mismatch
+        return f"{mismatch}; the file holds a typed PRNG key there: give like a key (jax.random.key's) in its place"
     if stored.shape != target.shape:
         return mismatch + (opened.shape_advice(path, target.shape) if target.shape is not None else "")
     assert target.dtype is not None
@@ -333,6 +362,9 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     )
     if castable(stored.dtype, target.dtype) and castable(stored.dtype, kept):
         return None if cast else f"{mismatch}; pass cast=True to convert it"
+    if target.output == "jax" and not as_numpy and _x64_kept(stored.dtype) == target.dtype:
+        # x64 off: the int32 jax keeps of an int64, as a restore into jax.ShapeDtypeStruct(..., jnp.int64) gives it
+        return None if cast else f"{mismatch}; pass cast=True to convert it (its values are checked to fit)"
     if cast and kept != target.dtype:  # x64 off
         return (
             f"{mismatch}; jax with x64 off keeps {target.dtype} as {kept}, and cast=True does not turn "
@@ -344,6 +376,11 @@ def fit_problem(opened: OpenedFile, path: str, target: Target, *, cast: bool, as
     return mismatch
 
 
+def _x64_kept(dtype: np.dtype) -> np.dtype:
+    """The dtype jax keeps of ``dtype`` (with x64 off, int32 of int64)."""
+    return np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+
+
 def _number_advice(opened: OpenedFile, path: str, target: Target) -> str:
     """What to give ``like`` where the file holds a Python number at ``path`` and ``target`` is an array: the
     number's type, or the weakly typed scalar jax makes of it (``jax.eval_shape``'s), which restores as a jax scalar."""
@@ -352,10 +389,13 @@ def _number_advice(opened: OpenedFile, path: str, target: Target) -> str:
         return ""
     name = type(value).__name__
     scalar = ""
-    if type(value) is not bool and target.output == "jax":
-        with contextlib.suppress(OverflowError):  # an int beyond int32 with x64 off: no such scalar
-            weak = jnp.asarray(value).dtype
-            scalar = f", or jax.ShapeDtypeStruct((), jnp.{weak}, weak_type=True) as jax.eval_shape makes"
+    held = _jax_scalar(value) if type(value) is not bool and target.output == "jax" else None
+    if held is not None:
+        scalar = f", or jax.ShapeDtypeStruct((), jnp.{held.dtype}, weak_type=True) as jax.eval_shape makes"
+    elif target.output == "jax" and type(value) is not bool:  # beyond every scalar this jax makes
+        x64 = _x64_kept(np.dtype(np.float64)) == np.float64
+        turn = "" if x64 else ": turn x64 on (jax.config.update('jax_enable_x64', True)) first"
+        scalar = f" (it is beyond the range of the scalars jax makes{turn})"
     return f": the file holds a Python {name} there; give like {'an' if name == 'int' else 'a'} {name} in its place{scalar}"
 
 

@@ -1,0 +1,68 @@
+"""Where ``like``'s restored leaves land, over four CPU devices (tests/conftest.py): Python scalars restored into the
+weakly typed 0-d arrays ``jax.eval_shape`` makes of them where ``sharding=`` says, as every restored array does; with
+``as_numpy=True``, nowhere, whatever shardings ``like`` holds."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, SingleDeviceSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxstow
+from jaxstow.errors import ShardingError
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "state.jxs"
+    jaxstow.save(path, {"lr": 0.5, "w": np.arange(4.0, dtype=np.float32)})
+    return path
+
+
+def _like(sharding=None):
+    return {
+        "lr": jax.ShapeDtypeStruct((), jnp.float32, weak_type=True, sharding=sharding),
+        "w": jax.ShapeDtypeStruct((4,), jnp.float32),
+    }
+
+
+@pytest.mark.parametrize("spec_form", ["one", "tree", "function"])
+def test_sharding_places_a_python_scalar_as_it_places_the_arrays(saved, spec_form):
+    replicated = NamedSharding(jax.make_mesh((4,), ("x",)), P())
+    spec = {
+        "one": replicated,
+        "tree": {"lr": replicated, "w": replicated},
+        "function": lambda path, shape, dtype: replicated,
+    }[spec_form]
+    on_device_1 = SingleDeviceSharding(jax.devices()[1])
+    restored = jaxstow.load(saved, like=_like(on_device_1), sharding=spec)  # sharding= wins over like's
+    assert restored["lr"].sharding == replicated == restored["w"].sharding
+    assert float(restored["lr"]) == 0.5 and restored["lr"].weak_type
+    assert jax.jit(lambda lr, w: lr * w)(restored["lr"], restored["w"]).tolist() == [0.0, 0.5, 1.0, 1.5]
+
+
+def test_a_python_scalar_lands_on_the_device_sharding_names(saved):
+    device = jax.devices()[2]
+    restored = jaxstow.load(saved, like=_like(), sharding=device)
+    assert restored["lr"].devices() == {device} == restored["w"].devices()
+
+
+def test_a_sharding_that_cannot_hold_a_python_scalar_is_refused_naming_it(saved):
+    rows = NamedSharding(jax.make_mesh((4,), ("x",)), P("x"))
+    with pytest.raises(ShardingError, match=r"leaf 'lr' of .*state.jxs: shape \[\] cannot be laid out"):
+        jaxstow.load(saved, like=_like(), sharding=rows)
+
+
+def test_as_numpy_takes_a_like_whose_shardings_name_an_abstract_mesh(saved):
+    # as_numpy=True places nothing: like's shardings (from jax.eval_shape under a mesh) are no reason to refuse,
+    # and sharding= (the advice given) is refused with as_numpy=True
+    abstract = NamedSharding(jax.make_mesh((4,), ("x",)).abstract_mesh, P())
+    like = {**_like(abstract), "w": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=abstract)}
+    restored = jaxstow.load(saved, like=like, as_numpy=True)
+    assert type(restored["lr"]) is np.ndarray and float(restored["lr"]) == 0.5
+    assert type(restored["w"]) is np.ndarray and restored["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ShardingError, match=r"leaf '(lr|w)' of .*state.jxs: its sharding .* has an abstract mesh"):
+        jaxstow.load(saved, like=like)
