@@ -18,7 +18,6 @@ from typing import Any
 
 from jaxstow._format.source import SourceFile
 from jaxstow._storage.s3 import S3Bucket, ViewsSource
-from jaxstow._storage.s3_kept import check_kept
 from jaxstow.errors import StorageError
 
 __all__ = ["S3Upload"]
@@ -177,9 +176,6 @@ class S3Upload:
             wait(self._parts)
             if self._failed.is_set():
                 self._raise_failure()
-            if self._upload_id is None and self._parts:  # one PUT: its object asked for, as the store answered it
-                etag = self._parts[0].result().get("ETag")
-                check_kept(self._bucket, self._key, etag, self._written, url=self.name)
             if self._upload_id is not None:
                 parts = [future.result() for future in self._parts]
                 bucket = self._bucket
@@ -209,7 +205,7 @@ class S3Upload:
         if self._lanes.write_pace is not None:
             self._lanes.write_pace.wait(source.size)
         bucket = self._bucket
-        answer = bucket.request(
+        bucket.request(
             lambda: bucket.client.put_object(
                 Bucket=bucket.bucket,
                 Key=self._key,
@@ -220,7 +216,7 @@ class S3Upload:
             url=self.name,
             doing="uploading it (PutObject)",
         )
-        return {"ETag": answer.get("ETag")}
+        return {}
 
     def abort(self) -> None:
         """Drop the parts not yet sent and abort the multipart upload.

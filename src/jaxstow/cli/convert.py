@@ -62,7 +62,6 @@ from jaxstow.cli.files import (
     open_hf_folder,
     open_source_at,
     read_arrays,
-    read_twice,
     storage,
 )
 from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathError
@@ -127,7 +126,8 @@ def run(args: argparse.Namespace) -> int:
                 count = _convert_container(container, args.dst, target, progress=args.progress)
             kind = Kind(kind.name, "Hugging Face folder", foreign=False)
         else:
-            count = read_twice(functools.partial(_convert_file, args.src, args.dst, target, args.progress), args.src)
+            with open_file(args.src) as container:
+                count = _convert_container(container, args.dst, target, progress=args.progress)
     size = _size(args.dst)
     print(f"{args.src} ({kind.label}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
     return 0
@@ -182,11 +182,6 @@ def _write_tree(src: str, dst: str, target: str, tree: Any, metadata: dict[str, 
 def _format_of(dst: str) -> str:
     name = dst.lower()
     return "safetensors" if name.endswith(".safetensors") else "npz" if name.endswith(".npz") else "jaxstow"
-
-
-def _convert_file(src: str, dst: str, target: str, progress: bool) -> int:
-    with open_file(src) as container:
-        return _convert_container(container, dst, target, progress=progress)
 
 
 def _convert_container(container: Reader, dst: str, target: str, *, progress: bool) -> int:

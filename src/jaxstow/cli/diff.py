@@ -25,7 +25,6 @@ w      values differ: 1 of 3 elements, max |A - B| = 0.5
 from __future__ import annotations
 
 import argparse
-import functools
 from typing import Any
 
 import numpy as np
@@ -34,7 +33,7 @@ from jaxstow._read.per_process import stored_bytes
 from jaxstow._read.reader import Reader
 from jaxstow._util.progress import bar
 from jaxstow.cli.diff_structure import flat_structure, same_value, structure_differences
-from jaxstow.cli.files import Leaf, describe, open_file, read_arrays, read_twice
+from jaxstow.cli.files import Leaf, describe, open_file, read_arrays
 from jaxstow.cli.inspect import value_text
 from jaxstow.cli.output import Table, print_json
 
@@ -57,7 +56,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    found, compared = read_twice(functools.partial(_compared, args.a, args.b, args.progress), args.a, args.b)
+    with open_file(args.a) as first, open_file(args.b) as second:
+        found, compared = differences(first, second, progress=args.progress)
     structural = [item for item in found if item["kind"] == "structure"]
     if args.json:
         report = {"a": args.a, "b": args.b, "same": not found, "leaves": compared, "differences": found}
@@ -74,11 +74,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"the structure differs in {len(structural)} place{'s' * (len(structural) != 1)}")
     print(f"{len(found) - len(structural)} of {compared} leaves differ")
     return 1
-
-
-def _compared(a: str, b: str, progress: bool) -> tuple[list[dict[str, Any]], int]:
-    with open_file(a) as first, open_file(b) as second:
-        return differences(first, second, progress=progress)
 
 
 def differences(first: Reader, second: Reader, *, progress: bool = False) -> tuple[list[dict[str, Any]], int]:

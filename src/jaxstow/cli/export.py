@@ -15,11 +15,10 @@ A step saved by any number of processes is written whole: each sharded array joi
 from __future__ import annotations
 
 import argparse
-import functools
 
 from jaxstow._util.progress import format_bytes
 from jaxstow.checkpoint.hf_export import export_safetensors
-from jaxstow.cli.files import read_twice, storage
+from jaxstow.cli.files import storage
 
 __all__ = ["HELP", "arguments", "run"]
 
@@ -51,8 +50,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     size = int(args.max_shard_size) if args.max_shard_size.isdigit() else args.max_shard_size
     settings = storage()
-    export = functools.partial(
-        export_safetensors,
+    exported = export_safetensors(
         args.src,
         args.dst,
         max_shard_size=size,
@@ -61,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
         transfer=settings.transfer,
         progress=args.progress,
     )
-    exported = read_twice(export, args.src)  # a failed export leaves no folder behind
     files = len(exported.files)
     print(
         f"{args.src} -> {args.dst}: {exported.tensors} tensor{'s' * (exported.tensors != 1)}, "

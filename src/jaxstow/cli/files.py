@@ -20,9 +20,9 @@ import contextlib
 import contextvars
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -42,7 +42,6 @@ from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import (
     ArgumentError,
-    CorruptFileError,
     IsAFolderError,
     JaxstowError,
     NotAFolderError,
@@ -56,7 +55,6 @@ __all__ = [
     "Leaf",
     "Step",
     "add_storage_arguments",
-    "at_url",
     "checkpoint_steps",
     "committed_steps",
     "describe",
@@ -69,7 +67,6 @@ __all__ = [
     "open_hf_folder",
     "open_source_at",
     "read_arrays",
-    "read_twice",
     "read_steps",
     "require_folder",
     "storage",
@@ -301,25 +298,6 @@ def value_type(value: Any) -> str:
     return type(value).__name__
 
 
-def at_url(target: str) -> bool:
-    """Whether ``target`` is read from a store, over a network that may damage bytes on their way, not from a disk."""
-    return local_path(target) is None
-
-
-T = TypeVar("T")
-
-
-def read_twice(call: Callable[[], T], *targets: str) -> T:
-    """``call()``, which opens and reads ``targets``; called again, once, when it finds a checksum mismatch and one of
-    them is at a URL: bytes damaged on their way are no damage, and damage found twice is the file's."""
-    try:
-        return call()
-    except CorruptFileError:
-        if not any(at_url(target) for target in targets):
-            raise
-    return call()
-
-
 def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:
     """The stored leaves' data as numpy arrays (PRNG keys as their key data, torch tensors as numpy, without torch),
     checked against their checksums."""
@@ -421,24 +399,12 @@ def _files_in(path: str | None) -> str:
     return f"; it holds {files} {shown}: give one file's path to read it, e.g. {os.path.join(path or '', names[0])}"
 
 
-def _step_at_url(folder: str) -> str:
-    """What the folder at a URL is, for a message: a step of a checkpoint folder (its record is there), or a folder."""
-    parent, _, name = folder.rstrip("/").rpartition("/")
-    if not name.isdigit():
-        return "is a folder"
-    try:
-        open_store(parent, marker=RECORD_NAME, settings=storage(folder)).read_marker(name)
-    except FileNotFoundError:
-        return "is a folder"
-    return f"is a folder, step {name} of the checkpoint folder {parent}: give that folder, or one of the step's files"
-
-
 def committed_steps(folder: str) -> list[Step | DamagedStep]:
     """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = read_steps(folder)
     if not steps:
         path = local_path(folder)
-        foreign = folder_problem(path) if path is not None else _step_at_url(folder)
+        foreign = folder_problem(path) if path is not None else "is a folder"
         if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
             foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)" + _files_in(path)
         raise PathError(foreign, file=folder)

@@ -32,7 +32,6 @@ from jaxstow.checkpoint.step_folder import REPLACED_READS
 from jaxstow.cli.files import (
     DamagedStep,
     Step,
-    at_url,
     committed_steps,
     describe,
     hf_listing,
@@ -156,14 +155,11 @@ def _verified(step: Step | DamagedStep, progress: bool) -> list[FileReport]:
 def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[FileReport]:
     """Verify every item file of a step of a checkpoint folder, as the manager's restore checks it first: the record
     (a damaged one is damage to the step), each file's presence and its header against the checksum the record names
-    (a file that is not the one saved is damage to that file), then every leaf. A step at a URL found damaged is read
-    again, once, as the manager's ``damaged_steps()`` reads it: bytes damaged on their way are no damage."""
+    (a file that is not the one saved is damage to that file), then every leaf."""
     if isinstance(step, DamagedStep):
         return [FileReport(step.record_url, damage=[step.problem])]
     for tries in range(1, REPLACED_READS + 1):
         reports = _step_reports(step, progress=progress)
-        if any(report.damage for report in reports) and at_url(step.folder.url(step.step)):
-            reports = _step_reports(step, progress=progress)
         if not any(report.damage for report in reports) or tries == REPLACED_READS:
             break
         now = step.folder.checked_record(step.step)
@@ -196,15 +192,7 @@ def _step_reports(step: Step, *, progress: bool) -> list[FileReport]:
 
 def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool = False) -> FileReport:
     """Verify one file; a damaged header counts as damage to the whole file. A file that is not one jaxstow reads
-    (another format, a newer format version) is an error, not damage. A file at a URL found damaged is opened and
-    read again, once: only damage found twice is reported, so that bytes damaged on their way are not."""
-    report = _file_report(target, name, progress=progress)
-    if report.damage and isinstance(target, str) and at_url(target):
-        report = _file_report(target, name, progress=progress)
-    return report
-
-
-def _file_report(target: str | ReadSource | list[ReadSource], name: str, *, progress: bool) -> FileReport:
+    (another format, a newer format version) is an error, not damage."""
     report = FileReport(name)
     try:
         with open_file(target) as reader:
