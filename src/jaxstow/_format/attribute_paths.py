@@ -27,7 +27,17 @@ from jaxstow._format.keypaths import key_to_str
 from jaxstow._names import static_objects
 from jaxstow.errors import JaxstowError
 
-__all__ = ["attributes", "aux_path", "built_node", "child_name", "join", "renamed", "renamed_child", "replace_json"]
+__all__ = [
+    "attributes",
+    "aux_path",
+    "built_node",
+    "child_name",
+    "join",
+    "mangled",
+    "renamed",
+    "renamed_child",
+    "replace_json",
+]
 
 E = TypeVar("E", bound=JaxstowError)
 _LEAF = jax.tree_util.tree_structure(0)
@@ -127,14 +137,14 @@ def attributes(obj: object) -> list[tuple[str, Any]]:
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if isinstance(slots, str) else slots:
-            name = _mangled(cls, slot)
+            name = mangled(cls, slot)
             if slot not in ("__dict__", "__weakref__") and name not in seen and hasattr(obj, name):
                 seen.add(name)
                 found.append((name, getattr(obj, name)))
     return found
 
 
-def _mangled(cls: type, name: str) -> str:
+def mangled(cls: type, name: str) -> str:
     """``name`` as Python stores a private name of ``cls`` (``__x`` in ``C``: ``_C__x``)."""
     owner = cls.__name__.lstrip("_")
     return f"_{owner}{name}" if name.startswith("__") and not name.endswith("__") and owner else name

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxstow._format.attribute_paths import attributes, join
+from jaxstow._format.init_attributes import always_set
 from jaxstow._names import registry
 from jaxstow._names.repeated_keys import refuse_repeated
 from jaxstow.errors import FormatError, StructureMismatchError, UnsaveableObjectError, excerpt
@@ -151,17 +152,21 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
 
 
 def _refuse_missing_fields(cls: type, name: str, saved: list[str], *, file: str | None, path: str) -> None:
-    """Refuse to rebuild a dataclass without a value for each of the fields its ``__init__`` sets: a field renamed or
-    added since the save would be missing from the instance, or read as the class's default."""
-    if not dataclasses.is_dataclass(cls):
-        return
-    fields = [field.name for field in dataclasses.fields(cls) if field.init]
+    """Refuse to rebuild an instance without a value for each of the fields its class's ``__init__`` sets (a
+    dataclass's fields, or the attributes a plain ``__init__`` always sets): an attribute renamed or added since the
+    save would be missing from the instance, or read as the class's default."""
+    if dataclasses.is_dataclass(cls):
+        kind, fields = "the dataclass", [field.name for field in dataclasses.fields(cls) if field.init]
+        now = f"has the fields {fields} now"
+    else:
+        kind, fields = "the class", list(always_set(cls))
+        now = f"sets the attributes {fields} in __init__ now"
     missing = [field for field in fields if field not in saved]
     if missing:
         raise StructureMismatchError(
             [
-                f"{path!r}: the dataclass {name} has the fields {fields} now, the file holds the attributes {saved}: "
-                f"{missing} would be missing from the instance (renamed or added since the save?)"
+                f"{path!r}: {kind} {name} {now}, the file holds the attributes {saved}: {missing} would be missing "
+                "from the instance (renamed or added since the save?)"
             ],
             file=file,
             fix="Load the file with the class as it was saved, and build the new class from what it loads.",
