@@ -129,3 +129,31 @@ def test_a_local_store_gets_a_local_lock_in_its_folder_created_if_needed(tmp_pat
     lock = lock_store(LocalStore(str(tmp_path / "new" / "run"), marker="checkpoint.json"))
     assert isinstance(lock, LocalLock) and (tmp_path / "new" / "run" / LOCK_NAME).exists()
     lock.release()
+
+
+def test_a_lock_left_by_another_host_whose_pid_runs_here_is_taken_over_locally_with_a_warning_and_refused_remotely(
+    tmp_path, caplog
+):
+    # A run restarted on a new host of a shared file system: the lock file names the old host's writer, whose pid a
+    # live process of this host happens to have. The flock is free: the lock is taken, and the takeover is told.
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        lock_file = tmp_path / LOCK_NAME
+        lock_file.touch()
+        old = Holder(live.pid, "old-host", "2024-01-01T00:00:00+00:00", "0" * 16, inode=lock_file.stat().st_ino)
+        lock_file.write_bytes(old.to_json())
+        with caplog.at_level(logging.WARNING, logger="jaxstow._storage.lock"):
+            lock = LocalLock(str(tmp_path))
+        assert f"taking over the lock of process {live.pid} on host old-host since 2024-01-01" in caplog.text
+        assert Holder.parse(lock_file.read_bytes()).pid == os.getpid()
+        lock.release()
+        store = _remote_store()
+        store.ensure()
+        store.fs.pipe_file(store.path(LOCK_NAME), old.to_json())  # an object store cannot tell: the writer may run
+        with pytest.raises(
+            CheckpointError, match=f"process {live.pid} on host old-host .*delete {store.url(LOCK_NAME)}"
+        ):
+            RemoteLock(store)
+    finally:
+        live.kill()
+        live.wait(timeout=60)

@@ -17,13 +17,15 @@ import pytest
 
 
 @contextlib.contextmanager
-def small_tmpfs(folder: Path, size: str = "1m") -> Iterator[Path]:
-    """A fresh tmpfs of ``size`` mounted at ``folder`` (made if missing) while the block runs."""
+def small_tmpfs(folder: Path, size: str = "1m", inodes: int | None = None) -> Iterator[Path]:
+    """A fresh tmpfs of ``size`` (and at most ``inodes`` files, if given) mounted at ``folder`` (made if missing)
+    while the block runs."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a small tmpfs needs root and mount")
     folder.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + ("" if inodes is None else f",nr_inodes={inodes}")
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)], capture_output=True, text=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"mount refused a tmpfs here: {mounted.stderr.strip()}")

@@ -57,10 +57,10 @@ def storage_error(
 ) -> StorageError:
     """A :class:`StorageError` naming ``target`` for ``error``, met while ``doing`` (``"write it"``, ``"read it"``).
 
-    ``error.errno`` (or the errno an HDF5 message quotes) picks the words: no space left, a read-only folder,
-    permission denied, disk quota exceeded, an I/O error, a file name too long; another errno gets the system's own
-    words. The words name ``target``'s folder, or ``folder``, where the file is written elsewhere (the file a
-    symbolic link names). The error keeps the errno; raise it ``from error``.
+    ``error.errno`` (or the errno an HDF5 message quotes) picks the words: no space left (no inodes left, where free
+    blocks remain), a read-only folder, permission denied, disk quota exceeded, an I/O error, a file name too long;
+    another errno gets the system's own words. The words name ``target``'s folder, or ``folder``, where the file is
+    written elsewhere (the file a symbolic link names). The error keeps the errno; raise it ``from error``.
     """
     name = os.fspath(target)
     code = errno_of(error)
@@ -68,6 +68,8 @@ def storage_error(
         folder = name.rpartition("/")[0] if "://" in name else name if os.path.isdir(name) else _existing(name)
     if code == errno.ENAMETOOLONG:
         cause, fix = _name_too_long(name)
+    elif code == errno.ENOSPC and (blocks := _free_blocks_without_inodes(folder)):
+        cause, fix = _no_inodes(blocks)
     elif code in _WORDS:
         cause, fix = _WORDS[code]
     else:
@@ -114,6 +116,26 @@ def _name_too_long(name: str) -> tuple[str, str]:
     if longest > limit:
         return f"file name too long ({longest} bytes; this file system takes at most {limit})", "use a shorter name"
     return "file name too long", "use a shorter name or path"
+
+
+def _no_inodes(blocks: int) -> tuple[str, str]:
+    """The words for :data:`errno.ENOSPC` where the file system has ``blocks`` free blocks but no free inodes."""
+    return (
+        f"the file system holding {{folder}} has no free inodes (files) left, though it has {blocks} free blocks: "
+        "it holds as many files as it can, and space is not what ran out",
+        "delete files there (many small files use up inodes: a checkpoint manager keeps fewer steps with a smaller "
+        "KeepPolicy(keep_last=...)), or write elsewhere",
+    )
+
+
+def _free_blocks_without_inodes(folder: str) -> int:
+    """The free blocks of the file system holding ``folder`` where it has no free inodes left; else 0 (also where it
+    has no inode limit, or cannot be asked: a URL)."""
+    try:
+        status = os.statvfs(folder)
+    except (OSError, ValueError):
+        return 0
+    return status.f_bavail if status.f_files > 0 and status.f_favail == 0 else 0
 
 
 def _existing(name: str) -> str:

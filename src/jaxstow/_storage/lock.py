@@ -69,11 +69,14 @@ class Holder:
     token: str
     #: The process's PID namespace (``/proc/self/ns/pid``): a container's processes are not seen from another's.
     pid_space: str = ""
+    #: The inode of the lock file it wrote (0: none, or written before this was recorded): a lock file of another
+    #: inode naming it is a copy (``cp -r`` of its folder), which names a holder of another folder's lock.
+    inode: int = 0
 
     @classmethod
-    def me(cls) -> Holder:
+    def me(cls, inode: int = 0) -> Holder:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), pid_space())
+        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), pid_space(), inode)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -86,8 +89,8 @@ class Holder:
             pid = int(fields["pid"])
             if not 0 < pid < 2**31:  # no process has it: a damaged or forged file
                 return None
-            space = str(fields.get("pid_space", ""))
-            return cls(pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space)
+            space, inode = str(fields.get("pid_space", "")), int(fields.get("inode", 0))
+            return cls(pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space, inode)
         except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
             return None
 
@@ -169,11 +172,13 @@ class FileLock:
     ) -> None:
         with storage_failures(of or path, doing=f"take the writer's lock {path}" if of else "take the lock"):
             descriptor = _take(path, held)
+            self._inode = os.fstat(descriptor).st_ino
             try:
-                #: The lock file's bytes as found: what a holder that ended without releasing the lock left.
+                #: The lock file's bytes as found: what a holder that ended without releasing the lock left (or a copy
+                #: of another folder's lock file).
                 self.found = _read(descriptor)
                 os.ftruncate(descriptor, 0)
-                os.pwrite(descriptor, Holder.me().to_json(), 0)
+                os.pwrite(descriptor, Holder.me(self._inode).to_json(), 0)
                 os.fsync(descriptor)
             except BaseException:  # a full disk: the lock file is left as it was found (or removed, if new)
                 _give_up(descriptor, path, getattr(self, "found", b""))
@@ -184,8 +189,10 @@ class FileLock:
 
     @property
     def previous(self) -> Holder | None:
-        """The holder that ended without releasing the lock, if its lock file names one."""
-        return Holder.parse(self.found)
+        """The holder that ended without releasing the lock, if its lock file names one; ``None`` for a lock file
+        copied from another folder, whose holder never held this one."""
+        holder = Holder.parse(self.found)
+        return None if holder is not None and holder.inode not in (0, self._inode) else holder
 
     def abandon(self) -> None:
         """Release the lock, leaving its file naming this holder, as a holder that ended without releasing it leaves
