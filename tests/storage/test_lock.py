@@ -3,6 +3,7 @@ SIGKILL frees it at once; locally an ``flock``, on an object store a lock object
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -89,6 +90,24 @@ def test_a_holder_in_another_pid_namespace_is_never_taken_for_gone():
     assert not other.is_gone() and not other.is_me()
     assert "in another PID namespace" in other.describe()
     assert Holder.parse(other.to_json()) == other
+
+
+def test_a_holder_of_another_machine_of_the_same_name_is_never_taken_for_gone_one_of_this_one_restarted_is():
+    # Two machines named localhost share the first PID namespace's id: a live writer of the other, whose pid ran
+    # nothing here, was called gone and its object-store lock taken over.
+    me = Holder.me()
+    other_machine = dataclasses.replace(me, pid=_dead_pid(), boot="another-boot", machine="another-machine")
+    assert not other_machine.is_gone() and not other_machine.is_me()
+    assert not other_machine.left("/nonexistent")
+    assert "of another machine of that name, or of this one before it restarted" in other_machine.describe()
+    restarted = dataclasses.replace(other_machine, machine=me.machine)
+    assert restarted.is_gone() == bool(me.machine)
+    assert Holder.parse(other_machine.to_json()) == other_machine
+    store = _remote_store()
+    store.ensure()
+    store.fs.pipe_file(store.path(LOCK_NAME), other_machine.to_json())
+    with pytest.raises(CheckpointError, match=f"process {other_machine.pid} on host {me.host} .*another machine"):
+        RemoteLock(store)
 
 
 def _remote_store() -> RemoteStore:

@@ -22,23 +22,18 @@ lock gives a :class:`~jaxstow.errors.CheckpointError` naming it.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import fcntl
 import functools
-import json
 import logging
 import os
-import secrets
-import socket
 import weakref
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.lock_file import open_lock_file
-from jaxstow._storage.pid_space import pid_space
+from jaxstow._storage.lock_holder import Holder
 from jaxstow._storage.remote import storage_errors
 from jaxstow._storage.small_reads import read_small
 from jaxstow._storage.store import Store
@@ -57,83 +52,6 @@ LOCK_NAME = ".jaxstow.lock"
 #: The tokens of the remote locks this process holds or is taking: a lock object naming this process with any other
 #: token is a leftover of one of its managers (closed, its lock object's deletion failed), and is taken over.
 _HELD_HERE: set[str] = set()
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lock: process id, host name, since when, and a token that tells two holders apart."""
-
-    pid: int
-    host: str
-    since: str
-    token: str
-    #: The process's PID namespace (``/proc/self/ns/pid``): a container's processes are not seen from another's.
-    pid_space: str = ""
-    #: The inode of the lock file it wrote (0: none, or written before this was recorded): a lock file of another
-    #: inode naming it is a copy (``cp -r`` of its folder), which names a holder of another folder's lock.
-    inode: int = 0
-
-    @classmethod
-    def me(cls, inode: int = 0) -> Holder:
-        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-        return cls(os.getpid(), socket.gethostname(), now, secrets.token_hex(8), pid_space(), inode)
-
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
-
-    @classmethod
-    def parse(cls, data: bytes) -> Holder | None:
-        """The holder a lock file names; ``None`` for an empty or unreadable one."""
-        try:
-            fields = json.loads(data)
-            pid = int(fields["pid"])
-            if not 0 < pid < 2**31:  # no process has it: a damaged or forged file
-                return None
-            space, inode = str(fields.get("pid_space", "")), int(fields.get("inode", 0))
-            return cls(pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space, inode)
-        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
-            return None
-
-    def describe(self) -> str:
-        elsewhere = " (in another PID namespace: a container?)" if self._other_space() else ""
-        return f"process {self.pid} on host {self.host}{elsewhere} since {self.since}"
-
-    def is_me(self) -> bool:
-        """Whether the holder is this process."""
-        return self.pid == os.getpid() and self.host == socket.gethostname() and not self._other_space()
-
-    def _other_space(self) -> bool:
-        return bool(self.pid_space) and self.pid_space != pid_space()
-
-    def is_gone(self) -> bool:
-        """Whether the holder is a process of this host, seen from here, that no longer runs; one of another PID
-        namespace (a container sharing the host's name) cannot be seen, so is never called gone."""
-        if self.host != socket.gethostname() or self._other_space():
-            return False
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        return False
-
-    def left(self, lock_file: str) -> bool:
-        """Whether ``lock_file``, which names this holder, was left by a writer that ended: the holder is gone
-        (:meth:`is_gone`), or its process id, seen from here, now names a process that does not have the lock file
-        open (the id given to another program). Where that cannot be told (another host, another PID namespace, a
-        process whose open files this one may not list), it was not."""
-        if self.is_gone():
-            return True
-        if self.host != socket.gethostname() or self._other_space():
-            return False
-        try:
-            lock = os.stat(lock_file)
-            with os.scandir(f"/proc/{self.pid}/fd") as descriptors:
-                opened = [os.stat(descriptor.path) for descriptor in descriptors]
-        except OSError:  # no /proc (not Linux), another user's process, a lock file gone: no telling
-            return False
-        return not any((found.st_dev, found.st_ino) == (lock.st_dev, lock.st_ino) for found in opened)
 
 
 def _held_error(location: str, holder: Holder | None, hint: str) -> CheckpointError:
