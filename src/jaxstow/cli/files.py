@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,7 @@ import numpy as np
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import folder_problem, foreign_member, recognise
-from jaxstow._read.reader import FolderReader, Reader, open_parts
+from jaxstow._read.reader import FolderReader, Reader, open_parts, read_again
 from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
@@ -300,8 +301,8 @@ def value_type(value: Any) -> str:
 
 def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:
     """The stored leaves' data as numpy arrays (PRNG keys as their key data, torch tensors as numpy, without torch),
-    checked against their checksums."""
-    return reader.read_arrays([reader.stored[leaf.path] for leaf in leaves])
+    checked against their checksums (what came from a store damaged read again, once)."""
+    return read_again(reader, functools.partial(reader.read_arrays, [reader.stored[leaf.path] for leaf in leaves]))
 
 
 @dataclass(frozen=True)
