@@ -400,12 +400,26 @@ def _files_in(path: str | None) -> str:
     return f"; it holds {files} {shown}: give one file's path to read it, e.g. {os.path.join(path or '', names[0])}"
 
 
+def _step_at_url(folder: str) -> str:
+    """What a folder at a URL that holds no steps is, for a message: a step of a checkpoint folder (its record is in
+    it), named with the URL of that folder and of one of its files; or a folder."""
+    files = sorted(open_store(folder, marker=RECORD_NAME, settings=storage(folder)).files())
+    if RECORD_NAME not in files:
+        return "is a folder"
+    parent, _, step = folder.rstrip("/").rpartition("/")
+    file = next((name for name in files if name != RECORD_NAME), RECORD_NAME)
+    return (
+        f"is a folder, step {step} of the checkpoint folder {parent}: give that folder, or one of the step's files, "
+        f"e.g. {parent}/{step}/{file}"
+    )
+
+
 def committed_steps(folder: str) -> list[Step | DamagedStep]:
     """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = read_steps(folder)
     if not steps:
         path = local_path(folder)
-        foreign = folder_problem(path) if path is not None else "is a folder"
+        foreign = folder_problem(path) if path is not None else _step_at_url(folder)
         if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
             foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)" + _files_in(path)
         raise PathError(foreign, file=folder)
