@@ -151,13 +151,12 @@ def load(
             return folder.load(like, **options)
     with open_reader_at(location, settings) as reader:
         try:
-            return reader.load(like, **options)
-        except CorruptFileError:  # read again once: a bit flipped on the network is no damage
+            return reader.load(like, **options)  # what a store sent damaged is asked for again there
+        except CorruptFileError:
             copy = getattr(reader.container, "source", None)
-            if isinstance(copy, CachedCopy):
-                copy.evict()  # the cache's copy is damaged, not the store's file: fetched again
-            elif location.url is None:  # a local file or a file object: what was read is what it holds
+            if not isinstance(copy, CachedCopy):
                 raise
+            copy.evict()  # the cache's copy is damaged, not the store's file: fetched again
     with open_reader_at(location, settings) as reader:
         return reader.load(like, **options)
 

@@ -12,7 +12,7 @@ Each request it forwards draws, from one seeded generator, whether it fails and 
 - ``lost`` (not among the :data:`KINDS` drawn unless asked for): the request reaches the server, and the answer is
   lost to a reset, so that a client that sends it again repeats what was done;
 - ``flip`` (nor this one): the answer whole, but with one bit of its body flipped on the way (a faulty link or
-  middlebox that no checksum of the transport caught);
+  middlebox that no checksum of the transport caught); of a request with a body (a write), one bit of that body;
 - ``dropped`` (nor this one): a write (``PUT``) answered ``200`` with the ETag of its body, never reaching the server
   (a store that acknowledges what it does not keep).
 
@@ -143,6 +143,9 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             fault = proxy.draw(self.command, f"{self.path} {self.headers.get('Range', '')}")
+            if fault == "flip" and body is not None and len(body) >= 2:  # a write's body, damaged on its way
+                proxy.sent(fault)
+                body, fault = _flipped(body), None
             if fault in ("reset", *_ERRORS):
                 proxy.sent(fault)
                 return self._reset() if fault == "reset" else self._error(*_ERRORS[fault])
@@ -163,7 +166,7 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
             if fault == "slow":
                 time.sleep(proxy.slow_seconds)
             if fault == "flip":
-                data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x10]) + data[len(data) // 2 + 1 :]
+                data = _flipped(data)
             self.send_response(status, reason)
             for name, value in headers:
                 if name.lower() not in _HOP_BY_HOP:
@@ -217,6 +220,11 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
         do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve
 
     return Handler
+
+
+def _flipped(data: bytes) -> bytes:
+    """``data`` with one bit of its middle byte flipped."""
+    return data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x10]) + data[len(data) // 2 + 1 :]
 
 
 @contextlib.contextmanager

@@ -9,10 +9,11 @@ docs/restoring.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple, Unpack
+from typing import Any, NamedTuple, TypeVar, Unpack
 
 import jax
 import numpy as np
@@ -32,6 +33,7 @@ from jaxstow._read.slicing import parse_index
 from jaxstow._storage.cache import CachedCopy
 from jaxstow._storage.opening import Location, Readable, locate, reached
 from jaxstow._storage.settings import StorageSettings
+from jaxstow._storage.sources import SourceBase
 from jaxstow._storage.transfer import Transfer
 from jaxstow._util.deprecation import moved_keywords
 from jaxstow.errors import (
@@ -54,11 +56,13 @@ __all__ = [
     "open_folder_at",
     "open_parts",
     "open_reader_at",
+    "read_again",
 ]
 
 #: The options of a folder of safetensors files (:func:`jaxstow.huggingface.load` and ``open`` take them).
 HUGGING_FACE_OPTIONS = ("names", "transposed")
 _shape_dtype: Callable[..., Any] = jax.ShapeDtypeStruct
+T = TypeVar("T")
 
 
 class LeafInfo(NamedTuple):
@@ -85,7 +89,8 @@ class Reader(OpenedFile):
     ``reader[path]`` reads one whole leaf, verified against its checksum; :meth:`read` reads a slice of an array,
     touching only the bytes it needs (verified where they nearly fill their 1 MiB blocks); :attr:`abstract` is the saved tree with ``jax.ShapeDtypeStruct`` leaves,
     usable as ``like``; :meth:`load` restores the tree, or a part of it. :attr:`paths` lists the leaves and
-    :attr:`metadata` is the metadata saved with the file.
+    :attr:`metadata` is the metadata saved with the file. Bytes from a store that fail their checksum are asked for
+    again, once (:func:`read_again`): only damage found twice is the file's.
 
     >>> import io, jax.numpy as jnp, numpy as np, jaxstow
     >>> buffer = io.BytesIO()
@@ -150,7 +155,7 @@ class Reader(OpenedFile):
 
     def __getitem__(self, path: str) -> Any:
         refuse_while_tracing(self.file, reading="a leaf cannot be read", path=path)
-        return super().__getitem__(path)
+        return read_again(self, functools.partial(super().__getitem__, path))
 
     def read(self, path: str, index: Any = ...) -> np.ndarray:
         """Read the part ``index`` of the array at ``path``, touching only the bytes it needs: the 1 MiB blocks it
@@ -175,7 +180,7 @@ class Reader(OpenedFile):
             kind = "a value" if leaf is None else f"a {leaf.kind}"
             raise SliceError("only arrays can be read by slices, and this leaf is " + kind, file=self.file, path=path)
         box, rest = parse_index(index, leaf.shape, file=self.file, path=path)
-        return np.asarray(self.read_box(path, box)[rest])
+        return np.asarray(read_again(self, functools.partial(self.read_box, path, box))[rest])
 
     def load(self, like: Any = None, **options: Unpack[LoadOptions]) -> Any:
         """Restore the tree, or a part of it, as :func:`jaxstow.load` does.
@@ -201,7 +206,7 @@ class Reader(OpenedFile):
         if self.closed:
             self.check_open("loading the tree")
         try:
-            return restore(self, like, **options)
+            return read_again(self, functools.partial(restore, self, like, **options))
         except UnknownNameError as error:  # one error names every library to import, not one library per attempt
             raise with_every_library(error, self.container.manifest, self.value_entries.values()) from None
 
@@ -234,14 +239,27 @@ class FolderReader(FolderFile, Reader):
         names = names if names is not None else self.names
         transposed = transposed if transposed is not None else self.transposed
         if like is None and names is None and transposed is None:
-            return restore(self, None, **options)
+            return read_again(self, functools.partial(restore, self, None, **options))
         if names is None and like is None:
             names = str  # without like, the tensors keep their names
-        return restore(self.mapped(names, transposed), like, **options)
+        return read_again(self, functools.partial(restore, self.mapped(names, transposed), like, **options))
 
     def info(self, path: str) -> LeafInfo:
         """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""
         return super().info(path)._replace(kind="array")
+
+
+def read_again(opened: OpenedFile, read: Callable[[], T]) -> T:
+    """``read()``, which reads leaves of ``opened``; called again, once, when it finds a checksum mismatch and a file it
+    reads came over a network (a bit flipped on its way is no damage), whose kept bytes are dropped first: only damage
+    found twice is the file's. A local file's bytes are what it holds: its damage is raised at once."""
+    try:
+        return read()
+    except CorruptFileError:
+        sources = [getattr(container, "source", None) for container in opened.containers]
+        if not [source for source in sources if isinstance(source, SourceBase) and source.forget()]:
+            raise
+    return read()
 
 
 def open_reader_at(location: Location, settings: StorageSettings | None = None, *, mmap: bool = False) -> Reader:

@@ -26,6 +26,7 @@ from jaxstow._format.block_checksums import Checksums, checked_blocks
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.per_process import stored_bytes
+from jaxstow._read.reader import read_again
 from jaxstow.errors import CorruptFileError, FormatError
 
 __all__ = ["verify_checksums", "verify_part"]
@@ -34,29 +35,35 @@ __all__ = ["verify_checksums", "verify_part"]
 def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tuple[int, list[CorruptFileError]]:
     """Read every stored leaf and compare it with its recorded checksums; returns the count checked and the damage.
 
-    ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums.
+    ``on_read(nbytes)`` is called as each leaf is read. A file without a jaxstow manifest has no checksums. What came
+    from a store damaged is read again, once (:func:`~jaxstow._read.reader.read_again`): only damage found twice is.
     """
     checked, damage = 0, []
     for path, values in reader.per_process.items():  # each process's value, a file of its own in a tensor
         for process, (_, entry) in sorted(values.items()):
             checked += entry.get("xxh3") is not None
             try:
-                on_read(stored_bytes(reader, path, process).nbytes)
+                on_read(read_again(reader, functools.partial(stored_bytes, reader, path, process)).nbytes)
             except CorruptFileError as error:
                 damage.append(error)
     for leaf in reader.stored.values():
         sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
         checked += sum(checksum is not None for checksum in sums)
         try:
-            whole = reader.read_arrays([leaf])[leaf.path]
-            for blocks, box, source in _blocks_of(leaf):
-                _check_blocks(
-                    np.ascontiguousarray(whole[tuple(slice(*axis) for axis in box)]), blocks, reader, leaf.path, source
-                )
+            read_again(reader, functools.partial(_check_leaf, reader, leaf))
         except CorruptFileError as error:
             damage.append(error)
         on_read(leaf.nbytes)
     return checked, damage
+
+
+def _check_leaf(reader: OpenedFile, leaf: Stored) -> None:
+    """Read a whole stored leaf, verified against its checksum, and check its tensors' block checksums."""
+    whole = reader.read_arrays([leaf])[leaf.path]
+    for blocks, box, source in _blocks_of(leaf):
+        _check_blocks(
+            np.ascontiguousarray(whole[tuple(slice(*axis) for axis in box)]), blocks, reader, leaf.path, source
+        )
 
 
 def verify_part(reader: OpenedFile, source: int) -> list[CorruptFileError]:

@@ -178,5 +178,9 @@ class RemoteSource(SourceBase):
         buffer = buffer.cast("B")
         buffer[:] = self.read(offset, len(buffer))
 
+    def forget(self) -> bool:
+        """Nothing is kept: every read is its own request, over a network."""
+        return True
+
     def close(self) -> None:
         """Nothing to release: every read is its own request."""

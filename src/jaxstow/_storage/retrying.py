@@ -72,6 +72,8 @@ _CODES = frozenset(
         "InternalError",
         "RequestTimeout",
         "RequestTimeoutException",
+        "BadDigest",  # a request's body damaged on its way, found by the checksum it was sent with
+        "XAmzContentSHA256Mismatch",
     }
 )
 _NAMES = frozenset(

@@ -20,9 +20,7 @@ ETag: replaced, and ``If-Match`` ignored) is a :class:`~jaxstow.errors.StorageEr
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import itertools
 import os
 import threading
 import weakref
@@ -38,7 +36,7 @@ from jaxstow._storage.transfer import Lanes, Transfer, lanes
 from jaxstow._util.optional import require
 from jaxstow.errors import ArgumentError, PathNotFoundError, StorageError
 
-__all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "ViewsSource", "is_s3", "s3_errors"]
+__all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "is_s3", "s3_errors"]
 
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
@@ -368,8 +366,9 @@ class S3Object(SourceBase):
         head, or of the first request's body not read yet)."""
         views = [buffer.cast("B") for buffer in buffers]
         wanted = sum(len(view) for view in views)
-        if offset + wanted <= len(self._head):
-            _copy(self._head, offset, views)
+        head = self._head
+        if offset + wanted <= len(head):
+            _copy(head, offset, views)
             return
         if offset + wanted > self.size:  # the object ends before: damage, found without asking the store
             raise self._truncated(offset, wanted, max(0, self.size - offset))
@@ -389,14 +388,14 @@ class S3Object(SourceBase):
         """
         wanted = sum(len(view) for view in views)
         with self._lock:
-            body = self._open
+            body, head = self._open, self._head
             if body is None or not offset <= body.position < offset + wanted:
                 return 0
-            if offset < body.position and body.position != len(self._head):  # bytes before it not in the head
+            if offset < body.position and body.position != len(head):  # bytes before it not in the head
                 return 0
             self._open = None
         done = body.position - offset
-        _copy(self._head, offset, views_before(views, done))
+        _copy(head, offset, views_before(views, done))
         lanes = self._bucket.lanes
         try:
             with lanes.reading:
@@ -412,39 +411,18 @@ class S3Object(SourceBase):
             body.close()
         return done
 
+    def forget(self) -> bool:
+        """Drop the first request's bytes and the rest of its body: every byte read from now on is asked for again,
+        from the object of the first answer's ETag."""
+        with self._lock:
+            body, self._open, self._head = self._open, None, b""
+        if body is not None:
+            body.close()
+        return True
+
     def close(self) -> None:
         """Drop the first request's body if it is not read to its end; the connections belong to the shared client."""
         with self._lock:
             body, self._open, self._closed = self._open, None, True
         if body is not None:
             body.close()
-
-
-class ViewsSource(SourceBase):
-    """Buffers one after another, read as one source with no copy until a piece is read.
-
-    The body of a request is a :class:`~jaxstow._format.source.SourceFile` over it.
-    """
-
-    def __init__(self, views: Sequence[memoryview]) -> None:
-        self.name = "<parts>"
-        self._views = list(views)
-        self._starts = [0, *itertools.accumulate(len(view) for view in self._views)]
-        self.size = self._starts[-1]
-
-    def read_into(self, offset: int, buffer: memoryview) -> None:
-        target = buffer.cast("B")
-        done = 0
-        index = bisect.bisect_right(self._starts, offset) - 1
-        while done < len(target):
-            if index >= len(self._views):
-                raise self._truncated(offset, len(target), done)
-            view, start = self._views[index], self._starts[index]
-            within = offset + done - start
-            count = min(len(view) - within, len(target) - done)
-            target[done : done + count] = view[within : within + count]
-            done += count
-            index += 1
-
-    def close(self) -> None:
-        """The buffers belong to their writer."""

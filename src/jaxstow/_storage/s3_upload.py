@@ -11,13 +11,17 @@ the store started an upload) is followed by the abort of the key's other unfinis
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import itertools
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, wait
 from typing import Any
 
 from jaxstow._format.source import SourceFile
-from jaxstow._storage.s3 import S3Bucket, ViewsSource
+from jaxstow._storage.s3 import S3Bucket
+from jaxstow._storage.sources import SourceBase
 from jaxstow.errors import StorageError
 
 __all__ = ["S3Upload"]
@@ -237,3 +241,33 @@ class S3Upload:
                 self._bucket.abort_uploads([{"Key": self._key, "UploadId": upload_id}], url=self.name)
             elif started:
                 self._bucket.abort_uploads_to(self._key, url=self.name)
+
+
+class ViewsSource(SourceBase):
+    """Buffers one after another, read as one source with no copy until a piece is read.
+
+    The body of a request is a :class:`~jaxstow._format.source.SourceFile` over it.
+    """
+
+    def __init__(self, views: Sequence[memoryview]) -> None:
+        self.name = "<parts>"
+        self._views = list(views)
+        self._starts = [0, *itertools.accumulate(len(view) for view in self._views)]
+        self.size = self._starts[-1]
+
+    def read_into(self, offset: int, buffer: memoryview) -> None:
+        target = buffer.cast("B")
+        done = 0
+        index = bisect.bisect_right(self._starts, offset) - 1
+        while done < len(target):
+            if index >= len(self._views):
+                raise self._truncated(offset, len(target), done)
+            view, start = self._views[index], self._starts[index]
+            within = offset + done - start
+            count = min(len(view) - within, len(target) - done)
+            target[done : done + count] = view[within : within + count]
+            done += count
+            index += 1
+
+    def close(self) -> None:
+        """The buffers belong to their writer."""

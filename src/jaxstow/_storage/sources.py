@@ -83,6 +83,11 @@ class SourceBase:
         """The size, and a hint when a file object was left at its end."""
         return f"{self.size} bytes"
 
+    def forget(self) -> bool:
+        """Drop the bytes kept of what was read, so that reading them again asks for them again; whether they can
+        come back other than they did: bytes read over a network, not those of a file on a disk or in memory."""
+        return False
+
 
 class LocalFile(SourceBase):
     """A local regular file read with ``pread``, safe to share between threads.

@@ -31,7 +31,7 @@ import numpy as np
 from jaxstow._format.dtypes import plain_code
 from jaxstow._format.native import write_native
 from jaxstow._format.shards import Stored
-from jaxstow._read.reader import Reader, open_parts, open_reader_at
+from jaxstow._read.reader import Reader, open_parts, open_reader_at, read_again
 from jaxstow._read.sharded_folder import child, list_folder, listed_kind
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
@@ -306,7 +306,10 @@ def _read(shard: list[_Tensor]) -> list[tuple[str, np.ndarray]]:
     wanted: dict[int, tuple[Reader, list[Stored]]] = {}
     for tensor in shard:
         wanted.setdefault(id(tensor.reader), (tensor.reader, []))[1].append(tensor.leaf)
-    arrays = {key: reader.read_arrays(leaves) for key, (reader, leaves) in wanted.items()}
+    arrays = {
+        key: read_again(reader, functools.partial(reader.read_arrays, leaves))
+        for key, (reader, leaves) in wanted.items()
+    }
     read = [(t, arrays[id(t.reader)][t.leaf.path]) for t in shard]
     return [(t.name, np.require(array.T if t.turned else array, requirements="C")) for t, array in read]
 

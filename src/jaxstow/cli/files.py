@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import contextvars
+import functools
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -29,7 +30,7 @@ import numpy as np
 from jaxstow._format.dtypes import name_of_dtype
 from jaxstow._format.source import ReadSource
 from jaxstow._read.foreign import folder_problem, foreign_member, recognise
-from jaxstow._read.reader import FolderReader, Reader, open_parts
+from jaxstow._read.reader import FolderReader, Reader, open_parts, read_again
 from jaxstow._read.sharded_folder import Listing, folder_listing, open_folder
 from jaxstow._read.verifying import verify_checksums
 from jaxstow._steps.names import StepNames
@@ -300,8 +301,8 @@ def value_type(value: Any) -> str:
 
 def read_arrays(reader: Reader, leaves: Sequence[Leaf]) -> dict[str, np.ndarray]:
     """The stored leaves' data as numpy arrays (PRNG keys as their key data, torch tensors as numpy, without torch),
-    checked against their checksums."""
-    return reader.read_arrays([reader.stored[leaf.path] for leaf in leaves])
+    checked against their checksums (what came from a store damaged read again, once)."""
+    return read_again(reader, functools.partial(reader.read_arrays, [reader.stored[leaf.path] for leaf in leaves]))
 
 
 @dataclass(frozen=True)
@@ -399,12 +400,26 @@ def _files_in(path: str | None) -> str:
     return f"; it holds {files} {shown}: give one file's path to read it, e.g. {os.path.join(path or '', names[0])}"
 
 
+def _step_at_url(folder: str) -> str:
+    """What a folder at a URL that holds no steps is, for a message: a step of a checkpoint folder (its record is in
+    it), named with the URL of that folder and of one of its files; or a folder."""
+    files = sorted(open_store(folder, marker=RECORD_NAME, settings=storage(folder)).files())
+    if RECORD_NAME not in files:
+        return "is a folder"
+    parent, _, step = folder.rstrip("/").rpartition("/")
+    file = next((name for name in files if name != RECORD_NAME), RECORD_NAME)
+    return (
+        f"is a folder, step {step} of the checkpoint folder {parent}: give that folder, or one of the step's files, "
+        f"e.g. {parent}/{step}/{file}"
+    )
+
+
 def committed_steps(folder: str) -> list[Step | DamagedStep]:
     """:func:`read_steps`, of a folder that must hold at least one (or a :class:`~jaxstow.errors.PathError`)."""
     steps = read_steps(folder)
     if not steps:
         path = local_path(folder)
-        foreign = folder_problem(path) if path is not None else "is a folder"
+        foreign = folder_problem(path) if path is not None else _step_at_url(folder)
         if foreign in ("is a folder", "is a folder, not a file"):  # not a step, nor another library's folder
             foreign = "holds no committed checkpoint step (is it a CheckpointManager folder?)" + _files_in(path)
         raise PathError(foreign, file=folder)
