@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,6 +139,27 @@ def test_a_killed_run_whose_writer_s_process_id_now_names_another_process_is_tol
     assert shown.returncode == 1, shown.stderr
     report = json.loads(shown.stdout)
     assert report["state"] == "died" and report["why"].startswith(f"its writer, process {unrelated.pid} on host ")
+
+
+def test_a_copy_of_a_run_in_progress_is_told_stopped_as_a_copy_not_its_writer_dead(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, copy = tmp_path / "walk.h5", tmp_path / "copy" / "walk.h5"
+    run = _start_run(path)
+    try:
+        copy.parent.mkdir()
+        for suffix in ("", ".lock"):  # cp -r of the run's folder, its writer still writing
+            shutil.copy(f"{path}{suffix}", f"{copy}{suffix}")
+        shown = _watch_here(capsys, copy, "--once", "--json")
+        original = json.loads(_watch_here(capsys, path, "--once", "--json").stdout)
+    finally:
+        run.kill()
+        run.wait()
+    assert shown.returncode == 1, shown.stderr
+    report = json.loads(shown.stdout)  # it said "died": "its writer ... ended before the run finished"
+    assert report["state"] == "stopped", report
+    assert report["why"].startswith(f"a copy of a run in progress when it was copied: its writer, process {run.pid}")
+    assert original["state"] == "running"
 
 
 def test_a_run_stopped_by_ctrl_c_is_told_stopped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -63,7 +63,8 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     """Read the HDF5 file of a sampling run while it goes on (in SWMR mode, from another process) and print, refreshing,
     per chain the draws written so far and per variable the mean, R-hat and bulk effective sample size (ArviZ's
     diagnostics), until the run ends or Ctrl-C. The run is finished, running, died (its writer was killed) or stopped
-    (its writer gave up); the exit status is 1 if it died or stopped."""
+    (its writer gave up, or the file is a copy of a run in progress, which no process writes); the exit status is 1 if
+    it died or stopped."""
     parser.add_argument("file", help="the run's HDF5 file")
     parser.add_argument("--once", action="store_true", help="print once and exit, for scripts")
     parser.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes (default 2)")
@@ -135,10 +136,14 @@ def _writer_state(path: str) -> tuple[str, str | None]:
     """The state of a run that has not finished and, where it ended, why.
 
     ``died``: its writer's lock, ``FILE.lock``, names a process of this host that no longer runs, or whose id now
-    names a program without the lock file open (it was killed before the run finished); ``stopped``: no writer has the file open (its writer gave up, on an error or Ctrl-C); else
+    names a program without the lock file open (it was killed before the run finished); ``stopped``: no writer has
+    the file open (its writer gave up, on an error or Ctrl-C, or the file is a copy of a run in progress); else
     ``running``. A writer that holds no lock of jaxstow's (an ``h5py.File`` a program opened itself) counts as running
     while the file's flags say it has the file open, and one on another host while its lock stays.
     """
+    copied = _copied(path)
+    if copied is not None:
+        return "stopped", copied
     died = _died(path)
     if died is not None:
         return "died", died
@@ -175,6 +180,22 @@ def _may_become_a_run(path: str) -> bool:
     except (JaxstowError, OSError):
         return False
     return superblock.writer is not None
+
+
+def _copied(path: str) -> str | None:
+    """Why no process writes the run, if it is a copy of a run in progress when it was copied (``cp``, rsync): its
+    lock file is a copy of the writer's lock file, which names another inode; else ``None``."""
+    try:
+        with open(_lock_file(path), "rb") as lock:
+            holder, inode = Holder.parse(lock.read()), os.fstat(lock.fileno()).st_ino
+    except FileNotFoundError:
+        return None
+    if holder is None or holder.inode in (0, inode):
+        return None
+    return (
+        f"a copy of a run in progress when it was copied: its writer, {holder.describe()}, writes the file it was "
+        "copied from, never this copy; run it again on the copy to continue from its last checkpoint"
+    )
 
 
 def _died(path: str) -> str | None:
