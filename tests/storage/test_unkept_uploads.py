@@ -67,7 +67,7 @@ def test_a_save_the_store_never_keeps_is_a_storage_error_naming_what_it_holds(dr
     message = str(caught.value)
     held = r"another object of \d+ bytes" if before else "no object"
     assert re.search(
-        rf"^{re.escape(url)}: .*the storage failed: .*the store acknowledged never-{before}\.jxs but does not keep it: "
+        rf"^{re.escape(url)}: the storage failed: uploading it .* \(the last: NotKept: the store acknowledged never-{before}\.jxs but does not keep it: "
         rf"\d+ bytes sent, and it holds {held} there",
         message,
     ), message

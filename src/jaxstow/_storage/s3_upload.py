@@ -155,8 +155,10 @@ class S3Upload:
 
     def _raise_failure(self) -> None:
         for future in self._parts:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                raise StorageError(f"uploading it failed: {future.exception()}", file=self.name) from future.exception()
+            if future.done() and not future.cancelled() and (error := future.exception()) is not None:
+                if isinstance(error, StorageError):  # a request's failure, which names the file and what was done
+                    raise error
+                raise StorageError(f"uploading it failed: {error}", file=self.name) from error
         raise StorageError("uploading it failed", file=self.name)
 
     # The end.
