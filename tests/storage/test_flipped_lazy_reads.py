@@ -21,6 +21,8 @@ FAST = Transfer(part_size=5 * MiB, requests=4, attempts=5, backoff=0.02)
 #: A file of 6 MiB, whose data the requests after its first one bring, and one whose first request brings it whole.
 LARGE = {f"w{i}": np.arange(MiB // 4, dtype=np.float32) + i for i in range(6)}
 SMALL = {"w": np.arange(4000, dtype=np.float32), "b": np.ones(3000, np.float32)}
+#: A file whose header fills its first request (172 kB of it for 1500 leaves).
+MANY = {f"k{i:04d}": np.full(3, i, np.float32) for i in range(1500)}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def bucket(s3_server) -> Iterator[tuple[FaultyProxy, dict[str, Any], str]]:
     bucket; the proxy in front of the server, clean until a test asks for a flipped bit."""
     prefix = s3_server.url(f"flipped-lazy-{uuid.uuid4().hex[:8]}")
     direct = s3_server.storage_options
-    for name, tree in (("large.jxs", LARGE), ("small.jxs", SMALL), ("damaged.jxs", SMALL)):
+    for name, tree in (("large.jxs", LARGE), ("small.jxs", SMALL), ("damaged.jxs", SMALL), ("many.jxs", MANY)):
         jaxstow.save(f"{prefix}/{name}", tree, storage_options=direct, transfer=FAST)
     client, key = s3_server.client(), f"{prefix}/damaged.jxs".removeprefix(f"s3://{s3_server.bucket}/")
     data = bytearray(client.get_object(Bucket=s3_server.bucket, Key=key)["Body"].read())
@@ -85,3 +87,20 @@ def test_a_lazy_read_of_a_file_damaged_in_the_bucket_is_corrupt(bucket, way):
     ):
         WAYS[way](reader)
     assert str(caught.value).startswith(f"leaf 'w' of {url}: checksum mismatch"), caught.value
+
+
+@pytest.mark.parametrize("way", ["open", "load"])
+def test_a_header_whose_bytes_are_flipped_once_on_their_way_is_read_again(bucket, way):
+    proxy, options, prefix = bucket
+    url = f"{prefix}/many.jxs"
+    _flipping(proxy, r"/many\.jxs bytes=0-65535$")
+    try:
+        if way == "open":
+            with jaxstow.open(url, storage_options=options, transfer=FAST) as reader:
+                got = WAYS["item"](reader)
+        else:
+            got = jaxstow.load(url, storage_options=options, transfer=FAST, as_numpy=True)
+    finally:
+        proxy.rate = 0.0
+    assert proxy.faults["flip"] == 1
+    assert _same(got, MANY)

@@ -373,11 +373,12 @@ class RemoteStaging:
             upload.finish()
 
     def complete(self) -> None:
-        """Wait until every file opened so far is in the store."""
-        uploads, self._uploads = self._uploads, []
-        for upload in uploads:
+        """Wait until every file opened so far is in the store. Until all are, :meth:`abort` has each to abort: one
+        still on its way when another failed lands before the files are removed, not after."""
+        for upload in self._uploads:
             with storage_errors(upload.name):
                 upload.complete()
+        self._uploads = []
 
     def commit(self, marker: bytes) -> None:
         """Write the marker, which makes the folder visible (and, on replacing, switches to the new files), once the

@@ -2,7 +2,8 @@
 
 What is written is cut into parts of ``part_size`` without a copy (views of the writer's buffers, untouched until the
 upload ends) and sent ``requests`` at a time from the shared pool; a writer that gets ahead waits, so no more than
-``requests`` parts are held. An object of one part is one PUT. Any failure aborts the upload, so the object never
+``requests`` parts are held. An object of one part is one PUT, looked up (``HeadObject``) once acknowledged and sent
+again while the store does not hold it as sent (:class:`NotKept`). Any failure aborts the upload, so the object never
 appears torn; a killed process's unfinished upload is aborted by the next save to the same key
 (:func:`jaxstow._storage.sinks.object_sink`) or by ``jaxstow uploads --abort``. Every request is retried under the
 bucket's policy (:meth:`S3Bucket.request`), as the reads are; a start sent again (its answer may have been lost after
@@ -20,6 +21,7 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from jaxstow._format.source import SourceFile
+from jaxstow._storage.retrying import error_code
 from jaxstow._storage.s3 import S3Bucket
 from jaxstow._storage.sources import SourceBase
 from jaxstow.errors import StorageError
@@ -153,8 +155,10 @@ class S3Upload:
 
     def _raise_failure(self) -> None:
         for future in self._parts:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                raise StorageError(f"uploading it failed: {future.exception()}", file=self.name) from future.exception()
+            if future.done() and not future.cancelled() and (error := future.exception()) is not None:
+                if isinstance(error, StorageError):  # a request's failure, which names the file and what was done
+                    raise error
+                raise StorageError(f"uploading it failed: {error}", file=self.name) from error
         raise StorageError("uploading it failed", file=self.name)
 
     # The end.
@@ -198,6 +202,7 @@ class S3Upload:
             self.abort()
             raise
         self.closed = True
+        self._upload_id, self._starting = None, False  # complete: nothing left to abort
 
     def commit(self) -> None:
         """:meth:`finish`, then :meth:`complete`: the object is there when this returns."""
@@ -209,18 +214,37 @@ class S3Upload:
         if self._lanes.write_pace is not None:
             self._lanes.write_pace.wait(source.size)
         bucket = self._bucket
-        bucket.request(
-            lambda: bucket.client.put_object(
+
+        def put() -> None:
+            answer = bucket.client.put_object(
                 Bucket=bucket.bucket,
                 Key=self._key,
                 Body=SourceFile(source),
                 ContentLength=source.size,
                 **bucket.extra("PutObject"),
-            ),
-            url=self.name,
-            doing="uploading it (PutObject)",
-        )
+            )
+            self._check_kept(source.size, answer.get("ETag"))
+
+        bucket.request(put, url=self.name, doing="uploading it (PutObject, then HeadObject)")
         return {}
+
+    def _check_kept(self, size: int, etag: str | None) -> None:
+        """Raise :class:`NotKept` unless the bucket holds the object just acknowledged: ``size`` bytes, with the ETag
+        the PUT's answer gave (when it gave one)."""
+        bucket = self._bucket
+        try:
+            held = bucket.client.head_object(Bucket=bucket.bucket, Key=self._key, **bucket.extra("HeadObject"))
+        except Exception as error:
+            if error_code(error) not in ("404", "NoSuchKey", "NotFound"):
+                raise
+            held = None
+        if held is not None and held.get("ContentLength") == size and etag in (None, held.get("ETag")):
+            return
+        what = "no object" if held is None else f"another object of {held.get('ContentLength')} bytes"
+        name = self._key.rpartition("/")[2]
+        raise NotKept(
+            f"the store acknowledged {name} but does not keep it: {size} bytes sent, and it holds {what} there"
+        )
 
     def abort(self) -> None:
         """Drop the parts not yet sent and abort the multipart upload.
@@ -241,6 +265,11 @@ class S3Upload:
                 self._bucket.abort_uploads([{"Key": self._key, "UploadId": upload_id}], url=self.name)
             elif started:
                 self._bucket.abort_uploads_to(self._key, url=self.name)
+
+
+class NotKept(ConnectionError):
+    """An object sent as one PUT that the store acknowledged, and does not hold as it was sent: a failure of the
+    storage that may pass (a store that shows a new object a moment late), so the PUT is sent again."""
 
 
 class ViewsSource(SourceBase):
