@@ -6,9 +6,11 @@ seems to have succeeded while the bucket holds nothing, or the file saved before
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import uuid
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -30,9 +32,15 @@ def dropping(s3_server):
         yield proxy, options, s3_server.url(f"unkept-{uuid.uuid4().hex[:8]}")
 
 
-def _drop(proxy, paths: str, budget: int | None) -> None:
+@contextlib.contextmanager
+def _dropped(proxy, paths: str, budget: int | None) -> Iterator[None]:
+    """The proxy dropping the PUTs to ``paths``, ``budget`` of them (all: ``None``), for the ``with`` block."""
     proxy.faults.clear()
     proxy.rate, proxy.paths, proxy.budget = 1.0, paths, budget
+    try:
+        yield
+    finally:
+        proxy.rate = 0.0
 
 
 @pytest.mark.parametrize("before", [False, True], ids=["new", "replacing"])
@@ -41,11 +49,8 @@ def test_a_save_the_store_did_not_keep_once_is_sent_again(dropping, s3_server, b
     url = f"{prefix}/once-{before}.jxs"
     if before:
         jaxstow.save(url, {"w": np.zeros(10)}, storage_options=s3_server.storage_options)
-    _drop(proxy, r"/once-", budget=1)
-    try:
+    with _dropped(proxy, r"/once-", budget=1):
         jaxstow.save(url, {"w": np.arange(10.0)}, storage_options=options, transfer=FAST)
-    finally:
-        proxy.rate = 0.0
     assert proxy.faults == {"dropped": 1}
     loaded = jaxstow.load(url, storage_options=s3_server.storage_options, as_numpy=True)
     assert np.array_equal(loaded["w"], np.arange(10.0))
@@ -57,12 +62,8 @@ def test_a_save_the_store_never_keeps_is_a_storage_error_naming_what_it_holds(dr
     url = f"{prefix}/never-{before}.jxs"
     if before:
         jaxstow.save(url, {"w": np.zeros(20)}, storage_options=s3_server.storage_options)
-    _drop(proxy, r"/never-", budget=None)
-    try:
-        with pytest.raises(StorageError) as caught:
-            jaxstow.save(url, {"w": np.arange(10.0)}, storage_options=options, transfer=FAST)
-    finally:
-        proxy.rate = 0.0
+    with _dropped(proxy, r"/never-", budget=None), pytest.raises(StorageError) as caught:
+        jaxstow.save(url, {"w": np.arange(10.0)}, storage_options=options, transfer=FAST)
     assert proxy.faults == {"dropped": 3}  # the attempts of the transfer's policy
     message = str(caught.value)
     held = r"another object of \d+ bytes" if before else "no object"
@@ -79,12 +80,9 @@ def test_an_export_whose_index_the_store_never_keeps_fails_and_leaves_no_shard(d
     proxy, options, prefix = dropping
     jaxstow.save(tmp_path / "model.jxs", {"w": np.arange(10.0), "b": np.ones(3)})
     out = f"{prefix}/exported"
-    _drop(proxy, r"/exported/model\.safetensors\.index\.json", budget=None)
     flags = ["--storage-options", json.dumps(options), "--transfer", json.dumps({"attempts": 2, "backoff": 0.02})]
-    try:
+    with _dropped(proxy, r"/exported/model\.safetensors\.index\.json", budget=None):
         status = main(["export", str(tmp_path / "model.jxs"), out, *flags])
-    finally:
-        proxy.rate = 0.0
     assert proxy.faults == {"dropped": 2}
     assert status == 2
     err = capsys.readouterr().err
