@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -15,8 +16,10 @@ import pytest
 from permissions import obey_permission_bits
 
 import jaxstow
+from jaxstow._storage import atomic
 from jaxstow._storage.atomic import TEMPORARY_MARKER, atomic_write, remove_dead_leftovers, temporary_sibling
-from jaxstow.errors import IsAFolderError, PathNotFoundError
+from jaxstow._storage.pid_space import machine_id, pid_space
+from jaxstow.errors import FormatError, IsAFolderError, PathNotFoundError
 
 
 def _dead_pid() -> int:
@@ -94,14 +97,39 @@ def test_a_leftover_naming_a_process_number_no_process_can_have_is_removed(tmp_p
     assert sorted(os.listdir(tmp_path)) == ["model.jxs"]
 
 
+def _leftover(folder, pid, place=atomic._PLACE, boot=atomic._BOOT):
+    """An empty temporary file as a save of process ``pid`` at ``place`` (host, machine, PID namespace) and ``boot``
+    names it."""
+    path = folder / f".a.jxs{TEMPORARY_MARKER}{pid}-{place}-{boot}-0123abcd"
+    path.write_bytes(b"")
+    return path.name
+
+
 def test_a_leftover_of_another_host_is_left_alone(tmp_path):
-    mine = temporary_sibling(str(tmp_path / "a.jxs"))  # .a.jxs.jaxstow-tmp-<pid>-<host hash>-<token>
-    before_host, host, token = mine.rsplit("-", 2)
-    before_host = before_host.replace(f"-tmp-{os.getpid()}", f"-tmp-{_dead_pid()}")
-    other_host = f"{before_host}-{int(host, 16) ^ 1:08x}-{token}"
-    open(other_host, "wb").close()
+    other_host = _leftover(tmp_path, _dead_pid(), place=atomic._hashed("elsewhere", machine_id(), pid_space()))
     assert remove_dead_leftovers(str(tmp_path)) == []
-    assert os.listdir(tmp_path) == [os.path.basename(other_host)]
+    assert os.listdir(tmp_path) == [other_host]
+
+
+def test_a_leftover_of_another_machine_of_the_same_host_name_is_left_alone(tmp_path):
+    """Two machines named alike (``localhost``) writing into one shared folder: a process number of the other one says
+    nothing here, though no process of this machine has it."""
+    theirs = atomic._hashed(socket.gethostname(), "another machine id", pid_space())
+    names = {
+        _leftover(tmp_path, pid, place=theirs, boot=boot)
+        for pid in (_dead_pid(), os.getpid())
+        for boot in (atomic._BOOT, atomic._hashed("another boot"))
+    }
+    assert remove_dead_leftovers(str(tmp_path)) == []
+    assert set(os.listdir(tmp_path)) == names
+
+
+def test_a_leftover_of_this_machine_before_it_restarted_is_removed_whatever_runs_now(tmp_path):
+    """A process number of an earlier boot names no process now, even where a process of this boot has it."""
+    earlier = _leftover(tmp_path, os.getpid(), boot=atomic._hashed("an earlier boot"))
+    live = _leftover(tmp_path, os.getpid())
+    assert remove_dead_leftovers(str(tmp_path)) == [earlier]
+    assert os.listdir(tmp_path) == [live]
 
 
 def test_temporary_names_sit_beside_the_target_and_never_repeat(tmp_path):
@@ -183,3 +211,10 @@ def test_a_file_its_owner_made_read_only_is_refused_not_replaced_by_the_rename(t
     assert finished.stdout.startswith(f"{path}: cannot write it: it is read-only (-r--r--r--)"), finished.stderr
     assert "chmod u+w" in finished.stdout and sorted(os.listdir(tmp_path)) == ["best.jxs"]
     np.testing.assert_array_equal(jaxstow.load(path, as_numpy=True)["w"], np.ones(2))
+
+
+def test_a_save_refused_while_it_writes_names_its_file_not_the_temporary_one(tmp_path):
+    with pytest.raises(FormatError, match="lone surrogate") as raised:
+        jaxstow.save(tmp_path / "model.jxs", {"odd \udc80 key": np.ones(2)})
+    assert raised.value.file == str(tmp_path / "model.jxs") and TEMPORARY_MARKER not in str(raised.value)
+    assert os.listdir(tmp_path) == []

@@ -57,7 +57,7 @@ HASH_SUFFIX = b'"}}'
 
 _BATCH_BYTES = 1 << 20
 #: The name of a temporary sibling into which a file is written atomically (see jaxstow._storage.atomic).
-_TEMPORARY_SIBLING = re.compile(r"\.(.+)\.jaxstow-tmp-\d+-[0-9a-f]{8}-[0-9a-f]{8}")
+_TEMPORARY_SIBLING = re.compile(r"\.(.+)\.jaxstow-tmp-\d+(?:-[0-9a-f]{8}){3}")
 
 #: Finishes a manifest in place; see :func:`write_native`.
 Complete = Callable[[], None]

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import BinaryIO
 
 from jaxstow._storage.failures import storage_failures
-from jaxstow._storage.pid_space import pid_space
+from jaxstow._storage.pid_space import boot_id, machine_id, pid_space
 from jaxstow._storage.sources import special_kind
 from jaxstow.errors import IsAFolderError, PathError, PathNotFoundError, StorageError
 
@@ -49,14 +49,20 @@ NAME_MAX = 255
 _WRITE_BUFFER = 1 << 20
 
 
-#: This host and PID namespace, hashed: a process id in a temporary name is looked up only where it means the same.
-_HOST = f"{zlib.crc32(f'{socket.gethostname()} {pid_space()}'.encode()):08x}"
-_TEMPORARY_FILE = re.compile(re.escape(TEMPORARY_MARKER) + r"(\d+)-([0-9a-f]{8})-[0-9a-f]{8}$")
+def _hashed(*names: str) -> str:
+    return f"{zlib.crc32(' '.join(names).encode()):08x}"
+
+
+#: This host, machine and PID namespace, hashed (a process id in a temporary name is looked up only where it means
+#: the same), and this boot of the machine (a writer of an earlier boot runs no more).
+_PLACE = _hashed(socket.gethostname(), machine_id(), pid_space())
+_BOOT = _hashed(boot_id())
+_TEMPORARY_FILE = re.compile(re.escape(TEMPORARY_MARKER) + r"(\d+)-([0-9a-f]{8})-([0-9a-f]{8})-[0-9a-f]{8}$")
 
 
 def temporary_sibling(path: str) -> str:
-    """A fresh temporary name in the folder of ``path``: it names the writing process and (by a hash) its host and PID
-    namespace.
+    """A fresh temporary name in the folder of ``path``: it names the writing process and (by hashes) its host,
+    machine and PID namespace, and the machine's boot.
 
     It is never longer than :data:`NAME_MAX` bytes: the start of a long name is kept, so that any name that fits its
     file system can be written.
@@ -67,19 +73,20 @@ def temporary_sibling(path: str) -> str:
     True
     """
     folder, name = os.path.split(os.path.abspath(path))
-    suffix = f"{TEMPORARY_MARKER}{os.getpid()}-{_HOST}-{secrets.token_hex(4)}"
+    suffix = f"{TEMPORARY_MARKER}{os.getpid()}-{_PLACE}-{_BOOT}-{secrets.token_hex(4)}"
     room = NAME_MAX - 1 - len(suffix)
     kept = os.fsencode(name)[:room].decode(errors="ignore") if len(os.fsencode(name)) > room else name
     return os.path.join(folder, f".{kept}{suffix}")
 
 
 def remove_dead_leftovers(folder: str) -> list[str]:
-    """Delete the temporary files in ``folder`` whose writer, a process of this host, no longer runs.
+    """Delete the temporary files in ``folder`` whose writer, a process of this machine, no longer runs: one that
+    does not run now, or one of the machine before it restarted.
 
     A killed save cannot clean up after itself; the next save into the same folder does. Files of live processes,
-    of other hosts or other PID namespaces (a container sharing this host's name, whose processes are not seen from
-    here) and temporary folders (a checkpoint manager's, cleaned under its lock) are left alone. Returns the names
-    deleted.
+    of other hosts, of other machines of the same host name (a shared folder), of other PID namespaces (a container
+    sharing this host's name, whose processes are not seen from here) and temporary folders (a checkpoint manager's,
+    cleaned under its lock) are left alone. Returns the names deleted.
 
     >>> import os, subprocess, sys, tempfile
     >>> from jaxstow._storage.atomic import remove_dead_leftovers, temporary_sibling
@@ -99,7 +106,9 @@ def remove_dead_leftovers(folder: str) -> list[str]:
     removed = []
     for entry in entries:
         match = _TEMPORARY_FILE.search(entry.name)
-        if match is None or match[2] != _HOST or _running(int(match[1])) or entry.is_dir(follow_symlinks=False):
+        if match is None or match[2] != _PLACE or entry.is_dir(follow_symlinks=False):
+            continue
+        if match[3] == _BOOT and _running(int(match[1])):
             continue
         with contextlib.suppress(FileNotFoundError):
             os.unlink(entry.path)
