@@ -31,7 +31,6 @@ from jaxstow._read.memory_tree import TreeInMemory
 from jaxstow._read.options import LoadOptions
 from jaxstow._read.reader import HUGGING_FACE_OPTIONS, open_folder_at, open_reader_at
 from jaxstow._read.restore import restore
-from jaxstow._storage.cache import CachedCopy
 from jaxstow._storage.opening import Location, PathOrFile, display_name, locate, reached
 from jaxstow._storage.settings import StorageSettings, storage_settings
 from jaxstow._storage.transfer import Transfer
@@ -42,7 +41,7 @@ from jaxstow._util.progress import bar as progress_bar
 from jaxstow._write.encoded import encode_tree
 from jaxstow._write.host_budget import HostBudget
 from jaxstow._write.taken_apart import take_apart
-from jaxstow.errors import ArgumentError, CorruptFileError, excerpt
+from jaxstow.errors import ArgumentError, excerpt
 
 __all__ = ["load", "load_metadata", "save"]
 
@@ -150,15 +149,7 @@ def load(
         with open_folder_at(location, settings, **view) as folder:
             return folder.load(like, **options)
     with open_reader_at(location, settings) as reader:
-        try:
-            return reader.load(like, **options)  # what a store sent damaged is asked for again there
-        except CorruptFileError:
-            copy = getattr(reader.container, "source", None)
-            if not isinstance(copy, CachedCopy):
-                raise
-            copy.evict()  # the cache's copy is damaged, not the store's file: fetched again
-    with open_reader_at(location, settings) as reader:
-        return reader.load(like, **options)
+        return reader.load(like, **options)  # what a store sent damaged, or a copy of it, is fetched again there
 
 
 def _load_foreign(

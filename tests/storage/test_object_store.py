@@ -349,8 +349,23 @@ def test_a_cached_file_is_read_from_the_local_disk_while_its_header_matches(s3, 
     assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"].tolist() == [0.0] * 3
 
 
-def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again_for_a_load(s3, tmp_path):
-    server, prefix, _ = s3
+_READS_OF_W = {
+    "load": lambda url, **options: jaxstow.load(url, as_numpy=True, **options)["w"],
+    "reader[path]": lambda url, **options: _read_open(url, lambda reader: reader["w"], **options),
+    "reader.read": lambda url, **options: _read_open(url, lambda reader: reader.read("w"), **options),
+    "reader.load": lambda url, **options: _read_open(url, lambda reader: reader.load(as_numpy=True)["w"], **options),
+}
+
+
+def _read_open(url, read, **options):
+    with jaxstow.open(url, **options) as reader:
+        return read(reader)
+
+
+@pytest.mark.parametrize("read", _READS_OF_W.values(), ids=_READS_OF_W.keys())
+def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again(s3, tmp_path, read):
+    """Was, for an open reader: the copy's damage raised at every read, for good, as the file's."""
+    server, prefix, client = s3
     url, options = server.url(prefix, "model.jxs"), server.storage_options
     jaxstow.save(url, {"w": np.arange(1000.0)}, storage_options=options)
     assert jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)["w"][-1] == 999.0
@@ -358,9 +373,12 @@ def test_a_cached_copy_damaged_on_the_local_disk_is_fetched_again_for_a_load(s3,
     data = bytearray(copy.read_bytes())
     data[-8:] = np.full(1, -1.0).tobytes()  # the copy's last value damaged, its header kept: the store's intact
     copy.write_bytes(bytes(data))
-    restored = jaxstow.load(url, storage_options=options, cache_dir=tmp_path, as_numpy=True)
-    np.testing.assert_array_equal(restored["w"], np.arange(1000.0))
+    np.testing.assert_array_equal(read(url, storage_options=options, cache_dir=tmp_path), np.arange(1000.0))
     assert copy.read_bytes()[-8:] == np.full(1, 999.0).tobytes()  # the copy fetched again
+    copy.write_bytes(bytes(data))
+    client.put_object(Bucket=server.bucket, Key=f"{prefix}/model.jxs", Body=bytes(data))  # the store's damaged too
+    with pytest.raises(CorruptFileError, match="checksum mismatch"):
+        read(url, storage_options=options, cache_dir=tmp_path)
 
 
 def test_a_cached_copy_cut_short_is_fetched_again_for_a_load_an_open_and_its_metadata(s3, tmp_path):

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, TypeVar, Unpack
 import jax
 import numpy as np
 
-from jaxstow._format.header import open_container
+from jaxstow._format.header import NativeReader, open_container
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.per_process import PerProcess
 from jaxstow._format.skeleton_names import with_every_library
@@ -251,15 +251,25 @@ class FolderReader(FolderFile, Reader):
 
 def read_again(opened: OpenedFile, read: Callable[[], T]) -> T:
     """``read()``, which reads leaves of ``opened``; called again, once, when it finds a checksum mismatch and a file it
-    reads came over a network (a bit flipped on its way is no damage), whose kept bytes are dropped first: only damage
-    found twice is the file's. A local file's bytes are what it holds: its damage is raised at once."""
+    reads came over a network (a bit flipped on its way is no damage), whose kept bytes are dropped first, or is the
+    local copy of one (``cache_dir``), fetched again first: only damage found twice is the file's. A local file's
+    bytes are what it holds: its damage is raised at once."""
     try:
         return read()
     except CorruptFileError:
-        sources = [getattr(container, "source", None) for container in opened.containers]
-        if not [source for source in sources if isinstance(source, SourceBase) and source.forget()]:
+        if not [container for container in opened.containers if _read_anew(container)]:
             raise
     return read()
+
+
+def _read_anew(container: Container) -> bool:
+    """Whether the bytes ``container`` reads come anew from now on: those a network sent, asked for again, or a local
+    copy's, fetched again from the store."""
+    source = getattr(container, "source", None)
+    if isinstance(source, CachedCopy) and isinstance(container, NativeReader):  # a jaxstow file's copy: no other
+        container.source = source.fetched_again()
+        return True
+    return isinstance(source, SourceBase) and source.forget()
 
 
 def open_reader_at(location: Location, settings: StorageSettings | None = None, *, mmap: bool = False) -> Reader:

@@ -39,13 +39,33 @@ logger = logging.getLogger(__name__)
 
 class CachedCopy(LocalFile):
     """The local copy of a remote file, matched to it by its header: a leaf found damaged in it is the copy's damage
-    (the disk's, or a hand's), not the store's, and :meth:`evict` lets the file be fetched again."""
+    (the disk's, or a hand's), not the store's, and :meth:`evict` lets the file be fetched again, which
+    :meth:`fetched_again` does (``fetch()``, given by :func:`cached_source`)."""
+
+    def __init__(self, path: str, fetch: Callable[[], ReadSource]) -> None:
+        super().__init__(path)
+        self._fetch = fetch
+        self._replaced: list[ReadSource] = []
 
     def evict(self) -> None:
         """Remove the copy: the next read of the file fetches it again."""
         logger.warning("the copy of a file at %s was found damaged: it is fetched again from the store", self.name)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.name)
+
+    def fetched_again(self) -> ReadSource:
+        """Remove the copy and fetch the file again: its new copy (its header checksum the same as this one's), which
+        closes this one when it closes (a read of another thread may still be on this one)."""
+        self.evict()
+        again = self._fetch()
+        if isinstance(again, CachedCopy):
+            again._replaced.append(self)
+        return again
+
+    def close(self) -> None:
+        for replaced in self._replaced:
+            replaced.close()
+        super().close()
 
 
 def cache_path(cache_dir: str, url: str) -> str:
@@ -69,7 +89,7 @@ def cached_source(
     """
     path = cache_path(cache_dir, url)
     if expected is not None and _checksum_of(path) == expected:
-        return CachedCopy(path)
+        return CachedCopy(path, functools.partial(cached_source, cache_dir, url, open_remote, expected))
     remote = open_remote()
     if expected is None:
         try:
@@ -91,7 +111,7 @@ def cached_source(
             "not the one expected",
             file=path,
         )
-    return CachedCopy(path)
+    return CachedCopy(path, functools.partial(cached_source, cache_dir, url, open_remote, expected))
 
 
 def _checksum_of(path: str) -> str | None:
