@@ -354,6 +354,18 @@ def test_verify_calls_a_plain_file_whose_shape_and_offsets_disagree_damaged(tmp_
     assert f"DAMAGED  leaf 'a' of {path}: shape [5] of float32 needs 20 bytes" in done.stdout
 
 
+def test_verify_calls_a_plain_file_whose_header_is_no_json_damaged_as_a_folder_shard_of_it(tmp_path):
+    """Was: an error (exit 2) alone, damage (exit 1) as a Hugging Face folder's shard."""
+    header = b'{"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}}'
+    alone, shard = tmp_path / "plain.safetensors", tmp_path / "hf" / "model.safetensors"
+    shard.parent.mkdir()
+    for path in (alone, shard):
+        path.write_bytes(len(header).to_bytes(8, "little") + header.replace(b'"a"', b"'a'") + bytes(12))
+        done = jaxstow_command("verify", path if path is alone else path.parent)
+        assert done.returncode == 1, done
+        assert f"DAMAGED  {path}: the header is not valid JSON" in done.stdout and "Traceback" not in done.stderr
+
+
 def test_a_server_that_cannot_be_reached_is_named_so_not_as_a_missing_file():
     done = jaxstow_command("inspect", "http://127.0.0.1:1/model.jxs")
     assert done.returncode == 2 and "Traceback" not in done.stderr

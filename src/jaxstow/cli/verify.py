@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.source import ReadSource
-from jaxstow._read.foreign import pointed
+from jaxstow._read.foreign import pointed, recognise
 from jaxstow._read.reader import Reader
 from jaxstow._read.sharded_folder import Budget, Listing, child, open_shard, tensor_files, unmapped
 from jaxstow._storage.settings import StorageSettings
@@ -207,6 +207,12 @@ def verify_file(target: str | ReadSource | list[ReadSource], name: str, *, progr
         if not isinstance(target, list) and (foreign := pointed(error, target)) is not error:
             raise foreign from None  # another library's file: not damage, and verify cannot read it
         report.damage.append(error)
+    except NewerFormatError:
+        raise
+    except FormatError as error:
+        if isinstance(target, list) or recognise(target).name != "safetensors":
+            raise
+        report.damage.append(error)  # a safetensors file's header it cannot read (not JSON): as in a folder's shard
     return report
 
 
