@@ -31,6 +31,7 @@ from jaxstow._write.host_budget import HostBudget, checked_limit
 from jaxstow.checkpoint import recovery
 from jaxstow.checkpoint.choosing import restore_chosen
 from jaxstow.checkpoint.exiting import close_on_exit
+from jaxstow.checkpoint.orbax_names import OrbaxNames
 from jaxstow.checkpoint.paired_saves import paired_save
 from jaxstow.checkpoint.preemption import PreemptionNotice, end_process
 from jaxstow.checkpoint.queries import StepQueries
@@ -50,7 +51,7 @@ __all__ = ["CheckpointManager"]
 logger = logging.getLogger(__name__)
 
 
-class CheckpointManager(StepQueries):
+class CheckpointManager(StepQueries, OrbaxNames):
     """Saves and restores the numbered steps of a run in a directory (a path or an fsspec URL such as ``s3://...``).
 
     :meth:`save` returns once the arrays are held; a background thread writes the files and the step appears whole.
