@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow.errors import FormatError, PathError
+from jaxstow.errors import CorruptFileError, FormatError, PathError
 
 ocp = pytest.importorskip("orbax.checkpoint")
 
@@ -221,6 +221,23 @@ def test_a_torch_record_compressed_to_expand_past_the_file_is_refused_before_tor
     assert done.returncode == 2 and "expands from" in done.stderr, done.stderr[-2000:]
     recompressed = _recompressed(tmp_path / "plain.pt", tmp_path / "recompressed.pt")  # within the file: read
     assert jaxstow.load(recompressed, from_format="torch", as_numpy=True)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_torch_file_whose_tensor_bytes_changed_is_damaged_by_its_zip_checksums(tmp_path):
+    """Was: the changed values loaded, silently (torch.load reads the records without their CRC-32)."""
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(4)}, tmp_path / "plain.pt")
+    data = bytearray((tmp_path / "plain.pt").read_bytes())
+    data[data.index(np.ones(4, np.float32).tobytes())] ^= 0x01  # 1.0 read as 1.0000001
+    (tmp_path / "flipped.pt").write_bytes(bytes(data))
+    with pytest.raises(
+        CorruptFileError, match=r"flipped\.pt: the bytes of its record 'plain/data/0' do not match the "
+    ):
+        jaxstow.load(tmp_path / "flipped.pt", from_format="torch")
+    done = _convert(tmp_path / "flipped.pt", tmp_path / "flipped.jxs")
+    assert done.returncode != 0 and "CRC-32" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert not (tmp_path / "flipped.jxs").exists()
+    assert jaxstow.load(tmp_path / "plain.pt", from_format="torch", as_numpy=True)["w"].tolist() == [1.0] * 4
 
 
 class _Runs:

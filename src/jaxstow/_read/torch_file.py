@@ -11,7 +11,7 @@ from jaxstow._format.keypaths import path_to_str
 from jaxstow._format.torch_leaves import is_tensor, tensor_to_numpy
 from jaxstow._read.foreign_tree import plain_tree
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, UnsaveableObjectError, excerpt
+from jaxstow.errors import CorruptFileError, FormatError, UnsaveableObjectError, excerpt
 
 __all__ = ["read_torch"]
 
@@ -56,27 +56,54 @@ def read_torch(file: BinaryIO, name: str, size: int) -> Any:
 
 
 def _check_records(file: BinaryIO, name: str, size: int) -> None:
-    """Refuse a record of a PyTorch zip file that expands to more bytes than the whole file, by its zip directory.
+    """Refuse a record of a PyTorch zip file that expands to more bytes than the whole file, by its zip directory, and
+    a damaged one: its bytes' CRC-32 not the one its directory holds (which torch.load does not check).
 
     torch.save stores records uncompressed, so none is larger than the file; torch.load inflates a compressed record
     whole before it compares it with its tensors, a thousand times the file's size for a file recompressed to do so.
-    A legacy file, no zip, is passed over. ``file`` is left at its start.
+    A legacy file, no zip, has no checksums. ``file`` is left at its start.
     """
     if file.read(4) in _ZIP_MAGIC:
         try:
-            with zipfile.ZipFile(file) as archive:  # reads the central directory only; the file stays open
+            with zipfile.ZipFile(file) as archive:  # reads the central directory; the file stays open
                 records = archive.infolist()
+                for record in records:
+                    _check_size(record, name, size)
+                    _check_crc(archive, record, name)
+        except FormatError:
+            raise
         except Exception as error:  # zipfile raises many kinds on a damaged archive
             raise FormatError(f"not a readable zip archive ({type(error).__name__}: {error})", file=name) from None
-        for record in records:
-            if record.file_size > size:
-                raise FormatError(
-                    f"its record {excerpt(record.filename)} expands from {record.compress_size} to {record.file_size} "
-                    f"bytes, more than the file's {size}: torch.save stores records uncompressed, so the file was "
-                    "compressed again by another tool; save its tensors again with torch.save",
-                    file=name,
-                )
     file.seek(0)
+
+
+def _check_crc(archive: zipfile.ZipFile, record: zipfile.ZipInfo, name: str) -> None:
+    try:
+        with archive.open(record) as member:  # its CRC-32 compared at its end
+            while member.read(_CHECKED_PIECE):
+                pass
+    except zipfile.BadZipFile as error:
+        if not str(error).startswith("Bad CRC-32"):
+            raise
+        raise CorruptFileError(
+            f"the bytes of its record {excerpt(record.filename)} do not match the CRC-32 that the zip's directory "
+            "holds for them: the file is damaged",
+            file=name,
+        ) from None
+
+
+def _check_size(record: zipfile.ZipInfo, name: str, size: int) -> None:
+    if record.file_size > size:
+        raise FormatError(
+            f"its record {excerpt(record.filename)} expands from {record.compress_size} to {record.file_size} "
+            f"bytes, more than the file's {size}: torch.save stores records uncompressed, so the file was "
+            "compressed again by another tool; save its tensors again with torch.save",
+            file=name,
+        )
+
+
+#: The bytes of a record read at once to check its CRC-32.
+_CHECKED_PIECE = 16 << 20
 
 
 #: How a zip archive starts (torch.save's format since PyTorch 1.6).
