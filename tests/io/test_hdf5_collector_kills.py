@@ -276,6 +276,24 @@ def test_a_file_emptied_by_mode_w_drops_the_checkpoint_an_interrupted_run_left(t
 
 
 @pytest.mark.timeout(120)
+def test_a_file_a_killed_run_left_unreadable_before_its_first_checkpoint_is_started_over(processes, tmp_path):
+    """Was: refused as damaged ("move it away"), though the run killed while it first wrote the file was ours and
+    never checkpointed (h5py: "bad object header version number", as such a kill can leave it)."""
+    path = str(tmp_path / "samples.h5")
+    writer = Writer(processes, path, "path", latest=True, every=STEPS, pause=0.02)
+    while min(read_draws(path).done) < 8:
+        time.sleep(0.01)
+    writer.kill()
+    assert not _checkpoint(path) and os.path.exists(f"{path}.lock")
+    with open(path, "r+b") as file:  # its object headers, past the superblock, unreadable
+        file.seek(64)
+        file.write(bytes(range(256)) * 64)
+    writer = Writer(processes, path, "path", latest=True, every=STEPS, pause=0.0)  # the same code, run again
+    assert writer.start == 0
+    _assert_finished_from_scratch_or_continued(path, writer.finish())
+
+
+@pytest.mark.timeout(120)
 def test_the_path_form_killed_at_any_moment_before_its_first_checkpoint_starts_over_when_the_same_code_runs_again(
     processes, tmp_path
 ):

@@ -33,11 +33,12 @@ from types import TracebackType
 from typing import Any
 
 from jaxstow._storage.atomic import temporary_sibling
+from jaxstow._storage.failures import errno_of
 from jaxstow._storage.in_place import rewrite_range
 from jaxstow._storage.lock import FileLock, Holder
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
-from jaxstow.errors import CheckpointError, CollectorError, FormatError, excerpt
+from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
 from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
@@ -156,7 +157,8 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
     it and ``checkpoint`` (where the run commits its progress) exist, else emptied; return the file and the lock.
 
     The writer flags that a killed writer left are cleared first. A file that is not HDF5, or whose flags no killed
-    writer left, is refused before anything is changed. A run that starts over removes ``checkpoint`` before it
+    writer left, is refused before anything is changed, unless a killed writer left it before its first checkpoint
+    (killed while it first wrote the file): that run starts over. A run that starts over removes ``checkpoint`` before it
     empties the file, so that a kill in between leaves no checkpoint of rows the file lost; it empties the file by
     putting an empty one in its place, so that a reader in the middle of a read goes on reading the file as it was
     (an HDF5 file emptied in place would have the reader take the new run's bytes for the old run's rows).
@@ -167,11 +169,17 @@ def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, Wri
     try:
         with damage_refused(name, _ANOTHER_FILE):
             exists = os.path.exists(name) and os.path.getsize(name) > 0
-            if exists:
-                lock.clear_stale_flags()
             continued = exists and os.path.exists(checkpoint)
-            if not continued and exists:
-                _check_collectors_own(name, checkpoint)
+            try:
+                if exists:
+                    lock.clear_stale_flags()
+                if not continued and exists:
+                    _check_collectors_own(name, checkpoint)
+            except JaxstowError:
+                raise
+            except (OSError, RuntimeError) as error:  # h5py cannot read it: started over only where
+                if errno_of(error) is not None or continued or not lock.killed:  # a killed run of ours never
+                    raise  # checkpointed it (killed while it first wrote the file)
             if not continued and os.path.exists(checkpoint):
                 os.unlink(checkpoint)
             if not continued and os.path.exists(name):
