@@ -10,12 +10,10 @@ import pickle
 import re
 import shutil
 import socket
-import sys
 import tempfile
 import warnings
 import zipfile
 
-import forked
 import numpy as np
 import pytest
 
@@ -23,30 +21,15 @@ import jaxstow
 from jaxstow.errors import CorruptFileError, FormatError, PathError
 
 ocp = pytest.importorskip("orbax.checkpoint")
-
-
-def _orbax_folder(folder, tree, *, ocdbt=False):
-    """An orbax checkpoint of ``tree`` with a zarr folder per array, whose metadata can be edited (``ocdbt``: in an
-    OCDBT database, orbax's default)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with ocp.Checkpointer(ocp.PyTreeCheckpointHandler(use_ocdbt=ocdbt)) as checkpointer:
-            checkpointer.save(os.path.abspath(folder), args=ocp.args.PyTreeSave(tree))
-    return folder
-
-
-def _convert(src, dst):
-    return forked.run(
-        [sys.executable, "-m", "jaxstow", "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300
-    )
+from orbax_folders import convert, orbax_folder  # noqa: E402 - needs orbax
 
 
 def test_an_orbax_folder_claiming_arrays_past_the_machines_memory_is_refused_before_they_are_allocated(tmp_path):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
     zarray = folder / "w" / ".zarray"
     claimed = {**json.loads(zarray.read_text()), "shape": [2**40]}  # 4 TiB of float32, from a folder of 1 KiB
     zarray.write_text(json.dumps(claimed))
-    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: orbax's allocation aborted the process
+    done = convert(folder, tmp_path / "out.jxs")  # a process of its own: orbax's allocation aborted the process
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{folder}: its metadata claims 4398046511104 bytes of arrays, more than the" in done.stderr
     assert not (tmp_path / "out.jxs").exists()
@@ -54,9 +37,9 @@ def test_an_orbax_folder_claiming_arrays_past_the_machines_memory_is_refused_bef
 
 @pytest.mark.parametrize("name", ["w/.zarray", "_METADATA"])
 def test_an_orbax_metadata_file_nested_deep_is_refused_naming_it_before_tensorstore_parses_it(tmp_path, name):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
     (folder / name).write_text("[" * 100_000 + "]" * 100_000)  # tensorstore's parser recursed until it crashed
-    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: the crash took the process down
+    done = convert(folder, tmp_path / "out.jxs")  # a process of its own: the crash took the process down
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{folder / name}: orbax's metadata is not valid JSON (maximum recursion depth exceeded" in done.stderr
     assert not (tmp_path / "out.jxs").exists()
@@ -71,7 +54,7 @@ def test_an_array_metadata_nested_deep_inside_an_ocdbt_database_is_refused_befor
             checkpointer.save(folder, args=ocp.args.PyTreeSave({"w": np.ones(4, np.float32)}))
     database = tensorstore.KvStore.open({"driver": "ocdbt", "base": f"file://{folder}/"}).result()
     database.write(b"w/.zarray", b"[" * 100_000 + b"]" * 100_000).result()  # a key of the database, not a file
-    done = _convert(folder, tmp_path / "out.jxs")  # a process of its own: tensorstore's parser crashed it
+    done = convert(folder, tmp_path / "out.jxs")  # a process of its own: tensorstore's parser crashed it
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{folder / 'w' / '.zarray'}: orbax's metadata is not valid JSON (maximum recursion depth" in done.stderr
     assert not (tmp_path / "out.jxs").exists()
@@ -87,14 +70,14 @@ def test_an_orbax_step_naming_an_item_outside_its_folder_is_refused_without_read
     (step / "_CHECKPOINT_METADATA").write_text(json.dumps({"item_handlers": {item: "JsonCheckpointHandler"}}))
     with pytest.raises(FormatError, match=rf"{step}: names the item '{item}', which is no folder of the step"):
         jaxstow.load(step, from_format="orbax")
-    done = _convert(step, tmp_path / "out.jxs")
+    done = convert(step, tmp_path / "out.jxs")
     assert done.returncode == 2 and "which is no folder of the step" in done.stderr, done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("link", ["w", "w/0"])
 def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
-    elsewhere = _orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    elsewhere = orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
     shutil.rmtree(folder / "w")
     if link == "w/0":
         (folder / "w").mkdir()
@@ -107,14 +90,14 @@ def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
 
 @pytest.mark.parametrize("absolute", [True, False])
 def test_an_orbax_leaf_named_by_a_path_out_of_its_folder_is_refused_without_reading_there(tmp_path, absolute):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
-    elsewhere = _orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    elsewhere = orbax_folder(tmp_path / "elsewhere", {"w": np.full(4, 7, np.float32)})  # another's, the same shape
     name = str(elsewhere / "w") if absolute else "../elsewhere/w"
     metadata = (folder / "_METADATA").read_text().replace('"key": "w"', f'"key": "{name}"')
     (folder / "_METADATA").write_text(metadata)  # orbax read the array from the folder the name gives, outside
     with pytest.raises(FormatError, match=rf"{folder / '_METADATA'}: names the leaf '{name}', which orbax reads"):
         jaxstow.load(folder, from_format="orbax")
-    done = _convert(folder, tmp_path / "out.jxs")
+    done = convert(folder, tmp_path / "out.jxs")
     assert done.returncode == 2 and f"names the leaf '{name}'" in done.stderr, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
 
@@ -130,7 +113,7 @@ def test_an_orbax_json_item_that_is_a_fifo_is_refused_without_waiting_on_it(tmp_
     metrics = run / "1" / "metrics" / "metrics"
     metrics.unlink()
     os.mkfifo(metrics)  # opening it to read waited for a writer that never comes
-    done = _convert(run, tmp_path / "out")
+    done = convert(run, tmp_path / "out")
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"{metrics}: is a FIFO, where orbax keeps regular files" in done.stderr
     assert not (tmp_path / "out").exists()
@@ -156,10 +139,10 @@ def _replace_with(path, kind):
 def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without_waiting_on_it(tmp_path, place, kind):
     tree = {"w": np.ones(4, np.float32)}
     if place == "a zarr chunk":
-        folder = _orbax_folder(tmp_path / "ckpt", tree)
+        folder = orbax_folder(tmp_path / "ckpt", tree)
         target = folder / "w" / "0"
     else:
-        folder = _orbax_folder(tmp_path / "ckpt", tree, ocdbt=True)
+        folder = orbax_folder(tmp_path / "ckpt", tree, ocdbt=True)
         target = folder / "manifest.ocdbt" if place == "an OCDBT manifest" else next((folder / "d").iterdir())
     bound = _replace_with(target, kind)
     expected = (
@@ -168,7 +151,7 @@ def test_an_orbax_data_file_that_is_no_regular_file_is_refused_naming_it_without
         else f"is a {kind}, where orbax keeps regular files"
     )
     try:  # tensorstore waited on a FIFO for a writer that never comes; orbax called a link to nothing no checkpoint
-        done = _convert(folder, tmp_path / "out.jxs")  # a process of its own, with a timeout: a wait fails the test
+        done = convert(folder, tmp_path / "out.jxs")  # a process of its own, with a timeout: a wait fails the test
         assert done.returncode == 2, done.stderr[-2000:]
         assert f"{target}: {expected}" in done.stderr, done.stderr[-2000:]
         assert "Traceback" not in done.stderr and not (tmp_path / "out.jxs").exists()
@@ -217,7 +200,7 @@ def test_a_torch_record_compressed_to_expand_past_the_file_is_refused_before_tor
         r"file's \d+: torch.save stores records uncompressed, .* save its tensors again with torch.save",
     ):
         jaxstow.load(bomb, from_format="torch")
-    done = _convert(bomb, tmp_path / "bomb.jxs")
+    done = convert(bomb, tmp_path / "bomb.jxs")
     assert done.returncode == 2 and "expands from" in done.stderr, done.stderr[-2000:]
     recompressed = _recompressed(tmp_path / "plain.pt", tmp_path / "recompressed.pt")  # within the file: read
     assert jaxstow.load(recompressed, from_format="torch", as_numpy=True)["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
@@ -234,7 +217,7 @@ def test_a_torch_file_whose_tensor_bytes_changed_is_damaged_by_its_zip_checksums
         CorruptFileError, match=r"flipped\.pt: the bytes of its record 'plain/data/0' do not match the "
     ):
         jaxstow.load(tmp_path / "flipped.pt", from_format="torch")
-    done = _convert(tmp_path / "flipped.pt", tmp_path / "flipped.jxs")
+    done = convert(tmp_path / "flipped.pt", tmp_path / "flipped.jxs")
     assert done.returncode != 0 and "CRC-32" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert not (tmp_path / "flipped.jxs").exists()
     assert jaxstow.load(tmp_path / "plain.pt", from_format="torch", as_numpy=True)["w"].tolist() == [1.0] * 4
@@ -269,7 +252,7 @@ def test_a_torch_file_naming_a_global_that_runs_code_is_refused_without_running_
             evil.writestr(info.filename, data or plain.read(info))
     with pytest.raises(FormatError, match=rf"it holds an object of {named}, which torch.load\(weights_only=True\)"):
         jaxstow.load(tmp_path / "evil.pt", from_format="torch")
-    done = _convert(tmp_path / "evil.pt", tmp_path / "evil.jxs")
+    done = convert(tmp_path / "evil.pt", tmp_path / "evil.jxs")
     assert done.returncode == 2 and "weights_only` set to `False" not in done.stderr, done.stderr[-2000:]
     assert re.search(rf"it holds an object of {named}, which torch.load\(weights_only=True\)", done.stderr)
     assert not marker.exists() and not (tmp_path / "evil.jxs").exists()
@@ -277,7 +260,7 @@ def test_a_torch_file_naming_a_global_that_runs_code_is_refused_without_running_
 
 @pytest.mark.parametrize("metadata", ["[]", '"x"', '{"tree_metadata": []}', '{"tree_metadata": 1.5}'])
 def test_orbax_metadata_of_json_that_is_not_orbaxs_is_a_format_error_naming_the_folder(tmp_path, metadata):
-    folder = _orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
     (folder / "_METADATA").write_text(metadata)  # orbax raised AttributeError ('list' object has no attribute 'get')
     with pytest.raises(FormatError, match=rf"{folder}: not an orbax checkpoint that orbax can restore"):
         jaxstow.load(folder, from_format="orbax")

@@ -37,6 +37,7 @@ __all__ = [
     "check_containers",
     "containers_outside_strings",
     "dump_json",
+    "has_lone_surrogate",
     "limits_problem",
     "parse_json",
     "repeated_member",
@@ -139,7 +140,7 @@ def tensor_names_problem(text: bytes, header: dict[str, Any]) -> tuple[str | Non
     if escaped:
         for name in header:
             shown = name.encode("utf-8", "backslashreplace").decode("utf-8")
-            if shown != name and not name.isascii() and _has_surrogate(name):
+            if shown != name and not name.isascii() and has_lone_surrogate(name):
                 return shown, "the tensor name holds a lone surrogate, which UTF-8 cannot write"
     tensors = len(header) - ("__metadata__" in header)
     metadata = header.get("__metadata__")
@@ -192,8 +193,14 @@ class _Repeated(Exception):
     """The name an object of a JSON text gives twice (raised to stop the parse there)."""
 
 
-def _has_surrogate(name: str) -> bool:
-    return any("\ud800" <= char <= "\udfff" for char in name)
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate, which UTF-8 cannot write (a JSON escape can give one; no file name or
+    zip member holds one).
+
+    >>> has_lone_surrogate("b\\ud800"), has_lone_surrogate("b\\u00e9")
+    (True, False)
+    """
+    return any("\ud800" <= char <= "\udfff" for char in text)
 
 
 #: Levels of a value counted before it is called too deep as it is: a value that holds itself has no end.

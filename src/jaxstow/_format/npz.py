@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxstow._format.checksum import as_bytes, checksum_bytes
 from jaxstow._format.dtypes import MAX_AXES, checked_shape
-from jaxstow._format.json_codec import dump_json, parse_json
+from jaxstow._format.json_codec import dump_json, has_lone_surrogate, parse_json
 from jaxstow._format.manifest import LeafColumns
 from jaxstow._format.manifest_written import check_nesting, columnar
 from jaxstow._format.native import sink_name
@@ -125,8 +125,9 @@ def check_member_name(name: str, *, file: str | None = None) -> None:
         "it is absolute": name.startswith("/"),
         "it has a '.' or '..' component": "." in parts or ".." in parts,
         f"{MANIFEST_MEMBER!r} is the manifest's member": name == MANIFEST_MEMBER,
-        "it is not valid Unicode (a lone surrogate)": not _encodable(name),
-        "it is longer than a zip member's name may be (65531 bytes)": _encodable(name) and len(name.encode()) > 65531,
+        "it is not valid Unicode (a lone surrogate)": has_lone_surrogate(name),
+        "it is longer than a zip member's name may be (65531 bytes)": not has_lone_surrogate(name)
+        and len(name.encode()) > 65531,
     }
     for problem, found in problems.items():
         if found:
@@ -135,14 +136,6 @@ def check_member_name(name: str, *, file: str | None = None) -> None:
                 file=file,
                 path=name,
             )
-
-
-def _encodable(name: str) -> bool:
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _write_member(archive: zipfile.ZipFile, name: str, array: np.ndarray) -> None:

@@ -1,7 +1,6 @@
 """A local orbax folder checked before orbax, and the C++ of tensorstore below it, read it: its links and metadata.
 
-A link is followed only where it leads inside the folder, as in a folder of safetensors files: a folder made by a
-stranger never reads a file elsewhere through one.
+A link is followed only where it leads inside the folder: a folder made by a stranger never reads a file elsewhere.
 
 tensorstore parses a zarr array's ``.zarray`` (or ``zarr.json``) recursively, so a file of JSON nested deep enough
 crashes the whole process (a segmentation fault) where Python would raise: every JSON file orbax or tensorstore reads
@@ -10,8 +9,9 @@ is parsed here first, and one that is not JSON, or nests past what a jaxstow fil
 (``manifest.ocdbt``: orbax's default, which keeps each array's ``.zarray`` as a key), read through tensorstore's
 key-value store, which parses nothing.
 
-orbax reads a leaf without OCDBT from the folder its name in ``_METADATA`` gives (its keys joined by ``.``): a name
-that is absolute or climbs out with ``..`` is refused, as a link out of the folder is, before orbax reads there.
+What the metadata claims is checked then too (:mod:`~jaxstow._read.orbax_metadata`): orbax reads a leaf without
+OCDBT from the folder its name in ``_METADATA`` gives (its keys joined by ``.``), so a name that is absolute or climbs
+out with ``..`` is refused, as a link out of the folder is, before orbax reads there.
 
 >>> import os, tempfile
 >>> from jaxstow._read.orbax_files import check_folder
@@ -31,23 +31,24 @@ import os
 import stat
 
 from jaxstow._format.json_codec import limits_problem, parse_json
+from jaxstow._read.orbax_metadata import check_metadata
 from jaxstow._storage.failures import storage_error
-from jaxstow._storage.member_names import is_member_path
-from jaxstow.errors import FormatError, PathError, excerpt
+from jaxstow.errors import FormatError, PathError
 
 __all__ = ["check_folder", "read_json_file"]
 
 #: The files of an orbax folder that hold JSON: orbax's own and zarr's (versions 2 and 3).
 _JSON_NAMES = frozenset((
-    "_METADATA", "_CHECKPOINT_METADATA", "_sharding", ".zarray", ".zattrs", ".zgroup", ".zmetadata", "zarr.json",
+    "_METADATA", "_CHECKPOINT_METADATA", "_sharding", "_strings.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata",
+    "zarr.json",
 ))  # fmt: skip
 
 
 def check_folder(folder: str) -> None:
     """Refuse a link under the local ``folder`` that leads out of it (a :class:`~jaxstow.errors.PathError`), and a file
     that is no regular file (a FIFO, a socket, a device, a link that leads nowhere), a JSON metadata file that is not
-    JSON or nests too deep, and a leaf name of ``_METADATA`` that leads out of the folder (a
-    :class:`~jaxstow.errors.FormatError`), before orbax reads them."""
+    JSON, nests too deep or claims what orbax would act on wrongly (:func:`~jaxstow._read.orbax_metadata.check_metadata`),
+    and a folder where orbax keeps such a file (a :class:`~jaxstow.errors.FormatError`), before orbax reads them."""
     real_folder = os.path.realpath(folder)
     walked = list(os.walk(folder))
     for root, folders, names in walked:  # every file before any is read: the database's files are in d/
@@ -60,15 +61,15 @@ def check_folder(folder: str) -> None:
                     "copy the file into the folder if you trust it",
                     file=path,
                 )
+            if name in _JSON_NAMES and os.path.isdir(path):
+                raise FormatError("is a folder, where orbax keeps a JSON file: do not use this checkpoint", file=path)
         for name in names:
             _check_regular(os.path.join(root, name))
     for root, _, names in walked:
         for name in names:
             if name in _JSON_NAMES or os.path.basename(root) == "array_metadatas":
                 path = os.path.join(root, name)
-                metadata = _check_json(read_json_file(path), path)
-                if name == "_METADATA":
-                    _check_leaf_names(metadata, path)
+                check_metadata(name, _check_json(read_json_file(path), path), path)
         if "manifest.ocdbt" in names:
             _check_database(root)
 
@@ -134,23 +135,6 @@ def _check_json(data: bytes, path: str) -> object:
     return metadata
 
 
-def _check_leaf_names(metadata: object, path: str) -> None:
-    """Refuse a leaf of orbax's ``_METADATA`` (parsed, at ``path``) whose name, the keys of its ``key_metadata``
-    joined by ``.`` as orbax joins them, is no path within the folder."""
-    tree = metadata.get("tree_metadata") if isinstance(metadata, dict) else None
-    for leaf, entry in tree.items() if isinstance(tree, dict) else ():
-        keys = entry.get("key_metadata") if isinstance(entry, dict) else None
-        name = ".".join(str(key.get("key")) for key in keys if isinstance(key, dict)) if isinstance(keys, list) else ""
-        if not is_member_path(name):
-            raise FormatError(
-                f"names the leaf {excerpt(name)}, which orbax reads from a folder of that name, outside the "
-                "checkpoint: orbax names a leaf by its keys, within the folder; the file is damaged or was made to "
-                "reach elsewhere: do not use this checkpoint",
-                file=path,
-                path=leaf,
-            )
-
-
 def _check_database(folder: str) -> None:
     """Check the JSON metadata keys (``w/.zarray``) of the OCDBT database in ``folder``, as :func:`check_folder`
     checks files; a database tensorstore cannot read is a :class:`~jaxstow.errors.FormatError` naming it."""
@@ -166,4 +150,5 @@ def _check_database(folder: str) -> None:
     except Exception as error:  # tensorstore raises ValueError and others on a damaged database
         raise FormatError(f"holds an OCDBT database that cannot be read ({error})", file=folder) from None
     for key, value in values:
-        _check_json(value, os.path.join(folder, key.decode("utf-8", "backslashreplace")))
+        path = os.path.join(folder, key.decode("utf-8", "backslashreplace"))
+        check_metadata(os.path.basename(path), _check_json(value, path), path)

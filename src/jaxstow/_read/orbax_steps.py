@@ -22,6 +22,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -35,16 +36,17 @@ import numpy as np
 
 from jaxstow._format.keypaths import path_to_str
 from jaxstow._read.orbax_files import check_folder, read_json_file
+from jaxstow._storage.failures import storage_error
 from jaxstow._storage.member_names import is_member_name
 from jaxstow._util.host_memory import physical_memory
 from jaxstow._util.optional import require
-from jaxstow.errors import FormatError, excerpt
+from jaxstow.errors import FormatError, PathError, excerpt
 
 __all__ = ["key_impls", "manager_steps", "quiet", "read_checkpoint", "read_step", "step_number"]
 
 _PYTREE_HANDLERS = ("StandardCheckpointHandler", "PyTreeCheckpointHandler")
 _JSON_HANDLERS = ("JsonCheckpointHandler",)
-_STEP_NAME = re.compile(r"(?:.+_)?(\d+)")
+_STEP_NAME = re.compile(r"(?:.+_)?([0-9]+)")
 _METRICS_ITEM = "metrics"
 #: orbax's metadata of the leaves read as numpy: arrays and scalars.
 _NUMERIC_METADATA = ("ArrayMetadata", "ScalarMetadata")
@@ -96,8 +98,21 @@ def read_checkpoint(path: str) -> Any:
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
         except FormatError:
             raise
-        except (FileNotFoundError, ValueError, KeyError, TypeError, AttributeError) as error:  # metadata not orbax's
-            raise FormatError(f"not an orbax checkpoint that orbax can restore ({error})", file=path) from None
+        # Metadata that is not orbax's, or that orbax cannot rebuild (an AssertionError), or names tensorstore cannot
+        # take (a RuntimeError of its bindings)
+        except (
+            FileNotFoundError,
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            AssertionError,
+            RuntimeError,
+        ) as error:
+            shown = f"{type(error).__name__}: {error}" if isinstance(error, AssertionError | RuntimeError) else error
+            raise FormatError(f"not an orbax checkpoint that orbax can restore ({shown})", file=path) from None
+        except OSError as error:
+            raise storage_error(error, path, doing="read it") from error
     impls = key_impls(path)
     return jax.tree_util.tree_map_with_path(
         lambda key_path, leaf, meta: _leaf(leaf, meta, impls, path=path, where=path_to_str(key_path)), restored, tree
@@ -137,6 +152,13 @@ def _leaf(leaf: Any, meta: Any, impls: dict[str, str], *, path: str, where: str)
     if isinstance(leaf, np.ndarray | np.generic) and leaf.dtype.kind in "US":  # a string in numpy's clothes
         return str(leaf.item() if leaf.dtype.kind == "U" else leaf.item().decode("utf-8", "replace"))
     if kind == "ScalarMetadata" and isinstance(leaf, np.ndarray | np.generic):
+        if np.size(leaf) != 1:
+            raise FormatError(
+                f"its metadata calls the leaf a scalar, and it holds an array of shape {np.shape(leaf)}: the metadata "
+                "is damaged",
+                file=path,
+                path=where,
+            )
         return np.asarray(leaf).item()
     if kind not in _NUMERIC_METADATA or not isinstance(leaf, np.ndarray):
         return leaf
@@ -199,6 +221,13 @@ def read_step(path: str) -> tuple[Any, Any]:
         raise FormatError(f"not a step of an orbax CheckpointManager ({error})", file=path) from None
     if not isinstance(handlers, dict):
         raise FormatError("not a step of an orbax CheckpointManager: it names no items", file=path)
+    for name in sorted(set(os.listdir(path)) - set(handlers)):
+        if name == _METRICS_ITEM or os.path.isfile(os.path.join(path, name, "_METADATA")):
+            raise FormatError(
+                f"holds the item {excerpt(name)}, which its _CHECKPOINT_METADATA does not name (it names "
+                f"{excerpt(sorted(handlers))}): orbax names every item it saves there, so the step is damaged",
+                file=path,
+            )
     items, metrics = {}, None
     for name, handler in sorted(handlers.items()):
         kind = str(handler).rpartition(".")[2]
@@ -242,11 +271,50 @@ def step_number(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def manager_steps(path: str) -> list[tuple[int, str]]:
-    """The committed steps of an orbax ``CheckpointManager`` folder: (step, folder name), oldest first."""
+def manager_steps(path: str, *, every: bool = False) -> list[tuple[int, str]]:
+    """The committed steps of an orbax ``CheckpointManager`` folder: (step, folder name), oldest first.
+
+    ``every``: a folder named as a step is one, as orbax lists it, and one that cannot be read as a step is an error
+    (a :class:`~jaxstow.errors.FormatError`, or a :class:`~jaxstow.errors.PathError` for a link that leads out of
+    ``path``), never left out: a conversion holds every step orbax would restore.
+    """
     steps = []
     for name in os.listdir(path):
-        step = step_number(name)
-        if step is not None and os.path.isfile(os.path.join(path, name, "_CHECKPOINT_METADATA")):
-            steps.append((step, name))
-    return sorted(steps)
+        step, where = step_number(name), os.path.join(path, name)
+        if step is None or not os.path.isdir(where):
+            continue
+        if every:
+            _check_step(path, name, where)
+        elif not os.path.isfile(os.path.join(where, "_CHECKPOINT_METADATA")):
+            continue
+        steps.append((step, name))
+    steps.sort()
+    for (step, name), (later, other) in itertools.pairwise(steps):
+        if every and step == later:
+            raise FormatError(
+                f"holds step {step} twice, in the folders {excerpt(name)} and {excerpt(other)}: move one away",
+                file=path,
+            )
+    return steps
+
+
+def _check_step(path: str, name: str, where: str) -> None:
+    """Refuse the step folder ``name`` of ``path`` (at ``where``) unless it is one of ``path`` that can be read."""
+    if os.path.islink(where) and os.path.commonpath([os.path.realpath(where), os.path.realpath(path)]) != (
+        os.path.realpath(path)
+    ):
+        raise PathError(
+            f"is a link to {os.path.realpath(where)}, outside the orbax folder {path}: its steps are read only within "
+            "it; copy the step into the folder if you trust it",
+            file=where,
+        )
+    if not name.isprintable():  # bytes that are no UTF-8 text come as lone surrogates, which are not printable
+        raise FormatError(
+            "is a step folder whose name is no printable UTF-8 text: rename it, or move it away", file=where
+        )
+    if not os.path.isfile(os.path.join(where, "_CHECKPOINT_METADATA")):
+        raise FormatError(
+            "is a step folder without its _CHECKPOINT_METADATA, which orbax writes with every step: the step is "
+            "damaged, or was written by an orbax too old to read here; move it away to convert the other steps",
+            file=where,
+        )

@@ -28,6 +28,7 @@ from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path
 from jaxstow.checkpoint import CheckpointManager
 from jaxstow.cli.files import storage
+from jaxstow.cli.output import printable
 from jaxstow.errors import JaxstowError, PathError
 
 __all__ = ["convert_manager"]
@@ -41,7 +42,7 @@ def convert_manager(src: str, dst: str, *, progress: bool) -> int:
     the command is killed. Into a folder that holds a run already, or at a URL, the steps converted are removed again
     if one fails or the command is interrupted."""
     folder = os.path.abspath(local_path(src) or src)
-    steps = orbax_steps.manager_steps(folder)
+    steps = orbax_steps.manager_steps(folder, every=True)
     target = local_path(dst)
     if target is None or (os.path.lexists(target) and not (os.path.isdir(target) and not os.listdir(target))):
         _convert_steps(folder, steps, dst, progress=progress)
@@ -88,7 +89,8 @@ def _convert_steps(folder: str, steps: list[tuple[int, str]], dst: str, *, progr
                 numbers, other = _numbers(metrics)
                 if other:
                     print(
-                        f"note: step {step}: metrics that are not numbers are left out: {', '.join(other)}",
+                        f"note: step {step}: metrics that are not numbers are left out (the step's metadata keeps "
+                        f"them whole, as orbax_metrics): {printable(', '.join(other))}",
                         file=sys.stderr,
                     )
                 begun.append(step)
@@ -106,17 +108,34 @@ def _convert_steps(folder: str, steps: list[tuple[int, str]], dst: str, *, progr
 
 
 def _numbers(metrics: Any, prefix: str = "") -> tuple[dict[str, float], list[str]]:
-    """The numbers among ``metrics`` (nested dicts flattened to ``a/b``), and the names of the rest."""
+    """The numbers among ``metrics`` (nested dicts flattened to ``a/b``), and the rest, each named with why it is not
+    one: a value of another kind, an integer too large for a float, a name given twice (``a/b`` beside ``a: {b}``),
+    metrics that are no JSON object.
+
+    >>> _numbers({"loss": 0.5, "a/b": 1, "a": {"b": 2}, "big": 10**400, "name": "x"})
+    ({'loss': 0.5}, ['a/b (a name given twice)', 'big (too large for a float)', 'name'])
+    >>> _numbers([1, 2])
+    ({}, ['the metrics, a list, not a JSON object'])
+    """
+    if metrics is not None and not isinstance(metrics, dict):
+        return {}, [f"the metrics, a {type(metrics).__name__}, not a JSON object"]
     numbers: dict[str, float] = {}
     other: list[str] = []
-    for name, value in (metrics or {}).items() if isinstance(metrics, dict) else ():
+    twice: set[str] = set()
+    for name, value in (metrics or {}).items():
         key = f"{prefix}{name}"
         if isinstance(value, dict):
             inner, rest = _numbers(value, f"{key}/")
-            numbers.update(inner)
-            other += rest
         elif isinstance(value, int | float) and not isinstance(value, bool):
-            numbers[key] = float(value)
+            try:
+                inner, rest = {key: float(value)}, []
+            except OverflowError:
+                inner, rest = {}, [f"{key} (too large for a float)"]
         else:
-            other.append(key)
-    return numbers, other
+            inner, rest = {}, [key]
+        twice |= numbers.keys() & inner.keys()
+        numbers.update(inner)
+        other += rest
+    for key in sorted(twice):
+        del numbers[key]
+    return numbers, sorted(other + [f"{key} (a name given twice)" for key in twice])

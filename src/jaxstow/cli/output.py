@@ -27,9 +27,10 @@ from typing import Any
 
 __all__ = ["Table", "print_json", "printable", "styled_terminal"]
 
-#: The C0 and C1 control characters and DEL, and the marks that reorder or join text on a terminal (bidirectional
-#: overrides, isolates and marks, zero-width characters): a key could else show as another.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
+#: The C0 and C1 control characters and DEL, the marks that reorder or join text on a terminal (bidirectional
+#: overrides, isolates and marks, zero-width characters): a key could else show as another; and lone surrogates (a
+#: JSON escape can give a name one), which no terminal's encoding writes.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff\ud800-\udfff]")
 _CONTROL_OR_BACKSLASH = re.compile(f"[\\\\{_CONTROL.pattern[1:]}")
 
 
