@@ -169,3 +169,18 @@ def test_a_metric_named_with_a_lone_surrogate_is_listed_as_its_escape(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "\\ud800=1" in done.stdout
+
+
+def test_a_truncated_chunk_is_one_line_naming_it_without_the_tracebacks_of_reads_left_in_flight(tmp_path):
+    run = tmp_path / "run"
+    handler = ocp.PyTreeCheckpointHandler(use_ocdbt=False)
+    with ocp.CheckpointManager(run, item_names=("state",), item_handlers={"state": handler}) as manager:
+        tree = {f"leaf{i}": np.full((3, 4), i, np.float32) for i in range(10)}  # reads in flight when one fails
+        manager.save(1, args=ocp.args.Composite(state=ocp.args.PyTreeSave(tree)))
+        manager.wait_until_finished()
+    (run / "1" / "state" / "leaf3" / "0.0").write_bytes(b"")
+    for attempt in range(3):  # the stray reports came in most runs, each at its own moment
+        done = convert(run, tmp_path / f"converted-{attempt}")
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert f'Error reading local file "{run}/1/state/leaf3/0.0"' in done.stderr
+        assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr, done.stderr[-2000:]

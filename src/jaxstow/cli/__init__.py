@@ -18,6 +18,7 @@ from jaxstow.cli import convert, diff, export, inspect, ls, uploads, verify, wat
 from jaxstow.cli.files import add_storage_arguments, use_storage_arguments
 from jaxstow.cli.output import printable
 from jaxstow.cli.standard_output import discard_output, output_failure
+from jaxstow.cli.stray_errors import ignore_closed_event_loops
 from jaxstow.errors import JaxstowError
 
 __all__ = ["describe", "main"]
@@ -74,6 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         top.print_help()
         return 2
+    ignore_closed_event_loops()  # the reports of reads in flight when orbax failed: the error below names it
     try:
         use_storage_arguments(args)
         status: int = args.run(args)
