@@ -184,3 +184,21 @@ def test_a_truncated_chunk_is_one_line_naming_it_without_the_tracebacks_of_reads
         assert done.returncode == 2, done.stderr[-2000:]
         assert f'Error reading local file "{run}/1/state/leaf3/0.0"' in done.stderr
         assert "Traceback" not in done.stderr and "Event loop is closed" not in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [("gone", "does not exist"), ("object-dtype", 'Unsupported zarr dtype: "|O"')],
+)
+def test_an_array_metadata_orbax_cannot_read_is_named_in_the_error(tmp_path, damage, reason):
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones((3, 4), np.float32)})
+    zarray = folder / "w" / ".zarray"
+    if damage == "gone":
+        zarray.unlink()
+    else:
+        zarray.write_text(json.dumps({**json.loads(zarray.read_text()), "dtype": "|O"}))
+    with pytest.raises(FormatError, match="not an orbax checkpoint that orbax can restore") as raised:
+        jaxstow.load(folder, from_format="orbax")  # it said only "it has no tree metadata"
+    assert (
+        str(zarray) in str(raised.value) and reason in str(raised.value) and "tensorstore_spec" not in str(raised.value)
+    )

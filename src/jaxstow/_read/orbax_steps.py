@@ -92,7 +92,7 @@ def read_checkpoint(path: str) -> Any:
             metadata = checkpointer.metadata(path)
             tree = getattr(getattr(metadata, "item_metadata", metadata), "tree", None)
             if tree is None:
-                raise ValueError("it has no tree metadata")
+                raise ValueError(_why_no_tree(ocp, path))
             _check_fits(jax.tree.leaves(tree), path)
             restore_args = jax.tree.map(lambda leaf: _restore_arg(ocp, leaf), tree)
             restored = checkpointer.restore(path, args=ocp.args.PyTreeRestore(restore_args=restore_args))
@@ -117,6 +117,18 @@ def read_checkpoint(path: str) -> Any:
     return jax.tree_util.tree_map_with_path(
         lambda key_path, leaf, meta: _leaf(leaf, meta, impls, path=path, where=path_to_str(key_path)), restored, tree
     )
+
+
+def _why_no_tree(ocp: Any, path: str) -> str:
+    """Why orbax found no tree in the checkpoint at ``path``: the error its handler's metadata raises, which the
+    checkpointer's keeps to itself (an array's ``.zarray`` missing or unreadable), without tensorstore's spec."""
+    from etils import epath
+
+    try:
+        ocp.PyTreeCheckpointHandler().metadata(epath.Path(path))
+    except Exception as error:  # orbax's and tensorstore's errors, whatever their kind: the reason, shown
+        return str(error).split(" [tensorstore_spec=")[0]
+    return "it has no tree metadata"
 
 
 def _check_fits(leaves: list[Any], path: str) -> None:
