@@ -67,6 +67,7 @@ from jaxstow.io.hdf5_layout import (
 from jaxstow.io.hdf5_queued import checkpoints_of, queued, rows_of
 from jaxstow.io.hdf5_read_back import read_back
 from jaxstow.io.hdf5_resume import fresh_datasets, mark_checkpointed, reopened
+from jaxstow.io.hdf5_writable import given_file
 from jaxstow.io.hdf5_writers import opened_again, opened_first
 from jaxstow.io.job_queue import JobQueue
 from jaxstow.io.scheduler import static_information as StaticInformation
@@ -137,6 +138,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         Raises:
             IsAFolderError: ``file`` is a folder.
             ArgumentError: ``file`` is neither a path nor an ``h5py.File``.
+            FormatError: The file links a chain's samples to another file (:mod:`~jaxstow.io.hdf5_links`).
             CheckpointError: Another process writes the file.
             StructureMismatchError: The file or its checkpoint holds other samples or another solver state (raised
                 by :meth:`register_chain`).
@@ -156,10 +158,8 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._checkpoint_dir = optional_path(checkpoint_dir, what="HDF5Collector's checkpoint_dir")
         if isinstance(file, str | os.PathLike):
             file, self._lock = opened_first(file, self._checkpoint_dir, self, self._writer, self._senders)
-        elif not isinstance(file, h5py.File):
-            raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
-        elif file.mode == "r":
-            raise ArgumentError(f"{file.filename} is open read-only: open it with mode 'a' or 'w' to write samples")
+        else:
+            file = given_file(file)
         if self._checkpoint_dir is None and file.driver in DISK_DRIVERS:
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
         self._h5py = h5py

@@ -35,6 +35,7 @@ __all__ = [
     "DIRECT_CHUNK_BYTES",
     "DRAWS_DONE",
     "RUN_ID",
+    "WARMUP_GROUP",
     "checked_compression",
     "checkpoint_path",
     "create_datasets",
@@ -64,6 +65,8 @@ DRAWS_DONE = "draws_done"
 RUN_ID = "jaxstow_run_id"
 #: The root attribute of a file of ``io.run_chains`` that records what started the run: compared when it is continued.
 RUN_ATTRIBUTE = "jaxstow_run"
+#: The group of the warm-up results of ``io.run_chains``, one dataset per result, shaped ``(chains, ...)``.
+WARMUP_GROUP = "warmup"
 
 
 def new_draws_done(file: Any) -> Any:

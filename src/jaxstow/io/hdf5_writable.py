@@ -1,4 +1,5 @@
-"""The ``h5py.File`` that jaxstow's writers of HDF5 samples open: SWMR-capable, and holding no dataset chunk in memory.
+"""The ``h5py.File`` that jaxstow's writers of HDF5 samples write: SWMR-capable, holding no dataset chunk in memory,
+and none of its samples in another file (:mod:`~jaxstow.io.hdf5_links`), whether they open it or are given it.
 
 HDF5 keeps the chunks a write changed in a cache, written when a dataset closes. Where the disk is full, that close
 fails after HDF5 has freed the dataset but kept its identifier: h5py's close of the file stops there, and the process
@@ -19,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from jaxstow._util.optional import require
+from jaxstow.errors import ArgumentError
+from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 
-__all__ = ["writable_file"]
+__all__ = ["given_file", "writable_file"]
 
 
 def writable_file(name: str, mode: str) -> Any:
@@ -28,4 +31,23 @@ def writable_file(name: str, mode: str) -> Any:
     SWMR mode needs; without HDF5's file locks (a :class:`~jaxstow.io.swmr.WriterLock` keeps other writers out); its
     datasets without a chunk cache, so that no dataset holds data left to write when it closes (see above)."""
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
-    return h5py.File(name, mode, libver="latest", locking=False, rdcc_nbytes=0)
+    file = h5py.File(name, mode, libver="latest", locking=False, rdcc_nbytes=0)
+    try:
+        refuse_stored_elsewhere(file, name)  # a file continued: what its run wrote must be in it
+    except BaseException:
+        file.close()
+        raise
+    return file
+
+
+def given_file(file: Any) -> Any:
+    """``file``, an ``h5py.File`` that a caller gave a collector to write samples into, if it is one, open for
+    writing, and holding none of the collector's objects in another file; else an :class:`~jaxstow.errors.ArgumentError`
+    (a :class:`~jaxstow.errors.FormatError` for the last)."""
+    h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
+    if not isinstance(file, h5py.File):
+        raise ArgumentError(f"HDF5Collector needs a path or an open h5py.File, got {type(file).__name__}")
+    if file.mode == "r":
+        raise ArgumentError(f"{file.filename} is open read-only: open it with mode 'a' or 'w' to write samples")
+    refuse_stored_elsewhere(file, file.filename)
+    return file

@@ -42,6 +42,7 @@ from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
 from jaxstow.io.hdf5_dtypes import as_sample
 from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ID, variable_names
+from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
@@ -70,7 +71,9 @@ def read_draws(source: Any) -> FileDraws:
     """The samples in an HDF5Collector's file: a path (opened in SWMR mode where it can be) or an open ``h5py.File``."""
     if isinstance(source, str | os.PathLike):
         return _read_consistently(source, _read)
-    return _read(source, str(getattr(source, "filename", source)))
+    name = str(getattr(source, "filename", source))
+    refuse_stored_elsewhere(source, name)  # as open_for_reading does of a path
+    return _read(source, name)
 
 
 def run_finished(path: str | os.PathLike[str]) -> bool:

@@ -44,7 +44,7 @@ from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.hdf5_damage import damage_refused
-from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE
+from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, WARMUP_GROUP
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_writable import writable_file
 from jaxstow.io.live import read_stacked, run_finished
@@ -65,8 +65,6 @@ _DIGESTS = {
     "code": "with functions (a log density, a model, step_args or draw) of other code or data than this call's (their "
     "code, the functions they call, and the values of their modules they read, such as data at the top of a script)",
 }
-#: The group of the warm-up results, one dataset per result, shaped ``(chains, ...)``.
-WARMUP_GROUP = "warmup"
 #: At most this many bytes of draws (of every chain) wait on the device for the host to hand them to the collector.
 _DEVICE_ROWS_BYTES = 16 << 20
 

@@ -41,6 +41,7 @@ from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
 from jaxstow.io.hdf5_damage import damage_refused
 from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
+from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
 from jaxstow.io.hdf5_writable import writable_file
@@ -121,7 +122,8 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
 
     A file whose writer is not in SWMR mode cannot be read until that writer closes it (or enters SWMR mode):
     that raises a :class:`~jaxstow.errors.FormatError` saying so, as does a file whose writer holds HDF5's lock on it
-    (one opened without ``libver="latest"``, which cannot enter SWMR mode).
+    (one opened without ``libver="latest"``, which cannot enter SWMR mode). So does a file whose samples HDF5 would
+    read from another file (:mod:`~jaxstow.io.hdf5_links`).
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose=f"reading {name}")
@@ -134,7 +136,7 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
         )
     try:
         flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if superblock.version >= SWMR_SUPERBLOCK else 0)
-        return h5py.File(h5py.h5f.open(os.fsencode(name), flags, fapl=reading_access()))
+        file = h5py.File(h5py.h5f.open(os.fsencode(name), flags, fapl=reading_access()))
     except BlockingIOError:
         raise FormatError(
             'is locked by its writer: a file opened without libver="latest" cannot be read by another process '
@@ -150,6 +152,12 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
             "again to read: read it from another process, or once the run's postprocess_save has returned (which "
             "returns its samples here); a collector with chains of a run that failed keeps it open until its close()"
         ) from None
+    try:
+        refuse_stored_elsewhere(file, name)
+    except BaseException:
+        file.close()
+        raise
+    return file
 
 
 def open_writer(path: str | os.PathLike[str], checkpoint: str) -> tuple[Any, WriterLock]:
