@@ -240,17 +240,18 @@ def _diagnostics(draws: FileDraws, path: str) -> list[dict[str, Any]]:
         arviz = require("arviz", extra="arviz", purpose=purpose)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # few draws, constant draws: NaN, shown as '-'
-            data = from_posterior(posterior, purpose=purpose)
+            # Named v0, v1, ... for ArviZ: a variable named as one of its dimensions ("chain", "x_dim_0") stays apart.
+            data = from_posterior({f"v{at}": values for at, values in enumerate(posterior.values())}, purpose=purpose)
             rhat, ess = arviz.rhat(data), arviz.ess(data, method="bulk")
-    for name, values in posterior.items():
+    for at, (name, values) in enumerate(posterior.items()):
         means = values.reshape(values.shape[0] * values.shape[1], -1).mean(axis=0, dtype=np.float64)
         shape = values.shape[2:]
         for flat, index in enumerate(np.ndindex(*shape)):
             label = f"{name}[{','.join(map(str, index))}]" if shape else name
             row = {"variable": label, "mean": _number(means[flat]), "r_hat": None, "ess_bulk": None}
             if diagnose:
-                row["r_hat"] = _number(rhat[name].values[index])
-                row["ess_bulk"] = _number(ess[name].values[index])
+                row["r_hat"] = _number(rhat[f"v{at}"].values[index])
+                row["ess_bulk"] = _number(ess[f"v{at}"].values[index])
             rows.append(row)
     return rows
 

@@ -52,7 +52,6 @@ from jaxstow.io.hdf5_closed import closed_file, named_if_closed
 from jaxstow.io.hdf5_groups import claim, give_up
 from jaxstow.io.hdf5_layout import (
     DRAWS_DONE,
-    RUN_ID,
     checked_compression,
     checkpoint_path,
     dataset_name,
@@ -61,6 +60,7 @@ from jaxstow.io.hdf5_layout import (
     new_draws_done,
     read_whole,
     readable,
+    run_id_of,
     write_block,
     write_hyperslab,
 )
@@ -270,7 +270,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             if counts is None:  # a file started anew (deleted since the last run): it holds this run's chains only
                 counts = new_draws_done(self._file)
                 self._published = [done if chain in self._datasets else 0 for chain, done in enumerate(self._published)]
-            self._counts, self._run_id = counts, self._file.attrs.get(RUN_ID)
+            self._counts, self._run_id = counts, run_id_of(self._file, self._filename)
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
         write_hyperslab(counts, 0, np.asarray(self._published, np.int64))  # after each block: h5py's slicing costs more

@@ -16,12 +16,12 @@ attribute :data:`DTYPE_ATTRIBUTE`; every reader of jaxstow's gives the values ba
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import ml_dtypes
 import numpy as np
 
-from jaxstow.errors import FormatError
+from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["DTYPE_ATTRIBUTE", "as_sample", "as_stored", "mark", "sample_dtype", "stored_dtype"]
 
@@ -52,21 +52,41 @@ def mark(dataset: Any, dtype: np.dtype[Any]) -> None:
 
 
 def sample_dtype(dataset: Any) -> np.dtype[Any]:
-    """The dtype of the samples that ``dataset`` holds."""
+    """The dtype of the samples that ``dataset`` holds: its own, a number's (bool, integer, float or complex), or the
+    dtype of ``ml_dtypes`` its :data:`DTYPE_ATTRIBUTE` names, held as the unsigned integer of that dtype's width.
+
+    Anything else (strings, records, references; a name that is no dtype of ``ml_dtypes``, or one of another width
+    than the dataset's, whose bytes it would misread) is a :class:`~jaxstow.errors.FormatError`: no collector writes it.
+    """
+    held: np.dtype[Any] = np.dtype(dataset.dtype)
     name = dataset.attrs.get(DTYPE_ATTRIBUTE)
     if name is None:
-        held: np.dtype[Any] = np.dtype(dataset.dtype)
+        if held.kind not in "biufc" or held.names is not None or held.subdtype is not None:
+            _refuse(dataset, f"holds samples of the dtype {held}, which no collector writes (it writes numbers)")
         return held
-    name = name if isinstance(name, str) else name.decode()
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "backslashreplace")
+    if not isinstance(name, str):
+        _refuse(dataset, f"names its samples' dtype by {excerpt(name)}, which is no dtype's name")
     dtype = getattr(ml_dtypes, name, None)
-    if dtype is None:
-        raise FormatError(
-            f"holds samples of the dtype {name}, which ml_dtypes {ml_dtypes.__version__} lacks: upgrade ml_dtypes",
-            file=dataset.file.filename,
-            path=dataset.name,
+    if dtype is None and name.isidentifier() and not name.startswith("_"):
+        _refuse(
+            dataset, f"holds samples of the dtype {name}, which ml_dtypes {ml_dtypes.__version__} lacks: upgrade it"
         )
-    restored: np.dtype[Any] = np.dtype(dtype)
+    restored = np.dtype(dtype) if isinstance(dtype, type) and issubclass(dtype, np.generic) else None
+    if restored is None or not _of_ml_dtypes(restored):
+        _refuse(dataset, f"names its samples' dtype {excerpt(name)}, which is none of ml_dtypes'")
+    elif held != stored_dtype(restored):
+        _refuse(dataset, f"holds {held}, where samples of {restored} are held as {stored_dtype(restored)}")
     return restored
+
+
+def _refuse(dataset: Any, problem: str) -> NoReturn:
+    raise FormatError(
+        f"{problem}: the file was damaged, or changed by something other than jaxstow's collectors",
+        file=dataset.file.filename,
+        path=dataset.name,
+    )
 
 
 def as_sample(dataset: Any, values: np.ndarray) -> np.ndarray:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from jaxstow._util.optional import require
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, FormatError, excerpt
 from jaxstow.io import host_buffers
 from jaxstow.io.batching import block_rows
 from jaxstow.io.chains import SampleLayout
@@ -44,6 +44,7 @@ __all__ = [
     "layout_problems",
     "new_draws_done",
     "read_whole",
+    "run_id_of",
     "readable",
     "variable_names",
     "write_block",
@@ -74,6 +75,19 @@ def new_draws_done(file: Any) -> Any:
     counts = file.create_dataset(DRAWS_DONE, shape=(0,), maxshape=(None,), chunks=(64,), dtype="i8")
     file.attrs[RUN_ID] = secrets.token_hex(16)
     return counts
+
+
+def run_id_of(file: Any, name: str) -> str | None:
+    """The :data:`RUN_ID` of the open ``file`` (``name``), ``None`` where it has none; one that is no string (an array,
+    a number) is a :class:`~jaxstow.errors.FormatError`: no collector writes it."""
+    found = file.attrs.get(RUN_ID)
+    if found is None or isinstance(found, str):
+        return found
+    raise FormatError(
+        f"has the attribute {RUN_ID} {excerpt(found)}, where a collector writes a string: the file was damaged, or "
+        "changed by something other than jaxstow's collectors",
+        file=name,
+    )
 
 
 def checkpoint_path(filename: str, folder: str | None = None) -> str:

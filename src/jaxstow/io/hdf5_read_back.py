@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from jaxstow.errors import CollectorError, FormatError, PathNotFoundError
-from jaxstow.io.hdf5_layout import RUN_ID
+from jaxstow.io.hdf5_layout import run_id_of
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["read_back"]
@@ -40,7 +40,7 @@ def read_back(path: str, run_id: str | None) -> Iterator[Any]:
     except FormatError as error:
         raise _gone(path, "it is now no HDF5 file that can be read") from error
     with file:
-        found = file.attrs.get(RUN_ID)
+        found = run_id_of(file, path)
         if found != run_id:
             raise _gone(
                 path, "it is now HDF5 data of no jaxstow run" if found is None else "it is now the file of another run"

@@ -40,14 +40,17 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
-from jaxstow.io.hdf5_dtypes import as_sample
-from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ID, variable_names
+from jaxstow.io.hdf5_counts import checked_count, draws_done, rows_of
+from jaxstow.io.hdf5_dtypes import as_sample, sample_dtype
+from jaxstow.io.hdf5_layout import DRAWS_DONE, run_id_of, variable_names
 from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
-_CHAIN_GROUP = re.compile(r"chain~(\d+)")
+#: The highest chain id a file may hold (chains are numbered from 0, one after another).
+_MOST_CHAINS = 2**31
+_CHAIN_GROUP = re.compile(r"chain~([0-9]+)")  # ASCII digits: "chain~٣" is no chain 3
 #: What h5py raises for a structure it fails on.
 _STRUCTURE_FAILURES = (RuntimeError, OSError, KeyError, ValueError)
 #: How often a file whose writer changed it under the reader is opened again before the read is given up.
@@ -115,8 +118,9 @@ def _stack(file: Any, name: str) -> dict[str, np.ndarray]:
     for key, first in chains[0].items():
         array = host_buffers.empty((len(chains), done[0], *first.shape[1:]), first.dtype)  # reused, backed
         for index, datasets in enumerate(chains):
-            if key not in datasets or datasets[key].shape[1:] != first.shape[1:] or datasets[key].dtype != first.dtype:
-                other = f"{datasets[key].dtype}{list(datasets[key].shape[1:])}" if key in datasets else "none"
+            dtype = sample_dtype(datasets[key]) if key in datasets else None  # checked, as in as_sample
+            if dtype is None or datasets[key].shape[1:] != first.shape[1:] or dtype != sample_dtype(first):
+                other = f"{dtype}{list(datasets[key].shape[1:])}" if key in datasets else "none"
                 raise FormatError(
                     f"chain {index}'s draws of {key!r} are {other}, chain 0's {first.dtype}{list(first.shape[1:])}: "
                     "they cannot be stacked; read_draws reads each chain",
@@ -151,7 +155,7 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
             continue
         with opened as file:
             try:
-                run = file.attrs.get(RUN_ID)
+                run = run_id_of(file, name)
                 result = read(file, name)
             except JaxstowError:
                 raise
@@ -160,7 +164,7 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
                 continue
         try:
             with open_for_reading(name) as file:
-                now = file.attrs.get(RUN_ID)
+                now = run_id_of(file, name)
         except (JaxstowError, *_STRUCTURE_FAILURES) as error:  # caught in the middle of starting over
             failure = error
             continue
@@ -189,11 +193,14 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
     they count."""
     h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {name}")
     following = file.mode == "r" and file.swmr_mode  # a reader of a live file: see what the writer added since
-    items = sorted(
-        (int(match.group(1)), item)
-        for key in file
-        if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(item := file[key], h5py.Group | h5py.Dataset)
-    )  # file[key], not file.items(): an object HDF5 fails to open raises, rather than being passed over
+    by_id: dict[int, Any] = {}
+    for key in file:  # file[key], not file.items(): an object HDF5 fails to open raises, rather than being passed over
+        if (match := _CHAIN_GROUP.fullmatch(key)) and isinstance(item := file[key], h5py.Group | h5py.Dataset):
+            chain = int(match.group(1))
+            if chain > _MOST_CHAINS or (other := by_id.setdefault(chain, item)) is not item:
+                also = f"chain {chain}, past any collector's" if chain > _MOST_CHAINS else f"{other.name} and /{key}"
+                raise FormatError(f"names {also}: the file was changed by hand, or damaged", file=name, path=f"/{key}")
+    items = sorted(by_id.items())
     if not items:
         if following:  # a file an HDF5Collector is writing, whose run has not called init_save yet
             raise FormatError(
@@ -202,9 +209,7 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         raise FormatError("holds no /chain~{id} group: it was not written by an HDF5Collector", file=name)
     counts = file.get(DRAWS_DONE)
     if counts is not None:
-        if following:
-            counts.refresh()
-        counts = counts[()]  # first the counts, then the rows they count
+        counts = draws_done(counts, name=name, refresh=following)  # first the counts, then the rows they count
     chains, done, finished = [], [], True
     for chain, item in items:
         count = item.attrs.get("sample_count")
@@ -224,8 +229,9 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         if following:
             for dataset in datasets.values():
                 dataset.refresh()
+        rows = [rows_of(dataset, name=name) for dataset in datasets.values()]
         chains.append(dict(zip(variable_names(list(datasets)), datasets.values(), strict=True)))
-        done.append(int(count))
+        done.append(checked_count(count, rows, name=name, path=item.name))
     return chains, done, finished, [chain for chain, _ in items]
 
 

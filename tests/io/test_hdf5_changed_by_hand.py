@@ -1,0 +1,175 @@
+"""An HDF5 file of samples whose counts, dtypes, chain names or run id were changed by hand or by a stranger: every
+reader refuses it with a FormatError naming the file and the object, where it read the wrong draws (a count of ``-1``
+read as ``x[:-1]``), misread their bytes (a ``jaxstow_dtype`` of another width), or raised Python's own errors.
+
+``jaxstow watch`` of a run whose variable is named like one of ArviZ's dimensions (``chain``) shows it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxstow import io
+from jaxstow.cli import main
+from jaxstow.errors import FormatError
+from jaxstow.io.live import read_draws, read_stacked
+
+pytest.importorskip("arviz")
+
+STEPS = 40
+
+
+def _start() -> dict[str, jax.Array]:
+    return {"x": jnp.array([0.0, 10.0])}
+
+
+def _step(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    x = state["x"] + 1.0
+    return {"x": x}, {"x": x}, jnp.ones(2, bool)
+
+
+def _step_drawing_chain(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    x = state["x"] + 1.0
+    return {"x": x}, {"x": x, "chain": x * 0 + t}, jnp.ones(2, bool)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("run") / "run.h5"
+    io.run_chains(str(path), _start, _step, num_steps=STEPS, checkpoint_every=10)
+    return path
+
+
+def _set_count(value: Any) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        file["chain~1"].attrs["sample_count"] = value
+
+    return change
+
+
+def _replace_draws_done(data: Any) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        del file["chain~0"].attrs["sample_count"]  # unfinished: its count is read from /draws_done
+        del file["draws_done"]
+        if isinstance(data, str):
+            file.create_group("draws_done")
+        else:
+            file["draws_done"] = data
+
+    return change
+
+
+def _mark(name: Any) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        file["chain~1/x"].attrs["jaxstow_dtype"] = name
+
+    return change
+
+
+def _replace_x(data: Any) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        del file["chain~1/x"]
+        file["chain~1/x"] = data
+
+    return change
+
+
+def _rename(new: str) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        file.move("chain~1", new)
+
+    return change
+
+
+def _copy_chain(new: str) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        file.copy("chain~1", new)
+
+    return change
+
+
+def _run_id(value: Any) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        file.attrs["jaxstow_run_id"] = value
+
+    return change
+
+
+CHANGES = {
+    "count -1": (_set_count(-1), "/chain~1", "counts -1 samples, where its datasets hold 40 rows"),
+    "count past the rows": (_set_count(41), "/chain~1", "counts 41 samples"),
+    "count 2**62": (_set_count(2**62), "/chain~1", "counts 4611686018427387904 samples"),
+    "count a float": (_set_count(2.7), "/chain~1", "counts 2.7 samples"),
+    "count a string": (_set_count("12"), "/chain~1", "counts '12' samples"),
+    "count a bool": (_set_count(True), "/chain~1", "counts True samples"),
+    "count an array": (_set_count([1, 2]), "/chain~1", "counts"),
+    "draws_done negative": (_replace_draws_done(np.array([-5, 40])), "/chain~0", "counts -5 samples"),
+    "draws_done 2-D": (_replace_draws_done(np.zeros((2, 2), np.int64)), "/draws_done", "is int64[2, 2]"),
+    "draws_done floats": (_replace_draws_done(np.array([40.0, 40.0])), "/draws_done", "is float64[2]"),
+    "draws_done a group": (_replace_draws_done("group"), "/draws_done", "is Group"),
+    "dtype of another width": (_mark("bfloat16"), "/chain~1/x", "holds float32, where samples of bfloat16 are held"),
+    "dtype no ml_dtypes name": (_mark("finfo"), "/chain~1/x", "which is none of ml_dtypes'"),
+    "dtype a number": (_mark(3), "/chain~1/x", "which is no dtype's name"),
+    "strings": (_replace_x(np.array([b"ab"] * STEPS)), "/chain~1/x", "holds samples of the dtype |S2"),
+    "records": (
+        _replace_x(np.zeros(STEPS, [("a", "<f4"), ("b", "<i4")])),
+        "/chain~1/x",
+        "which no collector writes",
+    ),
+    "a scalar dataset": (_replace_x(np.float32(1.0)), "/chain~1/x", "is a dataset of no rows"),
+    "an empty dataset": (_replace_x(h5py.Empty("f4")), "/chain~1/x", "is a dataset of no rows"),
+    "two names of one chain": (_copy_chain("chain~01"), "/chain~01", "/chain~1"),
+    "a chain id past any": (_rename("chain~99999999999999999999"), "/chain~99999999999999999999", "past any"),
+    "run id an array": (_run_id(np.arange(3)), "", "has the attribute jaxstow_run_id array([0, 1, 2])"),
+    "run id NaN": (_run_id(float("nan")), "", "has the attribute jaxstow_run_id"),
+}
+
+
+def _changed(run: Path, folder: Path, change: Callable[[h5py.File], None]) -> Path:
+    path = folder / "run.h5"
+    shutil.copy(run, path)
+    with h5py.File(path, "r+") as file:
+        change(file)
+    return path
+
+
+@pytest.mark.parametrize("case", CHANGES)
+def test_every_reader_refuses_a_changed_file_naming_the_object(finished_run: Path, tmp_path: Path, case: str):
+    change, where, said = CHANGES[case]
+    path = _changed(finished_run, tmp_path, change)
+    readers = {
+        "read_draws": lambda: read_draws(str(path)),
+        "read_stacked": lambda: read_stacked(str(path)),
+        "to_inference_data": lambda: io.to_inference_data(str(path)),
+    }
+    for reader, read in readers.items():
+        with pytest.raises(FormatError) as error:
+            read()
+        message = str(error.value)
+        assert str(path) in message and where in message and said in message, (reader, message)
+    if not case.startswith("run id"):  # an open file is read once: its run id is compared only between openings
+        with h5py.File(path, "r") as file, pytest.raises(FormatError, match="changed by"):
+            io.to_inference_data(file)
+
+
+def test_a_chain_named_with_other_digits_is_no_chain(finished_run: Path, tmp_path: Path) -> None:
+    path = _changed(finished_run, tmp_path, _rename("chain~\u0661"))  # ARABIC-INDIC DIGIT ONE
+    assert read_draws(str(path)).ids == [0]
+
+
+def test_watch_shows_a_variable_named_as_an_arviz_dimension(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    path = tmp_path / "run.h5"
+    io.run_chains(str(path), _start, _step_drawing_chain, num_steps=STEPS, checkpoint_every=10)
+    assert main(["watch", str(path), "--once"]) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
+    assert rows["chain"][0] == "19.5"  # the mean of t over 0..39
+    assert float(rows["x"][0]) == pytest.approx(25.5)
