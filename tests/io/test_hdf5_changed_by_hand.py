@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import h5py
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sample_runs
+from sample_runs import STEPS
 
 from jaxstow import io
 from jaxstow.cli import main
@@ -24,17 +25,6 @@ from jaxstow.errors import FormatError
 from jaxstow.io.live import read_draws, read_stacked
 
 pytest.importorskip("arviz")
-
-STEPS = 40
-
-
-def _start() -> dict[str, jax.Array]:
-    return {"x": jnp.array([0.0, 10.0])}
-
-
-def _step(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    x = state["x"] + 1.0
-    return {"x": x}, {"x": x}, jnp.ones(2, bool)
 
 
 def _step_drawing_chain(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
@@ -44,9 +34,7 @@ def _step_drawing_chain(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("run") / "run.h5"
-    io.run_chains(str(path), _start, _step, num_steps=STEPS, checkpoint_every=10)
-    return path
+    return sample_runs.finished_run(tmp_path_factory.mktemp("run"))
 
 
 def _set_count(value: Any) -> Callable[[h5py.File], None]:
@@ -168,7 +156,7 @@ def test_a_chain_named_with_other_digits_is_no_chain(finished_run: Path, tmp_pat
 
 def test_watch_shows_a_variable_named_as_an_arviz_dimension(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     path = tmp_path / "run.h5"
-    io.run_chains(str(path), _start, _step_drawing_chain, num_steps=STEPS, checkpoint_every=10)
+    io.run_chains(str(path), sample_runs.start, _step_drawing_chain, num_steps=STEPS, checkpoint_every=10)
     assert main(["watch", str(path), "--once"]) == 0
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert rows["chain"][0] == "19.5"  # the mean of t over 0..39

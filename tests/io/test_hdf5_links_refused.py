@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sample_runs
+from sample_runs import STEPS
 
 from jaxstow import io
 from jaxstow.cli import main
@@ -25,24 +27,11 @@ from jaxstow.errors import FormatError
 
 pytest.importorskip("arviz")
 
-STEPS = 40
-
-
-def _start() -> dict[str, jax.Array]:
-    return {"x": jnp.array([0.0, 10.0])}
-
-
-def _step(state: dict[str, Any], t: Any) -> tuple[dict[str, Any], dict[str, Any], Any]:
-    x = state["x"] + 1.0
-    return {"x": x}, {"x": x}, jnp.ones(2, bool)
-
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A finished run of two chains of ``x``, its checkpoint beside it."""
-    path = tmp_path_factory.mktemp("run") / "run.h5"
-    io.run_chains(str(path), _start, _step, num_steps=STEPS, checkpoint_every=10)
-    return path
+    return sample_runs.finished_run(tmp_path_factory.mktemp("run"))
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +149,7 @@ def test_continued_runs_refuse_and_write_nowhere(finished_run: Path, stopped_run
     path, elsewhere = _tampered(finished_run, tmp_path / "finished", kind)
     before = elsewhere.read_bytes()
     with pytest.raises(FormatError) as error:
-        io.run_chains(str(path), _start, _step, num_steps=STEPS, checkpoint_every=10)
+        io.run_chains(str(path), sample_runs.start, sample_runs.step, num_steps=STEPS, checkpoint_every=10)
     _refused(error, path)
     assert elsewhere.read_bytes() == before
     path, elsewhere = _tampered(stopped_run, tmp_path / "stopped", kind)
