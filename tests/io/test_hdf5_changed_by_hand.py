@@ -7,6 +7,7 @@ read as ``x[:-1]``), misread their bytes (a ``jaxstow_dtype`` of another width),
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +22,7 @@ from sample_runs import STEPS
 
 from jaxstow import io
 from jaxstow.cli import main
-from jaxstow.errors import FormatError
+from jaxstow.errors import CollectorError, FormatError
 from jaxstow.io.live import read_draws, read_stacked
 
 pytest.importorskip("arviz")
@@ -161,3 +162,31 @@ def test_watch_shows_a_variable_named_as_an_arviz_dimension(tmp_path: Path, caps
     rows = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines() if line.strip()}
     assert rows["chain"][0] == "19.5"  # the mean of t over 0..39
     assert float(rows["x"][0]) == pytest.approx(25.5)
+
+
+def test_a_file_cut_short_is_refused_not_read_with_zeros(finished_run: Path, tmp_path: Path) -> None:
+    """HDF5 checks a file's size against the end its superblock records, except for a reader in SWMR mode: the
+    chains a half file lost came back as zeros, with no error."""
+    path = tmp_path / "run.h5"
+    shutil.copy(finished_run, path)
+    os.truncate(path, os.path.getsize(path) // 2)  # a copy cut off, a full disk
+    for read in (lambda: read_draws(str(path)), lambda: io.to_inference_data(str(path)), lambda: read_stacked(path)):
+        with pytest.raises(FormatError, match=r"truncated file: eof = \d+, stored_eof = \d+"):
+            read()
+    with pytest.raises(CollectorError, match=r"cannot be read as an HDF5 file \(truncated file: eof = \d+"):
+        io.run_chains(str(path), sample_runs.start, sample_runs.step, num_steps=STEPS, checkpoint_every=10)
+
+
+def test_another_runs_checkpoint_beside_a_stopped_run_is_refused(tmp_path: Path) -> None:
+    """Two stopped runs of the same settings, one's checkpoint copied over the other's: it continued the file's
+    chains from the other run's states and counts, with no error."""
+    ours = sample_runs.stopped_run(tmp_path / "ours")
+    theirs = sample_runs.stopped_run(tmp_path / "theirs", offset=100.0)
+    shutil.copy(f"{theirs}.checkpoint.jxs", f"{ours}.checkpoint.jxs")
+    before = {path: path.read_bytes() for path in (ours, Path(f"{ours}.checkpoint.jxs"))}
+    collector = io.HDF5Collector(str(ours))
+    init_save, _, _ = io.save(collector, checkpoint_every=4)
+    with pytest.raises(CollectorError, match=r"holds the checkpoints of another run than .*run\.h5 \(run [0-9a-f]{32}"):
+        init_save({"x": jnp.zeros(2)}, {"t": 0}, io.scheduler.static_information(samples_collected=24))
+    collector.close()
+    assert {path: path.read_bytes() for path in before} == before

@@ -236,12 +236,16 @@ def write_checkpoint(
 
 
 def write_checkpoints(
-    path: str, checkpoints: Mapping[int, ChainCheckpoint], kept: Mapping[int, dict[str, Any]] | None = None
+    path: str,
+    checkpoints: Mapping[int, ChainCheckpoint],
+    kept: Mapping[int, dict[str, Any]] | None = None,
+    run: str | None = None,
 ) -> None:
     """Write the checkpoints of several chains to ``path`` atomically, as one file, with the records ``kept`` as
-    :func:`read_checkpoints` read them (those of a stopped run's chains that no run has continued yet)."""
+    :func:`read_checkpoints` read them (those of a stopped run's chains that no run has continued yet), and ``run``,
+    the run id of the file of samples they count (:data:`~jaxstow.io.hdf5_layout.RUN_ID`), if it has one."""
     stored = {chain_id: _stored(checkpoint, chain_id) for chain_id, checkpoint in checkpoints.items()}
-    save(path, {"chains": {**(kept or {}), **stored}})
+    save(path, {"chains": {**(kept or {}), **stored}, **({} if run is None else {"run": run})})
 
 
 def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | None] | None:
@@ -254,13 +258,26 @@ def read_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, np.ndarray] | 
     return checkpoint, None if samples is None else {name: np.asarray(a) for name, a in samples.items()}
 
 
-def read_checkpoints(path: str) -> dict[int, dict[str, Any]]:
-    """The checkpoint records stored at ``path`` by :func:`write_checkpoints`, by chain id (none if no file)."""
+def read_checkpoints(path: str, run: str | None = None, *, samples: str = "") -> dict[int, dict[str, Any]]:
+    """The checkpoint records stored at ``path`` by :func:`write_checkpoints`, by chain id (none if no file).
+
+    Records written for the file of samples of another run than ``run`` (the run id of ``samples``, where both are
+    known) are a :class:`~jaxstow.errors.CollectorError`: another run's checkpoint, copied or left beside the file,
+    would continue its chains from that run's states, at that run's counts.
+    """
     if not os.path.exists(path):
         return {}
     with read_while_tracing():
-        chains = load(path)["chains"]
-    return {int(chain_id): record for chain_id, record in chains.items()}
+        saved = load(path)
+    written_for = saved.get("run")
+    if run is not None and written_for is not None and written_for != run:
+        raise CollectorError(
+            f"{path} holds the checkpoints of another run than {samples} (run {written_for} there, {run} in the "
+            "file): it was copied or left there from another run's folder; put the file's own checkpoint back to "
+            "continue its run, or move both away to start over",
+            file=path,
+        )
+    return {int(chain_id): record for chain_id, record in saved["chains"].items()}
 
 
 def restore_checkpoint(record: dict[str, Any], init_checkpoint: Any, *, chain_id: int, file: str) -> ChainCheckpoint:

@@ -150,8 +150,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         >>> saving = io.save(io.HDF5Collector(file))
         >>> file.close()
         """
-        h5py = require("h5py", extra="h5py", purpose="HDF5Collector")
-        checked_compression(h5py, compression)
+        checked_compression(require("h5py", extra="h5py", purpose="HDF5Collector"), compression)
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
         self._senders: list[Callable[[], None]] = []  # each waits for the blocks an io.save has on their way here
         self._writer = JobQueue(f"jaxstow-hdf5-{os.path.basename(str(getattr(file, 'filename', file)))}")
@@ -162,7 +161,6 @@ class HDF5Collector(KeepsChains, DataCollector):
             file = given_file(file)
         if self._checkpoint_dir is None and file.driver in DISK_DRIVERS:
             self._checkpoint_dir = os.path.dirname(os.path.abspath(file.filename))
-        self._h5py = h5py
         self._file = file
         self._filename: str = file.filename
         own, path = self._lock is not None, self.checkpoint_path  # a failed write says how to resume: from there
@@ -208,7 +206,8 @@ class HDF5Collector(KeepsChains, DataCollector):
         claim(self._file, group_name(chain_id), self)
         path = self.checkpoint_path
         if self._stored is None:
-            self._stored = {} if path is None else read_checkpoints(path)
+            run = run_id_of(self._file, self._filename)  # another run's checkpoints are refused
+            self._stored = {} if path is None else read_checkpoints(path, run, samples=self._filename)
             if self._stored and path is not None and DRAWS_DONE not in self._file:
                 remove_checkpoint(path)  # the file was emptied (mode "w"): the samples it counted are gone
                 self._stored = {}
@@ -352,7 +351,7 @@ class HDF5Collector(KeepsChains, DataCollector):
         with storage_failures(os.path.dirname(path), doing="make the folder"):
             os.makedirs(os.path.dirname(path), exist_ok=True)
         self._latest.update(records)
-        write_checkpoints(path, self._latest, waiting)
+        write_checkpoints(path, self._latest, waiting, self._run_id)
         if unmarked := [chain_id for chain_id in records if chain_id not in self._marked]:
             with self._failures():
                 mark_checkpointed(self._file, unmarked)  # once the checkpoint is there: a kill before, no mark
@@ -385,7 +384,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             if path is not None:
                 self._stored = self._waiting()
                 if self._stored:  # the finished chains' records go: a chain is never continued twice
-                    write_checkpoints(path, {}, self._stored)
+                    write_checkpoints(path, {}, self._stored, self._run_id)
                 else:
                     remove_checkpoint(path)
                 self._latest.clear()

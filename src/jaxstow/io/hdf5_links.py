@@ -1,5 +1,5 @@
 """The objects of an HDF5 file that jaxstow's collectors and readers use hold their bytes in that file: no link leads
-elsewhere, no dataset keeps its bytes in another file.
+elsewhere, no dataset keeps its bytes in another file, no object has two names.
 
 HDF5 follows soft and external links, and reads and writes a dataset's external storage (``external=``: the bytes of
 any file it names) and a virtual dataset's sources, as if they were the file's own. A file a stranger made could so
@@ -27,16 +27,17 @@ from jaxstow.io.hdf5_layout import DRAWS_DONE, WARMUP_GROUP
 
 __all__ = ["refuse_stored_elsewhere"]
 
+_NOT_OURS = "jaxstow's collectors write none, so the file was not written by one (or was changed since)"
 _WHY = (
     "a reader would take what it leads to for the samples there, and a run continued in the file would write there; "
-    "jaxstow's collectors write every sample into the file itself, so the file was not written by one (or was "
-    "changed since)"
+    + _NOT_OURS
 )
 
 
 def refuse_stored_elsewhere(file: Any, name: str) -> None:
     """Refuse, with a :class:`~jaxstow.errors.FormatError` naming ``name`` and the object, a link other than a hard
-    link, a dataset with external storage and a virtual dataset among the objects jaxstow uses in the open ``file``.
+    link, an object of several hard links (one chain's group or dataset also another's), a dataset with external
+    storage and a virtual dataset among the objects jaxstow uses in the open ``file``.
 
     Walked with HDF5's own visits, each dataset opened once and none made into h5py's objects: about 0.1 ms a dataset.
     An object HDF5 fails to open (a damaged header) fails the walk with the ``OSError`` a damaged file's opening gives.
@@ -59,15 +60,21 @@ def _refuse_below(h5py: Any, root: Any, key: bytes, name: str) -> None:
     if kind != h5py.h5l.TYPE_HARD:
         _refuse_link(h5py, root, key, kind, name)
     links: list[tuple[bytes, int]] = []
-    objects: list[tuple[bytes, int]] = [(key, h5py.h5o.get_info(root, key).type)]
-    if objects[0][1] == h5py.h5o.TYPE_GROUP:
+    first = h5py.h5o.get_info(root, key)
+    objects = [(key, first.type, first.rc)]  # each visit's info is one object h5py refills: its fields are kept
+    if first.type == h5py.h5o.TYPE_GROUP:
         group = h5py.h5g.open(root, key)
         group.links.visit(lambda inner, info: links.append((key + b"/" + inner, info.type)), info=True)
-        h5py.h5o.visit(group, lambda inner, info: objects.append((key + b"/" + inner, info.type)), info=True)
+        h5py.h5o.visit(group, lambda inner, info: objects.append((key + b"/" + inner, info.type, info.rc)), info=True)
     for path, kind in links:
         if kind != h5py.h5l.TYPE_HARD:
             _refuse_link(h5py, root, path, kind, name)
-    for path in [path for path, kind in objects if kind == h5py.h5o.TYPE_DATASET]:
+    for path, _, names in objects:
+        if names > 1:  # one object under two names: what is written under one changes what the other holds
+            also = f"is one object with {names - 1} other name(s) in the file (hard links)"
+            why = f"a run continued in the file would write one's samples over the other's; {_NOT_OURS}"
+            raise FormatError(f"{also}: {why}", file=name, path=_shown(path))
+    for path in [path for path, kind, _ in objects if kind == h5py.h5o.TYPE_DATASET]:
         made = h5py.h5d.open(root, path).get_create_plist()
         if made.get_layout() == h5py.h5d.VIRTUAL:
             sources = sorted({_text(made.get_virtual_filename(index)) for index in range(made.get_virtual_count())})

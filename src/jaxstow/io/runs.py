@@ -44,7 +44,7 @@ from jaxstow.io.chains import SampleLayout, read_checkpoints, restore_checkpoint
 from jaxstow.io.collector import ChainCheckpoint
 from jaxstow.io.hdf5 import HDF5Collector, checkpoint_path, layout_problems
 from jaxstow.io.hdf5_damage import damage_refused
-from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, WARMUP_GROUP
+from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, WARMUP_GROUP, run_id_of
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_writable import writable_file
 from jaxstow.io.live import read_stacked, run_finished
@@ -129,7 +129,9 @@ def run_chains(
     record = json.loads(json.dumps(record))  # as it reads back from the file
     with WriterLock(name) as lock:
         if os.path.exists(name):
-            if _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), lock):
+            with damage_refused(name, "write the run to another file"):  # cut short by a run that filled the disk
+                continued = _continued(name, record, _chain_spec(state_spec), _chain_spec(draw_spec), lock)
+            if continued:
                 return _all_chains(name, read_stacked(name), chains)
             lock.clear_stale_flags()  # the flags a killed writer left (only such a one: see _continued)
         # The run's lock keeps other writers out; a failing disk names the file.
@@ -360,7 +362,7 @@ def _continued(name: str, record: Mapping[str, Any], state_spec: Any, draw_spec:
         saved = _record_of(name, text)
         keys = sorted(key for key in set(saved) | set(record) if key in saved or key not in _RECORDED_LATER)
         _same_settings(name, saved, record, [key for key in keys if key not in _DIGESTS])  # named, with both values
-        stored = read_checkpoints(checkpoint_path(name))
+        stored = read_checkpoints(checkpoint_path(name), run_id_of(file, name), samples=name)
         if not stored:
             refuse_lost_checkpoint(file, checkpoint_path(name))
         for chain, checkpoint in stored.items():

@@ -45,6 +45,7 @@ from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
 from jaxstow.io.hdf5_writable import writable_file
+from jaxstow.io.lookup3 import lookup3
 
 __all__ = [
     "DISK_DRIVERS",
@@ -53,7 +54,6 @@ __all__ = [
     "WriterLock",
     "clear_stale_writer",
     "hold_metadata_in_memory",
-    "lookup3",
     "open_appending",
     "open_for_reading",
     "open_writer",
@@ -65,7 +65,6 @@ _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: The consistency flags of a version 3 superblock: open for writing, and in SWMR mode.
 WRITE_ACCESS = 0x01
 SWMR_WRITE = 0x04
-_MASK = 0xFFFFFFFF
 #: What a collector whose file is damaged can do instead of moving it away.
 _ANOTHER_FILE = "give the collector another file"
 #: The first superblock version with the consistency flags that SWMR mode needs (``libver="latest"`` makes it).
@@ -86,6 +85,10 @@ class Superblock:
     version: int
     flags: int
     offset_size: int
+    #: Where the file ends by the superblock (its base address and end of file address; versions 2 and 3).
+    recorded_end: int | None = None
+    #: The file's size when the superblock was read.
+    file_size: int = 0
 
     @property
     def writer(self) -> str | None:
@@ -98,6 +101,12 @@ class Superblock:
     def size(self) -> int:
         """The superblock's bytes before its checksum (versions 2 and 3)."""
         return 12 + 4 * self.offset_size
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether the file ends before the end its superblock records, though no writer has it open (a writer may
+        not have written yet all it placed): HDF5 checks that itself, but not for a reader in SWMR mode."""
+        return self.writer is None and self.recorded_end is not None and self.recorded_end > self.file_size
 
 
 def read_superblock(path: str | os.PathLike[str]) -> Superblock:
@@ -112,7 +121,15 @@ def read_superblock(path: str | os.PathLike[str]) -> Superblock:
             if head[:8] == _SIGNATURE:
                 version, offset_size = head[8], head[9]
                 flags = head[11] if version >= 2 else 0
-                return Superblock(offset, version, flags, offset_size)
+                addresses = offset + 12 + 3 * offset_size  # base, superblock extension, end of file
+                if version < 2 or addresses > end:
+                    return Superblock(offset, version, flags, offset_size, None, end)
+                raw = source.read(offset + 12, 3 * offset_size)
+                base, _, last = (
+                    int.from_bytes(raw[at : at + offset_size], "little")
+                    for at in range(0, 3 * offset_size, offset_size)
+                )
+                return Superblock(offset, version, flags, offset_size, base + last, end)
             offset = 512 if offset == 0 else 2 * offset
     raise FormatError("is not an HDF5 file: no HDF5 signature at 0, 512, 1024, ...", file=name)
 
@@ -123,7 +140,8 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
     A file whose writer is not in SWMR mode cannot be read until that writer closes it (or enters SWMR mode):
     that raises a :class:`~jaxstow.errors.FormatError` saying so, as does a file whose writer holds HDF5's lock on it
     (one opened without ``libver="latest"``, which cannot enter SWMR mode). So does a file whose samples HDF5 would
-    read from another file (:mod:`~jaxstow.io.hdf5_links`).
+    read from another file (:mod:`~jaxstow.io.hdf5_links`). A file shorter than its superblock says, no writer having
+    it open, raises the ``OSError`` HDF5 raises for it, which HDF5 skips in SWMR mode.
     """
     name = os.fspath(path)
     h5py = require("h5py", extra="h5py", purpose=f"reading {name}")
@@ -133,6 +151,11 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
             "is open for writing by a writer not in SWMR mode (or one that was killed before entering it), so no "
             "other process can read it yet; jaxstow.io's writers enter SWMR mode as soon as they get the file",
             file=name,
+        )
+    if superblock.version >= SWMR_SUPERBLOCK and superblock.cut_short:  # HDF5 checks this, except in SWMR mode
+        raise OSError(  # HDF5's own error for it, which every caller handles
+            f"Unable to synchronously open file (truncated file: eof = {superblock.file_size}, stored_eof = "
+            f"{superblock.recorded_end})"
         )
     try:
         flags = h5py.h5f.ACC_RDONLY | (h5py.h5f.ACC_SWMR_READ if superblock.version >= SWMR_SUPERBLOCK else 0)
@@ -410,39 +433,3 @@ class WriterLock:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.release(failed=kind is not None)
-
-
-def _rotate(value: int, bits: int) -> int:
-    return ((value << bits) | (value >> (32 - bits))) & _MASK
-
-
-def lookup3(data: bytes, initial: int = 0) -> int:
-    """Bob Jenkins' lookup3 hash (``hashlittle``), HDF5's checksum of its metadata.
-
-    >>> hex(lookup3(b"Four score and seven years ago"))
-    '0x17770551'
-    """
-    state = [(0xDEADBEEF + len(data) + initial) & _MASK] * 3  # a, b, c
-    rest = len(data)
-    position = 0
-    while rest > 12:
-        _add(state, struct.unpack_from("<3I", data, position))
-        for index, bits in enumerate((4, 6, 8, 16, 19, 4)):  # mix(a, b, c)
-            target, source = index % 3, (index + 2) % 3
-            state[target] = ((state[target] - state[source]) & _MASK) ^ _rotate(state[source], bits)
-            state[source] = (state[source] + state[(target + 1) % 3]) & _MASK
-        rest -= 12
-        position += 12
-    if rest == 0:
-        return state[2]
-    _add(state, struct.unpack("<3I", data[position:] + bytes(12 - rest)))
-    for index, bits in enumerate((14, 11, 25, 16, 4, 14, 24)):  # final(a, b, c)
-        target = (2 + index) % 3
-        source = (target + 2) % 3
-        state[target] = ((state[target] ^ state[source]) - _rotate(state[source], bits)) & _MASK
-    return state[2]
-
-
-def _add(state: list[int], words: tuple[int, ...]) -> None:
-    for index, word in enumerate(words):
-        state[index] = (state[index] + word) & _MASK
