@@ -28,7 +28,7 @@ from jaxstow._names import registry
 from jaxstow._names.repeated_keys import refuse_repeated
 from jaxstow.errors import FormatError, StructureMismatchError, UnsaveableObjectError, excerpt
 
-__all__ = ["decode_member", "encode_attributes", "encode_member", "rebuild"]
+__all__ = ["decode_member", "encode_attributes", "encode_member", "rebuild", "refuse_missing_fields"]
 
 JSON = Any
 Part = Callable[[Any, str], Any]
@@ -144,14 +144,14 @@ def rebuild(name: JSON, attrs: list[Any], decode_part: Part, *, file: str | None
         if not isinstance(pair[0], str) or _is_dunder(pair[0]):
             raise FormatError(f"{excerpt(pair[0])} cannot be an attribute of a {name} instance", file=file, path=path)
     refuse_repeated([key for key, _ in attrs], file=file, path=path)
-    _refuse_missing_fields(cls, name, [key for key, _ in attrs], file=file, path=path)
+    refuse_missing_fields(cls, name, [key for key, _ in attrs], file=file, path=path)
     obj: object = cls.__new__(cls)  # type: ignore[call-overload]
     for key, value in attrs:
         object.__setattr__(obj, key, decode_part(value, key))
     return obj
 
 
-def _refuse_missing_fields(cls: type, name: str, saved: list[str], *, file: str | None, path: str) -> None:
+def refuse_missing_fields(cls: type, name: str, saved: list[str], *, file: str | None, path: str) -> None:
     """Refuse to rebuild an instance without a value for each of the fields its class's ``__init__`` sets (a
     dataclass's fields, or the attributes a plain ``__init__`` always sets): an attribute renamed or added since the
     save would be missing from the instance, or read as the class's default."""

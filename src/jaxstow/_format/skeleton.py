@@ -34,6 +34,7 @@ from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtyp
 from jaxstow._format.json_values import MAX_NESTING, float_text, parse_float
 from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
 from jaxstow._format.unbuilt_node import unbuilt_error
+from jaxstow._format.unset_fields import refuse_unset_fields
 from jaxstow._names import partials, registry, static_objects
 from jaxstow._names.advice import unsaveable_advice
 from jaxstow._names.repeated_keys import refuse_repeated
@@ -336,11 +337,12 @@ def _checked_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> 
     treedef = None
     try:
         treedef = _decode_treedef(data, path=path, file=file, depth=depth)
-        treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
+        built = treedef.unflatten([_PLACEHOLDER] * treedef.num_leaves)
     except JaxstowError:
         raise
     except Exception as error:  # a node type's own unflatten may raise anything on data it never wrote
         raise unbuilt_error(error, treedef, path=path, file=file) from None
+    refuse_unset_fields(built, file=file, path=path)
     return treedef
 
 
