@@ -103,14 +103,19 @@ class TorchModule(ModuleInterface):
             raise StructureMismatchError([f"the checkpoint's state does not fit the module: {error}"]) from None
 
 
+#: The settings torch's learning-rate schedulers add to an optimiser's groups (OneCycleLR all of them).
+_SCHEDULERS_SETTINGS = frozenset({"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"})
+
+
 def _optimizer_problem(optimizer: Any, found: Any) -> str | None:
     """How the state dict ``found`` is not one of ``optimizer``'s kind: its groups' settings are another
     optimiser's (Adam's ``betas`` where SGD has ``momentum``), which torch loads and the first step then fails on."""
     groups = found.get("param_groups") if isinstance(found, Mapping) else None
     if not isinstance(groups, list) or not all(isinstance(group, Mapping) for group in groups):
         return f"an optimiser's state dict, not {type(found).__name__}"
-    # Settings the file lacks may be a later torch's, which load_state_dict fills in; settings it has more are not.
-    wanted = set().union(*(set(group) for group in optimizer.state_dict()["param_groups"]))
+    # Settings the file lacks may be a later torch's, which load_state_dict fills in; settings it has more are not,
+    # but for those torch's learning-rate schedulers add, which one made after the resume loads it adds again.
+    wanted = set().union(*(set(group) for group in optimizer.state_dict()["param_groups"]), _SCHEDULERS_SETTINGS)
     extra = sorted(set().union(*(set(group) for group in groups)) - wanted)
     if extra:
         return (
