@@ -32,6 +32,7 @@ from jax.tree_util import PyTreeDef
 
 from jaxstow._format.attribute_paths import attributes, join
 from jaxstow._format.keypaths import flatten_with_paths, path_to_str
+from jaxstow._format.static_values import same_static
 from jaxstow._names import registry
 from jaxstow._read.opened import OpenedFile
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError, UnknownNameError
@@ -237,11 +238,11 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
         return
     # A container against a node that names its children: the leaf paths decide.
     if custom and not faithful:  # its static attributes are the file's still (the decoder checks their names)
-        attribute = None if _same(saved_aux, like_aux) else _differing_attribute(saved, like, {*keys, *like_keys})
+        attribute = None if same_static(saved_aux, like_aux) else _differing_attribute(saved, like, {*keys, *like_keys})
         if attribute is not None:
             problems.append(f"{path!r}: {attribute}")
         return
-    if custom and keys == like_keys and not _same(saved_aux, like_aux):
+    if custom and keys == like_keys and not same_static(saved_aux, like_aux):
         problems.append(f"{path!r}: {_static_difference(saved, like, saved_aux, like_aux, set(keys))}")
         return
     children = dict(zip(keys, values, strict=True))
@@ -252,24 +253,6 @@ def _compare(saved: Any, like: Any, path: str, problems: list[str], *, faithful:
 
 def _family(node_type: type) -> str:
     return "mapping" if node_type in _MAPPINGS else "sequence" if node_type in _SEQUENCES else "none"
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Whether two nodes' aux data (or static values) are the same: of one class, containers item by item (a dict's
-    order aside), floats to the sign and NaN, anything else by ``==``; ``True`` when they cannot be compared."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, tuple | list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
-    if isinstance(a, float | complex | np.inexact):
-        return repr(a) == repr(b)  # -0.0 is not 0.0, and a NaN is itself here
-    try:
-        equal = a == b
-        return equal if isinstance(equal, bool) else bool(equal)
-    except Exception:
-        return True
 
 
 def _static_difference(saved: Any, like: Any, saved_aux: Any, like_aux: Any, children: set[str]) -> str:
@@ -290,7 +273,7 @@ def _differing_attribute(saved: Any, like: Any, children: set[str]) -> str | Non
         if attribute in theirs
         and attribute not in children
         and not _holds_children(value)
-        and not _same(value, theirs[attribute])
+        and not same_static(value, theirs[attribute])
     ]
     if not differing:
         return None

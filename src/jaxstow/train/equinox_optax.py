@@ -6,8 +6,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
+from jax.tree_util import PyTreeDef
 
 from jaxstow._format.keypaths import flatten_with_paths
+from jaxstow._format.static_values import same_static, same_structure
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, StructureMismatchError, excerpt
 from jaxstow.train.module import ModuleInterface
@@ -111,7 +113,17 @@ class EquinoxOptaxModule(ModuleInterface):
             )
         for name in ("model", "opt_state"):
             _check_same_arrays(name, getattr(self, name), state[name])
-        self.model, self.opt_state = state["model"], state["opt_state"]
+        self.model, self.opt_state = (_built_as(getattr(self, name), state[name]) for name in ("model", "opt_state"))
+
+
+def _built_as(live: Any, loaded: Any) -> Any:
+    """``loaded`` in the structure of ``live`` where the two are the same to a NaN: with the code's own static
+    values, which jax compares by ``==`` (the gradients' NaN hyperparameter against the optimiser state's)."""
+    leaves, structure = jax.tree_util.tree_flatten(loaded)
+    ours: PyTreeDef = jax.tree_util.tree_structure(live)
+    if structure == ours or not same_structure(structure, ours):
+        return loaded
+    return jax.tree_util.tree_unflatten(ours, leaves)
 
 
 def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
@@ -125,7 +137,7 @@ def _check_same_arrays(name: str, expected: Any, found: Any) -> None:
         for path, wanted in expected_arrays.items()
         if path in found_arrays and found_arrays[path] != wanted
     ]
-    if not problems and found_structure != expected_structure:
+    if not problems and not same_structure(found_structure, expected_structure):  # a NaN is itself
         problems.append("its static fields or hyperparameters differ")
     problems += _other_leaves_problems(expected, found) if not problems else []
     if problems:
@@ -140,22 +152,13 @@ def _other_leaves_problems(expected: Any, found: Any) -> list[str]:
     return [
         f"{path} is {_shown(found_leaves.get(path))} in the file, but {_shown(leaf)} in this module"
         for path, leaf in zip(expected_paths, expected_leaves, strict=True)
-        if not _same(leaf, found_leaves.get(path))
+        if not same_static(leaf, found_leaves.get(path), uncomparable=False)
     ]
 
 
 def _shown(leaf: Any) -> str:
     name = getattr(leaf, "__name__", None)
     return name if isinstance(name, str) and callable(leaf) else excerpt(leaf)
-
-
-def _same(first: Any, second: Any) -> bool:
-    if first is second:
-        return True
-    try:
-        return bool(first == second)
-    except Exception:  # a leaf whose == is an array or raises: not the same object
-        return False
 
 
 def _arrays_by_path(tree: Any) -> tuple[dict[str, str], Any]:
