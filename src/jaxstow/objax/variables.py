@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import os
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
@@ -174,11 +175,37 @@ def load_var_collection(
         if unused:
             problems.append(f"stored but not in the collection (renamed?): {', '.join(map(repr, unused))}")
         raise VariableMismatchError(problems, file=display_name(file))
-    for variable, value in assignments:  # as the variable holds it: jax would narrow a numpy variable's 64 bits
-        held = variable.value
-        variable.assign(
-            np.array(value) if isinstance(held, np.ndarray | np.generic) else jnp.asarray(value), check=False
-        )
+    _assign_all(assignments, file=display_name(file))
+
+
+def _assign_all(assignments: list[tuple[Any, Any]], *, file: str) -> None:
+    """Assign each variable its value, as it holds it (jax would narrow a numpy variable's 64 bits); where one's
+    ``assign`` fails, those assigned before it get their values back, and the failure is an ``ArgumentError``."""
+    done: list[tuple[Any, Any]] = []
+    try:
+        for variable, value in assignments:
+            held = variable.value
+            _assign(variable, np.array(value) if isinstance(held, np.ndarray | np.generic) else jnp.asarray(value))
+            done.append((variable, held))
+    except Exception as error:
+        for variable, held in reversed(done):
+            _assign(variable, held)
+        raise ArgumentError(
+            f"a variable's assign() failed ({type(error).__name__}: {error}) loading {file}: no variable was changed"
+        ) from error
+
+
+def _assign(variable: Any, value: Any) -> None:
+    """``variable.assign(value)``, unchecked where it takes Objax's ``check=`` (checked here already, and Objax's
+    check refuses a numpy value); a variable of another library's, shaped like Objax's, may not take it."""
+    try:
+        parameters = list(inspect.signature(variable.assign).parameters.values())
+    except (TypeError, ValueError):  # a builtin's: no signature to read
+        parameters = []
+    if any(parameter.name == "check" or parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        variable.assign(value, check=False)
+    else:
+        variable.assign(value)
 
 
 def _unloadable(tree: dict[Any, Any]) -> tuple[list[Any], list[Any]]:
