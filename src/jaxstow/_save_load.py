@@ -83,8 +83,11 @@ def save(
     >>> import numpy as np; np.load(path, allow_pickle=False)["w"]
     array([0., 1., 2.], dtype=float32)
     """
-    if isinstance(tree, str | os.PathLike) and not isinstance(path_or_file, str | os.PathLike | io.IOBase):
+    # FlareJax's order: a Path after anything but a Path or a file, or a str after anything no destination.
+    flarejax_order = isinstance(tree, os.PathLike) and not isinstance(path_or_file, os.PathLike | io.IOBase)
+    if flarejax_order or (isinstance(tree, str) and not isinstance(path_or_file, str | os.PathLike | io.IOBase)):
         path_or_file, tree = tree, path_or_file
+    _refuse_two_strings(path_or_file, tree)
     if not _is_destination(path_or_file):
         raise ArgumentError(f"save writes to a path or a binary file object, not {type(path_or_file).__name__}")
     if not isinstance(progress, bool | np.bool_):  # progress="no" would draw a bar
@@ -166,6 +169,18 @@ def _load_foreign(
         return jax.tree.map(lambda leaf: np.asarray(leaf) if as_numpy and isinstance(leaf, jax.Array) else leaf, tree)
     with TreeInMemory(tree, name=location.name) as opened:
         return restore(opened, like, **options)
+
+
+def _refuse_two_strings(path: Any, tree: Any) -> None:
+    """Refuse ``save("hello", "vocab.jxs")``: jaxstow's order writes the string ``"vocab.jxs"`` to a file named
+    ``hello``, where FlareJax's order (``save(tree, path)``), whose destination the second names, was meant."""
+    suffixes = (".jxs", ".safetensors", ".npz")
+    if isinstance(path, str) and isinstance(tree, str) and tree.endswith(suffixes) and not path.endswith(suffixes):
+        raise ArgumentError(
+            f"save got two strings, {excerpt(path)} and {excerpt(tree)}: save(path, tree) would write the second to "
+            "a file named as the first, yet the second names a file; to save a string, give the path as a "
+            "pathlib.Path, whichever is the destination"
+        )
 
 
 def _is_destination(target: Any) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import pathlib
 import uuid
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstow
+from jaxstow.errors import ArgumentError
 
 CALLS: list[str] = []
 
@@ -54,3 +56,22 @@ def test_a_url_second_is_the_destination_and_a_file_object_first_stays_one():
     jaxstow.save(buffer, "model.jxs")  # a tree that is a string, saved into the file object
     buffer.seek(0)
     assert jaxstow.load(buffer) == "model.jxs"
+
+
+def test_two_strings_whose_second_names_a_file_are_refused_writing_nothing(tmp_path: pathlib.Path) -> None:
+    """``save("hello world", "vocab.jxs")``, FlareJax's order with a string as the tree, wrote ``"vocab.jxs"`` to a
+    file named ``hello world``."""
+    with pytest.raises(ArgumentError, match=r"save got two strings, 'hello world' and '.*vocab\.jxs'"):
+        jaxstow.save("hello world", str(tmp_path / "vocab.jxs"))
+    assert not list(tmp_path.iterdir()) and not os.path.exists("hello world")
+
+
+def test_a_string_is_saved_where_a_path_says(tmp_path: pathlib.Path) -> None:
+    jaxstow.save("hello world", tmp_path / "vocab.jxs")  # FlareJax's order
+    jaxstow.save(tmp_path / "notes.jxs", "some text")
+    jaxstow.save(str(tmp_path / "plain.jxs"), "plain")  # jaxstow's order: the first is no file name of a format
+    assert [jaxstow.load(tmp_path / name) for name in ("vocab.jxs", "notes.jxs", "plain.jxs")] == [
+        "hello world",
+        "some text",
+        "plain",
+    ]
