@@ -11,8 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import h5py
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import sample_runs
@@ -164,3 +167,30 @@ def test_links_outside_the_collectors_objects_are_the_users(finished_run: Path, 
         file["theirs"] = h5py.ExternalLink(os.fspath(_other_h5(tmp_path)), "x")
     draws = io.to_inference_data(str(path)).posterior["x"].values
     np.testing.assert_array_equal(draws[:, -1], [STEPS, 10.0 + STEPS])
+
+
+def test_a_strategy_used_for_many_runs_checks_only_what_each_run_writes_and_reads(tmp_path: Path, monkeypatch):
+    """Each run of one collector adds chains to its file: checking every chain at each run's opening and reading back
+    made a run's cost grow with the runs before it (7x slower by the 120th run)."""
+    from jaxstow.io import hdf5_links
+
+    checked: list[bytes] = []
+    below = hdf5_links._refuse_below
+    monkeypatch.setattr(
+        hdf5_links,
+        "_refuse_below",
+        lambda h5py, root, key, name: (checked.append(key), below(h5py, root, key, name))[1],
+    )
+    init_save, save, postprocess_save = io.save(io.HDF5Collector(str(tmp_path / "run.h5")))
+    information = io.scheduler.static_information(samples_collected=4)
+
+    @jax.jit
+    def run(state: Any) -> Any:
+        return jax.lax.scan(lambda state, t: (save(state, True, {"x": t * 1.0})[0], None), state, jnp.arange(4))[0]
+
+    per_run = []
+    for _ in range(12):
+        checked.clear()
+        postprocess_save(run(init_save({"x": 0.0}, None, information)), None)
+        per_run.append(len(checked))
+    assert per_run[-1] == per_run[1] <= 3, per_run  # the counts and the run's own chain, not every chain of the file

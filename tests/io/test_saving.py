@@ -349,7 +349,9 @@ def test_the_chains_of_a_vmap_are_finalized_and_handed_back_together(tmp_path, m
 
     collector = Together(str(tmp_path / "together.h5"))
     reopen = hdf5_read_back.open_for_reading
-    monkeypatch.setattr(hdf5_read_back, "open_for_reading", lambda path: (opened.append(str(path)), reopen(path))[1])
+    monkeypatch.setattr(
+        hdf5_read_back, "open_for_reading", lambda path, *only: (opened.append(str(path)), reopen(path, *only))[1]
+    )
     init_save, save, postprocess_save = io.save(collector, block_size=4)
     information = scheduler.static_information(samples_collected=STEPS)
     state = jax.vmap(lambda _: init_save(INIT_SAMPLE, None, information))(jnp.arange(3))

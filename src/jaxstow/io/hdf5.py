@@ -425,7 +425,9 @@ class HDF5Collector(KeepsChains, DataCollector):
             ]
         with (
             self._closing,
-            contextlib.nullcontext(self._file) if self._file else read_back(self._lock.path, self._run_id) as file,
+            contextlib.nullcontext(self._file)
+            if self._file
+            else read_back(self._lock.path, self._run_id, chain_ids) as file,
         ):
             return [
                 layout.treedef.unflatten([read_whole(file[dataset_name(chain_id, name)]) for name in layout.names])

@@ -19,6 +19,7 @@ jaxstow.errors.FormatError: leaf '/chain~1/w' of run.h5: is an external link to 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from jaxstow._util.optional import require
@@ -34,10 +35,11 @@ _WHY = (
 )
 
 
-def refuse_stored_elsewhere(file: Any, name: str) -> None:
+def refuse_stored_elsewhere(file: Any, name: str, only: Collection[str] | None = None) -> None:
     """Refuse, with a :class:`~jaxstow.errors.FormatError` naming ``name`` and the object, a link other than a hard
     link, an object of several hard links (one chain's group or dataset also another's), a dataset with external
-    storage and a virtual dataset among the objects jaxstow uses in the open ``file``.
+    storage and a virtual dataset among the objects jaxstow uses in the open ``file`` (``only`` those of these
+    names of its root group, where given: the chains a run writes or reads).
 
     Walked with HDF5's own visits, each dataset opened once and none made into h5py's objects: about 0.1 ms a dataset.
     An object HDF5 fails to open (a damaged header) fails the walk with the ``OSError`` a damaged file's opening gives.
@@ -45,7 +47,7 @@ def refuse_stored_elsewhere(file: Any, name: str) -> None:
     h5py = require("h5py", extra="h5py", purpose=f"reading {name}")
     root = file.id
     try:
-        for key in file:
+        for key in file if only is None else [key.lstrip("/") for key in only if key in file]:
             if key.startswith("chain~") or key in (DRAWS_DONE, WARMUP_GROUP):
                 _refuse_below(h5py, root, key.encode(), name)
     except FormatError:

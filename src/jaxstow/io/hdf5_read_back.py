@@ -19,22 +19,22 @@ jaxstow.errors.CollectorError: ...samples.h5 was deleted or replaced before post
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from jaxstow.errors import CollectorError, FormatError, PathNotFoundError
-from jaxstow.io.hdf5_layout import run_id_of
+from jaxstow.io.hdf5_layout import group_name, run_id_of
 from jaxstow.io.swmr import open_for_reading
 
 __all__ = ["read_back"]
 
 
 @contextlib.contextmanager
-def read_back(path: str, run_id: str | None) -> Iterator[Any]:
+def read_back(path: str, run_id: str | None, chain_ids: Sequence[int] = ()) -> Iterator[Any]:
     """The HDF5 file at ``path``, open for reading, if it is the file of ``run_id`` that the collector wrote; else a
     :class:`~jaxstow.errors.CollectorError` saying that the run's samples went with that file (deleted or replaced)."""
     try:
-        file = open_for_reading(path)
+        file = open_for_reading(path, [group_name(chain_id) for chain_id in chain_ids])  # those read only
     except PathNotFoundError:
         raise _gone(path, "it is missing") from None
     except FormatError as error:

@@ -15,6 +15,7 @@ from typing import Any
 from jaxstow.errors import CollectorError, StructureMismatchError
 from jaxstow.io.chains import SampleLayout
 from jaxstow.io.hdf5_layout import create_datasets, dataset_name, group_name, layout_problems
+from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.stopped_runs import StoppedRun
 
 __all__ = ["fresh_datasets", "mark_checkpointed", "refuse_lost_checkpoint", "reopened"]
@@ -75,6 +76,7 @@ def reopened(file: Any, chain_id: int, layout: SampleLayout, sample_count: int, 
     """The datasets of chain ``chain_id`` in ``file``, to continue from its checkpoint (at ``checkpoint``), which
     counts ``sample_count`` samples; a :class:`StructureMismatchError` if the file holds other samples there."""
     group = group_name(chain_id)
+    refuse_stored_elsewhere(file, file.filename, [group])  # about to be written
     problems = layout_problems(file, chain_id, layout, sample_count) if group in file else [f"{group}: missing"]
     if problems:
         advice = (

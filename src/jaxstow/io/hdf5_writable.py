@@ -17,6 +17,7 @@ rows anyway, so the cache would hold a chunk only until then.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from jaxstow._util.optional import require
@@ -26,14 +27,15 @@ from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 __all__ = ["given_file", "writable_file"]
 
 
-def writable_file(name: str, mode: str) -> Any:
+def writable_file(name: str, mode: str, checking: Collection[str] | None = None) -> Any:
     """The HDF5 file at ``name`` opened in ``mode`` (``"w"``, ``"a"``) to write samples: in the latest format, which
     SWMR mode needs; without HDF5's file locks (a :class:`~jaxstow.io.swmr.WriterLock` keeps other writers out); its
-    datasets without a chunk cache, so that no dataset holds data left to write when it closes (see above)."""
+    datasets without a chunk cache, so that no dataset holds data left to write when it closes (see above); what
+    it holds (``checking``: those of the root group's objects the run writes) in it (:mod:`~jaxstow.io.hdf5_links`)."""
     h5py = require("h5py", extra="h5py", purpose=f"writing {name}")
     file = h5py.File(name, mode, libver="latest", locking=False, rdcc_nbytes=0)
     try:
-        refuse_stored_elsewhere(file, name)  # a file continued: what its run wrote must be in it
+        refuse_stored_elsewhere(file, name, checking)  # a file continued: what its run wrote must be in it
     except BaseException:
         file.close()
         raise

@@ -29,6 +29,7 @@ import dataclasses
 import os
 import struct
 import warnings
+from collections.abc import Collection
 from types import TracebackType
 from typing import Any
 
@@ -40,7 +41,7 @@ from jaxstow._storage.sources import LocalFile
 from jaxstow._util.optional import require
 from jaxstow.errors import CheckpointError, CollectorError, FormatError, JaxstowError, excerpt
 from jaxstow.io.hdf5_damage import damage_refused
-from jaxstow.io.hdf5_layout import RUN_ATTRIBUTE, RUN_ID
+from jaxstow.io.hdf5_layout import DRAWS_DONE, RUN_ATTRIBUTE, RUN_ID
 from jaxstow.io.hdf5_links import refuse_stored_elsewhere
 from jaxstow.io.hdf5_resume import refuse_lost_checkpoint
 from jaxstow.io.hdf5_retries import reading_access
@@ -134,13 +135,14 @@ def read_superblock(path: str | os.PathLike[str]) -> Superblock:
     raise FormatError("is not an HDF5 file: no HDF5 signature at 0, 512, 1024, ...", file=name)
 
 
-def open_for_reading(path: str | os.PathLike[str]) -> Any:
+def open_for_reading(path: str | os.PathLike[str], checking: Collection[str] | None = None) -> Any:
     """``h5py.File`` open for reading, in SWMR mode where the file allows it, so that a live writer may go on.
 
     A file whose writer is not in SWMR mode cannot be read until that writer closes it (or enters SWMR mode):
     that raises a :class:`~jaxstow.errors.FormatError` saying so, as does a file whose writer holds HDF5's lock on it
     (one opened without ``libver="latest"``, which cannot enter SWMR mode). So does a file whose samples HDF5 would
-    read from another file (:mod:`~jaxstow.io.hdf5_links`). A file shorter than its superblock says, no writer having
+    read from another file (:mod:`~jaxstow.io.hdf5_links`; ``checking`` names the root group's objects read, where
+    not every chain is). A file shorter than its superblock says, no writer having
     it open, raises the ``OSError`` HDF5 raises for it, which HDF5 skips in SWMR mode.
     """
     name = os.fspath(path)
@@ -176,7 +178,7 @@ def open_for_reading(path: str | os.PathLike[str]) -> Any:
             "returns its samples here); a collector with chains of a run that failed keeps it open until its close()"
         ) from None
     try:
-        refuse_stored_elsewhere(file, name)
+        refuse_stored_elsewhere(file, name, checking)
     except BaseException:
         file.close()
         raise
@@ -236,7 +238,7 @@ def open_appending(path: str | os.PathLike[str]) -> tuple[Any, WriterLock]:
         with damage_refused(name, _ANOTHER_FILE):
             if os.path.exists(name) and os.path.getsize(name) > 0:
                 _check_collectors_own(name)
-            return writable_file(name, "a"), lock
+            return writable_file(name, "a", (DRAWS_DONE,)), lock  # new chains, and the counts of every chain
     except BaseException:
         lock.release(failed=True)
         raise
@@ -246,7 +248,7 @@ def _check_collectors_own(name: str, checkpoint: str | None = None) -> None:
     """Refuse to start a run over in an HDF5 file that a collector's run did not write (what it holds is not ours to
     empty): one that holds anything but is not marked as a collector's, or one of ``io.run_chains``; and, given the
     ``checkpoint`` it lacks, one whose run stopped after a checkpoint."""
-    with open_for_reading(name) as file:
+    with open_for_reading(name, ()) as file:  # its root's names and attributes only
         keys, attributes = sorted(file.keys()), set(file.attrs.keys())
         if checkpoint is not None and RUN_ATTRIBUTE not in attributes and RUN_ID in attributes:
             refuse_lost_checkpoint(file, checkpoint)
