@@ -1,6 +1,8 @@
 """An HDF5 file of samples whose counts, dtypes, chain names or run id were changed by hand or by a stranger: every
 reader refuses it with a FormatError naming the file and the object, where it read the wrong draws (a count of ``-1``
-read as ``x[:-1]``), misread their bytes (a ``jaxstow_dtype`` of another width), or raised Python's own errors.
+read as ``x[:-1]``; a finished chain's count lowered), misread their bytes (a ``jaxstow_dtype`` of another width),
+raised Python's own errors, or allocated what a dataset declared but the file never stored (``2**40`` rows). A file
+HDF5 fails on, with no writer having it open, is called damaged.
 
 ``jaxstow watch`` of a run whose variable is named like one of ArviZ's dimensions (``chain``) shows it.
 """
@@ -72,6 +74,15 @@ def _replace_x(data: Any) -> Callable[[h5py.File], None]:
     return change
 
 
+def _declare_rows(rows: int, chunks: tuple[int, ...] | None) -> Callable[[h5py.File], None]:
+    def change(file: h5py.File) -> None:
+        del file["chain~1/x"]
+        file.create_dataset("chain~1/x", shape=(rows,), chunks=chunks, dtype="f4")  # nothing written: no storage
+        file["chain~1"].attrs["sample_count"] = rows
+
+    return change
+
+
 def _rename(new: str) -> Callable[[h5py.File], None]:
     def change(file: h5py.File) -> None:
         file.move("chain~1", new)
@@ -101,6 +112,21 @@ CHANGES = {
     "count a string": (_set_count("12"), "/chain~1", "counts '12' samples"),
     "count a bool": (_set_count(True), "/chain~1", "counts True samples"),
     "count an array": (_set_count([1, 2]), "/chain~1", "counts"),
+    "finished, counting fewer than held": (
+        _set_count(39),
+        "/chain~1",
+        "counts 39 samples, where a finished chain's datasets, trimmed to its samples when it finished, hold 40 rows",
+    ),
+    "2**40 rows declared in chunks never stored": (
+        _declare_rows(2**40, (4096,)),
+        "/chain~1/x",
+        "counts 1,099,511,627,776 samples of shape [], which take 268,435,456 chunks, where the file stores 0",
+    ),
+    "2**36 rows declared, not stored": (
+        _declare_rows(2**36, None),
+        "/chain~1/x",
+        "which take 274,877,906,944 bytes, where the file stores 0",
+    ),
     "draws_done negative": (_replace_draws_done(np.array([-5, 40])), "/chain~0", "counts -5 samples"),
     "draws_done 2-D": (_replace_draws_done(np.zeros((2, 2), np.int64)), "/draws_done", "is int64[2, 2]"),
     "draws_done floats": (_replace_draws_done(np.array([40.0, 40.0])), "/draws_done", "is float64[2]"),
@@ -190,3 +216,28 @@ def test_another_runs_checkpoint_beside_a_stopped_run_is_refused(tmp_path: Path)
         init_save({"x": jnp.zeros(2)}, {"t": 0}, io.scheduler.static_information(samples_collected=24))
     collector.close()
     assert {path: path.read_bytes() for path in before} == before
+
+
+def test_a_draws_done_declaring_2_40_entries_is_read_where_it_counts_only(finished_run: Path, tmp_path: Path) -> None:
+    """``/draws_done`` of ``2**40`` entries, 64 of them stored, read whole as 8 TiB: only the running chains' are read."""
+
+    def change(file: h5py.File) -> None:
+        del file["chain~0"].attrs["sample_count"]
+        del file["draws_done"]
+        file.create_dataset("draws_done", shape=(2**40,), chunks=(64,), dtype="i8")[0] = STEPS - 5
+
+    draws = read_draws(str(_changed(finished_run, tmp_path, change)))
+    assert draws.done == [STEPS - 5, STEPS] and not draws.finished
+    np.testing.assert_array_equal(draws.chains[0]["x"], np.arange(1.0, STEPS - 4))
+
+
+def test_a_damaged_file_no_writer_has_open_is_called_damaged(finished_run: Path, tmp_path: Path) -> None:
+    """A flipped byte in an object header was reported as a file that "could not be read in 5 attempts", as if a
+    writer were starting it over; with no writer having it open, it is damaged, and said so after a second opening."""
+    data = bytearray(finished_run.read_bytes())
+    data[data.rindex(b"OHDR") + 8] ^= 0xFF  # the last object header: a chain's
+    path = tmp_path / "run.h5"
+    path.write_bytes(bytes(data))
+    for read in (lambda: read_draws(str(path)), lambda: read_stacked(path), lambda: io.to_inference_data(str(path))):
+        with pytest.raises(FormatError, match=r"checksum.*\), and no writer has it open: the file is damaged"):
+            read()

@@ -40,11 +40,11 @@ import numpy as np
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, JaxstowError
 from jaxstow.io import host_buffers
-from jaxstow.io.hdf5_counts import checked_count, draws_done, rows_of
+from jaxstow.io.hdf5_counts import checked_count, draws_done, refuse_unstored, rows_of
 from jaxstow.io.hdf5_dtypes import as_sample, sample_dtype
 from jaxstow.io.hdf5_layout import DRAWS_DONE, run_id_of, variable_names
 from jaxstow.io.hdf5_links import refuse_stored_elsewhere
-from jaxstow.io.swmr import open_for_reading
+from jaxstow.io.swmr import open_for_reading, read_superblock
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
@@ -143,39 +143,68 @@ def _read_consistently(path: str | os.PathLike[str], read: Callable[[Any, str], 
     """
     name = os.fspath(path)
     failure: Exception | None = None
+    unwritten = 0  # failures in a row with no writer having the file open
     for attempt in range(_READ_ATTEMPTS):
         if attempt:
             time.sleep(0.01 * 2**attempt)
         try:
-            opened = open_for_reading(name)
-        except JaxstowError:
-            raise
-        except OSError as error:  # HDF5's own, on a file half written (or emptied) under the reader
-            failure = error
-            continue
-        with opened as file:
-            try:
-                run = run_id_of(file, name)
-                result = read(file, name)
-            except JaxstowError:
-                raise
-            except _STRUCTURE_FAILURES as error:
-                failure = error
-                continue
-        try:
-            with open_for_reading(name) as file:
-                now = run_id_of(file, name)
-        except (JaxstowError, *_STRUCTURE_FAILURES) as error:  # caught in the middle of starting over
-            failure = error
-            continue
-        if now == run:
-            return result
-        failure = RuntimeError(f"another run started the file over while it was read (run {run} before, {now} after)")
+            return _read_once(name, read)
+        except _Torn as torn:
+            failure = torn.failure
+        unwritten = 0 if _written(name) else unwritten + 1
+        if unwritten == 2:  # opened again as it is now, with no writer to wait for: no later opening differs
+            raise FormatError(
+                f"cannot be read ({failure}), and no writer has it open: the file is damaged", file=name
+            ) from failure
     raise FormatError(
         f"could not be read in {_READ_ATTEMPTS} attempts ({failure}); if a writer was starting over meanwhile, read "
         "it again, else the file is damaged",
         file=name,
     ) from failure
+
+
+class _Torn(Exception):
+    """A read of a file that failed, or changed under it: ``failure`` says how."""
+
+    def __init__(self, failure: Exception) -> None:
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+def _read_once(name: str, read: Callable[[Any, str], _Read]) -> _Read:
+    """``read(file, name)`` on the file opened for reading, if its run is the same when it is opened again after."""
+    try:
+        opened = open_for_reading(name)
+    except JaxstowError:
+        raise
+    except OSError as error:  # HDF5's own, on a file half written (or emptied) under the reader
+        raise _Torn(error) from error
+    with opened as file:
+        try:
+            run = run_id_of(file, name)
+            result = read(file, name)
+        except JaxstowError:
+            raise
+        except _STRUCTURE_FAILURES as error:
+            raise _Torn(error) from error
+    try:
+        with open_for_reading(name) as file:
+            now = run_id_of(file, name)
+    except (JaxstowError, *_STRUCTURE_FAILURES) as error:  # caught in the middle of starting over
+        raise _Torn(error) from error
+    if now != run:
+        raise _Torn(
+            RuntimeError(f"another run started the file over while it was read (run {run} before, {now} after)")
+        )
+    return result
+
+
+def _written(name: str) -> bool:
+    """Whether a writer may have the file open (its superblock's flags say so, or they cannot be read)."""
+    try:
+        return read_superblock(name).writer is not None
+    except (JaxstowError, OSError):
+        return True
 
 
 def _read(file: Any, name: str) -> FileDraws:
@@ -207,14 +236,15 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
                 "holds no chain yet: the run writing it has not started (init_save); read it later", file=name
             )
         raise FormatError("holds no /chain~{id} group: it was not written by an HDF5Collector", file=name)
+    stored = {chain: item.attrs.get("sample_count") for chain, item in items}  # a finished chain's count
+    running = [chain for chain, count in stored.items() if count is None]
     counts = file.get(DRAWS_DONE)
-    if counts is not None:
-        counts = draws_done(counts, name=name, refresh=following)  # first the counts, then the rows they count
-    chains, done, finished = [], [], True
+    if counts is not None:  # first the counts, then the rows they count
+        counts = draws_done(counts, running, name=name, refresh=following)
+    chains, done = [], []
     for chain, item in items:
-        count = item.attrs.get("sample_count")
+        count = stored[chain]
         if count is None:
-            finished = False
             if counts is None:
                 raise FormatError(
                     f"chain {chain} has no sample_count: its run did not finish (postprocess_save was not called), "
@@ -222,7 +252,7 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
                     file=name,
                     path=item.name,
                 )
-            count = counts[chain] if chain < len(counts) else 0  # registered a moment ago: none counted yet
+            count = counts.get(chain, 0)  # none counted: registered a moment ago
         datasets = {"": item} if isinstance(item, h5py.Dataset) else {}
         if isinstance(item, h5py.Group):
             item.visititems(functools.partial(_collect, datasets, h5py.Dataset))
@@ -230,9 +260,11 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
             for dataset in datasets.values():
                 dataset.refresh()
         rows = [rows_of(dataset, name=name) for dataset in datasets.values()]
+        done.append(checked_count(count, rows, name=name, path=item.name, finished=stored[chain] is not None))
+        for dataset in datasets.values():
+            refuse_unstored(dataset, done[-1], name=name)
         chains.append(dict(zip(variable_names(list(datasets)), datasets.values(), strict=True)))
-        done.append(checked_count(count, rows, name=name, path=item.name))
-    return chains, done, finished, [chain for chain, _ in items]
+    return chains, done, not running, [chain for chain, _ in items]
 
 
 def _collect(datasets: dict[str, Any], kind: type, key: str, node: Any) -> None:
