@@ -28,13 +28,17 @@ machine, which can slow every run of a phase by a third, falls on both sides of 
 Then runs as a user makes them, in 10 fresh processes: in each, one strategy per collector, made once and used for
 every run (as a sampler that runs in batches, or a notebook that samples again, uses it), each run's samples dropped
 before the next and no memory warmed in between; 8 rounds after one not counted (which compiles and first touches
-the memory), every method five times per round, interleaved in shuffled orders, the round counting each method's
-median run (a slow mode shows in most runs; a moment's load, or a run whose fresh memory the VM happened to have at
-hand, in one: counting the fastest lets such a lucky run of the baseline set the round). The table gives each
+the memory), five passes per round, each running every method once in a shuffled order, the round counting the
+median over its passes of the ratio of each collector's run to the stacked scan's of the same pass (a slow mode
+shows in most passes; a moment's load, a drift of the machine's speed, or a run whose fresh memory the VM happened
+to have at hand, in one). The table gives each
 process's worst round and its median (the paired ratio of the stacked scan's wall time to the collector's, and of CPU
 time), the minor page faults of each method's run (the memory it touched for the first time), and how much slower than
 its fastest a fixed Python loop timed before every run got (the machine's own speed, which moves on this virtual
-machine by more than the targets allow). Targets, on the worst round of all the processes: ``MemoryCollector`` >=
+machine by more than the targets allow), and the fastest and slowest plain write of a run's bytes to a file, timed at
+the start of every round (the filesystem's own speed: on a virtual machine whose page cache is full, buffered writes
+can be several times slower than with memory free). The page cache is dropped before each process where that is
+allowed (root), so that every process starts as the first does; the header says when it could not be. Targets, on the worst round of all the processes: ``MemoryCollector`` >=
 0.9x, ``HDF5Collector`` >= 0.8x.
 
 Then a realistic sampler: 8 chains of stochastic-gradient Langevin dynamics on a Bayesian logistic regression with 100
@@ -65,6 +69,7 @@ import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
+from cold import cannot_drop, drop_caches
 from jax.experimental import io_callback
 from timing import warm_memory
 
@@ -288,9 +293,10 @@ def _minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-#: The runs of each method in a round, interleaved with the others' (a shuffled order each time); the round counts the
-#: median: a run's slow mode shows in most, a moment's load, or memory the VM happened to have at hand for the stacked
-#: scan's fresh output, in one (the fastest of the runs lets such a lucky baseline run set the round's ratios).
+#: The passes of a round: each runs every method once, in a shuffled order, and pairs each collector's run with the
+#: stacked scan's of the same pass (seconds apart, so that the machine's speed, which drifts over seconds on this
+#: virtual machine, falls on both); the round counts the median of its passes' ratios: a run's slow mode shows in
+#: most, a moment's load, or memory the VM happened to have at hand for the stacked scan's fresh output, in one.
 RUNS_PER_ROUND = 5
 
 #: The stacked scan run a second time in every round of the fresh processes, and paired with the first like a
@@ -311,17 +317,44 @@ def _fixed_loop() -> float:
     return time.perf_counter() - start
 
 
+#: Bytes of the samples of one run (``SAMPLES`` of ``DIM`` float32 and a scalar), as a file writer writes them.
+RUN_BYTES = SAMPLES * (DIM + 1) * 4
+
+
+def _file_write(folder: str) -> float:
+    """Seconds a plain buffered write of one run's bytes (1 MiB ``os.write`` calls to a new file) takes: the speed of
+    the filesystem at the moment, which a collector writing a file cannot beat (a full page cache slows it on some
+    machines several times over).
+
+    >>> _file_write(tempfile.gettempdir()) > 0
+    True
+    """
+    piece = bytes(1 << 20)
+    path = os.path.join(folder, "plain-write.bin")
+    start = time.perf_counter()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for _ in range(RUN_BYTES >> 20):
+            os.write(descriptor, piece)
+    finally:
+        os.close(descriptor)
+    seconds = time.perf_counter() - start
+    os.unlink(path)
+    return seconds
+
+
 def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]]:
     """Runs as a user makes them, in this process: one strategy per collector, made once and used for every run (as a
     sampler that runs in batches, or a notebook that samples again, uses it), each run's samples dropped before the
-    next, nothing warmed in between; every method ``RUNS_PER_ROUND`` times per round, interleaved in shuffled orders,
-    after one round not counted; the round counts each method's median run.
+    next, nothing warmed in between; ``RUNS_PER_ROUND`` passes per round, each running every method once in a shuffled
+    order, after one round not counted; the round counts the median of its passes' paired ratios.
 
     Per collector and round: the paired ratio (the stacked scan's wall time over the collector's, the clock covering
     ``init_save``, the run and ``postprocess_save``), the same of CPU time, and per method the minor page faults of
     the timed run (memory it touched for the first time). The same ratios of the stacked scan over itself run again
-    in the round (``CONTROL``) show what two identical runs differ by, and a fixed Python loop timed before every
-    run (``_fixed_loop``) what the machine's own speed does meanwhile.
+    in the round (``CONTROL``) show what two identical runs differ by, a fixed Python loop timed before every run
+    (``_fixed_loop``) what the machine's own speed does meanwhile, and a plain write of a run's bytes to a file at the
+    start of every round (``_file_write``) what the filesystem's does.
     """
     baseline = "stacked"
     stacked = jax.jit(functools.partial(_stacked, steps=SAMPLES))
@@ -354,7 +387,7 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
         "wall": {},
         "cpu": {},
         "faults": {name: [] for name in names},
-        "machine": {"fixed loop": []},
+        "machine": {"fixed loop": [], "file write": []},
     }
     for name in paired:
         report["wall"][name], report["cpu"][name] = [], []
@@ -362,6 +395,9 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
     for counted in [False] + [True] * rounds:
         runs_of: dict[str, list[tuple[float, float, int]]] = {name: [] for name in names}
         last = {}
+        file_write = _file_write(folder)
+        if counted:
+            report["machine"]["file write"].append(file_write)
         for _ in range(RUNS_PER_ROUND):
             for name in shuffler.sample(names, len(names)):
                 fixed_loop = _fixed_loop()
@@ -372,16 +408,13 @@ def process_rounds(rounds: int, folder: str) -> dict[str, dict[str, list[float]]
                 runs_of[name].append((time.perf_counter() - wall, time.process_time() - cpu, _minor_faults() - faults))
             for name in paired:
                 np.testing.assert_array_equal(last[name], last[baseline], err_msg=name)
-        times = {
-            name: tuple(float(np.median([run[kind] for run in runs])) for kind in range(3))
-            for name, runs in runs_of.items()
-        }
         if counted:
             for name in names:
-                report["faults"][name].append(times[name][2])
+                report["faults"][name].append(float(np.median([run[2] for run in runs_of[name]])))
             for name in paired:
-                report["wall"][name].append(times[baseline][0] / times[name][0])
-                report["cpu"][name].append(times[baseline][1] / times[name][1])
+                for kind, clock in enumerate(("wall", "cpu")):
+                    sweeps = zip(runs_of[baseline], runs_of[name], strict=True)  # the runs of one pass of the methods
+                    report[clock][name].append(float(np.median([base[kind] / run[kind] for base, run in sweeps])))
     return report
 
 
@@ -394,7 +427,10 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
     (judged on the worst round of all the processes)."""
     command = [sys.executable, __file__, "--process-rounds", str(FRESH["rounds"])]
     reports = []
+    undroppable = cannot_drop()
     for _ in range(FRESH["processes"]):
+        if undroppable is None:
+            drop_caches()  # each process finds the page cache as empty as the first: the files of runs before gone
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         reports.append(json.loads(output.splitlines()[-1]))
     names = [CONTROL, *FRESH_TARGETS]
@@ -402,12 +438,20 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
     lines = [
         f"runs as a user makes them: {FRESH['processes']} fresh processes, {FRESH['rounds']} rounds each after one not "
         f"counted, one strategy per collector used for every run, 1 chain, {SAMPLES:,} samples of {DIM} float32 "
-        f"and a scalar, each method run {RUNS_PER_ROUND} times a round, interleaved, its median counted; the paired ratio (stacked scan's time over the collector's, or over its own second run in the "
-        "round) of each process's worst round and its median, in wall time (CPU time); minor page faults per run, "
-        "median of the rounds",
+        f"and a scalar, {RUNS_PER_ROUND} passes a round, each running every method once in a shuffled order; the "
+        "paired ratio (stacked scan's time over the collector's, or over its own second run, in the same pass; the "
+        "median of the round's passes) of each process's worst round and its median, in wall time (CPU time); minor page faults per run, "
+        "median of the rounds; a plain write of a run's bytes to a file at the start of every round, its fastest and "
+        "slowest; "
+        + (
+            "the page cache dropped before each process"
+            if undroppable is None
+            else f"the page cache left as it is ({undroppable})"
+        ),
         f"  {'process':<9}"
         + "".join(f"{short[name] + ' worst':>26}{'median':>16}" for name in names)
-        + f"{'faults: stacked':>18}{'memory':>8}{'HDF5':>8}{'fixed loop: slowest/fastest':>29}",
+        + f"{'faults: stacked':>18}{'memory':>8}{'HDF5':>8}{'fixed loop: slowest/fastest':>29}"
+        + f"{'file write, ms':>16}",
     ]
     for number, report in enumerate(reports, 1):
         row = f"  {number:<9}"
@@ -419,7 +463,9 @@ def fresh_process_report() -> tuple[list[str], list[str]]:
         faults = [statistics.median(report["faults"][name]) for name in ("stacked", *FRESH_TARGETS)]
         fixed_loop = report["machine"]["fixed loop"]
         row += "".join(f"{count:>{width},.0f}" for count, width in zip(faults, (18, 8, 8), strict=True))
-        lines.append(row + f"{max(fixed_loop) / min(fixed_loop):>28.2f}x")
+        writes = report["machine"]["file write"]
+        row += f"{max(fixed_loop) / min(fixed_loop):>28.2f}x"
+        lines.append(row + f"{min(writes) * 1e3:>9.0f}-{max(writes) * 1e3:.0f}")
     verdicts = []
     for name, target in FRESH_TARGETS.items():
         worst, rounds = _worst_process(reports, name)
