@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -241,3 +242,20 @@ def test_a_damaged_file_no_writer_has_open_is_called_damaged(finished_run: Path,
     for read in (lambda: read_draws(str(path)), lambda: read_stacked(path), lambda: io.to_inference_data(str(path))):
         with pytest.raises(FormatError, match=r"checksum.*\), and no writer has it open: the file is damaged"):
             read()
+
+
+def test_a_damaged_file_in_the_old_format_is_not_said_to_have_no_writer(tmp_path: Path) -> None:
+    """A file made without ``libver="latest"`` has no writer flags: whether a writer has it open cannot be told, so
+    damage found in it is not blamed on the file alone (it was, after two openings); the message names both causes."""
+    path = tmp_path / "old.h5"
+    with h5py.File(path, "w") as file, pytest.warns(io.LiveReadWarning):
+        init_save, save, postprocess_save = io.save(io.HDF5Collector(file))
+        state = init_save({"x": jnp.zeros(3)}, None, io.scheduler.static_information(samples_collected=STEPS))
+        steps = jnp.arange(STEPS, dtype=jnp.float32)
+        postprocess_save(jax.lax.scan(lambda s, t: (save(s, True, {"x": jnp.full(3, t)})[0], None), state, steps)[0])
+    data = bytearray(path.read_bytes())
+    at = data.rindex(b"TREE")  # a chain's chunk index: HDF5 fails on its signature
+    data[at : at + 4] = b"XXXX"
+    path.write_bytes(bytes(data))
+    with pytest.raises(FormatError, match=r"could not be read in 5 attempts.*if a writer.*else the file is damaged"):
+        read_draws(str(path))

@@ -44,7 +44,7 @@ from jaxstow.io.hdf5_counts import checked_count, draws_done, refuse_unstored, r
 from jaxstow.io.hdf5_dtypes import as_sample, sample_dtype
 from jaxstow.io.hdf5_layout import DRAWS_DONE, run_id_of, variable_names
 from jaxstow.io.hdf5_links import refuse_stored_elsewhere
-from jaxstow.io.swmr import open_for_reading, read_superblock
+from jaxstow.io.swmr import SWMR_SUPERBLOCK, open_for_reading, read_superblock
 
 __all__ = ["FileDraws", "read_draws", "read_stacked", "run_finished"]
 
@@ -200,11 +200,13 @@ def _read_once(name: str, read: Callable[[Any, str], _Read]) -> _Read:
 
 
 def _written(name: str) -> bool:
-    """Whether a writer may have the file open (its superblock's flags say so, or they cannot be read)."""
+    """Whether a writer may have the file open: its superblock's flags say so, or they cannot be read, or the file has
+    none (a superblock older than version 3, as files made without ``libver="latest"`` have)."""
     try:
-        return read_superblock(name).writer is not None
+        superblock = read_superblock(name)
     except (JaxstowError, OSError):
         return True
+    return superblock.version < SWMR_SUPERBLOCK or superblock.writer is not None
 
 
 def _read(file: Any, name: str) -> FileDraws:
