@@ -180,3 +180,41 @@ def test_the_longer_of_two_calls_from_one_initial_state_is_refused_not_given_a_m
     jax.block_until_ready(jax.jit(lambda state: run(state, 5, 0.0))(state))
     with pytest.raises(CollectorError, match=r"samples of chain \d+ from two runs: .* call init_save for each run"):
         postprocess_save(longer, None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_branches_that_are_loops_of_their_own_are_refused_when_their_last_blocks_are_alike(kind, tmp_path):
+    # vmap runs both branches of a per-chain lax.cond for every chain; each branch's loop sent its own blocks, and the
+    # chain that took the branch run first got the other branch's samples where only their first blocks differed.
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=2)
+    information = scheduler.static_information(samples_collected=None)
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros((), jnp.int32)}, None, information))(jnp.arange(2))
+
+    def sampler(first_draws):
+        draw = lambda i: jnp.where(i < 4, first_draws - i, i)  # noqa: E731 - the samplers differ in their first draws
+        return lambda state: jax.lax.fori_loop(0, 9, lambda i, state: save(state, True, {"x": draw(i)})[0], state)
+
+    branches = jax.vmap(lambda state, take: jax.lax.cond(take, sampler(0), sampler(-1), state))
+    final = jax.jit(branches)(states, jnp.array([True, False]))
+    with pytest.raises(CollectorError, match=r"cannot tell which run this final state is of.*call save once"):
+        postprocess_save(final, None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_the_first_of_two_calls_is_refused_whatever_the_draws_its_last_block_shares_with_the_second(kind, tmp_path):
+    # The state was compared with the host's rows at one sample: two calls of few distinct draws (booleans) whose
+    # last samples agreed gave the first call's state the second call's rows.
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=4)
+    information = scheduler.static_information(samples_collected=None)
+    last_block = np.array([True, False, True, True])
+
+    @jax.jit
+    def run(state, head):
+        draws = jnp.concatenate([head, jnp.asarray(last_block)])
+        return jax.lax.scan(lambda state, draw: (save(state, True, {"x": draw})[0], None), state, draws)[0]
+
+    state = init_save({"x": jnp.zeros((), bool)}, None, information)
+    first = run(state, jnp.array([True, True, True, True, False, False]))
+    jax.block_until_ready(run(state, jnp.array([False, False, True, False, True, False])))
+    with pytest.raises(CollectorError, match=r"the same saving state"):
+        postprocess_save(first, None)

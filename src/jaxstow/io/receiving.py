@@ -37,7 +37,7 @@ from jaxstow.io.collector import (
     together,
 )
 from jaxstow.io.job_queue import JobQueue
-from jaxstow.io.row_writes import RowWrites
+from jaxstow.io.row_writes import RowWrites, block_digest
 
 __all__ = ["Receiver", "ran_already", "ring_pieces", "routed", "strategy_gone"]
 
@@ -293,7 +293,7 @@ class Receiver:
                 if not live:
                     continue
                 for chain_id, (first, values) in live.items():
-                    self._writes.note(chain_id, first, len(values[0]) if values else 0)
+                    self._writes.note(chain_id, first, len(values[0]) if values else 0, block_digest(values))
                 try:
                     together(self.collector, "save")(live)
                 except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
@@ -339,31 +339,31 @@ class Receiver:
         return KeyData(data, impl[1]) if self.key_data else _key(data, impl[0])
 
     def check_rows_kept(self, chain_id: int, numbers: tuple[int, int, int], ring: Sequence[Any], samples: Any) -> None:
-        """Check that the collector kept the last sample of the chain's last full block as the run's final state
-        holds it (``numbers`` and ``ring`` of its buffer): a state from which another run went on, later (two calls
-        from one initial state), would else get that run's rows, silently."""
+        """Check that the collector kept the chain's last block sent as the run's final state holds it (``numbers``
+        and ``ring`` of its buffer, whose rows before the block being filled hold it): a state from which another run
+        went on, later (two calls from one initial state, or the branches of a per-chain ``lax.cond`` that ``vmap``
+        runs for every chain, each a loop of its own), would else get that run's rows, silently."""
         sent, fill, row = numbers
-        mixed = self._writes.mixed(chain_id, sent + fill)
-        self._writes.forget(chain_id)
-        if mixed:
-            raise CollectorError(
-                f"the {self.name} holds samples of chain {chain_id} from two runs: another run went on from the same "
-                "saving state and sent its samples after this one (s1 = run(state); s2 = run(state); "
-                "postprocess_save(s1)), over some of this run's: call init_save for each run"
-            )
+        self._writes.refuse_two_runs(chain_id, sent, fill, self.name)
         stored = jax.tree.leaves(samples)
-        if sent <= self.starts.pop(chain_id, 0) or len(stored) != len(ring):
+        start = self.starts.pop(chain_id, 0)
+        if sent <= start or len(stored) != len(ring):
             return
-        position = (row - fill - 1) % len(ring[0])
+        length = len(ring[0])
+        # The rows before the block being filled, at most a block's, but for the row after it, which a sample not
+        # kept may have been written to.
+        count = min(sent - start, length // 2, length - fill - 1)
+        rows = (row - fill - count + np.arange(count)) % length
         for kept, held in zip(stored, ring, strict=True):
             if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
                 return  # a collector of its own that gives other samples than it got
-            if np.asarray(kept[sent - 1]).tobytes() != held[position].tobytes():
+            if np.asarray(kept[sent - count : sent]).tobytes() != held[rows].tobytes():
                 raise CollectorError(
                     f"the {self.name} holds other samples of chain {chain_id} than this run's final state: another "
                     "run went on from the same saving state and sent its samples after this one (s1 = run(state); "
-                    "s2 = run(state); postprocess_save(s1)); the samples of the run that ran last are kept: to keep "
-                    "both, call init_save for each"
+                    "s2 = run(state); postprocess_save(s1)), or save sits in loops of their own in the branches of a "
+                    "per-chain lax.cond, which vmap runs for every chain; the samples of the run that ran last are "
+                    "kept: to keep both, call init_save for each run, and call save once, after the lax.cond"
                 )
 
     def refuse_initial_state(self, counts: dict[int, int]) -> None:
@@ -385,7 +385,7 @@ class Receiver:
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
         with self._handing_over:
-            self._writes.note(chain_id, first, len(values[0]) if values else 0)
+            self._writes.note(chain_id, first, len(values[0]) if values else 0, block_digest(values))
             self.attempt(
                 chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values
             )
