@@ -30,6 +30,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from jaxstow._storage import lock_lease
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.folders import LocalStore
 from jaxstow._storage.lock_file import open_lock_file
@@ -63,6 +64,7 @@ def _held_error(location: str, holder: Holder | None, hint: str) -> CheckpointEr
 
 
 class Lock(Protocol):
+    def check_held(self) -> None: ...
     def release(self) -> None: ...
 
 
@@ -171,6 +173,9 @@ class LocalLock:
                 "%s: taking over the lock of %s, which ended without releasing it", directory, previous.describe()
             )
 
+    def check_held(self) -> None:
+        """Nothing: the kernel holds a local lock for as long as this process runs."""
+
     def release(self) -> None:
         """Remove the lock file and release the lock (idempotent)."""
         self._lock.release()
@@ -226,8 +231,11 @@ class RemoteLock:
         self._read = functools.partial(
             read_small, self._fs, self._path, url=self._url, transfer=store.settings.transfer
         )
-        self._holder = Holder.me()
-        hint = f"If that writer is gone, delete {self._url}."
+        self._holder = Holder.me(lease=lock_lease.LEASE_SECONDS)
+        hint = (
+            f"If that writer is gone, delete {self._url}; a lock whose holder renews it no more is taken over after "
+            "one and a half of its lease"
+        )
         _HELD_HERE.add(self._holder.token)  # before the lock object names it
         try:
             with storage_errors(self._url):
@@ -235,10 +243,12 @@ class RemoteLock:
         except BaseException:
             _HELD_HERE.discard(self._holder.token)
             raise
+        renew = functools.partial(_renew_remote, store, self._read, self._holder)
+        self._renewal = lock_lease.Renewal(renew, self._holder.lease)
         # Released when this object goes, or when the program ends without close(): else the next run, on any host,
-        # would be refused until someone deleted the lock object.
+        # would be refused until someone deleted the lock object, or waited out its lease.
         self._finalizer = weakref.finalize(
-            self, _release_remote, self._read, self._fs, self._path, self._url, self._holder
+            self, _release_remote, self._read, self._fs, self._path, self._url, self._holder, self._renewal.stop
         )
 
     def _take(self, location: str, hint: str) -> None:
@@ -257,7 +267,7 @@ class RemoteLock:
             if not self._fs.exists(self._path):
                 raise
             holder = Holder.parse(self._read())
-            if holder == self._holder:  # this attempt's own PUT, sent again by the client after its answer was lost
+            if self._holder.same(holder):  # this attempt's own PUT, sent again by the client after its answer was lost
                 return
             raise _held_error(location, holder, hint) from None
 
@@ -268,9 +278,17 @@ class RemoteLock:
         found, etag = _s3_read(self._store, self._path) if s3 else (self._read(), None)
         previous = Holder.parse(found)
         left_here = previous is not None and previous.is_me() and previous.token not in _HELD_HERE
-        if previous is None or not (left_here or previous.is_gone()):
-            raise _held_error(location, previous, hint)
         how = "a closed manager of this process left" if left_here else "no longer runs"
+        if previous is None or not (left_here or previous.is_gone()):
+            if previous is None or not previous.lease or previous.seen_from_here():  # alive, as this host tells
+                raise _held_error(location, previous, hint)
+            look = functools.partial(_s3_bytes, self._store, self._path) if s3 else self._read
+            if not lock_lease.lease_expired(look, previous.lease):  # another host's: watched for its renewals
+                raise _held_error(location, Holder.parse(look()), hint)
+            found, etag = _s3_read(self._store, self._path) if s3 else (self._read(), None)
+            if not previous.same(Holder.parse(found)):
+                raise _held_error(location, Holder.parse(found), hint)
+            how = f"renewed it in none of {1.5 * previous.lease:g} s (its lease: {previous.lease:g} s)"
         logger.warning("%s: taking over the lock of %s, which %s", location, previous.describe(), how)
         if s3 and etag is not None:
             _s3_replace(self._store, self._path, self._holder.to_json(), etag)
@@ -286,32 +304,67 @@ class RemoteLock:
     def _check_mine(self, location: str, hint: str) -> None:
         self._fs.invalidate_cache(self._path)
         now = Holder.parse(self._read())
-        if now != self._holder:  # another writer took it over first
+        if not self._holder.same(now):  # another writer took it over first
             raise _held_error(location, now, hint)
+
+    def check_held(self) -> None:
+        """Raise a :class:`~jaxstow.errors.CheckpointError` if the lock was lost: taken over by another writer
+        after this one renewed it no more (a process stopped for longer than its lease), or not renewed for a
+        lease."""
+        if (lost := self._renewal.lost) is not None:
+            raise CheckpointError(
+                f"{self._store.location}: this process no longer holds the writer's lock of the directory: {lost}; "
+                "another writer may be saving there. Nothing more is saved by this manager: close it"
+            )
 
     def release(self) -> None:
         """Delete the lock object if it is still this one's (idempotent)."""
         self._finalizer.detach()
-        _release_remote(self._read, self._fs, self._path, self._url, self._holder, quiet=False)
+        _release_remote(self._read, self._fs, self._path, self._url, self._holder, self._renewal.stop, quiet=False)
 
 
 def _release_remote(
-    read: Callable[[], bytes], fs: Any, path: str, url: str, holder: Holder, *, quiet: bool = True
+    read: Callable[[], bytes],
+    fs: Any,
+    path: str,
+    url: str,
+    holder: Holder,
+    stop_renewing: Callable[[], None],
+    *,
+    quiet: bool = True,
 ) -> None:
-    """Delete the lock object at ``path`` if ``holder`` holds it, as ``read`` reads it; ``quiet``: at exit or
-    collection, where no one is told, a failure is logged."""
+    """Delete the lock object at ``path`` if ``holder`` holds it, as ``read`` reads it, once ``stop_renewing()``
+    returned; ``quiet``: at exit or collection, where no one is told, a failure is logged."""
     _HELD_HERE.discard(holder.token)  # a lock object left (its deletion failed) is this process's next manager's
     if holder.pid != os.getpid():  # a process forked from the holder: the lock stays its parent's
         return
+    stop_renewing()  # not in a forked process, which has no renewals (and may hold a copy of their lock)
     try:
         with contextlib.suppress(FileNotFoundError), storage_errors(url):
             fs.invalidate_cache(path)
-            if Holder.parse(read()) == holder:
+            if holder.same(Holder.parse(read())):
                 fs.rm(path)
     except Exception as error:
         if not quiet:
             raise
         logger.warning("%s: the lock object stays: %s", url, error)
+
+
+def _renew_remote(store: RemoteStore, read: Callable[[], bytes], holder: Holder, number: int) -> str | None:
+    """Renew ``holder``'s lock object (its ``number``-th renewal), if it still names it; else say who holds it now."""
+    from jaxstow._storage.s3 import is_s3
+
+    path = store.path(LOCK_NAME)
+    store.fs.invalidate_cache(path)
+    found, etag = _s3_read(store, path) if is_s3(store.fs) else (read(), None)
+    now = Holder.parse(found)
+    if not holder.same(now):
+        return f"{'another writer' if now is None else now.describe()} took it over"
+    if etag is not None:
+        _s3_replace(store, path, holder.renewed(number).to_json(), etag)
+    else:
+        store.fs.pipe_file(path, holder.renewed(number).to_json())
+    return None
 
 
 def _s3_read(store: RemoteStore, path: str) -> tuple[bytes, str | None]:
@@ -326,6 +379,10 @@ def _s3_read(store: RemoteStore, path: str) -> tuple[bytes, str | None]:
         return bytes(answer["Body"].read()), answer.get("ETag")
 
     return bucket.request(get, url=store.url(LOCK_NAME), doing="reading the lock (GetObject)")
+
+
+def _s3_bytes(store: RemoteStore, path: str) -> bytes:
+    return _s3_read(store, path)[0]
 
 
 def _s3_replace(store: RemoteStore, path: str, data: bytes, etag: str) -> None:

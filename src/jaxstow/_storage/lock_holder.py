@@ -11,6 +11,7 @@ ended without releasing it, only where its process id names a process seen from 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -18,6 +19,7 @@ import secrets
 import socket
 from dataclasses import asdict, dataclass
 
+from jaxstow._storage.lock_lease import valid_lease
 from jaxstow._storage.pid_space import boot_id, machine_id, pid_space
 
 __all__ = ["Holder"]
@@ -40,12 +42,16 @@ class Holder:
     #: of another machine of the same name, or of this one before it restarted.
     boot: str = ""
     machine: str = ""
+    #: On an object store, the seconds of its lease (0: none; see :mod:`~jaxstow._storage.lock_lease`), and how many
+    #: times it was renewed.
+    lease: float = 0.0
+    renewals: int = 0
 
     @classmethod
-    def me(cls, inode: int = 0) -> Holder:
+    def me(cls, inode: int = 0, lease: float = 0.0) -> Holder:
         now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
         host, token = socket.gethostname(), secrets.token_hex(8)
-        return cls(os.getpid(), host, now, token, pid_space(), inode, boot_id(), machine_id())
+        return cls(os.getpid(), host, now, token, pid_space(), inode, boot_id(), machine_id(), lease)
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self)).encode()
@@ -60,11 +66,31 @@ class Holder:
                 return None
             space, inode = str(fields.get("pid_space", "")), int(fields.get("inode", 0))
             boot, machine = str(fields.get("boot", "")), str(fields.get("machine", ""))
+            lease = fields.get("lease", 0.0)
+            lease = float(lease) if valid_lease(lease) else 0.0  # a stranger's: no lease, rather than a wait for ever
+            renewals = int(fields.get("renewals", 0))
             return cls(
-                pid, str(fields["host"]), str(fields["since"]), str(fields["token"]), space, inode, boot, machine
+                pid,
+                str(fields["host"]),
+                str(fields["since"]),
+                str(fields["token"]),
+                space,
+                inode,
+                boot,
+                machine,
+                lease,
+                renewals,
             )
         except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
             return None
+
+    def same(self, other: Holder | None) -> bool:
+        """Whether ``other`` is this holder, renewed or not."""
+        return other is not None and (other.token, other.pid, other.host) == (self.token, self.pid, self.host)
+
+    def renewed(self, number: int) -> Holder:
+        """This holder as its ``number``-th renewal of its lease writes it."""
+        return dataclasses.replace(self, renewals=number)
 
     def describe(self) -> str:
         if self._other_boot():
@@ -75,7 +101,7 @@ class Holder:
 
     def is_me(self) -> bool:
         """Whether the holder is this process."""
-        return self.pid == os.getpid() and self._seen_from_here()
+        return self.pid == os.getpid() and self.seen_from_here()
 
     def _other_space(self) -> bool:
         return bool(self.pid_space) and self.pid_space != pid_space()
@@ -83,7 +109,7 @@ class Holder:
     def _other_boot(self) -> bool:
         return bool(self.boot) and self.boot != boot_id()
 
-    def _seen_from_here(self) -> bool:
+    def seen_from_here(self) -> bool:
         """Whether its process id names a process of this host, boot and PID namespace."""
         return self.host == socket.gethostname() and not self._other_boot() and not self._other_space()
 
@@ -93,7 +119,7 @@ class Holder:
         machine of this name, cannot be seen, so is never called gone."""
         if self.host == socket.gethostname() and self._other_boot():
             return bool(self.machine) and self.machine == machine_id()  # this machine, restarted since
-        if not self._seen_from_here():
+        if not self.seen_from_here():
             return False
         try:
             os.kill(self.pid, 0)
@@ -110,7 +136,7 @@ class Holder:
         process whose open files this one may not list), it was not."""
         if self.is_gone():
             return True
-        if not self._seen_from_here():
+        if not self.seen_from_here():
             return False
         try:
             lock = os.stat(lock_file)

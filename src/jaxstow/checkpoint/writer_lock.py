@@ -41,7 +41,8 @@ class WriterLock:
             logger.info("%s: removed leftovers of interrupted saves: %s", store.location, ", ".join(removed))
 
     def check_here(self, directory: str) -> None:
-        """Raise a :class:`~jaxstow.errors.CheckpointError` in a process forked from the one that took the lock."""
+        """Raise a :class:`~jaxstow.errors.CheckpointError` in a process forked from the one that took the lock, or
+        where the lock was lost (an object store's, taken over after this process renewed it no more)."""
         if os.getpid() != self.pid:
             raise CheckpointError(
                 f"the checkpoint manager of {directory} writes there from process {self.pid}, which this process "
@@ -56,6 +57,7 @@ class WriterLock:
                 "holds (a link in its path was changed since): its saves and keep policy would act on another folder, "
                 "which another manager may be writing. Close this manager, and open one of the folder to write to"
             )
+        self._lock.check_held()
 
     def release(self) -> None:
         """Release the lock; in a forked process, leave it to the parent (see :mod:`jaxstow._storage.lock`)."""
