@@ -183,20 +183,23 @@ def test_the_longer_of_two_calls_from_one_initial_state_is_refused_not_given_a_m
 
 
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
-def test_branches_that_are_loops_of_their_own_are_refused_when_their_last_blocks_are_alike(kind, tmp_path):
-    # vmap runs both branches of a per-chain lax.cond for every chain; each branch's loop sent its own blocks, and the
-    # chain that took the branch run first got the other branch's samples where only their first blocks differed.
-    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=2)
-    information = scheduler.static_information(samples_collected=None)
-    states = jax.vmap(lambda _: init_save({"x": jnp.zeros((), jnp.int32)}, None, information))(jnp.arange(2))
+def test_branches_that_are_loops_of_their_own_differing_in_the_first_row_of_the_last_block_sent_are_refused(
+    kind, tmp_path
+):
+    # vmap runs both branches of a per-chain lax.cond for every chain; each branch's loop sent its own blocks, and a
+    # full block not sent yet left the first row of the block sent before it uncompared: one chain got the other
+    # branch's first sample.
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=4)
+    information = scheduler.static_information(samples_collected=8)
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(2))
+    draws = jnp.arange(8.0)
 
-    def sampler(first_draws):
-        draw = lambda i: jnp.where(i < 4, first_draws - i, i)  # noqa: E731 - the samplers differ in their first draws
-        return lambda state: jax.lax.fori_loop(0, 9, lambda i, state: save(state, True, {"x": draw(i)})[0], state)
+    def sampler(draws):
+        return lambda state: jax.lax.scan(lambda state, x: (save(state, True, {"x": x})[0], None), state, draws)[0]
 
-    branches = jax.vmap(lambda state, take: jax.lax.cond(take, sampler(0), sampler(-1), state))
+    branches = jax.vmap(lambda state, take: jax.lax.cond(take, sampler(draws), sampler(draws.at[0].set(100.0)), state))
     final = jax.jit(branches)(states, jnp.array([True, False]))
-    with pytest.raises(CollectorError, match=r"cannot tell which run this final state is of.*call save once"):
+    with pytest.raises(CollectorError, match=r"holds other samples of chain \d than this run's final state"):
         postprocess_save(final, None)
 
 

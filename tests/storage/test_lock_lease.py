@@ -142,3 +142,14 @@ def test_a_run_restarted_on_another_host_goes_on_saving_to_a_bucket_its_killed_f
     restarted.close()
     assert not fs.exists(f"{root}/{LOCK_NAME}")
     assert CheckpointManager(url, storage_options=options).restore(1)["w"].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("field", ["renewals", "inode", "pid"])
+def test_a_lock_object_with_a_number_beyond_any_is_an_unreadable_holder_refused_not_a_crash(field):
+    fields = json.loads(_elsewhere().to_json())
+    data = json.dumps(fields).replace(f'"{field}": {fields[field]}', f'"{field}": 1e999').encode()
+    assert Holder.parse(data) is None
+    store = _store()
+    store.fs.pipe_file(store.path(LOCK_NAME), data)
+    with pytest.raises(CheckpointError, match="a process whose lock file cannot be read"):
+        RemoteLock(store)

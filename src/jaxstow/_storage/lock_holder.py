@@ -81,7 +81,7 @@ class Holder:
                 lease,
                 renewals,
             )
-        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError, OverflowError):
             return None
 
     def same(self, other: Holder | None) -> bool:

@@ -37,7 +37,7 @@ from jaxstow.io.collector import (
     together,
 )
 from jaxstow.io.job_queue import JobQueue
-from jaxstow.io.row_writes import RowWrites, block_digest
+from jaxstow.io.row_writes import RowWrites
 
 __all__ = ["Receiver", "ran_already", "ring_pieces", "routed", "strategy_gone"]
 
@@ -293,7 +293,7 @@ class Receiver:
                 if not live:
                     continue
                 for chain_id, (first, values) in live.items():
-                    self._writes.note(chain_id, first, len(values[0]) if values else 0, block_digest(values))
+                    self._writes.note(chain_id, first, len(values[0]) if values else 0)
                 try:
                     together(self.collector, "save")(live)
                 except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
@@ -344,15 +344,15 @@ class Receiver:
         went on, later (two calls from one initial state, or the branches of a per-chain ``lax.cond`` that ``vmap``
         runs for every chain, each a loop of its own), would else get that run's rows, silently."""
         sent, fill, row = numbers
-        self._writes.refuse_two_runs(chain_id, sent, fill, self.name)
+        self._writes.refuse_mixed(chain_id, sent + fill, self.name)
         stored = jax.tree.leaves(samples)
         start = self.starts.pop(chain_id, 0)
         if sent <= start or len(stored) != len(ring):
             return
         length = len(ring[0])
-        # The rows before the block being filled, at most a block's, but for the row after it, which a sample not
-        # kept may have been written to.
-        count = min(sent - start, length // 2, length - fill - 1)
+        # The rows before the block being filled, a block's (a sample not kept is written into the block being filled,
+        # or, where that is full, sends it first).
+        count = min(sent - start, length // 2)
         rows = (row - fill - count + np.arange(count)) % length
         for kept, held in zip(stored, ring, strict=True):
             if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
@@ -385,7 +385,7 @@ class Receiver:
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
         with self._handing_over:
-            self._writes.note(chain_id, first, len(values[0]) if values else 0, block_digest(values))
+            self._writes.note(chain_id, first, len(values[0]) if values else 0)
             self.attempt(
                 chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values
             )

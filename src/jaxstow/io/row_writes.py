@@ -13,29 +13,16 @@ False
 >>> writes.note(7, 0, 4)                                     # another run from the same state: rows 0..3 again
 >>> writes.mixed(7, 12), writes.mixed(7, 4)
 (True, False)
-
-Each block's rows also have a digest: a chain whose rows came again with other values holds what two runs sent, and a
-final state whose last block both runs sent alike, the second run having sent rows before it again meanwhile, cannot
-say which of them it is (:meth:`RowWrites.undecided`).
-
->>> writes.note(3, 0, 4, digest=1); writes.note(3, 4, 4, digest=2)      # one run ...
->>> writes.note(3, 0, 4, digest=9); writes.note(3, 4, 4, digest=2)      # ... and another: its first block differs
->>> writes.undecided(3, 8), writes.undecided(7, 12)
-(True, False)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
-
-import numpy as np
-import xxhash
 
 from jaxstow.errors import CollectorError
 
-__all__ = ["RowWrites", "block_digest"]
+__all__ = ["RowWrites"]
 
 
 @dataclasses.dataclass
@@ -53,21 +40,11 @@ class RowWrites:
         self._last_first: dict[int, int] = {}
         self._last_delivery: dict[int, int] = {}
         self._deliveries = 0
-        #: Per chain, the blocks delivered: first row, end row, digest of their values, in the order they came.
-        self._blocks: dict[int, list[tuple[int, int, int]]] = {}
-        #: The chains some of whose rows came again with other values.
-        self._differing: set[int] = set()
 
-    def note(self, chain_id: int, first: int, count: int, digest: int = 0) -> None:
-        """Note a delivery of ``count`` rows of chain ``chain_id`` from row ``first``, whose values' digest is
-        ``digest``."""
+    def note(self, chain_id: int, first: int, count: int) -> None:
+        """Note a delivery of ``count`` rows of chain ``chain_id`` from row ``first``."""
         if count <= 0:
             return
-        blocks = self._blocks.setdefault(chain_id, [])
-        block = (first, first + count, digest)
-        if chain_id not in self._differing and any(other[:2] == block[:2] and other != block for other in blocks):
-            self._differing.add(chain_id)
-        blocks.append(block)
         self._deliveries += 1
         end = first + count
         rows = self._rows.setdefault(chain_id, [])
@@ -94,11 +71,10 @@ class RowWrites:
         deliveries = [part.delivery for part in self._rows.get(chain_id, []) if part.start < count]
         return any(later < earlier for earlier, later in itertools.pairwise(deliveries))
 
-    def refuse_two_runs(self, chain_id: int, sent: int, fill: int, collector: str) -> None:
-        """A :class:`CollectorError` if the chain's rows before ``sent + fill`` (a final state's count, ``sent`` of
-        them sent before its last block) are a mix of two runs' (:meth:`mixed`), or may be either's
-        (:meth:`undecided`); the chain is forgotten either way."""
-        mixed, undecided = self.mixed(chain_id, sent + fill), self.undecided(chain_id, sent)
+    def refuse_mixed(self, chain_id: int, count: int, collector: str) -> None:
+        """A :class:`CollectorError` if the chain's first ``count`` rows (a final state's) are a mix of two runs'
+        (:meth:`mixed`); the chain is forgotten either way."""
+        mixed = self.mixed(chain_id, count)
         self.forget(chain_id)
         if mixed:
             raise CollectorError(
@@ -106,28 +82,6 @@ class RowWrites:
                 "saving state and sent its samples after this one (s1 = run(state); s2 = run(state); "
                 "postprocess_save(s1)), over some of this run's: call init_save for each run"
             )
-        if undecided:
-            raise CollectorError(
-                f"the {collector} got other samples of chain {chain_id} from two runs of the same saving state, whose "
-                "last blocks were alike, so it cannot tell which run this final state is of: two calls from one "
-                "state (s1 = run(state); s2 = run(state)), or save in loops of their own in the branches of a "
-                "per-chain lax.cond, which vmap runs for every chain; call init_save for each run, and call save "
-                "once, after the lax.cond"
-            )
-
-    def undecided(self, chain_id: int, end: int) -> bool:
-        """Whether the chain's rows came again with other values, and its block that ends at row ``end`` (the last one
-        a final state sent) came twice alike with rows before it sent again between: the state may be of either run."""
-        if chain_id not in self._differing:
-            return False
-        blocks = self._blocks[chain_id]
-        last = [at for at, (_, block_end, _) in enumerate(blocks) if block_end == end]
-        for earlier, later in itertools.combinations(last, 2):
-            if blocks[earlier] == blocks[later]:
-                start = blocks[earlier][0]
-                if any(block_end <= start for _, block_end, _ in blocks[earlier + 1 : later]):
-                    return True
-        return False
 
     def end(self, chain_id: int) -> int:
         """The end of the rows delivered of the chain (0: none)."""
@@ -138,13 +92,3 @@ class RowWrites:
         self._rows.pop(chain_id, None)
         self._last_first.pop(chain_id, None)
         self._last_delivery.pop(chain_id, None)
-        self._blocks.pop(chain_id, None)
-        self._differing.discard(chain_id)
-
-
-def block_digest(values: Sequence[np.ndarray]) -> int:
-    """The xxh3 of a block's rows of every leaf (the digest :meth:`RowWrites.note` takes)."""
-    digest = xxhash.xxh3_64()
-    for leaf in values:
-        digest.update(np.ascontiguousarray(leaf).view(np.uint8).data if leaf.size else b"")
-    return digest.intdigest()
