@@ -68,6 +68,11 @@ def ring_pieces(first: int, fill: int, row: int, ring: int) -> list[tuple[int, s
     return [(index, rows) for index, rows in pieces if rows.stop > rows.start]
 
 
+def _same_bytes(one: Any, other: np.ndarray) -> bool:
+    """Whether two arrays of one dtype hold the same bytes (a NaN is its own equal), with no copy of either."""
+    return np.array_equal(np.ascontiguousarray(one).view(np.uint8), np.ascontiguousarray(other).view(np.uint8))
+
+
 def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
     """The error of a saving state used again after ``postprocess_save`` ended its run."""
     return CollectorError(
@@ -350,14 +355,12 @@ class Receiver:
         if sent <= start or len(stored) != len(ring):
             return
         length = len(ring[0])
-        # The rows before the block being filled, a block's (a sample not kept is written into the block being filled,
-        # or, where that is full, sends it first).
-        count = min(sent - start, length // 2)
-        rows = (row - fill - count + np.arange(count)) % length
+        count = min(sent - start, length // 2)  # a block's rows before the block being filled, where no save writes
+        pieces = ring_pieces(sent - count, count, row - fill, length)
         for kept, held in zip(stored, ring, strict=True):
             if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
                 return  # a collector of its own that gives other samples than it got
-            if np.asarray(kept[sent - count : sent]).tobytes() != held[rows].tobytes():
+            if not all(_same_bytes(kept[first : first + len(held[rows])], held[rows]) for first, rows in pieces):
                 raise CollectorError(
                     f"the {self.name} holds other samples of chain {chain_id} than this run's final state: another "
                     "run went on from the same saving state and sent its samples after this one (s1 = run(state); "
