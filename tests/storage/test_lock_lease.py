@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxstow import CheckpointManager
-from jaxstow._storage import lock_lease
+from jaxstow._storage import lock, lock_lease
 from jaxstow._storage.lock import LOCK_NAME, Holder, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
 from jaxstow.errors import CheckpointError
@@ -27,6 +27,7 @@ LEASE = 0.4
 @pytest.fixture(autouse=True)
 def short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(lock_lease, "LEASE_SECONDS", LEASE)
+    monkeypatch.setattr(lock_lease, "SHORTEST_LEASE", LEASE / 2)
 
 
 def _store() -> RemoteStore:
@@ -78,7 +79,7 @@ def test_the_lock_of_another_hosts_holder_that_renews_it_is_refused():
     assert Holder.parse(store.fs.cat_file(store.path(LOCK_NAME))).token == holder.token
 
 
-@pytest.mark.parametrize("lease", [0.0, -1.0, 1e9, float("nan"), float("inf"), "60", True])
+@pytest.mark.parametrize("lease", [0.0, 5e-324, LEASE / 4, -1.0, 1e9, float("nan"), float("inf"), "60", True])
 def test_a_lock_object_whose_lease_is_no_lease_is_refused_without_waiting(lease):
     fields = json.loads(_elsewhere().to_json())
     fields["lease"] = lease
@@ -153,3 +154,44 @@ def test_a_lock_object_with_a_number_beyond_any_is_an_unreadable_holder_refused_
     store.fs.pipe_file(store.path(LOCK_NAME), data)
     with pytest.raises(CheckpointError, match="a process whose lock file cannot be read"):
         RemoteLock(store)
+
+
+def test_a_holder_whose_renewals_hang_counts_its_lock_lost_within_its_lease(monkeypatch):
+    # Its renewals stuck (a store that does not answer), another host's writer takes the lock over after one and a
+    # half leases: this holder must know it lost the lock before that, though no renewal ever returned.
+    stuck = threading.Event()
+    monkeypatch.setattr(lock, "_renew_remote", lambda *args: stuck.wait())
+    store = _store()
+    holder = RemoteLock(store)
+    holder.check_held()
+    threading.Event().wait(1.2 * LEASE)
+    with pytest.raises(CheckpointError, match=r"no longer holds .*not renewed for \d+ s, longer than its lease"):
+        holder.check_held()
+    stuck.set()
+    holder.release()
+
+
+def test_a_release_during_a_renewal_that_lands_late_leaves_no_lock_behind(monkeypatch):
+    renewing, landed, wrote = threading.Event(), threading.Event(), threading.Event()
+
+    def late(store, read, holder, number):  # reads the lock as its own; its write lands after the release
+        assert holder.same(Holder.parse(read()))
+        renewing.set()
+        landed.wait()
+        store.fs.pipe_file(store.path(LOCK_NAME), holder.renewed(number).to_json())
+        wrote.set()
+
+    monkeypatch.setattr(lock, "_renew_remote", late)
+    store = _store()
+    holder = RemoteLock(store)
+    assert renewing.wait(5)
+    holder.release()  # at once: the renewal in flight is not waited for
+    assert not store.fs.exists(store.path(LOCK_NAME))
+    landed.set()
+    assert wrote.wait(5)
+    for _ in range(100):  # the late renewal wrote the lock object again, then withdrew it
+        if not store.fs.exists(store.path(LOCK_NAME)):
+            break
+        threading.Event().wait(LEASE / 8)
+    assert not store.fs.exists(store.path(LOCK_NAME))
+    RemoteLock(store).release()

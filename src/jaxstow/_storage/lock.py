@@ -244,12 +244,15 @@ class RemoteLock:
             _HELD_HERE.discard(self._holder.token)
             raise
         renew = functools.partial(_renew_remote, store, self._read, self._holder)
-        self._renewal = lock_lease.Renewal(renew, self._holder.lease)
+        withdraw = functools.partial(_delete_if_held, self._read, self._fs, self._path, self._holder)
+        self._renewal = lock_lease.Renewal(renew, self._holder.lease, withdraw)
         # Released when this object goes, or when the program ends without close(): else the next run, on any host,
         # would be refused until someone deleted the lock object, or waited out its lease.
         self._finalizer = weakref.finalize(
             self, _release_remote, self._read, self._fs, self._path, self._url, self._holder, self._renewal.stop
         )
+        if not self._renewal.start():
+            logger.warning("%s: the lock is not renewed (no thread can start now)", self._url)
 
     def _take(self, location: str, hint: str) -> None:
         self._fs.invalidate_cache(self._path)  # a listing of the directory made before may not show the lock object
@@ -283,6 +286,13 @@ class RemoteLock:
             if previous is None or not previous.lease or previous.seen_from_here():  # alive, as this host tells
                 raise _held_error(location, previous, hint)
             look = functools.partial(_s3_bytes, self._store, self._path) if s3 else self._read
+            logger.warning(
+                "%s: the lock of %s, whose host cannot tell here whether it runs: waiting up to %g s for its holder "
+                "to renew it, before taking it over",
+                location,
+                previous.describe(),
+                1.5 * previous.lease,
+            )
             if not lock_lease.lease_expired(look, previous.lease):  # another host's: watched for its renewals
                 raise _held_error(location, Holder.parse(look()), hint)
             found, etag = _s3_read(self._store, self._path) if s3 else (self._read(), None)
@@ -338,16 +348,22 @@ def _release_remote(
     _HELD_HERE.discard(holder.token)  # a lock object left (its deletion failed) is this process's next manager's
     if holder.pid != os.getpid():  # a process forked from the holder: the lock stays its parent's
         return
-    stop_renewing()  # not in a forked process, which has no renewals (and may hold a copy of their lock)
+    stop_renewing()  # not in a forked process, which has no renewals
     try:
-        with contextlib.suppress(FileNotFoundError), storage_errors(url):
-            fs.invalidate_cache(path)
-            if holder.same(Holder.parse(read())):
-                fs.rm(path)
+        with storage_errors(url):
+            _delete_if_held(read, fs, path, holder)
     except Exception as error:
         if not quiet:
             raise
         logger.warning("%s: the lock object stays: %s", url, error)
+
+
+def _delete_if_held(read: Callable[[], bytes], fs: Any, path: str, holder: Holder) -> None:
+    """Delete the lock object at ``path`` if it names ``holder``, as ``read`` reads it."""
+    with contextlib.suppress(FileNotFoundError):
+        fs.invalidate_cache(path)
+        if holder.same(Holder.parse(read())):
+            fs.rm(path)
 
 
 def _renew_remote(store: RemoteStore, read: Callable[[], bytes], holder: Holder, number: int) -> str | None:
@@ -360,10 +376,10 @@ def _renew_remote(store: RemoteStore, read: Callable[[], bytes], holder: Holder,
     now = Holder.parse(found)
     if not holder.same(now):
         return f"{'another writer' if now is None else now.describe()} took it over"
-    if etag is not None:
-        _s3_replace(store, path, holder.renewed(number).to_json(), etag)
-    else:
+    if etag is None:
         store.fs.pipe_file(path, holder.renewed(number).to_json())
+    elif not _s3_replace(store, path, holder.renewed(number).to_json(), etag):
+        return "another writer took it over"
     return None
 
 
@@ -385,23 +401,26 @@ def _s3_bytes(store: RemoteStore, path: str) -> bytes:
     return _s3_read(store, path)[0]
 
 
-def _s3_replace(store: RemoteStore, path: str, data: bytes, etag: str) -> None:
-    """Write ``data`` to the S3 object at ``path`` only if its ETag is still ``etag``; another writer's change is left
-    as it is (the caller reads the object back to learn who won)."""
+def _s3_replace(store: RemoteStore, path: str, data: bytes, etag: str) -> bool:
+    """Write ``data`` to the S3 object at ``path`` only if its ETag is still ``etag``; ``False`` where another writer
+    changed it meanwhile, left as it is."""
     from jaxstow._storage.retrying import error_code
     from jaxstow._storage.s3 import S3Bucket
 
     name, key, _ = store.fs.split_path(path)
     bucket = S3Bucket(store.fs, name, store.settings.transfer)
 
-    def put() -> None:
+    def put() -> bool:
         try:
             bucket.client.put_object(Bucket=name, Key=key, Body=data, IfMatch=etag, **bucket.extra("PutObject"))
         except Exception as error:
             if error_code(error) != "PreconditionFailed":  # replaced since it was read: another writer's now
                 raise
+            return False
+        return True
 
-    bucket.request(put, url=store.url(LOCK_NAME), doing="taking over the lock (PutObject with If-Match)")
+    replaced: bool = bucket.request(put, url=store.url(LOCK_NAME), doing="writing the lock (PutObject with If-Match)")
+    return replaced
 
 
 def lock_store(store: Store) -> Lock:

@@ -4,13 +4,14 @@ elsewhere (a job restarted on another host after its first was killed) can tell 
 No host's clock is read against another's: a writer that finds a lock it cannot prove dead watches the lock object
 for one and a half of the holder's leases, and takes it over only if nothing renewed it meanwhile
 (:func:`lease_expired`). The holder renews it every quarter of its lease, on a thread of its own
-(:class:`Renewal`); a holder that finds its lock taken over, or cannot renew it for a whole lease (stopped, or out of
-the store's reach), has lost it, and its next save says so.
+(:class:`Renewal`), and counts it lost once a whole lease went by since the start of the last renewal that the store
+confirmed (stopped, slow, or out of the store's reach), or once it finds it taken over: half a lease before another
+writer may take it over, its next save (and the commit and keep policy of a save in flight) says so.
 
 >>> import itertools
 >>> from jaxstow._storage.lock_lease import lease_expired
 >>> renewals = itertools.count()                     # a holder that renews its lock at every look
->>> lease_expired(lambda: next(renewals), 0.2)
+>>> lease_expired(lambda: next(renewals), 1.0)
 False
 >>> lease_expired(lambda: "never renewed", 0.2)
 True
@@ -23,29 +24,29 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LEASE_SECONDS", "LONGEST_LEASE", "Renewal", "lease_expired", "valid_lease"]
+__all__ = ["LEASE_SECONDS", "LONGEST_LEASE", "SHORTEST_LEASE", "Renewal", "lease_expired", "valid_lease"]
 
 #: The lease of the locks this process takes: a writer started elsewhere waits up to one and a half of it.
 LEASE_SECONDS = 60.0
-#: A lease longer than this (or not a positive number) in a lock object is no lease: the lock is refused at once.
+#: A lease outside these (or no number) in a lock object is no lease: the lock is refused at once, rather than
+#: waited for for ever, or taken over at once.
+SHORTEST_LEASE = 1.0
 LONGEST_LEASE = 600.0
-#: The most seconds a release waits for a renewal in flight (a store that does not answer).
-_STOP_WAIT = 30.0
 
 
 def valid_lease(lease: Any) -> bool:
-    """Whether ``lease``, read from a lock object, is a lease to wait out: a number of seconds, positive, finite,
-    at most :data:`LONGEST_LEASE` (a stranger's lock object could else keep a writer waiting for ever)."""
-    return isinstance(lease, float | int) and not isinstance(lease, bool) and 0 < lease <= LONGEST_LEASE
+    """Whether ``lease``, read from a lock object, is a lease to wait out: a number of seconds from
+    :data:`SHORTEST_LEASE` to :data:`LONGEST_LEASE` (a stranger's lock object could else keep a writer waiting)."""
+    return isinstance(lease, float | int) and not isinstance(lease, bool) and SHORTEST_LEASE <= lease <= LONGEST_LEASE
 
 
 def lease_expired(look: Callable[[], Any], lease: float, *, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Whether the lock object that ``look`` returns (its bytes, or its ETag) stays the same for one and a half of
-    ``lease`` seconds, looked at every quarter of it (at most every second): its holder renewed it in none of them."""
-    first, waited, every = look(), 0.0, min(lease / 4, 1.0)
-    while waited < 1.5 * lease:
+    """Whether the lock object that ``look`` returns (its bytes) stays the same for one and a half of ``lease``
+    seconds, looked at every quarter of it (at most every second): its holder renewed it in none of them."""
+    first, every = look(), min(lease / 4, 1.0)
+    deadline = time.monotonic() + 1.5 * lease
+    while time.monotonic() < deadline:
         sleep(every)
-        waited += every
         if look() != first:
             return False
     return True
@@ -53,39 +54,52 @@ def lease_expired(look: Callable[[], Any], lease: float, *, sleep: Callable[[flo
 
 class Renewal:
     """The thread that renews a lock every quarter of ``lease`` by calling ``renew(number)`` (1, 2, ...: the number
-    of the renewal, which changes the lock object), which returns ``None`` while the lock is still this holder's,
-    else why it is not (another writer took it over); an exception (the store out of reach) is tried again at the
-    next renewal. :attr:`lost` says why the lock is lost, once it is. ``renew`` must not hold the lock, whose release
-    (:meth:`stop` first) its collection must be able to start."""
+    of the renewal, which changes the lock object), which returns ``None`` once the store confirmed it, else why the
+    lock is not this holder's (another writer took it over); an exception (the store out of reach) is tried again at
+    the next renewal. A renewal that ends after :meth:`stop` (its write may land after the release deleted the lock
+    object) calls ``withdraw()``. Neither function may hold the lock, whose collection releases it."""
 
-    def __init__(self, renew: Callable[[int], str | None], lease: float) -> None:
-        self.lost: str | None = None
+    def __init__(self, renew: Callable[[int], str | None], lease: float, withdraw: Callable[[], None]) -> None:
+        self._renew, self._lease, self._withdraw = renew, lease, withdraw
         self._stop = threading.Event()
-        self._renewing = threading.Lock()  # held during a renewal: the lock is released after it, never under it
-        self._renew, self._lease = renew, lease
-        self._renewed = time.monotonic()
-        threading.Thread(target=self._run, name="jaxstow-lock-lease", daemon=True).start()
+        self._taken: str | None = None  # who took the lock over, once a renewal found that
+        self._failure: BaseException | None = None
+        self._confirmed = time.monotonic()  # the start of the last renewal the store confirmed (or of the taking)
+
+    def start(self) -> bool:
+        """Start renewing; ``False`` where no thread can start (at the interpreter's exit, on Python 3.12)."""
+        try:
+            threading.Thread(target=self._run, name="jaxstow-lock-lease", daemon=True).start()
+        except RuntimeError:
+            return False
+        return True
+
+    @property
+    def lost(self) -> str | None:
+        """Why the lock is no longer this holder's, or ``None``."""
+        if self._taken is not None:
+            return self._taken
+        if (since := time.monotonic() - self._confirmed) > self._lease:
+            why = (
+                f"the last attempt failed: {self._failure}" if self._failure is not None else "the store did not answer"
+            )
+            return f"it was not renewed for {since:.0f} s, longer than its lease ({why})"
+        return None
 
     def _run(self) -> None:
         number = 0
-        while not self._stop.wait(self._lease / 4):
+        while not self._stop.wait(self._lease / 4) and self.lost is None:  # a lost lock is never written again
             number += 1
-            with self._renewing:
-                if self._stop.is_set():
-                    return
-                try:
-                    self.lost = self._renew(number)
-                except Exception as error:  # the store out of reach: tried again, and lost once a lease went by
-                    if time.monotonic() - self._renewed > self._lease:
-                        self.lost = f"it could not be renewed for {self._lease:g} s ({error})"
-                else:
-                    self._renewed = time.monotonic()
-            if self.lost is not None:
-                return
+            started = time.monotonic()
+            try:
+                self._taken = self._renew(number)
+            except Exception as error:  # the store out of reach: tried again, and lost once a lease went by
+                self._failure = error
+            else:
+                self._confirmed = started if self._taken is None else self._confirmed
+            if self._stop.is_set():  # released during the renewal, whose write may have come after
+                self._withdraw()
 
     def stop(self) -> None:
-        """Renew no more, once the renewal in flight (if any) is over: the lock is released next, and a renewal after
-        that would write the lock object again."""
+        """Renew no more: the lock is released."""
         self._stop.set()
-        if self._renewing.acquire(timeout=_STOP_WAIT):
-            self._renewing.release()

@@ -117,11 +117,10 @@ class CheckpointManager(StepQueries, OrbaxNames):
         self.restored: recovery.Restored | None = None
         self._writer = BackgroundWriter(asynchronous=asynchronous)
         self._host_memory_limit = checked_limit(host_memory_limit)
-        self._lock: WriterLock | None = None
-        self._closed = False
+        self._lock: WriterLock | None = None  # process 0's, from its first save or deletion
         self._calls = threading.RLock()  # save, delete and close: one at a time, whichever threads call them
         self._coordinator = Coordinator(self._store.identity, timeout=process_timeout)
-        self._broadcast_restore = checked_broadcast(broadcast_restore)
+        self._closed, self._broadcast_restore = False, checked_broadcast(broadcast_restore)
         self._agreed: AgreedSteps | None = None
         self._tiers = (
             Tiers(local, self._coordinator, directory=self._store.location, progress=progress) if local else None
@@ -363,6 +362,7 @@ class CheckpointManager(StepQueries, OrbaxNames):
             replace=replace,
             decided=self._decided(True),
             after=self._after_commit,
+            held=None if self._lock is None else self._lock.check_held,  # process 0's: it commits and deletes
         )
         self._committed(committed)
 

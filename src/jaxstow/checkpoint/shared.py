@@ -184,9 +184,11 @@ def commit_content(
     replace: bool = False,
     decided: Callable[[StepRecord], None] | None = None,
     after: Callable[[StepRecord], Iterator[int]] | None = None,
+    held: Callable[[], None] | None = None,
 ) -> Committed:
     """Commit the step of ``content`` as ``folder`` of ``store`` (:func:`commit_step`): each process writes its file
-    of every item, reported as ``what`` (a progress bar if ``bar``); process 0 makes the record."""
+    of every item, reported as ``what`` (a progress bar if ``bar``); process 0 makes the record and keeps steps by
+    policy (``after``), each once ``held()`` (raising where the writer's lock was lost) returned."""
     me = talk.coordinator.index
     many = talk.coordinator.many
 
@@ -196,17 +198,27 @@ def commit_content(
             summary["annotations"] = _annotations(content)
         return summary
 
+    def record(summaries: list[dict[str, Any]]) -> StepRecord:
+        if held is not None:
+            held()
+        return record_of(summaries, content, where=store.url(folder))
+
+    def keep(record: StepRecord) -> Iterator[int]:
+        if held is not None:
+            held()
+        return iter(()) if after is None else after(record)
+
     return commit_step(
         talk,
         store,
         folder,
         content.step,
         write,
-        lambda summaries: record_of(summaries, content, where=store.url(folder)),
+        record,
         shared=shared,
         replace=replace,
         decided=decided,
-        after=after,
+        after=keep,
     )
 
 

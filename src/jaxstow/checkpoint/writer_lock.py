@@ -57,6 +57,10 @@ class WriterLock:
                 "holds (a link in its path was changed since): its saves and keep policy would act on another folder, "
                 "which another manager may be writing. Close this manager, and open one of the folder to write to"
             )
+        self.check_held()
+
+    def check_held(self) -> None:
+        """Raise a :class:`~jaxstow.errors.CheckpointError` where the lock was lost (an object store's, taken over)."""
         self._lock.check_held()
 
     def release(self) -> None:
