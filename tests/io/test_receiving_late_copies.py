@@ -100,3 +100,18 @@ def test_a_chain_replicated_over_four_devices_of_a_mesh_gives_its_draws_once(tmp
     final, draws = jax.jit(run)(states, jax.random.split(jax.random.key(3), 1))
     (result,) = postprocess_save(final)
     np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), np.asarray(draws[0]))
+
+
+def test_a_block_that_comes_again_after_another_devices_next_block_is_a_late_copy_not_a_second_run():
+    # A device sent a block again (or a checkpoint's start of it) after another device had sent the next: taken as new
+    # rows, it made the chain's rows look written by two runs, and a replicated chain's postprocess_save failed now
+    # and then (under load) with "samples of chain 0 from two runs".
+    host = Receiver(io.MemoryCollector(), checkpoint_every=3)
+    block = [np.arange(4.0).reshape(2, 2)]
+    assert host._first_copy((0, 0), 0, 2, block)  # the whole block, from the first device
+    assert not host._first_copy((0, 1), 0, 2, [block[0][:1]])  # its start, from a device that lagged
+    assert not host._first_copy((0, 1), 0, 2, block)  # the whole block again
+    assert host._first_copy((0, 1), 0, 4, block)  # the next block, first from this device
+    assert not host._first_copy((0, 0), 0, 2, block)  # the first device's block again, after the next: the same bytes
+    assert host._first_copy((0, 0), 0, 2, [block[0] + 1])  # other bytes from it: another run's, new rows
+    assert "chain 0" not in str(host.failures)

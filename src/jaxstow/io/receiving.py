@@ -37,7 +37,7 @@ from jaxstow.io.collector import (
     together,
 )
 from jaxstow.io.job_queue import JobQueue
-from jaxstow.io.row_writes import RowWrites
+from jaxstow.io.row_writes import RowWrites, same_bytes
 
 __all__ = ["Receiver", "ran_already", "ring_pieces", "routed", "strategy_gone"]
 
@@ -66,11 +66,6 @@ def ring_pieces(first: int, fill: int, row: int, ring: int) -> list[tuple[int, s
     head = min(fill, ring - start)
     pieces = [(first, slice(start, start + head)), (first + head, slice(0, fill - head))]
     return [(index, rows) for index, rows in pieces if rows.stop > rows.start]
-
-
-def _same_bytes(one: Any, other: np.ndarray) -> bool:
-    """Whether two arrays of one dtype hold the same bytes (a NaN is its own equal), with no copy of either."""
-    return np.array_equal(np.ascontiguousarray(one).view(np.uint8), np.ascontiguousarray(other).view(np.uint8))
 
 
 def ran_already(chain_ids: Sequence[int], collector: str) -> CollectorError:
@@ -127,9 +122,9 @@ class Receiver:
         #: Per live chain, the samples it continues from (a checkpoint's), which its run's buffer never held.
         self.starts: dict[int, int] = {}
         self.failures: dict[int, tuple[str, BaseException]] = {}
-        #: Per live chain and block (its first row and number of rows), the checksum of its rows and the device that
-        #: sent them first, where each device of the run sends its own blocks.
-        self.device_blocks: dict[int, dict[tuple[int, int], tuple[int, tuple[int, int]]]] = {}
+        #: Per live chain and block (by its first row, then its number of rows), the checksum of its rows and the
+        #: device that sent them first, where each device of the run sends its own blocks.
+        self.device_blocks: dict[int, dict[int, dict[int, tuple[int, tuple[int, int]]]]] = {}
         self.checkpoint_spec: Any = None
         self.key_data = stores_key_data(collector)
         #: Per leaf of the checkpointed state: its PRNG implementation and that's name, if a key.
@@ -224,14 +219,18 @@ class Receiver:
         return self.receive(checkpoint_every, numbers, buffer, checkpoint, device)
 
     def _first_copy(self, device: tuple[int, int], chain_id: int, first: int, values: Sequence[np.ndarray]) -> bool:
-        """Whether no other device sent the block before, noting its rows' checksum and the device that sent it
-        first. A chain whose rows come from two devices that differ fails: its saving state went to each device whole
-        (``pmap`` with ``in_axes=None``, ``shard_map`` with the spec ``P()``), so that their samples would mix in it.
-        Devices that send the same rows (a chain replicated along a mesh axis its sampler does not split) store them
-        once: a copy that comes after the other devices' later blocks is no other run's."""
+        """Whether the block is new rows: no device sent it (or more of it) before, or its device sent other bytes (another
+        run). Rows of one chain that differ from device to device fail: its state went to each device whole (``pmap``
+        with ``in_axes=None``, ``shard_map`` with ``P()``). Rows a replicated chain's devices all send are kept once."""
         rows = len(values[0]) if values else 0
         checksum = functools.reduce(lambda crc, leaf: zlib.crc32(np.ascontiguousarray(leaf).data, crc), values, 0)
-        sent = self.device_blocks.setdefault(chain_id, {}).setdefault((first, rows), (checksum, device))
+        blocks = self.device_blocks.setdefault(chain_id, {}).setdefault(first, {})  # by their rows
+        if any(more > rows and holder[1] != device for more, holder in blocks.items()):
+            return False
+        sent = blocks.get(rows)
+        if sent is None or (sent[1] == device and sent[0] != checksum):  # new, or another run's on its device
+            blocks[rows] = (checksum, device)
+            return True
         if sent[1] != device and sent[0] != checksum:
             error = CollectorError(
                 f"the saving state of chain {chain_id} went to several devices (jax.pmap with in_axes=None for "
@@ -240,7 +239,7 @@ class Receiver:
                 f"as the chains are, one per chain (in_axes=0, or P(axis) with the chains' axis); {STATE_PER_CHAIN}"
             )
             self.failures.setdefault(chain_id, ("receiving the run's blocks", error))
-        return sent[1] == device  # from one device, a block may come again
+        return False  # another device's copy, or the block again (the same bytes, kept already)
 
     def _traced_otherwise(self, checkpoint_every: int, checkpoint: Any) -> str:
         """What the program sending a callback, traced with the ``save`` of a strategy (this one, or one made before
@@ -360,7 +359,7 @@ class Receiver:
         for kept, held in zip(stored, ring, strict=True):
             if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
                 return  # a collector of its own that gives other samples than it got
-            if not all(_same_bytes(kept[first : first + len(held[rows])], held[rows]) for first, rows in pieces):
+            if not all(same_bytes(kept[first : first + len(held[rows])], held[rows]) for first, rows in pieces):
                 raise CollectorError(
                     f"the {self.name} holds other samples of chain {chain_id} than this run's final state: another "
                     "run went on from the same saving state and sent its samples after this one (s1 = run(state); "

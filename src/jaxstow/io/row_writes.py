@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import Any
+
+import numpy as np
 
 from jaxstow.errors import CollectorError
 
-__all__ = ["RowWrites"]
+__all__ = ["RowWrites", "same_bytes"]
 
 
 @dataclasses.dataclass
@@ -92,3 +95,13 @@ class RowWrites:
         self._rows.pop(chain_id, None)
         self._last_first.pop(chain_id, None)
         self._last_delivery.pop(chain_id, None)
+
+
+def same_bytes(one: Any, other: np.ndarray) -> bool:
+    """Whether the rows a collector kept (``one``) hold the same bytes as the run's (``other``, of one dtype): a NaN is
+    its own equal, and ``-0.0`` not ``0.0``; neither is copied where it is contiguous.
+
+    >>> same_bytes(np.array([np.nan, 0.0]), np.array([np.nan, 0.0])), same_bytes(np.array([-0.0]), np.array([0.0]))
+    (True, False)
+    """
+    return np.array_equal(np.ascontiguousarray(one).view(np.uint8), np.ascontiguousarray(other).view(np.uint8))
