@@ -36,7 +36,7 @@ import xxhash
 
 from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
-from jaxstow._format.tensor_reads import aligned_empty, bools_checked
+from jaxstow._format.tensor_reads import LOCAL_DISK, aligned_empty, bools_checked
 from jaxstow._read.narrowing import NARROWED, held_problem
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.pinned_pieces import PinnedPieces
@@ -48,6 +48,9 @@ __all__ = ["pipelined_paths", "restore_pipelined"]
 
 #: The size of each host buffer, and so of each piece read and transferred.
 _PIECE_BYTES = 64 << 20
+#: Bytes read from a local disk and hashed at a time: hashed while they are in the processor's cache, not read
+#: again from memory (4 x 64 MiB from the page cache, read and hashed on a 2-core VM: 48 ms against 57 ms whole).
+_HASHED_BYTES = 1 << 20
 #: Leaves read and transferred at once. On an H200 with 16 cores, 4 GiB of 64 MiB leaves from the page cache: 16
 #: threads read and hash them in 0.15 s, 8 in 0.24 s, 4 in 0.38 s.
 _READERS = 16
@@ -83,7 +86,7 @@ class _Pool:
 
     def __init__(self, nbytes: int, readers: int) -> None:
         self.nbytes = nbytes
-        self.pinned = PinnedPieces(limit=readers)
+        self.pinned = PinnedPieces(limit=2 * readers)  # two kinds of piece in turn need not make buffers anew
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
 
@@ -184,8 +187,7 @@ def _restore_leaf(
                 buffer = pool.take()
             piece = staged.bytes if staged is not None else buffer[: stop_at - start]  # type: ignore[index]
             try:
-                _read_piece(opened, container, path, slot.offset + start, piece)
-                hasher.update(piece.data)
+                _read_piece(opened, container, path, slot.offset + start, piece, hasher)
                 if stop_at == slot.nbytes:
                     opened.verify(path, hasher.hexdigest(), leaf.checksum)
                 data = staged.view if staged is not None else piece.view(leaf.dtype).reshape(shape)
@@ -220,10 +222,19 @@ def _moving(opened: OpenedFile, path: str) -> Iterator[None]:
         ) from error
 
 
-def _read_piece(opened: OpenedFile, container: NativeReader, path: str, offset: int, piece: np.ndarray) -> None:
-    """Fill ``piece`` with the file's bytes at ``offset``; a failure is a StorageError naming the leaf ``path``."""
+def _read_piece(
+    opened: OpenedFile, container: NativeReader, path: str, offset: int, piece: np.ndarray, hasher: Any
+) -> None:
+    """Fill ``piece`` with the file's bytes at ``offset``, each part hashed (``hasher``) as it lands, while it is in
+    the processor's cache: ``_HASHED_BYTES`` at a time from a local disk, all at once from other sources (where a read
+    is a request); a failure is a StorageError naming the leaf ``path``."""
+    step = _HASHED_BYTES if container.source.parallel is LOCAL_DISK else max(1, len(piece))
     try:
-        container.source.read_into(offset, piece.data)
+        with container.source.reading() as read:
+            for start in range(0, len(piece), step):
+                part = piece[start : start + step].data
+                read(offset + start, part)
+                hasher.update(part)
     except JaxstowError:
         raise
     except Exception as error:
