@@ -67,7 +67,7 @@ def _made(device: Any, dtype: np.dtype, shape: tuple[int, ...]) -> PinnedPiece |
     if pinned is None or nbytes == 0 or _sub_byte(dtype):
         return None
     try:
-        array = jax.device_put(np.zeros(shape, dtype), pinned)
+        array = jax.device_put(np.zeros(shape, dtype), pinned).block_until_ready()  # no copy left to land later
         if array.addressable_data(0).on_device_size_in_bytes() != nbytes:
             return None
         raw = (ctypes.c_uint8 * nbytes).from_address(array.unsafe_buffer_pointer())

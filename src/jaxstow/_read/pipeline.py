@@ -6,7 +6,7 @@ to the device, giving the buffer back once the transfer is done: one thread's tr
 host memory is the pool (at most one buffer a thread), whatever the model's size. Where the device has page-locked
 ``pinned_host`` memory, a piece bound for one device is read straight into such a buffer of its dtype and shape
 (``pinned_pieces.py``), which goes to the device with no copy on the host (on an H200, 4 GiB from the page cache in
-0.20 s against 0.28 s through a copy); other pieces are staged through a copy there. A leaf of several pieces is joined on its device, one such leaf at a
+0.19-0.24 s, against 0.28-0.42 s through a copy); other pieces are staged through a copy there. A leaf of several pieces is joined on its device, one such leaf at a
 time, so that the device holds at most one leaf twice. Leaves under ``_PIECE_BYTES // 64``, 64-bit leaves that jax
 with x64 off narrows (checked whole) and leaves of a dtype this jax lacks are left to the caller, which reads them at
 once. A failed read or transfer
