@@ -20,7 +20,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxstow
 from jaxstow._format.dtypes import _DTYPES
-from jaxstow._read import pipeline, restore
+from jaxstow._read import pinned_pieces, pipeline, restore
 from jaxstow._read.narrowing import held_problem
 from jaxstow._util import pinned
 from jaxstow.errors import CorruptFileError, DeviceTransferError, JaxstowError, TruncatedFileError
@@ -158,18 +158,26 @@ def _threads_restoring() -> list[threading.Thread]:
 
 
 def _track_buffers(monkeypatch) -> list:
-    """Weak references to every pool buffer the pipeline makes."""
+    """Weak references to every pool buffer the pipeline makes: host buffers, and page-locked ones on a device that
+    has them."""
     import weakref
 
     made = []
-    real = pipeline.aligned_empty
+    real, real_pinned = pipeline.aligned_empty, pinned_pieces._made
 
     def tracked(nbytes):
         buffer = real(nbytes)
         made.append(weakref.ref(buffer))
         return buffer
 
+    def tracked_pinned(device, dtype, shape):
+        piece = real_pinned(device, dtype, shape)
+        if piece is not None:
+            made.append(weakref.ref(piece))
+        return piece
+
     monkeypatch.setattr(pipeline, "aligned_empty", tracked)
+    monkeypatch.setattr(pinned_pieces, "_made", tracked_pinned)
     return made
 
 
@@ -226,7 +234,7 @@ def test_a_failed_transfer_stops_the_reader_and_names_the_leaf(tmp_path, monkeyp
 _PEAK = """
 import json, sys
 import jax, jaxstow
-from jaxstow._read import pipeline, restore
+from jaxstow._read import pinned_pieces, pipeline, restore
 
 def high_water():
     with open("/proc/self/status") as status:
