@@ -14,7 +14,6 @@ import pytest
 
 from jaxstow import CheckpointManager
 from jaxstow._storage.background_fsync import Fsyncs
-from jaxstow._storage.folders import LocalStore
 from jaxstow.errors import CheckpointStorageError
 
 
@@ -103,28 +102,3 @@ def test_every_failure_waits_for_every_file_and_tells_the_first(tmp_path: Path, 
     assert caught.value.name == "a" and all(sink.closed for sink in sinks)  # type: ignore[attr-defined]
     monkeypatch.setattr(os, "fsync", real)
     fsyncs.wait()  # told once
-
-
-def test_where_no_thread_can_start_the_file_is_fsynced_on_the_callers_thread(tmp_path: Path, monkeypatch):
-    """Python 3.12 starts no thread in an exit handler (a save finished at exit): each file is fsynced by the thread
-    that wrote it, and the folder is committed whole."""
-
-    def refused(self):
-        raise RuntimeError("can't create new thread at interpreter shutdown")
-
-    synced: list[str] = []
-    real = os.fsync
-    monkeypatch.setattr(
-        os, "fsync", lambda descriptor: synced.append(threading.current_thread().name) or real(descriptor)
-    )
-    monkeypatch.setattr(threading.Thread, "start", refused)
-    (tmp_path / "run").mkdir()
-    store = LocalStore(str(tmp_path / "run"), marker="done.json")
-    staging = store.stage("1", replace=False)
-    for name in ("a.bin", "b.bin"):
-        with staging.open(name) as (_, sink):
-            sink.write(name.encode())
-    staging.commit(b"{}")
-    assert store.committed() == ["1"] and (tmp_path / "run" / "1" / "b.bin").read_bytes() == b"b.bin"
-    assert synced and set(synced) == {threading.current_thread().name}
-    assert not _open_under(tmp_path / "run")

@@ -4,8 +4,7 @@ Writing a file and then waiting for its fsync leaves the disk idle while the nex
 while the disk takes the last one: a step of many files took the sum of both. Here each file, once written, is handed
 over: a thread fsyncs it through the descriptor that wrote it (a later descriptor may not see a write-back error) and
 closes it, while the caller writes the next. At most ``at_once`` files are in flight (the oldest is waited for before
-one more is handed over), so open descriptors stay few; where no thread can be started (at the interpreter's exit,
-from Python 3.12 on) the caller fsyncs the file itself. :meth:`Fsyncs.wait` returns once every file is closed, with
+one more is handed over), so open descriptors stay few. :meth:`Fsyncs.wait` returns once every file is closed, with
 the first failure, if any, and the name of its file.
 
 >>> import os, tempfile
@@ -45,12 +44,8 @@ class _InFlight:
         self._sink = sink
         self._error: BaseException | None = None
         self._done = False
-        self._thread: threading.Thread | None = threading.Thread(target=self._run, name="jaxstow-fsync", daemon=False)
-        try:
-            self._thread.start()
-        except RuntimeError:  # no new thread at the interpreter's exit (Python 3.12), or none left: done here
-            self._thread = None
-            self._run()
+        self._thread = threading.Thread(target=self._run, name="jaxstow-fsync", daemon=False)
+        self._thread.start()
 
     def _run(self) -> None:
         try:
@@ -65,8 +60,7 @@ class _InFlight:
 
     def join(self) -> BaseException | None:
         """Wait until the file is closed; its failure, if any."""
-        if self._thread is not None:
-            self._thread.join()
+        self._thread.join()
         if not self._done and self._error is None:  # a thread of the parent in a forked child: not synced here
             return RuntimeError("its fsync ran in another process")
         return self._error
