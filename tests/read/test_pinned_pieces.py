@@ -148,3 +148,16 @@ def test_a_jax_array_bound_for_the_device_is_moved_as_it_is(pinned_cpu):
     moved = pipeline._transfer(piece.array, jax.sharding.SingleDeviceSharding(device))
     piece.view[:] = 0
     np.testing.assert_array_equal(np.asarray(moved), jnp.arange(1.0, 5.0))
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.int2, ml_dtypes.uint2, ml_dtypes.int4])
+def test_a_leaf_of_elements_narrower_than_a_byte_over_a_piece_comes_back(tmp_path, monkeypatch, dtype):
+    """Joining the pieces of a 2-bit leaf on a CPU device aborted the process inside XLA: such leaves over a piece
+    are read by the path without the pipeline."""
+    monkeypatch.setattr(pipeline, "_PIECE_BYTES", 1024)
+    tree = {"w": (np.arange(4096) % 2).astype(dtype)}
+    path = tmp_path / "narrow.jxs"
+    jaxstow.save(path, tree)
+    restored = jaxstow.load(path, pipeline=True)["w"]
+    assert restored.dtype == tree["w"].dtype
+    np.testing.assert_array_equal(np.asarray(restored).astype(np.int8), tree["w"].astype(np.int8))

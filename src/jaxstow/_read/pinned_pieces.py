@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxstow._util.pinned import pinned_sharding
 
-__all__ = ["PinnedPiece", "PinnedPieces", "writes_reach_the_device"]
+__all__ = ["PinnedPiece", "PinnedPieces", "sub_byte", "writes_reach_the_device"]
 
 _Kind = tuple[Any, np.dtype, tuple[int, ...]]
 _CHECKED: dict[Any, bool] = {}
@@ -49,7 +49,7 @@ class PinnedPiece:
         return self.view.reshape(-1).view(np.uint8)
 
 
-def _sub_byte(dtype: np.dtype) -> bool:
+def sub_byte(dtype: np.dtype) -> bool:
     """Whether ``dtype``'s elements are narrower than a byte (int4, float4_e2m1fn, ...): a device may pack them."""
     if dtype.itemsize != 1:
         return False
@@ -64,7 +64,7 @@ def _made(device: Any, dtype: np.dtype, shape: tuple[int, ...]) -> PinnedPiece |
     none, the dtype's elements are not whole bytes, or its bytes are not one plain block a view can reach."""
     pinned = pinned_sharding(device)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if pinned is None or nbytes == 0 or _sub_byte(dtype):
+    if pinned is None or nbytes == 0 or sub_byte(dtype):
         return None
     try:
         array = jax.device_put(np.zeros(shape, dtype), pinned).block_until_ready()  # no copy left to land later

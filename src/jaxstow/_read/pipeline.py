@@ -39,7 +39,7 @@ from jaxstow._format.shards import ShardedLeaf
 from jaxstow._format.tensor_reads import LOCAL_DISK, aligned_empty, bools_checked
 from jaxstow._read.narrowing import NARROWED, held_problem
 from jaxstow._read.opened import OpenedFile
-from jaxstow._read.pinned_pieces import PinnedPieces
+from jaxstow._read.pinned_pieces import PinnedPieces, sub_byte
 from jaxstow._util.pinned import pinned_sharding
 from jaxstow._util.pools import SharedPool
 from jaxstow.errors import DeviceTransferError, JaxstowError, StorageError
@@ -61,7 +61,8 @@ _READER_THREADS = SharedPool("pipeline-reader", _READERS)
 def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
     """Those of ``paths`` the pipeline restores: whole, unsharded arrays of a native file read from its source, of
     ``_PIECE_BYTES // 64`` bytes or more (smaller ones cost more to transfer one by one than in a batch), and not
-    64-bit ones that jax with x64 off narrows (their values are checked whole, once verified, by the batch path)."""
+    64-bit ones that jax with x64 off narrows (their values are checked whole, once verified, by the batch path), nor
+    ones of elements narrower than a byte that take several pieces (XLA on CPU fails to join 2-bit ones)."""
     if (
         not paths
         or opened.memory_mapped
@@ -78,6 +79,7 @@ def pipelined_paths(opened: OpenedFile, paths: Sequence[str]) -> list[str]:
         and leaf.nbytes >= max(1, _PIECE_BYTES // 64)
         and (leaf.dtype not in NARROWED or jax.dtypes.canonicalize_dtype(leaf.dtype) == leaf.dtype)
         and held_problem(leaf.dtype) is None  # left to the caller, which refuses it naming the leaf
+        and (leaf.nbytes <= _PIECE_BYTES or not sub_byte(leaf.dtype))  # XLA cannot join pieces of 2-bit elements
     ]
 
 
