@@ -37,6 +37,7 @@ import jax
 
 from jaxstow import errors
 from jaxstow._util import jax_compat
+from jaxstow._util.signal_free import start_thread
 from jaxstow.errors import ArgumentError, CheckpointError, JaxstowError
 
 __all__ = ["Conversation", "Coordinator", "Message"]
@@ -325,7 +326,7 @@ def _within(seconds: float, call: Callable[[], Answer]) -> Answer:
             failed.append(error)
 
     thread = threading.Thread(target=run, name="jaxstow-coordination", daemon=True)
-    thread.start()
+    start_thread(thread)
     thread.join(seconds)
     if thread.is_alive():
         raise TimeoutError(f"no answer within {seconds:g} s")

@@ -25,6 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from jaxstow._util.signal_free import ThreadPool
+
 __all__ = ["Parallel", "ReadSource", "SourceFile", "in_pool"]
 
 _threads = threading.local()
@@ -61,9 +63,7 @@ class Parallel:
         """
         with self._lock:
             if self._pool is None or self._pid != os.getpid():
-                self._pool = ThreadPoolExecutor(
-                    self.readers, thread_name_prefix="jaxstow-read", initializer=_mark_pooled
-                )
+                self._pool = ThreadPool(self.readers, thread_name_prefix="jaxstow-read", initializer=_mark_pooled)
                 self._pid = os.getpid()
             return self._pool
 

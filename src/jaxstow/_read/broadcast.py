@@ -38,6 +38,7 @@ from jaxstow._format.replicas import share_box
 from jaxstow._format.shards import Box
 from jaxstow._format.tensor_reads import aligned_empty
 from jaxstow._read.gathering import gather_rows
+from jaxstow._util.signal_free import start_thread
 
 __all__ = ["CHUNK_BYTES", "MIN_BYTES", "Exchange", "Pending", "active", "reading_once", "readers"]
 
@@ -169,7 +170,7 @@ class Exchange:
         # The boxes' fresh pages are touched while this process's ranges are read: storage is waited for, and the
         # gather later writes into memory already there.
         touching = threading.Thread(target=_touch, args=(list(mine.values()),), name="jaxstow-touch")
-        touching.start()
+        start_thread(touching)
         try:
             got = [(found, np.ascontiguousarray(read(found.part))) for found in ranges if found.reader == self.me]
         finally:

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxstow._util.signal_free import start_thread
+
 __all__ = ["LEASE_SECONDS", "LONGEST_LEASE", "SHORTEST_LEASE", "Renewal", "lease_expired", "valid_lease"]
 
 #: The lease of the locks this process takes: a writer started elsewhere waits up to one and a half of it.
@@ -69,7 +71,7 @@ class Renewal:
     def start(self) -> bool:
         """Start renewing; ``False`` where no thread can start (at the interpreter's exit, on Python 3.12)."""
         try:
-            threading.Thread(target=self._run, name="jaxstow-lock-lease", daemon=True).start()
+            start_thread(threading.Thread(target=self._run, name="jaxstow-lock-lease", daemon=True))
         except RuntimeError:
             return False
         return True

@@ -41,6 +41,7 @@ from typing import BinaryIO, cast
 
 from jaxstow._storage import peer_wire as wire
 from jaxstow._storage.peer_wire import CHUNK, DATA, ERROR, MAX_ERROR, MAX_REQUEST, MAX_TAG, REQUEST, Link
+from jaxstow._util.signal_free import ThreadPool, start_thread
 from jaxstow.errors import ArgumentError, CheckpointError
 
 __all__ = ["Pending", "PeerTransport"]
@@ -136,7 +137,7 @@ class PeerTransport:
         self._servers: ThreadPoolExecutor | None = None
         self._closed = False
         self._listener, self.address = wire.listening(host, backlog=max(128, 2 * count))  # a burst queues, not retried
-        threading.Thread(target=self._accept, name="jaxstow-peers", daemon=True).start()
+        start_thread(threading.Thread(target=self._accept, name="jaxstow-peers", daemon=True))
 
     def connect(self, addresses: Sequence[str]) -> None:
         """Where every process of the run listens (``host:port``, by index); connections open on first use."""
@@ -271,7 +272,7 @@ class PeerTransport:
             if oldest is not None:
                 wire.shut(oldest)  # its thread ends: strangers cannot hold every slot
             self._proving.acquire()  # a flood of connections never runs more than _HANDSHAKES threads at once
-            threading.Thread(target=self._serve_connection, args=(connection,), daemon=True).start()
+            start_thread(threading.Thread(target=self._serve_connection, args=(connection,), daemon=True))
 
     def _serve_connection(self, connection: socket.socket) -> None:
         source, why, refused = -1, "", None
@@ -426,7 +427,7 @@ class PeerTransport:
             logger.warning("process %d dropped request %r of process %d: it serves none", self.index, tag, source)
             return
         if self._servers is None:
-            self._servers = ThreadPoolExecutor(_SERVERS, thread_name_prefix="jaxstow-peers-serve")
+            self._servers = ThreadPool(_SERVERS, thread_name_prefix="jaxstow-peers-serve")
         with contextlib.suppress(RuntimeError):  # closed meanwhile
             self._servers.submit(_logged, handler, source, request)
 

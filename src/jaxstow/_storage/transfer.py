@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from jaxstow._format.source import Parallel
 from jaxstow._storage.retrying import DEFAULT_ATTEMPTS, Retries
 from jaxstow._util.pools import submit
+from jaxstow._util.signal_free import ThreadPool
 from jaxstow.errors import ArgumentError
 
 T = TypeVar("T")
@@ -138,7 +139,7 @@ class Lanes:
         """
         with self._lock:
             if self._uploads is None:
-                self._uploads = ThreadPoolExecutor(self.transfer.requests, thread_name_prefix="jaxstow-upload")
+                self._uploads = ThreadPool(self.transfer.requests, thread_name_prefix="jaxstow-upload")
             pool = self._uploads
         return submit(pool, job, *args)
 

@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from jaxstow._util.signal_free import ThreadPool
+
 __all__ = ["SharedPool", "submit"]
 
 A = TypeVar("A")
@@ -70,7 +72,7 @@ class SharedPool:
     def _executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.size, thread_name_prefix=f"jaxstow-{self.purpose}")
+                self._pool = ThreadPool(self.size, thread_name_prefix=f"jaxstow-{self.purpose}")
             return self._pool
 
     def run_each(self, job: Callable[[A], T], args: Sequence[A], *, at_once: int | None = None) -> list[Future[T]]:

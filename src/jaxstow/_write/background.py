@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Callable
 
+from jaxstow._util.signal_free import start_thread
 from jaxstow._write import at_exit
 from jaxstow.errors import CheckpointError, JaxstowError, failed
 
@@ -60,7 +61,7 @@ class BackgroundWriter:
                 job()
                 return
             self._pending = pending
-            threading.Thread(target=pending.run, name="jaxstow-writer", daemon=True).start()
+            start_thread(threading.Thread(target=pending.run, name="jaxstow-writer", daemon=True))
             if until is not None:
                 until.wait()
 

@@ -46,6 +46,7 @@ from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
 from jaxstow._util.gc_pause import gc_paused
 from jaxstow._util.progress import Bar, counted
+from jaxstow._util.signal_free import start_thread
 from jaxstow._write.array_details import DETAILED_KINDS, array_details
 from jaxstow._write.flattening import cycle_error, naming_deleted_arrays
 from jaxstow._write.grouped_prints import GROUPS, differing_group, grouped
@@ -372,7 +373,7 @@ class _Hashing:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = threading.Thread(target=self._run, name="jaxstow-checksum", daemon=True)
         try:
-            self._thread.start()
+            start_thread(self._thread)
         except RuntimeError:  # the interpreter is finalizing and starts no thread
             self._thread = None
             self._run()

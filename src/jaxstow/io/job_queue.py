@@ -20,6 +20,7 @@ import collections
 import threading
 from collections.abc import Callable
 
+from jaxstow._util.signal_free import start_thread
 from jaxstow._write import at_exit
 
 __all__ = ["JobQueue"]
@@ -96,7 +97,7 @@ class JobQueue:
             self._changed.notify_all()
             if not self._thread_alive:
                 self._thread_alive = True
-                threading.Thread(target=self._run, name=self._name, daemon=True).start()
+                start_thread(threading.Thread(target=self._run, name=self._name, daemon=True))
 
     def wait(self, *, again: bool = True) -> None:
         """Wait until every queued job has run; raise the first failure, if any (``again=False``: unless it was
