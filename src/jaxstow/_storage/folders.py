@@ -28,6 +28,7 @@ from typing import BinaryIO
 
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER, fsync_directory, rename_durably, temporary_sibling
+from jaxstow._storage.background_fsync import FsyncFailed, Fsyncs
 from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.marker_limit import MAX_MARKER_BYTES, refuse_large_marker
 from jaxstow._storage.member_names import is_inside
@@ -222,7 +223,8 @@ class LocalStore:
 class LocalStaging:
     """A folder being written under a temporary name; :meth:`commit` renames it into place.
 
-    Files in it are written in place and fsynced; the folder itself is fsynced once, at commit, before the rename.
+    Files in it are written in place and fsynced (each in the background while the next is written, all before the
+    commit); the folder itself is fsynced once, at commit, before the rename.
     """
 
     def __init__(self, store: LocalStore, name: str, *, replace: bool, token: str | None = None) -> None:
@@ -231,6 +233,7 @@ class LocalStaging:
         self._replace = replace
         self._joined = token is not None
         self._written: list[str] = []
+        self._fsyncs = Fsyncs()
         if token is None:
             if not replace:
                 _check_free(self._final, store.url(name), marker=store.marker)
@@ -249,23 +252,32 @@ class LocalStaging:
 
     @contextlib.contextmanager
     def open(self, file: str) -> Iterator[tuple[str, BinaryIO]]:
-        """Write ``file`` (fsynced when the block ends); yields the name it is stored under and a sink.
+        """Write ``file``; yields the name it is stored under and a sink. Once the block ends the file is fsynced and
+        closed in the background while the next is written (:mod:`~jaxstow._storage.background_fsync`);
+        :meth:`complete` and :meth:`commit` wait for that.
 
-        An ``OSError`` (of the block's writes too) becomes a :class:`~jaxstow.errors.StorageError` naming the file
-        in the folder's final place, not in the temporary one.
+        An ``OSError`` (of the block's writes and of the fsync too) becomes a :class:`~jaxstow.errors.StorageError`
+        naming the file in the folder's final place, not in the temporary one.
         """
         self._written.append(file)
         final = os.path.join(self._final, file)
-        with (
-            self._failures(final),
-            open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER) as sink,
-        ):
-            yield file, sink
-            sink.flush()
-            os.fsync(sink.fileno())
+        with self._failures(final):
+            sink = open(os.path.join(self._temporary, file), "xb", buffering=_WRITE_BUFFER)  # noqa: SIM115
+            try:
+                yield file, sink
+                sink.flush()
+            except BaseException:
+                sink.close()
+                raise
+        self._fsyncs.hand_over(sink, final)
 
     def complete(self) -> None:
-        """Nothing to wait for: each file is written and fsynced when its block ends."""
+        """Wait until every file written is fsynced and closed; a failure is a StorageError naming its file."""
+        try:
+            self._fsyncs.wait()
+        except FsyncFailed as failed:
+            with self._failures(failed.name):
+                raise failed.error from None
 
     def commit(self, marker: bytes) -> None:
         """Write the marker, then make the folder visible (or swap it with the one it replaces) in one rename.
@@ -275,6 +287,7 @@ class LocalStaging:
         """
         with self.open(self._store.marker) as (_, sink):
             sink.write(marker)
+        self.complete()
         with self._failures(self._final):
             fsync_directory(self._temporary)
             if not self._replace:
@@ -311,6 +324,8 @@ class LocalStaging:
 
         Nothing committed is touched.
         """
+        with contextlib.suppress(FsyncFailed):
+            self._fsyncs.wait()  # every file closed first
         if not self._joined:
             shutil.rmtree(self._temporary, ignore_errors=True)
             return

@@ -75,6 +75,11 @@ class SharedPool:
                 self._pool = ThreadPool(self.size, thread_name_prefix=f"jaxstow-{self.purpose}")
             return self._pool
 
+    def submit(self, job: Callable[..., T], *args: Any) -> Future[T]:
+        """``job(*args)`` on one of the threads, or run on this thread where the pool takes no more work (see
+        :func:`submit`); its future."""
+        return submit(self._executor(), job, *args)
+
     def run_each(self, job: Callable[[A], T], args: Sequence[A], *, at_once: int | None = None) -> list[Future[T]]:
         """``job(arg)`` for each of ``args``, begun in their order, ``at_once`` at a time at most (``size`` by default),
         one of them on this thread: each one's future, in order, once all have ended. Interrupted, the jobs not begun
