@@ -9,6 +9,7 @@ import errno
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +144,19 @@ def test_a_wait_interrupted_leaves_the_file_in_flight_for_the_next_wait(tmp_path
     release.set()
     fsyncs.wait()  # waits for it still
     assert sink.closed
+
+
+def test_a_ctrl_c_while_a_file_waits_to_be_handed_over_leaves_no_file_open(tmp_path: Path, monkeypatch):
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda descriptor: time.sleep(0.3) or real(descriptor))
+    root = tmp_path / "run"
+    manager = CheckpointManager(root, async_save=False)
+    timer = threading.Timer(1.0, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt) as caught:
+        manager.save(1, _items(40))  # 8 fsyncs of 0.3 s in flight at most: the 9th file waits to be handed over
+    assert not _open_under(root), caught.value  # the traceback still alive
+    monkeypatch.setattr(os, "fsync", real)
+    manager.save(1, _items(3))
+    manager.close()
+    assert CheckpointManager(root).steps() == [1]

@@ -269,7 +269,11 @@ class LocalStaging:
             except BaseException:
                 sink.close()
                 raise
-        self._fsyncs.hand_over(sink, final)
+        try:
+            self._fsyncs.hand_over(sink, final)
+        except BaseException:  # interrupted waiting for the oldest file in flight: this one was not handed over
+            sink.close()
+            raise
 
     def complete(self) -> None:
         """Wait until every file written is fsynced and closed; a failure is a StorageError naming its file."""

@@ -20,7 +20,6 @@ import collections
 import threading
 from collections.abc import Callable
 
-from jaxstow._util.signal_free import start_thread
 from jaxstow._write import at_exit
 
 __all__ = ["JobQueue"]
@@ -97,7 +96,9 @@ class JobQueue:
             self._changed.notify_all()
             if not self._thread_alive:
                 self._thread_alive = True
-                start_thread(threading.Thread(target=self._run, name=self._name, daemon=True))
+                # A plain thread, not one of jaxstow's that block signals (jaxstow._util.signal_free): its jobs run
+                # the program's collectors, and a process one of them starts gets the signals this thread blocks.
+                threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def wait(self, *, again: bool = True) -> None:
         """Wait until every queued job has run; raise the first failure, if any (``again=False``: unless it was
