@@ -549,6 +549,36 @@ def test_a_step_of_many_items_reads_each_file_with_one_request_per_part(s3):
     assert {name: len(asked) for name, asked in ranges.items()} == {"a": 1, "b": 1, "c": 2, "d": 2, "e": 2, "f": 4}
 
 
+def test_a_file_of_many_leaves_is_read_in_requests_that_start_where_its_parts_start(s3):
+    """The leaves of one file lie one after another from its 4 KiB header on: each request after the header's
+    starts at a multiple of part_size, one request reading the end of a leaf and the start of the next, never a
+    request per leaf a few bytes past a part's start (the store would read two parts for each)."""
+    from jaxstow._storage.remote import url_filesystem
+    from jaxstow._storage.s3 import _client
+
+    server, prefix, _ = s3
+    url = server.url(prefix, "leaves.jxs")
+    options = server.storage_options
+    transfer = Transfer(part_size=5 * MiB, requests=4)
+    tree = {f"w{i}": np.full(size // 4, i, np.float32) for i, size in enumerate((5 * MiB, 5 * MiB, 7 * MiB, 3 * MiB))}
+    jaxstow.save(url, tree, storage_options=options, transfer=transfer)
+    starts: list[int] = []
+
+    def seen(params, **_):
+        starts.append(int(params["Range"].removeprefix("bytes=").partition("-")[0]))
+
+    client = _client(url_filesystem(url, options)[0], transfer.requests).client
+    client.meta.events.register("provide-client-params.s3.GetObject", seen)
+    try:
+        loaded = jaxstow.load(url, storage_options=options, transfer=transfer, as_numpy=True)
+    finally:
+        client.meta.events.unregister("provide-client-params.s3.GetObject", seen)
+    assert all(np.array_equal(loaded[name], leaf) for name, leaf in tree.items())
+    head, first, *rest = sorted(starts)
+    assert (head, first) == (0, 4096), starts  # the header, then the data from its start
+    assert rest == [part * transfer.part_size for part in range(1, 4)], starts  # 20 MiB and 4 KiB: 4 parts
+
+
 def test_first_answers_of_a_restore_that_fails_before_its_reads_are_let_go(s3):
     """Restores refused after the items are opened (``like`` does not fit) leave no answer half read: the restore
     after them still gets each item's header and data in one request, as it would with none failed before."""

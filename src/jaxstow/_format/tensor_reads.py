@@ -18,7 +18,6 @@ array([2, 3], dtype=int32)
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -29,6 +28,7 @@ import numpy as np
 from xxhash import xxh3_64, xxh3_64_hexdigest
 
 from jaxstow._format.block_checksums import BLOCK_BYTES, block_count
+from jaxstow._format.piece_cuts import Piece, piece_reads, pieces_of
 from jaxstow._format.source import Parallel, ReadSource, in_pool
 from jaxstow._util.buffers import HUGE_PAGE, leaf_buffer
 from jaxstow._util.pools import submit
@@ -40,7 +40,6 @@ __all__ = [
     "TensorSlot",
     "aligned_empty",
     "bools_checked",
-    "pieces_of",
     "read_range",
     "read_slots",
     "read_tensors",
@@ -170,27 +169,6 @@ def run_all(pool: ThreadPoolExecutor, jobs: Iterable[Callable[[], None]]) -> Non
         raise
 
 
-def pieces_of(offset: int, length: int, piece: int) -> list[tuple[int, int]]:
-    """Where a read of ``length`` bytes at ``offset`` is cut, as (start within the read, bytes) pairs.
-
-    At the multiples of ``piece`` from the source's start, where an object store's parts and chunks begin, so that no
-    request reads a part of the store's for a few bytes of it; a first or last piece under a quarter of ``piece`` is
-    joined to the one next to it.
-
-    >>> pieces_of(4096, 40 << 20, 16 << 20)  # a leaf after a file's header: 16 MiB - 4 KiB, 16 MiB, 8 MiB + 4 KiB
-    [(0, 16773120), (16773120, 16777216), (33550336, 8392704)]
-    >>> pieces_of(4096, 16 << 20, 16 << 20)  # 4 KiB past a part's end: one piece
-    [(0, 16777216)]
-    """
-    cuts = list(range((offset // piece + 1) * piece, offset + length, piece))
-    if cuts and cuts[0] - offset < piece // 4:
-        del cuts[0]
-    if cuts and offset + length - cuts[-1] < piece // 4:
-        del cuts[-1]
-    bounds = [offset, *cuts, offset + length]
-    return [(start - offset, end - start) for start, end in itertools.pairwise(bounds)]
-
-
 def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
     """Fill ``buffer`` with the bytes at ``offset``.
 
@@ -209,28 +187,41 @@ def read_range(source: ReadSource, offset: int, buffer: memoryview) -> None:
 def _read_in_parallel(
     source: ReadSource, plan: Parallel, runs: list[np.ndarray], columns: _Columns, digests: list[str] | None
 ) -> list[list[np.ndarray]]:
-    """Read the runs in pieces of at most ``plan.piece`` bytes on the source's pool.
+    """Read the runs in pieces of about ``plan.piece`` bytes on the source's pool.
 
-    A disk or a store serves several requests at once several times faster than one. Each run is cut and hashed by the
-    thread that reads its last piece.
+    A disk or a store serves several requests at once several times faster than one. The pieces are cut at the
+    multiples of ``plan.piece`` (:mod:`~jaxstow._format.piece_cuts`), one piece filling the end of a run's buffer and
+    the start of the next. Each run is cut and hashed by the thread that reads its last piece.
     """
     spans = [_span(run, columns) for run in runs]
     buffers = [aligned_empty(size) for _, size in spans]
-    pieces = [pieces_of(start, size, plan.piece) for start, size in spans]
-    left = [len(cut) for cut in pieces]
-    parts: list[list[np.ndarray]] = [[] for _ in runs]
+    reads = piece_reads(spans, plan.piece)
+    left = [0] * len(runs)  # the pieces of each run not read yet
+    for piece in reads:
+        for r in _filled(piece):
+            left[r] += 1
+    parts = [_cut(buffers[r], run, columns, digests) if not left[r] else [] for r, run in enumerate(runs)]  # no bytes
     lock = threading.Lock()
 
-    def read(r: int, at: int, size: int) -> None:
-        source.read_into(spans[r][0] + at, buffers[r].data[at : at + size])
+    def read(piece: Piece) -> None:
+        views = [
+            buffers[r].data[at : at + size] if r >= 0 else memoryview(bytearray(size)) for r, at, size in piece.segments
+        ]
+        source.read_scatter(piece.offset, views)
         with lock:
-            left[r] -= 1
-            last = left[r] == 0
-        if last:
+            for r in _filled(piece):
+                left[r] -= 1
+            done = [r for r in _filled(piece) if left[r] == 0]
+        for r in done:
             parts[r] = _cut(buffers[r], runs[r], columns, digests)
 
-    run_all(plan.pool(), [functools.partial(read, r, at, size) for r, cut in enumerate(pieces) for at, size in cut])
+    run_all(plan.pool(), [functools.partial(read, piece) for piece in reads])
     return parts
+
+
+def _filled(piece: Piece) -> list[int]:
+    """The runs whose buffers ``piece`` fills some of."""
+    return [r for r, _, _ in piece.segments if r >= 0]
 
 
 def read_tensors(
