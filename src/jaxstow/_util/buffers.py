@@ -114,20 +114,22 @@ class LeafBuffer(NamedTuple):
     touched: bool
 
 
-def leaf_buffer(nbytes: int) -> LeafBuffer | None:
-    """An uninitialised uint8 buffer of ``nbytes`` on a 2 MiB boundary, in huge pages where the system has them.
+def leaf_buffer(nbytes: int, shift: int = 0) -> LeafBuffer | None:
+    """An uninitialised uint8 buffer of ``nbytes``, ``shift`` bytes (under 4 KiB) past a 2 MiB boundary, in huge
+    pages where the system has them.
 
     Taken from the buffers kept after their arrays went, when one of its size is there (``touched``), else freshly
     mapped; ``None`` on a system without anonymous mappings (the caller then takes ``np.empty``'s memory).
     """
     if not _ANONYMOUS:
         return None
-    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # whole extents, and room to start on a boundary
+    # Whole extents, and room to start on a boundary: 4 KiB at least past the extents from the boundary on.
+    size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE
     mapping = _KEPT.take(size)
     touched = mapping is not None
     if mapping is None:
         mapping = _mapped(size, nbytes)
-    interface = {"shape": (nbytes,), "typestr": "|u1", "data": (mapping.start, False), "version": 3}
+    interface = {"shape": (nbytes,), "typestr": "|u1", "data": (mapping.start + shift, False), "version": 3}
     return LeafBuffer(np.asarray(_Owner(mapping, size, interface, _KEPT)), touched)
 
 
