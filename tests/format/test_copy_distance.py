@@ -1,15 +1,19 @@
-"""Memory read into from a file never starts 1 to 31 bytes past the file's bytes within a page, where the kernel's
-copy runs several times slower on AMD's cores: whatever the leaves before a leaf, read alone (into kept huge pages or
-the allocator's memory) or with others, its values and checksum are those saved."""
+"""Memory read into from a file never starts 1 to 31 bytes past the file's bytes within a page, and a large write
+never goes to the system from memory 1 to 31 bytes before them, where the kernel's copy runs several times slower on
+AMD's cores: whatever the leaves before a leaf, read alone (into kept huge pages or the allocator's memory) or with
+others, or saved, its values and checksum are those saved."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import numpy as np
 import pytest
 
 import jaxstow
+from jaxstow._format import clear_writes
+from jaxstow._format.clear_writes import write_clear
 from jaxstow._format.tensor_reads import clear_shift
 from jaxstow._util.buffers import leaf_buffer, release_kept
 
@@ -60,3 +64,58 @@ def test_a_kept_buffer_taken_again_for_another_offset_is_shifted_for_it():
     again = leaf_buffer(3 << 20, clear_shift(0, 0))
     assert again is not None and again.touched and _distance(again.array, 0) == 0
     assert again.array.ctypes.data % (2 << 20) == 0
+
+
+class _SeenWrites(io.BufferedWriter):
+    """A local file's buffered writer that notes, for each write, the distance from the memory to the file's bytes."""
+
+    def __init__(self, path) -> None:
+        super().__init__(io.FileIO(path, "wb"), buffer_size=1 << 20)
+        self.distances: list[int] = []
+
+    def write(self, data) -> int:
+        view = memoryview(data)
+        if view.nbytes >= 1 << 20:
+            self.distances.append((self.tell() - np.frombuffer(view, np.uint8).ctypes.data) % 4096)
+        return super().write(data)
+
+
+@pytest.mark.parametrize("ahead", [0, 4, 16, 31, 32, 100])
+@pytest.mark.parametrize(("nbytes", "pieces"), [((2 << 20) + 4, 1), ((5 << 20) + 12, 3), ((5 << 20) - 8, 2)])
+def test_a_large_write_goes_to_the_file_from_memory_clear_of_the_slow_distances(tmp_path, ahead, nbytes, pieces):
+    """Whatever lies before it in the file, an array's bytes reach the system from memory 0 or 32 to 4095 bytes
+    before the file's bytes within a page (the thread's buffer where the array's own would be 1 to 31), every byte
+    in its place."""
+    backing = np.random.default_rng(ahead).integers(0, 255, nbytes + 8192, np.uint8)
+    skip = (4096 - backing.ctypes.data % 4096) % 4096 + 64  # the array 64 bytes past a page's start
+    data = backing[skip : skip + nbytes]
+    before = (64 + ahead) % 4096
+    sink = _SeenWrites(tmp_path / "data.bin")
+    with sink:
+        sink.write(b"h" * before)
+        write_clear(sink, data.data)
+    assert (tmp_path / "data.bin").read_bytes() == b"h" * before + data.tobytes()
+    assert not any(0 < distance < 32 for distance in sink.distances), sink.distances
+    slow = 0 < ahead < 32
+    assert len(sink.distances) == (pieces if slow else 1)  # in pieces of 2 MiB, a last one under 1 MiB joined
+
+
+@pytest.mark.parametrize("floats_before", [5, 8, 16, 1000])
+def test_a_saved_array_after_a_tensor_of_any_size_is_loaded_as_it_was(tmp_path, monkeypatch, floats_before):
+    """An array 16 bytes past a page's start, after 20 or 32 bytes of another in the file, is written through the
+    thread's buffer (to a path and to the caller's open file), after 64 or 4000 as it is; loaded as it was."""
+    staged: list[int] = []
+    buffer = clear_writes._buffer
+    monkeypatch.setattr(clear_writes, "_buffer", lambda: staged.append(1) or buffer())
+    backing = np.random.default_rng(floats_before).standard_normal((6 << 20) // 4 + 4096, dtype=np.float32)
+    skip = ((4096 - backing.ctypes.data % 4096) % 4096 + 16) // 4  # the array 16 bytes past a page's start
+    weights = backing[skip : skip + (6 << 20) // 4 + 3]
+    tree = {"bias": np.arange(floats_before, dtype=np.float32), "w": weights}
+    jaxstow.save(tmp_path / "model.jxs", tree)
+    with open(tmp_path / "own.jxs", "wb") as file:
+        jaxstow.save(file, tree)
+    assert len(staged) == (2 if floats_before * 4 - 16 < 32 else 0)
+    for name in ("model.jxs", "own.jxs"):
+        loaded = jaxstow.load(tmp_path / name)
+        np.testing.assert_array_equal(loaded["w"], weights)
+        np.testing.assert_array_equal(loaded["bias"], tree["bias"])

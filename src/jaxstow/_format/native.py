@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from jaxstow._format.checksum import ZERO_CHECKSUM, checksum_bytes, raw_buffer
+from jaxstow._format.clear_writes import write_clear
 from jaxstow._format.dtypes import MAX_AXES, checked_shape, plain_code, safetensors_code
 from jaxstow._format.json_codec import dump_json
 from jaxstow._format.manifest import PLAIN_METADATA_VERSION, plain_metadata, version_at_least
@@ -178,7 +179,7 @@ def _write_arrays(sink: BinaryIO, arrays: Sequence[HostArray]) -> None:
                 sink.write(b"".join(batch))
                 batch, batched = [], 0
             for piece in array.written() if isinstance(array, Deferred) else [array]:
-                sink.write(raw_buffer(piece))
+                write_clear(sink, raw_buffer(piece))
         elif nbytes:
             batch.append(raw_buffer(array))
             batched += nbytes

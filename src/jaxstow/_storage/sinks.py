@@ -268,6 +268,11 @@ class _WholeWrites:
                 raise
             raise self._error(error) from error
 
+    @property
+    def raw(self) -> Any:
+        """The raw file written: the caller's, or the one beneath its buffer (``None`` for neither: a ``BytesIO``)."""
+        return self._file if isinstance(self._file, io.FileIO) else getattr(self._file, "raw", None)
+
     def seekable(self) -> bool:
         return self._seekable
 

@@ -115,6 +115,11 @@ class _CountingSink:
     def flush(self) -> None:
         self._file.flush()
 
+    @property
+    def raw(self) -> Any:
+        """The raw file beneath, as a buffered file's: what the file counted writes to."""
+        return getattr(self._file, "raw", self._file)
+
     def seekable(self) -> bool:
         return bool(getattr(self._file, "seekable", lambda: False)())
 
