@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import threading
 
 import numpy as np
 import pytest
@@ -119,3 +121,17 @@ def test_a_saved_array_after_a_tensor_of_any_size_is_loaded_as_it_was(tmp_path, 
         loaded = jaxstow.load(tmp_path / name)
         np.testing.assert_array_equal(loaded["w"], weights)
         np.testing.assert_array_equal(loaded["bias"], tree["bias"])
+
+
+@pytest.mark.parametrize("buffering", [-1, 0])
+def test_an_array_saved_into_a_pipe_arrives_whole(buffering):
+    """A pipe is a raw file with no place in a file: its writes go as they are, whatever the array's address."""
+    weights = np.arange(1 << 20, dtype=np.float32)  # 4 MiB
+    read, write = os.pipe()
+    got: list[bytes] = []
+    drain = threading.Thread(target=lambda: got.append(os.fdopen(read, "rb").read()))
+    drain.start()
+    with os.fdopen(write, "wb", buffering=buffering) as sink:
+        jaxstow.save(sink, {"bias": np.zeros(5, np.float32), "w": weights})
+    drain.join()
+    np.testing.assert_array_equal(jaxstow.load(io.BytesIO(got[0]))["w"], weights)

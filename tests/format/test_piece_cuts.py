@@ -30,6 +30,7 @@ def test_every_byte_of_every_span_is_read_once_and_requests_start_at_the_multipl
     filled = [np.zeros(size, np.int64) for _, size in shuffled]
     stretch_starts = set()
     for read in reads:
+        assert read.segments, reads  # no request for nothing
         position = read.offset
         for index, start, size in read.segments:
             assert size > 0, read
@@ -86,3 +87,35 @@ def test_tensors_apart_empty_and_together_are_read_with_their_digests(tmp_path, 
     for k, i in enumerate(order):
         np.testing.assert_array_equal(got[k], arrays[i])
         assert digests[k] == jaxstow._format.checksum.checksum(arrays[i])
+
+
+def test_a_file_on_an_fsspec_store_is_read_with_one_request_a_piece(tmp_path):
+    """Leaves apart (a partial restore leaves the small ones out) and next to each other, on a store reached through
+    fsspec: each piece one ranged request, the pieces side by side, every leaf as saved."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    rng = np.random.default_rng(0)
+    tree = {
+        f"l{i}": {"big": rng.standard_normal(3 << 17, dtype=np.float32), "small": np.ones(256, np.float32)}
+        for i in range(8)
+    }
+    url = f"memory://{tmp_path.name}/model.jxs"
+    jaxstow.save(url, tree)
+    asked: list[tuple[int, int]] = []
+    original = MemoryFileSystem.cat_file
+
+    def cat_file(self, path, start=None, end=None, **options):
+        asked.append((start, end))
+        return original(self, path, start=start, end=end, **options)
+
+    MemoryFileSystem.cat_file = cat_file
+    try:
+        for select in ("*/big", None):
+            asked.clear()
+            got = jaxstow.load(url, as_numpy=True, transfer=jaxstow.Transfer(part_size=5 << 20), select=select)
+            assert all(np.array_equal(got[k][name], tree[k][name]) for k in got for name in got[k])
+            data = sorted(asked)[1:]  # after the header's request
+            assert len(data) == 3, asked  # 12 MiB and 8 KiB from the header's end: pieces to 5 and 10 MiB, and on
+            assert all(start % (5 << 20) == 0 for start, _ in data[1:]), asked
+    finally:
+        MemoryFileSystem.cat_file = original

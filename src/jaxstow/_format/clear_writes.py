@@ -8,8 +8,9 @@ than a sink's buffer holds: each piece goes to the system from this buffer, not 
 on this project's AMD EPYC virtual machine: 64 MiB of float32 saved after a tensor of 5 of them (its file offset 20,
 the numpy array's address 16 modulo 4 KiB) in 72-75 ms, after a tensor of 16 in 54-58 ms.
 
-Only a file object over a local file (``open(path, "wb")``), which has copied what it was given when its ``write``
-returns; any other sink may keep what it was given (an upload's parts are views of the arrays) and gets it as it is.
+Only a file object over a local file (``open(path, "wb")``, seekable: not a pipe), which has copied what it was given
+when its ``write`` returns; any other sink may keep what it was given (an upload's parts are views of the arrays) and
+gets it as it is.
 
 >>> import io, os, tempfile
 >>> from jaxstow._format.clear_writes import write_clear
@@ -41,7 +42,8 @@ _BUFFERS = threading.local()
 def write_clear(sink: BinaryIO, data: memoryview) -> None:
     """Write ``data`` (bytes, ``format`` "B") to ``sink``: through this thread's buffer where ``sink`` is a local file
     and ``data`` lies at a slow distance before the file's bytes, else as it is."""
-    if len(data) < _FROM or not isinstance(getattr(sink, "raw", sink), io.FileIO):
+    local = isinstance(getattr(sink, "raw", sink), io.FileIO) and getattr(sink, "seekable", lambda: False)()
+    if len(data) < _FROM or not local:  # a pipe, a socket: no place in a file
         sink.write(data)
         return
     position = sink.tell()

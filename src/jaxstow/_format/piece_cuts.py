@@ -86,7 +86,8 @@ def _stretch_reads(spans: Sequence[tuple[int, int]], stretch: list[int], piece: 
         low, high = begin + at, begin + at + size
         segments: list[tuple[int, int, int]] = []
         position = low
-        for index in stretch[next_span:]:
+        while next_span < len(stretch):
+            index = stretch[next_span]
             start, length = spans[index]
             if start >= high:
                 break
@@ -98,5 +99,6 @@ def _stretch_reads(spans: Sequence[tuple[int, int]], stretch: list[int], piece: 
             if last < start + length:
                 break
             next_span += 1
-        pieces.append(Piece(low, tuple(segments)))
+        if segments:  # none where the piece lies within a gap (pieces smaller than a gap)
+            pieces.append(Piece(low, tuple(segments)))
     return pieces

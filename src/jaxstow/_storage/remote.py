@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from jaxstow._format.source import ReadSource
@@ -177,6 +177,15 @@ class RemoteSource(SourceBase):
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
         buffer[:] = self.read(offset, len(buffer))
+
+    def read_scatter(self, offset: int, buffers: Sequence[memoryview]) -> None:
+        """Fill ``buffers``, one after another, with the bytes from ``offset`` on: one request, its answer copied."""
+        views = [buffer.cast("B") for buffer in buffers]
+        data = memoryview(self.read(offset, sum(len(view) for view in views)))
+        at = 0
+        for view in views:
+            view[:] = data[at : at + len(view)]
+            at += len(view)
 
     def forget(self) -> bool:
         """Nothing is kept: every read is its own request, over a network."""
