@@ -9,7 +9,6 @@ import sys
 import textwrap
 import threading
 import time
-from concurrent.futures import wait
 
 import jax
 import numpy as np
@@ -18,9 +17,8 @@ import pytest
 import jaxstow
 from jaxstow._format import tensor_reads
 from jaxstow._format.block_checksums import BLOCK_BYTES
-from jaxstow._format.tensor_reads import LOCAL_DISK
 from jaxstow._storage.sources import LocalFile
-from jaxstow._util import buffers
+from jaxstow._util import buffers, partner
 from jaxstow.errors import CorruptFileError, StorageError
 
 # Over the size read in two halves at once, its halves no multiple of a page.
@@ -114,6 +112,38 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
             np.testing.assert_array_equal(bad["l1"], tree["l1"])
 
 
+@pytest.mark.parametrize("nbytes", [4 << 20, (7 << 19) + 4, (6 << 20) - 12], ids=["4-blocks", "3.5-blocks", "6-blocks"])
+def test_a_leaf_of_an_even_count_of_blocks_is_read_right_and_a_byte_damaged_anywhere_is_refused(
+    tmp_path, monkeypatch, nbytes
+):
+    """Halves of even blocks: this thread hashes the partner's first block, read by the partner (uneven ones are the
+    cases above); a good leaf's blocks all match, its whole checksum never needed."""
+    leaf = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
+    path = tmp_path / "even.jxs"
+    jaxstow.save(path, {"a": leaf, "b": leaf[::-1].copy()})
+    data = path.read_bytes()
+    found = []
+    halves = tensor_reads._read_blocks_in_halves
+    monkeypatch.setattr(tensor_reads, "_read_blocks_in_halves", lambda *args: found.append(halves(*args)) or found[-1])
+    buffers.release_kept()
+    with jaxstow.open(path) as reader:
+        offset = reader.container.slots["a"].offset
+        for _ in range(3):  # fresh memory first, then the memory let go, read in halves
+            np.testing.assert_array_equal(reader["a"], leaf)
+        assert found == [reader.stored["a"].blocks] * 2
+    blocks = -(-nbytes // BLOCK_BYTES)
+    half = -(-blocks // 2) * BLOCK_BYTES  # where this thread's half ends
+    for at in (0, half - 1, half, half + BLOCK_BYTES - 1, half + BLOCK_BYTES, nbytes - 1):
+        changed = bytearray(data)
+        changed[offset + at] ^= 0x01
+        damaged = tmp_path / f"damaged-{at}.jxs"
+        damaged.write_bytes(changed)
+        with jaxstow.open(damaged) as reader:
+            np.testing.assert_array_equal(reader["b"], leaf[::-1])  # its memory let go: "a" is read in halves
+            with pytest.raises(CorruptFileError, match="checksum mismatch"):
+                reader["a"]
+
+
 def test_a_leaf_read_in_halves_from_a_file_written_in_place_since_it_was_opened_is_refused(saved):
     path, tree = saved
     with jaxstow.open(path) as reader:
@@ -127,18 +157,18 @@ def test_a_leaf_read_in_halves_from_a_file_written_in_place_since_it_was_opened_
             reader["l1"]
 
 
-def _read_threads(monkeypatch, *, pool_first: bool = False) -> list[str]:
+def _read_threads(monkeypatch, *, partner_first: bool = False) -> list[str]:
     """The names of the threads that read from local files from now on, one per read (a leaf is read in pieces); with
-    ``pool_first``, a read on the caller's thread waits until one has started on the disk's pool."""
+    ``partner_first``, a read on the caller's thread waits until one has started on the partner thread."""
     threads: list[str] = []
     started = threading.Event()
 
     def recorded(self, offset, buffer):
         threads.append(threading.current_thread().name)
-        if threading.current_thread().name.startswith("jaxstow-read"):
+        if threading.current_thread().name == "jaxstow-partner":
             started.set()
-        elif pool_first:
-            assert started.wait(60), "no read started on the pool"
+        elif partner_first:
+            assert started.wait(60), "no read started on the partner thread"
         _FILL(self, offset, buffer)
 
     monkeypatch.setattr(LocalFile, "_fill", recorded)
@@ -154,26 +184,34 @@ def test_a_leaf_read_again_is_read_in_halves_at_once_and_right(saved, monkeypatc
         np.testing.assert_array_equal(reader["l0"], tree["l0"])  # fresh memory: read on this thread alone
         assert set(threads) == {caller}
         for name in ("l0", "l1"):  # the memory the first read let go: its pages in place
-            threads = _read_threads(monkeypatch, pool_first=True)
+            threads = _read_threads(monkeypatch, partner_first=True)
             np.testing.assert_array_equal(reader[name], tree[name])
-            assert caller in threads
-            assert len({thread for thread in threads if thread.startswith("jaxstow-read")}) == 1
+            assert set(threads) == {caller, "jaxstow-partner"}
 
 
-def test_a_leaf_read_while_every_reader_of_the_pool_is_busy_is_read_whole_by_its_caller(saved, monkeypatch):
+@pytest.mark.parametrize("blocks", [True, False], ids=["by-blocks", "whole-checksum"])
+def test_a_leaf_read_while_the_partner_thread_is_busy_is_read_whole_by_its_caller(saved, monkeypatch, blocks):
     path, tree = saved
-    release = threading.Event()
-    pool = LOCAL_DISK.pool()
-    busy = [pool.submit(release.wait, 60) for _ in range(LOCAL_DISK.readers)]
-    threads = _read_threads(monkeypatch)
+    begun, release = threading.Event(), threading.Event()
+    running = partner.hand(lambda: (begun.set(), release.wait(60)))
+    assert running is not None and begun.wait(60)
+    waiting = partner.hand(lambda: None)  # waits for the job running
+    assert waiting is not None
     try:
         with jaxstow.open(path) as reader:
-            for name in ("l0", "l1", "l2"):
+            reader["l0"]  # the memory kept: the next reads are in halves
+            names = ("l1", "l2")
+            if not blocks:  # leaves without the checksums of their blocks (files of jaxstow 0.1): hashed whole
+                for name in names:
+                    reader.stored[name] = reader.stored[name]._replace(blocks=None)
+            threads = _read_threads(monkeypatch)
+            for name in names:
                 np.testing.assert_array_equal(reader[name], tree[name])
     finally:
         release.set()
-        wait(busy)
+        running.result()
     assert set(threads) == {threading.current_thread().name}
+    assert waiting.cancel() or waiting.result() is None
 
 
 def test_the_memory_kept_is_bounded(tmp_path):
@@ -201,7 +239,7 @@ def test_a_leaf_alive_at_exit_and_a_forked_child_leave_no_trace(saved):
     done = _run(
         f"""
         import os, jaxstow
-        from jaxstow._util import buffers
+        from jaxstow._util import buffers, partner
         reader = jaxstow.open({str(path)!r})
         dropped, kept = reader["l0"], reader["l1"]
         del dropped
@@ -223,7 +261,7 @@ def test_a_leaf_let_go_inside_a_collection_under_the_lock_is_kept_without_a_dead
     done = _run(
         f"""
         import gc, jaxstow
-        from jaxstow._util import buffers
+        from jaxstow._util import buffers, partner
         buffers.release_kept()
         with jaxstow.open({str(path)!r}) as reader:
             cycle = [reader["l0"]]
