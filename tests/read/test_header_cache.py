@@ -22,6 +22,7 @@ import jaxstow
 from jaxstow._format import header
 from jaxstow._format.header import HeaderCache
 from jaxstow._format.native import write_native
+from jaxstow._storage.sources import LocalFile
 from jaxstow.errors import CorruptFileError, FormatError, NewerFormatError
 
 DATA = Path(__file__).parents[1] / "data"
@@ -247,3 +248,44 @@ def test_a_forked_child_starts_with_no_header_kept(saved):
         [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, env=env, timeout=120
     )
     assert done.returncode == 0 and done.stdout == "ok\n", done.stderr
+
+
+def _header_reads(monkeypatch) -> list[tuple[int, int]]:
+    """The (offset, length) of every read of a local file's bytes through ``read`` from now on: the header's."""
+    reads: list[tuple[int, int]] = []
+    plain = LocalFile.read
+
+    def recorded(self, offset, length):
+        reads.append((offset, length))
+        return plain(self, offset, length)
+
+    monkeypatch.setattr(LocalFile, "read", recorded)
+    return reads
+
+
+def _wide(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A tree of ``count`` small leaves: a header of about 100 bytes a leaf."""
+    rng = np.random.default_rng(seed)
+    return {f"layer_{i:04d}": rng.standard_normal(3).astype(np.float32) for i in range(count)}
+
+
+@pytest.mark.parametrize("then", [400, 20, 2], ids=["longer-header", "shorter-header", "tiny-file"])
+def test_a_name_opened_again_reads_its_header_in_one_read_whatever_file_it_names_now(tmp_path, monkeypatch, then):
+    path = tmp_path / "model.jxs"
+    jaxstow.save(path, _wide(100))
+    reads = _header_reads(monkeypatch)
+    with jaxstow.open(path) as reader:  # a header of about 10 KiB, past the first page: two reads
+        assert len(reader.paths) == 100
+    assert len(reads) == 2 and reads[0] == (0, 4096)
+    reads.clear()
+    with jaxstow.open(path) as reader:
+        np.testing.assert_array_equal(reader["layer_0099"], _wide(100)["layer_0099"])
+    assert len(reads) == 1 and reads[0][1] > 4096  # as much as the header of the file opened last by this name
+    tree = _wide(then, seed=1)
+    jaxstow.save(path, tree)  # another file by that name: its header longer, shorter, or the file shorter than it
+    for _ in range(2):
+        reads.clear()
+        with jaxstow.open(path) as reader:
+            assert sorted(reader.paths) == sorted(tree)
+            np.testing.assert_array_equal(reader[f"layer_{then - 1:04d}"], tree[f"layer_{then - 1:04d}"])
+    assert len(reads) == 1

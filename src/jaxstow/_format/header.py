@@ -1,12 +1,11 @@
 """A file's container opened: an npz archive, or a native (safetensors) file whose header is read and checked first.
 
 The first bytes decide: a zip archive is an npz; anything else must be a safetensors file. A native header is checked
-before anything is allocated, in one place: its length against the file, the checksum that a header written by
-jaxstow ends with, its JSON, and its tensor table, decided as a whole with numpy (:func:`slot_table`; the rules of
-docs/format.md, "Tensor entries", whose refusals :mod:`jaxstow._format.tensor_table` explains entry by entry), then the
-manifest's schema (:mod:`jaxstow._format.manifest`) and that it lists exactly the file's tensors. A header that passed
-is kept by its bytes (:class:`HeaderCache`): a file opened again whose header and size are the same takes its tensor
-table, metadata and manifest from there (a manifest before version 3 is parsed and checked whole again).
+before anything is allocated, in one place: its length against the file, the checksum a jaxstow header ends with, its
+JSON, its tensor table as a whole with numpy (:func:`slot_table`; docs/format.md, "Tensor entries", explained entry by
+entry by :mod:`jaxstow._format.tensor_table`), the manifest's schema (:mod:`jaxstow._format.manifest`) and that it
+lists exactly the file's tensors. A header that passed is kept by its bytes (:class:`HeaderCache`) for a file opened
+again with the same header and size (a manifest before version 3 is parsed and checked whole again).
 
 >>> import io, numpy as np
 >>> from jaxstow._format.header import open_container
@@ -62,26 +61,27 @@ __all__ = [
     "slot_table",
 ]
 
-#: A jaxstow header's checksum (16 hex digits) follows these bytes, and :data:`~jaxstow._format.native.HASH_SUFFIX`
-#: follows it.
+#: The bytes before a jaxstow header's checksum (16 hex digits, then :data:`~jaxstow._format.native.HASH_SUFFIX`).
 _HASH_PREFIX = f'"{HASH_KEY}":"'.encode()
 _HEX_DIGITS = frozenset(b"0123456789abcdef")
 _ZEROS = ZERO_CHECKSUM.encode("ascii")
 #: The signs of a header written by jaxstow: its manifest's key, its checksum's key, its format's name.
 _JAXSTOW_MARKS = (b'"jaxstow":"', _HASH_PREFIX, b'\\"format\\":\\"jaxstow\\"')
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+#: The bytes of the length and header of the file last opened by each name (up to 1 MiB): what its next first read takes.
+_HEADER_BYTES: dict[str, int] = {}
 
 
 def open_container(source: ReadSource) -> Container:
     """Open a source as the container its first bytes announce, which then owns the source.
 
-    The first page read decides, and holds a small native header whole. The manifest must be well formed and list
-    exactly the file's tensors (an npz member hidden by damage is caught). Closing the container closes the source. On
-    failure the source stays open, for the caller to tell what else the file is, and to close. A native header that
-    passed every check before, byte for byte in a file of the same size, is taken as it was then, with a copy of its
-    manifest (from version 3 on; parsed again before).
+    The first read decides: a page, or the bytes of the header of the file opened last by that name (read whole in one
+    read then, one request to a store). The manifest must be well formed and list exactly the file's tensors (an npz
+    member hidden by damage is caught). Closing the container closes the source. On failure the source stays open, for
+    the caller to tell what else the file is, and to close. A native header that passed every check before, byte for
+    byte in a file of the same size, is taken as it was then, with a copy of its manifest (version 3 on).
     """
-    first = source.read(0, min(source.size, DATA_ALIGNMENT))
+    first = source.read(0, min(source.size, max(DATA_ALIGNMENT, _HEADER_BYTES.get(source.name, 0))))
     raw = None if first[:4] in _ZIP_MAGIC else raw_header(source, first)
     kept = None if raw is None else _CHECKED.get(raw, source.size)
     reader: Container = NpzReader(source) if raw is None else NativeReader(source, raw, header=kept)
@@ -102,15 +102,18 @@ def open_container(source: ReadSource) -> Container:
         marks = None if reader.columns is None else reader.columns.marks
         parsed = None if reader.columns is None or manifest is None else _own_copy(manifest, file=reader.file)
         _CHECKED.keep(raw, source.size, replace(reader.header, marks=marks, manifest=parsed))
+    if raw is not None:
+        if len(_HEADER_BYTES) >= 256:  # bounded: names seen long ago forgotten
+            _HEADER_BYTES.clear()
+        _HEADER_BYTES[source.name] = min(8 + len(raw), 1 << 20)
     return reader
 
 
 def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
     """The header text of a safetensors file (padding included), after checking that the file can be one.
 
-    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before a byte more of it is read: one
-    read of the file's first :data:`DATA_ALIGNMENT` bytes (``first``, when they are read already), which hold a small
-    header whole, and one for the rest.
+    Its length is checked against :data:`MAX_HEADER_BYTES` and the file's size before more of it is read than ``first``
+    (the file's first bytes, read by the caller), or its first page.
     """
     size = source.size
     if size < 8:
@@ -132,8 +135,8 @@ def raw_header(source: ReadSource, first: bytes | None = None) -> bytes:
 
 
 def claims_manifest(raw: bytes) -> bool:
-    """Whether a header's text (:func:`raw_header`) shows a sign of a jaxstow manifest: its key, its checksum's key or
-    its format name. Such a header must then pass its checksum; a plain safetensors file's shows none."""
+    """Whether a header's text shows a sign of a jaxstow manifest (its key, its checksum's key, its format name),
+    which must then pass its checksum; a plain safetensors file's shows none."""
     return any(mark in raw for mark in _JAXSTOW_MARKS)
 
 
@@ -183,8 +186,7 @@ class HeaderCache(Generic[T]):
     """What was derived from headers that passed every check, by their bytes and their file's size; thread-safe.
 
     Found by the xxh3 of the bytes and the size, then compared byte for byte: a header that differs in any byte, or a
-    file of another size, is never taken for one kept. At most ``most`` headers of ``most_bytes`` bytes in all, the
-    least recently used going first.
+    file of another size, is never taken for one kept. At most ``most`` headers of ``most_bytes`` bytes, LRU.
 
     >>> cache = HeaderCache(most=2, most_bytes=100)
     >>> cache.keep(b'{"a":1}', 50, "checked")
@@ -230,8 +232,7 @@ class HeaderCache(Generic[T]):
 
 @dataclass(frozen=True)
 class _Header:
-    """What a checked header holds, kept as it is (:data:`_CHECKED`): each reader copies the metadata and parses the
-    manifest's text (one of its values) into objects of its own."""
+    """What a checked header holds, kept as it is (:data:`_CHECKED`): each reader copies what it may change."""
 
     slots: SlotTable
     metadata: MappingProxyType[str, str]
@@ -266,9 +267,8 @@ class NativeReader:
     safetensors file: any damage is a :class:`CorruptFileError`. :attr:`metadata` is the header's ``__metadata__``
     (strings by string keys); in a jaxstow file the manifest's metadata is the user's, and the plain keys beside it
     must be its string values (:attr:`plain`, which :func:`open_container` checks). ``raw``, when given, is the
-    header's text already read (:func:`raw_header`), ``header`` what it gave when checked before;
-    ``fast=False`` parses it with memory that follows its entries, not its length (see
-    :func:`~jaxstow._format.json_codec.parse_json`).
+    header's text already read (:func:`raw_header`), ``header`` what it gave when checked before; ``fast=False``
+    parses it with memory that follows its entries, not its length (:func:`~jaxstow._format.json_codec.parse_json`).
     """
 
     def __init__(
