@@ -150,3 +150,67 @@ def test_a_child_forked_while_the_partner_runs_a_job_has_a_partner_of_its_own():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def _interrupt_at(code, line: int) -> None:
+    """Raise KeyboardInterrupt in this thread when a frame of ``code`` reaches ``line``, as a signal handler raises
+    between two bytecodes."""
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line:
+            sys.settrace(None)
+            frame.f_trace = None
+            raise KeyboardInterrupt(f"line {line}")
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+
+
+@pytest.mark.parametrize("where", ["two_at_once", "settle"])
+def test_an_interrupt_at_any_line_leaves_no_job_running_and_the_partner_free(where):
+    code = {
+        "two_at_once": two_at_once.__code__,
+        "settle": partner.Handed.settle.__code__,
+    }[where]
+    lines = sorted({line for _, _, line in code.co_lines() if line is not None and line > code.co_firstlineno})
+    running = threading.Event()
+
+    def theirs() -> str:
+        running.set()
+        time.sleep(0.02)
+        running.clear()
+        return "theirs"
+
+    def mine() -> str:
+        if where == "settle":
+            raise ValueError("mine failed")  # then settle() runs, and is interrupted in turn
+        return "mine"
+
+    for line in lines:
+        _interrupt_at(code, line)
+        try:
+            two_at_once(mine, theirs)
+        except (KeyboardInterrupt, ValueError):
+            pass
+        finally:
+            sys.settrace(None)
+        assert not running.is_set(), f"the partner still runs the job after an interrupt at line {line}"
+        _wait_until_idle()
+
+
+def test_a_first_job_at_the_interpreters_teardown_runs_on_its_caller_without_a_hang():
+    script = textwrap.dedent(
+        """
+        import builtins
+        from jaxstow._util.partner import two_at_once
+
+        class Late:  # dropped when the interpreter tears its modules down, the partner never started
+            def __del__(self):
+                print("late", two_at_once(lambda: 1, lambda: 2), flush=True)
+
+        builtins.late = Late()
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "late (1, 2)", done.stderr

@@ -16,6 +16,7 @@ True
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -31,7 +32,7 @@ T = TypeVar("T")
 class Handed(Generic[T]):
     """A job handed to the partner: taken back before it begins (:meth:`cancel`), or waited for (:meth:`result`)."""
 
-    __slots__ = ("_done", "_error", "_job", "_value")
+    __slots__ = ("_begun", "_done", "_error", "_job", "_value")
 
     def __init__(self, job: Callable[[], T]) -> None:
         self._job: Callable[[], T] | None = job
@@ -39,6 +40,7 @@ class Handed(Generic[T]):
         self._error: BaseException | None = None
         self._done = threading.Lock()
         self._done.acquire()  # released once the job has run or was taken back
+        self._begun = False  # set by the partner, under its state lock, as it takes the job
 
     def cancel(self) -> bool:
         """Take the job back if the partner has not begun it; whether it was taken back (the caller then runs it)."""
@@ -53,10 +55,20 @@ class Handed(Generic[T]):
         return self._value  # type: ignore[return-value]  # set by run(), which ran
 
     def settle(self) -> None:
-        """Take the job back or wait for it to end, whatever it raised: no thread touches what it was given after."""
-        if not self.cancel():
-            with self._done:
-                pass
+        """Take the job back or wait for it to end, whatever it raised: no thread touches what it was given after.
+        Safe on a job never handed; a further interrupt in the wait is raised once it ends."""
+        if self.cancel() or not _PARTNER.begun(self):
+            return
+        interrupted = None
+        while True:
+            try:
+                self._done.acquire()
+                self._done.release()
+                break
+            except BaseException as error:  # a second Ctrl-C: the partner still writes into what it was given
+                interrupted = error
+        if interrupted is not None:
+            raise interrupted
 
     def run(self) -> None:
         """Run the job, on the partner's thread, keeping its value or its error, then let go of the job."""
@@ -79,19 +91,33 @@ class _Partner:
         """No thread yet, and locks of its own (in a forked child, whose parent's locks its threads may hold)."""
         self._lock = threading.Lock()  # held while the thread is started
         self._running = False
-        self._free = threading.Lock()  # held from a job's handing until the thread has taken it or found it gone
+        self._pending = False  # from a job's handing until the thread has taken it or found it gone
         self._go = threading.Lock()  # released once for each job handed
         self._go.acquire()
         self._state = threading.Lock()  # guards the job waiting to be begun
         self._waiting: Handed[Any] | None = None
 
     def hand(self, job: Callable[[], T]) -> Handed[T] | None:
-        if not (self._running or self._start()) or not self._free.acquire(blocking=False):
-            return None
         handed = Handed(job)
-        self._waiting = handed
-        self._go.release()
-        return handed
+        return handed if self.give(handed) else None
+
+    def give(self, handed: Handed[Any]) -> bool:
+        """Hand ``handed`` over; interrupted anywhere, the state says whether it was (:meth:`Handed.settle`)."""
+        if not (self._running or self._start()):
+            return False
+        with self._state:
+            if self._pending:
+                return False
+            try:  # interrupted between these lines (a signal's handler raising), the partner is woken all the same
+                self._pending = True  # cleared by the partner once it wakes
+                self._waiting = handed
+            finally:
+                self._go.release()
+        return True
+
+    def begun(self, handed: Handed[Any]) -> bool:
+        with self._state:
+            return handed._begun
 
     def take_back(self, handed: Handed[Any]) -> bool:
         with self._state:
@@ -104,6 +130,8 @@ class _Partner:
     def _start(self) -> bool:
         with self._lock:
             if not self._running:
+                if sys.is_finalizing():  # a thread started now never runs (3.11: start() waits for it forever)
+                    return False
                 try:
                     start_thread(threading.Thread(target=self._serve, name="jaxstow-partner", daemon=True))
                 except RuntimeError:  # the interpreter is exiting, or no thread can be started now
@@ -116,7 +144,9 @@ class _Partner:
             self._go.acquire()
             with self._state:
                 handed, self._waiting = self._waiting, None
-            self._free.release()  # the next job may be handed while this one runs
+                self._pending = False  # the next job may be handed while this one runs
+                if handed is not None:
+                    handed._begun = True
             if handed is not None:
                 handed.run()
                 handed = None
@@ -141,17 +171,13 @@ def two_at_once(mine: Callable[[], A], theirs: Callable[[], T]) -> tuple[A, T]:
     >>> two_at_once(lambda: "a", lambda: "b")
     ('a', 'b')
     """
-    handed = hand(theirs)
+    handed = Handed(theirs)
     try:
+        given = _PARTNER.give(handed)
         first = mine()
-    except BaseException:
-        if handed is not None:
-            handed.settle()
-        raise
-    if handed is None or handed.cancel():
-        return first, theirs()
-    try:
+        if not given or handed.cancel():
+            return first, theirs()
         return first, handed.result()
     except BaseException:
-        handed.settle()  # an interrupt in the wait: the job may still run
+        handed.settle()  # whatever was interrupted, handing included: the state tells what to wait for
         raise
