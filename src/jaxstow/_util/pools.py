@@ -33,16 +33,27 @@ T = TypeVar("T")
 
 
 def submit(pool: Executor, job: Callable[..., T], *args: Any) -> Future[T]:
-    """``pool.submit(job, *args)``, or ``job(*args)`` run on this thread where the pool takes no more work."""
-    try:
-        return pool.submit(job, *args)
-    except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown", or a broken pool
-        done: Future[T] = Future()
+    """``pool.submit(job, *args)``, or ``job(*args)`` run on this thread where the pool takes no more work; its future.
+
+    The job runs once: a pool may queue it and then refuse (a thread it could not start), and a thread of the pool may
+    take it from the queue later; whichever of the two claims it first runs it.
+    """
+    done: Future[T] = Future()
+    claim = threading.Lock()
+
+    def run_once() -> None:
+        if not (claim.acquire(blocking=False) and done.set_running_or_notify_cancel()):
+            return  # run by the other, or cancelled before it began
         try:
             done.set_result(job(*args))
         except BaseException as error:
             done.set_exception(error)
-        return done
+
+    try:
+        pool.submit(run_once)
+    except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown", "can't start new thread"
+        run_once()
+    return done
 
 
 class SharedPool:
