@@ -189,6 +189,20 @@ def test_a_leaf_read_again_is_read_in_halves_at_once_and_right(saved, monkeypatc
             assert set(threads) == {caller, "jaxstow-partner"}
 
 
+@pytest.mark.parametrize("mib", [3, 30.5, 31.9])
+def test_a_leaf_of_any_size_read_in_halves_is_read_so_again(tmp_path, monkeypatch, mib):
+    """Up to 32 MiB, a leaf's memory is kept for the next read, which is then in halves: a leaf of 30 to 32 MiB,
+    whose buffer holds 34 MiB, too."""
+    leaf = np.random.default_rng(1).integers(0, 255, int(mib * (1 << 20)), dtype=np.uint8)
+    jaxstow.save(tmp_path / "leaf.jxs", {"x": leaf})
+    buffers.release_kept()
+    with jaxstow.open(tmp_path / "leaf.jxs") as reader:
+        np.testing.assert_array_equal(reader["x"], leaf)  # fresh memory, let go: kept
+        threads = _read_threads(monkeypatch, partner_first=True)
+        np.testing.assert_array_equal(reader["x"], leaf)
+    assert set(threads) == {threading.current_thread().name, "jaxstow-partner"}
+
+
 @pytest.mark.parametrize("blocks", [True, False], ids=["by-blocks", "whole-checksum"])
 def test_a_leaf_read_while_the_partner_thread_is_busy_is_read_whole_by_its_caller(saved, monkeypatch, blocks):
     path, tree = saved

@@ -32,9 +32,10 @@ __all__ = ["HUGE_PAGE", "KEPT_BYTES", "LARGEST_KEPT", "LeafBuffer", "leaf_buffer
 
 #: The size of a huge page, and the least a buffer of :func:`leaf_buffer` should hold.
 HUGE_PAGE = 2 << 20
-#: The most bytes of buffers kept for the next reads, and the largest buffer kept.
+#: The most bytes of buffers kept for the next reads, and the largest buffer kept: that of a leaf of up to 32 MiB
+#: (a leaf's buffer holds 2 MiB more than its whole extents), the largest read alone on one or two threads.
 KEPT_BYTES = 64 << 20
-LARGEST_KEPT = 32 << 20
+LARGEST_KEPT = (32 << 20) + HUGE_PAGE
 _ANONYMOUS = hasattr(mmap, "MAP_ANONYMOUS")
 _ADVISED = getattr(mmap, "MADV_HUGEPAGE", None) is not None
 
