@@ -414,14 +414,15 @@ def _check_shards(shards: Any, *, file: str, path: str) -> None:
             raise FormatError(f"malformed shard {excerpt(shard)}", file=file, path=path)
 
 
-def tensor_names(manifest: dict[str, Any]) -> set[str]:
-    """The names of the tensors a checked manifest's leaves are stored in (a sharded leaf's shards each have one)."""
-    names: set[str] = set()
+def tensor_names(manifest: dict[str, Any]) -> list[str]:
+    """The names of the tensors a checked manifest's leaves are stored in, once for each (a sharded leaf's shards each
+    have one)."""
+    names: list[str] = []
     for entry in manifest["leaves"]:
         if entry["kind"] == "sharded":
-            names.update(shard["tensor"] for shard in entry["shards"])
+            names.extend(shard["tensor"] for shard in entry["shards"])
         elif entry["kind"] != "value":
-            names.add(entry["path"])
+            names.append(entry["path"])
     return names
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from collections.abc import Iterator, Mapping, MutableMapping
 from types import MappingProxyType
 from typing import Any
@@ -117,10 +118,12 @@ def check_leaves(
     if plain is not None:
         _check_plain_keys(manifest, plain, file=file)
     checked = check_manifest(manifest, slots, file=file)
-    if checked["version"] < COLUMNAR_VERSION:
-        return None, tensor_names(checked)
-    columns = check_columns(checked, slots, file=file)
-    return columns, columns.tensor_names()
+    columns = None if checked["version"] < COLUMNAR_VERSION else check_columns(checked, slots, file=file)
+    names = tensor_names(checked) if columns is None else columns.tensor_names()
+    if len(distinct := set(names)) < len(names):  # one tensor's bytes given to two leaves or shards
+        twice = next(name for name, count in Counter(names).items() if count > 1)
+        raise CorruptFileError(f"two leaves or shards are stored in the tensor {excerpt(twice)}", file=file)
+    return columns, distinct
 
 
 def _check_plain_keys(manifest: Any, plain: Mapping[str, str], *, file: str) -> None:
@@ -251,13 +254,10 @@ class LeafColumns:
     def stored_paths(self) -> list[str]:
         return list(itertools.compress(self.paths, self.stored.tolist()))
 
-    def tensor_names(self) -> set[str]:
-        """The names of the tensors the leaves are stored in (a sharded leaf's shards each have one)."""
-        names = set(self.stored_paths())
-        for entry in self.entries.values():
-            if entry["kind"] == "sharded":
-                names.update(shard["tensor"] for shard in entry["shards"])
-        return names
+    def tensor_names(self) -> list[str]:
+        """The names of the tensors the leaves are stored in, once for each (a sharded leaf's shards each have one)."""
+        sharded = [entry["shards"] for entry in self.entries.values() if entry["kind"] == "sharded"]
+        return self.stored_paths() + [shard["tensor"] for shards in sharded for shard in shards]
 
 
 def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str) -> LeafColumns:
