@@ -547,3 +547,13 @@ def test_tied_weights_and_views_of_a_torch_file_come_back_as_leaves_of_their_own
     loaded["embed"][2] = 99.0  # a leaf written to changes no other, as with a jaxstow file's leaves
     assert loaded["lm_head"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0] and loaded["row"].tolist() == [2.0, 3.0]
     assert loaded["turned"].tolist() == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+
+
+def test_an_npz_of_no_arrays_loads_empty_as_numpy_reads_it(tmp_path, capsys):
+    path = tmp_path / "empty.npz"
+    np.savez(path)
+    assert dict(np.load(path)) == {} and jaxstow.load(path) == {}
+    with jaxstow.open(path) as reader:
+        assert reader.paths == []
+    assert main(["verify", str(path)]) == 0
+    assert "1 file intact" in capsys.readouterr().out

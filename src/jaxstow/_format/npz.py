@@ -171,7 +171,8 @@ def _check_no_overlap(source: ReadSource, infos: list[zipfile.ZipInfo], director
     """Refuse a member whose data, as long as the central directory says, runs into the next member or the
     directory (at ``directory``), as ``zipfile`` does from Python 3.12 on ("overlapped entries")."""
     ordered = sorted(infos, key=lambda info: info.header_offset)
-    for info, end in zip(ordered, [info.header_offset for info in ordered[1:]] + [directory], strict=True):
+    ends = [info.header_offset for info in ordered[1:]] + [directory]
+    for info, end in zip(ordered, ends[: len(ordered)], strict=True):  # an npz of no arrays has no member
         header = source.read(info.header_offset, _LOCAL_HEADER.size)
         if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
             raise CorruptFileError(f"the member {excerpt(info.filename)} has no local header", file=source.name)
