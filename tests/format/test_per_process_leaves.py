@@ -4,6 +4,7 @@ plain, their golden file, and what a damaged or misused one raises."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ from jaxstow import CheckpointManager
 from jaxstow._format.per_process import check_per_process_entry
 from jaxstow._format.tensor_reads import TensorSlot
 from jaxstow.errors import ArgumentError, FormatError, JaxstowError, RequestError, StructureMismatchError
+from reliability.forge import forge_native, split_native
 
 GOLDEN = Path(__file__).parents[1] / "data" / "per_process_v4.jxs"
 
@@ -206,3 +208,19 @@ def test_a_live_iterator_keeps_its_state_when_a_steps_restore_fails(tmp_path):
     with jaxstow.CheckpointManager(tmp_path / "run") as manager:
         manager.restore(like={"data": live, "params": {"w": np.ones(2)}}, fallback=True)
     assert live.position == 1  # the step before the damaged one's
+
+
+@pytest.mark.parametrize("claimed", [3, 20_000_000, 10**18])
+def test_a_per_process_leaf_claiming_more_processes_than_it_holds_is_refused_at_once(tmp_path, claimed):
+    """The count of processes comes from the file: no range of it is made, and the error names a few missing."""
+    jaxstow.save(tmp_path / "step.jxs", {"w": np.ones(3), "it": jaxstow.per_process({"position": 7})})
+    tensors, text, data = split_native((tmp_path / "step.jxs").read_bytes())
+    manifest = json.loads(text or "")
+    (detail,) = [detail for detail in manifest["details"].values() if "processes" in detail]
+    detail["processes"] = claimed
+    (tmp_path / "forged.jxs").write_bytes(forge_native(tensors, json.dumps(manifest), data))
+    with pytest.raises(
+        FormatError, match=r"holds no value of the processes 1, 2[0-9, .]* of the \d+ that saved it"
+    ) as error:
+        jaxstow.load(tmp_path / "forged.jxs", as_numpy=True)
+    assert len(str(error.value)) < 400

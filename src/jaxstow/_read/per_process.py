@@ -14,6 +14,7 @@ values do not belong to anyone, so restoring raises unless every value is asked 
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,10 +45,11 @@ def per_process_value(opened: OpenedFile, path: str, *, every: bool) -> Any:
     """The value of this process at ``path`` (``every``: a list of each process's, in process order)."""
     values = opened.per_process[path]
     saved_by = next(iter(values.values()))[1]["processes"]
-    if sorted(values) != list(range(saved_by)):
-        missing = sorted(set(range(saved_by)) - set(values))
+    if len(values) != saved_by or sorted(values) != list(range(saved_by)):  # a count from the file: never a range
+        missing = list(itertools.islice((process for process in range(saved_by) if process not in values), 9))
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
         raise FormatError(
-            f"holds no value of the processes {missing} of the {saved_by} that saved it (a file of the step is missing)",
+            f"holds no value of the processes {shown} of the {saved_by} that saved it (a file of the step is missing)",
             file=opened.file,
             path=path,
         )
