@@ -556,6 +556,35 @@ def test_a_structure_that_names_its_leaves_otherwise_than_the_paths_is_damage(tm
     assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr
 
 
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.arange(5), "opt": "node"},
+        {(0, "a"): np.arange(12, dtype=np.float32).reshape(3, 4), (0, "b"): np.arange(5)},
+    ],
+    ids=["beside an optax state", "tuple keys"],
+)
+def test_dict_keys_swapped_in_a_structure_the_paths_cannot_check_are_damage(tmp_path, tree):
+    from forked_cli import jaxstow_command
+
+    optax = pytest.importorskip("optax")
+    tree = {key: optax.EmptyState() if isinstance(value, str) else value for key, value in tree.items()}
+    jaxstow.save(tmp_path / "good.jxs", tree)
+    tensors, manifest_text, data = split_native((tmp_path / "good.jxs").read_bytes())
+    manifest = json.loads(manifest_text)
+    pairs = manifest["structure"]["dict"]
+    pairs[0][0], pairs[1][0] = pairs[1][0], pairs[0][0]  # "a" would come back with b's array, every checksum right
+    forged = tmp_path / "forged.jxs"
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data))
+    with pytest.raises(CorruptFileError, match=r"forged\.jxs: the structure lists the dict's key .*'b'.* before .*'a'"):
+        jaxstow.load(forged)
+    with pytest.raises(CorruptFileError, match="before"):
+        jaxstow.load(forged, as_numpy=True)
+    verified = jaxstow_command("verify", str(forged))
+    assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr
+    assert jaxstow.load(tmp_path / "good.jxs", as_numpy=True).keys() == tree.keys()
+
+
 def test_an_npz_member_longer_by_its_central_directory_than_by_its_local_header_is_damage(tmp_path):
     jaxstow.save(tmp_path / "m.npz", {"w": np.arange(6, dtype=np.float32)})
     data = bytearray((tmp_path / "m.npz").read_bytes())

@@ -30,6 +30,7 @@ from jax.tree_util import PyTreeDef
 from jaxstow._format import objects
 from jaxstow._format.attribute_paths import aux_path, join, renamed, renamed_child, replace_json
 from jaxstow._format.dataclass_fit import check_dataclass_fit
+from jaxstow._format.dict_order import check_dict_keys
 from jaxstow._format.dtypes import dtype_from_name, name_of_dtype, unstored_dtype_advice
 from jaxstow._format.json_values import MAX_NESTING, float_text, parse_float
 from jaxstow._format.static_names import AUX_NAMES, check_static_names, with_static_names
@@ -364,7 +365,7 @@ def _decode_treedef(data: JSON, *, path: str, file: str | None, depth: int) -> P
         return _make(node_type, None, children, path=path, file=file)
     if isinstance(data, dict) and len(data) == 1 and _is_pair_list(data.get("dict")):
         keys = [_decode_checked(key, path=path, file=file, depth=depth + 3) for key, _ in data["dict"]]
-        refuse_repeated(keys, file=file, path=path)
+        check_dict_keys(keys, file=file, path=path)
         prefix = f"{path}/" if path else ""
         children = [
             _decode_treedef(c, path=f"{prefix}{k}", file=file, depth=depth + 3)
