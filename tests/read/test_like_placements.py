@@ -1,6 +1,6 @@
 """Where ``like``'s restored leaves land, over four CPU devices (tests/conftest.py): Python scalars restored into the
-weakly typed 0-d arrays ``jax.eval_shape`` makes of them where ``sharding=`` says, as every restored array does; with
-``as_numpy=True``, nowhere, whatever shardings ``like`` holds."""
+weakly typed 0-d arrays ``jax.eval_shape`` makes of them where ``sharding=`` says, as every restored array does, and
+``like``'s numpy leaves too; with ``as_numpy=True``, nowhere, whatever shardings ``like`` holds."""
 
 from __future__ import annotations
 
@@ -66,3 +66,27 @@ def test_as_numpy_takes_a_like_whose_shardings_name_an_abstract_mesh(saved):
     assert type(restored["w"]) is np.ndarray and restored["w"].tolist() == [0.0, 1.0, 2.0, 3.0]
     with pytest.raises(ShardingError, match=r"leaf '(lr|w)' of .*state.jxs: its sharding .* has an abstract mesh"):
         jaxstow.load(saved, like=like)
+
+
+@pytest.mark.parametrize("through", ["load", "manager"])
+def test_sharding_places_the_numpy_leaves_of_like_and_refuses_one_that_cannot_hold_them(tmp_path, through):
+    # like from a model set up with numpy: sharding= still says where each array lands, and is checked to fit
+    weights = np.arange(24, dtype=np.float32).reshape(6, 4)
+    like = {"step": np.int32(0), "w": np.zeros((6, 4), np.float32)}
+    if through == "load":
+        jaxstow.save(tmp_path / "state.jxs", {"step": np.int32(7), "w": weights})
+        restore = lambda **options: jaxstow.load(tmp_path / "state.jxs", like=like, **options)  # noqa: E731
+    else:
+        manager = jaxstow.CheckpointManager(tmp_path / "run")
+        manager.save(7, {"step": np.int32(7), "w": weights})
+        manager.wait()
+        restore = lambda **options: manager.restore(7, like=like, **options)  # noqa: E731
+    mesh = jax.make_mesh((4,), ("x",))
+    columns = NamedSharding(mesh, P(None, "x"))
+    restored = restore(sharding={"step": None, "w": columns})
+    assert isinstance(restored["w"], jax.Array) and restored["w"].sharding == columns
+    assert np.array_equal(restored["w"], weights) and int(restored["step"]) == 7
+    with pytest.raises(ShardingError, match=r"(leaf 'w' of .*|w\.safetensors): shape \[6, 4\] cannot be laid out"):
+        restore(sharding={"step": None, "w": NamedSharding(mesh, P("x"))})  # 6 rows over 4 devices
+    untouched = restore()  # without sharding=, numpy leaves of like come back as numpy arrays
+    assert type(untouched["w"]) is np.ndarray and type(untouched["step"]) is np.int32

@@ -23,7 +23,8 @@ class LoadOptions(TypedDict, total=False):
     Attributes:
         as_numpy: numpy arrays instead of ``jax.Array`` (``False``).
         sharding: where arrays land: a ``jax.sharding.Sharding`` or device for all, a pytree prefix of them, a function
-            ``(path, shape, dtype) -> sharding``, or ``"saved"``, each leaf's saved sharding; overrides ``like``'s.
+            ``(path, shape, dtype) -> sharding``, or ``"saved"``, each leaf's saved sharding; overrides ``like``'s, and
+            places its numpy leaves too (as jax arrays).
         partial: with ``like``, leave the file's leaves that ``like`` lacks unread (``False``).
         select: without ``like``, restore only the leaves whose paths match these patterns (``*`` within a segment,
             ``**`` across segments; a path selects everything below it); the others are never read.

@@ -346,7 +346,10 @@ def _fit(
     paths, problems = (
         like_paths_in_file(opened, paths, treedef, like) if _has_nodes(opened) and not whole else (paths, [])
     )
-    targets = [target_of(leaf, file=opened.file, path=path) for path, leaf in zip(paths, wanted, strict=True)]
+    placed = sharding is not None and not as_numpy  # sharding= overrides like's placement: numpy leaves' too
+    targets = [
+        target_of(leaf, file=opened.file, path=path, placed=placed) for path, leaf in zip(paths, wanted, strict=True)
+    ]
     targets = scalar_targets(opened, paths, targets, wanted, as_numpy=as_numpy)  # eval_shape's of Python scalars
     templates = per_process_templates(opened, paths) if opened.per_process else {}
     inside = {i for positions in templates.values() for i in positions}

@@ -93,17 +93,18 @@ def _native(dtype: Any) -> np.dtype:
     return native if native.isnative else native.newbyteorder("=")
 
 
-def target_of(leaf: Any, *, file: str | None = None, path: str | None = None) -> Target:
+def target_of(leaf: Any, *, file: str | None = None, path: str | None = None, placed: bool = False) -> Target:
     """The request a ``like`` leaf makes; a :class:`~jaxstow.errors.RequestError` naming ``path`` of ``file`` for a
-    ``torch.Tensor`` of a dtype no stored leaf becomes."""
+    ``torch.Tensor`` of a dtype no stored leaf becomes. ``placed``: ``sharding=`` was given, and places numpy
+    leaves on devices as jax arrays too."""
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct) and _is_key_dtype(leaf.dtype):
         return Target("key", shape=tuple(leaf.shape), sharding=_sharding_of(leaf), impl=key_impl_name(leaf.dtype))
     if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
         return Target("jax", _native(leaf.dtype), tuple(leaf.shape), _sharding_of(leaf))
     if isinstance(leaf, np.ndarray):
-        return Target("numpy", _native(leaf.dtype), leaf.shape)
+        return Target("jax" if placed else "numpy", _native(leaf.dtype), leaf.shape)
     if isinstance(leaf, np.generic):
-        return Target("npscalar", _native(leaf.dtype), ())
+        return Target("jax" if placed else "npscalar", _native(leaf.dtype), ())
     if is_tensor(leaf):
         dtype = tensor_dtype(leaf)
         if dtype is None:
