@@ -182,14 +182,21 @@ def test_the_longer_of_two_calls_from_one_initial_state_is_refused_not_given_a_m
         postprocess_save(longer, None)
 
 
+@pytest.mark.parametrize(
+    ("block_size", "message"),
+    [
+        (4, r"holds other samples of chain \d than this run's final state"),  # row 0 in the last block sent
+        (2, r"it could be of either"),  # row 0 before it: each chain's state ends as both branches did
+    ],
+)
 @pytest.mark.parametrize("kind", ["memory", "hdf5"])
-def test_branches_that_are_loops_of_their_own_differing_in_the_first_row_of_the_last_block_sent_are_refused(
-    kind, tmp_path
+def test_branches_that_are_loops_of_their_own_differing_in_their_first_row_are_refused(
+    kind, block_size, message, tmp_path
 ):
     # vmap runs both branches of a per-chain lax.cond for every chain; each branch's loop sent its own blocks, and a
     # full block not sent yet left the first row of the block sent before it uncompared: one chain got the other
     # branch's first sample.
-    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=4)
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=block_size)
     information = scheduler.static_information(samples_collected=8)
     states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(2))
     draws = jnp.arange(8.0)
@@ -199,7 +206,7 @@ def test_branches_that_are_loops_of_their_own_differing_in_the_first_row_of_the_
 
     branches = jax.vmap(lambda state, take: jax.lax.cond(take, sampler(draws), sampler(draws.at[0].set(100.0)), state))
     final = jax.jit(branches)(states, jnp.array([True, False]))
-    with pytest.raises(CollectorError, match=r"holds other samples of chain \d than this run's final state"):
+    with pytest.raises(CollectorError, match=message):
         postprocess_save(final, None)
 
 
@@ -221,3 +228,44 @@ def test_the_first_of_two_calls_is_refused_whatever_the_draws_its_last_block_sha
     jax.block_until_ready(run(state, jnp.array([False, False, True, False, True, False])))
     with pytest.raises(CollectorError, match=r"the same saving state"):
         postprocess_save(first, None)
+
+
+def _two_calls(kind, tmp_path, second_draws):
+    """A compiled run of 8 draws called twice from one initial state, the second call with ``second_draws``."""
+    init_save, save, postprocess_save = io.save(_collector(kind, tmp_path), block_size=2)
+    state = init_save({"x": jnp.zeros(())}, None, scheduler.static_information(samples_collected=None))
+    run = jax.jit(lambda state, draws: jax.lax.scan(lambda s, x: (save(s, True, {"x": x})[0], None), state, draws)[0])
+    first = run(state, jnp.arange(8.0))
+    second = jax.block_until_ready(run(state, second_draws))
+    return first, second, postprocess_save
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+@pytest.mark.parametrize("which", ["first", "second"])
+def test_two_calls_that_differ_only_before_their_last_block_are_refused_whichever_state_is_given(kind, which, tmp_path):
+    # Both final states end on the same block, which is all the host could hold a state against: the first call's
+    # state was given the second call's rows, with sample 0 of the second call.
+    first, second, postprocess_save = _two_calls(kind, tmp_path, jnp.arange(8.0).at[0].set(-999.0))
+    with pytest.raises(CollectorError, match=r"another run from the same saving state .* it could be of either"):
+        postprocess_save(first if which == "first" else second, None)
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+@pytest.mark.parametrize("which", ["first", "second"])
+def test_a_warm_up_call_with_the_same_draws_leaves_either_state_its_samples(kind, which, tmp_path):
+    first, second, postprocess_save = _two_calls(kind, tmp_path, jnp.arange(8.0))
+    result = postprocess_save(first if which == "first" else second, None)
+    np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), np.arange(8.0, dtype=np.float32))
+    if kind == "hdf5":
+        _assert_file_holds(tmp_path / "samples.h5", [np.arange(8.0, dtype=np.float32)])
+
+
+@pytest.mark.parametrize("kind", ["memory", "hdf5"])
+def test_a_second_call_with_other_draws_throughout_keeps_its_own_and_the_first_is_refused(kind, tmp_path):
+    first, second, postprocess_save = _two_calls(kind, tmp_path, jnp.arange(8.0) + 100.0)
+    with pytest.raises(CollectorError, match=r"another run went on from the same saving state"):
+        postprocess_save(first, None)
+    (tmp_path / "again").mkdir()
+    first, second, postprocess_save = _two_calls(kind, tmp_path / "again", jnp.arange(8.0) + 100.0)
+    result = postprocess_save(second, None)
+    np.testing.assert_array_equal(np.asarray(result["samples"]["x"][:]), np.arange(8.0, dtype=np.float32) + 100.0)

@@ -142,12 +142,6 @@ class HDF5Collector(KeepsChains, DataCollector):
             StructureMismatchError: The file or its checkpoint holds other samples or another solver state (raised
                 by :meth:`register_chain`).
             CollectorError: An ``h5py.File`` given was closed before a later run (raised by :meth:`register_chain`).
-
-        >>> import h5py, tempfile
-        >>> from jaxstow import io
-        >>> file = h5py.File(tempfile.TemporaryFile(), "w")  # Use a real file for real saving
-        >>> saving = io.save(io.HDF5Collector(file))
-        >>> file.close()
         """
         checked_compression(require("h5py", extra="h5py", purpose="HDF5Collector"), compression)
         self._lock: WriterLock | None = None  # held while the collector writes a file it opened itself
@@ -177,10 +171,10 @@ class HDF5Collector(KeepsChains, DataCollector):
         self._finalized: set[int] = set()
         self._closing = threading.Lock()  # a run's end closes the file while another thread's run reads its samples
         self._live = writes_live(file, stacklevel=3)  # a warning points at the code that made the collector
-        # A crash leaves the file as it was at the last checkpoint (or at the last block published, in SWMR mode):
-        # the file is flushed before each checkpoint is committed, its HDF5 metadata is held in memory between
-        # flushes, and it is flushed now and after each chain is registered, so that a process killed before its
-        # first checkpoint leaves a file that opens.
+        # A crash leaves the file as it was at the last checkpoint (or block published, in SWMR mode): the file is
+        # flushed before each checkpoint is committed, its HDF5 metadata is held in memory between flushes, and it is
+        # flushed now and after each chain is registered, so that a process killed before its first checkpoint
+        # leaves a file that opens.
         with self._failures():
             hold_metadata_in_memory(file)
             self._settle()
@@ -272,6 +266,11 @@ class HDF5Collector(KeepsChains, DataCollector):
         if len(counts) < len(self._published):
             counts.resize(len(self._published), axis=0)
         write_hyperslab(counts, 0, np.asarray(self._published, np.int64))  # after each block: h5py's slicing costs more
+
+    def _kept_rows(self, chain_id: int, first: int, count: int) -> list[np.ndarray]:
+        """The chain's rows from ``first`` that another run of one saving state is about to write over, once written."""
+        self._writer.wait(again=False)
+        return [dataset[first : first + count] for dataset in self._datasets.get(chain_id, [])]
 
     def save(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Queue a block of samples for writing."""

@@ -197,6 +197,10 @@ class MemoryCollector(KeepsChains, DataCollector):
                 arrays[leaf] = array = grown
             array[first:end] = value
 
+    def _kept_rows(self, chain_id: int, first: int, count: int) -> list[np.ndarray]:
+        """The chain's rows from ``first`` that another run of one saving state is about to write over, as views."""
+        return [array[first : first + count] for array in self._samples.get(chain_id, [])]
+
     def _kept(self, chain_id: int, count: int) -> dict[str, np.ndarray]:
         names = self._chains.layout(chain_id).names
         self._chains.refuse_gaps(chain_id, count)

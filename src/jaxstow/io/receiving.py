@@ -36,8 +36,9 @@ from jaxstow.io.collector import (
     stores_key_data,
     together,
 )
+from jaxstow.io.displaced_runs import DisplacedRuns
 from jaxstow.io.job_queue import JobQueue
-from jaxstow.io.row_writes import RowWrites, same_bytes
+from jaxstow.io.row_writes import RowWrites
 
 __all__ = ["Receiver", "ran_already", "ring_pieces", "routed", "strategy_gone"]
 
@@ -131,6 +132,7 @@ class Receiver:
         self.key_impls: list[tuple[Any, str] | None] = []
         self._deliveries = JobQueue(f"jaxstow-{type(collector).__name__}", _PENDING_DELIVERIES)
         self._writes = RowWrites()
+        self._displaced = DisplacedRuns()
         #: Held around each block or checkpoint handed to the collector, and its bookkeeping: the devices of a
         #: ``pmap`` or ``shard_map`` call back at the same time, each on a thread of its own.
         self._handing_over = threading.Lock()
@@ -297,7 +299,7 @@ class Receiver:
                 if not live:
                     continue
                 for chain_id, (first, values) in live.items():
-                    self._writes.note(chain_id, first, len(values[0]) if values else 0)
+                    self._note(chain_id, first, values)
                 try:
                     together(self.collector, "save")(live)
                 except BaseException as error:  # on the deliveries' thread (or a callback's): no Ctrl-C comes here
@@ -342,31 +344,23 @@ class Receiver:
             return data
         return KeyData(data, impl[1]) if self.key_data else _key(data, impl[0])
 
+    def _note(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
+        """Note a block about to be handed to the collector: the rows it writes, and those it writes over."""
+        went_back_from = self._writes.note(chain_id, first, len(values[0]) if values else 0)
+        self._displaced.before_write(
+            self.collector, chain_id, first=first, values=values, went_back_from=went_back_from
+        )
+
     def check_rows_kept(self, chain_id: int, numbers: tuple[int, int, int], ring: Sequence[Any], samples: Any) -> None:
-        """Check that the collector kept the chain's last block sent as the run's final state holds it (``numbers``
-        and ``ring`` of its buffer, whose rows before the block being filled hold it): a state from which another run
-        went on, later (two calls from one initial state, or the branches of a per-chain ``lax.cond`` that ``vmap``
-        runs for every chain, each a loop of its own), would else get that run's rows, silently."""
+        """Check that the collector kept the rows of the run whose final state holds ``numbers`` and ``ring`` (whose
+        rows before the block being filled hold the chain's last block sent): a state from which another run went
+        on, later (two calls from one initial state, or the branches of a per-chain ``lax.cond`` that ``vmap`` runs
+        for every chain, each a loop of its own), would else get that run's rows, silently."""
         sent, fill, row = numbers
         self._writes.refuse_mixed(chain_id, sent + fill, self.name)
-        stored = jax.tree.leaves(samples)
-        start = self.starts.pop(chain_id, 0)
-        if sent <= start or len(stored) != len(ring):
-            return
-        length = len(ring[0])
-        count = min(sent - start, length // 2)  # a block's rows before the block being filled, where no save writes
-        pieces = ring_pieces(sent - count, count, row - fill, length)
-        for kept, held in zip(stored, ring, strict=True):
-            if getattr(kept, "dtype", None) != held.dtype or len(kept) < sent:
-                return  # a collector of its own that gives other samples than it got
-            if not all(same_bytes(kept[first : first + len(held[rows])], held[rows]) for first, rows in pieces):
-                raise CollectorError(
-                    f"the {self.name} holds other samples of chain {chain_id} than this run's final state: another "
-                    "run went on from the same saving state and sent its samples after this one (s1 = run(state); "
-                    "s2 = run(state); postprocess_save(s1)), or save sits in loops of their own in the branches of a "
-                    "per-chain lax.cond, which vmap runs for every chain; the samples of the run that ran last are "
-                    "kept: to keep both, call init_save for each run, and call save once, after the lax.cond"
-                )
+        count = max(0, min(sent - self.starts.pop(chain_id, 0), len(ring[0]) // 2)) if ring else 0
+        pieces = ring_pieces(sent - count, count, row - fill, len(ring[0])) if ring else []
+        self._displaced.refuse_other_rows(chain_id, sent, pieces, ring, jax.tree.leaves(samples), self.name)
 
     def refuse_initial_state(self, counts: dict[int, int]) -> None:
         """A :class:`CollectorError` if the state given to ``postprocess_save``, whose chains kept ``counts`` samples,
@@ -387,7 +381,7 @@ class Receiver:
     def deliver(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> None:
         """Hand a block to the collector (unless its chain failed before)."""
         with self._handing_over:
-            self._writes.note(chain_id, first, len(values[0]) if values else 0)
+            self._note(chain_id, first, values)
             self.attempt(
                 chain_id, _saving(chain_id, first, values), save_block, self.collector, chain_id, first, values
             )

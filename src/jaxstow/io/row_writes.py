@@ -6,11 +6,12 @@ order, each with the number of the latest delivery into it: a chain's rows hold 
 never fall from row to row.
 
 >>> writes = RowWrites()
->>> for first, count in [(0, 4), (4, 4), (8, 2), (8, 4)]:   # a run of 12 samples, a block sent in part, then whole
-...     writes.note(7, first, count)
+>>> [writes.note(7, first, count) for first, count in [(0, 4), (4, 4), (8, 2), (8, 4)]]  # a block in part, then whole
+[None, None, None, None]
 >>> writes.mixed(7, 12)
 False
 >>> writes.note(7, 0, 4)                                     # another run from the same state: rows 0..3 again
+(12, 8)
 >>> writes.mixed(7, 12), writes.mixed(7, 4)
 (True, False)
 """
@@ -44,10 +45,14 @@ class RowWrites:
         self._last_delivery: dict[int, int] = {}
         self._deliveries = 0
 
-    def note(self, chain_id: int, first: int, count: int) -> None:
-        """Note a delivery of ``count`` rows of chain ``chain_id`` from row ``first``."""
+    def note(self, chain_id: int, first: int, count: int) -> tuple[int, int] | None:
+        """Note a delivery of ``count`` rows of chain ``chain_id`` from row ``first``; where it goes back, starting
+        before the chain's last delivery did (another run from an earlier saving state began, or another branch of a
+        ``lax.cond``), the end of the rows delivered before it and the first row of that last delivery."""
         if count <= 0:
-            return
+            return None
+        last_first = self._last_first.get(chain_id, first)
+        went_back_from = (self.end(chain_id), last_first) if first < last_first else None
         self._deliveries += 1
         end = first + count
         rows = self._rows.setdefault(chain_id, [])
@@ -55,7 +60,7 @@ class RowWrites:
         if last is not None and last.delivery == self._last_delivery[chain_id] and last.end == first:
             last.end, last.delivery = end, self._deliveries  # the next block of a run: the common case, at once
             self._last_first[chain_id], self._last_delivery[chain_id] = first, self._deliveries
-            return
+            return None
         kept = [_Rows(part.start, min(part.end, first), part.delivery) for part in rows if part.start < first]
         kept += [_Rows(max(part.start, end), part.end, part.delivery) for part in rows if part.end > end]
         new = _Rows(first, end, self._deliveries)
@@ -68,6 +73,7 @@ class RowWrites:
             del kept[at]
         rows[:] = kept
         self._last_first[chain_id], self._last_delivery[chain_id] = first, self._deliveries
+        return went_back_from
 
     def mixed(self, chain_id: int, count: int) -> bool:
         """Whether the first ``count`` rows of the chain were written by deliveries of more than one run."""
