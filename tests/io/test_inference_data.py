@@ -193,6 +193,34 @@ def test_runs_whose_draws_differ_in_shape_name_the_variable_and_both_shapes(tmp_
         io.to_inference_data(tmp_path / "samples.h5")
 
 
+def test_a_file_holding_a_failed_runs_chains_beside_a_finished_runs_is_refused_not_cut_short(tmp_path):
+    # The failed run's chains, left unended, turned truncation on: the finished chains were cut to their 4 draws, and
+    # the failed run's draws mixed in, without a word.
+    path = tmp_path / "samples.h5"
+    collector = io.HDF5Collector(path)
+    init_save, save, postprocess_save = io.save(collector, block_size=2)
+    information = scheduler.static_information(samples_collected=None)
+    step = jax.jit(jax.vmap(lambda state, x: save(state, True, {"x": x})[0]))
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(2))
+    for i in range(5):  # a run that fails in the user's code after 5 steps: postprocess_save is never called
+        states = step(states, jnp.full(2, -100.0 - i))
+    states = jax.vmap(lambda _: init_save({"x": jnp.zeros(())}, None, information))(jnp.arange(2))
+    for i in range(7):
+        states = step(states, jnp.full(2, float(i)))
+    finished = postprocess_save(states, None)
+    collector.close()  # the failed run's chains kept the file open
+    with pytest.raises(
+        JaxstowError,
+        match=r"chains 0 \(4 draws\), 1 \(4 draws\) of .*samples.h5 are of a run that "
+        r"has not ended .* chains 2 \(7\), 3 \(7\) of one that ended",
+    ):
+        io.to_inference_data(path)
+    np.testing.assert_array_equal(io.to_inference_data(finished).posterior["x"].values, [np.arange(7.0)] * 2)
+    everything = io.to_inference_data(path, truncate=True)  # asked for: every chain, cut to the shortest
+    assert everything.posterior["chain"].values.tolist() == [0, 1, 2, 3]
+    assert dict(everything.posterior.sizes)["draw"] == 4
+
+
 def test_files_and_objects_that_hold_no_samples(tmp_path):
     with h5py.File(tmp_path / "other.h5", "w") as file:
         file["x"] = np.ones(3)

@@ -66,7 +66,8 @@ def to_inference_data(
         dims: The names of each variable's axes of a draw (``{"theta": ["school"]}``), for ``arviz.from_dict``.
 
     Raises:
-        JaxstowError: The chains kept different numbers of samples (without ``truncate``), other variables, or draws
+        JaxstowError: The chains kept different numbers of samples, or a file's chains are of a run that ended and
+            of one that has not (without ``truncate`` either), or the chains kept other variables, or draws
             of a variable in other shapes or dtypes; or there are none.
         ArgumentError: ``samples`` is none of the above, or ``coords`` or ``dims`` do not fit the variables.
         CollectorError: A ``MemoryCollector`` whose runs are over, and whose samples nothing holds any more.
@@ -78,10 +79,12 @@ def to_inference_data(
     {'chain': 1, 'draw': 4}
     """
     require("arviz", extra="arviz", purpose="to_inference_data")
-    chains, running, ids = _chains_of(samples)
+    chains, ended, ids = _chains_of(samples)
     if not chains:
         raise JaxstowError("there are no chains to convert: the source holds no samples")
-    posterior = _stack(chains, ids, truncate=truncate or running)
+    if any(ended) and not all(ended) and not truncate:
+        _refuse_runs_mixed(chains, ended, ids, file=str(getattr(samples, "filename", samples)))
+    posterior = _stack(chains, ids, truncate=truncate or not all(ended))
     if coords is None or (isinstance(coords, Mapping) and "chain" not in coords):  # else checked as given
         coords = {"chain": np.asarray(ids, np.int64), **(coords or {})}
     return from_posterior(posterior, purpose="to_inference_data", coords=coords, dims=dims)
@@ -130,9 +133,10 @@ def to_datatree(
     )
 
 
-def _chains_of(samples: Any) -> tuple[Chains, bool, list[int]]:
-    """Every chain's variables (name -> array of draws), in chain order; whether their run is still going on; the
-    chains' ids (those the collector gave them, which its file keeps; positions in a list of results)."""
+def _chains_of(samples: Any) -> tuple[Chains, list[bool], list[int]]:
+    """Every chain's variables (name -> array of draws), in chain order; whether each one's run has ended (one going
+    on, or stopped by a failure, has not); the chains' ids (those the collector gave them, which its file keeps;
+    positions in a list of results)."""
     if isinstance(samples, MemoryCollector):
         chains = samples.chains()
         if not chains and samples.chain_count:
@@ -140,17 +144,32 @@ def _chains_of(samples: Any) -> tuple[Chains, bool, list[int]]:
                 "the MemoryCollector keeps no samples of a run that ended: postprocess_save handed them over, and "
                 "nothing holds them any more; pass what postprocess_save returns to to_inference_data instead"
             )
-        return [_variables(samples.finished(chain)) for chain in chains], False, chains
+        return [_variables(samples.finished(chain)) for chain in chains], [True] * len(chains), chains
     if isinstance(samples, str | os.PathLike) or type(samples).__module__.startswith("h5py"):
         draws = read_draws(samples)
-        return draws.chains, not draws.finished, draws.ids
+        return draws.chains, draws.ended, draws.ids
     if isinstance(samples, Mapping) and "samples" in samples:
-        return [_counted(samples, 0)], False, [0]
+        return [_counted(samples, 0)], [True], [0]
     if isinstance(samples, Sequence) and all(isinstance(chain, Mapping) and "samples" in chain for chain in samples):
-        return [_counted(chain, number) for number, chain in enumerate(samples)], False, list(range(len(samples)))
+        counted = [_counted(chain, number) for number, chain in enumerate(samples)]
+        return counted, [True] * len(counted), list(range(len(samples)))
     raise ArgumentError(
         "to_inference_data takes what postprocess_save returns (a list of {'sample_count', 'samples'} per chain, or "
         f"one of them), a MemoryCollector or an HDF5Collector's file, not {type(samples).__name__}"
+    )
+
+
+def _refuse_runs_mixed(chains: Chains, ended: list[bool], ids: list[int], *, file: str) -> None:
+    """A :class:`~jaxstow.errors.JaxstowError` for a file whose chains are of a run that ended and of one that has not
+    (one that failed, or goes on): stacked, the ended chains would be cut to the others' draws, theirs mixed in."""
+    counts = [len(next(iter(variables.values()))) if variables else 0 for variables in chains]
+    unended = [f"{chain} ({count} draws)" for chain, count, done in zip(ids, counts, ended, strict=True) if not done]
+    finished = [f"{chain} ({count})" for chain, count, done in zip(ids, counts, ended, strict=True) if done]
+    raise JaxstowError(
+        f"chains {', '.join(unended)} of {file} are of a run that has not ended (it failed or stopped, or goes on), "
+        f"chains {', '.join(finished)} of one that ended: convert what that run's postprocess_save returned, or "
+        "choose chains from io.read_draws(path); truncate=True takes them all, cut to the shortest",
+        file=file,
     )
 
 

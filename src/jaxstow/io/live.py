@@ -62,12 +62,14 @@ _Read = TypeVar("_Read")
 class FileDraws:
     """Per chain (in the order of their ids): its variables (dict keys joined by ``.``) with the samples written so
     far, and their number; ``finished`` once every chain's run has ended; per chain its id, ``N`` of ``/chain~N`` (a
-    file deleted between the runs of one collector holds the later runs' chains only, ``/chain~1``, ...)."""
+    file deleted between the runs of one collector holds the later runs' chains only, ``/chain~1``, ...), and whether
+    its run ended (``ended``: a run stopped by a failure, or going on, leaves its chains unended)."""
 
     chains: list[dict[str, np.ndarray]]
     done: list[int]
     finished: bool
     ids: list[int]
+    ended: list[bool]
 
 
 def read_draws(source: Any) -> FileDraws:
@@ -82,7 +84,7 @@ def read_draws(source: Any) -> FileDraws:
 def run_finished(path: str | os.PathLike[str]) -> bool:
     """Whether every chain of the file at ``path`` has finished its run, as ``read_draws(path).finished`` says, but
     without reading a sample (the module's example shows both)."""
-    return _read_consistently(path, lambda file, name: _locate(file, name=name)[2])
+    return _read_consistently(path, lambda file, name: all(_locate(file, name=name)[2]))
 
 
 def read_stacked(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
@@ -210,17 +212,17 @@ def _written(name: str) -> bool:
 
 
 def _read(file: Any, name: str) -> FileDraws:
-    chains, done, finished, ids = _locate(file, name=name)
+    chains, done, ended, ids = _locate(file, name=name)
     samples = [
         {key: as_sample(dataset, dataset[:count]) for key, dataset in datasets.items()}
         for datasets, count in zip(chains, done, strict=True)
     ]
-    return FileDraws(samples, done, finished, ids)
+    return FileDraws(samples, done, all(ended), ids, ended)
 
 
-def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], bool, list[int]]:
-    """Per chain (in the order of their ids) its datasets by variable and its count of samples written; whether every
-    chain's run has ended; the chains' ids. In a file another process is writing, the counts are read before the rows
+def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], list[bool], list[int]]:
+    """Per chain (in the order of their ids) its datasets by variable, its count of samples written and whether its
+    run has ended; the chains' ids. In a file another process is writing, the counts are read before the rows
     they count."""
     h5py = require("h5py", extra="h5py", purpose=f"reading the samples of {name}")
     following = file.mode == "r" and file.swmr_mode  # a reader of a live file: see what the writer added since
@@ -266,7 +268,7 @@ def _locate(file: Any, *, name: str) -> tuple[list[dict[str, Any]], list[int], b
         for dataset in datasets.values():
             refuse_unstored(dataset, done[-1], name=name)
         chains.append(dict(zip(variable_names(list(datasets)), datasets.values(), strict=True)))
-    return chains, done, not running, [chain for chain, _ in items]
+    return chains, done, [stored[chain] is not None for chain, _ in items], [chain for chain, _ in items]
 
 
 def _collect(datasets: dict[str, Any], kind: type, key: str, node: Any) -> None:
