@@ -186,6 +186,22 @@ def test_numpy_variables_of_64_bits_get_their_values_whole() -> None:
 
 
 @pytest.mark.parametrize("layout", ["jaxstow", "objax"])
+def test_a_weakly_typed_variable_stays_weakly_typed_and_a_strong_one_strong(tmp_path, layout) -> None:
+    # a scale held as jnp.asarray(2.0) came back strongly typed: bf16 activations times it turned float32
+    path = str(tmp_path / "vars.npz")
+    saved = {"scale": objax.StateVar(jnp.asarray(2.0)), "bias": objax.TrainVar(jnp.zeros(2, jnp.float32))}
+    if layout == "jaxstow":
+        objax_io.save_var_collection(path, saved)
+    else:
+        objax.io.save_var_collection(path, objax.VarCollection(saved))
+    fresh = {"scale": objax.StateVar(jnp.asarray(1.0)), "bias": objax.TrainVar(jnp.ones(2, jnp.float32))}
+    objax_io.load_var_collection(path, fresh)
+    assert fresh["scale"].value.weak_type and float(fresh["scale"].value) == 2.0
+    assert (jnp.ones(2, jnp.bfloat16) * fresh["scale"].value).dtype == jnp.bfloat16
+    assert not fresh["bias"].value.weak_type and fresh["bias"].value.tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("layout", ["jaxstow", "objax"])
 def test_a_file_object_at_the_first_of_two_archives_is_refused_not_read_as_the_second(layout, tmp_path) -> None:
     layer, parts = objax.nn.Linear(2, 2), []
     for scale in (1.0, 2.0):  # zipfile finds an archive from its end: the second, from the first's position

@@ -23,6 +23,7 @@ from jaxstow._format.npz import MANIFEST_MEMBER, NpzReader
 from jaxstow._save_load import load, save
 from jaxstow._storage.folders import make_folder
 from jaxstow._storage.opening import PathOrFile, display_name, local_path, open_source
+from jaxstow._util.jax_compat import typed_as
 from jaxstow.errors import ArgumentError, VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]
@@ -179,13 +180,15 @@ def load_var_collection(
 
 
 def _assign_all(assignments: list[tuple[Any, Any]], *, file: str) -> None:
-    """Assign each variable its value, as it holds it (jax would narrow a numpy variable's 64 bits); where one's
+    """Assign each variable its value, as it holds it (jax would narrow a numpy variable's 64 bits; a weakly typed
+    one, ``jnp.asarray(2.0)``, stays weakly typed, and promotes as a Python number does); where one's
     ``assign`` fails, those assigned before it get their values back, and the failure is an ``ArgumentError``."""
     done: list[tuple[Any, Any]] = []
     try:
         for variable, value in assignments:
             held = variable.value
-            _assign(variable, np.array(value) if isinstance(held, np.ndarray | np.generic) else jnp.asarray(value))
+            on_host = isinstance(held, np.ndarray | np.generic)
+            _assign(variable, np.array(value) if on_host else typed_as(jnp.asarray(value), held))  # weak as held
             done.append((variable, held))
     except Exception as error:
         for variable, held in reversed(done):
