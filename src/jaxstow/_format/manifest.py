@@ -299,12 +299,12 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
         raise CorruptFileError(problem, file=file)
     if not isinstance(details, dict):
         raise FormatError("the manifest's details must be an object keyed by leaf index", file=file)
-    if not isinstance(manifest.get("blocks", {}), dict):
+    if not isinstance(blocks := manifest.get("blocks", {}), dict):
         raise FormatError("the manifest's blocks must be an object keyed by leaf index", file=file)
-    for key, detail in details.items():
+    for where, key, detail in [*(("", *pair) for pair in details.items()), *(("blocks ", k, {}) for k in blocks)]:
         if not (_INDEX.fullmatch(key) and int(key) < len(paths) and isinstance(detail, dict)):
             raise FormatError(
-                f"malformed detail {excerpt(key)} of the manifest (expected a leaf index and an object)", file=file
+                f"malformed detail {excerpt(where + key)} of the manifest (expected a leaf index)", file=file
             )
     entries = (columns := columns_again(manifest, slots, file=file)).entries
     for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards"), ("p", "processes")):
