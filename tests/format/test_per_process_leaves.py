@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xxhash
 from memory_files import saved_in_memory
 
 import jaxstow
@@ -224,3 +225,34 @@ def test_a_per_process_leaf_claiming_more_processes_than_it_holds_is_refused_at_
     ) as error:
         jaxstow.load(tmp_path / "forged.jxs", as_numpy=True)
     assert len(str(error.value)) < 400
+
+
+@pytest.mark.parametrize("damage", ["flipped", "garbage"])
+def test_verify_opens_each_processs_value_as_a_load_does_and_names_its_damage(tmp_path, damage):
+    """A per-process value is a file of its own, in a tensor whose checksum the forger fixed up: verify called the
+    file intact where load found it damaged."""
+    from forked_cli import jaxstow_command
+
+    inner = io.BytesIO()
+    jaxstow.save(inner, {"position": np.arange(1000)})  # the value as a process saves it
+    value = bytearray(inner.getvalue())
+    if damage == "flipped":
+        value[-9] ^= 1  # a byte of the position's data: its own checksum no longer holds
+    else:
+        value = bytearray(b"\0" * 100)
+    jaxstow.save(tmp_path / "step.jxs", {"w": np.ones(3), "it": jaxstow.per_process({"position": np.arange(1000)})})
+    tensors, text, data = split_native((tmp_path / "step.jxs").read_bytes())
+    manifest = json.loads(text or "")
+    begin, end = tensors["it"]["data_offsets"]
+    assert end == len(data)  # the last tensor: its bytes are replaced, and no other moves
+    tensors["it"].update(shape=[len(value)], data_offsets=[begin, begin + len(value)])
+    index = [path for path, kind in zip(manifest["paths"], manifest["kinds"], strict=True) if kind != "v"].index("it")
+    manifest["xxh3"][index] = xxhash.xxh3_64_hexdigest(bytes(value))
+    forged = tmp_path / "forged.jxs"
+    forged.write_bytes(forge_native(tensors, json.dumps(manifest), data[:begin] + bytes(value)))
+    with pytest.raises(FormatError):
+        jaxstow.load(forged, as_numpy=True)
+    verified = jaxstow_command("verify", str(forged))
+    assert verified.returncode == 1 and "DAMAGED" in verified.stdout, verified.stdout + verified.stderr
+    assert "leaf 'it' of" in verified.stdout and "process 0's value" in verified.stdout
+    assert jaxstow_command("verify", str(tmp_path / "step.jxs")).returncode == 0

@@ -31,6 +31,7 @@ from jaxstow._storage.opening import open_source
 from jaxstow.errors import FormatError, RequestError, StructureMismatchError
 
 __all__ = [
+    "checked_value",
     "fill_from_per_process",
     "none_as_per_process",
     "per_process_templates",
@@ -84,9 +85,20 @@ def stored_bytes(opened: OpenedFile, path: str, process: int) -> np.ndarray:
     return container.read([path], lambda name, found: opened.verify(path, found, entry.get("xxh3"), source))[path]
 
 
-def _decode(opened: OpenedFile, path: str, process: int) -> Any:
-    where = f"{opened.file}:{path}"
+def checked_value(opened: OpenedFile, path: str, process: int) -> int:
+    """Read ``process``'s value at ``path`` as a load does, every checksum of its own file compared; its bytes."""
     data = stored_bytes(opened, path, process)
+    _decoded(opened, path, process, data)
+    return data.nbytes
+
+
+def _decode(opened: OpenedFile, path: str, process: int) -> Any:
+    return _decoded(opened, path, process, stored_bytes(opened, path, process))
+
+
+def _decoded(opened: OpenedFile, path: str, process: int, data: np.ndarray) -> Any:
+    """``process``'s value at ``path``, from ``data``, the file of its own it is stored as."""
+    where = f"{opened.file}:{path}"
     nested = OpenedFile(open_container(open_source(io.BytesIO(data.tobytes()))))
     with nested:
         treedef = nested.treedef()

@@ -25,7 +25,7 @@ import numpy as np
 from jaxstow._format.block_checksums import Checksums, checked_blocks
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
 from jaxstow._read.opened import OpenedFile
-from jaxstow._read.per_process import stored_bytes
+from jaxstow._read.per_process import checked_value
 from jaxstow._read.reader import read_again
 from jaxstow.errors import CorruptFileError, FormatError
 
@@ -42,10 +42,10 @@ def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tupl
     for path, values in reader.per_process.items():  # each process's value, a file of its own in a tensor
         for process, (_, entry) in sorted(values.items()):
             checked += entry.get("xxh3") is not None
-            try:
-                on_read(read_again(reader, functools.partial(stored_bytes, reader, path, process)).nbytes)
-            except CorruptFileError as error:
-                damage.append(error)
+            try:  # its bytes, then the file they are, as a load opens it
+                on_read(read_again(reader, functools.partial(checked_value, reader, path, process)))
+            except FormatError as error:
+                damage.append(_as_damage(error, reader.file, path, process))
     for leaf in reader.stored.values():
         sums = [shard.checksum for shard in leaf.shards] if isinstance(leaf, ShardedLeaf) else [leaf.checksum]
         checked += sum(checksum is not None for checksum in sums)
@@ -55,6 +55,14 @@ def verify_checksums(reader: OpenedFile, on_read: Callable[[int], None]) -> tupl
             damage.append(error)
         on_read(leaf.nbytes)
     return checked, damage
+
+
+def _as_damage(error: FormatError, file: str, path: str, process: int) -> CorruptFileError:
+    """``error``, met reading ``process``'s value at ``path`` of ``file``, as damage to the file: the value is a
+    file of its own, whose header the file's checksum covers, so a malformed one was changed after the save."""
+    if isinstance(error, CorruptFileError) and error.file == file:
+        return error
+    return CorruptFileError(f"process {process}'s value, a file of its own, is damaged: {error}", file=file, path=path)
 
 
 def _check_leaf(reader: OpenedFile, leaf: Stored) -> None:
