@@ -66,9 +66,8 @@ def to_inference_data(
         dims: The names of each variable's axes of a draw (``{"theta": ["school"]}``), for ``arviz.from_dict``.
 
     Raises:
-        JaxstowError: The chains kept different numbers of samples, or a file's chains are of a run that ended and
-            of one that has not (without ``truncate`` either), or the chains kept other variables, or draws
-            of a variable in other shapes or dtypes; or there are none.
+        JaxstowError: The chains kept different numbers of samples, or a file's are of an ended and an unended run
+            (without ``truncate`` either); other variables, or draws in other shapes or dtypes; or there are none.
         ArgumentError: ``samples`` is none of the above, or ``coords`` or ``dims`` do not fit the variables.
         CollectorError: A ``MemoryCollector`` whose runs are over, and whose samples nothing holds any more.
 
