@@ -163,7 +163,8 @@ def read_verified_box(
 def _read_verified(tensor: _Tensor, stored: _Stored, box: Box, into: np.ndarray | None) -> np.ndarray:
     extent = tuple(stop - start for start, stop in box)
     if into is None:
-        into = aligned_empty(math.prod(extent) * tensor.dtype.itemsize).view(tensor.dtype).reshape(extent)
+        nbytes = math.prod(extent) * tensor.dtype.itemsize
+        into = aligned_empty(nbytes, stored.offset + tensor.first_byte(box)).view(tensor.dtype).reshape(extent)
     if into.size:
         _read_into(tensor, stored, box, into)
     return into
@@ -196,7 +197,7 @@ def _read_into(tensor: _Tensor, stored: _Stored, box: Box, out: np.ndarray) -> N
         if out.flags.c_contiguous:
             _read_range(tensor, stored, first, end, out.reshape(-1).view(np.uint8))
         else:
-            whole = aligned_empty(out.nbytes)
+            whole = aligned_empty(out.nbytes, stored.offset + first)
             _read_range(tensor, stored, first, end, whole)
             out[...] = whole.view(tensor.dtype).reshape(out.shape)
         return
@@ -213,7 +214,7 @@ def _read_into(tensor: _Tensor, stored: _Stored, box: Box, out: np.ndarray) -> N
         return
     low, high = block_span(first, end, tensor.nbytes)
     base = low * BLOCK_BYTES
-    scratch = aligned_empty(min(high * BLOCK_BYTES, tensor.nbytes) - base)
+    scratch = aligned_empty(min(high * BLOCK_BYTES, tensor.nbytes) - base, stored.offset + base)
     marks = tensor.touched(box)[low:high]
     edges = np.flatnonzero(np.diff(np.concatenate(([False], marks, [False])).astype(np.int8)))
     for run_start, run_stop in edges.reshape(-1, 2).tolist():
@@ -235,7 +236,7 @@ def _read_range(tensor: _Tensor, stored: _Stored, start: int, stop: int, into: n
         _read_blocks(tensor, stored, begin, into[begin - start : end - start])
     for block in sorted({low, high - 1} - set(range(whole_low, whole_high))):
         begin, end = tensor.block_bytes(block)
-        buffer = aligned_empty(end - begin)
+        buffer = aligned_empty(end - begin, stored.offset + begin)
         _read_blocks(tensor, stored, begin, buffer)
         at, until = max(begin, start), min(end, stop)
         into[at - start : until - start] = buffer[at - begin : until - begin]

@@ -27,7 +27,7 @@ from jaxstow._format.header import NativeReader
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, StoredShard, intersect
 from jaxstow._format.source import Parallel
-from jaxstow._format.tensor_reads import aligned_empty, run_all
+from jaxstow._format.tensor_reads import TensorSlot, aligned_empty, run_all
 from jaxstow._read.block_verified import read_part
 from jaxstow._read.slicing import full_box
 
@@ -69,7 +69,8 @@ class ShardReads:
             if intersect(shard.box, box) == box:
                 inner = tuple((a - start, b - start) for (a, b), (start, _) in zip(box, shard.box, strict=True))
                 if self._native(shard) and inner == full_box(shard.shape):
-                    whole = aligned_empty(math.prod(shard.shape) * leaf.dtype.itemsize).view(leaf.dtype)
+                    nbytes, at = math.prod(shard.shape) * leaf.dtype.itemsize, self._slot(shard).offset
+                    whole = aligned_empty(nbytes, at).view(leaf.dtype)
                     self._plan_whole(leaf, shard, whole)
                     return lambda: whole.reshape(shard.shape)
                 cell: list[np.ndarray] = []
@@ -92,8 +93,12 @@ class ShardReads:
     def _native(self, shard: StoredShard) -> bool:
         return isinstance(self._containers[shard.source], NativeReader)
 
+    def _slot(self, shard: StoredShard) -> TensorSlot:
+        """Where a shard of a native file lies in it."""
+        return self._containers[shard.source].slots[shard.tensor]
+
     def _plan_whole(self, leaf: ShardedLeaf, shard: StoredShard, into: np.ndarray) -> None:
-        slot = self._containers[shard.source].slots[shard.tensor]
+        slot = self._slot(shard)
         self._wholes.append(_Whole(shard.source, slot.offset, into.reshape(-1).view(np.uint8).data, leaf, shard))
 
     def run(self) -> None:

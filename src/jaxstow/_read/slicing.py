@@ -196,13 +196,17 @@ def read_box(
     array.
     """
     extent = tuple(stop - start for start, stop in box)
-    out = aligned_empty(math.prod(extent) * dtype.itemsize) if into is None else into.reshape(-1).view(np.uint8)
+    strides = [math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape))]
+    first = offset + sum(
+        start * stride for (start, _), stride in zip(box, strides, strict=True)
+    )  # the box's first byte
+    nbytes = math.prod(extent) * dtype.itemsize
+    out = aligned_empty(nbytes, first) if into is None else into.reshape(-1).view(np.uint8)
     if out.size == 0:
         return out.view(dtype).reshape(extent)
-    strides = [math.prod(shape[axis + 1 :]) * dtype.itemsize for axis in range(len(shape))]
     partial_axes = [axis for axis, (start, stop) in enumerate(box) if (start, stop) != (0, shape[axis])]
     if not partial_axes or partial_axes == [0]:  # whole rows of the first axis: one range
-        read_range(source, offset + (box[0][0] * strides[0] if box else 0), out.data)
+        read_range(source, first, out.data)
         return out.view(dtype).reshape(extent)
     last = partial_axes[-1]
     run_bytes = extent[last] * strides[last]
