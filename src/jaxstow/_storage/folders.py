@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import os
 import shutil
+import stat
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -115,6 +116,17 @@ def make_folder(root: str) -> None:
         raise storage_error(error, root, doing="make the folder") from error
 
 
+def _may_hold(marker: str) -> bool:
+    """Whether the file ``marker`` is there, or may be: its folder cannot be looked into (no permission), or the disk
+    fails; reading it then says which. Only a file found missing is not there."""
+    try:
+        return stat.S_ISREG(os.stat(marker).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+
+
 class LocalStore:
     """Folders in the local directory ``root``, each committed by one rename once its ``marker`` file is written."""
 
@@ -136,14 +148,16 @@ class LocalStore:
         make_folder(self.root)
 
     def committed(self) -> list[str]:
-        """Names of the committed folders: not temporary, and holding their marker."""
+        """Names of the committed folders: not temporary, and holding their marker, or a folder that cannot be looked
+        into (no permission): whether it holds its marker is unknown, and reading it says why, where leaving it out
+        would make the folder before it the latest without a word."""
         entries = self._entries()
         return sorted(
             entry.name
             for entry in entries
             if TEMPORARY_MARKER not in entry.name
             and entry.is_dir()
-            and os.path.isfile(os.path.join(entry.path, self.marker))
+            and _may_hold(os.path.join(entry.path, self.marker))
         )
 
     def read_marker(self, name: str) -> bytes:

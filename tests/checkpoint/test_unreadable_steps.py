@@ -1,0 +1,77 @@
+"""A step folder this user cannot look into (a run copied with ``cp -a`` from a user whose umask was 077) is a step
+all the same: restoring it says it cannot be read, never restores the step before it as the latest. Run in a child
+that obeys permission bits (:mod:`tests.support.permissions`), as root ignores them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from jaxstow import CheckpointManager
+from tests.support.permissions import obey_permission_bits
+
+_PROGRAM = """
+    import sys
+    from jaxstow import CheckpointManager
+    from jaxstow.errors import StorageError
+    manager = CheckpointManager(sys.argv[1])
+    print("steps", manager.steps(), "latest", manager.latest_step())
+    try:
+        print("restored", manager.restore()["w"].tolist())
+    except StorageError as error:
+        print("refused", error)
+"""
+
+
+def _run_without_overrides(*command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run by a child that obeys permission bits; skipped where root cannot give that up."""
+    try:
+        return subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
+        )
+    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
+        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
+
+
+@pytest.fixture
+def run(tmp_path):
+    folder = tmp_path / "run"
+    with CheckpointManager(folder) as manager:
+        for step in (1, 2, 3):
+            manager.save(step, {"w": np.full(2, float(step))})
+    yield folder
+    for path in folder.iterdir():
+        path.chmod(0o755)
+
+
+def test_the_newest_step_unreadable_is_refused_not_replaced_by_the_one_before(run):
+    (run / "3").chmod(0o000)
+    finished = _run_without_overrides(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
+    lines = finished.stdout.splitlines()
+    # was: "steps [1, 2] latest 2" and step 2's values restored as the latest, without a word
+    assert lines[0] == "steps [1, 2, 3] latest 3", finished.stderr
+    assert lines[1].startswith(f"refused {run / '3' / 'checkpoint.json'}: cannot read it: permission denied")
+    assert f"check the permissions of {run / '3'}" in lines[1]
+
+
+def test_the_command_line_lists_no_step_of_a_folder_with_an_unreadable_step(run):
+    (run / "3").chmod(0o000)
+    finished = _run_without_overrides(sys.executable, "-m", "jaxstow", "ls", str(run))
+    assert finished.returncode == 2 and finished.stdout == ""
+    assert finished.stderr.startswith(f"jaxstow ls: {run / '3' / 'checkpoint.json'}: cannot read it: permission")
+    assert "Traceback" not in finished.stderr
+
+
+def test_an_unreadable_folder_that_is_not_a_step_is_left_out(run):
+    (run / "lost+found").mkdir(mode=0o700)  # the root of a file system of its own, owned by root
+    (run / "lost+found").chmod(0o000)
+    finished = _run_without_overrides(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
+    assert finished.stdout.splitlines() == ["steps [1, 2, 3] latest 3", "restored [3.0, 3.0]"], finished.stderr
