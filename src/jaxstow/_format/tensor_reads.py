@@ -33,14 +33,12 @@ from jaxstow._format.source import Parallel, ReadSource, in_pool
 from jaxstow._util.buffers import HUGE_PAGE, leaf_buffer
 from jaxstow._util.partner import two_at_once
 from jaxstow._util.pools import submit
-from jaxstow.errors import CorruptFileError
 
 __all__ = [
     "ALIGNMENT",
     "LOCAL_DISK",
     "TensorSlot",
     "aligned_empty",
-    "bools_checked",
     "read_range",
     "read_slots",
     "read_tensors",
@@ -416,11 +414,3 @@ def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify |
         for slot, digest in zip(slots, digests, strict=True):
             verify(slot.name, digest)
     return {slot.name: array for slot, array in zip(slots, arrays, strict=True)}
-
-
-def bools_checked(array: np.ndarray, *, file: str, path: str) -> np.ndarray:
-    """``array``, unless it is of bools whose bytes are not all 0 or 1 (a file made by hand: numpy and jax would then
-    disagree on its values, ``x == True`` false where ``x`` prints ``True``), a :class:`CorruptFileError` then."""
-    if array.dtype == np.bool_ and array.size and int(array.reshape(-1).view(np.uint8).max()) > 1:
-        raise CorruptFileError("a bool tensor holds bytes other than 0 and 1", file=file, path=path)
-    return array

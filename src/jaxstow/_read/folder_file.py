@@ -26,7 +26,7 @@ import numpy as np
 
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored
-from jaxstow._format.tensor_reads import bools_checked
+from jaxstow._format.stored_values import values_checked
 from jaxstow._read.layer_kinds import refuse_split_kinds, refuse_undecided_kinds, square_kin, torch_conv_as_flax
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.shard_reads import ShardReads
@@ -136,7 +136,7 @@ class FolderFile(OpenedFile):
         assembled = reads.box(stored, box[::-1] if turned else box)
         self.on_read(math.prod(stop - start for start, stop in box) * stored.dtype.itemsize)
         reads.run()
-        part = bools_checked(assembled(), file=self.file, path=path)
+        part = values_checked(assembled(), file=self.file, path=path)
         return np.ascontiguousarray(part.T) if turned else part
 
     def read_arrays(self, leaves: Sequence[Stored]) -> dict[str, np.ndarray]:

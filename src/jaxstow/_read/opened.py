@@ -37,7 +37,8 @@ from jaxstow._format.manifest import LeafColumns, StoredLeaves
 from jaxstow._format.native_or_npz import Container
 from jaxstow._format.shards import Box, ShardedLeaf, Stored, check_coverage, sharded_leaf_from_entry
 from jaxstow._format.skeleton import decode_treedef, decode_value
-from jaxstow._format.tensor_reads import bools_checked, read_tensors
+from jaxstow._format.stored_values import CHECKED_DTYPES, all_values_checked, values_checked
+from jaxstow._format.tensor_reads import read_tensors
 from jaxstow._format.torch_leaves import tensor_from_numpy
 from jaxstow._read.block_verified import read_part
 from jaxstow._read.mapped import mapped_leaf
@@ -278,7 +279,7 @@ class OpenedFile(Mapping[str, Any]):
         leaf = self.stored[path]
         self.on_read(math.prod(stop - start for start, stop in box) * leaf.dtype.itemsize)
         if isinstance(leaf, ShardedLeaf):
-            return bools_checked(self._read_sharded(leaf, box), file=self.file, path=path)
+            return values_checked(self._read_sharded(leaf, box), file=self.file, path=path)
         within = tuple(slice(start, stop) for start, stop in box)
         if box == full_box(leaf.shape) or not isinstance(self.container, NativeReader):
             part: np.ndarray = self.read_arrays([leaf])[path][within]
@@ -287,7 +288,7 @@ class OpenedFile(Mapping[str, Any]):
         else:
             at = self.container.slots[path].offset
             part = read_part(self.container.source, at, leaf.dtype, leaf.shape, box, leaf, file=self.file, path=path)
-        return bools_checked(part, file=self.file, path=path)
+        return values_checked(part, file=self.file, path=path)
 
     def _read_sharded(self, leaf: ShardedLeaf, box: Box) -> np.ndarray:
         """Assemble ``box`` of a sharded leaf from the parts of its shards that overlap it."""
@@ -353,6 +354,8 @@ class OpenedFile(Mapping[str, Any]):
                 k for k, (found, wanted) in enumerate(zip(digests, columns.checksums, strict=True)) if found != wanted
             )
             self.verify(paths[k], digests[k], columns.checksums[k])
+        if not CHECKED_DTYPES.isdisjoint(dtypes):  # a set operation: 0.1 ms for 10,000 leaves
+            all_values_checked(arrays, dtypes, file=self.file, paths=paths)
         for k, leaf in leaves.items():
             arrays[k] = self.as_leaf(leaf, arrays[k], as_numpy=as_numpy)
         if len(positions) == len(columns.paths):
@@ -379,7 +382,7 @@ class OpenedFile(Mapping[str, Any]):
             for leaf in leaves:
                 view = self._mapped(leaf)
                 self.verify(leaf.path, checksum_bytes(view.reshape(-1).view(np.uint8).data), leaf.checksum)
-                out[leaf.path] = bools_checked(view, file=self.file, path=leaf.path)
+                out[leaf.path] = values_checked(view, file=self.file, path=leaf.path)
             return out
         for leaf in leaves:
             self.on_read(leaf.nbytes)
@@ -399,7 +402,7 @@ class OpenedFile(Mapping[str, Any]):
             if array.dtype != leaf.dtype or array.shape != leaf.shape:
                 typed = array.reshape(-1).view(np.uint8).view(leaf.dtype).reshape(leaf.shape)
                 arrays[leaf.path] = np.require(typed, requirements="A")  # raw bytes at an odd offset: copied aligned
-        return {path: bools_checked(array, file=self.file, path=path) for path, array in arrays.items()}
+        return {path: values_checked(array, file=self.file, path=path) for path, array in arrays.items()}
 
     def _mapped(self, leaf: Stored, box: Box | None = None) -> np.ndarray:
         """A view of the leaf in the memory map (:func:`~jaxstow._read.mapped.mapped_leaf`)."""

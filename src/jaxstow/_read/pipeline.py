@@ -36,7 +36,8 @@ import xxhash
 
 from jaxstow._format.header import NativeReader
 from jaxstow._format.shards import ShardedLeaf
-from jaxstow._format.tensor_reads import LOCAL_DISK, aligned_empty, bools_checked
+from jaxstow._format.stored_values import values_checked
+from jaxstow._format.tensor_reads import LOCAL_DISK, aligned_empty
 from jaxstow._read.narrowing import NARROWED, held_problem
 from jaxstow._read.opened import OpenedFile
 from jaxstow._read.pinned_pieces import PinnedPieces, sub_byte
@@ -193,7 +194,7 @@ def _restore_leaf(
                 if stop_at == slot.nbytes:
                     opened.verify(path, hasher.hexdigest(), leaf.checksum)
                 data = staged.view if staged is not None else piece.view(leaf.dtype).reshape(shape)
-                bools_checked(data, file=opened.file, path=path)
+                values_checked(data, file=opened.file, path=path)
                 with _moving(opened, path):
                     parts.append(_transfer(staged.array if staged is not None else data, target))
                 del data
