@@ -22,7 +22,7 @@ def _metadata(path: Path) -> dict | None:
 def test_a_safetensors_files_metadata_stays_in_place_and_goes_into_a_jaxstow_file(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     save_file({"w": np.ones(2, np.float32)}, str(path), metadata={"format": "pt", "license": "mit"})
-    assert main(["convert", str(path), str(path)]) == 0
+    assert main(["convert", str(path), str(path), "--overwrite"]) == 0
     assert _metadata(path) == {"format": "pt", "license": "mit"}
     assert main(["convert", str(path), str(tmp_path / "model.jxs")]) == 0
     assert jaxstow.load_metadata(tmp_path / "model.jxs") == {"format": "pt", "license": "mit"}

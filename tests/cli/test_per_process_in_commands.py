@@ -38,7 +38,7 @@ def test_diff_compares_per_process_values(tmp_path: Path, capsys) -> None:
 
 def test_convert_in_place_keeps_a_per_process_leaf(tmp_path: Path) -> None:
     path = _saved(tmp_path / "m.jxs", 5)
-    assert main(["convert", str(path), str(path)]) == 0
+    assert main(["convert", str(path), str(path), "--overwrite"]) == 0
     assert jaxstow.load(path, per_process="all")["loader"] == [{"position": 5}]
     assert main(["convert", str(path), str(tmp_path / "copy.jxs")]) == 0
     assert main(["verify", str(tmp_path / "copy.jxs")]) == 0

@@ -42,7 +42,7 @@ def _jaxstow(*args: object) -> tuple[int, list[str]]:
 def test_convert_onto_a_full_disk_names_the_file_and_keeps_the_one_there(disk, big):
     target = disk / "model.jxs"
     jaxstow.save(target, {"w": np.arange(4.0)})
-    status, lines = _jaxstow("convert", big, target)
+    status, lines = _jaxstow("convert", big, target, "--overwrite")
     assert status == 2 and lines == [
         f"jaxstow convert: {target}: cannot write it: no space left on the device holding {disk}; free some space "
         "there, or write elsewhere"

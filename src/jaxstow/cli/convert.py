@@ -58,6 +58,7 @@ from jaxstow.cli.files import (
     describe,
     hf_listing,
     is_folder,
+    kind_of_path,
     open_file,
     open_hf_folder,
     open_source_at,
@@ -85,6 +86,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", metavar="DST", help="the file (or checkpoint folder) to write (a path or an fsspec URL)")
     parser.add_argument("--to", choices=_FORMATS, help="the format of DST, if not the one its name implies")
     parser.add_argument("--progress", action="store_true", help="show a progress bar of the bytes written")
+    parser.add_argument("--overwrite", action="store_true", help="replace DST where it exists (refused otherwise)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +109,12 @@ def run(args: argparse.Namespace) -> int:
                 f"{args.src} ({kind.label}) -> {args.dst} (jaxstow checkpoint folder): {steps} step{'s' * (steps != 1)}"
             )
             return 0
+        if not args.overwrite and (found := kind_of_path(args.dst)) is not None:  # a step's file, a day's work
+            raise PathError(
+                f"exists already ({'a folder' if found == 'folder' else 'a file'}): convert writes a new file; give "
+                "another DST, or --overwrite to replace it",
+                file=args.dst,
+            )
         if kind.name == "orbax-step":
             path = os.path.abspath(local_path(args.src) or args.src)
             tree, metrics = orbax_steps.read_step(path)

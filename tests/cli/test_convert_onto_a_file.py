@@ -1,0 +1,43 @@
+"""``jaxstow convert`` writes a new file: a DST that exists (a step's item file, a day's training) is refused and left
+as it was, unless ``--overwrite`` says to replace it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from forked_cli import jaxstow_command
+
+import jaxstow
+from jaxstow import CheckpointManager
+
+
+def test_convert_onto_a_checkpoint_steps_file_is_refused_and_the_step_stays_intact(tmp_path: Path) -> None:
+    with CheckpointManager(tmp_path / "run") as manager:
+        manager.save(5, {"w": np.full(3, 5.0)})
+        manager.save(6, {"w": np.full(3, 6.0)})
+    (older,) = [path for path in (tmp_path / "run" / "5").iterdir() if path.name != "checkpoint.json"]
+    newer = tmp_path / "run" / "6" / older.name
+    finished = jaxstow_command("convert", older, newer)
+    # was: step 6's file replaced by a plain copy of step 5's, step 6 then reported DAMAGED
+    assert finished.returncode == 2 and "Traceback" not in finished.stderr
+    assert finished.stderr.strip() == (
+        f"jaxstow convert: {newer}: exists already (a file): convert writes a new file; give another DST, or "
+        "--overwrite to replace it"
+    )
+    np.testing.assert_array_equal(CheckpointManager(tmp_path / "run").restore(6)["w"], np.full(3, 6.0))
+    assert jaxstow_command("verify", str(tmp_path / "run")).returncode == 0
+
+
+def test_convert_with_overwrite_replaces_the_file_there(tmp_path: Path) -> None:
+    np.savez(tmp_path / "new.npz", w=np.ones(2))
+    jaxstow.save(tmp_path / "model.jxs", {"w": np.zeros(2)})
+    refused = jaxstow_command("convert", tmp_path / "new.npz", tmp_path / "model.jxs")
+    assert refused.returncode == 2 and "exists already (a file)" in refused.stderr
+    np.testing.assert_array_equal(jaxstow.load(tmp_path / "model.jxs", as_numpy=True)["w"], np.zeros(2))
+    assert jaxstow_command("convert", tmp_path / "new.npz", tmp_path / "model.jxs", "--overwrite").returncode == 0
+    np.testing.assert_array_equal(jaxstow.load(tmp_path / "model.jxs", as_numpy=True)["w"], np.ones(2))
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    into_folder = jaxstow_command("convert", tmp_path / "new.npz", folder)
+    assert into_folder.returncode == 2 and "exists already (a folder)" in into_folder.stderr
