@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import numbers
 import os
@@ -13,6 +14,7 @@ import numpy as np
 from jaxstow._names.registry import saveable
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
+from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.folders import make_folder
 from jaxstow.errors import ArgumentError, JaxstowError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
@@ -124,9 +126,11 @@ class DefaultCheckpointer(AbstractCheckpointer):
                     f"DefaultCheckpointerArguments: delete_existing_checkpoints would delete {resume}, the "
                     "load_filename to resume from, before it is resumed from; unset one of them"
                 )
+            for folder in sorted({os.path.dirname(path) for path in doomed}):  # none deleted unless all may be
+                _refuse_unchangeable(folder)
             for path in doomed:
-                with contextlib.suppress(FileNotFoundError):  # deleted by another rank's checkpointer meanwhile
-                    os.remove(path)
+                with storage_failures(path, doing="delete it"), contextlib.suppress(FileNotFoundError):
+                    os.remove(path)  # a file gone already: deleted by another rank's checkpointer meanwhile
                     self.logger.info("deleted %s", path)
 
     @property
@@ -237,6 +241,16 @@ class DefaultCheckpointer(AbstractCheckpointer):
         if self.args.model_state_save_dir:
             own += self.names.find(self._in(self.args.model_state_save_dir), model=True).values()
         return own
+
+
+def _refuse_unchangeable(folder: str) -> None:
+    """A :class:`~jaxstow.errors.StorageError` where this process may not delete files in ``folder`` (a read-only
+    folder or file system, no permission)."""
+    if not os.access(folder, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        code = errno.EROFS if os.statvfs(folder).f_flag & os.ST_RDONLY else errno.EACCES
+        raise storage_error(
+            OSError(code, os.strerror(code)), folder, doing="delete this checkpointer's old files in it"
+        )
 
 
 def _check_path(args: DefaultCheckpointerArguments, field: str, *, optional: bool) -> None:
