@@ -149,4 +149,18 @@ def _args(tmp_path, dst: str):
     import argparse
 
     jaxstow.save(tmp_path / "bf16.jxs", {"x": np.ones(2, ml_dtypes.bfloat16)})
-    return argparse.Namespace(src=str(tmp_path / "bf16.jxs"), dst=str(tmp_path / dst), to="npz", progress=False)
+    return argparse.Namespace(
+        src=str(tmp_path / "bf16.jxs"), dst=str(tmp_path / dst), to="npz", progress=False, overwrite=False
+    )
+
+
+@pytest.mark.parametrize(
+    "metadata", [{"jaxstow": "1.0"}, {"jaxstow_header_xxh3": "abc"}, {"note": '"format":"jaxstow"'}]
+)
+def test_another_tools_file_with_metadata_jaxstow_reserves_is_refused_saying_so(tmp_path, metadata):
+    path = tmp_path / "other.safetensors"
+    save_file({"w": np.ones(2, np.float32)}, str(path), metadata=metadata)
+    # was: "the header's checksum does not match: the header is corrupt", of a file whose every byte is as written
+    with pytest.raises(CorruptFileError, match="another tool gave its file metadata that jaxstow reserves") as raised:
+        jaxstow.load(path)
+    assert raised.value.file == str(path) and "rename it in that tool" in str(raised.value)

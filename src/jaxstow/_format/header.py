@@ -67,6 +67,11 @@ _HEX_DIGITS = frozenset(b"0123456789abcdef")
 _ZEROS = ZERO_CHECKSUM.encode("ascii")
 #: The signs of a header written by jaxstow: its manifest's key, its checksum's key, its format's name.
 _JAXSTOW_MARKS = (b'"jaxstow":"', _HASH_PREFIX, b'\\"format\\":\\"jaxstow\\"')
+_UNSEALED = (
+    'the header shows a jaxstow key or "format":"jaxstow" but does not end with jaxstow\'s header checksum: a jaxstow '
+    'file\'s header is damaged, or another tool gave its file metadata that jaxstow reserves (the key "jaxstow", '
+    '"jaxstow_header_xxh3", or that text in a value): rename it in that tool to read the file here'
+)
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 #: The bytes of the length and header of the file last opened by each name (up to 1 MiB): what its next first read takes.
 _HEADER_BYTES: dict[str, int] = {}
@@ -141,11 +146,9 @@ def claims_manifest(raw: bytes) -> bool:
 
 
 def _checksum_at(raw: bytes) -> int | None:
-    """Where the checksum a header's text (``raw``: the bytes after the length, padding included) ends with starts.
-
-    The 16 hex digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding;
-    ``None`` if it does not end so. Found from the end, without a copy of the text.
-    """
+    """Where the checksum a header's text (``raw``: the bytes after the length, padding included) ends with starts:
+    the 16 hex digits between ``"jaxstow_header_xxh3":"`` and ``"}}``, the text's last bytes before the padding;
+    ``None`` if it does not end so. Found from the end, without a copy of the text."""
     end = raw.rfind(HASH_SUFFIX)
     start = end - len(ZERO_CHECKSUM)
     if (
@@ -166,17 +169,18 @@ def check_header_checksum(raw: bytes, *, file: str) -> str:
     them.
     """
     start = _checksum_at(raw)
-    if start is not None:
-        end = start + len(ZERO_CHECKSUM)
-        text = memoryview(raw)
-        digest = xxhash.xxh3_64()
-        digest.update(text[:start])
-        digest.update(_ZEROS)
-        digest.update(text[end : end + len(HASH_SUFFIX)])
-        recorded = raw[start:end].decode("ascii")
-        if digest.hexdigest() == recorded:
-            return recorded
-    raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
+    if start is None:  # a jaxstow file damaged there, or another tool's file that took jaxstow's words
+        raise CorruptFileError(_UNSEALED, file=file)
+    end = start + len(ZERO_CHECKSUM)
+    text = memoryview(raw)
+    digest = xxhash.xxh3_64()
+    digest.update(text[:start])
+    digest.update(_ZEROS)
+    digest.update(text[end : end + len(HASH_SUFFIX)])
+    recorded = raw[start:end].decode("ascii")
+    if digest.hexdigest() != recorded:
+        raise CorruptFileError("the header's checksum does not match: the header is corrupt", file=file)
+    return recorded
 
 
 T = TypeVar("T")
@@ -370,12 +374,9 @@ class SlotTable(Mapping[str, TensorSlot]):
 
 
 def check_header(header: dict[str, Any], *, data_start: int, file_size: int, file: str) -> SlotTable:
-    """The tensors of a parsed header (without ``__metadata__``), checked.
-
-    Else the error of the first entry that breaks a rule, naming the tensor: a
-    :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the file, a
-    :class:`~jaxstow.errors.FormatError` otherwise.
-    """
+    """The tensors of a parsed header (without ``__metadata__``), checked; else the error of the first entry that
+    breaks a rule, naming the tensor: a :class:`~jaxstow.errors.TruncatedFileError` for data beyond the end of the
+    file, a :class:`~jaxstow.errors.FormatError` otherwise."""
     table = slot_table(header, data_start=data_start, file_size=file_size)
     if table is not None:
         return table
@@ -436,11 +437,9 @@ def slot_table(header: dict[str, Any], *, data_start: int, file_size: int) -> Sl
 
 
 def _shapes_fit(shapes: list[Any], sizes: np.ndarray, ndims: np.ndarray, itemsizes: np.ndarray) -> bool:
-    """Whether every shape spans at most MAX_ARRAY_BYTES, axes of size 0 counted as 1.
-
-    Shapes are non-negative, of at most MAX_AXES axes. Computed as floats (a product too large becomes inf, never a
-    wrapped number), and exactly in Python for the few shapes near the bound.
-    """
+    """Whether every shape (non-negative, of at most MAX_AXES axes) spans at most MAX_ARRAY_BYTES, axes of size 0
+    counted as 1: computed as floats (a product too large becomes inf, never a wrapped number), and exactly in Python
+    for the few shapes near the bound."""
     if not len(ndims):
         return True
     starts = np.cumsum(ndims) - ndims
