@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import stat
@@ -38,6 +39,7 @@ from jaxstow.errors import CheckpointError, NotAFolderError, PathError, PathNotF
 
 __all__ = ["LocalStaging", "LocalStore", "make_folder", "remove_leftovers"]
 
+logger = logging.getLogger("jaxstow.storage")
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 _WRITE_BUFFER = 1 << 20
@@ -55,10 +57,14 @@ def remove_leftovers(directory: str) -> list[str]:
     removed = []
     for entry in entries:
         if TEMPORARY_MARKER in entry.name:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
-            else:
-                os.unlink(entry.path)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+            except OSError as error:  # harmless where it is (no listing shows it): no reason to refuse to save
+                logger.warning("%s", storage_error(error, entry.path, doing="delete this leftover of a save"))
+                continue
             removed.append(entry.name)
     return removed
 
@@ -202,6 +208,7 @@ class LocalStore:
         with storage_failures(self.path(name), doing="delete it"):
             os.rename(self.path(name), doomed)
             fsync_directory(self.root)
+        with storage_failures(doomed, doing="delete it (a folder deleted, its files left under a temporary name)"):
             _remove_folder(doomed)
 
     def files(self) -> list[str]:

@@ -187,7 +187,7 @@ class StepFolder:
                 raise failed(
                     CheckpointError,
                     f"step {saved} is saved, but deleting step {step}, which the keep policy keeps no more, failed "
-                    f"(the next save deletes it): {error}",
+                    f"(a later save or manager of this folder tries again): {error}",
                     error,
                 ) from error
             self.forget(step)
