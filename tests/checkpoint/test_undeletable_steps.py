@@ -10,10 +10,9 @@ import sys
 import textwrap
 
 import numpy as np
-import pytest
 
 from jaxstow import CheckpointManager, KeepPolicy
-from tests.support.permissions import obey_permission_bits
+from tests.support.permissions import run_obeying_permission_bits
 
 _SAVE = """
     import logging, sys
@@ -32,16 +31,8 @@ _SAVE = """
 
 
 def _save(run, step: int) -> subprocess.CompletedProcess[str]:
-    """Save ``step`` in a child that obeys permission bits; skipped where root cannot give that up."""
-    try:
-        return subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(_SAVE), str(run), str(step)],
-            capture_output=True,
-            text=True,
-            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
-        )
-    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
-        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
+    """Save ``step`` in a child that obeys permission bits."""
+    return run_obeying_permission_bits(sys.executable, "-c", textwrap.dedent(_SAVE), str(run), str(step))
 
 
 def test_a_step_whose_files_cannot_be_deleted_never_stops_a_later_save(tmp_path):

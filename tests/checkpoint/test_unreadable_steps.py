@@ -4,8 +4,6 @@ that obeys permission bits (:mod:`tests.support.permissions`), as root ignores t
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -13,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxstow import CheckpointManager
-from tests.support.permissions import obey_permission_bits
+from tests.support.permissions import run_obeying_permission_bits
 
 _PROGRAM = """
     import sys
@@ -26,19 +24,6 @@ _PROGRAM = """
     except StorageError as error:
         print("refused", error)
 """
-
-
-def _run_without_overrides(*command: str) -> subprocess.CompletedProcess[str]:
-    """``command`` run by a child that obeys permission bits; skipped where root cannot give that up."""
-    try:
-        return subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
-        )
-    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
-        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
 
 
 @pytest.fixture
@@ -54,7 +39,7 @@ def run(tmp_path):
 
 def test_the_newest_step_unreadable_is_refused_not_replaced_by_the_one_before(run):
     (run / "3").chmod(0o000)
-    finished = _run_without_overrides(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
+    finished = run_obeying_permission_bits(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
     lines = finished.stdout.splitlines()
     # was: "steps [1, 2] latest 2" and step 2's values restored as the latest, without a word
     assert lines[0] == "steps [1, 2, 3] latest 3", finished.stderr
@@ -64,7 +49,7 @@ def test_the_newest_step_unreadable_is_refused_not_replaced_by_the_one_before(ru
 
 def test_the_command_line_lists_no_step_of_a_folder_with_an_unreadable_step(run):
     (run / "3").chmod(0o000)
-    finished = _run_without_overrides(sys.executable, "-m", "jaxstow", "ls", str(run))
+    finished = run_obeying_permission_bits(sys.executable, "-m", "jaxstow", "ls", str(run))
     assert finished.returncode == 2 and finished.stdout == ""
     assert finished.stderr.startswith(f"jaxstow ls: {run / '3' / 'checkpoint.json'}: cannot read it: permission")
     assert "Traceback" not in finished.stderr
@@ -73,5 +58,5 @@ def test_the_command_line_lists_no_step_of_a_folder_with_an_unreadable_step(run)
 def test_an_unreadable_folder_that_is_not_a_step_is_left_out(run):
     (run / "lost+found").mkdir(mode=0o700)  # the root of a file system of its own, owned by root
     (run / "lost+found").chmod(0o000)
-    finished = _run_without_overrides(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
+    finished = run_obeying_permission_bits(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(run))
     assert finished.stdout.splitlines() == ["steps [1, 2, 3] latest 3", "restored [3.0, 3.0]"], finished.stderr

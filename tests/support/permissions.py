@@ -8,6 +8,10 @@ with ``prctl(PR_CAPBSET_DROP)`` before ``exec``, and stays the owner of its fold
 from __future__ import annotations
 
 import ctypes
+import os
+import subprocess
+
+import pytest
 
 _PR_CAPBSET_DROP = 24
 _PERMISSION_OVERRIDES = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
@@ -19,3 +23,14 @@ def obey_permission_bits() -> None:
     for capability in _PERMISSION_OVERRIDES:
         if libc.prctl(_PR_CAPBSET_DROP, capability, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), f"prctl(PR_CAPBSET_DROP, {capability}) failed")
+
+
+def run_obeying_permission_bits(*command: str) -> subprocess.CompletedProcess[str]:
+    """``command`` run to its end by a child that obeys permission bits (root's child gives up its overrides), its
+    output captured as text; the test skipped where root may not give them up."""
+    try:
+        return subprocess.run(
+            command, capture_output=True, text=True, preexec_fn=obey_permission_bits if os.geteuid() == 0 else None
+        )
+    except subprocess.SubprocessError as error:  # raised when preexec_fn fails
+        pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")

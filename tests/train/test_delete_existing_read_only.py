@@ -5,14 +5,13 @@ obeys permission bits (:mod:`tests.support.permissions`), as root ignores them."
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.support.permissions import obey_permission_bits
+from tests.support.permissions import run_obeying_permission_bits
 
 _PROGRAM = """
     import sys
@@ -40,15 +39,7 @@ def test_a_folder_of_old_checkpoints_that_may_not_change_is_named_and_nothing_is
     kept = {folder: sorted(os.listdir(folder)) for folder in (saves, models)}
     (tmp_path / read_only).chmod(0o555)
     try:
-        try:
-            finished = subprocess.run(
-                [sys.executable, "-c", textwrap.dedent(_PROGRAM), str(saves), str(models)],
-                capture_output=True,
-                text=True,
-                preexec_fn=obey_permission_bits if os.geteuid() == 0 else None,
-            )
-        except subprocess.SubprocessError as error:  # raised when preexec_fn fails
-            pytest.skip(f"running as root without the right to drop CAP_DAC_OVERRIDE, so chmod stops nothing: {error}")
+        finished = run_obeying_permission_bits(sys.executable, "-c", textwrap.dedent(_PROGRAM), str(saves), str(models))
     finally:
         (tmp_path / read_only).chmod(0o755)
     folder = Path(tmp_path / read_only)
