@@ -676,3 +676,13 @@ def test_a_file_is_not_saved_over_a_folder_of_the_store_nor_at_a_url_naming_one(
     with CheckpointManager(server.url(prefix, "run"), storage_options=options) as manager:
         assert manager.steps() == [1] and float(manager.restore()["w"][0]) == 1.0
     jaxstow.save(server.url(prefix, "run.jxs"), {"w": np.zeros(2)}, storage_options=options)  # beside it: a file
+
+
+def test_a_manager_of_a_mistyped_bucket_finds_no_step_by_naming_the_bucket(s3):
+    server, prefix, _ = s3
+    manager = CheckpointManager(f"s3://{server.bucket}-typo/{prefix}/run", storage_options=server.storage_options)
+    # was: None and [], as for a run not begun: a resume started over from step 0
+    for query in (manager.latest_step, manager.steps, manager.restore):
+        with pytest.raises(PathNotFoundError, match=r"no bucket '.*-typo': the storage has none of that name"):
+            query()
+    assert CheckpointManager(server.url(prefix, "new-run"), storage_options=server.storage_options).steps() == []

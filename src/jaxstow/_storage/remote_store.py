@@ -137,7 +137,10 @@ class RemoteStore:
         try:
             with storage_errors(self.location):
                 found = self.fs.find(self.root)
-        except FileNotFoundError:
+        except FileNotFoundError:  # a folder with no step yet, unless its bucket is missing: never "no step" then
+            with storage_errors(self.location):
+                if bucket_missing(self.fs, self.root):
+                    raise nothing_at(self.location, bucket_missing=True) from None
             return []
         prefix = self.root + "/"
         return [path.removeprefix(prefix) for path in found if path.startswith(prefix)]
