@@ -143,6 +143,27 @@ def test_a_sharding_dict_keyed_by_no_item_is_refused_naming_the_items(tmp_path):
         assert manager.restore(sharding={"params": device}, items=["params"])["params"]["w"].sharding == device
 
 
+def test_a_sharding_function_sees_the_paths_load_gives_and_is_named_when_it_fails(tmp_path):
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    seen = []
+
+    def by_path(path, shape, dtype):
+        seen.append(path)
+        return device if path in ("w", "p/b") else None  # a rule written against load's paths
+
+    with CheckpointManager(tmp_path) as manager:
+        manager.save(1, {"w": np.ones(4, np.float32), "p": {"b": np.zeros(2, np.float32)}})  # 'w': one array
+        restored = manager.restore(sharding=by_path)
+        assert sorted(seen) == ["p/b", "w"]  # never 'w/', which no rule of load's paths matches
+        assert restored["w"].sharding == device and restored["p"]["b"].sharding == device
+
+        def takes_one(path):
+            return None
+
+        with pytest.raises(jaxstow.errors.ShardingError, match=r"the sharding function <function .*takes_one at"):
+            manager.restore(sharding=takes_one)
+
+
 def test_restore_onto_a_device_and_a_sharding(tmp_path):
     device = jax.devices()[0]
     with CheckpointManager(tmp_path) as manager:

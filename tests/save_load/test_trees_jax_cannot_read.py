@@ -61,6 +61,15 @@ def test_a_deleted_array_in_a_checkpoint_is_named_by_its_leaf_and_file(tmp_path)
     assert "has been deleted" in str(caught.value)
 
 
+def test_a_deleted_array_saved_as_the_whole_tree_is_named_as_the_root(tmp_path):
+    with pytest.raises(ArgumentError, match=r"^cannot save the root of the tree of .*w\.jxs: its array \(float32\[3\]\)"):
+        jaxstow.save(tmp_path / "w.jxs", _deleted())
+    with CheckpointManager(tmp_path / "run") as manager, pytest.raises(ArgumentError) as caught:
+        manager.save(1, {"w": _deleted()})  # an item that is one array
+        manager.wait_until_finished()
+    assert str(caught.value).startswith("cannot save the root of the tree of "), caught.value
+
+
 @pytest.mark.parametrize(
     ("tree", "where", "kinds"),
     [

@@ -183,8 +183,9 @@ def naming_deleted_arrays(paths: Callable[[], Sequence[str]], leaves: Sequence[A
         if not deleted:
             raise
         leaf, path = leaves[deleted[0]], paths()[deleted[0]]
+        where = f"leaf {path!r}" if path else "the root of the tree"
         raise ArgumentError(
-            f"cannot save leaf {path!r}{f' of {file}' if file else ''}: its array ({leaf.dtype}{list(leaf.shape)}) "
+            f"cannot save {where}{f' of {file}' if file else ''}: its array ({leaf.dtype}{list(leaf.shape)}) "
             "has been deleted, as donating it to a jitted function (donate_argnums) does: save it before the call "
             "that donates it, or save what the call returned",
             file=file or None,

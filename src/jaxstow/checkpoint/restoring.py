@@ -217,7 +217,12 @@ def _item_sharding(sharding: ShardingSpec, name: str) -> ShardingSpec:
     if isinstance(sharding, Mapping):
         return sharding.get(name)
     if callable(sharding):
-        return lambda path, shape, dtype: sharding(f"{name}/{path}", shape, dtype)
+        function = sharding
+
+        def in_item(path: str, shape: tuple[int, ...], dtype: Any) -> Any:  # an item that is one array: its name
+            return function("/".join(filter(None, (name, path))), shape, dtype)
+
+        return functools.wraps(function)(in_item)  # an error names the user's function
     return sharding
 
 
