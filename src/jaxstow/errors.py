@@ -216,8 +216,7 @@ class UnsaveableObjectError(JaxstowError, TypeError):
 
     def __init__(self, obj: object, *, file: str | None = None, path: str = "", advice: str | None = None) -> None:
         super().__init__(
-            f"cannot save {_where(file or None, path)}: {excerpt(obj)} is "
-            f"{advice or _unsaveable_advice(obj)}",
+            f"cannot save {_where(file or None, path)}: {excerpt(obj)} is {advice or _unsaveable_advice(obj)}",
             file=file,
             path=path,
         )

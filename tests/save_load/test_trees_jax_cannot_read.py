@@ -62,7 +62,9 @@ def test_a_deleted_array_in_a_checkpoint_is_named_by_its_leaf_and_file(tmp_path)
 
 
 def test_a_deleted_array_saved_as_the_whole_tree_is_named_as_the_root(tmp_path):
-    with pytest.raises(ArgumentError, match=r"^cannot save the root of the tree of .*w\.jxs: its array \(float32\[3\]\)"):
+    with pytest.raises(
+        ArgumentError, match=r"^cannot save the root of the tree of .*w\.jxs: its array \(float32\[3\]\)"
+    ):
         jaxstow.save(tmp_path / "w.jxs", _deleted())
     with CheckpointManager(tmp_path / "run") as manager, pytest.raises(ArgumentError) as caught:
         manager.save(1, {"w": _deleted()})  # an item that is one array
