@@ -1,8 +1,9 @@
 """An equinox ``tree_serialise_leaves`` stream read into ``like``, every leaf as the stream holds it.
 
 The stream holds each leaf's ``.npy`` without the tree's structure, so ``like`` gives it. equinox checks an array's
-shape and dtype against ``like``'s, but casts a number to the type of ``like``'s leaf (``int(0.5)`` is ``0``): here a
-number that the cast would change is a :class:`~jaxstow.errors.FormatError` naming the leaf, never a value other than
+shape and dtype against ``like``'s, but casts a number to the type of ``like``'s leaf (``int(0.5)`` is ``0``), and a
+64-bit array into a jax array's 32 bits where jax's 64-bit mode is off (``2**40 + 1`` is ``1``): here a number or an
+array that the cast would change is a :class:`~jaxstow.errors.FormatError` naming the leaf, never a value other than
 the one saved.
 
 >>> import io, equinox as eqx
@@ -59,6 +60,8 @@ def read_equinox(data: bytes, name: str, like: Any) -> Any:
 def _leaf(default: Any, name: str, path: str, stream: io.BytesIO, leaf: Any) -> Any:
     """The stream's next leaf for ``like``'s ``leaf`` at ``path``, as equinox reads it; a number only if the type of
     ``like``'s leaf holds it as saved."""
+    if isinstance(leaf, jax.Array | jax.ShapeDtypeStruct):
+        return _array(default, name, path, stream, leaf)
     if not isinstance(leaf, _NUMBERS):
         return default(stream, leaf)
     start = stream.tell()
@@ -73,6 +76,42 @@ def _leaf(default: Any, name: str, path: str, stream: io.BytesIO, leaf: Any) -> 
             path=path,
         )
     return value
+
+
+def _array(default: Any, name: str, path: str, stream: io.BytesIO, leaf: Any) -> Any:
+    """The stream's next array for ``like``'s jax array ``leaf`` at ``path``, as equinox reads it (jax's dtype for
+    it); only if that dtype holds every value saved."""
+    start = stream.tell()
+    value = default(stream, leaf)
+    end = stream.tell()
+    stream.seek(start)
+    if (stored := _npy_dtype(stream)) is not None and stored != value.dtype:
+        stream.seek(start)
+        saved = np.load(stream)
+        kept = np.asarray(value).astype(saved.dtype)
+        if not np.array_equal(kept, saved, equal_nan=saved.dtype.kind in "fc"):
+            first = np.flatnonzero((kept != saved) & ~(np.isnan(saved) if saved.dtype.kind in "fc" else False))[0]
+            raise FormatError(
+                f"the equinox stream holds {saved.dtype} here, which like's {value.dtype} leaf would change "
+                f"({excerpt(saved.flat[first].item())} into {excerpt(kept.flat[first].item())}): turn on jax's "
+                "64-bit mode (jax.config.update('jax_enable_x64', True)) and give like this dtype",
+                file=name,
+                path=path,
+            )
+    stream.seek(end)
+    return value
+
+
+def _npy_dtype(stream: io.BytesIO) -> np.dtype | None:
+    """The dtype of the ``.npy`` at the stream's position (read up to its data), or ``None`` where it is none to cast:
+    not a number's."""
+    try:
+        version = np.lib.format.read_magic(stream)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        dtype: np.dtype = read(stream)[2]
+    except ValueError:
+        return None
+    return dtype if dtype.kind in "biufc" else None
 
 
 def _ours(error: BaseException | None) -> FormatError | None:
