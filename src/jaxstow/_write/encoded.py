@@ -41,6 +41,7 @@ from jaxstow._format.native_or_npz import (
 )
 from jaxstow._format.per_process import PerProcess, is_per_process, state_of
 from jaxstow._format.pieces import Deferred, HostArray
+from jaxstow._format.replicas import replica_print
 from jaxstow._storage.opening import PathOrFile, local_path
 from jaxstow._storage.settings import StorageSettings
 from jaxstow._storage.sinks import atomic_sink, file_object_sink
@@ -164,7 +165,7 @@ def encode_tree(
         _check_addressable(encoded, leaves, file=file)
     if copy:
         encoded = [_copied(leaf, given) for leaf, given in zip(encoded, leaves, strict=True)]
-    digest = "" if part is None else _digest(structure, encoded)
+    digest = "" if part is None else _digest(structure, encoded, leaves, hosting)
     replicas = {} if part is None else replica_summary(encoded, part)
     rename_taken_shards(encoded)
     if part:
@@ -248,19 +249,21 @@ def _check_addressable(encoded: list[EncodedLeaf], leaves: list[Any], *, file: s
             )
 
 
-def _digest(structure: Any, leaves: list[EncodedLeaf]) -> str:
+def _digest(structure: Any, leaves: list[EncodedLeaf], given: list[Any], hosting: HostBudget | None) -> str:
     """What every process saving the same tree agrees on: its structure, each leaf's path, kind, dtype and shape,
     then (after a ``:``) the values that every process saves once for all, in groups of leaves
-    (:mod:`~jaxstow._write.grouped_prints`): the value leaves, and the bytes of each stored array of at most
-    :data:`_VALUE_BYTES`. Larger unsharded arrays are left out, for the cost of hashing them in every process of
-    every save; per-process leaves too, and sharded arrays, whose replicas are compared between the processes that
-    hold them (:mod:`~jaxstow._write.replica_sets`). See :func:`differing_leaves`."""
+    (:mod:`~jaxstow._write.grouped_prints`): the value leaves, the bytes of each stored array of at most
+    :data:`_VALUE_BYTES`, and 64 windows of 1 KiB of each larger one on the host (reading a larger one whole, or one
+    on an accelerator, would cost every process a pass over it on every save). Per-process leaves are left out, and
+    sharded arrays, whose replicas are compared between the processes that hold them
+    (:mod:`~jaxstow._write.replica_sets`). See :func:`differing_leaves`."""
     described = [json.dumps([leaf.entry["path"], leaf.entry["kind"], *_layout(leaf)]) for leaf in leaves]
     layout = hashlib.sha256(json.dumps([structure, described], separators=(",", ":")).encode()).hexdigest()[:16]
-    return f"{layout}:{grouped([_value_print(leaf) for leaf in leaves])}:{grouped(described)}"
+    prints = [_value_print(leaf, value, hosting) for leaf, value in zip(leaves, given, strict=True)]
+    return f"{layout}:{grouped(prints)}:{grouped(described)}"
 
 
-#: The largest unsharded array whose bytes the digest of a tree saved by several processes covers: larger ones
+#: The largest unsharded array whose bytes the digest of a tree saved by several processes covers whole: larger ones
 #: (replicated parameters, for instance) would cost every process a pass over them on every save.
 _VALUE_BYTES = 64 << 10
 
@@ -287,16 +290,24 @@ def differing_leaves(digest: str, other: str, count: int) -> tuple[int, int] | N
     return differing_group(values, other_values, count)
 
 
-def _value_print(leaf: EncodedLeaf) -> str:
-    """What a leaf's value contributes to the digest: its JSON (a value leaf), its bytes' xxh3 (a stored array of at
-    most :data:`_VALUE_BYTES`, a deferred one read for it), or nothing (sharded, per-process and larger leaves)."""
+def _value_print(leaf: EncodedLeaf, given: Any, hosting: HostBudget | None) -> str:
+    """What a leaf (``given``, encoded as ``leaf``) contributes to the digest: its JSON (a value leaf), its bytes'
+    xxh3 (a stored array of at most :data:`_VALUE_BYTES`, a deferred one read for it), the
+    :func:`~jaxstow._format.replicas.replica_print` of a larger one (64 windows of 1 KiB, read from its device where
+    it is deferred), or nothing (sharded and per-process leaves)."""
     kind = leaf.entry["kind"]
     if kind == "value":
         return json.dumps(leaf.entry.get("value"), sort_keys=True, separators=(",", ":"), default=str)
     array = leaf.array
-    if kind == "per_process" or array is None or array.nbytes > _VALUE_BYTES:
+    if kind == "per_process" or array is None:
         return ""
-    return array.digest() if isinstance(array, Deferred) else checksum(array)
+    if array.nbytes <= _VALUE_BYTES:
+        return array.digest() if isinstance(array, Deferred) else checksum(array)
+    if not isinstance(array, Deferred):
+        return replica_print(array)
+    if type(given) is np.ndarray:  # a copy deferred: the bytes it will hold, native
+        return replica_print(given.astype(given.dtype.newbyteorder("="), copy=False))
+    return (hosting.replica_print(given) if hosting is not None else None) or ""
 
 
 def _layout(leaf: EncodedLeaf) -> list[Any]:
