@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
                 f"writes no such file back; give another DST, such as {converted_name(args.src)}",
                 file=args.dst,
             )
+        if kind.name != "orbax-manager":
+            _refuse_writing_into(args.src, args.dst, target, kind)
         if kind.name == "orbax-manager":
             if target != "jaxstow":
                 raise PathError(
@@ -139,6 +141,34 @@ def run(args: argparse.Namespace) -> int:
     size = _size(args.dst)
     print(f"{args.src} ({kind.label}) -> {args.dst} ({target}): {count} lea{'f' if count == 1 else 'ves'}, {size}")
     return 0
+
+
+def _refuse_writing_into(src: str, dst: str, target: str, kind: Kind) -> None:
+    """Refuse a DST that is SRC itself where the conversion may hold less than SRC (a jaxstow file's values and
+    structure in a plain file, a step's item file made a plain one), or that lies inside the folder SRC (the file
+    written there would join the folder read). A conversion to jaxstow, or to SRC's own format, holds it all."""
+    if _same_file(src, dst) and target not in ("jaxstow", kind.name):
+        stem = os.path.splitext(dst.rstrip("/"))[0]
+        other = f"{stem}.{_SUFFIXES[target]}"
+        other = f"{stem}-{target}.{_SUFFIXES[target]}" if other == dst.rstrip("/") else other
+        raise PathError(
+            f"is SRC itself, {kind.label}: the {target} file written there would replace the only copy of what it "
+            "holds with one that holds less; give "
+            f"another DST, such as {other}, and move it over SRC once it is checked",
+            file=dst,
+        )
+    source, written = local_path(src), local_path(dst)
+    if source is not None and written is not None:
+        source, written = os.path.realpath(source), os.path.realpath(os.path.dirname(os.path.abspath(written)))
+        inside = os.path.isdir(source) and os.path.commonpath([source, written]) == source
+    else:
+        inside = dst.startswith(src.rstrip("/") + "/")
+    if inside:
+        raise PathError(
+            f"is inside SRC, the folder converted: the {target} file written there would join the files it reads "
+            "(the folder would then hold its tensors twice); give a DST outside it",
+            file=dst,
+        )
 
 
 def _same_file(src: str, dst: str) -> bool:
@@ -185,6 +215,10 @@ def _write_tree(src: str, dst: str, target: str, tree: Any, metadata: dict[str, 
         _save(dst, tree, metadata=metadata, progress=progress)
         return len(tensors) + len(values)
     return _write_plain(dst, target, tensors, values, metadata, progress=progress)
+
+
+#: The file name suffix of each format convert writes.
+_SUFFIXES = {"jaxstow": "jxs", "safetensors": "safetensors", "npz": "npz"}
 
 
 def _format_of(dst: str) -> str:
