@@ -32,6 +32,7 @@ import re
 import stat
 from collections.abc import Callable
 
+from jaxstow._storage.failures import storage_error
 from jaxstow._storage.member_names import is_inside
 from jaxstow._storage.opening import Location, refuse_options
 from jaxstow._storage.settings import StorageSettings
@@ -81,6 +82,8 @@ def list_folder(
             names = os.listdir(folder)
         except (FileNotFoundError, NotADirectoryError):  # none, or deleted since (a step, by a run's keep policy)
             return None
+        except OSError as error:  # a loop of links, no permission: the system's words, naming it
+            raise storage_error(error, location.name, doing="look into it") from error
 
         def read_local(name: str) -> bytes:
             source = open_local_member(folder, name, child(location.name, name))

@@ -173,8 +173,12 @@ def listed_kind(location: Location, names: Sequence[str], settings: StorageSetti
 
 
 def _subfolder(location: Location, name: str, settings: StorageSettings | None) -> list[str] | None:
-    """The names in the subfolder ``name`` of the folder at ``location``; ``None`` if it is no folder."""
-    listed = list_folder(locate(child(location.path or location.url or location.name, name)), settings)
+    """The names in the subfolder ``name`` of the folder at ``location``; ``None`` if it is no folder, or one that
+    cannot be looked into (a loop of links, no permission): what it is tells nothing of the folder's kind."""
+    try:
+        listed = list_folder(locate(child(location.path or location.url or location.name, name)), settings)
+    except OSError:
+        return None
     return None if listed is None else listed[0]
 
 

@@ -133,6 +133,15 @@ def _may_hold(marker: str) -> bool:
         return True
 
 
+def _may_be_folder(entry: os.DirEntry[str]) -> bool:
+    """Whether ``entry`` is a folder, or may be: a link that cannot be followed (a loop of links) is one reading
+    says why, where leaving it out would make the folder before it the latest without a word."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return True
+
+
 class LocalStore:
     """Folders in the local directory ``root``, each committed by one rename once its ``marker`` file is written."""
 
@@ -162,7 +171,7 @@ class LocalStore:
             entry.name
             for entry in entries
             if TEMPORARY_MARKER not in entry.name
-            and entry.is_dir()
+            and _may_be_folder(entry)
             and _may_hold(os.path.join(entry.path, self.marker))
         )
 
