@@ -31,3 +31,16 @@ def test_a_foreign_file_named_jxs_converted_in_place_is_refused_naming_the_file_
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"give another DST, such as {tmp_path / 'params-jaxstow.jxs'}" in done.stderr
     assert source.read_bytes() == before
+
+
+@pytest.mark.parametrize("start", [b"\x85\xa3\xff\xfe\xfd", b"\x81\xa2\x01\x02", b"\x8f\xd9\x05abc"])
+def test_bytes_that_only_begin_as_a_msgpack_dict_would_are_not_called_a_flax_file(tmp_path, start):
+    # a map byte, then a string byte: 1 random file in 7 of those that start with a map byte was called flax's
+    source = tmp_path / "random.bin"
+    source.write_bytes(start + bytes(range(256)) * 4)
+    done = forked_cli.jaxstow_command("inspect", source)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "flax" not in done.stderr, done.stderr
+    flax_file = tmp_path / "params.msgpack"
+    flax_file.write_bytes(flax_serialization.to_bytes({"Dense_0": {"kernel": jnp.ones(3)}}))
+    assert "is a flax msgpack file" in forked_cli.jaxstow_command("inspect", flax_file).stderr

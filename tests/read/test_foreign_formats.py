@@ -489,6 +489,20 @@ def test_a_flax_msgpack_file_flax_never_writes_is_a_format_error(tmp_path, tree,
         jaxstow.load(path, from_format="flax")
 
 
+@pytest.mark.parametrize("marker", [1, False, None, "yes"])
+def test_a_chunked_array_marked_by_any_value_is_joined_as_flax_joins_it(tmp_path, marker):
+    import flax.serialization
+    import msgpack
+
+    chunks = {"0": _msgpack_array(np.ones(2, np.float32)), "1": _msgpack_array(np.zeros(1, np.float32))}
+    data = msgpack.packb({"w": {"__msgpack_chunked_array__": marker, "shape": {"0": 3}, "chunks": chunks}})
+    (tmp_path / "chunked.msgpack").write_bytes(data)
+    loaded = jaxstow.load(tmp_path / "chunked.msgpack", from_format="flax", as_numpy=True)
+    # was: a dict of the raw pieces ({'chunks': ..., 'shape': ...}) where flax gives the array
+    np.testing.assert_array_equal(loaded["w"], flax.serialization.msgpack_restore(data)["w"])
+    np.testing.assert_array_equal(loaded["w"], [1.0, 1.0, 0.0])
+
+
 def test_a_torch_file_holding_a_tensor_of_no_array_is_a_format_error_quoting_it_briefly(tmp_path):
     torch = pytest.importorskip("torch")
     torch.save({"s": torch.eye(100).to_sparse()}, tmp_path / "sparse.pt")

@@ -96,10 +96,26 @@ def file_kind(source: ReadSource) -> Kind:
         return KINDS["pickle"]
     if head.startswith(_NPY):
         return KINDS["equinox" if _npy_follows(source, _npy_end(source, 0)) else "npy"]
+    return KINDS["flax" if _starts_a_msgpack_dict(source, head) else "unknown"]
+
+
+def _starts_a_msgpack_dict(source: ReadSource, head: bytes) -> bool:
+    """Whether the file starts as flax's msgpack does: a map of one or more entries whose first key is a printable
+    string followed by a value (random bytes seldom are; a file taken for one is read as one, and says why not)."""
     key = _MSGPACK_FIRST_KEY.get(head[0], 1) if head else 1  # after a map16's or map32's length
-    if len(head) > key and head[0] in _MSGPACK_MAPS and head[key] in _MSGPACK_STRINGS:
-        return KINDS["flax"]
-    return KINDS["unknown"]
+    if not (len(head) > key and head[0] in _MSGPACK_MAPS and head[key] in _MSGPACK_STRINGS):
+        return False
+    width = {0xD9: 1, 0xDA: 2, 0xDB: 4}.get(head[key], 0)  # of the length of a str8, str16 or str32
+    start = key + 1 + width
+    length = int.from_bytes(head[key + 1 : start], "big") if width else head[key] - 0xA0
+    if start + length >= source.size or length > _MAX_NPY_HEADER:
+        return False
+    text = source.read(start, length + 1)
+    try:
+        name = text[:length].decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return name.isprintable() and text[length] != 0xC1  # a value of any type but the one msgpack never uses
 
 
 def _zip_kind(source: ReadSource) -> Kind:

@@ -357,7 +357,7 @@ def _unchunked(tree: Any, name: str, path: str, depth: int = 0) -> Any:
     if not isinstance(tree, dict):
         return tree
     within_nesting(depth, name, path)
-    if tree.get("__msgpack_chunked_array__") is True:
+    if "__msgpack_chunked_array__" in tree:  # whatever its value, as flax reads it
         try:
             shape = tuple(tree["shape"][str(i)] for i in range(len(tree["shape"])))
             chunks = [tree["chunks"][str(i)] for i in range(len(tree["chunks"]))]
