@@ -69,8 +69,9 @@ def test_the_next_submit_raises_the_error_and_does_not_run_its_job():
     writer = BackgroundWriter()
     ran = []
     writer.submit(lambda: 1 / 0, what="step 1")
-    with pytest.raises(CheckpointError, match="step 1 failed in the background: ZeroDivisionError"):
+    with pytest.raises(CheckpointError, match="step 1 failed in the background: ZeroDivisionError") as caught:
         writer.submit(lambda: ran.append(2), what="step 2")
+    assert str(caught.value).endswith("(so step 2 did not start: ask for it again)")
     assert ran == []
     writer.submit(lambda: ran.append(3), what="step 3")
     writer.close()

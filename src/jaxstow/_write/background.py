@@ -52,7 +52,7 @@ class BackgroundWriter:
         With ``until``, return once the job has set it (or has ended), not as soon as the job has started.
         """
         with self._lock:
-            self._raise_pending()
+            self._raise_pending(refused=what)
             if not self._asynchronous:
                 job()
                 return
@@ -71,8 +71,9 @@ class BackgroundWriter:
         if pending is not None:
             pending.done.wait()
 
-    def wait(self) -> None:
-        """Wait until no job runs; raise the error of the last one, if it failed.
+    def wait(self, *, refused: str | None = None) -> None:
+        """Wait until no job runs; raise the error of the last one, if it failed (``refused`` names the job the caller
+        then does not start, for the error to say so).
 
         Every thread waiting while the job ran gets its error; a wait that starts after it was raised does not.
         """
@@ -81,8 +82,8 @@ class BackgroundWriter:
             pending.done.wait()
         with self._lock:
             if pending is not None and pending is not self._pending and pending.error is not None:
-                raise _failure(pending) from pending.error  # another waiter took it meanwhile: it is this one's too
-            self._raise_pending()
+                raise _failure(pending, refused) from pending.error  # another waiter took it: this one's too
+            self._raise_pending(refused=refused)
 
     def close(self) -> None:
         """Wait for the last job and raise its error, if any."""
@@ -94,7 +95,8 @@ class BackgroundWriter:
             self._pending = None
         return self._pending
 
-    def _raise_pending(self) -> None:
+    def _raise_pending(self, *, refused: str | None = None) -> None:
+        """Raise the error of the last job, if it failed; ``refused`` names the job that then does not start."""
         pending = self._own()
         if pending is None:
             return
@@ -102,15 +104,17 @@ class BackgroundWriter:
         self._pending = None
         at_exit.untrack(pending)
         if pending.error is not None:
-            raise _failure(pending) from pending.error
+            raise _failure(pending, refused) from pending.error
 
 
-def _failure(pending: _Job) -> JaxstowError:
-    """The error :meth:`BackgroundWriter.wait` raises for a job that failed."""
+def _failure(pending: _Job, refused: str | None = None) -> JaxstowError:
+    """The error :meth:`BackgroundWriter.wait` raises for a job that failed; ``refused`` names the job submitted
+    after it, which does not start."""
     assert pending.error is not None
-    return failed(
-        CheckpointError, f"{pending.what} failed in the background: {_described(pending.error)}", pending.error
-    )
+    message = f"{pending.what} failed in the background: {_described(pending.error)}"
+    if refused is not None:
+        message += f" (so {refused} did not start: ask for it again)"
+    return failed(CheckpointError, message, pending.error)
 
 
 class _Job:

@@ -270,7 +270,7 @@ class CheckpointManager(StepQueries, OrbaxNames):
         checked_metrics, checked_metadata = check_metrics(metrics, step=step), check_metadata(metadata, step=step)
         check_ranked(self._policy, checked_metrics, step=step)
         check_flags(force=force, copy=copy)
-        self._writer.wait()
+        self._writer.wait(refused=(what := f"saving step {step} to {self.directory}"))
         if force and self._tiers is not None:
             self._tiers.uploads.wait()  # whether the step is in ``directory`` already, where it is to be replaced
         me, agreed = self._coordinator.index, self._agree()
@@ -301,7 +301,7 @@ class CheckpointManager(StepQueries, OrbaxNames):
             upload = functools.partial(self._copy, talk=copy_talk, replace=replacing) if copy_talk else None
             tiers, decided = self._tiers, self._decided(False)
             write = functools.partial(tiers.save, content, talk=talk, persistent=upload, decided=decided)
-        self._writer.submit(write, what=f"saving step {step} to {self.directory}", until=budget.fetched)
+        self._writer.submit(write, what=what, until=budget.fetched)
         if self._notice is not None and self._notice.received is not None and self._notice.settle():
             self.close()  # ends the process, every manager that caught the signal having saved its step
 
