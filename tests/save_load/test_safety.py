@@ -272,6 +272,25 @@ def test_an_npz_member_promising_more_than_it_holds_is_refused_before_allocation
         jaxstow.load(buffer)
 
 
+def test_npz_members_of_npy_version_3_load_as_numpy_reads_them_and_a_later_version_is_named(tmp_path):
+    import zipfile
+
+    for version, path in (((3, 0), tmp_path / "v3.npz"), ((4, 0), tmp_path / "v4.npz")):
+        member = io.BytesIO()
+        np.lib.format.write_array(member, np.arange(3.0), version=(3, 0))  # numpy's for UTF-8 field names
+        data = bytearray(member.getvalue())
+        data[6:8] = bytes(version)
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("a.npy", bytes(data))
+    np.testing.assert_array_equal(
+        jaxstow.load(tmp_path / "v3.npz", as_numpy=True)["a"], np.load(tmp_path / "v3.npz")["a"]
+    )
+    with pytest.raises(FormatError) as caught:  # was: CorruptFileError, "npy format version (3, 0) is not supported"
+        jaxstow.load(tmp_path / "v4.npz")
+    assert type(caught.value) is FormatError and caught.value.path == "a"
+    assert "an npy member of format version (4, 0), which jaxstow does not read" in str(caught.value)
+
+
 def test_compressed_npz_files_load(tmp_path):
     np.savez_compressed(tmp_path / "c.npz", a=np.arange(1000.0), b=np.zeros((3, 3), np.int16))
     restored = jaxstow.load(tmp_path / "c.npz", as_numpy=True)

@@ -40,7 +40,13 @@ __all__ = ["MANIFEST_MEMBER", "NpzReader", "check_member_name", "stores_exactly"
 
 MANIFEST_MEMBER = "__jaxstow__"
 _NUMPY_DTYPES = frozenset(np.dtype(code) for code in "?bhilqBHILQefdFD")
-_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+#: The header reader of each npy format version: 3.0 is 2.0 with UTF-8 text, which differs only in the names of
+#: a structured dtype's fields (refused whatever they are).
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+    (3, 0): np.lib.format.read_array_header_2_0,
+}
 #: How a jaxstow manifest starts (format.md: its first member is ``format``), to find one under another name.
 _MANIFEST_START = b'{"format":"jaxstow"'
 _MAX_INFLATION = 1032  # deflate's largest ratio of output to input
@@ -263,7 +269,11 @@ class NpzReader:
                 version = np.lib.format.read_magic(member)
                 read_header = _HEADER_READERS.get(version)
                 if read_header is None:
-                    raise ValueError(f"npy format version {version} is not supported")
+                    raise FormatError(
+                        f"an npy member of format version {version}, which jaxstow does not read (it reads 1.0 to 3.0)",
+                        file=self.file,
+                        path=name,
+                    )
                 shape, _, dtype = read_header(member)
                 header_bytes = member.tell()
         except JaxstowError:

@@ -17,7 +17,8 @@ __all__ = ["read_torch"]
 
 
 def read_torch(file: BinaryIO, name: str, size: int) -> Any:
-    """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays.
+    """The tree of the PyTorch file ``file`` (``name``, ``size`` bytes), its tensors as numpy arrays, a ``torch.Size``
+    as the tuple of ints it is.
 
     A record that expands to more bytes than the whole file, and a tensor that repeats its storage's values (a stride
     of 0) into more bytes than the whole file, are refused before they are made.
@@ -33,6 +34,8 @@ def read_torch(file: BinaryIO, name: str, size: int) -> Any:
     import jax
 
     def as_array(key_path: Any, leaf: Any) -> Any:
+        if isinstance(leaf, torch.Size):  # a tuple of ints, as it is
+            return tuple(int(length) for length in leaf)
         if not is_tensor(leaf):
             return leaf
         path = path_to_str(key_path)
@@ -126,6 +129,7 @@ def _torch_problem(error: Exception) -> str:
 
 #: How the lines of torch's advice around what its unpickler refused start (to load with weights_only=False).
 _TORCH_ADVICE = (
+    "In PyTorch 2.6, we changed the default",
     "Re-running `torch.load`",
     "This file can still be loaded",
     "(1)",

@@ -65,7 +65,7 @@ from jaxstow.cli.files import (
     read_arrays,
     storage,
 )
-from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathError
+from jaxstow.errors import ArgumentError, FormatError, IsAFolderError, PathError, UnsaveableObjectError, excerpt
 
 __all__ = ["HELP", "arguments", "run", "source_kind"]
 
@@ -212,7 +212,15 @@ def _write_tree(src: str, dst: str, target: str, tree: Any, metadata: dict[str, 
     """Write the tree read from ``src``; two of its leaves at one path, which no file keeps apart, name ``src``."""
     tensors, values = _tree_tensors(tree, src)
     if target == "jaxstow":
-        _save(dst, tree, metadata=metadata, progress=progress)
+        try:
+            _save(dst, tree, metadata=metadata, progress=progress)
+        except UnsaveableObjectError as error:  # said of DST: SRC holds it
+            raise FormatError(
+                f"holds {excerpt(error.obj)}, which a jaxstow file cannot hold: convert a file of tensors, numbers "
+                "and strings",
+                file=src,
+                path=error.path,
+            ) from None
         return len(tensors) + len(values)
     return _write_plain(dst, target, tensors, values, metadata, progress=progress)
 
