@@ -61,6 +61,16 @@ def test_a_slice_of_whole_blocks_touching_a_damaged_one_is_refused_and_one_besid
                 reader.read("w", index)
 
 
+@pytest.mark.parametrize("opening", ["path", "mmap"])
+def test_a_part_too_narrow_to_verify_whole_still_verifies_the_blocks_it_holds_whole(damaged, opening):
+    # rows 1250 to 1359 hold block 20 whole and blocks 19 and 21 in part: verifying all three would read 1.7 times
+    # its bytes, so it was read unverified, the damaged block's values returned
+    with jaxstow.open(damaged, mmap=opening == "mmap") as reader:
+        with pytest.raises(CorruptFileError, match=r"checksum mismatch in bytes .* \(block 20"):
+            reader.read("w", np.s_[1250:1360])
+        np.testing.assert_array_equal(reader.read("w", np.s_[1100:1270]), MATRIX[1100:1270])  # 18 whole, intact
+
+
 def test_a_damaged_block_names_its_bytes(damaged):
     with jaxstow.open(damaged) as reader, pytest.raises(CorruptFileError) as raised:
         reader.read("w", np.s_[960:1408])
@@ -124,6 +134,8 @@ def test_a_part_of_a_damaged_shard_is_refused(tmp_path):
         np.testing.assert_array_equal(reader.read("w", np.s_[400:1600]), MATRIX[400:1600])  # blocks 0-8 of it
         with pytest.raises(CorruptFileError, match=r"leaf 'w' of .*damaged\.jxs: checksum mismatch in bytes"):
             reader.read("w", np.s_[400:1700])
+        with pytest.raises(CorruptFileError, match=r"leaf 'w' of .*damaged\.jxs: checksum mismatch in bytes"):
+            reader.read("w", np.s_[1570:1700])  # holds the shard's block 9 whole, 1.5 blocks beside it in part
 
 
 def test_a_restore_in_three_processes_of_a_step_saved_by_two_refuses_a_damaged_block_one_of_them_reads(tmp_path):
@@ -170,6 +182,7 @@ def _forged(tmp_path, edit) -> Path:
         {"0": "0" * 511},
         {"0": 7},
         {"0": ["0" * 16] * 32},
+        {"0": None},  # read as "no block checksums": every part unverified
         "0" * 512,
     ],
 )
@@ -177,6 +190,18 @@ def test_malformed_block_checksums_are_a_format_error(tmp_path, blocks):
     forged = _forged(tmp_path, lambda manifest: manifest.update(blocks=blocks))
     with pytest.raises(FormatError, match=r"forged\.jxs"), jaxstow.open(forged) as reader:
         reader.read("w", np.s_[5:7])
+
+
+def test_a_shards_block_checksums_of_null_are_a_format_error(tmp_path):
+    rows = NamedSharding(Mesh(np.array(jax.devices()[:2]), ("x",)), P("x", None))
+    jaxstow.save(tmp_path / "model.jxs", {"w": jax.device_put(MATRIX, rows)})
+    tensors, manifest_text, data = split_native((tmp_path / "model.jxs").read_bytes())
+    manifest = json.loads(manifest_text or "")
+    (detail,) = manifest["details"].values()
+    detail["shards"][1]["blocks"] = None  # read as "no block checksums": every part of the shard unverified
+    (tmp_path / "forged.jxs").write_bytes(forge_native(tensors, json.dumps(manifest), data))
+    with pytest.raises(FormatError, match=r"leaf 'w' of .*forged\.jxs: malformed block checksums null of a shard"):
+        jaxstow.open(tmp_path / "forged.jxs").read("w", np.s_[1500:1600])
 
 
 def test_verify_finds_block_checksums_that_do_not_match_bytes_its_whole_checksum_finds_intact(tmp_path):

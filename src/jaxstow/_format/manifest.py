@@ -306,6 +306,8 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
             raise FormatError(
                 f"malformed detail {excerpt(where + key)} of the manifest (expected a leaf index)", file=file
             )
+    if None in blocks.values():  # null would read as "no block checksums"
+        raise FormatError("malformed block checksums null in the manifest's blocks", file=file)
     entries = (columns := columns_again(manifest, slots, file=file)).entries
     for letter, needs in (("v", "value"), ("k", "impl"), ("s", "shards"), ("p", "processes")):
         start = kinds.find(letter)
@@ -330,11 +332,7 @@ def check_columns(manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, 
 
 
 def columns_again(
-    manifest: dict[str, Any],
-    slots: Mapping[str, TensorSlot],
-    *,
-    file: str,
-    marks: ColumnMarks | None = None,
+    manifest: dict[str, Any], slots: Mapping[str, TensorSlot], *, file: str, marks: ColumnMarks | None = None
 ) -> LeafColumns:
     """The columns of a version 3 manifest whose columns are checked (by :func:`check_columns`, now or on the same
     text parsed before, which gave ``marks``), each detail's entry made, completed and checked by

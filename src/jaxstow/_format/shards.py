@@ -127,6 +127,8 @@ def _shard(
         raise FormatError(f"the file holds no tensor {excerpt(tensor)} for this shard", file=file, path=path)
     if checksum is not None and not isinstance(checksum, str):
         raise FormatError(f"malformed checksum {excerpt(checksum)}", file=file, path=path)
+    if "blocks" in shard and shard["blocks"] is None:  # null would read as "no block checksums"
+        raise FormatError("malformed block checksums null of a shard", file=file, path=path)
     extent = [stop - start for start, stop in box]
     if not (slot.dtype == dtype and list(slot.shape) == extent):
         raw_leaf_layout({"path": path, "dtype": name_of_dtype(dtype), "shape": extent}, slot, file=file)

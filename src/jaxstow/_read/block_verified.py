@@ -3,8 +3,8 @@ with its checksum (:mod:`~jaxstow._format.block_checksums`; an array of one bloc
 
 A part is read so where that reads at most :data:`_OVER_READ` times its bytes (a range of 20 MiB or more, or ranges
 that fill most of the blocks they touch), so that verifying never makes a restore read much more than it needs;
-otherwise (a few rows, a column of a matrix) its bytes are read as they are, unverified, as a part of a tensor without
-block checksums is. Only the blocks the part touches are read: a range of whole blocks straight into place, a block
+otherwise (a few rows, a column of a matrix) its bytes are read as they are, and only the blocks it holds whole are
+verified: the bytes of a block it holds in part go unverified, as a part of a tensor without block checksums does. Only the blocks the part touches are read: a range of whole blocks straight into place, a block
 it covers in part into a buffer of its own; a part that is many ranges is read through a scratch buffer of the
 blocks they touch, at most :data:`_SCRATCH` bytes at a time.
 
@@ -98,6 +98,29 @@ class _Tensor:
         closed = np.bincount((starts + run_bytes - 1) // BLOCK_BYTES + 1, minlength=count + 1)
         return np.cumsum(opened - closed)[:count] > 0
 
+    def covered(self, box: Box) -> list[tuple[int, int]]:
+        """Each block whose bytes ``box`` (of at least one element) holds whole, and where they start among the box's
+        bytes (in row-major order): those a read of the box alone verifies at no cost."""
+        first, end = self.first_byte(box), self.end_byte(box)
+        if end - first == math.prod(stop - start for start, stop in box) * self.dtype.itemsize:
+            starts, run_bytes = np.array([first], np.int64), end - first  # one range
+        else:
+            last = max(axis for axis, (start, stop) in enumerate(box) if (start, stop) != (0, self.shape[axis]))
+            run_bytes = (box[last][1] - box[last][0]) * self.strides[last]
+            if run_bytes < min(BLOCK_BYTES, self.nbytes - (self.nbytes - 1) // BLOCK_BYTES * BLOCK_BYTES):
+                return []  # runs shorter than any block: none held whole
+            extent = [stop - start for start, stop in box[:last]]
+            starts = np.full(math.prod(extent), first, np.int64)
+            for axis, index in enumerate(np.indices(extent).reshape(last, -1)):
+                starts += index * self.strides[axis]
+        found = []
+        for run, start in enumerate(starts.tolist()):
+            block = -(-start // BLOCK_BYTES)
+            while block * BLOCK_BYTES < self.nbytes and self.block_bytes(block)[1] <= start + run_bytes:
+                found.append((block, run * run_bytes + block * BLOCK_BYTES - start))
+                block += 1
+        return found
+
     def affordable(self, box: Box) -> bool:
         """Whether the blocks ``box`` touches hold at most :data:`_OVER_READ` times its bytes."""
         needed = math.prod(stop - start for start, stop in box) * self.dtype.itemsize
@@ -183,9 +206,10 @@ def verify_box_blocks(
     """Check every block of a tensor whose bytes are at hand (``data``, flat ``uint8``: a memory map's) that ``box``
     touches, where :func:`read_part` would read them (its blocks' checksums are checked for form in any case)."""
     tensor = _verifiable(dtype, shape, checks, file=file, path=path)
-    if tensor is None or not math.prod(stop - start for start, stop in box) or not tensor.affordable(box):
+    if tensor is None or not math.prod(stop - start for start, stop in box):
         return
-    for block in np.flatnonzero(tensor.touched(box)).tolist():
+    touched = np.flatnonzero(tensor.touched(box)).tolist() if tensor.affordable(box) else None
+    for block in touched if touched is not None else [block for block, _ in tensor.covered(box)]:
         start, stop = tensor.block_bytes(block)
         tensor.check(block, data[start:stop].data)
 
@@ -269,4 +293,10 @@ def read_part(
     tensor = _verifiable(dtype, shape, checks, file=file, path=path)
     if tensor is not None and tensor.affordable(box):
         return _read_verified(tensor, _Stored(source, offset), box, into)
-    return read_box(source, offset, dtype, shape, box, into=into)
+    part = read_box(source, offset, dtype, shape, box, into=into)
+    if tensor is not None and part.size and (covered := tensor.covered(box)):  # the blocks held whole: at no cost
+        held = np.ascontiguousarray(part).reshape(-1).view(np.uint8)
+        for block, at in covered:
+            start, stop = tensor.block_bytes(block)
+            tensor.check(block, held[at : at + stop - start].data)
+    return part

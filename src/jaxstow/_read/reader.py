@@ -159,8 +159,8 @@ class Reader(OpenedFile):
 
     def read(self, path: str, index: Any = ...) -> np.ndarray:
         """Read the part ``index`` of the array at ``path``, touching only the bytes it needs: the 1 MiB blocks it
-        touches, each verified against its checksum, where they hold at most 5% more; its byte ranges, unverified,
-        for a narrower part (a few rows, a column) and in a file saved by jaxstow 0.1, which has no block checksums.
+        touches, each verified against its checksum, where they hold at most 5% more; its byte ranges for a narrower
+        part (a few rows, a column), the blocks it holds whole verified; unverified in a file saved by jaxstow 0.1.
 
         Args:
             path: the leaf's path, one of :attr:`paths`.
