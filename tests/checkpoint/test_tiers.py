@@ -17,6 +17,7 @@ from pathlib import Path
 
 import forked
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from distributed_runs import launch
 
@@ -304,6 +305,20 @@ def test_a_newer_persistent_step_wins_over_the_local_tier_a_host_kept_from_earli
         assert manager.restore(3)["w"].tolist() == [3.0] * 3
 
 
+def test_a_later_save_of_a_step_in_the_persistent_tier_wins_over_the_local_tiers_copy(tmp_path):
+    store, local = tmp_path / "store", tmp_path / "local"
+    with CheckpointManager(store, local=LocalTier(local)) as manager:
+        manager.save(6, {"w": jnp.full(2, 6.0)})  # in both tiers
+    with CheckpointManager(store) as elsewhere:  # another job, without this host's tier, replaced it
+        elsewhere.save(6, {"w": jnp.full(2, 66.0)}, force=True)
+    with CheckpointManager(store, local=LocalTier(local)) as manager:
+        # was: 6.0, the local tier's copy of the save replaced, for both
+        assert manager.restore(6)["w"].tolist() == [66.0] * 2 and manager.restore()["w"].tolist() == [66.0] * 2
+    with CheckpointManager(store, local=LocalTier(local)) as manager:  # and a save here later than the store's wins
+        manager.save(6, {"w": jnp.full(2, 7.0)}, force=True)
+        assert manager.restore(6)["w"].tolist() == [7.0] * 2
+
+
 @pytest.mark.parametrize(
     "options",
     [{"local_save_every": 5}, {"local_keep_last": 3}, {"local_replicas": 1}, {"local_save_every": 1}],
@@ -339,7 +354,8 @@ def _reports(processes: list[subprocess.Popen[str]], *, skip: int = -1) -> list[
         for index, process in enumerate(processes):
             if index == skip:
                 continue
-            lines = (json.loads(line) for line in iter(process.stdout.readline, ""))  # type: ignore[union-attr]
+            printed = iter(process.stdout.readline, "")  # type: ignore[union-attr]
+            lines = (json.loads(line) for line in printed if line.startswith("{"))  # not gloo's notes
             final = next((line for line in lines if "seconds" in line), None)
             assert final, f"process {index} printed no report:\n{process.stderr.read()[-3000:]}"  # type: ignore[union-attr]
             reports.append(final)
@@ -410,6 +426,17 @@ def test_local_directories_that_come_back_to_other_processes_restore_the_newest_
     reports = _reports(_start("delete", run))  # step 6 deleted: from the tiers left there too, never restored again
     assert [(report.get("restored"), report.get("local")) for report in reports] == [(5, [5])] * 4, reports
     assert not [path for path in run.glob("local*/process-*/**/6") if path.is_dir()]
+
+
+def test_a_later_save_of_the_newest_local_step_in_the_persistent_tier_is_restored_not_the_local_copies(run):
+    # a job elsewhere saved step 6 again (force=True) into the persistent directory after these hosts kept theirs:
+    # every process restored its own tier's older copies, silently
+    later = {"params": {"w": np.random.default_rng(7).standard_normal((64, 48)).astype(np.float32)}}
+    later["params"]["r"] = later["params"]["w"][0] * 3  # the worker's values of step 7
+    with CheckpointManager(run / "persistent") as manager:
+        manager.save(6, later, force=True)
+    reports = _reports(_start("restore", run, "--step", "6", "--expect", "7"))
+    assert [report.get("restored") for report in reports] == [6] * 4, reports  # each checked every value it holds
 
 
 def test_a_step_held_only_in_the_tiers_other_processes_left_is_listed_and_deleted_before_any_restore(run):

@@ -33,6 +33,7 @@ parser.add_argument("--timeout", type=float, default=30.0)
 parser.add_argument("--stop", choices=["save", "copy", "fetch"])
 parser.add_argument("--victim", type=int, default=2)
 parser.add_argument("--step", type=int, help="the step restore restores (the newest restorable one by default)")
+parser.add_argument("--expect", type=int, help="the step whose values restore expects (the step restored's)")
 parser.add_argument("--until", type=int, default=8, help="the last step resume asks about")
 args = parser.parse_args()
 os.environ["JAXSTOW_HOST_NAME"] = f"host{args.process // 2}"
@@ -98,7 +99,7 @@ def restore_checked() -> int:
     }
     restored = manager.restore(args.step, like=like)
     step = manager.restored.step
-    for name, want in expected(step).items():
+    for name, want in expected(step if args.expect is None else args.expect).items():
         for shard in restored["params"][name].addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
     return step

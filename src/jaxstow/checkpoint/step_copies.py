@@ -19,19 +19,36 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_holdings import version_of
 from jaxstow.checkpoint.tiers import Tiers
 from jaxstow.errors import FormatError
 
-__all__ = ["copies_of", "restore_intact_copy"]
+__all__ = ["copies_of", "newer_save", "restore_intact_copy"]
 
 logger = logging.getLogger("jaxstow.checkpoint.manager")
 T = TypeVar("T")
 
 
 def copies_of(step: int, persistent: StepFolder, tiers: Tiers) -> list[StepFolder]:
-    """The folders that hold ``step`` in one process, the local tier's first (the faster read)."""
+    """The folders that hold ``step``'s latest save in one process, the local tier's first (the faster read): where
+    the two hold other saves of it (one replaced it with ``force=True``, or a run on another host saved it again),
+    only the one saved last, whose values are the step's."""
     held = [tiers.folder] if step in tiers.steps() else []
-    return held + ([persistent] if step in persistent.committed() else [])
+    if step not in persistent.committed():
+        return held
+    if held and (newer := newer_save(step, tiers.folder, persistent)) is not None:
+        return [newer]
+    return [*held, persistent]
+
+
+def newer_save(step: int, local: StepFolder, persistent: StepFolder) -> StepFolder | None:
+    """Of two folders holding ``step``, the one holding its later save where they hold other saves of it (by their
+    records' times; the local one where those are equal); ``None`` where they hold the same save, or a record of
+    either cannot be read (reading it says why)."""
+    mine, kept = local.unchecked_record(step), persistent.unchecked_record(step)
+    if mine is None or kept is None or version_of(mine) == version_of(kept):
+        return None
+    return local if mine.time >= kept.time else persistent
 
 
 def restore_intact_copy(step: int, copies: list[StepFolder], restore: Callable[[int, StepFolder], T]) -> T:

@@ -10,12 +10,14 @@ from collections.abc import Callable, Container
 from typing import Any, TypeVar
 
 from jaxstow._coordination import Conversation, Coordinator
+from jaxstow._steps.record import StepRecord
 from jaxstow.checkpoint.copy_check import held_damage
 from jaxstow.checkpoint.peer_copies import plan_local
 from jaxstow.checkpoint.peer_reads import PeerStep
 from jaxstow.checkpoint.recovery import Restored, damage_advised, local_tier_of
 from jaxstow.checkpoint.step_copies import copies_of, restore_intact_copy
 from jaxstow.checkpoint.step_folder import StepFolder
+from jaxstow.checkpoint.tier_holdings import version_of
 from jaxstow.checkpoint.tiers import Tier, Tiers
 from jaxstow.checkpoint.together import restore_together
 from jaxstow.errors import FormatError, NewerFormatError, StepNotFoundError
@@ -27,14 +29,20 @@ T = TypeVar("T")
 
 
 def choose(
-    tiers: Tiers, talk: Conversation, persistent: list[int], bound: int | None, damaged: Container[str] = ()
+    tiers: Tiers,
+    talk: Conversation,
+    persistent: list[int],
+    bound: int | None,
+    damaged: Container[str] = (),
+    record_of: Callable[[int], StepRecord | None] = lambda step: None,
 ) -> tuple[Tier, int, StepFolder, dict[int, str]]:
     """The tier and step to restore, the same in every process: the newest step (at most ``bound``) held in full
     by the local tiers and peers' copies (but for this process's ``damaged`` folders), else the newest of
     ``persistent`` (process 0's listing); ``-1`` when there is none. Every process reports what it holds; process 0
     decides. With the local folder to read it from (whose files held elsewhere are read from the peers holding
     them), and the damage of each local step passed over because a process holds no intact copy of its files (the
-    same in every process)."""
+    same in every process). ``record_of(step)`` (in process 0) is the persistent store's record of a step: where
+    it holds a later save of the local tiers' newest step (a ``force=True`` elsewhere), that save is restored."""
     own = [step for step in tiers.steps() if bound is None or step <= bound]
     newest = max((step for step in persistent if bound is None or step <= bound), default=-1)
     coordinator = talk.coordinator
@@ -57,9 +65,10 @@ def choose(
             reports = talk.collect("held", waiting_for="its local steps")
             inventories.update({index: message.value() for index, message in reports.items()})
         step, version, plan = plan_local(inventories, coordinator.count, bound, skipped)
+        later = step == newest and _saved_later(record_of(newest), step, version, inventories)
         return (
             {"tier": "local", "step": step, "version": version, "plan": plan}
-            if step >= max(newest, 0)
+            if step >= max(newest, 0) and not later
             else {"tier": "persistent", "step": newest}
         )
 
@@ -83,6 +92,21 @@ def choose(
         attempt += 1
 
 
+def _saved_later(kept: StepRecord | None, step: int, version: str, inventories: dict[int, Any]) -> bool:
+    """Whether ``kept``, the persistent record of ``step``, is another save of it than the local tiers' ``version``,
+    saved after it."""
+    if kept is None or version_of(kept) == version:
+        return False
+    times = [
+        float(time)
+        for held in inventories.values()
+        for entries in held.values()
+        for at, of, time in entries
+        if int(at) == step and str(of) == version
+    ]
+    return kept.time > max(times, default=float("-inf"))
+
+
 def restore_tiers(
     tiers: Tiers,
     persistent: StepFolder,
@@ -104,7 +128,8 @@ def restore_tiers(
     met: tuple[int, FormatError] | None = None  # the step whose restore met damage, and the damage
     while True:
         with coordinator.conversation("tiers") as talk:
-            tier, chosen, local, passed = choose(tiers, talk, listed, step if met is None else met[0], damaged)
+            bound = step if met is None else met[0]
+            tier, chosen, local, passed = choose(tiers, talk, listed, bound, damaged, persistent.unchecked_record)
         if met is not None and chosen != met[0]:  # held intact nowhere: the damage met, in every process
             raise met[1]
         if step is not None and chosen != step and step in passed:
