@@ -401,6 +401,23 @@ def test_a_cached_copy_cut_short_is_fetched_again_for_a_load_an_open_and_its_met
         assert copy.read_bytes() == whole  # the copy fetched again
 
 
+def test_a_steps_cached_copy_cut_short_or_grown_is_fetched_again_within_the_restore(s3, tmp_path):
+    # was: "found damaged: it is fetched again", then ClosedError from that restore (the copy given to it, already
+    # open, was closed and handed back again); only the next restore fetched it
+    server, prefix, _ = s3
+    url, options = server.url(prefix, "run"), server.storage_options
+    with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+        manager.save(3, {"a": np.full(4096, 3.0), "b": np.arange(8)})
+        manager.restore()  # the cache holds step 3
+    [copy] = [path for path in tmp_path.rglob("a.safetensors") if path.parent.name == "3"]
+    whole = copy.read_bytes()
+    for changed in (whole[: len(whole) // 2], whole + b"\0" * 100):
+        copy.write_bytes(changed)
+        with CheckpointManager(url, storage_options=options, cache_dir=tmp_path) as manager:
+            assert manager.restore(as_numpy=True)["a"].tolist() == [3.0] * 4096
+        assert copy.read_bytes() == whole  # the copy fetched again
+
+
 def test_a_step_restored_again_from_the_cache_needs_no_file_from_the_store(s3, tmp_path):
     server, prefix, client = s3
     url = server.url(prefix, "run")

@@ -436,9 +436,7 @@ def _container_at(location: Location, settings: StorageSettings | None = None) -
         except CorruptFileError:
             if not isinstance(source, CachedCopy):
                 raise
-            source.close()
-            source.evict()  # the copy's damage, not the store's file's
-            source = location.open(settings)
+            source = source.fetched_again()  # the copy's damage, not the store's file's (an open copy given too)
             return open_container(source)
     except FormatError as error:
         with contextlib.closing(source):
