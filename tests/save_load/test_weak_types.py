@@ -4,6 +4,9 @@ a resumed run computes in the dtypes the uninterrupted one did (and its jitted s
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -131,3 +134,19 @@ def test_a_weak_mark_other_than_true_is_refused_naming_the_leaf(tmp_path):
     with pytest.raises(FormatError, match="malformed weak 1") as caught:
         jaxstow.load(tmp_path / "lr.jxs")
     assert caught.value.path == "lr"
+
+
+def test_a_weak_array_saved_with_64_bits_is_weak_when_read_with_them_off(tmp_path):
+    # jax holds a weak float64 as a weak float32 with its 64-bit mode off: the restored one was a strong float32,
+    # which made bf16 * lr a float32 and a jitted step compile again
+    source = (
+        "import sys, jax; jax.config.update('jax_enable_x64', True); import jax.numpy as jnp, jaxstow; "
+        "state = {'lr': jnp.asarray(1.5), 'step': jnp.asarray(7)}; jaxstow.save(sys.argv[1] + '.jxs', state); "
+        "manager = jaxstow.CheckpointManager(sys.argv[1]); manager.save(1, state); manager.close()"
+    )
+    subprocess.run([sys.executable, "-c", source, str(tmp_path / "x64")], check=True)
+    restored = jaxstow.CheckpointManager(tmp_path / "x64").restore()
+    for loaded in (jaxstow.load(tmp_path / "x64.jxs"), restored):
+        assert (loaded["lr"].dtype, loaded["lr"].weak_type) == (jnp.float32, True)
+        assert (loaded["step"].dtype, loaded["step"].weak_type) == (jnp.int32, True)
+        assert (jnp.ones(2, jnp.bfloat16) * loaded["lr"]).dtype == jnp.bfloat16
