@@ -101,3 +101,21 @@ def test_a_kind_turned_in_part_or_a_conv_kernel_marked_is_refused(tmp_path):
     with pytest.raises(ArgumentError, match=r"transposed= names leaves it lacks: \['conv/weight'\]"):
         huggingface.export_safetensors(tmp_path / "conv.jxs", tmp_path / "hf", transposed={"conv/weight"})
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_square_kernel_turned_while_another_of_its_kind_is_not_is_refused_as_a_load_refuses_it(tmp_path):
+    rng = np.random.default_rng(0)
+    kernels = {"sq": {"kernel": rng.standard_normal((8, 8))}, "up": {"kernel": rng.standard_normal((8, 12))}}
+    jaxstow.save(tmp_path / "dense.jxs", jax.tree.map(lambda a: a.astype(np.float32), kernels))
+    names = {"sq/kernel": "sq.weight", "up/kernel": "up.weight"}
+    # was: written, 'up.weight' left (in, out) under torch's name; a load with the same marking refused the folder
+    with pytest.raises(ArgumentError, match=r"turns the square 'sq/kernel' over but not 'up/kernel' of the same kind"):
+        huggingface.export_safetensors(tmp_path / "dense.jxs", tmp_path / "hf", names=names, transposed={"sq/kernel"})
+    assert not (tmp_path / "hf").exists()
+    both = {"sq/kernel", "up/kernel"}
+    huggingface.export_safetensors(tmp_path / "dense.jxs", tmp_path / "hf", names=names, transposed=both)
+    like = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), kernels)
+    back = huggingface.load(
+        tmp_path / "hf", like=like, names={v: k for k, v in names.items()}, transposed=set(names.values())
+    )
+    np.testing.assert_array_equal(back["up"]["kernel"], kernels["up"]["kernel"].astype(np.float32))

@@ -62,6 +62,17 @@ def turned_leaves(
                 f"exported as {name_end!r} tensors), whose shape fits either way, so that no reader would notice it "
                 f"left as saved: add the 2-d ones to transposed= (a conv kernel: save it as {_MOVE} gives it)"
             )
+        elif (
+            (square := [path for path in turned if path in blind])
+            and name_end != leaf_end
+            and (split := [path for path in left if len(shapes[path]) == 2])
+        ):
+            problem = (
+                f"transposed= turns the square {listed(square)} over but not {listed(split)} of the same kind "
+                f"({leaf_end!r} leaves exported as {name_end!r} tensors): a reader turns a kind all one way round, "
+                "and a square leaf's shape fits either way: add every 2-d one of them to transposed=, or pass "
+                "transposed=() to write every leaf as saved"
+            )
         elif not turned and blind and transposed != () and crosses(name_end, leaf_end):
             flat = [path for path in kin if len(shapes[path]) == 2]
             layout = "(out, in), as torch's Linear" if name_end == "weight" else "(in, out), as flax's Dense"
