@@ -110,8 +110,7 @@ def export_safetensors(
         out_folder: the folder to write (a path or an fsspec URL); it must not exist, or be empty.
         max_shard_size: the most bytes of tensors per file (``"5GB"`` = 5 * 10**9, ``"2GiB"``, or an int).
         item: of a step, export this item only.
-        names: a tensor's name from its path (``item/a/b``; ``a/b`` with ``item=``), ``None`` leaving it out; or a
-            mapping (of the paths kept).
+        names: a tensor's name from its path (``item/a/b``; ``a/b`` with ``item=``), ``None``: left out; or a dict.
         transposed: the 2-d leaves (paths, or a predicate on a path) written turned over; ``()``: all as saved.
         storage_options, transfer: fsspec's options, and a :class:`~jaxstow.Transfer`, for URLs.
         progress: draw a progress bar of the bytes written on stderr (needs ``tqdm``).
