@@ -242,9 +242,8 @@ def _read(
 
 
 def _weak_if_saved(opened: OpenedFile, path: str, value: Any) -> Any:
-    """``value``, weakly typed if its leaf was saved so (``jnp.asarray(2.0)``) and it was not cast (but to the dtype
-    jax holds the saved one as: a 64-bit one saved with jax's 64-bit mode on, read with it off)."""
-    saved = opened.stored[path].dtype if path in opened.weak else None
+    """``value``, weakly typed if its leaf was saved so (``jnp.asarray(2.0)``) and not cast, but as jax holds it."""
+    saved = opened.stored[path].dtype if path in opened.weak else None  # 64 bits, read with jax's 64-bit mode off
     if saved is not None and isinstance(value, jax.Array) and value.dtype == jax.dtypes.canonicalize_dtype(saved):
         return weakly_typed(value)
     return value
