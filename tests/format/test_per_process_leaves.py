@@ -211,6 +211,25 @@ def test_a_live_iterator_keeps_its_state_when_a_steps_restore_fails(tmp_path):
     assert live.position == 1  # the step before the damaged one's
 
 
+def test_a_live_iterator_keeps_its_state_when_a_later_leaf_of_one_tree_fails(tmp_path):
+    # a one-tree step and a file: the iterator took the saved state, then a per-process template that does not fit
+    # failed the restore, and a caller going on skipped the batches between
+    tree = {"it": Loader(7), "rng": jaxstow.per_process({"seed": 1, "counter": 5}), "w": np.ones(2)}
+    jaxstow.save(tmp_path / "state.jxs", tree)
+    with jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.save(1, (tree,))  # a tuple: one tree, not named items
+    live = Loader(2)
+    like = {"it": live, "rng": {"seed": 0}, "w": np.zeros(2)}  # its template lacks 'counter'
+    with pytest.raises(StructureMismatchError):
+        jaxstow.load(tmp_path / "state.jxs", like=like)
+    assert live.position == 2
+    with pytest.raises(StructureMismatchError), jaxstow.CheckpointManager(tmp_path / "run") as manager:
+        manager.restore(like=(like,))
+    assert live.position == 2
+    jaxstow.load(tmp_path / "state.jxs", like={**like, "rng": None})
+    assert live.position == 7
+
+
 @pytest.mark.parametrize("claimed", [3, 20_000_000, 10**18])
 def test_a_per_process_leaf_claiming_more_processes_than_it_holds_is_refused_at_once(tmp_path, claimed):
     """The count of processes comes from the file: no range of it is made, and the error names a few missing."""

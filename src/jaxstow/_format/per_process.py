@@ -12,7 +12,9 @@ the tree and which one wrote it (docs/format.md, "Per-process leaves").
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -29,6 +31,7 @@ __all__ = [
     "is_per_process",
     "is_stateful",
     "state_of",
+    "states_put_back_on_failure",
 ]
 
 
@@ -85,6 +88,21 @@ def is_stateful(leaf: Any) -> bool:
     if isinstance(leaf, type):
         return False
     return callable(getattr(leaf, "get_state", None)) and callable(getattr(leaf, "set_state", None))
+
+
+@contextlib.contextmanager
+def states_put_back_on_failure(like: Any) -> Iterator[None]:
+    """On an error, give each live iterator of ``like`` the state it had before (a restore that failed after it set
+    some to the saved state: the caller may go on from where it was)."""
+    leaves = jax.tree.leaves(like, is_leaf=is_per_process)
+    live = [leaf.value if isinstance(leaf, PerProcess) else leaf for leaf in leaves]
+    before = [(iterator, iterator.get_state()) for iterator in live if is_stateful(iterator)]
+    try:
+        yield
+    except BaseException:
+        for iterator, state in before:
+            iterator.set_state(state)
+        raise
 
 
 def is_per_process(leaf: Any) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxstow._format.header import NativeReader, open_container
 from jaxstow._format.native_or_npz import Container
-from jaxstow._format.per_process import PerProcess
+from jaxstow._format.per_process import PerProcess, states_put_back_on_failure
 from jaxstow._format.skeleton_names import with_every_library
 from jaxstow._format.source import ReadSource
 from jaxstow._read.folder_file import FolderFile, Names, Transposed
@@ -206,7 +206,8 @@ class Reader(OpenedFile):
         if self.closed:
             self.check_open("loading the tree")
         try:
-            return read_again(self, functools.partial(restore, self, like, **options))
+            with contextlib.nullcontext() if like is None else states_put_back_on_failure(like):  # iterators as were
+                return read_again(self, functools.partial(restore, self, like, **options))
         except UnknownNameError as error:  # one error names every library to import, not one library per attempt
             raise with_every_library(error, self.container.manifest, self.value_entries.values()) from None
 
@@ -242,7 +243,8 @@ class FolderReader(FolderFile, Reader):
             return read_again(self, functools.partial(restore, self, None, **options))
         if names is None and like is None:
             names = str  # without like, the tensors keep their names
-        return read_again(self, functools.partial(restore, self.mapped(names, transposed), like, **options))
+        with states_put_back_on_failure(like):
+            return read_again(self, functools.partial(restore, self.mapped(names, transposed), like, **options))
 
     def info(self, path: str) -> LeafInfo:
         """Describe the tensor at ``path`` (an array stored in one of the folder's files)."""

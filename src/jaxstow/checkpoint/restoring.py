@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Unpack
 
 import jax
 
-from jaxstow._format.per_process import PerProcess, is_per_process, is_stateful
+from jaxstow._format.per_process import states_put_back_on_failure
 from jaxstow._format.source import ReadSource
 from jaxstow._names.registry import every_library_of
 from jaxstow._read.options import LoadOptions
@@ -62,23 +62,8 @@ def restore_items(
 
     A live iterator of ``likes`` takes its state only if every item is restored: a failure puts back the state it had.
     """
-    with _states_put_back_on_failure(likes):
+    with states_put_back_on_failure(dict(likes)):
         return _restore_items(sources, likes, where=where, at_once=at_once, **options)
-
-
-@contextlib.contextmanager
-def _states_put_back_on_failure(likes: Mapping[str, Any]) -> Iterator[None]:
-    """On an error, give each live iterator of ``likes`` the state it had before (an item restored before the error
-    set it to the step's)."""
-    leaves = jax.tree.leaves(dict(likes), is_leaf=is_per_process)
-    live = [leaf.value if isinstance(leaf, PerProcess) else leaf for leaf in leaves]
-    before = [(iterator, iterator.get_state()) for iterator in live if is_stateful(iterator)]
-    try:
-        yield
-    except BaseException:
-        for iterator, state in before:
-            iterator.set_state(state)
-        raise
 
 
 def _restore_items(
