@@ -40,7 +40,8 @@ class ModuleInterface(CallbackInterface, abc.ABC):
     Implement :meth:`get_train_dataloader`, :meth:`train_step`, :meth:`get_state` and :meth:`update_state`; the
     rest is optional. ``get_state()`` must hold everything the next steps depend on (parameters, optimiser state,
     random keys), unless the optimisers of :meth:`get_optimizers_schedulers` keep it, so that a resumed run goes on
-    exactly as if it had never stopped. :class:`~jaxstow.train.EquinoxOptaxModule` and
+    exactly as if it had never stopped (its arrays come back as jax arrays, float64 as float32 unless jax's 64-bit
+    mode is on). :class:`~jaxstow.train.EquinoxOptaxModule` and
     :class:`~jaxstow.train.TorchModule` are ready ones.
 
     >>> from jaxstow.train import ModuleInterface
