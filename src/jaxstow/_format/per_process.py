@@ -94,7 +94,10 @@ def is_stateful(leaf: Any) -> bool:
 def states_put_back_on_failure(like: Any) -> Iterator[None]:
     """On an error, give each live iterator of ``like`` the state it had before (a restore that failed after it set
     some to the saved state: the caller may go on from where it was)."""
-    leaves = jax.tree.leaves(like, is_leaf=is_per_process)
+    try:
+        leaves = jax.tree.leaves(like, is_leaf=is_per_process)
+    except (TypeError, ValueError):  # a like jax cannot flatten: the restore names what is wrong, setting nothing
+        leaves = []
     live = [leaf.value if isinstance(leaf, PerProcess) else leaf for leaf in leaves]
     before = [(iterator, iterator.get_state()) for iterator in live if is_stateful(iterator)]
     try:
