@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import jaxstow
-from jaxstow._format import tensor_reads
+from jaxstow._format import split_reads, tensor_reads
 from jaxstow._format.block_checksums import BLOCK_BYTES
+from jaxstow._format.split_reads import Balance
 from jaxstow._storage.sources import LocalFile
 from jaxstow._util import buffers, partner
 from jaxstow.errors import CorruptFileError, StorageError
@@ -88,16 +89,17 @@ def test_memory_under_a_live_leaf_a_view_or_a_jax_array_is_never_read_into(saved
 
 
 @pytest.mark.parametrize("fresh", [False, True], ids=["memory-let-go", "fresh-memory"])
-def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(saved, tmp_path, fresh):
+def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(saved, tmp_path, monkeypatch, fresh):
     path, tree = saved
     data = bytearray(path.read_bytes())
     with jaxstow.open(path) as reader:
         slot = reader.container.slots["l2"]
-    cut = slot.nbytes // 2 // 64 * 64  # where the halves read at once meet in a leaf without block checksums
-    piece = tensor_reads._HASHED_PIECE  # each half is read and hashed in pieces of this size
-    block = BLOCK_BYTES  # a leaf with block checksums is verified block by block, its halves meeting at block 2
-    edges = (0, piece - 1, piece, cut - 1, cut, cut + piece, block - 1, block, 2 * block - 1, 2 * block)
-    for at in (*edges, slot.nbytes - 1):  # halves', blocks' and pieces' edges
+    for balance in (split_reads.BLOCKS, split_reads.WHOLE):  # the cuts stay where they are
+        monkeypatch.setattr(balance, "learn", lambda mine, theirs: None)
+    cuts = [balance.cut(slot.nbytes) for balance in (split_reads.BLOCKS, split_reads.WHOLE)]  # where two parts meet
+    block = BLOCK_BYTES  # each part is read and hashed block by block
+    edges = (0, block - 1, block, 2 * block - 1, 2 * block, *(at + step for at in cuts for step in (-1, 0, block)))
+    for at in sorted({at for at in (*edges, slot.nbytes - 1) if at < slot.nbytes}):  # the parts' and blocks' edges
         damaged = tmp_path / f"damaged-{at}.jxs"
         changed = bytearray(data)
         changed[slot.offset + at] ^= 0x10
@@ -113,33 +115,39 @@ def test_a_corrupt_byte_is_refused_in_memory_a_good_read_of_the_same_leaf_left(s
 
 
 @pytest.mark.parametrize("nbytes", [4 << 20, (7 << 19) + 4, (6 << 20) - 12], ids=["4-blocks", "3.5-blocks", "6-blocks"])
-def test_a_leaf_of_an_even_count_of_blocks_is_read_right_and_a_byte_damaged_anywhere_is_refused(
-    tmp_path, monkeypatch, nbytes
+@pytest.mark.parametrize("share", [Balance.LEAST, 0.5, Balance.MOST])
+def test_a_leaf_read_in_two_parts_is_read_right_and_a_byte_damaged_anywhere_is_refused(
+    tmp_path, monkeypatch, nbytes, share
 ):
-    """Halves of even blocks: this thread hashes the partner's first block, read by the partner (uneven ones are the
-    cases above); a good leaf's blocks all match, its whole checksum never needed."""
+    """Wherever the cut falls, on a block's edge or inside one (this thread then hashes the rest of that block, read by
+    the partner), a good leaf's blocks all match, its whole checksum never needed, and a damaged byte is refused."""
     leaf = np.random.default_rng(nbytes).integers(0, 256, nbytes, dtype=np.uint8)
     path = tmp_path / "even.jxs"
     jaxstow.save(path, {"a": leaf, "b": leaf[::-1].copy()})
     data = path.read_bytes()
     found = []
-    halves = tensor_reads._read_blocks_in_halves
-    monkeypatch.setattr(tensor_reads, "_read_blocks_in_halves", lambda *args: found.append(halves(*args)) or found[-1])
+    split = tensor_reads.read_blocks_split
+    monkeypatch.setattr(tensor_reads, "read_blocks_split", lambda *args: found.append(split(*args)) or found[-1])
+    monkeypatch.setattr(split_reads.BLOCKS, "share", share)
+    monkeypatch.setattr(split_reads.BLOCKS, "learn", lambda mine, theirs: None)  # the cut stays where it is
+    cut = split_reads.BLOCKS.cut(nbytes)
+    assert cut % 4096 == 0 and 0 < cut < nbytes
     buffers.release_kept()
     with jaxstow.open(path) as reader:
         offset = reader.container.slots["a"].offset
-        for _ in range(3):  # fresh memory first, then the memory let go, read in halves
+        for _ in range(3):  # fresh memory first, then the memory let go, read in two parts
             np.testing.assert_array_equal(reader["a"], leaf)
         assert found == [reader.stored["a"].blocks] * 2
-    blocks = -(-nbytes // BLOCK_BYTES)
-    half = -(-blocks // 2) * BLOCK_BYTES  # where this thread's half ends
-    for at in (0, half - 1, half, half + BLOCK_BYTES - 1, half + BLOCK_BYTES, nbytes - 1):
+    edge = cut // BLOCK_BYTES * BLOCK_BYTES  # the block the cut falls in
+    for at in sorted({0, edge - 1, edge, cut - 1, cut, edge + BLOCK_BYTES - 1, edge + BLOCK_BYTES, nbytes - 1}):
+        if not 0 <= at < nbytes:
+            continue
         changed = bytearray(data)
         changed[offset + at] ^= 0x01
         damaged = tmp_path / f"damaged-{at}.jxs"
         damaged.write_bytes(changed)
         with jaxstow.open(damaged) as reader:
-            np.testing.assert_array_equal(reader["b"], leaf[::-1])  # its memory let go: "a" is read in halves
+            np.testing.assert_array_equal(reader["b"], leaf[::-1])  # its memory let go: "a" is read in two parts
             with pytest.raises(CorruptFileError, match="checksum mismatch"):
                 reader["a"]
 

@@ -27,11 +27,11 @@ from typing import NamedTuple
 import numpy as np
 from xxhash import xxh3_64, xxh3_64_hexdigest
 
-from jaxstow._format.block_checksums import BLOCK_BYTES, block_count
+from jaxstow._format.block_checksums import block_count
 from jaxstow._format.piece_cuts import Piece, piece_reads, pieces_of
 from jaxstow._format.source import Parallel, ReadSource, in_pool
+from jaxstow._format.split_reads import read_and_hash_split, read_blocks_split, read_pieces
 from jaxstow._util.buffers import HUGE_PAGE, leaf_buffer
-from jaxstow._util.partner import two_at_once
 from jaxstow._util.pools import submit
 
 __all__ = [
@@ -55,18 +55,12 @@ _RUN = 16 << 20  # the most bytes one coalesced read fetches
 #: ``readinto`` and 4 reach 0.8x of it. Below 32 MiB one thread reads faster than the pieces are handed out.
 LOCAL_DISK = Parallel(readers=16, piece=8 << 20, threshold=32 << 20)
 #: A tensor read alone from a local disk with its checksum into memory touched before, from this size on, is read in
-#: two halves at once: this thread reads the first and hashes it while the partner thread (:mod:`~jaxstow._util.partner`)
-#: reads the second (and hashes most of it, where the tensor has the checksums of its blocks:
-#: :func:`_read_blocks_in_halves`). Measured here from the page cache, a leaf of 3 MiB in 0.19-0.20 ms against 0.22 ms
-#: on one thread, 4 MiB 0.23 against 0.29, 8 MiB 0.36 against 0.53; 2 and 2.5 MiB take as long either way, the hand-over
-#: costing what the half saves. Memory never touched is read on one thread: on a virtual machine two threads taking
-#: fresh pages from the host at once take them twice as slowly as one.
+#: two parts at once, this thread's and the partner thread's (:mod:`~jaxstow._format.split_reads`). Measured here from
+#: the page cache, a leaf of 3 MiB in 0.19-0.20 ms against 0.22 ms on one thread, 4 MiB 0.23 against 0.29, 8 MiB 0.36
+#: against 0.53; 2 and 2.5 MiB take as long either way, the hand-over costing what the half saves. Memory never
+#: touched is read on one thread: on a virtual machine two threads taking fresh pages from the host at once take them
+#: twice as slowly as one.
 _HALVED_FROM = 3 << 20
-#: A tensor read alone from a local disk with its checksum is read and hashed in pieces of this size, each hashed
-#: while it is still in the core's cache (2 MiB here), a leaf verified by its blocks one read a block: measured here,
-#: a 4 MiB leaf from the page cache into memory touched before, on one thread, with a raw descriptor, in 0.221-0.226
-#: ms, against 0.229-0.234 ms in pieces of 512 KiB and 0.241-0.246 ms of 256 KiB (a read costs more than it saves).
-_HASHED_PIECE = BLOCK_BYTES
 
 
 class TensorSlot(NamedTuple):
@@ -314,72 +308,14 @@ def _halved(source: ReadSource, nbytes: int, *, touched: bool) -> bool:
 
 
 def _read_and_hash(source: ReadSource, offset: int, data: memoryview, *, halved: bool) -> str:
-    """The xxh3 of the bytes at ``offset`` read into ``data``, each piece of :data:`_HASHED_PIECE` bytes hashed as
-    soon as it is read, while it is still in the core's cache.
-
-    ``halved``: this thread reads and hashes the first half while the partner thread (:mod:`~jaxstow._util.partner`)
-    reads the second, which this thread then hashes (and reads first, where the partner had not begun it).
-    """
+    """The xxh3 of the bytes at ``offset`` read into ``data``, each block hashed as soon as it is read, while it is
+    still in the core's cache; ``halved``, in two parts at once (:func:`~jaxstow._format.split_reads.read_and_hash_split`)."""
+    if halved:
+        return read_and_hash_split(source, offset, data)
     digest = xxh3_64()
     with source.reading() as read_into:
-        if not halved:
-            _read_pieces(read_into, offset, data, digest)
-            return digest.hexdigest()
-        cut = len(data) // 2 // ALIGNMENT * ALIGNMENT
-        handed = [data[cut:]]  # taken from a list: a job taken back holds the half no more, to be reused
-        two_at_once(
-            lambda: _read_pieces(read_into, offset, data[:cut], digest), lambda: read_into(offset + cut, handed.pop())
-        )
-        digest.update(data[cut:])
+        read_pieces(read_into, offset, data, digest)
     return digest.hexdigest()
-
-
-def _read_pieces(read_into: Callable[[int, memoryview], None], offset: int, data: memoryview, digest: xxh3_64) -> None:
-    """Read ``data`` from ``offset`` in pieces of :data:`_HASHED_PIECE` bytes, each hashed into ``digest`` once read."""
-    for start in range(0, len(data), _HASHED_PIECE):
-        piece = data[start : start + _HASHED_PIECE]
-        read_into(offset + start, piece)
-        digest.update(piece)
-
-
-def _read_blocks_in_halves(source: ReadSource, offset: int, data: memoryview) -> str:
-    """The checksums of the blocks of the bytes at ``offset`` read into ``data``, read on this thread and the partner
-    thread at once (:func:`~jaxstow._util.partner.two_at_once`).
-
-    This thread reads and hashes the first half of the blocks (the larger one), the partner the second, but for its
-    first block where the halves are even, which this thread hashes last: the partner begins 0.02-0.06 ms after this
-    thread, and this thread, which waits for it, should end last. Measured here, from the page cache: 4 MiB in
-    0.216 ms against 0.236-0.242 ms with even halves, 6 MiB 0.280 against 0.300-0.309.
-    """
-    with source.reading() as read_into:
-        count = block_count(len(data))
-        cut = min(-(-count // 2) * BLOCK_BYTES, len(data))
-        hashed = min((count // 2 + 1) * BLOCK_BYTES, len(data))  # the first block the partner hashes
-        handed = [data[cut:]]  # taken from a list, as in _read_and_hash
-
-        def theirs() -> str:
-            half = handed.pop()
-            if hashed > cut:
-                read_into(offset + cut, half[: hashed - cut])
-            return _read_blocks(read_into, offset + hashed, half[hashed - cut :])
-
-        first, last = two_at_once(lambda: _read_blocks(read_into, offset, data[:cut]), theirs)
-        return first + _hashed_blocks(data[cut:hashed]) + last
-
-
-def _read_blocks(read_into: Callable[[int, memoryview], None], offset: int, data: memoryview) -> str:
-    """Read ``data`` from ``offset``, block by block, each block in pieces hashed once read; its blocks' checksums."""
-    found = []
-    for start in range(0, len(data), BLOCK_BYTES):
-        digest = xxh3_64()
-        _read_pieces(read_into, offset + start, data[start : start + BLOCK_BYTES], digest)
-        found.append(digest.hexdigest())
-    return "".join(found)
-
-
-def _hashed_blocks(data: memoryview) -> str:
-    """The checksums of the blocks of ``data``, read already."""
-    return "".join(xxh3_64_hexdigest(data[start : start + BLOCK_BYTES]) for start in range(0, len(data), BLOCK_BYTES))
 
 
 def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify | None = None) -> dict[str, np.ndarray]:
@@ -397,7 +333,7 @@ def read_slots(source: ReadSource, slots: Sequence[TensorSlot], verify: Verify |
         touched = leaf is not None and leaf.touched
         has_blocks = slot.blocks is not None and len(slot.blocks) == 16 * block_count(slot.nbytes)
         if verify is not None and has_blocks and _halved(source, slot.nbytes, touched=touched):
-            if _read_blocks_in_halves(source, slot.offset, buffer.data) != slot.blocks:
+            if read_blocks_split(source, slot.offset, buffer.data) != slot.blocks:
                 verify(slot.name, xxh3_64_hexdigest(buffer.data))  # which the leaf's own checksum then judges
             return {slot.name: buffer.view(slot.dtype).reshape(slot.shape)}
         arrays = [_read_one(source, slot.offset, buffer, slot.dtype, slot.shape, digests, touched=touched)]
