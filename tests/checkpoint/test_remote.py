@@ -356,3 +356,23 @@ def test_recent_changes_naming_a_folder_outside_the_run_are_not_read(caplog):
         manager.save(2, {"w": np.ones(2)})
         assert manager.steps() == [1, 2]
     assert "names '../elsewhere', which leads outside the folder" in caplog.text
+
+
+def test_a_header_damaged_on_its_way_is_read_again_not_taken_for_a_damaged_step(s3_server):
+    # One answer for the first bytes of step 2's item file, its header, with a bit flipped by the network:
+    # restore(fallback=True) went back to step 1, and damaged_steps() and latest_intact_step() called step 2 damaged.
+    url, options = s3_server.url(f"run-{uuid.uuid4().hex[:8]}"), s3_server.storage_options
+    with CheckpointManager(url, storage_options=options) as manager:
+        for step in (1, 2):  # a header of 1,500 leaves fills the first request: its middle byte is the header's
+            manager.save(step, {f"k{i:04d}": np.full(3, float(step), np.float32) for i in range(1500)})
+    header = rf"/{url.rsplit('/', 1)[1]}/2/.*\.safetensors bytes=0-65535$"
+    queries = {
+        "restore": lambda run: run.restore(fallback=True, as_numpy=True)["k0000"][0] == 2.0,
+        "damaged": lambda run: run.damaged_steps(verify="headers") == {},
+        "latest": lambda run: run.latest_intact_step(verify="headers") == 2,
+    }
+    for name, query in queries.items():
+        with faulty_proxy(s3_server.endpoint, rate=1.0, kinds=("flip",), paths=header, budget=1) as proxy:
+            flaky = {**options, "client_kwargs": {"endpoint_url": proxy.endpoint}}
+            assert query(CheckpointManager(url, storage_options=flaky)), name
+        assert proxy.faults["flip"] == 1, name

@@ -135,15 +135,26 @@ def step_damage(folder: StepFolder, step: int, *, verify: Verify, progress: bool
             damage = _data_damage(folder, record, progress=progress)
         return described(damage)
 
+    if verify == "data":
+        problem = _damage_of(lambda: folder.while_replaced(step, data_damage))
+    else:
+        problem = _damage_of(lambda: folder.read_record(step, check_files=verify == "headers"))
+        if isinstance(problem, CorruptFileError):  # read again: bytes damaged on their way, or in a local copy, are not
+            reread = folder.in_store() if folder.evict_damaged_copy(problem) else folder
+            problem = _damage_of(lambda: reread.read_record(step, check_files=verify == "headers"))
+    return None if problem is None else str(problem)
+
+
+def _damage_of(check: Callable[[], str | object]) -> JaxstowError | str | None:
+    """What ``check()`` finds wrong with a step: the error it raised that is damage, or the damage it returned (a
+    string); ``None`` where it found none. Any other error is raised."""
     try:
-        if verify == "data":
-            return folder.while_replaced(step, data_damage)
-        folder.read_record(step, check_files=verify == "headers")
+        found = check()
     except JaxstowError as error:
         if not is_damage(error):
             raise
-        return str(error)
-    return None
+        return error
+    return found if isinstance(found, str) else None
 
 
 def is_damage(error: JaxstowError) -> bool:
