@@ -106,6 +106,12 @@ def test_a_timedelta_is_stored_as_seconds():
         ({"keep_every_seconds": -1}, "keep_every_seconds must be a positive number of seconds"),
         ({"keep_every_seconds": math.inf}, "keep_every_seconds must be a positive number of seconds"),
         ({"keep_every_seconds": "1h"}, "keep_every_seconds must be a positive number of seconds"),
+        # A step's record holds its policy: one of no time, or back in time, made every step unreadable after a restart
+        (
+            {"keep_every_seconds": datetime.timedelta(0)},
+            "a positive datetime.timedelta or None, not datetime.timedelta",
+        ),
+        ({"keep_every_seconds": datetime.timedelta(seconds=-60)}, "a positive datetime.timedelta or None, not"),
     ],
 )
 def test_rules_that_cannot_be_followed_are_refused(arguments, message):

@@ -63,18 +63,18 @@ class KeepPolicy:
         for name in ("keep_last", "keep_every", "keep_best"):
             if (value := getattr(self, name)) is not None:
                 object.__setattr__(self, name, count(value, name, or_none=True))
-        interval = self.keep_every_seconds
-        if isinstance(interval, datetime.timedelta):
-            object.__setattr__(self, "keep_every_seconds", interval.total_seconds())
-        elif interval is not None and (
+        given = self.keep_every_seconds
+        interval = given.total_seconds() if isinstance(given, datetime.timedelta) else given
+        if interval is not None and (
             isinstance(interval, bool)
             or not isinstance(interval, numbers.Real)
             or not 0 < (interval if isinstance(interval, int) else float(interval)) < sys.float_info.max
         ):
             raise ArgumentError(
-                f"keep_every_seconds must be a positive number of seconds, a datetime.timedelta or None, not {interval!r}"
+                "keep_every_seconds must be a positive number of seconds, a positive datetime.timedelta or None, "
+                f"not {given!r}"
             )
-        elif interval is not None:
+        if interval is not None:
             object.__setattr__(self, "keep_every_seconds", float(interval))
         if self.metric is not None and not isinstance(self.metric, str):
             raise ArgumentError(f"metric must be the name of a metric (a string) or None, not {excerpt(self.metric)}")
