@@ -185,8 +185,8 @@ class StepQueries:
         return self._folder.existing(step)
 
     def metrics(self, step: int) -> dict[str, float | None] | None:
-        """The metrics saved with ``step``, held by either tier (NaN reads back as ``None``, infinities as they are): a copy,
-        which the caller may change without changing what the keep policy ranks."""
+        """The metrics saved with ``step``, held by either tier (NaN reads back as ``None``, infinities as they
+        are): a copy, which the caller may change without changing what the keep policy ranks."""
         metrics = self._record(self._held(step)).metrics
         return None if metrics is None else dict(metrics)
 
