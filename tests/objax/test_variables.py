@@ -331,3 +331,39 @@ def test_weights_saved_apart_are_refused_by_a_model_that_ties_them_unless_one_is
     np.testing.assert_array_equal(layer.w.value, untied[0].w.value)
     objax_io.save_var_collection(path, tied.vars())  # saved tied: one value per variable, which loads back
     objax_io.load_var_collection(path, tied.vars())
+
+
+@pytest.mark.parametrize("target", ["path", "file object"])
+def test_a_collection_whose_values_end_as_a_zip_archive_ends_loads_back(tmp_path, target) -> None:
+    # 101010256 is b"PK\x05\x06", the start of a zip archive's last record: found in the last 64 KiB of a file saved
+    # here, it took the file for a zip archive, and the load raised zipfile's BadZipFile.
+    ids = np.array([7, 101010256, 3, 1, 4, 1, 5, 9], np.int32)
+    saved = {"(Model).w": objax.TrainVar(jnp.ones((4, 4))), "(Model).ids": objax.StateVar(jnp.asarray(ids))}
+    file = str(tmp_path / "model.safetensors") if target == "path" else io.BytesIO()
+    objax_io.save_var_collection(file, saved)
+    if isinstance(file, io.BytesIO):
+        file.seek(0)
+    fresh = {"(Model).w": objax.TrainVar(jnp.zeros((4, 4))), "(Model).ids": objax.StateVar(jnp.zeros(8, jnp.int32))}
+    objax_io.load_var_collection(file, fresh)
+    np.testing.assert_array_equal(fresh["(Model).ids"].value, ids)
+
+
+def test_an_objax_archive_with_a_damaged_central_directory_is_corrupt_not_a_zipfile_error(tmp_path) -> None:
+    path = tmp_path / "objax.npz"
+    np.savez(path, names=np.array(["(Linear).w"]), **{"0": np.ones((2, 2), np.float32)})
+    path.write_bytes(path.read_bytes().replace(b"PK\x01\x02", b"PK\x01\x03", 1))
+    with pytest.raises(jaxstow.errors.CorruptFileError, match="not a readable npz archive") as raised:
+        objax_io.load_var_collection(path, {"(Linear).w": objax.nn.Linear(2, 2).w})
+    assert raised.value.file == str(path)
+
+
+def test_a_file_object_past_an_objax_archive_loads_what_was_saved_there(tmp_path) -> None:
+    # The archive before the position was found from the file's end, and its layout read at the position.
+    buffer = io.BytesIO()
+    np.savez(buffer, names=np.array(["w"]), **{"0": np.full(3, 1.0, np.float32)})
+    start = buffer.tell()
+    objax_io.save_var_collection(buffer, {"w": objax.TrainVar(jnp.full(3, 2.0))})
+    buffer.seek(start)
+    fresh = {"w": objax.TrainVar(jnp.zeros(3))}
+    objax_io.load_var_collection(buffer, fresh)
+    assert fresh["w"].value.tolist() == [2.0, 2.0, 2.0] and buffer.tell() == start

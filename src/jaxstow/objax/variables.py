@@ -11,7 +11,6 @@ import collections
 import contextlib
 import inspect
 import os
-import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO
 
@@ -19,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstow._format.npz import MANIFEST_MEMBER, NpzReader
+from jaxstow._format.npz import NpzReader
 from jaxstow._save_load import load, save
 from jaxstow._storage.folders import make_folder
 from jaxstow._storage.opening import PathOrFile, display_name, local_path, open_source
@@ -27,6 +26,8 @@ from jaxstow._util.jax_compat import typed_as
 from jaxstow.errors import ArgumentError, VariableMismatchError
 
 __all__ = ["load_var_collection", "save_var_collection"]
+#: The first bytes of a zip archive (its first member's header), as an archive Objax wrote starts.
+_ZIP_START = b"PK\x03\x04"
 
 #: A name of the file -> the name the collection knows it by.
 Renamer = Callable[[str], str]
@@ -247,16 +248,14 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
     if isinstance(file, str | os.PathLike) and local_path(file) is None:
         return None  # a URL: Objax wrote local files only
     with _kept_position(file) as readable:
-        if not zipfile.is_zipfile(readable):
-            return None
-        with zipfile.ZipFile(readable) as archive:
-            members = set(archive.namelist())
-        if "names.npy" not in members or f"{MANIFEST_MEMBER}.npy" in members:
+        if not _starts_as_zip(readable):
             return None
     with _kept_position(file) as readable:  # every size, count and CRC checked before anything is allocated
         reader = NpzReader(open_source(readable), text_members=frozenset({"names"}))
         try:
-            names = reader.read(["names"])["names"] if "names" in reader.slots else np.zeros(0)
+            if "names" not in reader.slots or reader.manifest is not None:
+                return None  # numpy's or jaxstow's own npz, read as such
+            names = reader.read(["names"])["names"]
             expected = {"names", *(str(index) for index in range(len(names)))}
             if names.ndim != 1 or names.dtype.kind != "U" or set(reader.slots) != expected:
                 raise VariableMismatchError(
@@ -271,6 +270,18 @@ def _read_objax_archive(file: PathOrFile) -> dict[str, np.ndarray] | None:
             return {str(name): reader.read([str(index)])[str(index)] for index, name in enumerate(names)}
         finally:
             reader.close()
+
+
+def _starts_as_zip(readable: str | BinaryIO) -> bool:
+    """Whether a file (a path, or a file object from where it is) starts as a zip archive: a tensor's bytes near the
+    end of another file may look like the end of one. A path that cannot be read is left to the load to name."""
+    if not isinstance(readable, str):
+        return readable.read(len(_ZIP_START)) == _ZIP_START
+    try:
+        with open(readable, "rb") as opened:
+            return opened.read(len(_ZIP_START)) == _ZIP_START
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager
