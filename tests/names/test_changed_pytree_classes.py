@@ -61,3 +61,31 @@ def test_an_unchanged_equinox_module_loads(tmp_path: Path) -> None:
     loaded = jaxstow.load(tmp_path / "model.jxs")
     assert (loaded.scale, loaded.shift) == (3.0, 1.0)
     assert (loaded.w == jnp.eye(2)).all()
+
+
+def test_a_flarejax_module_whose_init_sets_an_attribute_renamed_since_the_save_is_refused(tmp_path: Path) -> None:
+    # A plain FlareJax module (no dataclass) loaded with the attribute missing: the class's default, 1e-5, was read
+    # in place of the saved 1e-3 (or an AttributeError came at the first call), with no error.
+    flr = pytest.importorskip("flarejax")
+
+    class Norm(flr.Module):
+        def __init__(self) -> None:
+            self.eps = 1e-3
+            self.w = jnp.ones(2)
+
+    class Renamed(flr.Module):
+        epsilon = 1e-5
+
+        def __init__(self, epsilon: float = 1e-5) -> None:
+            self.epsilon = epsilon
+            self.w = jnp.ones(2)
+
+    jaxstow.saveable(Norm, name="tests.changed.FlrNorm")
+    jaxstow.save(tmp_path / "model.jxs", {"net": Norm()})
+    assert jaxstow.load(tmp_path / "model.jxs")["net"].eps == 1e-3  # unchanged, it loads
+    with pytest.warns(UserWarning, match="now names"):
+        jaxstow.saveable(Renamed, name="tests.changed.FlrNorm")
+    with pytest.raises(
+        StructureMismatchError, match=r"'net': the class tests\.changed\.FlrNorm sets the attributes .*\['epsilon'\]"
+    ):
+        jaxstow.load(tmp_path / "model.jxs")

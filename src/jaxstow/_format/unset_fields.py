@@ -1,4 +1,5 @@
-"""The dataclass instances a file's structure builds hold a value for each field their class's ``__init__`` takes.
+"""The dataclass instances and FlareJax modules a file's structure builds hold a value for each field their class's
+``__init__`` takes (or attribute it sets).
 
 A node type's own unflatten (FlareJax's, equinox's, ``jax.tree_util.register_dataclass``'s) sets the attributes the
 file names: a field added or renamed since the save was left unset, and read as the class's default (or an
@@ -19,6 +20,7 @@ jaxstow.errors.StructureMismatchError: model.jxs does not fit the given structur
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any
 
 import jax
@@ -32,13 +34,13 @@ __all__ = ["refuse_unset_fields"]
 
 
 def refuse_unset_fields(built: Any, *, file: str | None, path: str) -> None:
-    """Refuse, with a :class:`~jaxstow.errors.StructureMismatchError` naming its path, a dataclass instance in
-    ``built`` (a tree a structure gave, at ``path``) that lacks one of its class's ``__init__`` fields among its
-    attributes."""
+    """Refuse, with a :class:`~jaxstow.errors.StructureMismatchError` naming its path, a dataclass instance or a
+    FlareJax module in ``built`` (a tree a structure gave, at ``path``) that lacks one of its class's ``__init__``
+    fields (or attributes its ``__init__`` always sets) among its attributes."""
     nodes = [(path, built)]
     while nodes:
         where, node = nodes.pop()
-        if dataclasses.is_dataclass(node) and not isinstance(node, type) and hasattr(node, "__dict__"):
+        if _flattened_whole(node) and hasattr(node, "__dict__"):
             cls = type(node)
             name = registry.attribute_class_name(cls) or cls.__qualname__
             refuse_missing_fields(cls, name, list(vars(node)), file=file, path=where)
@@ -47,3 +49,13 @@ def refuse_unset_fields(built: Any, *, file: str | None, path: str) -> None:
         except (TypeError, ValueError):  # a dict whose keys do not sort, which jax cannot flatten: not looked into
             continue
         nodes.extend((join(where, path_to_str(keys)), child) for keys, child in children if keys)
+
+
+def _flattened_whole(node: Any) -> bool:
+    """Whether ``node`` is an instance whose type flattens it whole, so that an attribute its ``__init__`` sets and
+    the file lacks was renamed or added since the save: a dataclass (its fields), a FlareJax module (every attribute).
+    Other pytree classes may leave attributes out of their children by design."""
+    if isinstance(node, type):
+        return False
+    flarejax = sys.modules.get("flarejax")
+    return dataclasses.is_dataclass(node) or isinstance(node, getattr(flarejax, "Module", ()))
