@@ -90,3 +90,27 @@ def test_sharding_places_the_numpy_leaves_of_like_and_refuses_one_that_cannot_ho
         restore(sharding={"step": None, "w": NamedSharding(mesh, P("x"))})  # 6 rows over 4 devices
     untouched = restore()  # without sharding=, numpy leaves of like come back as numpy arrays
     assert type(untouched["w"]) is np.ndarray and type(untouched["step"]) is np.int32
+
+
+def _unfixed(kind: str) -> NamedSharding:
+    """A sharding that leaves an array's layout to a computation: an axis unconstrained, or values not reduced."""
+    if kind == "unconstrained":
+        if not hasattr(P, "UNCONSTRAINED"):
+            pytest.skip("this jax has no unconstrained axes")
+        auto = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+        return NamedSharding(auto, P(P.UNCONSTRAINED))
+    try:
+        return NamedSharding(jax.make_mesh((4,), ("x",)), P(None, unreduced={"x"}))
+    except (TypeError, ValueError):
+        pytest.skip("this jax has no unreduced axes")
+
+
+@pytest.mark.parametrize("kind", ["unconstrained", "unreduced"])
+@pytest.mark.parametrize("given", ["like", "sharding"])
+def test_a_sharding_that_leaves_the_layout_open_is_refused_naming_the_leaf(saved, kind, given):
+    # jax.device_put's KeyError: UNCONSTRAINED, or its NotImplementedError, came out after the leaf was read
+    sharding = _unfixed(kind)
+    like = {**_like(), "w": jax.ShapeDtypeStruct((4,), jnp.float32, sharding=sharding)}
+    arguments = {"like": like} if given == "like" else {"like": _like(), "sharding": sharding}
+    with pytest.raises(ShardingError, match=r"leaf '(w|lr)' of .*state.jxs: its sharding .* leaves its layout to"):
+        jaxstow.load(saved, **arguments)

@@ -251,6 +251,13 @@ def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path
             path=path,
         )
     spec = getattr(placement, "spec", ())
+    if isinstance(spec, jax.sharding.PartitionSpec) and not _concrete(spec):  # device_put fails on it, not in words
+        raise ShardingError(
+            f"its sharding {placement} leaves its layout to a computation (an unconstrained axis, or values not yet "
+            "reduced), and an array read from a file needs one: give the partition spec the array is to have",
+            file=file,
+            path=path,
+        )
     if isinstance(spec, jax.sharding.PartitionSpec) and len(spec) > len(shape):  # jax checks no spec on one device
         raise ShardingError(
             f"shape {list(shape)} cannot be laid out on {placement}: its partition spec names {len(spec)} axes, "
@@ -264,6 +271,13 @@ def check_fits(placement: Any, shape: tuple[int, ...], *, file: str | None, path
         raise ShardingError(
             f"shape {list(shape)} cannot be laid out on {placement}: {error}", file=file, path=path
         ) from None
+
+
+def _concrete(spec: jax.sharding.PartitionSpec) -> bool:
+    """Whether ``spec`` says where every part of an array lies: no axis left unconstrained, nothing unreduced."""
+    unconstrained = getattr(jax.sharding.PartitionSpec, "UNCONSTRAINED", None)
+    reduced = getattr(spec, "unreduced", None) or getattr(spec, "reduced", None)
+    return not reduced and all(axis is not unconstrained for axis in spec)
 
 
 def place_whole(array: jax.Array, placement: Any) -> jax.Array:
