@@ -140,3 +140,17 @@ def test_the_public_names_of_the_package():
 def test_moved_names_still_work_and_say_where_they_went(old, new):
     with pytest.warns(DeprecationWarning, match="has moved: use jaxstow"):
         assert old() is new()
+
+
+@pytest.mark.parametrize("call", ["save", "load", "open", "manager"])
+def test_a_path_holding_a_nul_character_is_an_argument_error_naming_it(tmp_path, call):
+    # The system's "ValueError: embedded null byte", from the first os.stat of the path.
+    path = str(tmp_path / "a\x00b.jxs")
+    calls = {
+        "save": lambda: jaxstow.save(path, {"w": np.ones(2)}),
+        "load": lambda: jaxstow.load(path),
+        "open": lambda: jaxstow.open(path),
+        "manager": lambda: jaxstow.CheckpointManager(path).save(1, {"w": np.ones(2)}),
+    }
+    with pytest.raises(jaxstow.errors.ArgumentError, match=r"'.*a\\x00b.jxs' holds a NUL character"):
+        calls[call]()

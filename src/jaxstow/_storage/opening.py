@@ -60,6 +60,8 @@ def local_path(target: str | os.PathLike[str]) -> str | None:
     ('/data/model.jxs', '/data', None)
     """
     text = os.fspath(target)
+    if "\x00" in text:  # the system's ValueError otherwise, at the first call that takes the path
+        raise ArgumentError(f"{text!r} holds a NUL character ('\\x00'), which no file name holds")
     last = text.rpartition("::")[2]  # an fsspec chain reads the last URL's bytes
     for scheme in ("file://", "local://"):
         if last.startswith(scheme):

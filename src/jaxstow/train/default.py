@@ -9,14 +9,17 @@ import logging
 import numbers
 import os
 
+import jax
 import numpy as np
 
 from jaxstow._names.registry import saveable
+from jaxstow._read.narrowing import NARROWED
+from jaxstow._read.reader import open as open_reader
 from jaxstow._save_load import load, save
 from jaxstow._steps.names import check_step
 from jaxstow._storage.failures import storage_error, storage_failures
 from jaxstow._storage.folders import make_folder
-from jaxstow.errors import ArgumentError, JaxstowError, PathNotFoundError
+from jaxstow.errors import ArgumentError, FormatError, JaxstowError, PathNotFoundError
 from jaxstow.train.checkpointer import AbstractCheckpointer
 from jaxstow.train.files import FileNames
 from jaxstow.train.state import Checkpoint, as_checkpoint, described_state, is_checkpoint
@@ -51,6 +54,9 @@ class DefaultCheckpointerArguments:
             safetensors file).
         log_level: level of the checkpointer's logger (``"DEBUG"``, ``"INFO"``, ``"WARNING"``, ..., or
             ``logging.INFO``, ...).
+        as_numpy: resume every array as a numpy array, as :func:`jaxstow.load` gives it with ``as_numpy=True``
+            (torch tensors too), 64-bit ones whole; by default arrays come back as ``jax.Array`` (torch tensors as
+            tensors), and a float64 array as float32 where jax's 64-bit mode is off, with a warning naming it.
     """
 
     checkpoint: bool = True
@@ -63,6 +69,7 @@ class DefaultCheckpointerArguments:
     file_prefix: str = "checkpoint"
     file_ext: str = "jxs"
     log_level: str | int = "INFO"
+    as_numpy: bool = False
 
 
 saveable(DefaultCheckpointerArguments, name="jaxstow.train.DefaultCheckpointerArguments")  # see TrainerArguments
@@ -175,14 +182,22 @@ class DefaultCheckpointer(AbstractCheckpointer):
         if path is None:
             return Checkpoint()
         try:
-            checkpoint = as_checkpoint(load(path), file=path)
+            checkpoint = as_checkpoint(load(path, as_numpy=self.args.as_numpy), file=path)
         except JaxstowError as error:
-            if self._named_resume_file() is None:
+            if isinstance(error, FormatError) and self._named_resume_file() is None:  # damage, not a setting
                 error.add_note(
                     f"{path} is the newest checkpoint in load_dir: move it aside to resume from the one before it, "
                     "or name the file to resume from with DefaultCheckpointerArguments(load_filename=...)"
                 )
             raise
+        if not self.args.as_numpy and (narrowed := _rounded_by_jax(path)):
+            self.logger.warning(
+                "%s: %s resumed in 32 bits, as jax with its 64-bit mode off holds them: to resume them whole, pass "
+                "DefaultCheckpointerArguments(as_numpy=True) or turn x64 on (jax.config.update('jax_enable_x64', "
+                "True)) before loading",
+                path,
+                narrowed,
+            )
         self.logger.info("resumed from %s", path)
         return checkpoint
 
@@ -253,18 +268,31 @@ def _refuse_unchangeable(folder: str) -> None:
         )
 
 
+def _rounded_by_jax(path: str) -> list[str]:
+    """The float arrays of the file at ``path`` that jax, its 64-bit mode off, rounds to 32 bits (float64 and
+    complex128: a 64-bit integer is resumed exactly or refused)."""
+    if np.dtype(jax.dtypes.canonicalize_dtype(np.float64)) == np.float64:  # x64 on
+        return []
+    with open_reader(path) as reader:
+        return [
+            name
+            for name, leaf in reader.stored.items()
+            if leaf.kind in ("array", "sharded") and leaf.dtype in NARROWED and leaf.dtype.kind in "fc"
+        ]
+
+
 def _check_path(args: DefaultCheckpointerArguments, field: str, *, optional: bool) -> None:
     value = getattr(args, field)
     if optional and value in (None, ""):
         return
-    if not isinstance(value, (str, os.PathLike)) or os.fspath(value) == "":
+    if not isinstance(value, (str, os.PathLike)) or os.fspath(value) in ("",) or "\x00" in os.fspath(value):
         allowed = "a folder (str or os.PathLike)" + (", or None" if optional else "")
         raise ArgumentError(f"DefaultCheckpointerArguments.{field} must be {allowed}, not {value!r}")
 
 
 def _check_name_part(args: DefaultCheckpointerArguments, field: str) -> None:
     value = getattr(args, field)
-    if not isinstance(value, str) or not value or any(sep and sep in value for sep in (os.sep, os.altsep)):
+    if not isinstance(value, str) or not value or any(sep and sep in value for sep in (os.sep, os.altsep, "\x00")):
         raise ArgumentError(
             f"DefaultCheckpointerArguments.{field} must be a non-empty name without a folder separator (the files "
             f"go in save_dir and are found there), not {value!r}"
