@@ -26,6 +26,7 @@ import jax
 from jaxstow._format.keypaths import flatten_with_paths
 from jaxstow._format.manifest import container_paths
 from jaxstow._format.skeleton import encode_treedef
+from jaxstow._write.flarejax_modules import refuse_unrebuildable_modules
 from jaxstow._write.flattening import cycle_error, flatten
 from jaxstow.errors import FormatError
 
@@ -68,6 +69,7 @@ def take_apart(
             raise cycle_error(file) from None
         paths = _named(lambda: container_paths(structure), file)
     if paths is None:  # the tree has nodes that name their children themselves (attributes, fields, ...)
+        refuse_unrebuildable_modules(tree, file=file or None)
         paths, leaves, _ = _named(lambda: flatten_with_paths(tree), file)
     check_unique_paths(paths, file=file)
     return TakenApart(leaves, structure, paths)
