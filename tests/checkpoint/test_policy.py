@@ -126,3 +126,17 @@ def test_an_infinite_metric_in_the_best_direction_is_kept_as_the_best(tmp_path, 
     with CheckpointManager(tmp_path) as reopened:
         assert reopened.metrics(2) == {"acc": best} and reopened.metrics(5) == {"acc": -best}
         assert reopened.best_step(metric="acc", mode=mode) == 2
+
+
+def test_steps_deleted_by_another_policy_than_they_were_saved_under_are_warned_of(tmp_path, caplog):
+    # A run restarted with keep_every and keep_best forgotten: its first save deleted the milestones and the best
+    # step of the first run, logged at INFO only.
+    losses = {step: 0.01 if step == 150 else 1.0 for step in range(50, 500, 50)}
+    first = {"keep_last": 2, "keep_every": 100, "keep_best": 1, "metric": "loss"}
+    with caplog.at_level(logging.WARNING, logger="jaxstow"):
+        assert _run(tmp_path, range(50, 450, 50), losses, **first) == [100, 150, 200, 300, 350, 400]
+        assert not caplog.records  # the same policy all along: nothing to warn of
+        assert _run(tmp_path, [450], losses, keep_last=2) == [400, 450]
+    [warned] = [record.getMessage() for record in caplog.records]
+    assert "deleting steps [100, 150, 200, 300, 350], saved under another keep policy" in warned
+    assert "(keep_last=2, keep_every=100, keep_best=1 by loss (min)) than this manager's (keep_last=2)" in warned

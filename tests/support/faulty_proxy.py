@@ -101,6 +101,7 @@ class FaultyProxy:
         self.budget = budget
         self.faults: collections.Counter[str] = collections.Counter()
         self.requests = 0
+        self._drawn = 0
         self._random = random.Random(seed)
         self._lock = threading.Lock()
         self._server = QuietServer(("127.0.0.1", 0), _handler(self))
@@ -115,12 +116,19 @@ class FaultyProxy:
                 return None
             if self._random.random() >= self.rate:
                 return None
-            if self.budget is not None and sum(self.faults.values()) >= self.budget:
-                return None
+            if self.budget is not None and sum(self.faults.values()) + self._drawn >= self.budget:
+                return None  # counting the faults drawn and not sent yet: requests run at once
+            self._drawn += 1
             return self._random.choice(self.kinds)
+
+    def withdraw(self) -> None:
+        """A fault drawn is not sent (no body to change): it counts against the budget no more."""
+        with self._lock:
+            self._drawn = max(self._drawn - 1, 0)
 
     def sent(self, kind: str) -> None:
         with self._lock:
+            self._drawn = max(self._drawn - 1, 0)
             self.faults[kind] += 1
 
     def start(self) -> None:
@@ -158,6 +166,7 @@ def _handler(proxy: FaultyProxy) -> type[BaseHTTPRequestHandler]:
                 return None
             status, reason, headers, data = self._upstream(body)
             if fault in ("short", "stall", "flip") and (self.command == "HEAD" or len(data) < 2):
+                proxy.withdraw()
                 fault = None  # no body to cut or change
             if fault is not None:
                 proxy.sent(fault)

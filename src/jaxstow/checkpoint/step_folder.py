@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -180,6 +181,7 @@ class StepFolder:
         if unreadable := [step for step in kept if (records.get(step) or self.unchecked_record(step)) is None]:
             self.damaged.update(unreadable)
             doomed = list(policy.to_delete([step for step in steps if step not in self.damaged], values, times))
+        self._warn_of_other_policies(doomed, policy)
         for step in doomed:
             try:
                 self.store.delete(self.names.name(step))
@@ -204,6 +206,25 @@ class StepFolder:
             else:
                 logger.info("%s: deleted step %d (keep policy)", self.store.location, step)
             yield step
+
+    def _warn_of_other_policies(self, doomed: Sequence[int], policy: KeepPolicy) -> None:
+        """Warn of the steps ``policy`` deletes that were saved under another keep policy (a run restarted with other
+        rules), which may have kept them: milestones and best steps are gone unseen otherwise."""
+        current = dataclasses.asdict(policy)
+        earlier: dict[str, list[int]] = {}
+        for step in doomed:
+            record = self.unchecked_record(step)
+            if record is not None and record.keep_policy is not None and record.keep_policy != current:
+                earlier.setdefault(_described_policy(record.keep_policy), []).append(step)
+        for described, steps in earlier.items():
+            logger.warning(
+                "%s: deleting steps %s, saved under another keep policy (%s) than this manager's (%s): give the "
+                "manager the policy they were saved under (keep=KeepPolicy(...)) to keep such steps",
+                self.store.location,
+                steps,
+                described,
+                policy,
+            )
 
     def remember(self, record: StepRecord) -> None:
         """Keep the record of a step this process has just committed."""
@@ -389,3 +410,12 @@ class StepFolder:
                 file=self.url(step),
             )
         return names
+
+
+def _described_policy(recorded: dict[str, Any]) -> str:
+    """The keep rules a step's record holds, in words (as recorded, where no KeepPolicy takes them)."""
+    known = {field.name for field in dataclasses.fields(KeepPolicy)}
+    try:
+        return str(KeepPolicy(**{name: value for name, value in recorded.items() if name in known}))
+    except (TypeError, ValueError):
+        return str(recorded)
