@@ -114,3 +114,14 @@ def test_a_sharding_that_leaves_the_layout_open_is_refused_naming_the_leaf(saved
     arguments = {"like": like} if given == "like" else {"like": _like(), "sharding": sharding}
     with pytest.raises(ShardingError, match=r"leaf '(w|lr)' of .*state.jxs: its sharding .* leaves its layout to"):
         jaxstow.load(saved, **arguments)
+
+
+def test_a_weakly_typed_leaf_lands_on_its_likes_sharding_as_given(tmp_path):
+    # Its sharding came back P('x', None) for a like's P('x'): the same layout, but not == the like's sharding.
+    jaxstow.save(tmp_path / "w.jxs", {"w": np.arange(16, dtype=np.float32).reshape(4, 4)})
+    sharding = NamedSharding(jax.make_mesh((4,), ("x",)), P("x"))
+    for weak in (False, True):
+        like = {"w": jax.ShapeDtypeStruct((4, 4), jnp.float32, weak_type=weak, sharding=sharding)}
+        restored = jaxstow.load(tmp_path / "w.jxs", like=like)["w"]
+        assert restored.sharding == sharding and restored.weak_type == weak
+        assert restored.tolist() == np.arange(16, dtype=np.float32).reshape(4, 4).tolist()

@@ -319,6 +319,8 @@ def weakly_typed(array: jax.Array, weak: bool = True) -> jax.Array:
         back: jax.Array = jax.device_put(convert(on_device, array.dtype, weak_type=weak), sharding)
         return back
     typed: jax.Array = convert(array, array.dtype, weak_type=weak)
+    if typed.sharding != sharding:  # the same layout, its spec written out in full (an explicit mesh's): as it was
+        typed = jax.device_put(typed, sharding)
     return typed
 
 
