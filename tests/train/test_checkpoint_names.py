@@ -3,6 +3,7 @@ it, so it never resumes from another tool's file and each index has one file, wh
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -133,3 +134,14 @@ def test_a_prefix_whose_checkpoints_another_prefix_s_model_files_name_is_refused
     assert sorted(os.listdir(tmp_path)) == ["checkpoint_1.jxs", "checkpoint_model_7.jxs"]
     assert jaxstow.load(tmp_path / "checkpoint_model_7.jxs", as_numpy=True)["w"].tolist() == [7.0, 7.0]
     assert DefaultCheckpointer(_args(tmp_path)).load().trainer_state == {"last_epoch": 1}
+
+
+def test_a_name_of_a_checkpoint_that_is_no_file_is_left_out_with_a_warning(tmp_path, caplog):
+    # A broken link as the newest checkpoint: the checkpointer resumed from the one before without a word.
+    arguments = DefaultCheckpointerArguments(save_dir=tmp_path, model_state_save_dir=None, load_dir=tmp_path)
+    DefaultCheckpointer(arguments).save(Checkpoint(trainer_state={"last_epoch": 1}), 1)
+    (tmp_path / "checkpoint_5.jxs").symlink_to(tmp_path / "gone.jxs")
+    with caplog.at_level(logging.WARNING):
+        checkpointer = DefaultCheckpointer(arguments)
+        assert checkpointer.load().trainer_state["last_epoch"] == 1
+    assert f"{tmp_path / 'checkpoint_5.jxs'} is named as a checkpointer's file but is no file" in caplog.text

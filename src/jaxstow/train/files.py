@@ -28,6 +28,7 @@ jaxstow.errors.ArgumentError: file_prefix 'run_model' ends in '_model', so its c
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 
@@ -36,6 +37,7 @@ from jaxstow.errors import ArgumentError
 __all__ = ["FileNames"]
 
 _MODEL = "_model"
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +79,8 @@ class FileNames:
     def find(self, folder: str | os.PathLike[str], *, model: bool = False) -> dict[int, str]:
         """The checkpoints (or model files) in ``folder``, as ``{index: path}``; empty if the folder does not exist.
 
-        Only names this checkpointer writes count, so that each index has one file at most.
+        Only names this checkpointer writes count, so that each index has one file at most; one of them that is no
+        file (a broken link, a folder) is left out with a warning.
         """
         if not os.path.isdir(folder):
             return {}
@@ -86,6 +89,12 @@ class FileNames:
         found = {}
         for entry in os.scandir(folder):
             match = pattern.fullmatch(entry.name)
-            if match is not None and written(int(match.group(1))) == entry.name and entry.is_file():
+            if match is None or written(int(match.group(1))) != entry.name:
+                continue
+            if entry.is_file():
                 found[int(match.group(1))] = entry.path
+            else:  # a link to nothing, a folder: never resumed from, and never silently passed over
+                logger.warning(
+                    "%s is named as a checkpointer's file but is no file (a broken link?): left out", entry.path
+                )
         return found
