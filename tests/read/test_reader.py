@@ -312,3 +312,20 @@ def test_a_reader_closed_while_other_threads_read_it_gives_them_closed_errors(tm
         for thread in threads:
             thread.join(timeout=60)
     assert failures == []
+
+
+@pytest.mark.parametrize("suffix", [".jxs", ".npz"])
+def test_paths_sorted_by_the_caller_change_nothing_the_reader_loads(tmp_path, suffix):
+    # reader.paths was the list every load pairs its values with: sorted in place, layer 10 came back as layer 2.
+    layers = [np.full(2, float(i)) for i in range(12)]
+    path = tmp_path / f"layers{suffix}"
+    jaxstow.save(path, {"layers": layers, "bias": np.zeros(3), "kernel": np.ones(4)})
+    with jaxstow.open(path) as reader:
+        before, names = reader.paths, reader.paths
+        names.sort(key=len, reverse=True)
+        names.append("extra")
+        assert reader.paths == before and names != before
+        loaded = reader.load(as_numpy=True)
+        assert [float(layer[0]) for layer in loaded["layers"]] == [float(i) for i in range(12)]
+        assert loaded["bias"].shape == (3,) and loaded["kernel"].shape == (4,)
+        assert list(reader.load(select="bias", as_numpy=True)) == ["bias"]

@@ -148,7 +148,7 @@ class FolderFile(OpenedFile):
         return arrays
 
     def __repr__(self) -> str:
-        return f"<jaxstow folder {self.file}: {len(self.paths)} tensors in {len(self.containers)} files>"
+        return f"<jaxstow folder {self.file}: {len(self.leaf_order)} tensors in {len(self.containers)} files>"
 
 
 def _dotted(tensor: str) -> str:

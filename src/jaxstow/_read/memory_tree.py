@@ -89,7 +89,7 @@ class TreeInMemory(OpenedFile):
                 self._values[path] = leaf
         _unshared(arrays)
         super().__init__(_Arrays(arrays, name), leaves=stored)
-        self.paths = paths
+        self.leaf_order = tuple(paths)
         self.value_entries = {path: {"path": path, "kind": "value"} for path in self._values}
         self._treedef = treedef
 

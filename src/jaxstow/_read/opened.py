@@ -96,19 +96,19 @@ class OpenedFile(Mapping[str, Any]):
         self.weak: set[str] = set()
         #: The per-process leaves: by path, each process's entry and the index of the file that holds its value.
         self.per_process: dict[str, dict[int, tuple[int, dict[str, Any]]]] = {}
-        if leaves is not None:
-            self.paths = list(leaves)
+        if leaves is not None:  # leaf_order: the leaves' paths, in the file's order, which every load pairs values with
+            self.leaf_order: tuple[str, ...] = tuple(leaves)
             self.stored = dict(leaves)
         elif manifest is None:
-            self.paths = sorted(self.container.slots)
+            self.leaf_order = tuple(sorted(self.container.slots))
             self.stored = {
                 name: StoredLeaf(name, "array", slot.dtype, slot.shape, None, None)
                 for name, slot in self.container.slots.items()
             }
         elif self.container.columns is not None:
-            self.paths = self._index_columns(self.container.columns)
+            self.leaf_order = self._index_columns(self.container.columns)
         else:
-            self.paths = [self._index(entry) for entry in manifest["leaves"]]
+            self.leaf_order = tuple(self._index(entry) for entry in manifest["leaves"])
         for source, part in enumerate(self.containers[1:] if leaves is None else [], start=1):
             self._merge_shards(source, part)
         for leaf in self.stored.described() if isinstance(self.stored, StoredLeaves) else self.stored.values():
@@ -120,7 +120,7 @@ class OpenedFile(Mapping[str, Any]):
         #: Called with the number of bytes of each leaf or box read (a progress bar's ``update``).
         self.on_read: Callable[[int], None] = _ignore
 
-    def _index_columns(self, columns: LeafColumns) -> list[str]:
+    def _index_columns(self, columns: LeafColumns) -> tuple[str, ...]:
         """Index a version 3 file: only the leaves with details are described now, the others when asked for."""
         made: dict[str, Stored] = {}
         for entry in columns.entries.values():
@@ -129,7 +129,7 @@ class OpenedFile(Mapping[str, Any]):
             else:
                 made[entry["path"]] = self._describe(entry)
         self.stored = StoredLeaves(columns, self.container.slots, made)
-        return columns.paths
+        return tuple(columns.paths)
 
     def _describe(self, entry: dict[str, Any]) -> Stored:
         if "weak" in entry:
@@ -201,6 +201,11 @@ class OpenedFile(Mapping[str, Any]):
         with source.in_use() as descriptor:  # the file whose header was read, whatever has its name now
             return mmap_module.mmap(descriptor, 0, access=mmap_module.ACCESS_READ)
 
+    @property
+    def paths(self) -> list[str]:
+        """The leaves' paths, in the file's order: a new list each time, which a caller may sort or change."""
+        return list(self.leaf_order)
+
     # The mapping of paths to leaves.
 
     def __getitem__(self, path: str) -> Any:
@@ -215,10 +220,10 @@ class OpenedFile(Mapping[str, Any]):
         return self.value(path)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.paths)
+        return iter(self.leaf_order)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.leaf_order)
 
     def __contains__(self, path: object) -> bool:
         return isinstance(path, str) and (path in self.stored or path in self.value_entries)
@@ -226,11 +231,9 @@ class OpenedFile(Mapping[str, Any]):
     def check_path(self, path: str) -> None:
         """Raise a :class:`~jaxstow.errors.RequestError` listing the file's leaves if it has none at ``path``."""
         if not isinstance(path, str):
-            raise RequestError(
-                f"a leaf is named by its path, a string such as 'params/w', not {path!r}", file=self.file
-            )
+            raise RequestError(f"a leaf is named by its path, a string ('params/w'), not {path!r}", file=self.file)
         if path not in self:
-            shown = ", ".join(self.paths[:8]) + (", ..." if len(self.paths) > 8 else "")
+            shown = ", ".join(self.leaf_order[:8]) + (", ..." if len(self.leaf_order) > 8 else "")
             raise RequestError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)
 
     # What the header says.
@@ -257,11 +260,8 @@ class OpenedFile(Mapping[str, Any]):
         if self._treedef is not None:
             return self._treedef
         treedef = decode_treedef(manifest.get("structure"), file=self.file)
-        if treedef.num_leaves != len(self.paths):
-            raise FormatError(
-                f"the structure has {treedef.num_leaves} leaves but the manifest lists {len(self.paths)}",
-                file=self.file,
-            )
+        if treedef.num_leaves != (listed := len(self.leaf_order)):
+            raise FormatError(f"the structure has {treedef.num_leaves} leaves, the manifest {listed}", file=self.file)
         self._treedef = treedef
         return treedef
 

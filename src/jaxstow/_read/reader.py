@@ -137,9 +137,9 @@ class Reader(OpenedFile):
     def abstract(self) -> Any:
         """The saved tree with a ``jax.ShapeDtypeStruct`` for every stored leaf (weakly typed where the array was) and
         plain values as they are."""
-        leaves = [self._abstract_leaf(path) for path in self.paths]
+        leaves = [self._abstract_leaf(path) for path in self.leaf_order]
         treedef = self.treedef()
-        return dict(zip(self.paths, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
+        return dict(zip(self.leaf_order, leaves, strict=True)) if treedef is None else treedef.unflatten(leaves)
 
     def _abstract_leaf(self, path: str) -> Any:
         if path in self.per_process:
@@ -212,7 +212,7 @@ class Reader(OpenedFile):
             raise with_every_library(error, self.container.manifest, self.value_entries.values()) from None
 
     def __repr__(self) -> str:
-        return f"<jaxstow.Reader {self.file}: {len(self.paths)} leaves>"
+        return f"<jaxstow.Reader {self.file}: {len(self.leaf_order)} leaves>"
 
 
 class FolderReader(FolderFile, Reader):

@@ -180,9 +180,9 @@ def _rebuild(
     if everything is not None:  # the whole tree of a version 3 file, read by columns
         treedef = opened.treedef()
         numpy_leaves = [i for i, value in enumerate(everything) if type(value) is np.ndarray]
-        _to_devices(opened, opened.paths, everything, numpy_leaves, {}, as_numpy=as_numpy)
-        return _rebuilt(opened, treedef, opened.paths, everything)
-    paths = opened.paths
+        _to_devices(opened, opened.leaf_order, everything, numpy_leaves, {}, as_numpy=as_numpy)
+        return _rebuilt(opened, treedef, opened.leaf_order, everything)
+    paths = opened.leaf_order
     chosen = set(Selection(select).choose(paths, file=opened.file) if select is not None else paths)
     treedef = opened.treedef()
     positions = [i if path in chosen else SKIPPED for i, path in enumerate(paths)]
@@ -364,11 +364,11 @@ def _fit(
         problems += [
             f"{path!r}: in the file but not in the structure ({describe_file_leaf(opened, path)}); pass partial=True "
             "to leave it unread"
-            for path in opened.paths
+            for path in opened.leaf_order
             if path not in expected
         ]
     if problems:
-        raise StructureMismatchError(problems + where_like_sits(opened.paths, paths), file=opened.file)
+        raise StructureMismatchError(problems + where_like_sits(opened.leaf_order, paths), file=opened.file)
 
     arrays = {
         i: (path, target.shape or (), target.dtype or np.dtype(np.uint8))

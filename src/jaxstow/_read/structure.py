@@ -88,13 +88,13 @@ def check_rebuilt(opened: OpenedFile, treedef: PyTreeDef) -> None:
     A :class:`~jaxstow.errors.StructureMismatchError` naming the class, the first leaf that differs and both orders.
     """
     rebuilt = _rebuilt(treedef)
-    if rebuilt is None or rebuilt[1] == opened.paths:
+    if rebuilt is None or tuple(rebuilt[1]) == opened.leaf_order:
         return
     tree, paths, _ = rebuilt
-    index = next((i for i, (a, b) in enumerate(zip(paths, opened.paths, strict=False)) if a != b), len(paths))
-    path = opened.paths[index] if index < len(opened.paths) else paths[index]
+    index = next((i for i, (a, b) in enumerate(zip(paths, opened.leaf_order, strict=False)) if a != b), len(paths))
+    path = opened.leaf_order[index] if index < len(opened.leaf_order) else paths[index]
     owner, prefix = _owner(tree, paths[index] if index < len(paths) else path)
-    saved = _children(opened.paths, prefix)
+    saved = _children(opened.leaf_order, prefix)
     now = _children(paths, prefix)
     what = f"{_class_name(owner)} at {prefix!r}" if prefix else _class_name(owner)
     raise StructureMismatchError(
@@ -200,7 +200,7 @@ def like_paths_in_file(
     if rebuilt is None:
         return like_paths, []
     tree, paths, positions = rebuilt
-    faithful = paths == opened.paths  # the classes name the leaves as the saving process did
+    faithful = tuple(paths) == opened.leaf_order  # the classes name the leaves as the saving process did
     try:
         rebuilt_treedef = jax.tree.structure(tree)
         # jax's equality takes 1 for True and 3 for 3.0 in static data: their reprs tell them apart
@@ -212,7 +212,7 @@ def like_paths_in_file(
         _compare(tree, like, "", problems, faithful=faithful)
     if not faithful or positions == list(range(len(positions))):
         return like_paths, problems
-    by_name = {path: opened.paths[position] for path, position in zip(paths, positions, strict=True)}
+    by_name = {path: opened.leaf_order[position] for path, position in zip(paths, positions, strict=True)}
     return [by_name.get(path, path) for path in like_paths], problems
 
 

@@ -189,7 +189,9 @@ def _open_items(
     chosen = [item] if item is not None else sorted(record.files)
     prefixed = item is None and len(chosen) > 1  # names stay apart: the items of a step with several
     readers = [(name, stack.enter_context(open_parts(folder.open_item(record, name)))) for name in chosen]
-    one_array = not record.single and all(reader.paths == [""] for _, reader in readers)  # a named item of one array
+    one_array = not record.single and all(
+        reader.leaf_order == ("",) for _, reader in readers
+    )  # a named item of one array
     named = [(name if prefixed or one_array else None, reader) for name, reader in readers]
     return named, record.metadata
 
