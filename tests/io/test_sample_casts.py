@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from jaxstow import io, scheduler
-from jaxstow.errors import ArgumentError
+from jaxstow.errors import ArgumentError, JaxstowError
 
 INFORMATION = scheduler.static_information(samples_collected=4)
 
@@ -194,3 +194,22 @@ def test_a_value_of_another_dtype_is_refused_with_the_conversion_that_saves_it(s
     with pytest.raises(ArgumentError, match=r"is bfloat16\[\], expected float32\[\].*value\.astype\(jnp\.float32\)"):
         _saved(jnp.float32(0), value, jit=True, strategy=strategy)
     np.testing.assert_array_equal(_saved(jnp.float32(0), value.astype(jnp.float32), jit=True, strategy=strategy), 1.5)
+
+
+@pytest.mark.parametrize("collector", ["memory", "hdf5"])
+def test_chains_of_other_dtypes_stacked_into_one_state_are_refused_not_cast(tmp_path, collector):
+    # The states stacked as the docs say: the buffer took float32, chain 1's int8 layout cast its samples to
+    # [1, 101, -54, 46] in memory and [1, 101, 127, 127] in a file, where the loop produced [1, 101.5, 202, 302.5].
+    pytest.importorskip("h5py")
+    made = io.MemoryCollector() if collector == "memory" else io.HDF5Collector(str(tmp_path / "samples.h5"))
+    init_save, save, postprocess_save = io.save(made, block_size=2)
+    information = scheduler.static_information()
+    first = init_save({"x": jnp.zeros((), jnp.float32)}, None, information)
+    second = init_save({"x": jnp.zeros((), jnp.int8)}, None, information)
+    states = jax.tree.map(lambda *chains: jnp.stack(chains), first, second)
+
+    def run(state, shift):
+        return jax.lax.scan(lambda state, t: save(state, True, {"x": t * 100.5 + shift}), state, jnp.arange(4.0))[0]
+
+    with pytest.raises(JaxstowError, match=r"chain 1: block for leaf 'x' holds float32 values, .* was given int8 ones"):
+        postprocess_save(jax.jit(jax.vmap(run))(states, jnp.arange(2.0)), None)

@@ -144,13 +144,21 @@ class ChainBook:
         return layout
 
     def received(self, chain_id: int, first: int, values: Sequence[np.ndarray]) -> int:
-        """Note that rows ``first, ...`` of ``values`` arrived (checking their shapes); return the end of the block."""
+        """Note that rows ``first, ...`` of ``values`` arrived (checking their shapes and dtypes); return the end of
+        the block. A dtype other than the chain's is refused, not cast: the states of chains whose samples differ in
+        dtype, stacked into one, carry the widest of them."""
         layout = self.layout(chain_id)
         rows = len(values[0]) if values else 0
-        for name, shape, value in zip(layout.names, layout.shapes, values, strict=True):
+        for name, shape, dtype, value in zip(layout.names, layout.shapes, layout.dtypes, values, strict=True):
             if value.shape != (rows, *shape):
                 raise ArgumentError(
                     f"chain {chain_id}: block for leaf {name!r} has shape {value.shape}, expected {(rows, *shape)}"
+                )
+            if value.dtype not in (dtype, jax.dtypes.canonicalize_dtype(dtype)):  # float64 sampled as jax's float32
+                raise ArgumentError(
+                    f"chain {chain_id}: block for leaf {name!r} holds {value.dtype} values, but the chain's init_save "
+                    f"was given {dtype} ones: states of chains made from samples of other dtypes were stacked into "
+                    "one, which holds the widest; give every chain's init_save samples of the same dtypes"
                 )
         end = first + rows
         self.ends[chain_id] = max(self.ends[chain_id], end)
