@@ -329,3 +329,26 @@ def test_paths_sorted_by_the_caller_change_nothing_the_reader_loads(tmp_path, su
         assert [float(layer[0]) for layer in loaded["layers"]] == [float(i) for i in range(12)]
         assert loaded["bias"].shape == (3,) and loaded["kernel"].shape == (4,)
         assert list(reader.load(select="bias", as_numpy=True)) == ["bias"]
+
+
+def test_a_file_object_closed_by_its_owner_is_a_storage_error_and_the_reader_closes(tmp_path):
+    # Python's "ValueError: seek of closed file", from every read and from close() and the with block's end.
+    path = tmp_path / "w.jxs"
+    jaxstow.save(path, {"w": np.arange(10.0)})
+    with open(path, "rb") as file, jaxstow.open(file) as reader:
+        file.close()
+        for read in (lambda: reader["w"], lambda: reader.read("w", 0), reader.load):
+            with pytest.raises(jaxstow.errors.StorageError, match="its file object was closed by its owner"):
+                read()
+    assert reader.closed
+
+
+def test_a_numpy_string_leaf_restores_into_the_saved_tree_and_into_the_abstract_one(tmp_path):
+    # like=tree and like=reader.abstract were refused: "the file has str_ np.str_('mlp'), expected <U3[]".
+    tree = {"name": np.str_("mlp"), "w": np.ones(2)}
+    jaxstow.save(tmp_path / "model.jxs", tree)
+    with jaxstow.open(tmp_path / "model.jxs") as reader:
+        abstract = reader.abstract
+    for like in (tree, abstract):
+        restored = jaxstow.load(tmp_path / "model.jxs", like=like)
+        assert type(restored["name"]) is np.str_ and restored["name"] == "mlp"

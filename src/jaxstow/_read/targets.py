@@ -103,7 +103,7 @@ def target_of(leaf: Any, *, file: str | None = None, path: str | None = None, pl
         return Target("jax", _native(leaf.dtype), tuple(leaf.shape), _sharding_of(leaf))
     if isinstance(leaf, np.ndarray):
         return Target("jax" if placed else "numpy", _native(leaf.dtype), leaf.shape)
-    if isinstance(leaf, np.generic):
+    if isinstance(leaf, np.generic) and not isinstance(leaf, np.str_ | np.bytes_):  # text: saved as a value
         return Target("jax" if placed else "npscalar", _native(leaf.dtype), ())
     if is_tensor(leaf):
         dtype = tensor_dtype(leaf)

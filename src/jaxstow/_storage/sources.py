@@ -328,6 +328,9 @@ class FileObject(SourceBase):
     def read_into(self, offset: int, buffer: memoryview) -> None:
         buffer = buffer.cast("B")
         with self._lock:
+            if getattr(self._file, "closed", False):  # by its owner: the system's ValueError otherwise
+                problem = "cannot read it: its file object was closed by its owner (keep it open while it is read)"
+                raise StorageError(problem, file=self.name)
             done = 0
             try:
                 self._file.seek(self._start + offset)
@@ -341,5 +344,7 @@ class FileObject(SourceBase):
                 raise StorageError(problem, file=self.name, errno=error.errno) from error
 
     def close(self) -> None:
-        """The caller owns the file object: it stays open, back at the position it had, ready to be read again."""
-        self._file.seek(self._start)
+        """The caller owns the file object: it stays open, back at the position it had, ready to be read again
+        (closed by its owner meanwhile, it is left so)."""
+        if not getattr(self._file, "closed", False):
+            self._file.seek(self._start)
