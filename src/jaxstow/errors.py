@@ -32,6 +32,7 @@ __all__ = [
     "FormatError",
     "IsAFolderError",
     "JaxstowError",
+    "LeafNotFoundError",
     "MetadataError",
     "MissingDependencyError",
     "NewerFormatError",
@@ -330,6 +331,14 @@ class SelectionError(RequestError, LookupError):
     """A ``select`` pattern matches no leaf of the file."""
 
     def __str__(self) -> str:  # LookupError would quote the message otherwise
+        return str(self.args[0])
+
+
+class LeafNotFoundError(RequestError, KeyError):
+    """A file holds no leaf at the path asked for; also a ``KeyError``, as a reader is a mapping of paths to leaves
+    (``reader.get(path)`` gives ``None``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message otherwise
         return str(self.args[0])
 
 

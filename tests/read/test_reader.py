@@ -352,3 +352,15 @@ def test_a_numpy_string_leaf_restores_into_the_saved_tree_and_into_the_abstract_
     for like in (tree, abstract):
         restored = jaxstow.load(tmp_path / "model.jxs", like=like)
         assert type(restored["name"]) is np.str_ and restored["name"] == "mlp"
+
+
+def test_a_reader_is_a_mapping_whose_get_gives_the_default_for_a_path_it_lacks(tmp_path):
+    # reader.get("missing") raised RequestError, which is no KeyError, as Mapping.get expects.
+    jaxstow.save(tmp_path / "w.jxs", {"w": np.ones(2)})
+    with jaxstow.open(tmp_path / "w.jxs") as reader:
+        assert reader.get("missing") is None and reader.get("missing", 5) == 5
+        np.testing.assert_array_equal(reader.get("w"), np.ones(2))
+        with pytest.raises(KeyError) as raised:
+            reader["missing"]
+        assert isinstance(raised.value, jaxstow.errors.RequestError)
+        assert str(raised.value) == f"{tmp_path / 'w.jxs'}: no leaf 'missing' in the file (its leaves: w)"

@@ -47,7 +47,7 @@ from jaxstow._read.shard_reads import ShardReads
 from jaxstow._read.slicing import full_box
 from jaxstow._read.whole_leaves import read_whole
 from jaxstow._storage.sources import LocalFile
-from jaxstow.errors import ClosedError, CorruptFileError, FormatError, RequestError, excerpt
+from jaxstow.errors import ClosedError, CorruptFileError, FormatError, LeafNotFoundError, RequestError, excerpt
 
 __all__ = ["OpenedFile"]
 
@@ -234,7 +234,7 @@ class OpenedFile(Mapping[str, Any]):
             raise RequestError(f"a leaf is named by its path, a string ('params/w'), not {path!r}", file=self.file)
         if path not in self:
             shown = ", ".join(self.leaf_order[:8]) + (", ..." if len(self.leaf_order) > 8 else "")
-            raise RequestError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)
+            raise LeafNotFoundError(f"no leaf {path!r} in the file (its leaves: {shown or 'none'})", file=self.file)
 
     # What the header says.
 
