@@ -127,3 +127,17 @@ def test_a_rule_that_gives_no_key_child_pairs_is_named_with_what_it_must_give(gi
         io.register_dictionize_rule("notatype")
     with pytest.raises(ArgumentError, match="jax cannot take this tree apart"):
         io.pytree_to_dict({"b": 1.0, 2: 3.0})
+
+
+def test_dict_to_pytree_takes_any_mapping_and_refuses_a_dict_where_the_target_has_a_leaf(tmp_path):
+    # An h5py group (a collector's file read back) was "no key 'x'" though it held 'x'; a dict where the target has
+    # a leaf was put there as the leaf.
+    h5py = pytest.importorskip("h5py")
+    with h5py.File(tmp_path / "samples.h5", "w") as file:
+        file["chain~0/x"] = np.arange(3.0)
+        tree = io.dict_to_pytree(file["chain~0"], {"x": 0.0})
+        np.testing.assert_array_equal(tree["x"][()], np.arange(3.0))
+    with pytest.raises(StructureMismatchError, match=r"'w': a dict \(\['w'\]\), where the target has a leaf"):
+        io.dict_to_pytree({"w": {"w": np.arange(3)}, "b": np.ones(2)}, {"w": 0.0, "b": 0.0})
+    with pytest.raises(StructureMismatchError, match=r"no key 'x' at the top level \(a int is there, not a dict\)"):
+        io.dict_to_pytree(5, {"x": 0.0})

@@ -18,7 +18,7 @@ from __future__ import annotations
 import builtins
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -219,11 +219,15 @@ def dict_to_pytree(pytree_as_dict: dict[Any, Any], target: Any) -> Any:
     for keys in pytree_dict_keys(target):
         node: Any = pytree_as_dict
         for depth, key in enumerate(keys):
-            if not isinstance(node, dict) or key not in node:
+            if not isinstance(node, Mapping) or key not in node:  # a dict, or an h5py group read back
                 where = "/".join(str(k) for k in keys[:depth]) or "the top level"
-                problems.append(f"{'/'.join(str(k) for k in keys)!r}: no key {key!r} at {where}")
+                found = "" if isinstance(node, Mapping) else f" (a {type(node).__name__} is there, not a dict)"
+                problems.append(f"{'/'.join(str(k) for k in keys)!r}: no key {key!r} at {where}{found}")
                 break
             node = node[key]
+        else:
+            if isinstance(node, Mapping):
+                problems.append(f"{'/'.join(map(str, keys))!r}: a dict ({list(node)[:4]}), where the target has a leaf")
         leaves.append(node)
     if problems:
         raise StructureMismatchError(problems, file="the dict")
