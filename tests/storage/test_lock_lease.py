@@ -9,6 +9,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 
 import fsspec
@@ -137,12 +138,25 @@ def test_a_run_restarted_on_another_host_goes_on_saving_to_a_bucket_its_killed_f
     restarted.save(1, {"w": restarted.restore(0)["w"] + 1})
     restarted.wait()
     threading.Event().wait(LEASE)  # renewed on S3 by a PUT conditional on the lock object's ETag
-    fs.invalidate_cache()
-    holder = Holder.parse(fs.cat_file(f"{root}/{LOCK_NAME}"))
+    holder = Holder.parse(_lock_object(fs, f"{root}/{LOCK_NAME}"))
     assert holder is not None and holder.pid == os.getpid() and holder.renewals >= 1
     restarted.close()
     assert not fs.exists(f"{root}/{LOCK_NAME}")
     assert CheckpointManager(url, storage_options=options).restore(1)["w"].tolist() == [1.0, 2.0, 3.0]
+
+
+def _lock_object(fs, path: str) -> bytes:
+    """The lock object's bytes: on a loaded machine, SeaweedFS answered a read that met a renewal's PUT with "no
+    such key" once, so a missing object is read again for up to 2 seconds."""
+    deadline = time.monotonic() + 2.0
+    while True:
+        fs.invalidate_cache()
+        try:
+            return bytes(fs.cat_file(path))
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 @pytest.mark.parametrize("field", ["renewals", "inode", "pid"])
