@@ -36,7 +36,11 @@ def _record(**changes) -> StepRecord:
         time=1700000000.125,
         keep_policy={"keep_last": 2},
         parts={"params": ["params.1.safetensors"]},
-        headers={"params.safetensors": "0123456789abcdef", "params.1.safetensors": "fedcba9876543210"},
+        headers={
+            "params.safetensors": "0123456789abcdef",
+            "params.1.safetensors": "fedcba9876543210",
+            "opt.safetensors": "00112233445566ff",
+        },
     )
     return StepRecord(**{**fields, **changes})
 
@@ -123,11 +127,21 @@ def test_a_step_of_a_newer_jaxstow_is_no_damage_to_ls_or_verify(tmp_path, monkey
         {"parts": {"missing_item": ["x.safetensors"]}},
         {"headers": {"not_a_file_of_the_step": "0123456789abcdef"}},
         {"headers": {"params.safetensors": "not hex"}},
+        {"headers": {}},  # every file then read unchecked: another step's files put in its place restored
+        {"headers": {"params.safetensors": "0123456789abcdef", "opt.safetensors": "00112233445566ff"}},  # no part's
     ],
 )
 def test_a_record_that_names_what_it_cannot_is_corrupt_even_with_its_checksum_right(changes):
     with pytest.raises(CorruptFileError, match="lacks a field or has one of the wrong type"):
         StepRecord.from_json(_record(**changes).to_json(), where=WHERE)
+
+
+def test_a_record_of_one_tree_naming_two_items_says_so():
+    data = _record(single=True).to_json()
+    with pytest.raises(
+        CorruptFileError, match="'single' is True, expected a boolean, true only where 'files' names one"
+    ):
+        StepRecord.from_json(data, where=WHERE)
 
 
 def test_metrics_are_floats_nan_becoming_none_and_infinities_kept():

@@ -195,7 +195,7 @@ class StepRecord:
             (
                 "single",
                 lambda: isinstance(single, bool) and (not single or len(files) == 1),
-                "true (one item) or false",
+                "a boolean, true only where 'files' names one item",
             ),
             ("metrics", lambda: metrics is None or _is_metrics(metrics), "null or names to finite numbers or null"),
             ("metadata", lambda: metadata is None or isinstance(metadata, dict), "null or a JSON object"),
@@ -215,7 +215,7 @@ class StepRecord:
             (
                 "headers",
                 lambda: headers is None or _is_headers(headers, files, parts),
-                "null or a dict of the step's files to 16 hex digits",
+                "null or a dict of each of the step's files to 16 hex digits",
             ),
             ("infinite_metrics", lambda: _is_infinite_metrics(infinite, metrics), '"inf" or "-inf" by null metrics'),
         ]
@@ -247,9 +247,12 @@ def _check_record_checksum(data: bytes, recorded: Any, *, where: str) -> None:
 
 
 def _is_headers(headers: Any, files: dict[str, Any], parts: Any) -> bool:
+    """Whether ``headers`` names the header checksum of each file of the step, and of no other."""
     names = {*files.values(), *(name for names in parts.values() for name in names)}
-    return isinstance(headers, dict) and all(
-        file in names and isinstance(value, str) and _CHECKSUM.fullmatch(value) for file, value in headers.items()
+    return (
+        isinstance(headers, dict)
+        and headers.keys() == names
+        and all(isinstance(value, str) and _CHECKSUM.fullmatch(value) for value in headers.values())
     )
 
 
