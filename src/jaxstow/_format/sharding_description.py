@@ -1,6 +1,7 @@
 """Shardings as JSON, written and checked: a named sharding's mesh shape, axis names and axis types, its partition
 spec, and its devices (their ids, in the mesh's order) where they are not the first devices in their default order;
-and where an array stored whole lay, where that is not this process's first device.
+where an array stored whole lay, where that is not this process's first device; and the memory either lay in, where
+that is not its devices' default memory (:mod:`~jaxstow._format.memory_kinds`).
 
 >>> import jax, numpy as np
 >>> from jaxstow._format.sharding_description import describe_sharding, whole_placement
@@ -22,6 +23,7 @@ from typing import Any
 import jax
 
 from jaxstow._format.dtypes import is_shape
+from jaxstow._format.memory_kinds import is_memory_kind, recorded_memory_kind
 from jaxstow.errors import FormatError, excerpt
 
 __all__ = ["AXIS_TYPES", "check_sharding_description", "check_whole_placement", "describe_sharding", "whole_placement"]
@@ -31,8 +33,9 @@ AXIS_TYPES = ("Auto", "Explicit", "Manual")
 
 
 def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
-    """A named sharding as JSON (mesh shape, axis names and types, partition spec, and its devices' ids in the mesh's
-    order unless they are ``jax.devices()[:n]``, where a reader of a file without them lays the mesh out).
+    """A named sharding as JSON (mesh shape, axis names and types, partition spec, its devices' ids in the mesh's
+    order unless they are ``jax.devices()[:n]``, where a reader of a file without them lays the mesh out, and its
+    memory kind unless it is their default memory).
 
     ``None`` for shardings without a mesh.
     """
@@ -40,7 +43,7 @@ def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
         return None
     spec = [list(axis) if isinstance(axis, tuple) else axis for axis in sharding.spec]
     mesh = sharding.mesh
-    description = {
+    description: dict[str, Any] = {
         "mesh": list(mesh.devices.shape),
         "axes": list(mesh.axis_names),
         "axis_types": _axis_types(mesh),
@@ -49,15 +52,19 @@ def describe_sharding(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
     devices = list(mesh.devices.flat)
     if devices != jax.devices()[: len(devices)]:
         description["devices"] = [int(device.id) for device in devices]
+    if (kind := recorded_memory_kind(sharding)) is not None:
+        description["memory_kind"] = kind
     return description
 
 
 def whole_placement(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
     """Where an array stored whole lay, as its entry's ``sharding`` records it: on one of this process's devices but
-    its first (``jax.local_devices()[0]``, where arrays land by default), that device's id, ``{"device": id}``, or,
-    on a mesh of that one device, the mesh's description (:func:`describe_sharding`, its ``devices`` naming it).
+    its first (``jax.local_devices()[0]``, where arrays land by default), or in a memory other than the device's
+    default, that device's id, ``{"device": id}`` (with ``"memory_kind"``), or, on a mesh of that one device, the
+    mesh's description (:func:`describe_sharding`, its ``devices`` naming it).
 
-    ``None`` on the first device (files of such arrays stay as they were), on several devices, or on another backend's.
+    ``None`` in the first device's default memory (files of such arrays stay as they were), on several devices, or on
+    another backend's.
     """
     if type(sharding) is not jax.sharding.SingleDeviceSharding and not isinstance(sharding, jax.sharding.NamedSharding):
         return None
@@ -72,11 +79,12 @@ def _recorded(sharding: jax.sharding.Sharding) -> dict[str, Any] | None:
         return None
     own = jax.local_devices()
     (device,) = sharding.device_set
-    if device not in own[1:]:
+    kind = recorded_memory_kind(sharding)
+    if device not in own[1:] and (kind is None or device not in own):
         return None
     if isinstance(sharding, jax.sharding.NamedSharding):
         return describe_sharding(sharding)
-    return {"device": int(own[own.index(device)].id)}
+    return {"device": int(own[own.index(device)].id), **({} if kind is None else {"memory_kind": kind})}
 
 
 def check_sharding_description(sharding: Any, ndim: int, *, file: str, path: str) -> None:
@@ -96,12 +104,18 @@ def check_sharding_description(sharding: Any, ndim: int, *, file: str, path: str
 
 def check_whole_placement(sharding: Any, ndim: int, *, file: str, path: str) -> None:
     """Raise :class:`FormatError` unless ``sharding``, the ``sharding`` of an array stored whole, is one device's id,
-    ``{"device": id}``, or a mesh of one device described as a sharded array's (:func:`check_sharding_description`)."""
+    ``{"device": id}`` (with its ``"memory_kind"``), or a mesh of one device described as a sharded array's
+    (:func:`check_sharding_description`)."""
     if isinstance(sharding, dict) and "device" in sharding:
-        if sharding.keys() != {"device"} or not _are_device_ids([sharding["device"]], 1):
+        valid_kind = is_memory_kind(sharding.get("memory_kind", "device"))
+        if (
+            not sharding.keys() <= {"device", "memory_kind"}
+            or not valid_kind
+            or not _are_device_ids([sharding["device"]], 1)
+        ):
             raise FormatError(
                 f"its sharding {excerpt(sharding)} is not the device an array stored whole lay on, "
-                '{"device": id} (a non-negative integer): the header is damaged',
+                '{"device": id} (a non-negative integer, and the name of a memory): the header is damaged',
                 file=file,
                 path=path,
             )
@@ -123,6 +137,7 @@ def _is_sharding_description(sharding: Any, ndim: int) -> bool:
     types = sharding.get("axis_types", ["Auto"] * len(axes) if isinstance(axes, list) else None)
     return (
         is_shape(mesh)
+        and is_memory_kind(sharding.get("memory_kind", "device"))
         and 0 not in mesh  # jax aborts the process on a mesh of no devices
         and isinstance(axes, list)
         and all(isinstance(axis, str) for axis in axes)

@@ -20,6 +20,7 @@ import jax
 import numpy as np
 
 from jaxstow._format.keypaths import key_to_str, path_to_str
+from jaxstow._format.memory_kinds import memory_kind_here
 from jaxstow._format.shards import ShardedLeaf, Stored
 from jaxstow._util.jax_compat import tree_broadcast
 from jaxstow.errors import ShardingError, excerpt
@@ -184,13 +185,19 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
     """The sharding a leaf was saved with (its mesh's axis types included), on the devices it was saved on, in their
     order in its mesh (a file written before the devices were recorded: this process's first devices; devices not
     all there: the first devices, in the saved mesh's relative order); for one device (``{"device": id}``), on that
-    one of this process's devices, or ``None`` (the default device) where it has none of that id.
+    one of this process's devices, or ``None`` (the default device) where it has none of that id; in the memory it
+    lay in (``memory_kind``) where those devices can address it.
 
     An error if there are too few devices.
     """
+    kind = description.get("memory_kind")
     if "device" in description:
         device = next((device for device in jax.local_devices() if device.id == description["device"]), None)
-        return None if device is None else jax.sharding.SingleDeviceSharding(device)
+        if device is None and kind is None:
+            return None
+        device = jax.local_devices()[0] if device is None else device
+        kind = memory_kind_here(kind, [device], file=file, path=path)
+        return jax.sharding.SingleDeviceSharding(device, memory_kind=kind)
     mesh_shape, axes, spec = description["mesh"], description["axes"], description["spec"]
     count = math.prod(mesh_shape)
     devices = jax.devices()
@@ -217,7 +224,8 @@ def saved_sharding(description: dict[str, Any], *, file: str | None, path: str) 
         types = tuple(getattr(jax.sharding.AxisType, kind) for kind in kinds)
         mesh = jax.sharding.Mesh(grid, tuple(axes), axis_types=types)
     parts = [tuple(part) if isinstance(part, list) else part for part in spec]
-    return jax.sharding.NamedSharding(mesh, _partition_spec(*parts))
+    kind = memory_kind_here(kind, list(grid.flat), file=file, path=path)
+    return jax.sharding.NamedSharding(mesh, _partition_spec(*parts), memory_kind=kind)
 
 
 def _saved_devices(ids: list[int] | None, devices: list[jax.Device]) -> list[Any]:

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxstow._format.memory_kinds import default_memory_kind
 from jaxstow._format.sharding_description import describe_sharding, whole_placement
 
 __all__ = ["DETAILED_KINDS", "array_details"]
@@ -27,12 +28,18 @@ def array_details(leaves: Sequence[Any]) -> dict[int, dict[str, Any]]:
     ``sharding="saved"``. One pass over the leaves, reading each array's sharding once."""
     details: dict[int, dict[str, Any]] = {}
     first = jax.local_devices()[0]
+    usual = (None, default_memory_kind(first))  # a first device's sharding in its default memory: nothing recorded
     for i, leaf in enumerate(leaves):
         if not _is_jax_array_type(type(leaf)):
             continue
         sharding, weak = leaf.sharding, leaf.aval.weak_type
-        # Most arrays are on the first device, which records nothing: told so by the device object, at once.
-        on_first = type(sharding) is _ONE_DEVICE and getattr(sharding, "_device", None) is first
+        # Most arrays are in the first device's default memory, which records nothing: told so by the device object
+        # and the memory's name, at once.
+        on_first = (
+            type(sharding) is _ONE_DEVICE
+            and getattr(sharding, "_device", None) is first
+            and getattr(sharding, "_memory_kind", None) in usual
+        )
         placed = None if on_first else whole_placement(sharding)
         member = "sharding"
         if placed is None and not on_first and _are_keys(leaf) and len(sharding.device_set) > 1:
