@@ -124,7 +124,10 @@ def test_metadata_past_what_a_record_may_hold_is_refused_when_saved(tmp_path):
     [
         ({"files": {"w": "../1/w.safetensors"}}, "'files' is {'w': '../1/w.safetensors'}, expected a dict of item"),
         ({"files": {"w": "/etc/w.safetensors"}}, "'files' is {'w': '/etc/w.safetensors'}, expected a dict of item"),
-        ({"headers": {"w.safetensors": 7}}, "'headers' is {'w.safetensors': 7}, expected null or a dict of the"),
+        (
+            {"headers": {"w.safetensors": 7}},
+            "'headers' is {'w.safetensors': 7}, expected null or a dict of each of the step's files",
+        ),
         ({"parts": {"w": ["../2/w.safetensors"]}}, "'parts' is {'w': ['../2/w.safetensors']}, expected a dict of"),
     ],
 )

@@ -26,6 +26,7 @@ import fcntl
 import functools
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -265,11 +266,12 @@ class RemoteLock:
                 sink.write(self._holder.to_json())
         except ValueError:  # a store that cannot create only if absent (fsspec 2024.2's memory store)
             self._write_and_read_back(location, hint)
-        except OSError:
+        except OSError as error:
             self._fs.invalidate_cache(self._path)
-            if not self._fs.exists(self._path):
-                raise
-            holder = Holder.parse(self._read())
+            try:
+                holder = Holder.parse(_read_again(self._read))
+            except FileNotFoundError:
+                raise error from None
             if self._holder.same(holder):  # this attempt's own PUT, sent again by the client after its answer was lost
                 return
             raise _held_error(location, holder, hint) from None
@@ -362,8 +364,18 @@ def _delete_if_held(read: Callable[[], bytes], fs: Any, path: str, holder: Holde
     """Delete the lock object at ``path`` if it names ``holder``, as ``read`` reads it."""
     with contextlib.suppress(FileNotFoundError):
         fs.invalidate_cache(path)
-        if holder.same(Holder.parse(read())):
+        if holder.same(Holder.parse(_read_again(read))):
             fs.rm(path)
+
+
+def _read_again(read: Callable[[], bytes]) -> bytes:
+    """``read()``, asked again for up to a second and a half where the object is not found: a store may answer "no
+    such key" for a moment while an overwrite of the object lands."""
+    for wait in (0.1, 0.3, 1.0):
+        with contextlib.suppress(FileNotFoundError):
+            return read()
+        time.sleep(wait)
+    return read()
 
 
 def _renew_remote(store: RemoteStore, read: Callable[[], bytes], holder: Holder, number: int) -> str | None:

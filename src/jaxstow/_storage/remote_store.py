@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 from jaxstow._format.source import ReadSource
 from jaxstow._storage.atomic import TEMPORARY_MARKER
 from jaxstow._storage.buckets import bucket_missing, nothing_at
+from jaxstow._storage.created_once import committed_by_another, create_once
 from jaxstow._storage.leftovers import removing
 from jaxstow._storage.marker_limit import refuse_large_marker
 from jaxstow._storage.member_names import check_member_name
@@ -388,9 +389,13 @@ class RemoteStaging:
         store holds every file the marker names: a store that acknowledged a file it did not keep commits nothing."""
         store = self._store
         self.complete()
-        with storage_errors(store.url(self._name)):
+        with storage_errors(url := store.url(self._name)):
             self._check_kept(_marked_files(marker, where=store.url(self._name, store.marker)))
-            store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            if self._generation is not None:  # a replaced folder: its record switches to the new files
+                store.fs.pipe_file(store.path(self._name, store.marker), marker)
+            elif not create_once(store.fs, store.path(self._name, store.marker), marker):
+                self._written, self._own = [], False  # the folder is that writer's: an abort leaves it whole
+                raise committed_by_another(url)
         with removing(store.url(self._name)):  # committed: a failure now takes nothing back
             store.note(self._name, COMMITTED)
             if self._own:

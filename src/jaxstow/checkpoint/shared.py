@@ -204,9 +204,16 @@ def commit_content(
         return record_of(summaries, content, where=store.url(folder))
 
     def keep(record: StepRecord) -> Iterator[int]:
-        if held is not None:
-            held()
-        return iter(()) if after is None else after(record)
+        """``after(record)``, ``held()`` asked before each step it deletes: a writer held up past its lease (another
+        host took the lock over meanwhile) deletes none of that writer's steps."""
+        deleting = iter(()) if after is None else after(record)
+        while True:
+            if held is not None:
+                held()
+            deleted = next(deleting, None)
+            if deleted is None:
+                return
+            yield deleted
 
     return commit_step(
         talk,
