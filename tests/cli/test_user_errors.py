@@ -370,3 +370,18 @@ def test_a_server_that_cannot_be_reached_is_named_so_not_as_a_missing_file():
     done = jaxstow_command("inspect", "http://127.0.0.1:1/model.jxs")
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "the storage failed" in done.stderr and "no such file" not in done.stderr, done.stderr
+
+
+def test_a_torch_file_cut_short_is_called_damaged_not_an_npz(tmp_path):
+    torch = pytest.importorskip("torch")
+    torch.save({"w": torch.ones(64, 64)}, tmp_path / "model.pt")
+    data = (tmp_path / "model.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxstow", "convert", str(tmp_path / "cut.pt"), str(tmp_path / "out.jxs")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done
+    assert "not a readable zip archive, as an npz or a PyTorch file is" in done.stderr
+    assert "the file is damaged or cut short" in done.stderr

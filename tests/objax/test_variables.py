@@ -352,7 +352,7 @@ def test_an_objax_archive_with_a_damaged_central_directory_is_corrupt_not_a_zipf
     path = tmp_path / "objax.npz"
     np.savez(path, names=np.array(["(Linear).w"]), **{"0": np.ones((2, 2), np.float32)})
     path.write_bytes(path.read_bytes().replace(b"PK\x01\x02", b"PK\x01\x03", 1))
-    with pytest.raises(jaxstow.errors.CorruptFileError, match="not a readable npz archive") as raised:
+    with pytest.raises(jaxstow.errors.CorruptFileError, match="not a readable zip archive") as raised:
         objax_io.load_var_collection(path, {"(Linear).w": objax.nn.Linear(2, 2).w})
     assert raised.value.file == str(path)
 

@@ -211,7 +211,9 @@ class NpzReader:
             raise
         except Exception as error:  # zipfile raises many kinds on damaged archives
             raise CorruptFileError(
-                f"not a readable npz archive ({type(error).__name__}: {error})", file=self.file
+                f"not a readable zip archive, as an npz or a PyTorch file is ({type(error).__name__}: {error}): the "
+                "file is damaged or cut short",
+                file=self.file,
             ) from None
         if infos and min(info.header_offset for info in infos) != 0:  # zipfile finds the last archive of several
             raise FormatError(
