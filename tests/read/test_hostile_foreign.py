@@ -10,10 +10,12 @@ import pickle
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import warnings
 import zipfile
 
+import forked
 import numpy as np
 import pytest
 
@@ -86,6 +88,50 @@ def test_a_link_out_of_an_orbax_folder_is_refused_naming_it(tmp_path, link):
     with pytest.raises(PathError, match=rf"{folder / link}: is a link to {elsewhere / link}, outside the orbax folder"):
         jaxstow.load(folder, from_format="orbax")
     assert jaxstow.load(elsewhere, from_format="orbax", as_numpy=True)["w"].tolist() == [7.0] * 4
+
+
+@pytest.mark.parametrize("link", ["a", "a/0"])
+def test_a_link_within_an_orbax_folder_to_another_arrays_data_is_refused(tmp_path, link):
+    folder = orbax_folder(tmp_path / "ckpt", {"a": np.arange(4.0, dtype=np.float32), "b": -np.ones(4, np.float32)})
+    target = folder / link.replace("a", "b", 1)
+    if link == "a":
+        shutil.rmtree(folder / "a")
+    else:
+        (folder / link).unlink()
+    os.symlink(target, folder / link)  # a's data read from b's: the load gave a == b
+    with pytest.raises(PathError, match=rf"{folder / link}: is a link to {target}, another place in the orbax"):
+        jaxstow.load(folder, from_format="orbax")
+
+
+@pytest.mark.parametrize("ocdbt", [False, True])
+@pytest.mark.parametrize("key", ["a/", "a//", "a/."])
+def test_an_orbax_leaf_whose_name_is_another_leafs_spelt_otherwise_is_refused(tmp_path, key, ocdbt):
+    folder = orbax_folder(tmp_path / "ckpt", {"a": np.arange(4.0), "b": -np.arange(4.0)}, ocdbt=ocdbt)
+    metadata = json.loads((folder / "_METADATA").read_text())
+    metadata["tree_metadata"]["('b',)"]["key_metadata"] = [{"key": key, "key_type": 2}]
+    (folder / "_METADATA").write_text(json.dumps(metadata))  # b's leaf read from a's place: b lost, a twice
+    with pytest.raises(FormatError, match=rf"names two leaves, '(a|{key})' and '(a|{key})', that orbax reads from one"):
+        jaxstow.load(folder, from_format="orbax")
+
+
+def test_an_orbax_folder_claiming_more_than_the_process_may_use_is_refused_before_it_is_allocated(tmp_path):
+    folder = orbax_folder(tmp_path / "ckpt", {"w": np.ones(4, np.float32)})
+    zarray = folder / "w" / ".zarray"
+    claimed = {**json.loads(zarray.read_text()), "shape": [4 << 30], "chunks": [8]}  # 16 GiB in chunks of 8
+    zarray.write_text(json.dumps(claimed))
+    limited = (
+        "import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30)); "
+        "from jaxstow.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    done = forked.run(
+        [sys.executable, "-c", limited, "convert", str(folder), str(tmp_path / "out.jxs")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )  # under ulimit -v 8 GiB, tensorstore's allocation aborted the process (bad_alloc)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"{folder}: its metadata claims 17179869184 bytes of arrays, more than the" in done.stderr
+    assert not (tmp_path / "out.jxs").exists()
 
 
 @pytest.mark.parametrize("absolute", [True, False])

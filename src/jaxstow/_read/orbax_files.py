@@ -1,6 +1,7 @@
 """A local orbax folder checked before orbax, and the C++ of tensorstore below it, read it: its links and metadata.
 
-A link is followed only where it leads inside the folder: a folder made by a stranger never reads a file elsewhere.
+A link is refused: one leading out of the folder would read a file elsewhere, one within it (orbax writes none) one
+array's bytes as another's.
 
 tensorstore parses a zarr array's ``.zarray`` (or ``zarr.json``) recursively, so a file of JSON nested deep enough
 crashes the whole process (a segmentation fault) where Python would raise: every JSON file orbax or tensorstore reads
@@ -59,6 +60,13 @@ def check_folder(folder: str) -> None:
                 raise PathError(
                     f"is a link to {resolved}, outside the orbax folder {folder}: its files are read only within it; "
                     "copy the file into the folder if you trust it",
+                    file=path,
+                )
+            if os.path.islink(path) and os.path.exists(resolved):  # orbax writes none: one inside would read an
+                # array's bytes as another's (one to nothing is named as such below)
+                raise PathError(
+                    f"is a link to {resolved}, another place in the orbax folder {folder}, where orbax writes no "
+                    "links: it would read one array's data as another's; put a copy there if you trust it",
                     file=path,
                 )
             if name in _JSON_NAMES and os.path.isdir(path):

@@ -18,6 +18,7 @@ jaxstow.errors.FormatError: w/.zarray: claims chunks of shape [1000000000, 10000
 from __future__ import annotations
 
 import math
+import posixpath
 from typing import Any, NoReturn
 
 from jaxstow._format.json_codec import has_lone_surrogate
@@ -52,11 +53,12 @@ def _check_tree(metadata: Any, path: str) -> None:
         keys = entry.get("key_metadata") if isinstance(entry, dict) else None
         keys = [key for key in keys if isinstance(key, dict)] if isinstance(keys, list) else []
         parts = tuple(str(key.get("key")) for key in keys)
-        name, leaf = ".".join(parts), "/".join(parts)
-        if not is_member_path(name):
+        leaf = "/".join(parts)
+        name = posixpath.normpath(".".join(parts)) if parts else ""  # where it is read: "a/" and "a//" are "a"
+        if not is_member_path(name) or name == ".":
             _refuse(
-                f"names the leaf {excerpt(name)}, which orbax reads from a folder of that name, outside the "
-                "checkpoint: orbax names a leaf by its keys, within the folder",
+                f"names the leaf {excerpt(name)}, which orbax reads from a folder of that name, outside the checkpoint or its "
+                "folder itself: orbax names a leaf by its keys, within the folder",
                 path,
                 leaf,
             )

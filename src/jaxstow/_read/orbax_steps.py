@@ -38,7 +38,7 @@ from jaxstow._format.keypaths import path_to_str
 from jaxstow._read.orbax_files import check_folder, read_json_file
 from jaxstow._storage.failures import storage_error
 from jaxstow._storage.member_names import is_member_name
-from jaxstow._util.host_memory import physical_memory
+from jaxstow._util.host_memory import usable_memory
 from jaxstow._util.optional import require
 from jaxstow.errors import FormatError, PathError, excerpt
 
@@ -132,18 +132,19 @@ def _why_no_tree(ocp: Any, path: str) -> str:
 
 
 def _check_fits(leaves: list[Any], path: str) -> None:
-    """Refuse a checkpoint whose metadata claims more bytes of arrays than this machine's memory, before orbax
-    allocates them: an allocation that large aborts the process (``std::bad_alloc``), whatever the files hold."""
+    """Refuse a checkpoint whose metadata claims more bytes of arrays than the memory this process may use (a
+    container's or ``ulimit -v``'s limit, else the machine's), before orbax allocates them: an allocation that large
+    aborts the process (``std::bad_alloc``), whatever the files hold."""
     claimed = sum(
         math.prod(getattr(leaf, "shape", None) or ()) * np.dtype(leaf.dtype).itemsize
         for leaf in leaves
         if type(leaf).__name__ in _NUMERIC_METADATA and getattr(leaf, "dtype", None) is not None
     )
-    memory = physical_memory()
+    memory = usable_memory()
     if claimed > memory:
         raise FormatError(
-            f"its metadata claims {claimed} bytes of arrays, more than the {memory} bytes of this machine's memory "
-            "that they are restored into: a checkpoint of that size is read with orbax on a machine that holds it, "
+            f"its metadata claims {claimed} bytes of arrays, more than the {memory} bytes of memory this process may "
+            "use to restore them into: a checkpoint of that size is read with orbax where memory holds it, "
             "and a folder that claims more than it holds is damaged or crafted",
             file=path,
         )

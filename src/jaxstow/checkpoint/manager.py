@@ -94,7 +94,7 @@ class CheckpointManager(StepQueries, OrbaxNames):
             local: Each process's fast storage as a first tier (:class:`~jaxstow.LocalTier`, docs/scaling.md).
             progress: Draw progress bars (needs ``tqdm``); progress is always logged to the ``jaxstow`` logger.
             storage_options, transfer, cache_dir: For a URL ``directory``, as :func:`jaxstow.load` takes them.
-            host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of physical memory).
+            host_memory_limit: Bytes a save may hold on the host at once (default: a quarter of the memory the process may use).
             process_timeout: Seconds each wait on the other processes may last under ``jax.distributed``.
             broadcast_restore: Under jax.distributed, a box that several processes restore is read once, in ranges,
                 and gathered over jax's collectives: ``None`` where it pays (an object store, a network file system),
