@@ -1,7 +1,6 @@
 """A local orbax folder checked before orbax, and the C++ of tensorstore below it, read it: its links and metadata.
 
-A link is refused: one leading out of the folder would read a file elsewhere, one within it (orbax writes none) one
-array's bytes as another's.
+A link is refused: out of the folder it would read a file elsewhere, within it (orbax writes none) an array as another.
 
 tensorstore parses a zarr array's ``.zarray`` (or ``zarr.json``) recursively, so a file of JSON nested deep enough
 crashes the whole process (a segmentation fault) where Python would raise: every JSON file orbax or tensorstore reads
