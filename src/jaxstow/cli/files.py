@@ -21,6 +21,7 @@ import contextvars
 import functools
 import json
 import os
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -43,6 +44,7 @@ from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.checkpoint.step_folder import StepFolder
 from jaxstow.errors import (
     ArgumentError,
+    CheckpointError,
     IsAFolderError,
     JaxstowError,
     NotAFolderError,
@@ -52,6 +54,7 @@ from jaxstow.errors import (
 )
 
 __all__ = [
+    "LISTINGS",
     "DamagedStep",
     "Leaf",
     "Step",
@@ -362,22 +365,41 @@ def read_steps(folder: str) -> list[Step | DamagedStep]:
     """The committed steps of a checkpoint folder written by :class:`~jaxstow.CheckpointManager`, oldest first.
 
     Each record is read and checked as the manager reads it: a step whose record is damaged, or says another step, is
-    a :class:`DamagedStep`, and the others are read all the same. A step deleted meanwhile is left out; a storage that
-    fails raises its :class:`~jaxstow.errors.StorageError`.
+    a :class:`DamagedStep`, and the others are read all the same. A step deleted meanwhile is left out; where each one
+    listed was (a run saving there, whose keep policy deletes its steps as fast as it saves them), the folder is
+    listed again, and after :data:`LISTINGS` listings a :class:`~jaxstow.errors.CheckpointError` says so. A storage
+    that fails raises its :class:`~jaxstow.errors.StorageError`.
     """
     require_folder(folder)
     steps = StepFolder(open_store(folder, marker=RECORD_NAME, settings=storage(folder)), StepNames("%d"))
-    found: list[Step | DamagedStep] = []
-    for number in steps.committed():
-        try:
-            found.append(Step(steps.read_record(number, check_files=False), steps))
-        except StepNotFoundError:
-            continue  # deleted since it was listed
-        except JaxstowError as error:
-            if not is_damage(error):  # as the manager's damaged_steps() counts damage; a storage failure ends it
-                raise
-            found.append(DamagedStep(number, steps.url(number, RECORD_NAME), error))
-    return found
+    for listing in range(LISTINGS):
+        listed = steps.committed()
+        found = [step for number in listed if (step := _read_step(steps, number)) is not None]
+        if found or not listed:
+            return found
+        time.sleep(0.05 * listing)
+    raise CheckpointError(
+        f"each step it listed, last {listed[0]} to {listed[-1]}, was deleted before its record was read, "
+        f"{LISTINGS} times: a run saving there deletes its steps as fast as it saves them (its keep policy); run the "
+        "command again, or have the run keep more steps",
+        file=folder,
+    )
+
+
+#: How often a folder is listed again where each step it listed was deleted before it was read.
+LISTINGS = 10
+
+
+def _read_step(steps: StepFolder, number: int) -> Step | DamagedStep | None:
+    """Step ``number`` of ``steps`` as its record says, damaged, or ``None``: deleted since it was listed."""
+    try:
+        return Step(steps.read_record(number, check_files=False), steps)
+    except StepNotFoundError:
+        return None
+    except JaxstowError as error:
+        if not is_damage(error):  # as the manager's damaged_steps() counts damage; a storage failure ends it
+            raise
+        return DamagedStep(number, steps.url(number, RECORD_NAME), error)
 
 
 def checkpoint_steps(folder: str) -> list[Step]:

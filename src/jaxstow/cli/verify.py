@@ -30,6 +30,7 @@ from jaxstow._util.progress import bar, format_bytes
 from jaxstow.checkpoint.recovery import is_damage
 from jaxstow.checkpoint.step_folder import REPLACED_READS
 from jaxstow.cli.files import (
+    LISTINGS,
     DamagedStep,
     Step,
     committed_steps,
@@ -42,6 +43,7 @@ from jaxstow.cli.files import (
 )
 from jaxstow.cli.output import print_json, printable
 from jaxstow.errors import (
+    CheckpointError,
     CorruptFileError,
     FormatError,
     JaxstowError,
@@ -105,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if listing is not None:
         reports = verify_hf_folder(listing)
     elif is_folder(args.target):
-        reports = [report for step in committed_steps(args.target) for report in _verified(step, args.progress)]
+        reports = _verified_folder(args.target, args.progress)
     else:
         reports = [verify_file(args.target, args.target, progress=args.progress)]
     damaged = [report for report in reports if report.damage]
@@ -143,13 +145,31 @@ def run(args: argparse.Namespace) -> int:
     return 1 if damaged else 0
 
 
-def _verified(step: Step | DamagedStep, progress: bool) -> list[FileReport]:
-    """:func:`verify_step`, of a step the keep policy of a run saving there may delete meanwhile: then nothing."""
+def _verified_folder(folder: str, progress: bool) -> list[FileReport]:
+    """The reports of every step of ``folder`` that was not deleted while it was verified (by the keep policy of a run
+    saving there); where each one was, the steps it holds then, :data:`~jaxstow.cli.files.LISTINGS` times at most,
+    then a :class:`~jaxstow.errors.CheckpointError` says so: never "0 files intact"."""
+    for _ in range(LISTINGS):
+        steps = committed_steps(folder)
+        verified = [reports for step in steps if (reports := _verified(step, progress)) is not None]
+        if verified:
+            return [report for reports in verified for report in reports]
+    raise CheckpointError(
+        f"each step it held, last {steps[0].step} to {steps[-1].step}, was deleted while it was verified, {LISTINGS} "
+        "times: a run saving there deletes its steps as fast as it saves them (its keep policy); run the command "
+        "again, or have the run keep more steps",
+        file=folder,
+    )
+
+
+def _verified(step: Step | DamagedStep, progress: bool) -> list[FileReport] | None:
+    """:func:`verify_step`, of a step the keep policy of a run saving there may delete meanwhile: then ``None``."""
     try:
         reports = verify_step(step, progress=progress)
     except StepNotFoundError:
-        return []
-    return [] if isinstance(step, Step) and any(report.damage for report in reports) and step.deleted() else reports
+        return None
+    deleted = isinstance(step, Step) and any(report.damage for report in reports) and step.deleted()
+    return None if deleted else reports
 
 
 def verify_step(step: Step | DamagedStep, *, progress: bool = False) -> list[FileReport]:
