@@ -22,7 +22,7 @@ import safetensors.numpy
 from rewriting_proxy import Headers, RewritingProxy, running
 
 import jaxstow
-from jaxstow.errors import FormatError, StorageError
+from jaxstow.errors import FormatError, PathNotFoundError, StorageError
 
 MiB = 1 << 20
 _QUICK = jaxstow.Transfer(attempts=3, backoff=0.0, part_size=5 * MiB)
@@ -85,6 +85,17 @@ def test_a_jaxstow_file_replaced_while_open_is_refused_as_replaced_not_as_damage
         jaxstow.save(url, _weights(1), storage_options=server.storage_options)
         with pytest.raises(StorageError, match="replaced while it was read"):
             reader.load(as_numpy=True)
+
+
+def test_a_file_deleted_while_open_says_so_and_what_to_do(bucket):
+    server, prefix, fs = bucket
+    url = server.url(prefix, "3", "params.safetensors")
+    jaxstow.save(url, _weights(3), storage_options=server.storage_options)
+    with jaxstow.open(url, storage_options=server.storage_options) as reader:
+        fs.rm(url)  # the step pruned by the keep policy of the run saving there
+        with pytest.raises(PathNotFoundError, match="was deleted after it was opened") as raised:
+            reader["head"]
+    assert raised.value.file == url and "have the run keep more steps" in str(raised.value)
 
 
 def test_a_file_left_alone_reads_whole_after_many_lazy_reads(bucket):

@@ -41,6 +41,10 @@ __all__ = ["HEAD_BYTES", "Head", "S3Bucket", "S3Object", "is_s3", "s3_errors"]
 #: Bytes read when an object is opened: its size comes with them, and a jaxstow header of up to this size too.
 HEAD_BYTES = 64 << 10
 _MISSING = frozenset({"NoSuchKey", "404", "NoSuchBucket", "NotFound"})
+_DELETED = (
+    "was deleted after it was opened (a step's file: by the keep policy of the run saving there, or by delete()): "
+    "nothing of it was used; open the newest file, or have the run keep more steps"
+)
 _REPLACED = "the object was replaced while it was read ({}): nothing of it was used; open it and read it again"
 
 T = TypeVar("T")
@@ -376,9 +380,12 @@ class S3Object(SourceBase):
         if done == wanted:
             return
         rest = views_after(views, done)  # every byte of it, or an error: the object has ``size`` bytes
-        self._bucket.get_into(
-            self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag, size=self.size
-        )
+        try:
+            self._bucket.get_into(
+                self._key, offset + done, rest, url=self.name, version=self._version, etag=self._etag, size=self.size
+            )
+        except PathNotFoundError:
+            raise PathNotFoundError(_DELETED, file=self.name) from None
 
     def _from_open_body(self, offset: int, views: list[memoryview]) -> int:
         """How many of the bytes wanted from ``offset`` on came from the head and the first request's open body.
