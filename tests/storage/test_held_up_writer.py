@@ -80,8 +80,7 @@ def test_a_late_commit_of_a_step_the_other_writer_saved_meanwhile_is_refused_and
     manager.save(3, {"w": jnp.full(2, 3.0)})
     with pytest.raises(CheckpointError, match="committed by another writer while this one wrote it"):
         manager.wait()
-    monkeypatch.undo()
-    lock_lease.LEASE_SECONDS, lock_lease.SHORTEST_LEASE = LEASE, LEASE / 2
+    monkeypatch.setattr(shared, "record_of", making)
     manager.close()
     with CheckpointManager(url, storage_options=options or None) as restarted:  # takes the lock no one renews
         assert restarted.damaged_steps() == {}
@@ -94,11 +93,12 @@ def test_a_writer_whose_lock_is_lost_while_it_keeps_steps_deletes_no_more(monkey
     manager = CheckpointManager(url, keep=KeepPolicy(keep_last=1))
     manager.save(0, {"w": jnp.zeros(2)})
     manager.wait()
+    keeping = manager._after_commit
     monkeypatch.setattr(manager, "_after_commit", lambda record: iter(()))  # steps 1 to 3 kept, for now
     for step in range(1, 4):
         manager.save(step, {"w": jnp.full(2, float(step))})
     manager.wait()
-    monkeypatch.undo()
+    monkeypatch.setattr(manager, "_after_commit", keeping)
     store = manager._store
     deleting = type(store).delete
 
@@ -117,7 +117,7 @@ def test_a_writer_whose_lock_is_lost_while_it_keeps_steps_deletes_no_more(monkey
     manager.save(4, {"w": jnp.full(2, 4.0)})
     with pytest.raises(CheckpointError, match="no longer holds the writer's lock"):
         manager.wait()
-    monkeypatch.undo()
+    monkeypatch.setattr(type(store), "delete", deleting)
     assert sorted(int(name) for name in store.committed()) == [1, 2, 3, 4]  # step 0 deleted, then none
     manager.close()
 
