@@ -119,6 +119,26 @@ def test_a_process_that_does_not_prove_the_secret_gets_no_byte(pair):
     stranger.close()
 
 
+def test_a_stranger_sending_its_hello_a_byte_at_a_time_is_dropped_by_the_handshakes_deadline(pair):
+    target = pair[1]  # its timeout: 2 s, for the whole hello (each byte waited for 2 s kept it for minutes)
+    host, _, port = target.address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as stranger:
+        assert len(stranger.recv(CHALLENGE.size)) > 0
+        start, dropped = time.monotonic(), None
+        stranger.settimeout(0.25)
+        while dropped is None and time.monotonic() - start < 12:
+            try:
+                stranger.sendall(b"J")  # a byte of a hello every quarter second: each well within 2 s
+                if stranger.recv(1) == b"":
+                    dropped = time.monotonic() - start
+            except TimeoutError:
+                continue
+            except OSError:
+                dropped = time.monotonic() - start
+    assert dropped is not None and dropped < 6, dropped
+    assert target.refused >= 1 and target.received == 0
+
+
 def test_files_are_served_by_ranges_and_only_from_committed_steps(pair, tmp_path):
     one, two = pair
     (tmp_path / "5").mkdir()

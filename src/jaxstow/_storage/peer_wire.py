@@ -23,6 +23,7 @@ import os
 import secrets
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -128,12 +129,16 @@ class Link:
         self.socket.sendall(mac.digest())
 
 
-def read_hello(connection: socket.socket, secret: bytes, receiver: int, count: int) -> tuple[int, bytes]:
+def read_hello(
+    connection: socket.socket, secret: bytes, receiver: int, count: int, *, deadline: float | None = None
+) -> tuple[int, bytes]:
     """Challenge the process that connected; its index and the connection's key once it proved them, else an
-    EOFError (or the OSError of a connection that ended or stalled)."""
+    EOFError (or the OSError of a connection that ended, stalled, or sent its hello too slowly for ``deadline``)."""
     challenge = secrets.token_bytes(16)
+    if deadline is not None:
+        connection.settimeout(max(deadline - time.monotonic(), 1e-3))
     connection.sendall(CHALLENGE.pack(MAGIC, challenge))
-    magic, sender, claimed, answer, proof = HELLO.unpack(read_exactly(connection, HELLO.size))
+    magic, sender, claimed, answer, proof = HELLO.unpack(read_exactly(connection, HELLO.size, deadline=deadline))
     key = connection_key(secret, sender, claimed, challenge, answer)
     if magic != MAGIC or claimed != receiver or not 0 <= sender < count or sender == receiver:
         raise EOFError(f"not a hello to process {receiver} of {count}")
@@ -220,15 +225,22 @@ def reachable_host() -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def read_exactly(connection: socket.socket, size: int) -> bytes:
+def read_exactly(connection: socket.socket, size: int, *, deadline: float | None = None) -> bytes:
     buffer = bytearray(size)
-    read_into(connection, memoryview(buffer))
+    read_into(connection, memoryview(buffer), deadline=deadline)
     return bytes(buffer)
 
 
-def read_into(connection: socket.socket, view: memoryview) -> None:
+def read_into(connection: socket.socket, view: memoryview, *, deadline: float | None = None) -> None:
+    """Fill ``view`` from ``connection``; by ``deadline`` (``time.monotonic()``), however slowly the bytes come, or a
+    ``TimeoutError``."""
     done = 0
     while done < len(view):
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{done} of {len(view)} bytes by the deadline")
+            connection.settimeout(left)
         got = connection.recv_into(view[done:])
         if not got:
             raise EOFError("closed by the peer" if not done else f"closed after {done} of {len(view)} bytes")

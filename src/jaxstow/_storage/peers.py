@@ -303,8 +303,8 @@ class PeerTransport:
     def _handshake(self, connection: socket.socket) -> tuple[int, bytes]:
         """The process at the other end and the connection's key, or ``(-1, b"")`` for a stranger (dropped)."""
         try:
-            connection.settimeout(min(self.timeout, 10.0))
-            sender, key = wire.read_hello(connection, self._secret, self.index, self.count)
+            deadline = time.monotonic() + min(self.timeout, 10.0)  # for the whole hello, however slowly it comes
+            sender, key = wire.read_hello(connection, self._secret, self.index, self.count, deadline=deadline)
             with self._condition:
                 if self._closed or self._live[sender] >= _PER_PEER or connection not in self._handshaking:
                     raise EOFError(f"process {sender} has {_PER_PEER} connections open already")
