@@ -28,3 +28,33 @@ def test_an_export_whose_folder_cannot_be_synced_leaves_nothing_and_exports_agai
     fail(None)
     jaxstow.export_safetensors(source, out)
     np.testing.assert_array_equal(jaxstow.load(out, as_numpy=True)["w"], np.arange(6.0))
+
+
+def test_the_staging_folder_of_an_export_killed_midway_is_removed_by_the_next_export(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    source, out = tmp_path / "model.jxs", tmp_path / "hf"
+    jaxstow.save(source, {f"layer{i}": {"kernel": np.full((256, 256), i, np.float32)} for i in range(12)})
+    killed = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, signal, sys, jaxstow.checkpoint.hf_export as export\n"
+            "written = export._write_shard\n"
+            "def write_then_die(*args):\n"
+            "    written(*args)\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)  # killed after its first shard\n"
+            "export._write_shard = write_then_die\n"
+            "export.export_safetensors(sys.argv[1], sys.argv[2], max_shard_size='300KB')\n",
+            str(source),
+            str(out),
+        ]
+    )
+    assert killed.wait(timeout=120) == -signal.SIGKILL
+    (left,) = [name for name in os.listdir(tmp_path) if name.startswith(".hf")]  # its shards, hidden
+    assert not out.exists() and os.listdir(tmp_path / left)
+    jaxstow.export_safetensors(source, out, max_shard_size="300KB")
+    assert sorted(os.listdir(tmp_path)) == ["hf", "model.jxs"]  # was: the dead export's shards kept for ever
+    np.testing.assert_array_equal(jaxstow.load(out, as_numpy=True)["layer11.kernel"], np.full((256, 256), 11))

@@ -19,6 +19,7 @@ import errno
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 import zlib
@@ -79,9 +80,10 @@ def temporary_sibling(path: str) -> str:
     return os.path.join(folder, f".{kept}{suffix}")
 
 
-def remove_dead_leftovers(folder: str) -> list[str]:
+def remove_dead_leftovers(folder: str, *, staged: str | None = None) -> list[str]:
     """Delete the temporary files in ``folder`` whose writer, a process of this machine, no longer runs: one that
-    does not run now, or one of the machine before it restarted.
+    does not run now, or one of the machine before it restarted (with ``staged``, the temporary folders made for the
+    folder of that name too: an export's).
 
     A killed save cannot clean up after itself; the next save into the same folder does. Files of live processes,
     of other hosts, of other machines of the same host name (a shared folder), of other PID namespaces (a container
@@ -106,12 +108,17 @@ def remove_dead_leftovers(folder: str) -> list[str]:
     removed = []
     for entry in entries:
         match = _TEMPORARY_FILE.search(entry.name)
-        if match is None or match[2] != _PLACE or entry.is_dir(follow_symlinks=False):
+        is_folder = entry.is_dir(follow_symlinks=False)
+        ours = staged is not None and is_folder and entry.name.startswith(f".{staged}{TEMPORARY_MARKER}")
+        if match is None or match[2] != _PLACE or (is_folder and not ours):
             continue
         if match[3] == _BOOT and _running(int(match[1])):
             continue
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry.path)
+            if is_folder:
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
             removed.append(entry.name)
     return removed
 

@@ -35,7 +35,7 @@ from jaxstow._read.reader import Reader, open_parts, open_reader_at, read_again
 from jaxstow._read.sharded_folder import child, list_folder, listed_kind
 from jaxstow._steps.names import StepNames
 from jaxstow._steps.record import RECORD_NAME, StepRecord
-from jaxstow._storage.atomic import fsync_directory, rename_durably, temporary_sibling
+from jaxstow._storage.atomic import fsync_directory, remove_dead_leftovers, rename_durably, temporary_sibling
 from jaxstow._storage.failures import storage_failures
 from jaxstow._storage.opening import local_path, locate
 from jaxstow._storage.settings import StorageSettings, storage_settings
@@ -330,7 +330,8 @@ def _staged(out: str, settings: StorageSettings) -> Iterator[Callable[[str, Call
         return
     if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
         raise PathError("exists already: the export writes a new folder (or into an empty one)", file=out)
-    staging = temporary_sibling(path)
+    remove_dead_leftovers(os.path.dirname(os.path.abspath(path)), staged=os.path.basename(os.path.abspath(path)))
+    staging = temporary_sibling(path)  # (an export killed before left its own: removed above)
     with storage_failures(path, doing="make the folder"):
         os.makedirs(staging)
     try:
