@@ -13,35 +13,26 @@ import fsspec
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from short_leases import LEASE, elsewhere, short_leases  # noqa: F401 - short_leases: the fixture
 
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._coordination import Coordinator
 from jaxstow._steps.record import RECORD_NAME
-from jaxstow._storage import lock, lock_lease
-from jaxstow._storage.lock import LOCK_NAME, Holder, RemoteLock
+from jaxstow._storage import lock
+from jaxstow._storage.lock import LOCK_NAME, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
 from jaxstow._write.held import hold
 from jaxstow.checkpoint import shared
 from jaxstow.checkpoint.writing import StepContent
 from jaxstow.errors import CheckpointError
 
-LEASE = 0.4
-
-
-@pytest.fixture(autouse=True)
-def short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lock_lease, "LEASE_SECONDS", LEASE)
-    monkeypatch.setattr(lock_lease, "SHORTEST_LEASE", LEASE / 2)
-
-
-def _elsewhere() -> Holder:
-    return Holder(4242, "another-host", "2026-01-01T00:00:00+00:00", "e1" * 8, lease=LEASE)
+pytestmark = pytest.mark.usefixtures("short_leases")
 
 
 def _taken_over(url: str, options: dict) -> None:
     """Another host's writer takes the lock over, as it does once this one renewed it for one and a half leases."""
     fs, root = fsspec.core.url_to_fs(url, **options)
-    fs.pipe_file(f"{root}/{LOCK_NAME}", _elsewhere().to_json())
+    fs.pipe_file(f"{root}/{LOCK_NAME}", elsewhere().to_json())
 
 
 def _others_step(url: str, options: dict, step: int, value: float) -> None:

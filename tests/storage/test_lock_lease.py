@@ -15,20 +15,15 @@ import uuid
 import fsspec
 import jax.numpy as jnp
 import pytest
+from short_leases import LEASE, elsewhere, short_leases  # noqa: F401 - short_leases: the fixture
 
 from jaxstow import CheckpointManager
-from jaxstow._storage import lock, lock_lease
+from jaxstow._storage import lock
 from jaxstow._storage.lock import LOCK_NAME, Holder, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
 from jaxstow.errors import CheckpointError
 
-LEASE = 0.4
-
-
-@pytest.fixture(autouse=True)
-def short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lock_lease, "LEASE_SECONDS", LEASE)
-    monkeypatch.setattr(lock_lease, "SHORTEST_LEASE", LEASE / 2)
+pytestmark = pytest.mark.usefixtures("short_leases")
 
 
 def _store() -> RemoteStore:
@@ -37,14 +32,9 @@ def _store() -> RemoteStore:
     return store
 
 
-def _elsewhere() -> Holder:
-    """A holder on another host, whose process this host cannot see."""
-    return Holder(4242, "another-host", "2026-01-01T00:00:00+00:00", "e1" * 8, lease=LEASE)
-
-
 def test_the_lock_of_another_hosts_holder_that_renews_it_no_more_is_taken_over(caplog):
     store = _store()
-    store.fs.pipe_file(store.path(LOCK_NAME), _elsewhere().to_json())  # its job was killed: no one renews it
+    store.fs.pipe_file(store.path(LOCK_NAME), elsewhere().to_json())  # its job was killed: no one renews it
     with caplog.at_level(logging.WARNING, logger="jaxstow._storage.lock"):
         lock = RemoteLock(store)
     assert (
@@ -59,7 +49,7 @@ def test_the_lock_of_another_hosts_holder_that_renews_it_no_more_is_taken_over(c
 
 def test_the_lock_of_another_hosts_holder_that_renews_it_is_refused():
     store = _store()
-    holder = _elsewhere()
+    holder = elsewhere()
     store.fs.pipe_file(store.path(LOCK_NAME), holder.to_json())
     stop = threading.Event()
 
@@ -82,7 +72,7 @@ def test_the_lock_of_another_hosts_holder_that_renews_it_is_refused():
 
 @pytest.mark.parametrize("lease", [0.0, 5e-324, LEASE / 4, -1.0, 1e9, float("nan"), float("inf"), "60", True])
 def test_a_lock_object_whose_lease_is_no_lease_is_refused_without_waiting(lease):
-    fields = json.loads(_elsewhere().to_json())
+    fields = json.loads(elsewhere().to_json())
     fields["lease"] = lease
     data = json.dumps(fields).encode()
     parsed = Holder.parse(data)
@@ -100,7 +90,7 @@ def test_a_holder_whose_lock_was_taken_over_is_told_at_its_next_save():
     manager.save(0, {"w": jnp.ones(2)})
     manager.wait()
     # Another host's writer took the lock over (this process was stopped for longer than its lease).
-    fs.pipe_file(f"{root}/{LOCK_NAME}", _elsewhere().to_json())
+    fs.pipe_file(f"{root}/{LOCK_NAME}", elsewhere().to_json())
     refused = None
     for step in range(1, 100):
         try:
@@ -133,7 +123,7 @@ def test_a_run_restarted_on_another_host_goes_on_saving_to_a_bucket_its_killed_f
     with CheckpointManager(url, storage_options=options) as manager:
         manager.save(0, {"w": jnp.arange(3.0)})
     fs, root = fsspec.core.url_to_fs(url, **options)
-    fs.pipe_file(f"{root}/{LOCK_NAME}", _elsewhere().to_json())  # the first run's host was lost with its lock held
+    fs.pipe_file(f"{root}/{LOCK_NAME}", elsewhere().to_json())  # the first run's host was lost with its lock held
     restarted = CheckpointManager(url, storage_options=options)
     restarted.save(1, {"w": restarted.restore(0)["w"] + 1})
     restarted.wait()
@@ -161,7 +151,7 @@ def _lock_object(fs, path: str) -> bytes:
 
 @pytest.mark.parametrize("field", ["renewals", "inode", "pid"])
 def test_a_lock_object_with_a_number_beyond_any_is_an_unreadable_holder_refused_not_a_crash(field):
-    fields = json.loads(_elsewhere().to_json())
+    fields = json.loads(elsewhere().to_json())
     data = json.dumps(fields).replace(f'"{field}": {fields[field]}', f'"{field}": 1e999').encode()
     assert Holder.parse(data) is None
     store = _store()
