@@ -52,7 +52,8 @@ def test_a_balance_gives_the_partner_less_while_it_ends_later_and_more_while_it_
 
 @pytest.mark.parametrize("slow", ["jaxstow-partner", "MainThread"])
 def test_reads_of_a_leaf_move_the_cut_away_from_a_thread_slowed_down_and_stay_right(tmp_path, monkeypatch, slow):
-    """Each read on the slowed thread waits 2 ms: over 12 reads the slowed thread's share falls to the least."""
+    """Each read on the slowed thread waits 2 ms: within 40 reads the slowed thread's share falls to the least (to
+    near it, where the machine's load slows the other thread too at times)."""
     leaf = np.random.default_rng(3).standard_normal((1024, 1031), dtype=np.float32)
     jaxstow.save(tmp_path / "leaf.jxs", {"x": leaf})
 
@@ -66,9 +67,9 @@ def test_reads_of_a_leaf_move_the_cut_away_from_a_thread_slowed_down_and_stay_ri
     with jaxstow.open(tmp_path / "leaf.jxs") as reader:
         np.testing.assert_array_equal(reader["x"], leaf)  # fresh memory, on this thread; let go: kept
         monkeypatch.setattr(LocalFile, "_fill", slowed)
-        for _ in range(12):
+        bound = Balance.MOST if slow == "MainThread" else Balance.LEAST
+        for _ in range(40):
             np.testing.assert_array_equal(reader["x"], leaf)
-    if slow == "MainThread":
-        assert split_reads.BLOCKS.share == Balance.MOST
-    else:
-        assert split_reads.BLOCKS.share == Balance.LEAST
+            if split_reads.BLOCKS.share == bound:
+                break
+    assert abs(split_reads.BLOCKS.share - bound) < 0.1, split_reads.BLOCKS.share  # from 0.5

@@ -18,7 +18,7 @@ from short_leases import LEASE, elsewhere, short_leases  # noqa: F401 - short_le
 from jaxstow import CheckpointManager, KeepPolicy
 from jaxstow._coordination import Coordinator
 from jaxstow._steps.record import RECORD_NAME
-from jaxstow._storage import lock
+from jaxstow._storage import lock, lock_lease
 from jaxstow._storage.lock import LOCK_NAME, RemoteLock
 from jaxstow._storage.remote_store import RemoteStore
 from jaxstow._write.held import hold
@@ -49,6 +49,7 @@ def _others_step(url: str, options: dict, step: int, value: float) -> None:
 def test_a_late_commit_of_a_step_the_other_writer_saved_meanwhile_is_refused_and_its_step_kept(
     where, request, monkeypatch
 ):
+    monkeypatch.setattr(lock_lease, "LEASE_SECONDS", 10.0)  # renewed in time on a loaded machine; nothing waits it out
     if where == "s3":
         server = request.getfixturevalue("s3_server")
         url, options = server.url(f"late-{uuid.uuid4().hex[:8]}"), server.storage_options
@@ -73,7 +74,7 @@ def test_a_late_commit_of_a_step_the_other_writer_saved_meanwhile_is_refused_and
         manager.wait()
     monkeypatch.setattr(shared, "record_of", making)
     manager.close()
-    with CheckpointManager(url, storage_options=options or None) as restarted:  # takes the lock no one renews
+    with CheckpointManager(url, storage_options=options or None) as restarted:  # a reader: it takes no lock
         assert restarted.damaged_steps() == {}
         np.testing.assert_array_equal(restarted.restore(3)["w"], [-3.0, -3.0])
         np.testing.assert_array_equal(restarted.restore(2)["w"], [2.0, 2.0])
